@@ -1,0 +1,38 @@
+"""Shared fixtures: small models of every family vitviz reads, built with random weights on the CPU."""
+
+from __future__ import annotations
+
+import os
+
+import pytest
+import torch
+
+os.environ.setdefault("MPLBACKEND", "Agg")
+torch.set_num_threads(int(os.environ.get("VITVIZ_TEST_THREADS", "1")))
+
+
+def pytest_collection_modifyitems(config, items):
+    if not torch.cuda.is_available():
+        skip = pytest.mark.skip(reason="needs a CUDA device")
+        for item in items:
+            if "gpu" in item.keywords:
+                item.add_marker(skip)
+
+
+@pytest.fixture(autouse=True)
+def _seed():
+    torch.manual_seed(0)
+
+
+def tiny_timm_vit(**kwargs):
+    """A 2-block timm VisionTransformer (non-square 32x48 input, 8 px patches -> 4x6 grid by default)."""
+    from timm.models.vision_transformer import VisionTransformer
+
+    args = dict(img_size=(32, 48), patch_size=8, embed_dim=32, depth=2, num_heads=2, num_classes=5)
+    args.update(kwargs)
+    return VisionTransformer(**args).eval()
+
+
+@pytest.fixture
+def timm_vit():
+    return tiny_timm_vit()

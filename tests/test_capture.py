@@ -1,0 +1,360 @@
+"""capture_attention: equals attention recomputed by hand, leaves no trace, works for every family."""
+
+from __future__ import annotations
+
+import pytest
+import timm
+import torch
+from conftest import tiny_timm_vit
+from torch import nn
+from tutorial_vit import OddViT, TutorialViT
+
+import vitviz
+from vitviz.capture import CaptureError
+
+
+def softmax_attention(q: torch.Tensor, k: torch.Tensor, scale: float) -> torch.Tensor:
+    """Independent reference: ``softmax(q k^T * scale)`` over the last axis, in float64."""
+    scores = torch.einsum("bhnd,bhmd->bhnm", q.double(), k.double()) * scale
+    return torch.softmax(scores, dim=-1)
+
+
+def split_heads(t: torch.Tensor, heads: int) -> torch.Tensor:
+    b, n, d = t.shape
+    return t.reshape(b, n, heads, d // heads).transpose(1, 2)
+
+
+def record_inputs(modules: list[nn.Module]) -> tuple[list[torch.Tensor], list]:
+    """Record each module's first positional input (what its attention sees)."""
+    seen: list[torch.Tensor] = []
+    handles = [m.register_forward_pre_hook(lambda _m, args, kw=None: seen.append(args[0].detach()))
+               for m in modules]
+    return seen, handles
+
+
+def hooks_everywhere(model: nn.Module) -> int:
+    return sum(len(m._forward_hooks) + len(m._forward_pre_hooks) for m in model.modules())
+
+
+def instance_forwards(model: nn.Module) -> int:
+    return sum("forward" in vars(m) for m in model.modules())
+
+
+def timm_reference(model: nn.Module, x: torch.Tensor) -> list[torch.Tensor]:
+    attns = [b.attn for b in model.blocks]
+    seen, handles = record_inputs(attns)
+    with torch.no_grad():
+        model(x)
+    for h in handles:
+        h.remove()
+    out = []
+    for a, inp in zip(attns, seen):
+        q, k, _ = a.qkv(inp).reshape(inp.shape[0], inp.shape[1], 3, a.num_heads, -1).permute(2, 0, 3, 1, 4)
+        out.append(softmax_attention(q, k, a.scale).float())
+    return out
+
+
+@pytest.mark.parametrize(
+    "kwargs",
+    [
+        {},  # 4x6 non-square grid, class token
+        {"class_token": False, "global_pool": "avg"},
+        {"reg_tokens": 4, "no_embed_class": True},
+    ],
+    ids=["cls", "no-cls", "registers"],
+)
+def test_timm_capture_equals_attention_from_qkv(kwargs):
+    model = tiny_timm_vit(**kwargs)
+    x = torch.randn(3, 3, 32, 48)
+    ref = timm_reference(model, x)
+    with torch.no_grad(), vitviz.capture_attention(model) as cap:
+        model(x)
+    spec = vitviz.inspect(model)
+    assert len(cap.attentions) == len(ref) == 2
+    for got, want in zip(cap.attentions, ref):
+        assert got.shape == (3, 2, spec.num_tokens, spec.num_tokens)
+        torch.testing.assert_close(got, want, atol=1e-5, rtol=1e-4)
+        torch.testing.assert_close(got.sum(-1), torch.ones(got.shape[:-1]), atol=1e-5, rtol=0)
+
+
+def test_qk_norm_model_is_captured():
+    model = tiny_timm_vit(qk_norm=True)
+    x = torch.randn(2, 3, 32, 48)
+    attns = [b.attn for b in model.blocks]
+    seen, handles = record_inputs(attns)
+    with torch.no_grad(), vitviz.capture_attention(model) as cap:
+        model(x)
+    for h in handles:
+        h.remove()
+    for a, inp, got in zip(attns, seen, cap.attentions):
+        q, k, _ = a.qkv(inp).reshape(2, inp.shape[1], 3, 2, -1).permute(2, 0, 3, 1, 4)
+        want = softmax_attention(a.q_norm(q), a.k_norm(k), a.scale).float()
+        torch.testing.assert_close(got, want, atol=1e-5, rtol=1e-4)
+
+
+def test_fused_model_outputs_unchanged_and_no_trace_left(timm_vit):
+    assert all(b.attn.fused_attn for b in timm_vit.blocks), "timm builds fused attention by default"
+    x = torch.randn(2, 3, 32, 48)
+    with torch.no_grad():
+        before = timm_vit(x)
+        state = {k: v.clone() for k, v in timm_vit.state_dict().items()}
+        with vitviz.capture_attention(timm_vit) as cap:
+            assert not any(b.attn.fused_attn for b in timm_vit.blocks), "explicit path switched on inside"
+            inside = timm_vit(x)
+        after = timm_vit(x)
+    torch.testing.assert_close(inside, before, atol=1e-5, rtol=1e-5)
+    torch.testing.assert_close(after, before, atol=0, rtol=0)
+    assert all(b.attn.fused_attn for b in timm_vit.blocks)
+    assert hooks_everywhere(timm_vit) == 0
+    assert all(torch.equal(v, state[k]) for k, v in timm_vit.state_dict().items())
+    assert not timm_vit.training
+    assert len(cap.attentions) == 2
+
+
+def test_flags_and_hooks_restored_after_exception(timm_vit):
+    timm_vit.blocks[1].attn.fused_attn = False  # a mixed starting state must come back exactly
+    with pytest.raises(ZeroDivisionError):
+        with vitviz.capture_attention(timm_vit):
+            timm_vit(torch.randn(1, 3, 32, 48))
+            raise ZeroDivisionError("body failed")
+    assert [b.attn.fused_attn for b in timm_vit.blocks] == [True, False]
+    assert hooks_everywhere(timm_vit) == 0
+
+
+def test_existing_user_hooks_survive(timm_vit):
+    calls = []
+    h = timm_vit.blocks[0].attn.attn_drop.register_forward_hook(lambda *a: calls.append(1))
+    with vitviz.capture_attention(timm_vit):
+        timm_vit(torch.randn(1, 3, 32, 48))
+    timm_vit.blocks[0].attn.fused_attn = False
+    timm_vit(torch.randn(1, 3, 32, 48))
+    assert len(calls) == 2 and len(timm_vit.blocks[0].attn.attn_drop._forward_hooks) == 1
+    h.remove()
+
+
+def test_layer_selection_by_index_and_pattern():
+    model = tiny_timm_vit(depth=4)
+    x = torch.randn(1, 3, 32, 48)
+    with vitviz.capture_attention(model) as full:
+        model(x)
+    with vitviz.capture_attention(model, layers=[-1, 1]) as some:
+        model(x)
+    assert some.layer_names == ["blocks.1.attn", "blocks.3.attn"]
+    torch.testing.assert_close(some.attentions[0], full.attentions[1])
+    torch.testing.assert_close(some.attentions[1], full.attentions[3])
+    with vitviz.capture_attention(model, layers="blocks.[23].attn") as pat:
+        model(x)
+    assert pat.layer_names == ["blocks.2.attn", "blocks.3.attn"]
+    with pytest.raises(CaptureError, match="matches 'nope"):
+        with vitviz.capture_attention(model, layers="nope*"):
+            pass
+    with pytest.raises(IndexError, match="4 attention layers"):
+        with vitviz.capture_attention(model, layers=7):
+            pass
+    assert hooks_everywhere(model) == 0
+
+
+def test_on_layer_streams_in_order_without_storing(timm_vit):
+    seen = []
+    with vitviz.capture_attention(timm_vit, on_layer=lambda i, a: seen.append((i, a.shape)), store=False) as cap:
+        timm_vit(torch.randn(2, 3, 32, 48))
+        timm_vit(torch.randn(1, 3, 32, 48))
+    assert [i for i, _ in seen] == [0, 1, 0, 1]
+    assert seen[0][1] == (2, 2, 25, 25) and seen[2][1] == (1, 2, 25, 25)
+    assert cap.forwards == 2
+    with pytest.raises(CaptureError, match="store=False"):
+        _ = cap.attentions
+
+
+def test_last_forward_kept_or_accumulated(timm_vit):
+    a, b = torch.randn(2, 3, 32, 48), torch.randn(3, 3, 32, 48)
+    with vitviz.capture_attention(timm_vit) as last:
+        timm_vit(a)
+        timm_vit(b)
+    with vitviz.capture_attention(timm_vit, accumulate=True) as acc:
+        timm_vit(a)
+        timm_vit(b)
+    assert last.attentions[0].shape[0] == 3
+    assert acc.attentions[0].shape[0] == 5
+    torch.testing.assert_close(acc.attentions[0][2:], last.attentions[0])
+
+
+def test_no_forward_is_a_clear_error(timm_vit):
+    with vitviz.capture_attention(timm_vit) as cap:
+        pass
+    with pytest.raises(CaptureError, match="no forward pass"):
+        _ = cap.attentions
+
+
+@pytest.mark.parametrize("dtype", [torch.bfloat16, torch.float16])
+def test_half_precision_models(dtype):
+    model = tiny_timm_vit()
+    x = torch.randn(2, 3, 32, 48)
+    ref = timm_reference(model, x)
+    model = model.to(dtype)
+    with torch.no_grad(), vitviz.capture_attention(model, dtype=torch.float32) as cap:
+        model(x.to(dtype))
+    assert all(b.attn.fused_attn for b in model.blocks)
+    for got, want in zip(cap.attentions, ref):
+        assert got.dtype == torch.float32
+        torch.testing.assert_close(got.sum(-1), torch.ones(got.shape[:-1]), atol=2e-2, rtol=0)
+        torch.testing.assert_close(got, want, atol=3e-2, rtol=0)
+
+
+def test_deit_distilled_two_prefix_tokens():
+    model = timm.create_model("deit_tiny_distilled_patch16_224", img_size=(32, 64)).eval()
+    spec = vitviz.inspect(model)
+    assert spec.prefix_tokens == ("cls", "dist") and spec.grid_size == (2, 4)
+    x = torch.randn(1, 3, 32, 64)
+    ref = timm_reference(model, x)
+    with torch.no_grad(), vitviz.capture_attention(model) as cap:
+        model(x)
+    assert cap.attentions[0].shape == (1, 3, 10, 10)
+    torch.testing.assert_close(cap.attentions[-1], ref[-1], atol=1e-5, rtol=1e-4)
+
+
+def test_dynamic_img_size_captures_other_sizes():
+    model = tiny_timm_vit(dynamic_img_size=True)
+    with torch.no_grad(), vitviz.capture_attention(model) as cap:
+        model(torch.randn(1, 3, 64, 40))
+    assert cap.attentions[0].shape == (1, 2, 1 + 8 * 5, 1 + 8 * 5)
+
+
+def test_hybrid_tiny_r_s16_p8():
+    model = timm.create_model("vit_tiny_r_s16_p8_224").eval()
+    spec = vitviz.inspect(model)
+    assert spec.hybrid and spec.patch_size == (32, 32) and spec.grid_size == (7, 7)
+    x = torch.randn(1, 3, 224, 224)
+    ref = timm_reference(model, x)
+    with torch.no_grad(), vitviz.capture_attention(model) as cap:
+        model(x)
+    torch.testing.assert_close(cap.attentions[3], ref[3], atol=1e-5, rtol=1e-4)
+
+
+def test_torchvision_vit():
+    from torchvision.models.vision_transformer import VisionTransformer
+
+    model = VisionTransformer(image_size=32, patch_size=8, num_layers=2, num_heads=4, hidden_dim=32,
+                              mlp_dim=64, num_classes=7).eval()
+    spec = vitviz.inspect(model)
+    assert (spec.family, spec.grid_size, spec.prefix_tokens, spec.num_heads) == ("torchvision", (4, 4), ("cls",), 4)
+    x = torch.randn(2, 3, 32, 32)
+    mhas = [layer.self_attention for layer in model.encoder.layers]
+    lns = [layer.ln_1 for layer in model.encoder.layers]
+    seen, handles = record_inputs(mhas)
+    with torch.no_grad():
+        before = model(x)
+        with vitviz.capture_attention(model) as cap:
+            inside = model(x)
+    for h in handles:
+        h.remove()
+    torch.testing.assert_close(inside, before, atol=1e-5, rtol=1e-5)
+    assert instance_forwards(model) == 0 and hooks_everywhere(model) == 0
+    for mha, inp, got in zip(mhas, seen[:2], cap.attentions):
+        qkv = torch.nn.functional.linear(inp, mha.in_proj_weight, mha.in_proj_bias)
+        q, k, _ = (split_heads(t, 4) for t in qkv.chunk(3, dim=-1))
+        torch.testing.assert_close(got, softmax_attention(q, k, 8 ** -0.5).float(), atol=1e-5, rtol=1e-4)
+    assert len(lns) == 2
+
+
+@pytest.mark.parametrize("impl", ["eager", "sdpa"])
+def test_huggingface_vit_any_attention_implementation(impl):
+    transformers = pytest.importorskip("transformers")
+    config = transformers.ViTConfig(image_size=32, patch_size=8, hidden_size=32, num_hidden_layers=2,
+                                    num_attention_heads=4, intermediate_size=64, num_labels=3)
+    model = transformers.ViTForImageClassification(config).eval()
+    model.config._attn_implementation = impl
+    spec = vitviz.inspect(model)
+    assert (spec.family, spec.grid_size, spec.num_tokens) == ("huggingface", (4, 4), 17)
+    layers = model.vit.layers if hasattr(model.vit, "layers") else model.vit.encoder.layer
+    attns = [layer.attention for layer in layers]
+    seen, handles = record_inputs(attns)
+    x = torch.randn(2, 3, 32, 32)
+    with torch.no_grad():
+        before = model(pixel_values=x).logits
+        with vitviz.capture_attention(model) as cap:
+            inside = model(pixel_values=x).logits
+    for h in handles:
+        h.remove()
+    assert model.config._attn_implementation == impl
+    torch.testing.assert_close(inside, before, atol=1e-5, rtol=1e-5)
+    for a, inp, got in zip(attns, seen, cap.attentions):
+        q, k = split_heads(a.q_proj(inp), 4), split_heads(a.k_proj(inp), 4)
+        torch.testing.assert_close(got, softmax_attention(q, k, 8 ** -0.5).float(), atol=1e-5, rtol=1e-4)
+    assert hooks_everywhere(model) == 0
+
+
+@pytest.mark.parametrize("with_dropout_module", [True, False], ids=["attn_drop", "qkv-recompute"])
+def test_tutorial_vit(with_dropout_module):
+    model = TutorialViT(with_dropout_module=with_dropout_module).eval()
+    spec = vitviz.inspect(model)
+    assert (spec.family, spec.grid_size, spec.prefix_tokens, spec.pos_embed_covers_prefix) == (
+        "tutorial", (4, 4), ("cls",), True)
+    x = torch.randn(2, 3, 32, 32)
+    attns = [b.attn for b in model.blocks]
+    seen, handles = record_inputs(attns)
+    with torch.no_grad(), vitviz.capture_attention(model) as cap:
+        model(x)
+    for h in handles:
+        h.remove()
+    for a, inp, got in zip(attns, seen, cap.attentions):
+        q, k, _ = a.qkv(inp).reshape(2, 17, 3, 2, 16).permute(2, 0, 3, 1, 4)
+        torch.testing.assert_close(got, softmax_attention(q, k, a.scale).float(), atol=1e-5, rtol=1e-4)
+    assert hooks_everywhere(model) == 0
+
+
+def test_described_custom_vit():
+    model = OddViT().eval()
+    with pytest.raises(vitviz.NotAViTError, match="describe"):
+        vitviz.inspect(model)
+    attrs_before = {id(m): dict(vars(m)).keys() for m in model.modules()}
+    vitviz.describe(model, attention="layers.*.attn", probe="qkv", img_size=16, patch_size=4, prefix_tokens=(),
+                    pos_embed="where", patch_proj="stem")
+    assert {id(m): dict(vars(m)).keys() for m in model.modules()} == attrs_before, "describe must not modify"
+    spec = vitviz.inspect(model)
+    assert (spec.family, spec.grid_size, spec.num_prefix_tokens, spec.depth, spec.num_heads) == (
+        "custom", (4, 4), 0, 3, 4)
+    with torch.no_grad(), vitviz.capture_attention(model) as cap:
+        model(torch.randn(1, 3, 16, 16))
+    assert [a.shape for a in cap.attentions] == [(1, 4, 16, 16)] * 3
+
+
+def test_describe_rejects_inconsistent_layout():
+    with pytest.raises(vitviz.NotAViTError, match="pos_embed has 16 rows"):
+        vitviz.describe(OddViT(), attention="layers.*.attn", img_size=32, patch_size=4, prefix_tokens=(),
+                        pos_embed="where", patch_proj="stem")
+
+
+@pytest.mark.parametrize("model", [nn.Sequential(nn.Conv2d(3, 8, 3), nn.ReLU()), "resnet18"])
+def test_non_vit_models_are_refused(model):
+    if model == "resnet18":
+        model = timm.create_model("resnet18")
+    with pytest.raises(vitviz.NotAViTError, match="not a Vision Transformer"):
+        vitviz.inspect(model)
+    with pytest.raises(vitviz.NotAViTError):
+        with vitviz.capture_attention(model):
+            pass
+
+
+def test_grad_flows_with_retain_grad(timm_vit):
+    with vitviz.capture_attention(timm_vit, retain_grad=True) as cap:
+        timm_vit(torch.randn(1, 3, 32, 48))[0, 1].backward()
+    assert all(a.grad is not None and a.grad.shape == a.shape for a in cap.attentions)
+    assert hooks_everywhere(timm_vit) == 0
+
+
+@pytest.mark.gpu
+def test_capture_on_cuda_matches_cpu():
+    model = tiny_timm_vit()
+    x = torch.randn(2, 3, 32, 48)
+    with torch.no_grad(), vitviz.capture_attention(model) as cpu:
+        model(x)
+    model = model.cuda()
+    with torch.no_grad(), vitviz.capture_attention(model) as gpu:
+        model(x.cuda())
+    assert gpu.attentions[0].device.type == "cuda"
+    torch.testing.assert_close(gpu.attentions[-1].cpu(), cpu.attentions[-1], atol=1e-3, rtol=1e-3)
+    model = model.half()
+    with torch.no_grad(), vitviz.capture_attention(model, dtype=torch.float32) as half:
+        model(x.cuda().half())
+    torch.testing.assert_close(half.attentions[-1].cpu(), cpu.attentions[-1], atol=2e-2, rtol=0)

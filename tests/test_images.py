@@ -1,0 +1,89 @@
+"""load_images: tensors, PIL, arrays and paths; grayscale and RGBA converted; wrong sizes explained."""
+
+from __future__ import annotations
+
+import numpy as np
+import pytest
+import timm
+import torch
+from conftest import tiny_timm_vit
+from PIL import Image
+from timm.data import create_transform, resolve_data_config
+
+import vitviz
+from vitviz.reference import CIFAR10_MEAN, CIFAR10_STD, build_reference
+
+
+@pytest.fixture
+def rgb_array():
+    rng = np.random.default_rng(0)
+    return rng.integers(0, 256, size=(40, 50, 3), dtype=np.uint8)
+
+
+def test_pil_array_and_path_agree_with_timm_transform(tmp_path, rgb_array):
+    model = timm.create_model("vit_tiny_patch16_224", img_size=64)
+    path = tmp_path / "im.png"
+    Image.fromarray(rgb_array).save(path)
+    cfg = {**resolve_data_config(model=model), "input_size": (3, 64, 64)}  # the size it was built for
+    want = create_transform(**cfg)(Image.fromarray(rgb_array))
+    batch = vitviz.load_images(model, [Image.fromarray(rgb_array), rgb_array, path, str(path)])
+    assert batch.shape == (4, 3, 64, 64) and batch.dtype == torch.float32
+    for x in batch:
+        torch.testing.assert_close(x, want)
+
+
+def test_reference_model_uses_its_cifar_config():
+    model = build_reference("cifar10-vit")
+    img = np.full((32, 32, 3), 255, dtype=np.uint8)
+    x = vitviz.load_images(model, img)
+    want = (1.0 - torch.tensor(CIFAR10_MEAN)) / torch.tensor(CIFAR10_STD)
+    torch.testing.assert_close(x[0, :, 5, 5], want)
+
+
+def test_grayscale_and_rgba_are_converted(rgb_array):
+    model = tiny_timm_vit()
+    gray = rgb_array[..., 0]
+    rgba = np.concatenate([rgb_array, np.full((40, 50, 1), 255, np.uint8)], axis=-1)
+    out = vitviz.load_images(model, [gray, gray[..., None], rgba, Image.fromarray(gray), Image.fromarray(rgba)])
+    assert out.shape == (5, 3, 32, 48)
+    torch.testing.assert_close(out[2], vitviz.load_images(model, rgb_array)[0])
+    torch.testing.assert_close(out[0, 0] * 0.229 + 0.485, out[0, 1] * 0.224 + 0.456, atol=1e-5, rtol=0)
+
+
+def test_tensor_of_wrong_size_names_both_sizes_and_the_fix():
+    model = tiny_timm_vit()
+    with pytest.raises(vitviz.ImageInputError) as err:
+        vitviz.load_images(model, torch.randn(2, 3, 48, 48))
+    msg = str(err.value)
+    assert "32x48" in msg and "48x48" in msg and "img_size=" in msg and "dynamic_img_size=True" in msg
+
+
+@pytest.mark.parametrize(("channels", "word"), [(1, "grayscale"), (4, "RGBA")])
+def test_tensor_with_wrong_channels(channels, word):
+    with pytest.raises(vitviz.ImageInputError, match=word):
+        vitviz.load_images(tiny_timm_vit(), torch.randn(1, channels, 32, 48))
+
+
+def test_uint8_tensor_and_bad_objects_are_refused(tmp_path):
+    model = tiny_timm_vit()
+    with pytest.raises(vitviz.ImageInputError, match="uint8"):
+        vitviz.load_images(model, torch.zeros(1, 3, 32, 48, dtype=torch.uint8))
+    with pytest.raises(vitviz.ImageInputError, match="not found"):
+        vitviz.load_images(model, tmp_path / "missing.jpg")
+    with pytest.raises(vitviz.ImageInputError, match="shape"):
+        vitviz.load_images(model, np.zeros((3, 32, 48), np.uint8))
+    (tmp_path / "notimage.jpg").write_text("hello")
+    with pytest.raises(vitviz.ImageInputError, match="cannot read image"):
+        vitviz.load_images(model, tmp_path / "notimage.jpg")
+
+
+def test_dynamic_models_take_other_sizes_but_not_off_stride():
+    model = tiny_timm_vit(dynamic_img_size=True)
+    assert vitviz.load_images(model, torch.randn(3, 64, 16)).shape == (1, 3, 64, 16)
+    with pytest.raises(vitviz.ImageInputError, match="multiple of the 8x8"):
+        vitviz.load_images(model, torch.randn(1, 3, 60, 16))
+
+
+def test_batch_follows_model_dtype():
+    model = tiny_timm_vit().to(torch.bfloat16)
+    assert vitviz.load_images(model, torch.randn(1, 3, 32, 48)).dtype == torch.bfloat16

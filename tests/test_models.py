@@ -1,0 +1,178 @@
+"""load_model: timm names, local weight files (safetensors, pth, bin, JAX npz), fail-fast offline, bad files."""
+
+from __future__ import annotations
+
+import time
+
+import numpy as np
+import pytest
+import timm
+import torch
+from safetensors.torch import save_file
+
+import vitviz
+from vitviz.reference import build_reference
+
+TINY = "vit_tiny_patch16_224"
+
+
+def same_weights(a: torch.nn.Module, b: torch.nn.Module) -> bool:
+    sa, sb = a.state_dict(), b.state_dict()
+    return sa.keys() == sb.keys() and all(torch.equal(sa[k], sb[k]) for k in sa)
+
+
+def test_timm_name_random_weights_eval_mode_and_kwargs():
+    model = vitviz.load_model(TINY, device="cpu", img_size=(96, 64))
+    assert not model.training and next(model.parameters()).device.type == "cpu"
+    assert vitviz.inspect(model).grid_size == (6, 4)
+
+
+def test_unknown_name_suggests():
+    with pytest.raises(vitviz.VitvizError, match="neither a timm model"):
+        vitviz.load_model("vit_tinyy_patch16_224")
+
+
+@pytest.mark.parametrize("fmt", ["safetensors", "pth", "bin-wrapped"])
+def test_local_state_dict_files(tmp_path, fmt):
+    src = timm.create_model(TINY)
+    sd = src.state_dict()
+    if fmt == "safetensors":
+        path = tmp_path / "w.safetensors"
+        save_file({k: v.contiguous() for k, v in sd.items()}, str(path))
+    elif fmt == "pth":
+        path = tmp_path / "w.pth"
+        torch.save(sd, path)
+    else:  # training-loop style: {"state_dict": {"module.<key>": ...}}
+        path = tmp_path / "w.bin"
+        torch.save({"state_dict": {f"module.{k}": v for k, v in sd.items()}, "epoch": 3}, path)
+    model = vitviz.load_model(TINY, checkpoint=path, device="cpu")
+    assert same_weights(model, src)
+
+
+def jax_npz(model: torch.nn.Module, path) -> None:
+    """Write ``model`` in the original JAX ViT .npz layout (what the paper's checkpoints use)."""
+    heads = model.blocks[0].attn.num_heads
+    d = model.embed_dim
+    t = {k: v.detach().numpy() for k, v in model.state_dict().items()}
+    w = {
+        "embedding/kernel": t["patch_embed.proj.weight"].transpose(2, 3, 1, 0),
+        "embedding/bias": t["patch_embed.proj.bias"],
+        "cls": t["cls_token"],
+        "Transformer/posembed_input/pos_embedding": t["pos_embed"],
+        "Transformer/encoder_norm/scale": t["norm.weight"],
+        "Transformer/encoder_norm/bias": t["norm.bias"],
+        "head/kernel": t["head.weight"].T,
+        "head/bias": t["head.bias"],
+    }
+    for i in range(len(model.blocks)):
+        b, p = f"blocks.{i}.", f"Transformer/encoderblock_{i}/"
+        mha = p + "MultiHeadDotProductAttention_1/"
+        q, k, v = np.split(t[b + "attn.qkv.weight"], 3)
+        qb, kb, vb = np.split(t[b + "attn.qkv.bias"], 3)
+        for name, wt, bs in (("query", q, qb), ("key", k, kb), ("value", v, vb)):
+            w[f"{mha}{name}/kernel"] = wt.T.reshape(d, heads, d // heads)
+            w[f"{mha}{name}/bias"] = bs.reshape(heads, d // heads)
+        w[f"{mha}out/kernel"] = t[b + "attn.proj.weight"].reshape(d, heads, d // heads).transpose(1, 2, 0)
+        w[f"{mha}out/bias"] = t[b + "attn.proj.bias"]
+        w[p + "LayerNorm_0/scale"], w[p + "LayerNorm_0/bias"] = t[b + "norm1.weight"], t[b + "norm1.bias"]
+        w[p + "LayerNorm_2/scale"], w[p + "LayerNorm_2/bias"] = t[b + "norm2.weight"], t[b + "norm2.bias"]
+        for r in range(2):
+            w[f"{p}MlpBlock_3/Dense_{r}/kernel"] = t[f"{b}mlp.fc{r + 1}.weight"].T
+            w[f"{p}MlpBlock_3/Dense_{r}/bias"] = t[f"{b}mlp.fc{r + 1}.bias"]
+    np.savez(path, **w)
+
+
+def test_original_jax_npz_through_timm_loader(tmp_path):
+    src = timm.create_model(TINY, depth=2)
+    jax_npz(src, tmp_path / "ViT-Ti_16.npz")
+    model = vitviz.load_model(TINY, depth=2, checkpoint=tmp_path / "ViT-Ti_16.npz", device="cpu")
+    x = torch.randn(1, 3, 224, 224)
+    with torch.no_grad():
+        torch.testing.assert_close(model(x), src.eval()(x), atol=1e-5, rtol=1e-5)
+
+
+def test_npz_position_embedding_resampled_to_img_size(tmp_path):
+    src = timm.create_model(TINY, depth=1)
+    jax_npz(src, tmp_path / "w.npz")
+    model = vitviz.load_model(TINY, depth=1, img_size=288, checkpoint=tmp_path / "w.npz")
+    assert model.pos_embed.shape == (1, 1 + 18 * 18, 192)
+
+
+@pytest.mark.parametrize("suffix", [".safetensors", ".pth", ".npz"])
+def test_corrupt_checkpoint_is_refused(tmp_path, suffix):
+    good = tmp_path / f"good{suffix}"
+    src = timm.create_model(TINY, depth=1)
+    if suffix == ".safetensors":
+        save_file({k: v.contiguous() for k, v in src.state_dict().items()}, str(good))
+    elif suffix == ".pth":
+        torch.save(src.state_dict(), good)
+    else:
+        jax_npz(src, good)
+    bad = tmp_path / f"bad{suffix}"
+    blob = good.read_bytes()
+    bad.write_bytes(blob[: len(blob) // 2])  # truncated download
+    with pytest.raises(vitviz.CheckpointError, match=r"bad\.(safetensors|pth|npz).*corrupt"):
+        vitviz.load_model(TINY, depth=1, checkpoint=bad)
+
+
+def test_weights_for_another_model_are_refused(tmp_path):
+    path = tmp_path / "small.safetensors"
+    save_file({k: v.contiguous() for k, v in timm.create_model("vit_small_patch16_224").state_dict().items()},
+              str(path))
+    with pytest.raises(vitviz.CheckpointError, match="do not fit timm model 'vit_tiny_patch16_224'"):
+        vitviz.load_model(TINY, checkpoint=path)
+
+
+def test_missing_checkpoint_file(tmp_path):
+    with pytest.raises(vitviz.CheckpointError, match="not found"):
+        vitviz.load_model(TINY, checkpoint=tmp_path / "nope.safetensors")
+
+
+def test_pretrained_offline_fails_fast_with_the_fix(tmp_path, monkeypatch):
+    monkeypatch.setenv("HF_HOME", str(tmp_path / "hf"))  # empty cache
+    monkeypatch.setenv("HF_ENDPOINT", "https://weights.vitviz-offline.invalid")  # unresolvable host
+    monkeypatch.delenv("HF_HUB_OFFLINE", raising=False)
+    t0 = time.perf_counter()
+    with pytest.raises(vitviz.WeightsUnavailableError) as err:
+        vitviz.load_model(TINY, pretrained=True)
+    assert time.perf_counter() - t0 < 10
+    msg = str(err.value)
+    assert "'vit_tiny_patch16_224'" in msg and "checkpoint=" in msg and "cannot be reached" in msg
+
+
+def test_pretrained_with_hub_offline_flag(tmp_path, monkeypatch):
+    monkeypatch.setenv("HF_HOME", str(tmp_path / "hf"))
+    monkeypatch.setenv("HF_HUB_OFFLINE", "1")
+    with pytest.raises(vitviz.WeightsUnavailableError, match="HF_HUB_OFFLINE"):
+        vitviz.load_model(TINY, pretrained=True)
+
+
+def test_reference_model_missing_checkpoint_says_how_to_train(tmp_path, monkeypatch):
+    monkeypatch.setenv("VITVIZ_CHECKPOINTS", str(tmp_path))
+    with pytest.raises(vitviz.WeightsUnavailableError, match="python -m vitviz.train cifar10-vit"):
+        vitviz.load_model("cifar10-vit")
+
+
+def test_reference_checkpoint_roundtrip_by_name_and_by_file(tmp_path, monkeypatch):
+    src = build_reference("cifar10-vit-2dpos")
+    path = tmp_path / "cifar10-vit-2dpos.safetensors"
+    save_file({k: v.half().contiguous() for k, v in src.state_dict().items()}, str(path),
+              metadata={"vitviz.model": "cifar10-vit-2dpos"})
+    monkeypatch.setenv("VITVIZ_CHECKPOINTS", str(tmp_path))
+    by_name = vitviz.load_model("cifar10-vit-2dpos", device="cpu")
+    by_file = vitviz.load_model(path, device="cpu")
+    assert same_weights(by_name, by_file)
+    torch.testing.assert_close(by_name.pos_embed, src.pos_embed.half().float())
+    assert by_name.pretrained_cfg["input_size"] == (3, 32, 32) and len(by_name.pretrained_cfg["label_names"]) == 10
+
+
+def test_safetensors_without_architecture_asks_for_a_name(tmp_path):
+    path = tmp_path / "anon.safetensors"
+    save_file({"w": torch.zeros(2)}, str(path))
+    with pytest.raises(vitviz.CheckpointError, match="does not say which architecture"):
+        vitviz.load_model(path)
+
+
+@pytest.mark.gpu
+def test_auto_device_is_cuda_when_available():
+    assert next(vitviz.load_model(TINY).parameters()).device.type == "cuda"

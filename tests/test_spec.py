@@ -1,0 +1,104 @@
+"""inspect(): the token layout, read from the model, for every family and every model the ViT paper names."""
+
+from __future__ import annotations
+
+import pytest
+import timm
+import torch
+from conftest import tiny_timm_vit
+from timm.layers import build_sincos2d_pos_embed
+
+import vitviz
+from vitviz.reference import build_reference
+
+
+def test_vit_b16_layout_and_parameter_table():
+    model = timm.create_model("vit_base_patch16_224")
+    spec = vitviz.inspect(model)
+    assert spec.grid_size == (14, 14) and spec.patch_size == (16, 16) and spec.img_size == (224, 224)
+    assert spec.prefix_tokens == ("cls",) and spec.class_token_index == 0 and spec.num_tokens == 197
+    assert (spec.depth, spec.num_heads, spec.embed_dim) == (12, 12, 768)
+    assert spec.pos_embed_kind == "learned" and spec.pos_embed_covers_prefix
+    p = spec.params
+    assert p["total"] == sum(t.numel() for t in model.parameters()) == 86_567_656  # "86.6M" in tutorials
+    assert p["patch_embed"] == 768 * 3 * 16 * 16 + 768
+    assert p["pos_embed"] == 197 * 768 and p["prefix_tokens"] == 768
+    assert p["head"] == 768 * 1000 + 1000 and p["norm"] == 2 * 768
+    assert p["blocks"] == 12 * (4 * 768 * 768 + 4 * 768 + 2 * 768 * 3072 + 3072 + 768 + 4 * 768)
+    text = repr(spec)
+    assert "14x14 grid" in text and "86.57M" in text and "prefix [cls]" in text
+
+
+def test_non_square_grid_is_not_swapped():
+    spec = vitviz.inspect(tiny_timm_vit(img_size=(32, 48), patch_size=8))
+    assert spec.grid_size == (4, 6) and spec.img_size == (32, 48) and spec.num_patches == 24
+
+
+def test_registers_without_class_embedding():
+    spec = vitviz.inspect(tiny_timm_vit(reg_tokens=4, no_embed_class=True))
+    assert spec.prefix_tokens == ("cls", "reg", "reg", "reg", "reg")
+    assert not spec.pos_embed_covers_prefix and spec.num_tokens == 29
+
+
+def test_no_class_token_and_no_pos_embed():
+    spec = vitviz.inspect(tiny_timm_vit(class_token=False, global_pool="avg", pos_embed="none"))
+    assert spec.prefix_tokens == () and spec.class_token_index is None
+    assert spec.pos_embed_kind == "none" and not spec.has_abs_pos_embed
+
+
+def test_fixed_sincos_embedding_is_reported():
+    model = tiny_timm_vit(class_token=False, global_pool="avg", no_embed_class=True)
+    pe = build_sincos2d_pos_embed((4, 6), 32).unsqueeze(0)
+    model.pos_embed = torch.nn.Parameter(pe, requires_grad=False)
+    assert vitviz.inspect(model).pos_embed_kind == "sincos"
+
+
+def test_rotary_models_are_reported():
+    model = timm.create_model("vit_medium_patch16_rope_reg1_gap_256", img_size=64)
+    spec = vitviz.inspect(model)
+    assert spec.pos_embed_kind == "rotary" and spec.prefix_tokens == ("reg",)
+
+
+@pytest.mark.parametrize(
+    ("name", "grid", "stride", "depth", "heads", "dim", "paper_params"),
+    [
+        ("vit_base_patch16_224", (14, 14), 16, 12, 12, 768, 86e6),
+        ("vit_base_patch32_224", (7, 7), 32, 12, 12, 768, 86e6),
+        pytest.param("vit_large_patch16_224", (14, 14), 16, 24, 16, 1024, 307e6, marks=pytest.mark.slow),
+        pytest.param("vit_large_patch32_224", (7, 7), 32, 24, 16, 1024, 307e6, marks=pytest.mark.slow),
+        pytest.param("vit_huge_patch14_224", (16, 16), 14, 32, 16, 1280, 632e6, marks=pytest.mark.slow),
+        pytest.param("vit_base_r50_s16_224", (14, 14), 16, 12, 12, 768, None, marks=pytest.mark.slow),
+    ],
+)
+def test_paper_model_families(name, grid, stride, depth, heads, dim, paper_params):
+    """Every model the ViT paper names builds and inspects (random weights); sizes match paper Table 1."""
+    model = timm.create_model(name)
+    spec = vitviz.inspect(model)
+    assert spec.grid_size == grid and spec.patch_size == (stride, stride)
+    assert (spec.depth, spec.num_heads, spec.embed_dim) == (depth, heads, dim)
+    assert spec.hybrid == ("r50" in name)
+    if paper_params:  # Table 1's "86M/307M/632M" are the transformer's size (patch and head layers vary)
+        assert abs(spec.params["blocks"] - paper_params) / paper_params < 0.02
+    with torch.no_grad(), vitviz.capture_attention(model, layers=-1) as cap:
+        model(torch.randn(1, 3, 224, 224))
+    assert cap.attentions[0].shape == (1, heads, spec.num_tokens, spec.num_tokens)
+
+
+def test_reference_models_layout():
+    for name in ("cifar10-vit", "cifar10-vit-nopos", "cifar10-vit-2dpos", "cifar10-hybrid"):
+        spec = vitviz.inspect(build_reference(name))
+        assert spec.grid_size == (8, 8) and spec.patch_size == (4, 4) and spec.prefix_tokens == ("cls",), name
+    assert vitviz.inspect(build_reference("cifar10-vit-2dpos")).pos_embed_kind == "learned-2d"
+    assert vitviz.inspect(build_reference("cifar10-vit-nopos")).pos_embed_kind == "none"
+    hybrid = vitviz.inspect(build_reference("cifar10-hybrid"))
+    assert hybrid.hybrid and hybrid.pos_embed_covers_prefix
+
+
+def test_2d_pos_embed_is_row_and_column_tables():
+    model = build_reference("cifar10-vit-2dpos")
+    pe = model.pos_embed
+    assert pe.shape == (1, 65, 96)
+    grid = pe[0, 1:].reshape(8, 8, 96)
+    torch.testing.assert_close(grid[3, :, :48], model.pos_embed_row[0, 3].expand(8, 48))
+    torch.testing.assert_close(grid[:, 5, 48:], model.pos_embed_col[0, 5].expand(8, 48))
+    assert "pos_embed_row" in model.state_dict() and "pos_embed" not in model.state_dict()
