@@ -1,0 +1,241 @@
+"""RGB embedding filters (vitviz.filters), the position-embedding and filter figures, save_figure, notebook 01."""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+import matplotlib
+
+matplotlib.use("Agg")
+
+import matplotlib.pyplot as plt  # noqa: E402
+import numpy as np  # noqa: E402
+import pytest  # noqa: E402
+import torch  # noqa: E402
+from matplotlib.patches import Rectangle  # noqa: E402
+from timm.models.vision_transformer import VisionTransformer  # noqa: E402
+from torch import nn  # noqa: E402
+
+import vitviz  # noqa: E402
+from vitviz.filters import NoRGBFiltersError, embedding_filters, filter_pca  # noqa: E402
+from vitviz.reference import build_reference  # noqa: E402
+
+ROOT = Path(__file__).resolve().parents[1]
+
+
+def tiny_vit(img_size=(32, 48), patch_size=8, **kwargs) -> VisionTransformer:
+    kwargs = {"embed_dim": 32, "depth": 1, "num_heads": 2, "num_classes": 0, **kwargs}
+    return VisionTransformer(img_size=img_size, patch_size=patch_size, **kwargs).eval()
+
+
+@pytest.fixture(autouse=True)
+def _close_figures():
+    yield
+    plt.close("all")
+
+
+def colorbars(fig) -> list:
+    return [ax for ax in fig.axes if ax.get_ylabel() == "Cosine similarity"]
+
+
+# ---- filters ---------------------------------------------------------------------------------------------------
+
+def test_embedding_filters_plain_vit_is_the_patch_projection():
+    model = tiny_vit()
+    weights, source = embedding_filters(model)
+    assert source == "patch_embed.proj"
+    assert weights.shape == (32, 3, 8, 8)
+    torch.testing.assert_close(weights, model.patch_embed.proj.weight.detach())
+
+
+def test_embedding_filters_hybrid_uses_backbone_stem_conv():
+    model = build_reference("cifar10-hybrid")
+    assert vitviz.inspect(model).hybrid
+    weights, source = embedding_filters(model)
+    stem = model.patch_embed.backbone[0][0]
+    assert isinstance(stem, nn.Conv2d) and stem.in_channels == 3
+    assert source == "patch_embed.backbone.0.0"
+    torch.testing.assert_close(weights, stem.weight.detach())
+    assert model.patch_embed.proj.kernel_size == (1, 1)  # the "patch" projection itself is not RGB
+
+
+def test_filter_pca_matches_numpy_svd():
+    rng = np.random.default_rng(0)
+    w = rng.normal(size=(40, 3, 4, 4)) * np.linspace(3, 0.1, 48).reshape(1, 3, 4, 4)
+    comps, ratio = filter_pca(torch.tensor(w, dtype=torch.float32), n_components=28)
+    assert comps.shape == (28, 3, 4, 4) and ratio.shape == (28,)
+    x = w.reshape(40, -1) - w.reshape(40, -1).mean(axis=0)
+    _u, s, vh = np.linalg.svd(x, full_matrices=False)
+    flat = comps.reshape(28, -1).double().numpy()
+    np.testing.assert_allclose(np.abs(np.sum(flat * vh[:28], axis=1)), 1.0, atol=1e-4)  # equal up to sign
+    np.testing.assert_allclose(ratio.numpy(), (s**2 / np.sum(s**2))[:28], rtol=1e-4)
+    assert np.all(np.diff(ratio.numpy()) <= 1e-7)
+    peak = flat[np.arange(28), np.abs(flat).argmax(axis=1)]
+    assert np.all(peak > 0)  # deterministic sign
+
+
+def test_filter_pca_caps_components_and_rejects_bad_input():
+    comps, ratio = filter_pca(torch.randn(5, 3, 2, 2), n_components=28)
+    assert comps.shape[0] == 4 and ratio.sum() == pytest.approx(1.0, abs=1e-5)  # 5 centred filters: rank 4
+    with pytest.raises(ValueError, match="two filters"):
+        filter_pca(torch.randn(1, 3, 2, 2))
+    with pytest.raises(ValueError, match="C_out, C_in, kh, kw"):
+        filter_pca(torch.randn(5, 12))
+
+
+def test_no_rgb_conv_and_non_vit_raise():
+    with pytest.raises(NoRGBFiltersError, match="input channels"):
+        embedding_filters(tiny_vit(in_chans=1))
+    with pytest.raises(vitviz.NotAViTError):
+        embedding_filters(nn.Sequential(nn.Conv2d(3, 8, 3)))
+    with pytest.raises(vitviz.NotAViTError):
+        vitviz.plot_pos_embed(nn.Sequential(nn.Conv2d(3, 8, 3)))
+
+
+# ---- position-embedding figures --------------------------------------------------------------------------------
+
+def test_plot_pos_embed_non_square_mosaic_labels_and_colorbar():
+    torch.manual_seed(0)
+    model = tiny_vit()  # 4x6 grid
+    fig = vitviz.plot_pos_embed(model)
+    ax = fig.axes[0]
+    assert ax.get_xlabel() == "Input patch column" and ax.get_ylabel() == "Input patch row"
+    cbars = colorbars(fig)
+    assert len(cbars) == 1 and len(fig.axes) == 2
+    (im,) = ax.images
+    assert im.get_clim() == (-1.0, 1.0)
+    mosaic = np.ma.filled(im.get_array(), np.nan)
+    gap = 1
+    assert mosaic.shape == (4 * 4 + 3 * gap, 6 * 6 + 5 * gap)  # 4 rows of 4x6 tiles, 6 columns of them
+    sim = vitviz.pos_embed_similarity(model).numpy()
+    y, x = 2 * (4 + gap), 5 * (6 + gap)
+    np.testing.assert_allclose(mosaic[y:y + 4, x:x + 6], sim[2, 5])  # tile (r=2, c=5)
+    assert np.isnan(mosaic[4, :]).all() and np.isnan(mosaic[:, 6]).all()  # gaps
+    assert [t.get_text() for t in ax.get_xticklabels()] == ["1", "2", "3", "4", "5", "6"]
+    assert [t.get_text() for t in ax.get_yticklabels()] == ["1", "2", "3", "4"]
+    np.testing.assert_allclose(ax.get_xticks(), np.arange(6) * 7 + 2.5)  # tile centres
+    assert "VisionTransformer" in ax.get_title() and "4x6 grid" in ax.get_title()
+
+
+def test_plot_pos_embed_large_grid_is_subsampled_and_says_so():
+    torch.manual_seed(0)
+    model = tiny_vit(img_size=24 * 4, patch_size=4)  # 24x24 grid
+    fig = vitviz.plot_pos_embed(model, max_tiles=16)
+    ax = fig.axes[0]
+    labels = [t.get_text() for t in ax.get_xticklabels()]
+    assert labels == [str(i) for i in range(1, 25, 2)]  # every 2nd: 12 tiles
+    gap = round(24 / 7)
+    assert ax.images[0].get_array().shape == (12 * 24 + 11 * gap,) * 2
+    assert "every 2nd row and column" in ax.get_title()
+    assert len(colorbars(fig)) == 1
+
+
+def test_plot_pos_embed_resampled_and_custom_title():
+    torch.manual_seed(0)
+    fig = vitviz.plot_pos_embed(tiny_vit(), img_size=(64, 80), title="mine")
+    ax = fig.axes[0]
+    assert ax.get_title() == "mine"
+    assert ax.images[0].get_array().shape == (8 * 8 + 7, 10 * 10 + 9)
+    fig2 = vitviz.plot_pos_embed(tiny_vit(), img_size=(64, 80))
+    assert "8x10 grid, resampled from 4x6" in fig2.axes[0].get_title()
+
+
+def test_plot_pos_embed_similarity_single_patch():
+    torch.manual_seed(0)
+    sim = vitviz.pos_embed_similarity(tiny_vit())
+    ax = vitviz.plot_pos_embed_similarity(sim, query=(1, 4))
+    np.testing.assert_allclose(ax.images[0].get_array(), sim[1, 4].numpy())
+    assert ax.get_xlabel() == "Input patch column" and ax.get_ylabel() == "Input patch row"
+    assert [t.get_text() for t in ax.get_xticklabels()] == ["1", "2", "3", "4", "5", "6"]
+    (marker,) = [p for p in ax.patches if isinstance(p, Rectangle)]
+    assert marker.get_xy() == (3.5, 0.5)  # column 4, row 1 (zero-based)
+    assert len(colorbars(ax.figure)) == 1
+    _fig, ax2 = plt.subplots()
+    assert vitviz.plot_pos_embed_similarity(sim, (0, 0), ax=ax2, colorbar=False) is ax2
+    assert len(ax2.figure.axes) == 1
+    with pytest.raises(IndexError, match="outside the 4x6 grid"):
+        vitviz.plot_pos_embed_similarity(sim, query=(4, 0))
+
+
+def test_plot_embedding_filters_tiles_and_titles():
+    torch.manual_seed(0)
+    fig = vitviz.plot_embedding_filters(tiny_vit())  # 32 filters of 3x8x8
+    tiles = [ax for ax in fig.axes if ax.images]
+    assert len(tiles) == 28 and len(fig.axes) == 28
+    assert fig._suptitle.get_text() == "RGB embedding filters (first 28 principal components)"
+    rows = sorted({round(ax.get_position().y0, 3) for ax in tiles})
+    assert len(rows) == 4  # 4 rows x 7 columns
+    img = tiles[0].images[0].get_array()
+    assert img.shape == (8, 8, 3) and img.min() == pytest.approx(0.0) and img.max() == pytest.approx(1.0)
+
+    hybrid = vitviz.plot_embedding_filters(build_reference("cifar10-hybrid"))  # 32 filters of 3x3x3: 27 comps
+    assert len([ax for ax in hybrid.axes if ax.images]) == 27
+    assert "hybrid's backbone stem conv" in hybrid._suptitle.get_text()
+
+
+def test_plot_filter_variance():
+    torch.manual_seed(0)
+    ax = vitviz.plot_filter_variance(tiny_vit(patch_size=4, img_size=16))  # 32 filters of 48 inputs: 31 comps
+    assert ax.get_xlabel().startswith("Principal component") and ax.get_ylabel() == "Explained variance ratio"
+    assert len(ax.patches) == 31
+    _fig, ax2 = plt.subplots()
+    ratio = np.array([0.5, 0.3, 0.2])
+    assert vitviz.plot_filter_variance(ratio, ax=ax2) is ax2
+    np.testing.assert_allclose(ax2.lines[0].get_ydata(), [0.5, 0.8, 1.0])
+
+
+def test_save_figure_writes_every_format(tmp_path):
+    fig = vitviz.plot_pos_embed(tiny_vit())
+    paths = vitviz.save_figure(fig, tmp_path / "deep" / "er" / "pos_embed")
+    assert [p.suffix for p in paths] == [".png", ".pdf", ".svg"]
+    assert paths[0].read_bytes()[:4] == b"\x89PNG"
+    assert paths[1].read_bytes()[:4] == b"%PDF"
+    assert "<svg" in paths[2].read_text()[:2000]
+    only = vitviz.save_figure(fig, tmp_path / "one.png", formats=("png",))
+    assert only == [tmp_path / "one.png"] and only[0].stat().st_size > 0
+
+
+def test_style_keeps_interactive_mode_turned_on_inside():
+    """Jupyter's inline backend turns interactive mode on when the first figure loads it; that must survive."""
+    from vitviz.plot.style import RC, vitviz_style
+
+    was = matplotlib.is_interactive()
+    try:
+        matplotlib.interactive(False)
+        with vitviz_style():
+            assert matplotlib.rcParams["font.size"] == RC["font.size"]
+            matplotlib.interactive(True)
+        assert matplotlib.is_interactive()
+        matplotlib.rcParams["font.size"] = 13.0
+        with vitviz_style():
+            pass
+        assert matplotlib.rcParams["font.size"] == 13.0  # everything else is restored
+    finally:
+        matplotlib.interactive(was)
+        matplotlib.rcParams["font.size"] = matplotlib.rcParamsDefault["font.size"]
+
+
+# ---- notebook --------------------------------------------------------------------------------------------------
+
+@pytest.mark.notebook
+@pytest.mark.timeout(600)
+def test_notebook_01_runs_offline_and_saves_figures(tmp_path, monkeypatch):
+    papermill = pytest.importorskip("papermill")
+    nbformat = pytest.importorskip("nbformat")
+    monkeypatch.delenv("MPLBACKEND", raising=False)  # the kernel inherits it: let it pick Jupyter's inline backend
+    out_dir = tmp_path / "figs"
+    papermill.execute_notebook(
+        str(ROOT / "notebooks" / "01_position_embeddings.ipynb"),
+        str(tmp_path / "01_out.ipynb"),
+        parameters={"out_dir": str(out_dir)},
+        kernel_name="python3",
+        cwd=str(ROOT / "notebooks"),
+        progress_bar=False,
+    )
+    nb = nbformat.read(tmp_path / "01_out.ipynb", as_version=4)
+    images = [o for c in nb.cells if c.cell_type == "code" for o in c.get("outputs", [])
+              if "image/png" in o.get("data", {})]
+    assert len(images) >= 7  # every figure cell shows its figure, not only the first one
+    for stem in ("fig7_center_reference", "fig7_left_reference", "fig7_center_timm", "sincos", "interpolated"):
+        for fmt in ("png", "pdf", "svg"):
+            assert (out_dir / f"{stem}.{fmt}").stat().st_size > 0, f"{stem}.{fmt} missing"

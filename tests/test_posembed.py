@@ -1,0 +1,208 @@
+"""Position-embedding similarity and locality (vitviz.posembed), and the paper's Table 8 loader."""
+
+from __future__ import annotations
+
+import math
+import subprocess
+import sys
+
+import numpy as np
+import pandas as pd
+import pytest
+import timm
+import torch
+from timm.layers import resample_abs_pos_embed
+from timm.models.vision_transformer import VisionTransformer
+from torch import nn
+
+import vitviz
+from vitviz.posembed import (
+    NoPositionEmbeddingError,
+    grid_distances,
+    locality_table,
+    patch_pos_embed,
+    pos_embed_locality,
+    pos_embed_similarity,
+    sincos_pos_embed,
+    sincos_vit,
+)
+from vitviz.reference import build_reference
+
+
+def tiny_vit(img_size=(32, 48), patch_size=8, **kwargs) -> VisionTransformer:
+    """A 1-block ViT; (32, 48) px at patch 8 is a non-square 4x6 grid."""
+    kwargs = {"embed_dim": 32, "depth": 1, "num_heads": 2, "num_classes": 0, **kwargs}
+    return VisionTransformer(img_size=img_size, patch_size=patch_size, **kwargs).eval()
+
+
+def reference_similarity(emb: np.ndarray, grid: tuple[int, int]) -> np.ndarray:
+    """Independent computation: normalise each row with numpy, then all dot products."""
+    unit = emb / np.linalg.norm(emb, axis=1, keepdims=True)
+    return (unit @ unit.T).reshape(*grid, *grid)
+
+
+def test_similarity_invariants_on_non_square_grid():
+    torch.manual_seed(0)
+    model = tiny_vit()
+    sim = pos_embed_similarity(model)
+    assert sim.shape == (4, 6, 4, 6)
+    flat = sim.reshape(24, 24)
+    torch.testing.assert_close(flat, flat.T)
+    torch.testing.assert_close(torch.diagonal(flat), torch.ones(24))
+    assert sim.min() >= -1 and sim.max() <= 1
+    assert (flat - torch.eye(24)).abs().max() < 0.9  # a random table is not all alike
+
+
+def test_similarity_matches_independent_numpy():
+    torch.manual_seed(1)
+    model = tiny_vit()
+    expected = reference_similarity(model.pos_embed[0, 1:].detach().numpy().astype(np.float64), (4, 6))
+    np.testing.assert_allclose(pos_embed_similarity(model).numpy(), expected, atol=1e-6)
+
+
+def test_non_square_grid_is_row_major_not_swapped():
+    """Patch (r, c) gets e_r + e_{4+c}: cos = (same row + same column) / 2, so rows and columns are told apart."""
+    model = tiny_vit()
+    grid = torch.zeros(4, 6, 32)
+    for r in range(4):
+        for c in range(6):
+            grid[r, c, r] = 1.0
+            grid[r, c, 4 + c] = 1.0
+    with torch.no_grad():
+        model.pos_embed[0, 0] = 7.0  # the class token's row must be ignored
+        model.pos_embed[0, 1:] = grid.reshape(24, 32)
+    sim = pos_embed_similarity(model)
+    assert sim.shape == (4, 6, 4, 6)
+    r, c = 1, 4
+    np.testing.assert_allclose(sim[r, c, r, :].numpy(), [0.5, 0.5, 0.5, 0.5, 1.0, 0.5], atol=1e-6)
+    np.testing.assert_allclose(sim[r, c, :, c].numpy(), [0.5, 1.0, 0.5, 0.5], atol=1e-6)
+    assert sim[r, c, 0, 0] == pytest.approx(0.0, abs=1e-6)
+
+
+def test_two_prefix_tokens_deit_distilled():
+    torch.manual_seed(0)
+    model = timm.create_model("deit_tiny_distilled_patch16_224", img_size=(48, 64)).eval()
+    assert vitviz.inspect(model).prefix_tokens == ("cls", "dist")
+    assert model.pos_embed.shape[1] == 2 + 3 * 4
+    expected = reference_similarity(model.pos_embed[0, 2:].detach().double().numpy(), (3, 4))
+    np.testing.assert_allclose(pos_embed_similarity(model).numpy(), expected, atol=1e-6)
+
+
+def test_registers_with_no_embed_class_keep_every_row():
+    torch.manual_seed(0)
+    model = tiny_vit(reg_tokens=4, no_embed_class=True)
+    spec = vitviz.inspect(model)
+    assert spec.num_prefix_tokens == 5 and not spec.pos_embed_covers_prefix
+    assert model.pos_embed.shape[1] == 24  # patches only
+    expected = reference_similarity(model.pos_embed[0].detach().double().numpy(), (4, 6))
+    np.testing.assert_allclose(pos_embed_similarity(model).numpy(), expected, atol=1e-6)
+
+
+@pytest.mark.parametrize("no_embed_class", [False, True])
+def test_resampled_size_matches_timm_by_hand(no_embed_class):
+    torch.manual_seed(0)
+    model = tiny_vit(no_embed_class=no_embed_class)
+    sim = pos_embed_similarity(model, img_size=(64, 80))
+    assert sim.shape == (8, 10, 8, 10)
+    prefix = 0 if no_embed_class else 1
+    resampled = resample_abs_pos_embed(model.pos_embed.detach(), new_size=[8, 10], old_size=[4, 6],
+                                       num_prefix_tokens=prefix)
+    expected = reference_similarity(resampled[0, prefix:].double().numpy(), (8, 10))
+    np.testing.assert_allclose(sim.numpy(), expected, atol=1e-5)
+    assert pos_embed_similarity(model, img_size=40).shape == (5, 5, 5, 5)  # int size: square
+
+
+def test_tensor_input_needs_grid_and_checks_rows():
+    torch.manual_seed(0)
+    pos = torch.randn(1, 1 + 12, 16)
+    with pytest.raises(ValueError, match="grid_size"):
+        pos_embed_similarity(pos)
+    with pytest.raises(ValueError, match="13 rows"):
+        pos_embed_similarity(pos, grid_size=(3, 4), num_prefix_tokens=0)
+    sim = pos_embed_similarity(pos, grid_size=(3, 4), num_prefix_tokens=1)
+    expected = reference_similarity(pos[0, 1:].double().numpy(), (3, 4))
+    np.testing.assert_allclose(sim.numpy(), expected, atol=1e-6)
+    torch.testing.assert_close(pos_embed_similarity(pos[0], grid_size=(3, 4)), sim)  # default: L - gh*gw rows
+    with pytest.raises(ValueError, match="img_size"):
+        pos_embed_similarity(pos, grid_size=(3, 4), img_size=64)
+    with pytest.raises(ValueError, match="read from the model"):
+        pos_embed_similarity(tiny_vit(), grid_size=(4, 6))
+
+
+def test_learned_2d_reference_model():
+    """cifar10-vit-2dpos: patches in one row share half of the embedding, so same-row similarity is higher."""
+    torch.manual_seed(0)
+    model = build_reference("cifar10-vit-2dpos")
+    emb, grid = patch_pos_embed(model)
+    assert grid == (8, 8) and emb.shape == (64, 96)
+    sim = pos_embed_similarity(model)
+    same_row = sim[2, 3, 2, torch.arange(8) != 3].mean()
+    other = sim[2, 3][torch.arange(8) != 2][:, torch.arange(8) != 3].mean()
+    assert same_row > other + 0.3
+
+
+def test_grid_distances():
+    d = grid_distances((4, 6))
+    assert d.shape == (4, 6, 4, 6)
+    assert d[0, 0, 3, 4] == pytest.approx(5.0)
+    assert d[2, 1, 2, 5] == pytest.approx(4.0)
+    torch.testing.assert_close(d.reshape(24, 24), d.reshape(24, 24).T)
+
+
+def test_locality_is_one_for_similarity_falling_with_distance():
+    theta = 0.25 * torch.arange(6, dtype=torch.float64)  # a 1x6 strip; cos sim = cos(0.25 |i - j|)
+    pos = torch.stack([theta.cos(), theta.sin()], dim=-1)
+    assert pos_embed_locality(pos, grid_size=(1, 6)) == pytest.approx(1.0)
+    assert pos_embed_locality(pos.flip(0)[[0, 2, 4, 1, 3, 5]], grid_size=(1, 6)) < 0.5
+
+
+def test_locality_sincos_near_one_random_near_zero():
+    sincos = sincos_vit("vit_tiny_patch16_224", img_size=128, depth=1)  # 8x8 grid, D = 192
+    spec = vitviz.inspect(sincos)
+    assert spec.pos_embed_kind == "sincos" and spec.grid_size == (8, 8)
+    assert not sincos.pos_embed.requires_grad
+    assert torch.count_nonzero(sincos.pos_embed[0, 0]) == 0  # the class token's row is zero
+    assert pos_embed_locality(sincos) > 0.7
+    assert pos_embed_locality(sincos_pos_embed((8, 8), 64), grid_size=(8, 8)) > 0.7
+
+    torch.manual_seed(0)
+    random = tiny_vit(img_size=64, embed_dim=64)  # 8x8 grid, timm's trunc-normal init
+    assert abs(pos_embed_locality(random)) < 0.2
+
+
+def test_models_without_position_embedding_raise():
+    nopos = build_reference("cifar10-vit-nopos")
+    with pytest.raises(NoPositionEmbeddingError, match="cifar10-vit-nopos"):
+        pos_embed_similarity(nopos)
+    with pytest.raises(vitviz.VitvizError, match="no absolute position embedding"):
+        pos_embed_locality(tiny_vit(pos_embed="none"))
+
+
+def test_not_a_vit_raises():
+    with pytest.raises(vitviz.NotAViTError):
+        pos_embed_similarity(nn.Sequential(nn.Conv2d(3, 8, 3)))
+
+
+def test_paper_table8_and_locality_table():
+    from vitviz.paper import posemb_ablation
+
+    table = posemb_ablation()
+    assert list(table["pos_emb"]) == ["No Pos. Emb.", "1-D Pos. Emb.", "2-D Pos. Emb.", "Rel. Pos. Emb."]
+    assert table.loc[0, "default_stem"] == pytest.approx(0.61382)
+    assert math.isnan(table.loc[0, "every_layer"])
+
+    torch.manual_seed(0)
+    out = locality_table({"learned": tiny_vit(), "none": tiny_vit(pos_embed="none"),
+                          "sincos": sincos_vit("vit_tiny_patch16_224", img_size=64, depth=1)})
+    assert list(out["pos_embed_kind"]) == ["learned", "none", "sincos"]
+    assert out.loc[0, "grid"] == "4x6" and out.loc[0, "paper_5shot"] == pytest.approx(0.64206)
+    assert math.isnan(out.loc[1, "locality"]) and out.loc[1, "paper_5shot"] == pytest.approx(0.61382)
+    assert pd.isna(out.loc[2, "paper_row"]) and math.isnan(out.loc[2, "paper_5shot"])
+    assert out.loc[2, "locality"] > 0.5
+
+
+def test_import_vitviz_does_not_import_matplotlib():
+    code = ("import sys, vitviz; vitviz.pos_embed_similarity; vitviz.filter_pca; "
+            "assert 'matplotlib' not in sys.modules, 'matplotlib imported'; "
+            "assert callable(vitviz.plot_pos_embed) and 'matplotlib' in sys.modules")
+    subprocess.run([sys.executable, "-c", code], check=True, timeout=120)

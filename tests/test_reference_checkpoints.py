@@ -1,0 +1,68 @@
+"""Every shipped reference checkpoint loads offline and scores what its card says.
+
+Accuracy is re-measured here through the user-facing path (JPEG files -> ``vitviz.load_images`` with the model's
+``pretrained_cfg`` preprocessing), independent of the training runner's in-memory evaluation.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+from pathlib import Path
+
+import pytest
+import torch
+
+import vitviz
+from vitviz.checkpoints import checkpoint_dir
+
+CARDS = sorted(checkpoint_dir().glob("*.json"))
+ROOT = Path(__file__).resolve().parents[1]
+
+
+def cifar_root() -> Path | None:
+    for cand in (os.environ.get("VITVIZ_DATA"), ROOT.parent / "shared" / "data" / "cifar10"):
+        if cand and (Path(cand) / "test").is_dir():
+            return Path(cand)
+    return None
+
+
+def subset500(root: Path) -> tuple[list[Path], list[int], list[str]]:
+    classes = sorted(p.name for p in (root / "test").iterdir() if p.is_dir())
+    files, labels = [], []
+    for i, c in enumerate(classes):
+        picks = sorted((root / "test" / c).iterdir())[:50]
+        files += picks
+        labels += [i] * len(picks)
+    return files, labels, classes
+
+
+@pytest.mark.parametrize("card_path", CARDS, ids=[p.stem for p in CARDS])
+def test_checkpoint_matches_its_card(card_path):
+    card = json.loads(card_path.read_text())
+    weights = card_path.with_suffix(".safetensors")
+    assert weights.is_file(), f"{card_path.name} has no {weights.name} beside it"
+    model = vitviz.load_model(card["name"], device="cpu")
+    cfg = model.pretrained_cfg
+    assert cfg["input_size"] == (3, 32, 32) and len(cfg["label_names"]) == 10
+    assert card["epochs"] >= 1 and card["test_images"] == 10_000
+    if card["name"] != "cifar10-resnet":
+        spec = vitviz.inspect(model)
+        assert spec.grid_size == (8, 8) and spec.patch_size == (4, 4) and spec.num_prefix_tokens == 1
+    root = cifar_root()
+    if root is None:
+        pytest.skip("CIFAR-10 test images not found (set VITVIZ_DATA)")
+    files, labels, classes = subset500(root)
+    assert classes == cfg["label_names"]
+    correct = 0
+    with torch.no_grad():
+        for i in range(0, len(files), 100):
+            x = vitviz.load_images(model, files[i:i + 100])
+            correct += (model(x).argmax(-1) == torch.tensor(labels[i:i + 100])).sum().item()
+    acc = 100.0 * correct / len(files)
+    assert abs(acc - card["test_top1_subset500"]) <= 2.0, (acc, card["test_top1_subset500"])
+
+
+def test_checkpoint_folder_stays_small():
+    total = sum(p.stat().st_size for p in checkpoint_dir().glob("*") if p.is_file())
+    assert total <= 40 * 2**20, f"data/checkpoints holds {total / 2**20:.1f} MB (budget 40 MB)"

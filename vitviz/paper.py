@@ -1,0 +1,48 @@
+"""Tables from the ViT paper shipped with vitviz (``data/paper``), as pandas DataFrames.
+
+Dosovitskiy et al., "An Image is Worth 16x16 Words: Transformers for Image Recognition at Scale", ICLR 2021,
+arXiv 2010.11929 v2. Provenance of each file: ``data/paper/README.md``.
+"""
+
+from __future__ import annotations
+
+from pathlib import Path
+from typing import TYPE_CHECKING
+
+if TYPE_CHECKING:
+    import pandas as pd
+
+PAPER_DATA_DIR = Path(__file__).resolve().parents[1] / "data" / "paper"
+
+# vitviz pos_embed_kind -> the row of Table 8 that trained this kind of embedding (sincos and rotary: none)
+TABLE8_ROW_FOR_KIND = {
+    "none": "No Pos. Emb.",
+    "learned": "1-D Pos. Emb.",
+    "learned-2d": "2-D Pos. Emb.",
+}
+
+
+def paper_table(filename: str) -> pd.DataFrame:
+    """Read ``data/paper/<filename>``; ``N/A`` cells become ``NaN``.
+
+    Raises:
+        FileNotFoundError: the file is not there (the message lists the files that are).
+    """
+    import pandas as pd
+
+    path = PAPER_DATA_DIR / filename
+    if not path.is_file():
+        have = sorted(p.name for p in PAPER_DATA_DIR.glob("*.csv")) if PAPER_DATA_DIR.is_dir() else []
+        raise FileNotFoundError(f"paper table {str(path)!r} not found; {PAPER_DATA_DIR} holds {have}")
+    return pd.read_csv(path, na_values=["N/A"])
+
+
+def posemb_ablation() -> pd.DataFrame:
+    """Table 8: position-embedding ablation, ViT-B/16, ImageNet 5-shot linear accuracy (fraction in ``[0, 1]``).
+
+    Returns:
+        DataFrame with columns ``pos_emb`` (``"No Pos. Emb."``, ``"1-D Pos. Emb."``, ``"2-D Pos. Emb."``,
+        ``"Rel. Pos. Emb."``), ``default_stem``, ``every_layer``, ``every_layer_shared`` (``NaN`` where the paper
+        has N/A).
+    """
+    return paper_table("vit_table8_posemb_ablation.csv")

@@ -1,0 +1,150 @@
+"""RGB embedding filters as in the ViT paper's Fig. 7 left, and the variance their components explain.
+
+Dosovitskiy et al., ICLR 2021 (arXiv 2010.11929), Fig. 7 left: the first 28 principal components of ViT-L/32's
+RGB patch-embedding filters, as RGB tiles in 4 rows of 7. For hybrids the tiles come from the backbone stem's first
+conv (the patch projection there is a 1x1 conv over features, with no RGB filters).
+"""
+
+from __future__ import annotations
+
+import math
+
+import numpy as np
+import torch
+from matplotlib.axes import Axes
+from matplotlib.figure import Figure
+from torch import nn
+
+from vitviz.filters import embedding_filters, filter_pca
+from vitviz.plot.style import FIGSIZE, new_figure, styled
+from vitviz.spec import inspect
+
+__all__ = ["filters_to_rgb", "plot_embedding_filters", "plot_filter_variance"]
+
+N_COLS = 7
+N_PAPER = 28  # components in the paper's Fig. 7 left
+MAX_VARIANCE_BARS = 64  # plot_filter_variance shows at most this many components unless told otherwise
+
+
+def filters_to_rgb(components: torch.Tensor | np.ndarray) -> np.ndarray:
+    """Components ``(n, 3, kh, kw)`` to images ``(n, kh, kw, 3)``, each min-max scaled to ``[0, 1]`` on its own.
+
+    A constant component becomes mid-grey.
+    """
+    x = np.asarray(torch.as_tensor(components).detach().cpu().double()).transpose(0, 2, 3, 1)
+    lo = x.min(axis=(1, 2, 3), keepdims=True)
+    span = x.max(axis=(1, 2, 3), keepdims=True) - lo
+    out = np.where(span > 0, (x - lo) / np.where(span > 0, span, 1.0), 0.5)
+    return out.astype(np.float32)
+
+
+def _title(hybrid: bool, n: int, requested: int) -> str:
+    which = f"first {n} principal components" if n >= requested else f"all {n} principal components"
+    if hybrid:
+        return f"RGB filters of the hybrid's backbone stem conv\n({which})"
+    return f"RGB embedding filters ({which})"
+
+
+@styled
+def plot_embedding_filters(model: nn.Module, n_components: int = 28, fig: Figure | None = None) -> Figure:
+    """Fig. 7 left for any ViT: principal components of the RGB embedding filters, as RGB tiles.
+
+    Tiles are laid out 7 per row (4 x 7 for 28), in order of explained variance, each min-max scaled to
+    ``[0, 1]`` on its own. When the conv has fewer filters (or inputs) than ``n_components`` allow, every component
+    there is is shown and a note under the tiles says why.
+
+    Args:
+        model: a ViT (for hybrids the backbone stem's first RGB conv is used).
+        n_components: how many components to show.
+        fig: draw into this figure; default a new one sized to the tiles.
+
+    Returns:
+        the figure; one axes (with one image) per component.
+
+    Raises:
+        NoRGBFiltersError: the model has no conv over RGB pixels.
+    """
+    spec = inspect(model)
+    weights, source = embedding_filters(model)
+    comps, _ratio = filter_pca(weights, n_components)
+    tiles = filters_to_rgb(comps)
+    n = len(tiles)
+    ncols = min(N_COLS, n)
+    nrows = math.ceil(n / ncols)
+    short = n < n_components
+    if fig is None:
+        fig = new_figure((0.78 * ncols + 0.2, 0.72 * nrows + (0.95 if spec.hybrid else 0.65) + 0.3 * short))
+        fig.set_layout_engine("constrained", w_pad=0.01, h_pad=0.01, wspace=0.04, hspace=0.04)
+    axes = fig.subplots(nrows, ncols, squeeze=False)
+    for i, ax in enumerate(axes.flat):
+        if i < n:
+            ax.imshow(tiles[i], interpolation="nearest")
+            ax.set_xticks([])
+            ax.set_yticks([])
+            for spine in ax.spines.values():
+                spine.set_visible(False)
+        else:
+            ax.remove()
+    fig.suptitle(_title(spec.hybrid, n, n_components))
+    if short:
+        c_out, c_in, kh, kw = weights.shape
+        fig.supxlabel(f"{source}: {c_out} filters of {c_in}x{kh}x{kw}; {n} components exist (of {n_components} "
+                      "asked)", fontsize=7.5)
+    return fig
+
+
+@styled
+def plot_filter_variance(
+    model_or_ratio: nn.Module | torch.Tensor | np.ndarray,
+    ax: Axes | None = None,
+    n_components: int | None = None,
+) -> Axes:
+    """Explained variance ratio of each principal component of the RGB embedding filters, and its running sum.
+
+    Args:
+        model_or_ratio: a ViT (its filters are decomposed with ``vitviz.filter_pca``) or an explained variance
+            ratio ``(n,)``.
+        ax: draw here; default a new ``6.4 x 3.2`` in figure.
+        n_components: show the first ``n`` components (default: all, at most 64); the cumulative line counts
+            all components either way.
+
+    Returns:
+        the axes: bars per component, a line for the cumulative ratio; x "Principal component" (from 1),
+        y "Explained variance ratio".
+    """
+    title = None
+    if isinstance(model_or_ratio, nn.Module):
+        spec = inspect(model_or_ratio)
+        weights, _source = embedding_filters(model_or_ratio)
+        _comps, ratio_t = filter_pca(weights, n_components=int(np.prod(weights.shape[1:])))
+        ratio = ratio_t.numpy()
+        where = "backbone stem conv" if spec.hybrid else "embedding filters"
+        title = f"Variance of the RGB {where} — {spec.name}"
+    else:
+        ratio = np.asarray(torch.as_tensor(model_or_ratio).detach().cpu().double()).reshape(-1)
+    if ratio.size == 0:
+        raise ValueError("no explained variance ratios to plot")
+    total = ratio.size
+    cumulative = np.cumsum(ratio)  # over all components, so a cut-off axis still shows the true running sum
+    n = min(total, n_components if n_components is not None else MAX_VARIANCE_BARS)
+    ratio, cumulative = ratio[:n], cumulative[:n]
+    if ax is None:
+        fig = new_figure(FIGSIZE["wide"])
+        fig.set_layout_engine("constrained")
+        ax = fig.add_subplot()
+    x = np.arange(1, ratio.size + 1)
+    ax.bar(x, ratio, width=0.8, color="C0", label="per component")
+    ax.plot(x, cumulative, color="C1", marker="o", markersize=2.5, label="cumulative")
+    if n > N_PAPER:
+        ax.axvline(N_PAPER + 0.5, color="0.5", linestyle=":", linewidth=1.0)
+        ax.annotate(f"first {N_PAPER} (Fig. 7 left)", (N_PAPER + 0.5, 1.0), xytext=(-3, -3),
+                    textcoords="offset points", ha="right", va="top", fontsize=7.5, color="0.35")
+    ax.set_xlim(0.3, ratio.size + 0.7)
+    ax.set_ylim(0, 1.02)
+    ax.set_xlabel("Principal component" + (f" (first {n} of {total})" if n < total else ""))
+    ax.set_ylabel("Explained variance ratio")
+    ax.xaxis.get_major_locator().set_params(integer=True)
+    ax.legend(loc="center right", frameon=False)
+    if title:
+        ax.set_title(title)
+    return ax

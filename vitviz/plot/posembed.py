@@ -1,0 +1,196 @@
+"""Position-embedding similarity figures in the style of the ViT paper's Fig. 7 center and Fig. 10.
+
+Dosovitskiy et al., ICLR 2021 (arXiv 2010.11929): a ``gh x gw`` grid of tiles; tile ``(r, c)`` is itself a
+``gh x gw`` image of the cosine similarity between the position embedding of patch ``(r, c)`` and those of all
+patches. Axes "Input patch row" / "Input patch column", numbered from 1; one colorbar, "Cosine similarity".
+"""
+
+from __future__ import annotations
+
+import math
+
+import numpy as np
+import torch
+from matplotlib.axes import Axes
+from matplotlib.figure import Figure
+from matplotlib.patches import Rectangle
+from torch import nn
+
+from vitviz.plot.style import FIGSIZE, new_figure, styled
+from vitviz.posembed import Size, pos_embed_similarity
+
+__all__ = ["plot_pos_embed", "plot_pos_embed_similarity", "pos_embed_mosaic", "tile_layout"]
+
+ROW_LABEL = "Input patch row"
+COL_LABEL = "Input patch column"
+CBAR_LABEL = "Cosine similarity"
+
+
+def _ordinal(k: int) -> str:
+    suffix = "th" if 10 <= k % 100 <= 20 else {1: "st", 2: "nd", 3: "rd"}.get(k % 10, "th")
+    return f"{k}{suffix}"
+
+
+def tile_layout(grid_size: tuple[int, int], max_tiles: int = 16) -> tuple[np.ndarray, np.ndarray, int]:
+    """Which query patches get a tile: every ``k``-th row and column, so that at most ``max_tiles`` per side.
+
+    Args:
+        grid_size: ``(gh, gw)``.
+        max_tiles: most tiles along either side.
+
+    Returns:
+        ``(rows, cols, k)``: zero-based patch rows and columns shown, and the step ``k`` (1: all tiles).
+    """
+    gh, gw = grid_size
+    k = max(1, math.ceil(max(gh, gw) / max(1, max_tiles)))
+    return np.arange(0, gh, k), np.arange(0, gw, k), k
+
+
+def pos_embed_mosaic(sim: np.ndarray, rows: np.ndarray, cols: np.ndarray, gap: int) -> np.ndarray:
+    """Lay the tiles ``sim[r, c]`` (each ``gh x gw``) out as one image, tiles ``gap`` pixels apart.
+
+    Args:
+        sim: ``(gh, gw, gh, gw)`` similarities.
+        rows, cols: query patch rows and columns to show (zero-based), top to bottom and left to right.
+        gap: pixels between tiles (filled with NaN).
+
+    Returns:
+        array ``(len(rows) * gh + (len(rows) - 1) * gap, len(cols) * gw + (len(cols) - 1) * gap)``.
+    """
+    gh, gw = sim.shape[:2]
+    out = np.full((len(rows) * (gh + gap) - gap, len(cols) * (gw + gap) - gap), np.nan, dtype=np.float32)
+    for a, r in enumerate(rows):
+        for b, c in enumerate(cols):
+            y, x = a * (gh + gap), b * (gw + gap)
+            out[y:y + gh, x:x + gw] = sim[r, c]
+    return out
+
+
+def _cmap(name: str):
+    import matplotlib as mpl
+
+    return mpl.colormaps[name].with_extremes(bad=(0.0, 0.0, 0.0, 0.0))  # the gaps show the axes background
+
+
+def _as_sim(source: nn.Module | torch.Tensor | np.ndarray) -> np.ndarray:
+    if isinstance(source, nn.Module):
+        source = pos_embed_similarity(source)
+    sim = np.asarray(torch.as_tensor(source).detach().cpu().float())
+    if sim.ndim != 4 or sim.shape[:2] != sim.shape[2:]:
+        raise ValueError(f"expected similarities of shape (gh, gw, gh, gw), got {sim.shape}")
+    return sim
+
+
+@styled
+def plot_pos_embed(
+    model: nn.Module | torch.Tensor,
+    *,
+    img_size: Size | None = None,
+    fig: Figure | None = None,
+    cmap: str = "viridis",
+    max_tiles: int = 16,
+    title: str | None = None,
+    grid_size: Size | None = None,
+    num_prefix_tokens: int | None = None,
+) -> Figure:
+    """Fig. 7 center for any ViT: similarity of each patch's position embedding with all others, as tiles.
+
+    Tile ``(r, c)`` (row ``r`` from the top, column ``c`` from the left) shows ``cos(E_rc, E_ij)`` over all
+    ``(i, j)``. The tiles are drawn as one mosaic image with thin gaps. Grids wider than ``max_tiles`` show every
+    ``k``-th row and column of tiles (each tile still covers the full grid), and the title says so.
+
+    Args:
+        model: a ViT, or a ``(1, L, D)`` position-embedding tensor (then pass ``grid_size``).
+        img_size: resample the embedding to this input size first (timm's bicubic resampling).
+        fig: draw into this figure (adds one axes and the colorbar); default a new ``4.8 x 4.4`` in figure.
+        cmap: matplotlib colormap name.
+        max_tiles: most tiles along either side.
+        title: the axes title; default "Position embedding similarity — <name>" and the grid.
+        grid_size, num_prefix_tokens: for a tensor, as in ``vitviz.pos_embed_similarity``.
+
+    Returns:
+        the figure: ``fig.axes[0]`` holds the mosaic, the other axes is the colorbar (limits ``[-1, 1]``).
+    """
+    sim = pos_embed_similarity(model, img_size=img_size, grid_size=grid_size, num_prefix_tokens=num_prefix_tokens)
+    sim_np = sim.numpy()
+    gh, gw = sim_np.shape[:2]
+    rows, cols, k = tile_layout((gh, gw), max_tiles)
+    gap = max(1, round(max(gh, gw) / 7))
+    mosaic = pos_embed_mosaic(sim_np, rows, cols, gap)
+
+    if fig is None:
+        fig = new_figure(FIGSIZE["square"])
+        fig.set_layout_engine("constrained")
+    ax = fig.add_subplot()
+    im = ax.imshow(mosaic, cmap=_cmap(cmap), vmin=-1.0, vmax=1.0, interpolation="nearest")
+    ax.set_xticks(np.arange(len(cols)) * (gw + gap) + (gw - 1) / 2, [str(c + 1) for c in cols])
+    ax.set_yticks(np.arange(len(rows)) * (gh + gap) + (gh - 1) / 2, [str(r + 1) for r in rows])
+    ax.tick_params(length=0)
+    for spine in ax.spines.values():
+        spine.set_visible(False)
+    ax.set_xlabel(COL_LABEL)
+    ax.set_ylabel(ROW_LABEL)
+    cbar = fig.colorbar(im, ax=ax, shrink=0.8, aspect=25, pad=0.03, ticks=[-1, -0.5, 0, 0.5, 1])
+    cbar.set_label(CBAR_LABEL)
+    cbar.outline.set_linewidth(0.5)
+
+    if title is None:
+        if isinstance(model, nn.Module):
+            from vitviz.spec import inspect
+
+            spec = inspect(model)
+            name, old = spec.name, spec.grid_size
+        else:
+            name, old = "position embedding tensor", (gh, gw)
+        grid = f"{gh}x{gw} grid" + (f", resampled from {old[0]}x{old[1]}" if (gh, gw) != tuple(old) else "")
+        title = f"Position embedding similarity — {name}\n({grid})"
+        if k > 1:
+            title += f"\ntiles for every {_ordinal(k)} row and column"
+    ax.set_title(title)
+    return fig
+
+
+@styled
+def plot_pos_embed_similarity(
+    sim: torch.Tensor | np.ndarray | nn.Module,
+    query: tuple[int, int] = (0, 0),
+    ax: Axes | None = None,
+    cmap: str = "viridis",
+    colorbar: bool = True,
+) -> Axes:
+    """One tile of Fig. 7 center, large: similarity of patch ``query``'s position embedding to all patches.
+
+    Args:
+        sim: ``(gh, gw, gh, gw)`` similarities from ``vitviz.pos_embed_similarity`` (or a ViT, to compute them).
+        query: zero-based ``(row, column)`` of the patch, as in ``sim[row, column]``; the axes number patches
+            from 1, and a red square marks the query.
+        ax: draw here; default a new ``3.4 x 2.8`` in figure.
+        cmap: matplotlib colormap name.
+        colorbar: add a colorbar "Cosine similarity" (limits ``[-1, 1]``).
+
+    Returns:
+        the axes.
+    """
+    sim_np = _as_sim(sim)
+    gh, gw = sim_np.shape[:2]
+    r, c = query
+    if not (0 <= r < gh and 0 <= c < gw):
+        raise IndexError(f"query {query} is outside the {gh}x{gw} grid (zero-based row, column)")
+    if ax is None:
+        fig = new_figure(FIGSIZE["single"])
+        fig.set_layout_engine("constrained")
+        ax = fig.add_subplot()
+    im = ax.imshow(sim_np[r, c], cmap=cmap, vmin=-1.0, vmax=1.0, interpolation="nearest")
+    step_r, step_c = max(1, math.ceil(gh / 12)), max(1, math.ceil(gw / 12))
+    ax.set_xticks(np.arange(0, gw, step_c), [str(j + 1) for j in range(0, gw, step_c)])
+    ax.set_yticks(np.arange(0, gh, step_r), [str(i + 1) for i in range(0, gh, step_r)])
+    ax.add_patch(Rectangle((c - 0.5, r - 0.5), 1, 1, fill=False, edgecolor="red", linewidth=1.5))
+    for spine in ax.spines.values():
+        spine.set_visible(True)
+    ax.set_xlabel(COL_LABEL)
+    ax.set_ylabel(ROW_LABEL)
+    ax.set_title(f"Similarity to patch ({r + 1}, {c + 1})")
+    if colorbar:
+        cbar = ax.figure.colorbar(im, ax=ax, ticks=[-1, -0.5, 0, 0.5, 1])
+        cbar.set_label(CBAR_LABEL)
+    return ax

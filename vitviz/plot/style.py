@@ -1,0 +1,121 @@
+"""The look shared by every vitviz figure, and ``save_figure``.
+
+Figures are sized for a paper column or a notebook cell (a few inches wide) with fonts readable at that size.
+Plot functions draw inside ``vitviz_style()``; it changes matplotlib's settings only for their duration.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import functools
+import os
+from collections.abc import Callable, Iterable, Iterator
+from pathlib import Path
+from typing import Any, TypeVar
+
+import matplotlib as mpl
+from matplotlib.figure import Figure
+
+__all__ = ["RC", "FIGSIZE", "new_figure", "save_figure", "styled", "vitviz_style"]
+
+# rcParams for paper-size figures: 8-9 pt text, thin lines, no top/right spines
+RC: dict[str, Any] = {
+    "font.size": 9,
+    "axes.titlesize": 9.5,
+    "axes.labelsize": 9,
+    "xtick.labelsize": 8,
+    "ytick.labelsize": 8,
+    "legend.fontsize": 8,
+    "figure.titlesize": 10,
+    "axes.linewidth": 0.8,
+    "axes.spines.top": False,
+    "axes.spines.right": False,
+    "xtick.major.width": 0.8,
+    "ytick.major.width": 0.8,
+    "xtick.major.size": 3,
+    "ytick.major.size": 3,
+    "lines.linewidth": 1.5,
+    "figure.dpi": 100,
+    "savefig.dpi": 200,
+    "savefig.bbox": "tight",
+    "savefig.pad_inches": 0.05,
+    "pdf.fonttype": 42,  # TrueType in PDFs: editable text
+    "svg.fonttype": "none",
+    "image.interpolation": "nearest",
+}
+
+# default sizes in inches
+FIGSIZE = {"square": (4.8, 4.4), "wide": (6.4, 3.2), "single": (3.4, 2.8)}
+
+F = TypeVar("F", bound=Callable[..., Any])
+
+
+@contextlib.contextmanager
+def vitviz_style(**overrides: Any) -> Iterator[None]:
+    """Context manager: vitviz's rcParams (plus ``overrides``) for the duration of the block.
+
+    Interactive mode is the exception: when the block turns it on (Jupyter's inline backend does so when the
+    first figure loads it), it stays on, or later figures would no longer show at the end of a cell.
+    """
+    interactive = mpl.is_interactive()
+    try:
+        with mpl.rc_context({**RC, **overrides}):
+            try:
+                yield
+            finally:
+                interactive = mpl.is_interactive()
+    finally:
+        mpl.interactive(interactive)
+
+
+def styled(func: F) -> F:
+    """Decorator: run a plot function inside ``vitviz_style()``."""
+
+    @functools.wraps(func)
+    def wrapper(*args: Any, **kwargs: Any) -> Any:
+        with vitviz_style():
+            return func(*args, **kwargs)
+
+    return wrapper  # type: ignore[return-value]
+
+
+def new_figure(figsize: tuple[float, float]) -> Figure:
+    """A new figure through pyplot, so that notebooks display it at the end of the cell."""
+    import matplotlib.pyplot as plt
+
+    return plt.figure(figsize=figsize)
+
+
+def save_figure(
+    fig: Figure,
+    path_stem: str | os.PathLike,
+    formats: Iterable[str] = ("png", "pdf", "svg"),
+    *,
+    dpi: int | None = None,
+) -> list[Path]:
+    """Write ``fig`` once per format, creating folders as needed.
+
+    Args:
+        fig: the figure.
+        path_stem: path without extension, e.g. ``"reports/pos_embed"`` (an extension among ``formats`` is
+            dropped: ``"pos_embed.png"`` also writes ``pos_embed.pdf`` and ``pos_embed.svg``).
+        formats: file extensions, e.g. ``("png",)``.
+        dpi: resolution of raster formats (default: vitviz's 200).
+
+    Returns:
+        the paths written, in the order of ``formats``.
+    """
+    formats = [f.lower().lstrip(".") for f in formats]
+    if not formats:
+        raise ValueError("save_figure needs at least one format, e.g. formats=('png',)")
+    stem = Path(path_stem)
+    if stem.suffix.lstrip(".").lower() in formats:
+        stem = stem.with_suffix("")
+    stem.parent.mkdir(parents=True, exist_ok=True)
+    written = []
+    with vitviz_style():
+        for fmt in formats:
+            path = stem.parent / f"{stem.name}.{fmt}"
+            fig.savefig(path, format=fmt, dpi=dpi or RC["savefig.dpi"])
+            written.append(path)
+    return written
