@@ -4,8 +4,10 @@ from __future__ import annotations
 
 import os
 
+import numpy as np
 import pytest
 import torch
+from PIL import Image
 
 os.environ.setdefault("MPLBACKEND", "Agg")
 torch.set_num_threads(int(os.environ.get("VITVIZ_TEST_THREADS", "1")))
@@ -36,3 +38,19 @@ def tiny_timm_vit(**kwargs):
 @pytest.fixture
 def timm_vit():
     return tiny_timm_vit()
+
+
+@pytest.fixture(scope="session")
+def tiny_folder(tmp_path_factory):
+    """An ImageFolder tree of 10 colour classes: 30 train and 10 test 32x32 JPEGs per class."""
+    root = tmp_path_factory.mktemp("tinydata")
+    rng = np.random.default_rng(0)
+    for split, n in (("train", 30), ("test", 10)):
+        for c in range(10):
+            folder = root / split / f"class{c}"
+            folder.mkdir(parents=True)
+            colour = np.array([25 * c, 255 - 25 * c, (70 * c) % 256])
+            for i in range(n):
+                img = np.clip(colour + rng.normal(0, 40, (32, 32, 3)), 0, 255).astype(np.uint8)
+                Image.fromarray(img).save(folder / f"{i:04d}.jpg")
+    return root

@@ -4,30 +4,12 @@ from __future__ import annotations
 
 import json
 
-import numpy as np
 import pytest
 import torch
-from PIL import Image
 
 import vitviz
 from vitviz.checkpoints import CheckpointError
 from vitviz.train import Interrupted, TrainConfig, lr_at, random_crop_flip, train
-
-
-@pytest.fixture(scope="module")
-def tiny_folder(tmp_path_factory):
-    """An ImageFolder tree of 10 colour classes: 30 train and 10 test 32x32 JPEGs per class."""
-    root = tmp_path_factory.mktemp("tinydata")
-    rng = np.random.default_rng(0)
-    for split, n in (("train", 30), ("test", 10)):
-        for c in range(10):
-            folder = root / split / f"class{c}"
-            folder.mkdir(parents=True)
-            colour = np.array([25 * c, 255 - 25 * c, (70 * c) % 256])
-            for i in range(n):
-                img = np.clip(colour + rng.normal(0, 40, (32, 32, 3)), 0, 255).astype(np.uint8)
-                Image.fromarray(img).save(folder / f"{i:04d}.jpg")
-    return root
 
 
 def config(tmp_path, data, **kw):

@@ -29,6 +29,18 @@ _LAZY = {
     "plot_embedding_filters": "vitviz.plot.filters",
     "plot_filter_variance": "vitviz.plot.filters",
     "save_figure": "vitviz.plot.style",
+    "paper_results": "vitviz.paper",
+    "plot_compute_curves": "vitviz.plot.compute",
+    "count_flops": "vitviz.flops",
+    "attention_rollout": "vitviz.rollout",
+    "grad_rollout": "vitviz.rollout",
+    "rollout_from_attentions": "vitviz.rollout",
+    "mean_attention_distance": "vitviz.distance",
+    "plot_rollout": "vitviz.plot.attention",
+    "plot_attention_heads": "vitviz.plot.attention",
+    "plot_attention_distance": "vitviz.plot.attention",
+    "plot_attention_distance_grid": "vitviz.plot.attention",
+    "load_model_or_random": "vitviz.models",
 }
 
 __all__ = [

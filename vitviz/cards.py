@@ -65,7 +65,8 @@ def export_reference(cfg: Any, dest: str | os.PathLike) -> dict[str, Any]:
     """
     from safetensors.torch import save_file
 
-    from vitviz.train import _load_split, count_flops, evaluate
+    from vitviz.flops import count_flops
+    from vitviz.train import _load_split, evaluate
 
     state = load_training_state(cfg.run_dir / "last.pt")
     if state["epoch"] < cfg.epochs:

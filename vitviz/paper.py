@@ -46,3 +46,22 @@ def posemb_ablation() -> pd.DataFrame:
         has N/A).
     """
     return paper_table("vit_table8_posemb_ablation.csv")
+
+
+FAMILIES = ("Transformer (ViT)", "ResNet (BiT)", "Hybrid")
+AVG5_DATASETS = ("imagenet", "cifar10", "cifar100", "pets", "flowers")
+
+
+def paper_results() -> pd.DataFrame:
+    """Table 6: the scaling study, 18 models (ViT, ResNet/BiT, hybrids) with transfer accuracy and compute.
+
+    Returns:
+        DataFrame, one row per model and pre-training length: ``family``, ``model``, ``epochs`` (JFT-300M
+        pre-training epochs), accuracies in % (``imagenet``, ``imagenet_real``, ``cifar10``, ``cifar100``,
+        ``pets``, ``flowers``), ``avg5`` (mean of ImageNet, CIFAR-10, CIFAR-100, Pets and Flowers, the paper's
+        "Average-5", as its Table 7 defines it; the paper prints no such column) and ``exaflops`` (total
+        pre-training compute).
+    """
+    df = paper_table("vit_table6_scaling.csv")
+    df["avg5"] = df[list(AVG5_DATASETS)].mean(axis=1)
+    return df.drop(columns=["avg5_derived"])

@@ -30,6 +30,7 @@ from tqdm.auto import tqdm
 
 from vitviz._io import atomic_save, atomic_write_json, atomic_write_text
 from vitviz.data import TensorDataset, balanced_indices, load_image_folder, resolve_data_root
+from vitviz.flops import count_flops
 from vitviz.models import resolve_device
 from vitviz.reference import CIFAR10_MEAN, CIFAR10_STD, build_reference
 
@@ -115,26 +116,6 @@ def evaluate(model: nn.Module, data: TensorDataset, device: torch.device, batch_
         correct += (model(x).argmax(-1).cpu() == data.labels[i : i + batch_size]).sum().item()
     model.train(was_training)
     return 100.0 * correct / max(1, len(data))
-
-
-def count_flops(model: nn.Module, input_size: tuple[int, int, int] = (3, 32, 32), backward: bool = False) -> int:
-    """FLOPs for one image with ``torch.utils.flop_counter.FlopCounterMode`` (forward, or forward + backward)."""
-    from torch.utils.flop_counter import FlopCounterMode
-
-    device = next(model.parameters()).device
-    x = torch.randn(1, *input_size, device=device)
-    was_training = model.training
-    model.train(backward)
-    counter = FlopCounterMode(display=False)
-    with counter:
-        if backward:
-            model(x).sum().backward()
-        else:
-            with torch.no_grad():
-                model(x)
-    model.zero_grad(set_to_none=True)
-    model.train(was_training)
-    return int(counter.get_total_flops())
 
 
 def _param_groups(model: nn.Module, weight_decay: float) -> list[dict[str, Any]]:

@@ -1,0 +1,89 @@
+"""Fig. 5 from Table 6: the data, the figure, and FLOP counting against the analytic ViT formula."""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+import numpy as np
+import pandas as pd
+import pytest
+from matplotlib.collections import PathCollection
+
+from vitviz.flops import count_flops, vit_forward_flops
+from vitviz.paper import paper_results
+from vitviz.plot.compute import pareto_frontier, plot_compute_curves
+from vitviz.reference import build_reference
+
+SHARED = Path(__file__).resolve().parents[2] / "shared" / "paper" / "vit_table6_scaling.csv"
+
+
+def test_table6_matches_the_shared_copy_number_for_number():
+    df = paper_results()
+    assert len(df) == 18 and set(df.family) == {"Transformer (ViT)", "ResNet (BiT)", "Hybrid"}
+    if not SHARED.is_file():
+        pytest.skip("shared/paper not beside the repository")
+    ref = pd.read_csv(SHARED)
+    cols = ["imagenet", "imagenet_real", "cifar10", "cifar100", "pets", "flowers", "exaflops", "epochs"]
+    assert list(df.model) == list(ref.model) and list(df.family) == list(ref.family)
+    np.testing.assert_array_equal(df[cols].to_numpy(), ref[cols].to_numpy())
+    np.testing.assert_allclose(df.avg5, ref.avg5_derived, atol=5e-4)
+
+
+def test_paper_numbers_quoted_in_the_issue():
+    df = paper_results().set_index(["model", "epochs"])
+    assert df.loc[("R50x1+ViT-B/32", 7), "imagenet"] == 84.90 and df.loc[("ViT-B/32", 7), "imagenet"] == 80.73
+    assert df.loc[("R50x1+ViT-L/16", 14), "imagenet"] == df.loc[("ViT-L/16", 14), "imagenet"] == 87.12
+
+
+def scatter_points(ax) -> dict[str, np.ndarray]:
+    return {c.get_label(): np.asarray(c.get_offsets()) for c in ax.collections if isinstance(c, PathCollection)}
+
+
+def test_figure_points_labels_and_scale():
+    fig = plot_compute_curves(frontier=True, annotate=True)
+    df = paper_results()
+    axes = fig.axes
+    assert [ax.get_title() for ax in axes] == ["Average-5", "ImageNet"]
+    assert axes[0].get_ylabel() == "Transfer accuracy [%]"
+    assert all(ax.get_xlabel() == "Total pre-training compute [exaFLOPs]" and ax.get_xscale() == "log"
+               for ax in axes)
+    legend = [t.get_text() for t in axes[0].get_legend().get_texts()]
+    assert legend == ["Transformer (ViT)", "ResNet (BiT)", "Hybrid"]
+    for ax, metric in zip(axes, ["avg5", "imagenet"]):
+        pts = scatter_points(ax)
+        for family, part in df.groupby("family"):
+            np.testing.assert_allclose(pts[family], part[["exaflops", metric]].to_numpy(float))
+
+
+def test_measured_dataframe_in_the_same_style():
+    df = pd.DataFrame({"family": ["Transformer (ViT)", "Hybrid", "ResNet"], "model": ["a", "b", "c"],
+                       "train_pflops": [1.0, 2.0, 4.0], "test_acc": [50.0, 60.0, 70.0]})
+    fig = plot_compute_curves(df, metrics=("test_acc",), x="train_pflops")
+    ax = fig.axes[0]
+    assert ax.get_xlabel() == "Total training compute [PFLOPs]" and ax.get_title() == "CIFAR-10 test"
+    assert set(scatter_points(ax)) == {"Transformer (ViT)", "Hybrid", "ResNet"}
+    with pytest.raises(KeyError, match="lacks columns"):
+        plot_compute_curves(df, metrics=("avg5",), x="train_pflops")
+
+
+def test_pareto_frontier():
+    fx, fy = pareto_frontier(np.array([1, 2, 3, 4.0]), np.array([50, 45, 60, 58.0]))
+    np.testing.assert_array_equal(fx, [1, 3])
+    np.testing.assert_array_equal(fy, [50, 60])
+
+
+@pytest.mark.parametrize(("kwargs", "img", "patch", "classes"), [
+    ({"embed_dim": 96, "depth": 6, "mlp_ratio": 2.0}, (32, 32), 4, 10),
+    ({"embed_dim": 64, "depth": 3, "mlp_ratio": 4.0}, (32, 48), 8, 10),
+])
+def test_flop_counter_agrees_with_the_analytic_vit_formula(kwargs, img, patch, classes):
+    model = build_reference("cifar10-vit", img_size=img, patch_size=patch, num_heads=2, **kwargs)
+    measured = count_flops(model, (3, *img))
+    analytic = vit_forward_flops(img_size=img, patch_size=patch, num_classes=classes, **kwargs)
+    assert abs(measured - analytic) / analytic < 0.05
+    assert count_flops(model, (3, *img), backward=True) > 2.5 * measured  # backward ~ 2x forward
+
+
+def test_vit_b16_analytic_flops_match_the_published_17_6_gmacs():
+    flops = vit_forward_flops(img_size=(224, 224), patch_size=16, embed_dim=768, depth=12)
+    assert abs(flops / 2 / 1e9 - 17.6) < 0.1

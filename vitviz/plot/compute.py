@@ -1,0 +1,126 @@
+"""Transfer accuracy against pre-training compute, in the style of the ViT paper's Fig. 5.
+
+``plot_compute_curves()`` draws the paper's Table 6 numbers; given a measured DataFrame (e.g. from
+``python -m vitviz.study hybrid-vs-pure``) it draws that with the same families, colours and markers.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Mapping, Sequence
+from typing import TYPE_CHECKING
+
+import numpy as np
+from matplotlib.axes import Axes
+from matplotlib.figure import Figure
+
+from vitviz.plot.style import FIGSIZE, new_figure, styled
+
+if TYPE_CHECKING:
+    import pandas as pd
+
+# family label prefix -> (colour, marker); measured studies use "Transformer (ViT)", "ResNet", "Hybrid"
+FAMILY_STYLES: dict[str, tuple[str, str]] = {
+    "Transformer": ("#1f77b4", "o"),
+    "ResNet": ("#7f7f7f", "s"),
+    "Hybrid": ("#d62728", "^"),
+}
+METRIC_TITLES = {"avg5": "Average-5", "imagenet": "ImageNet", "imagenet_real": "ImageNet ReaL",
+                 "cifar10": "CIFAR-10", "cifar100": "CIFAR-100", "pets": "Oxford-IIIT Pets",
+                 "flowers": "Oxford Flowers-102", "test_acc": "CIFAR-10 test"}
+X_LABELS = {"exaflops": "Total pre-training compute [exaFLOPs]", "train_pflops": "Total training compute [PFLOPs]",
+            "train_tflops": "Total training compute [TFLOPs]"}
+
+
+def family_style(family: str) -> tuple[str, str]:
+    """(colour, marker) for a family label; unknown families get matplotlib's next colour and a diamond."""
+    for prefix, style in FAMILY_STYLES.items():
+        if family.startswith(prefix):
+            return style
+    return ("#9467bd", "D")
+
+
+def pareto_frontier(x: np.ndarray, y: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
+    """Points not beaten by any cheaper-or-equal point: the best accuracy reached so far, by compute."""
+    order = np.lexsort((-y, x))
+    xs, ys, best = [], [], -np.inf
+    for i in order:
+        if y[i] > best:
+            xs.append(x[i])
+            ys.append(y[i])
+            best = y[i]
+    return np.asarray(xs), np.asarray(ys)
+
+
+def draw_compute_panel(ax: Axes, df: pd.DataFrame, metric: str, *, x: str = "exaflops",
+                       annotate: bool = False, frontier: bool = False, label_col: str = "model") -> Axes:
+    """One Fig. 5 panel on ``ax``: ``metric`` against ``x`` (log scale), one colour and marker per family."""
+    for family, part in df.groupby("family", sort=False):
+        colour, marker = family_style(str(family))
+        xs, ys = part[x].to_numpy(float), part[metric].to_numpy(float)
+        ax.scatter(xs, ys, color=colour, marker=marker, s=28, label=str(family), zorder=3,
+                   edgecolors="white", linewidths=0.5)
+        if frontier and len(part) > 1:
+            fx, fy = pareto_frontier(xs, ys)
+            ax.plot(fx, fy, color=colour, lw=1.0, alpha=0.7, zorder=2)
+        if annotate:
+            for xi, yi, name in zip(xs, ys, part[label_col].astype(str)):
+                ax.annotate(name, (xi, yi), textcoords="offset points", xytext=(3, 3), fontsize=6, color=colour)
+    ax.set_xscale("log")
+    ax.set_title(METRIC_TITLES.get(metric, metric))
+    ax.set_xlabel(X_LABELS.get(x, x))
+    ax.grid(True, which="major", alpha=0.3, lw=0.5)
+    return ax
+
+
+@styled
+def plot_compute_curves(
+    df: pd.DataFrame | None = None,
+    metrics: Sequence[str] = ("avg5", "imagenet"),
+    fig: Figure | None = None,
+    *,
+    x: str = "exaflops",
+    annotate: bool = False,
+    frontier: bool = False,
+    titles: Mapping[str, str] | None = None,
+    suptitle: str | None = None,
+) -> Figure:
+    """Fig. 5 of the ViT paper: transfer accuracy vs total pre-training compute, one panel per metric.
+
+    Args:
+        df: one row per model with ``family``, ``model``, ``x`` and the ``metrics`` columns (accuracy in %).
+            ``None``: the paper's Table 6 (``vitviz.paper.paper_results()``).
+        metrics: columns to plot, one panel each (paper: ``("avg5", "imagenet")``, titled "Average-5" and
+            "ImageNet"; a measured study: ``("test_acc",)``).
+        fig: draw into this figure (cleared) instead of a new one.
+        x: compute column; ``exaflops`` (paper), or ``train_pflops`` / ``train_tflops`` for measured runs.
+        annotate: write each model's name beside its point.
+        frontier: draw each family's Pareto frontier (best accuracy reached at or below each compute).
+        titles: override panel titles, by metric.
+        suptitle: a title over the panels.
+
+    Returns:
+        The figure; y label "Transfer accuracy [%]" on the first panel, legend with the families.
+    """
+    if df is None:
+        from vitviz.paper import paper_results
+
+        df = paper_results()
+    missing = [c for c in ("family", x, *metrics) if c not in df.columns]
+    if missing:
+        raise KeyError(f"plot_compute_curves: the DataFrame lacks columns {missing}; it has {list(df.columns)}")
+    if fig is None:
+        w, h = FIGSIZE["wide"]
+        fig = new_figure((max(w, 3.3 * len(metrics)), h))
+    else:
+        fig.clear()
+    axes = fig.subplots(1, len(metrics), squeeze=False)[0]
+    for ax, metric in zip(axes, metrics):
+        draw_compute_panel(ax, df, metric, x=x, annotate=annotate, frontier=frontier)
+        if titles and metric in titles:
+            ax.set_title(titles[metric])
+    axes[0].set_ylabel("Transfer accuracy [%]")
+    axes[0].legend(loc="lower right", frameon=False)
+    if suptitle:
+        fig.suptitle(suptitle)
+    fig.tight_layout()
+    return fig
