@@ -27,6 +27,7 @@ from vitviz.models import WeightsUnavailableError, load_model
 from vitviz.reference import build_reference
 
 DEFAULT_MODELS = ("cifar10-vit", "cifar10-vit-2dpos", "cifar10-hybrid")
+STUDY_RESULTS = Path(__file__).resolve().parents[1] / "data" / "study" / "hybrid_vs_pure.csv"
 
 
 @dataclass
@@ -86,6 +87,28 @@ def _figure_jobs(m: LoadedModel) -> list[tuple[str, Callable[[], tuple[Any, dict
     return jobs
 
 
+def _global_jobs() -> list[tuple[str, Callable[[], tuple[Any, dict[str, np.ndarray]]]]]:
+    """Figures that do not depend on a model: the paper's Fig. 5 and the measured small-scale study."""
+    import vitviz
+    from vitviz.study import read_results
+
+    def paper() -> tuple[Any, dict[str, np.ndarray]]:
+        df = vitviz.paper_results()
+        return vitviz.plot_compute_curves(df, frontier=True), {c: df[c].to_numpy() for c in
+                                                                ("exaflops", "avg5", "imagenet")}
+
+    jobs = [("paper_fig5_compute_curves", paper)]
+    measured = read_results(STUDY_RESULTS)
+    if len(measured):
+        def study() -> tuple[Any, dict[str, np.ndarray]]:
+            fig = vitviz.plot_compute_curves(measured, metrics=("test_acc",), x="train_pflops", frontier=True,
+                                             annotate=True)
+            return fig, {c: measured[c].to_numpy() for c in ("train_pflops", "test_acc", "epochs")}
+
+        jobs.append(("study_hybrid_vs_pure", study))
+    return jobs
+
+
 def _save_npz(path: str, arrays: dict[str, np.ndarray]) -> None:
     with open(path, "wb") as f:
         np.savez(f, **arrays)
@@ -107,14 +130,16 @@ def render_report(out: str | os.PathLike = "reports", models: tuple[str, ...] = 
     (report.out / "figures").mkdir(parents=True, exist_ok=True)
     (report.out / "arrays").mkdir(parents=True, exist_ok=True)
     loaded = [load_or_random(name, device) for name in models]
+    none = LoadedModel("", nn.Identity(), True)
     jobs = [(m, name, fn) for m in loaded for name, fn in _figure_jobs(m)]
+    jobs += [(none, name, fn) for name, fn in _global_jobs()]
     for m, name, fn in tqdm(jobs, desc="vitviz report", disable=not progress):
         try:
             fig, arrays = fn()
             paths = vitviz.save_figure(fig, report.out / "figures" / name, formats=report.formats)
             plt.close(fig)
             atomic_write(report.out / "arrays" / f"{name}.npz", lambda tmp, a=arrays: _save_npz(tmp, a))
-            report.figures.append({"name": name, "model": m.key, "trained": m.trained, "note": m.note,
+            report.figures.append({"name": name, "model": m.key or None, "trained": m.trained, "note": m.note,
                                    "files": [str(Path(p).relative_to(report.out)) for p in paths]})
         except Exception as e:  # keep going: one broken figure must not lose the others
             report.failures.append({"name": name, "error": f"{type(e).__name__}: {e}",
