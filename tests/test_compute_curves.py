@@ -87,3 +87,12 @@ def test_flop_counter_agrees_with_the_analytic_vit_formula(kwargs, img, patch, c
 def test_vit_b16_analytic_flops_match_the_published_17_6_gmacs():
     flops = vit_forward_flops(img_size=(224, 224), patch_size=16, embed_dim=768, depth=12)
     assert abs(flops / 2 / 1e9 - 17.6) < 0.1
+
+
+def test_paper_hybrid_gap_closes_with_compute():
+    from vitviz.study import hybrid_gap
+
+    gap = hybrid_gap(paper_results(), metric="imagenet", x="exaflops")
+    assert list(gap.pair) == ["ViT-B/32", "ViT-L/32", "ViT-B/16", "ViT-L/16", "ViT-L/16"]
+    assert gap.gap.iloc[0] == pytest.approx(84.90 - 80.73) and gap.gap.iloc[-1] == pytest.approx(0.0)
+    assert (gap.gap >= 0).all() and gap.gap.iloc[0] > 2 * gap.gap.iloc[1:].max()

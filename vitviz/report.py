@@ -27,7 +27,6 @@ from vitviz.models import WeightsUnavailableError, load_model
 from vitviz.reference import build_reference
 
 DEFAULT_MODELS = ("cifar10-vit", "cifar10-vit-2dpos", "cifar10-hybrid")
-STUDY_RESULTS = Path(__file__).resolve().parents[1] / "data" / "study" / "hybrid_vs_pure.csv"
 
 
 @dataclass
@@ -98,7 +97,7 @@ def _global_jobs() -> list[tuple[str, Callable[[], tuple[Any, dict[str, np.ndarr
                                                                 ("exaflops", "avg5", "imagenet")}
 
     jobs = [("paper_fig5_compute_curves", paper)]
-    measured = read_results(STUDY_RESULTS)
+    measured = read_results()
     if len(measured):
         def study() -> tuple[Any, dict[str, np.ndarray]]:
             fig = vitviz.plot_compute_curves(measured, metrics=("test_acc",), x="train_pflops", frontier=True,

@@ -79,9 +79,12 @@ def plan(cfg: StudyConfig) -> list[dict[str, Any]]:
     return runs
 
 
-def read_results(path: str | os.PathLike) -> pd.DataFrame:
-    """The study CSV (empty frame when it does not exist yet)."""
-    path = Path(path)
+DEFAULT_RESULTS = Path(__file__).resolve().parents[1] / "data" / "study" / "hybrid_vs_pure.csv"
+
+
+def read_results(path: str | os.PathLike | None = None) -> pd.DataFrame:
+    """The study CSV (default: the committed ``data/study/hybrid_vs_pure.csv``); empty frame when absent."""
+    path = Path(path) if path is not None else DEFAULT_RESULTS
     return pd.read_csv(path) if path.is_file() and path.stat().st_size else pd.DataFrame()
 
 
@@ -142,6 +145,32 @@ def run_study(cfg: StudyConfig, *, progress: bool = True,
         "runs": len(table),
     })
     return table
+
+
+def _pair_key(model: str) -> str:
+    return model.replace("R50x1+", "").replace("hybrid-", "").replace("vit-", "")
+
+
+def hybrid_gap(df: pd.DataFrame, metric: str = "test_acc", x: str = "train_pflops") -> pd.DataFrame:
+    """Hybrid minus pure ViT at the same transformer size and budget, with the compute of each.
+
+    Works for the paper's Table 6 (``metric="imagenet"``, ``x="exaflops"``; ``R50x1+ViT-B/32`` pairs with
+    ``ViT-B/32``) and for a measured study (``hybrid-S`` pairs with ``vit-S``).
+
+    Returns:
+        One row per pair: ``pair``, ``epochs``, ``vit``, ``hybrid`` (the metric), ``gap`` (hybrid - vit, points),
+        ``vit_<x>``, ``hybrid_<x>``, sorted by the ViT's compute.
+    """
+    vit = df[df["family"].str.startswith("Transformer")]
+    hyb = df[df["family"].str.startswith("Hybrid")]
+    rows = []
+    for _, h in hyb.iterrows():
+        match = vit[(vit["model"].map(_pair_key) == _pair_key(h["model"])) & (vit["epochs"] == h["epochs"])]
+        if len(match):
+            v = match.iloc[0]
+            rows.append({"pair": _pair_key(h["model"]), "epochs": h["epochs"], "vit": v[metric],
+                         "hybrid": h[metric], "gap": h[metric] - v[metric], f"vit_{x}": v[x], f"hybrid_{x}": h[x]})
+    return pd.DataFrame(rows).sort_values(f"vit_{x}").reset_index(drop=True)
 
 
 def main(argv: list[str] | None = None) -> int:
