@@ -8,7 +8,7 @@ EXTRAS ?= dev,notebooks,hf
 OUT    ?= reports
 DATA   ?= $(if $(VITVIZ_DATA),$(VITVIZ_DATA),../shared/data/cifar10)
 
-.PHONY: install report test test-fast lint bench clean train-reference
+.PHONY: install report test test-fast lint bench clean train-reference study
 
 install: $(STAMP)
 
@@ -33,9 +33,18 @@ lint: install
 bench: install
 	$(VPY) bench/import_time.py
 
-# Trains the embedded reference checkpoints (hours on a CPU; resumable with RESUME=--resume).
+# Trains and exports the embedded reference checkpoints (hours on a CPU). Every run resumes where it stopped.
+REF_MODELS ?= cifar10-vit cifar10-hybrid cifar10-resnet cifar10-vit-nopos cifar10-vit-2dpos
+REF_EPOCHS ?= 32
 train-reference: install
-	VITVIZ_DATA=$(DATA) $(VPY) -m vitviz.train all --out runs $(RESUME)
+	for m in $(REF_MODELS); do \
+	  $(VPY) -m vitviz.train $$m --data $(DATA) --epochs $(REF_EPOCHS) --out runs --resume \
+	    --export data/checkpoints || exit 1; \
+	done
+
+# The small-scale hybrid-versus-pure sweep behind data/study/hybrid_vs_pure.csv (resumable).
+study: install
+	$(VPY) -m vitviz.study hybrid-vs-pure --data $(DATA) --epochs 2,4 --train-subset 5000 --test-subset 2000
 
 clean:
 	rm -rf $(OUT) .pytest_cache build *.egg-info

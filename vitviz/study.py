@@ -94,7 +94,7 @@ def _train_config(cfg: StudyConfig, run: dict[str, Any]) -> TrainConfig:
         model=arch, data=cfg.data, out=str(Path(cfg.out) / run["run_id"]), epochs=run["epochs"],
         batch_size=cfg.batch_size, warmup_epochs=min(3.0, 0.2 * run["epochs"]), seed=cfg.seed,
         train_subset=cfg.train_subset, test_subset=cfg.test_subset, device=cfg.device, threads=cfg.threads,
-        model_kwargs=dict(run["model_kwargs"]),
+        model_kwargs=dict(run["model_kwargs"]), cache=str(Path(cfg.out) / ".cache"),
     )
 
 

@@ -56,6 +56,7 @@ class TrainConfig:
     device: str = "auto"
     threads: int | None = None
     model_kwargs: dict[str, Any] = field(default_factory=dict)
+    cache: str | None = None  # decoded-dataset cache folder (default: <out>/.cache)
 
     @property
     def run_dir(self) -> Path:
@@ -130,7 +131,7 @@ def _param_groups(model: nn.Module, weight_decay: float) -> list[dict[str, Any]]
 
 def _load_split(cfg: TrainConfig, split: str, subset: int | None) -> TensorDataset:
     root = resolve_data_root(cfg.data)
-    data = load_image_folder(root / split, cache_dir=Path(cfg.out) / ".cache")
+    data = load_image_folder(root / split, cache_dir=Path(cfg.cache or Path(cfg.out) / ".cache"))
     return data.subset(balanced_indices(data.labels, subset)) if subset else data
 
 
@@ -181,7 +182,8 @@ def train(
         from vitviz.checkpoints import load_training_state
 
         state = load_training_state(ckpt_path)
-        saved = {k: v for k, v in state["config"].items() if k not in ("epochs", "out", "data", "device", "threads")}
+        saved = {k: v for k, v in state["config"].items()
+                 if k not in ("epochs", "out", "data", "device", "threads", "cache")}
         mine = {k: v for k, v in asdict(cfg).items() if k in saved}
         if saved != mine:
             diff = {k: (saved[k], mine.get(k)) for k in saved if saved[k] != mine.get(k)}
