@@ -191,3 +191,41 @@ def load_model(
     else:
         model = _create_timm(target, pretrained, ckpt, **kwargs)
     return model.to(resolve_device(device)).eval()
+
+
+def load_model_or_random(
+    name: str,
+    *,
+    pretrained: bool = False,
+    device: str | torch.device = "cpu",
+    verbose: bool = True,
+    **kwargs: Any,
+) -> nn.Module:
+    """``load_model``, falling back to random weights (and saying so) when the weights cannot be had.
+
+    For a vitviz reference model (``"cifar10-vit"``...) the trained checkpoint is used when it exists; for a timm
+    name with ``pretrained=True``, timm's weights when they can be fetched or are cached. Otherwise the same
+    architecture is built with random weights, and with ``verbose`` a note saying so is printed, so figures drawn
+    from it are not mistaken for a trained model's.
+
+    Returns:
+        the model in eval mode on ``device``; ``model.vitviz_random_weights`` is True for the fallback.
+    """
+    try:
+        model = load_model(name, pretrained=pretrained, device=device, **kwargs)
+        from_file = kwargs.get("checkpoint") is not None or str(name).endswith(WEIGHT_SUFFIXES)
+        random = not (pretrained or from_file or name in REFERENCE_MODELS or Path(name).is_file())
+    except WeightsUnavailableError as err:
+        if verbose:
+            print(f"NOTE: no trained weights for {name!r}, so it has RANDOM weights: its figures show the "
+                  f"initialisation, not what training learns.\n  ({err})")
+        if name in REFERENCE_MODELS:
+            model = build_reference(name, **kwargs).to(resolve_device(device)).eval()
+        else:
+            model = load_model(name, pretrained=False, device=device, **kwargs)
+        random = True
+    else:
+        if random and verbose:
+            print(f"NOTE: {name!r} has RANDOM weights (pretrained=False).")
+    model.vitviz_random_weights = random
+    return model

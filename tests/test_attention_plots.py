@@ -1,0 +1,176 @@
+"""Attention figures: labels, titles, legends, colorbars, drawn data; notebook 02 end to end."""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+import matplotlib
+import numpy as np
+import pytest
+import torch
+from conftest import tiny_timm_vit
+
+import vitviz
+from vitviz.images import data_config
+from vitviz.plot.attention import denormalise, upsample_maps
+
+matplotlib.use("Agg")
+import matplotlib.pyplot as plt  # noqa: E402
+
+ROOT = Path(__file__).resolve().parents[1]
+
+
+@pytest.fixture(autouse=True)
+def _close_figures():
+    yield
+    plt.close("all")
+
+
+def titles(fig):
+    return [ax.get_title() for ax in fig.axes if ax.get_visible() and ax.get_title()]
+
+
+def colorbar_labels(fig):
+    return [ax.get_ylabel() for ax in fig.axes if ax.get_label() == "<colorbar>"]
+
+
+def test_plot_rollout_pairs_inputs_and_attention_with_a_colorbar():
+    model = tiny_timm_vit()
+    x = torch.randn(3, 3, 32, 48)
+    fig = vitviz.plot_rollout(model, x, labels=["a", "b", "c"])
+    assert titles(fig) == ["Input", "Attention"] * 3
+    assert colorbar_labels(fig) == ["Attention (relative to max)"]
+    inputs = [ax for ax in fig.axes if ax.get_title() == "Input"]
+    assert [ax.get_xlabel() for ax in inputs] == ["a", "b", "c"]
+    # the input shown is the de-normalised image the model saw, and the heat map is the rollout, upsampled
+    np.testing.assert_allclose(inputs[1].images[0].get_array(), denormalise(model, x)[1], atol=1e-6)
+    heat = [ax for ax in fig.axes if ax.get_title() == "Attention"][2].images[1].get_array()
+    maps = vitviz.attention_rollout(model, x)
+    np.testing.assert_allclose(heat, upsample_maps(maps, (32, 48))[2], atol=1e-6)
+    assert heat.shape == (32, 48) and heat.max() == pytest.approx(1.0)
+
+
+def test_denormalise_inverts_the_model_preprocessing():
+    model = vitviz.reference.build_reference("cifar10-vit").eval()
+    photo = (np.random.default_rng(0).random((32, 32, 3)) * 255).astype(np.uint8)
+    x = vitviz.load_images(model, photo)
+    cfg = data_config(model)
+    assert cfg["mean"] != (0.485, 0.456, 0.406)  # CIFAR statistics, not ImageNet's
+    np.testing.assert_allclose(denormalise(model, x)[0], photo / 255.0, atol=1e-5)
+
+
+def test_plot_rollout_modes_and_given_maps():
+    model = tiny_timm_vit(reg_tokens=4, no_embed_class=True)
+    photos = [np.full((20, 30, 3), 128, dtype=np.uint8)] * 4  # raw images are preprocessed for the model
+    fig = vitviz.plot_rollout(model, photos, mode="both")
+    assert titles(fig) == ["Input", "Attention", "Attention mask"] * 4
+    assert len(fig.axes) == 2 * 6 + 1  # 4 images in 2 rows of 2, and the colorbar
+    fig = vitviz.plot_rollout(model, photos[:2], mode="mask", maps=torch.rand(2, 4, 6))
+    assert titles(fig) == ["Input", "Attention"] * 2 and colorbar_labels(fig) == []
+    with pytest.raises(ValueError, match="one \\(gh, gw\\) map per image"):
+        vitviz.plot_rollout(model, photos[:2], maps=torch.rand(3, 4, 6))
+    with pytest.raises(ValueError, match="mode"):
+        vitviz.plot_rollout(model, photos[:2], mode="heat")
+
+
+def test_plot_attention_heads_one_panel_per_head_on_a_shared_scale():
+    model = tiny_timm_vit(num_heads=4)
+    x = torch.randn(1, 3, 32, 48)
+    fig = vitviz.plot_attention_heads(model, x, layer=1)
+    assert titles(fig) == ["Input", "Head 1", "Head 2", "Head 3", "Head 4"]
+    assert colorbar_labels(fig) == ["Attention weight"]
+    assert "layer 2 of 2" in fig._suptitle.get_text() and "class token" in fig._suptitle.get_text()
+    with torch.no_grad(), vitviz.capture_attention(model, layers=1) as cap:
+        model(x)
+    want = cap.attentions[0][0, :, 0, 1:].reshape(4, 4, 6)  # class token row over the 4x6 patches
+    heads = [ax for ax in fig.axes if ax.get_title().startswith("Head")]
+    for k, ax in enumerate(heads):
+        np.testing.assert_allclose(ax.images[0].get_array(), want[k].numpy(), atol=1e-6)
+        assert ax.images[0].get_clim() == heads[0].images[0].get_clim()
+    fig = vitviz.plot_attention_heads(model, x, layer=0, query=(1, 2))
+    assert "patch (row 2, column 3)" in fig._suptitle.get_text()
+    with pytest.raises(ValueError, match="one image"):
+        vitviz.plot_attention_heads(model, torch.randn(2, 3, 32, 48))
+
+
+def test_plot_attention_distance_labels_dots_and_legend():
+    model = tiny_timm_vit(depth=3, num_heads=2)
+    x = torch.randn(2, 3, 32, 48)
+    ax = vitviz.plot_attention_distance(model, x, label="tiny")
+    assert ax.get_xlabel() == "Network depth (layer)"
+    assert ax.get_ylabel() == "Mean attention distance (pixels)"
+    assert ax.get_title() == "tiny"
+    assert [t.get_text() for t in ax.get_legend().get_texts()] == ["Head 1", "Head 2"]
+    dist = vitviz.mean_attention_distance(model, x)
+    for k, coll in enumerate(ax.collections):  # one dot per head per layer, layers numbered from 1
+        np.testing.assert_allclose(coll.get_offsets(), np.c_[[1, 2, 3], dist[:, k].numpy()], rtol=1e-5)
+    with pytest.raises(ValueError, match="pass the images"):
+        vitviz.plot_attention_distance(model)
+
+
+def test_plot_attention_distance_from_arrays_many_heads_and_units():
+    ax = vitviz.plot_attention_distance(np.ones((4, 20)), patch_size=16)
+    assert ax.get_legend() is None
+    assert colorbar_labels(ax.figure) == ["Head"]  # 20 heads: a colorbar instead of 20 legend entries
+    np.testing.assert_allclose(ax.collections[0].get_offsets()[:, 1], 16.0)  # patch units -> pixels
+    _, ax = plt.subplots()
+    assert vitviz.plot_attention_distance(np.ones((2, 3)), ax=ax) is ax
+
+
+def test_plot_attention_distance_grid_shares_the_y_axis():
+    vit = tiny_timm_vit(depth=2, num_heads=2)
+    fig = vitviz.plot_attention_distance_grid({"ViT": vit, "Hybrid": torch.tensor([[30.0, 35.0], [40.0, 50.0]])},
+                                              torch.randn(2, 3, 32, 48))
+    a, b = fig.axes[:2]
+    assert (a.get_title(), b.get_title()) == ("ViT", "Hybrid")
+    assert a.get_ylim() == b.get_ylim() and a.get_ylim()[1] >= 50.0
+    assert a.get_ylabel() == "Mean attention distance (pixels)" and b.get_xlabel() == "Network depth (layer)"
+    assert a.get_legend() is None and b.get_legend() is not None
+
+
+def test_lazy_exports_resolve():
+    for name in ("attention_rollout", "grad_rollout", "rollout_from_attentions", "mean_attention_distance",
+                 "plot_rollout", "plot_attention_heads", "plot_attention_distance", "plot_attention_distance_grid",
+                 "load_model_or_random"):
+        assert callable(getattr(vitviz, name)), name
+
+
+# ---- notebook --------------------------------------------------------------------------------------------------
+
+def tiny_image_folder(root: Path) -> Path:
+    from PIL import Image
+
+    rng = np.random.default_rng(0)
+    for cls in ("cat", "ship"):
+        (root / cls).mkdir(parents=True)
+        for i in range(3):
+            Image.fromarray(rng.integers(0, 255, (32, 32, 3), dtype=np.uint8)).save(root / cls / f"{i:04d}.png")
+    return root
+
+
+@pytest.mark.notebook
+@pytest.mark.timeout(600)
+def test_notebook_02_runs_offline_and_saves_figures(tmp_path, monkeypatch):
+    papermill = pytest.importorskip("papermill")
+    nbformat = pytest.importorskip("nbformat")
+    monkeypatch.delenv("MPLBACKEND", raising=False)  # the kernel inherits it: let it pick Jupyter's inline backend
+    monkeypatch.setenv("VITVIZ_CHECKPOINTS", str(tmp_path / "no-checkpoints"))  # the random-weight fallback
+    out_dir = tmp_path / "figs"
+    papermill.execute_notebook(
+        str(ROOT / "notebooks" / "02_attention.ipynb"),
+        str(tmp_path / "02_out.ipynb"),
+        parameters={"out_dir": str(out_dir), "n_images": 6, "data_dir": str(tiny_image_folder(tmp_path / "test"))},
+        kernel_name="python3",
+        cwd=str(ROOT / "notebooks"),
+        progress_bar=False,
+    )
+    nb = nbformat.read(tmp_path / "02_out.ipynb", as_version=4)
+    text = "".join(o.get("text", "") for c in nb.cells if c.cell_type == "code" for o in c.get("outputs", []))
+    assert "RANDOM weights" in text and "6 images from" in text
+    images = [o for c in nb.cells if c.cell_type == "code" for o in c.get("outputs", [])
+              if "image/png" in o.get("data", {})]
+    assert len(images) >= 8
+    for stem in ("fig6_rollout_vit", "fig6_rollout_hybrid", "fig14_rollout_photos", "grad_rollout_vit",
+                 "heads_first_layer", "heads_last_layer", "fig11_attention_distance"):
+        for fmt in ("png", "pdf", "svg"):
+            assert (out_dir / f"{stem}.{fmt}").stat().st_size > 0, f"{stem}.{fmt} missing"

@@ -1,0 +1,165 @@
+"""Mean attention distance: planted patterns with known answers, an independent loop reference, every layout."""
+
+from __future__ import annotations
+
+import math
+
+import pytest
+import timm
+import torch
+from conftest import tiny_timm_vit
+
+import vitviz
+from vitviz.distance import (
+    DistanceReducer,
+    TokenLayout,
+    attention_distance_from_maps,
+    distance_observations,
+    patch_distance_matrix,
+)
+from vitviz.reference import build_reference
+
+
+def centres(grid, stride):
+    gh, gw = grid
+    sh, sw = stride
+    return [((r + 0.5) * sh, (c + 0.5) * sw) for r in range(gh) for c in range(gw)]
+
+
+def ref_distance(attn: torch.Tensor, grid, stride, p: int) -> list[float]:
+    """Per head: sum_k a_qk d(q, k) / sum_k a_qk over patch keys, averaged over queries and images (loops)."""
+    pts = centres(grid, stride)
+    b, h = attn.shape[:2]
+    out = []
+    for k in range(h):
+        total = 0.0
+        for bi in range(b):
+            for qi, (qy, qx) in enumerate(pts):
+                row = attn[bi, k, p + qi, p:].double()
+                total += sum(float(row[j]) * math.hypot(qy - ky, qx - kx) for j, (ky, kx) in enumerate(pts)) / float(
+                    row.sum())
+        out.append(total / (b * len(pts)))
+    return out
+
+
+def test_patch_distance_matrix_is_a_distance_in_pixels():
+    d = patch_distance_matrix((3, 4), (5, 7))
+    assert d.shape == (12, 12)
+    torch.testing.assert_close(d, d.T)
+    assert (d.diagonal() == 0).all()
+    assert d[0, 11].item() == pytest.approx(math.hypot(2 * 5, 3 * 7))  # patch (0, 0) to (2, 3)
+    assert d[0, 1].item() == pytest.approx(7) and d[0, 4].item() == pytest.approx(5)
+
+
+def test_self_only_attention_has_distance_zero():
+    n = 2 + 12
+    attn = torch.eye(n).expand(3, 4, n, n)
+    got = attention_distance_from_maps(attn, TokenLayout((3, 4), (16, 16), 2))
+    torch.testing.assert_close(got, torch.zeros(4))
+
+
+def test_uniform_attention_gives_the_mean_pairwise_distance():
+    grid, stride, p = (3, 5), (8, 8), 1
+    n = p + 15
+    attn = torch.full((2, 3, n, n), 1.0 / n)  # prefix keys get weight too: dropped and renormalised
+    pts = centres(grid, stride)
+    mean_pairwise = sum(math.dist(a, b) for a in pts for b in pts) / len(pts) ** 2
+    got = attention_distance_from_maps(attn, TokenLayout(grid, stride, p))
+    torch.testing.assert_close(got.double(), torch.full((3,), mean_pairwise, dtype=torch.float64), atol=1e-4,
+                               rtol=1e-5)
+
+
+def test_distance_scales_with_the_stride():
+    attn = torch.softmax(torch.randn(2, 3, 13, 13) * 2, dim=-1)
+    small = attention_distance_from_maps(attn, TokenLayout((3, 4), (8, 8), 1))
+    large = attention_distance_from_maps(attn, TokenLayout((3, 4), (16, 16), 1))
+    torch.testing.assert_close(large, 2 * small)
+
+
+def test_non_square_grid_and_stride_planted_neighbours():
+    """Head 0 attends one patch to the right, head 1 one patch down: distances sw and sh, never swapped."""
+    gh, gw, sh, sw, p = 3, 4, 5, 7, 1
+    n = p + gh * gw
+    attn = torch.zeros(1, 2, n, n)
+    attn[:, :, :p, 0] = 1.0
+    for r in range(gh):
+        for c in range(gw):
+            q = p + r * gw + c
+            attn[0, 0, q, p + r * gw + (c + 1 if c + 1 < gw else c - 1)] = 0.5
+            attn[0, 1, q, p + (r + 1 if r + 1 < gh else r - 1) * gw + c] = 0.5
+            attn[0, :, q, 0] = 0.5  # half the weight on the class token: dropped, the rest renormalised
+    got = attention_distance_from_maps(attn, TokenLayout((gh, gw), (sh, sw), p))
+    torch.testing.assert_close(got, torch.tensor([float(sw), float(sh)]))
+    spec_like = vitviz.inspect(tiny_timm_vit())  # a ViTSpec works as the layout too (4x6 grid, stride 8)
+    with pytest.raises(ValueError, match="does not fit"):
+        attention_distance_from_maps(attn, spec_like)
+
+
+def deit_distilled():
+    return timm.create_model("deit_tiny_distilled_patch16_224", img_size=(48, 64), depth=2).eval()
+
+
+MODELS = {
+    "cls-4x6": lambda: tiny_timm_vit(),
+    "no-cls": lambda: tiny_timm_vit(class_token=False, global_pool="avg"),
+    "registers": lambda: tiny_timm_vit(reg_tokens=4, no_embed_class=True),
+    "deit-distilled": deit_distilled,
+    "hybrid-stride32": lambda: timm.create_model("vit_tiny_r_s16_p8_224", img_size=(64, 96), depth=2).eval(),
+    "cifar10-hybrid": lambda: build_reference("cifar10-hybrid", depth=2).eval(),
+}
+
+
+@pytest.mark.parametrize("name", list(MODELS))
+def test_mean_attention_distance_of_models_equals_the_reference(name):
+    model = MODELS[name]()
+    spec = vitviz.inspect(model)
+    x = torch.randn(3, 3, *spec.img_size)
+    with torch.no_grad(), vitviz.capture_attention(model) as cap:
+        model(x)
+    want = torch.tensor([ref_distance(a, spec.grid_size, spec.patch_size, spec.num_prefix_tokens)
+                         for a in cap.attentions])
+    got = vitviz.mean_attention_distance(model, x, batch_size=2)  # streamed in two chunks
+    assert got.shape == (len(spec.attention_modules), spec.num_heads)
+    torch.testing.assert_close(got.double(), want.double(), atol=1e-4, rtol=1e-5)
+    if name == "hybrid-stride32":
+        assert spec.patch_size == (32, 32)
+        assert float(got.max()) > 32 * 0.5  # in pixels of the input, not in patches
+
+
+def test_streaming_equals_store_everything():
+    model = tiny_timm_vit(depth=3)
+    spec = vitviz.inspect(model)
+    x = torch.randn(5, 3, 32, 48)
+    with torch.no_grad(), vitviz.capture_attention(model) as cap:
+        model(x)
+    stored = torch.stack([attention_distance_from_maps(a, spec) for a in cap.attentions])
+    for bs in (1, 2, 32):
+        torch.testing.assert_close(vitviz.mean_attention_distance(model, x, batch_size=bs), stored, atol=1e-5,
+                                   rtol=1e-5)
+
+
+def test_reducer_needs_distances_and_a_pass():
+    red = DistanceReducer(2, 3, 1)
+    with pytest.raises(vitviz.VitvizError, match="distances"):
+        red(0, torch.rand(1, 3, 5, 5))
+    with pytest.raises(vitviz.VitvizError, match="forward pass"):
+        red.result()
+
+
+def test_distance_observations_read_the_paper_checks():
+    vit = torch.tensor([[5.0, 60.0], [20.0, 40.0], [50.0, 55.0], [70.0, 72.0]])  # grows, mixed early
+    hyb = torch.tensor([[30.0, 50.0], [35.0, 45.0], [50.0, 56.0], [70.0, 71.0]])
+    table = distance_observations(vit, hyb)
+    assert list(table["holds"]) == [True, True, True, True, True]
+    flat = torch.full((4, 2), 10.0)
+    assert not distance_observations(flat)["holds"].any()
+
+
+def test_dynamic_image_size_uses_the_grid_of_each_batch():
+    model = tiny_timm_vit(dynamic_img_size=True)
+    x = torch.randn(2, 3, 40, 56)  # 5x7 grid of 8-px patches
+    with torch.no_grad(), vitviz.capture_attention(model) as cap:
+        model(x)
+    want = torch.tensor([ref_distance(a, (5, 7), (8, 8), 1) for a in cap.attentions])
+    torch.testing.assert_close(vitviz.mean_attention_distance(model, x).double(), want.double(), atol=1e-4,
+                               rtol=1e-5)

@@ -1,0 +1,383 @@
+"""Attention figures of the ViT paper: rollout (Fig. 6, 14), per-head maps, mean attention distance (Fig. 7, 11).
+
+Dosovitskiy et al., ICLR 2021 (arXiv 2010.11929). Fig. 6 pairs each "Input" with its "Attention": the rollout map
+(Abnar & Zuidema 2020) upsampled to the image, divided by its maximum and multiplied into the image as an alpha
+mask; here it can also be drawn as a heat overlay with a colorbar. Fig. 7 right and Fig. 11 plot the mean
+attention distance of every head against depth, one dot per head per layer.
+"""
+
+from __future__ import annotations
+
+import math
+from collections.abc import Mapping, Sequence
+
+import numpy as np
+import torch
+import torch.nn.functional as F
+from matplotlib.axes import Axes
+from matplotlib.figure import Figure
+from torch import nn
+
+from vitviz.capture import capture_attention
+from vitviz.distance import mean_attention_distance
+from vitviz.images import Images, data_config, load_images
+from vitviz.plot.style import FIGSIZE, new_figure, styled
+from vitviz.rollout import attention_rollout
+from vitviz.spec import inspect
+
+__all__ = ["denormalise", "plot_attention_distance", "plot_attention_distance_grid", "plot_attention_heads",
+           "plot_rollout", "upsample_maps"]
+
+MODES = ("overlay", "mask", "both")
+SCALES = ("max", "minmax")
+DIST_XLABEL = "Network depth (layer)"
+DIST_YLABEL = "Mean attention distance (pixels)"
+MAX_LEGEND_HEADS = 16  # more heads than this: a colorbar "Head" replaces the legend
+
+
+def denormalise(model: nn.Module, x: torch.Tensor) -> np.ndarray:
+    """Undo the model's input normalisation: ``(B, 3, H, W)`` -> ``(B, H, W, 3)`` RGB in ``[0, 1]``."""
+    cfg = data_config(model)
+    mean = torch.tensor(cfg.get("mean", (0.0, 0.0, 0.0)), dtype=torch.float32).view(1, 3, 1, 1)
+    std = torch.tensor(cfg.get("std", (1.0, 1.0, 1.0)), dtype=torch.float32).view(1, 3, 1, 1)
+    img = x.detach().float().cpu() * std + mean
+    return img.clamp(0, 1).permute(0, 2, 3, 1).numpy()
+
+
+def upsample_maps(maps: torch.Tensor, size: tuple[int, int], scale: str = "max") -> np.ndarray:
+    """``(B, gh, gw)`` maps -> ``(B, H, W)`` bilinear, each scaled to ``[0, 1]`` on its own.
+
+    ``scale="max"`` divides by the maximum (the paper's look: a uniform map stays uniform); ``"minmax"`` stretches
+    the minimum to 0 (shows structure in flat maps, and exaggerates noise).
+    """
+    if scale not in SCALES:
+        raise ValueError(f"scale must be one of {SCALES}, got {scale!r}")
+    m = F.interpolate(maps.detach().float().cpu()[:, None], size=size, mode="bilinear", align_corners=False)[:, 0]
+    m = m.clamp_min(0)
+    if scale == "minmax":
+        m = m - m.flatten(1).amin(dim=1)[:, None, None]
+    peak = m.flatten(1).amax(dim=1).clamp_min(torch.finfo(torch.float32).tiny)
+    return (m / peak[:, None, None]).numpy()
+
+
+def _bare(ax: Axes) -> None:
+    ax.set_xticks([])
+    ax.set_yticks([])
+    for spine in ax.spines.values():
+        spine.set_visible(False)
+
+
+@styled
+def plot_rollout(
+    model: nn.Module,
+    images: Images,
+    *,
+    mode: str = "overlay",
+    maps: torch.Tensor | None = None,
+    head_fusion: str = "mean",
+    discard_ratio: float = 0.0,
+    token: int | None = None,
+    labels: Sequence[str] | None = None,
+    scale: str = "max",
+    ncols: int | None = None,
+    cmap: str = "jet",
+    alpha: float = 0.5,
+    fig: Figure | None = None,
+) -> Figure:
+    """Fig. 6 / Fig. 14 for any ViT: "Input" and "Attention" side by side for each image.
+
+    Args:
+        model: any ViT ``vitviz.inspect`` reads.
+        images: a normalised ``(B, 3, H, W)`` tensor, or PIL images / arrays / paths; the input shown is what the
+            model sees (resized, cropped), de-normalised with the model's mean and std.
+        mode: ``"overlay"`` (heat map over the image, colorbar), ``"mask"`` (the paper's look: the image times the
+            map, normalised to its maximum) or ``"both"`` (three panels per image).
+        maps: ``(B, gh, gw)`` maps to draw instead of ``attention_rollout`` (e.g. from ``grad_rollout``).
+        head_fusion, discard_ratio, token: passed to ``attention_rollout``.
+        labels: one caption per image, written under its input (e.g. the class).
+        scale: ``"max"`` divides each map by its maximum (the paper); ``"minmax"`` also maps its minimum to 0.
+        ncols: images per row (default up to 4, or 3 with ``mode="both"``).
+        cmap, alpha: heat-map colors and opacity of the overlay.
+        fig: draw into this figure; default a new one sized to the panels.
+
+    Returns:
+        the figure; panels titled "Input", "Attention" (and "Attention mask" with ``mode="both"``), one colorbar
+        "Attention (relative to max)" unless ``mode="mask"``.
+    """
+    if mode not in MODES:
+        raise ValueError(f"mode must be one of {MODES}, got {mode!r}")
+    x = load_images(model, images)
+    if maps is None:
+        maps = attention_rollout(model, x, head_fusion=head_fusion, discard_ratio=discard_ratio, token=token)
+    if maps.ndim != 3 or maps.shape[0] != x.shape[0]:
+        raise ValueError(f"expected one (gh, gw) map per image: {x.shape[0]} images, maps {tuple(maps.shape)}")
+    if labels is not None and len(labels) != x.shape[0]:
+        raise ValueError(f"{len(labels)} labels for {x.shape[0]} images")
+    imgs = denormalise(model, x)
+    masks = upsample_maps(maps, imgs.shape[1:3], scale)
+
+    titles = {"overlay": ["Input", "Attention"], "mask": ["Input", "Attention"],
+              "both": ["Input", "Attention", "Attention mask"]}[mode]
+    k, b = len(titles), len(imgs)
+    per_row = ncols or min(b, 3 if mode == "both" else 4)
+    rows = math.ceil(b / per_row)
+    per_row = ncols or math.ceil(b / rows)  # balanced rows: 4 images in threes -> 2 x 2
+    h, w = imgs.shape[1:3]
+    panel = 1.55
+    if fig is None:
+        fig = new_figure((k * per_row * panel * min(w / h, 2.0) + (0.7 if mode != "mask" else 0.1),
+                          rows * (panel + 0.35) + 0.2))
+        fig.set_layout_engine("constrained")
+    axes = np.asarray(fig.subplots(rows, k * per_row, squeeze=False))
+    heat = None
+    for i in range(rows * per_row):
+        group = axes[i // per_row, (i % per_row) * k:(i % per_row + 1) * k]
+        if i >= b:
+            for ax in group:
+                ax.set_visible(False)
+            continue
+        for j, (ax, title) in enumerate(zip(group, titles)):
+            _bare(ax)
+            ax.set_title(title)
+            if j == 0:
+                ax.imshow(imgs[i], interpolation="antialiased")
+                if labels is not None:
+                    ax.set_xlabel(str(labels[i]))
+            elif title == "Attention" and mode != "mask":
+                ax.imshow(imgs[i], interpolation="antialiased")
+                heat = ax.imshow(masks[i], cmap=cmap, alpha=alpha, vmin=0.0, vmax=1.0, interpolation="antialiased")
+            else:  # the paper's look: the image seen through the normalised map
+                ax.imshow(imgs[i] * masks[i][..., None], interpolation="antialiased")
+    if heat is not None:
+        cbar = fig.colorbar(heat, ax=axes.ravel().tolist(), shrink=0.8, aspect=25, pad=0.02)
+        cbar.solids.set_alpha(1.0)
+        cbar.set_label("Attention (relative to max)" if scale == "max" else "Attention (min-max scaled)")
+        cbar.outline.set_linewidth(0.5)
+    return fig
+
+
+def _query(spec, query: int | tuple[int, int] | None, grid: tuple[int, int]) -> tuple[int | None, str]:
+    p = spec.num_prefix_tokens
+    if query is None:
+        if spec.class_token_index is not None:
+            return spec.class_token_index, "class token"
+        return None, "mean over patch queries"
+    if isinstance(query, tuple):
+        r, c = query
+        if not (0 <= r < grid[0] and 0 <= c < grid[1]):
+            raise IndexError(f"query patch {query} is outside the {grid[0]}x{grid[1]} grid")
+        return p + r * grid[1] + c, f"patch (row {r + 1}, column {c + 1})"
+    n = p + grid[0] * grid[1]
+    if not -n <= query < n:
+        raise IndexError(f"query token {query} is out of range for {n} tokens")
+    q = query % n
+    name = spec.prefix_tokens[q] if q < p else f"patch token {q - p}"
+    return q, f"{name} token" if q < p else name
+
+
+@styled
+def plot_attention_heads(
+    model: nn.Module,
+    image: Images,
+    layer: int = -1,
+    *,
+    query: int | tuple[int, int] | None = None,
+    cmap: str = "viridis",
+    ncols: int = 6,
+    fig: Figure | None = None,
+) -> Figure:
+    """The output token's attention over the patches, one panel per head, for one layer and one image.
+
+    Args:
+        model: any ViT ``vitviz.inspect`` reads.
+        image: one image (PIL, array, path, or a ``(3, H, W)`` / ``(1, 3, H, W)`` normalised tensor).
+        layer: attention layer, a Python index (0 is the first; negative counts from the end); titles count from 1.
+        query: the query token: default the class token (models without one: the mean over patch queries); an
+            int token index, or a ``(row, column)`` patch (zero-based).
+        cmap: colormap of the maps; ncols: panels per row; fig: draw into this figure.
+
+    Returns:
+        the figure: an "Input" panel, then "Head 1" ... "Head H" (shared scale), one colorbar "Attention weight".
+    """
+    x = load_images(model, image)
+    if x.shape[0] != 1:
+        raise ValueError(f"plot_attention_heads draws one image; got {x.shape[0]} (pass images[i])")
+    spec = inspect(model)
+    depth = len(spec.attention_modules)
+    if not -depth <= layer < depth:
+        raise IndexError(f"{spec.name} has {depth} attention layers; layer {layer} is out of range")
+    grid = spec.grid_for((x.shape[-2], x.shape[-1])) if spec.dynamic_img_size else spec.grid_size
+    q, qname = _query(spec, query, grid)
+    with torch.no_grad(), capture_attention(model, layers=layer) as cap:
+        model(x)
+    attn = cap.attentions[0][0].float()  # (H, N, N)
+    p = spec.num_prefix_tokens
+    rows = attn[:, p:].mean(dim=1) if q is None else attn[:, q]
+    heads = rows[:, p:].reshape(-1, *grid).cpu().numpy()
+    img = denormalise(model, x)[0]
+    h, w = img.shape[:2]
+
+    n = len(heads) + 1
+    cols = min(n, ncols)
+    nrows = math.ceil(n / cols)
+    if fig is None:
+        fig = new_figure((cols * 1.5 * min(w / h, 2.0) + 0.7, nrows * 1.65 + 0.45))
+        fig.set_layout_engine("constrained")
+    axes = np.asarray(fig.subplots(nrows, cols, squeeze=False)).ravel()
+    vmax = float(heads.max()) or 1.0
+    axes[0].imshow(img, interpolation="antialiased")
+    axes[0].set_title("Input")
+    im = None
+    for k, ax in enumerate(axes[1:n]):
+        im = ax.imshow(heads[k], cmap=cmap, vmin=0.0, vmax=vmax, extent=(0, w, h, 0), interpolation="nearest")
+        ax.set_title(f"Head {k + 1}")
+    if q is not None and q >= p:  # mark the query patch
+        from matplotlib.patches import Rectangle
+
+        r, c = divmod(q - p, grid[1])
+        sh, sw = h / grid[0], w / grid[1]
+        for ax in axes[:n]:
+            ax.add_patch(Rectangle((c * sw, r * sh), sw, sh, fill=False, edgecolor="red", linewidth=1.0))
+    for ax in axes[:n]:
+        _bare(ax)
+    for ax in axes[n:]:
+        ax.set_visible(False)
+    cbar = fig.colorbar(im, ax=axes[:n].tolist(), shrink=0.8, aspect=25, pad=0.02)
+    cbar.set_label("Attention weight")
+    cbar.outline.set_linewidth(0.5)
+    fig.suptitle(f"{spec.name}: layer {layer % depth + 1} of {depth}, attention of the {qname}")
+    return fig
+
+
+def _distances(source: nn.Module | torch.Tensor | np.ndarray, images: Images | None, patch_size: int | None,
+               batch_size: int) -> np.ndarray:
+    if isinstance(source, nn.Module):
+        if images is None:
+            raise ValueError("plot_attention_distance(model, images): pass the images to average over (the paper "
+                             "uses 128), or pass precomputed (L, H) distances from vitviz.mean_attention_distance")
+        dist = mean_attention_distance(source, images, batch_size=batch_size)
+        if patch_size is not None:  # the model's own stride was used; rescale to the one given
+            sh, sw = inspect(source).patch_size
+            if sh != sw:
+                raise ValueError(f"patch_size= cannot rescale the non-square {sh}x{sw} stride of {inspect(source).name}")
+            dist = dist * (patch_size / sh)
+        return dist.numpy()
+    d = np.asarray(torch.as_tensor(source).detach().float().cpu())
+    if d.ndim != 2:
+        raise ValueError(f"expected distances of shape (layers, heads), got {d.shape}")
+    return d * patch_size if patch_size is not None else d
+
+
+def _head_colors(h: int, cmap: str | None) -> list:
+    import matplotlib as mpl
+
+    name = cmap or ("tab10" if h <= 10 else "tab20" if h <= 20 else "viridis")
+    cm = mpl.colormaps[name]
+    if getattr(cm, "N", 256) >= 256 or h > cm.N:
+        return [cm(i / max(h - 1, 1)) for i in range(h)]
+    return [cm(i) for i in range(h)]
+
+
+@styled
+def plot_attention_distance(
+    model_or_distances: nn.Module | torch.Tensor | np.ndarray,
+    images: Images | None = None,
+    ax: Axes | None = None,
+    label: str | None = None,
+    patch_size: int | None = None,
+    *,
+    batch_size: int = 32,
+    cmap: str | None = None,
+    legend: bool = True,
+    ylim: tuple[float, float] | None = None,
+) -> Axes:
+    """Fig. 7 right / Fig. 11: mean attention distance of every head against depth, one dot per head per layer.
+
+    Args:
+        model_or_distances: a ViT (then ``images`` is required), or ``(L, H)`` distances in pixels from
+            ``vitviz.mean_attention_distance``.
+        images: the images to average over (the paper uses 128).
+        ax: draw into these axes; default a new figure.
+        label: the axes title (e.g. "ViT-L/16").
+        patch_size: with distances, they are in patch units and are multiplied by this stride to give pixels;
+            with a model, the stride the distances are reported for (square strides only).
+        batch_size: images per forward pass when computing.
+        cmap: colormap for the heads (default ``tab10``/``tab20``, ``viridis`` beyond 20 heads).
+        legend: draw "Head 1" ... "Head H" (a colorbar "Head" when there are more than 16 heads).
+        ylim: y limits (default from 0 to a little above the largest distance).
+
+    Returns:
+        the axes: x "Network depth (layer)" counting layers from 1, y "Mean attention distance (pixels)".
+    """
+    dist = _distances(model_or_distances, images, patch_size, batch_size)
+    n_layers, n_heads = dist.shape
+    if ax is None:
+        fig = new_figure(FIGSIZE["single"] if n_heads <= 8 else (4.2, 2.8))
+        fig.set_layout_engine("constrained")
+        ax = fig.add_subplot()
+    colors = _head_colors(n_heads, cmap)
+    depth = np.arange(1, n_layers + 1)
+    for k in range(n_heads):
+        ax.scatter(depth, dist[:, k], s=14, color=colors[k], label=f"Head {k + 1}", edgecolors="none", alpha=0.9,
+                   zorder=2)
+    ax.set_xlabel(DIST_XLABEL)
+    ax.set_ylabel(DIST_YLABEL)
+    step = max(1, math.ceil(n_layers / 12))
+    ax.set_xticks(depth[::step])
+    ax.set_xlim(0.3, n_layers + 0.7)
+    top = float(np.nanmax(dist)) if dist.size else 1.0
+    ax.set_ylim(ylim or (0.0, top * 1.08 if top > 0 else 1.0))
+    ax.grid(axis="y", linewidth=0.4, alpha=0.4, zorder=0)
+    if label:
+        ax.set_title(label)
+    if legend and n_heads <= MAX_LEGEND_HEADS:
+        ax.legend(loc="upper left", bbox_to_anchor=(1.01, 1.0), frameon=False, handletextpad=0.2,
+                  borderaxespad=0.0, labelspacing=0.25, ncol=1 if n_heads <= 8 else 2, columnspacing=0.6,
+                  markerscale=1.2)
+    elif legend:
+        import matplotlib as mpl
+
+        norm = mpl.colors.BoundaryNorm(np.arange(0.5, n_heads + 1.5), n_heads)
+        cm = mpl.colors.ListedColormap(colors)
+        cbar = ax.figure.colorbar(mpl.cm.ScalarMappable(norm=norm, cmap=cm), ax=ax, pad=0.02, aspect=25,
+                                  ticks=[1, n_heads // 2, n_heads])
+        cbar.set_label("Head")
+        cbar.outline.set_linewidth(0.5)
+    return ax
+
+
+@styled
+def plot_attention_distance_grid(
+    models: Mapping[str, nn.Module | torch.Tensor | np.ndarray],
+    images: Images | None = None,
+    *,
+    batch_size: int = 32,
+    fig: Figure | None = None,
+) -> Figure:
+    """Several models side by side on a shared y axis, as Fig. 11 (ViT-L/16, R50x1 + ViT-L/16).
+
+    Args:
+        models: title -> a ViT or ``(L, H)`` distances, e.g. ``{"ViT": vit, "Hybrid": hybrid}``.
+        images: the images every model given as a module averages over.
+        batch_size: images per forward pass; fig: draw into this figure.
+
+    Returns:
+        the figure, one axes per model titled by its key; the head legend on the last axes only when every model
+        has the same number of heads.
+    """
+    if not models:
+        raise ValueError("plot_attention_distance_grid needs at least one model")
+    dists = {name: _distances(src, images, None, batch_size) for name, src in models.items()}
+    heads = {d.shape[1] for d in dists.values()}
+    top = max(float(np.nanmax(d)) for d in dists.values())
+    if fig is None:
+        fig = new_figure((2.6 * len(dists) + 0.9, 2.8))
+        fig.set_layout_engine("constrained")
+    axes = np.asarray(fig.subplots(1, len(dists), sharey=True, squeeze=False)).ravel()
+    for i, (ax, (name, d)) in enumerate(zip(axes, dists.items())):
+        plot_attention_distance(d, ax=ax, label=name, legend=len(heads) > 1 or i == len(dists) - 1,
+                                ylim=(0.0, top * 1.08 if top > 0 else 1.0))
+        if i:
+            ax.set_ylabel("")
+            ax.tick_params(labelleft=False)
+    return fig
