@@ -1,14 +1,16 @@
-# vitviz: `make report` renders the figures, `make test` runs the whole suite.
-# Both create the virtual environment and install vitviz into it when needed.
+# vitviz: `make report` executes the notebooks and renders the figures, `make test` runs the whole suite,
+# `make test-browser` drives JupyterLab in headless Chromium. All create the virtual environment when needed.
 PYTHON ?= python3
 VENV   ?= .venv
 VPY    := $(VENV)/bin/python
 STAMP  := $(VENV)/.vitviz-installed
+BROWSER_STAMP := $(VENV)/.vitviz-browser-installed
+CHROMIUM ?= /usr/bin/chromium
 EXTRAS ?= dev,notebooks,hf
 OUT    ?= reports
 DATA   ?= $(if $(VITVIZ_DATA),$(VITVIZ_DATA),../shared/data/cifar10)
 
-.PHONY: install report test test-fast lint bench clean train-reference study
+.PHONY: install install-browser report test test-fast test-browser lint bench clean train-reference study
 
 install: $(STAMP)
 
@@ -18,14 +20,31 @@ $(STAMP): pyproject.toml
 	$(VPY) -m pip install --quiet -e ".[$(EXTRAS)]"
 	@touch $(STAMP)
 
+# Executes notebooks/*.ipynb headless (papermill, kernel python3) and renders the package figures:
+# $(OUT)/index.html, figures/, arrays/, notebooks/ (executed .ipynb + HTML), meta.json.
 report: install
-	$(VPY) -m vitviz report --out $(OUT)
+	VITVIZ_DATA=$(DATA) $(VPY) -m vitviz report --out $(OUT) --gallery docs/gallery
 
+# The browser tests run only in test-browser (they need JupyterLab, Playwright and Chromium).
 test: install
-	$(VPY) -m pytest
+	$(VPY) -m pytest -m "not browser"
 
 test-fast: install
-	$(VPY) -m pytest -m "not slow"
+	$(VPY) -m pytest -m "not slow and not browser"
+
+# Debian's Chromium (apt, as root, only when $(CHROMIUM) is missing) and the `browser` extra (JupyterLab,
+# Playwright's Python package; Playwright drives $(CHROMIUM): no `playwright install`, no download).
+install-browser: install
+	@test -x $(CHROMIUM) || { apt-get update && apt-get install -y chromium; }
+	@$(MAKE) --no-print-directory $(BROWSER_STAMP)
+
+$(BROWSER_STAMP): $(STAMP) pyproject.toml
+	$(VPY) -m pip install --quiet -e ".[$(EXTRAS),browser]"
+	@touch $(BROWSER_STAMP)
+
+test-browser: install-browser
+	VITVIZ_CHROMIUM=$(CHROMIUM) VITVIZ_REQUIRE_BROWSER=1 VITVIZ_BROWSER_OUT=$(OUT)/browser \
+		$(VPY) -m pytest -m browser tests/browser
 
 lint: install
 	$(VPY) -m ruff check vitviz tests bench

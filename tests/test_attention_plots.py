@@ -11,8 +11,8 @@ import torch
 from conftest import tiny_timm_vit
 
 import vitviz
-from vitviz.images import data_config
-from vitviz.plot.attention import denormalise, upsample_maps
+from vitviz.images import data_config, denormalise
+from vitviz.plot.attention import upsample_maps
 
 matplotlib.use("Agg")
 import matplotlib.pyplot as plt  # noqa: E402

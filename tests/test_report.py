@@ -1,19 +1,36 @@
-"""The report: every figure in every format, the arrays behind them, meta.json and index.html."""
+"""The report: executed notebooks as HTML, every figure in every format, the arrays behind them, meta.json, index."""
 
 from __future__ import annotations
 
 import json
+from pathlib import Path
 
+import nbformat
 import numpy as np
+import pytest
 
 import vitviz.report as report
+from vitviz.__main__ import main
+from vitviz.report_notebooks import parameters_for
+
+ROOT = Path(__file__).resolve().parents[1]
 
 
-def test_report_offline_with_random_fallback(tmp_path, monkeypatch):
+def write_notebook(path: Path, parameters: str, *cells: str) -> Path:
+    nb = nbformat.v4.new_notebook()
+    params = nbformat.v4.new_code_cell(parameters)
+    params.metadata["tags"] = ["parameters"]
+    nb.cells = [nbformat.v4.new_markdown_cell(f"# {path.stem}"), params, *map(nbformat.v4.new_code_cell, cells)]
+    nb.metadata["kernelspec"] = {"name": "python3", "display_name": "Python 3", "language": "python"}
+    nbformat.write(nb, path)
+    return path
+
+
+def test_package_figures_offline_with_random_fallback(tmp_path, monkeypatch):
     monkeypatch.setenv("VITVIZ_CHECKPOINTS", str(tmp_path / "none"))  # no trained checkpoints: say so
     rep = report.render_report(tmp_path / "rep", models=("cifar10-vit", "cifar10-hybrid"), formats=("png", "svg"),
-                               device="cpu", progress=False)
-    assert not rep.failures
+                               device="cpu", progress=False, notebooks=())
+    assert not rep.failures and rep.notebooks == []
     names = {f["name"] for f in rep.figures}
     assert {"cifar10-vit_pos_embed", "cifar10-vit_embedding_filters", "cifar10-hybrid_embedding_filters",
             "paper_fig5_compute_curves"} <= names
@@ -24,7 +41,9 @@ def test_report_offline_with_random_fallback(tmp_path, monkeypatch):
             assert len(arrays.files) >= 1
     meta = json.loads((rep.out / "meta.json").read_text())
     assert meta["models"]["cifar10-vit"]["trained"] is False and "random weights" in meta["models"]["cifar10-vit"]["note"]
-    assert meta["versions"]["vitviz"] and meta["formats"] == ["png", "svg"]
+    assert meta["versions"]["vitviz"] and meta["versions"]["timm"] and meta["versions"]["torch"]
+    assert meta["formats"] == ["png", "svg"] and meta["device"] == "cpu"
+    assert meta["resolution"] == {"cifar10-vit": [32, 32], "cifar10-hybrid": [32, 32]}
     page = (rep.out / "index.html").read_text()
     assert page.count("<img") == len(rep.figures) and "random weights" in page
     sim = np.load(rep.out / "arrays" / "cifar10-vit_pos_embed.npz")["similarity"]
@@ -39,7 +58,100 @@ def test_a_failing_figure_keeps_the_others(tmp_path, monkeypatch):
         return [("broken_figure", boom)]
 
     monkeypatch.setattr(report, "_figure_jobs", broken)
-    rep = report.render_report(tmp_path, models=("cifar10-vit",), formats=("png",), progress=False)
+    rep = report.render_report(tmp_path, models=("cifar10-vit",), formats=("png",), progress=False, notebooks=())
     assert [f["name"] for f in rep.failures] == ["broken_figure"]
     assert "paper_fig5_compute_curves" in {f["name"] for f in rep.figures}
     assert "boom" in (tmp_path / "index.html").read_text()
+
+
+def test_parameters_go_only_to_notebooks_that_declare_them(tmp_path):
+    nb = write_notebook(tmp_path / "a.ipynb", 'out_dir = None\ndata_dir = None\nmodel_name = "cifar10-vit"')
+    assert parameters_for(nb, out_dir=tmp_path / "f", arrays_dir=tmp_path / "a", model="vit_tiny_patch16_224",
+                          images=None) == {"out_dir": str(tmp_path / "f"), "model_name": "vit_tiny_patch16_224"}
+    assert parameters_for(nb, images="imgs") == {"data_dir": "imgs"}
+    bare = write_notebook(tmp_path / "b.ipynb", "x = 1")
+    assert parameters_for(bare, out_dir="f", model="m") == {}
+
+
+@pytest.mark.notebook
+@pytest.mark.timeout(600)
+def test_notebooks_run_headless_and_a_failure_names_its_cell(tmp_path):
+    books = tmp_path / "books"
+    books.mkdir()
+    good = write_notebook(
+        books / "a_good.ipynb",
+        'out_dir = None\narrays_dir = None\nmodel_name = "unset"\nimages_dir = None',
+        "import matplotlib.pyplot as plt\nimport vitviz\nfig = plt.figure(figsize=(2, 2))\n"
+        "plt.plot([0, 1], [1, 0])\nvitviz.save_figure(fig, f'{out_dir}/toy_line', formats=('png', 'svg'))\n"
+        "vitviz.save_arrays(f'{arrays_dir}/toy_line', y=[1.0, 0.0])",
+        "print('model', model_name, 'images', images_dir)",
+    )
+    broken = write_notebook(books / "b_broken.ipynb", "out_dir = None", "x = 1",
+                            "raise ValueError('deliberate failure')", "y = 2")
+    images = tmp_path / "imgs"
+    images.mkdir()
+    rep = report.render_report(tmp_path / "rep", formats=("png",), device="cpu", progress=False,
+                               notebooks=[good, broken], model="cifar10-vit", images=images)
+    ok, bad = rep.notebooks
+    assert ok["ok"] and ok["error"] is None
+    assert ok["parameters"]["model_name"] == "cifar10-vit" and ok["parameters"]["images_dir"] == str(images)
+    assert sorted(ok["files"]) == ["arrays/toy_line.npz", "figures/toy_line.png", "figures/toy_line.svg"]
+    np.testing.assert_array_equal(np.load(rep.out / "arrays" / "toy_line.npz")["y"], [1.0, 0.0])
+    page = (rep.out / ok["html"]).read_text()
+    assert "data:image/png;base64," in page  # the inline figure is embedded: MPLBACKEND=Agg did not leak in
+    assert f"model cifar10-vit images {images}" in page
+    assert "cdnjs" not in page and "<script src=" not in page  # a self-contained page: nothing to fetch
+    # the broken notebook: its cell named (index in the source; the count includes the injected parameters cell)
+    assert not bad["ok"] and bad["error"]["cell_index"] == 3 and bad["error"]["exec_count"] == 4
+    assert bad["error"]["ename"] == "ValueError" and "cell 3" in bad["error"]["message"]
+    assert (rep.out / bad["html"]).is_file() and (rep.out / bad["executed"]).is_file()
+    assert [f["name"] for f in rep.failures] == ["notebook b_broken.ipynb"]
+    assert {"cifar10-vit_pos_embed", "paper_fig5_compute_curves"} <= {f["name"] for f in rep.figures}
+    meta = json.loads((rep.out / "meta.json").read_text())
+    assert meta["model"] == "cifar10-vit" and meta["images"] == str(images)
+    assert [n["name"] for n in meta["notebooks"]] == ["a_good", "b_broken"]
+    assert meta["failures"][0]["error"].startswith("b_broken.ipynb: cell 3")
+    index = (rep.out / "index.html").read_text()
+    assert 'href="notebooks/a_good.html"' in index and 'href="figures/toy_line.png"' in index
+    assert "deliberate failure" in index
+
+
+def test_command_line(tmp_path, capsys):
+    out = tmp_path / "rep"
+    code = main(["report", "--out", str(out), "--model", "cifar10-vit", "--formats", "png", "--notebooks", "none",
+                 "--device", "cpu"])
+    assert code == 0
+    meta = json.loads((out / "meta.json").read_text())
+    assert meta["model"] == "cifar10-vit" and list(meta["models"]) == ["cifar10-vit"]
+    assert meta["settings"]["notebooks"] == []
+    assert main(["report", "--out", str(out), "--images", str(tmp_path / "missing"), "--notebooks", "none"]) == 2
+    assert "not a folder" in capsys.readouterr().err
+
+
+@pytest.mark.notebook
+@pytest.mark.slow
+@pytest.mark.timeout(900)
+def test_report_runs_notebook_01_with_figures_and_arrays(tmp_path):
+    rep = report.render_report(tmp_path, models=("cifar10-vit",), formats=("png",), device="cpu", progress=False,
+                               notebooks=[ROOT / "notebooks" / "01_position_embeddings.ipynb"])
+    (nb,) = rep.notebooks
+    assert nb["ok"], nb["error"]
+    for stem in ("fig7_center_reference", "fig7_left_reference", "fig7_center_timm", "sincos", "interpolated"):
+        for fmt in ("png", "pdf", "svg"):
+            assert (tmp_path / "figures" / f"{stem}.{fmt}").is_file()
+        assert (tmp_path / "arrays" / f"{stem}.npz").is_file()
+    assert np.load(tmp_path / "arrays" / "fig7_center_reference.npz")["similarity"].shape == (8, 8, 8, 8)
+    assert (tmp_path / nb["html"]).read_text().count("data:image/png;base64,") >= 7
+
+
+def test_gallery_copies_downscaled_key_figures(tmp_path):
+    from PIL import Image
+
+    from vitviz.report import write_gallery
+
+    (tmp_path / "rep" / "figures").mkdir(parents=True)
+    Image.new("RGB", (1600, 800), "white").save(tmp_path / "rep" / "figures" / "paper_fig5_compute_curves.png")
+    written = write_gallery(tmp_path / "rep", tmp_path / "gallery", width=400)
+    assert [p.name for p in written] == ["paper_fig5_compute_curves.png"]  # figures the report lacks are skipped
+    with Image.open(written[0]) as im:
+        assert im.size == (400, 200)

@@ -41,6 +41,9 @@ _LAZY = {
     "plot_attention_distance": "vitviz.plot.attention",
     "plot_attention_distance_grid": "vitviz.plot.attention",
     "load_model_or_random": "vitviz.models",
+    "explore_attention": "vitviz.widgets",
+    "explore_pos_embed": "vitviz.widgets",
+    "save_arrays": "vitviz._io",
 }
 
 __all__ = [

@@ -14,11 +14,19 @@ def main(argv: list[str] | None = None) -> int:
         return train_main(argv[1:])
     p = argparse.ArgumentParser(prog="vitviz", description="Vision Transformer analysis and figures.")
     sub = p.add_subparsers(dest="cmd", required=True)
-    r = sub.add_parser("report", help="render every figure for the embedded reference models (offline)")
+    r = sub.add_parser("report", help="execute the notebooks and render every figure (offline by default)")
     r.add_argument("--out", default="reports", help="output folder (default: reports)")
-    r.add_argument("--model", action="append", help="reference model name (repeatable; default: the defaults)")
-    r.add_argument("--formats", default="png,pdf,svg", help="comma-separated figure formats")
+    r.add_argument("--model", action="append", metavar="NAME_OR_PATH",
+                   help="model name or weights file (repeatable): the package figures use each, the notebooks "
+                        "get the first as model_name (default: the reference models, the notebooks' defaults)")
+    r.add_argument("--images", metavar="DIR", help="image folder passed to the notebooks that take one")
+    r.add_argument("--notebooks", default=None, metavar="FILES",
+                   help="comma-separated notebooks to execute (default: notebooks/*.ipynb; 'none' for none)")
+    r.add_argument("--formats", default="png,pdf,svg", help="comma-separated formats of the package figures")
     r.add_argument("--device", default="auto")
+    r.add_argument("--kernel", default="python3", help="Jupyter kernel for the notebooks (default: python3)")
+    r.add_argument("--cell-timeout", type=int, default=1800, help="seconds a notebook cell may run")
+    r.add_argument("--gallery", metavar="DIR", help="also write the key figures, downscaled, to DIR (README gallery)")
     i = sub.add_parser("inspect", help="print the token layout of a model")
     i.add_argument("model", help="timm name, reference model name or weights file")
     sub.add_parser("train", help="train a reference model (see python -m vitviz.train --help)")
@@ -28,13 +36,30 @@ def main(argv: list[str] | None = None) -> int:
 
         print(vitviz.inspect(vitviz.load_model(a.model, device="cpu")))
         return 0
-    from vitviz.report import DEFAULT_MODELS, render_report
+    return report(a)
 
-    rep = render_report(a.out, tuple(a.model or DEFAULT_MODELS), tuple(a.formats.split(",")), a.device)
-    print(f"wrote {len(rep.figures)} figures to {rep.out}/ (index.html, meta.json)")
-    for f in rep.figures:
-        if f["note"]:
-            print(f"  note: {f['name']}: {f['note']}")
+
+def report(a: argparse.Namespace) -> int:
+    """``vitviz report``: run ``render_report`` with the command line's settings; 1 when anything failed."""
+    from pathlib import Path
+
+    from vitviz.report import render_report
+
+    if a.images is not None and not Path(a.images).is_dir():
+        print(f"vitviz report: --images {a.images!r} is not a folder", file=sys.stderr)
+        return 2
+    notebooks = None if a.notebooks is None else [] if a.notebooks == "none" else a.notebooks.split(",")
+    rep = render_report(a.out, a.model or None, tuple(a.formats.split(",")), a.device, model=(a.model or [None])[0],
+                        images=a.images, notebooks=notebooks, kernel=a.kernel, cell_timeout=a.cell_timeout)
+    print(f"wrote {len(rep.figures)} figures and {len(rep.notebooks)} notebooks to {rep.out}/ "
+          "(index.html, meta.json)")
+    if a.gallery:
+        from vitviz.report import write_gallery
+
+        print(f"gallery: {len(write_gallery(rep.out, a.gallery))} figures in {a.gallery}/")
+    notes = {f["note"] for f in rep.figures if f["note"]}
+    for note in sorted(notes):
+        print(f"  note: {note}")
     for f in rep.failures:
         print(f"  FAILED {f['name']}: {f['error']}", file=sys.stderr)
     return 1 if rep.failures else 0

@@ -46,3 +46,28 @@ def atomic_write_text(path: str | os.PathLike, text: str) -> Path:
 
 def atomic_write_json(path: str | os.PathLike, obj: Any) -> Path:
     return atomic_write_text(path, json.dumps(obj, indent=2, sort_keys=False) + "\n")
+
+
+def save_arrays(path_stem: str | os.PathLike, **arrays: Any) -> Path:
+    """Write the numbers behind a figure to ``<path_stem>.npz`` atomically (tensors are moved to numpy).
+
+    Args:
+        path_stem: path without extension, e.g. ``"reports/arrays/pos_embed"`` (a ``.npz`` suffix is kept).
+        arrays: name -> array, tensor or number.
+
+    Returns:
+        the path written.
+    """
+    import numpy as np
+
+    if not arrays:
+        raise ValueError("save_arrays needs at least one array, e.g. save_arrays(stem, similarity=sim)")
+    values = {k: v.detach().cpu().numpy() if isinstance(v, torch.Tensor) else np.asarray(v) for k, v in arrays.items()}
+    path = Path(path_stem)
+    path = path if path.suffix == ".npz" else path.parent / f"{path.name}.npz"
+
+    def write(tmp: str) -> None:
+        with open(tmp, "wb") as f:
+            np.savez(f, **values)
+
+    return atomic_write(path, write)

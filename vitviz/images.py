@@ -130,3 +130,11 @@ def load_images(model: nn.Module, images: Images, *, device: torch.device | str 
         x = torch.stack([transform(to_pil(im)) for im in items])
     check_size(spec, x.shape[-2], x.shape[-1])
     return x.to(device=device, dtype=dtype)
+
+
+def denormalise(model: nn.Module, x: torch.Tensor) -> np.ndarray:
+    """Undo the model's input normalisation for display: ``(B, 3, H, W)`` -> ``(B, H, W, 3)`` RGB in ``[0, 1]``."""
+    cfg = data_config(model)
+    mean = torch.tensor(cfg.get("mean", (0.0, 0.0, 0.0)), dtype=torch.float32).view(1, 3, 1, 1)
+    std = torch.tensor(cfg.get("std", (1.0, 1.0, 1.0)), dtype=torch.float32).view(1, 3, 1, 1)
+    return (x.detach().float().cpu() * std + mean).clamp(0, 1).permute(0, 2, 3, 1).numpy()

@@ -20,12 +20,12 @@ from torch import nn
 
 from vitviz.capture import capture_attention
 from vitviz.distance import mean_attention_distance
-from vitviz.images import Images, data_config, load_images
+from vitviz.images import Images, denormalise, load_images
 from vitviz.plot.style import FIGSIZE, new_figure, styled
 from vitviz.rollout import attention_rollout
 from vitviz.spec import inspect
 
-__all__ = ["denormalise", "plot_attention_distance", "plot_attention_distance_grid", "plot_attention_heads",
+__all__ = ["plot_attention_distance", "plot_attention_distance_grid", "plot_attention_heads",
            "plot_rollout", "upsample_maps"]
 
 MODES = ("overlay", "mask", "both")
@@ -33,15 +33,6 @@ SCALES = ("max", "minmax")
 DIST_XLABEL = "Network depth (layer)"
 DIST_YLABEL = "Mean attention distance (pixels)"
 MAX_LEGEND_HEADS = 16  # more heads than this: a colorbar "Head" replaces the legend
-
-
-def denormalise(model: nn.Module, x: torch.Tensor) -> np.ndarray:
-    """Undo the model's input normalisation: ``(B, 3, H, W)`` -> ``(B, H, W, 3)`` RGB in ``[0, 1]``."""
-    cfg = data_config(model)
-    mean = torch.tensor(cfg.get("mean", (0.0, 0.0, 0.0)), dtype=torch.float32).view(1, 3, 1, 1)
-    std = torch.tensor(cfg.get("std", (1.0, 1.0, 1.0)), dtype=torch.float32).view(1, 3, 1, 1)
-    img = x.detach().float().cpu() * std + mean
-    return img.clamp(0, 1).permute(0, 2, 3, 1).numpy()
 
 
 def upsample_maps(maps: torch.Tensor, size: tuple[int, int], scale: str = "max") -> np.ndarray:

@@ -1,0 +1,228 @@
+"""The Jupyter explorers without a browser: controls driven through ``.value``, the PNG they send, its size."""
+
+from __future__ import annotations
+
+import io
+import json
+
+import numpy as np
+import pytest
+import torch
+from conftest import tiny_timm_vit
+from PIL import Image
+
+pytest.importorskip("ipywidgets")
+
+import vitviz  # noqa: E402
+from vitviz.posembed import NoPositionEmbeddingError  # noqa: E402
+from vitviz.widgets import AttentionExplorer, PosEmbedExplorer, explore_attention, explore_pos_embed  # noqa: E402
+from vitviz.widgets._render import cell_at  # noqa: E402
+
+MB = 1_000_000
+
+
+def photo(h: int = 40, w: int = 56, seed: int = 0) -> np.ndarray:
+    return np.random.default_rng(seed).integers(0, 256, (h, w, 3), dtype=np.uint8)
+
+
+def decode(png: bytes) -> np.ndarray:
+    with Image.open(io.BytesIO(png)) as im:
+        assert im.format == "PNG"
+        return np.asarray(im.convert("RGB"))
+
+
+def captured(model, explorer: AttentionExplorer, index: int = 0) -> list[torch.Tensor]:
+    with torch.no_grad(), vitviz.capture_attention(model) as cap:
+        model(explorer._x[index:index + 1])
+    return cap.attentions
+
+
+def count_forwards(model) -> list[int]:
+    calls = [0]
+    model.register_forward_hook(lambda *_: calls.__setitem__(0, calls[0] + 1))
+    return calls
+
+
+def widget_state_bytes(widget) -> int:
+    """Bytes of the serialized state of ``widget`` and every widget below it (binary buffers counted raw)."""
+    import ipywidgets
+
+    seen, total, todo = set(), 0, [widget]
+    while todo:
+        w = todo.pop()
+        if id(w) in seen:
+            continue
+        seen.add(id(w))
+        state = w.get_state()
+        for value in state.values():
+            if isinstance(value, (bytes, memoryview)):
+                total += len(value)
+        total += len(json.dumps({k: v for k, v in state.items() if not isinstance(v, (bytes, memoryview))},
+                                default=str))
+        todo += [v for v in vars(w).values() if isinstance(v, ipywidgets.Widget)]
+        todo += [c for c in getattr(w, "children", ()) if isinstance(c, ipywidgets.Widget)]
+    return total
+
+
+# ---- attention ---------------------------------------------------------------------------------------------------
+
+def test_every_attention_control_changes_the_png():
+    model = tiny_timm_vit(depth=3, num_heads=2)  # 4x6 grid: a non-square grid catches h/w swaps
+    w = vitviz.explore_attention(model, photo())
+    assert isinstance(w, AttentionExplorer) and w.image.format == "png"
+    assert decode(w.png).shape[:2] == w.map_size == (213, 320)  # 32x48 px input, longer side 320
+    changes = [("layer", 0), ("head", 1), ("head", "max"), ("head", "min"), ("query", "patch"), ("row", 0),
+               ("col", 5), ("rollout", True), ("discard", 0.5), ("alpha", 0.2), ("layer", 2)]
+    for name, value in changes:
+        before = w.png
+        getattr(w, name).value = value
+        assert w.png != before, f"setting {name}={value!r} left the image unchanged"
+        assert w.png == bytes(w.image.value)
+    assert not w.discard.disabled
+
+
+def test_attention_map_is_the_captured_row():
+    model = tiny_timm_vit(depth=3, num_heads=2)
+    w = explore_attention(model, photo())
+    attn = captured(model, w)
+    (gh, gw), p = w.grid, 1
+    assert (gh, gw) == (4, 6)
+    w.set(layer=1, head=0)  # class-token query
+    np.testing.assert_allclose(w.map(), attn[1][0, 0, 0, p:].reshape(gh, gw).numpy(), rtol=1e-6)
+    w.set(head="mean", query="patch", row=3, col=1)
+    expected = attn[1][0].mean(0)[p + 3 * gw + 1, p:].reshape(gh, gw).numpy()
+    np.testing.assert_allclose(w.map(), expected, rtol=1e-5)
+    w.set(head="max")
+    np.testing.assert_allclose(w.map(), attn[1][0].amax(0)[p + 3 * gw + 1, p:].reshape(gh, gw).numpy(), rtol=1e-6)
+
+
+def test_rollout_view_matches_the_package_rollout():
+    rollout = pytest.importorskip("vitviz.rollout")
+    model = tiny_timm_vit(depth=3, num_heads=2)
+    w = explore_attention(model, photo())
+    attn = captured(model, w)
+    w.set(rollout=True, layer=1, discard=0.25)
+    expected = rollout.rollout_from_attentions(attn[:2], num_prefix_tokens=1, discard_ratio=0.25)[0, 0, 1:]
+    np.testing.assert_allclose(w.map(), expected.reshape(4, 6).numpy(), rtol=1e-5)
+    assert w.map().sum() <= 1 + 1e-5
+
+
+def test_the_model_runs_once_per_image():
+    model = tiny_timm_vit(depth=2)
+    calls = count_forwards(model)
+    w = explore_attention(model, [photo(seed=0), photo(seed=1)], labels=["a", "b"])
+    assert calls[0] == 1
+    for layer in (0, 1, 0):
+        w.set(layer=layer, head="max", rollout=layer == 1)
+    assert calls[0] == 1
+    first = w.png
+    w.image_index.value = 1
+    assert calls[0] == 2 and w.png != first
+    w.image_index.value = 0
+    assert calls[0] == 2 and w.png == first
+
+
+def test_moving_a_query_slider_or_clicking_picks_a_patch():
+    w = explore_attention(tiny_timm_vit(), photo())
+    assert w.query.value == 0  # the class token
+    w.row.value = 1
+    assert w.query.value == "patch"
+    w.query.value = 0
+    dh, dw = w.map_size
+    w.on_click({"type": "click", "dataX": dw - 1, "dataY": 0})  # top-right corner of the drawing
+    assert (w.query.value, w.row.value, w.col.value) == ("patch", 0, 5)
+    png = w.png
+    w.on_click({"type": "click", "dataX": dw + 50, "dataY": 0})  # outside the map: ignored
+    assert w.png == png
+    assert cell_at(0, dh - 1, (dh, dw), (4, 6)) == (3, 0)
+
+
+def test_models_without_a_class_token_and_with_registers():
+    no_cls = tiny_timm_vit(class_token=False, global_pool="avg")
+    w = explore_attention(no_cls, photo())
+    assert w.query.value == "mean" and "mean of patch queries (output)" in dict(w.query.options)
+    attn = captured(no_cls, w)
+    np.testing.assert_allclose(w.map(), attn[-1][0].mean(0)[:, :].mean(0).reshape(4, 6).numpy(), rtol=1e-5)
+    regs = explore_attention(tiny_timm_vit(reg_tokens=2), photo())
+    assert [label for label, _ in regs.query.options][:3] == ["class token (output)", "register token 0",
+                                                              "register token 1"]
+    before = regs.png
+    regs.query.value = 2
+    assert regs.png != before
+
+
+def test_set_names_the_controls_when_one_is_unknown():
+    w = explore_attention(tiny_timm_vit(), photo())
+    with pytest.raises(AttributeError, match="layer"):
+        w.set(layers=1)
+    assert w.set(layer=0, head=1) is w
+
+
+def test_vit_b16_payload_stays_under_one_megabyte():
+    timm = pytest.importorskip("timm")
+    skimage_data = pytest.importorskip("skimage.data")
+    model = timm.create_model("vit_base_patch16_224", pretrained=False).eval()
+    w = explore_attention(model, skimage_data.chelsea())
+    sizes = []
+    for change in ({}, {"layer": 0}, {"rollout": True, "discard": 0.9}, {"query": "patch", "head": 11}):
+        w.set(**change)
+        sizes.append(len(w.png))
+        state = w.image.get_state()
+        assert len(state["value"]) == len(w.png)
+    assert max(sizes) < MB, sizes
+    assert widget_state_bytes(w) < MB
+    p = explore_pos_embed(model)
+    p.set(resolution=896)  # 56x56 grid
+    assert len(p.png) < MB and widget_state_bytes(p) < MB
+
+
+@pytest.mark.gpu
+def test_attention_stays_on_the_model_device():
+    model = tiny_timm_vit().cuda()
+    w = explore_attention(model, photo())
+    assert all(a.device.type == "cuda" for a in w.attentions())
+    w.layer.value = 0
+    assert w.map().shape == (4, 6)
+
+
+# ---- position embedding -------------------------------------------------------------------------------------------
+
+def test_every_pos_embed_control_changes_the_png():
+    model = tiny_timm_vit()
+    w = vitviz.explore_pos_embed(model)
+    assert isinstance(w, PosEmbedExplorer) and w.grid == (4, 6)
+    for name, value in (("row", 0), ("col", 5), ("resolution", 64), ("view", "pca"), ("row", 2)):
+        before = w.png
+        getattr(w, name).value = value
+        assert w.png != before, f"setting {name}={value!r} left the image unchanged"
+    assert decode(w.png).shape[:2] == w.map_size
+
+
+def test_pos_embed_map_is_the_similarity_at_each_resolution():
+    model = tiny_timm_vit()
+    w = explore_pos_embed(model)
+    w.set(row=1, col=4)
+    np.testing.assert_allclose(w.map(), vitviz.pos_embed_similarity(model)[1, 4].numpy(), atol=1e-6)
+    assert w.map()[1, 4] == pytest.approx(1.0)
+    w.resolution.value = 64  # 64x96 px: an 8x12 grid, the aspect ratio kept
+    assert w.img_size == (64, 96) and w.grid == (8, 12)
+    assert (w.row.max, w.col.max) == (7, 11) and (w.row.value, w.col.value) == (3, 9)  # the same place
+    sim = vitviz.pos_embed_similarity(model, img_size=(64, 96))
+    np.testing.assert_allclose(w.map(), sim[3, 9].numpy(), atol=1e-6)
+    w.resolution.value = 16  # back down: a 2x3 grid, sliders clamped
+    assert (w.row.max, w.col.max) == (1, 2) and w.row.value <= 1 and w.col.value <= 2
+    w.view.value = "pca"
+    rgb = w.map()
+    assert rgb.shape == (2, 3, 3) and rgb.min() >= 0 and rgb.max() <= 1
+
+
+def test_pos_embed_click_and_missing_table():
+    w = explore_pos_embed(tiny_timm_vit())
+    dh, dw = w.map_size
+    w.on_click({"dataX": 0, "dataY": dh - 1})
+    assert (w.row.value, w.col.value) == (3, 0)
+    png = w.png
+    w.on_click({"dataX": dw + 3, "dataY": 0})  # on the colour bar: ignored
+    assert w.png == png
+    with pytest.raises(NoPositionEmbeddingError, match="no absolute position embedding"):
+        explore_pos_embed(tiny_timm_vit(pos_embed="none"))

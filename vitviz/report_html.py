@@ -1,0 +1,65 @@
+"""``reports/index.html``: links to the executed notebooks, then every package figure, then what failed."""
+
+from __future__ import annotations
+
+import html
+from pathlib import Path
+from typing import TYPE_CHECKING, Any
+
+if TYPE_CHECKING:
+    from vitviz.report import Report
+
+__all__ = ["index_html"]
+
+STYLE = (
+    "body{font-family:sans-serif;max-width:1100px;margin:2em auto}img{max-width:100%}.note{color:#a33}"
+    "table{border-collapse:collapse}td,th{padding:.2em .8em;text-align:left;border-bottom:1px solid #ddd}"
+    ".failed{color:#b00;font-weight:bold}.ok{color:#070}"
+)
+
+
+def _e(value: Any) -> str:
+    return html.escape(str(value))
+
+
+def _notebook_rows(notebooks: list[dict[str, Any]]) -> str:
+    if not notebooks:
+        return ""
+    rows = []
+    for nb in notebooks:
+        link = f'<a href="{_e(nb["html"])}">{_e(nb["name"])}</a>' if nb["html"] else _e(nb["name"])
+        raw = f' (<a href="{_e(nb["executed"])}">ipynb</a>)' if nb["executed"] else ""
+        if nb["ok"]:
+            status = "<span class=ok>ok</span>"
+        else:
+            status = f"<span class=failed>failed</span>: {_e((nb['error'] or {}).get('message', ''))}"
+        params = ", ".join(f"{k}={v!r}" for k, v in nb["parameters"].items() if k not in ("out_dir", "arrays_dir"))
+        files = " ".join(f'<a href="{_e(f)}">{_e(Path(f).name)}</a>' for f in nb["files"])
+        saved = f"<details><summary>{len(nb['files'])} files</summary>{files}</details>" if files else "none"
+        rows.append(f"<tr><td>{link}{raw}</td><td>{status}</td><td>{nb['seconds']:.0f} s</td>"
+                    f"<td>{saved}</td><td><code>{_e(params)}</code></td></tr>")
+    return ("<h2>Notebooks</h2><table><tr><th>notebook</th><th>status</th><th>time</th><th>saved</th>"
+            f"<th>parameters</th></tr>{''.join(rows)}</table>")
+
+
+def index_html(report: Report, meta: dict[str, Any]) -> str:
+    """The report's front page: notebook links with their status, model specs, figures, failures."""
+    sections = []
+    for fig in report.figures:
+        png = next((f for f in fig["files"] if f.endswith(".png")), None)
+        note = f"<p class=note>{_e(fig['note'])}</p>" if fig["note"] else ""
+        img = f'<img src="{_e(png)}" alt="{_e(fig["name"])}">' if png else ""
+        links = " ".join(f'<a href="{_e(f)}">{_e(Path(f).suffix[1:])}</a>' for f in fig["files"])
+        sections.append(f"<section><h2>{_e(fig['name'])}</h2>{note}{img}<p>{links}</p></section>")
+    for f in report.failures:
+        sections.append(f"<section><h2>{_e(f['name'])} (failed)</h2><p class=failed>{_e(f['error'])}</p>"
+                        f"<pre>{_e(f.get('traceback', ''))}</pre></section>")
+    specs = "".join(f"<h3>{_e(k)}</h3><pre>{_e(v['spec'])}</pre>" for k, v in meta["models"].items())
+    return (
+        f"<!doctype html><html><head><meta charset=utf-8><title>vitviz report</title><style>{STYLE}</style>"
+        "</head><body><h1>vitviz report</h1>"
+        f"<p>{_e(meta['created'])}, vitviz {_e(meta['versions']['vitviz'])}, commit {_e(meta['git_commit'])}, "
+        f"device {_e(meta['device'])}. Numbers behind the figures: <code>arrays/</code>; everything else: "
+        f'<a href="meta.json">meta.json</a>.</p>'
+        f"{_notebook_rows(report.notebooks)}<h2>Package figures</h2>{specs}{''.join(sections)}</body></html>\n"
+    )

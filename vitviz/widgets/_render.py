@@ -1,0 +1,132 @@
+"""Pixels for the explorers: overlays and heat maps as PNG bytes, drawn with PIL and a matplotlib colormap.
+
+Only the map on screen travels to the browser, as one PNG in an ``ipywidgets.Image``; nothing here keeps state.
+Shapes: ``(H, W, 3)`` RGB images (float in ``[0, 1]`` or uint8), ``(gh, gw)`` maps, ``(dh, dw)`` display size.
+"""
+
+from __future__ import annotations
+
+import io
+from functools import lru_cache
+
+import numpy as np
+from PIL import Image, ImageDraw
+
+__all__ = ["cell_at", "colorbar", "colorize", "display_size", "heat_png", "mark_cell", "overlay", "png_bytes",
+           "resize_rgb"]
+
+RESAMPLE = {"nearest": Image.Resampling.NEAREST, "bilinear": Image.Resampling.BILINEAR,
+            "bicubic": Image.Resampling.BICUBIC}
+MARK = (0, 255, 255)  # cyan outline around the query patch
+
+
+@lru_cache(maxsize=16)
+def _lut(cmap: str) -> np.ndarray:
+    """A ``(256, 3)`` uint8 lookup table for a matplotlib colormap name."""
+    import matplotlib
+
+    return (matplotlib.colormaps[cmap](np.linspace(0.0, 1.0, 256))[:, :3] * 255).round().astype(np.uint8)
+
+
+def display_size(h: int, w: int, target: int) -> tuple[int, int]:
+    """``(dh, dw)``: ``(h, w)`` scaled so that the longer side is ``target`` pixels (aspect ratio kept)."""
+    scale = target / max(h, w)
+    return max(1, round(h * scale)), max(1, round(w * scale))
+
+
+def resize_rgb(image: np.ndarray, size: tuple[int, int]) -> np.ndarray:
+    """An ``(H, W, 3)`` image (float ``[0, 1]`` or uint8) resized to ``size = (dh, dw)`` as uint8.
+
+    Enlargements by 2x or more use nearest neighbour (small inputs such as 32-px CIFAR images stay honest);
+    other sizes use bicubic resampling.
+    """
+    arr = np.asarray(image)
+    if arr.dtype != np.uint8:
+        arr = (np.clip(arr, 0.0, 1.0) * 255).round().astype(np.uint8)
+    h, w = arr.shape[:2]
+    if (h, w) == tuple(size):
+        return arr
+    mode = "nearest" if size[0] >= 2 * h and size[1] >= 2 * w else "bicubic"
+    return np.asarray(Image.fromarray(arr).resize((size[1], size[0]), RESAMPLE[mode]))
+
+
+def _upsample(values: np.ndarray, size: tuple[int, int], interpolation: str) -> np.ndarray:
+    if interpolation not in RESAMPLE:
+        raise ValueError(f"interpolation must be one of {tuple(RESAMPLE)}, got {interpolation!r}")
+    im = Image.fromarray(np.ascontiguousarray(values, dtype=np.float32), mode="F")
+    return np.asarray(im.resize((size[1], size[0]), RESAMPLE[interpolation]), dtype=np.float32)
+
+
+def colorize(values: np.ndarray, cmap: str, vmin: float, vmax: float) -> np.ndarray:
+    """``(h, w)`` values -> ``(h, w, 3)`` uint8 colours, ``vmin`` and ``vmax`` at the ends of ``cmap``."""
+    span = max(float(vmax) - float(vmin), np.finfo(np.float32).tiny)
+    idx = np.clip((np.asarray(values, dtype=np.float32) - vmin) / span, 0.0, 1.0)
+    return _lut(cmap)[np.nan_to_num(idx * 255).round().astype(np.uint8)]
+
+
+def overlay(base: np.ndarray, heat: np.ndarray, *, alpha: float = 0.6, cmap: str = "inferno",
+            interpolation: str = "nearest", vmax: float | None = None) -> np.ndarray:
+    """A heat map blended over an image.
+
+    Args:
+        base: ``(dh, dw, 3)`` uint8 image at display size.
+        heat: ``(gh, gw)`` non-negative map (one value per patch).
+        alpha: opacity of the heat colours (0: image only, 1: map only).
+        cmap: matplotlib colormap name.
+        interpolation: ``nearest`` (patch blocks), ``bilinear`` or ``bicubic`` upsampling of the map.
+        vmax: value drawn with the top colour (default: the map's maximum, as in the paper's Fig. 6).
+
+    Returns:
+        ``(dh, dw, 3)`` uint8.
+    """
+    heat = np.asarray(heat, dtype=np.float32)
+    top = float(heat.max()) if vmax is None else float(vmax)
+    colours = colorize(_upsample(heat, base.shape[:2], interpolation), cmap, 0.0, top if top > 0 else 1.0)
+    out = (1.0 - alpha) * base.astype(np.float32) + alpha * colours.astype(np.float32)
+    return out.round().clip(0, 255).astype(np.uint8)
+
+
+def heat_png(values: np.ndarray, size: tuple[int, int], *, cmap: str, vmin: float, vmax: float,
+             interpolation: str = "nearest") -> np.ndarray:
+    """``(gh, gw)`` values drawn alone at display size: ``(dh, dw, 3)`` uint8."""
+    return colorize(_upsample(values, size, interpolation), cmap, vmin, vmax)
+
+
+def mark_cell(image: np.ndarray, cell: tuple[int, int], grid: tuple[int, int], colour: tuple[int, int, int] = MARK
+              ) -> np.ndarray:
+    """Outline patch ``cell = (row, col)`` of a ``grid = (gh, gw)`` on a ``(dh, dw, 3)`` uint8 image."""
+    dh, dw = image.shape[:2]
+    (r, c), (gh, gw) = cell, grid
+    y0, y1 = round(r * dh / gh), round((r + 1) * dh / gh) - 1
+    x0, x1 = round(c * dw / gw), round((c + 1) * dw / gw) - 1
+    im = Image.fromarray(image)
+    width = 1 if min(dh / gh, dw / gw) < 12 else 2
+    ImageDraw.Draw(im).rectangle((x0, y0, x1, y1), outline=colour, width=width)
+    return np.asarray(im)
+
+
+def colorbar(height: int, cmap: str, width: int = 12, gap: int = 6) -> np.ndarray:
+    """A vertical ``(height, gap + width, 3)`` uint8 colour scale, top colour at the top, white gap on the left."""
+    ramp = np.linspace(1.0, 0.0, height, dtype=np.float32)[:, None].repeat(width, axis=1)
+    bar = colorize(ramp, cmap, 0.0, 1.0)
+    return np.concatenate([np.full((height, gap, 3), 255, np.uint8), bar], axis=1)
+
+
+def png_bytes(image: np.ndarray) -> bytes:
+    """Encode an ``(h, w, 3)`` uint8 image as PNG."""
+    buf = io.BytesIO()
+    Image.fromarray(np.ascontiguousarray(image)).save(buf, format="PNG", compress_level=6)
+    return buf.getvalue()
+
+
+def cell_at(x: float, y: float, size: tuple[int, int], grid: tuple[int, int]) -> tuple[int, int] | None:
+    """The ``(row, col)`` under pixel ``(x, y)`` of a ``size = (dh, dw)`` drawing of a ``(gh, gw)`` grid.
+
+    Returns:
+        the cell, or ``None`` when the point lies outside the drawing (e.g. on a colour bar).
+    """
+    dh, dw = size
+    gh, gw = grid
+    if not (0 <= x < dw and 0 <= y < dh):
+        return None
+    return min(int(y * gh / dh), gh - 1), min(int(x * gw / dw), gw - 1)

@@ -1,0 +1,231 @@
+"""``vitviz.explore_attention(model, image)``: one image's attention, layer by layer, head by head, in a widget.
+
+The model runs once per image (``vitviz.capture_attention``, all layers); the ``(1, H, N, N)`` maps stay in the
+kernel on the model's device, and each change of a control renders only the displayed ``(gh, gw)`` map, blended
+over the image, as a PNG. The query is the output (class) token, another prefix token, the mean of the patch
+queries (models without a class token), or any patch, picked by sliders or by clicking the image. The rollout
+toggle shows attention rollout (Abnar & Zuidema 2020; the ViT paper's Fig. 6) through the selected layer.
+"""
+
+from __future__ import annotations
+
+import html
+from collections import OrderedDict
+from collections.abc import Sequence
+from typing import Any
+
+import ipywidgets as widgets
+import numpy as np
+import torch
+from torch import nn
+
+from vitviz.capture import capture_attention
+from vitviz.images import Images, denormalise, load_images
+from vitviz.spec import inspect
+from vitviz.widgets._base import Explorer
+from vitviz.widgets._render import display_size, mark_cell, overlay, png_bytes, resize_rgb
+
+__all__ = ["AttentionExplorer", "explore_attention"]
+
+FUSIONS = ("mean", "max", "min")
+ROLLOUT_CACHE = 32  # rollout products kept per explorer (each (N, N) float32)
+
+
+def _token_options(prefix_tokens: Sequence[str]) -> list[tuple[str, int | str]]:
+    options: list[tuple[str, int | str]] = []
+    regs = 0
+    for i, name in enumerate(prefix_tokens):
+        if name == "cls":
+            options.append(("class token (output)", i))
+        elif name == "reg":
+            options.append((f"register token {regs}", i))
+            regs += 1
+        else:
+            options.append((f"{name} token", i))
+    if "cls" not in prefix_tokens:
+        options.append(("mean of patch queries (output)", "mean"))
+    options.append(("patch (row, col)", "patch"))
+    return options
+
+
+class AttentionExplorer(Explorer):
+    """Widget: attention of one query over the patches of an image, for a layer and a head (or fused heads).
+
+    Controls (plain ipywidgets; set ``.value`` or call ``set(...)``): ``layer`` (0-based), ``head`` (an int or
+    ``"mean"``/``"max"``/``"min"``), ``query`` (a prefix-token index, ``"mean"`` or ``"patch"``), ``row``,
+    ``col``, ``rollout`` (bool), ``discard`` (rollout discard ratio), ``alpha`` (overlay opacity) and
+    ``image_index`` (when several images are given). ``image.value`` holds the PNG shown; ``status`` says what it
+    is. ``map()`` returns the current ``(gh, gw)`` numbers.
+    """
+
+    def __init__(self, model: nn.Module, images: Images, *, labels: Sequence[str] | None = None, size: int = 320,
+                 cmap: str = "inferno", alpha: float = 0.6, interpolation: str = "nearest") -> None:
+        self.model = model
+        self.spec = inspect(model)
+        self._x = load_images(model, images)  # (B, 3, H, W) on the model's device
+        self._rgb = denormalise(model, self._x)
+        h, w = self._x.shape[-2:]
+        self.grid = self.spec.grid_for((h, w)) if self.spec.dynamic_img_size else self.spec.grid_size
+        self.map_size = display_size(h, w, size)
+        self.cmap, self.interpolation = cmap, interpolation
+        self._attn: dict[int, list[torch.Tensor]] = {}
+        self._bases: dict[int, np.ndarray] = {}
+        self._rollouts: OrderedDict[tuple, torch.Tensor] = OrderedDict()
+        depth, heads, gh, gw = len(self.spec.attention_modules), self.spec.num_heads, *self.grid
+        names = list(labels) if labels is not None else [f"image {i}" for i in range(len(self._x))]
+        if len(names) != len(self._x):
+            raise ValueError(f"{len(self._x)} images but {len(names)} labels")
+        style = {"description_width": "88px"}
+        self.image_index = widgets.Dropdown(options=list(zip(names, range(len(names)))), value=0,
+                                            description="image", style=style,
+                                            layout=widgets.Layout(display="" if len(names) > 1 else "none"))
+        self.layer = widgets.IntSlider(value=depth - 1, min=0, max=depth - 1, description="layer", style=style,
+                                       continuous_update=False)
+        self.head = widgets.Dropdown(options=[(f"{f} of heads", f) for f in FUSIONS]
+                                     + [(f"head {i}", i) for i in range(heads)], value="mean",
+                                     description="head", style=style)
+        options = _token_options(self.spec.prefix_tokens)
+        self.query = widgets.Dropdown(options=options, value=options[0][1], description="query", style=style)
+        self.row = widgets.IntSlider(value=gh // 2, min=0, max=gh - 1, description="query row", style=style,
+                                     continuous_update=False)
+        self.col = widgets.IntSlider(value=gw // 2, min=0, max=gw - 1, description="query col", style=style,
+                                     continuous_update=False)
+        self.rollout = widgets.Checkbox(value=False, description="rollout through this layer", indent=False)
+        self.discard = widgets.FloatSlider(value=0.0, min=0.0, max=0.95, step=0.05, description="discard ratio",
+                                           style=style, disabled=True, continuous_update=False)
+        self.alpha = widgets.FloatSlider(value=alpha, min=0.0, max=1.0, step=0.05, description="opacity",
+                                         style=style, continuous_update=False)
+        controls = [self.image_index, self.layer, self.head, self.query, self.row, self.col, self.rollout,
+                    self.discard, self.alpha]
+        super().__init__(controls, title=f"Attention of {self.spec.name}")
+        self.refresh()
+
+    # -- data ----------------------------------------------------------------------------------------------------
+
+    def attentions(self, index: int | None = None) -> list[torch.Tensor]:
+        """All layers' ``(1, H, N, N)`` maps for one image, captured by one forward pass on first use."""
+        i = self.image_index.value if index is None else index
+        if i not in self._attn:
+            with torch.no_grad(), capture_attention(self.model) as cap:
+                self.model(self._x[i:i + 1])
+            self._attn[i] = cap.attentions
+        return self._attn[i]
+
+    def _fused(self, attn: torch.Tensor, head: int | str) -> torch.Tensor:
+        """``(1, H, N, N)`` -> ``(N, N)`` for one head or fused heads, float32."""
+        if isinstance(head, int):
+            return attn[0, head].float()
+        if head == "mean":
+            return attn[0].float().mean(dim=0)
+        return (attn[0].amax(dim=0) if head == "max" else attn[0].amin(dim=0)).float()
+
+    def _rollout_matrix(self, i: int, layer: int, head: int | str, discard: float) -> torch.Tensor:
+        key = (i, layer, head, round(discard, 6))
+        if key not in self._rollouts:
+            from vitviz.rollout import rollout_from_attentions
+
+            maps = self.attentions(i)[: layer + 1]
+            if isinstance(head, int):  # one head index followed through every layer
+                maps, head = [a[:, head:head + 1] for a in maps], "mean"
+            self._rollouts[key] = rollout_from_attentions(
+                maps, num_prefix_tokens=self.spec.num_prefix_tokens, head_fusion=head, discard_ratio=discard)[0]
+            while len(self._rollouts) > ROLLOUT_CACHE:
+                self._rollouts.popitem(last=False)
+        self._rollouts.move_to_end(key)
+        return self._rollouts[key]
+
+    def _query_row(self, m: torch.Tensor) -> torch.Tensor:
+        p, gw = self.spec.num_prefix_tokens, self.grid[1]
+        q = self.query.value
+        if q == "patch":
+            return m[p + self.row.value * gw + self.col.value]
+        if q == "mean":
+            return m[p:].mean(dim=0)
+        return m[int(q)]
+
+    def map(self) -> np.ndarray:
+        """The ``(gh, gw)`` map now shown: the query's attention (or rollout) over the patch tokens."""
+        return self._row()[self.spec.num_prefix_tokens:].reshape(self.grid).numpy()
+
+    def _row(self) -> torch.Tensor:
+        i, layer, head = self.image_index.value, self.layer.value, self.head.value
+        attn = self.attentions(i)
+        n = attn[layer].shape[-1]
+        if n != self.spec.num_prefix_tokens + self.grid[0] * self.grid[1]:
+            raise ValueError(f"{self.spec.name}: layer {layer} attends over {n} tokens, but the layout is "
+                             f"{self.spec.num_prefix_tokens} prefix tokens and a {self.grid[0]}x{self.grid[1]} grid")
+        if self.rollout.value:
+            m = self._rollout_matrix(i, layer, head, float(self.discard.value))
+        else:
+            m = self._fused(attn[layer], head)
+        return self._query_row(m).detach().float().cpu()  # only (N,) numbers leave the device
+
+    # -- drawing -------------------------------------------------------------------------------------------------
+
+    def _base(self, i: int) -> np.ndarray:
+        if i not in self._bases:
+            self._bases[i] = resize_rgb(self._rgb[i], self.map_size)
+        return self._bases[i]
+
+    def render(self) -> tuple[bytes, str]:
+        """The overlay PNG and the status line for the current controls."""
+        row = self._row()
+        p = self.spec.num_prefix_tokens
+        heat = row[p:].reshape(self.grid).numpy()
+        pixels = overlay(self._base(self.image_index.value), heat, alpha=float(self.alpha.value), cmap=self.cmap,
+                         interpolation=self.interpolation)
+        if self.query.value == "patch":
+            pixels = mark_cell(pixels, (self.row.value, self.col.value), self.grid)
+        return png_bytes(pixels), self._status(heat, float(row[:p].sum()) if p else 0.0)
+
+    def _status(self, heat: np.ndarray, to_prefix: float) -> str:
+        layer, head = self.layer.value, self.head.value
+        what = (f"rollout through layer {layer}" + (f", discard {self.discard.value:.2f}" if self.discard.value else "")
+                if self.rollout.value else f"layer {layer} ({self.spec.attention_modules[layer]})")
+        heads = f"head {head}" if isinstance(head, int) else f"{head} over {self.spec.num_heads} heads"
+        query = dict((v, k) for k, v in self.query.options)[self.query.value]
+        if self.query.value == "patch":
+            query = f"patch (row {self.row.value}, col {self.col.value})"
+        click = " Click the image to pick a query patch." if self.clickable else ""
+        return (f"<span style='font-size:90%'>{html.escape(what)}; {html.escape(heads)}; query: "
+                f"{html.escape(query)}. Colour: 0 to the map's max {heat.max():.3g} "
+                f"({self.cmap}); {to_prefix:.0%} of the row goes to prefix tokens.{click}</span>")
+
+    # -- control logic -------------------------------------------------------------------------------------------
+
+    def select_patch(self, row: int, col: int) -> None:
+        """Make patch ``(row, col)`` (zero-based) the query."""
+        self.set(query="patch", row=int(row), col=int(col))
+
+    def _changed(self, change: dict[str, Any]) -> None:
+        owner = change["owner"]
+        if owner is self.rollout:
+            self.discard.disabled = not self.rollout.value
+        elif owner in (self.row, self.col) and self.query.value != "patch":
+            self.query.value = "patch"
+
+
+def explore_attention(model: nn.Module, image: Images, *, labels: Sequence[str] | None = None, size: int = 320,
+                      cmap: str = "inferno", alpha: float = 0.6, interpolation: str = "nearest") -> AttentionExplorer:
+    """An interactive view of the attention maps of ``model`` on ``image`` (Jupyter; offline).
+
+    The model runs once per image, capturing every layer (``vitviz.capture_attention``) on its own device; the
+    maps stay in the kernel and only the displayed overlay travels to the browser, as a PNG.
+
+    Args:
+        model: any ViT ``vitviz.inspect`` reads (call ``model.eval()`` first for dropout-free maps).
+        image: one image or several (tensor, PIL image, array or path; see ``vitviz.load_images``); with several,
+            an ``image`` dropdown switches between them.
+        labels: names of the images for that dropdown.
+        size: pixels of the longer side of the drawn overlay.
+        cmap: matplotlib colormap of the map.
+        alpha: initial opacity of the map over the image.
+        interpolation: ``nearest`` (patch blocks), ``bilinear`` or ``bicubic`` upsampling of the map.
+
+    Returns:
+        ``AttentionExplorer``, an ``ipywidgets.VBox``: display it; drive it with its controls (``layer``,
+        ``head``, ``query``, ``row``, ``col``, ``rollout``, ``discard``, ``alpha``, ``image_index``) or
+        ``set(...)``; ``image.value`` is the PNG shown and ``map()`` the ``(gh, gw)`` numbers behind it.
+    """
+    return AttentionExplorer(model, image, labels=labels, size=size, cmap=cmap, alpha=alpha,
+                             interpolation=interpolation)
