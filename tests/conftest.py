@@ -10,7 +10,8 @@ import torch
 from PIL import Image
 
 os.environ.setdefault("MPLBACKEND", "Agg")
-torch.set_num_threads(int(os.environ.get("VITVIZ_TEST_THREADS", "1")))
+if os.environ.get("VITVIZ_TEST_THREADS"):  # e.g. 1 on a machine busy with a training run
+    torch.set_num_threads(int(os.environ["VITVIZ_TEST_THREADS"]))
 
 
 def pytest_collection_modifyitems(config, items):
