@@ -55,3 +55,27 @@ def tiny_folder(tmp_path_factory):
                 img = np.clip(colour + rng.normal(0, 40, (32, 32, 3)), 0, 255).astype(np.uint8)
                 Image.fromarray(img).save(folder / f"{i:04d}.jpg")
     return root
+
+
+@pytest.fixture
+def run_notebook(tmp_path, monkeypatch):
+    """Execute ``notebooks/<name>`` headless with papermill; return the executed notebook and its outputs.
+
+    The kernel inherits the environment: ``MPLBACKEND`` is removed so it picks Jupyter's inline backend.
+    """
+    papermill = pytest.importorskip("papermill")
+    nbformat = pytest.importorskip("nbformat")
+    monkeypatch.delenv("MPLBACKEND", raising=False)
+    root = os.path.join(os.path.dirname(os.path.dirname(os.path.abspath(__file__))), "notebooks")
+
+    def run(name: str, **parameters):
+        out = tmp_path / f"executed_{name}"
+        papermill.execute_notebook(os.path.join(root, name), str(out), parameters=parameters, kernel_name="python3",
+                                   cwd=root, progress_bar=False)
+        nb = nbformat.read(out, as_version=4)
+        outputs = [o for c in nb.cells if c.cell_type == "code" for o in c.get("outputs", [])]
+        text = "".join(o.get("text", "") for o in outputs)
+        images = [o for o in outputs if "image/png" in o.get("data", {})]
+        return nb, text, images
+
+    return run

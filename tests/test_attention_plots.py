@@ -150,25 +150,12 @@ def tiny_image_folder(root: Path) -> Path:
 
 @pytest.mark.notebook
 @pytest.mark.timeout(600)
-def test_notebook_02_runs_offline_and_saves_figures(tmp_path, monkeypatch):
-    papermill = pytest.importorskip("papermill")
-    nbformat = pytest.importorskip("nbformat")
-    monkeypatch.delenv("MPLBACKEND", raising=False)  # the kernel inherits it: let it pick Jupyter's inline backend
+def test_notebook_02_runs_offline_and_saves_figures(tmp_path, monkeypatch, run_notebook):
     monkeypatch.setenv("VITVIZ_CHECKPOINTS", str(tmp_path / "no-checkpoints"))  # the random-weight fallback
     out_dir = tmp_path / "figs"
-    papermill.execute_notebook(
-        str(ROOT / "notebooks" / "02_attention.ipynb"),
-        str(tmp_path / "02_out.ipynb"),
-        parameters={"out_dir": str(out_dir), "n_images": 6, "data_dir": str(tiny_image_folder(tmp_path / "test"))},
-        kernel_name="python3",
-        cwd=str(ROOT / "notebooks"),
-        progress_bar=False,
-    )
-    nb = nbformat.read(tmp_path / "02_out.ipynb", as_version=4)
-    text = "".join(o.get("text", "") for c in nb.cells if c.cell_type == "code" for o in c.get("outputs", []))
+    _, text, images = run_notebook("02_attention.ipynb", out_dir=str(out_dir), n_images=6,
+                                   data_dir=str(tiny_image_folder(tmp_path / "test")))
     assert "RANDOM weights" in text and "6 images from" in text
-    images = [o for c in nb.cells if c.cell_type == "code" for o in c.get("outputs", [])
-              if "image/png" in o.get("data", {})]
     assert len(images) >= 8
     for stem in ("fig6_rollout_vit", "fig6_rollout_hybrid", "fig14_rollout_photos", "grad_rollout_vit",
                  "heads_first_layer", "heads_last_layer", "fig11_attention_distance"):

@@ -99,9 +99,7 @@ def test_paper_hybrid_gap_closes_with_compute():
 
 
 @pytest.mark.notebook
-def test_notebook_03_runs_offline_and_saves_figures(tmp_path, monkeypatch):
-    papermill = pytest.importorskip("papermill")
-    monkeypatch.delenv("MPLBACKEND", raising=False)  # the kernel inherits it: let it pick Jupyter's inline backend
+def test_notebook_03_runs_offline_and_saves_figures(tmp_path, monkeypatch, run_notebook):
     monkeypatch.delenv("VITVIZ_DATA", raising=False)  # scikit-image's photographs stand in for CIFAR-10
     rows = [("Transformer (ViT)", "vit-S", 1, 0.1, 30.0), ("Hybrid", "hybrid-S", 1, 0.2, 35.0),
             ("ResNet", "resnet-S", 1, 0.15, 40.0)]
@@ -109,13 +107,9 @@ def test_notebook_03_runs_offline_and_saves_figures(tmp_path, monkeypatch):
     pd.DataFrame([{"run_id": f"{m}-e{e}", "family": f, "model": m, "epochs": e, "params": 1, "train_pflops": c,
                    "test_acc": a, "test_images": 100, "wall_time_s": 1.0, "device": "cpu"}
                   for f, m, e, c, a in rows]).to_csv(csv, index=False)
-    root = Path(__file__).resolve().parents[1]
-    papermill.execute_notebook(
-        str(root / "notebooks" / "03_hybrid_vs_pure.ipynb"), str(tmp_path / "03_out.ipynb"),
-        parameters={"results_csv": str(csv), "n_images": 4, "out_dir": str(tmp_path / "figs"),
-                    "arrays_dir": str(tmp_path / "arrays")},
-        kernel_name="python3", progress_bar=False, cwd=str(root),
-    )
+    _, text, images = run_notebook("03_hybrid_vs_pure.ipynb", results_csv=str(csv), n_images=4,
+                                   out_dir=str(tmp_path / "figs"), arrays_dir=str(tmp_path / "arrays"))
+    assert len(images) >= 3 and "first layer, mean over heads" in text
     for stem in ("fig5_compute_curves", "study_compute_curves", "fig11_attention_distance_vit_vs_hybrid"):
         assert (tmp_path / "figs" / f"{stem}.png").stat().st_size > 1000, stem
         assert (tmp_path / "arrays" / f"{stem}.npz").is_file(), stem

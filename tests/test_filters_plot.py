@@ -219,22 +219,9 @@ def test_style_keeps_interactive_mode_turned_on_inside():
 
 @pytest.mark.notebook
 @pytest.mark.timeout(600)
-def test_notebook_01_runs_offline_and_saves_figures(tmp_path, monkeypatch):
-    papermill = pytest.importorskip("papermill")
-    nbformat = pytest.importorskip("nbformat")
-    monkeypatch.delenv("MPLBACKEND", raising=False)  # the kernel inherits it: let it pick Jupyter's inline backend
+def test_notebook_01_runs_offline_and_saves_figures(tmp_path, run_notebook):
     out_dir = tmp_path / "figs"
-    papermill.execute_notebook(
-        str(ROOT / "notebooks" / "01_position_embeddings.ipynb"),
-        str(tmp_path / "01_out.ipynb"),
-        parameters={"out_dir": str(out_dir)},
-        kernel_name="python3",
-        cwd=str(ROOT / "notebooks"),
-        progress_bar=False,
-    )
-    nb = nbformat.read(tmp_path / "01_out.ipynb", as_version=4)
-    images = [o for c in nb.cells if c.cell_type == "code" for o in c.get("outputs", [])
-              if "image/png" in o.get("data", {})]
+    _, _, images = run_notebook("01_position_embeddings.ipynb", out_dir=str(out_dir))
     assert len(images) >= 7  # every figure cell shows its figure, not only the first one
     for stem in ("fig7_center_reference", "fig7_left_reference", "fig7_center_timm", "sincos", "interpolated"):
         for fmt in ("png", "pdf", "svg"):
