@@ -113,3 +113,9 @@ def test_notebook_03_runs_offline_and_saves_figures(tmp_path, monkeypatch, run_n
     for stem in ("fig5_compute_curves", "study_compute_curves", "fig11_attention_distance_vit_vs_hybrid"):
         assert (tmp_path / "figs" / f"{stem}.png").stat().st_size > 1000, stem
         assert (tmp_path / "arrays" / f"{stem}.npz").is_file(), stem
+
+
+def test_annotations_name_the_budget_of_repeated_models():
+    fig = plot_compute_curves(annotate=True)
+    texts = {t.get_text() for t in fig.axes[1].texts}
+    assert {"ViT-L/16, 7 ep", "ViT-L/16, 14 ep", "ViT-B/32"} <= texts

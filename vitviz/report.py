@@ -123,7 +123,7 @@ def _global_jobs() -> list[tuple[str, Job]]:
     if len(measured):
         def study() -> tuple[Any, dict[str, np.ndarray]]:
             fig = vitviz.plot_compute_curves(measured, metrics=("test_acc",), x="train_pflops", frontier=True,
-                                             annotate=True)
+                                             annotate=True, ylabel="Test accuracy [%]")
             return fig, {c: measured[c].to_numpy() for c in ("train_pflops", "test_acc", "epochs")}
 
         jobs.append(("study_hybrid_vs_pure", study))

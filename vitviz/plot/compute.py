@@ -51,6 +51,13 @@ def pareto_frontier(x: np.ndarray, y: np.ndarray) -> tuple[np.ndarray, np.ndarra
     return np.asarray(xs), np.asarray(ys)
 
 
+def point_labels(part: pd.DataFrame, df: pd.DataFrame, label_col: str = "model") -> list[str]:
+    """Each point's name; models that appear at several budgets get their epochs too ("ViT-L/16, 14 ep")."""
+    repeated = set(df[label_col][df[label_col].duplicated()]) if "epochs" in df else set()
+    return [f"{m}, {e} ep" if m in repeated else str(m) for m, e in
+            zip(part[label_col], part["epochs"] if "epochs" in part else [None] * len(part))]
+
+
 def draw_compute_panel(ax: Axes, df: pd.DataFrame, metric: str, *, x: str = "exaflops",
                        annotate: bool = False, frontier: bool = False, label_col: str = "model") -> Axes:
     """One Fig. 5 panel on ``ax``: ``metric`` against ``x`` (log scale), one colour and marker per family."""
@@ -63,7 +70,7 @@ def draw_compute_panel(ax: Axes, df: pd.DataFrame, metric: str, *, x: str = "exa
             fx, fy = pareto_frontier(xs, ys)
             ax.plot(fx, fy, color=colour, lw=1.0, alpha=0.7, zorder=2)
         if annotate:
-            for xi, yi, name in zip(xs, ys, part[label_col].astype(str)):
+            for xi, yi, name in zip(xs, ys, point_labels(part, df, label_col)):
                 ax.annotate(name, (xi, yi), textcoords="offset points", xytext=(3, 3), fontsize=6, color=colour)
     ax.set_xscale("log")
     ax.set_title(METRIC_TITLES.get(metric, metric))
@@ -83,6 +90,7 @@ def plot_compute_curves(
     frontier: bool = False,
     titles: Mapping[str, str] | None = None,
     suptitle: str | None = None,
+    ylabel: str = "Transfer accuracy [%]",
 ) -> Figure:
     """Fig. 5 of the ViT paper: transfer accuracy vs total pre-training compute, one panel per metric.
 
@@ -97,9 +105,11 @@ def plot_compute_curves(
         frontier: draw each family's Pareto frontier (best accuracy reached at or below each compute).
         titles: override panel titles, by metric.
         suptitle: a title over the panels.
+        ylabel: the first panel's y label (the paper's "Transfer accuracy [%]"; a study that tests on its
+            training task: "Test accuracy [%]").
 
     Returns:
-        The figure; y label "Transfer accuracy [%]" on the first panel, legend with the families.
+        The figure; ``ylabel`` on the first panel, legend with the families.
     """
     if df is None:
         from vitviz.paper import paper_results
@@ -118,8 +128,8 @@ def plot_compute_curves(
         draw_compute_panel(ax, df, metric, x=x, annotate=annotate, frontier=frontier)
         if titles and metric in titles:
             ax.set_title(titles[metric])
-    axes[0].set_ylabel("Transfer accuracy [%]")
-    axes[0].legend(loc="lower right", frameon=False)
+    axes[0].set_ylabel(ylabel)
+    axes[0].legend(loc="best", frameon=False)
     if suptitle:
         fig.suptitle(suptitle)
     fig.tight_layout()
