@@ -42,3 +42,14 @@ def test_smoke_sweep_resumes_without_repeating_runs(tmp_path, tiny_folder, monke
     assert (parsed.train_pflops > 0).all() and parsed.test_acc.between(0, 100).all()
     assert (parsed.images_seen == parsed.train_images * parsed.epochs).all()
     assert run_study(cfg, progress=False).equals(parsed) and len(calls) == 3, "a finished sweep trains nothing"
+
+
+def test_meta_lists_pending_runs(tmp_path):
+    import json
+
+    from vitviz.study import write_meta
+
+    cfg = StudyConfig(results=str(tmp_path / "r.csv"), sizes=("S",), epochs=(1, 2))
+    write_meta(cfg, pd.DataFrame({"run_id": ["vit-S-e1"]}))
+    meta = json.loads((tmp_path / "r.json").read_text())
+    assert meta["runs_finished"] == 1 and meta["runs_planned"] == 6 and "vit-S-e1" not in meta["runs_pending"]

@@ -98,6 +98,21 @@ def _train_config(cfg: StudyConfig, run: dict[str, Any]) -> TrainConfig:
     )
 
 
+def write_meta(cfg: StudyConfig, table: pd.DataFrame) -> None:
+    """``<results>.json`` beside the CSV: the study's settings, the size grid, and which runs are done."""
+    settings = {k: (list(v) if isinstance(v, tuple) else v) for k, v in asdict(cfg).items()}
+    planned = [r["run_id"] for r in plan(cfg)]
+    finished = list(table["run_id"]) if "run_id" in table else []
+    atomic_write_json(Path(cfg.results).with_suffix(".json"), {
+        "study": "hybrid-vs-pure", "settings": settings, "sizes": SIZES, "families": FAMILIES,
+        "compute": "forward+backward FLOPs per 32x32 image (torch.utils.flop_counter.FlopCounterMode) x images seen",
+        "runs_finished": len(finished), "runs_planned": len(planned),
+        "runs_pending": [r for r in planned if r not in finished],
+        "note": "wall_time_s was measured on a shared 2-core machine (other jobs running): compare compute, "
+                "not wall time",
+    })
+
+
 def run_study(cfg: StudyConfig, *, progress: bool = True,
               on_run: Callable[[dict[str, Any]], None] | None = None) -> pd.DataFrame:
     """Run every planned run not yet in ``cfg.results``; return the whole results table.
@@ -115,6 +130,7 @@ def run_study(cfg: StudyConfig, *, progress: bool = True,
     table = read_results(results)
     done = set(table["run_id"]) if "run_id" in table else set()
     todo = [r for r in plan(cfg) if r["run_id"] not in done]
+    write_meta(cfg, table)
     for run in tqdm(todo, desc="hybrid-vs-pure runs", disable=not progress):
         tc = _train_config(cfg, run)
         summary = train(tc, resume=True, progress=progress)
@@ -136,14 +152,9 @@ def run_study(cfg: StudyConfig, *, progress: bool = True,
         buf = io.StringIO()
         table.to_csv(buf, index=False)
         atomic_write_text(results, buf.getvalue())
+        write_meta(cfg, table)
         if on_run is not None:
             on_run(row)
-    settings = {k: (list(v) if isinstance(v, tuple) else v) for k, v in asdict(cfg).items()}
-    atomic_write_json(results.with_suffix(".json"), {
-        "study": "hybrid-vs-pure", "settings": settings, "sizes": SIZES, "families": FAMILIES,
-        "compute": "forward+backward FLOPs per 32x32 image (torch.utils.flop_counter.FlopCounterMode) x images seen",
-        "runs": len(table),
-    })
     return table
 
 
