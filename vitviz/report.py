@@ -105,6 +105,16 @@ def _figure_jobs(m: LoadedModel) -> list[tuple[str, Job]]:
                                                          "explained_variance_ratio": np.asarray(ratio)}
 
     jobs.append((f"{m.key}_embedding_filters", filters))
+
+    def distance() -> tuple[Any, dict[str, np.ndarray]]:
+        from vitviz.samples import example_images
+
+        images = example_images(None, 128)  # CIFAR-10 test images from $VITVIZ_DATA, else photographs
+        dist = vitviz.mean_attention_distance(m.model, images.images)
+        ax = vitviz.plot_attention_distance(dist, label=f"{m.key} ({len(images)} images)")
+        return ax.figure, {"distance_px": dist.numpy()}
+
+    jobs.append((f"{m.key}_attention_distance", distance))
     return jobs
 
 
@@ -176,8 +186,9 @@ def _notebook_step(report: Report, path: Path, settings: dict[str, Any], kernel:
     return step
 
 
-# Figures of trained models only (fig11_attention_distance joins once cifar10-hybrid is trained).
-GALLERY = ("cifar10-vit_pos_embed", "cifar10-vit_embedding_filters", "fig6_rollout_vit", "paper_fig5_compute_curves")
+# Figures of trained models only (fig11_attention_distance, ViT beside hybrid, once cifar10-hybrid is trained).
+GALLERY = ("cifar10-vit_pos_embed", "cifar10-vit_embedding_filters", "fig6_rollout_vit", "cifar10-vit_attention_distance",
+           "paper_fig5_compute_curves")
 
 
 def write_gallery(report_out: str | os.PathLike, gallery: str | os.PathLike, names: Sequence[str] = GALLERY,
