@@ -7,7 +7,7 @@ On CUDA: bf16 autocast and ``torch.compile``. The dataset is decoded once into m
 Every epoch writes ``<out>/<model>/last.pt`` atomically; ``--resume`` continues from it and reproduces the
 uninterrupted run bit for bit (each epoch's shuffling, augmentation and dropout are seeded from ``(seed, epoch)``).
 Metrics go to ``metrics.csv`` and ``metrics.json`` beside it; ``export`` writes the fp16 ``.safetensors`` plus a
-JSON card (see ``vitviz.checkpoints``).
+JSON card (see ``vitviz.cards``).
 """
 
 from __future__ import annotations
