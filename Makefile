@@ -53,13 +53,14 @@ bench: install
 	$(VPY) bench/import_time.py
 
 # Trains and exports the embedded reference checkpoints (hours on a CPU). Every run resumes where it stopped.
-REF_MODELS ?= cifar10-vit cifar10-hybrid cifar10-resnet cifar10-vit-nopos cifar10-vit-2dpos
+# The ablation trio (1-D control, none, 2-D) shares one recipe and budget; EPOCHS_<model> overrides REF_EPOCHS for
+# one model, e.g. `make train-reference EPOCHS_cifar10-vit=64`. `make train-MODEL` trains a single one.
+REF_MODELS ?= cifar10-vit cifar10-vit-1dpos cifar10-vit-nopos cifar10-vit-2dpos cifar10-hybrid cifar10-resnet
 REF_EPOCHS ?= 32
-train-reference: install
-	for m in $(REF_MODELS); do \
-	  $(VPY) -m vitviz.train $$m --data $(DATA) --epochs $(REF_EPOCHS) --out runs --resume \
-	    --export data/checkpoints || exit 1; \
-	done
+train-reference: $(addprefix train-,$(REF_MODELS))
+train-cifar10-%: install
+	$(VPY) -m vitviz.train cifar10-$* --data $(DATA) --epochs $(or $(EPOCHS_cifar10-$*),$(REF_EPOCHS)) --out runs \
+	  --resume --export data/checkpoints
 
 # The small-scale hybrid-versus-pure sweep behind data/study/hybrid_vs_pure.csv (resumable).
 study: install

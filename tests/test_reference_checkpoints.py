@@ -66,3 +66,15 @@ def test_checkpoint_matches_its_card(card_path):
 def test_checkpoint_folder_stays_small():
     total = sum(p.stat().st_size for p in checkpoint_dir().glob("*") if p.is_file())
     assert total <= 40 * 2**20, f"data/checkpoints holds {total / 2**20:.1f} MB (budget 40 MB)"
+
+
+def test_shipped_ablation_models_share_their_controls_recipe():
+    """The no-pos and 2-D models are only comparable with the 1-D control if recipe and budget are identical."""
+    from vitviz.cards import posemb_ablation_results
+
+    table = posemb_ablation_results()
+    shipped = table[table["trained"] & (table["pos_emb"] != "1-D Pos. Emb.")]
+    if shipped.empty:
+        pytest.skip("no ablation checkpoint shipped")
+    bad = shipped[shipped["same_recipe_as_control"] != True]  # noqa: E712 (NA counts as not the same)
+    assert bad.empty, bad[["model", "recipe_differences"]].to_string()

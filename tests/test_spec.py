@@ -85,7 +85,7 @@ def test_paper_model_families(name, grid, stride, depth, heads, dim, paper_param
 
 
 def test_reference_models_layout():
-    for name in ("cifar10-vit", "cifar10-vit-nopos", "cifar10-vit-2dpos", "cifar10-hybrid"):
+    for name in ("cifar10-vit", "cifar10-vit-1dpos", "cifar10-vit-nopos", "cifar10-vit-2dpos", "cifar10-hybrid"):
         spec = vitviz.inspect(build_reference(name))
         assert spec.grid_size == (8, 8) and spec.patch_size == (4, 4) and spec.prefix_tokens == ("cls",), name
     assert vitviz.inspect(build_reference("cifar10-vit-2dpos")).pos_embed_kind == "learned-2d"

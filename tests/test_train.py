@@ -9,7 +9,15 @@ import torch
 
 import vitviz
 from vitviz.checkpoints import CheckpointError
-from vitviz.train import Interrupted, TrainConfig, lr_at, random_crop_flip, train
+from vitviz.train import (
+    Interrupted,
+    TrainConfig,
+    _run_devices,
+    device_description,
+    lr_at,
+    random_crop_flip,
+    train,
+)
 
 
 def config(tmp_path, data, **kw):
@@ -29,6 +37,9 @@ def test_tiny_run_end_to_end(tmp_path, tiny_folder):
     assert history[-1]["loss"] < history[0]["loss"]
     assert {"loss", "train_acc", "test_acc", "images_per_s", "epoch_time_s"} <= set(history[0])
     assert (cfg.run_dir / "metrics.csv").read_text().startswith("epoch,loss,train_acc,test_acc")
+    assert history[0]["device"] == history[1]["device"] == summary["device"]
+    expected = torch.device("cuda" if torch.cuda.is_available() else "cpu")
+    assert summary["device"] == device_description(expected)
 
     from vitviz.cards import export_reference
 
@@ -67,6 +78,13 @@ def test_resume_refuses_a_different_recipe(tmp_path, tiny_folder):
     train(config(tmp_path, tiny_folder, epochs=1), progress=False)
     with pytest.raises(ValueError, match="config differs.*lr"):
         train(config(tmp_path, tiny_folder, epochs=2, lr=5e-3), resume=True, progress=False)
+    # 1 epoch of a 1-epoch schedule is past the 0.5-epoch warm-up: a 2-epoch resume would not be a 2-epoch run
+    with pytest.raises(ValueError, match="--epochs 1, or start the longer run in another folder"):
+        train(config(tmp_path, tiny_folder, epochs=2), resume=True, progress=False)
+    # inside the warm-up the schedules agree, so a longer run may continue it
+    train(config(tmp_path / "w", tiny_folder, epochs=1, warmup_epochs=1.0), progress=False)
+    summary = train(config(tmp_path / "w", tiny_folder, epochs=2, warmup_epochs=1.0), resume=True, progress=False)
+    assert summary["epochs"] == 2
 
 
 def test_corrupt_training_state_is_refused(tmp_path, tiny_folder):
@@ -92,3 +110,54 @@ def test_schedule_and_augmentation():
     assert out.shape == images.shape and out.dtype == torch.uint8
     # every output pixel is an input pixel or zero padding
     assert set(out.unique().tolist()) <= set(images.unique().tolist()) | {0}
+
+
+def test_card_tables_compare_the_ablation_fairly(tmp_path, tiny_folder, capsys):
+    """reference_table and posemb_ablation_results read real exported cards; a changed recipe is flagged."""
+    from vitviz.cards import export_reference, posemb_ablation_results, reference_table
+
+    export = tmp_path / "export"
+    runs = (("cifar10-vit", {}), ("cifar10-vit-1dpos", {}), ("cifar10-vit-nopos", {}),
+            ("cifar10-vit-2dpos", {"lr": 3e-3}))
+    for name, kw in runs:
+        cfg = config(tmp_path, tiny_folder, model=name, epochs=1, model_kwargs={"depth": 1}, **kw)
+        train(cfg, progress=False)
+        export_reference(cfg, export)
+
+    table = posemb_ablation_results(export).set_index("model")
+    assert list(table["pos_emb"]) == ["No Pos. Emb.", "1-D Pos. Emb.", "2-D Pos. Emb."]
+    assert table["same_recipe_as_control"].tolist() == [True, True, False]
+    assert table.loc["cifar10-vit-2dpos", "recipe_differences"] == "lr"
+    assert table["locality"].isna().tolist() == [True, False, False]
+    assert list(table.index) == ["cifar10-vit-nopos", "cifar10-vit-1dpos", "cifar10-vit-2dpos"]
+    assert table.loc["cifar10-vit-nopos", "paper_5shot"] < table.loc["cifar10-vit-1dpos", "paper_5shot"]
+    cards = {p.stem: json.loads(p.read_text()) for p in export.glob("*.json")}
+    assert table.loc["cifar10-vit-1dpos", "test_top1"] == cards["cifar10-vit-1dpos"]["test_top1"]
+
+    ref = reference_table(export).set_index("model")
+    assert ref.loc["cifar10-vit", "trained"] and not ref.loc["cifar10-hybrid", "trained"]
+    assert ref.loc["cifar10-vit", "floor"] == 78.0
+    assert bool(ref.loc["cifar10-vit", "meets_floor"]) is (cards["cifar10-vit"]["test_top1"] >= 78.0)
+    assert ref["meets_floor"].isna()[["cifar10-vit-nopos", "cifar10-hybrid"]].all()
+
+    from vitviz.__main__ import main
+
+    assert main(["models", "--checkpoints", str(export)]) == 0
+    out = capsys.readouterr().out
+    assert "| cifar10-vit-2dpos | True |" in out and "| No Pos. Emb. | cifar10-vit-nopos | True | 1 |" in out
+    assert "| cifar10-hybrid | False |" in out
+
+    (export / "cifar10-vit-2dpos.json").write_text('{"format": "vitviz-reference-card-v1", "name": ')
+    with pytest.raises(CheckpointError, match="cifar10-vit-2dpos.json.*export it again"):
+        reference_table(export)
+
+
+def test_summary_names_the_hardware_that_trained_the_epochs(tmp_path):
+    """A resume on other hardware (or a no-op resume to export) must not relabel the epochs already trained."""
+    rows = [{"epoch": 1}, {"epoch": 2}]  # a runner that did not record devices
+    (tmp_path / "summary.json").write_text(json.dumps({"device": "CPU: old box"}))
+    assert _run_devices(rows, tmp_path, "GPU: new box") == "CPU: old box"
+    rows.append({"epoch": 3, "device": "GPU: new box"})
+    assert _run_devices(rows, tmp_path, "GPU: new box") == "CPU: old box; GPU: new box"
+    assert _run_devices([{"epoch": 1}], tmp_path / "nowhere", "x") == "unrecorded"
+    assert _run_devices([], tmp_path, "here") == "here"

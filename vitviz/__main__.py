@@ -1,4 +1,4 @@
-"""Command line: ``python -m vitviz {report,inspect,train} ...``."""
+"""Command line: ``python -m vitviz {report,inspect,models,train} ...``."""
 
 from __future__ import annotations
 
@@ -29,8 +29,18 @@ def main(argv: list[str] | None = None) -> int:
     r.add_argument("--gallery", metavar="DIR", help="also write the key figures, downscaled, to DIR (README gallery)")
     i = sub.add_parser("inspect", help="print the token layout of a model")
     i.add_argument("model", help="timm name, reference model name or weights file")
+    m = sub.add_parser("models", help="the reference models: what each card says, and the position-embedding "
+                                      "ablation beside the paper's Table 8")
+    m.add_argument("--checkpoints", metavar="DIR", help="folder of the cards (default: data/checkpoints)")
     sub.add_parser("train", help="train a reference model (see python -m vitviz.train --help)")
     a = p.parse_args(argv)
+    if a.cmd == "models":
+        from vitviz.cards import markdown_table, posemb_ablation_results, reference_table
+
+        print(markdown_table(reference_table(a.checkpoints).drop(columns=["description"])))
+        print()
+        print(markdown_table(posemb_ablation_results(a.checkpoints)))
+        return 0
     if a.cmd == "inspect":
         import vitviz
 

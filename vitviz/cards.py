@@ -12,7 +12,7 @@ import datetime as _dt
 import os
 from dataclasses import asdict
 from pathlib import Path
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 import torch
 
@@ -20,6 +20,9 @@ from vitviz._io import atomic_write, atomic_write_json
 from vitviz.checkpoints import CARD_FORMAT, load_training_state, versions
 from vitviz.data import balanced_indices
 from vitviz.reference import REFERENCE_MODELS, build_reference
+
+if TYPE_CHECKING:
+    import pandas as pd
 
 SUBSET_SIZE = 500
 DATASET = (
@@ -115,3 +118,133 @@ def export_reference(cfg: Any, dest: str | os.PathLike) -> dict[str, Any]:
     }
     atomic_write_json(dest / f"{name}.json", card)
     return card
+
+
+def read_cards(directory: str | os.PathLike | None = None) -> dict[str, dict[str, Any]]:
+    """The JSON cards of the shipped reference checkpoints, by model name (``{}`` when none are there).
+
+    Args:
+        directory: folder of the cards; default ``vitviz.checkpoints.checkpoint_dir()`` (``$VITVIZ_CHECKPOINTS`` or
+            the repository's ``data/checkpoints``).
+
+    Raises:
+        CheckpointError: a card is not valid JSON or is not a vitviz reference card.
+    """
+    import json
+
+    from vitviz.checkpoints import CheckpointError, checkpoint_dir
+
+    folder = Path(directory) if directory is not None else checkpoint_dir()
+    cards = {}
+    for path in sorted(folder.glob("*.json")):
+        try:
+            card = json.loads(path.read_text())
+        except (OSError, ValueError) as err:
+            raise CheckpointError(f"cannot read the card {str(path)!r} ({err}); export it again with "
+                                  "`python -m vitviz.train MODEL --resume --export DIR`") from err
+        if not isinstance(card, dict) or card.get("format") != CARD_FORMAT:
+            raise CheckpointError(f"{str(path)!r} is not a vitviz reference card (format {CARD_FORMAT!r} expected)")
+        cards[card["name"]] = card
+    return cards
+
+
+def _hours(seconds: float | None) -> float:
+    return round(seconds / 3600, 2) if seconds is not None else float("nan")
+
+
+def reference_table(directory: str | os.PathLike | None = None) -> pd.DataFrame:
+    """One row per reference model, trained or not: what its card says, and whether it meets its floor.
+
+    Returns:
+        DataFrame with ``model``, ``trained`` (a card is there), ``description``, ``params``, ``test_top1`` (%, all
+        10,000 test images), ``test_top1_subset500``, ``floor`` (%; NaN for the ablation models, which are held to
+        their control's budget instead), ``meets_floor`` (NA without a floor or a card), ``locality``,
+        ``epochs``, ``train_hours``, ``gflops_forward`` (per image) and ``hardware``.
+    """
+    import pandas as pd
+
+    cards = read_cards(directory)
+    rows = []
+    for name, ref in REFERENCE_MODELS.items():
+        card = cards.get(name)
+        top1 = card["test_top1"] if card else float("nan")
+        rows.append({
+            "model": name,
+            "trained": card is not None,
+            "description": ref.description,
+            "params": card["architecture"]["parameters"] if card else pd.NA,
+            "test_top1": top1,
+            "test_top1_subset500": card["test_top1_subset500"] if card else float("nan"),
+            "floor": ref.floor if ref.floor is not None else float("nan"),
+            "meets_floor": (top1 >= ref.floor) if (card and ref.floor is not None) else pd.NA,
+            "locality": (card["pos_embed_locality"] if card and card["pos_embed_locality"] is not None
+                         else float("nan")),
+            "epochs": card["epochs"] if card else pd.NA,
+            "train_hours": _hours(card["train_time_s"]) if card else float("nan"),
+            "gflops_forward": round(card["flops_per_image_forward"] / 1e9, 4) if card else float("nan"),
+            "hardware": card["hardware"] if card else "",
+        })
+    return pd.DataFrame(rows)
+
+
+def _recipe_difference(card: dict[str, Any], control: dict[str, Any]) -> list[str]:
+    """Recipe fields (other than the model name) in which ``card`` differs from ``control``."""
+    a, b = card["recipe"], control["recipe"]
+    return sorted(k for k in set(a) | set(b) if k != "model" and a.get(k) != b.get(k))
+
+
+def posemb_ablation_results(directory: str | os.PathLike | None = None) -> pd.DataFrame:
+    """The CIFAR-10 position-embedding ablation beside the paper's Table 8: none, 1-D and 2-D, side by side.
+
+    Each row is one reference model: ``cifar10-vit-nopos``, ``cifar10-vit-1dpos`` (the 1-D control) and
+    ``cifar10-vit-2dpos``, identical except for the position embedding. The control is a model of its own so that
+    the default ``cifar10-vit`` (same architecture) can be trained for longer without breaking the comparison.
+
+    Returns:
+        DataFrame with ``pos_emb`` (the Table 8 row), ``model``, ``trained``, ``epochs``, ``test_top1`` (%, all
+        10,000 test images, the exported fp16 weights), ``locality``, ``same_recipe_as_control`` (the training
+        recipe, epochs included, equals the 1-D control's except for the model name; NA when either card is
+        missing), ``recipe_differences`` (the fields that differ) and ``paper_5shot`` (Table 8, ViT-B/16 ImageNet 5-shot linear accuracy, as a fraction).
+    """
+    import pandas as pd
+
+    from vitviz.paper import TABLE8_ROW_FOR_KIND, posemb_ablation
+
+    paper = posemb_ablation().set_index("pos_emb")["default_stem"]
+    cards = read_cards(directory)
+    control_name = REFERENCE_MODELS["cifar10-vit-nopos"].control
+    members = [("none", "cifar10-vit-nopos"), ("learned", control_name), ("learned-2d", "cifar10-vit-2dpos")]
+    control = cards.get(control_name)
+    rows = []
+    for kind, name in members:
+        card = cards.get(name)
+        row_name = TABLE8_ROW_FOR_KIND[kind]
+        diff = _recipe_difference(card, control) if card is not None and control is not None else []
+        same: Any = (not diff) if card is not None and control is not None else pd.NA
+        rows.append({
+            "pos_emb": row_name,
+            "model": name,
+            "trained": card is not None,
+            "epochs": card["epochs"] if card else pd.NA,
+            "test_top1": card["test_top1"] if card else float("nan"),
+            "locality": (card["pos_embed_locality"] if card and card["pos_embed_locality"] is not None
+                         else float("nan")),
+            "same_recipe_as_control": same,
+            "recipe_differences": ", ".join(diff),
+            "paper_5shot": float(paper[row_name]),
+        })
+    return pd.DataFrame(rows)
+
+
+def markdown_table(df: pd.DataFrame) -> str:
+    """``df`` as a GitHub Markdown table (missing values as blanks), e.g. for a README or a closing note."""
+    import pandas as pd
+
+    def cell(v: Any) -> str:
+        if v is None or (not isinstance(v, (list, dict, str)) and pd.isna(v)):
+            return ""
+        return str(v).replace("|", "\\|")
+
+    lines = ["| " + " | ".join(map(str, df.columns)) + " |", "|" + " --- |" * len(df.columns)]
+    lines += ["| " + " | ".join(cell(v) for v in row) + " |" for row in df.itertuples(index=False)]
+    return "\n".join(lines)

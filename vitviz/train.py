@@ -15,6 +15,7 @@ from __future__ import annotations
 import argparse
 import csv
 import io
+import json
 import math
 import sys
 import time
@@ -139,7 +140,8 @@ def _write_metrics(run_dir: Path, history: list[dict[str, Any]]) -> None:
     atomic_write_json(run_dir / "metrics.json", history)
     if history:
         buf = io.StringIO()
-        writer = csv.DictWriter(buf, fieldnames=list(history[0]))
+        columns = list(dict.fromkeys(k for row in history for k in row))  # rows of older runners lack some
+        writer = csv.DictWriter(buf, fieldnames=columns, restval="")
         writer.writeheader()
         writer.writerows(history)
         atomic_write_text(run_dir / "metrics.csv", buf.getvalue())
@@ -188,6 +190,15 @@ def train(
         if saved != mine:
             diff = {k: (saved[k], mine.get(k)) for k in saved if saved[k] != mine.get(k)}
             raise ValueError(f"cannot resume {ckpt_path}: its config differs (saved, now): {diff}")
+        planned = state["config"]["epochs"]
+        if planned != cfg.epochs and state["epoch"] > cfg.warmup_epochs:
+            # The cosine schedule depends on the total, so the epochs already trained followed another schedule;
+            # only inside the linear warm-up (which does not depend on it) is the run the same.
+            raise ValueError(
+                f"cannot resume {ckpt_path} as a {cfg.epochs}-epoch run: it holds {state['epoch']} epochs of a "
+                f"{planned}-epoch schedule, past the {cfg.warmup_epochs:g}-epoch warm-up, so its learning rates "
+                f"differ from a {cfg.epochs}-epoch run's. Resume it with --epochs {planned}, or start the longer "
+                "run in another folder (--out)")
         model.load_state_dict(state["model"])
         opt.load_state_dict(state["optimizer"])
         start_epoch, history, train_time = state["epoch"], state["history"], state["train_time"]
@@ -199,6 +210,7 @@ def train(
     flops_fwd = count_flops(model)
     flops_train = count_flops(model, backward=True)
 
+    here = device_description(device)
     for epoch in range(start_epoch, cfg.epochs):
         gen = torch.Generator().manual_seed(cfg.seed * 1_000_003 + epoch)
         torch.manual_seed(cfg.seed * 1_000_003 + epoch)
@@ -241,6 +253,7 @@ def train(
             "images_per_s": round(seen / epoch_time, 1),
             "epoch_time_s": round(epoch_time, 2),
             "train_time_s": round(train_time, 2),
+            "device": here,
         }
         history.append(row)
         if progress:
@@ -263,10 +276,25 @@ def train(
         "flops_per_image_train": flops_train,
         "train_images": len(train_data),
         "test_images": len(test_data),
-        "device": device_description(device),
+        "device": _run_devices(history, run_dir, here),
     }
     atomic_write_json(run_dir / "summary.json", summary)
     return summary
+
+
+def _run_devices(history: list[dict[str, Any]], run_dir: Path, here: str) -> str:
+    """The hardware that trained the run's epochs (``"; "``-joined when a resume moved it), not the one now.
+
+    Epochs from runners that did not record a device take it from the run's previous ``summary.json``.
+    """
+    devices = [row["device"] for row in history if "device" in row]
+    if len(devices) < len(history):
+        previous = run_dir / "summary.json"
+        try:
+            devices.insert(0, json.loads(previous.read_text())["device"])
+        except (OSError, ValueError, KeyError):
+            devices.insert(0, "unrecorded")
+    return "; ".join(dict.fromkeys(devices)) or here
 
 
 def device_description(device: torch.device) -> str:
@@ -282,7 +310,12 @@ def device_description(device: torch.device) -> str:
             cpu = next(line.split(":", 1)[1].strip() for line in f if line.startswith("model name"))
     except (OSError, StopIteration):
         pass
-    return f"CPU: {cpu}, {os.cpu_count()} cores, {torch.get_num_threads()} threads"
+    desc = f"CPU: {cpu}, {os.cpu_count()} cores, {torch.get_num_threads()} threads"
+    try:
+        allowed = len(os.sched_getaffinity(0))
+    except (AttributeError, OSError):  # not on Linux
+        return desc
+    return desc + (f", pinned to {allowed} of the cores" if allowed < (os.cpu_count() or allowed) else "")
 
 
 def main(argv: list[str] | None = None) -> int:
