@@ -26,6 +26,7 @@ _LAZY = {
     "filter_pca": "vitviz.filters",
     "plot_pos_embed": "vitviz.plot.posembed",
     "plot_pos_embed_similarity": "vitviz.plot.posembed",
+    "plot_posemb_ablation": "vitviz.plot.posembed",
     "plot_embedding_filters": "vitviz.plot.filters",
     "plot_filter_variance": "vitviz.plot.filters",
     "save_figure": "vitviz.plot.style",

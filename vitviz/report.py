@@ -129,6 +129,17 @@ def _global_jobs() -> list[tuple[str, Job]]:
                                                                 ("exaflops", "avg5", "imagenet")}
 
     jobs = [("paper_fig5_compute_curves", paper)]
+    from vitviz.cards import posemb_ablation_results
+
+    ablation = posemb_ablation_results()
+    if ablation["trained"].any():
+        def posemb() -> tuple[Any, dict[str, np.ndarray]]:
+            return vitviz.plot_posemb_ablation(), {
+                "test_top1": ablation["test_top1"].to_numpy(dtype=float),
+                "epochs": ablation["epochs"].to_numpy(dtype=float, na_value=np.nan),
+                "paper_5shot": ablation["paper_5shot"].to_numpy(dtype=float)}
+
+        jobs.append(("table8_posemb_ablation", posemb))
     measured = read_results()
     if len(measured):
         def study() -> tuple[Any, dict[str, np.ndarray]]:
@@ -188,7 +199,7 @@ def _notebook_step(report: Report, path: Path, settings: dict[str, Any], kernel:
 
 # Figures of trained models only (fig11_attention_distance, ViT beside hybrid, once cifar10-hybrid is trained).
 GALLERY = ("cifar10-vit_pos_embed", "cifar10-vit_embedding_filters", "fig6_rollout_vit", "cifar10-vit_attention_distance",
-           "paper_fig5_compute_curves")
+           "paper_fig5_compute_curves", "cifar10-vit-2dpos_pos_embed", "table8_posemb_ablation")
 
 
 def write_gallery(report_out: str | os.PathLike, gallery: str | os.PathLike, names: Sequence[str] = GALLERY,

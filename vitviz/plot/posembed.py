@@ -8,6 +8,7 @@ patches. Axes "Input patch row" / "Input patch column", numbered from 1; one col
 from __future__ import annotations
 
 import math
+import os
 
 import numpy as np
 import torch
@@ -194,3 +195,68 @@ def plot_pos_embed_similarity(
         cbar = ax.figure.colorbar(im, ax=ax, ticks=[-1, -0.5, 0, 0.5, 1])
         cbar.set_label(CBAR_LABEL)
     return ax
+
+
+# one colour per kind of position embedding, shared by both panels of plot_posemb_ablation
+ABLATION_COLORS = {"No Pos. Emb.": "#7f7f7f", "1-D Pos. Emb.": "#1f77b4", "2-D Pos. Emb.": "#d62728"}
+
+
+def _short_kind(table8_row: str) -> str:
+    return {"No Pos. Emb.": "None"}.get(table8_row, table8_row.replace(" Pos. Emb.", ""))
+
+
+@styled
+def plot_posemb_ablation(directory: str | os.PathLike | None = None) -> Figure:
+    """The position-embedding ablation (paper Table 8) for vitviz's CIFAR-10 models, beside the paper's numbers.
+
+    Left: CIFAR-10 test top-1 after every epoch for ``cifar10-vit-nopos``, ``cifar10-vit-1dpos`` and
+    ``cifar10-vit-2dpos`` (one recipe and budget, read from their cards; the final value is that of the exported
+    fp16 weights on all 10,000 test images). Right: Table 8's default-stem row (ViT-B/16, ImageNet 5-shot linear).
+    The two panels measure different things on different scales; compare the ordering and the gaps, not the values.
+
+    Args:
+        directory: folder of the cards (default ``data/checkpoints``).
+
+    Raises:
+        FileNotFoundError: none of the three models has a card (train them with ``make train-reference``).
+    """
+    from vitviz.cards import posemb_ablation_results, read_cards
+
+    table = posemb_ablation_results(directory)
+    cards = read_cards(directory)
+    trained = table[table["trained"]]
+    if trained.empty:
+        raise FileNotFoundError("no card of cifar10-vit-nopos, cifar10-vit-1dpos or cifar10-vit-2dpos was found; "
+                                "train them with `make train-reference` (or pass directory=)")
+    fig = new_figure(FIGSIZE["wide"])
+    fig.set_layout_engine("constrained")
+    ax_curve, ax_paper = fig.subplots(1, 2, width_ratios=[1.6, 1])
+    for row in trained.itertuples():
+        history = cards[row.model]["history"]
+        color = ABLATION_COLORS[row.pos_emb]
+        ax_curve.plot([h["epoch"] for h in history], [h["test_acc"] for h in history], color=color,
+                      label=f"{_short_kind(row.pos_emb)} ({row.model}): {row.test_top1:.1f}%")
+        ax_curve.plot([row.epochs], [row.test_top1], "o", color=color, markersize=4)
+    ax_curve.set_xlabel("Epoch")
+    ax_curve.set_ylabel("CIFAR-10 test top-1 (%)")
+    epochs = sorted({int(e) for e in trained["epochs"]})
+    budget = (f"{epochs[0]} epoch{'s' if epochs[0] != 1 else ''}" if len(epochs) == 1
+              else "UNEQUAL budgets: " + ", ".join(map(str, epochs)) + " epochs")
+    ax_curve.set_title(f"vitviz CIFAR-10 ViTs, one recipe, {budget}")
+    ax_curve.legend(loc="lower right", frameon=False)
+    ax_curve.grid(alpha=0.3)
+
+    kinds = list(table["pos_emb"])
+    values = 100 * table["paper_5shot"].to_numpy()
+    # points, not bars: the axis does not start at 0, and a bar would exaggerate the 3-point gap
+    for i, (kind, v) in enumerate(zip(kinds, values)):
+        ax_paper.plot([i], [v], "o", color=ABLATION_COLORS[kind], markersize=7)
+        ax_paper.annotate(f"{v:.1f}", (i, v), textcoords="offset points", xytext=(0, 6), ha="center", fontsize=8)
+    ax_paper.set_xticks(range(len(kinds)), [_short_kind(k) for k in kinds])
+    ax_paper.set_xlim(-0.5, len(kinds) - 0.5)
+    ax_paper.grid(axis="y", alpha=0.3)
+    ax_paper.set_ylim(60, 66)
+    ax_paper.set_xlabel("Position embedding")
+    ax_paper.set_ylabel("ImageNet 5-shot linear top-1 (%)")
+    ax_paper.set_title("Paper, Table 8 (ViT-B/16)")
+    return fig
