@@ -315,7 +315,7 @@ def device_description(device: torch.device) -> str:
         allowed = len(os.sched_getaffinity(0))
     except (AttributeError, OSError):  # not on Linux
         return desc
-    return desc + (f", pinned to {allowed} of the cores" if allowed < (os.cpu_count() or allowed) else "")
+    return desc + (f", pinned to {allowed} of them" if allowed < (os.cpu_count() or allowed) else "")
 
 
 def main(argv: list[str] | None = None) -> int:
