@@ -140,14 +140,40 @@ def test_card_tables_compare_the_ablation_fairly(tmp_path, tiny_folder, capsys):
     assert bool(ref.loc["cifar10-vit", "meets_floor"]) is (cards["cifar10-vit"]["test_top1"] >= 78.0)
     assert ref["meets_floor"].isna()[["cifar10-vit-nopos", "cifar10-hybrid"]].all()
 
+    # the compute axis: only cifar10-vit of the three families is trained; 300 images x 1 epoch
+    from vitviz.cards import reference_compute
+
+    comp = reference_compute(export)
+    assert comp["model"].tolist() == ["cifar10-vit"] and comp["family"].tolist() == ["Transformer (ViT)"]
+    card = cards["cifar10-vit"]
+    assert card["train_images"] == 300 and comp.loc[0, "images_seen"] == 300
+    assert comp.loc[0, "train_pflops"] == pytest.approx(card["flops_per_image_train_step"] * 300 / 1e15)
+    assert comp.loc[0, "test_acc"] == card["test_top1"]
+    fig = vitviz.plot_compute_curves(comp, metrics=("test_acc",), x="train_pflops", ylabel="Test accuracy [%]")
+    assert fig.axes[0].get_ylabel() == "Test accuracy [%]"
+    import matplotlib.pyplot as plt
+
+    plt.close(fig)
+    # an older card without train_images: a subset recipe says how many; a full CIFAR-10 run is 50,000
+    old = {k: v for k, v in card.items() if k != "train_images"}
+    old_dir = tmp_path / "old"
+    old_dir.mkdir()
+    (old_dir / "cifar10-vit.json").write_text(json.dumps({**old, "recipe": {**old["recipe"], "train_subset": 120}}))
+    assert reference_compute(old_dir).loc[0, "train_images"] == 120
+    from vitviz.cards import DATASET
+
+    (old_dir / "cifar10-vit.json").write_text(json.dumps({**old, "dataset": DATASET}))
+    assert reference_compute(old_dir).loc[0, "images_seen"] == 50_000 * card["epochs"]
+    (old_dir / "cifar10-vit.json").write_text(json.dumps({**old, "dataset": "my own images"}))
+    with pytest.raises(ValueError, match="how many training images"):
+        reference_compute(old_dir)
+
     from vitviz.__main__ import main
 
     assert main(["models", "--checkpoints", str(export)]) == 0
     out = capsys.readouterr().out
     assert "| cifar10-vit-2dpos | True |" in out and "| No Pos. Emb. | cifar10-vit-nopos | True | 1 |" in out
     assert "| cifar10-hybrid | False |" in out
-
-    import matplotlib.pyplot as plt
 
     fig = vitviz.plot_posemb_ablation(export)
     curves, paper = fig.axes

@@ -101,6 +101,7 @@ def export_reference(cfg: Any, dest: str | os.PathLike) -> dict[str, Any]:
         },
         "recipe": {k: v for k, v in asdict(cfg).items() if k not in ("data", "out", "device", "threads")},
         "epochs": state["epoch"],
+        "train_images": len(_load_split(cfg, "train", cfg.train_subset)),
         "test_top1": round(evaluate(model, test, device), 2),
         "test_images": len(test),
         "test_top1_subset500": round(evaluate(model, subset, device), 2),
@@ -185,6 +186,57 @@ def reference_table(directory: str | os.PathLike | None = None) -> pd.DataFrame:
             "hardware": card["hardware"] if card else "",
         })
     return pd.DataFrame(rows)
+
+
+# The reference models on the compute axis of the hybrid-versus-pure study, by family label (as in vitviz.study).
+COMPUTE_FAMILIES = {"cifar10-vit": "Transformer (ViT)", "cifar10-hybrid": "Hybrid", "cifar10-resnet": "ResNet"}
+CIFAR10_TRAIN_IMAGES = 50_000
+
+
+def _train_images(card: dict[str, Any]) -> int:
+    """Training images per epoch: the card's ``train_images``, else the full CIFAR-10 train split (older cards)."""
+    if "train_images" in card:
+        return int(card["train_images"])
+    subset = card["recipe"].get("train_subset")
+    if subset is None and card.get("dataset") == DATASET:
+        return CIFAR10_TRAIN_IMAGES
+    if subset is not None:
+        return int(subset)
+    raise ValueError(f"the card of {card['name']} does not say how many training images it saw; export it again")
+
+
+def reference_compute(directory: str | os.PathLike | None = None) -> pd.DataFrame:
+    """The trained ViT, hybrid and ResNet reference models as points on the study's compute axis.
+
+    Same columns as ``vitviz.study.read_results()`` (``family``, ``model``, ``epochs``, ``params``,
+    ``flops_train_per_image``, ``train_images``, ``images_seen``, ``train_pflops``, ``test_acc``, ``test_images``,
+    ``wall_time_s``), so ``plot_compute_curves(df, metrics=("test_acc",), x="train_pflops")`` draws them. Unlike the
+    sweep (a subset of the training images, a subset of the test images), these are full CIFAR-10 runs measured on
+    all 10,000 test images: plot them beside the sweep, not on the same curves. Models without a card are left out.
+    """
+    import pandas as pd
+
+    cards = read_cards(directory)
+    rows = []
+    for name, family in COMPUTE_FAMILIES.items():
+        card = cards.get(name)
+        if card is None:
+            continue
+        images = _train_images(card)
+        seen = images * card["epochs"]
+        rows.append({
+            "run_id": name, "family": family, "model": name, "epochs": card["epochs"],
+            "params": card["architecture"]["parameters"],
+            "flops_train_per_image": card["flops_per_image_train_step"],
+            "flops_forward_per_image": card["flops_per_image_forward"],
+            "train_images": images, "images_seen": seen,
+            "train_pflops": card["flops_per_image_train_step"] * seen / 1e15,
+            "test_acc": card["test_top1"], "test_images": card["test_images"],
+            "wall_time_s": card["train_time_s"],
+        })
+    columns = ["run_id", "family", "model", "epochs", "params", "flops_train_per_image", "flops_forward_per_image",
+               "train_images", "images_seen", "train_pflops", "test_acc", "test_images", "wall_time_s"]
+    return pd.DataFrame(rows, columns=columns)
 
 
 def _recipe_difference(card: dict[str, Any], control: dict[str, Any]) -> list[str]:
