@@ -64,7 +64,7 @@ train-cifar10-%: install
 
 # The small-scale hybrid-versus-pure sweep behind data/study/hybrid_vs_pure.csv (resumable).
 study: install
-	$(VPY) -m vitviz.study hybrid-vs-pure --data $(DATA) --epochs 2,4 --train-subset 5000 --test-subset 2000
+	$(VPY) -m vitviz.study hybrid-vs-pure --data $(DATA) --epochs 2,4,8 --train-subset 5000 --test-subset 2000
 
 clean:
 	rm -rf $(OUT) .pytest_cache build *.egg-info

@@ -64,6 +64,15 @@ def test_measured_dataframe_in_the_same_style():
     assert set(scatter_points(ax)) == {"Transformer (ViT)", "Hybrid", "ResNet"}
     with pytest.raises(KeyError, match="lacks columns"):
         plot_compute_curves(df, metrics=("avg5",), x="train_pflops")
+    # points 9% apart in compute: the log axis still spans a decade, so the gap is not blown up to the panel width
+    close = df.assign(train_pflops=[0.305, 0.31, 0.332])
+    lo, hi = plot_compute_curves(close, metrics=("test_acc",), x="train_pflops").axes[0].get_xlim()
+    assert hi / lo == pytest.approx(10.0) and lo < 0.305 and hi > 0.332
+    assert np.sqrt(lo * hi) == pytest.approx(np.sqrt(0.305 * 0.332))
+    # a wide range keeps matplotlib's own limits
+    lo, hi = plot_compute_curves(df.assign(train_pflops=[0.01, 1.0, 10.0]), metrics=("test_acc",),
+                                 x="train_pflops").axes[0].get_xlim()
+    assert lo < 0.01 and hi > 10.0 and hi / lo < 1e4
 
 
 def test_pareto_frontier():
@@ -110,7 +119,12 @@ def test_notebook_03_runs_offline_and_saves_figures(tmp_path, monkeypatch, run_n
     _, text, images = run_notebook("03_hybrid_vs_pure.ipynb", results_csv=str(csv), n_images=4,
                                    out_dir=str(tmp_path / "figs"), arrays_dir=str(tmp_path / "arrays"))
     assert len(images) >= 3 and "first layer, mean over heads" in text
-    for stem in ("fig5_compute_curves", "study_compute_curves", "fig11_attention_distance_vit_vs_hybrid"):
+    stems = ["fig5_compute_curves", "study_compute_curves", "fig11_attention_distance_vit_vs_hybrid"]
+    from vitviz.cards import reference_compute
+
+    if len(reference_compute()):  # the shipped cards on the compute axis
+        stems.append("reference_compute")
+    for stem in stems:
         assert (tmp_path / "figs" / f"{stem}.png").stat().st_size > 1000, stem
         assert (tmp_path / "arrays" / f"{stem}.npz").is_file(), stem
 

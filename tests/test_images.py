@@ -40,6 +40,17 @@ def test_reference_model_uses_its_cifar_config():
     torch.testing.assert_close(x[0, :, 5, 5], want)
 
 
+def test_cnn_baseline_is_preprocessed_from_its_pretrained_cfg(rgb_array):
+    """The cifar10-resnet baseline is no ViT, but its pretrained_cfg still drives load_images; a bare CNN is refused."""
+    model = build_reference("cifar10-resnet")
+    x = vitviz.load_images(model, [rgb_array, np.full((32, 32, 3), 255, dtype=np.uint8)])
+    assert x.shape == (2, 3, 32, 32)  # resized from 40x50 to the config's 32x32
+    want = (1.0 - torch.tensor(CIFAR10_MEAN)) / torch.tensor(CIFAR10_STD)
+    torch.testing.assert_close(x[1, :, 5, 5], want)
+    with pytest.raises(vitviz.NotAViTError, match="not a Vision Transformer"):
+        vitviz.load_images(torch.nn.Conv2d(3, 8, 3), rgb_array)
+
+
 def test_grayscale_and_rgba_are_converted(rgb_array):
     model = tiny_timm_vit()
     gray = rgb_array[..., 0]

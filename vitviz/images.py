@@ -17,7 +17,7 @@ import torch
 from PIL import Image
 from torch import nn
 
-from vitviz.families import VitvizError, family_of
+from vitviz.families import NotAViTError, VitvizError, family_of
 from vitviz.spec import ViTSpec, inspect
 
 ImageLike = Any  # torch.Tensor | PIL.Image.Image | np.ndarray | str | os.PathLike
@@ -32,9 +32,18 @@ def data_config(model: nn.Module) -> dict[str, Any]:
     """The preprocessing config of ``model`` (timm ``resolve_data_config`` keys).
 
     ``input_size`` is the size the model was built for (``inspect(model).img_size``), which can differ from its
-    pretrained config's (e.g. ``create_model(..., img_size=384)``).
+    pretrained config's (e.g. ``create_model(..., img_size=384)``). A model that is not a ViT (such as the
+    ``cifar10-resnet`` baseline) is preprocessed from its timm-style ``pretrained_cfg`` alone.
     """
-    spec = inspect(model)
+    try:
+        spec = inspect(model)
+    except NotAViTError:
+        cfg = getattr(model, "pretrained_cfg", None)
+        if not (isinstance(cfg, dict) and cfg.get("input_size")):
+            raise
+        from timm.data import resolve_data_config
+
+        return resolve_data_config(model=model)
     cfg = family_of(model).data_config(model)
     if cfg is None:
         from timm.data import resolve_data_config
@@ -103,7 +112,11 @@ def load_images(model: nn.Module, images: Images, *, device: torch.device | str 
     Raises:
         ImageInputError: wrong channel count or size (the message names both sizes and the fix).
     """
-    spec = inspect(model)
+    try:
+        spec: ViTSpec | None = inspect(model)
+    except NotAViTError:
+        data_config(model)  # a CNN with a pretrained_cfg is preprocessed from it; any other model: the clear error
+        spec = None
     param = next(model.parameters(), None)
     device = torch.device(device) if device is not None else (param.device if param is not None else None)
     dtype = param.dtype if param is not None and param.is_floating_point() else torch.float32
@@ -128,7 +141,8 @@ def load_images(model: nn.Module, images: Images, *, device: torch.device | str 
             raise ImageInputError("no images given")
         transform = create_transform(**data_config(model), is_training=False)
         x = torch.stack([transform(to_pil(im)) for im in items])
-    check_size(spec, x.shape[-2], x.shape[-1])
+    if spec is not None:  # a CNN takes any size its pooling allows
+        check_size(spec, x.shape[-2], x.shape[-1])
     return x.to(device=device, dtype=dtype)
 
 

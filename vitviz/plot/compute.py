@@ -73,6 +73,12 @@ def draw_compute_panel(ax: Axes, df: pd.DataFrame, metric: str, *, x: str = "exa
             for xi, yi, name in zip(xs, ys, point_labels(part, df, label_col)):
                 ax.annotate(name, (xi, yi), textcoords="offset points", xytext=(3, 3), fontsize=6, color=colour)
     ax.set_xscale("log")
+    values = df[x].to_numpy(float)
+    values = values[np.isfinite(values) & (values > 0)]
+    if len(values) and values.max() < 10 * values.min():
+        # Show at least one decade: on a narrower log axis a few percent of compute would span the whole panel.
+        centre = np.sqrt(values.min() * values.max())
+        ax.set_xlim(centre / np.sqrt(10), centre * np.sqrt(10))
     ax.set_title(METRIC_TITLES.get(metric, metric))
     ax.set_xlabel(X_LABELS.get(x, x))
     ax.grid(True, which="major", alpha=0.3, lw=0.5)

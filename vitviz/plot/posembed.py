@@ -235,7 +235,7 @@ def plot_posemb_ablation(directory: str | os.PathLike | None = None) -> Figure:
         history = cards[row.model]["history"]
         color = ABLATION_COLORS[row.pos_emb]
         ax_curve.plot([h["epoch"] for h in history], [h["test_acc"] for h in history], color=color,
-                      label=f"{_short_kind(row.pos_emb)} ({row.model}): {row.test_top1:.1f}%")
+                      label=f"{_short_kind(row.pos_emb)} ({row.model}): {row.test_top1:.2f}%")
         ax_curve.plot([row.epochs], [row.test_top1], "o", color=color, markersize=4)
     ax_curve.set_xlabel("Epoch")
     ax_curve.set_ylabel("CIFAR-10 test top-1 (%)")
