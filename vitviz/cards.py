@@ -188,8 +188,6 @@ def reference_table(directory: str | os.PathLike | None = None) -> pd.DataFrame:
     return pd.DataFrame(rows)
 
 
-# The reference models on the compute axis of the hybrid-versus-pure study, by family label (as in vitviz.study).
-COMPUTE_FAMILIES = {"cifar10-vit": "Transformer (ViT)", "cifar10-hybrid": "Hybrid", "cifar10-resnet": "ResNet"}
 CIFAR10_TRAIN_IMAGES = 50_000
 
 
@@ -216,9 +214,11 @@ def reference_compute(directory: str | os.PathLike | None = None) -> pd.DataFram
     """
     import pandas as pd
 
+    from vitviz.study import FAMILIES  # the study's family labels, so both tables draw in the same style
+
     cards = read_cards(directory)
     rows = []
-    for name, family in COMPUTE_FAMILIES.items():
+    for name, family in FAMILIES.values():
         card = cards.get(name)
         if card is None:
             continue
