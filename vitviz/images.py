@@ -28,6 +28,21 @@ class ImageInputError(VitvizError, ValueError):
     """An image the model cannot take; the message names the sizes and the fix."""
 
 
+def _spec_or_cnn(model: nn.Module) -> ViTSpec | None:
+    """``inspect(model)``; ``None`` for a non-ViT with a timm-style ``pretrained_cfg`` (e.g. ``cifar10-resnet``).
+
+    Raises:
+        NotAViTError: any other model that is not a ViT vitviz recognises.
+    """
+    try:
+        return inspect(model)
+    except NotAViTError:
+        cfg = getattr(model, "pretrained_cfg", None)
+        if isinstance(cfg, dict) and cfg.get("input_size"):
+            return None
+        raise
+
+
 def data_config(model: nn.Module) -> dict[str, Any]:
     """The preprocessing config of ``model`` (timm ``resolve_data_config`` keys).
 
@@ -35,19 +50,13 @@ def data_config(model: nn.Module) -> dict[str, Any]:
     pretrained config's (e.g. ``create_model(..., img_size=384)``). A model that is not a ViT (such as the
     ``cifar10-resnet`` baseline) is preprocessed from its timm-style ``pretrained_cfg`` alone.
     """
-    try:
-        spec = inspect(model)
-    except NotAViTError:
-        cfg = getattr(model, "pretrained_cfg", None)
-        if not (isinstance(cfg, dict) and cfg.get("input_size")):
-            raise
-        from timm.data import resolve_data_config
+    from timm.data import resolve_data_config
 
+    spec = _spec_or_cnn(model)
+    if spec is None:
         return resolve_data_config(model=model)
     cfg = family_of(model).data_config(model)
     if cfg is None:
-        from timm.data import resolve_data_config
-
         cfg = resolve_data_config({"input_size": (3, *spec.img_size)})
     return {**cfg, "input_size": (3, *spec.img_size)}
 
@@ -112,11 +121,7 @@ def load_images(model: nn.Module, images: Images, *, device: torch.device | str 
     Raises:
         ImageInputError: wrong channel count or size (the message names both sizes and the fix).
     """
-    try:
-        spec: ViTSpec | None = inspect(model)
-    except NotAViTError:
-        data_config(model)  # a CNN with a pretrained_cfg is preprocessed from it; any other model: the clear error
-        spec = None
+    spec = _spec_or_cnn(model)
     param = next(model.parameters(), None)
     device = torch.device(device) if device is not None else (param.device if param is not None else None)
     dtype = param.dtype if param is not None and param.is_floating_point() else torch.float32
