@@ -2,6 +2,9 @@
 
 from __future__ import annotations
 
+import contextlib
+from collections.abc import Iterator
+
 import pytest
 import timm
 import torch
@@ -24,12 +27,17 @@ def split_heads(t: torch.Tensor, heads: int) -> torch.Tensor:
     return t.reshape(b, n, heads, d // heads).transpose(1, 2)
 
 
-def record_inputs(modules: list[nn.Module]) -> tuple[list[torch.Tensor], list]:
-    """Record each module's first positional input (what its attention sees)."""
+@contextlib.contextmanager
+def record_inputs(modules: list[nn.Module]) -> Iterator[list[torch.Tensor]]:
+    """Record each module's first positional input (what its attention sees); the hooks go on exit."""
     seen: list[torch.Tensor] = []
     handles = [m.register_forward_pre_hook(lambda _m, args, kw=None: seen.append(args[0].detach()))
                for m in modules]
-    return seen, handles
+    try:
+        yield seen
+    finally:
+        for h in handles:
+            h.remove()
 
 
 def hooks_everywhere(model: nn.Module) -> int:
@@ -42,11 +50,8 @@ def instance_forwards(model: nn.Module) -> int:
 
 def timm_reference(model: nn.Module, x: torch.Tensor) -> list[torch.Tensor]:
     attns = [b.attn for b in model.blocks]
-    seen, handles = record_inputs(attns)
-    with torch.no_grad():
+    with record_inputs(attns) as seen, torch.no_grad():
         model(x)
-    for h in handles:
-        h.remove()
     out = []
     for a, inp in zip(attns, seen):
         q, k, _ = a.qkv(inp).reshape(inp.shape[0], inp.shape[1], 3, a.num_heads, -1).permute(2, 0, 3, 1, 4)
@@ -81,11 +86,8 @@ def test_qk_norm_model_is_captured():
     model = tiny_timm_vit(qk_norm=True)
     x = torch.randn(2, 3, 32, 48)
     attns = [b.attn for b in model.blocks]
-    seen, handles = record_inputs(attns)
-    with torch.no_grad(), vitviz.capture_attention(model) as cap:
+    with record_inputs(attns) as seen, torch.no_grad(), vitviz.capture_attention(model) as cap:
         model(x)
-    for h in handles:
-        h.remove()
     for a, inp, got in zip(attns, seen, cap.attentions):
         q, k, _ = a.qkv(inp).reshape(2, inp.shape[1], 3, 2, -1).permute(2, 0, 3, 1, 4)
         want = softmax_attention(a.q_norm(q), a.k_norm(k), a.scale).float()
@@ -241,13 +243,10 @@ def test_torchvision_vit():
     x = torch.randn(2, 3, 32, 32)
     mhas = [layer.self_attention for layer in model.encoder.layers]
     lns = [layer.ln_1 for layer in model.encoder.layers]
-    seen, handles = record_inputs(mhas)
-    with torch.no_grad():
+    with record_inputs(mhas) as seen, torch.no_grad():
         before = model(x)
         with vitviz.capture_attention(model) as cap:
             inside = model(x)
-    for h in handles:
-        h.remove()
     torch.testing.assert_close(inside, before, atol=1e-5, rtol=1e-5)
     assert instance_forwards(model) == 0 and hooks_everywhere(model) == 0
     for mha, inp, got in zip(mhas, seen[:2], cap.attentions):
@@ -268,14 +267,11 @@ def test_huggingface_vit_any_attention_implementation(impl):
     assert (spec.family, spec.grid_size, spec.num_tokens) == ("huggingface", (4, 4), 17)
     layers = model.vit.layers if hasattr(model.vit, "layers") else model.vit.encoder.layer
     attns = [layer.attention for layer in layers]
-    seen, handles = record_inputs(attns)
     x = torch.randn(2, 3, 32, 32)
-    with torch.no_grad():
+    with record_inputs(attns) as seen, torch.no_grad():
         before = model(pixel_values=x).logits
         with vitviz.capture_attention(model) as cap:
             inside = model(pixel_values=x).logits
-    for h in handles:
-        h.remove()
     assert model.config._attn_implementation == impl
     torch.testing.assert_close(inside, before, atol=1e-5, rtol=1e-5)
     for a, inp, got in zip(attns, seen, cap.attentions):
@@ -292,11 +288,8 @@ def test_tutorial_vit(with_dropout_module):
         "tutorial", (4, 4), ("cls",), True)
     x = torch.randn(2, 3, 32, 32)
     attns = [b.attn for b in model.blocks]
-    seen, handles = record_inputs(attns)
-    with torch.no_grad(), vitviz.capture_attention(model) as cap:
+    with record_inputs(attns) as seen, torch.no_grad(), vitviz.capture_attention(model) as cap:
         model(x)
-    for h in handles:
-        h.remove()
     for a, inp, got in zip(attns, seen, cap.attentions):
         q, k, _ = a.qkv(inp).reshape(2, 17, 3, 2, 16).permute(2, 0, 3, 1, 4)
         torch.testing.assert_close(got, softmax_attention(q, k, a.scale).float(), atol=1e-5, rtol=1e-4)

@@ -7,7 +7,7 @@ model by its family (``vitviz.families``).
 
 from __future__ import annotations
 
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, fields
 
 from torch import nn
 
@@ -134,17 +134,7 @@ def inspect(model: nn.Module) -> ViTSpec:
     return ViTSpec(
         name=model_name(model),
         family=family.name,
-        img_size=lay.img_size,
-        patch_size=lay.patch_size,
-        grid_size=lay.grid_size,
-        prefix_tokens=lay.prefix_tokens,
-        pos_embed_kind=lay.pos_embed_kind,
-        pos_embed_covers_prefix=lay.pos_embed_covers_prefix,
-        depth=lay.depth,
-        num_heads=lay.num_heads,
-        embed_dim=lay.embed_dim,
-        hybrid=lay.hybrid,
-        dynamic_img_size=lay.dynamic_img_size,
+        **{f.name: getattr(lay, f.name) for f in fields(lay)},
         params=count_params(model, family),
         attention_modules=tuple(n for n, _ in family.attention_modules(model)),
     )
