@@ -3,11 +3,13 @@
 from __future__ import annotations
 
 import json
+import os
 from pathlib import Path
 
 import nbformat
 import numpy as np
 import pytest
+from PIL import Image
 
 import vitviz.report as report
 from vitviz.__main__ import main
@@ -75,9 +77,15 @@ def test_parameters_go_only_to_notebooks_that_declare_them(tmp_path):
 
 @pytest.mark.notebook
 @pytest.mark.timeout(600)
-def test_notebooks_run_headless_and_a_failure_names_its_cell(tmp_path):
+def test_notebooks_run_headless_and_a_failure_names_its_cell(tmp_path, monkeypatch):
     books = tmp_path / "books"
     books.mkdir()
+    for cls in ("cat", "dog"):  # a two-image CIFAR-style test folder, which the package figures read as well
+        (tmp_path / "cifar" / "test" / cls).mkdir(parents=True)
+        Image.fromarray(np.full((32, 32, 3), 40 if cls == "cat" else 200, np.uint8)).save(
+            tmp_path / "cifar" / "test" / cls / "0000.png")
+    monkeypatch.chdir(tmp_path)
+    monkeypatch.setenv("VITVIZ_DATA", "cifar")  # relative to where the report starts, not to the notebook's folder
     good = write_notebook(
         books / "a_good.ipynb",
         'out_dir = None\narrays_dir = None\nmodel_name = "unset"\nimages_dir = None',
@@ -85,6 +93,7 @@ def test_notebooks_run_headless_and_a_failure_names_its_cell(tmp_path):
         "plt.plot([0, 1], [1, 0])\nvitviz.save_figure(fig, f'{out_dir}/toy_line', formats=('png', 'svg'))\n"
         "vitviz.save_arrays(f'{arrays_dir}/toy_line', y=[1.0, 0.0])",
         "print('model', model_name, 'images', images_dir)",
+        "from vitviz.samples import resolve_test_folder\nprint('data', resolve_test_folder())",
     )
     broken = write_notebook(books / "b_broken.ipynb", "out_dir = None", "x = 1",
                             "raise ValueError('deliberate failure')", "y = 2")
@@ -100,6 +109,8 @@ def test_notebooks_run_headless_and_a_failure_names_its_cell(tmp_path):
     page = (rep.out / ok["html"]).read_text()
     assert "data:image/png;base64," in page  # the inline figure is embedded: MPLBACKEND=Agg did not leak in
     assert f"model cifar10-vit images {images}" in page
+    assert f"data {tmp_path / 'cifar' / 'test'}" in page
+    assert os.environ["VITVIZ_DATA"] == "cifar"  # the report's own environment is restored
     assert "cdnjs" not in page and "<script src=" not in page  # a self-contained page: nothing to fetch
     # the broken notebook: its cell named (index in the source; the count includes the injected parameters cell)
     assert not bad["ok"] and bad["error"]["cell_index"] == 3 and bad["error"]["exec_count"] == 4

@@ -197,9 +197,10 @@ def _notebook_step(report: Report, path: Path, settings: dict[str, Any], kernel:
     return step
 
 
-# Figures of trained models only (fig11_attention_distance, ViT beside hybrid, once cifar10-hybrid is trained).
+# Figures of the trained reference models and the paper's tables (the README's gallery).
 GALLERY = ("cifar10-vit_pos_embed", "cifar10-vit_embedding_filters", "fig6_rollout_vit", "cifar10-vit_attention_distance",
-           "paper_fig5_compute_curves", "cifar10-vit-2dpos_pos_embed", "table8_posemb_ablation")
+           "paper_fig5_compute_curves", "cifar10-vit-2dpos_pos_embed", "table8_posemb_ablation",
+           "fig11_attention_distance", "reference_compute")
 
 
 def write_gallery(report_out: str | os.PathLike, gallery: str | os.PathLike, names: Sequence[str] = GALLERY,

@@ -4,7 +4,8 @@ Each notebook has one ``parameters`` cell; the report sets only the parameters a
 (where it saves its figures), ``arrays_dir`` (where it saves the numbers behind them), the model (``model_name``
 or ``vit_model``) and an image folder (``images_dir``, ``image_dir`` or ``data_dir``). The kernel is ``python3``
 from the running interpreter's environment; ``MPLBACKEND`` is taken out of its environment, or Jupyter's inline
-backend would not be chosen and the figures would vanish from the executed notebook. A failing notebook is kept
+backend would not be chosen and the figures would vanish from the executed notebook; a relative ``$VITVIZ_DATA``
+is made absolute, since each kernel runs in its notebook's folder. A failing notebook is kept
 (executed up to the failure, with the traceback) and its failing cell is named.
 """
 
@@ -17,6 +18,8 @@ from contextlib import contextmanager
 from dataclasses import asdict, dataclass, field
 from pathlib import Path
 from typing import Any
+
+from vitviz.data import DATA_ENV
 
 __all__ = ["NOTEBOOK_DIR", "NotebookRun", "find_notebooks", "notebook_html", "notebook_parameters",
            "parameters_for", "run_notebook"]
@@ -82,13 +85,20 @@ def parameters_for(path: str | os.PathLike, **known: Any) -> dict[str, Any]:
 
 @contextmanager
 def kernel_environment() -> Iterator[None]:
-    """Take ``MPLBACKEND`` out of the environment kernels inherit, for the duration of the block."""
-    saved = os.environ.pop("MPLBACKEND", None)
+    """The environment kernels inherit, for the duration of the block: without ``MPLBACKEND``, and with a relative
+    ``$VITVIZ_DATA`` made absolute (a kernel runs in its notebook's folder, where the relative path means nothing)."""
+    saved = {k: os.environ.get(k) for k in ("MPLBACKEND", DATA_ENV)}
+    os.environ.pop("MPLBACKEND", None)
+    if saved[DATA_ENV]:
+        os.environ[DATA_ENV] = str(Path(saved[DATA_ENV]).expanduser().absolute())
     try:
         yield
     finally:
-        if saved is not None:
-            os.environ["MPLBACKEND"] = saved
+        for key, value in saved.items():
+            if value is None:
+                os.environ.pop(key, None)
+            else:
+                os.environ[key] = value
 
 
 def _snapshot(folders: list[Path]) -> dict[Path, int]:
