@@ -69,6 +69,14 @@ def test_measured_dataframe_in_the_same_style():
     lo, hi = plot_compute_curves(close, metrics=("test_acc",), x="train_pflops").axes[0].get_xlim()
     assert hi / lo == pytest.approx(10.0) and lo < 0.305 and hi > 0.332
     assert np.sqrt(lo * hi) == pytest.approx(np.sqrt(0.305 * 0.332))
+    # ...labelled with plain 1-2-5 numbers, and the extreme points keep a margin from the frame
+    ax = plot_compute_curves(close, metrics=("test_acc",), x="train_pflops").axes[0]
+    ax.figure.canvas.draw()
+    visible = [t.get_text() for t in ax.get_xticklabels() if lo <= t.get_position()[0] <= hi]
+    assert visible == ["0.2", "0.5", "1"]
+    assert not [t.get_text() for t in ax.get_xticklabels(minor=True) if t.get_text()]
+    ylo, yhi = ax.get_ylim()
+    assert yhi - 70.0 >= 0.09 * (yhi - ylo) and 50.0 - ylo >= 0.09 * (yhi - ylo)
     # a wide range keeps matplotlib's own limits
     lo, hi = plot_compute_curves(df.assign(train_pflops=[0.01, 1.0, 10.0]), metrics=("test_acc",),
                                  x="train_pflops").axes[0].get_xlim()

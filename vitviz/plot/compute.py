@@ -12,6 +12,7 @@ from typing import TYPE_CHECKING
 import numpy as np
 from matplotlib.axes import Axes
 from matplotlib.figure import Figure
+from matplotlib.ticker import FuncFormatter, LogLocator, NullFormatter
 
 from vitviz.plot.style import FIGSIZE, new_figure, styled
 
@@ -79,6 +80,12 @@ def draw_compute_panel(ax: Axes, df: pd.DataFrame, metric: str, *, x: str = "exa
         # Show at least one decade: on a narrower log axis a few percent of compute would span the whole panel.
         centre = np.sqrt(values.min() * values.max())
         ax.set_xlim(centre / np.sqrt(10), centre * np.sqrt(10))
+        # Within about one decade the default labels are "2 x 10^-1"-style minor ticks: label 1-2-5 plainly.
+        ax.xaxis.set_major_locator(LogLocator(base=10, subs=(1.0, 2.0, 5.0)))
+        ax.xaxis.set_major_formatter(FuncFormatter(lambda v, _pos: f"{v:g}"))
+        ax.xaxis.set_minor_formatter(NullFormatter())
+    # Room above and below the extreme points for their labels: the top one must not sit on the frame.
+    ax.margins(y=0.12)
     ax.set_title(METRIC_TITLES.get(metric, metric))
     ax.set_xlabel(X_LABELS.get(x, x))
     ax.grid(True, which="major", alpha=0.3, lw=0.5)
