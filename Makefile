@@ -53,10 +53,13 @@ bench: install
 	$(VPY) bench/import_time.py
 
 # Trains and exports the embedded reference checkpoints (hours on a CPU). Every run resumes where it stopped.
-# The ablation trio (1-D control, none, 2-D) shares one recipe and budget; EPOCHS_<model> overrides REF_EPOCHS for
-# one model, e.g. `make train-reference EPOCHS_cifar10-vit=64`. `make train-MODEL` trains a single one.
+# The ablation trio (1-D control, none, 2-D) shares one recipe and budget (REF_EPOCHS); EPOCHS_<model> sets one
+# model's budget, by default those of the shipped checkpoints. `make train-MODEL` trains a single one.
 REF_MODELS ?= cifar10-vit cifar10-vit-1dpos cifar10-vit-nopos cifar10-vit-2dpos cifar10-hybrid cifar10-resnet
 REF_EPOCHS ?= 32
+EPOCHS_cifar10-vit ?= 64
+EPOCHS_cifar10-hybrid ?= 22
+EPOCHS_cifar10-resnet ?= 16
 train-reference: $(addprefix train-,$(REF_MODELS))
 train-cifar10-%: install
 	$(VPY) -m vitviz.train cifar10-$* --data $(DATA) --epochs $(or $(EPOCHS_cifar10-$*),$(REF_EPOCHS)) --out runs \
