@@ -78,3 +78,28 @@ def test_shipped_ablation_models_share_their_controls_recipe():
         pytest.skip("no ablation checkpoint shipped")
     bad = shipped[shipped["same_recipe_as_control"] != True]  # noqa: E712 (NA counts as not the same)
     assert bad.empty, bad[["model", "recipe_differences"]].to_string()
+
+
+def test_readme_reference_table_quotes_the_cards():
+    """The README's table of reference models says what the shipped cards say (accuracy, locality, epochs)."""
+    from vitviz.cards import reference_table
+
+    text = (ROOT / "README.md").read_text()
+    table = text.split("<!-- reference-table -->")[1].split("<!-- /reference-table -->")[0]
+    rows = {}
+    for line in table.strip().splitlines()[2:]:
+        cells = [c.strip() for c in line.strip("|").split("|")]
+        rows[cells[0].split("`")[1]] = cells
+    cards = reference_table().set_index("model")
+    trained = cards[cards.trained]
+    assert set(rows) == set(trained.index)
+    for name, cells in rows.items():
+        card = trained.loc[name]
+        assert cells[1].startswith(f"{card.test_top1:.2f}%"), (name, cells[1])
+        if card.floor == card.floor:  # a floor: the README says whether it is met
+            assert ("met)" in cells[1]) and (("not met" not in cells[1]) == bool(card.meets_floor)), (name, cells[1])
+        if card.locality == card.locality:
+            assert cells[2] == f"{card.locality:.2f}", (name, cells[2])
+        else:
+            assert cells[2].startswith("("), (name, cells[2])
+        assert cells[3] == str(card.epochs), (name, cells[3])
