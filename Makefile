@@ -62,12 +62,12 @@ EPOCHS_cifar10-hybrid ?= 22
 EPOCHS_cifar10-resnet ?= 16
 train-reference: $(addprefix train-,$(REF_MODELS))
 train-cifar10-%: install
-	$(VPY) -m vitviz.train cifar10-$* --data $(DATA) --epochs $(or $(EPOCHS_cifar10-$*),$(REF_EPOCHS)) --out runs \
-	  --resume --export data/checkpoints
+	$(VPY) -m vitviz.experiments.train cifar10-$* --data $(DATA) --epochs $(or $(EPOCHS_cifar10-$*),$(REF_EPOCHS)) --out runs \
+	  --resume --export vitviz/zoo/checkpoints
 
 # The small-scale hybrid-versus-pure sweep behind data/study/hybrid_vs_pure.csv (resumable).
 study: install
-	$(VPY) -m vitviz.study hybrid-vs-pure --data $(DATA) --epochs 2,4,8 --train-subset 5000 --test-subset 2000
+	$(VPY) -m vitviz.experiments.study hybrid-vs-pure --data $(DATA) --epochs 2,4,8 --train-subset 5000 --test-subset 2000
 
 clean:
 	rm -rf $(OUT) .pytest_cache build *.egg-info

@@ -58,7 +58,7 @@ def _setup(device: str, size: int, batch: int, threads: int | None):
     import torch
 
     import vitviz
-    from vitviz.rollout import rollout_from_attentions, rollout_to_maps
+    from vitviz.analysis.rollout import rollout_from_attentions, rollout_to_maps
 
     if threads:
         torch.set_num_threads(threads)

@@ -11,7 +11,7 @@ import torch
 from conftest import tiny_timm_vit
 
 import vitviz
-from vitviz.images import data_config, denormalise
+from vitviz.core.images import data_config, denormalise
 from vitviz.plot.attention import upsample_maps
 
 matplotlib.use("Agg")
@@ -51,7 +51,7 @@ def test_plot_rollout_pairs_inputs_and_attention_with_a_colorbar():
 
 
 def test_denormalise_inverts_the_model_preprocessing():
-    model = vitviz.reference.build_reference("cifar10-vit").eval()
+    model = vitviz.zoo.reference.build_reference("cifar10-vit").eval()
     photo = (np.random.default_rng(0).random((32, 32, 3)) * 255).astype(np.uint8)
     x = vitviz.load_images(model, photo)
     cfg = data_config(model)

@@ -13,7 +13,7 @@ from torch import nn
 from tutorial_vit import OddViT, TutorialViT
 
 import vitviz
-from vitviz.capture import CaptureError
+from vitviz.errors import CaptureError
 
 
 def softmax_attention(q: torch.Tensor, k: torch.Tensor, scale: float) -> torch.Tensor:

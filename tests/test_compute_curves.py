@@ -9,10 +9,10 @@ import pandas as pd
 import pytest
 from matplotlib.collections import PathCollection
 
-from vitviz.flops import count_flops, vit_forward_flops
-from vitviz.paper import paper_results
+from vitviz.analysis.flops import count_flops, vit_forward_flops
 from vitviz.plot.compute import pareto_frontier, plot_compute_curves
-from vitviz.reference import build_reference
+from vitviz.zoo.paper import paper_results
+from vitviz.zoo.reference import build_reference
 
 SHARED = Path(__file__).resolve().parents[2] / "shared" / "paper" / "vit_table6_scaling.csv"
 
@@ -107,7 +107,7 @@ def test_vit_b16_analytic_flops_match_the_published_17_6_gmacs():
 
 
 def test_paper_hybrid_gap_closes_with_compute():
-    from vitviz.study import hybrid_gap
+    from vitviz.experiments.study import hybrid_gap
 
     gap = hybrid_gap(paper_results(), metric="imagenet", x="exaflops")
     assert list(gap.pair) == ["ViT-B/32", "ViT-L/32", "ViT-B/16", "ViT-L/16", "ViT-L/16"]
@@ -128,7 +128,7 @@ def test_notebook_03_runs_offline_and_saves_figures(tmp_path, monkeypatch, run_n
                                    out_dir=str(tmp_path / "figs"), arrays_dir=str(tmp_path / "arrays"))
     assert len(images) >= 3 and "first layer, mean over heads" in text
     stems = ["fig5_compute_curves", "study_compute_curves", "fig11_attention_distance_vit_vs_hybrid"]
-    from vitviz.cards import reference_compute
+    from vitviz.zoo.cards import reference_compute
 
     if len(reference_compute()):  # the shipped cards on the compute axis
         stems.append("reference_compute")

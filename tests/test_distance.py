@@ -10,14 +10,14 @@ import torch
 from conftest import tiny_timm_vit
 
 import vitviz
-from vitviz.distance import (
+from vitviz.analysis.distance import (
     DistanceReducer,
     TokenLayout,
     attention_distance_from_maps,
     distance_observations,
     patch_distance_matrix,
 )
-from vitviz.reference import build_reference
+from vitviz.zoo.reference import build_reference
 
 
 def centres(grid, stride):

@@ -1,4 +1,4 @@
-"""RGB embedding filters (vitviz.filters), the position-embedding and filter figures, save_figure, notebook 01."""
+"""RGB embedding filters (vitviz.analysis.filters), the position-embedding and filter figures, save_figure, notebook 01."""
 
 from __future__ import annotations
 
@@ -17,8 +17,9 @@ from timm.models.vision_transformer import VisionTransformer  # noqa: E402
 from torch import nn  # noqa: E402
 
 import vitviz  # noqa: E402
-from vitviz.filters import NoRGBFiltersError, embedding_filters, filter_pca  # noqa: E402
-from vitviz.reference import build_reference  # noqa: E402
+from vitviz.analysis.filters import embedding_filters, filter_pca
+from vitviz.errors import NoRGBFiltersError
+from vitviz.zoo.reference import build_reference  # noqa: E402
 
 ROOT = Path(__file__).resolve().parents[1]
 

@@ -11,7 +11,7 @@ from PIL import Image
 from timm.data import create_transform, resolve_data_config
 
 import vitviz
-from vitviz.reference import CIFAR10_MEAN, CIFAR10_STD, build_reference
+from vitviz.zoo.reference import CIFAR10_MEAN, CIFAR10_STD, build_reference
 
 
 @pytest.fixture

@@ -11,7 +11,7 @@ import torch
 from safetensors.torch import save_file
 
 import vitviz
-from vitviz.reference import build_reference
+from vitviz.zoo.reference import build_reference
 
 TINY = "vit_tiny_patch16_224"
 
@@ -149,7 +149,7 @@ def test_pretrained_with_hub_offline_flag(tmp_path, monkeypatch):
 
 def test_reference_model_missing_checkpoint_says_how_to_train(tmp_path, monkeypatch):
     monkeypatch.setenv("VITVIZ_CHECKPOINTS", str(tmp_path))
-    with pytest.raises(vitviz.WeightsUnavailableError, match="python -m vitviz.train cifar10-vit"):
+    with pytest.raises(vitviz.WeightsUnavailableError, match="python -m vitviz.experiments.train cifar10-vit"):
         vitviz.load_model("cifar10-vit")
 
 

@@ -1,4 +1,4 @@
-"""Position-embedding similarity and locality (vitviz.posembed), and the paper's Table 8 loader."""
+"""Position-embedding similarity and locality (vitviz.analysis.posembed), and the paper's Table 8 loader."""
 
 from __future__ import annotations
 
@@ -16,8 +16,7 @@ from timm.models.vision_transformer import VisionTransformer
 from torch import nn
 
 import vitviz
-from vitviz.posembed import (
-    NoPositionEmbeddingError,
+from vitviz.analysis.posembed import (
     grid_distances,
     locality_table,
     patch_pos_embed,
@@ -26,7 +25,8 @@ from vitviz.posembed import (
     sincos_pos_embed,
     sincos_vit,
 )
-from vitviz.reference import build_reference
+from vitviz.errors import NoPositionEmbeddingError
+from vitviz.zoo.reference import build_reference
 
 
 def tiny_vit(img_size=(32, 48), patch_size=8, **kwargs) -> VisionTransformer:
@@ -184,7 +184,7 @@ def test_not_a_vit_raises():
 
 
 def test_paper_table8_and_locality_table():
-    from vitviz.paper import posemb_ablation
+    from vitviz.zoo.paper import posemb_ablation
 
     table = posemb_ablation()
     assert list(table["pos_emb"]) == ["No Pos. Emb.", "1-D Pos. Emb.", "2-D Pos. Emb.", "Rel. Pos. Emb."]

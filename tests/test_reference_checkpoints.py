@@ -14,7 +14,7 @@ import pytest
 import torch
 
 import vitviz
-from vitviz.checkpoints import checkpoint_dir
+from vitviz.zoo.weights import checkpoint_dir
 
 CARDS = sorted(checkpoint_dir().glob("*.json"))
 ROOT = Path(__file__).resolve().parents[1]
@@ -65,12 +65,12 @@ def test_checkpoint_matches_its_card(card_path):
 
 def test_checkpoint_folder_stays_small():
     total = sum(p.stat().st_size for p in checkpoint_dir().glob("*") if p.is_file())
-    assert total <= 40 * 2**20, f"data/checkpoints holds {total / 2**20:.1f} MB (budget 40 MB)"
+    assert total <= 40 * 2**20, f"vitviz/zoo/checkpoints holds {total / 2**20:.1f} MB (budget 40 MB)"
 
 
 def test_shipped_ablation_models_share_their_controls_recipe():
     """The no-pos and 2-D models are only comparable with the 1-D control if recipe and budget are identical."""
-    from vitviz.cards import posemb_ablation_results
+    from vitviz.zoo.cards import posemb_ablation_results
 
     table = posemb_ablation_results()
     shipped = table[table["trained"] & (table["pos_emb"] != "1-D Pos. Emb.")]
@@ -82,7 +82,7 @@ def test_shipped_ablation_models_share_their_controls_recipe():
 
 def test_readme_reference_table_quotes_the_cards():
     """The README's table of reference models says what the shipped cards say (accuracy, locality, epochs)."""
-    from vitviz.cards import reference_table
+    from vitviz.zoo.cards import reference_table
 
     text = (ROOT / "README.md").read_text()
     table = text.split("<!-- reference-table -->")[1].split("<!-- /reference-table -->")[0]

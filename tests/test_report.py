@@ -13,7 +13,7 @@ from PIL import Image
 
 import vitviz.report as report
 from vitviz.__main__ import main
-from vitviz.report_notebooks import parameters_for
+from vitviz.report.notebooks import parameters_for
 
 ROOT = Path(__file__).resolve().parents[1]
 
@@ -93,7 +93,7 @@ def test_notebooks_run_headless_and_a_failure_names_its_cell(tmp_path, monkeypat
         "plt.plot([0, 1], [1, 0])\nvitviz.save_figure(fig, f'{out_dir}/toy_line', formats=('png', 'svg'))\n"
         "vitviz.save_arrays(f'{arrays_dir}/toy_line', y=[1.0, 0.0])",
         "print('model', model_name, 'images', images_dir)",
-        "from vitviz.samples import resolve_test_folder\nprint('data', resolve_test_folder())",
+        "from vitviz.zoo.samples import resolve_test_folder\nprint('data', resolve_test_folder())",
     )
     broken = write_notebook(books / "b_broken.ipynb", "out_dir = None", "x = 1",
                             "raise ValueError('deliberate failure')", "y = 2")

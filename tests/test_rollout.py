@@ -10,15 +10,15 @@ import torch
 from conftest import tiny_timm_vit
 
 import vitviz
-from vitviz.families import VitvizError
-from vitviz.reference import build_reference
-from vitviz.rollout import (
+from vitviz.analysis.rollout import (
     RolloutReducer,
     discard_weakest,
     grad_rollout_from_attentions,
     rollout_from_attentions,
     rollout_to_maps,
 )
+from vitviz.errors import VitvizError
+from vitviz.zoo.reference import build_reference
 
 # ---- an independent rollout, written from the formula with explicit loops, in float64 ------------------------
 

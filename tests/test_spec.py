@@ -9,7 +9,7 @@ from conftest import tiny_timm_vit
 from timm.layers import build_sincos2d_pos_embed
 
 import vitviz
-from vitviz.reference import build_reference
+from vitviz.zoo.reference import build_reference
 
 
 def test_vit_b16_layout_and_parameter_table():

@@ -5,8 +5,8 @@ from __future__ import annotations
 import pandas as pd
 import pytest
 
-import vitviz.study as study
-from vitviz.study import StudyConfig, plan, run_study
+import vitviz.experiments.study as study
+from vitviz.experiments.study import StudyConfig, plan, run_study
 
 
 class Stop(Exception):
@@ -47,7 +47,7 @@ def test_smoke_sweep_resumes_without_repeating_runs(tmp_path, tiny_folder, monke
 def test_meta_lists_pending_runs(tmp_path):
     import json
 
-    from vitviz.study import write_meta
+    from vitviz.experiments.study import write_meta
 
     cfg = StudyConfig(results=str(tmp_path / "r.csv"), sizes=("S",), epochs=(1, 2))
     write_meta(cfg, pd.DataFrame({"run_id": ["vit-S-e1"]}))

@@ -8,8 +8,8 @@ import pytest
 import torch
 
 import vitviz
-from vitviz.checkpoints import CheckpointError
-from vitviz.train import (
+from vitviz.errors import CheckpointError
+from vitviz.experiments.train import (
     Interrupted,
     TrainConfig,
     _run_devices,
@@ -41,7 +41,7 @@ def test_tiny_run_end_to_end(tmp_path, tiny_folder):
     expected = torch.device("cuda" if torch.cuda.is_available() else "cpu")
     assert summary["device"] == device_description(expected)
 
-    from vitviz.cards import export_reference
+    from vitviz.experiments.export import export_reference
 
     card = export_reference(cfg, tmp_path / "export")
     assert card["epochs"] == 2 and 0 <= card["test_top1"] <= 100 and card["test_images"] == 100
@@ -114,7 +114,8 @@ def test_schedule_and_augmentation():
 
 def test_card_tables_compare_the_ablation_fairly(tmp_path, tiny_folder, capsys):
     """reference_table and posemb_ablation_results read real exported cards; a changed recipe is flagged."""
-    from vitviz.cards import export_reference, posemb_ablation_results, reference_table
+    from vitviz.experiments.export import export_reference
+    from vitviz.zoo.cards import posemb_ablation_results, reference_table
 
     export = tmp_path / "export"
     runs = (("cifar10-vit", {}), ("cifar10-vit-1dpos", {}), ("cifar10-vit-nopos", {}),
@@ -141,7 +142,7 @@ def test_card_tables_compare_the_ablation_fairly(tmp_path, tiny_folder, capsys):
     assert ref["meets_floor"].isna()[["cifar10-vit-nopos", "cifar10-hybrid"]].all()
 
     # the compute axis: only cifar10-vit of the three families is trained; 300 images x 1 epoch
-    from vitviz.cards import reference_compute
+    from vitviz.zoo.cards import reference_compute
 
     comp = reference_compute(export)
     assert comp["model"].tolist() == ["cifar10-vit"] and comp["family"].tolist() == ["Transformer (ViT)"]
@@ -160,7 +161,7 @@ def test_card_tables_compare_the_ablation_fairly(tmp_path, tiny_folder, capsys):
     old_dir.mkdir()
     (old_dir / "cifar10-vit.json").write_text(json.dumps({**old, "recipe": {**old["recipe"], "train_subset": 120}}))
     assert reference_compute(old_dir).loc[0, "train_images"] == 120
-    from vitviz.cards import DATASET
+    from vitviz.zoo.cards import DATASET
 
     (old_dir / "cifar10-vit.json").write_text(json.dumps({**old, "dataset": DATASET}))
     assert reference_compute(old_dir).loc[0, "images_seen"] == 50_000 * card["epochs"]

@@ -14,7 +14,7 @@ from PIL import Image
 pytest.importorskip("ipywidgets")
 
 import vitviz  # noqa: E402
-from vitviz.posembed import NoPositionEmbeddingError  # noqa: E402
+from vitviz.errors import NoPositionEmbeddingError
 from vitviz.widgets import AttentionExplorer, PosEmbedExplorer, explore_attention, explore_pos_embed  # noqa: E402
 from vitviz.widgets._render import cell_at  # noqa: E402
 
@@ -97,7 +97,7 @@ def test_attention_map_is_the_captured_row():
 
 
 def test_rollout_view_matches_the_package_rollout():
-    rollout = pytest.importorskip("vitviz.rollout")
+    rollout = pytest.importorskip("vitviz.analysis.rollout")
     model = tiny_timm_vit(depth=3, num_heads=2)
     w = explore_attention(model, photo())
     attn = captured(model, w)

@@ -11,40 +11,47 @@ from typing import Any
 
 __version__ = "0.1.0"
 
-from vitviz.capture import AttentionCapture, CaptureError, capture_attention
-from vitviz.checkpoints import CheckpointError
-from vitviz.families import NotAViTError, VitvizError, describe, register_family
-from vitviz.images import ImageInputError, load_images
-from vitviz.models import WeightsUnavailableError, load_model
-from vitviz.spec import ViTSpec, inspect
+from vitviz.core.capture import AttentionCapture, capture_attention
+from vitviz.core.families import describe, register_family
+from vitviz.core.images import load_images
+from vitviz.core.spec import ViTSpec, inspect
+from vitviz.errors import (
+    CaptureError,
+    CheckpointError,
+    ImageInputError,
+    NotAViTError,
+    VitvizError,
+    WeightsUnavailableError,
+)
+from vitviz.zoo.models import load_model
 
 # name -> module, imported on first attribute access (PEP 562)
 _LAZY = {
-    "pos_embed_similarity": "vitviz.posembed",
-    "pos_embed_locality": "vitviz.posembed",
-    "embedding_filters": "vitviz.filters",
-    "filter_pca": "vitviz.filters",
+    "pos_embed_similarity": "vitviz.analysis.posembed",
+    "pos_embed_locality": "vitviz.analysis.posembed",
+    "embedding_filters": "vitviz.analysis.filters",
+    "filter_pca": "vitviz.analysis.filters",
     "plot_pos_embed": "vitviz.plot.posembed",
     "plot_pos_embed_similarity": "vitviz.plot.posembed",
     "plot_posemb_ablation": "vitviz.plot.posembed",
     "plot_embedding_filters": "vitviz.plot.filters",
     "plot_filter_variance": "vitviz.plot.filters",
     "save_figure": "vitviz.plot.style",
-    "paper_results": "vitviz.paper",
+    "paper_results": "vitviz.zoo.paper",
     "plot_compute_curves": "vitviz.plot.compute",
-    "count_flops": "vitviz.flops",
-    "attention_rollout": "vitviz.rollout",
-    "grad_rollout": "vitviz.rollout",
-    "rollout_from_attentions": "vitviz.rollout",
-    "mean_attention_distance": "vitviz.distance",
+    "count_flops": "vitviz.analysis.flops",
+    "attention_rollout": "vitviz.analysis.rollout",
+    "grad_rollout": "vitviz.analysis.rollout",
+    "rollout_from_attentions": "vitviz.analysis.rollout",
+    "mean_attention_distance": "vitviz.analysis.distance",
     "plot_rollout": "vitviz.plot.attention",
     "plot_attention_heads": "vitviz.plot.attention",
     "plot_attention_distance": "vitviz.plot.attention",
     "plot_attention_distance_grid": "vitviz.plot.attention",
-    "load_model_or_random": "vitviz.models",
+    "load_model_or_random": "vitviz.zoo.models",
     "explore_attention": "vitviz.widgets",
     "explore_pos_embed": "vitviz.widgets",
-    "save_arrays": "vitviz._io",
+    "save_arrays": "vitviz.core.io",
 }
 
 __all__ = [

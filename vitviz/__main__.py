@@ -9,7 +9,7 @@ import sys
 def main(argv: list[str] | None = None) -> int:
     argv = list(sys.argv[1:] if argv is None else argv)
     if argv[:1] == ["train"]:
-        from vitviz.train import main as train_main
+        from vitviz.experiments.train import main as train_main
 
         return train_main(argv[1:])
     p = argparse.ArgumentParser(prog="vitviz", description="Vision Transformer analysis and figures.")
@@ -31,11 +31,11 @@ def main(argv: list[str] | None = None) -> int:
     i.add_argument("model", help="timm name, reference model name or weights file")
     m = sub.add_parser("models", help="the reference models: what each card says, and the position-embedding "
                                       "ablation beside the paper's Table 8")
-    m.add_argument("--checkpoints", metavar="DIR", help="folder of the cards (default: data/checkpoints)")
-    sub.add_parser("train", help="train a reference model (see python -m vitviz.train --help)")
+    m.add_argument("--checkpoints", metavar="DIR", help="folder of the cards (default: vitviz/zoo/checkpoints)")
+    sub.add_parser("train", help="train a reference model (see python -m vitviz.experiments.train --help)")
     a = p.parse_args(argv)
     if a.cmd == "models":
-        from vitviz.cards import markdown_table, posemb_ablation_results, reference_table
+        from vitviz.zoo.cards import markdown_table, posemb_ablation_results, reference_table
 
         print(markdown_table(reference_table(a.checkpoints).drop(columns=["description"])))
         print()

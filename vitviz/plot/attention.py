@@ -18,12 +18,12 @@ from matplotlib.axes import Axes
 from matplotlib.figure import Figure
 from torch import nn
 
-from vitviz.capture import capture_attention
-from vitviz.distance import mean_attention_distance
-from vitviz.images import Images, denormalise, load_images
+from vitviz.analysis.distance import mean_attention_distance
+from vitviz.analysis.rollout import attention_rollout
+from vitviz.core.capture import capture_attention
+from vitviz.core.images import Images, denormalise, load_images
+from vitviz.core.spec import inspect
 from vitviz.plot.style import FIGSIZE, new_figure, styled
-from vitviz.rollout import attention_rollout
-from vitviz.spec import inspect
 
 __all__ = ["plot_attention_distance", "plot_attention_distance_grid", "plot_attention_heads",
            "plot_rollout", "upsample_maps"]
@@ -197,7 +197,7 @@ def plot_attention_heads(
     depth = len(spec.attention_modules)
     if not -depth <= layer < depth:
         raise IndexError(f"{spec.name} has {depth} attention layers; layer {layer} is out of range")
-    grid = spec.grid_for((x.shape[-2], x.shape[-1])) if spec.dynamic_img_size else spec.grid_size
+    grid = spec.grid_for_input(x)
     q, qname = _query(spec, query, grid)
     with torch.no_grad(), capture_attention(model, layers=layer) as cap:
         model(x)

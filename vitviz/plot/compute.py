@@ -1,7 +1,7 @@
 """Transfer accuracy against pre-training compute, in the style of the ViT paper's Fig. 5.
 
 ``plot_compute_curves()`` draws the paper's Table 6 numbers; given a measured DataFrame (e.g. from
-``python -m vitviz.study hybrid-vs-pure``) it draws that with the same families, colours and markers.
+``python -m vitviz.experiments.study hybrid-vs-pure``) it draws that with the same families, colours and markers.
 """
 
 from __future__ import annotations
@@ -109,7 +109,7 @@ def plot_compute_curves(
 
     Args:
         df: one row per model with ``family``, ``model``, ``x`` and the ``metrics`` columns (accuracy in %).
-            ``None``: the paper's Table 6 (``vitviz.paper.paper_results()``).
+            ``None``: the paper's Table 6 (``vitviz.zoo.paper.paper_results()``).
         metrics: columns to plot, one panel each (paper: ``("avg5", "imagenet")``, titled "Average-5" and
             "ImageNet"; a measured study: ``("test_acc",)``).
         fig: draw into this figure (cleared) instead of a new one.
@@ -125,7 +125,7 @@ def plot_compute_curves(
         The figure; ``ylabel`` on the first panel, legend with the families.
     """
     if df is None:
-        from vitviz.paper import paper_results
+        from vitviz.zoo.paper import paper_results
 
         df = paper_results()
     missing = [c for c in ("family", x, *metrics) if c not in df.columns]

@@ -15,9 +15,9 @@ from matplotlib.axes import Axes
 from matplotlib.figure import Figure
 from torch import nn
 
-from vitviz.filters import embedding_filters, filter_pca
+from vitviz.analysis.filters import embedding_filters, filter_pca
+from vitviz.core.spec import inspect
 from vitviz.plot.style import FIGSIZE, new_figure, styled
-from vitviz.spec import inspect
 
 __all__ = ["filters_to_rgb", "plot_embedding_filters", "plot_filter_variance"]
 

@@ -17,8 +17,8 @@ from matplotlib.figure import Figure
 from matplotlib.patches import Rectangle
 from torch import nn
 
+from vitviz.analysis.posembed import Size, pos_embed_similarity
 from vitviz.plot.style import FIGSIZE, new_figure, styled
-from vitviz.posembed import Size, pos_embed_similarity
 
 __all__ = ["plot_pos_embed", "plot_pos_embed_similarity", "pos_embed_mosaic", "tile_layout"]
 
@@ -137,7 +137,7 @@ def plot_pos_embed(
 
     if title is None:
         if isinstance(model, nn.Module):
-            from vitviz.spec import inspect
+            from vitviz.core.spec import inspect
 
             spec = inspect(model)
             name, old = spec.name, spec.grid_size
@@ -215,12 +215,12 @@ def plot_posemb_ablation(directory: str | os.PathLike | None = None) -> Figure:
     The two panels measure different things on different scales; compare the ordering and the gaps, not the values.
 
     Args:
-        directory: folder of the cards (default ``data/checkpoints``).
+        directory: folder of the cards (default ``vitviz/zoo/checkpoints``).
 
     Raises:
         FileNotFoundError: none of the three models has a card (train them with ``make train-reference``).
     """
-    from vitviz.cards import posemb_ablation_results, read_cards
+    from vitviz.zoo.cards import posemb_ablation_results, read_cards
 
     table = posemb_ablation_results(directory)
     cards = read_cards(directory)

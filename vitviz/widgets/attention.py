@@ -19,9 +19,10 @@ import numpy as np
 import torch
 from torch import nn
 
-from vitviz.capture import capture_attention
-from vitviz.images import Images, denormalise, load_images
-from vitviz.spec import inspect
+from vitviz.analysis.rollout import fuse_heads
+from vitviz.core.capture import capture_attention
+from vitviz.core.images import Images, denormalise, load_images
+from vitviz.core.spec import inspect
 from vitviz.widgets._base import Explorer
 from vitviz.widgets._render import display_size, mark_cell, overlay, png_bytes, resize_rgb
 
@@ -65,7 +66,7 @@ class AttentionExplorer(Explorer):
         self._x = load_images(model, images)  # (B, 3, H, W) on the model's device
         self._rgb = denormalise(model, self._x)
         h, w = self._x.shape[-2:]
-        self.grid = self.spec.grid_for((h, w)) if self.spec.dynamic_img_size else self.spec.grid_size
+        self.grid = self.spec.grid_for_input(self._x)
         self.map_size = display_size(h, w, size)
         self.cmap, self.interpolation = cmap, interpolation
         self._attn: dict[int, list[torch.Tensor]] = {}
@@ -115,14 +116,12 @@ class AttentionExplorer(Explorer):
         """``(1, H, N, N)`` -> ``(N, N)`` for one head or fused heads, float32."""
         if isinstance(head, int):
             return attn[0, head].float()
-        if head == "mean":
-            return attn[0].float().mean(dim=0)
-        return (attn[0].amax(dim=0) if head == "max" else attn[0].amin(dim=0)).float()
+        return fuse_heads(attn, head)[0]
 
     def _rollout_matrix(self, i: int, layer: int, head: int | str, discard: float) -> torch.Tensor:
         key = (i, layer, head, round(discard, 6))
         if key not in self._rollouts:
-            from vitviz.rollout import rollout_from_attentions
+            from vitviz.analysis.rollout import rollout_from_attentions
 
             maps = self.attentions(i)[: layer + 1]
             if isinstance(head, int):  # one head index followed through every layer

@@ -18,8 +18,9 @@ import numpy as np
 import torch
 from torch import nn
 
-from vitviz.posembed import NoPositionEmbeddingError, patch_pos_embed, pos_embed_similarity
-from vitviz.spec import inspect
+from vitviz.analysis.posembed import patch_pos_embed, pos_embed_similarity
+from vitviz.core.spec import inspect
+from vitviz.errors import NoPositionEmbeddingError
 from vitviz.widgets._base import Explorer
 from vitviz.widgets._render import colorbar, display_size, heat_png, mark_cell, png_bytes, resize_rgb
 

@@ -1,0 +1,223 @@
+"""Mean attention distance per head and layer (ViT paper Fig. 7 right and Fig. 11, App. D.7).
+
+Dosovitskiy et al., ICLR 2021 (arXiv 2010.11929): for each head, the distance in pixels between a query patch
+and every other patch, weighted by the attention weight, averaged over queries and over 128 images, the analogue
+of a CNN's receptive field size. Here queries and keys are the patch tokens only: prefix keys (class,
+distillation, register tokens) are dropped and each query's remaining weights renormalised. Patch centres sit at
+``((r + 0.5) sh, (c + 0.5) sw)`` pixels with ``(sh, sw)`` the token stride from ``vitviz.inspect`` (16 for ViT-B/16,
+32 for a hybrid whose backbone reduces 16x before a 2x2 patch), so non-square grids and strides are exact.
+
+Shapes: ``B`` batch, ``L`` layers, ``H`` heads, ``N`` tokens, ``P = gh * gw`` patch tokens.
+"""
+
+from __future__ import annotations
+
+from typing import Any, NamedTuple
+
+import torch
+from torch import nn
+
+from vitviz.core.batching import iter_batches
+from vitviz.core.capture import capture_attention
+from vitviz.core.images import Images
+from vitviz.core.spec import ViTSpec, inspect
+from vitviz.core.util import pair
+from vitviz.errors import VitvizError
+
+__all__ = [
+    "DistanceReducer", "TokenLayout", "attention_distance_from_maps", "distance_observations",
+    "mean_attention_distance", "patch_distance_matrix", "per_image_attention_distance",
+]
+
+Pair = int | tuple[int, int]
+
+
+class TokenLayout(NamedTuple):
+    """The part of a ``ViTSpec`` the distance needs: grid ``(gh, gw)``, stride ``(sh, sw)`` px, prefix count."""
+
+    grid_size: tuple[int, int]
+    patch_size: tuple[int, int]
+    num_prefix_tokens: int = 1
+
+
+
+
+def _layout(spec_or_layout: ViTSpec | TokenLayout | Any) -> TokenLayout:
+    try:
+        return TokenLayout(pair(spec_or_layout.grid_size), pair(spec_or_layout.patch_size),
+                           int(spec_or_layout.num_prefix_tokens))
+    except AttributeError:
+        raise TypeError("expected a ViTSpec (vitviz.inspect(model)) or a TokenLayout(grid_size, patch_size, "
+                        f"num_prefix_tokens), got {type(spec_or_layout).__name__}") from None
+
+
+def patch_distance_matrix(grid_size: Pair, patch_size: Pair, *, device: torch.device | str | None = None,
+                          dtype: torch.dtype = torch.float32) -> torch.Tensor:
+    """Euclidean distance in pixels between the centres of every pair of patches.
+
+    Args:
+        grid_size: ``(gh, gw)`` patches (an int for square grids).
+        patch_size: ``(sh, sw)`` token stride in pixels along h and w (an int for square strides).
+
+    Returns:
+        ``(P, P)`` with ``P = gh * gw``, patches in row-major order (as tokens are laid out).
+    """
+    (gh, gw), (sh, sw) = pair(grid_size), pair(patch_size)
+    rows = torch.arange(gh, dtype=torch.float64).repeat_interleave(gw) * sh
+    cols = torch.arange(gw, dtype=torch.float64).repeat(gh) * sw
+    d = torch.sqrt((rows[:, None] - rows[None]) ** 2 + (cols[:, None] - cols[None]) ** 2)
+    return d.to(device=device, dtype=dtype)
+
+
+def per_image_attention_distance(attn: torch.Tensor, distances: torch.Tensor,
+                                 num_prefix_tokens: int) -> torch.Tensor:
+    """Mean attention distance of each image and head: ``(B, H, N, N)`` maps -> ``(B, H)`` pixels.
+
+    Args:
+        attn: post-softmax attention, rows over keys.
+        distances: ``(P, P)`` from ``patch_distance_matrix`` for this grid.
+        num_prefix_tokens: leading tokens dropped from queries and keys.
+    """
+    p = num_prefix_tokens
+    if attn.ndim != 4 or attn.shape[-1] - p != distances.shape[0]:
+        raise ValueError(f"attention of shape {tuple(attn.shape)} does not fit {p} prefix tokens and "
+                         f"{distances.shape[0]} patches; expected (B, H, {p + distances.shape[0]}, "
+                         f"{p + distances.shape[0]})")
+    a = attn[:, :, p:, p:].float()
+    d = distances.to(device=a.device, dtype=a.dtype)
+    weight = a.sum(dim=-1).clamp_min(torch.finfo(a.dtype).tiny)  # (B, H, P): patch keys' share of each row
+    per_query = (a * d).sum(dim=-1) / weight
+    return per_query.mean(dim=-1)
+
+
+def attention_distance_from_maps(attn: torch.Tensor, spec_or_layout: ViTSpec | TokenLayout) -> torch.Tensor:
+    """Mean attention distance of one layer's maps, averaged over queries and images.
+
+    Args:
+        attn: ``(B, H, N, N)`` (or ``(H, N, N)``) post-softmax attention.
+        spec_or_layout: ``vitviz.inspect(model)``, or ``TokenLayout(grid_size, patch_size, num_prefix_tokens)``.
+
+    Returns:
+        ``(H,)`` float32 distances in pixels.
+    """
+    lay = _layout(spec_or_layout)
+    attn = attn.unsqueeze(0) if attn.ndim == 3 else attn
+    d = patch_distance_matrix(lay.grid_size, lay.patch_size, device=attn.device)
+    return per_image_attention_distance(attn, d, lay.num_prefix_tokens).mean(dim=0)
+
+
+class DistanceReducer:
+    """Streaming mean attention distance: usable as ``capture_attention(on_layer=reducer, store=False)``.
+
+    Each layer's ``(B, H, N, N)`` map is reduced to per-image sums as it is produced; ``result()`` is ``(L, H)``.
+    Set ``distances`` (``patch_distance_matrix`` of the current grid) before each forward pass.
+    """
+
+    def __init__(self, num_layers: int, num_heads: int, num_prefix_tokens: int,
+                 distances: torch.Tensor | None = None) -> None:
+        self.num_prefix_tokens = num_prefix_tokens
+        self.distances = distances
+        self.sums = torch.zeros(num_layers, num_heads, dtype=torch.float64)
+        self.counts = torch.zeros(num_layers, dtype=torch.float64)
+
+    def __call__(self, position: int, attn: torch.Tensor) -> None:
+        if self.distances is None:
+            raise VitvizError("DistanceReducer.distances is not set (patch_distance_matrix of the grid)")
+        per_image = per_image_attention_distance(attn, self.distances, self.num_prefix_tokens)
+        if per_image.shape[1] != self.sums.shape[1]:
+            raise ValueError(f"layer {position} has {per_image.shape[1]} heads, expected {self.sums.shape[1]}")
+        self.sums[position] += per_image.sum(dim=0).double().cpu()
+        self.counts[position] += per_image.shape[0]
+
+    def result(self) -> torch.Tensor:
+        """``(L, H)`` float32 mean distances in pixels (averaged over queries, then images)."""
+        if not bool((self.counts > 0).all()):
+            raise VitvizError("no attention was reduced for some layers; did the forward pass run?")
+        return (self.sums / self.counts[:, None]).float()
+
+
+def mean_attention_distance(
+    model: nn.Module,
+    images: Images,
+    *,
+    batch_size: int = 32,
+    progress: bool = False,
+) -> torch.Tensor:
+    """Mean attention distance per head and layer, in input pixels (ViT Fig. 7 right, Fig. 11; App. D.7).
+
+    The paper averages over 128 images. Each layer is reduced while the forward runs, so only one layer's maps
+    exist at a time.
+
+    Args:
+        model: any ViT ``vitviz.inspect`` reads (hybrids use their token stride, e.g. 32 px).
+        images: a normalised ``(B, 3, H, W)`` tensor, or PIL images / arrays / paths.
+        batch_size: images per forward pass.
+        progress: show a progress bar over images.
+
+    Returns:
+        ``(L, H)`` float32 on the CPU: for each layer and head, the attention-weighted distance between query and
+        key patch centres, averaged over queries and images.
+    """
+    spec = inspect(model)
+    layers = len(spec.attention_modules)
+    reducer = DistanceReducer(layers, spec.num_heads, spec.num_prefix_tokens)
+    cache: dict[tuple[int, int], torch.Tensor] = {}
+    for x in iter_batches(model, images, batch_size, progress=progress, desc="attention distance"):
+        grid = spec.grid_for_input(x)
+        if grid not in cache:
+            cache[grid] = patch_distance_matrix(grid, spec.patch_size, device=x.device)
+        reducer.distances = cache[grid]
+        with torch.no_grad(), capture_attention(model, on_layer=reducer, store=False):
+            model(x)
+    return reducer.result()
+
+
+def distance_observations(vit: torch.Tensor, hybrid: torch.Tensor | None = None, *, early_layers: int = 2,
+                          min_effect: float = 0.1) -> Any:
+    """Check the paper's three observations on ``(L, H)`` distances; a pandas DataFrame, one row per check.
+
+    An observation ``holds`` only when the effect exceeds ``min_effect`` (a fraction), so near-uniform attention
+    (random weights) holds none of them:
+
+    - distance grows with depth: the head mean of the last layer exceeds that of the first by ``min_effect``
+      (Spearman's rho of layer index against head-mean distance is reported too);
+    - early layers mix local and global heads: the spread between the most and the least local head, averaged
+      over the first ``early_layers`` layers, exceeds that of the last ``early_layers`` layers and
+      ``min_effect`` times the mean distance;
+    - hybrids attend less locally early: the hybrid's most local head in the first ``early_layers`` layers lies
+      ``min_effect`` farther than the ViT's (meaningful for models of equal image size).
+
+    Args:
+        vit: ``(L, H)`` distances of the ViT; hybrid: those of the hybrid (optional).
+
+    Returns:
+        DataFrame with columns ``observation``, ``model``, ``measured`` (in words) and ``holds``.
+    """
+    import pandas as pd
+    from scipy.stats import spearmanr
+
+    def grows(d: torch.Tensor) -> tuple[str, bool]:
+        m = d.mean(dim=1)
+        rho = spearmanr(range(len(m)), m.numpy()).statistic if len(m) > 1 and float(m.std()) > 0 else float("nan")
+        return (f"layer 1: {m[0]:.1f} px -> layer {len(m)}: {m[-1]:.1f} px (rho {rho:.2f})",
+                bool(m[-1] > (1 + min_effect) * m[0]))
+
+    def spread(d: torch.Tensor) -> tuple[str, bool]:
+        e, late = d[:early_layers], d[-early_layers:]
+        se, sl = float((e.amax(1) - e.amin(1)).mean()), float((late.amax(1) - late.amin(1)).mean())
+        return f"head spread early {se:.1f} px vs late {sl:.1f} px", se > sl and se > min_effect * float(d.mean())
+
+    rows = []
+    models = {"ViT": vit} if hybrid is None else {"ViT": vit, "Hybrid": hybrid}
+    for name, d in models.items():
+        d = torch.as_tensor(d).float().cpu()
+        for check, fn in (("distance grows with depth", grows), ("early layers mix local and global heads", spread)):
+            value, holds = fn(d)
+            rows.append({"observation": check, "model": name, "measured": value, "holds": holds})
+    if hybrid is not None:
+        v = float(torch.as_tensor(vit).float()[:early_layers].amin())
+        h = float(torch.as_tensor(hybrid).float()[:early_layers].amin())
+        rows.append({"observation": "hybrid less local early", "model": "Hybrid vs ViT",
+                     "measured": f"most local early head: hybrid {h:.1f} px vs ViT {v:.1f} px",
+                     "holds": h > (1 + min_effect) * v})
+    return pd.DataFrame(rows)

@@ -1,0 +1,100 @@
+"""RGB embedding filters and their principal components (ViT paper, Fig. 7 left).
+
+Dosovitskiy et al., ICLR 2021 (arXiv 2010.11929), Fig. 7 left: the top 28 principal components of the learned
+linear embedding filters of ViT-L/32, shown as RGB patches; they resemble plausible basis functions for a
+low-dimensional representation of the fine structure within each patch.
+
+For plain ViTs the filters are the patch projection (a ``Conv2d`` with kernel = stride = patch size). Hybrids
+project backbone features with a 1x1 conv, which has no RGB filters: the first RGB filters live in the backbone
+stem, and those are returned instead (``vitviz.inspect(model).hybrid`` says which).
+
+Pure compute (torch, numpy). Shapes: ``C_out`` filters, each ``(3, kh, kw)``; ``n`` components.
+"""
+
+from __future__ import annotations
+
+import numpy as np
+import torch
+from torch import nn
+
+from vitviz.core.families import family_of
+from vitviz.core.spec import inspect
+from vitviz.errors import NoRGBFiltersError
+
+__all__ = ["NoRGBFiltersError", "embedding_filters", "filter_pca"]
+
+
+
+def embedding_filters(model: nn.Module) -> tuple[torch.Tensor, str]:
+    """The first RGB filters of a ViT: the patch projection, or the hybrid backbone's stem conv.
+
+    Args:
+        model: a ViT vitviz can read.
+
+    Returns:
+        ``(weights, source)``: float32 CPU tensor ``(C_out, 3, kh, kw)`` and the qualified name of the conv it
+        came from (e.g. ``"patch_embed.proj"``, or ``"patch_embed.backbone.0.0"`` for a hybrid).
+
+    Raises:
+        NotAViTError: the model is not a ViT vitviz can read.
+        NoRGBFiltersError: no ``Conv2d`` with 3 input channels (e.g. a linear patch projection, or a grey-scale
+            model); the message names the model and the projection found.
+    """
+    spec = inspect(model)
+    family = family_of(model)
+    conv = family.stem_conv(model)
+    if conv is None:
+        proj = family.patch_proj(model)
+        found = "nothing" if proj is None else type(proj).__name__
+        if isinstance(proj, nn.Conv2d):
+            found += f" with {proj.in_channels} input channels"
+        raise NoRGBFiltersError(
+            f"{spec.name} has no Conv2d over RGB pixels (its patch projection is {found}"
+            f"{', and its backbone has no 3-channel conv' if spec.hybrid else ''}), so there are no RGB embedding "
+            "filters to show. For a custom ViT whose projection lives elsewhere, describe it: "
+            "vitviz.describe(model, patch_proj='<attribute path of the Conv2d>', ...)"
+        )
+    source = next((n for n, m in model.named_modules() if m is conv), type(conv).__name__)
+    return conv.weight.detach().to("cpu", torch.float32).clone(), source
+
+
+def filter_pca(
+    weights: torch.Tensor | np.ndarray, n_components: int = 28
+) -> tuple[torch.Tensor, torch.Tensor]:
+    """Principal components of flattened filters (centred over the filters, SVD).
+
+    Components are unit vectors ordered by explained variance; each is signed so that its entry of largest
+    magnitude is positive (deterministic, like scikit-learn's ``svd_flip``). At most
+    ``min(C_out - 1, 3 * kh * kw)`` components exist after centring; fewer than ``n_components`` are returned
+    when the conv has fewer filters or inputs.
+
+    Args:
+        weights: ``(C_out, C_in, kh, kw)`` filters (``C_in`` is 3 for RGB).
+        n_components: how many components to return (the paper shows 28).
+
+    Returns:
+        ``(components, explained_variance_ratio)``: float32 tensors ``(n, C_in, kh, kw)`` and ``(n,)``; the ratio is
+        each component's share of the total variance of all filters.
+
+    Raises:
+        ValueError: fewer than two filters, or ``n_components < 1``.
+    """
+    w = torch.as_tensor(weights).detach().to("cpu", torch.float64)
+    if w.ndim != 4:
+        raise ValueError(f"expected filters of shape (C_out, C_in, kh, kw), got {tuple(w.shape)}")
+    if n_components < 1:
+        raise ValueError(f"n_components must be at least 1, got {n_components}")
+    c_out = w.shape[0]
+    if c_out < 2:
+        raise ValueError(f"PCA needs at least two filters, got {c_out}")
+    x = w.reshape(c_out, -1)
+    x = x - x.mean(dim=0, keepdim=True)
+    _u, s, vh = torch.linalg.svd(x, full_matrices=False)
+    n = min(n_components, c_out - 1, x.shape[1])
+    comps = vh[:n]
+    flip = torch.sign(comps.gather(1, comps.abs().argmax(dim=1, keepdim=True)))
+    comps = comps * torch.where(flip == 0, torch.ones_like(flip), flip)
+    var = s**2
+    total = var.sum()
+    ratio = var[:n] / total if total > 0 else torch.zeros(n, dtype=var.dtype)
+    return comps.reshape(n, *w.shape[1:]).float(), ratio.float()

@@ -1,0 +1,63 @@
+"""Chunk an image set into model-ready batches (shared by the streaming reductions)."""
+
+from __future__ import annotations
+
+from collections.abc import Iterator
+
+import torch
+from torch import nn
+
+from vitviz.core.images import Images, load_images
+from vitviz.errors import ImageInputError
+
+
+def count_images(images: Images) -> int:
+    """How many images ``images`` holds (a 3-D tensor or a single non-list item counts as one)."""
+    if isinstance(images, torch.Tensor):
+        return 1 if images.ndim == 3 else int(images.shape[0])
+    return len(images) if isinstance(images, (list, tuple)) else 1
+
+
+def iter_batches(
+    model: nn.Module,
+    images: Images,
+    batch_size: int | None = None,
+    *,
+    progress: bool = False,
+    desc: str = "images",
+) -> Iterator[torch.Tensor]:
+    """Yield normalised ``(b, 3, H, W)`` batches of at most ``batch_size`` images on the model's device.
+
+    Raw images (paths, PIL, arrays) are decoded chunk by chunk, so a large set is never held at once.
+
+    Args:
+        model: the ViT (preprocessing and device come from it, through ``vitviz.load_images``).
+        images: anything ``vitviz.load_images`` takes.
+        batch_size: images per batch; ``None``: all at once.
+        progress: show a tqdm progress bar (over images).
+        desc: the progress bar's label.
+    """
+    if batch_size is not None and batch_size < 1:
+        raise ValueError(f"batch_size must be a positive number of images, got {batch_size}")
+    if isinstance(images, torch.Tensor):
+        items = images.unsqueeze(0) if images.ndim == 3 else images
+    else:
+        items = list(images) if isinstance(images, (list, tuple)) else [images]
+    total = count_images(images)
+    if total == 0:
+        raise ImageInputError("no images given")
+    step = total if batch_size is None else batch_size
+    bar = None
+    if progress:
+        from tqdm.auto import tqdm
+
+        bar = tqdm(total=total, desc=desc, unit="img")
+    try:
+        for start in range(0, total, step):
+            chunk = items[start:start + step]
+            yield load_images(model, chunk)
+            if bar is not None:
+                bar.update(len(chunk))
+    finally:
+        if bar is not None:
+            bar.close()

@@ -1,0 +1,167 @@
+"""``vitviz.capture_attention``: record post-softmax attention ``(B, H, N, N)`` from any supported ViT.
+
+The only module in vitviz that knows about hooks, fused attention and devices. Inside the block the explicit
+attention path of each selected layer is switched on (timm's fused ``scaled_dot_product_attention`` never
+materialises probabilities), a probe reads the probabilities, and on exit, also when the body raises, every flag,
+hook and attribute is exactly as before.
+
+Two ways to consume the maps:
+
+- ``store=True`` (default): ``cap.attentions`` is the list of ``(B, H, N, N)`` tensors, in layer order, from the
+  most recent forward pass (``accumulate=True`` concatenates passes along the batch).
+- ``on_layer=fn``: ``fn(i, attn)`` is called as each layer's map is produced (``i`` is the position in the selected
+  layers, which run in order). With ``store=False`` nothing else is kept, so a reduction such as rollout holds one
+  layer's maps at a time instead of every layer's.
+
+Example::
+
+    with vitviz.capture_attention(model) as cap:
+        logits = model(x)
+    cap.attentions[-1].shape  # (B, H, N, N)
+"""
+
+from __future__ import annotations
+
+import fnmatch
+from collections.abc import Callable, Iterator, Sequence
+from contextlib import contextmanager
+
+import torch
+from torch import nn
+
+from vitviz.core.families import family_of
+from vitviz.core.spec import ViTSpec, inspect
+from vitviz.errors import CaptureError
+
+LayerSelect = int | str | Sequence[int | str] | None
+OnLayer = Callable[[int, torch.Tensor], None]
+
+
+
+def select_layers(names: Sequence[str], layers: LayerSelect, model_name: str = "model") -> list[int]:
+    """Indices into ``names`` chosen by ``layers``: None (all), ints (negative allowed) or fnmatch patterns."""
+    if layers is None:
+        return list(range(len(names)))
+    items = [layers] if isinstance(layers, (int, str)) else list(layers)
+    chosen: list[int] = []
+    for item in items:
+        if isinstance(item, int):
+            if not -len(names) <= item < len(names):
+                raise IndexError(f"{model_name} has {len(names)} attention layers; layer index {item} is out of range")
+            hits = [item % len(names)]
+        else:
+            hits = [i for i, n in enumerate(names) if fnmatch.fnmatchcase(n, item)]
+            if not hits:
+                raise CaptureError(
+                    f"no attention module of {model_name} matches {item!r}; its attention modules are "
+                    f"{names[0]!r} ... {names[-1]!r} (select by index, or by a pattern such as 'blocks.1*')"
+                )
+        chosen += [h for h in hits if h not in chosen]
+    return sorted(chosen)
+
+
+class AttentionCapture:
+    """What ``capture_attention`` yields. ``attentions``: list of ``(B, H, N, N)`` tensors in layer order."""
+
+    def __init__(self, spec: ViTSpec, layer_indices: list[int], *, on_layer: OnLayer | None, store: bool,
+                 dtype: torch.dtype | None, accumulate: bool, retain_grad: bool) -> None:
+        self.spec = spec
+        self.layer_indices = layer_indices
+        self.layer_names = [spec.attention_modules[i] for i in layer_indices]
+        self.forwards = 0
+        self._on_layer = on_layer
+        self._store = store
+        self._dtype = dtype
+        self._accumulate = accumulate
+        self._retain_grad = retain_grad
+        self._current: dict[int, torch.Tensor | None] = {}
+        self._done: list[torch.Tensor] | None = None
+
+    def _emit(self, position: int, attn: torch.Tensor) -> None:
+        if position == 0 or position in self._current:
+            self._close_pass()
+            self.forwards += 1
+        if self._retain_grad and attn.requires_grad:
+            attn.retain_grad()
+        elif not self._retain_grad:
+            attn = attn.detach()
+        if self._dtype is not None:
+            attn = attn.to(self._dtype)
+        if self._on_layer is not None:
+            self._on_layer(position, attn)
+        self._current[position] = attn if self._store else None
+
+    def _close_pass(self) -> None:
+        if not self._current:
+            return
+        missing = [self.layer_names[i] for i in range(len(self.layer_names)) if i not in self._current]
+        if missing:
+            raise CaptureError(
+                f"{self.spec.name}: the forward pass produced no attention for {missing}; the module was not "
+                "called, or it computes attention without the path vitviz probes (describe it with "
+                "vitviz.describe(model, probe='qkv'))"
+            )
+        if self._store:
+            maps = [self._current[i] for i in range(len(self.layer_names))]
+            if self._accumulate and self._done is not None:
+                maps = [torch.cat([a, b], dim=0) for a, b in zip(self._done, maps)]
+            self._done = maps  # type: ignore[assignment]
+        self._current = {}
+
+    @property
+    def attentions(self) -> list[torch.Tensor]:
+        """Per selected layer, ``(B, H, N, N)`` post-softmax probabilities (rows sum to 1)."""
+        self._close_pass()
+        if not self._store:
+            raise CaptureError("capture_attention(..., store=False) keeps no maps; use on_layer= to reduce them")
+        if self._done is None:
+            raise CaptureError(f"no forward pass of {self.spec.name} ran inside the capture_attention block")
+        return self._done
+
+    def stacked(self) -> torch.Tensor:
+        """All selected layers as one ``(L, B, H, N, N)`` tensor."""
+        return torch.stack(self.attentions)
+
+
+@contextmanager
+def capture_attention(
+    model: nn.Module,
+    layers: LayerSelect = None,
+    *,
+    on_layer: OnLayer | None = None,
+    store: bool = True,
+    dtype: torch.dtype | None = None,
+    accumulate: bool = False,
+    retain_grad: bool = False,
+) -> Iterator[AttentionCapture]:
+    """Record post-softmax attention of ``model`` for every forward inside the block.
+
+    Args:
+        model: any ViT ``vitviz.inspect`` reads (timm, torchvision, Hugging Face, tutorial, described).
+        layers: which attention layers: ``None`` (all), an index or indices (negative allowed), or fnmatch
+            patterns on module names (``"blocks.1*.attn"``).
+        on_layer: ``fn(i, attn)`` called as each selected layer's ``(B, H, N, N)`` map is produced.
+        store: keep the maps in ``cap.attentions`` (set False when ``on_layer`` reduces them).
+        dtype: cast the maps (e.g. ``torch.float32`` for half-precision models); default: as computed.
+            Softmax statistics are float32 in every probe (PyTorch's softmax kernels accumulate in float32).
+        accumulate: concatenate the maps of successive forwards along the batch instead of keeping the last.
+        retain_grad: keep the maps in the autograd graph and retain their gradients (for gradient rollout).
+
+    Yields:
+        ``AttentionCapture`` with ``attentions``, ``layer_names``, ``spec`` and ``forwards``.
+    """
+    spec = inspect(model)
+    family = family_of(model)
+    modules = family.attention_modules(model)
+    chosen = select_layers([n for n, _ in modules], layers, spec.name)
+    cap = AttentionCapture(spec, chosen, on_layer=on_layer, store=store, dtype=dtype, accumulate=accumulate,
+                           retain_grad=retain_grad)
+    undos = []
+    try:
+        for position, index in enumerate(chosen):
+            undos.append(family.probe(modules[index][1], lambda a, p=position: cap._emit(p, a)))
+        yield cap
+        cap._close_pass()
+    finally:
+        for undo in reversed(undos):
+            undo()

@@ -1,0 +1,71 @@
+"""Model families vitviz reads, and the lookup from a model to its family.
+
+Lookup order: a description registered for this model instance with ``vitviz.describe``, then families
+registered with ``register_family`` (newest first), then timm, torchvision, Hugging Face and the tutorial layout.
+"""
+
+from __future__ import annotations
+
+import weakref
+from typing import Any
+
+from torch import nn
+
+from vitviz.core.families.base import Family, Layout
+from vitviz.core.families.custom import CustomFamily, TutorialFamily
+from vitviz.core.families.hf_vit import HuggingFaceFamily
+from vitviz.core.families.timm_vit import TimmFamily
+from vitviz.core.families.torchvision_vit import TorchvisionFamily
+from vitviz.errors import NotAViTError, VitvizError
+
+__all__ = ["Family", "Layout", "NotAViTError", "VitvizError", "CustomFamily", "describe", "family_of",
+           "register_family"]
+
+_FAMILIES: list[Family] = [TimmFamily(), TorchvisionFamily(), HuggingFaceFamily(), TutorialFamily()]
+_DESCRIBED: weakref.WeakKeyDictionary[nn.Module, Family] = weakref.WeakKeyDictionary()
+
+
+def register_family(family: Family) -> None:
+    """Teach vitviz a new kind of ViT (checked before the built-in families)."""
+    _FAMILIES.insert(0, family)
+
+
+def describe(model: nn.Module, **layout: Any) -> nn.Module:
+    """Describe a custom ViT so every vitviz call can read it; returns ``model`` (unchanged) for chaining.
+
+    Args (all keyword):
+        attention: fnmatch pattern of the attention modules' names, in layer order (default ``"blocks.*.attn"``).
+        probe: how to read the probabilities: ``"attn_drop"`` (hook the dropout that receives the softmax
+            output; fused paths are switched off), ``"qkv"`` (recompute ``softmax(q k^T * scale)`` from a ``qkv``
+            Linear), ``"mha"`` (``nn.MultiheadAttention``), ``"hf"``, ``"auto"`` (default) or a callable
+            ``probe(module, emit) -> undo``.
+        img_size, patch_size: input size and token stride in pixels (int or ``(h, w)``).
+        prefix_tokens: names of the tokens before the patches, e.g. ``("cls", "dist")``, or their count.
+        pos_embed: attribute path of the ``(1, L, D)`` absolute position embedding, or ``None``.
+        pos_embed_kind: override the detected kind (``learned``, ``sincos``, ``none``, ``rotary``).
+        patch_proj: attribute path of the patch projection conv (default ``"patch_embed.proj"``).
+        num_heads, embed_dim: when the modules do not say.
+
+    The description is kept in a weak registry beside the model, not on it: the model is not modified.
+    """
+    family = CustomFamily(**layout)
+    family.layout(model)  # validate now, with a clear error, rather than at first use
+    _DESCRIBED[model] = family
+    return model
+
+
+def family_of(model: nn.Module) -> Family:
+    """The family that reads ``model``; raises ``NotAViTError`` naming the model and the fix."""
+    if not isinstance(model, nn.Module):
+        raise NotAViTError(f"expected a torch.nn.Module ViT, got {type(model).__name__}")
+    if model in _DESCRIBED:
+        return _DESCRIBED[model]
+    for family in _FAMILIES:
+        if family.match(model):
+            return family
+    raise NotAViTError(
+        f"{type(model).__name__} is not a Vision Transformer vitviz recognises: it is neither a timm, torchvision "
+        "nor Hugging Face ViT, and it lacks the tutorial layout (patch_embed.proj conv, pos_embed, blocks[i].attn "
+        "with a qkv Linear). If it is a ViT, describe it once: vitviz.describe(model, attention='<pattern of the "
+        "attention modules>', img_size=..., patch_size=..., prefix_tokens=('cls',))"
+    )

@@ -1,0 +1,195 @@
+"""What vitviz needs to know about one kind of ViT, and the probes that read attention out of it.
+
+A ``Family`` answers, for the models it ``match``es: where the attention modules are, how to read their
+post-softmax probabilities (a *probe*), where the position embedding and the RGB patch projection live, and the
+token layout. Probes are the only code that touches hooks or flags; each returns an ``undo`` callable that puts the
+module back exactly as it was.
+
+Probes (all emit ``(B, H, N, N)`` post-softmax probabilities):
+
+- ``probe_attn_drop``: timm-style modules (``qkv``, ``scale``, ``attn_drop``, optional ``fused_attn``). Switches
+  ``fused_attn`` off, whose fused ``scaled_dot_product_attention`` path never materialises the probabilities, and
+  hooks ``attn_drop``, whose input is the softmax output.
+- ``probe_qkv``: recomputes ``softmax(q k^T * scale)`` from the ``qkv`` Linear's output, for modules that compute
+  attention without an ``attn_drop`` module (hand-written ViTs).
+- ``probe_mha``: ``torch.nn.MultiheadAttention`` (torchvision), called with ``need_weights=True`` and per-head
+  weights for the duration.
+- ``probe_hf``: Hugging Face attention modules; the config is switched to the eager implementation for the
+  duration (SDPA and flash kernels return no weights) and the module's returned weights are read.
+"""
+
+from __future__ import annotations
+
+import fnmatch
+from collections.abc import Callable
+from dataclasses import dataclass
+from typing import Any
+
+import torch
+from torch import nn
+
+from vitviz.errors import VitvizError
+
+Emit = Callable[[torch.Tensor], None]
+Undo = Callable[[], None]
+Probe = Callable[[nn.Module, Emit], Undo]
+
+
+
+
+@dataclass(frozen=True)
+class Layout:
+    """Token layout fields a family reads off a model (``inspect`` adds parameter counts and names)."""
+
+    img_size: tuple[int, int]
+    patch_size: tuple[int, int]  # token stride in input pixels
+    grid_size: tuple[int, int]
+    prefix_tokens: tuple[str, ...]  # e.g. ("cls",), ("cls", "dist"), ("cls", "reg", "reg", "reg", "reg")
+    pos_embed_kind: str  # "learned", "learned-2d", "sincos", "none", "rotary"
+    pos_embed_covers_prefix: bool
+    depth: int
+    num_heads: int
+    embed_dim: int
+    hybrid: bool = False
+    dynamic_img_size: bool = False
+
+
+class Family:
+    """One kind of ViT. Subclasses override ``match`` and the layout accessors."""
+
+    name = "base"
+    probe: Probe
+
+    def match(self, model: nn.Module) -> bool:
+        raise NotImplementedError
+
+    def layout(self, model: nn.Module) -> Layout:
+        raise NotImplementedError
+
+    def attention_modules(self, model: nn.Module) -> list[tuple[str, nn.Module]]:
+        raise NotImplementedError
+
+    def pos_embed(self, model: nn.Module) -> torch.Tensor | None:
+        """The absolute position embedding ``(1, L, D)``: ``L = P`` or ``prefix + P``; ``None`` if there is none."""
+        return None
+
+    def patch_proj(self, model: nn.Module) -> nn.Module | None:
+        """The module that projects pixels (or, for hybrids, backbone features) to tokens."""
+        return None
+
+    def stem_conv(self, model: nn.Module) -> nn.Conv2d | None:
+        """The first convolution that sees RGB pixels (the patch projection, or the hybrid backbone's stem)."""
+        proj = self.patch_proj(model)
+        return proj if isinstance(proj, nn.Conv2d) and proj.in_channels == 3 else None
+
+    def param_components(self, model: nn.Module) -> dict[str, tuple[str, ...]]:
+        """Component name -> parameter-name prefixes, for the per-component parameter table."""
+        return {}
+
+    def data_config(self, model: nn.Module) -> dict[str, Any] | None:
+        """Preprocessing (timm ``resolve_data_config`` keys) when the family knows it better than the defaults."""
+        return None
+
+
+def named_children_of(model: nn.Module, prefix: str) -> list[tuple[str, nn.Module]]:
+    """Modules whose names match the fnmatch ``prefix`` pattern, in registration order."""
+    return [(n, m) for n, m in model.named_modules() if n and fnmatch.fnmatchcase(n, prefix)]
+
+
+def _chain(undos: list[Undo]) -> Undo:
+    def undo() -> None:
+        for u in reversed(undos):
+            u()
+
+    return undo
+
+
+def _set_attr(obj: Any, name: str, value: Any) -> Undo:
+    """Set an instance attribute; the returned undo restores the old instance value or removes it."""
+    had = name in vars(obj)
+    old = vars(obj).get(name)
+    setattr(obj, name, value)
+
+    def undo() -> None:
+        if had:
+            setattr(obj, name, old)
+        else:
+            delattr(obj, name)
+
+    return undo
+
+
+def probe_attn_drop(module: nn.Module, emit: Emit) -> Undo:
+    drop = getattr(module, "attn_drop", None)
+    if not isinstance(drop, nn.Module):
+        raise VitvizError(
+            f"{type(module).__name__} has no attn_drop module to read attention from; describe the model with "
+            "vitviz.describe(model, probe='qkv') to recompute attention from its qkv projection"
+        )
+    undos: list[Undo] = []
+    if hasattr(module, "fused_attn"):
+        undos.append(_set_attr(module, "fused_attn", False))
+    handle = drop.register_forward_hook(lambda _m, inputs, _out: emit(inputs[0]))
+    undos.append(handle.remove)
+    return _chain(undos)
+
+
+def probe_qkv(module: nn.Module, emit: Emit) -> Undo:
+    qkv = getattr(module, "qkv", None)
+    heads = getattr(module, "num_heads", None)
+    if not isinstance(qkv, nn.Linear) or not heads:
+        raise VitvizError(
+            f"{type(module).__name__} needs a qkv Linear and num_heads for probe='qkv' "
+            f"(found qkv={type(qkv).__name__}, num_heads={heads})"
+        )
+
+    def hook(_m: nn.Module, _inputs: Any, out: torch.Tensor) -> None:
+        b, n, three_d = out.shape
+        q, k, _v = out.reshape(b, n, 3, heads, three_d // (3 * heads)).permute(2, 0, 3, 1, 4).unbind(0)
+        scale = getattr(module, "scale", q.shape[-1] ** -0.5)
+        scores = (q.float() * scale) @ k.float().transpose(-2, -1)
+        emit(scores.softmax(dim=-1).to(out.dtype))
+
+    return qkv.register_forward_hook(hook).remove
+
+
+def probe_mha(module: nn.Module, emit: Emit) -> Undo:
+    if not isinstance(module, nn.MultiheadAttention):
+        raise VitvizError(f"probe_mha needs nn.MultiheadAttention, got {type(module).__name__}")
+    original = type(module).forward
+
+    def forward(*args: Any, **kwargs: Any) -> tuple[torch.Tensor, torch.Tensor]:
+        kwargs["need_weights"] = True
+        kwargs["average_attn_weights"] = False
+        out, weights = original(module, *args, **kwargs)
+        emit(weights)
+        return out, weights
+
+    return _set_attr(module, "forward", forward)
+
+
+def probe_hf(module: nn.Module, emit: Emit) -> Undo:
+    config = getattr(module, "config", None)
+    undos: list[Undo] = []
+    if config is not None:
+        key = "_attn_implementation_internal" if "_attn_implementation_internal" in vars(config) else None
+        if key is not None:
+            old = vars(config)[key]
+            vars(config)[key] = "eager"
+            undos.append(lambda: vars(config).__setitem__(key, old))
+        elif getattr(config, "_attn_implementation", "eager") != "eager":
+            old_impl = config._attn_implementation
+            config._attn_implementation = "eager"
+            undos.append(lambda: setattr(config, "_attn_implementation", old_impl))
+
+    def hook(_m: nn.Module, _inputs: Any, out: Any) -> None:
+        weights = out[1] if isinstance(out, tuple) and len(out) > 1 else None
+        if weights is None:
+            raise VitvizError(
+                f"{type(module).__name__} returned no attention weights even with the eager implementation; "
+                "this transformers version is not supported (please report it)"
+            )
+        emit(weights)
+
+    undos.append(module.register_forward_hook(hook).remove)
+    return _chain(undos)

@@ -1,0 +1,157 @@
+"""Images in: normalised tensors, PIL images, ``HxWx3`` uint8 arrays or file paths -> ``(B, 3, H, W)``.
+
+Raw images (PIL, arrays, paths) are preprocessed with the model's own data config (timm's
+``resolve_data_config`` + ``create_transform``; torchvision and Hugging Face models get their usual
+preprocessing); grayscale and RGBA are converted to RGB. Tensors are taken as already normalised.
+"""
+
+from __future__ import annotations
+
+import os
+from collections.abc import Sequence
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+import torch
+from PIL import Image
+from torch import nn
+
+from vitviz.core.families import family_of
+from vitviz.core.spec import ViTSpec, inspect
+from vitviz.errors import ImageInputError, NotAViTError
+
+ImageLike = Any  # torch.Tensor | PIL.Image.Image | np.ndarray | str | os.PathLike
+Images = ImageLike | Sequence[ImageLike]
+
+
+
+def _spec_or_cnn(model: nn.Module) -> ViTSpec | None:
+    """``inspect(model)``; ``None`` for a non-ViT with a timm-style ``pretrained_cfg`` (e.g. ``cifar10-resnet``).
+
+    Raises:
+        NotAViTError: any other model that is not a ViT vitviz recognises.
+    """
+    try:
+        return inspect(model)
+    except NotAViTError:
+        cfg = getattr(model, "pretrained_cfg", None)
+        if isinstance(cfg, dict) and cfg.get("input_size"):
+            return None
+        raise
+
+
+def data_config(model: nn.Module) -> dict[str, Any]:
+    """The preprocessing config of ``model`` (timm ``resolve_data_config`` keys).
+
+    ``input_size`` is the size the model was built for (``inspect(model).img_size``), which can differ from its
+    pretrained config's (e.g. ``create_model(..., img_size=384)``). A model that is not a ViT (such as the
+    ``cifar10-resnet`` baseline) is preprocessed from its timm-style ``pretrained_cfg`` alone.
+    """
+    from timm.data import resolve_data_config
+
+    spec = _spec_or_cnn(model)
+    if spec is None:
+        return resolve_data_config(model=model)
+    cfg = family_of(model).data_config(model)
+    if cfg is None:
+        cfg = resolve_data_config({"input_size": (3, *spec.img_size)})
+    return {**cfg, "input_size": (3, *spec.img_size)}
+
+
+def to_pil(image: ImageLike) -> Image.Image:
+    """Load a path, array or PIL image as an RGB PIL image (grayscale, palette and RGBA are converted)."""
+    if isinstance(image, (str, os.PathLike)):
+        path = Path(image)
+        if not path.is_file():
+            raise ImageInputError(f"image file {str(path)!r} not found")
+        try:
+            with Image.open(path) as im:
+                return im.convert("RGB")
+        except OSError as e:
+            raise ImageInputError(f"cannot read image {str(path)!r}: {e}") from None
+    if isinstance(image, np.ndarray):
+        arr = image
+        if arr.ndim == 3 and arr.shape[-1] == 1:
+            arr = arr[..., 0]
+        if arr.ndim not in (2, 3) or (arr.ndim == 3 and arr.shape[-1] not in (3, 4)):
+            raise ImageInputError(
+                f"expected an HxW, HxWx3 or HxWx4 image array, got shape {arr.shape}; channel-first arrays "
+                "need arr.transpose(1, 2, 0)"
+            )
+        if arr.dtype != np.uint8:
+            if np.issubdtype(arr.dtype, np.floating) and arr.size and arr.min() >= 0 and arr.max() <= 1:
+                arr = (arr * 255).round()
+            arr = np.clip(arr, 0, 255).astype(np.uint8)
+        image = Image.fromarray(arr)
+    if isinstance(image, Image.Image):
+        return image.convert("RGB")
+    raise ImageInputError(f"cannot use {type(image).__name__} as an image; pass a tensor, PIL image, array or path")
+
+
+def check_size(spec: ViTSpec, h: int, w: int) -> None:
+    """Raise ``ImageInputError`` when the model cannot take an ``h x w`` input."""
+    if (h, w) == spec.img_size:
+        return
+    if spec.dynamic_img_size:
+        if h % spec.patch_size[0] or w % spec.patch_size[1]:
+            raise ImageInputError(
+                f"{spec.name}: a {h}x{w} input is not a multiple of the {spec.patch_size[0]}x{spec.patch_size[1]} "
+                "token stride; resize or crop it"
+            )
+        return
+    raise ImageInputError(
+        f"{spec.name} takes {spec.img_size[0]}x{spec.img_size[1]} images, got {h}x{w}. Resize the images, or "
+        f"build the model for this size (timm: create_model(..., img_size=({h}, {w})) or "
+        "dynamic_img_size=True); raw PIL images, arrays and paths are resized for you"
+    )
+
+
+def load_images(model: nn.Module, images: Images, *, device: torch.device | str | None = None) -> torch.Tensor:
+    """Turn ``images`` into a normalised ``(B, 3, H, W)`` batch on the model's device and dtype.
+
+    Args:
+        model: the ViT the batch is for (its data config drives preprocessing, its size the checks).
+        images: a ``(B, 3, H, W)`` or ``(3, H, W)`` normalised tensor; or one or a list of PIL images,
+            ``HxWx3`` / ``HxW`` / ``HxWx4`` arrays, or file paths.
+        device: override the device (default: the model's).
+
+    Raises:
+        ImageInputError: wrong channel count or size (the message names both sizes and the fix).
+    """
+    spec = _spec_or_cnn(model)
+    param = next(model.parameters(), None)
+    device = torch.device(device) if device is not None else (param.device if param is not None else None)
+    dtype = param.dtype if param is not None and param.is_floating_point() else torch.float32
+    if isinstance(images, torch.Tensor):
+        x = images.unsqueeze(0) if images.ndim == 3 else images
+        if x.ndim != 4:
+            raise ImageInputError(f"expected a (B, 3, H, W) or (3, H, W) tensor, got shape {tuple(images.shape)}")
+        if x.shape[1] != 3:
+            kind = {1: "grayscale", 4: "RGBA"}.get(x.shape[1], f"{x.shape[1]}-channel")
+            raise ImageInputError(
+                f"got a {kind} tensor of shape {tuple(x.shape)}; the model takes 3 channels. Convert it "
+                "(grayscale: x.expand(-1, 3, -1, -1); RGBA: x[:, :3]) or pass PIL images / arrays, which vitviz "
+                "converts and normalises"
+            )
+        if x.dtype == torch.uint8:
+            raise ImageInputError("got a uint8 tensor; pass normalised float tensors, or PIL images / arrays")
+    else:
+        from timm.data import create_transform
+
+        items = list(images) if isinstance(images, (list, tuple)) else [images]
+        if not items:
+            raise ImageInputError("no images given")
+        transform = create_transform(**data_config(model), is_training=False)
+        x = torch.stack([transform(to_pil(im)) for im in items])
+    if spec is not None:  # a CNN takes any size its pooling allows
+        check_size(spec, x.shape[-2], x.shape[-1])
+    return x.to(device=device, dtype=dtype)
+
+
+def denormalise(model: nn.Module, x: torch.Tensor) -> np.ndarray:
+    """Undo the model's input normalisation for display: ``(B, 3, H, W)`` -> ``(B, H, W, 3)`` RGB in ``[0, 1]``."""
+    cfg = data_config(model)
+    mean = torch.tensor(cfg.get("mean", (0.0, 0.0, 0.0)), dtype=torch.float32).view(1, 3, 1, 1)
+    std = torch.tensor(cfg.get("std", (1.0, 1.0, 1.0)), dtype=torch.float32).view(1, 3, 1, 1)
+    return (x.detach().float().cpu() * std + mean).clamp(0, 1).permute(0, 2, 3, 1).numpy()

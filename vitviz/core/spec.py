@@ -1,0 +1,149 @@
+"""``vitviz.inspect(model) -> ViTSpec``: the token layout every later step reads.
+
+Nothing in vitviz guesses a grid from ``sqrt(N)`` or assumes one class token: the grid, the token stride, the
+prefix tokens (class, distillation, registers) and whether the position embedding covers them are read off the
+model by its family (``vitviz.core.families``).
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field, fields
+from typing import Any
+
+from torch import nn
+
+from vitviz.core.families import Family, family_of
+
+COMPONENT_ORDER = ("patch_embed", "pos_embed", "prefix_tokens", "blocks", "norm", "head", "other")
+
+
+@dataclass(frozen=True, repr=False)
+class ViTSpec:
+    """Token layout and size of a ViT.
+
+    Attributes:
+        name: model name (timm architecture, or the class name).
+        family: ``timm``, ``torchvision``, ``huggingface``, ``tutorial`` or ``custom``.
+        img_size: ``(H, W)`` input size in pixels the model was built for.
+        patch_size: ``(sh, sw)`` pixels per token along h and w, i.e. the token stride; for hybrids the backbone
+            reduction times the patch size.
+        grid_size: ``(gh, gw)`` patch tokens along h and w.
+        prefix_tokens: names of the tokens before the patch tokens, in order (``"cls"``, ``"dist"``, ``"reg"``).
+        pos_embed_kind: ``learned``, ``learned-2d``, ``sincos``, ``none`` or ``rotary``.
+        pos_embed_covers_prefix: whether the absolute position embedding has rows for the prefix tokens.
+        depth, num_heads, embed_dim: transformer size.
+        hybrid: the patch embedding sits on a CNN backbone.
+        dynamic_img_size: the model accepts other input sizes (timm ``dynamic_img_size=True``).
+        params: parameter count per component (``patch_embed``, ``pos_embed``, ``prefix_tokens``, ``blocks``,
+            ``norm``, ``head``, ``other``) and ``total``.
+        attention_modules: names of the attention modules, in layer order.
+    """
+
+    name: str
+    family: str
+    img_size: tuple[int, int]
+    patch_size: tuple[int, int]
+    grid_size: tuple[int, int]
+    prefix_tokens: tuple[str, ...]
+    pos_embed_kind: str
+    pos_embed_covers_prefix: bool
+    depth: int
+    num_heads: int
+    embed_dim: int
+    hybrid: bool = False
+    dynamic_img_size: bool = False
+    params: dict[str, int] = field(default_factory=dict)
+    attention_modules: tuple[str, ...] = ()
+
+    @property
+    def num_prefix_tokens(self) -> int:
+        return len(self.prefix_tokens)
+
+    @property
+    def num_patches(self) -> int:
+        return self.grid_size[0] * self.grid_size[1]
+
+    @property
+    def num_tokens(self) -> int:
+        return self.num_prefix_tokens + self.num_patches
+
+    @property
+    def class_token_index(self) -> int | None:
+        """Index of the class token in the sequence, or ``None`` when the model has none."""
+        return self.prefix_tokens.index("cls") if "cls" in self.prefix_tokens else None
+
+    @property
+    def has_abs_pos_embed(self) -> bool:
+        return self.pos_embed_kind not in ("none", "rotary")
+
+    def grid_for(self, img_size: tuple[int, int]) -> tuple[int, int]:
+        """The patch grid for another input size (for ``dynamic_img_size`` models)."""
+        return img_size[0] // self.patch_size[0], img_size[1] // self.patch_size[1]
+
+    def grid_for_input(self, x: Any) -> tuple[int, int]:
+        """The patch grid of the tokens the model makes from the batch ``x`` ``(B, C, H, W)``.
+
+        The one place this rule lives: models built with ``dynamic_img_size`` make a grid from the input's size;
+        every other model always makes its built ``grid_size`` (``load_images`` resizes to it).
+        """
+        return self.grid_for((int(x.shape[-2]), int(x.shape[-1]))) if self.dynamic_img_size else self.grid_size
+
+    def __repr__(self) -> str:
+        def m(n: int) -> str:
+            return f"{n / 1e6:.2f}M" if n >= 1e5 else f"{n:,}"
+
+        prefix = ", ".join(self.prefix_tokens) or "none"
+        cover = "covers prefix" if self.pos_embed_covers_prefix else "patches only"
+        if not self.has_abs_pos_embed:
+            cover = "no absolute table"
+        lines = [
+            f"ViTSpec({self.name}, family={self.family}{', hybrid' if self.hybrid else ''})",
+            f"  image      {self.img_size[0]}x{self.img_size[1]} px"
+            f"{' (dynamic size)' if self.dynamic_img_size else ''}",
+            f"  tokens     {self.grid_size[0]}x{self.grid_size[1]} grid, stride "
+            f"{self.patch_size[0]}x{self.patch_size[1]} px, prefix [{prefix}], N={self.num_tokens}",
+            f"  pos_embed  {self.pos_embed_kind} ({cover})",
+            f"  depth {self.depth}, heads {self.num_heads}, embed_dim {self.embed_dim}",
+            "  params     " + ", ".join(f"{k} {m(v)}" for k, v in self.params.items() if k != "total" and v)
+            + f" | total {m(self.params.get('total', 0))}",
+        ]
+        return "\n".join(lines)
+
+    def _repr_pretty_(self, p, cycle: bool) -> None:  # IPython
+        p.text(repr(self))
+
+
+def count_params(model: nn.Module, family: Family) -> dict[str, int]:
+    """Parameters per component (each parameter counted once, shared ones too) and ``total``."""
+    components = family.param_components(model)
+    counts = dict.fromkeys(COMPONENT_ORDER, 0)
+    for name, p in model.named_parameters():  # named_parameters() de-duplicates shared tensors
+        comp = next((c for c, prefixes in components.items() if name.startswith(prefixes)), "other")
+        counts[comp] = counts.get(comp, 0) + p.numel()
+    counts["total"] = sum(counts.values())
+    return counts
+
+
+def model_name(model: nn.Module) -> str:
+    cfg = getattr(model, "pretrained_cfg", None) or {}
+    name = cfg.get("architecture") if isinstance(cfg, dict) else None
+    if not name:
+        name = getattr(getattr(model, "config", None), "name_or_path", None) or type(model).__name__
+    return str(name)
+
+
+def inspect(model: nn.Module) -> ViTSpec:
+    """Read the token layout of ``model`` (any supported family; see ``vitviz.describe`` for custom ViTs).
+
+    Raises:
+        NotAViTError: the model is not a ViT vitviz can read (the message says how to describe it).
+    """
+    family = family_of(model)
+    lay = family.layout(model)
+    return ViTSpec(
+        name=model_name(model),
+        family=family.name,
+        **{f.name: getattr(lay, f.name) for f in fields(lay)},
+        params=count_params(model, family),
+        attention_modules=tuple(n for n, _ in family.attention_modules(model)),
+    )

@@ -1,0 +1,58 @@
+"""Every error class vitviz raises, in one place.
+
+All derive from ``VitvizError``; each also derives from the built-in exception a caller would expect
+(``TypeError`` for a model of the wrong kind, ``ValueError`` for bad input, ``RuntimeError`` for a failure while
+running), so ``except ValueError`` keeps working. Messages name the model or argument, the value, and the fix.
+"""
+
+from __future__ import annotations
+
+
+class VitvizError(Exception):
+    """Base class of vitviz errors; messages name the model, what was found and the fix."""
+
+
+class NotAViTError(VitvizError, TypeError):
+    """The model is not a Vision Transformer vitviz can read."""
+
+
+class UnsupportedModelError(NotAViTError):
+    """A ViT vitviz recognises but cannot read correctly; the message names the model class and the reason.
+
+    Raised instead of returning a silently wrong answer (for example windowed attention, or attention that is
+    not a row-stochastic map over the tokens).
+    """
+
+
+class InputError(VitvizError, ValueError):
+    """A bad argument to a public call; the message names the argument, the value and the fix."""
+
+
+class ImageInputError(InputError):
+    """An image the model cannot take; the message names the sizes and the fix."""
+
+
+class CaptureError(VitvizError, RuntimeError):
+    """Attention could not be captured (no forward ran, or a layer produced no map)."""
+
+
+class NoPositionEmbeddingError(VitvizError, ValueError):
+    """The model has no absolute position embedding table (none at all, or rotary)."""
+
+
+class NoRGBFiltersError(VitvizError, ValueError):
+    """The model has no convolution over RGB pixels whose filters could be shown."""
+
+
+class CheckpointError(VitvizError, ValueError):
+    """A checkpoint file is missing, corrupt, or does not fit the model."""
+
+
+class WeightsUnavailableError(VitvizError, RuntimeError):
+    """Pretrained weights cannot be had (offline, or no such weights)."""
+
+
+__all__ = [
+    "CaptureError", "CheckpointError", "ImageInputError", "InputError", "NoPositionEmbeddingError",
+    "NoRGBFiltersError", "NotAViTError", "UnsupportedModelError", "VitvizError", "WeightsUnavailableError",
+]

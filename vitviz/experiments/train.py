@@ -1,0 +1,351 @@
+"""Training runner for the reference models: ``python -m vitviz.experiments.train MODEL --data DIR [--epochs N] [--resume]``.
+
+Recipe (the standard small-scale CIFAR one): random crop with 4 px zero padding and horizontal flips (optionally
+TrivialAugment or RandAugment from torchvision), AdamW with linear warmup then cosine decay, label smoothing.
+On CUDA: bf16 autocast and ``torch.compile``. The dataset is decoded once into memory.
+
+Every epoch writes ``<out>/<model>/last.pt`` atomically; ``--resume`` continues from it and reproduces the
+uninterrupted run bit for bit (each epoch's shuffling, augmentation and dropout are seeded from ``(seed, epoch)``).
+Metrics go to ``metrics.csv`` and ``metrics.json`` beside it; ``export`` writes the fp16 ``.safetensors`` plus a
+JSON card (see ``vitviz.zoo.cards``).
+"""
+
+from __future__ import annotations
+
+import argparse
+import csv
+import io
+import json
+import math
+import sys
+import time
+from collections.abc import Callable
+from dataclasses import asdict, dataclass, field
+from pathlib import Path
+from typing import Any
+
+import torch
+import torch.nn.functional as F
+from torch import nn
+from tqdm.auto import tqdm
+
+from vitviz.analysis.flops import count_flops
+from vitviz.core.io import atomic_save, atomic_write_json, atomic_write_text
+from vitviz.experiments.data import TensorDataset, load_split
+from vitviz.zoo.models import resolve_device
+from vitviz.zoo.reference import CIFAR10_MEAN, CIFAR10_STD, build_reference
+
+
+@dataclass
+class TrainConfig:
+    """Everything that determines a run. Two runs with equal configs produce equal weights (same machine)."""
+
+    model: str
+    data: str | None = None
+    out: str = "runs"
+    epochs: int = 40
+    batch_size: int = 128
+    lr: float = 1e-3
+    min_lr: float = 1e-5
+    weight_decay: float = 0.05
+    warmup_epochs: float = 3.0
+    label_smoothing: float = 0.1
+    augment: str = "crop-flip"  # "crop-flip", "trivialaugment" or "randaugment" (the latter two add to crop-flip)
+    seed: int = 0
+    train_subset: int | None = None  # first N images of each class, for tests and smoke runs
+    test_subset: int | None = None
+    device: str = "auto"
+    threads: int | None = None
+    model_kwargs: dict[str, Any] = field(default_factory=dict)
+    cache: str | None = None  # decoded-dataset cache folder (default: <out>/.cache)
+
+    @property
+    def run_dir(self) -> Path:
+        return Path(self.out) / self.model
+
+
+class Interrupted(Exception):
+    """Raised by a step callback to stop a run (tests use it to simulate a kill mid-epoch)."""
+
+
+def lr_at(step: int, total_steps: int, warmup_steps: int, lr: float, min_lr: float) -> float:
+    """Linear warmup from 0, then cosine decay to ``min_lr``."""
+    if step < warmup_steps:
+        return lr * (step + 1) / warmup_steps
+    progress = (step - warmup_steps) / max(1, total_steps - warmup_steps)
+    return min_lr + 0.5 * (lr - min_lr) * (1 + math.cos(math.pi * min(progress, 1.0)))
+
+
+def random_crop_flip(images: torch.Tensor, generator: torch.Generator, padding: int = 4) -> torch.Tensor:
+    """Batched ``RandomCrop(size, padding)`` + ``RandomHorizontalFlip`` on ``(B, C, H, W)`` uint8 images."""
+    b, c, h, w = images.shape
+    padded = F.pad(images, (padding,) * 4)
+    oy = torch.randint(0, 2 * padding + 1, (b,), generator=generator)
+    ox = torch.randint(0, 2 * padding + 1, (b,), generator=generator)
+    rows = (oy[:, None] + torch.arange(h))[:, None, :, None]
+    cols = (ox[:, None] + torch.arange(w))[:, None, None, :]
+    out = padded[torch.arange(b)[:, None, None, None], torch.arange(c)[None, :, None, None], rows, cols]
+    flip = torch.rand(b, generator=generator) < 0.5
+    return torch.where(flip[:, None, None, None], out.flip(-1), out)
+
+
+def _policy(name: str) -> Callable[[torch.Tensor], torch.Tensor] | None:
+    from torchvision.transforms import v2
+
+    if name == "crop-flip":
+        return None
+    if name == "trivialaugment":
+        return v2.TrivialAugmentWide()
+    if name == "randaugment":
+        return v2.RandAugment()
+    raise ValueError(f"unknown augment {name!r}; use crop-flip, trivialaugment or randaugment")
+
+
+def normalize(images: torch.Tensor, device: torch.device) -> torch.Tensor:
+    mean = torch.tensor(CIFAR10_MEAN, device=device).view(1, 3, 1, 1)
+    std = torch.tensor(CIFAR10_STD, device=device).view(1, 3, 1, 1)
+    return (images.to(device, non_blocking=True).float() / 255.0 - mean) / std
+
+
+@torch.no_grad()
+def evaluate(model: nn.Module, data: TensorDataset, device: torch.device, batch_size: int = 500) -> float:
+    """Top-1 accuracy in percent on decoded uint8 images (CIFAR-10 normalisation)."""
+    was_training = model.training
+    model.eval()
+    correct = 0
+    for i in range(0, len(data), batch_size):
+        x = normalize(data.images[i : i + batch_size], device)
+        correct += (model(x).argmax(-1).cpu() == data.labels[i : i + batch_size]).sum().item()
+    model.train(was_training)
+    return 100.0 * correct / max(1, len(data))
+
+
+def _param_groups(model: nn.Module, weight_decay: float) -> list[dict[str, Any]]:
+    skip = set(getattr(model, "no_weight_decay", lambda: set())())
+    decay, no_decay = [], []
+    for name, p in model.named_parameters():
+        if not p.requires_grad:
+            continue
+        (no_decay if p.ndim <= 1 or name in skip or name.startswith("pos_embed") else decay).append(p)
+    return [{"params": decay, "weight_decay": weight_decay}, {"params": no_decay, "weight_decay": 0.0}]
+
+
+def _write_metrics(run_dir: Path, history: list[dict[str, Any]]) -> None:
+    atomic_write_json(run_dir / "metrics.json", history)
+    if history:
+        buf = io.StringIO()
+        columns = list(dict.fromkeys(k for row in history for k in row))  # rows of older runners lack some
+        writer = csv.DictWriter(buf, fieldnames=columns, restval="")
+        writer.writeheader()
+        writer.writerows(history)
+        atomic_write_text(run_dir / "metrics.csv", buf.getvalue())
+
+
+def train(
+    cfg: TrainConfig,
+    *,
+    resume: bool = False,
+    on_step: Callable[[int, int], None] | None = None,
+    progress: bool = True,
+) -> dict[str, Any]:
+    """Train ``cfg.model``; return a summary (final metrics, FLOPs, wall time, run folder).
+
+    Args:
+        cfg: the run's configuration.
+        resume: continue from ``<run_dir>/last.pt`` if present (its config must match ``cfg``).
+        on_step: called as ``on_step(epoch, step_in_epoch)`` after every optimizer step.
+        progress: show tqdm progress bars.
+    """
+    if cfg.threads:
+        torch.set_num_threads(cfg.threads)
+    device = resolve_device(cfg.device)
+    run_dir = cfg.run_dir
+    run_dir.mkdir(parents=True, exist_ok=True)
+    train_data = load_split(cfg, "train", cfg.train_subset)
+    test_data = load_split(cfg, "test", cfg.test_subset)
+
+    torch.manual_seed(cfg.seed)
+    model = build_reference(cfg.model, **cfg.model_kwargs).to(device)
+    opt = torch.optim.AdamW(_param_groups(model, cfg.weight_decay), lr=cfg.lr, betas=(0.9, 0.999))
+    steps_per_epoch = math.ceil(len(train_data) / cfg.batch_size)
+    total_steps = steps_per_epoch * cfg.epochs
+    warmup_steps = max(1, round(cfg.warmup_epochs * steps_per_epoch))
+    policy = _policy(cfg.augment)
+
+    start_epoch, history, train_time = 0, [], 0.0
+    ckpt_path = run_dir / "last.pt"
+    if resume and ckpt_path.exists():
+        from vitviz.zoo.weights import load_training_state
+
+        state = load_training_state(ckpt_path)
+        saved = {k: v for k, v in state["config"].items()
+                 if k not in ("epochs", "out", "data", "device", "threads", "cache")}
+        mine = {k: v for k, v in asdict(cfg).items() if k in saved}
+        if saved != mine:
+            diff = {k: (saved[k], mine.get(k)) for k in saved if saved[k] != mine.get(k)}
+            raise ValueError(f"cannot resume {ckpt_path}: its config differs (saved, now): {diff}")
+        planned = state["config"]["epochs"]
+        if planned != cfg.epochs and state["epoch"] > cfg.warmup_epochs:
+            # The cosine schedule depends on the total, so the epochs already trained followed another schedule;
+            # only inside the linear warm-up (which does not depend on it) is the run the same.
+            raise ValueError(
+                f"cannot resume {ckpt_path} as a {cfg.epochs}-epoch run: it holds {state['epoch']} epochs of a "
+                f"{planned}-epoch schedule, past the {cfg.warmup_epochs:g}-epoch warm-up, so its learning rates "
+                f"differ from a {cfg.epochs}-epoch run's. Resume it with --epochs {planned}, or start the longer "
+                "run in another folder (--out)")
+        model.load_state_dict(state["model"])
+        opt.load_state_dict(state["optimizer"])
+        start_epoch, history, train_time = state["epoch"], state["history"], state["train_time"]
+
+    forward = model
+    use_cuda = device.type == "cuda"
+    if use_cuda:
+        forward = torch.compile(model)
+    flops_fwd = count_flops(model)
+    flops_train = count_flops(model, backward=True)
+
+    here = device_description(device)
+    for epoch in range(start_epoch, cfg.epochs):
+        gen = torch.Generator().manual_seed(cfg.seed * 1_000_003 + epoch)
+        torch.manual_seed(cfg.seed * 1_000_003 + epoch)
+        perm = torch.randperm(len(train_data), generator=gen)
+        model.train()
+        t0 = time.perf_counter()
+        loss_sum, correct, seen = 0.0, 0, 0
+        bar = tqdm(range(steps_per_epoch), desc=f"{cfg.model} epoch {epoch + 1}/{cfg.epochs}", disable=not progress,
+                   mininterval=1.0 if sys.stderr.isatty() else 30.0, leave=False)
+        for i in bar:
+            idx = perm[i * cfg.batch_size : (i + 1) * cfg.batch_size]
+            images = train_data.images[idx]
+            if policy is not None:
+                images = torch.stack([policy(im) for im in images])
+            x = normalize(random_crop_flip(images, gen), device)
+            y = train_data.labels[idx].to(device)
+            step = epoch * steps_per_epoch + i
+            for group in opt.param_groups:
+                group["lr"] = lr_at(step, total_steps, warmup_steps, cfg.lr, cfg.min_lr)
+            with torch.autocast(device.type, dtype=torch.bfloat16, enabled=use_cuda):
+                logits = forward(x)
+                loss = F.cross_entropy(logits.float(), y, label_smoothing=cfg.label_smoothing)
+            opt.zero_grad(set_to_none=True)
+            loss.backward()
+            opt.step()
+            loss_sum += loss.item() * len(y)
+            correct += (logits.argmax(-1) == y).sum().item()
+            seen += len(y)
+            if on_step is not None:
+                on_step(epoch, i)
+            bar.set_postfix(loss=f"{loss_sum / seen:.3f}", acc=f"{100 * correct / seen:.1f}", refresh=False)
+        epoch_time = time.perf_counter() - t0
+        train_time += epoch_time
+        row = {
+            "epoch": epoch + 1,
+            "loss": round(loss_sum / seen, 5),
+            "train_acc": round(100.0 * correct / seen, 3),
+            "test_acc": round(evaluate(model, test_data, device), 3),
+            "lr": opt.param_groups[0]["lr"],
+            "images_per_s": round(seen / epoch_time, 1),
+            "epoch_time_s": round(epoch_time, 2),
+            "train_time_s": round(train_time, 2),
+            "device": here,
+        }
+        history.append(row)
+        if progress:
+            tqdm.write(f"{cfg.model} epoch {row['epoch']}: loss {row['loss']:.4f} train {row['train_acc']:.2f}% "
+                       f"test {row['test_acc']:.2f}% ({row['images_per_s']:.0f} img/s)")
+        atomic_save(
+            {"model": model.state_dict(), "optimizer": opt.state_dict(), "epoch": epoch + 1, "history": history,
+             "train_time": train_time, "config": asdict(cfg), "format": "vitviz-train-state-v1"},
+            ckpt_path,
+        )
+        _write_metrics(run_dir, history)
+
+    summary = {
+        "model": cfg.model,
+        "run_dir": str(run_dir),
+        "epochs": cfg.epochs,
+        "test_acc": history[-1]["test_acc"] if history else None,
+        "train_time_s": round(train_time, 1),
+        "flops_per_image_forward": flops_fwd,
+        "flops_per_image_train": flops_train,
+        "train_images": len(train_data),
+        "test_images": len(test_data),
+        "device": _run_devices(history, run_dir, here),
+    }
+    atomic_write_json(run_dir / "summary.json", summary)
+    return summary
+
+
+def _run_devices(history: list[dict[str, Any]], run_dir: Path, here: str) -> str:
+    """The hardware that trained the run's epochs (``"; "``-joined when a resume moved it), not the one now.
+
+    Epochs from runners that did not record a device take it from the run's previous ``summary.json``.
+    """
+    devices = [row["device"] for row in history if "device" in row]
+    if len(devices) < len(history):
+        previous = run_dir / "summary.json"
+        try:
+            devices.insert(0, json.loads(previous.read_text())["device"])
+        except (OSError, ValueError, KeyError):
+            devices.insert(0, "unrecorded")
+    return "; ".join(dict.fromkeys(devices)) or here
+
+
+def device_description(device: torch.device) -> str:
+    import platform
+
+    if device.type == "cuda":
+        return torch.cuda.get_device_name(device)
+    import os
+
+    cpu = platform.processor() or platform.machine()
+    try:
+        with open("/proc/cpuinfo") as f:
+            cpu = next(line.split(":", 1)[1].strip() for line in f if line.startswith("model name"))
+    except (OSError, StopIteration):
+        pass
+    desc = f"CPU: {cpu}, {os.cpu_count()} cores, {torch.get_num_threads()} threads"
+    try:
+        allowed = len(os.sched_getaffinity(0))
+    except (AttributeError, OSError):  # not on Linux
+        return desc
+    return desc + (f", pinned to {allowed} of them" if allowed < (os.cpu_count() or allowed) else "")
+
+
+def main(argv: list[str] | None = None) -> int:
+    p = argparse.ArgumentParser(prog="python -m vitviz.experiments.train", description=__doc__.split("\n\n")[0])
+    p.add_argument("model", help="reference model name, e.g. cifar10-vit")
+    p.add_argument("--data", help="dataset root with train/ and test/ (default: $VITVIZ_DATA)")
+    p.add_argument("--epochs", type=int, default=TrainConfig.epochs)
+    p.add_argument("--out", default="runs", help="runs folder (default: runs)")
+    p.add_argument("--resume", action="store_true", help="continue from <out>/<model>/last.pt")
+    p.add_argument("--batch-size", type=int, default=TrainConfig.batch_size)
+    p.add_argument("--lr", type=float, default=TrainConfig.lr)
+    p.add_argument("--weight-decay", type=float, default=TrainConfig.weight_decay)
+    p.add_argument("--warmup-epochs", type=float, default=TrainConfig.warmup_epochs)
+    p.add_argument("--augment", default=TrainConfig.augment, choices=["crop-flip", "trivialaugment", "randaugment"])
+    p.add_argument("--seed", type=int, default=0)
+    p.add_argument("--train-subset", type=int, help="use only N training images (balanced over classes)")
+    p.add_argument("--test-subset", type=int, help="evaluate on only N test images (balanced)")
+    p.add_argument("--device", default="auto")
+    p.add_argument("--threads", type=int, help="torch CPU threads")
+    p.add_argument("--export", metavar="DIR", help="after training, write <model>.safetensors + card to DIR")
+    p.add_argument("--no-progress", action="store_true")
+    a = p.parse_args(argv)
+    cfg = TrainConfig(
+        model=a.model, data=a.data, out=a.out, epochs=a.epochs, batch_size=a.batch_size, lr=a.lr,
+        weight_decay=a.weight_decay, warmup_epochs=a.warmup_epochs, augment=a.augment, seed=a.seed,
+        train_subset=a.train_subset, test_subset=a.test_subset, device=a.device, threads=a.threads,
+    )
+    summary = train(cfg, resume=a.resume, progress=not a.no_progress)
+    print(summary)
+    if a.export:
+        from vitviz.experiments.export import export_reference
+
+        card = export_reference(cfg, a.export)
+        print(f"exported {card['file']}: test top-1 {card['test_top1']:.2f}%")
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())

@@ -1,0 +1,307 @@
+"""``python -m vitviz report``: the notebooks executed headless, plus every package figure, offline.
+
+Two kinds of steps, each shown by a tqdm bar and each allowed to fail without losing the others:
+
+- the notebooks of ``notebooks/`` run with papermill (``vitviz.report.notebooks``): each gets ``out_dir`` (its
+  figures go to ``<out>/figures``), ``arrays_dir`` (``<out>/arrays``) and, when given, the model and an image
+  folder; the executed notebooks are written to ``<out>/notebooks/<name>.ipynb`` and as self-contained HTML;
+- the package figures for the reference models (or ``--model``): ``<out>/figures/<model>_<figure>.{png,pdf,svg}``
+  with the numbers behind each in ``<out>/arrays/<name>.npz``.
+
+``<out>/meta.json`` records the model, resolution, settings, versions, device and git commit, and
+``<out>/index.html`` links every notebook page and shows every figure. A failed notebook names its cell.
+"""
+
+from __future__ import annotations
+
+import datetime as _dt
+import os
+import re
+import subprocess
+import traceback
+from collections.abc import Callable, Sequence
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+import torch
+from torch import nn
+
+from vitviz.core.io import atomic_write, atomic_write_json, atomic_write_text, save_arrays
+from vitviz.zoo.models import load_model_or_random
+from vitviz.zoo.reference import REFERENCE_MODELS
+from vitviz.zoo.weights import versions
+
+DEFAULT_MODELS = ("cifar10-vit", "cifar10-vit-2dpos", "cifar10-hybrid")
+STUDY_RESULTS = Path(__file__).resolve().parents[2] / "data" / "study" / "hybrid_vs_pure.csv"
+Job = Callable[[], tuple[Any, dict[str, np.ndarray]]]
+
+
+@dataclass
+class LoadedModel:
+    key: str
+    model: nn.Module
+    trained: bool
+    note: str = ""
+
+
+@dataclass
+class Report:
+    out: Path
+    formats: tuple[str, ...] = ("png", "pdf", "svg")
+    figures: list[dict[str, Any]] = field(default_factory=list)
+    failures: list[dict[str, str]] = field(default_factory=list)
+    notebooks: list[dict[str, Any]] = field(default_factory=list)
+
+    @property
+    def ok(self) -> bool:
+        return not self.failures
+
+
+def model_key(name: str) -> str:
+    """A file-name-safe key for a model name or weights path (``"runs/my vit.pth"`` -> ``"my_vit"``)."""
+    stem = Path(name).stem if os.sep in name or Path(name).suffix in (".safetensors", ".pth", ".pt", ".bin",
+                                                                     ".npz") else name
+    return re.sub(r"[^A-Za-z0-9._-]+", "_", stem)
+
+
+def load_or_random(name: str, device: str = "auto") -> LoadedModel:
+    """``vitviz.load_model_or_random`` wrapped with the report's key and a note for random weights."""
+    model = load_model_or_random(name, device=device, verbose=False)
+    if not model.vitviz_random_weights:
+        return LoadedModel(model_key(name), model, True)
+    note = ("random weights: the trained checkpoint is not in vitviz/zoo/checkpoints" if name in REFERENCE_MODELS
+            else "random weights: a timm architecture without pretrained weights")
+    return LoadedModel(model_key(name), model, False, note)
+
+
+def git_commit() -> str | None:
+    try:
+        root = Path(__file__).resolve().parents[2]
+        return subprocess.run(["git", "-C", str(root), "rev-parse", "HEAD"], capture_output=True, text=True,
+                              check=True, timeout=5).stdout.strip()
+    except (OSError, subprocess.SubprocessError):
+        return None
+
+
+def _figure_jobs(m: LoadedModel) -> list[tuple[str, Job]]:
+    import vitviz
+
+    spec = vitviz.inspect(m.model)
+    jobs = []
+    if spec.has_abs_pos_embed:
+        def pos() -> tuple[Any, dict[str, np.ndarray]]:
+            sim = vitviz.pos_embed_similarity(m.model)
+            return vitviz.plot_pos_embed(m.model), {"similarity": sim.numpy(),
+                                                     "locality": np.array(vitviz.pos_embed_locality(m.model))}
+
+        jobs.append((f"{m.key}_pos_embed", pos))
+
+    def filters() -> tuple[Any, dict[str, np.ndarray]]:
+        weights, _source = vitviz.embedding_filters(m.model)
+        comps, ratio = vitviz.filter_pca(weights)
+        return vitviz.plot_embedding_filters(m.model), {"components": np.asarray(comps),
+                                                         "explained_variance_ratio": np.asarray(ratio)}
+
+    jobs.append((f"{m.key}_embedding_filters", filters))
+
+    def distance() -> tuple[Any, dict[str, np.ndarray]]:
+        from vitviz.zoo.samples import example_images
+
+        images = example_images(None, 128)  # CIFAR-10 test images from $VITVIZ_DATA, else photographs
+        dist = vitviz.mean_attention_distance(m.model, images.images)
+        ax = vitviz.plot_attention_distance(dist, label=f"{m.key} ({len(images)} images)")
+        return ax.figure, {"distance_px": dist.numpy()}
+
+    jobs.append((f"{m.key}_attention_distance", distance))
+    return jobs
+
+
+def _global_jobs() -> list[tuple[str, Job]]:
+    """Figures that do not depend on a model: the paper's Fig. 5 and the measured small-scale study."""
+    import vitviz
+    from vitviz.experiments.study import read_results
+
+    def paper() -> tuple[Any, dict[str, np.ndarray]]:
+        df = vitviz.paper_results()
+        return vitviz.plot_compute_curves(df, frontier=True), {c: df[c].to_numpy() for c in
+                                                                ("exaflops", "avg5", "imagenet")}
+
+    jobs = [("paper_fig5_compute_curves", paper)]
+    from vitviz.zoo.cards import posemb_ablation_results
+
+    ablation = posemb_ablation_results()
+    if ablation["trained"].any():
+        def posemb() -> tuple[Any, dict[str, np.ndarray]]:
+            return vitviz.plot_posemb_ablation(), {
+                "test_top1": ablation["test_top1"].to_numpy(dtype=float),
+                "epochs": ablation["epochs"].to_numpy(dtype=float, na_value=np.nan),
+                "paper_5shot": ablation["paper_5shot"].to_numpy(dtype=float)}
+
+        jobs.append(("table8_posemb_ablation", posemb))
+    measured = read_results()
+    if len(measured):
+        def study() -> tuple[Any, dict[str, np.ndarray]]:
+            fig = vitviz.plot_compute_curves(measured, metrics=("test_acc",), x="train_pflops", frontier=True,
+                                             annotate=True, ylabel="Test accuracy [%]")
+            return fig, {c: measured[c].to_numpy() for c in ("train_pflops", "test_acc", "epochs")}
+
+        jobs.append(("study_hybrid_vs_pure", study))
+    return jobs
+
+
+def _figure_step(report: Report, m: LoadedModel, name: str, fn: Job) -> Callable[[], None]:
+    def step() -> None:
+        import matplotlib.pyplot as plt
+
+        import vitviz
+
+        try:
+            fig, arrays = fn()
+            paths = vitviz.save_figure(fig, report.out / "figures" / name, formats=report.formats)
+            plt.close(fig)
+            save_arrays(report.out / "arrays" / name, **arrays)
+            report.figures.append({"name": name, "model": m.key or None, "trained": m.trained, "note": m.note,
+                                   "files": [str(Path(p).relative_to(report.out)) for p in paths]})
+        except Exception as e:  # keep going: one broken figure must not lose the others
+            report.failures.append({"name": name, "kind": "figure", "error": f"{type(e).__name__}: {e}",
+                                    "traceback": traceback.format_exc()})
+
+    return step
+
+
+def _notebook_step(report: Report, path: Path, settings: dict[str, Any], kernel: str,
+                   cell_timeout: int | None) -> Callable[[], None]:
+    def step() -> None:
+        from vitviz.report.notebooks import NotebookRun, parameters_for, run_notebook
+
+        try:
+            params = parameters_for(path, **settings)
+            run = run_notebook(path, report.out / "notebooks", params, kernel=kernel, cell_timeout=cell_timeout,
+                               watch=(report.out / "figures", report.out / "arrays"))
+        except Exception as e:  # an unreadable notebook, papermill missing: say so, keep the rest
+            run = NotebookRun(path.stem, str(path), {}, error={"cell_index": None, "exec_count": None,
+                                                               "ename": type(e).__name__, "evalue": str(e),
+                                                               "message": f"{path.name}: {type(e).__name__}: {e}"})
+        entry = run.as_dict()
+        for key in ("executed", "html"):
+            entry[key] = str(Path(entry[key]).relative_to(report.out)) if entry[key] else None
+        entry["files"] = [str(Path(f).relative_to(report.out)) for f in run.files]
+        report.notebooks.append(entry)
+        if not run.ok:
+            report.failures.append({"name": f"notebook {path.name}", "kind": "notebook",
+                                    "error": run.error["message"] if run.error else "failed",
+                                    "traceback": (run.error or {}).get("source", "")})
+
+    return step
+
+
+# Figures of the trained reference models and the paper's tables (the README's gallery).
+GALLERY = ("cifar10-vit_pos_embed", "cifar10-vit_embedding_filters", "fig6_rollout_vit", "cifar10-vit_attention_distance",
+           "paper_fig5_compute_curves", "cifar10-vit-2dpos_pos_embed", "table8_posemb_ablation",
+           "fig11_attention_distance", "reference_compute")
+
+
+def write_gallery(report_out: str | os.PathLike, gallery: str | os.PathLike, names: Sequence[str] = GALLERY,
+                  width: int = 720) -> list[Path]:
+    """Copy the key figures of a report, downscaled to ``width`` px, into ``gallery`` (the README's pictures).
+
+    Returns:
+        the PNGs written; figures the report lacks are skipped.
+    """
+    from PIL import Image
+
+    written = []
+    for name in names:
+        src = Path(report_out) / "figures" / f"{name}.png"
+        if not src.is_file():
+            continue
+        with Image.open(src) as im:
+            im = im.convert("RGB")
+            if im.width > width:
+                im = im.resize((width, round(im.height * width / im.width)), Image.Resampling.LANCZOS)
+            target = Path(gallery) / f"{name}.png"
+            atomic_write(target, lambda tmp, im=im: im.save(tmp, format="PNG", optimize=True))
+        written.append(target)
+    return written
+
+
+def render_report(
+    out: str | os.PathLike = "reports",
+    models: Sequence[str] | None = None,
+    formats: Sequence[str] = ("png", "pdf", "svg"),
+    device: str = "auto",
+    progress: bool = True,
+    *,
+    notebooks: Sequence[str | os.PathLike] | None = None,
+    model: str | None = None,
+    images: str | os.PathLike | None = None,
+    kernel: str = "python3",
+    cell_timeout: int | None = 1800,
+) -> Report:
+    """Execute the notebooks and render every package figure into ``out``; return what was written and failed.
+
+    Args:
+        out: the report folder.
+        models: model names for the package figures (default: ``(model,)`` when ``model`` is given, else
+            ``DEFAULT_MODELS``, the reference models).
+        formats: figure formats of the package figures.
+        device: device of the package figures' models (``"auto"``: CUDA when available).
+        progress: show a tqdm bar over the steps.
+        notebooks: the notebooks to execute (default: every ``notebooks/*.ipynb``; ``()`` for none).
+        model: a model name or weights path for the notebooks that declare ``model_name`` (default: their own);
+            also the package figures' model when ``models`` is not given.
+        images: an image folder for the notebooks that declare ``images_dir``/``image_dir``/``data_dir``.
+        kernel: Jupyter kernel the notebooks run in.
+        cell_timeout: seconds a notebook cell may run.
+
+    Returns:
+        ``Report`` with ``figures``, ``notebooks`` (one dict per notebook, see ``NotebookRun``) and ``failures``.
+    """
+    import matplotlib
+
+    matplotlib.use("Agg", force=False)
+    from tqdm.auto import tqdm
+
+    import vitviz
+    from vitviz.report.html import index_html
+    from vitviz.report.notebooks import find_notebooks
+
+    report = Report(Path(out), tuple(formats))
+    for sub in ("figures", "arrays", "notebooks"):
+        (report.out / sub).mkdir(parents=True, exist_ok=True)
+    names = tuple(models) if models is not None else (model,) if model else DEFAULT_MODELS
+    loaded = [load_or_random(name, device) for name in names]
+    none = LoadedModel("", nn.Identity(), True)
+    steps = [(name, _figure_step(report, m, name, fn)) for m in loaded for name, fn in _figure_jobs(m)]
+    steps += [(name, _figure_step(report, none, name, fn)) for name, fn in _global_jobs()]
+    settings = {"out_dir": (report.out / "figures").resolve(), "arrays_dir": (report.out / "arrays").resolve(),
+                "model": model, "images": Path(images).resolve() if images is not None else None}
+    nb_paths = find_notebooks() if notebooks is None else [Path(p) for p in notebooks]
+    steps += [(f"notebook {p.stem}", _notebook_step(report, p, settings, kernel, cell_timeout)) for p in nb_paths]
+    bar = tqdm(steps, desc="vitviz report", unit="step", disable=not progress)
+    for label, step in bar:
+        bar.set_postfix_str(label)
+        step()
+    meta = {
+        "created": _dt.datetime.now(_dt.timezone.utc).isoformat(timespec="seconds"),
+        "model": model,
+        "images": settings["images"] and str(settings["images"]),
+        "resolution": {m.key: list(vitviz.inspect(m.model).img_size) for m in loaded},
+        "settings": {"formats": list(report.formats), "device": device, "kernel": kernel,
+                     "cell_timeout_s": cell_timeout, "notebooks": [p.name for p in nb_paths]},
+        "models": {m.key: {"trained": m.trained, "note": m.note, "spec": repr(vitviz.inspect(m.model))}
+                   for m in loaded},
+        "formats": list(report.formats),
+        "device": str(next(loaded[0].model.parameters()).device) if loaded else None,
+        "cuda": torch.cuda.get_device_name() if torch.cuda.is_available() else None,
+        "versions": versions(),
+        "git_commit": git_commit(),
+        "notebooks": report.notebooks,
+        "figures": report.figures,
+        "failures": [{k: v for k, v in f.items() if k != "traceback"} for f in report.failures],
+    }
+    atomic_write_json(report.out / "meta.json", meta)
+    atomic_write_text(report.out / "index.html", index_html(report, meta))
+    return report

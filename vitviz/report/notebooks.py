@@ -1,0 +1,200 @@
+"""Run the notebooks of ``notebooks/`` headless for the report (papermill), and turn them into HTML (nbconvert).
+
+Each notebook has one ``parameters`` cell; the report sets only the parameters a notebook declares: ``out_dir``
+(where it saves its figures), ``arrays_dir`` (where it saves the numbers behind them), the model (``model_name``
+or ``vit_model``) and an image folder (``images_dir``, ``image_dir`` or ``data_dir``). The kernel is ``python3``
+from the running interpreter's environment; ``MPLBACKEND`` is taken out of its environment, or Jupyter's inline
+backend would not be chosen and the figures would vanish from the executed notebook; a relative ``$VITVIZ_DATA``
+is made absolute, since each kernel runs in its notebook's folder. A failing notebook is kept
+(executed up to the failure, with the traceback) and its failing cell is named.
+"""
+
+from __future__ import annotations
+
+import os
+import time
+from collections.abc import Iterator
+from contextlib import contextmanager
+from dataclasses import asdict, dataclass, field
+from pathlib import Path
+from typing import Any
+
+from vitviz.experiments.data import DATA_ENV
+
+__all__ = ["NOTEBOOK_DIR", "NotebookRun", "find_notebooks", "notebook_html", "notebook_parameters",
+           "parameters_for", "run_notebook"]
+
+NOTEBOOK_DIR = Path(__file__).resolve().parents[2] / "notebooks"
+# what the report knows -> the parameter names a notebook may use for it, in order of preference
+PARAMETER_NAMES = {
+    "out_dir": ("out_dir",),
+    "arrays_dir": ("arrays_dir",),
+    "model": ("model_name", "vit_model", "model"),
+    "images": ("images_dir", "image_dir", "data_dir", "images"),
+}
+
+
+@dataclass
+class NotebookRun:
+    """What happened to one notebook: where its outputs are, and the failing cell if it failed."""
+
+    name: str
+    source: str
+    parameters: dict[str, Any]
+    executed: str | None = None
+    html: str | None = None
+    ok: bool = False
+    error: dict[str, Any] | None = None
+    files: list[str] = field(default_factory=list)
+    seconds: float = 0.0
+
+    def as_dict(self) -> dict[str, Any]:
+        return asdict(self)
+
+
+def find_notebooks(folder: str | os.PathLike = NOTEBOOK_DIR) -> list[Path]:
+    """The ``*.ipynb`` files of ``folder`` in name order (checkpoints and hidden files left out)."""
+    return sorted(p for p in Path(folder).glob("*.ipynb") if not p.name.startswith("."))
+
+
+def notebook_parameters(path: str | os.PathLike) -> dict[str, Any]:
+    """The parameters declared in the notebook's ``parameters`` cell: name -> default (as source text)."""
+    import papermill
+
+    return {name: p["default"] for name, p in papermill.inspect_notebook(str(path)).items()}
+
+
+def parameters_for(path: str | os.PathLike, **known: Any) -> dict[str, Any]:
+    """Map the report's settings (``out_dir``, ``arrays_dir``, ``model``, ``images``) onto the notebook's names.
+
+    Settings that are ``None`` and settings the notebook does not declare are left out, so every notebook runs
+    with its own offline defaults for them.
+    """
+    declared = notebook_parameters(path)
+    chosen: dict[str, Any] = {}
+    for key, value in known.items():
+        if value is None:
+            continue
+        if key not in PARAMETER_NAMES:
+            raise ValueError(f"unknown report setting {key!r}; known: {sorted(PARAMETER_NAMES)}")
+        name = next((n for n in PARAMETER_NAMES[key] if n in declared), None)
+        if name is not None:
+            chosen[name] = str(value) if isinstance(value, os.PathLike) else value
+    return chosen
+
+
+@contextmanager
+def kernel_environment() -> Iterator[None]:
+    """The environment kernels inherit, for the duration of the block: without ``MPLBACKEND``, and with a relative
+    ``$VITVIZ_DATA`` made absolute (a kernel runs in its notebook's folder, where the relative path means nothing)."""
+    saved = {k: os.environ.get(k) for k in ("MPLBACKEND", DATA_ENV)}
+    os.environ.pop("MPLBACKEND", None)
+    if saved[DATA_ENV]:
+        os.environ[DATA_ENV] = str(Path(saved[DATA_ENV]).expanduser().absolute())
+    try:
+        yield
+    finally:
+        for key, value in saved.items():
+            if value is None:
+                os.environ.pop(key, None)
+            else:
+                os.environ[key] = value
+
+
+def _snapshot(folders: list[Path]) -> dict[Path, int]:
+    return {p: p.stat().st_mtime_ns for d in folders if d.is_dir() for p in d.iterdir() if p.is_file()}
+
+
+def _source_index(path: Path, source: str, executed_index: int) -> int:
+    """The failing cell's 0-based index in the source notebook (papermill's index counts its injected cell)."""
+    import nbformat
+
+    cells = nbformat.read(str(path), as_version=4).cells
+    hits = [i for i, c in enumerate(cells) if c.source == source]
+    return min(hits, key=lambda i: abs(i - executed_index)) if hits else executed_index
+
+
+def run_notebook(path: str | os.PathLike, out: str | os.PathLike, parameters: dict[str, Any], *,
+                 kernel: str = "python3", cell_timeout: int | None = 1800, start_timeout: int = 120,
+                 watch: tuple[str | os.PathLike, ...] = ()) -> NotebookRun:
+    """Execute one notebook with papermill into ``out/<name>.ipynb`` and convert it to ``out/<name>.html``.
+
+    Args:
+        path: the notebook.
+        out: folder for the executed notebook and its HTML.
+        parameters: values for its ``parameters`` cell (see ``parameters_for``).
+        kernel: Jupyter kernel name.
+        cell_timeout: seconds one cell may run (``None``: no limit).
+        start_timeout: seconds the kernel may take to start.
+        watch: folders whose new or rewritten files are listed in ``NotebookRun.files`` (figures, arrays).
+
+    Returns:
+        ``NotebookRun``; on failure ``ok`` is False and ``error`` holds ``cell_index`` (0-based, in the source
+        notebook), ``exec_count``, ``ename``, ``evalue`` and a one-line ``message`` naming the cell.
+    """
+    import papermill
+    from papermill.exceptions import PapermillExecutionError
+
+    path, out = Path(path), Path(out)
+    out.mkdir(parents=True, exist_ok=True)
+    run = NotebookRun(path.stem, str(path), dict(parameters))
+    executed = out / f"{path.stem}.ipynb"
+    folders = [Path(w) for w in watch]
+    before = _snapshot(folders)
+    start = time.monotonic()
+    try:
+        with kernel_environment():
+            papermill.execute_notebook(str(path), str(executed), parameters=parameters, kernel_name=kernel,
+                                       cwd=str(path.parent), progress_bar=False, log_output=False,
+                                       start_timeout=start_timeout, execution_timeout=cell_timeout)
+        run.ok = True
+    except PapermillExecutionError as e:
+        index = _source_index(path, e.source, e.cell_index)
+        first = next((line for line in e.source.splitlines() if line.strip()), "")
+        run.error = {"cell_index": index, "exec_count": e.exec_count, "ename": e.ename, "evalue": e.evalue,
+                     "source": e.source,
+                     "message": f"{path.name}: cell {index} (execution count {e.exec_count}, `{first[:60]}`) "
+                                f"raised {e.ename}: {e.evalue}"}
+    except Exception as e:  # kernel died, timeout, unreadable notebook: keep going, say what happened
+        run.error = {"cell_index": None, "exec_count": None, "ename": type(e).__name__, "evalue": str(e),
+                     "message": f"{path.name}: {type(e).__name__}: {e}"}
+    run.seconds = round(time.monotonic() - start, 1)
+    after = _snapshot(folders)
+    run.files = sorted(str(p) for p, t in after.items() if before.get(p) != t)
+    if executed.is_file():
+        run.executed = str(executed)
+        try:
+            run.html = str(notebook_html(executed, out / f"{path.stem}.html"))
+        except Exception as e:  # the executed notebook is still there
+            run.error = run.error or {"cell_index": None, "exec_count": None, "ename": type(e).__name__,
+                                      "evalue": str(e), "message": f"{path.name}: HTML export failed: {e}"}
+            run.ok = False
+    return run
+
+
+# nbconvert's lab page without its CDN scripts (require.js, MathJax, Mermaid): the page loads nothing from the
+# network; styles and figures are inline. TeX in markdown then shows as source.
+OFFLINE_TEMPLATE = """{%- extends 'lab/index.html.j2' -%}
+{%- block html_head_js -%}{%- endblock html_head_js -%}
+{%- block html_head_js_mathjax -%}{%- endblock html_head_js_mathjax -%}
+{%- block html_head_js_mermaidjs -%}{%- endblock html_head_js_mermaidjs -%}
+"""
+
+
+def notebook_html(notebook: str | os.PathLike, html_path: str | os.PathLike) -> Path:
+    """Write ``notebook`` as one self-contained HTML page (nbconvert's ``HTMLExporter``, images embedded).
+
+    The page needs no network: figures are embedded as data URLs and the CDN scripts of nbconvert's template
+    are left out (``OFFLINE_TEMPLATE``).
+    """
+    import nbformat
+    from jinja2 import DictLoader
+    from nbconvert import HTMLExporter
+
+    from vitviz.core.io import atomic_write_text
+
+    nb = nbformat.read(str(notebook), as_version=4)
+    exporter = HTMLExporter(embed_images=True, template_file="vitviz_offline.html.j2",
+                            extra_loaders=[DictLoader({"vitviz_offline.html.j2": OFFLINE_TEMPLATE})])
+    body, _ = exporter.from_notebook_node(nb, resources={"metadata": {"name": Path(notebook).stem}})
+    return atomic_write_text(html_path, body)

@@ -1,0 +1,222 @@
+"""``vitviz.load_model``: a ViT by timm name, local weights file, or vitviz reference-model name.
+
+Weights never come silently from the network: ``pretrained=True`` first checks that the weight host answers
+(3 s), and fails at once with an error naming the model and the ``checkpoint=`` fix when it does not.
+"""
+
+from __future__ import annotations
+
+import os
+import socket
+import threading
+from pathlib import Path
+from typing import Any
+from urllib.parse import urlparse
+
+import torch
+from torch import nn
+
+from vitviz.errors import CheckpointError, VitvizError, WeightsUnavailableError
+from vitviz.zoo.reference import REFERENCE_MODELS, build_reference
+from vitviz.zoo.weights import check_npz, checkpoint_dir, read_state_dict, safetensors_metadata
+
+WEIGHT_SUFFIXES = (".safetensors", ".pth", ".pt", ".bin", ".npz")
+NETWORK_TIMEOUT_S = 3.0
+
+
+
+def resolve_device(device: str | torch.device = "auto") -> torch.device:
+    """``"auto"``: CUDA when available, else CPU."""
+    if str(device) == "auto":
+        return torch.device("cuda" if torch.cuda.is_available() else "cpu")
+    return torch.device(device)
+
+
+def host_reachable(host: str, port: int = 443, timeout: float = NETWORK_TIMEOUT_S) -> bool:
+    """True when a TCP connection to ``host:port`` opens within ``timeout`` s (DNS included)."""
+    result: list[bool] = []
+
+    def probe() -> None:
+        try:
+            with socket.create_connection((host, port), timeout=timeout):
+                result.append(True)
+        except OSError:
+            result.append(False)
+
+    t = threading.Thread(target=probe, daemon=True)
+    t.start()
+    t.join(timeout + 0.5)
+    return bool(result and result[0])
+
+
+def _weights_host(pretrained_cfg: dict[str, Any]) -> str:
+    if pretrained_cfg.get("hf_hub_id"):
+        return urlparse(os.environ.get("HF_ENDPOINT", "https://huggingface.co")).hostname or "huggingface.co"
+    return urlparse(pretrained_cfg.get("url") or "").hostname or "huggingface.co"
+
+
+def _cached_hub_file(pretrained_cfg: dict[str, Any]) -> str | None:
+    repo = pretrained_cfg.get("hf_hub_id")
+    if not repo:
+        return None
+    try:
+        from huggingface_hub import try_to_load_from_cache
+    except ImportError:
+        return None
+    for filename in ("model.safetensors", "open_clip_pytorch_model.bin", "pytorch_model.bin"):
+        hit = try_to_load_from_cache(repo, filename)
+        if isinstance(hit, str):
+            return hit
+    return None
+
+
+def _unavailable(name: str, why: str) -> WeightsUnavailableError:
+    return WeightsUnavailableError(
+        f"pretrained weights for {name!r} cannot be fetched: {why}. Download the weights file on a machine with "
+        f"network access (e.g. the model.safetensors of its Hugging Face repo) and pass it: "
+        f"vitviz.load_model({name!r}, checkpoint='path/to/model.safetensors'); or use pretrained=False for "
+        "random weights"
+    )
+
+
+def _create_timm(name: str, pretrained: bool, checkpoint: Path | None, **kwargs: Any) -> nn.Module:
+    import timm
+
+    if not timm.is_model(name.split(".")[0]):
+        close = timm.list_models(f"*{name.split('.')[0].split('_')[0]}*")[:5]
+        raise VitvizError(
+            f"{name!r} is neither a timm model, a local weights file nor a vitviz reference model "
+            f"({', '.join(REFERENCE_MODELS)}). Similar timm names: {close}"
+        )
+    if checkpoint is not None:
+        overlay = {"file": str(checkpoint), "custom_load": checkpoint.suffix == ".npz"}
+        if checkpoint.suffix == ".npz":
+            check_npz(checkpoint)
+        else:
+            read_state_dict(checkpoint)  # refuses a corrupt file with a clear message before timm sees it
+        try:
+            return timm.create_model(name, pretrained=True, pretrained_cfg_overlay=overlay, **kwargs)
+        except RuntimeError as e:
+            raise CheckpointError(
+                f"the weights in {str(checkpoint)!r} do not fit timm model {name!r}: {str(e)[:600]}"
+            ) from None
+    if pretrained:
+        from timm.models import get_pretrained_cfg
+
+        cfg = get_pretrained_cfg(name)
+        cfg = cfg.to_dict() if cfg is not None else {}
+        cached = _cached_hub_file(cfg)
+        if cached:
+            return _create_timm(name, False, Path(cached), **kwargs)
+        if os.environ.get("HF_HUB_OFFLINE", "0") not in ("0", "", "false", "False"):
+            raise _unavailable(name, "HF_HUB_OFFLINE is set and the weights are not in the local cache")
+        host = _weights_host(cfg)
+        if not host_reachable(host):
+            raise _unavailable(name, f"{host} cannot be reached (offline?) and the weights are not cached")
+        try:
+            return timm.create_model(name, pretrained=True, **kwargs)
+        except Exception as e:
+            raise _unavailable(name, f"{type(e).__name__}: {str(e)[:300]}") from None
+    return timm.create_model(name, pretrained=False, **kwargs)
+
+
+def _load_reference(name: str, checkpoint: Path | None, **kwargs: Any) -> nn.Module:
+    model = build_reference(name, **kwargs)
+    path = checkpoint or checkpoint_dir() / f"{name}.safetensors"
+    if not path.is_file():
+        raise WeightsUnavailableError(
+            f"the reference checkpoint for {name!r} is not at {str(path)!r}. Train and export it with "
+            f"`python -m vitviz.experiments.train {name} --data DIR --export vitviz/zoo/checkpoints`, or set $VITVIZ_CHECKPOINTS "
+            "to the folder that holds it"
+        )
+    sd = read_state_dict(path)
+    try:
+        model.load_state_dict(sd)
+    except RuntimeError as e:
+        raise CheckpointError(f"{str(path)!r} does not fit reference model {name!r}: {str(e)[:600]}") from None
+    return model
+
+
+def load_model(
+    name_or_path: str | os.PathLike,
+    *,
+    pretrained: bool = False,
+    checkpoint: str | os.PathLike | None = None,
+    device: str | torch.device = "auto",
+    **kwargs: Any,
+) -> nn.Module:
+    """Load a ViT in eval mode on ``device``.
+
+    Args:
+        name_or_path: a timm model name (``"vit_base_patch16_224"``), a vitviz reference model
+            (``"cifar10-vit"``, see ``vitviz.zoo.reference.REFERENCE_MODELS``), or a ``.safetensors`` file exported
+            by vitviz (its metadata names the architecture).
+        pretrained: fetch the timm model's pretrained weights (fails within seconds when offline).
+        checkpoint: a local weights file: ``.safetensors``, ``.pth``/``.pt``/``.bin`` state dict, or the original
+            JAX ``.npz`` (read by timm's loader, which also resamples position embeddings to ``img_size``).
+        device: ``"auto"`` (CUDA when available), ``"cpu"``, ``"cuda:1"``...
+        **kwargs: passed to ``timm.create_model`` (e.g. ``img_size=384``, ``dynamic_img_size=True``).
+
+    Raises:
+        WeightsUnavailableError: pretrained weights cannot be fetched; the message says how to pass a file.
+        CheckpointError: the weights file is missing, corrupt, or does not fit the model.
+    """
+    ckpt = Path(checkpoint) if checkpoint is not None else None
+    target = str(name_or_path)
+    if target in REFERENCE_MODELS:
+        model = _load_reference(target, ckpt, **kwargs)
+    elif target.endswith(WEIGHT_SUFFIXES) or Path(target).is_file():
+        path = Path(target)
+        if not path.is_file():
+            raise CheckpointError(f"checkpoint file {target!r} not found")
+        arch = safetensors_metadata(path).get("vitviz.model") if path.suffix == ".safetensors" else None
+        if arch in REFERENCE_MODELS:
+            model = _load_reference(arch, path, **kwargs)
+        elif arch:
+            model = _create_timm(arch, False, path, **kwargs)
+        else:
+            raise CheckpointError(
+                f"{target!r} does not say which architecture it holds; name it: "
+                f"vitviz.load_model('<timm model name>', checkpoint={target!r})"
+            )
+    else:
+        model = _create_timm(target, pretrained, ckpt, **kwargs)
+    return model.to(resolve_device(device)).eval()
+
+
+def load_model_or_random(
+    name: str,
+    *,
+    pretrained: bool = False,
+    device: str | torch.device = "cpu",
+    verbose: bool = True,
+    **kwargs: Any,
+) -> nn.Module:
+    """``load_model``, falling back to random weights (and saying so) when the weights cannot be had.
+
+    For a vitviz reference model (``"cifar10-vit"``...) the trained checkpoint is used when it exists; for a timm
+    name with ``pretrained=True``, timm's weights when they can be fetched or are cached. Otherwise the same
+    architecture is built with random weights, and with ``verbose`` a note saying so is printed, so figures drawn
+    from it are not mistaken for a trained model's.
+
+    Returns:
+        the model in eval mode on ``device``; ``model.vitviz_random_weights`` is True for the fallback.
+    """
+    try:
+        model = load_model(name, pretrained=pretrained, device=device, **kwargs)
+        from_file = kwargs.get("checkpoint") is not None or str(name).endswith(WEIGHT_SUFFIXES)
+        random = not (pretrained or from_file or name in REFERENCE_MODELS or Path(name).is_file())
+    except WeightsUnavailableError as err:
+        if verbose:
+            print(f"NOTE: no trained weights for {name!r}, so it has RANDOM weights: its figures show the "
+                  f"initialisation, not what training learns.\n  ({err})")
+        if name in REFERENCE_MODELS:
+            model = build_reference(name, **kwargs).to(resolve_device(device)).eval()
+        else:
+            model = load_model(name, pretrained=False, device=device, **kwargs)
+        random = True
+    else:
+        if random and verbose:
+            print(f"NOTE: {name!r} has RANDOM weights (pretrained=False).")
+    model.vitviz_random_weights = random
+    return model

@@ -1,0 +1,103 @@
+"""Example images for the notebooks: a CIFAR-10 test folder when there is one, scikit-image's samples otherwise.
+
+Nothing is downloaded: the CIFAR-10 root is a parameter (or ``$VITVIZ_DATA``), and the natural images are the
+ones scikit-image ships (Krizhevsky 2009 for CIFAR-10; ``skimage.data`` for the photographs).
+"""
+
+from __future__ import annotations
+
+import os
+from dataclasses import dataclass
+from pathlib import Path
+
+import numpy as np
+
+from vitviz.experiments.data import DATA_ENV
+
+__all__ = ["NATURAL_IMAGES", "ImageSet", "example_images", "folder_images", "natural_images", "resolve_test_folder"]
+
+NATURAL_IMAGES = ("astronaut", "chelsea", "coffee", "rocket")
+IMAGE_SUFFIXES = (".jpg", ".jpeg", ".png", ".bmp", ".webp")
+
+
+@dataclass
+class ImageSet:
+    """Images (paths or ``HxWx3`` uint8 arrays), one label each, and a sentence saying where they come from."""
+
+    images: list
+    labels: list[str]
+    source: str
+
+    def __len__(self) -> int:
+        return len(self.images)
+
+    def head(self, n: int) -> ImageSet:
+        """The first ``n`` images."""
+        return ImageSet(self.images[:n], self.labels[:n], self.source)
+
+
+def natural_images(names: tuple[str, ...] = NATURAL_IMAGES) -> dict[str, np.ndarray]:
+    """scikit-image's sample photographs as ``HxWx3`` uint8 arrays, by name (``astronaut``, ``chelsea``...)."""
+    try:
+        import skimage.data
+    except ImportError:
+        raise ImportError("natural_images needs scikit-image: pip install 'vitviz[notebooks]'") from None
+    out = {}
+    for name in names:
+        fn = getattr(skimage.data, name, None)
+        if fn is None:
+            raise ValueError(f"skimage.data has no image {name!r}; try one of {NATURAL_IMAGES}")
+        img = np.asarray(fn())
+        out[name] = img[..., :3] if img.ndim == 3 else np.repeat(img[..., None], 3, axis=-1)
+    return out
+
+
+def resolve_test_folder(data_dir: str | os.PathLike | None = None) -> Path | None:
+    """The CIFAR-10 test ImageFolder root: ``data_dir``, else ``$VITVIZ_DATA/test``, else ``None``.
+
+    Raises:
+        FileNotFoundError: ``data_dir`` is given but is not a folder.
+    """
+    if data_dir is not None:
+        path = Path(data_dir).expanduser()
+        if not path.is_dir():
+            raise FileNotFoundError(f"data_dir {str(path)!r} is not a folder (expected <class>/<image> files)")
+        return path
+    env = os.environ.get(DATA_ENV)
+    if env and (Path(env).expanduser() / "test").is_dir():
+        return Path(env).expanduser() / "test"
+    return None
+
+
+def folder_images(root: str | os.PathLike, n: int) -> ImageSet:
+    """The first ``n`` images of an ImageFolder tree, taken in turn from each class (deterministic).
+
+    Only paths are listed; the images are decoded when used, so a 10,000-image test set costs nothing here.
+    """
+    root = Path(root)
+    classes = sorted(d for d in root.iterdir() if d.is_dir())
+    files = {c.name: sorted(f for f in c.iterdir() if f.suffix.lower() in IMAGE_SUFFIXES) for c in classes}
+    files = {k: v for k, v in files.items() if v}
+    if not files:
+        raise FileNotFoundError(f"no images under {str(root)!r} (expected <class>/<image> files)")
+    images, labels = [], []
+    for i in range(max(len(v) for v in files.values())):
+        for name, paths in files.items():
+            if i < len(paths) and len(images) < n:
+                images.append(paths[i])
+                labels.append(name)
+    return ImageSet(images, labels, f"{len(images)} images from {root} ({len(files)} classes, taken in turn)")
+
+
+def example_images(data_dir: str | os.PathLike | None = None, n: int = 128) -> ImageSet:
+    """``n`` CIFAR-10 test images (see ``resolve_test_folder``), or scikit-image's photographs when there are none.
+
+    The fallback holds the four ``NATURAL_IMAGES`` only, whatever ``n``; ``source`` says which set was used.
+    """
+    root = resolve_test_folder(data_dir)
+    if root is not None:
+        return folder_images(root, n)
+    photos = natural_images()
+    names = list(photos)[:n]
+    return ImageSet([photos[k] for k in names], names,
+                    f"no CIFAR-10 test folder (data_dir or ${DATA_ENV}); using scikit-image's {len(names)} photographs")

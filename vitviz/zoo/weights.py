@@ -1,0 +1,109 @@
+"""Checkpoint files: reading any weights file safely, training state, and the exported reference checkpoints.
+
+A reference checkpoint is ``<name>.safetensors`` (fp16 weights, metadata ``vitviz.model = <name>``) plus
+``<name>.json``, its card: architecture, recipe, accuracy, position-embedding locality, FLOPs, wall time, hardware,
+seed, library versions and dataset.
+"""
+
+from __future__ import annotations
+
+import os
+import platform
+import zipfile
+from pathlib import Path
+from typing import Any
+
+import torch
+
+from vitviz.errors import CheckpointError
+
+CHECKPOINTS_ENV = "VITVIZ_CHECKPOINTS"
+CARD_FORMAT = "vitviz-reference-card-v1"
+
+
+
+def checkpoint_dir() -> Path:
+    """Where the reference checkpoints live: ``$VITVIZ_CHECKPOINTS`` or the repository's ``vitviz/zoo/checkpoints``."""
+    env = os.environ.get(CHECKPOINTS_ENV)
+    return Path(env) if env else Path(__file__).resolve().parent / "checkpoints"
+
+
+def _corrupt(path: Path, err: BaseException) -> CheckpointError:
+    reason = (str(err).strip().splitlines() or [""])[0][:160]
+    return CheckpointError(
+        f"cannot read checkpoint {str(path)!r} ({type(err).__name__}: {reason}). The file is truncated, corrupt "
+        "or not a weights file: download or export it again"
+    )
+
+
+def read_state_dict(path: str | os.PathLike) -> dict[str, torch.Tensor]:
+    """Load a ``.safetensors`` or ``.pth``/``.pt``/``.bin`` state dict on the CPU (``weights_only`` pickles).
+
+    Wrapper dicts (``state_dict``, ``model``, ``state_dict_ema``) and a ``module.`` prefix are unwrapped.
+    Raises ``CheckpointError`` with the file name and the fix when the file cannot be read.
+    """
+    path = Path(path)
+    if not path.is_file():
+        raise CheckpointError(f"checkpoint file {str(path)!r} not found")
+    try:
+        if path.suffix == ".safetensors":
+            from safetensors.torch import load_file
+
+            sd: Any = load_file(str(path), device="cpu")
+        else:
+            sd = torch.load(path, map_location="cpu", weights_only=True)
+    except Exception as e:  # safetensors, pickle and zip errors have no common base
+        raise _corrupt(path, e) from None
+    if isinstance(sd, dict):
+        for key in ("state_dict_ema", "state_dict", "model"):
+            if isinstance(sd.get(key), dict):
+                sd = sd[key]
+                break
+    if not isinstance(sd, dict) or not all(isinstance(v, torch.Tensor) for v in sd.values()):
+        raise CheckpointError(f"{str(path)!r} does not hold a state dict of tensors")
+    return {k.removeprefix("module."): v for k, v in sd.items()}
+
+
+def safetensors_metadata(path: str | os.PathLike) -> dict[str, str]:
+    from safetensors import safe_open
+
+    try:
+        with safe_open(str(path), framework="pt") as f:
+            return dict(f.metadata() or {})
+    except Exception as e:
+        raise _corrupt(Path(path), e) from None
+
+
+def check_npz(path: str | os.PathLike) -> None:
+    """Refuse a corrupt ``.npz`` before timm's loader sees it."""
+    path = Path(path)
+    if not path.is_file():
+        raise CheckpointError(f"checkpoint file {str(path)!r} not found")
+    try:
+        with zipfile.ZipFile(path) as z:
+            bad = z.testzip()
+        if bad is not None:
+            raise zipfile.BadZipFile(f"member {bad} fails its CRC check")
+    except zipfile.BadZipFile as e:
+        raise _corrupt(path, e) from None
+
+
+def load_training_state(path: str | os.PathLike) -> dict[str, Any]:
+    """A ``last.pt`` written by ``vitviz.experiments.train``; ``CheckpointError`` when it is corrupt."""
+    path = Path(path)
+    try:
+        state = torch.load(path, map_location="cpu", weights_only=True)
+    except Exception as e:
+        raise _corrupt(path, e) from None
+    if not isinstance(state, dict) or state.get("format") != "vitviz-train-state-v1":
+        raise CheckpointError(f"{str(path)!r} is not a vitviz training state (last.pt)")
+    return state
+
+
+def versions() -> dict[str, str]:
+    import timm
+
+    import vitviz
+
+    return {"python": platform.python_version(), "torch": torch.__version__, "timm": timm.__version__,
+            "vitviz": vitviz.__version__}
