@@ -37,6 +37,7 @@ _LAZY = {
     "plot_embedding_filters": "vitviz.plot.filters",
     "plot_filter_variance": "vitviz.plot.filters",
     "save_figure": "vitviz.plot.style",
+    "Saver": "vitviz.plot.style",
     "paper_results": "vitviz.zoo.paper",
     "plot_compute_curves": "vitviz.plot.compute",
     "count_flops": "vitviz.analysis.flops",

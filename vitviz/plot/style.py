@@ -119,3 +119,28 @@ def save_figure(
             fig.savefig(path, format=fmt, dpi=dpi or RC["savefig.dpi"])
             written.append(path)
     return written
+
+
+class Saver:
+    """``save(fig, stem, **arrays)`` for notebooks: the figure to ``out_dir`` (PNG, PDF, SVG) and the numbers
+    behind it to ``arrays_dir/<stem>.npz``, each only when its folder is set (the report sets both).
+
+    Example::
+
+        save = vitviz.Saver(out_dir, arrays_dir)
+        save(fig, "fig5_compute_curves", exaflops=df.exaflops)
+    """
+
+    def __init__(self, out_dir: str | os.PathLike | None = None, arrays_dir: str | os.PathLike | None = None,
+                 formats: Iterable[str] = ("png", "pdf", "svg")) -> None:
+        self.out_dir, self.arrays_dir, self.formats = out_dir, arrays_dir, tuple(formats)
+
+    def __call__(self, fig: Figure, stem: str, **arrays: Any) -> list[Path]:
+        written: list[Path] = []
+        if self.out_dir:
+            written += save_figure(fig, Path(self.out_dir) / stem, formats=self.formats)
+        if self.arrays_dir and arrays:
+            from vitviz.core.io import save_arrays
+
+            written.append(save_arrays(Path(self.arrays_dir) / stem, **arrays))
+        return written
