@@ -18,7 +18,6 @@ from torch import nn
 import vitviz
 from vitviz.analysis.posembed import (
     grid_distances,
-    locality_table,
     patch_pos_embed,
     pos_embed_locality,
     pos_embed_similarity,
@@ -26,6 +25,7 @@ from vitviz.analysis.posembed import (
     sincos_vit,
 )
 from vitviz.errors import NoPositionEmbeddingError
+from vitviz.zoo.paper import locality_table
 from vitviz.zoo.reference import build_reference
 
 

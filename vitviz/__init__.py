@@ -1,7 +1,8 @@
 """vitviz: analysis and visualization of Vision Transformers.
 
-Data flows one way: model -> capture -> compute -> plot. Plotting modules (matplotlib) and widgets are imported
-on first use, so ``import vitviz`` costs little more than ``import torch, timm``.
+Data flows one way: model -> capture -> analysis -> plot -> widgets / report (``docs/architecture.md``). Every
+public name below is imported on first use (PEP 562), so ``import vitviz`` loads neither torch nor matplotlib
+until a call needs them, and ``python -m vitviz --help`` answers at once. The error classes are cheap and eager.
 """
 
 from __future__ import annotations
@@ -9,56 +10,72 @@ from __future__ import annotations
 import importlib
 from typing import Any
 
-__version__ = "0.1.0"
-
-from vitviz.core.capture import AttentionCapture, capture_attention
-from vitviz.core.families import describe, register_family
-from vitviz.core.images import load_images
-from vitviz.core.spec import ViTSpec, inspect
 from vitviz.errors import (
     CaptureError,
     CheckpointError,
     ImageInputError,
+    InputError,
+    NoPositionEmbeddingError,
+    NoRGBFiltersError,
     NotAViTError,
+    UnsupportedModelError,
     VitvizError,
     WeightsUnavailableError,
 )
-from vitviz.zoo.models import load_model
 
-# name -> module, imported on first attribute access (PEP 562)
+__version__ = "0.1.0"
+
+# public name -> module, imported on first attribute access (PEP 562); grouped by layer
 _LAZY = {
+    # core: model access
+    "inspect": "vitviz.core.spec",
+    "ViTSpec": "vitviz.core.spec",
+    "describe": "vitviz.core.families",
+    "register_family": "vitviz.core.families",
+    "capture_attention": "vitviz.core.capture",
+    "AttentionCapture": "vitviz.core.capture",
+    "load_images": "vitviz.core.images",
+    "save_arrays": "vitviz.core.io",
+    # analysis: tensors in, tensors out
     "pos_embed_similarity": "vitviz.analysis.posembed",
     "pos_embed_locality": "vitviz.analysis.posembed",
     "embedding_filters": "vitviz.analysis.filters",
     "filter_pca": "vitviz.analysis.filters",
-    "plot_pos_embed": "vitviz.plot.posembed",
-    "plot_pos_embed_similarity": "vitviz.plot.posembed",
-    "plot_posemb_ablation": "vitviz.plot.posembed",
-    "plot_embedding_filters": "vitviz.plot.filters",
-    "plot_filter_variance": "vitviz.plot.filters",
-    "save_figure": "vitviz.plot.style",
-    "Saver": "vitviz.plot.style",
-    "paper_results": "vitviz.zoo.paper",
-    "plot_compute_curves": "vitviz.plot.compute",
     "count_flops": "vitviz.analysis.flops",
     "attention_rollout": "vitviz.analysis.rollout",
     "grad_rollout": "vitviz.analysis.rollout",
     "rollout_from_attentions": "vitviz.analysis.rollout",
     "mean_attention_distance": "vitviz.analysis.distance",
+    "distance_table": "vitviz.analysis.tables",
+    # zoo: models to analyse, the paper's tables, the reference models' cards
+    "load_model": "vitviz.zoo.models",
+    "load_model_or_random": "vitviz.zoo.models",
+    "paper_results": "vitviz.zoo.paper",
+    "reference_table": "vitviz.zoo.cards",
+    "reference_compute": "vitviz.zoo.cards",
+    "posemb_ablation_results": "vitviz.zoo.cards",
+    # plot: figures in the house style
+    "plot_pos_embed": "vitviz.plot.posembed",
+    "plot_pos_embed_similarity": "vitviz.plot.posembed",
+    "plot_posemb_ablation": "vitviz.plot.posembed",
+    "plot_embedding_filters": "vitviz.plot.filters",
+    "plot_filter_variance": "vitviz.plot.filters",
+    "plot_compute_curves": "vitviz.plot.compute",
     "plot_rollout": "vitviz.plot.attention",
     "plot_attention_heads": "vitviz.plot.attention",
     "plot_attention_distance": "vitviz.plot.attention",
     "plot_attention_distance_grid": "vitviz.plot.attention",
-    "load_model_or_random": "vitviz.zoo.models",
+    "save_figure": "vitviz.plot.style",
+    "Saver": "vitviz.plot.style",
+    # widgets
     "explore_attention": "vitviz.widgets",
     "explore_pos_embed": "vitviz.widgets",
-    "save_arrays": "vitviz.core.io",
 }
 
 __all__ = [
-    "AttentionCapture", "CaptureError", "CheckpointError", "ImageInputError", "NotAViTError", "ViTSpec",
-    "VitvizError", "WeightsUnavailableError", "capture_attention", "describe", "inspect", "load_images",
-    "load_model", "register_family", *_LAZY,
+    "CaptureError", "CheckpointError", "ImageInputError", "InputError", "NoPositionEmbeddingError",
+    "NoRGBFiltersError", "NotAViTError", "UnsupportedModelError", "VitvizError", "WeightsUnavailableError",
+    *_LAZY,
 ]
 
 

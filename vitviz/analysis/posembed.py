@@ -13,7 +13,6 @@ guesses a grid from ``sqrt(L)``.
 
 from __future__ import annotations
 
-from collections.abc import Mapping
 from typing import TYPE_CHECKING, Any
 
 import numpy as np
@@ -26,11 +25,11 @@ from vitviz.core.util import pair
 from vitviz.errors import NoPositionEmbeddingError
 
 if TYPE_CHECKING:
-    import pandas as pd
+    pass
 
 __all__ = [
     "NoPositionEmbeddingError", "grid_distances", "patch_pos_embed", "pos_embed_locality", "pos_embed_similarity",
-    "locality_table", "sincos_pos_embed", "sincos_vit", "with_sincos_pos_embed",
+    "sincos_pos_embed", "sincos_vit", "with_sincos_pos_embed",
 ]
 
 Size = int | tuple[int, int]
@@ -276,36 +275,3 @@ def sincos_vit(name: str = "vit_tiny_patch16_224", **kwargs: Any) -> nn.Module:
 
     kwargs.pop("pretrained", None)
     return with_sincos_pos_embed(timm.create_model(name, pretrained=False, **kwargs)).eval()
-
-
-def locality_table(models: Mapping[str, nn.Module]) -> pd.DataFrame:
-    """Locality of each model's position embedding beside the paper's Table 8 row for its kind of embedding.
-
-    Args:
-        models: label -> model.
-
-    Returns:
-        DataFrame, one row per model: ``model``, ``pos_embed_kind``, ``grid`` (``"ghxgw"``), ``locality``
-        (``pos_embed_locality``; ``nan`` without an absolute embedding), ``paper_row`` (the Table 8 row of this
-        kind; missing (NA) when the paper has none) and ``paper_5shot`` (that row's ImageNet 5-shot linear accuracy of ViT-B/16, default
-        stem; ``nan`` when the paper has no such row).
-    """
-    import pandas as pd
-
-    from vitviz.zoo.paper import TABLE8_ROW_FOR_KIND, posemb_ablation
-
-    paper = posemb_ablation().set_index("pos_emb")["default_stem"]
-    rows = []
-    for label, model in models.items():
-        spec = inspect(model)
-        rho = pos_embed_locality(model) if spec.has_abs_pos_embed else float("nan")
-        paper_row = TABLE8_ROW_FOR_KIND.get(spec.pos_embed_kind)
-        rows.append({
-            "model": label,
-            "pos_embed_kind": spec.pos_embed_kind,
-            "grid": f"{spec.grid_size[0]}x{spec.grid_size[1]}",
-            "locality": rho,
-            "paper_row": paper_row,
-            "paper_5shot": float(paper[paper_row]) if paper_row in paper.index else float("nan"),
-        })
-    return pd.DataFrame(rows)

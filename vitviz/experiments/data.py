@@ -18,23 +18,7 @@ from PIL import Image
 from torchvision.datasets import ImageFolder
 
 from vitviz.core.io import atomic_save
-
-DATA_ENV = "VITVIZ_DATA"
-
-
-def resolve_data_root(root: str | os.PathLike | None = None) -> Path:
-    """Return the dataset root: ``root`` if given, else ``$VITVIZ_DATA``; error when neither is usable."""
-    if root is None:
-        root = os.environ.get(DATA_ENV)
-        if not root:
-            raise FileNotFoundError(
-                f"no dataset given: pass --data DIR (a folder with train/ and test/ ImageFolder trees) "
-                f"or set the {DATA_ENV} environment variable"
-            )
-    path = Path(root).expanduser()
-    if not path.is_dir():
-        raise FileNotFoundError(f"dataset root {str(path)!r} does not exist or is not a folder")
-    return path
+from vitviz.zoo.samples import DATA_ENV, resolve_data_root  # noqa: F401  (the dataset root rule lives with the samples)
 
 
 @dataclass

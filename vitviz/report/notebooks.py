@@ -19,7 +19,7 @@ from dataclasses import asdict, dataclass, field
 from pathlib import Path
 from typing import Any
 
-from vitviz.experiments.data import DATA_ENV
+from vitviz.zoo.samples import DATA_ENV
 
 __all__ = ["NOTEBOOK_DIR", "NotebookRun", "find_notebooks", "notebook_html", "notebook_parameters",
            "parameters_for", "run_notebook"]

@@ -6,11 +6,13 @@ arXiv 2010.11929 v2. Provenance of each file: ``vitviz/zoo/tables/README.md``.
 
 from __future__ import annotations
 
+from collections.abc import Mapping
 from pathlib import Path
 from typing import TYPE_CHECKING
 
 if TYPE_CHECKING:
     import pandas as pd
+    from torch import nn
 
 PAPER_DATA_DIR = Path(__file__).resolve().parent / "tables"
 
@@ -65,3 +67,37 @@ def paper_results() -> pd.DataFrame:
     df = paper_table("vit_table6_scaling.csv")
     df["avg5"] = df[list(AVG5_DATASETS)].mean(axis=1)
     return df.drop(columns=["avg5_derived"])
+
+
+def locality_table(models: Mapping[str, nn.Module]) -> pd.DataFrame:
+    """Locality of each model's position embedding beside the paper's Table 8 row for its kind of embedding.
+
+    Args:
+        models: label -> model.
+
+    Returns:
+        DataFrame, one row per model: ``model``, ``pos_embed_kind``, ``grid`` (``"ghxgw"``), ``locality``
+        (``pos_embed_locality``; ``nan`` without an absolute embedding), ``paper_row`` (the Table 8 row of this
+        kind; missing (NA) when the paper has none) and ``paper_5shot`` (that row's ImageNet 5-shot linear accuracy of ViT-B/16, default
+        stem; ``nan`` when the paper has no such row).
+    """
+    import pandas as pd
+
+    from vitviz.analysis.posembed import pos_embed_locality
+    from vitviz.core.spec import inspect
+
+    paper = posemb_ablation().set_index("pos_emb")["default_stem"]
+    rows = []
+    for label, model in models.items():
+        spec = inspect(model)
+        rho = pos_embed_locality(model) if spec.has_abs_pos_embed else float("nan")
+        paper_row = TABLE8_ROW_FOR_KIND.get(spec.pos_embed_kind)
+        rows.append({
+            "model": label,
+            "pos_embed_kind": spec.pos_embed_kind,
+            "grid": f"{spec.grid_size[0]}x{spec.grid_size[1]}",
+            "locality": rho,
+            "paper_row": paper_row,
+            "paper_5shot": float(paper[paper_row]) if paper_row in paper.index else float("nan"),
+        })
+    return pd.DataFrame(rows)

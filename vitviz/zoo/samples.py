@@ -12,12 +12,28 @@ from pathlib import Path
 
 import numpy as np
 
-from vitviz.experiments.data import DATA_ENV
-
 __all__ = ["NATURAL_IMAGES", "ImageSet", "example_images", "folder_images", "natural_images", "resolve_test_folder"]
 
 NATURAL_IMAGES = ("astronaut", "chelsea", "coffee", "rocket")
 IMAGE_SUFFIXES = (".jpg", ".jpeg", ".png", ".bmp", ".webp")
+
+
+DATA_ENV = "VITVIZ_DATA"
+
+
+def resolve_data_root(root: str | os.PathLike | None = None) -> Path:
+    """Return the dataset root: ``root`` if given, else ``$VITVIZ_DATA``; error when neither is usable."""
+    if root is None:
+        root = os.environ.get(DATA_ENV)
+        if not root:
+            raise FileNotFoundError(
+                f"no dataset given: pass --data DIR (a folder with train/ and test/ ImageFolder trees) "
+                f"or set the {DATA_ENV} environment variable"
+            )
+    path = Path(root).expanduser()
+    if not path.is_dir():
+        raise FileNotFoundError(f"dataset root {str(path)!r} does not exist or is not a folder")
+    return path
 
 
 @dataclass
