@@ -3,8 +3,6 @@
 from __future__ import annotations
 
 import ast
-import subprocess
-import sys
 from pathlib import Path
 
 import pytest
@@ -145,17 +143,3 @@ def test_shared_rules_are_written_once(rule):
     hits = [str(p.relative_to(ROOT)) for p in PKG.rglob("*.py") if rule in p.read_text()]
     expected = 0 if rule == "def _pair(" else 1
     assert len(hits) == expected, hits
-
-
-def test_import_vitviz_loads_neither_torch_nor_matplotlib():
-    code = "import sys, vitviz; print(sorted(m for m in ('torch', 'matplotlib', 'ipywidgets', 'transformers') " \
-           "if m in sys.modules))"
-    out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, check=True, cwd=ROOT)
-    assert out.stdout.strip() == "[]"
-
-
-def test_public_names_resolve():
-    import vitviz
-
-    for name in vitviz.__all__:
-        assert getattr(vitviz, name) is not None, name

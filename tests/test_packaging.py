@@ -1,10 +1,13 @@
-"""Packaging: environment.yml and pyproject.toml agree; `import vitviz` stays light."""
+"""Packaging: environment.yml and pyproject.toml agree; `import vitviz` stays light; a built wheel works anywhere."""
 
 from __future__ import annotations
 
+import os
 import subprocess
 import sys
 from pathlib import Path
+
+import pytest
 
 import tomllib
 import yaml
@@ -38,7 +41,7 @@ def test_environment_yml_names_the_same_dependencies_as_pyproject():
 
 def test_import_is_light():
     code = (
-        "import sys, vitviz; heavy = [m for m in ('matplotlib', 'ipywidgets', 'jupyter_client', 'IPython', "
+        "import sys, vitviz; heavy = [m for m in ('torch', 'timm', 'matplotlib', 'ipywidgets', 'jupyter_client', 'IPython', "
         "'seaborn', 'pandas', 'papermill', 'transformers') if m in sys.modules]; print(','.join(heavy))"
     )
     out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, check=True).stdout.strip()
@@ -51,3 +54,50 @@ def test_lazy_exports_resolve():
     for name in vitviz._LAZY:
         assert callable(getattr(vitviz, name)), name
     assert set(vitviz._LAZY) <= set(dir(vitviz))
+
+
+@pytest.fixture(scope="module")
+def installed_wheel(tmp_path_factory):
+    """Build the wheel from the source tree and install it (no dependencies: the venv has them) into a scratch
+    target that is not the source tree."""
+    tmp = tmp_path_factory.mktemp("wheel")
+    subprocess.run([sys.executable, "-m", "pip", "wheel", "--no-deps", "--no-build-isolation", "-q", "-w",
+                    str(tmp / "dist"), str(ROOT)], check=True, capture_output=True, text=True)
+    wheels = list((tmp / "dist").glob("vitviz-*.whl"))
+    assert len(wheels) == 1, wheels
+    subprocess.run([sys.executable, "-m", "pip", "install", "--no-deps", "-q", "--target", str(tmp / "site"),
+                    str(wheels[0])], check=True, capture_output=True, text=True)
+    return tmp
+
+
+def run_installed(site_root: Path, code: str) -> str:
+    """Run ``code`` with only the installed wheel on the path (not the source tree), from an unrelated folder."""
+    env = {**os.environ, "PYTHONPATH": str(site_root / "site"), "PYTHONSAFEPATH": "1"}
+    env.pop("VITVIZ_CHECKPOINTS", None)
+    out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, env=env,
+                         cwd=site_root, timeout=300)
+    assert out.returncode == 0, out.stderr[-3000:]
+    return out.stdout
+
+
+def test_installed_wheel_carries_the_paper_tables_and_reference_checkpoints(installed_wheel):
+    out = run_installed(installed_wheel, (
+        "import vitviz, torch\n"
+        "print(vitviz.__file__)\n"
+        "print(len(vitviz.paper_results()))\n"
+        "m = vitviz.load_model('cifar10-vit', device='cpu')\n"
+        "print(m(torch.zeros(1, 3, 32, 32)).shape[-1])\n"
+        "print(len(vitviz.reference_table()))\n"
+    ))
+    path, paper_rows, classes, cards = out.split()
+    assert Path(path).is_relative_to(installed_wheel / "site"), f"imported from {path}, not the wheel"
+    assert int(paper_rows) == 18  # Table 6: every ViT, ResNet and hybrid row
+    assert int(classes) == 10
+    assert int(cards) == len(list((ROOT / "vitviz" / "zoo" / "checkpoints").glob("*.json")))
+
+
+def test_wheel_holds_every_shipped_data_file(installed_wheel):
+    site = installed_wheel / "site" / "vitviz" / "zoo"
+    for folder in ("checkpoints", "tables"):
+        shipped = {p.name for p in (ROOT / "vitviz" / "zoo" / folder).iterdir()}
+        assert shipped <= {p.name for p in (site / folder).iterdir()}, folder

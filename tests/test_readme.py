@@ -1,0 +1,120 @@
+"""Every Python code block of README.md runs, offline, in order, in one namespace (as a reader would paste them).
+
+A block that cannot run offline is skipped *by name* in ``OFFLINE_SKIPS`` with the reason, and the README says so
+next to it; a name in ``OFFLINE_SKIPS`` that no longer exists fails the suite, so the list cannot rot. The few
+names the README takes as given (a user's own ViT ``my_vit``, an image file ``cat.jpg``) are set up here exactly as
+the README describes them.
+"""
+
+from __future__ import annotations
+
+import re
+from pathlib import Path
+
+import pytest
+import torch
+from PIL import Image
+from torch import nn
+
+from tutorial_vit import Block
+
+ROOT = Path(__file__).resolve().parents[1]
+README = ROOT / "README.md"
+
+# block name -> why it cannot run offline (the README says so beside the block)
+OFFLINE_SKIPS = {
+    "Pretrained weights #1": "loads weight files downloaded elsewhere (model.safetensors, ViT-*.npz)",
+}
+
+
+def readme_blocks() -> list[tuple[str, str]]:
+    """``(name, code)`` of each ```python block; the name is the nearest heading above it and its ordinal there."""
+    blocks, heading, count = [], "top", {}
+    lines = README.read_text().splitlines()
+    i = 0
+    while i < len(lines):
+        line = lines[i]
+        if line.startswith("#"):
+            heading = line.lstrip("#").strip()
+        if line.strip() == "```python":
+            j = next(k for k in range(i + 1, len(lines)) if lines[k].strip() == "```")
+            count[heading] = count.get(heading, 0) + 1
+            blocks.append((f"{heading} #{count[heading]}", "\n".join(lines[i + 1:j])))
+            i = j
+        i += 1
+    return blocks
+
+
+class MyViT(nn.Module):
+    """The README's "anything else" ViT: its own module names, described with ``vitviz.describe``."""
+
+    def __init__(self, dim: int = 32, heads: int = 2, depth: int = 2) -> None:
+        super().__init__()
+        self.stem = nn.Module()
+        self.stem.conv = nn.Conv2d(3, dim, kernel_size=16, stride=16)
+        self.encoder = nn.Module()
+        self.encoder.cls = nn.Parameter(torch.zeros(1, 1, dim))
+        self.encoder.pos = nn.Parameter(torch.randn(1, 1 + 14 * 14, dim) * 0.02)
+        self.encoder.layers = nn.ModuleList([nn.Module() for _ in range(depth)])
+        for layer in self.encoder.layers:
+            layer.attn = Block(dim, heads, with_dropout_module=False).attn
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        x = self.stem.conv(x).flatten(2).transpose(1, 2)
+        x = torch.cat([self.encoder.cls.expand(len(x), -1, -1), x], 1) + self.encoder.pos
+        for layer in self.encoder.layers:
+            x = x + layer.attn(x)
+        return x[:, 0]
+
+
+def test_readme_blocks_are_found_and_skips_exist():
+    names = [n for n, _ in readme_blocks()]
+    assert len(names) >= 4
+    missing = set(OFFLINE_SKIPS) - set(names)
+    assert not missing, f"OFFLINE_SKIPS names blocks the README no longer has: {missing}"
+    for name in OFFLINE_SKIPS:  # the README tells the reader too
+        heading = name.rsplit(" #", 1)[0]
+        section = README.read_text().split(heading, 1)[1][:1500].lower()
+        assert "offline" in section, f"the README's {heading!r} section should say its example needs files"
+
+
+@pytest.mark.slow
+def test_every_readme_python_block_runs_offline(tmp_path, monkeypatch):
+    import matplotlib
+
+    matplotlib.use("Agg")
+    from skimage import data as skdata
+
+    monkeypatch.chdir(tmp_path)
+    monkeypatch.setenv("HF_HUB_OFFLINE", "1")
+    Image.fromarray(skdata.chelsea()).save(tmp_path / "cat.jpg")
+    namespace: dict = {"my_vit": MyViT().eval(), "__name__": "__readme__"}
+    ran = []
+    for name, code in readme_blocks():
+        if name in OFFLINE_SKIPS:
+            continue
+        try:
+            exec(compile(code, f"README.md [{name}]", "exec"), namespace)
+        except Exception as err:  # name the block in the failure
+            raise AssertionError(f"README block {name!r} failed: {type(err).__name__}: {err}") from err
+        ran.append(name)
+    assert ran, "no README block ran"
+    assert (tmp_path / "pos_embed.pdf").stat().st_size > 0
+
+
+def test_readme_names_only_public_calls():
+    """Every ``vitviz.<name>(`` the README shows resolves (the old ``vitviz.cards.reference_table()`` did not)."""
+    import importlib
+
+    import vitviz
+
+    text = README.read_text()
+    for dotted in sorted(set(re.findall(r"\bvitviz((?:\.[A-Za-z_]\w*)+)\(", text))):
+        parts = dotted.strip(".").split(".")
+        obj = vitviz
+        for k, part in enumerate(parts):
+            if not hasattr(obj, part):  # a submodule not yet imported
+                obj = importlib.import_module("vitviz." + ".".join(parts[: k + 1]))
+            else:
+                obj = getattr(obj, part)
+        assert callable(obj), f"vitviz{dotted} in README.md is not callable"
