@@ -102,8 +102,12 @@ def test_plot_attention_distance_labels_dots_and_legend():
     assert ax.get_title() == "tiny"
     assert [t.get_text() for t in ax.get_legend().get_texts()] == ["Head 1", "Head 2"]
     dist = vitviz.mean_attention_distance(model, x)
-    for k, coll in enumerate(ax.collections):  # one dot per head per layer, layers numbered from 1
-        np.testing.assert_allclose(coll.get_offsets(), np.c_[[1, 2, 3], dist[:, k].numpy()], rtol=1e-5)
+    # one dot per head per layer (a tidy table drawn by seaborn: layer-major rows), layers numbered from 1
+    (coll,) = ax.collections
+    np.testing.assert_allclose(coll.get_offsets(), np.c_[[1, 1, 2, 2, 3, 3], dist.reshape(-1).numpy()], rtol=1e-5)
+    colors = coll.get_facecolors()[:, :3]
+    np.testing.assert_allclose(colors[0::2], np.repeat(colors[:1], 3, 0))  # head 1 keeps one colour ...
+    assert not np.allclose(colors[0], colors[1])  # ... distinct from head 2
     with pytest.raises(ValueError, match="pass the images"):
         vitviz.plot_attention_distance(model)
 

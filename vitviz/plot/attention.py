@@ -12,6 +12,7 @@ import math
 from collections.abc import Mapping, Sequence
 
 import numpy as np
+import seaborn as sns
 import torch
 import torch.nn.functional as F
 from matplotlib.axes import Axes
@@ -20,6 +21,7 @@ from torch import nn
 
 from vitviz.analysis.distance import mean_attention_distance
 from vitviz.analysis.rollout import attention_rollout
+from vitviz.analysis.tables import distance_table
 from vitviz.core.capture import capture_attention
 from vitviz.core.images import Images, denormalise, load_images
 from vitviz.core.spec import inspect
@@ -308,9 +310,10 @@ def plot_attention_distance(
         ax = fig.add_subplot()
     colors = _head_colors(n_heads, cmap)
     depth = np.arange(1, n_layers + 1)
-    for k in range(n_heads):
-        ax.scatter(depth, dist[:, k], s=14, color=colors[k], label=f"Head {k + 1}", edgecolors="none", alpha=0.9,
-                   zorder=2)
+    table = distance_table(dist)  # tidy: one row per (layer, head)
+    table["Head"] = [f"Head {k + 1}" for k in table["head"]]
+    sns.scatterplot(data=table, x="layer", y="distance_px", hue="Head", palette=colors, s=14, edgecolor="none",
+                    alpha=0.9, zorder=2, legend=legend and n_heads <= MAX_LEGEND_HEADS, ax=ax)
     ax.set_xlabel(DIST_XLABEL)
     ax.set_ylabel(DIST_YLABEL)
     step = max(1, math.ceil(n_layers / 12))
@@ -322,7 +325,7 @@ def plot_attention_distance(
     if label:
         ax.set_title(label)
     if legend and n_heads <= MAX_LEGEND_HEADS:
-        ax.legend(loc="upper left", bbox_to_anchor=(1.01, 1.0), frameon=False, handletextpad=0.2,
+        ax.legend(title=None, loc="upper left", bbox_to_anchor=(1.01, 1.0), frameon=False, handletextpad=0.2,
                   borderaxespad=0.0, labelspacing=0.25, ncol=1 if n_heads <= 8 else 2, columnspacing=0.6,
                   markerscale=1.2)
     elif legend:
