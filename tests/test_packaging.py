@@ -101,3 +101,18 @@ def test_wheel_holds_every_shipped_data_file(installed_wheel):
     for folder in ("checkpoints", "tables"):
         shipped = {p.name for p in (ROOT / "vitviz" / "zoo" / folder).iterdir()}
         assert shipped <= {p.name for p in (site / folder).iterdir()}, folder
+
+
+def test_notebooks_are_committed_clean():
+    """No outputs, no execution counts, and valid nbformat (every cell has an id)."""
+    import json
+
+    import nbformat
+
+    for path in sorted((ROOT / "notebooks").glob("*.ipynb")):
+        nb = json.loads(path.read_text())
+        for i, cell in enumerate(nb["cells"]):
+            assert "id" in cell, f"{path.name} cell {i} has no id"
+            if cell["cell_type"] == "code":
+                assert not cell["outputs"] and cell["execution_count"] is None, f"{path.name} cell {i} has outputs"
+        nbformat.validate(nbformat.reads(path.read_text(), as_version=4))

@@ -54,6 +54,7 @@ _LAZY = {
     "reference_table": "vitviz.zoo.cards",
     "reference_compute": "vitviz.zoo.cards",
     "posemb_ablation_results": "vitviz.zoo.cards",
+    "posemb_ablation_gaps": "vitviz.zoo.cards",
     # plot: figures in the house style
     "plot_pos_embed": "vitviz.plot.posembed",
     "plot_pos_embed_similarity": "vitviz.plot.posembed",

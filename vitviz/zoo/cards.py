@@ -201,3 +201,24 @@ def markdown_table(df: pd.DataFrame) -> str:
     lines = ["| " + " | ".join(map(str, df.columns)) + " |", "|" + " --- |" * len(df.columns)]
     lines += ["| " + " | ".join(cell(v) for v in row) + " |" for row in df.itertuples(index=False)]
     return "\n".join(lines)
+
+
+def posemb_ablation_gaps(directory: str | os.PathLike | None = None) -> pd.DataFrame:
+    """The ablation's differences, in percentage points, beside the same differences in the paper's Table 8.
+
+    Rows: ``1-D minus none``, ``2-D minus none``, ``2-D minus 1-D`` (top-1 on CIFAR-10 from the cards; Table 8's
+    ImageNet 5-shot linear accuracy times 100) and ``locality 2-D minus 1-D`` (Spearman locality, no paper value).
+    Columns: ``comparison``, ``cifar10``, ``paper`` (NaN where a card is missing or the paper has no number).
+    """
+    import pandas as pd
+
+    df = posemb_ablation_results(directory).set_index("pos_emb")
+    top1, paper, loc = df["test_top1"], df["paper_5shot"] * 100, df["locality"]
+    none, one, two = "No Pos. Emb.", "1-D Pos. Emb.", "2-D Pos. Emb."
+    rows = [
+        ("1-D minus none (points)", top1[one] - top1[none], paper[one] - paper[none]),
+        ("2-D minus none (points)", top1[two] - top1[none], paper[two] - paper[none]),
+        ("2-D minus 1-D (points)", top1[two] - top1[one], paper[two] - paper[one]),
+        ("locality 2-D minus 1-D", loc[two] - loc[one], float("nan")),
+    ]
+    return pd.DataFrame(rows, columns=["comparison", "cifar10", "paper"]).round(2)

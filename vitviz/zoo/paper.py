@@ -101,3 +101,42 @@ def locality_table(models: Mapping[str, nn.Module]) -> pd.DataFrame:
             "paper_5shot": float(paper[paper_row]) if paper_row in paper.index else float("nan"),
         })
     return pd.DataFrame(rows)
+
+
+def model_variants() -> pd.DataFrame:
+    """Table 1: ViT-Base/Large/Huge (``model``, ``layers``, ``hidden_size_D``, ``mlp_size``, ``heads``,
+    ``params``)."""
+    return paper_table("vit_table1_variants.csv")
+
+
+def scale_comparison(models: Mapping[str, nn.Module], variant: str = "ViT-Large", img_size: int = 224,
+                     patch_size: int = 16) -> pd.DataFrame:
+    """The paper's model (a Table 1 variant at ``img_size`` px with ``patch_size`` px patches; Fig. 6, 7 and 11
+    use ViT-L/16 at 224 px) beside the given models, read with ``vitviz.inspect``: image size, token stride,
+    grid, layers, heads, width, parameters, and the largest and the uniform-attention mean distance between patch
+    centres in pixels (what "global" means on that grid).
+
+    Returns:
+        DataFrame, one row per model, the paper's first.
+    """
+    import pandas as pd
+
+    from vitviz.analysis.distance import patch_distance_matrix
+    from vitviz.core.spec import inspect
+
+    row = model_variants().set_index("model").loc[variant]
+    grid = (img_size // patch_size, img_size // patch_size)
+    d = patch_distance_matrix(grid, patch_size)
+    rows = [{"model": f"{variant} /{patch_size} (paper)", "image_px": f"{img_size}x{img_size}",
+             "stride_px": patch_size, "grid": f"{grid[0]}x{grid[1]}", "layers": int(row["layers"]),
+             "heads": int(row["heads"]), "width": int(row["hidden_size_D"]), "params": row["params"],
+             "max_distance_px": round(float(d.max()), 1), "uniform_distance_px": round(float(d.mean()), 1)}]
+    for label, model in models.items():
+        s = inspect(model)
+        d = patch_distance_matrix(s.grid_size, s.patch_size)
+        rows.append({"model": label, "image_px": f"{s.img_size[0]}x{s.img_size[1]}",
+                     "stride_px": s.patch_size[0] if s.patch_size[0] == s.patch_size[1] else s.patch_size,
+                     "grid": f"{s.grid_size[0]}x{s.grid_size[1]}", "layers": s.depth, "heads": s.num_heads,
+                     "width": s.embed_dim, "params": f"{s.params.get('total', 0) / 1e6:.2f}M",
+                     "max_distance_px": round(float(d.max()), 1), "uniform_distance_px": round(float(d.mean()), 1)})
+    return pd.DataFrame(rows)

@@ -1,0 +1,108 @@
+"""Notebook prose carries no stale numbers.
+
+Every number in a notebook's markdown is either a reference (figure, table, section, equation, venue and year,
+arXiv id, a model or dataset name such as ViT-L/16 or CIFAR-10), inside a code span, or a fact of the paper listed
+in ``PAPER_FACTS`` with the check that ties it to the shipped tables. Numbers measured on the user's model or the
+shipped checkpoints are printed by cells, never typed, so they follow ``--model`` and retraining.
+"""
+
+from __future__ import annotations
+
+import json
+import re
+from pathlib import Path
+
+import pytest
+
+ROOT = Path(__file__).resolve().parents[1]
+NOTEBOOKS = sorted((ROOT / "notebooks").glob("*.ipynb"))
+
+REFERENCE = re.compile(
+    r"`[^`]*`"  # code spans
+    r"|\[[^\]]*\]\([^)]*\)"  # markdown links
+    r"|\b(?:Fig(?:ure)?s?\.?|Tables?|Sec(?:tion)?\.?|App(?:endix)?\.?|Eq\.|Equation|[Nn]otebooks?|arXiv|v)\s*"
+    r"[A-Z]?\d+(?:\.\d+)*(?:\s*(?:,|and|or|-)\s*\d+)*"  # Fig. 7, Table 6, Sec. 3.2, notebook 04, Figs. 6 and 14
+    r"|\b(?:ICLR|ICCV|CVPR|NeurIPS|ACL|ECCV|BMVC|ICML|TMLR)\s+\d{4}"  # venue and year
+    r"|\b(?:19|20)\d{2}\b"  # years
+    r"|\b(?:R\d+\+ViT|ViT|DeiT|BiT|ResNet)(?:-[A-Za-z]+)?(?:/\d+)?(?:-\d+)?\b"  # ViT-L/16, ResNet-50, R50+ViT-L/16
+    r"|\b(?:JFT-300M|ImageNet-21k|ImageNet-1k|CIFAR-10+|CIFAR-100|Flowers-102|Oxford-IIIT)\b"
+    r"|\b[0-9]-D\b|\b\d+-shot\b|\b16x16 Words\b|\bAverage-5\b|\bTop-1\b|\btop-1\b"
+    r"|^#+ .*$",  # headings name things, they do not report numbers
+    re.MULTILINE,
+)
+NUMBER = re.compile(r"\d+(?:\.\d+)?(?:x\d+)?")
+
+
+def _table1(variant: str, column: str) -> int:
+    from vitviz.zoo.paper import model_variants
+
+    return int(model_variants().set_index("model").loc[variant, column])
+
+
+# number as written -> (where the paper says it, a check against the shipped tables or the arithmetic behind it)
+PAPER_FACTS = {
+    "7x7": ("ViT-L/32 at 224 px: a 7x7 grid (Fig. 7)", lambda: 224 // 32 == 7),
+    "32x32": ("ViT-L/32 patches are 32x32 pixels", lambda: True),
+    "14x14": ("ViT-L/16 at 224 px: a 14x14 grid", lambda: 224 // 16 == 14),
+    "16x16": ("ViT-B/16 patches are 16x16 pixels", lambda: True),
+    "224": ("the paper's pre-training resolution (Sec. 4.1)", lambda: True),
+    "196": ("tokens of ViT-L/16 at 224 px", lambda: (224 // 16) ** 2 == 196),
+    "1024": ("ViT-Large hidden size D (Table 1)", lambda: _table1("ViT-Large", "hidden_size_D") == 1024),
+    "24": ("ViT-Large layers (Table 1)", lambda: _table1("ViT-Large", "layers") == 24),
+    "16": ("ViT-Large heads (Table 1), patch and stride 16", lambda: _table1("ViT-Large", "heads") == 16),
+    "128": ("images averaged for the mean attention distance (App. D.7)", lambda: True),
+    "0.5": ("rollout's residual weight (Abnar & Zuidema 2020)", lambda: True),
+    "28": ("principal components shown in Fig. 7 left", lambda: True),
+    "18": ("models of Table 6", lambda: __import__("vitviz").paper_results().shape[0] == 18),
+    "7": ("pre-training epochs in Table 6", lambda: 7 in set(__import__("vitviz").paper_results()["epochs"])),
+    "14": ("pre-training epochs in Table 6", lambda: 14 in set(__import__("vitviz").paper_results()["epochs"])),
+    "2": ("two early/late layers compared by distance_observations", lambda: True),
+    "10": ("perturbation steps of 10% (Chefer et al. 2021)", lambda: True),
+}
+# definitional values (a correlation of 0 or 1, counting from 1), not measurements
+SMALL = {"0", "1"}
+
+
+def prose_numbers(path: Path) -> list[tuple[int, str, str]]:
+    cells = json.loads(path.read_text())["cells"]
+    found = []
+    for i, cell in enumerate(cells):
+        if cell["cell_type"] != "markdown":
+            continue
+        text = REFERENCE.sub(" ", "".join(cell["source"]))
+        for m in NUMBER.finditer(text):
+            found.append((i, m.group(), text[max(0, m.start() - 40): m.end() + 40].replace("\n", " ")))
+    return found
+
+
+@pytest.mark.parametrize("path", NOTEBOOKS, ids=lambda p: p.name)
+def test_prose_holds_only_references_and_checked_paper_facts(path):
+    stray = [f"cell {i}: {num!r} in '...{ctx}...'" for i, num, ctx in prose_numbers(path)
+             if num not in PAPER_FACTS and num not in SMALL]
+    assert not stray, ("numbers typed in prose (print them from a cell, or add a checked paper fact):\n"
+                       + "\n".join(stray))
+
+
+@pytest.mark.parametrize("number", sorted(PAPER_FACTS))
+def test_paper_facts_agree_with_the_shipped_tables(number):
+    where, check = PAPER_FACTS[number]
+    assert check(), f"{number} ({where}) disagrees with the shipped tables"
+
+
+def test_the_scan_catches_a_typed_measurement(tmp_path):
+    nb = {"cells": [{"cell_type": "markdown", "source": ["The ViT-L/16 of Fig. 7 reaches 12.1 px; 67.05 % top-1."]}]}
+    (tmp_path / "x.ipynb").write_text(json.dumps(nb))
+    assert [n for _, n, _ in prose_numbers(tmp_path / "x.ipynb")] == ["12.1", "67.05"]
+
+
+def test_the_ablation_claims_in_notebook_01_hold_on_the_shipped_cards():
+    """Notebook 01 says, in words: any embedding beats none on CIFAR-10, by a far larger margin than in the paper,
+    and the 2-D table is more local than the 1-D one."""
+    import vitviz
+
+    gaps = vitviz.posemb_ablation_gaps().set_index("comparison")
+    assert gaps.loc["1-D minus none (points)", "cifar10"] > 0 and gaps.loc["2-D minus none (points)", "cifar10"] > 0
+    for row in ("1-D minus none (points)", "2-D minus none (points)"):
+        assert gaps.loc[row, "cifar10"] > 2 * gaps.loc[row, "paper"] > 0
+    assert gaps.loc["locality 2-D minus 1-D", "cifar10"] > 0
+    assert abs(gaps.loc["2-D minus 1-D (points)", "paper"]) < 0.5  # the paper's "within a fraction of a point"
