@@ -90,6 +90,10 @@ class Family:
         """Preprocessing (timm ``resolve_data_config`` keys) when the family knows it better than the defaults."""
         return None
 
+    def prepare(self, model: nn.Module) -> Undo:
+        """Model-level set-up for the duration of a capture (e.g. ViTMAE runs unmasked); returns its undo."""
+        return lambda: None
+
 
 def named_children_of(model: nn.Module, prefix: str) -> list[tuple[str, nn.Module]]:
     """Modules whose names match the fnmatch ``prefix`` pattern, in registration order."""
