@@ -51,6 +51,16 @@ def _eager_attentions(model: nn.Module, x: torch.Tensor, **kw) -> list[torch.Ten
 
 
 def hf_case(name: str) -> Case:
+    """The tiny model of family ``name`` (one of ``HF_CASES``) with its input and references."""
+    case = _build(name)
+    with torch.no_grad():  # several families initialise tokens and tables to zeros: give them random weights
+        for pname, p in case.model.named_parameters():
+            if p.requires_grad and not p.any() and ("embeddings" in pname or "token" in pname):
+                p.normal_(std=0.5)
+    return case
+
+
+def _build(name: str) -> Case:
     import transformers as T
 
     x32x48 = torch.randn(2, 3, 32, 48)
@@ -103,6 +113,11 @@ def hf_case(name: str) -> Case:
         return Case(m.eval(), x32, _hidden, _eager_attentions, (4, 4), (), "learned")
     if name == "vit-mae":
         m = T.ViTMAEModel(T.ViTMAEConfig(image_size=32, **SMALL))
+        from transformers.models.vit_mae.modeling_vit_mae import build_2d_sinusoidal_position_embedding
+
+        with torch.no_grad():  # built from a config, transformers 5 leaves the fixed sin-cos table at zeros
+            m.embeddings.position_embeddings.copy_(
+                build_2d_sinusoidal_position_embedding(4, 4, 32, cls_token=True)[None])
         identity = torch.arange(16.0).expand(2, 16)
 
         def run(model: nn.Module, x: torch.Tensor) -> torch.Tensor:

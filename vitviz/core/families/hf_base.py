@@ -10,7 +10,8 @@ Everything is read from the model and its config, never guessed:
 - the layout: ``image_size``, ``patch_size``, ``hidden_size``, ``num_attention_heads`` of the vision config, the
   prefix tokens each subclass states from its embedding code, and the position-table length checked against them;
 - the preprocessing: the checkpoint's ``preprocessor_config.json`` when the model was loaded from a local
-  folder that has one, else the defaults of the model type's image-processor class.
+  folder that has one, else the defaults of the model type's image-processor class (with the mean and std of
+  the authors' training code where the class defaults differ from it: DeiT, DINOv2, ViTMAE).
 
 Attention is read with ``probe_hf``: the config's attention implementation is switched to ``eager`` for the
 duration of the capture (SDPA and flash kernels return no weights) and restored afterwards.
@@ -71,6 +72,9 @@ class HFVisionFamily(Family):
     patch_conv_path = "patch_embeddings.projection"  # under the embeddings module
     pos_attr = "position_embeddings"  # under the embeddings module: a (1, L, D) Parameter or an nn.Embedding
     processor_type: str | None = None  # image-processor key when it differs from the model type
+    # (mean, std) the authors' training code normalised with, where the image-processor class's defaults differ
+    # from it; used only when the checkpoint's own preprocessor_config.json is not at hand
+    authors_mean_std: tuple[tuple[float, ...], tuple[float, ...]] | None = None
 
     # ------------------------------------------------------------------ matching
     def match(self, model: nn.Module) -> bool:
@@ -191,10 +195,17 @@ class HFVisionFamily(Family):
         }
 
     def data_config(self, model: nn.Module) -> dict[str, Any] | None:
-        processor = _image_processor(model, self.processor_type or vision_config(model).model_type)
+        """The checkpoint's ``preprocessor_config.json`` (local folder), else the processor class's defaults.
+
+        With the class defaults, ``authors_mean_std`` (when set) replaces the class's mean and std.
+        """
+        processor, own = _image_processor(model, self.processor_type or vision_config(model).model_type)
         if processor is None:
             return None
-        return processor_data_config(processor, self.layout(model).img_size)
+        cfg = processor_data_config(processor, self.layout(model).img_size)
+        if not own and self.authors_mean_std is not None:
+            cfg["mean"], cfg["std"] = self.authors_mean_std
+        return cfg
 
 
 def _get(obj: Any, path: str) -> Any:
@@ -205,23 +216,25 @@ def _get(obj: Any, path: str) -> Any:
     return obj
 
 
-def _image_processor(model: nn.Module, model_type: str) -> Any:
-    """The checkpoint's own image processor when it was loaded from a local folder, else the type's defaults."""
+def _image_processor(model: nn.Module, model_type: str) -> tuple[Any, bool]:
+    """``(processor, own)``: the checkpoint's own image processor when the model was loaded from a local folder
+    that has a ``preprocessor_config.json`` (``own=True``), else the model type's processor class with its
+    defaults; ``(None, False)`` when there is none."""
     try:
         from transformers.models.auto import image_processing_auto as auto
     except ImportError:  # pragma: no cover - transformers is present whenever a transformers model is
-        return None
+        return None, False
     path = getattr(model.config, "_name_or_path", "") or ""
     if path and os.path.isfile(os.path.join(path, "preprocessor_config.json")):
-        return auto.AutoImageProcessor.from_pretrained(path, local_files_only=True)
+        return auto.AutoImageProcessor.from_pretrained(path, local_files_only=True), True
     names = auto.IMAGE_PROCESSOR_MAPPING_NAMES.get(model_type)
-    name = names.get("torchvision") or names.get("pil") if isinstance(names, dict) else names
+    name = (names.get("torchvision") or names.get("pil")) if isinstance(names, dict) else names
     if not name:
-        return None
+        return None, False
     import transformers
 
     cls = getattr(transformers, name, None)
-    return cls() if cls is not None else None
+    return (cls() if cls is not None else None), False
 
 
 def processor_data_config(processor: Any, img_size: tuple[int, int]) -> dict[str, Any]:

@@ -14,6 +14,8 @@ from vitviz.core.families.hf_base import HFVisionFamily
 
 class HFDeiTFamily(HFVisionFamily):
     model_types = ("deit",)
+    # the authors' code normalises with the ImageNet mean and std (timm IMAGENET_DEFAULT_MEAN / _STD)
+    authors_mean_std = ((0.485, 0.456, 0.406), (0.229, 0.224, 0.225))
 
     def prefix_tokens(self, model: nn.Module) -> tuple[str, ...]:
         return ("cls", "dist")

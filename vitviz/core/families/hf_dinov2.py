@@ -18,6 +18,8 @@ class HFDinov2Family(HFVisionFamily):
     model_types = ("dinov2",)
     layer_paths = (("encoder.layer", "attention"), ("layers", "attention"))
     dynamic_img_size = True
+    # the authors' code normalises with the ImageNet mean and std (timm IMAGENET_DEFAULT_MEAN / _STD)
+    authors_mean_std = ((0.485, 0.456, 0.406), (0.229, 0.224, 0.225))
 
 
 class HFDinov2RegistersFamily(HFDinov2Family):

@@ -26,6 +26,8 @@ from vitviz.errors import CaptureError
 class HFViTMAEFamily(HFVisionFamily):
     model_types = ("vit_mae",)
     pos_embed_kind = "sincos"
+    # the authors' code normalises with the ImageNet mean and std (timm IMAGENET_DEFAULT_MEAN / _STD)
+    authors_mean_std = ((0.485, 0.456, 0.406), (0.229, 0.224, 0.225))
 
     def prepare(self, model: nn.Module) -> Undo:
         undos = [super().prepare(model)]
