@@ -141,8 +141,9 @@ def mha_reference(attns: list[nn.MultiheadAttention], inputs: list[torch.Tensor]
     """``softmax(q k^T / sqrt(d))`` recomputed in float64 from each ``nn.MultiheadAttention``'s ``in_proj``."""
     out = []
     for mha, inp in zip(attns, inputs):
-        q, k, _ = nn.functional.linear(inp.double(), mha.in_proj_weight.double(),
-                                       mha.in_proj_bias.double()).chunk(3, dim=-1)
+        inp = inp.detach()
+        q, k, _ = nn.functional.linear(inp.double(), mha.in_proj_weight.detach().double(),
+                                       mha.in_proj_bias.detach().double()).chunk(3, dim=-1)
         b, n, d = q.shape
         h = mha.num_heads
         q, k = (t.reshape(b, n, h, d // h).transpose(1, 2) for t in (q, k))
