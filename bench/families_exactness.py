@@ -16,8 +16,10 @@ import torch
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1] / "tests"))
 
-import vitviz  # noqa: E402
 from hf_models import HF_CASES, hf_case, mha_reference, open_clip_model, open_clip_tower  # noqa: E402
+from test_capture import record_inputs  # noqa: E402
+
+import vitviz  # noqa: E402
 
 
 def max_diff(got: list[torch.Tensor], want: list[torch.Tensor]) -> float:
@@ -40,13 +42,9 @@ def main() -> None:
     for name, model in (("open_clip-tower", open_clip_tower()), ("open_clip-CLIP", open_clip_model())):
         visual = getattr(model, "visual", model)
         mhas = [b.attn for b in visual.transformer.resblocks]
-        seen: list[torch.Tensor] = []
-        hooks = [m.register_forward_pre_hook(lambda _m, a: seen.append(a[0].detach())) for m in mhas]
         x = torch.randn(2, 3, 32, 48)
-        with torch.no_grad(), vitviz.capture_attention(model) as cap:
+        with record_inputs(mhas) as seen, torch.no_grad(), vitviz.capture_attention(model) as cap:
             model(x)
-        for h in hooks:
-            h.remove()
         print(f"{name:<20} {max_diff(cap.attentions, mha_reference(mhas, seen)):>26.2e}")
 
 
