@@ -180,3 +180,71 @@ def test_a_layout_that_does_not_check_out_is_refused():
     model.config.num_hidden_layers = 3  # the config no longer describes the module list
     with pytest.raises(UnsupportedModelError, match=r"ViTModel.*2 attention modules.*num_hidden_layers=3"):
         vitviz.inspect(model)
+
+
+def _auto_configs():
+    T = transformers
+    vision = dict(image_size=32, **SMALL)
+    text = dict(hidden_size=32, num_hidden_layers=1, num_attention_heads=2, intermediate_size=64, vocab_size=99)
+    dino = {k: v for k, v in vision.items() if k != "intermediate_size"}
+    return {
+        "ViTConfig": T.ViTConfig(**vision), "DeiTConfig": T.DeiTConfig(**vision),
+        "BeitConfig": T.BeitConfig(use_relative_position_bias=True, **vision), "Dinov2Config": T.Dinov2Config(**dino),
+        "Dinov2WithRegistersConfig": T.Dinov2WithRegistersConfig(**dino), "CLIPVisionConfig": T.CLIPVisionConfig(**vision),
+        "CLIPConfig": T.CLIPConfig(vision_config=vision, text_config=text, projection_dim=16),
+        "SiglipVisionConfig": T.SiglipVisionConfig(**vision),
+        "SiglipConfig": T.SiglipConfig(vision_config=vision, text_config=text), "ViTMAEConfig": T.ViTMAEConfig(**vision),
+    }
+
+
+@pytest.mark.parametrize("config_name", ["ViTConfig", "DeiTConfig", "BeitConfig", "Dinov2Config",
+                                         "Dinov2WithRegistersConfig", "CLIPVisionConfig", "CLIPConfig",
+                                         "SiglipVisionConfig", "SiglipConfig", "ViTMAEConfig"])
+def test_whatever_auto_model_returns_is_read_exactly(config_name):
+    model = transformers.AutoModel.from_config(_auto_configs()[config_name]).eval()
+    spec = vitviz.inspect(model)
+    vision = model.vision_model if hasattr(model, "vision_model") else model
+    x = torch.randn(2, 3, 32, 32)
+    with torch.no_grad(), vitviz.capture_attention(model) as cap:
+        vision(pixel_values=x)
+    ref = eager_copy(model)
+    ref_vision = ref.vision_model if hasattr(ref, "vision_model") else ref
+    if config_name == "ViTMAEConfig":
+        ref.config.mask_ratio = 0.0
+        kw = {"noise": torch.arange(16.0).expand(2, 16)}
+    else:
+        kw = {}
+    with torch.no_grad():
+        want = ref_vision(pixel_values=x, output_attentions=True, **kw).attentions
+    assert spec.family == "huggingface" and len(cap.attentions) == len(want) == spec.depth == 2
+    for got, w in zip(cap.attentions, want):
+        assert got.shape[-1] == spec.num_tokens and float((got - w).abs().max()) <= 1e-5
+
+
+def test_vit_mae_for_pretraining_reads_the_encoder_only():
+    model = transformers.ViTMAEForPreTraining(transformers.ViTMAEConfig(
+        image_size=32, decoder_hidden_size=16, decoder_num_hidden_layers=1, decoder_num_attention_heads=2,
+        decoder_intermediate_size=32, **SMALL)).eval()
+    spec = vitviz.inspect(model)
+    assert spec.attention_modules == ("vit.layers.0.attention", "vit.layers.1.attention")
+    with torch.no_grad(), vitviz.capture_attention(model) as cap:
+        model(pixel_values=torch.randn(1, 3, 32, 32))
+    assert cap.attentions[0].shape == (1, 2, 17, 17) and model.config.mask_ratio == 0.75
+
+
+def test_siglip_model_refuses_pixels_in_forward_like_clip():
+    model = transformers.AutoModel.from_config(_auto_configs()["SiglipConfig"]).eval()
+    with pytest.raises(InputError, match=r"SiglipModel\.forward takes input_ids"):
+        vitviz.mean_attention_distance(model, torch.randn(1, 3, 32, 32))
+    assert instance_forwards(model) == 0
+
+
+def test_training_mode_with_attention_dropout_is_refused():
+    model = transformers.ViTModel(transformers.ViTConfig(image_size=32, attention_probs_dropout_prob=0.1, **SMALL))
+    with pytest.raises(CaptureError, match=r"ViTModel is in training mode with attention dropout 0.1.*eval"):
+        with vitviz.capture_attention(model.train()):
+            pass
+    assert hooks_everywhere(model) == 0 and model.config._attn_implementation == "sdpa"
+    with torch.no_grad(), vitviz.capture_attention(model.eval()) as cap:  # eval mode: no dropout, exact
+        model(pixel_values=torch.randn(1, 3, 32, 32))
+    torch.testing.assert_close(cap.attentions[0].sum(-1), torch.ones(1, 2, 17))

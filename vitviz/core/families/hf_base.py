@@ -30,7 +30,7 @@ from torch import nn
 
 from vitviz.core.families.base import Family, Layout, Undo, _set_attr, probe_hf
 from vitviz.core.util import pair
-from vitviz.errors import InputError, UnsupportedModelError
+from vitviz.errors import CaptureError, InputError, UnsupportedModelError
 
 # PIL resample codes used by the image processors -> timm interpolation names
 _RESAMPLE = {0: "nearest", 1: "lanczos", 2: "bilinear", 3: "bicubic"}
@@ -147,13 +147,23 @@ class HFVisionFamily(Family):
         return self.pos_embed_kind
 
     def prepare(self, model: nn.Module) -> Undo:
-        """Guard image-text models (``CLIPModel``, ``SiglipModel``) whose forward takes ``input_ids`` first.
+        """Refuse training mode with attention dropout; guard image-text models whose forward takes ``input_ids``.
 
-        vitviz's analyses call ``model(images)``; on these models that would read the pixels as token ids and fail
-        deep inside the text tower. For the duration of the capture such a call raises an ``InputError`` that
-        says to pass ``model.vision_model`` instead (calls with ``input_ids`` pass through unchanged).
+        In training mode with attention dropout the eager weights are the dropped-out ones (rows do not sum to 1):
+        refused with a ``CaptureError``.
+
+        ``CLIPModel`` and ``SiglipModel``: vitviz's analyses call ``model(images)``; on these models that would read
+        the pixels as token ids and fail deep inside the text tower. For the duration of the capture such a call
+        raises an ``InputError`` that says to pass ``model.vision_model`` instead (calls with ``input_ids`` pass
+        through unchanged).
         """
         root = vision_root(model)[0]
+        c = vision_config(model)
+        dropout = max(float(getattr(c, a, 0.0) or 0.0) for a in ("attention_probs_dropout_prob", "attention_dropout"))
+        if model.training and dropout > 0:
+            # eager attention returns the weights after dropout: rows would not sum to 1
+            raise CaptureError(f"{type(model).__name__} is in training mode with attention dropout {dropout}: the "
+                               "attention weights it returns are the dropped-out ones; call model.eval() first")
         params = list(pyinspect.signature(type(model).forward).parameters)[1:2]
         if root is model or params != ["input_ids"]:
             return super().prepare(model)
