@@ -173,6 +173,10 @@ def test_other_hugging_face_image_models_are_refused_with_the_reason():
         vitviz.inspect(swin)
     with pytest.raises(UnsupportedModelError, match="SwinModel"), vitviz.capture_attention(swin):
         pass
+    siglip2 = transformers.Siglip2VisionModel(transformers.Siglip2VisionConfig(
+        hidden_size=32, num_hidden_layers=1, num_attention_heads=2, intermediate_size=32))
+    with pytest.raises(UnsupportedModelError, match="Siglip2VisionModel"):
+        vitviz.inspect(siglip2)
 
 
 def test_a_layout_that_does_not_check_out_is_refused():

@@ -104,6 +104,14 @@ def test_unreadable_towers_are_refused():
     with pytest.raises(CaptureError, match="patch_dropout=0.5.*model.eval"), vitviz.capture_attention(dropping):
         pass
     assert hooks_everywhere(dropping) == 0 and instance_forwards(dropping) == 0
+    for kw in ({"qk_norm": True}, {"scaled_cosine_attn": True}):
+        with pytest.raises(UnsupportedModelError, match="not nn.MultiheadAttention"):
+            vitviz.inspect(open_clip_tower(**kw))
+    from open_clip.timm_model import TimmModel
+
+    trunk = TimmModel("vit_tiny_patch16_224", embed_dim=16, image_size=32, pretrained=False)
+    with pytest.raises(UnsupportedModelError, match=r"TimmModel.*analyse model\.visual\.trunk"):
+        vitviz.inspect(trunk)
     resnet = open_clip.create_model("RN50", pretrained=None).visual
     with pytest.raises(NotAViTError, match="ModifiedResNet"):
         vitviz.inspect(resnet)

@@ -23,7 +23,7 @@ class ViTSpec:
 
     Attributes:
         name: model name (timm architecture, or the class name).
-        family: ``timm``, ``torchvision``, ``huggingface``, ``tutorial`` or ``custom``.
+        family: ``timm``, ``torchvision``, ``huggingface``, ``open_clip``, ``tutorial`` or ``custom``.
         img_size: ``(H, W)`` input size in pixels the model was built for.
         patch_size: ``(sh, sw)`` pixels per token along h and w, i.e. the token stride; for hybrids the backbone
             reduction times the patch size.
