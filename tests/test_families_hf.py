@@ -70,6 +70,12 @@ def test_inspect_reads_the_layout_from_the_config(name):
     assert spec.class_token_index == (0 if "cls" in case.prefix else None)
     assert spec.params["total"] == sum(p.numel() for p in case.model.parameters())
     assert spec.params["patch_embed"] > 0 and spec.params["blocks"] > 0
+    pos = family_of(case.model).pos_embed(case.model)
+    if case.pos_kind == "relative-bias":
+        assert pos is None
+    else:  # an absolute table: the patch rows of the built grid, plus the prefix rows it covers
+        rows = (spec.num_prefix_tokens if spec.pos_embed_covers_prefix else 0) + spec.num_patches
+        assert pos.shape == (1, rows, 32)
     filters, _ = vitviz.embedding_filters(case.model)
     assert filters.shape[:2] == (32, 3)  # the RGB patch projection: D filters over 3 channels
     cfg = data_config(case.model)
