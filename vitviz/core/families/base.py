@@ -3,7 +3,8 @@
 A ``Family`` answers, for the models it ``match``es: where the attention modules are, how to read their
 post-softmax probabilities (a *probe*), where the position embedding and the RGB patch projection live, and the
 token layout. Probes are the only code that touches hooks or flags; each returns an ``undo`` callable that puts the
-module back exactly as it was.
+module back exactly as it was. ``Family.prepare(model)`` does the same for model-level set-up a capture needs
+(ViTMAE runs unmasked; ``CLIPModel`` refuses an image batch in ``forward``); ``capture_attention`` undoes it on exit.
 
 Probes (all emit ``(B, H, N, N)`` post-softmax probabilities):
 

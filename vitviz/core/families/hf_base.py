@@ -87,9 +87,6 @@ class HFVisionFamily(Family):
     def prefix_tokens(self, model: nn.Module) -> tuple[str, ...]:
         return ("cls",)
 
-    def check(self, model: nn.Module) -> None:
-        """Raise ``UnsupportedModelError`` for configurations this family cannot read (default: none)."""
-
     # ------------------------------------------------------------------ helpers
     def _fail(self, model: nn.Module, reason: str) -> UnsupportedModelError:
         return UnsupportedModelError(f"{type(model).__name__} (Hugging Face, model_type="
@@ -122,7 +119,6 @@ class HFVisionFamily(Family):
         return modules
 
     def layout(self, model: nn.Module) -> Layout:
-        self.check(model)
         c = vision_config(model)
         img, patch = pair(c.image_size, "config.image_size"), pair(c.patch_size, "config.patch_size")
         grid = (img[0] // patch[0], img[1] // patch[1])
