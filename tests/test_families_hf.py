@@ -258,3 +258,20 @@ def test_training_mode_with_attention_dropout_is_refused():
     with torch.no_grad(), vitviz.capture_attention(model.eval()) as cap:  # eval mode: no dropout, exact
         model(pixel_values=torch.randn(1, 3, 32, 32))
     torch.testing.assert_close(cap.attentions[0].sum(-1), torch.ones(1, 2, 17))
+
+
+def test_dinov2_patch_14_on_a_non_square_input():
+    config = transformers.Dinov2Config(image_size=28, patch_size=14, hidden_size=32, num_hidden_layers=2,
+                                       num_attention_heads=2, mlp_ratio=2)
+    model = transformers.Dinov2Model(config).eval()
+    spec = vitviz.inspect(model)
+    x = torch.randn(2, 3, 42, 70)  # 3x5 patches of 14 px; the table (2x2) is interpolated by the model
+    assert spec.patch_size == (14, 14) and spec.dynamic_img_size and spec.grid_for_input(x) == (3, 5)
+    with torch.no_grad(), vitviz.capture_attention(model) as cap:
+        model(pixel_values=x)
+    with torch.no_grad():
+        want = eager_copy(model)(pixel_values=x, output_attentions=True).attentions
+    for got, w in zip(cap.attentions, want):
+        assert got.shape == (2, 2, 16, 16) and float((got - w).abs().max()) <= 1e-5
+    maps = vitviz.attention_rollout(model, x)
+    assert maps.shape == (2, 3, 5) and torch.isfinite(maps).all()
