@@ -6,7 +6,7 @@ VPY    := $(VENV)/bin/python
 STAMP  := $(VENV)/.vitviz-installed
 BROWSER_STAMP := $(VENV)/.vitviz-browser-installed
 CHROMIUM ?= /usr/bin/chromium
-EXTRAS ?= dev,notebooks,hf
+EXTRAS ?= dev,notebooks,hf,clip
 OUT    ?= reports
 DATA   ?= $(if $(VITVIZ_DATA),$(VITVIZ_DATA),../shared/data/cifar10)
 

@@ -7,6 +7,12 @@ residual connection as ``A = 0.5 W + 0.5 I`` with rows renormalised, and multipl
 token ``t``; the map is that row over the patch columns, reshaped to the ``(gh, gw)`` grid ``vitviz.inspect``
 reads (never ``sqrt(N)``). Prefix tokens (class, distillation, registers) take part in every product.
 
+The output token: the class token when the model has one (``spec.class_token_index``). A model without one
+(SigLIP, timm ``class_token=False``: ``spec.class_token_index is None``) has no output row to read, so the map is
+the **mean of the rollout rows of all patch queries** over the patch columns (``rollout_to_maps(token=None)``),
+i.e. how much each patch flows, on average, into the patch tokens the model pools; ``token=`` picks any single row
+instead. ``tests/test_families_hf.py`` pins this for SigLIP.
+
 ``attention_rollout`` reduces each layer as the forward pass produces it (``capture_attention(on_layer=...,
 store=False)``), so besides the layer being computed only the running product and the fused map, a few
 ``(B, N, N)`` tensors, are alive, on the model's device.

@@ -158,6 +158,7 @@ def capture_attention(
                            retain_grad=retain_grad)
     undos = []
     try:
+        undos.append(family.prepare(model))
         for position, index in enumerate(chosen):
             undos.append(family.probe(modules[index][1], lambda a, p=position: cap._emit(p, a)))
         yield cap

@@ -23,13 +23,15 @@ class ViTSpec:
 
     Attributes:
         name: model name (timm architecture, or the class name).
-        family: ``timm``, ``torchvision``, ``huggingface``, ``tutorial`` or ``custom``.
+        family: ``timm``, ``torchvision``, ``huggingface``, ``open_clip``, ``tutorial`` or ``custom``.
         img_size: ``(H, W)`` input size in pixels the model was built for.
         patch_size: ``(sh, sw)`` pixels per token along h and w, i.e. the token stride; for hybrids the backbone
             reduction times the patch size.
         grid_size: ``(gh, gw)`` patch tokens along h and w.
         prefix_tokens: names of the tokens before the patch tokens, in order (``"cls"``, ``"dist"``, ``"reg"``).
-        pos_embed_kind: ``learned``, ``learned-2d``, ``sincos``, ``none`` or ``rotary``.
+        pos_embed_kind: ``learned``, ``learned-2d``, ``sincos``, ``none``, ``rotary`` or ``relative-bias`` (a
+            learned bias added to the attention scores, no table), or parts joined by ``+`` when a model has both
+            (``learned+relative-bias``).
         pos_embed_covers_prefix: whether the absolute position embedding has rows for the prefix tokens.
         depth, num_heads, embed_dim: transformer size.
         hybrid: the patch embedding sits on a CNN backbone.
@@ -74,7 +76,8 @@ class ViTSpec:
 
     @property
     def has_abs_pos_embed(self) -> bool:
-        return self.pos_embed_kind not in ("none", "rotary")
+        # a kind may combine parts with "+" (e.g. BEiT's "learned+relative-bias"); a relative bias is no table
+        return any(k not in ("none", "rotary", "relative-bias") for k in self.pos_embed_kind.split("+"))
 
     def grid_for(self, img_size: tuple[int, int]) -> tuple[int, int]:
         """The patch grid for another input size (for ``dynamic_img_size`` models)."""

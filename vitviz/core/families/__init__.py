@@ -1,7 +1,9 @@
 """Model families vitviz reads, and the lookup from a model to its family.
 
 Lookup order: a description registered for this model instance with ``vitviz.describe``, then families
-registered with ``register_family`` (newest first), then timm, torchvision, Hugging Face and the tutorial layout.
+registered with ``register_family`` (newest first), then timm, torchvision, Hugging Face (ViT, DeiT, BEiT, DINOv2,
+DINOv2 with registers, CLIP vision, SigLIP vision, ViTMAE; other image models refused), open_clip vision towers and
+the tutorial layout.
 """
 
 from __future__ import annotations
@@ -13,7 +15,15 @@ from torch import nn
 
 from vitviz.core.families.base import Family, Layout
 from vitviz.core.families.custom import CustomFamily, TutorialFamily
+from vitviz.core.families.hf_base import HFUnsupportedFamily
+from vitviz.core.families.hf_beit import HFBeitFamily
+from vitviz.core.families.hf_clip import HFCLIPFamily
+from vitviz.core.families.hf_deit import HFDeiTFamily
+from vitviz.core.families.hf_dinov2 import HFDinov2Family, HFDinov2RegistersFamily
+from vitviz.core.families.hf_siglip import HFSiglipFamily
 from vitviz.core.families.hf_vit import HuggingFaceFamily
+from vitviz.core.families.hf_vit_mae import HFViTMAEFamily
+from vitviz.core.families.open_clip_vit import OpenCLIPFamily
 from vitviz.core.families.timm_vit import TimmFamily
 from vitviz.core.families.torchvision_vit import TorchvisionFamily
 from vitviz.errors import NotAViTError, VitvizError
@@ -21,7 +31,12 @@ from vitviz.errors import NotAViTError, VitvizError
 __all__ = ["Family", "Layout", "NotAViTError", "VitvizError", "CustomFamily", "describe", "family_of",
            "register_family"]
 
-_FAMILIES: list[Family] = [TimmFamily(), TorchvisionFamily(), HuggingFaceFamily(), TutorialFamily()]
+# Hugging Face: one family per model type (docs/families.md); any other transformers model with an image config
+# is refused by HFUnsupportedFamily with the reason, never misread.
+HF_FAMILIES: list[Family] = [HuggingFaceFamily(), HFDeiTFamily(), HFBeitFamily(), HFDinov2Family(),
+                             HFDinov2RegistersFamily(), HFCLIPFamily(), HFSiglipFamily(), HFViTMAEFamily()]
+_FAMILIES: list[Family] = [TimmFamily(), TorchvisionFamily(), *HF_FAMILIES, HFUnsupportedFamily(), OpenCLIPFamily(),
+                           TutorialFamily()]
 _DESCRIBED: weakref.WeakKeyDictionary[nn.Module, Family] = weakref.WeakKeyDictionary()
 
 

@@ -3,7 +3,8 @@
 A ``Family`` answers, for the models it ``match``es: where the attention modules are, how to read their
 post-softmax probabilities (a *probe*), where the position embedding and the RGB patch projection live, and the
 token layout. Probes are the only code that touches hooks or flags; each returns an ``undo`` callable that puts the
-module back exactly as it was.
+module back exactly as it was. ``Family.prepare(model)`` does the same for model-level set-up a capture needs
+(ViTMAE runs unmasked; ``CLIPModel`` refuses an image batch in ``forward``); ``capture_attention`` undoes it on exit.
 
 Probes (all emit ``(B, H, N, N)`` post-softmax probabilities):
 
@@ -89,6 +90,10 @@ class Family:
     def data_config(self, model: nn.Module) -> dict[str, Any] | None:
         """Preprocessing (timm ``resolve_data_config`` keys) when the family knows it better than the defaults."""
         return None
+
+    def prepare(self, model: nn.Module) -> Undo:
+        """Model-level set-up for the duration of a capture (e.g. ViTMAE runs unmasked); returns its undo."""
+        return lambda: None
 
 
 def named_children_of(model: nn.Module, prefix: str) -> list[tuple[str, nn.Module]]:

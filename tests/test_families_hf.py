@@ -1,0 +1,277 @@
+"""Hugging Face families: capture equals the model's own eager ``output_attentions``, leaves no trace, and the
+layout ``inspect`` reads drives rollout, distance and position similarity (tiny random-weight models)."""
+
+from __future__ import annotations
+
+import pytest
+import torch
+from hf_models import HF_CASES, SMALL, eager_copy, hf_case
+from test_capture import hooks_everywhere, instance_forwards
+
+import vitviz
+from vitviz.analysis.rollout import rollout_from_attentions
+from vitviz.core.families import family_of
+from vitviz.core.families.hf_base import vision_config
+from vitviz.core.images import data_config
+from vitviz.errors import CaptureError, InputError, NoPositionEmbeddingError, UnsupportedModelError
+
+transformers = pytest.importorskip("transformers")
+
+
+def attn_impls(model: torch.nn.Module) -> tuple[str, str]:
+    return model.config._attn_implementation, vision_config(model)._attn_implementation
+
+
+@pytest.mark.parametrize("name", HF_CASES)
+def test_capture_equals_eager_output_attentions(name):
+    case = hf_case(name)
+    model, x = case.model, case.x
+    impls = attn_impls(model)
+    assert impls == ("sdpa", "sdpa")  # the model under analysis keeps its default implementation
+    mask_ratio = getattr(model.config, "mask_ratio", None)
+    with torch.no_grad():
+        before = case.run(model, x)
+        with vitviz.capture_attention(model) as cap:
+            inside = case.run(model, x)
+            # switched for the read-out only, on the config the attention modules read (CLIPModel: the vision one)
+            assert vision_config(model)._attn_implementation == "eager"
+        after = case.run(model, x)
+    reference = case.reference(model, x)
+    n = len(case.prefix) + case.grid[0] * case.grid[1]
+    assert len(cap.attentions) == len(reference) == 2
+    for got, want in zip(cap.attentions, reference):
+        assert got.shape == want.shape == (2, 2, n, n)
+        assert float((got - want).abs().max()) <= 1e-5
+        torch.testing.assert_close(got.sum(-1), torch.ones(2, 2, n), atol=1e-5, rtol=0)
+    # the model is as it was: implementation, hooks, instance attributes, config, outputs
+    assert attn_impls(model) == impls
+    assert hooks_everywhere(model) == 0 and instance_forwards(model) == 0
+    assert getattr(model.config, "mask_ratio", None) == mask_ratio
+    if name == "vit-mae":  # outside the capture ViTMAE masks 75% of the patches at random, as before
+        assert before.shape[1] == after.shape[1] == 1 + 4 and inside.shape[1] == 1 + 16
+        ref = eager_copy(model)
+        ref.config.mask_ratio = 0.0
+        with torch.no_grad():
+            unmasked = ref(pixel_values=x, noise=case.extra["noise"]).last_hidden_state
+        torch.testing.assert_close(inside, unmasked, atol=1e-5, rtol=1e-5)
+    else:
+        torch.testing.assert_close(inside, before, atol=1e-5, rtol=1e-5)
+        torch.testing.assert_close(after, before, atol=0, rtol=0)
+
+
+@pytest.mark.parametrize("name", HF_CASES)
+def test_inspect_reads_the_layout_from_the_config(name):
+    case = hf_case(name)
+    spec = vitviz.inspect(case.model)
+    assert (spec.family, spec.prefix_tokens, spec.pos_embed_kind) == ("huggingface", case.prefix, case.pos_kind)
+    assert spec.grid_for_input(case.x) == case.grid
+    assert (spec.depth, spec.num_heads, spec.embed_dim, spec.patch_size) == (2, 2, 32, (8, 8))
+    assert len(spec.attention_modules) == 2 and all(spec.attention_modules)
+    assert spec.class_token_index == (0 if "cls" in case.prefix else None)
+    assert spec.params["total"] == sum(p.numel() for p in case.model.parameters())
+    assert spec.params["patch_embed"] > 0 and spec.params["blocks"] > 0
+    pos = family_of(case.model).pos_embed(case.model)
+    if case.pos_kind == "relative-bias":
+        assert pos is None
+    else:  # an absolute table: the patch rows of the built grid, plus the prefix rows it covers
+        rows = (spec.num_prefix_tokens if spec.pos_embed_covers_prefix else 0) + spec.num_patches
+        assert pos.shape == (1, rows, 32)
+    filters, _ = vitviz.embedding_filters(case.model)
+    assert filters.shape[:2] == (32, 3)  # the RGB patch projection: D filters over 3 channels
+    cfg = data_config(case.model)
+    assert cfg["input_size"] == (3, *spec.img_size) and len(cfg["mean"]) == len(cfg["std"]) == 3
+
+
+@pytest.mark.parametrize("name", HF_CASES)
+def test_analyses_are_finite_and_shaped_by_the_grid(name):
+    case = hf_case(name)
+    model = case.model.vision_model if name == "clip-model" else case.model
+    gh, gw = case.grid
+    maps = vitviz.attention_rollout(model, case.x)
+    assert maps.shape == (2, gh, gw) and torch.isfinite(maps).all() and (maps >= 0).all()
+    dist = vitviz.mean_attention_distance(model, case.x)
+    assert dist.shape == (2, 2) and torch.isfinite(dist).all() and (dist > 0).all()
+    if case.pos_kind == "relative-bias":
+        with pytest.raises(NoPositionEmbeddingError, match="relative-bias"):
+            vitviz.pos_embed_similarity(case.model)
+        return
+    sim = vitviz.pos_embed_similarity(case.model)
+    table = vitviz.inspect(case.model).grid_size
+    assert sim.shape == (*table, *table) and torch.isfinite(sim).all()
+    torch.testing.assert_close(sim.reshape(table[0] * table[1], -1).diagonal(), torch.ones(table[0] * table[1]))
+
+
+def test_distilled_deit_has_two_prefix_tokens_and_rolls_out_from_cls():
+    case = hf_case("deit-distilled")
+    with torch.no_grad(), vitviz.capture_attention(case.model) as cap:
+        case.run(case.model, case.x)
+    full = rollout_from_attentions(cap.attentions, num_prefix_tokens=2)
+    maps = vitviz.attention_rollout(case.model, case.x)
+    torch.testing.assert_close(maps, full[:, 0, 2:].reshape(2, 4, 6))
+    dist_row = vitviz.attention_rollout(case.model, case.x, token=1)
+    torch.testing.assert_close(dist_row, full[:, 1, 2:].reshape(2, 4, 6))
+
+
+def test_siglip_has_no_class_token_and_rollout_uses_the_mean_of_patch_rows():
+    case = hf_case("siglip-vision")
+    spec = vitviz.inspect(case.model)
+    assert spec.prefix_tokens == () and spec.class_token_index is None and not spec.pos_embed_covers_prefix
+    ref = rollout_from_attentions(case.reference(case.model, case.x), num_prefix_tokens=0)  # (B, 16, 16)
+    maps = vitviz.attention_rollout(case.model, case.x)
+    torch.testing.assert_close(maps, ref.mean(dim=1).reshape(2, 4, 4), atol=1e-5, rtol=1e-4)
+    assert not torch.allclose(maps, ref[:, 0].reshape(2, 4, 4), atol=1e-4)  # not the first patch's row
+    torch.testing.assert_close(vitviz.attention_rollout(case.model, case.x, token=5), ref[:, 5].reshape(2, 4, 4),
+                               atol=1e-5, rtol=1e-4)
+
+
+def test_dinov2_registers_are_prefix_tokens_without_positions():
+    case = hf_case("dinov2-registers")
+    spec = vitviz.inspect(case.model)
+    assert spec.num_prefix_tokens == 4 and not spec.pos_embed_covers_prefix
+    table = case.model.embeddings.position_embeddings
+    pos = family_of(case.model).pos_embed(case.model)
+    torch.testing.assert_close(pos, table[:, 1:])  # the class row dropped; registers have none
+    x = torch.randn(1, 3, 40, 24)  # DINOv2 interpolates its table: the grid follows the input
+    with torch.no_grad(), vitviz.capture_attention(case.model) as cap:
+        case.model(pixel_values=x)
+    assert spec.grid_for_input(x) == (5, 3) and cap.attentions[0].shape[-1] == 4 + 15
+
+
+def test_vit_mae_refuses_noise_that_reorders_the_patches():
+    case = hf_case("vit-mae")
+    shuffled = torch.rand(2, 16)
+    with pytest.raises(CaptureError, match="ViTMAEModel.*shuffle"), vitviz.capture_attention(case.model):
+        case.model(pixel_values=case.x, noise=shuffled)
+    assert case.model.config.mask_ratio == 0.75 and instance_forwards(case.model) == 0
+    with torch.no_grad(), vitviz.capture_attention(case.model) as cap:  # identity noise is accepted
+        case.model(pixel_values=case.x, noise=case.extra["noise"])
+    assert cap.attentions[0].shape == (2, 2, 17, 17)
+
+
+def test_clip_model_analyses_the_vision_tower_and_refuses_pixels_in_forward():
+    case = hf_case("clip-model")
+    model = case.model
+    spec = vitviz.inspect(model)
+    assert all(n.startswith("vision_model.") for n in spec.attention_modules)
+    assert spec.params["other"] == sum(p.numel() for n, p in model.named_parameters()
+                                       if not n.startswith("vision_model."))
+    with pytest.raises(InputError, match=r"CLIPModel\.forward takes input_ids.*model\.vision_model"):
+        vitviz.attention_rollout(model, case.x)
+    assert instance_forwards(model) == 0 and attn_impls(model) == ("sdpa", "sdpa")
+    ids = torch.tensor([[0, 5, 6, 1]])
+    with torch.no_grad(), vitviz.capture_attention(model) as cap:  # a real CLIPModel call passes through
+        model(input_ids=ids, pixel_values=case.x)
+    torch.testing.assert_close(cap.attentions[0], case.reference(model, case.x)[0], atol=1e-5, rtol=0)
+
+
+def test_capture_restores_the_implementation_when_the_body_raises():
+    case = hf_case("beit-relative")
+    with pytest.raises(RuntimeError, match="boom"), vitviz.capture_attention(case.model):
+        case.run(case.model, case.x)
+        raise RuntimeError("boom")
+    assert attn_impls(case.model) == ("sdpa", "sdpa") and hooks_everywhere(case.model) == 0
+
+
+def test_other_hugging_face_image_models_are_refused_with_the_reason():
+    swin = transformers.SwinModel(transformers.SwinConfig(image_size=32, patch_size=4, embed_dim=16, depths=[1, 1],
+                                                          num_heads=[1, 2], window_size=4))
+    with pytest.raises(UnsupportedModelError, match=r"SwinModel.*model_type='swin'.*not a model vitviz reads"):
+        vitviz.inspect(swin)
+    with pytest.raises(UnsupportedModelError, match="SwinModel"), vitviz.capture_attention(swin):
+        pass
+    siglip2 = transformers.Siglip2VisionModel(transformers.Siglip2VisionConfig(
+        hidden_size=32, num_hidden_layers=1, num_attention_heads=2, intermediate_size=32))
+    with pytest.raises(UnsupportedModelError, match="Siglip2VisionModel"):
+        vitviz.inspect(siglip2)
+
+
+def test_a_layout_that_does_not_check_out_is_refused():
+    model = transformers.ViTModel(transformers.ViTConfig(image_size=32, **SMALL))
+    model.config.num_hidden_layers = 3  # the config no longer describes the module list
+    with pytest.raises(UnsupportedModelError, match=r"ViTModel.*2 attention modules.*num_hidden_layers=3"):
+        vitviz.inspect(model)
+
+
+def _auto_configs():
+    T = transformers
+    vision = dict(image_size=32, **SMALL)
+    text = dict(hidden_size=32, num_hidden_layers=1, num_attention_heads=2, intermediate_size=64, vocab_size=99)
+    dino = {k: v for k, v in vision.items() if k != "intermediate_size"}
+    return {
+        "ViTConfig": T.ViTConfig(**vision), "DeiTConfig": T.DeiTConfig(**vision),
+        "BeitConfig": T.BeitConfig(use_relative_position_bias=True, **vision), "Dinov2Config": T.Dinov2Config(**dino),
+        "Dinov2WithRegistersConfig": T.Dinov2WithRegistersConfig(**dino), "CLIPVisionConfig": T.CLIPVisionConfig(**vision),
+        "CLIPConfig": T.CLIPConfig(vision_config=vision, text_config=text, projection_dim=16),
+        "SiglipVisionConfig": T.SiglipVisionConfig(**vision),
+        "SiglipConfig": T.SiglipConfig(vision_config=vision, text_config=text), "ViTMAEConfig": T.ViTMAEConfig(**vision),
+    }
+
+
+@pytest.mark.parametrize("config_name", ["ViTConfig", "DeiTConfig", "BeitConfig", "Dinov2Config",
+                                         "Dinov2WithRegistersConfig", "CLIPVisionConfig", "CLIPConfig",
+                                         "SiglipVisionConfig", "SiglipConfig", "ViTMAEConfig"])
+def test_whatever_auto_model_returns_is_read_exactly(config_name):
+    model = transformers.AutoModel.from_config(_auto_configs()[config_name]).eval()
+    spec = vitviz.inspect(model)
+    vision = model.vision_model if hasattr(model, "vision_model") else model
+    x = torch.randn(2, 3, 32, 32)
+    with torch.no_grad(), vitviz.capture_attention(model) as cap:
+        vision(pixel_values=x)
+    ref = eager_copy(model)
+    ref_vision = ref.vision_model if hasattr(ref, "vision_model") else ref
+    if config_name == "ViTMAEConfig":
+        ref.config.mask_ratio = 0.0
+        kw = {"noise": torch.arange(16.0).expand(2, 16)}
+    else:
+        kw = {}
+    with torch.no_grad():
+        want = ref_vision(pixel_values=x, output_attentions=True, **kw).attentions
+    assert spec.family == "huggingface" and len(cap.attentions) == len(want) == spec.depth == 2
+    for got, w in zip(cap.attentions, want):
+        assert got.shape[-1] == spec.num_tokens and float((got - w).abs().max()) <= 1e-5
+
+
+def test_vit_mae_for_pretraining_reads_the_encoder_only():
+    model = transformers.ViTMAEForPreTraining(transformers.ViTMAEConfig(
+        image_size=32, decoder_hidden_size=16, decoder_num_hidden_layers=1, decoder_num_attention_heads=2,
+        decoder_intermediate_size=32, **SMALL)).eval()
+    spec = vitviz.inspect(model)
+    assert spec.attention_modules == ("vit.layers.0.attention", "vit.layers.1.attention")
+    with torch.no_grad(), vitviz.capture_attention(model) as cap:
+        model(pixel_values=torch.randn(1, 3, 32, 32))
+    assert cap.attentions[0].shape == (1, 2, 17, 17) and model.config.mask_ratio == 0.75
+
+
+def test_siglip_model_refuses_pixels_in_forward_like_clip():
+    model = transformers.AutoModel.from_config(_auto_configs()["SiglipConfig"]).eval()
+    with pytest.raises(InputError, match=r"SiglipModel\.forward takes input_ids"):
+        vitviz.mean_attention_distance(model, torch.randn(1, 3, 32, 32))
+    assert instance_forwards(model) == 0
+
+
+def test_training_mode_with_attention_dropout_is_refused():
+    model = transformers.ViTModel(transformers.ViTConfig(image_size=32, attention_probs_dropout_prob=0.1, **SMALL))
+    with pytest.raises(CaptureError, match=r"ViTModel is in training mode with attention dropout 0.1.*eval"):
+        with vitviz.capture_attention(model.train()):
+            pass
+    assert hooks_everywhere(model) == 0 and model.config._attn_implementation == "sdpa"
+    with torch.no_grad(), vitviz.capture_attention(model.eval()) as cap:  # eval mode: no dropout, exact
+        model(pixel_values=torch.randn(1, 3, 32, 32))
+    torch.testing.assert_close(cap.attentions[0].sum(-1), torch.ones(1, 2, 17))
+
+
+def test_dinov2_patch_14_on_a_non_square_input():
+    config = transformers.Dinov2Config(image_size=28, patch_size=14, hidden_size=32, num_hidden_layers=2,
+                                       num_attention_heads=2, mlp_ratio=2)
+    model = transformers.Dinov2Model(config).eval()
+    spec = vitviz.inspect(model)
+    x = torch.randn(2, 3, 42, 70)  # 3x5 patches of 14 px; the table (2x2) is interpolated by the model
+    assert spec.patch_size == (14, 14) and spec.dynamic_img_size and spec.grid_for_input(x) == (3, 5)
+    with torch.no_grad(), vitviz.capture_attention(model) as cap:
+        model(pixel_values=x)
+    with torch.no_grad():
+        want = eager_copy(model)(pixel_values=x, output_attentions=True).attentions
+    for got, w in zip(cap.attentions, want):
+        assert got.shape == (2, 2, 16, 16) and float((got - w).abs().max()) <= 1e-5
+    maps = vitviz.attention_rollout(model, x)
+    assert maps.shape == (2, 3, 5) and torch.isfinite(maps).all()

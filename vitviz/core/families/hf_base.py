@@ -1,0 +1,286 @@
+"""Shared reader for Hugging Face vision transformers (transformers >= 5): one subclass per model family.
+
+Everything is read from the model and its config, never guessed:
+
+- the *vision root*: the module that embeds the pixels (``model.vision_model`` for CLIP / SigLIP, the
+  ``base_model_prefix`` attribute for task heads such as ``ViTForImageClassification.vit``, else the model);
+- the attention modules: ``root.<layers>[i].<attention>`` in layer order, cross-checked against the class the
+  model itself records for ``output_attentions`` (``_can_record_outputs["attentions"]``) and against
+  ``config.num_hidden_layers``;
+- the layout: ``image_size``, ``patch_size``, ``hidden_size``, ``num_attention_heads`` of the vision config, the
+  prefix tokens each subclass states from its embedding code, and the position-table length checked against them;
+- the preprocessing: the checkpoint's ``preprocessor_config.json`` when the model was loaded from a local
+  folder that has one, else the defaults of the model type's image-processor class (with the mean and std of
+  the authors' training code where the class defaults differ from it: DeiT, DINOv2, ViTMAE).
+
+Attention is read with ``probe_hf``: the config's attention implementation is switched to ``eager`` for the
+duration of the capture (SDPA and flash kernels return no weights) and restored afterwards.
+
+A layout that does not check out raises ``UnsupportedModelError`` naming the model class and the reason.
+"""
+
+from __future__ import annotations
+
+import inspect as pyinspect
+import os
+from typing import Any
+
+import torch
+from torch import nn
+
+from vitviz.core.families.base import Family, Layout, Undo, _set_attr, probe_hf
+from vitviz.core.util import pair
+from vitviz.errors import CaptureError, InputError, UnsupportedModelError
+
+# PIL resample codes used by the image processors -> timm interpolation names
+_RESAMPLE = {0: "nearest", 1: "lanczos", 2: "bilinear", 3: "bicubic"}
+
+
+def is_transformers_model(model: nn.Module) -> bool:
+    return type(model).__module__.startswith("transformers.") and hasattr(model, "config")
+
+
+def vision_root(model: nn.Module) -> tuple[nn.Module, str]:
+    """The module that embeds the pixels, and its name prefix in ``model`` (``""`` for the model itself)."""
+    root, path = model, ""
+    for _ in range(4):  # e.g. CLIPModel.vision_model (a CLIPVisionModel), older layouts nest one level more
+        attr = "vision_model" if isinstance(getattr(root, "vision_model", None), nn.Module) else getattr(
+            root, "base_model_prefix", "")
+        sub = getattr(root, attr, None) if attr else None
+        if not isinstance(sub, nn.Module) or sub is root:
+            break
+        root, path = sub, f"{path}{attr}."
+    return root, path
+
+
+def vision_config(model: nn.Module) -> Any:
+    return vision_root(model)[0].config
+
+
+class HFVisionFamily(Family):
+    """Base of the Hugging Face families; subclasses set the class attributes and override what differs."""
+
+    name = "huggingface"
+    probe = staticmethod(probe_hf)
+    model_types: tuple[str, ...] = ()
+    # candidate (layers path, attention attribute) pairs on the vision root, newest transformers layout first
+    layer_paths: tuple[tuple[str, str], ...] = (("layers", "attention"), ("encoder.layer", "attention"))
+    pos_embed_kind = "learned"
+    pos_embed_covers_prefix = True
+    dynamic_img_size = False
+    embeddings_attr = "embeddings"
+    patch_conv_path = "patch_embeddings.projection"  # under the embeddings module
+    pos_attr = "position_embeddings"  # under the embeddings module: a (1, L, D) Parameter or an nn.Embedding
+    processor_type: str | None = None  # image-processor key when it differs from the model type
+    # (mean, std) the authors' training code normalised with, where the image-processor class's defaults differ
+    # from it; used only when the checkpoint's own preprocessor_config.json is not at hand
+    authors_mean_std: tuple[tuple[float, ...], tuple[float, ...]] | None = None
+
+    # ------------------------------------------------------------------ matching
+    def match(self, model: nn.Module) -> bool:
+        if not is_transformers_model(model):
+            return False
+        return getattr(vision_config(model), "model_type", None) in self.model_types or getattr(
+            model.config, "model_type", None) in self.model_types
+
+    # ------------------------------------------------------------------ per-family facts
+    def prefix_tokens(self, model: nn.Module) -> tuple[str, ...]:
+        return ("cls",)
+
+    # ------------------------------------------------------------------ helpers
+    def _fail(self, model: nn.Module, reason: str) -> UnsupportedModelError:
+        return UnsupportedModelError(f"{type(model).__name__} (Hugging Face, model_type="
+                                     f"{getattr(vision_config(model), 'model_type', '?')!r}): {reason}")
+
+    def embeddings(self, model: nn.Module) -> nn.Module:
+        return _get(vision_root(model)[0], self.embeddings_attr)
+
+    def _layers(self, model: nn.Module) -> tuple[str, list[nn.Module], str]:
+        root = vision_root(model)[0]
+        for path, attn in self.layer_paths:
+            layers = _get(root, path)
+            if isinstance(layers, nn.ModuleList):
+                return path, list(layers), attn
+        raise self._fail(model, f"found none of the layer lists {[p for p, _ in self.layer_paths]} on "
+                                f"{type(root).__name__}; this transformers version lays the model out differently")
+
+    # ------------------------------------------------------------------ Family API
+    def attention_modules(self, model: nn.Module) -> list[tuple[str, nn.Module]]:
+        path, layers, attn = self._layers(model)
+        prefix = vision_root(model)[1]
+        modules = [(f"{prefix}{path}.{i}.{attn}", getattr(layer, attn, None)) for i, layer in enumerate(layers)]
+        recorded = (getattr(type(model), "_can_record_outputs", None) or {}).get("attentions")
+        for name, module in modules:
+            if not isinstance(module, nn.Module):
+                raise self._fail(model, f"{name} is missing")
+            if isinstance(recorded, type) and not isinstance(module, recorded):
+                raise self._fail(model, f"{name} is a {type(module).__name__}, but the model records its "
+                                        f"attentions from {recorded.__name__}")
+        return modules
+
+    def layout(self, model: nn.Module) -> Layout:
+        c = vision_config(model)
+        img, patch = pair(c.image_size, "config.image_size"), pair(c.patch_size, "config.patch_size")
+        grid = (img[0] // patch[0], img[1] // patch[1])
+        prefix = self.prefix_tokens(model)
+        depth = len(self.attention_modules(model))
+        if depth != int(c.num_hidden_layers):
+            raise self._fail(model, f"{depth} attention modules but config.num_hidden_layers={c.num_hidden_layers}")
+        pos = self.pos_embed(model)
+        if pos is not None:
+            want = (len(prefix) if self.pos_embed_covers_prefix else 0) + grid[0] * grid[1]
+            if pos.ndim != 3 or pos.shape[1] != want:
+                raise self._fail(model, f"its position table has shape {tuple(pos.shape)}, expected (1, {want}, D) "
+                                        f"for prefix {prefix} and a {grid[0]}x{grid[1]} grid")
+        return Layout(
+            img_size=img, patch_size=patch, grid_size=grid, prefix_tokens=prefix,
+            pos_embed_kind=self.pos_embed_kind_of(model), pos_embed_covers_prefix=self.pos_embed_covers_prefix,
+            depth=depth, num_heads=int(c.num_attention_heads), embed_dim=int(c.hidden_size),
+            dynamic_img_size=self.dynamic_img_size,
+        )
+
+    def pos_embed_kind_of(self, model: nn.Module) -> str:
+        return self.pos_embed_kind
+
+    def prepare(self, model: nn.Module) -> Undo:
+        """Refuse training mode with attention dropout; guard image-text models whose forward takes ``input_ids``.
+
+        In training mode with attention dropout the eager weights are the dropped-out ones (rows do not sum to 1):
+        refused with a ``CaptureError``.
+
+        ``CLIPModel`` and ``SiglipModel``: vitviz's analyses call ``model(images)``; on these models that would read
+        the pixels as token ids and fail deep inside the text tower. For the duration of the capture such a call
+        raises an ``InputError`` that says to pass ``model.vision_model`` instead (calls with ``input_ids`` pass
+        through unchanged).
+        """
+        root = vision_root(model)[0]
+        c = vision_config(model)
+        dropout = max(float(getattr(c, a, 0.0) or 0.0) for a in ("attention_probs_dropout_prob", "attention_dropout"))
+        if model.training and dropout > 0:
+            # eager attention returns the weights after dropout: rows would not sum to 1
+            raise CaptureError(f"{type(model).__name__} is in training mode with attention dropout {dropout}: the "
+                               "attention weights it returns are the dropped-out ones; call model.eval() first")
+        params = list(pyinspect.signature(type(model).forward).parameters)[1:2]
+        if root is model or params != ["input_ids"]:
+            return super().prepare(model)
+        original = type(model).forward
+        name = type(model).__name__
+
+        def forward(*args: Any, **kwargs: Any) -> Any:
+            if args and getattr(args[0], "ndim", 0) == 4 and "input_ids" not in kwargs:
+                raise InputError(
+                    f"{name}.forward takes input_ids first, but it was called with an image batch of shape "
+                    f"{tuple(args[0].shape)}; for image-only analyses pass model.vision_model (the same weights), "
+                    "or call model.get_image_features(pixel_values=x) inside capture_attention")
+            return original(model, *args, **kwargs)
+
+        return _set_attr(model, "forward", forward)
+
+    def pos_embed(self, model: nn.Module) -> torch.Tensor | None:
+        table = getattr(self.embeddings(model), self.pos_attr, None)
+        if isinstance(table, nn.Embedding):
+            return table.weight[None]
+        return table if isinstance(table, torch.Tensor) else None
+
+    def patch_proj(self, model: nn.Module) -> nn.Module | None:
+        return _get(self.embeddings(model), self.patch_conv_path)
+
+    def param_components(self, model: nn.Module) -> dict[str, tuple[str, ...]]:
+        p = vision_root(model)[1]
+        e = f"{p}{self.embeddings_attr}."
+        conv = self.patch_conv_path.split(".")[0]
+        layers = tuple(f"{p}{path}." for path, _ in self.layer_paths)
+        return {
+            "patch_embed": (f"{e}{conv}.",),
+            "pos_embed": (f"{e}{self.pos_attr}",),
+            "prefix_tokens": (f"{e}cls_token", f"{e}class_embedding", f"{e}distillation_token",
+                              f"{e}register_tokens", f"{e}mask_token"),
+            "blocks": layers,
+            "norm": (f"{p}layernorm.", f"{p}post_layernorm.", f"{p}pre_layrnorm."),
+            "head": ("classifier.", "cls_classifier.", "distillation_classifier.", f"{p}pooler.", f"{p}head."),
+        }
+
+    def data_config(self, model: nn.Module) -> dict[str, Any] | None:
+        """The checkpoint's ``preprocessor_config.json`` (local folder), else the processor class's defaults.
+
+        With the class defaults, ``authors_mean_std`` (when set) replaces the class's mean and std.
+        """
+        processor, own = _image_processor(model, self.processor_type or vision_config(model).model_type)
+        if processor is None:
+            return None
+        cfg = processor_data_config(processor, self.layout(model).img_size)
+        if not own and self.authors_mean_std is not None:
+            cfg["mean"], cfg["std"] = self.authors_mean_std
+        return cfg
+
+
+def _get(obj: Any, path: str) -> Any:
+    for part in path.split("."):
+        obj = getattr(obj, part, None)
+        if obj is None:
+            return None
+    return obj
+
+
+def _image_processor(model: nn.Module, model_type: str) -> tuple[Any, bool]:
+    """``(processor, own)``: the checkpoint's own image processor when the model was loaded from a local folder
+    that has a ``preprocessor_config.json`` (``own=True``), else the model type's processor class with its
+    defaults; ``(None, False)`` when there is none."""
+    try:
+        from transformers.models.auto import image_processing_auto as auto
+    except ImportError:  # pragma: no cover - transformers is present whenever a transformers model is
+        return None, False
+    path = getattr(model.config, "_name_or_path", "") or ""
+    if path and os.path.isfile(os.path.join(path, "preprocessor_config.json")):
+        return auto.AutoImageProcessor.from_pretrained(path, local_files_only=True), True
+    names = auto.IMAGE_PROCESSOR_MAPPING_NAMES.get(model_type)
+    name = (names.get("torchvision") or names.get("pil")) if isinstance(names, dict) else names
+    if not name:
+        return None, False
+    import transformers
+
+    cls = getattr(transformers, name, None)
+    return (cls() if cls is not None else None), False
+
+
+def processor_data_config(processor: Any, img_size: tuple[int, int]) -> dict[str, Any]:
+    """timm ``resolve_data_config`` keys from a Hugging Face image processor's settings."""
+    size = getattr(processor, "size", None)
+    crop = getattr(processor, "crop_size", None) if getattr(processor, "do_center_crop", False) else None
+    short = getattr(size, "shortest_edge", None) if size is not None else None
+    if crop is not None and getattr(crop, "height", None):
+        resized = short or getattr(size, "height", None) or crop.height
+        crop_pct, mode = float(crop.height) / float(resized), "center"
+    elif short:
+        crop_pct, mode = 1.0, "center"
+    else:
+        crop_pct, mode = 1.0, "squash"
+    return {"input_size": (3, *img_size), "interpolation": _RESAMPLE.get(int(getattr(processor, "resample", 2) or 2),
+                                                                         "bilinear"),
+            "mean": tuple(float(v) for v in processor.image_mean), "std": tuple(float(v) for v in processor.image_std),
+            "crop_pct": crop_pct, "crop_mode": mode}
+
+
+class HFUnsupportedFamily(Family):
+    """Any other Hugging Face model with an image config: refused with the reason instead of being misread."""
+
+    name = "huggingface"
+    probe = staticmethod(probe_hf)
+
+    def match(self, model: nn.Module) -> bool:
+        if not is_transformers_model(model):
+            return False
+        c = vision_config(model)
+        return hasattr(c, "patch_size") or hasattr(getattr(model.config, "vision_config", None), "patch_size")
+
+    def layout(self, model: nn.Module) -> Layout:
+        raise UnsupportedModelError(
+            f"{type(model).__name__} (Hugging Face, model_type={getattr(model.config, 'model_type', '?')!r}) is "
+            "not a model vitviz reads: its token layout and attention are not described by any vitviz family "
+            "(supported: ViT, DeiT, BEiT, DINOv2, DINOv2 with registers, CLIP vision, SigLIP vision, ViTMAE; see "
+            "docs/families.md). Describe it with vitviz.describe(model, ...) if it is a plain ViT."
+        )
+
+    def attention_modules(self, model: nn.Module) -> list[tuple[str, nn.Module]]:
+        self.layout(model)
+        return []

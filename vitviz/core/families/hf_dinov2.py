@@ -1,0 +1,37 @@
+"""Hugging Face DINOv2 (``Dinov2Model``) and DINOv2 with registers (``Dinov2WithRegistersModel``).
+
+Layout (``Dinov2Embeddings``): ``[cls, patches]``; with registers (``Dinov2WithRegistersEmbeddings``)
+``[cls, reg * config.num_register_tokens, patches]``. The learned absolute table ``(1, 1 + P, D)`` covers the
+class token only (registers get no position). The model bicubically interpolates its table to whatever input it
+is given (``Dinov2Embeddings.interpolate_pos_encoding`` runs on every call), so the grid follows the input:
+``dynamic_img_size=True`` and ``spec.grid_for_input(x)`` is ``(H // patch, W // patch)``.
+"""
+
+from __future__ import annotations
+
+from torch import nn
+
+from vitviz.core.families.hf_base import HFVisionFamily, vision_config
+
+
+class HFDinov2Family(HFVisionFamily):
+    model_types = ("dinov2",)
+    layer_paths = (("encoder.layer", "attention"), ("layers", "attention"))
+    dynamic_img_size = True
+    # the authors' code normalises with the ImageNet mean and std (timm IMAGENET_DEFAULT_MEAN / _STD)
+    authors_mean_std = ((0.485, 0.456, 0.406), (0.229, 0.224, 0.225))
+
+
+class HFDinov2RegistersFamily(HFDinov2Family):
+    model_types = ("dinov2_with_registers",)
+    processor_type = "dinov2"  # the register checkpoints use DINOv2's image processor
+
+    def prefix_tokens(self, model: nn.Module) -> tuple[str, ...]:
+        return ("cls",) + ("reg",) * int(vision_config(model).num_register_tokens)
+
+    # the table covers only the class token; the registers sit between it and the patches
+    pos_embed_covers_prefix = False
+
+    def pos_embed(self, model: nn.Module):
+        table = super().pos_embed(model)
+        return None if table is None else table[:, 1:]

@@ -1,0 +1,37 @@
+"""Hugging Face SigLIP vision (``SiglipVisionModel``, and the vision tower of ``SiglipModel``).
+
+Layout (``SiglipVisionEmbeddings``): patches only, **no class token** (``prefix_tokens=()``); a learned absolute
+table (an ``nn.Embedding`` of ``P`` rows, read as ``(1, P, D)``) covers the patches. The image embedding comes
+from the attention-pooling head (``head``, a ``MultiheadAttentionPoolingHead`` with its own probe query): it is
+not a self-attention layer over the tokens, so it is not captured (``output_attentions`` does not return it
+either).
+
+What the class-token views use instead (documented in docs/families.md): ``attention_rollout`` and
+``grad_rollout`` read the mean of the rollout rows of all patch queries (``token=None``; an int picks one patch
+query); ``plot_attention_heads`` and the attention explorer default to the mean over patch queries.
+``mean_attention_distance`` and ``pos_embed_similarity`` never use a class token.
+"""
+
+from __future__ import annotations
+
+from torch import nn
+
+from vitviz.core.families.hf_base import HFVisionFamily
+
+
+class HFSiglipFamily(HFVisionFamily):
+    model_types = ("siglip", "siglip_vision_model")
+    layer_paths = (("encoder.layers", "self_attn"),)
+    patch_conv_path = "patch_embedding"
+    pos_attr = "position_embedding"
+    pos_embed_covers_prefix = False
+    processor_type = "siglip"
+
+    def prefix_tokens(self, model: nn.Module) -> tuple[str, ...]:
+        return ()
+
+    def param_components(self, model: nn.Module) -> dict[str, tuple[str, ...]]:
+        comps = super().param_components(model)
+        if type(model).__name__ == "SiglipModel":
+            comps["other"] = ("text_model.", "logit_scale", "logit_bias")
+        return comps

@@ -1,0 +1,55 @@
+"""Hugging Face ViTMAE encoder (``ViTMAEModel``; the encoder of ``ViTMAEForPreTraining``).
+
+Layout (``ViTMAEEmbeddings``): ``[cls, patches]`` and a fixed 2-D sin-cos table ``(1, 1 + P, D)`` (its class row
+is zeros), ``pos_embed_kind="sincos"``.
+
+Random masking: on every call the embeddings shuffle the patch tokens by ``argsort(noise)`` (random noise unless
+``noise=`` is passed) and keep the first ``int(P * (1 - config.mask_ratio))``, so the tokens the attention sees are
+a random subset in a random order, different for every image. vitviz analyses the model **unmasked and in patch
+order**: for the duration of ``capture_attention`` ``config.mask_ratio`` is 0 and, when no ``noise`` is given, the
+noise is ``arange(P)`` (the identity shuffle). A ``noise=`` that would reorder the patches is refused with a
+``CaptureError``. Both are restored on exit, so outside the capture the model masks as before.
+"""
+
+from __future__ import annotations
+
+from typing import Any
+
+import torch
+from torch import nn
+
+from vitviz.core.families.base import Undo, _chain, _set_attr
+from vitviz.core.families.hf_base import HFVisionFamily, vision_config
+from vitviz.errors import CaptureError
+
+
+class HFViTMAEFamily(HFVisionFamily):
+    model_types = ("vit_mae",)
+    pos_embed_kind = "sincos"
+    # the authors' code normalises with the ImageNet mean and std (timm IMAGENET_DEFAULT_MEAN / _STD)
+    authors_mean_std = ((0.485, 0.456, 0.406), (0.229, 0.224, 0.225))
+
+    def prepare(self, model: nn.Module) -> Undo:
+        undos = [super().prepare(model)]
+        config = vision_config(model)
+        old_ratio = config.mask_ratio
+        config.mask_ratio = 0.0
+        undos.append(lambda: setattr(config, "mask_ratio", old_ratio))
+        emb = self.embeddings(model)
+        original = type(emb).forward
+        name = type(model).__name__
+
+        def forward(pixel_values: torch.Tensor, noise: torch.Tensor | None = None, *args: Any, **kwargs: Any) -> Any:
+            p = emb.patch_embeddings.num_patches if not kwargs.get("interpolate_pos_encoding") else (
+                (pixel_values.shape[-2] // emb.patch_embeddings.patch_size[0])
+                * (pixel_values.shape[-1] // emb.patch_embeddings.patch_size[1]))
+            order = torch.arange(p, device=pixel_values.device)
+            if noise is None:
+                noise = order.to(pixel_values.dtype).expand(pixel_values.shape[0], p)
+            elif not torch.equal(torch.argsort(noise, dim=1), order.expand(noise.shape[0], p)):
+                raise CaptureError(f"{name}: the noise= passed would shuffle the patch tokens; vitviz reads ViTMAE "
+                                   "unmasked and in patch order: call the model without noise= inside the capture")
+            return original(emb, pixel_values, noise, *args, **kwargs)
+
+        undos.append(_set_attr(emb, "forward", forward))
+        return _chain(undos)

@@ -1,0 +1,124 @@
+"""open_clip vision towers: ``open_clip.transformer.VisionTransformer`` and the ``CLIP`` / ``CustomTextCLIP`` models
+whose ``visual`` is one (``open_clip.create_model("ViT-B-32", pretrained=None)`` and friends).
+
+Layout, read from the tower: ``conv1`` (the RGB patch projection), ``grid_size`` and ``patch_size`` as built,
+``[cls, patches]`` (``class_embedding`` is always prepended, also with ``pool_type="avg"``), a ``(1 + P, D)``
+``positional_embedding`` covering the class token (``pos_embed_type="learnable"``: ``learned``;
+``"sin_cos_2d"``: ``sincos``), ``ln_pre`` before the first block (CLIP's pre-LayerNorm), ``transformer.resblocks``
+of ``ResidualAttentionBlock`` whose ``attn`` is an ``nn.MultiheadAttention``.
+
+Attention is read with ``probe_mha`` (as for torchvision): the module is called with ``need_weights=True`` and
+per-head weights for the duration. For a whole ``CLIP`` model only the vision tower's blocks are captured;
+``model(images)`` runs ``encode_image`` only, so every analysis works on the whole model.
+
+Refused with ``UnsupportedModelError``: towers built with ``block_type="custom"``, ``qk_norm``,
+``scaled_cosine_attn`` and similar (``CustomResidualAttentionBlock``: its ``Attention`` has no probe here), timm
+trunks (``TimmModel``: analyse ``model.visual.trunk`` with the timm family instead), ModifiedResNet towers (not a
+ViT), and a capture in training mode with ``patch_dropout > 0`` (the tokens would be a random subset).
+"""
+
+from __future__ import annotations
+
+from typing import Any
+
+import torch
+from torch import nn
+
+from vitviz.core.families.base import Family, Layout, Undo, probe_mha
+from vitviz.errors import CaptureError, NotAViTError, UnsupportedModelError
+
+
+def _is_open_clip(obj: Any) -> bool:
+    return type(obj).__module__.startswith("open_clip.")
+
+
+def tower(model: nn.Module) -> tuple[nn.Module, str]:
+    """The vision tower and its name prefix (``"visual."`` inside a CLIP model, ``""`` for a bare tower)."""
+    visual = getattr(model, "visual", None)
+    return (visual, "visual.") if isinstance(visual, nn.Module) else (model, "")
+
+
+class OpenCLIPFamily(Family):
+    name = "open_clip"
+    probe = staticmethod(probe_mha)
+
+    def match(self, model: nn.Module) -> bool:
+        return _is_open_clip(model) and _is_open_clip(tower(model)[0])
+
+    def _check(self, model: nn.Module) -> nn.Module:
+        visual = tower(model)[0]
+        kind = type(visual).__name__
+        where = f"{type(model).__name__} (open_clip, vision tower {kind})"
+        if kind == "TimmModel":
+            raise UnsupportedModelError(f"{where}: the tower is a timm trunk wrapped by open_clip; analyse "
+                                        "model.visual.trunk, which vitviz reads as a timm model")
+        if kind != "VisionTransformer" or not hasattr(visual, "transformer"):
+            raise NotAViTError(f"{where} is not a Vision Transformer (open_clip ViT towers are "
+                               "open_clip.transformer.VisionTransformer)")
+        for i, block in enumerate(visual.transformer.resblocks):
+            if not isinstance(getattr(block, "attn", None), nn.MultiheadAttention):
+                raise UnsupportedModelError(
+                    f"{where}: block {i} is a {type(block).__name__} whose attention is "
+                    f"{type(getattr(block, 'attn', None)).__name__}, not nn.MultiheadAttention (towers built with "
+                    "block_type='custom', qk_norm, scaled_cosine_attn or scale_heads); vitviz reads only "
+                    "the standard ResidualAttentionBlock")
+        return visual
+
+    def layout(self, model: nn.Module) -> Layout:
+        visual = self._check(model)
+        gh, gw = (int(v) for v in visual.grid_size)
+        img = tuple(int(v) for v in visual.image_size)
+        patch = tuple(int(v) for v in visual.patch_size)
+        pos = visual.positional_embedding
+        if pos.ndim != 2 or pos.shape[0] != 1 + gh * gw:
+            raise UnsupportedModelError(f"{type(model).__name__} (open_clip): positional_embedding has shape "
+                                        f"{tuple(pos.shape)}, expected ({1 + gh * gw}, D) for a {gh}x{gw} grid")
+        blocks = list(visual.transformer.resblocks)
+        return Layout(
+            img_size=(img[0], img[1]), patch_size=(patch[0], patch[1]), grid_size=(gh, gw), prefix_tokens=("cls",),
+            pos_embed_kind="learned" if pos.requires_grad else "sincos", pos_embed_covers_prefix=True,
+            depth=len(blocks), num_heads=int(blocks[0].attn.num_heads) if blocks else 0,
+            embed_dim=int(visual.transformer.width),
+        )
+
+    def attention_modules(self, model: nn.Module) -> list[tuple[str, nn.Module]]:
+        visual = self._check(model)
+        prefix = tower(model)[1]
+        return [(f"{prefix}transformer.resblocks.{i}.attn", b.attn) for i, b in enumerate(visual.transformer.resblocks)]
+
+    def prepare(self, model: nn.Module) -> Undo:
+        visual = tower(model)[0]
+        drop = getattr(visual, "patch_dropout", None)
+        if visual.training and float(getattr(drop, "prob", 0.0) or 0.0) > 0:
+            raise CaptureError(f"{type(model).__name__} (open_clip) is in training mode with patch_dropout="
+                               f"{drop.prob}: each forward keeps a random subset of the patch tokens; call "
+                               "model.eval() before capturing")
+        return lambda: None
+
+    def pos_embed(self, model: nn.Module) -> torch.Tensor | None:
+        return tower(model)[0].positional_embedding[None]
+
+    def patch_proj(self, model: nn.Module) -> nn.Module | None:
+        return tower(model)[0].conv1
+
+    def param_components(self, model: nn.Module) -> dict[str, tuple[str, ...]]:
+        p = tower(model)[1]
+        return {
+            "patch_embed": (f"{p}conv1.",),
+            "pos_embed": (f"{p}positional_embedding",),
+            "prefix_tokens": (f"{p}class_embedding",),
+            "blocks": (f"{p}transformer.",),
+            "norm": (f"{p}ln_pre.", f"{p}ln_post."),
+            "head": (f"{p}proj", f"{p}attn_pool"),
+        }
+
+    def data_config(self, model: nn.Module) -> dict[str, Any] | None:
+        from open_clip.constants import OPENAI_DATASET_MEAN, OPENAI_DATASET_STD
+
+        visual = tower(model)[0]
+        cfg = getattr(visual, "preprocess_cfg", None) or {}  # set by open_clip.create_model
+        h, w = self.layout(model).img_size
+        squash = cfg.get("resize_mode") == "squash"
+        return {"input_size": (3, h, w), "interpolation": cfg.get("interpolation", "bicubic"),
+                "mean": tuple(cfg.get("mean", OPENAI_DATASET_MEAN)), "std": tuple(cfg.get("std", OPENAI_DATASET_STD)),
+                "crop_pct": 1.0, "crop_mode": "squash" if squash else "center"}
