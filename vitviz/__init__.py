@@ -53,6 +53,14 @@ _LAZY = {
     "explore_attention": "vitviz.widgets",
     "explore_pos_embed": "vitviz.widgets",
     "save_arrays": "vitviz.core.io",
+    "explain": "vitviz.analysis.explain",
+    "chefer_relevance": "vitviz.analysis.relevance",
+    "attention_flow": "vitviz.analysis.flow",
+    "faithfulness": "vitviz.analysis.faithfulness",
+    "faithfulness_auc": "vitviz.analysis.faithfulness",
+    "bootstrap_ci": "vitviz.analysis.faithfulness",
+    "plot_faithfulness": "vitviz.plot.faithfulness",
+    "plot_explanations": "vitviz.plot.faithfulness",
 }
 
 __all__ = [
