@@ -7,8 +7,8 @@ import math
 import pytest
 import timm
 import torch
-from torch import nn
 from conftest import tiny_timm_vit
+from torch import nn
 
 import vitviz
 from vitviz.analysis.rollout import (

@@ -113,10 +113,11 @@ def _as_map(grad: torch.Tensor | None, attn: torch.Tensor) -> torch.Tensor | Non
 
 
 def _weighted(attn: torch.Tensor, grad: torch.Tensor) -> torch.Tensor:
-    """``E_h[(grad * A)^+]`` ``(B, N, N)`` float32 (Chefer et al. 2021, Eq. 5)."""
+    """``E_h[(grad * A)^+]`` ``(B, N, N)`` (Chefer et al. 2021, Eq. 5), float32 or float64 for a float64 model."""
     if attn.shape != grad.shape:
         raise ValueError(f"attention {tuple(attn.shape)} and gradient {tuple(grad.shape)} differ in shape")
-    return (attn.float() * grad.float()).clamp_min_(0).mean(dim=1)
+    dtype = torch.promote_types(attn.dtype, torch.float32)
+    return (attn.to(dtype) * grad.to(dtype)).clamp_min_(0).mean(dim=1)
 
 
 def chefer_from_attentions(attentions: Sequence[torch.Tensor], gradients: Sequence[torch.Tensor]) -> torch.Tensor:
@@ -127,14 +128,15 @@ def chefer_from_attentions(attentions: Sequence[torch.Tensor], gradients: Sequen
         gradients: the gradient of the explained score with respect to the same layer's map, same shapes.
 
     Returns:
-        ``R`` ``(B, N, N)`` float32 (row ``i``: relevance of every token for token ``i``).
+        ``R`` ``(B, N, N)`` float32 (float64 for float64 maps); row ``i``: relevance of every token for token ``i``.
     """
     if len(attentions) != len(gradients):
         raise ValueError(f"{len(attentions)} attention maps but {len(gradients)} gradients")
     if not attentions:
         raise ValueError("no layers given")
     b, _, n, _ = attentions[0].shape
-    r = torch.eye(n, device=attentions[0].device).expand(b, n, n).clone()
+    dtype = torch.promote_types(attentions[0].dtype, torch.float32)
+    r = torch.eye(n, device=attentions[0].device, dtype=dtype).expand(b, n, n).clone()
     for attn, grad in zip(attentions, gradients):
         r = r + torch.bmm(_weighted(attn, grad), r)
     return r
