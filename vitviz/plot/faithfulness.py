@@ -14,10 +14,10 @@ from vitviz.plot.style import FIGSIZE, new_figure, styled
 
 __all__ = ["plot_explanations", "plot_faithfulness"]
 
-TITLES = {"positive": "Positive perturbation\n(most relevant removed first; lower is better)",
-          "negative": "Negative perturbation\n(least relevant removed first; higher is better)",
-          "deletion": "Deletion\n(most relevant removed first; lower is better)",
-          "insertion": "Insertion\n(most relevant inserted first; higher is better)"}
+TITLES = {"positive": "Positive perturbation\nmost relevant removed first\n(lower is better)",
+          "negative": "Negative perturbation\nleast relevant removed first\n(higher is better)",
+          "deletion": "Deletion\nmost relevant removed first\n(lower is better)",
+          "insertion": "Insertion\nmost relevant inserted first\n(higher is better)"}
 YLABELS = {"accuracy": "Target-class accuracy", "probability": "Target-class probability",
            "target": "Target score"}
 XLABELS = {"drop": "Patches removed [fraction] (tokens dropped)", "mean": "Patches removed [fraction] (mean fill)"}
@@ -67,7 +67,7 @@ def plot_faithfulness(df: Any, ax: Axes | None = None, *, mode: str | None = Non
         draw(ax, mode or modes[0])
         return ax
     width, height = FIGSIZE["single"]
-    fig = new_figure((width * len(modes) * 0.95, height * 1.15))
+    fig = new_figure((width * len(modes) * 1.05, height * 1.3))
     axes = fig.subplots(1, len(modes), squeeze=False)[0]
     for i, (a, m) in enumerate(zip(axes, modes)):
         draw(a, m)
