@@ -59,7 +59,8 @@ def plot_faithfulness(df: Any, ax: Axes | None = None, *, mode: str | None = Non
             "removed", "inserted" if m == "insertion" else "removed"))
         a.set_ylabel(YLABELS[metric])
         a.set_xlim(0, 1)
-        a.set_ylim(bottom=0)
+        if metric in ("accuracy", "probability"):
+            a.set_ylim(0, 1.05)  # the band of a mean of 0/1 accuracies may reach past 1; the mean cannot
 
     if ax is not None:
         if mode is None and len(modes) > 1:
