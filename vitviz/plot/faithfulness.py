@@ -120,6 +120,8 @@ def plot_explanations(model: Any, images: Any, maps: Mapping[str, torch.Tensor],
                 mappable = a.imshow(heat[i], cmap=cmap, alpha=alpha, vmin=0, vmax=1, interpolation="bilinear")
             a.set_xticks([])
             a.set_yticks([])
+            for spine in a.spines.values():
+                spine.set_visible(False)
             if i == 0:
                 a.set_title(name)
             if j == 0 and labels is not None:
