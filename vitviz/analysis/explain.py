@@ -20,6 +20,10 @@ method              what it is
                     same map for a given ``seed``, whatever the batching.
 ==================  =====================================================================================================
 
+Memory: ``attention``, ``rollout`` and ``flow`` reduce each layer while the forward pass runs (``flow`` keeps one
+``(B, N, N)`` matrix per layer for its graph); the gradient methods need every layer's map and gradient of one batch
+at once (pass ``batch_size`` to bound it). Everything runs on the model's device.
+
 ``target`` (gradient methods only): ``None`` (predicted class), a class index, one per image, or a callable from
 the model's raw output to one score per image (headless models); see ``vitviz.core.targets``. Methods that use no
 gradient ignore ``target=None`` and refuse any other value rather than silently ignore it.
