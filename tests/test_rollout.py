@@ -8,6 +8,7 @@ import pytest
 import timm
 import torch
 from conftest import tiny_timm_vit
+from torch import nn
 
 import vitviz
 from vitviz.analysis.rollout import (
@@ -310,14 +311,23 @@ def test_grad_rollout_other_layouts_and_errors():
 
 
 def test_grad_rollout_refuses_maps_that_do_not_feed_the_logits():
+    from tutorial_vit import TutorialViT
+
+    model = TutorialViT(with_dropout_module=False).eval()  # probe='qkv' recomputes the maps beside the model's own
+    x = torch.randn(2, 3, 32, 32)
+    assert vitviz.attention_rollout(model, x).shape == (2, 4, 4)  # plain rollout works
+    with pytest.raises(VitvizError, match="does not feed the output"):
+        vitviz.grad_rollout(model, x)
+
+
+def test_grad_rollout_reads_torchvision_gradients_through_the_weights_view():
     from torchvision.models.vision_transformer import VisionTransformer
 
     model = VisionTransformer(image_size=32, patch_size=8, num_layers=2, num_heads=4, hidden_dim=32, mlp_dim=64,
-                              num_classes=7).eval()  # nn.MultiheadAttention hands out a copy of its weights
-    x = torch.randn(2, 3, 32, 32)
-    assert vitviz.attention_rollout(model, x).shape == (2, 4, 4)  # plain rollout works
-    with pytest.raises(VitvizError, match="does not feed the logits"):
-        vitviz.grad_rollout(model, x)
+                              num_classes=7).eval()  # nn.MultiheadAttention returns a view of its probabilities
+    nn.init.normal_(model.heads.head.weight)  # torchvision starts the head at zero: no gradient at all
+    maps = vitviz.grad_rollout(model, torch.randn(2, 3, 32, 32))
+    assert maps.shape == (2, 4, 4) and torch.isfinite(maps).all()
 
 
 def test_dynamic_image_size_reads_the_grid_from_the_input():

@@ -47,6 +47,12 @@ _LAZY = {
     "rollout_from_attentions": "vitviz.analysis.rollout",
     "mean_attention_distance": "vitviz.analysis.distance",
     "distance_table": "vitviz.analysis.tables",
+    "explain": "vitviz.analysis.explain",
+    "chefer_relevance": "vitviz.analysis.relevance",
+    "attention_flow": "vitviz.analysis.flow",
+    "faithfulness": "vitviz.analysis.faithfulness",
+    "faithfulness_auc": "vitviz.analysis.faithfulness",
+    "bootstrap_ci": "vitviz.analysis.faithfulness",
     # zoo: models to analyse, the paper's tables, the reference models' cards
     "load_model": "vitviz.zoo.models",
     "load_model_or_random": "vitviz.zoo.models",
@@ -66,6 +72,8 @@ _LAZY = {
     "plot_attention_heads": "vitviz.plot.attention",
     "plot_attention_distance": "vitviz.plot.attention",
     "plot_attention_distance_grid": "vitviz.plot.attention",
+    "plot_faithfulness": "vitviz.plot.faithfulness",
+    "plot_explanations": "vitviz.plot.faithfulness",
     "save_figure": "vitviz.plot.style",
     "Saver": "vitviz.plot.style",
     # widgets

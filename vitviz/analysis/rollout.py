@@ -17,9 +17,15 @@ instead. ``tests/test_families_hf.py`` pins this for SigLIP.
 store=False)``), so besides the layer being computed only the running product and the fused map, a few
 ``(B, N, N)`` tensors, are alive, on the model's device.
 
-``grad_rollout`` is the class-specific variant popularised by Chefer et al. (CVPR 2021) and the widely used
-``vit_grad_rollout``: per layer ``W = mean_h relu(attn * d logit / d attn)``, then the same residual and product.
-Gradients are matched to their layer by position (the copied code pairs them in reverse order).
+``grad_rollout`` (implemented in ``vitviz.analysis.relevance``; thin wrappers here) is vitviz's gradient-weighted
+rollout: Chefer et al.'s head weighting ``W = mean_h (attn * d s / d attn)^+`` (ICCV 2021, Eq. 5) fed through the
+row-renormalised ``0.5 W + 0.5 I`` rollout above. It is neither Chefer et al.'s relevance rule (``R <- R + W R``;
+``vitviz.explain(..., method="chefer")``) nor jacobgil/vit-explain's ``vit_grad_rollout``; the module docstring of
+``vitviz.analysis.relevance`` lists the differences.
+
+vit-explain's ``discard_ratio`` differs from vitviz's: it drops the weakest entries over the whole flattened matrix
+(of the first image only), then divides by the row sums along the wrong axis; vitviz drops them row by row and
+keeps every row stochastic (``discard_weakest``).
 
 Shapes: ``B`` batch, ``H`` heads, ``N`` tokens (prefix + patches), ``P`` patch tokens, ``(gh, gw)`` grid.
 """
@@ -27,6 +33,7 @@ Shapes: ``B`` batch, ``H`` heads, ``N`` tokens (prefix + patches), ``P`` patch t
 from __future__ import annotations
 
 from collections.abc import Sequence
+from typing import Any
 
 import torch
 from torch import nn
@@ -211,24 +218,11 @@ def grad_rollout_from_attentions(
     discard_ratio: float = 0.0,
     start_layer: int = 0,
 ) -> torch.Tensor:
-    """Gradient-weighted rollout: ``W_l = mean_h relu(attn_l * grad_l)``, then ``A = 0.5 W + 0.5 I`` and product.
+    """Thin wrapper of ``vitviz.analysis.relevance.grad_rollout_from_attentions`` (see there)."""
+    from vitviz.analysis import relevance
 
-    Args:
-        attentions: per layer ``(B, H, N, N)`` maps; ``gradients``: the gradient of the target logit with
-            respect to the *same* layer's map, same order and shapes.
-        num_prefix_tokens, discard_ratio, start_layer: as in ``rollout_from_attentions``.
-
-    Returns:
-        ``R`` ``(B, N, N)`` float32; rows sum to 1.
-    """
-    if len(attentions) != len(gradients):
-        raise ValueError(f"{len(attentions)} attention maps but {len(gradients)} gradients")
-    reducer = RolloutReducer(num_prefix_tokens=num_prefix_tokens, discard_ratio=discard_ratio, normalise=False)
-    for attn, grad in list(zip(attentions, gradients))[start_layer:]:
-        if attn.shape != grad.shape:
-            raise ValueError(f"attention {tuple(attn.shape)} and gradient {tuple(grad.shape)} differ in shape")
-        reducer.update_fused((attn.float() * grad.float()).clamp_min_(0).mean(dim=1))
-    return reducer.rollout
+    return relevance.grad_rollout_from_attentions(attentions, gradients, num_prefix_tokens=num_prefix_tokens,
+                                                  discard_ratio=discard_ratio, start_layer=start_layer)
 
 
 def _output_token(spec: ViTSpec, token: int | None, n: int) -> int | None:
@@ -320,24 +314,10 @@ def attention_rollout(
     return torch.cat(out)
 
 
-def _logits(out: object, spec: ViTSpec, model: nn.Module) -> torch.Tensor:
-    if getattr(model, "num_classes", None) == 0:
-        raise VitvizError(f"grad_rollout needs class logits, but {spec.name} has no classifier head "
-                          "(num_classes=0); build it with num_classes > 0 or load a classifier")
-    logits = getattr(out, "logits", out)
-    if isinstance(logits, (tuple, list)):
-        logits = logits[0]
-    if not isinstance(logits, torch.Tensor) or logits.ndim != 2:
-        shape = tuple(logits.shape) if isinstance(logits, torch.Tensor) else type(logits).__name__
-        raise VitvizError(f"grad_rollout needs class logits (B, classes) from {spec.name}, got {shape}; use a model "
-                          "with a classifier head (timm: num_classes > 0)")
-    return logits
-
-
 def grad_rollout(
     model: nn.Module,
     images: Images,
-    target: int | Sequence[int] | torch.Tensor | None = None,
+    target: Any = None,
     *,
     discard_ratio: float = 0.0,
     start_layer: int = 0,
@@ -346,54 +326,13 @@ def grad_rollout(
     batch_size: int | None = None,
     progress: bool = False,
 ) -> torch.Tensor:
-    """Class-specific rollout: attention weighted by the gradient of the ``target`` logit (Chefer et al. 2021).
+    """Gradient-weighted rollout; thin wrapper of ``vitviz.analysis.relevance.grad_rollout`` (see there).
 
-    Per layer ``W = mean_h relu(attn * d logit_target / d attn)``, then ``A = 0.5 W + 0.5 I`` (rows renormalised)
-    and ``R_l = A_l R_{l-1}`` as in ``attention_rollout``. Gradients come from ``torch.autograd.grad`` on the
-    captured maps, so each is paired with its own layer and the parameters' ``.grad`` are left untouched.
-
-    Args:
-        model: a ViT with a classifier head (its output, or ``output.logits``, is ``(B, classes)``).
-        images: as in ``attention_rollout``.
-        target: class index for every image, one per image, or ``None`` for each image's predicted class.
-        discard_ratio, start_layer, token, return_full, batch_size, progress: as in ``attention_rollout``.
-
-    Returns:
-        ``(B, gh, gw)`` maps (or ``(B, N, N)`` with ``return_full``), float32, on the model's device.
+    Not Chefer et al.'s rule: Chefer's head weighting ``mean_h (attn * grad)^+`` fed through the row-renormalised
+    ``0.5 W + 0.5 I`` rollout. ``target``: ``None``, a class index, one per image, or a callable
+    ``f(output) -> (B,)`` (headless models); see ``vitviz.core.targets``.
     """
-    spec = inspect(model)
-    layers = _layer_range(spec, start_layer)
-    targets = torch.as_tensor(target) if target is not None else None
-    out: list[torch.Tensor] = []
-    done = 0
-    for x in iter_batches(model, images, batch_size, progress=progress, desc="grad rollout"):
-        x = x.detach().requires_grad_(True)  # keeps the maps in the graph also when the weights are frozen
-        with torch.enable_grad(), capture_attention(model, layers=layers, retain_grad=True) as cap:
-            logits = _logits(model(x), spec, model)
-        attns = cap.attentions
-        if targets is None:
-            tgt = logits.argmax(dim=-1)
-        else:
-            tgt = targets.reshape(-1)[done:done + len(x)] if targets.numel() > 1 else targets.reshape(1).expand(len(x))
-        tgt = tgt.to(logits.device, torch.long)
-        if tgt.numel() != len(x) or int(tgt.max()) >= logits.shape[1] or int(tgt.min()) < 0:
-            raise ValueError(f"target must hold one class index in [0, {logits.shape[1]}) per image; got "
-                             f"{target!r} for {len(x)} images")
-        score = logits.gather(1, tgt[:, None]).sum()
-        live = [a for a in attns if a.requires_grad]
-        found = iter(torch.autograd.grad(score, live, allow_unused=True) if live else ())
-        grads = [next(found) if a.requires_grad else None for a in attns]
-        unused = [name for name, g in zip(cap.layer_names, grads) if g is None]
-        if unused:
-            raise VitvizError(
-                f"{spec.name}: the attention captured at {unused[0]}{' and others' if len(unused) > 1 else ''} does "
-                "not feed the logits (this model's probe recomputes or copies the probabilities), so it has no "
-                "gradient and grad_rollout cannot weight it; use attention_rollout, or a model whose attention "
-                "probabilities are read where they are used (timm, Hugging Face, a ViT with an attn_drop module)")
-        rollout = grad_rollout_from_attentions([a.detach() for a in attns], grads,
-                                               num_prefix_tokens=spec.num_prefix_tokens,
-                                               discard_ratio=discard_ratio)
-        del attns, grads, logits, cap
-        done += len(x)
-        out.append(_output(spec, rollout, x, token, return_full))
-    return torch.cat(out)
+    from vitviz.analysis import relevance
+
+    return relevance.grad_rollout(model, images, target, discard_ratio=discard_ratio, start_layer=start_layer,
+                                  token=token, return_full=return_full, batch_size=batch_size, progress=progress)

@@ -1,0 +1,358 @@
+"""vitviz.explain: every method against an independent reference, and each difference from popular code pinned."""
+
+from __future__ import annotations
+
+import numpy as np
+import pytest
+import torch
+from conftest import tiny_timm_vit
+from torch import nn
+
+import vitviz
+from vitviz.analysis.explain import METHODS
+from vitviz.analysis.flow import flow_from_layers
+from vitviz.errors import InputError, VitvizError
+
+# ---------------------------------------------------------------- independent forward passes (explicit attention)
+
+
+def timm_forward(model, x, attns):
+    """timm VisionTransformer forward with the attention written out; each map retained for its gradient."""
+    h = model.norm_pre(model._pos_embed(model.patch_embed(x)))
+    for blk in model.blocks:
+        a = blk.attn
+        y = blk.norm1(h)
+        b, n, c = y.shape
+        q, k, v = a.qkv(y).reshape(b, n, 3, a.num_heads, c // a.num_heads).permute(2, 0, 3, 1, 4).unbind(0)
+        q, k = a.q_norm(q), a.k_norm(k)
+        attn = ((q * a.scale) @ k.transpose(-2, -1)).softmax(dim=-1)
+        attn.retain_grad()
+        attns.append(attn)
+        o = a.proj(a.norm((attn @ v).transpose(1, 2).reshape(b, n, c)))
+        h = h + blk.ls1(o)
+        h = h + blk.ls2(blk.mlp(blk.norm2(h)))
+    return model.forward_head(model.norm(h))
+
+
+def torchvision_forward(model, x, attns):
+    """torchvision VisionTransformer forward with nn.MultiheadAttention written out from its weights."""
+    h = model._process_input(x)
+    h = torch.cat([model.class_token.expand(h.shape[0], -1, -1), h], dim=1)
+    h = h + model.encoder.pos_embedding
+    for layer in model.encoder.layers:
+        mha = layer.self_attention
+        y = layer.ln_1(h)
+        b, n, c = y.shape
+        heads = mha.num_heads
+        q, k, v = (y @ mha.in_proj_weight.T + mha.in_proj_bias).reshape(b, n, 3, heads, c // heads).permute(
+            2, 0, 3, 1, 4).unbind(0)
+        attn = ((q / (c // heads) ** 0.5) @ k.transpose(-2, -1)).softmax(dim=-1)
+        attn.retain_grad()
+        attns.append(attn)
+        h = h + mha.out_proj((attn @ v).transpose(1, 2).reshape(b, n, c))
+        h = h + layer.mlp(layer.ln_2(h))
+    return model.heads(model.encoder.ln(h)[:, 0])
+
+
+def hf_forward(model, x, attns):
+    """Hugging Face's own eager attention path (output_attentions=True), maps retained for their gradients."""
+    impl = model.config._attn_implementation
+    model.config._attn_implementation = "eager"
+    try:
+        out = model(x, output_attentions=True)
+    finally:
+        model.config._attn_implementation = impl
+    for a in out.attentions:
+        a.retain_grad()
+        attns.append(a)
+    return out.logits
+
+
+def reference_chefer(forward, model, x, target=None):
+    """The published pseudo-code (Chefer, Gur & Wolf, ICCV 2021; their ViT notebook), one image at a time:
+    R = eye; for each block: cam = (grad * cam).clamp(min=0).mean(heads); R += cam @ R; return R[0, 1:]."""
+    maps = []
+    for i in range(len(x)):
+        attns = []
+        logits = forward(model, x[i:i + 1], attns)
+        cls = int(logits.argmax(-1)) if target is None else target[i]
+        one_hot = torch.zeros_like(logits)
+        one_hot[0, cls] = 1
+        model.zero_grad()
+        (one_hot * logits).sum().backward()
+        n = attns[0].shape[-1]
+        r = torch.eye(n, dtype=attns[0].dtype)
+        for a in attns:
+            cam = (a.grad[0] * a[0]).clamp(min=0).mean(dim=0)
+            r += torch.matmul(cam, r)
+        maps.append(r[0, 1:].detach())
+    return torch.stack(maps)
+
+
+def strong(model, head):
+    """Random weights large enough that the relevance is of order 1 (so 1e-6 is a strict tolerance)."""
+    with torch.no_grad():
+        for m in model.modules():
+            if isinstance(m, nn.Linear):
+                nn.init.normal_(m.weight, std=0.3)
+        nn.init.normal_(head.weight, std=3.0)
+    return model
+
+
+def timm_vit3():
+    model = tiny_timm_vit(img_size=32, depth=3)
+    return strong(model, model.head)
+
+
+def hf_vit(num_labels=5):
+    from transformers import ViTConfig, ViTForImageClassification
+
+    cfg = ViTConfig(image_size=32, patch_size=8, hidden_size=32, num_hidden_layers=3, num_attention_heads=4,
+                    intermediate_size=64, num_labels=num_labels)
+    model = ViTForImageClassification(cfg).eval()
+    return strong(model, model.classifier)
+
+
+def torchvision_vit():
+    from torchvision.models.vision_transformer import VisionTransformer
+
+    model = VisionTransformer(image_size=32, patch_size=8, num_layers=3, num_heads=4, hidden_dim=32, mlp_dim=64,
+                              num_classes=7).eval()
+    return strong(model, model.heads.head)  # torchvision starts its head at zero (no gradient at all)
+
+
+FAMILIES = {
+    "timm": (timm_vit3, timm_forward),
+    "huggingface": (hf_vit, hf_forward),
+    "torchvision": (torchvision_vit, torchvision_forward),
+}
+
+
+@pytest.mark.parametrize("family", list(FAMILIES))
+def test_chefer_matches_the_published_pseudo_code(family):
+    build, forward = FAMILIES[family]
+    model = build().double()  # float64: the tolerance measures the rule, not float32 rounding
+    x = torch.randn(3, 3, 32, 32, dtype=torch.float64)
+    want = reference_chefer(forward, model, x)
+    got = vitviz.explain(model, x, "chefer", batch_size=2)  # batched, and split across passes
+    assert got.shape == (3, 4, 4) and got.dtype == torch.float64
+    assert want.abs().max() > 1  # relevance of order 1: the tolerance below is strict
+    assert (got.flatten(1) - want).abs().max() <= 1e-6
+    target = [1, 0, 2]  # an explicit target per image
+    torch.testing.assert_close(vitviz.explain(model, x, "chefer", target=target).flatten(1),
+                               reference_chefer(forward, model, x, target), atol=1e-6, rtol=0)
+    model = model.float()  # float32: the same up to rounding relative to the peak
+    x = x.float()
+    want = reference_chefer(forward, model, x)
+    assert (vitviz.explain(model, x, "chefer").flatten(1) - want).abs().max() <= 1e-6 * want.abs().max()
+
+
+def test_chefer_is_not_grad_rollout():
+    model = vitviz.load_model("cifar10-vit").eval()  # trained weights: gradients large enough to tell them apart
+    x = torch.randn(4, 3, 32, 32)
+    chefer = vitviz.explain(model, x, "chefer")
+    grad = vitviz.explain(model, x, "grad_rollout")
+    peak = chefer.flatten(1).amax(1, keepdim=True)
+    relative = (chefer.flatten(1) / peak - grad.flatten(1) / grad.flatten(1).amax(1, keepdim=True)).abs().max()
+    assert relative > 0.1  # the accumulation R + W R and the renormalised 0.5 W + 0.5 I product disagree
+
+
+# ------------------------------------------------------------------- grad_rollout: what it is, what it is not
+
+
+def attns_and_grads(model, x, target):
+    attns = []
+    logits = timm_forward(model, x, attns)
+    logits.gather(1, torch.as_tensor(target)[:, None]).sum().backward()
+    return [a.detach() for a in attns], [a.grad for a in attns]
+
+
+def vitviz_grad_rollout_by_hand(attns, grads):
+    """rownorm(0.5 mean_h (grad*A)^+ + 0.5 I), multiplied in layer order; the class row over the patches."""
+    n = attns[0].shape[-1]
+    r = torch.eye(n).expand(attns[0].shape[0], n, n)
+    for a, g in zip(attns, grads):
+        w = (a * g).clamp(min=0).mean(dim=1)
+        m = 0.5 * w + 0.5 * torch.eye(n)
+        r = (m / m.sum(-1, keepdim=True)) @ r
+    return r[:, 0, 1:]
+
+
+def vit_explain_grad_rollout(attns_in_order, grads_in_backward_order, discard_ratio):
+    """jacobgil/vit-explain's vit_grad_rollout, rewritten: grads recorded last layer first and zipped with the
+    attentions in forward order; heads averaged before clipping; discard over the whole flattened matrix of
+    image 0; divided by a.sum(dim=-1) (broadcast over columns); one image."""
+    result = torch.eye(attns_in_order[0].size(-1))
+    with torch.no_grad():
+        for attention, grad in zip(attns_in_order, grads_in_backward_order):
+            fused = (attention * grad).mean(axis=1)
+            fused[fused < 0] = 0
+            flat = fused.view(fused.size(0), -1)
+            _, indices = flat.topk(int(flat.size(-1) * discard_ratio), -1, False)
+            flat[0, indices] = 0
+            eye = torch.eye(fused.size(-1))
+            a = (fused + 1.0 * eye) / 2
+            a = a / a.sum(dim=-1)
+            result = torch.matmul(a, result)
+    mask = result[0, 0, 1:]
+    return mask / mask.max()
+
+
+def test_grad_rollout_is_exactly_the_documented_rule_and_not_vit_explain():
+    model = tiny_timm_vit(img_size=32, depth=3)
+    x = torch.randn(1, 3, 32, 32)
+    target = [3]
+    attns, grads = attns_and_grads(model, x, target)
+    got = vitviz.explain(model, x, "grad_rollout", target=target).flatten(1)
+    torch.testing.assert_close(got, vitviz_grad_rollout_by_hand(attns, grads), atol=1e-6, rtol=1e-5)
+    ours = got[0] / got[0].max()
+    theirs = vit_explain_grad_rollout(attns, grads[::-1], discard_ratio=0.0)
+    assert (ours - theirs).abs().max() > 0.05
+    # each difference on its own: (1) pairing, (2) clip before the head mean
+    same_pairing = vit_explain_grad_rollout(attns, grads, discard_ratio=0.0)
+    assert (same_pairing - theirs).abs().max() > 0.01
+    clip_first = [(a * g).clamp(min=0) for a, g in zip(attns, grads)]
+    mean_first = [(a * g).mean(1, keepdim=True).clamp(min=0) for a, g in zip(attns, grads)]
+    assert not torch.allclose(torch.stack([c.mean(1) for c in clip_first]),
+                              torch.stack([m[:, 0] for m in mean_first]))
+
+
+# ------------------------------------------------------------------- rollout's discard: row-wise vs whole matrix
+
+
+def vit_explain_rollout(attns, discard_ratio):
+    """jacobgil/vit-explain's rollout (mean fusion), rewritten: whole-matrix discard (image 0 only), wrong axis."""
+    result = torch.eye(attns[0].size(-1))
+    with torch.no_grad():
+        for attention in attns:
+            fused = attention.mean(axis=1)
+            flat = fused.view(fused.size(0), -1)
+            _, indices = flat.topk(int(flat.size(-1) * discard_ratio), -1, False)
+            indices = indices[indices != 0]
+            flat[0, indices] = 0
+            a = (fused + 1.0 * torch.eye(fused.size(-1))) / 2
+            a = a / a.sum(dim=-1)
+            result = torch.matmul(a, result)
+    mask = result[0, 0, 1:]
+    return mask / mask.max(), result
+
+
+def test_rollout_discard_is_row_wise_and_keeps_rows_stochastic_unlike_vit_explain():
+    model = tiny_timm_vit(img_size=32, depth=3)
+    x = torch.randn(1, 3, 32, 32)
+    with torch.no_grad(), vitviz.capture_attention(model) as cap:
+        model(x)
+    attns = cap.attentions
+    # without discarding, both are the same rollout (the wrong axis is harmless while rows of W + I sum to 2)
+    theirs, _ = vit_explain_rollout(attns, 0.0)
+    ours = vitviz.explain(model, x, "rollout")[0].flatten()
+    torch.testing.assert_close(ours / ours.max(), theirs, atol=1e-5, rtol=1e-5)
+    # with discard_ratio=0.9 they part: vit-explain's rows no longer sum to 1, vitviz's do
+    theirs, r_theirs = vit_explain_rollout(attns, 0.9)
+    ours_full = vitviz.attention_rollout(model, x, discard_ratio=0.9, return_full=True)
+    torch.testing.assert_close(ours_full.sum(-1), torch.ones(1, 17), atol=1e-5, rtol=0)
+    assert (r_theirs.sum(-1) - 1).abs().max() > 1e-2
+    ours = vitviz.explain(model, x, "rollout", discard_ratio=0.9)[0].flatten()
+    assert (ours / ours.max() - theirs).abs().max() > 0.05
+
+
+# --------------------------------------------------------------------------------------------- attention flow
+
+
+def test_flow_on_two_layers_is_the_sum_of_bottlenecks():
+    # two layers: the paths t -> m -> j are disjoint, so max-flow = sum_m min(A2[t, m], A1[m, j]),
+    # where rollout multiplies: sum_m A2[t, m] A1[m, j]
+    gen = torch.Generator().manual_seed(0)
+    a1, a2 = (torch.rand(5, 5, generator=gen).softmax(-1) for _ in range(2))
+    got = flow_from_layers([a1, a2], source=0, sinks=list(range(1, 5)))
+    want = np.array([torch.minimum(a2[0], a1[:, j]).sum().item() for j in range(1, 5)])
+    np.testing.assert_allclose(got, want, atol=5 * 5 / 2 ** 20)
+    product = (a2 @ a1)[0, 1:].numpy()
+    assert np.abs(got - product).max() > 0.01
+
+
+def test_attention_flow_on_a_model_matches_the_closed_form():
+    model = tiny_timm_vit(img_size=32, depth=2)
+    x = torch.randn(2, 3, 32, 32)
+    with torch.no_grad(), vitviz.capture_attention(model) as cap:
+        model(x)
+    got = vitviz.explain(model, x, "flow", progress=False)
+    for b in range(2):
+        mats = []
+        for a in cap.attentions:
+            w = 0.5 * a[b].mean(0) + 0.5 * torch.eye(17)
+            mats.append(w / w.sum(-1, keepdim=True))
+        want = [torch.minimum(mats[1][0], mats[0][:, j]).sum().item() for j in range(1, 17)]
+        np.testing.assert_allclose(got[b].flatten().numpy(), want, atol=17 * 2 / 2 ** 20)
+
+
+def test_flow_refuses_too_many_tokens_naming_the_limit():
+    with pytest.raises(InputError, match="max_tokens=10"):
+        vitviz.explain(tiny_timm_vit(), torch.randn(1, 3, 32, 48), "flow", max_tokens=10)
+
+
+# -------------------------------------------------------------------------------- attention, random, the entry
+
+
+def test_attention_is_the_class_row_of_one_layer():
+    model = tiny_timm_vit()
+    x = torch.randn(2, 3, 32, 48)
+    with torch.no_grad(), vitviz.capture_attention(model) as cap:
+        model(x)
+    want = cap.attentions[0].mean(1)[:, 0, 1:].reshape(2, 4, 6)
+    torch.testing.assert_close(vitviz.explain(model, x, "attention", layer=0), want)
+    want = cap.attentions[-1].max(1).values[:, 0, 1:].reshape(2, 4, 6)
+    torch.testing.assert_close(vitviz.explain(model, x, "attention", head_fusion="max"), want)
+
+
+def test_models_without_a_class_token_read_the_mean_of_the_patch_rows():
+    model = tiny_timm_vit(class_token=False, global_pool="avg")
+    x = torch.randn(2, 3, 32, 48)
+    with torch.no_grad(), vitviz.capture_attention(model) as cap:
+        model(x)
+    want = cap.attentions[-1].mean(1).mean(1).reshape(2, 4, 6)
+    torch.testing.assert_close(vitviz.explain(model, x, "attention"), want)
+    assert vitviz.explain(model, x, "chefer").shape == (2, 4, 6)
+
+
+def test_random_baseline_is_seeded_and_independent_of_batching():
+    model = tiny_timm_vit()
+    x = torch.randn(5, 3, 32, 48)
+    whole = vitviz.explain(model, x, "random", seed=3)
+    torch.testing.assert_close(vitviz.explain(model, x, "random", seed=3, batch_size=2), whole)
+    torch.testing.assert_close(vitviz.explain(model, x[2:], "random", seed=3, offset=2), whole[2:])
+    assert not torch.allclose(vitviz.explain(model, x, "random", seed=4), whole)
+    assert not torch.allclose(whole[0], whole[1])
+
+
+@pytest.mark.parametrize("family", list(FAMILIES))
+def test_every_method_on_every_family(family):
+    model = FAMILIES[family][0]()
+    x = torch.randn(2, 3, 32, 32)
+    for method in METHODS:
+        maps = vitviz.explain(model, x, method)
+        assert maps.shape == (2, 4, 4) and torch.isfinite(maps).all() and (maps >= 0).all(), method
+
+
+def test_explain_errors_name_the_argument():
+    model = tiny_timm_vit()
+    x = torch.randn(1, 3, 32, 48)
+    with pytest.raises(InputError, match="method='gradcam'"):
+        vitviz.explain(model, x, "gradcam")
+    with pytest.raises(InputError, match="target=2 would be ignored"):
+        vitviz.explain(model, x, "rollout", target=2)
+    with pytest.raises(InputError, match="does not take"):
+        vitviz.explain(model, x, "chefer", discard_ratio=0.5)
+    with pytest.raises(VitvizError, match="does not feed the output"):
+        from tutorial_vit import TutorialViT
+
+        vitviz.explain(TutorialViT(with_dropout_module=False).eval(), torch.randn(1, 3, 32, 32), "chefer")
+
+
+def test_old_names_are_thin_wrappers():
+    model = tiny_timm_vit()
+    x = torch.randn(2, 3, 32, 48)
+    torch.testing.assert_close(vitviz.grad_rollout(model, x, target=1), vitviz.explain(model, x, "grad_rollout",
+                                                                                       target=1))
+    torch.testing.assert_close(vitviz.attention_rollout(model, x), vitviz.explain(model, x, "rollout"))
+    torch.testing.assert_close(vitviz.chefer_relevance(model, x), vitviz.explain(model, x, "chefer"))

@@ -1,0 +1,210 @@
+"""vitviz.faithfulness: the perturbations are what they say, the scores are the model's, the AUCs and intervals."""
+
+from __future__ import annotations
+
+import numpy as np
+import pytest
+import torch
+from conftest import tiny_timm_vit
+
+import vitviz
+from vitviz.analysis.faithfulness import _fill_patches, drop_module, keep_tokens
+from vitviz.errors import InputError
+
+
+def timm_on_tokens(model, x, keep):
+    """timm forward written out, keeping the class token and the patches ``keep`` after the position embedding."""
+    h = model._pos_embed(model.patch_embed(x))
+    idx = keep[..., None].expand(-1, -1, h.shape[-1])
+    h = torch.cat([h[:, :1], h[:, 1:].gather(1, idx)], dim=1)
+    h = model.norm_pre(h)
+    for blk in model.blocks:
+        h = blk(h)
+    return model.forward_head(model.norm(h))
+
+
+def test_dropping_tokens_equals_running_the_model_on_the_kept_tokens():
+    model = tiny_timm_vit()
+    x = torch.randn(2, 3, 32, 48)
+    keep = torch.tensor([[0, 3, 5, 20], [1, 2, 22, 23]])
+    module = drop_module(model)
+    assert module is model.pos_drop
+    with torch.no_grad():
+        with keep_tokens(module, 1, keep):
+            got = model(x)
+        torch.testing.assert_close(got, timm_on_tokens(model, x, keep))
+        assert not torch.allclose(got, model(x))  # and the hook is gone afterwards:
+        torch.testing.assert_close(model(x), timm_on_tokens(model, x, torch.arange(24).expand(2, -1)))
+
+
+def test_torchvision_and_hugging_face_drop_after_their_position_embedding():
+    from torchvision.models.vision_transformer import VisionTransformer
+    from transformers import ViTConfig, ViTForImageClassification
+
+    tv = VisionTransformer(image_size=32, patch_size=8, num_layers=2, num_heads=4, hidden_dim=32, mlp_dim=64).eval()
+    hf = ViTForImageClassification(ViTConfig(image_size=32, patch_size=8, hidden_size=32, num_hidden_layers=2,
+                                             num_attention_heads=4, intermediate_size=64)).eval()
+    assert drop_module(tv) is tv.encoder.dropout and drop_module(hf) is hf.vit.embeddings.dropout
+    x = torch.randn(2, 3, 32, 32)
+    keep = torch.tensor([[0, 5, 9], [3, 4, 15]])
+    with torch.no_grad():
+        seq = []
+        handle = hf.vit.embeddings.register_forward_hook(lambda _m, _i, out: seq.append(out))
+        hf(x)
+        handle.remove()
+        kept = torch.cat([seq[0][:, :1], seq[0][:, 1:].gather(1, keep[..., None].expand(-1, -1, 32))], dim=1)
+        h = kept
+        for layer in hf.vit.layers:  # transformers >= 5.2 layout
+            h = layer(h, None)
+        want = hf.classifier(hf.vit.layernorm(h)[:, 0])
+        with keep_tokens(drop_module(hf), 1, keep):
+            torch.testing.assert_close(hf(x).logits, want, atol=1e-5, rtol=1e-5)
+
+
+def test_models_without_prefix_tokens_fall_back_to_the_mean():
+    model = tiny_timm_vit(class_token=False, global_pool="avg")
+    assert drop_module(model) is None
+    x = torch.randn(4, 3, 32, 48)
+    df = vitviz.faithfulness(model, x, ["random"], steps=0.5, progress=False)
+    assert set(df["removal"]) == {"mean"} and df.attrs["removal"] == "mean"
+    with pytest.raises(InputError, match="removal='drop'.*use removal='mean'"):
+        vitviz.faithfulness(model, x, ["random"], removal="drop", progress=False)
+
+
+def test_mean_fill_sets_exactly_the_removed_patches():
+    x = torch.randn(2, 3, 32, 48)
+    removed = torch.zeros(2, 24, dtype=torch.bool)
+    removed[0, 7] = True  # row 1, column 1 of the 4x6 grid: pixels [8:16, 8:16]
+    removed[1, 23] = True  # the last patch: pixels [24:32, 40:48]
+    out = _fill_patches(x, removed, (4, 6), (8, 8), torch.tensor([1.0, 2.0, 3.0]))
+    changed = (out != x).any(dim=1)
+    assert changed[0, 8:16, 8:16].all() and changed[0].sum() == 64
+    assert changed[1, 24:32, 40:48].all() and changed[1].sum() == 64
+    assert out[0, :, 8, 8].tolist() == [1.0, 2.0, 3.0]
+
+
+def test_each_score_is_the_model_on_the_perturbed_input():
+    model = tiny_timm_vit()
+    x = torch.randn(3, 3, 32, 48)
+    df = vitviz.faithfulness(model, x, ["random", "chefer"], steps=0.25, batch_size=2, progress=False)
+    assert list(df.columns) == ["image", "method", "mode", "fraction", "score", "metric", "removal"]
+    assert len(df) == 3 * 2 * 4 * 5 and set(df["removal"]) == {"drop"}
+    with torch.no_grad():
+        pred = model(x).argmax(-1)
+    maps = vitviz.explain(model, x, "random")
+    for i in range(3):
+        order = maps[i].flatten().argsort(descending=True, stable=True)
+        for mode, f in [("deletion", 0.25), ("insertion", 0.75), ("deletion", 1.0)]:
+            k = round(f * 24)
+            keep = order[k:] if mode == "deletion" else order[:k]
+            with torch.no_grad():
+                logits = timm_on_tokens(model, x[i:i + 1], keep.sort().values[None])
+            want = logits.softmax(-1)[0, pred[i]].item()
+            got = df.query(f"image == {i} and method == 'random' and mode == '{mode}' and fraction == {f}")
+            assert got["metric"].item() == "probability"
+            assert got["score"].item() == pytest.approx(want, abs=1e-5)
+    clean = df[df["fraction"] == 0]
+    assert (clean[clean["metric"] == "accuracy"]["score"] == 1).all()  # target=None: the clean prediction
+
+
+def test_labels_score_accuracy_against_the_truth():
+    model = tiny_timm_vit()
+    x = torch.randn(4, 3, 32, 48)
+    with torch.no_grad():
+        pred = model(x).argmax(-1)
+    wrong = ((pred + 1) % 5).tolist()
+    df = vitviz.faithfulness(model, x, ["random"], labels=wrong, steps=0.5, progress=False)
+    clean = df[(df["fraction"] == 0) & (df["metric"] == "accuracy")]
+    assert (clean["score"] == 0).all()
+    with pytest.raises(InputError, match="3 class indices but there are 4 images"):
+        vitviz.faithfulness(model, x, ["random"], labels=[0, 1, 2], progress=False)
+
+
+def test_callable_targets_record_their_own_score():
+    model = tiny_timm_vit(num_classes=0)
+    x = torch.randn(2, 3, 32, 48)
+    df = vitviz.faithfulness(model, x, ["chefer"], target=lambda out: out.norm(dim=-1), steps=0.5,
+                             progress=False)
+    assert set(df["metric"]) == {"target"}
+    with torch.no_grad():
+        norms = model(x).norm(dim=-1)
+    clean = df[(df["fraction"] == 0) & (df["mode"] == "deletion")].sort_values("image")
+    np.testing.assert_allclose(clean["score"], norms.numpy(), rtol=1e-5)
+
+
+def test_auc_and_bootstrap_interval():
+    model = tiny_timm_vit()
+    x = torch.randn(6, 3, 32, 48)
+    df = vitviz.faithfulness(model, x, ["random", "rollout"], steps=0.25, progress=False)
+    auc = vitviz.faithfulness_auc(df, n_boot=200)
+    assert len(auc) == 2 * 4 and set(auc["better"]) == {"lower", "higher"}
+    row = auc[(auc["method"] == "rollout") & (auc["mode"] == "insertion")].iloc[0]
+    curves = df[(df["method"] == "rollout") & (df["mode"] == "insertion")].sort_values("fraction")
+    by_hand = np.mean([sum((a + b) / 2 * (x1 - x0) for a, b, x0, x1 in zip(g["score"].iloc[:-1], g["score"].iloc[1:],
+                                                                         g["fraction"].iloc[:-1], g["fraction"].iloc[1:]))
+                       for _, g in curves.groupby("image")])
+    assert row["auc"] == pytest.approx(by_hand) and row["ci_low"] <= row["auc"] <= row["ci_high"]
+    assert row["n_images"] == 6
+    short = vitviz.faithfulness_auc(df, n_boot=10, upto=0.5)
+    assert (short["auc"] <= auc["auc"] + 1e-12).all()  # non-negative scores over a shorter range
+    pd_auc = df.attrs["auc"]
+    assert list(pd_auc.columns) == list(auc.columns)
+
+
+def test_bootstrap_ci_is_seeded_and_shrinks_with_more_data():
+    rng = np.random.default_rng(0)
+    small, large = rng.normal(size=20), rng.normal(size=2000)
+    assert vitviz.bootstrap_ci(small, seed=1) == vitviz.bootstrap_ci(small, seed=1)
+    lo, hi = vitviz.bootstrap_ci(small)
+    assert lo < small.mean() < hi
+    lo2, hi2 = vitviz.bootstrap_ci(large)
+    assert hi2 - lo2 < (hi - lo) / 3
+    with pytest.raises(InputError, match="ci=1.5"):
+        vitviz.bootstrap_ci(small, ci=1.5)
+
+
+def test_bad_arguments_name_the_value():
+    model = tiny_timm_vit()
+    x = torch.randn(1, 3, 32, 48)
+    with pytest.raises(InputError, match="steps=0.3"):
+        vitviz.faithfulness(model, x, ["random"], steps=0.3, progress=False)
+    with pytest.raises(InputError, match="'gradcam'"):
+        vitviz.faithfulness(model, x, ["gradcam"], progress=False)
+    with pytest.raises(InputError, match="modes"):
+        vitviz.faithfulness(model, x, ["random"], modes=["sideways"], progress=False)
+
+
+def test_plot_faithfulness(tmp_path):
+    import matplotlib
+
+    model = tiny_timm_vit()
+    x = torch.randn(3, 3, 32, 48)
+    df = vitviz.faithfulness(model, x, ["random", "rollout"], steps=0.5, progress=False)
+    fig = vitviz.plot_faithfulness(df)
+    assert len(fig.axes) == 4
+    assert [a.get_ylabel() for a in fig.axes] == ["Target-class accuracy"] * 2 + ["Target-class probability"] * 2
+    assert fig.axes[3].get_xlabel() == "Patches inserted [fraction] (tokens dropped)"
+    labels = [t.get_text() for t in fig.axes[-1].get_legend().get_texts()]
+    assert labels == ["random", "rollout"]
+    fig.savefig(tmp_path / "curves.png")
+    _, ax = matplotlib.pyplot.subplots()
+    assert vitviz.plot_faithfulness(df, ax=ax, mode="deletion") is ax
+    with pytest.raises(InputError, match="pass mode="):
+        vitviz.plot_faithfulness(df, ax=ax)
+    maps = {m: vitviz.explain(model, x, m) for m in ("rollout", "random")}
+    fig = vitviz.plot_explanations(model, x, maps, labels=["a", "b", "c"])
+    assert [a.get_title() for a in fig.axes[:3]] == ["Input", "rollout", "random"]
+    assert fig.axes[-1].get_ylabel() == "Relevance (relative to max)"
+
+
+@pytest.mark.notebook
+@pytest.mark.slow
+def test_notebook_04_runs_headless(run_notebook, tiny_folder, tmp_path):
+    out_dir = tmp_path / "figs"
+    _, text, images = run_notebook("04_faithfulness.ipynb", data_dir=str(tiny_folder / "test"), n_images=10,
+                                   n_show=2, batch_size=10, n_boot=50, out_dir=str(out_dir))
+    assert "10 images x 6 methods" in text and "tokens dropped" in text
+    assert "best first" in text and "cosine similarity to the reference" in text
+    assert len(images) == 3  # the maps side by side, the curves, the headless maps
+    for stem in ("explanations_side_by_side", "faithfulness_curves", "headless_target_callable"):
+        assert (out_dir / f"{stem}.png").exists()

@@ -1,0 +1,171 @@
+"""``vitviz.explain``: one entry point for every relevance map vitviz computes, each exactly what its name says.
+
+==================  =====================================================================================================
+method              what it is
+==================  =====================================================================================================
+``"attention"``     raw post-softmax attention of one layer (``layer=-1``, the last, by default), heads fused
+                    (``head_fusion="mean"``), the class token's row over the patch columns (models without a class
+                    token: the mean of the patch rows). Jain & Wallace (NAACL 2019) and Abnar & Zuidema (2020, Sec. 2)
+                    call this "raw attention".
+``"rollout"``       attention rollout, Abnar & Zuidema, ACL 2020, Eq. (1): ``R_l = rownorm(0.5 W_l + 0.5 I) R_{l-1}``
+                    (``vitviz.attention_rollout``; its ``discard_ratio`` is row-wise, unlike vit-explain's).
+``"flow"``          attention flow, Abnar & Zuidema, ACL 2020, Sec. 3.2: max-flow over the layer graph
+                    (``vitviz.analysis.flow``; refuses more than ``max_tokens`` tokens).
+``"grad_rollout"``  vitviz's gradient-weighted rollout: Chefer et al.'s head weighting ``mean_h (grad * A)^+`` fed
+                    through rollout's row-renormalised ``0.5 W + 0.5 I`` product (``vitviz.analysis.relevance``).
+                    Neither Chefer's rule nor vit-explain's ``vit_grad_rollout``.
+``"chefer"``        Chefer, Gur & Wolf, ICCV 2021, Eq. (5)-(6): ``R = I``, ``R <- R + mean_h((grad * A)^+) R``,
+                    the class row over the patches (``vitviz.analysis.relevance``).
+``"random"``        a seeded baseline: i.i.d. uniform ``[0, 1)`` per patch; image ``k`` of the set always gets the
+                    same map for a given ``seed``, whatever the batching.
+==================  =====================================================================================================
+
+Memory: ``attention``, ``rollout`` and ``flow`` reduce each layer while the forward pass runs (``flow`` keeps one
+``(B, N, N)`` matrix per layer for its graph); the gradient methods need every layer's map and gradient of one batch
+at once (pass ``batch_size`` to bound it). Everything runs on the model's device.
+
+``target`` (gradient methods only): ``None`` (predicted class), a class index, one per image, or a callable from
+the model's raw output to one score per image (headless models); see ``vitviz.core.targets``. Methods that use no
+gradient ignore ``target=None`` and refuse any other value rather than silently ignore it.
+"""
+
+from __future__ import annotations
+
+from typing import Any
+
+import torch
+from torch import nn
+
+from vitviz.analysis.rollout import fuse_heads, rollout_to_maps
+from vitviz.core.batching import iter_batches
+from vitviz.core.capture import capture_attention
+from vitviz.core.images import Images
+from vitviz.core.spec import inspect
+from vitviz.core.targets import Target
+from vitviz.errors import InputError
+
+__all__ = ["GRADIENT_METHODS", "METHODS", "explain", "raw_attention", "random_baseline"]
+
+METHODS = ("attention", "rollout", "flow", "grad_rollout", "chefer", "random")
+GRADIENT_METHODS = ("grad_rollout", "chefer")
+
+
+def raw_attention(
+    model: nn.Module,
+    images: Images,
+    *,
+    layer: int = -1,
+    head_fusion: str = "mean",
+    token: int | None = None,
+    batch_size: int | None = None,
+    progress: bool = False,
+) -> torch.Tensor:
+    """Raw attention of one layer, heads fused, as ``(B, gh, gw)`` maps (the output token's row over the patches).
+
+    Args:
+        model: any ViT ``vitviz.inspect`` reads.
+        images: a normalised ``(B, 3, H, W)`` tensor, or anything ``vitviz.load_images`` takes.
+        layer: attention-layer index (negative counts from the end).
+        head_fusion: ``"mean"``, ``"max"`` or ``"min"`` over heads.
+        token: the query token (default the class token; none: the mean of the patch rows).
+        batch_size, progress: as in ``vitviz.attention_rollout``.
+
+    Returns:
+        ``(B, gh, gw)`` float32 on the model's device (a row of a stochastic matrix: sums to at most 1).
+    """
+    spec = inspect(model)
+    out: list[torch.Tensor] = []
+    for x in iter_batches(model, images, batch_size, progress=progress, desc="attention"):
+        with torch.no_grad(), capture_attention(model, layers=layer) as cap:
+            model(x)
+        w = fuse_heads(cap.attentions[0], head_fusion)
+        n = w.shape[-1]
+        if token is not None and not -n <= token < n:
+            raise InputError(f"token={token} is out of range for {spec.name}'s {n} tokens")
+        row = spec.class_token_index if token is None else token % n
+        out.append(rollout_to_maps(w, spec.grid_for_input(x), spec.num_prefix_tokens, row))
+    return torch.cat(out)
+
+
+def random_baseline(model: nn.Module, images: Images, *, seed: int = 0, batch_size: int | None = None,
+                    offset: int = 0) -> torch.Tensor:
+    """A seeded random map per image, ``(B, gh, gw)`` uniform in ``[0, 1)``; image ``k`` depends on ``seed + k``.
+
+    ``offset`` is the index of the first image in a larger set (so a batch gets the maps the whole set would).
+    """
+    spec = inspect(model)
+    out: list[torch.Tensor] = []
+    k = offset
+    for x in iter_batches(model, images, batch_size):
+        gh, gw = spec.grid_for_input(x)
+        for _ in range(len(x)):
+            gen = torch.Generator().manual_seed(int(seed) * 1_000_003 + k)
+            out.append(torch.rand(gh, gw, generator=gen))
+            k += 1
+    return torch.stack(out).to(x.device)
+
+
+def _check(method: str, target: Target, opts: dict[str, Any]) -> None:
+    if method not in METHODS:
+        raise InputError(f"method={method!r} is not one of {METHODS}; e.g. vitviz.explain(model, images, "
+                         "method='chefer')")
+    if method not in GRADIENT_METHODS and target is not None:
+        raise InputError(f"method={method!r} uses no gradient, so target={target!r} would be ignored; pass "
+                         f"target=None, or a gradient method {GRADIENT_METHODS}")
+
+
+def explain(
+    model: nn.Module,
+    images: Images,
+    method: str = "chefer",
+    target: Target = None,
+    *,
+    batch_size: int | None = None,
+    progress: bool = False,
+    **opts: Any,
+) -> torch.Tensor:
+    """Relevance maps ``(B, gh, gw)`` of ``images`` by ``method`` (see the module docstring for each).
+
+    Args:
+        model: any ViT ``vitviz.inspect`` reads (gradient methods need attention that feeds the output: timm,
+            Hugging Face, torchvision).
+        images: a normalised ``(B, 3, H, W)`` tensor, a list, or anything ``vitviz.core.batching.iter_batches``
+            takes.
+        method: ``"attention"``, ``"rollout"``, ``"flow"``, ``"grad_rollout"``, ``"chefer"`` or ``"random"``.
+        target: what a gradient method explains (``None``: predicted class; an int; one per image; or a callable
+            ``f(output) -> (B,)``).
+        batch_size: images per pass (default all at once).
+        progress: show a progress bar.
+        **opts: passed to the method: ``layer``, ``head_fusion``, ``token`` (attention); ``head_fusion``,
+            ``discard_ratio``, ``residual``, ``start_layer``, ``token`` (rollout); ``head_fusion``, ``token``,
+            ``max_tokens`` (flow); ``discard_ratio``, ``start_layer``, ``token`` (grad_rollout); ``start_layer``,
+            ``token`` (chefer); ``seed``, ``offset`` (random).
+
+    Returns:
+        ``(B, gh, gw)`` float32 maps on the model's device.
+    """
+    _check(method, target, opts)
+    common = {"batch_size": batch_size}
+    try:
+        if method == "attention":
+            return raw_attention(model, images, progress=progress, **common, **opts)
+        if method == "rollout":
+            from vitviz.analysis.rollout import attention_rollout
+
+            return attention_rollout(model, images, progress=progress, **common, **opts)
+        if method == "flow":
+            from vitviz.analysis.flow import attention_flow
+
+            return attention_flow(model, images, progress=progress, **common, **opts)
+        if method == "random":
+            return random_baseline(model, images, **common, **opts)
+        from vitviz.analysis import relevance
+
+        fn = relevance.chefer_relevance if method == "chefer" else relevance.grad_rollout
+        return fn(model, images, target, progress=progress, **common, **opts)
+    except TypeError as err:
+        if "unexpected keyword argument" not in str(err):
+            raise
+        raise InputError(f"explain(method={method!r}) got an option it does not take ({err}); see "
+                         "help(vitviz.explain) for each method's options") from err
+

@@ -1,0 +1,138 @@
+"""Attention flow (Abnar & Zuidema, "Quantifying Attention Flow in Transformers", ACL 2020, Sec. 3.2).
+
+The layers form a directed graph: one node per token per layer (``L + 1`` layers of ``N`` nodes, layer 0 the
+input), and an edge from token ``i`` of layer ``l + 1`` to token ``j`` of layer ``l`` with capacity ``A_l[i, j]``,
+where ``A_l = rownorm(0.5 W_l + 0.5 I)`` is the same residual-augmented, head-fused attention as rollout's. The
+flow from output token ``t`` to input token ``j`` is the value of the maximum flow from node ``(L, t)`` to node
+``(0, j)``; the map is that value for every patch ``j``. Where rollout multiplies weights along every path, flow
+is limited by the narrowest cut, so the two differ whenever paths share a bottleneck.
+
+Max-flow needs integer capacities here (``scipy.sparse.csgraph.maximum_flow``): capacities are
+``round(A * FLOW_SCALE)`` with ``FLOW_SCALE = 2**20``, and flows are divided back, so each value carries an error
+below ``(edges on the minimum cut) / (2 FLOW_SCALE)``. The reference implementation (samiraabnar/attention_flow)
+uses networkx on a float graph of one image; here the graph is solved per image with scipy's Dinic solver.
+
+Cost: ``P`` max-flow problems per image on ``(L + 1) N`` nodes and ``L N^2`` edges, so flow refuses more than
+``max_tokens`` tokens (default ``FLOW_MAX_TOKENS``) and shows a progress bar with ``progress=True``.
+"""
+
+from __future__ import annotations
+
+import numpy as np
+import torch
+from torch import nn
+
+from vitviz.analysis.rollout import RolloutReducer, fuse_heads
+from vitviz.core.batching import count_images, iter_batches
+from vitviz.core.capture import capture_attention
+from vitviz.core.images import Images
+from vitviz.core.spec import inspect
+from vitviz.errors import InputError
+
+__all__ = ["FLOW_MAX_TOKENS", "FLOW_SCALE", "attention_flow", "flow_from_layers"]
+
+FLOW_SCALE = 2 ** 20
+FLOW_MAX_TOKENS = 257  # a 16x16 grid plus a class token; ViT-B/16 at 224 px (197 tokens) fits
+
+
+def flow_from_layers(layers: list[torch.Tensor], source: int, sinks: list[int]) -> np.ndarray:
+    """Max-flow values from token ``source`` of the last layer to each token in ``sinks`` of the input.
+
+    Args:
+        layers: per layer, in forward order, one image's ``(N, N)`` layer matrix ``A_l`` (rows: queries).
+        source: the output token.
+        sinks: the input tokens.
+
+    Returns:
+        ``(len(sinks),)`` float64 flow values.
+    """
+    from scipy.sparse import coo_matrix
+    from scipy.sparse.csgraph import maximum_flow
+
+    n = layers[0].shape[-1]
+    depth = len(layers)
+    rows, cols, caps = [], [], []
+    grid = np.arange(n)
+    for depth_l, a in enumerate(layers):  # edge (l + 1, i) -> (l, j), capacity A_l[i, j]
+        cap = np.rint(a.detach().double().cpu().numpy() * FLOW_SCALE).astype(np.int64)
+        i, j = np.nonzero(cap > 0)
+        rows.append((depth_l + 1) * n + grid[i])
+        cols.append(depth_l * n + grid[j])
+        caps.append(cap[i, j])
+    size = (depth + 1) * n
+    graph = coo_matrix((np.concatenate(caps).astype(np.int32), (np.concatenate(rows), np.concatenate(cols))),
+                       shape=(size, size)).tocsr()
+    src = depth * n + source
+    return np.array([maximum_flow(graph, src, j, method="dinic").flow_value for j in sinks]) / FLOW_SCALE
+
+
+def attention_flow(
+    model: nn.Module,
+    images: Images,
+    *,
+    head_fusion: str = "mean",
+    token: int | None = None,
+    max_tokens: int = FLOW_MAX_TOKENS,
+    batch_size: int | None = None,
+    progress: bool = False,
+) -> torch.Tensor:
+    """Attention flow (Abnar & Zuidema 2020) from the output token to every patch; see the module docstring.
+
+    Args:
+        model: any ViT ``vitviz.inspect`` reads.
+        images: a normalised ``(B, 3, H, W)`` tensor, or anything ``vitviz.load_images`` takes.
+        head_fusion: ``"mean"`` (the paper), ``"max"`` or ``"min"``.
+        token: the output token (default the class token; a model without one: the mean of the flows from
+            every patch token, an expensive substitute: ``P`` times the work).
+        max_tokens: refuse models with more tokens than this (cost grows like ``N^3`` per image).
+        batch_size: images per forward pass.
+        progress: show a progress bar over images.
+
+    Returns:
+        ``(B, gh, gw)`` float32 flow values (each at most 1), on the model's device.
+
+    Raises:
+        InputError: the model has more than ``max_tokens`` tokens.
+    """
+    spec = inspect(model)
+    if spec.num_tokens > max_tokens:
+        raise InputError(f"attention flow of {spec.name} would solve {spec.num_patches} max-flow problems per image "
+                         f"on graphs of {spec.num_tokens} tokens x {spec.depth + 1} layers; that is more than "
+                         f"max_tokens={max_tokens} tokens. Pass max_tokens={spec.num_tokens} to run it anyway (slow), "
+                         "or use method='rollout'")
+    reducer = RolloutReducer(num_prefix_tokens=spec.num_prefix_tokens, head_fusion=head_fusion,
+                             assume_stochastic=True)
+    p = spec.num_prefix_tokens
+    bar = None
+    if progress:
+        from tqdm.auto import tqdm
+
+        bar = tqdm(total=count_images(images), desc="attention flow", unit="img")
+    out: list[torch.Tensor] = []
+    try:
+        for x in iter_batches(model, images, batch_size):
+            mats: list[torch.Tensor] = []  # each layer reduced to its (b, N, N) matrix as the forward pass runs
+
+            def keep(_i: int, a: torch.Tensor, mats: list[torch.Tensor] = mats) -> None:
+                mats.append(reducer.layer_matrix(fuse_heads(a, head_fusion)))
+
+            with torch.no_grad(), capture_attention(model, on_layer=keep, store=False):
+                model(x)
+            gh, gw = spec.grid_for_input(x)
+            n = mats[0].shape[-1]
+            if token is not None and not -n <= token < n:
+                raise InputError(f"token={token} is out of range for {spec.name}'s {n} tokens")
+            sources = [token % n] if token is not None else (
+                [spec.class_token_index] if spec.class_token_index is not None else list(range(p, n)))
+            sinks = list(range(p, n))
+            for b in range(len(x)):
+                layers = [m[b] for m in mats]
+                flows = np.mean([flow_from_layers(layers, s, sinks) for s in sources], axis=0)
+                out.append(torch.as_tensor(flows, dtype=torch.float32).reshape(gh, gw))
+                if bar is not None:
+                    bar.update(1)
+    finally:
+        if bar is not None:
+            bar.close()
+    device = next(model.parameters()).device
+    return torch.stack(out).to(device)
