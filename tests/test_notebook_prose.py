@@ -58,6 +58,8 @@ PAPER_FACTS = {
     "14": ("pre-training epochs in Table 6", lambda: 14 in set(__import__("vitviz").paper_results()["epochs"])),
     "2": ("two early/late layers compared by distance_observations", lambda: True),
     "10": ("perturbation steps of 10% (Chefer et al. 2021)", lambda: True),
+    "0.9": ("Chefer et al. integrate accuracy over removed fractions 0 to 0.9 (their AUC convention)", lambda: True),
+    "100": ("100% of the patches; AUC in percent (x100)", lambda: True),
 }
 # definitional values (a correlation of 0 or 1, counting from 1), not measurements
 SMALL = {"0", "1"}
