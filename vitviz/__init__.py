@@ -40,6 +40,8 @@ _LAZY = {
     "Saver": "vitviz.plot.style",
     "paper_results": "vitviz.zoo.paper",
     "plot_compute_curves": "vitviz.plot.compute",
+    "plot_study": "vitviz.plot.compute",
+    "depth_trend": "vitviz.analysis.trends",
     "count_flops": "vitviz.analysis.flops",
     "attention_rollout": "vitviz.analysis.rollout",
     "grad_rollout": "vitviz.analysis.rollout",

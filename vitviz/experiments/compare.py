@@ -168,3 +168,47 @@ def gap_trend(runs: pd.DataFrame, a: str = "Hybrid", b: str = "Transformer (ViT)
     slope, lo, hi = t_interval(slopes)
     return {"slope": slope, "slope_low": lo, "slope_high": hi, "n_seeds": len(slopes),
             "decades": float(np.log10(grid[-1] / grid[0]))}
+
+
+def study_design(runs: pd.DataFrame) -> pd.DataFrame:
+    """What a study CSV holds, per training-set size: epoch budgets, sizes, seeds per configuration (min and
+    max), runs, test images and the hardware that trained them."""
+    rows = []
+    for n_train, part in runs.groupby("train_images"):
+        seeds = part.groupby(["model", "epochs"])["seed"].nunique()
+        rows.append({"train_images": int(n_train), "epochs": sorted(int(e) for e in part["epochs"].unique()),
+                     "sizes": sorted(part["size"].unique()), "configurations": len(seeds),
+                     "seeds_min": int(seeds.min()), "seeds_max": int(seeds.max()), "runs": len(part),
+                     "test_images": sorted(int(t) for t in part["test_images"].unique()),
+                     "device": "; ".join(sorted(part["device"].astype(str).unique()))})
+    return pd.DataFrame(rows)
+
+
+def describe_matched(table: pd.DataFrame, a: str, b: str, trend: dict[str, float] | None = None) -> list[str]:
+    """The claims a ``matched_compute`` table (and a ``gap_trend``) supports, one sentence each: who leads at
+    each compute, by how much, with the 95% interval, "within noise" where it includes 0."""
+    lines = []
+    for _, r in table.iterrows():
+        n = int(r['n_seeds'])
+        head = f"at {r['train_pflops']:.3g} PFLOPs ({n} seed{'s' if n != 1 else ''}): "
+        if r["within_noise"] is None:
+            lines.append(head + f"{a} - {b} = {r['gap']:+.1f} points (one seed: no interval)")
+        elif r["within_noise"]:
+            lines.append(head + f"within noise ({a} - {b} = {r['gap']:+.1f} points, 95% CI "
+                         f"[{r['gap_low']:+.1f}, {r['gap_high']:+.1f}])")
+        else:
+            lead, gap = (a, r["gap"]) if r["gap"] > 0 else (b, -r["gap"])
+            lo, hi = sorted((abs(r["gap_low"]), abs(r["gap_high"])))
+            lines.append(head + f"{lead} leads by {gap:.1f} points (95% CI [{lo:.1f}, {hi:.1f}])")
+    if trend is not None:
+        if not np.isfinite(trend["slope_low"]):
+            verdict = "no interval (fewer than 2 seeds)"
+        elif trend["slope_low"] > 0:
+            verdict = f"the lead of {a} grows with compute"
+        elif trend["slope_high"] < 0:
+            verdict = f"the lead of {a} shrinks with compute"
+        else:
+            verdict = "no trend beyond noise"
+        lines.append(f"trend over {trend['decades']:.2f} decades: {trend['slope']:+.1f} points per decade "
+                     f"(95% CI [{trend['slope_low']:+.1f}, {trend['slope_high']:+.1f}]): {verdict}")
+    return lines
