@@ -99,3 +99,24 @@ def test_depth_trend_spearman():
     assert t["first_mean"] == 1.5 and t["last_mean"] == 7.5 and (t["layers"], t["heads"]) == (4, 2)
     with pytest.raises(ValueError, match="L >= 2"):
         depth_trend(np.ones((1, 3)))
+
+
+def test_study_figure_has_error_bars_and_a_gap_band():
+    from matplotlib.collections import LineCollection, PolyCollection
+
+    from vitviz.plot.compute import plot_study
+
+    rows = []
+    for seed in (0, 1, 2):
+        rows += [{"family": "Hybrid", "model": "hybrid-S", "epochs": e, "seed": seed, "train_images": 100,
+                  "train_pflops": 2.0 * e, "test_acc": 40 + e + seed} for e in (1, 2, 4)]
+        rows += [{"family": "Transformer (ViT)", "model": "vit-S", "epochs": e, "seed": seed, "train_images": 100,
+                  "train_pflops": 1.0 * e, "test_acc": 35 + e - seed} for e in (1, 2, 4)]
+    fig = plot_study(pd.DataFrame(rows))
+    runs_ax, gap_ax = fig.axes
+    assert runs_ax.get_xscale() == "log" and runs_ax.get_ylabel() == "Test accuracy [%]"
+    assert "3 seeds" in runs_ax.get_title()
+    assert any(isinstance(c, LineCollection) for c in runs_ax.collections), "error bars"
+    assert any(isinstance(c, PolyCollection) for c in gap_ax.collections), "the gap's band"
+    assert gap_ax.get_ylabel() == "Accuracy gap at equal compute [points]"
+    assert [t.get_text() for t in runs_ax.get_legend().get_texts()] == ["Hybrid", "Transformer (ViT)"]

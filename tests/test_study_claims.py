@@ -63,3 +63,21 @@ def test_reference_card_claims():
     r = ref.set_index("family")
     assert r.test_acc.idxmax() == RES and r.train_pflops.idxmin() == RES, "ResNet: best accuracy, least compute"
     assert r.loc[HYB, "test_acc"] > r.loc[VIT, "test_acc"] and r.loc[HYB, "train_pflops"] < r.loc[VIT, "train_pflops"]
+
+
+def test_docs_table_quotes_the_committed_csv(runs):
+    import re
+    from pathlib import Path
+
+    text = (Path(__file__).resolve().parents[1] / "docs" / "study.md").read_text()
+    rows = re.findall(r"^\| ([0-9.]+) \| ([0-9.]+) \| ([0-9.]+) \| ([-+0-9.]+) \| \[([-+0-9.]+), ([-+0-9.]+)\] \|",
+                      text, flags=re.M)
+    t = matched_compute(runs[runs.train_images == 5000], HYB, VIT, n=5)
+    assert len(rows) == len(t)
+    for row, (_, r) in zip(rows, t.iterrows()):
+        got = [float(v) for v in row]
+        want = [r.train_pflops, r[HYB], r[VIT], r.gap, r.gap_low, r.gap_high]
+        assert got == pytest.approx(want, abs=6e-3), (row, want)
+    trend = gap_trend(runs[runs.train_images == 5000], HYB, VIT, n=5)
+    assert f"{trend['slope']:+.1f} points per decade (95% CI [{trend['slope_low']:+.1f}, " \
+           f"{trend['slope_high']:+.1f}])" in text

@@ -181,7 +181,7 @@ def draw_study_runs(ax: Axes, runs: pd.DataFrame, *, metric: str = "test_acc", x
             xs = runs.loc[runs["family"] == fam, x]
             grid = np.geomspace(xs.min(), xs.max(), 24)
             curves.append(family_curves(runs[runs["family"] == fam], grid, [fam], metric))
-        sns.lineplot(data=pd_concat(curves), x=x, y=metric, hue="family", hue_order=families, palette=palette,
+        sns.lineplot(data=_concat(curves), x=x, y=metric, hue="family", hue_order=families, palette=palette,
                      errorbar=_t_band, lw=1.0, alpha=0.8, legend=False, ax=ax)
     sns.lineplot(data=runs, x=x, y=metric, hue="family", hue_order=families, palette=palette, style="family",
                  markers=markers, dashes=False, units="config", estimator=None, linestyle="", ax=ax,
@@ -200,7 +200,7 @@ def draw_study_runs(ax: Axes, runs: pd.DataFrame, *, metric: str = "test_acc", x
     return ax
 
 
-def pd_concat(frames: Sequence[pd.DataFrame]) -> pd.DataFrame:
+def _concat(frames: Sequence[pd.DataFrame]) -> pd.DataFrame:
     import pandas as pd
 
     return pd.concat(frames, ignore_index=True)
