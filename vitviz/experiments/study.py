@@ -269,7 +269,9 @@ def hybrid_gap(df: pd.DataFrame, metric: str = "test_acc", x: str = "train_pflop
     """Hybrid minus pure ViT at the same transformer size and budget, with the compute of each.
 
     Works for the paper's Table 6 (``metric="imagenet"``, ``x="exaflops"``; ``R50x1+ViT-B/32`` pairs with
-    ``ViT-B/32``) and for a measured study (``hybrid-S`` pairs with ``vit-S``).
+    ``ViT-B/32``) and for a measured study (``hybrid-S`` pairs with ``vit-S`` of the same seed and training set).
+    A hybrid costs more compute than its ViT, so this is not a comparison at equal compute: for that (the
+    paper's Fig. 5 question) use ``vitviz.experiments.compare.matched_compute``.
 
     Returns:
         One row per pair: ``pair``, ``epochs``, ``vit``, ``hybrid`` (the metric), ``gap`` (hybrid - vit, points),
@@ -279,10 +281,15 @@ def hybrid_gap(df: pd.DataFrame, metric: str = "test_acc", x: str = "train_pflop
     hyb = df[df["family"].str.startswith("Hybrid")]
     rows = []
     for _, h in hyb.iterrows():
-        match = vit[(vit["model"].map(_pair_key) == _pair_key(h["model"])) & (vit["epochs"] == h["epochs"])]
+        same = (vit["model"].map(_pair_key) == _pair_key(h["model"])) & (vit["epochs"] == h["epochs"])
+        for col in ("seed", "train_images"):
+            if col in df:
+                same &= vit[col] == h[col]
+        match = vit[same]
         if len(match):
             v = match.iloc[0]
-            rows.append({"pair": _pair_key(h["model"]), "epochs": h["epochs"], "vit": v[metric],
+            rows.append({"pair": _pair_key(h["model"]), "epochs": h["epochs"],
+                         **{c: h[c] for c in ("seed", "train_images") if c in df}, "vit": v[metric],
                          "hybrid": h[metric], "gap": h[metric] - v[metric], f"vit_{x}": v[x], f"hybrid_{x}": h[x]})
     return pd.DataFrame(rows).sort_values(f"vit_{x}").reset_index(drop=True)
 
