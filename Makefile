@@ -9,6 +9,7 @@ CHROMIUM ?= /usr/bin/chromium
 EXTRAS ?= dev,notebooks,hf,clip
 OUT    ?= reports
 DATA   ?= $(if $(VITVIZ_DATA),$(VITVIZ_DATA),../shared/data/cifar10)
+DEVICE ?= auto
 
 .PHONY: install install-browser report test test-fast test-browser lint bench clean train-reference study
 
@@ -67,7 +68,7 @@ train-cifar10-%: install
 
 # The small-scale hybrid-versus-pure sweep behind data/study/hybrid_vs_pure.csv (resumable).
 study: install
-	$(VPY) -m vitviz.experiments.study hybrid-vs-pure --data $(DATA) --epochs 2,4,8 --train-subset 5000 --test-subset 2000
+	$(VPY) -m vitviz.experiments.study hybrid-vs-pure --data $(DATA) --seeds 0,1,2 --epochs 2,4,8 --train-subset 5000 --full-epochs 16 --full-sizes S,M --test-subset 0 --device $(DEVICE)
 
 clean:
 	rm -rf $(OUT) .pytest_cache build *.egg-info

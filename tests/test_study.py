@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import pandas as pd
 import pytest
+import torch
 
 import vitviz.experiments.study as study
 from vitviz.experiments.study import StudyConfig, plan, run_study
@@ -13,15 +14,50 @@ class Stop(Exception):
     pass
 
 
-def test_plan_covers_three_sizes_per_family_at_two_budgets():
-    runs = plan(StudyConfig())
-    assert len(runs) == 3 * 3 * 2 and len({r["run_id"] for r in runs}) == 18
-    assert {r["epochs"] for r in runs} == {2, 5} and {r["size"] for r in runs} == {"S", "M", "L"}
+def test_plan_runs_every_configuration_once_per_seed():
+    runs = plan(StudyConfig(full_epochs=(16,)))
+    assert len(runs) == (3 * 3 * 3 + 2 * 3) * 3 == len({r["run_id"] for r in runs})
+    sub = [r for r in runs if r["train_subset"] == 5000]
+    full = [r for r in runs if r["train_subset"] is None]
+    assert {r["epochs"] for r in sub} == {2, 4, 8} and {r["size"] for r in sub} == {"S", "M", "L"}
+    assert {r["epochs"] for r in full} == {16} and {r["size"] for r in full} == {"S", "M"}
+    assert runs.index(full[0]) == len(sub), "the subset budgets come first"
+    assert [r["seed"] for r in full] == [0] * 6 + [1] * 6 + [2] * 6, "whole seeds one after the other"
+    assert full[0]["run_id"] == "vit-S-e16-nall-s0" and sub[0]["run_id"] == "vit-S-e2-n5000-s0"
+    with pytest.raises(ValueError, match="unknown sizes"):
+        plan(StudyConfig(sizes=("XL",)))
+    with pytest.raises(ValueError, match="seeds is empty"):
+        plan(StudyConfig(seeds=()))
+
+
+def test_worker_groups_partition_the_plan():
+    cfg = StudyConfig(full_epochs=(16,))
+    ids = []
+    for group in study.worker_groups(cfg):
+        group = dict(group)
+        group.pop("name")
+        ids += [r["run_id"] for r in plan(StudyConfig(**{**cfg.__dict__, **group}))]
+    assert sorted(ids) == sorted(r["run_id"] for r in plan(cfg))
+
+
+def test_merge_keeps_each_run_once_in_plan_order(tmp_path):
+    from vitviz.experiments.study import merge_results
+
+    def rows(ids):
+        return pd.DataFrame([{"run_id": i, "family": {"vit": "Transformer (ViT)", "resnet": "ResNet"}[i.split("-")[0]],
+                              "size": i.split("-")[1], "epochs": int(i.split("-")[2][1:]), "train_images": 5000,
+                              "seed": int(i[-1]), "test_acc": float(len(i))} for i in ids])
+
+    rows(["resnet-S-e2-n5000-s0", "vit-S-e2-n5000-s1"]).to_csv(tmp_path / "a.csv", index=False)
+    rows(["vit-S-e2-n5000-s0", "resnet-S-e2-n5000-s0"]).to_csv(tmp_path / "b.csv", index=False)
+    table = merge_results([tmp_path / "a.csv", tmp_path / "b.csv"], tmp_path / "out.csv")
+    assert list(table.run_id) == ["vit-S-e2-n5000-s0", "vit-S-e2-n5000-s1", "resnet-S-e2-n5000-s0"]
+    assert list(pd.read_csv(tmp_path / "out.csv").run_id) == list(table.run_id)
 
 
 def test_smoke_sweep_resumes_without_repeating_runs(tmp_path, tiny_folder, monkeypatch):
     cfg = StudyConfig.smoke(data=str(tiny_folder), out=str(tmp_path / "runs"),
-                            results=str(tmp_path / "results.csv"), train_subset=100, test_subset=50)
+                            results=str(tmp_path / "results.csv"), train_subset=100, test_subset=50, seeds=(0, 1))
     calls = []
     real_train = study.train
     monkeypatch.setattr(study, "train", lambda tc, **kw: calls.append(tc.out) or real_train(tc, **kw))
@@ -29,19 +65,39 @@ def test_smoke_sweep_resumes_without_repeating_runs(tmp_path, tiny_folder, monke
     def kill_after_first(row):
         raise Stop(row["run_id"])
 
-    with pytest.raises(Stop, match="vit-S-e1"):
+    with pytest.raises(Stop, match="vit-S-e1-n100-s0"):
         run_study(cfg, progress=False, on_run=kill_after_first)
     first = pd.read_csv(cfg.results)
-    assert list(first.run_id) == ["vit-S-e1"]
+    assert list(first.run_id) == ["vit-S-e1-n100-s0"]
 
     table = run_study(cfg, progress=False)
-    assert [c.rsplit("/", 1)[-1] for c in calls] == ["vit-S-e1", "hybrid-S-e1", "resnet-S-e1"], "no run repeated"
+    expected = [f"{f}-S-e1-n100-s{s}" for s in (0, 1) for f in ("vit", "hybrid", "resnet")]
+    assert [c.rsplit("/", 1)[-1] for c in calls] == expected, "no run repeated"
     parsed = pd.read_csv(cfg.results)
-    assert list(parsed.run_id) == ["vit-S-e1", "hybrid-S-e1", "resnet-S-e1"] == list(table.run_id)
+    assert list(parsed.run_id) == expected == list(table.run_id)
+    assert list(parsed.seed) == [0, 0, 0, 1, 1, 1] and (parsed.test_images == 50).all()
     assert set(parsed.family) == {"Transformer (ViT)", "Hybrid", "ResNet"}
     assert (parsed.train_pflops > 0).all() and parsed.test_acc.between(0, 100).all()
     assert (parsed.images_seen == parsed.train_images * parsed.epochs).all()
-    assert run_study(cfg, progress=False).equals(parsed) and len(calls) == 3, "a finished sweep trains nothing"
+    assert parsed.device.str.startswith("CPU").all()
+    # the seed reaches the runner: the two seeds' ViTs trained differently
+    w0, w1 = (torch.load(tmp_path / "runs" / f"vit-S-e1-n100-s{s}" / "cifar10-vit" / "last.pt",
+                         weights_only=False)["model"]["head.weight"] for s in (0, 1))
+    assert not torch.equal(w0, w1)
+    assert run_study(cfg, progress=False).equals(parsed) and len(calls) == 6, "a finished sweep trains nothing"
+
+
+def test_pack_decodes_to_the_same_pixels_as_the_folder(tmp_path, tiny_folder):
+    from vitviz.experiments.data import load_image_folder, load_pack, pack_image_folder
+
+    path = pack_image_folder(tiny_folder, tmp_path / "pack.npz")
+    for split in ("train", "test"):
+        a, b = load_image_folder(tiny_folder / split), load_pack(path, split, cache_dir=tmp_path / "cache")
+        assert torch.equal(a.images, b.images) and torch.equal(a.labels, b.labels) and a.classes == b.classes
+    cached = load_pack(path, "test", cache_dir=tmp_path / "cache")
+    assert torch.equal(cached.images, load_image_folder(tiny_folder / "test").images)
+    with pytest.raises(ValueError, match="pack with a 'val' split"):
+        load_pack(path, "val")
 
 
 def test_meta_lists_pending_runs(tmp_path):
@@ -49,7 +105,8 @@ def test_meta_lists_pending_runs(tmp_path):
 
     from vitviz.experiments.study import write_meta
 
-    cfg = StudyConfig(results=str(tmp_path / "r.csv"), sizes=("S",), epochs=(1, 2))
-    write_meta(cfg, pd.DataFrame({"run_id": ["vit-S-e1"]}))
+    cfg = StudyConfig(results=str(tmp_path / "r.csv"), sizes=("S",), epochs=(1, 2), seeds=(0,))
+    write_meta(cfg, pd.DataFrame({"run_id": ["vit-S-e1-n5000-s0"]}))
     meta = json.loads((tmp_path / "r.json").read_text())
-    assert meta["runs_finished"] == 1 and meta["runs_planned"] == 6 and "vit-S-e1" not in meta["runs_pending"]
+    assert meta["runs_finished"] == 1 and meta["runs_planned"] == 6
+    assert "vit-S-e1-n5000-s0" not in meta["runs_pending"] and "vit-S-e2-n5000-s0" in meta["runs_pending"]

@@ -1,7 +1,10 @@
 """Image datasets for training and evaluation: ImageFolder trees decoded once into memory.
 
 The dataset root is always a parameter; when it is omitted, the ``VITVIZ_DATA`` environment variable names it.
-A root holds ``train/<class>/*`` and ``test/<class>/*`` (torchvision's ``ImageFolder`` layout).
+A root holds ``train/<class>/*`` and ``test/<class>/*`` (torchvision's ``ImageFolder`` layout), or is a JPEG pack
+(``pack_image_folder``): one ``.npz`` with each split's encoded files in ImageFolder order, the bytes every file of
+a split starts with stored once (CIFAR-10's 60,000 JPEGs share a 623-byte header: 55 MB of files pack into about
+16 MB), so a dataset can travel to another machine and decode there to exactly the same pixels.
 """
 
 from __future__ import annotations
@@ -76,9 +79,78 @@ def load_image_folder(folder: str | os.PathLike, cache_dir: str | os.PathLike | 
     return data
 
 
+PACK_FORMAT = "vitviz-jpeg-pack-v1"
+
+
+def pack_image_folder(root: str | os.PathLike, path: str | os.PathLike,
+                      splits: tuple[str, ...] = ("train", "test")) -> Path:
+    """Write the encoded files of ``root/<split>`` ImageFolder trees into one ``.npz`` (see the module docstring).
+
+    Args:
+        root: dataset root with one ImageFolder tree per split.
+        path: the ``.npz`` to write (atomically).
+        splits: the split folders to pack.
+
+    Returns:
+        ``path``. Per split the file holds ``<split>_prefix`` (uint8, the shared leading bytes),
+        ``<split>_data`` (uint8, every file without it, concatenated), ``<split>_offsets`` (int64, ``(M + 1,)``),
+        ``<split>_labels`` (int64, ``(M,)``) and ``<split>_classes``.
+    """
+    root, path = Path(root), Path(path)
+    if path.suffix != ".npz":
+        raise ValueError(f"pack path {str(path)!r} must end in .npz")
+    arrays: dict[str, np.ndarray] = {"format": np.array(PACK_FORMAT)}
+    for split in splits:
+        index = ImageFolder(str(root / split))
+        blobs = [Path(p).read_bytes() for p, _ in index.samples]
+        prefix = os.path.commonprefix(blobs)
+        rest = [b[len(prefix):] for b in blobs]
+        arrays[f"{split}_prefix"] = np.frombuffer(prefix, dtype=np.uint8)
+        arrays[f"{split}_data"] = np.frombuffer(b"".join(rest), dtype=np.uint8)
+        arrays[f"{split}_offsets"] = np.concatenate([[0], np.cumsum([len(r) for r in rest])]).astype(np.int64)
+        arrays[f"{split}_labels"] = np.array([t for _, t in index.samples], dtype=np.int64)
+        arrays[f"{split}_classes"] = np.array(index.classes)
+    path.parent.mkdir(parents=True, exist_ok=True)
+    tmp = path.with_name(f".{path.stem}.tmp.npz")
+    np.savez(tmp, **arrays)
+    os.replace(tmp, path)
+    return path
+
+
+def load_pack(path: str | os.PathLike, split: str, cache_dir: str | os.PathLike | None = None) -> TensorDataset:
+    """Decode one split of a JPEG pack (``pack_image_folder``) into memory, cached like ``load_image_folder``."""
+    import io
+
+    path = Path(path)
+    with np.load(path) as pack:
+        if str(pack.get("format", "")) != PACK_FORMAT or f"{split}_data" not in pack:
+            raise ValueError(f"{str(path)!r} is not a {PACK_FORMAT} pack with a {split!r} split; "
+                             "write one with vitviz.experiments.data.pack_image_folder(root, path)")
+        prefix = pack[f"{split}_prefix"].tobytes()
+        data, offsets = pack[f"{split}_data"], pack[f"{split}_offsets"]
+        labels, classes = torch.from_numpy(pack[f"{split}_labels"]), [str(c) for c in pack[f"{split}_classes"]]
+    key = hashlib.sha1(prefix + offsets.tobytes() + data[:: max(1, len(data) // 65536)].tobytes()).hexdigest()[:16]
+    cache = Path(cache_dir) / f"pack-{split}-{key}.pt" if cache_dir is not None else None
+    if cache is not None and cache.exists():
+        blob = torch.load(cache, weights_only=True)
+        return TensorDataset(blob["images"], blob["labels"], classes)
+    images = []
+    for i in range(len(labels)):
+        with Image.open(io.BytesIO(prefix + data[offsets[i] : offsets[i + 1]].tobytes())) as im:
+            images.append(torch.from_numpy(np.array(im.convert("RGB"))).permute(2, 0, 1))
+    out = TensorDataset(torch.stack(images), labels, classes)
+    if cache is not None:
+        atomic_save({"images": out.images, "labels": out.labels}, cache)
+    return out
+
+
 def load_split(cfg: Any, split: str, subset: int | None) -> TensorDataset:
-    """The ``split`` folder (``train``/``test``) of ``cfg.data``, decoded once into ``cfg.cache`` (or
-    ``<cfg.out>/.cache``); a class-balanced subset of ``subset`` images when given."""
+    """The ``split`` folder (``train``/``test``) of ``cfg.data`` (a root or a JPEG pack), decoded once into
+    ``cfg.cache`` (or ``<cfg.out>/.cache``); a class-balanced subset of ``subset`` images when given."""
     root = resolve_data_root(cfg.data)
-    data = load_image_folder(root / split, cache_dir=Path(cfg.cache or Path(cfg.out) / ".cache"))
+    cache_dir = Path(cfg.cache or Path(cfg.out) / ".cache")
+    if root.is_file():
+        data = load_pack(root, split, cache_dir=cache_dir)
+    else:
+        data = load_image_folder(root / split, cache_dir=cache_dir)
     return data.subset(balanced_indices(data.labels, subset)) if subset else data

@@ -1,12 +1,17 @@
 """Small-scale hybrid-versus-pure study (the ViT paper's Fig. 5 at CIFAR-10 scale).
 
-``python -m vitviz.experiments.study hybrid-vs-pure --data DIR`` trains, with the project's training runner, a grid of sizes
-for each family -- pure ViT (patch 4), hybrid (a convolutional stem feeding the same transformer at patch 1) and
-ResNet -- each at several epoch budgets, and records test accuracy against training compute (forward + backward
-FLOPs per image from ``FlopCounterMode`` x images seen), wall time, device and versions.
+``python -m vitviz.experiments.study hybrid-vs-pure --data DIR --seeds 0,1,2`` trains, with the project's training
+runner, a grid of sizes for each family -- pure ViT (patch 4), hybrid (a convolutional stem feeding the same
+transformer at patch 1) and ResNet -- each at several epoch budgets on a class-balanced training subset (plus,
+with ``--full-epochs``, budgets on the whole training set for ``--full-sizes``), each configuration once per seed,
+and records test accuracy against training compute (forward + backward FLOPs per image from ``FlopCounterMode`` x
+images seen), wall time, device and versions. The seed sets the initial weights and every epoch's shuffling,
+augmentation and dropout; training and test sets are the same for every seed.
 
 Resumable: results go to one CSV (one row per finished run, rewritten atomically); a rerun skips finished runs
 and a run killed half-way continues from its last epoch checkpoint. ``--smoke`` runs one tiny run per family.
+Several processes can share the work (``--families`` / ``--sizes``, one results CSV each); ``merge_results``
+joins their CSVs. Summaries over seeds and the matched-compute comparison are in ``vitviz.experiments.compare``.
 """
 
 from __future__ import annotations
@@ -52,30 +57,56 @@ class StudyConfig:
     results: str = "data/study/hybrid_vs_pure.csv"
     families: Sequence[str] = ("vit", "hybrid", "resnet")
     sizes: Sequence[str] = ("S", "M", "L")
-    epochs: Sequence[int] = (2, 5)
-    train_subset: int | None = 10_000
-    test_subset: int | None = 2_000
+    epochs: Sequence[int] = (2, 4, 8)
+    train_subset: int | None = 5_000
+    test_subset: int | None = None  # None: the whole test set (CIFAR-10: 10,000 images)
+    full_epochs: Sequence[int] = ()  # budgets trained on the whole training set ...
+    full_sizes: Sequence[str] = ("S", "M")  # ... for these sizes
     batch_size: int = 128
-    seed: int = 0
+    seeds: Sequence[int] = (0, 1, 2)
     device: str = "auto"
     threads: int | None = None
+    compile: bool = False  # torch.compile on CUDA: these runs last seconds, compiling takes longer
     extra: dict[str, Any] = field(default_factory=dict)
 
     @classmethod
     def smoke(cls, **kw: Any) -> StudyConfig:
         """One tiny run per family: for tests and a first look."""
         return cls(**{"sizes": ("S",), "epochs": (1,), "train_subset": 200, "test_subset": 100, "batch_size": 50,
-                      **kw})
+                      "seeds": (0,), **kw})
+
+
+def run_id(family_key: str, size: str, epochs: int, train_subset: int | None, seed: int) -> str:
+    """``vit-S-e8-n5000-s0``: family, size, epochs, training images (``all`` for the whole set), seed."""
+    return f"{family_key}-{size}-e{epochs}-n{train_subset or 'all'}-s{seed}"
 
 
 def plan(cfg: StudyConfig) -> list[dict[str, Any]]:
-    """Every run of the study, cheapest budgets first, as ``run_id``, family, size, epochs and model kwargs."""
+    """Every run of the study as ``run_id``, family, size, epochs, train_subset, seed and model kwargs.
+
+    Order: the subset budgets before the whole-training-set ones; within each, seed by seed (so a sweep cut short
+    has whole seeds, not a little of every seed), cheapest budget first.
+    """
+    for name, values in (("families", cfg.families), ("sizes", [*cfg.sizes, *cfg.full_sizes])):
+        known = FAMILIES if name == "families" else SIZES
+        unknown = [v for v in values if v not in known]
+        if unknown:
+            raise ValueError(f"unknown {name} {unknown}; choose from {sorted(known)}")
+    if not cfg.seeds:
+        raise ValueError("seeds is empty: give at least one seed, e.g. --seeds 0,1,2")
+    blocks = [(cfg.train_subset, cfg.epochs, cfg.sizes)]
+    if cfg.full_epochs:
+        blocks.append((None, cfg.full_epochs, [s for s in cfg.full_sizes if s in cfg.sizes] or cfg.full_sizes))
     runs = []
-    for epochs in sorted(cfg.epochs):
-        for size in cfg.sizes:
-            for fam in cfg.families:
-                runs.append({"run_id": f"{fam}-{size}-e{epochs}", "family_key": fam, "size": size,
-                             "epochs": int(epochs), "model_kwargs": SIZES[size][fam]})
+    for subset, budgets, sizes in blocks:
+        for seed in cfg.seeds:
+            for epochs in sorted(budgets):
+                for size in sizes:
+                    for fam in cfg.families:
+                        runs.append({"run_id": run_id(fam, size, int(epochs), subset, int(seed)),
+                                     "family_key": fam, "size": size, "epochs": int(epochs),
+                                     "train_subset": subset, "seed": int(seed),
+                                     "model_kwargs": SIZES[size][fam]})
     return runs
 
 
@@ -92,9 +123,9 @@ def _train_config(cfg: StudyConfig, run: dict[str, Any]) -> TrainConfig:
     arch = FAMILIES[run["family_key"]][0]
     return TrainConfig(
         model=arch, data=cfg.data, out=str(Path(cfg.out) / run["run_id"]), epochs=run["epochs"],
-        batch_size=cfg.batch_size, warmup_epochs=min(3.0, 0.2 * run["epochs"]), seed=cfg.seed,
-        train_subset=cfg.train_subset, test_subset=cfg.test_subset, device=cfg.device, threads=cfg.threads,
-        model_kwargs=dict(run["model_kwargs"]), cache=str(Path(cfg.out) / ".cache"),
+        batch_size=cfg.batch_size, warmup_epochs=min(3.0, 0.2 * run["epochs"]), seed=run["seed"],
+        train_subset=run["train_subset"], test_subset=cfg.test_subset, device=cfg.device, threads=cfg.threads,
+        model_kwargs=dict(run["model_kwargs"]), cache=str(Path(cfg.out) / ".cache"), compile=cfg.compile,
     )
 
 
@@ -108,8 +139,8 @@ def write_meta(cfg: StudyConfig, table: pd.DataFrame) -> None:
         "compute": "forward+backward FLOPs per 32x32 image (torch.utils.flop_counter.FlopCounterMode) x images seen",
         "runs_finished": len(finished), "runs_planned": len(planned),
         "runs_pending": [r for r in planned if r not in finished],
-        "note": "wall_time_s was measured on a shared 2-core machine (other jobs running): compare compute, "
-                "not wall time",
+        "note": "wall_time_s depends on the device and on what else ran beside it (see the device column; GPU "
+                "sweeps run several runs at once on one GPU): compare compute, not wall time",
     })
 
 
@@ -145,16 +176,88 @@ def run_study(cfg: StudyConfig, *, progress: bool = True,
             "train_images": summary["train_images"], "images_seen": images_seen,
             "train_pflops": summary["flops_per_image_train"] * images_seen / 1e15,
             "test_acc": summary["test_acc"], "test_images": summary["test_images"],
-            "wall_time_s": summary["train_time_s"], "device": summary["device"], "seed": cfg.seed,
+            "wall_time_s": summary["train_time_s"], "device": summary["device"], "seed": run["seed"],
             **{f"{k}_version": v for k, v in versions().items()},
         }
         table = pd.concat([table, pd.DataFrame([row])], ignore_index=True)
-        buf = io.StringIO()
-        table.to_csv(buf, index=False)
-        atomic_write_text(results, buf.getvalue())
+        _write_csv(results, table)
         write_meta(cfg, table)
         if on_run is not None:
             on_run(row)
+    return table
+
+
+def _write_csv(path: Path, table: pd.DataFrame) -> None:
+    buf = io.StringIO()
+    table.to_csv(buf, index=False)
+    atomic_write_text(path, buf.getvalue())
+
+
+def merge_results(parts: Sequence[str | os.PathLike], out: str | os.PathLike) -> pd.DataFrame:
+    """Join results CSVs of processes that shared a sweep into ``out`` (atomically): rows already in ``out`` are
+    kept, a ``run_id`` is kept once (the first seen), rows ordered by family, size, training images, epochs, seed.
+    """
+    frames = [read_results(out), *(read_results(p) for p in parts)]
+    table = pd.concat([f for f in frames if len(f)], ignore_index=True).drop_duplicates("run_id", keep="first")
+    family_order = {label: i for i, (_, label) in enumerate(FAMILIES.values())}
+    order = table.assign(_f=table["family"].map(family_order), _s=table["size"].map(list(SIZES).index))
+    table = order.sort_values(["train_images", "epochs", "_s", "_f", "seed"]).drop(columns=["_f", "_s"])
+    table = table.reset_index(drop=True)
+    _write_csv(Path(out), table)
+    return table
+
+
+def worker_groups(cfg: StudyConfig) -> list[dict[str, Any]]:
+    """Split a sweep into independent parts for ``run_parallel``: one per family and size and training set.
+
+    Each part is a dict of ``StudyConfig`` overrides plus its ``name``; the whole-training-set parts (the longest)
+    come first, and within a part the seeds run one after the other.
+    """
+    full_sizes = [s for s in cfg.full_sizes if s in cfg.sizes] or list(cfg.full_sizes)
+    groups = [{"name": f"{fam}-{size}-nall", "families": (fam,), "sizes": (size,), "full_sizes": (size,),
+               "epochs": ()} for size in (full_sizes if cfg.full_epochs else []) for fam in cfg.families]
+    groups += [{"name": f"{fam}-{size}-n{cfg.train_subset or 'all'}", "families": (fam,), "sizes": (size,),
+                "full_epochs": ()} for size in cfg.sizes for fam in cfg.families if cfg.epochs]
+    return groups
+
+
+def run_parallel(cfg: StudyConfig, workers: int) -> pd.DataFrame:
+    """Run the sweep as ``workers`` processes at a time (one per ``worker_groups`` part; e.g. several runs
+    sharing one GPU), each resumable with its own CSV in ``<results>.parts/``; then merge them into ``results``.
+
+    The dataset is decoded into the shared cache first, so the workers only load it.
+    """
+    import json
+    import subprocess
+    import time
+
+    from vitviz.experiments.data import load_split
+
+    for split, subset in (("train", None), ("test", None)):
+        load_split(_train_config(cfg, {**plan(cfg)[0], "train_subset": subset}), split, subset)
+    parts_dir = Path(str(cfg.results) + ".parts")
+    parts_dir.mkdir(parents=True, exist_ok=True)
+    pending, running, parts = list(worker_groups(cfg)), [], []
+    base = {k: (list(v) if isinstance(v, tuple) else v) for k, v in asdict(cfg).items()}
+    while pending or running:
+        while pending and len(running) < workers:
+            group = pending.pop(0)
+            name = group.pop("name")
+            part = parts_dir / f"{name}.csv"
+            parts.append(part)
+            conf = {**base, **group, "results": str(part)}
+            log = open(parts_dir / f"{name}.log", "w")  # noqa: SIM115 - closed when the worker ends
+            cmd = [sys.executable, "-m", "vitviz.experiments.study", "hybrid-vs-pure", "--no-progress",
+                   "--config", json.dumps(conf)]
+            running.append((subprocess.Popen(cmd, stdout=log, stderr=subprocess.STDOUT), log, name))
+        time.sleep(1.0)
+        for proc, log, name in list(running):
+            if proc.poll() is not None:
+                log.close()
+                running.remove((proc, log, name))
+                print(f"worker {name} finished (exit {proc.returncode})", flush=True)
+    table = merge_results([p for p in parts if p.is_file()], cfg.results)
+    write_meta(cfg, table)
     return table
 
 
@@ -166,7 +269,9 @@ def hybrid_gap(df: pd.DataFrame, metric: str = "test_acc", x: str = "train_pflop
     """Hybrid minus pure ViT at the same transformer size and budget, with the compute of each.
 
     Works for the paper's Table 6 (``metric="imagenet"``, ``x="exaflops"``; ``R50x1+ViT-B/32`` pairs with
-    ``ViT-B/32``) and for a measured study (``hybrid-S`` pairs with ``vit-S``).
+    ``ViT-B/32``) and for a measured study (``hybrid-S`` pairs with ``vit-S`` of the same seed and training set).
+    A hybrid costs more compute than its ViT, so this is not a comparison at equal compute: for that (the
+    paper's Fig. 5 question) use ``vitviz.experiments.compare.matched_compute``.
 
     Returns:
         One row per pair: ``pair``, ``epochs``, ``vit``, ``hybrid`` (the metric), ``gap`` (hybrid - vit, points),
@@ -176,36 +281,63 @@ def hybrid_gap(df: pd.DataFrame, metric: str = "test_acc", x: str = "train_pflop
     hyb = df[df["family"].str.startswith("Hybrid")]
     rows = []
     for _, h in hyb.iterrows():
-        match = vit[(vit["model"].map(_pair_key) == _pair_key(h["model"])) & (vit["epochs"] == h["epochs"])]
+        same = (vit["model"].map(_pair_key) == _pair_key(h["model"])) & (vit["epochs"] == h["epochs"])
+        for col in ("seed", "train_images"):
+            if col in df:
+                same &= vit[col] == h[col]
+        match = vit[same]
         if len(match):
             v = match.iloc[0]
-            rows.append({"pair": _pair_key(h["model"]), "epochs": h["epochs"], "vit": v[metric],
+            rows.append({"pair": _pair_key(h["model"]), "epochs": h["epochs"],
+                         **{c: h[c] for c in ("seed", "train_images") if c in df}, "vit": v[metric],
                          "hybrid": h[metric], "gap": h[metric] - v[metric], f"vit_{x}": v[x], f"hybrid_{x}": h[x]})
     return pd.DataFrame(rows).sort_values(f"vit_{x}").reset_index(drop=True)
+
+
+def _ints(text: str) -> tuple[int, ...]:
+    return tuple(int(v) for v in text.split(",") if v.strip())
+
+
+def _names(text: str) -> tuple[str, ...]:
+    return tuple(v.strip() for v in text.split(",") if v.strip())
 
 
 def main(argv: list[str] | None = None) -> int:
     p = argparse.ArgumentParser(prog="python -m vitviz.experiments.study", description=__doc__.split("\n\n")[0])
     p.add_argument("study", choices=["hybrid-vs-pure"])
-    p.add_argument("--data", help="dataset root with train/ and test/ (default: $VITVIZ_DATA)")
+    p.add_argument("--data", help="dataset root with train/ and test/, or a .npz JPEG pack (default: $VITVIZ_DATA)")
     p.add_argument("--out", default="runs/study", help="run folders (checkpoints; not committed)")
     p.add_argument("--results", default="data/study/hybrid_vs_pure.csv", help="results CSV (one row per run)")
     p.add_argument("--smoke", action="store_true", help="one tiny run per family")
+    p.add_argument("--families", default="vit,hybrid,resnet")
     p.add_argument("--sizes", default="S,M,L")
-    p.add_argument("--epochs", default="2,5", help="epoch budgets, comma-separated")
-    p.add_argument("--train-subset", type=int, default=10_000)
-    p.add_argument("--test-subset", type=int, default=2_000)
+    p.add_argument("--seeds", default="0,1,2", help="seeds, comma-separated: every configuration runs once per seed")
+    p.add_argument("--epochs", default="2,4,8", help="epoch budgets on the training subset, comma-separated")
+    p.add_argument("--train-subset", type=int, default=5_000, help="class-balanced training images (0: all)")
+    p.add_argument("--full-epochs", default="", help="epoch budgets on the whole training set (e.g. 16)")
+    p.add_argument("--full-sizes", default="S,M", help="sizes trained on the whole training set")
+    p.add_argument("--test-subset", type=int, default=0, help="class-balanced test images (0: all)")
     p.add_argument("--device", default="auto")
     p.add_argument("--threads", type=int)
+    p.add_argument("--compile", action="store_true", help="torch.compile on CUDA (slower for these short runs)")
+    p.add_argument("--workers", type=int, default=1, help="processes at a time (e.g. runs sharing one GPU)")
+    p.add_argument("--config", help=argparse.SUPPRESS)  # a worker's whole StudyConfig as JSON (run_parallel)
     p.add_argument("--no-progress", action="store_true")
     a = p.parse_args(argv)
-    common = {"data": a.data, "out": a.out, "results": a.results, "device": a.device, "threads": a.threads}
+    if a.config:
+        import json
+
+        run_study(StudyConfig(**json.loads(a.config)), progress=False)
+        return 0
+    common = {"data": a.data, "out": a.out, "results": a.results, "device": a.device, "threads": a.threads,
+              "families": _names(a.families), "compile": a.compile}
     if a.smoke:
         cfg = StudyConfig.smoke(**common)
     else:
-        cfg = StudyConfig(sizes=tuple(a.sizes.split(",")), epochs=tuple(int(e) for e in a.epochs.split(",")),
-                          train_subset=a.train_subset or None, test_subset=a.test_subset or None, **common)
-    table = run_study(cfg, progress=not a.no_progress)
+        cfg = StudyConfig(sizes=_names(a.sizes), epochs=_ints(a.epochs), seeds=_ints(a.seeds),
+                          train_subset=a.train_subset or None, test_subset=a.test_subset or None,
+                          full_epochs=_ints(a.full_epochs), full_sizes=_names(a.full_sizes), **common)
+    table = run_parallel(cfg, a.workers) if a.workers > 1 else run_study(cfg, progress=not a.no_progress)
     cols = ["run_id", "params", "train_pflops", "test_acc", "wall_time_s"]
     print(table[cols].to_string(index=False))
     return 0

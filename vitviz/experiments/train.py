@@ -2,7 +2,9 @@
 
 Recipe (the standard small-scale CIFAR one): random crop with 4 px zero padding and horizontal flips (optionally
 TrivialAugment or RandAugment from torchvision), AdamW with linear warmup then cosine decay, label smoothing.
-On CUDA: bf16 autocast and ``torch.compile``. The dataset is decoded once into memory.
+On CUDA: the decoded dataset lives on the GPU, augmentation runs there, losses and accuracies accumulate there
+(one host sync per epoch, none per step), bf16 autocast, and ``torch.compile`` unless ``compile=False`` (small
+models that train for seconds do not earn back the compile time). The dataset is decoded once into memory.
 
 Every epoch writes ``<out>/<model>/last.pt`` atomically; ``--resume`` continues from it and reproduces the
 uninterrupted run bit for bit (each epoch's shuffling, augmentation and dropout are seeded from ``(seed, epoch)``).
@@ -58,6 +60,7 @@ class TrainConfig:
     threads: int | None = None
     model_kwargs: dict[str, Any] = field(default_factory=dict)
     cache: str | None = None  # decoded-dataset cache folder (default: <out>/.cache)
+    compile: bool = True  # torch.compile on CUDA (no effect on CPU); does not change what is computed
 
     @property
     def run_dir(self) -> Path:
@@ -77,15 +80,21 @@ def lr_at(step: int, total_steps: int, warmup_steps: int, lr: float, min_lr: flo
 
 
 def random_crop_flip(images: torch.Tensor, generator: torch.Generator, padding: int = 4) -> torch.Tensor:
-    """Batched ``RandomCrop(size, padding)`` + ``RandomHorizontalFlip`` on ``(B, C, H, W)`` uint8 images."""
+    """Batched ``RandomCrop(size, padding)`` + ``RandomHorizontalFlip`` on ``(B, C, H, W)`` uint8 images.
+
+    The random offsets and flips are drawn from ``generator`` (a CPU generator, so a run draws the same numbers on
+    every device) and applied on the images' device.
+    """
     b, c, h, w = images.shape
+    dev = images.device
     padded = F.pad(images, (padding,) * 4)
-    oy = torch.randint(0, 2 * padding + 1, (b,), generator=generator)
-    ox = torch.randint(0, 2 * padding + 1, (b,), generator=generator)
-    rows = (oy[:, None] + torch.arange(h))[:, None, :, None]
-    cols = (ox[:, None] + torch.arange(w))[:, None, None, :]
-    out = padded[torch.arange(b)[:, None, None, None], torch.arange(c)[None, :, None, None], rows, cols]
-    flip = torch.rand(b, generator=generator) < 0.5
+    oy = torch.randint(0, 2 * padding + 1, (b,), generator=generator).to(dev, non_blocking=True)
+    ox = torch.randint(0, 2 * padding + 1, (b,), generator=generator).to(dev, non_blocking=True)
+    rows = (oy[:, None] + torch.arange(h, device=dev))[:, None, :, None]
+    cols = (ox[:, None] + torch.arange(w, device=dev))[:, None, None, :]
+    out = padded[torch.arange(b, device=dev)[:, None, None, None], torch.arange(c, device=dev)[None, :, None, None],
+                 rows, cols]
+    flip = (torch.rand(b, generator=generator) < 0.5).to(dev, non_blocking=True)
     return torch.where(flip[:, None, None, None], out.flip(-1), out)
 
 
@@ -109,15 +118,16 @@ def normalize(images: torch.Tensor, device: torch.device) -> torch.Tensor:
 
 @torch.no_grad()
 def evaluate(model: nn.Module, data: TensorDataset, device: torch.device, batch_size: int = 500) -> float:
-    """Top-1 accuracy in percent on decoded uint8 images (CIFAR-10 normalisation)."""
+    """Top-1 accuracy in percent on decoded uint8 images (CIFAR-10 normalisation); one host sync at the end."""
     was_training = model.training
     model.eval()
-    correct = 0
+    correct = torch.zeros((), dtype=torch.long, device=device)
+    labels = data.labels.to(device)
     for i in range(0, len(data), batch_size):
         x = normalize(data.images[i : i + batch_size], device)
-        correct += (model(x).argmax(-1).cpu() == data.labels[i : i + batch_size]).sum().item()
+        correct += (model(x).argmax(-1) == labels[i : i + batch_size]).sum()
     model.train(was_training)
-    return 100.0 * correct / max(1, len(data))
+    return 100.0 * correct.item() / max(1, len(data))
 
 
 def _param_groups(model: nn.Module, weight_decay: float) -> list[dict[str, Any]]:
@@ -163,6 +173,9 @@ def train(
     run_dir.mkdir(parents=True, exist_ok=True)
     train_data = load_split(cfg, "train", cfg.train_subset)
     test_data = load_split(cfg, "test", cfg.test_subset)
+    if device.type == "cuda":  # a few hundred MB at most: keep it on the GPU, gather batches there
+        train_data = TensorDataset(train_data.images.to(device), train_data.labels.to(device), train_data.classes)
+        test_data = TensorDataset(test_data.images.to(device), test_data.labels, test_data.classes)
 
     torch.manual_seed(cfg.seed)
     model = build_reference(cfg.model, **cfg.model_kwargs).to(device)
@@ -179,7 +192,7 @@ def train(
 
         state = load_training_state(ckpt_path)
         saved = {k: v for k, v in state["config"].items()
-                 if k not in ("epochs", "out", "data", "device", "threads", "cache")}
+                 if k not in ("epochs", "out", "data", "device", "threads", "cache", "compile")}
         mine = {k: v for k, v in asdict(cfg).items() if k in saved}
         if saved != mine:
             diff = {k: (saved[k], mine.get(k)) for k in saved if saved[k] != mine.get(k)}
@@ -199,7 +212,7 @@ def train(
 
     forward = model
     use_cuda = device.type == "cuda"
-    if use_cuda:
+    if use_cuda and cfg.compile:
         forward = torch.compile(model)
     flops_fwd = count_flops(model)
     flops_train = count_flops(model, backward=True)
@@ -208,10 +221,14 @@ def train(
     for epoch in range(start_epoch, cfg.epochs):
         gen = torch.Generator().manual_seed(cfg.seed * 1_000_003 + epoch)
         torch.manual_seed(cfg.seed * 1_000_003 + epoch)
-        perm = torch.randperm(len(train_data), generator=gen)
+        perm = torch.randperm(len(train_data), generator=gen).to(train_data.images.device)
         model.train()
+        if use_cuda:
+            torch.cuda.synchronize(device)
         t0 = time.perf_counter()
-        loss_sum, correct, seen = 0.0, 0, 0
+        loss_sum = torch.zeros((), device=device)
+        correct = torch.zeros((), dtype=torch.long, device=device)
+        seen = 0
         bar = tqdm(range(steps_per_epoch), desc=f"{cfg.model} epoch {epoch + 1}/{cfg.epochs}", disable=not progress,
                    mininterval=1.0 if sys.stderr.isatty() else 30.0, leave=False)
         for i in bar:
@@ -220,7 +237,7 @@ def train(
             if policy is not None:
                 images = torch.stack([policy(im) for im in images])
             x = normalize(random_crop_flip(images, gen), device)
-            y = train_data.labels[idx].to(device)
+            y = train_data.labels[idx].to(device, non_blocking=True)
             step = epoch * steps_per_epoch + i
             for group in opt.param_groups:
                 group["lr"] = lr_at(step, total_steps, warmup_steps, cfg.lr, cfg.min_lr)
@@ -230,13 +247,18 @@ def train(
             opt.zero_grad(set_to_none=True)
             loss.backward()
             opt.step()
-            loss_sum += loss.item() * len(y)
-            correct += (logits.argmax(-1) == y).sum().item()
+            loss_sum += loss.detach() * len(y)
+            correct += (logits.argmax(-1) == y).sum()
             seen += len(y)
             if on_step is not None:
                 on_step(epoch, i)
-            bar.set_postfix(loss=f"{loss_sum / seen:.3f}", acc=f"{100 * correct / seen:.1f}", refresh=False)
+            if progress and not use_cuda:  # formatting reads the values: a host sync, so only off the GPU
+                bar.set_postfix(loss=f"{loss_sum.item() / seen:.3f}", acc=f"{100 * correct.item() / seen:.1f}",
+                                refresh=False)
+        if use_cuda:
+            torch.cuda.synchronize(device)
         epoch_time = time.perf_counter() - t0
+        loss_sum, correct = loss_sum.item(), correct.item()
         train_time += epoch_time
         row = {
             "epoch": epoch + 1,
@@ -329,6 +351,7 @@ def main(argv: list[str] | None = None) -> int:
     p.add_argument("--test-subset", type=int, help="evaluate on only N test images (balanced)")
     p.add_argument("--device", default="auto")
     p.add_argument("--threads", type=int, help="torch CPU threads")
+    p.add_argument("--no-compile", action="store_true", help="no torch.compile on CUDA")
     p.add_argument("--export", metavar="DIR", help="after training, write <model>.safetensors + card to DIR")
     p.add_argument("--no-progress", action="store_true")
     a = p.parse_args(argv)
@@ -336,6 +359,7 @@ def main(argv: list[str] | None = None) -> int:
         model=a.model, data=a.data, out=a.out, epochs=a.epochs, batch_size=a.batch_size, lr=a.lr,
         weight_decay=a.weight_decay, warmup_epochs=a.warmup_epochs, augment=a.augment, seed=a.seed,
         train_subset=a.train_subset, test_subset=a.test_subset, device=a.device, threads=a.threads,
+        compile=not a.no_compile,
     )
     summary = train(cfg, resume=a.resume, progress=not a.no_progress)
     print(summary)

@@ -7,13 +7,14 @@
 from __future__ import annotations
 
 from collections.abc import Mapping, Sequence
-from typing import TYPE_CHECKING
+from typing import TYPE_CHECKING, Any
 
 import numpy as np
 from matplotlib.axes import Axes
 from matplotlib.figure import Figure
 from matplotlib.ticker import FuncFormatter, LogLocator, NullFormatter
 
+from vitviz.experiments.compare import pareto_frontier
 from vitviz.plot.style import FIGSIZE, new_figure, styled
 
 if TYPE_CHECKING:
@@ -38,18 +39,6 @@ def family_style(family: str) -> tuple[str, str]:
         if family.startswith(prefix):
             return style
     return ("#9467bd", "D")
-
-
-def pareto_frontier(x: np.ndarray, y: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
-    """Points not beaten by any cheaper-or-equal point: the best accuracy reached so far, by compute."""
-    order = np.lexsort((-y, x))
-    xs, ys, best = [], [], -np.inf
-    for i in order:
-        if y[i] > best:
-            xs.append(x[i])
-            ys.append(y[i])
-            best = y[i]
-    return np.asarray(xs), np.asarray(ys)
 
 
 def point_labels(part: pd.DataFrame, df: pd.DataFrame, label_col: str = "model") -> list[str]:
@@ -143,6 +132,137 @@ def plot_compute_curves(
             ax.set_title(titles[metric])
     axes[0].set_ylabel(ylabel)
     axes[0].legend(loc="best", frameon=False)
+    if suptitle:
+        fig.suptitle(suptitle)
+    fig.tight_layout()
+    return fig
+
+
+def _plain_log_ticks(ax: Axes) -> None:
+    """1-2-5 ticks with plain labels ("0.002") on a log x axis spanning a decade or two."""
+    ax.xaxis.set_major_locator(LogLocator(base=10, subs=(1.0, 2.0, 5.0)))
+    ax.xaxis.set_major_formatter(FuncFormatter(lambda v, _pos: f"{v:g}"))
+    ax.xaxis.set_minor_formatter(NullFormatter())
+
+
+def _t_band(values: Any) -> tuple[float, float]:
+    """seaborn ``errorbar=`` callable: the 95% Student-t interval of the mean (the study's interval)."""
+    from vitviz.experiments.compare import t_interval
+
+    return t_interval(values)[1:]
+
+
+def _family_palette(families: Sequence[str]) -> tuple[dict[str, str], dict[str, str]]:
+    return ({f: family_style(f)[0] for f in families}, {f: family_style(f)[1] for f in families})
+
+
+def draw_study_runs(ax: Axes, runs: pd.DataFrame, *, metric: str = "test_acc", x: str = "train_pflops",
+                    frontier: bool = True) -> Axes:
+    """One measured Fig. 5 panel on ``ax`` with seaborn: each configuration's mean over seeds with its 95%
+    t-interval as error bars, and (``frontier``) each family's per-seed Pareto frontier, mean and 95% band.
+
+    Args:
+        ax: the axes drawn on (returned).
+        runs: tidy rows of one study block, one per run: ``family``, ``model``, ``epochs``, ``seed``, ``x``,
+            ``metric`` (the study CSV's columns).
+        metric, x: accuracy [%] and compute [PFLOPs] columns.
+        frontier: draw the frontier bands (``vitviz.experiments.compare.family_curves``).
+    """
+    import seaborn as sns
+
+    from vitviz.experiments.compare import family_curves
+
+    families = list(dict.fromkeys(runs["family"]))
+    palette, markers = _family_palette(families)
+    runs = runs.assign(config=runs["model"] + "-e" + runs["epochs"].astype(str))
+    if frontier:
+        curves = []
+        for fam in families:
+            xs = runs.loc[runs["family"] == fam, x]
+            grid = np.geomspace(xs.min(), xs.max(), 24)
+            curves.append(family_curves(runs[runs["family"] == fam], grid, [fam], metric))
+        sns.lineplot(data=_concat(curves), x=x, y=metric, hue="family", hue_order=families, palette=palette,
+                     errorbar=_t_band, lw=1.0, alpha=0.8, legend=False, ax=ax)
+    sns.lineplot(data=runs, x=x, y=metric, hue="family", hue_order=families, palette=palette, style="family",
+                 markers=markers, dashes=False, units="config", estimator=None, linestyle="", ax=ax,
+                 legend=False, alpha=0.35, markersize=3)  # every seed, faint
+    sns.lineplot(data=runs, x=x, y=metric, hue="family", hue_order=families, palette=palette,  # x: one config
+                 style="family", markers=markers, dashes=False, estimator="mean",
+                 errorbar=_t_band, err_style="bars", linestyle="", markersize=6, markeredgecolor="white",
+                 markeredgewidth=0.5, err_kws={"elinewidth": 1.0, "capsize": 2}, ax=ax)
+    ax.set_xscale("log")
+    _plain_log_ticks(ax)
+    ax.set_xlabel(X_LABELS.get(x, x))
+    ax.set_ylabel("Test accuracy [%]")
+    ax.grid(True, which="major", alpha=0.3, lw=0.5)
+    handles, labels = ax.get_legend_handles_labels()
+    ax.legend(handles, labels, loc="best", frameon=False, title=None)
+    return ax
+
+
+def _concat(frames: Sequence[pd.DataFrame]) -> pd.DataFrame:
+    import pandas as pd
+
+    return pd.concat(frames, ignore_index=True)
+
+
+def draw_matched_gap(ax: Axes, runs: pd.DataFrame, a: str = "Hybrid", b: str = "Transformer (ViT)", *,
+                     n: int = 24, metric: str = "test_acc") -> Axes:
+    """``a`` minus ``b`` at equal training compute on ``ax`` with seaborn: the per-seed frontier gap
+    (``vitviz.experiments.compare``), mean and 95% t-band over seeds, over the compute range both cover; 0 dashed.
+    """
+    import seaborn as sns
+
+    from vitviz.experiments.compare import compute_grid, family_curves
+
+    curves = family_curves(runs, compute_grid(runs, (a, b), n), (a, b), metric)
+    wide = curves.pivot_table(index=["train_pflops", "seed"], columns="family", values=metric).reset_index()
+    wide = wide.assign(gap=wide[a] - wide[b]).dropna(subset=["gap"])
+    colour = family_style(a)[0]
+    sns.lineplot(data=wide, x="train_pflops", y="gap", errorbar=_t_band, color=colour, lw=1.2, ax=ax,
+                 label=f"{a} - {b}")
+    sns.lineplot(data=wide, x="train_pflops", y="gap", units="seed", estimator=None, color=colour, lw=0.5,
+                 alpha=0.35, ax=ax)
+    ax.axhline(0.0, color="0.3", lw=0.8, ls="--")
+    ax.set_xscale("log")
+    _plain_log_ticks(ax)
+    ax.set_xlabel(X_LABELS["train_pflops"])
+    ax.set_ylabel("Accuracy gap at equal compute [points]")
+    ax.grid(True, which="major", alpha=0.3, lw=0.5)
+    ax.legend(loc="best", frameon=False)
+    return ax
+
+
+@styled
+def plot_study(runs: pd.DataFrame, a: str = "Hybrid", b: str = "Transformer (ViT)", *,
+               fig: Figure | None = None, suptitle: str | None = None) -> Figure:
+    """The measured study, one row of panels per training-set size: accuracy against compute (seed means with
+    95% t-intervals, frontier bands), and ``a`` minus ``b`` at equal compute with its 95% band.
+
+    Args:
+        runs: the study CSV (one row per run); ``train_images`` separates the blocks.
+        a, b: the families whose matched-compute gap is drawn.
+        fig: draw into this figure (cleared).
+        suptitle: a title over the panels (e.g. naming the GPU).
+
+    Returns:
+        The figure: ``2 * blocks`` axes, titled with the training-set size.
+    """
+    blocks = sorted(runs["train_images"].unique())
+    if fig is None:
+        fig = new_figure((FIGSIZE["wide"][0] * 1.25, 3.0 * len(blocks)))
+    else:
+        fig.clear()
+    axes = fig.subplots(len(blocks), 2, squeeze=False)
+    for row, n_train in zip(axes, blocks):
+        part = runs[runs["train_images"] == n_train]
+        seeds = part.groupby("model")["seed"].nunique()
+        note = f"{n_train:,} training images, {seeds.min()}-{seeds.max()} seeds" if seeds.min() != seeds.max() \
+            else f"{n_train:,} training images, {seeds.min()} seeds"
+        draw_study_runs(row[0], part)
+        row[0].set_title(f"CIFAR-10 test ({note})")
+        draw_matched_gap(row[1], part, a, b)
+        row[1].set_title("At equal training compute")
     if suptitle:
         fig.suptitle(suptitle)
     fig.tight_layout()

@@ -31,8 +31,11 @@ def resolve_data_root(root: str | os.PathLike | None = None) -> Path:
                 f"or set the {DATA_ENV} environment variable"
             )
     path = Path(root).expanduser()
+    if path.is_file() and path.suffix == ".npz":
+        return path
     if not path.is_dir():
-        raise FileNotFoundError(f"dataset root {str(path)!r} does not exist or is not a folder")
+        raise FileNotFoundError(f"dataset root {str(path)!r} does not exist or is not a folder (or a .npz pack "
+                                "from vitviz.experiments.data.pack_image_folder)")
     return path
 
 

@@ -1,0 +1,122 @@
+"""Seed summaries and the matched-compute comparison, on hand-computed cases."""
+
+from __future__ import annotations
+
+import numpy as np
+import pandas as pd
+import pytest
+
+from vitviz.analysis.trends import depth_trend
+from vitviz.experiments.compare import (
+    compute_grid,
+    describe_matched,
+    frontier_at,
+    gap_trend,
+    matched_compute,
+    summarize,
+    t_interval,
+)
+
+T_0975_2 = 4.302652729749464  # Student t, 97.5% quantile, 2 degrees of freedom (tables)
+
+
+def test_t_interval_by_hand():
+    mean, lo, hi = t_interval([1.0, 2.0, 3.0])  # sd 1, n 3
+    assert mean == 2.0 and hi - mean == pytest.approx(T_0975_2 / np.sqrt(3)) and mean - lo == pytest.approx(hi - mean)
+    assert np.isnan(t_interval([5.0])[1]) and t_interval([5.0])[0] == 5.0
+    assert np.isnan(t_interval([])[0])
+
+
+def test_summarize_one_row_per_configuration():
+    runs = pd.DataFrame({"family": "A", "model": ["a-S"] * 3 + ["a-M"], "size": ["S"] * 3 + ["M"],
+                         "train_images": 100, "epochs": 2, "seed": [0, 1, 2, 0], "train_pflops": [1.0] * 3 + [2.0],
+                         "test_acc": [10.0, 20.0, 30.0, 50.0]})
+    s = summarize(runs).set_index("model")
+    assert s.loc["a-S", "mean"] == 20.0 and s.loc["a-S", "sd"] == 10.0 and s.loc["a-S", "n_seeds"] == 3
+    assert s.loc["a-S", "ci_high"] == pytest.approx(20 + T_0975_2 * 10 / np.sqrt(3))
+    assert s.loc["a-M", "n_seeds"] == 1 and np.isnan(s.loc["a-M", "ci_low"])
+
+
+def test_frontier_interpolates_in_log_compute_and_never_extrapolates():
+    x = np.array([1.0, 10.0, 100.0, 1000.0])
+    y = np.array([10.0, 30.0, 20.0, 50.0])  # the 100 point is beaten by the cheaper 10 point
+    got = frontier_at(x, y, np.array([0.5, 1.0, np.sqrt(10.0), 100.0, 1000.0, 2000.0]))
+    # frontier (1, 10), (10, 30), (1000, 50): halfway in log between 10 and 1000 is 100 -> 40
+    np.testing.assert_allclose(got, [np.nan, 10.0, 20.0, 40.0, 50.0, np.nan])
+    # past the last frontier point the best value holds up to the largest compute measured
+    np.testing.assert_allclose(frontier_at(np.array([1.0, 10.0]), np.array([50.0, 40.0]), np.array([3.0, 10.0])),
+                               [50.0, 50.0])
+
+
+def _runs(family, seed, points):
+    return [{"family": family, "seed": seed, "train_pflops": c, "test_acc": a} for c, a in points]
+
+
+def test_matched_compute_by_hand():
+    rows = []
+    for seed, shift in ((0, 0.0), (1, 2.0), (2, 4.0)):
+        rows += _runs("A", seed, [(1.0, 40 + shift), (100.0, 60 + shift)])   # A at 10: 50 + shift
+        rows += _runs("B", seed, [(10.0, 45.0), (1000.0, 70.0)])             # B at 10: 45
+    runs = pd.DataFrame(rows)
+    np.testing.assert_allclose(compute_grid(runs, ("A", "B"), 3), [10.0, np.sqrt(1000.0), 100.0])
+    t = matched_compute(runs, "A", "B", grid=np.array([10.0, 100.0]))
+    # at 10: gaps 5, 7, 9 -> mean 7, sd 2; at 100: A 60/62/64, B halfway (log) between 45 and 70 = 57.5
+    assert list(t.n_seeds) == [3, 3]
+    assert t.gap.tolist() == pytest.approx([7.0, 4.5])
+    assert t.gap_high[0] - 7.0 == pytest.approx(T_0975_2 * 2 / np.sqrt(3))
+    assert not t.within_noise[0] and t.A[0] == pytest.approx(52.0) and t.B[1] == pytest.approx(57.5)
+    trend = gap_trend(runs, "A", "B", n=2)  # gap falls 2.5 points over the one decade 10 -> 100, every seed
+    assert trend["slope"] == pytest.approx(-2.5) and trend["decades"] == pytest.approx(1.0)
+    assert trend["slope_low"] == pytest.approx(-2.5) and trend["n_seeds"] == 3
+    lines = describe_matched(t, "A", "B", trend)
+    assert lines[0].startswith("at 10 PFLOPs (3 seeds): A leads by 7.0 points")
+    assert lines[-1].endswith("the lead of A shrinks with compute")
+
+
+def test_within_noise_and_one_seed():
+    rows = _runs("A", 0, [(1.0, 50.0), (10.0, 60.0)]) + _runs("B", 0, [(1.0, 52.0), (10.0, 55.0)])
+    rows += _runs("A", 1, [(1.0, 54.0), (10.0, 60.0)]) + _runs("B", 1, [(1.0, 50.0), (10.0, 55.0)])
+    t = matched_compute(pd.DataFrame(rows), "A", "B", grid=np.array([1.0, 10.0]))
+    assert t.gap.tolist() == pytest.approx([1.0, 5.0])
+    assert t.within_noise.tolist() == [True, False]  # gaps -2, +4: interval spans 0; gaps 5, 5: no spread
+    assert "within noise" in describe_matched(t, "A", "B")[0]
+    one = matched_compute(pd.DataFrame(rows[:4]), "A", "B", grid=np.array([1.0]))
+    assert one.within_noise[0] is None and "no interval" in describe_matched(one, "A", "B")[0]
+    with pytest.raises(ValueError, match="no runs of family 'C'"):
+        compute_grid(pd.DataFrame(rows), ("A", "C"))
+    with pytest.raises(ValueError, match="share no compute range"):
+        compute_grid(pd.DataFrame(_runs("A", 0, [(1.0, 1.0)]) + _runs("B", 0, [(5.0, 1.0)])), ("A", "B"))
+
+
+def test_depth_trend_spearman():
+    rising = np.array([[1.0, 2.0], [3.0, 4.0], [5.0, 6.0], [7.0, 8.0]])
+    t = depth_trend(rising)
+    from scipy import stats
+
+    ref = stats.pearsonr(stats.rankdata([0, 0, 1, 1, 2, 2, 3, 3]), stats.rankdata(rising.ravel()))
+    assert t["rho"] == pytest.approx(ref[0]) and t["rho"] > 0.9 and t["p"] < 0.01
+    assert depth_trend(rising[::-1])["rho"] == pytest.approx(-t["rho"])
+    assert t["first_mean"] == 1.5 and t["last_mean"] == 7.5 and (t["layers"], t["heads"]) == (4, 2)
+    with pytest.raises(ValueError, match="L >= 2"):
+        depth_trend(np.ones((1, 3)))
+
+
+def test_study_figure_has_error_bars_and_a_gap_band():
+    from matplotlib.collections import LineCollection, PolyCollection
+
+    from vitviz.plot.compute import plot_study
+
+    rows = []
+    for seed in (0, 1, 2):
+        rows += [{"family": "Hybrid", "model": "hybrid-S", "epochs": e, "seed": seed, "train_images": 100,
+                  "train_pflops": 2.0 * e, "test_acc": 40 + e + seed} for e in (1, 2, 4)]
+        rows += [{"family": "Transformer (ViT)", "model": "vit-S", "epochs": e, "seed": seed, "train_images": 100,
+                  "train_pflops": 1.0 * e, "test_acc": 35 + e - seed} for e in (1, 2, 4)]
+    fig = plot_study(pd.DataFrame(rows))
+    runs_ax, gap_ax = fig.axes
+    assert runs_ax.get_xscale() == "log" and runs_ax.get_ylabel() == "Test accuracy [%]"
+    assert "3 seeds" in runs_ax.get_title()
+    assert any(isinstance(c, LineCollection) for c in runs_ax.collections), "error bars"
+    assert any(isinstance(c, PolyCollection) for c in gap_ax.collections), "the gap's band"
+    assert gap_ax.get_ylabel() == "Accuracy gap at equal compute [points]"
+    assert [t.get_text() for t in runs_ax.get_legend().get_texts()] == ["Hybrid", "Transformer (ViT)"]

@@ -1,0 +1,83 @@
+"""Notebook 03's statements about the measured study, checked against the committed CSV and the shipped cards.
+
+The notebook prints the numbers (``vitviz.experiments.compare``); its prose states the conclusions in words. If a
+new sweep changes a conclusion, these tests fail and the prose must change with it.
+"""
+
+from __future__ import annotations
+
+import pytest
+
+from vitviz.experiments.compare import gap_trend, matched_compute, study_design
+from vitviz.experiments.study import read_results
+
+HYB, VIT, RES = "Hybrid", "Transformer (ViT)", "ResNet"
+
+
+@pytest.fixture(scope="module")
+def runs():
+    df = read_results()
+    if not len(df):
+        pytest.skip("no committed study CSV")
+    return df
+
+
+def test_design_three_seeds_on_the_whole_test_set(runs):
+    design = study_design(runs).set_index("train_images")
+    assert design.loc[5000, "epochs"] == [2, 4, 8] and design.loc[5000, "sizes"] == ["L", "M", "S"]
+    assert design.loc[5000, "seeds_min"] >= 3 and design.loc[5000, "configurations"] == 27
+    assert (runs.test_images == 10_000).all()
+    assert design.loc[50000, "epochs"] == [16] and design.loc[50000, "sizes"] == ["M", "S"]
+    # "not every configuration has three seeds" on the whole training set (the sweep ran out of GPU time)
+    assert design.loc[50000, "seeds_min"] < 3
+    assert runs.groupby("run_id").size().max() == 1, "one row per run"
+    assert runs.device.str.contains("H100").all(), "the notebook's figure title names the GPU"
+
+
+def test_subset_claims(runs):
+    block = runs[runs.train_images == 5000]
+    t = matched_compute(block, HYB, VIT, n=5)
+    assert (t.n_seeds == 3).all()
+    assert t.within_noise.iloc[0], "lowest matched compute: hybrid lead within noise"
+    assert not t.within_noise.iloc[-1] and t.gap_low.iloc[-1] > 0, "highest: hybrid leads, interval above 0"
+    trend = gap_trend(block, HYB, VIT, n=5)
+    assert trend["slope_low"] > 0, "the lead does not shrink: positive slope, interval above 0"
+    r = matched_compute(block, RES, HYB, n=5)
+    assert (r.gap_low > 0).all(), "ResNet leads the hybrid at every matched compute"
+
+
+def test_full_training_set_claims(runs):
+    block = runs[runs.train_images == 50000]
+    t = matched_compute(block, HYB, VIT, n=5)
+    assert t.n_seeds.iloc[0] == 2 and t.gap_low.iloc[0] > 0, "hybrid leads where two seeds overlap"
+    assert (t.n_seeds.iloc[1:] == 1).all() and t.within_noise.iloc[1:].isna().all(), "one seed beyond: no interval"
+    assert gap_trend(block, HYB, VIT, n=5)["decades"] < 1, "a fraction of a decade"
+
+
+def test_reference_card_claims():
+    from vitviz.zoo.cards import reference_compute
+
+    ref = reference_compute()
+    if len(ref) < 3:
+        pytest.skip("reference checkpoints not all shipped")
+    r = ref.set_index("family")
+    assert r.test_acc.idxmax() == RES and r.train_pflops.idxmin() == RES, "ResNet: best accuracy, least compute"
+    assert r.loc[HYB, "test_acc"] > r.loc[VIT, "test_acc"] and r.loc[HYB, "train_pflops"] < r.loc[VIT, "train_pflops"]
+
+
+def test_docs_table_quotes_the_committed_csv(runs):
+    import re
+    from pathlib import Path
+
+    text = (Path(__file__).resolve().parents[1] / "docs" / "study.md").read_text()
+    rows = re.findall(r"^\| ([0-9.]+) \| ([0-9.]+) \| ([0-9.]+) \| ([-+0-9.]+) \| \[([-+0-9.]+), ([-+0-9.]+)\] \|",
+                      text, flags=re.M)
+    t = matched_compute(runs[runs.train_images == 5000], HYB, VIT, n=5)
+    assert len(rows) == len(t)
+    for row, (_, r) in zip(rows, t.iterrows()):
+        got = [float(v) for v in row]
+        want = [r.train_pflops, r[HYB], r[VIT], r.gap, r.gap_low, r.gap_high]
+        assert got == pytest.approx(want, abs=6e-3), (row, want)
+    trend = gap_trend(runs[runs.train_images == 5000], HYB, VIT, n=5)
+    assert f"{trend['slope']:+.1f} points per decade (95% CI [{trend['slope_low']:+.1f}, " \
+           f"{trend['slope_high']:+.1f}])" in text

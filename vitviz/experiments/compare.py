@@ -1,0 +1,214 @@
+"""Seed summaries and matched-compute comparisons of the hybrid-versus-pure study (tidy DataFrames in and out).
+
+The ViT paper's Fig. 5 compares families at equal pre-training compute. Here each family's accuracy is a curve
+of compute: per seed, the family's Pareto frontier (the best test accuracy any of its runs reached at or below a
+compute, ``pareto_frontier``), linearly interpolated in log10(compute) on a grid shared by
+the two families compared (only inside both families' measured ranges: nothing is extrapolated). The gap between
+two families is taken seed by seed (seed ``s`` of one family against seed ``s`` of the other; the seeds are
+independent, so the pairing is arbitrary and the spread of the per-seed gaps estimates the gap's own variance),
+and every mean carries a 95% Student-t interval over the seeds: ``mean +- t_{0.975, n-1} * sd / sqrt(n)``.
+
+A frontier takes a maximum over noisy runs, so it is biased upwards by about the same amount for every family
+with the same number of runs per seed; the gap, not the level, is the quantity compared.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+
+import numpy as np
+import pandas as pd
+
+CONFIG_COLUMNS = ["family", "model", "size", "train_images", "epochs"]
+
+
+def t_interval(values: Sequence[float] | np.ndarray, confidence: float = 0.95) -> tuple[float, float, float]:
+    """Mean and two-sided Student-t interval of the mean: ``(mean, low, high)``.
+
+    Args:
+        values: independent measurements (NaNs dropped), e.g. one accuracy per seed.
+        confidence: coverage of the interval.
+
+    Returns:
+        ``(mean, low, high)``; with fewer than 2 values the interval is ``(nan, nan)``.
+    """
+    from scipy import stats
+
+    x = np.asarray(values, dtype=float)
+    x = x[np.isfinite(x)]
+    if len(x) == 0:
+        return float("nan"), float("nan"), float("nan")
+    mean = float(x.mean())
+    if len(x) < 2:
+        return mean, float("nan"), float("nan")
+    half = float(stats.t.ppf(0.5 + confidence / 2, len(x) - 1) * x.std(ddof=1) / np.sqrt(len(x)))
+    return mean, mean - half, mean + half
+
+
+def summarize(runs: pd.DataFrame, metric: str = "test_acc") -> pd.DataFrame:
+    """One row per configuration (family, model, size, training images, epochs) over its seeds.
+
+    Returns:
+        ``CONFIG_COLUMNS`` + ``train_pflops`` (equal for every seed), ``n_seeds``, ``mean``, ``sd``, ``ci_low``,
+        ``ci_high`` (95% t-interval of the mean; NaN with one seed).
+    """
+    rows = []
+    for key, part in runs.groupby(CONFIG_COLUMNS, sort=False):
+        mean, lo, hi = t_interval(part[metric])
+        rows.append({**dict(zip(CONFIG_COLUMNS, key)), "train_pflops": float(part["train_pflops"].mean()),
+                     "n_seeds": int(part["seed"].nunique()), "mean": mean,
+                     "sd": float(part[metric].std(ddof=1)) if len(part) > 1 else float("nan"),
+                     "ci_low": lo, "ci_high": hi})
+    return pd.DataFrame(rows)
+
+
+def pareto_frontier(x: np.ndarray, y: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
+    """Points not beaten by any cheaper-or-equal point: the best accuracy reached so far, by compute."""
+    order = np.lexsort((-y, x))
+    xs, ys, best = [], [], -np.inf
+    for i in order:
+        if y[i] > best:
+            xs.append(x[i])
+            ys.append(y[i])
+            best = y[i]
+    return np.asarray(xs), np.asarray(ys)
+
+
+def frontier_at(x: np.ndarray, y: np.ndarray, grid: np.ndarray) -> np.ndarray:
+    """The Pareto frontier of points ``(x, y)`` (``pareto_frontier``), linearly interpolated in
+    ``log10(x)`` at ``grid``; NaN outside ``[min(x), max(x)]``. Past the last frontier point the best value holds.
+    """
+    fx, fy = pareto_frontier(np.asarray(x, float), np.asarray(y, float))
+    fx = np.append(fx, np.max(x)) if np.max(x) > fx[-1] else fx
+    fy = np.append(fy, fy[-1]) if len(fy) < len(fx) else fy
+    grid = np.asarray(grid, float)
+    out = np.interp(np.log10(grid), np.log10(fx), fy)
+    out[(grid < fx[0] * (1 - 1e-9)) | (grid > fx[-1] * (1 + 1e-9))] = np.nan
+    return out
+
+
+def compute_grid(runs: pd.DataFrame, families: Sequence[str], n: int = 7) -> np.ndarray:
+    """``n`` log-spaced compute values spanning the range every one of ``families`` covers (their overlap)."""
+    lows, highs = [], []
+    for fam in families:
+        x = runs.loc[runs["family"] == fam, "train_pflops"]
+        if not len(x):
+            raise ValueError(f"no runs of family {fam!r}; families present: {sorted(runs['family'].unique())}")
+        lows.append(x.min())
+        highs.append(x.max())
+    lo, hi = max(lows), min(highs)
+    if lo > hi:
+        raise ValueError(f"families {list(families)} share no compute range (lowest maxima {hi:.3g} below "
+                         f"highest minima {lo:.3g} PFLOPs)")
+    return np.geomspace(lo, hi, n) if hi > lo else np.array([lo])
+
+
+def family_curves(runs: pd.DataFrame, grid: np.ndarray, families: Sequence[str] | None = None,
+                  metric: str = "test_acc") -> pd.DataFrame:
+    """Tidy per-seed frontier curves: rows of ``family``, ``seed``, ``train_pflops`` (the grid), ``metric``."""
+    families = list(families) if families is not None else list(runs["family"].unique())
+    rows = []
+    for fam in families:
+        for seed, part in runs[runs["family"] == fam].groupby("seed"):
+            ys = frontier_at(part["train_pflops"].to_numpy(), part[metric].to_numpy(), grid)
+            rows += [{"family": fam, "seed": int(seed), "train_pflops": float(g), metric: float(y)}
+                     for g, y in zip(grid, ys)]
+    return pd.DataFrame(rows)
+
+
+def matched_compute(runs: pd.DataFrame, a: str = "Hybrid", b: str = "Transformer (ViT)", *, n: int = 7,
+                    grid: np.ndarray | None = None, metric: str = "test_acc") -> pd.DataFrame:
+    """Family ``a`` against family ``b`` at equal training compute (see the module docstring).
+
+    Args:
+        runs: the study CSV's rows (one per run; ``family``, ``seed``, ``train_pflops``, ``metric``), from one
+            training set (compare blocks separately).
+        a, b: the family labels compared; the gap is ``a - b``.
+        n: grid points over the compute range both families cover (ignored when ``grid`` is given).
+        grid: compute values [PFLOPs] to compare at.
+        metric: the accuracy column.
+
+    Returns:
+        One row per grid point: ``train_pflops``, ``n_seeds``, ``<a>``/``<b>`` means with ``_low``/``_high``,
+        ``gap``, ``gap_low``, ``gap_high`` (95% t-interval over seeds, points) and ``within_noise`` (the gap's
+        interval includes 0; ``None`` where one seed gives no interval).
+    """
+    grid = compute_grid(runs, (a, b), n) if grid is None else np.asarray(grid, float)
+    curves = family_curves(runs, grid, (a, b), metric)
+    wide = curves.pivot_table(index=["train_pflops", "seed"], columns="family", values=metric).reset_index()
+    rows = []
+    for g, part in wide.groupby("train_pflops"):
+        part = part.dropna(subset=[a, b])
+        ma, la, ha = t_interval(part[a])
+        mb, lb, hb = t_interval(part[b])
+        gap, gl, gh = t_interval(part[a] - part[b])
+        rows.append({"train_pflops": g, "n_seeds": len(part), a: ma, f"{a}_low": la, f"{a}_high": ha, b: mb,
+                     f"{b}_low": lb, f"{b}_high": hb, "gap": gap, "gap_low": gl, "gap_high": gh,
+                     "within_noise": bool(not (gl > 0 or gh < 0)) if np.isfinite(gl) else None})
+    return pd.DataFrame(rows)
+
+
+def gap_trend(runs: pd.DataFrame, a: str = "Hybrid", b: str = "Transformer (ViT)", *, n: int = 7,
+              metric: str = "test_acc") -> dict[str, float]:
+    """Does the lead of ``a`` over ``b`` shrink with compute? Per seed, the least-squares slope of the
+    matched-compute gap against log10(compute) (points per decade); mean and 95% t-interval over seeds.
+
+    Returns:
+        ``slope`` (points per decade; negative: the lead shrinks), ``slope_low``, ``slope_high``, ``n_seeds``,
+        ``decades`` (the width of the shared compute range).
+    """
+    grid = compute_grid(runs, (a, b), n)
+    curves = family_curves(runs, grid, (a, b), metric)
+    wide = curves.pivot_table(index=["seed", "train_pflops"], columns="family", values=metric).reset_index()
+    slopes = []
+    for _, part in wide.groupby("seed"):
+        part = part.dropna(subset=[a, b])
+        if len(part) >= 2:
+            slopes.append(np.polyfit(np.log10(part["train_pflops"]), part[a] - part[b], 1)[0])
+    slope, lo, hi = t_interval(slopes)
+    return {"slope": slope, "slope_low": lo, "slope_high": hi, "n_seeds": len(slopes),
+            "decades": float(np.log10(grid[-1] / grid[0]))}
+
+
+def study_design(runs: pd.DataFrame) -> pd.DataFrame:
+    """What a study CSV holds, per training-set size: epoch budgets, sizes, seeds per configuration (min and
+    max), runs, test images and the hardware that trained them."""
+    rows = []
+    for n_train, part in runs.groupby("train_images"):
+        seeds = part.groupby(["model", "epochs"])["seed"].nunique()
+        rows.append({"train_images": int(n_train), "epochs": sorted(int(e) for e in part["epochs"].unique()),
+                     "sizes": sorted(part["size"].unique()), "configurations": len(seeds),
+                     "seeds_min": int(seeds.min()), "seeds_max": int(seeds.max()), "runs": len(part),
+                     "test_images": sorted(int(t) for t in part["test_images"].unique()),
+                     "device": "; ".join(sorted(part["device"].astype(str).unique()))})
+    return pd.DataFrame(rows)
+
+
+def describe_matched(table: pd.DataFrame, a: str, b: str, trend: dict[str, float] | None = None) -> list[str]:
+    """The claims a ``matched_compute`` table (and a ``gap_trend``) supports, one sentence each: who leads at
+    each compute, by how much, with the 95% interval, "within noise" where it includes 0."""
+    lines = []
+    for _, r in table.iterrows():
+        n = int(r['n_seeds'])
+        head = f"at {r['train_pflops']:.3g} PFLOPs ({n} seed{'s' if n != 1 else ''}): "
+        if r["within_noise"] is None:
+            lines.append(head + f"{a} - {b} = {r['gap']:+.1f} points (one seed: no interval)")
+        elif r["within_noise"]:
+            lines.append(head + f"within noise ({a} - {b} = {r['gap']:+.1f} points, 95% CI "
+                         f"[{r['gap_low']:+.1f}, {r['gap_high']:+.1f}])")
+        else:
+            lead, gap = (a, r["gap"]) if r["gap"] > 0 else (b, -r["gap"])
+            lo, hi = sorted((abs(r["gap_low"]), abs(r["gap_high"])))
+            lines.append(head + f"{lead} leads by {gap:.1f} points (95% CI [{lo:.1f}, {hi:.1f}])")
+    if trend is not None:
+        if not np.isfinite(trend["slope_low"]):
+            verdict = "no interval (fewer than 2 seeds)"
+        elif trend["slope_low"] > 0:
+            verdict = f"the lead of {a} grows with compute"
+        elif trend["slope_high"] < 0:
+            verdict = f"the lead of {a} shrinks with compute"
+        else:
+            verdict = "no trend beyond noise"
+        lines.append(f"trend over {trend['decades']:.2f} decades: {trend['slope']:+.1f} points per decade "
+                     f"(95% CI [{trend['slope_low']:+.1f}, {trend['slope_high']:+.1f}]): {verdict}")
+    return lines
