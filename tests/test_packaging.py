@@ -8,7 +8,6 @@ import sys
 from pathlib import Path
 
 import pytest
-
 import tomllib
 import yaml
 

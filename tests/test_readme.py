@@ -15,7 +15,6 @@ import pytest
 import torch
 from PIL import Image
 from torch import nn
-
 from tutorial_vit import Block
 
 ROOT = Path(__file__).resolve().parents[1]
