@@ -143,3 +143,17 @@ def test_shared_rules_are_written_once(rule):
     hits = [str(p.relative_to(ROOT)) for p in PKG.rglob("*.py") if rule in p.read_text()]
     expected = 0 if rule == "def _pair(" else 1
     assert len(hits) == expected, hits
+
+
+@pytest.mark.parametrize("argv", [["--help"], ["train", "--help"], ["study", "--help"], ["report", "--help"],
+                                  ["models", "--help"], ["inspect", "--help"]])
+def test_cli_help_imports_no_torch(argv):
+    """``vitviz ... --help`` answers without importing torch, timm or matplotlib (bench/import_time.py times it)."""
+    import subprocess
+    import sys
+
+    code = (f"import sys\nfrom vitviz.__main__ import main\ntry:\n    main({argv!r})\nexcept SystemExit:\n    pass\n"
+            "print(sorted(m for m in ('torch', 'timm', 'matplotlib') if m in sys.modules))")
+    out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, cwd=ROOT, check=True)
+    assert out.stdout.strip().splitlines()[-1] == "[]", out.stdout[-500:]
+    assert "usage:" in out.stdout

@@ -11,10 +11,10 @@ from conftest import tiny_timm_vit
 from torch import nn
 
 import vitviz
+from vitviz.analysis.relevance import grad_rollout_from_attentions
 from vitviz.analysis.rollout import (
     RolloutReducer,
     discard_weakest,
-    grad_rollout_from_attentions,
     rollout_from_attentions,
     rollout_to_maps,
 )

@@ -43,7 +43,7 @@ _LAZY = {
     "filter_pca": "vitviz.analysis.filters",
     "count_flops": "vitviz.analysis.flops",
     "attention_rollout": "vitviz.analysis.rollout",
-    "grad_rollout": "vitviz.analysis.rollout",
+    "grad_rollout": "vitviz.analysis.relevance",
     "rollout_from_attentions": "vitviz.analysis.rollout",
     "mean_attention_distance": "vitviz.analysis.distance",
     "distance_table": "vitviz.analysis.tables",

@@ -1,4 +1,7 @@
-"""Command line: ``python -m vitviz {report,inspect,models,train} ...``."""
+"""Command line: ``python -m vitviz {report,inspect,models,train,study} ...`` (also the ``vitviz`` script).
+
+Nothing here imports torch before a command runs, so ``--help`` answers at once.
+"""
 
 from __future__ import annotations
 
@@ -8,10 +11,18 @@ import sys
 
 def main(argv: list[str] | None = None) -> int:
     argv = list(sys.argv[1:] if argv is None else argv)
-    if argv[:1] == ["train"]:
-        from vitviz.experiments.train import main as train_main
+    if argv[:1] in (["train"], ["study"]):  # their parsers import no torch, so --help answers at once
+        from vitviz.experiments.config import study_parser, train_parser
 
-        return train_main(argv[1:])
+        if argv[0] == "train":
+            args = train_parser("vitviz train").parse_args(argv[1:])
+            from vitviz.experiments.train import run_from_args
+
+            return run_from_args(args)
+        study_parser("vitviz study").parse_args(argv[1:])  # validates (and answers --help) before torch loads
+        from vitviz.experiments.study import main as study_main
+
+        return study_main(argv[1:])
     p = argparse.ArgumentParser(prog="vitviz", description="Vision Transformer analysis and figures.")
     sub = p.add_subparsers(dest="cmd", required=True)
     r = sub.add_parser("report", help="execute the notebooks and render every figure (offline by default)")
@@ -32,7 +43,8 @@ def main(argv: list[str] | None = None) -> int:
     m = sub.add_parser("models", help="the reference models: what each card says, and the position-embedding "
                                       "ablation beside the paper's Table 8")
     m.add_argument("--checkpoints", metavar="DIR", help="folder of the cards (default: vitviz/zoo/checkpoints)")
-    sub.add_parser("train", help="train a reference model (see python -m vitviz.experiments.train --help)")
+    sub.add_parser("train", help="train a reference model (vitviz train --help)")
+    sub.add_parser("study", help="run the hybrid-versus-pure study (vitviz study --help)")
     a = p.parse_args(argv)
     if a.cmd == "models":
         from vitviz.zoo.cards import markdown_table, posemb_ablation_results, reference_table

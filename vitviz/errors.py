@@ -52,7 +52,13 @@ class WeightsUnavailableError(VitvizError, RuntimeError):
     """Pretrained weights cannot be had (offline, or no such weights)."""
 
 
+class RunInterrupted(VitvizError):
+    """Raised by a training step callback to stop a run where it is (tests use it to simulate a kill mid-epoch);
+    the last complete checkpoint stays, and ``--resume`` continues from it."""
+
+
 __all__ = [
     "CaptureError", "CheckpointError", "ImageInputError", "InputError", "NoPositionEmbeddingError",
-    "NoRGBFiltersError", "NotAViTError", "UnsupportedModelError", "VitvizError", "WeightsUnavailableError",
+    "NoRGBFiltersError", "NotAViTError", "RunInterrupted", "UnsupportedModelError", "VitvizError",
+    "WeightsUnavailableError",
 ]

@@ -17,7 +17,7 @@ instead. ``tests/test_families_hf.py`` pins this for SigLIP.
 store=False)``), so besides the layer being computed only the running product and the fused map, a few
 ``(B, N, N)`` tensors, are alive, on the model's device.
 
-``grad_rollout`` (implemented in ``vitviz.analysis.relevance``; thin wrappers here) is vitviz's gradient-weighted
+``grad_rollout`` (in ``vitviz.analysis.relevance``) is vitviz's gradient-weighted
 rollout: Chefer et al.'s head weighting ``W = mean_h (attn * d s / d attn)^+`` (ICCV 2021, Eq. 5) fed through the
 row-renormalised ``0.5 W + 0.5 I`` rollout above. It is neither Chefer et al.'s relevance rule (``R <- R + W R``;
 ``vitviz.explain(..., method="chefer")``) nor jacobgil/vit-explain's ``vit_grad_rollout``; the module docstring of
@@ -33,7 +33,6 @@ Shapes: ``B`` batch, ``H`` heads, ``N`` tokens (prefix + patches), ``P`` patch t
 from __future__ import annotations
 
 from collections.abc import Sequence
-from typing import Any
 
 import torch
 from torch import nn
@@ -45,8 +44,8 @@ from vitviz.core.spec import ViTSpec, inspect
 from vitviz.errors import VitvizError
 
 __all__ = [
-    "HEAD_FUSIONS", "RolloutReducer", "attention_rollout", "discard_weakest", "fuse_heads", "grad_rollout",
-    "grad_rollout_from_attentions", "rollout_from_attentions", "rollout_to_maps",
+    "HEAD_FUSIONS", "RolloutReducer", "attention_rollout", "discard_weakest", "fuse_heads",
+    "rollout_from_attentions", "rollout_to_maps",
 ]
 
 HEAD_FUSIONS = ("mean", "max", "min")
@@ -210,21 +209,6 @@ def rollout_from_attentions(
     return reducer.rollout
 
 
-def grad_rollout_from_attentions(
-    attentions: Sequence[torch.Tensor],
-    gradients: Sequence[torch.Tensor],
-    *,
-    num_prefix_tokens: int = 1,
-    discard_ratio: float = 0.0,
-    start_layer: int = 0,
-) -> torch.Tensor:
-    """Thin wrapper of ``vitviz.analysis.relevance.grad_rollout_from_attentions`` (see there)."""
-    from vitviz.analysis import relevance
-
-    return relevance.grad_rollout_from_attentions(attentions, gradients, num_prefix_tokens=num_prefix_tokens,
-                                                  discard_ratio=discard_ratio, start_layer=start_layer)
-
-
 def _output_token(spec: ViTSpec, token: int | None, n: int) -> int | None:
     if token is None:
         return spec.class_token_index
@@ -313,26 +297,3 @@ def attention_rollout(
         reducer.reset()
     return torch.cat(out)
 
-
-def grad_rollout(
-    model: nn.Module,
-    images: Images,
-    target: Any = None,
-    *,
-    discard_ratio: float = 0.0,
-    start_layer: int = 0,
-    token: int | None = None,
-    return_full: bool = False,
-    batch_size: int | None = None,
-    progress: bool = False,
-) -> torch.Tensor:
-    """Gradient-weighted rollout; thin wrapper of ``vitviz.analysis.relevance.grad_rollout`` (see there).
-
-    Not Chefer et al.'s rule: Chefer's head weighting ``mean_h (attn * grad)^+`` fed through the row-renormalised
-    ``0.5 W + 0.5 I`` rollout. ``target``: ``None``, a class index, one per image, or a callable
-    ``f(output) -> (B,)`` (headless models); see ``vitviz.core.targets``.
-    """
-    from vitviz.analysis import relevance
-
-    return relevance.grad_rollout(model, images, target, discard_ratio=discard_ratio, start_layer=start_layer,
-                                  token=token, return_full=return_full, batch_size=batch_size, progress=progress)

@@ -43,7 +43,7 @@ def _locality(model: torch.nn.Module) -> float | None:
 def _training_hardware(cfg: Any) -> str:
     import json
 
-    from vitviz.experiments.train import device_description
+    from vitviz.experiments.measure import device_description
 
     summary = cfg.run_dir / "summary.json"
     if summary.exists():
@@ -64,7 +64,7 @@ def export_reference(cfg: Any, dest: str | os.PathLike) -> dict[str, Any]:
     from safetensors.torch import save_file
 
     from vitviz.analysis.flops import count_flops
-    from vitviz.experiments.train import evaluate
+    from vitviz.experiments.measure import evaluate
 
     state = load_training_state(cfg.run_dir / "last.pt")
     if state["epoch"] < cfg.epochs:

@@ -11,12 +11,11 @@ augmentation and dropout; training and test sets are the same for every seed.
 Resumable: results go to one CSV (one row per finished run, rewritten atomically); a rerun skips finished runs
 and a run killed half-way continues from its last epoch checkpoint. ``--smoke`` runs one tiny run per family.
 Several processes can share the work (``--families`` / ``--sizes``, one results CSV each); ``merge_results``
-joins their CSVs. Summaries over seeds and the matched-compute comparison are in ``vitviz.experiments.compare``.
+joins their CSVs. Summaries over seeds and the matched-compute comparison are in ``vitviz.analysis.compare``.
 """
 
 from __future__ import annotations
 
-import argparse
 import io
 import os
 import sys
@@ -28,6 +27,7 @@ from typing import Any
 import pandas as pd
 
 from vitviz.core.io import atomic_write_json, atomic_write_text
+from vitviz.experiments.config import study_parser
 from vitviz.experiments.train import TrainConfig, train
 from vitviz.zoo.reference import FAMILY_LABELS
 from vitviz.zoo.weights import versions
@@ -271,7 +271,7 @@ def hybrid_gap(df: pd.DataFrame, metric: str = "test_acc", x: str = "train_pflop
     Works for the paper's Table 6 (``metric="imagenet"``, ``x="exaflops"``; ``R50x1+ViT-B/32`` pairs with
     ``ViT-B/32``) and for a measured study (``hybrid-S`` pairs with ``vit-S`` of the same seed and training set).
     A hybrid costs more compute than its ViT, so this is not a comparison at equal compute: for that (the
-    paper's Fig. 5 question) use ``vitviz.experiments.compare.matched_compute``.
+    paper's Fig. 5 question) use ``vitviz.analysis.compare.matched_compute``.
 
     Returns:
         One row per pair: ``pair``, ``epochs``, ``vit``, ``hybrid`` (the metric), ``gap`` (hybrid - vit, points),
@@ -303,27 +303,7 @@ def _names(text: str) -> tuple[str, ...]:
 
 
 def main(argv: list[str] | None = None) -> int:
-    p = argparse.ArgumentParser(prog="python -m vitviz.experiments.study", description=__doc__.split("\n\n")[0])
-    p.add_argument("study", choices=["hybrid-vs-pure"])
-    p.add_argument("--data", help="dataset root with train/ and test/, or a .npz JPEG pack (default: $VITVIZ_DATA)")
-    p.add_argument("--out", default="runs/study", help="run folders (checkpoints; not committed)")
-    p.add_argument("--results", default="data/study/hybrid_vs_pure.csv", help="results CSV (one row per run)")
-    p.add_argument("--smoke", action="store_true", help="one tiny run per family")
-    p.add_argument("--families", default="vit,hybrid,resnet")
-    p.add_argument("--sizes", default="S,M,L")
-    p.add_argument("--seeds", default="0,1,2", help="seeds, comma-separated: every configuration runs once per seed")
-    p.add_argument("--epochs", default="2,4,8", help="epoch budgets on the training subset, comma-separated")
-    p.add_argument("--train-subset", type=int, default=5_000, help="class-balanced training images (0: all)")
-    p.add_argument("--full-epochs", default="", help="epoch budgets on the whole training set (e.g. 16)")
-    p.add_argument("--full-sizes", default="S,M", help="sizes trained on the whole training set")
-    p.add_argument("--test-subset", type=int, default=0, help="class-balanced test images (0: all)")
-    p.add_argument("--device", default="auto")
-    p.add_argument("--threads", type=int)
-    p.add_argument("--compile", action="store_true", help="torch.compile on CUDA (slower for these short runs)")
-    p.add_argument("--workers", type=int, default=1, help="processes at a time (e.g. runs sharing one GPU)")
-    p.add_argument("--config", help=argparse.SUPPRESS)  # a worker's whole StudyConfig as JSON (run_parallel)
-    p.add_argument("--no-progress", action="store_true")
-    a = p.parse_args(argv)
+    a = study_parser().parse_args(argv)
     if a.config:
         import json
 

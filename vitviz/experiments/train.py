@@ -22,7 +22,7 @@ import math
 import sys
 import time
 from collections.abc import Callable
-from dataclasses import asdict, dataclass, field
+from dataclasses import asdict
 from pathlib import Path
 from typing import Any
 
@@ -33,42 +33,12 @@ from tqdm.auto import tqdm
 
 from vitviz.analysis.flops import count_flops
 from vitviz.core.io import atomic_save, atomic_write_json, atomic_write_text
+from vitviz.errors import RunInterrupted as Interrupted  # noqa: F401  (the name step callbacks raise)
+from vitviz.experiments.config import TrainConfig, config_from_args, train_parser
 from vitviz.experiments.data import TensorDataset, load_split
+from vitviz.experiments.measure import device_description, evaluate, normalize
 from vitviz.zoo.models import resolve_device
-from vitviz.zoo.reference import CIFAR10_MEAN, CIFAR10_STD, build_reference
-
-
-@dataclass
-class TrainConfig:
-    """Everything that determines a run. Two runs with equal configs produce equal weights (same machine)."""
-
-    model: str
-    data: str | None = None
-    out: str = "runs"
-    epochs: int = 40
-    batch_size: int = 128
-    lr: float = 1e-3
-    min_lr: float = 1e-5
-    weight_decay: float = 0.05
-    warmup_epochs: float = 3.0
-    label_smoothing: float = 0.1
-    augment: str = "crop-flip"  # "crop-flip", "trivialaugment" or "randaugment" (the latter two add to crop-flip)
-    seed: int = 0
-    train_subset: int | None = None  # first N images of each class, for tests and smoke runs
-    test_subset: int | None = None
-    device: str = "auto"
-    threads: int | None = None
-    model_kwargs: dict[str, Any] = field(default_factory=dict)
-    cache: str | None = None  # decoded-dataset cache folder (default: <out>/.cache)
-    compile: bool = True  # torch.compile on CUDA (no effect on CPU); does not change what is computed
-
-    @property
-    def run_dir(self) -> Path:
-        return Path(self.out) / self.model
-
-
-class Interrupted(Exception):
-    """Raised by a step callback to stop a run (tests use it to simulate a kill mid-epoch)."""
+from vitviz.zoo.reference import build_reference
 
 
 def lr_at(step: int, total_steps: int, warmup_steps: int, lr: float, min_lr: float) -> float:
@@ -108,26 +78,6 @@ def _policy(name: str) -> Callable[[torch.Tensor], torch.Tensor] | None:
     if name == "randaugment":
         return v2.RandAugment()
     raise ValueError(f"unknown augment {name!r}; use crop-flip, trivialaugment or randaugment")
-
-
-def normalize(images: torch.Tensor, device: torch.device) -> torch.Tensor:
-    mean = torch.tensor(CIFAR10_MEAN, device=device).view(1, 3, 1, 1)
-    std = torch.tensor(CIFAR10_STD, device=device).view(1, 3, 1, 1)
-    return (images.to(device, non_blocking=True).float() / 255.0 - mean) / std
-
-
-@torch.no_grad()
-def evaluate(model: nn.Module, data: TensorDataset, device: torch.device, batch_size: int = 500) -> float:
-    """Top-1 accuracy in percent on decoded uint8 images (CIFAR-10 normalisation); one host sync at the end."""
-    was_training = model.training
-    model.eval()
-    correct = torch.zeros((), dtype=torch.long, device=device)
-    labels = data.labels.to(device)
-    for i in range(0, len(data), batch_size):
-        x = normalize(data.images[i : i + batch_size], device)
-        correct += (model(x).argmax(-1) == labels[i : i + batch_size]).sum()
-    model.train(was_training)
-    return 100.0 * correct.item() / max(1, len(data))
 
 
 def _param_groups(model: nn.Module, weight_decay: float) -> list[dict[str, Any]]:
@@ -313,54 +263,14 @@ def _run_devices(history: list[dict[str, Any]], run_dir: Path, here: str) -> str
     return "; ".join(dict.fromkeys(devices)) or here
 
 
-def device_description(device: torch.device) -> str:
-    import platform
-
-    if device.type == "cuda":
-        return torch.cuda.get_device_name(device)
-    import os
-
-    cpu = platform.processor() or platform.machine()
-    try:
-        with open("/proc/cpuinfo") as f:
-            cpu = next(line.split(":", 1)[1].strip() for line in f if line.startswith("model name"))
-    except (OSError, StopIteration):
-        pass
-    desc = f"CPU: {cpu}, {os.cpu_count()} cores, {torch.get_num_threads()} threads"
-    try:
-        allowed = len(os.sched_getaffinity(0))
-    except (AttributeError, OSError):  # not on Linux
-        return desc
-    return desc + (f", pinned to {allowed} of them" if allowed < (os.cpu_count() or allowed) else "")
-
-
 def main(argv: list[str] | None = None) -> int:
-    p = argparse.ArgumentParser(prog="python -m vitviz.experiments.train", description=__doc__.split("\n\n")[0])
-    p.add_argument("model", help="reference model name, e.g. cifar10-vit")
-    p.add_argument("--data", help="dataset root with train/ and test/ (default: $VITVIZ_DATA)")
-    p.add_argument("--epochs", type=int, default=TrainConfig.epochs)
-    p.add_argument("--out", default="runs", help="runs folder (default: runs)")
-    p.add_argument("--resume", action="store_true", help="continue from <out>/<model>/last.pt")
-    p.add_argument("--batch-size", type=int, default=TrainConfig.batch_size)
-    p.add_argument("--lr", type=float, default=TrainConfig.lr)
-    p.add_argument("--weight-decay", type=float, default=TrainConfig.weight_decay)
-    p.add_argument("--warmup-epochs", type=float, default=TrainConfig.warmup_epochs)
-    p.add_argument("--augment", default=TrainConfig.augment, choices=["crop-flip", "trivialaugment", "randaugment"])
-    p.add_argument("--seed", type=int, default=0)
-    p.add_argument("--train-subset", type=int, help="use only N training images (balanced over classes)")
-    p.add_argument("--test-subset", type=int, help="evaluate on only N test images (balanced)")
-    p.add_argument("--device", default="auto")
-    p.add_argument("--threads", type=int, help="torch CPU threads")
-    p.add_argument("--no-compile", action="store_true", help="no torch.compile on CUDA")
-    p.add_argument("--export", metavar="DIR", help="after training, write <model>.safetensors + card to DIR")
-    p.add_argument("--no-progress", action="store_true")
-    a = p.parse_args(argv)
-    cfg = TrainConfig(
-        model=a.model, data=a.data, out=a.out, epochs=a.epochs, batch_size=a.batch_size, lr=a.lr,
-        weight_decay=a.weight_decay, warmup_epochs=a.warmup_epochs, augment=a.augment, seed=a.seed,
-        train_subset=a.train_subset, test_subset=a.test_subset, device=a.device, threads=a.threads,
-        compile=not a.no_compile,
-    )
+    """``python -m vitviz.experiments.train`` (also ``vitviz train``)."""
+    return run_from_args(train_parser().parse_args(argv))
+
+
+def run_from_args(a: argparse.Namespace) -> int:
+    """Train (and export) as the parsed command line says."""
+    cfg = config_from_args(a)
     summary = train(cfg, resume=a.resume, progress=not a.no_progress)
     print(summary)
     if a.export:

@@ -1,0 +1,102 @@
+"""What determines a training run, and the command lines of ``train`` and ``study``, without importing torch.
+
+``vitviz train --help`` and ``vitviz study --help`` read these parsers, so they answer at once; the commands
+import torch only when they run.
+"""
+
+from __future__ import annotations
+
+import argparse
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+
+@dataclass
+class TrainConfig:
+    """Everything that determines a run. Two runs with equal configs produce equal weights (same machine)."""
+
+    model: str
+    data: str | None = None
+    out: str = "runs"
+    epochs: int = 40
+    batch_size: int = 128
+    lr: float = 1e-3
+    min_lr: float = 1e-5
+    weight_decay: float = 0.05
+    warmup_epochs: float = 3.0
+    label_smoothing: float = 0.1
+    augment: str = "crop-flip"  # "crop-flip", "trivialaugment" or "randaugment" (the latter two add to crop-flip)
+    seed: int = 0
+    train_subset: int | None = None  # first N images of each class, for tests and smoke runs
+    test_subset: int | None = None
+    device: str = "auto"
+    threads: int | None = None
+    model_kwargs: dict[str, Any] = field(default_factory=dict)
+    cache: str | None = None  # decoded-dataset cache folder (default: <out>/.cache)
+    compile: bool = True  # torch.compile on CUDA (no effect on CPU); does not change what is computed
+
+    @property
+    def run_dir(self) -> Path:
+        return Path(self.out) / self.model
+
+
+def train_parser(prog: str = "python -m vitviz.experiments.train") -> argparse.ArgumentParser:
+    """The command line of ``vitviz train``."""
+    p = argparse.ArgumentParser(prog=prog, description="Train a vitviz reference model on CIFAR-10 (resumable; "
+                                "checkpoints written atomically every epoch).")
+    p.add_argument("model", help="reference model name, e.g. cifar10-vit")
+    p.add_argument("--data", help="dataset root with train/ and test/ (default: $VITVIZ_DATA)")
+    p.add_argument("--epochs", type=int, default=TrainConfig.epochs)
+    p.add_argument("--out", default="runs", help="runs folder (default: runs)")
+    p.add_argument("--resume", action="store_true", help="continue from <out>/<model>/last.pt")
+    p.add_argument("--batch-size", type=int, default=TrainConfig.batch_size)
+    p.add_argument("--lr", type=float, default=TrainConfig.lr)
+    p.add_argument("--weight-decay", type=float, default=TrainConfig.weight_decay)
+    p.add_argument("--warmup-epochs", type=float, default=TrainConfig.warmup_epochs)
+    p.add_argument("--augment", default=TrainConfig.augment, choices=["crop-flip", "trivialaugment", "randaugment"])
+    p.add_argument("--seed", type=int, default=0)
+    p.add_argument("--train-subset", type=int, help="use only N training images (balanced over classes)")
+    p.add_argument("--test-subset", type=int, help="evaluate on only N test images (balanced)")
+    p.add_argument("--device", default="auto")
+    p.add_argument("--threads", type=int, help="torch CPU threads")
+    p.add_argument("--no-compile", action="store_true", help="no torch.compile on CUDA")
+    p.add_argument("--export", metavar="DIR", help="after training, write <model>.safetensors + card to DIR")
+    p.add_argument("--no-progress", action="store_true")
+    return p
+
+
+def config_from_args(a: argparse.Namespace) -> TrainConfig:
+    """The ``TrainConfig`` a parsed ``train`` command line describes."""
+    return TrainConfig(
+        model=a.model, data=a.data, out=a.out, epochs=a.epochs, batch_size=a.batch_size, lr=a.lr,
+        weight_decay=a.weight_decay, warmup_epochs=a.warmup_epochs, augment=a.augment, seed=a.seed,
+        train_subset=a.train_subset, test_subset=a.test_subset, device=a.device, threads=a.threads,
+        compile=not a.no_compile,
+    )
+
+
+def study_parser(prog: str = "python -m vitviz.experiments.study") -> argparse.ArgumentParser:
+    """The command line of ``vitviz study``."""
+    p = argparse.ArgumentParser(prog=prog, description="The hybrid-versus-pure study on CIFAR-10: every family, "
+                                "size, budget and seed, resumable; one CSV row per run.")
+    p.add_argument("study", choices=["hybrid-vs-pure"])
+    p.add_argument("--data", help="dataset root with train/ and test/, or a .npz JPEG pack (default: $VITVIZ_DATA)")
+    p.add_argument("--out", default="runs/study", help="run folders (checkpoints; not committed)")
+    p.add_argument("--results", default="data/study/hybrid_vs_pure.csv", help="results CSV (one row per run)")
+    p.add_argument("--smoke", action="store_true", help="one tiny run per family")
+    p.add_argument("--families", default="vit,hybrid,resnet")
+    p.add_argument("--sizes", default="S,M,L")
+    p.add_argument("--seeds", default="0,1,2", help="seeds, comma-separated: every configuration runs once per seed")
+    p.add_argument("--epochs", default="2,4,8", help="epoch budgets on the training subset, comma-separated")
+    p.add_argument("--train-subset", type=int, default=5_000, help="class-balanced training images (0: all)")
+    p.add_argument("--full-epochs", default="", help="epoch budgets on the whole training set (e.g. 16)")
+    p.add_argument("--full-sizes", default="S,M", help="sizes trained on the whole training set")
+    p.add_argument("--test-subset", type=int, default=0, help="class-balanced test images (0: all)")
+    p.add_argument("--device", default="auto")
+    p.add_argument("--threads", type=int)
+    p.add_argument("--compile", action="store_true", help="torch.compile on CUDA (slower for these short runs)")
+    p.add_argument("--workers", type=int, default=1, help="processes at a time (e.g. runs sharing one GPU)")
+    p.add_argument("--config", help=argparse.SUPPRESS)  # a worker's whole StudyConfig as JSON (run_parallel)
+    p.add_argument("--no-progress", action="store_true")
+    return p
