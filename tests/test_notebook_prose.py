@@ -30,7 +30,7 @@ REFERENCE = re.compile(
     r"|^#+ .*$",  # headings name things, they do not report numbers
     re.MULTILINE,
 )
-NUMBER = re.compile(r"\d+(?:\.\d+)?(?:x\d+)?")
+NUMBER = re.compile(r"\d{1,3}(?:,\d{3})+|\d+(?:\.\d+)?(?:x\d+)?")
 
 
 def _table1(variant: str, column: str) -> int:
@@ -58,6 +58,13 @@ PAPER_FACTS = {
     "14": ("pre-training epochs in Table 6", lambda: 14 in set(__import__("vitviz").paper_results()["epochs"])),
     "2": ("two early/late layers compared by distance_observations", lambda: True),
     "10": ("perturbation steps of 10% (Chefer et al. 2021)", lambda: True),
+    "4": ("ViT needs 2-4x less compute than ResNets for the same accuracy (Sec. 4.4)", lambda: True),
+    "95": ("confidence level of every interval (Student t, bootstrap)", lambda: True),
+    "0.975": ("t quantile of a two-sided 95% interval", lambda: True),
+    "5,000": ("the study's class-balanced training subset",
+              lambda: 5000 in set(__import__("vitviz.experiments.study", fromlist=["x"]).read_results().train_images)),
+    "50,000": ("CIFAR-10's training set, the study's whole-set runs",
+               lambda: 50000 in set(__import__("vitviz.experiments.study", fromlist=["x"]).read_results().train_images)),
     "0.9": ("Chefer et al. integrate accuracy over removed fractions 0 to 0.9 (their AUC convention)", lambda: True),
     "100": ("100% of the patches; AUC in percent (x100)", lambda: True),
 }
