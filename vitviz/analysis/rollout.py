@@ -15,6 +15,17 @@ store=False)``), so besides the layer being computed only the running product an
 ``vit_grad_rollout``: per layer ``W = mean_h relu(attn * d logit / d attn)``, then the same residual and product.
 Gradients are matched to their layer by position (the copied code pairs them in reverse order).
 
+Layouts beyond one softmax map per layer (``ViTSpec.attention_maps`` / ``attention_blocks``):
+
+- parallel blocks (several attention branches whose outputs the residual adds, timm ``ParallelThingsBlock``):
+  the branches' fused maps are averaged, ``W = mean_j W_j``, then ``A = 0.5 W + 0.5 I`` as for one map (our
+  choice: the residual adds the branches with equal weight; rollout has no published rule for this layout).
+- CaiT: the talking-heads self-attention layers are refused (mixed across heads after the softmax, signed, rows
+  not summing to 1: not a flow between tokens); the class-attention layers roll out as usual (class row softmax,
+  patch rows identity), so ``start_layer=<index of the first class-attention layer>`` gives the class token's
+  rollout over the class-attention stage.
+- differential attention (signed ``S1 - lambda S2``, rows sum to ``1 - lambda``): refused.
+
 Shapes: ``B`` batch, ``H`` heads, ``N`` tokens (prefix + patches), ``P`` patch tokens, ``(gh, gw)`` grid.
 """
 
@@ -31,8 +42,10 @@ from vitviz.core.images import Images
 from vitviz.core.spec import ViTSpec, inspect
 from vitviz.errors import VitvizError
 
+ROLLOUT_MAPS = ("softmax", "class-attention")  # map kinds rollout is defined for (ViTSpec.attention_maps)
+
 __all__ = [
-    "HEAD_FUSIONS", "RolloutReducer", "attention_rollout", "discard_weakest", "fuse_heads", "grad_rollout",
+    "BranchAverage", "HEAD_FUSIONS", "ROLLOUT_MAPS", "RolloutReducer", "attention_rollout", "discard_weakest", "fuse_heads", "grad_rollout",
     "grad_rollout_from_attentions", "rollout_from_attentions", "rollout_to_maps",
 ]
 
@@ -204,8 +217,12 @@ def grad_rollout_from_attentions(
     num_prefix_tokens: int = 1,
     discard_ratio: float = 0.0,
     start_layer: int = 0,
+    blocks: Sequence[int] | None = None,
 ) -> torch.Tensor:
     """Gradient-weighted rollout: ``W_l = mean_h relu(attn_l * grad_l)``, then ``A = 0.5 W + 0.5 I`` and product.
+
+    ``blocks`` (block index per map, e.g. ``ViTSpec.attention_blocks``): maps of one block (parallel branches)
+    are averaged into one ``W`` before the product, as in ``attention_rollout``.
 
     Args:
         attentions: per layer ``(B, H, N, N)`` maps; ``gradients``: the gradient of the target logit with
@@ -218,11 +235,52 @@ def grad_rollout_from_attentions(
     if len(attentions) != len(gradients):
         raise ValueError(f"{len(attentions)} attention maps but {len(gradients)} gradients")
     reducer = RolloutReducer(num_prefix_tokens=num_prefix_tokens, discard_ratio=discard_ratio, normalise=False)
-    for attn, grad in list(zip(attentions, gradients))[start_layer:]:
+    block_of = list(blocks) if blocks is not None else list(range(len(attentions)))
+    pending: list[torch.Tensor] = []
+    pairs = list(zip(attentions, gradients, block_of))[start_layer:]
+    for i, (attn, grad, block) in enumerate(pairs):
         if attn.shape != grad.shape:
             raise ValueError(f"attention {tuple(attn.shape)} and gradient {tuple(grad.shape)} differ in shape")
-        reducer.update_fused((attn.float() * grad.float()).clamp_min_(0).mean(dim=1))
+        pending.append((attn.float() * grad.float()).clamp_min_(0).mean(dim=1))
+        if i + 1 == len(pairs) or pairs[i + 1][2] != block:
+            reducer.update_fused(torch.stack(pending).mean(dim=0))
+            pending = []
     return reducer.rollout
+
+
+class BranchAverage:
+    """Feed a ``RolloutReducer`` one averaged fused map per residual block (parallel branches averaged).
+
+    Args:
+        reducer: the reducer to feed (its ``head_fusion`` and ``dtype`` are used).
+        blocks: block index of each selected attention module, in the order they run.
+    """
+
+    def __init__(self, reducer: RolloutReducer, blocks: Sequence[int]) -> None:
+        self.reducer = reducer
+        self.blocks = list(blocks)
+        self.last = {b: p for p, b in enumerate(self.blocks)}
+        self.count = {b: self.blocks.count(b) for b in self.last}
+        self._sum: torch.Tensor | None = None
+
+    def __call__(self, position: int, attn: torch.Tensor) -> None:
+        if position == 0:
+            self.reducer.reset()
+            self._sum = None
+        w = fuse_heads(attn, self.reducer.head_fusion, self.reducer.dtype)
+        self._sum = w if self._sum is None else self._sum + w
+        block = self.blocks[position]
+        if position == self.last[block]:
+            self.reducer.update_fused(self._sum / self.count[block])
+            self._sum = None
+
+
+def _check_maps(spec: ViTSpec, layers: list[int], method: str) -> None:
+    maps = spec.attention_maps or ("softmax",) * len(spec.attention_modules)
+    ok_from = next((i for i in range(len(maps)) if all(k in ROLLOUT_MAPS for k in maps[i:])), None)
+    hint = (f"start_layer={ok_from} rolls out only the layers from {spec.attention_modules[ok_from]} on"
+            if ok_from is not None and ok_from > layers[0] else "")
+    spec.require_maps(method, ROLLOUT_MAPS, layers, hint)
 
 
 def _output_token(spec: ViTSpec, token: int | None, n: int) -> int | None:
@@ -303,11 +361,14 @@ def attention_rollout(
     """
     spec = inspect(model)
     layers = _layer_range(spec, start_layer)
+    _check_maps(spec, layers, "attention_rollout")
     reducer = RolloutReducer(num_prefix_tokens=spec.num_prefix_tokens, head_fusion=head_fusion,
                              discard_ratio=discard_ratio, residual=residual, assume_stochastic=True)
+    blocks = [spec.attention_blocks[i] for i in layers] if spec.attention_blocks else layers
+    feed = BranchAverage(reducer, blocks) if len(set(blocks)) < len(blocks) else reducer
     out: list[torch.Tensor] = []
     for x in iter_batches(model, images, batch_size, progress=progress, desc="rollout"):
-        with torch.no_grad(), capture_attention(model, layers=layers, on_layer=reducer, store=False):
+        with torch.no_grad(), capture_attention(model, layers=layers, on_layer=feed, store=False):
             model(x)
         out.append(_output(spec, reducer.rollout, x, token, return_full))
         reducer.reset()
@@ -357,6 +418,7 @@ def grad_rollout(
     """
     spec = inspect(model)
     layers = _layer_range(spec, start_layer)
+    _check_maps(spec, layers, "grad_rollout")
     targets = torch.as_tensor(target) if target is not None else None
     out: list[torch.Tensor] = []
     done = 0
@@ -386,7 +448,9 @@ def grad_rollout(
                 "probabilities are read where they are used (timm, Hugging Face, a ViT with an attn_drop module)")
         rollout = grad_rollout_from_attentions([a.detach() for a in attns], grads,
                                                num_prefix_tokens=spec.num_prefix_tokens,
-                                               discard_ratio=discard_ratio)
+                                               discard_ratio=discard_ratio,
+                                               blocks=[spec.attention_blocks[i] for i in layers]
+                                               if spec.attention_blocks else None)
         del attns, grads, logits, cap
         done += len(x)
         out.append(_output(spec, rollout, x, token, return_full))

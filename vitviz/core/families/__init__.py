@@ -14,6 +14,7 @@ from torch import nn
 from vitviz.core.families.base import Family, Layout
 from vitviz.core.families.custom import CustomFamily, TutorialFamily
 from vitviz.core.families.hf_vit import HuggingFaceFamily
+from vitviz.core.families.timm_naflex import NaFlexVitFamily
 from vitviz.core.families.timm_vit import TimmFamily
 from vitviz.core.families.torchvision_vit import TorchvisionFamily
 from vitviz.errors import NotAViTError, VitvizError
@@ -21,7 +22,7 @@ from vitviz.errors import NotAViTError, VitvizError
 __all__ = ["Family", "Layout", "NotAViTError", "VitvizError", "CustomFamily", "describe", "family_of",
            "register_family"]
 
-_FAMILIES: list[Family] = [TimmFamily(), TorchvisionFamily(), HuggingFaceFamily(), TutorialFamily()]
+_FAMILIES: list[Family] = [TimmFamily(), NaFlexVitFamily(), TorchvisionFamily(), HuggingFaceFamily(), TutorialFamily()]
 _DESCRIBED: weakref.WeakKeyDictionary[nn.Module, Family] = weakref.WeakKeyDictionary()
 
 
@@ -42,7 +43,7 @@ def describe(model: nn.Module, **layout: Any) -> nn.Module:
         img_size, patch_size: input size and token stride in pixels (int or ``(h, w)``).
         prefix_tokens: names of the tokens before the patches, e.g. ``("cls", "dist")``, or their count.
         pos_embed: attribute path of the ``(1, L, D)`` absolute position embedding, or ``None``.
-        pos_embed_kind: override the detected kind (``learned``, ``sincos``, ``none``, ``rotary``).
+        pos_embed_kind: override the detected kind (``learned``, ``sincos``, ``none``, ``rotary``, ...).
         patch_proj: attribute path of the patch projection conv (default ``"patch_embed.proj"``).
         num_heads, embed_dim: when the modules do not say.
 
