@@ -26,13 +26,10 @@ __all__ = ["is_sincos_table", "table_kind"]
 def _sincos_candidates(grid: tuple[int, int], dim: int) -> list[torch.Tensor]:
     from timm.layers import build_sincos2d_pos_embed
 
-    out = []
-    for reverse in (False, True):
-        try:
-            out.append(build_sincos2d_pos_embed(list(grid), dim=dim, reverse_coord=reverse).double())
-        except (TypeError, AssertionError, ValueError):  # older timm without reverse_coord, odd widths
-            continue
-    return out
+    try:  # patches row-major over (gh, gw), as the tokens are laid out
+        return [build_sincos2d_pos_embed(list(grid), dim=dim).double()]
+    except (AssertionError, ValueError):  # a width the generator does not accept
+        return []
 
 
 def is_sincos_table(rows: torch.Tensor, grid: tuple[int, int], atol: float = 1e-4) -> bool:
