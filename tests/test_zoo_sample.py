@@ -80,6 +80,11 @@ def test_parallel_rollout_averages_the_branches_of_a_block():
         expected = a if expected is None else a @ expected
     got = vitviz.attention_rollout(model, x, return_full=True)
     torch.testing.assert_close(got, expected, atol=1e-5, rtol=1e-5)
+    spec = vitviz.inspect(model)
+    pure = vitviz.rollout_from_attentions(cap.attentions, num_prefix_tokens=1, blocks=spec.attention_blocks)
+    torch.testing.assert_close(pure, expected, atol=1e-5, rtol=1e-5)
+    sequential = vitviz.rollout_from_attentions(cap.attentions, num_prefix_tokens=1)  # branches as layers
+    assert not torch.allclose(sequential, expected, atol=1e-4)
 
 
 def test_cait_rollout_refuses_talking_heads_and_rolls_out_class_attention():

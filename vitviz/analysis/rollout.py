@@ -188,6 +188,7 @@ def rollout_from_attentions(
     discard_ratio: float = 0.0,
     residual: bool = True,
     start_layer: int = 0,
+    blocks: Sequence[int] | None = None,
 ) -> torch.Tensor:
     """Attention rollout of per-layer maps already in hand (pure function).
 
@@ -196,6 +197,8 @@ def rollout_from_attentions(
         num_prefix_tokens: leading non-patch tokens (protected from discarding).
         head_fusion, discard_ratio, residual: as in ``attention_rollout``.
         start_layer: layers before this index are left out of the product.
+        blocks: block index of every map (``ViTSpec.attention_blocks``); maps of one block (parallel branches)
+            are averaged after head fusion (see ``BranchAverage``).
 
     Returns:
         ``R`` ``(B, N, N)`` float32, ``R = A_L ... A_{start}``; rows sum to 1.
@@ -205,8 +208,9 @@ def rollout_from_attentions(
         raise ValueError(f"no layers to roll out: {len(attentions)} maps given, start_layer={start_layer}")
     reducer = RolloutReducer(num_prefix_tokens=num_prefix_tokens, head_fusion=head_fusion,
                              discard_ratio=discard_ratio, residual=residual)
+    feed = reducer if blocks is None else BranchAverage(reducer, list(blocks)[start_layer:start_layer + len(layers)])
     for i, attn in enumerate(layers):
-        reducer(i, attn)
+        feed(i, attn)
     return reducer.rollout
 
 
