@@ -142,3 +142,19 @@ def test_harness_fails_on_pre_mixing_talking_heads_maps(monkeypatch):
     model = build("cait_xxs24_224")
     with pytest.raises(AssertionError, match=r"blocks\.0\.attn \(talking-heads\) differs from the recomputation"):
         check_model(model, batch(model))
+
+
+def test_unknown_attention_module_is_refused_by_class():
+    class GatedAttention(torch.nn.Module):  # a user's own attention inside a timm model
+        def __init__(self, inner):
+            super().__init__()
+            self.inner, self.num_heads = inner, inner.num_heads
+
+        def forward(self, x, **kwargs):
+            return self.inner(x, **kwargs)
+
+    model = timm.create_model("deit_tiny_patch16_224", pretrained=False, img_size=64, depth=2).eval()
+    model.blocks[1].attn = GatedAttention(model.blocks[1].attn)
+    with pytest.raises(UnsupportedModelError, match=r"VisionTransformer \(timm\) uses the attention module "
+                                                    r"GatedAttention"):
+        vitviz.inspect(model)
