@@ -150,10 +150,15 @@ class ViTSpec:
             f"  tokens     {self.grid_size[0]}x{self.grid_size[1]} grid, stride "
             f"{self.patch_size[0]}x{self.patch_size[1]} px, prefix [{prefix}], N={self.num_tokens}",
             f"  pos_embed  {self.pos_embed_kind} ({cover})",
-            f"  depth {self.depth}, heads {self.num_heads}, embed_dim {self.embed_dim}",
+            f"  depth {self.depth}, heads {self.num_heads}, embed_dim {self.embed_dim}"
+            + (f" ({len(self.attention_modules)} attention modules)"
+               if len(self.attention_modules) != self.depth else ""),
             "  params     " + ", ".join(f"{k} {m(v)}" for k, v in self.params.items() if k != "total" and v)
             + f" | total {m(self.params.get('total', 0))}",
         ]
+        kinds = list(dict.fromkeys(self.attention_maps))
+        if kinds and kinds != ["softmax"]:
+            lines.insert(-1, "  attention  " + ", ".join(f"{k} x{self.attention_maps.count(k)}" for k in kinds))
         return "\n".join(lines)
 
     def _repr_pretty_(self, p, cycle: bool) -> None:  # IPython
