@@ -154,6 +154,12 @@ def table(rows: dict[str, dict]) -> str:
         f"%)**, {total['refused']} refused with the reason, {total['wrong']} silently wrong; "
         f"{total['inspect-only']} inspected only; {total['build-failed']} not buildable by timm; {len(rows)} in all.",
         "",
+        "*Supported*: every invariant of `tests/conformance.py` holds: captured maps equal a recomputation from the "
+        "weights, rows sum to 1 or the documented sum, output and module state unchanged by the capture, rollout, "
+        "mean attention distance and position similarity finite and shaped by the grid, or refused where the map "
+        "kind has no such meaning (CaiT talking-heads, differential attention; see [zoo.md](zoo.md)). *Real builds*: "
+        "supported + refused + wrong.",
+        "",
         "| family prefix | " + " | ".join(statuses) + " | count |",
         "|---|" + "---:|" * (len(statuses) + 1),
     ]
