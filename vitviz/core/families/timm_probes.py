@@ -72,11 +72,6 @@ def probe_class_attn(module: nn.Module, emit: Emit) -> Undo:
     return _hook_attn_drop(module, lambda a: emit(embed_class_rows(a)))
 
 
-def diff_lambda(module: nn.Module) -> torch.Tensor:
-    """timm's ``lambda`` of a differential-attention module (a 0-d float tensor)."""
-    return module._compute_lambda().detach() if hasattr(module, "_compute_lambda") else torch.tensor(0.0)
-
-
 def probe_diff(module: nn.Module, emit: Emit) -> Undo:
     """``DiffAttention`` / ``DiffParallelScalingBlock``: the effective signed map ``S1 - lambda S2`` per head."""
     heads = int(module.num_heads)
