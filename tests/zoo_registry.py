@@ -53,7 +53,7 @@ def _reason(err: BaseException) -> str:
     msg = str(err)
     msg = msg.split("not supported: ", 1)[-1]
     msg = re.sub(r"^\S+ \(timm\) ", "", msg)
-    return msg.split(";")[0][:160]
+    return msg.split(";")[0][:300]
 
 
 def _small_input(spec) -> torch.Tensor:
