@@ -11,7 +11,7 @@ OUT    ?= reports
 DATA   ?= $(if $(VITVIZ_DATA),$(VITVIZ_DATA),../shared/data/cifar10)
 DEVICE ?= auto
 
-.PHONY: install install-browser report test test-fast test-browser lint bench clean train-reference study
+.PHONY: install install-browser report test test-fast test-browser lint bench clean train-reference study test-zoo
 
 install: $(STAMP)
 
@@ -28,10 +28,10 @@ report: install
 
 # The browser tests run only in test-browser (they need JupyterLab, Playwright and Chromium).
 test: install
-	$(VPY) -m pytest -m "not browser"
+	$(VPY) -m pytest -m "not browser and not zoo"
 
 test-fast: install
-	$(VPY) -m pytest -m "not slow and not browser"
+	$(VPY) -m pytest -m "not slow and not browser and not zoo"
 
 # Debian's Chromium (apt, as root, only when $(CHROMIUM) is missing) and the `browser` extra (JupyterLab,
 # Playwright's Python package; Playwright drives $(CHROMIUM): no `playwright install`, no download).
@@ -72,3 +72,11 @@ study: install
 
 clean:
 	rm -rf $(OUT) .pytest_cache build *.egg-info
+
+# Every ViT-like architecture in timm's registry (about 300, random weights, small images; tens of minutes on a
+# CPU): each passes the conformance invariants or is refused clearly. Writes docs/coverage.md from the results.
+ZOO_RESULTS ?= reports/zoo/results.jsonl
+test-zoo: install
+	rm -f $(ZOO_RESULTS)
+	VITVIZ_ZOO_RESULTS=$(ZOO_RESULTS) $(VPY) -m pytest -m zoo tests/test_zoo_registry.py -q; status=$$?; \
+	  $(VPY) tests/zoo_registry.py table --results $(ZOO_RESULTS) --out docs/coverage.md; exit $$status

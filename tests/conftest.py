@@ -15,6 +15,11 @@ if os.environ.get("VITVIZ_TEST_THREADS"):  # e.g. 1 on a machine busy with a tra
 
 
 def pytest_collection_modifyitems(config, items):
+    if "zoo" not in (config.option.markexpr or ""):  # the whole registry runs only when asked: -m zoo
+        skip_zoo = pytest.mark.skip(reason="timm registry run: make test-zoo (pytest -m zoo)")
+        for item in items:
+            if "zoo" in item.keywords:
+                item.add_marker(skip_zoo)
     if not torch.cuda.is_available():
         skip = pytest.mark.skip(reason="needs a CUDA device")
         for item in items:

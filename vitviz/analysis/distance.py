@@ -156,9 +156,16 @@ def mean_attention_distance(
 
     Returns:
         ``(L, H)`` float32 on the CPU: for each layer and head, the attention-weighted distance between query and
-        key patch centres, averaged over queries and images.
+        key patch centres, averaged over queries and images. ``L`` counts attention modules
+        (``spec.attention_modules``): a parallel block's branches are separate rows.
+
+    Raises:
+        UnsupportedModelError: a layer's maps are not softmax distributions (CaiT's talking-heads and
+            class-attention layers, differential attention; ``ViTSpec.attention_maps``).
     """
     spec = inspect(model)
+    spec.require_maps("mean_attention_distance", ("softmax",),
+                      hint="the distance averages each patch query's attention distribution over patch keys")
     layers = len(spec.attention_modules)
     reducer = DistanceReducer(layers, spec.num_heads, spec.num_prefix_tokens)
     cache: dict[tuple[int, int], torch.Tensor] = {}

@@ -35,7 +35,7 @@ from collections.abc import Sequence
 import torch
 from torch import nn
 
-from vitviz.analysis.rollout import RolloutReducer, _layer_range, _output
+from vitviz.analysis.rollout import RolloutReducer, _check_maps, _layer_range, _output
 from vitviz.core.batching import count_images, iter_batches
 from vitviz.core.capture import capture_attention
 from vitviz.core.images import Images
@@ -120,12 +120,33 @@ def _weighted(attn: torch.Tensor, grad: torch.Tensor) -> torch.Tensor:
     return (attn.to(dtype) * grad.to(dtype)).clamp_min_(0).mean(dim=1)
 
 
-def chefer_from_attentions(attentions: Sequence[torch.Tensor], gradients: Sequence[torch.Tensor]) -> torch.Tensor:
+def _block_weights(attentions: Sequence[torch.Tensor], gradients: Sequence[torch.Tensor],
+                   blocks: Sequence[int] | None) -> list[torch.Tensor]:
+    """``E_h[(grad * A)^+]`` per residual block: one per layer, or, where several attention branches share a block
+    (timm parallel blocks; ``ViTSpec.attention_blocks``), the mean of the branches' (as ``attention_rollout``
+    averages their fused maps: the residual adds the branches with equal weight; no published rule covers it)."""
+    block_of = list(blocks) if blocks is not None else list(range(len(attentions)))
+    if len(block_of) != len(attentions):
+        raise ValueError(f"{len(attentions)} attention maps but {len(block_of)} block indices")
+    out: list[torch.Tensor] = []
+    pending: list[torch.Tensor] = []
+    for i, (attn, grad) in enumerate(zip(attentions, gradients)):
+        pending.append(_weighted(attn, grad))
+        if i + 1 == len(attentions) or block_of[i + 1] != block_of[i]:
+            out.append(pending[0] if len(pending) == 1 else torch.stack(pending).mean(dim=0))
+            pending = []
+    return out
+
+
+def chefer_from_attentions(attentions: Sequence[torch.Tensor], gradients: Sequence[torch.Tensor],
+                           blocks: Sequence[int] | None = None) -> torch.Tensor:
     """Chefer et al. (ICCV 2021) Eq. 6 on maps in hand: ``R = I``, ``R <- R + E_h[(grad * A)^+] R`` per layer.
 
     Args:
         attentions: per layer, in forward order, ``(B, H, N, N)`` post-softmax maps.
         gradients: the gradient of the explained score with respect to the same layer's map, same shapes.
+        blocks: block index of each map (``ViTSpec.attention_blocks``); parallel branches of one block are
+            averaged into one update (see ``_block_weights``). Default: one block per map.
 
     Returns:
         ``R`` ``(B, N, N)`` float32 (float64 for float64 maps); row ``i``: relevance of every token for token ``i``.
@@ -137,8 +158,8 @@ def chefer_from_attentions(attentions: Sequence[torch.Tensor], gradients: Sequen
     b, _, n, _ = attentions[0].shape
     dtype = torch.promote_types(attentions[0].dtype, torch.float32)
     r = torch.eye(n, device=attentions[0].device, dtype=dtype).expand(b, n, n).clone()
-    for attn, grad in zip(attentions, gradients):
-        r = r + torch.bmm(_weighted(attn, grad), r)
+    for w in _block_weights(attentions, gradients, blocks):
+        r = r + torch.bmm(w, r)
     return r
 
 
@@ -149,6 +170,7 @@ def grad_rollout_from_attentions(
     num_prefix_tokens: int = 1,
     discard_ratio: float = 0.0,
     start_layer: int = 0,
+    blocks: Sequence[int] | None = None,
 ) -> torch.Tensor:
     """vitviz's gradient-weighted rollout on maps in hand: ``R_l = rownorm(0.5 E_h[(grad*A)^+] + 0.5 I) R_{l-1}``.
 
@@ -164,8 +186,9 @@ def grad_rollout_from_attentions(
     if len(attentions) != len(gradients):
         raise ValueError(f"{len(attentions)} attention maps but {len(gradients)} gradients")
     reducer = RolloutReducer(num_prefix_tokens=num_prefix_tokens, discard_ratio=discard_ratio, normalise=False)
-    for attn, grad in list(zip(attentions, gradients))[start_layer:]:
-        reducer.update_fused(_weighted(attn, grad))
+    blocks = list(blocks)[start_layer:] if blocks is not None else None
+    for w in _block_weights(list(attentions)[start_layer:], list(gradients)[start_layer:], blocks):
+        reducer.update_fused(w)
     return reducer.rollout
 
 
@@ -173,6 +196,8 @@ def _run(model: nn.Module, images: Images, target: Target, rule: str, *, discard
          token: int | None, return_full: bool, batch_size: int | None, progress: bool) -> torch.Tensor:
     spec = inspect(model)
     layers = _layer_range(spec, start_layer)
+    _check_maps(spec, layers, rule)  # signed or mixed maps (differential attention, CaiT talking heads): refused
+    blocks = [spec.attention_blocks[i] for i in layers] if spec.attention_blocks else None
     total = count_images(images)
     out: list[torch.Tensor] = []
     done = 0
@@ -180,10 +205,10 @@ def _run(model: nn.Module, images: Images, target: Target, rule: str, *, discard
         attns, grads, _ = attention_gradients(model, x, target, spec=spec, layers=layers, start=done,
                                               n_images=total)
         if rule == "chefer":
-            r = chefer_from_attentions(attns, grads)
+            r = chefer_from_attentions(attns, grads, blocks)
         else:
             r = grad_rollout_from_attentions(attns, grads, num_prefix_tokens=spec.num_prefix_tokens,
-                                             discard_ratio=discard_ratio)
+                                             discard_ratio=discard_ratio, blocks=blocks)
         del attns, grads
         out.append(_output(spec, r, x, token, return_full))
         done += len(x)

@@ -27,6 +27,17 @@ vit-explain's ``discard_ratio`` differs from vitviz's: it drops the weakest entr
 (of the first image only), then divides by the row sums along the wrong axis; vitviz drops them row by row and
 keeps every row stochastic (``discard_weakest``).
 
+Layouts beyond one softmax map per layer (``ViTSpec.attention_maps`` / ``attention_blocks``):
+
+- parallel blocks (several attention branches whose outputs the residual adds, timm ``ParallelThingsBlock``):
+  the branches' fused maps are averaged, ``W = mean_j W_j``, then ``A = 0.5 W + 0.5 I`` as for one map (our
+  choice: the residual adds the branches with equal weight; rollout has no published rule for this layout).
+- CaiT: the talking-heads self-attention layers are refused (mixed across heads after the softmax, signed, rows
+  not summing to 1: not a flow between tokens); the class-attention layers roll out as usual (class row softmax,
+  patch rows identity), so ``start_layer=<index of the first class-attention layer>`` gives the class token's
+  rollout over the class-attention stage.
+- differential attention (signed ``S1 - lambda S2``, rows sum to ``1 - lambda``): refused.
+
 Shapes: ``B`` batch, ``H`` heads, ``N`` tokens (prefix + patches), ``P`` patch tokens, ``(gh, gw)`` grid.
 """
 
@@ -43,9 +54,11 @@ from vitviz.core.images import Images
 from vitviz.core.spec import ViTSpec, inspect
 from vitviz.errors import VitvizError
 
+ROLLOUT_MAPS = ("softmax", "class-attention")  # map kinds rollout is defined for (ViTSpec.attention_maps)
+
 __all__ = [
-    "HEAD_FUSIONS", "RolloutReducer", "attention_rollout", "discard_weakest", "fuse_heads",
-    "rollout_from_attentions", "rollout_to_maps",
+    "BranchAverage", "HEAD_FUSIONS", "ROLLOUT_MAPS", "RolloutReducer", "attention_rollout", "discard_weakest",
+    "fuse_heads", "rollout_from_attentions", "rollout_to_maps",
 ]
 
 HEAD_FUSIONS = ("mean", "max", "min")
@@ -187,6 +200,7 @@ def rollout_from_attentions(
     discard_ratio: float = 0.0,
     residual: bool = True,
     start_layer: int = 0,
+    blocks: Sequence[int] | None = None,
 ) -> torch.Tensor:
     """Attention rollout of per-layer maps already in hand (pure function).
 
@@ -195,6 +209,8 @@ def rollout_from_attentions(
         num_prefix_tokens: leading non-patch tokens (protected from discarding).
         head_fusion, discard_ratio, residual: as in ``attention_rollout``.
         start_layer: layers before this index are left out of the product.
+        blocks: block index of every map (``ViTSpec.attention_blocks``); maps of one block (parallel branches)
+            are averaged after head fusion (see ``BranchAverage``).
 
     Returns:
         ``R`` ``(B, N, N)`` float32, ``R = A_L ... A_{start}``; rows sum to 1.
@@ -204,9 +220,45 @@ def rollout_from_attentions(
         raise ValueError(f"no layers to roll out: {len(attentions)} maps given, start_layer={start_layer}")
     reducer = RolloutReducer(num_prefix_tokens=num_prefix_tokens, head_fusion=head_fusion,
                              discard_ratio=discard_ratio, residual=residual)
+    feed = reducer if blocks is None else BranchAverage(reducer, list(blocks)[start_layer:start_layer + len(layers)])
     for i, attn in enumerate(layers):
-        reducer(i, attn)
+        feed(i, attn)
     return reducer.rollout
+
+
+class BranchAverage:
+    """Feed a ``RolloutReducer`` one averaged fused map per residual block (parallel branches averaged).
+
+    Args:
+        reducer: the reducer to feed (its ``head_fusion`` and ``dtype`` are used).
+        blocks: block index of each selected attention module, in the order they run.
+    """
+
+    def __init__(self, reducer: RolloutReducer, blocks: Sequence[int]) -> None:
+        self.reducer = reducer
+        self.blocks = list(blocks)
+        self.last = {b: p for p, b in enumerate(self.blocks)}
+        self.count = {b: self.blocks.count(b) for b in self.last}
+        self._sum: torch.Tensor | None = None
+
+    def __call__(self, position: int, attn: torch.Tensor) -> None:
+        if position == 0:
+            self.reducer.reset()
+            self._sum = None
+        w = fuse_heads(attn, self.reducer.head_fusion, self.reducer.dtype)
+        self._sum = w if self._sum is None else self._sum + w
+        block = self.blocks[position]
+        if position == self.last[block]:
+            self.reducer.update_fused(self._sum / self.count[block])
+            self._sum = None
+
+
+def _check_maps(spec: ViTSpec, layers: list[int], method: str) -> None:
+    maps = spec.attention_maps or ("softmax",) * len(spec.attention_modules)
+    ok_from = next((i for i in range(len(maps)) if all(k in ROLLOUT_MAPS for k in maps[i:])), None)
+    hint = (f"start_layer={ok_from} rolls out only the layers from {spec.attention_modules[ok_from]} on"
+            if ok_from is not None and ok_from > layers[0] else "")
+    spec.require_maps(method, ROLLOUT_MAPS, layers, hint)
 
 
 def _output_token(spec: ViTSpec, token: int | None, n: int) -> int | None:
@@ -287,11 +339,14 @@ def attention_rollout(
     """
     spec = inspect(model)
     layers = _layer_range(spec, start_layer)
+    _check_maps(spec, layers, "attention_rollout")
     reducer = RolloutReducer(num_prefix_tokens=spec.num_prefix_tokens, head_fusion=head_fusion,
                              discard_ratio=discard_ratio, residual=residual, assume_stochastic=True)
+    blocks = [spec.attention_blocks[i] for i in layers] if spec.attention_blocks else layers
+    feed = BranchAverage(reducer, blocks) if len(set(blocks)) < len(blocks) else reducer
     out: list[torch.Tensor] = []
     for x in iter_batches(model, images, batch_size, progress=progress, desc="rollout"):
-        with torch.no_grad(), capture_attention(model, layers=layers, on_layer=reducer, store=False):
+        with torch.no_grad(), capture_attention(model, layers=layers, on_layer=feed, store=False):
             model(x)
         out.append(_output(spec, reducer.rollout, x, token, return_full))
         reducer.reset()

@@ -13,6 +13,16 @@ from typing import Any
 from torch import nn
 
 from vitviz.core.families import Family, family_of
+from vitviz.errors import UnsupportedModelError
+
+_KIND_REASON = {
+    "talking-heads": "CaiT's talking-heads weights are mixed across heads after the softmax: signed, rows do not "
+                     "sum to 1, so they are not a flow of attention between tokens",
+    "differential": "differential attention subtracts two softmax maps: signed, rows sum to 1 - lambda, so it is "
+                    "not a distribution over tokens",
+    "class-attention": "only the class token attends in these layers; patch queries have no attention to measure",
+    "softmax": "",
+}
 
 COMPONENT_ORDER = ("patch_embed", "pos_embed", "prefix_tokens", "blocks", "norm", "head", "other")
 
@@ -29,16 +39,29 @@ class ViTSpec:
             reduction times the patch size.
         grid_size: ``(gh, gw)`` patch tokens along h and w.
         prefix_tokens: names of the tokens before the patch tokens, in order (``"cls"``, ``"dist"``, ``"reg"``).
-        pos_embed_kind: ``learned``, ``learned-2d``, ``sincos``, ``none``, ``rotary`` or ``relative-bias`` (a
-            learned bias added to the attention scores, no table), or parts joined by ``+`` when a model has both
-            (``learned+relative-bias``).
+        pos_embed_kind: what the position information is, read from what the table is (never from
+            ``requires_grad``; see ``vitviz.core.families.pos_kind``): ``learned`` (an ``nn.Parameter`` table),
+            ``sincos`` (a fixed 2-D sine-cosine table, buffer or parameter), ``fixed`` (a non-parameter table of
+            another form), ``learned-2d`` (generated from row and column tables, concatenated),
+            ``learned-factorized`` (row plus column tables, NaFlexVit ``factorized``), ``rotary`` (rotary
+            embeddings, no absolute table), ``relative-bias`` (a relative position bias added to the attention
+            logits, BEiT and timm ``vit_relpos_*``; no absolute table) or ``none``; parts joined by ``+``
+            when a model has both (Hugging Face BEiT with an absolute table: ``learned+relative-bias``).
         pos_embed_covers_prefix: whether the absolute position embedding has rows for the prefix tokens.
         depth, num_heads, embed_dim: transformer size.
         hybrid: the patch embedding sits on a CNN backbone.
         dynamic_img_size: the model accepts other input sizes (timm ``dynamic_img_size=True``).
         params: parameter count per component (``patch_embed``, ``pos_embed``, ``prefix_tokens``, ``blocks``,
             ``norm``, ``head``, ``other``) and ``total``.
-        attention_modules: names of the attention modules, in layer order.
+        attention_modules: names of the attention modules, in layer order (parallel blocks: one per branch,
+            e.g. ``blocks.3.attns.0.attn`` and ``blocks.3.attns.1.attn``).
+        attention_maps: per attention module, what its captured ``(B, H, N, N)`` map holds: ``softmax``
+            (probabilities, rows sum to 1), ``talking-heads`` (CaiT: post-mixing, signed, rows sum to a per-head
+            constant), ``class-attention`` (CaiT: only the class row attends; other rows identity) or
+            ``differential`` (``S1 - lambda S2``, signed, rows sum to ``1 - lambda``); see
+            ``vitviz.core.families.timm_probes``.
+        attention_blocks: per attention module, the index of its residual block (equal indices: parallel
+            branches whose outputs the residual adds).
     """
 
     name: str
@@ -56,6 +79,8 @@ class ViTSpec:
     dynamic_img_size: bool = False
     params: dict[str, int] = field(default_factory=dict)
     attention_modules: tuple[str, ...] = ()
+    attention_maps: tuple[str, ...] = ()
+    attention_blocks: tuple[int, ...] = ()
 
     @property
     def num_prefix_tokens(self) -> int:
@@ -78,6 +103,27 @@ class ViTSpec:
     def has_abs_pos_embed(self) -> bool:
         # a kind may combine parts with "+" (e.g. BEiT's "learned+relative-bias"); a relative bias is no table
         return any(k not in ("none", "rotary", "relative-bias") for k in self.pos_embed_kind.split("+"))
+
+    def require_maps(self, method: str, kinds: tuple[str, ...], layers: list[int] | None = None,
+                     hint: str = "") -> None:
+        """Raise ``UnsupportedModelError`` unless every selected layer's map kind is one of ``kinds``.
+
+        Args:
+            method: the analysis asking (named in the message).
+            kinds: the map kinds the method is defined for.
+            layers: indices into ``attention_modules`` (default all).
+            hint: what to do instead, appended to the message.
+        """
+        maps = self.attention_maps or ("softmax",) * len(self.attention_modules)
+        idx = range(len(maps)) if layers is None else layers
+        bad = [(self.attention_modules[i], maps[i]) for i in idx if maps[i] not in kinds]
+        if bad:
+            kinds_found = sorted({k for _, k in bad})
+            raise UnsupportedModelError(
+                f"{self.name}: {method} is defined for attention maps of kind {', '.join(kinds)}, but "
+                f"{bad[0][0]}{f' and {len(bad) - 1} other layers' if len(bad) > 1 else ''} yield "
+                f"{', '.join(kinds_found)} maps ({_KIND_REASON[kinds_found[0]]})" + (f"; {hint}" if hint else "")
+            )
 
     def grid_for(self, img_size: tuple[int, int]) -> tuple[int, int]:
         """The patch grid for another input size (for ``dynamic_img_size`` models)."""
@@ -106,10 +152,15 @@ class ViTSpec:
             f"  tokens     {self.grid_size[0]}x{self.grid_size[1]} grid, stride "
             f"{self.patch_size[0]}x{self.patch_size[1]} px, prefix [{prefix}], N={self.num_tokens}",
             f"  pos_embed  {self.pos_embed_kind} ({cover})",
-            f"  depth {self.depth}, heads {self.num_heads}, embed_dim {self.embed_dim}",
+            f"  depth {self.depth}, heads {self.num_heads}, embed_dim {self.embed_dim}"
+            + (f" ({len(self.attention_modules)} attention modules)"
+               if len(self.attention_modules) != self.depth else ""),
             "  params     " + ", ".join(f"{k} {m(v)}" for k, v in self.params.items() if k != "total" and v)
             + f" | total {m(self.params.get('total', 0))}",
         ]
+        kinds = list(dict.fromkeys(self.attention_maps))
+        if kinds and kinds != ["softmax"]:
+            lines.insert(-1, "  attention  " + ", ".join(f"{k} x{self.attention_maps.count(k)}" for k in kinds))
         return "\n".join(lines)
 
     def _repr_pretty_(self, p, cycle: bool) -> None:  # IPython
@@ -149,4 +200,6 @@ def inspect(model: nn.Module) -> ViTSpec:
         **{f.name: getattr(lay, f.name) for f in fields(lay)},
         params=count_params(model, family),
         attention_modules=tuple(n for n, _ in family.attention_modules(model)),
+        attention_maps=tuple(family.attention_maps(model)),
+        attention_blocks=tuple(family.attention_blocks(model)),
     )

@@ -121,13 +121,15 @@ class AttentionExplorer(Explorer):
     def _rollout_matrix(self, i: int, layer: int, head: int | str, discard: float) -> torch.Tensor:
         key = (i, layer, head, round(discard, 6))
         if key not in self._rollouts:
-            from vitviz.analysis.rollout import rollout_from_attentions
+            from vitviz.analysis.rollout import _check_maps, rollout_from_attentions
 
+            _check_maps(self.spec, list(range(layer + 1)), "rollout")  # refuses maps that are not a flow
             maps = self.attentions(i)[: layer + 1]
             if isinstance(head, int):  # one head index followed through every layer
                 maps, head = [a[:, head:head + 1] for a in maps], "mean"
             self._rollouts[key] = rollout_from_attentions(
-                maps, num_prefix_tokens=self.spec.num_prefix_tokens, head_fusion=head, discard_ratio=discard)[0]
+                maps, num_prefix_tokens=self.spec.num_prefix_tokens, head_fusion=head, discard_ratio=discard,
+                blocks=self.spec.attention_blocks[: layer + 1] or None)[0]
             while len(self._rollouts) > ROLLOUT_CACHE:
                 self._rollouts.popitem(last=False)
         self._rollouts.move_to_end(key)

@@ -24,6 +24,7 @@ from vitviz.core.families.hf_siglip import HFSiglipFamily
 from vitviz.core.families.hf_vit import HuggingFaceFamily
 from vitviz.core.families.hf_vit_mae import HFViTMAEFamily
 from vitviz.core.families.open_clip_vit import OpenCLIPFamily
+from vitviz.core.families.timm_naflex import NaFlexVitFamily
 from vitviz.core.families.timm_vit import TimmFamily
 from vitviz.core.families.torchvision_vit import TorchvisionFamily
 from vitviz.errors import NotAViTError, VitvizError
@@ -35,7 +36,7 @@ __all__ = ["Family", "Layout", "NotAViTError", "VitvizError", "CustomFamily", "d
 # is refused by HFUnsupportedFamily with the reason, never misread.
 HF_FAMILIES: list[Family] = [HuggingFaceFamily(), HFDeiTFamily(), HFBeitFamily(), HFDinov2Family(),
                              HFDinov2RegistersFamily(), HFCLIPFamily(), HFSiglipFamily(), HFViTMAEFamily()]
-_FAMILIES: list[Family] = [TimmFamily(), TorchvisionFamily(), *HF_FAMILIES, HFUnsupportedFamily(), OpenCLIPFamily(),
+_FAMILIES: list[Family] = [TimmFamily(), NaFlexVitFamily(), TorchvisionFamily(), *HF_FAMILIES, HFUnsupportedFamily(), OpenCLIPFamily(),
                            TutorialFamily()]
 _DESCRIBED: weakref.WeakKeyDictionary[nn.Module, Family] = weakref.WeakKeyDictionary()
 
@@ -57,7 +58,7 @@ def describe(model: nn.Module, **layout: Any) -> nn.Module:
         img_size, patch_size: input size and token stride in pixels (int or ``(h, w)``).
         prefix_tokens: names of the tokens before the patches, e.g. ``("cls", "dist")``, or their count.
         pos_embed: attribute path of the ``(1, L, D)`` absolute position embedding, or ``None``.
-        pos_embed_kind: override the detected kind (``learned``, ``sincos``, ``none``, ``rotary``).
+        pos_embed_kind: override the detected kind (``learned``, ``sincos``, ``none``, ``rotary``, ...).
         patch_proj: attribute path of the patch projection conv (default ``"patch_embed.proj"``).
         num_heads, embed_dim: when the modules do not say.
 

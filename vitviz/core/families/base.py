@@ -36,8 +36,6 @@ Undo = Callable[[], None]
 Probe = Callable[[nn.Module, Emit], Undo]
 
 
-
-
 @dataclass(frozen=True)
 class Layout:
     """Token layout fields a family reads off a model (``inspect`` adds parameter counts and names)."""
@@ -46,7 +44,7 @@ class Layout:
     patch_size: tuple[int, int]  # token stride in input pixels
     grid_size: tuple[int, int]
     prefix_tokens: tuple[str, ...]  # e.g. ("cls",), ("cls", "dist"), ("cls", "reg", "reg", "reg", "reg")
-    pos_embed_kind: str  # "learned", "learned-2d", "sincos", "none", "rotary"
+    pos_embed_kind: str  # see ViTSpec.pos_embed_kind
     pos_embed_covers_prefix: bool
     depth: int
     num_heads: int
@@ -69,6 +67,15 @@ class Family:
 
     def attention_modules(self, model: nn.Module) -> list[tuple[str, nn.Module]]:
         raise NotImplementedError
+
+    def attention_maps(self, model: nn.Module) -> list[str]:
+        """Per attention module, what its captured map holds (``vitviz.core.families.timm_probes``); default all
+        ``"softmax"`` (post-softmax probabilities, rows sum to 1)."""
+        return ["softmax"] * len(self.attention_modules(model))
+
+    def attention_blocks(self, model: nn.Module) -> list[int]:
+        """Per attention module, the index of the residual block it sits in (parallel blocks hold several)."""
+        return list(range(len(self.attention_modules(model))))
 
     def pos_embed(self, model: nn.Module) -> torch.Tensor | None:
         """The absolute position embedding ``(1, L, D)``: ``L = P`` or ``prefix + P``; ``None`` if there is none."""

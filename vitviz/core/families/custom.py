@@ -23,6 +23,7 @@ from vitviz.core.families.base import (
     probe_mha,
     probe_qkv,
 )
+from vitviz.core.families.pos_kind import table_kind
 from vitviz.core.util import pair
 from vitviz.errors import NotAViTError
 
@@ -136,8 +137,8 @@ class CustomFamily(Family):
                 f"{len(prefix)} prefix tokens needs {grid[0] * grid[1]} or {grid[0] * grid[1] + len(prefix)}"
                 "; check img_size, patch_size and prefix_tokens"
             )
-        kind = self.kind or ("none" if pos is None else
-                             "learned" if isinstance(pos, nn.Parameter) and pos.requires_grad else "sincos")
+        prefix_rows = len(prefix) if covers else 0
+        kind = self.kind or ("none" if pos is None else table_kind(pos, grid, prefix_rows))
         dim = self.embed_dim or (pos.shape[-1] if pos is not None else getattr(proj, "out_channels", 0))
         return Layout(
             img_size=img,

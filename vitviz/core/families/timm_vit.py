@@ -1,4 +1,19 @@
-"""timm Vision Transformers: ``VisionTransformer`` and subclasses (DeiT-distilled, registers, hybrids, Eva)."""
+"""timm Vision Transformers: ``VisionTransformer`` and its relatives.
+
+Read exactly: ``VisionTransformer`` (DeiT, DeiT-distilled, registers, hybrids, FlexiViT, parallel blocks,
+differential attention), ``Eva`` (EVA-02, rotary ViTs), ``Beit`` and ``VisionTransformerRelPos`` (relative
+position bias), ``Cait`` (talking-heads self-attention over the patches, then class attention). What each layer's
+captured map holds is its *map kind* (``vitviz.core.families.timm_probes``).
+
+Parallel blocks: ``ParallelThingsBlock`` (``*_18x2_*``, Touvron et al. 2022) has one attention module per branch,
+named ``blocks.{i}.attns.{j}.attn``; ``ParallelScalingBlock`` (``*_xp_*``, ``vit_pwee*``, Dehghani et al. 2023)
+and ``DiffParallelScalingBlock`` (``vit_dpwee*``) compute attention and MLP from one fused projection, so the
+block itself (``blocks.{i}``) is the attention module.
+
+Refused with ``UnsupportedModelError``: ``VisionTransformerSAM`` (windowed attention in most layers, over a
+``(B, gh, gw, D)`` token map with a 4-D position table: the maps are per window, not over the image's tokens) and
+any other timm model whose attention modules vitviz has no probe for.
+"""
 
 from __future__ import annotations
 
@@ -7,26 +22,69 @@ from typing import Any
 import torch
 from torch import nn
 
-from vitviz.core.families.base import Family, Layout, probe_attn_drop
+from vitviz.core.families.base import Family, Layout
+from vitviz.core.families.pos_kind import table_kind
+from vitviz.core.families.timm_probes import map_kind, probe_timm
 from vitviz.core.util import pair
-from vitviz.errors import VitvizError
+from vitviz.errors import UnsupportedModelError, VitvizError
+
+# attention modules whose maps a probe reads exactly (checked by tests/conformance.py against a recomputation)
+KNOWN_ATTENTION = {
+    "Attention", "AttentionRope", "EvaAttention", "RelPosAttention", "TalkingHeadAttn", "ClassAttn",
+    "DiffAttention", "ParallelScalingBlock", "DiffParallelScalingBlock",
+}
+REFUSED = {
+    "VisionTransformerSAM": "its attention is windowed (14x14 windows in most layers, global in a few) over a "
+                            "(B, gh, gw, D) token map with a 4-D position table and decomposed relative position "
+                            "bias, so its maps are per window rather than over the image's tokens",
+}
 
 
 def _is_timm(model: nn.Module) -> bool:
     return any(c.__module__.startswith("timm.") for c in type(model).__mro__)
 
 
+def _attention_of(block: nn.Module, i: int) -> list[tuple[str, nn.Module]]:
+    if hasattr(block, "attns"):  # ParallelThingsBlock: nn.Sequential(norm, attn, ls, drop_path) per branch
+        return [(f"blocks.{i}.attns.{j}.attn", branch.attn) for j, branch in enumerate(block.attns)]
+    if type(block).__name__ in ("ParallelScalingBlock", "DiffParallelScalingBlock"):
+        return [(f"blocks.{i}", block)]
+    attn = getattr(block, "attn", None)
+    return [(f"blocks.{i}.attn", attn)] if isinstance(attn, nn.Module) else []
+
+
+def _has_relative_bias(model: nn.Module) -> bool:
+    names = ("relative_position_bias_table", "rel_pos", "rel_pos_bias", "shared_rel_pos")
+    return any(getattr(m, n, None) is not None for m in model.modules() for n in names)
+
+
 class TimmFamily(Family):
     name = "timm"
-    probe = staticmethod(probe_attn_drop)
+    probe = staticmethod(probe_timm)
 
     def match(self, model: nn.Module) -> bool:
+        if _is_timm(model) and type(model).__name__ in REFUSED:
+            return True  # recognised, then refused by layout() with the reason
         return (
             _is_timm(model)
             and hasattr(model, "num_prefix_tokens")
             and hasattr(getattr(model, "patch_embed", None), "grid_size")
             and isinstance(getattr(model, "blocks", None), nn.Module)
         )
+
+    def check_supported(self, model: nn.Module) -> None:
+        cls = type(model).__name__
+        if cls in REFUSED:
+            raise UnsupportedModelError(f"{cls} (timm) is not supported: {REFUSED[cls]}")
+        mods = self.attention_modules(model)
+        if not mods:
+            raise UnsupportedModelError(f"{cls} (timm) has no attention module vitviz can find in model.blocks")
+        unknown = sorted({type(m).__name__ for _, m in mods if type(m).__name__ not in KNOWN_ATTENTION})
+        if unknown:
+            raise UnsupportedModelError(
+                f"{cls} (timm) uses the attention module {unknown[0]}, which vitviz has no exact probe for; "
+                "describe the model with vitviz.describe(model, probe=...) if its attention is softmax(q k^T)"
+            )
 
     def prefix_tokens(self, model: nn.Module) -> tuple[str, ...]:
         tokens: list[str] = []
@@ -42,6 +100,7 @@ class TimmFamily(Family):
         return tuple(tokens)
 
     def layout(self, model: nn.Module) -> Layout:
+        self.check_supported(model)
         pe = model.patch_embed
         grid = pair(pe.grid_size)
         stride = pair(pe.feat_ratio(as_scalar=False)) if hasattr(pe, "feat_ratio") else pair(pe.patch_size)
@@ -49,14 +108,13 @@ class TimmFamily(Family):
                                                                                      grid[1] * stride[1])
         prefix = self.prefix_tokens(model)
         pos = self.pos_embed(model)
-        kind = getattr(model, "pos_embed_kind", None)
+        kind = getattr(model, "pos_embed_kind", None)  # a model that generates its table says what it is
         covers = False
         if pos is None:
-            kind = kind or ("rotary" if getattr(model, "rope", None) is not None else "none")
-        else:
             if not kind:
-                trainable = isinstance(pos, nn.Parameter) and pos.requires_grad
-                kind = "learned" if trainable else "sincos"
+                kind = ("rotary" if getattr(model, "rope", None) is not None
+                        else "relative-bias" if _has_relative_bias(model) else "none")
+        else:
             num_patches = grid[0] * grid[1]
             if pos.shape[1] == num_patches + len(prefix) and len(prefix) and not getattr(model, "no_embed_class",
                                                                                           False):
@@ -66,8 +124,9 @@ class TimmFamily(Family):
                     f"{type(model).__name__}: pos_embed has {pos.shape[1]} rows but the {grid[0]}x{grid[1]} grid "
                     f"has {num_patches} patches and {len(prefix)} prefix tokens; the model is inconsistent"
                 )
-        blocks = list(model.blocks)
-        attn = getattr(blocks[0], "attn", None) if blocks else None
+            kind = kind or table_kind(pos, grid, len(prefix) if covers else 0)
+        mods = self.attention_modules(model)
+        first = mods[0][1]
         return Layout(
             img_size=img,
             patch_size=stride,
@@ -75,15 +134,27 @@ class TimmFamily(Family):
             prefix_tokens=prefix,
             pos_embed_kind=kind,
             pos_embed_covers_prefix=covers,
-            depth=len(blocks),
-            num_heads=int(getattr(attn, "num_heads", 0)),
+            depth=len(model.blocks) + len(getattr(model, "blocks_token_only", ())),
+            num_heads=int(getattr(first, "num_heads", 0)),
             embed_dim=int(model.embed_dim),
             hybrid=hasattr(pe, "backbone"),
             dynamic_img_size=bool(getattr(model, "dynamic_img_size", False)),
         )
 
     def attention_modules(self, model: nn.Module) -> list[tuple[str, nn.Module]]:
-        return [(f"blocks.{i}.attn", b.attn) for i, b in enumerate(model.blocks) if hasattr(b, "attn")]
+        mods = [m for i, b in enumerate(model.blocks) for m in _attention_of(b, i)]
+        for i, b in enumerate(getattr(model, "blocks_token_only", ())):  # CaiT class-attention layers
+            mods.append((f"blocks_token_only.{i}.attn", b.attn))
+        return mods
+
+    def attention_maps(self, model: nn.Module) -> list[str]:
+        return [map_kind(m) for _, m in self.attention_modules(model)]
+
+    def attention_blocks(self, model: nn.Module) -> list[int]:
+        names = [n for n, _ in self.attention_modules(model)]
+        keys = [".".join(n.split(".")[:2]) for n in names]  # blocks.3 / blocks_token_only.0
+        order = list(dict.fromkeys(keys))
+        return [order.index(k) for k in keys]
 
     def pos_embed(self, model: nn.Module) -> torch.Tensor | None:
         return getattr(model, "pos_embed", None)
@@ -102,7 +173,7 @@ class TimmFamily(Family):
             "patch_embed": ("patch_embed.",),
             "pos_embed": ("pos_embed",),
             "prefix_tokens": ("cls_token", "dist_token", "reg_token"),
-            "blocks": ("blocks.",),
+            "blocks": ("blocks.", "blocks_token_only.", "rel_pos", "rope."),
             "norm": ("norm_pre.", "norm."),
             "head": ("fc_norm.", "attn_pool.", "head.", "head_dist."),
         }

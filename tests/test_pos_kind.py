@@ -1,0 +1,66 @@
+"""The position-embedding kind is read from what the table is, never from ``requires_grad``."""
+
+from __future__ import annotations
+
+import pytest
+import torch
+from conftest import tiny_timm_vit
+from timm.layers import build_sincos2d_pos_embed
+from tutorial_vit import TutorialViT
+
+import vitviz
+from vitviz.core.families.pos_kind import is_sincos_table, table_kind
+
+
+@pytest.mark.parametrize("make", [tiny_timm_vit, lambda: TutorialViT()], ids=["timm", "tutorial"])
+def test_freezing_keeps_a_learned_table_learned(make):
+    model = make()
+    assert vitviz.inspect(model).pos_embed_kind == "learned"
+    model.requires_grad_(False)
+    spec = vitviz.inspect(model)
+    assert spec.pos_embed_kind == "learned" and spec.has_abs_pos_embed
+    assert not model.pos_embed.requires_grad
+
+
+def test_frozen_model_stays_in_the_locality_table():
+    model = tiny_timm_vit().requires_grad_(False)
+    from vitviz.zoo.paper import locality_table
+
+    row = locality_table({"frozen": model}).iloc[0]
+    assert row["pos_embed_kind"] == "learned" and row["paper_row"] == "1-D Pos. Emb."
+
+
+@pytest.mark.parametrize("as_buffer", [True, False], ids=["buffer", "parameter"])
+@pytest.mark.parametrize("trainable", [True, False])
+def test_a_sincos_table_is_sincos_however_it_is_stored(as_buffer, trainable):
+    model = tiny_timm_vit(class_token=False, global_pool="avg", no_embed_class=True)
+    table = build_sincos2d_pos_embed((4, 6), 32).unsqueeze(0)
+    del model.pos_embed
+    if as_buffer:
+        model.register_buffer("pos_embed", table)
+    else:
+        model.pos_embed = torch.nn.Parameter(table, requires_grad=trainable)
+    assert vitviz.inspect(model).pos_embed_kind == "sincos"
+
+
+def test_sincos_detection_ignores_column_order_but_not_values():
+    table = build_sincos2d_pos_embed((4, 6), 32)
+    assert is_sincos_table(table[:, torch.randperm(32)], (4, 6))  # sin/cos and h/w halves in another order
+    assert not is_sincos_table(table[torch.randperm(24)], (4, 6))  # rows no longer follow the grid
+    assert not is_sincos_table(table + 0.01 * torch.randn_like(table), (4, 6))  # trained away from sincos
+    assert not is_sincos_table(table, (6, 4))  # the same rows on the transposed grid
+
+
+def test_a_buffer_that_is_not_sincos_is_fixed():
+    buf = torch.randn(1, 24, 32)
+    assert table_kind(buf, (4, 6), 0) == "fixed"
+    assert table_kind(torch.nn.Parameter(buf.clone()), (4, 6), 0) == "learned"
+
+
+def test_with_sincos_pos_embed_is_reported_as_sincos():
+    from vitviz.analysis.posembed import with_sincos_pos_embed
+
+    model = with_sincos_pos_embed(tiny_timm_vit())
+    assert vitviz.inspect(model).pos_embed_kind == "sincos"
+    model.requires_grad_(True)  # unfreezing does not make the sincos values learned
+    assert vitviz.inspect(model).pos_embed_kind == "sincos"

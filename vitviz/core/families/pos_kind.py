@@ -1,0 +1,58 @@
+"""What a position-embedding table *is*, read from the table itself, never from ``requires_grad``.
+
+Kinds (``ViTSpec.pos_embed_kind``):
+
+- ``learned``: an ``nn.Parameter`` whose values are not a sine-cosine table. Freezing the model
+  (``model.requires_grad_(False)``) does not change what the table is, so it stays ``learned``.
+- ``sincos``: a table whose patch rows are a fixed 2-D sine-cosine embedding (MoCo v3 / MAE, timm
+  ``build_sincos2d_pos_embed``), whether it is stored as a buffer or as a (frozen or not) parameter: the values
+  decide. A table matches when its patch rows have the Gram matrix of a 2-D sincos table of the same grid and width
+  (up to the order of the columns: sin/cos halves and h/w halves may be swapped), and every row has squared norm
+  ``D / 2`` (each frequency contributes ``sin^2 + cos^2 = 1``).
+- ``fixed``: a tensor that is not a parameter (a buffer) and not a sincos table.
+- ``learned-2d``, ``learned-factorized``, ``rotary``, ``relative-bias``, ``none``: set by the families from the
+  modules the model has (a table generated from row and column tables, rotary embeddings, a relative position
+  bias table in the attention layers, nothing).
+"""
+
+from __future__ import annotations
+
+import torch
+from torch import nn
+
+__all__ = ["is_sincos_table", "table_kind"]
+
+
+def _sincos_candidates(grid: tuple[int, int], dim: int) -> list[torch.Tensor]:
+    from timm.layers import build_sincos2d_pos_embed
+
+    try:  # patches row-major over (gh, gw), as the tokens are laid out
+        return [build_sincos2d_pos_embed(list(grid), dim=dim).double()]
+    except (AssertionError, ValueError):  # a width the generator does not accept
+        return []
+
+
+def is_sincos_table(rows: torch.Tensor, grid: tuple[int, int], atol: float = 1e-4) -> bool:
+    """Whether ``rows`` ``(P, D)`` (patch rows, row-major over the ``grid``) is a fixed 2-D sine-cosine table."""
+    if rows.ndim != 2 or rows.is_meta or rows.shape[0] != grid[0] * grid[1] or rows.shape[1] % 4:
+        return False
+    e = rows.detach().double().cpu()
+    d = e.shape[1]
+    if not torch.allclose((e * e).sum(-1), torch.full((e.shape[0],), d / 2, dtype=e.dtype), atol=atol * d):
+        return False  # cheap test first: learned tables are nowhere near norm^2 = D/2
+    gram = e @ e.T
+    return any(torch.allclose(gram, c @ c.T, atol=atol * d) for c in _sincos_candidates(grid, d))
+
+
+def table_kind(pos: torch.Tensor, grid: tuple[int, int], num_prefix_rows: int) -> str:
+    """``learned``, ``sincos`` or ``fixed`` for an absolute table ``(1, L, D)`` / ``(L, D)`` (see module doc).
+
+    Args:
+        pos: the table; on the meta device its values are unknown and only its type decides.
+        grid: ``(gh, gw)`` the table's patch rows cover.
+        num_prefix_rows: leading rows that belong to prefix tokens (not compared).
+    """
+    rows = pos.reshape(-1, pos.shape[-1])[num_prefix_rows:]
+    if not rows.is_meta and is_sincos_table(rows, grid):
+        return "sincos"
+    return "learned" if isinstance(pos, nn.Parameter) else "fixed"
