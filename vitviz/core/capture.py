@@ -5,6 +5,11 @@ attention path of each selected layer is switched on (timm's fused ``scaled_dot_
 materialises probabilities), a probe reads the probabilities, and on exit, also when the body raises, every flag,
 hook and attribute is exactly as before.
 
+Any number of captures can be open on one model at once, and they may exit in any order (two explorers, a
+capture opened in one notebook cell and closed in another): each attention module gets one shared probe with a
+list of subscribers; every open capture sees every forward pass that runs while it is open, and the module's
+original state comes back when the last capture that uses it exits.
+
 Two ways to consume the maps:
 
 - ``store=True`` (default): ``cap.attentions`` is the list of ``(B, H, N, N)`` tensors, in layer order, from the
@@ -23,6 +28,8 @@ Example::
 from __future__ import annotations
 
 import fnmatch
+import threading
+import weakref
 from collections.abc import Callable, Iterator, Sequence
 from contextlib import contextmanager
 
@@ -30,11 +37,65 @@ import torch
 from torch import nn
 
 from vitviz.core.families import family_of
+from vitviz.core.families.base import Emit, Probe, Undo
 from vitviz.core.spec import ViTSpec, inspect
 from vitviz.errors import CaptureError
 
 LayerSelect = int | str | Sequence[int | str] | None
 OnLayer = Callable[[int, torch.Tensor], None]
+
+
+class _SharedProbe:
+    """One probe on one attention module, fanning each map out to every open capture that uses the module."""
+
+    def __init__(self, module: nn.Module, probe: Probe) -> None:
+        self.subscribers: list[tuple[object, Emit]] = []
+        self.undo = probe(module, self._fan_out)
+
+    def _fan_out(self, attn: torch.Tensor) -> None:
+        for _token, emit in list(self.subscribers):
+            emit(attn)
+
+
+# module -> probe function -> its shared probe; an entry lives while at least one capture subscribes.
+_PROBES: weakref.WeakKeyDictionary[nn.Module, dict[Probe, _SharedProbe]] = weakref.WeakKeyDictionary()
+_LOCK = threading.RLock()
+
+
+def subscribe(module: nn.Module, probe: Probe, emit: Emit) -> Undo:
+    """Receive the attention maps of ``module``; the probe is installed for the first subscriber only.
+
+    Returns:
+        ``unsubscribe()``; the last subscriber's call removes the probe and restores the module exactly.
+    """
+    token = object()
+    with _LOCK:
+        probes = _PROBES.setdefault(module, {})
+        shared = probes.get(probe)
+        if shared is None:
+            shared = probes[probe] = _SharedProbe(module, probe)
+        shared.subscribers.append((token, emit))
+
+    def unsubscribe() -> None:
+        with _LOCK:
+            if not any(t is token for t, _ in shared.subscribers):
+                return  # already unsubscribed
+            shared.subscribers[:] = [(t, e) for t, e in shared.subscribers if t is not token]
+            if shared.subscribers:
+                return
+            probes = _PROBES.get(module, {})
+            probes.pop(probe, None)
+            if not probes:
+                _PROBES.pop(module, None)
+            shared.undo()
+
+    return unsubscribe
+
+
+def open_probes(model: nn.Module) -> int:
+    """How many attention modules of ``model`` carry a shared probe now (0 when no capture is open on it)."""
+    with _LOCK:
+        return sum(len(_PROBES.get(m, {})) for m in model.modules())
 
 
 
@@ -159,7 +220,7 @@ def capture_attention(
     undos = []
     try:
         for position, index in enumerate(chosen):
-            undos.append(family.probe(modules[index][1], lambda a, p=position: cap._emit(p, a)))
+            undos.append(subscribe(modules[index][1], family.probe, lambda a, p=position: cap._emit(p, a)))
         yield cap
         cap._close_pass()
     finally:
