@@ -147,7 +147,7 @@ def test_layer_selection_by_index_and_pattern():
     with vitviz.capture_attention(model, layers="blocks.[23].attn") as pat:
         model(x)
     assert pat.layer_names == ["blocks.2.attn", "blocks.3.attn"]
-    with pytest.raises(CaptureError, match="matches 'nope"):
+    with pytest.raises(vitviz.errors.InputError, match="matches no attention module"):
         with vitviz.capture_attention(model, layers="nope*"):
             pass
     with pytest.raises(IndexError, match="4 attention layers"):

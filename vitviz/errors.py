@@ -32,6 +32,11 @@ class ImageInputError(InputError):
     """An image the model cannot take; the message names the sizes and the fix."""
 
 
+class LayerSelectError(InputError, IndexError):
+    """A layer selector that picks no valid attention layer (a bool, a float, an empty list, an index out of
+    range, a pattern that matches nothing); also an ``IndexError``, as ``list[index]`` would raise."""
+
+
 class CaptureError(VitvizError, RuntimeError):
     """Attention could not be captured (no forward ran, or a layer produced no map)."""
 
@@ -53,6 +58,6 @@ class WeightsUnavailableError(VitvizError, RuntimeError):
 
 
 __all__ = [
-    "CaptureError", "CheckpointError", "ImageInputError", "InputError", "NoPositionEmbeddingError",
+    "CaptureError", "CheckpointError", "ImageInputError", "InputError", "LayerSelectError", "NoPositionEmbeddingError",
     "NoRGBFiltersError", "NotAViTError", "UnsupportedModelError", "VitvizError", "WeightsUnavailableError",
 ]
