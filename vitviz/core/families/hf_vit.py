@@ -42,9 +42,17 @@ class HuggingFaceFamily(Family):
         root, prefix = _root(model)
         if hasattr(root, "layers"):  # transformers >= 5.2
             path, layers = "layers", root.layers
-        else:
-            path, layers = "encoder.layer", root.encoder.layer
-        return [(f"{prefix}{path}.{i}.attention", layer.attention) for i, layer in enumerate(layers)]
+            return [(f"{prefix}{path}.{i}.attention", layer.attention) for i, layer in enumerate(layers)]
+        # transformers 5.0 and 5.1: ViTAttention wraps ViTSelfAttention, the module that returns the weights
+        path, layers = "encoder.layer", root.encoder.layer
+        out = []
+        for i, layer in enumerate(layers):
+            inner = getattr(layer.attention, "attention", None)
+            if isinstance(inner, nn.Module):
+                out.append((f"{prefix}{path}.{i}.attention.attention", inner))
+            else:
+                out.append((f"{prefix}{path}.{i}.attention", layer.attention))
+        return out
 
     def pos_embed(self, model: nn.Module) -> torch.Tensor | None:
         return _root(model)[0].embeddings.position_embeddings
