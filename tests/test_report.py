@@ -136,7 +136,7 @@ def test_command_line(tmp_path, capsys):
     assert meta["model"] == "cifar10-vit" and list(meta["models"]) == ["cifar10-vit"]
     assert meta["settings"]["notebooks"] == []
     assert main(["report", "--out", str(out), "--images", str(tmp_path / "missing"), "--notebooks", "none"]) == 2
-    assert "not a folder" in capsys.readouterr().err
+    assert "does not exist" in capsys.readouterr().err
 
 
 @pytest.mark.notebook

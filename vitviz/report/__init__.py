@@ -85,7 +85,7 @@ def git_commit() -> str | None:
         return None
 
 
-def _figure_jobs(m: LoadedModel) -> list[tuple[str, Job]]:
+def _figure_jobs(m: LoadedModel, images: Path | None = None) -> list[tuple[str, Job]]:
     import vitviz
 
     spec = vitviz.inspect(m.model)
@@ -109,9 +109,10 @@ def _figure_jobs(m: LoadedModel) -> list[tuple[str, Job]]:
     def distance() -> tuple[Any, dict[str, np.ndarray]]:
         from vitviz.zoo.samples import example_images
 
-        images = example_images(None, 128)  # CIFAR-10 test images from $VITVIZ_DATA, else photographs
-        dist = vitviz.mean_attention_distance(m.model, images.images)
-        ax = vitviz.plot_attention_distance(dist, label=f"{m.key} ({len(images)} images)")
+        # --images (a file, a flat folder or a class tree), else CIFAR-10 test images from $VITVIZ_DATA, else photographs
+        found = example_images(images, 128)
+        dist = vitviz.mean_attention_distance(m.model, found.images)
+        ax = vitviz.plot_attention_distance(dist, label=f"{m.key} ({len(found)} images)")
         return ax.figure, {"distance_px": dist.numpy()}
 
     jobs.append((f"{m.key}_attention_distance", distance))
@@ -252,7 +253,9 @@ def render_report(
         notebooks: the notebooks to execute (default: every ``notebooks/*.ipynb``; ``()`` for none).
         model: a model name or weights path for the notebooks that declare ``model_name`` (default: their own);
             also the package figures' model when ``models`` is not given.
-        images: an image folder for the notebooks that declare ``images_dir``/``image_dir``/``data_dir``.
+        images: your images, for the package figures that show images and the notebooks that declare
+            ``images_dir``/``image_dir``/``data_dir``: an image file, a flat folder of images (sorted by name)
+            or a class-folder tree (``vitviz.zoo.samples.images_from``).
         kernel: Jupyter kernel the notebooks run in.
         cell_timeout: seconds a notebook cell may run.
 
@@ -274,10 +277,11 @@ def render_report(
     names = tuple(models) if models is not None else (model,) if model else DEFAULT_MODELS
     loaded = [load_or_random(name, device) for name in names]
     none = LoadedModel("", nn.Identity(), True)
-    steps = [(name, _figure_step(report, m, name, fn)) for m in loaded for name, fn in _figure_jobs(m)]
+    image_path = Path(images).resolve() if images is not None else None
+    steps = [(name, _figure_step(report, m, name, fn)) for m in loaded for name, fn in _figure_jobs(m, image_path)]
     steps += [(name, _figure_step(report, none, name, fn)) for name, fn in _global_jobs()]
     settings = {"out_dir": (report.out / "figures").resolve(), "arrays_dir": (report.out / "arrays").resolve(),
-                "model": model, "images": Path(images).resolve() if images is not None else None}
+                "model": model, "images": image_path}
     nb_paths = find_notebooks() if notebooks is None else [Path(p) for p in notebooks]
     steps += [(f"notebook {p.stem}", _notebook_step(report, p, settings, kernel, cell_timeout)) for p in nb_paths]
     bar = tqdm(steps, desc="vitviz report", unit="step", disable=not progress)
