@@ -126,3 +126,27 @@ def test_notebook_02_runs_on_a_flat_folder(layouts, tmp_path):
     (nb,) = rep.notebooks
     assert nb["ok"], nb["error"]
     assert np.load(tmp_path / "arrays" / "fig6_rollout_vit.npz")["rollout"].shape[0] == 4  # the folder's 4 images
+
+
+def test_gallery_keeps_a_png_that_differs_by_rendering_noise_only(tmp_path):
+    from vitviz.report import write_gallery
+
+    figures = tmp_path / "rep" / "figures"
+    figures.mkdir(parents=True)
+    rng = np.random.default_rng(0)
+    base = rng.integers(0, 250, (100, 200, 3), dtype=np.uint8)
+    Image.fromarray(base).save(figures / "fig6_rollout_vit.png")
+    (target,) = write_gallery(tmp_path / "rep", tmp_path / "gallery")
+    original = target.read_bytes()
+    noisy = base.copy()
+    noisy[50, 60:66] += 2  # six pixels two levels off, as float noise in a colormap gives
+    Image.fromarray(noisy).save(figures / "fig6_rollout_vit.png")
+    write_gallery(tmp_path / "rep", tmp_path / "gallery")
+    assert target.read_bytes() == original
+    changed = base.copy()
+    changed[:, :20] = 255  # a real change
+    Image.fromarray(changed).save(figures / "fig6_rollout_vit.png")
+    write_gallery(tmp_path / "rep", tmp_path / "gallery")
+    assert target.read_bytes() != original
+    with Image.open(target) as im:
+        assert (np.asarray(im)[:, :20] == 255).all()
