@@ -130,7 +130,7 @@ class AttentionExplorer(Explorer):
         depth, heads, gh, gw = len(self.spec.attention_modules), self.spec.num_heads, *self.grid
         names = list(labels) if labels is not None else [f"image {i}" for i in range(len(self._x))]
         if len(names) != len(self._x):
-            raise ValueError(f"{len(self._x)} images but {len(names)} labels")
+            raise InputError(f"labels: {len(names)} labels for {len(self._x)} images; pass one label per image")
         style = {"description_width": "88px"}
         self.image_index = widgets.Dropdown(options=list(zip(names, range(len(names)))), value=0,
                                             description="image", style=style,
