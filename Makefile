@@ -1,5 +1,7 @@
 # vitviz: `make report` executes the notebooks and renders the figures, `make test` runs the whole suite,
-# `make test-browser` drives JupyterLab in headless Chromium. All create the virtual environment when needed.
+# `make test-browser` drives JupyterLab in headless Chromium, `make test-oldest` runs the suite on the declared
+# minimum versions of torch, torchvision, timm and transformers (a second venv, $(VENV_OLDEST), pinned by
+# tests/constraints-oldest.txt). All create their virtual environment when needed.
 PYTHON ?= python3
 VENV   ?= .venv
 VPY    := $(VENV)/bin/python
@@ -11,7 +13,14 @@ OUT    ?= reports
 DATA   ?= $(if $(VITVIZ_DATA),$(VITVIZ_DATA),../shared/data/cifar10)
 DEVICE ?= auto
 
-.PHONY: install install-browser report test test-fast test-browser lint bench clean train-reference study test-zoo
+VENV_OLDEST ?= .venv-oldest
+OLDEST_STAMP := $(VENV_OLDEST)/.vitviz-installed
+OLDEST_CONSTRAINTS ?= tests/constraints-oldest.txt
+# what test-oldest runs: the whole suite but the browser tests (they need the browser extra and Chromium)
+OLDEST_MARKERS ?= not browser
+
+.PHONY: install install-oldest install-browser report test test-fast test-oldest test-browser lint bench clean \
+	train-reference study test-zoo
 
 install: $(STAMP)
 
@@ -32,6 +41,20 @@ test: install
 
 test-fast: install
 	$(VPY) -m pytest -m "not slow and not browser and not zoo"
+
+# The version matrix's lower end: the same suite in $(VENV_OLDEST) with the minimum versions pinned.
+install-oldest: $(OLDEST_STAMP)
+
+$(OLDEST_STAMP): pyproject.toml $(OLDEST_CONSTRAINTS)
+	@test -x $(VENV_OLDEST)/bin/python || $(PYTHON) -m venv $(VENV_OLDEST)
+	$(VENV_OLDEST)/bin/python -m pip install --quiet --upgrade pip
+	$(VENV_OLDEST)/bin/python -m pip install --quiet -c $(OLDEST_CONSTRAINTS) -e ".[$(EXTRAS)]"
+	@touch $(OLDEST_STAMP)
+
+test-oldest: install-oldest
+	$(VENV_OLDEST)/bin/python -c "import torch, torchvision, timm, transformers as t; \
+		print('oldest:', 'torch', torch.__version__, 'torchvision', torchvision.__version__, 'timm', timm.__version__, 'transformers', t.__version__)"
+	$(VENV_OLDEST)/bin/python -m pytest -p no:cacheprovider -m "$(OLDEST_MARKERS)"
 
 # Debian's Chromium (apt, as root, only when $(CHROMIUM) is missing) and the `browser` extra (JupyterLab,
 # Playwright's Python package; Playwright drives $(CHROMIUM): no `playwright install`, no download).
@@ -71,7 +94,7 @@ study: install
 	$(VPY) -m vitviz.experiments.study hybrid-vs-pure --data $(DATA) --seeds 0,1,2 --epochs 2,4,8 --train-subset 5000 --full-epochs 16 --full-sizes S,M --test-subset 0 --device $(DEVICE)
 
 clean:
-	rm -rf $(OUT) .pytest_cache build *.egg-info
+	rm -rf $(OUT) .pytest_cache build *.egg-info $(VENV_OLDEST)
 
 # Every ViT-like architecture in timm's registry (about 300, random weights, small images; tens of minutes on a
 # CPU): each passes the conformance invariants or is refused clearly. Writes docs/coverage.md from the results.

@@ -143,3 +143,36 @@ def test_annotations_name_the_budget_of_repeated_models():
     fig = plot_compute_curves(annotate=True)
     texts = {t.get_text() for t in fig.axes[1].texts}
     assert {"ViT-L/16, 7 ep", "ViT-L/16, 14 ep", "ViT-B/32"} <= texts
+
+
+def _set_fused(model, fused: bool) -> None:
+    for m in model.modules():
+        if hasattr(m, "fused_attn"):
+            m.fused_attn = fused
+
+
+@pytest.mark.parametrize("backward", [False, True])
+def test_flop_count_is_the_same_on_the_fused_and_the_explicit_attention_path(backward):
+    model = build_reference("cifar10-vit", img_size=(32, 32), patch_size=4, embed_dim=64, depth=2, num_heads=2)
+    _set_fused(model, True)
+    fused = count_flops(model, (3, 32, 32), backward=backward)
+    _set_fused(model, False)
+    explicit = count_flops(model, (3, 32, 32), backward=backward)
+    assert fused == explicit  # and both equal the analytic formula with its 2 N^2 D attention term (above)
+
+
+def test_flop_count_of_bare_sdpa_matches_two_matmuls_on_every_backend():
+    import torch
+    import torch.nn.functional as F
+    from torch import nn
+
+    class Sdpa(nn.Module):
+        def __init__(self):
+            super().__init__()
+            self.w = nn.Parameter(torch.ones(()))
+
+        def forward(self, x):  # x (1, 3, 8, 16): read as (B, H, N, d) = (1, 3, 8, 16)
+            return F.scaled_dot_product_attention(x * self.w, x, x)
+
+    flops = count_flops(Sdpa(), (3, 8, 16))
+    assert flops == 2 * 2 * 3 * 8 * 8 * 16  # QK^T and AV: 2 matmuls of H*N*N*d multiply-adds

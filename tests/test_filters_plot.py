@@ -227,3 +227,35 @@ def test_notebook_01_runs_offline_and_saves_figures(tmp_path, run_notebook):
     for stem in ("fig7_center_reference", "fig7_left_reference", "fig7_center_timm", "sincos", "interpolated"):
         for fmt in ("png", "pdf", "svg"):
             assert (out_dir / f"{stem}.{fmt}").stat().st_size > 0, f"{stem}.{fmt} missing"
+
+
+def test_hybrid_filters_are_the_standardised_weights_timm_applies():
+    """timm hybrid stems are StdConv2dSame: the PCA must see the standardised weights forward applies."""
+    import timm
+    from timm.layers import StdConv2d
+
+    from vitviz.analysis.filters import applied_weight
+
+    model = timm.create_model("vit_tiny_r_s16_p8_224", pretrained=False, img_size=64, depth=1, num_classes=3)
+    stem = model.patch_embed.backbone.conv
+    assert type(stem).__name__ == "StdConv2dSame"
+    with torch.no_grad():
+        stem.weight.mul_(3.0).add_(0.5)  # raw weights far from standardised
+    weights, source = embedding_filters(model)
+    assert source == "patch_embed.backbone.conv"
+    raw = stem.weight.detach().double()
+    flat = raw.reshape(raw.shape[0], -1)
+    expected = (flat - flat.mean(1, keepdim=True)) / torch.sqrt(flat.var(1, unbiased=False, keepdim=True) + stem.eps)
+    torch.testing.assert_close(weights.double(), expected.reshape_as(raw), atol=1e-5, rtol=1e-5)
+    assert not torch.allclose(weights, stem.weight.detach().float(), atol=1e-2)
+    # the PCA runs on those standardised filters
+    comps, _ratio = filter_pca(weights, 5)
+    comps_raw, _ = filter_pca(stem.weight.detach(), 5)
+    assert not torch.allclose(comps, comps_raw, atol=1e-3)
+    # and what forward applies is exactly that weight (plain StdConv2d: no dynamic padding to replicate)
+    conv = StdConv2d(3, 8, 3, padding=1)
+    x = torch.randn(2, 3, 9, 9)
+    with torch.no_grad():
+        torch.testing.assert_close(conv(x), torch.nn.functional.conv2d(x, applied_weight(conv), conv.bias, padding=1))
+    plain = nn.Conv2d(3, 4, 2)
+    assert torch.equal(applied_weight(plain), plain.weight.detach())

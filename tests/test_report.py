@@ -53,7 +53,7 @@ def test_package_figures_offline_with_random_fallback(tmp_path, monkeypatch):
 
 
 def test_a_failing_figure_keeps_the_others(tmp_path, monkeypatch):
-    def broken(m):
+    def broken(m, images=None):
         def boom():
             raise RuntimeError("boom")
 
@@ -97,8 +97,9 @@ def test_notebooks_run_headless_and_a_failure_names_its_cell(tmp_path, monkeypat
     )
     broken = write_notebook(books / "b_broken.ipynb", "out_dir = None", "x = 1",
                             "raise ValueError('deliberate failure')", "y = 2")
-    images = tmp_path / "imgs"
+    images = tmp_path / "imgs"  # a flat folder of your own images: the notebooks and the package figures get it
     images.mkdir()
+    Image.fromarray(np.full((32, 32, 3), 120, np.uint8)).save(images / "mine.png")
     rep = report.render_report(tmp_path / "rep", formats=("png",), device="cpu", progress=False,
                                notebooks=[good, broken], model="cifar10-vit", images=images)
     ok, bad = rep.notebooks
@@ -136,7 +137,7 @@ def test_command_line(tmp_path, capsys):
     assert meta["model"] == "cifar10-vit" and list(meta["models"]) == ["cifar10-vit"]
     assert meta["settings"]["notebooks"] == []
     assert main(["report", "--out", str(out), "--images", str(tmp_path / "missing"), "--notebooks", "none"]) == 2
-    assert "not a folder" in capsys.readouterr().err
+    assert "does not exist" in capsys.readouterr().err
 
 
 @pytest.mark.notebook

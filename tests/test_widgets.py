@@ -122,6 +122,37 @@ def test_the_model_runs_once_per_image():
     assert calls[0] == 2 and w.png == first
 
 
+def test_the_attention_cache_is_bounded_in_bytes_and_results_stay_right():
+    model = tiny_timm_vit(depth=2)
+    images = [photo(seed=s) for s in range(7)]
+    probe = explore_attention(model, images[:1])
+    per_image = probe.cache.nbytes  # both layers' (1, H, N, N) maps of one image
+    assert per_image == 2 * 2 * 25 * 25 * 4
+    bound = int(2.5 * per_image)  # room for two images' maps, not three
+    w = explore_attention(model, images, cache_bytes=bound)
+    first_maps = {}
+    for i in range(len(images)):
+        w.image_index.value = i
+        w.set(rollout=i % 2 == 1, layer=1)
+        first_maps[i] = w.map().copy()
+        assert w.cache.nbytes <= bound, "the cache outgrew its bound"
+    assert w.cache.evictions > 0 and w.forwards == len(images)
+    assert sum(1 for k in w.cache._items if k[0] == "attn") <= 2
+    for i in (0, 3, 6):  # browsing back: evicted images are captured again, and show the same numbers
+        w.image_index.value = i
+        w.set(rollout=i % 2 == 1, layer=1)
+        np.testing.assert_allclose(w.map(), first_maps[i], rtol=1e-6)
+        ref = vitviz.load_images(model, images[i])
+        with torch.no_grad(), vitviz.capture_attention(model) as cap:
+            model(ref)
+        if i % 2 == 0:
+            np.testing.assert_allclose(w.map(), cap.attentions[1][0].mean(0)[0, 1:].reshape(4, 6).numpy(), rtol=1e-5)
+        assert w.cache.nbytes <= bound
+    assert w.forwards > len(images)
+    with pytest.raises(vitviz.errors.InputError, match="cache_bytes=0"):
+        explore_attention(model, images[:1], cache_bytes=0)
+
+
 def test_moving_a_query_slider_or_clicking_picks_a_patch():
     w = explore_attention(tiny_timm_vit(), photo())
     assert w.query.value == 0  # the class token

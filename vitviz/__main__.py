@@ -30,7 +30,10 @@ def main(argv: list[str] | None = None) -> int:
     r.add_argument("--model", action="append", metavar="NAME_OR_PATH",
                    help="model name or weights file (repeatable): the package figures use each, the notebooks "
                         "get the first as model_name (default: the reference models, the notebooks' defaults)")
-    r.add_argument("--images", metavar="DIR", help="image folder passed to the notebooks that take one")
+    r.add_argument("--images", metavar="DIR",
+                   help="your images for every figure that shows images (the notebooks' data_dir and the package "
+                        "figures): one image file, a flat folder (jpg/png/webp, sorted by name) or <class>/<image> "
+                        "subfolders")
     r.add_argument("--notebooks", default=None, metavar="FILES",
                    help="comma-separated notebooks to execute (default: notebooks/*.ipynb; 'none' for none)")
     r.add_argument("--formats", default="png,pdf,svg", help="comma-separated formats of the package figures")
@@ -63,13 +66,18 @@ def main(argv: list[str] | None = None) -> int:
 
 def report(a: argparse.Namespace) -> int:
     """``vitviz report``: run ``render_report`` with the command line's settings; 1 when anything failed."""
-    from pathlib import Path
 
     from vitviz.report import render_report
 
-    if a.images is not None and not Path(a.images).is_dir():
-        print(f"vitviz report: --images {a.images!r} is not a folder", file=sys.stderr)
-        return 2
+    if a.images is not None:
+        from vitviz.zoo.samples import images_from
+
+        try:
+            found = images_from(a.images)
+        except FileNotFoundError as e:
+            print(f"vitviz report: --images: {e}", file=sys.stderr)
+            return 2
+        print(f"vitviz report: --images: {found.source}")
     notebooks = None if a.notebooks is None else [] if a.notebooks == "none" else a.notebooks.split(",")
     rep = render_report(a.out, a.model or None, tuple(a.formats.split(",")), a.device, model=(a.model or [None])[0],
                         images=a.images, notebooks=notebooks, kernel=a.kernel, cell_timeout=a.cell_timeout)

@@ -32,6 +32,11 @@ class ImageInputError(InputError):
     """An image the model cannot take; the message names the sizes and the fix."""
 
 
+class LayerSelectError(InputError, IndexError):
+    """A layer selector that picks no valid attention layer (a bool, a float, an empty list, an index out of
+    range, a pattern that matches nothing); also an ``IndexError``, as ``list[index]`` would raise."""
+
+
 class CaptureError(VitvizError, RuntimeError):
     """Attention could not be captured (no forward ran, or a layer produced no map)."""
 
@@ -58,7 +63,7 @@ class RunInterrupted(VitvizError):
 
 
 __all__ = [
-    "CaptureError", "CheckpointError", "ImageInputError", "InputError", "NoPositionEmbeddingError",
-    "NoRGBFiltersError", "NotAViTError", "RunInterrupted", "UnsupportedModelError", "VitvizError",
-    "WeightsUnavailableError",
+    "CaptureError", "CheckpointError", "ImageInputError", "InputError", "LayerSelectError",
+    "NoPositionEmbeddingError", "NoRGBFiltersError", "NotAViTError", "RunInterrupted", "UnsupportedModelError",
+    "VitvizError", "WeightsUnavailableError",
 ]

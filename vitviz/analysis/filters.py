@@ -8,6 +8,13 @@ For plain ViTs the filters are the patch projection (a ``Conv2d`` with kernel = 
 project backbone features with a 1x1 conv, which has no RGB filters: the first RGB filters live in the backbone
 stem, and those are returned instead (``vitviz.inspect(model).hybrid`` says which).
 
+The filters are the weights the conv *applies* in ``forward``, which are not always its ``weight`` parameter:
+timm's hybrid stems are ``StdConv2d`` / ``StdConv2dSame`` (Kolesnikov et al., "Big Transfer", ECCV 2020, weight
+standardisation: each filter minus its mean, over its standard deviation), which standardise the weight on every
+call. ``applied_weight`` reads the weight handed to ``conv2d`` while the module's own ``forward`` runs once, so
+timm's standardisation code (and any other reparametrisation, such as ``ScaledStdConv2d`` or weight norm) is
+reused rather than re-derived.
+
 Pure compute (torch, numpy). Shapes: ``C_out`` filters, each ``(3, kh, kw)``; ``n`` components.
 """
 
@@ -21,7 +28,38 @@ from vitviz.core.families import family_of
 from vitviz.core.spec import inspect
 from vitviz.errors import NoRGBFiltersError
 
-__all__ = ["NoRGBFiltersError", "embedding_filters", "filter_pca"]
+__all__ = ["NoRGBFiltersError", "applied_weight", "embedding_filters", "filter_pca"]
+
+
+class _ConvWeightRecorder(torch.overrides.TorchFunctionMode):
+    """Records the weight of the first ``conv2d`` call made while active."""
+
+    def __init__(self) -> None:
+        super().__init__()
+        self.weight: torch.Tensor | None = None
+
+    def __torch_function__(self, func, types, args=(), kwargs=None):  # type: ignore[no-untyped-def]
+        kwargs = kwargs or {}
+        if self.weight is None and getattr(func, "__name__", "") == "conv2d":
+            self.weight = args[1] if len(args) > 1 else kwargs.get("weight")
+        return func(*args, **kwargs)
+
+
+def applied_weight(conv: nn.Conv2d) -> torch.Tensor:
+    """The ``(C_out, C_in, kh, kw)`` weight ``conv``'s ``forward`` passes to ``conv2d`` (detached).
+
+    For a plain ``nn.Conv2d`` that is ``conv.weight``; for timm's ``StdConv2d`` / ``StdConv2dSame`` the
+    standardised weight. Found by running ``forward`` once on a zero input of one kernel's size.
+    """
+    p = conv.weight
+    x = torch.zeros(1, conv.in_channels, *conv.kernel_size, device=p.device, dtype=p.dtype)
+    recorder = _ConvWeightRecorder()
+    with torch.no_grad(), recorder:
+        conv(x)
+    w = recorder.weight
+    if w is None or tuple(w.shape) != tuple(p.shape):
+        return p.detach()
+    return w.detach()
 
 
 
@@ -32,8 +70,9 @@ def embedding_filters(model: nn.Module) -> tuple[torch.Tensor, str]:
         model: a ViT vitviz can read.
 
     Returns:
-        ``(weights, source)``: float32 CPU tensor ``(C_out, 3, kh, kw)`` and the qualified name of the conv it
-        came from (e.g. ``"patch_embed.proj"``, or ``"patch_embed.backbone.0.0"`` for a hybrid).
+        ``(weights, source)``: float32 CPU tensor ``(C_out, 3, kh, kw)``, the weights the conv applies in
+        ``forward`` (standardised for timm's ``StdConv2d``; see ``applied_weight``), and the qualified name of the
+        conv it came from (e.g. ``"patch_embed.proj"``, or ``"patch_embed.backbone.0.0"`` for a hybrid).
 
     Raises:
         NotAViTError: the model is not a ViT vitviz can read.
@@ -55,7 +94,7 @@ def embedding_filters(model: nn.Module) -> tuple[torch.Tensor, str]:
             "vitviz.describe(model, patch_proj='<attribute path of the Conv2d>', ...)"
         )
     source = next((n for n, m in model.named_modules() if m is conv), type(conv).__name__)
-    return conv.weight.detach().to("cpu", torch.float32).clone(), source
+    return applied_weight(conv).to("cpu", torch.float32).clone(), source
 
 
 def filter_pca(

@@ -1,16 +1,46 @@
 """FLOP counts: measured with ``torch.utils.flop_counter.FlopCounterMode``, and the analytic ViT formula.
 
 FLOPs count a multiply-add as 2 (the convention of ``FlopCounterMode`` and of the ViT paper's exaFLOPs).
+
+The count is the same on every attention kernel path and every supported torch. ``FlopCounterMode`` knows
+formulas for some fused ``scaled_dot_product_attention`` kernels but not for others (torch 2.14 does not count
+the CPU flash kernel ``aten._scaled_dot_product_flash_attention_for_cpu``; older versions miss more), so a count
+taken on the fused path would depend on the device and the torch version. ``count_flops`` therefore runs the
+pass with SDPA's math backend, which computes attention as the explicit ``Q K^T`` and ``A V`` matmuls that every
+torch counts: fused, math and explicit (``fused_attn=False``) models all count ``2 N^2 D`` multiply-adds per block.
 """
 
 from __future__ import annotations
+
+import contextlib
+from collections.abc import Iterator
 
 import torch
 from torch import nn
 
 
+@contextlib.contextmanager
+def sdpa_math_backend() -> Iterator[None]:
+    """Run ``F.scaled_dot_product_attention`` with its math backend (explicit matmuls) on every device.
+
+    ``torch.nn.attention.sdpa_kernel`` (torch >= 2.3) or the older ``torch.backends.cuda.sdp_kernel``; both set
+    the global backend flags that the CPU and CUDA kernel choice read, and restore them on exit.
+    """
+    try:
+        from torch.nn.attention import SDPBackend, sdpa_kernel
+    except ImportError:  # torch < 2.3
+        ctx = torch.backends.cuda.sdp_kernel(enable_flash=False, enable_math=True, enable_mem_efficient=False)
+    else:
+        ctx = sdpa_kernel([SDPBackend.MATH])
+    with ctx:
+        yield
+
+
 def count_flops(model: nn.Module, input_size: tuple[int, int, int] = (3, 32, 32), backward: bool = False) -> int:
     """FLOPs for one image: the forward pass, or forward + backward (one training step's compute).
+
+    Attention runs on SDPA's math backend for the count (see the module docstring), so the result does not depend
+    on which fused kernel the device and torch version would pick.
 
     Args:
         model: any module taking ``(1, *input_size)``.
@@ -18,9 +48,8 @@ def count_flops(model: nn.Module, input_size: tuple[int, int, int] = (3, 32, 32)
         backward: count the backward pass of ``output.sum()`` as well.
 
     Returns:
-        The count, with attention counted through PyTorch's math SDPA backend on every device.
+        The total FLOPs (multiply-add = 2) of one image's pass.
     """
-    from torch.nn.attention import SDPBackend, sdpa_kernel
     from torch.utils.flop_counter import FlopCounterMode
 
     device = next(model.parameters()).device
@@ -29,9 +58,7 @@ def count_flops(model: nn.Module, input_size: tuple[int, int, int] = (3, 32, 32)
     model.train(backward)
     counter = FlopCounterMode(display=False)
     try:
-        # The math backend spells attention out as matmuls, which every torch counts; a fused kernel is counted
-        # only where FlopCounterMode has a formula registered for it (not for CPU flash attention in torch 2.14).
-        with counter, sdpa_kernel(SDPBackend.MATH):
+        with sdpa_math_backend(), counter:
             if backward:
                 model(x).sum().backward()
             else:

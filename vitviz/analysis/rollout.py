@@ -49,7 +49,7 @@ import torch
 from torch import nn
 
 from vitviz.core.batching import iter_batches
-from vitviz.core.capture import capture_attention
+from vitviz.core.capture import capture_attention, check_layer_index
 from vitviz.core.images import Images
 from vitviz.core.spec import ViTSpec, inspect
 from vitviz.errors import VitvizError
@@ -286,9 +286,7 @@ def rollout_to_maps(rollout: torch.Tensor, grid_size: tuple[int, int], num_prefi
 
 def _layer_range(spec: ViTSpec, start_layer: int) -> list[int]:
     depth = len(spec.attention_modules)
-    start = start_layer % depth if -depth <= start_layer < 0 else start_layer
-    if not 0 <= start < depth:
-        raise IndexError(f"{spec.name} has {depth} attention layers; start_layer={start_layer} is out of range")
+    start = check_layer_index(start_layer, depth, "start_layer", spec.name)
     return list(range(start, depth))
 
 

@@ -8,7 +8,7 @@ import torch
 from torch import nn
 
 from vitviz.core.images import Images, load_images
-from vitviz.errors import ImageInputError
+from vitviz.errors import ImageInputError, InputError
 
 
 def count_images(images: Images) -> int:
@@ -16,6 +16,17 @@ def count_images(images: Images) -> int:
     if isinstance(images, torch.Tensor):
         return 1 if images.ndim == 3 else int(images.shape[0])
     return len(images) if isinstance(images, (list, tuple)) else 1
+
+
+def check_batch_size(batch_size: object) -> None:
+    """Raise ``InputError`` unless ``batch_size`` is ``None`` or a positive integer (not a bool or a float)."""
+    if batch_size is None:
+        return
+    if isinstance(batch_size, bool) or not isinstance(batch_size, int) or batch_size < 1:
+        raise InputError(
+            f"batch_size={batch_size!r} is not a positive number of images; pass an integer such as 32, or None "
+            "for one batch of all images"
+        )
 
 
 def iter_batches(
@@ -37,15 +48,14 @@ def iter_batches(
         progress: show a tqdm progress bar (over images).
         desc: the progress bar's label.
     """
-    if batch_size is not None and batch_size < 1:
-        raise ValueError(f"batch_size must be a positive number of images, got {batch_size}")
+    check_batch_size(batch_size)
     if isinstance(images, torch.Tensor):
         items = images.unsqueeze(0) if images.ndim == 3 else images
     else:
         items = list(images) if isinstance(images, (list, tuple)) else [images]
     total = count_images(images)
     if total == 0:
-        raise ImageInputError("no images given")
+        raise ImageInputError("images: 0 images given; pass at least one image")
     step = total if batch_size is None else batch_size
     bar = None
     if progress:

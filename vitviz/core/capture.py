@@ -5,6 +5,11 @@ attention path of each selected layer is switched on (timm's fused ``scaled_dot_
 materialises probabilities), a probe reads the probabilities, and on exit, also when the body raises, every flag,
 hook and attribute is exactly as before.
 
+Any number of captures can be open on one model at once, and they may exit in any order (two explorers, a
+capture opened in one notebook cell and closed in another): each attention module gets one shared probe with a
+list of subscribers; every open capture sees every forward pass that runs while it is open, and the module's
+original state comes back when the last capture that uses it exits.
+
 Two ways to consume the maps:
 
 - ``store=True`` (default): ``cap.attentions`` is the list of ``(B, H, N, N)`` tensors, in layer order, from the
@@ -23,39 +28,137 @@ Example::
 from __future__ import annotations
 
 import fnmatch
+import threading
+import weakref
 from collections.abc import Callable, Iterator, Sequence
 from contextlib import contextmanager
 
+import numpy as np
 import torch
 from torch import nn
 
 from vitviz.core.families import family_of
+from vitviz.core.families.base import Emit, Probe, Undo
 from vitviz.core.spec import ViTSpec, inspect
-from vitviz.errors import CaptureError
+from vitviz.errors import CaptureError, InputError, LayerSelectError
 
 LayerSelect = int | str | Sequence[int | str] | None
 OnLayer = Callable[[int, torch.Tensor], None]
 
 
+class _SharedProbe:
+    """One probe on one attention module, fanning each map out to every open capture that uses the module."""
+
+    def __init__(self, module: nn.Module, probe: Probe) -> None:
+        self.subscribers: list[tuple[object, Emit]] = []
+        self.undo = probe(module, self._fan_out)
+
+    def _fan_out(self, attn: torch.Tensor) -> None:
+        for _token, emit in list(self.subscribers):
+            emit(attn)
+
+
+# module -> probe function -> its shared probe; an entry lives while at least one capture subscribes.
+_PROBES: weakref.WeakKeyDictionary[nn.Module, dict[Probe, _SharedProbe]] = weakref.WeakKeyDictionary()
+_LOCK = threading.RLock()
+
+
+def subscribe(module: nn.Module, probe: Probe, emit: Emit) -> Undo:
+    """Receive the attention maps of ``module``; the probe is installed for the first subscriber only.
+
+    Returns:
+        ``unsubscribe()``; the last subscriber's call removes the probe and restores the module exactly.
+    """
+    token = object()
+    with _LOCK:
+        probes = _PROBES.setdefault(module, {})
+        shared = probes.get(probe)
+        if shared is None:
+            shared = probes[probe] = _SharedProbe(module, probe)
+        shared.subscribers.append((token, emit))
+
+    def unsubscribe() -> None:
+        with _LOCK:
+            if not any(t is token for t, _ in shared.subscribers):
+                return  # already unsubscribed
+            shared.subscribers[:] = [(t, e) for t, e in shared.subscribers if t is not token]
+            if shared.subscribers:
+                return
+            probes = _PROBES.get(module, {})
+            probes.pop(probe, None)
+            if not probes:
+                _PROBES.pop(module, None)
+            shared.undo()
+
+    return unsubscribe
+
+
+def open_probes(model: nn.Module) -> int:
+    """How many attention modules of ``model`` carry a shared probe now (0 when no capture is open on it)."""
+    with _LOCK:
+        return sum(len(_PROBES.get(m, {})) for m in model.modules())
+
+
+
+def check_layer_index(value: object, depth: int, argument: str = "layers", model_name: str = "model") -> int:
+    """Validate one layer index (negative counts from the end) and return it as ``0 <= i < depth``.
+
+    Raises:
+        LayerSelectError: a bool, a float or another non-integer, or an index outside ``-depth .. depth-1``.
+    """
+    if isinstance(value, bool) or not isinstance(value, (int, np.integer)):
+        kind = type(value).__name__
+        hint = f"an integer such as {int(value)}" if isinstance(value, (float, np.floating)) and float(
+            value).is_integer() else "an integer layer index (0 is the first, -1 the last)"
+        raise LayerSelectError(
+            f"{argument}={value!r} is a {kind}, not a layer index; pass {hint}"
+            + (" or a module-name pattern such as 'blocks.1*'" if argument == "layers" else "")
+        )
+    index = int(value)
+    if not -depth <= index < depth:
+        raise LayerSelectError(
+            f"{argument}={index} is out of range: {model_name} has {depth} attention layers; pass an index "
+            f"from {-depth} to {depth - 1}"
+        )
+    return index % depth
+
 
 def select_layers(names: Sequence[str], layers: LayerSelect, model_name: str = "model") -> list[int]:
-    """Indices into ``names`` chosen by ``layers``: None (all), ints (negative allowed) or fnmatch patterns."""
+    """Indices into ``names`` chosen by ``layers``: None (all), ints (negative allowed) or fnmatch patterns.
+
+    The one validation path for layer selectors (``capture_attention``, and every call that takes ``layers``).
+
+    Raises:
+        LayerSelectError: a bool, float or other non-index, an empty selection, an index out of range, or a
+            pattern that matches no attention module (each message names the value and the fix).
+    """
     if layers is None:
         return list(range(len(names)))
-    items = [layers] if isinstance(layers, (int, str)) else list(layers)
+    if isinstance(layers, (str, int, float, bool, np.integer, np.floating)):
+        items: list[object] = [layers]
+    elif isinstance(layers, (Sequence, range, np.ndarray, torch.Tensor)):
+        items = list(layers.tolist() if isinstance(layers, (np.ndarray, torch.Tensor)) else layers)
+    else:
+        raise LayerSelectError(
+            f"layers={layers!r} ({type(layers).__name__}) is not a layer selector; pass None (all layers), an "
+            "index, a list of indices, or a module-name pattern such as 'blocks.1*'"
+        )
+    if not items:
+        raise LayerSelectError(
+            f"layers={layers!r} selects no layer; pass None for all {len(names)} layers of {model_name}, or "
+            "at least one index or pattern"
+        )
     chosen: list[int] = []
     for item in items:
-        if isinstance(item, int):
-            if not -len(names) <= item < len(names):
-                raise IndexError(f"{model_name} has {len(names)} attention layers; layer index {item} is out of range")
-            hits = [item % len(names)]
-        else:
+        if isinstance(item, str):
             hits = [i for i, n in enumerate(names) if fnmatch.fnmatchcase(n, item)]
             if not hits:
-                raise CaptureError(
-                    f"no attention module of {model_name} matches {item!r}; its attention modules are "
+                raise LayerSelectError(
+                    f"layers={item!r} matches no attention module of {model_name}; its attention modules are "
                     f"{names[0]!r} ... {names[-1]!r} (select by index, or by a pattern such as 'blocks.1*')"
                 )
+        else:
+            hits = [check_layer_index(item, len(names), "layers", model_name)]
         chosen += [h for h in hits if h not in chosen]
     return sorted(chosen)
 
@@ -151,6 +254,11 @@ def capture_attention(
         ``AttentionCapture`` with ``attentions``, ``layer_names``, ``spec`` and ``forwards``.
     """
     spec = inspect(model)
+    if dtype is not None and not (isinstance(dtype, torch.dtype) and dtype.is_floating_point):
+        raise InputError(
+            f"dtype={dtype!r} is not a floating torch dtype; attention maps are probabilities: pass "
+            "torch.float32 (or torch.float16 / torch.bfloat16), or None to keep the model's dtype"
+        )
     family = family_of(model)
     modules = family.attention_modules(model)
     chosen = select_layers([n for n, _ in modules], layers, spec.name)
@@ -160,7 +268,7 @@ def capture_attention(
     try:
         undos.append(family.prepare(model))
         for position, index in enumerate(chosen):
-            undos.append(family.probe(modules[index][1], lambda a, p=position: cap._emit(p, a)))
+            undos.append(subscribe(modules[index][1], family.probe, lambda a, p=position: cap._emit(p, a)))
         yield cap
         cap._close_pass()
     finally:

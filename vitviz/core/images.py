@@ -59,34 +59,126 @@ def data_config(model: nn.Module) -> dict[str, Any]:
     return {**cfg, "input_size": (3, *spec.img_size)}
 
 
-def to_pil(image: ImageLike) -> Image.Image:
-    """Load a path, array or PIL image as an RGB PIL image (grayscale, palette and RGBA are converted)."""
+def _check_finite_array(arr: np.ndarray, argument: str) -> None:
+    if np.issubdtype(arr.dtype, np.floating) and not np.isfinite(arr).all():
+        nan, inf = int(np.isnan(arr).sum()), int(np.isinf(arr).sum())
+        raise ImageInputError(
+            f"{argument}: an image array of shape {arr.shape} has {nan} NaN and {inf} infinite values; vitviz "
+            "refuses them rather than draw NaN maps or a black image. Fix the decoding step, or replace them "
+            "(np.nan_to_num(arr, nan=0.0))"
+        )
+
+
+def _array_to_uint8(arr: np.ndarray, argument: str) -> np.ndarray:
+    """An image array as uint8: floats in [0, 1] are scaled by 255, floats and ints in [0, 255] are kept."""
+    if arr.dtype == np.uint8:
+        return arr
+    if arr.dtype == np.bool_ or not (np.issubdtype(arr.dtype, np.floating) or np.issubdtype(arr.dtype, np.integer)):
+        raise ImageInputError(
+            f"{argument}: an image array of dtype {arr.dtype} is not an image; pass uint8 (0..255) or float "
+            "(0..1) arrays"
+        )
+    _check_finite_array(arr, argument)
+    if not arr.size:
+        raise ImageInputError(f"{argument}: an image array of shape {arr.shape} has no pixels")
+    lo, hi = float(arr.min()), float(arr.max())
+    if np.issubdtype(arr.dtype, np.floating) and lo >= 0 and hi <= 1:
+        arr = arr * 255
+    elif lo < 0 or hi > 255:
+        raise ImageInputError(
+            f"{argument}: an image array of dtype {arr.dtype} has values from {lo:g} to {hi:g}, outside 0..255 "
+            "(and, for floats, outside 0..1); rescale it to uint8 0..255 or float 0..1 (e.g. 16-bit images: "
+            "(arr / 257).astype(np.uint8); normalised tensors: pass the tensor itself)"
+        )
+    return np.round(arr).astype(np.uint8)
+
+
+def to_pil(image: ImageLike, argument: str = "images") -> Image.Image:
+    """Load a path, array or PIL image as an RGB PIL image (grayscale, palette and RGBA are converted).
+
+    Raises:
+        ImageInputError: a missing file, a folder, an unreadable file, an array that is not an image (shape,
+            dtype, NaN/inf, values outside 0..255), or an object that is no image at all.
+    """
     if isinstance(image, (str, os.PathLike)):
         path = Path(image)
+        if path.is_dir():
+            raise ImageInputError(
+                f"{argument}: {str(path)!r} is a folder, not an image file; list its images with "
+                "vitviz.zoo.samples.images_from(path) (a flat folder, class subfolders or one file)"
+            )
         if not path.is_file():
-            raise ImageInputError(f"image file {str(path)!r} not found")
+            raise ImageInputError(f"{argument}: image file {str(path)!r} not found; check the path")
         try:
             with Image.open(path) as im:
                 return im.convert("RGB")
         except OSError as e:
-            raise ImageInputError(f"cannot read image {str(path)!r}: {e}") from None
+            raise ImageInputError(f"{argument}: cannot read image {str(path)!r}: {e}") from None
     if isinstance(image, np.ndarray):
         arr = image
         if arr.ndim == 3 and arr.shape[-1] == 1:
             arr = arr[..., 0]
         if arr.ndim not in (2, 3) or (arr.ndim == 3 and arr.shape[-1] not in (3, 4)):
             raise ImageInputError(
-                f"expected an HxW, HxWx3 or HxWx4 image array, got shape {arr.shape}; channel-first arrays "
-                "need arr.transpose(1, 2, 0)"
+                f"{argument}: expected an HxW, HxWx3 or HxWx4 image array, got shape {arr.shape}; channel-first "
+                "arrays need arr.transpose(1, 2, 0)"
             )
-        if arr.dtype != np.uint8:
-            if np.issubdtype(arr.dtype, np.floating) and arr.size and arr.min() >= 0 and arr.max() <= 1:
-                arr = (arr * 255).round()
-            arr = np.clip(arr, 0, 255).astype(np.uint8)
-        image = Image.fromarray(arr)
+        image = Image.fromarray(_array_to_uint8(arr, argument))
     if isinstance(image, Image.Image):
         return image.convert("RGB")
-    raise ImageInputError(f"cannot use {type(image).__name__} as an image; pass a tensor, PIL image, array or path")
+    raise ImageInputError(
+        f"{argument}: cannot use {type(image).__name__} as an image; pass a tensor, PIL image, array or path"
+    )
+
+
+def check_tensor(x: torch.Tensor, argument: str = "images") -> None:
+    """Validate a ``(B, 3, H, W)`` batch: floating dtype, 3 channels, at least one image, finite values.
+
+    Raises:
+        ImageInputError: the message names the argument, the shape or dtype found, and the fix.
+    """
+    if x.ndim != 4:
+        raise ImageInputError(
+            f"{argument}: expected a (B, 3, H, W) or (3, H, W) tensor, got shape {tuple(x.shape)}"
+        )
+    if x.shape[0] == 0:
+        raise ImageInputError(f"{argument}: the tensor of shape {tuple(x.shape)} holds 0 images; pass at least one")
+    if x.shape[1] != 3:
+        kind = {1: "grayscale", 4: "RGBA"}.get(x.shape[1], f"{x.shape[1]}-channel")
+        raise ImageInputError(
+            f"{argument}: got a {kind} tensor of shape {tuple(x.shape)}; the model takes 3 channels. Convert it "
+            "(grayscale: x.expand(-1, 3, -1, -1); RGBA: x[:, :3]) or pass PIL images / arrays, which vitviz "
+            "converts and normalises"
+        )
+    if x.dtype == torch.uint8:
+        raise ImageInputError(
+            f"{argument}: got a uint8 tensor; pass normalised float tensors, or PIL images / arrays (which vitviz "
+            "normalises with the model's preprocessing)"
+        )
+    if not x.is_floating_point():
+        raise ImageInputError(
+            f"{argument}: got a {x.dtype} tensor; images are normalised float tensors (x.float() after your "
+            "normalisation), or PIL images / arrays, which vitviz normalises"
+        )
+    finite = torch.isfinite(x)
+    if not bool(finite.all()):
+        nan, inf = int(torch.isnan(x).sum()), int(torch.isinf(x).sum())
+        raise ImageInputError(
+            f"{argument}: the tensor of shape {tuple(x.shape)} has {nan} NaN and {inf} infinite values; the maps "
+            "would be NaN. Fix the preprocessing, or replace them (torch.nan_to_num(x))"
+        )
+
+
+def _device(device: torch.device | str | None) -> torch.device | None:
+    if device is None:
+        return None
+    try:
+        return torch.device(device)
+    except (RuntimeError, TypeError):
+        raise ImageInputError(
+            f"device={device!r} is not a torch device; pass 'cpu', 'cuda', 'cuda:1', 'mps' or a torch.device "
+            "(default: the model's device)"
+        ) from None
 
 
 def check_size(spec: ViTSpec, h: int, w: int) -> None:
@@ -116,36 +208,36 @@ def load_images(model: nn.Module, images: Images, *, device: torch.device | str 
             ``HxWx3`` / ``HxW`` / ``HxWx4`` arrays, or file paths.
         device: override the device (default: the model's).
 
+    A tensor on another device than the model is moved to the model's device (and cast to its dtype).
+
     Raises:
-        ImageInputError: wrong channel count or size (the message names both sizes and the fix).
+        ImageInputError: no images, a non-float or non-3-channel tensor, NaN or infinite pixels, an image
+            array that is not an image, a missing file, or a size the model cannot take (the message names
+            the argument, the value and the fix).
     """
     spec = _spec_or_cnn(model)
     param = next(model.parameters(), None)
-    device = torch.device(device) if device is not None else (param.device if param is not None else None)
+    device = _device(device) or (param.device if param is not None else None)
     dtype = param.dtype if param is not None and param.is_floating_point() else torch.float32
     if isinstance(images, torch.Tensor):
         x = images.unsqueeze(0) if images.ndim == 3 else images
-        if x.ndim != 4:
-            raise ImageInputError(f"expected a (B, 3, H, W) or (3, H, W) tensor, got shape {tuple(images.shape)}")
-        if x.shape[1] != 3:
-            kind = {1: "grayscale", 4: "RGBA"}.get(x.shape[1], f"{x.shape[1]}-channel")
-            raise ImageInputError(
-                f"got a {kind} tensor of shape {tuple(x.shape)}; the model takes 3 channels. Convert it "
-                "(grayscale: x.expand(-1, 3, -1, -1); RGBA: x[:, :3]) or pass PIL images / arrays, which vitviz "
-                "converts and normalises"
-            )
-        if x.dtype == torch.uint8:
-            raise ImageInputError("got a uint8 tensor; pass normalised float tensors, or PIL images / arrays")
+        check_tensor(x)
     else:
         from timm.data import create_transform
 
         items = list(images) if isinstance(images, (list, tuple)) else [images]
         if not items:
-            raise ImageInputError("no images given")
+            raise ImageInputError("images: an empty list holds 0 images; pass at least one image")
+        if all(isinstance(im, torch.Tensor) for im in items):
+            raise ImageInputError(
+                f"images: a list of {len(items)} tensors; stack them into one (B, 3, H, W) tensor "
+                "(torch.stack(images))"
+            )
         transform = create_transform(**data_config(model), is_training=False)
         x = torch.stack([transform(to_pil(im)) for im in items])
     if spec is not None:  # a CNN takes any size its pooling allows
         check_size(spec, x.shape[-2], x.shape[-1])
+    # the batch goes where the model is (a CUDA tensor for a CPU model, and back): moved, not refused
     return x.to(device=device, dtype=dtype)
 
 

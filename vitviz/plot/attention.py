@@ -22,7 +22,7 @@ from torch import nn
 from vitviz.analysis.distance import mean_attention_distance
 from vitviz.analysis.rollout import attention_rollout
 from vitviz.analysis.tables import distance_table
-from vitviz.core.capture import capture_attention
+from vitviz.core.capture import capture_attention, check_layer_index
 from vitviz.core.images import Images, denormalise, load_images
 from vitviz.core.spec import inspect
 from vitviz.plot.style import FIGSIZE, new_figure, styled
@@ -197,8 +197,7 @@ def plot_attention_heads(
         raise ValueError(f"plot_attention_heads draws one image; got {x.shape[0]} (pass images[i])")
     spec = inspect(model)
     depth = len(spec.attention_modules)
-    if not -depth <= layer < depth:
-        raise IndexError(f"{spec.name} has {depth} attention layers; layer {layer} is out of range")
+    check_layer_index(layer, depth, "layer", spec.name)
     grid = spec.grid_for_input(x)
     q, qname = _query(spec, query, grid)
     with torch.no_grad(), capture_attention(model, layers=layer) as cap:

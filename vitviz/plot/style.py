@@ -41,7 +41,16 @@ RC: dict[str, Any] = {
     "savefig.pad_inches": 0.05,
     "pdf.fonttype": 42,  # TrueType in PDFs: editable text
     "svg.fonttype": "none",
+    "svg.hashsalt": "vitviz",  # fixed SVG element ids: the same figure gives the same bytes
     "image.interpolation": "nearest",
+}
+
+# Fixed file metadata per format: no creation dates and no software versions, so that rendering the same figure
+# twice gives byte-identical files (``make report`` on an unchanged tree changes no tracked file).
+METADATA: dict[str, dict[str, None]] = {
+    "png": {"Software": None},
+    "pdf": {"Creator": None, "Producer": None, "CreationDate": None},
+    "svg": {"Creator": None, "Date": None},
 }
 
 # default sizes in inches
@@ -93,7 +102,8 @@ def save_figure(
     *,
     dpi: int | None = None,
 ) -> list[Path]:
-    """Write ``fig`` once per format, creating folders as needed.
+    """Write ``fig`` once per format, creating folders as needed; the same figure always gives the same bytes
+    (fixed metadata, no dates: see ``METADATA``; fixed SVG ids).
 
     Args:
         fig: the figure.
@@ -116,7 +126,7 @@ def save_figure(
     with vitviz_style():
         for fmt in formats:
             path = stem.parent / f"{stem.name}.{fmt}"
-            fig.savefig(path, format=fmt, dpi=dpi or RC["savefig.dpi"])
+            fig.savefig(path, format=fmt, dpi=dpi or RC["savefig.dpi"], metadata=METADATA.get(fmt))
             written.append(path)
     return written
 

@@ -5,6 +5,10 @@ kernel on the model's device, and each change of a control renders only the disp
 over the image, as a PNG. The query is the output (class) token, another prefix token, the mean of the patch
 queries (models without a class token), or any patch, picked by sliders or by clicking the image. The rollout
 toggle shows attention rollout (Abnar & Zuidema 2020; the ViT paper's Fig. 6) through the selected layer.
+
+Memory is bounded: the captured maps (about 22 MB per image for ViT-B/16 at 224 px) and the rollout products
+live in one least-recently-used cache bounded in bytes (``cache_bytes``, default ``DEFAULT_CACHE_BYTES``); an
+image whose maps were evicted is captured again when it is shown again. The images themselves wait on the CPU.
 """
 
 from __future__ import annotations
@@ -23,13 +27,63 @@ from vitviz.analysis.rollout import fuse_heads
 from vitviz.core.capture import capture_attention
 from vitviz.core.images import Images, denormalise, load_images
 from vitviz.core.spec import inspect
+from vitviz.errors import InputError
 from vitviz.widgets._base import Explorer
 from vitviz.widgets._render import display_size, mark_cell, overlay, png_bytes, resize_rgb
 
 __all__ = ["AttentionExplorer", "explore_attention"]
 
 FUSIONS = ("mean", "max", "min")
-ROLLOUT_CACHE = 32  # rollout products kept per explorer (each (N, N) float32)
+DEFAULT_CACHE_BYTES = 256 * 2**20  # captured maps and rollout products kept per explorer
+
+
+def _nbytes(value: torch.Tensor | Sequence[torch.Tensor]) -> int:
+    tensors = [value] if isinstance(value, torch.Tensor) else list(value)
+    return sum(t.numel() * t.element_size() for t in tensors)
+
+
+class ByteLRU:
+    """A least-recently-used cache of tensors (or lists of tensors) bounded by their total size in bytes.
+
+    Adding an entry evicts the least recently used ones until the total fits ``max_bytes``; the entry just added
+    is always kept, so one entry larger than the bound is held alone until the next one arrives.
+    """
+
+    def __init__(self, max_bytes: int) -> None:
+        if isinstance(max_bytes, bool) or not isinstance(max_bytes, int) or max_bytes < 1:
+            raise InputError(
+                f"cache_bytes={max_bytes!r} is not a positive number of bytes; pass e.g. 256 * 2**20 (256 MiB)"
+            )
+        self.max_bytes = max_bytes
+        self.nbytes = 0
+        self.evictions = 0
+        self._items: OrderedDict[Any, tuple[Any, int]] = OrderedDict()
+
+    def __contains__(self, key: Any) -> bool:
+        return key in self._items
+
+    def __len__(self) -> int:
+        return len(self._items)
+
+    def get(self, key: Any) -> Any:
+        """The value for ``key`` (marked most recently used), or ``None``."""
+        if key not in self._items:
+            return None
+        self._items.move_to_end(key)
+        return self._items[key][0]
+
+    def put(self, key: Any, value: Any) -> Any:
+        """Store ``value`` under ``key`` and evict least recently used entries beyond the bound."""
+        if key in self._items:
+            self.nbytes -= self._items.pop(key)[1]
+        size = _nbytes(value)
+        self._items[key] = (value, size)
+        self.nbytes += size
+        while self.nbytes > self.max_bytes and len(self._items) > 1:
+            _old, (_value, old_size) = self._items.popitem(last=False)
+            self.nbytes -= old_size
+            self.evictions += 1
+        return value
 
 
 def _token_options(prefix_tokens: Sequence[str]) -> list[tuple[str, int | str]]:
@@ -60,22 +114,23 @@ class AttentionExplorer(Explorer):
     """
 
     def __init__(self, model: nn.Module, images: Images, *, labels: Sequence[str] | None = None, size: int = 320,
-                 cmap: str = "inferno", alpha: float = 0.6, interpolation: str = "nearest") -> None:
+                 cmap: str = "inferno", alpha: float = 0.6, interpolation: str = "nearest",
+                 cache_bytes: int = DEFAULT_CACHE_BYTES) -> None:
         self.model = model
         self.spec = inspect(model)
-        self._x = load_images(model, images)  # (B, 3, H, W) on the model's device
+        self.cache = ByteLRU(cache_bytes)  # ("attn", i) -> list of (1, H, N, N); ("rollout", ...) -> (N, N)
+        self.forwards = 0  # forward passes run (one per image shown, again after an eviction)
+        self._x = load_images(model, images, device="cpu")  # (B, 3, H, W); one image at a time goes to the device
         self._rgb = denormalise(model, self._x)
         h, w = self._x.shape[-2:]
         self.grid = self.spec.grid_for_input(self._x)
         self.map_size = display_size(h, w, size)
         self.cmap, self.interpolation = cmap, interpolation
-        self._attn: dict[int, list[torch.Tensor]] = {}
-        self._bases: dict[int, np.ndarray] = {}
-        self._rollouts: OrderedDict[tuple, torch.Tensor] = OrderedDict()
+        self._bases: OrderedDict[int, np.ndarray] = OrderedDict()
         depth, heads, gh, gw = len(self.spec.attention_modules), self.spec.num_heads, *self.grid
         names = list(labels) if labels is not None else [f"image {i}" for i in range(len(self._x))]
         if len(names) != len(self._x):
-            raise ValueError(f"{len(self._x)} images but {len(names)} labels")
+            raise InputError(f"labels: {len(names)} labels for {len(self._x)} images; pass one label per image")
         style = {"description_width": "88px"}
         self.image_index = widgets.Dropdown(options=list(zip(names, range(len(names)))), value=0,
                                             description="image", style=style,
@@ -106,11 +161,15 @@ class AttentionExplorer(Explorer):
     def attentions(self, index: int | None = None) -> list[torch.Tensor]:
         """All layers' ``(1, H, N, N)`` maps for one image, captured by one forward pass on first use."""
         i = self.image_index.value if index is None else index
-        if i not in self._attn:
+        maps = self.cache.get(("attn", i))
+        if maps is None:
+            param = next(self.model.parameters(), None)
+            x = self._x[i:i + 1].to(param.device if param is not None else "cpu")
             with torch.no_grad(), capture_attention(self.model) as cap:
-                self.model(self._x[i:i + 1])
-            self._attn[i] = cap.attentions
-        return self._attn[i]
+                self.model(x)
+            self.forwards += 1
+            maps = self.cache.put(("attn", i), cap.attentions)
+        return maps
 
     def _fused(self, attn: torch.Tensor, head: int | str) -> torch.Tensor:
         """``(1, H, N, N)`` -> ``(N, N)`` for one head or fused heads, float32."""
@@ -119,21 +178,19 @@ class AttentionExplorer(Explorer):
         return fuse_heads(attn, head)[0]
 
     def _rollout_matrix(self, i: int, layer: int, head: int | str, discard: float) -> torch.Tensor:
-        key = (i, layer, head, round(discard, 6))
-        if key not in self._rollouts:
+        key = ("rollout", i, layer, head, round(discard, 6))
+        matrix = self.cache.get(key)
+        if matrix is None:
             from vitviz.analysis.rollout import _check_maps, rollout_from_attentions
 
             _check_maps(self.spec, list(range(layer + 1)), "rollout")  # refuses maps that are not a flow
             maps = self.attentions(i)[: layer + 1]
             if isinstance(head, int):  # one head index followed through every layer
                 maps, head = [a[:, head:head + 1] for a in maps], "mean"
-            self._rollouts[key] = rollout_from_attentions(
+            matrix = self.cache.put(key, rollout_from_attentions(
                 maps, num_prefix_tokens=self.spec.num_prefix_tokens, head_fusion=head, discard_ratio=discard,
-                blocks=self.spec.attention_blocks[: layer + 1] or None)[0]
-            while len(self._rollouts) > ROLLOUT_CACHE:
-                self._rollouts.popitem(last=False)
-        self._rollouts.move_to_end(key)
-        return self._rollouts[key]
+                blocks=self.spec.attention_blocks[: layer + 1] or None)[0])
+        return matrix
 
     def _query_row(self, m: torch.Tensor) -> torch.Tensor:
         p, gw = self.spec.num_prefix_tokens, self.grid[1]
@@ -166,6 +223,9 @@ class AttentionExplorer(Explorer):
     def _base(self, i: int) -> np.ndarray:
         if i not in self._bases:
             self._bases[i] = resize_rgb(self._rgb[i], self.map_size)
+            while len(self._bases) > 8:  # display-size uint8 pictures; a few are plenty
+                self._bases.popitem(last=False)
+        self._bases.move_to_end(i)
         return self._bases[i]
 
     def render(self) -> tuple[bytes, str]:
@@ -207,7 +267,8 @@ class AttentionExplorer(Explorer):
 
 
 def explore_attention(model: nn.Module, image: Images, *, labels: Sequence[str] | None = None, size: int = 320,
-                      cmap: str = "inferno", alpha: float = 0.6, interpolation: str = "nearest") -> AttentionExplorer:
+                      cmap: str = "inferno", alpha: float = 0.6, interpolation: str = "nearest",
+                      cache_bytes: int = DEFAULT_CACHE_BYTES) -> AttentionExplorer:
     """An interactive view of the attention maps of ``model`` on ``image`` (Jupyter; offline).
 
     The model runs once per image, capturing every layer (``vitviz.capture_attention``) on its own device; the
@@ -222,6 +283,8 @@ def explore_attention(model: nn.Module, image: Images, *, labels: Sequence[str] 
         cmap: matplotlib colormap of the map.
         alpha: initial opacity of the map over the image.
         interpolation: ``nearest`` (patch blocks), ``bilinear`` or ``bicubic`` upsampling of the map.
+        cache_bytes: bound, in bytes, of the least-recently-used cache of captured maps and rollout products
+            (default 256 MiB); images evicted from it are captured again when shown.
 
     Returns:
         ``AttentionExplorer``, an ``ipywidgets.VBox``: display it; drive it with its controls (``layer``,
@@ -229,4 +292,4 @@ def explore_attention(model: nn.Module, image: Images, *, labels: Sequence[str] 
         ``set(...)``; ``image.value`` is the PNG shown and ``map()`` the ``(gh, gw)`` numbers behind it.
     """
     return AttentionExplorer(model, image, labels=labels, size=size, cmap=cmap, alpha=alpha,
-                             interpolation=interpolation)
+                             interpolation=interpolation, cache_bytes=cache_bytes)

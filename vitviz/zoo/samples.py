@@ -1,5 +1,10 @@
 """Example images for the notebooks: a CIFAR-10 test folder when there is one, scikit-image's samples otherwise.
 
+Your own images come in through ``images_from(path)`` (and ``example_images(data_dir)``, which the notebooks and
+the report call): a single image file, a flat folder of images (sorted by file name), or a class-folder tree
+(``<class>/<image>``, as ``torchvision.datasets.ImageFolder``), with ``.jpg``, ``.jpeg``, ``.png``, ``.webp`` or
+``.bmp`` files.
+
 Nothing is downloaded: the CIFAR-10 root is a parameter (or ``$VITVIZ_DATA``), and the natural images are the
 ones scikit-image ships (Krizhevsky 2009 for CIFAR-10; ``skimage.data`` for the photographs).
 """
@@ -12,7 +17,8 @@ from pathlib import Path
 
 import numpy as np
 
-__all__ = ["NATURAL_IMAGES", "ImageSet", "example_images", "folder_images", "natural_images", "resolve_test_folder"]
+__all__ = ["NATURAL_IMAGES", "ImageSet", "example_images", "folder_images", "images_from", "natural_images",
+           "resolve_test_folder"]
 
 NATURAL_IMAGES = ("astronaut", "chelsea", "coffee", "rocket")
 IMAGE_SUFFIXES = (".jpg", ".jpeg", ".png", ".bmp", ".webp")
@@ -72,15 +78,20 @@ def natural_images(names: tuple[str, ...] = NATURAL_IMAGES) -> dict[str, np.ndar
 
 
 def resolve_test_folder(data_dir: str | os.PathLike | None = None) -> Path | None:
-    """The CIFAR-10 test ImageFolder root: ``data_dir``, else ``$VITVIZ_DATA/test``, else ``None``.
+    """Where the example images come from: ``data_dir``, else ``$VITVIZ_DATA/test``, else ``None``.
+
+    ``data_dir`` may be a class-folder tree, a flat folder of images or a single image file (see ``images_from``).
 
     Raises:
-        FileNotFoundError: ``data_dir`` is given but is not a folder.
+        FileNotFoundError: ``data_dir`` is given but is neither a folder nor a file.
     """
     if data_dir is not None:
         path = Path(data_dir).expanduser()
-        if not path.is_dir():
-            raise FileNotFoundError(f"data_dir {str(path)!r} is not a folder (expected <class>/<image> files)")
+        if not (path.is_dir() or path.is_file()):
+            raise FileNotFoundError(
+                f"data_dir {str(path)!r} does not exist; pass an image file, a folder of images, or a folder of "
+                "<class>/<image> files"
+            )
         return path
     env = os.environ.get(DATA_ENV)
     if env and (Path(env).expanduser() / "test").is_dir():
@@ -88,34 +99,80 @@ def resolve_test_folder(data_dir: str | os.PathLike | None = None) -> Path | Non
     return None
 
 
-def folder_images(root: str | os.PathLike, n: int) -> ImageSet:
+def _image_files(folder: Path) -> list[Path]:
+    return sorted(f for f in folder.iterdir() if f.is_file() and f.suffix.lower() in IMAGE_SUFFIXES
+                  and not f.name.startswith("."))
+
+
+def folder_images(root: str | os.PathLike, n: int | None = None) -> ImageSet:
     """The first ``n`` images of an ImageFolder tree, taken in turn from each class (deterministic).
 
     Only paths are listed; the images are decoded when used, so a 10,000-image test set costs nothing here.
     """
     root = Path(root)
-    classes = sorted(d for d in root.iterdir() if d.is_dir())
-    files = {c.name: sorted(f for f in c.iterdir() if f.suffix.lower() in IMAGE_SUFFIXES) for c in classes}
+    classes = sorted(d for d in root.iterdir() if d.is_dir() and not d.name.startswith("."))
+    files = {c.name: _image_files(c) for c in classes}
     files = {k: v for k, v in files.items() if v}
     if not files:
         raise FileNotFoundError(f"no images under {str(root)!r} (expected <class>/<image> files)")
+    limit = sum(len(v) for v in files.values()) if n is None else n
     images, labels = [], []
     for i in range(max(len(v) for v in files.values())):
         for name, paths in files.items():
-            if i < len(paths) and len(images) < n:
+            if i < len(paths) and len(images) < limit:
                 images.append(paths[i])
                 labels.append(name)
     return ImageSet(images, labels, f"{len(images)} images from {root} ({len(files)} classes, taken in turn)")
 
 
+def images_from(path: str | os.PathLike, n: int | None = None) -> ImageSet:
+    """Your images, from any of three layouts; only paths are listed (decoded when used).
+
+    - a single image file: that image, labelled with its file name;
+    - a flat folder of images: the first ``n`` by file name, labelled with their file names (subfolders
+      without images are ignored);
+    - a class-folder tree (``<class>/<image>``): the first ``n``, taken in turn from each class (see
+      ``folder_images``), labelled with their class. A folder with images at the top level is read as flat.
+
+    Args:
+        path: a file or a folder.
+        n: at most this many images (default: all).
+
+    Raises:
+        FileNotFoundError: ``path`` does not exist, or holds no ``.jpg``/``.jpeg``/``.png``/``.webp``/``.bmp``.
+    """
+    root = Path(path).expanduser()
+    if root.is_file():
+        if root.suffix.lower() not in IMAGE_SUFFIXES:
+            raise FileNotFoundError(f"{str(root)!r} is not an image file (expected one of {IMAGE_SUFFIXES})")
+        return ImageSet([root], [root.stem], f"1 image: {root}")
+    if not root.is_dir():
+        raise FileNotFoundError(
+            f"{str(root)!r} does not exist; pass an image file, a folder of images or a folder of <class>/<image>"
+        )
+    flat = _image_files(root)
+    if flat:
+        chosen = flat if n is None else flat[:n]
+        return ImageSet(chosen, [f.stem for f in chosen],
+                        f"{len(chosen)} images from {root} (a flat folder, sorted by file name)")
+    try:
+        return folder_images(root, n)
+    except FileNotFoundError:
+        raise FileNotFoundError(
+            f"no images in {str(root)!r}: expected image files ({', '.join(IMAGE_SUFFIXES)}) in it, or in "
+            "<class> subfolders"
+        ) from None
+
+
 def example_images(data_dir: str | os.PathLike | None = None, n: int = 128) -> ImageSet:
-    """``n`` CIFAR-10 test images (see ``resolve_test_folder``), or scikit-image's photographs when there are none.
+    """``n`` images from ``data_dir`` (a file, a flat folder or a class tree; see ``images_from``), else from the
+    CIFAR-10 test folder ``$VITVIZ_DATA/test``, else scikit-image's photographs.
 
     The fallback holds the four ``NATURAL_IMAGES`` only, whatever ``n``; ``source`` says which set was used.
     """
     root = resolve_test_folder(data_dir)
     if root is not None:
-        return folder_images(root, n)
+        return images_from(root, n)
     photos = natural_images()
     names = list(photos)[:n]
     return ImageSet([photos[k] for k in names], names,

@@ -180,19 +180,52 @@ def probe_mha(module: nn.Module, emit: Emit) -> Undo:
     return _set_attr(module, "forward", forward)
 
 
+# (id(obj), attribute) -> [obj, restore, count]: attributes that several probes set on one shared object (the
+# Hugging Face config every layer reads); the original comes back when the last probe that set it is undone.
+_SHARED_OVERRIDES: dict[tuple[int, str], list[Any]] = {}
+
+
+def _shared_override(obj: Any, name: str, apply: Callable[[], Undo]) -> Undo:
+    """Apply an override once for many probes (reference counted); the last undo restores the original."""
+    key = (id(obj), name)
+    record = _SHARED_OVERRIDES.get(key)
+    if record is None:
+        record = _SHARED_OVERRIDES[key] = [obj, apply(), 0]
+    record[2] += 1
+    done = False
+
+    def undo() -> None:
+        nonlocal done
+        if done:
+            return
+        done = True
+        record[2] -= 1
+        if record[2] == 0:
+            _SHARED_OVERRIDES.pop(key, None)
+            record[1]()
+
+    return undo
+
+
+def _config_eager(config: Any) -> Undo:
+    """Switch a Hugging Face config to the eager attention implementation; the undo restores it."""
+    key = "_attn_implementation_internal" if "_attn_implementation_internal" in vars(config) else None
+    if key is not None:
+        old = vars(config)[key]
+        vars(config)[key] = "eager"
+        return lambda: vars(config).__setitem__(key, old)
+    if getattr(config, "_attn_implementation", "eager") != "eager":
+        old_impl = config._attn_implementation
+        config._attn_implementation = "eager"
+        return lambda: setattr(config, "_attn_implementation", old_impl)
+    return lambda: None
+
+
 def probe_hf(module: nn.Module, emit: Emit) -> Undo:
     config = getattr(module, "config", None)
     undos: list[Undo] = []
-    if config is not None:
-        key = "_attn_implementation_internal" if "_attn_implementation_internal" in vars(config) else None
-        if key is not None:
-            old = vars(config)[key]
-            vars(config)[key] = "eager"
-            undos.append(lambda: vars(config).__setitem__(key, old))
-        elif getattr(config, "_attn_implementation", "eager") != "eager":
-            old_impl = config._attn_implementation
-            config._attn_implementation = "eager"
-            undos.append(lambda: setattr(config, "_attn_implementation", old_impl))
+    if config is not None:  # one config serves every layer: shared, restored when the last layer's probe goes
+        undos.append(_shared_override(config, "attn_implementation", lambda: _config_eager(config)))
 
     def hook(_m: nn.Module, _inputs: Any, out: Any) -> None:
         weights = out[1] if isinstance(out, tuple) and len(out) > 1 else None

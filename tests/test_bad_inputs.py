@@ -1,0 +1,145 @@
+"""Every public entry refuses bad input with an error naming the argument, the value and the fix.
+
+One row per bad input: (id, call, error class, message fragment). Each call goes through a public vitviz function
+on a tiny random-weight timm ViT (32x48 input, 8 px patches, 2 layers). Target rows (grad_rollout's ``target=``)
+belong in the block marked below.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable
+
+import numpy as np
+import pytest
+import torch
+from conftest import tiny_timm_vit
+
+import vitviz
+from vitviz.errors import ImageInputError, InputError, LayerSelectError
+
+M = tiny_timm_vit()  # eval mode; built once: no row changes it (test_model_is_untouched checks)
+GOOD = torch.randn(2, 3, 32, 48)
+
+
+def with_value(value: float) -> torch.Tensor:
+    x = GOOD.clone()
+    x[1, 2, 5, 7] = value
+    return x
+
+
+def array(dtype, low, high, shape=(32, 48, 3)) -> np.ndarray:
+    return np.linspace(low, high, int(np.prod(shape))).reshape(shape).astype(dtype)
+
+
+def nan_array() -> np.ndarray:
+    a = np.full((32, 48, 3), 0.5, np.float32)
+    a[3, 4, 1] = np.nan
+    return a
+
+
+def capture(layers=None, **kw) -> None:
+    with torch.no_grad(), vitviz.capture_attention(M, layers, **kw):
+        M(GOOD)
+
+
+def rollout(images=GOOD, **kw) -> object:
+    return vitviz.attention_rollout(M, images, **kw)
+
+
+Row = tuple[str, Callable[[], object], type[Exception], str]
+
+ROWS: list[Row] = [
+    # pixels: non-finite values, in tensors and float arrays
+    ("tensor-nan", lambda: vitviz.load_images(M, with_value(float("nan"))), ImageInputError, "1 NaN and 0 infinite"),
+    ("tensor-inf", lambda: vitviz.load_images(M, with_value(float("inf"))), ImageInputError, "0 NaN and 1 infinite"),
+    ("tensor-neg-inf", lambda: rollout(with_value(float("-inf"))), ImageInputError, "torch.nan_to_num"),
+    ("tensor-nan-batched", lambda: rollout(with_value(float("nan")), batch_size=1), ImageInputError, "NaN"),
+    ("array-nan", lambda: vitviz.load_images(M, nan_array()), ImageInputError, "np.nan_to_num"),
+    ("array-inf", lambda: vitviz.load_images(M, np.full((32, 48, 3), np.inf)), ImageInputError, "infinite values"),
+    ("array-nan-in-list", lambda: vitviz.mean_attention_distance(M, [nan_array()]), ImageInputError,
+     "rather than draw NaN maps or a black image"),
+    # pixels: dtypes and value ranges
+    ("tensor-uint8", lambda: vitviz.load_images(M, (GOOD * 50).clamp(0, 255).to(torch.uint8)), ImageInputError,
+     "uint8 tensor"),
+    ("tensor-int64", lambda: vitviz.load_images(M, GOOD.long()), ImageInputError, "torch.int64 tensor"),
+    ("tensor-bool", lambda: vitviz.load_images(M, GOOD > 0), ImageInputError, "torch.bool tensor"),
+    ("array-bool", lambda: vitviz.load_images(M, np.zeros((32, 48, 3), bool)), ImageInputError, "dtype bool"),
+    ("array-float-negative", lambda: vitviz.load_images(M, array(np.float32, -1, 1)), ImageInputError,
+     "values from -1 to 1, outside 0..255"),
+    ("array-uint16", lambda: vitviz.load_images(M, array(np.uint16, 0, 65535)), ImageInputError, "arr / 257"),
+    # pixels: channels and shapes
+    ("tensor-grayscale", lambda: vitviz.load_images(M, GOOD[:, :1]), ImageInputError, "grayscale tensor"),
+    ("tensor-rgba", lambda: vitviz.load_images(M, torch.randn(2, 4, 32, 48)), ImageInputError, "RGBA: x[:, :3]"),
+    ("tensor-2-channel", lambda: vitviz.load_images(M, torch.randn(1, 2, 32, 48)), ImageInputError,
+     "2-channel tensor"),
+    ("tensor-5d", lambda: vitviz.load_images(M, GOOD[None]), ImageInputError, "got shape (1, 2, 3, 32, 48)"),
+    ("tensor-wrong-size", lambda: vitviz.load_images(M, torch.randn(1, 3, 32, 32)), ImageInputError,
+     "takes 32x48 images, got 32x32"),
+    ("array-channel-first", lambda: vitviz.load_images(M, np.zeros((3, 32, 48), np.uint8)), ImageInputError,
+     "arr.transpose(1, 2, 0)"),
+    ("list-of-tensors", lambda: vitviz.load_images(M, [GOOD[0], GOOD[1]]), ImageInputError, "torch.stack(images)"),
+    ("none", lambda: vitviz.load_images(M, None), ImageInputError, "cannot use NoneType as an image"),
+    ("dict", lambda: vitviz.load_images(M, {"a": 1}), ImageInputError, "cannot use dict as an image"),
+    ("missing-file", lambda: vitviz.load_images(M, "/nonexistent/cat.jpg"), ImageInputError,
+     "'/nonexistent/cat.jpg' not found"),
+    ("folder-path", lambda: vitviz.load_images(M, "/"), ImageInputError, "is a folder, not an image file"),
+    # batch sizes: no images, bad batch_size
+    ("zero-images-tensor", lambda: vitviz.load_images(M, GOOD[:0]), ImageInputError, "holds 0 images"),
+    ("zero-images-list", lambda: rollout([]), ImageInputError, "0 images"),
+    ("batch-size-0", lambda: rollout(batch_size=0), InputError, "batch_size=0 is not a positive number"),
+    ("batch-size-negative", lambda: vitviz.mean_attention_distance(M, GOOD, batch_size=-4), InputError,
+     "batch_size=-4"),
+    ("batch-size-float", lambda: rollout(batch_size=2.5), InputError, "batch_size=2.5"),
+    ("batch-size-bool", lambda: rollout(batch_size=True), InputError, "batch_size=True"),
+    # devices and dtypes
+    ("device-unknown", lambda: vitviz.load_images(M, GOOD, device="gpu"), ImageInputError,
+     "device='gpu' is not a torch device"),
+    ("capture-dtype-int", lambda: capture(dtype=torch.int64), InputError, "dtype=torch.int64 is not a floating"),
+    ("capture-dtype-string", lambda: capture(dtype="float32"), InputError, "dtype='float32'"),
+    # layer selectors
+    ("layers-true", lambda: capture(True), LayerSelectError, "layers=True is a bool, not a layer index"),
+    ("layers-false", lambda: capture(False), LayerSelectError, "layers=False is a bool"),
+    ("layers-float", lambda: capture(1.0), LayerSelectError, "layers=1.0 is a float, not a layer index; pass an integer such as 1"),
+    ("layers-float-fraction", lambda: capture(0.5), LayerSelectError, "layers=0.5 is a float"),
+    ("layers-empty-list", lambda: capture([]), LayerSelectError, "layers=[] selects no layer"),
+    ("layers-empty-tuple", lambda: capture(()), LayerSelectError, "selects no layer"),
+    ("layers-out-of-range", lambda: capture(7), LayerSelectError, "layers=7 is out of range: VisionTransformer has 2"),
+    ("layers-negative-out-of-range", lambda: capture(-3), LayerSelectError, "pass an index from -2 to 1"),
+    ("layers-unknown-pattern", lambda: capture("encoder.*"), LayerSelectError,
+     "layers='encoder.*' matches no attention module"),
+    ("layers-mixed-bad-item", lambda: capture([0, 1.5]), LayerSelectError, "layers=1.5 is a float"),
+    ("layers-bool-in-list", lambda: capture([True]), LayerSelectError, "layers=True is a bool"),
+    ("layers-object", lambda: capture({"blocks": 1}), LayerSelectError, "is not a layer selector"),
+    ("start-layer-bool", lambda: rollout(start_layer=True), LayerSelectError, "start_layer=True is a bool"),
+    ("start-layer-out-of-range", lambda: rollout(start_layer=5), LayerSelectError, "start_layer=5 is out of range"),
+    ("heads-layer-float", lambda: vitviz.plot_attention_heads(M, GOOD[:1], 1.0), LayerSelectError,
+     "layer=1.0 is a float"),
+    # targets (grad_rollout target=...): rows added with the targets validation
+]
+
+
+def test_the_table_has_at_least_30_rows_with_distinct_ids():
+    ids = [r[0] for r in ROWS]
+    assert len(ids) >= 30 and len(set(ids)) == len(ids)
+
+
+@pytest.mark.parametrize(("call", "error", "fragment"), [r[1:] for r in ROWS], ids=[r[0] for r in ROWS])
+def test_bad_input_is_refused_with_a_clear_message(call, error, fragment):
+    with pytest.raises(error) as info:
+        call()
+    assert fragment in str(info.value), f"message {str(info.value)!r} lacks {fragment!r}"
+    assert isinstance(info.value, vitviz.VitvizError)
+
+
+def test_the_model_is_untouched_and_good_input_still_works():
+    from vitviz.core.capture import open_probes
+
+    assert open_probes(M) == 0 and all(b.attn.fused_attn for b in M.blocks)
+    assert not M.training
+    maps = rollout()
+    assert maps.shape == (2, 4, 6) and torch.isfinite(maps).all()
+
+
+def test_a_tensor_on_another_device_is_moved_to_the_models():
+    x = vitviz.load_images(M, GOOD.to(torch.float64), device="meta")
+    assert x.device.type == "meta" and x.dtype == torch.float32

@@ -1,0 +1,152 @@
+"""Reports with your own images (a flat folder, a class-folder tree, one file) and byte-identical re-renders."""
+
+from __future__ import annotations
+
+import json
+import time
+from pathlib import Path
+
+import numpy as np
+import pytest
+from PIL import Image
+
+import vitviz
+from vitviz.__main__ import main
+from vitviz.zoo.samples import example_images, images_from
+
+ROOT = Path(__file__).resolve().parents[1]
+
+
+def picture(path: Path, seed: int, size: tuple[int, int] = (40, 48)) -> Path:
+    rng = np.random.default_rng(seed)
+    Image.fromarray(rng.integers(0, 256, (*size, 3), dtype=np.uint8)).save(path)
+    return path
+
+
+@pytest.fixture(scope="module")
+def layouts(tmp_path_factory) -> dict[str, Path]:
+    root = tmp_path_factory.mktemp("layouts")
+    flat = root / "flat"
+    flat.mkdir()
+    for i, name in enumerate(["c.webp", "a.jpg", "b.png", "d.JPEG"]):
+        picture(flat / name, i)
+    (flat / "notes.txt").write_text("not an image")
+    (flat / "empty").mkdir()
+    tree = root / "tree"
+    for c, n in (("cat", 3), ("dog", 2)):
+        (tree / c).mkdir(parents=True)
+        for i in range(n):
+            picture(tree / c / f"{i}.png", 10 * len(c) + i)
+    single = picture(root / "one.png", 99, (64, 40))
+    return {"flat": flat, "tree": tree, "file": single}
+
+
+def test_images_from_reads_each_layout(layouts):
+    flat = images_from(layouts["flat"])
+    assert [p.name for p in flat.images] == ["a.jpg", "b.png", "c.webp", "d.JPEG"]  # sorted by name, any suffix
+    assert flat.labels == ["a", "b", "c", "d"] and "flat folder" in flat.source
+    tree = images_from(layouts["tree"])
+    assert tree.labels == ["cat", "dog", "cat", "dog", "cat"]  # taken in turn from each class
+    assert images_from(layouts["tree"], 3).labels == ["cat", "dog", "cat"]
+    single = images_from(layouts["file"])
+    assert single.images == [layouts["file"]] and single.labels == ["one"]
+    assert [p.name for p in example_images(layouts["flat"], 2).images] == ["a.jpg", "b.png"]
+    with pytest.raises(FileNotFoundError, match="no images in"):
+        images_from(layouts["flat"] / "empty")
+    with pytest.raises(FileNotFoundError, match="does not exist"):
+        images_from(layouts["flat"] / "missing")
+    with pytest.raises(FileNotFoundError, match="not an image file"):
+        images_from(layouts["flat"] / "notes.txt")
+
+
+@pytest.mark.parametrize("layout", ["flat", "tree", "file"])
+def test_report_uses_your_images_in_the_package_figures(layouts, layout, tmp_path, capsys):
+    out = tmp_path / "rep"
+    code = main(["report", "--out", str(out), "--model", "cifar10-vit", "--formats", "png", "--notebooks", "none",
+                 "--device", "cpu", "--images", str(layouts[layout])])
+    assert code == 0, capsys.readouterr().err
+    meta = json.loads((out / "meta.json").read_text())
+    assert meta["images"] == str(layouts[layout].resolve()) and not meta["failures"]
+    got = np.load(out / "arrays" / "cifar10-vit_attention_distance.npz")["distance_px"]
+    model = vitviz.load_model_or_random("cifar10-vit")
+    want = vitviz.mean_attention_distance(model, images_from(layouts[layout]).images).numpy()
+    np.testing.assert_allclose(got, want, rtol=1e-5)
+
+
+def test_save_figure_gives_identical_bytes_twice(tmp_path):
+    import matplotlib
+
+    matplotlib.use("Agg")
+    import matplotlib.pyplot as plt
+
+    def render(folder: Path) -> list[Path]:
+        fig, ax = plt.subplots()
+        ax.imshow(np.arange(12.0).reshape(3, 4))
+        ax.plot([0, 1], [1, 0], label="line")
+        ax.legend()
+        fig.colorbar(ax.images[0], label="value")
+        paths = vitviz.save_figure(fig, folder / "fig", formats=("png", "pdf", "svg"))
+        plt.close(fig)
+        return paths
+
+    first = render(tmp_path / "a")
+    time.sleep(1.1)  # a creation date with one-second resolution would differ now
+    second = render(tmp_path / "b")
+    for a, b in zip(first, second):
+        assert a.read_bytes() == b.read_bytes(), f"{a.suffix} differs between two renders"
+    assert b"CreationDate" not in first[1].read_bytes() and b"<dc:date>" not in first[2].read_bytes()
+
+
+def test_report_package_figures_are_byte_identical_twice(tmp_path):
+    from vitviz.report import render_report, write_gallery
+
+    outs = []
+    for run in ("a", "b"):
+        rep = render_report(tmp_path / run, models=("cifar10-vit",), formats=("png", "pdf", "svg"), device="cpu",
+                            progress=False, notebooks=())
+        assert not rep.failures
+        write_gallery(rep.out, tmp_path / f"gallery_{run}")
+        outs.append(rep.out)
+    files = sorted(p.relative_to(outs[0]) for p in (outs[0] / "figures").iterdir())
+    assert files
+    for rel in files:
+        assert (outs[0] / rel).read_bytes() == (outs[1] / rel).read_bytes(), f"{rel} differs"
+    for p in (tmp_path / "gallery_a").iterdir():
+        assert p.read_bytes() == (tmp_path / "gallery_b" / p.name).read_bytes(), f"gallery {p.name} differs"
+
+
+@pytest.mark.notebook
+@pytest.mark.slow
+@pytest.mark.timeout(900)
+def test_notebook_02_runs_on_a_flat_folder(layouts, tmp_path):
+    from vitviz.report import render_report
+
+    rep = render_report(tmp_path, models=(), formats=("png",), device="cpu", progress=False,
+                        notebooks=[ROOT / "notebooks" / "02_attention.ipynb"], images=layouts["flat"])
+    (nb,) = rep.notebooks
+    assert nb["ok"], nb["error"]
+    assert np.load(tmp_path / "arrays" / "fig6_rollout_vit.npz")["rollout"].shape[0] == 4  # the folder's 4 images
+
+
+def test_gallery_keeps_a_png_that_differs_by_rendering_noise_only(tmp_path):
+    from vitviz.report import write_gallery
+
+    figures = tmp_path / "rep" / "figures"
+    figures.mkdir(parents=True)
+    rng = np.random.default_rng(0)
+    base = rng.integers(0, 250, (100, 200, 3), dtype=np.uint8)
+    Image.fromarray(base).save(figures / "fig6_rollout_vit.png")
+    (target,) = write_gallery(tmp_path / "rep", tmp_path / "gallery")
+    original = target.read_bytes()
+    noisy = base.copy()
+    noisy[50, 60:66] += 2  # six pixels two levels off, as float noise in a colormap gives
+    Image.fromarray(noisy).save(figures / "fig6_rollout_vit.png")
+    write_gallery(tmp_path / "rep", tmp_path / "gallery")
+    assert target.read_bytes() == original
+    changed = base.copy()
+    changed[:, :20] = 255  # a real change
+    Image.fromarray(changed).save(figures / "fig6_rollout_vit.png")
+    write_gallery(tmp_path / "rep", tmp_path / "gallery")
+    assert target.read_bytes() != original
+    with Image.open(target) as im:
+        assert (np.asarray(im)[:, :20] == 255).all()
