@@ -83,11 +83,18 @@ def per_image_attention_distance(attn: torch.Tensor, distances: torch.Tensor,
         raise ValueError(f"attention of shape {tuple(attn.shape)} does not fit {p} prefix tokens and "
                          f"{distances.shape[0]} patches; expected (B, H, {p + distances.shape[0]}, "
                          f"{p + distances.shape[0]})")
-    a = attn[:, :, p:, p:].float()
-    d = distances.to(device=a.device, dtype=a.dtype)
-    weight = a.sum(dim=-1).clamp_min(torch.finfo(a.dtype).tiny)  # (B, H, P): patch keys' share of each row
-    per_query = (a * d).sum(dim=-1) / weight
-    return per_query.mean(dim=-1)
+    a = attn[:, :, p:, p:]
+    d = distances.to(device=a.device, dtype=torch.float32)
+    b, h, n_patch, _ = a.shape
+    # one head at a time through one (B, P, P) buffer: a (B, H, P, P) temporary costs a fresh allocation (page
+    # faults on CPU) and H times the memory; the sums are the same
+    weighted = torch.empty(b, h, n_patch, device=a.device, dtype=torch.float32)
+    buf = torch.empty(b, n_patch, n_patch, device=a.device, dtype=torch.float32)
+    for head in range(h):
+        torch.mul(a[:, head], d, out=buf)
+        torch.sum(buf, dim=-1, out=weighted[:, head])
+    weight = a.sum(dim=-1, dtype=torch.float32).clamp_min(torch.finfo(torch.float32).tiny)  # patch keys' share
+    return (weighted / weight).mean(dim=-1)
 
 
 def attention_distance_from_maps(attn: torch.Tensor, spec_or_layout: ViTSpec | TokenLayout) -> torch.Tensor:

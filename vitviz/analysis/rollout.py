@@ -8,8 +8,12 @@ token ``t``; the map is that row over the patch columns, reshaped to the ``(gh, 
 reads (never ``sqrt(N)``). Prefix tokens (class, distillation, registers) take part in every product.
 
 ``attention_rollout`` reduces each layer as the forward pass produces it (``capture_attention(on_layer=...,
-store=False)``), so besides the layer being computed only the running product and the fused map, a few
-``(B, N, N)`` tensors, are alive, on the model's device.
+store=False)``): the layer's ``(B, H, N, N)`` map is fused into ``A_l`` ``(B, N, N)`` at once and dropped, so no
+``(B, H, N, N)`` outlives its layer. For the maps (one row of ``R``) no ``N x N x N`` product is formed: the
+layers' ``A_l`` are kept (``L`` fused maps, ``1/H`` of what storing the attention takes) and the query row is pushed
+through them from the top after the pass, ``r = e_t A_L A_{L-1} ... A_1``, a vector-matrix product per layer.
+``return_full=True`` multiplies the running product while streaming instead (``R_l = A_l R_{l-1}``, ``N^3`` per
+layer).
 
 ``grad_rollout`` is the class-specific variant popularised by Chefer et al. (CVPR 2021) and the widely used
 ``vit_grad_rollout``: per layer ``W = mean_h relu(attn * d logit / d attn)``, then the same residual and product.
@@ -33,7 +37,7 @@ from vitviz.errors import VitvizError
 
 __all__ = [
     "HEAD_FUSIONS", "RolloutReducer", "attention_rollout", "discard_weakest", "fuse_heads", "grad_rollout",
-    "grad_rollout_from_attentions", "rollout_from_attentions", "rollout_to_maps",
+    "grad_rollout_from_attentions", "query_vectors", "rollout_from_attentions", "rollout_to_maps",
 ]
 
 HEAD_FUSIONS = ("mean", "max", "min")
@@ -43,8 +47,8 @@ def fuse_heads(attn: torch.Tensor, head_fusion: str = "mean", dtype: torch.dtype
     """Fuse the heads of ``(B, H, N, N)`` attention into ``(B, N, N)`` (``mean``, ``max`` or ``min``)."""
     if attn.ndim != 4 or attn.shape[-1] != attn.shape[-2]:
         raise ValueError(f"expected attention of shape (B, H, N, N), got {tuple(attn.shape)}")
-    if head_fusion == "mean":
-        return attn.mean(dim=1, dtype=dtype)
+    if head_fusion == "mean":  # sum then scale: one pass over the maps (``mean(dtype=)`` takes about twice as long)
+        return attn.sum(dim=1, dtype=dtype).mul_(1.0 / attn.shape[1])
     if head_fusion == "max":
         return attn.amax(dim=1).to(dtype)
     if head_fusion == "min":
@@ -88,10 +92,15 @@ def discard_weakest(w: torch.Tensor, ratio: float, num_prefix_tokens: int) -> to
 
 
 class RolloutReducer:
-    """Streaming rollout: feed one layer at a time, in layer order; ``rollout`` is the running ``(B, N, N)``.
+    """Streaming rollout: feed one layer at a time, in layer order; ``rollout`` is the product ``(B, N, N)``.
 
     Usable directly as ``capture_attention(model, on_layer=reducer, store=False)``: a call with layer position 0
     starts a new product, so consecutive forward passes do not mix.
+
+    With ``keep="product"`` (default) each layer is multiplied into the running ``R`` as it comes (``N^3`` per
+    layer and image). With ``keep="layers"`` the layers' ``A_l`` ``(B, N, N)`` are kept instead and ``rows(v)``
+    pushes row vectors ``v R = v A_L ... A_1`` through them from the top (``N^2`` per layer): the cheap way to get
+    a few rows of ``R`` (the class token's, the mean patch query's). ``rollout`` works in both modes.
 
     Args:
         num_prefix_tokens: leading non-patch tokens (their columns are never discarded).
@@ -103,11 +112,14 @@ class RolloutReducer:
         assume_stochastic: the maps fed are post-softmax (rows sum to 1), so the mean over heads needs no
             renormalisation (saves two passes per layer; ``attention_rollout`` sets it).
         dtype: the dtype of the product (float32 by default, also for half-precision models).
+        keep: ``"product"`` (multiply while streaming) or ``"layers"`` (keep each ``A_l``, push rows at the end).
     """
 
     def __init__(self, *, num_prefix_tokens: int = 1, head_fusion: str = "mean", discard_ratio: float = 0.0,
                  residual: bool = True, normalise: bool = True, assume_stochastic: bool = False,
-                 dtype: torch.dtype = torch.float32) -> None:
+                 dtype: torch.dtype = torch.float32, keep: str = "product") -> None:
+        if keep not in ("product", "layers"):
+            raise ValueError(f"keep must be 'product' or 'layers', got {keep!r}")
         if head_fusion not in HEAD_FUSIONS:
             raise ValueError(f"head_fusion must be one of {HEAD_FUSIONS}, got {head_fusion!r}")
         if not 0.0 <= discard_ratio <= 1.0:
@@ -119,8 +131,10 @@ class RolloutReducer:
         self.normalise = normalise
         self.dtype = dtype
         self.assume_stochastic = assume_stochastic
+        self.keep = keep
         self.layers = 0
         self._rollout: torch.Tensor | None = None
+        self._layers: list[torch.Tensor] = []
 
     def __call__(self, position: int, attn: torch.Tensor) -> None:
         if position == 0:
@@ -130,6 +144,7 @@ class RolloutReducer:
     def reset(self) -> None:
         self.layers = 0
         self._rollout = None
+        self._layers = []
 
     def layer_matrix(self, w: torch.Tensor) -> torch.Tensor:
         """``A`` for one layer from its fused ``(B, N, N)`` map ``W`` (which may be modified in place)."""
@@ -153,18 +168,45 @@ class RolloutReducer:
     def update_fused(self, w: torch.Tensor) -> None:
         """Multiply one more layer, given its fused ``(B, N, N)`` map (may be modified in place): ``R <- A R``."""
         a = self.layer_matrix(w)
-        if self._rollout is not None and self._rollout.shape != a.shape:
-            raise ValueError(f"layer maps changed shape within one pass: {tuple(self._rollout.shape)} then "
-                             f"{tuple(a.shape)}")
-        self._rollout = a if self._rollout is None else torch.bmm(a, self._rollout)
+        last = self._rollout if self._rollout is not None else (self._layers[-1] if self._layers else None)
+        if last is not None and last.shape != a.shape:
+            raise ValueError(f"layer maps changed shape within one pass: {tuple(last.shape)} then {tuple(a.shape)}")
+        if self.keep == "layers":
+            self._layers.append(a)
+        else:
+            self._rollout = a if self._rollout is None else torch.bmm(a, self._rollout)
         self.layers += 1
+
+    def _check_fed(self) -> None:
+        if self.layers == 0:
+            raise VitvizError("RolloutReducer: no layer was fed; run a forward pass inside capture_attention")
 
     @property
     def rollout(self) -> torch.Tensor:
         """The product ``R`` ``(B, N, N)`` of the layers fed so far (rows sum to 1 when normalised)."""
-        if self._rollout is None:
-            raise VitvizError("RolloutReducer: no layer was fed; run a forward pass inside capture_attention")
+        self._check_fed()
+        if self._rollout is None:  # keep="layers": multiply the kept layers once, bottom up
+            r = self._layers[0]
+            for a in self._layers[1:]:
+                r = torch.bmm(a, r)
+            return r
         return self._rollout
+
+    def rows(self, v: torch.Tensor) -> torch.Tensor:
+        """Rows ``v R`` of the rollout: ``v`` ``(B, K, N)`` or ``(B, N)`` -> same shape, in ``dtype``.
+
+        With ``keep="layers"`` the rows go through the kept ``A_l`` from the top, ``v A_L ... A_1`` (``K N^2``
+        per layer); otherwise they are read off the running product.
+        """
+        self._check_fed()
+        vec = v.ndim == 2
+        r = v.to(self.dtype)[:, None] if vec else v.to(self.dtype)
+        if self._rollout is not None:
+            r = torch.bmm(r, self._rollout)
+        else:
+            for a in reversed(self._layers):
+                r = torch.bmm(r, a)
+        return r[:, 0] if vec else r
 
 
 def rollout_from_attentions(
@@ -248,6 +290,20 @@ def rollout_to_maps(rollout: torch.Tensor, grid_size: tuple[int, int], num_prefi
     return rows[:, num_prefix_tokens:].reshape(b, gh, gw)
 
 
+def query_vectors(batch: int, n: int, num_prefix_tokens: int, token: int | None, *,
+                  device: torch.device | None = None, dtype: torch.dtype = torch.float32) -> torch.Tensor:
+    """The row selector ``(B, N)`` whose product with ``R`` is the row ``rollout_to_maps`` reads.
+
+    ``e_token`` for a token index; for ``token=None`` the mean of the patch queries' unit rows.
+    """
+    v = torch.zeros(batch, n, device=device, dtype=dtype)
+    if token is None:
+        v[:, num_prefix_tokens:] = 1.0 / (n - num_prefix_tokens)
+    else:
+        v[:, token] = 1.0
+    return v
+
+
 def _layer_range(spec: ViTSpec, start_layer: int) -> list[int]:
     depth = len(spec.attention_modules)
     start = start_layer % depth if -depth <= start_layer < 0 else start_layer
@@ -261,6 +317,15 @@ def _output(spec: ViTSpec, rollout: torch.Tensor, x: torch.Tensor, token: int | 
         return rollout
     grid = spec.grid_for_input(x)
     return rollout_to_maps(rollout, grid, spec.num_prefix_tokens, _output_token(spec, token, rollout.shape[-1]))
+
+
+def _maps_from_reducer(spec: ViTSpec, reducer: RolloutReducer, x: torch.Tensor, token: int | None) -> torch.Tensor:
+    """The ``(B, gh, gw)`` maps of ``rollout_to_maps``, as one row vector per image pushed through the layers."""
+    gh, gw = spec.grid_for_input(x)
+    p = spec.num_prefix_tokens
+    b, n = len(x), p + gh * gw
+    v = query_vectors(b, n, p, _output_token(spec, token, n), device=x.device)
+    return reducer.rows(v)[:, p:].reshape(b, gh, gw)
 
 
 def attention_rollout(
@@ -278,8 +343,10 @@ def attention_rollout(
 ) -> torch.Tensor:
     """Attention rollout (Abnar & Zuidema 2020) from the output token to the input patches, as in ViT Fig. 6.
 
-    Each layer is reduced while the forward pass runs; only the running product and the current fused map stay
-    alive, on the model's device. The model's mode is left as is (call ``model.eval()`` first for dropout-free
+    Each layer is fused while the forward pass runs (no ``(B, H, N, N)`` map outlives its layer); for the maps the
+    layers' ``(B, N, N)`` matrices are kept and the output token's row is pushed through them from the top (no
+    ``N^3`` products); ``return_full`` multiplies the running product instead. All on the model's device. The
+    model's mode is left as is (call ``model.eval()`` first for dropout-free
     maps).
 
     Args:
@@ -304,12 +371,13 @@ def attention_rollout(
     spec = inspect(model)
     layers = _layer_range(spec, start_layer)
     reducer = RolloutReducer(num_prefix_tokens=spec.num_prefix_tokens, head_fusion=head_fusion,
-                             discard_ratio=discard_ratio, residual=residual, assume_stochastic=True)
+                             discard_ratio=discard_ratio, residual=residual, assume_stochastic=True,
+                             keep="product" if return_full else "layers")
     out: list[torch.Tensor] = []
     for x in iter_batches(model, images, batch_size, progress=progress, desc="rollout"):
         with torch.no_grad(), capture_attention(model, layers=layers, on_layer=reducer, store=False):
             model(x)
-        out.append(_output(spec, reducer.rollout, x, token, return_full))
+        out.append(reducer.rollout if return_full else _maps_from_reducer(spec, reducer, x, token))
         reducer.reset()
     return torch.cat(out)
 
