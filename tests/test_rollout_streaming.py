@@ -51,3 +51,19 @@ def test_attention_rollout_maps_equal_the_full_product_row():
 def test_keep_must_be_known():
     with pytest.raises(ValueError, match="keep"):
         RolloutReducer(keep="everything")
+
+
+@pytest.mark.gpu
+def test_streaming_rollout_and_distance_on_cuda_equal_the_cpu_results():
+    model = tiny_timm_vit().eval()
+    x = torch.randn(3, 3, 32, 48)
+    maps = vitviz.attention_rollout(model, x)
+    dist = vitviz.mean_attention_distance(model, x)
+    gpu = model.cuda()
+    got = vitviz.attention_rollout(gpu, x.cuda())
+    assert got.is_cuda
+    torch.testing.assert_close(got.cpu(), maps, atol=1e-5, rtol=1e-4)
+    torch.testing.assert_close(vitviz.mean_attention_distance(gpu, x.cuda()), dist, atol=1e-4, rtol=1e-4)
+    with torch.autocast("cuda", dtype=torch.bfloat16):  # half-precision maps, float32 reductions
+        half = vitviz.attention_rollout(gpu, x.cuda())
+    torch.testing.assert_close(half.float().cpu(), maps, atol=2e-2, rtol=5e-2)
