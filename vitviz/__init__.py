@@ -45,6 +45,8 @@ _LAZY = {
     "grad_rollout": "vitviz.analysis.rollout",
     "rollout_from_attentions": "vitviz.analysis.rollout",
     "mean_attention_distance": "vitviz.analysis.distance",
+    "attention_statistics": "vitviz.analysis.attention_stats",
+    "reduce_dataset": "vitviz.core.datasets",
     "plot_rollout": "vitviz.plot.attention",
     "plot_attention_heads": "vitviz.plot.attention",
     "plot_attention_distance": "vitviz.plot.attention",
