@@ -146,3 +146,16 @@ def test_two_gloo_processes_equal_one(tmp_path):
         got = torch.load(f"{out}.{rank}", weights_only=True)
         torch.testing.assert_close(got["distance"], want)
         torch.testing.assert_close(got["mean_attention"], want_stats["mean_attention"])
+
+
+@pytest.mark.gpu
+def test_dataset_path_on_cuda_with_workers_pinned_memory_and_autocast():
+    model = tiny_timm_vit()
+    x = images(9)
+    want = vitviz.mean_attention_distance(model, x)
+    gpu = model.cuda()
+    ds = TensorDataset(x)
+    exact = vitviz.mean_attention_distance(gpu, ds, batch_size=4, num_workers=2, autocast=False)
+    torch.testing.assert_close(exact, want, atol=1e-4, rtol=1e-4)
+    half = vitviz.mean_attention_distance(gpu, ds, batch_size=4, num_workers=2)  # bfloat16 autocast by default
+    torch.testing.assert_close(half, want, atol=0.5, rtol=0.05)
