@@ -183,10 +183,14 @@ def memory_case(args: argparse.Namespace, device: str, size: int, batch: int, me
 
 def spawn(args: argparse.Namespace, kind: str, device: str, size: int, batch: int, methods: list[str]):
     cmd = [sys.executable, __file__, "--_case", f"{kind},{device},{size},{batch}", "--repeats", str(args.repeats),
+           *(["--thp"] if args.thp else []),
            "--model", args.model, "--dtype", args.dtype, "--methods", *methods]
     if args.threads:
         cmd += ["--threads", str(args.threads)]
-    proc = subprocess.run(cmd, capture_output=True, text=True, env={**os.environ, "PYTHONWARNINGS": "ignore"})
+    env = {**os.environ, "PYTHONWARNINGS": "ignore"}
+    if args.thp:  # read by PyTorch's CPU allocator at start-up: large tensors on 2 MB transparent huge pages
+        env["THP_MEM_ALLOC_ENABLE"] = "1"
+    proc = subprocess.run(cmd, capture_output=True, text=True, env=env)
     if proc.returncode:
         raise RuntimeError(f"case {kind} {device} {size} {methods} failed:\n{proc.stderr[-3000:]}")
     return json.loads(proc.stdout.strip().splitlines()[-1])
@@ -256,6 +260,8 @@ def main() -> int:
     ap.add_argument("--methods", nargs="+", default=None, choices=METHODS,
                     help="default: all but grad_rollout on CPU, all on CUDA")
     ap.add_argument("--threads", type=int, default=None, help="torch threads (default: torch's own choice)")
+    ap.add_argument("--thp", action="store_true", help="THP_MEM_ALLOC_ENABLE=1 for every method (CPU: large tensors "
+                    "on huge pages, fewer page faults for the N x N maps)")
     ap.add_argument("--json", default=None, help="also write the results to this file (appends to a list there)")
     ap.add_argument("--_case", help=argparse.SUPPRESS)
     args = ap.parse_args()
