@@ -31,6 +31,23 @@ def test_rows_through_kept_layers_equal_rows_of_the_product(discard):
     torch.testing.assert_close(prod.rows(v[:, 0]), (v @ want)[:, 0], atol=1e-6, rtol=1e-5)
 
 
+@pytest.mark.parametrize(("fusion", "discard"), [("mean", 0.0), ("mean", 0.4), ("max", 0.0), ("min", 0.3)])
+def test_kept_layers_in_one_block_equal_the_product(fusion, discard):
+    attns = maps()
+    kept = RolloutReducer(num_prefix_tokens=1, head_fusion=fusion, discard_ratio=discard, keep="layers",
+                          num_layers=len(attns))
+    for _ in range(2):  # the block is reused by the next pass
+        for i, a in enumerate(attns):
+            kept(i, a)
+    block = kept._block
+    assert block is not None and block.shape == (4, 3, 7, 7)
+    assert [a.data_ptr() for a in kept._layers] == [block[i].data_ptr() for i in range(4)]
+    want = rollout_from_attentions(attns, head_fusion=fusion, discard_ratio=discard)
+    torch.testing.assert_close(kept.rollout, want)
+    v = torch.rand(3, 7)
+    torch.testing.assert_close(kept.rows(v), (v[:, None] @ want)[:, 0], atol=1e-6, rtol=1e-5)
+
+
 def test_query_vectors_select_the_rows_rollout_to_maps_reads():
     r = rollout_from_attentions(maps(n=2 + 6), num_prefix_tokens=2)
     for token in (0, 1, 5, None):

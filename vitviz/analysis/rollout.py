@@ -197,7 +197,7 @@ def attention_rollout(
     layers = _layer_range(spec, start_layer)
     reducer = RolloutReducer(num_prefix_tokens=spec.num_prefix_tokens, head_fusion=head_fusion,
                              discard_ratio=discard_ratio, residual=residual, assume_stochastic=True,
-                             keep="product" if return_full else "layers")
+                             keep="product" if return_full else "layers", num_layers=len(layers))
     out: list[torch.Tensor] = []
     for x in iter_batches(model, images, batch_size, progress=progress, desc="rollout"):
         with torch.no_grad(), capture_attention(model, layers=layers, on_layer=reducer, store=False):

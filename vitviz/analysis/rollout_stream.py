@@ -87,11 +87,14 @@ class RolloutReducer:
             renormalisation (saves two passes per layer; ``attention_rollout`` sets it).
         dtype: the dtype of the product (float32 by default, also for half-precision models).
         keep: ``"product"`` (multiply while streaming) or ``"layers"`` (keep each ``A_l``, push rows at the end).
+        num_layers: with ``keep="layers"``, the layers one pass feeds: their maps then go into one ``(L, B, N, N)``
+            block allocated at the first layer, the heads fused straight into it (no per-layer allocations to
+            fragment the heap between the forward's large temporaries).
     """
 
     def __init__(self, *, num_prefix_tokens: int = 1, head_fusion: str = "mean", discard_ratio: float = 0.0,
                  residual: bool = True, normalise: bool = True, assume_stochastic: bool = False,
-                 dtype: torch.dtype = torch.float32, keep: str = "product") -> None:
+                 dtype: torch.dtype = torch.float32, keep: str = "product", num_layers: int | None = None) -> None:
         if keep not in ("product", "layers"):
             raise ValueError(f"keep must be 'product' or 'layers', got {keep!r}")
         if head_fusion not in HEAD_FUSIONS:
@@ -106,6 +109,8 @@ class RolloutReducer:
         self.dtype = dtype
         self.assume_stochastic = assume_stochastic
         self.keep = keep
+        self.num_layers = num_layers
+        self._block: torch.Tensor | None = None
         self.layers = 0
         self._rollout: torch.Tensor | None = None
         self._layers: list[torch.Tensor] = []
@@ -113,7 +118,23 @@ class RolloutReducer:
     def __call__(self, position: int, attn: torch.Tensor) -> None:
         if position == 0:
             self.reset()
-        self.update_fused(fuse_heads(attn, self.head_fusion, self.dtype))
+        slot = self._slot(attn)
+        if slot is not None and self.head_fusion == "mean":  # fuse straight into the kept block
+            if attn.ndim != 4 or attn.shape[-1] != attn.shape[-2]:
+                raise ValueError(f"expected attention of shape (B, H, N, N), got {tuple(attn.shape)}")
+            torch.sum(attn, dim=1, dtype=self.dtype, out=slot)
+            self.update_fused(slot.mul_(1.0 / attn.shape[1]))
+        else:
+            self.update_fused(fuse_heads(attn, self.head_fusion, self.dtype))
+
+    def _slot(self, attn: torch.Tensor) -> torch.Tensor | None:
+        """This layer's place in the kept ``(L, B, N, N)`` block, or None (no block, or it does not fit)."""
+        if self.keep != "layers" or not self.num_layers or self.layers >= self.num_layers or attn.ndim != 4:
+            return None
+        shape = (self.num_layers, attn.shape[0], attn.shape[-2], attn.shape[-1])
+        if self._block is None or self._block.shape != shape or self._block.device != attn.device:
+            self._block = torch.empty(shape, dtype=self.dtype, device=attn.device)
+        return self._block[self.layers]
 
     def reset(self) -> None:
         self.layers = 0
@@ -146,6 +167,10 @@ class RolloutReducer:
         if last is not None and last.shape != a.shape:
             raise ValueError(f"layer maps changed shape within one pass: {tuple(last.shape)} then {tuple(a.shape)}")
         if self.keep == "layers":
+            slot = self._block[self.layers] if self._block is not None and self.layers < len(self._block) else None
+            if slot is not None and a.data_ptr() != slot.data_ptr() and slot.shape == a.shape:
+                slot.copy_(a)  # layer_matrix made a new tensor (discarding, renormalising): keep it in the block
+                a = slot
             self._layers.append(a)
         else:
             self._rollout = a if self._rollout is None else torch.bmm(a, self._rollout)
