@@ -87,6 +87,9 @@ def per_image_attention_distance(attn: torch.Tensor, distances: torch.Tensor,
     a = attn[:, :, p:, p:]
     d = distances.to(device=a.device, dtype=torch.float32)
     b, h, n_patch, _ = a.shape
+    weight = a.sum(dim=-1, dtype=torch.float32).clamp_min(torch.finfo(torch.float32).tiny)  # patch keys' share
+    if a.requires_grad and torch.is_grad_enabled():  # differentiable (out= buffers are not)
+        return ((a.float() * d).sum(dim=-1) / weight).mean(dim=-1)
     # one head at a time through one (B, P, P) buffer: a (B, H, P, P) temporary costs a fresh allocation (page
     # faults on CPU) and H times the memory; the sums are the same
     weighted = torch.empty(b, h, n_patch, device=a.device, dtype=torch.float32)
@@ -94,7 +97,6 @@ def per_image_attention_distance(attn: torch.Tensor, distances: torch.Tensor,
     for head in range(h):
         torch.mul(a[:, head], d, out=buf)
         torch.sum(buf, dim=-1, out=weighted[:, head])
-    weight = a.sum(dim=-1, dtype=torch.float32).clamp_min(torch.finfo(torch.float32).tiny)  # patch keys' share
     return (weighted / weight).mean(dim=-1)
 
 
