@@ -1,19 +1,25 @@
-"""Cost of attention rollout on ViT-B/16: plain forward vs store-everything-then-rollout vs vitviz's streaming.
+"""What reading attention costs on a ViT: every method side by side, one run, same model and input.
 
-Cases, each in a fresh subprocess (so peak memory is that case's alone), for every device and image size:
+Methods (``--methods``):
 
-- ``plain``: the model's own forward (timm's fused ``scaled_dot_product_attention``), no attention read;
-- ``explicit``: the forward with every layer's attention materialised but dropped (the floor any rollout pays);
-- ``store``: every layer's ``(B, H, N, N)`` attention stored (``capture_attention(store=True)``), then rolled out,
-  as most rollout code does;
-- ``rollout``: ``vitviz.attention_rollout``, which reduces each layer during the forward.
+- ``plain``: the model's own forward (timm's fused ``scaled_dot_product_attention``: flash attention on CUDA);
+- ``explicit``: the forward with every layer's attention materialised and dropped (the floor any reader pays);
+- ``store``: store-every-layer rollout as popular code does it (vit-explain's ``VITAttentionRollout``): keep every
+  layer's ``(B, H, N, N)`` (``capture_attention(store=True)``), then fuse and multiply the full ``N x N`` matrices;
+- ``timm``: timm's ``AttentionExtract`` (fx graph extraction of every ``attn.softmax``): extraction only, an anchor;
+- ``rollout``: ``vitviz.attention_rollout`` (streams: heads fused per layer, the class row pushed at the end);
+- ``store_distance``: every layer stored, then mean attention distance from the stored maps;
+- ``distance``: ``vitviz.mean_attention_distance`` (streams: each layer reduced to per-head sums at once);
+- ``grad_rollout``: ``vitviz.grad_rollout`` (needs the backward; off by default on CPU).
 
-Time: median of ``--repeats`` runs after a warm-up, the methods taking turns in one process (so a change in
-background load hits them alike). Peak memory above what model and input hold, one fresh process per method: on
-CPU the peak resident set (``VmHWM``, reset through ``/proc/self/clear_refs``; ``ru_maxrss`` where that is
-unavailable), on CUDA ``torch.cuda.max_memory_allocated``. Random weights (timing does not depend on them).
+Time: median of ``--repeats`` rounds after a warm-up round, the methods taking turns within each round, so a change
+in background load hits them alike; also the fastest run and the median process CPU time. Images/s = batch /
+median wall time. Peak memory above what the model and input hold: on CUDA ``torch.cuda.max_memory_allocated`` in
+the timing process; on CPU the peak resident set (``VmHWM`` reset through ``/proc/self/clear_refs``) of a fresh
+process per method. Random weights (timing does not depend on them).
 
-Run: python bench/attention.py [--sizes 224 448] [--batch 2] [--repeats 5] [--device cpu cuda] [--threads 1]
+Run from the repository root: ``python bench/attention.py`` (CPU: 224 px batch 8 and 448 px batch 2). See
+docs/benchmarks.md for the GPU command and the recorded figures.
 """
 
 from __future__ import annotations
@@ -26,11 +32,16 @@ import statistics
 import subprocess
 import sys
 import time
+from pathlib import Path
 
-MODEL = "vit_base_patch16_224"
-METHODS = ("plain", "explicit", "store", "rollout")
-GOAL_TIME = {224: 1.10, 448: 1.5}  # rollout / plain on CPU
-GOAL_MEMORY = 0.30  # rollout's extra memory / store-everything's extra memory
+ROOT = Path(__file__).resolve().parents[1]
+sys.path.insert(0, str(ROOT))  # the vitviz of this checkout, not an installed one
+
+METHODS = ("plain", "explicit", "store", "timm", "rollout", "store_distance", "distance", "grad_rollout")
+GOAL_TIME = {224: 1.10, 448: 1.35}  # streaming method / plain on CPU (issue 18)
+GOAL_TIME_CUDA = {448: 1.30}
+GOAL_MEMORY = 0.20  # streaming method's extra memory / its store-everything counterpart's
+PAIRS = {"rollout": "store", "distance": "store_distance"}
 
 
 def _rss_kib(field: str) -> int | None:
@@ -53,21 +64,49 @@ def _reset_peak() -> bool:
         return False
 
 
-def _setup(device: str, size: int, batch: int, threads: int | None):
+def popular_rollout(attentions, discard_ratio: float = 0.0):
+    """vit-explain's rollout (store everything, then multiply): mean heads, ``(W + I) / 2``, rows normalised."""
+    import torch
+
+    result = torch.eye(attentions[0].size(-1), device=attentions[0].device)
+    for attention in attentions:
+        fused = attention.float().mean(dim=1)
+        a = (fused + torch.eye(fused.size(-1), device=fused.device)) / 2
+        a = a / a.sum(dim=-1, keepdim=True)
+        result = torch.matmul(a, result)
+    mask = result[:, 0, 1:]
+    return mask.reshape(mask.shape[0], *([int(mask.shape[-1] ** 0.5)] * 2))
+
+
+def _setup(args: argparse.Namespace, device: str, size: int, batch: int):
+    import copy
+
     import timm
     import torch
 
     import vitviz
-    from vitviz.analysis.rollout import rollout_from_attentions, rollout_to_maps
+    from vitviz.analysis.distance import attention_distance_from_maps
 
-    if threads:
-        torch.set_num_threads(threads)
+    if args.threads:
+        torch.set_num_threads(args.threads)
     torch.manual_seed(0)
-    model = timm.create_model(MODEL, pretrained=False, img_size=size).eval().to(device)
-    x = torch.randn(batch, 3, size, size, device=device)
+    dtype = {"fp32": torch.float32, "bf16": torch.bfloat16, "fp16": torch.float16}[args.dtype]
+    model = timm.create_model(args.model, pretrained=False, img_size=size).eval().to(device=device, dtype=dtype)
+    x = torch.randn(batch, 3, size, size, device=device, dtype=dtype)
     spec = vitviz.inspect(model)
+    extract = None
+    if "timm" in args.methods:
+        from timm.utils import AttentionExtract
 
-    def once(method: str) -> torch.Tensor:
+        explicit = copy.deepcopy(model)
+        for m in explicit.modules():
+            if hasattr(m, "fused_attn"):
+                m.fused_attn = False  # fx needs the softmax node in the graph
+        extract = AttentionExtract(explicit, method="fx")
+
+    def once(method: str):
+        if method == "grad_rollout":
+            return vitviz.grad_rollout(model, x, target=0)
         with torch.no_grad():
             if method == "plain":
                 return model(x)
@@ -77,23 +116,33 @@ def _setup(device: str, size: int, batch: int, threads: int | None):
             if method == "store":
                 with vitviz.capture_attention(model) as cap:
                     model(x)
-                r = rollout_from_attentions(cap.attentions, num_prefix_tokens=spec.num_prefix_tokens)
-                return rollout_to_maps(r, spec.grid_size, spec.num_prefix_tokens, spec.class_token_index)
-        return vitviz.attention_rollout(model, x)
+                return popular_rollout(cap.attentions)
+            if method == "store_distance":
+                with vitviz.capture_attention(model) as cap:
+                    model(x)
+                return torch.stack([attention_distance_from_maps(a, spec) for a in cap.attentions])
+            if method == "timm":
+                return extract(x)
+            if method == "rollout":
+                return vitviz.attention_rollout(model, x)
+            if method == "distance":
+                return vitviz.mean_attention_distance(model, x, batch_size=batch)
+        raise ValueError(method)
 
     return once, spec
 
 
-def time_case(device: str, size: int, methods: list[str], batch: int, repeats: int, threads: int | None) -> dict:
-    """Median wall time of each method; the methods take turns, so a change in background load hits all alike."""
+def time_case(args: argparse.Namespace, device: str, size: int, batch: int) -> dict:
+    """Median wall time of each method, methods taking turns; on CUDA also each method's peak memory."""
     import torch
 
-    once, spec = _setup(device, size, batch, threads)
-    sync = torch.cuda.synchronize if device.startswith("cuda") else (lambda: None)
-    times: dict[str, list[float]] = {m: [] for m in methods}
-    cpu: dict[str, list[float]] = {m: [] for m in methods}
-    for i in range(repeats + 1):
-        for m in methods:
+    once, spec = _setup(args, device, size, batch)
+    cuda = device.startswith("cuda")
+    sync = torch.cuda.synchronize if cuda else (lambda: None)
+    times: dict[str, list[float]] = {m: [] for m in args.methods}
+    cpu: dict[str, list[float]] = {m: [] for m in args.methods}
+    for i in range(args.repeats + 1):
+        for m in args.methods:
             sync()
             t, c = time.perf_counter(), time.process_time()
             out = once(m)
@@ -102,126 +151,145 @@ def time_case(device: str, size: int, methods: list[str], batch: int, repeats: i
                 times[m].append(time.perf_counter() - t)
                 cpu[m].append(time.process_time() - c)
             del out
-    return {"times": times, "cpu": cpu, "tokens": spec.num_tokens, "threads": torch.get_num_threads()}
+    peak: dict[str, float] = {}
+    if cuda:
+        for m in args.methods:
+            torch.cuda.empty_cache()
+            torch.cuda.synchronize()
+            base = torch.cuda.memory_allocated()
+            torch.cuda.reset_peak_memory_stats()
+            out = once(m)
+            torch.cuda.synchronize()
+            peak[m] = (torch.cuda.max_memory_allocated() - base) / 2**20
+            del out
+    return {"times": times, "cpu": cpu, "peak": peak, "tokens": spec.num_tokens, "threads": torch.get_num_threads(),
+            "gpu": torch.cuda.get_device_name() if cuda else None}
 
 
-def memory_case(device: str, size: int, method: str, batch: int, threads: int | None) -> float:
-    """Peak memory (MiB) of two runs of ``method`` above what the model and its input hold."""
+def memory_case(args: argparse.Namespace, device: str, size: int, batch: int, method: str) -> float:
+    """Peak resident memory (MiB) of two runs of ``method`` above what the model and its input hold (CPU)."""
     import gc
 
-    import torch
-
-    once, _ = _setup(device, size, batch, threads)
-    if device.startswith("cuda"):
-        torch.cuda.synchronize()
-        torch.cuda.reset_peak_memory_stats()
-        base = torch.cuda.memory_allocated()
-    else:
-        gc.collect()
-        exact = _reset_peak()
-        base = _rss_kib("VmRSS") * 1024 if exact else resource.getrusage(resource.RUSAGE_SELF).ru_maxrss * 1024
+    once, _ = _setup(args, device, size, batch)
+    gc.collect()
+    exact = _reset_peak()
+    base = _rss_kib("VmRSS") * 1024 if exact else resource.getrusage(resource.RUSAGE_SELF).ru_maxrss * 1024
     for _ in range(2):
         out = once(method)
         del out
-    if device.startswith("cuda"):
-        torch.cuda.synchronize()
-        return (torch.cuda.max_memory_allocated() - base) / 2**20
     hwm = _rss_kib("VmHWM") if exact else None
     return ((hwm if hwm is not None else resource.getrusage(resource.RUSAGE_SELF).ru_maxrss) * 1024 - base) / 2**20
 
 
-def spawn(args: argparse.Namespace, *case: str) -> dict | float:
-    cmd = [sys.executable, __file__, "--_case", ",".join(case), "--batch", str(args.batch),
-           "--repeats", str(args.repeats)]
+def spawn(args: argparse.Namespace, kind: str, device: str, size: int, batch: int, methods: list[str]):
+    cmd = [sys.executable, __file__, "--_case", f"{kind},{device},{size},{batch}", "--repeats", str(args.repeats),
+           *(["--thp"] if args.thp else []),
+           "--model", args.model, "--dtype", args.dtype, "--methods", *methods]
     if args.threads:
         cmd += ["--threads", str(args.threads)]
-    proc = subprocess.run(cmd, capture_output=True, text=True, env={**os.environ, "PYTHONWARNINGS": "ignore"})
+    env = {**os.environ, "PYTHONWARNINGS": "ignore"}
+    if args.thp:  # read by PyTorch's CPU allocator at start-up: large tensors on 2 MB transparent huge pages
+        env["THP_MEM_ALLOC_ENABLE"] = "1"
+    proc = subprocess.run(cmd, capture_output=True, text=True, env=env)
     if proc.returncode:
-        raise RuntimeError(f"case {case} failed:\n{proc.stderr[-2000:]}")
+        raise RuntimeError(f"case {kind} {device} {size} {methods} failed:\n{proc.stderr[-3000:]}")
     return json.loads(proc.stdout.strip().splitlines()[-1])
 
 
-def measure(args: argparse.Namespace, device: str, size: int, methods: list[str]) -> list[dict]:
-    timing = spawn(args, "time", device, str(size), *methods)
+def measure(args: argparse.Namespace, device: str, size: int, batch: int) -> list[dict]:
+    timing = spawn(args, "time", device, size, batch, args.methods)
     results = []
-    for m in methods:
-        mem = spawn(args, "memory", device, str(size), m)
+    for m in args.methods:
+        mem = timing["peak"][m] if device.startswith("cuda") else spawn(args, "memory", device, size, batch, [m])
         t, c = timing["times"][m], timing["cpu"][m]
-        results.append({"device": device, "size": size, "method": m, "time_s": statistics.median(t), "times": t,
+        med = statistics.median(t)
+        results.append({"model": args.model, "dtype": args.dtype, "device": device, "gpu": timing["gpu"],
+                        "size": size, "batch": batch, "method": m, "time_s": med, "times": t, "images_per_s": batch / med,
                         "cpu_s": statistics.median(c), "cpu_times": c, "peak_extra_mb": mem,
                         "tokens": timing["tokens"], "threads": timing["threads"]})
-        print(f"{device} {size}px {m:9} {statistics.median(t):.3f} s  peak +{mem:.1f} MB", flush=True)
+        print(f"{device} {args.model} {args.dtype} {size}px b{batch} {m:15} {med:.4f} s  {batch / med:8.1f} img/s  "
+              f"peak +{mem:.1f} MB", flush=True)
     return results
 
 
-def report(results: list[dict], batch: int) -> bool:
+def report(results: list[dict]) -> bool:
+    """Print the table and the goals; True when every goal measured here was met."""
     ok = True
-    print(f"\n{MODEL}, batch {batch}, random weights. wall = median wall time, min = fastest run, cpu = median "
-          "process CPU time\n(robust to other processes when torch runs one thread); peak = memory above model + input")
-    print(f"{'device':7} {'px':>4} {'N':>4} {'method':9} {'wall s':>8} {'x plain':>8} {'min s':>8} {'x plain':>8} "
-          f"{'cpu s':>8} {'x plain':>8} {'peak MB':>9}")
-    for dev in dict.fromkeys(r["device"] for r in results):
-        for size in dict.fromkeys(r["size"] for r in results if r["device"] == dev):
-            case = {r["method"]: r for r in results if r["device"] == dev and r["size"] == size}
-            plain = case["plain"]
-            for m, r in case.items():
-                lo, lo_plain = min(r["times"]), min(plain["times"])
-                print(f"{dev:7} {size:>4} {r['tokens']:>4} {m:9} {r['time_s']:8.3f} {r['time_s'] / plain['time_s']:8.2f} "
-                      f"{lo:8.3f} {lo / lo_plain:8.2f} {r['cpu_s']:8.3f} {r['cpu_s'] / plain['cpu_s']:8.2f} "
-                      f"{r['peak_extra_mb']:9.1f}")
-            if "rollout" in case and "store" in case:
-                t = case["rollout"]["time_s"] / plain["time_s"]
-                ts = case["store"]["time_s"] / plain["time_s"]
-                tc = case["rollout"]["cpu_s"] / plain["cpu_s"]
-                extra_r = case["rollout"]["peak_extra_mb"] - plain["peak_extra_mb"]
-                extra_s = case["store"]["peak_extra_mb"] - plain["peak_extra_mb"]
-                mem = extra_r / extra_s if extra_s > 0 else float("nan")
-                line = (f"  -> {dev} {size}px: rollout {t:.2f}x plain (CPU time {tc:.2f}x), store-everything "
-                        f"{ts:.2f}x plain; extra memory "
-                        f"over plain: rollout {extra_r:.1f} MB, store {extra_s:.1f} MB, ratio {mem:.2f}")
-                goals = []
-                if dev == "cpu" and size in GOAL_TIME:
-                    hit = t <= GOAL_TIME[size]
-                    ok &= hit
-                    goals.append(f"time goal <= {GOAL_TIME[size]:.2f}x (median wall): {'met' if hit else 'MISSED'}")
-                hit = mem <= GOAL_MEMORY
+    hdr = (f"{'device':6} {'model':22} {'dtype':5} {'px':>4} {'B':>3} {'N':>4} {'method':15} {'wall s':>8} "
+           f"{'x plain':>7} {'min x':>6} {'cpu x':>6} {'img/s':>8} {'peak MB':>9}")
+    print("\nwall = median wall time; min x = fastest run / fastest plain; cpu x = median process CPU time / plain's "
+          "(robust to other processes when torch runs one thread); peak = memory above model + input\n" + hdr)
+    keys = dict.fromkeys((r["device"], r["model"], r["dtype"], r["size"]) for r in results)
+    for dev, model, dtype, size in keys:
+        case = {r["method"]: r for r in results
+                if (r["device"], r["model"], r["dtype"], r["size"]) == (dev, model, dtype, size)}
+        plain = case["plain"]
+        for m, r in case.items():
+            print(f"{dev:6} {model:22} {dtype:5} {size:>4} {r['batch']:>3} {r['tokens']:>4} {m:15} {r['time_s']:8.4f} "
+                  f"{r['time_s'] / plain['time_s']:7.2f} {min(r['times']) / min(plain['times']):6.2f} "
+                  f"{r['cpu_s'] / plain['cpu_s']:6.2f} {r['images_per_s']:8.1f} {r['peak_extra_mb']:9.1f}")
+        goals = GOAL_TIME if dev == "cpu" else GOAL_TIME_CUDA
+        for stream, store in PAIRS.items():
+            if stream not in case or store not in case:
+                continue
+            t = case[stream]["time_s"] / plain["time_s"]
+            extra = case[stream]["peak_extra_mb"] - plain["peak_extra_mb"]
+            extra_store = case[store]["peak_extra_mb"] - plain["peak_extra_mb"]
+            mem = extra / extra_store if extra_store > 0 else float("nan")
+            line = [f"  -> {stream}: {t:.2f}x plain, {case[store]['time_s'] / plain['time_s']:.2f}x for {store}; "
+                    f"extra memory {extra:.1f} MB vs {extra_store:.1f} MB ({mem:.0%})"]
+            if size in goals:
+                hit = t <= goals[size]
                 ok &= hit
-                goals.append(f"memory goal <= {GOAL_MEMORY:.0%} of store's extra: {'met' if hit else 'MISSED'}")
-                print(line + "\n     " + "; ".join(goals))
+                line.append(f"time goal <= {goals[size]:.2f}x: {'met' if hit else 'MISSED'}")
+            hit = mem <= GOAL_MEMORY
+            ok &= hit
+            line.append(f"memory goal <= {GOAL_MEMORY:.0%}: {'met' if hit else 'MISSED'}")
+            print("; ".join(line))
     return ok
 
 
 def main() -> int:
     ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    ap.add_argument("--model", default="vit_base_patch16_224", help="timm model name (random weights)")
     ap.add_argument("--sizes", type=int, nargs="+", default=[224, 448])
-    ap.add_argument("--batch", type=int, default=2)
+    ap.add_argument("--batch", type=int, nargs="+", default=[8, 2], help="one per size (or one for all)")
+    ap.add_argument("--dtype", default="fp32", choices=["fp32", "bf16", "fp16"])
     ap.add_argument("--repeats", type=int, default=5)
-    ap.add_argument("--device", nargs="+", default=None, help="cpu and/or cuda (default: cpu, plus cuda if present)")
-    ap.add_argument("--methods", nargs="+", default=list(METHODS), choices=METHODS)
+    ap.add_argument("--device", nargs="+", default=None, help="cpu and/or cuda (default: cuda if present, else cpu)")
+    ap.add_argument("--methods", nargs="+", default=None, choices=METHODS,
+                    help="default: all but grad_rollout on CPU, all on CUDA")
     ap.add_argument("--threads", type=int, default=None, help="torch threads (default: torch's own choice)")
-    ap.add_argument("--json", default=None, help="also write the results to this file")
+    ap.add_argument("--thp", action="store_true", help="THP_MEM_ALLOC_ENABLE=1 for every method (CPU: large tensors "
+                    "on huge pages, fewer page faults for the N x N maps)")
+    ap.add_argument("--json", default=None, help="also write the results to this file (appends to a list there)")
     ap.add_argument("--_case", help=argparse.SUPPRESS)
     args = ap.parse_args()
     if args._case:
-        kind, dev, size, *rest = args._case.split(",")
+        kind, dev, size, batch = args._case.split(",")
         if kind == "time":
-            print(json.dumps(time_case(dev, int(size), rest, args.batch, args.repeats, args.threads)))
+            print(json.dumps(time_case(args, dev, int(size), int(batch))))
         else:
-            print(json.dumps(memory_case(dev, int(size), rest[0], args.batch, args.threads)))
+            print(json.dumps(memory_case(args, dev, int(size), int(batch), args.methods[0])))
         return 0
-    methods = ["plain", *[m for m in args.methods if m != "plain"]]
     if args.device is None:
         import torch
 
-        args.device = ["cpu"] + (["cuda"] if torch.cuda.is_available() else [])
+        args.device = ["cuda"] if torch.cuda.is_available() else ["cpu"]
+    batches = args.batch * len(args.sizes) if len(args.batch) == 1 else args.batch
+    if len(batches) != len(args.sizes):
+        ap.error(f"--batch takes one value or one per size; got {args.batch} for sizes {args.sizes}")
     results = []
     for dev in args.device:
-        for size in args.sizes:
-            results += measure(args, dev, size, methods)
+        methods = args.methods or [m for m in METHODS if dev != "cpu" or m != "grad_rollout"]
+        args.methods = ["plain", *[m for m in methods if m != "plain"]]
+        for size, batch in zip(args.sizes, batches):
+            results += measure(args, dev, size, batch)
     if args.json:
-        with open(args.json, "w") as f:
-            json.dump(results, f, indent=1)
-    return 0 if report(results, args.batch) else 1
+        path = Path(args.json)
+        old = json.loads(path.read_text()) if path.exists() else []
+        path.write_text(json.dumps(old + results, indent=1))
+    return 0 if report(results) else 1
 
 
 if __name__ == "__main__":

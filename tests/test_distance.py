@@ -163,3 +163,12 @@ def test_dynamic_image_size_uses_the_grid_of_each_batch():
     want = torch.tensor([ref_distance(a, (5, 7), (8, 8), 1) for a in cap.attentions])
     torch.testing.assert_close(vitviz.mean_attention_distance(model, x).double(), want.double(), atol=1e-4,
                                rtol=1e-5)
+
+
+def test_distance_of_maps_that_need_gradients_is_differentiable():
+    attn = torch.randn(2, 3, 1 + 6, 1 + 6).softmax(-1).requires_grad_(True)
+    layout = TokenLayout((2, 3), (16, 8), 1)
+    got = attention_distance_from_maps(attn, layout)
+    got.sum().backward()
+    assert attn.grad is not None and bool(attn.grad.abs().sum() > 0)
+    torch.testing.assert_close(got.detach(), attention_distance_from_maps(attn.detach(), layout))

@@ -36,6 +36,7 @@ _LAZY = {
     "AttentionCapture": "vitviz.core.capture",
     "load_images": "vitviz.core.images",
     "save_arrays": "vitviz.core.io",
+    "reduce_dataset": "vitviz.core.datasets",
     # analysis: tensors in, tensors out
     "pos_embed_similarity": "vitviz.analysis.posembed",
     "pos_embed_locality": "vitviz.analysis.posembed",
@@ -46,6 +47,7 @@ _LAZY = {
     "grad_rollout": "vitviz.analysis.relevance",
     "rollout_from_attentions": "vitviz.analysis.rollout",
     "mean_attention_distance": "vitviz.analysis.distance",
+    "attention_statistics": "vitviz.analysis.attention_stats",
     "distance_table": "vitviz.analysis.tables",
     "depth_trend": "vitviz.analysis.trends",
     "explain": "vitviz.analysis.explain",

@@ -19,13 +19,14 @@ from torch import nn
 
 from vitviz.core.batching import iter_batches
 from vitviz.core.capture import capture_attention
+from vitviz.core.datasets import RunningReduction, is_dataset_source, reduce_dataset
 from vitviz.core.images import Images
 from vitviz.core.spec import ViTSpec, inspect
 from vitviz.core.util import pair
 from vitviz.errors import VitvizError
 
 __all__ = [
-    "DistanceReducer", "TokenLayout", "attention_distance_from_maps", "distance_observations",
+    "DistanceReducer", "DistanceReduction", "TokenLayout", "attention_distance_from_maps", "distance_observations",
     "mean_attention_distance", "patch_distance_matrix", "per_image_attention_distance",
 ]
 
@@ -83,11 +84,20 @@ def per_image_attention_distance(attn: torch.Tensor, distances: torch.Tensor,
         raise ValueError(f"attention of shape {tuple(attn.shape)} does not fit {p} prefix tokens and "
                          f"{distances.shape[0]} patches; expected (B, H, {p + distances.shape[0]}, "
                          f"{p + distances.shape[0]})")
-    a = attn[:, :, p:, p:].float()
-    d = distances.to(device=a.device, dtype=a.dtype)
-    weight = a.sum(dim=-1).clamp_min(torch.finfo(a.dtype).tiny)  # (B, H, P): patch keys' share of each row
-    per_query = (a * d).sum(dim=-1) / weight
-    return per_query.mean(dim=-1)
+    a = attn[:, :, p:, p:]
+    d = distances.to(device=a.device, dtype=torch.float32)
+    b, h, n_patch, _ = a.shape
+    weight = a.sum(dim=-1, dtype=torch.float32).clamp_min(torch.finfo(torch.float32).tiny)  # patch keys' share
+    if a.requires_grad and torch.is_grad_enabled():  # differentiable (out= buffers are not)
+        return ((a.float() * d).sum(dim=-1) / weight).mean(dim=-1)
+    # one head at a time through one (B, P, P) buffer: a (B, H, P, P) temporary costs a fresh allocation (page
+    # faults on CPU) and H times the memory; the sums are the same
+    weighted = torch.empty(b, h, n_patch, device=a.device, dtype=torch.float32)
+    buf = torch.empty(b, n_patch, n_patch, device=a.device, dtype=torch.float32)
+    for head in range(h):
+        torch.mul(a[:, head], d, out=buf)
+        torch.sum(buf, dim=-1, out=weighted[:, head])
+    return (weighted / weight).mean(dim=-1)
 
 
 def attention_distance_from_maps(attn: torch.Tensor, spec_or_layout: ViTSpec | TokenLayout) -> torch.Tensor:
@@ -126,33 +136,80 @@ class DistanceReducer:
         per_image = per_image_attention_distance(attn, self.distances, self.num_prefix_tokens)
         if per_image.shape[1] != self.sums.shape[1]:
             raise ValueError(f"layer {position} has {per_image.shape[1]} heads, expected {self.sums.shape[1]}")
-        self.sums[position] += per_image.sum(dim=0).double().cpu()
+        if self.sums.device != per_image.device:  # the running sums live where the maps are: no sync per layer
+            self.sums, self.counts = self.sums.to(per_image.device), self.counts.to(per_image.device)
+        self.sums[position] += per_image.sum(dim=0).double()
         self.counts[position] += per_image.shape[0]
 
     def result(self) -> torch.Tensor:
-        """``(L, H)`` float32 mean distances in pixels (averaged over queries, then images)."""
-        if not bool((self.counts > 0).all()):
+        """``(L, H)`` float32 mean distances in pixels (averaged over queries, then images), on the CPU."""
+        sums, counts = self.sums.cpu(), self.counts.cpu()
+        if not bool((counts > 0).all()):
             raise VitvizError("no attention was reduced for some layers; did the forward pass run?")
-        return (self.sums / self.counts[:, None]).float()
+        return (sums / counts[:, None]).float()
+
+
+class DistanceReduction(RunningReduction):
+    """Mean attention distance as running sums over a dataset (for ``vitviz.core.datasets.reduce_dataset``).
+
+    ``sums["distance"]`` ``(L, H)`` adds each image's per-head distance, ``sums["images"]`` ``(L,)`` the images
+    seen per layer; ``result()`` is their ratio, ``(L, H)`` pixels, exactly what ``mean_attention_distance``
+    returns for a batch.
+    """
+
+    name = "mean_attention_distance"
+
+    def __init__(self, model: nn.Module) -> None:
+        super().__init__()
+        self.spec = inspect(model)
+        layers = len(self.spec.attention_modules)
+        self.reducer = DistanceReducer(layers, self.spec.num_heads, self.spec.num_prefix_tokens)
+        self.sums = {"distance": self.reducer.sums, "images": self.reducer.counts}
+        self._cache: dict[tuple[int, int], torch.Tensor] = {}
+
+    def fingerprint(self) -> dict[str, Any]:
+        return {"reduction": self.name, "vit": self.spec.name, "layers": len(self.spec.attention_modules),
+                "heads": self.spec.num_heads}
+
+    def load_state_dict(self, state: dict[str, Any]) -> None:
+        super().load_state_dict(state)
+        self.reducer.sums, self.reducer.counts = self.sums["distance"], self.sums["images"]
+
+    def update(self, model: nn.Module, x: torch.Tensor, target: Any = None) -> None:
+        grid = self.spec.grid_for_input(x)
+        if grid not in self._cache:
+            self._cache[grid] = patch_distance_matrix(grid, self.spec.patch_size, device=x.device)
+        self.reducer.distances = self._cache[grid]
+        with capture_attention(model, on_layer=self.reducer, store=False):
+            model(x)
+        self.sums = {"distance": self.reducer.sums, "images": self.reducer.counts}
+
+    def result(self) -> torch.Tensor:
+        self.reducer.sums, self.reducer.counts = self.sums["distance"], self.sums["images"]
+        return self.reducer.result()
 
 
 def mean_attention_distance(
     model: nn.Module,
-    images: Images,
+    images: Images | Any,
     *,
     batch_size: int = 32,
     progress: bool = False,
+    **dataset_options: Any,
 ) -> torch.Tensor:
     """Mean attention distance per head and layer, in input pixels (ViT Fig. 7 right, Fig. 11; App. D.7).
 
     The paper averages over 128 images. Each layer is reduced while the forward runs, so only one layer's maps
-    exist at a time.
+    exist at a time; over a dataset only the running ``(L, H)`` sums are kept.
 
     Args:
         model: any ViT ``vitviz.inspect`` reads (hybrids use their token stride, e.g. 32 px).
-        images: a normalised ``(B, 3, H, W)`` tensor, or PIL images / arrays / paths.
+        images: a normalised ``(B, 3, H, W)`` tensor, or PIL images / arrays / paths; or a whole dataset: a
+            folder of images, a ``torch.utils.data.Dataset`` or a ``DataLoader`` (also under ``torchrun``).
         batch_size: images per forward pass.
         progress: show a progress bar over images.
+        **dataset_options: for a dataset, the options of ``vitviz.core.datasets.reduce_dataset``
+            (``num_workers``, ``pin_memory``, ``autocast``, ``checkpoint``, ``checkpoint_every``).
 
     Returns:
         ``(L, H)`` float32 on the CPU: for each layer and head, the attention-weighted distance between query and
@@ -163,6 +220,11 @@ def mean_attention_distance(
         UnsupportedModelError: a layer's maps are not softmax distributions (CaiT's talking-heads and
             class-attention layers, differential attention; ``ViTSpec.attention_maps``).
     """
+    if is_dataset_source(images):
+        return reduce_dataset(model, images, DistanceReduction(model), batch_size=batch_size, progress=progress,
+                              **dataset_options).result()
+    if dataset_options:
+        raise TypeError(f"{sorted(dataset_options)} apply to a folder, Dataset or DataLoader, not to a batch")
     spec = inspect(model)
     spec.require_maps("mean_attention_distance", ("softmax",),
                       hint="the distance averages each patch query's attention distribution over patch keys")

@@ -14,8 +14,12 @@ i.e. how much each patch flows, on average, into the patch tokens the model pool
 instead. ``tests/test_families_hf.py`` pins this for SigLIP.
 
 ``attention_rollout`` reduces each layer as the forward pass produces it (``capture_attention(on_layer=...,
-store=False)``), so besides the layer being computed only the running product and the fused map, a few
-``(B, N, N)`` tensors, are alive, on the model's device.
+store=False)``): the layer's ``(B, H, N, N)`` map is fused into ``A_l`` ``(B, N, N)`` at once and dropped, so no
+``(B, H, N, N)`` outlives its layer. For the maps (one row of ``R``) no ``N x N x N`` product is formed: the
+layers' ``A_l`` are kept (``L`` fused maps, ``1/H`` of what storing the attention takes) and the query row is pushed
+through them from the top after the pass, ``r = e_t A_L A_{L-1} ... A_1``, a vector-matrix product per layer.
+``return_full=True`` multiplies the running product while streaming instead (``R_l = A_l R_{l-1}``, ``N^3`` per
+layer).
 
 ``grad_rollout`` (in ``vitviz.analysis.relevance``) is vitviz's gradient-weighted
 rollout: Chefer et al.'s head weighting ``W = mean_h (attn * d s / d attn)^+`` (ICCV 2021, Eq. 5) fed through the
@@ -48,148 +52,24 @@ from collections.abc import Sequence
 import torch
 from torch import nn
 
+from vitviz.analysis.rollout_stream import (  # re-exported
+    HEAD_FUSIONS,
+    RolloutReducer,
+    discard_weakest,
+    fuse_heads,
+    query_vectors,
+)
 from vitviz.core.batching import iter_batches
 from vitviz.core.capture import capture_attention, check_layer_index
 from vitviz.core.images import Images
 from vitviz.core.spec import ViTSpec, inspect
-from vitviz.errors import VitvizError
 
 ROLLOUT_MAPS = ("softmax", "class-attention")  # map kinds rollout is defined for (ViTSpec.attention_maps)
 
 __all__ = [
     "BranchAverage", "HEAD_FUSIONS", "ROLLOUT_MAPS", "RolloutReducer", "attention_rollout", "discard_weakest",
-    "fuse_heads", "rollout_from_attentions", "rollout_to_maps",
+    "fuse_heads", "query_vectors", "rollout_from_attentions", "rollout_to_maps",
 ]
-
-HEAD_FUSIONS = ("mean", "max", "min")
-
-
-def fuse_heads(attn: torch.Tensor, head_fusion: str = "mean", dtype: torch.dtype = torch.float32) -> torch.Tensor:
-    """Fuse the heads of ``(B, H, N, N)`` attention into ``(B, N, N)`` (``mean``, ``max`` or ``min``)."""
-    if attn.ndim != 4 or attn.shape[-1] != attn.shape[-2]:
-        raise ValueError(f"expected attention of shape (B, H, N, N), got {tuple(attn.shape)}")
-    if head_fusion == "mean":
-        return attn.mean(dim=1, dtype=dtype)
-    if head_fusion == "max":
-        return attn.amax(dim=1).to(dtype)
-    if head_fusion == "min":
-        return attn.amin(dim=1).to(dtype)
-    raise ValueError(f"head_fusion must be one of {HEAD_FUSIONS}, got {head_fusion!r}")
-
-
-def _normalise_rows(w: torch.Tensor) -> torch.Tensor:
-    return w / w.sum(dim=-1, keepdim=True).clamp_min(torch.finfo(w.dtype).tiny)
-
-
-def discard_weakest(w: torch.Tensor, ratio: float, num_prefix_tokens: int) -> torch.Tensor:
-    """Zero the weakest ``ratio`` of each row's entries, never the diagonal nor a prefix-token column.
-
-    Row ``i`` may lose ``floor(ratio * c_i)`` entries, where ``c_i`` counts its patch columns other than ``i``
-    (``P`` for a prefix row, ``P - 1`` for a patch row); ties are broken by position. Rows are not renormalised.
-
-    Args:
-        w: ``(B, N, N)`` fused attention.
-        ratio: fraction in ``[0, 1]``.
-        num_prefix_tokens: the leading tokens whose columns are kept.
-
-    Returns:
-        a new ``(B, N, N)`` tensor (``w`` itself when nothing is discarded).
-    """
-    if not 0.0 <= ratio <= 1.0:
-        raise ValueError(f"discard_ratio must lie in [0, 1], got {ratio}")
-    n = w.shape[-1]
-    protected = torch.zeros(n, n, dtype=torch.bool, device=w.device)
-    protected[:, :num_prefix_tokens] = True
-    protected.fill_diagonal_(True)
-    k_row = torch.floor(ratio * (n - protected.sum(dim=1)).double()).long()  # (N,)
-    k_max = int(k_row.max()) if n else 0
-    if k_max == 0:
-        return w
-    scores = w.masked_fill(protected, float("inf"))
-    idx = scores.topk(k_max, dim=-1, largest=False).indices  # (B, N, k_max), weakest first
-    take = (torch.arange(k_max, device=w.device) < k_row[:, None]).expand_as(idx)
-    drop = torch.zeros_like(w, dtype=torch.bool).scatter_(-1, idx, take)
-    return w.masked_fill(drop, 0.0)
-
-
-class RolloutReducer:
-    """Streaming rollout: feed one layer at a time, in layer order; ``rollout`` is the running ``(B, N, N)``.
-
-    Usable directly as ``capture_attention(model, on_layer=reducer, store=False)``: a call with layer position 0
-    starts a new product, so consecutive forward passes do not mix.
-
-    Args:
-        num_prefix_tokens: leading non-patch tokens (their columns are never discarded).
-        head_fusion: ``mean``, ``max`` or ``min``.
-        discard_ratio: fraction of each row's weakest fused attentions to zero (see ``discard_weakest``).
-        residual: use ``A = 0.5 W + 0.5 I`` (rows renormalised) instead of ``W``.
-        normalise: row-normalise the fused map before (and after) discarding; ``False`` keeps raw magnitudes
-            (gradient rollout).
-        assume_stochastic: the maps fed are post-softmax (rows sum to 1), so the mean over heads needs no
-            renormalisation (saves two passes per layer; ``attention_rollout`` sets it).
-        dtype: the dtype of the product (float32 by default, also for half-precision models).
-    """
-
-    def __init__(self, *, num_prefix_tokens: int = 1, head_fusion: str = "mean", discard_ratio: float = 0.0,
-                 residual: bool = True, normalise: bool = True, assume_stochastic: bool = False,
-                 dtype: torch.dtype = torch.float32) -> None:
-        if head_fusion not in HEAD_FUSIONS:
-            raise ValueError(f"head_fusion must be one of {HEAD_FUSIONS}, got {head_fusion!r}")
-        if not 0.0 <= discard_ratio <= 1.0:
-            raise ValueError(f"discard_ratio must lie in [0, 1], got {discard_ratio}")
-        self.num_prefix_tokens = num_prefix_tokens
-        self.head_fusion = head_fusion
-        self.discard_ratio = discard_ratio
-        self.residual = residual
-        self.normalise = normalise
-        self.dtype = dtype
-        self.assume_stochastic = assume_stochastic
-        self.layers = 0
-        self._rollout: torch.Tensor | None = None
-
-    def __call__(self, position: int, attn: torch.Tensor) -> None:
-        if position == 0:
-            self.reset()
-        self.update_fused(fuse_heads(attn, self.head_fusion, self.dtype))
-
-    def reset(self) -> None:
-        self.layers = 0
-        self._rollout = None
-
-    def layer_matrix(self, w: torch.Tensor) -> torch.Tensor:
-        """``A`` for one layer from its fused ``(B, N, N)`` map ``W`` (which may be modified in place)."""
-        w = w.to(self.dtype)
-        # the head mean of post-softmax rows is row-stochastic already: renormalising would only cost time
-        stochastic = self.normalise and self.head_fusion == "mean" and self.assume_stochastic
-        if self.normalise and not stochastic:
-            w = _normalise_rows(w)
-        if self.discard_ratio > 0:
-            w = discard_weakest(w, self.discard_ratio, self.num_prefix_tokens)
-            if self.normalise:
-                w = _normalise_rows(w)
-                stochastic = False
-        if self.residual:
-            w.mul_(0.5)
-            w.diagonal(dim1=-2, dim2=-1).add_(0.5)
-            if not stochastic:
-                w = _normalise_rows(w)
-        return w
-
-    def update_fused(self, w: torch.Tensor) -> None:
-        """Multiply one more layer, given its fused ``(B, N, N)`` map (may be modified in place): ``R <- A R``."""
-        a = self.layer_matrix(w)
-        if self._rollout is not None and self._rollout.shape != a.shape:
-            raise ValueError(f"layer maps changed shape within one pass: {tuple(self._rollout.shape)} then "
-                             f"{tuple(a.shape)}")
-        self._rollout = a if self._rollout is None else torch.bmm(a, self._rollout)
-        self.layers += 1
-
-    @property
-    def rollout(self) -> torch.Tensor:
-        """The product ``R`` ``(B, N, N)`` of the layers fed so far (rows sum to 1 when normalised)."""
-        if self._rollout is None:
-            raise VitvizError("RolloutReducer: no layer was fed; run a forward pass inside capture_attention")
-        return self._rollout
 
 
 def rollout_from_attentions(
@@ -297,6 +177,15 @@ def _output(spec: ViTSpec, rollout: torch.Tensor, x: torch.Tensor, token: int | 
     return rollout_to_maps(rollout, grid, spec.num_prefix_tokens, _output_token(spec, token, rollout.shape[-1]))
 
 
+def _maps_from_reducer(spec: ViTSpec, reducer: RolloutReducer, x: torch.Tensor, token: int | None) -> torch.Tensor:
+    """The ``(B, gh, gw)`` maps of ``rollout_to_maps``, as one row vector per image pushed through the layers."""
+    gh, gw = spec.grid_for_input(x)
+    p = spec.num_prefix_tokens
+    b, n = len(x), p + gh * gw
+    v = query_vectors(b, n, p, _output_token(spec, token, n), device=x.device)
+    return reducer.rows(v)[:, p:].reshape(b, gh, gw)
+
+
 def attention_rollout(
     model: nn.Module,
     images: Images,
@@ -312,8 +201,10 @@ def attention_rollout(
 ) -> torch.Tensor:
     """Attention rollout (Abnar & Zuidema 2020) from the output token to the input patches, as in ViT Fig. 6.
 
-    Each layer is reduced while the forward pass runs; only the running product and the current fused map stay
-    alive, on the model's device. The model's mode is left as is (call ``model.eval()`` first for dropout-free
+    Each layer is fused while the forward pass runs (no ``(B, H, N, N)`` map outlives its layer); for the maps the
+    layers' ``(B, N, N)`` matrices are kept and the output token's row is pushed through them from the top (no
+    ``N^3`` products); ``return_full`` multiplies the running product instead. All on the model's device. The
+    model's mode is left as is (call ``model.eval()`` first for dropout-free
     maps).
 
     Args:
@@ -338,15 +229,16 @@ def attention_rollout(
     spec = inspect(model)
     layers = _layer_range(spec, start_layer)
     _check_maps(spec, layers, "attention_rollout")
-    reducer = RolloutReducer(num_prefix_tokens=spec.num_prefix_tokens, head_fusion=head_fusion,
-                             discard_ratio=discard_ratio, residual=residual, assume_stochastic=True)
     blocks = [spec.attention_blocks[i] for i in layers] if spec.attention_blocks else layers
+    reducer = RolloutReducer(num_prefix_tokens=spec.num_prefix_tokens, head_fusion=head_fusion,
+                             discard_ratio=discard_ratio, residual=residual, assume_stochastic=True,
+                             keep="product" if return_full else "layers", num_layers=len(set(blocks)))
     feed = BranchAverage(reducer, blocks) if len(set(blocks)) < len(blocks) else reducer
     out: list[torch.Tensor] = []
     for x in iter_batches(model, images, batch_size, progress=progress, desc="rollout"):
         with torch.no_grad(), capture_attention(model, layers=layers, on_layer=feed, store=False):
             model(x)
-        out.append(_output(spec, reducer.rollout, x, token, return_full))
+        out.append(reducer.rollout if return_full else _maps_from_reducer(spec, reducer, x, token))
         reducer.reset()
     return torch.cat(out)
 

@@ -1,0 +1,161 @@
+"""Reductions over whole datasets: folder, Dataset and DataLoader equal the batch; resume; two gloo processes."""
+
+from __future__ import annotations
+
+import socket
+import sys
+from pathlib import Path
+
+import pytest
+import torch
+from conftest import tiny_timm_vit
+from torch.utils.data import DataLoader, Dataset, TensorDataset
+
+import vitviz
+from vitviz.analysis.attention_stats import attention_statistics
+from vitviz.analysis.distance import DistanceReduction, attention_distance_from_maps
+from vitviz.core.datasets import ShardSampler, reduce_dataset
+from vitviz.errors import CheckpointError, InputError
+
+
+def images(n=7, seed=1):
+    return torch.randn(n, 3, 32, 48, generator=torch.Generator().manual_seed(seed))
+
+
+def test_folder_dataset_and_loader_equal_the_batch(tiny_folder):
+    model = tiny_timm_vit()
+    folder = tiny_folder / "test"
+    files = sorted(p for p in folder.rglob("*.jpg"))[:: 5]  # 20 of the 100, to stay quick
+    sub = tiny_folder / "sub"
+    if not sub.exists():
+        for p in files:
+            (sub / p.parent.name).mkdir(parents=True, exist_ok=True)
+            (sub / p.parent.name / p.name).write_bytes(p.read_bytes())
+    want = vitviz.mean_attention_distance(model, [str(p) for p in sorted(sub.rglob("*.jpg"))])
+    torch.testing.assert_close(vitviz.mean_attention_distance(model, sub, batch_size=6), want)
+    x = images()
+    want = vitviz.mean_attention_distance(model, x)
+    ds = TensorDataset(x, torch.arange(len(x)))
+    torch.testing.assert_close(vitviz.mean_attention_distance(model, ds, batch_size=3), want)
+    torch.testing.assert_close(vitviz.mean_attention_distance(model, DataLoader(ds, batch_size=4)), want)
+    with pytest.raises(TypeError, match="checkpoint"):
+        vitviz.mean_attention_distance(model, x, checkpoint="x.pt")
+
+
+def test_attention_statistics_equal_the_maps_and_accept_a_dataset():
+    model = tiny_timm_vit()
+    x = images(5)
+    with vitviz.capture_attention(model) as cap, torch.no_grad():
+        model(x)
+    stats = attention_statistics(model, x, batch_size=2)
+    for layer, attn in enumerate(cap.attentions):
+        torch.testing.assert_close(stats["mean_attention"][layer], attn.mean(dim=(0, 1)))
+        ent = -(attn * attn.log()).sum(-1).mean(dim=(0, 2))
+        torch.testing.assert_close(stats["entropy"][layer], ent, atol=1e-5, rtol=1e-5)
+    torch.testing.assert_close(stats["mean_attention"].sum(-1), torch.ones(2, 25))
+    again = attention_statistics(model, TensorDataset(x), batch_size=3)
+    torch.testing.assert_close(again["mean_attention"], stats["mean_attention"])
+    spec = vitviz.inspect(model)
+    torch.testing.assert_close(vitviz.mean_attention_distance(model, x)[1],
+                               attention_distance_from_maps(cap.attentions[1], spec))
+
+
+class Failing(Dataset):
+    """Items of ``x``; raises at item ``fail_at`` (a run killed part-way)."""
+
+    def __init__(self, x, fail_at=None):
+        self.x, self.fail_at = x, fail_at
+
+    def __len__(self):
+        return len(self.x)
+
+    def __getitem__(self, i):
+        if i == self.fail_at:
+            raise KeyboardInterrupt("killed")
+        return self.x[i]
+
+
+def test_a_killed_run_resumes_from_its_checkpoint(tmp_path):
+    model = tiny_timm_vit()
+    x = images(9)
+    want = vitviz.mean_attention_distance(model, x)
+    ckpt = tmp_path / "distance.pt"
+    with pytest.raises(KeyboardInterrupt):
+        vitviz.mean_attention_distance(model, Failing(x, fail_at=7), batch_size=2, checkpoint=ckpt,
+                                       checkpoint_every=1)
+    saved = torch.load(ckpt, weights_only=True)
+    assert saved["state"]["images"] == 6  # three whole batches were written before the kill
+    seen = []
+    handle = model.register_forward_pre_hook(lambda _m, args: seen.append(len(args[0])))
+    got = vitviz.mean_attention_distance(model, Failing(x), batch_size=2, checkpoint=ckpt)
+    handle.remove()
+    assert sum(seen) == 3  # only the images after the checkpoint
+    torch.testing.assert_close(got, want)
+    # a finished checkpoint answers at once; another reduction or dataset size is refused
+    torch.testing.assert_close(vitviz.mean_attention_distance(model, Failing(x), checkpoint=ckpt), want)
+    with pytest.raises(CheckpointError, match="another run"):
+        vitviz.mean_attention_distance(model, Failing(x[:5]), checkpoint=ckpt)
+    with pytest.raises(CheckpointError, match="another run"):
+        attention_statistics(model, Failing(x), checkpoint=ckpt)
+
+
+def test_shard_sampler_splits_without_padding_and_skips():
+    ds = list(range(7))
+    shards = [list(ShardSampler(ds, num_replicas=3, rank=r)) for r in range(3)]
+    assert shards == [[0, 3, 6], [1, 4], [2, 5]]
+    assert list(ShardSampler(ds, num_replicas=3, rank=0, skip=1)) == [3, 6]
+    with pytest.raises(InputError, match="folder"):
+        reduce_dataset(tiny_timm_vit(), "/nonexistent/folder", DistanceReduction(tiny_timm_vit()))
+
+
+def _free_port() -> int:
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return s.getsockname()[1]
+
+
+def _worker(rank: int, world: int, port: int, out: str, tests_dir: str) -> None:
+    sys.path.insert(0, tests_dir)
+    torch.set_num_threads(1)
+    torch.distributed.init_process_group("gloo", init_method=f"tcp://127.0.0.1:{port}", rank=rank,
+                                         world_size=world)
+    try:
+        from conftest import tiny_timm_vit as build
+
+        torch.manual_seed(0)
+        model = build()
+        ds = TensorDataset(images(7), torch.arange(7))
+        got = vitviz.mean_attention_distance(model, ds, batch_size=2)
+        stats = attention_statistics(model, ds, batch_size=3)
+        torch.save({"distance": got, "mean_attention": stats["mean_attention"]}, f"{out}.{rank}")
+    finally:
+        torch.distributed.destroy_process_group()
+
+
+def test_two_gloo_processes_equal_one(tmp_path):
+    torch.manual_seed(0)
+    model = tiny_timm_vit()
+    x = images(7)
+    want = vitviz.mean_attention_distance(model, x)
+    want_stats = attention_statistics(model, x)
+    out = str(tmp_path / "result")
+    # fork: the children inherit the imported modules (spawn would import torch anew, seconds per process)
+    torch.multiprocessing.start_processes(_worker, args=(2, _free_port(), out, str(Path(__file__).parent)),
+                                          nprocs=2, start_method="fork")
+    for rank in range(2):  # every rank holds the whole dataset's result after the all-reduce
+        got = torch.load(f"{out}.{rank}", weights_only=True)
+        torch.testing.assert_close(got["distance"], want)
+        torch.testing.assert_close(got["mean_attention"], want_stats["mean_attention"])
+
+
+@pytest.mark.gpu
+def test_dataset_path_on_cuda_with_workers_pinned_memory_and_autocast():
+    model = tiny_timm_vit()
+    x = images(9)
+    want = vitviz.mean_attention_distance(model, x)
+    gpu = model.cuda()
+    ds = TensorDataset(x)
+    exact = vitviz.mean_attention_distance(gpu, ds, batch_size=4, num_workers=2, autocast=False)
+    torch.testing.assert_close(exact, want, atol=1e-4, rtol=1e-4)
+    half = vitviz.mean_attention_distance(gpu, ds, batch_size=4, num_workers=2)  # bfloat16 autocast by default
+    torch.testing.assert_close(half, want, atol=0.5, rtol=0.05)

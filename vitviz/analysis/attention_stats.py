@@ -1,0 +1,103 @@
+"""Head-averaged attention statistics over many images: the mean attention map and each head's entropy.
+
+For each layer ``l`` the mean over images of the head-averaged post-softmax attention,
+``M_l = mean_images mean_h A_lh`` ``(N, N)`` (rows sum to 1: each is a mean of distributions), the quantity the
+ViT paper's rollout and attention figures fuse heads into (Dosovitskiy et al., ICLR 2021, App. D.8, with the
+head mean of Abnar & Zuidema 2020); and each head's attention entropy in nats, ``-sum_k a_qk log a_qk`` averaged
+over queries and images (low: focused heads; ``log N``: uniform). Reduced while the forward runs, kept as running
+sums, so a folder, ``Dataset`` or ``DataLoader`` of any size (also under ``torchrun``) costs ``L N^2`` memory.
+
+Shapes: ``B`` batch, ``L`` layers, ``H`` heads, ``N`` tokens.
+"""
+
+from __future__ import annotations
+
+from typing import Any
+
+import torch
+from torch import nn
+
+from vitviz.core.batching import iter_batches
+from vitviz.core.capture import capture_attention
+from vitviz.core.datasets import RunningReduction, is_dataset_source, reduce_dataset
+from vitviz.core.images import Images
+from vitviz.core.spec import inspect
+from vitviz.errors import VitvizError
+
+__all__ = ["AttentionStatsReduction", "attention_statistics"]
+
+
+class AttentionStatsReduction(RunningReduction):
+    """Running sums of the head-averaged maps ``(L, N, N)`` and per-head entropies ``(L, H)``, over images."""
+
+    name = "attention_statistics"
+
+    def __init__(self, model: nn.Module) -> None:
+        super().__init__()
+        self.spec = inspect(model)
+        self.layers = len(self.spec.attention_modules)
+
+    def fingerprint(self) -> dict[str, Any]:
+        return {"reduction": self.name, "vit": self.spec.name, "layers": self.layers, "heads": self.spec.num_heads}
+
+    def _on_layer(self, position: int, attn: torch.Tensor) -> None:
+        b, h, n, _ = attn.shape
+        if "mean_map" not in self.sums:
+            self.sums["mean_map"] = torch.zeros(self.layers, n, n, dtype=torch.float64, device=attn.device)
+            self.sums["entropy"] = torch.zeros(self.layers, h, dtype=torch.float64, device=attn.device)
+        elif self.sums["mean_map"].shape[-1] != n:
+            raise VitvizError(f"attention_statistics needs one token count for all images: got {n} tokens after "
+                              f"{self.sums['mean_map'].shape[-1]}; resize the images to one size")
+        device = self.sums["mean_map"].device
+        fused = attn.sum(dim=(0, 1), dtype=torch.float32).mul_(1.0 / h)  # sum over images of the head mean
+        self.sums["mean_map"][position] += fused.to(device, torch.float64)
+        ent = torch.empty(h, device=attn.device, dtype=torch.float32)
+        for head in range(h):  # one (B, N, N) temporary at a time
+            ent[head] = torch.special.entr(attn[:, head].float()).sum(dim=-1).mean(dim=-1).sum()
+        self.sums["entropy"][position] += ent.to(device, torch.float64)
+
+    def update(self, model: nn.Module, x: torch.Tensor, target: Any = None) -> None:
+        with capture_attention(model, on_layer=self._on_layer, store=False):
+            model(x)
+
+    def result(self) -> dict[str, torch.Tensor]:
+        """``{"mean_attention": (L, N, N), "entropy": (L, H)}`` float32 on the CPU."""
+        if self.images == 0 or "mean_map" not in self.sums:
+            raise VitvizError("attention_statistics saw no images")
+        return {"mean_attention": (self.sums["mean_map"].cpu() / self.images).float(),
+                "entropy": (self.sums["entropy"].cpu() / self.images).float()}
+
+
+def attention_statistics(
+    model: nn.Module,
+    images: Images | Any,
+    *,
+    batch_size: int = 32,
+    progress: bool = False,
+    **dataset_options: Any,
+) -> dict[str, torch.Tensor]:
+    """Mean head-averaged attention map per layer and each head's mean attention entropy, over ``images``.
+
+    Args:
+        model: any ViT ``vitviz.inspect`` reads.
+        images: a normalised ``(B, 3, H, W)`` tensor, PIL images / arrays / paths; or a folder of images, a
+            ``torch.utils.data.Dataset`` or a ``DataLoader`` (one image size throughout).
+        batch_size: images per forward pass.
+        progress: a progress bar over images.
+        **dataset_options: for a dataset, the options of ``vitviz.core.datasets.reduce_dataset``.
+
+    Returns:
+        ``{"mean_attention": (L, N, N), "entropy": (L, H)}`` float32 on the CPU; rows of each mean map sum to 1,
+        entropies are in nats.
+    """
+    reduction = AttentionStatsReduction(model)
+    if is_dataset_source(images):
+        return reduce_dataset(model, images, reduction, batch_size=batch_size, progress=progress,
+                              **dataset_options).result()
+    if dataset_options:
+        raise TypeError(f"{sorted(dataset_options)} apply to a folder, Dataset or DataLoader, not to a batch")
+    for x in iter_batches(model, images, batch_size, progress=progress, desc="attention statistics"):
+        with torch.no_grad():
+            reduction.update(model, x)
+        reduction.images += len(x)
+    return reduction.result()

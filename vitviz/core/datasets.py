@@ -1,0 +1,300 @@
+"""Reductions over whole datasets: a folder, a ``Dataset`` or a ``DataLoader``, on one device or many.
+
+The machinery is generic: a ``RunningReduction`` keeps running sums (tensors that add up over images), ``update``s
+them from one batch, and turns them into a ``result``. ``reduce_dataset`` feeds it every image once:
+
+- sources: a folder of images (``ImageFolder``: class sub-folders or flat, preprocessed with the model's own data
+  config), any ``torch.utils.data.Dataset`` yielding ``x`` or ``(x, target, ...)``, or a ready ``DataLoader``;
+- loading: ``num_workers`` worker processes, pinned memory and non-blocking copies when the model is on CUDA,
+  ``torch.autocast`` (bfloat16 by default) on CUDA, a tqdm progress bar;
+- memory: only the running sums and one batch live at a time, whatever the dataset's size;
+- resuming: with ``checkpoint=path`` the sums and the count of images done are written atomically every
+  ``checkpoint_every`` batches; a rerun with the same path continues after the last images written;
+- many processes: under ``torchrun`` (``torch.distributed`` initialised) each rank reads its own shard
+  (``ShardSampler``, a ``DistributedSampler`` without the padding that would count images twice) and the sums are
+  all-reduced at the end, so every rank returns the result over the whole dataset.
+
+Faithfulness curves, statistics of attention, anything averaged over images plugs in as a ``RunningReduction``.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import os
+from collections.abc import Iterator
+from pathlib import Path
+from typing import Any
+
+import torch
+from torch import nn
+from torch.utils.data import DataLoader, Dataset
+from torch.utils.data.distributed import DistributedSampler
+
+from vitviz.core.io import atomic_save
+from vitviz.errors import CheckpointError, InputError
+
+IMAGE_SUFFIXES = (".jpg", ".jpeg", ".png", ".bmp", ".gif", ".webp", ".tif", ".tiff")
+
+__all__ = ["ImageFolder", "RunningReduction", "ShardSampler", "is_dataset_source", "reduce_dataset"]
+
+
+class ImageFolder(Dataset):
+    """The images under ``root`` (recursively, sorted), preprocessed for ``model``; items are ``(x, label)``.
+
+    ``label`` is the index of the image's first-level sub-folder among the sorted sub-folders (the
+    ``ImageFolder`` convention), or -1 for images directly in ``root``.
+    """
+
+    def __init__(self, root: str | os.PathLike, model: nn.Module) -> None:
+        from timm.data import create_transform
+
+        from vitviz.core.images import data_config
+
+        self.root = Path(root)
+        if not self.root.is_dir():
+            raise InputError(f"images={str(root)!r} is not a folder; pass a folder of images, a Dataset or a "
+                             "DataLoader")
+        self.files = sorted(p for p in self.root.rglob("*") if p.suffix.lower() in IMAGE_SUFFIXES and p.is_file())
+        if not self.files:
+            raise InputError(f"no images ({', '.join(IMAGE_SUFFIXES)}) under {str(root)!r}")
+        classes = sorted({p.relative_to(self.root).parts[0] for p in self.files if p.parent != self.root})
+        self.classes = classes
+        index = {c: i for i, c in enumerate(classes)}
+        self.labels = [index[p.relative_to(self.root).parts[0]] if p.parent != self.root else -1 for p in self.files]
+        self.transform = create_transform(**data_config(model), is_training=False)
+
+    def __len__(self) -> int:
+        return len(self.files)
+
+    def __getitem__(self, i: int) -> tuple[torch.Tensor, int]:
+        from PIL import Image
+
+        with Image.open(self.files[i]) as im:
+            return self.transform(im.convert("RGB")), self.labels[i]
+
+
+class ShardSampler(DistributedSampler):
+    """Rank ``r`` of ``W`` reads items ``r, r + W, r + 2W, ...`` in order, starting after ``skip`` of its own.
+
+    Unlike ``DistributedSampler`` it never pads (padding repeats images, which would then count twice in a mean)
+    and never shuffles (a reduction does not care about order, and resuming needs a fixed one).
+    """
+
+    def __init__(self, dataset: Dataset, num_replicas: int | None = None, rank: int | None = None,
+                 skip: int = 0) -> None:
+        super().__init__(dataset, num_replicas=num_replicas, rank=rank, shuffle=False, drop_last=False)
+        self.skip = skip
+
+    def _mine(self) -> range:
+        return range(self.rank, len(self.dataset), self.num_replicas)  # type: ignore[arg-type]
+
+    def __iter__(self) -> Iterator[int]:
+        return iter(self._mine()[self.skip:])
+
+    def __len__(self) -> int:
+        return len(self._mine()[self.skip:])
+
+
+class RunningReduction:
+    """Running sums over images. Subclasses set ``self.sums`` (name -> tensor) and implement ``update``/``result``.
+
+    ``sums`` hold everything that adds up over images (all-reduced across ranks, written to checkpoints);
+    ``images`` counts the images seen. ``fingerprint`` names what is reduced, so a checkpoint of another
+    reduction or model is refused instead of mixed in.
+    """
+
+    name = "reduction"
+
+    def __init__(self) -> None:
+        self.sums: dict[str, torch.Tensor] = {}
+        self.images = 0
+
+    def update(self, model: nn.Module, x: torch.Tensor, target: Any = None) -> None:
+        """Add one batch ``x`` ``(b, 3, H, W)`` (on the model's device) to the sums."""
+        raise NotImplementedError
+
+    def result(self) -> Any:
+        raise NotImplementedError
+
+    def fingerprint(self) -> dict[str, Any]:
+        return {"reduction": self.name}
+
+    def state_dict(self) -> dict[str, Any]:
+        return {"images": self.images, "sums": {k: v.detach().cpu() for k, v in self.sums.items()}}
+
+    def load_state_dict(self, state: dict[str, Any]) -> None:
+        self.images = int(state["images"])
+        self.sums = {k: v.clone() for k, v in state["sums"].items()}
+
+
+def is_dataset_source(images: Any) -> bool:
+    """True for what ``reduce_dataset`` takes and a batch does not: a folder, a ``Dataset``, a ``DataLoader``."""
+    if isinstance(images, (Dataset, DataLoader)):
+        return True
+    return isinstance(images, (str, os.PathLike)) and Path(images).is_dir()
+
+
+def _world() -> tuple[int, int]:
+    if torch.distributed.is_available() and torch.distributed.is_initialized():
+        return torch.distributed.get_rank(), torch.distributed.get_world_size()
+    return 0, 1
+
+
+def _device(model: nn.Module) -> torch.device:
+    param = next(model.parameters(), None)
+    return param.device if param is not None else torch.device("cpu")
+
+
+def _checkpoint_path(path: str | os.PathLike, rank: int, world: int) -> Path:
+    path = Path(path)
+    return path if world == 1 else path.with_name(f"{path.stem}.rank{rank}-of-{world}{path.suffix}")
+
+
+def _fingerprint(reduction: RunningReduction, model: nn.Module, n: int | None, rank: int, world: int) -> dict:
+    return {**reduction.fingerprint(), "model": type(model).__name__, "dataset_images": n, "rank": rank,
+            "world_size": world}
+
+
+def _load(path: Path, fingerprint: dict) -> dict | None:
+    if not path.exists():
+        return None
+    try:
+        saved = torch.load(path, map_location="cpu", weights_only=True)
+    except Exception as exc:  # noqa: BLE001 (any unreadable file is the same error for the user)
+        raise CheckpointError(f"checkpoint {str(path)!r} cannot be read ({exc}); delete it to start over") from exc
+    if saved.get("fingerprint") != fingerprint:
+        raise CheckpointError(f"checkpoint {str(path)!r} belongs to another run ({saved.get('fingerprint')}), not "
+                              f"{fingerprint}; pass another checkpoint path or delete it to start over")
+    return saved
+
+
+def _loader(source: Any, model: nn.Module, batch_size: int, num_workers: int, pin: bool, rank: int, world: int,
+            skip: int) -> tuple[DataLoader | Any, int]:
+    """The loader to read and how many of its leading images must still be skipped by hand."""
+    if isinstance(source, DataLoader):
+        samplers = (getattr(source, "sampler", None), getattr(getattr(source, "batch_sampler", None), "sampler", None))
+        if world > 1 and not any(isinstance(s, DistributedSampler) for s in samplers):
+            raise InputError("under torch.distributed a DataLoader must shard its data (sampler=DistributedSampler"
+                             "(...)); or pass the Dataset or folder and vitviz shards it")
+        return source, skip
+    dataset = source
+    if not isinstance(dataset, Dataset):
+        raise InputError(f"images={type(source).__name__} is neither a folder, a Dataset nor a DataLoader")
+    sampler = ShardSampler(dataset, num_replicas=world, rank=rank, skip=skip)
+    return DataLoader(dataset, batch_size=batch_size, sampler=sampler, num_workers=num_workers, pin_memory=pin,
+                      persistent_workers=False), 0
+
+
+def _split(batch: Any) -> tuple[torch.Tensor, Any]:
+    if isinstance(batch, torch.Tensor):
+        return batch, None
+    if isinstance(batch, (list, tuple)) and batch and isinstance(batch[0], torch.Tensor):
+        return batch[0], (batch[1] if len(batch) > 1 else None)
+    raise InputError(f"a batch must be an image tensor or (images, targets, ...), got {type(batch).__name__}")
+
+
+def reduce_dataset(
+    model: nn.Module,
+    source: str | os.PathLike | Dataset | DataLoader,
+    reduction: RunningReduction,
+    *,
+    batch_size: int = 64,
+    num_workers: int = 0,
+    pin_memory: bool | None = None,
+    autocast: torch.dtype | bool | None = None,
+    progress: bool = False,
+    checkpoint: str | os.PathLike | None = None,
+    checkpoint_every: int = 50,
+    all_reduce: bool = True,
+) -> RunningReduction:
+    """Feed every image of ``source`` once to ``reduction``; returns it with the sums over the whole dataset.
+
+    Args:
+        model: the ViT (device, dtype and preprocessing come from it).
+        source: a folder of images, a ``Dataset`` (items ``x`` or ``(x, target, ...)``, ``x`` normalised
+            ``(3, H, W)``) or a ``DataLoader`` (used as it is: its batch size, workers and sampler).
+        reduction: the running sums to fill (a ``RunningReduction``).
+        batch_size, num_workers: for the loader vitviz builds.
+        pin_memory: page-locked batches for fast copies; default: when the model is on CUDA.
+        autocast: ``torch.autocast`` dtype on CUDA (default ``torch.bfloat16``; ``False`` for none); CPU runs in
+            the model's dtype.
+        progress: a tqdm bar over this rank's images.
+        checkpoint: file for resumable partial results (one per rank under torch.distributed); written atomically
+            every ``checkpoint_every`` batches and at the end; a rerun continues where it stopped.
+        all_reduce: under torch.distributed, sum the ranks' sums (every rank then holds the whole dataset's).
+
+    Returns:
+        ``reduction``, its ``sums`` and ``images`` covering every image (of every rank, after the all-reduce).
+    """
+    if batch_size < 1 or checkpoint_every < 1:
+        raise InputError(f"batch_size and checkpoint_every must be positive, got {batch_size} and {checkpoint_every}")
+    rank, world = _world()
+    device = _device(model)
+    cuda = device.type == "cuda"
+    pin = cuda if pin_memory is None else pin_memory
+    amp = (torch.bfloat16 if autocast in (None, True) else autocast) if cuda and autocast is not False else None
+    if isinstance(source, (str, os.PathLike)):
+        source = ImageFolder(source, model)
+    try:
+        n = len(source.dataset if isinstance(source, DataLoader) else source)  # type: ignore[arg-type]
+    except TypeError:
+        n = None  # an iterable dataset
+    path = _checkpoint_path(checkpoint, rank, world) if checkpoint is not None else None
+    fingerprint = _fingerprint(reduction, model, n, rank, world)
+    saved = _load(path, fingerprint) if path is not None else None
+    if saved is not None:
+        reduction.load_state_dict(saved["state"])
+    done = reduction.images
+    loader, skip = _loader(source, model, batch_size, num_workers, pin, rank, world, done)
+
+    def save() -> None:
+        if path is not None:
+            atomic_save({"fingerprint": fingerprint, "state": reduction.state_dict()}, path)
+
+    bar = None
+    if progress:
+        from tqdm.auto import tqdm
+
+        mine = len(range(rank, n, world)) if n is not None else None
+        bar = tqdm(total=mine, initial=done, desc=f"{reduction.name}" + (f" rank {rank}" if world > 1 else ""),
+                   unit="img", disable=None)
+    batches = 0
+    try:
+        for batch in loader:
+            x, target = _split(batch)
+            if skip > 0:  # a ready DataLoader cannot start mid-way: skip what the checkpoint holds
+                if skip >= len(x):
+                    skip -= len(x)
+                    continue
+                x, target, skip = x[skip:], (target[skip:] if target is not None else None), 0
+            x = x.to(device=device, non_blocking=pin)
+            if not amp and x.is_floating_point():
+                x = x.to(next(model.parameters()).dtype)
+            ctx = torch.autocast("cuda", dtype=amp) if amp else contextlib.nullcontext()
+            with torch.no_grad(), ctx:
+                reduction.update(model, x, target)
+            reduction.images += len(x)
+            batches += 1
+            if bar is not None:
+                bar.update(len(x))
+            if batches % checkpoint_every == 0:
+                save()
+        save()
+    finally:
+        if bar is not None:
+            bar.close()
+    if world > 1 and all_reduce:
+        _all_reduce(reduction, device)
+    return reduction
+
+
+def _all_reduce(reduction: RunningReduction, device: torch.device) -> None:
+    dist = torch.distributed
+    on = device if dist.get_backend() == "nccl" else torch.device("cpu")
+    for key, value in reduction.sums.items():
+        t = value.to(on)
+        dist.all_reduce(t, op=dist.ReduceOp.SUM)
+        reduction.sums[key] = t.to(value.device)
+    count = torch.tensor([reduction.images], dtype=torch.float64, device=on)
+    dist.all_reduce(count, op=dist.ReduceOp.SUM)
+    reduction.images = int(count.item())
