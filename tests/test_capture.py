@@ -356,3 +356,14 @@ def test_capture_on_cuda_matches_cpu():
     with torch.no_grad(), vitviz.capture_attention(model, dtype=torch.float32) as half:
         model(x.cuda().half())
     torch.testing.assert_close(half.attentions[-1].cpu(), cpu.attentions[-1], atol=2e-2, rtol=0)
+
+
+def test_a_library_vit_no_family_recognises_is_refused_not_guessed(monkeypatch):
+    """A timm ViT whose layout its family cannot read (here: the attribute the family keys on removed, as in an
+    older timm) is refused with UnsupportedModelError naming the class; the tutorial heuristics never read it,
+    although it has patch_embed.proj, pos_embed and blocks[i].attn.qkv."""
+    model = timm.create_model("vit_tiny_patch16_224", pretrained=False, img_size=32, depth=1)
+    monkeypatch.delattr(type(model), "num_prefix_tokens", raising=False)
+    monkeypatch.delattr(model, "num_prefix_tokens", raising=False)
+    with pytest.raises(vitviz.UnsupportedModelError, match=r"VisionTransformer \(timm\) has attention modules"):
+        vitviz.inspect(model)

@@ -14,7 +14,7 @@ from typing import Any
 from torch import nn
 
 from vitviz.core.families.base import Family, Layout
-from vitviz.core.families.custom import CustomFamily, TutorialFamily
+from vitviz.core.families.custom import LIBRARIES, CustomFamily, TutorialFamily
 from vitviz.core.families.hf_base import HFUnsupportedFamily
 from vitviz.core.families.hf_beit import HFBeitFamily
 from vitviz.core.families.hf_clip import HFCLIPFamily
@@ -27,7 +27,7 @@ from vitviz.core.families.open_clip_vit import OpenCLIPFamily
 from vitviz.core.families.timm_naflex import NaFlexVitFamily
 from vitviz.core.families.timm_vit import TimmFamily
 from vitviz.core.families.torchvision_vit import TorchvisionFamily
-from vitviz.errors import NotAViTError, VitvizError
+from vitviz.errors import NotAViTError, UnsupportedModelError, VitvizError
 
 __all__ = ["Family", "Layout", "NotAViTError", "VitvizError", "CustomFamily", "describe", "family_of",
            "register_family"]
@@ -79,6 +79,16 @@ def family_of(model: nn.Module) -> Family:
     for family in _FAMILIES:
         if family.match(model):
             return family
+    library = type(model).__module__.split(".")[0]
+    attention = next((type(m).__name__ for m in model.modules() if "Attention" in type(m).__name__
+                      or "Attn" in type(m).__name__), None)
+    if library in LIBRARIES and attention is not None:
+        raise UnsupportedModelError(
+            f"{type(model).__name__} ({library}) has attention modules ({attention}) but none of vitviz's {library} "
+            f"families recognises its layout in this version of {library} (they read each model from its own "
+            "attributes and never fall back to guessing); upgrade the library, or describe the model with "
+            "vitviz.describe(model, ...)"
+        )
     raise NotAViTError(
         f"{type(model).__name__} is not a Vision Transformer vitviz recognises: it is neither a timm, torchvision "
         "nor Hugging Face ViT, and it lacks the tutorial layout (patch_embed.proj conv, pos_embed, blocks[i].attn "

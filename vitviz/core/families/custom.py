@@ -60,6 +60,10 @@ def _auto_probe(module: nn.Module, emit: Any) -> Any:
     return probe_qkv(module, emit)
 
 
+# libraries whose models have families of their own (never read by the tutorial heuristics)
+LIBRARIES = ("timm", "transformers", "torchvision", "open_clip")
+
+
 class CustomFamily(Family):
     """A ViT described by hand. See ``vitviz.describe`` for the arguments."""
 
@@ -174,6 +178,8 @@ class TutorialFamily(CustomFamily):
         super().__init__()
 
     def match(self, model: nn.Module) -> bool:
+        if type(model).__module__.split(".")[0] in LIBRARIES:  # a library's model is read by its own family or
+            return False  # refused; the tutorial heuristics never guess a library layout
         pe = getattr(model, "patch_embed", None)
         blocks = getattr(model, "blocks", None)
         if not isinstance(getattr(pe, "proj", None), nn.Conv2d) or blocks is None:

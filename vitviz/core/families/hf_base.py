@@ -110,13 +110,19 @@ class HFVisionFamily(Family):
         prefix = vision_root(model)[1]
         modules = [(f"{prefix}{path}.{i}.{attn}", getattr(layer, attn, None)) for i, layer in enumerate(layers)]
         recorded = (getattr(type(model), "_can_record_outputs", None) or {}).get("attentions")
+        out = []
         for name, module in modules:
             if not isinstance(module, nn.Module):
                 raise self._fail(model, f"{name} is missing")
             if isinstance(recorded, type) and not isinstance(module, recorded):
-                raise self._fail(model, f"{name} is a {type(module).__name__}, but the model records its "
-                                        f"attentions from {recorded.__name__}")
-        return modules
+                # older transformers (5.0, 5.1): XAttention wraps the XSelfAttention that returns the weights
+                inner = [(n, m) for n, m in module.named_children() if isinstance(m, recorded)]
+                if len(inner) != 1:
+                    raise self._fail(model, f"{name} is a {type(module).__name__}, but the model records its "
+                                            f"attentions from {recorded.__name__}")
+                name, module = f"{name}.{inner[0][0]}", inner[0][1]
+            out.append((name, module))
+        return out
 
     def layout(self, model: nn.Module) -> Layout:
         c = vision_config(model)

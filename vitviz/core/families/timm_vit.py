@@ -67,7 +67,7 @@ class TimmFamily(Family):
             return True  # recognised, then refused by layout() with the reason
         return (
             _is_timm(model)
-            and hasattr(model, "num_prefix_tokens")
+            and (hasattr(model, "num_prefix_tokens") or type(model).__name__ == "Cait")  # older timm: no attribute
             and hasattr(getattr(model, "patch_embed", None), "grid_size")
             and isinstance(getattr(model, "blocks", None), nn.Module)
         )
@@ -95,8 +95,9 @@ class TimmFamily(Family):
         reg = getattr(model, "reg_token", None)
         if reg is not None:
             tokens += ["reg"] * reg.shape[1]
-        if len(tokens) != model.num_prefix_tokens:
-            tokens = ["prefix"] * model.num_prefix_tokens
+        count = getattr(model, "num_prefix_tokens", len(tokens))  # timm < 1.0.27 CaiT has no num_prefix_tokens
+        if len(tokens) != count:
+            tokens = ["prefix"] * count
         return tuple(tokens)
 
     def layout(self, model: nn.Module) -> Layout:
