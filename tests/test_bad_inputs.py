@@ -114,7 +114,29 @@ ROWS: list[Row] = [
     ("start-layer-out-of-range", lambda: rollout(start_layer=5), LayerSelectError, "start_layer=5 is out of range"),
     ("heads-layer-float", lambda: vitviz.plot_attention_heads(M, GOOD[:1], 1.0), LayerSelectError,
      "layer=1.0 is a float"),
-    # targets (grad_rollout target=...): rows added with the targets validation
+    # targets (grad_rollout / explain target=...): count equals the batch, integers in range only, callables
+    ("target-too-many", lambda: vitviz.grad_rollout(M, GOOD, target=[0, 1, 2]), InputError,
+     "target holds 3 class indices but there are 2 images"),
+    ("target-too-few", lambda: vitviz.grad_rollout(M, GOOD, target=[0]), InputError,
+     "target holds 1 class indices but there are 2 images"),
+    ("target-float", lambda: vitviz.grad_rollout(M, GOOD, target=1.7), InputError,
+     "target=1.7 is not an integer class index"),
+    ("target-bool", lambda: vitviz.grad_rollout(M, GOOD, target=True), InputError,
+     "target=True is a bool, not a class index"),
+    ("target-out-of-range", lambda: vitviz.grad_rollout(M, GOOD, target=7), InputError,
+     "target=7 is out of range: VisionTransformer has 5 classes"),
+    ("target-float-in-list", lambda: vitviz.grad_rollout(M, GOOD, target=[0, 2.5]), InputError,
+     "in target=[0, 2.5] is"),
+    ("target-float-tensor", lambda: vitviz.explain(M, GOOD, method="chefer", target=torch.tensor([0.0, 1.0])),
+     InputError, "target must hold integer class indices, got a torch.float32 tensor"),
+    ("target-2d", lambda: vitviz.explain(M, GOOD, method="chefer", target=torch.zeros(2, 1, dtype=torch.long)),
+     InputError, "target must be 1-D (one class index per image)"),
+    ("target-string", lambda: vitviz.grad_rollout(M, GOOD, target="cat"), InputError,
+     "target='cat' (str) is not understood"),
+    ("target-callable-bad-shape", lambda: vitviz.grad_rollout(M, GOOD, target=lambda out: out), InputError,
+     "a callable target must return"),
+    ("target-class-on-headless", lambda: vitviz.grad_rollout(tiny_timm_vit(num_classes=0), GOOD, target=1),
+     InputError, "has no classifier head (num_classes=0); pass a callable"),
 ]
 
 

@@ -261,7 +261,7 @@ def run_parallel(cfg: StudyConfig, workers: int) -> pd.DataFrame:
     return table
 
 
-def _pair_key(model: str) -> str:
+def _size_key(model: str) -> str:
     return model.replace("R50x1+", "").replace("hybrid-", "").replace("vit-", "")
 
 
@@ -281,14 +281,14 @@ def hybrid_gap(df: pd.DataFrame, metric: str = "test_acc", x: str = "train_pflop
     hyb = df[df["family"].str.startswith("Hybrid")]
     rows = []
     for _, h in hyb.iterrows():
-        same = (vit["model"].map(_pair_key) == _pair_key(h["model"])) & (vit["epochs"] == h["epochs"])
+        same = (vit["model"].map(_size_key) == _size_key(h["model"])) & (vit["epochs"] == h["epochs"])
         for col in ("seed", "train_images"):
             if col in df:
                 same &= vit[col] == h[col]
         match = vit[same]
         if len(match):
             v = match.iloc[0]
-            rows.append({"pair": _pair_key(h["model"]), "epochs": h["epochs"],
+            rows.append({"pair": _size_key(h["model"]), "epochs": h["epochs"],
                          **{c: h[c] for c in ("seed", "train_images") if c in df}, "vit": v[metric],
                          "hybrid": h[metric], "gap": h[metric] - v[metric], f"vit_{x}": v[x], f"hybrid_{x}": h[x]})
     return pd.DataFrame(rows).sort_values(f"vit_{x}").reset_index(drop=True)
