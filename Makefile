@@ -17,7 +17,7 @@ VENV_OLDEST ?= .venv-oldest
 OLDEST_STAMP := $(VENV_OLDEST)/.vitviz-installed
 OLDEST_CONSTRAINTS ?= tests/constraints-oldest.txt
 # what test-oldest runs: the whole suite but the browser tests (they need the browser extra and Chromium)
-OLDEST_MARKERS ?= not browser
+OLDEST_MARKERS ?= not browser and not zoo
 
 .PHONY: install install-oldest install-browser report test test-fast test-oldest test-browser lint bench clean \
 	train-reference study test-zoo

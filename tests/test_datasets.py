@@ -132,6 +132,7 @@ def _worker(rank: int, world: int, port: int, out: str, tests_dir: str) -> None:
         torch.distributed.destroy_process_group()
 
 
+@pytest.mark.timeout(300)
 def test_two_gloo_processes_equal_one(tmp_path):
     torch.manual_seed(0)
     model = tiny_timm_vit()
@@ -139,9 +140,10 @@ def test_two_gloo_processes_equal_one(tmp_path):
     want = vitviz.mean_attention_distance(model, x)
     want_stats = attention_statistics(model, x)
     out = str(tmp_path / "result")
-    # fork: the children inherit the imported modules (spawn would import torch anew, seconds per process)
+    # spawn, not fork: a fork of this process, whose OpenMP thread pool earlier tests have used, can deadlock in
+    # the child (seen with torch 2.5); spawned children import torch anew (seconds each) but are always safe
     torch.multiprocessing.start_processes(_worker, args=(2, _free_port(), out, str(Path(__file__).parent)),
-                                          nprocs=2, start_method="fork")
+                                          nprocs=2, start_method="spawn")
     for rank in range(2):  # every rank holds the whole dataset's result after the all-reduce
         got = torch.load(f"{out}.{rank}", weights_only=True)
         torch.testing.assert_close(got["distance"], want)
