@@ -127,6 +127,9 @@ def plot_explanations(model: Any, images: Any, maps: Mapping[str, torch.Tensor],
             if j == 0 and labels is not None:
                 a.set_ylabel(labels[i])
     if mappable is not None:
-        fig.colorbar(mappable, ax=axes.ravel().tolist(), fraction=0.03, pad=0.02,
+        import matplotlib as mpl
+
+        opaque = mpl.cm.ScalarMappable(norm=mappable.norm, cmap=mappable.cmap)  # the colours, not the overlay
+        fig.colorbar(opaque, ax=axes.ravel().tolist(), fraction=0.03, pad=0.02,
                      label="Relevance (relative to max)")
     return fig
