@@ -60,7 +60,7 @@ def installed_wheel(tmp_path_factory):
     """Build the wheel from the source tree and install it (no dependencies: the venv has them) into a scratch
     target that is not the source tree."""
     tmp = tmp_path_factory.mktemp("wheel")
-    subprocess.run([sys.executable, "-m", "pip", "wheel", "--no-deps", "--no-build-isolation", "-q", "-w",
+    subprocess.run([sys.executable, "-m", "pip", "wheel", "--no-deps", "-q", "-w",
                     str(tmp / "dist"), str(ROOT)], check=True, capture_output=True, text=True)
     wheels = list((tmp / "dist").glob("vitviz-*.whl"))
     assert len(wheels) == 1, wheels
