@@ -1,8 +1,8 @@
 """Every public entry refuses bad input with an error naming the argument, the value and the fix.
 
 One row per bad input: (id, call, error class, message fragment). Each call goes through a public vitviz function
-on a tiny random-weight timm ViT (32x48 input, 8 px patches, 2 layers). Target rows (grad_rollout's ``target=``)
-belong in the block marked below.
+on a tiny random-weight timm ViT (32x48 input, 8 px patches, 2 layers, 5 classes): pixels, dtypes, shapes,
+sources, batch sizes, devices, layer selectors and ``target=``.
 """
 
 from __future__ import annotations
