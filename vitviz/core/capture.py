@@ -5,6 +5,12 @@ attention path of each selected layer is switched on (timm's fused ``scaled_dot_
 materialises probabilities), a probe reads the probabilities, and on exit, also when the body raises, every flag,
 hook and attribute is exactly as before.
 
+What a map holds is the family's to say, per layer, in ``vitviz.inspect(model).attention_maps``: ``softmax``
+(post-softmax probabilities, rows sum to 1: nearly every ViT), ``class-attention`` (CaiT's class row),
+``talking-heads`` (CaiT's weights after head mixing; rows do not sum to 1, entries may be negative) or
+``differential`` (``S1 - lambda S2``; rows sum to ``1 - lambda``). Rollout and distance refuse maps that are not
+a flow of attention; ``docs/zoo.md`` has the table.
+
 Any number of captures can be open on one model at once, and they may exit in any order (two explorers, a
 capture opened in one notebook cell and closed in another): each attention module gets one shared probe with a
 list of subscribers; every open capture sees every forward pass that runs while it is open, and the module's
@@ -213,7 +219,8 @@ class AttentionCapture:
 
     @property
     def attentions(self) -> list[torch.Tensor]:
-        """Per selected layer, ``(B, H, N, N)`` post-softmax probabilities (rows sum to 1)."""
+        """Per selected layer, ``(B, H, N, N)`` maps, of the kind ``spec.attention_maps`` names (post-softmax
+        probabilities, rows summing to 1, for ``softmax`` layers)."""
         self._close_pass()
         if not self._store:
             raise CaptureError("capture_attention(..., store=False) keeps no maps; use on_layer= to reduce them")
