@@ -3,13 +3,15 @@
 Methods (``--methods``):
 
 - ``plain``: the model's own forward (timm's fused ``scaled_dot_product_attention``: flash attention on CUDA);
-- ``explicit``: the forward with every layer's attention materialised and dropped (the floor any reader pays);
+- ``explicit``: the forward with the fused kernel off and every layer's ``(B, H, N, N)`` materialised and dropped
+  (what a ``heads="full"`` capture pays: the floor of any method that reads the maps the model itself forms);
 - ``store``: store-every-layer rollout as popular code does it (vit-explain's ``VITAttentionRollout``): keep every
   layer's ``(B, H, N, N)`` (``capture_attention(store=True)``), then fuse and multiply the full ``N x N`` matrices;
 - ``timm``: timm's ``AttentionExtract`` (fx graph extraction of every ``attn.softmax``): extraction only, an anchor;
-- ``rollout``: ``vitviz.attention_rollout`` (streams: heads fused per layer, the class row pushed at the end);
+- ``rollout``: ``vitviz.attention_rollout`` (``heads="stream"``: the fused kernel stays on, each head is recomputed
+  from ``q``, ``k`` into one ``(B, N, N)`` buffer and fused at once, the class row pushed at the end);
 - ``store_distance``: every layer stored, then mean attention distance from the stored maps;
-- ``distance``: ``vitviz.mean_attention_distance`` (streams: each layer reduced to per-head sums at once);
+- ``distance``: ``vitviz.mean_attention_distance`` (``heads="stream"``: each head reduced to sums as it is recomputed);
 - ``grad_rollout``: ``vitviz.grad_rollout`` (needs the backward; off by default on CPU).
 
 Time: median of ``--repeats`` rounds after a warm-up round, the methods taking turns within each round, so a change

@@ -10,7 +10,10 @@
 2. rows sum to 1, or to the documented row sum of the map kind (``ViTSpec.attention_maps``);
 3. the model's output is unchanged by the capture (bitwise after it; within fp tolerance of the fused path during
    it), and every flag, hook and instance attribute of every module is restored;
-4. rollout, mean attention distance and position similarity are finite and shaped by the grid, or raise
+4. ``capture_attention(heads="stream")``, which rollout and distance read, hands out the same maps head by head
+   (on timm's plain ``Attention`` recomputed from ``q`` and ``k`` beside the fused kernel), with the same output
+   and the state restored;
+5. rollout, mean attention distance and position similarity are finite and shaped by the grid, or raise
    ``UnsupportedModelError`` / ``NoPositionEmbeddingError`` exactly where the map kinds / position kind say so.
 
 A model vitviz refuses raises ``UnsupportedModelError`` from ``vitviz.inspect`` (propagated to the caller).
@@ -261,8 +264,30 @@ def check_model(model: nn.Module, x: torch.Tensor, reference: dict[str, Referenc
         if kind in ("softmax", "class-attention"):
             assert bool((a >= 0).all()), f"{name}: negative probabilities"
 
+    _check_stream(model, x, maps, out_ref, [name for name, _ in modules], atol)
     _check_analyses(model, x, spec, (gh, gw))
     return {"name": spec.name, "layers": len(maps), "max_abs_diff": worst, "maps": sorted(set(spec.attention_maps))}
+
+
+def _check_stream(model: nn.Module, x: torch.Tensor, maps: list[torch.Tensor], out_ref: Any, names: list[str],
+                  atol: float) -> None:
+    """``heads="stream"`` (what rollout and distance read) hands out the same maps, head by head; the forward's
+    output is the fused path's (bit for bit where a stream probe keeps the fused kernel) and the state comes back."""
+    before = _state(model)
+    got: dict[int, torch.Tensor] = {}
+
+    def keep(i: int, hm: Any) -> None:
+        got[i] = torch.stack([m.float().clone() for _, m in hm.heads()], dim=1)
+
+    with torch.no_grad(), vitviz.capture_attention(model, on_layer=keep, store=False, heads="stream"):
+        out = model(x)
+    assert _state(model) == before, "stream capture left a flag, hook or attribute changed"
+    torch.testing.assert_close(_tensor(out), _tensor(out_ref), atol=1e-4, rtol=1e-4,
+                               msg=lambda m: f"output during the stream capture differs from the fused path: {m}")
+    assert sorted(got) == list(range(len(maps))), f"stream capture fed layers {sorted(got)} of {len(maps)}"
+    for i, (name, a) in enumerate(zip(names, maps)):
+        torch.testing.assert_close(got[i], a.float(), atol=atol, rtol=1e-4,
+                                   msg=lambda msg, name=name: f"{name}: heads='stream' maps differ: {msg}")
 
 
 def _tensor(out: Any) -> torch.Tensor:

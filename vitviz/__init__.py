@@ -34,6 +34,7 @@ _LAZY = {
     "register_family": "vitviz.core.families",
     "capture_attention": "vitviz.core.capture",
     "AttentionCapture": "vitviz.core.capture",
+    "HeadMaps": "vitviz.core.capture",
     "load_images": "vitviz.core.images",
     "save_arrays": "vitviz.core.io",
     "reduce_dataset": "vitviz.core.datasets",

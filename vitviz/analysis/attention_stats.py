@@ -18,7 +18,7 @@ import torch
 from torch import nn
 
 from vitviz.core.batching import iter_batches
-from vitviz.core.capture import capture_attention
+from vitviz.core.capture import HeadMaps, capture_attention
 from vitviz.core.datasets import RunningReduction, is_dataset_source, reduce_dataset
 from vitviz.core.images import Images
 from vitviz.core.spec import inspect
@@ -40,7 +40,7 @@ class AttentionStatsReduction(RunningReduction):
     def fingerprint(self) -> dict[str, Any]:
         return {"reduction": self.name, "vit": self.spec.name, "layers": self.layers, "heads": self.spec.num_heads}
 
-    def _on_layer(self, position: int, attn: torch.Tensor) -> None:
+    def _on_layer(self, position: int, attn: torch.Tensor | HeadMaps) -> None:
         b, h, n, _ = attn.shape
         if "mean_map" not in self.sums:
             self.sums["mean_map"] = torch.zeros(self.layers, n, n, dtype=torch.float64, device=attn.device)
@@ -49,15 +49,17 @@ class AttentionStatsReduction(RunningReduction):
             raise VitvizError(f"attention_statistics needs one token count for all images: got {n} tokens after "
                               f"{self.sums['mean_map'].shape[-1]}; resize the images to one size")
         device = self.sums["mean_map"].device
-        fused = attn.sum(dim=(0, 1), dtype=torch.float32).mul_(1.0 / h)  # sum over images of the head mean
-        self.sums["mean_map"][position] += fused.to(device, torch.float64)
+        fused = torch.zeros(n, n, device=attn.device, dtype=torch.float32)  # sum over images and heads
         ent = torch.empty(h, device=attn.device, dtype=torch.float32)
-        for head in range(h):  # one (B, N, N) temporary at a time
-            ent[head] = torch.special.entr(attn[:, head].float()).sum(dim=-1).mean(dim=-1).sum()
+        heads = attn if isinstance(attn, HeadMaps) else HeadMaps.of(attn)
+        for head, m in heads.heads():  # one (B, N, N) map at a time
+            fused += m.sum(dim=0, dtype=torch.float32)
+            ent[head] = torch.special.entr(m.float()).sum(dim=-1).mean(dim=-1).sum()
+        self.sums["mean_map"][position] += fused.mul_(1.0 / h).to(device, torch.float64)
         self.sums["entropy"][position] += ent.to(device, torch.float64)
 
     def update(self, model: nn.Module, x: torch.Tensor, target: Any = None) -> None:
-        with capture_attention(model, on_layer=self._on_layer, store=False):
+        with capture_attention(model, on_layer=self._on_layer, store=False, heads="stream"):
             model(x)
 
     def result(self) -> dict[str, torch.Tensor]:

@@ -18,7 +18,7 @@ import torch
 from torch import nn
 
 from vitviz.core.batching import iter_batches
-from vitviz.core.capture import capture_attention
+from vitviz.core.capture import HeadMaps, capture_attention
 from vitviz.core.datasets import RunningReduction, is_dataset_source, reduce_dataset
 from vitviz.core.images import Images
 from vitviz.core.spec import ViTSpec, inspect
@@ -70,12 +70,12 @@ def patch_distance_matrix(grid_size: Pair, patch_size: Pair, *, device: torch.de
     return d.to(device=device, dtype=dtype)
 
 
-def per_image_attention_distance(attn: torch.Tensor, distances: torch.Tensor,
+def per_image_attention_distance(attn: torch.Tensor | HeadMaps, distances: torch.Tensor,
                                  num_prefix_tokens: int) -> torch.Tensor:
     """Mean attention distance of each image and head: ``(B, H, N, N)`` maps -> ``(B, H)`` pixels.
 
     Args:
-        attn: post-softmax attention, rows over keys.
+        attn: post-softmax attention, rows over keys; or a ``HeadMaps`` (``capture_attention(heads="stream")``).
         distances: ``(P, P)`` from ``patch_distance_matrix`` for this grid.
         num_prefix_tokens: leading tokens dropped from queries and keys.
     """
@@ -84,20 +84,24 @@ def per_image_attention_distance(attn: torch.Tensor, distances: torch.Tensor,
         raise ValueError(f"attention of shape {tuple(attn.shape)} does not fit {p} prefix tokens and "
                          f"{distances.shape[0]} patches; expected (B, H, {p + distances.shape[0]}, "
                          f"{p + distances.shape[0]})")
-    a = attn[:, :, p:, p:]
-    d = distances.to(device=a.device, dtype=torch.float32)
-    b, h, n_patch, _ = a.shape
-    weight = a.sum(dim=-1, dtype=torch.float32).clamp_min(torch.finfo(torch.float32).tiny)  # patch keys' share
-    if a.requires_grad and torch.is_grad_enabled():  # differentiable (out= buffers are not)
+    d = distances.to(device=attn.device, dtype=torch.float32)
+    b, h, n, _ = attn.shape
+    if isinstance(attn, torch.Tensor) and attn.requires_grad and torch.is_grad_enabled():
+        a = attn[:, :, p:, p:]  # differentiable (out= buffers are not)
+        weight = a.sum(dim=-1, dtype=torch.float32).clamp_min(torch.finfo(torch.float32).tiny)
         return ((a.float() * d).sum(dim=-1) / weight).mean(dim=-1)
     # one head at a time through one (B, P, P) buffer: a (B, H, P, P) temporary costs a fresh allocation (page
     # faults on CPU) and H times the memory; the sums are the same
-    weighted = torch.empty(b, h, n_patch, device=a.device, dtype=torch.float32)
-    buf = torch.empty(b, n_patch, n_patch, device=a.device, dtype=torch.float32)
-    for head in range(h):
-        torch.mul(a[:, head], d, out=buf)
+    heads = attn if isinstance(attn, HeadMaps) else HeadMaps.of(attn)
+    weighted = torch.empty(b, h, n - p, device=attn.device, dtype=torch.float32)
+    weight = torch.empty(b, h, n - p, device=attn.device, dtype=torch.float32)
+    buf = torch.empty(b, n - p, n - p, device=attn.device, dtype=torch.float32)
+    for head, m in heads.heads():
+        a = m[:, p:, p:]
+        torch.sum(a, dim=-1, dtype=torch.float32, out=weight[:, head])  # the patch keys' share of each row
+        torch.mul(a, d, out=buf)
         torch.sum(buf, dim=-1, out=weighted[:, head])
-    return (weighted / weight).mean(dim=-1)
+    return (weighted / weight.clamp_min_(torch.finfo(torch.float32).tiny)).mean(dim=-1)
 
 
 def attention_distance_from_maps(attn: torch.Tensor, spec_or_layout: ViTSpec | TokenLayout) -> torch.Tensor:
@@ -130,7 +134,7 @@ class DistanceReducer:
         self.sums = torch.zeros(num_layers, num_heads, dtype=torch.float64)
         self.counts = torch.zeros(num_layers, dtype=torch.float64)
 
-    def __call__(self, position: int, attn: torch.Tensor) -> None:
+    def __call__(self, position: int, attn: torch.Tensor | HeadMaps) -> None:
         if self.distances is None:
             raise VitvizError("DistanceReducer.distances is not set (patch_distance_matrix of the grid)")
         per_image = per_image_attention_distance(attn, self.distances, self.num_prefix_tokens)
@@ -180,7 +184,7 @@ class DistanceReduction(RunningReduction):
         if grid not in self._cache:
             self._cache[grid] = patch_distance_matrix(grid, self.spec.patch_size, device=x.device)
         self.reducer.distances = self._cache[grid]
-        with capture_attention(model, on_layer=self.reducer, store=False):
+        with capture_attention(model, on_layer=self.reducer, store=False, heads="stream"):
             model(x)
         self.sums = {"distance": self.reducer.sums, "images": self.reducer.counts}
 
@@ -236,7 +240,7 @@ def mean_attention_distance(
         if grid not in cache:
             cache[grid] = patch_distance_matrix(grid, spec.patch_size, device=x.device)
         reducer.distances = cache[grid]
-        with torch.no_grad(), capture_attention(model, on_layer=reducer, store=False):
+        with torch.no_grad(), capture_attention(model, on_layer=reducer, store=False, heads="stream"):
             model(x)
     return reducer.result()
 

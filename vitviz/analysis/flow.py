@@ -116,7 +116,7 @@ def attention_flow(
             def keep(_i: int, a: torch.Tensor, mats: list[torch.Tensor] = mats) -> None:
                 mats.append(reducer.layer_matrix(fuse_heads(a, head_fusion)))
 
-            with torch.no_grad(), capture_attention(model, on_layer=keep, store=False):
+            with torch.no_grad(), capture_attention(model, on_layer=keep, store=False, heads="stream"):
                 model(x)
             gh, gw = spec.grid_for_input(x)
             n = mats[0].shape[-1]

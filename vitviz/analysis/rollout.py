@@ -236,7 +236,7 @@ def attention_rollout(
     feed = BranchAverage(reducer, blocks) if len(set(blocks)) < len(blocks) else reducer
     out: list[torch.Tensor] = []
     for x in iter_batches(model, images, batch_size, progress=progress, desc="rollout"):
-        with torch.no_grad(), capture_attention(model, layers=layers, on_layer=feed, store=False):
+        with torch.no_grad(), capture_attention(model, layers=layers, on_layer=feed, store=False, heads="stream"):
             model(x)
         out.append(reducer.rollout if return_full else _maps_from_reducer(spec, reducer, x, token))
         reducer.reset()

@@ -10,6 +10,7 @@ from __future__ import annotations
 
 import torch
 
+from vitviz.core.capture import HeadMaps
 from vitviz.errors import VitvizError
 
 __all__ = ["HEAD_FUSIONS", "RolloutReducer", "discard_weakest", "fuse_heads", "query_vectors"]
@@ -17,17 +18,32 @@ __all__ = ["HEAD_FUSIONS", "RolloutReducer", "discard_weakest", "fuse_heads", "q
 HEAD_FUSIONS = ("mean", "max", "min")
 
 
-def fuse_heads(attn: torch.Tensor, head_fusion: str = "mean", dtype: torch.dtype = torch.float32) -> torch.Tensor:
-    """Fuse the heads of ``(B, H, N, N)`` attention into ``(B, N, N)`` (``mean``, ``max`` or ``min``)."""
+def fuse_heads(attn: torch.Tensor | HeadMaps, head_fusion: str = "mean", dtype: torch.dtype = torch.float32,
+               out: torch.Tensor | None = None) -> torch.Tensor:
+    """Fuse the heads of ``(B, H, N, N)`` attention into ``(B, N, N)`` (``mean``, ``max`` or ``min``).
+
+    ``attn`` may be a ``HeadMaps`` (``capture_attention(heads="stream")``): the heads are then folded in one at a
+    time. ``out``: a ``(B, N, N)`` tensor of ``dtype`` to write into.
+    """
     if attn.ndim != 4 or attn.shape[-1] != attn.shape[-2]:
         raise ValueError(f"expected attention of shape (B, H, N, N), got {tuple(attn.shape)}")
+    if head_fusion not in HEAD_FUSIONS:
+        raise ValueError(f"head_fusion must be one of {HEAD_FUSIONS}, got {head_fusion!r}")
+    if isinstance(attn, HeadMaps):
+        b, h, n, _ = attn.shape
+        acc = out if out is not None else torch.empty(b, n, n, dtype=dtype, device=attn.device)
+        fold = {"mean": torch.add, "max": torch.maximum, "min": torch.minimum}[head_fusion]
+        for i, m in attn.heads():
+            if i == 0:
+                acc.copy_(m)
+            else:
+                fold(acc, m.to(dtype), out=acc)
+        return acc.mul_(1.0 / h) if head_fusion == "mean" else acc
     if head_fusion == "mean":  # sum then scale: one pass over the maps (``mean(dtype=)`` takes about twice as long)
-        return attn.sum(dim=1, dtype=dtype).mul_(1.0 / attn.shape[1])
-    if head_fusion == "max":
-        return attn.amax(dim=1).to(dtype)
-    if head_fusion == "min":
-        return attn.amin(dim=1).to(dtype)
-    raise ValueError(f"head_fusion must be one of {HEAD_FUSIONS}, got {head_fusion!r}")
+        summed = attn.sum(dim=1, dtype=dtype) if out is None else torch.sum(attn, dim=1, dtype=dtype, out=out)
+        return summed.mul_(1.0 / attn.shape[1])
+    fused = (attn.amax(dim=1) if head_fusion == "max" else attn.amin(dim=1)).to(dtype)
+    return fused if out is None else out.copy_(fused)
 
 
 def _normalise_rows(w: torch.Tensor) -> torch.Tensor:
@@ -115,19 +131,13 @@ class RolloutReducer:
         self._rollout: torch.Tensor | None = None
         self._layers: list[torch.Tensor] = []
 
-    def __call__(self, position: int, attn: torch.Tensor) -> None:
+    def __call__(self, position: int, attn: torch.Tensor | HeadMaps) -> None:
         if position == 0:
             self.reset()
-        slot = self._slot(attn)
-        if slot is not None and self.head_fusion == "mean":  # fuse straight into the kept block
-            if attn.ndim != 4 or attn.shape[-1] != attn.shape[-2]:
-                raise ValueError(f"expected attention of shape (B, H, N, N), got {tuple(attn.shape)}")
-            torch.sum(attn, dim=1, dtype=self.dtype, out=slot)
-            self.update_fused(slot.mul_(1.0 / attn.shape[1]))
-        else:
-            self.update_fused(fuse_heads(attn, self.head_fusion, self.dtype))
+        slot = self._slot(attn)  # fuse straight into the kept block
+        self.update_fused(fuse_heads(attn, self.head_fusion, self.dtype, out=slot))
 
-    def _slot(self, attn: torch.Tensor) -> torch.Tensor | None:
+    def _slot(self, attn: torch.Tensor | HeadMaps) -> torch.Tensor | None:
         """This layer's place in the kept ``(L, B, N, N)`` block, or None (no block, or it does not fit)."""
         if self.keep != "layers" or not self.num_layers or self.layers >= self.num_layers or attn.ndim != 4:
             return None

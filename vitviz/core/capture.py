@@ -23,6 +23,11 @@ Two ways to consume the maps:
 - ``on_layer=fn``: ``fn(i, attn)`` is called as each layer's map is produced (``i`` is the position in the selected
   layers, which run in order). With ``store=False`` nothing else is kept, so a reduction such as rollout holds one
   layer's maps at a time instead of every layer's.
+- ``on_layer=fn, store=False, heads="stream"``: ``attn`` is a ``HeadMaps`` that hands out one head's ``(B, N, N)``
+  map at a time. For timm's plain ``Attention`` the model then keeps its fused attention kernel (its output is
+  exactly the plain forward's) and each head's probabilities are recomputed from the module's ``q`` and ``k`` into
+  one reused buffer, so no ``(B, H, N, N)`` tensor is made at all; other modules' maps are wrapped as they come.
+  Rollout, mean attention distance and the dataset statistics read attention this way.
 
 Example::
 
@@ -44,12 +49,13 @@ import torch
 from torch import nn
 
 from vitviz.core.families import family_of
-from vitviz.core.families.base import Emit, Probe, Undo
+from vitviz.core.families.base import Emit, HeadMaps, Probe, Undo
 from vitviz.core.spec import ViTSpec, inspect
 from vitviz.errors import CaptureError, InputError, LayerSelectError
 
 LayerSelect = int | str | Sequence[int | str] | None
-OnLayer = Callable[[int, torch.Tensor], None]
+OnLayer = Callable[[int, torch.Tensor], None]  # or (int, HeadMaps) with heads="stream"
+HEAD_MODES = ("full", "stream")
 
 
 class _SharedProbe:
@@ -186,10 +192,15 @@ class AttentionCapture:
         self._current: dict[int, torch.Tensor | None] = {}
         self._done: list[torch.Tensor] | None = None
 
-    def _emit(self, position: int, attn: torch.Tensor) -> None:
+    def _emit(self, position: int, attn: torch.Tensor | HeadMaps) -> None:
         if position == 0 or position in self._current:
             self._close_pass()
             self.forwards += 1
+        if isinstance(attn, HeadMaps):  # heads="stream": passed on, never stored
+            if self._on_layer is not None:
+                self._on_layer(position, attn if self._dtype is None else attn.to(self._dtype))
+            self._current[position] = None
+            return
         if self._retain_grad and attn.requires_grad:
             attn.retain_grad()
         elif not self._retain_grad:
@@ -243,6 +254,7 @@ def capture_attention(
     dtype: torch.dtype | None = None,
     accumulate: bool = False,
     retain_grad: bool = False,
+    heads: str = "full",
 ) -> Iterator[AttentionCapture]:
     """Record post-softmax attention of ``model`` for every forward inside the block.
 
@@ -256,6 +268,9 @@ def capture_attention(
             Softmax statistics are float32 in every probe (PyTorch's softmax kernels accumulate in float32).
         accumulate: concatenate the maps of successive forwards along the batch instead of keeping the last.
         retain_grad: keep the maps in the autograd graph and retain their gradients (for gradient rollout).
+        heads: ``"full"`` (default): ``on_layer`` and ``attentions`` get ``(B, H, N, N)`` tensors. ``"stream"``:
+            ``on_layer`` gets a ``HeadMaps`` per layer, one head's ``(B, N, N)`` at a time (needs ``on_layer`` and
+            ``store=False``; no gradients). See the module docstring.
 
     Yields:
         ``AttentionCapture`` with ``attentions``, ``layer_names``, ``spec`` and ``forwards``.
@@ -266,6 +281,14 @@ def capture_attention(
             f"dtype={dtype!r} is not a floating torch dtype; attention maps are probabilities: pass "
             "torch.float32 (or torch.float16 / torch.bfloat16), or None to keep the model's dtype"
         )
+    if heads not in HEAD_MODES:
+        raise InputError(f"heads={heads!r} is not understood; pass 'full' ((B, H, N, N) maps) or 'stream' "
+                         "(one head at a time, for reductions)")
+    if heads == "stream" and (store or on_layer is None or retain_grad or accumulate):
+        raise InputError(
+            "heads='stream' hands each layer's heads to on_layer one at a time and keeps nothing: pass on_layer=fn "
+            "and store=False (without retain_grad or accumulate), or use heads='full' to keep the maps"
+        )
     family = family_of(model)
     modules = family.attention_modules(model)
     chosen = select_layers([n for n, _ in modules], layers, spec.name)
@@ -275,7 +298,15 @@ def capture_attention(
     try:
         undos.append(family.prepare(model))
         for position, index in enumerate(chosen):
-            undos.append(subscribe(modules[index][1], family.probe, lambda a, p=position: cap._emit(p, a)))
+            module = modules[index][1]
+            stream = family.stream_probe(module) if heads == "stream" else None
+            if stream is not None:
+                undos.append(subscribe(module, stream, lambda a, p=position: cap._emit(p, a)))
+            elif heads == "stream":
+                undos.append(subscribe(module, family.probe,
+                                       lambda a, p=position: cap._emit(p, HeadMaps.of(a.detach()))))
+            else:
+                undos.append(subscribe(module, family.probe, lambda a, p=position: cap._emit(p, a)))
         yield cap
         cap._close_pass()
     finally:

@@ -17,12 +17,18 @@ Probes (all emit ``(B, H, N, N)`` post-softmax probabilities):
   weights for the duration.
 - ``probe_hf``: Hugging Face attention modules; the config is switched to the eager implementation for the
   duration (SDPA and flash kernels return no weights) and the module's returned weights are read.
+
+Reductions that only need one head at a time (rollout, mean attention distance, dataset statistics) open the
+capture with ``heads="stream"``: their ``on_layer`` then receives a ``HeadMaps``, which hands out each head's
+``(B, N, N)`` map in turn. A family may give such captures a *stream probe* (``Family.stream_probe``) that leaves
+the model's own fused attention running and recomputes the probabilities head by head from the module's ``q`` and
+``k`` (``timm_probes.probe_timm_stream``); every other probe's maps are wrapped as they are (``HeadMaps.of``).
 """
 
 from __future__ import annotations
 
 import fnmatch
-from collections.abc import Callable
+from collections.abc import Callable, Iterator
 from dataclasses import dataclass
 from typing import Any
 
@@ -31,9 +37,66 @@ from torch import nn
 
 from vitviz.errors import VitvizError
 
-Emit = Callable[[torch.Tensor], None]
+Emit = Callable[[Any], None]
 Undo = Callable[[], None]
 Probe = Callable[[nn.Module, Emit], Undo]
+
+
+class HeadMaps:
+    """One layer's ``(B, H, N, N)`` attention, handed out one head at a time (``capture_attention(heads="stream")``).
+
+    ``heads()`` yields ``(h, map_h)`` with ``map_h`` of shape ``(B, N, N)``; a map may live in a buffer that the next
+    head overwrites, so use it (or copy it) before advancing. ``full()`` returns the ``(B, H, N, N)`` tensor.
+
+    Args:
+        shape: ``(B, H, N, N)``.
+        dtype, device: of the maps handed out.
+        head: ``head(h) -> (B, N, N)`` map of head ``h`` (called in order ``0 .. H-1``, once each per pass).
+        full: ``full() -> (B, H, N, N)`` when there is a cheaper way than stacking the heads.
+    """
+
+    def __init__(self, shape: tuple[int, int, int, int], dtype: torch.dtype, device: torch.device,
+                 head: Callable[[int], torch.Tensor], full: Callable[[], torch.Tensor] | None = None) -> None:
+        self.shape = torch.Size(shape)
+        self.dtype = dtype
+        self.device = device
+        self._head = head
+        self._full = full
+
+    @classmethod
+    def of(cls, attn: torch.Tensor) -> HeadMaps:
+        """Wrap a ``(B, H, N, N)`` tensor (heads are views of it)."""
+        if attn.ndim != 4:
+            raise ValueError(f"expected attention of shape (B, H, N, N), got {tuple(attn.shape)}")
+        return cls(tuple(attn.shape), attn.dtype, attn.device, lambda h: attn[:, h], lambda: attn)
+
+    @property
+    def num_heads(self) -> int:
+        return self.shape[1]
+
+    @property
+    def ndim(self) -> int:
+        return 4
+
+    def heads(self) -> Iterator[tuple[int, torch.Tensor]]:
+        for h in range(self.num_heads):
+            yield h, self._head(h)
+
+    def full(self) -> torch.Tensor:
+        if self._full is not None:
+            return self._full()
+        return torch.stack([m.clone() for _, m in self.heads()], dim=1)
+
+    def to(self, dtype: torch.dtype) -> HeadMaps:
+        """The same maps cast to ``dtype`` as they are handed out."""
+        if dtype == self.dtype:
+            return self
+        full = self._full
+        return HeadMaps(tuple(self.shape), dtype, self.device, lambda h: self._head(h).to(dtype),
+                        (lambda: full().to(dtype)) if full is not None else None)
+
+    def __repr__(self) -> str:
+        return f"HeadMaps(shape={tuple(self.shape)}, dtype={self.dtype}, device={self.device})"
 
 
 @dataclass(frozen=True)
@@ -96,6 +159,11 @@ class Family:
 
     def data_config(self, model: nn.Module) -> dict[str, Any] | None:
         """Preprocessing (timm ``resolve_data_config`` keys) when the family knows it better than the defaults."""
+        return None
+
+    def stream_probe(self, module: nn.Module) -> Probe | None:
+        """A probe that emits ``HeadMaps`` for ``capture_attention(heads="stream")``, or None (default): the
+        regular ``probe``'s maps are then wrapped with ``HeadMaps.of``."""
         return None
 
     def prepare(self, model: nn.Module) -> Undo:

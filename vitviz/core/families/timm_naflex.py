@@ -19,7 +19,7 @@ from torch import nn
 
 from vitviz.core.families.base import Family, Layout
 from vitviz.core.families.pos_kind import table_kind
-from vitviz.core.families.timm_probes import map_kind, probe_timm
+from vitviz.core.families.timm_probes import map_kind, probe_timm, stream_probe_for
 from vitviz.core.families.timm_vit import KNOWN_ATTENTION, _attention_of, _is_timm
 from vitviz.core.util import pair
 from vitviz.errors import UnsupportedModelError
@@ -28,6 +28,7 @@ from vitviz.errors import UnsupportedModelError
 class NaFlexVitFamily(Family):
     name = "timm"
     probe = staticmethod(probe_timm)
+    stream_probe = staticmethod(stream_probe_for)
 
     def match(self, model: nn.Module) -> bool:
         return _is_timm(model) and type(model).__name__ == "NaFlexVit" and hasattr(model, "embeds")

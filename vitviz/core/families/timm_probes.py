@@ -17,17 +17,24 @@ the values of that layer, and a *map kind* (``ViTSpec.attention_maps``) says wha
   per head, with timm's ``lambda = exp(lq1.lk1) - exp(lq2.lk2) + lambda_init`` (one scalar per layer), before the
   per-head ``sub_norm`` (an RMSNorm of the head's output, which timm then scales by ``1 - lambda_init``). Signed;
   rows sum to ``1 - lambda``.
+
+``probe_timm_stream`` serves ``capture_attention(heads="stream")`` on timm's plain ``Attention``: the module keeps
+its fused ``scaled_dot_product_attention`` (the forward's output is bit-for-bit the plain forward's), and each
+head's ``softmax(q_h k_h^T * scale + bias)`` is recomputed from the ``q`` and ``k`` that ``q_norm`` and ``k_norm``
+return, with the mask built by timm's own ``resolve_self_attn_mask``, one ``(B, N, N)`` buffer at a time. The
+probabilities are float32 (the scores are computed in the model's dtype, as timm's explicit path does).
 """
 
 from __future__ import annotations
 
+import sys
 from typing import Any
 
 import torch
 from torch import nn
 
-from vitviz.core.families.base import Emit, Undo, _chain, _set_attr, probe_attn_drop
-from vitviz.errors import VitvizError
+from vitviz.core.families.base import Emit, HeadMaps, Probe, Undo, _chain, _set_attr, probe_attn_drop
+from vitviz.errors import CaptureError, VitvizError
 
 MAP_KINDS = ("softmax", "talking-heads", "class-attention", "differential")
 
@@ -107,3 +114,81 @@ def probe_timm(module: nn.Module, emit: Emit) -> Undo:
         if cls.__name__ in _PROBES:
             return _PROBES[cls.__name__][0](module, emit)
     return probe_attn_drop(module, emit)
+
+
+def _timm_attention_module(module: nn.Module) -> Any | None:
+    """timm's ``vision_transformer`` module when ``module`` is exactly its plain ``Attention`` (not a subclass,
+    which may compute attention differently) and the mask helpers its explicit path uses are there; else None."""
+    vt = sys.modules.get("timm.models.vision_transformer")
+    if vt is None or type(module) is not getattr(vt, "Attention", None):
+        return None
+    if not all(callable(getattr(vt, f, None)) for f in ("resolve_self_attn_mask", "maybe_add_mask")):
+        return None
+    q_norm, k_norm = getattr(module, "q_norm", None), getattr(module, "k_norm", None)
+    if not isinstance(q_norm, nn.Module) or not isinstance(k_norm, nn.Module) or q_norm is k_norm:
+        return None
+    if not isinstance(getattr(module, "scale", None), float) or not isinstance(getattr(module, "num_heads", None), int):
+        return None
+    return vt
+
+
+def stream_probe_for(module: nn.Module) -> Probe | None:
+    """``probe_timm_stream`` for timm's plain ``Attention``; None for every other module."""
+    return probe_timm_stream if _timm_attention_module(module) is not None else None
+
+
+def _recomputed_heads(vt: Any, module: nn.Module, q: torch.Tensor, k: torch.Tensor, attn_mask: Any,
+                      is_causal: bool) -> HeadMaps:
+    """Each head's ``softmax(q_h * scale @ k_h^T + bias)``, as timm's explicit path computes it, into buffers."""
+    b, h, n, _ = q.shape
+    qs = q * module.scale
+    scores = torch.empty(b, n, n, dtype=q.dtype, device=q.device)
+    bias = vt.resolve_self_attn_mask(n, scores, attn_mask, is_causal)
+    if bias is not None:
+        bias = bias.reshape((1,) * (4 - bias.ndim) + tuple(bias.shape))  # SDPA broadcasting: (B|1, H|1, N, N)
+    upcast = q.dtype != torch.float32
+    score32 = torch.empty(b, n, n, dtype=torch.float32, device=q.device) if upcast else scores
+    probs = torch.empty(b, n, n, dtype=torch.float32, device=q.device)
+
+    def head(i: int) -> torch.Tensor:
+        with torch.no_grad():
+            torch.matmul(qs[:, i], k[:, i].transpose(-2, -1), out=scores)
+            if bias is not None:
+                scores.add_(bias[:, i if bias.shape[1] > 1 else 0])
+            if upcast:
+                score32.copy_(scores)
+            return torch.ops.aten._softmax.out(score32, -1, False, out=probs)
+
+    return HeadMaps((b, h, n, n), torch.float32, q.device, head)
+
+
+def probe_timm_stream(module: nn.Module, emit: Emit) -> Undo:
+    """timm ``Attention`` under ``heads="stream"``: fused attention left on, ``HeadMaps`` recomputed from q, k."""
+    vt = _timm_attention_module(module)
+    if vt is None:
+        raise VitvizError(f"{type(module).__name__} is not timm's plain Attention; it has no stream probe")
+    state: dict[str, Any] = {}
+
+    def before(_m: nn.Module, args: tuple, kwargs: dict) -> None:
+        state.clear()
+        state["mask"] = kwargs.get("attn_mask", args[1] if len(args) > 1 else None)
+        state["causal"] = bool(kwargs.get("is_causal", args[2] if len(args) > 2 else False))
+
+    def on_q(_m: nn.Module, _inputs: Any, out: torch.Tensor) -> None:
+        state["q"] = out
+
+    def on_k(_m: nn.Module, _inputs: Any, out: torch.Tensor) -> None:
+        state["k"] = out
+
+    def after(_m: nn.Module, _inputs: Any, _out: Any) -> None:
+        q, k = state.pop("q", None), state.pop("k", None)
+        mask, causal = state.pop("mask", None), state.pop("causal", False)
+        if q is None or k is None:
+            raise CaptureError(f"{type(module).__name__}: q_norm / k_norm did not run in this forward pass, so "
+                               "vitviz cannot recompute its attention")
+        emit(_recomputed_heads(vt, module, q.detach(), k.detach(), mask, causal))
+
+    handles = [module.register_forward_pre_hook(before, with_kwargs=True),
+               module.q_norm.register_forward_hook(on_q), module.k_norm.register_forward_hook(on_k),
+               module.register_forward_hook(after)]
+    return _chain([hd.remove for hd in handles])

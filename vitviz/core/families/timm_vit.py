@@ -24,7 +24,7 @@ from torch import nn
 
 from vitviz.core.families.base import Family, Layout
 from vitviz.core.families.pos_kind import table_kind
-from vitviz.core.families.timm_probes import map_kind, probe_timm
+from vitviz.core.families.timm_probes import map_kind, probe_timm, stream_probe_for
 from vitviz.core.util import pair
 from vitviz.errors import UnsupportedModelError, VitvizError
 
@@ -61,6 +61,7 @@ def _has_relative_bias(model: nn.Module) -> bool:
 class TimmFamily(Family):
     name = "timm"
     probe = staticmethod(probe_timm)
+    stream_probe = staticmethod(stream_probe_for)
 
     def match(self, model: nn.Module) -> bool:
         if _is_timm(model) and type(model).__name__ in REFUSED:

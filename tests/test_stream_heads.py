@@ -1,0 +1,194 @@
+"""``capture_attention(heads="stream")``: maps handed out one head at a time.
+
+On timm's plain ``Attention`` the stream probe leaves the fused kernel running and recomputes each head from the
+module's ``q`` and ``k``: its maps must equal the explicit path's (which ``tests/conformance.py`` checks against a
+recomputation from the weights), the model's output must be the plain forward's bit for bit, and the module must
+come back untouched. Everywhere else the maps are wrapped as they are.
+"""
+
+from __future__ import annotations
+
+import pytest
+import torch
+from conftest import tiny_timm_vit
+
+import vitviz
+from vitviz.analysis.distance import DistanceReducer, patch_distance_matrix
+from vitviz.analysis.rollout import RolloutReducer, fuse_heads
+from vitviz.core.capture import HeadMaps, capture_attention, open_probes
+from vitviz.core.families import timm_probes
+from vitviz.errors import InputError
+
+
+def full_maps(model, x):
+    with torch.no_grad(), capture_attention(model) as cap:
+        model(x)
+    return [a.clone() for a in cap.attentions]
+
+
+def stream_maps(model, x, kinds=None):
+    got: list[torch.Tensor] = []
+
+    def keep(_i, hm):
+        assert isinstance(hm, HeadMaps)
+        if kinds is not None:
+            kinds.append(hm._head.__qualname__)
+        got.append(torch.stack([m.clone() for _, m in hm.heads()], dim=1))
+
+    with torch.no_grad(), capture_attention(model, on_layer=keep, store=False, heads="stream"):
+        out = model(x)
+    return got, out
+
+
+def max_difference(a: list[torch.Tensor], b: list[torch.Tensor]) -> float:
+    assert [t.shape for t in a] == [t.shape for t in b]
+    return max(float((s - t).abs().max()) for s, t in zip(a, b))
+
+
+@pytest.mark.parametrize("kwargs", [{}, {"qk_norm": True}, {"class_token": False, "global_pool": "avg"},
+                                    {"reg_tokens": 2}])
+def test_stream_maps_equal_the_explicit_maps_and_the_output_is_the_plain_forward(kwargs):
+    model = tiny_timm_vit(**kwargs)
+    x = torch.randn(3, 3, 32, 48)
+    with torch.no_grad():
+        plain = model(x)
+    kinds: list[str] = []
+    got, out = stream_maps(model, x, kinds)
+    assert all("_recomputed_heads" in k for k in kinds)  # the stream probe ran, not a wrapped explicit map
+    assert max_difference(got, full_maps(model, x)) < 1e-6
+    assert torch.equal(out, plain)  # the fused kernel ran: not one bit of the output changed
+    assert all(m.fused_attn for m in model.modules() if hasattr(m, "fused_attn"))
+    assert open_probes(model) == 0
+    assert all(not m._forward_hooks and not m._forward_pre_hooks for m in model.modules())
+
+
+def test_a_broken_recomputation_is_caught(monkeypatch):
+    """The comparison above fails when the recomputation is wrong (here: the scale left out)."""
+    model = tiny_timm_vit()
+    x = torch.randn(2, 3, 32, 48)
+    want = full_maps(model, x)
+    original = timm_probes._recomputed_heads
+
+    class Unscaled:
+        def __init__(self, module):
+            self.__dict__.update(num_heads=module.num_heads)
+            self.scale = 1.0
+
+    monkeypatch.setattr(timm_probes, "_recomputed_heads",
+                        lambda vt, module, q, k, mask, causal: original(vt, Unscaled(module), q, k, mask, causal))
+    got, _ = stream_maps(model, x)
+    assert max_difference(got, want) > 1e-3
+
+
+def _explicit(module, x, **kwargs):
+    from vitviz.core.families.base import probe_attn_drop
+
+    out: list[torch.Tensor] = []
+    undo = probe_attn_drop(module, out.append)
+    try:
+        with torch.no_grad():
+            module(x, **kwargs)
+    finally:
+        undo()
+    return out[0]
+
+
+def _streamed(module, x, **kwargs):
+    out: list[HeadMaps] = []
+    undo = timm_probes.probe_timm_stream(module, out.append)
+    try:
+        with torch.no_grad():
+            y = module(x, **kwargs)
+        full = torch.stack([m.clone() for _, m in out[0].heads()], dim=1)
+    finally:
+        undo()
+    return full, y
+
+
+@pytest.mark.parametrize("mask", ["bool", "float", "per-head", "causal"])
+def test_masks_follow_timms_explicit_path(mask):
+    from timm.models.vision_transformer import Attention
+
+    module = Attention(16, num_heads=4).eval()
+    x = torch.randn(2, 9, 16)
+    if mask == "bool":
+        keep = torch.rand(2, 1, 9, 9) > 0.3
+        keep |= torch.eye(9, dtype=torch.bool)  # no row without a key
+        kwargs = {"attn_mask": keep}
+    elif mask == "float":
+        kwargs = {"attn_mask": torch.randn(9, 9)}
+    elif mask == "per-head":
+        kwargs = {"attn_mask": torch.randn(2, 4, 9, 9)}
+    else:
+        kwargs = {"is_causal": True}
+    want = _explicit(module, x, **kwargs)
+    got, _ = _streamed(module, x, **kwargs)
+    torch.testing.assert_close(got, want, atol=1e-6, rtol=1e-5)
+
+
+def test_reduced_precision_maps_are_float32_softmax_of_the_model_dtype_scores():
+    model = tiny_timm_vit().to(torch.bfloat16)
+    x = torch.randn(2, 3, 32, 48, dtype=torch.bfloat16)
+    got, _ = stream_maps(model, x)
+    want = full_maps(model, x)  # timm's explicit path: bf16 softmax
+    assert all(g.dtype == torch.float32 for g in got)
+    torch.testing.assert_close(got[0].sum(-1), torch.ones_like(got[0].sum(-1)), atol=1e-5, rtol=0)
+    assert max_difference(got, [w.float() for w in want]) < 1e-2  # bf16 rounding of the explicit maps
+
+
+def test_other_modules_are_wrapped_as_they_come():
+    from timm.models.eva import Eva
+
+    model = Eva(img_size=32, patch_size=8, embed_dim=32, depth=2, num_heads=2, num_classes=3).eval()
+    x = torch.randn(2, 3, 32, 32)
+    kinds: list[str] = []
+    got, _ = stream_maps(model, x, kinds)
+    assert kinds and not any("_recomputed_heads" in k for k in kinds)
+    assert max_difference(got, full_maps(model, x)) == 0.0
+
+
+def test_stream_needs_on_layer_and_no_store():
+    model = tiny_timm_vit()
+    with pytest.raises(InputError, match="heads='sideways' is not understood"):
+        with capture_attention(model, heads="sideways"):
+            pass
+    with pytest.raises(InputError, match="pass on_layer=fn and store=False"):
+        with capture_attention(model, heads="stream"):
+            pass
+    with pytest.raises(InputError, match="pass on_layer=fn and store=False"):
+        with capture_attention(model, on_layer=lambda i, a: None, store=False, heads="stream", retain_grad=True):
+            pass
+    assert open_probes(model) == 0
+
+
+def test_module_restored_when_the_body_raises():
+    model = tiny_timm_vit()
+    with pytest.raises(RuntimeError, match="boom"):
+        with capture_attention(model, on_layer=lambda i, a: None, store=False, heads="stream"):
+            model(torch.randn(1, 3, 32, 48))
+            raise RuntimeError("boom")
+    assert open_probes(model) == 0
+    assert all(not m._forward_hooks and not m._forward_pre_hooks for m in model.modules())
+
+
+@pytest.mark.parametrize("fusion", ["mean", "max", "min"])
+def test_fusing_streamed_heads_equals_fusing_the_tensor(fusion):
+    a = torch.randn(3, 4, 7, 7).softmax(-1)
+    torch.testing.assert_close(fuse_heads(HeadMaps.of(a), fusion), fuse_heads(a, fusion))
+    out = torch.empty(3, 7, 7)
+    assert fuse_heads(HeadMaps.of(a), fusion, out=out) is out
+
+
+def test_reductions_fed_streamed_heads_equal_those_fed_tensors():
+    model = tiny_timm_vit(depth=3)
+    x = torch.randn(2, 3, 32, 48)
+    maps = full_maps(model, x)
+    spec = vitviz.inspect(model)
+    a = RolloutReducer(num_prefix_tokens=1, assume_stochastic=True)
+    d = DistanceReducer(3, 2, 1, patch_distance_matrix((4, 6), 8))
+    for i, m in enumerate(maps):
+        a(i, m)
+        d(i, m)
+    torch.testing.assert_close(vitviz.attention_rollout(model, x, return_full=True), a.rollout, atol=1e-6, rtol=1e-5)
+    torch.testing.assert_close(vitviz.mean_attention_distance(model, x), d.result(), atol=1e-5, rtol=1e-6)
+    assert spec.num_heads == 2
