@@ -117,12 +117,15 @@ def probe_timm(module: nn.Module, emit: Emit) -> Undo:
 
 
 def _timm_attention_module(module: nn.Module) -> Any | None:
-    """timm's ``vision_transformer`` module when ``module`` is exactly its plain ``Attention`` (not a subclass,
-    which may compute attention differently) and the mask helpers its explicit path uses are there; else None."""
-    vt = sys.modules.get("timm.models.vision_transformer")
-    if vt is None or type(module) is not getattr(vt, "Attention", None):
+    """The Python module that defines ``type(module)`` when ``module`` is exactly timm's plain ``Attention`` (the
+    class ``timm.models.vision_transformer`` uses; not a subclass, which may compute attention differently) and the
+    mask helpers its explicit path calls live there (``timm.layers.attention`` in timm 1.0.26 to 1.0.31); else
+    None."""
+    vision_transformer = sys.modules.get("timm.models.vision_transformer")
+    if vision_transformer is None or type(module) is not getattr(vision_transformer, "Attention", None):
         return None
-    if not all(callable(getattr(vt, f, None)) for f in ("resolve_self_attn_mask", "maybe_add_mask")):
+    vt = sys.modules.get(type(module).__module__)
+    if vt is None or not all(callable(getattr(vt, f, None)) for f in ("resolve_self_attn_mask", "maybe_add_mask")):
         return None
     q_norm, k_norm = getattr(module, "q_norm", None), getattr(module, "k_norm", None)
     if not isinstance(q_norm, nn.Module) or not isinstance(k_norm, nn.Module) or q_norm is k_norm:
