@@ -192,3 +192,42 @@ def test_reductions_fed_streamed_heads_equal_those_fed_tensors():
     torch.testing.assert_close(vitviz.attention_rollout(model, x, return_full=True), a.rollout, atol=1e-6, rtol=1e-5)
     torch.testing.assert_close(vitviz.mean_attention_distance(model, x), d.result(), atol=1e-5, rtol=1e-6)
     assert spec.num_heads == 2
+
+
+def _largest_allocation(fn) -> int:
+    from torch.profiler import ProfilerActivity, profile
+
+    with profile(activities=[ProfilerActivity.CPU], profile_memory=True) as prof:
+        fn()
+    return max((e.cpu_memory_usage for e in prof.events() if e.cpu_memory_usage > 0), default=0)
+
+
+def test_rollout_and_distance_never_allocate_a_batch_heads_tokens_tokens_tensor():
+    """With 16 heads over 26 tokens, one (B, H, N, N) float32 map is the largest tensor a forward could make."""
+    model = tiny_timm_vit(img_size=(40, 40), patch_size=8, embed_dim=16, num_heads=16)
+    x = torch.randn(4, 3, 40, 40)
+    bhnn = 4 * 16 * 26 * 26 * 4
+
+    def full():
+        with torch.no_grad(), capture_attention(model, on_layer=lambda i, a: None, store=False):
+            model(x)
+
+    assert _largest_allocation(full) >= bhnn  # the measurement sees the explicit path's maps
+    assert _largest_allocation(lambda: vitviz.attention_rollout(model, x)) < bhnn
+    assert _largest_allocation(lambda: vitviz.mean_attention_distance(model, x)) < bhnn
+
+
+@pytest.mark.gpu
+def test_stream_on_cuda_matches_cpu_and_holds_no_batch_heads_tokens_tokens_tensor():
+    model = tiny_timm_vit(img_size=(64, 64), patch_size=4, embed_dim=32, num_heads=8, depth=2)  # N = 257
+    x = torch.randn(4, 3, 64, 64)
+    want_r, want_d = vitviz.attention_rollout(model, x), vitviz.mean_attention_distance(model, x)
+    model, xc = model.cuda(), x.cuda()
+    torch.testing.assert_close(vitviz.attention_rollout(model, xc).cpu(), want_r, atol=1e-4, rtol=1e-3)
+    torch.cuda.synchronize()
+    base = torch.cuda.memory_allocated()
+    torch.cuda.reset_peak_memory_stats()
+    got_d = vitviz.mean_attention_distance(model, xc)
+    torch.cuda.synchronize()
+    torch.testing.assert_close(got_d, want_d, atol=1e-3, rtol=1e-4)
+    assert torch.cuda.max_memory_allocated() - base < 4 * 8 * 257 * 257 * 4  # one (B, H, N, N) float32 map
