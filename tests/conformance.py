@@ -273,21 +273,30 @@ def _check_stream(model: nn.Module, x: torch.Tensor, maps: list[torch.Tensor], o
                   atol: float) -> None:
     """``heads="stream"`` (what rollout and distance read) hands out the same maps, head by head; the forward's
     output is the fused path's (bit for bit where a stream probe keeps the fused kernel) and the state comes back."""
-    before = _state(model)
-    got: dict[int, torch.Tensor] = {}
+    from vitviz.core.families import timm_probes
 
-    def keep(i: int, hm: Any) -> None:
-        got[i] = torch.stack([m.float().clone() for _, m in hm.heads()], dim=1)
+    default = timm_probes.EXPLICIT_BELOW_BYTES
+    for threshold in (0, 1 << 62):  # timm Attention: every call recomputed, then every call explicit
+        before = _state(model)
+        got: dict[int, torch.Tensor] = {}
 
-    with torch.no_grad(), vitviz.capture_attention(model, on_layer=keep, store=False, heads="stream"):
-        out = model(x)
-    assert _state(model) == before, "stream capture left a flag, hook or attribute changed"
-    torch.testing.assert_close(_tensor(out), _tensor(out_ref), atol=1e-4, rtol=1e-4,
-                               msg=lambda m: f"output during the stream capture differs from the fused path: {m}")
-    assert sorted(got) == list(range(len(maps))), f"stream capture fed layers {sorted(got)} of {len(maps)}"
-    for i, (name, a) in enumerate(zip(names, maps)):
-        torch.testing.assert_close(got[i], a.float(), atol=atol, rtol=1e-4,
-                                   msg=lambda msg, name=name: f"{name}: heads='stream' maps differ: {msg}")
+        def keep(i: int, hm: Any, got: dict[int, torch.Tensor] = got) -> None:
+            got[i] = torch.stack([m.float().clone() for _, m in hm.heads()], dim=1)
+
+        timm_probes.EXPLICIT_BELOW_BYTES = threshold
+        try:
+            with torch.no_grad(), vitviz.capture_attention(model, on_layer=keep, store=False, heads="stream"):
+                out = model(x)
+        finally:
+            timm_probes.EXPLICIT_BELOW_BYTES = default
+        path = "recomputed" if threshold == 0 else "explicit"
+        assert _state(model) == before, f"stream capture ({path}) left a flag, hook or attribute changed"
+        torch.testing.assert_close(_tensor(out), _tensor(out_ref), atol=1e-4, rtol=1e-4,
+                                   msg=lambda m, p=path: f"output during the stream capture ({p}) differs: {m}")
+        assert sorted(got) == list(range(len(maps))), f"stream capture fed layers {sorted(got)} of {len(maps)}"
+        for i, (name, a) in enumerate(zip(names, maps)):
+            torch.testing.assert_close(got[i], a.float(), atol=atol, rtol=1e-4,
+                                       msg=lambda msg, name=name, p=path: f"{name}: heads='stream' ({p}) maps differ: {msg}")
 
 
 def _tensor(out: Any) -> torch.Tensor:

@@ -3,7 +3,8 @@
 On timm's plain ``Attention`` the stream probe leaves the fused kernel running and recomputes each head from the
 module's ``q`` and ``k``: its maps must equal the explicit path's (which ``tests/conformance.py`` checks against a
 recomputation from the weights), the model's output must be the plain forward's bit for bit, and the module must
-come back untouched. Everywhere else the maps are wrapped as they are.
+come back untouched. Below ``EXPLICIT_BELOW_BYTES`` per layer it runs the explicit path for that call instead; the
+tests set the threshold to pick each path (``recompute`` / ``explicit``). Everywhere else the maps are wrapped.
 """
 
 from __future__ import annotations
@@ -18,6 +19,12 @@ from vitviz.analysis.rollout import RolloutReducer, fuse_heads
 from vitviz.core.capture import HeadMaps, capture_attention, open_probes
 from vitviz.core.families import timm_probes
 from vitviz.errors import InputError
+
+
+@pytest.fixture
+def recompute(monkeypatch):
+    """Every call recomputes (the tiny test models' maps are far below the default threshold)."""
+    monkeypatch.setattr(timm_probes, "EXPLICIT_BELOW_BYTES", 0)
 
 
 def full_maps(model, x):
@@ -47,14 +54,14 @@ def max_difference(a: list[torch.Tensor], b: list[torch.Tensor]) -> float:
 
 @pytest.mark.parametrize("kwargs", [{}, {"qk_norm": True}, {"class_token": False, "global_pool": "avg"},
                                     {"reg_tokens": 2}])
-def test_stream_maps_equal_the_explicit_maps_and_the_output_is_the_plain_forward(kwargs):
+def test_stream_maps_equal_the_explicit_maps_and_the_output_is_the_plain_forward(kwargs, recompute):
     model = tiny_timm_vit(**kwargs)
     x = torch.randn(3, 3, 32, 48)
     with torch.no_grad():
         plain = model(x)
     kinds: list[str] = []
     got, out = stream_maps(model, x, kinds)
-    assert all("_recomputed_heads" in k for k in kinds)  # the stream probe ran, not a wrapped explicit map
+    assert kinds and all("_recomputed_heads" in k for k in kinds)  # the stream probe recomputed every layer
     assert max_difference(got, full_maps(model, x)) < 1e-6
     assert torch.equal(out, plain)  # the fused kernel ran: not one bit of the output changed
     assert all(m.fused_attn for m in model.modules() if hasattr(m, "fused_attn"))
@@ -62,7 +69,31 @@ def test_stream_maps_equal_the_explicit_maps_and_the_output_is_the_plain_forward
     assert all(not m._forward_hooks and not m._forward_pre_hooks for m in model.modules())
 
 
-def test_a_broken_recomputation_is_caught(monkeypatch):
+def test_small_maps_take_the_explicit_path_for_that_call_only(monkeypatch):
+    model = tiny_timm_vit()
+    x1, x8 = torch.randn(1, 3, 32, 48), torch.randn(8, 3, 32, 48)
+    per_image = 2 * 25 * 25 * 4  # heads x tokens^2 x float32
+    monkeypatch.setattr(timm_probes, "EXPLICIT_BELOW_BYTES", 4 * per_image)  # 1 image: explicit; 8: recomputed
+    fused_during: list[bool] = []
+    kinds: list[str] = []
+
+    def keep(_i, hm):
+        kinds.append(hm._head.__qualname__)
+        fused_during.append(model.blocks[0].attn.fused_attn)
+        for _ in hm.heads():
+            pass
+
+    with torch.no_grad(), capture_attention(model, on_layer=keep, store=False, heads="stream"):
+        model(x1)
+        model(x8)
+    assert ["HeadMaps.of" in k for k in kinds] == [True, True, False, False]
+    assert all(m.fused_attn for m in model.modules() if hasattr(m, "fused_attn"))  # restored after each call
+    got, _ = stream_maps(model, x1)
+    assert max_difference(got, full_maps(model, x1)) == 0.0  # the explicit path's own maps
+    assert all(not m._forward_hooks and not m._forward_pre_hooks for m in model.modules())
+
+
+def test_a_broken_recomputation_is_caught(monkeypatch, recompute):
     """The comparison above fails when the recomputation is wrong (here: the scale left out)."""
     model = tiny_timm_vit()
     x = torch.randn(2, 3, 32, 48)
@@ -102,11 +133,12 @@ def _streamed(module, x, **kwargs):
         full = torch.stack([m.clone() for _, m in out[0].heads()], dim=1)
     finally:
         undo()
+    assert "_recomputed_heads" in out[0]._head.__qualname__  # recomputed beside the fused kernel
     return full, y
 
 
 @pytest.mark.parametrize("mask", ["bool", "float", "per-head", "causal"])
-def test_masks_follow_timms_explicit_path(mask):
+def test_masks_follow_timms_explicit_path(mask, recompute):
     from timm.models.vision_transformer import Attention
 
     module = Attention(16, num_heads=4).eval()
@@ -126,7 +158,7 @@ def test_masks_follow_timms_explicit_path(mask):
     torch.testing.assert_close(got, want, atol=1e-6, rtol=1e-5)
 
 
-def test_reduced_precision_maps_are_float32_softmax_of_the_model_dtype_scores():
+def test_reduced_precision_maps_are_float32_softmax_of_the_model_dtype_scores(recompute):
     model = tiny_timm_vit().to(torch.bfloat16)
     x = torch.randn(2, 3, 32, 48, dtype=torch.bfloat16)
     got, _ = stream_maps(model, x)
@@ -161,13 +193,16 @@ def test_stream_needs_on_layer_and_no_store():
     assert open_probes(model) == 0
 
 
-def test_module_restored_when_the_body_raises():
+@pytest.mark.parametrize("threshold", [0, 1 << 40])
+def test_module_restored_when_the_body_raises(monkeypatch, threshold):
+    monkeypatch.setattr(timm_probes, "EXPLICIT_BELOW_BYTES", threshold)
     model = tiny_timm_vit()
     with pytest.raises(RuntimeError, match="boom"):
         with capture_attention(model, on_layer=lambda i, a: None, store=False, heads="stream"):
             model(torch.randn(1, 3, 32, 48))
             raise RuntimeError("boom")
     assert open_probes(model) == 0
+    assert all(m.fused_attn for m in model.modules() if hasattr(m, "fused_attn"))
     assert all(not m._forward_hooks and not m._forward_pre_hooks for m in model.modules())
 
 
@@ -179,7 +214,9 @@ def test_fusing_streamed_heads_equals_fusing_the_tensor(fusion):
     assert fuse_heads(HeadMaps.of(a), fusion, out=out) is out
 
 
-def test_reductions_fed_streamed_heads_equal_those_fed_tensors():
+@pytest.mark.parametrize("threshold", [0, 1 << 40])
+def test_reductions_fed_streamed_heads_equal_those_fed_tensors(monkeypatch, threshold):
+    monkeypatch.setattr(timm_probes, "EXPLICIT_BELOW_BYTES", threshold)
     model = tiny_timm_vit(depth=3)
     x = torch.randn(2, 3, 32, 48)
     maps = full_maps(model, x)
@@ -202,7 +239,7 @@ def _largest_allocation(fn) -> int:
     return max((e.cpu_memory_usage for e in prof.events() if e.cpu_memory_usage > 0), default=0)
 
 
-def test_rollout_and_distance_never_allocate_a_batch_heads_tokens_tokens_tensor():
+def test_rollout_and_distance_never_allocate_a_batch_heads_tokens_tokens_tensor(recompute):
     """With 16 heads over 26 tokens, one (B, H, N, N) float32 map is the largest tensor a forward could make."""
     model = tiny_timm_vit(img_size=(40, 40), patch_size=8, embed_dim=16, num_heads=16)
     x = torch.randn(4, 3, 40, 40)
@@ -218,7 +255,7 @@ def test_rollout_and_distance_never_allocate_a_batch_heads_tokens_tokens_tensor(
 
 
 @pytest.mark.gpu
-def test_stream_on_cuda_matches_cpu_and_holds_no_batch_heads_tokens_tokens_tensor():
+def test_stream_on_cuda_matches_cpu_and_holds_no_batch_heads_tokens_tokens_tensor(recompute):
     model = tiny_timm_vit(img_size=(64, 64), patch_size=4, embed_dim=32, num_heads=8, depth=2)  # N = 257
     x = torch.randn(4, 3, 64, 64)
     want_r, want_d = vitviz.attention_rollout(model, x), vitviz.mean_attention_distance(model, x)

@@ -26,7 +26,8 @@ Two ways to consume the maps:
 - ``on_layer=fn, store=False, heads="stream"``: ``attn`` is a ``HeadMaps`` that hands out one head's ``(B, N, N)``
   map at a time. For timm's plain ``Attention`` the model then keeps its fused attention kernel (its output is
   exactly the plain forward's) and each head's probabilities are recomputed from the module's ``q`` and ``k`` into
-  one reused buffer, so no ``(B, H, N, N)`` tensor is made at all; other modules' maps are wrapped as they come.
+  one reused buffer, so no ``(B, H, N, N)`` tensor is made (layers whose maps would take under 8 MiB run the
+  explicit path instead, which is faster there); other modules' maps are wrapped as they come.
   Rollout, mean attention distance and the dataset statistics read attention this way.
 
 Example::
