@@ -173,7 +173,7 @@ def _recomputed_heads(vt: Any, module: nn.Module, q: torch.Tensor, k: torch.Tens
 # Below this many bytes of one layer's (B, H, N, N) float32 maps the stream probe lets timm's explicit path run for
 # that call instead (small maps: materialising them costs less than computing q k^T a second time; measured on
 # the 2-core CPU: cifar10-vit, 128 images of 65 tokens, 6.5 MB per layer, 534-581 img/s explicit vs 469-481
-# recomputed; ViT-B/16 at 224 px, batch 8, 15 MB per layer, 1.16-1.17x vs 1.06-1.09x a plain forward).
+# recomputed; ViT-B/16 at 224 px, batch 8, 15 MB per layer, 1.13-1.17x vs 1.06-1.13x a plain forward).
 EXPLICIT_BELOW_BYTES = 8 << 20
 
 
