@@ -23,7 +23,8 @@ import numpy as np
 import torch
 from torch import nn
 
-from vitviz.analysis.rollout import fuse_heads
+from vitviz.analysis.propagation import fuse_heads, require_flow_maps
+from vitviz.analysis.rollout import rollout_from_attentions
 from vitviz.core.capture import capture_attention
 from vitviz.core.images import Images, denormalise, load_images
 from vitviz.core.spec import inspect
@@ -181,9 +182,7 @@ class AttentionExplorer(Explorer):
         key = ("rollout", i, layer, head, round(discard, 6))
         matrix = self.cache.get(key)
         if matrix is None:
-            from vitviz.analysis.rollout import _check_maps, rollout_from_attentions
-
-            _check_maps(self.spec, list(range(layer + 1)), "rollout")  # refuses maps that are not a flow
+            require_flow_maps(self.spec, list(range(layer + 1)), "rollout")  # refuses maps that are not a flow
             maps = self.attentions(i)[: layer + 1]
             if isinstance(head, int):  # one head index followed through every layer
                 maps, head = [a[:, head:head + 1] for a in maps], "mean"
