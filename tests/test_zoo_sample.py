@@ -124,7 +124,7 @@ def test_relative_bias_models_report_their_kind():
 # ---------------------------------------------------------------- the harness fails on wrong captures
 def test_harness_fails_on_pre_difference_maps(monkeypatch):
     def pre_difference(module, emit):  # the 2H softmax maps before S1 - lambda S2
-        return timm_probes._hook_attn_drop(module, emit)
+        return timm_probes.probe_attn_drop(module, emit)
 
     monkeypatch.setitem(timm_probes._PROBES, "DiffAttention", (pre_difference, "differential"))
     model = build("vit_dwee_patch16_reg1_gap_256")
