@@ -17,8 +17,8 @@ ALLOWED = {
     "core": {"errors"},
     "analysis": {"errors", "core"},
     "zoo": {"errors", "core", "analysis"},
-    "plot": {"errors", "core", "analysis", "zoo"},
-    "widgets": {"errors", "core", "analysis", "zoo", "plot"},
+    "plot": {"errors", "core", "analysis", "zoo", "experiments"},  # experiments: the study's statistics
+    "widgets": {"errors", "core", "analysis", "zoo", "plot", "experiments"},
     "experiments": {"errors", "core", "analysis", "zoo"},
     "report": {"errors", "core", "analysis", "zoo", "plot", "widgets", "experiments"},
 }
