@@ -36,7 +36,7 @@ from typing import Any
 import torch
 from torch import nn
 
-from vitviz.analysis.rollout import fuse_heads, rollout_to_maps
+from vitviz.analysis.propagation import fuse_heads, output_token, rollout_to_maps
 from vitviz.core.batching import iter_batches
 from vitviz.core.capture import capture_attention
 from vitviz.core.images import Images
@@ -79,10 +79,7 @@ def raw_attention(
         with torch.no_grad(), capture_attention(model, layers=layer) as cap:
             model(x)
         w = fuse_heads(cap.attentions[0], head_fusion)
-        n = w.shape[-1]
-        if token is not None and not -n <= token < n:
-            raise InputError(f"token={token} is out of range for {spec.name}'s {n} tokens")
-        row = spec.class_token_index if token is None else token % n
+        row = output_token(spec, token, w.shape[-1])
         out.append(rollout_to_maps(w, spec.grid_for_input(x), spec.num_prefix_tokens, row))
     return torch.cat(out)
 

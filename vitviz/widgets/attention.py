@@ -23,7 +23,7 @@ import numpy as np
 import torch
 from torch import nn
 
-from vitviz.analysis.propagation import fuse_heads, require_flow_maps
+from vitviz.analysis.propagation import HEAD_FUSIONS, fuse_heads, require_flow_maps
 from vitviz.analysis.rollout import rollout_from_attentions
 from vitviz.core.capture import capture_attention
 from vitviz.core.images import Images, denormalise, load_images
@@ -34,7 +34,6 @@ from vitviz.widgets._render import display_size, mark_cell, overlay, png_bytes, 
 
 __all__ = ["AttentionExplorer", "explore_attention"]
 
-FUSIONS = ("mean", "max", "min")
 DEFAULT_CACHE_BYTES = 256 * 2**20  # captured maps and rollout products kept per explorer
 
 
@@ -138,7 +137,7 @@ class AttentionExplorer(Explorer):
                                             layout=widgets.Layout(display="" if len(names) > 1 else "none"))
         self.layer = widgets.IntSlider(value=depth - 1, min=0, max=depth - 1, description="layer", style=style,
                                        continuous_update=False)
-        self.head = widgets.Dropdown(options=[(f"{f} of heads", f) for f in FUSIONS]
+        self.head = widgets.Dropdown(options=[(f"{f} of heads", f) for f in HEAD_FUSIONS]
                                      + [(f"head {i}", i) for i in range(heads)], value="mean",
                                      description="head", style=style)
         options = _token_options(self.spec.prefix_tokens)
