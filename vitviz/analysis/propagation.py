@@ -379,17 +379,23 @@ def require_flow_maps(spec: ViTSpec, layers: list[int], method: str, *, suggest_
     spec.require_maps(method, FLOW_MAPS, layers, hint)
 
 
-def propagated_output(spec: ViTSpec, prop: Propagator, x: torch.Tensor, token: int | None,
-                      full: bool) -> torch.Tensor:
+def propagated_output(spec: ViTSpec, prop: Propagator, x: torch.Tensor, token: int | None, full: bool, *,
+                      from_top: bool = True) -> torch.Tensor:
     """What a propagation call returns for the batch ``x``: ``R`` ``(B, N, N)``, or the ``(B, gh, gw)`` maps.
 
     The maps are the output token's row (``token``; default the class token, without one the mean of the patch
-    queries' rows) over the patch columns, pushed from the top through the kept matrices (no ``N^3`` product).
+    queries' rows) over the patch columns: pushed from the top through the kept matrices (``from_top``, no ``N^3``
+    product), or read off the full product ``R`` (the gradient methods, whose cost is the backward pass: their
+    maps stay bit-identical to the row of ``R`` they return with ``return_full``).
     """
-    if full:
-        return prop.result()
     if not prop.matrices:
         return prop.result()  # raises: nothing was fed
+    if full or not from_top:
+        r = prop.result()
+        if full:
+            return r
+        return rollout_to_maps(r, spec.grid_for_input(x), spec.num_prefix_tokens,
+                               output_token(spec, token, r.shape[-1]))
     grid = spec.grid_for_input(x)
     p = spec.num_prefix_tokens
     b, n = len(x), prop.matrices[0].shape[-1]

@@ -197,7 +197,7 @@ def _run(model: nn.Module, images: Images, target: Target, rule: str, *, discard
         del attns, grads
         dtype = weights[0].dtype if rule == "chefer" else torch.float32
         prop = Propagator(layer_rule, blocks=blocks, dtype=dtype).feed(weights)
-        out.append(propagated_output(spec, prop, x, token, return_full))
+        out.append(propagated_output(spec, prop, x, token, return_full, from_top=False))
         done += len(x)
     return torch.cat(out)
 
