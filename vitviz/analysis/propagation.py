@@ -17,16 +17,13 @@ blocks, ``R = A_L A_{L-1} ... A_1``. This module holds the three steps they shar
      the row renormalised; ``residual=False`` gives ``A = rownorm(W)``.
    - ``"grad_rollout"``: the same on a gradient-weighted ``W`` whose magnitude is kept (no ``rownorm`` before the
      residual): ``A = rownorm(0.5 W + 0.5 I)``.
-   - ``"chefer"`` (Chefer, Gur & Wolf, ICCV 2021, Eq. 6): ``A = I + W``, no renormalisation (relevance
-     accumulates). The stored matrix is ``W`` and the identity is applied in the product (``R + W R``), which
-     keeps the rounding of the reference implementation's ``R <- R + W R``.
+   - ``"chefer"`` (Chefer, Gur & Wolf, ICCV 2021, Eq. 6): ``A = I + W``, no renormalisation; ``W`` is stored and
+     the identity applied in the product, ``R + W R``, as in the reference code's ``R <- R + W R``.
 
-The product (``Propagator.result``): ``R = A_L ... A_1`` multiplied bottom up, or, when only some rows of ``R``
-are wanted (the output token's, the mean patch query's), the rows ``v`` pushed from the top,
-``v A_L ... A_1``: ``K N^2`` work per layer instead of ``N^3``. A ``Propagator`` is the ``on_layer`` reducer of
-``capture_attention``: each layer is fused and turned into ``A_l`` while the forward pass runs (no
-``(B, H, N, N)`` map outlives its layer), and only the ``L`` ``(B, N, N)`` matrices are kept. ``propagate`` runs
-the same reducer on maps already in hand.
+The product (``Propagator.result``): ``R = A_L ... A_1`` bottom up, or rows ``v`` pushed from the top,
+``v A_L ... A_1`` (``K N^2`` per layer, not ``N^3``). A ``Propagator`` is ``capture_attention``'s ``on_layer``
+reducer (each layer fused and turned into ``A_l`` as the forward pass runs; only ``L`` ``(B, N, N)`` matrices
+kept); ``propagate`` runs it on maps already in hand.
 
 Shapes: ``B`` batch, ``H`` heads, ``N`` tokens (prefix + patches), ``K`` rows, ``(gh, gw)`` grid.
 """
