@@ -11,6 +11,8 @@ method              what it is
                     (``vitviz.attention_rollout``; its ``discard_ratio`` is row-wise, unlike vit-explain's).
 ``"flow"``          attention flow, Abnar & Zuidema, ACL 2020, Sec. 3.2: max-flow over the layer graph
                     (``vitviz.analysis.flow``; refuses more than ``max_tokens`` tokens).
+                    rollout, flow, grad_rollout and chefer share one layer rule and product
+                    (``vitviz.analysis.propagation``): parallel branches averaged per block, signed maps refused.
 ``"grad_rollout"``  vitviz's gradient-weighted rollout: Chefer et al.'s head weighting ``mean_h (grad * A)^+`` fed
                     through rollout's row-renormalised ``0.5 W + 0.5 I`` product (``vitviz.analysis.relevance``).
                     Neither Chefer's rule nor vit-explain's ``vit_grad_rollout``.
@@ -20,8 +22,8 @@ method              what it is
                     same map for a given ``seed``, whatever the batching.
 ==================  =====================================================================================================
 
-Memory: ``attention``, ``rollout`` and ``flow`` reduce each layer while the forward pass runs (``flow`` keeps one
-``(B, N, N)`` matrix per layer for its graph); the gradient methods need every layer's map and gradient of one batch
+Memory: ``attention``, ``rollout`` and ``flow`` reduce each layer while the forward pass runs (``rollout`` and ``flow``
+keep one ``(B, N, N)`` matrix per residual block); the gradient methods need every layer's map and gradient of one batch
 at once (pass ``batch_size`` to bound it). Everything runs on the model's device.
 
 ``target`` (gradient methods only): ``None`` (predicted class), a class index, one per image, or a callable from
