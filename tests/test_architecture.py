@@ -17,8 +17,8 @@ ALLOWED = {
     "core": {"errors"},
     "analysis": {"errors", "core"},
     "zoo": {"errors", "core", "analysis"},
-    "plot": {"errors", "core", "analysis", "zoo"},
-    "widgets": {"errors", "core", "analysis", "zoo", "plot"},
+    "plot": {"errors", "core", "analysis", "zoo", "experiments"},  # experiments: the study's statistics
+    "widgets": {"errors", "core", "analysis", "zoo", "plot", "experiments"},
     "experiments": {"errors", "core", "analysis", "zoo"},
     "report": {"errors", "core", "analysis", "zoo", "plot", "widgets", "experiments"},
 }
@@ -157,3 +157,64 @@ def test_cli_help_imports_no_torch(argv):
     out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, cwd=ROOT, check=True)
     assert out.stdout.strip().splitlines()[-1] == "[]", out.stdout[-500:]
     assert "usage:" in out.stdout
+
+
+def _private(name: str) -> bool:
+    return name.startswith("_") and not (name.startswith("__") and name.endswith("__"))
+
+
+def private_imports(path: Path, module: str) -> list[str]:
+    """``from vitviz.x import _name``, ``import vitviz.x._y`` and ``x._name`` on an imported vitviz module, where
+    the private name belongs to another module (a private module, ``_render``, may be used inside its package)."""
+    tree = ast.parse(path.read_text(), filename=str(path))
+    package = module if path.name == "__init__.py" else module.rpartition(".")[0]
+    bad: list[str] = []
+    aliases: dict[str, str] = {}  # local name -> vitviz module it is bound to
+
+    def check(dotted: str, line: int) -> None:
+        parts = dotted.split(".")
+        for k, part in enumerate(parts):
+            if _private(part):
+                owner = ".".join(parts[:k])  # the module (or package) the private name belongs to
+                if not (module == owner or module.startswith(owner + ".")):
+                    bad.append(f"{module}:{line} uses {dotted}")
+                return
+
+    for node in ast.walk(tree):
+        if isinstance(node, ast.Import):
+            for a in node.names:
+                if a.name.startswith("vitviz"):
+                    check(a.name, node.lineno)
+                    aliases[a.asname or a.name.split(".")[0]] = a.name if a.asname else "vitviz"
+        elif isinstance(node, ast.ImportFrom):
+            base = package.split(".")[: len(package.split(".")) - node.level + 1] if node.level else []
+            target = ".".join(base + ([node.module] if node.module else []))
+            if not target.startswith("vitviz"):
+                continue
+            for a in node.names:
+                full = f"{target}.{a.name}"
+                check(full, node.lineno)
+                is_module = (PKG.parent / full.replace(".", "/")).with_suffix(".py").exists() or \
+                    (PKG.parent / full.replace(".", "/") / "__init__.py").exists()
+                if is_module:
+                    aliases[a.asname or a.name] = full
+    for node in ast.walk(tree):
+        if isinstance(node, ast.Attribute) and isinstance(node.value, ast.Name) and node.value.id in aliases \
+                and _private(node.attr):
+            check(f"{aliases[node.value.id]}.{node.attr}", node.lineno)
+    return bad
+
+
+def test_no_module_uses_another_modules_private_names():
+    bad = [b for p in sorted(PKG.rglob("*.py")) for b in private_imports(p, module_name(p))]
+    assert not bad, "private names used across modules (make them public where they belong):\n" + "\n".join(bad)
+
+
+def test_the_private_name_scan_finds_a_planted_import(tmp_path):
+    planted = PKG / "analysis" / "explain.py"
+    probe = tmp_path / "explain.py"
+    probe.write_text(planted.read_text() + "\nfrom vitviz.analysis.rollout import _hidden\n"
+                     "from vitviz.core.families import timm_probes\nx = timm_probes._PROBES\n")
+    found = private_imports(probe, "vitviz.analysis.explain")
+    assert len(found) == 2 and "_hidden" in found[0] and "_PROBES" in found[1]
+    assert not private_imports(PKG / "widgets" / "attention.py", "vitviz.widgets.attention")  # _render: same package

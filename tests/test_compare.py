@@ -6,7 +6,7 @@ import numpy as np
 import pandas as pd
 import pytest
 
-from vitviz.analysis.compare import (
+from vitviz.experiments.compare import (
     compute_grid,
     describe_matched,
     frontier_at,

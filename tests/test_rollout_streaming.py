@@ -1,4 +1,5 @@
-"""The streaming rollout's two modes agree: rows pushed through the kept layers equal rows of the product."""
+"""The streaming rollout: rows pushed through the kept layers equal rows of the product, and no product is formed
+while streaming."""
 
 from __future__ import annotations
 
@@ -18,30 +19,33 @@ def maps(layers=4, b=3, h=2, n=7, seed=0):
 @pytest.mark.parametrize("discard", [0.0, 0.4])
 def test_rows_through_kept_layers_equal_rows_of_the_product(discard):
     attns = maps()
-    prod = RolloutReducer(num_prefix_tokens=2, discard_ratio=discard)
-    kept = RolloutReducer(num_prefix_tokens=2, discard_ratio=discard, keep="layers")
-    for i, a in enumerate(attns):
-        prod(i, a)
-        kept(i, a)
-    assert kept._rollout is None and len(kept._layers) == len(attns)  # no N x N x N product was formed
+    kept = RolloutReducer(num_prefix_tokens=2, discard_ratio=discard)
+    bmm = torch.bmm
+    calls = []
+    torch.bmm = lambda *a: calls.append(a) or bmm(*a)  # count products while streaming
+    try:
+        for i, a in enumerate(attns):
+            kept(i, a)
+    finally:
+        torch.bmm = bmm
+    assert not calls and len(kept.matrices) == len(attns)  # no N x N x N product was formed
     want = rollout_from_attentions(attns, num_prefix_tokens=2, discard_ratio=discard)
     torch.testing.assert_close(kept.rollout, want)
     v = torch.rand(3, 5, 7)
     torch.testing.assert_close(kept.rows(v), v @ want, atol=1e-6, rtol=1e-5)
-    torch.testing.assert_close(prod.rows(v[:, 0]), (v @ want)[:, 0], atol=1e-6, rtol=1e-5)
+    torch.testing.assert_close(kept.rows(v[:, 0]), (v @ want)[:, 0], atol=1e-6, rtol=1e-5)
 
 
 @pytest.mark.parametrize(("fusion", "discard"), [("mean", 0.0), ("mean", 0.4), ("max", 0.0), ("min", 0.3)])
 def test_kept_layers_in_one_block_equal_the_product(fusion, discard):
     attns = maps()
-    kept = RolloutReducer(num_prefix_tokens=1, head_fusion=fusion, discard_ratio=discard, keep="layers",
-                          num_layers=len(attns))
+    kept = RolloutReducer(num_prefix_tokens=1, head_fusion=fusion, discard_ratio=discard, num_layers=len(attns))
     for _ in range(2):  # the block is reused by the next pass
         for i, a in enumerate(attns):
             kept(i, a)
     block = kept._block
     assert block is not None and block.shape == (4, 3, 7, 7)
-    assert [a.data_ptr() for a in kept._layers] == [block[i].data_ptr() for i in range(4)]
+    assert [a.data_ptr() for a in kept.matrices] == [block[i].data_ptr() for i in range(4)]
     want = rollout_from_attentions(attns, head_fusion=fusion, discard_ratio=discard)
     torch.testing.assert_close(kept.rollout, want)
     v = torch.rand(3, 7)
@@ -65,9 +69,13 @@ def test_attention_rollout_maps_equal_the_full_product_row():
     torch.testing.assert_close(vitviz.attention_rollout(model, x), want, atol=1e-6, rtol=1e-5)
 
 
-def test_keep_must_be_known():
-    with pytest.raises(ValueError, match="keep"):
-        RolloutReducer(keep="everything")
+def test_rule_kind_must_be_known():
+    from vitviz.analysis.propagation import LayerRule
+
+    with pytest.raises(ValueError, match="rule kind"):
+        LayerRule("everything")
+    with pytest.raises(ValueError, match="discard_ratio"):
+        LayerRule("chefer", discard_ratio=0.5)
 
 
 @pytest.mark.gpu

@@ -1,6 +1,6 @@
 """Notebook 03's statements about the measured study, checked against the committed CSV and the shipped cards.
 
-The notebook prints the numbers (``vitviz.analysis.compare``); its prose states the conclusions in words. If a
+The notebook prints the numbers (``vitviz.experiments.compare``); its prose states the conclusions in words. If a
 new sweep changes a conclusion, these tests fail and the prose must change with it.
 """
 
@@ -8,7 +8,7 @@ from __future__ import annotations
 
 import pytest
 
-from vitviz.analysis.compare import gap_trend, matched_compute, study_design
+from vitviz.experiments.compare import gap_trend, matched_compute, study_design
 from vitviz.experiments.study import read_results
 
 HYB, VIT, RES = "Hybrid", "Transformer (ViT)", "ResNet"

@@ -11,6 +11,8 @@ method              what it is
                     (``vitviz.attention_rollout``; its ``discard_ratio`` is row-wise, unlike vit-explain's).
 ``"flow"``          attention flow, Abnar & Zuidema, ACL 2020, Sec. 3.2: max-flow over the layer graph
                     (``vitviz.analysis.flow``; refuses more than ``max_tokens`` tokens).
+                    rollout, flow, grad_rollout and chefer share one layer rule and product
+                    (``vitviz.analysis.propagation``): parallel branches averaged per block, signed maps refused.
 ``"grad_rollout"``  vitviz's gradient-weighted rollout: Chefer et al.'s head weighting ``mean_h (grad * A)^+`` fed
                     through rollout's row-renormalised ``0.5 W + 0.5 I`` product (``vitviz.analysis.relevance``).
                     Neither Chefer's rule nor vit-explain's ``vit_grad_rollout``.
@@ -20,8 +22,8 @@ method              what it is
                     same map for a given ``seed``, whatever the batching.
 ==================  =====================================================================================================
 
-Memory: ``attention``, ``rollout`` and ``flow`` reduce each layer while the forward pass runs (``flow`` keeps one
-``(B, N, N)`` matrix per layer for its graph); the gradient methods need every layer's map and gradient of one batch
+Memory: ``attention``, ``rollout`` and ``flow`` reduce each layer while the forward pass runs (``rollout`` and ``flow``
+keep one ``(B, N, N)`` matrix per residual block); the gradient methods need every layer's map and gradient of one batch
 at once (pass ``batch_size`` to bound it). Everything runs on the model's device.
 
 ``target`` (gradient methods only): ``None`` (predicted class), a class index, one per image, or a callable from
@@ -36,7 +38,7 @@ from typing import Any
 import torch
 from torch import nn
 
-from vitviz.analysis.rollout import fuse_heads, rollout_to_maps
+from vitviz.analysis.propagation import fuse_heads, output_token, rollout_to_maps
 from vitviz.core.batching import iter_batches
 from vitviz.core.capture import capture_attention
 from vitviz.core.images import Images
@@ -79,10 +81,7 @@ def raw_attention(
         with torch.no_grad(), capture_attention(model, layers=layer) as cap:
             model(x)
         w = fuse_heads(cap.attentions[0], head_fusion)
-        n = w.shape[-1]
-        if token is not None and not -n <= token < n:
-            raise InputError(f"token={token} is out of range for {spec.name}'s {n} tokens")
-        row = spec.class_token_index if token is None else token % n
+        row = output_token(spec, token, w.shape[-1])
         out.append(rollout_to_maps(w, spec.grid_for_input(x), spec.num_prefix_tokens, row))
     return torch.cat(out)
 

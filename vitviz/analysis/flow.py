@@ -2,7 +2,10 @@
 
 The layers form a directed graph: one node per token per layer (``L + 1`` layers of ``N`` nodes, layer 0 the
 input), and an edge from token ``i`` of layer ``l + 1`` to token ``j`` of layer ``l`` with capacity ``A_l[i, j]``,
-where ``A_l = rownorm(0.5 W_l + 0.5 I)`` is the same residual-augmented, head-fused attention as rollout's. The
+where ``A_l = rownorm(0.5 W_l + 0.5 I)`` is the same residual-augmented, head-fused attention as rollout's, made by
+the same code (``vitviz.analysis.propagation``): one layer of the graph per residual block, the branches of a
+parallel block averaged (``ViTSpec.attention_blocks``), and maps that are not a flow between tokens (differential
+attention's signed ``S1 - lambda S2``, CaiT's talking heads) refused as rollout refuses them. The
 flow from output token ``t`` to input token ``j`` is the value of the maximum flow from node ``(L, t)`` to node
 ``(0, j)``; the map is that value for every patch ``j``. Where rollout multiplies weights along every path, flow
 is limited by the narrowest cut, so the two differ whenever paths share a bottleneck.
@@ -22,7 +25,7 @@ import numpy as np
 import torch
 from torch import nn
 
-from vitviz.analysis.rollout import RolloutReducer, fuse_heads
+from vitviz.analysis.propagation import LayerRule, Propagator, output_token, require_flow_maps
 from vitviz.core.batching import count_images, iter_batches
 from vitviz.core.capture import capture_attention
 from vitviz.core.images import Images
@@ -93,6 +96,8 @@ def attention_flow(
 
     Raises:
         InputError: the model has more than ``max_tokens`` tokens.
+        UnsupportedModelError: a layer's maps are not a flow between tokens (differential attention, CaiT talking
+            heads).
     """
     spec = inspect(model)
     if spec.num_tokens > max_tokens:
@@ -100,8 +105,9 @@ def attention_flow(
                          f"on graphs of {spec.num_tokens} tokens x {spec.depth + 1} layers; that is more than "
                          f"max_tokens={max_tokens} tokens. Pass max_tokens={spec.num_tokens} to run it anyway (slow), "
                          "or use method='rollout'")
-    reducer = RolloutReducer(num_prefix_tokens=spec.num_prefix_tokens, head_fusion=head_fusion,
-                             assume_stochastic=True)
+    require_flow_maps(spec, list(range(len(spec.attention_modules))), "attention_flow", suggest_start=False)
+    rule = LayerRule("rollout", num_prefix_tokens=spec.num_prefix_tokens)
+    reducer = Propagator(rule, head_fusion=head_fusion, blocks=spec.attention_blocks or None, assume_stochastic=True)
     p = spec.num_prefix_tokens
     bar = None
     if progress:
@@ -111,19 +117,14 @@ def attention_flow(
     out: list[torch.Tensor] = []
     try:
         for x in iter_batches(model, images, batch_size):
-            mats: list[torch.Tensor] = []  # each layer reduced to its (b, N, N) matrix as the forward pass runs
-
-            def keep(_i: int, a: torch.Tensor, mats: list[torch.Tensor] = mats) -> None:
-                mats.append(reducer.layer_matrix(fuse_heads(a, head_fusion)))
-
-            with torch.no_grad(), capture_attention(model, on_layer=keep, store=False, heads="stream"):
+            # each block reduced to its (b, N, N) matrix as the forward pass runs
+            with torch.no_grad(), capture_attention(model, on_layer=reducer, store=False, heads="stream"):
                 model(x)
+            mats = reducer.matrices
             gh, gw = spec.grid_for_input(x)
             n = mats[0].shape[-1]
-            if token is not None and not -n <= token < n:
-                raise InputError(f"token={token} is out of range for {spec.name}'s {n} tokens")
-            sources = [token % n] if token is not None else (
-                [spec.class_token_index] if spec.class_token_index is not None else list(range(p, n)))
+            row = output_token(spec, token, n)
+            sources = [row] if row is not None else list(range(p, n))
             sinks = list(range(p, n))
             for b in range(len(x)):
                 layers = [m[b] for m in mats]

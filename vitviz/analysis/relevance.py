@@ -35,16 +35,23 @@ from collections.abc import Sequence
 import torch
 from torch import nn
 
-from vitviz.analysis.rollout import RolloutReducer, _check_maps, _layer_range, _output
+from vitviz.analysis.propagation import (
+    LayerRule,
+    Propagator,
+    layer_range,
+    propagate,
+    propagated_output,
+    require_flow_maps,
+)
 from vitviz.core.batching import count_images, iter_batches
 from vitviz.core.capture import capture_attention
 from vitviz.core.images import Images
 from vitviz.core.spec import ViTSpec, inspect
 from vitviz.core.targets import ResolvedTarget, Target, resolve_target
-from vitviz.errors import VitvizError
+from vitviz.errors import InputError, VitvizError
 
 __all__ = ["attention_gradients", "chefer_from_attentions", "chefer_relevance", "grad_rollout",
-           "grad_rollout_from_attentions"]
+           "grad_rollout_from_attentions", "weighted_attention"]
 
 
 def attention_gradients(
@@ -112,30 +119,22 @@ def _as_map(grad: torch.Tensor | None, attn: torch.Tensor) -> torch.Tensor | Non
     return None if grad is None else grad.reshape(attn.shape)
 
 
-def _weighted(attn: torch.Tensor, grad: torch.Tensor) -> torch.Tensor:
+def weighted_attention(attn: torch.Tensor, grad: torch.Tensor) -> torch.Tensor:
     """``E_h[(grad * A)^+]`` ``(B, N, N)`` (Chefer et al. 2021, Eq. 5), float32 or float64 for a float64 model."""
     if attn.shape != grad.shape:
-        raise ValueError(f"attention {tuple(attn.shape)} and gradient {tuple(grad.shape)} differ in shape")
+        raise InputError(f"gradient: attention {tuple(attn.shape)} and gradient {tuple(grad.shape)} differ in "
+                         "shape; pass each layer's map with the gradient of the same layer")
     dtype = torch.promote_types(attn.dtype, torch.float32)
     return (attn.to(dtype) * grad.to(dtype)).clamp_min_(0).mean(dim=1)
 
 
-def _block_weights(attentions: Sequence[torch.Tensor], gradients: Sequence[torch.Tensor],
-                   blocks: Sequence[int] | None) -> list[torch.Tensor]:
-    """``E_h[(grad * A)^+]`` per residual block: one per layer, or, where several attention branches share a block
-    (timm parallel blocks; ``ViTSpec.attention_blocks``), the mean of the branches' (as ``attention_rollout``
-    averages their fused maps: the residual adds the branches with equal weight; no published rule covers it)."""
-    block_of = list(blocks) if blocks is not None else list(range(len(attentions)))
-    if len(block_of) != len(attentions):
-        raise ValueError(f"{len(attentions)} attention maps but {len(block_of)} block indices")
-    out: list[torch.Tensor] = []
-    pending: list[torch.Tensor] = []
-    for i, (attn, grad) in enumerate(zip(attentions, gradients)):
-        pending.append(_weighted(attn, grad))
-        if i + 1 == len(attentions) or block_of[i + 1] != block_of[i]:
-            out.append(pending[0] if len(pending) == 1 else torch.stack(pending).mean(dim=0))
-            pending = []
-    return out
+def _weighted_maps(attentions: Sequence[torch.Tensor], gradients: Sequence[torch.Tensor]) -> list[torch.Tensor]:
+    if len(attentions) != len(gradients):
+        raise InputError(f"gradients: {len(attentions)} attention maps but {len(gradients)} gradients; pass one "
+                         "gradient per map")
+    if not attentions:
+        raise InputError("attentions: no layers given; pass at least one map")
+    return [weighted_attention(a, g) for a, g in zip(attentions, gradients)]
 
 
 def chefer_from_attentions(attentions: Sequence[torch.Tensor], gradients: Sequence[torch.Tensor],
@@ -146,21 +145,13 @@ def chefer_from_attentions(attentions: Sequence[torch.Tensor], gradients: Sequen
         attentions: per layer, in forward order, ``(B, H, N, N)`` post-softmax maps.
         gradients: the gradient of the explained score with respect to the same layer's map, same shapes.
         blocks: block index of each map (``ViTSpec.attention_blocks``); parallel branches of one block are
-            averaged into one update (see ``_block_weights``). Default: one block per map.
+            averaged into one update (``vitviz.analysis.propagation.Propagator``). Default: one block per map.
 
     Returns:
         ``R`` ``(B, N, N)`` float32 (float64 for float64 maps); row ``i``: relevance of every token for token ``i``.
     """
-    if len(attentions) != len(gradients):
-        raise ValueError(f"{len(attentions)} attention maps but {len(gradients)} gradients")
-    if not attentions:
-        raise ValueError("no layers given")
-    b, _, n, _ = attentions[0].shape
-    dtype = torch.promote_types(attentions[0].dtype, torch.float32)
-    r = torch.eye(n, device=attentions[0].device, dtype=dtype).expand(b, n, n).clone()
-    for w in _block_weights(attentions, gradients, blocks):
-        r = r + torch.bmm(w, r)
-    return r
+    weights = _weighted_maps(attentions, gradients)
+    return propagate(weights, LayerRule("chefer"), blocks=blocks, dtype=weights[0].dtype)
 
 
 def grad_rollout_from_attentions(
@@ -179,38 +170,34 @@ def grad_rollout_from_attentions(
             to the *same* layer's map, same order and shapes.
         num_prefix_tokens, discard_ratio, start_layer: as in ``vitviz.rollout_from_attentions`` (the discard is
             row-wise and spares the diagonal and the prefix columns).
+        blocks: block index of each map (``ViTSpec.attention_blocks``); parallel branches are averaged.
 
     Returns:
         ``R`` ``(B, N, N)`` float32; rows sum to 1.
     """
-    if len(attentions) != len(gradients):
-        raise ValueError(f"{len(attentions)} attention maps but {len(gradients)} gradients")
-    reducer = RolloutReducer(num_prefix_tokens=num_prefix_tokens, discard_ratio=discard_ratio, normalise=False)
-    blocks = list(blocks)[start_layer:] if blocks is not None else None
-    for w in _block_weights(list(attentions)[start_layer:], list(gradients)[start_layer:], blocks):
-        reducer.update_fused(w)
-    return reducer.rollout
+    weights = _weighted_maps(list(attentions)[start_layer:], list(gradients)[start_layer:])
+    rule = LayerRule("grad_rollout", discard_ratio=discard_ratio, num_prefix_tokens=num_prefix_tokens)
+    return propagate(weights, rule, blocks=None if blocks is None else list(blocks)[start_layer:])
 
 
 def _run(model: nn.Module, images: Images, target: Target, rule: str, *, discard_ratio: float, start_layer: int,
          token: int | None, return_full: bool, batch_size: int | None, progress: bool) -> torch.Tensor:
     spec = inspect(model)
-    layers = _layer_range(spec, start_layer)
-    _check_maps(spec, layers, rule)  # signed or mixed maps (differential attention, CaiT talking heads): refused
+    layers = layer_range(spec, start_layer)
+    require_flow_maps(spec, layers, rule)  # signed or mixed maps (differential attention, CaiT talking heads): refused
     blocks = [spec.attention_blocks[i] for i in layers] if spec.attention_blocks else None
+    layer_rule = LayerRule(rule, discard_ratio=discard_ratio, num_prefix_tokens=spec.num_prefix_tokens)
     total = count_images(images)
     out: list[torch.Tensor] = []
     done = 0
     for x in iter_batches(model, images, batch_size, progress=progress, desc=rule.replace("_", " ")):
         attns, grads, _ = attention_gradients(model, x, target, spec=spec, layers=layers, start=done,
                                               n_images=total)
-        if rule == "chefer":
-            r = chefer_from_attentions(attns, grads, blocks)
-        else:
-            r = grad_rollout_from_attentions(attns, grads, num_prefix_tokens=spec.num_prefix_tokens,
-                                             discard_ratio=discard_ratio, blocks=blocks)
+        weights = _weighted_maps(attns, grads)
         del attns, grads
-        out.append(_output(spec, r, x, token, return_full))
+        dtype = weights[0].dtype if rule == "chefer" else torch.float32
+        prop = Propagator(layer_rule, blocks=blocks, dtype=dtype).feed(weights)
+        out.append(propagated_output(spec, prop, x, token, return_full, from_top=False))
         done += len(x)
     return torch.cat(out)
 

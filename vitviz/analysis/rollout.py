@@ -14,11 +14,12 @@ i.e. how much each patch flows, on average, into the patch tokens the model pool
 instead. ``tests/test_families_hf.py`` pins this for SigLIP.
 
 ``attention_rollout`` reduces each layer as the forward pass produces it (``capture_attention(on_layer=...,
-store=False)``): the layer's ``(B, H, N, N)`` map is fused into ``A_l`` ``(B, N, N)`` at once and dropped, so no
-``(B, H, N, N)`` outlives its layer. For the maps (one row of ``R``) no ``N x N x N`` product is formed: the
-layers' ``A_l`` are kept (``L`` fused maps, ``1/H`` of what storing the attention takes) and the query row is pushed
-through them from the top after the pass, ``r = e_t A_L A_{L-1} ... A_1``, a vector-matrix product per layer.
-``return_full=True`` multiplies the running product while streaming instead (``R_l = A_l R_{l-1}``, ``N^3`` per
+store=False)``) with the ``Propagator`` of ``vitviz.analysis.propagation`` (the one place the layer rule, the
+branch averaging and the product live): the layer's ``(B, H, N, N)`` map is fused into ``A_l`` ``(B, N, N)`` at
+once and dropped, so no ``(B, H, N, N)`` outlives its layer. For the maps (one row of ``R``) no ``N x N x N``
+product is formed: the layers' ``A_l`` are kept (``L`` fused maps, ``1/H`` of what storing the attention takes) and
+the query row is pushed through them from the top after the pass, ``r = e_t A_L A_{L-1} ... A_1``, a vector-matrix
+product per layer. ``return_full=True`` multiplies the kept layers bottom up (``R_l = A_l R_{l-1}``, ``N^3`` per
 layer).
 
 ``grad_rollout`` (in ``vitviz.analysis.relevance``) is vitviz's gradient-weighted
@@ -52,24 +53,58 @@ from collections.abc import Sequence
 import torch
 from torch import nn
 
-from vitviz.analysis.rollout_stream import (  # re-exported
+from vitviz.analysis.propagation import (  # re-exported: the public names rollout has always had
+    FLOW_MAPS,
     HEAD_FUSIONS,
-    RolloutReducer,
+    LayerRule,
+    Propagator,
     discard_weakest,
     fuse_heads,
+    layer_range,
+    propagate,
+    propagated_output,
     query_vectors,
+    require_flow_maps,
+    rollout_to_maps,
 )
 from vitviz.core.batching import iter_batches
-from vitviz.core.capture import capture_attention, check_layer_index
+from vitviz.core.capture import capture_attention
 from vitviz.core.images import Images
-from vitviz.core.spec import ViTSpec, inspect
+from vitviz.core.spec import inspect
+from vitviz.errors import InputError
 
-ROLLOUT_MAPS = ("softmax", "class-attention")  # map kinds rollout is defined for (ViTSpec.attention_maps)
+ROLLOUT_MAPS = FLOW_MAPS  # map kinds rollout is defined for (ViTSpec.attention_maps)
 
 __all__ = [
-    "BranchAverage", "HEAD_FUSIONS", "ROLLOUT_MAPS", "RolloutReducer", "attention_rollout", "discard_weakest",
-    "fuse_heads", "query_vectors", "rollout_from_attentions", "rollout_to_maps",
+    "HEAD_FUSIONS", "ROLLOUT_MAPS", "RolloutReducer", "attention_rollout", "discard_weakest", "fuse_heads",
+    "query_vectors", "rollout_from_attentions", "rollout_to_maps",
 ]
+
+
+class RolloutReducer(Propagator):
+    """A ``Propagator`` with attention rollout's rule (``LayerRule("rollout", ...)``); ``rollout`` is ``R``.
+
+    Args:
+        num_prefix_tokens, discard_ratio, residual: the ``LayerRule``'s.
+        head_fusion, assume_stochastic, num_layers, dtype, blocks: the ``Propagator``'s.
+    """
+
+    def __init__(self, *, num_prefix_tokens: int = 1, head_fusion: str = "mean", discard_ratio: float = 0.0,
+                 residual: bool = True, assume_stochastic: bool = False, num_layers: int | None = None,
+                 blocks: Sequence[int] | None = None, dtype: torch.dtype = torch.float32) -> None:
+        rule = LayerRule("rollout", residual=residual, discard_ratio=discard_ratio,
+                         num_prefix_tokens=num_prefix_tokens)
+        super().__init__(rule, head_fusion=head_fusion, blocks=blocks, assume_stochastic=assume_stochastic,
+                         num_layers=num_layers, dtype=dtype)
+
+    @property
+    def rollout(self) -> torch.Tensor:
+        """The product ``R`` ``(B, N, N)`` of the layers fed so far (rows sum to 1)."""
+        return self.result()
+
+    def rows(self, v: torch.Tensor) -> torch.Tensor:
+        """Rows ``v R``: ``v`` ``(B, K, N)`` or ``(B, N)``, pushed through the kept layers from the top."""
+        return self.result(v)
 
 
 def rollout_from_attentions(
@@ -90,100 +125,18 @@ def rollout_from_attentions(
         head_fusion, discard_ratio, residual: as in ``attention_rollout``.
         start_layer: layers before this index are left out of the product.
         blocks: block index of every map (``ViTSpec.attention_blocks``); maps of one block (parallel branches)
-            are averaged after head fusion (see ``BranchAverage``).
+            are averaged after head fusion (see ``vitviz.analysis.propagation.Propagator``).
 
     Returns:
         ``R`` ``(B, N, N)`` float32, ``R = A_L ... A_{start}``; rows sum to 1.
     """
     layers = list(attentions)[start_layer:]
     if not layers:
-        raise ValueError(f"no layers to roll out: {len(attentions)} maps given, start_layer={start_layer}")
-    reducer = RolloutReducer(num_prefix_tokens=num_prefix_tokens, head_fusion=head_fusion,
-                             discard_ratio=discard_ratio, residual=residual)
-    feed = reducer if blocks is None else BranchAverage(reducer, list(blocks)[start_layer:start_layer + len(layers)])
-    for i, attn in enumerate(layers):
-        feed(i, attn)
-    return reducer.rollout
-
-
-class BranchAverage:
-    """Feed a ``RolloutReducer`` one averaged fused map per residual block (parallel branches averaged).
-
-    Args:
-        reducer: the reducer to feed (its ``head_fusion`` and ``dtype`` are used).
-        blocks: block index of each selected attention module, in the order they run.
-    """
-
-    def __init__(self, reducer: RolloutReducer, blocks: Sequence[int]) -> None:
-        self.reducer = reducer
-        self.blocks = list(blocks)
-        self.last = {b: p for p, b in enumerate(self.blocks)}
-        self.count = {b: self.blocks.count(b) for b in self.last}
-        self._sum: torch.Tensor | None = None
-
-    def __call__(self, position: int, attn: torch.Tensor) -> None:
-        if position == 0:
-            self.reducer.reset()
-            self._sum = None
-        w = fuse_heads(attn, self.reducer.head_fusion, self.reducer.dtype)
-        self._sum = w if self._sum is None else self._sum + w
-        block = self.blocks[position]
-        if position == self.last[block]:
-            self.reducer.update_fused(self._sum / self.count[block])
-            self._sum = None
-
-
-def _check_maps(spec: ViTSpec, layers: list[int], method: str) -> None:
-    maps = spec.attention_maps or ("softmax",) * len(spec.attention_modules)
-    ok_from = next((i for i in range(len(maps)) if all(k in ROLLOUT_MAPS for k in maps[i:])), None)
-    hint = (f"start_layer={ok_from} rolls out only the layers from {spec.attention_modules[ok_from]} on"
-            if ok_from is not None and ok_from > layers[0] else "")
-    spec.require_maps(method, ROLLOUT_MAPS, layers, hint)
-
-
-def _output_token(spec: ViTSpec, token: int | None, n: int) -> int | None:
-    if token is None:
-        return spec.class_token_index
-    if not -n <= token < n:
-        raise IndexError(f"{spec.name}: token {token} is out of range for {n} tokens")
-    return token % n
-
-
-def rollout_to_maps(rollout: torch.Tensor, grid_size: tuple[int, int], num_prefix_tokens: int,
-                    token: int | None) -> torch.Tensor:
-    """Row ``token`` of ``R`` ``(B, N, N)`` over the patch columns, as ``(B, gh, gw)`` maps.
-
-    ``token=None`` averages the rows of all patch queries (for models without a class token).
-    """
-    gh, gw = grid_size
-    b, n, _ = rollout.shape
-    if n != num_prefix_tokens + gh * gw:
-        raise ValueError(f"rollout over {n} tokens does not fit {num_prefix_tokens} prefix tokens and a "
-                         f"{gh}x{gw} grid ({num_prefix_tokens + gh * gw} tokens)")
-    rows = rollout[:, num_prefix_tokens:].mean(dim=1) if token is None else rollout[:, token]
-    return rows[:, num_prefix_tokens:].reshape(b, gh, gw)
-
-
-def _layer_range(spec: ViTSpec, start_layer: int) -> list[int]:
-    depth = len(spec.attention_modules)
-    start = check_layer_index(start_layer, depth, "start_layer", spec.name)
-    return list(range(start, depth))
-
-
-def _output(spec: ViTSpec, rollout: torch.Tensor, x: torch.Tensor, token: int | None, full: bool) -> torch.Tensor:
-    if full:
-        return rollout
-    grid = spec.grid_for_input(x)
-    return rollout_to_maps(rollout, grid, spec.num_prefix_tokens, _output_token(spec, token, rollout.shape[-1]))
-
-
-def _maps_from_reducer(spec: ViTSpec, reducer: RolloutReducer, x: torch.Tensor, token: int | None) -> torch.Tensor:
-    """The ``(B, gh, gw)`` maps of ``rollout_to_maps``, as one row vector per image pushed through the layers."""
-    gh, gw = spec.grid_for_input(x)
-    p = spec.num_prefix_tokens
-    b, n = len(x), p + gh * gw
-    v = query_vectors(b, n, p, _output_token(spec, token, n), device=x.device)
-    return reducer.rows(v)[:, p:].reshape(b, gh, gw)
+        raise InputError(f"no layers to roll out: {len(attentions)} maps given, start_layer={start_layer}; pass "
+                         "a start_layer below the number of maps")
+    rule = LayerRule("rollout", residual=residual, discard_ratio=discard_ratio, num_prefix_tokens=num_prefix_tokens)
+    kept = None if blocks is None else list(blocks)[start_layer:start_layer + len(layers)]
+    return propagate(layers, rule, head_fusion=head_fusion, blocks=kept)
 
 
 def attention_rollout(
@@ -203,7 +156,7 @@ def attention_rollout(
 
     Each layer is fused while the forward pass runs (no ``(B, H, N, N)`` map outlives its layer); for the maps the
     layers' ``(B, N, N)`` matrices are kept and the output token's row is pushed through them from the top (no
-    ``N^3`` products); ``return_full`` multiplies the running product instead. All on the model's device. The
+    ``N^3`` products); ``return_full`` multiplies the kept layers instead. All on the model's device. The
     model's mode is left as is (call ``model.eval()`` first for dropout-free
     maps).
 
@@ -227,18 +180,16 @@ def attention_rollout(
         ``(B, N, N)`` with ``return_full=True``; on the model's device.
     """
     spec = inspect(model)
-    layers = _layer_range(spec, start_layer)
-    _check_maps(spec, layers, "attention_rollout")
-    blocks = [spec.attention_blocks[i] for i in layers] if spec.attention_blocks else layers
+    layers = layer_range(spec, start_layer)
+    require_flow_maps(spec, layers, "attention_rollout")
+    blocks = [spec.attention_blocks[i] for i in layers] if spec.attention_blocks else None
     reducer = RolloutReducer(num_prefix_tokens=spec.num_prefix_tokens, head_fusion=head_fusion,
                              discard_ratio=discard_ratio, residual=residual, assume_stochastic=True,
-                             keep="product" if return_full else "layers", num_layers=len(set(blocks)))
-    feed = BranchAverage(reducer, blocks) if len(set(blocks)) < len(blocks) else reducer
+                             blocks=blocks, num_layers=len(set(blocks or layers)))
     out: list[torch.Tensor] = []
     for x in iter_batches(model, images, batch_size, progress=progress, desc="rollout"):
-        with torch.no_grad(), capture_attention(model, layers=layers, on_layer=feed, store=False, heads="stream"):
+        with torch.no_grad(), capture_attention(model, layers=layers, on_layer=reducer, store=False, heads="stream"):
             model(x)
-        out.append(reducer.rollout if return_full else _maps_from_reducer(spec, reducer, x, token))
+        out.append(propagated_output(spec, reducer, x, token, return_full))
         reducer.reset()
     return torch.cat(out)
-

@@ -11,7 +11,7 @@ augmentation and dropout; training and test sets are the same for every seed.
 Resumable: results go to one CSV (one row per finished run, rewritten atomically); a rerun skips finished runs
 and a run killed half-way continues from its last epoch checkpoint. ``--smoke`` runs one tiny run per family.
 Several processes can share the work (``--families`` / ``--sizes``, one results CSV each); ``merge_results``
-joins their CSVs. Summaries over seeds and the matched-compute comparison are in ``vitviz.analysis.compare``.
+joins their CSVs. Summaries over seeds and the matched-compute comparison are in ``vitviz.experiments.compare``.
 """
 
 from __future__ import annotations
@@ -259,39 +259,6 @@ def run_parallel(cfg: StudyConfig, workers: int) -> pd.DataFrame:
     table = merge_results([p for p in parts if p.is_file()], cfg.results)
     write_meta(cfg, table)
     return table
-
-
-def _size_key(model: str) -> str:
-    return model.replace("R50x1+", "").replace("hybrid-", "").replace("vit-", "")
-
-
-def hybrid_gap(df: pd.DataFrame, metric: str = "test_acc", x: str = "train_pflops") -> pd.DataFrame:
-    """Hybrid minus pure ViT at the same transformer size and budget, with the compute of each.
-
-    Works for the paper's Table 6 (``metric="imagenet"``, ``x="exaflops"``; ``R50x1+ViT-B/32`` pairs with
-    ``ViT-B/32``) and for a measured study (``hybrid-S`` pairs with ``vit-S`` of the same seed and training set).
-    A hybrid costs more compute than its ViT, so this is not a comparison at equal compute: for that (the
-    paper's Fig. 5 question) use ``vitviz.analysis.compare.matched_compute``.
-
-    Returns:
-        One row per pair: ``pair``, ``epochs``, ``vit``, ``hybrid`` (the metric), ``gap`` (hybrid - vit, points),
-        ``vit_<x>``, ``hybrid_<x>``, sorted by the ViT's compute.
-    """
-    vit = df[df["family"].str.startswith("Transformer")]
-    hyb = df[df["family"].str.startswith("Hybrid")]
-    rows = []
-    for _, h in hyb.iterrows():
-        same = (vit["model"].map(_size_key) == _size_key(h["model"])) & (vit["epochs"] == h["epochs"])
-        for col in ("seed", "train_images"):
-            if col in df:
-                same &= vit[col] == h[col]
-        match = vit[same]
-        if len(match):
-            v = match.iloc[0]
-            rows.append({"pair": _size_key(h["model"]), "epochs": h["epochs"],
-                         **{c: h[c] for c in ("seed", "train_images") if c in df}, "vit": v[metric],
-                         "hybrid": h[metric], "gap": h[metric] - v[metric], f"vit_{x}": v[x], f"hybrid_{x}": h[x]})
-    return pd.DataFrame(rows).sort_values(f"vit_{x}").reset_index(drop=True)
 
 
 def _ints(text: str) -> tuple[int, ...]:

@@ -25,6 +25,7 @@ from vitviz.analysis.tables import distance_table
 from vitviz.core.capture import capture_attention, check_layer_index
 from vitviz.core.images import Images, denormalise, load_images
 from vitviz.core.spec import inspect
+from vitviz.errors import InputError
 from vitviz.plot.style import FIGSIZE, new_figure, styled
 
 __all__ = ["plot_attention_distance", "plot_attention_distance_grid", "plot_attention_heads",
@@ -32,20 +33,33 @@ __all__ = ["plot_attention_distance", "plot_attention_distance_grid", "plot_atte
 
 MODES = ("overlay", "mask", "both")
 SCALES = ("max", "minmax")
+INTERPOLATIONS = ("nearest", "bilinear", "bicubic")
 DIST_XLABEL = "Network depth (layer)"
 DIST_YLABEL = "Mean attention distance (pixels)"
 MAX_LEGEND_HEADS = 16  # more heads than this: a colorbar "Head" replaces the legend
 
 
-def upsample_maps(maps: torch.Tensor, size: tuple[int, int], scale: str = "max") -> np.ndarray:
-    """``(B, gh, gw)`` maps -> ``(B, H, W)`` bilinear, each scaled to ``[0, 1]`` on its own.
+def upsample_maps(maps: torch.Tensor | np.ndarray, size: tuple[int, int], scale: str | None = "max", *,
+                  interpolation: str = "bilinear") -> np.ndarray:
+    """``(B, gh, gw)`` maps -> ``(B, H, W)``, each scaled to ``[0, 1]`` on its own (the one upsampling rule of the
+    figures and the explorers).
 
-    ``scale="max"`` divides by the maximum (the paper's look: a uniform map stays uniform); ``"minmax"`` stretches
-    the minimum to 0 (shows structure in flat maps, and exaggerates noise).
+    ``scale="max"`` clips negatives and divides by the maximum (the paper's look: a uniform map stays uniform);
+    ``"minmax"`` stretches the minimum to 0 (shows structure in flat maps, and exaggerates noise); ``None`` keeps
+    the values. ``interpolation``: ``"bilinear"`` (the paper's figures), ``"nearest"`` (patch blocks; PIL's and
+    OpenCV's nearest, ``torch``'s ``nearest-exact``) or ``"bicubic"``.
     """
-    if scale not in SCALES:
-        raise ValueError(f"scale must be one of {SCALES}, got {scale!r}")
-    m = F.interpolate(maps.detach().float().cpu()[:, None], size=size, mode="bilinear", align_corners=False)[:, 0]
+    if scale is not None and scale not in SCALES:
+        raise InputError(f"scale must be one of {SCALES} or None, got {scale!r}")
+    if interpolation not in INTERPOLATIONS:
+        raise InputError(f"interpolation must be one of {INTERPOLATIONS}, got {interpolation!r}")
+    x = torch.as_tensor(maps).detach().float().cpu()[:, None]
+    if interpolation == "nearest":
+        m = F.interpolate(x, size=size, mode="nearest-exact")[:, 0]
+    else:
+        m = F.interpolate(x, size=size, mode=interpolation, align_corners=False)[:, 0]
+    if scale is None:
+        return m.numpy()
     m = m.clamp_min(0)
     if scale == "minmax":
         m = m - m.flatten(1).amin(dim=1)[:, None, None]

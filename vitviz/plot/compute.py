@@ -14,7 +14,7 @@ from matplotlib.axes import Axes
 from matplotlib.figure import Figure
 from matplotlib.ticker import FuncFormatter, LogLocator, NullFormatter
 
-from vitviz.analysis.compare import pareto_frontier
+from vitviz.experiments.compare import pareto_frontier
 from vitviz.plot.style import FIGSIZE, new_figure, styled
 
 if TYPE_CHECKING:
@@ -147,7 +147,7 @@ def _plain_log_ticks(ax: Axes) -> None:
 
 def _t_band(values: Any) -> tuple[float, float]:
     """seaborn ``errorbar=`` callable: the 95% Student-t interval of the mean (the study's interval)."""
-    from vitviz.analysis.compare import t_interval
+    from vitviz.experiments.compare import t_interval
 
     return t_interval(values)[1:]
 
@@ -166,11 +166,11 @@ def draw_study_runs(ax: Axes, runs: pd.DataFrame, *, metric: str = "test_acc", x
         runs: tidy rows of one study block, one per run: ``family``, ``model``, ``epochs``, ``seed``, ``x``,
             ``metric`` (the study CSV's columns).
         metric, x: accuracy [%] and compute [PFLOPs] columns.
-        frontier: draw the frontier bands (``vitviz.analysis.compare.family_curves``).
+        frontier: draw the frontier bands (``vitviz.experiments.compare.family_curves``).
     """
     import seaborn as sns
 
-    from vitviz.analysis.compare import family_curves
+    from vitviz.experiments.compare import family_curves
 
     families = list(dict.fromkeys(runs["family"]))
     palette, markers = _family_palette(families)
@@ -209,11 +209,11 @@ def _concat(frames: Sequence[pd.DataFrame]) -> pd.DataFrame:
 def draw_matched_gap(ax: Axes, runs: pd.DataFrame, a: str = "Hybrid", b: str = "Transformer (ViT)", *,
                      n: int = 24, metric: str = "test_acc") -> Axes:
     """``a`` minus ``b`` at equal training compute on ``ax`` with seaborn: the per-seed frontier gap
-    (``vitviz.analysis.compare``), mean and 95% t-band over seeds, over the compute range both cover; 0 dashed.
+    (``vitviz.experiments.compare``), mean and 95% t-band over seeds, over the compute range both cover; 0 dashed.
     """
     import seaborn as sns
 
-    from vitviz.analysis.compare import compute_grid, family_curves
+    from vitviz.experiments.compare import compute_grid, family_curves
 
     curves = family_curves(runs, compute_grid(runs, (a, b), n), (a, b), metric)
     wide = curves.pivot_table(index=["train_pflops", "seed"], columns="family", values=metric).reset_index()

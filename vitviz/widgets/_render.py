@@ -12,6 +12,8 @@ from functools import lru_cache
 import numpy as np
 from PIL import Image, ImageDraw
 
+from vitviz.plot.attention import upsample_maps
+
 __all__ = ["cell_at", "colorbar", "colorize", "display_size", "heat_png", "mark_cell", "overlay", "png_bytes",
            "resize_rgb"]
 
@@ -50,11 +52,8 @@ def resize_rgb(image: np.ndarray, size: tuple[int, int]) -> np.ndarray:
     return np.asarray(Image.fromarray(arr).resize((size[1], size[0]), RESAMPLE[mode]))
 
 
-def _upsample(values: np.ndarray, size: tuple[int, int], interpolation: str) -> np.ndarray:
-    if interpolation not in RESAMPLE:
-        raise ValueError(f"interpolation must be one of {tuple(RESAMPLE)}, got {interpolation!r}")
-    im = Image.fromarray(np.ascontiguousarray(values, dtype=np.float32), mode="F")
-    return np.asarray(im.resize((size[1], size[0]), RESAMPLE[interpolation]), dtype=np.float32)
+def _display(values: np.ndarray, size: tuple[int, int], interpolation: str) -> np.ndarray:
+    return upsample_maps(np.asarray(values, dtype=np.float32)[None], size, None, interpolation=interpolation)[0]
 
 
 def colorize(values: np.ndarray, cmap: str, vmin: float, vmax: float) -> np.ndarray:
@@ -81,7 +80,7 @@ def overlay(base: np.ndarray, heat: np.ndarray, *, alpha: float = 0.6, cmap: str
     """
     heat = np.asarray(heat, dtype=np.float32)
     top = float(heat.max()) if vmax is None else float(vmax)
-    colours = colorize(_upsample(heat, base.shape[:2], interpolation), cmap, 0.0, top if top > 0 else 1.0)
+    colours = colorize(_display(heat, base.shape[:2], interpolation), cmap, 0.0, top if top > 0 else 1.0)
     out = (1.0 - alpha) * base.astype(np.float32) + alpha * colours.astype(np.float32)
     return out.round().clip(0, 255).astype(np.uint8)
 
@@ -89,7 +88,7 @@ def overlay(base: np.ndarray, heat: np.ndarray, *, alpha: float = 0.6, cmap: str
 def heat_png(values: np.ndarray, size: tuple[int, int], *, cmap: str, vmin: float, vmax: float,
              interpolation: str = "nearest") -> np.ndarray:
     """``(gh, gw)`` values drawn alone at display size: ``(dh, dw, 3)`` uint8."""
-    return colorize(_upsample(values, size, interpolation), cmap, vmin, vmax)
+    return colorize(_display(values, size, interpolation), cmap, vmin, vmax)
 
 
 def mark_cell(image: np.ndarray, cell: tuple[int, int], grid: tuple[int, int], colour: tuple[int, int, int] = MARK

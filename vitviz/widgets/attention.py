@@ -23,7 +23,8 @@ import numpy as np
 import torch
 from torch import nn
 
-from vitviz.analysis.rollout import fuse_heads
+from vitviz.analysis.propagation import HEAD_FUSIONS, fuse_heads, require_flow_maps
+from vitviz.analysis.rollout import rollout_from_attentions
 from vitviz.core.capture import capture_attention
 from vitviz.core.images import Images, denormalise, load_images
 from vitviz.core.spec import inspect
@@ -33,7 +34,6 @@ from vitviz.widgets._render import display_size, mark_cell, overlay, png_bytes, 
 
 __all__ = ["AttentionExplorer", "explore_attention"]
 
-FUSIONS = ("mean", "max", "min")
 DEFAULT_CACHE_BYTES = 256 * 2**20  # captured maps and rollout products kept per explorer
 
 
@@ -137,7 +137,7 @@ class AttentionExplorer(Explorer):
                                             layout=widgets.Layout(display="" if len(names) > 1 else "none"))
         self.layer = widgets.IntSlider(value=depth - 1, min=0, max=depth - 1, description="layer", style=style,
                                        continuous_update=False)
-        self.head = widgets.Dropdown(options=[(f"{f} of heads", f) for f in FUSIONS]
+        self.head = widgets.Dropdown(options=[(f"{f} of heads", f) for f in HEAD_FUSIONS]
                                      + [(f"head {i}", i) for i in range(heads)], value="mean",
                                      description="head", style=style)
         options = _token_options(self.spec.prefix_tokens)
@@ -181,9 +181,7 @@ class AttentionExplorer(Explorer):
         key = ("rollout", i, layer, head, round(discard, 6))
         matrix = self.cache.get(key)
         if matrix is None:
-            from vitviz.analysis.rollout import _check_maps, rollout_from_attentions
-
-            _check_maps(self.spec, list(range(layer + 1)), "rollout")  # refuses maps that are not a flow
+            require_flow_maps(self.spec, list(range(layer + 1)), "rollout")  # refuses maps that are not a flow
             maps = self.attentions(i)[: layer + 1]
             if isinstance(head, int):  # one head index followed through every layer
                 maps, head = [a[:, head:head + 1] for a in maps], "mean"

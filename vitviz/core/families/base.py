@@ -176,7 +176,8 @@ def named_children_of(model: nn.Module, prefix: str) -> list[tuple[str, nn.Modul
     return [(n, m) for n, m in model.named_modules() if n and fnmatch.fnmatchcase(n, prefix)]
 
 
-def _chain(undos: list[Undo]) -> Undo:
+def chain_undos(undos: list[Undo]) -> Undo:
+    """One undo that runs ``undos`` in reverse order (the last change undone first)."""
     def undo() -> None:
         for u in reversed(undos):
             u()
@@ -184,7 +185,7 @@ def _chain(undos: list[Undo]) -> Undo:
     return undo
 
 
-def _set_attr(obj: Any, name: str, value: Any) -> Undo:
+def set_attr(obj: Any, name: str, value: Any) -> Undo:
     """Set an instance attribute; the returned undo restores the old instance value or removes it."""
     had = name in vars(obj)
     old = vars(obj).get(name)
@@ -200,6 +201,9 @@ def _set_attr(obj: Any, name: str, value: Any) -> Undo:
 
 
 def probe_attn_drop(module: nn.Module, emit: Emit) -> Undo:
+    """Read attention where the module's ``attn_drop`` receives it (``emit`` gets the input of ``attn_drop``; a
+    family's probe may pass a transform that embeds or combines the maps before emitting them); turns timm's
+    ``fused_attn`` off for the duration."""
     drop = getattr(module, "attn_drop", None)
     if not isinstance(drop, nn.Module):
         raise VitvizError(
@@ -208,10 +212,10 @@ def probe_attn_drop(module: nn.Module, emit: Emit) -> Undo:
         )
     undos: list[Undo] = []
     if hasattr(module, "fused_attn"):
-        undos.append(_set_attr(module, "fused_attn", False))
+        undos.append(set_attr(module, "fused_attn", False))
     handle = drop.register_forward_hook(lambda _m, inputs, _out: emit(inputs[0]))
     undos.append(handle.remove)
-    return _chain(undos)
+    return chain_undos(undos)
 
 
 def probe_qkv(module: nn.Module, emit: Emit) -> Undo:
@@ -245,7 +249,7 @@ def probe_mha(module: nn.Module, emit: Emit) -> Undo:
         emit(weights)
         return out, weights
 
-    return _set_attr(module, "forward", forward)
+    return set_attr(module, "forward", forward)
 
 
 # (id(obj), attribute) -> [obj, restore, count]: attributes that several probes set on one shared object (the
@@ -305,4 +309,4 @@ def probe_hf(module: nn.Module, emit: Emit) -> Undo:
         emit(weights)
 
     undos.append(module.register_forward_hook(hook).remove)
-    return _chain(undos)
+    return chain_undos(undos)

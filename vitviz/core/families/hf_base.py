@@ -28,7 +28,7 @@ from typing import Any
 import torch
 from torch import nn
 
-from vitviz.core.families.base import Family, Layout, Undo, _set_attr, probe_hf
+from vitviz.core.families.base import Family, Layout, Undo, probe_hf, set_attr
 from vitviz.core.util import pair
 from vitviz.errors import CaptureError, InputError, UnsupportedModelError
 
@@ -180,7 +180,7 @@ class HFVisionFamily(Family):
                     "or call model.get_image_features(pixel_values=x) inside capture_attention")
             return original(model, *args, **kwargs)
 
-        return _set_attr(model, "forward", forward)
+        return set_attr(model, "forward", forward)
 
     def pos_embed(self, model: nn.Module) -> torch.Tensor | None:
         table = getattr(self.embeddings(model), self.pos_attr, None)

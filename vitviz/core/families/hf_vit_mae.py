@@ -18,7 +18,7 @@ from typing import Any
 import torch
 from torch import nn
 
-from vitviz.core.families.base import Undo, _chain, _set_attr
+from vitviz.core.families.base import Undo, chain_undos, set_attr
 from vitviz.core.families.hf_base import HFVisionFamily, vision_config
 from vitviz.errors import CaptureError
 
@@ -51,5 +51,5 @@ class HFViTMAEFamily(HFVisionFamily):
                                    "unmasked and in patch order: call the model without noise= inside the capture")
             return original(emb, pixel_values, noise, *args, **kwargs)
 
-        undos.append(_set_attr(emb, "forward", forward))
-        return _chain(undos)
+        undos.append(set_attr(emb, "forward", forward))
+        return chain_undos(undos)

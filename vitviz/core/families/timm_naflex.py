@@ -20,7 +20,7 @@ from torch import nn
 from vitviz.core.families.base import Family, Layout
 from vitviz.core.families.pos_kind import table_kind
 from vitviz.core.families.timm_probes import map_kind, probe_timm, stream_probe_for
-from vitviz.core.families.timm_vit import KNOWN_ATTENTION, _attention_of, _is_timm
+from vitviz.core.families.timm_vit import KNOWN_ATTENTION, attention_of, is_timm
 from vitviz.core.util import pair
 from vitviz.errors import UnsupportedModelError
 
@@ -31,7 +31,7 @@ class NaFlexVitFamily(Family):
     stream_probe = staticmethod(stream_probe_for)
 
     def match(self, model: nn.Module) -> bool:
-        return _is_timm(model) and type(model).__name__ == "NaFlexVit" and hasattr(model, "embeds")
+        return is_timm(model) and type(model).__name__ == "NaFlexVit" and hasattr(model, "embeds")
 
     def _grid(self, model: nn.Module) -> tuple[int, int]:
         e = model.embeds
@@ -83,7 +83,7 @@ class NaFlexVitFamily(Family):
         )
 
     def attention_modules(self, model: nn.Module) -> list[tuple[str, nn.Module]]:
-        return [m for i, b in enumerate(model.blocks) for m in _attention_of(b, i)]
+        return [m for i, b in enumerate(model.blocks) for m in attention_of(b, i)]
 
     def attention_maps(self, model: nn.Module) -> list[str]:
         return [map_kind(m) for _, m in self.attention_modules(model)]

@@ -36,21 +36,10 @@ from typing import Any
 import torch
 from torch import nn
 
-from vitviz.core.families.base import Emit, HeadMaps, Probe, Undo, _chain, _set_attr, probe_attn_drop
+from vitviz.core.families.base import Emit, HeadMaps, Probe, Undo, chain_undos, probe_attn_drop, set_attr
 from vitviz.errors import CaptureError, VitvizError
 
 MAP_KINDS = ("softmax", "talking-heads", "class-attention", "differential")
-
-
-def _hook_attn_drop(module: nn.Module, transform: Any) -> Undo:
-    drop = getattr(module, "attn_drop", None)
-    if not isinstance(drop, nn.Module):
-        raise VitvizError(f"{type(module).__name__} has no attn_drop module to read attention from")
-    undos: list[Undo] = []
-    if hasattr(module, "fused_attn"):
-        undos.append(_set_attr(module, "fused_attn", False))
-    undos.append(drop.register_forward_hook(lambda _m, inputs, _out: transform(inputs[0])).remove)
-    return _chain(undos)
 
 
 def embed_patch_maps(attn: torch.Tensor, num_prefix: int = 1) -> torch.Tensor:
@@ -74,12 +63,12 @@ def embed_class_rows(attn: torch.Tensor) -> torch.Tensor:
 
 def probe_talking_heads(module: nn.Module, emit: Emit) -> Undo:
     """CaiT ``TalkingHeadAttn``: the post-``proj_w`` maps over the patches, embedded with the class token."""
-    return _hook_attn_drop(module, lambda a: emit(embed_patch_maps(a, 1)))
+    return probe_attn_drop(module, lambda a: emit(embed_patch_maps(a, 1)))
 
 
 def probe_class_attn(module: nn.Module, emit: Emit) -> Undo:
     """CaiT ``ClassAttn``: the class token's softmax row, patch rows identity."""
-    return _hook_attn_drop(module, lambda a: emit(embed_class_rows(a)))
+    return probe_attn_drop(module, lambda a: emit(embed_class_rows(a)))
 
 
 def probe_diff(module: nn.Module, emit: Emit) -> Undo:
@@ -92,7 +81,7 @@ def probe_diff(module: nn.Module, emit: Emit) -> Undo:
         lam = module._compute_lambda().type_as(a)  # as in timm's forward: keeps the graph for grad methods
         emit(pair[:, :, 0] - lam * pair[:, :, 1])
 
-    return _hook_attn_drop(module, transform)
+    return probe_attn_drop(module, transform)
 
 
 _PROBES = {
@@ -200,7 +189,7 @@ def probe_timm_stream(module: nn.Module, emit: Emit) -> Undo:
         b, n = int(x.shape[0]), int(x.shape[1])
         state["explicit"] = b * module.num_heads * n * n * 4 < EXPLICIT_BELOW_BYTES
         if state["explicit"] and getattr(module, "fused_attn", False):
-            state["restore"] = _set_attr(module, "fused_attn", False)
+            state["restore"] = set_attr(module, "fused_attn", False)
         state["mask"] = kwargs.get("attn_mask", args[1] if len(args) > 1 else None)
         state["causal"] = bool(kwargs.get("is_causal", args[2] if len(args) > 2 else False))
 
@@ -232,4 +221,4 @@ def probe_timm_stream(module: nn.Module, emit: Emit) -> Undo:
     handles = [module.register_forward_pre_hook(before, with_kwargs=True),
                module.q_norm.register_forward_hook(on_q), module.k_norm.register_forward_hook(on_k),
                module.attn_drop.register_forward_hook(on_drop), module.register_forward_hook(after)]
-    return _chain([restore, *(hd.remove for hd in handles)])
+    return chain_undos([restore, *(hd.remove for hd in handles)])

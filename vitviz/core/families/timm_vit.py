@@ -40,11 +40,11 @@ REFUSED = {
 }
 
 
-def _is_timm(model: nn.Module) -> bool:
+def is_timm(model: nn.Module) -> bool:
     return any(c.__module__.startswith("timm.") for c in type(model).__mro__)
 
 
-def _attention_of(block: nn.Module, i: int) -> list[tuple[str, nn.Module]]:
+def attention_of(block: nn.Module, i: int) -> list[tuple[str, nn.Module]]:
     if hasattr(block, "attns"):  # ParallelThingsBlock: nn.Sequential(norm, attn, ls, drop_path) per branch
         return [(f"blocks.{i}.attns.{j}.attn", branch.attn) for j, branch in enumerate(block.attns)]
     if type(block).__name__ in ("ParallelScalingBlock", "DiffParallelScalingBlock"):
@@ -64,10 +64,10 @@ class TimmFamily(Family):
     stream_probe = staticmethod(stream_probe_for)
 
     def match(self, model: nn.Module) -> bool:
-        if _is_timm(model) and type(model).__name__ in REFUSED:
+        if is_timm(model) and type(model).__name__ in REFUSED:
             return True  # recognised, then refused by layout() with the reason
         return (
-            _is_timm(model)
+            is_timm(model)
             and (hasattr(model, "num_prefix_tokens") or type(model).__name__ == "Cait")  # older timm: no attribute
             and hasattr(getattr(model, "patch_embed", None), "grid_size")
             and isinstance(getattr(model, "blocks", None), nn.Module)
@@ -144,7 +144,7 @@ class TimmFamily(Family):
         )
 
     def attention_modules(self, model: nn.Module) -> list[tuple[str, nn.Module]]:
-        mods = [m for i, b in enumerate(model.blocks) for m in _attention_of(b, i)]
+        mods = [m for i, b in enumerate(model.blocks) for m in attention_of(b, i)]
         for i, b in enumerate(getattr(model, "blocks_token_only", ())):  # CaiT class-attention layers
             mods.append((f"blocks_token_only.{i}.attn", b.attn))
         return mods

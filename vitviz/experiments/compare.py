@@ -1,5 +1,9 @@
 """Seed summaries and matched-compute comparisons of the hybrid-versus-pure study (tidy DataFrames in and out).
 
+The one gap API is ``matched_compute``: family ``a`` minus family ``b`` at equal compute, for the measured study
+(per seed, ``x="train_pflops"``) and for the paper's Table 6 (one run per model, no seed column: one "seed",
+no interval; ``metric="imagenet", x="exaflops"``).
+
 The ViT paper's Fig. 5 compares families at equal pre-training compute. Here each family's accuracy is a curve
 of compute: per seed, the family's Pareto frontier (the best test accuracy any of its runs reached at or below a
 compute, ``pareto_frontier``), linearly interpolated in log10(compute) on a grid shared by
@@ -87,11 +91,12 @@ def frontier_at(x: np.ndarray, y: np.ndarray, grid: np.ndarray) -> np.ndarray:
     return out
 
 
-def compute_grid(runs: pd.DataFrame, families: Sequence[str], n: int = 7) -> np.ndarray:
+def compute_grid(runs: pd.DataFrame, families: Sequence[str], n: int = 7, x: str = "train_pflops") -> np.ndarray:
     """``n`` log-spaced compute values spanning the range every one of ``families`` covers (their overlap)."""
     lows, highs = [], []
+    col = x
     for fam in families:
-        x = runs.loc[runs["family"] == fam, "train_pflops"]
+        x = runs.loc[runs["family"] == fam, col]
         if not len(x):
             raise ValueError(f"no runs of family {fam!r}; families present: {sorted(runs['family'].unique())}")
         lows.append(x.min())
@@ -104,45 +109,52 @@ def compute_grid(runs: pd.DataFrame, families: Sequence[str], n: int = 7) -> np.
 
 
 def family_curves(runs: pd.DataFrame, grid: np.ndarray, families: Sequence[str] | None = None,
-                  metric: str = "test_acc") -> pd.DataFrame:
-    """Tidy per-seed frontier curves: rows of ``family``, ``seed``, ``train_pflops`` (the grid), ``metric``."""
+                  metric: str = "test_acc", x: str = "train_pflops") -> pd.DataFrame:
+    """Tidy per-seed frontier curves: rows of ``family``, ``seed``, ``x`` (the grid), ``metric``.
+
+    Rows without a ``seed`` column (the paper's table: one run per model) count as one seed, 0.
+    """
     families = list(families) if families is not None else list(runs["family"].unique())
+    if "seed" not in runs:
+        runs = runs.assign(seed=0)
     rows = []
     for fam in families:
         for seed, part in runs[runs["family"] == fam].groupby("seed"):
-            ys = frontier_at(part["train_pflops"].to_numpy(), part[metric].to_numpy(), grid)
-            rows += [{"family": fam, "seed": int(seed), "train_pflops": float(g), metric: float(y)}
+            ys = frontier_at(part[x].to_numpy(), part[metric].to_numpy(), grid)
+            rows += [{"family": fam, "seed": int(seed), x: float(g), metric: float(y)}
                      for g, y in zip(grid, ys)]
     return pd.DataFrame(rows)
 
 
 def matched_compute(runs: pd.DataFrame, a: str = "Hybrid", b: str = "Transformer (ViT)", *, n: int = 7,
-                    grid: np.ndarray | None = None, metric: str = "test_acc") -> pd.DataFrame:
+                    grid: np.ndarray | None = None, metric: str = "test_acc",
+                    x: str = "train_pflops") -> pd.DataFrame:
     """Family ``a`` against family ``b`` at equal training compute (see the module docstring).
 
     Args:
-        runs: the study CSV's rows (one per run; ``family``, ``seed``, ``train_pflops``, ``metric``), from one
-            training set (compare blocks separately).
+        runs: the study CSV's rows (one per run; ``family``, ``seed``, ``x``, ``metric``), from one training set
+            (compare blocks separately); or the paper's Table 6 (``vitviz.paper_results()``, no seeds).
         a, b: the family labels compared; the gap is ``a - b``.
         n: grid points over the compute range both families cover (ignored when ``grid`` is given).
-        grid: compute values [PFLOPs] to compare at.
+        grid: compute values (in ``x``'s unit) to compare at.
         metric: the accuracy column.
+        x: the compute column (``"train_pflops"``; the paper's table: ``"exaflops"``).
 
     Returns:
-        One row per grid point: ``train_pflops``, ``n_seeds``, ``<a>``/``<b>`` means with ``_low``/``_high``,
+        One row per grid point: ``x``, ``n_seeds``, ``<a>``/``<b>`` means with ``_low``/``_high``,
         ``gap``, ``gap_low``, ``gap_high`` (95% t-interval over seeds, points) and ``within_noise`` (the gap's
         interval includes 0; ``None`` where one seed gives no interval).
     """
-    grid = compute_grid(runs, (a, b), n) if grid is None else np.asarray(grid, float)
-    curves = family_curves(runs, grid, (a, b), metric)
-    wide = curves.pivot_table(index=["train_pflops", "seed"], columns="family", values=metric).reset_index()
+    grid = compute_grid(runs, (a, b), n, x) if grid is None else np.asarray(grid, float)
+    curves = family_curves(runs, grid, (a, b), metric, x)
+    wide = curves.pivot_table(index=[x, "seed"], columns="family", values=metric).reset_index()
     rows = []
-    for g, part in wide.groupby("train_pflops"):
+    for g, part in wide.groupby(x):
         part = part.dropna(subset=[a, b])
         ma, la, ha = t_interval(part[a])
         mb, lb, hb = t_interval(part[b])
         gap, gl, gh = t_interval(part[a] - part[b])
-        rows.append({"train_pflops": g, "n_seeds": len(part), a: ma, f"{a}_low": la, f"{a}_high": ha, b: mb,
+        rows.append({x: g, "n_seeds": len(part), a: ma, f"{a}_low": la, f"{a}_high": ha, b: mb,
                      f"{b}_low": lb, f"{b}_high": hb, "gap": gap, "gap_low": gl, "gap_high": gh,
                      "within_noise": bool(not (gl > 0 or gh < 0)) if np.isfinite(gl) else None})
     return pd.DataFrame(rows)

@@ -1,0 +1,401 @@
+"""Propagation of attention through the layers: one per-layer rule and one product, for every method that uses it.
+
+Attention rollout, gradient-weighted rollout, Chefer et al.'s relevance, the attention explorer and attention
+flow's layer graph all turn each residual block's attention into one matrix ``A_l`` ``(B, N, N)`` and chain the
+blocks, ``R = A_L A_{L-1} ... A_1``. This module holds the three steps they share, once:
+
+1. **Head fusion** (``fuse_heads``): ``(B, H, N, N)`` (or a streamed ``HeadMaps``) -> ``W`` ``(B, N, N)``, the mean
+   (ViT paper, App. D.8), max or min over heads. Gradient methods bring their own head reduction
+   (``mean_h (grad * A)^+``, Chefer et al., ICCV 2021, Eq. 5) and feed ``W`` directly.
+2. **Branch averaging** (``Propagator``): several attention modules in one residual block (parallel blocks,
+   ``ViTSpec.attention_blocks``) are averaged after head fusion, ``W = mean_j W_j``: the residual adds the
+   branches with equal weight (vitviz's choice; no published rule covers this layout).
+3. **The layer rule** (``LayerRule``), from ``W`` to ``A``:
+
+   - ``"rollout"`` (Abnar & Zuidema, ACL 2020, Eq. 1): ``A = rownorm(0.5 rownorm(W) + 0.5 I)``; with
+     ``discard_ratio`` the weakest entries of each row of ``rownorm(W)`` are zeroed first (``discard_weakest``) and
+     the row renormalised; ``residual=False`` gives ``A = rownorm(W)``.
+   - ``"grad_rollout"``: the same on a gradient-weighted ``W`` whose magnitude is kept (no ``rownorm`` before the
+     residual): ``A = rownorm(0.5 W + 0.5 I)``.
+   - ``"chefer"`` (Chefer, Gur & Wolf, ICCV 2021, Eq. 6): ``A = I + W``, no renormalisation; ``W`` is stored and
+     the identity applied in the product, ``R + W R``, as in the reference code's ``R <- R + W R``.
+
+The product (``Propagator.result``): ``R = A_L ... A_1`` bottom up, or rows ``v`` pushed from the top,
+``v A_L ... A_1`` (``K N^2`` per layer, not ``N^3``). A ``Propagator`` is ``capture_attention``'s ``on_layer``
+reducer (each layer fused and turned into ``A_l`` as the forward pass runs; only ``L`` ``(B, N, N)`` matrices
+kept); ``propagate`` runs it on maps already in hand.
+
+Shapes: ``B`` batch, ``H`` heads, ``N`` tokens (prefix + patches), ``K`` rows, ``(gh, gw)`` grid.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+from dataclasses import dataclass
+
+import torch
+
+from vitviz.core.capture import HeadMaps, check_layer_index
+from vitviz.core.spec import ViTSpec
+from vitviz.errors import CaptureError, InputError, LayerSelectError, VitvizError
+
+__all__ = [
+    "FLOW_MAPS", "HEAD_FUSIONS", "RULES", "LayerRule", "Propagator", "discard_weakest", "fuse_heads",
+    "layer_range", "output_token", "propagate", "propagated_output", "query_vectors", "require_flow_maps",
+    "rollout_to_maps",
+]
+
+HEAD_FUSIONS = ("mean", "max", "min")
+RULES = ("rollout", "grad_rollout", "chefer")
+FLOW_MAPS = ("softmax", "class-attention")  # map kinds that are a flow between tokens (ViTSpec.attention_maps)
+
+
+def fuse_heads(attn: torch.Tensor | HeadMaps, head_fusion: str = "mean", dtype: torch.dtype = torch.float32,
+               out: torch.Tensor | None = None) -> torch.Tensor:
+    """Fuse the heads of ``(B, H, N, N)`` attention into ``(B, N, N)`` (``mean``, ``max`` or ``min``).
+
+    The one entry point for head fusion. ``attn`` may be a ``HeadMaps`` (``capture_attention(heads="stream")``):
+    the heads are then folded in one at a time. ``out``: a ``(B, N, N)`` tensor of ``dtype`` to write into.
+    """
+    if attn.ndim != 4 or attn.shape[-1] != attn.shape[-2]:
+        raise InputError(f"attn: expected attention of shape (B, H, N, N), got {tuple(attn.shape)}; pass one "
+                         "layer's post-softmax map")
+    if head_fusion not in HEAD_FUSIONS:
+        raise InputError(f"head_fusion must be one of {HEAD_FUSIONS}, got {head_fusion!r}")
+    if isinstance(attn, HeadMaps):
+        b, h, n, _ = attn.shape
+        acc = out if out is not None else torch.empty(b, n, n, dtype=dtype, device=attn.device)
+        fold = {"mean": torch.add, "max": torch.maximum, "min": torch.minimum}[head_fusion]
+        for i, m in attn.heads():
+            if i == 0:
+                acc.copy_(m)
+            else:
+                fold(acc, m.to(dtype), out=acc)
+        return acc.mul_(1.0 / h) if head_fusion == "mean" else acc
+    if head_fusion == "mean":  # sum then scale: one pass over the maps (``mean(dtype=)`` takes about twice as long)
+        summed = attn.sum(dim=1, dtype=dtype) if out is None else torch.sum(attn, dim=1, dtype=dtype, out=out)
+        return summed.mul_(1.0 / attn.shape[1])
+    fused = (attn.amax(dim=1) if head_fusion == "max" else attn.amin(dim=1)).to(dtype)
+    return fused if out is None else out.copy_(fused)
+
+
+def _normalise_rows(w: torch.Tensor) -> torch.Tensor:
+    return w / w.sum(dim=-1, keepdim=True).clamp_min(torch.finfo(w.dtype).tiny)
+
+
+def _check_ratio(ratio: float) -> None:
+    if not 0.0 <= ratio <= 1.0:
+        raise InputError(f"discard_ratio must lie in [0, 1], got {ratio}; e.g. discard_ratio=0.9 zeroes the "
+                         "weakest 90% of each row")
+
+
+def discard_weakest(w: torch.Tensor, ratio: float, num_prefix_tokens: int) -> torch.Tensor:
+    """Zero the weakest ``ratio`` of each row's entries, never the diagonal nor a prefix-token column.
+
+    Row ``i`` may lose ``floor(ratio * c_i)`` entries, where ``c_i`` counts its patch columns other than ``i``
+    (``P`` for a prefix row, ``P - 1`` for a patch row); ties are broken by position. Rows are not renormalised.
+
+    Args:
+        w: ``(B, N, N)`` fused attention.
+        ratio: fraction in ``[0, 1]``.
+        num_prefix_tokens: the leading tokens whose columns are kept.
+
+    Returns:
+        a new ``(B, N, N)`` tensor (``w`` itself when nothing is discarded).
+    """
+    _check_ratio(ratio)
+    n = w.shape[-1]
+    protected = torch.zeros(n, n, dtype=torch.bool, device=w.device)
+    protected[:, :num_prefix_tokens] = True
+    protected.fill_diagonal_(True)
+    k_row = torch.floor(ratio * (n - protected.sum(dim=1)).double()).long()  # (N,)
+    k_max = int(k_row.max()) if n else 0
+    if k_max == 0:
+        return w
+    scores = w.masked_fill(protected, float("inf"))
+    idx = scores.topk(k_max, dim=-1, largest=False).indices  # (B, N, k_max), weakest first
+    take = (torch.arange(k_max, device=w.device) < k_row[:, None]).expand_as(idx)
+    drop = torch.zeros_like(w, dtype=torch.bool).scatter_(-1, idx, take)
+    return w.masked_fill(drop, 0.0)
+
+
+@dataclass(frozen=True)
+class LayerRule:
+    """The per-layer rule ``W -> A`` of a propagation method (see the module docstring for the equations).
+
+    Args:
+        kind: ``"rollout"``, ``"grad_rollout"`` or ``"chefer"``.
+        residual: model the skip connection, ``0.5 W + 0.5 I`` (rollout kinds; Chefer's ``I + W`` always has it).
+        discard_ratio: fraction of each row's weakest entries to zero (rollout kinds; see ``discard_weakest``).
+        num_prefix_tokens: leading non-patch tokens (their columns are never discarded).
+    """
+
+    kind: str = "rollout"
+    residual: bool = True
+    discard_ratio: float = 0.0
+    num_prefix_tokens: int = 1
+
+    def __post_init__(self) -> None:
+        if self.kind not in RULES:
+            raise InputError(f"rule kind must be one of {RULES}, got {self.kind!r}")
+        _check_ratio(self.discard_ratio)
+        if self.kind == "chefer" and (self.discard_ratio or not self.residual):
+            raise InputError("the chefer rule (A = I + W) takes no discard_ratio and always keeps the residual; "
+                             "use kind='grad_rollout' to discard")
+
+    @property
+    def skip(self) -> bool:
+        """True when ``A = I + M`` with ``M`` the stored matrix (the identity is applied in the product)."""
+        return self.kind == "chefer"
+
+    def __call__(self, w: torch.Tensor, *, stochastic: bool = False) -> torch.Tensor:
+        """The stored matrix of one layer from its fused ``(B, N, N)`` map ``W`` (``W`` may be modified in place).
+
+        ``stochastic``: ``W``'s rows already sum to 1 (the head mean of softmax maps), so renormalising would only
+        cost time.
+        """
+        if self.kind == "chefer":
+            return w
+        normalise = self.kind == "rollout"  # grad_rollout keeps the gradient weights' magnitude against I
+        stochastic = stochastic and normalise
+        if normalise and not stochastic:
+            w = _normalise_rows(w)
+        if self.discard_ratio > 0:
+            w = discard_weakest(w, self.discard_ratio, self.num_prefix_tokens)
+            if normalise:
+                w = _normalise_rows(w)
+                stochastic = False
+        if self.residual:
+            w.mul_(0.5)
+            w.diagonal(dim1=-2, dim2=-1).add_(0.5)
+            if not stochastic:
+                w = _normalise_rows(w)
+        return w
+
+
+class Propagator:
+    """Streaming propagation: feed one attention module at a time, in forward order; read ``R`` or rows of it.
+
+    Use it as ``capture_attention(model, on_layer=prop, store=False, heads="stream")``; a call with position 0
+    starts a new pass, so consecutive forward passes do not mix. Each call takes the module's ``(B, H, N, N)`` map
+    (or ``HeadMaps``), fused here, or a ``(B, N, N)`` map already reduced over heads (gradient-weighted maps).
+
+    Args:
+        rule: the ``LayerRule``.
+        head_fusion: ``mean``, ``max`` or ``min`` (for 4-D maps).
+        blocks: the residual block of each module fed (``ViTSpec.attention_blocks``, aligned with the modules fed):
+            consecutive modules of one block are averaged into one ``A_l``. Default: one block per module.
+        assume_stochastic: the maps fed are post-softmax (rows sum to 1), so their head mean needs no
+            renormalisation.
+        num_layers: the number of blocks one pass feeds: their matrices then go into one ``(L, B, N, N)`` tensor
+            allocated at the first layer, the heads fused straight into it (no per-layer allocations).
+        dtype: dtype of the matrices and the product (float32 by default, also for half-precision models).
+    """
+
+    def __init__(self, rule: LayerRule, *, head_fusion: str = "mean", blocks: Sequence[int] | None = None,
+                 assume_stochastic: bool = False, num_layers: int | None = None,
+                 dtype: torch.dtype = torch.float32) -> None:
+        if head_fusion not in HEAD_FUSIONS:
+            raise InputError(f"head_fusion must be one of {HEAD_FUSIONS}, got {head_fusion!r}")
+        self.rule = rule
+        self.head_fusion = head_fusion
+        self.blocks = None if blocks is None else list(blocks)
+        self.stochastic = assume_stochastic and head_fusion == "mean"
+        self.num_layers = num_layers
+        self.dtype = dtype
+        self.matrices: list[torch.Tensor] = []  # one stored matrix per block fed (A_l, or W_l when rule.skip)
+        self._block: torch.Tensor | None = None
+        self._pending: list[torch.Tensor] = []
+
+    def reset(self) -> None:
+        self.matrices = []
+        self._pending = []
+
+    def _last_of_block(self, position: int) -> bool:
+        b = self.blocks
+        return b is None or position + 1 >= len(b) or b[position + 1] != b[position]
+
+    def _slot(self, shape: torch.Size, device: torch.device) -> torch.Tensor | None:
+        """This block's place in the kept ``(L, B, N, N)`` tensor, or None (no such tensor, or it does not fit)."""
+        i = len(self.matrices)
+        if not self.num_layers or i >= self.num_layers:
+            return None
+        full = (self.num_layers, *shape)
+        if self._block is None or self._block.shape != full or self._block.device != device:
+            self._block = torch.empty(full, dtype=self.dtype, device=device)
+        return self._block[i]
+
+    def __call__(self, position: int, attn: torch.Tensor | HeadMaps) -> None:
+        if position == 0:
+            self.reset()
+        last = self._last_of_block(position)
+        fused = attn.ndim == 4
+        if fused:
+            b, _, n, _ = attn.shape
+            slot = self._slot(torch.Size((b, n, n)), attn.device) if last and not self._pending else None
+            w = fuse_heads(attn, self.head_fusion, self.dtype, out=slot)
+        else:
+            w = attn.to(self.dtype, copy=True)  # the rule works in place
+        if self._pending or not last:  # parallel branches of one block: averaged after head fusion
+            self._pending.append(w)
+            if not last:
+                return
+            total = self._pending[0]
+            for extra in self._pending[1:]:
+                total = total + extra
+            w, self._pending = total / len(self._pending), []
+        self.push(w, stochastic=fused and self.stochastic)
+
+    def feed(self, maps: Sequence[torch.Tensor | HeadMaps]) -> Propagator:
+        """Feed one pass of maps in hand, in forward order (a new pass); returns ``self``."""
+        for i, m in enumerate(maps):
+            self(i, m)
+        return self
+
+    def push(self, w: torch.Tensor, *, stochastic: bool = False) -> None:
+        """Add one block given its fused ``(B, N, N)`` map ``W`` (which may be modified in place)."""
+        a = self.rule(w.to(self.dtype), stochastic=stochastic)
+        if self.matrices and self.matrices[-1].shape != a.shape:
+            raise CaptureError(f"layer maps changed shape within one pass: {tuple(self.matrices[-1].shape)} "
+                                    f"then {tuple(a.shape)}; feed one forward pass at a time, from position 0")
+        slot = self._slot(a.shape, a.device)
+        if slot is not None and a.data_ptr() != slot.data_ptr():
+            slot.copy_(a)  # the rule made a new tensor (discarding, renormalising): keep it in the block
+            a = slot
+        self.matrices.append(a)
+
+    def result(self, rows: torch.Tensor | None = None) -> torch.Tensor:
+        """The full product ``R`` ``(B, N, N)``, or the rows ``v R`` for ``rows=v`` ``(B, K, N)`` or ``(B, N)``.
+
+        ``R`` is multiplied bottom up, ``A_L (... (A_2 A_1))``; rows are pushed from the top, ``((v A_L) ...) A_1``.
+        """
+        if not self.matrices:
+            raise VitvizError("Propagator: no layer was fed; run a forward pass inside capture_attention("
+                              "on_layer=propagator) or call propagate(...) on maps in hand")
+        skip = self.rule.skip
+        if rows is None:
+            r = self.matrices[0]
+            if skip:
+                n = r.shape[-1]
+                r = torch.eye(n, dtype=r.dtype, device=r.device) + r
+            for a in self.matrices[1:]:
+                r = r + torch.bmm(a, r) if skip else torch.bmm(a, r)
+            return r
+        vec = rows.ndim == 2
+        r = rows.to(self.dtype)[:, None] if vec else rows.to(self.dtype)
+        for a in reversed(self.matrices):
+            r = r + torch.bmm(r, a) if skip else torch.bmm(r, a)
+        return r[:, 0] if vec else r
+
+
+def propagate(maps: Sequence[torch.Tensor], rule: LayerRule, *, rows: torch.Tensor | None = None,
+              head_fusion: str = "mean", blocks: Sequence[int] | None = None,
+              dtype: torch.dtype = torch.float32) -> torch.Tensor:
+    """Propagation of maps already in hand (a ``Propagator`` fed in order): ``R`` or the rows ``v R``.
+
+    Args:
+        maps: per attention module, in forward order, ``(B, H, N, N)`` maps (fused with ``head_fusion``) or
+            ``(B, N, N)`` maps already reduced over heads.
+        rule: the ``LayerRule``.
+        rows: ``None`` for the full ``R`` ``(B, N, N)``; else row selectors ``v`` ``(B, N)`` or ``(B, K, N)``.
+        head_fusion, blocks, dtype: as in ``Propagator``.
+
+    Returns:
+        ``R`` ``(B, N, N)`` or ``v R`` (the shape of ``v``), in ``dtype``.
+    """
+    maps = list(maps)
+    if not maps:
+        raise InputError("maps: no layers to propagate (an empty list); pass at least one attention map")
+    if blocks is not None and len(blocks) != len(maps):
+        raise InputError(f"blocks: {len(blocks)} block indices for {len(maps)} maps; pass one block index per map "
+                         "(ViTSpec.attention_blocks, sliced like the maps)")
+    return Propagator(rule, head_fusion=head_fusion, blocks=blocks, dtype=dtype).feed(maps).result(rows)
+
+
+def query_vectors(batch: int, n: int, num_prefix_tokens: int, token: int | None, *,
+                  device: torch.device | None = None, dtype: torch.dtype = torch.float32) -> torch.Tensor:
+    """The row selector ``(B, N)`` whose product with ``R`` is the row ``rollout_to_maps`` reads.
+
+    ``e_token`` for a token index; for ``token=None`` the mean of the patch queries' unit rows.
+    """
+    v = torch.zeros(batch, n, device=device, dtype=dtype)
+    if token is None:
+        v[:, num_prefix_tokens:] = 1.0 / (n - num_prefix_tokens)
+    else:
+        v[:, token] = 1.0
+    return v
+
+
+def _check_tokens(n: int, grid_size: tuple[int, int], num_prefix_tokens: int) -> None:
+    gh, gw = grid_size
+    if n != num_prefix_tokens + gh * gw:
+        raise InputError(f"a propagation over {n} tokens does not fit {num_prefix_tokens} prefix tokens and a "
+                         f"{gh}x{gw} grid ({num_prefix_tokens + gh * gw} tokens); pass the grid of the input "
+                         "(ViTSpec.grid_for_input)")
+
+
+def rollout_to_maps(rollout: torch.Tensor, grid_size: tuple[int, int], num_prefix_tokens: int,
+                    token: int | None) -> torch.Tensor:
+    """Row ``token`` of ``R`` ``(B, N, N)`` over the patch columns, as ``(B, gh, gw)`` maps.
+
+    ``token=None`` averages the rows of all patch queries (for models without a class token).
+    """
+    b, n, _ = rollout.shape
+    _check_tokens(n, grid_size, num_prefix_tokens)
+    rows = rollout[:, num_prefix_tokens:].mean(dim=1) if token is None else rollout[:, token]
+    return rows[:, num_prefix_tokens:].reshape(b, *grid_size)
+
+
+def output_token(spec: ViTSpec, token: int | None, n: int) -> int | None:
+    """The row to read: ``token`` (negative counts from the end), else the class token (``None`` without one)."""
+    if token is None:
+        return spec.class_token_index
+    if not -n <= token < n:
+        raise LayerSelectError(f"{spec.name}: token={token} is out of range for {n} tokens; pass an index in "
+                               f"{-n} ... {n - 1} (prefix tokens first, then patches row-major) or None")
+    return token % n
+
+
+def layer_range(spec: ViTSpec, start_layer: int) -> list[int]:
+    """The attention-module indices ``start_layer ... depth - 1`` (``start_layer`` checked)."""
+    depth = len(spec.attention_modules)
+    start = check_layer_index(start_layer, depth, "start_layer", spec.name)
+    return list(range(start, depth))
+
+
+def require_flow_maps(spec: ViTSpec, layers: list[int], method: str, *, suggest_start: bool = True) -> None:
+    """Refuse maps that are not a flow between tokens (signed, mixed across heads): ``UnsupportedModelError``.
+
+    Differential attention (``S1 - lambda S2``) and CaiT's talking-heads maps are refused by every propagation
+    method; ``suggest_start`` names the ``start_layer`` from which the layers are all flows (CaiT's class stage).
+    """
+    maps = spec.attention_maps or ("softmax",) * len(spec.attention_modules)
+    ok_from = next((i for i in range(len(maps)) if all(k in FLOW_MAPS for k in maps[i:])), None)
+    hint = (f"start_layer={ok_from} rolls out only the layers from {spec.attention_modules[ok_from]} on"
+            if suggest_start and ok_from is not None and ok_from > layers[0] else "")
+    spec.require_maps(method, FLOW_MAPS, layers, hint)
+
+
+def propagated_output(spec: ViTSpec, prop: Propagator, x: torch.Tensor, token: int | None, full: bool, *,
+                      from_top: bool = True) -> torch.Tensor:
+    """What a propagation call returns for the batch ``x``: ``R`` ``(B, N, N)``, or the ``(B, gh, gw)`` maps.
+
+    The maps are the output token's row (``token``; default the class token, without one the mean of the patch
+    queries' rows) over the patch columns: pushed from the top through the kept matrices (``from_top``, no ``N^3``
+    product), or read off the full product ``R`` (the gradient methods, whose cost is the backward pass: their
+    maps stay bit-identical to the row of ``R`` they return with ``return_full``).
+    """
+    if not prop.matrices:
+        return prop.result()  # raises: nothing was fed
+    if full or not from_top:
+        r = prop.result()
+        if full:
+            return r
+        return rollout_to_maps(r, spec.grid_for_input(x), spec.num_prefix_tokens,
+                               output_token(spec, token, r.shape[-1]))
+    grid = spec.grid_for_input(x)
+    p = spec.num_prefix_tokens
+    b, n = len(x), prop.matrices[0].shape[-1]
+    _check_tokens(n, grid, p)
+    v = query_vectors(b, n, p, output_token(spec, token, n), device=prop.matrices[0].device, dtype=prop.dtype)
+    return prop.result(v)[:, p:].reshape(b, *grid)
