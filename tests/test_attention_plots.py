@@ -11,6 +11,7 @@ import torch
 from conftest import tiny_timm_vit
 
 import vitviz
+import vitviz.zoo.reference
 from vitviz.core.images import data_config, denormalise
 from vitviz.plot.attention import upsample_maps
 
