@@ -55,8 +55,9 @@ _LAZY = {
     "chefer_relevance": "vitviz.analysis.relevance",
     "attention_flow": "vitviz.analysis.flow",
     "faithfulness": "vitviz.analysis.faithfulness",
-    "faithfulness_auc": "vitviz.analysis.faithfulness",
-    "bootstrap_ci": "vitviz.analysis.faithfulness",
+    "faithfulness_auc": "vitviz.analysis.faithfulness_stats",
+    "bootstrap_ci": "vitviz.analysis.faithfulness_stats",
+    "compare_methods": "vitviz.analysis.faithfulness_stats",
     # zoo: models to analyse, the paper's tables, the reference models' cards
     "load_model": "vitviz.zoo.models",
     "load_model_or_random": "vitviz.zoo.models",
