@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import numpy as np
+import pandas as pd
 import pytest
 import torch
 from conftest import tiny_timm_vit
@@ -190,6 +191,11 @@ def test_plot_faithfulness(tmp_path):
     assert vitviz.plot_faithfulness(df, ax=ax, mode="deletion") is ax
     with pytest.raises(InputError, match="pass mode="):
         vitviz.plot_faithfulness(df, ax=ax)
+    with pytest.raises(InputError, match="image_offset"):  # a repeated run would count its images twice
+        vitviz.plot_faithfulness(pd.concat([df, df]))
+    mixed = pd.concat([df, df.assign(removal="mean", image=df["image"] + 3)])
+    with pytest.raises(InputError, match="mixes removals"):
+        vitviz.plot_faithfulness(mixed)
     maps = {m: vitviz.explain(model, x, m) for m in ("rollout", "random")}
     fig = vitviz.plot_explanations(model, x, maps, labels=["a", "b", "c"])
     assert [a.get_title() for a in fig.axes[:3]] == ["Input", "rollout", "random"]
