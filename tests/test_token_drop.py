@@ -207,3 +207,37 @@ def test_timm_beit_drop_keeps_each_pair_its_relative_bias():
         for block in model.blocks:
             del block.attn._get_rel_pos_bias
     torch.testing.assert_close(got, full.gather(1, index[..., None].expand(-1, -1, 32)), atol=1e-5, rtol=1e-5)
+
+
+def test_open_clip_drops_before_ln_pre_like_hugging_face_clip():
+    """open_clip tower: dropping equals its forward written out on the shorter sequence; CLIP from either library
+    gets the same removal."""
+    from hf_models import open_clip_tower
+
+    from vitviz.analysis.perturbation import keep_tokens
+
+    model = open_clip_tower()
+    x = torch.randn(2, 3, 32, 48)
+    with torch.no_grad():
+        with keep_tokens(model, KEEP):
+            got = model(x)
+        h = model.conv1(x).flatten(2).transpose(1, 2)
+        h = torch.cat([model.class_embedding.expand(2, 1, -1), h], dim=1) + model.positional_embedding
+        h = h.gather(1, kept_index(1)[..., None].expand(-1, -1, h.shape[-1]))
+        h = model.transformer(model.ln_pre(h))
+        want = model.ln_post(h)[:, 0] @ model.proj
+    torch.testing.assert_close(got, want, atol=1e-5, rtol=1e-5)
+    hf = T.CLIPVisionModel(T.CLIPVisionConfig(image_size=32, **SMALL)).eval()
+    vm, x32, keep = getattr(hf, "vision_model", hf), torch.randn(2, 3, 32, 32), torch.tensor([[0, 3, 5, 12], [1, 2, 14, 15]])
+    with torch.no_grad():
+        seq = vm.embeddings(x32).gather(1, kept_index(1, keep)[..., None].expand(-1, -1, 32))
+        torch.testing.assert_close(hf_drop(hf, x32, keep), vm.encoder(vm.pre_layrnorm(seq)).last_hidden_state,
+                                   atol=1e-5, rtol=1e-5)
+    target = lambda out: (out[0] if isinstance(out, tuple) else getattr(out, "pooler_output", out)).norm(dim=-1)  # noqa: E731
+    removals = [set(vitviz.faithfulness(m, torch.randn(1, 3, *vitviz.inspect(m).img_size), ["random"], target=target,
+                                        modes=["deletion"], steps=0.5, progress=False)["removal"])
+                for m in (model, hf)]
+    assert removals == [{"drop"}, {"drop"}]
+    avg = open_clip_tower(pool_type="avg")
+    assert set(vitviz.faithfulness(avg, x, ["random"], target=target, modes=["deletion"], steps=0.5,
+                                   progress=False)["removal"]) == {"mean"}
