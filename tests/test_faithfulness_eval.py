@@ -227,3 +227,14 @@ def test_every_input_path_refuses_cait_maps(reduction, tmp_path):
     for source in (x, TensorDataset(x), DataLoader(TensorDataset(x), batch_size=1), tmp_path):
         with pytest.raises(UnsupportedModelError, match=rf"{reduction}.*talking-heads"):
             fn(model, source)
+
+
+@pytest.mark.gpu
+def test_autocast_on_cuda_stays_close_to_float32():
+    model = tiny_timm_vit().cuda()
+    x = torch.randn(4, 3, 32, 48, device="cuda")
+    run = dict(methods=["random"], modes=["deletion"], steps=0.25, progress=False)  # same maps: only the forwards differ
+    exact = vitviz.faithfulness(model, x, **run)
+    fast = vitviz.faithfulness(model, x, autocast=True, **run)
+    assert (fast["removal"] == exact["removal"]).all()
+    np.testing.assert_allclose(fast["score"], exact["score"], atol=0.02)

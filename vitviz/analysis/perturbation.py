@@ -5,7 +5,7 @@ Two removals (``vitviz.faithfulness``'s ``removal`` column):
 - ``"drop"``: the removed patch tokens are taken out of the sequence right after the position embedding, so the
   model sees fewer tokens and no invented pixels. Where and how is the model family's business
   (``Family.token_drop_module`` / ``Family.drop_tokens`` in ``vitviz.core.families``): timm ``pos_drop``,
-  torchvision ``encoder.dropout``, the Hugging Face embeddings' ``dropout`` (ViT, DeiT, BEiT, DINOv2, CLIP); BEiT's
+  torchvision ``encoder.dropout``, the Hugging Face embeddings' ``dropout`` (ViT, DeiT, BEiT, DINOv2, CLIP), open_clip ``patch_dropout``; BEiT's
   relative position biases are gathered over the kept tokens. A family drops tokens only where the output stays
   defined with every patch removed (a class token or registers and a readout from them), so one architecture gets
   the same removal whichever library it comes from.
