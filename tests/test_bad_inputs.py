@@ -10,6 +10,7 @@ from __future__ import annotations
 from collections.abc import Callable
 
 import numpy as np
+import pandas as pd
 import pytest
 import torch
 from conftest import tiny_timm_vit
@@ -45,6 +46,15 @@ def capture(layers=None, **kw) -> None:
 def rollout(images=GOOD, **kw) -> object:
     return vitviz.attention_rollout(M, images, **kw)
 
+
+AVG = tiny_timm_vit(global_pool="avg")  # a class token, but the readout averages the patch tokens
+
+
+def faith(methods=("random",), model=M, **kw) -> object:
+    return vitviz.faithfulness(model, GOOD, methods, modes=["deletion"], steps=0.5, progress=False, **kw)
+
+
+RUN = faith({"random": "random", "mine": torch.rand(2, 4, 6)})
 
 Row = tuple[str, Callable[[], object], type[Exception], str]
 
@@ -137,6 +147,29 @@ ROWS: list[Row] = [
      "a callable target must return"),
     ("target-class-on-headless", lambda: vitviz.grad_rollout(tiny_timm_vit(num_classes=0), GOOD, target=1),
      InputError, "has no classifier head (num_classes=0); pass a callable"),
+    # faithfulness: methods, ids, labels, removal; its tables
+    ("faith-method-unknown", lambda: faith(["gradcam"]), InputError, "or pass a callable (model, images, target)"),
+    ("faith-methods-empty", lambda: faith([]), InputError, "methods is empty"),
+    ("faith-maps-wrong-count", lambda: faith({"mine": torch.ones(3, 4, 6)}), InputError,
+     "precomputed maps must be (2, gh, gw)"),
+    ("faith-maps-not-a-map", lambda: faith({"mine": 0.5}), InputError, "methods['mine'] is a float"),
+    ("faith-callable-bad-shape", lambda: faith([lambda m, x, t: torch.ones(len(x), 24)]), InputError,
+     "must return (2, 4, 6), one (gh, gw) map per image"),
+    ("faith-map-nan", lambda: faith({"nan": torch.full((2, 4, 6), float("nan"))}), InputError,
+     "hold NaN or infinite values"),
+    ("faith-image-ids-repeat", lambda: faith(image_ids=[3, 3]), InputError, "image_ids repeats 3"),
+    ("faith-image-ids-count", lambda: faith(image_ids=[1, 2, 3]), InputError, "image_ids holds 3 ids but there are 2"),
+    ("faith-image-offset-negative", lambda: faith(image_offset=-2), InputError, "image_offset=-2 must be"),
+    ("faith-labels-dataset-on-batch", lambda: faith(labels="dataset"), InputError, "labels='dataset' with a Dataset"),
+    ("faith-removal-unknown", lambda: faith(removal="blur"), InputError, "removal='blur' must be"),
+    ("faith-removal-drop-avg-pool", lambda: faith(model=AVG, removal="drop"), InputError,
+     "mean over patch tokens, so vitviz cannot drop its patch tokens; use removal='mean'"),
+    ("auc-duplicated-runs", lambda: vitviz.faithfulness_auc(pd.concat([RUN, RUN])), InputError,
+     "image_offset=<images in the earlier runs>"),
+    ("auc-not-a-curve-table", lambda: vitviz.faithfulness_auc(RUN.drop(columns="score")), InputError,
+     "lacks the columns ['score']"),
+    ("compare-baseline-unknown", lambda: vitviz.compare_methods(RUN, baseline="chefer"), InputError,
+     "baseline='chefer' is not among the methods of df (['random', 'mine'])"),
 ]
 
 

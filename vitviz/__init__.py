@@ -59,8 +59,9 @@ _LAZY = {
     "LayerRule": "vitviz.analysis.propagation",
     "Propagator": "vitviz.analysis.propagation",
     "faithfulness": "vitviz.analysis.faithfulness",
-    "faithfulness_auc": "vitviz.analysis.faithfulness",
-    "bootstrap_ci": "vitviz.analysis.faithfulness",
+    "faithfulness_auc": "vitviz.analysis.faithfulness_stats",
+    "bootstrap_ci": "vitviz.analysis.faithfulness_stats",
+    "compare_methods": "vitviz.analysis.faithfulness_stats",
     # zoo: models to analyse, the paper's tables, the reference models' cards
     "load_model": "vitviz.zoo.models",
     "load_model_or_random": "vitviz.zoo.models",

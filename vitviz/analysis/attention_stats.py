@@ -35,6 +35,10 @@ class AttentionStatsReduction(RunningReduction):
     def __init__(self, model: nn.Module) -> None:
         super().__init__()
         self.spec = inspect(model)
+        # means of distributions and entropies need distributions: checked here, so on every input path
+        self.spec.require_maps("attention_statistics", ("softmax",),
+                               hint="the mean map averages and the entropy reads each query's attention "
+                                    "distribution over all tokens")
         self.layers = len(self.spec.attention_modules)
 
     def fingerprint(self) -> dict[str, Any]:
@@ -91,6 +95,10 @@ def attention_statistics(
     Returns:
         ``{"mean_attention": (L, N, N), "entropy": (L, H)}`` float32 on the CPU; rows of each mean map sum to 1,
         entropies are in nats.
+
+    Raises:
+        UnsupportedModelError: a layer's maps are not softmax distributions over all tokens (CaiT's talking-heads
+            and class-attention layers, differential attention; ``ViTSpec.attention_maps``), on every input path.
     """
     reduction = AttentionStatsReduction(model)
     if is_dataset_source(images):

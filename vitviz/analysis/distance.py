@@ -120,6 +120,12 @@ def attention_distance_from_maps(attn: torch.Tensor, spec_or_layout: ViTSpec | T
     return per_image_attention_distance(attn, d, lay.num_prefix_tokens).mean(dim=0)
 
 
+def require_softmax_maps(spec: ViTSpec) -> None:
+    """Refuse models whose maps are not softmax distributions (``UnsupportedModelError``), on every input path."""
+    spec.require_maps("mean_attention_distance", ("softmax",),
+                      hint="the distance averages each patch query's attention distribution over patch keys")
+
+
 class DistanceReducer:
     """Streaming mean attention distance: usable as ``capture_attention(on_layer=reducer, store=False)``.
 
@@ -166,6 +172,7 @@ class DistanceReduction(RunningReduction):
     def __init__(self, model: nn.Module) -> None:
         super().__init__()
         self.spec = inspect(model)
+        require_softmax_maps(self.spec)  # every input path builds this reduction: the check runs for each
         layers = len(self.spec.attention_modules)
         self.reducer = DistanceReducer(layers, self.spec.num_heads, self.spec.num_prefix_tokens)
         self.sums = {"distance": self.reducer.sums, "images": self.reducer.counts}
@@ -224,14 +231,13 @@ def mean_attention_distance(
         UnsupportedModelError: a layer's maps are not softmax distributions (CaiT's talking-heads and
             class-attention layers, differential attention; ``ViTSpec.attention_maps``).
     """
-    if is_dataset_source(images):
+    if is_dataset_source(images):  # DistanceReduction runs the same map-kind check as the batch path below
         return reduce_dataset(model, images, DistanceReduction(model), batch_size=batch_size, progress=progress,
                               **dataset_options).result()
     if dataset_options:
         raise TypeError(f"{sorted(dataset_options)} apply to a folder, Dataset or DataLoader, not to a batch")
     spec = inspect(model)
-    spec.require_maps("mean_attention_distance", ("softmax",),
-                      hint="the distance averages each patch query's attention distribution over patch keys")
+    require_softmax_maps(spec)
     layers = len(spec.attention_modules)
     reducer = DistanceReducer(layers, spec.num_heads, spec.num_prefix_tokens)
     cache: dict[tuple[int, int], torch.Tensor] = {}

@@ -17,21 +17,29 @@ mode            patches removed at fraction ``f``                               
 softmax probability of the target class (Petsiuk et al.). With ``target=None`` the target is each image's
 prediction on the clean image (so accuracy starts at 1); pass the labels to score against them. A callable
 ``target`` (headless models) records its own value in every mode (metric ``"target"``). The AUC is the trapezoidal
-area under the score over the fraction axis ``[0, 1]``.
+area under the score over the fraction axis ``[0, 1]`` (``vitviz.faithfulness_auc``); methods are compared by the
+paired bootstrap of their per-image AUC differences (``vitviz.compare_methods``).
 
-Removal (column ``removal``): ``"drop"`` takes the removed patch tokens out of the sequence right after the
-position embedding (a forward hook on the dropout that follows it: timm ``pos_drop``, torchvision
-``encoder.dropout``, Hugging Face ``embeddings.dropout``), so the model sees fewer tokens and no invented pixels; it
-is used for ViTs with a class token or registers and absolute (or no) position embeddings. Otherwise ``"mean"``:
-the pixels of the removed patches are set to the dataset mean, i.e. 0 after the model's normalisation (whose mean
-is its training set's), or to ``fill``. Chefer et al. zero pixels; Petsiuk et al. use zero (deletion) and a blurred
-image (insertion); both differ from token dropping, so absolute numbers are not comparable across removals.
+Removal (column ``removal``, ``vitviz.analysis.perturbation``): ``"drop"`` takes the removed patch tokens out of
+the sequence right after the position embedding, where the model's family says how (``Family.drop_tokens``), so the
+model sees fewer tokens and no invented pixels; otherwise ``"mean"``: the pixels of the removed patches are set to
+the dataset mean, i.e. 0 after the model's normalisation, or to ``fill``. Chefer et al. zero pixels; Petsiuk et al.
+use zero (deletion) and a blurred image (insertion); both differ from token dropping, so absolute numbers are not
+comparable across removals.
+
+Ties: patches of equal relevance are removed in a random order drawn from ``seed`` and the image's id, never in
+raster order (a saturated map, e.g. attention flow's many patches at exactly 1.0, would otherwise be scored by
+where its patches sit). An image gets the same order whatever the batching and in whichever run.
+
+Tables: the result is a plain tidy frame (``attrs`` hold scalars only), one row per image, method, mode and
+fraction; runs over disjoint image ids (``image_offset=`` / ``image_ids=``) concatenate with ``pd.concat``, and
+repeated rows are refused by ``faithfulness_auc`` and ``compare_methods``.
 """
 
 from __future__ import annotations
 
-from collections.abc import Callable, Iterator, Mapping, Sequence
-from contextlib import contextmanager
+import os
+from collections.abc import Callable, Hashable, Mapping, Sequence
 from typing import Any
 
 import numpy as np
@@ -39,78 +47,25 @@ import torch
 from torch import nn
 
 from vitviz.analysis.explain import GRADIENT_METHODS, METHODS, explain
+from vitviz.analysis.faithfulness_stats import BETTER, MODES, bootstrap_ci, compare_methods, faithfulness_auc
+from vitviz.analysis.perturbation import Perturbed, drop_module, keep_tokens, rank_patches, resolve_removal
 from vitviz.core.batching import count_images, iter_batches
+from vitviz.core.datasets import dataset_length, is_dataset_source, iter_dataset
 from vitviz.core.images import Images
-from vitviz.core.spec import ViTSpec, inspect
-from vitviz.core.targets import Target, logits_of, resolve_target
-from vitviz.errors import InputError
+from vitviz.core.io import atomic_write
+from vitviz.core.spec import inspect
+from vitviz.core.targets import Target, resolve_target
+from vitviz.errors import CheckpointError, InputError
 
-__all__ = ["MODES", "bootstrap_ci", "drop_module", "faithfulness", "faithfulness_auc", "keep_tokens"]
+__all__ = ["BETTER", "COLUMNS", "DEFAULT_METHODS", "MODES", "bootstrap_ci", "compare_methods", "drop_module",
+           "faithfulness", "faithfulness_auc", "keep_tokens"]
 
-MODES = ("positive", "negative", "deletion", "insertion")
-BETTER = {"positive": "lower", "negative": "higher", "deletion": "lower", "insertion": "higher"}
-
-
-def drop_module(model: nn.Module, spec: ViTSpec | None = None) -> nn.Module | None:
-    """The module whose output is the token sequence right after the position embedding, or ``None``.
-
-    ``None`` (so patches are removed by the mean instead) for models without a class token or registers, rotary
-    or relative position encodings, pooling over patch tokens, and families vitviz has no such module for.
-    """
-    spec = spec or inspect(model)
-    if spec.num_prefix_tokens == 0 or spec.pos_embed_kind == "rotary":
-        return None
-    if spec.family == "timm":
-        from timm.models.vision_transformer import VisionTransformer
-
-        if isinstance(model, VisionTransformer) and getattr(model, "global_pool", None) in ("token", "map"):
-            return getattr(model, "pos_drop", None)
-        return None
-    if spec.family == "torchvision":
-        return model.encoder.dropout
-    if spec.family == "huggingface":
-        root = getattr(model, "vit", model)
-        return getattr(getattr(root, "embeddings", None), "dropout", None)
-    return None
-
-
-@contextmanager
-def keep_tokens(module: nn.Module, num_prefix_tokens: int, keep: torch.Tensor) -> Iterator[None]:
-    """Inside the block, ``module``'s output ``(B, N, D)`` keeps its prefix tokens and the patches ``keep``.
-
-    Args:
-        module: see ``drop_module``.
-        num_prefix_tokens: leading tokens always kept.
-        keep: ``(B, k)`` patch indices (0-based over the patches) to keep, in sequence order.
-    """
-    def hook(_m: nn.Module, _inputs: Any, out: torch.Tensor) -> torch.Tensor:
-        idx = keep.to(out.device)[..., None].expand(-1, -1, out.shape[-1])
-        return torch.cat([out[:, :num_prefix_tokens], out[:, num_prefix_tokens:].gather(1, idx)], dim=1)
-
-    handle = module.register_forward_hook(hook)
-    try:
-        yield
-    finally:
-        handle.remove()
-
-
-def _fill_patches(x: torch.Tensor, removed: torch.Tensor, grid: tuple[int, int], stride: tuple[int, int],
-                  fill: torch.Tensor) -> torch.Tensor:
-    """``x`` with the pixels of the ``removed`` ``(B, P)`` bool patches set to ``fill`` ``(C,)``."""
-    gh, gw = grid
-    mask = removed.reshape(-1, 1, gh, gw).repeat_interleave(stride[0], 2).repeat_interleave(stride[1], 3)
-    full = torch.zeros(x.shape[0], 1, *x.shape[-2:], dtype=torch.bool, device=x.device)
-    full[..., :mask.shape[-2], :mask.shape[-1]] = mask
-    return torch.where(full, fill.to(x)[None, :, None, None], x)
-
-
-def _score(out: Any, target: Target, classes: torch.Tensor | None, model: nn.Module,
-           truth: torch.Tensor | None = None) -> dict[str, torch.Tensor]:
-    if classes is None:
-        return {"target": target(out).detach().float().reshape(-1)}  # type: ignore[misc,operator]
-    logits = logits_of(out, model).float()
-    return {"probability": logits.softmax(-1).gather(1, classes[:, None])[:, 0],
-            "accuracy": (logits.argmax(-1) == (classes if truth is None else truth)).float()}
+# the cheap methods (one forward, or one forward and backward, per batch); flow only when asked (see faithfulness)
+DEFAULT_METHODS = tuple(m for m in ("attention", "rollout", "grad_rollout", "chefer", "attnlrp", "random")
+                        if m in METHODS)
+COLUMNS = ["image", "method", "mode", "fraction", "score", "metric", "removal"]
+MapFn = Callable[[nn.Module, torch.Tensor, Any], torch.Tensor]
+Methods = Sequence[str | MapFn] | Mapping[str, str | MapFn | torch.Tensor]
 
 
 def _fractions(steps: float) -> np.ndarray:
@@ -120,13 +75,89 @@ def _fractions(steps: float) -> np.ndarray:
     return np.linspace(0, 1, k + 1)
 
 
+def _methods(methods: Methods, total: int | None) -> dict[str, str | MapFn | torch.Tensor]:
+    """name -> a method name of ``explain``, a callable, or precomputed ``(n_images, gh, gw)`` maps."""
+    if isinstance(methods, str):
+        methods = [methods]
+    items = list(methods.items()) if isinstance(methods, Mapping) else [
+        (m if isinstance(m, str) else getattr(m, "__name__", type(m).__name__), m) for m in methods]
+    if not items:
+        raise InputError("methods is empty; pass method names (e.g. vitviz.analysis.faithfulness.DEFAULT_METHODS), "
+                         "callables or precomputed maps")
+    out: dict[str, str | MapFn | torch.Tensor] = {}
+    for name, m in items:
+        if name in out:
+            raise InputError(f"methods names {name!r} twice; give each method its own name (a dict name -> method)")
+        if isinstance(m, str):
+            if m not in METHODS:
+                raise InputError(f"methods holds {m!r}, which is not one of {METHODS}; or pass a callable "
+                                 "(model, images, target) -> (B, gh, gw), or precomputed maps in a dict")
+        elif isinstance(m, torch.Tensor):
+            if m.ndim != 3 or (total is not None and m.shape[0] != total):
+                raise InputError(f"methods[{name!r}] holds maps of shape {tuple(m.shape)}; precomputed maps must be "
+                                 f"({total if total is not None else 'n_images'}, gh, gw), one per image in order")
+        elif not callable(m):
+            raise InputError(f"methods[{name!r}] is a {type(m).__name__}; pass a method name, a callable "
+                             "(model, images, target) -> (B, gh, gw), or a (n_images, gh, gw) tensor of maps")
+        out[str(name)] = m
+    return out
+
+
+def _per_image(values: Any, total: int | None, what: str) -> torch.Tensor | None:
+    """A per-image list of class indices as a tensor (so batches of any positions can be indexed), else None."""
+    if values is None or callable(values) or isinstance(values, (int, np.integer, str)):
+        return None
+    t = torch.as_tensor(values)
+    if t.ndim == 0:
+        return None
+    if total is not None and len(t) != total:
+        raise InputError(f"{what} holds {len(t)} class indices but there are {total} images; give one per image")
+    return t
+
+
+def _ids(image_ids: Sequence[Hashable] | None, image_offset: int, total: int | None) -> Callable[[int], Hashable]:
+    if image_ids is None:
+        if isinstance(image_offset, bool) or not isinstance(image_offset, (int, np.integer)) or image_offset < 0:
+            raise InputError(f"image_offset={image_offset!r} must be a non-negative int (the id of the first image)")
+        return lambda p: int(image_offset) + p
+    ids = [i.item() if isinstance(i, (np.generic, torch.Tensor)) else i for i in image_ids]
+    if total is not None and len(ids) != total:
+        raise InputError(f"image_ids holds {len(ids)} ids but there are {total} images; give one per image")
+    if len(set(ids)) != len(ids):
+        dup = next(i for i in ids if ids.count(i) > 1)
+        raise InputError(f"image_ids repeats {dup!r}; every image needs its own id")
+    if image_offset:
+        raise InputError("pass image_ids= or image_offset=, not both")
+    return lambda p: ids[p]
+
+
+def _resume(out: str | os.PathLike | None, names: list[str], modes: Sequence[str], fractions: np.ndarray,
+            how: str) -> Any:
+    import pandas as pd
+
+    if out is None or not os.path.exists(out):
+        return None
+    prev = pd.read_csv(out)
+    if list(prev.columns) != COLUMNS:
+        raise CheckpointError(f"out={str(out)!r} is not a vitviz.faithfulness table (columns {list(prev.columns)})")
+    fr = np.sort(prev["fraction"].unique())
+    same = not len(prev) or (set(prev["method"]) == set(names) and set(prev["mode"]) == set(modes)
+                             and set(prev["removal"]) == {how} and len(fr) == len(fractions)
+                             and np.allclose(fr, fractions))
+    if not same:
+        raise CheckpointError(f"out={str(out)!r} holds another run (methods {sorted(set(prev['method']))}, modes "
+                              f"{sorted(set(prev['mode']))}, removal {sorted(set(prev['removal']))}, "
+                              f"{len(fr)} fractions); pass another out= path or delete it to start over")
+    return prev
+
+
 def faithfulness(
     model: nn.Module,
-    images: Images,
-    methods: Sequence[str] = METHODS,
+    images: Images | Any,
+    methods: Methods = DEFAULT_METHODS,
     target: Target = None,
     *,
-    labels: Sequence[int] | torch.Tensor | None = None,
+    labels: Sequence[int] | torch.Tensor | str | None = None,
     steps: float = 0.1,
     modes: Sequence[str] = MODES,
     removal: str = "auto",
@@ -134,180 +165,185 @@ def faithfulness(
     method_options: Mapping[str, Mapping[str, Any]] | None = None,
     batch_size: int = 50,
     progress: bool = True,
+    seed: int = 0,
+    image_offset: int = 0,
+    image_ids: Sequence[Hashable] | None = None,
+    out: str | os.PathLike | None = None,
+    autocast: bool | torch.dtype = False,
+    num_workers: int = 0,
 ) -> Any:
     """Perturbation curves of every method on every image, as a tidy ``pandas.DataFrame``.
 
     Args:
         model: any ViT ``vitviz.inspect`` reads (on the GPU if it is there: everything runs on its device).
-        images: a normalised ``(B, 3, H, W)`` batch, a list, or anything ``iter_batches`` takes.
-        methods: names for ``vitviz.explain``.
+        images: a normalised ``(B, 3, H, W)`` batch, a list (anything ``iter_batches`` takes), or a whole dataset:
+            a folder of images, a ``torch.utils.data.Dataset`` or a ``DataLoader`` (read batch by batch).
+        methods: what to evaluate: ``vitviz.explain`` method names; callables ``f(model, images, target) -> (B,
+            gh, gw)`` (``target`` is the batch's explained classes, or the callable target); or a dict name ->
+            any of these or precomputed maps ``(n_images, gh, gw)`` (in the order of ``images``). Default
+            ``DEFAULT_METHODS``, the cheap ones. ``"flow"`` only when asked: it solves a max-flow per image, about
+            11 s per image at ViT-B/16 size (197 tokens, 12 layers) on a CPU.
         target: ``None`` (each image's clean prediction), a class index, one per image (e.g. the labels), or a
             callable ``f(output) -> (B,)``.
-        labels: one class index per image; when given, ``accuracy`` is whether the arg-max equals the label (as in
-            Chefer et al.'s evaluation code, which explains one class and scores against the ground truth), while
-            ``probability`` stays that of the explained class. Default: accuracy against the explained class.
+        labels: one class index per image, or ``"dataset"`` (the targets a Dataset / DataLoader yields); when
+            given, ``accuracy`` is whether the arg-max equals the label (as in Chefer et al.'s evaluation code),
+            while ``probability`` stays that of the explained class. Default: accuracy against the explained class.
         steps: the fraction of patches removed per step (the curve has ``1 / steps + 1`` points, 0% to 100%).
         modes: any of ``positive``, ``negative``, ``deletion``, ``insertion`` (module docstring).
-        removal: ``"auto"`` (drop tokens where the model allows it, else mean), ``"drop"`` or ``"mean"``.
+        removal: ``"auto"`` (drop tokens where the model's family can, else mean), ``"drop"`` or ``"mean"``.
         fill: the per-channel value of removed pixels for ``"mean"``, in the model's normalised space (default
             0: the normalisation mean, the model's training-set mean).
-        method_options: per method, options for ``vitviz.explain`` (e.g. ``{"attention": {"layer": -1}}``).
+        method_options: per method name, options for ``vitviz.explain`` (e.g. ``{"attention": {"layer": -1}}``).
         batch_size: images per pass.
         progress: show a progress bar over images.
+        seed: the seed of the random order among patches of equal relevance (per image: seed and image id).
+        image_offset: the id of the first image (ids are ``image_offset + position``): give a later chunk of a
+            data set the offset of its first image so that chunks concatenate without colliding.
+        image_ids: one id per image (ints or strings), instead of ``image_offset``.
+        out: a CSV file the rows are appended to after every batch (atomically: the file is always a complete
+            table); a rerun with the same ``out`` skips the images already in it and returns the whole table.
+        autocast: on CUDA, run maps and forward passes under ``torch.autocast`` (``True``: bfloat16, or a dtype);
+            ignored on the CPU.
+        num_workers: loader workers for a folder or ``Dataset``.
 
     Returns:
-        DataFrame with columns ``image`` (index in ``images``), ``method``, ``mode``, ``fraction``, ``score``,
-        ``metric`` (``accuracy``, ``probability`` or ``target``) and ``removal``; ``df.attrs["auc"]`` holds
-        ``faithfulness_auc(df)``.
+        DataFrame with columns ``image`` (the image id), ``method``, ``mode``, ``fraction``, ``score``, ``metric``
+        (``accuracy``, ``probability`` or ``target``) and ``removal``; ``attrs`` hold scalars only (``removal``,
+        ``seed``, ``steps``). AUCs: ``vitviz.faithfulness_auc(df)``; paired comparisons:
+        ``vitviz.compare_methods(df, baseline=...)``.
     """
     import pandas as pd
 
-    for m in methods:
-        if m not in METHODS:
-            raise InputError(f"methods holds {m!r}, which is not one of {METHODS}")
     bad = [m for m in modes if m not in MODES]
     if bad or not modes:
         raise InputError(f"modes={list(modes)!r}: each must be one of {MODES}")
     fractions = _fractions(steps)
+    dataset = is_dataset_source(images)
+    total = dataset_length(images) if dataset else count_images(images)
+    if dataset and isinstance(images, (str, os.PathLike)):
+        from vitviz.core.datasets import ImageFolder
+
+        images = ImageFolder(images, model)
+        total = len(images)
+    table = _methods(methods, total)
     spec = inspect(model)
-    module = drop_module(model, spec)
-    if removal not in ("auto", "drop", "mean"):
-        raise InputError(f"removal={removal!r} must be 'auto', 'drop' or 'mean'")
-    if removal == "drop" and module is None:
-        raise InputError(f"removal='drop': {spec.name} has no token sequence vitviz can drop tokens from (it needs a "
-                         "class token or registers, absolute position embeddings and a class-token readout); use "
-                         "removal='mean'")
-    how = "drop" if removal in ("auto", "drop") and module is not None else "mean"
+    how = resolve_removal(model, removal)
     fill_t = torch.zeros(3) if fill is None else torch.as_tensor(fill, dtype=torch.float32).reshape(-1)
     options = {k: dict(v) for k, v in (method_options or {}).items()}
-    total = count_images(images)
-    records: list[dict[str, Any]] = []
-    start = 0
-    with torch.no_grad():
-        for x in iter_batches(model, images, batch_size, progress=progress, desc="faithfulness"):
-            b = len(x)
-            clean = model(x)
-            resolved = resolve_target(target, clean, start=start, n_images=total, model=model)
-            classes = resolved.classes
-            truth = None if labels is None or classes is None else resolve_target(
-                labels, clean, start=start, n_images=total, model=model).classes
-            batch_target = target if classes is None else classes
-            pert = _Perturbed(model, spec, x, how, module, fill_t, target, classes, truth)
-            p = pert.num_patches
-            for method in methods:
-                opts = dict(options.get(method, {}))
-                if method == "random":
-                    opts.setdefault("offset", start)
-                with torch.enable_grad():
-                    maps = explain(model, x, method, batch_target if method in GRADIENT_METHODS else None, **opts)
-                order = maps.detach().flatten(1).float().argsort(dim=1, descending=True, stable=True)
-                rank = torch.empty_like(order).scatter_(1, order, torch.arange(p, device=order.device).expand(b, -1))
-                for f in fractions:
-                    k = int(np.floor(f * p + 0.5))
-                    most = pert.scores(rank < k)  # the k most relevant removed
-                    least = pert.scores(rank >= p - k)  # the k least relevant removed
-                    kept_top = pert.scores(rank >= k)  # only the k most relevant present (insertion)
-                    for mode in modes:
-                        scores = {"positive": most, "deletion": most, "negative": least, "insertion": kept_top}[mode]
-                        metric = _metric_for(mode, classes is None)
-                        for i, s in enumerate(scores[metric]):
-                            records.append({"image": start + i, "method": method, "mode": mode,
-                                            "fraction": float(f), "score": s, "metric": metric, "removal": how})
-            start += b
-    df = pd.DataFrame.from_records(records, columns=["image", "method", "mode", "fraction", "score", "metric",
-                                                     "removal"])
-    df.attrs["removal"] = how
-    df.attrs["auc"] = faithfulness_auc(df)
+    image_id = _ids(image_ids, image_offset, total)
+    if isinstance(labels, str) and (labels != "dataset" or not dataset):
+        raise InputError(f"labels={labels!r}: pass class indices, one per image, or labels='dataset' with a Dataset, "
+                         "folder or DataLoader")
+    target_all, labels_all = _per_image(target, total, "target"), _per_image(labels, total, "labels")
+    device = next(model.parameters()).device
+    amp = (torch.bfloat16 if autocast is True else autocast) if autocast and device.type == "cuda" else None
+    prev = _resume(out, list(table), modes, fractions, how)
+    done = set() if prev is None else set(prev["image"])
+    todo = [p for p in range(total)] if total is not None else None
+    if todo is not None and done:
+        todo = [p for p in todo if image_id(p) not in done]
+    frames = [] if prev is None else [prev]
+    if todo is not None and not todo:
+        return _finish(pd, frames, how, seed, steps)
+    if dataset:
+        batches = iter_dataset(model, images, batch_size=batch_size, num_workers=num_workers, positions=todo)
+    else:
+        chosen = images if todo is None or len(todo) == total else (
+            images[todo] if isinstance(images, torch.Tensor) and images.ndim == 4 else [list(images)[p] for p in todo])
+        positions = todo if todo is not None else []
+        batches = ((x, None, positions[s:s + len(x)]) for s, x in zip(
+            range(0, len(positions), batch_size), iter_batches(model, chosen, batch_size)))
+    bar = None
+    if progress:
+        from tqdm.auto import tqdm
+
+        bar = tqdm(total=len(todo) if todo is not None else None, desc="faithfulness", unit="img")
+    try:
+        for x, loaded, pos in batches:
+            if todo is None:  # an iterable dataset: skip what out= holds
+                keep = [i for i, p in enumerate(pos) if image_id(p) not in done]
+                if not keep:
+                    continue
+                x, pos = x[keep], [pos[i] for i in keep]
+                loaded = loaded[keep] if isinstance(loaded, torch.Tensor) else loaded
+            ids = [image_id(p) for p in pos]
+            records = _batch(model, spec, x, pos, ids, table, options, target, target_all, labels, labels_all,
+                             loaded, how, fill_t, fractions, modes, seed, amp)
+            frame = pd.DataFrame.from_records(records, columns=COLUMNS)
+            frames.append(frame)
+            if out is not None:
+                whole = pd.concat(frames, ignore_index=True)
+                atomic_write(out, lambda tmp, whole=whole: whole.to_csv(tmp, index=False))
+            if bar is not None:
+                bar.update(len(x))
+    finally:
+        if bar is not None:
+            bar.close()
+    return _finish(pd, frames, how, seed, steps)
+
+
+def _finish(pd: Any, frames: list[Any], how: str, seed: int, steps: float) -> Any:
+    df = pd.concat(frames, ignore_index=True) if frames else pd.DataFrame(columns=COLUMNS)
+    df.attrs = {"removal": how, "seed": int(seed), "steps": float(steps)}
     return df
 
 
-class _Perturbed:
-    """One batch ``x``: the scores of the model with any set of patches removed (identical sets run once)."""
+def _batch(model: nn.Module, spec: Any, x: torch.Tensor, pos: list[int], ids: list[Hashable],
+           table: Mapping[str, Any], options: Mapping[str, dict], target: Target, target_all: torch.Tensor | None,
+           labels: Any, labels_all: torch.Tensor | None, loaded: Any, how: str, fill: torch.Tensor,
+           fractions: np.ndarray, modes: Sequence[str], seed: int, amp: torch.dtype | None) -> list[dict]:
+    """The curve rows of one batch ``x`` of images at dataset positions ``pos`` with ids ``ids``."""
+    import contextlib
 
-    def __init__(self, model: nn.Module, spec: ViTSpec, x: torch.Tensor, how: str, module: nn.Module | None,
-                 fill: torch.Tensor, target: Target, classes: torch.Tensor | None,
-                 truth: torch.Tensor | None = None) -> None:
-        self.model, self.spec, self.x, self.how, self.module = model, spec, x, how, module
-        self.fill, self.target, self.classes, self.truth = fill, target, classes, truth
-        self.grid = spec.grid_for_input(x)
-        self.num_patches = self.grid[0] * self.grid[1]
-        self.cache: dict[tuple[int, ...], dict[str, list[float]]] = {}
+    from vitviz.analysis.perturbation import image_seed
 
-    def scores(self, removed: torch.Tensor) -> dict[str, list[float]]:
-        """Per metric, one score per image, with the ``removed`` ``(b, P)`` bool patches taken out."""
-        key = tuple(removed.flatten().nonzero().flatten().tolist())
-        if key not in self.cache:
-            b = len(self.x)
-            if self.how == "drop":
-                keep = (~removed).nonzero()[:, 1].reshape(b, self.num_patches - int(removed[0].sum()))
-                with keep_tokens(self.module, self.spec.num_prefix_tokens, keep):  # type: ignore[arg-type]
-                    out = self.model(self.x)
+    b = len(x)
+    ctx = (lambda: torch.autocast(x.device.type, dtype=amp)) if amp else contextlib.nullcontext
+    with torch.no_grad(), ctx():
+        clean = model(x)
+    idx = torch.as_tensor(pos)
+    batch_target = target_all[idx] if target_all is not None else target
+    classes = resolve_target(batch_target, clean, model=model).classes
+    truth = None
+    if classes is not None and labels is not None:
+        lab = loaded if isinstance(labels, str) else labels_all[idx] if labels_all is not None else labels
+        if lab is None:
+            raise InputError("labels='dataset': the dataset yields no targets; pass labels= as class indices")
+        truth = resolve_target(lab, clean, model=model).classes
+    explained = target if classes is None else classes
+    pert = Perturbed(model, spec, x, how, fill, target, classes, truth, autocast=amp)
+    grid = pert.grid
+    records: list[dict] = []
+    for name, method in table.items():
+        opts = dict(options.get(name, {}))
+        with ctx():
+            if isinstance(method, torch.Tensor):
+                maps = method[idx.to(method.device)]
+            elif method == "random":
+                opts.pop("offset", None)  # the image id sets each image's map
+                maps = torch.cat([explain(model, x[i:i + 1], "random", offset=image_seed(0, ids[i]), **opts)
+                                  for i in range(b)])
+            elif isinstance(method, str):
+                with torch.enable_grad():
+                    maps = explain(model, x, method, explained if method in GRADIENT_METHODS else None, **opts)
             else:
-                out = self.model(_fill_patches(self.x, removed, self.grid, self.spec.patch_size, self.fill))
-            scored = _score(out, self.target, self.classes, self.model, self.truth)
-            self.cache[key] = {k: v.detach().cpu().double().tolist() for k, v in scored.items()}
-        return self.cache[key]
-
-
-def _metric_for(mode: str, callable_target: bool) -> str:
-    if callable_target:
-        return "target"
-    return "accuracy" if mode in ("positive", "negative") else "probability"
-
-
-def bootstrap_ci(values: Sequence[float] | np.ndarray, *, n_boot: int = 1000, ci: float = 0.95, seed: int = 0,
-                 statistic: Callable[[np.ndarray], np.ndarray] | None = None) -> tuple[float, float]:
-    """Percentile bootstrap interval of the mean (or ``statistic`` over axis 1) of ``values``, resampling them.
-
-    Args:
-        values: one value per unit (image).
-        n_boot: resamples.
-        ci: coverage, e.g. 0.95.
-        seed: the generator's seed (same seed, same interval).
-        statistic: ``f(resamples (n_boot, n)) -> (n_boot,)``; default the mean.
-
-    Returns:
-        ``(low, high)``.
-    """
-    v = np.asarray(values, dtype=np.float64)
-    if v.ndim != 1 or len(v) == 0:
-        raise InputError(f"bootstrap_ci needs a non-empty 1-D set of values, got shape {v.shape}")
-    if not 0 < ci < 1:
-        raise InputError(f"ci={ci!r} must lie in (0, 1), e.g. 0.95")
-    rng = np.random.default_rng(seed)
-    samples = v[rng.integers(0, len(v), size=(n_boot, len(v)))]
-    stats = samples.mean(axis=1) if statistic is None else statistic(samples)
-    lo, hi = np.quantile(stats, [(1 - ci) / 2, 1 - (1 - ci) / 2])
-    return float(lo), float(hi)
-
-
-def faithfulness_auc(df: Any, *, n_boot: int = 1000, ci: float = 0.95, seed: int = 0, upto: float = 1.0) -> Any:
-    """Area under each curve per image, averaged over images, with a bootstrap interval over images.
-
-    Args:
-        df: the DataFrame of ``faithfulness``.
-        n_boot, ci, seed: as in ``bootstrap_ci`` (the same resamples of images for every row).
-        upto: integrate over fractions ``[0, upto]`` only; Chefer et al. integrate up to 0.9
-            (``np.trapz(acc, x) * 100`` with ``x = 0, 0.1, ..., 0.9``), so ``upto=0.9`` times 100 is their number.
-
-    Returns:
-        DataFrame with one row per ``method``, ``mode``, ``metric``: ``auc`` (mean over images), ``ci_low``,
-        ``ci_high``, ``n_images``, ``better`` (``lower`` / ``higher``) and ``removal``.
-    """
-    import pandas as pd
-
-    rows = []
-    keys = ["method", "mode", "metric", "removal"]
-    df = df[df["fraction"] <= upto + 1e-9]
-    for (method, mode, metric, removal), g in df.groupby(keys, sort=False):
-        grid = g.pivot_table(index="image", columns="fraction", values="score", aggfunc="first").sort_index(axis=1)
-        if grid.isna().to_numpy().any():
-            raise InputError(f"the curves of {method}/{mode} do not share their fractions across images")
-        y, xs = grid.to_numpy(), grid.columns.to_numpy(dtype=np.float64)
-        per_image = pd.Series(((y[:, 1:] + y[:, :-1]) / 2 * np.diff(xs)).sum(axis=1), index=grid.index)  # trapezoid
-        lo, hi = bootstrap_ci(per_image.to_numpy(), n_boot=n_boot, ci=ci, seed=seed)
-        rows.append({"method": method, "mode": mode, "metric": metric, "auc": float(per_image.mean()),
-                     "ci_low": lo, "ci_high": hi, "n_images": len(per_image), "better": BETTER[mode],
-                     "removal": removal})
-    return pd.DataFrame(rows, columns=["method", "mode", "metric", "auc", "ci_low", "ci_high", "n_images",
-                                       "better", "removal"])
+                with torch.enable_grad():
+                    maps = method(model, x, explained)
+        if not isinstance(maps, torch.Tensor) or tuple(maps.shape) != (b, *grid):
+            shape = tuple(maps.shape) if isinstance(maps, torch.Tensor) else type(maps).__name__
+            raise InputError(f"method {name!r} gave maps of shape {shape} for a batch of {b} images; a map "
+                             f"method must return ({b}, {grid[0]}, {grid[1]}), one (gh, gw) map per image")
+        rank = rank_patches(maps.to(x.device), ids, seed)
+        p = pert.num_patches
+        with torch.no_grad():
+            for f in fractions:
+                k = int(np.floor(f * p + 0.5))
+                for mode in modes:
+                    removed = {"positive": rank < k, "deletion": rank < k, "negative": rank >= p - k,
+                               "insertion": rank >= k}[mode]  # insertion: only the k most relevant present
+                    metric = "target" if classes is None else "accuracy" if mode in ("positive", "negative") else (
+                        "probability")
+                    for i, s in enumerate(pert.scores(removed)[metric]):
+                        records.append({"image": ids[i], "method": name, "mode": mode, "fraction": float(f),
+                                        "score": s, "metric": metric, "removal": how})
+    return records

@@ -35,7 +35,8 @@ from vitviz.errors import CheckpointError, InputError
 
 IMAGE_SUFFIXES = (".jpg", ".jpeg", ".png", ".bmp", ".gif", ".webp", ".tif", ".tiff")
 
-__all__ = ["ImageFolder", "RunningReduction", "ShardSampler", "is_dataset_source", "reduce_dataset"]
+__all__ = ["ImageFolder", "RunningReduction", "ShardSampler", "dataset_length", "is_dataset_source", "iter_dataset",
+           "reduce_dataset"]
 
 
 class ImageFolder(Dataset):
@@ -191,6 +192,71 @@ def _split(batch: Any) -> tuple[torch.Tensor, Any]:
     if isinstance(batch, (list, tuple)) and batch and isinstance(batch[0], torch.Tensor):
         return batch[0], (batch[1] if len(batch) > 1 else None)
     raise InputError(f"a batch must be an image tensor or (images, targets, ...), got {type(batch).__name__}")
+
+
+def dataset_length(source: Any) -> int | None:
+    """How many images a ``Dataset`` or ``DataLoader`` holds (``None`` for an iterable dataset)."""
+    try:
+        return len(source.dataset if isinstance(source, DataLoader) else source)
+    except TypeError:
+        return None
+
+
+def iter_dataset(
+    model: nn.Module,
+    source: str | os.PathLike | Dataset | DataLoader,
+    *,
+    batch_size: int = 64,
+    num_workers: int = 0,
+    pin_memory: bool | None = None,
+    positions: list[int] | None = None,
+) -> Iterator[tuple[torch.Tensor, Any, list[int]]]:
+    """Yield ``(x, targets, positions)`` batches of ``source`` on the model's device (for per-image results).
+
+    Unlike ``reduce_dataset`` (running sums) this hands every batch to the caller with the positions of its images in
+    the dataset, so per-image results can be labelled and resumed.
+
+    Args:
+        model: the ViT (device and, for a folder, preprocessing).
+        source: a folder of images, a ``Dataset`` (items ``x`` or ``(x, target, ...)``) or a ``DataLoader`` (read
+            in its own order, positions counted as its batches come).
+        batch_size, num_workers, pin_memory: for the loader vitviz builds (not for a ready ``DataLoader``).
+        positions: read only these positions (a ``Dataset`` reads just them; a ``DataLoader`` loads every batch and
+            the others are dropped).
+
+    Yields:
+        ``x`` ``(b, 3, H, W)`` on the model's device, the batch's targets (or ``None``), and the ``b`` positions.
+    """
+    if isinstance(source, (str, os.PathLike)):
+        source = ImageFolder(source, model)
+    device = _device(model)
+    pin = device.type == "cuda" if pin_memory is None else pin_memory
+    wanted = None if positions is None else set(positions)
+    if isinstance(source, DataLoader):
+        start = 0
+        for batch in source:
+            x, target = _split(batch)
+            pos = list(range(start, start + len(x)))
+            start += len(x)
+            if wanted is not None:
+                sel = [i for i, p in enumerate(pos) if p in wanted]
+                if not sel:
+                    continue
+                if len(sel) < len(pos):
+                    x, pos = x[sel], [pos[i] for i in sel]
+                    target = target[sel] if isinstance(target, torch.Tensor) else target
+            yield x.to(device=device, non_blocking=pin), target, pos
+        return
+    if not isinstance(source, Dataset):
+        raise InputError(f"images={type(source).__name__} is neither a folder, a Dataset nor a DataLoader")
+    order = list(range(len(source))) if positions is None else list(positions)  # type: ignore[arg-type]
+    loader = DataLoader(torch.utils.data.Subset(source, order), batch_size=batch_size, num_workers=num_workers,
+                        pin_memory=pin, shuffle=False)
+    done = 0
+    for batch in loader:
+        x, target = _split(batch)
+        yield x.to(device=device, non_blocking=pin), target, order[done:done + len(x)]
+        done += len(x)
 
 
 def reduce_dataset(

@@ -29,7 +29,7 @@ def plot_faithfulness(df: Any, ax: Axes | None = None, *, mode: str | None = Non
     """Mean score against the fraction of patches removed (inserted), one line per method.
 
     Args:
-        df: the DataFrame of ``vitviz.faithfulness``.
+        df: the DataFrame of ``vitviz.faithfulness`` (runs over distinct image ids may be concatenated).
         ax: draw one ``mode`` into this Axes and return it; ``None``: a new figure, one panel per mode in ``df``.
         mode: with ``ax``, which mode to draw (default: the only one in ``df``).
         errorbar: seaborn's ``errorbar`` for the band around each mean (default: a normal 95% interval of the mean
@@ -40,6 +40,9 @@ def plot_faithfulness(df: Any, ax: Axes | None = None, *, mode: str | None = Non
     """
     import seaborn as sns
 
+    from vitviz.analysis.faithfulness_stats import check_curves
+
+    check_curves(df)  # one row per image, method, mode and fraction: a repeated run would weigh its images twice
     modes = list(dict.fromkeys(df["mode"]))
     if not modes:
         raise InputError("plot_faithfulness got an empty DataFrame; run vitviz.faithfulness(model, images) first")
@@ -53,6 +56,9 @@ def plot_faithfulness(df: Any, ax: Axes | None = None, *, mode: str | None = Non
         sns.lineplot(data=sub, x="fraction", y="score", hue="method", hue_order=methods, palette=palette,
                      errorbar=errorbar, marker="o", markersize=3, ax=a)
         metric = sub["metric"].iloc[0]
+        if sub["removal"].nunique() > 1:
+            raise InputError(f"mode={m!r} mixes removals {sorted(set(sub['removal']))}; their curves are not "
+                             "comparable: draw df[df['removal'] == ...] for each")
         removal = sub["removal"].iloc[0]
         a.set_title(TITLES[m])
         a.set_xlabel(XLABELS.get(removal, "Patches removed [fraction]").replace(

@@ -35,7 +35,7 @@ from typing import Any
 import torch
 from torch import nn
 
-from vitviz.errors import VitvizError
+from vitviz.errors import UnsupportedModelError, VitvizError
 
 Emit = Callable[[Any], None]
 Undo = Callable[[], None]
@@ -169,6 +169,41 @@ class Family:
     def prepare(self, model: nn.Module) -> Undo:
         """Model-level set-up for the duration of a capture (e.g. ViTMAE runs unmasked); returns its undo."""
         return lambda: None
+
+    # ------------------------------------------------------------------ patch removal (vitviz.faithfulness)
+    def token_drop_module(self, model: nn.Module) -> nn.Module | None:
+        """Where patch tokens can be taken out of the sequence, or ``None`` (patches are then removed by filling
+        their pixels).
+
+        The module's output is the token sequence ``(B, N, D)`` (or a tuple starting with it) right after the
+        position embedding is added: a token dropped there leaves every other token with its own position. A family
+        returns it only when the model's output stays defined with every patch dropped: a class token or registers
+        and a readout from the prefix tokens (not a mean over patch tokens, which is empty at 100% removed), and
+        positions that do not depend on the sequence (absolute tables or a relative bias the family gathers; not
+        rotary). ``token_drop_refusal`` says why not.
+        """
+        return None
+
+    def token_drop_refusal(self, model: nn.Module) -> str:
+        """Why ``token_drop_module`` is ``None`` for ``model`` (for error messages)."""
+        return f"vitviz has no token-dropping point for {type(model).__name__} (family {self.name})"
+
+    def drop_tokens(self, model: nn.Module, keep: torch.Tensor, num_prefix_tokens: int) -> Undo:
+        """Until the undo is called, ``model`` sees only its prefix tokens and the patches ``keep``.
+
+        Args:
+            model: a model of this family whose ``token_drop_module`` is not ``None``.
+            keep: ``(B, k)`` patch indices (0-based over the patches, row-major) kept per image, in sequence order.
+            num_prefix_tokens: leading tokens always kept (``ViTSpec.num_prefix_tokens``).
+
+        Returns:
+            the undo (removes the hooks). Families with a relative position bias also gather the bias over the
+            kept tokens, so each kept pair keeps the bias of its positions.
+        """
+        module = self.token_drop_module(model)
+        if module is None:
+            raise UnsupportedModelError(f"cannot drop tokens: {self.token_drop_refusal(model)}")
+        return keep_token_hook(module, token_index(num_prefix_tokens, keep))
 
 
 def named_children_of(model: nn.Module, prefix: str) -> list[tuple[str, nn.Module]]:
@@ -310,3 +345,43 @@ def probe_hf(module: nn.Module, emit: Emit) -> Undo:
 
     undos.append(module.register_forward_hook(hook).remove)
     return chain_undos(undos)
+
+
+# ---------------------------------------------------------------------------------------------- token dropping
+def token_index(num_prefix_tokens: int, keep: torch.Tensor) -> torch.Tensor:
+    """``(B, prefix + k)`` sequence positions kept: every prefix token, then the patches ``keep`` ``(B, k)``."""
+    prefix = torch.arange(num_prefix_tokens, device=keep.device).expand(keep.shape[0], -1)
+    return torch.cat([prefix, keep.long() + num_prefix_tokens], dim=1)
+
+
+def gather_tokens(seq: torch.Tensor, index: torch.Tensor) -> torch.Tensor:
+    """``seq`` ``(B, N, D)`` -> ``(B, n, D)``: the tokens at ``index`` ``(B, n)``, in that order."""
+    return seq.gather(1, index.to(seq.device)[..., None].expand(-1, -1, seq.shape[-1]))
+
+
+def gather_bias(bias: torch.Tensor, index: torch.Tensor) -> torch.Tensor:
+    """A relative position bias ``(..., H, N, N)`` (one for every image) -> ``(B, H, n, n)`` over the tokens kept.
+
+    Row ``i`` and column ``j`` of the result are the bias between kept tokens ``index[b, i]`` and ``index[b, j]``:
+    a kept token keeps its position, the bias it had in the full sequence.
+    """
+    n = bias.shape[-1]
+    flat = bias.reshape(-1, n, n)  # (H, N, N)
+    idx = index.to(bias.device)
+    return flat[:, idx[:, :, None], idx[:, None, :]].permute(1, 0, 2, 3)  # (B, H, n, n)
+
+
+def keep_token_hook(module: nn.Module, index: torch.Tensor) -> Undo:
+    """Hook ``module`` so its output sequence ``(B, N, D)`` (or a tuple starting with it) keeps the tokens ``index``."""
+    def hook(_m: nn.Module, _inputs: Any, out: Any) -> Any:
+        if isinstance(out, tuple):
+            return (gather_tokens(out[0], index), *out[1:])
+        return gather_tokens(out, index)
+
+    return module.register_forward_hook(hook).remove
+
+
+def gather_bias_hook(module: nn.Module, index: torch.Tensor) -> Undo:
+    """Hook a module that returns a relative position bias ``(..., H, N, N)`` to return it over the kept tokens."""
+    return module.register_forward_hook(lambda _m, _i, out: gather_bias(out, index)).remove
+

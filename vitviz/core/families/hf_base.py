@@ -16,6 +16,11 @@ Everything is read from the model and its config, never guessed:
 Attention is read with ``probe_hf``: the config's attention implementation is switched to ``eager`` for the
 duration of the capture (SDPA and flash kernels return no weights) and restored afterwards.
 
+Patch removal (``vitviz.faithfulness``): tokens are dropped at the embeddings' ``dropout`` (the position embedding
+added; CLIP: the embeddings' output) when the model has a class token and reads its output from the prefix tokens;
+models whose readout is a mean over patch tokens, and SigLIP (no class token) and ViTMAE (random masking), have
+their pixels filled instead.
+
 A layout that does not check out raises ``UnsupportedModelError`` naming the model class and the reason.
 """
 
@@ -205,6 +210,27 @@ class HFVisionFamily(Family):
             "norm": (f"{p}layernorm.", f"{p}post_layernorm.", f"{p}pre_layrnorm."),
             "head": ("classifier.", "cls_classifier.", "distillation_classifier.", f"{p}pooler.", f"{p}head."),
         }
+
+    # ------------------------------------------------------------------ patch removal
+    def pools_patches(self, model: nn.Module) -> bool:
+        """Whether the model's output reads a mean over patch tokens (empty when every patch is dropped)."""
+        return False
+
+    def _token_drop(self, model: nn.Module) -> tuple[nn.Module | None, str]:
+        name = f"{type(model).__name__} (Hugging Face)"
+        if not self.prefix_tokens(model):
+            return None, f"{name} has no class token or registers (the readout would be empty with every patch dropped)"
+        if self.pools_patches(model):
+            return None, f"{name} reads out a mean over patch tokens (empty with every patch dropped)"
+        emb = self.embeddings(model)
+        drop = getattr(emb, "dropout", None)  # after the position embedding; CLIP has none: its embeddings' output
+        return (drop if isinstance(drop, nn.Module) else emb), ""
+
+    def token_drop_module(self, model: nn.Module) -> nn.Module | None:
+        return self._token_drop(model)[0]
+
+    def token_drop_refusal(self, model: nn.Module) -> str:
+        return self._token_drop(model)[1]
 
     def data_config(self, model: nn.Module) -> dict[str, Any] | None:
         """The checkpoint's ``preprocessor_config.json`` (local folder), else the processor class's defaults.

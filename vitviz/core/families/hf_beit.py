@@ -10,12 +10,19 @@ Layout (``BeitEmbeddings``): ``[cls, patches]``. Position information is read fr
 
 The captured maps are the post-softmax probabilities, bias included (what multiplies the values), exactly what
 ``output_attentions=True`` returns under the eager implementation.
+
+Patch removal: tokens are dropped after the embeddings (position table added) and every relative position bias
+(``BeitRelativePositionBias``, per layer or shared) is gathered over the kept tokens, so each kept pair keeps the
+bias of its own positions; with ``use_mean_pooling`` (the default of the classification head) the readout is a mean
+over patch tokens and the pixels are filled instead.
 """
 
 from __future__ import annotations
 
+import torch
 from torch import nn
 
+from vitviz.core.families.base import Undo, chain_undos, gather_bias_hook, token_index
 from vitviz.core.families.hf_base import HFVisionFamily, vision_config, vision_root
 
 
@@ -37,3 +44,14 @@ class HFBeitFamily(HFVisionFamily):
         # relative position bias tables: per layer, or one shared by the model
         comps["pos_embed"] = comps["pos_embed"] + (f"{p}shared_position_bias.",)
         return comps
+
+    def pools_patches(self, model: nn.Module) -> bool:
+        pooler = getattr(vision_root(model)[0], "pooler", None)
+        return getattr(pooler, "layernorm", None) is not None  # BeitPooler: mean over patch tokens
+
+    def drop_tokens(self, model: nn.Module, keep: torch.Tensor, num_prefix_tokens: int) -> Undo:
+        undos = [super().drop_tokens(model, keep, num_prefix_tokens)]
+        index = token_index(num_prefix_tokens, keep)
+        undos += [gather_bias_hook(m, index) for m in model.modules()
+                  if type(m).__name__.endswith("RelativePositionBias")]
+        return chain_undos(undos)

@@ -5,6 +5,10 @@ Layout (``Dinov2Embeddings``): ``[cls, patches]``; with registers (``Dinov2WithR
 class token only (registers get no position). The model bicubically interpolates its table to whatever input it
 is given (``Dinov2Embeddings.interpolate_pos_encoding`` runs on every call), so the grid follows the input:
 ``dynamic_img_size=True`` and ``spec.grid_for_input(x)`` is ``(H // patch, W // patch)``.
+
+Patch removal: tokens are dropped at ``embeddings.dropout`` (table interpolated and added) for ``Dinov2Model``
+(its pooled output is the class token); ``Dinov2ForImageClassification`` reads the mean of the patch tokens too,
+so its pixels are filled instead.
 """
 
 from __future__ import annotations
@@ -20,6 +24,10 @@ class HFDinov2Family(HFVisionFamily):
     dynamic_img_size = True
     # the authors' code normalises with the ImageNet mean and std (timm IMAGENET_DEFAULT_MEAN / _STD)
     authors_mean_std = ((0.485, 0.456, 0.406), (0.229, 0.224, 0.225))
+
+    def pools_patches(self, model: nn.Module) -> bool:
+        # Dinov2ForImageClassification classifies [cls, mean of the patch tokens]; Dinov2Model pools the cls token
+        return type(model).__name__.endswith("ForImageClassification")
 
 
 class HFDinov2RegistersFamily(HFDinov2Family):

@@ -53,3 +53,9 @@ class HFViTMAEFamily(HFVisionFamily):
 
         undos.append(set_attr(emb, "forward", forward))
         return chain_undos(undos)
+
+    def token_drop_module(self, model: nn.Module) -> nn.Module | None:
+        return None
+
+    def token_drop_refusal(self, model: nn.Module) -> str:
+        return f"{type(model).__name__} (Hugging Face) shuffles and masks its patch tokens at random on every call"

@@ -11,6 +11,10 @@ Attention is read with ``probe_mha`` (as for torchvision): the module is called 
 per-head weights for the duration. For a whole ``CLIP`` model only the vision tower's blocks are captured;
 ``model(images)`` runs ``encode_image`` only, so every analysis works on the whole model.
 
+Patch removal (``vitviz.faithfulness``): tokens are dropped at ``patch_dropout`` (the positional embedding added,
+before ``ln_pre``) when the tower reads out its class token (``pool_type="tok"``, no attentional pooler), as for
+Hugging Face CLIP; ``pool_type="avg"`` and attentional poolers have their pixels filled.
+
 Refused with ``UnsupportedModelError``: towers built with ``block_type="custom"``, ``qk_norm``,
 ``scaled_cosine_attn`` and similar (``CustomResidualAttentionBlock``: its ``Attention`` has no probe here), timm
 trunks (``TimmModel``: analyse ``model.visual.trunk`` with the timm family instead), ModifiedResNet towers (not a
@@ -122,3 +126,18 @@ class OpenCLIPFamily(Family):
         return {"input_size": (3, h, w), "interpolation": cfg.get("interpolation", "bicubic"),
                 "mean": tuple(cfg.get("mean", OPENAI_DATASET_MEAN)), "std": tuple(cfg.get("std", OPENAI_DATASET_STD)),
                 "crop_pct": 1.0, "crop_mode": "squash" if squash else "center"}
+
+    def _token_drop(self, model: nn.Module) -> tuple[nn.Module | None, str]:
+        visual = tower(model)[0]
+        pool = getattr(visual, "pool_type", None)
+        if getattr(visual, "attn_pool", None) is not None or pool != "tok":
+            return None, (f"{type(model).__name__} (open_clip) pools its output over the patch tokens (pool_type="
+                          f"{pool!r}{', attentional pooler' if getattr(visual, 'attn_pool', None) is not None else ''})")
+        drop = getattr(visual, "patch_dropout", None)
+        return (drop if isinstance(drop, nn.Module) else None), "open_clip tower without a patch_dropout module"
+
+    def token_drop_module(self, model: nn.Module) -> nn.Module | None:
+        return self._token_drop(model)[0]
+
+    def token_drop_refusal(self, model: nn.Module) -> str:
+        return self._token_drop(model)[1]

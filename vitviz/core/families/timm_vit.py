@@ -10,6 +10,10 @@ named ``blocks.{i}.attns.{j}.attn``; ``ParallelScalingBlock`` (``*_xp_*``, ``vit
 and ``DiffParallelScalingBlock`` (``vit_dpwee*``) compute attention and MLP from one fused projection, so the
 block itself (``blocks.{i}``) is the attention module.
 
+Patch removal (``vitviz.faithfulness``): tokens are dropped after ``pos_drop`` (the position embedding added) in
+``VisionTransformer`` with prefix tokens and a ``token`` or ``map`` readout, and in ``Beit`` with a ``token``
+readout (its relative position biases are gathered over the kept tokens); every other model has its pixels filled.
+
 Refused with ``UnsupportedModelError``: ``VisionTransformerSAM`` (windowed attention in most layers, over a
 ``(B, gh, gw, D)`` token map with a 4-D position table: the maps are per window, not over the image's tokens) and
 any other timm model whose attention modules vitviz has no probe for.
@@ -22,7 +26,16 @@ from typing import Any
 import torch
 from torch import nn
 
-from vitviz.core.families.base import Family, Layout
+from vitviz.core.families.base import (
+    Family,
+    Layout,
+    Undo,
+    chain_undos,
+    gather_bias,
+    gather_bias_hook,
+    set_attr,
+    token_index,
+)
 from vitviz.core.families.pos_kind import table_kind
 from vitviz.core.families.timm_probes import map_kind, probe_timm, stream_probe_for
 from vitviz.core.util import pair
@@ -184,3 +197,42 @@ class TimmFamily(Family):
         from timm.data import resolve_data_config
 
         return resolve_data_config(model=model)
+
+    def _token_drop(self, model: nn.Module) -> tuple[nn.Module | None, str]:
+        from timm.models.vision_transformer import VisionTransformer
+
+        cls = type(model).__name__
+        pool = getattr(model, "global_pool", None)
+        if getattr(model, "rope", None) is not None:
+            return None, f"{cls} (timm) encodes positions by rotary embeddings inside attention"
+        if int(getattr(model, "num_prefix_tokens", 0)) == 0 or cls == "Cait":
+            return None, (f"{cls} (timm) has no prefix token in the sequence at its position embedding (the readout "
+                          "would be empty with every patch dropped)")
+        if isinstance(model, VisionTransformer) and pool in ("token", "map"):
+            return model.pos_drop, ""
+        if cls == "Beit" and pool == "token":
+            return model.pos_drop, ""
+        if pool not in ("token", "map"):
+            return None, f"{cls} (timm) reads out global_pool={pool!r}, a mean over patch tokens"
+        return None, f"vitviz has no token-dropping point for {cls} (timm)"
+
+    def token_drop_module(self, model: nn.Module) -> nn.Module | None:
+        return self._token_drop(model)[0]
+
+    def token_drop_refusal(self, model: nn.Module) -> str:
+        return self._token_drop(model)[1]
+
+    def drop_tokens(self, model: nn.Module, keep: torch.Tensor, num_prefix_tokens: int) -> Undo:
+        undos = [super().drop_tokens(model, keep, num_prefix_tokens)]
+        if type(model).__name__ == "Beit":  # relative position biases over the kept tokens' own positions
+            index = token_index(num_prefix_tokens, keep)
+            shared = getattr(model, "rel_pos_bias", None)
+            if isinstance(shared, nn.Module):
+                undos.append(gather_bias_hook(shared, index))
+            for block in model.blocks:
+                attn = block.attn
+                if getattr(attn, "relative_position_bias_table", None) is not None:
+                    original = type(attn)._get_rel_pos_bias.__get__(attn)
+                    undos.append(set_attr(attn, "_get_rel_pos_bias",
+                                           lambda original=original: gather_bias(original(), index)))
+        return chain_undos(undos)

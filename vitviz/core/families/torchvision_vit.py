@@ -1,4 +1,8 @@
-"""``torchvision.models.VisionTransformer`` (``vit_b_16`` and friends)."""
+"""``torchvision.models.VisionTransformer`` (``vit_b_16`` and friends).
+
+Patch removal: tokens are dropped after ``encoder.dropout`` (the position embedding added); the readout is the
+class token.
+"""
 
 from __future__ import annotations
 
@@ -64,3 +68,6 @@ class TorchvisionFamily(Family):
         size = int(model.image_size)
         return {"input_size": (3, size, size), "interpolation": "bilinear", "mean": IMAGENET_DEFAULT_MEAN,
                 "std": IMAGENET_DEFAULT_STD, "crop_pct": 0.875, "crop_mode": "center"}
+
+    def token_drop_module(self, model: nn.Module) -> nn.Module | None:
+        return model.encoder.dropout

@@ -1,0 +1,165 @@
+"""Removing patches from a ViT's input, and the order in which a relevance map removes them.
+
+Two removals (``vitviz.faithfulness``'s ``removal`` column):
+
+- ``"drop"``: the removed patch tokens are taken out of the sequence right after the position embedding, so the
+  model sees fewer tokens and no invented pixels. Where and how is the model family's business
+  (``Family.token_drop_module`` / ``Family.drop_tokens`` in ``vitviz.core.families``): timm ``pos_drop``,
+  torchvision ``encoder.dropout``, the Hugging Face embeddings' ``dropout`` (ViT, DeiT, BEiT, DINOv2, CLIP), open_clip ``patch_dropout``; BEiT's
+  relative position biases are gathered over the kept tokens. A family drops tokens only where the output stays
+  defined with every patch removed (a class token or registers and a readout from them), so one architecture gets
+  the same removal whichever library it comes from.
+- ``"mean"``: the pixels of the removed patches are set to ``fill`` (default 0 in the model's normalised space,
+  i.e. its training-set mean).
+
+Ties: a map orders the patches by relevance, most relevant first. Patches of equal relevance (a saturated map,
+a constant one) are put in a random order drawn from ``(seed, image id)``, never in raster order, so an image gets
+the same order whatever the batching and whichever run it is part of.
+"""
+
+from __future__ import annotations
+
+import operator
+import zlib
+from collections.abc import Hashable, Iterator, Sequence
+from contextlib import contextmanager
+from typing import Any
+
+import torch
+from torch import nn
+
+from vitviz.core.families import family_of
+from vitviz.core.spec import ViTSpec, inspect
+from vitviz.core.targets import Target, logits_of
+from vitviz.errors import InputError
+
+__all__ = ["REMOVALS", "Perturbed", "drop_module", "fill_patches", "image_seed", "keep_tokens", "rank_patches",
+           "resolve_removal"]
+
+REMOVALS = ("auto", "drop", "mean")
+
+
+def drop_module(model: nn.Module, spec: ViTSpec | None = None) -> nn.Module | None:
+    """The module after which ``model``'s patch tokens are dropped (``Family.token_drop_module``), or ``None``."""
+    return family_of(model).token_drop_module(model)
+
+
+def resolve_removal(model: nn.Module, removal: str) -> str:
+    """``"drop"`` or ``"mean"`` for ``removal`` in ``REMOVALS`` (``"auto"``: drop where the family can)."""
+    if removal not in REMOVALS:
+        raise InputError(f"removal={removal!r} must be 'auto', 'drop' or 'mean'")
+    family = family_of(model)
+    module = family.token_drop_module(model)
+    if removal == "drop" and module is None:
+        raise InputError(f"removal='drop': {family.token_drop_refusal(model)}, so vitviz cannot drop its patch "
+                         "tokens; use removal='mean'")
+    return "drop" if removal in ("auto", "drop") and module is not None else "mean"
+
+
+@contextmanager
+def keep_tokens(model: nn.Module, keep: torch.Tensor, spec: ViTSpec | None = None) -> Iterator[None]:
+    """Inside the block, ``model`` sees its prefix tokens and only the patches ``keep`` ``(B, k)`` (sequence order).
+
+    The family installs the drop (``Family.drop_tokens``) and removes it on exit, also when the body raises.
+    """
+    spec = spec or inspect(model)
+    undo = family_of(model).drop_tokens(model, keep, spec.num_prefix_tokens)
+    try:
+        yield
+    finally:
+        undo()
+
+
+def fill_patches(x: torch.Tensor, removed: torch.Tensor, grid: tuple[int, int], stride: tuple[int, int],
+                 fill: torch.Tensor) -> torch.Tensor:
+    """``x`` ``(B, C, H, W)`` with the pixels of the ``removed`` ``(B, P)`` bool patches set to ``fill`` ``(C,)``."""
+    gh, gw = grid
+    mask = removed.reshape(-1, 1, gh, gw).repeat_interleave(stride[0], 2).repeat_interleave(stride[1], 3)
+    full = torch.zeros(x.shape[0], 1, *x.shape[-2:], dtype=torch.bool, device=x.device)
+    full[..., :mask.shape[-2], :mask.shape[-1]] = mask
+    return torch.where(full, fill.to(x)[None, :, None, None], x)
+
+
+def image_seed(seed: int, image: Hashable) -> int:
+    """The generator seed of one image: from ``seed`` and the image's id (an int, or a string hashed by CRC-32)."""
+    key = operator.index(image) if hasattr(image, "__index__") else zlib.crc32(str(image).encode())
+    return (int(seed) * 1_000_003 + key) % (2 ** 63)
+
+
+def rank_patches(maps: torch.Tensor, images: Sequence[Hashable], seed: int = 0) -> torch.Tensor:
+    """Each patch's rank by relevance, 0 the most relevant; ties in a random order drawn per image.
+
+    Args:
+        maps: ``(B, gh, gw)`` (or ``(B, P)``) relevance.
+        images: the ``B`` image ids (the tie order of an image depends on ``seed`` and its id only).
+        seed: the seed of the tie orders.
+
+    Returns:
+        ``(B, P)`` long ranks on ``maps``' device: patches are sorted by relevance, descending; among equal values
+        by a random permutation of the image's patches.
+    """
+    flat = maps.detach().flatten(1).float()
+    if not torch.isfinite(flat).all():
+        raise InputError("the relevance maps hold NaN or infinite values; a map must be finite to order patches")
+    b, p = flat.shape
+    if len(images) != b:
+        raise InputError(f"rank_patches got {len(images)} image ids for {b} maps")
+    perm = torch.stack([torch.randperm(p, generator=torch.Generator().manual_seed(image_seed(seed, i)))
+                        for i in images]).to(flat.device)
+    within = flat.gather(1, perm).argsort(dim=1, descending=True, stable=True)  # stable: ties keep perm's order
+    order = perm.gather(1, within)
+    return torch.empty_like(order).scatter_(1, order, torch.arange(p, device=order.device).expand(b, -1))
+
+
+def score_output(out: Any, target: Target, classes: torch.Tensor | None, model: nn.Module,
+                 truth: torch.Tensor | None = None) -> dict[str, torch.Tensor]:
+    """Per metric, one score per image of the model output ``out`` (see ``vitviz.faithfulness``)."""
+    if classes is None:
+        return {"target": target(out).detach().float().reshape(-1)}  # type: ignore[misc,operator]
+    logits = logits_of(out, model).float()
+    return {"probability": logits.softmax(-1).gather(1, classes[:, None])[:, 0],
+            "accuracy": (logits.argmax(-1) == (classes if truth is None else truth)).float()}
+
+
+class Perturbed:
+    """One batch ``x``: the scores of the model with any set of patches removed (identical sets run once).
+
+    Args:
+        model, spec: the ViT and ``vitviz.inspect(model)``.
+        x: ``(b, 3, H, W)`` normalised batch on the model's device.
+        how: ``"drop"`` or ``"mean"`` (``resolve_removal``).
+        fill: ``(C,)`` pixel value of removed patches for ``"mean"``.
+        target, classes, truth: what is scored (``score_output``).
+        autocast: a ``torch.autocast`` dtype for the forward passes (CUDA), or ``None``.
+    """
+
+    def __init__(self, model: nn.Module, spec: ViTSpec, x: torch.Tensor, how: str, fill: torch.Tensor,
+                 target: Target, classes: torch.Tensor | None, truth: torch.Tensor | None = None,
+                 autocast: torch.dtype | None = None) -> None:
+        self.model, self.spec, self.x, self.how = model, spec, x, how
+        self.fill, self.target, self.classes, self.truth = fill, target, classes, truth
+        self.autocast = autocast
+        self.grid = spec.grid_for_input(x)
+        self.num_patches = self.grid[0] * self.grid[1]
+        self.cache: dict[tuple[int, ...], dict[str, list[float]]] = {}
+
+    def _forward(self, x: torch.Tensor) -> Any:
+        if self.autocast is None:
+            return self.model(x)
+        with torch.autocast(x.device.type, dtype=self.autocast):
+            return self.model(x)
+
+    def scores(self, removed: torch.Tensor) -> dict[str, list[float]]:
+        """Per metric, one score per image, with the ``removed`` ``(b, P)`` bool patches taken out."""
+        key = tuple(removed.flatten().nonzero().flatten().tolist())
+        if key not in self.cache:
+            b = len(self.x)
+            if self.how == "drop":
+                keep = (~removed).nonzero()[:, 1].reshape(b, self.num_patches - int(removed[0].sum()))
+                with keep_tokens(self.model, keep, self.spec):
+                    out = self._forward(self.x)
+            else:
+                out = self._forward(fill_patches(self.x, removed, self.grid, self.spec.patch_size, self.fill))
+            scored = score_output(out, self.target, self.classes, self.model, self.truth)
+            self.cache[key] = {k: v.detach().cpu().double().tolist() for k, v in scored.items()}
+        return self.cache[key]
