@@ -6,6 +6,7 @@ import numpy as np
 import pandas as pd
 import pytest
 
+from vitviz.analysis.trends import depth_trend
 from vitviz.experiments.compare import (
     compute_grid,
     describe_matched,
@@ -15,7 +16,6 @@ from vitviz.experiments.compare import (
     summarize,
     t_interval,
 )
-from vitviz.analysis.trends import depth_trend
 
 T_0975_2 = 4.302652729749464  # Student t, 97.5% quantile, 2 degrees of freedom (tables)
 
