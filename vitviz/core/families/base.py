@@ -170,6 +170,14 @@ class Family:
         """Model-level set-up for the duration of a capture (e.g. ViTMAE runs unmasked); returns its undo."""
         return lambda: None
 
+    def lrp_rules(self, model: nn.Module, rules: Any, emit: Emit) -> Undo:
+        """Install AttnLRP's rules (``vitviz.core.families.lrp.LRPRules``) on ``model`` and hook the first block's
+        input tokens (``emit`` receives them); returns the undo. Default: refused."""
+        from vitviz.errors import UnsupportedModelError
+
+        raise UnsupportedModelError(f"{type(model).__name__} ({self.name} family): vitviz has no AttnLRP rules for "
+                                    "this family; use explain(method='chefer')")
+
 
 def named_children_of(model: nn.Module, prefix: str) -> list[tuple[str, nn.Module]]:
     """Modules whose names match the fnmatch ``prefix`` pattern, in registration order."""

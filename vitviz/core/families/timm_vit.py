@@ -184,3 +184,8 @@ class TimmFamily(Family):
         from timm.data import resolve_data_config
 
         return resolve_data_config(model=model)
+
+    def lrp_rules(self, model: nn.Module, rules: Any, emit: Any) -> Any:
+        from vitviz.core.families.lrp_families import timm_rules
+
+        return timm_rules(model, rules, emit)

@@ -64,3 +64,8 @@ class TorchvisionFamily(Family):
         size = int(model.image_size)
         return {"input_size": (3, size, size), "interpolation": "bilinear", "mean": IMAGENET_DEFAULT_MEAN,
                 "std": IMAGENET_DEFAULT_STD, "crop_pct": 0.875, "crop_mode": "center"}
+
+    def lrp_rules(self, model: nn.Module, rules: Any, emit: Any) -> Any:
+        from vitviz.core.families.lrp_families import torchvision_rules
+
+        return torchvision_rules(model, rules, emit)
