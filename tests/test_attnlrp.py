@@ -224,3 +224,83 @@ def test_refusals():
     from vitviz.analysis.explain import GRADIENT_METHODS, METHODS
 
     assert "attnlrp" in METHODS and "attnlrp" in GRADIENT_METHODS
+
+
+def test_gamma_rule_matches_explicit_formula():
+    """One Linear layer, zennit's generalised gamma rule written out: for z_k > 0,
+    R_j = sum_k [x_j^+ (w + g w^+)_kj + x_j^- (w + g w^-)_kj] R_k / (sum of those over j + bias part), and the
+    mirror image for z_k < 0."""
+    torch.manual_seed(3)
+    lin = nn.Linear(5, 4).double()
+    x = torch.randn(3, 5, dtype=torch.float64, requires_grad=True)
+    gm = 0.3
+    with lrp_rules_on_linear(lin, LRPRules(linear="gamma", gamma=gm)):
+        z = lin(x)
+        r_out = torch.randn_like(z)
+        (g,) = torch.autograd.grad(z, x, r_out / z)  # relevance R_out enters as gradient R_out / z
+    w, b = lin.weight.detach(), lin.bias.detach()
+    xd = x.detach()
+    expected = torch.zeros_like(xd)
+    for n in range(3):
+        for k in range(4):
+            if z[n, k] > 0:
+                wa, wb, bb = w[k] + gm * w[k].clamp(min=0), w[k] + gm * w[k].clamp(max=0), b[k] + gm * b[k].clamp(min=0)
+            else:
+                wa, wb, bb = w[k] + gm * w[k].clamp(max=0), w[k] + gm * w[k].clamp(min=0), b[k] + gm * b[k].clamp(max=0)
+            contrib = xd[n].clamp(min=0) * wa + xd[n].clamp(max=0) * wb
+            den = contrib.sum() + bb
+            den = den + 1e-6 * (1 if den >= 0 else -1)
+            expected[n] += contrib / den * r_out[n, k]
+    assert torch.allclose(xd * g, expected, atol=1e-12)
+
+
+def lrp_rules_on_linear(lin: nn.Linear, rules: LRPRules):
+    from contextlib import contextmanager
+
+    from vitviz.core.families.lrp import install_linear
+
+    @contextmanager
+    def ctx():
+        undo = install_linear(lin, rules.linear, rules)
+        try:
+            yield
+        finally:
+            undo()
+
+    return ctx()
+
+
+@pytest.mark.parametrize("kind", ["deit", "beit", "dinov2", "dinov2_with_registers"])
+def test_hf_families_conserve_under_cp(kind):
+    """Zero biases, epsilon 0, CP attention: exact conservation, which fails if a norm or an activation kept its
+    plain gradient; the forward is unchanged under the rules."""
+    import transformers as T
+
+    common = dict(hidden_size=16, num_hidden_layers=2, num_attention_heads=2, intermediate_size=32, image_size=16,
+                  patch_size=8)
+    torch.manual_seed(4)
+    if kind == "deit":
+        m = T.DeiTForImageClassification(T.DeiTConfig(**common, num_labels=3))
+    elif kind == "beit":
+        m = T.BeitForImageClassification(T.BeitConfig(**common, num_labels=3, use_relative_position_bias=True))
+    elif kind == "dinov2":
+        m = T.Dinov2Model(T.Dinov2Config(**common))
+    else:
+        m = T.Dinov2WithRegistersModel(T.Dinov2WithRegistersConfig(**common, num_register_tokens=2))
+    m = m.double().eval()
+    with torch.no_grad():
+        for p in m.parameters():
+            p.add_(torch.randn_like(p) * 0.3)
+    _zero_biases(m)
+    x = torch.randn(2, 3, 16, 16, dtype=torch.float64)
+    target = 1 if "dinov2" not in kind else (lambda out: out.pooler_output.sum(-1))
+    y0 = m(x)
+    y0 = getattr(y0, "logits", None) if "dinov2" not in kind else y0.pooler_output
+    with lrp_rules(m):
+        y1 = m(x)
+        y1 = y1.logits if "dinov2" not in kind else y1.pooler_output
+    assert torch.allclose(y0, y1, atol=1e-12)
+    rel, score = attnlrp_tokens(m, x, target, rules=LRPRules(epsilon=0.0, attention="cp"))
+    assert torch.allclose(rel.sum(1), score, rtol=1e-9, atol=0)
+    maps = attnlrp(m, x, target)
+    assert maps.shape == (2, 2, 2) and torch.isfinite(maps).all()

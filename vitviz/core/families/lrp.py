@@ -111,8 +111,9 @@ class _LinearRule(torch.autograd.Function):
             g = g * factor
         if ctx.rule == "plain" or (ctx.rule == "epsilon" and rules.epsilon == 0):
             return g @ w, None, None, None, None, None
-        if ctx.rule == "epsilon":
-            return (g * (z / _stabilize(z, rules.epsilon))) @ w, None, None, None, None, None
+        if ctx.rule == "epsilon":  # z / (z + eps sign z) = |z| / (|z| + eps)
+            a = z.abs()
+            return (g * a.div_(a + rules.epsilon)) @ w, None, None, None, None, None
         # generalised gamma rule (zennit.rules.Gamma): relevance R = g * z split by the sign of z
         gm = rules.gamma
         wp, wn = w + gm * w.clamp(min=0), w + gm * w.clamp(max=0)

@@ -110,7 +110,8 @@ def torchvision_rules(model: nn.Module, rules: LRPRules, emit: Emit) -> Undo:
 
 
 HF_SUFFIXES = ("ForImageClassification", "ForImageClassificationWithTeacher", "Model", "Encoder", "Layer",
-               "Attention", "MLP", "LayerScale", "Pooler", "DropPath")
+               "Attention", "MLP", "LayerScale", "Pooler", "DropPath",
+               "RelativePositionBias")  # BEiT: a table-only bias on the scores (absorbed by the softmax rule)
 
 
 def hf_rules(model: nn.Module, rules: LRPRules, emit: Emit, layers: list[nn.Module], prefix: str,
