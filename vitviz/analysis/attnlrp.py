@@ -16,12 +16,12 @@ Linear layers               Eq. 8: epsilon rule (``linear_rule="epsilon"``, ``ep
                             gamma rule (``linear_rule="gamma"``, ``gamma=0.25``; zennit's generalised gamma)
 ==========================  ==================================================================================
 
-Linear layers, ViTs: the paper derives AttnLRP with the epsilon rule on linear layers (Eq. 8) and evaluates it in
-that form; its library recommends the gamma rule on the linear (and patch-embedding convolution) layers of ViTs,
-whose epsilon-rule heatmaps are noisy ("gradient shattering"), with gamma tuned by looking at the heatmaps (lxt's
-torchvision-ViT recipe, ``examples/vit_torch.py``, also uses CP-LRP inside the attention). vitviz uses the epsilon
-rule by default (the derivation, no free parameter, conservation testable) and offers ``linear_rule="gamma"``
-and ``attention_rule="cp"``; ``plain=`` leaves named linear layers at the plain gradient (for comparisons).
+Linear layers, ViTs: the paper's rule for linear layers is the epsilon rule (Eq. 8). For ViTs its library (lxt's
+quickstart, "Vision Transformer") says epsilon-rule heatmaps are noisy ("gradient shattering") and recommends the
+gamma rule on the linear and patch-convolution layers, gamma tuned by looking at the heatmaps; lxt's torchvision-ViT
+recipe (``examples/vit_torch.py``) also uses CP-LRP inside the attention. vitviz uses the epsilon rule by default
+(the derivation, no free parameter, conservation testable) and offers ``linear_rule="gamma"`` and
+``attention_rule="cp"``; ``plain=`` leaves named linear layers at the plain gradient (for comparisons).
 
 Where the relevance is read: at the tokens entering the first block (patch embedding + position embedding, after
 any pre-norm), summed over the embedding dimension, ``R_t = sum_d e_td * ds/de_td``: one relevance per token, the
