@@ -65,10 +65,9 @@ def model(dtype: torch.dtype) -> torch.nn.Module:
 def lxt_tokens(m: torch.nn.Module, x: torch.Tensor, classes: torch.Tensor, gamma: float, conv_gamma: float):
     """The recipe of lxt's examples/vit_torch.py, read at the first block's input tokens."""
     import zennit.rules as z_rules
+    from lxt.efficient import monkey_patch, monkey_patch_zennit
     from torchvision.models import vision_transformer
     from zennit.composites import LayerMapComposite
-
-    from lxt.efficient import monkey_patch, monkey_patch_zennit
 
     monkey_patch(vision_transformer, verbose=False)
     monkey_patch_zennit(verbose=False)

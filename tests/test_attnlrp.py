@@ -304,3 +304,21 @@ def test_hf_families_conserve_under_cp(kind):
     assert torch.allclose(rel.sum(1), score, rtol=1e-9, atol=0)
     maps = attnlrp(m, x, target)
     assert maps.shape == (2, 2, 2) and torch.isfinite(maps).all()
+
+
+def test_timm_distilled_and_no_class_token_conserve_under_cp():
+    from timm.models.deit import VisionTransformerDistilled
+
+    torch.manual_seed(5)
+    for m in (VisionTransformerDistilled(img_size=(16, 24), patch_size=8, embed_dim=16, depth=2, num_heads=2,
+                                         num_classes=3),
+              tiny_timm(class_token=False, global_pool="avg", no_embed_class=True)):
+        m = m.double().eval()
+        with torch.no_grad():
+            for p in m.parameters():
+                p.add_(torch.randn_like(p) * 0.3)
+        _zero_biases(m)
+        x = torch.randn(2, 3, 16, 24, dtype=torch.float64)
+        rel, score = attnlrp_tokens(m, x, 2, rules=LRPRules(epsilon=0.0, attention="cp"))
+        assert rel.shape == (2, m.num_prefix_tokens + 6)
+        assert torch.allclose(rel.sum(1), score, rtol=1e-9, atol=0)

@@ -26,7 +26,8 @@ from vitviz.errors import UnsupportedModelError
 
 Emit = Callable[[torch.Tensor], None]
 
-TIMM_CONTAINERS = {"Block", "Attention", "Mlp", "LayerScale", "Sequential", "ModuleList", "VisionTransformer"}
+TIMM_MODELS = ("VisionTransformer", "VisionTransformerDistilled")  # DeiT-distilled: two heads averaged (linear)
+TIMM_CONTAINERS = {"Block", "Attention", "Mlp", "LayerScale", "Sequential", "ModuleList", *TIMM_MODELS}
 TIMM_POOLS = ("token", "avg", "")
 
 
@@ -38,8 +39,11 @@ def _refuse(model: nn.Module, reason: str) -> UnsupportedModelError:
 def timm_rules(model: nn.Module, rules: LRPRules, emit: Emit) -> Undo:
     """timm ``VisionTransformer`` with plain ``Block`` / ``Attention`` / ``Mlp`` (class token, registers, no class
     token, average pooling); fused attention stays on (its gradient is the softmax rule's)."""
-    if type(model).__name__ != "VisionTransformer":
-        raise _refuse(model, f"vitviz has AttnLRP rules for timm's VisionTransformer only, not {type(model).__name__}")
+    if type(model).__name__ not in TIMM_MODELS:
+        raise _refuse(model, f"vitviz has AttnLRP rules for timm's {' and '.join(TIMM_MODELS)} only, not "
+                             f"{type(model).__name__}")
+    if getattr(model, "distilled_training", False) and model.training:
+        raise _refuse(model, "distilled training mode returns two outputs")
     if getattr(model, "attn_pool", None) is not None or getattr(model, "global_pool", "token") not in TIMM_POOLS:
         raise _refuse(model, f"global_pool={getattr(model, 'global_pool', None)!r} (attention or max pooling) has "
                              "no AttnLRP rule in vitviz")
@@ -114,7 +118,7 @@ HF_SUFFIXES = ("ForImageClassification", "ForImageClassificationWithTeacher", "M
                "RelativePositionBias")  # BEiT: a table-only bias on the scores (absorbed by the softmax rule)
 
 
-def hf_rules(model: nn.Module, rules: LRPRules, emit: Emit, layers: list[nn.Module], prefix: str,
+def hf_rules(model: nn.Module, rules: LRPRules, emit: Emit, layers: list[nn.Module],
              attention: list[tuple[str, nn.Module]]) -> Undo:
     """Hugging Face ViT / DeiT / BEiT / DINOv2: ``q_proj``, ``k_proj``, ``v_proj`` of each attention module get the
     uniform rule's gradient scales; the attention interface (eager or SDPA) runs untouched."""
