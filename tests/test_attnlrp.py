@@ -150,9 +150,16 @@ def test_model_restored_exactly_also_after_error():
     with pytest.raises(KeyError):
         attnlrp(m, x, boom)
     assert _same(before, _state(m)) and torch.equal(m(x), y0)
+    import torch.nn.functional as F
+
+    globals_before = [nn.Linear.forward, nn.LayerNorm.forward, nn.GELU.forward, nn.MultiheadAttention.forward,
+                      F.linear, F.layer_norm, F.scaled_dot_product_attention, F.gelu, torch.softmax, torch.matmul]
     with pytest.raises(RuntimeError):
         with lrp_rules(m):
             assert any("forward" in vars(mm) for mm in m.modules())  # the rules are installed inside
+            assert globals_before == [nn.Linear.forward, nn.LayerNorm.forward, nn.GELU.forward,  # nothing global
+                                      nn.MultiheadAttention.forward, F.linear, F.layer_norm,
+                                      F.scaled_dot_product_attention, F.gelu, torch.softmax, torch.matmul]
             raise RuntimeError("body")
     assert _same(before, _state(m)) and torch.equal(m(x), y0)
 
