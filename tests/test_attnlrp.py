@@ -329,3 +329,25 @@ def test_timm_distilled_and_no_class_token_conserve_under_cp():
         rel, score = attnlrp_tokens(m, x, 2, rules=LRPRules(epsilon=0.0, attention="cp"))
         assert rel.shape == (2, m.num_prefix_tokens + 6)
         assert torch.allclose(rel.sum(1), score, rtol=1e-9, atol=0)
+
+
+def test_half_precision_model():
+    """A bfloat16 model: float32 maps, close in rank to the float32 model's (rounding moves them, not the rules)."""
+    m = tiny_timm(dtype=torch.float32)
+    x = torch.randn(2, 3, 16, 24)
+    full = attnlrp(m, x, 1)
+    half = attnlrp(m.to(torch.bfloat16), x.to(torch.bfloat16), 1)
+    assert half.dtype == torch.float32
+    a, b = full.flatten(1), half.flatten(1)
+    r = torch.nn.functional.cosine_similarity(a - a.mean(1, keepdim=True), b - b.mean(1, keepdim=True))
+    assert (r > 0.9).all()
+
+
+@pytest.mark.gpu
+def test_gpu_equals_cpu():
+    m = tiny_timm(dtype=torch.float32)
+    x = torch.randn(3, 3, 16, 24)
+    cpu = attnlrp(m, x, [0, 1, 2])
+    gpu = attnlrp(m.cuda(), x.cuda(), [0, 1, 2])
+    assert gpu.device.type == "cuda"
+    assert torch.allclose(gpu.cpu(), cpu, atol=1e-4 * cpu.abs().max())
