@@ -36,6 +36,14 @@ def _refuse(model: nn.Module, reason: str) -> UnsupportedModelError:
                                  "use explain(method='chefer') instead")
 
 
+def _with_input_hook(undo: Undo, first_block: nn.Module, emit: Emit, arg: str) -> Undo:
+    try:
+        return _chain([undo, input_hook(first_block, emit, arg)])
+    except BaseException:
+        undo()
+        raise
+
+
 def timm_rules(model: nn.Module, rules: LRPRules, emit: Emit) -> Undo:
     """timm ``VisionTransformer`` with plain ``Block`` / ``Attention`` / ``Mlp`` (class token, registers, no class
     token, average pooling); fused attention stays on (its gradient is the softmax rule's)."""
@@ -62,9 +70,7 @@ def timm_rules(model: nn.Module, rules: LRPRules, emit: Emit) -> Undo:
         qkv = block.attn.qkv
         d = block.attn.attn_dim if hasattr(block.attn, "attn_dim") else qkv.out_features // 3
         factors[f"blocks.{i}.attn.qkv"] = qkv_factor(rules, (d, d, d), qkv.weight)
-    undos = [install_generic(groups, rules, factors)]
-    undos.append(input_hook(model.blocks[0], emit, "x"))
-    return _chain(undos)
+    return _with_input_hook(install_generic(groups, rules, factors), model.blocks[0], emit, "x")
 
 
 def _mha_forward(mha: nn.MultiheadAttention, name: str, rules: LRPRules) -> Callable[..., tuple]:
@@ -140,6 +146,4 @@ def hf_rules(model: nn.Module, rules: LRPRules, emit: Emit, layers: list[nn.Modu
         for part, f in zip(("q_proj", "k_proj", "v_proj"), range(3)):
             lin = getattr(attn, part)
             factors[f"{name}.{part}"] = qkv_factor(rules, (lin.out_features,) * 3, lin.weight).chunk(3)[f]
-    undos = [install_generic(groups, rules, factors)]
-    undos.append(input_hook(layers[0], emit, "hidden_states"))
-    return _chain(undos)
+    return _with_input_hook(install_generic(groups, rules, factors), layers[0], emit, "hidden_states")
