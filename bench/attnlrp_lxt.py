@@ -134,10 +134,10 @@ def main() -> None:
     exact, _ = lxt_tokens(m, x, classes, a.gamma, a.conv_gamma)
     matched = "vitviz gamma + cp, in_proj and out_proj plain"
     rows[f"{matched} (lxt without its 1e-10 input stabiliser)"] = compare(ours[matched], exact)
-    import lxt
+    from importlib.metadata import version
+
     import torchvision
     import transformers
-    import zennit
 
     result = {
         "model": "torchvision VisionTransformer, 32 px, patch 4, 4 layers, 4 heads, dim 64, random weights",
@@ -150,7 +150,7 @@ def main() -> None:
                  "weights, so the recipe's gamma rule never reaches them (plain gradient there); with vitviz told to "
                  "leave both plain the two agree to 1e-7 of the peak, the rest being the 1e-10 stabiliser lxt's zennit patch adds to the input before dividing by it (without it: 1e-10). vitviz's default is the paper's AttnLRP (epsilon rule, "
                  "relevance through the softmax), a different method from the recipe's CP-LRP + gamma.",
-        "versions": {"lxt": getattr(lxt, "__version__", "2.1"), "zennit": getattr(zennit, "__version__", "?"),
+        "versions": {"lxt": version("lxt"), "zennit": version("zennit"),
                      "transformers": transformers.__version__, "torch": torch.__version__,
                      "torchvision": torchvision.__version__, "python": platform.python_version()},
         "lxt_scores_equal_logits": bool(torch.allclose(scores, m(x)[torch.arange(len(x)), classes].detach())),
