@@ -42,7 +42,10 @@ def images(folder: str | None, n: int, dtype: torch.dtype) -> torch.Tensor:
         return torch.randn(n, 3, 32, 32, generator=torch.Generator().manual_seed(0), dtype=dtype)
     from PIL import Image
 
-    files = sorted(Path(folder).rglob("*.jpg"))[:: max(1, len(sorted(Path(folder).rglob("*.jpg"))) // n)][:n]
+    every = sorted(Path(folder).rglob("*.jpg"))
+    if not every:
+        raise SystemExit(f"no JPEGs under {folder}")
+    files = every[:: max(1, len(every) // n)][:n]
     mean = torch.tensor([0.485, 0.456, 0.406])[:, None, None]
     std = torch.tensor([0.229, 0.224, 0.225])[:, None, None]
     x = [(torch.from_numpy(np.asarray(Image.open(f).convert("RGB"), dtype=np.float32) / 255).permute(2, 0, 1)
