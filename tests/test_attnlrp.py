@@ -228,6 +228,15 @@ def test_refusals():
     m = tiny_timm(dtype=torch.float32, global_pool="map", class_token=False)
     with pytest.raises(UnsupportedModelError, match="global_pool"):
         attnlrp(m, torch.randn(1, 3, 16, 24))
+    import transformers as T
+    from tutorial_vit import TutorialViT
+
+    with pytest.raises(UnsupportedModelError, match="TutorialViT.*no AttnLRP rules"):
+        attnlrp(TutorialViT().eval(), torch.randn(1, 3, 32, 32))
+    clip = T.CLIPVisionModel(T.CLIPVisionConfig(hidden_size=16, num_hidden_layers=1, num_attention_heads=2,
+                                                intermediate_size=32, image_size=16, patch_size=8)).eval()
+    with pytest.raises(UnsupportedModelError, match="CLIPVisionModel.*model_type"):
+        attnlrp(clip, torch.randn(1, 3, 16, 16), lambda out: out.pooler_output.sum(-1))
     from vitviz.analysis.explain import GRADIENT_METHODS, METHODS
 
     assert "attnlrp" in METHODS and "attnlrp" in GRADIENT_METHODS
