@@ -208,7 +208,9 @@ def test_notebook_04_runs_headless(run_notebook, tiny_folder, tmp_path):
     out_dir = tmp_path / "figs"
     _, text, images = run_notebook("04_faithfulness.ipynb", data_dir=str(tiny_folder / "test"), n_images=10,
                                    n_show=2, batch_size=10, n_boot=50, out_dir=str(out_dir))
-    assert "10 images x 6 methods" in text and "tokens dropped" in text
+    from vitviz.analysis.explain import METHODS
+
+    assert f"10 images x {len(METHODS)} methods" in text and "tokens dropped" in text
     assert "best first" in text and "cosine similarity to the reference" in text
     assert len(images) == 3  # the maps side by side, the curves, the headless maps
     for stem in ("explanations_side_by_side", "faithfulness_curves", "headless_target_callable"):

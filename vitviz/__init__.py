@@ -53,6 +53,7 @@ _LAZY = {
     "depth_trend": "vitviz.analysis.trends",
     "explain": "vitviz.analysis.explain",
     "chefer_relevance": "vitviz.analysis.relevance",
+    "attnlrp": "vitviz.analysis.attnlrp",
     "attention_flow": "vitviz.analysis.flow",
     "fuse_heads": "vitviz.analysis.propagation",
     "propagate": "vitviz.analysis.propagation",

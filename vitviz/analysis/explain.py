@@ -18,6 +18,10 @@ method              what it is
                     Neither Chefer's rule nor vit-explain's ``vit_grad_rollout``.
 ``"chefer"``        Chefer, Gur & Wolf, ICCV 2021, Eq. (5)-(6): ``R = I``, ``R <- R + mean_h((grad * A)^+) R``,
                     the class row over the patches (``vitviz.analysis.relevance``).
+``"attnlrp"``       AttnLRP, Achtibat et al., ICML 2024 (Prop. 3.1-3.4, Eq. 8-9): layer-wise relevance propagation
+                    with the softmax, uniform (``q k^T``, ``attn @ v``), identity (norms, GELU) and epsilon
+                    (``linear_rule="gamma"`` optional) rules, read at the first block's input tokens; signed
+                    (``vitviz.analysis.attnlrp``; softmax-attention timm, torchvision, HF ViT/DeiT/BEiT/DINOv2).
 ``"random"``        a seeded baseline: i.i.d. uniform ``[0, 1)`` per patch; image ``k`` of the set always gets the
                     same map for a given ``seed``, whatever the batching.
 ==================  =====================================================================================================
@@ -48,8 +52,8 @@ from vitviz.errors import InputError
 
 __all__ = ["GRADIENT_METHODS", "METHODS", "explain", "raw_attention", "random_baseline"]
 
-METHODS = ("attention", "rollout", "flow", "grad_rollout", "chefer", "random")
-GRADIENT_METHODS = ("grad_rollout", "chefer")
+METHODS = ("attention", "rollout", "flow", "grad_rollout", "chefer", "attnlrp", "random")
+GRADIENT_METHODS = ("grad_rollout", "chefer", "attnlrp")
 
 
 def raw_attention(
@@ -130,7 +134,8 @@ def explain(
             Hugging Face, torchvision).
         images: a normalised ``(B, 3, H, W)`` tensor, a list, or anything ``vitviz.core.batching.iter_batches``
             takes.
-        method: ``"attention"``, ``"rollout"``, ``"flow"``, ``"grad_rollout"``, ``"chefer"`` or ``"random"``.
+        method: ``"attention"``, ``"rollout"``, ``"flow"``, ``"grad_rollout"``, ``"chefer"``, ``"attnlrp"`` or
+            ``"random"``.
         target: what a gradient method explains (``None``: predicted class; an int; one per image; or a callable
             ``f(output) -> (B,)``).
         batch_size: images per pass (default all at once).
@@ -138,7 +143,8 @@ def explain(
         **opts: passed to the method: ``layer``, ``head_fusion``, ``token`` (attention); ``head_fusion``,
             ``discard_ratio``, ``residual``, ``start_layer``, ``token`` (rollout); ``head_fusion``, ``token``,
             ``max_tokens`` (flow); ``discard_ratio``, ``start_layer``, ``token`` (grad_rollout); ``start_layer``,
-            ``token`` (chefer); ``seed``, ``offset`` (random).
+            ``token`` (chefer); ``linear_rule``, ``epsilon``, ``gamma``, ``attention_rule``, ``plain``,
+            ``return_tokens`` (attnlrp); ``seed``, ``offset`` (random).
 
     Returns:
         ``(B, gh, gw)`` float32 maps on the model's device.
@@ -158,6 +164,10 @@ def explain(
             return attention_flow(model, images, progress=progress, **common, **opts)
         if method == "random":
             return random_baseline(model, images, **common, **opts)
+        if method == "attnlrp":
+            from vitviz.analysis.attnlrp import attnlrp
+
+            return attnlrp(model, images, target, progress=progress, **common, **opts)
         from vitviz.analysis import relevance
 
         fn = relevance.chefer_relevance if method == "chefer" else relevance.grad_rollout

@@ -205,6 +205,14 @@ class Family:
             raise UnsupportedModelError(f"cannot drop tokens: {self.token_drop_refusal(model)}")
         return keep_token_hook(module, token_index(num_prefix_tokens, keep))
 
+    def lrp_rules(self, model: nn.Module, rules: Any, emit: Emit) -> Undo:
+        """Install AttnLRP's rules (``vitviz.core.families.lrp.LRPRules``) on ``model`` and hook the first block's
+        input tokens (``emit`` receives them); returns the undo. Default: refused."""
+        from vitviz.errors import UnsupportedModelError
+
+        raise UnsupportedModelError(f"{type(model).__name__} ({self.name} family): vitviz has no AttnLRP rules for "
+                                    "this family; use explain(method='chefer')")
+
 
 def named_children_of(model: nn.Module, prefix: str) -> list[tuple[str, nn.Module]]:
     """Modules whose names match the fnmatch ``prefix`` pattern, in registration order."""

@@ -187,6 +187,11 @@ class HFVisionFamily(Family):
 
         return set_attr(model, "forward", forward)
 
+    def lrp_rules(self, model: nn.Module, rules: Any, emit: Any) -> Undo:
+        from vitviz.core.families.lrp_families import hf_rules
+
+        return hf_rules(model, rules, emit, self._layers(model)[1], self.attention_modules(model))
+
     def pos_embed(self, model: nn.Module) -> torch.Tensor | None:
         table = getattr(self.embeddings(model), self.pos_attr, None)
         if isinstance(table, nn.Embedding):

@@ -236,3 +236,8 @@ class TimmFamily(Family):
                     undos.append(set_attr(attn, "_get_rel_pos_bias",
                                            lambda original=original: gather_bias(original(), index)))
         return chain_undos(undos)
+
+    def lrp_rules(self, model: nn.Module, rules: Any, emit: Any) -> Any:
+        from vitviz.core.families.lrp_families import timm_rules
+
+        return timm_rules(model, rules, emit)

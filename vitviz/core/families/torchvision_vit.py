@@ -71,3 +71,8 @@ class TorchvisionFamily(Family):
 
     def token_drop_module(self, model: nn.Module) -> nn.Module | None:
         return model.encoder.dropout
+
+    def lrp_rules(self, model: nn.Module, rules: Any, emit: Any) -> Any:
+        from vitviz.core.families.lrp_families import torchvision_rules
+
+        return torchvision_rules(model, rules, emit)

@@ -1,0 +1,161 @@
+"""A hand-written float64 AttnLRP for pre-norm ViTs: the forward and the explicit LRP backward, layer by layer.
+
+No autograd: every relevance is computed from the paper's rule as written (ratios of contributions), so it checks
+vitviz's gradient x input implementation independently. Parameters are read from timm, torchvision or Hugging Face
+models into one plain description (``params_timm`` / ``params_torchvision`` / ``params_hf``).
+"""
+
+from __future__ import annotations
+
+import torch
+
+D = torch.float64
+
+
+def _t(x: torch.Tensor | None) -> torch.Tensor | None:
+    return None if x is None else x.detach().to(D).clone()
+
+
+def _lin(m) -> tuple:
+    return _t(m.weight), _t(m.bias)
+
+
+def _ln(m) -> tuple:
+    return _t(m.weight), _t(m.bias), float(m.eps)
+
+
+def params_timm(model) -> dict:
+    blocks = [dict(ln1=_ln(b.norm1), qkv=_lin(b.attn.qkv), proj=_lin(b.attn.proj), ln2=_ln(b.norm2),
+                   fc1=_lin(b.mlp.fc1), fc2=_lin(b.mlp.fc2), heads=b.attn.num_heads,
+                   ls1=_t(getattr(b.ls1, "gamma", None)), ls2=_t(getattr(b.ls2, "gamma", None)))
+              for b in model.blocks]
+    pool = "avg" if model.global_pool == "avg" else "token"
+    norm = model.fc_norm if pool == "avg" else model.norm
+    return dict(blocks=blocks, norm=_ln(norm), head=_lin(model.head), pool=pool, prefix=model.num_prefix_tokens)
+
+
+def params_torchvision(model) -> dict:
+    blocks = []
+    for layer in model.encoder.layers:
+        a = layer.self_attention
+        blocks.append(dict(ln1=_ln(layer.ln_1), qkv=(_t(a.in_proj_weight), _t(a.in_proj_bias)),
+                           proj=_lin(a.out_proj), ln2=_ln(layer.ln_2), fc1=_lin(layer.mlp[0]),
+                           fc2=_lin(layer.mlp[3]), heads=a.num_heads, ls1=None, ls2=None))
+    return dict(blocks=blocks, norm=_ln(model.encoder.ln), head=_lin(model.heads.head), pool="token", prefix=1)
+
+
+def params_hf(model) -> dict:
+    blocks = []
+    for layer in model.vit.layers:
+        a = layer.attention
+        w = torch.cat([a.q_proj.weight, a.k_proj.weight, a.v_proj.weight])
+        b = torch.cat([a.q_proj.bias, a.k_proj.bias, a.v_proj.bias])
+        blocks.append(dict(ln1=_ln(layer.layernorm_before), qkv=(_t(w), _t(b)), proj=_lin(a.o_proj),
+                           ln2=_ln(layer.layernorm_after), fc1=_lin(layer.mlp.fc1), fc2=_lin(layer.mlp.fc2),
+                           heads=a.num_attention_heads if hasattr(a, "num_attention_heads") else
+                           model.config.num_attention_heads, ls1=None, ls2=None))
+    return dict(blocks=blocks, norm=_ln(model.vit.layernorm), head=_lin(model.classifier), pool="token", prefix=1)
+
+
+def _stab(z: torch.Tensor, eps: float) -> torch.Tensor:
+    return z + eps * torch.where(z >= 0, 1.0, -1.0).to(D)
+
+
+def _lrp_linear(x, w, z, r, eps):
+    """Epsilon rule: R_x_j = sum_k x_j w_kj R_k / (z_k + eps sign z_k)."""
+    return torch.einsum("...j,kj,...k->...j", x, w, r / _stab(z, eps))
+
+
+def _lrp_add(parts, total, r):
+    """Epsilon rule (eps=0) on a sum: each summand gets its share."""
+    return [p / total * r for p in parts]
+
+
+def _ln_forward(x, w, b, eps):
+    xc = x - x.mean(-1, keepdim=True)
+    sd = (xc.pow(2).mean(-1, keepdim=True) + eps).sqrt()
+    n = xc / sd
+    y = n * w + b
+    return y, dict(x=x, xc=xc, n=n, w=w, y=y)
+
+
+def _ln_lrp(c, r):
+    """Identity on 1/sd and on the weight, epsilon (eps=0) on the bias addition and on x - mean(x)."""
+    r_nw = c["n"] * c["w"] / c["y"] * r  # bias share dropped
+    r_xc = r_nw  # identity rule: weight multiplication and division by the (constant) sd
+    dim = c["x"].shape[-1]
+    ratio = r_xc / c["xc"]
+    return c["x"] * (ratio - ratio.sum(-1, keepdim=True) / dim)  # x_j sum_i (delta_ij - 1/D) R_i / xc_i
+
+
+def reference(params: dict, tokens: torch.Tensor, classes: torch.Tensor, eps: float = 1e-6,
+              attention: str = "attnlrp") -> tuple[torch.Tensor, torch.Tensor]:
+    """Token relevance ``(B, N)`` and the explained logits ``(B,)``; ``tokens`` is the first block's input."""
+    e = tokens.to(D)
+    caches = []
+    for blk in params["blocks"]:
+        a, c1 = _ln_forward(e, *blk["ln1"])
+        wq, bq = blk["qkv"]
+        zqkv = a @ wq.T + bq
+        b_, n_, _ = zqkv.shape
+        h = blk["heads"]
+        q, k, v = (t.reshape(b_, n_, h, -1).transpose(1, 2) for t in zqkv.chunk(3, -1))
+        scale = q.shape[-1] ** -0.5
+        qs = q * scale
+        s = qs @ k.transpose(-1, -2)
+        att = s.softmax(-1)
+        o = att @ v
+        oc = o.transpose(1, 2).reshape(b_, n_, -1)
+        zp = oc @ blk["proj"][0].T + blk["proj"][1]
+        p = zp * blk["ls1"] if blk["ls1"] is not None else zp
+        hh = e + p
+        cc, c2 = _ln_forward(hh, *blk["ln2"])
+        f1 = cc @ blk["fc1"][0].T + blk["fc1"][1]
+        g = torch.nn.functional.gelu(f1)
+        f2z = g @ blk["fc2"][0].T + blk["fc2"][1]
+        f2 = f2z * blk["ls2"] if blk["ls2"] is not None else f2z
+        out = hh + f2
+        caches.append(dict(e=e, a=a, c1=c1, zqkv=zqkv, qs=qs, k=k, v=v, s=s, att=att, o=o, oc=oc, zp=zp, p=p, hh=hh,
+                           cc=cc, c2=c2, f1=f1, g=g, f2z=f2z, f2=f2, out=out))
+        e = out
+    pooled = e[:, params["prefix"]:].mean(1) if params["pool"] == "avg" else e[:, 0]
+    y, cn = _ln_forward(pooled, *params["norm"])
+    logits = y @ params["head"][0].T + params["head"][1]
+    r = torch.zeros_like(logits)
+    idx = torch.arange(len(classes))
+    r[idx, classes] = logits[idx, classes]
+    r_y = _lrp_linear(y, params["head"][0], logits, r, eps)
+    r_pool = _ln_lrp(cn, r_y)
+    r_e = torch.zeros_like(e)
+    if params["pool"] == "avg":
+        pt = e[:, params["prefix"]:]
+        r_e[:, params["prefix"]:] = pt / pt.shape[1] / pooled[:, None] * r_pool[:, None]
+    else:
+        r_e[:, 0] = r_pool
+    for blk, c in zip(reversed(params["blocks"]), reversed(caches)):
+        r_h, r_f2 = _lrp_add([c["hh"], c["f2"]], c["out"], r_e)
+        r_f2z = r_f2  # layer scale: identity (one input, one output)
+        r_g = _lrp_linear(c["g"], blk["fc2"][0], c["f2z"], r_f2z, eps)
+        r_f1 = r_g  # identity rule on GELU
+        r_cc = _lrp_linear(c["cc"], blk["fc1"][0], c["f1"], r_f1, eps)
+        r_h = r_h + _ln_lrp(c["c2"], r_cc)
+        r_e_res, r_p = _lrp_add([c["e"], c["p"]], c["hh"], r_h)
+        r_oc = _lrp_linear(c["oc"], blk["proj"][0], c["zp"], r_p, eps)
+        b_, n_, _ = r_oc.shape
+        h = blk["heads"]
+        r_o = r_oc.reshape(b_, n_, h, -1).transpose(1, 2)
+        # O_jp = sum_i A_ji v_ip: epsilon (eps=0) over the sum, then each product split in half (uniform rule)
+        share = torch.einsum("bhji,bhip,bhjp->bhjip", c["att"], c["v"], r_o / c["o"])
+        wa, wv = (0.5, 0.5) if attention == "attnlrp" else (0.0, 1.0)
+        r_att = wa * share.sum(-1)
+        r_v = wv * share.sum(2)
+        # softmax, Prop. 3.1: R_in = s_in * (R_out - A * sum R_out)
+        r_s = c["s"] * (r_att - c["att"] * r_att.sum(-1, keepdim=True))
+        # S_ji = sum_d qs_jd k_id: epsilon (eps=0) then uniform
+        share = torch.einsum("bhjd,bhid,bhji->bhjid", c["qs"], c["k"], r_s / c["s"])
+        r_q = 0.5 * share.sum(3)  # identity through the constant scale
+        r_k = 0.5 * share.sum(2)
+        r_qkv = torch.cat([t.transpose(1, 2).reshape(b_, n_, -1) for t in (r_q, r_k, r_v)], -1)
+        r_a = _lrp_linear(c["a"], blk["qkv"][0], c["zqkv"], r_qkv, eps)
+        r_e = r_e_res + _ln_lrp(c["c1"], r_a)
+    return r_e.sum(-1), logits[idx, classes]

@@ -1,0 +1,362 @@
+"""AttnLRP (Achtibat et al., ICML 2024): a float64 hand-written reference, conservation, restoration, batching,
+targets, families and refusals."""
+
+from __future__ import annotations
+
+import pytest
+import timm
+import torch
+from lrp_reference import params_hf, params_timm, params_torchvision, reference
+from torch import nn
+
+from vitviz.analysis.attnlrp import attnlrp, attnlrp_tokens
+from vitviz.core.families.lrp import LRPRules, lrp_rules
+from vitviz.errors import UnsupportedModelError
+
+
+def tiny_timm(dtype=torch.float64, **kw) -> nn.Module:
+    args = dict(img_size=(16, 24), patch_size=8, embed_dim=16, depth=2, num_heads=2, mlp_ratio=2.0, num_classes=5)
+    args.update(kw)
+    torch.manual_seed(0)
+    m = timm.models.vision_transformer.VisionTransformer(**args).to(dtype).eval()
+    with torch.no_grad():  # random, not-small weights everywhere (timm initialises biases and LN at 0 / 1)
+        for p in m.parameters():
+            p.add_(torch.randn_like(p) * 0.3)
+    return m
+
+
+def tokens_of(model: nn.Module, x: torch.Tensor) -> torch.Tensor:
+    store = {}
+    with lrp_rules(model) as session:
+        model(x)
+        store["t"] = session.tokens.detach()
+    return store["t"]
+
+
+@pytest.mark.parametrize("kw", [dict(), dict(class_token=False, global_pool="avg", reg_tokens=2),
+                                dict(init_values=0.5)])
+def test_equals_float64_reference(kw):
+    m = tiny_timm(**kw)
+    x = torch.randn(3, 3, 16, 24, dtype=torch.float64)
+    rel, score = attnlrp_tokens(m, x, [0, 3, 4])
+    ref, logit = reference(params_timm(m), tokens_of(m, x), torch.tensor([0, 3, 4]))
+    assert torch.allclose(score, logit, atol=1e-12)
+    assert (rel - ref).abs().max() < 1e-10 * ref.abs().max()
+    maps = attnlrp(m, x, [0, 3, 4])  # (B, gh, gw) = patch tokens in raster order on the 2x3 grid
+    assert maps.shape == (3, 2, 3)
+    assert torch.allclose(maps, ref[:, m.num_prefix_tokens:].reshape(3, 2, 3), atol=1e-10)
+
+
+def test_reference_differs_from_plain_gradient():
+    """The rules matter: input x gradient without them is far from the reference (guards a test that cannot
+    fail)."""
+    m = tiny_timm()
+    x = torch.randn(2, 3, 16, 24, dtype=torch.float64)
+    ref, _ = reference(params_timm(m), tokens_of(m, x), torch.tensor([1, 1]))
+    t = tokens_of(m, x).requires_grad_(True)
+    logits = m.forward_head(m.norm(m.blocks(t)))
+    (g,) = torch.autograd.grad(logits[:, 1].sum(), t)
+    assert (((t * g).sum(-1)) - ref).abs().max() > 1e-3 * ref.abs().max()
+
+
+def test_cp_variant_equals_reference():
+    m = tiny_timm()
+    x = torch.randn(2, 3, 16, 24, dtype=torch.float64)
+    rel, _ = attnlrp_tokens(m, x, 2, rules=LRPRules(attention="cp"))
+    ref, _ = reference(params_timm(m), tokens_of(m, x), torch.tensor([2, 2]), attention="cp")
+    assert (rel - ref).abs().max() < 1e-10 * ref.abs().max()
+
+
+def _zero_biases(m: nn.Module) -> None:
+    with torch.no_grad():
+        for name, p in m.named_parameters():
+            if name.endswith("bias"):
+                p.zero_()
+
+
+def test_conservation_cp_exact():
+    """Zero biases, epsilon 0, CP attention: every rule is conservative, so the tokens sum to the logit."""
+    m = tiny_timm()
+    _zero_biases(m)
+    x = torch.randn(4, 3, 16, 24, dtype=torch.float64)
+    rel, score = attnlrp_tokens(m, x, 1, rules=LRPRules(epsilon=0.0, attention="cp"))
+    assert torch.allclose(rel.sum(1), score, rtol=1e-10, atol=0)
+
+
+@pytest.mark.parametrize("dtype,tol", [(torch.float64, 1e-10), (torch.float32, 1e-4)])
+def test_conservation_attnlrp(dtype, tol):
+    """Zero biases, epsilon 0: tokens sum to the logit minus what the softmaxes absorb (Prop. 3.1's bias term),
+    measured independently from each layer's map A and the gradient g reaching it:
+    absorbed = sum_rows [sum_i A_i h_i - sum_i log(A_i) A_i (h_i - A.h)] with h = g / 2 (the attn @ v uniform
+    rule halves it; vitviz applies that half at the q/k projection, so the hooked gradient is g)."""
+    m = tiny_timm(dtype=dtype)
+    _zero_biases(m)
+    maps, grads = [], []
+    handles = []
+    for blk in m.blocks:
+        blk.attn.fused_attn = False
+
+        def hook(_m, _i, out):
+            maps.append(out.detach())
+            out.register_hook(lambda g: grads.insert(0, g.detach()))
+
+        handles.append(blk.attn.attn_drop.register_forward_hook(hook))
+    x = torch.randn(4, 3, 16, 24, dtype=dtype)
+    rel, score = attnlrp_tokens(m, x, 3, rules=LRPRules(epsilon=0.0))
+    for h in handles:
+        h.remove()
+    absorbed = 0
+    for a, g in zip(maps, grads):
+        h = g / 2
+        ah = (a * h).sum(-1, keepdim=True)
+        absorbed = absorbed + ((a * h).sum(-1) - (torch.log(a) * a * (h - ah)).sum(-1)).sum((1, 2))
+    assert torch.allclose(rel.sum(1), score - absorbed, rtol=tol, atol=tol * score.abs().max())
+    assert (absorbed.abs() > 1e-3 * score.abs()).all()  # the softmax does absorb: the check is not vacuous
+
+
+def test_default_epsilon_within_stated_tolerance():
+    """epsilon=1e-6 (default) against epsilon=0 on a float64 model: the stabiliser shifts each linear layer's
+    relevance by a factor z / (z + eps) (relative eps / |z|), so with random weights, where some |z| come near
+    1e-3, the maps move by under 1e-3 of their peak."""
+    m = tiny_timm()
+    x = torch.randn(2, 3, 16, 24, dtype=torch.float64)
+    a, _ = attnlrp_tokens(m, x, 0)
+    b, _ = attnlrp_tokens(m, x, 0, rules=LRPRules(epsilon=0.0))
+    assert (a - b).abs().max() < 1e-3 * b.abs().max()
+    assert (a - b).abs().max() > 0  # the stabiliser is applied
+
+
+def _state(m: nn.Module) -> tuple:
+    hooks = sum(len(mm._forward_hooks) + len(mm._forward_pre_hooks) + len(mm._backward_hooks) for mm in m.modules())
+    attrs = sorted((n, k) for n, mm in m.named_modules() for k in vars(mm) if k == "forward")
+    flags = [getattr(mm, "fused_attn", None) for mm in m.modules()]
+    return hooks, attrs, flags, {k: v.clone() for k, v in m.state_dict().items()}
+
+
+def _same(a: tuple, b: tuple) -> bool:
+    return a[:3] == b[:3] and a[3].keys() == b[3].keys() and all(torch.equal(a[3][k], b[3][k]) for k in a[3])
+
+
+def test_model_restored_exactly_also_after_error():
+    m = tiny_timm(dtype=torch.float32)
+    x = torch.randn(2, 3, 16, 24)
+    before, y0 = _state(m), m(x)
+    attnlrp(m, x)
+    assert _same(before, _state(m)) and torch.equal(m(x), y0)
+
+    def boom(out):
+        raise KeyError("inside the call")
+
+    with pytest.raises(KeyError):
+        attnlrp(m, x, boom)
+    assert _same(before, _state(m)) and torch.equal(m(x), y0)
+    import torch.nn.functional as F
+
+    globals_before = [nn.Linear.forward, nn.LayerNorm.forward, nn.GELU.forward, nn.MultiheadAttention.forward,
+                      F.linear, F.layer_norm, F.scaled_dot_product_attention, F.gelu, torch.softmax, torch.matmul]
+    with pytest.raises(RuntimeError):
+        with lrp_rules(m):
+            assert any("forward" in vars(mm) for mm in m.modules())  # the rules are installed inside
+            assert globals_before == [nn.Linear.forward, nn.LayerNorm.forward, nn.GELU.forward,  # nothing global
+                                      nn.MultiheadAttention.forward, F.linear, F.layer_norm,
+                                      F.scaled_dot_product_attention, F.gelu, torch.softmax, torch.matmul]
+            raise RuntimeError("body")
+    assert _same(before, _state(m)) and torch.equal(m(x), y0)
+
+
+def test_forward_unchanged_under_rules():
+    m = tiny_timm(dtype=torch.float32)
+    x = torch.randn(2, 3, 16, 24)
+    y0 = m(x)
+    with lrp_rules(m, LRPRules(linear="gamma")):
+        assert torch.allclose(m(x), y0, atol=1e-6)
+
+
+def test_batch_equals_one_at_a_time_and_targets():
+    m = tiny_timm(dtype=torch.float32)
+    x = torch.randn(4, 3, 16, 24)
+    classes = [0, 4, 2, 2]
+    full = attnlrp(m, x, classes)
+    singles = torch.cat([attnlrp(m, x[i:i + 1], classes[i]) for i in range(4)])
+    assert torch.allclose(full, singles, atol=1e-5)
+    assert torch.allclose(attnlrp(m, x, classes, batch_size=3), full, atol=1e-5)
+    assert torch.allclose(attnlrp(m, x, lambda out: out[torch.arange(4), torch.tensor(classes)]), full, atol=1e-6)
+    pred = m(x).argmax(-1).tolist()
+    assert torch.allclose(attnlrp(m, x), attnlrp(m, x, pred), atol=1e-6)
+    assert not torch.allclose(attnlrp(m, x, 0), attnlrp(m, x, 1), atol=1e-3)  # class-specific
+
+
+def test_torchvision_equals_reference():
+    from torchvision.models.vision_transformer import VisionTransformer
+
+    torch.manual_seed(1)
+    m = VisionTransformer(image_size=16, patch_size=8, num_layers=2, num_heads=2, hidden_dim=16, mlp_dim=32,
+                          num_classes=5).to(torch.float64).eval()
+    with torch.no_grad():
+        for p in m.parameters():
+            p.add_(torch.randn_like(p) * 0.3)
+    x = torch.randn(2, 3, 16, 16, dtype=torch.float64)
+    y0 = m(x)
+    with lrp_rules(m):
+        assert torch.allclose(m(x), y0, atol=1e-12)
+    rel, _ = attnlrp_tokens(m, x, [1, 2])
+    ref, _ = reference(params_torchvision(m), tokens_of(m, x), torch.tensor([1, 2]))
+    assert (rel - ref).abs().max() < 1e-10 * ref.abs().max()
+
+
+def test_hf_vit_equals_reference():
+    import transformers as T
+
+    torch.manual_seed(2)
+    c = T.ViTConfig(hidden_size=16, num_hidden_layers=2, num_attention_heads=2, intermediate_size=32, image_size=16,
+                    patch_size=8, num_labels=5)
+    m = T.ViTForImageClassification(c).to(torch.float64).eval()
+    with torch.no_grad():
+        for p in m.parameters():
+            p.add_(torch.randn_like(p) * 0.3)
+    x = torch.randn(2, 3, 16, 16, dtype=torch.float64)
+    rel, score = attnlrp_tokens(m, x, [4, 0])
+    ref, logit = reference(params_hf(m), tokens_of(m, x), torch.tensor([4, 0]))
+    assert torch.allclose(score, logit, atol=1e-12)
+    assert (rel - ref).abs().max() < 1e-10 * ref.abs().max()
+
+
+def test_refusals():
+    cait = timm.create_model("cait_xxs24_224", pretrained=False, img_size=32, patch_size=8, depth=1, num_classes=3)
+    with pytest.raises(UnsupportedModelError, match="talking-heads|softmax"):
+        attnlrp(cait.eval(), torch.randn(1, 3, 32, 32))
+    m = tiny_timm(dtype=torch.float32, global_pool="map", class_token=False)
+    with pytest.raises(UnsupportedModelError, match="global_pool"):
+        attnlrp(m, torch.randn(1, 3, 16, 24))
+    import transformers as T
+    from tutorial_vit import TutorialViT
+
+    with pytest.raises(UnsupportedModelError, match="TutorialViT.*no AttnLRP rules"):
+        attnlrp(TutorialViT().eval(), torch.randn(1, 3, 32, 32))
+    clip = T.CLIPVisionModel(T.CLIPVisionConfig(hidden_size=16, num_hidden_layers=1, num_attention_heads=2,
+                                                intermediate_size=32, image_size=16, patch_size=8)).eval()
+    with pytest.raises(UnsupportedModelError, match="CLIPVisionModel.*model_type"):
+        attnlrp(clip, torch.randn(1, 3, 16, 16), lambda out: out.pooler_output.sum(-1))
+    from vitviz.analysis.explain import GRADIENT_METHODS, METHODS
+
+    assert "attnlrp" in METHODS and "attnlrp" in GRADIENT_METHODS
+
+
+def test_gamma_rule_matches_explicit_formula():
+    """One Linear layer, zennit's generalised gamma rule written out: for z_k > 0,
+    R_j = sum_k [x_j^+ (w + g w^+)_kj + x_j^- (w + g w^-)_kj] R_k / (sum of those over j + bias part), and the
+    mirror image for z_k < 0."""
+    torch.manual_seed(3)
+    lin = nn.Linear(5, 4).double()
+    x = torch.randn(3, 5, dtype=torch.float64, requires_grad=True)
+    gm = 0.3
+    with lrp_rules_on_linear(lin, LRPRules(linear="gamma", gamma=gm)):
+        z = lin(x)
+        r_out = torch.randn_like(z)
+        (g,) = torch.autograd.grad(z, x, r_out / z)  # relevance R_out enters as gradient R_out / z
+    w, b = lin.weight.detach(), lin.bias.detach()
+    xd = x.detach()
+    expected = torch.zeros_like(xd)
+    for n in range(3):
+        for k in range(4):
+            if z[n, k] > 0:
+                wa, wb, bb = w[k] + gm * w[k].clamp(min=0), w[k] + gm * w[k].clamp(max=0), b[k] + gm * b[k].clamp(min=0)
+            else:
+                wa, wb, bb = w[k] + gm * w[k].clamp(max=0), w[k] + gm * w[k].clamp(min=0), b[k] + gm * b[k].clamp(max=0)
+            contrib = xd[n].clamp(min=0) * wa + xd[n].clamp(max=0) * wb
+            den = contrib.sum() + bb
+            den = den + 1e-6 * (1 if den >= 0 else -1)
+            expected[n] += contrib / den * r_out[n, k]
+    assert torch.allclose(xd * g, expected, atol=1e-12)
+
+
+def lrp_rules_on_linear(lin: nn.Linear, rules: LRPRules):
+    from contextlib import contextmanager
+
+    from vitviz.core.families.lrp import install_linear
+
+    @contextmanager
+    def ctx():
+        undo = install_linear(lin, rules.linear, rules)
+        try:
+            yield
+        finally:
+            undo()
+
+    return ctx()
+
+
+@pytest.mark.parametrize("kind", ["deit", "beit", "dinov2", "dinov2_with_registers"])
+def test_hf_families_conserve_under_cp(kind):
+    """Zero biases, epsilon 0, CP attention: exact conservation, which fails if a norm or an activation kept its
+    plain gradient; the forward is unchanged under the rules."""
+    import transformers as T
+
+    common = dict(hidden_size=16, num_hidden_layers=2, num_attention_heads=2, intermediate_size=32, image_size=16,
+                  patch_size=8)
+    torch.manual_seed(4)
+    if kind == "deit":
+        m = T.DeiTForImageClassification(T.DeiTConfig(**common, num_labels=3))
+    elif kind == "beit":
+        m = T.BeitForImageClassification(T.BeitConfig(**common, num_labels=3, use_relative_position_bias=True))
+    elif kind == "dinov2":
+        m = T.Dinov2Model(T.Dinov2Config(**common))
+    else:
+        m = T.Dinov2WithRegistersModel(T.Dinov2WithRegistersConfig(**common, num_register_tokens=2))
+    m = m.double().eval()
+    with torch.no_grad():
+        for p in m.parameters():
+            p.add_(torch.randn_like(p) * 0.3)
+    _zero_biases(m)
+    x = torch.randn(2, 3, 16, 16, dtype=torch.float64)
+    target = 1 if "dinov2" not in kind else (lambda out: out.pooler_output.sum(-1))
+    y0 = m(x)
+    y0 = getattr(y0, "logits", None) if "dinov2" not in kind else y0.pooler_output
+    with lrp_rules(m):
+        y1 = m(x)
+        y1 = y1.logits if "dinov2" not in kind else y1.pooler_output
+    assert torch.allclose(y0, y1, atol=1e-12)
+    rel, score = attnlrp_tokens(m, x, target, rules=LRPRules(epsilon=0.0, attention="cp"))
+    assert torch.allclose(rel.sum(1), score, rtol=1e-9, atol=0)
+    maps = attnlrp(m, x, target)
+    assert maps.shape == (2, 2, 2) and torch.isfinite(maps).all()
+
+
+def test_timm_distilled_and_no_class_token_conserve_under_cp():
+    from timm.models.deit import VisionTransformerDistilled
+
+    torch.manual_seed(5)
+    for m in (VisionTransformerDistilled(img_size=(16, 24), patch_size=8, embed_dim=16, depth=2, num_heads=2,
+                                         num_classes=3),
+              tiny_timm(class_token=False, global_pool="avg", no_embed_class=True)):
+        m = m.double().eval()
+        with torch.no_grad():
+            for p in m.parameters():
+                p.add_(torch.randn_like(p) * 0.3)
+        _zero_biases(m)
+        x = torch.randn(2, 3, 16, 24, dtype=torch.float64)
+        rel, score = attnlrp_tokens(m, x, 2, rules=LRPRules(epsilon=0.0, attention="cp"))
+        assert rel.shape == (2, m.num_prefix_tokens + 6)
+        assert torch.allclose(rel.sum(1), score, rtol=1e-9, atol=0)
+
+
+def test_half_precision_model():
+    """A bfloat16 model: float32 maps, close in rank to the float32 model's (rounding moves them, not the rules)."""
+    m = tiny_timm(dtype=torch.float32)
+    x = torch.randn(2, 3, 16, 24)
+    full = attnlrp(m, x, 1)
+    half = attnlrp(m.to(torch.bfloat16), x.to(torch.bfloat16), 1)
+    assert half.dtype == torch.float32
+    a, b = full.flatten(1), half.flatten(1)
+    r = torch.nn.functional.cosine_similarity(a - a.mean(1, keepdim=True), b - b.mean(1, keepdim=True))
+    assert (r > 0.9).all()
+
+
+@pytest.mark.gpu
+def test_gpu_equals_cpu():
+    m = tiny_timm(dtype=torch.float32)
+    x = torch.randn(3, 3, 16, 24)
+    cpu = attnlrp(m, x, [0, 1, 2])
+    gpu = attnlrp(m.cuda(), x.cuda(), [0, 1, 2])
+    assert gpu.device.type == "cuda"
+    assert torch.allclose(gpu.cpu(), cpu, atol=1e-4 * cpu.abs().max())

@@ -1,0 +1,161 @@
+"""AttnLRP: Achtibat et al., "AttnLRP: Attention-Aware Layer-Wise Relevance Propagation for Transformers", ICML 2024.
+
+The explained score ``s`` (a class logit, or a callable's value; ``target=``) is redistributed backwards layer by
+layer with the paper's rules, written as modified backward passes (gradient x input form, as lxt's
+``lxt.efficient``; the rules are in ``vitviz.core.families.lrp`` and installed per family for the call only):
+
+==========================  ==================================================================================
+operation                   rule (paper)
+==========================  ==================================================================================
+softmax                     Prop. 3.1: ``R_in = x * (R_out - s * sum R_out)`` (its plain gradient in this form)
+``q k^T`` and ``attn @ v``  Prop. 3.3: epsilon over the sum, then the uniform rule (Prop. 3.2): half of each
+                            product's relevance to each factor (gradients to q, k, v scaled 1/4, 1/4, 1/2)
+LayerNorm / RMSNorm         Prop. 3.4: identity rule on the normalisation (the standard deviation is a constant)
+GELU, SiLU, ReLU, tanh      Eq. 9: identity rule ``R_in = R_out``
+Linear layers               Eq. 8: epsilon rule (``linear_rule="epsilon"``, ``epsilon=1e-6``; default), or the
+                            gamma rule (``linear_rule="gamma"``, ``gamma=0.25``; zennit's generalised gamma)
+==========================  ==================================================================================
+
+Linear layers, ViTs: the paper's rule for linear layers is the epsilon rule (Eq. 8). For ViTs its library (lxt's
+quickstart, "Vision Transformer") says epsilon-rule heatmaps are noisy ("gradient shattering") and recommends the
+gamma rule on the linear and patch-convolution layers, gamma tuned by looking at the heatmaps; lxt's torchvision-ViT
+recipe (``examples/vit_torch.py``) also uses CP-LRP inside the attention. vitviz uses the epsilon rule by default
+(the derivation, no free parameter, conservation testable) and offers ``linear_rule="gamma"`` and
+``attention_rule="cp"``; ``plain=`` leaves named linear layers at the plain gradient (for comparisons).
+
+Where the relevance is read: at the tokens entering the first block (patch embedding + position embedding, after
+any pre-norm), summed over the embedding dimension, ``R_t = sum_d e_td * ds/de_td``: one relevance per token, the
+way the paper reads LLM inputs (its token embeddings). The patch tokens give the ``(B, gh, gw)`` map, the prefix
+tokens (class, distillation, registers) their own relevance (``attnlrp_tokens``). vitviz reads tokens rather than
+pixels because its maps, sanity checks and faithfulness are per patch, and because at the pixel level the patch
+convolution needs a rule of its own (the paper's library uses gamma there) and the position embedding absorbs
+relevance like a bias; at the tokens none of that enters.
+
+Conservation: every rule but two passes on exactly the relevance it receives; (1) biases (and the epsilon
+stabiliser) absorb part of it, (2) the softmax rule's Taylor bias term absorbs
+``sum R_out - sum R_in = sum_i s_i g_i - sum_i x_i s_i (g_i - s.g)`` per attention row. With zero biases,
+``epsilon=0`` and the softmax's share added back, the token relevances sum to the score up to float rounding
+(tests/test_attnlrp.py checks it).
+"""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+
+import torch
+from torch import nn
+
+from vitviz.core.batching import count_images, iter_batches
+from vitviz.core.families.lrp import LRPRules, lrp_rules
+from vitviz.core.images import Images
+from vitviz.core.spec import ViTSpec, inspect
+from vitviz.core.targets import Target, resolve_target
+from vitviz.errors import CaptureError, InputError, UnsupportedModelError, VitvizError
+
+__all__ = ["LRPRules", "attnlrp", "attnlrp_tokens", "lrp_rules"]
+
+
+def _check_model(model: nn.Module, spec: ViTSpec) -> None:
+    if model.training:
+        raise InputError(f"{spec.name} is in training mode (dropout would make the relevance random); call "
+                         "model.eval() first")
+    kinds = set(spec.attention_maps) - {"softmax"}
+    if kinds:
+        raise UnsupportedModelError(f"{spec.name}: AttnLRP's rules are for softmax attention, but this model's maps "
+                                    f"are {sorted(kinds)} (CaiT talking heads, differential attention)")
+
+
+def attnlrp_tokens(
+    model: nn.Module,
+    x: torch.Tensor,
+    target: Target = None,
+    *,
+    rules: LRPRules | None = None,
+    start: int = 0,
+    n_images: int | None = None,
+) -> tuple[torch.Tensor, torch.Tensor]:
+    """AttnLRP relevance of every input token for one batch (one forward, one backward).
+
+    Args:
+        model: a ViT whose family has AttnLRP rules (timm ``VisionTransformer``, torchvision, Hugging Face ViT,
+            DeiT, BEiT, DINOv2), in eval mode.
+        x: a normalised ``(b, 3, H, W)`` batch on the model's device.
+        target: ``None`` (predicted class), a class index, one per image, or a callable ``f(output) -> (b,)``.
+        rules: ``LRPRules`` (default: epsilon rule, AttnLRP attention).
+        start, n_images: the batch's offset and the image set's size (for per-image targets).
+
+    Returns:
+        ``(relevance, scores)``: ``(b, N)`` token relevance (prefix tokens first, then patches in raster order) and
+        the ``(b,)`` explained scores, both detached, in the model's float dtype promoted to at least float32.
+    """
+    spec = inspect(model)
+    _check_model(model, spec)
+    with torch.enable_grad(), lrp_rules(model, rules) as session:
+        out = model(x)
+        tokens = session.tokens
+        if tokens is None:
+            raise CaptureError(f"{spec.name}: the first block did not run in this forward pass")
+        resolved = resolve_target(target, out, start=start, n_images=n_images, model=model)
+        if not resolved.scores.requires_grad:
+            raise VitvizError(f"{spec.name}: the target score does not depend on the input tokens (no gradient); a "
+                              "callable target must compute its score from the model output with torch ops")
+        (grad,) = torch.autograd.grad(resolved.scores.sum(), tokens)
+    dtype = torch.promote_types(tokens.dtype, torch.float32)
+    relevance = (tokens.detach().to(dtype) * grad.to(dtype)).sum(dim=-1)
+    return relevance, resolved.scores.detach().to(dtype)
+
+
+def attnlrp(
+    model: nn.Module,
+    images: Images,
+    target: Target = None,
+    *,
+    linear_rule: str = "epsilon",
+    epsilon: float = 1e-6,
+    gamma: float = 0.25,
+    attention_rule: str = "attnlrp",
+    plain: Sequence[str] = (),
+    return_tokens: bool = False,
+    batch_size: int | None = None,
+    progress: bool = False,
+) -> torch.Tensor:
+    """AttnLRP relevance maps (Achtibat et al., ICML 2024; rules in the module docstring).
+
+    Args:
+        model: a ViT whose family has AttnLRP rules (timm ``VisionTransformer`` with class token, registers or none;
+            torchvision ``VisionTransformer``; Hugging Face ViT, DeiT, BEiT, DINOv2), in eval mode. Others are
+            refused with ``UnsupportedModelError`` naming the class and the reason.
+        images: a normalised ``(B, 3, H, W)`` tensor, or anything ``vitviz.load_images`` takes.
+        target: ``None`` (predicted class), a class index, one per image, or a callable ``f(output) -> (B,)``.
+        linear_rule: ``"epsilon"`` (paper Eq. 8; default), ``"gamma"`` (lxt's ViT recommendation) or ``"plain"``.
+        epsilon: the epsilon rule's stabiliser (0: the plain gradient on linear layers, as lxt.efficient).
+        gamma: the gamma rule's parameter.
+        attention_rule: ``"attnlrp"`` (paper Prop. 3.1-3.3) or ``"cp"`` (CP-LRP: no relevance through the softmax).
+        plain: fnmatch patterns of linear layers left at the plain gradient (comparisons only).
+        return_tokens: return ``(B, N)`` token relevances (prefix tokens first) instead of the maps.
+        batch_size: images per forward/backward pass (default all at once).
+        progress: show a progress bar.
+
+    Returns:
+        ``(B, gh, gw)`` signed relevance (float32; float64 for a float64 model) on the model's device; the patch
+        and prefix relevances of an image sum to its explained score minus what biases and the softmax absorb.
+    """
+    rules = LRPRules(linear=linear_rule, epsilon=float(epsilon), gamma=float(gamma), attention=attention_rule,
+                     plain=tuple(plain))
+    spec = inspect(model)
+    total = count_images(images)
+    out: list[torch.Tensor] = []
+    done = 0
+    for x in iter_batches(model, images, batch_size, progress=progress, desc="attnlrp"):
+        relevance, _ = attnlrp_tokens(model, x, target, rules=rules, start=done, n_images=total)
+        if return_tokens:
+            out.append(relevance)
+        else:
+            gh, gw = spec.grid_for_input(x)
+            p = spec.num_prefix_tokens
+            if relevance.shape[1] != p + gh * gw:
+                raise CaptureError(f"{spec.name}: {relevance.shape[1]} tokens do not fit {p} prefix tokens and a "
+                                   f"{gh}x{gw} grid")
+            out.append(relevance[:, p:].reshape(len(x), gh, gw))
+        done += len(x)
+    return torch.cat(out)

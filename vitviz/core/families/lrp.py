@@ -1,0 +1,311 @@
+"""AttnLRP's propagation rules as modified backward passes, installed per family for the duration of one call.
+
+Achtibat et al., "AttnLRP: Attention-Aware Layer-Wise Relevance Propagation for Transformers", ICML 2024, in the
+gradient x input form (the relevance of a tensor ``t`` is ``t * dscore/dt`` under the modified backward; the
+reformulation of Arras et al. 2025 that lxt's ``lxt.efficient`` uses). Each rule changes only a backward pass; every
+forward is the module's own, so the model's output is unchanged:
+
+- ``nn.Linear`` (and ``nn.MultiheadAttention``'s projections): the epsilon rule (paper Eq. 8),
+  ``R_x = x * W^T (R_z / (z + eps sign z))``, as the gradient ``g_x = W^T (g_z * z / (z + eps sign z))``
+  (``eps = 0``: the plain gradient, lxt.efficient's form); or the generalised gamma rule (Montavon et al. 2019,
+  Andeol et al. 2021, exactly as ``zennit.rules.Gamma``: positive and negative parts of weights and inputs, the
+  bias in the denominator); or ``"plain"`` (the plain gradient, for comparisons).
+- softmax (paper Prop. 3.1, Taylor decomposition at the input with a bias term):
+  ``R_in = x * (R_out - s * sum(R_out))``; in this form that *is* the softmax's plain gradient, so the attention
+  kernel (fused or not) runs untouched.
+- ``q k^T`` and ``attn @ v`` (paper Prop. 3.3, epsilon then the uniform rule of Prop. 3.2): each product's relevance
+  is split equally between its two factors, i.e. the gradient reaching each factor is halved. ``q`` and ``k`` sit
+  behind two such products, ``v`` behind one: their gradients are scaled by 1/4, 1/4 and 1/2 at the projection
+  that makes them (every backward here is linear in the incoming gradient, so the scale may sit anywhere on the
+  path; lxt.efficient scales q, k, v the same way). The ``"cp"`` variant (CP-LRP, Ali et al. 2022) scales them by
+  0, 0, 1 instead: no relevance through the softmax.
+- LayerNorm / RMSNorm (paper Prop. 3.4): the identity rule on the division, i.e. the standard deviation (RMS) is
+  a constant in the backward; the centring and the affine weight are linear (epsilon rule, plain gradient).
+- element-wise nonlinearities (GELU, SiLU, ReLU, tanh; paper Eq. 9): the identity rule ``R_in = R_out``, as the
+  gradient ``g_in = g_out * f(x) / x`` (0 where ``x = 0``).
+
+The relevance is read at the tokens entering the first block (``emit`` receives them, detached and made a leaf so
+the backward stops there). Everything is installed on *instances* (``forward`` attributes, hooks) and undone by
+the returned callable; no class and nothing in ``torch.nn`` or ``torch.nn.functional`` is patched.
+"""
+
+from __future__ import annotations
+
+import fnmatch
+from collections.abc import Callable, Iterable, Iterator
+from contextlib import contextmanager
+from dataclasses import dataclass
+from typing import Any
+
+import torch
+import torch.nn.functional as F
+from torch import nn
+
+from vitviz.core.families.base import Undo, chain_undos, set_attr
+from vitviz.errors import InputError, UnsupportedModelError
+
+LINEAR_RULES = ("epsilon", "gamma", "plain")
+ATTENTION_RULES = ("attnlrp", "cp")
+QKV_FACTORS = {"attnlrp": (0.25, 0.25, 0.5), "cp": (0.0, 0.0, 1.0)}
+ACTIVATIONS = ("GELU", "GELUActivation", "QuickGELU", "QuickGELUActivation", "GELUTanh", "SiLU",
+               "SiLUActivation", "ReLU", "Tanh", "NewGELUActivation", "FastGELUActivation",
+               "GELUPytorchTanh", "PytorchGELUTanh")
+NORMS = ("LayerNorm", "RMSNorm", "RmsNorm", "LayerNorm2d")
+PASS_THROUGH = ("Dropout", "Identity", "DropPath")
+
+
+@dataclass(frozen=True)
+class LRPRules:
+    """Which rule each layer type gets (see the module docstring).
+
+    Attributes:
+        linear: ``"epsilon"`` (default), ``"gamma"`` or ``"plain"``.
+        epsilon: the epsilon rule's stabiliser (``z + epsilon * sign(z)``, sign 0 -> +1); 0 gives the plain gradient.
+        gamma: the gamma rule's weight on the positive (negative) parts.
+        gamma_stabilizer: the gamma rule's denominator stabiliser (zennit's default 1e-6).
+        attention: ``"attnlrp"`` (softmax rule + uniform rule on both matmuls) or ``"cp"`` (CP-LRP).
+        plain: fnmatch patterns of linear-layer names left at the plain gradient whatever ``linear`` says (for
+            comparisons with recipes that skip a layer; torchvision attention projections are named
+            ``<attention>.in_proj`` and ``<attention>.out_proj``).
+    """
+
+    linear: str = "epsilon"
+    epsilon: float = 1e-6
+    gamma: float = 0.25
+    gamma_stabilizer: float = 1e-6
+    attention: str = "attnlrp"
+    plain: tuple[str, ...] = ()
+
+    def __post_init__(self) -> None:
+        if self.linear not in LINEAR_RULES:
+            raise InputError(f"linear_rule={self.linear!r} is not one of {LINEAR_RULES}")
+        if self.attention not in ATTENTION_RULES:
+            raise InputError(f"attention_rule={self.attention!r} is not one of {ATTENTION_RULES}")
+        if not self.epsilon >= 0 or not self.gamma >= 0:
+            raise InputError(f"epsilon={self.epsilon!r} and gamma={self.gamma!r} must be non-negative numbers")
+
+    def linear_for(self, name: str) -> str:
+        return "plain" if any(fnmatch.fnmatchcase(name, p) for p in self.plain) else self.linear
+
+
+def _stabilize(z: torch.Tensor, eps: float) -> torch.Tensor:
+    return z + eps * torch.where(z >= 0, 1.0, -1.0).to(z.dtype)
+
+
+class _LinearRule(torch.autograd.Function):
+    """``F.linear`` forward; the backward applies the chosen LRP rule (gradient x input form)."""
+
+    @staticmethod
+    def forward(ctx: Any, x: torch.Tensor, weight: torch.Tensor, bias: torch.Tensor | None, rule: str,
+                rules: LRPRules, factor: torch.Tensor | None) -> torch.Tensor:
+        z = F.linear(x, weight, bias)
+        ctx.save_for_backward(x, weight, bias, z, factor)
+        ctx.rule, ctx.rules = rule, rules
+        return z
+
+    @staticmethod
+    def backward(ctx: Any, g: torch.Tensor) -> tuple:
+        x, w, b, z, factor = ctx.saved_tensors
+        rules: LRPRules = ctx.rules
+        if factor is not None:
+            g = g * factor
+        if ctx.rule == "plain" or (ctx.rule == "epsilon" and rules.epsilon == 0):
+            return g @ w, None, None, None, None, None
+        if ctx.rule == "epsilon":  # z / (z + eps sign z) = |z| / (|z| + eps)
+            a = z.abs()
+            return (g * a.div_(a + rules.epsilon)) @ w, None, None, None, None, None
+        # generalised gamma rule (zennit.rules.Gamma): relevance R = g * z split by the sign of z
+        gm = rules.gamma
+        wp, wn = w + gm * w.clamp(min=0), w + gm * w.clamp(max=0)
+        xp, xn = x.clamp(min=0), x.clamp(max=0)
+        if b is None:
+            zp = F.linear(xp, wp) + F.linear(xn, wn)
+            zn = F.linear(xp, wn) + F.linear(xn, wp)
+        else:
+            zp = F.linear(xp, wp, b + gm * b.clamp(min=0)) + F.linear(xn, wn)
+            zn = F.linear(xp, wn, b + gm * b.clamp(max=0)) + F.linear(xn, wp)
+        r = g * z
+        cp = torch.where(z > 0, r, 0) / _stabilize(zp, rules.gamma_stabilizer)
+        cn = torch.where(z < 0, r, 0) / _stabilize(zn, rules.gamma_stabilizer)
+        pos = cp @ wp + cn @ wn  # R_x / x where x > 0
+        neg = cp @ wn + cn @ wp  # R_x / x where x < 0
+        gx = torch.where(x > 0, pos, torch.where(x < 0, neg, torch.zeros_like(pos)))
+        return gx, None, None, None, None, None
+
+
+def lrp_linear(x: torch.Tensor, weight: torch.Tensor, bias: torch.Tensor | None, rule: str, rules: LRPRules,
+               factor: torch.Tensor | None = None) -> torch.Tensor:
+    """``F.linear(x, weight, bias)`` whose backward applies ``rule``; ``factor`` scales the incoming gradient
+    per output feature (the uniform rule's 1/4, 1/4, 1/2 on q, k, v)."""
+    return _LinearRule.apply(x, weight, bias, rule, rules, factor)
+
+
+class _IdentityRule(torch.autograd.Function):
+    """``fn(x)`` forward; backward ``g * fn(x) / x`` (the identity rule ``R_in = R_out``)."""
+
+    @staticmethod
+    def forward(ctx: Any, x: torch.Tensor, fn: Callable[[torch.Tensor], torch.Tensor]) -> torch.Tensor:
+        y = fn(x)
+        ctx.save_for_backward(x, y)
+        return y
+
+    @staticmethod
+    def backward(ctx: Any, g: torch.Tensor) -> tuple:
+        x, y = ctx.saved_tensors
+        ratio = torch.where(x == 0, torch.zeros_like(y), y / torch.where(x == 0, torch.ones_like(x), x))
+        return g * ratio, None
+
+
+class _NormRule(torch.autograd.Function):
+    """A LayerNorm / RMSNorm forward (the module's own); backward with the denominator held constant."""
+
+    @staticmethod
+    def forward(ctx: Any, x: torch.Tensor, fn: Callable[[torch.Tensor], torch.Tensor], dims: int,
+                weight: torch.Tensor | None, eps: float, centre: bool) -> torch.Tensor:
+        ctx.save_for_backward(x, weight)
+        ctx.dims, ctx.eps, ctx.centre = dims, eps, centre
+        return fn(x)
+
+    @staticmethod
+    def backward(ctx: Any, g: torch.Tensor) -> tuple:
+        x, weight = ctx.saved_tensors
+        dims = tuple(range(-ctx.dims, 0))
+        xf = x - x.mean(dim=dims, keepdim=True) if ctx.centre else x
+        denom = (xf.pow(2).mean(dim=dims, keepdim=True) + ctx.eps).sqrt()
+        gy = g * weight if weight is not None else g
+        if ctx.centre:
+            gy = gy - gy.mean(dim=dims, keepdim=True)
+        return gy / denom, None, None, None, None, None
+
+
+def _norm_eps(module: nn.Module) -> float:
+    eps = getattr(module, "eps", getattr(module, "variance_epsilon", None))
+    if eps is None:  # torch.nn.RMSNorm(eps=None) uses the dtype's machine epsilon
+        eps = torch.finfo(module.weight.dtype if getattr(module, "weight", None) is not None else torch.float32).eps
+    return float(eps)
+
+
+def install_norm(module: nn.Module) -> Undo:
+    """The identity rule on a LayerNorm / RMSNorm instance (its own forward, the modified backward)."""
+    original = type(module).forward
+    centre = isinstance(module, nn.LayerNorm) or type(module).__name__ in ("LayerNorm", "LayerNorm2d")
+    shape = getattr(module, "normalized_shape", None)
+    dims = len(shape) if isinstance(shape, (tuple, list)) else 1
+    eps = _norm_eps(module)
+
+    def forward(x: torch.Tensor) -> torch.Tensor:
+        return _NormRule.apply(x, lambda t: original(module, t), dims, getattr(module, "weight", None), eps, centre)
+
+    return set_attr(module, "forward", forward)
+
+
+def install_activation(module: nn.Module) -> Undo:
+    """The identity rule on an element-wise activation instance."""
+    original = type(module).forward
+
+    def forward(x: torch.Tensor) -> torch.Tensor:
+        return _IdentityRule.apply(x, lambda t: original(module, t))
+
+    return set_attr(module, "forward", forward)
+
+
+def install_linear(module: nn.Linear, rule: str, rules: LRPRules, factor: torch.Tensor | None = None) -> Undo:
+    """``rule`` on an ``nn.Linear`` instance (optionally scaling its output's gradient by ``factor``)."""
+
+    def forward(x: torch.Tensor) -> torch.Tensor:
+        return lrp_linear(x, module.weight, module.bias, rule, rules, factor)
+
+    return set_attr(module, "forward", forward)
+
+
+def qkv_factor(rules: LRPRules, widths: tuple[int, int, int], like: torch.Tensor) -> torch.Tensor:
+    """The per-feature gradient scale of a fused ``[q, k, v]`` projection output."""
+    fq, fk, fv = QKV_FACTORS[rules.attention]
+    return torch.cat([torch.full((n,), f, dtype=like.dtype, device=like.device)
+                      for n, f in zip(widths, (fq, fk, fv))])
+
+
+def input_hook(module: nn.Module, emit: Callable[[torch.Tensor], None], arg: str = "hidden_states") -> Undo:
+    """A pre-hook on the first block: its input tokens ``(B, N, D)`` become a detached leaf that requires grad
+    (the backward stops there), handed to ``emit``; the forward's values are unchanged."""
+
+    def pre(_m: nn.Module, args: tuple, kwargs: dict) -> tuple[tuple, dict]:
+        if args:
+            x = args[0].detach().requires_grad_(True)
+            emit(x)
+            return (x, *args[1:]), kwargs
+        x = kwargs[arg].detach().requires_grad_(True)
+        emit(x)
+        return args, {**kwargs, arg: x}
+
+    return module.register_forward_pre_hook(pre, with_kwargs=True).remove
+
+
+def classify(modules: Iterable[tuple[str, nn.Module]], model_name: str, containers: set[str],
+             skip: Callable[[str, nn.Module], bool] = lambda n, m: False) -> dict[str, list[tuple[str, nn.Module]]]:
+    """Sort modules into linear / norm / activation; any other class that is not a known container or a
+    pass-through (dropout, identity) is refused: vitviz has no rule for what it computes."""
+    out: dict[str, list[tuple[str, nn.Module]]] = {"linear": [], "norm": [], "act": []}
+    for name, m in modules:
+        cls = type(m).__name__
+        if skip(name, m) or cls in PASS_THROUGH or isinstance(m, (nn.Dropout, nn.Identity)):
+            continue
+        if type(m) is nn.Linear or cls in ("Linear", "NonDynamicallyQuantizableLinear"):
+            out["linear"].append((name, m))
+        elif cls in NORMS:
+            out["norm"].append((name, m))
+        elif cls in ACTIVATIONS:
+            out["act"].append((name, m))
+        elif cls not in containers:
+            raise UnsupportedModelError(
+                f"{model_name}: AttnLRP has no rule for the module {name} ({cls}); vitviz refuses rather than "
+                "propagate through it with the plain gradient. Supported: Linear, LayerNorm/RMSNorm, GELU/SiLU/"
+                "ReLU/tanh, softmax attention; use explain(method='chefer') for this model")
+    return out
+
+
+def install_generic(groups: dict[str, list[tuple[str, nn.Module]]], rules: LRPRules,
+                    factors: dict[str, torch.Tensor] | None = None) -> Undo:
+    """Install the rules on classified modules; ``factors`` maps a linear layer's name to its gradient scale."""
+    factors = factors or {}
+    undos: list[Undo] = []
+    try:
+        for name, m in groups["linear"]:
+            undos.append(install_linear(m, rules.linear_for(name), rules, factors.get(name)))
+        for _name, m in groups["norm"]:
+            undos.append(install_norm(m))
+        for _name, m in groups["act"]:
+            undos.append(install_activation(m))
+    except BaseException:
+        chain_undos(undos)()
+        raise
+    return chain_undos(undos)
+
+
+class LRPSession:
+    """What ``lrp_rules`` hands back: ``tokens`` is the ``(B, N, D)`` input of the first block from the most recent
+    forward pass (a leaf that requires grad), or None before one."""
+
+    def __init__(self) -> None:
+        self.tokens: torch.Tensor | None = None
+
+    def _emit(self, x: torch.Tensor) -> None:
+        self.tokens = x
+
+
+@contextmanager
+def lrp_rules(model: nn.Module, rules: LRPRules | None = None) -> Iterator[LRPSession]:
+    """Install AttnLRP's rules on ``model`` through its family for the duration of the block.
+
+    On exit, also when the block raises, every ``forward`` attribute and hook is removed: the model's state dict,
+    flags, hooks and outputs are as before.
+    """
+    from vitviz.core.families import family_of
+
+    family = family_of(model)
+    session = LRPSession()
+    undo = family.lrp_rules(model, rules or LRPRules(), session._emit)
+    try:
+        yield session
+    finally:
+        undo()

@@ -1,0 +1,149 @@
+"""Where each family's AttnLRP rules go (``Family.lrp_rules``); the rules themselves are in ``lrp.py``.
+
+Each installer checks that every module after the token embedding computes something vitviz has a rule for
+(refusing the model with ``UnsupportedModelError`` otherwise), installs the rules on the instances, hooks the first
+block's input, and returns the undo.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable
+
+import torch
+import torch.nn.functional as F
+from torch import nn
+
+from vitviz.core.families.base import Undo, chain_undos, set_attr
+from vitviz.core.families.lrp import (
+    LRPRules,
+    classify,
+    input_hook,
+    install_generic,
+    lrp_linear,
+    qkv_factor,
+)
+from vitviz.errors import UnsupportedModelError
+
+Emit = Callable[[torch.Tensor], None]
+
+TIMM_MODELS = ("VisionTransformer", "VisionTransformerDistilled")  # DeiT-distilled: two heads averaged (linear)
+TIMM_CONTAINERS = {"Block", "Attention", "Mlp", "LayerScale", "Sequential", "ModuleList", *TIMM_MODELS}
+TIMM_POOLS = ("token", "avg", "")
+
+
+def _refuse(model: nn.Module, reason: str) -> UnsupportedModelError:
+    return UnsupportedModelError(f"{type(model).__name__}: AttnLRP is not available for this model: {reason}; "
+                                 "use explain(method='chefer') instead")
+
+
+def _with_input_hook(undo: Undo, first_block: nn.Module, emit: Emit, arg: str) -> Undo:
+    try:
+        return chain_undos([undo, input_hook(first_block, emit, arg)])
+    except BaseException:
+        undo()
+        raise
+
+
+def timm_rules(model: nn.Module, rules: LRPRules, emit: Emit) -> Undo:
+    """timm ``VisionTransformer`` with plain ``Block`` / ``Attention`` / ``Mlp`` (class token, registers, no class
+    token, average pooling); fused attention stays on (its gradient is the softmax rule's)."""
+    if type(model).__name__ not in TIMM_MODELS:
+        raise _refuse(model, f"vitviz has AttnLRP rules for timm's {' and '.join(TIMM_MODELS)} only, not "
+                             f"{type(model).__name__}")
+    if getattr(model, "distilled_training", False) and model.training:
+        raise _refuse(model, "distilled training mode returns two outputs")
+    if getattr(model, "attn_pool", None) is not None or getattr(model, "global_pool", "token") not in TIMM_POOLS:
+        raise _refuse(model, f"global_pool={getattr(model, 'global_pool', None)!r} (attention or max pooling) has "
+                             "no AttnLRP rule in vitviz")
+    for i, block in enumerate(model.blocks):
+        attn = getattr(block, "attn", None)
+        if type(block).__name__ != "Block" or type(attn).__name__ != "Attention":
+            raise _refuse(model, f"blocks.{i} is a {type(block).__name__} with {type(attn).__name__}; only plain "
+                                 "Block/Attention (softmax maps) are supported (parallel, differential, talking-heads "
+                                 "and rotary attention are not)")
+        if getattr(attn, "gate", None) is not None:
+            raise _refuse(model, f"blocks.{i}.attn is gated (a sigmoid gate multiplies the attention output)")
+    names = [(n, m) for n, m in model.named_modules() if n and not n.startswith(("patch_embed", "norm_pre"))]
+    groups = classify(names, type(model).__name__, TIMM_CONTAINERS)
+    factors = {}
+    for i, block in enumerate(model.blocks):
+        qkv = block.attn.qkv
+        d = block.attn.attn_dim if hasattr(block.attn, "attn_dim") else qkv.out_features // 3
+        factors[f"blocks.{i}.attn.qkv"] = qkv_factor(rules, (d, d, d), qkv.weight)
+    return _with_input_hook(install_generic(groups, rules, factors), model.blocks[0], emit, "x")
+
+
+def _mha_forward(mha: nn.MultiheadAttention, name: str, rules: LRPRules) -> Callable[..., tuple]:
+    """``nn.MultiheadAttention`` self-attention with the rules on its projections (its own weights)."""
+    e, h = mha.embed_dim, mha.num_heads
+    factor = qkv_factor(rules, (e, e, e), mha.in_proj_weight)
+    in_rule, out_rule = rules.linear_for(f"{name}.in_proj"), rules.linear_for(f"{name}.out_proj")
+
+    def forward(query: torch.Tensor, key: torch.Tensor, value: torch.Tensor, key_padding_mask: object = None,
+                need_weights: bool = True, attn_mask: object = None, average_attn_weights: bool = True,
+                is_causal: bool = False) -> tuple[torch.Tensor, None]:
+        if not (query is key is value) or key_padding_mask is not None or attn_mask is not None or is_causal:
+            raise UnsupportedModelError(f"{name}: AttnLRP in vitviz covers unmasked self-attention only")
+        x = query if mha.batch_first else query.transpose(0, 1)
+        b, n, _ = x.shape
+        qkv = lrp_linear(x, mha.in_proj_weight, mha.in_proj_bias, in_rule, rules, factor)
+        q, k, v = (t.reshape(b, n, h, e // h).transpose(1, 2) for t in qkv.chunk(3, dim=-1))
+        o = F.scaled_dot_product_attention(q, k, v).transpose(1, 2).reshape(b, n, e)
+        out = lrp_linear(o, mha.out_proj.weight, mha.out_proj.bias, out_rule, rules)
+        return (out if mha.batch_first else out.transpose(0, 1)), None
+
+    return forward
+
+
+def torchvision_rules(model: nn.Module, rules: LRPRules, emit: Emit) -> Undo:
+    """torchvision ``VisionTransformer``: ``nn.MultiheadAttention`` runs a forward of vitviz's with the rules on its
+    ``in_proj`` and ``out_proj`` (the module's own call of ``F.multi_head_attention_forward`` uses the weights
+    directly, so no module-level rule would reach them)."""
+    names = [(n, m) for n, m in model.named_modules()
+             if n and not n.startswith("conv_proj") and not isinstance(m, nn.MultiheadAttention)
+             and ".self_attention." not in f"{n}."]
+    containers = {"Encoder", "Sequential", "EncoderBlock", "MLPBlock", "ModuleList", "VisionTransformer"}
+    groups = classify(names, type(model).__name__, containers)
+    undos = [install_generic(groups, rules)]
+    try:
+        for i, layer in enumerate(model.encoder.layers):
+            mha = layer.self_attention
+            name = f"encoder.layers.{list(model.encoder.layers._modules)[i]}.self_attention"
+            if mha.in_proj_weight is None or not mha._qkv_same_embed_dim or mha.bias_k is not None:
+                raise _refuse(model, f"{name} has separate q/k/v projections or extra key biases")
+            undos.append(set_attr(mha, "forward", _mha_forward(mha, name, rules)))
+        undos.append(input_hook(model.encoder.layers[0], emit, "input"))
+    except BaseException:
+        chain_undos(undos)()
+        raise
+    return chain_undos(undos)
+
+
+HF_SUFFIXES = ("ForImageClassification", "ForImageClassificationWithTeacher", "Model", "Encoder", "Layer",
+               "Attention", "MLP", "LayerScale", "Pooler", "DropPath",
+               "RelativePositionBias")  # BEiT: a table-only bias on the scores (absorbed by the softmax rule)
+
+
+def hf_rules(model: nn.Module, rules: LRPRules, emit: Emit, layers: list[nn.Module],
+             attention: list[tuple[str, nn.Module]]) -> Undo:
+    """Hugging Face ViT / DeiT / BEiT / DINOv2: ``q_proj``, ``k_proj``, ``v_proj`` of each attention module get the
+    uniform rule's gradient scales; the attention interface (eager or SDPA) runs untouched."""
+    kind = type(model).__name__
+    model_type = getattr(model.config, "model_type", "")
+    stem = {"vit": "ViT", "deit": "DeiT", "beit": "Beit", "dinov2": "Dinov2",
+            "dinov2_with_registers": "Dinov2WithRegisters"}.get(model_type)
+    if stem is None:
+        raise _refuse(model, f"model_type={model_type!r}: vitviz has AttnLRP rules for Hugging Face ViT, DeiT, BEiT "
+                             "and DINOv2 only")
+    containers = {f"{stem}{s}" for s in HF_SUFFIXES} | {"ModuleList", "Sequential"}
+    names = [(n, m) for n, m in model.named_modules()
+             if n and "embeddings" not in n.split(".")]
+    groups = classify(names, kind, containers)
+    factors: dict[str, torch.Tensor] = {}
+    for name, attn in attention:
+        if not all(isinstance(getattr(attn, p, None), nn.Linear) for p in ("q_proj", "k_proj", "v_proj")):
+            raise _refuse(model, f"{name} ({type(attn).__name__}) has no q_proj/k_proj/v_proj Linear layers")
+        for part, f in zip(("q_proj", "k_proj", "v_proj"), range(3)):
+            lin = getattr(attn, part)
+            factors[f"{name}.{part}"] = qkv_factor(rules, (lin.out_features,) * 3, lin.weight).chunk(3)[f]
+    return _with_input_hook(install_generic(groups, rules, factors), layers[0], emit, "hidden_states")
