@@ -82,7 +82,7 @@ def _rows_kernel(Q, K, BIAS, DIST, LSE, WD, WP,
             bias = tl.load(BIAS + b * sbb + h * sbh + rows[:, None] * sbi + cols[None, :] * sbj, mask=inb, other=0.0)
             s += bias.to(tl.float32) * 1.4426950408889634
         if BIAS_KIND == 2:
-            keep = tl.load(BIAS + b * sbb + h * sbh + rows[:, None] * sbi + cols[None, :] * sbj, mask=inb, other=0)
+            keep = tl.load(BIAS + b * sbb + h * sbh + rows[:, None] * sbi + cols[None, :] * sbj, mask=inb, other=1)
             s = tl.where(keep != 0, s, float("-inf"))
         if CAUSAL:
             s = tl.where(cols[None, :] <= rows[:, None], s, float("-inf"))
@@ -140,7 +140,7 @@ def _fuse_kernel(Q, K, BIAS, LSE, OUT,
             bias = tl.load(BIAS + b * sbb + h * sbh + rows[:, None] * sbi + cols[None, :] * sbj, mask=inb, other=0.0)
             s += bias.to(tl.float32) * 1.4426950408889634
         if BIAS_KIND == 2:
-            keep = tl.load(BIAS + b * sbb + h * sbh + rows[:, None] * sbi + cols[None, :] * sbj, mask=inb, other=0)
+            keep = tl.load(BIAS + b * sbb + h * sbh + rows[:, None] * sbi + cols[None, :] * sbj, mask=inb, other=1)
             s = tl.where(keep != 0, s, float("-inf"))
         if CAUSAL:
             s = tl.where(cols[None, :] <= rows[:, None], s, float("-inf"))
