@@ -227,6 +227,8 @@ def _common(q: torch.Tensor, k: torch.Tensor, scale: float, attn_mask, is_causal
     kind, bias, sb = _bias(attn_mask, is_causal, torch.Size((b, h, n, n)), q.device)
     upcast = interpreting() and q.dtype == torch.bfloat16
     block_d = max(16, triton.next_power_of_2(d))
+    if q.dtype != torch.float32:
+        precision = "tf32"  # Triton's default; only float32 operands read it (half types: plain tensor-core MMA)
     return dict(BIAS_KIND=kind, CAUSAL=bool(is_causal), UPCAST=upcast, PRECISION=precision, BLOCK_D=block_d), \
         bias, sb, float(scale) * _LOG2E
 
