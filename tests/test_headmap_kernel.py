@@ -179,18 +179,21 @@ def test_forced_kernel_gives_the_pytorch_rollout_and_distance(interpret, monkeyp
     x = torch.randn(2, 3, 32, 48)
     with kernels.headmap_kernel("off"):
         want_r, want_d = vitviz.attention_rollout(model, x), vitviz.mean_attention_distance(model, x)
+        want_min = vitviz.attention_rollout(model, x, head_fusion="min", discard_ratio=0.5)
     assert calls == {"fuse": 0, "distance": 0}
     with kernels.headmap_kernel("auto"):  # CPU tensors: auto never picks the kernels
         vitviz.attention_rollout(model, x)
     assert calls == {"fuse": 0, "distance": 0}
     with kernels.headmap_kernel("on"):
         got_r, got_d = vitviz.attention_rollout(model, x), vitviz.mean_attention_distance(model, x)
-    assert calls == {"fuse": 2, "distance": 2}  # two layers each
+        got_min = vitviz.attention_rollout(model, x, head_fusion="min", discard_ratio=0.5)
+    assert calls == {"fuse": 4, "distance": 2}  # two layers each
     torch.testing.assert_close(got_r, want_r, rtol=1e-5, atol=1e-6)
     torch.testing.assert_close(got_d, want_d, rtol=1e-5, atol=1e-4)
+    torch.testing.assert_close(got_min, want_min, rtol=1e-5, atol=1e-6)
     monkeypatch.setenv("VITVIZ_HEADMAP_KERNEL", "on")  # the environment variable does the same
     vitviz.attention_rollout(model, x)
-    assert calls["fuse"] == 4
+    assert calls["fuse"] == 6
 
 
 def test_forcing_without_interpreter_on_cpu_is_refused(monkeypatch):
