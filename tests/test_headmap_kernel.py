@@ -1,10 +1,12 @@
 """The head-map Triton kernels (``vitviz.core.kernels``) against float64 softmax and the PyTorch stream path.
 
-On a machine without a GPU the kernels run on CPU tensors under Triton's interpreter. Triton decides between
-interpreting and compiling when ``triton.jit`` wraps a function, and vitviz wraps its kernels when they first run,
-once per mode (``headmaps._kernels``); so the ``interpret`` fixture only sets ``TRITON_INTERPRET=1`` for the test
-that uses it (``monkeypatch`` restores the environment), whether or not Triton was imported earlier (timm imports
-it), and no other test sees interpreted kernels or the variable (``test_interpreter_mode_*`` checks both).
+On a machine without a GPU the kernels run on CPU tensors under Triton's interpreter. Triton's interpreter must be
+on (``TRITON_INTERPRET=1``) before ``triton.language`` is imported: its library functions (``tl.sum``, ``tl.max``)
+are ``triton.jit`` functions, interpretable only when made in that mode, and timm imports Triton, so by the time a
+test runs it is too late to switch (seen: "Cannot call @triton.jit'd outside of the scope of a kernel"). And a
+process that imported Triton interpreted cannot compile kernels for a GPU. So every interpreter test runs in one
+child process that starts with ``TRITON_INTERPRET=1`` (``test_kernels_under_the_interpreter`` runs this file
+there); in this process they are skipped, Triton stays in its compiled mode, and no other test sees the variable.
 
 Tolerances, and why:
 
@@ -22,6 +24,11 @@ Tolerances, and why:
 from __future__ import annotations
 
 import importlib.util
+import os
+import re
+import subprocess
+import sys
+from pathlib import Path
 
 import pytest
 import torch
@@ -38,14 +45,35 @@ DTYPES = {"fp32": torch.float32, "fp16": torch.float16, "bf16": torch.bfloat16}
 TORCH_PATH_ATOL = {torch.float32: 2e-6, torch.float16: 5e-3, torch.bfloat16: 4e-2}
 
 
+CHILD = os.environ.get("VITVIZ_KERNEL_TEST_CHILD") == "1"  # this process is the interpreter child
+
+
 @pytest.fixture
 def interpret(monkeypatch):
-    """Triton's interpreter for this test only (the kernels are built per mode when they first run)."""
-    monkeypatch.setenv("TRITON_INTERPRET", "1")
+    """The kernels module, in the child process that started with ``TRITON_INTERPRET=1``; skipped elsewhere."""
+    if not CHILD:
+        pytest.skip("runs under Triton's interpreter in a child process (test_kernels_under_the_interpreter)")
     monkeypatch.delenv("VITVIZ_HEADMAP_BLOCKS", raising=False)
     from vitviz.core.kernels import headmaps
 
+    assert headmaps.interpreting() and type(headmaps.triton.language.sum).__name__ == "InterpretedFunction"
     return headmaps
+
+
+@pytest.mark.skipif(CHILD, reason="the driver runs in the parent process only")
+def test_kernels_under_the_interpreter():
+    """Run this file's interpreter tests in a fresh process that imports Triton with ``TRITON_INTERPRET=1``."""
+    root = Path(__file__).resolve().parents[1]
+    env = {k: v for k, v in os.environ.items() if not k.startswith("VITVIZ_HEADMAP")}
+    env.update(TRITON_INTERPRET="1", VITVIZ_KERNEL_TEST_CHILD="1",
+               PYTHONPATH=os.pathsep.join([str(root), *filter(None, [os.environ.get("PYTHONPATH")])]))
+    proc = subprocess.run([sys.executable, "-m", "pytest", "-q", "-p", "no:cacheprovider", "-o", "addopts=-ra",
+                           "-m", "not gpu", str(Path(__file__).resolve())],
+                          cwd=root, env=env, capture_output=True, text=True, timeout=600)
+    assert proc.returncode == 0, f"interpreter tests failed:\n{proc.stdout[-8000:]}\n{proc.stderr[-2000:]}"
+    passed = re.search(r"(\d+) passed", proc.stdout)
+    assert passed and int(passed.group(1)) >= 18, proc.stdout[-3000:]  # every interpreter test ran there
+    assert "runs under Triton's interpreter" not in proc.stdout, proc.stdout[-3000:]
 
 
 def qk(b: int, h: int, n: int, d: int, dtype: torch.dtype, spread: float = 2.0):
@@ -112,11 +140,14 @@ def _masks(b: int, h: int, n: int):
     keep[3:6, :20] = False  # rows whose first key tile is wholly masked: the running max starts at -inf
     per_head = torch.randn(1, h, n, n) * 2  # float bias, one per head, broadcast over the batch
     per_image = (torch.rand(b, 1, n, n) > 0.5) | torch.eye(n, dtype=torch.bool)
+    padding = torch.zeros(b, 1, n, n)  # NaFlex-style: image 0's last 5 tokens are padding, as keys and as queries
+    padding[0, :, :, -5:] = padding[0, :, -5:, :] = torch.finfo(torch.float32).min  # those rows: uniform, not NaN
     return {"bool 2-D": keep, "float per head": per_head, "bool per image": per_image,
-            "float per head 3-D": per_head[0].to(torch.bfloat16), "causal": None}
+            "float per head 3-D": per_head[0].to(torch.bfloat16), "causal": None, "finfo.min padding": padding}
 
 
-@pytest.mark.parametrize("kind", ["bool 2-D", "float per head", "bool per image", "float per head 3-D", "causal"])
+@pytest.mark.parametrize("kind", ["bool 2-D", "float per head", "bool per image", "float per head 3-D", "causal",
+                                  "finfo.min padding"])
 def test_masks_follow_timm(interpret, kind):
     """timm's ``resolve_self_attn_mask``: bool keeps True, float is added, ``is_causal`` wins; broadcast per head."""
     b, h, n = 2, 3, 35
@@ -209,20 +240,14 @@ def test_forcing_without_interpreter_on_cpu_is_refused(monkeypatch):
         kernels.headmap_kernel("always").__enter__()
 
 
-def test_interpreter_mode_is_read_when_the_kernels_are_built(monkeypatch):
-    """Triton imported first (timm does), then the variable set: the kernels still run interpreted; without it
-    the compiled variants are built (nothing leaks from the interpreted tests)."""
-    import triton
-
+def test_no_interpreter_leaks_into_this_process():
+    """The parent process never sets ``TRITON_INTERPRET``: its kernels are built compiled (for a GPU)."""
+    if CHILD:
+        pytest.skip("parent process only")
     from vitviz.core.kernels import headmaps
 
-    monkeypatch.delenv("TRITON_INTERPRET", raising=False)
-    assert not headmaps.interpreting()
-    compiled = headmaps._kernels()
-    assert all(type(f).__name__ == "JITFunction" for f in compiled)
-    monkeypatch.setenv("TRITON_INTERPRET", "1")
-    assert triton.__name__ == "triton" and headmaps.interpreting()
-    assert all(type(f).__name__ == "InterpretedFunction" for f in headmaps._kernels())
+    assert os.environ.get("TRITON_INTERPRET", "0") != "1" and not headmaps.interpreting()
+    assert all(type(f).__name__ == "JITFunction" for f in headmaps._kernels())
 
 
 # ---- CUDA: the compiled kernels on real shapes (pytest -m gpu; bench/gpu_run.sh) --------------------------------

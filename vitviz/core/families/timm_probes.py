@@ -255,7 +255,9 @@ def probe_timm_stream(module: nn.Module, emit: Emit) -> Undo:
         if q is None or k is None:
             raise CaptureError(f"{type(module).__name__}: q_norm / k_norm did not run in this forward pass, so "
                                "vitviz cannot recompute its attention")
-        emit(_recomputed_heads(vt, module, q.detach(), k.detach(), mask, causal, state.pop("kernel", False)))
+        kernel = state.pop("kernel", False)  # other dtypes (float64) take the PyTorch path, unless forced
+        kernel = kernel and (kernels.supports(q) or kernels.kernel_mode() == "on")
+        emit(_recomputed_heads(vt, module, q.detach(), k.detach(), mask, causal, kernel))
 
     handles = [module.register_forward_pre_hook(before, with_kwargs=True),
                module.q_norm.register_forward_hook(on_q), module.k_norm.register_forward_hook(on_k),

@@ -27,7 +27,7 @@ import torch
 
 from vitviz.errors import InputError
 
-__all__ = ["MODES", "headmap_kernel", "kernel_mode", "use_kernel"]
+__all__ = ["MODES", "headmap_kernel", "kernel_mode", "supports", "use_kernel"]
 
 MODES = ("auto", "on", "off")
 _ENV = "VITVIZ_HEADMAP_KERNEL"
@@ -89,6 +89,11 @@ def use_kernel(device: torch.device | str) -> bool:
                "CPU tensors need Triton's interpreter: set TRITON_INTERPRET=1 before the first kernel runs")
         )
     return runnable if mode == "on" else (dev.type == "cuda" and triton_available())
+
+
+def supports(q: torch.Tensor) -> bool:
+    """Whether the kernels take this ``q`` (and a ``k`` like it): float16, bfloat16 or float32, head dim <= 256."""
+    return q.dtype in (torch.float16, torch.bfloat16, torch.float32) and q.shape[-1] <= 256
 
 
 def __getattr__(name: str) -> Any:  # the kernels' entry points, imported (with Triton) on first use

@@ -11,13 +11,16 @@ as flash attention does (Dao et al., "FlashAttention", NeurIPS 2022, Alg. 1: a r
 running sum ``l`` rescaled by ``exp(m_old - m_new)`` as the key tiles go by):
 
 - ``_rows_kernel`` (grid: query tile x ``B*H``) walks the key tiles once per query tile and writes the row
-  log-sum-exp ``(B, H, N)``; with ``WITH_DIST`` it also keeps the running distance-weighted and patch-key sums,
-  rescaled like ``l``, so the distance needs this single pass;
+  maximum ``m`` and sum ``l`` ``(B, H, N)`` (the log-sum-exp is ``m + log l``); with ``WITH_DIST`` it also keeps
+  the running distance-weighted and patch-key sums, rescaled like ``l``, so the distance needs this single pass;
 - ``_fuse_kernel`` (grid: query tile x key tile x ``B``) loops over the heads for its output tile, forms
-  ``exp(s - lse)`` and folds it into a float32 accumulator (sum, max or min), then writes the tile once.
+  ``exp(s - m) / l`` and folds it into a float32 accumulator (sum, max or min), then writes the tile once. (Not
+  ``exp(s - lse)``: where a float mask puts ``finfo.min`` on a whole row, ``m + log l`` rounds to ``m`` and the
+  row would sum to ``l``; the PyTorch path gives that row uniform weights, and so does this.)
 
-The scores are ``q . k`` with float32 accumulation times ``scale`` in float32 (``exp2`` with ``log2 e`` folded in),
-as SDPA's flash kernels compute them; timm's explicit path (and vitviz's PyTorch stream path, the reference) rounds
+The scores are ``q . k`` with float32 accumulation times ``scale`` in float32, plus the bias, in natural units (a
+float mask of ``finfo.min`` stays finite, where folding ``log2 e`` into it would overflow to ``-inf``), as SDPA's
+flash kernels compute them; timm's explicit path (and vitviz's PyTorch stream path, the reference) rounds
 ``q * scale`` and the scores to the model's dtype first, so in bf16/fp16 the two differ by that rounding. Masks
 follow timm's ``resolve_self_attn_mask``: ``is_causal`` wins over ``attn_mask``; a bool mask keeps ``True``
 entries (``False`` -> ``-inf``); a float mask is added; any shape broadcastable to ``(B, H, N, N)``. A row whose
@@ -45,11 +48,10 @@ from vitviz.errors import InputError
 __all__ = ["distance_sums_kernel", "fuse_heads_kernel", "row_logsumexp"]
 
 HOW = {"mean": 0, "max": 1, "min": 2}
-_LOG2E = 1.4426950408889634
 _DTYPES = (torch.float16, torch.bfloat16, torch.float32)
 
 
-def _rows_kernel(Q, K, BIAS, DIST, LSE, WD, WP,
+def _rows_kernel(Q, K, BIAS, DIST, M, L, WD, WP,
                  sqb, sqh, sqn, sqd, skb, skh, skn, skd, sbb, sbh, sbi, sbj, sdi, sdj,
                  H, N, D, P0, qk_scale,
                  BIAS_KIND: tl.constexpr, CAUSAL: tl.constexpr, WITH_DIST: tl.constexpr, UPCAST: tl.constexpr,
@@ -76,11 +78,11 @@ def _rows_kernel(Q, K, BIAS, DIST, LSE, WD, WP,
                      mask=col_in[None, :] & (dd[:, None] < D), other=0.0)
         if UPCAST:
             kt = kt.to(tl.float32)
-        s = tl.dot(q, kt, input_precision=PRECISION) * qk_scale  # log2 units
+        s = tl.dot(q, kt, input_precision=PRECISION) * qk_scale
         inb = row_in[:, None] & col_in[None, :]
         if BIAS_KIND == 1:
             bias = tl.load(BIAS + b * sbb + h * sbh + rows[:, None] * sbi + cols[None, :] * sbj, mask=inb, other=0.0)
-            s += bias.to(tl.float32) * 1.4426950408889634
+            s += bias.to(tl.float32)
         if BIAS_KIND == 2:
             keep = tl.load(BIAS + b * sbb + h * sbh + rows[:, None] * sbi + cols[None, :] * sbj, mask=inb, other=1)
             s = tl.where(keep != 0, s, float("-inf"))
@@ -89,8 +91,8 @@ def _rows_kernel(Q, K, BIAS, DIST, LSE, WD, WP,
         s = tl.where(col_in[None, :], s, float("-inf"))
         m_new = tl.maximum(m, tl.max(s, 1))
         m_safe = tl.where(m_new == float("-inf"), 0.0, m_new)  # a row masked so far: no (-inf) - (-inf)
-        alpha = tl.exp2(m - m_safe)
-        p = tl.exp2(s - m_safe[:, None])
+        alpha = tl.exp(m - m_safe)
+        p = tl.exp(s - m_safe[:, None])
         l_sum = l_sum * alpha + tl.sum(p, 1)
         if WITH_DIST:
             patch = (rows[:, None] >= P0) & (cols[None, :] >= P0) & inb
@@ -98,8 +100,8 @@ def _rows_kernel(Q, K, BIAS, DIST, LSE, WD, WP,
             wd = wd * alpha + tl.sum(p * d, 1)
             wp = wp * alpha + tl.sum(tl.where(cols[None, :] >= P0, p, 0.0), 1)
         m = m_new
-    lse = (m + tl.log2(l_sum)) * 0.6931471805599453  # natural log
-    tl.store(LSE + bh * N + rows, lse, mask=row_in)
+    tl.store(M + bh * N + rows, m, mask=row_in)
+    tl.store(L + bh * N + rows, l_sum, mask=row_in)
     if WITH_DIST:
         out = bh * (N - P0) + rows - P0
         keep_row = row_in & (rows >= P0)
@@ -107,7 +109,7 @@ def _rows_kernel(Q, K, BIAS, DIST, LSE, WD, WP,
         tl.store(WP + out, wp / l_sum, mask=keep_row)
 
 
-def _fuse_kernel(Q, K, BIAS, LSE, OUT,
+def _fuse_kernel(Q, K, BIAS, M, L, OUT,
                  sqb, sqh, sqn, sqd, skb, skh, skn, skd, sbb, sbh, sbi, sbj, sob, soi, soj,
                  H, N, D, qk_scale, inv_h,
                  HOW: tl.constexpr, BIAS_KIND: tl.constexpr, CAUSAL: tl.constexpr, UPCAST: tl.constexpr,
@@ -138,14 +140,15 @@ def _fuse_kernel(Q, K, BIAS, LSE, OUT,
         s = tl.dot(q, kt, input_precision=PRECISION) * qk_scale
         if BIAS_KIND == 1:
             bias = tl.load(BIAS + b * sbb + h * sbh + rows[:, None] * sbi + cols[None, :] * sbj, mask=inb, other=0.0)
-            s += bias.to(tl.float32) * 1.4426950408889634
+            s += bias.to(tl.float32)
         if BIAS_KIND == 2:
             keep = tl.load(BIAS + b * sbb + h * sbh + rows[:, None] * sbi + cols[None, :] * sbj, mask=inb, other=1)
             s = tl.where(keep != 0, s, float("-inf"))
         if CAUSAL:
             s = tl.where(cols[None, :] <= rows[:, None], s, float("-inf"))
-        lse = tl.load(LSE + (b * H + h) * N + rows, mask=row_in, other=0.0) * 1.4426950408889634
-        p = tl.exp2(s - lse[:, None])
+        m = tl.load(M + (b * H + h) * N + rows, mask=row_in, other=0.0)
+        inv_l = 1.0 / tl.load(L + (b * H + h) * N + rows, mask=row_in, other=1.0)
+        p = tl.exp(s - m[:, None]) * inv_l[:, None]  # not exp(s - lse): m + log(l) drops log(l) when |m| > ~1e7
         if HOW == 0:
             acc += p
         elif HOW == 1:
@@ -230,14 +233,15 @@ def _common(q: torch.Tensor, k: torch.Tensor, scale: float, attn_mask, is_causal
     if q.dtype != torch.float32:
         precision = "tf32"  # Triton's default; only float32 operands read it (half types: plain tensor-core MMA)
     return dict(BIAS_KIND=kind, CAUSAL=bool(is_causal), UPCAST=upcast, PRECISION=precision, BLOCK_D=block_d), \
-        bias, sb, float(scale) * _LOG2E
+        bias, sb, float(scale)
 
 
 def _rows(q, k, scale, attn_mask, is_causal, distances, num_prefix_tokens, precision):
     const, bias, sb, qk_scale = _common(q, k, scale, attn_mask, is_causal, precision)
     b, h, n, d = q.shape
     bm, bn, warps, stages = _blocks(n, d)
-    lse = torch.empty(b, h, n, device=q.device, dtype=torch.float32)
+    m = torch.empty(b, h, n, device=q.device, dtype=torch.float32)
+    l_sum = torch.empty(b, h, n, device=q.device, dtype=torch.float32)
     with_dist = distances is not None
     if with_dist:
         p = n - num_prefix_tokens
@@ -249,14 +253,14 @@ def _rows(q, k, scale, attn_mask, is_causal, distances, num_prefix_tokens, preci
         wp = torch.empty(b, h, p, device=q.device, dtype=torch.float32)
         sd = tuple(dist.stride())
     else:
-        dist = wd = wp = lse
+        dist = wd = wp = m
         sd = (0, 0)
     rows_kernel, _ = _kernels()
     rows_kernel[(triton.cdiv(n, bm), b * h)](
-        q, k, bias, dist, lse, wd, wp, *q.stride(), *k.stride(), *sb, *sd, h, n, d,
+        q, k, bias, dist, m, l_sum, wd, wp, *q.stride(), *k.stride(), *sb, *sd, h, n, d,
         int(num_prefix_tokens), qk_scale, WITH_DIST=with_dist, BLOCK_M=bm, BLOCK_N=bn, num_warps=warps,
         num_stages=stages, **const)
-    return lse, (wd, wp) if with_dist else None
+    return m, l_sum, ((wd, wp) if with_dist else None)
 
 
 def row_logsumexp(q: torch.Tensor, k: torch.Tensor, scale: float, *, attn_mask: torch.Tensor | None = None,
@@ -269,7 +273,8 @@ def row_logsumexp(q: torch.Tensor, k: torch.Tensor, scale: float, *, attn_mask: 
         attn_mask, is_causal: as timm's ``Attention.forward`` takes them (see the module docstring).
         precision: ``tl.dot``'s ``input_precision`` for float32 inputs (``"ieee"``, ``"tf32"``, ``"tf32x3"``).
     """
-    return _rows(q, k, scale, attn_mask, is_causal, None, 0, precision)[0]
+    m, l_sum, _ = _rows(q, k, scale, attn_mask, is_causal, None, 0, precision)
+    return m + l_sum.log()
 
 
 def fuse_heads_kernel(q: torch.Tensor, k: torch.Tensor, scale: float, how: str = "mean", *,
@@ -292,11 +297,12 @@ def fuse_heads_kernel(q: torch.Tensor, k: torch.Tensor, scale: float, how: str =
         raise InputError(f"how must be one of {tuple(HOW)}, got {how!r}")
     const, bias, sb, qk_scale = _common(q, k, scale, attn_mask, is_causal, precision)
     b, h, n, d = q.shape
-    if lse is None:
-        lse = row_logsumexp(q, k, scale, attn_mask=attn_mask, is_causal=is_causal, precision=precision)
+    if lse is None:  # the row maximum and the sum of exp(s - max): exact also where |max| swamps log(sum)
+        m, l_sum, _ = _rows(q, k, scale, attn_mask, is_causal, None, 0, precision)
     elif lse.shape != (b, h, n):
         raise InputError(f"lse must be (B, H, N) = {(b, h, n)}; got {tuple(lse.shape)}")
-    lse = lse.to(device=q.device, dtype=torch.float32).contiguous()
+    else:
+        m, l_sum = lse.to(device=q.device, dtype=torch.float32).contiguous(), torch.ones(b, h, n, device=q.device)
     if out is None:
         out = torch.empty(b, n, n, device=q.device, dtype=torch.float32)
     elif out.shape != (b, n, n) or out.dtype != torch.float32 or out.device != q.device:
@@ -305,7 +311,7 @@ def fuse_heads_kernel(q: torch.Tensor, k: torch.Tensor, scale: float, how: str =
     bm, bn, warps, stages = _blocks(n, d)
     _, fuse_kernel = _kernels()
     fuse_kernel[(triton.cdiv(n, bm), triton.cdiv(n, bn), b)](
-        q, k, bias, lse, out, *q.stride(), *k.stride(), *sb, *out.stride(), h, n, d, qk_scale, 1.0 / h,
+        q, k, bias, m, l_sum, out, *q.stride(), *k.stride(), *sb, *out.stride(), h, n, d, qk_scale, 1.0 / h,
         HOW=HOW[how], BLOCK_M=bm, BLOCK_N=bn, num_warps=warps, num_stages=stages, **const)
     return out
 
@@ -328,4 +334,4 @@ def distance_sums_kernel(q: torch.Tensor, k: torch.Tensor, scale: float, distanc
     Returns:
         ``(weighted, weight)``, each ``(B, H, P)`` float32.
     """
-    return _rows(q, k, scale, attn_mask, is_causal, distances, num_prefix_tokens, precision)[1]
+    return _rows(q, k, scale, attn_mask, is_causal, distances, num_prefix_tokens, precision)[2]
