@@ -256,7 +256,9 @@ def test_no_interpreter_leaks_into_this_process():
 @pytest.mark.gpu
 @pytest.mark.parametrize("dtype", DTYPES.values(), ids=DTYPES.keys())
 def test_cuda_kernel_on_vit_b16_448(dtype):
-    """ViT-B/16 at 448 px: N = 785, 12 heads of 64, batch 4; fp32 scores in 'ieee' precision."""
+    """ViT-B/16 at 448 px: N = 785, 12 heads of 64, batch 4; fp32 scores in 'ieee' precision. 1e-5 here, not the
+    interpreter's 2e-6: on the GPU ``exp`` is ``ex2.approx`` of ``x log2 e`` (relative error ~1e-6 for arguments
+    down to -20) and the tensor cores sum in another order."""
     from vitviz.core.kernels import headmaps
 
     assert not headmaps.interpreting()
@@ -265,9 +267,12 @@ def test_cuda_kernel_on_vit_b16_448(dtype):
     p = probs64(q.cpu(), k.cpu(), scale)
     for how in ("mean", "max", "min"):
         got = headmaps.fuse_heads_kernel(q, k, scale, how).cpu().double()
-        torch.testing.assert_close(got, fused64(p, how), rtol=0, atol=2e-6)
+        torch.testing.assert_close(got, fused64(p, how), rtol=0, atol=1e-5)
     dist = torch.rand(784, 784, device="cuda") * 300
-    check_distance([t.cpu() for t in headmaps.distance_sums_kernel(q, k, scale, dist, 1)], p, dist.cpu(), 1)
+    wd, wp = (t.cpu().double() for t in headmaps.distance_sums_kernel(q, k, scale, dist, 1))
+    want_wd, want_wp = distance64(p, dist.cpu(), 1)
+    torch.testing.assert_close(wd, want_wd, rtol=1e-4, atol=1e-4)
+    torch.testing.assert_close(wp, want_wp, rtol=0, atol=1e-5)
 
 
 @pytest.mark.gpu
