@@ -12,7 +12,13 @@ Methods (``--methods``):
   from ``q``, ``k`` into one ``(B, N, N)`` buffer and fused at once, the class row pushed at the end);
 - ``store_distance``: every layer stored, then mean attention distance from the stored maps;
 - ``distance``: ``vitviz.mean_attention_distance`` (``heads="stream"``: each head reduced to sums as it is recomputed);
+- ``rollout_torch``, ``distance_torch``: the same with the head-map kernels forbidden (``VITVIZ_HEADMAP_KERNEL=off``:
+  the PyTorch stream path, which is what ``rollout``/``distance`` run on CPU);
+- ``rollout_kernel``, ``distance_kernel``: the same with the Triton head-map kernels forced on (what
+  ``rollout``/``distance`` run on CUDA by default; CUDA only);
 - ``grad_rollout``: ``vitviz.grad_rollout`` (needs the backward; off by default on CPU).
+
+On CPU the default methods are those before the kernels existed (no ``*_torch``/``*_kernel``, no ``grad_rollout``).
 
 Time: median of ``--repeats`` rounds after a warm-up round, the methods taking turns within each round, so a change
 in background load hits them alike; also the fastest run and the median process CPU time. Images/s = batch /
@@ -39,11 +45,16 @@ from pathlib import Path
 ROOT = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(ROOT))  # the vitviz of this checkout, not an installed one
 
-METHODS = ("plain", "explicit", "store", "timm", "rollout", "store_distance", "distance", "grad_rollout")
-GOAL_TIME = {224: 1.10, 448: 1.35}  # streaming method / plain on CPU (issue 18)
-GOAL_TIME_CUDA = {448: 1.30}
+METHODS = ("plain", "explicit", "store", "timm", "rollout", "store_distance", "distance", "rollout_torch",
+           "distance_torch", "rollout_kernel", "distance_kernel", "grad_rollout")
+CUDA_ONLY = ("rollout_kernel", "distance_kernel", "grad_rollout")
+NEW_ON_CPU = ("rollout_torch", "distance_torch")  # not in the CPU defaults (rollout/distance already are that path)
+KERNEL_MODE = {"rollout_torch": "off", "distance_torch": "off", "rollout_kernel": "on", "distance_kernel": "on"}
+GOAL_TIME = {224: 1.10, 448: 1.35}  # streaming method / plain on CPU
+GOAL_TIME_CUDA = {"bf16": {448: 1.30}, "fp16": {448: 1.30}, "fp32": {448: 1.15}}
 GOAL_MEMORY = 0.20  # streaming method's extra memory / its store-everything counterpart's
-PAIRS = {"rollout": "store", "distance": "store_distance"}
+PAIRS = {"rollout": "store", "distance": "store_distance", "rollout_torch": "store",
+         "distance_torch": "store_distance", "rollout_kernel": "store", "distance_kernel": "store_distance"}
 
 
 def _rss_kib(field: str) -> int | None:
@@ -106,9 +117,14 @@ def _setup(args: argparse.Namespace, device: str, size: int, batch: int):
                 m.fused_attn = False  # fx needs the softmax node in the graph
         extract = AttentionExtract(explicit, method="fx")
 
+    from vitviz.core.kernels import headmap_kernel
+
     def once(method: str):
         if method == "grad_rollout":
             return vitviz.grad_rollout(model, x, target=0)
+        if method in KERNEL_MODE:
+            with headmap_kernel(KERNEL_MODE[method]):
+                return once(method.split("_")[0])
         with torch.no_grad():
             if method == "plain":
                 return model(x)
@@ -165,7 +181,20 @@ def time_case(args: argparse.Namespace, device: str, size: int, batch: int) -> d
             peak[m] = (torch.cuda.max_memory_allocated() - base) / 2**20
             del out
     return {"times": times, "cpu": cpu, "peak": peak, "tokens": spec.num_tokens, "threads": torch.get_num_threads(),
-            "gpu": torch.cuda.get_device_name() if cuda else None}
+            "gpu": torch.cuda.get_device_name() if cuda else None, "layers": len(spec.attention_modules),
+            "versions": _versions()}
+
+
+def _versions() -> dict:
+    import importlib.metadata as md
+
+    out = {}
+    for name in ("torch", "timm", "triton"):
+        try:
+            out[name] = md.version(name)
+        except md.PackageNotFoundError:
+            out[name] = None
+    return out
 
 
 def memory_case(args: argparse.Namespace, device: str, size: int, batch: int, method: str) -> float:
@@ -208,7 +237,8 @@ def measure(args: argparse.Namespace, device: str, size: int, batch: int) -> lis
         results.append({"model": args.model, "dtype": args.dtype, "device": device, "gpu": timing["gpu"],
                         "size": size, "batch": batch, "method": m, "time_s": med, "times": t, "images_per_s": batch / med,
                         "cpu_s": statistics.median(c), "cpu_times": c, "peak_extra_mb": mem,
-                        "tokens": timing["tokens"], "threads": timing["threads"]})
+                        "tokens": timing["tokens"], "threads": timing["threads"], "layers": timing["layers"],
+                        "versions": timing["versions"]})
         print(f"{device} {args.model} {args.dtype} {size}px b{batch} {m:15} {med:.4f} s  {batch / med:8.1f} img/s  "
               f"peak +{mem:.1f} MB", flush=True)
     return results
@@ -230,7 +260,9 @@ def report(results: list[dict]) -> bool:
             print(f"{dev:6} {model:22} {dtype:5} {size:>4} {r['batch']:>3} {r['tokens']:>4} {m:15} {r['time_s']:8.4f} "
                   f"{r['time_s'] / plain['time_s']:7.2f} {min(r['times']) / min(plain['times']):6.2f} "
                   f"{r['cpu_s'] / plain['cpu_s']:6.2f} {r['images_per_s']:8.1f} {r['peak_extra_mb']:9.1f}")
-        goals = GOAL_TIME if dev == "cpu" else GOAL_TIME_CUDA
+        goals = GOAL_TIME if dev == "cpu" else GOAL_TIME_CUDA.get(dtype, {})
+        # the kept (L, B, N, N) float32 fused layer maps of keep="layers" rollout: the GPU memory bound
+        kept = plain["layers"] * plain["batch"] * plain["tokens"] ** 2 * 4 / 2**20
         for stream, store in PAIRS.items():
             if stream not in case or store not in case:
                 continue
@@ -247,6 +279,10 @@ def report(results: list[dict]) -> bool:
             hit = mem <= GOAL_MEMORY
             ok &= hit
             line.append(f"memory goal <= {GOAL_MEMORY:.0%}: {'met' if hit else 'MISSED'}")
+            if dev != "cpu":
+                hit = extra <= kept
+                ok &= hit
+                line.append(f"extra <= kept layer maps ({kept:.1f} MB): {'met' if hit else 'MISSED'}")
             print("; ".join(line))
     return ok
 
@@ -283,7 +319,7 @@ def main() -> int:
         ap.error(f"--batch takes one value or one per size; got {args.batch} for sizes {args.sizes}")
     results = []
     for dev in args.device:
-        methods = args.methods or [m for m in METHODS if dev != "cpu" or m != "grad_rollout"]
+        methods = args.methods or [m for m in METHODS if dev != "cpu" or m not in CUDA_ONLY + NEW_ON_CPU]
         args.methods = ["plain", *[m for m in methods if m != "plain"]]
         for size, batch in zip(args.sizes, batches):
             results += measure(args, dev, size, batch)

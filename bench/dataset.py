@@ -8,6 +8,8 @@ Run from the repository root::
 
     python bench/dataset.py --model cifar10-vit --folder ../shared/data/cifar10/test --workers 1
     python bench/dataset.py --model vit_base_patch16_224 --synthetic 4096 --device cuda --batch 256
+    python bench/dataset.py --model vit_base_patch16_224 --synthetic 16384 --device cuda --batch 256 \
+        --reduction plain --warmup 4      # the plain forward over the same loader: the images/s to compare with
     torchrun --nproc_per_node 8 bench/dataset.py --model MODEL --folder DIR --device cuda --batch 256 --workers 8 \
         --checkpoint runs/distance.pt --out runs/distance_result.pt
 
@@ -44,7 +46,11 @@ def main() -> int:
     ap.add_argument("--model", default="cifar10-vit")
     ap.add_argument("--folder", default=None, help="folder of images (default: --synthetic random images)")
     ap.add_argument("--synthetic", type=int, default=1024, help="number of random images when no folder is given")
-    ap.add_argument("--reduction", default="distance", choices=["distance", "statistics"])
+    ap.add_argument("--reduction", default="distance", choices=["distance", "statistics", "plain"],
+                    help="plain: the model's forward alone over the same loader (the baseline for images/s)")
+    ap.add_argument("--kernel", default=None, choices=["auto", "on", "off"],
+                    help="the head-map kernels (VITVIZ_HEADMAP_KERNEL; default: the environment's, else auto)")
+    ap.add_argument("--warmup", type=int, default=0, help="batches run (and not timed) before the measured pass")
     ap.add_argument("--batch", type=int, default=128)
     ap.add_argument("--workers", type=int, default=0)
     ap.add_argument("--device", default="cpu")
@@ -54,6 +60,8 @@ def main() -> int:
     ap.add_argument("--out", default=None, help="torch.save the result here (rank 0)")
     ap.add_argument("--json", default=None)
     args = ap.parse_args()
+    if args.kernel:
+        os.environ["VITVIZ_HEADMAP_KERNEL"] = args.kernel
 
     import timm
     import torch
@@ -62,7 +70,20 @@ def main() -> int:
     import vitviz
     from vitviz.analysis.attention_stats import AttentionStatsReduction
     from vitviz.analysis.distance import DistanceReduction
-    from vitviz.core.datasets import reduce_dataset
+    from vitviz.core.datasets import RunningReduction, reduce_dataset
+
+    class PlainForward(RunningReduction):
+        """The model's forward alone (its logits summed, so the work is used): the loader and autocast are
+        reduce_dataset's, as for the reductions it is compared with."""
+
+        name = "plain"
+
+        def update(self, model, x, target=None):
+            out = model(x).float().sum()
+            self.sums["logits"] = self.sums["logits"] + out if "logits" in self.sums else out
+
+        def result(self):
+            return self.sums.get("logits")
 
     if args.threads:
         torch.set_num_threads(args.threads)
@@ -85,9 +106,15 @@ def main() -> int:
     else:
         torch.manual_seed(0)  # the same images on every rank
         source = TensorDataset(torch.randn(args.synthetic, 3, *spec.img_size))
-    reduction = DistanceReduction(model) if args.reduction == "distance" else AttentionStatsReduction(model)
+    make = {"distance": DistanceReduction, "statistics": AttentionStatsReduction, "plain": lambda m: PlainForward()}
+    reduction = make[args.reduction](model)
     amp = {"bf16": torch.bfloat16, "fp16": torch.float16, "off": False}[args.autocast]
     cuda = args.device.startswith("cuda")
+    if args.warmup:  # Triton compilation, cuDNN/cuBLAS autotuning and allocator growth stay out of the timing
+        warm = TensorDataset(torch.randn(args.warmup * args.batch, 3, *spec.img_size))
+        reduce_dataset(model, warm, make[args.reduction](model), batch_size=args.batch, num_workers=0, autocast=amp)
+        if cuda:
+            torch.cuda.synchronize()
     if cuda:
         torch.cuda.reset_peak_memory_stats()
     t = time.perf_counter()
@@ -99,7 +126,8 @@ def main() -> int:
     out = {"model": args.model, "device": torch.cuda.get_device_name() if cuda else "cpu",
            "source": args.folder or f"{args.synthetic} random images", "reduction": args.reduction,
            "images": reduction.images, "processes": world, "batch": args.batch, "workers": args.workers, "threads": torch.get_num_threads(),
-           "autocast": args.autocast if cuda else "off", "wall_s": wall, "images_per_s": reduction.images / wall,
+           "autocast": args.autocast if cuda else "off", "kernel": os.environ.get("VITVIZ_HEADMAP_KERNEL", "auto"),
+           "wall_s": wall, "images_per_s": reduction.images / wall,
            "peak_mib": torch.cuda.max_memory_allocated() / 2**20 if cuda else _hwm_mib()}
     if world > 1:
         torch.distributed.destroy_process_group()

@@ -106,7 +106,8 @@ def test_a_broken_recomputation_is_caught(monkeypatch, recompute):
             self.scale = 1.0
 
     monkeypatch.setattr(timm_probes, "_recomputed_heads",
-                        lambda vt, module, q, k, mask, causal: original(vt, Unscaled(module), q, k, mask, causal))
+                        lambda vt, module, q, k, mask, causal, *rest: original(vt, Unscaled(module), q, k, mask,
+                                                                             causal, *rest))
     got, _ = stream_maps(model, x)
     assert max_difference(got, want) > 1e-3
 

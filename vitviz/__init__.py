@@ -35,6 +35,7 @@ _LAZY = {
     "capture_attention": "vitviz.core.capture",
     "AttentionCapture": "vitviz.core.capture",
     "HeadMaps": "vitviz.core.capture",
+    "headmap_kernel": "vitviz.core.kernels",
     "load_images": "vitviz.core.images",
     "save_arrays": "vitviz.core.io",
     "reduce_dataset": "vitviz.core.datasets",

@@ -85,22 +85,13 @@ def per_image_attention_distance(attn: torch.Tensor | HeadMaps, distances: torch
                          f"{distances.shape[0]} patches; expected (B, H, {p + distances.shape[0]}, "
                          f"{p + distances.shape[0]})")
     d = distances.to(device=attn.device, dtype=torch.float32)
-    b, h, n, _ = attn.shape
     if isinstance(attn, torch.Tensor) and attn.requires_grad and torch.is_grad_enabled():
         a = attn[:, :, p:, p:]  # differentiable (out= buffers are not)
         weight = a.sum(dim=-1, dtype=torch.float32).clamp_min(torch.finfo(torch.float32).tiny)
         return ((a.float() * d).sum(dim=-1) / weight).mean(dim=-1)
-    # one head at a time through one (B, P, P) buffer: a (B, H, P, P) temporary costs a fresh allocation (page
-    # faults on CPU) and H times the memory; the sums are the same
+    # one head at a time (HeadMaps.distance_sums; the stream probe's kernel on CUDA, vitviz.core.kernels)
     heads = attn if isinstance(attn, HeadMaps) else HeadMaps.of(attn)
-    weighted = torch.empty(b, h, n - p, device=attn.device, dtype=torch.float32)
-    weight = torch.empty(b, h, n - p, device=attn.device, dtype=torch.float32)
-    buf = torch.empty(b, n - p, n - p, device=attn.device, dtype=torch.float32)
-    for head, m in heads.heads():
-        a = m[:, p:, p:]
-        torch.sum(a, dim=-1, dtype=torch.float32, out=weight[:, head])  # the patch keys' share of each row
-        torch.mul(a, d, out=buf)
-        torch.sum(buf, dim=-1, out=weighted[:, head])
+    weighted, weight = heads.distance_sums(d, p)
     return (weighted / weight.clamp_min_(torch.finfo(torch.float32).tiny)).mean(dim=-1)
 
 

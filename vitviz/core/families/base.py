@@ -35,7 +35,7 @@ from typing import Any
 import torch
 from torch import nn
 
-from vitviz.errors import UnsupportedModelError, VitvizError
+from vitviz.errors import InputError, UnsupportedModelError, VitvizError
 
 Emit = Callable[[Any], None]
 Undo = Callable[[], None]
@@ -47,21 +47,32 @@ class HeadMaps:
 
     ``heads()`` yields ``(h, map_h)`` with ``map_h`` of shape ``(B, N, N)``; a map may live in a buffer that the next
     head overwrites, so use it (or copy it) before advancing. ``full()`` returns the ``(B, H, N, N)`` tensor.
+    ``fuse(how)`` (head mean, max or min, ``(B, N, N)``) and ``distance_sums(distances, p)`` (each head's
+    distance-weighted patch sums, ``(B, H, P)``) are what rollout and mean attention distance need; by default
+    they fold the heads in turn, and a probe may supply faster ones (the stream probe's Triton kernels on CUDA,
+    ``vitviz.core.kernels``) that give the same values.
 
     Args:
         shape: ``(B, H, N, N)``.
         dtype, device: of the maps handed out.
         head: ``head(h) -> (B, N, N)`` map of head ``h`` (called in order ``0 .. H-1``, once each per pass).
         full: ``full() -> (B, H, N, N)`` when there is a cheaper way than stacking the heads.
+        fuse: ``fuse(how, dtype, out) -> (B, N, N)``, replacing the default of ``fuse``.
+        distance_sums: ``distance_sums(distances, num_prefix_tokens) -> (weighted, weight)``, replacing the default.
     """
 
     def __init__(self, shape: tuple[int, int, int, int], dtype: torch.dtype, device: torch.device,
-                 head: Callable[[int], torch.Tensor], full: Callable[[], torch.Tensor] | None = None) -> None:
+                 head: Callable[[int], torch.Tensor], full: Callable[[], torch.Tensor] | None = None,
+                 fuse: Callable[..., torch.Tensor] | None = None,
+                 distance_sums: Callable[[torch.Tensor, int], tuple[torch.Tensor, torch.Tensor]] | None = None,
+                 ) -> None:
         self.shape = torch.Size(shape)
         self.dtype = dtype
         self.device = device
         self._head = head
         self._full = full
+        self._fuse = fuse
+        self._distance_sums = distance_sums
 
     @classmethod
     def of(cls, attn: torch.Tensor) -> HeadMaps:
@@ -93,7 +104,62 @@ class HeadMaps:
             return self
         full = self._full
         return HeadMaps(tuple(self.shape), dtype, self.device, lambda h: self._head(h).to(dtype),
-                        (lambda: full().to(dtype)) if full is not None else None)
+                        (lambda: full().to(dtype)) if full is not None else None, self._fuse, self._distance_sums)
+
+    def fuse(self, how: str = "mean", dtype: torch.dtype = torch.float32,
+             out: torch.Tensor | None = None) -> torch.Tensor:
+        """The heads fused into one ``(B, N, N)`` map of ``dtype``: their ``"mean"``, ``"max"`` or ``"min"``.
+
+        ``out``: a ``(B, N, N)`` tensor of ``dtype`` to write into (returned).
+        """
+        folds = {"mean": torch.add, "max": torch.maximum, "min": torch.minimum}
+        if how not in folds:
+            raise InputError(f"how must be one of {tuple(folds)}, got {how!r}")
+        if self._fuse is not None:
+            return self._fuse(how, dtype, out)
+        b, h, n, _ = self.shape
+        acc = out if out is not None else torch.empty(b, n, n, dtype=dtype, device=self.device)
+        for i, m in self.heads():
+            if i == 0:
+                acc.copy_(m)
+            else:
+                folds[how](acc, m.to(dtype), out=acc)
+        return acc.mul_(1.0 / h) if how == "mean" else acc
+
+    def distance_sums(self, distances: torch.Tensor, num_prefix_tokens: int) -> tuple[torch.Tensor, torch.Tensor]:
+        """Each head's distance-weighted sums over the patch keys, per patch query (the ViT paper's mean attention
+        distance, App. D.7, before renormalising; ``vitviz.analysis.distance``).
+
+        With ``A`` the maps and ``p = num_prefix_tokens`` (prefix tokens have no position: neither queries nor keys):
+        ``weighted[b, h, i] = sum_j A[b, h, p + i, p + j] * distances[i, j]`` and
+        ``weight[b, h, i] = sum_j A[b, h, p + i, p + j]``.
+
+        Args:
+            distances: ``(P, P)`` pixels between patch centres, ``P = N - p``.
+            num_prefix_tokens: ``p``.
+
+        Returns:
+            ``(weighted, weight)``, each ``(B, H, P)`` float32.
+        """
+        b, h, n, _ = self.shape
+        p = num_prefix_tokens
+        if tuple(distances.shape) != (n - p, n - p):
+            raise InputError(f"distances must be (P, P) = ({n - p}, {n - p}) for N = {n} tokens and {p} prefix "
+                             f"tokens; got {tuple(distances.shape)}")
+        if self._distance_sums is not None:
+            return self._distance_sums(distances, p)
+        # one head at a time through one (B, P, P) buffer: a (B, H, P, P) temporary costs a fresh allocation (page
+        # faults on CPU) and H times the memory; the sums are the same
+        d = distances.to(device=self.device, dtype=torch.float32)
+        weighted = torch.empty(b, h, n - p, device=self.device, dtype=torch.float32)
+        weight = torch.empty(b, h, n - p, device=self.device, dtype=torch.float32)
+        buf = torch.empty(b, n - p, n - p, device=self.device, dtype=torch.float32)
+        for head, m in self.heads():
+            a = m[:, p:, p:]
+            torch.sum(a, dim=-1, dtype=torch.float32, out=weight[:, head])  # the patch keys' share of each row
+            torch.mul(a, d, out=buf)
+            torch.sum(buf, dim=-1, out=weighted[:, head])
+        return weighted, weight
 
     def __repr__(self) -> str:
         return f"HeadMaps(shape={tuple(self.shape)}, dtype={self.dtype}, device={self.device})"

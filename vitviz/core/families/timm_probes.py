@@ -25,7 +25,9 @@ return, with the mask built by timm's own ``resolve_self_attn_mask``, one ``(B, 
 probabilities are float32 (the scores are computed in the model's dtype, as timm's explicit path does). A call
 whose ``(B, H, N, N)`` maps are small (under ``EXPLICIT_BELOW_BYTES``, 8 MiB) runs timm's explicit path instead,
 for that call only, and hands on its maps (in the model's dtype): there, materialising costs less than
-recomputing.
+recomputing. On CUDA (``vitviz.core.kernels.use_kernel``) the ``HeadMaps``' ``fuse`` and ``distance_sums`` run the
+Triton kernels of ``vitviz.core.kernels.headmaps`` on ``q`` and ``k`` (no ``(B, H, N, N)``, no per-head buffers;
+every call, small maps too); ``heads()`` still recomputes each head in PyTorch for other reductions.
 """
 
 from __future__ import annotations
@@ -36,6 +38,7 @@ from typing import Any
 import torch
 from torch import nn
 
+from vitviz.core import kernels
 from vitviz.core.families.base import Emit, HeadMaps, Probe, Undo, chain_undos, probe_attn_drop, set_attr
 from vitviz.errors import CaptureError, VitvizError
 
@@ -135,19 +138,29 @@ def stream_probe_for(module: nn.Module) -> Probe | None:
 
 
 def _recomputed_heads(vt: Any, module: nn.Module, q: torch.Tensor, k: torch.Tensor, attn_mask: Any,
-                      is_causal: bool) -> HeadMaps:
-    """Each head's ``softmax(q_h * scale @ k_h^T + bias)``, as timm's explicit path computes it, into buffers."""
+                      is_causal: bool, kernel: bool = False) -> HeadMaps:
+    """Each head's ``softmax(q_h * scale @ k_h^T + bias)``, as timm's explicit path computes it, into buffers
+    (allocated when the first head is asked for). With ``kernel``, ``fuse`` and ``distance_sums`` run the Triton
+    kernels of ``vitviz.core.kernels`` on ``q`` and ``k`` instead of folding these heads."""
     b, h, n, _ = q.shape
-    qs = q * module.scale
-    scores = torch.empty(b, n, n, dtype=q.dtype, device=q.device)
-    bias = vt.resolve_self_attn_mask(n, scores, attn_mask, is_causal)
-    if bias is not None:
-        bias = bias.reshape((1,) * (4 - bias.ndim) + tuple(bias.shape))  # SDPA broadcasting: (B|1, H|1, N, N)
-    upcast = q.dtype != torch.float32
-    score32 = torch.empty(b, n, n, dtype=torch.float32, device=q.device) if upcast else scores
-    probs = torch.empty(b, n, n, dtype=torch.float32, device=q.device)
+    bufs: dict[str, Any] = {}
+
+    def buffers() -> dict[str, Any]:
+        if not bufs:
+            bufs["qs"] = q * module.scale
+            bufs["scores"] = scores = torch.empty(b, n, n, dtype=q.dtype, device=q.device)
+            bias = vt.resolve_self_attn_mask(n, scores, attn_mask, is_causal)
+            if bias is not None:
+                bias = bias.reshape((1,) * (4 - bias.ndim) + tuple(bias.shape))  # SDPA broadcasting: (B|1, H|1, N, N)
+            bufs["bias"] = bias
+            upcast = bufs["upcast"] = q.dtype != torch.float32
+            bufs["score32"] = torch.empty(b, n, n, dtype=torch.float32, device=q.device) if upcast else scores
+            bufs["probs"] = torch.empty(b, n, n, dtype=torch.float32, device=q.device)
+        return bufs
 
     def head(i: int) -> torch.Tensor:
+        qs, scores, bias, upcast, score32, probs = (buffers()[key] for key in
+                                                    ("qs", "scores", "bias", "upcast", "score32", "probs"))
         with torch.no_grad():
             torch.matmul(qs[:, i], k[:, i].transpose(-2, -1), out=scores)
             if bias is not None:
@@ -156,7 +169,21 @@ def _recomputed_heads(vt: Any, module: nn.Module, q: torch.Tensor, k: torch.Tens
                 score32.copy_(scores)
             return torch.ops.aten._softmax.out(score32, -1, False, out=probs)
 
-    return HeadMaps((b, h, n, n), torch.float32, q.device, head)
+    if not kernel:
+        return HeadMaps((b, h, n, n), torch.float32, q.device, head)
+    from vitviz.core.kernels import headmaps  # imports Triton
+
+    mask = dict(attn_mask=attn_mask, is_causal=is_causal)
+
+    def fuse(how: str, dtype: torch.dtype, out: torch.Tensor | None) -> torch.Tensor:
+        direct = out is not None and out.dtype == torch.float32
+        fused = headmaps.fuse_heads_kernel(q, k, module.scale, how, out=out if direct else None, **mask)
+        return fused if direct else (fused.to(dtype) if out is None else out.copy_(fused))
+
+    def distance_sums(distances: torch.Tensor, p: int) -> tuple[torch.Tensor, torch.Tensor]:
+        return headmaps.distance_sums_kernel(q, k, module.scale, distances, p, **mask)
+
+    return HeadMaps((b, h, n, n), torch.float32, q.device, head, fuse=fuse, distance_sums=distance_sums)
 
 
 # Below this many bytes of one layer's (B, H, N, N) float32 maps the stream probe lets timm's explicit path run for
@@ -187,7 +214,8 @@ def probe_timm_stream(module: nn.Module, emit: Emit) -> Undo:
         state.clear()
         x = args[0] if args else kwargs.get("x")
         b, n = int(x.shape[0]), int(x.shape[1])
-        state["explicit"] = b * module.num_heads * n * n * 4 < EXPLICIT_BELOW_BYTES
+        state["kernel"] = kernels.use_kernel(x.device)  # the kernels beat materialising, small maps too
+        state["explicit"] = not state["kernel"] and b * module.num_heads * n * n * 4 < EXPLICIT_BELOW_BYTES
         if state["explicit"] and getattr(module, "fused_attn", False):
             state["restore"] = set_attr(module, "fused_attn", False)
         state["mask"] = kwargs.get("attn_mask", args[1] if len(args) > 1 else None)
@@ -216,7 +244,9 @@ def probe_timm_stream(module: nn.Module, emit: Emit) -> Undo:
         if q is None or k is None:
             raise CaptureError(f"{type(module).__name__}: q_norm / k_norm did not run in this forward pass, so "
                                "vitviz cannot recompute its attention")
-        emit(_recomputed_heads(vt, module, q.detach(), k.detach(), mask, causal))
+        kernel = state.pop("kernel", False)  # other dtypes (float64) take the PyTorch path, unless forced
+        kernel = kernel and (kernels.supports(q) or kernels.kernel_mode() == "on")
+        emit(_recomputed_heads(vt, module, q.detach(), k.detach(), mask, causal, kernel))
 
     handles = [module.register_forward_pre_hook(before, with_kwargs=True),
                module.q_norm.register_forward_hook(on_q), module.k_norm.register_forward_hook(on_k),

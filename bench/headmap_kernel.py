@@ -1,0 +1,113 @@
+"""The head-map kernels alone on CUDA (``vitviz.core.kernels.headmaps``): time per layer against the attention that
+the forward itself runs, block shapes swept, and the agreement with the PyTorch stream path.
+
+For each shape (one layer of ViT-B/16 or ViT-L/16 at 224 or 448 px) and dtype, with ``q, k, v`` ``(B, H, N, d)``:
+
+- ``sdpa``: ``F.scaled_dot_product_attention(q, k, v)`` (flash attention in bf16/fp16): the forward's own cost;
+- ``lse``: ``row_logsumexp`` (the first pass); ``fuse``: ``fuse_heads_kernel`` given that lse (the second);
+- ``fuse+lse``: both, as the stream probe runs them for rollout; ``distance``: ``distance_sums_kernel`` (one pass);
+- ``torch_fuse``: the PyTorch stream path's head mean (``HeadMaps.fuse`` over the recomputed heads), the reference.
+
+Times are medians of ``triton.testing.do_bench`` (CUDA events) in milliseconds; ``max_abs`` is the largest
+difference of the kernel's head mean from the PyTorch path's. Each ``--blocks`` entry ``BM,BN,WARPS,STAGES`` is one
+kernel configuration (``VITVIZ_HEADMAP_BLOCKS``); ``default`` is vitviz's choice.
+
+    python bench/headmap_kernel.py --json out.json
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import sys
+from pathlib import Path
+
+ROOT = Path(__file__).resolve().parents[1]
+sys.path.insert(0, str(ROOT))
+
+SHAPES = {  # name: (B, H, N, d, L)
+    "vit_b16_224": (32, 12, 197, 64, 12),
+    "vit_b16_448": (8, 12, 785, 64, 12),
+    "vit_l16_224": (32, 16, 197, 64, 24),
+    "vit_l16_448": (8, 16, 785, 64, 24),
+}
+
+
+def main() -> int:
+    ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    ap.add_argument("--shapes", nargs="+", default=list(SHAPES), choices=list(SHAPES))
+    ap.add_argument("--dtypes", nargs="+", default=["bf16", "fp32"], choices=["bf16", "fp16", "fp32"])
+    ap.add_argument("--blocks", nargs="+", default=["default", "64,64,4,3", "128,64,8,3", "64,32,4,2"])
+    ap.add_argument("--json", default=None)
+    args = ap.parse_args()
+
+    import torch
+    import torch.nn.functional as F
+    from triton.testing import do_bench
+
+    from vitviz.core.families.base import HeadMaps
+    from vitviz.core.kernels import headmaps
+
+    def bench(fn) -> float:
+        return float(do_bench(fn, warmup=10, rep=50, return_mode="median"))
+
+    def case(name: str, dt: str) -> list[dict]:
+        b, h, n, d, layers = SHAPES[name]
+        dtype = {"bf16": torch.bfloat16, "fp16": torch.float16, "fp32": torch.float32}[dt]
+        torch.manual_seed(0)
+        q, k, v = (torch.randn(b, h, n, d, device="cuda", dtype=dtype) for _ in range(3))
+        scale = d ** -0.5
+        dist = torch.rand(n - 1, n - 1, device="cuda") * 400
+        qs = q * scale
+
+        def head(i: int) -> torch.Tensor:
+            return (qs[:, i] @ k[:, i].transpose(-1, -2)).float().softmax(-1)
+
+        def torch_path() -> torch.Tensor:
+            return HeadMaps((b, h, n, n), torch.float32, q.device, head).fuse("mean")
+
+        ref = torch_path()
+        base = {"shape": name, "dtype": dt, "B": b, "H": h, "N": n, "d": d, "layers": layers,
+                "gpu": torch.cuda.get_device_name()}
+        sdpa = bench(lambda: F.scaled_dot_product_attention(q, k, v))
+        torch_fuse = bench(torch_path)
+        out = torch.empty(b, n, n, device="cuda")
+        rows = []
+        for blocks in args.blocks:
+            if blocks == "default":
+                os.environ.pop("VITVIZ_HEADMAP_BLOCKS", None)
+            else:
+                os.environ["VITVIZ_HEADMAP_BLOCKS"] = blocks
+            try:
+                lse = headmaps.row_logsumexp(q, k, scale)
+                err = float((headmaps.fuse_heads_kernel(q, k, scale, "mean", lse=lse, out=out) - ref).abs().max())
+                t = {"lse": bench(lambda: headmaps.row_logsumexp(q, k, scale)),
+                     "fuse": bench(lambda lse=lse: headmaps.fuse_heads_kernel(q, k, scale, "mean", lse=lse, out=out)),
+                     "fuse+lse": bench(lambda: headmaps.fuse_heads_kernel(q, k, scale, "mean", out=out)),
+                     "distance": bench(lambda: headmaps.distance_sums_kernel(q, k, scale, dist, 1))}
+                row = {**base, "blocks": blocks, "sdpa_ms": sdpa, "torch_fuse_ms": torch_fuse, "max_abs": err,
+                       **{f"{key}_ms": val for key, val in t.items()}}
+                print(f"{name:12} {dt:5} {blocks:11} sdpa {sdpa:7.3f} ms | lse {t['lse']:7.3f} fuse {t['fuse']:7.3f} "
+                      f"fuse+lse {t['fuse+lse']:7.3f} ({t['fuse+lse'] / sdpa:4.2f}x sdpa) distance "
+                      f"{t['distance']:7.3f} ({t['distance'] / sdpa:4.2f}x) | torch fuse {torch_fuse:7.3f} | "
+                      f"max|diff| {err:.1e}", flush=True)
+            except Exception as e:  # noqa: BLE001 (a configuration that does not compile: report it, go on)
+                row = {**base, "blocks": blocks, "error": f"{type(e).__name__}: {str(e)[:300]}"}
+                print(f"{name:12} {dt:5} {blocks:11} ERROR {row['error']}", flush=True)
+            rows.append(row)
+        return rows
+
+    rows = []
+    for name in args.shapes:
+        for dt in args.dtypes:
+            rows += case(name, dt)
+            torch.cuda.empty_cache()
+    os.environ.pop("VITVIZ_HEADMAP_BLOCKS", None)
+    if args.json:
+        Path(args.json).write_text(json.dumps(rows, indent=1) + "\n")
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())

@@ -1,0 +1,303 @@
+"""The head-map Triton kernels (``vitviz.core.kernels``) against float64 softmax and the PyTorch stream path.
+
+On a machine without a GPU the kernels run on CPU tensors under Triton's interpreter. Triton's interpreter must be
+on (``TRITON_INTERPRET=1``) before ``triton.language`` is imported: its library functions (``tl.sum``, ``tl.max``)
+are ``triton.jit`` functions, interpretable only when made in that mode, and timm imports Triton, so by the time a
+test runs it is too late to switch (seen: "Cannot call @triton.jit'd outside of the scope of a kernel"). And a
+process that imported Triton interpreted cannot compile kernels for a GPU. So every interpreter test runs in one
+child process that starts with ``TRITON_INTERPRET=1`` (``test_kernels_under_the_interpreter`` runs this file
+there); in this process they are skipped, Triton stays in its compiled mode, and no other test sees the variable.
+
+Tolerances, and why:
+
+- kernel vs float64 softmax of the same ``q``, ``k`` (and bias): 2e-6 absolute on probabilities and on the patch
+  weights, 2e-5 relative on distance sums. The kernel accumulates ``q . k`` in float32 and works in float32 from
+  there (scores of magnitude < ~10: rounding ~1e-6 relative); the head mean/max/min and the sums add a few ulps.
+  A wrong scale or a dropped key tile moves probabilities by ~1e-2 and distances by percents.
+- kernel vs the PyTorch stream path (``_recomputed_heads``, what the CPU runs): float32 2e-6; float16 5e-3 and
+  bfloat16 4e-2 absolute on probabilities. The PyTorch path (like timm's explicit path) rounds ``q * scale`` and
+  the scores to the model's dtype before the float32 softmax: a score ``s`` moves by up to ``|s| 2^-11`` (fp16) or
+  ``|s| 2^-8`` (bf16), a probability by about that factor; the kernel does not round there (as flash attention).
+  Each tolerance is checked to exceed the PyTorch path's own distance from float64 (it is the larger error).
+"""
+
+from __future__ import annotations
+
+import importlib.util
+import os
+import re
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+import torch
+from conftest import tiny_timm_vit
+
+import vitviz
+from vitviz.core import kernels
+from vitviz.core.families import timm_probes
+from vitviz.errors import InputError
+
+pytestmark = pytest.mark.skipif(importlib.util.find_spec("triton") is None, reason="needs Triton")
+
+DTYPES = {"fp32": torch.float32, "fp16": torch.float16, "bf16": torch.bfloat16}
+TORCH_PATH_ATOL = {torch.float32: 2e-6, torch.float16: 5e-3, torch.bfloat16: 4e-2}
+
+
+CHILD = os.environ.get("VITVIZ_KERNEL_TEST_CHILD") == "1"  # this process is the interpreter child
+
+
+@pytest.fixture
+def interpret(monkeypatch):
+    """The kernels module, in the child process that started with ``TRITON_INTERPRET=1``; skipped elsewhere."""
+    if not CHILD:
+        pytest.skip("runs under Triton's interpreter in a child process (test_kernels_under_the_interpreter)")
+    monkeypatch.delenv("VITVIZ_HEADMAP_BLOCKS", raising=False)
+    from vitviz.core.kernels import headmaps
+
+    assert headmaps.interpreting() and type(headmaps.triton.language.sum).__name__ == "InterpretedFunction"
+    return headmaps
+
+
+@pytest.mark.skipif(CHILD, reason="the driver runs in the parent process only")
+def test_kernels_under_the_interpreter():
+    """Run this file's interpreter tests in a fresh process that imports Triton with ``TRITON_INTERPRET=1``."""
+    root = Path(__file__).resolve().parents[1]
+    env = {k: v for k, v in os.environ.items() if not k.startswith("VITVIZ_HEADMAP")}
+    env.update(TRITON_INTERPRET="1", VITVIZ_KERNEL_TEST_CHILD="1",
+               PYTHONPATH=os.pathsep.join([str(root), *filter(None, [os.environ.get("PYTHONPATH")])]))
+    proc = subprocess.run([sys.executable, "-m", "pytest", "-q", "-p", "no:cacheprovider", "-o", "addopts=-ra",
+                           "-m", "not gpu", str(Path(__file__).resolve())],
+                          cwd=root, env=env, capture_output=True, text=True, timeout=600)
+    assert proc.returncode == 0, f"interpreter tests failed:\n{proc.stdout[-8000:]}\n{proc.stderr[-2000:]}"
+    passed = re.search(r"(\d+) passed", proc.stdout)
+    assert passed and int(passed.group(1)) >= 18, proc.stdout[-3000:]  # every interpreter test ran there
+    assert "runs under Triton's interpreter" not in proc.stdout, proc.stdout[-3000:]
+
+
+def qk(b: int, h: int, n: int, d: int, dtype: torch.dtype, spread: float = 2.0):
+    """``q, k`` ``(B, H, N, d)`` as timm makes them: views of one ``qkv`` tensor (not contiguous)."""
+    qkv = (torch.randn(b, n, 3, h, d) * spread ** 0.5).to(dtype)
+    q, k, _ = qkv.permute(2, 0, 3, 1, 4).unbind(0)
+    return q, k
+
+
+def probs64(q, k, scale, bias=None, causal=False):
+    """float64 ``softmax(q k^T scale + bias)`` ``(B, H, N, N)``: the reference."""
+    s = q.double() @ k.double().transpose(-1, -2) * scale
+    n = s.shape[-1]
+    if causal:
+        s = s.masked_fill(torch.ones(n, n, dtype=torch.bool).triu(1), float("-inf"))
+    elif bias is not None:
+        b = bias.reshape((1,) * (4 - bias.ndim) + tuple(bias.shape))
+        s = s.masked_fill(~b, float("-inf")) if b.dtype == torch.bool else s + b.double()
+    return s.softmax(-1)
+
+
+def fused64(p, how):
+    return {"mean": p.mean(1), "max": p.amax(1), "min": p.amin(1)}[how]
+
+
+def distance64(p, dist, prefix):
+    a = p[:, :, prefix:, prefix:]
+    return (a * dist.double()).sum(-1), a.sum(-1)
+
+
+def check_distance(got, p, dist, prefix):
+    wd, wp = distance64(p, dist, prefix)
+    assert got[0].shape == wd.shape and got[1].shape == wp.shape
+    torch.testing.assert_close(got[0].double(), wd, rtol=2e-5, atol=2e-5)
+    torch.testing.assert_close(got[1].double(), wp, rtol=0, atol=2e-6)
+
+
+@pytest.mark.parametrize("dtype", DTYPES.values(), ids=DTYPES.keys())
+def test_fused_maps_and_distance_sums_equal_float64_softmax(interpret, dtype):
+    """Odd N = 37 over 16-token tiles (a ragged last tile), head dim 80 padded to 128, 5 prefix tokens."""
+    q, k = qk(2, 3, 37, 80, dtype)
+    scale = 80 ** -0.5
+    p = probs64(q, k, scale)
+    for how in ("mean", "max", "min"):
+        torch.testing.assert_close(interpret.fuse_heads_kernel(q, k, scale, how).double(), fused64(p, how),
+                                   rtol=0, atol=2e-6)
+    dist = torch.rand(32, 32) * 100
+    check_distance(interpret.distance_sums_kernel(q, k, scale, dist, 5), p, dist, 5)
+
+
+@pytest.mark.parametrize(("d", "prefix"), [(32, 1), (64, 0), (24, 2)])
+def test_head_dims_and_prefix_counts(interpret, d, prefix):
+    q, k = qk(1, 2, 33, d, torch.float16)
+    p = probs64(q, k, d ** -0.5)
+    torch.testing.assert_close(interpret.fuse_heads_kernel(q, k, d ** -0.5).double(), p.mean(1), rtol=0, atol=2e-6)
+    dist = torch.rand(33 - prefix, 33 - prefix) * 50
+    check_distance(interpret.distance_sums_kernel(q, k, d ** -0.5, dist, prefix), p, dist, prefix)
+
+
+def _masks(b: int, h: int, n: int):
+    keep = torch.rand(n, n) > 0.3
+    keep.fill_diagonal_(True)
+    keep[:, 20:] = True
+    keep[3:6, :20] = False  # rows whose first key tile is wholly masked: the running max starts at -inf
+    per_head = torch.randn(1, h, n, n) * 2  # float bias, one per head, broadcast over the batch
+    per_image = (torch.rand(b, 1, n, n) > 0.5) | torch.eye(n, dtype=torch.bool)
+    padding = torch.zeros(b, 1, n, n)  # NaFlex-style: image 0's last 5 tokens are padding, as keys and as queries
+    padding[0, :, :, -5:] = padding[0, :, -5:, :] = torch.finfo(torch.float32).min  # those rows: uniform, not NaN
+    return {"bool 2-D": keep, "float per head": per_head, "bool per image": per_image,
+            "float per head 3-D": per_head[0].to(torch.bfloat16), "causal": None, "finfo.min padding": padding}
+
+
+@pytest.mark.parametrize("kind", ["bool 2-D", "float per head", "bool per image", "float per head 3-D", "causal",
+                                  "finfo.min padding"])
+def test_masks_follow_timm(interpret, kind):
+    """timm's ``resolve_self_attn_mask``: bool keeps True, float is added, ``is_causal`` wins; broadcast per head."""
+    b, h, n = 2, 3, 35
+    q, k = qk(b, h, n, 32, torch.float32)
+    mask = _masks(b, h, n)[kind]
+    causal = kind == "causal"
+    p = probs64(q, k, 32 ** -0.5, mask, causal)
+    got = interpret.fuse_heads_kernel(q, k, 32 ** -0.5, "max", attn_mask=mask, is_causal=causal)
+    torch.testing.assert_close(got.double(), fused64(p, "max"), rtol=0, atol=2e-6)
+    dist = torch.rand(n - 1, n - 1)
+    check_distance(interpret.distance_sums_kernel(q, k, 32 ** -0.5, dist, 1, attn_mask=mask, is_causal=causal),
+                   p, dist, 1)
+
+
+def test_lse_from_the_caller_and_out(interpret):
+    q, k = qk(2, 2, 21, 16, torch.float32)
+    lse = (q.double() @ k.double().transpose(-1, -2) * 0.25).logsumexp(-1)
+    torch.testing.assert_close(interpret.row_logsumexp(q, k, 0.25).double(), lse, rtol=1e-6, atol=1e-6)
+    block = torch.full((3, 2, 21, 21), float("nan"))
+    got = interpret.fuse_heads_kernel(q, k, 0.25, "mean", lse=lse.float(), out=block[1])
+    assert got.data_ptr() == block[1].data_ptr() and not block[1].isnan().any() and block[0].isnan().all()
+    torch.testing.assert_close(got.double(), probs64(q, k, 0.25).mean(1), rtol=0, atol=2e-6)
+    with pytest.raises(InputError, match="lse"):
+        interpret.fuse_heads_kernel(q, k, 0.25, lse=lse[:, :1])
+
+
+@pytest.mark.parametrize("dtype", DTYPES.values(), ids=DTYPES.keys())
+def test_kernel_heads_equal_the_pytorch_stream_path(interpret, dtype):
+    """``HeadMaps.fuse`` / ``distance_sums`` with and without the kernel, on one timm module's q and k."""
+    module = tiny_timm_vit(embed_dim=64, num_heads=2).blocks[0].attn
+    vt = timm_probes._timm_attention_module(module)
+    q, k = qk(2, 2, 29, 32, dtype)
+    torch_path = timm_probes._recomputed_heads(vt, module, q, k, None, False)
+    kernel_path = timm_probes._recomputed_heads(vt, module, q, k, None, False, True)
+    p = probs64(q, k, module.scale)
+    for how in ("mean", "max", "min"):
+        want, got = torch_path.fuse(how), kernel_path.fuse(how)
+        err_torch = float((want.double() - fused64(p, how)).abs().max())
+        assert err_torch < TORCH_PATH_ATOL[dtype]  # the tolerance covers the reference's own rounding
+        torch.testing.assert_close(got, want, rtol=0, atol=TORCH_PATH_ATOL[dtype])
+    dist = torch.rand(28, 28) * 30
+    for got, want in zip(kernel_path.distance_sums(dist, 1), torch_path.distance_sums(dist, 1)):
+        torch.testing.assert_close(got, want, rtol=TORCH_PATH_ATOL[dtype] * 10, atol=TORCH_PATH_ATOL[dtype] * 10)
+
+
+def test_forced_kernel_gives_the_pytorch_rollout_and_distance(interpret, monkeypatch):
+    """``headmap_kernel("on")`` routes rollout and distance through the kernels (counted), with the same results."""
+    calls = {"fuse": 0, "distance": 0}
+    fuse, dist = interpret.fuse_heads_kernel, interpret.distance_sums_kernel
+
+    def counted(name, fn):
+        def run(*args, **kwargs):
+            calls[name] += 1
+            return fn(*args, **kwargs)
+        return run
+
+    monkeypatch.setattr(interpret, "fuse_heads_kernel", counted("fuse", fuse))
+    monkeypatch.setattr(interpret, "distance_sums_kernel", counted("distance", dist))
+    model = tiny_timm_vit(reg_tokens=2)  # 3 prefix tokens, 4x6 grid: N = 27
+    x = torch.randn(2, 3, 32, 48)
+    with kernels.headmap_kernel("off"):
+        want_r, want_d = vitviz.attention_rollout(model, x), vitviz.mean_attention_distance(model, x)
+        want_min = vitviz.attention_rollout(model, x, head_fusion="min", discard_ratio=0.5)
+    assert calls == {"fuse": 0, "distance": 0}
+    with kernels.headmap_kernel("auto"):  # CPU tensors: auto never picks the kernels
+        vitviz.attention_rollout(model, x)
+    assert calls == {"fuse": 0, "distance": 0}
+    with kernels.headmap_kernel("on"):
+        got_r, got_d = vitviz.attention_rollout(model, x), vitviz.mean_attention_distance(model, x)
+        got_min = vitviz.attention_rollout(model, x, head_fusion="min", discard_ratio=0.5)
+    assert calls == {"fuse": 4, "distance": 2}  # two layers each
+    torch.testing.assert_close(got_r, want_r, rtol=1e-5, atol=1e-6)
+    torch.testing.assert_close(got_d, want_d, rtol=1e-5, atol=1e-4)
+    torch.testing.assert_close(got_min, want_min, rtol=1e-5, atol=1e-6)
+    monkeypatch.setenv("VITVIZ_HEADMAP_KERNEL", "on")  # the environment variable does the same
+    vitviz.attention_rollout(model, x)
+    assert calls["fuse"] == 6
+
+
+def test_forcing_without_interpreter_on_cpu_is_refused(monkeypatch):
+    monkeypatch.delenv("TRITON_INTERPRET", raising=False)
+    with kernels.headmap_kernel("on"), pytest.raises(InputError, match="TRITON_INTERPRET"):
+        kernels.use_kernel("cpu")
+    monkeypatch.setenv("VITVIZ_HEADMAP_KERNEL", "sometimes")
+    with pytest.raises(InputError, match="VITVIZ_HEADMAP_KERNEL"):
+        kernels.use_kernel("cpu")
+    monkeypatch.setenv("VITVIZ_HEADMAP_KERNEL", "off")
+    assert kernels.use_kernel("cuda") is False
+    with pytest.raises(InputError, match="mode"):
+        kernels.headmap_kernel("always").__enter__()
+
+
+def test_no_interpreter_leaks_into_this_process():
+    """The parent process never sets ``TRITON_INTERPRET``: its kernels are built compiled (for a GPU)."""
+    if CHILD:
+        pytest.skip("parent process only")
+    from vitviz.core.kernels import headmaps
+
+    assert os.environ.get("TRITON_INTERPRET", "0") != "1" and not headmaps.interpreting()
+    assert all(type(f).__name__ == "JITFunction" for f in headmaps._kernels())
+
+
+# ---- CUDA: the compiled kernels on real shapes (pytest -m gpu; bench/gpu_run.sh) --------------------------------
+
+
+@pytest.mark.gpu
+@pytest.mark.parametrize("dtype", DTYPES.values(), ids=DTYPES.keys())
+def test_cuda_kernel_on_vit_b16_448(dtype):
+    """ViT-B/16 at 448 px: N = 785, 12 heads of 64, batch 4; fp32 scores in 'ieee' precision. 1e-5 here, not the
+    interpreter's 2e-6: on the GPU ``exp`` is ``ex2.approx`` of ``x log2 e`` (relative error ~1e-6 for arguments
+    down to -20) and the tensor cores sum in another order."""
+    from vitviz.core.kernels import headmaps
+
+    assert not headmaps.interpreting()
+    q, k = (t.cuda() for t in qk(4, 12, 785, 64, dtype))
+    scale = 64 ** -0.5
+    p = probs64(q.cpu(), k.cpu(), scale)
+    for how in ("mean", "max", "min"):
+        got = headmaps.fuse_heads_kernel(q, k, scale, how).cpu().double()
+        torch.testing.assert_close(got, fused64(p, how), rtol=0, atol=1e-5)
+    dist = torch.rand(784, 784, device="cuda") * 300
+    wd, wp = (t.cpu().double() for t in headmaps.distance_sums_kernel(q, k, scale, dist, 1))
+    want_wd, want_wp = distance64(p, dist.cpu(), 1)
+    torch.testing.assert_close(wd, want_wd, rtol=1e-4, atol=1e-4)
+    torch.testing.assert_close(wp, want_wp, rtol=0, atol=1e-5)
+
+
+@pytest.mark.gpu
+def test_cuda_rollout_and_distance_memory_and_values():
+    """Kernel path vs PyTorch path on CUDA (same rollout and distance), and its extra memory is at most the kept
+    ``(L, B, N, N)`` float32 layer maps plus one layer's ``(B, N, N)``: no ``(B, H, N, N)``, no per-head buffers."""
+    model = tiny_timm_vit(img_size=(224, 224), patch_size=16, embed_dim=192, num_heads=12, depth=4).cuda()
+    x = torch.randn(8, 3, 224, 224, device="cuda")
+    with kernels.headmap_kernel("off"):
+        want_r, want_d = vitviz.attention_rollout(model, x), vitviz.mean_attention_distance(model, x)
+    with kernels.headmap_kernel("on"):
+        vitviz.attention_rollout(model, x)  # compile outside the measurement
+        torch.cuda.synchronize()
+        base = torch.cuda.memory_allocated()
+        torch.cuda.reset_peak_memory_stats()
+        with torch.no_grad():
+            model(x)
+        torch.cuda.synchronize()
+        plain = torch.cuda.max_memory_allocated() - base
+        torch.cuda.reset_peak_memory_stats()
+        got_r = vitviz.attention_rollout(model, x)
+        torch.cuda.synchronize()
+        extra = torch.cuda.max_memory_allocated() - base - plain
+        got_d = vitviz.mean_attention_distance(model, x)
+    torch.testing.assert_close(got_r, want_r, rtol=1e-4, atol=1e-5)
+    torch.testing.assert_close(got_d, want_d, rtol=1e-4, atol=1e-3)
+    n = 197
+    assert extra <= (4 + 1) * 8 * n * n * 4 + (1 << 20), f"extra {extra / 2**20:.1f} MiB"

@@ -1,0 +1,104 @@
+"""GPU kernels for attention reductions, and when to use them (``vitviz.core.kernels.headmaps``: the Triton code).
+
+The stream probe (``capture_attention(heads="stream")`` on timm's ``Attention``) hands each layer's maps to the
+reductions as a ``HeadMaps``; on CUDA its ``fuse`` (head mean/max/min) and ``distance_sums`` run the Triton
+kernels of ``headmaps``, which never form a ``(B, H, N, N)`` tensor. The PyTorch recomputation stays the CPU path
+and the reference.
+
+Whether the kernels run is decided per call by ``use_kernel(device)``, from the mode set by ``headmap_kernel(mode)``
+(a context manager) or else the environment variable ``VITVIZ_HEADMAP_KERNEL``:
+
+- ``auto`` (default): on CUDA tensors when Triton can be imported;
+- ``on``: always; on CPU tensors this needs Triton's interpreter (``TRITON_INTERPRET=1``; for tests);
+- ``off``: never (the PyTorch path everywhere).
+
+Importing this package does not import Triton.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import importlib.util
+import os
+from collections.abc import Iterator
+from typing import Any
+
+import torch
+
+from vitviz.errors import InputError
+
+__all__ = ["MODES", "headmap_kernel", "kernel_mode", "supports", "use_kernel"]
+
+MODES = ("auto", "on", "off")
+_ENV = "VITVIZ_HEADMAP_KERNEL"
+_override: list[str] = []
+_triton: dict[str, bool] = {}
+
+
+def kernel_mode() -> str:
+    """The mode now in force: the innermost ``headmap_kernel(mode)``, else ``$VITVIZ_HEADMAP_KERNEL``, else auto."""
+    if _override:
+        return _override[-1]
+    mode = os.environ.get(_ENV, "auto").strip().lower() or "auto"
+    aliases = {"1": "on", "force": "on", "true": "on", "0": "off", "false": "off", "never": "off"}
+    mode = aliases.get(mode, mode)
+    if mode not in MODES:
+        raise InputError(f"{_ENV}={os.environ.get(_ENV)!r} is not one of {MODES}; unset it or pick one")
+    return mode
+
+
+@contextlib.contextmanager
+def headmap_kernel(mode: str) -> Iterator[None]:
+    """Force (``"on"``), forbid (``"off"``) or let vitviz decide (``"auto"``) the head-map kernels in this block."""
+    if mode not in MODES:
+        raise InputError(f"mode must be one of {MODES}, got {mode!r}")
+    _override.append(mode)
+    try:
+        yield
+    finally:
+        _override.pop()
+
+
+def triton_available() -> bool:
+    """Whether Triton can be imported (checked once, without importing it)."""
+    if "ok" not in _triton:
+        _triton["ok"] = importlib.util.find_spec("triton") is not None
+    return _triton["ok"]
+
+
+def _interpreting() -> bool:
+    return os.environ.get("TRITON_INTERPRET", "0").strip().lower() in ("1", "true", "on", "yes")
+
+
+def use_kernel(device: torch.device | str) -> bool:
+    """Whether reductions over tensors on ``device`` run the head-map kernels now (see the module docstring).
+
+    Raises:
+        InputError: the mode is ``on`` but the kernels cannot run there (no Triton; CPU tensors without
+            ``TRITON_INTERPRET=1``).
+    """
+    mode = kernel_mode()
+    if mode == "off":
+        return False
+    dev = torch.device(device)
+    runnable = triton_available() and (dev.type == "cuda" or (dev.type == "cpu" and _interpreting()))
+    if mode == "on" and not runnable:
+        raise InputError(
+            f"the head-map kernels were forced on ({_ENV}=on or headmap_kernel('on')) but cannot run on {dev}: "
+            + ("Triton is not installed" if not triton_available() else
+               "CPU tensors need Triton's interpreter: set TRITON_INTERPRET=1 before the first kernel runs")
+        )
+    return runnable if mode == "on" else (dev.type == "cuda" and triton_available())
+
+
+def supports(q: torch.Tensor) -> bool:
+    """Whether the kernels take this ``q`` (and a ``k`` like it): float16, bfloat16 or float32, head dim <= 256."""
+    return q.dtype in (torch.float16, torch.bfloat16, torch.float32) and q.shape[-1] <= 256
+
+
+def __getattr__(name: str) -> Any:  # the kernels' entry points, imported (with Triton) on first use
+    if name in ("fuse_heads_kernel", "distance_sums_kernel", "row_logsumexp"):
+        from vitviz.core.kernels import headmaps
+
+        return getattr(headmaps, name)
+    raise AttributeError(f"module 'vitviz.core.kernels' has no attribute {name!r}")

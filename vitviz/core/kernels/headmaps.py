@@ -1,0 +1,337 @@
+"""Triton kernels: head-fused softmax attention and per-head distance sums, tile by tile, no ``(B, H, N, N)``.
+
+For ``P_h = softmax(q_h k_h^T * scale + bias_h)`` (rows over keys), one ViT layer's reductions need only
+
+- ``fuse_heads_kernel``: the head mean, max or min ``(B, N, N)`` float32 (rollout, the explorer's fused maps);
+- ``distance_sums_kernel``: per head and patch query ``i``, ``sum_j P_h[i, j] d[i, j]`` and ``sum_j P_h[i, j]`` over
+  the patch keys ``j`` ``(B, H, P)`` each (mean attention distance, ``vitviz.analysis.distance``).
+
+Both recompute the scores from ``q`` and ``k`` ``(B, H, N, d)`` (in the model's dtype, any strides) on the fly,
+as flash attention does (Dao et al., "FlashAttention", NeurIPS 2022, Alg. 1: a running row maximum ``m`` and a
+running sum ``l`` rescaled by ``exp(m_old - m_new)`` as the key tiles go by):
+
+- ``_rows_kernel`` (grid: query tile x ``B*H``) walks the key tiles once per query tile and writes the row
+  maximum ``m`` and sum ``l`` ``(B, H, N)`` (the log-sum-exp is ``m + log l``); with ``WITH_DIST`` it also keeps
+  the running distance-weighted and patch-key sums, rescaled like ``l``, so the distance needs this single pass;
+- ``_fuse_kernel`` (grid: query tile x key tile x ``B``) loops over the heads for its output tile, forms
+  ``exp(s - m) / l`` and folds it into a float32 accumulator (sum, max or min), then writes the tile once. (Not
+  ``exp(s - lse)``: where a float mask puts ``finfo.min`` on a whole row, ``m + log l`` rounds to ``m`` and the
+  row would sum to ``l``; the PyTorch path gives that row uniform weights, and so does this.)
+
+The scores are ``q . k`` with float32 accumulation times ``scale`` in float32, plus the bias, in natural units (a
+float mask of ``finfo.min`` stays finite, where folding ``log2 e`` into it would overflow to ``-inf``), as SDPA's
+flash kernels compute them; timm's explicit path (and vitviz's PyTorch stream path, the reference) rounds
+``q * scale`` and the scores to the model's dtype first, so in bf16/fp16 the two differ by that rounding. Masks
+follow timm's ``resolve_self_attn_mask``: ``is_causal`` wins over ``attn_mask``; a bool mask keeps ``True``
+entries (``False`` -> ``-inf``); a float mask is added; any shape broadcastable to ``(B, H, N, N)``. A row whose
+keys are all masked gives NaN, as ``torch.softmax`` does. Head dims are padded to a power of two (>= 16) with
+masked loads.
+
+Triton is imported with this module (``vitviz.core.kernels`` imports it only when a kernel runs). The kernels are
+built with ``triton.jit`` on first use, once for compiled and once for interpreted mode (``TRITON_INTERPRET=1``,
+read at that moment), so tests can run them on CPU tensors under the interpreter without leaking that mode into
+other code. Under the interpreter bf16 tiles are upcast to float32 before ``tl.dot`` (Triton 3.9's interpreter
+multiplies bf16 bit patterns as integers; bf16 products are exact in float32, so the result is that of a bf16 dot
+with float32 accumulation, the same as on the GPU up to summation order).
+"""
+
+from __future__ import annotations
+
+import os
+
+import torch
+import triton
+import triton.language as tl
+
+from vitviz.errors import InputError
+
+__all__ = ["distance_sums_kernel", "fuse_heads_kernel", "row_logsumexp"]
+
+HOW = {"mean": 0, "max": 1, "min": 2}
+_DTYPES = (torch.float16, torch.bfloat16, torch.float32)
+
+
+def _rows_kernel(Q, K, BIAS, DIST, M, L, WD, WP,
+                 sqb, sqh, sqn, sqd, skb, skh, skn, skd, sbb, sbh, sbi, sbj, sdi, sdj,
+                 H, N, D, P0, qk_scale,
+                 BIAS_KIND: tl.constexpr, CAUSAL: tl.constexpr, WITH_DIST: tl.constexpr, UPCAST: tl.constexpr,
+                 PRECISION: tl.constexpr, BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr, BLOCK_D: tl.constexpr):
+    pid_m = tl.program_id(0)
+    bh = tl.program_id(1)
+    b = bh // H
+    h = bh % H
+    rows = pid_m * BLOCK_M + tl.arange(0, BLOCK_M)
+    dd = tl.arange(0, BLOCK_D)
+    row_in = rows < N
+    q = tl.load(Q + b * sqb + h * sqh + rows[:, None] * sqn + dd[None, :] * sqd,
+                mask=row_in[:, None] & (dd[None, :] < D), other=0.0)
+    if UPCAST:
+        q = q.to(tl.float32)
+    m = tl.full([BLOCK_M], float("-inf"), tl.float32)
+    l_sum = tl.zeros([BLOCK_M], tl.float32)
+    wd = tl.zeros([BLOCK_M], tl.float32)
+    wp = tl.zeros([BLOCK_M], tl.float32)
+    for start in range(0, N, BLOCK_N):
+        cols = start + tl.arange(0, BLOCK_N)
+        col_in = cols < N
+        kt = tl.load(K + b * skb + h * skh + cols[None, :] * skn + dd[:, None] * skd,
+                     mask=col_in[None, :] & (dd[:, None] < D), other=0.0)
+        if UPCAST:
+            kt = kt.to(tl.float32)
+        s = tl.dot(q, kt, input_precision=PRECISION) * qk_scale
+        inb = row_in[:, None] & col_in[None, :]
+        if BIAS_KIND == 1:
+            bias = tl.load(BIAS + b * sbb + h * sbh + rows[:, None] * sbi + cols[None, :] * sbj, mask=inb, other=0.0)
+            s += bias.to(tl.float32)
+        if BIAS_KIND == 2:
+            keep = tl.load(BIAS + b * sbb + h * sbh + rows[:, None] * sbi + cols[None, :] * sbj, mask=inb, other=1)
+            s = tl.where(keep != 0, s, float("-inf"))
+        if CAUSAL:
+            s = tl.where(cols[None, :] <= rows[:, None], s, float("-inf"))
+        s = tl.where(col_in[None, :], s, float("-inf"))
+        m_new = tl.maximum(m, tl.max(s, 1))
+        m_safe = tl.where(m_new == float("-inf"), 0.0, m_new)  # a row masked so far: no (-inf) - (-inf)
+        alpha = tl.exp(m - m_safe)
+        p = tl.exp(s - m_safe[:, None])
+        l_sum = l_sum * alpha + tl.sum(p, 1)
+        if WITH_DIST:
+            patch = (rows[:, None] >= P0) & (cols[None, :] >= P0) & inb
+            d = tl.load(DIST + (rows[:, None] - P0) * sdi + (cols[None, :] - P0) * sdj, mask=patch, other=0.0)
+            wd = wd * alpha + tl.sum(p * d, 1)
+            wp = wp * alpha + tl.sum(tl.where(cols[None, :] >= P0, p, 0.0), 1)
+        m = m_new
+    tl.store(M + bh * N + rows, m, mask=row_in)
+    tl.store(L + bh * N + rows, l_sum, mask=row_in)
+    if WITH_DIST:
+        out = bh * (N - P0) + rows - P0
+        keep_row = row_in & (rows >= P0)
+        tl.store(WD + out, wd / l_sum, mask=keep_row)
+        tl.store(WP + out, wp / l_sum, mask=keep_row)
+
+
+def _fuse_kernel(Q, K, BIAS, M, L, OUT,
+                 sqb, sqh, sqn, sqd, skb, skh, skn, skd, sbb, sbh, sbi, sbj, sob, soi, soj,
+                 H, N, D, qk_scale, inv_h,
+                 HOW: tl.constexpr, BIAS_KIND: tl.constexpr, CAUSAL: tl.constexpr, UPCAST: tl.constexpr,
+                 PRECISION: tl.constexpr, BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr, BLOCK_D: tl.constexpr):
+    pid_m = tl.program_id(0)
+    pid_n = tl.program_id(1)
+    b = tl.program_id(2)
+    rows = pid_m * BLOCK_M + tl.arange(0, BLOCK_M)
+    cols = pid_n * BLOCK_N + tl.arange(0, BLOCK_N)
+    dd = tl.arange(0, BLOCK_D)
+    row_in = rows < N
+    col_in = cols < N
+    inb = row_in[:, None] & col_in[None, :]
+    if HOW == 0:
+        acc = tl.zeros([BLOCK_M, BLOCK_N], tl.float32)
+    elif HOW == 1:
+        acc = tl.full([BLOCK_M, BLOCK_N], float("-inf"), tl.float32)
+    else:
+        acc = tl.full([BLOCK_M, BLOCK_N], float("inf"), tl.float32)
+    for h in range(0, H):
+        q = tl.load(Q + b * sqb + h * sqh + rows[:, None] * sqn + dd[None, :] * sqd,
+                    mask=row_in[:, None] & (dd[None, :] < D), other=0.0)
+        kt = tl.load(K + b * skb + h * skh + cols[None, :] * skn + dd[:, None] * skd,
+                     mask=col_in[None, :] & (dd[:, None] < D), other=0.0)
+        if UPCAST:
+            q = q.to(tl.float32)
+            kt = kt.to(tl.float32)
+        s = tl.dot(q, kt, input_precision=PRECISION) * qk_scale
+        if BIAS_KIND == 1:
+            bias = tl.load(BIAS + b * sbb + h * sbh + rows[:, None] * sbi + cols[None, :] * sbj, mask=inb, other=0.0)
+            s += bias.to(tl.float32)
+        if BIAS_KIND == 2:
+            keep = tl.load(BIAS + b * sbb + h * sbh + rows[:, None] * sbi + cols[None, :] * sbj, mask=inb, other=1)
+            s = tl.where(keep != 0, s, float("-inf"))
+        if CAUSAL:
+            s = tl.where(cols[None, :] <= rows[:, None], s, float("-inf"))
+        m = tl.load(M + (b * H + h) * N + rows, mask=row_in, other=0.0)
+        inv_l = 1.0 / tl.load(L + (b * H + h) * N + rows, mask=row_in, other=1.0)
+        p = tl.exp(s - m[:, None]) * inv_l[:, None]  # not exp(s - lse): m + log(l) drops log(l) when |m| > ~1e7
+        if HOW == 0:
+            acc += p
+        elif HOW == 1:
+            acc = tl.maximum(acc, p)
+        else:
+            acc = tl.minimum(acc, p)
+    if HOW == 0:
+        acc = acc * inv_h
+    tl.store(OUT + b * sob + rows[:, None] * soi + cols[None, :] * soj, acc, mask=inb)
+
+
+_BUILT: dict[bool, tuple] = {}
+
+
+def interpreting() -> bool:
+    """Whether Triton runs kernels in its interpreter now (``TRITON_INTERPRET=1``)."""
+    knobs = getattr(triton, "knobs", None)
+    if knobs is not None:
+        return bool(knobs.runtime.interpret)
+    return os.environ.get("TRITON_INTERPRET", "0").lower() in ("1", "true", "on", "yes")
+
+
+def _kernels() -> tuple:
+    mode = interpreting()
+    if mode not in _BUILT:
+        _BUILT[mode] = (triton.jit(_rows_kernel), triton.jit(_fuse_kernel))
+    return _BUILT[mode]
+
+
+def _blocks(n: int, d: int) -> tuple[int, int, int, int]:
+    """``(BLOCK_M, BLOCK_N, num_warps, num_stages)``: ``VITVIZ_HEADMAP_BLOCKS="64,64,4,3"`` overrides."""
+    env = os.environ.get("VITVIZ_HEADMAP_BLOCKS")
+    if env:
+        try:
+            bm, bn, w, s = (int(v) for v in env.split(","))
+        except ValueError:
+            raise InputError(f"VITVIZ_HEADMAP_BLOCKS={env!r}: expected four integers BLOCK_M,BLOCK_N,WARPS,STAGES "
+                             "such as '64,64,4,3'") from None
+        return bm, bn, w, s
+    if interpreting():
+        return 16, 16, 1, 1  # tiles smaller than the test shapes: every edge case crosses tiles
+    return (64, 64, 4, 3) if d <= 64 else (64, 32, 4, 2)
+
+
+def _check_qk(q: torch.Tensor, k: torch.Tensor) -> None:
+    if q.ndim != 4 or q.shape != k.shape:
+        raise InputError(f"q and k must both be (B, H, N, d); got q {tuple(q.shape)}, k {tuple(k.shape)}")
+    if q.dtype != k.dtype or q.dtype not in _DTYPES:
+        raise InputError(f"q and k must share a dtype among {_DTYPES}; got {q.dtype} and {k.dtype} (cast them)")
+    if q.device != k.device:
+        raise InputError(f"q and k must be on one device; got {q.device} and {k.device}")
+    if q.shape[-1] > 256:
+        raise InputError(f"head dim {q.shape[-1]} > 256 is not supported by the head-map kernel")
+
+
+def _bias(attn_mask: torch.Tensor | None, is_causal: bool, shape: torch.Size, device: torch.device):
+    """``(kind, tensor, strides)`` for the kernels: kind 0 none, 1 additive float, 2 bool keep-mask."""
+    if is_causal or attn_mask is None:  # timm: is_causal takes precedence over attn_mask
+        return 0, torch.empty(1, device=device), (0, 0, 0, 0)
+    if not 2 <= attn_mask.ndim <= 4:
+        raise InputError(f"attn_mask must have 2 to 4 dims broadcastable to (B, H, N, N) = {tuple(shape)}; "
+                         f"got {tuple(attn_mask.shape)}")
+    mask = attn_mask.reshape((1,) * (4 - attn_mask.ndim) + tuple(attn_mask.shape))
+    try:
+        mask = mask.expand(shape)  # broadcast dims get stride 0: nothing is copied
+    except RuntimeError:
+        raise InputError(f"attn_mask of shape {tuple(attn_mask.shape)} does not broadcast to (B, H, N, N) = "
+                         f"{tuple(shape)}") from None
+    if mask.dtype == torch.bool:
+        return 2, mask.view(torch.uint8), tuple(mask.stride())
+    if not mask.dtype.is_floating_point:
+        raise InputError(f"attn_mask must be bool (True = attend) or float (added to the scores); got {mask.dtype}")
+    return 1, mask, tuple(mask.stride())
+
+
+def _common(q: torch.Tensor, k: torch.Tensor, scale: float, attn_mask, is_causal: bool, precision: str):
+    _check_qk(q, k)
+    b, h, n, d = q.shape
+    kind, bias, sb = _bias(attn_mask, is_causal, torch.Size((b, h, n, n)), q.device)
+    upcast = interpreting() and q.dtype == torch.bfloat16
+    block_d = max(16, triton.next_power_of_2(d))
+    if q.dtype != torch.float32:
+        precision = "tf32"  # Triton's default; only float32 operands read it (half types: plain tensor-core MMA)
+    return dict(BIAS_KIND=kind, CAUSAL=bool(is_causal), UPCAST=upcast, PRECISION=precision, BLOCK_D=block_d), \
+        bias, sb, float(scale)
+
+
+def _rows(q, k, scale, attn_mask, is_causal, distances, num_prefix_tokens, precision):
+    const, bias, sb, qk_scale = _common(q, k, scale, attn_mask, is_causal, precision)
+    b, h, n, d = q.shape
+    bm, bn, warps, stages = _blocks(n, d)
+    m = torch.empty(b, h, n, device=q.device, dtype=torch.float32)
+    l_sum = torch.empty(b, h, n, device=q.device, dtype=torch.float32)
+    with_dist = distances is not None
+    if with_dist:
+        p = n - num_prefix_tokens
+        if distances.shape != (p, p):
+            raise InputError(f"distances must be (P, P) = ({p}, {p}) for N = {n} tokens and {num_prefix_tokens} "
+                             f"prefix tokens; got {tuple(distances.shape)}")
+        dist = distances.to(device=q.device, dtype=torch.float32)
+        wd = torch.empty(b, h, p, device=q.device, dtype=torch.float32)
+        wp = torch.empty(b, h, p, device=q.device, dtype=torch.float32)
+        sd = tuple(dist.stride())
+    else:
+        dist = wd = wp = m
+        sd = (0, 0)
+    rows_kernel, _ = _kernels()
+    rows_kernel[(triton.cdiv(n, bm), b * h)](
+        q, k, bias, dist, m, l_sum, wd, wp, *q.stride(), *k.stride(), *sb, *sd, h, n, d,
+        int(num_prefix_tokens), qk_scale, WITH_DIST=with_dist, BLOCK_M=bm, BLOCK_N=bn, num_warps=warps,
+        num_stages=stages, **const)
+    return m, l_sum, ((wd, wp) if with_dist else None)
+
+
+def row_logsumexp(q: torch.Tensor, k: torch.Tensor, scale: float, *, attn_mask: torch.Tensor | None = None,
+                  is_causal: bool = False, precision: str = "ieee") -> torch.Tensor:
+    """``logsumexp_j (q_i . k_j * scale + bias_ij)`` per head and query: ``(B, H, N)`` float32 (natural log).
+
+    Args:
+        q, k: ``(B, H, N, d)`` in float16, bfloat16 or float32, on CUDA (or on CPU under ``TRITON_INTERPRET=1``).
+        scale: the module's softmax scale (``d ** -0.5`` for timm's ``Attention``).
+        attn_mask, is_causal: as timm's ``Attention.forward`` takes them (see the module docstring).
+        precision: ``tl.dot``'s ``input_precision`` for float32 inputs (``"ieee"``, ``"tf32"``, ``"tf32x3"``).
+    """
+    m, l_sum, _ = _rows(q, k, scale, attn_mask, is_causal, None, 0, precision)
+    return m + l_sum.log()
+
+
+def fuse_heads_kernel(q: torch.Tensor, k: torch.Tensor, scale: float, how: str = "mean", *,
+                      attn_mask: torch.Tensor | None = None, is_causal: bool = False,
+                      lse: torch.Tensor | None = None, out: torch.Tensor | None = None,
+                      precision: str = "ieee") -> torch.Tensor:
+    """Head mean, max or min of ``softmax(q_h k_h^T * scale + bias_h)``: ``(B, N, N)`` float32.
+
+    Args:
+        q, k, scale, attn_mask, is_causal, precision: as ``row_logsumexp``.
+        how: ``"mean"``, ``"max"`` or ``"min"`` over the heads.
+        lse: the row log-sum-exp ``(B, H, N)`` when the caller has it (e.g. from a flash forward); else computed
+            here by ``row_logsumexp`` (one more pass over the keys).
+        out: a float32 ``(B, N, N)`` tensor to write into (any strides).
+
+    Returns:
+        ``out`` (or a new tensor): ``(B, N, N)`` float32.
+    """
+    if how not in HOW:
+        raise InputError(f"how must be one of {tuple(HOW)}, got {how!r}")
+    const, bias, sb, qk_scale = _common(q, k, scale, attn_mask, is_causal, precision)
+    b, h, n, d = q.shape
+    if lse is None:  # the row maximum and the sum of exp(s - max): exact also where |max| swamps log(sum)
+        m, l_sum, _ = _rows(q, k, scale, attn_mask, is_causal, None, 0, precision)
+    elif lse.shape != (b, h, n):
+        raise InputError(f"lse must be (B, H, N) = {(b, h, n)}; got {tuple(lse.shape)}")
+    else:
+        m, l_sum = lse.to(device=q.device, dtype=torch.float32).contiguous(), torch.ones(b, h, n, device=q.device)
+    if out is None:
+        out = torch.empty(b, n, n, device=q.device, dtype=torch.float32)
+    elif out.shape != (b, n, n) or out.dtype != torch.float32 or out.device != q.device:
+        raise InputError(f"out must be a float32 (B, N, N) = {(b, n, n)} tensor on {q.device}; got "
+                         f"{out.dtype} {tuple(out.shape)} on {out.device}")
+    bm, bn, warps, stages = _blocks(n, d)
+    _, fuse_kernel = _kernels()
+    fuse_kernel[(triton.cdiv(n, bm), triton.cdiv(n, bn), b)](
+        q, k, bias, m, l_sum, out, *q.stride(), *k.stride(), *sb, *out.stride(), h, n, d, qk_scale, 1.0 / h,
+        HOW=HOW[how], BLOCK_M=bm, BLOCK_N=bn, num_warps=warps, num_stages=stages, **const)
+    return out
+
+
+def distance_sums_kernel(q: torch.Tensor, k: torch.Tensor, scale: float, distances: torch.Tensor,
+                         num_prefix_tokens: int, *, attn_mask: torch.Tensor | None = None, is_causal: bool = False,
+                         precision: str = "ieee") -> tuple[torch.Tensor, torch.Tensor]:
+    """Per head, each patch query's attention-weighted distance sum and patch-key weight, in one pass.
+
+    With ``P_h = softmax(q_h k_h^T * scale + bias_h)`` over all ``N`` keys and ``p = num_prefix_tokens``:
+    ``weighted[b, h, i] = sum_{j >= p} P_h[p + i, j] * distances[i, j - p]`` and
+    ``weight[b, h, i] = sum_{j >= p} P_h[p + i, j]`` (prefix tokens have no position: they are neither queries
+    nor keys of the distance; ``vitviz.analysis.distance`` renormalises by ``weight``).
+
+    Args:
+        q, k, scale, attn_mask, is_causal, precision: as ``row_logsumexp``.
+        distances: ``(P, P)`` pixels between patch centres (``patch_distance_matrix``), ``P = N - p``.
+        num_prefix_tokens: ``p``.
+
+    Returns:
+        ``(weighted, weight)``, each ``(B, H, P)`` float32.
+    """
+    return _rows(q, k, scale, attn_mask, is_causal, distances, num_prefix_tokens, precision)[2]
