@@ -238,3 +238,21 @@ def test_autocast_on_cuda_stays_close_to_float32():
     fast = vitviz.faithfulness(model, x, autocast=True, **run)
     assert (fast["removal"] == exact["removal"]).all()
     np.testing.assert_allclose(fast["score"], exact["score"], atol=0.02)
+
+
+def test_default_methods_include_attnlrp_only_where_the_family_has_rules():
+    """``faithfulness`` without ``methods`` runs the cheap methods the model supports: a timm ViT gets attnlrp, a
+    hand-written ViT (no AttnLRP rules) the others, instead of an error from attnlrp."""
+    from conftest import tiny_timm_vit
+    from tutorial_vit import TutorialViT
+
+    from vitviz.analysis.faithfulness import DEFAULT_METHODS, default_methods
+
+    timm_vit = tiny_timm_vit().eval()
+    assert default_methods(timm_vit) == DEFAULT_METHODS and "attnlrp" in DEFAULT_METHODS
+    tutorial = TutorialViT().eval()
+    assert default_methods(tutorial) == tuple(m for m in DEFAULT_METHODS if m != "attnlrp")
+    df = vitviz.faithfulness(tutorial, torch.randn(2, 3, 32, 32), steps=0.5, modes=["deletion"], progress=False)
+    assert set(df["method"]) == set(DEFAULT_METHODS) - {"attnlrp"}
+    # the probe left the model as it was
+    assert not any(m._forward_hooks for m in timm_vit.modules())

@@ -52,7 +52,7 @@ from vitviz.core.spec import ViTSpec, inspect
 from vitviz.core.targets import Target, resolve_target
 from vitviz.errors import CaptureError, InputError, UnsupportedModelError, VitvizError
 
-__all__ = ["LRPRules", "attnlrp", "attnlrp_tokens", "lrp_rules"]
+__all__ = ["LRPRules", "attnlrp", "attnlrp_supported", "attnlrp_tokens", "lrp_rules"]
 
 
 def _check_model(model: nn.Module, spec: ViTSpec) -> None:
@@ -63,6 +63,21 @@ def _check_model(model: nn.Module, spec: ViTSpec) -> None:
     if kinds:
         raise UnsupportedModelError(f"{spec.name}: AttnLRP's rules are for softmax attention, but this model's maps "
                                     f"are {sorted(kinds)} (CaiT talking heads, differential attention)")
+
+
+def attnlrp_supported(model: nn.Module) -> bool:
+    """Whether ``attnlrp`` can explain ``model``: softmax attention maps and a family whose AttnLRP rules cover every
+    module (the rules are installed and removed again to find out; the model is left as it was)."""
+    try:
+        spec = inspect(model)
+        kinds = set(spec.attention_maps) - {"softmax"}
+        if kinds:
+            return False
+        with lrp_rules(model):
+            pass
+    except UnsupportedModelError:
+        return False
+    return True
 
 
 def attnlrp_tokens(

@@ -57,7 +57,7 @@ from vitviz.core.spec import inspect
 from vitviz.core.targets import Target, resolve_target
 from vitviz.errors import CheckpointError, InputError
 
-__all__ = ["BETTER", "COLUMNS", "DEFAULT_METHODS", "MODES", "bootstrap_ci", "compare_methods", "drop_module",
+__all__ = ["BETTER", "COLUMNS", "DEFAULT_METHODS", "MODES", "bootstrap_ci", "compare_methods", "default_methods", "drop_module",
            "faithfulness", "faithfulness_auc", "keep_tokens"]
 
 # the cheap methods (one forward, or one forward and backward, per batch); flow only when asked (see faithfulness)
@@ -66,6 +66,16 @@ DEFAULT_METHODS = tuple(m for m in ("attention", "rollout", "grad_rollout", "che
 COLUMNS = ["image", "method", "mode", "fraction", "score", "metric", "removal"]
 MapFn = Callable[[nn.Module, torch.Tensor, Any], torch.Tensor]
 Methods = Sequence[str | MapFn] | Mapping[str, str | MapFn | torch.Tensor]
+
+
+def default_methods(model: nn.Module) -> tuple[str, ...]:
+    """``DEFAULT_METHODS`` less ``"attnlrp"`` when ``model``'s family has no AttnLRP rules (its maps are not softmax
+    maps, or vitviz has no rule for one of its modules): what ``faithfulness`` runs when ``methods`` is not given."""
+    if "attnlrp" not in DEFAULT_METHODS:
+        return DEFAULT_METHODS
+    from vitviz.analysis.attnlrp import attnlrp_supported
+
+    return DEFAULT_METHODS if attnlrp_supported(model) else tuple(m for m in DEFAULT_METHODS if m != "attnlrp")
 
 
 def _fractions(steps: float) -> np.ndarray:
@@ -154,7 +164,7 @@ def _resume(out: str | os.PathLike | None, names: list[str], modes: Sequence[str
 def faithfulness(
     model: nn.Module,
     images: Images | Any,
-    methods: Methods = DEFAULT_METHODS,
+    methods: Methods | None = None,
     target: Target = None,
     *,
     labels: Sequence[int] | torch.Tensor | str | None = None,
@@ -181,7 +191,8 @@ def faithfulness(
         methods: what to evaluate: ``vitviz.explain`` method names; callables ``f(model, images, target) -> (B,
             gh, gw)`` (``target`` is the batch's explained classes, or the callable target); or a dict name ->
             any of these or precomputed maps ``(n_images, gh, gw)`` (in the order of ``images``). Default
-            ``DEFAULT_METHODS``, the cheap ones. ``"flow"`` only when asked: it solves a max-flow per image, about
+            (``None``): ``default_methods(model)``, the cheap ones of ``DEFAULT_METHODS`` the model supports
+            (``attnlrp`` only where its family has AttnLRP rules). ``"flow"`` only when asked: it solves a max-flow per image, about
             11 s per image at ViT-B/16 size (197 tokens, 12 layers) on a CPU.
         target: ``None`` (each image's clean prediction), a class index, one per image (e.g. the labels), or a
             callable ``f(output) -> (B,)``.
@@ -225,7 +236,7 @@ def faithfulness(
 
         images = ImageFolder(images, model)
         total = len(images)
-    table = _methods(methods, total)
+    table = _methods(default_methods(model) if methods is None else methods, total)
     spec = inspect(model)
     how = resolve_removal(model, removal)
     fill_t = torch.zeros(3) if fill is None else torch.as_tensor(fill, dtype=torch.float32).reshape(-1)
