@@ -57,6 +57,8 @@ _LAZY = {
     "faithfulness": "vitviz.analysis.faithfulness",
     "faithfulness_auc": "vitviz.analysis.faithfulness",
     "bootstrap_ci": "vitviz.analysis.faithfulness",
+    "sanity_checks": "vitviz.analysis.sanity",
+    "sanity_summary": "vitviz.analysis.sanity",
     # zoo: models to analyse, the paper's tables, the reference models' cards
     "load_model": "vitviz.zoo.models",
     "load_model_or_random": "vitviz.zoo.models",
@@ -79,6 +81,7 @@ _LAZY = {
     "plot_attention_distance_grid": "vitviz.plot.attention",
     "plot_faithfulness": "vitviz.plot.faithfulness",
     "plot_explanations": "vitviz.plot.faithfulness",
+    "plot_sanity_checks": "vitviz.plot.sanity",
     "save_figure": "vitviz.plot.style",
     "Saver": "vitviz.plot.style",
     # widgets
