@@ -59,6 +59,7 @@ from torch import nn
 from vitviz.analysis import explain as explain_module
 from vitviz.analysis.similarity import spearman, ssim
 from vitviz.core.batching import iter_batches
+from vitviz.core.blocks import block_paths
 from vitviz.core.families import family_of
 from vitviz.core.images import Images
 from vitviz.core.spec import inspect
@@ -70,20 +71,6 @@ __all__ = ["METRICS", "TESTS", "randomisation_layers", "randomise_", "sanity_che
 TESTS = ("cascading", "independent", "random_logit", "repeat")
 METRICS = ("spearman_abs", "spearman", "ssim")
 MapFn = Callable[[nn.Module, torch.Tensor, Any], torch.Tensor]
-
-
-def _block_prefix(names: Sequence[str], blocks: Sequence[int], i: int, block_params: Sequence[str],
-                  all_params: Sequence[str]) -> str | None:
-    """The largest module path holding attention modules of block ``i`` only, and only block parameters."""
-    first = names[blocks.index(i)]
-    parts = first.split(".")
-    for k in range(1, len(parts)):
-        cand = ".".join(parts[:k]) + "."
-        inside = {b for n, b in zip(names, blocks) if (n + ".").startswith(cand)}
-        params = [p for p in all_params if p.startswith(cand)]
-        if inside == {i} and params and all(p.startswith(tuple(block_params)) for p in params):
-            return cand
-    return None
 
 
 def randomisation_layers(model: nn.Module) -> list[tuple[str, list[str]]]:
@@ -109,11 +96,9 @@ def randomisation_layers(model: nn.Module) -> list[tuple[str, list[str]]]:
     norms = [p for p in under(comps.get("norm", ())) if "pre" not in p.split(".")[-2 if "." in p else -1]]
     pre_norms = [p for p in under(comps.get("norm", ())) if p not in norms]
     layers: list[tuple[str, list[str]]] = [("head", under(comps.get("head", ()))), ("norm", norms)]
-    names, blocks = list(spec.attention_modules), list(spec.attention_blocks or range(len(spec.attention_modules)))
-    block_params = comps.get("blocks", ())
-    for i in sorted(set(blocks), reverse=True):
-        prefix = _block_prefix(names, blocks, i, block_params, params)
-        layers.append((f"block {i}", under([prefix]) if prefix else []))
+    paths = block_paths(model)
+    for i in sorted(set(spec.attention_blocks or range(len(spec.attention_modules))), reverse=True):
+        layers.append((f"block {i}", under([paths[i] + "."]) if i in paths else []))
     embed = under([*comps.get("patch_embed", ()), *comps.get("pos_embed", ()), *comps.get("prefix_tokens", ())])
     layers.append(("embeddings", embed + pre_norms))
     return [(name, ps) for name, ps in layers if ps]
