@@ -15,6 +15,7 @@ from vitviz.errors import (
     CheckpointError,
     ImageInputError,
     InputError,
+    MissingDependencyError,
     NoPositionEmbeddingError,
     NoRGBFiltersError,
     NotAViTError,
@@ -59,6 +60,9 @@ _LAZY = {
     "bootstrap_ci": "vitviz.analysis.faithfulness",
     "sanity_checks": "vitviz.analysis.sanity",
     "sanity_summary": "vitviz.analysis.sanity",
+    "integrated_gradients": "vitviz.analysis.baselines",
+    "input_x_gradient": "vitviz.analysis.baselines",
+    "gradcam": "vitviz.analysis.baselines",
     # zoo: models to analyse, the paper's tables, the reference models' cards
     "load_model": "vitviz.zoo.models",
     "load_model_or_random": "vitviz.zoo.models",
@@ -90,7 +94,8 @@ _LAZY = {
 }
 
 __all__ = [
-    "CaptureError", "CheckpointError", "ImageInputError", "InputError", "NoPositionEmbeddingError",
+    "CaptureError", "CheckpointError", "ImageInputError", "InputError", "MissingDependencyError",
+    "NoPositionEmbeddingError",
     "NoRGBFiltersError", "NotAViTError", "UnsupportedModelError", "VitvizError", "WeightsUnavailableError",
     *_LAZY,
 ]
