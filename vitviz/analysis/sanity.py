@@ -119,6 +119,14 @@ def randomise_(model: nn.Module, names: Sequence[str], *, seed: int, layer: str,
             p.copy_(new.to(p.dtype))
 
 
+def _available(method: str) -> bool:
+    """Whether the optional library a baseline method needs is installed (the other methods need none)."""
+    from importlib.util import find_spec
+
+    need = {"integrated_gradients": "captum", "input_x_gradient": "captum", "gradcam": "pytorch_grad_cam"}
+    return method not in need or find_spec(need[method]) is not None
+
+
 def _method_name(m: str | MapFn, i: int) -> str:
     return m if isinstance(m, str) else getattr(m, "__name__", f"callable_{i}")
 
@@ -175,8 +183,8 @@ def sanity_checks(
     Args:
         model: any ViT ``vitviz.inspect`` reads; it is never modified (the tests run on a deep copy).
         images: a normalised ``(B, 3, H, W)`` tensor or anything ``vitviz.core.batching.iter_batches`` takes.
-        methods: ``vitviz.explain`` method names (default: every one in ``vitviz.analysis.explain.METHODS`` but
-            ``flow``, which is slow) and/or callables ``f(model, images (b, 3, H, W), target (b,) classes) ->
+        methods: ``vitviz.explain`` method names (default: every one in ``vitviz.analysis.explain.METHODS``, read
+            at call time, but ``flow``, which is slow, and baselines whose library is not installed) and/or callables ``f(model, images (b, 3, H, W), target (b,) classes) ->
             (b, gh, gw)``.
         target: the class each map explains on the trained model: ``None`` (each image's prediction), an int, or
             one per image; kept at every randomisation step. Class targets only.
@@ -199,7 +207,7 @@ def sanity_checks(
     if bad or not tests:
         raise InputError(f"tests={list(tests)!r}: each must be one of {TESTS}")
     if methods is None:
-        methods = [m for m in explain_module.METHODS if m != "flow"]
+        methods = [m for m in explain_module.METHODS if m != "flow" and _available(m)]
     methods = list(methods)
     for m in methods:
         if isinstance(m, str) and m not in explain_module.METHODS:
