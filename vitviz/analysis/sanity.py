@@ -1,17 +1,17 @@
 """Sanity checks for relevance maps: Adebayo et al., "Sanity Checks for Saliency Maps", NeurIPS 2018.
 
-A map that explains *the model* must change when the model's learned parameters are destroyed. Three tests, each
-comparing a method's maps on the trained model with its maps after a change, image by image:
+A map that explains *the model* must change when the model's learned parameters are destroyed. Each test compares
+a method's maps on the trained model with its maps after a change, image by image:
 
 ==================  ===========================================================================================
 test                what changes
 ==================  ===========================================================================================
-``cascading``       Adebayo et al. Sec. 4.1 (cascading randomisation): the parameters are re-initialised from
+``cascading``       Adebayo et al.'s cascading model-parameter randomisation: the parameters are re-initialised from
                     the top of the network down, cumulatively: ``head``, the final ``norm``, the last block, ...,
                     the first block, then the ``embeddings`` (patch embedding, position embedding, prefix
                     tokens, pre-norm). Step ``k`` has every layer up to the ``k``-th randomised.
-``independent``     Sec. 4.1 (independent randomisation): one layer at a time, the others trained.
-``random_logit``    Sixt et al. (ICML 2020, "When explanations lie", Sec. 5) and Adebayo et al. Sec. 5: the map
+``independent``     their independent (layer-by-layer) randomisation: one layer at a time, the others trained.
+``random_logit``    the random-logit test of Sixt, Granz & Landgraf (ICML 2020, "When Explanations Lie"): the map
                     for each image's predicted class against the map for a random other class (seeded). Only for
                     class-specific methods (the gradient methods and any callable); other methods get ``nan``
                     values and ``"n/a"`` in the summary, never a pass.
@@ -22,8 +22,8 @@ test                what changes
 
 Randomisation happens on a ``copy.deepcopy`` of the model (never the user's model). Each re-initialised parameter
 is drawn i.i.d. from a truncated normal, mean 0, standard deviation ``std`` (default 0.02, cut at 2 standard
-deviations), as Adebayo et al. re-initialise with a truncated normal; 0.02 is the scale timm and the ViT paper
-initialise ViT weights with. LayerNorm gains and biases are drawn the same way (their "own" init, ones and zeros,
+deviations): Adebayo et al. re-initialise the weights at random; vitviz uses the truncated normal with which timm
+initialises a ViT's linear layers and position embedding (std 0.02). LayerNorm gains and biases are drawn the same way (their "own" init, ones and zeros,
 would not be random). The draw for a layer depends only on ``seed`` and the layer's name, so a layer gets the same
 random weights in the cascading and the independent test.
 
@@ -41,8 +41,8 @@ patches that share nothing has standard deviation ``1 / sqrt(P - 1)`` (0.13 on a
 and raw attention ignore the head and the final norm, so their rho is exactly 1 at the first two steps. The same
 threshold decides the random-logit test (mean ``spearman_abs`` between the two classes' maps). The threshold is a
 choice, not the paper's (Adebayo et al. judge the curves by eye): the table keeps the numbers, so another
-threshold is one call away. The test is necessary, not sufficient: a map that changes
-with the weights can still be wrong.
+threshold is one call away. The test is necessary, not sufficient: a map that changes with the weights can still
+be wrong.
 """
 
 from __future__ import annotations
