@@ -30,7 +30,8 @@ def plot_sanity_checks(df: Any, *, ax: Axes | None = None, test: str = "cascadin
         metric: ``"spearman_abs"``, ``"spearman"`` or ``"ssim"``.
         errorbar: seaborn's band around each mean over images (default a normal 95% interval of the mean,
             ``("se", 1.96)``; ``None`` for none).
-        threshold: draw the pass/fail threshold of ``vitviz.analysis.sanity.sanity_summary`` (``None``: no line).
+        threshold: draw the pass/fail threshold of ``vitviz.analysis.sanity.sanity_summary`` on the cascading
+            ``spearman_abs`` curves (``None``: no line).
 
     Returns:
         the Axes; x tick labels are the layer names from the top (head) down.
@@ -55,7 +56,7 @@ def plot_sanity_checks(df: Any, *, ax: Axes | None = None, test: str = "cascadin
     ax.set_xticks(steps["step"].tolist())
     ax.set_xticklabels(steps["layer"].tolist(), rotation=45, ha="right")
     ax.axhline(0, color="0.6", lw=0.8, zorder=0)
-    if threshold is not None and metric == "spearman_abs":
+    if threshold is not None and metric == "spearman_abs" and test == "cascading":  # where the verdict is made
         ax.axhline(threshold, color="0.3", lw=0.8, ls="--", zorder=0)
         ax.text(steps["step"].iloc[-1], threshold, f"fail at or above {threshold:g}", ha="right", va="bottom",
                 fontsize=7, color="0.3")
