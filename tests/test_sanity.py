@@ -225,3 +225,43 @@ def test_plot(model, images):
     assert [t.get_text() for t in ax.get_xticklabels()] == LAYERS
     assert ax.get_ylabel().startswith("Spearman rank correlation with the original map")
     assert len(ax.get_legend().get_texts()) == 2
+
+
+def tv_vit():
+    from torchvision.models.vision_transformer import VisionTransformer
+
+    return VisionTransformer(image_size=32, patch_size=8, num_layers=2, num_heads=2, hidden_dim=16, mlp_dim=32,
+                             num_classes=3).eval()
+
+
+def hf_vit():
+    pytest.importorskip("transformers")
+    from transformers import ViTConfig, ViTForImageClassification
+
+    cfg = ViTConfig(image_size=32, patch_size=8, hidden_size=16, num_hidden_layers=2, num_attention_heads=2,
+                    intermediate_size=32, num_labels=3)
+    return ViTForImageClassification(cfg).eval()
+
+
+@pytest.mark.parametrize("build, blocks, head, norm", [
+    (tv_vit, ["encoder.layers.encoder_layer_1.", "encoder.layers.encoder_layer_0."], "heads.", "encoder.ln."),
+    (hf_vit, ["vit.layers.1.", "vit.layers.0."], "classifier.", "vit.layernorm."),  # transformers 5 names
+])
+def test_layers_of_other_families(build, blocks, head, norm):
+    """The library's own module names (written out here), top-down; every parameter in exactly one layer."""
+    model = build()
+    layers = randomisation_layers(model)
+    assert [n for n, _ in layers] == LAYERS
+    d = dict(layers)
+    assert d["head"] and all(p.startswith(head) for p in d["head"])
+    assert d["norm"] and all(p.startswith(norm) for p in d["norm"])
+    for name, prefix in zip(["block 1", "block 0"], blocks):
+        own = [n for n, _ in model.named_parameters() if n.startswith(prefix)]
+        assert sorted(d[name]) == sorted(own) and own
+    flat = [p for _, ps in layers for p in ps]
+    assert len(flat) == len(set(flat)) == len(list(model.parameters()))
+
+
+def test_a_map_of_the_wrong_shape_is_refused(model, images):
+    with pytest.raises(InputError, match=r"\(B, gh, gw\)"):
+        sanity_checks(model, images, [lambda m, x, t: torch.zeros(len(x), 24)], tests=("repeat",))
