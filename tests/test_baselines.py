@@ -168,3 +168,12 @@ def test_missing_library_names_the_extra(monkeypatch, images):
     monkeypatch.setitem(sys.modules, "pytorch_grad_cam", None)
     with pytest.raises(MissingDependencyError, match="grad-cam"):
         vitviz.explain(tiny_timm_vit(), images, "gradcam")
+
+
+def test_callable_target_explains_the_same_score(images):
+    """A callable target (headless models) gives the map of the score it returns: here the logit of class 2."""
+    model = tiny_timm_vit()
+    for method, opts in (("integrated_gradients", {"n_steps": 8}), ("input_x_gradient", {}), ("gradcam", {})):
+        by_class = vitviz.explain(model, images, method, target=2, **opts)
+        by_callable = vitviz.explain(model, images, method, target=lambda out: out[:, 2], **opts)
+        torch.testing.assert_close(by_callable, by_class, atol=1e-5, rtol=1e-4)
