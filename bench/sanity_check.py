@@ -11,6 +11,7 @@ from __future__ import annotations
 
 import argparse
 import json
+import math
 import os
 import time
 from pathlib import Path
@@ -54,8 +55,9 @@ def main() -> None:
     for test in ("cascading", "independent"):
         ax = vitviz.plot_sanity_checks(df, test=test)
         save_figure(ax.figure, f"{out}_{test}", formats=("png",))
-    result = {"model": "cifar10-vit", "images": len(x), "seed": args.seed, "summary": summary.reset_index().to_dict(
-        orient="records"), "threshold": summary.attrs["threshold"], "decision_step": summary.attrs["decision_step"],
+    records = [{k: (None if isinstance(v, float) and math.isnan(v) else v) for k, v in r.items()}
+               for r in summary.reset_index().to_dict(orient="records")]  # nan -> null: strict JSON
+    result = {"model": "cifar10-vit", "images": len(x), "seed": args.seed, "summary": records, "threshold": summary.attrs["threshold"], "decision_step": summary.attrs["decision_step"],
         "seconds": round(time.time() - t0, 1), "torch_threads": torch.get_num_threads(),
         "command": f"PYTHONPATH=. python bench/sanity_check.py --images {args.images}"}
     Path(f"{out}.json").write_text(json.dumps(result, indent=2) + "\n")
