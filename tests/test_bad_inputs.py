@@ -148,7 +148,7 @@ ROWS: list[Row] = [
     ("target-class-on-headless", lambda: vitviz.grad_rollout(tiny_timm_vit(num_classes=0), GOOD, target=1),
      InputError, "has no classifier head (num_classes=0); pass a callable"),
     # faithfulness: methods, ids, labels, removal; its tables
-    ("faith-method-unknown", lambda: faith(["gradcam"]), InputError, "or pass a callable (model, images, target)"),
+    ("faith-method-unknown", lambda: faith(["lime"]), InputError, "or pass a callable (model, images, target)"),
     ("faith-methods-empty", lambda: faith([]), InputError, "methods is empty"),
     ("faith-maps-wrong-count", lambda: faith({"mine": torch.ones(3, 4, 6)}), InputError,
      "precomputed maps must be (2, gh, gw)"),

@@ -168,8 +168,8 @@ def test_bad_arguments_name_the_value():
     x = torch.randn(1, 3, 32, 48)
     with pytest.raises(InputError, match="steps=0.3"):
         vitviz.faithfulness(model, x, ["random"], steps=0.3, progress=False)
-    with pytest.raises(InputError, match="'gradcam'"):
-        vitviz.faithfulness(model, x, ["gradcam"], progress=False)
+    with pytest.raises(InputError, match="'lime'"):
+        vitviz.faithfulness(model, x, ["lime"], progress=False)
     with pytest.raises(InputError, match="modes"):
         vitviz.faithfulness(model, x, ["random"], modes=["sideways"], progress=False)
 

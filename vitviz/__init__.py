@@ -15,6 +15,7 @@ from vitviz.errors import (
     CheckpointError,
     ImageInputError,
     InputError,
+    MissingDependencyError,
     NoPositionEmbeddingError,
     NoRGBFiltersError,
     NotAViTError,
@@ -64,6 +65,11 @@ _LAZY = {
     "faithfulness_auc": "vitviz.analysis.faithfulness_stats",
     "bootstrap_ci": "vitviz.analysis.faithfulness_stats",
     "compare_methods": "vitviz.analysis.faithfulness_stats",
+    "sanity_checks": "vitviz.analysis.sanity",
+    "sanity_summary": "vitviz.analysis.sanity",
+    "integrated_gradients": "vitviz.analysis.baselines",
+    "input_x_gradient": "vitviz.analysis.baselines",
+    "gradcam": "vitviz.analysis.baselines",
     # zoo: models to analyse, the paper's tables, the reference models' cards
     "load_model": "vitviz.zoo.models",
     "load_model_or_random": "vitviz.zoo.models",
@@ -86,6 +92,7 @@ _LAZY = {
     "plot_attention_distance_grid": "vitviz.plot.attention",
     "plot_faithfulness": "vitviz.plot.faithfulness",
     "plot_explanations": "vitviz.plot.faithfulness",
+    "plot_sanity_checks": "vitviz.plot.sanity",
     "save_figure": "vitviz.plot.style",
     "Saver": "vitviz.plot.style",
     # widgets
@@ -94,7 +101,8 @@ _LAZY = {
 }
 
 __all__ = [
-    "CaptureError", "CheckpointError", "ImageInputError", "InputError", "NoPositionEmbeddingError",
+    "CaptureError", "CheckpointError", "ImageInputError", "InputError", "MissingDependencyError",
+    "NoPositionEmbeddingError",
     "NoRGBFiltersError", "NotAViTError", "UnsupportedModelError", "VitvizError", "WeightsUnavailableError",
     *_LAZY,
 ]

@@ -57,13 +57,17 @@ class WeightsUnavailableError(VitvizError, RuntimeError):
     """Pretrained weights cannot be had (offline, or no such weights)."""
 
 
+class MissingDependencyError(VitvizError, ImportError):
+    """An optional package a call needs is not installed; the message names the pip extra that brings it."""
+
+
 class RunInterrupted(VitvizError):
     """Raised by a training step callback to stop a run where it is (tests use it to simulate a kill mid-epoch);
     the last complete checkpoint stays, and ``--resume`` continues from it."""
 
 
 __all__ = [
-    "CaptureError", "CheckpointError", "ImageInputError", "InputError", "LayerSelectError",
+    "CaptureError", "CheckpointError", "ImageInputError", "InputError", "LayerSelectError", "MissingDependencyError",
     "NoPositionEmbeddingError", "NoRGBFiltersError", "NotAViTError", "RunInterrupted", "UnsupportedModelError",
     "VitvizError", "WeightsUnavailableError",
 ]

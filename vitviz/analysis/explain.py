@@ -26,6 +26,21 @@ method              what it is
                     same map for a given ``seed``, whatever the batching.
 ==================  =====================================================================================================
 
+Baselines from the libraries made for them (``vitviz.analysis.baselines``; ``pip install 'vitviz[explain]'``):
+
+==========================  ===================================================================================
+method                      what it is
+==========================  ===================================================================================
+``"integrated_gradients"``  integrated gradients, Sundararajan, Taly & Yan, ICML 2017, Eq. (1), by ``captum`` on the
+                            pixels (baseline: the normalisation mean, 0 in normalised space), summed over each
+                            patch's pixels and channels, signed (so the patch map sums to ``F(x) - F(x')``).
+``"input_x_gradient"``      input x gradient, Shrikumar et al. 2016 / DeepLIFT (ICML 2017, Sec. 2.2), by ``captum``,
+                            pooled the same way.
+``"gradcam"``               Grad-CAM, Selvaraju et al., ICCV 2017, Eq. (1)-(2), by ``pytorch-grad-cam`` on the tokens
+                            after the last block's first norm, reshaped by vitviz (every prefix token dropped, the
+                            ``(gh, gw)`` grid read from the model); in ``[0, 1]`` per image.
+==========================  ===================================================================================
+
 Memory: ``attention``, ``rollout`` and ``flow`` reduce each layer while the forward pass runs (``rollout`` and ``flow``
 keep one ``(B, N, N)`` matrix per residual block); the gradient methods need every layer's map and gradient of one batch
 at once (pass ``batch_size`` to bound it). Everything runs on the model's device.
@@ -50,10 +65,12 @@ from vitviz.core.spec import inspect
 from vitviz.core.targets import Target
 from vitviz.errors import InputError
 
-__all__ = ["GRADIENT_METHODS", "METHODS", "explain", "raw_attention", "random_baseline"]
+__all__ = ["BASELINE_METHODS", "GRADIENT_METHODS", "METHODS", "explain", "raw_attention", "random_baseline"]
 
-METHODS = ("attention", "rollout", "flow", "grad_rollout", "chefer", "attnlrp", "random")
-GRADIENT_METHODS = ("grad_rollout", "chefer", "attnlrp")
+METHODS = ("attention", "rollout", "flow", "grad_rollout", "chefer", "attnlrp", "random", "integrated_gradients",
+           "input_x_gradient", "gradcam")
+GRADIENT_METHODS = ("grad_rollout", "chefer", "attnlrp", "integrated_gradients", "input_x_gradient", "gradcam")
+BASELINE_METHODS = ("integrated_gradients", "input_x_gradient", "gradcam")  # vitviz.analysis.baselines
 
 
 def raw_attention(
@@ -134,8 +151,8 @@ def explain(
             Hugging Face, torchvision).
         images: a normalised ``(B, 3, H, W)`` tensor, a list, or anything ``vitviz.core.batching.iter_batches``
             takes.
-        method: ``"attention"``, ``"rollout"``, ``"flow"``, ``"grad_rollout"``, ``"chefer"``, ``"attnlrp"`` or
-            ``"random"``.
+        method: one of ``METHODS``: ``"attention"``, ``"rollout"``, ``"flow"``, ``"grad_rollout"``, ``"chefer"``,
+            ``"attnlrp"``, ``"random"``, ``"integrated_gradients"``, ``"input_x_gradient"`` or ``"gradcam"``.
         target: what a gradient method explains (``None``: predicted class; an int; one per image; or a callable
             ``f(output) -> (B,)``).
         batch_size: images per pass (default all at once).
@@ -144,7 +161,8 @@ def explain(
             ``discard_ratio``, ``residual``, ``start_layer``, ``token`` (rollout); ``head_fusion``, ``token``,
             ``max_tokens`` (flow); ``discard_ratio``, ``start_layer``, ``token`` (grad_rollout); ``start_layer``,
             ``token`` (chefer); ``linear_rule``, ``epsilon``, ``gamma``, ``attention_rule``, ``plain``,
-            ``return_tokens`` (attnlrp); ``seed``, ``offset`` (random).
+            ``return_tokens`` (attnlrp); ``seed``, ``offset`` (random); ``pool``, ``n_steps``, ``baseline``,
+            ``internal_batch_size`` (integrated_gradients); ``pool`` (input_x_gradient); ``layer`` (gradcam).
 
     Returns:
         ``(B, gh, gw)`` float32 maps on the model's device.
@@ -168,6 +186,10 @@ def explain(
             from vitviz.analysis.attnlrp import attnlrp
 
             return attnlrp(model, images, target, progress=progress, **common, **opts)
+        if method in BASELINE_METHODS:
+            from vitviz.analysis import baselines
+
+            return getattr(baselines, method)(model, images, target, **common, **opts)
         from vitviz.analysis import relevance
 
         fn = relevance.chefer_relevance if method == "chefer" else relevance.grad_rollout

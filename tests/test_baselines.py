@@ -1,0 +1,179 @@
+"""Baselines by captum and pytorch-grad-cam: completeness, hand-written references, and Grad-CAM's token reshape
+(prefix tokens, registers, non-square grids) against where the pixels are, and against the naive sqrt reshape."""
+
+from __future__ import annotations
+
+import math
+import sys
+
+import pytest
+import torch
+from conftest import tiny_timm_vit
+
+import vitviz
+from vitviz.analysis.baselines import gradcam_layer, pool_to_patches, token_reshape
+from vitviz.errors import InputError, MissingDependencyError
+
+pytest.importorskip("captum")
+pytest.importorskip("pytorch_grad_cam")
+
+
+@pytest.fixture
+def images():
+    return torch.randn(2, 3, 32, 48, generator=torch.Generator().manual_seed(2))
+
+
+def loop_pool(attr, gh, gw, s, absolute=False):
+    out = torch.zeros(attr.shape[0], gh, gw, dtype=attr.dtype)
+    for i in range(gh):
+        for j in range(gw):
+            patch = attr[:, :, i * s:(i + 1) * s, j * s:(j + 1) * s]
+            out[:, i, j] = (patch.abs() if absolute else patch).sum(dim=(1, 2, 3))
+    return out
+
+
+def test_pool_to_patches_against_a_loop():
+    attr = torch.randn(2, 3, 24, 32)
+    assert torch.allclose(pool_to_patches(attr, (3, 4), (8, 8)), loop_pool(attr, 3, 4, 8), atol=1e-5)
+    assert torch.allclose(pool_to_patches(attr, (3, 4), (8, 8), "abs"), loop_pool(attr, 3, 4, 8, True), atol=1e-5)
+    with pytest.raises(InputError, match="pool"):
+        pool_to_patches(attr, (3, 4), (8, 8), "mean")
+
+
+def test_integrated_gradients_completeness(images):
+    """Sundararajan et al. (2017) Prop. 1: attributions sum to F(x) - F(x'); the signed patch sum keeps it."""
+    model = tiny_timm_vit()
+    maps, delta = vitviz.integrated_gradients(model, images, return_delta=True, n_steps=64)
+    assert maps.shape == (2, 4, 6)
+    with torch.no_grad():
+        logits, base = model(images), model(torch.zeros_like(images))
+    c = logits.argmax(-1)
+    gap = logits.gather(1, c[:, None])[:, 0] - base.gather(1, c[:, None])[:, 0]
+    assert torch.allclose(maps.sum(dim=(1, 2)), gap, atol=2e-3 * float(gap.abs().max()) + 1e-5)
+    # captum's own convergence delta says the same: sum(attr) - (F(x) - F(x'))
+    assert torch.allclose(delta.float(), maps.sum(dim=(1, 2)) - gap, atol=1e-4)
+    absmaps = vitviz.explain(model, images, "integrated_gradients", pool="abs", n_steps=64)
+    assert (absmaps >= maps.abs() - 1e-6).all() and (absmaps >= 0).all()
+
+
+def test_input_x_gradient_against_autograd(images):
+    model = tiny_timm_vit()
+    x = images.clone().requires_grad_(True)
+    logits = model(x)
+    target = torch.tensor([1, 3])
+    (grad,) = torch.autograd.grad(logits.gather(1, target[:, None]).sum(), x)
+    expect = loop_pool((x * grad).detach(), 4, 6, 8)
+    got = vitviz.explain(model, images, "input_x_gradient", target=[1, 3])
+    assert torch.allclose(got, expect, atol=1e-5)
+
+
+def gradcam_reference(model, x, target):
+    """Selvaraju et al. (2017) Eq. (1)-(2) by hand on the last block's norm1 tokens (1 prefix token)."""
+    store = {}
+
+    def hook(_m, _i, out):
+        out.retain_grad()
+        store["a"] = out
+
+    h = model.blocks[-1].norm1.register_forward_hook(hook)
+    try:
+        logits = model(x)
+    finally:
+        h.remove()
+    logits.gather(1, target[:, None]).sum().backward()
+    a, g = store["a"][:, 1:].detach(), store["a"].grad[:, 1:]
+    alpha = g.mean(dim=1)  # mean gradient per channel over the patch grid
+    cam = torch.relu((a * alpha[:, None]).sum(-1)).reshape(len(x), 4, 6)  # row-major patches
+    cam = cam - cam.flatten(1).min(1).values[:, None, None]
+    return cam / (1e-7 + cam.flatten(1).max(1).values[:, None, None])
+
+
+def test_gradcam_against_hand_reference_and_leaves_model_alone(images):
+    model = tiny_timm_vit()
+    model.train()
+    model.head.weight.grad = torch.ones_like(model.head.weight)
+    got = vitviz.explain(model, images, "gradcam", target=[0, 4])
+    assert model.training and all(m.training for m in model.modules())  # grad-cam's model.eval() undone
+    assert torch.equal(model.head.weight.grad, torch.ones_like(model.head.weight))  # its zero_grad() undone
+    model.eval()
+    model.zero_grad()
+    ref = gradcam_reference(model, images, torch.tensor([0, 4]))
+    assert got.shape == (2, 4, 6)
+    assert torch.allclose(got, ref, atol=1e-4)  # float32 sums in numpy vs torch, then min-max scaled
+
+
+def one_patch_model(kind):
+    """Depth 1, zero position embedding, prefix tokens and patch bias: at the last block's norm1 only the tokens
+    of patches with non-zero pixels are non-zero (LayerNorm of a zero token is its zero bias)."""
+    if kind == "registers":
+        from timm.models.vision_transformer import VisionTransformer
+
+        m = VisionTransformer(img_size=(24, 32), patch_size=8, embed_dim=16, depth=1, num_heads=2, num_classes=3,
+                              reg_tokens=4)
+    else:
+        from timm.models.deit import VisionTransformerDistilled
+
+        m = VisionTransformerDistilled(img_size=(24, 32), patch_size=8, embed_dim=16, depth=1, num_heads=2,
+                                       num_classes=3)
+    with torch.no_grad():
+        for name, p in m.named_parameters():
+            if name in ("pos_embed", "cls_token", "reg_token", "dist_token", "patch_embed.proj.bias"):
+                p.zero_()
+    return m.eval()
+
+
+@pytest.mark.parametrize("kind, prefix", [("registers", 5), ("distilled", 2)])
+@pytest.mark.parametrize("patch", [(1, 2), (2, 0)])
+def test_reshape_puts_patch_where_the_pixels_are(kind, prefix, patch):
+    model = one_patch_model(kind)
+    spec = vitviz.inspect(model)
+    assert spec.num_prefix_tokens == prefix and spec.grid_size == (3, 4)  # non-square grid
+    i, j = patch
+    x = torch.zeros(1, 3, 24, 32)
+    x[..., i * 8:(i + 1) * 8, j * 8:(j + 1) * 8] = torch.randn(3, 8, 8, generator=torch.Generator().manual_seed(0))
+    store = {}
+    h = model.get_submodule(gradcam_layer(model)).register_forward_hook(lambda _m, _i, o: store.update(t=o))
+    with torch.no_grad():
+        model(x)
+    h.remove()
+    act = token_reshape(spec, (3, 4))(store["t"]).abs().sum(1)[0]  # (gh, gw) activation magnitude
+    assert act[i, j] > 0 and (act > 0).sum() == 1
+    # every class's Grad-CAM is zero off the patch (ReLU of zero activations), and some class lights it up
+    maps = torch.stack([vitviz.explain(model, x, "gradcam", target=c)[0] for c in range(3)])
+    assert (maps.flatten(1).max(1).values > 0).any()
+    off = torch.ones(3, 4, dtype=torch.bool)
+    off[i, j] = False
+    assert torch.all(maps[:, off] == 0)
+    if kind == "registers":
+        # the naive reshape (drop 1 token, sqrt(N - 1) square) runs silently here (16 = 4 x 4) and is wrong
+        t = store["t"][:, 1:]
+        s = math.isqrt(t.shape[1])
+        assert s * s == t.shape[1]
+        naive = t.reshape(1, s, s, -1).abs().sum(-1)[0]
+        k = prefix - 1 + i * 4 + j  # the patch's index after dropping only the class token
+        assert naive[k // s, k % s] > 0 and (naive > 0).sum() == 1
+        assert (k // s, k % s) != (i, j)  # pinned: e.g. patch (1, 2) lands at (2, 0), patch (2, 0) at (3, 0)
+
+
+def test_reshape_refuses_a_wrong_token_count():
+    spec = vitviz.inspect(tiny_timm_vit())
+    with pytest.raises(vitviz.CaptureError, match="prefix"):
+        token_reshape(spec, (4, 6))(torch.zeros(1, 24, 8))
+
+
+def test_missing_library_names_the_extra(monkeypatch, images):
+    monkeypatch.setitem(sys.modules, "captum.attr", None)
+    with pytest.raises(MissingDependencyError, match=r"vitviz\[explain\]"):
+        vitviz.explain(tiny_timm_vit(), images, "integrated_gradients")
+    monkeypatch.setitem(sys.modules, "pytorch_grad_cam", None)
+    with pytest.raises(MissingDependencyError, match="grad-cam"):
+        vitviz.explain(tiny_timm_vit(), images, "gradcam")
+
+
+def test_callable_target_explains_the_same_score(images):
+    """A callable target (headless models) gives the map of the score it returns: here the logit of class 2."""
+    model = tiny_timm_vit()
+    for method, opts in (("integrated_gradients", {"n_steps": 8}), ("input_x_gradient", {}), ("gradcam", {})):
+        by_class = vitviz.explain(model, images, method, target=2, **opts)
+        by_callable = vitviz.explain(model, images, method, target=lambda out: out[:, 2], **opts)
+        torch.testing.assert_close(by_callable, by_class, atol=1e-5, rtol=1e-4)

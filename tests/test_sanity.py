@@ -1,0 +1,267 @@
+"""vitviz.sanity_checks (Adebayo et al. 2018): the user's model untouched, what each step randomises, the
+similarity measures against scipy / scikit-image / a direct computation, and the verdicts."""
+
+from __future__ import annotations
+
+import numpy as np
+import pytest
+import torch
+from conftest import tiny_timm_vit
+from scipy.stats import spearmanr
+
+import vitviz
+from vitviz.analysis.sanity import (
+    _other_classes,
+    randomisation_layers,
+    randomise_,
+    sanity_checks,
+    sanity_summary,
+)
+from vitviz.analysis.similarity import scale_unit, spearman, ssim, ssim_reference
+from vitviz.errors import InputError
+
+LAYERS = ["head", "norm", "block 1", "block 0", "embeddings"]
+
+
+@pytest.fixture
+def model():
+    return tiny_timm_vit()
+
+
+@pytest.fixture
+def images():
+    return torch.randn(3, 3, 32, 48, generator=torch.Generator().manual_seed(1))
+
+
+def fixed_map(model, x, target):
+    """Ignores the weights (and the class): the same map for every model."""
+    gh, gw = vitviz.inspect(model).grid_size
+    return torch.arange(gh * gw, dtype=torch.float32).reshape(1, gh, gw).repeat(len(x), 1, 1)
+
+
+def fresh_noise(model, x, target):
+    """New noise on every call: passes a naive randomisation test without depending on the model."""
+    gh, gw = vitviz.inspect(model).grid_size
+    return torch.rand(len(x), gh, gw)
+
+
+def test_user_model_is_untouched(model, images):
+    before = {k: v.clone() for k, v in model.state_dict().items()}
+    params = [id(p) for p in model.parameters()]
+    nets = []
+
+    def spy(net, x, target):
+        nets.append(net)
+        return fixed_map(net, x, target)
+
+    sanity_checks(model, images, ["chefer", spy], tests=("cascading", "independent"))
+    assert nets and all(net is not model for net in nets)  # every map is made on a copy
+    after = model.state_dict()
+    assert before.keys() == after.keys()
+    assert all(torch.equal(before[k], after[k]) for k in before)
+    assert [id(p) for p in model.parameters()] == params  # the same parameter objects, not copies put back
+    assert not model._forward_hooks and all(not m._forward_hooks for m in model.modules())
+
+
+def test_layers_top_down(model):
+    layers = randomisation_layers(model)
+    assert [n for n, _ in layers] == LAYERS
+    names = dict(layers)
+    assert names["head"] == ["head.weight", "head.bias"]
+    assert all(p.startswith("blocks.1.") for p in names["block 1"])
+    assert set(names["embeddings"]) == {"cls_token", "pos_embed", "patch_embed.proj.weight", "patch_embed.proj.bias"}
+    flat = [p for _, ps in layers for p in ps]
+    assert len(flat) == len(set(flat)) == len(list(model.parameters()))  # each parameter in exactly one layer
+
+
+def test_what_each_step_randomises(model, images):
+    """A spy method records which parameters differ from the trained model at every call."""
+    trained = {k: v.clone() for k, v in model.named_parameters()}
+    seen: list[frozenset[str]] = []
+
+    def spy(net, x, target):
+        seen.append(frozenset(n for n, p in net.named_parameters() if not torch.equal(p, trained[n])))
+        return fixed_map(net, x, target)
+
+    sanity_checks(model, images, [spy], tests=("independent", "cascading"))
+    layers = randomisation_layers(model)
+    ref, independent, cascading = seen[0], seen[1:1 + len(layers)], seen[1 + len(layers):]
+    assert ref == frozenset()
+    for changed, (_, names) in zip(independent, layers):
+        assert changed == frozenset(names)  # one layer, all of its parameters
+    done: set[str] = set()
+    for changed, (_, names) in zip(cascading, layers):
+        done |= set(names)
+        assert changed == frozenset(done)  # cumulative, from the head down
+    assert len(cascading) == len(layers)
+
+
+def test_randomise_is_seeded_and_independent_of_order(model):
+    a, b = tiny_timm_vit(), tiny_timm_vit()
+    b.load_state_dict(a.state_dict())
+    randomise_(a, ["head.weight"], seed=3, layer="head")
+    randomise_(b, ["norm.weight"], seed=3, layer="norm")
+    randomise_(b, ["head.weight"], seed=3, layer="head")
+    assert torch.equal(a.head.weight, b.head.weight)
+    w = a.head.weight.detach()
+    assert w.abs().max() <= 0.04 + 1e-7 and 0.01 < float(w.std()) < 0.02  # trunc. normal, std 0.02, cut at 2 std
+
+
+def test_weight_independent_methods_fail(model, images):
+    df = sanity_checks(model, images, [fixed_map, "random", "chefer"], seed=0)
+    s = sanity_summary(df)
+    casc = df[(df.test == "cascading") & (df.metric == "spearman_abs")]
+    assert np.allclose(casc[casc.method == "fixed_map"].value, 1.0)
+    assert np.allclose(casc[casc.method == "random"].value, 1.0)  # seeded: the same map, whatever the weights
+    assert s.loc["fixed_map", "parameter_test"] == "FAIL" and s.loc["fixed_map", "verdict"] == "FAIL"
+    assert s.loc["fixed_map", "random_logit_test"] == "FAIL"  # a callable takes a target, so it is tested
+    assert s.loc["random", "verdict"] == "FAIL"
+    assert s.loc["random", "random_logit_test"] == "n/a"  # not class-specific: no fake pass
+    rl = df[(df.test == "random_logit") & (df.method == "random")]
+    assert len(rl) and rl.value.isna().all()
+    assert s.loc["chefer", "parameter_test"] == "PASS"
+
+
+def test_fresh_noise_is_unstable_not_a_pass(model, images):
+    s = sanity_summary(sanity_checks(model, images, [fresh_noise], tests=("cascading", "repeat")))
+    assert s.loc["fresh_noise", "parameter_test"] == "PASS"  # what a naive test would conclude
+    assert s.loc["fresh_noise", "verdict"] == "UNSTABLE"
+
+
+def test_chefer_changes_with_top_block(model, images):
+    df = sanity_checks(model, images, ["chefer", "rollout"], tests=("independent",), steps=["block 1", "head"])
+    sub = df[df.metric == "spearman_abs"]
+    ch = sub[(sub.method == "chefer") & (sub.layer == "block 1")].value
+    assert (ch < 0.99).all()
+    # rollout never reads the head: unchanged exactly when only the head is randomised
+    ro = sub[(sub.method == "rollout") & (sub.layer == "head")].value
+    assert np.allclose(ro, 1.0)
+
+
+@pytest.mark.parametrize("seed", [0, 1])
+def test_spearman_against_scipy(seed):
+    rng = np.random.default_rng(seed)
+    a = rng.normal(size=(4, 6))
+    b = a + rng.normal(size=(4, 6))
+    a[0, :3] = a[0, 0]  # ties share their mean rank
+    assert spearman(a, b) == pytest.approx(spearmanr(a.ravel(), b.ravel()).statistic, abs=1e-12)
+    assert spearman(np.abs(a), np.abs(b)) == pytest.approx(
+        spearmanr(np.abs(a).ravel(), np.abs(b).ravel()).statistic, abs=1e-12)
+    assert np.isnan(spearman(np.ones((4, 6)), b))
+
+
+def direct_ssim(a, b, w):
+    """Wang et al. (2004) Eq. (13), window by window, sample (co)variances."""
+    c1, c2 = 0.01 ** 2, 0.03 ** 2
+    vals = []
+    for i in range(a.shape[0] - w + 1):
+        for j in range(a.shape[1] - w + 1):
+            x, y = a[i:i + w, j:j + w].ravel(), b[i:i + w, j:j + w].ravel()
+            mx, my = x.mean(), y.mean()
+            vx, vy, cxy = x.var(ddof=1), y.var(ddof=1), np.cov(x, y, ddof=1)[0, 1]
+            vals.append((2 * mx * my + c1) * (2 * cxy + c2) / ((mx ** 2 + my ** 2 + c1) * (vx + vy + c2)))
+    return float(np.mean(vals))
+
+
+@pytest.mark.parametrize("shape", [(8, 8), (9, 12), (4, 6)])
+def test_ssim_against_direct_and_skimage(shape):
+    rng = np.random.default_rng(0)
+    a = rng.normal(size=shape)
+    b = a + 0.5 * rng.normal(size=shape)
+    ua, ub = scale_unit(a), scale_unit(b)
+    w = min(7, *shape) - (1 - min(7, *shape) % 2)
+    assert ssim_reference(ua, ub, win_size=w) == pytest.approx(direct_ssim(ua, ub, w), abs=1e-10)
+    skimage = pytest.importorskip("skimage.metrics")
+    assert ssim(a, b) == pytest.approx(skimage.structural_similarity(ua, ub, data_range=1.0, win_size=w), abs=1e-12)
+    assert ssim_reference(ua, ub, win_size=w) == pytest.approx(ssim(a, b), abs=1e-10)
+    assert ssim(a, a) == pytest.approx(1.0)
+
+
+def test_random_logit_picks_another_class(model, images):
+    pred = torch.arange(10) % 5
+    for seed in range(20):
+        other = _other_classes(pred, 5, seed)
+        assert (other != pred).all() and ((other >= 0) & (other < 5)).all()
+    drawn = torch.stack([_other_classes(torch.zeros(1, dtype=torch.long), 5, s) for s in range(200)]).ravel()
+    assert set(drawn.tolist()) == {1, 2, 3, 4}  # every other class, never the predicted one
+    targets = []
+
+    def spy(net, x, target):
+        targets.append(target.clone())
+        return fixed_map(net, x, target)
+
+    sanity_checks(model, images, [spy], tests=("random_logit",))
+    assert torch.equal(targets[0], model(images).argmax(-1))
+    assert (targets[1] != targets[0]).all()
+
+
+def test_deterministic_with_seed(model, images):
+    kw = dict(methods=["chefer", "random"], tests=("cascading", "random_logit"), steps=["head", "block 1"])
+    a = sanity_checks(model, images, seed=5, **kw)
+    b = sanity_checks(model, images, seed=5, **kw)
+    c = sanity_checks(model, images, seed=6, **kw)
+    assert a.equals(b)
+    casc = (a.test == "cascading") & (a.method == "chefer")
+    assert not np.allclose(a[casc].value, c[casc].value)
+
+
+def test_tidy_columns_and_errors(model, images):
+    df = sanity_checks(model, images, ["attention"], tests=("cascading",))
+    assert list(df.columns) == ["test", "method", "step", "layer", "image", "metric", "value"]
+    assert len(df) == len(LAYERS) * 3 * 3
+    assert all(np.isscalar(v) for v in df.attrs.values())
+    with pytest.raises(InputError, match="not one of"):
+        sanity_checks(model, images, ["nope"])
+    with pytest.raises(InputError, match="not layers"):
+        sanity_checks(model, images, ["attention"], steps=["block 9"])
+
+
+def test_plot(model, images):
+    from matplotlib.axes import Axes
+
+    df = sanity_checks(model, images, ["attention", "chefer"], tests=("cascading",))
+    ax = vitviz.plot_sanity_checks(df)
+    assert isinstance(ax, Axes)
+    assert [t.get_text() for t in ax.get_xticklabels()] == LAYERS
+    assert ax.get_ylabel().startswith("Spearman rank correlation with the original map")
+    assert len(ax.get_legend().get_texts()) == 2
+
+
+def tv_vit():
+    from torchvision.models.vision_transformer import VisionTransformer
+
+    return VisionTransformer(image_size=32, patch_size=8, num_layers=2, num_heads=2, hidden_dim=16, mlp_dim=32,
+                             num_classes=3).eval()
+
+
+def hf_vit():
+    pytest.importorskip("transformers")
+    from transformers import ViTConfig, ViTForImageClassification
+
+    cfg = ViTConfig(image_size=32, patch_size=8, hidden_size=16, num_hidden_layers=2, num_attention_heads=2,
+                    intermediate_size=32, num_labels=3)
+    return ViTForImageClassification(cfg).eval()
+
+
+@pytest.mark.parametrize("build, blocks, head, norm", [
+    (tv_vit, ["encoder.layers.encoder_layer_1.", "encoder.layers.encoder_layer_0."], "heads.", "encoder.ln."),
+    (hf_vit, ["vit.layers.1.", "vit.layers.0."], "classifier.", "vit.layernorm."),  # transformers 5 names
+])
+def test_layers_of_other_families(build, blocks, head, norm):
+    """The library's own module names (written out here), top-down; every parameter in exactly one layer."""
+    model = build()
+    layers = randomisation_layers(model)
+    assert [n for n, _ in layers] == LAYERS
+    d = dict(layers)
+    assert d["head"] and all(p.startswith(head) for p in d["head"])
+    assert d["norm"] and all(p.startswith(norm) for p in d["norm"])
+    for name, prefix in zip(["block 1", "block 0"], blocks):
+        own = [n for n, _ in model.named_parameters() if n.startswith(prefix)]
+        assert sorted(d[name]) == sorted(own) and own
+    flat = [p for _, ps in layers for p in ps]
+    assert len(flat) == len(set(flat)) == len(list(model.parameters()))
+
+
+def test_a_map_of_the_wrong_shape_is_refused(model, images):
+    with pytest.raises(InputError, match=r"\(B, gh, gw\)"):
+        sanity_checks(model, images, [lambda m, x, t: torch.zeros(len(x), 24)], tests=("repeat",))

@@ -1,0 +1,248 @@
+"""Baseline attributions users compare ViT-specific maps against, computed by the libraries made for them.
+
+=========================  ======================================================================================
+method                     what it is
+=========================  ======================================================================================
+``integrated_gradients``   Sundararajan, Taly & Yan, ICML 2017, Eq. (1): ``(x - x') * int_0^1 grad F(x' + a (x - x'))
+                           da`` per pixel and channel, by ``captum.attr.IntegratedGradients`` (Gauss-Legendre
+                           quadrature, ``n_steps=50``); the baseline ``x'`` is 0 in the model's normalised input
+                           space, i.e. the normalisation mean (the training-set mean image), as ``vitviz.faithfulness``
+                           fills removed patches.
+``input_x_gradient``       Shrikumar et al., "Not just a black box" (arXiv 2016) / DeepLIFT (ICML 2017, Sec. 2.2):
+                           ``x * grad F(x)`` per pixel and channel, by ``captum.attr.InputXGradient``.
+``gradcam``                Selvaraju et al., ICCV 2017, Eq. (1)-(2): ``ReLU(sum_k alpha_k A^k)``, ``alpha_k`` the mean
+                           gradient of channel ``k`` over the patch grid, by ``pytorch_grad_cam.GradCAM`` on the
+                           tokens after the last block's first norm (``norm1`` in timm; the common recipe for
+                           ViTs), which vitviz reshapes to ``(B, C, gh, gw)`` (``token_reshape``).
+=========================  ======================================================================================
+
+Pixel attributions are pooled to the patch grid by summing over each patch's pixels and the colour channels,
+signed by default (``pool="sum"``): the signed sum keeps positive and negative evidence apart and keeps integrated
+gradients' completeness at the patch level (the patch map sums to ``F(x) - F(x')``). ``pool="abs"`` sums
+``|attribution|`` instead (the absolute-value maps of Adebayo et al. 2018). Grad-CAM is computed at the grid's
+resolution directly (no up- and down-sampling) and comes min-max scaled to ``[0, 1]`` per image, as
+pytorch-grad-cam returns it.
+
+The libraries are optional: ``pip install 'vitviz[explain]'`` (captum, grad-cam).
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable
+from typing import Any
+
+import torch
+from torch import nn
+
+from vitviz.core.batching import count_images, iter_batches
+from vitviz.core.blocks import block_paths
+from vitviz.core.images import Images
+from vitviz.core.spec import ViTSpec, inspect
+from vitviz.core.targets import Target, logits_of, resolve_target
+from vitviz.errors import CaptureError, InputError, MissingDependencyError
+
+__all__ = ["gradcam", "gradcam_layer", "input_x_gradient", "integrated_gradients", "pool_to_patches",
+           "token_reshape"]
+
+POOLS = ("sum", "abs")
+
+
+def _need(module: str, package: str) -> Any:
+    import importlib
+
+    try:
+        return importlib.import_module(module)
+    except ImportError as err:
+        raise MissingDependencyError(f"this method needs {package}, which is not installed: pip install "
+                                     f"'vitviz[explain]' (or pip install {package})") from err
+
+
+class _Scores(nn.Module):
+    """The model's output as a ``(B, K)`` tensor: its logits, or ``(B, 1)`` holding a callable target's score."""
+
+    def __init__(self, model: nn.Module, target: Target) -> None:
+        super().__init__()
+        self.model, self.fn = model, target if callable(target) and not isinstance(target, torch.Tensor) else None
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        out = self.model(x)
+        if self.fn is not None:
+            return resolve_target(self.fn, out).scores[:, None]
+        return logits_of(out, self.model)
+
+
+def _classes(model: nn.Module, x: torch.Tensor, target: Target, start: int, total: int) -> torch.Tensor:
+    """The class (column of ``_Scores``) each image's attribution explains."""
+    if callable(target) and not isinstance(target, torch.Tensor):
+        return torch.zeros(len(x), dtype=torch.long, device=x.device)
+    with torch.no_grad():
+        return resolve_target(target, model(x), start=start, n_images=total, model=model).classes
+
+
+def pool_to_patches(attr: torch.Tensor, grid: tuple[int, int], stride: tuple[int, int], pool: str = "sum"
+                    ) -> torch.Tensor:
+    """Sum a pixel attribution ``(B, C, H, W)`` over each patch's pixels and channels: ``(B, gh, gw)``.
+
+    Args:
+        attr: pixel attributions.
+        grid: ``(gh, gw)`` patches.
+        stride: ``(sh, sw)`` pixels per patch (pixels past ``gh * sh``, ``gw * sw`` belong to no patch).
+        pool: ``"sum"`` (signed) or ``"abs"`` (sum of absolute values).
+    """
+    if pool not in POOLS:
+        raise InputError(f"pool={pool!r} must be one of {POOLS}")
+    (gh, gw), (sh, sw) = grid, stride
+    a = attr[..., :gh * sh, :gw * sw]
+    a = a.abs() if pool == "abs" else a
+    return a.reshape(a.shape[0], a.shape[1], gh, sh, gw, sw).sum(dim=(1, 3, 5))
+
+
+def _pixel_method(kind: str, model: nn.Module, images: Images, target: Target, *, pool: str, n_steps: int,
+                  baseline: float, internal_batch_size: int | None, batch_size: int | None,
+                  return_delta: bool) -> Any:
+    attr_mod = _need("captum.attr", "captum")
+    if pool not in POOLS:
+        raise InputError(f"pool={pool!r} must be one of {POOLS}")
+    spec = inspect(model)
+    scores = _Scores(model, target)
+    algo = attr_mod.IntegratedGradients(scores) if kind == "ig" else attr_mod.InputXGradient(scores)
+    total, start = count_images(images), 0
+    maps, deltas = [], []
+    for x in iter_batches(model, images, batch_size, desc=kind):
+        cls = _classes(model, x, target, start, total)
+        x = x.detach().requires_grad_(True)
+        with torch.enable_grad():
+            if kind == "ig":
+                attr, delta = algo.attribute(x, baselines=float(baseline), target=cls, n_steps=n_steps,
+                                             internal_batch_size=internal_batch_size, return_convergence_delta=True)
+                deltas.append(delta.detach())
+            else:
+                attr = algo.attribute(x, target=cls)
+        maps.append(pool_to_patches(attr.detach().float(), spec.grid_for_input(x), spec.patch_size, pool))
+        start += len(x)
+    out = torch.cat(maps)
+    return (out, torch.cat(deltas)) if return_delta else out
+
+
+def integrated_gradients(model: nn.Module, images: Images, target: Target = None, *, pool: str = "sum",
+                         n_steps: int = 50, baseline: float = 0.0, internal_batch_size: int | None = None,
+                         batch_size: int | None = None, return_delta: bool = False) -> Any:
+    """Integrated gradients (Sundararajan et al., ICML 2017) by captum, pooled to patches; see the module docstring.
+
+    Args:
+        model: any ViT ``vitviz.inspect`` reads.
+        images: a normalised ``(B, 3, H, W)`` tensor or anything ``iter_batches`` takes.
+        target: ``None`` (predicted class), a class index, one per image, or a callable ``f(output) -> (B,)``.
+        pool: ``"sum"`` (signed; default) or ``"abs"``.
+        n_steps: quadrature points along the path.
+        baseline: the baseline ``x'`` in normalised input space (0: the normalisation mean).
+        internal_batch_size: captum's chunking of the ``B * n_steps`` path points (memory).
+        batch_size: images per call.
+        return_delta: also return captum's convergence delta ``(B,)``: ``sum(attr) - (F(x) - F(x'))``.
+
+    Returns:
+        ``(B, gh, gw)`` float32 maps on the model's device (and the deltas).
+    """
+    return _pixel_method("ig", model, images, target, pool=pool, n_steps=n_steps, baseline=baseline,
+                         internal_batch_size=internal_batch_size, batch_size=batch_size, return_delta=return_delta)
+
+
+def input_x_gradient(model: nn.Module, images: Images, target: Target = None, *, pool: str = "sum",
+                     batch_size: int | None = None) -> torch.Tensor:
+    """Input x gradient (Shrikumar et al. 2016/2017) by captum, pooled to patches; see the module docstring.
+
+    Args: as ``integrated_gradients``. Returns ``(B, gh, gw)`` float32 maps on the model's device.
+    """
+    return _pixel_method("ixg", model, images, target, pool=pool, n_steps=0, baseline=0.0,
+                         internal_batch_size=None, batch_size=batch_size, return_delta=False)
+
+
+def token_reshape(spec: ViTSpec, grid: tuple[int, int]) -> Callable[[torch.Tensor], torch.Tensor]:
+    """The ``reshape_transform`` for pytorch-grad-cam: tokens ``(B, N, C)`` -> ``(B, C, gh, gw)``.
+
+    Drops every prefix token (class, distillation, registers: ``spec.num_prefix_tokens``, never a guessed 1) and
+    lays the patch tokens out row by row on the ``(gh, gw)`` grid (never ``sqrt(N - 1)``: non-square grids work).
+    """
+    p, (gh, gw) = spec.num_prefix_tokens, grid
+
+    def reshape(tokens: torch.Tensor) -> torch.Tensor:
+        if isinstance(tokens, (tuple, list)):
+            tokens = tokens[0]
+        if tokens.ndim != 3 or tokens.shape[1] != p + gh * gw:
+            raise CaptureError(f"{spec.name}: Grad-CAM's layer gave shape {tuple(tokens.shape)}, expected (B, "
+                               f"{p + gh * gw}, C) = {p} prefix + {gh}x{gw} patch tokens; pass layer= naming a "
+                               "module whose output is the token sequence")
+        return tokens[:, p:].reshape(tokens.shape[0], gh, gw, tokens.shape[2]).permute(0, 3, 1, 2)
+
+    return reshape
+
+
+def gradcam_layer(model: nn.Module) -> str:
+    """The module Grad-CAM reads by default: the first norm layer of the last residual block (timm ``norm1``)."""
+    paths = block_paths(model)
+    if not paths:
+        raise InputError(f"{type(model).__name__}: no residual block found for Grad-CAM's default layer; pass "
+                         "layer='<module name>' (a module whose output is the (B, N, C) token sequence)")
+    last = paths[max(paths)]
+    for name, mod in model.named_modules():  # module order: the block's first norm (LayerNorm, RMSNorm, ...)
+        if name.startswith(last + ".") and "norm" in type(mod).__name__.lower():
+            return name
+    raise InputError(f"{type(model).__name__}: the last block {last!r} has no norm layer; pass layer='<module "
+                     "name>' (a module whose output is the (B, N, C) token sequence)")
+
+
+def gradcam(model: nn.Module, images: Images, target: Target = None, *, layer: str | None = None,
+            batch_size: int | None = None) -> torch.Tensor:
+    """Grad-CAM (Selvaraju et al., ICCV 2017) by pytorch-grad-cam on a ViT's tokens; see the module docstring.
+
+    Args:
+        model: any ViT ``vitviz.inspect`` reads.
+        images: a normalised ``(B, 3, H, W)`` tensor or anything ``iter_batches`` takes.
+        target: ``None`` (predicted class), a class index, one per image, or a callable ``f(output) -> (B,)``.
+        layer: the module whose output tokens are used (default ``gradcam_layer(model)``).
+        batch_size: images per call.
+
+    Returns:
+        ``(B, gh, gw)`` float32 maps in ``[0, 1]`` on the model's device.
+    """
+    cam_mod = _need("pytorch_grad_cam", "grad-cam")
+    targets_mod = _need("pytorch_grad_cam.utils.model_targets", "grad-cam")
+    spec = inspect(model)
+    name = layer or gradcam_layer(model)
+    try:
+        module = model.get_submodule(name)
+    except AttributeError as err:
+        raise InputError(f"layer={name!r} is not a module of {type(model).__name__}") from err
+    total, start = count_images(images), 0
+    out = []
+    # pytorch-grad-cam calls model.eval() and model.zero_grad(): both are undone on the way out
+    modes = [(m, m.training) for m in model.modules()]
+    grads = [(p, p.grad) for p in model.parameters()]
+    try:
+        for x in iter_batches(model, images, batch_size, desc="gradcam"):
+            out.append(_gradcam_batch(cam_mod, targets_mod, model, spec, module, x, target, start, total))
+            start += len(x)
+    finally:
+        for m, training in modes:
+            m.training = training
+        for p, g in grads:
+            p.grad = g
+    return torch.cat(out)
+
+
+def _gradcam_batch(cam_mod: Any, targets_mod: Any, model: nn.Module, spec: ViTSpec, module: nn.Module,
+                   x: torch.Tensor, target: Target, start: int, total: int) -> torch.Tensor:
+    grid = spec.grid_for_input(x)
+
+    class _GridCAM(cam_mod.GradCAM):  # the map at the grid's resolution: no resize by the library
+        def get_target_width_height(self, input_tensor: torch.Tensor) -> tuple[int, int]:
+            return grid[1], grid[0]
+
+    cls = _classes(model, x, target, start, total)
+    cam = _GridCAM(_Scores(model, target), [module], reshape_transform=token_reshape(spec, grid))
+    try:
+        with torch.enable_grad():
+            maps = cam(input_tensor=x, targets=[targets_mod.ClassifierOutputTarget(int(c)) for c in cls])
+    finally:
+        cam.activations_and_grads.release()
+    return torch.as_tensor(maps, dtype=torch.float32, device=x.device)

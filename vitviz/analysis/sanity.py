@@ -1,0 +1,343 @@
+"""Sanity checks for relevance maps: Adebayo et al., "Sanity Checks for Saliency Maps", NeurIPS 2018.
+
+A map that explains *the model* must change when the model's learned parameters are destroyed. Each test compares
+a method's maps on the trained model with its maps after a change, image by image:
+
+==================  ===========================================================================================
+test                what changes
+==================  ===========================================================================================
+``cascading``       Adebayo et al.'s cascading model-parameter randomisation: the parameters are re-initialised from
+                    the top of the network down, cumulatively: ``head``, the final ``norm``, the last block, ...,
+                    the first block, then the ``embeddings`` (patch embedding, position embedding, prefix
+                    tokens, pre-norm). Step ``k`` has every layer up to the ``k``-th randomised.
+``independent``     their independent (layer-by-layer) randomisation: one layer at a time, the others trained.
+``random_logit``    the random-logit test of Sixt, Granz & Landgraf (ICML 2020, "When Explanations Lie"): the map
+                    for each image's predicted class against the map for a random other class (seeded). Only for
+                    class-specific methods (the gradient methods and any callable); other methods get ``nan``
+                    values and ``"n/a"`` in the summary, never a pass.
+``repeat``          the method run twice on the unchanged model: a method whose maps differ from run to run (fresh
+                    noise) would "pass" the randomisation tests without depending on the model, so the summary
+                    calls it ``UNSTABLE`` (mean ``spearman_abs`` of the two runs below 0.99) instead.
+==================  ===========================================================================================
+
+Randomisation happens on a ``copy.deepcopy`` of the model (never the user's model). Each re-initialised parameter
+is drawn i.i.d. from a truncated normal, mean 0, standard deviation ``std`` (default 0.02, cut at 2 standard
+deviations): Adebayo et al. re-initialise the weights at random; vitviz uses the truncated normal with which timm
+initialises a ViT's linear layers and position embedding (std 0.02). LayerNorm gains and biases are drawn the same way (their "own" init, ones and zeros,
+would not be random). The draw for a layer depends only on ``seed`` and the layer's name, so a layer gets the same
+random weights in the cascading and the independent test.
+
+Similarity per image (``vitviz.analysis.similarity``): Spearman's rank correlation of the absolute-value maps
+(``spearman_abs``) and of the signed maps (``spearman``), as Adebayo et al. report both, and SSIM of the maps
+scaled to ``[0, 1]`` (``ssim``). The target of gradient methods stays the class predicted by the trained model at
+every step (so only the parameters change).
+
+Verdict (``sanity_summary``): a method FAILS the parameter test when, at any cascading step up to and including
+the last block (head; head and final norm; head, final norm and last block), the mean over images of
+``spearman_abs`` is at least ``threshold`` (default 0.5), i.e. its map is still largely the trained model's after
+the layers that produce the output were destroyed. Justification: Spearman's rho between two maps of ``P``
+patches that share nothing has standard deviation ``1 / sqrt(P - 1)`` (0.13 on an 8 x 8 grid, 0.07 on 14 x 14), so
+0.5 is far above chance agreement, while a map that keeps rho >= 0.5 keeps most of its patch ordering. Rollout
+and raw attention ignore the head and the final norm, so their rho is exactly 1 at the first two steps. The same
+threshold decides the random-logit test (mean ``spearman_abs`` between the two classes' maps). The threshold is a
+choice, not the paper's (Adebayo et al. judge the curves by eye): the table keeps the numbers, so another
+threshold is one call away. The test is necessary, not sufficient: a map that changes with the weights can still
+be wrong.
+"""
+
+from __future__ import annotations
+
+import copy
+import zlib
+from collections.abc import Callable, Mapping, Sequence
+from typing import Any
+
+import numpy as np
+import torch
+from torch import nn
+
+from vitviz.analysis import explain as explain_module
+from vitviz.analysis.similarity import spearman, ssim
+from vitviz.core.batching import iter_batches
+from vitviz.core.blocks import block_paths
+from vitviz.core.families import family_of
+from vitviz.core.images import Images
+from vitviz.core.spec import inspect
+from vitviz.core.targets import Target, logits_of, resolve_target
+from vitviz.errors import InputError
+
+__all__ = ["METRICS", "TESTS", "randomisation_layers", "randomise_", "sanity_checks", "sanity_summary"]
+
+TESTS = ("cascading", "independent", "random_logit", "repeat")
+METRICS = ("spearman_abs", "spearman", "ssim")
+MapFn = Callable[[nn.Module, torch.Tensor, Any], torch.Tensor]
+
+
+def randomisation_layers(model: nn.Module) -> list[tuple[str, list[str]]]:
+    """The layers of the cascading test, top-down, each with the names of the parameters it re-initialises.
+
+    Order: ``head``, ``norm`` (the final norm), ``block {depth-1}`` ... ``block 0``, ``embeddings`` (patch
+    embedding, position embedding, prefix tokens and any pre-norm). Layers without parameters are left out;
+    parameters in none of them (e.g. a shared relative-position table) are never randomised.
+
+    Args:
+        model: any ViT ``vitviz.inspect`` reads.
+
+    Returns:
+        ``[(layer name, [parameter names])]`` from the output to the input.
+    """
+    spec = inspect(model)
+    comps = family_of(model).param_components(model)
+    params = [n for n, _ in model.named_parameters()]
+
+    def under(prefixes: Sequence[str]) -> list[str]:
+        return [p for p in params if p.startswith(tuple(prefixes))] if prefixes else []
+
+    norms = [p for p in under(comps.get("norm", ())) if "pre" not in p.split(".")[-2 if "." in p else -1]]
+    pre_norms = [p for p in under(comps.get("norm", ())) if p not in norms]
+    layers: list[tuple[str, list[str]]] = [("head", under(comps.get("head", ()))), ("norm", norms)]
+    paths = block_paths(model)
+    for i in sorted(set(spec.attention_blocks or range(len(spec.attention_modules))), reverse=True):
+        layers.append((f"block {i}", under([paths[i] + "."]) if i in paths else []))
+    embed = under([*comps.get("patch_embed", ()), *comps.get("pos_embed", ()), *comps.get("prefix_tokens", ())])
+    layers.append(("embeddings", embed + pre_norms))
+    return [(name, ps) for name, ps in layers if ps]
+
+
+def randomise_(model: nn.Module, names: Sequence[str], *, seed: int, layer: str, std: float = 0.02) -> None:
+    """Re-initialise the parameters ``names`` of ``model`` in place: truncated normal (mean 0, ``std``, +-2 std).
+
+    The draw depends on ``seed`` and ``layer`` only (a CPU generator), whatever the device.
+    """
+    gen = torch.Generator().manual_seed(int(seed) * 1_000_003 + zlib.crc32(layer.encode()))
+    named = dict(model.named_parameters())
+    with torch.no_grad():
+        for n in names:
+            p = named[n]
+            new = torch.empty(p.shape, dtype=torch.float32)
+            nn.init.trunc_normal_(new, std=std, a=-2 * std, b=2 * std, generator=gen)
+            p.copy_(new.to(p.dtype))
+
+
+def _available(method: str, model: nn.Module) -> bool:
+    """Whether ``method`` can run on ``model`` by default: the optional library a baseline needs is installed, and
+    ``attnlrp`` has rules for the model's family."""
+    from importlib.util import find_spec
+
+    if method == "attnlrp":
+        from vitviz.analysis.attnlrp import attnlrp_supported
+
+        return attnlrp_supported(model)
+    need = {"integrated_gradients": "captum", "input_x_gradient": "captum", "gradcam": "pytorch_grad_cam"}
+    return method not in need or find_spec(need[method]) is not None
+
+
+def _method_name(m: str | MapFn, i: int) -> str:
+    return m if isinstance(m, str) else getattr(m, "__name__", f"callable_{i}")
+
+
+def _class_specific(m: str | MapFn) -> bool:
+    return not isinstance(m, str) or m in explain_module.GRADIENT_METHODS
+
+
+def _run(m: str | MapFn, model: nn.Module, x: torch.Tensor, classes: torch.Tensor, opts: Mapping[str, Any]
+         ) -> np.ndarray:
+    if isinstance(m, str):
+        t = classes if m in explain_module.GRADIENT_METHODS else None
+        maps = explain_module.explain(model, x, m, t, **opts)
+    else:
+        maps = m(model, x, classes)
+    if not isinstance(maps, torch.Tensor) or maps.ndim != 3 or maps.shape[0] != len(x):
+        got = tuple(maps.shape) if isinstance(maps, torch.Tensor) else type(maps).__name__
+        raise InputError(f"method {_method_name(m, 0)!r} returned {got}; a map method must return a (B, gh, gw) "
+                         f"tensor for a batch of B={len(x)} images")
+    return maps.detach().float().cpu().numpy()
+
+
+def _compare(rows: list[dict[str, Any]], ref: np.ndarray, new: np.ndarray, **keys: Any) -> None:
+    for i, (a, b) in enumerate(zip(ref, new)):
+        values = {"spearman_abs": spearman(np.abs(a), np.abs(b)), "spearman": spearman(a, b), "ssim": ssim(a, b)}
+        for metric, v in values.items():
+            rows.append({**keys, "image": i, "metric": metric, "value": v})
+
+
+def _other_classes(pred: torch.Tensor, num_classes: int, seed: int) -> torch.Tensor:
+    """One class per image, uniform over the classes other than ``pred`` (seeded)."""
+    if num_classes < 2:
+        raise InputError(f"the random-logit test needs at least 2 classes, the model has {num_classes}")
+    rng = np.random.default_rng(seed)
+    draw = torch.as_tensor(rng.integers(0, num_classes - 1, size=len(pred)), dtype=torch.long)
+    return draw + (draw >= pred.cpu()).long()
+
+
+def sanity_checks(
+    model: nn.Module,
+    images: Images,
+    methods: Sequence[str | MapFn] | None = None,
+    target: Target = None,
+    *,
+    steps: Sequence[str] | None = None,
+    tests: Sequence[str] = ("cascading", "independent", "random_logit", "repeat"),
+    seed: int = 0,
+    std: float = 0.02,
+    method_options: Mapping[str, Mapping[str, Any]] | None = None,
+    batch_size: int | None = None,
+) -> Any:
+    """Adebayo et al.'s parameter-randomisation tests and the random-logit test, as a tidy table (module docstring).
+
+    Args:
+        model: any ViT ``vitviz.inspect`` reads; it is never modified (the tests run on a deep copy).
+        images: a normalised ``(B, 3, H, W)`` tensor or anything ``vitviz.core.batching.iter_batches`` takes.
+        methods: ``vitviz.explain`` method names (default: every one in ``vitviz.analysis.explain.METHODS``, read
+            at call time, but ``flow``, which is slow, and baselines whose library is not installed) and/or callables ``f(model, images (b, 3, H, W), target (b,) classes) ->
+            (b, gh, gw)``.
+        target: the class each map explains on the trained model: ``None`` (each image's prediction), an int, or
+            one per image; kept at every randomisation step. Class targets only.
+        steps: layer names (``randomisation_layers``) to keep, in top-down order; default all.
+        tests: any of ``cascading``, ``independent``, ``random_logit``, ``repeat``.
+        seed: seeds the random weights, the random other class, and ``random``'s maps.
+        std: standard deviation of the re-initialised parameters.
+        method_options: per method name, options for ``vitviz.explain``.
+        batch_size: images per pass.
+
+    Returns:
+        DataFrame with columns ``test``, ``method``, ``step`` (0-based position of the layer top-down; the
+        random-logit and repeat tests: 0), ``layer`` (layer name; ``"random class"``, ``"repeat"``), ``image``
+        (index in ``images``), ``metric`` (``spearman_abs``, ``spearman``, ``ssim``) and ``value`` (``nan`` where
+        a test does not apply or a map is constant).
+    """
+    import pandas as pd
+
+    bad = [t for t in tests if t not in TESTS]
+    if bad or not tests:
+        raise InputError(f"tests={list(tests)!r}: each must be one of {TESTS}")
+    if methods is None:
+        methods = [m for m in explain_module.METHODS if m != "flow" and _available(m, model)]
+    methods = list(methods)
+    for m in methods:
+        if isinstance(m, str) and m not in explain_module.METHODS:
+            raise InputError(f"methods holds {m!r}, which is not one of {explain_module.METHODS} nor a callable "
+                             "f(model, images, target) -> (B, gh, gw)")
+        if not isinstance(m, str) and not callable(m):
+            raise InputError(f"methods holds {m!r}; give method names or callables f(model, images, target)")
+    layers = randomisation_layers(model)
+    if steps is not None:
+        known = [n for n, _ in layers]
+        missing = [s for s in steps if s not in known]
+        if missing:
+            raise InputError(f"steps={list(steps)!r}: {missing} are not layers of this model; it has {known}")
+        layers = [(n, ps) for n, ps in layers if n in steps]
+    options = {k: dict(v) for k, v in (method_options or {}).items()}
+    for m in methods:
+        if m == "random":
+            options.setdefault("random", {}).setdefault("seed", seed)
+
+    work = copy.deepcopy(model)
+    xs = [x for x in iter_batches(work, images, batch_size)]
+    with torch.no_grad():
+        outs = [work(x) for x in xs]
+    classes, start, total = [], 0, sum(len(x) for x in xs)
+    for x, out in zip(xs, outs):
+        classes.append(resolve_target(target, out, start=start, n_images=total, model=work).classes)
+        start += len(x)
+    if any(c is None for c in classes):
+        raise InputError("sanity_checks needs class targets (None, an int, or one per image); a callable target "
+                         "has no 'other class' for the random-logit test")
+    num_classes = logits_of(outs[0], work).shape[-1]
+
+    def maps_of(m: str | MapFn, net: nn.Module, cls: Sequence[torch.Tensor] | None = None) -> np.ndarray:
+        opts = options.get(m, {}) if isinstance(m, str) else {}
+        cls = classes if cls is None else cls
+        parts, offset = [], 0
+        for x, c in zip(xs, cls):
+            o = dict(opts)
+            if m == "random":
+                o.setdefault("offset", offset)
+            parts.append(_run(m, net, x, c, o))
+            offset += len(x)
+        return np.concatenate(parts)
+
+    rows: list[dict[str, Any]] = []
+    for k, m in enumerate(methods):
+        name = _method_name(m, k)
+        ref = maps_of(m, work)
+        if "repeat" in tests:
+            _compare(rows, ref, maps_of(m, work), test="repeat", method=name, step=0, layer="repeat")
+        if "random_logit" in tests:
+            if _class_specific(m):
+                drawn = _other_classes(torch.cat([c.cpu() for c in classes]), num_classes, seed)
+                others = [d.to(c.device) for d, c in zip(drawn.split([len(c) for c in classes]), classes)]
+                _compare(rows, ref, maps_of(m, work, others), test="random_logit", method=name, step=0,
+                         layer="random class")
+            else:
+                for i in range(len(ref)):
+                    for metric in METRICS:
+                        rows.append({"test": "random_logit", "method": name, "step": 0, "layer": "random class",
+                                     "image": i, "metric": metric, "value": float("nan")})
+        if "independent" in tests:
+            for step, (layer, names) in enumerate(layers):
+                saved = {n: p.detach().clone() for n, p in work.named_parameters() if n in set(names)}
+                randomise_(work, names, seed=seed, layer=layer, std=std)
+                try:
+                    _compare(rows, ref, maps_of(m, work), test="independent", method=name, step=step, layer=layer)
+                finally:
+                    with torch.no_grad():
+                        for n, p in work.named_parameters():
+                            if n in saved:
+                                p.copy_(saved[n])
+        if "cascading" in tests:
+            net = copy.deepcopy(work)
+            for step, (layer, names) in enumerate(layers):
+                randomise_(net, names, seed=seed, layer=layer, std=std)
+                _compare(rows, ref, maps_of(m, net), test="cascading", method=name, step=step, layer=layer)
+            del net
+    df = pd.DataFrame.from_records(rows, columns=["test", "method", "step", "layer", "image", "metric", "value"])
+    df.attrs["seed"] = int(seed)
+    df.attrs["std"] = float(std)
+    return df
+
+
+def sanity_summary(df: Any, *, threshold: float = 0.5, decision_step: str | None = None) -> Any:
+    """Per method: PASS or FAIL of the parameter and random-logit tests (module docstring), with the numbers.
+
+    Args:
+        df: the table of ``sanity_checks``.
+        threshold: a method fails a test when the mean ``spearman_abs`` over images is at least this.
+        decision_step: the last cascading layer the parameter test looks at (default: the first block step, so
+            the steps head, norm and the last block; the last step when there is no block).
+
+    Returns:
+        DataFrame indexed by method with ``cascading_rho`` (the largest mean ``spearman_abs`` over the steps up to
+        ``decision_step``),
+        ``parameter_test``, ``random_logit_rho``, ``random_logit_test`` (``"n/a"`` for non-class-specific
+        methods), ``repeat_rho`` and ``verdict`` (``PASS``, ``FAIL`` or ``UNSTABLE``).
+    """
+    import pandas as pd
+
+    sub = df[df["metric"] == "spearman_abs"]
+    casc = sub[sub["test"] == "cascading"]
+    layers = list(dict.fromkeys(casc.sort_values("step")["layer"]))
+    if decision_step is None and layers:
+        blocks = [n for n in layers if n.startswith("block ")]
+        decision_step = blocks[0] if blocks else layers[-1]
+    top = layers[:layers.index(decision_step) + 1] if decision_step in layers else []
+    out = []
+    for method in dict.fromkeys(df["method"]):
+        rec: dict[str, Any] = {"method": method}
+        c = casc[(casc["method"] == method) & casc["layer"].isin(top)].groupby("layer")["value"].mean()
+        rec["cascading_rho"] = float(c.max()) if len(c) else float("nan")
+        rec["parameter_test"] = "n/a" if not len(c) else ("FAIL" if rec["cascading_rho"] >= threshold else "PASS")
+        r = sub[(sub["test"] == "random_logit") & (sub["method"] == method)]["value"]
+        rec["random_logit_rho"] = float(r.mean()) if r.notna().any() else float("nan")
+        rec["random_logit_test"] = ("n/a" if not r.notna().any() else
+                                    "FAIL" if rec["random_logit_rho"] >= threshold else "PASS")
+        rep = sub[(sub["test"] == "repeat") & (sub["method"] == method)]["value"]
+        rec["repeat_rho"] = float(rep.mean()) if len(rep) else float("nan")
+        unstable = bool(len(rep)) and rec["repeat_rho"] < 0.99
+        tests = [rec["parameter_test"], rec["random_logit_test"]]
+        rec["verdict"] = "UNSTABLE" if unstable else "FAIL" if "FAIL" in tests else "PASS"
+        out.append(rec)
+    summary = pd.DataFrame(out).set_index("method")
+    summary.attrs["threshold"] = float(threshold)
+    summary.attrs["decision_step"] = str(decision_step)
+    return summary

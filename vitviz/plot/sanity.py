@@ -1,0 +1,68 @@
+"""The figure of ``vitviz.sanity_checks``: similarity to the original map against the randomisation step."""
+
+from __future__ import annotations
+
+from typing import Any
+
+from matplotlib.axes import Axes
+
+from vitviz.errors import InputError
+from vitviz.plot.style import FIGSIZE, new_figure, styled
+
+__all__ = ["plot_sanity_checks"]
+
+YLABELS = {"spearman_abs": "Spearman rank correlation with the original map\n(absolute values)",
+           "spearman": "Spearman rank correlation with the original map\n(signed)",
+           "ssim": "SSIM with the original map"}
+XLABELS = {"cascading": "Randomised from the top down to (cumulative)",
+           "independent": "Randomised layer (one at a time)"}
+
+
+@styled
+def plot_sanity_checks(df: Any, *, ax: Axes | None = None, test: str = "cascading", metric: str = "spearman_abs",
+                       errorbar: Any = ("se", 1.96), threshold: float | None = 0.5) -> Axes:
+    """Mean similarity to the trained model's map against the randomisation step, one line per method.
+
+    Args:
+        df: the table of ``vitviz.sanity_checks``.
+        ax: the Axes to draw into (default: a new figure).
+        test: ``"cascading"`` or ``"independent"``.
+        metric: ``"spearman_abs"``, ``"spearman"`` or ``"ssim"``.
+        errorbar: seaborn's band around each mean over images (default a normal 95% interval of the mean,
+            ``("se", 1.96)``; ``None`` for none).
+        threshold: draw the pass/fail threshold of ``vitviz.analysis.sanity.sanity_summary`` on the cascading
+            ``spearman_abs`` curves (``None``: no line).
+
+    Returns:
+        the Axes; x tick labels are the layer names from the top (head) down.
+    """
+    import seaborn as sns
+
+    if metric not in YLABELS or test not in XLABELS:
+        raise InputError(f"test={test!r}, metric={metric!r}: test must be one of {tuple(XLABELS)} and metric one "
+                         f"of {tuple(YLABELS)}")
+    sub = df[(df["test"] == test) & (df["metric"] == metric)]
+    if sub.empty:
+        raise InputError(f"the table holds no {test!r} rows for metric {metric!r}; run vitviz.sanity_checks(model, "
+                         f"images, tests=({test!r},)) first")
+    if ax is None:
+        width, height = FIGSIZE["wide"]
+        ax = new_figure((width, height * 1.25)).subplots()
+    methods = list(dict.fromkeys(sub["method"]))
+    palette = dict(zip(methods, sns.color_palette("tab10", len(methods))))
+    sns.lineplot(data=sub, x="step", y="value", hue="method", hue_order=methods, palette=palette,
+                 errorbar=errorbar, marker="o", markersize=3.5, ax=ax)
+    steps = sub[["step", "layer"]].drop_duplicates().sort_values("step")
+    ax.set_xticks(steps["step"].tolist())
+    ax.set_xticklabels(steps["layer"].tolist(), rotation=45, ha="right")
+    ax.axhline(0, color="0.6", lw=0.8, zorder=0)
+    if threshold is not None and metric == "spearman_abs" and test == "cascading":  # where the verdict is made
+        ax.axhline(threshold, color="0.3", lw=0.8, ls="--", zorder=0)
+        ax.text(steps["step"].iloc[-1], threshold, f"fail at or above {threshold:g}", ha="right", va="bottom",
+                fontsize=7, color="0.3")
+    ax.set_ylim(-1.05 if metric == "spearman" or sub["value"].min() < 0 else 0, 1.05)
+    ax.set_xlabel(XLABELS[test])
+    ax.set_ylabel(YLABELS[metric])
+    if ax.get_legend() is not None:
+        ax.legend(title="Method", loc="upper left", bbox_to_anchor=(1.02, 1), frameon=False)
+    return ax
