@@ -93,16 +93,16 @@ def _figure_jobs(m: LoadedModel, images: Path | None = None) -> list[tuple[str, 
     if spec.has_abs_pos_embed:
         def pos() -> tuple[Any, dict[str, np.ndarray]]:
             sim = vitviz.pos_embed_similarity(m.model)
-            return vitviz.plot_pos_embed(m.model), {"similarity": sim.numpy(),
-                                                     "locality": np.array(vitviz.pos_embed_locality(m.model))}
+            return vitviz.plot_pos_embed(m.model).figure, {"similarity": sim.numpy(),
+                                                            "locality": np.array(vitviz.pos_embed_locality(m.model))}
 
         jobs.append((f"{m.key}_pos_embed", pos))
 
     def filters() -> tuple[Any, dict[str, np.ndarray]]:
         weights, _source = vitviz.embedding_filters(m.model)
         comps, ratio = vitviz.filter_pca(weights)
-        return vitviz.plot_embedding_filters(m.model), {"components": np.asarray(comps),
-                                                         "explained_variance_ratio": np.asarray(ratio)}
+        return vitviz.plot_embedding_filters(m.model).figure, {"components": np.asarray(comps),
+                                                                "explained_variance_ratio": np.asarray(ratio)}
 
     jobs.append((f"{m.key}_embedding_filters", filters))
 
@@ -135,7 +135,7 @@ def _global_jobs() -> list[tuple[str, Job]]:
     ablation = posemb_ablation_results()
     if ablation["trained"].any():
         def posemb() -> tuple[Any, dict[str, np.ndarray]]:
-            return vitviz.plot_posemb_ablation(), {
+            return vitviz.plot_posemb_ablation_grid(), {
                 "test_top1": ablation["test_top1"].to_numpy(dtype=float),
                 "epochs": ablation["epochs"].to_numpy(dtype=float, na_value=np.nan),
                 "paper_5shot": ablation["paper_5shot"].to_numpy(dtype=float)}
