@@ -18,13 +18,12 @@ import numpy as np  # noqa: E402
 import pandas as pd  # noqa: E402
 import pytest  # noqa: E402
 import torch  # noqa: E402
+from conftest import tiny_timm_vit  # noqa: E402
 from matplotlib.axes import Axes  # noqa: E402
 from matplotlib.figure import Figure  # noqa: E402
 
 import vitviz  # noqa: E402
 from vitviz.plot.style import PAPER_FIGURES, plot_level  # noqa: E402
-
-from conftest import tiny_timm_vit  # noqa: E402
 
 PUBLIC_PLOTS = sorted(n for n in vitviz._LAZY if n.startswith("plot_") and n != "plot_level")
 UNIFORM = {"viridis", "magma", "cividis", "inferno", "plasma", "RdBu_r", "coolwarm", "vlag", "icefire"}
