@@ -34,7 +34,6 @@ from vitviz.zoo.reference import REFERENCE_MODELS
 from vitviz.zoo.weights import versions
 
 DEFAULT_MODELS = ("cifar10-vit", "cifar10-vit-2dpos", "cifar10-hybrid")
-STUDY_RESULTS = Path(__file__).resolve().parents[2] / "data" / "study" / "hybrid_vs_pure.csv"
 Job = Callable[[], tuple[Any, dict[str, np.ndarray]]]
 
 
@@ -77,10 +76,19 @@ def load_or_random(name: str, device: str = "auto") -> LoadedModel:
 
 
 def git_commit() -> str | None:
+    """The commit of the git checkout this vitviz runs from, or ``None`` (an installed wheel: no checkout).
+
+    Asks git about the package's own folder, and only when git tracks this very file there (a wheel installed into
+    a virtual environment inside some repository is not that repository's code).
+    """
+    here = Path(__file__).resolve()
     try:
-        root = Path(__file__).resolve().parents[2]
-        return subprocess.run(["git", "-C", str(root), "rev-parse", "HEAD"], capture_output=True, text=True,
-                              check=True, timeout=5).stdout.strip()
+        def git(*args: str) -> str:
+            return subprocess.run(["git", "-C", str(here.parent), *args], capture_output=True, text=True,
+                                  check=True, timeout=5).stdout.strip()
+
+        git("ls-files", "--error-unmatch", here.name)
+        return git("rev-parse", "HEAD")
     except (OSError, subprocess.SubprocessError):
         return None
 
@@ -275,7 +283,8 @@ def render_report(
         formats: figure formats of the package figures.
         device: device of the package figures' models (``"auto"``: CUDA when available).
         progress: show a tqdm bar over the steps.
-        notebooks: the notebooks to execute (default: every ``notebooks/*.ipynb``; ``()`` for none).
+        notebooks: the notebooks to execute (default: every installed notebook, ``vitviz.notebooks``, built from
+            the repository's ``notebooks/``; ``()`` for none).
         model: a model name or weights path for the notebooks that declare ``model_name`` (default: their own);
             also the package figures' model when ``models`` is not given.
         images: your images, for the package figures that show images and the notebooks that declare
