@@ -152,6 +152,7 @@ def tiny_image_folder(root: Path) -> Path:
     return root
 
 
+@pytest.mark.slow
 @pytest.mark.notebook
 @pytest.mark.timeout(600)
 def test_notebook_02_runs_offline_and_saves_figures(tmp_path, monkeypatch, run_notebook):

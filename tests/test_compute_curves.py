@@ -115,6 +115,7 @@ def test_paper_hybrid_gap_closes_with_compute():
     assert (gap.gap >= 0).all() and gap.gap.iloc[0] > 2 * gap.gap.iloc[1:].max()
 
 
+@pytest.mark.slow
 @pytest.mark.notebook
 def test_notebook_03_runs_offline_and_saves_figures(tmp_path, monkeypatch, run_notebook):
     monkeypatch.delenv("VITVIZ_DATA", raising=False)  # scikit-image's photographs stand in for CIFAR-10

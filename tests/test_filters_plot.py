@@ -225,6 +225,7 @@ def test_style_keeps_interactive_mode_turned_on_inside():
 
 # ---- notebook --------------------------------------------------------------------------------------------------
 
+@pytest.mark.slow
 @pytest.mark.notebook
 @pytest.mark.timeout(600)
 def test_notebook_01_runs_offline_and_saves_figures(tmp_path, run_notebook):
