@@ -147,12 +147,14 @@ def test_no_code_finds_files_through_the_source_tree():
 
 @pytest.mark.slow
 @pytest.mark.notebook
-def test_report_from_the_installed_wheel_runs_every_notebook(installed_wheel, tmp_path):
-    """``vitviz report`` from the wheel (not the source tree) executes the four shipped notebooks."""
+def test_report_from_the_installed_wheel_runs_every_notebook(installed_wheel, tmp_path, tiny_folder):
+    """``vitviz report`` from the wheel (not the source tree) executes the four shipped notebooks (on a tiny
+    CIFAR-style folder: notebook 04 needs a labelled test set)."""
     import json
 
     out = tmp_path / "report"
-    env = {**os.environ, "PYTHONPATH": str(installed_wheel / "site"), "PYTHONSAFEPATH": "1", "MPLBACKEND": "Agg"}
+    env = {**os.environ, "PYTHONPATH": str(installed_wheel / "site"), "PYTHONSAFEPATH": "1", "MPLBACKEND": "Agg",
+           "VITVIZ_DATA": str(tiny_folder)}
     env.pop("VITVIZ_CHECKPOINTS", None)
     run = subprocess.run([sys.executable, "-m", "vitviz", "report", "--out", str(out), "--formats", "png"],
                          capture_output=True, text=True, env=env, cwd=installed_wheel, timeout=1800)
