@@ -1,6 +1,6 @@
 """Execute the four notebooks with small parameters for the documentation site (run by ``conf.py``).
 
-Each notebook runs headless (``vitviz.report.notebooks.run_notebook``, papermill, the ``python3`` kernel) into
+Each notebook runs headless (papermill, the ``python3`` kernel, the report's ``kernel_environment``) into
 ``docs/notebooks/<name>.ipynb``, which myst-nb renders. Small parameters (a few images, few bootstrap resamples)
 keep a cold build to about a minute per notebook on a CPU; the figures are the notebooks' own, only noisier. A run
 is cached: it is repeated only when the notebook, its parameters or any source file of ``vitviz/`` changed
@@ -26,9 +26,9 @@ ROOT = Path(__file__).resolve().parents[1]
 # notebook stem -> parameters (the docs' small run); the rest keep their offline defaults
 PARAMETERS: dict[str, dict[str, Any]] = {
     "01_position_embeddings": {},
-    "02_attention": {"n_images": 16},
-    "03_hybrid_vs_pure": {"n_images": 16},
-    "04_faithfulness": {"n_images": 40, "n_show": 4, "batch_size": 40, "n_boot": 200},
+    "02_attention": {"n_images": 8},
+    "03_hybrid_vs_pure": {"n_images": 8},
+    "04_faithfulness": {"n_images": 12, "n_show": 3, "batch_size": 12, "n_boot": 100},
 }
 
 
@@ -48,7 +48,11 @@ def execute_all(out: Path) -> list[Path]:
     Raises:
         RuntimeError: a notebook failed (its cell and error are named); the docs build stops.
     """
-    from vitviz.report.notebooks import find_notebooks, run_notebook
+    import time
+
+    import papermill
+
+    from vitviz.report.notebooks import find_notebooks, kernel_environment
 
     out.mkdir(parents=True, exist_ok=True)
     done = []
@@ -58,11 +62,12 @@ def execute_all(out: Path) -> list[Path]:
         executed, stamp = out / f"{path.stem}.ipynb", out / f"{path.stem}.key"
         if not (executed.is_file() and stamp.is_file() and stamp.read_text() == key):
             print(f"docs: executing {path.name} with {params or 'its defaults'}", flush=True)
-            run = run_notebook(path, out, params, cell_timeout=600)
-            if not run.ok:
-                raise RuntimeError(f"docs: {run.error['message'] if run.error else path.name + ' failed'}")
-            print(f"docs: {path.name} took {run.seconds:.0f} s", flush=True)
-            (out / f"{path.stem}.html").unlink(missing_ok=True)  # the site renders the notebook itself
+            stamp.unlink(missing_ok=True)
+            start = time.monotonic()
+            with kernel_environment():  # papermill's error names the failing cell and stops the build
+                papermill.execute_notebook(str(path), str(executed), parameters=params, kernel_name="python3",
+                                           cwd=str(path.parent), progress_bar=False, execution_timeout=600)
+            print(f"docs: {path.name} took {time.monotonic() - start:.0f} s", flush=True)
             stamp.write_text(key)
         done.append(executed)
     return done
