@@ -74,10 +74,10 @@ def test_plot_rollout_modes_and_given_maps():
         vitviz.plot_rollout(model, photos[:2], mode="heat")
 
 
-def test_plot_attention_heads_one_panel_per_head_on_a_shared_scale():
+def test_plot_attention_heads_grid_one_panel_per_head_on_a_shared_scale():
     model = tiny_timm_vit(num_heads=4)
     x = torch.randn(1, 3, 32, 48)
-    fig = vitviz.plot_attention_heads(model, x, layer=1)
+    fig = vitviz.plot_attention_heads_grid(model, x, layer=1)
     assert titles(fig) == ["Input", "Head 1", "Head 2", "Head 3", "Head 4"]
     assert colorbar_labels(fig) == ["Attention weight"]
     assert "layer 2 of 2" in fig._suptitle.get_text() and "class token" in fig._suptitle.get_text()
@@ -88,10 +88,10 @@ def test_plot_attention_heads_one_panel_per_head_on_a_shared_scale():
     for k, ax in enumerate(heads):
         np.testing.assert_allclose(ax.images[0].get_array(), want[k].numpy(), atol=1e-6)
         assert ax.images[0].get_clim() == heads[0].images[0].get_clim()
-    fig = vitviz.plot_attention_heads(model, x, layer=0, query=(1, 2))
+    fig = vitviz.plot_attention_heads_grid(model, x, layer=0, query=(1, 2))
     assert "patch (row 2, column 3)" in fig._suptitle.get_text()
     with pytest.raises(ValueError, match="one image"):
-        vitviz.plot_attention_heads(model, torch.randn(2, 3, 32, 48))
+        vitviz.plot_attention_heads_grid(model, torch.randn(2, 3, 32, 48))
 
 
 def test_plot_attention_distance_labels_dots_and_legend():
@@ -135,7 +135,7 @@ def test_plot_attention_distance_grid_shares_the_y_axis():
 
 def test_lazy_exports_resolve():
     for name in ("attention_rollout", "grad_rollout", "rollout_from_attentions", "mean_attention_distance",
-                 "plot_rollout", "plot_attention_heads", "plot_attention_distance", "plot_attention_distance_grid",
+                 "plot_rollout", "plot_attention_heads_grid", "plot_attention_distance", "plot_attention_distance_grid",
                  "load_model_or_random"):
         assert callable(getattr(vitviz, name)), name
 
@@ -153,6 +153,7 @@ def tiny_image_folder(root: Path) -> Path:
     return root
 
 
+@pytest.mark.slow
 @pytest.mark.notebook
 @pytest.mark.timeout(600)
 def test_notebook_02_runs_offline_and_saves_figures(tmp_path, monkeypatch, run_notebook):

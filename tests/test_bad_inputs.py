@@ -122,7 +122,7 @@ ROWS: list[Row] = [
     ("layers-object", lambda: capture({"blocks": 1}), LayerSelectError, "is not a layer selector"),
     ("start-layer-bool", lambda: rollout(start_layer=True), LayerSelectError, "start_layer=True is a bool"),
     ("start-layer-out-of-range", lambda: rollout(start_layer=5), LayerSelectError, "start_layer=5 is out of range"),
-    ("heads-layer-float", lambda: vitviz.plot_attention_heads(M, GOOD[:1], 1.0), LayerSelectError,
+    ("heads-layer-float", lambda: vitviz.plot_attention_heads_grid(M, GOOD[:1], 1.0), LayerSelectError,
      "layer=1.0 is a float"),
     # targets (grad_rollout / explain target=...): count equals the batch, integers in range only, callables
     ("target-too-many", lambda: vitviz.grad_rollout(M, GOOD, target=[0, 1, 2]), InputError,

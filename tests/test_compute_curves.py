@@ -125,6 +125,7 @@ def test_paper_hybrid_gap_at_equal_compute_closes_with_compute():
     assert gap.gap.iloc[0] > 2 and abs(gap.gap.iloc[-1]) < 0.5 and gap.gap.is_monotonic_decreasing
 
 
+@pytest.mark.slow
 @pytest.mark.notebook
 def test_notebook_03_runs_offline_and_saves_figures(tmp_path, monkeypatch, run_notebook):
     monkeypatch.delenv("VITVIZ_DATA", raising=False)  # scikit-image's photographs stand in for CIFAR-10

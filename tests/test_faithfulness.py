@@ -180,7 +180,7 @@ def test_plot_faithfulness(tmp_path):
     model = tiny_timm_vit()
     x = torch.randn(3, 3, 32, 48)
     df = vitviz.faithfulness(model, x, ["random", "rollout"], steps=0.5, progress=False)
-    fig = vitviz.plot_faithfulness(df)
+    fig = vitviz.plot_faithfulness_grid(df)
     assert len(fig.axes) == 4
     assert [a.get_ylabel() for a in fig.axes] == ["Target-class accuracy"] * 2 + ["Target-class probability"] * 2
     assert fig.axes[3].get_xlabel() == "Patches inserted [fraction] (tokens dropped)"
@@ -191,13 +191,17 @@ def test_plot_faithfulness(tmp_path):
     assert vitviz.plot_faithfulness(df, ax=ax, mode="deletion") is ax
     with pytest.raises(InputError, match="pass mode="):
         vitviz.plot_faithfulness(df, ax=ax)
+    with pytest.raises(InputError, match="pass mode="):
+        vitviz.plot_faithfulness(df)  # never a Figure: one mode, one Axes
+    alone = vitviz.plot_faithfulness(df[df["mode"] == "insertion"])
+    assert alone.get_xlabel() == "Patches inserted [fraction] (tokens dropped)"
     with pytest.raises(InputError, match="image_offset"):  # a repeated run would count its images twice
-        vitviz.plot_faithfulness(pd.concat([df, df]))
+        vitviz.plot_faithfulness_grid(pd.concat([df, df]))
     mixed = pd.concat([df, df.assign(removal="mean", image=df["image"] + 3)])
     with pytest.raises(InputError, match="mixes removals"):
-        vitviz.plot_faithfulness(mixed)
+        vitviz.plot_faithfulness_grid(mixed)
     maps = {m: vitviz.explain(model, x, m) for m in ("rollout", "random")}
-    fig = vitviz.plot_explanations(model, x, maps, labels=["a", "b", "c"])
+    fig = vitviz.plot_explanations_grid(model, x, maps, labels=["a", "b", "c"])
     assert [a.get_title() for a in fig.axes[:3]] == ["Input", "rollout", "random"]
     assert fig.axes[-1].get_ylabel() == "Relevance (relative to max)"
 

@@ -19,6 +19,7 @@ from torch import nn  # noqa: E402
 import vitviz  # noqa: E402
 from vitviz.analysis.filters import embedding_filters, filter_pca
 from vitviz.errors import NoRGBFiltersError
+from vitviz.plot.filters import filters_to_rgb
 from vitviz.zoo.reference import build_reference  # noqa: E402
 
 ROOT = Path(__file__).resolve().parents[1]
@@ -98,8 +99,9 @@ def test_no_rgb_conv_and_non_vit_raise():
 def test_plot_pos_embed_non_square_mosaic_labels_and_colorbar():
     torch.manual_seed(0)
     model = tiny_vit()  # 4x6 grid
-    fig = vitviz.plot_pos_embed(model)
-    ax = fig.axes[0]
+    ax = vitviz.plot_pos_embed(model)
+    fig = ax.figure
+    assert fig.axes[0] is ax
     assert ax.get_xlabel() == "Input patch column" and ax.get_ylabel() == "Input patch row"
     cbars = colorbars(fig)
     assert len(cbars) == 1 and len(fig.axes) == 2
@@ -121,8 +123,8 @@ def test_plot_pos_embed_non_square_mosaic_labels_and_colorbar():
 def test_plot_pos_embed_large_grid_is_subsampled_and_says_so():
     torch.manual_seed(0)
     model = tiny_vit(img_size=24 * 4, patch_size=4)  # 24x24 grid
-    fig = vitviz.plot_pos_embed(model, max_tiles=16)
-    ax = fig.axes[0]
+    ax = vitviz.plot_pos_embed(model, max_tiles=16)
+    fig = ax.figure
     labels = [t.get_text() for t in ax.get_xticklabels()]
     assert labels == [str(i) for i in range(1, 25, 2)]  # every 2nd: 12 tiles
     gap = round(24 / 7)
@@ -133,12 +135,11 @@ def test_plot_pos_embed_large_grid_is_subsampled_and_says_so():
 
 def test_plot_pos_embed_resampled_and_custom_title():
     torch.manual_seed(0)
-    fig = vitviz.plot_pos_embed(tiny_vit(), img_size=(64, 80), title="mine")
-    ax = fig.axes[0]
+    ax = vitviz.plot_pos_embed(tiny_vit(), img_size=(64, 80), title="mine")
     assert ax.get_title() == "mine"
     assert ax.images[0].get_array().shape == (8 * 8 + 7, 10 * 10 + 9)
-    fig2 = vitviz.plot_pos_embed(tiny_vit(), img_size=(64, 80))
-    assert "8x10 grid, resampled from 4x6" in fig2.axes[0].get_title()
+    ax2 = vitviz.plot_pos_embed(tiny_vit(), img_size=(64, 80))
+    assert "8x10 grid, resampled from 4x6" in ax2.get_title()
 
 
 def test_plot_pos_embed_similarity_single_patch():
@@ -153,6 +154,8 @@ def test_plot_pos_embed_similarity_single_patch():
     assert len(colorbars(ax.figure)) == 1
     _fig, ax2 = plt.subplots()
     assert vitviz.plot_pos_embed_similarity(sim, (0, 0), ax=ax2, colorbar=False) is ax2
+    _fig, ax3 = plt.subplots()
+    assert vitviz.plot_pos_embed(tiny_vit(), ax=ax3) is ax3
     assert len(ax2.figure.axes) == 1
     with pytest.raises(IndexError, match="outside the 4x6 grid"):
         vitviz.plot_pos_embed_similarity(sim, query=(4, 0))
@@ -160,18 +163,22 @@ def test_plot_pos_embed_similarity_single_patch():
 
 def test_plot_embedding_filters_tiles_and_titles():
     torch.manual_seed(0)
-    fig = vitviz.plot_embedding_filters(tiny_vit())  # 32 filters of 3x8x8
-    tiles = [ax for ax in fig.axes if ax.images]
-    assert len(tiles) == 28 and len(fig.axes) == 28
-    assert fig._suptitle.get_text() == "RGB embedding filters (first 28 principal components)"
-    rows = sorted({round(ax.get_position().y0, 3) for ax in tiles})
-    assert len(rows) == 4  # 4 rows x 7 columns
-    img = tiles[0].images[0].get_array()
-    assert img.shape == (8, 8, 3) and img.min() == pytest.approx(0.0) and img.max() == pytest.approx(1.0)
+    model = tiny_vit()  # 32 filters of 3x8x8
+    ax = vitviz.plot_embedding_filters(model)
+    assert len(ax.figure.axes) == 1 and len(ax.images) == 1
+    assert ax.get_title() == "RGB embedding filters (first 28 principal components)"
+    mosaic = np.asarray(ax.images[0].get_array())
+    assert mosaic.shape == (4 * 8 + 3, 7 * 8 + 6, 4)  # 4 rows x 7 columns of 8x8 tiles, 1-pixel gaps
+    tiles = filters_to_rgb(vitviz.filter_pca(vitviz.embedding_filters(model)[0], 28)[0])
+    r, c = divmod(9, 7)  # the 10th component: row 2, column 3
+    np.testing.assert_allclose(mosaic[r * 9:r * 9 + 8, c * 9:c * 9 + 8, :3], tiles[9])
+    assert (mosaic[8, :, 3] == 0).all() and (mosaic[:, 8, 3] == 0).all()  # transparent gaps
+    first = mosaic[:8, :8, :3]
+    assert first.min() == pytest.approx(0.0) and first.max() == pytest.approx(1.0)
 
     hybrid = vitviz.plot_embedding_filters(build_reference("cifar10-hybrid"))  # 32 filters of 3x3x3: 27 comps
-    assert len([ax for ax in hybrid.axes if ax.images]) == 27
-    assert "hybrid's backbone stem conv" in hybrid._suptitle.get_text()
+    assert hybrid.images[0].get_array().shape[:2] == (4 * 3 + 3, 7 * 3 + 6)  # 27 tiles in 4 rows of 7
+    assert "hybrid's backbone stem conv" in hybrid.get_title() and "27 components exist" in hybrid.get_xlabel()
 
 
 def test_plot_filter_variance():
@@ -218,6 +225,7 @@ def test_style_keeps_interactive_mode_turned_on_inside():
 
 # ---- notebook --------------------------------------------------------------------------------------------------
 
+@pytest.mark.slow
 @pytest.mark.notebook
 @pytest.mark.timeout(600)
 def test_notebook_01_runs_offline_and_saves_figures(tmp_path, run_notebook):

@@ -39,34 +39,117 @@ def _table1(variant: str, column: str) -> int:
     return int(model_variants().set_index("model").loc[variant, column])
 
 
-# number as written -> (where the paper says it, a check against the shipped tables or the arithmetic behind it)
+def _timm_layout(name: str) -> tuple[tuple[int, int], tuple[int, int]]:
+    """(patch size, input size) of a timm architecture, built on the meta device (no weights, no memory)."""
+    import timm
+    import torch
+
+    with torch.device("meta"):
+        model = timm.create_model(name, pretrained=False)
+    return tuple(model.patch_embed.patch_size), tuple(model.patch_embed.img_size)
+
+
+def _default(func, name: str):
+    import inspect
+
+    return inspect.signature(func).parameters[name].default
+
+
+def _notebook_parameter(stem: str, name: str) -> str:
+    """The default of ``name`` in the parameters cell of notebook ``stem``, as source text."""
+    nb = json.loads((ROOT / "notebooks" / f"{stem}.ipynb").read_text())
+    cell = next(c for c in nb["cells"] if "parameters" in c.get("metadata", {}).get("tags", []))
+    m = re.search(rf"^{name}\s*=\s*([^#\n]+)", "".join(cell["source"]), re.MULTILINE)
+    return m.group(1).strip() if m else ""
+
+
+def _rollout_residual_is_one_half() -> bool:
+    """One layer of attention W rolls out to exactly 0.5 W + 0.5 I (its rows already sum to 1)."""
+    import torch
+
+    import vitviz
+
+    w = torch.rand(1, 1, 5, 5, generator=torch.Generator().manual_seed(0))
+    w = w / w.sum(-1, keepdim=True)
+    return torch.allclose(vitviz.rollout_from_attentions([w])[0], 0.5 * w[0, 0] + 0.5 * torch.eye(5), atol=1e-6)
+
+
+def _vit_compute_saving() -> float:
+    """Table 6: the median over ResNets of (its exaFLOPs) / (the cheapest ViT with an Average-5 as high)."""
+    import numpy as np
+
+    import vitviz
+
+    df = vitviz.paper_results()
+    vit = df[df["family"].str.startswith("Transformer")]
+    ratios = [r.exaflops / vit.loc[vit["avg5"] >= r.avg5, "exaflops"].min()
+              for r in df[df["family"].str.startswith("ResNet")].itertuples() if (vit["avg5"] >= r.avg5).any()]
+    return float(np.median(ratios))
+
+
+def _auc_of_a_constant(value: float, upto: float) -> float:
+    """``vitviz.faithfulness_auc`` of a curve constant at ``value``, integrated over ``[0, upto]``."""
+    import numpy as np
+    import pandas as pd
+
+    import vitviz
+
+    fractions = np.round(np.arange(0, 1.0001, 0.1), 10)
+    df = pd.DataFrame([{"method": "m", "mode": "positive", "metric": "accuracy", "removal": "drop", "image": i,
+                        "fraction": f, "score": value} for i in range(3) for f in fractions])
+    return float(vitviz.faithfulness_auc(df, upto=upto)["auc"].iloc[0])
+
+
+def _study_subsets() -> set[int]:
+    from vitviz.experiments.study import read_results
+
+    return set(read_results().train_images)
+
+
+# number as written -> (where the paper says it, a check that computes it from the shipped tables, timm's own
+# architectures, or vitviz's defaults and behaviour)
 PAPER_FACTS = {
-    "7x7": ("ViT-L/32 at 224 px: a 7x7 grid (Fig. 7)", lambda: 224 // 32 == 7),
-    "32x32": ("ViT-L/32 patches are 32x32 pixels", lambda: True),
-    "14x14": ("ViT-L/16 at 224 px: a 14x14 grid", lambda: 224 // 16 == 14),
-    "16x16": ("ViT-B/16 patches are 16x16 pixels", lambda: True),
-    "224": ("the paper's pre-training resolution (Sec. 4.1)", lambda: True),
-    "196": ("tokens of ViT-L/16 at 224 px", lambda: (224 // 16) ** 2 == 196),
+    "7x7": ("ViT-L/32 at 224 px: a 7x7 grid (Fig. 7)",
+            lambda: _timm_layout("vit_large_patch32_224")[1][0] // _timm_layout("vit_large_patch32_224")[0][0] == 7),
+    "32x32": ("ViT-L/32 patches are 32x32 pixels", lambda: _timm_layout("vit_large_patch32_224")[0] == (32, 32)),
+    "14x14": ("ViT-L/16 at 224 px: a 14x14 grid",
+              lambda: _timm_layout("vit_large_patch16_224")[1][0] // _timm_layout("vit_large_patch16_224")[0][0] == 14),
+    "16x16": ("ViT-B/16 patches are 16x16 pixels", lambda: _timm_layout("vit_base_patch16_224")[0] == (16, 16)),
+    "224": ("the paper's pre-training resolution (Sec. 4.1)",
+            lambda: _timm_layout("vit_large_patch32_224")[1] == (224, 224)),
+    "196": ("tokens of ViT-L/16 at 224 px", lambda: (224 // _timm_layout("vit_large_patch16_224")[0][0]) ** 2 == 196),
     "1024": ("ViT-Large hidden size D (Table 1)", lambda: _table1("ViT-Large", "hidden_size_D") == 1024),
     "24": ("ViT-Large layers (Table 1)", lambda: _table1("ViT-Large", "layers") == 24),
     "16": ("ViT-Large heads (Table 1), patch and stride 16", lambda: _table1("ViT-Large", "heads") == 16),
-    "128": ("images averaged for the mean attention distance (App. D.7)", lambda: True),
-    "0.5": ("rollout's residual weight (Abnar & Zuidema 2020)", lambda: True),
-    "28": ("principal components shown in Fig. 7 left", lambda: True),
+    "128": ("images averaged for the mean attention distance (App. D.7): notebooks 02 and 03 default to it",
+            lambda: _notebook_parameter("02_attention", "n_images") == "128"
+            and _notebook_parameter("03_hybrid_vs_pure", "n_images") == "128"),
+    "0.5": ("rollout's residual weight (Abnar & Zuidema 2020)", _rollout_residual_is_one_half),
+    "28": ("principal components shown in Fig. 7 left",
+           lambda: _default(__import__("vitviz").plot_embedding_filters, "n_components") == 28),
     "18": ("models of Table 6", lambda: __import__("vitviz").paper_results().shape[0] == 18),
     "7": ("pre-training epochs in Table 6", lambda: 7 in set(__import__("vitviz").paper_results()["epochs"])),
     "14": ("pre-training epochs in Table 6", lambda: 14 in set(__import__("vitviz").paper_results()["epochs"])),
-    "2": ("two early/late layers compared by distance_observations", lambda: True),
-    "10": ("perturbation steps of 10% (Chefer et al. 2021)", lambda: True),
-    "4": ("ViT needs 2-4x less compute than ResNets for the same accuracy (Sec. 4.4)", lambda: True),
-    "95": ("confidence level of every interval (Student t, bootstrap)", lambda: True),
-    "0.975": ("t quantile of a two-sided 95% interval", lambda: True),
-    "5,000": ("the study's class-balanced training subset",
-              lambda: 5000 in set(__import__("vitviz.experiments.study", fromlist=["x"]).read_results().train_images)),
-    "50,000": ("CIFAR-10's training set, the study's whole-set runs",
-               lambda: 50000 in set(__import__("vitviz.experiments.study", fromlist=["x"]).read_results().train_images)),
-    "0.9": ("Chefer et al. integrate accuracy over removed fractions 0 to 0.9 (their AUC convention)", lambda: True),
-    "100": ("100% of the patches; AUC in percent (x100)", lambda: True),
+    "2": ("two early/late layers compared by distance_observations",
+          lambda: _default(__import__("vitviz.analysis.distance", fromlist=["x"]).distance_observations,
+                           "early_layers") == 2),
+    "10": ("perturbation steps of 10% (Chefer et al. 2021)",
+           lambda: _default(__import__("vitviz").faithfulness, "steps") == 0.1),
+    "4": ("ViT needs 2-4x less compute than ResNets for the same accuracy (Sec. 4.4)",
+          lambda: 2 <= _vit_compute_saving() <= 4),
+    "95": ("confidence level of every interval (Student t, bootstrap)",
+           lambda: _default(__import__("vitviz").bootstrap_ci, "ci") == 0.95
+           and _default(__import__("vitviz").faithfulness_auc, "ci") == 0.95
+           and _default(__import__("vitviz.experiments.compare", fromlist=["x"]).t_interval, "confidence") == 0.95),
+    "0.975": ("t quantile of a two-sided 95% interval",
+              lambda: abs(__import__("scipy.stats", fromlist=["t"]).t.cdf(
+                  __import__("scipy.stats", fromlist=["t"]).t.ppf(0.5 + 0.95 / 2, 4), 4) - 0.975) < 1e-12),
+    "5,000": ("the study's class-balanced training subset", lambda: 5000 in _study_subsets()),
+    "50,000": ("CIFAR-10's training set, the study's whole-set runs", lambda: 50000 in _study_subsets()),
+    "0.9": ("Chefer et al. integrate accuracy over removed fractions 0 to 0.9 (their AUC convention)",
+            lambda: abs(_auc_of_a_constant(1.0, upto=0.9) - 0.9) < 1e-9),
+    "100": ("100% of the patches; AUC in percent (x100): a curve at 1 over every fraction has AUC 1, 100%",
+            lambda: abs(100 * _auc_of_a_constant(1.0, upto=1.0) - 100) < 1e-9),
 }
 # definitional values (a correlation of 0 or 1, counting from 1), not measurements
 SMALL = {"0", "1"}

@@ -115,3 +115,51 @@ def test_notebooks_are_committed_clean():
             if cell["cell_type"] == "code":
                 assert not cell["outputs"] and cell["execution_count"] is None, f"{path.name} cell {i} has outputs"
         nbformat.validate(nbformat.reads(path.read_text(), as_version=4))
+
+
+def test_wheel_carries_the_notebooks_and_the_study_results(installed_wheel):
+    """The notebooks (``notebooks/`` -> ``vitviz.notebooks``) and the study CSV (``data/`` -> ``vitviz.data``)
+    are package data: an installed vitviz finds them by import name, from an unrelated folder."""
+    out = run_installed(installed_wheel, (
+        "from vitviz.report.notebooks import find_notebooks\n"
+        "from vitviz.experiments.study import read_results\n"
+        "for p in find_notebooks(): print(p)\n"
+        "print(len(read_results()))\n"
+    ))
+    *paths, rows = out.split()
+    source = sorted(p.name for p in (ROOT / "notebooks").glob("*.ipynb"))
+    assert [Path(p).name for p in paths] == source and len(source) == 4
+    assert all(Path(p).is_relative_to(installed_wheel / "site" / "vitviz" / "notebooks") for p in paths), paths
+    assert int(rows) == len(read_csv_rows(ROOT / "data" / "study" / "hybrid_vs_pure.csv")) > 0
+
+
+def read_csv_rows(path: Path) -> list[str]:
+    return [line for line in path.read_text().splitlines()[1:] if line.strip()]
+
+
+def test_no_code_finds_files_through_the_source_tree():
+    """Files beside the code are package data, found with importlib.resources; nothing climbs out of vitviz/."""
+    offenders = [f"{p.relative_to(ROOT)}:{i}" for p in sorted((ROOT / "vitviz").rglob("*.py"))
+                 for i, line in enumerate(p.read_text().splitlines(), 1)
+                 if "parents[" in line or ".parent.parent" in line]
+    assert not offenders, offenders
+
+
+@pytest.mark.slow
+@pytest.mark.notebook
+def test_report_from_the_installed_wheel_runs_every_notebook(installed_wheel, tmp_path, tiny_folder):
+    """``vitviz report`` from the wheel (not the source tree) executes the four shipped notebooks (on a tiny
+    CIFAR-style folder: notebook 04 needs a labelled test set)."""
+    import json
+
+    out = tmp_path / "report"
+    env = {**os.environ, "PYTHONPATH": str(installed_wheel / "site"), "PYTHONSAFEPATH": "1", "MPLBACKEND": "Agg",
+           "VITVIZ_DATA": str(tiny_folder)}
+    env.pop("VITVIZ_CHECKPOINTS", None)
+    run = subprocess.run([sys.executable, "-m", "vitviz", "report", "--out", str(out), "--formats", "png"],
+                         capture_output=True, text=True, env=env, cwd=installed_wheel, timeout=1800)
+    meta = json.loads((out / "meta.json").read_text())
+    assert run.returncode == 0, (run.stderr[-3000:], meta["failures"])
+    assert len(meta["notebooks"]) == 4, meta["notebooks"]
+    assert all(nb["ok"] for nb in meta["notebooks"]), meta["failures"]
+    assert all(Path(nb["source"]).is_relative_to(installed_wheel / "site") for nb in meta["notebooks"])

@@ -75,6 +75,7 @@ def test_parameters_go_only_to_notebooks_that_declare_them(tmp_path):
     assert parameters_for(bare, out_dir="f", model="m") == {}
 
 
+@pytest.mark.slow
 @pytest.mark.notebook
 @pytest.mark.timeout(600)
 def test_notebooks_run_headless_and_a_failure_names_its_cell(tmp_path, monkeypatch):

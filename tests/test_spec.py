@@ -59,29 +59,39 @@ def test_rotary_models_are_reported():
     assert spec.pos_embed_kind == "rotary" and spec.prefix_tokens == ("reg",)
 
 
-@pytest.mark.parametrize(
-    ("name", "grid", "stride", "depth", "heads", "dim", "paper_params"),
-    [
-        ("vit_base_patch16_224", (14, 14), 16, 12, 12, 768, 86e6),
-        ("vit_base_patch32_224", (7, 7), 32, 12, 12, 768, 86e6),
-        pytest.param("vit_large_patch16_224", (14, 14), 16, 24, 16, 1024, 307e6, marks=pytest.mark.slow),
-        pytest.param("vit_large_patch32_224", (7, 7), 32, 24, 16, 1024, 307e6, marks=pytest.mark.slow),
-        pytest.param("vit_huge_patch14_224", (16, 16), 14, 32, 16, 1280, 632e6, marks=pytest.mark.slow),
-        pytest.param("vit_base_r50_s16_224", (14, 14), 16, 12, 12, 768, None, marks=pytest.mark.slow),
-    ],
-)
+PAPER_MODELS = [  # every model the ViT paper names: timm name, grid, stride, depth, heads, width, Table 1 size
+    ("vit_base_patch16_224", (14, 14), 16, 12, 12, 768, 86e6),
+    ("vit_base_patch32_224", (7, 7), 32, 12, 12, 768, 86e6),
+    ("vit_large_patch16_224", (14, 14), 16, 24, 16, 1024, 307e6),
+    ("vit_large_patch32_224", (7, 7), 32, 24, 16, 1024, 307e6),
+    ("vit_huge_patch14_224", (16, 16), 14, 32, 16, 1280, 632e6),
+    ("vit_base_r50_s16_224", (14, 14), 16, 12, 12, 768, None),
+]
+
+
+@pytest.mark.parametrize(("name", "grid", "stride", "depth", "heads", "dim", "paper_params"), PAPER_MODELS)
 def test_paper_model_families(name, grid, stride, depth, heads, dim, paper_params):
-    """Every model the ViT paper names builds and inspects (random weights); sizes match paper Table 1."""
-    model = timm.create_model(name)
+    """Every model the ViT paper names inspects to its layout, and its sizes match Table 1. Built on the meta
+    device: ``inspect`` reads modules and parameter shapes only, so ViT-L and ViT-H need no memory and no time."""
+    with torch.device("meta"):
+        model = timm.create_model(name)
+    assert next(model.parameters()).is_meta
     spec = vitviz.inspect(model)
     assert spec.grid_size == grid and spec.patch_size == (stride, stride)
     assert (spec.depth, spec.num_heads, spec.embed_dim) == (depth, heads, dim)
     assert spec.hybrid == ("r50" in name)
     if paper_params:  # Table 1's "86M/307M/632M" are the transformer's size (patch and head layers vary)
         assert abs(spec.params["blocks"] - paper_params) / paper_params < 0.02
+
+
+@pytest.mark.parametrize("name", ["vit_base_patch32_224", pytest.param("vit_base_r50_s16_224", marks=pytest.mark.slow)])
+def test_paper_models_capture_at_224(name):
+    """The capture on real weights (random) at the paper's resolution: one map per head over every token."""
+    model = timm.create_model(name).eval()
+    spec = vitviz.inspect(model)
     with torch.no_grad(), vitviz.capture_attention(model, layers=-1) as cap:
         model(torch.randn(1, 3, 224, 224))
-    assert cap.attentions[0].shape == (1, heads, spec.num_tokens, spec.num_tokens)
+    assert cap.attentions[0].shape == (1, spec.num_heads, spec.num_tokens, spec.num_tokens)
 
 
 def test_reference_models_layout():

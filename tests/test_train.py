@@ -176,14 +176,14 @@ def test_card_tables_compare_the_ablation_fairly(tmp_path, tiny_folder, capsys):
     assert "| cifar10-vit-2dpos | True |" in out and "| No Pos. Emb. | cifar10-vit-nopos | True | 1 |" in out
     assert "| cifar10-hybrid | False |" in out
 
-    fig = vitviz.plot_posemb_ablation(export)
+    fig = vitviz.plot_posemb_ablation_grid(export)
     curves, paper = fig.axes
     labels = [line.get_label() for line in curves.get_lines() if not line.get_label().startswith("_")]
     assert [label.split(" (")[0] for label in labels] == ["None", "1-D", "2-D"]
     assert curves.get_title().endswith("one recipe, 1 epoch") and "5-shot" in paper.get_ylabel()
     plt.close(fig)
     with pytest.raises(FileNotFoundError, match="make train-reference"):
-        vitviz.plot_posemb_ablation(tmp_path / "empty")
+        vitviz.plot_posemb_ablation_grid(tmp_path / "empty")
 
     (export / "cifar10-vit-2dpos.json").write_text('{"format": "vitviz-reference-card-v1", "name": ')
     with pytest.raises(CheckpointError, match="cifar10-vit-2dpos.json.*export it again"):

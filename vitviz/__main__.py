@@ -35,7 +35,8 @@ def main(argv: list[str] | None = None) -> int:
                         "figures): one image file, a flat folder (jpg/png/webp, sorted by name) or <class>/<image> "
                         "subfolders")
     r.add_argument("--notebooks", default=None, metavar="FILES",
-                   help="comma-separated notebooks to execute (default: notebooks/*.ipynb; 'none' for none)")
+                   help="comma-separated notebooks to execute (default: the installed ones, vitviz.notebooks, built "
+                        "from the repository's notebooks/; 'none' for none)")
     r.add_argument("--formats", default="png,pdf,svg", help="comma-separated formats of the package figures")
     r.add_argument("--device", default="auto")
     r.add_argument("--kernel", default="python3", help="Jupyter kernel for the notebooks (default: python3)")

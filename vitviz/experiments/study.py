@@ -110,12 +110,16 @@ def plan(cfg: StudyConfig) -> list[dict[str, Any]]:
     return runs
 
 
-DEFAULT_RESULTS = Path(__file__).resolve().parents[2] / "data" / "study" / "hybrid_vs_pure.csv"
+def default_results() -> Path:
+    """The committed study CSV as installed: ``data/study/hybrid_vs_pure.csv``, shipped as ``vitviz.data``."""
+    from vitviz.core.resources import shipped_dir
+
+    return shipped_dir("vitviz.data") / "study" / "hybrid_vs_pure.csv"
 
 
 def read_results(path: str | os.PathLike | None = None) -> pd.DataFrame:
-    """The study CSV (default: the committed ``data/study/hybrid_vs_pure.csv``); empty frame when absent."""
-    path = Path(path) if path is not None else DEFAULT_RESULTS
+    """The study CSV (default: the committed one, ``default_results()``); an empty frame when the file is absent."""
+    path = Path(path) if path is not None else default_results()
     return pd.read_csv(path) if path.is_file() and path.stat().st_size else pd.DataFrame()
 
 

@@ -28,7 +28,7 @@ from vitviz.core.spec import inspect
 from vitviz.errors import InputError
 from vitviz.plot.style import FIGSIZE, new_figure, styled
 
-__all__ = ["plot_attention_distance", "plot_attention_distance_grid", "plot_attention_heads",
+__all__ = ["plot_attention_distance", "plot_attention_distance_grid", "plot_attention_heads_grid",
            "plot_rollout", "upsample_maps"]
 
 MODES = ("overlay", "mask", "both")
@@ -87,7 +87,7 @@ def plot_rollout(
     labels: Sequence[str] | None = None,
     scale: str = "max",
     ncols: int | None = None,
-    cmap: str = "jet",
+    cmap: str = "magma",
     alpha: float = 0.5,
     fig: Figure | None = None,
 ) -> Figure:
@@ -104,8 +104,8 @@ def plot_rollout(
         labels: one caption per image, written under its input (e.g. the class).
         scale: ``"max"`` divides each map by its maximum (the paper); ``"minmax"`` also maps its minimum to 0.
         ncols: images per row (default up to 4, or 3 with ``mode="both"``).
-        cmap, alpha: heat-map colors and opacity of the overlay.
-        fig: draw into this figure; default a new one sized to the panels.
+        cmap, alpha: heat-map colors (default ``magma``, perceptually uniform) and opacity of the overlay.
+        fig: draw into this (empty) figure; default a new one sized to the panels.
 
     Returns:
         the figure; panels titled "Input", "Attention" (and "Attention mask" with ``mode="both"``), one colorbar
@@ -183,7 +183,7 @@ def _query(spec, query: int | tuple[int, int] | None, grid: tuple[int, int]) -> 
 
 
 @styled
-def plot_attention_heads(
+def plot_attention_heads_grid(
     model: nn.Module,
     image: Images,
     layer: int = -1,
@@ -208,7 +208,7 @@ def plot_attention_heads(
     """
     x = load_images(model, image)
     if x.shape[0] != 1:
-        raise ValueError(f"plot_attention_heads draws one image; got {x.shape[0]} (pass images[i])")
+        raise ValueError(f"plot_attention_heads_grid draws one image; got {x.shape[0]} (pass images[i])")
     spec = inspect(model)
     depth = len(spec.attention_modules)
     check_layer_index(layer, depth, "layer", spec.name)
@@ -288,10 +288,10 @@ def _head_colors(h: int, cmap: str | None) -> list:
 def plot_attention_distance(
     model_or_distances: nn.Module | torch.Tensor | np.ndarray,
     images: Images | None = None,
+    *,
     ax: Axes | None = None,
     label: str | None = None,
     patch_size: int | None = None,
-    *,
     batch_size: int = 32,
     cmap: str | None = None,
     legend: bool = True,

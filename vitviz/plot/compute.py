@@ -48,9 +48,26 @@ def point_labels(part: pd.DataFrame, df: pd.DataFrame, label_col: str = "model")
             zip(part[label_col], part["epochs"] if "epochs" in part else [None] * len(part))]
 
 
-def draw_compute_panel(ax: Axes, df: pd.DataFrame, metric: str, *, x: str = "exaflops",
+@styled
+def plot_compute_panel(df: pd.DataFrame, metric: str = "avg5", *, ax: Axes | None = None, x: str = "exaflops",
                        annotate: bool = False, frontier: bool = False, label_col: str = "model") -> Axes:
-    """One Fig. 5 panel on ``ax``: ``metric`` against ``x`` (log scale), one colour and marker per family."""
+    """One Fig. 5 panel: ``metric`` against ``x`` (log scale), one colour and marker per family.
+
+    Args:
+        df: one row per model with ``family``, ``label_col``, ``x`` and ``metric`` (accuracy in %), e.g.
+            ``vitviz.paper_results()``.
+        metric: the accuracy column (its title from ``METRIC_TITLES``).
+        ax: draw into these axes; default a new figure.
+        x: the compute column; annotate: write each model's name; frontier: each family's Pareto frontier.
+        label_col: the column naming each point.
+
+    Returns:
+        the axes, x log-scaled and labelled with the compute unit.
+    """
+    if ax is None:
+        fig = new_figure(FIGSIZE["single"])
+        fig.set_layout_engine("constrained")
+        ax = fig.add_subplot()
     for family, part in df.groupby("family", sort=False):
         colour, marker = family_style(str(family))
         xs, ys = part[x].to_numpy(float), part[metric].to_numpy(float)
@@ -85,8 +102,8 @@ def draw_compute_panel(ax: Axes, df: pd.DataFrame, metric: str, *, x: str = "exa
 def plot_compute_curves(
     df: pd.DataFrame | None = None,
     metrics: Sequence[str] = ("avg5", "imagenet"),
-    fig: Figure | None = None,
     *,
+    fig: Figure | None = None,
     x: str = "exaflops",
     annotate: bool = False,
     frontier: bool = False,
@@ -127,7 +144,7 @@ def plot_compute_curves(
         fig.clear()
     axes = fig.subplots(1, len(metrics), squeeze=False)[0]
     for ax, metric in zip(axes, metrics):
-        draw_compute_panel(ax, df, metric, x=x, annotate=annotate, frontier=frontier)
+        plot_compute_panel(df, metric, ax=ax, x=x, annotate=annotate, frontier=frontier)
         if titles and metric in titles:
             ax.set_title(titles[metric])
     axes[0].set_ylabel(ylabel)
@@ -156,18 +173,26 @@ def _family_palette(families: Sequence[str]) -> tuple[dict[str, str], dict[str, 
     return ({f: family_style(f)[0] for f in families}, {f: family_style(f)[1] for f in families})
 
 
-def draw_study_runs(ax: Axes, runs: pd.DataFrame, *, metric: str = "test_acc", x: str = "train_pflops",
-                    frontier: bool = True) -> Axes:
-    """One measured Fig. 5 panel on ``ax`` with seaborn: each configuration's mean over seeds with its 95%
+@styled
+def plot_study_runs(runs: pd.DataFrame, *, ax: Axes | None = None, metric: str = "test_acc",
+                    x: str = "train_pflops", frontier: bool = True) -> Axes:
+    """One measured Fig. 5 panel with seaborn: each configuration's mean over seeds with its 95%
     t-interval as error bars, and (``frontier``) each family's per-seed Pareto frontier, mean and 95% band.
 
     Args:
-        ax: the axes drawn on (returned).
         runs: tidy rows of one study block, one per run: ``family``, ``model``, ``epochs``, ``seed``, ``x``,
             ``metric`` (the study CSV's columns).
+        ax: draw into these axes; default a new figure.
         metric, x: accuracy [%] and compute [PFLOPs] columns.
         frontier: draw the frontier bands (``vitviz.experiments.compare.family_curves``).
+
+    Returns:
+        the axes: x the training compute (log), y "Test accuracy [%]", a legend of families.
     """
+    if ax is None:
+        fig = new_figure(FIGSIZE["single"])
+        fig.set_layout_engine("constrained")
+        ax = fig.add_subplot()
     import seaborn as sns
 
     from vitviz.experiments.compare import family_curves
@@ -206,11 +231,25 @@ def _concat(frames: Sequence[pd.DataFrame]) -> pd.DataFrame:
     return pd.concat(frames, ignore_index=True)
 
 
-def draw_matched_gap(ax: Axes, runs: pd.DataFrame, a: str = "Hybrid", b: str = "Transformer (ViT)", *,
-                     n: int = 24, metric: str = "test_acc") -> Axes:
-    """``a`` minus ``b`` at equal training compute on ``ax`` with seaborn: the per-seed frontier gap
+@styled
+def plot_matched_gap(runs: pd.DataFrame, a: str = "Hybrid", b: str = "Transformer (ViT)", *,
+                     ax: Axes | None = None, n: int = 24, metric: str = "test_acc") -> Axes:
+    """``a`` minus ``b`` at equal training compute with seaborn: the per-seed frontier gap
     (``vitviz.experiments.compare``), mean and 95% t-band over seeds, over the compute range both cover; 0 dashed.
+
+    Args:
+        runs: the study rows (as for ``plot_study_runs``).
+        a, b: the two families compared.
+        ax: draw into these axes; default a new figure.
+        n: compute points on the shared grid; metric: the accuracy column.
+
+    Returns:
+        the axes: x the training compute (log), y "Accuracy gap at equal compute [points]".
     """
+    if ax is None:
+        fig = new_figure(FIGSIZE["single"])
+        fig.set_layout_engine("constrained")
+        ax = fig.add_subplot()
     import seaborn as sns
 
     from vitviz.experiments.compare import compute_grid, family_curves
@@ -234,7 +273,7 @@ def draw_matched_gap(ax: Axes, runs: pd.DataFrame, a: str = "Hybrid", b: str = "
 
 
 @styled
-def plot_study(runs: pd.DataFrame, a: str = "Hybrid", b: str = "Transformer (ViT)", *,
+def plot_study_grid(runs: pd.DataFrame, a: str = "Hybrid", b: str = "Transformer (ViT)", *,
                fig: Figure | None = None, suptitle: str | None = None) -> Figure:
     """The measured study, one row of panels per training-set size: accuracy against compute (seed means with
     95% t-intervals, frontier bands), and ``a`` minus ``b`` at equal compute with its 95% band.
@@ -259,9 +298,9 @@ def plot_study(runs: pd.DataFrame, a: str = "Hybrid", b: str = "Transformer (ViT
         seeds = part.groupby("model")["seed"].nunique()
         note = f"{n_train:,} training images, {seeds.min()}-{seeds.max()} seeds" if seeds.min() != seeds.max() \
             else f"{n_train:,} training images, {seeds.min()} seeds"
-        draw_study_runs(row[0], part)
+        plot_study_runs(part, ax=row[0])
         row[0].set_title(f"CIFAR-10 test ({note})")
-        draw_matched_gap(row[1], part, a, b)
+        plot_matched_gap(part, a, b, ax=row[1])
         row[1].set_title("At equal training compute")
     if suptitle:
         fig.suptitle(suptitle)

@@ -12,7 +12,7 @@ from matplotlib.figure import Figure
 from vitviz.errors import InputError
 from vitviz.plot.style import FIGSIZE, new_figure, styled
 
-__all__ = ["plot_explanations", "plot_faithfulness"]
+__all__ = ["plot_explanations_grid", "plot_faithfulness", "plot_faithfulness_grid"]
 
 TITLES = {"positive": "Positive perturbation\nmost relevant removed first\n(lower is better)",
           "negative": "Negative perturbation\nleast relevant removed first\n(higher is better)",
@@ -23,61 +23,93 @@ YLABELS = {"accuracy": "Target-class accuracy", "probability": "Target-class pro
 XLABELS = {"drop": "Patches removed [fraction] (tokens dropped)", "mean": "Patches removed [fraction] (mean fill)"}
 
 
+def _modes(df: Any) -> list[str]:
+    from vitviz.analysis.faithfulness_stats import check_curves
+
+    modes = list(dict.fromkeys(df["mode"]))
+    if not modes:
+        raise InputError("df is an empty DataFrame; run vitviz.faithfulness(model, images) first and pass its result")
+    check_curves(df)  # one row per image, method, mode and fraction: a repeated run would weigh its images twice
+    return modes
+
+
+def _palette(df: Any) -> tuple[list[str], dict[str, Any]]:
+    import seaborn as sns
+
+    methods = list(dict.fromkeys(df["method"]))
+    return methods, dict(zip(methods, sns.color_palette("tab10", len(methods))))
+
+
 @styled
-def plot_faithfulness(df: Any, ax: Axes | None = None, *, mode: str | None = None,
-                      errorbar: Any = ("se", 1.96)) -> Figure | Axes:
-    """Mean score against the fraction of patches removed (inserted), one line per method.
+def plot_faithfulness(df: Any, *, ax: Axes | None = None, mode: str | None = None,
+                      errorbar: Any = ("se", 1.96)) -> Axes:
+    """One perturbation mode: mean score against the fraction of patches removed (inserted), one line per method.
+
+    Axes-level; ``plot_faithfulness_grid`` draws every mode of ``df`` side by side.
 
     Args:
         df: the DataFrame of ``vitviz.faithfulness`` (runs over distinct image ids may be concatenated).
-        ax: draw one ``mode`` into this Axes and return it; ``None``: a new figure, one panel per mode in ``df``.
-        mode: with ``ax``, which mode to draw (default: the only one in ``df``).
+        ax: draw into these axes; default a new figure.
+        mode: which mode to draw (``"positive"``, ``"negative"``, ``"deletion"``, ``"insertion"``; default: the
+            only one in ``df``).
         errorbar: seaborn's ``errorbar`` for the band around each mean (default: a normal 95% interval of the mean
             over images, ``("se", 1.96)``; ``None`` for no band).
 
     Returns:
-        the Figure (``ax=None``) or the Axes.
+        the axes: x the fraction of patches removed (inserted), y the target-class score, a legend of methods.
+
+    Raises:
+        InputError: ``df`` is empty, holds several modes and ``mode`` is not given, or lacks ``mode``.
     """
     import seaborn as sns
 
-    from vitviz.analysis.faithfulness_stats import check_curves
+    modes = _modes(df)
+    if mode is None and len(modes) > 1:
+        raise InputError(f"df holds modes {modes}; pass mode=... (one of them), or draw all with "
+                         "vitviz.plot_faithfulness_grid(df)")
+    mode = mode or modes[0]
+    sub = df[df["mode"] == mode]
+    if sub.empty:
+        raise InputError(f"mode={mode!r} is not in the DataFrame; pass one of {modes}")
+    methods, palette = _palette(df)
+    if ax is None:
+        fig = new_figure((FIGSIZE["single"][0] * 1.3, FIGSIZE["single"][1] * 1.3))
+        fig.set_layout_engine("constrained")
+        ax = fig.add_subplot()
+    sns.lineplot(data=sub, x="fraction", y="score", hue="method", hue_order=methods, palette=palette,
+                 errorbar=errorbar, marker="o", markersize=3, ax=ax)
+    metric = sub["metric"].iloc[0]
+    if sub["removal"].nunique() > 1:
+        raise InputError(f"mode={mode!r} mixes removals {sorted(set(sub['removal']))}; their curves are not "
+                         "comparable: draw df[df['removal'] == ...] for each")
+    removal = sub["removal"].iloc[0]
+    ax.set_title(TITLES[mode])
+    ax.set_xlabel(XLABELS.get(removal, "Patches removed [fraction]").replace(
+        "removed", "inserted" if mode == "insertion" else "removed"))
+    ax.set_ylabel(YLABELS[metric])
+    ax.set_xlim(0, 1)
+    if metric in ("accuracy", "probability"):
+        ax.set_ylim(0, 1.05)  # the band of a mean of 0/1 accuracies may reach past 1; the mean cannot
+    return ax
 
-    check_curves(df)  # one row per image, method, mode and fraction: a repeated run would weigh its images twice
-    modes = list(dict.fromkeys(df["mode"]))
-    if not modes:
-        raise InputError("plot_faithfulness got an empty DataFrame; run vitviz.faithfulness(model, images) first")
-    methods = list(dict.fromkeys(df["method"]))
-    palette = dict(zip(methods, sns.color_palette("tab10", len(methods))))
 
-    def draw(a: Axes, m: str) -> None:
-        sub = df[df["mode"] == m]
-        if sub.empty:
-            raise InputError(f"mode={m!r} is not in the DataFrame; it holds {modes}")
-        sns.lineplot(data=sub, x="fraction", y="score", hue="method", hue_order=methods, palette=palette,
-                     errorbar=errorbar, marker="o", markersize=3, ax=a)
-        metric = sub["metric"].iloc[0]
-        if sub["removal"].nunique() > 1:
-            raise InputError(f"mode={m!r} mixes removals {sorted(set(sub['removal']))}; their curves are not "
-                             "comparable: draw df[df['removal'] == ...] for each")
-        removal = sub["removal"].iloc[0]
-        a.set_title(TITLES[m])
-        a.set_xlabel(XLABELS.get(removal, "Patches removed [fraction]").replace(
-            "removed", "inserted" if m == "insertion" else "removed"))
-        a.set_ylabel(YLABELS[metric])
-        a.set_xlim(0, 1)
-        if metric in ("accuracy", "probability"):
-            a.set_ylim(0, 1.05)  # the band of a mean of 0/1 accuracies may reach past 1; the mean cannot
+@styled
+def plot_faithfulness_grid(df: Any, *, errorbar: Any = ("se", 1.96)) -> Figure:
+    """Every perturbation mode of ``df`` side by side, one panel each (``plot_faithfulness`` per panel).
 
-    if ax is not None:
-        if mode is None and len(modes) > 1:
-            raise InputError(f"the DataFrame holds modes {modes}; pass mode=... to draw one into ax")
-        draw(ax, mode or modes[0])
-        return ax
+    Args:
+        df: the DataFrame of ``vitviz.faithfulness``.
+        errorbar: as in ``plot_faithfulness``.
+
+    Returns:
+        the figure: one axes per mode, in the order of ``df``; the legend "Method" beside the last.
+    """
+    modes = _modes(df)
     width, height = FIGSIZE["single"]
     fig = new_figure((width * len(modes) * 1.05, height * 1.3))
     axes = fig.subplots(1, len(modes), squeeze=False)[0]
     for i, (a, m) in enumerate(zip(axes, modes)):
-        draw(a, m)
+        plot_faithfulness(df, ax=a, mode=m, errorbar=errorbar)
         if i < len(modes) - 1 and a.get_legend() is not None:
             a.get_legend().remove()
         elif a.get_legend() is not None:
@@ -87,8 +119,8 @@ def plot_faithfulness(df: Any, ax: Axes | None = None, *, mode: str | None = Non
 
 
 @styled
-def plot_explanations(model: Any, images: Any, maps: Mapping[str, torch.Tensor], *,
-                      labels: Sequence[str] | None = None, cmap: str = "jet", alpha: float = 0.5) -> Figure:
+def plot_explanations_grid(model: Any, images: Any, maps: Mapping[str, torch.Tensor], *,
+                           labels: Sequence[str] | None = None, cmap: str = "magma", alpha: float = 0.5) -> Figure:
     """One row per image: the input, then each method's map over it (each map divided by its maximum).
 
     Args:
@@ -96,7 +128,7 @@ def plot_explanations(model: Any, images: Any, maps: Mapping[str, torch.Tensor],
         images: the images the maps were computed on (anything ``vitviz.load_images`` takes).
         maps: method name -> ``(B, gh, gw)`` maps, e.g. ``{m: vitviz.explain(model, x, m) for m in methods}``.
         labels: one caption per image (row), e.g. the class.
-        cmap, alpha: heat-map colors and opacity.
+        cmap, alpha: heat-map colors (default ``magma``, perceptually uniform) and opacity.
 
     Returns:
         the figure, with one colorbar "Relevance (relative to max)".

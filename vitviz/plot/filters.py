@@ -12,14 +12,13 @@ import math
 import numpy as np
 import torch
 from matplotlib.axes import Axes
-from matplotlib.figure import Figure
 from torch import nn
 
 from vitviz.analysis.filters import embedding_filters, filter_pca
 from vitviz.core.spec import inspect
 from vitviz.plot.style import FIGSIZE, new_figure, styled
 
-__all__ = ["filters_to_rgb", "plot_embedding_filters", "plot_filter_variance"]
+__all__ = ["filters_mosaic", "filters_to_rgb", "plot_embedding_filters", "plot_filter_variance"]
 
 N_COLS = 7
 N_PAPER = 28  # components in the paper's Fig. 7 left
@@ -45,21 +44,35 @@ def _title(hybrid: bool, n: int, requested: int) -> str:
     return f"RGB embedding filters ({which})"
 
 
+def filters_mosaic(tiles: np.ndarray, ncols: int = N_COLS, gap: int = 1) -> np.ndarray:
+    """RGB tiles ``(n, kh, kw, 3)`` -> one RGBA mosaic, ``ncols`` per row, ``gap`` transparent pixels between."""
+    n, kh, kw, _ = tiles.shape
+    ncols = max(1, min(ncols, n))
+    nrows = math.ceil(n / ncols)
+    out = np.zeros((nrows * (kh + gap) - gap, ncols * (kw + gap) - gap, 4), dtype=np.float32)
+    for i, tile in enumerate(tiles):
+        r, c = divmod(i, ncols)
+        y, x = r * (kh + gap), c * (kw + gap)
+        out[y:y + kh, x:x + kw, :3] = tile
+        out[y:y + kh, x:x + kw, 3] = 1.0
+    return out
+
+
 @styled
-def plot_embedding_filters(model: nn.Module, n_components: int = 28, fig: Figure | None = None) -> Figure:
+def plot_embedding_filters(model: nn.Module, *, ax: Axes | None = None, n_components: int = 28) -> Axes:
     """Fig. 7 left for any ViT: principal components of the RGB embedding filters, as RGB tiles.
 
     Tiles are laid out 7 per row (4 x 7 for 28), in order of explained variance, each min-max scaled to
-    ``[0, 1]`` on its own. When the conv has fewer filters (or inputs) than ``n_components`` allow, every component
-    there is is shown and a note under the tiles says why.
+    ``[0, 1]`` on its own, drawn as one mosaic image with transparent gaps. When the conv has fewer filters (or
+    inputs) than ``n_components`` allow, every component there is is shown and the x label says why.
 
     Args:
         model: a ViT (for hybrids the backbone stem's first RGB conv is used).
+        ax: draw into these axes; default a new figure sized to the tiles.
         n_components: how many components to show.
-        fig: draw into this figure; default a new one sized to the tiles.
 
     Returns:
-        the figure; one axes (with one image) per component.
+        the axes holding the mosaic (one image; ticks off), titled with what the tiles are.
 
     Raises:
         NoRGBFiltersError: the model has no conv over RGB pixels.
@@ -72,30 +85,28 @@ def plot_embedding_filters(model: nn.Module, n_components: int = 28, fig: Figure
     ncols = min(N_COLS, n)
     nrows = math.ceil(n / ncols)
     short = n < n_components
-    if fig is None:
+    if ax is None:
         fig = new_figure((0.78 * ncols + 0.2, 0.72 * nrows + (0.95 if spec.hybrid else 0.65) + 0.3 * short))
-        fig.set_layout_engine("constrained", w_pad=0.01, h_pad=0.01, wspace=0.04, hspace=0.04)
-    axes = fig.subplots(nrows, ncols, squeeze=False)
-    for i, ax in enumerate(axes.flat):
-        if i < n:
-            ax.imshow(tiles[i], interpolation="nearest")
-            ax.set_xticks([])
-            ax.set_yticks([])
-            for spine in ax.spines.values():
-                spine.set_visible(False)
-        else:
-            ax.remove()
-    fig.suptitle(_title(spec.hybrid, n, n_components))
+        fig.set_layout_engine("constrained")
+        ax = fig.add_subplot()
+    gap = max(1, round(tiles.shape[1] / 8))
+    ax.imshow(filters_mosaic(tiles, ncols, gap), interpolation="nearest")
+    ax.set_xticks([])
+    ax.set_yticks([])
+    for spine in ax.spines.values():
+        spine.set_visible(False)
+    ax.set_title(_title(spec.hybrid, n, n_components))
     if short:
         c_out, c_in, kh, kw = weights.shape
-        fig.supxlabel(f"{source}: {c_out} filters of {c_in}x{kh}x{kw}; {n} components exist (of {n_components} "
+        ax.set_xlabel(f"{source}: {c_out} filters of {c_in}x{kh}x{kw}; {n} components exist (of {n_components} "
                       "asked)", fontsize=7.5)
-    return fig
+    return ax
 
 
 @styled
 def plot_filter_variance(
     model_or_ratio: nn.Module | torch.Tensor | np.ndarray,
+    *,
     ax: Axes | None = None,
     n_components: int | None = None,
 ) -> Axes:

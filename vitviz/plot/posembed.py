@@ -20,7 +20,7 @@ from torch import nn
 from vitviz.analysis.posembed import Size, pos_embed_similarity
 from vitviz.plot.style import FIGSIZE, new_figure, styled
 
-__all__ = ["plot_pos_embed", "plot_pos_embed_similarity", "pos_embed_mosaic", "tile_layout"]
+__all__ = ["plot_pos_embed", "plot_pos_embed_similarity", "plot_posemb_ablation_grid", "pos_embed_mosaic", "tile_layout"]
 
 ROW_LABEL = "Input patch row"
 COL_LABEL = "Input patch column"
@@ -86,14 +86,14 @@ def _as_sim(source: nn.Module | torch.Tensor | np.ndarray) -> np.ndarray:
 def plot_pos_embed(
     model: nn.Module | torch.Tensor,
     *,
+    ax: Axes | None = None,
     img_size: Size | None = None,
-    fig: Figure | None = None,
     cmap: str = "viridis",
     max_tiles: int = 16,
     title: str | None = None,
     grid_size: Size | None = None,
     num_prefix_tokens: int | None = None,
-) -> Figure:
+) -> Axes:
     """Fig. 7 center for any ViT: similarity of each patch's position embedding with all others, as tiles.
 
     Tile ``(r, c)`` (row ``r`` from the top, column ``c`` from the left) shows ``cos(E_rc, E_ij)`` over all
@@ -103,14 +103,15 @@ def plot_pos_embed(
     Args:
         model: a ViT, or a ``(1, L, D)`` position-embedding tensor (then pass ``grid_size``).
         img_size: resample the embedding to this input size first (timm's bicubic resampling).
-        fig: draw into this figure (adds one axes and the colorbar); default a new ``4.8 x 4.4`` in figure.
+        ax: draw into these axes (a colorbar is added beside them); default a new ``4.8 x 4.4`` in figure.
         cmap: matplotlib colormap name.
         max_tiles: most tiles along either side.
         title: the axes title; default "Position embedding similarity — <name>" and the grid.
         grid_size, num_prefix_tokens: for a tensor, as in ``vitviz.pos_embed_similarity``.
 
     Returns:
-        the figure: ``fig.axes[0]`` holds the mosaic, the other axes is the colorbar (limits ``[-1, 1]``).
+        the axes holding the mosaic; ``ax.figure`` also holds the colorbar "Cosine similarity" (limits
+        ``[-1, 1]``).
     """
     sim = pos_embed_similarity(model, img_size=img_size, grid_size=grid_size, num_prefix_tokens=num_prefix_tokens)
     sim_np = sim.numpy()
@@ -119,10 +120,10 @@ def plot_pos_embed(
     gap = max(1, round(max(gh, gw) / 7))
     mosaic = pos_embed_mosaic(sim_np, rows, cols, gap)
 
-    if fig is None:
+    if ax is None:
         fig = new_figure(FIGSIZE["square"])
         fig.set_layout_engine("constrained")
-    ax = fig.add_subplot()
+        ax = fig.add_subplot()
     im = ax.imshow(mosaic, cmap=_cmap(cmap), vmin=-1.0, vmax=1.0, interpolation="nearest")
     ax.set_xticks(np.arange(len(cols)) * (gw + gap) + (gw - 1) / 2, [str(c + 1) for c in cols])
     ax.set_yticks(np.arange(len(rows)) * (gh + gap) + (gh - 1) / 2, [str(r + 1) for r in rows])
@@ -131,7 +132,7 @@ def plot_pos_embed(
         spine.set_visible(False)
     ax.set_xlabel(COL_LABEL)
     ax.set_ylabel(ROW_LABEL)
-    cbar = fig.colorbar(im, ax=ax, shrink=0.8, aspect=25, pad=0.03, ticks=[-1, -0.5, 0, 0.5, 1])
+    cbar = ax.figure.colorbar(im, ax=ax, shrink=0.8, aspect=25, pad=0.03, ticks=[-1, -0.5, 0, 0.5, 1])
     cbar.set_label(CBAR_LABEL)
     cbar.outline.set_linewidth(0.5)
 
@@ -148,13 +149,14 @@ def plot_pos_embed(
         if k > 1:
             title += f"\ntiles for every {_ordinal(k)} row and column"
     ax.set_title(title)
-    return fig
+    return ax
 
 
 @styled
 def plot_pos_embed_similarity(
     sim: torch.Tensor | np.ndarray | nn.Module,
     query: tuple[int, int] = (0, 0),
+    *,
     ax: Axes | None = None,
     cmap: str = "viridis",
     colorbar: bool = True,
@@ -197,7 +199,7 @@ def plot_pos_embed_similarity(
     return ax
 
 
-# one colour per kind of position embedding, shared by both panels of plot_posemb_ablation
+# one colour per kind of position embedding, shared by both panels of plot_posemb_ablation_grid
 ABLATION_COLORS = {"No Pos. Emb.": "#7f7f7f", "1-D Pos. Emb.": "#1f77b4", "2-D Pos. Emb.": "#d62728"}
 
 
@@ -206,7 +208,7 @@ def _short_kind(table8_row: str) -> str:
 
 
 @styled
-def plot_posemb_ablation(directory: str | os.PathLike | None = None) -> Figure:
+def plot_posemb_ablation_grid(directory: str | os.PathLike | None = None) -> Figure:
     """The position-embedding ablation (paper Table 8) for vitviz's CIFAR-10 models, beside the paper's numbers.
 
     Left: CIFAR-10 test top-1 after every epoch for ``cifar10-vit-nopos``, ``cifar10-vit-1dpos`` and
@@ -216,6 +218,9 @@ def plot_posemb_ablation(directory: str | os.PathLike | None = None) -> Figure:
 
     Args:
         directory: folder of the cards (default ``vitviz/zoo/checkpoints``).
+
+    Returns:
+        the figure: two axes, the learning curves and the paper's Table 8 row.
 
     Raises:
         FileNotFoundError: none of the three models has a card (train them with ``make train-reference``).

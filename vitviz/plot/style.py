@@ -14,9 +14,10 @@ from pathlib import Path
 from typing import Any, TypeVar
 
 import matplotlib as mpl
+from matplotlib.axes import Axes
 from matplotlib.figure import Figure
 
-__all__ = ["RC", "FIGSIZE", "new_figure", "save_figure", "styled", "vitviz_style"]
+__all__ = ["RC", "FIGSIZE", "PAPER_FIGURES", "new_figure", "plot_level", "save_figure", "styled", "vitviz_style"]
 
 # rcParams for paper-size figures: 8-9 pt text, thin lines, no top/right spines
 RC: dict[str, Any] = {
@@ -52,6 +53,23 @@ METADATA: dict[str, dict[str, None]] = {
     "pdf": {"Creator": None, "Producer": None, "CreationDate": None},
     "svg": {"Creator": None, "Date": None},
 }
+
+# The naming rule of vitviz's plot functions (seaborn's split): an axes-level function is
+# ``plot_<thing>(data, *, ax=None, ...) -> Axes`` and draws into one Axes (a colorbar may be added beside it); a
+# figure-level function lays out several Axes and returns the Figure; its name ends in ``_grid`` (seaborn's word
+# for its figure-level objects), except the ViT paper's two multi-panel figures whose names the design contract
+# fixes: ``plot_rollout`` (Fig. 6, input/attention pairs) and ``plot_compute_curves`` (Fig. 5, two panels).
+PAPER_FIGURES = ("plot_rollout", "plot_compute_curves")
+
+
+def plot_level(name: str) -> str:
+    """``"figure"`` or ``"axes"``: what the plot function called ``name`` returns, read from its name alone.
+
+    Axes-level functions take ``ax=`` (keyword-only) and return the ``Axes``; figure-level ones return the
+    ``Figure``: their names end in ``_grid``, or are one of ``PAPER_FIGURES``.
+    """
+    return "figure" if name.endswith("_grid") or name in PAPER_FIGURES else "axes"
+
 
 # default sizes in inches
 FIGSIZE = {"square": (4.8, 4.4), "wide": (6.4, 3.2), "single": (3.4, 2.8)}
@@ -96,7 +114,7 @@ def new_figure(figsize: tuple[float, float]) -> Figure:
 
 
 def save_figure(
-    fig: Figure,
+    fig: Figure | Axes,
     path_stem: str | os.PathLike,
     formats: Iterable[str] = ("png", "pdf", "svg"),
     *,
@@ -106,7 +124,7 @@ def save_figure(
     (fixed metadata, no dates: see ``METADATA``; fixed SVG ids).
 
     Args:
-        fig: the figure.
+        fig: the figure, or an axes (its whole figure is written), as the axes-level ``plot_*`` return.
         path_stem: path without extension, e.g. ``"reports/pos_embed"`` (an extension among ``formats`` is
             dropped: ``"pos_embed.png"`` also writes ``pos_embed.pdf`` and ``pos_embed.svg``).
         formats: file extensions, e.g. ``("png",)``.
@@ -115,6 +133,7 @@ def save_figure(
     Returns:
         the paths written, in the order of ``formats``.
     """
+    fig = fig.figure if isinstance(fig, Axes) else fig
     formats = [f.lower().lstrip(".") for f in formats]
     if not formats:
         raise ValueError("save_figure needs at least one format, e.g. formats=('png',)")
@@ -145,7 +164,7 @@ class Saver:
                  formats: Iterable[str] = ("png", "pdf", "svg")) -> None:
         self.out_dir, self.arrays_dir, self.formats = out_dir, arrays_dir, tuple(formats)
 
-    def __call__(self, fig: Figure, stem: str, **arrays: Any) -> list[Path]:
+    def __call__(self, fig: Figure | Axes, stem: str, **arrays: Any) -> list[Path]:
         written: list[Path] = []
         if self.out_dir:
             written += save_figure(fig, Path(self.out_dir) / stem, formats=self.formats)

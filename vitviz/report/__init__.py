@@ -34,7 +34,6 @@ from vitviz.zoo.reference import REFERENCE_MODELS
 from vitviz.zoo.weights import versions
 
 DEFAULT_MODELS = ("cifar10-vit", "cifar10-vit-2dpos", "cifar10-hybrid")
-STUDY_RESULTS = Path(__file__).resolve().parents[2] / "data" / "study" / "hybrid_vs_pure.csv"
 Job = Callable[[], tuple[Any, dict[str, np.ndarray]]]
 
 
@@ -77,10 +76,19 @@ def load_or_random(name: str, device: str = "auto") -> LoadedModel:
 
 
 def git_commit() -> str | None:
+    """The commit of the git checkout this vitviz runs from, or ``None`` (an installed wheel: no checkout).
+
+    Asks git about the package's own folder, and only when git tracks this very file there (a wheel installed into
+    a virtual environment inside some repository is not that repository's code).
+    """
+    here = Path(__file__).resolve()
     try:
-        root = Path(__file__).resolve().parents[2]
-        return subprocess.run(["git", "-C", str(root), "rev-parse", "HEAD"], capture_output=True, text=True,
-                              check=True, timeout=5).stdout.strip()
+        def git(*args: str) -> str:
+            return subprocess.run(["git", "-C", str(here.parent), *args], capture_output=True, text=True,
+                                  check=True, timeout=5).stdout.strip()
+
+        git("ls-files", "--error-unmatch", here.name)
+        return git("rev-parse", "HEAD")
     except (OSError, subprocess.SubprocessError):
         return None
 
@@ -93,16 +101,16 @@ def _figure_jobs(m: LoadedModel, images: Path | None = None) -> list[tuple[str, 
     if spec.has_abs_pos_embed:
         def pos() -> tuple[Any, dict[str, np.ndarray]]:
             sim = vitviz.pos_embed_similarity(m.model)
-            return vitviz.plot_pos_embed(m.model), {"similarity": sim.numpy(),
-                                                     "locality": np.array(vitviz.pos_embed_locality(m.model))}
+            return vitviz.plot_pos_embed(m.model).figure, {"similarity": sim.numpy(),
+                                                            "locality": np.array(vitviz.pos_embed_locality(m.model))}
 
         jobs.append((f"{m.key}_pos_embed", pos))
 
     def filters() -> tuple[Any, dict[str, np.ndarray]]:
         weights, _source = vitviz.embedding_filters(m.model)
         comps, ratio = vitviz.filter_pca(weights)
-        return vitviz.plot_embedding_filters(m.model), {"components": np.asarray(comps),
-                                                         "explained_variance_ratio": np.asarray(ratio)}
+        return vitviz.plot_embedding_filters(m.model).figure, {"components": np.asarray(comps),
+                                                                "explained_variance_ratio": np.asarray(ratio)}
 
     jobs.append((f"{m.key}_embedding_filters", filters))
 
@@ -135,7 +143,7 @@ def _global_jobs() -> list[tuple[str, Job]]:
     ablation = posemb_ablation_results()
     if ablation["trained"].any():
         def posemb() -> tuple[Any, dict[str, np.ndarray]]:
-            return vitviz.plot_posemb_ablation(), {
+            return vitviz.plot_posemb_ablation_grid(), {
                 "test_top1": ablation["test_top1"].to_numpy(dtype=float),
                 "epochs": ablation["epochs"].to_numpy(dtype=float, na_value=np.nan),
                 "paper_5shot": ablation["paper_5shot"].to_numpy(dtype=float)}
@@ -275,7 +283,8 @@ def render_report(
         formats: figure formats of the package figures.
         device: device of the package figures' models (``"auto"``: CUDA when available).
         progress: show a tqdm bar over the steps.
-        notebooks: the notebooks to execute (default: every ``notebooks/*.ipynb``; ``()`` for none).
+        notebooks: the notebooks to execute (default: every installed notebook, ``vitviz.notebooks``, built from
+            the repository's ``notebooks/``; ``()`` for none).
         model: a model name or weights path for the notebooks that declare ``model_name`` (default: their own);
             also the package figures' model when ``models`` is not given.
         images: your images, for the package figures that show images and the notebooks that declare

@@ -1,4 +1,4 @@
-"""Run the notebooks of ``notebooks/`` headless for the report (papermill), and turn them into HTML (nbconvert).
+"""Run the notebooks (``vitviz.notebooks``: the repository's ``notebooks/``, shipped in the wheel) headless for the report (papermill), and turn them into HTML (nbconvert).
 
 Each notebook has one ``parameters`` cell; the report sets only the parameters a notebook declares: ``out_dir``
 (where it saves its figures), ``arrays_dir`` (where it saves the numbers behind them), the model (``model_name``
@@ -21,10 +21,9 @@ from typing import Any
 
 from vitviz.zoo.samples import DATA_ENV
 
-__all__ = ["NOTEBOOK_DIR", "NotebookRun", "find_notebooks", "notebook_html", "notebook_parameters",
+__all__ = ["NotebookRun", "find_notebooks", "notebook_html", "notebook_parameters",
            "parameters_for", "run_notebook"]
 
-NOTEBOOK_DIR = Path(__file__).resolve().parents[2] / "notebooks"
 # what the report knows -> the parameter names a notebook may use for it, in order of preference
 PARAMETER_NAMES = {
     "out_dir": ("out_dir",),
@@ -52,8 +51,16 @@ class NotebookRun:
         return asdict(self)
 
 
-def find_notebooks(folder: str | os.PathLike = NOTEBOOK_DIR) -> list[Path]:
-    """The ``*.ipynb`` files of ``folder`` in name order (checkpoints and hidden files left out)."""
+def find_notebooks(folder: str | os.PathLike | None = None) -> list[Path]:
+    """The ``*.ipynb`` files of ``folder`` in name order (checkpoints and hidden files left out).
+
+    Args:
+        folder: default the installed notebooks, ``vitviz.notebooks`` (``vitviz.core.resources.shipped_dir``).
+    """
+    if folder is None:
+        from vitviz.core.resources import shipped_dir
+
+        folder = shipped_dir("vitviz.notebooks")
     return sorted(p for p in Path(folder).glob("*.ipynb") if not p.name.startswith("."))
 
 

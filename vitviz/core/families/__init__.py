@@ -49,7 +49,9 @@ def register_family(family: Family) -> None:
 def describe(model: nn.Module, **layout: Any) -> nn.Module:
     """Describe a custom ViT so every vitviz call can read it; returns ``model`` (unchanged) for chaining.
 
-    Args (all keyword):
+    Every layout argument is a keyword.
+
+    Args:
         attention: fnmatch pattern of the attention modules' names, in layer order (default ``"blocks.*.attn"``).
         probe: how to read the probabilities: ``"attn_drop"`` (hook the dropout that receives the softmax
             output; fused paths are switched off), ``"qkv"`` (recompute ``softmax(q k^T * scale)`` from a ``qkv``

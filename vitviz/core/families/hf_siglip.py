@@ -8,7 +8,7 @@ either).
 
 What the class-token views use instead (documented in docs/families.md): ``attention_rollout`` and
 ``grad_rollout`` read the mean of the rollout rows of all patch queries (``token=None``; an int picks one patch
-query); ``plot_attention_heads`` and the attention explorer default to the mean over patch queries.
+query); ``plot_attention_heads_grid`` and the attention explorer default to the mean over patch queries.
 ``mean_attention_distance`` and ``pos_embed_similarity`` never use a class token.
 """
 

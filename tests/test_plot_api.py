@@ -1,0 +1,139 @@
+"""The plot API's one rule, checked on every public plot function of ``vitviz._LAZY``.
+
+Axes-level ``plot_<thing>(data, *, ax=None, ...)`` take ``ax`` keyword-only and return the ``Axes`` (the one
+given, when given); figure-level functions (names ending in ``_grid``, and the paper's ``plot_rollout`` and
+``plot_compute_curves``) take no ``ax`` and return a ``Figure``. No default colormap is ``jet``. A new public plot
+function fails ``test_every_plot_function_is_called`` until it gets a call below.
+"""
+
+from __future__ import annotations
+
+import inspect
+
+import matplotlib
+
+matplotlib.use("Agg")
+import matplotlib.pyplot as plt  # noqa: E402
+import numpy as np  # noqa: E402
+import pandas as pd  # noqa: E402
+import pytest  # noqa: E402
+import torch  # noqa: E402
+from conftest import tiny_timm_vit  # noqa: E402
+from matplotlib.axes import Axes  # noqa: E402
+from matplotlib.figure import Figure  # noqa: E402
+
+import vitviz  # noqa: E402
+from vitviz.plot.style import PAPER_FIGURES, plot_level  # noqa: E402
+
+PUBLIC_PLOTS = sorted(n for n in vitviz._LAZY if n.startswith("plot_") and n != "plot_level")
+UNIFORM = {"viridis", "magma", "cividis", "inferno", "plasma", "RdBu_r", "coolwarm", "vlag", "icefire"}
+
+
+def _study_runs() -> pd.DataFrame:
+    rows = []
+    for seed in (0, 1, 2):
+        rows += [{"family": "Hybrid", "model": "hybrid-S", "epochs": e, "seed": seed, "train_images": 100,
+                  "train_pflops": 2.0 * e, "test_acc": 40 + e + seed} for e in (1, 2, 4)]
+        rows += [{"family": "Transformer (ViT)", "model": "vit-S", "epochs": e, "seed": seed, "train_images": 100,
+                  "train_pflops": 1.0 * e, "test_acc": 35 + e - seed} for e in (1, 2, 4)]
+    return pd.DataFrame(rows)
+
+
+def _curves(modes=("deletion", "insertion")) -> pd.DataFrame:
+    rows = [{"mode": m, "method": meth, "fraction": f, "score": s, "metric": "probability", "removal": "drop",
+             "image": i}
+            for m in modes for meth in ("random", "rollout") for i in range(3)
+            for f, s in ((0.0, 0.9), (0.5, 0.5), (1.0, 0.1))]
+    return pd.DataFrame(rows)
+
+
+@pytest.fixture(scope="module")
+def model():
+    torch.manual_seed(0)
+    return tiny_timm_vit()
+
+
+def _calls(model) -> dict:
+    """name -> a call taking ``**kw`` (``ax=`` for axes-level functions) on tiny inputs."""
+    x = torch.randn(2, 3, 32, 48)
+    maps = {"rollout": vitviz.explain(model, x, "rollout"), "random": vitviz.explain(model, x, "random")}
+    runs = _study_runs()
+    return {
+        "plot_pos_embed": lambda **kw: vitviz.plot_pos_embed(model, **kw),
+        "plot_pos_embed_similarity": lambda **kw: vitviz.plot_pos_embed_similarity(
+            vitviz.pos_embed_similarity(model), (1, 2), **kw),
+        "plot_posemb_ablation_grid": lambda **kw: vitviz.plot_posemb_ablation_grid(**kw),
+        "plot_embedding_filters": lambda **kw: vitviz.plot_embedding_filters(model, **kw),
+        "plot_filter_variance": lambda **kw: vitviz.plot_filter_variance(np.array([0.5, 0.3, 0.2]), **kw),
+        "plot_compute_curves": lambda **kw: vitviz.plot_compute_curves(**kw),
+        "plot_compute_panel": lambda **kw: vitviz.plot_compute_panel(vitviz.paper_results(), "imagenet", **kw),
+        "plot_study_runs": lambda **kw: vitviz.plot_study_runs(runs, **kw),
+        "plot_matched_gap": lambda **kw: vitviz.plot_matched_gap(runs, **kw),
+        "plot_study_grid": lambda **kw: vitviz.plot_study_grid(runs, **kw),
+        "plot_rollout": lambda **kw: vitviz.plot_rollout(model, x, **kw),
+        "plot_attention_heads_grid": lambda **kw: vitviz.plot_attention_heads_grid(model, x[:1], **kw),
+        "plot_attention_distance": lambda **kw: vitviz.plot_attention_distance(np.ones((2, 3)), **kw),
+        "plot_attention_distance_grid": lambda **kw: vitviz.plot_attention_distance_grid(
+            {"a": np.ones((2, 3)), "b": np.ones((2, 3))}, **kw),
+        "plot_faithfulness": lambda **kw: vitviz.plot_faithfulness(_curves(), mode="deletion", **kw),
+        "plot_faithfulness_grid": lambda **kw: vitviz.plot_faithfulness_grid(_curves(), **kw),
+        "plot_explanations_grid": lambda **kw: vitviz.plot_explanations_grid(model, x, maps, **kw),
+        "plot_sanity_checks": lambda **kw: vitviz.plot_sanity_checks(
+            vitviz.sanity_checks(model.eval(), x, methods=["chefer"], tests=("cascading",)), **kw),
+    }
+
+
+def test_every_plot_function_is_called(model):
+    assert set(_calls(model)) == set(PUBLIC_PLOTS), "give each public plot function a call in _calls"
+
+
+def test_the_rule_is_read_from_the_name():
+    assert plot_level("plot_rollout") == "figure" and plot_level("plot_compute_curves") == "figure"
+    assert plot_level("plot_study_grid") == "figure" and plot_level("plot_attention_distance") == "axes"
+    assert set(PAPER_FIGURES) <= set(PUBLIC_PLOTS)
+
+
+@pytest.mark.parametrize("name", PUBLIC_PLOTS)
+def test_signature_follows_the_rule(name):
+    params = inspect.signature(getattr(vitviz, name)).parameters
+    if plot_level(name) == "axes":
+        assert "ax" in params and params["ax"].kind is inspect.Parameter.KEYWORD_ONLY, name
+        assert params["ax"].default is None, name
+        assert "fig" not in params, name
+    else:
+        assert "ax" not in params, f"{name} is figure-level by its name but takes ax"
+        if "fig" in params:
+            assert params["fig"].kind is inspect.Parameter.KEYWORD_ONLY, name
+    for pname, p in params.items():
+        if "cmap" in pname and p.default is not inspect.Parameter.empty:
+            assert p.default != "jet", f"{name}({pname}=...) defaults to jet"
+            assert p.default is None or p.default in UNIFORM, f"{name}({pname}={p.default!r})"
+
+
+@pytest.mark.parametrize("name", PUBLIC_PLOTS)
+def test_return_type_follows_the_rule(name, model):
+    call = _calls(model)[name]
+    try:
+        if plot_level(name) == "axes":
+            out = call()
+            assert isinstance(out, Axes) and not isinstance(out, Figure), f"{name} returned {type(out)}"
+            _fig, ax = plt.subplots()
+            assert call(ax=ax) is ax, f"{name} did not draw into the ax it was given"
+        else:
+            out = call()
+            assert isinstance(out, Figure), f"{name} returned {type(out)}"
+    finally:
+        plt.close("all")
+
+
+def test_no_plot_module_names_jet():
+    """No colormap default hides inside a body either (e.g. ``cmap = cmap or "jet"``)."""
+    import vitviz.plot.attention
+    import vitviz.plot.compute
+    import vitviz.plot.faithfulness
+    import vitviz.plot.filters
+    import vitviz.plot.posembed
+
+    for module in (vitviz.plot.attention, vitviz.plot.compute, vitviz.plot.faithfulness, vitviz.plot.filters,
+                   vitviz.plot.posembed):
+        assert '"jet"' not in inspect.getsource(module) and "'jet'" not in inspect.getsource(module), module

@@ -1,0 +1,41 @@
+"""Files that travel in the wheel beside the code, found through the import system, never through the source tree.
+
+Two folders of the repository are shipped as package data under names of their own (``setup.py`` maps them):
+
+- ``notebooks/`` as ``vitviz.notebooks``: the four notebooks ``vitviz report`` executes;
+- ``data/`` as ``vitviz.data``: the committed results of the hybrid-versus-pure study (``data/study/``).
+
+The repository keeps one copy of each (the top-level folder users open); a wheel, an editable install and a
+source install all resolve the same name with ``importlib.resources``.
+"""
+
+from __future__ import annotations
+
+import importlib.resources
+from pathlib import Path
+
+from vitviz.errors import VitvizError
+
+__all__ = ["SHIPPED", "shipped_dir"]
+
+# package name -> the repository folder it is built from
+SHIPPED = {"vitviz.notebooks": "notebooks", "vitviz.data": "data"}
+
+
+def shipped_dir(package: str) -> Path:
+    """The folder of a shipped data package (``"vitviz.notebooks"`` or ``"vitviz.data"``) on this install.
+
+    Raises:
+        VitvizError: ``package`` is not one of ``SHIPPED``, or this install lacks it (vitviz imported from a
+            source folder on ``PYTHONPATH`` that was never installed: run ``pip install -e .`` there).
+    """
+    if package not in SHIPPED:
+        raise VitvizError(f"package={package!r} is not shipped data; pass one of {sorted(SHIPPED)}")
+    try:
+        root = importlib.resources.files(package)
+    except ModuleNotFoundError:
+        raise VitvizError(
+            f"{package} (the repository's {SHIPPED[package]}/ folder) is not installed with this vitviz; install "
+            "vitviz (`pip install -e .` in a checkout, or the wheel) rather than putting its folder on PYTHONPATH"
+        ) from None
+    return Path(str(root))
