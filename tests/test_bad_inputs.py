@@ -16,7 +16,7 @@ import torch
 from conftest import tiny_timm_vit
 
 import vitviz
-from vitviz.errors import ImageInputError, InputError, LayerSelectError
+from vitviz.errors import ImageInputError, InputError, LayerSelectError, OutOfRangeError
 
 M = tiny_timm_vit()  # eval mode; built once: no row changes it (test_model_is_untouched checks)
 GOOD = torch.randn(2, 3, 32, 48)
@@ -170,6 +170,22 @@ ROWS: list[Row] = [
      "lacks the columns ['score']"),
     ("compare-baseline-unknown", lambda: vitviz.compare_methods(RUN, baseline="chefer"), InputError,
      "baseline='chefer' is not among the methods of df (['random', 'mine'])"),
+    ("explain-rollout-token-out-of-range", lambda: vitviz.explain(M, GOOD, "rollout", token=999), OutOfRangeError,
+     "token=999 is out of range for 25 tokens"),
+    ("explain-flow-token-out-of-range", lambda: vitviz.explain(M, GOOD, "flow", token=999), OutOfRangeError,
+     "token=999 is out of range for 25 tokens"),
+    ("explain-attention-token-out-of-range", lambda: vitviz.explain(M, GOOD, "attention", token=999),
+     OutOfRangeError, "token=999 is out of range for 25 tokens"),
+    ("posembed-query-outside-grid", lambda: vitviz.plot_pos_embed_similarity(vitviz.pos_embed_similarity(M), (9, 9)),
+     OutOfRangeError, "query (9, 9) is outside the 4x6 grid"),
+    ("sanity-method-unknown", lambda: vitviz.sanity_checks(M, GOOD, methods=["lime"]), InputError,
+     "methods holds 'lime'"),
+    ("attnlrp-training-mode", lambda: vitviz.explain(tiny_timm_vit().train(), GOOD, "attnlrp"), InputError,
+     "training mode"),
+    ("gradcam-layer-unknown", lambda: vitviz.explain(M, GOOD, "gradcam", layer="nope"), InputError,
+     "layer='nope' is not a module"),
+    ("load-model-unknown-name", lambda: vitviz.load_model("no_such_vit_xyz"), InputError,
+     "'no_such_vit_xyz' is neither a timm model"),
 ]
 
 

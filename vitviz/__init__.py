@@ -18,6 +18,7 @@ from vitviz.errors import (
     MissingDependencyError,
     NoPositionEmbeddingError,
     NoRGBFiltersError,
+    NoSuchAttributeError,
     NotAViTError,
     UnsupportedModelError,
     VitvizError,
@@ -119,7 +120,7 @@ def __getattr__(name: str) -> Any:
         value = getattr(importlib.import_module(_LAZY[name]), name)
         globals()[name] = value
         return value
-    raise AttributeError(f"module 'vitviz' has no attribute {name!r}")
+    raise NoSuchAttributeError(f"module 'vitviz' has no attribute {name!r}")
 
 
 def __dir__() -> list[str]:

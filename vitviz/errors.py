@@ -66,8 +66,39 @@ class RunInterrupted(VitvizError):
     the last complete checkpoint stays, and ``--resume`` continues from it."""
 
 
-__all__ = [
-    "CaptureError", "CheckpointError", "ImageInputError", "InputError", "LayerSelectError", "MissingDependencyError",
-    "NoPositionEmbeddingError", "NoRGBFiltersError", "NotAViTError", "RunInterrupted", "UnsupportedModelError",
-    "VitvizError", "WeightsUnavailableError",
-]
+class InputTypeError(InputError, TypeError):
+    """An argument of the wrong type; also a ``TypeError``. The message names the argument, the type and the fix."""
+
+
+class OutOfRangeError(InputError, IndexError):
+    """An index (token, query patch, layer) outside its range; also an ``IndexError``."""
+
+
+class UnknownNameError(InputError, KeyError):
+    """A name (reference model, column, method) vitviz does not know; also a ``KeyError``. The message lists the
+    known names."""
+
+    def __str__(self) -> str:  # KeyError would print the message with quotes around it
+        return str(self.args[0]) if self.args else ""
+
+
+class DataNotFoundError(InputError, FileNotFoundError):
+    """A data file or folder that is not there (a dataset root, a paper table, a card); also a
+    ``FileNotFoundError``. The message names the path and where the data is expected."""
+
+
+class ComputeError(VitvizError, RuntimeError):
+    """A computation that cannot go on in the state it finds (an unfinished training run, a score without a
+    gradient)."""
+
+
+class NotImplementedInVitviz(VitvizError, NotImplementedError):
+    """An abstract method a subclass (a ``Family``, a dataset reduction, a widget) must implement."""
+
+
+class NoSuchAttributeError(VitvizError, AttributeError):
+    """An attribute that does not exist (``vitviz.<name>``, a widget control); also an ``AttributeError``, so
+    ``hasattr`` and ``getattr(..., default)`` keep working."""
+
+
+__all__ = ["CaptureError", "CheckpointError", "ComputeError", "DataNotFoundError", "ImageInputError", "InputError", "InputTypeError", "LayerSelectError", "MissingDependencyError", "NoPositionEmbeddingError", "NoRGBFiltersError", "NoSuchAttributeError", "NotAViTError", "NotImplementedInVitviz", "OutOfRangeError", "RunInterrupted", "UnknownNameError", "UnsupportedModelError", "VitvizError", "WeightsUnavailableError"]

@@ -22,7 +22,7 @@ from vitviz.core.capture import HeadMaps, capture_attention
 from vitviz.core.datasets import RunningReduction, is_dataset_source, reduce_dataset
 from vitviz.core.images import Images
 from vitviz.core.spec import inspect
-from vitviz.errors import VitvizError
+from vitviz.errors import CaptureError, ImageInputError, InputTypeError
 
 __all__ = ["AttentionStatsReduction", "attention_statistics"]
 
@@ -50,7 +50,7 @@ class AttentionStatsReduction(RunningReduction):
             self.sums["mean_map"] = torch.zeros(self.layers, n, n, dtype=torch.float64, device=attn.device)
             self.sums["entropy"] = torch.zeros(self.layers, h, dtype=torch.float64, device=attn.device)
         elif self.sums["mean_map"].shape[-1] != n:
-            raise VitvizError(f"attention_statistics needs one token count for all images: got {n} tokens after "
+            raise ImageInputError(f"attention_statistics needs one token count for all images: got {n} tokens after "
                               f"{self.sums['mean_map'].shape[-1]}; resize the images to one size")
         device = self.sums["mean_map"].device
         fused = torch.zeros(n, n, device=attn.device, dtype=torch.float32)  # sum over images and heads
@@ -69,7 +69,7 @@ class AttentionStatsReduction(RunningReduction):
     def result(self) -> dict[str, torch.Tensor]:
         """``{"mean_attention": (L, N, N), "entropy": (L, H)}`` float32 on the CPU."""
         if self.images == 0 or "mean_map" not in self.sums:
-            raise VitvizError("attention_statistics saw no images")
+            raise CaptureError("attention_statistics saw no images")
         return {"mean_attention": (self.sums["mean_map"].cpu() / self.images).float(),
                 "entropy": (self.sums["entropy"].cpu() / self.images).float()}
 
@@ -105,7 +105,7 @@ def attention_statistics(
         return reduce_dataset(model, images, reduction, batch_size=batch_size, progress=progress,
                               **dataset_options).result()
     if dataset_options:
-        raise TypeError(f"{sorted(dataset_options)} apply to a folder, Dataset or DataLoader, not to a batch")
+        raise InputTypeError(f"{sorted(dataset_options)} apply to a folder, Dataset or DataLoader, not to a batch")
     for x in iter_batches(model, images, batch_size, progress=progress, desc="attention statistics"):
         with torch.no_grad():
             reduction.update(model, x)

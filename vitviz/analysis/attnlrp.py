@@ -50,7 +50,7 @@ from vitviz.core.families.lrp import LRPRules, lrp_rules
 from vitviz.core.images import Images
 from vitviz.core.spec import ViTSpec, inspect
 from vitviz.core.targets import Target, resolve_target
-from vitviz.errors import CaptureError, InputError, UnsupportedModelError, VitvizError
+from vitviz.errors import CaptureError, InputError, UnsupportedModelError
 
 __all__ = ["LRPRules", "attnlrp", "attnlrp_supported", "attnlrp_tokens", "lrp_rules"]
 
@@ -112,7 +112,7 @@ def attnlrp_tokens(
             raise CaptureError(f"{spec.name}: the first block did not run in this forward pass")
         resolved = resolve_target(target, out, start=start, n_images=n_images, model=model)
         if not resolved.scores.requires_grad:
-            raise VitvizError(f"{spec.name}: the target score does not depend on the input tokens (no gradient); a "
+            raise InputError(f"{spec.name}: the target score does not depend on the input tokens (no gradient); a "
                               "callable target must compute its score from the model output with torch ops")
         (grad,) = torch.autograd.grad(resolved.scores.sum(), tokens)
     dtype = torch.promote_types(tokens.dtype, torch.float32)

@@ -23,7 +23,7 @@ from vitviz.core.datasets import RunningReduction, is_dataset_source, reduce_dat
 from vitviz.core.images import Images
 from vitviz.core.spec import ViTSpec, inspect
 from vitviz.core.util import pair
-from vitviz.errors import VitvizError
+from vitviz.errors import CaptureError, InputError, InputTypeError
 
 __all__ = [
     "DistanceReducer", "DistanceReduction", "TokenLayout", "attention_distance_from_maps", "distance_observations",
@@ -48,7 +48,7 @@ def _layout(spec_or_layout: ViTSpec | TokenLayout | Any) -> TokenLayout:
         return TokenLayout(pair(spec_or_layout.grid_size), pair(spec_or_layout.patch_size),
                            int(spec_or_layout.num_prefix_tokens))
     except AttributeError:
-        raise TypeError("expected a ViTSpec (vitviz.inspect(model)) or a TokenLayout(grid_size, patch_size, "
+        raise InputTypeError("expected a ViTSpec (vitviz.inspect(model)) or a TokenLayout(grid_size, patch_size, "
                         f"num_prefix_tokens), got {type(spec_or_layout).__name__}") from None
 
 
@@ -81,7 +81,7 @@ def per_image_attention_distance(attn: torch.Tensor | HeadMaps, distances: torch
     """
     p = num_prefix_tokens
     if attn.ndim != 4 or attn.shape[-1] - p != distances.shape[0]:
-        raise ValueError(f"attention of shape {tuple(attn.shape)} does not fit {p} prefix tokens and "
+        raise InputError(f"attention of shape {tuple(attn.shape)} does not fit {p} prefix tokens and "
                          f"{distances.shape[0]} patches; expected (B, H, {p + distances.shape[0]}, "
                          f"{p + distances.shape[0]})")
     d = distances.to(device=attn.device, dtype=torch.float32)
@@ -133,10 +133,10 @@ class DistanceReducer:
 
     def __call__(self, position: int, attn: torch.Tensor | HeadMaps) -> None:
         if self.distances is None:
-            raise VitvizError("DistanceReducer.distances is not set (patch_distance_matrix of the grid)")
+            raise CaptureError("DistanceReducer.distances is not set (patch_distance_matrix of the grid)")
         per_image = per_image_attention_distance(attn, self.distances, self.num_prefix_tokens)
         if per_image.shape[1] != self.sums.shape[1]:
-            raise ValueError(f"layer {position} has {per_image.shape[1]} heads, expected {self.sums.shape[1]}")
+            raise InputError(f"layer {position} has {per_image.shape[1]} heads, expected {self.sums.shape[1]}")
         if self.sums.device != per_image.device:  # the running sums live where the maps are: no sync per layer
             self.sums, self.counts = self.sums.to(per_image.device), self.counts.to(per_image.device)
         self.sums[position] += per_image.sum(dim=0).double()
@@ -146,7 +146,7 @@ class DistanceReducer:
         """``(L, H)`` float32 mean distances in pixels (averaged over queries, then images), on the CPU."""
         sums, counts = self.sums.cpu(), self.counts.cpu()
         if not bool((counts > 0).all()):
-            raise VitvizError("no attention was reduced for some layers; did the forward pass run?")
+            raise CaptureError("no attention was reduced for some layers; did the forward pass run?")
         return (sums / counts[:, None]).float()
 
 
@@ -226,7 +226,7 @@ def mean_attention_distance(
         return reduce_dataset(model, images, DistanceReduction(model), batch_size=batch_size, progress=progress,
                               **dataset_options).result()
     if dataset_options:
-        raise TypeError(f"{sorted(dataset_options)} apply to a folder, Dataset or DataLoader, not to a batch")
+        raise InputTypeError(f"{sorted(dataset_options)} apply to a folder, Dataset or DataLoader, not to a batch")
     spec = inspect(model)
     require_softmax_maps(spec)
     layers = len(spec.attention_modules)

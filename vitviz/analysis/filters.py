@@ -26,7 +26,7 @@ from torch import nn
 
 from vitviz.core.families import family_of
 from vitviz.core.spec import inspect
-from vitviz.errors import NoRGBFiltersError
+from vitviz.errors import InputError, NoRGBFiltersError
 
 __all__ = ["NoRGBFiltersError", "applied_weight", "embedding_filters", "filter_pca"]
 
@@ -120,12 +120,12 @@ def filter_pca(
     """
     w = torch.as_tensor(weights).detach().to("cpu", torch.float64)
     if w.ndim != 4:
-        raise ValueError(f"expected filters of shape (C_out, C_in, kh, kw), got {tuple(w.shape)}")
+        raise InputError(f"expected filters of shape (C_out, C_in, kh, kw), got {tuple(w.shape)}")
     if n_components < 1:
-        raise ValueError(f"n_components must be at least 1, got {n_components}")
+        raise InputError(f"n_components must be at least 1, got {n_components}")
     c_out = w.shape[0]
     if c_out < 2:
-        raise ValueError(f"PCA needs at least two filters, got {c_out}")
+        raise InputError(f"PCA needs at least two filters, got {c_out}")
     x = w.reshape(c_out, -1)
     x = x - x.mean(dim=0, keepdim=True)
     _u, s, vh = torch.linalg.svd(x, full_matrices=False)

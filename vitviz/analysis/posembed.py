@@ -22,7 +22,7 @@ from torch import nn
 from vitviz.core.families import family_of
 from vitviz.core.spec import inspect
 from vitviz.core.util import pair
-from vitviz.errors import NoPositionEmbeddingError
+from vitviz.errors import InputError, NoPositionEmbeddingError
 
 if TYPE_CHECKING:
     pass
@@ -42,7 +42,7 @@ def _tensor_rows(
     pos: torch.Tensor, grid_size: Size | None, num_prefix_tokens: int | None
 ) -> tuple[torch.Tensor, tuple[int, int]]:
     if grid_size is None:
-        raise ValueError(
+        raise InputError(
             f"a raw position-embedding tensor of shape {tuple(pos.shape)} needs grid_size=(gh, gw): vitviz never "
             "guesses the grid from sqrt(L). Pass the model instead, or grid_size= and num_prefix_tokens="
         )
@@ -50,11 +50,11 @@ def _tensor_rows(
     if pos.ndim == 3 and pos.shape[0] == 1:
         pos = pos[0]
     if pos.ndim != 2:
-        raise ValueError(f"expected a (1, L, D) or (L, D) position embedding, got shape {tuple(pos.shape)}")
+        raise InputError(f"expected a (1, L, D) or (L, D) position embedding, got shape {tuple(pos.shape)}")
     rows = pos.shape[0]
     prefix = rows - gh * gw if num_prefix_tokens is None and rows >= gh * gw else num_prefix_tokens
     if prefix is None or prefix < 0 or rows != prefix + gh * gw:
-        raise ValueError(
+        raise InputError(
             f"the embedding has {rows} rows but a {gh}x{gw} grid has {gh * gw} patches"
             + (f" and num_prefix_tokens={num_prefix_tokens}" if num_prefix_tokens is not None else "")
             + "; check grid_size= and num_prefix_tokens="
@@ -89,14 +89,14 @@ def patch_pos_embed(
     """
     if isinstance(model_or_tensor, torch.Tensor | np.ndarray):
         if img_size is not None:
-            raise ValueError(
+            raise InputError(
                 "img_size= needs the model's patch size; pass the model, or resample the tensor first with "
                 "timm.layers.resample_abs_pos_embed"
             )
         pos = torch.as_tensor(model_or_tensor).detach().to("cpu", torch.float32)
         return _tensor_rows(pos, grid_size, num_prefix_tokens)
     if grid_size is not None or num_prefix_tokens is not None:
-        raise ValueError("grid_size= and num_prefix_tokens= are read from the model; pass them only with a tensor")
+        raise InputError("grid_size= and num_prefix_tokens= are read from the model; pass them only with a tensor")
     spec = inspect(model_or_tensor)
     if not spec.has_abs_pos_embed:
         raise NoPositionEmbeddingError(
@@ -117,7 +117,7 @@ def patch_pos_embed(
 
         new_grid = spec.grid_for(pair(img_size))
         if min(new_grid) < 1:
-            raise ValueError(f"img_size={img_size} is smaller than one {spec.patch_size} patch of {spec.name}")
+            raise InputError(f"img_size={img_size} is smaller than one {spec.patch_size} patch of {spec.name}")
         pos = resample_abs_pos_embed(pos, new_size=list(new_grid), old_size=list(grid), num_prefix_tokens=prefix)
         grid = new_grid
     return _tensor_rows(pos, grid, prefix)
@@ -204,7 +204,7 @@ def pos_embed_locality(
     )
     gh, gw = sim.shape[:2]
     if gh * gw < 2:
-        raise ValueError(f"a {gh}x{gw} grid has no pairs of distinct patches to correlate")
+        raise InputError(f"a {gh}x{gw} grid has no pairs of distinct patches to correlate")
     iu = np.triu_indices(gh * gw, k=1)
     # rounded so that float noise does not break ties between equally similar pairs (e.g. a sincos table)
     s = np.round(sim.reshape(gh * gw, gh * gw).numpy()[iu].astype(np.float64), 6)
@@ -231,7 +231,7 @@ def sincos_pos_embed(
     from timm.layers import build_sincos2d_pos_embed
 
     if dim % 4:
-        raise ValueError(f"a 2-D sincos embedding needs a width divisible by 4, got {dim}")
+        raise InputError(f"a 2-D sincos embedding needs a width divisible by 4, got {dim}")
     grid = build_sincos2d_pos_embed(list(pair(grid_size)), dim=dim, temperature=temperature)
     return torch.cat([torch.zeros(num_prefix_tokens, dim), grid], dim=0)[None]
 

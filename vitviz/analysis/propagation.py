@@ -37,7 +37,7 @@ import torch
 
 from vitviz.core.capture import HeadMaps, check_layer_index
 from vitviz.core.spec import ViTSpec
-from vitviz.errors import CaptureError, InputError, LayerSelectError, VitvizError
+from vitviz.errors import CaptureError, InputError, OutOfRangeError
 
 __all__ = [
     "FLOW_MAPS", "HEAD_FUSIONS", "RULES", "LayerRule", "Propagator", "discard_weakest", "fuse_heads",
@@ -262,7 +262,7 @@ class Propagator:
         ``R`` is multiplied bottom up, ``A_L (... (A_2 A_1))``; rows are pushed from the top, ``((v A_L) ...) A_1``.
         """
         if not self.matrices:
-            raise VitvizError("Propagator: no layer was fed; run a forward pass inside capture_attention("
+            raise CaptureError("Propagator: no layer was fed; run a forward pass inside capture_attention("
                               "on_layer=propagator) or call propagate(...) on maps in hand")
         skip = self.rule.skip
         if rows is None:
@@ -343,7 +343,7 @@ def output_token(spec: ViTSpec, token: int | None, n: int) -> int | None:
     if token is None:
         return spec.class_token_index
     if not -n <= token < n:
-        raise LayerSelectError(f"{spec.name}: token={token} is out of range for {n} tokens; pass an index in "
+        raise OutOfRangeError(f"{spec.name}: token={token} is out of range for {n} tokens; pass an index in "
                                f"{-n} ... {n - 1} (prefix tokens first, then patches row-major) or None")
     return token % n
 

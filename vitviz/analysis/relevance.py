@@ -48,7 +48,7 @@ from vitviz.core.capture import capture_attention
 from vitviz.core.images import Images
 from vitviz.core.spec import ViTSpec, inspect
 from vitviz.core.targets import ResolvedTarget, Target, resolve_target
-from vitviz.errors import InputError, VitvizError
+from vitviz.errors import InputError, UnsupportedModelError
 
 __all__ = ["attention_gradients", "chefer_from_attentions", "chefer_relevance", "grad_rollout",
            "grad_rollout_from_attentions", "weighted_attention"]
@@ -89,13 +89,13 @@ def attention_gradients(
     targets = [_used_tensor(a) for a in attns]
     live = [t for t in targets if t is not None]
     if not resolved.scores.requires_grad:
-        raise VitvizError(f"{spec.name}: the target score does not depend on the input (no gradient); a callable "
+        raise InputError(f"{spec.name}: the target score does not depend on the input (no gradient); a callable "
                           "target must compute its score from the model output with differentiable torch ops")
     found = iter(torch.autograd.grad(resolved.scores.sum(), live, allow_unused=True) if live else ())
     grads = [None if t is None else _as_map(next(found), a) for t, a in zip(targets, attns)]
     unused = [name for name, g in zip(cap.layer_names, grads) if g is None]
     if unused:
-        raise VitvizError(
+        raise UnsupportedModelError(
             f"{spec.name}: the attention captured at {unused[0]}{' and others' if len(unused) > 1 else ''} does not "
             "feed the output (this model's probe recomputes or copies the probabilities), so it has no gradient; "
             "use a gradient-free method (attention, rollout, flow), or a model whose attention probabilities are "

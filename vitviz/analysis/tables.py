@@ -9,6 +9,8 @@ from __future__ import annotations
 
 from typing import TYPE_CHECKING, Any
 
+from vitviz.errors import InputError
+
 if TYPE_CHECKING:
     import pandas as pd
 
@@ -30,7 +32,7 @@ def distance_table(distance: Any, model: str = "model", patch_size: tuple[int, i
 
     d = np.asarray(distance.detach().cpu() if hasattr(distance, "detach") else distance, dtype=float)
     if d.ndim != 2:
-        raise ValueError(f"distance must be (L, H), got shape {d.shape}")
+        raise InputError(f"distance must be (L, H), got shape {d.shape}")
     layers, heads = d.shape
     df = pd.DataFrame({
         "model": model,

@@ -13,6 +13,8 @@ from typing import Any
 
 import numpy as np
 
+from vitviz.errors import InputError
+
 
 def depth_trend(values: Any) -> dict[str, float]:
     """Spearman's rho of a ``(L, H)`` per-layer, per-head statistic against the layer index.
@@ -28,7 +30,7 @@ def depth_trend(values: Any) -> dict[str, float]:
 
     x = np.asarray(values.detach().cpu() if hasattr(values, "detach") else values, dtype=float)
     if x.ndim != 2 or x.shape[0] < 2:
-        raise ValueError(f"depth_trend: values must be (L, H) with L >= 2 layers, got shape {x.shape}")
+        raise InputError(f"depth_trend: values must be (L, H) with L >= 2 layers, got shape {x.shape}")
     layers = np.repeat(np.arange(x.shape[0]), x.shape[1])
     rho, p = stats.spearmanr(layers, x.reshape(-1))
     return {"rho": float(rho), "p": float(p), "layers": int(x.shape[0]), "heads": int(x.shape[1]),

@@ -31,7 +31,7 @@ from torch.utils.data import DataLoader, Dataset
 from torch.utils.data.distributed import DistributedSampler
 
 from vitviz.core.io import atomic_save
-from vitviz.errors import CheckpointError, InputError
+from vitviz.errors import CheckpointError, InputError, NotImplementedInVitviz
 
 IMAGE_SUFFIXES = (".jpg", ".jpeg", ".png", ".bmp", ".gif", ".webp", ".tif", ".tiff")
 
@@ -112,10 +112,10 @@ class RunningReduction:
 
     def update(self, model: nn.Module, x: torch.Tensor, target: Any = None) -> None:
         """Add one batch ``x`` ``(b, 3, H, W)`` (on the model's device) to the sums."""
-        raise NotImplementedError
+        raise NotImplementedInVitviz
 
     def result(self) -> Any:
-        raise NotImplementedError
+        raise NotImplementedInVitviz
 
     def fingerprint(self) -> dict[str, Any]:
         return {"reduction": self.name}

@@ -11,6 +11,8 @@ from typing import Any
 
 import torch
 
+from vitviz.errors import InputError
+
 
 def atomic_write(path: str | os.PathLike, write: Callable[[str], None]) -> Path:
     """Call ``write(tmp_path)`` and move the result to ``path`` in one rename; no partial file ever shows."""
@@ -61,7 +63,7 @@ def save_arrays(path_stem: str | os.PathLike, **arrays: Any) -> Path:
     import numpy as np
 
     if not arrays:
-        raise ValueError("save_arrays needs at least one array, e.g. save_arrays(stem, similarity=sim)")
+        raise InputError("save_arrays needs at least one array, e.g. save_arrays(stem, similarity=sim)")
     values = {k: v.detach().cpu().numpy() if isinstance(v, torch.Tensor) else np.asarray(v) for k, v in arrays.items()}
     path = Path(path_stem)
     path = path if path.suffix == ".npz" else path.parent / f"{path.name}.npz"

@@ -14,7 +14,7 @@ from __future__ import annotations
 import importlib.resources
 from pathlib import Path
 
-from vitviz.errors import VitvizError
+from vitviz.errors import DataNotFoundError, InputError
 
 __all__ = ["SHIPPED", "shipped_dir"]
 
@@ -30,11 +30,11 @@ def shipped_dir(package: str) -> Path:
             source folder on ``PYTHONPATH`` that was never installed: run ``pip install -e .`` there).
     """
     if package not in SHIPPED:
-        raise VitvizError(f"package={package!r} is not shipped data; pass one of {sorted(SHIPPED)}")
+        raise InputError(f"package={package!r} is not shipped data; pass one of {sorted(SHIPPED)}")
     try:
         root = importlib.resources.files(package)
     except ModuleNotFoundError:
-        raise VitvizError(
+        raise DataNotFoundError(
             f"{package} (the repository's {SHIPPED[package]}/ folder) is not installed with this vitviz; install "
             "vitviz (`pip install -e .` in a checkout, or the wheel) rather than putting its folder on PYTHONPATH"
         ) from None

@@ -23,6 +23,8 @@ from collections.abc import Sequence
 import numpy as np
 import pandas as pd
 
+from vitviz.errors import InputError
+
 CONFIG_COLUMNS = ["family", "model", "size", "train_images", "epochs"]
 
 
@@ -98,12 +100,12 @@ def compute_grid(runs: pd.DataFrame, families: Sequence[str], n: int = 7, x: str
     for fam in families:
         x = runs.loc[runs["family"] == fam, col]
         if not len(x):
-            raise ValueError(f"no runs of family {fam!r}; families present: {sorted(runs['family'].unique())}")
+            raise InputError(f"no runs of family {fam!r}; families present: {sorted(runs['family'].unique())}")
         lows.append(x.min())
         highs.append(x.max())
     lo, hi = max(lows), min(highs)
     if lo > hi:
-        raise ValueError(f"families {list(families)} share no compute range (lowest maxima {hi:.3g} below "
+        raise InputError(f"families {list(families)} share no compute range (lowest maxima {hi:.3g} below "
                          f"highest minima {lo:.3g} PFLOPs)")
     return np.geomspace(lo, hi, n) if hi > lo else np.array([lo])
 

@@ -21,6 +21,7 @@ from PIL import Image
 from torchvision.datasets import ImageFolder
 
 from vitviz.core.io import atomic_save
+from vitviz.errors import DataNotFoundError, InputError
 from vitviz.zoo.samples import DATA_ENV, resolve_data_root  # noqa: F401  (the dataset root rule lives with the samples)
 
 
@@ -60,10 +61,10 @@ def load_image_folder(folder: str | os.PathLike, cache_dir: str | os.PathLike | 
     """
     folder = Path(folder)
     if not folder.is_dir():
-        raise FileNotFoundError(f"image folder {str(folder)!r} not found (expected <root>/<split>/<class>/*.jpg)")
+        raise DataNotFoundError(f"image folder {str(folder)!r} not found (expected <root>/<split>/<class>/*.jpg)")
     index = ImageFolder(str(folder))
     if not index.samples:
-        raise FileNotFoundError(f"image folder {str(folder)!r} holds no images")
+        raise DataNotFoundError(f"image folder {str(folder)!r} holds no images")
     key = hashlib.sha1("\n".join(p for p, _ in index.samples).encode()).hexdigest()[:16]
     cache = Path(cache_dir) / f"{folder.name}-{key}.pt" if cache_dir is not None else None
     if cache is not None and cache.exists():
@@ -72,7 +73,7 @@ def load_image_folder(folder: str | os.PathLike, cache_dir: str | os.PathLike | 
     images = [torch.from_numpy(_decode(p)).permute(2, 0, 1) for p, _ in index.samples]
     sizes = {tuple(im.shape) for im in images}
     if len(sizes) != 1:
-        raise ValueError(f"images in {str(folder)!r} differ in size ({sorted(sizes)[:3]}...); resize them first")
+        raise InputError(f"images in {str(folder)!r} differ in size ({sorted(sizes)[:3]}...); resize them first")
     data = TensorDataset(torch.stack(images), torch.tensor([t for _, t in index.samples]), list(index.classes))
     if cache is not None:
         atomic_save({"images": data.images, "labels": data.labels}, cache)
@@ -98,7 +99,7 @@ def pack_image_folder(root: str | os.PathLike, path: str | os.PathLike,
     """
     root, path = Path(root), Path(path)
     if path.suffix != ".npz":
-        raise ValueError(f"pack path {str(path)!r} must end in .npz")
+        raise InputError(f"pack path {str(path)!r} must end in .npz")
     arrays: dict[str, np.ndarray] = {"format": np.array(PACK_FORMAT)}
     for split in splits:
         index = ImageFolder(str(root / split))
@@ -124,7 +125,7 @@ def load_pack(path: str | os.PathLike, split: str, cache_dir: str | os.PathLike 
     path = Path(path)
     with np.load(path) as pack:
         if str(pack.get("format", "")) != PACK_FORMAT or f"{split}_data" not in pack:
-            raise ValueError(f"{str(path)!r} is not a {PACK_FORMAT} pack with a {split!r} split; "
+            raise InputError(f"{str(path)!r} is not a {PACK_FORMAT} pack with a {split!r} split; "
                              "write one with vitviz.experiments.data.pack_image_folder(root, path)")
         prefix = pack[f"{split}_prefix"].tobytes()
         data, offsets = pack[f"{split}_data"], pack[f"{split}_offsets"]

@@ -18,6 +18,7 @@ from typing import Any
 import torch
 
 from vitviz.core.io import atomic_write, atomic_write_json
+from vitviz.errors import ComputeError
 from vitviz.experiments.data import balanced_indices, load_split
 from vitviz.zoo.cards import DATASET
 from vitviz.zoo.reference import REFERENCE_MODELS, build_reference
@@ -68,7 +69,7 @@ def export_reference(cfg: Any, dest: str | os.PathLike) -> dict[str, Any]:
 
     state = load_training_state(cfg.run_dir / "last.pt")
     if state["epoch"] < cfg.epochs:
-        raise RuntimeError(f"{cfg.run_dir}/last.pt holds epoch {state['epoch']} of {cfg.epochs}; finish it first "
+        raise ComputeError(f"{cfg.run_dir}/last.pt holds epoch {state['epoch']} of {cfg.epochs}; finish it first "
                            "(python -m vitviz.experiments.train ... --resume)")
     dest = Path(dest)
     name = cfg.model

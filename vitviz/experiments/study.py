@@ -27,6 +27,7 @@ from typing import Any
 import pandas as pd
 
 from vitviz.core.io import atomic_write_json, atomic_write_text
+from vitviz.errors import InputError
 from vitviz.experiments.config import study_parser
 from vitviz.experiments.train import TrainConfig, train
 from vitviz.zoo.reference import FAMILY_LABELS
@@ -91,9 +92,9 @@ def plan(cfg: StudyConfig) -> list[dict[str, Any]]:
         known = FAMILIES if name == "families" else SIZES
         unknown = [v for v in values if v not in known]
         if unknown:
-            raise ValueError(f"unknown {name} {unknown}; choose from {sorted(known)}")
+            raise InputError(f"unknown {name} {unknown}; choose from {sorted(known)}")
     if not cfg.seeds:
-        raise ValueError("seeds is empty: give at least one seed, e.g. --seeds 0,1,2")
+        raise InputError("seeds is empty: give at least one seed, e.g. --seeds 0,1,2")
     blocks = [(cfg.train_subset, cfg.epochs, cfg.sizes)]
     if cfg.full_epochs:
         blocks.append((None, cfg.full_epochs, [s for s in cfg.full_sizes if s in cfg.sizes] or cfg.full_sizes))

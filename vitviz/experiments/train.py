@@ -33,7 +33,7 @@ from tqdm.auto import tqdm
 
 from vitviz.analysis.flops import count_flops
 from vitviz.core.io import atomic_save, atomic_write_json, atomic_write_text
-from vitviz.errors import RunInterrupted as Interrupted  # noqa: F401  (the name step callbacks raise)
+from vitviz.errors import InputError  # noqa: F401  (the name step callbacks raise
 from vitviz.experiments.config import TrainConfig, config_from_args, train_parser
 from vitviz.experiments.data import TensorDataset, load_split
 from vitviz.experiments.measure import device_description, evaluate, normalize
@@ -77,7 +77,7 @@ def _policy(name: str) -> Callable[[torch.Tensor], torch.Tensor] | None:
         return v2.TrivialAugmentWide()
     if name == "randaugment":
         return v2.RandAugment()
-    raise ValueError(f"unknown augment {name!r}; use crop-flip, trivialaugment or randaugment")
+    raise InputError(f"unknown augment {name!r}; use crop-flip, trivialaugment or randaugment")
 
 
 def _param_groups(model: nn.Module, weight_decay: float) -> list[dict[str, Any]]:
@@ -146,12 +146,12 @@ def train(
         mine = {k: v for k, v in asdict(cfg).items() if k in saved}
         if saved != mine:
             diff = {k: (saved[k], mine.get(k)) for k in saved if saved[k] != mine.get(k)}
-            raise ValueError(f"cannot resume {ckpt_path}: its config differs (saved, now): {diff}")
+            raise InputError(f"cannot resume {ckpt_path}: its config differs (saved, now): {diff}")
         planned = state["config"]["epochs"]
         if planned != cfg.epochs and state["epoch"] > cfg.warmup_epochs:
             # The cosine schedule depends on the total, so the epochs already trained followed another schedule;
             # only inside the linear warm-up (which does not depend on it) is the run the same.
-            raise ValueError(
+            raise InputError(
                 f"cannot resume {ckpt_path} as a {cfg.epochs}-epoch run: it holds {state['epoch']} epochs of a "
                 f"{planned}-epoch schedule, past the {cfg.warmup_epochs:g}-epoch warm-up, so its learning rates "
                 f"differ from a {cfg.epochs}-epoch run's. Resume it with --epochs {planned}, or start the longer "

@@ -25,7 +25,7 @@ from vitviz.analysis.tables import distance_table
 from vitviz.core.capture import capture_attention, check_layer_index
 from vitviz.core.images import Images, denormalise, load_images
 from vitviz.core.spec import inspect
-from vitviz.errors import InputError
+from vitviz.errors import InputError, OutOfRangeError
 from vitviz.plot.style import FIGSIZE, new_figure, styled
 
 __all__ = ["plot_attention_distance", "plot_attention_distance_grid", "plot_attention_heads_grid",
@@ -112,14 +112,14 @@ def plot_rollout(
         "Attention (relative to max)" unless ``mode="mask"``.
     """
     if mode not in MODES:
-        raise ValueError(f"mode must be one of {MODES}, got {mode!r}")
+        raise InputError(f"mode must be one of {MODES}, got {mode!r}")
     x = load_images(model, images)
     if maps is None:
         maps = attention_rollout(model, x, head_fusion=head_fusion, discard_ratio=discard_ratio, token=token)
     if maps.ndim != 3 or maps.shape[0] != x.shape[0]:
-        raise ValueError(f"expected one (gh, gw) map per image: {x.shape[0]} images, maps {tuple(maps.shape)}")
+        raise InputError(f"expected one (gh, gw) map per image: {x.shape[0]} images, maps {tuple(maps.shape)}")
     if labels is not None and len(labels) != x.shape[0]:
-        raise ValueError(f"{len(labels)} labels for {x.shape[0]} images")
+        raise InputError(f"{len(labels)} labels for {x.shape[0]} images")
     imgs = denormalise(model, x)
     masks = upsample_maps(maps, imgs.shape[1:3], scale)
 
@@ -172,11 +172,11 @@ def _query(spec, query: int | tuple[int, int] | None, grid: tuple[int, int]) -> 
     if isinstance(query, tuple):
         r, c = query
         if not (0 <= r < grid[0] and 0 <= c < grid[1]):
-            raise IndexError(f"query patch {query} is outside the {grid[0]}x{grid[1]} grid")
+            raise OutOfRangeError(f"query patch {query} is outside the {grid[0]}x{grid[1]} grid")
         return p + r * grid[1] + c, f"patch (row {r + 1}, column {c + 1})"
     n = p + grid[0] * grid[1]
     if not -n <= query < n:
-        raise IndexError(f"query token {query} is out of range for {n} tokens")
+        raise OutOfRangeError(f"query token {query} is out of range for {n} tokens")
     q = query % n
     name = spec.prefix_tokens[q] if q < p else f"patch token {q - p}"
     return q, f"{name} token" if q < p else name
@@ -208,7 +208,7 @@ def plot_attention_heads_grid(
     """
     x = load_images(model, image)
     if x.shape[0] != 1:
-        raise ValueError(f"plot_attention_heads_grid draws one image; got {x.shape[0]} (pass images[i])")
+        raise InputError(f"plot_attention_heads_grid draws one image; got {x.shape[0]} (pass images[i])")
     spec = inspect(model)
     depth = len(spec.attention_modules)
     check_layer_index(layer, depth, "layer", spec.name)
@@ -259,18 +259,18 @@ def _distances(source: nn.Module | torch.Tensor | np.ndarray, images: Images | N
                batch_size: int) -> np.ndarray:
     if isinstance(source, nn.Module):
         if images is None:
-            raise ValueError("plot_attention_distance(model, images): pass the images to average over (the paper "
+            raise InputError("plot_attention_distance(model, images): pass the images to average over (the paper "
                              "uses 128), or pass precomputed (L, H) distances from vitviz.mean_attention_distance")
         dist = mean_attention_distance(source, images, batch_size=batch_size)
         if patch_size is not None:  # the model's own stride was used; rescale to the one given
             sh, sw = inspect(source).patch_size
             if sh != sw:
-                raise ValueError(f"patch_size= cannot rescale the non-square {sh}x{sw} stride of {inspect(source).name}")
+                raise InputError(f"patch_size= cannot rescale the non-square {sh}x{sw} stride of {inspect(source).name}")
             dist = dist * (patch_size / sh)
         return dist.numpy()
     d = np.asarray(torch.as_tensor(source).detach().float().cpu())
     if d.ndim != 2:
-        raise ValueError(f"expected distances of shape (layers, heads), got {d.shape}")
+        raise InputError(f"expected distances of shape (layers, heads), got {d.shape}")
     return d * patch_size if patch_size is not None else d
 
 
@@ -373,7 +373,7 @@ def plot_attention_distance_grid(
         has the same number of heads.
     """
     if not models:
-        raise ValueError("plot_attention_distance_grid needs at least one model")
+        raise InputError("plot_attention_distance_grid needs at least one model")
     dists = {name: _distances(src, images, None, batch_size) for name, src in models.items()}
     heads = {d.shape[1] for d in dists.values()}
     top = max(float(np.nanmax(d)) for d in dists.values())

@@ -14,6 +14,7 @@ from matplotlib.axes import Axes
 from matplotlib.figure import Figure
 from matplotlib.ticker import FuncFormatter, LogLocator, NullFormatter
 
+from vitviz.errors import UnknownNameError
 from vitviz.experiments.compare import pareto_frontier
 from vitviz.plot.style import FIGSIZE, new_figure, styled
 
@@ -136,7 +137,7 @@ def plot_compute_curves(
         df = paper_results()
     missing = [c for c in ("family", x, *metrics) if c not in df.columns]
     if missing:
-        raise KeyError(f"plot_compute_curves: the DataFrame lacks columns {missing}; it has {list(df.columns)}")
+        raise UnknownNameError(f"plot_compute_curves: the DataFrame lacks columns {missing}; it has {list(df.columns)}")
     if fig is None:
         w, h = FIGSIZE["wide"]
         fig = new_figure((max(w, 3.3 * len(metrics)), h))

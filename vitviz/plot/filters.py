@@ -16,6 +16,7 @@ from torch import nn
 
 from vitviz.analysis.filters import embedding_filters, filter_pca
 from vitviz.core.spec import inspect
+from vitviz.errors import InputError
 from vitviz.plot.style import FIGSIZE, new_figure, styled
 
 __all__ = ["filters_mosaic", "filters_to_rgb", "plot_embedding_filters", "plot_filter_variance"]
@@ -134,7 +135,7 @@ def plot_filter_variance(
     else:
         ratio = np.asarray(torch.as_tensor(model_or_ratio).detach().cpu().double()).reshape(-1)
     if ratio.size == 0:
-        raise ValueError("no explained variance ratios to plot")
+        raise InputError("no explained variance ratios to plot")
     total = ratio.size
     cumulative = np.cumsum(ratio)  # over all components, so a cut-off axis still shows the true running sum
     n = min(total, n_components if n_components is not None else MAX_VARIANCE_BARS)

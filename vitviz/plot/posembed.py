@@ -18,6 +18,7 @@ from matplotlib.patches import Rectangle
 from torch import nn
 
 from vitviz.analysis.posembed import Size, pos_embed_similarity
+from vitviz.errors import DataNotFoundError, InputError, OutOfRangeError
 from vitviz.plot.style import FIGSIZE, new_figure, styled
 
 __all__ = ["plot_pos_embed", "plot_pos_embed_similarity", "plot_posemb_ablation_grid", "pos_embed_mosaic", "tile_layout"]
@@ -78,7 +79,7 @@ def _as_sim(source: nn.Module | torch.Tensor | np.ndarray) -> np.ndarray:
         source = pos_embed_similarity(source)
     sim = np.asarray(torch.as_tensor(source).detach().cpu().float())
     if sim.ndim != 4 or sim.shape[:2] != sim.shape[2:]:
-        raise ValueError(f"expected similarities of shape (gh, gw, gh, gw), got {sim.shape}")
+        raise InputError(f"expected similarities of shape (gh, gw, gh, gw), got {sim.shape}")
     return sim
 
 
@@ -178,7 +179,7 @@ def plot_pos_embed_similarity(
     gh, gw = sim_np.shape[:2]
     r, c = query
     if not (0 <= r < gh and 0 <= c < gw):
-        raise IndexError(f"query {query} is outside the {gh}x{gw} grid (zero-based row, column)")
+        raise OutOfRangeError(f"query {query} is outside the {gh}x{gw} grid (zero-based row, column)")
     if ax is None:
         fig = new_figure(FIGSIZE["single"])
         fig.set_layout_engine("constrained")
@@ -231,7 +232,7 @@ def plot_posemb_ablation_grid(directory: str | os.PathLike | None = None) -> Fig
     cards = read_cards(directory)
     trained = table[table["trained"]]
     if trained.empty:
-        raise FileNotFoundError("no card of cifar10-vit-nopos, cifar10-vit-1dpos or cifar10-vit-2dpos was found; "
+        raise DataNotFoundError("no card of cifar10-vit-nopos, cifar10-vit-1dpos or cifar10-vit-2dpos was found; "
                                 "train them with `make train-reference` (or pass directory=)")
     fig = new_figure(FIGSIZE["wide"])
     fig.set_layout_engine("constrained")

@@ -17,6 +17,8 @@ import matplotlib as mpl
 from matplotlib.axes import Axes
 from matplotlib.figure import Figure
 
+from vitviz.errors import InputError
+
 __all__ = ["RC", "FIGSIZE", "PAPER_FIGURES", "new_figure", "plot_level", "save_figure", "styled", "vitviz_style"]
 
 # rcParams for paper-size figures: 8-9 pt text, thin lines, no top/right spines
@@ -136,7 +138,7 @@ def save_figure(
     fig = fig.figure if isinstance(fig, Axes) else fig
     formats = [f.lower().lstrip(".") for f in formats]
     if not formats:
-        raise ValueError("save_figure needs at least one format, e.g. formats=('png',)")
+        raise InputError("save_figure needs at least one format, e.g. formats=('png',)")
     stem = Path(path_stem)
     if stem.suffix.lstrip(".").lower() in formats:
         stem = stem.with_suffix("")

@@ -19,6 +19,7 @@ from dataclasses import asdict, dataclass, field
 from pathlib import Path
 from typing import Any
 
+from vitviz.errors import InputError
 from vitviz.zoo.samples import DATA_ENV
 
 __all__ = ["NotebookRun", "find_notebooks", "notebook_html", "notebook_parameters",
@@ -83,7 +84,7 @@ def parameters_for(path: str | os.PathLike, **known: Any) -> dict[str, Any]:
         if value is None:
             continue
         if key not in PARAMETER_NAMES:
-            raise ValueError(f"unknown report setting {key!r}; known: {sorted(PARAMETER_NAMES)}")
+            raise InputError(f"unknown report setting {key!r}; known: {sorted(PARAMETER_NAMES)}")
         name = next((n for n in PARAMETER_NAMES[key] if n in declared), None)
         if name is not None:
             chosen[name] = str(value) if isinstance(value, os.PathLike) else value

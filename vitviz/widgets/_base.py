@@ -16,6 +16,7 @@ from typing import Any
 
 import ipywidgets as widgets
 
+from vitviz.errors import NoSuchAttributeError, NotImplementedInVitviz
 from vitviz.widgets._render import cell_at
 
 __all__ = ["Explorer", "clicks_supported"]
@@ -83,7 +84,7 @@ class Explorer(widgets.VBox):
         """
         unknown = [k for k in values if not isinstance(getattr(self, k, None), widgets.ValueWidget)]
         if unknown:
-            raise AttributeError(f"{type(self).__name__} has no control named {unknown}; its controls are "
+            raise NoSuchAttributeError(f"{type(self).__name__} has no control named {unknown}; its controls are "
                                  f"{self.control_names()}")
         with self.hold():
             for name, value in values.items():
@@ -104,11 +105,11 @@ class Explorer(widgets.VBox):
 
     def render(self) -> tuple[bytes, str]:  # pragma: no cover - abstract
         """The PNG and status line for the current controls."""
-        raise NotImplementedError
+        raise NotImplementedInVitviz
 
     def select_patch(self, row: int, col: int) -> None:  # pragma: no cover - abstract
         """Make patch ``(row, col)`` the query."""
-        raise NotImplementedError
+        raise NotImplementedInVitviz
 
     # -- internals -----------------------------------------------------------------------------------------------
 

@@ -208,7 +208,7 @@ class AttentionExplorer(Explorer):
         attn = self.attentions(i)
         n = attn[layer].shape[-1]
         if n != self.spec.num_prefix_tokens + self.grid[0] * self.grid[1]:
-            raise ValueError(f"{self.spec.name}: layer {layer} attends over {n} tokens, but the layout is "
+            raise InputError(f"{self.spec.name}: layer {layer} attends over {n} tokens, but the layout is "
                              f"{self.spec.num_prefix_tokens} prefix tokens and a {self.grid[0]}x{self.grid[1]} grid")
         if self.rollout.value:
             m = self._rollout_matrix(i, layer, head, float(self.discard.value))

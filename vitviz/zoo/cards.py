@@ -9,7 +9,7 @@ import os
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
-from vitviz.errors import CheckpointError
+from vitviz.errors import CheckpointError, InputError
 from vitviz.zoo.reference import FAMILY_LABELS, REFERENCE_MODELS
 from vitviz.zoo.weights import CARD_FORMAT
 
@@ -102,7 +102,7 @@ def _train_images(card: dict[str, Any]) -> int:
         return CIFAR10_TRAIN_IMAGES
     if subset is not None:
         return int(subset)
-    raise ValueError(f"the card of {card['name']} does not say how many training images it saw; export it again")
+    raise InputError(f"the card of {card['name']} does not say how many training images it saw; export it again")
 
 
 def reference_compute(directory: str | os.PathLike | None = None) -> pd.DataFrame:

@@ -16,7 +16,7 @@ from urllib.parse import urlparse
 import torch
 from torch import nn
 
-from vitviz.errors import CheckpointError, VitvizError, WeightsUnavailableError
+from vitviz.errors import CheckpointError, InputError, WeightsUnavailableError
 from vitviz.zoo.reference import REFERENCE_MODELS, build_reference
 from vitviz.zoo.weights import check_npz, checkpoint_dir, read_state_dict, safetensors_metadata
 
@@ -84,7 +84,7 @@ def _create_timm(name: str, pretrained: bool, checkpoint: Path | None, **kwargs:
 
     if not timm.is_model(name.split(".")[0]):
         close = timm.list_models(f"*{name.split('.')[0].split('_')[0]}*")[:5]
-        raise VitvizError(
+        raise InputError(
             f"{name!r} is neither a timm model, a local weights file nor a vitviz reference model "
             f"({', '.join(REFERENCE_MODELS)}). Similar timm names: {close}"
         )

@@ -10,6 +10,8 @@ from collections.abc import Mapping
 from pathlib import Path
 from typing import TYPE_CHECKING
 
+from vitviz.errors import DataNotFoundError
+
 if TYPE_CHECKING:
     import pandas as pd
     from torch import nn
@@ -35,7 +37,7 @@ def paper_table(filename: str) -> pd.DataFrame:
     path = PAPER_DATA_DIR / filename
     if not path.is_file():
         have = sorted(p.name for p in PAPER_DATA_DIR.glob("*.csv")) if PAPER_DATA_DIR.is_dir() else []
-        raise FileNotFoundError(f"paper table {str(path)!r} not found; {PAPER_DATA_DIR} holds {have}")
+        raise DataNotFoundError(f"paper table {str(path)!r} not found; {PAPER_DATA_DIR} holds {have}")
     return pd.read_csv(path, na_values=["N/A"])
 
 

@@ -30,6 +30,8 @@ from timm.models.resnet import BasicBlock
 from timm.models.vision_transformer import VisionTransformer
 from torch import nn
 
+from vitviz.errors import InputError, NoSuchAttributeError, UnknownNameError
+
 CIFAR10_CLASSES = ("airplane", "automobile", "bird", "cat", "deer", "dog", "frog", "horse", "ship", "truck")
 CIFAR10_MEAN = (0.4914, 0.4822, 0.4465)
 CIFAR10_STD = (0.2470, 0.2435, 0.2616)
@@ -68,7 +70,7 @@ class VisionTransformer2DPos(VisionTransformer):
         super().__init__(**kwargs)
         embed_dim = self.embed_dim
         if embed_dim % 2:
-            raise ValueError(f"2-D position embedding needs an even embed_dim, got {embed_dim}")
+            raise InputError(f"2-D position embedding needs an even embed_dim, got {embed_dim}")
         gh, gw = self.patch_embed.grid_size
         self.pos_embed_prefix = nn.Parameter(torch.zeros(1, self.num_prefix_tokens, embed_dim))
         self.pos_embed_row = nn.Parameter(torch.zeros(1, gh, embed_dim // 2))
@@ -91,7 +93,7 @@ class VisionTransformer2DPos(VisionTransformer):
     @pos_embed.setter
     def pos_embed(self, value: Any) -> None:
         if value is not None:
-            raise AttributeError("VisionTransformer2DPos.pos_embed is derived from pos_embed_row/pos_embed_col")
+            raise NoSuchAttributeError("VisionTransformer2DPos.pos_embed is derived from pos_embed_row/pos_embed_col")
 
     def no_weight_decay(self) -> set[str]:
         return {"pos_embed_prefix", "pos_embed_row", "pos_embed_col", "cls_token"}
@@ -206,7 +208,7 @@ def build_reference(name: str, **overrides: Any) -> nn.Module:
         return REFERENCE_MODELS[name].build(**overrides)
     except KeyError:
         known = ", ".join(REFERENCE_MODELS)
-        raise KeyError(f"unknown reference model {name!r}; known: {known}") from None
+        raise UnknownNameError(f"unknown reference model {name!r}; known: {known}") from None
 
 
 # reference architecture -> family label used in every figure (the study's and the cards' tables draw alike)

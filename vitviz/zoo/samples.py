@@ -17,6 +17,8 @@ from pathlib import Path
 
 import numpy as np
 
+from vitviz.errors import DataNotFoundError, InputError, MissingDependencyError
+
 __all__ = ["NATURAL_IMAGES", "ImageSet", "example_images", "folder_images", "images_from", "natural_images",
            "resolve_test_folder"]
 
@@ -32,7 +34,7 @@ def resolve_data_root(root: str | os.PathLike | None = None) -> Path:
     if root is None:
         root = os.environ.get(DATA_ENV)
         if not root:
-            raise FileNotFoundError(
+            raise DataNotFoundError(
                 f"no dataset given: pass --data DIR (a folder with train/ and test/ ImageFolder trees) "
                 f"or set the {DATA_ENV} environment variable"
             )
@@ -40,7 +42,7 @@ def resolve_data_root(root: str | os.PathLike | None = None) -> Path:
     if path.is_file() and path.suffix == ".npz":
         return path
     if not path.is_dir():
-        raise FileNotFoundError(f"dataset root {str(path)!r} does not exist or is not a folder (or a .npz pack "
+        raise DataNotFoundError(f"dataset root {str(path)!r} does not exist or is not a folder (or a .npz pack "
                                 "from vitviz.experiments.data.pack_image_folder)")
     return path
 
@@ -66,12 +68,12 @@ def natural_images(names: tuple[str, ...] = NATURAL_IMAGES) -> dict[str, np.ndar
     try:
         import skimage.data
     except ImportError:
-        raise ImportError("natural_images needs scikit-image: pip install 'vitviz[notebooks]'") from None
+        raise MissingDependencyError("natural_images needs scikit-image: pip install 'vitviz[notebooks]'") from None
     out = {}
     for name in names:
         fn = getattr(skimage.data, name, None)
         if fn is None:
-            raise ValueError(f"skimage.data has no image {name!r}; try one of {NATURAL_IMAGES}")
+            raise InputError(f"skimage.data has no image {name!r}; try one of {NATURAL_IMAGES}")
         img = np.asarray(fn())
         out[name] = img[..., :3] if img.ndim == 3 else np.repeat(img[..., None], 3, axis=-1)
     return out
@@ -88,7 +90,7 @@ def resolve_test_folder(data_dir: str | os.PathLike | None = None) -> Path | Non
     if data_dir is not None:
         path = Path(data_dir).expanduser()
         if not (path.is_dir() or path.is_file()):
-            raise FileNotFoundError(
+            raise DataNotFoundError(
                 f"data_dir {str(path)!r} does not exist; pass an image file, a folder of images, or a folder of "
                 "<class>/<image> files"
             )
@@ -114,7 +116,7 @@ def folder_images(root: str | os.PathLike, n: int | None = None) -> ImageSet:
     files = {c.name: _image_files(c) for c in classes}
     files = {k: v for k, v in files.items() if v}
     if not files:
-        raise FileNotFoundError(f"no images under {str(root)!r} (expected <class>/<image> files)")
+        raise DataNotFoundError(f"no images under {str(root)!r} (expected <class>/<image> files)")
     limit = sum(len(v) for v in files.values()) if n is None else n
     images, labels = [], []
     for i in range(max(len(v) for v in files.values())):
@@ -144,10 +146,10 @@ def images_from(path: str | os.PathLike, n: int | None = None) -> ImageSet:
     root = Path(path).expanduser()
     if root.is_file():
         if root.suffix.lower() not in IMAGE_SUFFIXES:
-            raise FileNotFoundError(f"{str(root)!r} is not an image file (expected one of {IMAGE_SUFFIXES})")
+            raise DataNotFoundError(f"{str(root)!r} is not an image file (expected one of {IMAGE_SUFFIXES})")
         return ImageSet([root], [root.stem], f"1 image: {root}")
     if not root.is_dir():
-        raise FileNotFoundError(
+        raise DataNotFoundError(
             f"{str(root)!r} does not exist; pass an image file, a folder of images or a folder of <class>/<image>"
         )
     flat = _image_files(root)
@@ -158,7 +160,7 @@ def images_from(path: str | os.PathLike, n: int | None = None) -> ImageSet:
     try:
         return folder_images(root, n)
     except FileNotFoundError:
-        raise FileNotFoundError(
+        raise DataNotFoundError(
             f"no images in {str(root)!r}: expected image files ({', '.join(IMAGE_SUFFIXES)}) in it, or in "
             "<class> subfolders"
         ) from None

@@ -82,10 +82,10 @@ def check_npz(path: str | os.PathLike) -> None:
     try:
         with zipfile.ZipFile(path) as z:
             bad = z.testzip()
-        if bad is not None:
-            raise zipfile.BadZipFile(f"member {bad} fails its CRC check")
     except zipfile.BadZipFile as e:
         raise _corrupt(path, e) from None
+    if bad is not None:
+        raise _corrupt(path, zipfile.BadZipFile(f"member {bad} fails its CRC check"))
 
 
 def load_training_state(path: str | os.PathLike) -> dict[str, Any]:

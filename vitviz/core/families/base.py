@@ -35,7 +35,7 @@ from typing import Any
 import torch
 from torch import nn
 
-from vitviz.errors import InputError, UnsupportedModelError, VitvizError
+from vitviz.errors import InputError, NotImplementedInVitviz, UnsupportedModelError
 
 Emit = Callable[[Any], None]
 Undo = Callable[[], None]
@@ -78,7 +78,7 @@ class HeadMaps:
     def of(cls, attn: torch.Tensor) -> HeadMaps:
         """Wrap a ``(B, H, N, N)`` tensor (heads are views of it)."""
         if attn.ndim != 4:
-            raise ValueError(f"expected attention of shape (B, H, N, N), got {tuple(attn.shape)}")
+            raise InputError(f"expected attention of shape (B, H, N, N), got {tuple(attn.shape)}")
         return cls(tuple(attn.shape), attn.dtype, attn.device, lambda h: attn[:, h], lambda: attn)
 
     @property
@@ -189,13 +189,13 @@ class Family:
     probe: Probe
 
     def match(self, model: nn.Module) -> bool:
-        raise NotImplementedError
+        raise NotImplementedInVitviz
 
     def layout(self, model: nn.Module) -> Layout:
-        raise NotImplementedError
+        raise NotImplementedInVitviz
 
     def attention_modules(self, model: nn.Module) -> list[tuple[str, nn.Module]]:
-        raise NotImplementedError
+        raise NotImplementedInVitviz
 
     def attention_maps(self, model: nn.Module) -> list[str]:
         """Per attention module, what its captured map holds (``vitviz.core.families.timm_probes``); default all
@@ -315,7 +315,7 @@ def probe_attn_drop(module: nn.Module, emit: Emit) -> Undo:
     ``fused_attn`` off for the duration."""
     drop = getattr(module, "attn_drop", None)
     if not isinstance(drop, nn.Module):
-        raise VitvizError(
+        raise UnsupportedModelError(
             f"{type(module).__name__} has no attn_drop module to read attention from; describe the model with "
             "vitviz.describe(model, probe='qkv') to recompute attention from its qkv projection"
         )
@@ -331,7 +331,7 @@ def probe_qkv(module: nn.Module, emit: Emit) -> Undo:
     qkv = getattr(module, "qkv", None)
     heads = getattr(module, "num_heads", None)
     if not isinstance(qkv, nn.Linear) or not heads:
-        raise VitvizError(
+        raise UnsupportedModelError(
             f"{type(module).__name__} needs a qkv Linear and num_heads for probe='qkv' "
             f"(found qkv={type(qkv).__name__}, num_heads={heads})"
         )
@@ -348,7 +348,7 @@ def probe_qkv(module: nn.Module, emit: Emit) -> Undo:
 
 def probe_mha(module: nn.Module, emit: Emit) -> Undo:
     if not isinstance(module, nn.MultiheadAttention):
-        raise VitvizError(f"probe_mha needs nn.MultiheadAttention, got {type(module).__name__}")
+        raise UnsupportedModelError(f"probe_mha needs nn.MultiheadAttention, got {type(module).__name__}")
     original = type(module).forward
 
     def forward(*args: Any, **kwargs: Any) -> tuple[torch.Tensor, torch.Tensor]:
@@ -411,7 +411,7 @@ def probe_hf(module: nn.Module, emit: Emit) -> Undo:
     def hook(_m: nn.Module, _inputs: Any, out: Any) -> None:
         weights = out[1] if isinstance(out, tuple) and len(out) > 1 else None
         if weights is None:
-            raise VitvizError(
+            raise UnsupportedModelError(
                 f"{type(module).__name__} returned no attention weights even with the eager implementation; "
                 "this transformers version is not supported (please report it)"
             )

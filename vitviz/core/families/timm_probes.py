@@ -40,7 +40,7 @@ from torch import nn
 
 from vitviz.core import kernels
 from vitviz.core.families.base import Emit, HeadMaps, Probe, Undo, chain_undos, probe_attn_drop, set_attr
-from vitviz.errors import CaptureError, VitvizError
+from vitviz.errors import CaptureError, UnsupportedModelError
 
 MAP_KINDS = ("softmax", "talking-heads", "class-attention", "differential")
 
@@ -201,7 +201,7 @@ def probe_timm_stream(module: nn.Module, emit: Emit) -> Undo:
     """
     vt = _timm_attention_module(module)
     if vt is None:
-        raise VitvizError(f"{type(module).__name__} is not timm's plain Attention; it has no stream probe")
+        raise UnsupportedModelError(f"{type(module).__name__} is not timm's plain Attention; it has no stream probe")
     state: dict[str, Any] = {}
 
     def restore() -> None:

@@ -39,7 +39,7 @@ from vitviz.core.families.base import (
 from vitviz.core.families.pos_kind import table_kind
 from vitviz.core.families.timm_probes import map_kind, probe_timm, stream_probe_for
 from vitviz.core.util import pair
-from vitviz.errors import UnsupportedModelError, VitvizError
+from vitviz.errors import UnsupportedModelError
 
 # attention modules whose maps a probe reads exactly (checked by tests/conformance.py against a recomputation)
 KNOWN_ATTENTION = {
@@ -135,7 +135,7 @@ class TimmFamily(Family):
                                                                                           False):
                 covers = True
             elif pos.shape[1] != num_patches:
-                raise VitvizError(
+                raise UnsupportedModelError(
                     f"{type(model).__name__}: pos_embed has {pos.shape[1]} rows but the {grid[0]}x{grid[1]} grid "
                     f"has {num_patches} patches and {len(prefix)} prefix tokens; the model is inconsistent"
                 )

@@ -25,7 +25,7 @@ from typing import Any
 
 import torch
 
-from vitviz.errors import InputError
+from vitviz.errors import InputError, NoSuchAttributeError
 
 __all__ = ["MODES", "headmap_kernel", "kernel_mode", "supports", "use_kernel"]
 
@@ -101,4 +101,4 @@ def __getattr__(name: str) -> Any:  # the kernels' entry points, imported (with 
         from vitviz.core.kernels import headmaps
 
         return getattr(headmaps, name)
-    raise AttributeError(f"module 'vitviz.core.kernels' has no attribute {name!r}")
+    raise NoSuchAttributeError(f"module 'vitviz.core.kernels' has no attribute {name!r}")
