@@ -33,7 +33,8 @@ from tqdm.auto import tqdm
 
 from vitviz.analysis.flops import count_flops
 from vitviz.core.io import atomic_save, atomic_write_json, atomic_write_text
-from vitviz.errors import InputError  # noqa: F401  (the name step callbacks raise
+from vitviz.errors import InputError
+from vitviz.errors import RunInterrupted as Interrupted  # noqa: F401  (the name step callbacks raise)
 from vitviz.experiments.config import TrainConfig, config_from_args, train_parser
 from vitviz.experiments.data import TensorDataset, load_split
 from vitviz.experiments.measure import device_description, evaluate, normalize
