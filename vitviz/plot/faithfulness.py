@@ -161,7 +161,7 @@ def plot_explanations_grid(model: Any, images: Any, maps: Mapping[str, torch.Ten
             for spine in a.spines.values():
                 spine.set_visible(False)
             if i == 0:
-                a.set_title(name)
+                a.set_title(name.replace("_", "_\n", 1) if len(name) > 12 else name)  # long names on two lines
             if j == 0 and labels is not None:
                 a.set_ylabel(labels[i])
     if mappable is not None:
