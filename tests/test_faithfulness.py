@@ -211,11 +211,15 @@ def test_plot_faithfulness(tmp_path):
 def test_notebook_04_runs_headless(run_notebook, tiny_folder, tmp_path):
     out_dir = tmp_path / "figs"
     _, text, images = run_notebook("04_faithfulness.ipynb", data_dir=str(tiny_folder / "test"), n_images=10,
-                                   n_show=2, batch_size=10, n_boot=50, out_dir=str(out_dir))
-    from vitviz.analysis.explain import METHODS
+                                   n_show=2, n_sanity=2, batch_size=10, n_boot=50, out_dir=str(out_dir))
+    import vitviz
+    from vitviz.analysis.faithfulness import default_methods
 
-    assert f"10 images x {len(METHODS)} methods" in text and "tokens dropped" in text
-    assert "best first" in text and "cosine similarity to the reference" in text
-    assert len(images) == 3  # the maps side by side, the curves, the headless maps
-    for stem in ("explanations_side_by_side", "faithfulness_curves", "headless_target_callable"):
+    methods = len(default_methods(vitviz.load_model("cifar10-vit"))) + 3  # and the three library baselines
+    assert f"10 images x {methods} methods" in text and "tokens dropped" in text
+    assert f"2 images x {methods} methods" in text  # the sanity checks
+    assert "indistinguishable from it" in text and "believe:" in text and "cosine similarity to the reference" in text
+    assert len(images) == 4  # the maps side by side, the curves, the sanity curves, the headless maps
+    for stem in ("explanations_side_by_side", "faithfulness_curves", "sanity_checks_cascading",
+                 "headless_target_callable"):
         assert (out_dir / f"{stem}.png").exists()
