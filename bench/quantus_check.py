@@ -51,7 +51,7 @@ import vitviz  # noqa: E402
 from vitviz.analysis.explain import GRADIENT_METHODS  # noqa: E402
 from vitviz.analysis.faithfulness import faithfulness, faithfulness_auc  # noqa: E402
 
-METHODS = ["chefer", "grad_rollout", "rollout", "attention", "integrated_gradients", "input_x_gradient", "gradcam",
+METHODS = ["attnlrp", "chefer", "grad_rollout", "rollout", "attention", "integrated_gradients", "input_x_gradient", "gradcam",
            "random"]
 
 
