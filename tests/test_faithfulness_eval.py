@@ -12,6 +12,9 @@ import vitviz
 from vitviz.analysis import faithfulness as fa
 from vitviz.errors import CheckpointError, InputError, UnsupportedModelError
 
+_trapezoid = getattr(np, "trapezoid", None) or np.trapz  # NumPy 2 renamed trapz
+
+
 
 def tidy(df: pd.DataFrame) -> pd.DataFrame:
     """Rows in one order (a run's row order follows its batches)."""
@@ -134,7 +137,7 @@ def test_compare_methods_equals_a_hand_written_paired_bootstrap():
         def auc(method, row=row):
             sub = df[(df["method"] == method) & (df["mode"] == row["mode"])]
             curves = sub.pivot(index="image", columns="fraction", values="score").sort_index()
-            return np.trapezoid(curves.to_numpy(), curves.columns.to_numpy(), axis=1)
+            return _trapezoid(curves.to_numpy(), curves.columns.to_numpy(), axis=1)
 
         d = auc(row["method"]) - auc("chefer")
         rng = np.random.default_rng(3)

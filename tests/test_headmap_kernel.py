@@ -23,7 +23,6 @@ Tolerances, and why:
 
 from __future__ import annotations
 
-import importlib.util
 import os
 import re
 import subprocess
@@ -39,7 +38,8 @@ from vitviz.core import kernels
 from vitviz.core.families import timm_probes
 from vitviz.errors import InputError
 
-pytestmark = pytest.mark.skipif(importlib.util.find_spec("triton") is None, reason="needs Triton")
+pytestmark = pytest.mark.skipif(not kernels.triton_available(),
+                                reason=f"needs Triton {'.'.join(map(str, kernels.MIN_TRITON))} or newer")
 
 DTYPES = {"fp32": torch.float32, "fp16": torch.float16, "bf16": torch.bfloat16}
 TORCH_PATH_ATOL = {torch.float32: 2e-6, torch.float16: 5e-3, torch.bfloat16: 4e-2}

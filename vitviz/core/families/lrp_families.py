@@ -120,7 +120,7 @@ def torchvision_rules(model: nn.Module, rules: LRPRules, emit: Emit) -> Undo:
 
 
 HF_SUFFIXES = ("ForImageClassification", "ForImageClassificationWithTeacher", "Model", "Encoder", "Layer",
-               "Attention", "MLP", "LayerScale", "Pooler", "DropPath",
+               "Attention", "SelfAttention", "SelfOutput", "MLP", "LayerScale", "Pooler", "DropPath",
                "RelativePositionBias")  # BEiT: a table-only bias on the scores (absorbed by the softmax rule)
 
 
@@ -141,9 +141,13 @@ def hf_rules(model: nn.Module, rules: LRPRules, emit: Emit, layers: list[nn.Modu
     groups = classify(names, kind, containers)
     factors: dict[str, torch.Tensor] = {}
     for name, attn in attention:
-        if not all(isinstance(getattr(attn, p, None), nn.Linear) for p in ("q_proj", "k_proj", "v_proj")):
-            raise _refuse(model, f"{name} ({type(attn).__name__}) has no q_proj/k_proj/v_proj Linear layers")
-        for part, f in zip(("q_proj", "k_proj", "v_proj"), range(3)):
+        # q_proj/k_proj/v_proj (transformers 5.23); DINOv2 under transformers 5.9 names them query/key/value
+        parts = next((ps for ps in (("q_proj", "k_proj", "v_proj"), ("query", "key", "value"))
+                      if all(isinstance(getattr(attn, p, None), nn.Linear) for p in ps)), None)
+        if parts is None:
+            raise _refuse(model, f"{name} ({type(attn).__name__}) has no q_proj/k_proj/v_proj (or query/key/value) "
+                                 "Linear layers")
+        for part, f in zip(parts, range(3)):
             lin = getattr(attn, part)
             factors[f"{name}.{part}"] = qkv_factor(rules, (lin.out_features,) * 3, lin.weight).chunk(3)[f]
     return _with_input_hook(install_generic(groups, rules, factors), layers[0], emit, "hidden_states")

@@ -59,10 +59,26 @@ def headmap_kernel(mode: str) -> Iterator[None]:
         _override.pop()
 
 
+MIN_TRITON = (3, 6)  # the oldest Triton the kernels are tested on (3.1's interpreter rejects their tl.arange calls)
+
+
+def triton_version() -> tuple[int, ...] | None:
+    """The installed Triton's version as ``(major, minor)``, read from its metadata without importing it; or None."""
+    from importlib.metadata import PackageNotFoundError, version
+
+    try:
+        parts = version("triton").split(".")[:2]
+        return tuple(int("".join(ch for ch in p if ch.isdigit()) or 0) for p in parts)
+    except PackageNotFoundError:
+        return None
+
+
 def triton_available() -> bool:
-    """Whether Triton can be imported (checked once, without importing it)."""
+    """Whether a Triton the kernels support (``MIN_TRITON`` or newer) is installed (checked once, without importing
+    it); with an older Triton the PyTorch stream path runs instead."""
     if "ok" not in _triton:
-        _triton["ok"] = importlib.util.find_spec("triton") is not None
+        found = importlib.util.find_spec("triton") is not None and triton_version() is not None
+        _triton["ok"] = found and triton_version() >= MIN_TRITON  # type: ignore[operator]
     return _triton["ok"]
 
 
@@ -85,7 +101,7 @@ def use_kernel(device: torch.device | str) -> bool:
     if mode == "on" and not runnable:
         raise InputError(
             f"the head-map kernels were forced on ({_ENV}=on or headmap_kernel('on')) but cannot run on {dev}: "
-            + ("Triton is not installed" if not triton_available() else
+            + (f"Triton {'.'.join(map(str, MIN_TRITON))} or newer is not installed" if not triton_available() else
                "CPU tensors need Triton's interpreter: set TRITON_INTERPRET=1 before the first kernel runs")
         )
     return runnable if mode == "on" else (dev.type == "cuda" and triton_available())
