@@ -28,7 +28,7 @@ from vitviz.analysis.probes import fewshot_draws, knn_accuracy, linear_fewshot_a
 from vitviz.core.features import PRE_LOGITS, Features, as_dataset_source, extract_features, resolve_blocks
 from vitviz.errors import InputError
 
-__all__ = ["linear_fewshot", "knn_probe", "layer_probes", "summarize_probes"]
+__all__ = ["linear_fewshot", "knn_probe", "layer_probes", "per_class_subset", "summarize_probes"]
 
 
 def labels_of(source: Any) -> np.ndarray | None:
@@ -46,6 +46,18 @@ def labels_of(source: Any) -> np.ndarray | None:
     if tensors is not None and len(tensors) > 1:
         return tensors[1].cpu().numpy()
     return None
+
+
+def per_class_subset(model: nn.Module, source: Any, per_class: int) -> Subset:
+    """The first ``per_class`` images of each class of ``source`` (a folder or a labelled Dataset), in order:
+    a small, deterministic evaluation set (e.g. 100 per class of CIFAR-10's test set)."""
+    ds = _index(model, source)
+    labels = labels_of(ds)
+    if labels is None:
+        raise InputError("per_class_subset needs labels it can read without the images (a folder, a torchvision "
+                         "dataset, a TensorDataset)")
+    keep = np.sort(np.concatenate([np.flatnonzero(labels == c)[:per_class] for c in np.unique(labels)]))
+    return Subset(ds, keep.tolist())
 
 
 def _index(model: nn.Module, source: Any) -> Any:
