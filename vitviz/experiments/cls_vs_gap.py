@@ -155,6 +155,67 @@ def read_cls_vs_gap(path: str | Path | None = None) -> pd.DataFrame:
     return pd.read_csv(path)
 
 
+def fewshot_by_epoch(cfg: ClsGapConfig, *, shots: int = 5, seeds: tuple[int, ...] = (0, 1, 2),
+                     test_per_class: int = 100, results: str | None = None) -> pd.DataFrame:
+    """5-shot linear accuracy (Fig. 9's measure) of every kept epoch's weights, written beside the results CSV.
+
+    Few-shot images come from the training folder (``seeds`` draws), scored on the first ``test_per_class``
+    test images of each class. Returns one row per run, epoch and draw (``fewshot_by_epoch.csv``).
+    """
+    from vitviz.analysis.representations import linear_fewshot, per_class_subset
+    from vitviz.zoo.reference import build_reference
+    from vitviz.zoo.samples import resolve_data_root
+
+    root = resolve_data_root(cfg.data)
+    frames = []
+    for head in cfg.heads:
+        for lr in cfg.lrs:
+            for seed in cfg.seeds:
+                tc = train_config(cfg, head, lr, seed)
+                model = build_reference("cifar10-vit", **HEADS[head]).eval()
+                test = per_class_subset(model, root / "test", test_per_class)
+                for path in sorted((tc.run_dir / "epochs").glob("epoch_*.pt")):
+                    model.load_state_dict(torch.load(path, map_location="cpu", weights_only=True))
+                    df = linear_fewshot(model, root / "train", test, shots=(shots,), seeds=seeds, name=run_id(
+                        head, lr, seed), batch_size=250)
+                    df.insert(1, "head", head)
+                    df.insert(2, "lr", lr)
+                    df.insert(3, "run_seed", seed)
+                    df.insert(4, "epoch", int(path.stem.split("_")[1]))
+                    frames.append(df)
+    table = pd.concat(frames, ignore_index=True) if frames else pd.DataFrame()
+    buf = io.StringIO()
+    table.to_csv(buf, index=False)
+    atomic_write_text(results or Path(cfg.results).with_name("fewshot_by_epoch.csv"), buf.getvalue())
+    return table
+
+
+def cls_vs_gap_claims(df: pd.DataFrame, metric: str = "test_acc") -> pd.DataFrame:
+    """The paper's App. D.3 statements, tested on the last epoch of every run (mean over seeds):
+
+    - per head, the best learning rate and its accuracy (``best_lr``, ``best``), and the accuracy at each rate;
+    - ``gap_best`` = best GAP minus best class token (the paper: "both work similarly well");
+    - ``same_best_lr``: whether both heads do best at the same rate (the paper: they "require different
+      learning-rates"; GAP fails at the class token's rate);
+    - ``lr_effect``: per head, accuracy at the recipe's rate minus at the lower rate.
+    """
+    last = df[df.epoch == df.epoch.max()]
+    mean = last.groupby(["head", "lr"])[metric].mean().unstack("lr")
+    rows = []
+    for head, accs in mean.iterrows():
+        best_lr = float(accs.idxmax())
+        rows.append({"head": head, **{f"{metric}@lr={lr:g}": float(v) for lr, v in accs.items()},
+                     "best_lr": best_lr, "best": float(accs.max()),
+                     "lr_effect": float(accs[max(accs.index)] - accs[min(accs.index)]),
+                     "epochs": int(df.epoch.max()), "seeds": int(last.seed.nunique())})
+    out = pd.DataFrame(rows)
+    if {"cls", "gap"} <= set(out["head"]):
+        b = out.set_index("head")
+        out["gap_best"] = float(b.loc["gap", "best"] - b.loc["cls", "best"])
+        out["same_best_lr"] = bool(b.loc["gap", "best_lr"] == b.loc["cls", "best_lr"])
+    return out
+
+
 def parser() -> argparse.ArgumentParser:
     p = argparse.ArgumentParser(prog="python -m vitviz.experiments.cls_vs_gap", description=__doc__.split("\n")[0])
     p.add_argument("--data", help="dataset root with train/ and test/ (default: $VITVIZ_DATA)")
@@ -171,6 +232,7 @@ def parser() -> argparse.ArgumentParser:
     p.add_argument("--device", default="auto")
     p.add_argument("--threads", type=int, default=1)
     p.add_argument("--progress", action="store_true")
+    p.add_argument("--fewshot", action="store_true", help="only measure 5-shot accuracy of the kept epochs")
     return p
 
 
@@ -182,6 +244,11 @@ def main(argv: list[str] | None = None) -> int:
         epochs=a.epochs, warmup_epochs=a.warmup_epochs, train_subset=a.train_subset or None,
         test_subset=a.test_subset or None, batch_size=a.batch_size, device=a.device, threads=a.threads,
     )
+    if a.threads:
+        torch.set_num_threads(a.threads)
+    if a.fewshot:
+        print(fewshot_by_epoch(cfg).groupby(["head", "lr", "epoch"]).accuracy.mean().to_string(), flush=True)
+        return 0
     print(run_sweep(cfg, progress=a.progress).to_string(), flush=True)
     return 0
 
