@@ -234,3 +234,36 @@ def test_knn_weights_are_exponential_in_similarity_over_temperature():
     assert knn_accuracy(ref, lab, q, np.array([0]), k=3, temperature=0.07) == 100.0
     assert knn_accuracy(ref, lab, q, np.array([1]), k=3, temperature=100.0) == 100.0  # flat weights: majority
     assert _knn_loop(ref, lab, q, 3, 0.07, 2).tolist() == [0]
+
+
+def test_hf_and_torchvision_features_equal_the_libraries_hidden_states():
+    """Block tokens and pre-logits against each library's own outputs (output_hidden_states; the head's input)."""
+    from transformers import ViTConfig, ViTForImageClassification, ViTModel
+
+    from vitviz.core.features import extract_features
+
+    cfg = ViTConfig(image_size=32, patch_size=8, hidden_size=32, num_hidden_layers=2, num_attention_heads=2,
+                    intermediate_size=64, num_labels=3)
+    x, y = torch.randn(4, 3, 32, 32), torch.tensor([0, 1, 2, 0])
+    for model in (ViTForImageClassification(cfg).eval(), ViTModel(cfg).eval()):
+        f = extract_features(model, (x, y), layers="all")
+        with torch.no_grad():
+            root = model.vit if hasattr(model, "vit") else model
+            out = root(pixel_values=x, output_hidden_states=True)
+        for i in range(2):
+            torch.testing.assert_close(f.feats[i], out.hidden_states[i + 1][:, 0])
+        want = out.last_hidden_state[:, 0] if hasattr(model, "classifier") else out.pooler_output
+        torch.testing.assert_close(f.feats["pre_logits"], want)
+
+    from torchvision.models import VisionTransformer
+
+    tv = VisionTransformer(image_size=32, patch_size=8, num_layers=2, num_heads=2, hidden_dim=32, mlp_dim=64,
+                           num_classes=3).eval()
+    f = extract_features(tv, (x, y), layers="all")
+    with torch.no_grad():
+        tokens = tv._process_input(x)
+        tokens = torch.cat([tv.class_token.expand(len(x), -1, -1), tokens], dim=1) + tv.encoder.pos_embedding
+        b0 = tv.encoder.layers[0](tokens)
+        b1 = tv.encoder.layers[1](b0)
+        torch.testing.assert_close(f.feats[0], b0[:, 0])
+        torch.testing.assert_close(f.feats["pre_logits"], tv.encoder.ln(b1)[:, 0])

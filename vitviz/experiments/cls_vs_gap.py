@@ -93,6 +93,8 @@ def collect(cfg: ClsGapConfig) -> pd.DataFrame:
                 if not metrics.exists():
                     continue
                 for row in json.loads(metrics.read_text()):
+                    row = dict(row)
+                    row["lr_end"] = row.pop("lr")  # the schedule's rate at the end of the epoch
                     rows.append({"run": run_id(head, lr, seed), "head": head, "lr": lr, "seed": seed,
                                  "epochs_planned": cfg.epochs, "train_images": cfg.train_subset or 50_000,
                                  "test_images": cfg.test_subset or 10_000, **row})
