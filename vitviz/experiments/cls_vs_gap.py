@@ -218,6 +218,23 @@ def cls_vs_gap_claims(df: pd.DataFrame, metric: str = "test_acc") -> pd.DataFram
     return out
 
 
+def read_fewshot_by_epoch(path: str | Path | None = None) -> pd.DataFrame:
+    """``fewshot_by_epoch.csv`` averaged over the few-shot draws: one row per run and epoch, with ``head, lr, seed,
+    epoch, fewshot5`` (mean 5-shot linear top-1 %, Fig. 9's measure) and ``draws``; ready for
+    ``plot_cls_vs_gap(..., metric="fewshot5")`` and ``cls_vs_gap_claims(..., metric="fewshot5")``."""
+    from vitviz.errors import InputError
+
+    path = Path(path) if path is not None else (Path(__file__).resolve().parents[2] / RESULTS).with_name(
+        "fewshot_by_epoch.csv")
+    if not path.exists():
+        raise InputError(f"no per-epoch few-shot results at {str(path)!r}; run "
+                         "`python -m vitviz.experiments.cls_vs_gap --data DIR --fewshot` after training")
+    raw = pd.read_csv(path)
+    g = raw.groupby(["head", "lr", "run_seed", "epoch"]).accuracy
+    out = pd.concat([g.mean().rename("fewshot5"), g.size().rename("draws")], axis=1).reset_index()
+    return out.rename(columns={"run_seed": "seed"})
+
+
 def parser() -> argparse.ArgumentParser:
     p = argparse.ArgumentParser(prog="python -m vitviz.experiments.cls_vs_gap", description=__doc__.split("\n")[0])
     p.add_argument("--data", help="dataset root with train/ and test/ (default: $VITVIZ_DATA)")

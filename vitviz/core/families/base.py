@@ -181,8 +181,10 @@ class Family:
         give that block once.
         """
         modules = dict(model.named_modules())
+        real = {id(m): n for n, m in modules.items()}  # a family may name modules by index, not by attribute
         out: list[tuple[str, nn.Module]] = []
-        for name, _ in self.attention_modules(model):
+        for name, module in self.attention_modules(model):
+            name = real.get(id(module), name)
             parts = name.split(".")
             for cut in range(len(parts) - 1, 0, -1):
                 parent = modules.get(".".join(parts[: cut - 1]), model) if cut > 1 else model
