@@ -267,3 +267,21 @@ def test_hf_and_torchvision_features_equal_the_libraries_hidden_states():
         b1 = tv.encoder.layers[1](b0)
         torch.testing.assert_close(f.feats[0], b0[:, 0])
         torch.testing.assert_close(f.feats["pre_logits"], tv.encoder.ln(b1)[:, 0])
+
+
+@pytest.mark.parametrize("batch_first", [True, False])
+def test_open_clip_features_equal_its_own_tower(batch_first):
+    from tests.hf_models import open_clip_model
+    from vitviz.core.features import extract_features
+
+    model = open_clip_model()
+    visual = model.visual
+    visual.transformer.batch_first = batch_first
+    x, y = torch.randn(3, 3, 32, 48), torch.tensor([0, 1, 0])
+    f = extract_features(model, (x, y), layers="all")
+    with torch.no_grad():
+        torch.testing.assert_close(f.feats["pre_logits"], model.encode_image(x))
+        tokens = visual._embeds(x)  # patch embedding, class token, position embedding, ln_pre
+        first = visual.transformer.resblocks[0](tokens if batch_first else tokens.transpose(0, 1))
+        first = first if batch_first else first.transpose(0, 1)
+        torch.testing.assert_close(f.feats[0], first[:, 0])
