@@ -62,8 +62,13 @@ class RunInterrupted(VitvizError):
     the last complete checkpoint stays, and ``--resume`` continues from it."""
 
 
+class ForwardStopped(VitvizError):
+    """Raised by a vitviz hook to end a forward pass once it has read what it needs (the input of a model's
+    classifier, ``read_input_of``); caught where it is raised, never seen by callers."""
+
+
 __all__ = [
     "CaptureError", "CheckpointError", "ImageInputError", "InputError", "LayerSelectError",
     "NoPositionEmbeddingError", "NoRGBFiltersError", "NotAViTError", "RunInterrupted", "UnsupportedModelError",
-    "VitvizError", "WeightsUnavailableError",
+    "VitvizError", "WeightsUnavailableError", "ForwardStopped",
 ]

@@ -237,19 +237,18 @@ def read_input_of(model: nn.Module, module: nn.Module, x: torch.Tensor, call: Ca
 
     The hook stops the forward there (nothing after the module runs) and is removed, also when the call raises.
     """
-    seen: list[torch.Tensor] = []
+    from vitviz.errors import ForwardStopped
 
-    class _Stop(VitvizError):  # stops the forward at the module; never leaves this function
-        pass
+    seen: list[torch.Tensor] = []
 
     def hook(_m: nn.Module, inputs: Any) -> None:
         seen.append(inputs[0])
-        raise _Stop
+        raise ForwardStopped
 
     handle = module.register_forward_pre_hook(hook)
     try:
         (call or (lambda: model(x)))()
-    except _Stop:
+    except ForwardStopped:
         pass
     finally:
         handle.remove()
