@@ -110,3 +110,34 @@ def test_notebook_05_runs_headless(run_notebook, tiny_folder, tmp_path):
                                    model_names=["cifar10-vit", "cifar10-hybrid"])
     assert "largest gain entering block" in text
     assert len(images) >= 2 and (out_dir / "layer_probes.png").exists()
+
+
+def test_fewshot_by_epoch_scores_every_kept_epoch(tiny_folder, tmp_path):
+    from vitviz.analysis.representations import linear_fewshot, per_class_subset
+    from vitviz.experiments.cls_vs_gap import (
+        HEADS,
+        ClsGapConfig,
+        fewshot_by_epoch,
+        read_fewshot_by_epoch,
+        train_config,
+    )
+    from vitviz.zoo.reference import build_reference
+
+    cfg = ClsGapConfig(data=str(tiny_folder), out=str(tmp_path / "runs"), results=str(tmp_path / "r.csv"),
+                       heads=("gap",), lrs=(1e-3,))
+    run_dir = train_config(cfg, "gap", 1e-3, 0).run_dir / "epochs"
+    run_dir.mkdir(parents=True)
+    weights = {}
+    for epoch in (1, 2):
+        torch.manual_seed(epoch)
+        weights[epoch] = build_reference("cifar10-vit", **HEADS["gap"]).eval()
+        torch.save(weights[epoch].state_dict(), run_dir / f"epoch_{epoch:03d}.pt")
+    raw = fewshot_by_epoch(cfg, shots=2, seeds=(0, 1), test_per_class=3)
+    assert sorted(raw.epoch.unique()) == [1, 2] and len(raw) == 4
+    for epoch, model in weights.items():  # the same numbers as probing that epoch's model directly
+        test = per_class_subset(model, tiny_folder / "test", 3)
+        direct = linear_fewshot(model, tiny_folder / "train", test, shots=(2,), seeds=(0, 1))
+        np.testing.assert_allclose(raw[raw.epoch == epoch].accuracy.to_numpy(), direct.accuracy.to_numpy())
+    mean = read_fewshot_by_epoch(tmp_path / "fewshot_by_epoch.csv")
+    assert list(mean.columns[:4]) == ["head", "lr", "seed", "epoch"] and (mean.draws == 2).all()
+    assert mean.fewshot5.tolist() == pytest.approx(raw.groupby("epoch").accuracy.mean().tolist())
