@@ -23,6 +23,7 @@ from matplotlib.axes import Axes  # noqa: E402
 from matplotlib.figure import Figure  # noqa: E402
 
 import vitviz  # noqa: E402
+from vitviz.experiments.cls_vs_gap import read_cls_vs_gap  # noqa: E402
 from vitviz.plot.style import PAPER_FIGURES, plot_level  # noqa: E402
 
 PUBLIC_PLOTS = sorted(n for n in vitviz._LAZY if n.startswith("plot_") and n != "plot_level")
@@ -78,6 +79,10 @@ def _calls(model) -> dict:
         "plot_faithfulness": lambda **kw: vitviz.plot_faithfulness(_curves(), mode="deletion", **kw),
         "plot_faithfulness_grid": lambda **kw: vitviz.plot_faithfulness_grid(_curves(), **kw),
         "plot_explanations_grid": lambda **kw: vitviz.plot_explanations_grid(model, x, maps, **kw),
+        "plot_layer_probes": lambda **kw: vitviz.plot_layer_probes(pd.DataFrame(
+            [{"model": "m", "layer": f"block{d}", "depth": d + 1, "probe": "linear", "shots": 5, "seed": s,
+              "accuracy": 10.0 * d + s} for d in range(3) for s in range(2)]), **kw),
+        "plot_cls_vs_gap": lambda **kw: vitviz.plot_cls_vs_gap(read_cls_vs_gap(), **kw),
         "plot_sanity_checks": lambda **kw: vitviz.plot_sanity_checks(
             vitviz.sanity_checks(model.eval(), x, methods=["chefer"], tests=("cascading",)), **kw),
     }

@@ -71,6 +71,12 @@ _LAZY = {
     "integrated_gradients": "vitviz.analysis.baselines",
     "input_x_gradient": "vitviz.analysis.baselines",
     "gradcam": "vitviz.analysis.baselines",
+    "linear_fewshot": "vitviz.analysis.representations",
+    "knn_probe": "vitviz.analysis.representations",
+    "layer_probes": "vitviz.analysis.representations",
+    "summarize_probes": "vitviz.analysis.representations",
+    "per_class_subset": "vitviz.analysis.representations",
+    "extract_features": "vitviz.core.features",
     # zoo: models to analyse, the paper's tables, the reference models' cards
     "load_model": "vitviz.zoo.models",
     "load_model_or_random": "vitviz.zoo.models",
@@ -100,6 +106,8 @@ _LAZY = {
     "plot_explanations_grid": "vitviz.plot.faithfulness",
     "plot_level": "vitviz.plot.style",
     "plot_sanity_checks": "vitviz.plot.sanity",
+    "plot_layer_probes": "vitviz.plot.probes",
+    "plot_cls_vs_gap": "vitviz.plot.probes",
     "save_figure": "vitviz.plot.style",
     "Saver": "vitviz.plot.style",
     # widgets

@@ -101,4 +101,15 @@ class NoSuchAttributeError(VitvizError, AttributeError):
     ``hasattr`` and ``getattr(..., default)`` keep working."""
 
 
-__all__ = ["CaptureError", "CheckpointError", "ComputeError", "DataNotFoundError", "ImageInputError", "InputError", "InputTypeError", "LayerSelectError", "MissingDependencyError", "NoPositionEmbeddingError", "NoRGBFiltersError", "NoSuchAttributeError", "NotAViTError", "NotImplementedInVitviz", "OutOfRangeError", "RunInterrupted", "UnknownNameError", "UnsupportedModelError", "VitvizError", "WeightsUnavailableError"]
+class ForwardStopped(VitvizError):
+    """Raised by a vitviz hook to end a forward pass once it has read what it needs (the input of a model's
+    classifier, ``read_input_of``); caught where it is raised, never seen by callers."""
+
+
+__all__ = [
+    "CaptureError", "CheckpointError", "ComputeError", "DataNotFoundError", "ForwardStopped",
+    "ImageInputError", "InputError", "InputTypeError", "LayerSelectError", "MissingDependencyError",
+    "NoPositionEmbeddingError", "NoRGBFiltersError", "NoSuchAttributeError", "NotAViTError",
+    "NotImplementedInVitviz", "OutOfRangeError", "RunInterrupted", "UnknownNameError",
+    "UnsupportedModelError", "VitvizError", "WeightsUnavailableError",
+]

@@ -107,6 +107,7 @@ def train(
     *,
     resume: bool = False,
     on_step: Callable[[int, int], None] | None = None,
+    on_epoch: Callable[[int, nn.Module, dict[str, Any]], None] | None = None,
     progress: bool = True,
 ) -> dict[str, Any]:
     """Train ``cfg.model``; return a summary (final metrics, FLOPs, wall time, run folder).
@@ -115,6 +116,8 @@ def train(
         cfg: the run's configuration.
         resume: continue from ``<run_dir>/last.pt`` if present (its config must match ``cfg``).
         on_step: called as ``on_step(epoch, step_in_epoch)`` after every optimizer step.
+        on_epoch: called as ``on_epoch(epoch, model, row)`` after each epoch's checkpoint is written (``epoch``
+            counts from 1; ``row`` is that epoch's metrics), e.g. to keep every epoch's weights.
         progress: show tqdm progress bars.
     """
     if cfg.threads:
@@ -232,6 +235,8 @@ def train(
             ckpt_path,
         )
         _write_metrics(run_dir, history)
+        if on_epoch is not None:
+            on_epoch(epoch + 1, model, row)
 
     summary = {
         "model": cfg.model,

@@ -35,7 +35,7 @@ from typing import Any
 import torch
 from torch import nn
 
-from vitviz.errors import InputError, NotImplementedInVitviz, UnsupportedModelError
+from vitviz.errors import CaptureError, InputError, NotImplementedInVitviz, UnsupportedModelError
 
 Emit = Callable[[Any], None]
 Undo = Callable[[], None]
@@ -278,6 +278,92 @@ class Family:
 
         raise UnsupportedModelError(f"{type(model).__name__} ({self.name} family): vitviz has no AttnLRP rules for "
                                     "this family; use explain(method='chefer')")
+
+    # -- representations (linear / k-NN probes) -------------------------------------------------------------------
+
+    def blocks(self, model: nn.Module) -> list[tuple[str, nn.Module]]:
+        """The residual blocks in depth order, each the module whose output is the token sequence after it.
+
+        Default: for each attention module, its nearest ancestor that is an item of an ``nn.ModuleList`` or
+        ``nn.Sequential`` (timm ``blocks.i``, Hugging Face ``encoder.layer.i``, torchvision
+        ``encoder.layers.encoder_layer_i``, open_clip ``transformer.resblocks.i``); parallel branches of one block
+        give that block once.
+        """
+        modules = dict(model.named_modules())
+        real = {id(m): n for n, m in modules.items()}  # a family may name modules by index, not by attribute
+        out: list[tuple[str, nn.Module]] = []
+        for name, module in self.attention_modules(model):
+            name = real.get(id(module), name)
+            parts = name.split(".")
+            for cut in range(len(parts) - 1, 0, -1):
+                parent = modules.get(".".join(parts[: cut - 1]), model) if cut > 1 else model
+                if isinstance(parent, (nn.ModuleList, nn.Sequential)):
+                    block = ".".join(parts[:cut])
+                    if not out or out[-1][0] != block:
+                        out.append((block, modules[block]))
+                    break
+            else:
+                raise UnsupportedModelError(f"{type(model).__name__}: no block (item of a ModuleList/Sequential) holds the "
+                                  f"attention module {name!r}; override Family.blocks for this family")
+        return out
+
+    def block_tokens(self, model: nn.Module, output: Any, batch: int) -> torch.Tensor:
+        """A block's forward output as tokens ``(B, N, D)`` (the first item of a tuple; batch-first)."""
+        if isinstance(output, (tuple, list)):
+            output = output[0]
+        if not isinstance(output, torch.Tensor) or output.ndim != 3 or output.shape[0] != batch:
+            shape = tuple(output.shape) if isinstance(output, torch.Tensor) else type(output).__name__
+            raise UnsupportedModelError(f"{type(model).__name__}: a block returned {shape}, expected tokens ({batch}, N, D); "
+                              "override Family.block_tokens for this family")
+        return output
+
+    def pooled_token(self, model: nn.Module, tokens: torch.Tensor, prefix_tokens: tuple[str, ...]) -> torch.Tensor:
+        """One layer's image representation ``(B, D)`` from its tokens ``(B, N, D)``: the class token when the
+        model has one (the first prefix token), else the mean of the patch tokens (global average pooling)."""
+        if prefix_tokens and prefix_tokens[0] == "cls":
+            return tokens[:, 0]
+        return tokens[:, len(prefix_tokens):].mean(dim=1)
+
+    def pre_logits(self, model: nn.Module, x: torch.Tensor) -> torch.Tensor:
+        """The representation the classifier reads ``(B, D)`` for images ``x`` ``(B, 3, H, W)``.
+
+        timm: ``forward_head(forward_features(x), pre_logits=True)``. Otherwise the input of the model's linear
+        classifier (``head``, ``heads``, ``classifier``) read with a forward pre-hook during ``model(x)``.
+        """
+        if hasattr(model, "forward_head") and hasattr(model, "forward_features"):
+            return model.forward_head(model.forward_features(x), pre_logits=True)
+        for attr in ("heads", "head", "classifier"):
+            head = getattr(model, attr, None)
+            if isinstance(head, nn.Module):
+                return read_input_of(model, head, x)
+        raise UnsupportedModelError(f"{type(model).__name__} has no forward_head and no head/heads/classifier module whose "
+                          "input is the pre-logits representation; pass layer= to read a block's token instead")
+
+
+def read_input_of(model: nn.Module, module: nn.Module, x: torch.Tensor, call: Callable[[], Any] | None = None
+                  ) -> torch.Tensor:
+    """The first positional input of ``module`` during ``model(x)`` (or ``call()``), read by a forward pre-hook.
+
+    The hook stops the forward there (nothing after the module runs) and is removed, also when the call raises.
+    """
+    from vitviz.errors import ForwardStopped
+
+    seen: list[torch.Tensor] = []
+
+    def hook(_m: nn.Module, inputs: Any) -> None:
+        seen.append(inputs[0])
+        raise ForwardStopped
+
+    handle = module.register_forward_pre_hook(hook)
+    try:
+        (call or (lambda: model(x)))()
+    except ForwardStopped:
+        pass
+    finally:
+        handle.remove()
+    if not seen:
+        raise CaptureError(f"{type(module).__name__} was not called during {type(model).__name__}'s forward")
+    return seen[0]
 
 
 def named_children_of(model: nn.Module, prefix: str) -> list[tuple[str, nn.Module]]:

@@ -109,6 +109,16 @@ class HFVisionFamily(Family):
         raise self._fail(model, f"found none of the layer lists {[p for p, _ in self.layer_paths]} on "
                                 f"{type(root).__name__}; this transformers version lays the model out differently")
 
+    def pre_logits(self, model: nn.Module, x: torch.Tensor) -> torch.Tensor:
+        """The input of the task head (``classifier``) when there is one, else the vision root's
+        ``pooler_output`` (e.g. DINOv2's and CLIP's final-normed class token, SigLIP's attention pool), else
+        the class token of ``last_hidden_state``."""
+        if isinstance(getattr(model, "classifier", None), nn.Module):
+            return super().pre_logits(model, x)
+        out = vision_root(model)[0](pixel_values=x)
+        pooled = getattr(out, "pooler_output", None)
+        return pooled if pooled is not None else out.last_hidden_state[:, 0]
+
     # ------------------------------------------------------------------ Family API
     def attention_modules(self, model: nn.Module) -> list[tuple[str, nn.Module]]:
         path, layers, attn = self._layers(model)

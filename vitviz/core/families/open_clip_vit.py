@@ -90,6 +90,19 @@ class OpenCLIPFamily(Family):
         prefix = tower(model)[1]
         return [(f"{prefix}transformer.resblocks.{i}.attn", b.attn) for i, b in enumerate(visual.transformer.resblocks)]
 
+    def block_tokens(self, model: nn.Module, output: Any, batch: int) -> torch.Tensor:
+        """Resblocks run ``(N, B, D)`` unless ``transformer.batch_first``; returned as ``(B, N, D)``."""
+        if isinstance(output, (tuple, list)):
+            output = output[0]
+        if not getattr(tower(model)[0].transformer, "batch_first", True):
+            output = output.transpose(0, 1)
+        return super().block_tokens(model, output, batch)
+
+    def pre_logits(self, model: nn.Module, x: torch.Tensor) -> torch.Tensor:
+        """The tower's image features (pooled token times ``proj``, what ``encode_image`` returns unnormalised)."""
+        out = tower(model)[0](x)
+        return out[0] if isinstance(out, tuple) else out
+
     def prepare(self, model: nn.Module) -> Undo:
         visual = tower(model)[0]
         drop = getattr(visual, "patch_dropout", None)

@@ -1,0 +1,287 @@
+"""Few-shot linear and k-NN probes: the closed form against numpy.linalg, LOO against brute force, k-NN against a
+loop, features against the model's own forward, and the bad inputs."""
+
+from __future__ import annotations
+
+import numpy as np
+import pytest
+import torch
+
+from tests.conftest import tiny_timm_vit
+from vitviz.analysis.probes import (
+    L2_GRID,
+    RidgeFit,
+    fewshot_draws,
+    knn_accuracy,
+    linear_fewshot_accuracy,
+    pm1_targets,
+    select_l2,
+    standardize,
+)
+from vitviz.errors import InputError, LayerSelectError
+
+
+def _blobs(n_per_class, k=4, d=6, seed=0, spread=1.5):
+    rng = np.random.default_rng(seed)
+    centres = rng.normal(0, spread, (k, d))
+    y = np.repeat(np.arange(k), n_per_class)
+    return centres[y] + rng.normal(0, 1, (len(y), d)), y
+
+
+def _numpy_ridge(x, y, l2, k):
+    """Independent reference: standardise by hand, solve the augmented normal equations with an unpenalised bias."""
+    mu, sd = x.mean(0), x.std(0) + 1e-5
+    a = np.hstack([(x - mu) / sd, np.ones((len(x), 1))])
+    t = np.full((len(y), k), -1.0)
+    t[np.arange(len(y)), y] = 1.0
+    pen = l2 * np.eye(a.shape[1])
+    pen[-1, -1] = 0.0
+    coef = np.linalg.solve(a.T @ a + pen, a.T @ t)
+    return coef, mu, sd
+
+
+@pytest.mark.parametrize("n_per_class,d", [(3, 20), (30, 6)])  # dual (n < D) and primal (n > D) branches
+def test_closed_form_equals_numpy_linalg(n_per_class, d):
+    x, y = _blobs(n_per_class, d=d)
+    xt, yt = _blobs(50, d=d, seed=1)
+    for l2 in (2.0 ** -4, 1.0, 16.0):
+        coef, mu, sd = _numpy_ridge(x, y, l2, 4)
+        fit = RidgeFit(standardize(x)[0], pm1_targets(y, 4))
+        w, b = fit.weights(l2)
+        np.testing.assert_allclose(w, coef[:-1], rtol=1e-7, atol=1e-9)
+        np.testing.assert_allclose(b[0], coef[-1], rtol=1e-7, atol=1e-9)
+        ref_pred = (np.hstack([(xt - mu) / sd, np.ones((len(xt), 1))]) @ coef).argmax(1)
+        acc, used = linear_fewshot_accuracy(x, y, xt, yt, l2_reg=l2)
+        assert used == l2
+        assert acc == pytest.approx(100 * (ref_pred == yt).mean())
+
+
+def test_leave_one_out_error_equals_brute_force_refits():
+    x, y = _blobs(4, d=10)
+    xs = standardize(x)[0]
+    t = pm1_targets(y, 4)
+    fit = RidgeFit(xs, t)
+    for l2 in (2.0 ** -6, 0.5, 64.0):
+        errs = []
+        for i in range(len(y)):
+            keep = np.arange(len(y)) != i
+            a = np.hstack([xs[keep], np.ones((keep.sum(), 1))])
+            pen = l2 * np.eye(a.shape[1])
+            pen[-1, -1] = 0
+            coef = np.linalg.solve(a.T @ a + pen, a.T @ t[keep])
+            errs.append(((np.append(xs[i], 1.0) @ coef - t[i]) ** 2).mean())
+        assert fit.loo_squared_error(l2) == pytest.approx(np.mean(errs), rel=1e-6)
+    brute = {l2: fit.loo_squared_error(l2) for l2 in L2_GRID}
+    assert select_l2(fit) == min(brute, key=lambda v: (brute[v], -v))
+
+
+def _knn_loop(xtr, ytr, xte, k, temp, ncls):
+    preds = []
+    for q in xte:
+        sims = [(float(q @ r / np.linalg.norm(q) / np.linalg.norm(r)), int(c)) for r, c in zip(xtr, ytr)]
+        sims.sort(key=lambda s: -s[0])
+        votes = [0.0] * ncls
+        for s, c in sims[:k]:
+            votes[c] += np.exp(s / temp)
+        preds.append(int(np.argmax(votes)))
+    return np.array(preds)
+
+
+@pytest.mark.parametrize("k,temp", [(20, 0.07), (3, 1.0)])
+def test_knn_equals_a_direct_loop(k, temp):
+    xtr, ytr = _blobs(15, d=5, spread=0.8)
+    xte, yte = _blobs(10, d=5, seed=3, spread=0.8)
+    ref = _knn_loop(xtr, ytr, xte, k, temp, 4)
+    assert knn_accuracy(xtr, ytr, xte, yte, k=k, temperature=temp, chunk=7) == pytest.approx(100 * (ref == yte).mean())
+
+
+def test_draws_are_nested_balanced_and_refuse_too_many_shots():
+    y = np.repeat(np.arange(3), [5, 7, 9])
+    d = fewshot_draws(y, (1, 2, 5), seeds=(0, 1))
+    for seed in (0, 1):
+        assert set(d[(2, seed)]) <= set(d[(5, seed)])
+        assert np.bincount(y[d[(5, seed)]]).tolist() == [5, 5, 5]
+    assert not np.array_equal(d[(5, 0)], d[(5, 1)])
+    with pytest.raises(InputError, match="shots=6 exceeds.*0: 5"):
+        fewshot_draws(y, (6,), seeds=(0,))
+    with pytest.raises(InputError, match="positive"):
+        fewshot_draws(y, (0,), seeds=(0,))
+    with pytest.raises(InputError, match="seeds"):
+        fewshot_draws(y, (1,), seeds=())
+
+
+def test_bad_feature_inputs():
+    x, y = _blobs(3)
+    with pytest.raises(InputError, match="dimensions"):
+        linear_fewshot_accuracy(x, y, x[:, :3], y)
+    with pytest.raises(InputError, match="l2_reg"):
+        linear_fewshot_accuracy(x, y, x, y, l2_reg=0)
+    with pytest.raises(InputError, match="NaN"):
+        linear_fewshot_accuracy(np.full_like(x, np.nan), y, x, y)
+    with pytest.raises(InputError, match="k="):
+        knn_accuracy(x, y, x, y, k=len(x) + 1)
+
+
+def _data(n_per_class, classes=5, seed=0):
+    g = torch.Generator().manual_seed(seed)
+    y = torch.arange(classes).repeat_interleave(n_per_class)
+    x = torch.randn(len(y), 3, 32, 48, generator=g) + y[:, None, None, None] * 0.3
+    return x, y
+
+
+def test_linear_fewshot_on_a_model_equals_numpy_on_its_own_forward():
+    from vitviz.analysis.representations import linear_fewshot
+
+    model = tiny_timm_vit()
+    train, test = _data(6), _data(4, seed=1)
+    df = linear_fewshot(model, train, test, shots=(1, 3), seeds=(0, 1), l2_reg=0.5, batch_size=7)
+    assert len(df) == 4 and set(df.columns) >= {"model", "layer", "shots", "seed", "l2_reg", "accuracy"}
+    with torch.no_grad():
+        ftr = model.forward_head(model.forward_features(train[0]), pre_logits=True).numpy()
+        fte = model.forward_head(model.forward_features(test[0]), pre_logits=True).numpy()
+        # block 0's class token, by running the blocks by hand
+        x = model._pos_embed(model.patch_embed(train[0]))
+        b0_tr = model.blocks[0](model.norm_pre(x))[:, 0].numpy()
+        x = model._pos_embed(model.patch_embed(test[0]))
+        b0_te = model.blocks[0](model.norm_pre(x))[:, 0].numpy()
+    draws = fewshot_draws(train[1].numpy(), (1, 3), (0, 1))
+    for row in df.itertuples():
+        idx = draws[(row.shots, row.seed)]
+        coef, mu, sd = _numpy_ridge(ftr[idx], train[1].numpy()[idx], 0.5, 5)
+        pred = (np.hstack([(fte - mu) / sd, np.ones((len(fte), 1))]) @ coef).argmax(1)
+        assert row.accuracy == pytest.approx(100 * (pred == test[1].numpy()).mean())
+    d0 = linear_fewshot(model, train, test, shots=(3,), seeds=(0,), l2_reg=0.5, layer=0)
+    idx = draws[(3, 0)]
+    coef, mu, sd = _numpy_ridge(b0_tr[idx], train[1].numpy()[idx], 0.5, 5)
+    pred = (np.hstack([(b0_te - mu) / sd, np.ones((len(b0_te), 1))]) @ coef).argmax(1)
+    assert d0.accuracy.item() == pytest.approx(100 * (pred == test[1].numpy()).mean())
+    assert d0.layer.item() == "block0" and d0.depth.item() == 1
+
+
+def test_layer_probes_read_every_block_in_one_pass_and_match_single_layers():
+    from vitviz.analysis.representations import layer_probes, linear_fewshot
+
+    model = tiny_timm_vit(depth=3)
+    train, test = _data(4), _data(3, seed=1)
+    calls = []
+    model.patch_embed.register_forward_hook(lambda *a: calls.append(1))
+    df = layer_probes(model, train, test, shots=(2,), seeds=(0, 1), batch_size=100)
+    assert len(calls) == 2  # one batch of the drawn training images, one of the test images
+    assert sorted(df.layer.unique()) == ["block0", "block1", "block2", "pre_logits"]
+    assert df[df.layer == "pre_logits"].depth.unique().tolist() == [4]
+    for i in range(3):
+        single = linear_fewshot(model, train, test, shots=(2,), seeds=(0, 1), layer=i)
+        np.testing.assert_allclose(df[df.layer == f"block{i}"].accuracy.to_numpy(), single.accuracy.to_numpy())
+
+
+def test_gap_models_pool_the_patch_tokens_and_pre_logits_match_timm():
+    from vitviz.core.features import extract_features
+
+    model = tiny_timm_vit(class_token=False, global_pool="avg", fc_norm=False)
+    x, y = _data(2)
+    f = extract_features(model, (x, y), layers=[1])
+    with torch.no_grad():
+        tokens = model.blocks(model.norm_pre(model._pos_embed(model.patch_embed(x))))
+        torch.testing.assert_close(f.feats[1], tokens.mean(1))
+        torch.testing.assert_close(f.feats["pre_logits"], model.norm(tokens).mean(1))
+
+
+def test_feature_cache_is_reused_without_running_the_model(tmp_path):
+    from vitviz.core.features import extract_features
+
+    model = tiny_timm_vit()
+    x, y = _data(3)
+    first = extract_features(model, (x, y), layers="all", checkpoint=tmp_path / "f.pt", batch_size=4)
+    model.patch_embed.register_forward_hook(lambda *a: (_ for _ in ()).throw(AssertionError("model ran")))
+    again = extract_features(model, (x, y), layers="all", checkpoint=tmp_path / "f.pt", batch_size=4)
+    for key in first.feats:
+        torch.testing.assert_close(first.feats[key], again.feats[key])
+    assert torch.equal(first.labels, y)
+
+
+def test_model_level_bad_inputs():
+    from vitviz.analysis.representations import linear_fewshot
+
+    model = tiny_timm_vit()
+    train, test = _data(2), _data(1, seed=1)
+    with pytest.raises(InputError, match="shots=5 exceeds"):
+        linear_fewshot(model, train, test, shots=(5,), seeds=(0,))
+    with pytest.raises(LayerSelectError, match="layer=7"):
+        linear_fewshot(model, train, test, shots=(1,), seeds=(0,), layer=7)
+    with pytest.raises(InputError, match="batches must be"):
+        linear_fewshot(model, (train[0], train[1][:3]), test, shots=(1,), seeds=(0,))
+    with pytest.raises(InputError, match="folder, a Dataset"):
+        linear_fewshot(model, [1, 2, 3], test)
+
+
+def test_folder_sources_read_only_the_drawn_images(tiny_folder):
+    from vitviz.analysis.representations import knn_probe, linear_fewshot, summarize_probes
+
+    model = tiny_timm_vit(img_size=32, num_classes=10)
+    df = linear_fewshot(model, tiny_folder / "train", tiny_folder / "test", shots=(1, 5), seeds=(0, 1, 2))
+    assert (df.train_images == df.shots * 10).all() and (df.test_images == 100).all()
+    s = summarize_probes(df)
+    assert list(s.shots) == [1, 5] and (s.low <= s.accuracy).all() and (s.accuracy <= s.high).all()
+    k = knn_probe(model, tiny_folder / "train", tiny_folder / "test", k=5)
+    assert k.train_images.item() == 300 and 0 <= k.accuracy.item() <= 100
+
+
+def test_knn_weights_are_exponential_in_similarity_over_temperature():
+    # one very similar neighbour of class 0 outvotes two fairly similar ones of class 1 only through exp(sim / T)
+    q = np.array([[1.0, 0.0]])
+    ref = np.array([[0.99, np.sqrt(1 - 0.99 ** 2)], [0.5, np.sqrt(0.75)], [0.5, -np.sqrt(0.75)], [-1.0, 0.0]])
+    lab = np.array([0, 1, 1, 0])
+    assert knn_accuracy(ref, lab, q, np.array([0]), k=3, temperature=0.07) == 100.0
+    assert knn_accuracy(ref, lab, q, np.array([1]), k=3, temperature=100.0) == 100.0  # flat weights: majority
+    assert _knn_loop(ref, lab, q, 3, 0.07, 2).tolist() == [0]
+
+
+def test_hf_and_torchvision_features_equal_the_libraries_hidden_states():
+    """Block tokens and pre-logits against each library's own outputs (output_hidden_states; the head's input)."""
+    from transformers import ViTConfig, ViTForImageClassification, ViTModel
+
+    from vitviz.core.features import extract_features
+
+    cfg = ViTConfig(image_size=32, patch_size=8, hidden_size=32, num_hidden_layers=2, num_attention_heads=2,
+                    intermediate_size=64, num_labels=3)
+    x, y = torch.randn(4, 3, 32, 32), torch.tensor([0, 1, 2, 0])
+    for model in (ViTForImageClassification(cfg).eval(), ViTModel(cfg).eval()):
+        f = extract_features(model, (x, y), layers="all")
+        with torch.no_grad():
+            root = model.vit if hasattr(model, "vit") else model
+            out = root(pixel_values=x, output_hidden_states=True)
+        for i in range(2):
+            torch.testing.assert_close(f.feats[i], out.hidden_states[i + 1][:, 0])
+        want = out.last_hidden_state[:, 0] if hasattr(model, "classifier") else out.pooler_output
+        torch.testing.assert_close(f.feats["pre_logits"], want)
+
+    from torchvision.models import VisionTransformer
+
+    tv = VisionTransformer(image_size=32, patch_size=8, num_layers=2, num_heads=2, hidden_dim=32, mlp_dim=64,
+                           num_classes=3).eval()
+    f = extract_features(tv, (x, y), layers="all")
+    with torch.no_grad():
+        tokens = tv._process_input(x)
+        tokens = torch.cat([tv.class_token.expand(len(x), -1, -1), tokens], dim=1) + tv.encoder.pos_embedding
+        b0 = tv.encoder.layers[0](tokens)
+        b1 = tv.encoder.layers[1](b0)
+        torch.testing.assert_close(f.feats[0], b0[:, 0])
+        torch.testing.assert_close(f.feats["pre_logits"], tv.encoder.ln(b1)[:, 0])
+
+
+@pytest.mark.parametrize("batch_first", [True, False])
+def test_open_clip_features_equal_its_own_tower(batch_first):
+    from tests.hf_models import open_clip_model
+    from vitviz.core.features import extract_features
+
+    model = open_clip_model()
+    visual = model.visual
+    visual.transformer.batch_first = batch_first
+    x, y = torch.randn(3, 3, 32, 48), torch.tensor([0, 1, 0])
+    f = extract_features(model, (x, y), layers="all")
+    with torch.no_grad():
+        torch.testing.assert_close(f.feats["pre_logits"], model.encode_image(x))
+        tokens = visual._embeds(x)  # patch embedding, class token, position embedding, ln_pre
+        first = visual.transformer.resblocks[0](tokens if batch_first else tokens.transpose(0, 1))
+        first = first if batch_first else first.transpose(0, 1)
+        torch.testing.assert_close(f.feats[0], first[:, 0])

@@ -1,0 +1,143 @@
+"""Class token versus GAP (runner config, claims, figure), the Table 8 few-shot claims, plot_layer_probes, and
+notebook 05 end to end."""
+
+from __future__ import annotations
+
+import numpy as np
+import pandas as pd
+import pytest
+import torch
+
+from vitviz.errors import InputError
+
+
+def test_gap_config_builds_the_papers_gap_head():
+    from vitviz.experiments.cls_vs_gap import LRS, ClsGapConfig, train_config
+    from vitviz.zoo.reference import build_reference
+
+    assert LRS == pytest.approx((1e-3, 1e-3 * 3 / 8))  # the recipe's rate and the paper's 3e-4 / 8e-4 ratio
+    tc = train_config(ClsGapConfig(), "gap", LRS[1], 0)
+    model = build_reference(tc.model, **tc.model_kwargs).eval()
+    assert model.cls_token is None and model.num_prefix_tokens == 0
+    x = torch.randn(2, 3, 32, 32)
+    with torch.no_grad():  # the paper's GAP: final LayerNorm on every token, then the mean, then the linear head
+        tokens = model.blocks(model.norm_pre(model._pos_embed(model.patch_embed(x))))
+        torch.testing.assert_close(model(x), model.head(model.norm(tokens).mean(1)))
+    cls = build_reference("cifar10-vit", **train_config(ClsGapConfig(), "cls", LRS[0], 0).model_kwargs)
+    assert cls.cls_token is not None
+
+
+def _runs(acc):
+    rows = []
+    for (head, lr), final in acc.items():
+        for epoch in (1, 2, 3):
+            rows.append({"run": f"{head}-{lr}", "head": head, "lr": lr, "seed": 0, "epoch": epoch,
+                         "test_acc": final * epoch / 3, "epochs_planned": 3})
+    return pd.DataFrame(rows)
+
+
+def test_cls_vs_gap_claims_from_the_last_epoch():
+    from vitviz.experiments.cls_vs_gap import cls_vs_gap_claims
+
+    df = _runs({("cls", 1e-3): 60.0, ("cls", 3e-4): 55.0, ("gap", 1e-3): 40.0, ("gap", 3e-4): 59.0})
+    c = cls_vs_gap_claims(df).set_index("head")
+    assert c.loc["cls", "best_lr"] == 1e-3 and c.loc["gap", "best_lr"] == 3e-4
+    assert c.loc["gap", "gap_best"] == pytest.approx(59.0 - 60.0)
+    assert not c.loc["gap", "same_best_lr"]
+    assert c.loc["gap", "lr_effect"] == pytest.approx(40.0 - 59.0)
+
+
+def test_cls_vs_gap_reader_and_figure(tmp_path):
+    from vitviz.experiments.cls_vs_gap import read_cls_vs_gap
+    from vitviz.plot.probes import plot_cls_vs_gap
+
+    with pytest.raises(InputError, match="cls_vs_gap --data"):
+        read_cls_vs_gap(tmp_path / "missing.csv")
+    df = _runs({("cls", 1e-3): 60.0, ("cls", 3e-4): 55.0, ("gap", 1e-3): 40.0, ("gap", 3e-4): 59.0})
+    df.to_csv(tmp_path / "r.csv", index=False)
+    ax = plot_cls_vs_gap(read_cls_vs_gap(tmp_path / "r.csv"))
+    assert sorted(t.get_text() for t in ax.get_legend().get_texts()) == [
+        "CLS-Token, lr=0.0003", "CLS-Token, lr=0.001", "GAP, lr=0.0003", "GAP, lr=0.001"]
+    line = next(ln for ln in ax.get_lines() if ln.get_label() == "GAP, lr=0.001")
+    np.testing.assert_allclose(line.get_ydata(), [40 / 3, 80 / 3, 40])
+    with pytest.raises(InputError, match="columns"):
+        plot_cls_vs_gap(df.drop(columns="lr"))
+
+
+def test_posemb_claims_ordering_and_finding():
+    from vitviz.experiments.posemb_fewshot import posemb_claims
+
+    m = pd.DataFrame({
+        "model": ["cifar10-vit-nopos", "cifar10-vit-1dpos", "cifar10-vit-2dpos"],
+        "pos_emb": ["No Pos. Emb.", "1-D Pos. Emb.", "2-D Pos. Emb."],
+        "paper_5shot": [61.382, 64.206, 64.001],
+        "fewshot5": [50.0, 60.0, 59.0],  # gap 9 > 2 x spread 1: holds; 1-D > 2-D > none as in the paper
+        "test_top1": [50.0, 52.0, 58.0],  # gap 2 < 2 x spread 6: does not hold; order 2-D > 1-D > none
+    })
+    c = posemb_claims(m).set_index("measure")
+    assert c.loc["paper_5shot", "same_order_as_paper"] and c.loc["paper_5shot", "finding_holds"]
+    assert c.loc["fewshot5", "ordering"] == "1-D > 2-D > none" and c.loc["fewshot5", "finding_holds"]
+    assert c.loc["fewshot5", "gap_to_none"] == pytest.approx(9.0)
+    assert c.loc["test_top1", "ordering"] == "2-D > 1-D > none" and not c.loc["test_top1", "same_order_as_paper"]
+    assert not c.loc["test_top1", "finding_holds"] and c.loc["test_top1", "encoding_spread"] == pytest.approx(6.0)
+
+
+def test_plot_layer_probes_draws_means_by_depth():
+    from vitviz.analysis.representations import summarize_probes
+    from vitviz.plot.probes import plot_layer_probes
+
+    rng = np.random.default_rng(0)
+    rows = [{"model": m, "layer": f"block{d - 1}" if d <= 3 else "pre_logits", "depth": d, "probe": "linear",
+             "shots": 5, "seed": s, "accuracy": 10 * d + off + rng.normal()}
+            for m, off in (("a", 0), ("b", 5)) for d in (1, 2, 3, 4) for s in range(4)]
+    df = pd.DataFrame(rows)
+    ax = plot_layer_probes(df)
+    s = summarize_probes(df)
+    line = next(ln for ln in ax.get_lines() if ln.get_label() == "b, 5-shot")
+    want = s[(s.model == "b") & (s.layer != "pre_logits")].sort_values("depth")
+    np.testing.assert_allclose(line.get_ydata(), want.accuracy)
+    assert ax.get_xlabel() == "Block (depth)" and "%" in ax.get_ylabel()
+    with pytest.raises(InputError, match="layer_probes"):
+        plot_layer_probes(df.drop(columns="depth"))
+
+
+@pytest.mark.slow
+@pytest.mark.notebook
+def test_notebook_05_runs_headless(run_notebook, tiny_folder, tmp_path):
+    out_dir = tmp_path / "figs"
+    _, text, images = run_notebook("05_representations.ipynb", cifar_root=str(tiny_folder), shots=[1, 5],
+                                   n_draws=3, test_per_class=5, knn_train_per_class=20, out_dir=str(out_dir),
+                                   model_names=["cifar10-vit", "cifar10-hybrid"])
+    assert "largest gain entering block" in text
+    assert len(images) >= 2 and (out_dir / "layer_probes.png").exists()
+
+
+def test_fewshot_by_epoch_scores_every_kept_epoch(tiny_folder, tmp_path):
+    from vitviz.analysis.representations import linear_fewshot, per_class_subset
+    from vitviz.experiments.cls_vs_gap import (
+        HEADS,
+        ClsGapConfig,
+        fewshot_by_epoch,
+        read_fewshot_by_epoch,
+        train_config,
+    )
+    from vitviz.zoo.reference import build_reference
+
+    cfg = ClsGapConfig(data=str(tiny_folder), out=str(tmp_path / "runs"), results=str(tmp_path / "r.csv"),
+                       heads=("gap",), lrs=(1e-3,))
+    run_dir = train_config(cfg, "gap", 1e-3, 0).run_dir / "epochs"
+    run_dir.mkdir(parents=True)
+    weights = {}
+    for epoch in (1, 2):
+        torch.manual_seed(epoch)
+        weights[epoch] = build_reference("cifar10-vit", **HEADS["gap"]).eval()
+        torch.save(weights[epoch].state_dict(), run_dir / f"epoch_{epoch:03d}.pt")
+    raw = fewshot_by_epoch(cfg, shots=2, seeds=(0, 1), test_per_class=3)
+    assert sorted(raw.epoch.unique()) == [1, 2] and len(raw) == 4
+    for epoch, model in weights.items():  # the same numbers as probing that epoch's model directly
+        test = per_class_subset(model, tiny_folder / "test", 3)
+        direct = linear_fewshot(model, tiny_folder / "train", test, shots=(2,), seeds=(0, 1))
+        np.testing.assert_allclose(raw[raw.epoch == epoch].accuracy.to_numpy(), direct.accuracy.to_numpy())
+    mean = read_fewshot_by_epoch(tmp_path / "fewshot_by_epoch.csv")
+    assert list(mean.columns[:4]) == ["head", "lr", "seed", "epoch"] and (mean.draws == 2).all()
+    assert mean.fewshot5.tolist() == pytest.approx(raw.groupby("epoch").accuracy.mean().tolist())

@@ -1,0 +1,207 @@
+"""How good is a frozen representation: the ViT paper's few-shot linear probe and DINO's weighted k-NN probe.
+
+Pure numpy on feature matrices (``X`` ``(M, D)``, integer labels ``(M,)``); ``vitviz.analysis.representations``
+extracts the features from a model and a dataset and calls these.
+
+**Few-shot linear** (Dosovitskiy et al., ICLR 2021, Sec. 4.1 "Metrics"): "a regularized least-squares regression
+problem that maps the (frozen) representation of a subset of training images to ``{-1, 1}^K`` target vectors",
+solved in closed form. Here, for ``n = K x shots`` examples:
+
+1. the features are standardised with the few-shot examples' own per-dimension mean and standard deviation
+   (+1e-5), as the authors' evaluator (big_vision ``fewshot``) whitens them;
+2. targets ``Y = 2 * onehot(y) - 1`` ``(n, K)``;
+3. ``W = (Xc^T Xc + l2 I)^{-1} Xc^T Yc`` with ``Xc``, ``Yc`` centred on the examples' means, and an unpenalised
+   intercept ``b = mean(Y) - mean(X) W`` (big_vision appends a large constant feature instead: nearly the same);
+4. the prediction is ``argmax(X_test W + b)``.
+
+``l2`` is chosen, when not given, among ``2^-10 .. 2^10`` (21 values) as the one with the smallest leave-one-out
+squared error of the ridge fit on the few-shot examples themselves (the PRESS statistic, exact in closed form from
+the hat matrix: ``r_i / (1 - H_ii)``; the standardisation uses all ``n`` examples); ties go to the larger ``l2``.
+No test image is looked at. (The authors' evaluator picks the ``l2`` from a list by accuracy on their held-out
+split; with only ``shots`` images per class we hold out one image at a time instead.)
+
+**Weighted k-NN** (Caron et al., "Emerging Properties in Self-Supervised Vision Transformers", ICCV 2021, Sec. 4.1
+and their ``eval_knn.py``): L2-normalised features, cosine similarity to every training image, the ``k = 20``
+most similar vote for their class with weight ``exp(sim / T)``, ``T = 0.07``; the class with the largest summed
+weight wins (ties: the lowest class index).
+"""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+
+import numpy as np
+
+from vitviz.errors import InputError
+
+L2_GRID = tuple(2.0 ** e for e in range(-10, 11))
+
+
+def _check_xy(x: np.ndarray, y: np.ndarray, what: str) -> tuple[np.ndarray, np.ndarray]:
+    x = np.asarray(x, dtype=np.float64)
+    y = np.asarray(y)
+    if x.ndim != 2 or y.ndim != 1 or len(x) != len(y):
+        raise InputError(f"{what}: features must be (M, D) and labels (M,), got {x.shape} and {y.shape}")
+    if len(x) == 0:
+        raise InputError(f"{what}: no examples")
+    if not np.isfinite(x).all():
+        raise InputError(f"{what}: features hold NaN or inf; check the model's output (dtype, autocast)")
+    return x, y.astype(np.int64)
+
+
+def standardize(train: np.ndarray, *others: np.ndarray) -> list[np.ndarray]:
+    """Standardise every array with ``train``'s per-dimension mean and standard deviation (+1e-5)."""
+    mean = train.mean(axis=0, keepdims=True)
+    std = train.std(axis=0, keepdims=True) + 1e-5
+    return [(a - mean) / std for a in (train, *others)]
+
+
+def pm1_targets(y: np.ndarray, num_classes: int) -> np.ndarray:
+    """``{-1, 1}^K`` target vectors ``(n, K)``: +1 at the class, -1 elsewhere."""
+    t = -np.ones((len(y), num_classes))
+    t[np.arange(len(y)), y] = 1.0
+    return t
+
+
+class RidgeFit:
+    """Closed-form ridge regression with an unpenalised intercept, for every ``l2`` at the cost of one eigh.
+
+    Args:
+        x: standardised features ``(n, D)``.
+        t: targets ``(n, K)``.
+    """
+
+    def __init__(self, x: np.ndarray, t: np.ndarray) -> None:
+        self.x_mean = x.mean(axis=0, keepdims=True)
+        self.t_mean = t.mean(axis=0, keepdims=True)
+        xc, self.tc = x - self.x_mean, t - self.t_mean
+        n, d = xc.shape
+        self.n = n
+        if n <= d:  # dual: K = Xc Xc^T = U diag(s) U^T; W = Xc^T U diag(1/(s+l)) U^T Tc
+            s, u = np.linalg.eigh(xc @ xc.T)
+            self.s, self.left, self.rhs = np.clip(s, 0, None), xc.T @ u, u.T @ self.tc
+            self.hat_basis = u * np.sqrt(self.s)[None, :]  # H = sum_j u_j u_j^T s_j / (s_j + l)
+        else:  # primal: Xc^T Xc = V diag(s) V^T; W = V diag(1/(s+l)) V^T Xc^T Tc
+            s, v = np.linalg.eigh(xc.T @ xc)
+            self.s, self.left, self.rhs = np.clip(s, 0, None), v, v.T @ (xc.T @ self.tc)
+            self.hat_basis = xc @ v  # H = sum_j (Xc v_j)(Xc v_j)^T / (s_j + l)
+        self._xc = xc
+
+    def weights(self, l2: float) -> tuple[np.ndarray, np.ndarray]:
+        """``W`` ``(D, K)`` and intercept ``b`` ``(1, K)`` for ``l2``."""
+        w = self.left @ (self.rhs / (self.s + l2)[:, None])
+        return w, self.t_mean - self.x_mean @ w
+
+    def loo_squared_error(self, l2: float) -> float:
+        """Mean leave-one-out squared error over examples and target dimensions (PRESS / (n K))."""
+        w, _ = self.weights(l2)
+        resid = self.tc - self._xc @ w
+        h = (self.hat_basis ** 2 / (self.s + l2)[None, :]).sum(axis=1) + 1.0 / self.n  # + the intercept's 1/n
+        loo = resid / np.clip(1.0 - h, 1e-12, None)[:, None]
+        return float((loo ** 2).mean())
+
+
+def select_l2(fit: RidgeFit, grid: Sequence[float] = L2_GRID) -> float:
+    """The ``l2`` of ``grid`` with the smallest leave-one-out squared error (ties: the larger ``l2``)."""
+    errors = [(round(fit.loo_squared_error(l2), 12), -l2) for l2 in grid]
+    return -min(errors)[1]
+
+
+def fewshot_draws(labels: np.ndarray, shots: Sequence[int], seeds: Sequence[int],
+                  classes: Sequence[int] | None = None) -> dict[tuple[int, int], np.ndarray]:
+    """Indices of the few-shot examples for every ``(shots, seed)``: ``shots`` per class, drawn without replacement.
+
+    For one seed the draws are nested (each class's images are permuted once and the first ``shots`` taken), so
+    the 5-shot examples are among the 10-shot ones.
+
+    Raises:
+        InputError: ``shots`` below 1 or above the images of some class.
+    """
+    labels = np.asarray(labels)
+    classes = sorted(set(labels.tolist())) if classes is None else list(classes)
+    if not len(seeds):
+        raise InputError("seeds=() draws nothing; pass e.g. seeds=range(10)")
+    counts = {c: int((labels == c).sum()) for c in classes}
+    for k in shots:
+        if not isinstance(k, (int, np.integer)) or k < 1:
+            raise InputError(f"shots={k!r}: each must be a positive int (images per class)")
+        short = {c: n for c, n in counts.items() if n < k}
+        if short:
+            raise InputError(f"shots={k} exceeds the training images of class(es) {short} (class: images); pass "
+                             "fewer shots or more training images")
+    out = {}
+    for seed in seeds:
+        rng = np.random.default_rng(int(seed))
+        perms = {c: rng.permutation(np.flatnonzero(labels == c)) for c in classes}
+        for k in shots:
+            out[(int(k), int(seed))] = np.sort(np.concatenate([perms[c][:k] for c in classes]))
+    return out
+
+
+def linear_fewshot_accuracy(x_train: np.ndarray, y_train: np.ndarray, x_test: np.ndarray, y_test: np.ndarray,
+                            *, l2_reg: float | None = None, num_classes: int | None = None,
+                            grid: Sequence[float] = L2_GRID) -> tuple[float, float]:
+    """Top-1 accuracy (%) of the closed-form least-squares probe (module docstring), and the ``l2`` used.
+
+    Args:
+        x_train, y_train: the few-shot examples' features ``(n, D)`` and labels ``(n,)``.
+        x_test, y_test: the evaluation images' features ``(M, D)`` and labels ``(M,)``.
+        l2_reg: the ridge penalty; ``None`` chooses it by leave-one-out error on the examples (``select_l2``).
+        num_classes: ``K`` (default: ``max(label) + 1`` over both sets).
+    """
+    x_train, y_train = _check_xy(x_train, y_train, "train")
+    x_test, y_test = _check_xy(x_test, y_test, "test")
+    if x_train.shape[1] != x_test.shape[1]:
+        raise InputError(f"train features have {x_train.shape[1]} dimensions, test {x_test.shape[1]}")
+    if l2_reg is not None and not l2_reg > 0:
+        raise InputError(f"l2_reg={l2_reg!r} must be positive (or None to choose it)")
+    k = num_classes or int(max(y_train.max(), y_test.max())) + 1
+    xs, xt = standardize(x_train, x_test)
+    fit = RidgeFit(xs, pm1_targets(y_train, k))
+    l2 = select_l2(fit, grid) if l2_reg is None else float(l2_reg)
+    w, b = fit.weights(l2)
+    pred = (xt @ w + b).argmax(axis=1)
+    return 100.0 * float((pred == y_test).mean()), l2
+
+
+def knn_accuracy(x_train: np.ndarray, y_train: np.ndarray, x_test: np.ndarray, y_test: np.ndarray, *,
+                 k: int = 20, temperature: float = 0.07, num_classes: int | None = None,
+                 chunk: int = 1024) -> float:
+    """Top-1 accuracy (%) of DINO's weighted k-NN classifier (module docstring).
+
+    Args:
+        x_train, y_train: reference features ``(M, D)`` and labels.
+        x_test, y_test: query features ``(Q, D)`` and labels.
+        k: neighbours (DINO: 20). temperature: ``T`` of the weights ``exp(sim / T)`` (DINO: 0.07).
+        chunk: queries per similarity block (memory).
+    """
+    x_train, y_train = _check_xy(x_train, y_train, "train")
+    x_test, y_test = _check_xy(x_test, y_test, "test")
+    if not isinstance(k, int) or not 1 <= k <= len(x_train):
+        raise InputError(f"k={k!r} must be an int in 1..{len(x_train)} (the training images)")
+    if not temperature > 0:
+        raise InputError(f"temperature={temperature!r} must be positive")
+    ncls = num_classes or int(max(y_train.max(), y_test.max())) + 1
+    tr = x_train / np.clip(np.linalg.norm(x_train, axis=1, keepdims=True), 1e-12, None)
+    te = x_test / np.clip(np.linalg.norm(x_test, axis=1, keepdims=True), 1e-12, None)
+    correct = 0
+    for i in range(0, len(te), chunk):
+        sim = te[i: i + chunk] @ tr.T
+        top = np.argpartition(-sim, k - 1, axis=1)[:, :k]
+        w = np.exp(np.take_along_axis(sim, top, axis=1) / temperature)
+        votes = np.zeros((len(sim), ncls))
+        np.add.at(votes, (np.arange(len(sim))[:, None].repeat(k, 1), y_train[top]), w)
+        correct += int((votes.argmax(axis=1) == y_test[i: i + chunk]).sum())
+    return 100.0 * correct / len(te)
+
+
+def mean_interval(values: Sequence[float], level: float = 0.95) -> tuple[float, float, float]:
+    """Mean and the Student-t ``level`` interval of the mean ``(mean, low, high)``; one value: ``(v, nan, nan)``."""
+    from scipy import stats
+
+    v = np.asarray(values, dtype=np.float64)
+    m = float(v.mean())
+    if len(v) < 2:
+        return m, float("nan"), float("nan")
+    half = float(stats.t.ppf(0.5 + level / 2, len(v) - 1) * v.std(ddof=1) / np.sqrt(len(v)))
+    return m, m - half, m + half

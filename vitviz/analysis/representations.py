@@ -1,0 +1,214 @@
+"""Probing a model's frozen representation: few-shot linear accuracy, weighted k-NN, and both at every depth.
+
+``linear_fewshot``, ``knn_probe`` and ``layer_probes`` extract features once (``vitviz.core.features``: one
+forward pass per batch through the dataset path, resumable with ``cache=``) and score them with the probes of
+``vitviz.analysis.probes`` (the ViT paper's closed-form least squares, Sec. 4.1; DINO's k-NN). Results are tidy
+``pandas`` tables, one row per (model, layer, shots, seed); ``summarize_probes`` adds means and 95% intervals.
+
+Layers: ``layer=None`` reads the pre-logits representation (what the classifier sees); ``layer=i`` reads block
+``i``'s output (0-based) and pools it as the model does: the class token, or the mean of the patch tokens for
+models without one (``Family.pooled_token``). ``depth`` in the tables counts blocks from 1; the pre-logits
+representation has ``depth = L + 1`` for an ``L``-block model.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import os
+from collections.abc import Sequence
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+import pandas as pd
+from torch import nn
+from torch.utils.data import DataLoader, Dataset, Subset
+
+from vitviz.analysis.probes import fewshot_draws, knn_accuracy, linear_fewshot_accuracy, mean_interval
+from vitviz.core.features import PRE_LOGITS, Features, as_dataset_source, extract_features, resolve_blocks
+from vitviz.errors import InputError
+
+__all__ = ["linear_fewshot", "knn_probe", "layer_probes", "per_class_subset", "summarize_probes"]
+
+
+def labels_of(source: Any) -> np.ndarray | None:
+    """The labels of a dataset source without loading its images, when it can say (else ``None``)."""
+    if isinstance(source, (str, os.PathLike)):
+        return None  # resolved after the folder is indexed
+    if isinstance(source, Subset):
+        inner = labels_of(source.dataset)
+        return None if inner is None else inner[np.asarray(source.indices)]
+    for attr in ("labels", "targets"):
+        lab = getattr(source, attr, None)
+        if lab is not None and not callable(lab):
+            return np.asarray(lab)
+    tensors = getattr(source, "tensors", None)  # torch TensorDataset
+    if tensors is not None and len(tensors) > 1:
+        return tensors[1].cpu().numpy()
+    return None
+
+
+def per_class_subset(model: nn.Module, source: Any, per_class: int) -> Subset:
+    """The first ``per_class`` images of each class of ``source`` (a folder or a labelled Dataset), in order:
+    a small, deterministic evaluation set (e.g. 100 per class of CIFAR-10's test set)."""
+    ds = _index(model, source)
+    labels = labels_of(ds)
+    if labels is None:
+        raise InputError("per_class_subset needs labels it can read without the images (a folder, a torchvision "
+                         "dataset, a TensorDataset)")
+    keep = np.sort(np.concatenate([np.flatnonzero(labels == c)[:per_class] for c in np.unique(labels)]))
+    return Subset(ds, keep.tolist())
+
+
+def _index(model: nn.Module, source: Any) -> Any:
+    from vitviz.core.datasets import ImageFolder
+
+    src = as_dataset_source(source)
+    return ImageFolder(src, model) if isinstance(src, (str, os.PathLike)) else src
+
+
+def _extract(model: nn.Module, src: Any, keep: np.ndarray | None, layers: Any, pre_logits: bool, cache: Any,
+             tag: str, **kw: Any) -> Features:
+    if keep is not None and isinstance(src, Dataset) and not isinstance(src, DataLoader):
+        src = Subset(src, keep.tolist())
+    checkpoint = None
+    if cache is not None:
+        key = hashlib.sha1((tag + repr(keep.tolist() if keep is not None else "all")).encode()).hexdigest()[:12]
+        checkpoint = Path(cache) / f"features-{tag}-{key}.pt"
+    return extract_features(model, src, layers=layers, pre_logits=pre_logits, checkpoint=checkpoint, **kw)
+
+
+def _name(model: nn.Module, name: str | None) -> str:
+    from vitviz.core.spec import model_name
+
+    return name or model_name(model)
+
+
+def _features(model: nn.Module, train: Any, test: Any, shots: Sequence[int], seeds: Sequence[int], layers: Any,
+              pre_logits: bool, cache: Any, name: str, **kw: Any) -> tuple[Features, Features, dict, np.ndarray]:
+    """Features of exactly the training images some draw uses (all of them for a DataLoader), and of the test set."""
+    tr, te = _index(model, train), _index(model, test)
+    labels = labels_of(tr)
+    if labels is not None:
+        draws = fewshot_draws(labels, shots, seeds)
+        keep = np.unique(np.concatenate(list(draws.values())))
+        ftr = _extract(model, tr, keep, layers, pre_logits, cache, f"{name}-train", **kw)
+        remap = {int(i): j for j, i in enumerate(keep)}
+        draws = {key: np.array([remap[int(i)] for i in idx]) for key, idx in draws.items()}
+    else:  # a DataLoader: every image once, then draw from its labels
+        ftr = _extract(model, tr, None, layers, pre_logits, cache, f"{name}-train", **kw)
+        draws = fewshot_draws(ftr.labels.numpy(), shots, seeds)
+    fte = _extract(model, te, None, layers, pre_logits, cache, f"{name}-test", **kw)
+    return ftr, fte, draws, labels
+
+
+def _fewshot_rows(ftr: Features, fte: Features, draws: dict, l2_reg: float | None, name: str, depth: int,
+                  keys: Sequence[Any]) -> list[dict[str, Any]]:
+    ytr, yte = ftr.labels.numpy(), fte.labels.numpy()
+    k = int(max(ytr.max(), yte.max())) + 1
+    rows = []
+    for key in keys:
+        xtr, xte = ftr.feats[key].numpy(), fte.feats[key].numpy()
+        for (shots, seed), idx in sorted(draws.items()):
+            acc, l2 = linear_fewshot_accuracy(xtr[idx], ytr[idx], xte, yte, l2_reg=l2_reg, num_classes=k)
+            rows.append({"model": name, "layer": "pre_logits" if key == PRE_LOGITS else f"block{key}",
+                         "depth": depth if key == PRE_LOGITS else int(key) + 1, "probe": "linear", "shots": shots,
+                         "seed": seed, "l2_reg": l2, "accuracy": acc, "train_images": len(idx),
+                         "test_images": len(yte)})
+    return rows
+
+
+def linear_fewshot(model: nn.Module, train: Any, test: Any, shots: Sequence[int] = (1, 5, 10, 25),
+                   l2_reg: float | None = None, seeds: Sequence[int] = range(5), layer: int | None = None, *,
+                   name: str | None = None, batch_size: int = 64, num_workers: int = 0, progress: bool = False,
+                   cache: str | os.PathLike | None = None, autocast: Any = None) -> pd.DataFrame:
+    """The ViT paper's few-shot linear accuracy (Dosovitskiy et al. 2021, Sec. 4.1) of ``model``'s representation.
+
+    For every ``shots`` and seed, ``shots`` training images per class are drawn (nested over ``shots``), a
+    closed-form least-squares map from their frozen features to ``{-1, 1}^K`` is fitted and scored on ``test``
+    (``vitviz.analysis.probes``: standardisation, unpenalised intercept, ``l2`` by leave-one-out error over
+    ``2^-10..2^10`` on the examples when ``l2_reg`` is None).
+
+    Args:
+        model: any ViT vitviz reads (eval mode; its device is used).
+        train, test: a folder (one sub-folder per class), a ``Dataset`` of ``(x, label)``, a ``DataLoader`` or
+            ``(images (M, 3, H, W), labels (M,))`` tensors. Only the training images some draw uses are read
+            when the labels are known without the images (folders, torchvision datasets, tensors).
+        shots: images per class. l2_reg: fixed penalty, or None to choose it. seeds: one draw each.
+        layer: None for the pre-logits representation, or a block index for that block's pooled token.
+        name: the ``model`` column (default: the model's name).
+        batch_size, num_workers, progress, autocast: feature extraction (``reduce_dataset``).
+        cache: folder for resumable feature files (a rerun reuses them).
+
+    Returns:
+        one row per (shots, seed): ``model, layer, depth, probe, shots, seed, l2_reg, accuracy`` (top-1 %),
+        ``train_images, test_images``.
+    """
+    nm = _name(model, name)
+    layers = None if layer is None else [layer]
+    ftr, fte, draws, _ = _features(model, train, test, shots, seeds, layers, layer is None, cache, nm,
+                                   batch_size=batch_size, num_workers=num_workers, progress=progress,
+                                   autocast=autocast)
+    key = PRE_LOGITS if layer is None else resolve_blocks(model, layer)[0]
+    depth = len(resolve_blocks(model, "all")) + 1
+    return pd.DataFrame(_fewshot_rows(ftr, fte, draws, l2_reg, nm, depth, [key]))
+
+
+def knn_probe(model: nn.Module, train: Any, test: Any, *, k: int = 20, temperature: float = 0.07,
+              layer: int | None = None, name: str | None = None, batch_size: int = 64, num_workers: int = 0,
+              progress: bool = False, cache: str | os.PathLike | None = None, autocast: Any = None) -> pd.DataFrame:
+    """DINO's weighted k-NN accuracy (Caron et al., ICCV 2021) with every ``train`` image as a reference.
+
+    Args: as ``linear_fewshot``; ``k`` neighbours and ``temperature`` of ``exp(sim / T)``
+    (``vitviz.analysis.probes.knn_accuracy``).
+
+    Returns:
+        one row: ``model, layer, depth, probe ("knn"), k, temperature, accuracy, train_images, test_images``.
+    """
+    nm = _name(model, name)
+    layers = None if layer is None else [layer]
+    kw = dict(batch_size=batch_size, num_workers=num_workers, progress=progress, autocast=autocast)
+    ftr = _extract(model, _index(model, train), None, layers, layer is None, cache, f"{nm}-knntrain", **kw)
+    fte = _extract(model, _index(model, test), None, layers, layer is None, cache, f"{nm}-test", **kw)
+    key = PRE_LOGITS if layer is None else resolve_blocks(model, layer)[0]
+    acc = knn_accuracy(ftr.feats[key].numpy(), ftr.labels.numpy(), fte.feats[key].numpy(), fte.labels.numpy(),
+                       k=k, temperature=temperature)
+    return pd.DataFrame([{"model": nm, "layer": "pre_logits" if layer is None else f"block{key}",
+                          "depth": len(resolve_blocks(model, "all")) + 1 if layer is None else key + 1, "probe": "knn", "k": k,
+                          "temperature": temperature, "accuracy": acc, "train_images": len(ftr),
+                          "test_images": len(fte)}])
+
+
+def layer_probes(model: nn.Module, train: Any, test: Any, shots: Sequence[int] = (5,),
+                 seeds: Sequence[int] = range(5), *, l2_reg: float | None = None, pre_logits: bool = True,
+                 name: str | None = None, batch_size: int = 64, num_workers: int = 0, progress: bool = False,
+                 cache: str | os.PathLike | None = None, autocast: Any = None) -> pd.DataFrame:
+    """Few-shot linear accuracy of every block's pooled token (and the pre-logits), from ONE pass over the data.
+
+    Every block's output is captured in the same forward pass (``extract_features(layers="all")``), so the cost
+    is one feature extraction whatever the depth. Args and rows as ``linear_fewshot``; ``depth`` is the block's
+    number counted from 1 (``L`` blocks), and the pre-logits rows (``layer="pre_logits"``: after the final norm and
+    pooling) have ``depth = L + 1``.
+    """
+    nm = _name(model, name)
+    ftr, fte, draws, _ = _features(model, train, test, shots, seeds, "all", pre_logits, cache, nm,
+                                   batch_size=batch_size, num_workers=num_workers, progress=progress,
+                                   autocast=autocast)
+    blocks = resolve_blocks(model, "all")
+    rows = _fewshot_rows(ftr, fte, draws, l2_reg, nm, len(blocks) + 1, blocks + ([PRE_LOGITS] if pre_logits else []))
+    return pd.DataFrame(rows)
+
+
+def summarize_probes(df: pd.DataFrame, by: Sequence[str] = ("model", "layer", "depth", "probe", "shots"),
+                     level: float = 0.95) -> pd.DataFrame:
+    """Mean accuracy over seeds with the Student-t ``level`` interval: columns ``by + [accuracy, low, high,
+    draws]``."""
+    if "accuracy" not in df:
+        raise InputError("summarize_probes needs a probe table with an 'accuracy' column (linear_fewshot, ...)")
+    by = [c for c in by if c in df.columns]
+    rows = []
+    for key, g in df.groupby(by, sort=True):
+        m, lo, hi = mean_interval(g["accuracy"].to_numpy(), level)
+        rows.append({**dict(zip(by, key if isinstance(key, tuple) else (key,))), "accuracy": m, "low": lo,
+                     "high": hi, "draws": len(g)})
+    return pd.DataFrame(rows)

@@ -1,0 +1,276 @@
+"""Class token versus global average pooling (the ViT paper's App. D.3, Fig. 9) at CIFAR-10 scale.
+
+Dosovitskiy et al. (ICLR 2021), App. D.3 "Head type and class token": a ViT classifying from the class token and
+one classifying from the global average of the patch tokens (GAP, no class token) "both work similarly well, but
+require different learning-rates" (Fig. 9: class token at lr 8e-4; GAP at 8e-4 does poorly, at 3e-4 it matches).
+
+``python -m vitviz.experiments.cls_vs_gap --data DIR`` trains the reference recipe (``cifar10-vit``, the project's
+training runner) with each head at the paper's two learning-rate regimes scaled to this recipe: the recipe's own
+rate (1e-3, the regime of the paper's 8e-4) and that rate times the paper's ratio 3/8 (3.75e-4, the regime of its
+3e-4). The GAP model is timm's ``VisionTransformer(class_token=False, global_pool="avg", fc_norm=False)``: the final
+LayerNorm is applied to every token and the normalised patch tokens are averaged, as in the paper's code
+(``classifier="gap"``: the encoder's final norm, then the mean over tokens). timm's default for ``global_pool="avg"``
+(``fc_norm=True``) would instead average first and normalise after.
+
+Resumable: every run checkpoints each epoch atomically (``train``'s ``last.pt``) and keeps each epoch's weights
+(``epochs/epoch_NNN.pt``, for measuring few-shot accuracy per epoch afterwards); a rerun skips finished runs and
+continues an interrupted one from its last epoch. After every epoch the results CSV (one row per run and epoch) is
+rewritten atomically from all run folders, so it always holds every finished epoch.
+"""
+
+from __future__ import annotations
+
+import argparse
+import io
+import sys
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+import pandas as pd
+import torch
+
+from vitviz.core.io import atomic_save, atomic_write_json, atomic_write_text
+from vitviz.experiments.config import TrainConfig
+from vitviz.experiments.train import train
+from vitviz.zoo.weights import versions
+
+# head type -> model_kwargs of cifar10-vit (timm VisionTransformer arguments)
+HEADS: dict[str, dict[str, Any]] = {
+    "cls": {},
+    "gap": {"class_token": False, "global_pool": "avg", "fc_norm": False},
+}
+RECIPE_LR = 1e-3  # cifar10-vit's recipe (TrainConfig.lr)
+PAPER_LRS = (8e-4, 3e-4)  # Fig. 9's two regimes
+LRS = (RECIPE_LR, RECIPE_LR * PAPER_LRS[1] / PAPER_LRS[0])  # 1e-3 and 3.75e-4
+RESULTS = "data/cls_vs_gap/cls_vs_gap.csv"
+
+
+@dataclass
+class ClsGapConfig:
+    """The sweep: every head x learning rate x seed, each a ``TrainConfig`` of ``cifar10-vit``."""
+
+    data: str | None = None
+    out: str = "runs/cls_vs_gap"
+    results: str = RESULTS
+    heads: tuple[str, ...] = ("cls", "gap")
+    lrs: tuple[float, ...] = LRS
+    seeds: tuple[int, ...] = (0,)
+    epochs: int = 8
+    warmup_epochs: float = 1.0
+    train_subset: int | None = 10_000
+    test_subset: int | None = 2_000
+    batch_size: int = 128
+    device: str = "auto"
+    threads: int | None = 1
+
+
+def run_id(head: str, lr: float, seed: int) -> str:
+    """``gap-lr0.000375-s0``."""
+    return f"{head}-lr{lr:g}-s{seed}"
+
+
+def train_config(cfg: ClsGapConfig, head: str, lr: float, seed: int) -> TrainConfig:
+    """The ``TrainConfig`` of one run of the sweep."""
+    return TrainConfig(
+        model="cifar10-vit", data=cfg.data, out=str(Path(cfg.out) / run_id(head, lr, seed)), epochs=cfg.epochs,
+        batch_size=cfg.batch_size, lr=lr, warmup_epochs=cfg.warmup_epochs, seed=seed,
+        train_subset=cfg.train_subset, test_subset=cfg.test_subset, device=cfg.device, threads=cfg.threads,
+        model_kwargs=dict(HEADS[head]), cache=str(Path(cfg.out) / ".cache"), compile=False,
+    )
+
+
+def collect(cfg: ClsGapConfig) -> pd.DataFrame:
+    """One row per (run, finished epoch), read from every run folder's ``metrics.json``."""
+    import json
+
+    rows = []
+    for head in cfg.heads:
+        for lr in cfg.lrs:
+            for seed in cfg.seeds:
+                tc = train_config(cfg, head, lr, seed)
+                metrics = tc.run_dir / "metrics.json"
+                if not metrics.exists():
+                    continue
+                for row in json.loads(metrics.read_text()):
+                    row = dict(row)
+                    row["lr_end"] = row.pop("lr")  # the schedule's rate at the end of the epoch
+                    rows.append({"run": run_id(head, lr, seed), "head": head, "lr": lr, "seed": seed,
+                                 "epochs_planned": cfg.epochs, "train_images": cfg.train_subset or 50_000,
+                                 "test_images": cfg.test_subset or 10_000, **row})
+    return pd.DataFrame(rows)
+
+
+def write_results(cfg: ClsGapConfig) -> pd.DataFrame:
+    """Rewrite the results CSV (atomically) and its settings JSON from the run folders."""
+    table = collect(cfg)
+    buf = io.StringIO()
+    table.to_csv(buf, index=False)
+    atomic_write_text(cfg.results, buf.getvalue())
+    meta = {k: (list(v) if isinstance(v, tuple) else v) for k, v in vars(cfg).items()}
+    atomic_write_json(Path(cfg.results).with_suffix(".json"),
+                      {"settings": meta, "heads": HEADS, "paper_lrs": list(PAPER_LRS), "versions": versions()})
+    return table
+
+
+def run_sweep(cfg: ClsGapConfig, *, progress: bool = False) -> pd.DataFrame:
+    """Train every run in turn (resuming any started one); return the results table."""
+    for head in cfg.heads:
+        for lr in cfg.lrs:
+            for seed in cfg.seeds:
+                tc = train_config(cfg, head, lr, seed)
+                epochs_dir = tc.run_dir / "epochs"
+                _recover_last_epoch(tc.run_dir, epochs_dir)
+
+                def keep(epoch: int, model: torch.nn.Module, row: dict[str, Any], d: Path = epochs_dir) -> None:
+                    atomic_save({k: v.detach().cpu() for k, v in model.state_dict().items()},
+                                d / f"epoch_{epoch:03d}.pt")
+                    write_results(cfg)
+
+                print(f"[cls_vs_gap] {run_id(head, lr, seed)}: {tc}", flush=True)
+                summary = train(tc, resume=True, on_epoch=keep, progress=progress)
+                print(f"[cls_vs_gap] done {run_id(head, lr, seed)}: {summary}", flush=True)
+    return write_results(cfg)
+
+
+def _recover_last_epoch(run_dir: Path, epochs_dir: Path) -> None:
+    """A run killed after writing ``last.pt`` but before keeping that epoch's weights: keep them from it."""
+    last = run_dir / "last.pt"
+    if not last.exists():
+        return
+    from vitviz.zoo.weights import load_training_state
+
+    state = load_training_state(last)
+    target = epochs_dir / f"epoch_{state['epoch']:03d}.pt"
+    if not target.exists():
+        atomic_save(state["model"], target)
+
+
+def read_cls_vs_gap(path: str | Path | None = None) -> pd.DataFrame:
+    """The measured class-token-versus-GAP sweep (one row per run and epoch; see ``data/cls_vs_gap/README.md``)."""
+    from vitviz.errors import InputError
+
+    path = Path(path) if path is not None else Path(__file__).resolve().parents[2] / RESULTS
+    if not path.exists():
+        raise InputError(f"no class-token-versus-GAP results at {str(path)!r}; run "
+                         "`python -m vitviz.experiments.cls_vs_gap --data DIR` (or pass path=)")
+    return pd.read_csv(path)
+
+
+def fewshot_by_epoch(cfg: ClsGapConfig, *, shots: int = 5, seeds: tuple[int, ...] = (0, 1, 2),
+                     test_per_class: int = 100, results: str | None = None) -> pd.DataFrame:
+    """5-shot linear accuracy (Fig. 9's measure) of every kept epoch's weights, written beside the results CSV.
+
+    Few-shot images come from the training folder (``seeds`` draws), scored on the first ``test_per_class``
+    test images of each class. Returns one row per run, epoch and draw (``fewshot_by_epoch.csv``).
+    """
+    from vitviz.analysis.representations import linear_fewshot, per_class_subset
+    from vitviz.zoo.reference import build_reference
+    from vitviz.zoo.samples import resolve_data_root
+
+    root = resolve_data_root(cfg.data)
+    frames = []
+    for head in cfg.heads:
+        for lr in cfg.lrs:
+            for seed in cfg.seeds:
+                tc = train_config(cfg, head, lr, seed)
+                model = build_reference("cifar10-vit", **HEADS[head]).eval()
+                test = per_class_subset(model, root / "test", test_per_class)
+                for path in sorted((tc.run_dir / "epochs").glob("epoch_*.pt")):
+                    model.load_state_dict(torch.load(path, map_location="cpu", weights_only=True))
+                    df = linear_fewshot(model, root / "train", test, shots=(shots,), seeds=seeds, name=run_id(
+                        head, lr, seed), batch_size=250)
+                    df.insert(1, "head", head)
+                    df.insert(2, "lr", lr)
+                    df.insert(3, "run_seed", seed)
+                    df.insert(4, "epoch", int(path.stem.split("_")[1]))
+                    frames.append(df)
+    table = pd.concat(frames, ignore_index=True) if frames else pd.DataFrame()
+    buf = io.StringIO()
+    table.to_csv(buf, index=False)
+    atomic_write_text(results or Path(cfg.results).with_name("fewshot_by_epoch.csv"), buf.getvalue())
+    return table
+
+
+def cls_vs_gap_claims(df: pd.DataFrame, metric: str = "test_acc") -> pd.DataFrame:
+    """The paper's App. D.3 statements, tested on the last epoch of every run (mean over seeds):
+
+    - per head, the best learning rate and its accuracy (``best_lr``, ``best``), and the accuracy at each rate;
+    - ``gap_best`` = best GAP minus best class token (the paper: "both work similarly well");
+    - ``same_best_lr``: whether both heads do best at the same rate (the paper: they "require different
+      learning-rates"; GAP fails at the class token's rate);
+    - ``lr_effect``: per head, accuracy at the recipe's rate minus at the lower rate.
+    """
+    last = df[df.epoch == df.epoch.max()]
+    mean = last.groupby(["head", "lr"])[metric].mean().unstack("lr")
+    rows = []
+    for head, accs in mean.iterrows():
+        best_lr = float(accs.idxmax())
+        rows.append({"head": head, **{f"{metric}@lr={lr:g}": float(v) for lr, v in accs.items()},
+                     "best_lr": best_lr, "best": float(accs.max()),
+                     "lr_effect": float(accs[max(accs.index)] - accs[min(accs.index)]),
+                     "epochs": int(df.epoch.max()), "seeds": int(last.seed.nunique())})
+    out = pd.DataFrame(rows)
+    if {"cls", "gap"} <= set(out["head"]):
+        b = out.set_index("head")
+        out["gap_best"] = float(b.loc["gap", "best"] - b.loc["cls", "best"])
+        out["same_best_lr"] = bool(b.loc["gap", "best_lr"] == b.loc["cls", "best_lr"])
+    return out
+
+
+def read_fewshot_by_epoch(path: str | Path | None = None) -> pd.DataFrame:
+    """``fewshot_by_epoch.csv`` averaged over the few-shot draws: one row per run and epoch, with ``head, lr, seed,
+    epoch, fewshot5`` (mean 5-shot linear top-1 %, Fig. 9's measure) and ``draws``; ready for
+    ``plot_cls_vs_gap(..., metric="fewshot5")`` and ``cls_vs_gap_claims(..., metric="fewshot5")``."""
+    from vitviz.errors import InputError
+
+    path = Path(path) if path is not None else (Path(__file__).resolve().parents[2] / RESULTS).with_name(
+        "fewshot_by_epoch.csv")
+    if not path.exists():
+        raise InputError(f"no per-epoch few-shot results at {str(path)!r}; run "
+                         "`python -m vitviz.experiments.cls_vs_gap --data DIR --fewshot` after training")
+    raw = pd.read_csv(path)
+    g = raw.groupby(["head", "lr", "run_seed", "epoch"]).accuracy
+    out = pd.concat([g.mean().rename("fewshot5"), g.size().rename("draws")], axis=1).reset_index()
+    return out.rename(columns={"run_seed": "seed"})
+
+
+def parser() -> argparse.ArgumentParser:
+    p = argparse.ArgumentParser(prog="python -m vitviz.experiments.cls_vs_gap", description=__doc__.split("\n")[0])
+    p.add_argument("--data", help="dataset root with train/ and test/ (default: $VITVIZ_DATA)")
+    p.add_argument("--out", default=ClsGapConfig.out)
+    p.add_argument("--results", default=ClsGapConfig.results)
+    p.add_argument("--heads", default="cls,gap")
+    p.add_argument("--lrs", default=",".join(f"{x:g}" for x in LRS))
+    p.add_argument("--seeds", default="0")
+    p.add_argument("--epochs", type=int, default=ClsGapConfig.epochs)
+    p.add_argument("--warmup-epochs", type=float, default=ClsGapConfig.warmup_epochs)
+    p.add_argument("--train-subset", type=int, default=ClsGapConfig.train_subset, help="0: all 50,000")
+    p.add_argument("--test-subset", type=int, default=ClsGapConfig.test_subset, help="0: all 10,000")
+    p.add_argument("--batch-size", type=int, default=ClsGapConfig.batch_size)
+    p.add_argument("--device", default="auto")
+    p.add_argument("--threads", type=int, default=1)
+    p.add_argument("--progress", action="store_true")
+    p.add_argument("--fewshot", action="store_true", help="only measure 5-shot accuracy of the kept epochs")
+    return p
+
+
+def main(argv: list[str] | None = None) -> int:
+    a = parser().parse_args(argv)
+    cfg = ClsGapConfig(
+        data=a.data, out=a.out, results=a.results, heads=tuple(a.heads.split(",")),
+        lrs=tuple(float(x) for x in a.lrs.split(",")), seeds=tuple(int(s) for s in a.seeds.split(",")),
+        epochs=a.epochs, warmup_epochs=a.warmup_epochs, train_subset=a.train_subset or None,
+        test_subset=a.test_subset or None, batch_size=a.batch_size, device=a.device, threads=a.threads,
+    )
+    if a.threads:
+        torch.set_num_threads(a.threads)
+    if a.fewshot:
+        print(fewshot_by_epoch(cfg).groupby(["head", "lr", "epoch"]).accuracy.mean().to_string(), flush=True)
+        return 0
+    print(run_sweep(cfg, progress=a.progress).to_string(), flush=True)
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())

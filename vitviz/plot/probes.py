@@ -1,0 +1,107 @@
+"""Figures of representation probes: accuracy by depth (``plot_layer_probes``) and the class-token-versus-GAP
+training curves in the style of the ViT paper's Fig. 9 (``plot_cls_vs_gap``)."""
+
+from __future__ import annotations
+
+import matplotlib as mpl
+import numpy as np
+import pandas as pd
+from matplotlib.axes import Axes
+
+from vitviz.errors import InputError
+from vitviz.plot.style import FIGSIZE, new_figure, styled
+
+
+def _colors(n: int) -> list:
+    cmap = mpl.colormaps["viridis"]
+    return [cmap(v) for v in (np.linspace(0.0, 0.85, n) if n > 1 else [0.3])]
+
+
+@styled
+def plot_layer_probes(df: pd.DataFrame, *, ax: Axes | None = None, level: float = 0.95) -> Axes:
+    """Few-shot linear accuracy of each block's representation by depth, one line per model (and shots).
+
+    Args:
+        df: rows of ``vitviz.layer_probes`` (one per model, layer, shots and draw), several models concatenated.
+        ax: the Axes to draw in (default: a new figure).
+        level: the interval drawn around each mean (Student-t over draws).
+
+    Returns:
+        the Axes: x "Block (depth)", y "Few-shot linear top-1 (%)"; the pre-logits representation (after the final
+        norm and pooling) is an unjoined marker one step past the last block.
+    """
+    from vitviz.analysis.representations import summarize_probes
+
+    need = {"model", "layer", "depth", "shots", "accuracy"}
+    if not need <= set(df.columns) or df.empty:
+        raise InputError(f"plot_layer_probes needs rows of vitviz.layer_probes (columns {sorted(need)}), got "
+                         f"{sorted(df.columns)} with {len(df)} rows")
+    s = summarize_probes(df, level=level)
+    if ax is None:
+        ax = new_figure(FIGSIZE["wide"]).add_subplot()
+    groups = list(s.groupby(["model", "shots"], sort=False))
+    colors = _colors(len(groups))
+    for color, ((model, shots), g) in zip(colors, groups):
+        blocks = g[g.layer != "pre_logits"].sort_values("depth")
+        label = f"{model}, {shots}-shot"
+        ax.plot(blocks.depth, blocks.accuracy, "o-", color=color, markersize=3.5, label=label)
+        if blocks.low.notna().any():
+            ax.fill_between(blocks.depth, blocks.low, blocks.high, color=color, alpha=0.2, linewidth=0)
+        pre = g[g.layer == "pre_logits"]
+        if not pre.empty:
+            p = pre.iloc[0]
+            yerr = None if np.isnan(p.low) else [[p.accuracy - p.low], [p.high - p.accuracy]]
+            ax.errorbar([p.depth], [p.accuracy], yerr=yerr, fmt="D", color=color, markersize=4, capsize=2)
+    depths = sorted(int(d) for d in s.depth.unique())
+    labels = [str(d) for d in depths]
+    if (s.layer == "pre_logits").any():
+        pre_depths = set(int(d) for d in s[s.layer == "pre_logits"].depth)
+        labels = ["pre-\nlogits" if d in pre_depths and not (s[s.depth == d].layer != "pre_logits").any() else str(d)
+                  for d in depths]
+    ax.set_xticks(depths, labels)
+    ax.set_xlabel("Block (depth)")
+    ax.set_ylabel("Few-shot linear top-1 (%)")
+    draws = int(s.draws.max())
+    ax.set_title(f"Where the representation forms ({draws} draws, {int(level * 100)}% intervals)")
+    ax.grid(alpha=0.3)
+    ax.legend(frameon=False, loc="best")
+    return ax
+
+
+@styled
+def plot_cls_vs_gap(df: pd.DataFrame, *, ax: Axes | None = None, metric: str = "test_acc") -> Axes:
+    """Accuracy after each epoch, one line per head type (class token, GAP) and learning rate: the ViT paper's
+    Fig. 9 at CIFAR-10 scale (the paper plots ImageNet 5-shot linear top-1 over ~7 epochs of JFT pre-training).
+
+    Args:
+        df: ``vitviz.experiments.cls_vs_gap.read_cls_vs_gap()`` rows (``head, lr, seed, epoch`` and ``metric``);
+            several seeds are averaged, their range shaded.
+        ax: the Axes (default: a new figure).
+        metric: the column to draw (``test_acc``: CIFAR-10 test top-1 %, or ``fewshot5`` when present).
+
+    Returns:
+        the Axes.
+    """
+    need = {"head", "lr", "epoch", metric}
+    if not need <= set(df.columns) or df.empty:
+        raise InputError(f"plot_cls_vs_gap needs columns {sorted(need)}, got {sorted(df.columns)} ({len(df)} rows)")
+    if ax is None:
+        ax = new_figure(FIGSIZE["single"]).add_subplot()
+    styles = {"cls": "-", "gap": "--"}
+    lrs = sorted(df.lr.unique(), reverse=True)
+    colors = dict(zip(lrs, _colors(len(lrs))))
+    for (head, lr), g in df.groupby(["head", "lr"], sort=True):
+        by = g.groupby("epoch")[metric]
+        mean = by.mean()
+        name = "CLS-Token" if head == "cls" else "GAP"
+        seeds = g.seed.nunique() if "seed" in g else 1
+        ax.plot(mean.index, mean.values, styles.get(head, ":"), marker="o", markersize=3, color=colors[lr],
+                label=f"{name}, lr={lr:.3g}" + (f" ({seeds} seeds)" if seeds > 1 else ""))
+        if seeds > 1:
+            ax.fill_between(mean.index, by.min().values, by.max().values, color=colors[lr], alpha=0.2, linewidth=0)
+    ax.set_xlabel("Epochs of training")
+    ax.set_ylabel({"test_acc": "CIFAR-10 test top-1 (%)", "fewshot5": "CIFAR-10 5-shot linear top-1 (%)"}.get(
+        metric, metric))
+    ax.grid(alpha=0.3)
+    ax.legend(frameon=False, loc="lower right")
+    return ax
