@@ -128,7 +128,7 @@ def test_wheel_carries_the_notebooks_and_the_study_results(installed_wheel):
     ))
     *paths, rows = out.split()
     source = sorted(p.name for p in (ROOT / "notebooks").glob("*.ipynb"))
-    assert [Path(p).name for p in paths] == source and len(source) == 4
+    assert [Path(p).name for p in paths] == source and len(source) == 5  # 01 ... 05
     assert all(Path(p).is_relative_to(installed_wheel / "site" / "vitviz" / "notebooks") for p in paths), paths
     assert int(rows) == len(read_csv_rows(ROOT / "data" / "study" / "hybrid_vs_pure.csv")) > 0
 
@@ -160,6 +160,6 @@ def test_report_from_the_installed_wheel_runs_every_notebook(installed_wheel, tm
                          capture_output=True, text=True, env=env, cwd=installed_wheel, timeout=1800)
     meta = json.loads((out / "meta.json").read_text())
     assert run.returncode == 0, (run.stderr[-3000:], meta["failures"])
-    assert len(meta["notebooks"]) == 4, meta["notebooks"]
+    assert len(meta["notebooks"]) == len(list((ROOT / "notebooks").glob("*.ipynb"))) == 5, meta["notebooks"]
     assert all(nb["ok"] for nb in meta["notebooks"]), meta["failures"]
     assert all(Path(nb["source"]).is_relative_to(installed_wheel / "site") for nb in meta["notebooks"])

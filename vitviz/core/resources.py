@@ -12,7 +12,9 @@ source install all resolve the same name with ``importlib.resources``.
 from __future__ import annotations
 
 import importlib.resources
+import os
 from pathlib import Path
+from typing import Any
 
 from vitviz.errors import DataNotFoundError, InputError
 
@@ -39,3 +41,18 @@ def shipped_dir(package: str) -> Path:
             "vitviz (`pip install -e .` in a checkout, or the wheel) rather than putting its folder on PYTHONPATH"
         ) from None
     return Path(str(root))
+
+
+def shipped_csv(path: str | os.PathLike | None, default: str, missing: str) -> Any:
+    """A results table as a DataFrame: ``path``, else ``default`` (a path under the repository's ``data/``, e.g.
+    ``"data/cls_vs_gap/cls_vs_gap.csv"``) in the shipped ``vitviz.data`` package.
+
+    Raises:
+        DataNotFoundError: the file is not there; the message names it and ``missing`` (how to make it).
+    """
+    import pandas as pd
+
+    file = Path(path) if path is not None else shipped_dir("vitviz.data") / Path(default).relative_to("data")
+    if not file.is_file():
+        raise DataNotFoundError(f"no results at {str(file)!r}; {missing} (or pass path=)")
+    return pd.read_csv(file)

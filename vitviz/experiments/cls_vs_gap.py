@@ -31,6 +31,7 @@ import pandas as pd
 import torch
 
 from vitviz.core.io import atomic_save, atomic_write_json, atomic_write_text
+from vitviz.core.resources import shipped_csv
 from vitviz.experiments.config import TrainConfig
 from vitviz.experiments.train import train
 from vitviz.zoo.weights import versions
@@ -148,13 +149,7 @@ def _recover_last_epoch(run_dir: Path, epochs_dir: Path) -> None:
 
 def read_cls_vs_gap(path: str | Path | None = None) -> pd.DataFrame:
     """The measured class-token-versus-GAP sweep (one row per run and epoch; see ``data/cls_vs_gap/README.md``)."""
-    from vitviz.errors import InputError
-
-    path = Path(path) if path is not None else Path(__file__).resolve().parents[2] / RESULTS
-    if not path.exists():
-        raise InputError(f"no class-token-versus-GAP results at {str(path)!r}; run "
-                         "`python -m vitviz.experiments.cls_vs_gap --data DIR` (or pass path=)")
-    return pd.read_csv(path)
+    return shipped_csv(path, RESULTS, "run `python -m vitviz.experiments.cls_vs_gap --data DIR`")
 
 
 def fewshot_by_epoch(cfg: ClsGapConfig, *, shots: int = 5, seeds: tuple[int, ...] = (0, 1, 2),
@@ -222,14 +217,8 @@ def read_fewshot_by_epoch(path: str | Path | None = None) -> pd.DataFrame:
     """``fewshot_by_epoch.csv`` averaged over the few-shot draws: one row per run and epoch, with ``head, lr, seed,
     epoch, fewshot5`` (mean 5-shot linear top-1 %, Fig. 9's measure) and ``draws``; ready for
     ``plot_cls_vs_gap(..., metric="fewshot5")`` and ``cls_vs_gap_claims(..., metric="fewshot5")``."""
-    from vitviz.errors import InputError
-
-    path = Path(path) if path is not None else (Path(__file__).resolve().parents[2] / RESULTS).with_name(
-        "fewshot_by_epoch.csv")
-    if not path.exists():
-        raise InputError(f"no per-epoch few-shot results at {str(path)!r}; run "
-                         "`python -m vitviz.experiments.cls_vs_gap --data DIR --fewshot` after training")
-    raw = pd.read_csv(path)
+    raw = shipped_csv(path, str(Path(RESULTS).with_name("fewshot_by_epoch.csv")),
+                      "run `python -m vitviz.experiments.cls_vs_gap --data DIR --fewshot` after training")
     g = raw.groupby(["head", "lr", "run_seed", "epoch"]).accuracy
     out = pd.concat([g.mean().rename("fewshot5"), g.size().rename("draws")], axis=1).reset_index()
     return out.rename(columns={"run_seed": "seed"})

@@ -20,7 +20,7 @@ from pathlib import Path
 import pandas as pd
 
 from vitviz.core.io import atomic_write_json, atomic_write_text
-from vitviz.errors import InputError
+from vitviz.core.resources import shipped_csv
 
 MODELS = ("cifar10-vit-nopos", "cifar10-vit-1dpos", "cifar10-vit-2dpos", "cifar10-vit")
 RESULTS = "data/posemb_fewshot/posemb_fewshot.csv"
@@ -76,11 +76,7 @@ def measure(data: str | None = None, shots: tuple[int, ...] = (5, 10), seeds: tu
 
 def read_posemb_fewshot(path: str | Path | None = None) -> pd.DataFrame:
     """The measured few-shot table (one row per model, shots and draw; see ``data/posemb_fewshot/README.md``)."""
-    path = Path(path) if path is not None else Path(__file__).resolve().parents[2] / RESULTS
-    if not path.exists():
-        raise InputError(f"no few-shot ablation results at {str(path)!r}; run "
-                         "`python -m vitviz.experiments.posemb_fewshot --data DIR` (or pass path=)")
-    return pd.read_csv(path)
+    return shipped_csv(path, RESULTS, "run `python -m vitviz.experiments.posemb_fewshot --data DIR`")
 
 
 def posemb_measures(fewshot: pd.DataFrame | None = None) -> pd.DataFrame:

@@ -51,6 +51,25 @@ HOW = {"mean": 0, "max": 1, "min": 2}
 _DTYPES = (torch.float16, torch.bfloat16, torch.float32)
 
 
+def _scores(q, kt, qk_scale, BIAS, b, h, rows, cols, inb, sbb, sbh, sbi, sbj,
+            BIAS_KIND: tl.constexpr, CAUSAL: tl.constexpr, PRECISION: tl.constexpr):
+    """One ``(BLOCK_M, BLOCK_N)`` tile of head ``h``'s scores ``q k^T * scale`` in fp32, with the bias or keep-mask
+    and the causal mask applied (masked entries -inf); both kernels call it."""
+    s = tl.dot(q, kt, input_precision=PRECISION) * qk_scale
+    if BIAS_KIND == 1:
+        bias = tl.load(BIAS + b * sbb + h * sbh + rows[:, None] * sbi + cols[None, :] * sbj, mask=inb, other=0.0)
+        s += bias.to(tl.float32)
+    if BIAS_KIND == 2:
+        keep = tl.load(BIAS + b * sbb + h * sbh + rows[:, None] * sbi + cols[None, :] * sbj, mask=inb, other=1)
+        s = tl.where(keep != 0, s, float("-inf"))
+    if CAUSAL:
+        s = tl.where(cols[None, :] <= rows[:, None], s, float("-inf"))
+    return s
+
+
+_SCORES = _scores  # the plain function, jitted in _kernels() for the mode in force
+
+
 def _rows_kernel(Q, K, BIAS, DIST, M, L, WD, WP,
                  sqb, sqh, sqn, sqd, skb, skh, skn, skd, sbb, sbh, sbi, sbj, sdi, sdj,
                  H, N, D, P0, qk_scale,
@@ -78,16 +97,8 @@ def _rows_kernel(Q, K, BIAS, DIST, M, L, WD, WP,
                      mask=col_in[None, :] & (dd[:, None] < D), other=0.0)
         if UPCAST:
             kt = kt.to(tl.float32)
-        s = tl.dot(q, kt, input_precision=PRECISION) * qk_scale
         inb = row_in[:, None] & col_in[None, :]
-        if BIAS_KIND == 1:
-            bias = tl.load(BIAS + b * sbb + h * sbh + rows[:, None] * sbi + cols[None, :] * sbj, mask=inb, other=0.0)
-            s += bias.to(tl.float32)
-        if BIAS_KIND == 2:
-            keep = tl.load(BIAS + b * sbb + h * sbh + rows[:, None] * sbi + cols[None, :] * sbj, mask=inb, other=1)
-            s = tl.where(keep != 0, s, float("-inf"))
-        if CAUSAL:
-            s = tl.where(cols[None, :] <= rows[:, None], s, float("-inf"))
+        s = _scores(q, kt, qk_scale, BIAS, b, h, rows, cols, inb, sbb, sbh, sbi, sbj, BIAS_KIND, CAUSAL, PRECISION)
         s = tl.where(col_in[None, :], s, float("-inf"))
         m_new = tl.maximum(m, tl.max(s, 1))
         m_safe = tl.where(m_new == float("-inf"), 0.0, m_new)  # a row masked so far: no (-inf) - (-inf)
@@ -137,15 +148,7 @@ def _fuse_kernel(Q, K, BIAS, M, L, OUT,
         if UPCAST:
             q = q.to(tl.float32)
             kt = kt.to(tl.float32)
-        s = tl.dot(q, kt, input_precision=PRECISION) * qk_scale
-        if BIAS_KIND == 1:
-            bias = tl.load(BIAS + b * sbb + h * sbh + rows[:, None] * sbi + cols[None, :] * sbj, mask=inb, other=0.0)
-            s += bias.to(tl.float32)
-        if BIAS_KIND == 2:
-            keep = tl.load(BIAS + b * sbb + h * sbh + rows[:, None] * sbi + cols[None, :] * sbj, mask=inb, other=1)
-            s = tl.where(keep != 0, s, float("-inf"))
-        if CAUSAL:
-            s = tl.where(cols[None, :] <= rows[:, None], s, float("-inf"))
+        s = _scores(q, kt, qk_scale, BIAS, b, h, rows, cols, inb, sbb, sbh, sbi, sbj, BIAS_KIND, CAUSAL, PRECISION)
         m = tl.load(M + (b * H + h) * N + rows, mask=row_in, other=0.0)
         inv_l = 1.0 / tl.load(L + (b * H + h) * N + rows, mask=row_in, other=1.0)
         p = tl.exp(s - m[:, None]) * inv_l[:, None]  # not exp(s - lse): m + log(l) drops log(l) when |m| > ~1e7
@@ -174,6 +177,8 @@ def interpreting() -> bool:
 def _kernels() -> tuple:
     mode = interpreting()
     if mode not in _BUILT:
+        # the kernels call _scores by its global name: it is a jitted function of the same mode when they compile
+        globals()["_scores"] = triton.jit(_SCORES)
         _BUILT[mode] = (triton.jit(_rows_kernel), triton.jit(_fuse_kernel))
     return _BUILT[mode]
 
