@@ -86,7 +86,7 @@ $(DOCS_STAMP): $(STAMP) pyproject.toml
 	@touch $(DOCS_STAMP)
 
 docs: install-docs
-	@t0=$$(date +%s); VITVIZ_DATA=$(DATA) MPLBACKEND=Agg $(VPY) -m sphinx -W --keep-going -q -b html \
+	@t0=$$(date +%s); VITVIZ_DATA=$(abspath $(DATA)) MPLBACKEND=Agg $(VPY) -m sphinx -W --keep-going -q -b html \
 		-d docs/_build/doctrees docs $(DOCS_OUT); status=$$?; \
 		echo "docs: $(DOCS_OUT)/index.html in $$(( $$(date +%s) - t0 )) s"; exit $$status
 

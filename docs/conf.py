@@ -4,7 +4,7 @@
   autosummary (template ``_templates/autosummary/entry.rst``) makes one page per public name: a name added to
   ``_LAZY`` gets its page with no edit here. Docstrings are Google style (napoleon).
 - Example gallery: sphinx-gallery executes ``examples/*.py`` on the shipped CIFAR-10 models at every build.
-- Notebooks: ``notebooks_build.py`` executes the four notebooks with small parameters (cached on the notebook and
+- Notebooks: ``notebooks_build.py`` executes the five notebooks with small parameters (cached on the notebook and
   the parameters) into ``notebooks/``; myst-nb renders those executed copies (it executes nothing itself).
 - The Markdown pages (architecture, benchmarks, coverage, ...) are read by MyST.
 

@@ -1,4 +1,4 @@
-"""Execute the four notebooks with small parameters for the documentation site (run by ``conf.py``).
+"""Execute the five notebooks with small parameters for the documentation site (run by ``conf.py``).
 
 Each notebook runs headless (papermill, the ``python3`` kernel, the report's ``kernel_environment``) into
 ``docs/notebooks/<name>.ipynb``, which myst-nb renders. Small parameters (a few images, few bootstrap resamples)
@@ -28,7 +28,8 @@ PARAMETERS: dict[str, dict[str, Any]] = {
     "01_position_embeddings": {},
     "02_attention": {"n_images": 8},
     "03_hybrid_vs_pure": {"n_images": 8},
-    "04_faithfulness": {"n_images": 12, "n_show": 3, "batch_size": 12, "n_boot": 100},
+    "04_faithfulness": {"n_images": 12, "n_show": 3, "n_sanity": 2, "batch_size": 12, "n_boot": 100},
+    "05_representations": {"n_draws": 2, "test_per_class": 10, "knn_train_per_class": 20},
 }
 
 
