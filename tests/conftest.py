@@ -32,6 +32,19 @@ def _seed():
     torch.manual_seed(0)
 
 
+def tiny_study_runs():
+    """Study rows of two families, three seeds and three budgets each (as ``data/study/hybrid_vs_pure.csv``)."""
+    import pandas as pd
+
+    rows = []
+    for seed in (0, 1, 2):
+        rows += [{"family": "Hybrid", "model": "hybrid-S", "epochs": e, "seed": seed, "train_images": 100,
+                  "train_pflops": 2.0 * e, "test_acc": 40 + e + seed} for e in (1, 2, 4)]
+        rows += [{"family": "Transformer (ViT)", "model": "vit-S", "epochs": e, "seed": seed, "train_images": 100,
+                  "train_pflops": 1.0 * e, "test_acc": 35 + e - seed} for e in (1, 2, 4)]
+    return pd.DataFrame(rows)
+
+
 def tiny_timm_vit(**kwargs):
     """A 2-block timm VisionTransformer (non-square 32x48 input, 8 px patches -> 4x6 grid by default)."""
     from timm.models.vision_transformer import VisionTransformer

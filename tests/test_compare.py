@@ -102,17 +102,12 @@ def test_depth_trend_spearman():
 
 
 def test_study_figure_has_error_bars_and_a_gap_band():
+    from conftest import tiny_study_runs
     from matplotlib.collections import LineCollection, PolyCollection
 
     from vitviz.plot.compute import plot_study_grid
 
-    rows = []
-    for seed in (0, 1, 2):
-        rows += [{"family": "Hybrid", "model": "hybrid-S", "epochs": e, "seed": seed, "train_images": 100,
-                  "train_pflops": 2.0 * e, "test_acc": 40 + e + seed} for e in (1, 2, 4)]
-        rows += [{"family": "Transformer (ViT)", "model": "vit-S", "epochs": e, "seed": seed, "train_images": 100,
-                  "train_pflops": 1.0 * e, "test_acc": 35 + e - seed} for e in (1, 2, 4)]
-    fig = plot_study_grid(pd.DataFrame(rows))
+    fig = plot_study_grid(tiny_study_runs())
     runs_ax, gap_ax = fig.axes
     assert runs_ax.get_xscale() == "log" and runs_ax.get_ylabel() == "Test accuracy [%]"
     assert "3 seeds" in runs_ax.get_title()

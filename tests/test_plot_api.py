@@ -18,7 +18,7 @@ import numpy as np  # noqa: E402
 import pandas as pd  # noqa: E402
 import pytest  # noqa: E402
 import torch  # noqa: E402
-from conftest import tiny_timm_vit  # noqa: E402
+from conftest import tiny_study_runs, tiny_timm_vit  # noqa: E402
 from matplotlib.axes import Axes  # noqa: E402
 from matplotlib.figure import Figure  # noqa: E402
 
@@ -31,13 +31,7 @@ UNIFORM = {"viridis", "magma", "cividis", "inferno", "plasma", "RdBu_r", "coolwa
 
 
 def _study_runs() -> pd.DataFrame:
-    rows = []
-    for seed in (0, 1, 2):
-        rows += [{"family": "Hybrid", "model": "hybrid-S", "epochs": e, "seed": seed, "train_images": 100,
-                  "train_pflops": 2.0 * e, "test_acc": 40 + e + seed} for e in (1, 2, 4)]
-        rows += [{"family": "Transformer (ViT)", "model": "vit-S", "epochs": e, "seed": seed, "train_images": 100,
-                  "train_pflops": 1.0 * e, "test_acc": 35 + e - seed} for e in (1, 2, 4)]
-    return pd.DataFrame(rows)
+    return tiny_study_runs()
 
 
 def _curves(modes=("deletion", "insertion")) -> pd.DataFrame:
