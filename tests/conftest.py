@@ -32,6 +32,15 @@ def _seed():
     torch.manual_seed(0)
 
 
+def skip_or_fail(why: str | None) -> None:
+    """For the browser tests: nothing when ``why`` is None; else fail under ``VITVIZ_REQUIRE_BROWSER`` (``make
+    test-browser``), skip otherwise."""
+    if why:
+        if os.environ.get("VITVIZ_REQUIRE_BROWSER"):
+            pytest.fail(why)
+        pytest.skip(why)
+
+
 def tiny_study_runs():
     """Study rows of two families, three seeds and three budgets each (as ``data/study/hybrid_vs_pure.csv``)."""
     import pandas as pd

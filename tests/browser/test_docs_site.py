@@ -15,6 +15,7 @@ from pathlib import Path
 from urllib.parse import unquote, urldefrag, urlparse
 
 import pytest
+from conftest import skip_or_fail
 
 pytestmark = [pytest.mark.browser, pytest.mark.timeout(300)]
 
@@ -38,11 +39,7 @@ def _missing() -> str | None:
 
 @pytest.fixture(scope="module")
 def browser():
-    why = _missing()
-    if why:
-        if os.environ.get("VITVIZ_REQUIRE_BROWSER"):
-            pytest.fail(why)
-        pytest.skip(why)
+    skip_or_fail(_missing())
     from playwright.sync_api import sync_playwright
 
     with sync_playwright() as pw:

@@ -28,6 +28,7 @@ from pathlib import Path
 
 import nbformat
 import pytest
+from conftest import skip_or_fail
 from PIL import Image
 
 pytestmark = [pytest.mark.browser, pytest.mark.timeout(900)]
@@ -61,11 +62,7 @@ def _missing() -> str | None:
 
 @pytest.fixture(autouse=True)
 def _needs_browser():
-    why = _missing()
-    if why:
-        if os.environ.get("VITVIZ_REQUIRE_BROWSER"):
-            pytest.fail(why)
-        pytest.skip(why)
+    skip_or_fail(_missing())
 
 
 def free_port() -> int:

@@ -41,10 +41,18 @@ from vitviz.core.spec import ViTSpec, inspect
 from vitviz.core.targets import Target, logits_of, resolve_target
 from vitviz.errors import CaptureError, InputError, MissingDependencyError
 
-__all__ = ["gradcam", "gradcam_layer", "input_x_gradient", "integrated_gradients", "pool_to_patches",
-           "token_reshape"]
+__all__ = ["LIBRARIES", "gradcam", "gradcam_layer", "input_x_gradient", "installed", "integrated_gradients",
+           "pool_to_patches", "token_reshape"]
 
 POOLS = ("sum", "abs")
+LIBRARIES = {"integrated_gradients": "captum", "input_x_gradient": "captum", "gradcam": "pytorch_grad_cam"}
+
+
+def installed() -> tuple[str, ...]:
+    """The baseline methods whose library is installed (``LIBRARIES``: method -> the module it imports)."""
+    from importlib.util import find_spec
+
+    return tuple(m for m, module in LIBRARIES.items() if find_spec(module) is not None)
 
 
 def _need(module: str, package: str) -> Any:

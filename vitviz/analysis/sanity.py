@@ -122,14 +122,13 @@ def randomise_(model: nn.Module, names: Sequence[str], *, seed: int, layer: str,
 def _available(method: str, model: nn.Module) -> bool:
     """Whether ``method`` can run on ``model`` by default: the optional library a baseline needs is installed, and
     ``attnlrp`` has rules for the model's family."""
-    from importlib.util import find_spec
+    from vitviz.analysis import baselines
 
     if method == "attnlrp":
         from vitviz.analysis.attnlrp import attnlrp_supported
 
         return attnlrp_supported(model)
-    need = {"integrated_gradients": "captum", "input_x_gradient": "captum", "gradcam": "pytorch_grad_cam"}
-    return method not in need or find_spec(need[method]) is not None
+    return method not in baselines.LIBRARIES or method in baselines.installed()
 
 
 def _method_name(m: str | MapFn, i: int) -> str:
