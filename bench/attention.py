@@ -18,6 +18,11 @@ Methods (``--methods``):
   ``rollout``/``distance`` run on CUDA by default; CUDA only);
 - ``grad_rollout``: ``vitviz.grad_rollout`` (needs the backward; off by default on CPU).
 
+``--model hf:vit-base-patch16`` (or ``hf:vit-large-patch16``) times a Hugging Face ``ViTModel`` of that size with
+its default SDPA attention instead of a timm model: ``explicit`` is then the eager implementation a ``heads="full"``
+capture switches to, and rollout/distance run the Hugging Face stream probe (``vitviz.core.families.hf_probes``);
+``timm`` does not apply.
+
 On CPU the default methods are those before the kernels existed (no ``*_torch``/``*_kernel``, no ``grad_rollout``).
 
 Time: median of ``--repeats`` rounds after a warm-up round, the methods taking turns within each round, so a change
@@ -52,6 +57,7 @@ NEW_ON_CPU = ("rollout_torch", "distance_torch")  # not in the CPU defaults (rol
 KERNEL_MODE = {"rollout_torch": "off", "distance_torch": "off", "rollout_kernel": "on", "distance_kernel": "on"}
 GOAL_TIME = {224: 1.10, 448: 1.35}  # streaming method / plain on CPU
 GOAL_TIME_CUDA = {"bf16": {448: 1.30}, "fp16": {448: 1.30}, "fp32": {448: 1.15}}
+EXIT_GOAL_MISSED = 3  # the exit status when every case ran but a goal was missed (1: a case failed)
 GOAL_MEMORY = 0.20  # streaming method's extra memory / its store-everything counterpart's
 PAIRS = {"rollout": "store", "distance": "store_distance", "rollout_torch": "store",
          "distance_torch": "store_distance", "rollout_kernel": "store", "distance_kernel": "store_distance"}
@@ -91,10 +97,30 @@ def popular_rollout(attentions, discard_ratio: float = 0.0):
     return mask.reshape(mask.shape[0], *([int(mask.shape[-1] ** 0.5)] * 2))
 
 
+HF_MODELS = {  # --model hf:NAME: a Hugging Face ViTModel (SDPA attention) of the ViT paper's sizes, random weights
+    "hf:vit-base-patch16": dict(hidden_size=768, num_hidden_layers=12, num_attention_heads=12, intermediate_size=3072),
+    "hf:vit-large-patch16": dict(hidden_size=1024, num_hidden_layers=24, num_attention_heads=16,
+                                 intermediate_size=4096),
+}
+
+
+def build_model(name: str, size: int):
+    """A timm model by name, or (``hf:...``, ``HF_MODELS``) a Hugging Face ``ViTModel`` at ``size`` px."""
+    if name.startswith("hf:"):
+        if name not in HF_MODELS:
+            raise SystemExit(f"--model {name}: the Hugging Face models here are {sorted(HF_MODELS)}")
+        import transformers
+
+        config = transformers.ViTConfig(image_size=size, patch_size=16, **HF_MODELS[name])
+        return transformers.ViTModel(config, add_pooling_layer=False)
+    import timm
+
+    return timm.create_model(name, pretrained=False, img_size=size)
+
+
 def _setup(args: argparse.Namespace, device: str, size: int, batch: int):
     import copy
 
-    import timm
     import torch
 
     import vitviz
@@ -104,11 +130,13 @@ def _setup(args: argparse.Namespace, device: str, size: int, batch: int):
         torch.set_num_threads(args.threads)
     torch.manual_seed(0)
     dtype = {"fp32": torch.float32, "bf16": torch.bfloat16, "fp16": torch.float16}[args.dtype]
-    model = timm.create_model(args.model, pretrained=False, img_size=size).eval().to(device=device, dtype=dtype)
+    model = build_model(args.model, size).eval().to(device=device, dtype=dtype)
     x = torch.randn(batch, 3, size, size, device=device, dtype=dtype)
     spec = vitviz.inspect(model)
     extract = None
     if "timm" in args.methods:
+        if args.model.startswith("hf:"):
+            raise SystemExit("--methods timm (timm's AttentionExtract) needs a timm model, not " + args.model)
         from timm.utils import AttentionExtract
 
         explicit = copy.deepcopy(model)
@@ -231,7 +259,10 @@ def measure(args: argparse.Namespace, device: str, size: int, batch: int) -> lis
     timing = spawn(args, "time", device, size, batch, args.methods)
     results = []
     for m in args.methods:
-        mem = timing["peak"][m] if device.startswith("cuda") else spawn(args, "memory", device, size, batch, [m])
+        if device.startswith("cuda"):
+            mem = timing["peak"][m]
+        else:
+            mem = float("nan") if args.no_memory else spawn(args, "memory", device, size, batch, [m])
         t, c = timing["times"][m], timing["cpu"][m]
         med = statistics.median(t)
         results.append({"model": args.model, "dtype": args.dtype, "device": device, "gpu": timing["gpu"],
@@ -289,7 +320,8 @@ def report(results: list[dict]) -> bool:
 
 def main() -> int:
     ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
-    ap.add_argument("--model", default="vit_base_patch16_224", help="timm model name (random weights)")
+    ap.add_argument("--model", default="vit_base_patch16_224",
+                    help=f"timm model name, or one of {sorted(HF_MODELS)} (Hugging Face ViTModel, SDPA); random weights")
     ap.add_argument("--sizes", type=int, nargs="+", default=[224, 448])
     ap.add_argument("--batch", type=int, nargs="+", default=[8, 2], help="one per size (or one for all)")
     ap.add_argument("--dtype", default="fp32", choices=["fp32", "bf16", "fp16"])
@@ -301,6 +333,8 @@ def main() -> int:
     ap.add_argument("--thp", action="store_true", help="THP_MEM_ALLOC_ENABLE=1 for every method (CPU: large tensors "
                     "on huge pages, fewer page faults for the N x N maps)")
     ap.add_argument("--json", default=None, help="also write the results to this file (appends to a list there)")
+    ap.add_argument("--no-memory", action="store_true", help="CPU: skip the fresh process per method that measures "
+                    "its peak memory (recorded as NaN)")
     ap.add_argument("--_case", help=argparse.SUPPRESS)
     args = ap.parse_args()
     if args._case:
@@ -327,7 +361,7 @@ def main() -> int:
         path = Path(args.json)
         old = json.loads(path.read_text()) if path.exists() else []
         path.write_text(json.dumps(old + results, indent=1))
-    return 0 if report(results) else 1
+    return 0 if report(results) else EXIT_GOAL_MISSED
 
 
 if __name__ == "__main__":

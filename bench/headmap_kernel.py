@@ -21,6 +21,7 @@ import argparse
 import json
 import os
 import sys
+import time
 from pathlib import Path
 
 ROOT = Path(__file__).resolve().parents[1]
@@ -31,12 +32,15 @@ SHAPES = {  # name: (B, H, N, d, L)
     "vit_b16_448": (8, 12, 785, 64, 12),
     "vit_l16_224": (32, 16, 197, 64, 24),
     "vit_l16_448": (8, 16, 785, 64, 24),
+    "tiny": (2, 3, 37, 16, 2),  # for --device cpu under TRITON_INTERPRET=1 (bench/gpu_run.sh's rehearsal)
 }
 
 
 def main() -> int:
     ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
-    ap.add_argument("--shapes", nargs="+", default=list(SHAPES), choices=list(SHAPES))
+    ap.add_argument("--shapes", nargs="+", default=[s for s in SHAPES if s != "tiny"], choices=list(SHAPES))
+    ap.add_argument("--device", default="cuda", help="cuda; or cpu under TRITON_INTERPRET=1 (a rehearsal: its times "
+                    "are the interpreter's and mean nothing)")
     ap.add_argument("--dtypes", nargs="+", default=["bf16", "fp32"], choices=["bf16", "fp16", "fp32"])
     ap.add_argument("--blocks", nargs="+", default=["default", "64,64,4,3", "128,64,8,3", "64,32,4,2"])
     ap.add_argument("--json", default=None)
@@ -49,16 +53,25 @@ def main() -> int:
     from vitviz.core.families.base import HeadMaps
     from vitviz.core.kernels import headmaps
 
+    cuda = args.device.startswith("cuda")
+
     def bench(fn) -> float:
-        return float(do_bench(fn, warmup=10, rep=50, return_mode="median"))
+        if cuda:
+            return float(do_bench(fn, warmup=10, rep=50, return_mode="median"))
+        times = []
+        for _ in range(3):
+            t = time.perf_counter()
+            fn()
+            times.append((time.perf_counter() - t) * 1e3)
+        return sorted(times)[1]
 
     def case(name: str, dt: str) -> list[dict]:
         b, h, n, d, layers = SHAPES[name]
         dtype = {"bf16": torch.bfloat16, "fp16": torch.float16, "fp32": torch.float32}[dt]
         torch.manual_seed(0)
-        q, k, v = (torch.randn(b, h, n, d, device="cuda", dtype=dtype) for _ in range(3))
+        q, k, v = (torch.randn(b, h, n, d, device=args.device, dtype=dtype) for _ in range(3))
         scale = d ** -0.5
-        dist = torch.rand(n - 1, n - 1, device="cuda") * 400
+        dist = torch.rand(n - 1, n - 1, device=args.device) * 400
         qs = q * scale
 
         def head(i: int) -> torch.Tensor:
@@ -69,10 +82,10 @@ def main() -> int:
 
         ref = torch_path()
         base = {"shape": name, "dtype": dt, "B": b, "H": h, "N": n, "d": d, "layers": layers,
-                "gpu": torch.cuda.get_device_name()}
+                "gpu": torch.cuda.get_device_name() if cuda else None}
         sdpa = bench(lambda: F.scaled_dot_product_attention(q, k, v))
         torch_fuse = bench(torch_path)
-        out = torch.empty(b, n, n, device="cuda")
+        out = torch.empty(b, n, n, device=args.device)
         rows = []
         for blocks in args.blocks:
             if blocks == "default":
@@ -102,7 +115,8 @@ def main() -> int:
     for name in args.shapes:
         for dt in args.dtypes:
             rows += case(name, dt)
-            torch.cuda.empty_cache()
+            if cuda:
+                torch.cuda.empty_cache()
     os.environ.pop("VITVIZ_HEADMAP_BLOCKS", None)
     if args.json:
         Path(args.json).write_text(json.dumps(rows, indent=1) + "\n")

@@ -273,9 +273,9 @@ def _check_stream(model: nn.Module, x: torch.Tensor, maps: list[torch.Tensor], o
                   atol: float) -> None:
     """``heads="stream"`` (what rollout and distance read) hands out the same maps, head by head; the forward's
     output is the fused path's (bit for bit where a stream probe keeps the fused kernel) and the state comes back."""
-    from vitviz.core.families import timm_probes
+    from vitviz.core.families import stream
 
-    default = timm_probes.EXPLICIT_BELOW_BYTES
+    default = stream.EXPLICIT_BELOW_BYTES
     for threshold in (0, 1 << 62):  # timm Attention: every call recomputed, then every call explicit
         before = _state(model)
         got: dict[int, torch.Tensor] = {}
@@ -283,12 +283,12 @@ def _check_stream(model: nn.Module, x: torch.Tensor, maps: list[torch.Tensor], o
         def keep(i: int, hm: Any, got: dict[int, torch.Tensor] = got) -> None:
             got[i] = torch.stack([m.float().clone() for _, m in hm.heads()], dim=1)
 
-        timm_probes.EXPLICIT_BELOW_BYTES = threshold
+        stream.EXPLICIT_BELOW_BYTES = threshold
         try:
             with torch.no_grad(), vitviz.capture_attention(model, on_layer=keep, store=False, heads="stream"):
                 out = model(x)
         finally:
-            timm_probes.EXPLICIT_BELOW_BYTES = default
+            stream.EXPLICIT_BELOW_BYTES = default
         path = "recomputed" if threshold == 0 else "explicit"
         assert _state(model) == before, f"stream capture ({path}) left a flag, hook or attribute changed"
         torch.testing.assert_close(_tensor(out), _tensor(out_ref), atol=1e-4, rtol=1e-4,

@@ -55,7 +55,8 @@ def hf_case(name: str) -> Case:
     case = _build(name)
     with torch.no_grad():  # several families initialise tokens and tables to zeros: give them random weights
         for pname, p in case.model.named_parameters():
-            if p.requires_grad and not p.any() and ("embeddings" in pname or "token" in pname):
+            # (BEiT's relative position bias tables too: at zeros, a bias dropped or misplaced would go unseen)
+            if p.requires_grad and not p.any() and any(s in pname for s in ("embeddings", "token", "relative_pos")):
                 p.normal_(std=0.5)
     return case
 

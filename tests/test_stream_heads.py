@@ -17,14 +17,14 @@ import vitviz
 from vitviz.analysis.distance import DistanceReducer, patch_distance_matrix
 from vitviz.analysis.rollout import RolloutReducer, fuse_heads
 from vitviz.core.capture import HeadMaps, capture_attention, open_probes
-from vitviz.core.families import timm_probes
+from vitviz.core.families import stream, timm_probes
 from vitviz.errors import InputError
 
 
 @pytest.fixture
 def recompute(monkeypatch):
     """Every call recomputes (the tiny test models' maps are far below the default threshold)."""
-    monkeypatch.setattr(timm_probes, "EXPLICIT_BELOW_BYTES", 0)
+    monkeypatch.setattr(stream, "EXPLICIT_BELOW_BYTES", 0)
 
 
 def full_maps(model, x):
@@ -61,7 +61,7 @@ def test_stream_maps_equal_the_explicit_maps_and_the_output_is_the_plain_forward
         plain = model(x)
     kinds: list[str] = []
     got, out = stream_maps(model, x, kinds)
-    assert kinds and all("_recomputed_heads" in k for k in kinds)  # the stream probe recomputed every layer
+    assert kinds and all("recomputed_heads" in k for k in kinds)  # the stream probe recomputed every layer
     assert max_difference(got, full_maps(model, x)) < 1e-6
     assert torch.equal(out, plain)  # the fused kernel ran: not one bit of the output changed
     assert all(m.fused_attn for m in model.modules() if hasattr(m, "fused_attn"))
@@ -73,7 +73,7 @@ def test_small_maps_take_the_explicit_path_for_that_call_only(monkeypatch):
     model = tiny_timm_vit()
     x1, x8 = torch.randn(1, 3, 32, 48), torch.randn(8, 3, 32, 48)
     per_image = 2 * 25 * 25 * 4  # heads x tokens^2 x float32
-    monkeypatch.setattr(timm_probes, "EXPLICIT_BELOW_BYTES", 4 * per_image)  # 1 image: explicit; 8: recomputed
+    monkeypatch.setattr(stream, "EXPLICIT_BELOW_BYTES", 4 * per_image)  # 1 image: explicit; 8: recomputed
     fused_during: list[bool] = []
     kinds: list[str] = []
 
@@ -134,7 +134,7 @@ def _streamed(module, x, **kwargs):
         full = torch.stack([m.clone() for _, m in out[0].heads()], dim=1)
     finally:
         undo()
-    assert "_recomputed_heads" in out[0]._head.__qualname__  # recomputed beside the fused kernel
+    assert "recomputed_heads" in out[0]._head.__qualname__  # recomputed beside the fused kernel
     return full, y
 
 
@@ -176,7 +176,7 @@ def test_other_modules_are_wrapped_as_they_come():
     x = torch.randn(2, 3, 32, 32)
     kinds: list[str] = []
     got, _ = stream_maps(model, x, kinds)
-    assert kinds and not any("_recomputed_heads" in k for k in kinds)
+    assert kinds and not any("recomputed_heads" in k for k in kinds)
     assert max_difference(got, full_maps(model, x)) == 0.0
 
 
@@ -196,7 +196,7 @@ def test_stream_needs_on_layer_and_no_store():
 
 @pytest.mark.parametrize("threshold", [0, 1 << 40])
 def test_module_restored_when_the_body_raises(monkeypatch, threshold):
-    monkeypatch.setattr(timm_probes, "EXPLICIT_BELOW_BYTES", threshold)
+    monkeypatch.setattr(stream, "EXPLICIT_BELOW_BYTES", threshold)
     model = tiny_timm_vit()
     with pytest.raises(RuntimeError, match="boom"):
         with capture_attention(model, on_layer=lambda i, a: None, store=False, heads="stream"):
@@ -217,7 +217,7 @@ def test_fusing_streamed_heads_equals_fusing_the_tensor(fusion):
 
 @pytest.mark.parametrize("threshold", [0, 1 << 40])
 def test_reductions_fed_streamed_heads_equal_those_fed_tensors(monkeypatch, threshold):
-    monkeypatch.setattr(timm_probes, "EXPLICIT_BELOW_BYTES", threshold)
+    monkeypatch.setattr(stream, "EXPLICIT_BELOW_BYTES", threshold)
     model = tiny_timm_vit(depth=3)
     x = torch.randn(2, 3, 32, 48)
     maps = full_maps(model, x)

@@ -15,14 +15,16 @@ Probes (all emit ``(B, H, N, N)`` post-softmax probabilities):
   attention without an ``attn_drop`` module (hand-written ViTs).
 - ``probe_mha``: ``torch.nn.MultiheadAttention`` (torchvision), called with ``need_weights=True`` and per-head
   weights for the duration.
-- ``probe_hf``: Hugging Face attention modules; the config is switched to the eager implementation for the
-  duration (SDPA and flash kernels return no weights) and the module's returned weights are read.
+- ``hf_probes.probe_hf``: Hugging Face attention modules; the config is switched to the eager implementation for
+  the duration (SDPA and flash kernels return no weights) and the module's returned weights are read.
 
 Reductions that only need one head at a time (rollout, mean attention distance, dataset statistics) open the
 capture with ``heads="stream"``: their ``on_layer`` then receives a ``HeadMaps``, which hands out each head's
 ``(B, N, N)`` map in turn. A family may give such captures a *stream probe* (``Family.stream_probe``) that leaves
 the model's own fused attention running and recomputes the probabilities head by head from the module's ``q`` and
-``k`` (``timm_probes.probe_timm_stream``); every other probe's maps are wrapped as they are (``HeadMaps.of``).
+``k`` (``stream.recomputed_heads``; timm's plain ``Attention``: ``timm_probes.probe_timm_stream``; Hugging Face
+attention on SDPA or flash: ``hf_probes.probe_hf_probes``); every other probe's maps are wrapped as they are
+(``HeadMaps.of``).
 """
 
 from __future__ import annotations
@@ -452,7 +454,7 @@ def probe_mha(module: nn.Module, emit: Emit) -> Undo:
 _SHARED_OVERRIDES: dict[tuple[int, str], list[Any]] = {}
 
 
-def _shared_override(obj: Any, name: str, apply: Callable[[], Undo]) -> Undo:
+def shared_override(obj: Any, name: str, apply: Callable[[], Undo]) -> Undo:
     """Apply an override once for many probes (reference counted); the last undo restores the original."""
     key = (id(obj), name)
     record = _SHARED_OVERRIDES.get(key)
@@ -474,37 +476,18 @@ def _shared_override(obj: Any, name: str, apply: Callable[[], Undo]) -> Undo:
     return undo
 
 
-def _config_eager(config: Any) -> Undo:
-    """Switch a Hugging Face config to the eager attention implementation; the undo restores it."""
+def config_attn_implementation(config: Any, name: str) -> Undo:
+    """Switch a Hugging Face config to the attention implementation ``name``; the undo restores it."""
     key = "_attn_implementation_internal" if "_attn_implementation_internal" in vars(config) else None
     if key is not None:
         old = vars(config)[key]
-        vars(config)[key] = "eager"
+        vars(config)[key] = name
         return lambda: vars(config).__setitem__(key, old)
-    if getattr(config, "_attn_implementation", "eager") != "eager":
+    if getattr(config, "_attn_implementation", "eager") != name:
         old_impl = config._attn_implementation
-        config._attn_implementation = "eager"
+        config._attn_implementation = name
         return lambda: setattr(config, "_attn_implementation", old_impl)
     return lambda: None
-
-
-def probe_hf(module: nn.Module, emit: Emit) -> Undo:
-    config = getattr(module, "config", None)
-    undos: list[Undo] = []
-    if config is not None:  # one config serves every layer: shared, restored when the last layer's probe goes
-        undos.append(_shared_override(config, "attn_implementation", lambda: _config_eager(config)))
-
-    def hook(_m: nn.Module, _inputs: Any, out: Any) -> None:
-        weights = out[1] if isinstance(out, tuple) and len(out) > 1 else None
-        if weights is None:
-            raise UnsupportedModelError(
-                f"{type(module).__name__} returned no attention weights even with the eager implementation; "
-                "this transformers version is not supported (please report it)"
-            )
-        emit(weights)
-
-    undos.append(module.register_forward_hook(hook).remove)
-    return chain_undos(undos)
 
 
 # ---------------------------------------------------------------------------------------------- token dropping

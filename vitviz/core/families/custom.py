@@ -19,10 +19,10 @@ from vitviz.core.families.base import (
     Probe,
     named_children_of,
     probe_attn_drop,
-    probe_hf,
     probe_mha,
     probe_qkv,
 )
+from vitviz.core.families.hf_probes import probe_hf
 from vitviz.core.families.pos_kind import table_kind
 from vitviz.core.util import pair
 from vitviz.errors import NotAViTError

@@ -13,8 +13,11 @@ Everything is read from the model and its config, never guessed:
   folder that has one, else the defaults of the model type's image-processor class (with the mean and std of
   the authors' training code where the class defaults differ from it: DeiT, DINOv2, ViTMAE).
 
-Attention is read with ``probe_hf``: the config's attention implementation is switched to ``eager`` for the
-duration of the capture (SDPA and flash kernels return no weights) and restored afterwards.
+Attention is read with ``hf_probes.probe_hf``: the config's attention implementation is switched to ``eager`` for the
+duration of the capture (SDPA and flash kernels return no weights) and restored afterwards. Reductions
+(``heads="stream"``: rollout, distance, dataset statistics) use ``hf_probes.probe_hf_probes`` instead, which keeps
+the model's SDPA or flash attention and recomputes the maps from its query and key (on CUDA through the Triton
+head-map kernels).
 
 Patch removal (``vitviz.faithfulness``): tokens are dropped at the embeddings' ``dropout`` (the position embedding
 added; CLIP: the embeddings' output) when the model has a class token and reads its output from the prefix tokens;
@@ -33,7 +36,8 @@ from typing import Any
 import torch
 from torch import nn
 
-from vitviz.core.families.base import Family, Layout, Undo, probe_hf, set_attr
+from vitviz.core.families.base import Family, Layout, Undo, set_attr
+from vitviz.core.families.hf_probes import probe_hf, stream_probe_for
 from vitviz.core.util import pair
 from vitviz.errors import CaptureError, InputError, UnsupportedModelError
 
@@ -67,6 +71,7 @@ class HFVisionFamily(Family):
 
     name = "huggingface"
     probe = staticmethod(probe_hf)
+    stream_probe = staticmethod(stream_probe_for)  # SDPA kept, maps recomputed from q and k (hf_probes)
     model_types: tuple[str, ...] = ()
     # candidate (layers path, attention attribute) pairs on the vision root, newest transformers layout first
     layer_paths: tuple[tuple[str, str], ...] = (("layers", "attention"), ("encoder.layer", "attention"))

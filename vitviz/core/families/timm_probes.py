@@ -20,14 +20,11 @@ the values of that layer, and a *map kind* (``ViTSpec.attention_maps``) says wha
 
 ``probe_timm_stream`` serves ``capture_attention(heads="stream")`` on timm's plain ``Attention``: the module keeps
 its fused ``scaled_dot_product_attention`` (the forward's output is bit-for-bit the plain forward's), and each
-head's ``softmax(q_h k_h^T * scale + bias)`` is recomputed from the ``q`` and ``k`` that ``q_norm`` and ``k_norm``
-return, with the mask built by timm's own ``resolve_self_attn_mask``, one ``(B, N, N)`` buffer at a time. The
-probabilities are float32 (the scores are computed in the model's dtype, as timm's explicit path does). A call
-whose ``(B, H, N, N)`` maps are small (under ``EXPLICIT_BELOW_BYTES``, 8 MiB) runs timm's explicit path instead,
-for that call only, and hands on its maps (in the model's dtype): there, materialising costs less than
-recomputing. On CUDA (``vitviz.core.kernels.use_kernel``) the ``HeadMaps``' ``fuse`` and ``distance_sums`` run the
-Triton kernels of ``vitviz.core.kernels.headmaps`` on ``q`` and ``k`` (no ``(B, H, N, N)``, no per-head buffers;
-every call, small maps too); ``heads()`` still recomputes each head in PyTorch for other reductions.
+head's ``softmax(q_h k_h^T * scale + bias)`` is recomputed (``stream.recomputed_heads``) from the ``q`` and ``k``
+that ``q_norm`` and ``k_norm`` return, with the mask built by timm's own ``resolve_self_attn_mask``. A call whose
+``(B, H, N, N)`` maps are small (under ``stream.EXPLICIT_BELOW_BYTES``, 8 MiB) and that the kernels do not serve
+runs timm's explicit path instead, for that call only, and hands on its maps (in the model's dtype). On CUDA the
+``HeadMaps``' ``fuse`` and ``distance_sums`` run the Triton kernels of ``vitviz.core.kernels.headmaps``.
 """
 
 from __future__ import annotations
@@ -38,6 +35,7 @@ from typing import Any
 import torch
 from torch import nn
 
+import vitviz.core.families.stream as stream
 from vitviz.core import kernels
 from vitviz.core.families.base import Emit, HeadMaps, Probe, Undo, chain_undos, probe_attn_drop, set_attr
 from vitviz.errors import CaptureError, UnsupportedModelError
@@ -139,58 +137,10 @@ def stream_probe_for(module: nn.Module) -> Probe | None:
 
 def _recomputed_heads(vt: Any, module: nn.Module, q: torch.Tensor, k: torch.Tensor, attn_mask: Any,
                       is_causal: bool, kernel: bool = False) -> HeadMaps:
-    """Each head's ``softmax(q_h * scale @ k_h^T + bias)``, as timm's explicit path computes it, into buffers
-    (allocated when the first head is asked for). With ``kernel``, ``fuse`` and ``distance_sums`` run the Triton
-    kernels of ``vitviz.core.kernels`` on ``q`` and ``k`` instead of folding these heads."""
-    b, h, n, _ = q.shape
-    bufs: dict[str, Any] = {}
-
-    def buffers() -> dict[str, Any]:
-        if not bufs:
-            bufs["qs"] = q * module.scale
-            bufs["scores"] = scores = torch.empty(b, n, n, dtype=q.dtype, device=q.device)
-            bias = vt.resolve_self_attn_mask(n, scores, attn_mask, is_causal)
-            if bias is not None:
-                bias = bias.reshape((1,) * (4 - bias.ndim) + tuple(bias.shape))  # SDPA broadcasting: (B|1, H|1, N, N)
-            bufs["bias"] = bias
-            upcast = bufs["upcast"] = q.dtype != torch.float32
-            bufs["score32"] = torch.empty(b, n, n, dtype=torch.float32, device=q.device) if upcast else scores
-            bufs["probs"] = torch.empty(b, n, n, dtype=torch.float32, device=q.device)
-        return bufs
-
-    def head(i: int) -> torch.Tensor:
-        qs, scores, bias, upcast, score32, probs = (buffers()[key] for key in
-                                                    ("qs", "scores", "bias", "upcast", "score32", "probs"))
-        with torch.no_grad():
-            torch.matmul(qs[:, i], k[:, i].transpose(-2, -1), out=scores)
-            if bias is not None:
-                scores.add_(bias[:, i if bias.shape[1] > 1 else 0])
-            if upcast:
-                score32.copy_(scores)
-            return torch.ops.aten._softmax.out(score32, -1, False, out=probs)
-
-    if not kernel:
-        return HeadMaps((b, h, n, n), torch.float32, q.device, head)
-    from vitviz.core.kernels import headmaps  # imports Triton
-
-    mask = dict(attn_mask=attn_mask, is_causal=is_causal)
-
-    def fuse(how: str, dtype: torch.dtype, out: torch.Tensor | None) -> torch.Tensor:
-        direct = out is not None and out.dtype == torch.float32
-        fused = headmaps.fuse_heads_kernel(q, k, module.scale, how, out=out if direct else None, **mask)
-        return fused if direct else (fused.to(dtype) if out is None else out.copy_(fused))
-
-    def distance_sums(distances: torch.Tensor, p: int) -> tuple[torch.Tensor, torch.Tensor]:
-        return headmaps.distance_sums_kernel(q, k, module.scale, distances, p, **mask)
-
-    return HeadMaps((b, h, n, n), torch.float32, q.device, head, fuse=fuse, distance_sums=distance_sums)
-
-
-# Below this many bytes of one layer's (B, H, N, N) float32 maps the stream probe lets timm's explicit path run for
-# that call instead (small maps: materialising them costs less than computing q k^T a second time; measured on
-# the 2-core CPU: cifar10-vit, 128 images of 65 tokens, 6.5 MB per layer, 534-581 img/s explicit vs 469-481
-# recomputed; ViT-B/16 at 224 px, batch 8, 15 MB per layer, 1.13-1.17x vs 1.06-1.13x a plain forward).
-EXPLICIT_BELOW_BYTES = 8 << 20
+    """``stream.recomputed_heads`` with the bias timm's explicit path adds (its own ``resolve_self_attn_mask``)."""
+    n = q.shape[2]
+    return stream.recomputed_heads(q, k, module.scale, lambda scores: vt.resolve_self_attn_mask(
+        n, scores, attn_mask, is_causal), kernel=kernel, attn_mask=attn_mask, is_causal=is_causal)
 
 
 def probe_timm_stream(module: nn.Module, emit: Emit) -> Undo:
@@ -215,7 +165,7 @@ def probe_timm_stream(module: nn.Module, emit: Emit) -> Undo:
         x = args[0] if args else kwargs.get("x")
         b, n = int(x.shape[0]), int(x.shape[1])
         state["kernel"] = kernels.use_kernel(x.device)  # the kernels beat materialising, small maps too
-        state["explicit"] = not state["kernel"] and b * module.num_heads * n * n * 4 < EXPLICIT_BELOW_BYTES
+        state["explicit"] = stream.explicit_is_cheaper(b, module.num_heads, n, state["kernel"])
         if state["explicit"] and getattr(module, "fused_attn", False):
             state["restore"] = set_attr(module, "fused_attn", False)
         state["mask"] = kwargs.get("attn_mask", args[1] if len(args) > 1 else None)
@@ -244,8 +194,7 @@ def probe_timm_stream(module: nn.Module, emit: Emit) -> Undo:
         if q is None or k is None:
             raise CaptureError(f"{type(module).__name__}: q_norm / k_norm did not run in this forward pass, so "
                                "vitviz cannot recompute its attention")
-        kernel = state.pop("kernel", False)  # other dtypes (float64) take the PyTorch path, unless forced
-        kernel = kernel and (kernels.supports(q) or kernels.kernel_mode() == "on")
+        kernel = state.pop("kernel", False) and stream.use_kernel_for(q)  # float64: the PyTorch path
         emit(_recomputed_heads(vt, module, q.detach(), k.detach(), mask, causal, kernel))
 
     handles = [module.register_forward_pre_hook(before, with_kwargs=True),

@@ -1,7 +1,7 @@
 """GPU kernels for attention reductions, and when to use them (``vitviz.core.kernels.headmaps``: the Triton code).
 
-The stream probe (``capture_attention(heads="stream")`` on timm's ``Attention``) hands each layer's maps to the
-reductions as a ``HeadMaps``; on CUDA its ``fuse`` (head mean/max/min) and ``distance_sums`` run the Triton
+The stream probes (``capture_attention(heads="stream")`` on timm's plain ``Attention`` and on the Hugging Face
+families' SDPA attention; ``vitviz.core.families.stream``) hand each layer's maps to the reductions as a ``HeadMaps``; on CUDA its ``fuse`` (head mean/max/min) and ``distance_sums`` run the Triton
 kernels of ``headmaps``, which never form a ``(B, H, N, N)`` tensor. The PyTorch recomputation stays the CPU path
 and the reference.
 

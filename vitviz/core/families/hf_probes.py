@@ -1,0 +1,207 @@
+"""The probes of the Hugging Face families: eager weights (``probe_hf``), and the stream probe (``probe_hf_probes``:
+SDPA or flash attention kept, the maps recomputed from q and k).
+
+Every Hugging Face vision transformer vitviz reads (ViT, DeiT, BEiT, DINOv2, CLIP, SigLIP, ViTMAE) computes its
+attention through transformers' attention interface: the module calls
+``ALL_ATTENTION_FUNCTIONS.get_interface(config._attn_implementation, eager_attention_forward)`` with
+``(module, query, key, value, attention_mask, scaling=..., dropout=..., **kwargs)``, query and key ``(B, H, N, d)``
+after any normalisation, the mask already holding every additive bias (BEiT's relative position bias). Under
+``capture_attention(heads="stream")`` the config the attention modules read is switched, for the capture only, to
+an implementation vitviz registers under the name ``"vitviz_stream"`` (``transformers.AttentionInterface.register``:
+the name is added once, nothing of transformers is replaced). For each call it
+
+1. runs the implementation the model had (``"sdpa"`` by default, or a flash one): the forward's output is the
+   plain forward's, bit for bit;
+2. hands the capture a ``HeadMaps`` recomputed from that ``query``, ``key``, ``scaling`` and mask
+   (``stream.recomputed_heads``), with SDPA's reading of the mask and of ``is_causal`` (the call's, else the
+   module's; only without a mask); on CUDA its ``fuse`` and ``distance_sums`` run the Triton head-map kernels.
+
+It runs the model file's own ``eager_attention_forward`` instead (and hands on its weights) where recomputing does
+not pay or does not apply: small maps with the kernels off (``stream.EXPLICIT_BELOW_BYTES``), grouped key heads,
+``position_bias``, ``softcap`` or a cache in the call; and where a ``heads="full"`` capture of the same module is
+open at the same time (``probe_hf`` then registers here for the weights instead of switching to eager).
+
+A model whose implementation is already ``eager`` gets no stream probe: its eager weights are wrapped as they come.
+"""
+
+from __future__ import annotations
+
+import sys
+import weakref
+from collections.abc import Callable
+from typing import Any
+
+import torch
+from torch import nn
+
+import vitviz.core.families.stream as stream
+from vitviz.core.families.base import (
+    Emit,
+    HeadMaps,
+    Probe,
+    Undo,
+    chain_undos,
+    config_attn_implementation,
+    shared_override,
+)
+from vitviz.errors import CaptureError, UnsupportedModelError
+
+__all__ = ["NAME", "active", "probe_hf", "probe_hf_probes", "stream_probe_for", "want_weights"]
+
+NAME = "vitviz_stream"
+_OVERRIDE = "attn_implementation/stream"
+_listeners: weakref.WeakKeyDictionary[nn.Module, list[Emit]] = weakref.WeakKeyDictionary()
+_weights: weakref.WeakKeyDictionary[nn.Module, int] = weakref.WeakKeyDictionary()
+_original: dict[int, str] = {}  # id(config) -> the implementation it had before the switch
+
+
+def _interface() -> Any:
+    """transformers' ``ALL_ATTENTION_FUNCTIONS``, with vitviz's implementation registered under ``NAME``."""
+    from transformers.modeling_utils import ALL_ATTENTION_FUNCTIONS, AttentionInterface
+
+    if NAME not in ALL_ATTENTION_FUNCTIONS:
+        AttentionInterface.register(NAME, _attention)
+    return ALL_ATTENTION_FUNCTIONS
+
+
+def _eager(module: nn.Module) -> Callable[..., Any] | None:
+    """The model file's own ``eager_attention_forward`` (the default its attention modules pass), or None."""
+    fn = getattr(sys.modules.get(type(module).__module__), "eager_attention_forward", None)
+    return fn if callable(fn) else None
+
+
+def active(config: Any) -> bool:
+    """Whether vitviz's stream implementation is switched on for ``config`` now."""
+    return id(config) in _original
+
+
+def stream_probe_for(module: nn.Module) -> Probe | None:
+    """``probe_hf_probes`` for an attention module that calls transformers' attention interface with a fused
+    implementation (SDPA, flash); None for an eager one (its weights are read as they are) or an unknown layout."""
+    config = getattr(module, "config", None)
+    impl = getattr(config, "_attn_implementation", None)
+    if not isinstance(impl, str) or impl == "eager" or _eager(module) is None:
+        return None
+    if impl != NAME and impl not in _interface():
+        return None
+    return probe_hf_probes
+
+
+def _switch(config: Any) -> Undo:
+    original = config._attn_implementation
+    _interface()
+    undo = config_attn_implementation(config, NAME)
+    _original[id(config)] = original
+
+    def restore() -> None:
+        _original.pop(id(config), None)
+        undo()
+
+    return restore
+
+
+def _register(registry: weakref.WeakKeyDictionary, module: nn.Module, value: Any) -> Undo:
+    if registry is _listeners:
+        registry.setdefault(module, []).append(value)
+    else:
+        registry[module] = registry.get(module, 0) + 1
+    done = False
+
+    def undo() -> None:
+        nonlocal done
+        if done:
+            return
+        done = True
+        if registry is _listeners:
+            entries = registry.get(module, [])
+            for i, e in enumerate(entries):
+                if e is value:
+                    del entries[i]
+                    break
+            if not entries:
+                registry.pop(module, None)
+        else:
+            left = registry.get(module, 1) - 1
+            if left:
+                registry[module] = left
+            else:
+                registry.pop(module, None)
+
+    return undo
+
+
+def probe_hf_probes(module: nn.Module, emit: Emit) -> Undo:
+    """Hugging Face attention under ``heads="stream"``: emits a ``HeadMaps`` per call (see the module docstring)."""
+    config = module.config
+    undos = [shared_override(config, _OVERRIDE, lambda: _switch(config))]
+    undos.append(_register(_listeners, module, emit))
+    return chain_undos(undos)
+
+
+def probe_hf(module: nn.Module, emit: Emit) -> Undo:
+    """Hugging Face attention: the config switched to ``eager`` for the capture, the returned weights read. Where
+    a ``heads="stream"`` capture has switched the config to vitviz's stream implementation (below), that
+    implementation hands this module eager weights instead, for as long as this probe is installed."""
+    config = getattr(module, "config", None)
+    undos: list[Undo] = []
+    if config is not None and active(config):
+        undos.append(want_weights(module))
+    elif config is not None:  # one config serves every layer: shared, restored when the last layer's probe goes
+        undos.append(shared_override(config, "attn_implementation",
+                                     lambda: config_attn_implementation(config, "eager")))
+
+    def hook(_m: nn.Module, _inputs: Any, out: Any) -> None:
+        weights = out[1] if isinstance(out, tuple) and len(out) > 1 else None
+        if weights is None:
+            raise UnsupportedModelError(
+                f"{type(module).__name__} returned no attention weights even with the eager implementation; "
+                "this transformers version is not supported (please report it)"
+            )
+        emit(weights)
+
+    undos.append(module.register_forward_hook(hook).remove)
+    return chain_undos(undos)
+
+
+def want_weights(module: nn.Module) -> Undo:
+    """While the stream implementation serves ``module``'s config, make it return eager weights (for ``probe_hf``,
+    a ``heads="full"`` capture opened inside a stream capture)."""
+    return _register(_weights, module, 1)
+
+
+def _attention(module: nn.Module, query: torch.Tensor, key: torch.Tensor, value: torch.Tensor,
+               attention_mask: torch.Tensor | None, **kwargs: Any) -> tuple[torch.Tensor, torch.Tensor | None]:
+    """The attention implementation registered as ``NAME`` (see the module docstring)."""
+    functions = _interface()
+    eager = _eager(module)
+    original = _original.get(id(getattr(module, "config", None)), "sdpa")
+    listeners = list(_listeners.get(module, ()))
+    weights = _weights.get(module, 0) > 0
+    if not listeners and not weights:  # a layer this capture does not read
+        return functions.get_interface(original, eager)(module, query, key, value, attention_mask, **kwargs)
+    b, h, n, _ = query.shape
+    kernel = stream.use_kernel_for(query)
+    plain = (key.shape == query.shape and all(kwargs.get(k) is None for k in ("position_bias", "softcap", "cache"))
+             and original != "eager")
+    if weights or not plain or stream.explicit_is_cheaper(b, h, n, kernel):
+        if eager is None:
+            raise CaptureError(f"{type(module).__name__}: its model file has no eager_attention_forward, so vitviz "
+                               "cannot read its attention weights")
+        out, w = eager(module, query, key, value, attention_mask, **kwargs)
+        maps = HeadMaps.of(w.detach())
+        for emit in listeners:
+            emit(maps)
+        return out, (w if weights else None)
+    out, _ = functions.get_interface(original, eager)(module, query, key, value, attention_mask, **kwargs)
+    scaling = kwargs.get("scaling")
+    scaling = float(query.shape[-1] ** -0.5 if scaling is None else scaling)
+    causal = kwargs.get("is_causal")
+    causal = bool(getattr(module, "is_causal", True) if causal is None else causal)  # as transformers' SDPA reads it
+    causal = n > 1 and attention_mask is None and causal
+    mask = attention_mask.detach() if attention_mask is not None else None
+    maps = stream.recomputed_heads(query.detach(), key.detach(), scaling,
+                                   lambda scores: stream.sdpa_bias(n, scores.dtype, scores.device, mask, causal),
+                                   kernel=kernel, attn_mask=mask, is_causal=causal)
+    for emit in listeners:
+        emit(maps)
+    return out, None

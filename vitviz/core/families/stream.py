@@ -1,0 +1,116 @@
+"""Head maps recomputed from ``q`` and ``k`` beside a fused attention kernel: what every stream probe emits.
+
+A stream probe (``Family.stream_probe``: timm's plain ``Attention`` in ``timm_probes``, the Hugging Face attention
+modules in ``hf_probes``) leaves the model's fused ``scaled_dot_product_attention`` running, so the forward's output
+is the plain forward's, and hands the reductions a ``HeadMaps`` that recomputes each head's
+``softmax(q_h k_h^T * scale + bias)`` from the ``q`` and ``k`` the kernel was given:
+
+- on CPU (and wherever the kernels are off): in PyTorch, one head at a time into one ``(B, N, N)`` float32 buffer,
+  the scores formed in the model's dtype as the explicit (eager) paths form them (the reference);
+- on CUDA (``vitviz.core.kernels.use_kernel``): ``fuse`` and ``distance_sums`` run the Triton kernels of
+  ``vitviz.core.kernels.headmaps`` on ``q`` and ``k`` (no ``(B, H, N, N)``, no per-head buffers).
+
+A call whose ``(B, H, N, N)`` float32 maps would take fewer than ``EXPLICIT_BELOW_BYTES`` (8 MiB) runs the module's
+explicit path instead when the kernels are off (materialising small maps costs less than computing ``q k^T`` a
+second time; measured on a 2-core CPU: ``cifar10-vit``, 128 images of 65 tokens, 6.5 MB per layer, 534-581 img/s
+explicit vs 469-481 recomputed; ViT-B/16 at 224 px, batch 8, 15 MB per layer, 1.13-1.17x vs 1.06-1.13x a plain
+forward).
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable
+from typing import Any
+
+import torch
+
+from vitviz.core import kernels
+from vitviz.core.families.base import HeadMaps
+
+__all__ = ["EXPLICIT_BELOW_BYTES", "explicit_is_cheaper", "recomputed_heads", "sdpa_bias", "use_kernel_for"]
+
+EXPLICIT_BELOW_BYTES = 8 << 20
+
+
+def use_kernel_for(q: torch.Tensor) -> bool:
+    """Whether the head-map kernels serve this call's ``q`` (the mode in force, the device, the dtype and head dim;
+    other dtypes such as float64 take the PyTorch path unless the kernels are forced on)."""
+    return kernels.use_kernel(q.device) and (kernels.supports(q) or kernels.kernel_mode() == "on")
+
+
+def explicit_is_cheaper(batch: int, heads: int, tokens: int, kernel: bool) -> bool:
+    """Whether a call should run the module's explicit path: its maps are small and the kernels are off."""
+    return not kernel and batch * heads * tokens * tokens * 4 < EXPLICIT_BELOW_BYTES
+
+
+def sdpa_bias(n: int, dtype: torch.dtype, device: torch.device, attn_mask: torch.Tensor | None,
+              is_causal: bool) -> torch.Tensor | None:
+    """The additive bias ``scaled_dot_product_attention`` applies for ``attn_mask`` / ``is_causal`` (or None).
+
+    As SDPA (and timm's ``resolve_self_attn_mask``): ``is_causal`` gives ``-inf`` above the diagonal; a bool mask
+    keeps its ``True`` entries (``False`` -> ``-inf``); a float mask is added as it is.
+    """
+    if is_causal:
+        return torch.full((n, n), float("-inf"), dtype=dtype, device=device).triu_(1)
+    if attn_mask is None:
+        return None
+    if attn_mask.dtype == torch.bool:
+        return torch.zeros_like(attn_mask, dtype=dtype).masked_fill_(~attn_mask, float("-inf"))
+    return attn_mask
+
+
+def recomputed_heads(q: torch.Tensor, k: torch.Tensor, scale: float,
+                     bias: Callable[[torch.Tensor], torch.Tensor | None], *, kernel: bool = False,
+                     attn_mask: torch.Tensor | None = None, is_causal: bool = False) -> HeadMaps:
+    """Each head's ``softmax(q_h * scale @ k_h^T + bias)`` as a ``HeadMaps`` (float32 probabilities).
+
+    Args:
+        q, k: ``(B, H, N, d)`` as the attention kernel received them (detached).
+        scale: the softmax scale the module passes to the kernel.
+        bias: ``bias(scores) -> additive bias`` broadcastable to ``(B, H, N, N)`` (or None), given a ``(B, N, N)``
+            scores buffer of the model's dtype; called once, when the first head is asked for (the PyTorch path).
+        kernel: run ``fuse`` and ``distance_sums`` through the Triton kernels, which take the raw
+            ``attn_mask`` / ``is_causal`` (SDPA semantics) instead of ``bias``.
+    """
+    b, h, n, _ = q.shape
+    bufs: dict[str, Any] = {}
+
+    def buffers() -> dict[str, Any]:
+        if not bufs:
+            bufs["qs"] = q * scale
+            bufs["scores"] = scores = torch.empty(b, n, n, dtype=q.dtype, device=q.device)
+            add = bias(scores)
+            if add is not None:
+                add = add.reshape((1,) * (4 - add.ndim) + tuple(add.shape))  # SDPA broadcasting: (B|1, H|1, N, N)
+            bufs["bias"] = add
+            upcast = bufs["upcast"] = q.dtype != torch.float32
+            bufs["score32"] = torch.empty(b, n, n, dtype=torch.float32, device=q.device) if upcast else scores
+            bufs["probs"] = torch.empty(b, n, n, dtype=torch.float32, device=q.device)
+        return bufs
+
+    def head(i: int) -> torch.Tensor:
+        qs, scores, add, upcast, score32, probs = (buffers()[key] for key in
+                                                   ("qs", "scores", "bias", "upcast", "score32", "probs"))
+        with torch.no_grad():
+            torch.matmul(qs[:, i], k[:, i].transpose(-2, -1), out=scores)
+            if add is not None:
+                scores.add_(add[:, i if add.shape[1] > 1 else 0])
+            if upcast:
+                score32.copy_(scores)
+            return torch.ops.aten._softmax.out(score32, -1, False, out=probs)
+
+    if not kernel:
+        return HeadMaps((b, h, n, n), torch.float32, q.device, head)
+    from vitviz.core.kernels import headmaps  # imports Triton
+
+    mask = dict(attn_mask=attn_mask, is_causal=is_causal)
+
+    def fuse(how: str, dtype: torch.dtype, out: torch.Tensor | None) -> torch.Tensor:
+        direct = out is not None and out.dtype == torch.float32
+        fused = headmaps.fuse_heads_kernel(q, k, scale, how, out=out if direct else None, **mask)
+        return fused if direct else (fused.to(dtype) if out is None else out.copy_(fused))
+
+    def distance_sums(distances: torch.Tensor, p: int) -> tuple[torch.Tensor, torch.Tensor]:
+        return headmaps.distance_sums_kernel(q, k, scale, distances, p, **mask)
+
+    return HeadMaps((b, h, n, n), torch.float32, q.device, head, fuse=fuse, distance_sums=distance_sums)
