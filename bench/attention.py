@@ -21,7 +21,9 @@ Methods (``--methods``):
 ``--model hf:vit-base-patch16`` (or ``hf:vit-large-patch16``) times a Hugging Face ``ViTModel`` of that size with
 its default SDPA attention instead of a timm model: ``explicit`` is then the eager implementation a ``heads="full"``
 capture switches to, and rollout/distance run the Hugging Face stream probe (``vitviz.core.families.hf_probes``);
-``timm`` does not apply.
+``timm`` does not apply. ``--model tv:vit_b_16`` (or ``tv:vit_l_16``) does the same for torchvision's
+``VisionTransformer`` (``nn.MultiheadAttention``: ``explicit`` is ``need_weights=True``, rollout/distance run
+``vitviz.core.families.stream.probe_mha_stream``).
 
 On CPU the default methods are those before the kernels existed (no ``*_torch``/``*_kernel``, no ``grad_rollout``).
 
@@ -104,8 +106,18 @@ HF_MODELS = {  # --model hf:NAME: a Hugging Face ViTModel (SDPA attention) of th
 }
 
 
+TV_MODELS = ("tv:vit_b_16", "tv:vit_l_16")  # --model tv:NAME: torchvision's VisionTransformer, random weights
+
+
 def build_model(name: str, size: int):
-    """A timm model by name, or (``hf:...``, ``HF_MODELS``) a Hugging Face ``ViTModel`` at ``size`` px."""
+    """A timm model by name, or (``hf:...``, ``HF_MODELS``) a Hugging Face ``ViTModel``, or (``tv:...``,
+    ``TV_MODELS``) a torchvision ``VisionTransformer``, at ``size`` px."""
+    if name.startswith("tv:"):
+        if name not in TV_MODELS:
+            raise SystemExit(f"--model {name}: the torchvision models here are {list(TV_MODELS)}")
+        import torchvision
+
+        return getattr(torchvision.models, name[3:])(weights=None, image_size=size)
     if name.startswith("hf:"):
         if name not in HF_MODELS:
             raise SystemExit(f"--model {name}: the Hugging Face models here are {sorted(HF_MODELS)}")
@@ -135,7 +147,7 @@ def _setup(args: argparse.Namespace, device: str, size: int, batch: int):
     spec = vitviz.inspect(model)
     extract = None
     if "timm" in args.methods:
-        if args.model.startswith("hf:"):
+        if args.model.startswith(("hf:", "tv:")):
             raise SystemExit("--methods timm (timm's AttentionExtract) needs a timm model, not " + args.model)
         from timm.utils import AttentionExtract
 
@@ -321,7 +333,8 @@ def report(results: list[dict]) -> bool:
 def main() -> int:
     ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     ap.add_argument("--model", default="vit_base_patch16_224",
-                    help=f"timm model name, or one of {sorted(HF_MODELS)} (Hugging Face ViTModel, SDPA); random weights")
+                    help=f"timm model name, or one of {sorted(HF_MODELS)} (Hugging Face ViTModel, SDPA) or {list(TV_MODELS)} "
+                    "(torchvision); random weights")
     ap.add_argument("--sizes", type=int, nargs="+", default=[224, 448])
     ap.add_argument("--batch", type=int, nargs="+", default=[8, 2], help="one per size (or one for all)")
     ap.add_argument("--dtype", default="fp32", choices=["fp32", "bf16", "fp16"])

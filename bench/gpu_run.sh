@@ -2,14 +2,14 @@
 # Every GPU figure of the head-map kernel work in one go, on a bare H100/H200 machine (Python 3.12, torch, timm,
 # triton preinstalled; no package index reachable). Run from the repository root:
 #
-#   OUT=/some/dir bash bench/gpu_run.sh                 # every part (about 23 minutes on an H100: see below)
+#   OUT=/some/dir bash bench/gpu_run.sh                 # every part (about 25 minutes on an H100: see below)
 #   OUT=/some/dir bash bench/gpu_run.sh tests micro     # only some parts (setup always runs first)
 #
 # Through a device tool that allows 10 minutes per command, four calls (GPU_RUN_DEADLINE_S=570 keeps each inside):
 #   GPU_RUN_DEADLINE_S=570 bash bench/gpu_run.sh tests micro    # ~5 min
 #   GPU_RUN_DEADLINE_S=570 bash bench/gpu_run.sh attn_b16       # ~5 min
 #   GPU_RUN_DEADLINE_S=570 bash bench/gpu_run.sh attn_l16       # ~7 min
-#   GPU_RUN_DEADLINE_S=570 bash bench/gpu_run.sh attn_hf dataset   # ~8 min
+#   GPU_RUN_DEADLINE_S=570 bash bench/gpu_run.sh attn_hf dataset   # ~9 min
 #
 # Parts (in this order by default), each with its own time limit, each going on when an earlier one failed:
 #   setup      versions, GPU, vitviz installed (pip install --no-deps -e . offline; else PYTHONPATH), a kernel smoke
@@ -23,21 +23,23 @@
 #              dtype and size                                                                (~4 min, cap 4 x 130 s)
 #   attn_l16   the same for ViT-L/16                                                          (~6 min, cap 4 x 130 s)
 #   attn_hf    a Hugging Face ViTModel of ViT-B/16's size (SDPA; its stream probe, vitviz/core/families/hf_probes.py)
-#              at 448 px (batch 8), bf16 and fp32, without the timm-only anchor           (~3 min, cap 2 x 130 s)
+#              and torchvision's vit_b_16 (nn.MultiheadAttention; stream.probe_mha_stream), each at 448 px (batch
+#              8), bf16 and fp32, without the timm-only anchor                            (~4 min, cap 4 x 130 s)
 #   dataset    bench/dataset.py, ViT-B/16 224 px, bf16 autocast, 16,384 synthetic images, batch 256, 4 workers:
 #              plain forward, distance (kernel), distance (PyTorch stream path), plain again  (~4 min, cap 4 x 110 s)
 #
 # Estimates, not measurements (no GPU was at hand when this was written): model creation ~5-15 s per process,
 # Triton compilation a few seconds per kernel variant, the timed work seconds per case (see docs/benchmarks.md for
-# the earlier H100 figures of the same benchmarks). The whole run: about 23 minutes, within 30.
+# the earlier H100 figures of the same benchmarks). The whole run: about 25 minutes, within 30.
 #
 # GPU_RUN_REHEARSAL=1 runs the same parts on the CPU in a minute or two (tests/test_gpu_run.py, in `make test`): tiny
 # models and shapes, the kernels under Triton's interpreter, nothing installed; so the script and every command line
 # it builds are known to work before a GPU is at hand. Its figures mean nothing.
 #
 # Output under $OUT (at most 8 files come back from the device machine): env.json, gpu_tests.log, micro.json,
-# attention_b16.json, attention_l16.json, attention_hf.json, dataset.json, run.log (everything printed),
-# summary.txt (last lines); 9 files where 8 come back at most: run.log is the one to lose (summary.txt has its end).
+# attention_b16.json, attention_l16.json, attention_hf.json, attention_tv.json, dataset.json, run.log (everything
+# printed), summary.txt (last lines). In one call that is 10 files where 8 come back at most: run the parts in the
+# four calls above (each call's $OUT is its own), or drop gpu_tests.log and run.log (summary.txt has their ends).
 set -u -o pipefail
 cd "$(dirname "$0")/.."
 OUT=${OUT:-bench/results/gpu_run}
@@ -183,7 +185,8 @@ for part in "${PARTS[@]}"; do
         micro) part_micro ;;
         attn_b16) part_attn b16 "$B16" ;;
         attn_l16) part_attn l16 "$L16" ;;
-        attn_hf) part_attn hf hf:vit-base-patch16 "$LARGE" "${METHODS/timm /}" ;;
+        attn_hf) part_attn hf hf:vit-base-patch16 "$LARGE" "${METHODS/timm /}"
+                 part_attn tv tv:vit_b_16 "$LARGE" "${METHODS/timm /}" ;;
         dataset) part_dataset ;;
         *) note "unknown part $part (setup tests micro attn_b16 attn_l16 attn_hf dataset)" ;;
     esac

@@ -30,7 +30,7 @@ pytestmark = [pytest.mark.slow,
               pytest.mark.skipif(not kernels.triton_available(),
                                  reason=f"needs Triton {'.'.join(map(str, kernels.MIN_TRITON))} or newer")]
 
-PARTS = ["setup", "tests", "micro", "attention_b16", "attention_l16", "attention_hf", "dataset"]
+PARTS = ["setup", "tests", "micro", "attention_b16", "attention_l16", "attention_hf", "attention_tv", "dataset"]
 
 
 @pytest.fixture(scope="module")
@@ -63,13 +63,14 @@ def test_the_json_files_hold_every_row_the_tables_need(rehearsal):
     env = json.loads((out / "env.json").read_text())
     assert env["smoke_max_abs"] < 1e-5 and env["timm_stream_probe"] and env["torch"]
     methods = set(attention_bench.METHODS) - {"grad_rollout", "rollout", "distance"}
-    for tag, want in (("b16", methods), ("l16", methods), ("hf", methods - {"timm"})):
+    for tag, want in (("b16", methods), ("l16", methods), ("hf", methods - {"timm"}), ("tv", methods - {"timm"})):
         rows = json.loads((out / f"attention_{tag}.json").read_text())
         assert {r["dtype"] for r in rows} == {"bf16", "fp32"}
         for dtype in ("bf16", "fp32"):
             assert {r["method"] for r in rows if r["dtype"] == dtype} == want
         assert all(r["images_per_s"] > 0 and r["tokens"] > 1 for r in rows)
     assert {r["model"] for r in json.loads((out / "attention_hf.json").read_text())} == {"hf:vit-base-patch16"}
+    assert {r["model"] for r in json.loads((out / "attention_tv.json").read_text())} == {"tv:vit_b_16"}
     micro = json.loads((out / "micro.json").read_text())
     assert micro and not [r for r in micro if "error" in r]
     assert all(r["max_abs"] < 1e-5 and r["sdpa_ms"] > 0 for r in micro)

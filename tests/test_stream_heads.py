@@ -269,3 +269,76 @@ def test_stream_on_cuda_matches_cpu_and_holds_no_batch_heads_tokens_tokens_tenso
     torch.cuda.synchronize()
     torch.testing.assert_close(got_d, want_d, atol=1e-3, rtol=1e-4)
     assert torch.cuda.max_memory_allocated() - base < 4 * 8 * 257 * 257 * 4  # one (B, H, N, N) float32 map
+
+
+# ---- torchvision: nn.MultiheadAttention (stream.probe_mha_stream) ----------------------------------------------
+
+
+def tiny_torchvision_vit():
+    from torchvision.models.vision_transformer import VisionTransformer
+
+    torch.manual_seed(0)
+    return VisionTransformer(image_size=32, patch_size=8, num_layers=2, num_heads=4, hidden_dim=32, mlp_dim=64).eval()
+
+
+@pytest.mark.parametrize("threshold", [0, 1 << 62], ids=["recomputed", "explicit"])
+def test_torchvision_stream_maps_equal_its_weights_and_the_forward_is_untouched(monkeypatch, threshold):
+    monkeypatch.setattr(stream, "MHA_RECOMPUTE_WITHOUT_KERNEL", True)  # on CPU: recomputed only when asked
+    monkeypatch.setattr(stream, "EXPLICIT_BELOW_BYTES", threshold)
+    model = tiny_torchvision_vit()
+    x = torch.randn(3, 3, 32, 32)
+    with torch.no_grad():
+        plain = model(x)
+    kinds: list[str] = []
+    got, out = stream_maps(model, x, kinds)
+    want = full_maps(model, x)  # probe_mha: need_weights=True, per head
+    assert max_difference(got, want) < 1e-6
+    assert kinds and all(("recomputed_heads" in k) == (threshold == 0) for k in kinds)
+    assert torch.equal(out, plain)  # the forward ran as torchvision calls it (need_weights=False)
+    assert all(not m._forward_hooks and not m._forward_pre_hooks and "forward" not in vars(m) for m in model.modules())
+
+
+def test_torchvision_broken_recomputation_is_caught(monkeypatch):
+    """The comparison above fails when the recomputation is wrong (here: q and k swapped, the maps transposed)."""
+    monkeypatch.setattr(stream, "MHA_RECOMPUTE_WITHOUT_KERNEL", True)
+    monkeypatch.setattr(stream, "EXPLICIT_BELOW_BYTES", 0)
+    model = tiny_torchvision_vit()
+    x = torch.randn(2, 3, 32, 32)
+    want = full_maps(model, x)
+    original = stream.recomputed_heads
+    monkeypatch.setattr(stream, "recomputed_heads", lambda q, k, *a, **kw: original(k, q, *a, **kw))
+    got, _ = stream_maps(model, x)
+    assert max_difference(got, want) > 1e-3
+
+
+def test_torchvision_calls_with_masks_read_the_weights():
+    """A call the recomputation does not cover (here an attention mask) runs with ``need_weights=True`` for that
+    call and hands on the module's own per-head weights."""
+    mha = torch.nn.MultiheadAttention(16, 2, batch_first=True).eval()
+    x = torch.randn(2, 7, 16)
+    mask = torch.rand(7, 7) > 0.5
+    mask.fill_diagonal_(False)  # True = not allowed (nn.MultiheadAttention's bool mask)
+    assert stream.mha_stream_probe_for(mha) is stream.probe_mha_stream
+    got: list = []
+    undo = stream.probe_mha_stream(mha, got.append)
+    try:
+        with torch.no_grad():
+            out, weights = mha(x, x, x, attn_mask=mask, need_weights=False)
+    finally:
+        undo()
+    with torch.no_grad():
+        want_out, want = mha(x, x, x, attn_mask=mask, average_attn_weights=False)
+    assert weights is not None and len(got) == 1 and not got[0]._head.__qualname__.startswith("recomputed")
+    torch.testing.assert_close(got[0].full(), want, rtol=0, atol=0)
+    torch.testing.assert_close(out, want_out)
+    assert not mha._forward_hooks and not mha._forward_pre_hooks
+    assert stream.mha_stream_probe_for(torch.nn.MultiheadAttention(16, 2)) is None  # not batch-first
+
+
+def test_torchvision_on_cpu_reads_the_weights_by_default():
+    """Without the kernels the stream probe reads ``need_weights=True`` weights (cheaper on CPU than recomputing)."""
+    model = tiny_torchvision_vit()
+    kinds: list[str] = []
+    with vitviz.headmap_kernel("off"):
+        got, _ = stream_maps(model, torch.randn(2, 3, 32, 32), kinds)
+    assert kinds and not any("recomputed_heads" in k for k in kinds)

@@ -1,7 +1,7 @@
 """Head maps recomputed from ``q`` and ``k`` beside a fused attention kernel: what every stream probe emits.
 
 A stream probe (``Family.stream_probe``: timm's plain ``Attention`` in ``timm_probes``, the Hugging Face attention
-modules in ``hf_probes``) leaves the model's fused ``scaled_dot_product_attention`` running, so the forward's output
+modules in ``hf_probes``, torchvision's ``nn.MultiheadAttention`` here: ``probe_mha_stream``) leaves the model's fused ``scaled_dot_product_attention`` running, so the forward's output
 is the plain forward's, and hands the reductions a ``HeadMaps`` that recomputes each head's
 ``softmax(q_h k_h^T * scale + bias)`` from the ``q`` and ``k`` the kernel was given:
 
@@ -23,11 +23,14 @@ from collections.abc import Callable
 from typing import Any
 
 import torch
+from torch import nn
 
 from vitviz.core import kernels
-from vitviz.core.families.base import HeadMaps
+from vitviz.core.families.base import Emit, HeadMaps, Probe, Undo, chain_undos
+from vitviz.errors import CaptureError
 
-__all__ = ["EXPLICIT_BELOW_BYTES", "explicit_is_cheaper", "recomputed_heads", "sdpa_bias", "use_kernel_for"]
+__all__ = ["EXPLICIT_BELOW_BYTES", "explicit_is_cheaper", "mha_stream_probe_for", "probe_mha_stream",
+           "recomputed_heads", "sdpa_bias", "use_kernel_for"]
 
 EXPLICIT_BELOW_BYTES = 8 << 20
 
@@ -114,3 +117,80 @@ def recomputed_heads(q: torch.Tensor, k: torch.Tensor, scale: float,
         return headmaps.distance_sums_kernel(q, k, scale, distances, p, **mask)
 
     return HeadMaps((b, h, n, n), torch.float32, q.device, head, fuse=fuse, distance_sums=distance_sums)
+
+
+# ---------------------------------------------------------------------------------------- nn.MultiheadAttention
+# Without the kernels (CPU), reading the weights (need_weights=True) costs less than recomputing them: measured on
+# the 2-core CPU, torchvision vit_b_16 at 224 px, batch 8, one thread (bench/attention.py --model tv:vit_b_16):
+# rollout 1.26x a plain forward recomputed against 1.02x for the explicit path. So the recomputation runs only where
+# the kernels serve the call, unless this is set (tests set it to check the recomputation on CPU).
+MHA_RECOMPUTE_WITHOUT_KERNEL = False
+
+_MHA_ARGS = ("query", "key", "value", "key_padding_mask", "need_weights", "attn_mask", "average_attn_weights",
+             "is_causal")
+
+
+def mha_stream_probe_for(module: nn.Module) -> Probe | None:
+    """``probe_mha_stream`` for a batch-first self-attention ``nn.MultiheadAttention`` with one packed input
+    projection (torchvision's ViT); None for every other module (its weights are then read by ``probe_mha``)."""
+    if not isinstance(module, nn.MultiheadAttention) or not module.batch_first or not module._qkv_same_embed_dim:
+        return None
+    if module.in_proj_weight is None or module.bias_k is not None or module.add_zero_attn:
+        return None
+    return probe_mha_stream
+
+
+def probe_mha_stream(module: nn.Module, emit: Emit) -> Undo:
+    """``nn.MultiheadAttention`` under ``heads="stream"``: its forward runs untouched (``need_weights=False`` as
+    torchvision calls it: the fused path, output bit for bit the plain forward's), and each head's
+    ``softmax(q_h k_h^T / sqrt(d))`` is recomputed from ``q`` and ``k`` projected again from the input with the
+    module's ``in_proj_weight`` and ``in_proj_bias`` (``F.multi_head_attention_forward``'s first step: two of its
+    three projections once more, the cost of the maps without the ``(B, H, N, N)``).
+
+    A call the kernels do not serve (CPU; see ``MHA_RECOMPUTE_WITHOUT_KERNEL``), with masks, or with distinct
+    query/key/value tensors runs with ``need_weights=True, average_attn_weights=False`` instead, for that call only,
+    and its per-head weights are handed on (what ``probe_mha`` reads).
+    """
+    state: dict[str, Any] = {}
+
+    def before(_m: nn.Module, args: tuple, kwargs: dict) -> tuple[tuple, dict] | None:
+        state.clear()
+        if len(args) > len(_MHA_ARGS):
+            raise CaptureError(f"{type(module).__name__}.forward got {len(args)} positional arguments")
+        call = {**dict(zip(_MHA_ARGS, args)), **kwargs}
+        x = call.get("query")
+        plain = (x is not None and x.dim() == 3 and call.get("key") is x and call.get("value") is x
+                 and call.get("attn_mask") is None and call.get("key_padding_mask") is None
+                 and not call.get("is_causal", False) and not (module.training and module.dropout > 0))
+        heads = module.num_heads
+        kernel = plain and use_kernel_for(x.unflatten(-1, (heads, -1)))  # dtype and head dim as q will have
+        recompute = plain and (kernel or (MHA_RECOMPUTE_WITHOUT_KERNEL
+                                          and not explicit_is_cheaper(x.shape[0], heads, x.shape[1], kernel)))
+        if not recompute:
+            state["explicit"] = True
+            return (), {**call, "need_weights": True, "average_attn_weights": False}
+        state.update(x=x, kernel=kernel)
+        return None
+
+    def after(_m: nn.Module, _args: tuple, _kwargs: dict, out: Any) -> None:
+        if state.pop("explicit", False):
+            weights = out[1] if isinstance(out, tuple) and len(out) > 1 else None
+            if weights is None:
+                raise CaptureError(f"{type(module).__name__} returned no attention weights with need_weights=True")
+            emit(HeadMaps.of(weights.detach()))
+            return
+        x = state.pop("x", None)
+        if x is None:
+            raise CaptureError(f"{type(module).__name__}: its forward pre-hook did not run in this pass")
+        b, n, dim = x.shape
+        h = module.num_heads
+        d = dim // h
+        with torch.no_grad():
+            bias = module.in_proj_bias[: 2 * dim] if module.in_proj_bias is not None else None
+            qk = torch.nn.functional.linear(x.detach(), module.in_proj_weight[: 2 * dim], bias)
+        q, k = qk.view(b, n, 2, h, d).permute(2, 0, 3, 1, 4).unbind(0)  # (B, H, N, d) each, views
+        emit(recomputed_heads(q, k, d ** -0.5, lambda scores: None, kernel=state.pop("kernel", False)))
+
+    handles = [module.register_forward_pre_hook(before, with_kwargs=True),
+               module.register_forward_hook(after, with_kwargs=True)]
+    return chain_undos([h.remove for h in handles])

@@ -1,5 +1,8 @@
 """``torchvision.models.VisionTransformer`` (``vit_b_16`` and friends).
 
+Attention: ``probe_mha`` reads the per-head weights (``need_weights=True``); reductions (``heads="stream"``) use
+``stream.probe_mha_stream``, which leaves the forward untouched and recomputes the maps from ``q`` and ``k``.
+
 Patch removal: tokens are dropped after ``encoder.dropout`` (the position embedding added); the readout is the
 class token.
 """
@@ -12,11 +15,13 @@ import torch
 from torch import nn
 
 from vitviz.core.families.base import Family, Layout, probe_mha
+from vitviz.core.families.stream import mha_stream_probe_for
 
 
 class TorchvisionFamily(Family):
     name = "torchvision"
     probe = staticmethod(probe_mha)
+    stream_probe = staticmethod(mha_stream_probe_for)  # the fused forward kept, maps recomputed (core/families/stream)
 
     def match(self, model: nn.Module) -> bool:
         return any(
