@@ -115,3 +115,33 @@ def test_unreadable_towers_are_refused():
     resnet = open_clip.create_model("RN50", pretrained=None).visual
     with pytest.raises(NotAViTError, match="ModifiedResNet"):
         vitviz.inspect(resnet)
+
+
+@pytest.mark.parametrize("recompute", [True, False], ids=["recomputed", "weights"])
+def test_stream_capture_equals_the_full_capture(monkeypatch, recompute):
+    """``heads="stream"`` (``stream.probe_mha_stream``, as for torchvision): the same maps as the full capture, the
+    forward as it was; recomputed where the kernels serve the call (forced here on CPU), weights read otherwise."""
+    from vitviz.core.families import stream
+
+    monkeypatch.setattr(stream, "MHA_RECOMPUTE_WITHOUT_KERNEL", recompute)
+    monkeypatch.setattr(stream, "EXPLICIT_BELOW_BYTES", 0)
+    model = open_clip_model()
+    x = torch.randn(2, 3, *model.visual.image_size)
+    with torch.no_grad():
+        plain = model.encode_image(x)
+        with vitviz.capture_attention(model) as cap:
+            model.encode_image(x)
+    got, kinds = {}, []
+
+    def keep(i, hm):
+        kinds.append(hm._head.__qualname__)
+        got[i] = hm.full().float().clone()
+
+    with torch.no_grad(), vitviz.capture_attention(model, on_layer=keep, store=False, heads="stream"):
+        out = model.encode_image(x)
+    assert len(got) == 2 and all(("recomputed_heads" in k) == recompute for k in kinds)
+    for i, want in enumerate(cap.attentions):
+        assert float((got[i] - want).abs().max()) <= 1e-6
+    if recompute:
+        assert torch.equal(out, plain)
+    assert hooks_everywhere(model) == 0 and instance_forwards(model) == 0

@@ -23,6 +23,7 @@ Tolerances, and why:
 
 from __future__ import annotations
 
+import importlib.util
 import os
 import re
 import subprocess
@@ -252,24 +253,31 @@ def test_forced_kernel_on_hugging_face_models(interpret, monkeypatch, name):
     torch.testing.assert_close(got[1], want[1], rtol=1e-5, atol=1e-4)
 
 
-def test_forced_kernel_on_torchvision(interpret, monkeypatch):
-    """torchvision's ``nn.MultiheadAttention`` (``stream.probe_mha_stream``: q and k projected again from the input)
-    through the kernels: the same rollout and distance as the PyTorch stream path."""
+def test_forced_kernel_on_torchvision_and_open_clip(interpret, monkeypatch):
+    """torchvision's and open_clip's ``nn.MultiheadAttention`` (``stream.probe_mha_stream``: q and k projected again
+    from the input) through the kernels: the same rollout and distance as the PyTorch stream path."""
     from torchvision.models.vision_transformer import VisionTransformer
 
     calls = []
     fuse = interpret.fuse_heads_kernel
     monkeypatch.setattr(interpret, "fuse_heads_kernel", lambda *a, **kw: calls.append(1) or fuse(*a, **kw))
     torch.manual_seed(0)
-    model = VisionTransformer(image_size=32, patch_size=8, num_layers=2, num_heads=4, hidden_dim=32, mlp_dim=64).eval()
-    x = torch.randn(2, 3, 32, 32)
-    with kernels.headmap_kernel("off"):
-        want = vitviz.attention_rollout(model, x), vitviz.mean_attention_distance(model, x)
-    with kernels.headmap_kernel("on"):
-        got = vitviz.attention_rollout(model, x), vitviz.mean_attention_distance(model, x)
-    assert len(calls) == 2
-    torch.testing.assert_close(got[0], want[0], rtol=1e-5, atol=1e-6)
-    torch.testing.assert_close(got[1], want[1], rtol=1e-5, atol=1e-4)
+    models = [VisionTransformer(image_size=32, patch_size=8, num_layers=2, num_heads=4, hidden_dim=32,
+                                mlp_dim=64).eval()]
+    if importlib.util.find_spec("open_clip") is not None:  # open_clip's towers: the same nn.MultiheadAttention
+        from hf_models import open_clip_tower
+
+        models.append(open_clip_tower())  # 32x48 input: a 4x6 grid
+    for model in models:
+        calls.clear()
+        x = torch.randn(2, 3, *vitviz.inspect(model).img_size)
+        with kernels.headmap_kernel("off"):
+            want = vitviz.attention_rollout(model, x), vitviz.mean_attention_distance(model, x)
+        with kernels.headmap_kernel("on"):
+            got = vitviz.attention_rollout(model, x), vitviz.mean_attention_distance(model, x)
+        assert len(calls) == 2, type(model).__name__
+        torch.testing.assert_close(got[0], want[0], rtol=1e-5, atol=1e-6)
+        torch.testing.assert_close(got[1], want[1], rtol=1e-5, atol=1e-4)
 
 
 def test_forcing_without_interpreter_on_cpu_is_refused(monkeypatch):

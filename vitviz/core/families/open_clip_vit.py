@@ -8,7 +8,9 @@ Layout, read from the tower: ``conv1`` (the RGB patch projection), ``grid_size``
 of ``ResidualAttentionBlock`` whose ``attn`` is an ``nn.MultiheadAttention``.
 
 Attention is read with ``probe_mha`` (as for torchvision): the module is called with ``need_weights=True`` and
-per-head weights for the duration. For a whole ``CLIP`` model only the vision tower's blocks are captured;
+per-head weights for the duration. Reductions (``heads="stream"``) use ``stream.probe_mha_stream``, also as for
+torchvision: the forward untouched and the maps recomputed from ``q`` and ``k`` where the Triton kernels serve the
+call (CUDA), the weights read otherwise. For a whole ``CLIP`` model only the vision tower's blocks are captured;
 ``model(images)`` runs ``encode_image`` only, so every analysis works on the whole model.
 
 Patch removal (``vitviz.faithfulness``): tokens are dropped at ``patch_dropout`` (the positional embedding added,
@@ -29,6 +31,7 @@ import torch
 from torch import nn
 
 from vitviz.core.families.base import Family, Layout, Undo, probe_mha
+from vitviz.core.families.stream import mha_stream_probe_for
 from vitviz.errors import CaptureError, NotAViTError, UnsupportedModelError
 
 
@@ -45,6 +48,7 @@ def tower(model: nn.Module) -> tuple[nn.Module, str]:
 class OpenCLIPFamily(Family):
     name = "open_clip"
     probe = staticmethod(probe_mha)
+    stream_probe = staticmethod(mha_stream_probe_for)  # as torchvision: recomputed where the kernels serve the call
 
     def match(self, model: nn.Module) -> bool:
         return _is_open_clip(model) and _is_open_clip(tower(model)[0])
