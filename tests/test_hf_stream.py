@@ -50,7 +50,7 @@ def test_stream_maps_equal_eager_output_attentions(name, path, monkeypatch):
     monkeypatch.setattr(stream, "EXPLICIT_BELOW_BYTES", PATHS[path])
     case = hf_case(name)
     model, x = case.model, case.x
-    assert family_of(model).stream_probe(family_of(model).attention_modules(model)[0][1]) is hf_probes.probe_hf_probes
+    assert family_of(model).stream_probe(family_of(model).attention_modules(model)[0][1]) is hf_probes.probe_hf_stream
     with torch.no_grad():
         plain = case.run(model, x)
     kinds: list[str] = []

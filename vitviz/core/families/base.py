@@ -23,7 +23,7 @@ capture with ``heads="stream"``: their ``on_layer`` then receives a ``HeadMaps``
 ``(B, N, N)`` map in turn. A family may give such captures a *stream probe* (``Family.stream_probe``) that leaves
 the model's own fused attention running and recomputes the probabilities head by head from the module's ``q`` and
 ``k`` (``stream.recomputed_heads``; timm's plain ``Attention``: ``timm_probes.probe_timm_stream``; Hugging Face
-attention on SDPA or flash: ``hf_probes.probe_hf_probes``); every other probe's maps are wrapped as they are
+attention on SDPA or flash: ``hf_probes.probe_hf_stream``); every other probe's maps are wrapped as they are
 (``HeadMaps.of``).
 """
 

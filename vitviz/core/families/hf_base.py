@@ -15,7 +15,7 @@ Everything is read from the model and its config, never guessed:
 
 Attention is read with ``hf_probes.probe_hf``: the config's attention implementation is switched to ``eager`` for the
 duration of the capture (SDPA and flash kernels return no weights) and restored afterwards. Reductions
-(``heads="stream"``: rollout, distance, dataset statistics) use ``hf_probes.probe_hf_probes`` instead, which keeps
+(``heads="stream"``: rollout, distance, dataset statistics) use ``hf_probes.probe_hf_stream`` instead, which keeps
 the model's SDPA or flash attention and recomputes the maps from its query and key (on CUDA through the Triton
 head-map kernels).
 

@@ -1,4 +1,4 @@
-"""The probes of the Hugging Face families: eager weights (``probe_hf``), and the stream probe (``probe_hf_probes``:
+"""The probes of the Hugging Face families: eager weights (``probe_hf``), and the stream probe (``probe_hf_stream``:
 SDPA or flash attention kept, the maps recomputed from q and k).
 
 Every Hugging Face vision transformer vitviz reads (ViT, DeiT, BEiT, DINOv2, CLIP, SigLIP, ViTMAE) computes its
@@ -46,7 +46,7 @@ from vitviz.core.families.base import (
 )
 from vitviz.errors import CaptureError, UnsupportedModelError
 
-__all__ = ["NAME", "active", "probe_hf", "probe_hf_probes", "stream_probe_for", "want_weights"]
+__all__ = ["NAME", "active", "probe_hf", "probe_hf_stream", "stream_probe_for", "want_weights"]
 
 NAME = "vitviz_stream"
 _OVERRIDE = "attn_implementation/stream"
@@ -76,7 +76,7 @@ def active(config: Any) -> bool:
 
 
 def stream_probe_for(module: nn.Module) -> Probe | None:
-    """``probe_hf_probes`` for an attention module that calls transformers' attention interface with a fused
+    """``probe_hf_stream`` for an attention module that calls transformers' attention interface with a fused
     implementation (SDPA, flash); None for an eager one (its weights are read as they are) or an unknown layout."""
     config = getattr(module, "config", None)
     impl = getattr(config, "_attn_implementation", None)
@@ -84,7 +84,7 @@ def stream_probe_for(module: nn.Module) -> Probe | None:
         return None
     if impl != NAME and impl not in _interface():
         return None
-    return probe_hf_probes
+    return probe_hf_stream
 
 
 def _switch(config: Any) -> Undo:
@@ -130,7 +130,7 @@ def _register(registry: weakref.WeakKeyDictionary, module: nn.Module, value: Any
     return undo
 
 
-def probe_hf_probes(module: nn.Module, emit: Emit) -> Undo:
+def probe_hf_stream(module: nn.Module, emit: Emit) -> Undo:
     """Hugging Face attention under ``heads="stream"``: emits a ``HeadMaps`` per call (see the module docstring)."""
     config = module.config
     undos = [shared_override(config, _OVERRIDE, lambda: _switch(config))]

@@ -1,9 +1,10 @@
 """Head maps recomputed from ``q`` and ``k`` beside a fused attention kernel: what every stream probe emits.
 
 A stream probe (``Family.stream_probe``: timm's plain ``Attention`` in ``timm_probes``, the Hugging Face attention
-modules in ``hf_probes``, torchvision's ``nn.MultiheadAttention`` here: ``probe_mha_stream``) leaves the model's fused ``scaled_dot_product_attention`` running, so the forward's output
-is the plain forward's, and hands the reductions a ``HeadMaps`` that recomputes each head's
-``softmax(q_h k_h^T * scale + bias)`` from the ``q`` and ``k`` the kernel was given:
+modules in ``hf_probes``, torchvision's and open_clip's ``nn.MultiheadAttention`` here: ``probe_mha_stream``)
+leaves the model's fused attention running, so the forward's output is the plain forward's, and hands the
+reductions a ``HeadMaps`` that recomputes each head's ``softmax(q_h k_h^T * scale + bias)`` from the ``q`` and ``k``
+the kernel was given:
 
 - on CPU (and wherever the kernels are off): in PyTorch, one head at a time into one ``(B, N, N)`` float32 buffer,
   the scores formed in the model's dtype as the explicit (eager) paths form them (the reference);
