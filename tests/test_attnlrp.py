@@ -19,9 +19,7 @@ def tiny_timm(dtype=torch.float64, **kw) -> nn.Module:
     args.update(kw)
     torch.manual_seed(0)
     m = timm.models.vision_transformer.VisionTransformer(**args).to(dtype).eval()
-    with torch.no_grad():  # random, not-small weights everywhere (timm initialises biases and LN at 0 / 1)
-        for p in m.parameters():
-            p.add_(torch.randn_like(p) * 0.3)
+    _jitter(m)
     return m
 
 
@@ -65,6 +63,14 @@ def test_cp_variant_equals_reference():
     rel, _ = attnlrp_tokens(m, x, 2, rules=LRPRules(attention="cp"))
     ref, _ = reference(params_timm(m), tokens_of(m, x), torch.tensor([2, 2]), attention="cp")
     assert (rel - ref).abs().max() < 1e-10 * ref.abs().max()
+
+
+def _jitter(m: nn.Module) -> nn.Module:
+    """Random, not-small weights everywhere (timm and transformers initialise biases and LN at 0 / 1)."""
+    with torch.no_grad():
+        for p in m.parameters():
+            p.add_(torch.randn_like(p) * 0.3)
+    return m
 
 
 def _zero_biases(m: nn.Module) -> None:
@@ -192,9 +198,7 @@ def test_torchvision_equals_reference():
     torch.manual_seed(1)
     m = VisionTransformer(image_size=16, patch_size=8, num_layers=2, num_heads=2, hidden_dim=16, mlp_dim=32,
                           num_classes=5).to(torch.float64).eval()
-    with torch.no_grad():
-        for p in m.parameters():
-            p.add_(torch.randn_like(p) * 0.3)
+    _jitter(m)
     x = torch.randn(2, 3, 16, 16, dtype=torch.float64)
     y0 = m(x)
     with lrp_rules(m):
@@ -211,9 +215,7 @@ def test_hf_vit_equals_reference():
     c = T.ViTConfig(hidden_size=16, num_hidden_layers=2, num_attention_heads=2, intermediate_size=32, image_size=16,
                     patch_size=8, num_labels=5)
     m = T.ViTForImageClassification(c).to(torch.float64).eval()
-    with torch.no_grad():
-        for p in m.parameters():
-            p.add_(torch.randn_like(p) * 0.3)
+    _jitter(m)
     x = torch.randn(2, 3, 16, 16, dtype=torch.float64)
     rel, score = attnlrp_tokens(m, x, [4, 0])
     ref, logit = reference(params_hf(m), tokens_of(m, x), torch.tensor([4, 0]))
@@ -304,9 +306,7 @@ def test_hf_families_conserve_under_cp(kind):
     else:
         m = T.Dinov2WithRegistersModel(T.Dinov2WithRegistersConfig(**common, num_register_tokens=2))
     m = m.double().eval()
-    with torch.no_grad():
-        for p in m.parameters():
-            p.add_(torch.randn_like(p) * 0.3)
+    _jitter(m)
     _zero_biases(m)
     x = torch.randn(2, 3, 16, 16, dtype=torch.float64)
     target = 1 if "dinov2" not in kind else (lambda out: out.pooler_output.sum(-1))
@@ -330,9 +330,7 @@ def test_timm_distilled_and_no_class_token_conserve_under_cp():
                                          num_classes=3),
               tiny_timm(class_token=False, global_pool="avg", no_embed_class=True)):
         m = m.double().eval()
-        with torch.no_grad():
-            for p in m.parameters():
-                p.add_(torch.randn_like(p) * 0.3)
+        _jitter(m)
         _zero_biases(m)
         x = torch.randn(2, 3, 16, 24, dtype=torch.float64)
         rel, score = attnlrp_tokens(m, x, 2, rules=LRPRules(epsilon=0.0, attention="cp"))

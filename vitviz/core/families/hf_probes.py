@@ -51,7 +51,7 @@ __all__ = ["NAME", "active", "probe_hf", "probe_hf_stream", "stream_probe_for", 
 NAME = "vitviz_stream"
 _OVERRIDE = "attn_implementation/stream"
 _listeners: weakref.WeakKeyDictionary[nn.Module, list[Emit]] = weakref.WeakKeyDictionary()
-_weights: weakref.WeakKeyDictionary[nn.Module, int] = weakref.WeakKeyDictionary()
+_weights: weakref.WeakKeyDictionary[nn.Module, list[object]] = weakref.WeakKeyDictionary()
 _original: dict[int, str] = {}  # id(config) -> the implementation it had before the switch
 
 
@@ -101,31 +101,15 @@ def _switch(config: Any) -> Undo:
 
 
 def _register(registry: weakref.WeakKeyDictionary, module: nn.Module, value: Any) -> Undo:
-    if registry is _listeners:
-        registry.setdefault(module, []).append(value)
-    else:
-        registry[module] = registry.get(module, 0) + 1
-    done = False
+    """Add ``value`` to ``module``'s entries in ``registry``; the undo removes that one entry (once)."""
+    registry.setdefault(module, []).append(value)
 
     def undo() -> None:
-        nonlocal done
-        if done:
-            return
-        done = True
-        if registry is _listeners:
-            entries = registry.get(module, [])
-            for i, e in enumerate(entries):
-                if e is value:
-                    del entries[i]
-                    break
-            if not entries:
-                registry.pop(module, None)
+        entries = [e for e in registry.get(module, []) if e is not value]
+        if entries:
+            registry[module] = entries
         else:
-            left = registry.get(module, 1) - 1
-            if left:
-                registry[module] = left
-            else:
-                registry.pop(module, None)
+            registry.pop(module, None)
 
     return undo
 
@@ -166,7 +150,7 @@ def probe_hf(module: nn.Module, emit: Emit) -> Undo:
 def want_weights(module: nn.Module) -> Undo:
     """While the stream implementation serves ``module``'s config, make it return eager weights (for ``probe_hf``,
     a ``heads="full"`` capture opened inside a stream capture)."""
-    return _register(_weights, module, 1)
+    return _register(_weights, module, object())
 
 
 def _attention(module: nn.Module, query: torch.Tensor, key: torch.Tensor, value: torch.Tensor,
@@ -176,7 +160,7 @@ def _attention(module: nn.Module, query: torch.Tensor, key: torch.Tensor, value:
     eager = _eager(module)
     original = _original.get(id(getattr(module, "config", None)), "sdpa")
     listeners = list(_listeners.get(module, ()))
-    weights = _weights.get(module, 0) > 0
+    weights = bool(_weights.get(module))
     if not listeners and not weights:  # a layer this capture does not read
         return functions.get_interface(original, eager)(module, query, key, value, attention_mask, **kwargs)
     b, h, n, _ = query.shape
