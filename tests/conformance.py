@@ -199,12 +199,30 @@ def _state(model: nn.Module) -> list[tuple]:
 
 
 # ---------------------------------------------------------------- the check
+ZERO_INITIALISED = ("relative_position_bias_table", "q_bias", "v_bias")
+
+
+def randomise_zero_biases(model: nn.Module, std: float = 0.5) -> list[str]:
+    """Give random values to the zero-initialised bias parameters (BEiT's relative position bias tables, its
+    ``q_bias`` / ``v_bias``; timm and Hugging Face initialise them to zeros), so that a capture or recomputation that
+    leaves one out is caught. Returns the names changed."""
+    g = torch.Generator().manual_seed(0)
+    changed = []
+    with torch.no_grad():
+        for name, p in model.named_parameters():
+            if name.rsplit(".", 1)[-1] in ZERO_INITIALISED and p.numel() and not p.any():
+                p.copy_(torch.randn(p.shape, generator=g, dtype=torch.float32).to(p.dtype) * std)
+                changed.append(name)
+    return changed
+
+
 def check_model(model: nn.Module, x: torch.Tensor, reference: dict[str, Reference] | Reference | None = None, *,
                 atol: float = 2e-5) -> dict[str, Any]:
     """Assert every invariant on ``model`` for the batch ``x``; returns a summary dict.
 
     Args:
-        model: a ViT in eval mode.
+        model: a ViT in eval mode. Its zero-initialised bias parameters get random values first
+            (``randomise_zero_biases``).
         x: ``(B, 3, H, W)`` input fitting ``vitviz.inspect(model)`` (its grid is ``spec.grid_for_input(x)``).
         reference: a recomputation ``fn(module, args, kwargs) -> (B, H, N, N)`` for every attention module, or a
             dict class name -> fn overriding ``REFERENCES``.
@@ -217,6 +235,7 @@ def check_model(model: nn.Module, x: torch.Tensor, reference: dict[str, Referenc
     spec = vitviz.inspect(model)
     family = family_of(model)
     modules = family.attention_modules(model)
+    randomise_zero_biases(model)
     gh, gw = spec.grid_for_input(x)
     b, n = x.shape[0], spec.num_prefix_tokens + gh * gw
     refs = dict(REFERENCES)
@@ -275,20 +294,20 @@ def _check_stream(model: nn.Module, x: torch.Tensor, maps: list[torch.Tensor], o
     output is the fused path's (bit for bit where a stream probe keeps the fused kernel) and the state comes back."""
     from vitviz.core.families import stream
 
-    default = stream.EXPLICIT_BELOW_BYTES
-    for threshold in (0, 1 << 62):  # timm Attention: every call recomputed, then every call explicit
+    default, reproject = stream.EXPLICIT_BELOW_BYTES, stream.REPROJECT_WITHOUT_KERNEL
+    for threshold in (0, 1 << 62):  # every call recomputed (on CPU too), then every call explicit
         before = _state(model)
         got: dict[int, torch.Tensor] = {}
 
         def keep(i: int, hm: Any, got: dict[int, torch.Tensor] = got) -> None:
             got[i] = torch.stack([m.float().clone() for _, m in hm.heads()], dim=1)
 
-        stream.EXPLICIT_BELOW_BYTES = threshold
+        stream.EXPLICIT_BELOW_BYTES, stream.REPROJECT_WITHOUT_KERNEL = threshold, threshold == 0
         try:
             with torch.no_grad(), vitviz.capture_attention(model, on_layer=keep, store=False, heads="stream"):
                 out = model(x)
         finally:
-            stream.EXPLICIT_BELOW_BYTES = default
+            stream.EXPLICIT_BELOW_BYTES, stream.REPROJECT_WITHOUT_KERNEL = default, reproject
         path = "recomputed" if threshold == 0 else "explicit"
         assert _state(model) == before, f"stream capture ({path}) left a flag, hook or attribute changed"
         torch.testing.assert_close(_tensor(out), _tensor(out_ref), atol=1e-4, rtol=1e-4,

@@ -63,6 +63,59 @@ def tiny_timm_vit(**kwargs):
     return VisionTransformer(**args).eval()
 
 
+EVA_CASES = {
+    "eva02": dict(use_abs_pos_emb=True, use_rot_pos_emb=True, qkv_fused=False, swiglu_mlp=True, scale_mlp=True,
+                  ref_feat_shape=(4, 6)),
+    "rope-half-registers": dict(use_abs_pos_emb=False, use_rot_pos_emb=True, rope_rotate_half=True,
+                                num_reg_tokens=2, ref_feat_shape=(4, 6)),
+    "rope-mixed": dict(use_abs_pos_emb=False, use_rot_pos_emb=True, rope_type="mixed", num_reg_tokens=1),
+    "rope-dinov3": dict(use_abs_pos_emb=False, use_rot_pos_emb=True, rope_type="dinov3", rope_rotate_half=True,
+                        num_reg_tokens=4),
+    "attention-rope": dict(use_rot_pos_emb=True, attn_type="rope", ref_feat_shape=(4, 6)),
+    "grouped-key-heads": dict(use_rot_pos_emb=True, attn_type="rope", num_heads=4, num_kv_heads=2, qkv_fused=False,
+                              ref_feat_shape=(4, 6)),  # timm >= 1.0.28
+    "no-rope": dict(use_rot_pos_emb=False, use_abs_pos_emb=True),
+}
+
+
+def tiny_eva(**kwargs):
+    """A 2-block timm ``Eva`` on a non-square 4x6 grid (32x48 px, 8 px patches); skips what this timm lacks."""
+    from timm.models.eva import Eva
+
+    args = dict(img_size=(32, 48), patch_size=8, embed_dim=32, depth=2, num_heads=2, num_classes=3)
+    args.update(kwargs)
+    torch.manual_seed(0)
+    try:
+        return Eva(**args).eval()
+    except (TypeError, ValueError, KeyError) as err:
+        pytest.skip(f"this timm's Eva does not build {kwargs}: {err}")
+
+
+RELATIVE_CASES = {  # timm's relative-position attention: BEiT ``Attention`` and ``RelPosAttention``
+    "beit": ("beit", dict(use_rel_pos_bias=True, use_abs_pos_emb=False)),
+    "beit-shared-bias": ("beit", dict(use_shared_rel_pos_bias=True, use_abs_pos_emb=True)),
+    "beit-without-qkv-bias": ("beit", dict(use_rel_pos_bias=True, qkv_bias=False)),
+    "relpos-mlp": ("relpos", dict(rel_pos_type="mlp", class_token=True, global_pool="token")),
+    "relpos-table": ("relpos", dict(rel_pos_type="bias", class_token=False, global_pool="avg")),
+    "relpos-shared": ("relpos", dict(rel_pos_type="mlp", shared_rel_pos=True, class_token=False, global_pool="avg")),
+}
+
+
+def tiny_relative(case: str):
+    """A 2-block timm ``Beit`` or ``VisionTransformerRelPos`` (``RELATIVE_CASES``) on a non-square 4x6 grid, its
+    zero-initialised bias tables and ``q_bias`` / ``v_bias`` given random values (``randomise_zero_biases``)."""
+    from conformance import randomise_zero_biases
+    from timm.models.beit import Beit
+    from timm.models.vision_transformer_relpos import VisionTransformerRelPos
+
+    arch, kwargs = RELATIVE_CASES[case]
+    torch.manual_seed(0)
+    cls = Beit if arch == "beit" else VisionTransformerRelPos
+    model = cls(img_size=(32, 48), patch_size=8, embed_dim=32, depth=2, num_heads=2, num_classes=3, **kwargs).eval()
+    randomise_zero_biases(model)
+    return model
+
+
 @pytest.fixture
 def timm_vit():
     return tiny_timm_vit()

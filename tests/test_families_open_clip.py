@@ -123,7 +123,7 @@ def test_stream_capture_equals_the_full_capture(monkeypatch, recompute):
     forward as it was; recomputed where the kernels serve the call (forced here on CPU), weights read otherwise."""
     from vitviz.core.families import stream
 
-    monkeypatch.setattr(stream, "MHA_RECOMPUTE_WITHOUT_KERNEL", recompute)
+    monkeypatch.setattr(stream, "REPROJECT_WITHOUT_KERNEL", recompute)
     monkeypatch.setattr(stream, "EXPLICIT_BELOW_BYTES", 0)
     model = open_clip_model()
     x = torch.randn(2, 3, *model.visual.image_size)

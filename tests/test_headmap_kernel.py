@@ -32,7 +32,7 @@ from pathlib import Path
 
 import pytest
 import torch
-from conftest import tiny_timm_vit
+from conftest import EVA_CASES, RELATIVE_CASES, tiny_eva, tiny_relative, tiny_timm_vit
 
 import vitviz
 from vitviz.core import kernels
@@ -73,7 +73,7 @@ def test_kernels_under_the_interpreter():
                           cwd=root, env=env, capture_output=True, text=True, timeout=600)
     assert proc.returncode == 0, f"interpreter tests failed:\n{proc.stdout[-8000:]}\n{proc.stderr[-2000:]}"
     passed = re.search(r"(\d+) passed", proc.stdout)
-    assert passed and int(passed.group(1)) >= 23, proc.stdout[-3000:]  # every interpreter test ran there
+    assert passed and int(passed.group(1)) >= 30, proc.stdout[-3000:]  # every interpreter test ran there
     assert "runs under Triton's interpreter" not in proc.stdout, proc.stdout[-3000:]
 
 
@@ -179,7 +179,7 @@ def test_lse_from_the_caller_and_out(interpret):
 def test_kernel_heads_equal_the_pytorch_stream_path(interpret, dtype):
     """``HeadMaps.fuse`` / ``distance_sums`` with and without the kernel, on one timm module's q and k."""
     module = tiny_timm_vit(embed_dim=64, num_heads=2).blocks[0].attn
-    vt = timm_probes._timm_attention_module(module)
+    _kind, vt = timm_probes._stream_kind(module)
     q, k = qk(2, 2, 29, 32, dtype)
     torch_path = timm_probes._recomputed_heads(vt, module, q, k, None, False)
     kernel_path = timm_probes._recomputed_heads(vt, module, q, k, None, False, True)
@@ -280,6 +280,28 @@ def test_forced_kernel_on_torchvision_and_open_clip(interpret, monkeypatch):
         torch.testing.assert_close(got[1], want[1], rtol=1e-5, atol=1e-4)
 
 
+@pytest.mark.parametrize("case", ["eva02", "rope-dinov3", "grouped-key-heads", "beit", "beit-shared-bias",
+                                  "relpos-mlp", "relpos-shared"])
+def test_forced_kernel_on_timm_rotary_and_relative_models(interpret, monkeypatch, case):
+    """timm's ``EvaAttention`` and ``AttentionRope`` (``timm_probes.probe_timm_stream``: q and k rotated as the
+    forward rotates them, key heads repeated for grouped-query attention), BEiT's ``Attention`` and
+    ``RelPosAttention`` (their relative position bias as a float mask per head) through the kernels."""
+    calls = []
+    fuse = interpret.fuse_heads_kernel
+    monkeypatch.setattr(interpret, "fuse_heads_kernel", lambda *a, **kw: calls.append(1) or fuse(*a, **kw))
+    model = tiny_eva(**EVA_CASES[case]) if case in EVA_CASES else tiny_relative(case)
+    assert case in EVA_CASES or case in RELATIVE_CASES
+    x = torch.randn(2, 3, 32, 48)
+    with kernels.headmap_kernel("off"):
+        want = vitviz.attention_rollout(model, x), vitviz.mean_attention_distance(model, x)
+    assert not calls
+    with kernels.headmap_kernel("on"):
+        got = vitviz.attention_rollout(model, x), vitviz.mean_attention_distance(model, x)
+    assert len(calls) == 2  # one per layer
+    torch.testing.assert_close(got[0], want[0], rtol=1e-5, atol=1e-6)
+    torch.testing.assert_close(got[1], want[1], rtol=1e-5, atol=1e-4)
+
+
 def test_forcing_without_interpreter_on_cpu_is_refused(monkeypatch):
     monkeypatch.delenv("TRITON_INTERPRET", raising=False)
     with kernels.headmap_kernel("on"), pytest.raises(InputError, match="TRITON_INTERPRET"):
@@ -356,14 +378,24 @@ def test_cuda_rollout_and_distance_memory_and_values():
     assert extra <= (4 + 1) * 8 * n * n * 4 + (1 << 20), f"extra {extra / 2**20:.1f} MiB"
 
 
+def _cuda_model(name: str):
+    if name == "hf-vit":
+        transformers = pytest.importorskip("transformers")
+        config = transformers.ViTConfig(image_size=224, patch_size=16, hidden_size=192, num_hidden_layers=4,
+                                        num_attention_heads=12, intermediate_size=384)
+        return transformers.ViTModel(config, add_pooling_layer=False)
+    import timm
+
+    return timm.create_model(name, pretrained=False, depth=4)
+
+
 @pytest.mark.gpu
-def test_cuda_hugging_face_vit_runs_the_kernels():
-    """A Hugging Face ViT on CUDA (SDPA kept, ``hf_probes``): rollout and distance through the kernels by default,
-    equal to the PyTorch stream path."""
-    transformers = pytest.importorskip("transformers")
-    config = transformers.ViTConfig(image_size=224, patch_size=16, hidden_size=192, num_hidden_layers=4,
-                                    num_attention_heads=12, intermediate_size=384)
-    model = transformers.ViTModel(config, add_pooling_layer=False).cuda().eval()
+@pytest.mark.parametrize("name", ["hf-vit", "eva02_tiny_patch14_224", "beit_base_patch16_224"])
+def test_cuda_families_run_the_kernels(name):
+    """A Hugging Face ViT (SDPA kept, ``hf_probes``), timm's EVA-02 (rotary ``EvaAttention``) and BEiT (relative
+    position bias, q and k projected again) on CUDA: rollout and distance through the kernels by default, equal to
+    the PyTorch stream path."""
+    model = _cuda_model(name).cuda().eval()
     x = torch.randn(8, 3, 224, 224, device="cuda")
     with kernels.headmap_kernel("off"):
         want_r, want_d = vitviz.attention_rollout(model, x), vitviz.mean_attention_distance(model, x)

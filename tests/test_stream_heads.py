@@ -11,7 +11,7 @@ from __future__ import annotations
 
 import pytest
 import torch
-from conftest import tiny_timm_vit
+from conftest import EVA_CASES, RELATIVE_CASES, tiny_eva, tiny_relative, tiny_timm_vit
 
 import vitviz
 from vitviz.analysis.distance import DistanceReducer, patch_distance_matrix
@@ -23,8 +23,10 @@ from vitviz.errors import InputError
 
 @pytest.fixture
 def recompute(monkeypatch):
-    """Every call recomputes (the tiny test models' maps are far below the default threshold)."""
+    """Every call recomputes (the tiny test models' maps are far below the default threshold; BEiT recomputes on
+    CPU only when asked)."""
     monkeypatch.setattr(stream, "EXPLICIT_BELOW_BYTES", 0)
+    monkeypatch.setattr(stream, "REPROJECT_WITHOUT_KERNEL", True)
 
 
 def full_maps(model, x):
@@ -125,12 +127,12 @@ def _explicit(module, x, **kwargs):
     return out[0]
 
 
-def _streamed(module, x, **kwargs):
+def _streamed(module, x, *args, **kwargs):
     out: list[HeadMaps] = []
     undo = timm_probes.probe_timm_stream(module, out.append)
     try:
         with torch.no_grad():
-            y = module(x, **kwargs)
+            y = module(x, *args, **kwargs)
         full = torch.stack([m.clone() for _, m in out[0].heads()], dim=1)
     finally:
         undo()
@@ -170,14 +172,144 @@ def test_reduced_precision_maps_are_float32_softmax_of_the_model_dtype_scores(re
 
 
 def test_other_modules_are_wrapped_as_they_come():
-    from timm.models.eva import Eva
+    from timm.models.cait import Cait
 
-    model = Eva(img_size=32, patch_size=8, embed_dim=32, depth=2, num_heads=2, num_classes=3).eval()
+    model = Cait(img_size=32, patch_size=8, embed_dim=32, depth=2, num_heads=2, num_classes=3).eval()
     x = torch.randn(2, 3, 32, 32)
     kinds: list[str] = []
     got, _ = stream_maps(model, x, kinds)
     assert kinds and not any("recomputed_heads" in k for k in kinds)
     assert max_difference(got, full_maps(model, x)) == 0.0
+
+
+# ---- timm relative-position attention: BEiT Attention and RelPosAttention ---------------------------------------
+
+
+def test_beit_reads_its_explicit_maps_where_no_kernel_serves_the_call(monkeypatch):
+    """BEiT's q and k must be projected once more; on the CPU its explicit path is cheaper (1.02x against 1.23x a
+    plain forward, docs/benchmarks.md), so by default it runs there; relative-position attention, whose q and k
+    the probe reads, still recomputes."""
+    monkeypatch.setattr(stream, "EXPLICIT_BELOW_BYTES", 0)
+    x = torch.randn(2, 3, 32, 48)
+    for case, recomputed in (("beit", False), ("relpos-mlp", True)):
+        model = tiny_relative(case)
+        kinds: list[str] = []
+        got, _ = stream_maps(model, x, kinds)
+        assert len(kinds) == 2 and all(("recomputed_heads" in k) == recomputed for k in kinds), (case, kinds)
+        assert max_difference(got, full_maps(model, x)) < 1e-6
+        assert all(m.fused_attn for m in model.modules() if hasattr(m, "fused_attn"))
+
+
+@pytest.mark.parametrize(("case", "broken"), [("beit", "bias left out"), ("beit-shared-bias", "bias left out"),
+                                              ("relpos-mlp", "bias left out"), ("relpos-shared", "bias left out"),
+                                              ("beit", "q_bias left out")])
+def test_a_broken_relative_recomputation_is_caught(monkeypatch, recompute, case, broken):
+    model = tiny_relative(case)
+    x = torch.randn(2, 3, 32, 48)
+    want = full_maps(model, x)
+    if broken == "bias left out":
+        monkeypatch.setattr(timm_probes, "_relative_bias", lambda kind, module, shared: None)
+    else:
+        original = timm_probes._beit_qk
+
+        def without_q_bias(module, x):
+            q_bias, module.q_bias = module.q_bias, None
+            try:
+                return original(module, x)
+            finally:
+                module.q_bias = q_bias
+
+        monkeypatch.setattr(timm_probes, "_beit_qk", without_q_bias)
+    got, _ = stream_maps(model, x)
+    assert max_difference(got, want) > 1e-3
+
+
+# ---- timm rotary attention: EvaAttention and AttentionRope -------------------------------------------------------
+
+@pytest.mark.parametrize("case", [*EVA_CASES, *RELATIVE_CASES])
+def test_rotary_and_relative_stream_maps_equal_the_explicit_maps_and_the_output_is_the_plain_forward(case,
+                                                                                                    recompute):
+    model = tiny_eva(**EVA_CASES[case]) if case in EVA_CASES else tiny_relative(case)
+    x = torch.randn(3, 3, 32, 48)
+    with torch.no_grad():
+        plain = model(x)
+    kinds: list[str] = []
+    got, out = stream_maps(model, x, kinds)
+    assert len(kinds) == 2 and all("recomputed_heads" in k for k in kinds)
+    assert max_difference(got, full_maps(model, x)) < 1e-6
+    assert torch.equal(out, plain)
+    assert open_probes(model) == 0
+    assert all(not m._forward_hooks and not m._forward_pre_hooks for m in model.modules())
+    assert all(m.fused_attn for m in model.modules() if hasattr(m, "fused_attn"))
+
+
+@pytest.mark.parametrize("broken", ["rope left out", "half rotation flipped", "keys not rotated"])
+def test_a_broken_rotary_recomputation_is_caught(monkeypatch, recompute, broken):
+    """The comparison above fails when the rotation is wrong: skipped, in the other layout, or on q alone."""
+    model = tiny_eva(**EVA_CASES["rope-half-registers"])
+    x = torch.randn(2, 3, 32, 48)
+    want = full_maps(model, x)
+    original = timm_probes._rotated
+
+    calls: list[int] = []
+
+    class Flipped:
+        def __init__(self, module):
+            self.num_prefix_tokens = module.num_prefix_tokens
+            self.rotate_half = not module.rotate_half if broken == "half rotation flipped" else module.rotate_half
+
+    def rotated(vt, module, t, rope, dtype):
+        calls.append(1)
+        if broken == "rope left out" or (broken == "keys not rotated" and len(calls) % 2 == 0):  # q, then k
+            return t.to(dtype)
+        return original(vt, Flipped(module), t, rope, dtype)
+
+    monkeypatch.setattr(timm_probes, "_rotated", rotated)
+    got, _ = stream_maps(model, x)
+    assert max_difference(got, want) > 1e-3
+
+
+@pytest.mark.parametrize("mask", ["bool", "float", "causal"])
+def test_rotary_masks_follow_timms_explicit_path(mask, recompute):
+    from timm.layers import RotaryEmbeddingCat
+    from timm.models.eva import EvaAttention
+
+    torch.manual_seed(0)
+    module = EvaAttention(16, num_heads=2, num_prefix_tokens=1, scale_norm=False).eval()
+    rope = RotaryEmbeddingCat(8, in_pixels=False, feat_shape=[2, 4]).get_embed()  # 8 patches + 1 prefix token
+    x = torch.randn(2, 9, 16)
+    kwargs: dict = {"rope": rope}
+    if mask == "bool":
+        keep = torch.rand(2, 1, 9, 9) > 0.3
+        kwargs["attn_mask"] = keep | torch.eye(9, dtype=torch.bool)
+    elif mask == "float":
+        kwargs["attn_mask"] = torch.randn(9, 9)
+    else:
+        kwargs["is_causal"] = True
+    want = _explicit(module, x, **kwargs)
+    got, _ = _streamed(module, x, **kwargs)
+    torch.testing.assert_close(got, want, atol=1e-6, rtol=1e-5)
+    got_positional, _ = _streamed(module, x, rope, kwargs.get("attn_mask"), kwargs.get("is_causal", False))
+    torch.testing.assert_close(got_positional, want, atol=1e-6, rtol=1e-5)
+
+
+def test_rotary_reduced_precision_maps_are_float32_softmax_of_the_model_dtype_scores(recompute):
+    model = tiny_eva(**EVA_CASES["eva02"]).to(torch.bfloat16)
+    x = torch.randn(2, 3, 32, 48, dtype=torch.bfloat16)
+    got, _ = stream_maps(model, x)
+    want = full_maps(model, x)  # timm's explicit path: bf16 softmax
+    assert all(g.dtype == torch.float32 for g in got)
+    assert max_difference(got, [w.float() for w in want]) < 1e-2  # bf16 rounding of the explicit maps
+
+
+def test_subclasses_of_the_streamed_classes_are_not_streamed():
+    from timm.models.eva import EvaAttention
+
+    class Mine(EvaAttention):
+        pass
+
+    assert timm_probes.stream_probe_for(Mine(16, num_heads=2, scale_norm=False)) is None
+    assert timm_probes.stream_probe_for(EvaAttention(16, num_heads=2, scale_norm=False)) is timm_probes.probe_timm_stream
 
 
 def test_stream_needs_on_layer_and_no_store():
@@ -283,7 +415,7 @@ def tiny_torchvision_vit():
 
 @pytest.mark.parametrize("threshold", [0, 1 << 62], ids=["recomputed", "explicit"])
 def test_torchvision_stream_maps_equal_its_weights_and_the_forward_is_untouched(monkeypatch, threshold):
-    monkeypatch.setattr(stream, "MHA_RECOMPUTE_WITHOUT_KERNEL", True)  # on CPU: recomputed only when asked
+    monkeypatch.setattr(stream, "REPROJECT_WITHOUT_KERNEL", True)  # on CPU: recomputed only when asked
     monkeypatch.setattr(stream, "EXPLICIT_BELOW_BYTES", threshold)
     model = tiny_torchvision_vit()
     x = torch.randn(3, 3, 32, 32)
@@ -300,7 +432,7 @@ def test_torchvision_stream_maps_equal_its_weights_and_the_forward_is_untouched(
 
 def test_torchvision_broken_recomputation_is_caught(monkeypatch):
     """The comparison above fails when the recomputation is wrong (here: q and k swapped, the maps transposed)."""
-    monkeypatch.setattr(stream, "MHA_RECOMPUTE_WITHOUT_KERNEL", True)
+    monkeypatch.setattr(stream, "REPROJECT_WITHOUT_KERNEL", True)
     monkeypatch.setattr(stream, "EXPLICIT_BELOW_BYTES", 0)
     model = tiny_torchvision_vit()
     x = torch.randn(2, 3, 32, 32)

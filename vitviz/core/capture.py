@@ -24,10 +24,12 @@ Two ways to consume the maps:
   layers, which run in order). With ``store=False`` nothing else is kept, so a reduction such as rollout holds one
   layer's maps at a time instead of every layer's.
 - ``on_layer=fn, store=False, heads="stream"``: ``attn`` is a ``HeadMaps`` that hands out one head's ``(B, N, N)``
-  map at a time. For timm's plain ``Attention`` the model then keeps its fused attention kernel (its output is
-  exactly the plain forward's) and each head's probabilities are recomputed from the module's ``q`` and ``k`` into
-  one reused buffer, so no ``(B, H, N, N)`` tensor is made (layers whose maps would take under 8 MiB run the
-  explicit path instead, which is faster there); other modules' maps are wrapped as they come.
+  map at a time. For timm's plain, rotary, relative-position and BEiT attention, the Hugging Face
+  families on SDPA and (on CUDA) torchvision's and open_clip's ``nn.MultiheadAttention`` (``Family.stream_probe``)
+  the model then keeps its fused attention kernel (its output is exactly the plain forward's) and each head's
+  probabilities are recomputed from the module's ``q`` and ``k`` into one reused buffer, so no ``(B, H, N, N)``
+  tensor is made (layers whose maps would take under 8 MiB run the explicit path instead, which is faster there);
+  other modules' maps are wrapped as they come.
   Rollout, mean attention distance and the dataset statistics read attention this way.
 
 Example::

@@ -18,13 +18,13 @@ Probes (all emit ``(B, H, N, N)`` post-softmax probabilities):
 - ``hf_probes.probe_hf``: Hugging Face attention modules; the config is switched to the eager implementation for
   the duration (SDPA and flash kernels return no weights) and the module's returned weights are read.
 
-Reductions that only need one head at a time (rollout, mean attention distance, dataset statistics) open the
-capture with ``heads="stream"``: their ``on_layer`` then receives a ``HeadMaps``, which hands out each head's
-``(B, N, N)`` map in turn. A family may give such captures a *stream probe* (``Family.stream_probe``) that leaves
-the model's own fused attention running and recomputes the probabilities head by head from the module's ``q`` and
-``k`` (``stream.recomputed_heads``; timm's plain ``Attention``: ``timm_probes.probe_timm_stream``; Hugging Face
-attention on SDPA or flash: ``hf_probes.probe_hf_stream``); every other probe's maps are wrapped as they are
-(``HeadMaps.of``).
+Reductions that only need one head at a time (rollout, mean attention distance, dataset statistics) open the capture
+with ``heads="stream"``: their ``on_layer`` then receives a ``HeadMaps``, which hands out each head's ``(B, N, N)``
+map in turn. A family may give such captures a *stream probe* (``Family.stream_probe``) that leaves the model's own
+fused attention running and recomputes the probabilities head by head from the module's ``q`` and ``k``
+(``stream.recomputed_heads``; timm's ``Attention``, ``EvaAttention``, ``AttentionRope``, ``RelPosAttention`` and
+BEiT ``Attention``: ``timm_probes.probe_timm_stream``; Hugging Face attention on SDPA or flash:
+``hf_probes.probe_hf_stream``); every other probe's maps are wrapped as they are (``HeadMaps.of``).
 """
 
 from __future__ import annotations

@@ -1,10 +1,10 @@
 """Head maps recomputed from ``q`` and ``k`` beside a fused attention kernel: what every stream probe emits.
 
-A stream probe (``Family.stream_probe``: timm's plain ``Attention`` in ``timm_probes``, the Hugging Face attention
-modules in ``hf_probes``, torchvision's and open_clip's ``nn.MultiheadAttention`` here: ``probe_mha_stream``)
-leaves the model's fused attention running, so the forward's output is the plain forward's, and hands the
-reductions a ``HeadMaps`` that recomputes each head's ``softmax(q_h k_h^T * scale + bias)`` from the ``q`` and ``k``
-the kernel was given:
+A stream probe (``Family.stream_probe``: timm's plain, rotary, relative-position and BEiT attention in
+``timm_probes``, the Hugging Face attention modules in ``hf_probes``, torchvision's and open_clip's
+``nn.MultiheadAttention`` here: ``probe_mha_stream``) leaves the model's fused attention running, so the forward's
+output is the plain forward's, and hands the reductions a ``HeadMaps`` that recomputes each head's
+``softmax(q_h k_h^T * scale + bias)`` from the ``q`` and ``k`` the kernel was given:
 
 - on CPU (and wherever the kernels are off): in PyTorch, one head at a time into one ``(B, N, N)`` float32 buffer,
   the scores formed in the model's dtype as the explicit (eager) paths form them (the reference);
@@ -120,12 +120,16 @@ def recomputed_heads(q: torch.Tensor, k: torch.Tensor, scale: float,
     return HeadMaps((b, h, n, n), torch.float32, q.device, head, fuse=fuse, distance_sums=distance_sums)
 
 
+# Probes that must project q and k again from the layer's input (nn.MultiheadAttention below, timm's BEiT attention in
+# timm_probes: no submodule sees their q and k): without the kernels (CPU), reading the explicit path's weights costs
+# less than the projection and recomputation. Measured on the 2-core CPU, one thread, 224 px, batch 8
+# (bench/attention.py): torchvision vit_b_16, rollout recomputed 1.26x a plain forward against 1.02x for the explicit
+# path; timm beit_base_patch16_224, 1.23x against 1.02x (process CPU time). So they recompute only where the kernels
+# serve the call, unless this is set (tests set it to check the recomputation on CPU).
+REPROJECT_WITHOUT_KERNEL = False
+
+
 # ---------------------------------------------------------------------------------------- nn.MultiheadAttention
-# Without the kernels (CPU), reading the weights (need_weights=True) costs less than recomputing them: measured on
-# the 2-core CPU, torchvision vit_b_16 at 224 px, batch 8, one thread (bench/attention.py --model tv:vit_b_16):
-# rollout 1.26x a plain forward recomputed against 1.02x for the explicit path. So the recomputation runs only where
-# the kernels serve the call, unless this is set (tests set it to check the recomputation on CPU).
-MHA_RECOMPUTE_WITHOUT_KERNEL = False
 
 _MHA_ARGS = ("query", "key", "value", "key_padding_mask", "need_weights", "attn_mask", "average_attn_weights",
              "is_causal")
@@ -148,7 +152,7 @@ def probe_mha_stream(module: nn.Module, emit: Emit) -> Undo:
     module's ``in_proj_weight`` and ``in_proj_bias`` (``F.multi_head_attention_forward``'s first step: two of its
     three projections once more, the cost of the maps without the ``(B, H, N, N)``).
 
-    A call the kernels do not serve (CPU; see ``MHA_RECOMPUTE_WITHOUT_KERNEL``), with masks, or with distinct
+    A call the kernels do not serve (CPU; see ``REPROJECT_WITHOUT_KERNEL``), with masks, or with distinct
     query/key/value tensors runs with ``need_weights=True, average_attn_weights=False`` instead, for that call only,
     and its per-head weights are handed on (what ``probe_mha`` reads).
     """
@@ -165,7 +169,7 @@ def probe_mha_stream(module: nn.Module, emit: Emit) -> Undo:
                  and not call.get("is_causal", False) and not (module.training and module.dropout > 0))
         heads = module.num_heads
         kernel = plain and use_kernel_for(x.unflatten(-1, (heads, -1)))  # dtype and head dim as q will have
-        recompute = plain and (kernel or (MHA_RECOMPUTE_WITHOUT_KERNEL
+        recompute = plain and (kernel or (REPROJECT_WITHOUT_KERNEL
                                           and not explicit_is_cheaper(x.shape[0], heads, x.shape[1], kernel)))
         if not recompute:
             state["explicit"] = True

@@ -18,10 +18,16 @@ the values of that layer, and a *map kind* (``ViTSpec.attention_maps``) says wha
   per-head ``sub_norm`` (an RMSNorm of the head's output, which timm then scales by ``1 - lambda_init``). Signed;
   rows sum to ``1 - lambda``.
 
-``probe_timm_stream`` serves ``capture_attention(heads="stream")`` on timm's plain ``Attention``: the module keeps
+``probe_timm_stream`` serves ``capture_attention(heads="stream")`` on timm's plain ``Attention``, on the rotary
+``EvaAttention`` and ``AttentionRope`` (EVA, EVA-02, DINOv3, PE, ``vit_*_rope_*``) and on the relative-position
+``RelPosAttention`` (``vit_relpos_*``, ``vit_srelpos_*``) and BEiT ``Attention`` (BEiT, BEiT v2): the module keeps
 its fused ``scaled_dot_product_attention`` (the forward's output is bit-for-bit the plain forward's), and each
 head's ``softmax(q_h k_h^T * scale + bias)`` is recomputed (``stream.recomputed_heads``) from the ``q`` and ``k``
-that ``q_norm`` and ``k_norm`` return, with the mask built by timm's own ``resolve_self_attn_mask``. A call whose
+the kernel was given: those ``q_norm`` and ``k_norm`` return (BEiT: its ``qkv`` weight and ``q_bias`` / ``k_bias``
+applied once more to the block's tokens), rotated past the prefix tokens by the defining module's own
+``apply_rot_embed_cat`` with the ``rope`` the call received (rotary classes), key heads repeated for grouped-query
+attention; the bias is the mask built by timm's own ``resolve_self_attn_mask``, or the relative position bias the
+fused path passes as ``attn_mask`` (``rel_pos.get_bias()``, ``_get_rel_pos_bias()``, the shared bias). A call whose
 ``(B, H, N, N)`` maps are small (under ``stream.EXPLICIT_BELOW_BYTES``, 8 MiB) and that the kernels do not serve
 runs timm's explicit path instead, for that call only, and hands on its maps (in the model's dtype). On CUDA the
 ``HeadMaps``' ``fuse`` and ``distance_sums`` run the Triton kernels of ``vitviz.core.kernels.headmaps``.
@@ -29,6 +35,7 @@ runs timm's explicit path instead, for that call only, and hands on its maps (in
 
 from __future__ import annotations
 
+import inspect
 import sys
 from typing import Any
 
@@ -109,30 +116,66 @@ def probe_timm(module: nn.Module, emit: Emit) -> Undo:
     return probe_attn_drop(module, emit)
 
 
-def _timm_attention_module(module: nn.Module) -> Any | None:
-    """The Python module that defines ``type(module)`` when ``module`` is exactly timm's plain ``Attention`` (the
-    class ``timm.models.vision_transformer`` uses; not a subclass, which may compute attention differently) and the
-    mask helpers its explicit path calls live there (``timm.layers.attention`` in timm 1.0.26 to 1.0.31); else
+# The timm attention classes the stream probe serves: (defining Python module, class name) -> how it forms q, k and
+# the bias (timm 1.0.26 to 1.0.31). Every one calls ``scaled_dot_product_attention`` when ``fused_attn`` is on, else
+# an explicit path whose softmax passes ``attn_drop``.
+# - "mask": q, k from ``q_norm`` / ``k_norm``; the mask built by ``resolve_self_attn_mask``;
+# - "rotary": the same, then ``apply_rot_embed_cat`` past the ``num_prefix_tokens`` prefix when ``rope`` is given
+#   (and, for ``AttentionRope`` with grouped key heads, the key heads repeated);
+# - "relpos": q, k from ``q_norm`` / ``k_norm``; the bias ``rel_pos.get_bias()``, else the block's shared bias;
+# - "beit": q, k from the ``qkv`` weight and the ``q_bias`` / ``k_bias`` (no submodule sees them: the forward calls
+#   ``F.linear`` itself); the bias ``_get_rel_pos_bias()`` plus the model's shared bias, or either alone.
+_STREAMED = {
+    ("timm.models.vision_transformer", "Attention"): "mask",  # re-exported from timm.layers.attention
+    ("timm.models.eva", "EvaAttention"): "rotary",  # EVA-02, rotary ViTs (vit_*_rope_*), DINOv3, PE
+    ("timm.layers.attention", "AttentionRope"): "rotary",  # Eva's attn_type="rope" (grouped key heads in newer timm)
+    ("timm.models.vision_transformer_relpos", "RelPosAttention"): "relpos",  # vit_relpos_*, vit_srelpos_*
+    ("timm.models.beit", "Attention"): "beit",  # BEiT, BEiT v2
+}
+_HELPERS = {"mask": ("resolve_self_attn_mask", "maybe_add_mask"),
+            "rotary": ("resolve_self_attn_mask", "maybe_add_mask", "apply_rot_embed_cat"), "relpos": (), "beit": ()}
+
+
+def _stream_kind(module: nn.Module) -> tuple[str, Any] | None:
+    """``(kind, defining Python module)`` when ``module`` is exactly one of the ``_STREAMED`` classes (not a
+    subclass, which may compute attention differently) with what its forward uses where the probe reads it; else
     None."""
-    vision_transformer = sys.modules.get("timm.models.vision_transformer")
-    if vision_transformer is None or type(module) is not getattr(vision_transformer, "Attention", None):
+    kind = None
+    for (owner, name), how in _STREAMED.items():
+        defining = sys.modules.get(owner)
+        if defining is not None and type(module) is getattr(defining, name, None):
+            kind = how
+            break
+    if kind is None:
         return None
     vt = sys.modules.get(type(module).__module__)
-    if vt is None or not all(callable(getattr(vt, f, None)) for f in ("resolve_self_attn_mask", "maybe_add_mask")):
+    if vt is None or not all(callable(getattr(vt, f, None)) for f in _HELPERS[kind]):
         return None
-    q_norm, k_norm = getattr(module, "q_norm", None), getattr(module, "k_norm", None)
-    if not isinstance(q_norm, nn.Module) or not isinstance(k_norm, nn.Module) or q_norm is k_norm:
+    if kind == "rotary" and not isinstance(getattr(module, "num_prefix_tokens", None), int):
         return None
-    if not isinstance(getattr(module, "attn_drop", None), nn.Module):
+    if kind == "beit":
+        if not isinstance(getattr(module, "qkv", None), nn.Linear) or not callable(getattr(module, "_get_rel_pos_bias",
+                                                                                           None)):
+            return None
+        if not all(hasattr(module, a) for a in ("q_bias", "k_bias", "relative_position_bias_table")):
+            return None
+    else:
+        q_norm, k_norm = getattr(module, "q_norm", None), getattr(module, "k_norm", None)
+        if not isinstance(q_norm, nn.Module) or not isinstance(k_norm, nn.Module) or q_norm is k_norm:
+            return None
+    if kind == "relpos" and not (module.rel_pos is None or callable(getattr(module.rel_pos, "get_bias", None))):
+        return None
+    if not isinstance(getattr(module, "attn_drop", None), nn.Module) or not hasattr(module, "fused_attn"):
         return None
     if not isinstance(getattr(module, "scale", None), float) or not isinstance(getattr(module, "num_heads", None), int):
         return None
-    return vt
+    return kind, vt
 
 
 def stream_probe_for(module: nn.Module) -> Probe | None:
-    """``probe_timm_stream`` for timm's plain ``Attention``; None for every other module."""
-    return probe_timm_stream if _timm_attention_module(module) is not None else None
+    """``probe_timm_stream`` for the ``_STREAMED`` classes (timm's plain ``Attention``, ``EvaAttention``,
+    ``AttentionRope``, ``RelPosAttention`` and BEiT's ``Attention``); None for every other module."""
+    return probe_timm_stream if _stream_kind(module) is not None else None
 
 
 def _recomputed_heads(vt: Any, module: nn.Module, q: torch.Tensor, k: torch.Tensor, attn_mask: Any,
@@ -143,15 +186,53 @@ def _recomputed_heads(vt: Any, module: nn.Module, q: torch.Tensor, k: torch.Tens
         n, scores, attn_mask, is_causal), kernel=kernel, attn_mask=attn_mask, is_causal=is_causal)
 
 
-def probe_timm_stream(module: nn.Module, emit: Emit) -> Undo:
-    """timm ``Attention`` under ``heads="stream"``: fused attention left on, ``HeadMaps`` recomputed from q, k.
+def _rotated(vt: Any, module: nn.Module, t: torch.Tensor, rope: torch.Tensor, dtype: torch.dtype) -> torch.Tensor:
+    """``t`` as the rotary classes' forward hands it to the kernel: ``apply_rot_embed_cat`` (the defining module's
+    own) past the ``num_prefix_tokens`` prefix, cast back to the projections' dtype (their ``type_as(v)``)."""
+    npt = module.num_prefix_tokens
+    half = getattr(module, "rotate_half", False)
+    return torch.cat([t[:, :, :npt, :], vt.apply_rot_embed_cat(t[:, :, npt:, :], rope, half=half)], dim=2).to(dtype)
 
-    For a call whose maps would take fewer than ``EXPLICIT_BELOW_BYTES``, the module runs its explicit path
-    instead (``fused_attn`` off for that call only) and the softmax output read at ``attn_drop`` is handed on.
+
+def _beit_qk(module: nn.Module, x: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
+    """BEiT's q and k ``(B, H, N, d)``: the first two thirds of its ``qkv`` projection, with the bias its forward
+    adds (``cat(q_bias, k_bias)``, or ``qkv.bias``), computed once more from the block's normalised tokens."""
+    b, n, _ = x.shape
+    rows = 2 * module.qkv.out_features // 3
+    if module.q_bias is not None:
+        bias = torch.cat((module.q_bias, module.k_bias))
+    else:
+        bias = module.qkv.bias[:rows] if module.qkv.bias is not None else None
+    qk = torch.nn.functional.linear(x, module.qkv.weight[:rows], bias)
+    return qk.view(b, n, 2, module.num_heads, -1).permute(2, 0, 3, 1, 4).unbind(0)
+
+
+def _relative_bias(kind: str, module: nn.Module, shared: torch.Tensor | None) -> torch.Tensor | None:
+    """The float bias the fused path passes as ``attn_mask`` (``relpos`` and ``beit`` kinds)."""
+    if kind == "relpos":
+        return module.rel_pos.get_bias() if module.rel_pos is not None else shared
+    if module.relative_position_bias_table is None:
+        return shared
+    own = module._get_rel_pos_bias()
+    return own if shared is None else own + shared
+
+
+def probe_timm_stream(module: nn.Module, emit: Emit) -> Undo:
+    """A ``_STREAMED`` timm attention module under ``heads="stream"``: fused attention left on, ``HeadMaps``
+    recomputed from q, k (rotated as the forward rotates them, key heads repeated for grouped-query attention as the
+    forward repeats them) with the mask or relative position bias the fused kernel was given.
+
+    For a call whose maps would take fewer than ``EXPLICIT_BELOW_BYTES``, and (BEiT, which projects q and k again;
+    see ``stream.REPROJECT_WITHOUT_KERNEL``) for every call the kernels do not serve, the module runs its explicit
+    path instead (``fused_attn`` off for that call only) and the softmax output read at ``attn_drop`` is handed on.
     """
-    vt = _timm_attention_module(module)
-    if vt is None:
-        raise UnsupportedModelError(f"{type(module).__name__} is not timm's plain Attention; it has no stream probe")
+    found = _stream_kind(module)
+    if found is None:
+        raise UnsupportedModelError(f"{type(module).__name__} is not one of the timm attention classes with a stream "
+                                    "probe (Attention, EvaAttention, AttentionRope, RelPosAttention, BEiT Attention)")
+    kind, vt = found
+    signature = inspect.signature(module.forward)  # Attention: (x, attn_mask, is_causal); rotary: (x, rope, ...)
+    first = next(iter(signature.parameters))  # the tokens
     state: dict[str, Any] = {}
 
     def restore() -> None:
@@ -162,17 +243,22 @@ def probe_timm_stream(module: nn.Module, emit: Emit) -> Undo:
     def before(_m: nn.Module, args: tuple, kwargs: dict) -> None:
         restore()
         state.clear()
-        x = args[0] if args else kwargs.get("x")
+        try:
+            call = signature.bind(*args, **kwargs).arguments
+        except TypeError as err:
+            raise CaptureError(f"{type(module).__name__}.forward: {err}") from err
+        x = call[first]
         b, n = int(x.shape[0]), int(x.shape[1])
-        state["kernel"] = kernels.use_kernel(x.device)  # the kernels beat materialising, small maps too
-        state["explicit"] = stream.explicit_is_cheaper(b, module.num_heads, n, state["kernel"])
+        state["kernel"] = kernel = kernels.use_kernel(x.device)  # the kernels beat materialising, small maps too
+        reproject = kind == "beit" and not kernel and not stream.REPROJECT_WITHOUT_KERNEL  # see the flag
+        state["explicit"] = reproject or stream.explicit_is_cheaper(b, module.num_heads, n, kernel)
         if state["explicit"] and getattr(module, "fused_attn", False):
             state["restore"] = set_attr(module, "fused_attn", False)
-        state["mask"] = kwargs.get("attn_mask", args[1] if len(args) > 1 else None)
-        state["causal"] = bool(kwargs.get("is_causal", args[2] if len(args) > 2 else False))
+        state.update(x=x, mask=call.get("attn_mask"), causal=bool(call.get("is_causal", False)), rope=call.get("rope"),
+                     shared=call.get("shared_rel_pos", call.get("shared_rel_pos_bias")))
 
-    def on_q(_m: nn.Module, _inputs: Any, out: torch.Tensor) -> None:
-        state["q"] = out
+    def on_q(_m: nn.Module, inputs: Any, out: torch.Tensor) -> None:
+        state["q"], state["dtype"] = out, inputs[0].dtype  # the projections' dtype: v's, which rotary q/k take
 
     def on_k(_m: nn.Module, _inputs: Any, out: torch.Tensor) -> None:
         state["k"] = out
@@ -183,21 +269,41 @@ def probe_timm_stream(module: nn.Module, emit: Emit) -> Undo:
 
     def after(_m: nn.Module, _inputs: Any, _out: Any) -> None:
         restore()
-        q, k, maps = state.pop("q", None), state.pop("k", None), state.pop("maps", None)
-        mask, causal = state.pop("mask", None), state.pop("causal", False)
-        if state.pop("explicit", False):
-            if maps is None:
+        call = {key: state.pop(key, None) for key in ("x", "q", "k", "maps", "mask", "causal", "rope", "shared",
+                                                      "dtype", "kernel", "explicit")}
+        if call["explicit"]:
+            if call["maps"] is None:
                 raise CaptureError(f"{type(module).__name__}: attn_drop did not run in this forward pass, so "
                                    "vitviz cannot read its attention")
-            emit(HeadMaps.of(maps))
+            emit(HeadMaps.of(call["maps"]))
             return
-        if q is None or k is None:
-            raise CaptureError(f"{type(module).__name__}: q_norm / k_norm did not run in this forward pass, so "
-                               "vitviz cannot recompute its attention")
-        kernel = state.pop("kernel", False) and stream.use_kernel_for(q)  # float64: the PyTorch path
-        emit(_recomputed_heads(vt, module, q.detach(), k.detach(), mask, causal, kernel))
+        with torch.no_grad():
+            if kind == "beit":
+                if call["x"] is None:
+                    raise CaptureError(f"{type(module).__name__}: its forward pre-hook did not run in this pass")
+                q, k = _beit_qk(module, call["x"].detach())
+            else:
+                q, k = call["q"], call["k"]
+                if q is None or k is None:
+                    raise CaptureError(f"{type(module).__name__}: q_norm / k_norm did not run in this forward pass, "
+                                       "so vitviz cannot recompute its attention")
+                q, k = q.detach(), k.detach()
+            if call["rope"] is not None:
+                q, k = (_rotated(vt, module, t, call["rope"], call["dtype"]) for t in (q, k))
+            groups = getattr(module, "num_kv_groups", 1)
+            if groups > 1:
+                k = k.repeat_interleave(groups, dim=1)  # as the forward: head h reads key head h // groups
+            bias = _relative_bias(kind, module, call["shared"]) if kind in ("relpos", "beit") else None
+        kernel = bool(call["kernel"]) and stream.use_kernel_for(q)  # float64: the PyTorch path
+        if kind in ("relpos", "beit"):
+            bias = bias.detach() if bias is not None else None
+            emit(stream.recomputed_heads(q, k, module.scale, lambda _scores: bias, kernel=kernel, attn_mask=bias))
+        else:
+            emit(_recomputed_heads(vt, module, q, k, call["mask"], bool(call["causal"]), kernel))
 
-    handles = [module.register_forward_pre_hook(before, with_kwargs=True),
-               module.q_norm.register_forward_hook(on_q), module.k_norm.register_forward_hook(on_k),
-               module.attn_drop.register_forward_hook(on_drop), module.register_forward_hook(after)]
+    hooks = [(module, before, True), (module.attn_drop, on_drop, False), (module, after, False)]
+    if kind != "beit":
+        hooks[1:1] = [(module.q_norm, on_q, False), (module.k_norm, on_k, False)]
+    handles = [m.register_forward_pre_hook(fn, with_kwargs=True) if pre else m.register_forward_hook(fn)
+               for m, fn, pre in hooks]
     return chain_undos([restore, *(hd.remove for hd in handles)])
