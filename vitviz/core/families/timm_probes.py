@@ -163,6 +163,8 @@ def _stream_kind(module: nn.Module) -> tuple[str, Any] | None:
         q_norm, k_norm = getattr(module, "q_norm", None), getattr(module, "k_norm", None)
         if not isinstance(q_norm, nn.Module) or not isinstance(k_norm, nn.Module) or q_norm is k_norm:
             return None
+    if kind == "relpos" and not hasattr(module, "rel_pos"):
+        return None
     if kind == "relpos" and not (module.rel_pos is None or callable(getattr(module.rel_pos, "get_bias", None))):
         return None
     if not isinstance(getattr(module, "attn_drop", None), nn.Module) or not hasattr(module, "fused_attn"):
