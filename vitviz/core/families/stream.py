@@ -30,8 +30,8 @@ from vitviz.core import kernels
 from vitviz.core.families.base import Emit, HeadMaps, Probe, Undo, chain_undos
 from vitviz.errors import CaptureError
 
-__all__ = ["EXPLICIT_BELOW_BYTES", "explicit_is_cheaper", "mha_stream_probe_for", "probe_mha_stream",
-           "recomputed_heads", "sdpa_bias", "use_kernel_for"]
+__all__ = ["EXPLICIT_BELOW_BYTES", "REPROJECT_WITHOUT_KERNEL", "explicit_is_cheaper", "mha_stream_probe_for",
+           "probe_mha_stream", "recomputed_heads", "reprojected_qk", "sdpa_bias", "use_kernel_for"]
 
 EXPLICIT_BELOW_BYTES = 8 << 20
 
@@ -120,6 +120,18 @@ def recomputed_heads(q: torch.Tensor, k: torch.Tensor, scale: float,
     return HeadMaps((b, h, n, n), torch.float32, q.device, head, fuse=fuse, distance_sums=distance_sums)
 
 
+def reprojected_qk(x: torch.Tensor, weight: torch.Tensor, bias: torch.Tensor | None,
+                   heads: int) -> tuple[torch.Tensor, torch.Tensor]:
+    """``q`` and ``k`` ``(B, H, N, d)`` projected once more from the layer's input ``x`` ``(B, N, D)`` with the
+    first two thirds of a packed ``[q; k; v]`` projection (``weight`` ``(3 H d, D)``, ``bias`` of at least ``2 H d``
+    or None): for modules whose q and k no submodule sees (``nn.MultiheadAttention``, timm's BEiT)."""
+    b, n, _ = x.shape
+    rows = 2 * weight.shape[0] // 3
+    with torch.no_grad():
+        qk = torch.nn.functional.linear(x.detach(), weight[:rows], None if bias is None else bias[:rows])
+    return qk.view(b, n, 2, heads, -1).permute(2, 0, 3, 1, 4).unbind(0)  # views
+
+
 # Probes that must project q and k again from the layer's input (nn.MultiheadAttention below, timm's BEiT attention in
 # timm_probes: no submodule sees their q and k): without the kernels (CPU), reading the explicit path's weights costs
 # less than the projection and recomputation. Measured on the 2-core CPU, one thread, 224 px, batch 8
@@ -187,14 +199,8 @@ def probe_mha_stream(module: nn.Module, emit: Emit) -> Undo:
         x = state.pop("x", None)
         if x is None:
             raise CaptureError(f"{type(module).__name__}: its forward pre-hook did not run in this pass")
-        b, n, dim = x.shape
-        h = module.num_heads
-        d = dim // h
-        with torch.no_grad():
-            bias = module.in_proj_bias[: 2 * dim] if module.in_proj_bias is not None else None
-            qk = torch.nn.functional.linear(x.detach(), module.in_proj_weight[: 2 * dim], bias)
-        q, k = qk.view(b, n, 2, h, d).permute(2, 0, 3, 1, 4).unbind(0)  # (B, H, N, d) each, views
-        emit(recomputed_heads(q, k, d ** -0.5, lambda scores: None, kernel=state.pop("kernel", False)))
+        q, k = reprojected_qk(x, module.in_proj_weight, module.in_proj_bias, module.num_heads)
+        emit(recomputed_heads(q, k, q.shape[-1] ** -0.5, lambda scores: None, kernel=state.pop("kernel", False)))
 
     handles = [module.register_forward_pre_hook(before, with_kwargs=True),
                module.register_forward_hook(after, with_kwargs=True)]

@@ -199,14 +199,8 @@ def _rotated(vt: Any, module: nn.Module, t: torch.Tensor, rope: torch.Tensor, dt
 def _beit_qk(module: nn.Module, x: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
     """BEiT's q and k ``(B, H, N, d)``: the first two thirds of its ``qkv`` projection, with the bias its forward
     adds (``cat(q_bias, k_bias)``, or ``qkv.bias``), computed once more from the block's normalised tokens."""
-    b, n, _ = x.shape
-    rows = 2 * module.qkv.out_features // 3
-    if module.q_bias is not None:
-        bias = torch.cat((module.q_bias, module.k_bias))
-    else:
-        bias = module.qkv.bias[:rows] if module.qkv.bias is not None else None
-    qk = torch.nn.functional.linear(x, module.qkv.weight[:rows], bias)
-    return qk.view(b, n, 2, module.num_heads, -1).permute(2, 0, 3, 1, 4).unbind(0)
+    bias = torch.cat((module.q_bias, module.k_bias)) if module.q_bias is not None else module.qkv.bias
+    return stream.reprojected_qk(x, module.qkv.weight, bias, module.num_heads)
 
 
 def _relative_bias(kind: str, module: nn.Module, shared: torch.Tensor | None) -> torch.Tensor | None:
@@ -283,7 +277,7 @@ def probe_timm_stream(module: nn.Module, emit: Emit) -> Undo:
             if kind == "beit":
                 if call["x"] is None:
                     raise CaptureError(f"{type(module).__name__}: its forward pre-hook did not run in this pass")
-                q, k = _beit_qk(module, call["x"].detach())
+                q, k = _beit_qk(module, call["x"])
             else:
                 q, k = call["q"], call["k"]
                 if q is None or k is None:
