@@ -42,7 +42,7 @@ def main() -> int:
     ap.add_argument("--device", default="cuda", help="cuda; or cpu under TRITON_INTERPRET=1 (a rehearsal: its times "
                     "are the interpreter's and mean nothing)")
     ap.add_argument("--dtypes", nargs="+", default=["bf16", "fp32"], choices=["bf16", "fp16", "fp32"])
-    ap.add_argument("--blocks", nargs="+", default=["default", "64,64,4,3", "128,64,8,3", "64,32,4,2"])
+    ap.add_argument("--blocks", nargs="+", default=["default", "64,64,4,3", "64,32,8,2", "32,32,8,2", "128,64,8,3"])
     ap.add_argument("--json", default=None)
     args = ap.parse_args()
 

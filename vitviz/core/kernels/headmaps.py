@@ -183,19 +183,41 @@ def _kernels() -> tuple:
     return _BUILT[mode]
 
 
-def _blocks(n: int, d: int) -> tuple[int, int, int, int]:
-    """``(BLOCK_M, BLOCK_N, num_warps, num_stages)``: ``VITVIZ_HEADMAP_BLOCKS="64,64,4,3"`` overrides."""
+def _blocks(d: int, dtype: torch.dtype) -> tuple[int, int, int, int]:
+    """``(BLOCK_M, BLOCK_N, num_warps, num_stages)`` for head dim ``d`` and ``q``'s dtype; ``VITVIZ_HEADMAP_BLOCKS=
+    "64,64,8,3"`` overrides (``bench/headmap_kernel.py --blocks`` sweeps it).
+
+    Chosen so that no kernel variant spills registers and each fits the 99 KiB of shared memory a block may take on
+    the smallest CUDA parts (sm_86/89/120), as compiled offline for sm_90 (Triton 3.9's ptxas 13.4) and sm_80
+    (ptxas 12.9); ``tests/test_headmap_compile.py`` checks it in ``make test`` without a GPU. Before, ``64 x 64``
+    tiles with 4 warps spilled up to 1.4 KB per thread in bf16 (the distance pass with a float bias keeps score,
+    probability, bias-pointer and distance-pointer tiles live) and up to 9.3 KB in float32. Float32 takes smaller
+    tiles: its ``ieee`` dot runs on CUDA cores with both operands in registers, and for sm_90 ptxas 13.4 allocates
+    such kernels 32 registers and spills kilobytes unless the tiles are small (seen from ``32 x 32`` tiles at head
+    dim 128). Speed is for the GPU sweep to settle: these are the shapes that build cleanly.
+    """
     env = os.environ.get("VITVIZ_HEADMAP_BLOCKS")
     if env:
         try:
             bm, bn, w, s = (int(v) for v in env.split(","))
         except ValueError:
             raise InputError(f"VITVIZ_HEADMAP_BLOCKS={env!r}: expected four integers BLOCK_M,BLOCK_N,WARPS,STAGES "
-                             "such as '64,64,4,3'") from None
+                             "such as '64,64,8,3'") from None
         return bm, bn, w, s
     if interpreting():
         return 16, 16, 1, 1  # tiles smaller than the test shapes: every edge case crosses tiles
-    return (64, 64, 4, 3) if d <= 64 else (64, 32, 4, 2)
+    if dtype == torch.float32:
+        return (32, 32, 8, 2) if d <= 64 else (16, 16, 4, 1)
+    if d <= 64:
+        return 64, 64, 8, 3
+    return (64, 32, 8, 2) if d <= 128 else (16, 16, 4, 1)
+
+
+def _launch(kernel, grid: tuple[int, ...], args: tuple, meta: dict) -> None:
+    """Run ``kernel[grid](*args, **meta)``; the one place the kernels launch (the offline compile test records the
+    launches here). Floating-point contraction (``a * b + c`` as one FMA) is asked for explicitly, as Triton has
+    always defaulted to it; Triton 3.9 warns that its default will change."""
+    kernel[grid](*args, enable_fp_fusion=True, **meta)
 
 
 def _check_qk(q: torch.Tensor, k: torch.Tensor) -> None:
@@ -244,7 +266,7 @@ def _common(q: torch.Tensor, k: torch.Tensor, scale: float, attn_mask, is_causal
 def _rows(q, k, scale, attn_mask, is_causal, distances, num_prefix_tokens, precision):
     const, bias, sb, qk_scale = _common(q, k, scale, attn_mask, is_causal, precision)
     b, h, n, d = q.shape
-    bm, bn, warps, stages = _blocks(n, d)
+    bm, bn, warps, stages = _blocks(d, q.dtype)
     m = torch.empty(b, h, n, device=q.device, dtype=torch.float32)
     l_sum = torch.empty(b, h, n, device=q.device, dtype=torch.float32)
     with_dist = distances is not None
@@ -261,10 +283,10 @@ def _rows(q, k, scale, attn_mask, is_causal, distances, num_prefix_tokens, preci
         dist = wd = wp = m
         sd = (0, 0)
     rows_kernel, _ = _kernels()
-    rows_kernel[(triton.cdiv(n, bm), b * h)](
-        q, k, bias, dist, m, l_sum, wd, wp, *q.stride(), *k.stride(), *sb, *sd, h, n, d,
-        int(num_prefix_tokens), qk_scale, WITH_DIST=with_dist, BLOCK_M=bm, BLOCK_N=bn, num_warps=warps,
-        num_stages=stages, **const)
+    _launch(rows_kernel, (triton.cdiv(n, bm), b * h),
+            (q, k, bias, dist, m, l_sum, wd, wp, *q.stride(), *k.stride(), *sb, *sd, h, n, d, int(num_prefix_tokens),
+             qk_scale),
+            dict(WITH_DIST=with_dist, BLOCK_M=bm, BLOCK_N=bn, num_warps=warps, num_stages=stages, **const))
     return m, l_sum, ((wd, wp) if with_dist else None)
 
 
@@ -313,11 +335,11 @@ def fuse_heads_kernel(q: torch.Tensor, k: torch.Tensor, scale: float, how: str =
     elif out.shape != (b, n, n) or out.dtype != torch.float32 or out.device != q.device:
         raise InputError(f"out must be a float32 (B, N, N) = {(b, n, n)} tensor on {q.device}; got "
                          f"{out.dtype} {tuple(out.shape)} on {out.device}")
-    bm, bn, warps, stages = _blocks(n, d)
+    bm, bn, warps, stages = _blocks(d, q.dtype)
     _, fuse_kernel = _kernels()
-    fuse_kernel[(triton.cdiv(n, bm), triton.cdiv(n, bn), b)](
-        q, k, bias, m, l_sum, out, *q.stride(), *k.stride(), *sb, *out.stride(), h, n, d, qk_scale, 1.0 / h,
-        HOW=HOW[how], BLOCK_M=bm, BLOCK_N=bn, num_warps=warps, num_stages=stages, **const)
+    _launch(fuse_kernel, (triton.cdiv(n, bm), triton.cdiv(n, bn), b),
+            (q, k, bias, m, l_sum, out, *q.stride(), *k.stride(), *sb, *out.stride(), h, n, d, qk_scale, 1.0 / h),
+            dict(HOW=HOW[how], BLOCK_M=bm, BLOCK_N=bn, num_warps=warps, num_stages=stages, **const))
     return out
 
 

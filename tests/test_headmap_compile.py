@@ -1,0 +1,151 @@
+"""The head-map kernels compiled for real GPUs on a machine without one: every variant the entry points launch builds
+to a cubin for the H100/H200 (sm_90) and the A100 (sm_80), spills no registers and fits the shared memory of the
+smallest CUDA parts.
+
+The interpreter tests (``test_headmap_kernel.py``) check what the kernels compute; they cannot see what a GPU build
+does with them: Triton's interpreter accepts code that its compiler rejects, and it has no registers to run out of.
+Triton compiles ahead of time without a driver (``triton.compile`` with an explicit ``GPUTarget``; its wheel ships
+``ptxas``), so this file records the launches of ``fuse_heads_kernel`` and ``distance_sums_kernel`` (dtypes, head
+dims, masks, block shapes as ``headmaps._blocks`` picks them for a GPU) instead of running them, compiles each for
+the target and reads ``ptxas``'s own report (``TRITON_DUMP_PTXAS_LOG``):
+
+- zero bytes of register spills, at head dims 64 (ViT-B/L), 80 (ViT-H/14; 88 for ViT-g/14 builds the same
+  128-wide tiles) and 160 (the 256-wide tiles);
+- ``metadata.shared`` within ``SHARED_LIMIT`` (99 KiB, what one block may take on sm_86/89/120; sm_80 allows 163
+  KiB, sm_90 227 KiB), so the kernels launch on consumer GPUs too.
+
+``test_the_check_sees_spills_and_oversized_tiles`` compiles the block shapes vitviz used before and sees the check
+fail on them. What this file cannot say is how fast the kernels run: that is
+``bench/headmap_kernel.py`` on a GPU (``bench/gpu_run.sh``).
+"""
+
+from __future__ import annotations
+
+import contextlib
+import io
+import re
+
+import pytest
+import torch
+
+from vitviz.core import kernels
+
+pytestmark = pytest.mark.skipif(not kernels.triton_available(),
+                                reason=f"needs Triton {'.'.join(map(str, kernels.MIN_TRITON))} or newer")
+
+SHARED_LIMIT = 99 * 1024
+POINTER = {torch.float16: "*fp16", torch.bfloat16: "*bf16", torch.float32: "*fp32", torch.uint8: "*u8"}
+
+
+def launches(monkeypatch, dtype: torch.dtype, d: int, blocks: str | None = None) -> dict:
+    """The distinct kernel launches of the entry points for ``q, k`` ``(2, 3, 37, d)`` of ``dtype``: the head mean
+    (no mask), the head max under a bool mask, the head min under a causal mask, and the distance sums under a float
+    bias per head. Recorded at ``headmaps._launch``, not run. ``{key: (kernel, signature, constexprs, options)}``."""
+    from vitviz.core.kernels import headmaps
+
+    assert not headmaps.interpreting(), "this process must compile for GPUs, not interpret"
+    if blocks is None:
+        monkeypatch.delenv("VITVIZ_HEADMAP_BLOCKS", raising=False)
+    else:
+        monkeypatch.setenv("VITVIZ_HEADMAP_BLOCKS", blocks)
+    seen: dict = {}
+
+    def record(kernel, grid, args, meta):
+        options = {key: meta[key] for key in ("num_warps", "num_stages")}
+        constexprs = {key: value for key, value in meta.items() if key not in options}
+        names = [name for name in kernel.arg_names if name not in constexprs]
+        assert len(names) == len(args), (names, len(args))
+        signature = {}
+        for name in kernel.arg_names:
+            if name in constexprs:
+                signature[name] = "constexpr"
+                continue
+            value = args[names.index(name)]
+            if isinstance(value, torch.Tensor):
+                signature[name] = POINTER[value.dtype]
+            elif isinstance(value, float):
+                signature[name] = "fp32"
+            else:
+                assert isinstance(value, int) and -2**31 <= value < 2**31, (name, value)
+                signature[name] = "i32"
+        key = (kernel.fn.__name__, tuple(signature.items()), tuple(sorted(constexprs.items())),
+               tuple(sorted(options.items())))
+        seen[key] = (kernel, signature, constexprs, options)
+
+    monkeypatch.setattr(headmaps, "_launch", record)
+    b, h, n = 2, 3, 37
+    q, k = torch.zeros(b, h, n, d, dtype=dtype), torch.zeros(b, h, n, d, dtype=dtype)
+    headmaps.fuse_heads_kernel(q, k, d ** -0.5, "mean")
+    headmaps.fuse_heads_kernel(q, k, d ** -0.5, "max", attn_mask=torch.ones(n, n, dtype=torch.bool))
+    headmaps.fuse_heads_kernel(q, k, d ** -0.5, "min", is_causal=True)
+    headmaps.distance_sums_kernel(q, k, d ** -0.5, torch.ones(n - 1, n - 1), 1, attn_mask=torch.zeros(h, n, n))
+    assert len(seen) >= 6, list(seen)  # rows: plain, bool, causal, distance + bias; fuse: mean, max, min
+    return seen
+
+
+def compiled(kernel, signature: dict, constexprs: dict, options: dict, arch: int, tmp_path,
+             monkeypatch) -> dict:
+    """Compile one launch for ``sm_<arch>``; its shared memory, registers and spill bytes from ptxas's report."""
+    import triton
+    from triton.backends.compiler import GPUTarget
+    from triton.compiler import ASTSource
+
+    if not hasattr(getattr(getattr(triton, "knobs", None), "nvidia", None), "dump_ptxas_log"):
+        pytest.skip(f"Triton {triton.__version__} cannot print ptxas's report (TRITON_DUMP_PTXAS_LOG)")
+    monkeypatch.setenv("TRITON_CACHE_DIR", str(tmp_path / "triton-cache"))  # a cache hit would skip ptxas
+    monkeypatch.setenv("TRITON_DUMP_PTXAS_LOG", "1")
+    report = io.StringIO()
+    with contextlib.redirect_stdout(report):
+        binary = triton.compile(ASTSource(kernel, signature, constexprs), target=GPUTarget("cuda", arch, 32),
+                                options={**options, "enable_fp_fusion": True})
+    log = report.getvalue()
+    spills = re.search(r"(\d+) bytes spill stores, (\d+) bytes spill loads", log)
+    registers = re.search(r"Used (\d+) registers", log)
+    assert spills and registers, f"no ptxas report for {kernel.fn.__name__} on sm_{arch}:\n{log[-2000:]}"
+    assert binary.asm.get("cubin"), "no cubin"
+    return {"shared": int(binary.metadata.shared), "registers": int(registers.group(1)),
+            "spill_stores": int(spills.group(1)), "spill_loads": int(spills.group(2))}
+
+
+def problems(usage: dict) -> list[str]:
+    found = []
+    if usage["shared"] > SHARED_LIMIT:
+        found.append(f"{usage['shared']} bytes of shared memory > {SHARED_LIMIT}")
+    if usage["spill_stores"] or usage["spill_loads"]:
+        found.append(f"{usage['spill_stores']} bytes of spill stores, {usage['spill_loads']} of spill loads")
+    return found
+
+
+DTYPES = {"bf16": torch.bfloat16, "fp16": torch.float16, "fp32": torch.float32}
+# sm_90 (the H100/H200 the benchmarks run on) at every head-dim class; sm_80 (older ptxas) at ViT-B's
+CASES = [(90, dt, d) for dt in DTYPES for d in (64, 80, 160)] + [(80, dt, 64) for dt in DTYPES]
+
+
+@pytest.mark.parametrize(("arch", "dt", "d"), CASES, ids=[f"sm{a}-{dt}-d{d}" for a, dt, d in CASES])
+def test_every_variant_compiles_without_spills(monkeypatch, tmp_path, arch, dt, d):
+    dtype = DTYPES[dt]
+    failures = []
+    for (name, *_), (kernel, signature, constexprs, options) in launches(monkeypatch, dtype, d).items():
+        usage = compiled(kernel, signature, constexprs, options, arch, tmp_path, monkeypatch)
+        found = problems(usage)
+        if found:
+            failures.append(f"{name} {constexprs} {options}: {'; '.join(found)} ({usage})")
+    assert not failures, "\n".join(failures)
+
+
+def test_the_check_sees_spills_and_oversized_tiles(monkeypatch, tmp_path):
+    """The block shapes of vitviz 0.1 (64 x 64 tiles with 4 warps and 3 stages for head dims <= 64, else 64 x 32 with
+    4 warps and 2 stages, whatever the dtype) fail the check: the distance pass with a float bias spills in bf16 at
+    ViT-B's head dim, and float32 at head dim 160 both spills and outgrows 99 KiB of shared memory."""
+    seen = launches(monkeypatch, torch.bfloat16, 64, blocks="64,64,4,3")
+    (kernel, signature, constexprs, options), = [v for (name, *_), v in seen.items()
+                                                if name == "_rows_kernel" and v[2]["WITH_DIST"]]
+    usage = compiled(kernel, signature, constexprs, options, 90, tmp_path, monkeypatch)
+    assert usage["spill_stores"] > 256 and usage["shared"] <= SHARED_LIMIT, usage
+
+    seen = launches(monkeypatch, torch.float32, 160, blocks="64,32,4,2")
+    (kernel, signature, constexprs, options), = [v for (name, *_), v in seen.items()
+                                                if name == "_fuse_kernel" and v[2]["BIAS_KIND"] == 2]
+    usage = compiled(kernel, signature, constexprs, options, 90, tmp_path, monkeypatch)
+    assert usage["shared"] > SHARED_LIMIT and usage["spill_stores"] > 256, usage
+    assert len(problems(usage)) == 2
