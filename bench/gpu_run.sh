@@ -2,11 +2,11 @@
 # Every GPU figure of the head-map kernel work in one go, on a bare H100/H200 machine (Python 3.12, torch, timm,
 # triton preinstalled; no package index reachable). Run from the repository root:
 #
-#   OUT=/some/dir bash bench/gpu_run.sh                 # every part (about 25 minutes on an H100: see below)
+#   OUT=/some/dir bash bench/gpu_run.sh                 # every part (about 27 minutes on an H100: see below)
 #   OUT=/some/dir bash bench/gpu_run.sh tests micro     # only some parts (setup always runs first)
 #
 # Through a device tool that allows 10 minutes per command, four calls (GPU_RUN_DEADLINE_S=570 keeps each inside):
-#   GPU_RUN_DEADLINE_S=570 bash bench/gpu_run.sh tests micro    # ~5 min
+#   GPU_RUN_DEADLINE_S=570 bash bench/gpu_run.sh tests micro    # ~7 min
 #   GPU_RUN_DEADLINE_S=570 bash bench/gpu_run.sh attn_b16       # ~5 min
 #   GPU_RUN_DEADLINE_S=570 bash bench/gpu_run.sh attn_l16       # ~7 min
 #   GPU_RUN_DEADLINE_S=570 bash bench/gpu_run.sh attn_hf dataset   # ~9 min
@@ -16,7 +16,8 @@
 #              check, timm from .whl/ when the machine's is older than vitviz's stream probe needs   (~1 min)
 #   tests      pytest -m gpu (kernel vs PyTorch path on ViT-B/16 448 px shapes, peak-memory bound, CUDA checks)
 #                                                                                                    (~3 min, cap 5)
-#   micro      bench/headmap_kernel.py: the kernels alone vs SDPA per layer, block shapes swept      (~2 min, cap 5)
+#   micro      bench/headmap_kernel.py: the kernels alone vs SDPA per layer, block shapes and float32 precision
+#              swept (bf16, fp32 = 3xTF32, fp32-ieee; 5 block shapes; JSON written after every case)  (~3 min, cap 5)
 #   (bench/attention.py exits 3 when every case ran and a goal was missed, 1 when a case failed)
 #   attn_b16   bench/attention.py, ViT-B/16, 224 px (batch 32) and 448 px (batch 8), bf16 and fp32: plain, explicit,
 #              store, timm, rollout/distance on the PyTorch stream path and with the kernels; one process per
@@ -30,7 +31,7 @@
 #
 # Estimates, not measurements (no GPU was at hand when this was written): model creation ~5-15 s per process,
 # Triton compilation a few seconds per kernel variant, the timed work seconds per case (see docs/benchmarks.md for
-# the earlier H100 figures of the same benchmarks). The whole run: about 25 minutes, within 30.
+# the earlier H100 figures of the same benchmarks). The whole run: about 27 minutes, within 30.
 #
 # GPU_RUN_REHEARSAL=1 runs the same parts on the CPU in a minute or two (tests/test_gpu_run.py, in `make test`): tiny
 # models and shapes, the kernels under Triton's interpreter, nothing installed; so the script and every command line
@@ -57,7 +58,7 @@ if [ "${GPU_RUN_REHEARSAL:-0}" = 1 ]; then
     DEV=cpu REPEATS=1 SMALL=32 LARGE=32 SIZES=32 BATCH_SMALL=2 BATCH_LARGE=2 KERNEL_AUTO=on AMP=off ATTN_EXTRA=(--no-memory)
     B16=vit_tiny_patch16_224 L16=vit_small_patch16_224 DATA_MODEL=cifar10-vit DATA_N=8 DATA_BATCH=4 WORKERS=0
     SMOKE="2 3 37 16"
-    MICRO_ARGS=(--device cpu --shapes tiny --dtypes fp32 --blocks default 16,16,1,1)
+    MICRO_ARGS=(--device cpu --shapes tiny --dtypes fp32 fp32-ieee --blocks default 16,16,1,1)
 else
     DEV=cuda REPEATS=5 SMALL=224 LARGE=448 SIZES="224 448" BATCH_SMALL=32 BATCH_LARGE=8 KERNEL_AUTO=auto AMP=bf16
     ATTN_EXTRA=()

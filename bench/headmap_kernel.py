@@ -3,14 +3,16 @@ the forward itself runs, block shapes swept, and the agreement with the PyTorch 
 
 For each shape (one layer of ViT-B/16 or ViT-L/16 at 224 or 448 px) and dtype, with ``q, k, v`` ``(B, H, N, d)``:
 
-- ``sdpa``: ``F.scaled_dot_product_attention(q, k, v)`` (flash attention in bf16/fp16): the forward's own cost;
+- ``sdpa``: ``F.scaled_dot_product_attention(q, k, v)`` (flash attention in bf16/fp16, the memory-efficient kernel
+  in float32): the forward's own cost;
 - ``lse``: ``row_logsumexp`` (the first pass); ``fuse``: ``fuse_heads_kernel`` given that lse (the second);
 - ``fuse+lse``: both, as the stream probe runs them for rollout; ``distance``: ``distance_sums_kernel`` (one pass);
 - ``torch_fuse``: the PyTorch stream path's head mean (``HeadMaps.fuse`` over the recomputed heads), the reference.
 
 Times are medians of ``triton.testing.do_bench`` (CUDA events) in milliseconds; ``max_abs`` is the largest
 difference of the kernel's head mean from the PyTorch path's. Each ``--blocks`` entry ``BM,BN,WARPS,STAGES`` is one
-kernel configuration (``VITVIZ_HEADMAP_BLOCKS``); ``default`` is vitviz's choice.
+kernel configuration (``VITVIZ_HEADMAP_BLOCKS``); ``default`` is vitviz's choice. Dtype ``fp32`` runs the kernels
+at vitviz's float32 precision (3xTF32 at head dim 64), ``fp32-ieee`` with plain float32 dots, for comparison.
 
     python bench/headmap_kernel.py --json out.json
 """
@@ -27,6 +29,8 @@ from pathlib import Path
 ROOT = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(ROOT))
 
+DTYPES = {"bf16": ("bfloat16", None), "fp16": ("float16", None), "fp32": ("float32", None),
+          "fp32-ieee": ("float32", "ieee")}  # name: (torch dtype, the kernels' precision argument)
 SHAPES = {  # name: (B, H, N, d, L)
     "vit_b16_224": (32, 12, 197, 64, 12),
     "vit_b16_448": (8, 12, 785, 64, 12),
@@ -41,7 +45,8 @@ def main() -> int:
     ap.add_argument("--shapes", nargs="+", default=[s for s in SHAPES if s != "tiny"], choices=list(SHAPES))
     ap.add_argument("--device", default="cuda", help="cuda; or cpu under TRITON_INTERPRET=1 (a rehearsal: its times "
                     "are the interpreter's and mean nothing)")
-    ap.add_argument("--dtypes", nargs="+", default=["bf16", "fp32"], choices=["bf16", "fp16", "fp32"])
+    ap.add_argument("--dtypes", nargs="+", default=["bf16", "fp32", "fp32-ieee"], choices=list(DTYPES),
+                    help="fp32: vitviz's float32 precision (3xTF32 at head dim <= 64); fp32-ieee: plain float32 dots")
     ap.add_argument("--blocks", nargs="+", default=["default", "64,64,4,3", "64,32,8,2", "32,32,8,2", "128,64,8,3"])
     ap.add_argument("--json", default=None)
     args = ap.parse_args()
@@ -67,7 +72,7 @@ def main() -> int:
 
     def case(name: str, dt: str) -> list[dict]:
         b, h, n, d, layers = SHAPES[name]
-        dtype = {"bf16": torch.bfloat16, "fp16": torch.float16, "fp32": torch.float32}[dt]
+        dtype, prec = getattr(torch, DTYPES[dt][0]), DTYPES[dt][1]
         torch.manual_seed(0)
         q, k, v = (torch.randn(b, h, n, d, device=args.device, dtype=dtype) for _ in range(3))
         scale = d ** -0.5
@@ -93,21 +98,24 @@ def main() -> int:
             else:
                 os.environ["VITVIZ_HEADMAP_BLOCKS"] = blocks
             try:
-                lse = headmaps.row_logsumexp(q, k, scale)
-                err = float((headmaps.fuse_heads_kernel(q, k, scale, "mean", lse=lse, out=out) - ref).abs().max())
-                t = {"lse": bench(lambda: headmaps.row_logsumexp(q, k, scale)),
-                     "fuse": bench(lambda lse=lse: headmaps.fuse_heads_kernel(q, k, scale, "mean", lse=lse, out=out)),
-                     "fuse+lse": bench(lambda: headmaps.fuse_heads_kernel(q, k, scale, "mean", out=out)),
-                     "distance": bench(lambda: headmaps.distance_sums_kernel(q, k, scale, dist, 1))}
+                lse = headmaps.row_logsumexp(q, k, scale, precision=prec)
+                err = float((headmaps.fuse_heads_kernel(q, k, scale, "mean", lse=lse, out=out, precision=prec)
+                             - ref).abs().max())
+                t = {"lse": bench(lambda: headmaps.row_logsumexp(q, k, scale, precision=prec)),
+                     "fuse": bench(lambda lse=lse: headmaps.fuse_heads_kernel(q, k, scale, "mean", lse=lse, out=out,
+                                                                             precision=prec)),
+                     "fuse+lse": bench(lambda: headmaps.fuse_heads_kernel(q, k, scale, "mean", out=out,
+                                                                         precision=prec)),
+                     "distance": bench(lambda: headmaps.distance_sums_kernel(q, k, scale, dist, 1, precision=prec))}
                 row = {**base, "blocks": blocks, "sdpa_ms": sdpa, "torch_fuse_ms": torch_fuse, "max_abs": err,
                        **{f"{key}_ms": val for key, val in t.items()}}
-                print(f"{name:12} {dt:5} {blocks:11} sdpa {sdpa:7.3f} ms | lse {t['lse']:7.3f} fuse {t['fuse']:7.3f} "
+                print(f"{name:12} {dt:9} {blocks:11} sdpa {sdpa:7.3f} ms | lse {t['lse']:7.3f} fuse {t['fuse']:7.3f} "
                       f"fuse+lse {t['fuse+lse']:7.3f} ({t['fuse+lse'] / sdpa:4.2f}x sdpa) distance "
                       f"{t['distance']:7.3f} ({t['distance'] / sdpa:4.2f}x) | torch fuse {torch_fuse:7.3f} | "
                       f"max|diff| {err:.1e}", flush=True)
             except Exception as e:  # noqa: BLE001 (a configuration that does not compile: report it, go on)
                 row = {**base, "blocks": blocks, "error": f"{type(e).__name__}: {str(e)[:300]}"}
-                print(f"{name:12} {dt:5} {blocks:11} ERROR {row['error']}", flush=True)
+                print(f"{name:12} {dt:9} {blocks:11} ERROR {row['error']}", flush=True)
             rows.append(row)
         return rows
 
@@ -117,9 +125,11 @@ def main() -> int:
             rows += case(name, dt)
             if cuda:
                 torch.cuda.empty_cache()
+            if args.json:  # after every case, atomically: a run cut short by its time limit keeps what it measured
+                tmp = Path(args.json).with_suffix(".tmp")
+                tmp.write_text(json.dumps(rows, indent=1) + "\n")
+                os.replace(tmp, args.json)
     os.environ.pop("VITVIZ_HEADMAP_BLOCKS", None)
-    if args.json:
-        Path(args.json).write_text(json.dumps(rows, indent=1) + "\n")
     return 0
 
 

@@ -37,7 +37,7 @@ SHARED_LIMIT = 99 * 1024
 POINTER = {torch.float16: "*fp16", torch.bfloat16: "*bf16", torch.float32: "*fp32", torch.uint8: "*u8"}
 
 
-def launches(monkeypatch, dtype: torch.dtype, d: int, blocks: str | None = None) -> dict:
+def launches(monkeypatch, dtype: torch.dtype, d: int, blocks: str | None = None, precision: str | None = None) -> dict:
     """The distinct kernel launches of the entry points for ``q, k`` ``(2, 3, 37, d)`` of ``dtype``: the head mean
     (no mask), the head max under a bool mask, the head min under a causal mask, and the distance sums under a float
     bias per head. Recorded at ``headmaps._launch``, not run. ``{key: (kernel, signature, constexprs, options)}``."""
@@ -75,10 +75,12 @@ def launches(monkeypatch, dtype: torch.dtype, d: int, blocks: str | None = None)
     monkeypatch.setattr(headmaps, "_launch", record)
     b, h, n = 2, 3, 37
     q, k = torch.zeros(b, h, n, d, dtype=dtype), torch.zeros(b, h, n, d, dtype=dtype)
-    headmaps.fuse_heads_kernel(q, k, d ** -0.5, "mean")
-    headmaps.fuse_heads_kernel(q, k, d ** -0.5, "max", attn_mask=torch.ones(n, n, dtype=torch.bool))
-    headmaps.fuse_heads_kernel(q, k, d ** -0.5, "min", is_causal=True)
-    headmaps.distance_sums_kernel(q, k, d ** -0.5, torch.ones(n - 1, n - 1), 1, attn_mask=torch.zeros(h, n, n))
+    headmaps.fuse_heads_kernel(q, k, d ** -0.5, "mean", precision=precision)
+    headmaps.fuse_heads_kernel(q, k, d ** -0.5, "max", attn_mask=torch.ones(n, n, dtype=torch.bool),
+                               precision=precision)
+    headmaps.fuse_heads_kernel(q, k, d ** -0.5, "min", is_causal=True, precision=precision)
+    headmaps.distance_sums_kernel(q, k, d ** -0.5, torch.ones(n - 1, n - 1), 1, attn_mask=torch.zeros(h, n, n),
+                                  precision=precision)
     assert len(seen) >= 6, list(seen)  # rows: plain, bool, causal, distance + bias; fuse: mean, max, min
     return seen
 
@@ -116,16 +118,19 @@ def problems(usage: dict) -> list[str]:
     return found
 
 
-DTYPES = {"bf16": torch.bfloat16, "fp16": torch.float16, "fp32": torch.float32}
+DTYPES = {"bf16": (torch.bfloat16, None), "fp16": (torch.float16, None), "fp32": (torch.float32, None),
+          "fp32-ieee": (torch.float32, "ieee")}  # float32 with vitviz's precision (3xTF32 at d <= 64), and exact
 # sm_90 (the H100/H200 the benchmarks run on) at every head-dim class; sm_80 (older ptxas) at ViT-B's
-CASES = [(90, dt, d) for dt in DTYPES for d in (64, 80, 160)] + [(80, dt, 64) for dt in DTYPES]
+CASES = ([(90, dt, d) for dt in ("bf16", "fp16", "fp32") for d in (64, 80, 160)]
+         + [(90, "fp32-ieee", 64)] + [(80, dt, 64) for dt in DTYPES])
 
 
 @pytest.mark.parametrize(("arch", "dt", "d"), CASES, ids=[f"sm{a}-{dt}-d{d}" for a, dt, d in CASES])
 def test_every_variant_compiles_without_spills(monkeypatch, tmp_path, arch, dt, d):
-    dtype = DTYPES[dt]
+    dtype, precision = DTYPES[dt]
     failures = []
-    for (name, *_), (kernel, signature, constexprs, options) in launches(monkeypatch, dtype, d).items():
+    for (name, *_), (kernel, signature, constexprs, options) in launches(monkeypatch, dtype, d,
+                                                                         precision=precision).items():
         usage = compiled(kernel, signature, constexprs, options, arch, tmp_path, monkeypatch)
         found = problems(usage)
         if found:
@@ -137,13 +142,13 @@ def test_the_check_sees_spills_and_oversized_tiles(monkeypatch, tmp_path):
     """The block shapes of vitviz 0.1 (64 x 64 tiles with 4 warps and 3 stages for head dims <= 64, else 64 x 32 with
     4 warps and 2 stages, whatever the dtype) fail the check: the distance pass with a float bias spills in bf16 at
     ViT-B's head dim, and float32 at head dim 160 both spills and outgrows 99 KiB of shared memory."""
-    seen = launches(monkeypatch, torch.bfloat16, 64, blocks="64,64,4,3")
+    seen = launches(monkeypatch, torch.bfloat16, 64, blocks="64,64,4,3")  # the dtype's own precision
     (kernel, signature, constexprs, options), = [v for (name, *_), v in seen.items()
                                                 if name == "_rows_kernel" and v[2]["WITH_DIST"]]
     usage = compiled(kernel, signature, constexprs, options, 90, tmp_path, monkeypatch)
     assert usage["spill_stores"] > 256 and usage["shared"] <= SHARED_LIMIT, usage
 
-    seen = launches(monkeypatch, torch.float32, 160, blocks="64,32,4,2")
+    seen = launches(monkeypatch, torch.float32, 160, blocks="64,32,4,2", precision="ieee")
     (kernel, signature, constexprs, options), = [v for (name, *_), v in seen.items()
                                                 if name == "_fuse_kernel" and v[2]["BIAS_KIND"] == 2]
     usage = compiled(kernel, signature, constexprs, options, 90, tmp_path, monkeypatch)

@@ -20,9 +20,15 @@ running sum ``l`` rescaled by ``exp(m_old - m_new)`` as the key tiles go by):
 
 The scores are ``q . k`` with float32 accumulation times ``scale`` in float32, plus the bias, in natural units (a
 float mask of ``finfo.min`` stays finite, where folding ``log2 e`` into it would overflow to ``-inf``), as SDPA's
-flash kernels compute them; timm's explicit path (and vitviz's PyTorch stream path, the reference) rounds
-``q * scale`` and the scores to the model's dtype first, so in bf16/fp16 the two differ by that rounding. Masks
-follow timm's ``resolve_self_attn_mask``: ``is_causal`` wins over ``attn_mask``; a bool mask keeps ``True``
+flash kernels compute them. Float32 ``q`` and ``k`` are multiplied on tensor cores in 3xTF32 (``"tf32x3"``: each
+operand split into a TF32 high part and a TF32 remainder, three products summed, the remainders' product dropped)
+at head dims <= 64, as PyTorch's own float32 SDPA kernel does on sm_80 and newer (its memory-efficient CUTLASS
+kernel, ``OpMultiplyAddFastF32``). Emulated in PyTorch on ViT-B/16 448 px shapes, its softmax probabilities are
+as close to float64 as those of plain float32 products (largest error 9.0e-7 against 7.8e-7; TF32 alone 5.5e-4;
+``test_3xtf32_products_are_as_close_to_float64_as_float32_products``). Wider heads use plain float32 products on
+CUDA cores (``"ieee"``: no 3xTF32 tile shape builds without register spills there; see ``_blocks``). timm's
+explicit path (and vitviz's PyTorch stream path, the reference) rounds ``q * scale`` and the scores to the model's
+dtype first, so in bf16/fp16 the two differ by that rounding. Masks follow timm's ``resolve_self_attn_mask``: ``is_causal`` wins over ``attn_mask``; a bool mask keeps ``True``
 entries (``False`` -> ``-inf``); a float mask is added; any shape broadcastable to ``(B, H, N, N)``. A row whose
 keys are all masked gives NaN, as ``torch.softmax`` does. Head dims are padded to a power of two (>= 16) with
 masked loads.
@@ -183,18 +189,21 @@ def _kernels() -> tuple:
     return _BUILT[mode]
 
 
-def _blocks(d: int, dtype: torch.dtype) -> tuple[int, int, int, int]:
-    """``(BLOCK_M, BLOCK_N, num_warps, num_stages)`` for head dim ``d`` and ``q``'s dtype; ``VITVIZ_HEADMAP_BLOCKS=
+def _blocks(d: int, dtype: torch.dtype, precision: str) -> tuple[int, int, int, int]:
+    """``(BLOCK_M, BLOCK_N, num_warps, num_stages)`` for head dim ``d``, ``q``'s dtype and the dot's precision
+    (``_precision``); ``VITVIZ_HEADMAP_BLOCKS=
     "64,64,8,3"`` overrides (``bench/headmap_kernel.py --blocks`` sweeps it).
 
     Chosen so that no kernel variant spills registers and each fits the 99 KiB of shared memory a block may take on
     the smallest CUDA parts (sm_86/89/120), as compiled offline for sm_90 (Triton 3.9's ptxas 13.4) and sm_80
     (ptxas 12.9); ``tests/test_headmap_compile.py`` checks it in ``make test`` without a GPU. Before, ``64 x 64``
     tiles with 4 warps spilled up to 1.4 KB per thread in bf16 (the distance pass with a float bias keeps score,
-    probability, bias-pointer and distance-pointer tiles live) and up to 9.3 KB in float32. Float32 takes smaller
-    tiles: its ``ieee`` dot runs on CUDA cores with both operands in registers, and for sm_90 ptxas 13.4 allocates
-    such kernels 32 registers and spills kilobytes unless the tiles are small (seen from ``32 x 32`` tiles at head
-    dim 128). Speed is for the GPU sweep to settle: these are the shapes that build cleanly.
+    probability, bias-pointer and distance-pointer tiles live) and up to 9.3 KB in float32. Float32 ``"ieee"``
+    dots run on CUDA cores with both operands in registers, and for sm_90 ptxas 13.4 allocates such kernels 32
+    registers and spills kilobytes unless the tiles are small (seen from ``32 x 32`` tiles at head dim 128); the
+    3xTF32 dot builds cleanly in ``64 x 32`` tiles with one stage at head dim 64 (two stages spilled on sm_80) but
+    spilled in every shape tried at 128. Speed is for the GPU sweep to settle: these are the shapes that build
+    cleanly.
     """
     env = os.environ.get("VITVIZ_HEADMAP_BLOCKS")
     if env:
@@ -207,7 +216,9 @@ def _blocks(d: int, dtype: torch.dtype) -> tuple[int, int, int, int]:
     if interpreting():
         return 16, 16, 1, 1  # tiles smaller than the test shapes: every edge case crosses tiles
     if dtype == torch.float32:
-        return (32, 32, 8, 2) if d <= 64 else (16, 16, 4, 1)
+        if d > 64:
+            return 16, 16, 4, 1
+        return (32, 32, 8, 2) if precision == "ieee" else (64, 32, 8, 1)
     if d <= 64:
         return 64, 64, 8, 3
     return (64, 32, 8, 2) if d <= 128 else (16, 16, 4, 1)
@@ -251,14 +262,26 @@ def _bias(attn_mask: torch.Tensor | None, is_causal: bool, shape: torch.Size, de
     return 1, mask, tuple(mask.stride())
 
 
-def _common(q: torch.Tensor, k: torch.Tensor, scale: float, attn_mask, is_causal: bool, precision: str):
+PRECISIONS = ("ieee", "tf32x3", "tf32")
+
+
+def _precision(requested: str | None, dtype: torch.dtype, d: int) -> str:
+    """``tl.dot``'s ``input_precision``: for float32 the one requested, else 3xTF32 at head dims <= 64 and plain
+    float32 beyond (see the module docstring); half types ignore it (tensor-core MMA in their own type)."""
+    if requested is not None and requested not in PRECISIONS:
+        raise InputError(f"precision must be one of {PRECISIONS} or None (vitviz's choice), got {requested!r}")
+    if dtype != torch.float32:
+        return "tf32"  # Triton's default; only float32 operands read it
+    return requested or ("tf32x3" if d <= 64 else "ieee")
+
+
+def _common(q: torch.Tensor, k: torch.Tensor, scale: float, attn_mask, is_causal: bool, precision: str | None):
     _check_qk(q, k)
     b, h, n, d = q.shape
     kind, bias, sb = _bias(attn_mask, is_causal, torch.Size((b, h, n, n)), q.device)
     upcast = interpreting() and q.dtype == torch.bfloat16
     block_d = max(16, triton.next_power_of_2(d))
-    if q.dtype != torch.float32:
-        precision = "tf32"  # Triton's default; only float32 operands read it (half types: plain tensor-core MMA)
+    precision = _precision(precision, q.dtype, d)
     return dict(BIAS_KIND=kind, CAUSAL=bool(is_causal), UPCAST=upcast, PRECISION=precision, BLOCK_D=block_d), \
         bias, sb, float(scale)
 
@@ -266,7 +289,7 @@ def _common(q: torch.Tensor, k: torch.Tensor, scale: float, attn_mask, is_causal
 def _rows(q, k, scale, attn_mask, is_causal, distances, num_prefix_tokens, precision):
     const, bias, sb, qk_scale = _common(q, k, scale, attn_mask, is_causal, precision)
     b, h, n, d = q.shape
-    bm, bn, warps, stages = _blocks(d, q.dtype)
+    bm, bn, warps, stages = _blocks(d, q.dtype, const["PRECISION"])
     m = torch.empty(b, h, n, device=q.device, dtype=torch.float32)
     l_sum = torch.empty(b, h, n, device=q.device, dtype=torch.float32)
     with_dist = distances is not None
@@ -291,14 +314,15 @@ def _rows(q, k, scale, attn_mask, is_causal, distances, num_prefix_tokens, preci
 
 
 def row_logsumexp(q: torch.Tensor, k: torch.Tensor, scale: float, *, attn_mask: torch.Tensor | None = None,
-                  is_causal: bool = False, precision: str = "ieee") -> torch.Tensor:
+                  is_causal: bool = False, precision: str | None = None) -> torch.Tensor:
     """``logsumexp_j (q_i . k_j * scale + bias_ij)`` per head and query: ``(B, H, N)`` float32 (natural log).
 
     Args:
         q, k: ``(B, H, N, d)`` in float16, bfloat16 or float32, on CUDA (or on CPU under ``TRITON_INTERPRET=1``).
         scale: the module's softmax scale (``d ** -0.5`` for timm's ``Attention``).
         attn_mask, is_causal: as timm's ``Attention.forward`` takes them (see the module docstring).
-        precision: ``tl.dot``'s ``input_precision`` for float32 inputs (``"ieee"``, ``"tf32"``, ``"tf32x3"``).
+        precision: ``tl.dot``'s ``input_precision`` for float32 inputs (``"ieee"``, ``"tf32x3"``, ``"tf32"``);
+            None: 3xTF32 at head dims <= 64, ``"ieee"`` beyond (see the module docstring).
     """
     m, l_sum, _ = _rows(q, k, scale, attn_mask, is_causal, None, 0, precision)
     return m + l_sum.log()
@@ -307,7 +331,7 @@ def row_logsumexp(q: torch.Tensor, k: torch.Tensor, scale: float, *, attn_mask: 
 def fuse_heads_kernel(q: torch.Tensor, k: torch.Tensor, scale: float, how: str = "mean", *,
                       attn_mask: torch.Tensor | None = None, is_causal: bool = False,
                       lse: torch.Tensor | None = None, out: torch.Tensor | None = None,
-                      precision: str = "ieee") -> torch.Tensor:
+                      precision: str | None = None) -> torch.Tensor:
     """Head mean, max or min of ``softmax(q_h k_h^T * scale + bias_h)``: ``(B, N, N)`` float32.
 
     Args:
@@ -335,7 +359,7 @@ def fuse_heads_kernel(q: torch.Tensor, k: torch.Tensor, scale: float, how: str =
     elif out.shape != (b, n, n) or out.dtype != torch.float32 or out.device != q.device:
         raise InputError(f"out must be a float32 (B, N, N) = {(b, n, n)} tensor on {q.device}; got "
                          f"{out.dtype} {tuple(out.shape)} on {out.device}")
-    bm, bn, warps, stages = _blocks(d, q.dtype)
+    bm, bn, warps, stages = _blocks(d, q.dtype, const["PRECISION"])
     _, fuse_kernel = _kernels()
     _launch(fuse_kernel, (triton.cdiv(n, bm), triton.cdiv(n, bn), b),
             (q, k, bias, m, l_sum, out, *q.stride(), *k.stride(), *sb, *out.stride(), h, n, d, qk_scale, 1.0 / h),
@@ -345,7 +369,7 @@ def fuse_heads_kernel(q: torch.Tensor, k: torch.Tensor, scale: float, how: str =
 
 def distance_sums_kernel(q: torch.Tensor, k: torch.Tensor, scale: float, distances: torch.Tensor,
                          num_prefix_tokens: int, *, attn_mask: torch.Tensor | None = None, is_causal: bool = False,
-                         precision: str = "ieee") -> tuple[torch.Tensor, torch.Tensor]:
+                         precision: str | None = None) -> tuple[torch.Tensor, torch.Tensor]:
     """Per head, each patch query's attention-weighted distance sum and patch-key weight, in one pass.
 
     With ``P_h = softmax(q_h k_h^T * scale + bias_h)`` over all ``N`` keys and ``p = num_prefix_tokens``:
