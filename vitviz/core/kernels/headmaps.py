@@ -28,7 +28,9 @@ as close to float64 as those of plain float32 products (largest error 9.0e-7 aga
 ``test_3xtf32_products_are_as_close_to_float64_as_float32_products``). Wider heads use plain float32 products on
 CUDA cores (``"ieee"``: no 3xTF32 tile shape builds without register spills there; see ``_blocks``). timm's
 explicit path (and vitviz's PyTorch stream path, the reference) rounds ``q * scale`` and the scores to the model's
-dtype first, so in bf16/fp16 the two differ by that rounding. Masks follow timm's ``resolve_self_attn_mask``: ``is_causal`` wins over ``attn_mask``; a bool mask keeps ``True``
+dtype first, so in bf16/fp16 the two differ by that rounding.
+
+Masks follow timm's ``resolve_self_attn_mask``: ``is_causal`` wins over ``attn_mask``; a bool mask keeps ``True``
 entries (``False`` -> ``-inf``); a float mask is added; any shape broadcastable to ``(B, H, N, N)``. A row whose
 keys are all masked gives NaN, as ``torch.softmax`` does. Head dims are padded to a power of two (>= 16) with
 masked loads.
@@ -191,8 +193,8 @@ def _kernels() -> tuple:
 
 def _blocks(d: int, dtype: torch.dtype, precision: str) -> tuple[int, int, int, int]:
     """``(BLOCK_M, BLOCK_N, num_warps, num_stages)`` for head dim ``d``, ``q``'s dtype and the dot's precision
-    (``_precision``); ``VITVIZ_HEADMAP_BLOCKS=
-    "64,64,8,3"`` overrides (``bench/headmap_kernel.py --blocks`` sweeps it).
+    (``_precision``); ``VITVIZ_HEADMAP_BLOCKS="64,64,8,3"`` overrides (``bench/headmap_kernel.py --blocks`` sweeps
+    it).
 
     Chosen so that no kernel variant spills registers and each fits the 99 KiB of shared memory a block may take on
     the smallest CUDA parts (sm_86/89/120), as compiled offline for sm_90 (Triton 3.9's ptxas 13.4) and sm_80
