@@ -18,7 +18,7 @@ from vitviz.analysis.probes import (
     select_l2,
     standardize,
 )
-from vitviz.errors import InputError, LayerSelectError
+from vitviz.errors import CheckpointError, InputError, LayerSelectError
 
 
 def _blobs(n_per_class, k=4, d=6, seed=0, spread=1.5):
@@ -197,6 +197,37 @@ def test_feature_cache_is_reused_without_running_the_model(tmp_path):
     for key in first.feats:
         torch.testing.assert_close(first.feats[key], again.feats[key])
     assert torch.equal(first.labels, y)
+
+
+def test_a_feature_cache_serves_each_model_and_dataset_its_own_features(tmp_path):
+    """The cache is keyed by the weights and the images: another model of the same class and name, or another
+    test set of the same size, is computed afresh, never answered from the first model's file."""
+    from vitviz.analysis.representations import layer_probes, linear_fewshot
+
+    torch.manual_seed(0)
+    a, b = tiny_timm_vit(), tiny_timm_vit()
+    train, test, other = _data(2), _data(4, seed=1), _data(4, seed=2)
+    kw = {"shots": (1, 2), "seeds": (0, 1), "name": "m"}  # one name for both: the name is not the identity
+    want = {(m, t): linear_fewshot(mm, train, tt, **kw).accuracy.tolist()
+            for m, mm in (("a", a), ("b", b)) for t, tt in (("test", test), ("other", other))}
+    assert want[("a", "test")] != want[("b", "test")] or want[("a", "other")] != want[("b", "other")]
+    for (m, t), acc in want.items():
+        got = linear_fewshot({"a": a, "b": b}[m], train, {"test": test, "other": other}[t], cache=tmp_path, **kw)
+        assert got.accuracy.tolist() == acc, (m, t)
+    # the pre-logits cache and a per-layer run share one folder without colliding
+    assert len(layer_probes(a, train, test, shots=(1,), seeds=(0,), name="m", cache=tmp_path)) > 0
+
+
+def test_a_checkpoint_of_other_weights_or_images_is_refused(tmp_path):
+    from vitviz.core.features import extract_features
+
+    model = tiny_timm_vit()
+    x, y = _data(2)
+    extract_features(model, (x, y), checkpoint=tmp_path / "f.pt")
+    with pytest.raises(CheckpointError, match="weights"):
+        extract_features(tiny_timm_vit(), (x, y), checkpoint=tmp_path / "f.pt")
+    with pytest.raises(CheckpointError, match=r"data \(the images read\)"):
+        extract_features(model, (x.flip(-1), y), checkpoint=tmp_path / "f.pt")
 
 
 def test_model_level_bad_inputs():

@@ -73,7 +73,12 @@ def _extract(model: nn.Module, src: Any, keep: np.ndarray | None, layers: Any, p
         src = Subset(src, keep.tolist())
     checkpoint = None
     if cache is not None:
-        key = hashlib.sha1((tag + repr(keep.tolist() if keep is not None else "all")).encode()).hexdigest()[:12]
+        from vitviz.core.digest import model_digest, source_digest
+
+        # one file per model weights, images, layers and autocast: a cache folder can serve many models and runs
+        what = [tag, keep.tolist() if keep is not None else "all", layers, pre_logits, str(kw.get("autocast")),
+                model_digest(model), source_digest(src)]
+        key = hashlib.sha1(repr(what).encode()).hexdigest()[:16]
         checkpoint = Path(cache) / f"features-{tag}-{key}.pt"
     return extract_features(model, src, layers=layers, pre_logits=pre_logits, checkpoint=checkpoint, **kw)
 
@@ -138,7 +143,9 @@ def linear_fewshot(model: nn.Module, train: Any, test: Any, shots: Sequence[int]
         layer: None for the pre-logits representation, or a block index for that block's pooled token.
         name: the ``model`` column (default: the model's name).
         batch_size, num_workers, progress, autocast: feature extraction (``reduce_dataset``).
-        cache: folder for resumable feature files (a rerun reuses them).
+        cache: folder for resumable feature files, one per model weights, images, layers and autocast
+            (``vitviz.core.digest``): a rerun of the same model on the same images reuses them; another model
+            or dataset gets files of its own.
 
     Returns:
         one row per (shots, seed): ``model, layer, depth, probe, shots, seed, l2_reg, accuracy`` (top-1 %),

@@ -151,9 +151,14 @@ def _checkpoint_path(path: str | os.PathLike, rank: int, world: int) -> Path:
     return path if world == 1 else path.with_name(f"{path.stem}.rank{rank}-of-{world}{path.suffix}")
 
 
-def _fingerprint(reduction: RunningReduction, model: nn.Module, n: int | None, rank: int, world: int) -> dict:
-    return {**reduction.fingerprint(), "model": type(model).__name__, "dataset_images": n, "rank": rank,
-            "world_size": world}
+def _fingerprint(reduction: RunningReduction, model: nn.Module, source: Any, n: int | None, amp: torch.dtype | None,
+                 rank: int, world: int) -> dict:
+    """What a checkpoint's sums depend on: the reduction's settings, the model's weights, the images and autocast."""
+    from vitviz.core.digest import model_digest, source_digest
+
+    return {**reduction.fingerprint(), "model": type(model).__name__, "weights": model_digest(model),
+            "dataset_images": n, "data": source_digest(source), "autocast": str(amp) if amp else None,
+            "rank": rank, "world_size": world}
 
 
 def _load(path: Path, fingerprint: dict) -> dict | None:
@@ -163,10 +168,19 @@ def _load(path: Path, fingerprint: dict) -> dict | None:
         saved = torch.load(path, map_location="cpu", weights_only=True)
     except Exception as exc:  # noqa: BLE001 (any unreadable file is the same error for the user)
         raise CheckpointError(f"checkpoint {str(path)!r} cannot be read ({exc}); delete it to start over") from exc
-    if saved.get("fingerprint") != fingerprint:
-        raise CheckpointError(f"checkpoint {str(path)!r} belongs to another run ({saved.get('fingerprint')}), not "
-                              f"{fingerprint}; pass another checkpoint path or delete it to start over")
+    old = saved.get("fingerprint") if isinstance(saved, dict) else None
+    if old != fingerprint:
+        old = old if isinstance(old, dict) else {}
+        keys = sorted(k for k in set(old) | set(fingerprint) if old.get(k) != fingerprint.get(k))
+        what = ", ".join(f"{k} ({_MEANING.get(k, 'a setting')}): {old.get(k)!r} there, {fingerprint.get(k)!r} now"
+                         for k in keys)
+        raise CheckpointError(f"checkpoint {str(path)!r} belongs to another run; it differs in {what}. Pass another "
+                              "checkpoint path, or delete the file to start over")
     return saved
+
+
+_MEANING = {"weights": "the model's parameters and buffers", "data": "the images read",
+            "dataset_images": "the number of images", "autocast": "the autocast dtype", "model": "the model class"}
 
 
 def _loader(source: Any, model: nn.Module, batch_size: int, num_workers: int, pin: bool, rank: int, world: int,
@@ -286,7 +300,10 @@ def reduce_dataset(
             the model's dtype.
         progress: a tqdm bar over this rank's images.
         checkpoint: file for resumable partial results (one per rank under torch.distributed); written atomically
-            every ``checkpoint_every`` batches and at the end; a rerun continues where it stopped.
+            every ``checkpoint_every`` batches and at the end; a rerun continues where it stopped. The file holds
+            a fingerprint of the run (the reduction's settings, ``vitviz.core.digest``'s digests of the model's
+            weights and of ``source``, the autocast dtype); a rerun that differs in any of them is refused with a
+            ``CheckpointError`` naming what differs, never merged.
         all_reduce: under torch.distributed, sum the ranks' sums (every rank then holds the whole dataset's).
 
     Returns:
@@ -306,7 +323,7 @@ def reduce_dataset(
     except TypeError:
         n = None  # an iterable dataset
     path = _checkpoint_path(checkpoint, rank, world) if checkpoint is not None else None
-    fingerprint = _fingerprint(reduction, model, n, rank, world)
+    fingerprint = _fingerprint(reduction, model, source, n, amp, rank, world) if path is not None else {}
     saved = _load(path, fingerprint) if path is not None else None
     if saved is not None:
         reduction.load_state_dict(saved["state"])
