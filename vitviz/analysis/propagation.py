@@ -260,6 +260,8 @@ class Propagator:
         """The full product ``R`` ``(B, N, N)``, or the rows ``v R`` for ``rows=v`` ``(B, K, N)`` or ``(B, N)``.
 
         ``R`` is multiplied bottom up, ``A_L (... (A_2 A_1))``; rows are pushed from the top, ``((v A_L) ...) A_1``.
+        The result is always a new tensor, never a kept matrix (with ``num_layers`` those live in one block that
+        the next pass overwrites), also when the product has a single layer.
         """
         if not self.matrices:
             raise CaptureError("Propagator: no layer was fed; run a forward pass inside capture_attention("
@@ -270,6 +272,8 @@ class Propagator:
             if skip:
                 n = r.shape[-1]
                 r = torch.eye(n, dtype=r.dtype, device=r.device) + r
+            elif len(self.matrices) == 1:
+                r = r.clone()  # R = A_1: a copy, not a view into the kept block
             for a in self.matrices[1:]:
                 r = r + torch.bmm(a, r) if skip else torch.bmm(a, r)
             return r
