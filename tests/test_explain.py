@@ -134,13 +134,14 @@ def test_chefer_matches_the_published_pseudo_code(family):
     model = build().double()  # float64: the tolerance measures the rule, not float32 rounding
     x = torch.randn(3, 3, 32, 32, dtype=torch.float64)
     want = reference_chefer(forward, model, x)
-    got = vitviz.explain(model, x, "chefer", batch_size=2)  # batched, and split across passes
+    got = vitviz.chefer_relevance(model, x, batch_size=2)  # batched, and split across passes; keeps float64
     assert got.shape == (3, 4, 4) and got.dtype == torch.float64
     assert want.abs().max() > 1  # relevance of order 1: the tolerance below is strict
     assert (got.flatten(1) - want).abs().max() <= 1e-6
     target = [1, 0, 2]  # an explicit target per image
-    torch.testing.assert_close(vitviz.explain(model, x, "chefer", target=target).flatten(1),
+    torch.testing.assert_close(vitviz.chefer_relevance(model, x, target=target).flatten(1),
                                reference_chefer(forward, model, x, target), atol=1e-6, rtol=0)
+    assert vitviz.explain(model, x, "chefer").dtype == torch.float32  # explain: float32 for every method
     model = model.float()  # float32: the same up to rounding relative to the peak
     x = x.float()
     want = reference_chefer(forward, model, x)
@@ -347,6 +348,16 @@ def test_every_method_on_every_family(family):
         maps = vitviz.explain(model, x, method)
         assert maps.shape == (2, 4, 4) and torch.isfinite(maps).all(), method
         assert method in signed or (maps >= 0).all(), method
+
+
+def test_explain_returns_float32_for_every_method_on_a_float64_model():
+    model = tiny_timm_vit().double()
+    x = torch.randn(2, 3, 32, 48, dtype=torch.float64)
+    for method in METHODS:
+        assert vitviz.explain(model, x, method).dtype == torch.float32, method
+    low = vitviz.chefer_relevance(model, x)  # the lower-level calls keep the model's float64 where they say so
+    assert low.dtype == torch.float64
+    torch.testing.assert_close(vitviz.explain(model, x, "chefer"), low.float())
 
 
 def test_explain_errors_name_the_argument():

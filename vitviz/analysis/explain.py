@@ -94,7 +94,8 @@ def raw_attention(
         batch_size, progress: as in ``vitviz.attention_rollout``.
 
     Returns:
-        ``(B, gh, gw)`` float32 on the model's device (a row of a stochastic matrix: sums to at most 1).
+        ``(B, gh, gw)`` float32 on the model's device, non-negative. With ``head_fusion="mean"`` or ``"min"`` a
+        map sums to at most 1 (part of a row of a stochastic matrix, or less); with ``"max"`` it can exceed 1.
     """
     spec = inspect(model)
     out: list[torch.Tensor] = []
@@ -165,9 +166,16 @@ def explain(
             ``internal_batch_size`` (integrated_gradients); ``pool`` (input_x_gradient); ``layer`` (gradcam).
 
     Returns:
-        ``(B, gh, gw)`` float32 maps on the model's device.
+        ``(B, gh, gw)`` float32 maps on the model's device, for every method and every model dtype (a float64
+        model's maps are computed in float64 where the method does so, then cast; call the method's own function,
+        e.g. ``vitviz.chefer_relevance`` or ``vitviz.analysis.attnlrp.attnlrp``, to keep them in float64).
     """
     _check(method, target, opts)
+    return _dispatch(model, images, method, target, batch_size, progress, opts).to(torch.float32)
+
+
+def _dispatch(model: nn.Module, images: Images, method: str, target: Target, batch_size: int | None,
+              progress: bool, opts: dict[str, Any]) -> torch.Tensor:
     common = {"batch_size": batch_size}
     try:
         if method == "attention":
