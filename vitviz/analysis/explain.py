@@ -9,8 +9,9 @@ method              what it is
                     call this "raw attention".
 ``"rollout"``       attention rollout, Abnar & Zuidema, ACL 2020, Eq. (1): ``R_l = rownorm(0.5 W_l + 0.5 I) R_{l-1}``
                     (``vitviz.attention_rollout``; its ``discard_ratio`` is row-wise, unlike vit-explain's).
-``"flow"``          attention flow, Abnar & Zuidema, ACL 2020, Sec. 3.2: max-flow over the layer graph
-                    (``vitviz.analysis.flow``; refuses more than ``max_tokens`` tokens).
+``"flow"``          attention flow, Abnar & Zuidema, ACL 2020, Sec. 3.2: max-flow over the layer graph, each output
+                    row divided by its sum over all input tokens as in the authors' code (``vitviz.analysis.flow``;
+                    refuses more than ``max_tokens`` tokens).
                     rollout, flow, grad_rollout and chefer share one layer rule and product
                     (``vitviz.analysis.propagation``): parallel branches averaged per block, signed maps refused.
 ``"grad_rollout"``  vitviz's gradient-weighted rollout: Chefer et al.'s head weighting ``mean_h (grad * A)^+`` fed
@@ -160,7 +161,7 @@ def explain(
         progress: show a progress bar.
         **opts: passed to the method: ``layer``, ``head_fusion``, ``token`` (attention); ``head_fusion``,
             ``discard_ratio``, ``residual``, ``start_layer``, ``token`` (rollout); ``head_fusion``, ``token``,
-            ``max_tokens`` (flow); ``discard_ratio``, ``start_layer``, ``token`` (grad_rollout); ``start_layer``,
+            ``max_tokens``, ``normalise`` (flow); ``discard_ratio``, ``start_layer``, ``token`` (grad_rollout); ``start_layer``,
             ``token`` (chefer); ``linear_rule``, ``epsilon``, ``gamma``, ``attention_rule``, ``plain``,
             ``return_tokens`` (attnlrp); ``seed``, ``offset`` (random); ``pool``, ``n_steps``, ``baseline``,
             ``internal_batch_size`` (integrated_gradients); ``pool`` (input_x_gradient); ``layer`` (gradcam).
