@@ -133,7 +133,10 @@ def linear_fewshot(model: nn.Module, train: Any, test: Any, shots: Sequence[int]
     For every ``shots`` and seed, ``shots`` training images per class are drawn (nested over ``shots``), a
     closed-form least-squares map from their frozen features to ``{-1, 1}^K`` is fitted and scored on ``test``
     (``vitviz.analysis.probes``: standardisation, unpenalised intercept, ``l2`` by leave-one-out error over
-    ``2^-10..2^10`` on the examples when ``l2_reg`` is None).
+    ``2^-10..2^10`` on the examples when ``l2_reg`` is None). ``l2_reg=vitviz.analysis.probes.BIG_VISION_L2``
+    (``2^10``) reproduces the authors' evaluator (big_vision ``evaluators/fewshot_lsr.py``), which uses that fixed
+    penalty with no selection; its configuration draws ``shots=(1, 5, 10, 25)`` with ``seeds=range(3)``, and
+    ``fewshot_draws`` draws the way it does.
 
     Args:
         model: any ViT vitviz reads (eval mode; its device is used).
