@@ -15,6 +15,8 @@ from __future__ import annotations
 import torch
 from torch import nn
 
+from vitviz.errors import InputError
+
 __all__ = ["REDUCTIONS", "pool_tokens", "timm_pooled_token"]
 
 REDUCTIONS = ("avg", "avgmax", "max")  # readouts that reduce over tokens
@@ -32,7 +34,8 @@ def pool_tokens(tokens: torch.Tensor, pool: str, num_prefix_tokens: int, include
         return 0.5 * (x.amax(dim=1) + x.mean(dim=1))
     if pool == "max":
         return x.amax(dim=1)
-    raise ValueError(f"pool={pool!r} is not one of ('token', {', '.join(map(repr, REDUCTIONS))})")
+    raise InputError(f"pool={pool!r} is not one of ('token', {', '.join(map(repr, REDUCTIONS))}); pass one of "
+                     "them (timm's global_pool names)")
 
 
 def timm_pooled_token(model: nn.Module, tokens: torch.Tensor, num_prefix_tokens: int) -> torch.Tensor | None:
