@@ -23,7 +23,8 @@ Max-flow needs integer capacities here (``scipy.sparse.csgraph.maximum_flow``): 
 ``round(A * FLOW_SCALE)`` with ``FLOW_SCALE = 2**20``, and flows are divided back, so each raw value carries an error
 below ``(edges on the minimum cut) / (2 FLOW_SCALE)``. The reference code runs networkx's Edmonds-Karp on a float
 graph of one image; here the graph is solved per image with scipy's Dinic solver. Apart from that rounding the two
-compute the same values (``tests/test_explain.py`` checks a re-written ``compute_node_flow`` with networkx).
+compute the same values (``tests/test_flow.py`` checks a re-written ``compute_node_flow``, with networkx when it is
+installed).
 
 Cost: ``P`` max-flow problems per image on ``(L + 1) N`` nodes and ``L N^2`` edges, so flow refuses more than
 ``max_tokens`` tokens (default ``FLOW_MAX_TOKENS``; counted for each input, so a model with a dynamic image size is
