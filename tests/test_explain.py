@@ -2,7 +2,6 @@
 
 from __future__ import annotations
 
-import numpy as np
 import pytest
 import torch
 from conftest import tiny_timm_vit
@@ -10,7 +9,6 @@ from torch import nn
 
 import vitviz
 from vitviz.analysis.explain import METHODS
-from vitviz.analysis.flow import flow_from_layers
 from vitviz.errors import InputError, VitvizError
 
 # ---------------------------------------------------------------- independent forward passes (explicit attention)
@@ -134,13 +132,14 @@ def test_chefer_matches_the_published_pseudo_code(family):
     model = build().double()  # float64: the tolerance measures the rule, not float32 rounding
     x = torch.randn(3, 3, 32, 32, dtype=torch.float64)
     want = reference_chefer(forward, model, x)
-    got = vitviz.explain(model, x, "chefer", batch_size=2)  # batched, and split across passes
+    got = vitviz.chefer_relevance(model, x, batch_size=2)  # batched, and split across passes; keeps float64
     assert got.shape == (3, 4, 4) and got.dtype == torch.float64
     assert want.abs().max() > 1  # relevance of order 1: the tolerance below is strict
     assert (got.flatten(1) - want).abs().max() <= 1e-6
     target = [1, 0, 2]  # an explicit target per image
-    torch.testing.assert_close(vitviz.explain(model, x, "chefer", target=target).flatten(1),
+    torch.testing.assert_close(vitviz.chefer_relevance(model, x, target=target).flatten(1),
                                reference_chefer(forward, model, x, target), atol=1e-6, rtol=0)
+    assert vitviz.explain(model, x, "chefer").dtype == torch.float32  # explain: float32 for every method
     model = model.float()  # float32: the same up to rounding relative to the peak
     x = x.float()
     want = reference_chefer(forward, model, x)
@@ -269,41 +268,6 @@ def test_rollout_discard_is_row_wise_and_keeps_rows_stochastic_unlike_vit_explai
     assert (ours / ours.max() - theirs).abs().max() > 0.05
 
 
-# --------------------------------------------------------------------------------------------- attention flow
-
-
-def test_flow_on_two_layers_is_the_sum_of_bottlenecks():
-    # two layers: the paths t -> m -> j are disjoint, so max-flow = sum_m min(A2[t, m], A1[m, j]),
-    # where rollout multiplies: sum_m A2[t, m] A1[m, j]
-    gen = torch.Generator().manual_seed(0)
-    a1, a2 = (torch.rand(5, 5, generator=gen).softmax(-1) for _ in range(2))
-    got = flow_from_layers([a1, a2], source=0, sinks=list(range(1, 5)))
-    want = np.array([torch.minimum(a2[0], a1[:, j]).sum().item() for j in range(1, 5)])
-    np.testing.assert_allclose(got, want, atol=5 * 5 / 2 ** 20)
-    product = (a2 @ a1)[0, 1:].numpy()
-    assert np.abs(got - product).max() > 0.01
-
-
-def test_attention_flow_on_a_model_matches_the_closed_form():
-    model = tiny_timm_vit(img_size=32, depth=2)
-    x = torch.randn(2, 3, 32, 32)
-    with torch.no_grad(), vitviz.capture_attention(model) as cap:
-        model(x)
-    got = vitviz.explain(model, x, "flow", progress=False)
-    for b in range(2):
-        mats = []
-        for a in cap.attentions:
-            w = 0.5 * a[b].mean(0) + 0.5 * torch.eye(17)
-            mats.append(w / w.sum(-1, keepdim=True))
-        want = [torch.minimum(mats[1][0], mats[0][:, j]).sum().item() for j in range(1, 17)]
-        np.testing.assert_allclose(got[b].flatten().numpy(), want, atol=17 * 2 / 2 ** 20)
-
-
-def test_flow_refuses_too_many_tokens_naming_the_limit():
-    with pytest.raises(InputError, match="max_tokens=10"):
-        vitviz.explain(tiny_timm_vit(), torch.randn(1, 3, 32, 48), "flow", max_tokens=10)
-
-
 # -------------------------------------------------------------------------------- attention, random, the entry
 
 
@@ -347,6 +311,16 @@ def test_every_method_on_every_family(family):
         maps = vitviz.explain(model, x, method)
         assert maps.shape == (2, 4, 4) and torch.isfinite(maps).all(), method
         assert method in signed or (maps >= 0).all(), method
+
+
+def test_explain_returns_float32_for_every_method_on_a_float64_model():
+    model = tiny_timm_vit().double()
+    x = torch.randn(2, 3, 32, 48, dtype=torch.float64)
+    for method in METHODS:
+        assert vitviz.explain(model, x, method).dtype == torch.float32, method
+    low = vitviz.chefer_relevance(model, x)  # the lower-level calls keep the model's float64 where they say so
+    assert low.dtype == torch.float64
+    torch.testing.assert_close(vitviz.explain(model, x, "chefer"), low.float())
 
 
 def test_explain_errors_name_the_argument():

@@ -316,3 +316,50 @@ def test_open_clip_features_equal_its_own_tower(batch_first):
         first = visual.transformer.resblocks[0](tokens if batch_first else tokens.transpose(0, 1))
         first = first if batch_first else first.transpose(0, 1)
         torch.testing.assert_close(f.feats[0], first[:, 0])
+
+
+def _fewshot_lsr(x, y, x_test, k, l2):
+    """big_vision's evaluators/fewshot_lsr.py, re-written in numpy: whiten with the examples' mean and std (+1e-5),
+    append a constant feature 100 for the bias (penalised like the rest), {-1, 1} targets, ridge without centring."""
+    mean, std = x.mean(0, keepdims=True), x.std(0, keepdims=True) + 1e-5
+    a = np.pad((x - mean) / std, ((0, 0), (0, 1)), constant_values=100.0)
+    a_test = np.pad((x_test - mean) / std, ((0, 0), (0, 1)), constant_values=100.0)
+    t = 2.0 * np.eye(k)[y] - 1.0
+    w = np.linalg.solve(a.T @ a + l2 * np.eye(a.shape[1]), a.T @ t)
+    return a_test @ w
+
+
+def test_big_vision_l2_reproduces_the_authors_evaluator_on_balanced_draws():
+    from vitviz.analysis.probes import BIG_VISION_L2
+
+    assert BIG_VISION_L2 == 2.0 ** 10
+    rng = np.random.default_rng(3)
+    k = 7
+    xte, yte = rng.normal(size=(300, 12)) * 0.6, rng.integers(0, k, 300)
+    xte += np.eye(k, 12)[yte]
+    for shots, d in ((1, 12), (5, 12), (10, 40)):  # the dual (n <= D) and primal (n > D) branches
+        x, y = _blobs(shots, k=k, d=d, seed=shots, spread=0.7)  # class-balanced, as every fewshot draw
+        xt = np.pad(xte, ((0, 0), (0, d - 12))) + rng.normal(size=(300, d)) * 0.3
+        ref = _fewshot_lsr(x, y, xt, k, BIG_VISION_L2)
+        acc, l2 = linear_fewshot_accuracy(x, y, xt, yte, l2_reg=BIG_VISION_L2, num_classes=k)
+        assert l2 == BIG_VISION_L2 and acc == 100.0 * (ref.argmax(1) == yte).mean()
+        # the scores differ by one constant per image (the bias feature only shrinks the same intercept of every
+        # class by n / (n + l2 / 100^2)), so every prediction is the same
+        xs, xts = standardize(x, xt)
+        w, b = RidgeFit(xs, pm1_targets(y, k)).weights(BIG_VISION_L2)
+        diff = xts @ w + b - ref
+        np.testing.assert_allclose(diff, diff[:, :1].repeat(k, 1), atol=1e-9)
+        n = len(y)
+        np.testing.assert_allclose(diff[:, 0], (2.0 / k - 1) * (1 - n / (n + BIG_VISION_L2 / 1e4)), atol=1e-9)
+
+
+def test_fewshot_draws_are_the_authors_draws():
+    """big_vision draws, per seed, one permutation of each class's indices (classes in order) and takes the first
+    ``shots``; vitviz's draws are the same sets."""
+    labels = np.random.default_rng(0).integers(0, 4, 60)
+    for seed in range(3):
+        rng = np.random.default_rng(seed)
+        perms = [rng.permutation(np.where(labels == c)[0]) for c in range(4)]
+        got = fewshot_draws(labels, (1, 5), (seed,))
+        for shots in (1, 5):
+            assert np.array_equal(got[(shots, seed)], np.sort(np.concatenate([p[:shots] for p in perms])))

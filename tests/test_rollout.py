@@ -128,6 +128,18 @@ def test_discard_never_zeroes_the_diagonal_or_prefix_columns():
         assert max(dropped) <= min(kept)
 
 
+def test_discard_breaks_ties_by_position_earlier_first():
+    """Uniform attention (all ties) on a 3x4 grid: each row drops its first candidates in token order."""
+    n, p = 1 + 12, 1
+    out = discard_weakest(torch.full((2, n, n), 1.0 / n), 0.5, p)
+    kept = (out > 0).int()
+    # class row: 12 candidates, floor(0.5 * 12) = 6 dropped: the first six patches (grid rows 0 and half of 1)
+    assert kept[0, 0, 1:].reshape(3, 4).tolist() == [[0, 0, 0, 0], [0, 0, 1, 1], [1, 1, 1, 1]]
+    # patch token 3 (row 0, col 2): 11 candidates, 5 dropped: tokens 1, 2, 4, 5, 6 (never itself, never token 0)
+    assert kept[1, 3].tolist() == [1, 0, 0, 1, 0, 0, 0, 1, 1, 1, 1, 1, 1]
+    assert torch.equal(kept[0], kept[1])
+
+
 def test_reducer_restarts_on_a_new_pass_and_rejects_bad_options():
     maps = softmax_maps()
     red = RolloutReducer()

@@ -8,6 +8,7 @@ import torch
 from conftest import tiny_timm_vit
 
 import vitviz
+from vitviz.analysis.propagation import LayerRule, Propagator
 from vitviz.analysis.rollout import RolloutReducer, query_vectors, rollout_from_attentions, rollout_to_maps
 
 
@@ -92,3 +93,25 @@ def test_streaming_rollout_and_distance_on_cuda_equal_the_cpu_results():
     with torch.autocast("cuda", dtype=torch.bfloat16):  # half-precision maps, float32 reductions
         half = vitviz.attention_rollout(gpu, x.cuda())
     torch.testing.assert_close(half.float().cpu(), maps, atol=2e-2, rtol=5e-2)
+
+
+@pytest.mark.parametrize("return_full", [True, False])
+@pytest.mark.parametrize("depth", [1, 3])  # start_layer=depth-1: one layer in the product; depth=1: a one-block model
+def test_one_layer_products_do_not_alias_the_kept_block_across_batches(depth, return_full):
+    """With one layer in the product, R is that layer's matrix: it must be a copy, not the reused (L, B, N, N)
+    block that the next batch of the same size overwrites."""
+    torch.manual_seed(0)
+    model = tiny_timm_vit(depth=depth)
+    x = torch.randn(4, 3, 32, 48)
+    kw = dict(start_layer=depth - 1, return_full=return_full)
+    whole = vitviz.attention_rollout(model, x, **kw)
+    for bs in (1, 2):
+        torch.testing.assert_close(vitviz.attention_rollout(model, x, batch_size=bs, **kw), whole, atol=1e-6, rtol=1e-5)
+    assert not torch.equal(whole[0], whole[2])
+
+
+def test_propagator_result_is_not_a_view_of_a_kept_matrix():
+    prop = Propagator(LayerRule("rollout"), num_layers=1, assume_stochastic=True)
+    prop(0, torch.randn(2, 3, 5, 5).softmax(-1))
+    r = prop.result()
+    assert r.data_ptr() != prop.matrices[0].data_ptr()

@@ -3,6 +3,8 @@ similarity measures against scipy / scikit-image / a direct computation, and the
 
 from __future__ import annotations
 
+import re
+
 import numpy as np
 import pytest
 import torch
@@ -265,3 +267,15 @@ def test_layers_of_other_families(build, blocks, head, norm):
 def test_a_map_of_the_wrong_shape_is_refused(model, images):
     with pytest.raises(InputError, match=r"\(B, gh, gw\)"):
         sanity_checks(model, images, [lambda m, x, t: torch.zeros(len(x), 24)], tests=("repeat",))
+
+
+@pytest.mark.parametrize("shape", [(2, 6), (1, 8), (6, 2)])
+def test_ssim_refuses_maps_smaller_than_its_smallest_window(shape):
+    rng = np.random.default_rng(0)
+    with pytest.raises(InputError, match=rf"{re.escape(str(shape))}.*at least 3x3"):
+        ssim(rng.random(shape), rng.random(shape))
+    with pytest.raises(InputError, match="win_size=7"):
+        ssim_reference(rng.random((4, 6)), rng.random((4, 6)), win_size=7)  # larger than the map
+    with pytest.raises(InputError, match=r"\(4, 6\) and \(4, 5\)"):
+        ssim(rng.random((4, 6)), rng.random((4, 5)))
+    assert np.isfinite(ssim(rng.random((3, 5)), rng.random((3, 5))))  # the smallest window, 3x3, fits

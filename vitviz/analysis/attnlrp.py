@@ -152,8 +152,9 @@ def attnlrp(
         progress: show a progress bar.
 
     Returns:
-        ``(B, gh, gw)`` signed relevance (float32; float64 for a float64 model) on the model's device; the patch
-        and prefix relevances of an image sum to its explained score minus what biases and the softmax absorb.
+        ``(B, gh, gw)`` signed relevance (float32; float64 for a float64 model, which ``vitviz.explain`` casts to
+        float32) on the model's device; the patch and prefix relevances of an image sum to its explained score
+        minus what biases and the softmax absorb.
     """
     rules = LRPRules(linear=linear_rule, epsilon=float(epsilon), gamma=float(gamma), attention=attention_rule,
                      plain=tuple(plain))

@@ -9,8 +9,9 @@ method              what it is
                     call this "raw attention".
 ``"rollout"``       attention rollout, Abnar & Zuidema, ACL 2020, Eq. (1): ``R_l = rownorm(0.5 W_l + 0.5 I) R_{l-1}``
                     (``vitviz.attention_rollout``; its ``discard_ratio`` is row-wise, unlike vit-explain's).
-``"flow"``          attention flow, Abnar & Zuidema, ACL 2020, Sec. 3.2: max-flow over the layer graph
-                    (``vitviz.analysis.flow``; refuses more than ``max_tokens`` tokens).
+``"flow"``          attention flow, Abnar & Zuidema, ACL 2020, Sec. 3.2: max-flow over the layer graph, each output
+                    row divided by its sum over all input tokens as in the authors' code (``vitviz.analysis.flow``;
+                    refuses more than ``max_tokens`` tokens).
                     rollout, flow, grad_rollout and chefer share one layer rule and product
                     (``vitviz.analysis.propagation``): parallel branches averaged per block, signed maps refused.
 ``"grad_rollout"``  vitviz's gradient-weighted rollout: Chefer et al.'s head weighting ``mean_h (grad * A)^+`` fed
@@ -94,7 +95,8 @@ def raw_attention(
         batch_size, progress: as in ``vitviz.attention_rollout``.
 
     Returns:
-        ``(B, gh, gw)`` float32 on the model's device (a row of a stochastic matrix: sums to at most 1).
+        ``(B, gh, gw)`` float32 on the model's device, non-negative. With ``head_fusion="mean"`` or ``"min"`` a
+        map sums to at most 1 (part of a row of a stochastic matrix, or less); with ``"max"`` it can exceed 1.
     """
     spec = inspect(model)
     out: list[torch.Tensor] = []
@@ -159,15 +161,22 @@ def explain(
         progress: show a progress bar.
         **opts: passed to the method: ``layer``, ``head_fusion``, ``token`` (attention); ``head_fusion``,
             ``discard_ratio``, ``residual``, ``start_layer``, ``token`` (rollout); ``head_fusion``, ``token``,
-            ``max_tokens`` (flow); ``discard_ratio``, ``start_layer``, ``token`` (grad_rollout); ``start_layer``,
+            ``max_tokens``, ``normalise`` (flow); ``discard_ratio``, ``start_layer``, ``token`` (grad_rollout); ``start_layer``,
             ``token`` (chefer); ``linear_rule``, ``epsilon``, ``gamma``, ``attention_rule``, ``plain``,
             ``return_tokens`` (attnlrp); ``seed``, ``offset`` (random); ``pool``, ``n_steps``, ``baseline``,
             ``internal_batch_size`` (integrated_gradients); ``pool`` (input_x_gradient); ``layer`` (gradcam).
 
     Returns:
-        ``(B, gh, gw)`` float32 maps on the model's device.
+        ``(B, gh, gw)`` float32 maps on the model's device, for every method and every model dtype (a float64
+        model's maps are computed in float64 where the method does so, then cast; call the method's own function,
+        e.g. ``vitviz.chefer_relevance`` or ``vitviz.analysis.attnlrp.attnlrp``, to keep them in float64).
     """
     _check(method, target, opts)
+    return _dispatch(model, images, method, target, batch_size, progress, opts).to(torch.float32)
+
+
+def _dispatch(model: nn.Module, images: Images, method: str, target: Target, batch_size: int | None,
+              progress: bool, opts: dict[str, Any]) -> torch.Tensor:
     common = {"batch_size": batch_size}
     try:
         if method == "attention":

@@ -28,7 +28,7 @@ use zero (deletion) and a blurred image (insertion); both differ from token drop
 comparable across removals.
 
 Ties: patches of equal relevance are removed in a random order drawn from ``seed`` and the image's id, never in
-raster order (a saturated map, e.g. attention flow's many patches at exactly 1.0, would otherwise be scored by
+raster order (a saturated map, e.g. attention flow's many patches at one shared value, would otherwise be scored by
 where its patches sit). An image gets the same order whatever the batching and in whichever run.
 
 Tables: the result is a plain tidy frame (``attrs`` hold scalars only), one row per image, method, mode and

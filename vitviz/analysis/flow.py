@@ -7,16 +7,28 @@ the same code (``vitviz.analysis.propagation``): one layer of the graph per resi
 parallel block averaged (``ViTSpec.attention_blocks``), and maps that are not a flow between tokens (differential
 attention's signed ``S1 - lambda S2``, CaiT's talking heads) refused as rollout refuses them. The
 flow from output token ``t`` to input token ``j`` is the value of the maximum flow from node ``(L, t)`` to node
-``(0, j)``; the map is that value for every patch ``j``. Where rollout multiplies weights along every path, flow
-is limited by the narrowest cut, so the two differ whenever paths share a bottleneck.
+``(0, j)``. Where rollout multiplies weights along every path, flow is limited by the narrowest cut, so the two
+differ whenever paths share a bottleneck.
+
+Normalisation, as the authors' code does it (samiraabnar/attention_flow, ``attention_graph_util.compute_node_flow``
+and ``compute_flows``, with ``input_nodes`` every token of layer 0): the max-flow values from ``(L, t)`` to all
+``N`` input tokens, prefix tokens included, are divided by their sum. Each value is a separate max-flow problem,
+so the raw values share capacity and do not add up to 1 (close to 2 on the two-layer test models); after the
+division the row sums to 1 over the ``N`` input tokens, and the map, its patch columns, sums to 1 minus the prefix
+tokens' share (as rollout's map). ``normalise=False`` returns the raw max-flow values instead (each at most 1).
+Without a class token the map is the mean of the normalised rows of every patch token (vitviz's choice; the paper
+reads one row).
 
 Max-flow needs integer capacities here (``scipy.sparse.csgraph.maximum_flow``): capacities are
-``round(A * FLOW_SCALE)`` with ``FLOW_SCALE = 2**20``, and flows are divided back, so each value carries an error
-below ``(edges on the minimum cut) / (2 FLOW_SCALE)``. The reference implementation (samiraabnar/attention_flow)
-uses networkx on a float graph of one image; here the graph is solved per image with scipy's Dinic solver.
+``round(A * FLOW_SCALE)`` with ``FLOW_SCALE = 2**20``, and flows are divided back, so each raw value carries an error
+below ``(edges on the minimum cut) / (2 FLOW_SCALE)``. The reference code runs networkx's Edmonds-Karp on a float
+graph of one image; here the graph is solved per image with scipy's Dinic solver. Apart from that rounding the two
+compute the same values (``tests/test_flow.py`` checks a re-written ``compute_node_flow``, with networkx when it is
+installed).
 
 Cost: ``P`` max-flow problems per image on ``(L + 1) N`` nodes and ``L N^2`` edges, so flow refuses more than
-``max_tokens`` tokens (default ``FLOW_MAX_TOKENS``) and shows a progress bar with ``progress=True``.
+``max_tokens`` tokens (default ``FLOW_MAX_TOKENS``; counted for each input, so a model with a dynamic image size is
+checked at the size it is given) and shows a progress bar with ``progress=True``.
 """
 
 from __future__ import annotations
@@ -69,6 +81,14 @@ def flow_from_layers(layers: list[torch.Tensor], source: int, sinks: list[int]) 
     return np.array([maximum_flow(graph, src, j, method="dinic").flow_value for j in sinks]) / FLOW_SCALE
 
 
+def _check_tokens(name: str, n: int, grid: tuple[int, int], depth: int, max_tokens: int) -> None:
+    if n > max_tokens:
+        raise InputError(f"attention flow of {name} on a {grid[0]}x{grid[1]}-patch input would solve "
+                         f"{grid[0] * grid[1]} max-flow problems per image on graphs of {n} tokens x {depth + 1} "
+                         f"layers; that is more than max_tokens={max_tokens} tokens. Pass max_tokens={n} to run it "
+                         "anyway (slow), pass smaller images, or use method='rollout'")
+
+
 def attention_flow(
     model: nn.Module,
     images: Images,
@@ -76,6 +96,7 @@ def attention_flow(
     head_fusion: str = "mean",
     token: int | None = None,
     max_tokens: int = FLOW_MAX_TOKENS,
+    normalise: bool = True,
     batch_size: int | None = None,
     progress: bool = False,
 ) -> torch.Tensor:
@@ -87,24 +108,22 @@ def attention_flow(
         head_fusion: ``"mean"`` (the paper), ``"max"`` or ``"min"``.
         token: the output token (default the class token; a model without one: the mean of the flows from
             every patch token, an expensive substitute: ``P`` times the work).
-        max_tokens: refuse models with more tokens than this (cost grows like ``N^3`` per image).
+        max_tokens: refuse inputs of more tokens than this (cost grows like ``N^3`` per image).
+        normalise: divide the flows of each output token by their sum over all ``N`` input tokens, as the
+            reference code does (default); ``False``: the raw max-flow values.
         batch_size: images per forward pass.
         progress: show a progress bar over images.
 
     Returns:
-        ``(B, gh, gw)`` float32 flow values (each at most 1), on the model's device.
+        ``(B, gh, gw)`` float32, non-negative, on the model's device: the normalised flows (a map sums to 1 minus the
+        prefix tokens' share), or with ``normalise=False`` the raw max-flow values (each at most 1).
 
     Raises:
-        InputError: the model has more than ``max_tokens`` tokens.
+        InputError: an input has more than ``max_tokens`` tokens.
         UnsupportedModelError: a layer's maps are not a flow between tokens (differential attention, CaiT talking
             heads).
     """
     spec = inspect(model)
-    if spec.num_tokens > max_tokens:
-        raise InputError(f"attention flow of {spec.name} would solve {spec.num_patches} max-flow problems per image "
-                         f"on graphs of {spec.num_tokens} tokens x {spec.depth + 1} layers; that is more than "
-                         f"max_tokens={max_tokens} tokens. Pass max_tokens={spec.num_tokens} to run it anyway (slow), "
-                         "or use method='rollout'")
     require_flow_maps(spec, list(range(len(spec.attention_modules))), "attention_flow", suggest_start=False)
     rule = LayerRule("rollout", num_prefix_tokens=spec.num_prefix_tokens)
     reducer = Propagator(rule, head_fusion=head_fusion, blocks=spec.attention_blocks or None, assume_stochastic=True)
@@ -117,18 +136,22 @@ def attention_flow(
     out: list[torch.Tensor] = []
     try:
         for x in iter_batches(model, images, batch_size):
+            gh, gw = spec.grid_for_input(x)
+            _check_tokens(spec.name, p + gh * gw, (gh, gw), spec.depth, max_tokens)
             # each block reduced to its (b, N, N) matrix as the forward pass runs
             with torch.no_grad(), capture_attention(model, on_layer=reducer, store=False, heads="stream"):
                 model(x)
             mats = reducer.matrices
-            gh, gw = spec.grid_for_input(x)
             n = mats[0].shape[-1]
             row = output_token(spec, token, n)
             sources = [row] if row is not None else list(range(p, n))
-            sinks = list(range(p, n))
+            sinks = list(range(n)) if normalise else list(range(p, n))  # normalised over every input token
             for b in range(len(x)):
                 layers = [m[b] for m in mats]
-                flows = np.mean([flow_from_layers(layers, s, sinks) for s in sources], axis=0)
+                rows = [flow_from_layers(layers, s, sinks) for s in sources]
+                if normalise:
+                    rows = [f[p:] / f.sum() for f in rows]
+                flows = np.mean(rows, axis=0)
                 out.append(torch.as_tensor(flows, dtype=torch.float32).reshape(gh, gw))
                 if bar is not None:
                     bar.update(1)

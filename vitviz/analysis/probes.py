@@ -8,17 +8,27 @@ problem that maps the (frozen) representation of a subset of training images to 
 solved in closed form. Here, for ``n = K x shots`` examples:
 
 1. the features are standardised with the few-shot examples' own per-dimension mean and standard deviation
-   (+1e-5), as the authors' evaluator (big_vision ``fewshot``) whitens them;
+   (+1e-5), as the authors' evaluator whitens them;
 2. targets ``Y = 2 * onehot(y) - 1`` ``(n, K)``;
 3. ``W = (Xc^T Xc + l2 I)^{-1} Xc^T Yc`` with ``Xc``, ``Yc`` centred on the examples' means, and an unpenalised
-   intercept ``b = mean(Y) - mean(X) W`` (big_vision appends a large constant feature instead: nearly the same);
+   intercept ``b = mean(Y) - mean(X) W``;
 4. the prediction is ``argmax(X_test W + b)``.
 
-``l2`` is chosen, when not given, among ``2^-10 .. 2^10`` (21 values) as the one with the smallest leave-one-out
-squared error of the ridge fit on the few-shot examples themselves (the PRESS statistic, exact in closed form from
-the hat matrix: ``r_i / (1 - H_ii)``; the standardisation uses all ``n`` examples); ties go to the larger ``l2``.
-No test image is looked at. (The authors' evaluator picks the ``l2`` from a list by accuracy on their held-out
-split; with only ``shots`` images per class we hold out one image at a time instead.)
+The authors' evaluator is big_vision's ``big_vision/evaluators/fewshot_lsr.py``, configured by
+``big_vision/configs/common_fewshot.py`` (``shots=[1, 5, 10, 25]``, ``num_seeds=3``, ``l2_reg=2.0 ** 10``). It
+uses that ONE fixed ``l2_reg``, with no selection (its code notes it "currently used the fixed l2_reg constant"),
+and instead of an intercept appends a constant feature ``100`` to the whitened features, penalised like the rest.
+The whitened features have mean 0 over the examples, so that feature is orthogonal to them: ``W`` is the same as
+ours and their intercept is ours times ``n / (n + l2 / 100^2)``. For class-balanced examples (every draw of
+``fewshot_draws``) ``mean(Y) = 2 / K - 1`` for every class, so the two scores differ by one constant per image and
+the predictions are the same: ``l2_reg=BIG_VISION_L2`` reproduces the evaluator's setting and accuracy
+(``tests/test_probes.py`` checks this against a numpy re-write of ``fewshot_lsr``). ``fewshot_draws`` draws as it
+does (per seed, one permutation of each class's indices, classes in order, the first ``shots``).
+
+vitviz's default differs: ``l2_reg=None`` chooses ``l2`` among ``2^-10 .. 2^10`` (21 values) as the one with the
+smallest leave-one-out squared error of the ridge fit on the few-shot examples themselves (the PRESS statistic,
+exact in closed form from the hat matrix: ``r_i / (1 - H_ii)``; the standardisation uses all ``n`` examples); ties
+go to the larger ``l2``. No test image is looked at.
 
 **Weighted k-NN** (Caron et al., "Emerging Properties in Self-Supervised Vision Transformers", ICCV 2021, Sec. 4.1
 and their ``eval_knn.py``): L2-normalised features, cosine similarity to every training image, the ``k = 20``
@@ -35,6 +45,7 @@ import numpy as np
 from vitviz.errors import InputError
 
 L2_GRID = tuple(2.0 ** e for e in range(-10, 11))
+BIG_VISION_L2 = 2.0 ** 10  # big_vision configs/common_fewshot.py: config.l2_reg, the fixed few-shot ridge penalty
 
 
 def _check_xy(x: np.ndarray, y: np.ndarray, what: str) -> tuple[np.ndarray, np.ndarray]:
@@ -146,7 +157,8 @@ def linear_fewshot_accuracy(x_train: np.ndarray, y_train: np.ndarray, x_test: np
     Args:
         x_train, y_train: the few-shot examples' features ``(n, D)`` and labels ``(n,)``.
         x_test, y_test: the evaluation images' features ``(M, D)`` and labels ``(M,)``.
-        l2_reg: the ridge penalty; ``None`` chooses it by leave-one-out error on the examples (``select_l2``).
+        l2_reg: the ridge penalty; ``None`` chooses it by leave-one-out error on the examples (``select_l2``);
+            ``BIG_VISION_L2`` (``2^10``) is the authors' evaluator's fixed setting (module docstring).
         num_classes: ``K`` (default: ``max(label) + 1`` over both sets).
     """
     x_train, y_train = _check_xy(x_train, y_train, "train")

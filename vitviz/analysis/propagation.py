@@ -85,7 +85,8 @@ def discard_weakest(w: torch.Tensor, ratio: float, num_prefix_tokens: int) -> to
     """Zero the weakest ``ratio`` of each row's entries, never the diagonal nor a prefix-token column.
 
     Row ``i`` may lose ``floor(ratio * c_i)`` entries, where ``c_i`` counts its patch columns other than ``i``
-    (``P`` for a prefix row, ``P - 1`` for a patch row); ties are broken by position. Rows are not renormalised.
+    (``P`` for a prefix row, ``P - 1`` for a patch row). Among equal values the earlier position (lower token
+    index) is discarded first: the candidates are ordered by a stable sort. Rows are not renormalised.
 
     Args:
         w: ``(B, N, N)`` fused attention.
@@ -105,7 +106,8 @@ def discard_weakest(w: torch.Tensor, ratio: float, num_prefix_tokens: int) -> to
     if k_max == 0:
         return w
     scores = w.masked_fill(protected, float("inf"))
-    idx = scores.topk(k_max, dim=-1, largest=False).indices  # (B, N, k_max), weakest first
+    # (B, N, k_max), weakest first; a stable sort keeps ties in token order (topk's order among ties is unspecified)
+    idx = scores.sort(dim=-1, stable=True).indices[..., :k_max]
     take = (torch.arange(k_max, device=w.device) < k_row[:, None]).expand_as(idx)
     drop = torch.zeros_like(w, dtype=torch.bool).scatter_(-1, idx, take)
     return w.masked_fill(drop, 0.0)
@@ -260,6 +262,8 @@ class Propagator:
         """The full product ``R`` ``(B, N, N)``, or the rows ``v R`` for ``rows=v`` ``(B, K, N)`` or ``(B, N)``.
 
         ``R`` is multiplied bottom up, ``A_L (... (A_2 A_1))``; rows are pushed from the top, ``((v A_L) ...) A_1``.
+        The result is always a new tensor, never a kept matrix (with ``num_layers`` those live in one block that
+        the next pass overwrites), also when the product has a single layer.
         """
         if not self.matrices:
             raise CaptureError("Propagator: no layer was fed; run a forward pass inside capture_attention("
@@ -270,6 +274,8 @@ class Propagator:
             if skip:
                 n = r.shape[-1]
                 r = torch.eye(n, dtype=r.dtype, device=r.device) + r
+            elif len(self.matrices) == 1:
+                r = r.clone()  # R = A_1: a copy, not a view into the kept block
             for a in self.matrices[1:]:
                 r = r + torch.bmm(a, r) if skip else torch.bmm(a, r)
             return r

@@ -227,7 +227,8 @@ def chefer_relevance(
         progress: show a progress bar over images.
 
     Returns:
-        ``(B, gh, gw)`` float32 relevance (non-negative), or ``(B, N, N)``; on the model's device.
+        ``(B, gh, gw)`` relevance (non-negative), or ``(B, N, N)``; on the model's device; float32, float64 for a
+        float64 model (the product runs in the gradients' dtype; ``vitviz.explain`` casts to float32).
     """
     return _run(model, images, target, "chefer", discard_ratio=0.0, start_layer=start_layer, token=token,
                 return_full=return_full, batch_size=batch_size, progress=progress)

@@ -6,9 +6,15 @@ forward pass per batch through the dataset path, resumable with ``cache=``) and 
 ``pandas`` tables, one row per (model, layer, shots, seed); ``summarize_probes`` adds means and 95% intervals.
 
 Layers: ``layer=None`` reads the pre-logits representation (what the classifier sees); ``layer=i`` reads block
-``i``'s output (0-based) and pools it as the model does: the class token, or the mean of the patch tokens for
-models without one (``Family.pooled_token``). ``depth`` in the tables counts blocks from 1; the pre-logits
-representation has ``depth = L + 1`` for an ``L``-block model.
+``i``'s output (0-based) and pools it as the model's readout pools its last block (``Family.pooled_token``): timm
+``global_pool`` (``"token"``: the class token; ``"avg"``, ``"avgmax"``, ``"max"``: the reduction over the tokens after
+the prefix tokens, as timm's own pooling), Hugging Face BEiT with mean pooling (the patch mean), DINOv2's classifier
+(``[class token, patch mean]``), open_clip ``pool_type="avg"`` (the patch mean); otherwise the class token, or the
+mean of the patch tokens for models without one. An attention-pooling head (timm ``"map"``, SigLIP) is trained on
+the last block only and is not applied to other blocks: they get the class token, else the patch mean. No norm is
+applied (timm's ``norm`` before pooling and ``fc_norm`` after it belong to the pre-logits, ``layer=None``).
+``depth`` in the tables counts blocks from 1; the pre-logits representation has ``depth = L + 1`` for an
+``L``-block model.
 """
 
 from __future__ import annotations
@@ -132,7 +138,10 @@ def linear_fewshot(model: nn.Module, train: Any, test: Any, shots: Sequence[int]
     For every ``shots`` and seed, ``shots`` training images per class are drawn (nested over ``shots``), a
     closed-form least-squares map from their frozen features to ``{-1, 1}^K`` is fitted and scored on ``test``
     (``vitviz.analysis.probes``: standardisation, unpenalised intercept, ``l2`` by leave-one-out error over
-    ``2^-10..2^10`` on the examples when ``l2_reg`` is None).
+    ``2^-10..2^10`` on the examples when ``l2_reg`` is None). ``l2_reg=vitviz.analysis.probes.BIG_VISION_L2``
+    (``2^10``) reproduces the authors' evaluator (big_vision ``evaluators/fewshot_lsr.py``), which uses that fixed
+    penalty with no selection; its configuration draws ``shots=(1, 5, 10, 25)`` with ``seeds=range(3)``, and
+    ``fewshot_draws`` draws the way it does.
 
     Args:
         model: any ViT vitviz reads (eval mode; its device is used).

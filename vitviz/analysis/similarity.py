@@ -6,8 +6,9 @@
   taken in absolute value and min-max scaled to ``[0, 1]`` (so ``data_range=1``; a constant map becomes all
   zeros). Computed by ``skimage.metrics.structural_similarity`` when scikit-image is installed (the ``notebooks``
   extra), else by ``ssim_reference`` below, which implements the same defaults: a ``7 x 7`` uniform window (the
-  largest odd size that fits, on grids smaller than 7 patches), ``K1 = 0.01``, ``K2 = 0.03``, sample
-  covariances, and the mean over the windows that lie wholly inside the map.
+  largest odd size that fits, on grids smaller than 7 patches; maps with a side below 3 are refused with
+  ``InputError``), ``K1 = 0.01``, ``K2 = 0.03``, sample covariances, and the mean over the windows that lie wholly
+  inside the map.
 """
 
 from __future__ import annotations
@@ -15,6 +16,8 @@ from __future__ import annotations
 import numpy as np
 from scipy.ndimage import uniform_filter
 from scipy.stats import rankdata
+
+from vitviz.errors import InputError
 
 __all__ = ["scale_unit", "spearman", "ssim", "ssim_reference", "window_size"]
 
@@ -36,10 +39,26 @@ def scale_unit(m: np.ndarray) -> np.ndarray:
     return (m - m.min()) / span if span > 0 else np.zeros_like(m)
 
 
+MIN_WINDOW = 3  # the smallest SSIM window: a side of 1 has no spread, and 2 is even (no centre pixel)
+
+
 def window_size(shape: tuple[int, ...]) -> int:
-    """skimage's default window (7), or the largest odd size that fits a smaller map."""
+    """skimage's default window (7), or the largest odd size that fits a smaller map (at least 3).
+
+    Raises:
+        InputError: a map side below 3 (no window fits).
+    """
+    if len(shape) != 2 or min(shape) < MIN_WINDOW:
+        raise InputError(f"ssim: a map of shape {tuple(shape)} is too small; SSIM needs 2-D maps of at least "
+                         f"{MIN_WINDOW}x{MIN_WINDOW} patches (its smallest window); use an input with a larger "
+                         "patch grid, or compare such maps with spearman only")
     w = min(7, *shape)
     return w if w % 2 == 1 else w - 1
+
+
+def _check_pair(a: np.ndarray, b: np.ndarray) -> None:
+    if a.shape != b.shape:
+        raise InputError(f"ssim: the two maps have shapes {a.shape} and {b.shape}; pass maps of one grid")
 
 
 def ssim_reference(a: np.ndarray, b: np.ndarray, *, data_range: float = 1.0, win_size: int = 7) -> float:
@@ -51,6 +70,10 @@ def ssim_reference(a: np.ndarray, b: np.ndarray, *, data_range: float = 1.0, win
     """
     a = np.asarray(a, dtype=np.float64)
     b = np.asarray(b, dtype=np.float64)
+    _check_pair(a, b)
+    if a.ndim != 2 or win_size % 2 == 0 or not MIN_WINDOW <= win_size <= min(a.shape):
+        raise InputError(f"ssim_reference: win_size={win_size} does not fit maps of shape {a.shape}; pass an odd "
+                         f"win_size from {MIN_WINDOW} to the map's shorter side (window_size(shape) picks one)")
     n = win_size * win_size
     cov_norm = n / (n - 1)
     mu_a, mu_b = uniform_filter(a, win_size), uniform_filter(b, win_size)
@@ -64,8 +87,13 @@ def ssim_reference(a: np.ndarray, b: np.ndarray, *, data_range: float = 1.0, win
 
 
 def ssim(a: np.ndarray, b: np.ndarray) -> float:
-    """SSIM of two ``(gh, gw)`` maps after ``scale_unit`` (see the module docstring)."""
+    """SSIM of two ``(gh, gw)`` maps after ``scale_unit`` (see the module docstring).
+
+    Raises:
+        InputError: the maps differ in shape, or a side is below 3 patches (no SSIM window fits).
+    """
     a, b = scale_unit(a), scale_unit(b)
+    _check_pair(a, b)
     win = window_size(a.shape)
     try:
         from skimage.metrics import structural_similarity

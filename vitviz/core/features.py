@@ -4,8 +4,9 @@
 autocast, progress bar, resumable checkpoint file) and returns, per image, the model's pre-logits representation
 (``Family.pre_logits``: timm ``forward_head(forward_features(x), pre_logits=True)``, the input of a Hugging Face
 or torchvision classifier, a Hugging Face backbone's ``pooler_output``, open_clip's image features) and/or each
-requested block's image representation (``Family.pooled_token`` of the block's output tokens: the class token, or
-the mean of the patch tokens for models without one), all from ONE forward pass per batch, with the labels.
+requested block's image representation (``Family.pooled_token`` of the block's output tokens, pooled as the
+model's readout pools its last block: the class token, or the patch mean for a model that averages; see
+``vitviz.analysis.representations``), all from ONE forward pass per batch, with the labels.
 
 Features are stored row by row in running "sums" (each row written once, zero elsewhere), so the resumable
 checkpoint of ``reduce_dataset`` doubles as a feature cache: a rerun with the same ``checkpoint`` path reads the

@@ -320,8 +320,11 @@ class Family:
         return output
 
     def pooled_token(self, model: nn.Module, tokens: torch.Tensor, prefix_tokens: tuple[str, ...]) -> torch.Tensor:
-        """One layer's image representation ``(B, D)`` from its tokens ``(B, N, D)``: the class token when the
-        model has one (the first prefix token), else the mean of the patch tokens (global average pooling)."""
+        """One block's image representation ``(B, D)`` from its tokens ``(B, N, D)``, pooled as the model's readout
+        pools its last block. This default: the class token when the model has one (the first prefix token), else
+        the mean of the patch tokens (global average pooling). Families whose readout reduces over the tokens
+        override it (``vitviz.core.families.pooling``: timm ``global_pool``, BEiT mean pooling, DINOv2's
+        classifier, open_clip ``pool_type="avg"``)."""
         if prefix_tokens and prefix_tokens[0] == "cls":
             return tokens[:, 0]
         return tokens[:, len(prefix_tokens):].mean(dim=1)

@@ -49,6 +49,13 @@ class HFBeitFamily(HFVisionFamily):
         pooler = getattr(vision_root(model)[0], "pooler", None)
         return getattr(pooler, "layernorm", None) is not None  # BeitPooler: mean over patch tokens
 
+    def pooled_token(self, model: nn.Module, tokens: torch.Tensor, prefix_tokens: tuple[str, ...]) -> torch.Tensor:
+        """``use_mean_pooling``: the mean of the patch tokens (``BeitPooler``, before its layernorm); else the
+        class token."""
+        if self.pools_patches(model):
+            return tokens[:, len(prefix_tokens):].mean(dim=1)
+        return super().pooled_token(model, tokens, prefix_tokens)
+
     def drop_tokens(self, model: nn.Module, keep: torch.Tensor, num_prefix_tokens: int) -> Undo:
         undos = [super().drop_tokens(model, keep, num_prefix_tokens)]
         index = token_index(num_prefix_tokens, keep)

@@ -13,6 +13,7 @@ so its pixels are filled instead.
 
 from __future__ import annotations
 
+import torch
 from torch import nn
 
 from vitviz.core.families.hf_base import HFVisionFamily, vision_config
@@ -28,6 +29,13 @@ class HFDinov2Family(HFVisionFamily):
     def pools_patches(self, model: nn.Module) -> bool:
         # Dinov2ForImageClassification classifies [cls, mean of the patch tokens]; Dinov2Model pools the cls token
         return type(model).__name__.endswith("ForImageClassification")
+
+    def pooled_token(self, model: nn.Module, tokens: torch.Tensor, prefix_tokens: tuple[str, ...]) -> torch.Tensor:
+        """The classifier's input ``[cls, mean of the patch tokens]`` ``(B, 2D)`` (registers left out of the mean)
+        for ``Dinov2ForImageClassification``; the class token (``pooler_output``'s token) for the backbone."""
+        if self.pools_patches(model):
+            return torch.cat([tokens[:, 0], tokens[:, len(prefix_tokens):].mean(dim=1)], dim=-1)
+        return super().pooled_token(model, tokens, prefix_tokens)
 
 
 class HFDinov2RegistersFamily(HFDinov2Family):

@@ -102,6 +102,14 @@ class OpenCLIPFamily(Family):
             output = output.transpose(0, 1)
         return super().block_tokens(model, output, batch)
 
+    def pooled_token(self, model: nn.Module, tokens: torch.Tensor, prefix_tokens: tuple[str, ...]) -> torch.Tensor:
+        """``pool_type="avg"``: the mean of the patch tokens (the tower's ``_global_pool``); ``"tok"`` and
+        attentional poolers: the class token."""
+        visual = tower(model)[0]
+        if getattr(visual, "attn_pool", None) is None and getattr(visual, "pool_type", "tok") == "avg":
+            return tokens[:, len(prefix_tokens):].mean(dim=1)
+        return super().pooled_token(model, tokens, prefix_tokens)
+
     def pre_logits(self, model: nn.Module, x: torch.Tensor) -> torch.Tensor:
         """The tower's image features (pooled token times ``proj``, what ``encode_image`` returns unnormalised)."""
         out = tower(model)[0](x)

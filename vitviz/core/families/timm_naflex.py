@@ -18,6 +18,7 @@ import torch
 from torch import nn
 
 from vitviz.core.families.base import Family, Layout
+from vitviz.core.families.pooling import timm_pooled_token
 from vitviz.core.families.pos_kind import table_kind
 from vitviz.core.families.timm_probes import map_kind, probe_timm, stream_probe_for
 from vitviz.core.families.timm_vit import KNOWN_ATTENTION, attention_of, is_timm
@@ -84,6 +85,11 @@ class NaFlexVitFamily(Family):
 
     def attention_modules(self, model: nn.Module) -> list[tuple[str, nn.Module]]:
         return [m for i, b in enumerate(model.blocks) for m in attention_of(b, i)]
+
+    def pooled_token(self, model: nn.Module, tokens: torch.Tensor, prefix_tokens: tuple[str, ...]) -> torch.Tensor:
+        """As ``global_pool`` pools (unpadded input); ``"token"`` and attention pooling (``"map"``): the default."""
+        pooled = timm_pooled_token(model, tokens, len(prefix_tokens))
+        return super().pooled_token(model, tokens, prefix_tokens) if pooled is None else pooled
 
     def attention_maps(self, model: nn.Module) -> list[str]:
         return [map_kind(m) for _, m in self.attention_modules(model)]

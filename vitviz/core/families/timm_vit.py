@@ -36,6 +36,7 @@ from vitviz.core.families.base import (
     set_attr,
     token_index,
 )
+from vitviz.core.families.pooling import timm_pooled_token
 from vitviz.core.families.pos_kind import table_kind
 from vitviz.core.families.timm_probes import map_kind, probe_timm, stream_probe_for
 from vitviz.core.util import pair
@@ -99,6 +100,11 @@ class TimmFamily(Family):
                 f"{cls} (timm) uses the attention module {unknown[0]}, which vitviz has no exact probe for; "
                 "describe the model with vitviz.describe(model, probe=...) if its attention is softmax(q k^T)"
             )
+
+    def pooled_token(self, model: nn.Module, tokens: torch.Tensor, prefix_tokens: tuple[str, ...]) -> torch.Tensor:
+        """As ``global_pool`` pools (``pooling.timm_pooled_token``); ``"token"`` and attention pooling: the default."""
+        pooled = timm_pooled_token(model, tokens, len(prefix_tokens))
+        return super().pooled_token(model, tokens, prefix_tokens) if pooled is None else pooled
 
     def prefix_tokens(self, model: nn.Module) -> tuple[str, ...]:
         tokens: list[str] = []
