@@ -25,6 +25,8 @@ def main() -> None:
     ap.add_argument("--out", default="bench/results/faithfulness")
     ap.add_argument("--flow", action="store_true", help="add attention flow (slow)")
     ap.add_argument("--batch-size", type=int, default=100)
+    ap.add_argument("--interval", choices=("t", "bootstrap"), default="t",
+                    help="interval of a mean over images (docs/explain.md's tables: bootstrap)")
     args = ap.parse_args()
     out = Path(args.out)
     out.mkdir(parents=True, exist_ok=True)
@@ -39,9 +41,9 @@ def main() -> None:
     df = vitviz.faithfulness(vit, images.images, methods, labels=labels, batch_size=args.batch_size,
                              out=out / "curves.csv", progress=False)
     print(f"{args.n} images x {len(methods)} methods ({df['removal'].iloc[0]}): {time.perf_counter() - start:.0f} s")
-    auc = vitviz.faithfulness_auc(df)
+    auc = vitviz.faithfulness_auc(df, interval=args.interval)
     auc.to_csv(out / "auc.csv", index=False)
-    paired = vitviz.compare_methods(df, baseline="chefer")
+    paired = vitviz.compare_methods(df, baseline="chefer", interval=args.interval)
     paired.to_csv(out / "paired_vs_chefer.csv", index=False)
     pd_opts = dict(index=False, float_format=lambda v: f"{v:.4f}")
     print(auc.to_string(**pd_opts))

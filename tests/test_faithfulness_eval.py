@@ -131,7 +131,7 @@ def test_compare_methods_equals_a_hand_written_paired_bootstrap():
     model = tiny_timm_vit()
     x = torch.randn(6, 3, 32, 48)
     df = vitviz.faithfulness(model, x, ["chefer", "rollout", "random"], steps=0.25, progress=False)
-    got = vitviz.compare_methods(df, baseline="chefer", n_boot=300, seed=3)
+    got = vitviz.compare_methods(df, baseline="chefer", interval="bootstrap", n_boot=300, seed=3)
     assert len(got) == 2 * 4 and set(got["baseline"]) == {"chefer"}
     for _, row in got.iterrows():
         def auc(method, row=row):

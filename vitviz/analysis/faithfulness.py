@@ -18,7 +18,8 @@ softmax probability of the target class (Petsiuk et al.). With ``target=None`` t
 prediction on the clean image (so accuracy starts at 1); pass the labels to score against them. A callable
 ``target`` (headless models) records its own value in every mode (metric ``"target"``). The AUC is the trapezoidal
 area under the score over the fraction axis ``[0, 1]`` (``vitviz.faithfulness_auc``); methods are compared by the
-paired bootstrap of their per-image AUC differences (``vitviz.compare_methods``).
+Student-t interval of their mean per-image AUC difference, i.e. the paired t-test (``vitviz.compare_methods``;
+``vitviz.analysis.faithfulness_stats`` says why not the bootstrap by default).
 
 Removal (column ``removal``, ``vitviz.analysis.perturbation``): ``"drop"`` takes the removed patch tokens out of
 the sequence right after the position embedding, where the model's family says how (``Family.drop_tokens``), so the
@@ -33,7 +34,8 @@ where its patches sit). An image gets the same order whatever the batching and i
 
 Tables: the result is a plain tidy frame (``attrs`` hold scalars only), one row per image, method, mode and
 fraction; runs over disjoint image ids (``image_offset=`` / ``image_ids=``) concatenate with ``pd.concat``, and
-repeated rows are refused by ``faithfulness_auc`` and ``compare_methods``.
+repeated rows are refused by ``faithfulness_auc`` and ``compare_methods``. ``out=`` resumes a run
+(``vitviz.analysis.faithfulness_resume``: a fingerprint beside the file refuses rows of another run).
 """
 
 from __future__ import annotations
@@ -47,6 +49,7 @@ import torch
 from torch import nn
 
 from vitviz.analysis.explain import GRADIENT_METHODS, METHODS, explain
+from vitviz.analysis.faithfulness_resume import COLUMNS, fingerprint, image_id_of, restore_ids, resume
 from vitviz.analysis.faithfulness_stats import BETTER, MODES, bootstrap_ci, compare_methods, faithfulness_auc
 from vitviz.analysis.perturbation import Perturbed, drop_module, keep_tokens, rank_patches, resolve_removal
 from vitviz.core.batching import count_images, iter_batches
@@ -54,8 +57,8 @@ from vitviz.core.datasets import dataset_length, is_dataset_source, iter_dataset
 from vitviz.core.images import Images
 from vitviz.core.io import atomic_write
 from vitviz.core.spec import inspect
-from vitviz.core.targets import Target, resolve_target
-from vitviz.errors import CheckpointError, InputError
+from vitviz.core.targets import Target, logits_of, resolve_target
+from vitviz.errors import InputError
 
 __all__ = ["BETTER", "COLUMNS", "DEFAULT_METHODS", "MODES", "bootstrap_ci", "compare_methods", "default_methods", "drop_module",
            "faithfulness", "faithfulness_auc", "keep_tokens"]
@@ -63,7 +66,6 @@ __all__ = ["BETTER", "COLUMNS", "DEFAULT_METHODS", "MODES", "bootstrap_ci", "com
 # the cheap methods (one forward, or one forward and backward, per batch); flow only when asked (see faithfulness)
 DEFAULT_METHODS = tuple(m for m in ("attention", "rollout", "grad_rollout", "chefer", "attnlrp", "random")
                         if m in METHODS)
-COLUMNS = ["image", "method", "mode", "fraction", "score", "metric", "removal"]
 MapFn = Callable[[nn.Module, torch.Tensor, Any], torch.Tensor]
 Methods = Sequence[str | MapFn] | Mapping[str, str | MapFn | torch.Tensor]
 
@@ -125,40 +127,49 @@ def _per_image(values: Any, total: int | None, what: str) -> torch.Tensor | None
     return t
 
 
-def _ids(image_ids: Sequence[Hashable] | None, image_offset: int, total: int | None) -> Callable[[int], Hashable]:
-    if image_ids is None:
-        if isinstance(image_offset, bool) or not isinstance(image_offset, (int, np.integer)) or image_offset < 0:
-            raise InputError(f"image_offset={image_offset!r} must be a non-negative int (the id of the first image)")
-        return lambda p: int(image_offset) + p
-    ids = [i.item() if isinstance(i, (np.generic, torch.Tensor)) else i for i in image_ids]
-    if total is not None and len(ids) != total:
-        raise InputError(f"image_ids holds {len(ids)} ids but there are {total} images; give one per image")
-    if len(set(ids)) != len(ids):
-        dup = next(i for i in ids if ids.count(i) > 1)
-        raise InputError(f"image_ids repeats {dup!r}; every image needs its own id")
-    if image_offset:
-        raise InputError("pass image_ids= or image_offset=, not both")
-    return lambda p: ids[p]
+def _fill(fill: Any, how: str, removal: str) -> torch.Tensor:
+    if fill is None:
+        return torch.zeros(3)
+    if how == "drop":
+        raise InputError(f"fill={fill!r} is used only when pixels are filled (removal='mean'), but removal="
+                         f"{removal!r} drops this model's tokens; pass removal='mean' to fill, or leave fill out")
+    try:
+        t = torch.as_tensor(fill, dtype=torch.float32).reshape(-1)
+    except (TypeError, ValueError, RuntimeError):
+        raise InputError(f"fill={fill!r} is not a number or a list of numbers; pass one value per channel (3), in "
+                         "the model's normalised space") from None
+    if len(t) not in (1, 3) or not bool(torch.isfinite(t).all()):
+        raise InputError(f"fill={fill!r} must be one finite value, or one per channel (3 values), in the model's "
+                         "normalised space (e.g. [0, 0, 0], the normalisation mean)")
+    return t
 
 
-def _resume(out: str | os.PathLike | None, names: list[str], modes: Sequence[str], fractions: np.ndarray,
-            how: str) -> Any:
-    import pandas as pd
+def _check_labels(labels: Any, images: Any) -> None:
+    if isinstance(labels, str) and (labels != "dataset" or not is_dataset_source(images)):
+        raise InputError(f"labels={labels!r}: pass class indices, one per image, or labels='dataset' with a Dataset, "
+                         "folder or DataLoader")
+    src = getattr(images, "dataset", images)  # a DataLoader's dataset
+    if labels == "dataset" and getattr(src, "classes", None) == [] and -1 in getattr(src, "labels", []):
+        raise InputError(f"labels='dataset': the folder {str(getattr(src, 'root', ''))!r} has its images directly "
+                         "in it, not in one sub-folder per class, so they have no labels; put each class in its own "
+                         "sub-folder, or pass labels= as class indices, one per image")
 
-    if out is None or not os.path.exists(out):
-        return None
-    prev = pd.read_csv(out)
-    if list(prev.columns) != COLUMNS:
-        raise CheckpointError(f"out={str(out)!r} is not a vitviz.faithfulness table (columns {list(prev.columns)})")
-    fr = np.sort(prev["fraction"].unique())
-    same = not len(prev) or (set(prev["method"]) == set(names) and set(prev["mode"]) == set(modes)
-                             and set(prev["removal"]) == {how} and len(fr) == len(fractions)
-                             and np.allclose(fr, fractions))
-    if not same:
-        raise CheckpointError(f"out={str(out)!r} holds another run (methods {sorted(set(prev['method']))}, modes "
-                              f"{sorted(set(prev['mode']))}, removal {sorted(set(prev['removal']))}, "
-                              f"{len(fr)} fractions); pass another out= path or delete it to start over")
-    return prev
+
+def _truth(lab: Any, clean: Any, model: nn.Module, labels: Any) -> torch.Tensor:
+    """The labels of one batch as class indices, checked against the model's classes (errors name ``labels=``)."""
+    name = "labels='dataset'" if isinstance(labels, str) else "labels"
+    if lab is None:
+        raise InputError("labels='dataset': the dataset yields no targets; pass labels= as class indices")
+    t = torch.as_tensor(lab)
+    classes = logits_of(clean, model).shape[-1]
+    if t.is_floating_point() or t.dtype == torch.bool or t.ndim != 1:
+        raise InputError(f"{name}: got {t.dtype} values of shape {tuple(t.shape)}; labels are integer class "
+                         "indices, one per image")
+    bad = t[(t < 0) | (t >= classes)]
+    if len(bad):
+        raise InputError(f"{name}: the label {bad[0].item()} is out of range: {type(model).__name__} has {classes} "
+                         f"classes; give labels in 0 ... {classes - 1}")
+    return t.to(logits_of(clean, model).device)
 
 
 def faithfulness(
@@ -187,7 +198,10 @@ def faithfulness(
     Args:
         model: any ViT ``vitviz.inspect`` reads (on the GPU if it is there: everything runs on its device).
         images: a normalised ``(B, 3, H, W)`` batch, a list (anything ``iter_batches`` takes), or a whole dataset:
-            a folder of images, a ``torch.utils.data.Dataset`` or a ``DataLoader`` (read batch by batch).
+            a folder of images, a ``torch.utils.data.Dataset`` (an ``IterableDataset`` too: ids counted as its
+            images come) or a ``DataLoader`` that reads in dataset order (``shuffle=False``; a shuffling or sampling
+            loader is refused, as its images could not be matched to their ids, targets, labels and maps). Every
+            batch gets the checks of a tensor input (3 channels, floating point, finite values).
         methods: what to evaluate: ``vitviz.explain`` method names; callables ``f(model, images, target) -> (B,
             gh, gw)`` (``target`` is the batch's explained classes, or the callable target); or a dict name ->
             any of these or precomputed maps ``(n_images, gh, gw)`` (in the order of ``images``). Default
@@ -196,14 +210,16 @@ def faithfulness(
             11 s per image at ViT-B/16 size (197 tokens, 12 layers) on a CPU.
         target: ``None`` (each image's clean prediction), a class index, one per image (e.g. the labels), or a
             callable ``f(output) -> (B,)``.
-        labels: one class index per image, or ``"dataset"`` (the targets a Dataset / DataLoader yields); when
-            given, ``accuracy`` is whether the arg-max equals the label (as in Chefer et al.'s evaluation code),
-            while ``probability`` stays that of the explained class. Default: accuracy against the explained class.
+        labels: one class index per image, or ``"dataset"`` (the targets a Dataset / DataLoader yields; a folder
+            needs one sub-folder per class); when given, ``accuracy`` is whether the arg-max equals the label (top-1
+            accuracy, as in Chefer et al.'s evaluation code), while ``probability`` stays that of the explained
+            class, and ``attrs["labels"]`` is True. Default: accuracy against the explained class.
         steps: the fraction of patches removed per step (the curve has ``1 / steps + 1`` points, 0% to 100%).
         modes: any of ``positive``, ``negative``, ``deletion``, ``insertion`` (module docstring).
         removal: ``"auto"`` (drop tokens where the model's family can, else mean), ``"drop"`` or ``"mean"``.
-        fill: the per-channel value of removed pixels for ``"mean"``, in the model's normalised space (default
-            0: the normalisation mean, the model's training-set mean).
+        fill: the value of removed pixels for ``"mean"``, one finite number or one per channel (3), in the model's
+            normalised space (default 0: the normalisation mean, the model's training-set mean). Refused when
+            ``removal`` resolves to ``"drop"``, where no pixel is filled.
         method_options: per method name, options for ``vitviz.explain`` (e.g. ``{"attention": {"layer": -1}}``).
         batch_size: images per pass.
         progress: show a progress bar over images.
@@ -212,7 +228,11 @@ def faithfulness(
             data set the offset of its first image so that chunks concatenate without colliding.
         image_ids: one id per image (ints or strings), instead of ``image_offset``.
         out: a CSV file the rows are appended to after every batch (atomically: the file is always a complete
-            table); a rerun with the same ``out`` skips the images already in it and returns the whole table.
+            table), with the run's fingerprint in ``<out>.json``; a rerun with the same ``out`` and the same
+            arguments, model and data skips the images already in it and returns the whole table, equal to an
+            uninterrupted run's. A file of another run (any argument the rows depend on, the model's weights, a
+            data set's contents; ``vitviz.analysis.faithfulness_resume``) or without a fingerprint is refused
+            with a ``CheckpointError``.
         autocast: on CUDA, run maps and forward passes under ``torch.autocast`` (``True``: bfloat16, or a dtype);
             ignored on the CPU.
         num_workers: loader workers for a folder or ``Dataset``.
@@ -220,7 +240,7 @@ def faithfulness(
     Returns:
         DataFrame with columns ``image`` (the image id), ``method``, ``mode``, ``fraction``, ``score``, ``metric``
         (``accuracy``, ``probability`` or ``target``) and ``removal``; ``attrs`` hold scalars only (``removal``,
-        ``seed``, ``steps``). AUCs: ``vitviz.faithfulness_auc(df)``; paired comparisons:
+        ``seed``, ``steps``, ``labels``: whether ``accuracy`` is against ``labels=``). AUCs: ``vitviz.faithfulness_auc(df)``; paired comparisons:
         ``vitviz.compare_methods(df, baseline=...)``.
     """
     import pandas as pd
@@ -239,23 +259,24 @@ def faithfulness(
     table = _methods(default_methods(model) if methods is None else methods, total)
     spec = inspect(model)
     how = resolve_removal(model, removal)
-    fill_t = torch.zeros(3) if fill is None else torch.as_tensor(fill, dtype=torch.float32).reshape(-1)
+    fill_t = _fill(fill, how, removal)
     options = {k: dict(v) for k, v in (method_options or {}).items()}
-    image_id = _ids(image_ids, image_offset, total)
-    if isinstance(labels, str) and (labels != "dataset" or not dataset):
-        raise InputError(f"labels={labels!r}: pass class indices, one per image, or labels='dataset' with a Dataset, "
-                         "folder or DataLoader")
+    image_id = image_id_of(image_ids, image_offset, total)
+    _check_labels(labels, images)
     target_all, labels_all = _per_image(target, total, "target"), _per_image(labels, total, "labels")
     device = next(model.parameters()).device
     amp = (torch.bfloat16 if autocast is True else autocast) if autocast and device.type == "cuda" else None
-    prev = _resume(out, list(table), modes, fractions, how)
+    fp = None if out is None else fingerprint(
+        model, images, dataset, table, modes, steps, how, fill_t if how == "mean" else None, seed, target,
+        target_all, labels, labels_all, options, amp)
+    prev = resume(out, fp, restore_ids(image_ids, image_id, total))
     done = set() if prev is None else set(prev["image"])
     todo = [p for p in range(total)] if total is not None else None
     if todo is not None and done:
         todo = [p for p in todo if image_id(p) not in done]
     frames = [] if prev is None else [prev]
     if todo is not None and not todo:
-        return _finish(pd, frames, how, seed, steps)
+        return _finish(pd, frames, how, seed, steps, labels)
     if dataset:
         batches = iter_dataset(model, images, batch_size=batch_size, num_workers=num_workers, positions=todo)
     else:
@@ -290,12 +311,12 @@ def faithfulness(
     finally:
         if bar is not None:
             bar.close()
-    return _finish(pd, frames, how, seed, steps)
+    return _finish(pd, frames, how, seed, steps, labels)
 
 
-def _finish(pd: Any, frames: list[Any], how: str, seed: int, steps: float) -> Any:
+def _finish(pd: Any, frames: list[Any], how: str, seed: int, steps: float, labels: Any) -> Any:
     df = pd.concat(frames, ignore_index=True) if frames else pd.DataFrame(columns=COLUMNS)
-    df.attrs = {"removal": how, "seed": int(seed), "steps": float(steps)}
+    df.attrs = {"removal": how, "seed": int(seed), "steps": float(steps), "labels": labels is not None}
     return df
 
 
@@ -318,9 +339,9 @@ def _batch(model: nn.Module, spec: Any, x: torch.Tensor, pos: list[int], ids: li
     truth = None
     if classes is not None and labels is not None:
         lab = loaded if isinstance(labels, str) else labels_all[idx] if labels_all is not None else labels
-        if lab is None:
-            raise InputError("labels='dataset': the dataset yields no targets; pass labels= as class indices")
-        truth = resolve_target(lab, clean, model=model).classes
+        if lab is not None and torch.as_tensor(lab).ndim == 0:
+            lab = torch.as_tensor(lab).expand(b)  # one class for every image
+        truth = _truth(lab, clean, model, labels)
     explained = target if classes is None else classes
     pert = Perturbed(model, spec, x, how, fill, target, classes, truth, autocast=amp)
     grid = pert.grid

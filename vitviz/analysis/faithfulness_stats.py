@@ -1,11 +1,19 @@
-"""Areas under the faithfulness curves, their bootstrap intervals, and paired comparisons of methods.
+"""Areas under the faithfulness curves, their intervals over images, and paired comparisons of methods.
 
 Every method of a ``vitviz.faithfulness`` run sees the same images, so two methods are compared on the per-image
-difference of their AUCs, resampling images jointly (a paired bootstrap): ``compare_methods``. Comparing each
-method's marginal interval (``faithfulness_auc``) ignores that pairing: two intervals may overlap while the paired
-difference is clearly non-zero (between-image variance cancels in the difference). A method is called better or
-worse than another only when the paired interval of the difference excludes zero; otherwise the two are
-indistinguishable on these images.
+difference of their AUCs (a paired comparison): ``compare_methods``. Comparing each method's marginal interval
+(``faithfulness_auc``) ignores that pairing: two intervals may overlap while the paired difference is clearly
+non-zero (between-image variance cancels in the difference). A method is called better or worse than another only
+when the paired interval of the difference excludes zero; otherwise the two are indistinguishable on these images.
+
+Intervals (``interval=``): by default the Student-t interval of the mean (``mean +- t_{n-1} * sd / sqrt(n)``, the
+interval of the paired t-test for the differences of ``compare_methods``), which holds its coverage from two
+images on when the per-image values are roughly normal and, by the central limit theorem, for any shape as the
+images grow. ``interval="bootstrap"`` is the percentile bootstrap of the mean; it is too narrow on few images (its
+width shrinks by ``sqrt((n - 1) / n)`` and its quantiles are about normal ones, not t ones: at 2 images it is the range of
+the two values, and a method is called better or worse at a true difference of 0 about half the time; Hesterberg
+2015, "What Teachers Should Know About the Bootstrap", The American Statistician 69(4)), so use it from
+about 30 images on. With fewer than 2 images no interval exists: it is NaN and the verdict ``too few images``.
 """
 
 from __future__ import annotations
@@ -17,21 +25,77 @@ import numpy as np
 
 from vitviz.errors import InputError
 
-__all__ = ["BETTER", "MODES", "bootstrap_ci", "compare_methods", "faithfulness_auc", "per_image_auc"]
+__all__ = ["BETTER", "INTERVALS", "MODES", "bootstrap_ci", "compare_methods", "faithfulness_auc", "mean_interval",
+           "per_image_auc", "t_ci"]
 
 MODES = ("positive", "negative", "deletion", "insertion")
 BETTER = {"positive": "lower", "negative": "higher", "deletion": "lower", "insertion": "higher"}
 CURVE_KEY = ["image", "method", "mode", "fraction", "metric", "removal"]
 GROUP = ["method", "mode", "metric", "removal"]
+INTERVALS = ("t", "bootstrap")
+TOO_FEW = "too few images"
+
+
+def _values(values: Sequence[float] | np.ndarray, what: str) -> np.ndarray:
+    v = np.asarray(values, dtype=np.float64)
+    if v.ndim != 1 or len(v) == 0:
+        raise InputError(f"{what} needs a non-empty 1-D set of values, got shape {v.shape}")
+    if not np.isfinite(v).all():
+        raise InputError(f"{what}: values holds {int((~np.isfinite(v)).sum())} NaN or infinite values of {len(v)}; "
+                         "an interval of a mean needs finite values (drop or fix them first)")
+    return v
+
+
+def _check_ci(ci: float) -> None:
+    if isinstance(ci, bool) or not isinstance(ci, (int, float, np.floating)) or not 0 < ci < 1:
+        raise InputError(f"ci={ci!r} must lie in (0, 1), e.g. 0.95")
+
+
+def _check_n_boot(n_boot: int) -> None:
+    if isinstance(n_boot, bool) or not isinstance(n_boot, (int, np.integer)) or n_boot < 1:
+        raise InputError(f"n_boot={n_boot!r} must be a positive int, the number of bootstrap resamples (e.g. 1000)")
+
+
+def t_ci(values: Sequence[float] | np.ndarray, *, ci: float = 0.95) -> tuple[float, float]:
+    """Student-t interval of the mean of ``values``: ``mean +- t_{n-1, (1 + ci) / 2} * sd / sqrt(n)``.
+
+    The interval of the (paired, for differences) t-test. Its coverage is exact for normal values and holds
+    approximately for others (central limit theorem); with fewer than 2 values there is none: ``(nan, nan)``.
+    """
+    from scipy import stats
+
+    v = _values(values, "t_ci")
+    _check_ci(ci)
+    if len(v) < 2:
+        return float("nan"), float("nan")
+    half = float(stats.t.ppf(0.5 + ci / 2, len(v) - 1) * v.std(ddof=1) / np.sqrt(len(v)))
+    m = float(v.mean())
+    return m - half, m + half
+
+
+def mean_interval(values: Sequence[float] | np.ndarray, *, interval: str = "t", n_boot: int = 1000,
+                  ci: float = 0.95, seed: int = 0) -> tuple[float, float]:
+    """The ``interval`` (``"t"``: ``t_ci``; ``"bootstrap"``: ``bootstrap_ci``) of the mean of ``values``; ``(nan,
+    nan)`` with fewer than 2 values (see the module docstring for the choice)."""
+    if interval not in INTERVALS:
+        raise InputError(f"interval={interval!r} must be 't' (Student-t interval of the mean, the default) or "
+                         "'bootstrap' (percentile bootstrap, too narrow below about 30 images)")
+    _check_n_boot(n_boot)
+    if interval == "t":
+        return t_ci(values, ci=ci)
+    return bootstrap_ci(values, n_boot=n_boot, ci=ci, seed=seed)
 
 
 def bootstrap_ci(values: Sequence[float] | np.ndarray, *, n_boot: int = 1000, ci: float = 0.95, seed: int = 0,
                  statistic: Callable[[np.ndarray], np.ndarray] | None = None) -> tuple[float, float]:
     """Percentile bootstrap interval of the mean (or ``statistic`` over axis 1) of ``values``, resampling them.
 
+    Too narrow on few values (Hesterberg 2015, see the module docstring): at 2 values it is their range. With
+    fewer than 2 values there is no interval: ``(nan, nan)``.
+
     Args:
-        values: one value per unit (image).
-        n_boot: resamples.
+        values: one value per unit (image), finite.
+        n_boot: resamples, a positive int.
         ci: coverage, e.g. 0.95.
         seed: the generator's seed (same seed and number of values, same resamples).
         statistic: ``f(resamples (n_boot, n)) -> (n_boot,)``; default the mean.
@@ -39,11 +103,13 @@ def bootstrap_ci(values: Sequence[float] | np.ndarray, *, n_boot: int = 1000, ci
     Returns:
         ``(low, high)``.
     """
-    v = np.asarray(values, dtype=np.float64)
-    if v.ndim != 1 or len(v) == 0:
-        raise InputError(f"bootstrap_ci needs a non-empty 1-D set of values, got shape {v.shape}")
-    if not 0 < ci < 1:
-        raise InputError(f"ci={ci!r} must lie in (0, 1), e.g. 0.95")
+    v = _values(values, "bootstrap_ci")
+    _check_ci(ci)
+    _check_n_boot(n_boot)
+    if isinstance(seed, bool) or not isinstance(seed, (int, np.integer)) or seed < 0:
+        raise InputError(f"seed={seed!r} must be a non-negative int (the seed of the resamples)")
+    if len(v) < 2:
+        return float("nan"), float("nan")
     rng = np.random.default_rng(seed)
     samples = v[rng.integers(0, len(v), size=(n_boot, len(v)))]
     stats = samples.mean(axis=1) if statistic is None else statistic(samples)
@@ -72,14 +138,27 @@ def per_image_auc(df: Any, *, upto: float = 1.0) -> Any:
 
     Args:
         df: the DataFrame of ``vitviz.faithfulness`` (several runs concatenated, with distinct image ids).
-        upto: integrate over fractions ``[0, upto]`` only.
+        upto: integrate over fractions ``[0, upto]`` only: one of the fractions of ``df`` in ``(0, 1]`` (e.g. 0.9
+            with ``steps=0.1``).
 
     Returns:
         DataFrame with columns ``image``, ``method``, ``mode``, ``metric``, ``removal``, ``auc``.
+
+    Raises:
+        InputError: repeated rows, NaN scores (an AUC of NaN has no interval), or ``upto`` outside ``(0, 1]`` or not
+            one of the fractions.
     """
     import pandas as pd
 
     check_curves(df)
+    nan = df["score"].isna()
+    if nan.any():
+        r = df[nan].iloc[0]
+        image = r["image"].item() if isinstance(r["image"], np.generic) else r["image"]
+        raise InputError(f"df holds {int(nan.sum())} NaN scores, e.g. image {image!r}, {r['method']}/{r['mode']} "
+                         f"at fraction {r['fraction']}: the model gave NaN outputs there (NaN pixels, or a callable "
+                         "target that returns NaN); fix the inputs or drop those images (df[df.image != ...])")
+    _check_upto(upto, df["fraction"].unique())
     df = df[df["fraction"] <= upto + 1e-9]
     parts = []
     for (method, mode, metric, removal), g in df.groupby(GROUP, sort=False):
@@ -96,8 +175,19 @@ def per_image_auc(df: Any, *, upto: float = 1.0) -> Any:
     return pd.concat(parts, ignore_index=True)
 
 
-def faithfulness_auc(df: Any, *, n_boot: int = 1000, ci: float = 0.95, seed: int = 0, upto: float = 1.0) -> Any:
-    """Area under each curve per image, averaged over images, with a bootstrap interval over images.
+def _check_upto(upto: float, fractions: np.ndarray) -> None:
+    if isinstance(upto, bool) or not isinstance(upto, (int, float, np.floating)) or not 0 < upto <= 1:
+        raise InputError(f"upto={upto!r} must be a fraction of the patches in (0, 1], e.g. 0.9 (not a percentage)")
+    fr = np.sort(np.asarray(fractions, dtype=np.float64))
+    if len(fr) and not np.isclose(fr, upto, rtol=0, atol=1e-9).any():
+        shown = ", ".join(f"{f:g}" for f in fr)
+        raise InputError(f"upto={upto!r} is not one of the fractions of df ({shown}); the curve would be integrated "
+                         "up to the last fraction below it. Pass one of them")
+
+
+def faithfulness_auc(df: Any, *, interval: str = "t", n_boot: int = 1000, ci: float = 0.95, seed: int = 0,
+                     upto: float = 1.0) -> Any:
+    """Area under each curve per image, averaged over images, with an interval of that mean over images.
 
     The intervals are marginal: to say that one method beats another, use ``compare_methods`` (paired over the
     same images), not whether two of these intervals overlap.
@@ -105,27 +195,37 @@ def faithfulness_auc(df: Any, *, n_boot: int = 1000, ci: float = 0.95, seed: int
     Args:
         df: the DataFrame of ``faithfulness`` (runs may be concatenated when their image ids differ; repeated
             ``(image, method, mode, fraction)`` rows are refused with an ``InputError``).
-        n_boot, ci, seed: as in ``bootstrap_ci`` (the same resamples of images for every row).
-        upto: integrate over fractions ``[0, upto]`` only; Chefer et al. integrate up to 0.9
+        interval: ``"t"`` (default: the Student-t interval of the mean, ``t_ci``) or ``"bootstrap"`` (the percentile
+            bootstrap, ``bootstrap_ci``: too narrow below about 30 images; see the module docstring).
+        n_boot, seed: for ``interval="bootstrap"`` (the same resamples of images for every row).
+        ci: coverage, e.g. 0.95.
+        upto: integrate over fractions ``[0, upto]`` only (one of the fractions of ``df``); Chefer et al. integrate up to 0.9
             (``np.trapz(acc, x) * 100`` with ``x = 0, 0.1, ..., 0.9``), so ``upto=0.9`` times 100 is their number.
 
     Returns:
         DataFrame with one row per ``method``, ``mode``, ``metric``: ``auc`` (mean over images), ``ci_low``,
-        ``ci_high``, ``n_images``, ``better`` (``lower`` / ``higher``) and ``removal``.
+        ``ci_high`` (NaN with fewer than 2 images), ``n_images``, ``better`` (``lower`` / ``higher``) and
+        ``removal``; ``attrs["interval"]`` names the interval.
     """
     import pandas as pd
 
+    mean_interval([0.0], interval=interval, n_boot=n_boot, ci=ci)  # the arguments, before any work
     rows = []
     for (method, mode, metric, removal), g in per_image_auc(df, upto=upto).groupby(GROUP, sort=False):
-        lo, hi = bootstrap_ci(g["auc"].to_numpy(), n_boot=n_boot, ci=ci, seed=seed)
+        lo, hi = mean_interval(g["auc"].to_numpy(), interval=interval, n_boot=n_boot, ci=ci, seed=seed)
         rows.append({"method": method, "mode": mode, "metric": metric, "auc": float(g["auc"].mean()),
                      "ci_low": lo, "ci_high": hi, "n_images": len(g), "better": BETTER[mode], "removal": removal})
-    return pd.DataFrame(rows, columns=["method", "mode", "metric", "auc", "ci_low", "ci_high", "n_images",
-                                       "better", "removal"])
+    out = pd.DataFrame(rows, columns=["method", "mode", "metric", "auc", "ci_low", "ci_high", "n_images",
+                                      "better", "removal"])
+    out.attrs = {"interval": interval, "ci": float(ci)}
+    return out
 
 
 def verdict(low: float, high: float, better: str) -> str:
-    """``better``, ``worse`` or ``indistinguishable`` for a paired interval ``[low, high]`` of method - baseline."""
+    """``better``, ``worse`` or ``indistinguishable`` for a paired interval ``[low, high]`` of method - baseline;
+    ``too few images`` when there is no interval (NaN: fewer than 2 images)."""
+    if np.isnan(low) or np.isnan(high):
+        return TOO_FEW
     if low > 0:
         return "better" if better == "higher" else "worse"
     if high < 0:
@@ -133,30 +233,38 @@ def verdict(low: float, high: float, better: str) -> str:
     return "indistinguishable"
 
 
-def compare_methods(df: Any, baseline: str = "chefer", *, n_boot: int = 1000, ci: float = 0.95, seed: int = 0,
-                    upto: float = 1.0) -> Any:
-    """Paired bootstrap of each method's per-image AUC minus the baseline's, over the same images.
+def compare_methods(df: Any, baseline: str = "chefer", *, interval: str = "t", n_boot: int = 1000, ci: float = 0.95,
+                    seed: int = 0, upto: float = 1.0) -> Any:
+    """Paired comparison of each method's per-image AUC with the baseline's, over the same images.
 
     For each mode (and metric, removal) and each method other than ``baseline``: ``d_i = AUC_method,i -
-    AUC_baseline,i`` over the images ``i`` both were run on; ``diff`` is the mean of ``d`` and the interval a
-    percentile bootstrap of that mean, resampling images (so both methods' values of an image move together). The
-    verdict reads the mode's direction: on ``deletion``/``positive`` (lower is better) a difference whose interval
-    lies below zero is ``better``; on ``insertion``/``negative`` one above zero; an interval that contains zero is
-    ``indistinguishable``.
+    AUC_baseline,i`` over the images ``i`` both were run on; ``diff`` is the mean of ``d`` and the interval is, by
+    default, the Student-t interval of that mean (the paired t-test's: ``mean(d) +- t_{n-1} * sd(d) / sqrt(n)``).
+    The verdict reads the mode's direction: on ``deletion``/``positive`` (lower is better) a difference whose
+    interval lies below zero is ``better``; on ``insertion``/``negative`` one above zero; an interval that contains
+    zero is ``indistinguishable``; with fewer than 2 images the interval is NaN and the verdict ``too few images``
+    (one image says nothing about the spread over images).
 
     Args:
         df: the DataFrame of ``vitviz.faithfulness``.
         baseline: the method every other is compared with.
-        n_boot, ci, seed: as in ``bootstrap_ci`` (the same image resamples for every method).
-        upto: integrate over fractions ``[0, upto]`` only.
+        interval: ``"t"`` (default, the paired t interval) or ``"bootstrap"`` (the percentile bootstrap of the mean
+            difference, resampling images so that both methods' values of an image move together; too narrow below
+            about 30 images: at 2 to 5 images it calls methods that do not differ better or worse 17% to 50% of the
+            time at a nominal 5%; see the module docstring).
+        n_boot, seed: for ``interval="bootstrap"`` (the same image resamples for every method).
+        ci: coverage, e.g. 0.95.
+        upto: integrate over fractions ``[0, upto]`` only (one of the fractions of ``df``).
 
     Returns:
         DataFrame with columns ``mode``, ``metric``, ``removal``, ``method``, ``baseline``, ``auc``,
         ``baseline_auc``, ``diff``, ``ci_low``, ``ci_high``, ``n_images``, ``better`` (the mode's direction) and
-        ``verdict`` (``better`` / ``worse`` / ``indistinguishable``).
+        ``verdict`` (``better`` / ``worse`` / ``indistinguishable`` / ``too few images``); ``attrs["interval"]``
+        names the interval.
     """
     import pandas as pd
 
+    mean_interval([0.0], interval=interval, n_boot=n_boot, ci=ci)  # the arguments, before any work
     aucs = per_image_auc(df, upto=upto)
     methods = list(dict.fromkeys(aucs["method"]))
     if baseline not in methods:
@@ -173,10 +281,12 @@ def compare_methods(df: Any, baseline: str = "chefer", *, n_boot: int = 1000, ci
                                  f"{int(pair[method].notna().sum())} vs {int(pair[baseline].notna().sum())} images; "
                                  "a paired comparison needs both methods on every image")
             d = (pair[method] - pair[baseline]).to_numpy(dtype=np.float64)
-            lo, hi = bootstrap_ci(d, n_boot=n_boot, ci=ci, seed=seed)
+            lo, hi = mean_interval(d, interval=interval, n_boot=n_boot, ci=ci, seed=seed)
             rows.append({"mode": mode, "metric": metric, "removal": removal, "method": method, "baseline": baseline,
                          "auc": float(pair[method].mean()), "baseline_auc": float(pair[baseline].mean()),
                          "diff": float(d.mean()), "ci_low": lo, "ci_high": hi, "n_images": len(d),
                          "better": BETTER[mode], "verdict": verdict(lo, hi, BETTER[mode])})
-    return pd.DataFrame(rows, columns=["mode", "metric", "removal", "method", "baseline", "auc", "baseline_auc",
-                                       "diff", "ci_low", "ci_high", "n_images", "better", "verdict"])
+    out = pd.DataFrame(rows, columns=["mode", "metric", "removal", "method", "baseline", "auc", "baseline_auc",
+                                      "diff", "ci_low", "ci_high", "n_images", "better", "verdict"])
+    out.attrs = {"interval": interval, "ci": float(ci)}
+    return out

@@ -95,10 +95,14 @@ def rank_patches(maps: torch.Tensor, images: Sequence[Hashable], seed: int = 0) 
         seed: the seed of the tie orders.
 
     Returns:
-        ``(B, P)`` long ranks on ``maps``' device: patches are sorted by relevance, descending; among equal values
-        by a random permutation of the image's patches.
+        ``(B, P)`` long ranks on ``maps``' device: patches are sorted by relevance (compared in float64, so distinct
+        values of any dtype stay distinct), descending; among equal values by a random permutation of the image's
+        patches.
     """
-    flat = maps.detach().flatten(1).float()
+    flat = maps.detach().flatten(1)
+    # ranked in float64 (float32 on MPS, which has none): a float32 cast would turn values closer than its
+    # resolution (float64 maps, 1e-12 apart) into ties and shuffle them
+    flat = flat.float() if flat.device.type == "mps" else flat.double()
     if not torch.isfinite(flat).all():
         raise InputError("the relevance maps hold NaN or infinite values; a map must be finite to order patches")
     b, p = flat.shape

@@ -228,38 +228,60 @@ def iter_dataset(
     """Yield ``(x, targets, positions)`` batches of ``source`` on the model's device (for per-image results).
 
     Unlike ``reduce_dataset`` (running sums) this hands every batch to the caller with the positions of its images in
-    the dataset, so per-image results can be labelled and resumed.
+    the dataset, so per-image results can be labelled and resumed. Every batch gets the checks of a tensor input
+    (``vitviz.core.images.check_tensor``: 3 channels, floating point, finite, a size the model takes; errors name
+    ``images=``) and is cast to the model's floating dtype.
 
     Args:
-        model: the ViT (device and, for a folder, preprocessing).
-        source: a folder of images, a ``Dataset`` (items ``x`` or ``(x, target, ...)``) or a ``DataLoader`` (read
-            in its own order, positions counted as its batches come).
+        model: the ViT (device, dtype and, for a folder, preprocessing).
+        source: a folder of images, a ``Dataset`` (items ``x`` or ``(x, target, ...)``), an ``IterableDataset``
+            (positions counted as its items come) or a ``DataLoader`` that reads in a known order
+            (``vitviz.core.loader_order``: ``shuffle=False``, a ``ShardSampler``, a ``DistributedSampler(shuffle=
+            False)`` without its padding); a shuffling or otherwise sampling loader is refused (``InputError``).
         batch_size, num_workers, pin_memory: for the loader vitviz builds (not for a ready ``DataLoader``).
-        positions: read only these positions (a ``Dataset`` reads just them; a ``DataLoader`` loads every batch and
-            the others are dropped).
+        positions: read only these positions (a ``Dataset`` reads just them; a ``DataLoader`` or an iterable
+            dataset loads every batch and the others are dropped).
 
     Yields:
         ``x`` ``(b, 3, H, W)`` on the model's device, the batch's targets (or ``None``), and the ``b`` positions.
     """
+    from torch.utils.data import IterableDataset
+
+    from vitviz.core.images import _spec_or_cnn, check_size, check_tensor
+    from vitviz.core.loader_order import loader_positions
+
     if isinstance(source, (str, os.PathLike)):
         source = ImageFolder(source, model)
     device = _device(model)
+    param = next(model.parameters(), None)
+    dtype = param.dtype if param is not None and param.is_floating_point() else None
+    spec = _spec_or_cnn(model)
     pin = device.type == "cuda" if pin_memory is None else pin_memory
     wanted = None if positions is None else set(positions)
+
+    def ready(x: torch.Tensor) -> torch.Tensor:
+        check_tensor(x, "images")
+        if spec is not None:
+            check_size(spec, x.shape[-2], x.shape[-1])
+        return x.to(device=device, dtype=dtype or x.dtype, non_blocking=pin)
+
+    if isinstance(source, IterableDataset):
+        source = DataLoader(source, batch_size=batch_size, num_workers=num_workers, pin_memory=pin)
     if isinstance(source, DataLoader):
+        order = loader_positions(source)
         start = 0
         for batch in source:
             x, target = _split(batch)
-            pos = list(range(start, start + len(x)))
+            pos = list(range(start, start + len(x))) if order is None else order[start:start + len(x)]
             start += len(x)
-            if wanted is not None:
-                sel = [i for i, p in enumerate(pos) if p in wanted]
+            if wanted is not None or None in pos:
+                sel = [i for i, p in enumerate(pos) if p is not None and (wanted is None or p in wanted)]
                 if not sel:
                     continue
                 if len(sel) < len(pos):
                     x, pos = x[sel], [pos[i] for i in sel]
                     target = target[sel] if isinstance(target, torch.Tensor) else target
-            yield x.to(device=device, non_blocking=pin), target, pos
+            yield ready(x), target, pos
         return
     if not isinstance(source, Dataset):
         raise InputError(f"images={type(source).__name__} is neither a folder, a Dataset nor a DataLoader")
@@ -269,7 +291,7 @@ def iter_dataset(
     done = 0
     for batch in loader:
         x, target = _split(batch)
-        yield x.to(device=device, non_blocking=pin), target, order[done:done + len(x)]
+        yield ready(x), target, order[done:done + len(x)]
         done += len(x)
 
 

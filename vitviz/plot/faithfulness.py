@@ -20,6 +20,7 @@ TITLES = {"positive": "Positive perturbation\nmost relevant removed first\n(lowe
           "insertion": "Insertion\nmost relevant inserted first\n(higher is better)"}
 YLABELS = {"accuracy": "Target-class accuracy", "probability": "Target-class probability",
            "target": "Target score"}
+LABELS_YLABEL = "Top-1 accuracy (vs. labels)"  # faithfulness(..., labels=...): arg-max against the labels
 XLABELS = {"drop": "Patches removed [fraction] (tokens dropped)", "mean": "Patches removed [fraction] (mean fill)"}
 
 
@@ -56,7 +57,9 @@ def plot_faithfulness(df: Any, *, ax: Axes | None = None, mode: str | None = Non
             over images, ``("se", 1.96)``; ``None`` for no band).
 
     Returns:
-        the axes: x the fraction of patches removed (inserted), y the target-class score, a legend of methods.
+        the axes: x the fraction of patches removed (inserted), y the score (for ``accuracy`` with
+        ``df.attrs["labels"]`` True, i.e. ``faithfulness(..., labels=...)``: top-1 accuracy against the labels,
+        else the target-class score), a legend of methods.
 
     Raises:
         InputError: ``df`` is empty, holds several modes and ``mode`` is not given, or lacks ``mode``.
@@ -86,7 +89,7 @@ def plot_faithfulness(df: Any, *, ax: Axes | None = None, mode: str | None = Non
     ax.set_title(TITLES[mode])
     ax.set_xlabel(XLABELS.get(removal, "Patches removed [fraction]").replace(
         "removed", "inserted" if mode == "insertion" else "removed"))
-    ax.set_ylabel(YLABELS[metric])
+    ax.set_ylabel(LABELS_YLABEL if metric == "accuracy" and df.attrs.get("labels") else YLABELS[metric])
     ax.set_xlim(0, 1)
     if metric in ("accuracy", "probability"):
         ax.set_ylim(0, 1.05)  # the band of a mean of 0/1 accuracies may reach past 1; the mean cannot

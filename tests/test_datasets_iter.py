@@ -1,0 +1,114 @@
+"""``iter_dataset``: positions that name the right images, the checks of a tensor input, iterable datasets."""
+
+from __future__ import annotations
+
+import pytest
+import torch
+from conftest import tiny_timm_vit
+from torch.utils.data import (
+    DataLoader,
+    DistributedSampler,
+    IterableDataset,
+    RandomSampler,
+    SubsetRandomSampler,
+    TensorDataset,
+)
+
+import vitviz
+from vitviz.core.datasets import ShardSampler, iter_dataset
+from vitviz.errors import ImageInputError, InputError
+
+
+def numbered(n: int) -> TensorDataset:
+    """Images whose every pixel is their dataset position, so a batch says which images it holds."""
+    x = torch.arange(n, dtype=torch.float32)[:, None, None, None].expand(n, 3, 32, 48).clone()
+    return TensorDataset(x, torch.arange(n))
+
+
+def read(model, source, **kw):
+    return [(x[:, 0, 0, 0].long().tolist(), pos) for x, _, pos in iter_dataset(model, source, **kw)]
+
+
+@pytest.mark.parametrize("loader", [
+    lambda ds: DataLoader(ds, batch_size=3, shuffle=True),
+    lambda ds: DataLoader(ds, batch_size=3, sampler=RandomSampler(ds)),
+    lambda ds: DataLoader(ds, batch_size=3, sampler=SubsetRandomSampler(list(range(7)))),
+    lambda ds: DataLoader(ds, batch_size=3, sampler=DistributedSampler(ds, num_replicas=1, rank=0, shuffle=True)),
+])
+def test_a_loader_in_an_unknown_order_is_refused(loader):
+    model = tiny_timm_vit()
+    with pytest.raises(InputError, match=r"images= is a DataLoader with a \w+Sampler.*pass the Dataset itself, or a "
+                                         r"DataLoader with shuffle=False"):
+        read(model, loader(numbered(7)))
+    with pytest.raises(InputError, match="shuffle=False"):
+        vitviz.faithfulness(model, loader(numbered(7)), {"pre": torch.rand(7, 4, 6)}, modes=["deletion"],
+                            steps=0.5, progress=False)
+
+
+def test_ordered_loaders_give_each_image_its_own_position():
+    model = tiny_timm_vit()
+    ds = numbered(7)
+    for source in (ds, DataLoader(ds, batch_size=3), DataLoader(ds, batch_size=3, sampler=ShardSampler(ds, 1, 0)),
+                   DataLoader(ds, batch_size=3, sampler=DistributedSampler(ds, num_replicas=1, rank=0,
+                                                                           shuffle=False))):
+        got = read(model, source, batch_size=2)
+        assert all(images == pos for images, pos in got)
+        assert sum((pos for _, pos in got), []) == list(range(7))
+    # a shard of a DistributedSampler: the sampler's indices, its padding (image 0 again, rank 0's) dropped
+    shard = DataLoader(ds, batch_size=2, sampler=DistributedSampler(ds, num_replicas=2, rank=1, shuffle=False))
+    got = read(model, shard)
+    assert all(images == pos for images, pos in got) and sum((p for _, p in got), []) == [1, 3, 5]
+    padded = DataLoader(ds, batch_size=2, sampler=DistributedSampler(ds, num_replicas=2, rank=0, shuffle=False))
+    assert sum((p for _, p in read(model, padded)), []) == [0, 2, 4, 6]
+    picked = read(model, DataLoader(ds, batch_size=3), positions=[1, 5, 6])
+    assert all(images == pos for images, pos in picked) and sum((p for _, p in picked), []) == [1, 5, 6]
+
+
+class Stream(IterableDataset):
+    def __init__(self, x: torch.Tensor) -> None:
+        self.x = x
+
+    def __iter__(self):
+        for i, image in enumerate(self.x):
+            yield image, i % 5
+
+
+def test_a_bare_iterable_dataset_is_read_and_counted_as_it_comes():
+    model = tiny_timm_vit()
+    x = torch.randn(5, 3, 32, 48)
+    got = list(iter_dataset(model, Stream(x), batch_size=2))
+    assert [pos for _, _, pos in got] == [[0, 1], [2, 3], [4]]
+    torch.testing.assert_close(torch.cat([b for b, _, _ in got]), x)
+    run = dict(methods=["random"], modes=["deletion"], steps=0.5, progress=False)
+    want = vitviz.faithfulness(model, x, **run)
+    for source in (Stream(x), DataLoader(Stream(x), batch_size=2)):
+        got = vitviz.faithfulness(model, source, batch_size=2, **run)
+        key = ["image", "fraction"]
+        pd_got, pd_want = got.sort_values(key).reset_index(drop=True), want.sort_values(key).reset_index(drop=True)
+        assert pd_got["image"].tolist() == pd_want["image"].tolist()
+        assert pd_got["score"].to_numpy() == pytest.approx(pd_want["score"].to_numpy(), abs=1e-6)
+
+
+@pytest.mark.parametrize("bad, match", [
+    (torch.randint(0, 255, (2, 3, 32, 48), dtype=torch.uint8), "images: got a uint8 tensor"),
+    (torch.randn(2, 1, 32, 48), "images: got a grayscale tensor"),
+    (torch.randn(2, 3, 32, 48).index_fill_(3, torch.tensor([0]), float("nan")), "images: .* NaN"),
+    (torch.randn(2, 3, 24, 24), "takes 32x48 images, got 24x24"),
+])
+def test_dataset_batches_get_the_checks_of_a_tensor(bad, match):
+    model = tiny_timm_vit()
+    for source in (TensorDataset(bad), DataLoader(TensorDataset(bad), batch_size=2), Stream(bad)):
+        with pytest.raises(ImageInputError, match=match):
+            next(iter_dataset(model, source))
+        with pytest.raises(ImageInputError, match=match):
+            vitviz.faithfulness(model, source, {"pre": torch.rand(2, 4, 6)}, modes=["deletion"], steps=0.5,
+                                progress=False)
+
+
+def test_dataset_batches_are_cast_to_the_model_dtype():
+    model = tiny_timm_vit()
+    x = torch.randn(3, 3, 32, 48, dtype=torch.float64)
+    for source in (TensorDataset(x), DataLoader(TensorDataset(x), batch_size=2)):
+        assert {b.dtype for b, _, _ in iter_dataset(model, source)} == {torch.float32}
+    double = tiny_timm_vit().double()
+    assert {b.dtype for b, _, _ in iter_dataset(double, TensorDataset(x.float()))} == {torch.float64}

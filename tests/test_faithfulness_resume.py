@@ -1,0 +1,106 @@
+"""``faithfulness(out=...)``: a killed run resumes to the uninterrupted result; files of other runs are refused."""
+
+from __future__ import annotations
+
+import json
+
+import pandas as pd
+import pytest
+import torch
+from conftest import tiny_timm_vit
+from torch.utils.data import TensorDataset
+
+import vitviz
+from vitviz.analysis import faithfulness as fa
+from vitviz.errors import CheckpointError, InputError
+
+RUN = dict(modes=["deletion", "positive"], steps=0.5, progress=False, batch_size=2)
+
+
+def killed_then_resumed(monkeypatch, model, images, out, **kw):
+    """Run until the second batch raises (a kill), then rerun with the same arguments."""
+    batch = fa._batch
+    calls = []
+
+    def dies(*a, **k):
+        calls.append(1)
+        if len(calls) == 2:
+            raise KeyboardInterrupt
+        return batch(*a, **k)
+
+    monkeypatch.setattr(fa, "_batch", dies)
+    with pytest.raises(KeyboardInterrupt):
+        vitviz.faithfulness(model, images, out=out, **kw)
+    monkeypatch.setattr(fa, "_batch", batch)
+    written = pd.read_csv(out, dtype=str)["image"].nunique()
+    assert 0 < written < len(images)  # the first batch was written, the rest was not
+    return vitviz.faithfulness(model, images, out=out, **kw)
+
+
+@pytest.mark.parametrize("ids", [None, ["001", "002", "010", "1e3", "7"], [10, 11, 12, 13, 14]])
+def test_a_killed_run_resumes_to_the_uninterrupted_frame(tmp_path, monkeypatch, ids):
+    model = tiny_timm_vit()
+    x = torch.randn(5, 3, 32, 48)
+    kw = dict(RUN, methods={"random": "random", "7": "rollout"}, image_ids=ids)  # a method name that reads as a number
+    plain = vitviz.faithfulness(model, x, **kw)
+    for images in (x, TensorDataset(x)):
+        out = tmp_path / f"curves_{type(images).__name__}.csv"
+        resumed = killed_then_resumed(monkeypatch, model, images, out, **kw)
+        pd.testing.assert_frame_equal(resumed, plain, check_exact=True)
+        assert len(pd.read_csv(out)) == len(plain)
+        again = vitviz.faithfulness(model, images, out=out, **kw)  # finished: nothing recomputed or appended
+        pd.testing.assert_frame_equal(again, resumed)
+    with pytest.raises(InputError, match="read the same as text"):
+        vitviz.faithfulness(model, x[:2], image_ids=[1, "1"], **{k: v for k, v in kw.items() if k != "image_ids"})
+
+
+@pytest.mark.parametrize("change, key", [
+    (dict(seed=1), "seed"), (dict(steps=0.25), "steps"), (dict(target=[0, 1, 2, 3]), "target"),
+    (dict(target=1), "target"), (dict(labels=[0, 1, 2, 3]), "labels"), (dict(removal="mean"), "removal"),
+    (dict(methods=["rollout"]), "methods"), (dict(modes=["deletion"]), "modes"),
+    (dict(method_options={"rollout": {"head_fusion": "max"}}), "method_options"),
+])
+def test_a_file_of_another_run_is_refused(tmp_path, change, key):
+    model = tiny_timm_vit()
+    x = torch.randn(4, 3, 32, 48)
+    out = tmp_path / "curves.csv"
+    kw = dict(RUN, methods=["random", "rollout"], out=out)
+    vitviz.faithfulness(model, x[:2], **kw)
+    with pytest.raises(CheckpointError, match=rf"out='{out}' holds another run \(differs in [^:]*\b{key}\b.*delete .* or "
+                                              "pass another out="):
+        vitviz.faithfulness(model, x, **{**kw, **change})
+
+
+def test_fill_model_and_data_set_are_part_of_the_fingerprint(tmp_path):
+    from vitviz.analysis.faithfulness_resume import sidecar
+
+    model = tiny_timm_vit()
+    x = torch.randn(4, 3, 32, 48)
+    out = tmp_path / "curves.csv"
+    kw = dict(RUN, methods=["random"], removal="mean", out=out)
+    vitviz.faithfulness(model, x[:2], **kw)
+    with pytest.raises(CheckpointError, match="differs in fill"):
+        vitviz.faithfulness(model, x, fill=[1.0, 0.0, 0.0], **kw)
+    other = tiny_timm_vit()  # same class and shapes, other weights
+    with pytest.raises(CheckpointError, match="differs in model"):
+        vitviz.faithfulness(other, x, **kw)
+    data = tmp_path / "data.csv"
+    vitviz.faithfulness(model, TensorDataset(x), **{**kw, "out": data})
+    with pytest.raises(CheckpointError, match="differs in images"):
+        vitviz.faithfulness(model, TensorDataset(x + 1), **{**kw, "out": data})
+    assert json.loads(sidecar(data).read_text())["seed"] == 0
+
+
+def test_a_file_without_fingerprint_is_refused(tmp_path):
+    from vitviz.analysis.faithfulness_resume import sidecar
+
+    model = tiny_timm_vit()
+    x = torch.randn(2, 3, 32, 48)
+    out = tmp_path / "curves.csv"
+    kw = dict(RUN, methods=["random"], out=out)
+    vitviz.faithfulness(model, x, **kw)
+    sidecar(out).unlink()  # as an older vitviz left it
+    with pytest.raises(CheckpointError, match="has no fingerprint file .*delete .* or pass another out="):
+        vitviz.faithfulness(model, x, **kw)
+    out.unlink()  # no rows: a fresh run, whatever fingerprint was left
+    assert len(vitviz.faithfulness(model, x, **kw)) == len(vitviz.faithfulness(model, x, **{**kw, "out": None}))

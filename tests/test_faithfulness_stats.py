@@ -1,0 +1,95 @@
+"""Intervals of faithfulness AUCs and paired comparisons: coverage at few images, refusals, the interval options."""
+
+from __future__ import annotations
+
+import numpy as np
+import pandas as pd
+import pytest
+from scipy import stats
+
+import vitviz
+from vitviz.errors import InputError
+
+
+def null_curves(n_images: int, n_methods: int, rng: np.random.Generator) -> pd.DataFrame:
+    """Curves whose AUC is the score: ``base`` at 0 and ``m<j>`` at a standard normal per image, so every paired
+    difference ``m<j> - base`` is an independent draw with true mean 0."""
+    rows = []
+    values = {"base": np.zeros(n_images), **{f"m{j}": rng.normal(size=n_images) for j in range(n_methods)}}
+    for method, v in values.items():
+        for i in range(n_images):
+            for f in (0.0, 1.0):
+                rows.append((i, method, "deletion", f, v[i], "probability", "drop"))
+    return pd.DataFrame(rows, columns=["image", "method", "mode", "fraction", "score", "metric", "removal"])
+
+
+def false_verdicts(n_images: int, interval: str, reps: int = 400) -> float:
+    df = null_curves(n_images, reps, np.random.default_rng(n_images))
+    paired = vitviz.compare_methods(df, baseline="base", interval=interval, n_boot=400)
+    assert len(paired) == reps and (paired["n_images"] == n_images).all()
+    return float((paired["verdict"] != "indistinguishable").mean())
+
+
+@pytest.mark.parametrize("n", [2, 3, 5, 10])
+def test_paired_verdicts_at_no_difference_are_wrong_at_the_nominal_rate(n):
+    # 400 null differences: the rate's standard error at 5% is 1.1%; the percentile bootstrap gives 49%, 25%, 19%
+    # and 8.8% at 2, 3, 5 and 10 images here, each refused by this tolerance
+    rate = false_verdicts(n, "t")
+    assert 0.02 <= rate <= 0.085, rate
+    if n <= 5:
+        assert false_verdicts(n, "bootstrap") > 0.12  # the documented narrowness of the bootstrap option
+
+
+def test_the_default_interval_is_the_paired_t_interval():
+    from vitviz.analysis.faithfulness_stats import t_ci
+
+    rng = np.random.default_rng(3)
+    df = null_curves(7, 1, rng)
+    paired = vitviz.compare_methods(df, baseline="base")
+    d = df[(df.method == "m0") & (df.fraction == 0)].sort_values("image")["score"].to_numpy()
+    half = stats.t.ppf(0.975, 6) * d.std(ddof=1) / np.sqrt(7)
+    assert paired[["ci_low", "ci_high"]].iloc[0].tolist() == pytest.approx([d.mean() - half, d.mean() + half])
+    assert paired.attrs["interval"] == "t"
+    auc = vitviz.faithfulness_auc(df)
+    row = auc[auc.method == "m0"].iloc[0]
+    assert (row["ci_low"], row["ci_high"]) == pytest.approx(t_ci(d))
+    boot = vitviz.faithfulness_auc(df, interval="bootstrap", n_boot=300, seed=2)
+    assert boot[boot.method == "m0"][["ci_low", "ci_high"]].iloc[0].tolist() == pytest.approx(
+        list(vitviz.bootstrap_ci(d, n_boot=300, seed=2)))
+    assert boot.attrs["interval"] == "bootstrap"
+
+
+def test_one_image_gives_no_interval_and_no_verdict():
+    from vitviz.analysis.faithfulness_stats import t_ci
+
+    df = null_curves(1, 2, np.random.default_rng(0))
+    paired = vitviz.compare_methods(df, baseline="base")
+    assert (paired["verdict"] == "too few images").all()
+    assert paired["ci_low"].isna().all() and paired["ci_high"].isna().all()
+    assert vitviz.faithfulness_auc(df)["ci_low"].isna().all()
+    assert all(np.isnan(vitviz.bootstrap_ci([0.3]))) and all(np.isnan(t_ci([0.3])))
+
+
+@pytest.mark.parametrize("kw, match", [(dict(n_boot=0), "n_boot=0 must be a positive int"),
+                                       (dict(n_boot=10.5), "n_boot=10.5"), (dict(n_boot=True), "n_boot=True"),
+                                       (dict(interval="bca"), "interval='bca'"), (dict(ci=95), "ci=95"),
+                                       (dict(upto=90), r"upto=90 must be a fraction .* \(0, 1\]"),
+                                       (dict(upto=0.95), r"upto=0.95 is not one of the fractions of df \(0, 0.5, 1\)")])
+def test_bad_interval_arguments_name_the_value(kw, match):
+    df = null_curves(4, 1, np.random.default_rng(0))
+    df = pd.concat([df, df[df.fraction == 0].assign(fraction=0.5)], ignore_index=True)
+    for f in (vitviz.faithfulness_auc, lambda d, **k: vitviz.compare_methods(d, baseline="base", **k)):
+        with pytest.raises(InputError, match=match):
+            f(df, **kw)
+    with pytest.raises(InputError, match="seed=-1"):
+        vitviz.bootstrap_ci([0.1, 0.2], seed=-1)
+
+
+def test_nan_scores_are_refused_not_called_indistinguishable():
+    df = null_curves(4, 1, np.random.default_rng(0))
+    df.loc[(df.method == "m0") & (df.image == 2), "score"] = np.nan
+    for f in (vitviz.faithfulness_auc, lambda d: vitviz.compare_methods(d, baseline="base")):
+        with pytest.raises(InputError, match="2 NaN scores, e.g. image 2, m0/deletion"):
+            f(df)
+    with pytest.raises(InputError, match="NaN or infinite"):
+        vitviz.bootstrap_ci([0.1, np.nan, 0.3])

@@ -1,0 +1,161 @@
+"""Resuming ``vitviz.faithfulness(out=...)``: the CSV of rows, its fingerprint, and the round trip of image ids.
+
+``out`` holds the rows written so far; ``<out>.json`` beside it holds the fingerprint of the run that wrote them:
+every argument the rows depend on (methods, modes, steps, removal, fill, seed, target, labels, method options,
+autocast), ``model_digest(model)`` and, for a folder, ``Dataset`` or ``DataLoader``, ``source_digest(images)``
+(``vitviz.core.digest``). A rerun continues only from a file whose fingerprint equals its own; any other file (another
+seed, target, model, data set, or a file without a fingerprint) is refused with a ``CheckpointError`` that names
+the differing keys, rather than mixed in. Tensor and list inputs are not digested (a rerun may pass more images
+than the run it continues, as when a data set is processed in chunks): their rows are told apart by image id.
+
+Image ids and method names are read back as the strings they were written as and mapped to the ids of the current
+run, so an id ``"001"`` stays ``"001"`` (not the number 1) and a resumed run returns the same frame as an
+uninterrupted one.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import json
+import os
+from collections.abc import Callable, Hashable, Mapping, Sequence
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+import torch
+from torch import nn
+
+from vitviz.core.io import atomic_write_json
+from vitviz.errors import CheckpointError, InputError
+
+COLUMNS = ["image", "method", "mode", "fraction", "score", "metric", "removal"]
+TEXT = ("image", "method", "mode", "metric", "removal")
+
+
+def sidecar(out: str | os.PathLike) -> Path:
+    """The fingerprint file of ``out``: ``<out>.json``."""
+    return Path(f"{os.fspath(out)}.json")
+
+
+def _digest_values(values: Any) -> str:
+    t = torch.as_tensor(values).detach().cpu().contiguous()
+    h = hashlib.sha1(f"{t.dtype}{tuple(t.shape)}".encode())
+    h.update(t.reshape(-1).view(torch.uint8).numpy().tobytes() if t.numel() else b"")
+    return h.hexdigest()[:16]
+
+
+def _describe(value: Any, per_image: torch.Tensor | None) -> Any:
+    """A JSON value that tells a target / labels argument apart from any other."""
+    if per_image is not None:
+        return f"per-image:{_digest_values(per_image.to(torch.int64))}"
+    if value is None or isinstance(value, str):
+        return value
+    if isinstance(value, (int, np.integer)) and not isinstance(value, bool):
+        return int(value)
+    if callable(value):
+        return f"callable:{getattr(value, '__module__', '?')}.{getattr(value, '__qualname__', type(value).__name__)}"
+    return f"value:{_digest_values(value)}"
+
+
+def _method(m: Any) -> str:
+    if isinstance(m, str):
+        return f"explain:{m}"
+    if isinstance(m, torch.Tensor):
+        return f"maps:{_digest_values(m.float())}"
+    return f"callable:{getattr(m, '__module__', '?')}.{getattr(m, '__qualname__', type(m).__name__)}"
+
+
+def fingerprint(model: nn.Module, images: Any, dataset: bool, table: Mapping[str, Any], modes: Sequence[str],
+                steps: float, how: str, fill: torch.Tensor | None, seed: int, target: Any,
+                target_all: torch.Tensor | None, labels: Any, labels_all: torch.Tensor | None,
+                options: Mapping[str, Any], amp: torch.dtype | None) -> dict[str, Any]:
+    """Everything the rows of a ``faithfulness`` run depend on, as a JSON-ready dict (see the module docstring)."""
+    from vitviz.core.digest import model_digest, source_digest
+
+    fp = {"format": 1, "columns": COLUMNS, "methods": {k: _method(v) for k, v in table.items()},
+          "modes": sorted(modes), "steps": float(steps), "removal": how,
+          "fill": None if fill is None else [float(v) for v in fill.reshape(-1)], "seed": int(seed),
+          "target": _describe(target, target_all), "labels": _describe(labels, labels_all),
+          "method_options": json.loads(json.dumps(options, sort_keys=True, default=repr)),
+          "autocast": None if amp is None else str(amp), "model": model_digest(model),
+          "images": source_digest(images) if dataset else None}
+    return json.loads(json.dumps(fp))  # tuples become lists, as they come back from the file
+
+
+def _show(value: Any) -> str:
+    text = json.dumps(value)
+    return text if len(text) <= 60 else text[:57] + "..."
+
+
+def resume(out: str | os.PathLike | None, fp: dict[str, Any] | None,
+           restore: Callable[[str], Hashable]) -> Any:
+    """The rows ``out`` holds (``None`` when there is no file), refused with a ``CheckpointError`` unless the
+    fingerprint beside it equals ``fp``; image ids are mapped back with ``restore``. A fresh run writes ``fp``."""
+    import pandas as pd
+
+    if out is None:
+        return None
+    if not os.path.exists(out):
+        atomic_write_json(sidecar(out), fp)
+        return None
+    advice = f"delete {str(out)!r} (and {str(sidecar(out))!r}) to start over, or pass another out="
+    if not sidecar(out).exists():
+        raise CheckpointError(f"out={str(out)!r} has no fingerprint file {str(sidecar(out))!r} (written by an older "
+                              "vitviz or another program), so vitviz cannot tell whether its rows belong to this run; "
+                              + advice)
+    try:
+        saved = json.loads(sidecar(out).read_text())
+    except (OSError, ValueError) as exc:
+        raise CheckpointError(f"out={str(out)!r}: its fingerprint {str(sidecar(out))!r} cannot be read ({exc}); "
+                              + advice) from exc
+    if saved != fp:
+        keys = sorted(k for k in set(fp) | set(saved) if fp.get(k) != saved.get(k))
+        diff = "; ".join(f"{k}: {_show(saved.get(k))} there, {_show(fp.get(k))} now" for k in keys)
+        raise CheckpointError(f"out={str(out)!r} holds another run (differs in {', '.join(keys)}: {diff}); "
+                              + advice)
+    exact = {"float_precision": "round_trip"} if int(pd.__version__.split(".")[0]) < 3 else {}  # 3: the default
+    prev = pd.read_csv(out, dtype={c: str for c in TEXT}, keep_default_na=False,
+                       na_values={"score": ["", "nan", "NaN"]}, **exact)
+    if list(prev.columns) != COLUMNS:
+        raise CheckpointError(f"out={str(out)!r} is not a vitviz.faithfulness table (columns {list(prev.columns)}); "
+                              + advice)
+    prev["image"] = [restore(s) for s in prev["image"]]
+    return prev
+
+
+def image_id_of(image_ids: Sequence[Hashable] | None, image_offset: int,
+                total: int | None) -> Callable[[int], Hashable]:
+    """The id of the image at each position: ``image_offset + position``, or ``image_ids[position]``."""
+    if image_ids is None:
+        if isinstance(image_offset, bool) or not isinstance(image_offset, (int, np.integer)) or image_offset < 0:
+            raise InputError(f"image_offset={image_offset!r} must be a non-negative int (the id of the first image)")
+        return lambda p: int(image_offset) + p
+    ids = [i.item() if isinstance(i, (np.generic, torch.Tensor)) else i for i in image_ids]
+    if total is not None and len(ids) != total:
+        raise InputError(f"image_ids holds {len(ids)} ids but there are {total} images; give one per image")
+    if len(set(ids)) != len(ids):
+        dup = next(i for i in ids if ids.count(i) > 1)
+        raise InputError(f"image_ids repeats {dup!r}; every image needs its own id")
+    if len({str(i) for i in ids}) != len(ids):
+        dup = sorted({str(i) for i in ids if sum(str(j) == str(i) for j in ids) > 1})[0]
+        raise InputError(f"image_ids holds ids that read the same as text ({dup!r} as a number and as a string), "
+                         "which a CSV (out=) cannot tell apart; give every image an id of its own")
+    if image_offset:
+        raise InputError("pass image_ids= or image_offset=, not both")
+    return lambda p: ids[p]
+
+
+def restore_ids(image_ids: Sequence[Hashable] | None, image_id: Callable[[int], Hashable],
+             total: int | None) -> Callable[[str], Hashable]:
+    """Maps an id read back from ``out=`` (a string) to the id this run gives the image."""
+    known = {str(image_id(p)): image_id(p) for p in range(total)} if total is not None else {}
+
+    def restore(s: str) -> Hashable:
+        if s in known:
+            return known[s]
+        if image_ids is None and s.lstrip("-").isdigit():
+            return int(s)
+        return s
+
+    return restore

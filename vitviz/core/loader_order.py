@@ -1,0 +1,50 @@
+"""The dataset positions a ``DataLoader`` reads, for results kept per image (``vitviz.core.datasets.iter_dataset``).
+
+A loader reads its dataset in its sampler's order; per-image results (ids, targets, labels, precomputed maps,
+resuming) need the position of every image it yields. Only samplers whose order is known are accepted: a
+``SequentialSampler`` (``shuffle=False``), a ``ShardSampler``, a ``DistributedSampler(shuffle=False)`` (positions are
+the sampler's indices) and the placeholder of an ``IterableDataset`` (positions counted as the items come). A
+shuffling, weighted or subset-sampling loader, or one with a custom batch sampler, is refused with an
+``InputError``.
+"""
+
+from __future__ import annotations
+
+import torch
+from torch.utils.data import DataLoader, DistributedSampler
+
+from vitviz.errors import InputError
+
+__all__ = ["loader_positions"]
+
+
+def loader_positions(loader: DataLoader, argument: str = "images") -> list[int | None] | None:
+    """The dataset positions ``loader`` reads, in order (``None``: an iterable dataset, counted as it comes); the
+    items a ``DistributedSampler`` pads its shard with (repeats of other ranks' images) are ``None``.
+
+    Refuses a loader whose order vitviz cannot know (shuffling, weighted or subset sampling, a custom batch
+    sampler): per-image results would be attached to the wrong images.
+    """
+    from torch.utils.data import SequentialSampler
+    from torch.utils.data.dataloader import _InfiniteConstantSampler
+
+    from vitviz.core.datasets import ShardSampler
+
+    batch_sampler = getattr(loader, "batch_sampler", None)
+    sampler = getattr(batch_sampler, "sampler", None) if batch_sampler is not None else loader.sampler
+    if isinstance(sampler, _InfiniteConstantSampler):  # an IterableDataset: its own order
+        return None
+    ordered = isinstance(sampler, (SequentialSampler, ShardSampler)) or (
+        isinstance(sampler, DistributedSampler) and not sampler.shuffle)
+    if batch_sampler is not None and type(batch_sampler) is not torch.utils.data.BatchSampler:
+        ordered, sampler = False, batch_sampler
+    if not ordered:
+        raise InputError(f"{argument}= is a DataLoader with a {type(sampler).__name__}, which reads the images in an "
+                         "order vitviz cannot know, so per-image results (ids, targets, labels, precomputed maps, "
+                         "resuming) would go to the wrong images; pass the Dataset itself, or a DataLoader with "
+                         "shuffle=False")
+    order: list[int | None] = list(iter(sampler))
+    if isinstance(sampler, DistributedSampler) and not isinstance(sampler, ShardSampler) and not sampler.drop_last:
+        n = len(sampler.dataset)  # type: ignore[arg-type]
+        order = [p if sampler.rank + k * sampler.num_replicas < n else None for k, p in enumerate(order)]
+    return order
