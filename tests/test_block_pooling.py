@@ -103,3 +103,24 @@ def test_open_clip_block_features_follow_pool_type(pool_type):
     for i, t in enumerate(tokens):
         t = t if tower.transformer.batch_first else t.transpose(0, 1)
         torch.testing.assert_close(f.feats[i], t[:, 1:].mean(1) if pool_type == "avg" else t[:, 0])
+
+
+def test_cait_blocks_over_patches_alone_are_pooled_by_their_mean():
+    """CaiT's self-attention blocks hold no class token (token 0 is a patch); its class-attention blocks output
+    the class token alone."""
+    import timm
+
+    from vitviz.core.features import extract_features
+
+    model = timm.create_model("cait_xxs24_224", pretrained=False, img_size=32, patch_size=8, depth=2,
+                              depth_token_only=2, embed_dim=32, num_heads=2, num_classes=5).eval()
+    x = torch.randn(3, 3, 32, 32, generator=torch.Generator().manual_seed(0))
+    f = extract_features(model, (x, torch.arange(3)), layers="all")
+    with torch.no_grad():
+        patches = model.blocks(model.pos_drop(model.patch_embed(x) + model.pos_embed))
+        cls = model.cls_token.expand(3, -1, -1)
+        for blk in model.blocks_token_only:
+            cls = blk(patches, cls)
+    torch.testing.assert_close(f.feats[1], patches.mean(1))
+    torch.testing.assert_close(f.feats[3], cls[:, 0])
+    torch.testing.assert_close(f.feats["pre_logits"], model.norm(torch.cat([cls, patches], 1))[:, 0])

@@ -161,3 +161,33 @@ def test_dataset_path_on_cuda_with_workers_pinned_memory_and_autocast():
     torch.testing.assert_close(exact, want, atol=1e-4, rtol=1e-4)
     half = vitviz.mean_attention_distance(gpu, ds, batch_size=4, num_workers=2)  # bfloat16 autocast by default
     torch.testing.assert_close(half, want, atol=0.5, rtol=0.05)
+
+
+def test_dataset_batches_of_a_reduction_get_the_checks_of_a_tensor(tmp_path):
+    """reduce_dataset (distance, statistics, features) checks every batch as the tensor path does."""
+    from vitviz.errors import ImageInputError
+
+    model = tiny_timm_vit()
+    x = images(4)
+    bad = {"NaN": x.clone().index_put_((torch.tensor([1]),), torch.tensor(float("nan"))),
+           "one channel": x[:, :1], "uint8": (x * 50).clamp(0, 255).to(torch.uint8), "size": images(4)[..., :40]}
+    for b in bad.values():
+        for src in (TensorDataset(b), DataLoader(TensorDataset(b), batch_size=2)):
+            with pytest.raises(ImageInputError, match="images"):
+                vitviz.mean_attention_distance(model, src)
+            with pytest.raises(ImageInputError, match="images"):
+                attention_statistics(model, src)
+    # float64 batches are cast to the model's dtype, as tensors are
+    torch.testing.assert_close(vitviz.mean_attention_distance(model, TensorDataset(x.double())),
+                               vitviz.mean_attention_distance(model, x))
+
+
+def test_a_shuffled_loader_is_refused_only_where_order_matters(tmp_path):
+    model = tiny_timm_vit()
+    x = images(6)
+    want = vitviz.mean_attention_distance(model, x)
+    shuffled = DataLoader(TensorDataset(x), batch_size=2, shuffle=True)
+    torch.testing.assert_close(vitviz.mean_attention_distance(model, shuffled), want)  # sums: order is irrelevant
+    with pytest.raises(InputError, match=r"images= is a DataLoader with a RandomSampler.*shuffle=False"):
+        vitviz.mean_attention_distance(model, shuffled, checkpoint=tmp_path / "d.pt")  # resuming skips by position
+    assert not (tmp_path / "d.pt").exists()

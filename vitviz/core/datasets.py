@@ -21,7 +21,7 @@ from __future__ import annotations
 
 import contextlib
 import os
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator
 from pathlib import Path
 from typing import Any
 
@@ -31,6 +31,7 @@ from torch.utils.data import DataLoader, Dataset
 from torch.utils.data.distributed import DistributedSampler
 
 from vitviz.core.io import atomic_save
+from vitviz.core.loader_order import ShardSampler, loader_positions
 from vitviz.errors import CheckpointError, InputError, NotImplementedInVitviz
 
 IMAGE_SUFFIXES = (".jpg", ".jpeg", ".png", ".bmp", ".gif", ".webp", ".tif", ".tiff")
@@ -72,28 +73,6 @@ class ImageFolder(Dataset):
 
         with Image.open(self.files[i]) as im:
             return self.transform(im.convert("RGB")), self.labels[i]
-
-
-class ShardSampler(DistributedSampler):
-    """Rank ``r`` of ``W`` reads items ``r, r + W, r + 2W, ...`` in order, starting after ``skip`` of its own.
-
-    Unlike ``DistributedSampler`` it never pads (padding repeats images, which would then count twice in a mean)
-    and never shuffles (a reduction does not care about order, and resuming needs a fixed one).
-    """
-
-    def __init__(self, dataset: Dataset, num_replicas: int | None = None, rank: int | None = None,
-                 skip: int = 0) -> None:
-        super().__init__(dataset, num_replicas=num_replicas, rank=rank, shuffle=False, drop_last=False)
-        self.skip = skip
-
-    def _mine(self) -> range:
-        return range(self.rank, len(self.dataset), self.num_replicas)  # type: ignore[arg-type]
-
-    def __iter__(self) -> Iterator[int]:
-        return iter(self._mine()[self.skip:])
-
-    def __len__(self) -> int:
-        return len(self._mine()[self.skip:])
 
 
 class RunningReduction:
@@ -208,6 +187,26 @@ def _split(batch: Any) -> tuple[torch.Tensor, Any]:
     raise InputError(f"a batch must be an image tensor or (images, targets, ...), got {type(batch).__name__}")
 
 
+def _batch_check(model: nn.Module, pin: bool, cast: bool) -> Callable[[torch.Tensor], torch.Tensor]:
+    """A batch of a folder, Dataset or DataLoader gets the checks of a tensor input (``check_tensor``: 3 channels,
+    floating point, finite; ``check_size``: a size the model takes; errors name ``images``), then goes to the
+    model's device (and, with ``cast``, its floating dtype)."""
+    from vitviz.core.images import check_size, check_tensor, spec_or_none
+
+    device = _device(model)
+    param = next(model.parameters(), None)
+    dtype = param.dtype if cast and param is not None and param.is_floating_point() else None
+    spec = spec_or_none(model)
+
+    def ready(x: torch.Tensor) -> torch.Tensor:
+        check_tensor(x, "images")
+        if spec is not None:
+            check_size(spec, x.shape[-2], x.shape[-1])
+        return x.to(device=device, dtype=dtype or x.dtype, non_blocking=pin)
+
+    return ready
+
+
 def dataset_length(source: Any) -> int | None:
     """How many images a ``Dataset`` or ``DataLoader`` holds (``None`` for an iterable dataset)."""
     try:
@@ -247,23 +246,12 @@ def iter_dataset(
     """
     from torch.utils.data import IterableDataset
 
-    from vitviz.core.images import _spec_or_cnn, check_size, check_tensor
-    from vitviz.core.loader_order import loader_positions
-
     if isinstance(source, (str, os.PathLike)):
         source = ImageFolder(source, model)
     device = _device(model)
-    param = next(model.parameters(), None)
-    dtype = param.dtype if param is not None and param.is_floating_point() else None
-    spec = _spec_or_cnn(model)
     pin = device.type == "cuda" if pin_memory is None else pin_memory
     wanted = None if positions is None else set(positions)
-
-    def ready(x: torch.Tensor) -> torch.Tensor:
-        check_tensor(x, "images")
-        if spec is not None:
-            check_size(spec, x.shape[-2], x.shape[-1])
-        return x.to(device=device, dtype=dtype or x.dtype, non_blocking=pin)
+    ready = _batch_check(model, pin, cast=True)
 
     if isinstance(source, IterableDataset):
         source = DataLoader(source, batch_size=batch_size, num_workers=num_workers, pin_memory=pin)
@@ -311,10 +299,15 @@ def reduce_dataset(
 ) -> RunningReduction:
     """Feed every image of ``source`` once to ``reduction``; returns it with the sums over the whole dataset.
 
+    Every batch gets the checks of a tensor input (3 channels, floating point, finite, a size the model takes;
+    errors name ``images``) before it reaches the model.
+
     Args:
         model: the ViT (device, dtype and preprocessing come from it).
         source: a folder of images, a ``Dataset`` (items ``x`` or ``(x, target, ...)``, ``x`` normalised
-            ``(3, H, W)``) or a ``DataLoader`` (used as it is: its batch size, workers and sampler).
+            ``(3, H, W)``) or a ``DataLoader`` (used as it is: its batch size, workers and sampler; with
+            ``checkpoint`` it must read in a known order, ``shuffle=False``, since resuming skips the images
+            done).
         reduction: the running sums to fill (a ``RunningReduction``).
         batch_size, num_workers: for the loader vitviz builds.
         pin_memory: page-locked batches for fast copies; default: when the model is on CUDA.
@@ -345,6 +338,9 @@ def reduce_dataset(
     except TypeError:
         n = None  # an iterable dataset
     path = _checkpoint_path(checkpoint, rank, world) if checkpoint is not None else None
+    if path is not None and isinstance(source, DataLoader):
+        loader_positions(source)  # resuming skips the images done: refused for a loader of unknown order
+    ready = _batch_check(model, pin, cast=not amp)
     fingerprint = _fingerprint(reduction, model, source, n, amp, rank, world) if path is not None else {}
     saved = _load(path, fingerprint) if path is not None else None
     if saved is not None:
@@ -372,9 +368,7 @@ def reduce_dataset(
                     skip -= len(x)
                     continue
                 x, target, skip = x[skip:], (target[skip:] if target is not None else None), 0
-            x = x.to(device=device, non_blocking=pin)
-            if not amp and x.is_floating_point():
-                x = x.to(next(model.parameters()).dtype)
+            x = ready(x)
             ctx = torch.autocast("cuda", dtype=amp) if amp else contextlib.nullcontext()
             with torch.no_grad(), ctx:
                 reduction.update(model, x, target)

@@ -26,7 +26,7 @@ Images = ImageLike | Sequence[ImageLike]
 
 
 
-def _spec_or_cnn(model: nn.Module) -> ViTSpec | None:
+def spec_or_none(model: nn.Module) -> ViTSpec | None:
     """``inspect(model)``; ``None`` for a non-ViT with a timm-style ``pretrained_cfg`` (e.g. ``cifar10-resnet``).
 
     Raises:
@@ -50,7 +50,7 @@ def data_config(model: nn.Module) -> dict[str, Any]:
     """
     from timm.data import resolve_data_config
 
-    spec = _spec_or_cnn(model)
+    spec = spec_or_none(model)
     if spec is None:
         return resolve_data_config(model=model)
     cfg = family_of(model).data_config(model)
@@ -215,7 +215,7 @@ def load_images(model: nn.Module, images: Images, *, device: torch.device | str 
             array that is not an image, a missing file, or a size the model cannot take (the message names
             the argument, the value and the fix).
     """
-    spec = _spec_or_cnn(model)
+    spec = spec_or_none(model)
     param = next(model.parameters(), None)
     device = _device(device) or (param.device if param is not None else None)
     dtype = param.dtype if param is not None and param.is_floating_point() else torch.float32

@@ -1,4 +1,8 @@
-"""The dataset positions a ``DataLoader`` reads, for results kept per image (``vitviz.core.datasets.iter_dataset``).
+"""The order in which a loader reads a dataset.
+
+``ShardSampler`` is the sampler ``reduce_dataset`` builds: each rank of ``torch.distributed`` reads its own shard,
+in order, without padding. ``loader_positions`` gives the dataset position of every image a ``DataLoader`` yields,
+for results kept per image (``vitviz.core.datasets.iter_dataset``) and for resuming a checkpoint.
 
 A loader reads its dataset in its sampler's order; per-image results (ids, targets, labels, precomputed maps,
 resuming) need the position of every image it yields. Only samplers whose order is known are accepted: a
@@ -10,12 +14,36 @@ shuffling, weighted or subset-sampling loader, or one with a custom batch sample
 
 from __future__ import annotations
 
+from collections.abc import Iterator
+
 import torch
-from torch.utils.data import DataLoader, DistributedSampler
+from torch.utils.data import DataLoader, Dataset, DistributedSampler
 
 from vitviz.errors import InputError
 
-__all__ = ["loader_positions"]
+__all__ = ["ShardSampler", "loader_positions"]
+
+
+class ShardSampler(DistributedSampler):
+    """Rank ``r`` of ``W`` reads items ``r, r + W, r + 2W, ...`` in order, starting after ``skip`` of its own.
+
+    Unlike ``DistributedSampler`` it never pads (padding repeats images, which would then count twice in a mean)
+    and never shuffles (a reduction does not care about order, and resuming needs a fixed one).
+    """
+
+    def __init__(self, dataset: Dataset, num_replicas: int | None = None, rank: int | None = None,
+                 skip: int = 0) -> None:
+        super().__init__(dataset, num_replicas=num_replicas, rank=rank, shuffle=False, drop_last=False)
+        self.skip = skip
+
+    def _mine(self) -> range:
+        return range(self.rank, len(self.dataset), self.num_replicas)  # type: ignore[arg-type]
+
+    def __iter__(self) -> Iterator[int]:
+        return iter(self._mine()[self.skip:])
+
+    def __len__(self) -> int:
+        return len(self._mine()[self.skip:])
 
 
 def loader_positions(loader: DataLoader, argument: str = "images") -> list[int | None] | None:
@@ -27,8 +55,6 @@ def loader_positions(loader: DataLoader, argument: str = "images") -> list[int |
     """
     from torch.utils.data import SequentialSampler
     from torch.utils.data.dataloader import _InfiniteConstantSampler
-
-    from vitviz.core.datasets import ShardSampler
 
     batch_sampler = getattr(loader, "batch_sampler", None)
     sampler = getattr(batch_sampler, "sampler", None) if batch_sampler is not None else loader.sampler

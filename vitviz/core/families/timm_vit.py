@@ -102,7 +102,12 @@ class TimmFamily(Family):
             )
 
     def pooled_token(self, model: nn.Module, tokens: torch.Tensor, prefix_tokens: tuple[str, ...]) -> torch.Tensor:
-        """As ``global_pool`` pools (``pooling.timm_pooled_token``); ``"token"`` and attention pooling: the default."""
+        """As ``global_pool`` pools (``pooling.timm_pooled_token``); ``"token"`` and attention pooling: the default.
+
+        CaiT: its self-attention blocks run over the patches alone and are pooled by the mean of their patch
+        tokens; its class-attention blocks output the class token alone, which is their feature."""
+        if hasattr(model, "blocks_token_only"):
+            return tokens[:, 0] if tokens.shape[1] == 1 else tokens.mean(dim=1)
         pooled = timm_pooled_token(model, tokens, len(prefix_tokens))
         return super().pooled_token(model, tokens, prefix_tokens) if pooled is None else pooled
 
