@@ -149,8 +149,10 @@ def select_layers(names: Sequence[str], layers: LayerSelect, model_name: str = "
     """
     if layers is None:
         return list(range(len(names)))
-    if isinstance(layers, (str, int, float, bool, np.integer, np.floating)):
-        items: list[object] = [layers]
+    if isinstance(layers, (np.ndarray, torch.Tensor)) and layers.ndim == 0:  # torch.tensor(1), np.array(1)
+        items: list[object] = [layers.item()]
+    elif isinstance(layers, (str, int, float, bool, np.integer, np.floating)):
+        items = [layers]
     elif isinstance(layers, (Sequence, range, np.ndarray, torch.Tensor)):
         items = list(layers.tolist() if isinstance(layers, (np.ndarray, torch.Tensor)) else layers)
     else:
