@@ -434,12 +434,28 @@ def probe_qkv(module: nn.Module, emit: Emit) -> Undo:
     return qkv.register_forward_hook(hook).remove
 
 
+def mha_dropout_error(owner: str, module: nn.Module) -> CaptureError | None:
+    """The ``CaptureError`` for an ``nn.MultiheadAttention`` in training mode with attention dropout (it returns
+    its weights after dropout: rows do not sum to 1), or None when its weights are the probabilities."""
+    p = float(getattr(module, "dropout", 0.0) or 0.0)
+    if not (isinstance(module, nn.MultiheadAttention) and module.training and p > 0):
+        return None
+    return CaptureError(f"{owner} is in training mode with attention dropout {p}: nn.MultiheadAttention returns "
+                        "its attention weights after dropout (rows do not sum to 1); call model.eval() before "
+                        "capturing")
+
+
 def probe_mha(module: nn.Module, emit: Emit) -> Undo:
+    """``nn.MultiheadAttention``: called with ``need_weights=True`` and per-head weights for the duration; a call
+    in training mode with attention dropout raises ``CaptureError`` (the weights would be the dropped-out ones)."""
     if not isinstance(module, nn.MultiheadAttention):
         raise UnsupportedModelError(f"probe_mha needs nn.MultiheadAttention, got {type(module).__name__}")
     original = type(module).forward
 
     def forward(*args: Any, **kwargs: Any) -> tuple[torch.Tensor, torch.Tensor]:
+        error = mha_dropout_error(type(module).__name__, module)
+        if error is not None:
+            raise error
         kwargs["need_weights"] = True
         kwargs["average_attn_weights"] = False
         out, weights = original(module, *args, **kwargs)

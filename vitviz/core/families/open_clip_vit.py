@@ -20,7 +20,9 @@ Hugging Face CLIP; ``pool_type="avg"`` and attentional poolers have their pixels
 Refused with ``UnsupportedModelError``: towers built with ``block_type="custom"``, ``qk_norm``,
 ``scaled_cosine_attn`` and similar (``CustomResidualAttentionBlock``: its ``Attention`` has no probe here), timm
 trunks (``TimmModel``: analyse ``model.visual.trunk`` with the timm family instead), ModifiedResNet towers (not a
-ViT), and a capture in training mode with ``patch_dropout > 0`` (the tokens would be a random subset).
+ViT), and a capture in training mode with ``patch_dropout > 0`` (the tokens would be a random subset). A capture in
+training mode with attention dropout (an ``nn.MultiheadAttention`` with ``dropout > 0``) raises ``CaptureError``: the
+weights it returns are the dropped-out ones.
 """
 
 from __future__ import annotations
@@ -31,7 +33,7 @@ import torch
 from torch import nn
 
 from vitviz.core.families.base import Family, Layout, Undo, probe_mha
-from vitviz.core.families.stream import mha_stream_probe_for
+from vitviz.core.families.stream import mha_stream_probe_for, refuse_mha_dropout
 from vitviz.errors import CaptureError, NotAViTError, UnsupportedModelError
 
 
@@ -114,6 +116,7 @@ class OpenCLIPFamily(Family):
             raise CaptureError(f"{type(model).__name__} (open_clip) is in training mode with patch_dropout="
                                f"{drop.prob}: each forward keeps a random subset of the patch tokens; call "
                                "model.eval() before capturing")
+        refuse_mha_dropout(model, self.attention_modules(model), self.name)
         return lambda: None
 
     def pos_embed(self, model: nn.Module) -> torch.Tensor | None:
