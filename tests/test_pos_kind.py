@@ -64,3 +64,14 @@ def test_with_sincos_pos_embed_is_reported_as_sincos():
     assert vitviz.inspect(model).pos_embed_kind == "sincos"
     model.requires_grad_(True)  # unfreezing does not make the sincos values learned
     assert vitviz.inspect(model).pos_embed_kind == "sincos"
+
+
+def test_open_clip_kind_is_read_from_the_table_not_requires_grad():
+    pytest.importorskip("open_clip")
+    from hf_models import open_clip_model, open_clip_tower
+
+    learned = open_clip_model().requires_grad_(False)  # a learned table, frozen
+    assert vitviz.inspect(learned).pos_embed_kind == "learned"
+    sincos = open_clip_tower(image_size=32, pos_embed_type="sin_cos_2d").requires_grad_(True)  # sincos, trainable
+    assert sincos.positional_embedding.requires_grad
+    assert vitviz.inspect(sincos).pos_embed_kind == "sincos"
