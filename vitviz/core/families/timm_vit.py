@@ -5,6 +5,10 @@ differential attention), ``Eva`` (EVA-02, rotary ViTs), ``Beit`` and ``VisionTra
 position bias), ``Cait`` (talking-heads self-attention over the patches, then class attention). What each layer's
 captured map holds is its *map kind* (``vitviz.core.families.timm_probes``).
 
+Position kinds: the absolute table's kind (``pos_kind.table_kind``), with ``+rotary`` (a ``rope`` module: EVA-02)
+or ``+relative-bias`` (BEiT with ``use_abs_pos_emb``) when the model has that as well, as Hugging Face BEiT's
+``learned+relative-bias``; without a table ``rotary``, ``relative-bias`` or ``none``.
+
 Parallel blocks: ``ParallelThingsBlock`` (``*_18x2_*``, Touvron et al. 2022) has one attention module per branch,
 named ``blocks.{i}.attns.{j}.attn``; ``ParallelScalingBlock`` (``*_xp_*``, ``vit_pwee*``, Dehghani et al. 2023)
 and ``DiffParallelScalingBlock`` (``vit_dpwee*``) compute attention and MLP from one fused projection, so the
@@ -64,6 +68,13 @@ def attention_of(block: nn.Module, i: int) -> list[tuple[str, nn.Module]]:
         return [(f"blocks.{i}", block)]
     attn = getattr(block, "attn", None)
     return [(f"blocks.{i}.attn", attn)] if isinstance(attn, nn.Module) else []
+
+
+def relative_kinds(model: nn.Module) -> list[str]:
+    """The position information a model has besides an absolute table: ``rotary`` (a ``rope`` module, EVA-02) and
+    ``relative-bias`` (BEiT with ``use_abs_pos_emb``), each once, for kinds joined by ``+``."""
+    return (["rotary"] if getattr(model, "rope", None) is not None else []) + (
+        ["relative-bias"] if _has_relative_bias(model) else [])
 
 
 def _has_relative_bias(model: nn.Module) -> bool:
@@ -140,6 +151,7 @@ class TimmFamily(Family):
                     f"has {num_patches} patches and {len(prefix)} prefix tokens; the model is inconsistent"
                 )
             kind = kind or table_kind(pos, grid, len(prefix) if covers else 0)
+            kind = "+".join([kind] + relative_kinds(model))  # as Hugging Face BEiT: "learned+relative-bias"
         mods = self.attention_modules(model)
         first = mods[0][1]
         return Layout(
