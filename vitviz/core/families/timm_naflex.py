@@ -21,7 +21,7 @@ from torch import nn
 from vitviz.core.families.base import Family, Layout
 from vitviz.core.families.pos_kind import table_kind
 from vitviz.core.families.timm_probes import map_kind, probe_timm, stream_probe_for
-from vitviz.core.families.timm_vit import KNOWN_ATTENTION, attention_of, is_timm
+from vitviz.core.families.timm_vit import attention_of, is_timm, unknown_attention
 from vitviz.core.util import pair
 from vitviz.errors import UnsupportedModelError
 
@@ -50,7 +50,7 @@ class NaFlexVitFamily(Family):
     def layout(self, model: nn.Module) -> Layout:
         e = model.embeds
         mods = self.attention_modules(model)
-        unknown = sorted({type(m).__name__ for _, m in mods if type(m).__name__ not in KNOWN_ATTENTION})
+        unknown = unknown_attention(mods)
         if not mods or unknown:
             raise UnsupportedModelError(
                 f"{type(model).__name__} (timm) uses attention {unknown[0] if unknown else '(none found)'}, "

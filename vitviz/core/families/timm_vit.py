@@ -57,6 +57,22 @@ REFUSED = {
 }
 
 
+def unknown_attention(modules: list[tuple[str, nn.Module]]) -> list[str]:
+    """Names of the attention classes among ``modules`` that no probe reads exactly: any class whose nearest timm
+    class is not in ``KNOWN_ATTENTION``, and a subclass (named like a known one or not) whose ``forward`` is its
+    own; a subclass that keeps timm's ``forward`` is read as the timm class it derives from."""
+    out = []
+    for _, module in modules:
+        cls = type(module)
+        base = next((c for c in cls.__mro__ if c.__module__.startswith("timm.")), None)
+        qualified = f"{cls.__module__}.{cls.__qualname__}"
+        if base is None or base.__name__ not in KNOWN_ATTENTION:
+            out.append(cls.__name__ if cls.__name__ not in KNOWN_ATTENTION else qualified)
+        elif cls is not base and cls.forward is not base.forward:
+            out.append(f"{qualified} (a subclass of timm's {base.__name__} with its own forward)")
+    return sorted(set(out))
+
+
 def is_timm(model: nn.Module) -> bool:
     return any(c.__module__.startswith("timm.") for c in type(model).__mro__)
 
@@ -104,7 +120,7 @@ class TimmFamily(Family):
         mods = self.attention_modules(model)
         if not mods:
             raise UnsupportedModelError(f"{cls} (timm) has no attention module vitviz can find in model.blocks")
-        unknown = sorted({type(m).__name__ for _, m in mods if type(m).__name__ not in KNOWN_ATTENTION})
+        unknown = unknown_attention(mods)
         if unknown:
             raise UnsupportedModelError(
                 f"{cls} (timm) uses the attention module {unknown[0]}, which vitviz has no exact probe for; "
