@@ -148,6 +148,25 @@ def test_vit_mae_refuses_noise_that_reorders_the_patches():
     assert cap.attentions[0].shape == (2, 2, 17, 17)
 
 
+@pytest.mark.parametrize("dtype", [torch.bfloat16, torch.float16])
+def test_vit_mae_keeps_patch_order_in_half_precision(dtype):
+    # 48x48 patches: bfloat16 (> 256) and float16 (> 2048) both round consecutive integers to ties, so an arange
+    # noise in the model's dtype would be argsorted into a shuffle
+    config = transformers.ViTMAEConfig(image_size=192, patch_size=4, hidden_size=16, num_hidden_layers=1,
+                                       num_attention_heads=2, intermediate_size=32, attn_implementation="eager")
+    model = transformers.ViTMAEModel(config).eval().to(dtype)
+    x = torch.randn(1, 3, 192, 192, dtype=dtype)
+    p = 48 * 48
+    with torch.no_grad(), vitviz.capture_attention(model) as cap:
+        out = model(pixel_values=x)
+    assert torch.equal(out.ids_restore[0].long(), torch.arange(p))
+    model.config.mask_ratio = 0.0  # the reference: the model's own eager weights, patches in order (exact noise)
+    with torch.no_grad():
+        ref = model(pixel_values=x, noise=torch.arange(p, dtype=torch.float64)[None], output_attentions=True)
+    assert torch.equal(out.last_hidden_state, ref.last_hidden_state)
+    assert torch.equal(cap.attentions[0], ref.attentions[0]) and cap.attentions[0].shape[-1] == 1 + p
+
+
 def test_clip_model_analyses_the_vision_tower_and_refuses_pixels_in_forward():
     case = hf_case("clip-model")
     model = case.model

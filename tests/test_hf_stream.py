@@ -155,3 +155,40 @@ def test_the_implementation_comes_back_when_the_body_raises(monkeypatch):
     left_clean(case.model)
     with torch.no_grad():  # and the model runs as before, on SDPA
         case.run(case.model, case.x)
+
+
+@pytest.mark.parametrize("kinds", [("stream", "full"), ("full", "stream"), ("stream", "full", "full"),
+                                   ("stream", "stream", "full"), ("full", "stream", "full"),
+                                   ("stream", "full", "stream")])
+def test_nested_captures_close_in_any_order(kinds, monkeypatch):
+    import itertools
+
+    monkeypatch.setattr(stream, "EXPLICIT_BELOW_BYTES", 0)  # the stream probe recomputes where it runs
+    case = hf_case("vit")
+    model, x = case.model, case.x
+    want = case.reference(model, x)  # the model's own eager output_attentions
+    for order in itertools.permutations(range(len(kinds))):
+        seen: list[list[torch.Tensor]] = [[] for _ in kinds]
+        managers, caps = [], []
+        for i, kind in enumerate(kinds):
+            if kind == "stream":
+                keep = seen[i]
+                cm = vitviz.capture_attention(model, on_layer=lambda _l, hm, keep=keep: keep.append(hm.full().clone()),
+                                              store=False, heads="stream")
+            else:
+                cm = vitviz.capture_attention(model)
+            managers.append(cm)
+            caps.append(cm.__enter__())
+        open_ = set(range(len(kinds)))
+        for closing in order:
+            with torch.no_grad():
+                case.run(model, x)
+            for i in open_:  # every capture still open reads this pass exactly
+                got = caps[i].attentions if kinds[i] == "full" else seen[i][-2:]
+                assert len(got) == 2
+                for g, w in zip(got, want):  # eager weights, or recomputed from q and k (a stream capture alone)
+                    torch.testing.assert_close(g.float(), w, rtol=1e-5, atol=1e-6)
+            managers[closing].__exit__(None, None, None)
+            open_.discard(closing)
+        left_clean(model)
+        assert not hf_probes._users

@@ -64,3 +64,37 @@ def test_with_sincos_pos_embed_is_reported_as_sincos():
     assert vitviz.inspect(model).pos_embed_kind == "sincos"
     model.requires_grad_(True)  # unfreezing does not make the sincos values learned
     assert vitviz.inspect(model).pos_embed_kind == "sincos"
+
+
+def test_open_clip_kind_is_read_from_the_table_not_requires_grad():
+    pytest.importorskip("open_clip")
+    from hf_models import open_clip_model, open_clip_tower
+
+    learned = open_clip_model().requires_grad_(False)  # a learned table, frozen
+    assert vitviz.inspect(learned).pos_embed_kind == "learned"
+    sincos = open_clip_tower(image_size=32, pos_embed_type="sin_cos_2d").requires_grad_(True)  # sincos, trainable
+    assert sincos.positional_embedding.requires_grad
+    assert vitviz.inspect(sincos).pos_embed_kind == "sincos"
+
+
+def test_timm_kinds_join_an_absolute_table_with_rotary_or_a_relative_bias_as_hugging_face_does():
+    import timm
+
+    transformers = pytest.importorskip("transformers")
+
+    def timm_kind(name, **kw):
+        return vitviz.inspect(timm.create_model(name, pretrained=False, img_size=32, depth=1, **kw)).pos_embed_kind
+
+    beit = dict(embed_dim=64, num_heads=2)
+    assert timm_kind("beit_base_patch16_224", use_abs_pos_emb=True, use_rel_pos_bias=True, **beit) == (
+        "learned+relative-bias")
+    assert timm_kind("beit_base_patch16_224", use_abs_pos_emb=True, use_rel_pos_bias=False, **beit) == "learned"
+    assert timm_kind("beit_base_patch16_224", **beit) == "relative-bias"
+    assert timm_kind("eva02_tiny_patch14_224") == "learned+rotary"
+    assert timm_kind("vit_medium_patch16_rope_reg1_gap_256") == "rotary"
+    hf = transformers.BeitModel(transformers.BeitConfig(
+        image_size=32, patch_size=16, hidden_size=64, num_hidden_layers=1, num_attention_heads=2, intermediate_size=64,
+        use_absolute_position_embeddings=True, use_relative_position_bias=True))
+    assert vitviz.inspect(hf).pos_embed_kind == "learned+relative-bias"
+    spec = vitviz.inspect(timm.create_model("eva02_tiny_patch14_224", pretrained=False, img_size=32, depth=1))
+    assert spec.has_abs_pos_embed  # the table is still there for pos_embed_similarity

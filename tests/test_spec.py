@@ -112,3 +112,37 @@ def test_2d_pos_embed_is_row_and_column_tables():
     torch.testing.assert_close(grid[3, :, :48], model.pos_embed_row[0, 3].expand(8, 48))
     torch.testing.assert_close(grid[:, 5, 48:], model.pos_embed_col[0, 5].expand(8, 48))
     assert "pos_embed_row" in model.state_dict() and "pos_embed" not in model.state_dict()
+
+
+def test_a_user_attention_subclass_with_its_own_forward_is_refused_whatever_its_name():
+    from conftest import tiny_timm_vit
+    from timm.models.vision_transformer import Attention
+
+    from vitviz.errors import UnsupportedModelError
+
+    class Tempered(Attention):  # softmax(3 q k^T * scale): not what timm's Attention computes
+        def forward(self, x, attn_mask=None, is_causal=False):
+            b, n, c = x.shape
+            q, k, v = self.qkv(x).reshape(b, n, 3, self.num_heads, -1).permute(2, 0, 3, 1, 4).unbind(0)
+            attn = self.attn_drop((q @ k.transpose(-2, -1) * self.scale * 3.0).softmax(-1))
+            return self.proj((attn @ v).transpose(1, 2).reshape(b, n, c))
+
+    class Renamed(Tempered):
+        pass
+
+    Renamed.__name__ = "Attention"  # named like timm's class
+
+    class KeepsForward(Attention):  # only construction differs: timm's forward, read as timm's Attention
+        pass
+
+    for cls, ok in ((Tempered, False), (Renamed, False), (KeepsForward, True)):
+        model = tiny_timm_vit()
+        for block in model.blocks:
+            new = cls(32, num_heads=2, qkv_bias=True)
+            new.load_state_dict(block.attn.state_dict())
+            block.attn = new
+        if ok:
+            assert vitviz.inspect(model).attention_maps == ("softmax", "softmax")
+        else:
+            with pytest.raises(UnsupportedModelError, match="no exact probe"):
+                vitviz.inspect(model)

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import numbers
 from collections.abc import Iterator
 
 import torch
@@ -19,10 +20,11 @@ def count_images(images: Images) -> int:
 
 
 def check_batch_size(batch_size: object) -> None:
-    """Raise ``InputError`` unless ``batch_size`` is ``None`` or a positive integer (not a bool or a float)."""
+    """Raise ``InputError`` unless ``batch_size`` is ``None`` or a positive integer (``int`` or a NumPy integer;
+    not a bool or a float)."""
     if batch_size is None:
         return
-    if isinstance(batch_size, bool) or not isinstance(batch_size, int) or batch_size < 1:
+    if isinstance(batch_size, bool) or not isinstance(batch_size, numbers.Integral) or batch_size < 1:
         raise InputError(
             f"batch_size={batch_size!r} is not a positive number of images; pass an integer such as 32, or None "
             "for one batch of all images"
@@ -56,7 +58,7 @@ def iter_batches(
     total = count_images(images)
     if total == 0:
         raise ImageInputError("images: 0 images given; pass at least one image")
-    step = total if batch_size is None else batch_size
+    step = total if batch_size is None else int(batch_size)
     bar = None
     if progress:
         from tqdm.auto import tqdm

@@ -16,6 +16,10 @@ capture opened in one notebook cell and closed in another): each attention modul
 list of subscribers; every open capture sees every forward pass that runs while it is open, and the module's
 original state comes back when the last capture that uses it exits.
 
+Every map's ``N`` must be the layout's prefix tokens plus the input's patch grid (``spec.grid_for_input``), else
+``CaptureError`` names both numbers. A forward that raises inside the block (out of memory in block 1) leaves no
+unfinished pass: a retry in the same block is read afresh, and the block exits cleanly.
+
 Two ways to consume the maps:
 
 - ``store=True`` (default): ``cap.attentions`` is the list of ``(B, H, N, N)`` tensors, in layer order, from the
@@ -42,6 +46,7 @@ Example::
 from __future__ import annotations
 
 import fnmatch
+import sys
 import threading
 import weakref
 from collections.abc import Callable, Iterator, Sequence
@@ -114,7 +119,6 @@ def open_probes(model: nn.Module) -> int:
         return sum(len(_PROBES.get(m, {})) for m in model.modules())
 
 
-
 def check_layer_index(value: object, depth: int, argument: str = "layers", model_name: str = "model") -> int:
     """Validate one layer index (negative counts from the end) and return it as ``0 <= i < depth``.
 
@@ -149,8 +153,10 @@ def select_layers(names: Sequence[str], layers: LayerSelect, model_name: str = "
     """
     if layers is None:
         return list(range(len(names)))
-    if isinstance(layers, (str, int, float, bool, np.integer, np.floating)):
-        items: list[object] = [layers]
+    if isinstance(layers, (np.ndarray, torch.Tensor)) and layers.ndim == 0:  # torch.tensor(1), np.array(1)
+        items: list[object] = [layers.item()]
+    elif isinstance(layers, (str, int, float, bool, np.integer, np.floating)):
+        items = [layers]
     elif isinstance(layers, (Sequence, range, np.ndarray, torch.Tensor)):
         items = list(layers.tolist() if isinstance(layers, (np.ndarray, torch.Tensor)) else layers)
     else:
@@ -179,14 +185,18 @@ def select_layers(names: Sequence[str], layers: LayerSelect, model_name: str = "
 
 
 class AttentionCapture:
-    """What ``capture_attention`` yields. ``attentions``: list of ``(B, H, N, N)`` tensors in layer order."""
+    """What ``capture_attention`` yields. ``attentions``: list of ``(B, H, N, N)`` tensors in layer order;
+    ``forwards``: the forward passes whose maps it read (a pass that raised is not counted)."""
 
     def __init__(self, spec: ViTSpec, layer_indices: list[int], *, on_layer: OnLayer | None, store: bool,
-                 dtype: torch.dtype | None, accumulate: bool, retain_grad: bool) -> None:
+                 dtype: torch.dtype | None, accumulate: bool, retain_grad: bool, model_class: str = "model") -> None:
         self.spec = spec
         self.layer_indices = layer_indices
         self.layer_names = [spec.attention_modules[i] for i in layer_indices]
         self.forwards = 0
+        self._model_class = model_class
+        self._image_hw: tuple[int, int] | None = None  # (H, W) of the batch the running forward was given
+        self._inputs: list[tuple[nn.Module, tuple[int, int]]] = []  # enclosing calls running, with their sizes
         self._on_layer = on_layer
         self._store = store
         self._dtype = dtype
@@ -199,6 +209,7 @@ class AttentionCapture:
         if position == 0 or position in self._current:
             self._close_pass()
             self.forwards += 1
+        self._check_tokens(position, attn.shape[-1])
         if isinstance(attn, HeadMaps):  # heads="stream": passed on, never stored
             if self._on_layer is not None:
                 self._on_layer(position, attn if self._dtype is None else attn.to(self._dtype))
@@ -213,6 +224,27 @@ class AttentionCapture:
         if self._on_layer is not None:
             self._on_layer(position, attn)
         self._current[position] = attn if self._store else None
+
+    def _check_tokens(self, position: int, n: int) -> None:
+        """Raise ``CaptureError`` unless a map's ``N`` is the layout's prefix tokens plus the input's patch grid."""
+        spec = self.spec
+        if spec.dynamic_img_size and self._image_hw is None:
+            return  # the grid follows an input this capture has not seen (a call past the hooked modules)
+        gh, gw = spec.grid_for(self._image_hw) if spec.dynamic_img_size else spec.grid_size
+        want = spec.num_prefix_tokens + gh * gw
+        if n != want:
+            raise CaptureError(
+                f"{spec.name} ({self._model_class}): {self.layer_names[position]} attended over N={n} tokens, but "
+                f"its layout is {spec.num_prefix_tokens} prefix tokens {spec.prefix_tokens} + a {gh}x{gw} patch "
+                f"grid = {want}; vitviz would misplace the tokens. Feed the model its built input size "
+                "(vitviz.load_images), or describe its layout with vitviz.describe(model, prefix_tokens=...)"
+            )
+
+    def _abort_pass(self) -> None:
+        """A forward raised: drop the maps of its unfinished pass (a retry starts a fresh one)."""
+        if self._current and len(self._current) < len(self.layer_names):
+            self._current = {}
+            self.forwards -= 1
 
     def _close_pass(self) -> None:
         if not self._current:
@@ -245,6 +277,55 @@ class AttentionCapture:
     def stacked(self) -> torch.Tensor:
         """All selected layers as one ``(L, B, H, N, N)`` tensor."""
         return torch.stack(self.attentions)
+
+
+def _enclosing_modules(model: nn.Module, modules: list[nn.Module]) -> list[nn.Module]:
+    """The modules that hold every one of ``modules`` (``model`` first, then down to their nearest common
+    ancestor): whatever entry point runs them (``model(x)``, ``model.vision_model``, ``forward_features``'s
+    ``blocks``) passes through at least one."""
+    named = dict(model.named_modules())
+    paths = []
+    for module in modules:
+        name = next((n for n, m in named.items() if m is module), None)
+        if name is None:
+            return [model]
+        parts = name.split(".") if name else []
+        paths.append([named[".".join(parts[:i])] for i in range(len(parts) + 1)])
+    common = []
+    for level in zip(*paths):
+        if any(m is not level[0] for m in level):
+            break
+        common.append(level[0])
+    return common or [model]
+
+
+def _watch_passes(cap: AttentionCapture, modules: list[nn.Module]) -> Undo:
+    """Hooks on the enclosing ``modules``: note the input's image size (the grid of ``dynamic_img_size`` models),
+    and when a forward raises (out of memory in block 1, a user's hook) drop the unfinished pass, so a retry in
+    the same block is read afresh."""
+    def before(m: nn.Module, args: tuple, kwargs: dict) -> None:
+        x = args[0] if args else kwargs.get("pixel_values", kwargs.get("x"))
+        if isinstance(x, torch.Tensor) and x.ndim == 4:
+            cap._inputs.append((m, (int(x.shape[-2]), int(x.shape[-1]))))
+            cap._image_hw = cap._inputs[-1][1]
+
+    def after(m: nn.Module, _args: tuple, _kwargs: dict, result: object) -> None:
+        if cap._inputs and cap._inputs[-1][0] is m:
+            cap._inputs.pop()
+            cap._image_hw = cap._inputs[-1][1] if cap._inputs else None
+        if result is None and sys.exc_info()[1] is not None:  # always_call: run as the forward's exception passes
+            cap._abort_pass()
+
+    handles = []
+    for module in modules:
+        handles.append(module.register_forward_pre_hook(before, with_kwargs=True, prepend=True))
+        handles.append(module.register_forward_hook(after, with_kwargs=True, always_call=True))
+
+    def undo() -> None:
+        for handle in handles:
+            handle.remove()
+
+    return undo
 
 
 @contextmanager
@@ -296,10 +377,11 @@ def capture_attention(
     modules = family.attention_modules(model)
     chosen = select_layers([n for n, _ in modules], layers, spec.name)
     cap = AttentionCapture(spec, chosen, on_layer=on_layer, store=store, dtype=dtype, accumulate=accumulate,
-                           retain_grad=retain_grad)
+                           retain_grad=retain_grad, model_class=type(model).__name__)
     undos = []
     try:
         undos.append(family.prepare(model))
+        undos.append(_watch_passes(cap, _enclosing_modules(model, [modules[i][1] for i in chosen])))
         for position, index in enumerate(chosen):
             module = modules[index][1]
             stream = family.stream_probe(module) if heads == "stream" else None

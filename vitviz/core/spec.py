@@ -46,7 +46,8 @@ class ViTSpec:
             ``learned-factorized`` (row plus column tables, NaFlexVit ``factorized``), ``rotary`` (rotary
             embeddings, no absolute table), ``relative-bias`` (a relative position bias added to the attention
             logits, BEiT and timm ``vit_relpos_*``; no absolute table) or ``none``; parts joined by ``+``
-            when a model has both (Hugging Face BEiT with an absolute table: ``learned+relative-bias``).
+            when a model has both (BEiT with an absolute table, timm or Hugging Face: ``learned+relative-bias``;
+            EVA-02: ``learned+rotary``).
         pos_embed_covers_prefix: whether the absolute position embedding has rows for the prefix tokens.
         depth, num_heads, embed_dim: transformer size.
         hybrid: the patch embedding sits on a CNN backbone.

@@ -55,7 +55,8 @@ def describe(model: nn.Module, **layout: Any) -> nn.Module:
         attention: fnmatch pattern of the attention modules' names, in layer order (default ``"blocks.*.attn"``).
         probe: how to read the probabilities: ``"attn_drop"`` (hook the dropout that receives the softmax
             output; fused paths are switched off), ``"qkv"`` (recompute ``softmax(q k^T * scale)`` from a ``qkv``
-            Linear), ``"mha"`` (``nn.MultiheadAttention``), ``"hf"``, ``"auto"`` (default) or a callable
+            Linear, after per-head ``q_norm`` / ``k_norm``; modules with rotary or relative-position attributes
+            are refused), ``"mha"`` (``nn.MultiheadAttention``), ``"hf"``, ``"auto"`` (default) or a callable
             ``probe(module, emit) -> undo``.
         img_size, patch_size: input size and token stride in pixels (int or ``(h, w)``).
         prefix_tokens: names of the tokens before the patches, e.g. ``("cls", "dist")``, or their count.

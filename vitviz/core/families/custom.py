@@ -1,8 +1,10 @@
 """Hand-written ViTs: the common tutorial layout, and ``describe`` for any other layout.
 
 Tutorial layout (matched automatically): ``patch_embed.proj`` (Conv2d) with ``patch_embed.img_size``,
-``cls_token`` (optionally ``dist_token``), ``pos_embed``, and ``blocks[i].attn`` holding a ``qkv`` Linear,
-``num_heads`` (or ``n_heads``), ``scale`` and, usually, ``attn_drop``.
+``cls_token`` (optionally ``dist_token`` and register tokens, ``reg_token`` or ``register_tokens``, in that order
+before the patches), ``pos_embed`` (rows for every prefix token, for the class token only, or for the patches
+only), and ``blocks[i].attn`` holding a ``qkv`` Linear, ``num_heads`` (or ``n_heads``), ``scale`` and, usually,
+``attn_drop``. ``capture_attention`` checks that every map has the layout's ``N`` tokens.
 """
 
 from __future__ import annotations
@@ -60,6 +62,9 @@ def _auto_probe(module: nn.Module, emit: Any) -> Any:
     return probe_qkv(module, emit)
 
 
+# attribute names of register tokens (Darcet et al. 2024) in hand-written ViTs: timm's, DINOv2's and HF's
+REGISTER_ATTRS = ("reg_token", "reg_tokens", "register_tokens")
+
 # libraries whose models have families of their own (never read by the tutorial heuristics)
 LIBRARIES = ("timm", "transformers", "torchvision", "open_clip")
 
@@ -106,9 +111,19 @@ class CustomFamily(Family):
             )
         return mods
 
-    def pos_embed(self, model: nn.Module) -> torch.Tensor | None:
+    def _table(self, model: nn.Module) -> torch.Tensor | None:
         pos = _get(model, self.pos_path)
         return pos if isinstance(pos, torch.Tensor) else None
+
+    def pos_embed(self, model: nn.Module) -> torch.Tensor | None:
+        """The table; its patch rows only when it covers the class (and distillation) token but not the registers
+        (``pos_embed_covers_prefix`` is then False, as for DINOv2 with registers)."""
+        pos = self._table(model)
+        if pos is None:
+            return None
+        grid = self._geometry(model)[2]
+        lead = pos.shape[-2] - grid[0] * grid[1]
+        return pos[..., lead:, :] if 0 < lead < len(self.prefix_tokens(model)) else pos
 
     def patch_proj(self, model: nn.Module) -> nn.Module | None:
         return _get(model, self.proj_path)
@@ -116,8 +131,8 @@ class CustomFamily(Family):
     def prefix_tokens(self, model: nn.Module) -> tuple[str, ...]:
         return self.prefix
 
-    def layout(self, model: nn.Module) -> Layout:
-        prefix = self.prefix_tokens(model)
+    def _geometry(self, model: nn.Module) -> tuple[tuple[int, int], tuple[int, int], tuple[int, int]]:
+        """``(img_size, patch_size, grid_size)``."""
         proj = self.patch_proj(model)
         patch = self.patch_size
         if patch is None and isinstance(proj, nn.Conv2d):
@@ -131,17 +146,26 @@ class CustomFamily(Family):
                 "vitviz.describe(model, img_size=224, patch_size=16, ...)"
             )
         img, patch = pair(img), pair(patch)
-        grid = (img[0] // patch[0], img[1] // patch[1])
+        return img, patch, (img[0] // patch[0], img[1] // patch[1])
+
+    def layout(self, model: nn.Module) -> Layout:
+        prefix = self.prefix_tokens(model)
+        proj = self.patch_proj(model)
+        img, patch, grid = self._geometry(model)
         mods = self.attention_modules(model)
-        pos = self.pos_embed(model)
-        covers = pos is not None and pos.shape[-2] == grid[0] * grid[1] + len(prefix) and len(prefix) > 0
-        if pos is not None and not covers and pos.shape[-2] != grid[0] * grid[1]:
+        pos = self._table(model)
+        p = grid[0] * grid[1]
+        lead = len(prefix) - prefix.count("reg")  # the class and distillation tokens: registers may have no row
+        covers = pos is not None and pos.shape[-2] == p + len(prefix) and len(prefix) > 0
+        partial = pos is not None and not covers and 0 < lead < len(prefix) and pos.shape[-2] == p + lead
+        if pos is not None and not covers and not partial and pos.shape[-2] != p:
             raise NotAViTError(
                 f"{type(model).__name__}: pos_embed has {pos.shape[-2]} rows, but a {grid[0]}x{grid[1]} grid with "
-                f"{len(prefix)} prefix tokens needs {grid[0] * grid[1]} or {grid[0] * grid[1] + len(prefix)}"
-                "; check img_size, patch_size and prefix_tokens"
+                f"{len(prefix)} prefix tokens needs {p} or {p + len(prefix)}"
+                + (f" (or {p + lead}: rows for the class token only)" if 0 < lead < len(prefix) else "")
+                + "; check img_size, patch_size and prefix_tokens"
             )
-        prefix_rows = len(prefix) if covers else 0
+        prefix_rows = len(prefix) if covers else lead if partial else 0
         kind = self.kind or ("none" if pos is None else table_kind(pos, grid, prefix_rows))
         dim = self.embed_dim or (pos.shape[-1] if pos is not None else getattr(proj, "out_channels", 0))
         return Layout(
@@ -163,7 +187,7 @@ class CustomFamily(Family):
             comps["patch_embed"] = (self.proj_path.rsplit(".", 1)[0] + ".",)
         if self.pos_path:
             comps["pos_embed"] = (self.pos_path,)
-        comps["prefix_tokens"] = ("cls_token", "dist_token", "reg_token")
+        comps["prefix_tokens"] = ("cls_token", "dist_token") + REGISTER_ATTRS
         comps["norm"] = ("norm.",)
         comps["head"] = ("head.", "fc.")
         return comps
@@ -191,5 +215,13 @@ class TutorialFamily(CustomFamily):
         return isinstance(getattr(attn, "qkv", None), nn.Linear) and _heads(attn) > 0
 
     def prefix_tokens(self, model: nn.Module) -> tuple[str, ...]:
-        return tuple(t for t, attr in (("cls", "cls_token"), ("dist", "dist_token"))
-                     if isinstance(getattr(model, attr, None), torch.Tensor))
+        """``cls`` (``cls_token``), ``dist`` (``dist_token``), then one ``reg`` per register token (``reg_token``
+        as timm names them, ``register_tokens`` as DINOv2 and Hugging Face do; ``(1, R, D)`` or ``(R, D)``),
+        in that order, as timm and DINOv2 lay them out."""
+        tokens = tuple(t for t, attr in (("cls", "cls_token"), ("dist", "dist_token"))
+                       if isinstance(getattr(model, attr, None), torch.Tensor))
+        for attr in REGISTER_ATTRS:
+            reg = getattr(model, attr, None)
+            if isinstance(reg, torch.Tensor) and reg.ndim >= 2:
+                tokens += ("reg",) * int(reg.shape[-2])
+        return tokens

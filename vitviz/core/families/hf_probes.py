@@ -19,7 +19,12 @@ the name is added once, nothing of transformers is replaced). For each call it
 It runs the model file's own ``eager_attention_forward`` instead (and hands on its weights) where recomputing does
 not pay or does not apply: small maps with the kernels off (``stream.EXPLICIT_BELOW_BYTES``), grouped key heads,
 ``position_bias``, ``softcap`` or a cache in the call; and where a ``heads="full"`` capture of the same module is
-open at the same time (``probe_hf`` then registers here for the weights instead of switching to eager).
+open at the same time (``probe_hf`` registers here for the weights).
+
+Captures may close in any order: the probes on one config are counted (``_use``), and the config reads
+``"vitviz_stream"`` while a stream probe is installed, ``"eager"`` while only ``probe_hf`` probes are (a full capture
+left open after the stream capture it was opened in has closed), and its own implementation again, exactly as it
+was, once the last probe is gone.
 
 A model whose implementation is already ``eager`` gets no stream probe: its eager weights are wrapped as they come.
 """
@@ -42,17 +47,16 @@ from vitviz.core.families.base import (
     Undo,
     chain_undos,
     config_attn_implementation,
-    shared_override,
 )
 from vitviz.errors import CaptureError, UnsupportedModelError
 
 __all__ = ["NAME", "active", "probe_hf", "probe_hf_stream", "stream_probe_for", "want_weights"]
 
 NAME = "vitviz_stream"
-_OVERRIDE = "attn_implementation/stream"
 _listeners: weakref.WeakKeyDictionary[nn.Module, list[Emit]] = weakref.WeakKeyDictionary()
 _weights: weakref.WeakKeyDictionary[nn.Module, list[object]] = weakref.WeakKeyDictionary()
-_original: dict[int, str] = {}  # id(config) -> the implementation it had before the switch
+_original: dict[int, str] = {}  # id(config) -> the implementation it had before the switch, while NAME is on
+_users: dict[int, dict[str, Any]] = {}  # id(config) -> the probes using it and the implementation they set
 
 
 def _interface() -> Any:
@@ -87,17 +91,48 @@ def stream_probe_for(module: nn.Module) -> Probe | None:
     return probe_hf_stream
 
 
-def _switch(config: Any) -> Undo:
-    original = config._attn_implementation
-    _interface()
-    undo = config_attn_implementation(config, NAME)
-    _original[id(config)] = original
+def _use(config: Any, kind: str) -> Undo:
+    """Count one probe of ``kind`` (``"full"``: ``probe_hf``, needs weights; ``"stream"``: ``probe_hf_stream``) on
+    ``config``; the undo uncounts it (once). The config's attention implementation follows the counts, so captures
+    may close in any order: ``NAME`` while a stream probe is installed (it hands full probes eager weights through
+    ``want_weights``), else ``eager`` while a full probe is, else the implementation the model had, restored
+    exactly when the last probe goes."""
+    key = id(config)
+    state = _users.get(key)
+    if state is None:
+        state = _users[key] = {"config": config, "original": config._attn_implementation, "full": 0, "stream": 0,
+                               "now": None, "undo": None}
+    state[kind] += 1
+    _follow(state)
+    done = False
 
-    def restore() -> None:
-        _original.pop(id(config), None)
-        undo()
+    def undo() -> None:
+        nonlocal done
+        if not done:
+            done = True
+            state[kind] -= 1
+            _follow(state)
 
-    return restore
+    return undo
+
+
+def _follow(state: dict[str, Any]) -> None:
+    """Set the config's implementation to what its counts ask for (see ``_use``)."""
+    want = NAME if state["stream"] else "eager" if state["full"] else None
+    if want == state["now"]:
+        return
+    config, key = state["config"], id(state["config"])
+    if state["undo"] is not None:
+        state["undo"]()  # back to the model's own implementation before any other
+    state["now"], state["undo"] = want, None
+    _original.pop(key, None)
+    if want is None:
+        _users.pop(key, None)
+        return
+    if want == NAME:
+        _interface()
+        _original[key] = state["original"]
+    state["undo"] = config_attn_implementation(config, want)
 
 
 def _register(registry: weakref.WeakKeyDictionary, module: nn.Module, value: Any) -> Undo:
@@ -116,23 +151,19 @@ def _register(registry: weakref.WeakKeyDictionary, module: nn.Module, value: Any
 
 def probe_hf_stream(module: nn.Module, emit: Emit) -> Undo:
     """Hugging Face attention under ``heads="stream"``: emits a ``HeadMaps`` per call (see the module docstring)."""
-    config = module.config
-    undos = [shared_override(config, _OVERRIDE, lambda: _switch(config))]
-    undos.append(_register(_listeners, module, emit))
+    undos = [_use(module.config, "stream"), _register(_listeners, module, emit)]
     return chain_undos(undos)
 
 
 def probe_hf(module: nn.Module, emit: Emit) -> Undo:
-    """Hugging Face attention: the config switched to ``eager`` for the capture, the returned weights read. Where
-    a ``heads="stream"`` capture has switched the config to vitviz's stream implementation (below), that
-    implementation hands this module eager weights instead, for as long as this probe is installed."""
+    """Hugging Face attention: the config switched to ``eager`` for the capture, the returned weights read. While
+    a ``heads="stream"`` capture keeps the config on vitviz's stream implementation (below), that implementation
+    hands this module eager weights instead; when the last stream probe goes first, the config turns ``eager``
+    (one config serves every layer: counted per probe, ``_use``, restored when the last probe goes)."""
     config = getattr(module, "config", None)
-    undos: list[Undo] = []
-    if config is not None and active(config):
-        undos.append(want_weights(module))
-    elif config is not None:  # one config serves every layer: shared, restored when the last layer's probe goes
-        undos.append(shared_override(config, "attn_implementation",
-                                     lambda: config_attn_implementation(config, "eager")))
+    undos: list[Undo] = [want_weights(module)]
+    if config is not None:
+        undos.append(_use(config, "full"))
 
     def hook(_m: nn.Module, _inputs: Any, out: Any) -> None:
         weights = out[1] if isinstance(out, tuple) and len(out) > 1 else None

@@ -7,8 +7,9 @@ Random masking: on every call the embeddings shuffle the patch tokens by ``argso
 ``noise=`` is passed) and keep the first ``int(P * (1 - config.mask_ratio))``, so the tokens the attention sees are
 a random subset in a random order, different for every image. vitviz analyses the model **unmasked and in patch
 order**: for the duration of ``capture_attention`` ``config.mask_ratio`` is 0 and, when no ``noise`` is given, the
-noise is ``arange(P)`` (the identity shuffle). A ``noise=`` that would reorder the patches is refused with a
-``CaptureError``. Both are restored on exit, so outside the capture the model masks as before.
+noise is ``arange(P)`` in float32 (the identity shuffle, exact for any patch count, where the model's own bfloat16
+or float16 would round consecutive integers to ties). A ``noise=`` that would reorder the patches is refused with
+a ``CaptureError``. Both are restored on exit, so outside the capture the model masks as before.
 """
 
 from __future__ import annotations
@@ -45,7 +46,9 @@ class HFViTMAEFamily(HFVisionFamily):
                 * (pixel_values.shape[-1] // emb.patch_embeddings.patch_size[1]))
             order = torch.arange(p, device=pixel_values.device)
             if noise is None:
-                noise = order.to(pixel_values.dtype).expand(pixel_values.shape[0], p)
+                # float32 whatever the model's dtype: transformers argsorts the noise as given, and in bfloat16
+                # (> 256 patches) or float16 (> 2048) consecutive integers round to ties, which argsort reorders
+                noise = order.to(torch.float32).expand(pixel_values.shape[0], p)
             elif not torch.equal(torch.argsort(noise, dim=1), order.expand(noise.shape[0], p)):
                 raise CaptureError(f"{name}: the noise= passed would shuffle the patch tokens; vitviz reads ViTMAE "
                                    "unmasked and in patch order: call the model without noise= inside the capture")

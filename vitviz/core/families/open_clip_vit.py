@@ -3,9 +3,10 @@ whose ``visual`` is one (``open_clip.create_model("ViT-B-32", pretrained=None)``
 
 Layout, read from the tower: ``conv1`` (the RGB patch projection), ``grid_size`` and ``patch_size`` as built,
 ``[cls, patches]`` (``class_embedding`` is always prepended, also with ``pool_type="avg"``), a ``(1 + P, D)``
-``positional_embedding`` covering the class token (``pos_embed_type="learnable"``: ``learned``;
-``"sin_cos_2d"``: ``sincos``), ``ln_pre`` before the first block (CLIP's pre-LayerNorm), ``transformer.resblocks``
-of ``ResidualAttentionBlock`` whose ``attn`` is an ``nn.MultiheadAttention``.
+``positional_embedding`` covering the class token (its kind read from the table's values, never from
+``requires_grad``: ``pos_embed_type="learnable"`` gives ``learned``, ``"sin_cos_2d"`` gives ``sincos``), ``ln_pre``
+before the first block (CLIP's pre-LayerNorm), ``transformer.resblocks`` of ``ResidualAttentionBlock`` whose
+``attn`` is an ``nn.MultiheadAttention``.
 
 Attention is read with ``probe_mha`` (as for torchvision): the module is called with ``need_weights=True`` and
 per-head weights for the duration. Reductions (``heads="stream"``) use ``stream.probe_mha_stream``, also as for
@@ -20,7 +21,9 @@ Hugging Face CLIP; ``pool_type="avg"`` and attentional poolers have their pixels
 Refused with ``UnsupportedModelError``: towers built with ``block_type="custom"``, ``qk_norm``,
 ``scaled_cosine_attn`` and similar (``CustomResidualAttentionBlock``: its ``Attention`` has no probe here), timm
 trunks (``TimmModel``: analyse ``model.visual.trunk`` with the timm family instead), ModifiedResNet towers (not a
-ViT), and a capture in training mode with ``patch_dropout > 0`` (the tokens would be a random subset).
+ViT), and a capture in training mode with ``patch_dropout > 0`` (the tokens would be a random subset). A capture in
+training mode with attention dropout (an ``nn.MultiheadAttention`` with ``dropout > 0``) raises ``CaptureError``: the
+weights it returns are the dropped-out ones.
 """
 
 from __future__ import annotations
@@ -31,7 +34,8 @@ import torch
 from torch import nn
 
 from vitviz.core.families.base import Family, Layout, Undo, probe_mha
-from vitviz.core.families.stream import mha_stream_probe_for
+from vitviz.core.families.pos_kind import table_kind
+from vitviz.core.families.stream import mha_stream_probe_for, refuse_mha_dropout
 from vitviz.errors import CaptureError, NotAViTError, UnsupportedModelError
 
 
@@ -84,7 +88,7 @@ class OpenCLIPFamily(Family):
         blocks = list(visual.transformer.resblocks)
         return Layout(
             img_size=(img[0], img[1]), patch_size=(patch[0], patch[1]), grid_size=(gh, gw), prefix_tokens=("cls",),
-            pos_embed_kind="learned" if pos.requires_grad else "sincos", pos_embed_covers_prefix=True,
+            pos_embed_kind=table_kind(pos, (gh, gw), 1), pos_embed_covers_prefix=True,
             depth=len(blocks), num_heads=int(blocks[0].attn.num_heads) if blocks else 0,
             embed_dim=int(visual.transformer.width),
         )
@@ -122,6 +126,7 @@ class OpenCLIPFamily(Family):
             raise CaptureError(f"{type(model).__name__} (open_clip) is in training mode with patch_dropout="
                                f"{drop.prob}: each forward keeps a random subset of the patch tokens; call "
                                "model.eval() before capturing")
+        refuse_mha_dropout(model, self.attention_modules(model), self.name)
         return lambda: None
 
     def pos_embed(self, model: nn.Module) -> torch.Tensor | None:

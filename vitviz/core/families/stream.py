@@ -27,11 +27,12 @@ import torch
 from torch import nn
 
 from vitviz.core import kernels
-from vitviz.core.families.base import Emit, HeadMaps, Probe, Undo, chain_undos
+from vitviz.core.families.base import Emit, HeadMaps, Probe, Undo, chain_undos, mha_dropout_error
 from vitviz.errors import CaptureError
 
 __all__ = ["EXPLICIT_BELOW_BYTES", "REPROJECT_WITHOUT_KERNEL", "explicit_is_cheaper", "mha_stream_probe_for",
-           "probe_mha_stream", "recomputed_heads", "reprojected_qk", "sdpa_bias", "use_kernel_for"]
+           "probe_mha_stream", "recomputed_heads", "refuse_mha_dropout", "reprojected_qk", "sdpa_bias",
+           "use_kernel_for"]
 
 EXPLICIT_BELOW_BYTES = 8 << 20
 
@@ -157,6 +158,16 @@ def mha_stream_probe_for(module: nn.Module) -> Probe | None:
     return probe_mha_stream
 
 
+def refuse_mha_dropout(model: nn.Module, modules: list[tuple[str, nn.Module]], family: str) -> None:
+    """``Family.prepare`` of the ``nn.MultiheadAttention`` families (torchvision, open_clip): raise ``CaptureError``
+    when an attention module is in training mode with attention dropout (its weights would be the dropped-out ones,
+    rows not summing to 1; the Hugging Face families refuse the same in their ``prepare``)."""
+    for name, module in modules:
+        error = mha_dropout_error(f"{type(model).__name__} ({family}, {name})", module)
+        if error is not None:
+            raise error
+
+
 def probe_mha_stream(module: nn.Module, emit: Emit) -> Undo:
     """``nn.MultiheadAttention`` under ``heads="stream"``: its forward runs untouched (``need_weights=False`` as
     torchvision calls it: the fused path, output bit for bit the plain forward's), and each head's
@@ -166,7 +177,8 @@ def probe_mha_stream(module: nn.Module, emit: Emit) -> Undo:
 
     A call the kernels do not serve (CPU; see ``REPROJECT_WITHOUT_KERNEL``), with masks, or with distinct
     query/key/value tensors runs with ``need_weights=True, average_attn_weights=False`` instead, for that call only,
-    and its per-head weights are handed on (what ``probe_mha`` reads).
+    and its per-head weights are handed on (what ``probe_mha`` reads). A call in training mode with attention
+    dropout raises ``CaptureError``, as ``probe_mha`` does.
     """
     state: dict[str, Any] = {}
 
@@ -184,6 +196,9 @@ def probe_mha_stream(module: nn.Module, emit: Emit) -> Undo:
         recompute = plain and (kernel or (REPROJECT_WITHOUT_KERNEL
                                           and not explicit_is_cheaper(x.shape[0], heads, x.shape[1], kernel)))
         if not recompute:
+            error = mha_dropout_error(type(module).__name__, module)
+            if error is not None:  # the weights of this call would be the dropped-out ones
+                raise error
             state["explicit"] = True
             return (), {**call, "need_weights": True, "average_attn_weights": False}
         state.update(x=x, kernel=kernel)

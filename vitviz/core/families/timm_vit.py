@@ -5,6 +5,10 @@ differential attention), ``Eva`` (EVA-02, rotary ViTs), ``Beit`` and ``VisionTra
 position bias), ``Cait`` (talking-heads self-attention over the patches, then class attention). What each layer's
 captured map holds is its *map kind* (``vitviz.core.families.timm_probes``).
 
+Position kinds: the absolute table's kind (``pos_kind.table_kind``), with ``+rotary`` (a ``rope`` module: EVA-02)
+or ``+relative-bias`` (BEiT with ``use_abs_pos_emb``) when the model has that as well, as Hugging Face BEiT's
+``learned+relative-bias``; without a table ``rotary``, ``relative-bias`` or ``none``.
+
 Parallel blocks: ``ParallelThingsBlock`` (``*_18x2_*``, Touvron et al. 2022) has one attention module per branch,
 named ``blocks.{i}.attns.{j}.attn``; ``ParallelScalingBlock`` (``*_xp_*``, ``vit_pwee*``, Dehghani et al. 2023)
 and ``DiffParallelScalingBlock`` (``vit_dpwee*``) compute attention and MLP from one fused projection, so the
@@ -54,6 +58,22 @@ REFUSED = {
 }
 
 
+def unknown_attention(modules: list[tuple[str, nn.Module]]) -> list[str]:
+    """Names of the attention classes among ``modules`` that no probe reads exactly: any class whose nearest timm
+    class is not in ``KNOWN_ATTENTION``, and a subclass (named like a known one or not) whose ``forward`` is its
+    own; a subclass that keeps timm's ``forward`` is read as the timm class it derives from."""
+    out = []
+    for _, module in modules:
+        cls = type(module)
+        base = next((c for c in cls.__mro__ if c.__module__.startswith("timm.")), None)
+        qualified = f"{cls.__module__}.{cls.__qualname__}"
+        if base is None or base.__name__ not in KNOWN_ATTENTION:
+            out.append(cls.__name__ if cls.__name__ not in KNOWN_ATTENTION else qualified)
+        elif cls is not base and cls.forward is not base.forward:
+            out.append(f"{qualified} (a subclass of timm's {base.__name__} with its own forward)")
+    return sorted(set(out))
+
+
 def is_timm(model: nn.Module) -> bool:
     return any(c.__module__.startswith("timm.") for c in type(model).__mro__)
 
@@ -65,6 +85,13 @@ def attention_of(block: nn.Module, i: int) -> list[tuple[str, nn.Module]]:
         return [(f"blocks.{i}", block)]
     attn = getattr(block, "attn", None)
     return [(f"blocks.{i}.attn", attn)] if isinstance(attn, nn.Module) else []
+
+
+def relative_kinds(model: nn.Module) -> list[str]:
+    """The position information a model has besides an absolute table: ``rotary`` (a ``rope`` module, EVA-02) and
+    ``relative-bias`` (BEiT with ``use_abs_pos_emb``), each once, for kinds joined by ``+``."""
+    return (["rotary"] if getattr(model, "rope", None) is not None else []) + (
+        ["relative-bias"] if _has_relative_bias(model) else [])
 
 
 def _has_relative_bias(model: nn.Module) -> bool:
@@ -94,7 +121,7 @@ class TimmFamily(Family):
         mods = self.attention_modules(model)
         if not mods:
             raise UnsupportedModelError(f"{cls} (timm) has no attention module vitviz can find in model.blocks")
-        unknown = sorted({type(m).__name__ for _, m in mods if type(m).__name__ not in KNOWN_ATTENTION})
+        unknown = unknown_attention(mods)
         if unknown:
             raise UnsupportedModelError(
                 f"{cls} (timm) uses the attention module {unknown[0]}, which vitviz has no exact probe for; "
@@ -151,6 +178,7 @@ class TimmFamily(Family):
                     f"has {num_patches} patches and {len(prefix)} prefix tokens; the model is inconsistent"
                 )
             kind = kind or table_kind(pos, grid, len(prefix) if covers else 0)
+            kind = "+".join([kind] + relative_kinds(model))  # as Hugging Face BEiT: "learned+relative-bias"
         mods = self.attention_modules(model)
         first = mods[0][1]
         return Layout(

@@ -2,6 +2,8 @@
 
 Attention: ``probe_mha`` reads the per-head weights (``need_weights=True``); reductions (``heads="stream"``) use
 ``stream.probe_mha_stream``, which leaves the forward untouched and recomputes the maps from ``q`` and ``k``.
+A capture in training mode with ``attention_dropout > 0`` is refused with ``CaptureError`` (the weights
+``nn.MultiheadAttention`` returns are the dropped-out ones): call ``model.eval()`` first.
 
 Patch removal: tokens are dropped after ``encoder.dropout`` (the position embedding added); the readout is the
 class token.
@@ -14,8 +16,8 @@ from typing import Any
 import torch
 from torch import nn
 
-from vitviz.core.families.base import Family, Layout, probe_mha
-from vitviz.core.families.stream import mha_stream_probe_for
+from vitviz.core.families.base import Family, Layout, Undo, probe_mha
+from vitviz.core.families.stream import mha_stream_probe_for, refuse_mha_dropout
 
 
 class TorchvisionFamily(Family):
@@ -47,6 +49,11 @@ class TorchvisionFamily(Family):
     def attention_modules(self, model: nn.Module) -> list[tuple[str, nn.Module]]:
         return [(f"encoder.layers.{i}.self_attention", layer.self_attention)
                 for i, layer in enumerate(model.encoder.layers)]
+
+    def prepare(self, model: nn.Module) -> Undo:
+        """Refuse training mode with attention dropout (``nn.MultiheadAttention`` returns the dropped-out weights)."""
+        refuse_mha_dropout(model, self.attention_modules(model), self.name)
+        return lambda: None
 
     def pos_embed(self, model: nn.Module) -> torch.Tensor | None:
         return model.encoder.pos_embedding
