@@ -115,7 +115,7 @@ def test_a_broken_recomputation_is_caught(monkeypatch, recompute):
 
 
 def _explicit(module, x, **kwargs):
-    from vitviz.core.families.base import probe_attn_drop
+    from vitviz.core.families.probes import probe_attn_drop
 
     out: list[torch.Tensor] = []
     undo = probe_attn_drop(module, out.append)

@@ -15,17 +15,10 @@ from typing import Any
 import torch
 from torch import nn
 
-from vitviz.core.families.base import (
-    Family,
-    Layout,
-    Probe,
-    named_children_of,
-    probe_attn_drop,
-    probe_mha,
-    probe_qkv,
-)
+from vitviz.core.families.base import Family, Layout, Probe, named_children_of
 from vitviz.core.families.hf_probes import probe_hf
 from vitviz.core.families.pos_kind import table_kind
+from vitviz.core.families.probes import probe_attn_drop, probe_mha, probe_qkv
 from vitviz.core.util import pair
 from vitviz.errors import NotAViTError
 

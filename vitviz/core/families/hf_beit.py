@@ -22,8 +22,9 @@ from __future__ import annotations
 import torch
 from torch import nn
 
-from vitviz.core.families.base import Undo, chain_undos, gather_bias_hook, token_index
+from vitviz.core.families.base import Undo, chain_undos
 from vitviz.core.families.hf_base import HFVisionFamily, vision_config, vision_root
+from vitviz.core.families.token_drop import gather_bias_hook, token_index
 
 
 class HFBeitFamily(HFVisionFamily):

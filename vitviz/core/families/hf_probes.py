@@ -40,14 +40,7 @@ import torch
 from torch import nn
 
 import vitviz.core.families.stream as stream
-from vitviz.core.families.base import (
-    Emit,
-    HeadMaps,
-    Probe,
-    Undo,
-    chain_undos,
-    config_attn_implementation,
-)
+from vitviz.core.families.base import Emit, HeadMaps, Probe, Undo, chain_undos
 from vitviz.errors import CaptureError, UnsupportedModelError
 
 __all__ = ["NAME", "active", "probe_hf", "probe_hf_stream", "stream_probe_for", "want_weights"]
@@ -58,6 +51,20 @@ _weights: weakref.WeakKeyDictionary[nn.Module, list[object]] = weakref.WeakKeyDi
 _original: dict[int, str] = {}  # id(config) -> the implementation it had before the switch, while NAME is on
 _users: dict[int, dict[str, Any]] = {}  # id(config) -> the probes using it and the implementation they set
 
+
+
+def config_attn_implementation(config: Any, name: str) -> Undo:
+    """Switch a Hugging Face config to the attention implementation ``name``; the undo restores it."""
+    key = "_attn_implementation_internal" if "_attn_implementation_internal" in vars(config) else None
+    if key is not None:
+        old = vars(config)[key]
+        vars(config)[key] = name
+        return lambda: vars(config).__setitem__(key, old)
+    if getattr(config, "_attn_implementation", "eager") != name:
+        old_impl = config._attn_implementation
+        config._attn_implementation = name
+        return lambda: setattr(config, "_attn_implementation", old_impl)
+    return lambda: None
 
 def _interface() -> Any:
     """transformers' ``ALL_ATTENTION_FUNCTIONS``, with vitviz's implementation registered under ``NAME``."""

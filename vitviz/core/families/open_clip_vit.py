@@ -33,8 +33,9 @@ from typing import Any
 import torch
 from torch import nn
 
-from vitviz.core.families.base import Family, Layout, Undo, probe_mha
+from vitviz.core.families.base import Family, Layout, Undo
 from vitviz.core.families.pos_kind import table_kind
+from vitviz.core.families.probes import probe_mha
 from vitviz.core.families.stream import mha_stream_probe_for, refuse_mha_dropout
 from vitviz.errors import CaptureError, NotAViTError, UnsupportedModelError
 

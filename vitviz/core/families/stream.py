@@ -27,7 +27,8 @@ import torch
 from torch import nn
 
 from vitviz.core import kernels
-from vitviz.core.families.base import Emit, HeadMaps, Probe, Undo, chain_undos, mha_dropout_error
+from vitviz.core.families.base import Emit, HeadMaps, Probe, Undo, chain_undos
+from vitviz.core.families.probes import mha_dropout_error
 from vitviz.errors import CaptureError
 
 __all__ = ["EXPLICIT_BELOW_BYTES", "REPROJECT_WITHOUT_KERNEL", "explicit_is_cheaper", "mha_stream_probe_for",

@@ -44,7 +44,8 @@ from torch import nn
 
 import vitviz.core.families.stream as stream
 from vitviz.core import kernels
-from vitviz.core.families.base import Emit, HeadMaps, Probe, Undo, chain_undos, probe_attn_drop, set_attr
+from vitviz.core.families.base import Emit, HeadMaps, Probe, Undo, chain_undos, set_attr
+from vitviz.core.families.probes import probe_attn_drop
 from vitviz.errors import CaptureError, UnsupportedModelError
 
 MAP_KINDS = ("softmax", "talking-heads", "class-attention", "differential")

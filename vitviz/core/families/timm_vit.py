@@ -30,19 +30,11 @@ from typing import Any
 import torch
 from torch import nn
 
-from vitviz.core.families.base import (
-    Family,
-    Layout,
-    Undo,
-    chain_undos,
-    gather_bias,
-    gather_bias_hook,
-    set_attr,
-    token_index,
-)
+from vitviz.core.families.base import Family, Layout, Undo, chain_undos, set_attr
 from vitviz.core.families.pooling import timm_pooled_token
 from vitviz.core.families.pos_kind import table_kind
 from vitviz.core.families.timm_probes import map_kind, probe_timm, stream_probe_for
+from vitviz.core.families.token_drop import gather_bias, gather_bias_hook, token_index
 from vitviz.core.util import pair
 from vitviz.errors import UnsupportedModelError
 

@@ -16,7 +16,8 @@ from typing import Any
 import torch
 from torch import nn
 
-from vitviz.core.families.base import Family, Layout, Undo, probe_mha
+from vitviz.core.families.base import Family, Layout, Undo
+from vitviz.core.families.probes import probe_mha
 from vitviz.core.families.stream import mha_stream_probe_for, refuse_mha_dropout
 
 

@@ -1,0 +1,151 @@
+"""The generic probes: reading post-softmax attention out of a timm-style module, a hand-written one, or
+``torch.nn.MultiheadAttention`` (see ``vitviz.core.families.base`` for what a probe is and returns).
+
+- ``probe_attn_drop``: timm-style modules (``qkv``, ``scale``, ``attn_drop``, optional ``fused_attn``). Switches
+  ``fused_attn`` off, whose fused ``scaled_dot_product_attention`` path never materialises the probabilities, and
+  hooks ``attn_drop``, whose input is the softmax output.
+- ``probe_qkv``: recomputes ``softmax(q k^T * scale)`` from the ``qkv`` Linear's output (after the module's
+  per-head ``q_norm`` / ``k_norm``), for modules that compute attention without an ``attn_drop`` module
+  (hand-written ViTs); modules with rotary or relative-position attributes, and calls with a mask, are refused.
+- ``probe_mha``: ``torch.nn.MultiheadAttention`` (torchvision, open_clip), called with ``need_weights=True`` and
+  per-head weights for the duration; ``mha_dropout_error`` refuses one that would return dropped-out weights.
+"""
+
+from __future__ import annotations
+
+from typing import Any
+
+import torch
+from torch import nn
+
+from vitviz.core.families.base import Emit, Undo, chain_undos, set_attr
+from vitviz.errors import CaptureError, UnsupportedModelError
+
+__all__ = ["mha_dropout_error", "probe_attn_drop", "probe_mha", "probe_qkv"]
+
+
+def probe_attn_drop(module: nn.Module, emit: Emit) -> Undo:
+    """Read attention where the module's ``attn_drop`` receives it (``emit`` gets the input of ``attn_drop``; a
+    family's probe may pass a transform that embeds or combines the maps before emitting them); turns timm's
+    ``fused_attn`` off for the duration."""
+    drop = getattr(module, "attn_drop", None)
+    if not isinstance(drop, nn.Module):
+        raise UnsupportedModelError(
+            f"{type(module).__name__} has no attn_drop module to read attention from; describe the model with "
+            "vitviz.describe(model, probe='qkv') to recompute attention from its qkv projection"
+        )
+    undos: list[Undo] = []
+    if hasattr(module, "fused_attn"):
+        undos.append(set_attr(module, "fused_attn", False))
+    handle = drop.register_forward_hook(lambda _m, inputs, _out: emit(inputs[0]))
+    undos.append(handle.remove)
+    return chain_undos(undos)
+
+
+def _inside_attention_position(name: str) -> bool:
+    """Whether an attribute name says position information applied inside attention (rotary embeddings, a
+    relative position bias, ALiBi): ``rope``, ``rotary_emb``, ``freqs_cis``, ``rel_pos_bias``,
+    ``relative_position_bias_table``, ``pos_bias``, ``alibi_slopes`` ..."""
+    t = set(name.lower().split("_"))
+    return bool(t & {"rope", "rotary", "freqs", "alibi", "relative", "relpos"}) or (
+        "rel" in t and "pos" in t) or ("pos" in t and "bias" in t) or ("rot" in t and ("emb" in t or "embed" in t))
+
+
+def _qkv_norm(module: nn.Module, attr: str, head_dim: int) -> nn.Module | None:
+    """``module.q_norm`` / ``k_norm`` when it is a module applied per head (``(B, H, N, d)``), None when absent or
+    an identity; refused when its width is not the head dimension (where it applies cannot be told)."""
+    norm = getattr(module, attr, None)
+    if not isinstance(norm, nn.Module) or isinstance(norm, nn.Identity):
+        return None
+    shape = getattr(norm, "normalized_shape", None)
+    width = tuple(shape) if isinstance(shape, (tuple, list, torch.Size)) else (shape,)
+    if shape is None or width != (head_dim,):
+        raise UnsupportedModelError(
+            f"{type(module).__name__}.{attr} is a {type(norm).__name__} of width {shape}, not a norm over the head "
+            f"dimension {head_dim}, so probe='qkv' cannot tell where it applies; describe the model with "
+            "probe='attn_drop' (an nn.Dropout on the post-softmax attention) or a probe function of your own"
+        )
+    return norm
+
+
+def probe_qkv(module: nn.Module, emit: Emit) -> Undo:
+    """Recompute ``softmax(q_n k_n^T * scale)`` from the ``qkv`` Linear's output, with ``q_n``/``k_n`` the heads
+    after the module's ``q_norm`` / ``k_norm`` when it has them (per-head norms, as timm's ``Attention``).
+
+    Refused (``UnsupportedModelError``, naming the class and the attribute) when the module holds position
+    information applied inside attention (rotary embeddings, a relative position bias, ALiBi: attributes named
+    ``rope``, ``rel_pos``, ``relative_position_bias_table``, ...); a call with any argument besides the tokens (an
+    attention mask, a rotary table) raises ``CaptureError``: the recomputation would leave them out.
+    """
+    qkv = getattr(module, "qkv", None)
+    heads = getattr(module, "num_heads", None)
+    if not isinstance(qkv, nn.Linear) or not heads:
+        raise UnsupportedModelError(
+            f"{type(module).__name__} needs a qkv Linear and num_heads for probe='qkv' "
+            f"(found qkv={type(qkv).__name__}, num_heads={heads})"
+        )
+    found = [(n, v) for n, v in vars(module).items() if not n.startswith("_")]
+    found += [item for d in (module._modules, module._parameters, module._buffers) for item in d.items()]
+    odd = [n for n, v in found if v is not None and v is not False and _inside_attention_position(n)]
+    if odd:
+        raise UnsupportedModelError(
+            f"{type(module).__name__} has {odd[0]!r}: position information applied inside attention (rotary "
+            "embeddings or a relative position bias) that probe='qkv' cannot reproduce from the qkv projection; "
+            "describe the model with probe='attn_drop' (an nn.Dropout on the post-softmax attention) or a probe "
+            "function of your own"
+        )
+    head_dim = qkv.out_features // (3 * int(heads))
+    q_norm, k_norm = (_qkv_norm(module, a, head_dim) for a in ("q_norm", "k_norm"))
+
+    def check_call(_m: nn.Module, args: tuple, kwargs: dict) -> None:
+        extra = [f"argument {i}" for i, a in enumerate(args[1:], 1) if a is not None]
+        extra += [k for k, v in kwargs.items() if v is not None and not isinstance(v, bool)]
+        if extra:
+            raise CaptureError(
+                f"{type(module).__name__} was called with {extra[0]} besides the tokens (an attention mask or a "
+                "position table?), which probe='qkv' cannot apply when it recomputes softmax(q k^T * scale); "
+                "describe the model with probe='attn_drop' or a probe function of your own"
+            )
+
+    def hook(_m: nn.Module, _inputs: Any, out: torch.Tensor) -> None:
+        b, n, three_d = out.shape
+        q, k, _v = out.reshape(b, n, 3, heads, three_d // (3 * heads)).permute(2, 0, 3, 1, 4).unbind(0)
+        q = q if q_norm is None else q_norm(q)
+        k = k if k_norm is None else k_norm(k)
+        scale = getattr(module, "scale", q.shape[-1] ** -0.5)
+        scores = (q.float() * scale) @ k.float().transpose(-2, -1)
+        emit(scores.softmax(dim=-1).to(out.dtype))
+
+    handles = [module.register_forward_pre_hook(check_call, with_kwargs=True), qkv.register_forward_hook(hook)]
+    return chain_undos([h.remove for h in handles])
+
+
+def mha_dropout_error(owner: str, module: nn.Module) -> CaptureError | None:
+    """The ``CaptureError`` for an ``nn.MultiheadAttention`` in training mode with attention dropout (it returns
+    its weights after dropout: rows do not sum to 1), or None when its weights are the probabilities."""
+    p = float(getattr(module, "dropout", 0.0) or 0.0)
+    if not (isinstance(module, nn.MultiheadAttention) and module.training and p > 0):
+        return None
+    return CaptureError(f"{owner} is in training mode with attention dropout {p}: nn.MultiheadAttention returns "
+                        "its attention weights after dropout (rows do not sum to 1); call model.eval() before "
+                        "capturing")
+
+
+def probe_mha(module: nn.Module, emit: Emit) -> Undo:
+    """``nn.MultiheadAttention``: called with ``need_weights=True`` and per-head weights for the duration; a call
+    in training mode with attention dropout raises ``CaptureError`` (the weights would be the dropped-out ones)."""
+    if not isinstance(module, nn.MultiheadAttention):
+        raise UnsupportedModelError(f"probe_mha needs nn.MultiheadAttention, got {type(module).__name__}")
+    original = type(module).forward
+
+    def forward(*args: Any, **kwargs: Any) -> tuple[torch.Tensor, torch.Tensor]:
+        error = mha_dropout_error(type(module).__name__, module)
+        if error is not None:
+            raise error
+        kwargs["need_weights"] = True
+        kwargs["average_attn_weights"] = False
+        out, weights = original(module, *args, **kwargs)
+        emit(weights)
+        return out, weights
+
+    return set_attr(module, "forward", forward)
