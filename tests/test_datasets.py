@@ -1,4 +1,5 @@
-"""Reductions over whole datasets: folder, Dataset and DataLoader equal the batch; resume; two gloo processes."""
+"""Reductions over whole datasets: folder, Dataset and DataLoader equal the batch; resume; two gloo processes (vitviz's
+shards and a user's padded DistributedSampler)."""
 
 from __future__ import annotations
 
@@ -127,7 +128,10 @@ def _worker(rank: int, world: int, port: int, out: str, tests_dir: str) -> None:
         ds = TensorDataset(images(7), torch.arange(7))
         got = vitviz.mean_attention_distance(model, ds, batch_size=2)
         stats = attention_statistics(model, ds, batch_size=3)
-        torch.save({"distance": got, "mean_attention": stats["mean_attention"]}, f"{out}.{rank}")
+        # a user's loader: DistributedSampler pads 7 images to 8 with a repeat, which must not count twice
+        padded = DataLoader(ds, batch_size=3, sampler=torch.utils.data.DistributedSampler(ds, shuffle=True))
+        torch.save({"distance": got, "mean_attention": stats["mean_attention"],
+                    "loader": vitviz.mean_attention_distance(model, padded)}, f"{out}.{rank}")
     finally:
         torch.distributed.destroy_process_group()
 
@@ -148,6 +152,7 @@ def test_two_gloo_processes_equal_one(tmp_path):
         got = torch.load(f"{out}.{rank}", weights_only=True)
         torch.testing.assert_close(got["distance"], want)
         torch.testing.assert_close(got["mean_attention"], want_stats["mean_attention"])
+        torch.testing.assert_close(got["loader"], want)
 
 
 @pytest.mark.gpu

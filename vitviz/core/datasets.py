@@ -179,6 +179,19 @@ def _loader(source: Any, model: nn.Module, batch_size: int, num_workers: int, pi
                       persistent_workers=False), 0
 
 
+def _unpadded(loader: Any) -> int | None:
+    """How many of a ``DistributedSampler``'s items are this rank's own images (``None``: all of them).
+
+    ``DistributedSampler(drop_last=False)`` pads the dataset to a multiple of the ranks by repeating its first
+    indices at the end, so the padding is the tail of each rank's list: rank ``r`` of ``W`` owns
+    ``len(range(r, n, W))`` items, whatever the shuffling. Counting the repeats would weigh those images twice.
+    """
+    sampler = getattr(getattr(loader, "batch_sampler", None), "sampler", None) or getattr(loader, "sampler", None)
+    if not isinstance(sampler, DistributedSampler) or isinstance(sampler, ShardSampler) or sampler.drop_last:
+        return None
+    return len(range(sampler.rank, len(sampler.dataset), sampler.num_replicas))  # type: ignore[arg-type]
+
+
 def _split(batch: Any) -> tuple[torch.Tensor, Any]:
     if isinstance(batch, torch.Tensor):
         return batch, None
@@ -305,7 +318,8 @@ def reduce_dataset(
     Args:
         model: the ViT (device, dtype and preprocessing come from it).
         source: a folder of images, a ``Dataset`` (items ``x`` or ``(x, target, ...)``, ``x`` normalised
-            ``(3, H, W)``) or a ``DataLoader`` (used as it is: its batch size, workers and sampler; with
+            ``(3, H, W)``) or a ``DataLoader`` (used as it is: its batch size, workers and sampler, less the
+            repeats a ``DistributedSampler`` pads its shard with; with
             ``checkpoint`` it must read in a known order, ``shuffle=False``, since resuming skips the images
             done).
         reduction: the running sums to fill (a ``RunningReduction``).
@@ -360,9 +374,16 @@ def reduce_dataset(
         bar = tqdm(total=mine, initial=done, desc=f"{reduction.name}" + (f" rank {rank}" if world > 1 else ""),
                    unit="img", disable=None)
     batches = 0
+    left = _unpadded(loader)  # a DistributedSampler pads its shard with repeats: those are not read
     try:
         for batch in loader:
             x, target = _split(batch)
+            if left is not None:
+                if left <= 0:
+                    break
+                if len(x) > left:
+                    x, target = x[:left], (target[:left] if target is not None else None)
+                left -= len(x)
             if skip > 0:  # a ready DataLoader cannot start mid-way: skip what the checkpoint holds
                 if skip >= len(x):
                     skip -= len(x)
