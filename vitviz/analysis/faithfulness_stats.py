@@ -23,6 +23,7 @@ from typing import Any
 
 import numpy as np
 
+from vitviz.analysis.intervals import t_interval
 from vitviz.errors import InputError
 
 __all__ = ["BETTER", "INTERVALS", "MODES", "bootstrap_ci", "compare_methods", "faithfulness_auc", "mean_interval",
@@ -62,15 +63,10 @@ def t_ci(values: Sequence[float] | np.ndarray, *, ci: float = 0.95) -> tuple[flo
     The interval of the (paired, for differences) t-test. Its coverage is exact for normal values and holds
     approximately for others (central limit theorem); with fewer than 2 values there is none: ``(nan, nan)``.
     """
-    from scipy import stats
-
     v = _values(values, "t_ci")
     _check_ci(ci)
-    if len(v) < 2:
-        return float("nan"), float("nan")
-    half = float(stats.t.ppf(0.5 + ci / 2, len(v) - 1) * v.std(ddof=1) / np.sqrt(len(v)))
-    m = float(v.mean())
-    return m - half, m + half
+    _, low, high = t_interval(v, ci)
+    return low, high
 
 
 def mean_interval(values: Sequence[float] | np.ndarray, *, interval: str = "t", n_boot: int = 1000,

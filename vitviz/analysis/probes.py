@@ -205,15 +205,3 @@ def knn_accuracy(x_train: np.ndarray, y_train: np.ndarray, x_test: np.ndarray, y
         np.add.at(votes, (np.arange(len(sim))[:, None].repeat(k, 1), y_train[top]), w)
         correct += int((votes.argmax(axis=1) == y_test[i: i + chunk]).sum())
     return 100.0 * correct / len(te)
-
-
-def mean_interval(values: Sequence[float], level: float = 0.95) -> tuple[float, float, float]:
-    """Mean and the Student-t ``level`` interval of the mean ``(mean, low, high)``; one value: ``(v, nan, nan)``."""
-    from scipy import stats
-
-    v = np.asarray(values, dtype=np.float64)
-    m = float(v.mean())
-    if len(v) < 2:
-        return m, float("nan"), float("nan")
-    half = float(stats.t.ppf(0.5 + level / 2, len(v) - 1) * v.std(ddof=1) / np.sqrt(len(v)))
-    return m, m - half, m + half

@@ -30,7 +30,8 @@ import pandas as pd
 from torch import nn
 from torch.utils.data import DataLoader, Dataset, Subset
 
-from vitviz.analysis.probes import fewshot_draws, knn_accuracy, linear_fewshot_accuracy, mean_interval
+from vitviz.analysis.intervals import t_interval
+from vitviz.analysis.probes import fewshot_draws, knn_accuracy, linear_fewshot_accuracy
 from vitviz.core.features import PRE_LOGITS, Features, as_dataset_source, extract_features, resolve_blocks
 from vitviz.errors import InputError
 
@@ -224,7 +225,7 @@ def summarize_probes(df: pd.DataFrame, by: Sequence[str] = ("model", "layer", "d
     by = [c for c in by if c in df.columns]
     rows = []
     for key, g in df.groupby(by, sort=True):
-        m, lo, hi = mean_interval(g["accuracy"].to_numpy(), level)
+        m, lo, hi = t_interval(g["accuracy"].to_numpy(), level)
         rows.append({**dict(zip(by, key if isinstance(key, tuple) else (key,))), "accuracy": m, "low": lo,
                      "high": hi, "draws": len(g)})
     return pd.DataFrame(rows)

@@ -23,32 +23,10 @@ from collections.abc import Sequence
 import numpy as np
 import pandas as pd
 
+from vitviz.analysis.intervals import t_interval
 from vitviz.errors import InputError
 
 CONFIG_COLUMNS = ["family", "model", "size", "train_images", "epochs"]
-
-
-def t_interval(values: Sequence[float] | np.ndarray, confidence: float = 0.95) -> tuple[float, float, float]:
-    """Mean and two-sided Student-t interval of the mean: ``(mean, low, high)``.
-
-    Args:
-        values: independent measurements (NaNs dropped), e.g. one accuracy per seed.
-        confidence: coverage of the interval.
-
-    Returns:
-        ``(mean, low, high)``; with fewer than 2 values the interval is ``(nan, nan)``.
-    """
-    from scipy import stats
-
-    x = np.asarray(values, dtype=float)
-    x = x[np.isfinite(x)]
-    if len(x) == 0:
-        return float("nan"), float("nan"), float("nan")
-    mean = float(x.mean())
-    if len(x) < 2:
-        return mean, float("nan"), float("nan")
-    half = float(stats.t.ppf(0.5 + confidence / 2, len(x) - 1) * x.std(ddof=1) / np.sqrt(len(x)))
-    return mean, mean - half, mean + half
 
 
 def summarize(runs: pd.DataFrame, metric: str = "test_acc") -> pd.DataFrame:
