@@ -26,7 +26,7 @@ import numpy as np
 import torch
 from torch import nn
 
-from vitviz.core.io import atomic_write_json
+from vitviz.core.io import atomic_write_json, read_csv_exact
 from vitviz.errors import CheckpointError, InputError
 
 COLUMNS = ["image", "method", "mode", "fraction", "score", "metric", "removal"]
@@ -92,7 +92,6 @@ def resume(out: str | os.PathLike | None, fp: dict[str, Any] | None,
            restore: Callable[[str], Hashable]) -> Any:
     """The rows ``out`` holds (``None`` when there is no file), refused with a ``CheckpointError`` unless the
     fingerprint beside it equals ``fp``; image ids are mapped back with ``restore``. A fresh run writes ``fp``."""
-    import pandas as pd
 
     if out is None:
         return None
@@ -114,9 +113,9 @@ def resume(out: str | os.PathLike | None, fp: dict[str, Any] | None,
         diff = "; ".join(f"{k}: {_show(saved.get(k))} there, {_show(fp.get(k))} now" for k in keys)
         raise CheckpointError(f"out={str(out)!r} holds another run (differs in {', '.join(keys)}: {diff}); "
                               + advice)
-    exact = {"float_precision": "round_trip"} if int(pd.__version__.split(".")[0]) < 3 else {}  # 3: the default
-    prev = pd.read_csv(out, dtype={c: str for c in TEXT}, keep_default_na=False,
-                       na_values={"score": ["", "nan", "NaN"]}, **exact)
+    # read_csv_exact: a resumed frame must equal an uninterrupted one to the bit
+    prev = read_csv_exact(out, dtype={c: str for c in TEXT}, keep_default_na=False,
+                          na_values={"score": ["", "nan", "NaN"]})
     if list(prev.columns) != COLUMNS:
         raise CheckpointError(f"out={str(out)!r} is not a vitviz.faithfulness table (columns {list(prev.columns)}); "
                               + advice)

@@ -73,3 +73,18 @@ def save_arrays(path_stem: str | os.PathLike, **arrays: Any) -> Path:
             np.savez(f, **values)
 
     return atomic_write(path, write)
+
+
+def read_csv_exact(path: str | os.PathLike, **kwargs: Any) -> Any:
+    """``pandas.read_csv`` with every float read back to the bit it was written from.
+
+    pandas before 3.1 parses floats with a fast C routine that is not correctly rounded (a 17-digit score can come
+    back one ulp off), unless ``float_precision="round_trip"``; pandas 3.1 rounds correctly by default and
+    deprecates the argument.
+    """
+    import pandas as pd
+
+    major_minor = tuple(int(p) for p in pd.__version__.split(".")[:2])
+    if major_minor < (3, 1):
+        kwargs.setdefault("float_precision", "round_trip")
+    return pd.read_csv(path, **kwargs)

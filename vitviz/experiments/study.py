@@ -121,7 +121,9 @@ def default_results() -> Path:
 def read_results(path: str | os.PathLike | None = None) -> pd.DataFrame:
     """The study CSV (default: the committed one, ``default_results()``); an empty frame when the file is absent."""
     path = Path(path) if path is not None else default_results()
-    return pd.read_csv(path) if path.is_file() and path.stat().st_size else pd.DataFrame()
+    from vitviz.core.io import read_csv_exact
+
+    return read_csv_exact(path) if path.is_file() and path.stat().st_size else pd.DataFrame()
 
 
 def _train_config(cfg: StudyConfig, run: dict[str, Any]) -> TrainConfig:
