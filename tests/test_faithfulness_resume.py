@@ -104,3 +104,23 @@ def test_a_file_without_fingerprint_is_refused(tmp_path):
         vitviz.faithfulness(model, x, **kw)
     out.unlink()  # no rows: a fresh run, whatever fingerprint was left
     assert len(vitviz.faithfulness(model, x, **kw)) == len(vitviz.faithfulness(model, x, **{**kw, "out": None}))
+
+
+def test_other_pixels_under_ids_already_written_are_refused_and_more_images_resume(tmp_path, monkeypatch):
+    """Tensor inputs are digested image by image: a rerun may add images (chunks), but an id whose rows out= holds
+    must still name the same pixels."""
+    model = tiny_timm_vit()
+    x = torch.randn(5, 3, 32, 48)
+    kw = dict(RUN, methods=["random", "rollout"])
+    out = tmp_path / "curves.csv"
+    vitviz.faithfulness(model, x[:2], out=out, **kw)
+    grown = vitviz.faithfulness(model, x, out=out, **kw)  # three more images: resumed, not refused
+    pd.testing.assert_frame_equal(grown, vitviz.faithfulness(model, x, **kw), check_exact=True)
+    with pytest.raises(CheckpointError, match=r"image id\(s\) \['0', '1'\] computed on other pixels"):
+        vitviz.faithfulness(model, x[:2].flip(-1), out=out, **kw)
+    other = torch.cat([x[:4], torch.randn(1, 3, 32, 48)])
+    with pytest.raises(CheckpointError, match=r"\['4'\]"):
+        vitviz.faithfulness(model, other, out=out, **kw)
+    # ids of their own: the same file takes the new images
+    more = vitviz.faithfulness(model, x[:2].flip(-1), out=out, image_offset=5, **kw)
+    assert sorted(more["image"].unique()) == list(range(7))

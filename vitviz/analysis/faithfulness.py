@@ -49,7 +49,14 @@ import torch
 from torch import nn
 
 from vitviz.analysis.explain import GRADIENT_METHODS, METHODS, explain
-from vitviz.analysis.faithfulness_resume import COLUMNS, fingerprint, image_id_of, restore_ids, resume
+from vitviz.analysis.faithfulness_resume import (
+    COLUMNS,
+    fingerprint,
+    image_digests,
+    image_id_of,
+    restore_ids,
+    resume,
+)
 from vitviz.analysis.faithfulness_stats import BETTER, MODES, bootstrap_ci, compare_methods, faithfulness_auc
 from vitviz.analysis.perturbation import Perturbed, drop_module, keep_tokens, rank_patches, resolve_removal
 from vitviz.core.batching import count_images, iter_batches
@@ -269,7 +276,8 @@ def faithfulness(
     fp = None if out is None else fingerprint(
         model, images, dataset, table, modes, steps, how, fill_t if how == "mean" else None, seed, target,
         target_all, labels, labels_all, options, amp)
-    prev = resume(out, fp, restore_ids(image_ids, image_id, total))
+    pixels = image_digests(images, image_id, total) if out is not None and not dataset else None
+    prev = resume(out, fp, restore_ids(image_ids, image_id, total), pixels)
     done = set() if prev is None else set(prev["image"])
     todo = [p for p in range(total)] if total is not None else None
     if todo is not None and done:

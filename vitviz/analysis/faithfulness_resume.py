@@ -5,8 +5,10 @@ every argument the rows depend on (methods, modes, steps, removal, fill, seed, t
 autocast), ``model_digest(model)`` and, for a folder, ``Dataset`` or ``DataLoader``, ``source_digest(images)``
 (``vitviz.core.digest``). A rerun continues only from a file whose fingerprint equals its own; any other file (another
 seed, target, model, data set, or a file without a fingerprint) is refused with a ``CheckpointError`` that names
-the differing keys, rather than mixed in. Tensor and list inputs are not digested (a rerun may pass more images
-than the run it continues, as when a data set is processed in chunks): their rows are told apart by image id.
+the differing keys, rather than mixed in. Tensor and list inputs are digested image by image instead
+(``image_digests``: each image's values, or a path's size and modification time), so a rerun may pass more images
+than the run it continues (a data set processed in chunks), but an id whose rows ``out`` holds must still name the
+same pixels: a rerun that gives such an id other pixels is refused, never answered from the old rows.
 
 Image ids and method names are read back as the strings they were written as and mapped to the ids of the current
 run, so an id ``"001"`` stays ``"001"`` (not the number 1) and a resumed run returns the same frame as an
@@ -83,20 +85,53 @@ def fingerprint(model: nn.Module, images: Any, dataset: bool, table: Mapping[str
     return json.loads(json.dumps(fp))  # tuples become lists, as they come back from the file
 
 
+def _item_digest(item: Any) -> str | None:
+    """One image's digest: a tensor's or array's values, a PIL image's pixels and mode, a path's size and time."""
+    if isinstance(item, torch.Tensor):
+        return _digest_values(item)
+    if isinstance(item, np.ndarray):
+        return _digest_values(torch.from_numpy(np.ascontiguousarray(item)))
+    if isinstance(item, (str, os.PathLike)):
+        path = Path(item)
+        st = path.stat() if path.is_file() else None
+        text = f"path:{path.resolve()}:{st.st_size if st else -1}:{st.st_mtime_ns if st else -1}"
+        return hashlib.sha1(text.encode()).hexdigest()[:16]
+    if hasattr(item, "mode") and hasattr(item, "size") and hasattr(item, "tobytes"):  # a PIL image
+        return hashlib.sha1(f"{item.mode}{item.size}".encode() + item.tobytes()).hexdigest()[:16]
+    return None
+
+
+def image_digests(images: Any, image_id: Callable[[int], Hashable], total: int | None) -> dict[str, str]:
+    """``{str(id): digest}`` for the images of a tensor or list input (empty where the items are not images
+    vitviz can digest, or cannot be counted)."""
+    if isinstance(images, torch.Tensor):
+        items = list(images) if images.ndim == 4 else [images]
+    elif isinstance(images, (list, tuple)):
+        items = list(images)
+    else:
+        items = [images]
+    if total is None or len(items) != total:
+        return {}
+    digests = {str(image_id(p)): _item_digest(item) for p, item in enumerate(items)}
+    return {k: v for k, v in digests.items() if v is not None}
+
+
 def _show(value: Any) -> str:
     text = json.dumps(value)
     return text if len(text) <= 60 else text[:57] + "..."
 
 
 def resume(out: str | os.PathLike | None, fp: dict[str, Any] | None,
-           restore: Callable[[str], Hashable]) -> Any:
+           restore: Callable[[str], Hashable], pixels: Mapping[str, str] | None = None) -> Any:
     """The rows ``out`` holds (``None`` when there is no file), refused with a ``CheckpointError`` unless the
-    fingerprint beside it equals ``fp``; image ids are mapped back with ``restore``. A fresh run writes ``fp``."""
-
+    fingerprint beside it equals ``fp`` and every id with rows there has the same ``pixels`` digest now (when both
+    runs digested it); image ids are mapped back with ``restore``. The fingerprint file keeps the digests of every
+    image either run was given."""
+    pixels = dict(pixels or {})
     if out is None:
         return None
     if not os.path.exists(out):
-        atomic_write_json(sidecar(out), fp)
+        atomic_write_json(sidecar(out), {**(fp or {}), "pixels": pixels})
         return None
     advice = f"delete {str(out)!r} (and {str(sidecar(out))!r}) to start over, or pass another out="
     if not sidecar(out).exists():
@@ -108,6 +143,7 @@ def resume(out: str | os.PathLike | None, fp: dict[str, Any] | None,
     except (OSError, ValueError) as exc:
         raise CheckpointError(f"out={str(out)!r}: its fingerprint {str(sidecar(out))!r} cannot be read ({exc}); "
                               + advice) from exc
+    saved_pixels = saved.pop("pixels", {}) if isinstance(saved, dict) else {}
     if saved != fp:
         keys = sorted(k for k in set(fp) | set(saved) if fp.get(k) != saved.get(k))
         diff = "; ".join(f"{k}: {_show(saved.get(k))} there, {_show(fp.get(k))} now" for k in keys)
@@ -119,6 +155,13 @@ def resume(out: str | os.PathLike | None, fp: dict[str, Any] | None,
     if list(prev.columns) != COLUMNS:
         raise CheckpointError(f"out={str(out)!r} is not a vitviz.faithfulness table (columns {list(prev.columns)}); "
                               + advice)
+    other = sorted({i for i in prev["image"] if i in pixels and i in saved_pixels and pixels[i] != saved_pixels[i]})
+    if other:
+        raise CheckpointError(f"out={str(out)!r} holds rows for image id(s) {other[:5]} computed on other pixels than "
+                              "the images given now with those ids (another batch numbered from the same ids?); "
+                              "give the new images ids of their own (image_offset= or image_ids=), or " + advice)
+    if pixels and any(saved_pixels.get(k) != v for k, v in pixels.items()):
+        atomic_write_json(sidecar(out), {**fp, "pixels": {**saved_pixels, **pixels}})
     prev["image"] = [restore(s) for s in prev["image"]]
     return prev
 
