@@ -82,9 +82,11 @@ def read_csv_exact(path: str | os.PathLike, **kwargs: Any) -> Any:
     back one ulp off), unless ``float_precision="round_trip"``; pandas 3.1 rounds correctly by default and
     deprecates the argument.
     """
+    import re
+
     import pandas as pd
 
-    major_minor = tuple(int(p) for p in pd.__version__.split(".")[:2])
-    if major_minor < (3, 1):
+    found = re.match(r"(\d+)\.(\d+)", pd.__version__)
+    if found is None or (int(found[1]), int(found[2])) < (3, 1):
         kwargs.setdefault("float_precision", "round_trip")
     return pd.read_csv(path, **kwargs)
