@@ -168,7 +168,8 @@ def _truth(lab: Any, clean: Any, model: nn.Module, labels: Any) -> torch.Tensor:
     if lab is None:
         raise InputError("labels='dataset': the dataset yields no targets; pass labels= as class indices")
     t = torch.as_tensor(lab)
-    classes = logits_of(clean, model).shape[-1]
+    logits = logits_of(clean, model)
+    classes = logits.shape[-1]
     if t.is_floating_point() or t.dtype == torch.bool or t.ndim != 1:
         raise InputError(f"{name}: got {t.dtype} values of shape {tuple(t.shape)}; labels are integer class "
                          "indices, one per image")
@@ -176,7 +177,7 @@ def _truth(lab: Any, clean: Any, model: nn.Module, labels: Any) -> torch.Tensor:
     if len(bad):
         raise InputError(f"{name}: the label {bad[0].item()} is out of range: {type(model).__name__} has {classes} "
                          f"classes; give labels in 0 ... {classes - 1}")
-    return t.to(logits_of(clean, model).device)
+    return t.to(logits.device)
 
 
 def faithfulness(

@@ -17,7 +17,6 @@ uninterrupted one.
 
 from __future__ import annotations
 
-import hashlib
 import json
 import os
 from collections.abc import Callable, Hashable, Mapping, Sequence
@@ -28,6 +27,7 @@ import numpy as np
 import torch
 from torch import nn
 
+from vitviz.core.digest import image_digest, model_digest, source_digest, tensor_digest
 from vitviz.core.io import atomic_write_json, read_csv_exact
 from vitviz.errors import CheckpointError, InputError
 
@@ -40,31 +40,24 @@ def sidecar(out: str | os.PathLike) -> Path:
     return Path(f"{os.fspath(out)}.json")
 
 
-def _digest_values(values: Any) -> str:
-    t = torch.as_tensor(values).detach().cpu().contiguous()
-    h = hashlib.sha1(f"{t.dtype}{tuple(t.shape)}".encode())
-    h.update(t.reshape(-1).view(torch.uint8).numpy().tobytes() if t.numel() else b"")
-    return h.hexdigest()[:16]
-
-
 def _describe(value: Any, per_image: torch.Tensor | None) -> Any:
     """A JSON value that tells a target / labels argument apart from any other."""
     if per_image is not None:
-        return f"per-image:{_digest_values(per_image.to(torch.int64))}"
+        return f"per-image:{tensor_digest(per_image.to(torch.int64))}"
     if value is None or isinstance(value, str):
         return value
     if isinstance(value, (int, np.integer)) and not isinstance(value, bool):
         return int(value)
     if callable(value):
         return f"callable:{getattr(value, '__module__', '?')}.{getattr(value, '__qualname__', type(value).__name__)}"
-    return f"value:{_digest_values(value)}"
+    return f"value:{tensor_digest(value)}"
 
 
 def _method(m: Any) -> str:
     if isinstance(m, str):
         return f"explain:{m}"
     if isinstance(m, torch.Tensor):
-        return f"maps:{_digest_values(m.float())}"
+        return f"maps:{tensor_digest(m.float())}"
     return f"callable:{getattr(m, '__module__', '?')}.{getattr(m, '__qualname__', type(m).__name__)}"
 
 
@@ -73,8 +66,6 @@ def fingerprint(model: nn.Module, images: Any, dataset: bool, table: Mapping[str
                 target_all: torch.Tensor | None, labels: Any, labels_all: torch.Tensor | None,
                 options: Mapping[str, Any], amp: torch.dtype | None) -> dict[str, Any]:
     """Everything the rows of a ``faithfulness`` run depend on, as a JSON-ready dict (see the module docstring)."""
-    from vitviz.core.digest import model_digest, source_digest
-
     fp = {"format": 1, "columns": COLUMNS, "methods": {k: _method(v) for k, v in table.items()},
           "modes": sorted(modes), "steps": float(steps), "removal": how,
           "fill": None if fill is None else [float(v) for v in fill.reshape(-1)], "seed": int(seed),
@@ -83,22 +74,6 @@ def fingerprint(model: nn.Module, images: Any, dataset: bool, table: Mapping[str
           "autocast": None if amp is None else str(amp), "model": model_digest(model),
           "images": source_digest(images) if dataset else None}
     return json.loads(json.dumps(fp))  # tuples become lists, as they come back from the file
-
-
-def _item_digest(item: Any) -> str | None:
-    """One image's digest: a tensor's or array's values, a PIL image's pixels and mode, a path's size and time."""
-    if isinstance(item, torch.Tensor):
-        return _digest_values(item)
-    if isinstance(item, np.ndarray):
-        return _digest_values(torch.from_numpy(np.ascontiguousarray(item)))
-    if isinstance(item, (str, os.PathLike)):
-        path = Path(item)
-        st = path.stat() if path.is_file() else None
-        text = f"path:{path.resolve()}:{st.st_size if st else -1}:{st.st_mtime_ns if st else -1}"
-        return hashlib.sha1(text.encode()).hexdigest()[:16]
-    if hasattr(item, "mode") and hasattr(item, "size") and hasattr(item, "tobytes"):  # a PIL image
-        return hashlib.sha1(f"{item.mode}{item.size}".encode() + item.tobytes()).hexdigest()[:16]
-    return None
 
 
 def image_digests(images: Any, image_id: Callable[[int], Hashable], total: int | None) -> dict[str, str]:
@@ -112,7 +87,7 @@ def image_digests(images: Any, image_id: Callable[[int], Hashable], total: int |
         items = [images]
     if total is None or len(items) != total:
         return {}
-    digests = {str(image_id(p)): _item_digest(item) for p, item in enumerate(items)}
+    digests = {str(image_id(p)): image_digest(item) for p, item in enumerate(items)}
     return {k: v for k, v in digests.items() if v is not None}
 
 

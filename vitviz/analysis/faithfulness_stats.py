@@ -69,14 +69,19 @@ def t_ci(values: Sequence[float] | np.ndarray, *, ci: float = 0.95) -> tuple[flo
     return low, high
 
 
-def mean_interval(values: Sequence[float] | np.ndarray, *, interval: str = "t", n_boot: int = 1000,
-                  ci: float = 0.95, seed: int = 0) -> tuple[float, float]:
-    """The ``interval`` (``"t"``: ``t_ci``; ``"bootstrap"``: ``bootstrap_ci``) of the mean of ``values``; ``(nan,
-    nan)`` with fewer than 2 values (see the module docstring for the choice)."""
+def _check_interval(interval: str, n_boot: int, ci: float) -> None:
     if interval not in INTERVALS:
         raise InputError(f"interval={interval!r} must be 't' (Student-t interval of the mean, the default) or "
                          "'bootstrap' (percentile bootstrap, too narrow below about 30 images)")
     _check_n_boot(n_boot)
+    _check_ci(ci)
+
+
+def mean_interval(values: Sequence[float] | np.ndarray, *, interval: str = "t", n_boot: int = 1000,
+                  ci: float = 0.95, seed: int = 0) -> tuple[float, float]:
+    """The ``interval`` (``"t"``: ``t_ci``; ``"bootstrap"``: ``bootstrap_ci``) of the mean of ``values``; ``(nan,
+    nan)`` with fewer than 2 values (see the module docstring for the choice)."""
+    _check_interval(interval, n_boot, ci)
     if interval == "t":
         return t_ci(values, ci=ci)
     return bootstrap_ci(values, n_boot=n_boot, ci=ci, seed=seed)
@@ -205,7 +210,7 @@ def faithfulness_auc(df: Any, *, interval: str = "t", n_boot: int = 1000, ci: fl
     """
     import pandas as pd
 
-    mean_interval([0.0], interval=interval, n_boot=n_boot, ci=ci)  # the arguments, before any work
+    _check_interval(interval, n_boot, ci)  # the arguments, before any work
     rows = []
     for (method, mode, metric, removal), g in per_image_auc(df, upto=upto).groupby(GROUP, sort=False):
         lo, hi = mean_interval(g["auc"].to_numpy(), interval=interval, n_boot=n_boot, ci=ci, seed=seed)
@@ -260,7 +265,7 @@ def compare_methods(df: Any, baseline: str = "chefer", *, interval: str = "t", n
     """
     import pandas as pd
 
-    mean_interval([0.0], interval=interval, n_boot=n_boot, ci=ci)  # the arguments, before any work
+    _check_interval(interval, n_boot, ci)  # the arguments, before any work
     aucs = per_image_auc(df, upto=upto)
     methods = list(dict.fromkeys(aucs["method"]))
     if baseline not in methods:

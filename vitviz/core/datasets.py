@@ -31,7 +31,7 @@ from torch.utils.data import DataLoader, Dataset
 from torch.utils.data.distributed import DistributedSampler
 
 from vitviz.core.io import atomic_save
-from vitviz.core.loader_order import ShardSampler, loader_positions
+from vitviz.core.loader_order import ShardSampler, loader_positions, loader_sampler, own_items
 from vitviz.errors import CheckpointError, InputError, NotImplementedInVitviz
 
 IMAGE_SUFFIXES = (".jpg", ".jpeg", ".png", ".bmp", ".gif", ".webp", ".tif", ".tiff")
@@ -177,19 +177,6 @@ def _loader(source: Any, model: nn.Module, batch_size: int, num_workers: int, pi
     sampler = ShardSampler(dataset, num_replicas=world, rank=rank, skip=skip)
     return DataLoader(dataset, batch_size=batch_size, sampler=sampler, num_workers=num_workers, pin_memory=pin,
                       persistent_workers=False), 0
-
-
-def _unpadded(loader: Any) -> int | None:
-    """How many of a ``DistributedSampler``'s items are this rank's own images (``None``: all of them).
-
-    ``DistributedSampler(drop_last=False)`` pads the dataset to a multiple of the ranks by repeating its first
-    indices at the end, so the padding is the tail of each rank's list: rank ``r`` of ``W`` owns
-    ``len(range(r, n, W))`` items, whatever the shuffling. Counting the repeats would weigh those images twice.
-    """
-    sampler = getattr(getattr(loader, "batch_sampler", None), "sampler", None) or getattr(loader, "sampler", None)
-    if not isinstance(sampler, DistributedSampler) or isinstance(sampler, ShardSampler) or sampler.drop_last:
-        return None
-    return len(range(sampler.rank, len(sampler.dataset), sampler.num_replicas))  # type: ignore[arg-type]
 
 
 def _split(batch: Any) -> tuple[torch.Tensor, Any]:
@@ -374,7 +361,7 @@ def reduce_dataset(
         bar = tqdm(total=mine, initial=done, desc=f"{reduction.name}" + (f" rank {rank}" if world > 1 else ""),
                    unit="img", disable=None)
     batches = 0
-    left = _unpadded(loader)  # a DistributedSampler pads its shard with repeats: those are not read
+    left = own_items(loader_sampler(loader))  # a DistributedSampler pads its shard with repeats: not read
     try:
         for batch in loader:
             x, target = _split(batch)

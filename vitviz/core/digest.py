@@ -24,7 +24,7 @@ import numpy as np
 import torch
 from torch import nn
 
-__all__ = ["model_digest", "source_digest"]
+__all__ = ["image_digest", "model_digest", "source_digest", "tensor_digest"]
 
 
 def _feed_tensor(h: Any, t: torch.Tensor) -> None:
@@ -33,6 +33,34 @@ def _feed_tensor(h: Any, t: torch.Tensor) -> None:
         return
     flat = t.detach().reshape(-1).contiguous().cpu()
     h.update(flat.view(torch.uint8).numpy().tobytes() if flat.dtype != torch.uint8 else flat.numpy().tobytes())
+
+
+def tensor_digest(t: Any) -> str:
+    """A hex digest of a tensor's (or array's, or number's) dtype, shape and values."""
+    h = hashlib.sha1()
+    _feed_tensor(h, torch.as_tensor(t))
+    return h.hexdigest()[:16]
+
+
+def _file_key(path: Path) -> str:
+    """What identifies a file's contents without reading them: its size and modification time."""
+    st = path.stat() if path.is_file() else None
+    return f"{st.st_size if st else -1}:{st.st_mtime_ns if st else -1}"
+
+
+def image_digest(item: Any) -> str | None:
+    """One image's digest: a tensor's or array's values, a PIL image's mode, size and pixels, a file's resolved
+    path, size and modification time; ``None`` for anything else."""
+    if isinstance(item, np.ndarray):
+        item = torch.from_numpy(np.ascontiguousarray(item))
+    if isinstance(item, torch.Tensor):
+        return tensor_digest(item)
+    if isinstance(item, (str, os.PathLike)):
+        path = Path(item)
+        return hashlib.sha1(f"path:{path.resolve()}:{_file_key(path)}".encode()).hexdigest()[:16]
+    if hasattr(item, "mode") and hasattr(item, "size") and hasattr(item, "tobytes"):  # a PIL image
+        return hashlib.sha1(f"{item.mode}{item.size}".encode() + item.tobytes()).hexdigest()[:16]
+    return None
 
 
 def model_digest(model: nn.Module) -> str:
@@ -58,12 +86,13 @@ def _feed_source(h: Any, src: Any, depth: int = 0) -> None:
         root = Path(src)
         h.update(f"folder:{root.resolve()}".encode())
         for p in sorted(q for q in root.rglob("*") if q.is_file()):
-            st = p.stat()
-            h.update(f"{p.relative_to(root)}:{st.st_size}:{st.st_mtime_ns}".encode())
+            h.update(f"{p.relative_to(root)}:{_file_key(p)}".encode())
         return
     h.update(type(src).__qualname__.encode())
     if isinstance(src, DataLoader):
-        sampler = getattr(src.batch_sampler, "sampler", src.sampler)
+        from vitviz.core.loader_order import loader_sampler
+
+        sampler = loader_sampler(src)
         h.update(f"sampler:{type(sampler).__qualname__}".encode())
         _feed_source(h, src.dataset, depth + 1)
         return
@@ -80,8 +109,7 @@ def _feed_source(h: Any, src: Any, depth: int = 0) -> None:
     if isinstance(files, (list, tuple)) and files:  # vitviz's and torchvision's image folders
         for item in files:
             p = Path(item[0] if isinstance(item, (tuple, list)) else item)
-            st = p.stat() if p.is_file() else None
-            h.update(f"{p}:{st.st_size if st else -1}:{st.st_mtime_ns if st else -1}:{item}".encode())
+            h.update(f"{p}:{_file_key(p)}:{item}".encode())
     elif root is not None:
         h.update(f"root:{root}".encode())
     for attr in ("data", "targets", "labels"):  # torchvision's in-memory datasets (CIFAR, MNIST)

@@ -21,7 +21,7 @@ from torch.utils.data import DataLoader, Dataset, DistributedSampler
 
 from vitviz.errors import InputError
 
-__all__ = ["ShardSampler", "loader_positions"]
+__all__ = ["ShardSampler", "loader_positions", "loader_sampler", "own_items"]
 
 
 class ShardSampler(DistributedSampler):
@@ -46,6 +46,24 @@ class ShardSampler(DistributedSampler):
         return len(self._mine()[self.skip:])
 
 
+def loader_sampler(loader: DataLoader) -> object:
+    """The sampler that orders ``loader``'s dataset (its batch sampler's, when it has one)."""
+    batch_sampler = getattr(loader, "batch_sampler", None)
+    return getattr(batch_sampler, "sampler", None) if batch_sampler is not None else loader.sampler
+
+
+def own_items(sampler: object) -> int | None:
+    """How many of a padding ``DistributedSampler``'s items are this rank's own images (``None``: no padding).
+
+    ``DistributedSampler(drop_last=False)`` pads the dataset to a multiple of the ranks by repeating its first
+    indices at the end, so the padding is the tail of each rank's list: rank ``r`` of ``W`` owns
+    ``len(range(r, n, W))`` items, whatever the shuffling. Counting the repeats would weigh those images twice.
+    """
+    if not isinstance(sampler, DistributedSampler) or isinstance(sampler, ShardSampler) or sampler.drop_last:
+        return None
+    return len(range(sampler.rank, len(sampler.dataset), sampler.num_replicas))  # type: ignore[arg-type]
+
+
 def loader_positions(loader: DataLoader, argument: str = "images") -> list[int | None] | None:
     """The dataset positions ``loader`` reads, in order (``None``: an iterable dataset, counted as it comes); the
     items a ``DistributedSampler`` pads its shard with (repeats of other ranks' images) are ``None``.
@@ -57,7 +75,7 @@ def loader_positions(loader: DataLoader, argument: str = "images") -> list[int |
     from torch.utils.data.dataloader import _InfiniteConstantSampler
 
     batch_sampler = getattr(loader, "batch_sampler", None)
-    sampler = getattr(batch_sampler, "sampler", None) if batch_sampler is not None else loader.sampler
+    sampler = loader_sampler(loader)
     if isinstance(sampler, _InfiniteConstantSampler):  # an IterableDataset: its own order
         return None
     ordered = isinstance(sampler, (SequentialSampler, ShardSampler)) or (
@@ -70,7 +88,5 @@ def loader_positions(loader: DataLoader, argument: str = "images") -> list[int |
                          "resuming) would go to the wrong images; pass the Dataset itself, or a DataLoader with "
                          "shuffle=False")
     order: list[int | None] = list(iter(sampler))
-    if isinstance(sampler, DistributedSampler) and not isinstance(sampler, ShardSampler) and not sampler.drop_last:
-        n = len(sampler.dataset)  # type: ignore[arg-type]
-        order = [p if sampler.rank + k * sampler.num_replicas < n else None for k, p in enumerate(order)]
-    return order
+    own = own_items(sampler)
+    return order if own is None else order[:own] + [None] * (len(order) - own)

@@ -30,6 +30,7 @@ from typing import Any
 import torch
 from torch import nn
 
+from vitviz.core.families.pooling import pool_tokens
 from vitviz.core.families.token_drop import keep_token_hook, token_index
 from vitviz.errors import CaptureError, InputError, NotImplementedInVitviz, UnsupportedModelError
 
@@ -319,9 +320,8 @@ class Family:
         the mean of the patch tokens (global average pooling). Families whose readout reduces over the tokens
         override it (``vitviz.core.families.pooling``: timm ``global_pool``, BEiT mean pooling, DINOv2's
         classifier, open_clip ``pool_type="avg"``)."""
-        if prefix_tokens and prefix_tokens[0] == "cls":
-            return tokens[:, 0]
-        return tokens[:, len(prefix_tokens):].mean(dim=1)
+        return pool_tokens(tokens, "token" if prefix_tokens and prefix_tokens[0] == "cls" else "avg",
+                           len(prefix_tokens))
 
     def pre_logits(self, model: nn.Module, x: torch.Tensor) -> torch.Tensor:
         """The representation the classifier reads ``(B, D)`` for images ``x`` ``(B, 3, H, W)``.

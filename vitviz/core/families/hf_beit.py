@@ -24,6 +24,7 @@ from torch import nn
 
 from vitviz.core.families.base import Undo, chain_undos
 from vitviz.core.families.hf_base import HFVisionFamily, vision_config, vision_root
+from vitviz.core.families.pooling import pool_tokens
 from vitviz.core.families.token_drop import gather_bias_hook, token_index
 
 
@@ -54,7 +55,7 @@ class HFBeitFamily(HFVisionFamily):
         """``use_mean_pooling``: the mean of the patch tokens (``BeitPooler``, before its layernorm); else the
         class token."""
         if self.pools_patches(model):
-            return tokens[:, len(prefix_tokens):].mean(dim=1)
+            return pool_tokens(tokens, "avg", len(prefix_tokens))
         return super().pooled_token(model, tokens, prefix_tokens)
 
     def drop_tokens(self, model: nn.Module, keep: torch.Tensor, num_prefix_tokens: int) -> Undo:

@@ -17,6 +17,7 @@ import torch
 from torch import nn
 
 from vitviz.core.families.hf_base import HFVisionFamily, vision_config
+from vitviz.core.families.pooling import pool_tokens
 
 
 class HFDinov2Family(HFVisionFamily):
@@ -34,7 +35,7 @@ class HFDinov2Family(HFVisionFamily):
         """The classifier's input ``[cls, mean of the patch tokens]`` ``(B, 2D)`` (registers left out of the mean)
         for ``Dinov2ForImageClassification``; the class token (``pooler_output``'s token) for the backbone."""
         if self.pools_patches(model):
-            return torch.cat([tokens[:, 0], tokens[:, len(prefix_tokens):].mean(dim=1)], dim=-1)
+            return torch.cat([tokens[:, 0], pool_tokens(tokens, "avg", len(prefix_tokens))], dim=-1)
         return super().pooled_token(model, tokens, prefix_tokens)
 
 

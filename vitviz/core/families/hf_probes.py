@@ -52,7 +52,6 @@ _original: dict[int, str] = {}  # id(config) -> the implementation it had before
 _users: dict[int, dict[str, Any]] = {}  # id(config) -> the probes using it and the implementation they set
 
 
-
 def config_attn_implementation(config: Any, name: str) -> Undo:
     """Switch a Hugging Face config to the attention implementation ``name``; the undo restores it."""
     key = "_attn_implementation_internal" if "_attn_implementation_internal" in vars(config) else None
@@ -65,6 +64,7 @@ def config_attn_implementation(config: Any, name: str) -> Undo:
         config._attn_implementation = name
         return lambda: setattr(config, "_attn_implementation", old_impl)
     return lambda: None
+
 
 def _interface() -> Any:
     """transformers' ``ALL_ATTENTION_FUNCTIONS``, with vitviz's implementation registered under ``NAME``."""

@@ -34,9 +34,10 @@ import torch
 from torch import nn
 
 from vitviz.core.families.base import Family, Layout, Undo
+from vitviz.core.families.pooling import pool_tokens
 from vitviz.core.families.pos_kind import table_kind
-from vitviz.core.families.probes import probe_mha
-from vitviz.core.families.stream import mha_stream_probe_for, refuse_mha_dropout
+from vitviz.core.families.probes import probe_mha, refuse_mha_dropout
+from vitviz.core.families.stream import mha_stream_probe_for
 from vitviz.errors import CaptureError, NotAViTError, UnsupportedModelError
 
 
@@ -112,7 +113,7 @@ class OpenCLIPFamily(Family):
         attentional poolers: the class token."""
         visual = tower(model)[0]
         if getattr(visual, "attn_pool", None) is None and getattr(visual, "pool_type", "tok") == "avg":
-            return tokens[:, len(prefix_tokens):].mean(dim=1)
+            return pool_tokens(tokens, "avg", len(prefix_tokens))
         return super().pooled_token(model, tokens, prefix_tokens)
 
     def pre_logits(self, model: nn.Module, x: torch.Tensor) -> torch.Tensor:

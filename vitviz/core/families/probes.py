@@ -21,7 +21,7 @@ from torch import nn
 from vitviz.core.families.base import Emit, Undo, chain_undos, set_attr
 from vitviz.errors import CaptureError, UnsupportedModelError
 
-__all__ = ["mha_dropout_error", "probe_attn_drop", "probe_mha", "probe_qkv"]
+__all__ = ["mha_dropout_error", "probe_attn_drop", "probe_mha", "probe_qkv", "refuse_mha_dropout"]
 
 
 def probe_attn_drop(module: nn.Module, emit: Emit) -> Undo:
@@ -129,6 +129,16 @@ def mha_dropout_error(owner: str, module: nn.Module) -> CaptureError | None:
     return CaptureError(f"{owner} is in training mode with attention dropout {p}: nn.MultiheadAttention returns "
                         "its attention weights after dropout (rows do not sum to 1); call model.eval() before "
                         "capturing")
+
+
+def refuse_mha_dropout(model: nn.Module, modules: list[tuple[str, nn.Module]], family: str) -> None:
+    """``Family.prepare`` of the ``nn.MultiheadAttention`` families (torchvision, open_clip): raise ``CaptureError``
+    when an attention module is in training mode with attention dropout (its weights would be the dropped-out ones,
+    rows not summing to 1; the Hugging Face families refuse the same in their ``prepare``)."""
+    for name, module in modules:
+        error = mha_dropout_error(f"{type(model).__name__} ({family}, {name})", module)
+        if error is not None:
+            raise error
 
 
 def probe_mha(module: nn.Module, emit: Emit) -> Undo:

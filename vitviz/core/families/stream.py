@@ -32,8 +32,7 @@ from vitviz.core.families.probes import mha_dropout_error
 from vitviz.errors import CaptureError
 
 __all__ = ["EXPLICIT_BELOW_BYTES", "REPROJECT_WITHOUT_KERNEL", "explicit_is_cheaper", "mha_stream_probe_for",
-           "probe_mha_stream", "recomputed_heads", "refuse_mha_dropout", "reprojected_qk", "sdpa_bias",
-           "use_kernel_for"]
+           "probe_mha_stream", "recomputed_heads", "reprojected_qk", "sdpa_bias", "use_kernel_for"]
 
 EXPLICIT_BELOW_BYTES = 8 << 20
 
@@ -157,16 +156,6 @@ def mha_stream_probe_for(module: nn.Module) -> Probe | None:
     if module.in_proj_weight is None or module.bias_k is not None or module.add_zero_attn:
         return None
     return probe_mha_stream
-
-
-def refuse_mha_dropout(model: nn.Module, modules: list[tuple[str, nn.Module]], family: str) -> None:
-    """``Family.prepare`` of the ``nn.MultiheadAttention`` families (torchvision, open_clip): raise ``CaptureError``
-    when an attention module is in training mode with attention dropout (its weights would be the dropped-out ones,
-    rows not summing to 1; the Hugging Face families refuse the same in their ``prepare``)."""
-    for name, module in modules:
-        error = mha_dropout_error(f"{type(model).__name__} ({family}, {name})", module)
-        if error is not None:
-            raise error
 
 
 def probe_mha_stream(module: nn.Module, emit: Emit) -> Undo:

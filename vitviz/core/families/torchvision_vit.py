@@ -17,8 +17,8 @@ import torch
 from torch import nn
 
 from vitviz.core.families.base import Family, Layout, Undo
-from vitviz.core.families.probes import probe_mha
-from vitviz.core.families.stream import mha_stream_probe_for, refuse_mha_dropout
+from vitviz.core.families.probes import probe_mha, refuse_mha_dropout
+from vitviz.core.families.stream import mha_stream_probe_for
 
 
 class TorchvisionFamily(Family):
