@@ -108,8 +108,8 @@ def main() -> int:
         source = TensorDataset(torch.randn(args.synthetic, 3, *spec.img_size))
     make = {"distance": DistanceReduction, "statistics": AttentionStatsReduction, "plain": lambda m: PlainForward()}
     reduction = make[args.reduction](model)
-    amp = {"bf16": torch.bfloat16, "fp16": torch.float16, "off": False}[args.autocast]
     cuda = args.device.startswith("cuda")
+    amp = {"bf16": torch.bfloat16, "fp16": torch.float16, "off": False}[args.autocast] if cuda else False
     if args.warmup:  # Triton compilation, cuDNN/cuBLAS autotuning and allocator growth stay out of the timing
         warm = TensorDataset(torch.randn(args.warmup * args.batch, 3, *spec.img_size))
         reduce_dataset(model, warm, make[args.reduction](model), batch_size=args.batch, num_workers=0, autocast=amp)

@@ -168,6 +168,43 @@ def test_dataset_path_on_cuda_with_workers_pinned_memory_and_autocast():
     torch.testing.assert_close(half, want, atol=0.5, rtol=0.05)
 
 
+@pytest.mark.gpu
+def test_a_batch_and_a_dataset_give_the_same_numbers_on_cuda_by_default():
+    """One autocast rule for every input path: bfloat16 on CUDA by default for the tensor path as well."""
+    model = tiny_timm_vit().cuda()
+    x = images(6)
+    for fn in (vitviz.mean_attention_distance, lambda m, s, **k: attention_statistics(m, s, **k)["entropy"]):
+        torch.testing.assert_close(fn(model, x.cuda()), fn(model, TensorDataset(x), batch_size=32))
+        torch.testing.assert_close(fn(model, x.cuda(), autocast=False), fn(model, TensorDataset(x), autocast=False))
+
+
+def test_autocast_is_resolved_by_one_rule():
+    from vitviz.core.datasets import autocast_dtype
+
+    bf16, fp16 = torch.bfloat16, torch.float16
+    want = {(None, "cuda"): bf16, (None, "cpu"): None, (True, "cuda"): bf16, (True, "cpu"): None,
+            (False, "cuda"): None, (False, "cpu"): None, (fp16, "cuda"): fp16, (bf16, "cpu"): bf16}
+    for (value, device), dtype in want.items():
+        assert autocast_dtype(value, torch.device(device)) is dtype, (value, device)
+    assert autocast_dtype(None, "cuda", default=None) is None  # faithfulness: none unless asked
+    for bad in ("bf16", torch.float32, 1):
+        with pytest.raises(InputError, match=r"autocast=.*torch\.bfloat16"):
+            autocast_dtype(bad, "cpu")
+
+
+def test_a_batch_and_a_dataset_run_under_the_same_autocast():
+    """``autocast=`` means the same on a tensor as on a Dataset: the two agree to the bit, and differ from float32."""
+    model = tiny_timm_vit()
+    x = images(5)
+    for fn in (vitviz.mean_attention_distance, lambda m, s, **k: attention_statistics(m, s, **k)["entropy"]):
+        half = fn(model, x, autocast=torch.bfloat16)
+        torch.testing.assert_close(fn(model, TensorDataset(x), autocast=torch.bfloat16), half, atol=0, rtol=0)
+        full = fn(model, x)
+        torch.testing.assert_close(fn(model, TensorDataset(x)), full, atol=0, rtol=0)
+        assert (half - full).abs().max() > 1e-4  # bfloat16 did run
+        torch.testing.assert_close(half, full, atol=0.5, rtol=0.05)
+
+
 def test_dataset_batches_of_a_reduction_get_the_checks_of_a_tensor(tmp_path):
     """reduce_dataset (distance, statistics, features) checks every batch as the tensor path does."""
     from vitviz.errors import ImageInputError

@@ -19,7 +19,13 @@ from torch import nn
 
 from vitviz.core.batching import iter_batches
 from vitviz.core.capture import HeadMaps, capture_attention
-from vitviz.core.datasets import RunningReduction, is_dataset_source, reduce_dataset
+from vitviz.core.datasets import (
+    RunningReduction,
+    autocast_context,
+    autocast_dtype,
+    is_dataset_source,
+    reduce_dataset,
+)
 from vitviz.core.images import Images
 from vitviz.core.spec import inspect
 from vitviz.errors import CaptureError, ImageInputError, InputTypeError
@@ -80,6 +86,7 @@ def attention_statistics(
     *,
     batch_size: int = 32,
     progress: bool = False,
+    autocast: torch.dtype | bool | None = None,
     **dataset_options: Any,
 ) -> dict[str, torch.Tensor]:
     """Mean head-averaged attention map per layer and each head's mean attention entropy, over ``images``.
@@ -90,6 +97,9 @@ def attention_statistics(
             ``torch.utils.data.Dataset`` or a ``DataLoader`` (one image size throughout).
         batch_size: images per forward pass.
         progress: a progress bar over images.
+        autocast: ``torch.autocast`` dtype, the same rule on every input path
+            (``vitviz.core.datasets.autocast_dtype``): by default bfloat16 on CUDA and none on the CPU; ``False``
+            for none; a dtype is used on any device.
         **dataset_options: for a dataset, the options of ``vitviz.core.datasets.reduce_dataset``.
 
     Returns:
@@ -103,11 +113,13 @@ def attention_statistics(
     reduction = AttentionStatsReduction(model)
     if is_dataset_source(images):
         return reduce_dataset(model, images, reduction, batch_size=batch_size, progress=progress,
-                              **dataset_options).result()
+                              autocast=autocast, **dataset_options).result()
     if dataset_options:
         raise InputTypeError(f"{sorted(dataset_options)} apply to a folder, Dataset or DataLoader, not to a batch")
+    device = next(model.parameters()).device
+    amp = autocast_dtype(autocast, device)
     for x in iter_batches(model, images, batch_size, progress=progress, desc="attention statistics"):
-        with torch.no_grad():
+        with torch.no_grad(), autocast_context(amp, device):
             reduction.update(model, x)
         reduction.images += len(x)
     return reduction.result()

@@ -19,7 +19,13 @@ from torch import nn
 
 from vitviz.core.batching import iter_batches
 from vitviz.core.capture import HeadMaps, capture_attention
-from vitviz.core.datasets import RunningReduction, is_dataset_source, reduce_dataset
+from vitviz.core.datasets import (
+    RunningReduction,
+    autocast_context,
+    autocast_dtype,
+    is_dataset_source,
+    reduce_dataset,
+)
 from vitviz.core.images import Images
 from vitviz.core.spec import ViTSpec, inspect
 from vitviz.core.util import pair
@@ -197,6 +203,7 @@ def mean_attention_distance(
     *,
     batch_size: int = 32,
     progress: bool = False,
+    autocast: torch.dtype | bool | None = None,
     **dataset_options: Any,
 ) -> torch.Tensor:
     """Mean attention distance per head and layer, in input pixels (ViT Fig. 7 right, Fig. 11; App. D.7).
@@ -210,8 +217,11 @@ def mean_attention_distance(
             folder of images, a ``torch.utils.data.Dataset`` or a ``DataLoader`` (also under ``torchrun``).
         batch_size: images per forward pass.
         progress: show a progress bar over images.
+        autocast: ``torch.autocast`` dtype, the same rule on every input path
+            (``vitviz.core.datasets.autocast_dtype``): by default bfloat16 on CUDA and none on the CPU; ``False``
+            for none; a dtype is used on any device.
         **dataset_options: for a dataset, the options of ``vitviz.core.datasets.reduce_dataset``
-            (``num_workers``, ``pin_memory``, ``autocast``, ``checkpoint``, ``checkpoint_every``).
+            (``num_workers``, ``pin_memory``, ``checkpoint``, ``checkpoint_every``).
 
     Returns:
         ``(L, H)`` float32 on the CPU: for each layer and head, the attention-weighted distance between query and
@@ -224,11 +234,13 @@ def mean_attention_distance(
     """
     if is_dataset_source(images):  # DistanceReduction runs the same map-kind check as the batch path below
         return reduce_dataset(model, images, DistanceReduction(model), batch_size=batch_size, progress=progress,
-                              **dataset_options).result()
+                              autocast=autocast, **dataset_options).result()
     if dataset_options:
         raise InputTypeError(f"{sorted(dataset_options)} apply to a folder, Dataset or DataLoader, not to a batch")
     spec = inspect(model)
     require_softmax_maps(spec)
+    device = next(model.parameters()).device
+    amp = autocast_dtype(autocast, device)
     layers = len(spec.attention_modules)
     reducer = DistanceReducer(layers, spec.num_heads, spec.num_prefix_tokens)
     cache: dict[tuple[int, int], torch.Tensor] = {}
@@ -237,7 +249,8 @@ def mean_attention_distance(
         if grid not in cache:
             cache[grid] = patch_distance_matrix(grid, spec.patch_size, device=x.device)
         reducer.distances = cache[grid]
-        with torch.no_grad(), capture_attention(model, on_layer=reducer, store=False, heads="stream"):
+        with torch.no_grad(), autocast_context(amp, device), capture_attention(model, on_layer=reducer, store=False,
+                                                                               heads="stream"):
             model(x)
     return reducer.result()
 

@@ -60,7 +60,7 @@ from vitviz.analysis.faithfulness_resume import (
 from vitviz.analysis.faithfulness_stats import BETTER, MODES, bootstrap_ci, compare_methods, faithfulness_auc
 from vitviz.analysis.perturbation import Perturbed, drop_module, keep_tokens, rank_patches, resolve_removal
 from vitviz.core.batching import count_images, iter_batches
-from vitviz.core.datasets import dataset_length, is_dataset_source, iter_dataset
+from vitviz.core.datasets import autocast_dtype, dataset_length, is_dataset_source, iter_dataset
 from vitviz.core.images import Images
 from vitviz.core.io import atomic_write
 from vitviz.core.spec import inspect
@@ -241,8 +241,8 @@ def faithfulness(
             uninterrupted run's. A file of another run (any argument the rows depend on, the model's weights, a
             data set's contents; ``vitviz.analysis.faithfulness_resume``) or without a fingerprint is refused
             with a ``CheckpointError``.
-        autocast: on CUDA, run maps and forward passes under ``torch.autocast`` (``True``: bfloat16, or a dtype);
-            ignored on the CPU.
+        autocast: run maps and forward passes under ``torch.autocast`` (``vitviz.core.datasets.autocast_dtype``):
+            ``True`` bfloat16 on CUDA (nothing on the CPU), a dtype on any device; default none.
         num_workers: loader workers for a folder or ``Dataset``.
 
     Returns:
@@ -273,7 +273,7 @@ def faithfulness(
     _check_labels(labels, images)
     target_all, labels_all = _per_image(target, total, "target"), _per_image(labels, total, "labels")
     device = next(model.parameters()).device
-    amp = (torch.bfloat16 if autocast is True else autocast) if autocast and device.type == "cuda" else None
+    amp = autocast_dtype(autocast, device, default=None)
     fp = None if out is None else fingerprint(
         model, images, dataset, table, modes, steps, how, fill_t if how == "mean" else None, seed, target,
         target_all, labels, labels_all, options, amp)

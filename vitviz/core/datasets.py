@@ -36,7 +36,7 @@ from vitviz.errors import CheckpointError, InputError, NotImplementedInVitviz
 
 IMAGE_SUFFIXES = (".jpg", ".jpeg", ".png", ".bmp", ".gif", ".webp", ".tif", ".tiff")
 
-__all__ = ["ImageFolder", "RunningReduction", "ShardSampler", "dataset_length", "is_dataset_source", "iter_dataset",
+__all__ = ["ImageFolder", "RunningReduction", "ShardSampler", "autocast_dtype", "dataset_length", "is_dataset_source", "iter_dataset",
            "reduce_dataset"]
 
 
@@ -283,6 +283,37 @@ def iter_dataset(
         done += len(x)
 
 
+AUTOCAST_DTYPES = (torch.bfloat16, torch.float16)
+
+
+def autocast_dtype(autocast: torch.dtype | bool | None, device: torch.device | str,
+                   default: torch.dtype | None = torch.bfloat16) -> torch.dtype | None:
+    """The one autocast rule of vitviz: the ``torch.autocast`` dtype a run on ``device`` uses, or ``None``.
+
+    ``None`` (the default of the dataset reductions) gives ``default`` on CUDA, ``True`` bfloat16 on CUDA; both
+    give nothing on the CPU, where bfloat16 autocast is slower than float32 on most processors. ``False`` gives
+    nothing. A dtype (``torch.bfloat16`` or ``torch.float16``) is used as it is on any device, the CPU included.
+    Every input path of a function (tensor, folder, ``Dataset``, ``DataLoader``) resolves its ``autocast=`` here,
+    so the same images give the same numbers whichever way they are passed.
+    """
+    cuda = torch.device(device).type == "cuda"
+    if autocast is False:
+        return None
+    if autocast is True:
+        return torch.bfloat16 if cuda else None
+    if autocast is None:
+        return default if cuda else None
+    if autocast not in AUTOCAST_DTYPES:
+        raise InputError(f"autocast={autocast!r} is not one of None (bfloat16 on CUDA), True, False, torch.bfloat16 "
+                         "or torch.float16; pass one of them")
+    return autocast
+
+
+def autocast_context(amp: torch.dtype | None, device: torch.device | str) -> Any:
+    """``torch.autocast`` on ``device`` with ``amp`` (from ``autocast_dtype``), or a context that does nothing."""
+    return torch.autocast(torch.device(device).type, dtype=amp) if amp else contextlib.nullcontext()
+
+
 def reduce_dataset(
     model: nn.Module,
     source: str | os.PathLike | Dataset | DataLoader,
@@ -312,8 +343,8 @@ def reduce_dataset(
         reduction: the running sums to fill (a ``RunningReduction``).
         batch_size, num_workers: for the loader vitviz builds.
         pin_memory: page-locked batches for fast copies; default: when the model is on CUDA.
-        autocast: ``torch.autocast`` dtype on CUDA (default ``torch.bfloat16``; ``False`` for none); CPU runs in
-            the model's dtype.
+        autocast: ``torch.autocast`` dtype (``autocast_dtype``): by default bfloat16 on CUDA and none on the
+            CPU; ``False`` for none; a dtype is used on any device.
         progress: a tqdm bar over this rank's images.
         checkpoint: file for resumable partial results (one per rank under torch.distributed); written atomically
             every ``checkpoint_every`` batches and at the end; a rerun continues where it stopped. The file holds
@@ -331,7 +362,7 @@ def reduce_dataset(
     device = _device(model)
     cuda = device.type == "cuda"
     pin = cuda if pin_memory is None else pin_memory
-    amp = (torch.bfloat16 if autocast in (None, True) else autocast) if cuda and autocast is not False else None
+    amp = autocast_dtype(autocast, device)
     if isinstance(source, (str, os.PathLike)):
         source = ImageFolder(source, model)
     try:
@@ -377,8 +408,7 @@ def reduce_dataset(
                     continue
                 x, target, skip = x[skip:], (target[skip:] if target is not None else None), 0
             x = ready(x)
-            ctx = torch.autocast("cuda", dtype=amp) if amp else contextlib.nullcontext()
-            with torch.no_grad(), ctx:
+            with torch.no_grad(), autocast_context(amp, device):
                 reduction.update(model, x, target)
             reduction.images += len(x)
             batches += 1
