@@ -184,7 +184,7 @@ def _setup(args: argparse.Namespace, device: str, size: int, batch: int):
             if method == "rollout":
                 return vitviz.attention_rollout(model, x)
             if method == "distance":
-                return vitviz.mean_attention_distance(model, x, batch_size=batch)
+                return vitviz.mean_attention_distance(model, x, batch_size=batch, autocast=False)  # model's dtype
         raise ValueError(method)
 
     return once, spec
