@@ -233,3 +233,41 @@ def test_a_shuffled_loader_is_refused_only_where_order_matters(tmp_path):
     with pytest.raises(InputError, match=r"images= is a DataLoader with a RandomSampler.*shuffle=False"):
         vitviz.mean_attention_distance(model, shuffled, checkpoint=tmp_path / "d.pt")  # resuming skips by position
     assert not (tmp_path / "d.pt").exists()
+
+
+class Noisy(Dataset):
+    """Items of ``x`` plus fresh noise on every read (a random augmentation); counts its reads."""
+
+    def __init__(self, x):
+        self.x, self.reads = x, 0
+
+    def __len__(self):
+        return len(self.x)
+
+    def __getitem__(self, i):
+        self.reads += 1
+        return self.x[i] + 0.1 * torch.randn_like(self.x[i])
+
+
+def test_a_generic_dataset_of_the_same_class_and_length_with_other_images_is_refused(tmp_path):
+    model = tiny_timm_vit()
+    x = images(5)
+    ckpt = tmp_path / "distance.pt"
+    want = vitviz.mean_attention_distance(model, Failing(x), checkpoint=ckpt)
+    for other in (x.flip(-1), torch.cat([x[:4], images(1) + 1])):  # every image, or only the last one, differs
+        with pytest.raises(CheckpointError, match=r"differs in data \(the images read\)"):
+            vitviz.mean_attention_distance(model, Failing(other), checkpoint=ckpt)
+    torch.testing.assert_close(vitviz.mean_attention_distance(model, Failing(x.clone()), checkpoint=ckpt), want)
+
+
+def test_a_randomly_augmenting_dataset_runs_but_cannot_be_checkpointed(tmp_path):
+    model = tiny_timm_vit()
+    noisy = Noisy(images(4))
+    vitviz.mean_attention_distance(model, noisy, batch_size=2)  # no checkpoint: runs, reading each image once
+    assert noisy.reads == 4
+    ckpt = tmp_path / "distance.pt"
+    with pytest.raises(CheckpointError, match=rf"checkpoint='{ckpt}': the Dataset Noisy gives its item 0 other "
+                                              r"values each time it is read \(a random transform.*give the dataset "
+                                              "a deterministic transform .*or run without checkpoint="):
+        vitviz.mean_attention_distance(model, noisy, checkpoint=ckpt)
+    assert not ckpt.exists()

@@ -124,3 +124,32 @@ def test_other_pixels_under_ids_already_written_are_refused_and_more_images_resu
     # ids of their own: the same file takes the new images
     more = vitviz.faithfulness(model, x[:2].flip(-1), out=out, image_offset=5, **kw)
     assert sorted(more["image"].unique()) == list(range(7))
+
+
+def test_a_callable_target_or_method_is_known_by_its_code_and_closure(tmp_path):
+    """Two lambdas, or two closures of one factory, share a qualified name; the fingerprint tells them apart."""
+    model = tiny_timm_vit()
+    x = torch.randn(4, 3, 32, 48)
+    out = tmp_path / "curves.csv"
+    kw = dict(RUN, methods=["random"], out=out)
+    first = vitviz.faithfulness(model, x[:2], target=lambda o: o[:, 3], **kw)
+    with pytest.raises(CheckpointError, match=r"differs in target\b"):
+        vitviz.faithfulness(model, x, target=lambda o: o[:, 1], **kw)
+
+    def column(k):
+        return lambda o: o[:, k]
+
+    out2 = tmp_path / "closure.csv"
+    vitviz.faithfulness(model, x[:2], target=column(3), **{**kw, "out": out2})
+    with pytest.raises(CheckpointError, match=r"differs in target\b"):
+        vitviz.faithfulness(model, x, target=column(1), **{**kw, "out": out2})
+    resumed = vitviz.faithfulness(model, x, target=column(3), **{**kw, "out": out2})  # the same closure resumes
+    pd.testing.assert_frame_equal(resumed[resumed["image"] < 2], first, check_exact=True)
+
+    def attention_of(layer):
+        return lambda m, images, target: vitviz.explain(m, images, "attention", layer=layer)
+
+    out3 = tmp_path / "methods.csv"
+    vitviz.faithfulness(model, x[:2], **{**kw, "methods": {"r": attention_of(-1)}, "out": out3})
+    with pytest.raises(CheckpointError, match=r"differs in methods\b"):
+        vitviz.faithfulness(model, x, **{**kw, "methods": {"r": attention_of(0)}, "out": out3})

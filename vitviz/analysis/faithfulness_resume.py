@@ -2,7 +2,8 @@
 
 ``out`` holds the rows written so far; ``<out>.json`` beside it holds the fingerprint of the run that wrote them:
 every argument the rows depend on (methods, modes, steps, removal, fill, seed, target, labels, method options,
-autocast), ``model_digest(model)`` and, for a folder, ``Dataset`` or ``DataLoader``, ``source_digest(images)``
+autocast; a callable by ``callable_digest``: its code, defaults and closure, not its name alone),
+``model_digest(model)`` and, for a folder, ``Dataset`` or ``DataLoader``, ``source_digest(images)``
 (``vitviz.core.digest``). A rerun continues only from a file whose fingerprint equals its own; any other file (another
 seed, target, model, data set, or a file without a fingerprint) is refused with a ``CheckpointError`` that names
 the differing keys, rather than mixed in. Tensor and list inputs are digested image by image instead
@@ -27,7 +28,7 @@ import numpy as np
 import torch
 from torch import nn
 
-from vitviz.core.digest import image_digest, model_digest, source_digest, tensor_digest
+from vitviz.core.digest import callable_digest, image_digest, model_digest, source_digest, tensor_digest
 from vitviz.core.io import atomic_write_json, read_csv_exact
 from vitviz.errors import CheckpointError, InputError
 
@@ -49,8 +50,15 @@ def _describe(value: Any, per_image: torch.Tensor | None) -> Any:
     if isinstance(value, (int, np.integer)) and not isinstance(value, bool):
         return int(value)
     if callable(value):
-        return f"callable:{getattr(value, '__module__', '?')}.{getattr(value, '__qualname__', type(value).__name__)}"
+        return _callable(value)
     return f"value:{tensor_digest(value)}"
+
+
+def _callable(fn: Any) -> str:
+    """A callable by its name (for the error message) and ``callable_digest`` (its code, defaults and closure:
+    two lambdas, or closures over other values, differ)."""
+    name = f"{getattr(fn, '__module__', '?')}.{getattr(fn, '__qualname__', type(fn).__name__)}"
+    return f"callable:{name}:{callable_digest(fn)}"
 
 
 def _method(m: Any) -> str:
@@ -58,21 +66,30 @@ def _method(m: Any) -> str:
         return f"explain:{m}"
     if isinstance(m, torch.Tensor):
         return f"maps:{tensor_digest(m.float())}"
-    return f"callable:{getattr(m, '__module__', '?')}.{getattr(m, '__qualname__', type(m).__name__)}"
+    return _callable(m)
+
+
+def _option(value: Any) -> str:
+    """A method option JSON cannot hold: a callable by ``_callable``, a tensor or array by its values (its repr
+    elides them), anything else by its repr."""
+    if isinstance(value, (torch.Tensor, np.ndarray)):
+        return f"value:{tensor_digest(value)}"
+    return _callable(value) if callable(value) else repr(value)
 
 
 def fingerprint(model: nn.Module, images: Any, dataset: bool, table: Mapping[str, Any], modes: Sequence[str],
                 steps: float, how: str, fill: torch.Tensor | None, seed: int, target: Any,
                 target_all: torch.Tensor | None, labels: Any, labels_all: torch.Tensor | None,
-                options: Mapping[str, Any], amp: torch.dtype | None) -> dict[str, Any]:
-    """Everything the rows of a ``faithfulness`` run depend on, as a JSON-ready dict (see the module docstring)."""
+                options: Mapping[str, Any], amp: torch.dtype | None, out: Any = None) -> dict[str, Any]:
+    """Everything the rows of a ``faithfulness`` run depend on, as a JSON-ready dict (see the module docstring);
+    ``out`` is named in the error of a data set that cannot be resumed (``source_digest``)."""
     fp = {"format": 1, "columns": COLUMNS, "methods": {k: _method(v) for k, v in table.items()},
           "modes": sorted(modes), "steps": float(steps), "removal": how,
           "fill": None if fill is None else [float(v) for v in fill.reshape(-1)], "seed": int(seed),
           "target": _describe(target, target_all), "labels": _describe(labels, labels_all),
-          "method_options": json.loads(json.dumps(options, sort_keys=True, default=repr)),
+          "method_options": json.loads(json.dumps(options, sort_keys=True, default=_option)),
           "autocast": None if amp is None else str(amp), "model": model_digest(model),
-          "images": source_digest(images) if dataset else None}
+          "images": source_digest(images, f"out={str(out)!r}") if dataset else None}
     return json.loads(json.dumps(fp))  # tuples become lists, as they come back from the file
 
 

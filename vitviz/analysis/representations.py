@@ -84,7 +84,7 @@ def _extract(model: nn.Module, src: Any, keep: np.ndarray | None, layers: Any, p
 
         # one file per model weights, images, layers and autocast: a cache folder can serve many models and runs
         what = [tag, keep.tolist() if keep is not None else "all", layers, pre_logits, str(kw.get("autocast")),
-                model_digest(model), source_digest(src)]
+                model_digest(model), source_digest(src, f"cache={str(cache)!r}")]
         key = hashlib.sha1(repr(what).encode()).hexdigest()[:16]
         checkpoint = Path(cache) / f"features-{tag}-{key}.pt"
     return extract_features(model, src, layers=layers, pre_logits=pre_logits, checkpoint=checkpoint, **kw)

@@ -131,12 +131,12 @@ def _checkpoint_path(path: str | os.PathLike, rank: int, world: int) -> Path:
 
 
 def _fingerprint(reduction: RunningReduction, model: nn.Module, source: Any, n: int | None, amp: torch.dtype | None,
-                 rank: int, world: int) -> dict:
+                 rank: int, world: int, path: Path) -> dict:
     """What a checkpoint's sums depend on: the reduction's settings, the model's weights, the images and autocast."""
     from vitviz.core.digest import model_digest, source_digest
 
     return {**reduction.fingerprint(), "model": type(model).__name__, "weights": model_digest(model),
-            "dataset_images": n, "data": source_digest(source), "autocast": str(amp) if amp else None,
+            "dataset_images": n, "data": source_digest(source, f"checkpoint={str(path)!r}"), "autocast": str(amp) if amp else None,
             "rank": rank, "world_size": world}
 
 
@@ -350,7 +350,8 @@ def reduce_dataset(
             every ``checkpoint_every`` batches and at the end; a rerun continues where it stopped. The file holds
             a fingerprint of the run (the reduction's settings, ``vitviz.core.digest``'s digests of the model's
             weights and of ``source``, the autocast dtype); a rerun that differs in any of them is refused with a
-            ``CheckpointError`` naming what differs, never merged.
+            ``CheckpointError`` naming what differs, never merged. A ``Dataset`` whose items differ from read to
+            read (a random transform) cannot be checkpointed (``CheckpointError``; ``vitviz.core.digest``).
         all_reduce: under torch.distributed, sum the ranks' sums (every rank then holds the whole dataset's).
 
     Returns:
@@ -373,7 +374,7 @@ def reduce_dataset(
     if path is not None and isinstance(source, DataLoader):
         loader_positions(source)  # resuming skips the images done: refused for a loader of unknown order
     ready = _batch_check(model, pin, cast=not amp)
-    fingerprint = _fingerprint(reduction, model, source, n, amp, rank, world) if path is not None else {}
+    fingerprint = _fingerprint(reduction, model, source, n, amp, rank, world, path) if path is not None else {}
     saved = _load(path, fingerprint) if path is not None else None
     if saved is not None:
         reduction.load_state_dict(saved["state"])

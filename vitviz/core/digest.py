@@ -1,4 +1,4 @@
-"""Fingerprints of what a result depends on: a model's weights and an image source's contents.
+"""Fingerprints of what a result depends on: a model's weights, an image source's contents and a callable.
 
 A resumable run (``reduce_dataset(checkpoint=...)``, ``extract_features``' cache, ``faithfulness(out=...)``) may
 only continue from a file written by the same run. The class name and the number of images do not identify a
@@ -6,8 +6,30 @@ run: a fine-tuned copy of a model, or another test set of the same size, would b
 do: ``model_digest`` hashes every parameter and buffer (names, dtypes, shapes and bytes), ``source_digest`` hashes
 what a source yields without loading an image where the source says what it holds (a folder's files with their
 sizes and modification times, a ``TensorDataset``'s tensors, a torchvision dataset's arrays, a ``Subset``'s
-indices, a ``DataLoader``'s dataset and sampler). A ``Dataset`` of another kind is identified by its class, its
-length and its ``transform``, and the docstrings of the resumable functions say so.
+indices, a ``DataLoader``'s dataset and sampler). A map-style ``Dataset`` of another kind is identified by its
+class, its length, its ``transform`` and the values of three of its items (the first, the middle and the last:
+image tensors and labels; another data set differs there, an edit of one image among the others does not). They
+are loaded only when a digest is asked for, i.e. by a run with a checkpoint, cache or ``out=``; item 0 is loaded
+twice, and a dataset that gives other values the second time (a random transform) is refused with a
+``CheckpointError``, as a run on it cannot be resumed to the same result. The global random states (torch's CPU
+generator, numpy's, ``random``'s) are restored afterwards, so the loads do not change the run. An
+``IterableDataset`` cannot be read by index and stays identified by its class, length (where it has one) and
+``transform``.
+
+``callable_digest`` identifies a callable argument (a ``target=`` function, a method) by what it computes, not by
+its name alone: two lambdas, or two closures made by one factory with other arguments, have the same qualified
+name. A function is hashed by its module, qualified name, code (bytecode, names and constants, nested code objects
+included; not the line numbers), defaults and the contents of its closure; a ``functools.partial`` by its function,
+arguments and keywords; a bound method by its function and its ``self``; an ``nn.Module`` by ``model_digest`` and
+its ``repr``; another callable object by its class, the code of its ``__call__`` and its state (its ``repr``, or
+its attributes where the ``repr`` is the default ``<... at 0x...>``). Values met on the way (closure cells,
+defaults, arguments) are hashed by the same rules: tensors and arrays by ``tensor_digest``, numbers, strings,
+``None`` and containers by value, callables recursively (to a depth of 6), and any other object by its class and
+its ``repr``, or by its class alone where the ``repr`` shows a memory address (which differs from run to run), so
+two such objects of one class are not told apart. Global variables a function reads are named, not valued; an
+object whose attributes count and change as it is called (a counter) gives another digest after a run. The
+digest is the same in every process for the same source on the same Python version (bytecode differs between
+Python versions, so a file written under another Python is refused, never merged).
 
 Hashing is SHA-1 over the raw bytes (tensors are copied to the CPU one at a time): about a second for ViT-B/16's
 86 M parameters on one core, once per call.
@@ -15,8 +37,13 @@ Hashing is SHA-1 over the raw bytes (tensors are copied to the CPU one at a time
 
 from __future__ import annotations
 
+import contextlib
+import functools
 import hashlib
 import os
+import random
+import re
+import types
 from pathlib import Path
 from typing import Any
 
@@ -24,7 +51,12 @@ import numpy as np
 import torch
 from torch import nn
 
-__all__ = ["image_digest", "model_digest", "source_digest", "tensor_digest"]
+from vitviz.errors import CheckpointError
+
+__all__ = ["callable_digest", "image_digest", "model_digest", "source_digest", "tensor_digest"]
+
+_DEPTH = 6  # how deep values inside values (a closure over a partial over a closure ...) are followed
+_ADDRESS = re.compile(r"\bat 0x[0-9a-fA-F]+")  # the default repr, <Foo object at 0x7f...>, differs from run to run
 
 
 def _feed_tensor(h: Any, t: torch.Tensor) -> None:
@@ -76,8 +108,158 @@ def model_digest(model: nn.Module) -> str:
     return h.hexdigest()[:16]
 
 
-def _feed_source(h: Any, src: Any, depth: int = 0) -> None:
-    from torch.utils.data import DataLoader, Subset, TensorDataset
+def _name(obj: Any) -> str:
+    """``module.qualname`` of a function or class (of the object's class for anything else)."""
+    named = obj if hasattr(obj, "__qualname__") else type(obj)
+    return f"{getattr(named, '__module__', None) or '?'}.{getattr(named, '__qualname__', type(obj).__name__)}"
+
+
+def _stable_repr(obj: Any) -> str | None:
+    """``repr(obj)``, or ``None`` where it shows a memory address (or fails): it would differ from run to run."""
+    try:
+        text = repr(obj)
+    except Exception:  # noqa: BLE001 (a broken repr says nothing stable)
+        return None
+    return None if _ADDRESS.search(text) else text
+
+
+def _feed_code(h: Any, code: types.CodeType) -> None:
+    h.update(f"code:{code.co_argcount}:{code.co_kwonlyargcount}:{code.co_flags}:{code.co_names}".encode())
+    h.update(code.co_code)  # the unspecialised bytecode: calling the function does not change it
+    for const in code.co_consts:
+        _feed_value(h, const, 0)
+
+
+def _feed_value(h: Any, value: Any, depth: int) -> None:
+    """Feeds one value met inside a callable (a closure cell, a default, a partial's argument): module docstring."""
+    if depth > _DEPTH:
+        h.update(f"deep:{_name(value)}".encode())
+    elif value is None or isinstance(value, (bool, int, float, complex, str, bytes, type(Ellipsis))):
+        h.update(f"{type(value).__name__}:{value!r}".encode())
+    elif isinstance(value, torch.Tensor) or (isinstance(value, (np.ndarray, np.generic)) and value.dtype.kind in "biufc"):
+        h.update(f"tensor:{tensor_digest(value)}".encode())
+    elif isinstance(value, (tuple, list, np.ndarray)):
+        h.update(f"{type(value).__name__}:{len(value)}".encode())
+        for v in value:
+            _feed_value(h, v, depth + 1)
+    elif isinstance(value, (set, frozenset)):  # in no fixed order (string hashes differ between processes)
+        h.update(f"{type(value).__name__}:{sorted(_value_digest(v, depth + 1) for v in value)}".encode())
+    elif isinstance(value, dict):
+        h.update(f"dict:{len(value)}".encode())
+        for k, v in sorted(value.items(), key=lambda kv: _value_digest(kv[0], depth + 1)):
+            _feed_value(h, k, depth + 1)
+            _feed_value(h, v, depth + 1)
+    elif isinstance(value, types.CodeType):
+        _feed_code(h, value)
+    elif isinstance(value, types.ModuleType):
+        h.update(f"module:{value.__name__}".encode())
+    elif not isinstance(value, os.PathLike) and image_digest(value) is not None:  # a PIL image
+        h.update(f"image:{image_digest(value)}".encode())
+    elif callable(value):
+        _feed_callable(h, value, depth + 1)
+    else:
+        h.update(f"object:{_name(value)}:{_stable_repr(value)}".encode())
+
+
+def _value_digest(value: Any, depth: int) -> str:
+    h = hashlib.sha1()
+    _feed_value(h, value, depth)
+    return h.hexdigest()
+
+
+def _feed_state(h: Any, obj: Any, depth: int) -> None:
+    """An object a callable carries (a callable instance, a bound method's ``self``): its ``repr``, or its
+    attributes where the ``repr`` shows a memory address."""
+    if isinstance(obj, nn.Module):
+        h.update(f"module:{model_digest(obj)}:{_stable_repr(obj)}".encode())
+        return
+    text = _stable_repr(obj)
+    h.update(f"state:{_name(obj)}:{text}".encode())
+    attrs = getattr(obj, "__dict__", None)
+    if text is None and isinstance(attrs, dict):
+        _feed_value(h, dict(attrs), depth + 1)
+
+
+def _feed_callable(h: Any, fn: Any, depth: int) -> None:
+    if depth > _DEPTH:
+        h.update(f"deep:{_name(fn)}".encode())
+        return
+    if isinstance(fn, functools.partial):
+        h.update(b"partial:")
+        _feed_callable(h, fn.func, depth + 1)
+        _feed_value(h, fn.args, depth + 1)
+        _feed_value(h, fn.keywords, depth + 1)
+    elif isinstance(fn, types.MethodType):
+        h.update(b"method:")
+        _feed_callable(h, fn.__func__, depth + 1)
+        _feed_state(h, fn.__self__, depth)
+    elif isinstance(fn, types.FunctionType):
+        h.update(f"function:{_name(fn)}".encode())
+        _feed_code(h, fn.__code__)
+        _feed_value(h, fn.__defaults__, depth + 1)
+        _feed_value(h, fn.__kwdefaults__, depth + 1)
+        for cell in fn.__closure__ or ():
+            try:
+                content = cell.cell_contents
+            except ValueError:  # a cell not yet filled
+                h.update(b"cell:empty")
+                continue
+            _feed_value(h, content, depth + 1)
+    elif isinstance(fn, (type, types.BuiltinFunctionType, types.MethodDescriptorType, types.WrapperDescriptorType,
+                         types.MethodWrapperType, types.ClassMethodDescriptorType)):
+        h.update(f"builtin:{_name(fn)}".encode())  # torch.argmax, a class: by name (no Python code to hash)
+        owner = getattr(fn, "__self__", None)
+        if owner is not None and not isinstance(owner, (types.ModuleType, type)):  # a tensor's bound method
+            _feed_value(h, owner, depth + 1)
+    else:  # a callable object: an nn.Module, a transform, an instance of a class with __call__
+        h.update(f"object:{_name(fn)}".encode())
+        call = type(fn).__call__
+        if isinstance(call, types.FunctionType) and not isinstance(fn, nn.Module):
+            _feed_callable(h, call, depth + 1)
+        _feed_state(h, fn, depth)
+
+
+def callable_digest(fn: Any) -> str:
+    """A hex digest of what ``fn`` computes: its qualified name, code, defaults and closure (see the module
+    docstring); equal in every process for the same source, and different for two lambdas or closures that differ
+    in a constant or a captured value."""
+    h = hashlib.sha1(b"callable:")
+    _feed_callable(h, fn, 0)
+    return h.hexdigest()[:16]
+
+
+@contextlib.contextmanager
+def _random_state_kept() -> Any:
+    """Restores torch's CPU generator, numpy's and ``random``'s state on exit: loading items for a digest must not
+    change the draws of the run that asked for it."""
+    py, npy = random.getstate(), np.random.get_state()
+    with torch.random.fork_rng(devices=[]):
+        try:
+            yield
+        finally:
+            random.setstate(py)
+            np.random.set_state(npy)
+
+
+def _feed_items(h: Any, src: Any, n: int, resumed_by: str) -> None:
+    """The values of items 0, n // 2 and n - 1 of a map-style dataset vitviz cannot otherwise identify; item 0 is
+    read twice, and a dataset that gives it other values the second time is refused (module docstring)."""
+    picks = sorted({0, n // 2, n - 1})
+    with _random_state_kept():
+        first = _value_digest(src[0], 0)
+        if _value_digest(src[0], 0) != first:
+            argument = resumed_by.partition("=")[0]
+            raise CheckpointError(
+                f"{resumed_by}: the Dataset {type(src).__qualname__} gives its item 0 other values each time it is "
+                "read (a random transform, e.g. RandomResizedCrop or RandomHorizontalFlip?), so vitviz cannot tell "
+                "its images from another dataset's and a run on it cannot be resumed to the same result; give the "
+                f"dataset a deterministic transform (e.g. Resize and CenterCrop), or run without {argument}=")
+        digests = [first, *(_value_digest(src[i], 0) for i in picks[1:])]
+    h.update(f"items:{picks}:{digests}".encode())
+
+
+def _feed_source(h: Any, src: Any, resumed_by: str, depth: int = 0) -> None:
+    from torch.utils.data import DataLoader, Dataset, IterableDataset, Subset, TensorDataset
 
     if depth > 8:  # a wrapper of a wrapper of ...: its class is all we say
         h.update(type(src).__qualname__.encode())
@@ -94,11 +276,11 @@ def _feed_source(h: Any, src: Any, depth: int = 0) -> None:
 
         sampler = loader_sampler(src)
         h.update(f"sampler:{type(sampler).__qualname__}".encode())
-        _feed_source(h, src.dataset, depth + 1)
+        _feed_source(h, src.dataset, resumed_by, depth + 1)
         return
     if isinstance(src, Subset):
         h.update(np.asarray(list(src.indices), dtype=np.int64).tobytes())
-        _feed_source(h, src.dataset, depth + 1)
+        _feed_source(h, src.dataset, resumed_by, depth + 1)
         return
     if isinstance(src, TensorDataset):
         for t in src.tensors:
@@ -106,7 +288,8 @@ def _feed_source(h: Any, src: Any, depth: int = 0) -> None:
         return
     files = getattr(src, "files", None) or getattr(src, "samples", None)
     root = getattr(src, "root", None)
-    if isinstance(files, (list, tuple)) and files:  # vitviz's and torchvision's image folders
+    known = isinstance(files, (list, tuple)) and bool(files)  # what the dataset holds, read without an image
+    if known:  # vitviz's and torchvision's image folders
         for item in files:
             p = Path(item[0] if isinstance(item, (tuple, list)) else item)
             h.update(f"{p}:{_file_key(p)}:{item}".encode())
@@ -120,17 +303,28 @@ def _feed_source(h: Any, src: Any, depth: int = 0) -> None:
             h.update(np.ascontiguousarray(value).tobytes())
         elif isinstance(value, (list, tuple)) and value and isinstance(value[0], (int, np.integer)):
             h.update(np.asarray(value, dtype=np.int64).tobytes())
+        else:
+            continue
+        known = known or attr == "data"
     try:
-        h.update(f"len:{len(src)}".encode())
+        n = len(src)
     except TypeError:
-        h.update(b"len:?")
+        n = None
+    h.update(f"len:{n if n is not None else '?'}".encode())
     transform = getattr(src, "transform", None)
     if transform is not None:
         h.update(repr(transform).encode())
+    if not known and n and isinstance(src, Dataset) and not isinstance(src, IterableDataset):
+        _feed_items(h, src, n, resumed_by)
 
 
-def source_digest(source: Any) -> str:
-    """A hex digest of an image source (folder, ``Dataset`` or ``DataLoader``): see the module docstring."""
+def source_digest(source: Any, resumed_by: str = "checkpoint=") -> str:
+    """A hex digest of an image source (folder, ``Dataset`` or ``DataLoader``): see the module docstring.
+
+    ``resumed_by`` names the argument that asked for it, with its value (``"checkpoint='run.pt'"``), for the
+    ``CheckpointError`` of a dataset whose items differ from read to read. A ``Dataset`` vitviz cannot identify
+    without its items has three of them loaded: call this only for a run that is resumed or cached.
+    """
     h = hashlib.sha1()
-    _feed_source(h, source)
+    _feed_source(h, source, resumed_by)
     return h.hexdigest()[:16]

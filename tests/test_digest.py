@@ -1,0 +1,136 @@
+"""``vitviz.core.digest``: a callable is known by its code and closure, a generic Dataset by some of its items."""
+
+from __future__ import annotations
+
+import functools
+import os
+import subprocess
+import sys
+import textwrap
+from pathlib import Path
+
+import numpy as np
+import pytest
+import torch
+from torch.utils.data import DataLoader, Dataset, Subset
+
+from vitviz.core.digest import callable_digest, source_digest
+from vitviz.errors import CheckpointError
+
+ROOT = Path(__file__).resolve().parents[1]
+
+
+def column(k):
+    return lambda out: out[:, k]
+
+
+def pick(out, k):
+    return out[:, k]
+
+
+class Column:
+    """A callable object with a default repr: told apart by its attributes."""
+
+    def __init__(self, k, weights=None):
+        self.k, self.weights = k, weights
+
+    def __call__(self, out):
+        return out[:, self.k]
+
+    def score(self, out):
+        return out[:, self.k]
+
+
+class Opaque:
+    """An object whose repr shows its memory address."""
+
+
+def test_lambdas_closures_partials_and_objects_that_compute_other_things_differ():
+    three, five = (lambda out: out[:, 3]), (lambda out: out[:, 5])
+    assert three.__qualname__ == five.__qualname__  # the name alone cannot tell them apart
+    assert callable_digest(three) != callable_digest(five)
+    assert callable_digest(column(3)) != callable_digest(column(5))
+    assert callable_digest(column(3)) == callable_digest(column(3))  # two closures over the same value
+    assert callable_digest(functools.partial(pick, k=3)) != callable_digest(functools.partial(pick, k=5))
+    assert callable_digest(functools.partial(pick, k=3)) == callable_digest(functools.partial(pick, k=3))
+    assert callable_digest(Column(3)) != callable_digest(Column(5))
+    assert callable_digest(Column(3).score) != callable_digest(Column(5).score)
+    assert callable_digest(Column(3).score) != callable_digest(Column(3))
+    w = torch.arange(4.0)
+    assert callable_digest(Column(3, w)) == callable_digest(Column(3, w.clone()))
+    assert callable_digest(Column(3, w)) != callable_digest(Column(3, w + 1))
+    assert callable_digest(lambda out, k=3: out[:, k]) != callable_digest(lambda out, k=5: out[:, k])
+    lin = torch.nn.Linear(2, 2)
+    other = torch.nn.Linear(2, 2)
+    assert callable_digest(lin) != callable_digest(other)  # a module: by its weights
+    other.load_state_dict(lin.state_dict())
+    assert callable_digest(lin) == callable_digest(other)
+
+
+def test_the_digest_stays_while_a_function_runs_and_ignores_memory_addresses():
+    fn = column(2)
+    before = callable_digest(fn)
+    for _ in range(200):  # Python specialises the bytecode of hot functions; the digest must not follow
+        fn(torch.randn(2, 4))
+    assert callable_digest(fn) == before != callable_digest(column(3))
+    a, b = Opaque(), Opaque()  # known by their class only: their reprs differ in the address
+    assert callable_digest(functools.partial(pick, a)) == callable_digest(functools.partial(pick, b))
+    assert callable_digest(functools.partial(pick, a)) != callable_digest(functools.partial(pick, 3))
+
+
+def test_the_same_source_has_the_same_digest_in_another_process():
+    code = textwrap.dedent("""
+        import sys
+        sys.path.insert(0, sys.argv[1])
+        from test_digest import examples
+        from vitviz.core.digest import callable_digest
+        print(" ".join(callable_digest(f) for f in examples()))
+    """)
+    outs = [subprocess.run([sys.executable, "-c", code, str(Path(__file__).parent)], capture_output=True, text=True,
+                           check=True, env={**os.environ, "PYTHONHASHSEED": seed, "PYTHONPATH": str(ROOT)}).stdout
+            for seed in ("1", "2")]  # string hashing (a set's order) differs between the two processes
+    digests = [callable_digest(f) for f in examples()]
+    assert outs[0].split() == outs[1].split() == digests
+    assert len(set(digests)) == len(digests)  # and they tell the examples apart
+
+
+def in_set(s):
+    return s in {"a", "b", "c", "d"}
+
+
+def examples():
+    return [column(3), column(5), functools.partial(pick, k=5), functools.partial(pick, k=3),
+            Column(3, torch.arange(4.0)), Column(3), Column(3).score, functools.partial(pick, Opaque()), in_set,
+            lambda s: s in {"x", "y", "z"}, lambda s: s in {"x", "y"}, torch.argmax]
+
+
+class Items(Dataset):
+    """A plain map-style Dataset (no files, samples or data attributes); counts its reads."""
+
+    def __init__(self, x, y, noise=0.0):
+        self.x, self.y, self.noise, self.reads = x, y, noise, 0
+
+    def __len__(self):
+        return len(self.x)
+
+    def __getitem__(self, i):
+        self.reads += 1
+        return self.x[i] + self.noise * torch.randn_like(self.x[i]), int(self.y[i])
+
+
+def test_a_generic_dataset_is_known_by_its_items_and_a_random_one_is_refused():
+    x, y = torch.randn(7, 3, 4, 4), torch.arange(7)
+    ds = Items(x, y)
+    assert source_digest(ds) == source_digest(Items(x.clone(), y))
+    assert ds.reads == 4  # item 0 twice, then the middle and the last
+    for other in (Items(x.flip(0), y), Items(torch.cat([x[:6], x[6:] + 1]), y), Items(x, y.flip(0))):
+        assert source_digest(other) != source_digest(ds)
+    assert source_digest(DataLoader(ds)) != source_digest(DataLoader(Items(x + 1, y)))
+    assert source_digest(Subset(ds, [1, 2])) != source_digest(Subset(Items(x + 1, y), [1, 2]))
+    state = torch.get_rng_state(), np.random.get_state()[1].copy()
+    with pytest.raises(CheckpointError, match=r"out='c\.csv': the Dataset Items gives its item 0 other values each "
+                                              r"time it is read \(a random transform.*deterministic transform.*"
+                                              "or run without out="):
+        source_digest(Items(x, y, noise=1.0), "out='c.csv'")
+    assert torch.equal(torch.get_rng_state(), state[0])  # the loads drew nothing from the run's generators
+    assert np.array_equal(np.random.get_state()[1], state[1])
