@@ -134,3 +134,44 @@ def test_a_generic_dataset_is_known_by_its_items_and_a_random_one_is_refused():
         source_digest(Items(x, y, noise=1.0), "out='c.csv'")
     assert torch.equal(torch.get_rng_state(), state[0])  # the loads drew nothing from the run's generators
     assert np.array_equal(np.random.get_state()[1], state[1])
+
+
+def test_a_transform_is_known_by_what_it_computes():
+    """A plain function as a transform resumes (no memory address in the digest); two Lambdas differ."""
+    import subprocess
+    import sys
+
+    from torchvision import transforms
+
+    from vitviz.core.digest import source_digest
+
+    class Files(torch.utils.data.Dataset):
+        files = ["a.jpg", "b.jpg"]  # a folder-style dataset: its items are not read for the digest
+
+        def __init__(self, transform):
+            self.transform = transform
+
+        def __len__(self):
+            return 2
+
+        def __getitem__(self, i):
+            return self.transform(torch.zeros(3, 4, 4))
+
+    def scale(x):
+        return x * 2
+
+    one = transforms.Compose([transforms.Lambda(lambda x: x * 2)])
+    two = transforms.Compose([transforms.Lambda(lambda x: x * 3)])
+    assert repr(one) == repr(two)
+    assert source_digest(Files(one)) != source_digest(Files(two))
+    assert source_digest(Files(one)) == source_digest(Files(transforms.Compose([transforms.Lambda(lambda x: x * 2)])))
+    code = ("import torch\nfrom vitviz.core.digest import source_digest\n"
+            "class Files(torch.utils.data.Dataset):\n    files = ['a.jpg', 'b.jpg']\n"
+            "    def __init__(self, transform):\n        self.transform = transform\n"
+            "    def __len__(self):\n        return 2\n"
+            "def scale(x):\n    return x * 2\n"
+            "print(source_digest(Files(scale)))\n")
+    runs = {subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, check=True).stdout
+            for _ in range(2)}
+    assert len(runs) == 1  # a function's repr shows its address; its digest does not
+    assert source_digest(Files(scale)) != source_digest(Files(lambda x: x * 2))

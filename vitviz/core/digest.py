@@ -22,7 +22,9 @@ name. A function is hashed by its module, qualified name, code (bytecode, names 
 included; not the line numbers), defaults and the contents of its closure; a ``functools.partial`` by its function,
 arguments and keywords; a bound method by its function and its ``self``; an ``nn.Module`` by ``model_digest`` and
 its ``repr``; another callable object by its class, the code of its ``__call__`` and its state (its ``repr``, or
-its attributes where the ``repr`` is the default ``<... at 0x...>``). Values met on the way (closure cells,
+its attributes where the ``repr`` is the default ``<... at 0x...>``, and else the attributes that hold code, such
+as the function of torchvision's ``Lambda``, whose ``repr`` is ``Lambda()``). A dataset's ``transform`` is hashed
+by these rules too: a plain function or a ``Compose`` of lambdas resumes, two different lambdas do not. Values met on the way (closure cells,
 defaults, arguments) are hashed by the same rules: tensors and arrays by ``tensor_digest``, numbers, strings,
 ``None`` and containers by value, callables recursively (to a depth of 6), and any other object by its class and
 its ``repr``, or by its class alone where the ``repr`` shows a memory address (which differs from run to run), so
@@ -176,8 +178,22 @@ def _feed_state(h: Any, obj: Any, depth: int) -> None:
     text = _stable_repr(obj)
     h.update(f"state:{_name(obj)}:{text}".encode())
     attrs = getattr(obj, "__dict__", None)
-    if text is None and isinstance(attrs, dict):
+    if not isinstance(attrs, dict):
+        return
+    if text is None:
         _feed_value(h, dict(attrs), depth + 1)
+        return
+    for key in sorted(attrs):  # a stable repr can still hide code: torchvision's Lambda prints "Lambda()"
+        if _holds_code(attrs[key]):
+            h.update(f"attr:{key}".encode())
+            _feed_value(h, attrs[key], depth + 1)
+
+
+def _holds_code(value: Any) -> bool:
+    """A callable other than a class (a function, a transform), or a list or tuple holding one."""
+    if isinstance(value, (list, tuple)):
+        return any(_holds_code(v) for v in value)
+    return callable(value) and not isinstance(value, type)
 
 
 def _feed_callable(h: Any, fn: Any, depth: int) -> None:
@@ -312,8 +328,8 @@ def _feed_source(h: Any, src: Any, resumed_by: str, depth: int = 0) -> None:
         n = None
     h.update(f"len:{n if n is not None else '?'}".encode())
     transform = getattr(src, "transform", None)
-    if transform is not None:
-        h.update(repr(transform).encode())
+    if transform is not None:  # by what it computes (a Lambda's function included), never by a memory address
+        _feed_callable(h, transform, 0)
     if not known and n and isinstance(src, Dataset) and not isinstance(src, IterableDataset):
         _feed_items(h, src, n, resumed_by)
 
