@@ -414,7 +414,7 @@ def test_cuda_rollout_and_distance_memory_and_values():
     model = tiny_timm_vit(img_size=(224, 224), patch_size=16, embed_dim=192, num_heads=12, depth=4).cuda()
     x = torch.randn(8, 3, 224, 224, device="cuda")
     with kernels.headmap_kernel("off"):
-        want_r, want_d = vitviz.attention_rollout(model, x), vitviz.mean_attention_distance(model, x)
+        want_r, want_d = vitviz.attention_rollout(model, x), vitviz.mean_attention_distance(model, x, autocast=False)
     with kernels.headmap_kernel("on"):
         vitviz.attention_rollout(model, x)  # compile outside the measurement
         torch.cuda.synchronize()
@@ -428,7 +428,7 @@ def test_cuda_rollout_and_distance_memory_and_values():
         got_r = vitviz.attention_rollout(model, x)
         torch.cuda.synchronize()
         extra = torch.cuda.max_memory_allocated() - base - plain
-        got_d = vitviz.mean_attention_distance(model, x)
+        got_d = vitviz.mean_attention_distance(model, x, autocast=False)
     torch.testing.assert_close(got_r, want_r, rtol=1e-4, atol=1e-5)
     torch.testing.assert_close(got_d, want_d, rtol=1e-4, atol=1e-3)
     n = 197
@@ -455,14 +455,15 @@ def test_cuda_families_run_the_kernels(name):
     model = _cuda_model(name).cuda().eval()
     x = torch.randn(8, 3, 224, 224, device="cuda")
     with kernels.headmap_kernel("off"):
-        want_r, want_d = vitviz.attention_rollout(model, x), vitviz.mean_attention_distance(model, x)
+        want_r, want_d = vitviz.attention_rollout(model, x), vitviz.mean_attention_distance(model, x, autocast=False)
     from vitviz.core.kernels import headmaps
 
     calls = []
     original = headmaps.fuse_heads_kernel
     headmaps.fuse_heads_kernel = lambda *a, **kw: calls.append(1) or original(*a, **kw)
     try:
-        got_r, got_d = vitviz.attention_rollout(model, x), vitviz.mean_attention_distance(model, x)  # auto
+        got_r = vitviz.attention_rollout(model, x)  # the kernels by default
+        got_d = vitviz.mean_attention_distance(model, x, autocast=False)
     finally:
         headmaps.fuse_heads_kernel = original
     assert len(calls) == 4

@@ -397,7 +397,7 @@ def test_stream_on_cuda_matches_cpu_and_holds_no_batch_heads_tokens_tokens_tenso
     torch.cuda.synchronize()
     base = torch.cuda.memory_allocated()
     torch.cuda.reset_peak_memory_stats()
-    got_d = vitviz.mean_attention_distance(model, xc)
+    got_d = vitviz.mean_attention_distance(model, xc, autocast=False)  # float32, as the CPU reference
     torch.cuda.synchronize()
     torch.testing.assert_close(got_d, want_d, atol=1e-3, rtol=1e-4)
     assert torch.cuda.max_memory_allocated() - base < 4 * 8 * 257 * 257 * 4  # one (B, H, N, N) float32 map
