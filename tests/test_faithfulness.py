@@ -88,7 +88,7 @@ def test_each_score_is_the_model_on_the_perturbed_input():
     model = tiny_timm_vit()
     x = torch.randn(3, 3, 32, 48)
     df = vitviz.faithfulness(model, x, ["random", "chefer"], steps=0.25, batch_size=2, progress=False)
-    assert list(df.columns) == ["image", "method", "mode", "fraction", "score", "metric", "removal"]
+    assert list(df.columns) == ["image", "method", "mode", "fraction", "removed", "score", "metric", "removal"]
     assert len(df) == 3 * 2 * 4 * 5 and set(df["removal"]) == {"drop"}
     with torch.no_grad():
         pred = model(x).argmax(-1)
@@ -183,7 +183,7 @@ def test_plot_faithfulness(tmp_path):
     fig = vitviz.plot_faithfulness_grid(df)
     assert len(fig.axes) == 4
     assert [a.get_ylabel() for a in fig.axes] == ["Target-class accuracy"] * 2 + ["Target-class probability"] * 2
-    assert fig.axes[3].get_xlabel() == "Patches inserted [fraction] (tokens dropped)"
+    assert fig.axes[3].get_xlabel() == "Patches inserted [fraction of all patches]\n(tokens dropped)"
     labels = [t.get_text() for t in fig.axes[-1].get_legend().get_texts()]
     assert labels == ["random", "rollout"]
     fig.savefig(tmp_path / "curves.png")
@@ -194,7 +194,7 @@ def test_plot_faithfulness(tmp_path):
     with pytest.raises(InputError, match="pass mode="):
         vitviz.plot_faithfulness(df)  # never a Figure: one mode, one Axes
     alone = vitviz.plot_faithfulness(df[df["mode"] == "insertion"])
-    assert alone.get_xlabel() == "Patches inserted [fraction] (tokens dropped)"
+    assert alone.get_xlabel() == "Patches inserted [fraction of all patches]\n(tokens dropped)"
     with pytest.raises(InputError, match="image_offset"):  # a repeated run would count its images twice
         vitviz.plot_faithfulness_grid(pd.concat([df, df]))
     mixed = pd.concat([df, df.assign(removal="mean", image=df["image"] + 3)])
@@ -223,3 +223,98 @@ def test_notebook_04_runs_headless(run_notebook, tiny_folder, tmp_path):
     for stem in ("explanations_side_by_side", "faithfulness_curves", "sanity_checks_cascading",
                  "headless_target_callable"):
         assert (out_dir / f"{stem}.png").exists()
+
+
+# ----------------------------------------------------------------------------------------------------- whole patches
+_trapezoid = getattr(np, "trapezoid", None) or np.trapz  # NumPy 2 renamed trapz
+STEPS = np.linspace(0, 1, 11)  # the nominal steps of steps=0.1, as faithfulness writes them
+
+
+def grid_8x8():
+    """An 8x8 grid of 64 patches, where the nominal steps of 0.1 are not whole patches (6.4 at 0.1)."""
+    torch.manual_seed(0)
+    return tiny_timm_vit(img_size=64)
+
+
+def test_removed_is_the_fraction_of_patches_actually_removed(monkeypatch):
+    from vitviz.analysis import faithfulness as fa
+
+    counted = []
+
+    class Counting(fa.Perturbed):
+        def scores(self, removed):
+            counted.append(removed.sum(dim=1).tolist())  # patches removed per image
+            return super().scores(removed)
+
+    monkeypatch.setattr(fa, "Perturbed", Counting)
+    modes = ["positive", "negative", "deletion", "insertion"]
+    df = vitviz.faithfulness(grid_8x8(), torch.randn(2, 3, 64, 64), ["random"], modes=modes, steps=0.1,
+                             progress=False)
+    want = np.floor(df["fraction"].to_numpy() * 64 + 0.5) / 64
+    np.testing.assert_array_equal(df["removed"].to_numpy(), want)
+    assert df.loc[df["fraction"] == 0.1, "removed"].unique().tolist() == [6 / 64]  # 9.4%, not 10%
+    # the masks the model saw, one call per (step, mode) in that order: insertion counts the patches present
+    for (f, mode), n in zip([(f, m) for f in STEPS for m in modes], counted):
+        got = df[(df["fraction"] == f) & (df["mode"] == mode)].sort_values("image")["removed"].to_numpy()
+        shown = [64 - c for c in n] if mode == "insertion" else n
+        np.testing.assert_array_equal(got * 64, shown)
+
+
+def test_auc_integrates_over_the_fraction_actually_removed():
+    model = grid_8x8()
+    df = vitviz.faithfulness(model, torch.randn(5, 3, 64, 64), ["random", "rollout"], steps=0.1, progress=False)
+    for upto in (1.0, 0.9):
+        auc = vitviz.faithfulness_auc(df, upto=upto).set_index(["method", "mode"])["auc"]
+        nominal = vitviz.faithfulness_auc(df.drop(columns="removed"), upto=upto).set_index(["method", "mode"])["auc"]
+        for (method, mode), g in df[df["fraction"] <= upto + 1e-9].groupby(["method", "mode"]):
+            per_image = [_trapezoid(c["score"], c["removed"]) for _, c in g.sort_values("fraction").groupby("image")]
+            assert auc[(method, mode)] == pytest.approx(np.mean(per_image), rel=0, abs=1e-12)
+        assert (auc - nominal).abs().max() > 1e-4  # the nominal axis gives other numbers
+    paired = vitviz.compare_methods(df, baseline="rollout").set_index("mode")
+
+    def by_hand(method, mode):
+        c = df[(df["method"] == method) & (df["mode"] == mode)].sort_values(["image", "fraction"])
+        return np.array([_trapezoid(g["score"], g["removed"]) for _, g in c.groupby("image")])
+
+    for mode in ("positive", "deletion", "insertion"):
+        assert paired.loc[mode, "diff"] == pytest.approx((by_hand("random", mode) - by_hand("rollout", mode)).mean(),
+                                                         rel=0, abs=1e-12)
+
+
+def test_plot_draws_each_step_at_the_fraction_removed():
+    model = grid_8x8()
+    df = vitviz.faithfulness(model, torch.randn(3, 3, 64, 64), ["random", "rollout"], steps=0.1, progress=False)
+    removed = np.floor(STEPS * 64 + 0.5) / 64
+    for mode in ("positive", "insertion"):
+        ax = vitviz.plot_faithfulness(df, mode=mode)
+        lines = [line for line in ax.get_lines() if len(line.get_xdata()) == len(STEPS)]
+        assert len(lines) == 2  # one mean curve per method
+        for line in lines:
+            np.testing.assert_array_equal(np.asarray(line.get_xdata(), dtype=np.float64), removed)
+        verb = "inserted" if mode == "insertion" else "removed"
+        assert ax.get_xlabel() == f"Patches {verb} [fraction of all patches]\n(tokens dropped)"
+    old = vitviz.plot_faithfulness(df.drop(columns="removed"), mode="deletion")  # an older vitviz's frame
+    lines = [line for line in old.get_lines() if len(line.get_xdata()) == len(STEPS)]
+    np.testing.assert_array_equal(np.asarray(lines[0].get_xdata(), dtype=np.float64), STEPS)
+    assert old.get_xlabel() == "Patches removed [nominal fraction]\n(tokens dropped)"
+
+
+def test_images_of_other_grids_are_each_integrated_over_their_own_removed_fractions():
+    a = vitviz.faithfulness(grid_8x8(), torch.randn(3, 3, 64, 64), ["random"], modes=["deletion"], progress=False)
+    b = vitviz.faithfulness(tiny_timm_vit(), torch.randn(2, 3, 32, 48), ["random"], modes=["deletion"],
+                            image_offset=3, progress=False)  # 4x6: 2 of 24 patches at 0.1
+    assert b.loc[b["fraction"] == 0.1, "removed"].unique().tolist() == [2 / 24]
+    both = pd.concat([a, b], ignore_index=True)
+    per_image = vitviz.analysis.faithfulness_stats.per_image_auc(both).set_index("image")["auc"]
+    alone = pd.concat([vitviz.analysis.faithfulness_stats.per_image_auc(d) for d in (a, b)]).set_index("image")["auc"]
+    pd.testing.assert_series_equal(per_image.sort_index(), alone.sort_index(), rtol=0, atol=1e-15)
+    assert vitviz.faithfulness_auc(both)["n_images"].item() == 5
+    with pytest.raises(InputError, match=r"mode='deletion': at the step fraction=0.1 the images of df removed from "
+                                         r"0.08333 to 0.09375 .* draw each grid's images apart"):
+        vitviz.plot_faithfulness(both)
+    older = pd.concat([a, b.drop(columns="removed")], ignore_index=True)  # a frame of an older vitviz added
+    with pytest.raises(InputError, match=r"22 rows without a 'removed' value .*df.drop\(columns='removed'\)"):
+        vitviz.faithfulness_auc(older)
+    with pytest.raises(InputError, match=r"rows without a 'removed' value .*df.drop\(columns='removed'\)"):
+        vitviz.plot_faithfulness(older)
+    assert len(vitviz.faithfulness_auc(older.drop(columns="removed"))) == 1  # all over the nominal steps

@@ -153,3 +153,26 @@ def test_a_callable_target_or_method_is_known_by_its_code_and_closure(tmp_path):
     vitviz.faithfulness(model, x[:2], **{**kw, "methods": {"r": attention_of(-1)}, "out": out3})
     with pytest.raises(CheckpointError, match=r"differs in methods\b"):
         vitviz.faithfulness(model, x, **{**kw, "methods": {"r": attention_of(0)}, "out": out3})
+
+
+def test_a_file_of_an_older_vitviz_without_the_removed_column_is_refused(tmp_path):
+    """Files written before the column ``removed`` (the fraction of patches actually removed) existed: their rows
+    cannot be continued by rows that have it, and the error says what to do."""
+    from vitviz.analysis.faithfulness_resume import sidecar
+
+    model = tiny_timm_vit()
+    x = torch.randn(3, 3, 32, 48)
+    out = tmp_path / "curves.csv"
+    kw = dict(RUN, methods=["random"])
+    vitviz.faithfulness(model, x[:2], out=out, **kw)
+    # as the older vitviz wrote them: no "removed" in the rows nor in the fingerprint's columns
+    pd.read_csv(out, dtype=str).drop(columns="removed", errors="ignore").to_csv(out, index=False)
+    fp = json.loads(sidecar(out).read_text())
+    sidecar(out).write_text(json.dumps({**fp, "columns": [c for c in fp["columns"] if c != "removed"]}))
+    with pytest.raises(CheckpointError, match=rf"out='{out}' was written by another version of vitviz: its rows have "
+                                              r"the columns \['image', 'method', 'mode', 'fraction', 'score', .*"
+                                              r"lacks \['removed'\].*delete .* or pass another out="):
+        vitviz.faithfulness(model, x, out=out, **kw)
+    fresh = vitviz.faithfulness(model, x, out=tmp_path / "new.csv", **kw)  # the fix the error names
+    pd.testing.assert_frame_equal(fresh, vitviz.faithfulness(model, x, **kw), check_exact=True)
+    assert "removed" in pd.read_csv(tmp_path / "new.csv").columns

@@ -93,3 +93,24 @@ def test_nan_scores_are_refused_not_called_indistinguishable():
             f(df)
     with pytest.raises(InputError, match="NaN or infinite"):
         vitviz.bootstrap_ci([0.1, np.nan, 0.3])
+
+
+def curve_frame(removed: bool) -> pd.DataFrame:
+    """Two images whose curve falls 1, 0.5, 0 at the nominal steps 0, 0.5, 1, where 0.4 of the patches were removed
+    at the step 0.5 (as on a grid the step does not divide)."""
+    rows = [(i, "m", "deletion", f, r, s, "probability", "drop") for i in range(2)
+            for f, r, s in ((0.0, 0.0, 1.0), (0.5, 0.4, 0.5), (1.0, 1.0, 0.0))]
+    df = pd.DataFrame(rows, columns=["image", "method", "mode", "fraction", "removed", "score", "metric", "removal"])
+    return df if removed else df.drop(columns="removed")
+
+
+def test_the_auc_is_over_removed_where_the_frame_has_it_and_over_fraction_otherwise():
+    # over removed: (1 + 0.5) / 2 * 0.4 + (0.5 + 0) / 2 * 0.6 = 0.45; over the nominal steps: 0.5
+    assert vitviz.faithfulness_auc(curve_frame(removed=True))["auc"].item() == pytest.approx(0.45, abs=1e-15)
+    assert vitviz.faithfulness_auc(curve_frame(removed=False))["auc"].item() == pytest.approx(0.5, abs=1e-15)
+    # upto= picks the nominal step 0.5, integrated to the 0.4 removed there
+    assert vitviz.faithfulness_auc(curve_frame(True), upto=0.5)["auc"].item() == pytest.approx(0.3, abs=1e-15)
+    df = curve_frame(True)
+    df.loc[(df.image == 1) & (df.fraction == 1.0), "removed"] = 0.3  # falls: not a faithfulness frame
+    with pytest.raises(InputError, match=r"image 1, m/deletion, has 'removed' values \[0.0, 0.4, 0.3\] that fall"):
+        vitviz.faithfulness_auc(df)

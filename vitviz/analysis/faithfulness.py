@@ -17,9 +17,15 @@ mode            patches removed at fraction ``f``                               
 softmax probability of the target class (Petsiuk et al.). With ``target=None`` the target is each image's
 prediction on the clean image (so accuracy starts at 1); pass the labels to score against them. A callable
 ``target`` (headless models) records its own value in every mode (metric ``"target"``). The AUC is the trapezoidal
-area under the score over the fraction axis ``[0, 1]`` (``vitviz.faithfulness_auc``); methods are compared by the
-Student-t interval of their mean per-image AUC difference, i.e. the paired t-test (``vitviz.compare_methods``;
-``vitviz.analysis.faithfulness_stats`` says why not the bootstrap by default).
+area under the score over the fraction of patches actually removed, ``[0, 1]`` (``vitviz.faithfulness_auc``); methods
+are compared by the Student-t interval of their mean per-image AUC difference, i.e. the paired t-test
+(``vitviz.compare_methods``; ``vitviz.analysis.faithfulness_stats`` says why not the bootstrap by default).
+
+Whole patches: at the nominal step ``f`` (column ``fraction``: 0, 0.1, ..., 1 by default) ``k = floor(f * P + 0.5)``
+of the ``P`` patches are removed (inserted, for ``insertion``), so the fraction actually removed is ``k / P`` (column
+``removed``): on an 8x8 grid 6 of 64 patches, 9.4%, at ``f = 0.1``. ``removed`` is the x of the figure
+(``vitviz.plot_faithfulness``) and of the AUC; ``fraction`` stays the step's name (rows are grouped and ``upto=``
+chosen by it).
 
 Removal (column ``removal``, ``vitviz.analysis.perturbation``): ``"drop"`` takes the removed patch tokens out of
 the sequence right after the position embedding, where the model's family says how (``Family.drop_tokens``), so the
@@ -222,7 +228,8 @@ def faithfulness(
             needs one sub-folder per class); when given, ``accuracy`` is whether the arg-max equals the label (top-1
             accuracy, as in Chefer et al.'s evaluation code), while ``probability`` stays that of the explained
             class, and ``attrs["labels"]`` is True. Default: accuracy against the explained class.
-        steps: the fraction of patches removed per step (the curve has ``1 / steps + 1`` points, 0% to 100%).
+        steps: the nominal fraction of patches removed per step (the curve has ``1 / steps + 1`` points, 0% to
+            100%); each step removes the nearest whole number of patches (column ``removed``).
         modes: any of ``positive``, ``negative``, ``deletion``, ``insertion`` (module docstring).
         removal: ``"auto"`` (drop tokens where the model's family can, else mean), ``"drop"`` or ``"mean"``.
         fill: the value of removed pixels for ``"mean"``, one finite number or one per channel (3), in the model's
@@ -246,10 +253,12 @@ def faithfulness(
         num_workers: loader workers for a folder or ``Dataset``.
 
     Returns:
-        DataFrame with columns ``image`` (the image id), ``method``, ``mode``, ``fraction``, ``score``, ``metric``
-        (``accuracy``, ``probability`` or ``target``) and ``removal``; ``attrs`` hold scalars only (``removal``,
-        ``seed``, ``steps``, ``labels``: whether ``accuracy`` is against ``labels=``). AUCs: ``vitviz.faithfulness_auc(df)``; paired comparisons:
-        ``vitviz.compare_methods(df, baseline=...)``.
+        DataFrame with columns ``image`` (the image id), ``method``, ``mode``, ``fraction`` (the nominal step
+        ``f``: 0, ``steps``, ..., 1), ``removed`` (the fraction of the image's ``P`` patches actually removed, or
+        inserted for ``insertion``: ``round(f * P) / P``, halves rounded up; the x of the figure and of the AUC),
+        ``score``, ``metric`` (``accuracy``, ``probability`` or ``target``) and ``removal``; ``attrs`` hold scalars
+        only (``removal``, ``seed``, ``steps``, ``labels``: whether ``accuracy`` is against ``labels=``). AUCs:
+        ``vitviz.faithfulness_auc(df)``; paired comparisons: ``vitviz.compare_methods(df, baseline=...)``.
     """
     import pandas as pd
 
@@ -378,7 +387,7 @@ def _batch(model: nn.Module, spec: Any, x: torch.Tensor, pos: list[int], ids: li
         p = pert.num_patches
         with torch.no_grad():
             for f in fractions:
-                k = int(np.floor(f * p + 0.5))
+                k = int(np.floor(f * p + 0.5))  # the nominal step, rounded to whole patches (half up)
                 for mode in modes:
                     removed = {"positive": rank < k, "deletion": rank < k, "negative": rank >= p - k,
                                "insertion": rank >= k}[mode]  # insertion: only the k most relevant present
@@ -386,5 +395,5 @@ def _batch(model: nn.Module, spec: Any, x: torch.Tensor, pos: list[int], ids: li
                         "probability")
                     for i, s in enumerate(pert.scores(removed)[metric]):
                         records.append({"image": ids[i], "method": name, "mode": mode, "fraction": float(f),
-                                        "score": s, "metric": metric, "removal": how})
+                                        "removed": k / p, "score": s, "metric": metric, "removal": how})
     return records

@@ -5,11 +5,12 @@ every argument the rows depend on (methods, modes, steps, removal, fill, seed, t
 autocast; a callable by ``callable_digest``: its code, defaults and closure, not its name alone),
 ``model_digest(model)`` and, for a folder, ``Dataset`` or ``DataLoader``, ``source_digest(images)``
 (``vitviz.core.digest``). A rerun continues only from a file whose fingerprint equals its own; any other file (another
-seed, target, model, data set, or a file without a fingerprint) is refused with a ``CheckpointError`` that names
-the differing keys, rather than mixed in. Tensor and list inputs are digested image by image instead
-(``image_digests``: each image's values, or a path's size and modification time), so a rerun may pass more images
-than the run it continues (a data set processed in chunks), but an id whose rows ``out`` holds must still name the
-same pixels: a rerun that gives such an id other pixels is refused, never answered from the old rows.
+seed, target, model, data set, a file without a fingerprint, or one written by a vitviz whose rows had other columns)
+is refused with a ``CheckpointError`` that names the differing keys, rather than mixed in. Tensor and list inputs are
+digested image by image instead (``image_digests``: each image's values, or a path's size and modification time), so
+a rerun may pass more images than the run it continues (a data set processed in chunks), but an id whose rows ``out``
+holds must still name the same pixels: a rerun that gives such an id other pixels is refused, never answered from the
+old rows.
 
 Image ids and method names are read back as the strings they were written as and mapped to the ids of the current
 run, so an id ``"001"`` stays ``"001"`` (not the number 1) and a resumed run returns the same frame as an
@@ -32,7 +33,9 @@ from vitviz.core.digest import callable_digest, image_digest, model_digest, sour
 from vitviz.core.io import atomic_write_json, read_csv_exact
 from vitviz.errors import CheckpointError, InputError
 
-COLUMNS = ["image", "method", "mode", "fraction", "score", "metric", "removal"]
+# the fingerprint holds COLUMNS: a file written before a column was added (e.g. "removed", the fraction of patches
+# actually removed) is refused by ``resume`` rather than continued with rows of two layouts
+COLUMNS = ["image", "method", "mode", "fraction", "removed", "score", "metric", "removal"]
 TEXT = ("image", "method", "mode", "metric", "removal")
 
 
@@ -136,6 +139,14 @@ def resume(out: str | os.PathLike | None, fp: dict[str, Any] | None,
         raise CheckpointError(f"out={str(out)!r}: its fingerprint {str(sidecar(out))!r} cannot be read ({exc}); "
                               + advice) from exc
     saved_pixels = saved.pop("pixels", {}) if isinstance(saved, dict) else {}
+    columns = saved.get("columns") if isinstance(saved, dict) else None
+    if fp is not None and isinstance(columns, list) and columns != fp.get("columns"):
+        lacks = [c for c in fp["columns"] if c not in columns]
+        why = (" ('removed': the fraction of patches actually removed at each step, the x of the AUC and of the "
+               "figure)") if "removed" in lacks else ""
+        raise CheckpointError(f"out={str(out)!r} was written by another version of vitviz: its rows have the columns "
+                              f"{columns}, this version writes {fp['columns']}" + (f", it lacks {lacks}" if lacks else "")
+                              + f"{why}; this run cannot continue it: " + advice)
     if saved != fp:
         keys = sorted(k for k in set(fp) | set(saved) if fp.get(k) != saved.get(k))
         diff = "; ".join(f"{k}: {_show(saved.get(k))} there, {_show(fp.get(k))} now" for k in keys)

@@ -14,6 +14,13 @@ width shrinks by ``sqrt((n - 1) / n)`` and its quantiles are about normal ones, 
 the two values, and a method is called better or worse at a true difference of 0 about half the time; Hesterberg
 2015, "What Teachers Should Know About the Bootstrap", The American Statistician 69(4)), so use it from
 about 30 images on. With fewer than 2 images no interval exists: it is NaN and the verdict ``too few images``.
+
+The x of every AUC: the column ``removed`` of a ``vitviz.faithfulness`` frame, the fraction of patches actually
+removed (inserted) at each step, ``round(f * P) / P`` for the nominal step ``f`` (column ``fraction``) and ``P``
+patches; each image's curve is integrated over its own ``removed`` values, so images of different grids are each
+integrated over what was removed from them. A frame without ``removed`` (one written by an older vitviz, or built by
+hand) is integrated over ``fraction``, as before that column existed. ``upto=`` and the grouping of rows read the
+nominal ``fraction``.
 """
 
 from __future__ import annotations
@@ -135,19 +142,25 @@ def check_curves(df: Any) -> None:
 
 
 def per_image_auc(df: Any, *, upto: float = 1.0) -> Any:
-    """The area under each image's curve (trapezoid over the fraction axis ``[0, upto]``).
+    """The area under each image's curve: the trapezoid of ``score`` over ``removed``, the fraction of patches
+    actually removed (``round(f * P) / P`` at the nominal step ``f``), from the step 0 to the step ``upto``.
+
+    A ``df`` without the column ``removed`` (a frame of an older vitviz, or one built by hand) is integrated over
+    the nominal ``fraction`` instead. Each image is integrated over its own ``removed`` values, so images of
+    different patch grids are each integrated over what was removed from them.
 
     Args:
         df: the DataFrame of ``vitviz.faithfulness`` (several runs concatenated, with distinct image ids).
-        upto: integrate over fractions ``[0, upto]`` only: one of the fractions of ``df`` in ``(0, 1]`` (e.g. 0.9
-            with ``steps=0.1``).
+        upto: integrate over the nominal steps ``[0, upto]`` only: one of the values of ``fraction`` in ``(0, 1]``
+            (e.g. 0.9 with ``steps=0.1``; on 64 patches its x is ``58 / 64``, about 0.906).
 
     Returns:
         DataFrame with columns ``image``, ``method``, ``mode``, ``metric``, ``removal``, ``auc``.
 
     Raises:
-        InputError: repeated rows, NaN scores (an AUC of NaN has no interval), or ``upto`` outside ``(0, 1]`` or not
-            one of the fractions.
+        InputError: repeated rows, NaN scores (an AUC of NaN has no interval), rows without a ``removed`` value
+            (frames with and without the column concatenated), ``removed`` decreasing along a curve, or ``upto``
+            outside ``(0, 1]`` or not one of the fractions.
     """
     import pandas as pd
 
@@ -160,6 +173,9 @@ def per_image_auc(df: Any, *, upto: float = 1.0) -> Any:
                          f"at fraction {r['fraction']}: the model gave NaN outputs there (NaN pixels, or a callable "
                          "target that returns NaN); fix the inputs or drop those images (df[df.image != ...])")
     _check_upto(upto, df["fraction"].unique())
+    actual = "removed" in df.columns  # the x: the fraction actually removed, else the nominal step
+    if actual:
+        _check_removed(df)
     df = df[df["fraction"] <= upto + 1e-9]
     parts = []
     for (method, mode, metric, removal), g in df.groupby(GROUP, sort=False):
@@ -167,13 +183,42 @@ def per_image_auc(df: Any, *, upto: float = 1.0) -> Any:
         if grid.isna().to_numpy().any():
             raise InputError(f"the curves of {method}/{mode} do not share their fractions across images (runs with "
                              "different steps= cannot be mixed)")
-        y, xs = grid.to_numpy(dtype=np.float64), grid.columns.to_numpy(dtype=np.float64)
-        auc = ((y[:, 1:] + y[:, :-1]) / 2 * np.diff(xs)).sum(axis=1)  # trapezoid
+        y = grid.to_numpy(dtype=np.float64)
+        if actual:  # each image over its own x: images of other grids remove other fractions at one step
+            xs = g.pivot(index="image", columns="fraction", values="removed").reindex(
+                index=grid.index, columns=grid.columns).to_numpy(dtype=np.float64)
+        else:
+            xs = np.broadcast_to(grid.columns.to_numpy(dtype=np.float64), y.shape)
+        widths = np.diff(xs, axis=1)
+        if (widths < 0).any():
+            i = int(np.argwhere(widths < 0)[0][0])
+            raise InputError(f"df: the curve of image {_plain(grid.index[i])!r}, {method}/{mode}, has 'removed' "
+                             f"values {xs[i].tolist()} that fall as 'fraction' grows; 'removed' is the fraction of "
+                             "patches removed at each step, so it cannot fall. Pass the frame of vitviz.faithfulness, "
+                             "or drop the column (df.drop(columns='removed')) to integrate over 'fraction'")
+        auc = ((y[:, 1:] + y[:, :-1]) / 2 * widths).sum(axis=1)  # trapezoid
         parts.append(pd.DataFrame({"image": grid.index, "method": method, "mode": mode, "metric": metric,
                                    "removal": removal, "auc": auc}))
     if not parts:
         raise InputError("df holds no curves; run vitviz.faithfulness(model, images) first")
     return pd.concat(parts, ignore_index=True)
+
+
+def _plain(value: Any) -> Any:
+    """A numpy scalar as the Python value it holds (for messages)."""
+    return value.item() if isinstance(value, np.generic) else value
+
+
+def _check_removed(df: Any) -> None:
+    """Refuse rows without a ``removed`` value: frames with and without the column concatenated."""
+    missing = df["removed"].isna()
+    if missing.any():
+        r = df[missing].iloc[0]
+        raise InputError(f"df holds {int(missing.sum())} rows without a 'removed' value (of {len(df)}), e.g. image "
+                         f"{_plain(r['image'])!r}, {r['method']}/{r['mode']} at fraction {r['fraction']}: a frame of an "
+                         "older vitviz, which has no 'removed' column, concatenated with a newer one? Their curves are "
+                         "not on one axis. Rerun vitviz.faithfulness on those images, or drop the column from every "
+                         "frame (df.drop(columns='removed')) to integrate all of them over the nominal 'fraction'")
 
 
 def _check_upto(upto: float, fractions: np.ndarray) -> None:
@@ -191,7 +236,9 @@ def faithfulness_auc(df: Any, *, interval: str = "t", n_boot: int = 1000, ci: fl
     """Area under each curve per image, averaged over images, with an interval of that mean over images.
 
     The intervals are marginal: to say that one method beats another, use ``compare_methods`` (paired over the
-    same images), not whether two of these intervals overlap.
+    same images), not whether two of these intervals overlap. Each image's AUC is the trapezoid of its score over
+    ``removed``, the fraction of patches actually removed (``per_image_auc``); a ``df`` without that column (an
+    older vitviz's, or one built by hand) is integrated over the nominal ``fraction``.
 
     Args:
         df: the DataFrame of ``faithfulness`` (runs may be concatenated when their image ids differ; repeated
@@ -200,8 +247,9 @@ def faithfulness_auc(df: Any, *, interval: str = "t", n_boot: int = 1000, ci: fl
             bootstrap, ``bootstrap_ci``: too narrow below about 30 images; see the module docstring).
         n_boot, seed: for ``interval="bootstrap"`` (the same resamples of images for every row).
         ci: coverage, e.g. 0.95.
-        upto: integrate over fractions ``[0, upto]`` only (one of the fractions of ``df``); Chefer et al. integrate up to 0.9
-            (``np.trapz(acc, x) * 100`` with ``x = 0, 0.1, ..., 0.9``), so ``upto=0.9`` times 100 is their number.
+        upto: integrate over the nominal steps ``[0, upto]`` only (one of the values of ``fraction``); Chefer et al.
+            integrate up to 0.9 (``np.trapz(acc, x) * 100`` with ``x = 0, 0.1, ..., 0.9``), so ``upto=0.9`` times
+            100 is their number (over the fractions actually removed: on 64 patches up to ``58 / 64``).
 
     Returns:
         DataFrame with one row per ``method``, ``mode``, ``metric``: ``auc`` (mean over images), ``ci_low``,
@@ -244,7 +292,8 @@ def compare_methods(df: Any, baseline: str = "chefer", *, interval: str = "t", n
     The verdict reads the mode's direction: on ``deletion``/``positive`` (lower is better) a difference whose
     interval lies below zero is ``better``; on ``insertion``/``negative`` one above zero; an interval that contains
     zero is ``indistinguishable``; with fewer than 2 images the interval is NaN and the verdict ``too few images``
-    (one image says nothing about the spread over images).
+    (one image says nothing about the spread over images). The AUCs are ``per_image_auc``'s: over ``removed``, the
+    fraction of patches actually removed, or over the nominal ``fraction`` for a ``df`` without that column.
 
     Args:
         df: the DataFrame of ``vitviz.faithfulness``.
@@ -255,7 +304,7 @@ def compare_methods(df: Any, baseline: str = "chefer", *, interval: str = "t", n
             time at a nominal 5%; see the module docstring).
         n_boot, seed: for ``interval="bootstrap"`` (the same image resamples for every method).
         ci: coverage, e.g. 0.95.
-        upto: integrate over fractions ``[0, upto]`` only (one of the fractions of ``df``).
+        upto: integrate over the nominal steps ``[0, upto]`` only (one of the values of ``fraction``).
 
     Returns:
         DataFrame with columns ``mode``, ``metric``, ``removal``, ``method``, ``baseline``, ``auc``,

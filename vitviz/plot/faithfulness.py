@@ -21,7 +21,10 @@ TITLES = {"positive": "Positive perturbation\nmost relevant removed first\n(lowe
 YLABELS = {"accuracy": "Target-class accuracy", "probability": "Target-class probability",
            "target": "Target score"}
 LABELS_YLABEL = "Top-1 accuracy (vs. labels)"  # faithfulness(..., labels=...): arg-max against the labels
-XLABELS = {"drop": "Patches removed [fraction] (tokens dropped)", "mean": "Patches removed [fraction] (mean fill)"}
+# the x: the fraction of the patches actually removed (column "removed", round(f * P) / P), or, for a frame without
+# that column, the nominal step (column "fraction"); "removed" becomes "inserted" for insertion
+XLABELS = {"removed": "Patches removed [fraction of all patches]", "fraction": "Patches removed [nominal fraction]"}
+REMOVALS = {"drop": "tokens dropped", "mean": "mean fill"}
 
 
 def _modes(df: Any) -> list[str]:
@@ -46,6 +49,11 @@ def plot_faithfulness(df: Any, *, ax: Axes | None = None, mode: str | None = Non
                       errorbar: Any = ("se", 1.96)) -> Axes:
     """One perturbation mode: mean score against the fraction of patches removed (inserted), one line per method.
 
+    The x of each step is the fraction of the patches actually removed, ``removed`` (``round(f * P) / P`` at the
+    nominal step ``f``; on 64 patches the step 0.1 is drawn at 6 / 64, 0.094), the x of ``faithfulness_auc``. A
+    ``df`` without that column (an older vitviz's, or one built by hand) is drawn over the nominal ``fraction``,
+    and the axis label says so.
+
     Axes-level; ``plot_faithfulness_grid`` draws every mode of ``df`` side by side.
 
     Args:
@@ -57,12 +65,13 @@ def plot_faithfulness(df: Any, *, ax: Axes | None = None, mode: str | None = Non
             over images, ``("se", 1.96)``; ``None`` for no band).
 
     Returns:
-        the axes: x the fraction of patches removed (inserted), y the score (for ``accuracy`` with
+        the axes: x the fraction of patches actually removed (inserted), y the score (for ``accuracy`` with
         ``df.attrs["labels"]`` True, i.e. ``faithfulness(..., labels=...)``: top-1 accuracy against the labels,
         else the target-class score), a legend of methods.
 
     Raises:
-        InputError: ``df`` is empty, holds several modes and ``mode`` is not given, or lacks ``mode``.
+        InputError: ``df`` is empty, holds several modes and ``mode`` is not given, or lacks ``mode``; or its
+            images removed different fractions at one step (other patch grids: their mean has no one x).
     """
     import seaborn as sns
 
@@ -79,21 +88,41 @@ def plot_faithfulness(df: Any, *, ax: Axes | None = None, mode: str | None = Non
         fig = new_figure((FIGSIZE["single"][0] * 1.3, FIGSIZE["single"][1] * 1.3))
         fig.set_layout_engine("constrained")
         ax = fig.add_subplot()
-    sns.lineplot(data=sub, x="fraction", y="score", hue="method", hue_order=methods, palette=palette,
-                 errorbar=errorbar, marker="o", markersize=3, ax=ax)
-    metric = sub["metric"].iloc[0]
     if sub["removal"].nunique() > 1:
         raise InputError(f"mode={mode!r} mixes removals {sorted(set(sub['removal']))}; their curves are not "
                          "comparable: draw df[df['removal'] == ...] for each")
+    x = "removed" if "removed" in sub.columns else "fraction"
+    if x == "removed":
+        _check_one_axis(sub, mode)
+        sub = sub.assign(removed=sub.groupby("fraction")["removed"].transform("first"))  # one x per step, exactly
+    sns.lineplot(data=sub, x=x, y="score", hue="method", hue_order=methods, palette=palette,
+                 errorbar=errorbar, marker="o", markersize=3, ax=ax)
+    metric = sub["metric"].iloc[0]
     removal = sub["removal"].iloc[0]
     ax.set_title(TITLES[mode])
-    ax.set_xlabel(XLABELS.get(removal, "Patches removed [fraction]").replace(
-        "removed", "inserted" if mode == "insertion" else "removed"))
+    label = XLABELS[x] + (f"\n({REMOVALS[removal]})" if removal in REMOVALS else "")  # two lines: fits a panel
+    ax.set_xlabel(label.replace("removed", "inserted" if mode == "insertion" else "removed"))
     ax.set_ylabel(LABELS_YLABEL if metric == "accuracy" and df.attrs.get("labels") else YLABELS[metric])
     ax.set_xlim(0, 1)
     if metric in ("accuracy", "probability"):
         ax.set_ylim(0, 1.05)  # the band of a mean of 0/1 accuracies may reach past 1; the mean cannot
     return ax
+
+
+def _check_one_axis(sub: Any, mode: str) -> None:
+    """Refuse a mode whose images removed different fractions at one nominal step (other patch grids)."""
+    spread = sub.groupby("fraction")["removed"].agg(["min", "max", "count", "size"])
+    if (spread["count"] < spread["size"]).any():
+        raise InputError(f"mode={mode!r}: df holds rows without a 'removed' value (frames of an older vitviz, which "
+                         "has no 'removed' column, concatenated with newer ones?); rerun vitviz.faithfulness on those "
+                         "images, or draw over the nominal steps with df.drop(columns='removed')")
+    bad = spread[spread["max"] - spread["min"] > 1e-9]
+    if len(bad):
+        f, row = bad.index[0], bad.iloc[0]
+        raise InputError(f"mode={mode!r}: at the step fraction={f:g} the images of df removed from {row['min']:.4g} "
+                         f"to {row['max']:.4g} of their patches (images of other patch grids), so their mean curve "
+                         "has no one x; draw each grid's images apart (df[df['image'].isin(...)]), or draw over the "
+                         "nominal steps with df.drop(columns='removed')")
 
 
 @styled
