@@ -1,7 +1,8 @@
 """Faithfulness of every map on cifar10-vit: AUCs with intervals and paired differences against chefer.
 
 The images and labels are those of notebooks/04_faithfulness.ipynb (``example_images``, taken in turn from each
-class). Resumable: the curves go to ``<out>/curves.csv`` (``faithfulness(..., out=)``); a rerun continues.
+class). Resumable: the curves go to ``<out>/curves.csv`` (``faithfulness(..., out=)``, not committed); a rerun
+continues. Writes ``auc.csv``, ``paired_vs_chefer.csv``, ``paired_vs_random.csv`` and ``chefer_convention.csv``.
 
     VITVIZ_DATA=/work/shared/data/cifar10 python bench/faithfulness_eval.py --n 500 --out bench/results/faithfulness
 """
@@ -45,6 +46,11 @@ def main() -> None:
     auc.to_csv(out / "auc.csv", index=False)
     paired = vitviz.compare_methods(df, baseline="chefer", interval=args.interval)
     paired.to_csv(out / "paired_vs_chefer.csv", index=False)
+    vitviz.compare_methods(df, baseline="random", interval=args.interval).to_csv(out / "paired_vs_random.csv",
+                                                                                index=False)
+    # Chefer et al.'s convention: accuracy AUC up to the step 0.9, x100 (positive and negative perturbation)
+    chefer = vitviz.faithfulness_auc(df[df["mode"].isin(["positive", "negative"])], interval=args.interval, upto=0.9)
+    chefer.assign(auc_x100=chefer["auc"] * 100).to_csv(out / "chefer_convention.csv", index=False)
     pd_opts = dict(index=False, float_format=lambda v: f"{v:.4f}")
     print(auc.to_string(**pd_opts))
     print(paired.drop(columns=["baseline", "removal", "better"]).to_string(**pd_opts))
