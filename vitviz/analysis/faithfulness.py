@@ -66,7 +66,13 @@ from vitviz.analysis.faithfulness_resume import (
 from vitviz.analysis.faithfulness_stats import BETTER, MODES, bootstrap_ci, compare_methods, faithfulness_auc
 from vitviz.analysis.perturbation import Perturbed, drop_module, keep_tokens, rank_patches, resolve_removal
 from vitviz.core.batching import count_images, iter_batches
-from vitviz.core.datasets import autocast_dtype, dataset_length, is_dataset_source, iter_dataset
+from vitviz.core.datasets import (
+    autocast_context,
+    autocast_dtype,
+    dataset_length,
+    is_dataset_source,
+    iter_dataset,
+)
 from vitviz.core.images import Images
 from vitviz.core.io import atomic_write
 from vitviz.core.spec import inspect
@@ -343,13 +349,10 @@ def _batch(model: nn.Module, spec: Any, x: torch.Tensor, pos: list[int], ids: li
            labels: Any, labels_all: torch.Tensor | None, loaded: Any, how: str, fill: torch.Tensor,
            fractions: np.ndarray, modes: Sequence[str], seed: int, amp: torch.dtype | None) -> list[dict]:
     """The curve rows of one batch ``x`` of images at dataset positions ``pos`` with ids ``ids``."""
-    import contextlib
-
     from vitviz.analysis.perturbation import image_seed
 
     b = len(x)
-    ctx = (lambda: torch.autocast(x.device.type, dtype=amp)) if amp else contextlib.nullcontext
-    with torch.no_grad(), ctx():
+    with torch.no_grad(), autocast_context(amp, x.device):
         clean = model(x)
     idx = torch.as_tensor(pos)
     batch_target = target_all[idx] if target_all is not None else target
@@ -366,7 +369,7 @@ def _batch(model: nn.Module, spec: Any, x: torch.Tensor, pos: list[int], ids: li
     records: list[dict] = []
     for name, method in table.items():
         opts = dict(options.get(name, {}))
-        with ctx():
+        with autocast_context(amp, x.device):
             if isinstance(method, torch.Tensor):
                 maps = method[idx.to(method.device)]
             elif method == "random":

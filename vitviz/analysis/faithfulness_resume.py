@@ -145,7 +145,8 @@ def resume(out: str | os.PathLike | None, fp: dict[str, Any] | None,
         why = (" ('removed': the fraction of patches actually removed at each step, the x of the AUC and of the "
                "figure)") if "removed" in lacks else ""
         raise CheckpointError(f"out={str(out)!r} was written by another version of vitviz: its rows have the columns "
-                              f"{columns}, this version writes {fp['columns']}" + (f", it lacks {lacks}" if lacks else "")
+                              f"{columns}, this version writes {fp['columns']}"
+                              + (f", it lacks {lacks}" if lacks else "")
                               + f"{why}; this run cannot continue it: " + advice)
     if saved != fp:
         keys = sorted(k for k in set(fp) | set(saved) if fp.get(k) != saved.get(k))

@@ -215,10 +215,11 @@ def _check_removed(df: Any) -> None:
     if missing.any():
         r = df[missing].iloc[0]
         raise InputError(f"df holds {int(missing.sum())} rows without a 'removed' value (of {len(df)}), e.g. image "
-                         f"{_plain(r['image'])!r}, {r['method']}/{r['mode']} at fraction {r['fraction']}: a frame of an "
-                         "older vitviz, which has no 'removed' column, concatenated with a newer one? Their curves are "
-                         "not on one axis. Rerun vitviz.faithfulness on those images, or drop the column from every "
-                         "frame (df.drop(columns='removed')) to integrate all of them over the nominal 'fraction'")
+                         f"{_plain(r['image'])!r}, {r['method']}/{r['mode']} at fraction {r['fraction']}: a frame of "
+                         "an older vitviz, which has no 'removed' column, concatenated with a newer one? Their curves "
+                         "are not on one axis. Rerun vitviz.faithfulness on those images, or drop the column from "
+                         "every frame (df.drop(columns='removed')) to integrate all of them over the nominal "
+                         "'fraction'")
 
 
 def _check_upto(upto: float, fractions: np.ndarray) -> None:

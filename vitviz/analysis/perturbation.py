@@ -28,6 +28,7 @@ from typing import Any
 import torch
 from torch import nn
 
+from vitviz.core.datasets import autocast_context
 from vitviz.core.families import family_of
 from vitviz.core.spec import ViTSpec, inspect
 from vitviz.core.targets import Target, logits_of
@@ -148,9 +149,7 @@ class Perturbed:
         self.cache: dict[tuple[int, ...], dict[str, list[float]]] = {}
 
     def _forward(self, x: torch.Tensor) -> Any:
-        if self.autocast is None:
-            return self.model(x)
-        with torch.autocast(x.device.type, dtype=self.autocast):
+        with autocast_context(self.autocast, x.device):
             return self.model(x)
 
     def scores(self, removed: torch.Tensor) -> dict[str, list[float]]:

@@ -36,8 +36,8 @@ from vitviz.errors import CheckpointError, InputError, NotImplementedInVitviz
 
 IMAGE_SUFFIXES = (".jpg", ".jpeg", ".png", ".bmp", ".gif", ".webp", ".tif", ".tiff")
 
-__all__ = ["ImageFolder", "RunningReduction", "ShardSampler", "autocast_dtype", "dataset_length", "is_dataset_source", "iter_dataset",
-           "reduce_dataset"]
+__all__ = ["ImageFolder", "RunningReduction", "ShardSampler", "autocast_context", "autocast_dtype", "dataset_length",
+           "is_dataset_source", "iter_dataset", "reduce_dataset"]
 
 
 class ImageFolder(Dataset):
@@ -136,7 +136,8 @@ def _fingerprint(reduction: RunningReduction, model: nn.Module, source: Any, n: 
     from vitviz.core.digest import model_digest, source_digest
 
     return {**reduction.fingerprint(), "model": type(model).__name__, "weights": model_digest(model),
-            "dataset_images": n, "data": source_digest(source, f"checkpoint={str(path)!r}"), "autocast": str(amp) if amp else None,
+            "dataset_images": n, "data": source_digest(source, f"checkpoint={str(path)!r}"),
+            "autocast": str(amp) if amp else None,
             "rank": rank, "world_size": world}
 
 

@@ -17,21 +17,21 @@ generator, numpy's, ``random``'s) are restored afterwards, so the loads do not c
 ``transform``.
 
 ``callable_digest`` identifies a callable argument (a ``target=`` function, a method) by what it computes, not by
-its name alone: two lambdas, or two closures made by one factory with other arguments, have the same qualified
-name. A function is hashed by its module, qualified name, code (bytecode, names and constants, nested code objects
+its name alone: two lambdas, or two closures made by one factory with other arguments, have the same qualified name.
+A function is hashed by its module, qualified name, code (bytecode, names and constants, nested code objects
 included; not the line numbers), defaults and the contents of its closure; a ``functools.partial`` by its function,
 arguments and keywords; a bound method by its function and its ``self``; an ``nn.Module`` by ``model_digest`` and
-its ``repr``; another callable object by its class, the code of its ``__call__`` and its state (its ``repr``, or
-its attributes where the ``repr`` is the default ``<... at 0x...>``, and else the attributes that hold code, such
-as the function of torchvision's ``Lambda``, whose ``repr`` is ``Lambda()``). A dataset's ``transform`` is hashed
-by these rules too: a plain function or a ``Compose`` of lambdas resumes, two different lambdas do not. Values met on the way (closure cells,
-defaults, arguments) are hashed by the same rules: tensors and arrays by ``tensor_digest``, numbers, strings,
-``None`` and containers by value, callables recursively (to a depth of 6), and any other object by its class and
-its ``repr``, or by its class alone where the ``repr`` shows a memory address (which differs from run to run), so
-two such objects of one class are not told apart. Global variables a function reads are named, not valued; an
-object whose attributes count and change as it is called (a counter) gives another digest after a run. The
-digest is the same in every process for the same source on the same Python version (bytecode differs between
-Python versions, so a file written under another Python is refused, never merged).
+its ``repr``; another callable object by its class, the code of its ``__call__`` and its state (its ``repr``, or its
+attributes where the ``repr`` is the default ``<... at 0x...>``, and else the attributes that hold code, such as the
+function of torchvision's ``Lambda``, whose ``repr`` is ``Lambda()``). A dataset's ``transform`` is hashed by these
+rules too: a plain function or a ``Compose`` of lambdas resumes, two different lambdas do not. Values met on the way
+(closure cells, defaults, arguments) are hashed by the same rules: tensors and arrays by ``tensor_digest``, numbers,
+strings, ``None`` and containers by value, callables recursively (to a depth of 6), and any other object by its
+class and its ``repr``, or by its class alone where the ``repr`` shows a memory address (which differs from run to
+run), so two such objects of one class are not told apart. Global variables a function reads are named, not valued;
+an object whose attributes count and change as it is called (a counter) gives another digest after a run. The digest
+is the same in every process for the same source on the same Python version (bytecode differs between Python
+versions, so a file written under another Python is refused, never merged).
 
 Hashing is SHA-1 over the raw bytes (tensors are copied to the CPU one at a time): about a second for ViT-B/16's
 86 M parameters on one core, once per call.
@@ -138,7 +138,8 @@ def _feed_value(h: Any, value: Any, depth: int) -> None:
         h.update(f"deep:{_name(value)}".encode())
     elif value is None or isinstance(value, (bool, int, float, complex, str, bytes, type(Ellipsis))):
         h.update(f"{type(value).__name__}:{value!r}".encode())
-    elif isinstance(value, torch.Tensor) or (isinstance(value, (np.ndarray, np.generic)) and value.dtype.kind in "biufc"):
+    elif isinstance(value, torch.Tensor) or (
+            isinstance(value, (np.ndarray, np.generic)) and value.dtype.kind in "biufc"):
         h.update(f"tensor:{tensor_digest(value)}".encode())
     elif isinstance(value, (tuple, list, np.ndarray)):
         h.update(f"{type(value).__name__}:{len(value)}".encode())
@@ -155,8 +156,8 @@ def _feed_value(h: Any, value: Any, depth: int) -> None:
         _feed_code(h, value)
     elif isinstance(value, types.ModuleType):
         h.update(f"module:{value.__name__}".encode())
-    elif not isinstance(value, os.PathLike) and image_digest(value) is not None:  # a PIL image
-        h.update(f"image:{image_digest(value)}".encode())
+    elif not isinstance(value, os.PathLike) and (pixels := image_digest(value)) is not None:  # a PIL image
+        h.update(f"image:{pixels}".encode())
     elif callable(value):
         _feed_callable(h, value, depth + 1)
     else:
