@@ -91,6 +91,28 @@ def tiny_eva(**kwargs):
         pytest.skip(f"this timm's Eva does not build {kwargs}: {err}")
 
 
+PARALLEL_CASES = {  # timm's parallel and differential attention (the stream probe's "parallel" and "differential")
+    "parallel": dict(block_fn="ParallelScalingBlock"),
+    "parallel-qk-norm-registers": dict(block_fn="ParallelScalingBlock", qk_norm=True, reg_tokens=2),
+    "differential": dict(attn_layer="diff"),
+    "differential-qk-norm-gap": dict(attn_layer="diff", qk_norm=True, class_token=False, reg_tokens=1,
+                                     global_pool="avg"),
+    "differential-parallel": dict(block_fn="DiffParallelScalingBlock"),
+}
+
+
+def tiny_parallel(case: str, **kwargs):
+    """A 2-block timm VisionTransformer with ``ParallelScalingBlock``, ``DiffAttention`` or
+    ``DiffParallelScalingBlock`` (``PARALLEL_CASES``) on a non-square 4x6 grid, seeded."""
+    from timm.models import vision_transformer as vt
+
+    args = dict(PARALLEL_CASES[case], **kwargs)
+    if "block_fn" in args:
+        args["block_fn"] = getattr(vt, args["block_fn"])
+    torch.manual_seed(0)
+    return tiny_timm_vit(**args)
+
+
 RELATIVE_CASES = {  # timm's relative-position attention: BEiT ``Attention`` and ``RelPosAttention``
     "beit": ("beit", dict(use_rel_pos_bias=True, use_abs_pos_emb=False)),
     "beit-shared-bias": ("beit", dict(use_shared_rel_pos_bias=True, use_abs_pos_emb=True)),

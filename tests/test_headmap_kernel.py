@@ -32,11 +32,12 @@ from pathlib import Path
 
 import pytest
 import torch
-from conftest import EVA_CASES, RELATIVE_CASES, tiny_eva, tiny_relative, tiny_timm_vit
+from conftest import EVA_CASES, RELATIVE_CASES, tiny_eva, tiny_parallel, tiny_relative, tiny_timm_vit
 
 import vitviz
 from vitviz.core import kernels
-from vitviz.core.families import timm_probes
+from vitviz.core.capture import capture_attention
+from vitviz.core.families import stream, timm_probes
 from vitviz.errors import InputError
 
 pytestmark = pytest.mark.skipif(not kernels.triton_available(),
@@ -59,6 +60,12 @@ def interpret(monkeypatch):
 
     assert headmaps.interpreting() and type(headmaps.triton.language.sum).__name__ == "InterpretedFunction"
     return headmaps
+
+
+@pytest.fixture
+def recompute_stream(monkeypatch):
+    """The PyTorch stream path recomputes every call (the tiny models' maps are below ``EXPLICIT_BELOW_BYTES``)."""
+    monkeypatch.setattr(stream, "EXPLICIT_BELOW_BYTES", 0)
 
 
 @pytest.mark.skipif(CHILD, reason="the driver runs in the parent process only")
@@ -321,6 +328,46 @@ def test_forced_kernel_on_timm_rotary_and_relative_models(interpret, monkeypatch
     assert len(calls) == 2  # one per layer
     torch.testing.assert_close(got[0], want[0], rtol=1e-5, atol=1e-6)
     torch.testing.assert_close(got[1], want[1], rtol=1e-5, atol=1e-4)
+
+
+@pytest.mark.parametrize("case", ["parallel-qk-norm-registers", "differential", "differential-qk-norm-gap",
+                                  "differential-parallel"])
+def test_forced_kernel_on_timm_parallel_and_differential_attention(interpret, monkeypatch, recompute_stream, case):
+    """``ParallelScalingBlock`` (rollout and distance) and differential attention (whose signed maps no reduction
+    takes: the stream ``HeadMaps`` directly) through the kernels, as the PyTorch stream path gives them. A
+    differential head mean is the even heads' mean minus lambda times the odd heads' (two kernel calls), its
+    distance sums the pairs' sums combined alike (one call); its head max takes the PyTorch fold."""
+    calls = {"fuse": 0, "distance": 0}
+    fuse, dist = interpret.fuse_heads_kernel, interpret.distance_sums_kernel
+    monkeypatch.setattr(interpret, "fuse_heads_kernel", lambda *a, **kw: calls.__setitem__("fuse", calls["fuse"] + 1)
+                        or fuse(*a, **kw))
+    monkeypatch.setattr(interpret, "distance_sums_kernel",
+                        lambda *a, **kw: calls.__setitem__("distance", calls["distance"] + 1) or dist(*a, **kw))
+    model = tiny_parallel(case, num_heads=4)
+    x = torch.randn(2, 3, 32, 48)
+    prefix = vitviz.inspect(model).num_prefix_tokens
+    d = torch.rand(24, 24) * 40
+
+    def reduced():
+        if "differential" not in case:
+            return vitviz.attention_rollout(model, x), vitviz.mean_attention_distance(model, x)
+        out: list[torch.Tensor] = []
+
+        def on_layer(_i, hm):
+            out.extend([hm.fuse("mean"), hm.fuse("max"), *hm.distance_sums(d, prefix)])
+
+        with torch.no_grad(), capture_attention(model, on_layer=on_layer, store=False, heads="stream"):
+            model(x)
+        return out
+
+    with kernels.headmap_kernel("off"):
+        want = reduced()
+    assert calls == {"fuse": 0, "distance": 0}
+    with kernels.headmap_kernel("on"):
+        got = reduced()
+    assert calls == ({"fuse": 4, "distance": 2} if "differential" in case else {"fuse": 2, "distance": 2})
+    for g, w in zip(got, want, strict=True):
+        torch.testing.assert_close(g, w, rtol=1e-5, atol=1e-4)
 
 
 def test_forcing_without_interpreter_on_cpu_is_refused(monkeypatch):

@@ -11,7 +11,15 @@ from __future__ import annotations
 
 import pytest
 import torch
-from conftest import EVA_CASES, RELATIVE_CASES, tiny_eva, tiny_relative, tiny_timm_vit
+from conftest import (
+    EVA_CASES,
+    PARALLEL_CASES,
+    RELATIVE_CASES,
+    tiny_eva,
+    tiny_parallel,
+    tiny_relative,
+    tiny_timm_vit,
+)
 
 import vitviz
 from vitviz.analysis.distance import DistanceReducer, patch_distance_matrix
@@ -300,6 +308,98 @@ def test_rotary_reduced_precision_maps_are_float32_softmax_of_the_model_dtype_sc
     want = full_maps(model, x)  # timm's explicit path: bf16 softmax
     assert all(g.dtype == torch.float32 for g in got)
     assert max_difference(got, [w.float() for w in want]) < 1e-2  # bf16 rounding of the explicit maps
+
+
+# ---- timm parallel and differential attention: ParallelScalingBlock, DiffAttention, DiffParallelScalingBlock -----
+
+@pytest.mark.parametrize("case", PARALLEL_CASES)
+def test_parallel_and_differential_stream_maps_equal_the_explicit_maps_and_the_output_is_the_plain_forward(case,
+                                                                                                         recompute):
+    """``ParallelScalingBlock`` (q and k read at ``q_norm`` / ``k_norm`` in ``(B, N, H, d)``) and differential
+    attention (``S_2h - lambda S_2h+1`` from ``2 H`` recomputed heads) against the explicit path's maps, which
+    ``tests/conformance.py`` checks against a recomputation from the weights."""
+    model = tiny_parallel(case)
+    x = torch.randn(3, 3, 32, 48)
+    with torch.no_grad():
+        plain = model(x)
+    kinds: list[str] = []
+    got, out = stream_maps(model, x, kinds)
+    want = "differential_heads" if "differential" in case else "recomputed_heads"
+    assert len(kinds) == 2 and all(want in k for k in kinds), kinds
+    assert max_difference(got, full_maps(model, x)) < 1e-6
+    assert torch.equal(out, plain)
+    assert open_probes(model) == 0
+    assert all(not m._forward_hooks and not m._forward_pre_hooks for m in model.modules())
+    assert all(m.fused_attn for m in model.modules() if hasattr(m, "fused_attn"))
+
+
+@pytest.mark.parametrize("case", ["differential", "differential-parallel"])
+def test_small_differential_maps_take_the_explicit_path_and_are_combined(case):
+    """Below ``EXPLICIT_BELOW_BYTES`` the explicit path's ``(B, 2H, N, N)`` maps are read and combined per pair."""
+    model = tiny_parallel(case)
+    x = torch.randn(2, 3, 32, 48)
+    kinds: list[str] = []
+    got, _ = stream_maps(model, x, kinds)
+    assert kinds and all(k.startswith("HeadMaps.of") for k in kinds)  # the explicit maps, not recomputed
+    assert [tuple(g.shape) for g in got] == [(2, 2, 25, 25)] * 2
+    assert max_difference(got, full_maps(model, x)) < 1e-6
+    assert all(m.fused_attn for m in model.modules() if hasattr(m, "fused_attn"))  # restored after the call
+
+
+@pytest.mark.parametrize("broken", ["lambda left out", "pair order swapped", "heads paired by halves"])
+def test_a_broken_differential_recomputation_is_caught(monkeypatch, recompute, broken):
+    """The comparison above fails when the pairs or lambda are wrong: heads ``(2h, 2h + 1)`` are one head's pair (the
+    forward's ``reshape(B, H, 2, N, d)``), not ``(h, h + H)``."""
+    model = tiny_parallel("differential", num_heads=4)
+    x = torch.randn(2, 3, 32, 48)
+    want = full_maps(model, x)
+    original = stream.differential_heads
+
+    def differential_heads(q, k, scale, bias, lam, **kwargs):
+        h2 = q.shape[1]
+        if broken == "lambda left out":
+            lam = torch.zeros_like(lam)
+        order = {"pair order swapped": [j ^ 1 for j in range(h2)],
+                 "heads paired by halves": [j // 2 + (j % 2) * (h2 // 2) for j in range(h2)]}.get(broken)
+        if order is not None:
+            q, k = q[:, order], k[:, order]
+        return original(q, k, scale, bias, lam, **kwargs)
+
+    monkeypatch.setattr(stream, "differential_heads", differential_heads)
+    got, _ = stream_maps(model, x)
+    assert max_difference(got, want) > 1e-3
+
+
+@pytest.mark.parametrize("mask", ["bool", "float", "causal"])
+@pytest.mark.parametrize("cls", ["ParallelScalingBlock", "DiffAttention"])
+def test_parallel_and_differential_masks_follow_timms_explicit_path(mask, cls, recompute):
+    from timm.layers.diff_attention import DiffAttention
+    from timm.models.vision_transformer import ParallelScalingBlock
+
+    torch.manual_seed(0)
+    module = (ParallelScalingBlock(16, num_heads=2) if cls == "ParallelScalingBlock"
+              else DiffAttention(16, num_heads=2, depth=1)).eval()
+    x = torch.randn(2, 9, 16)
+    kwargs: dict = {}
+    if mask == "bool":
+        kwargs["attn_mask"] = (torch.rand(2, 1, 9, 9) > 0.3) | torch.eye(9, dtype=torch.bool)
+    elif mask == "float":
+        kwargs["attn_mask"] = torch.randn(9, 9)
+    else:
+        kwargs["is_causal"] = True
+    want = _explicit(module, x, **kwargs)
+    if cls == "DiffAttention":  # the explicit path's (B, 2H, N, N) softmax maps, combined as its forward does
+        with torch.no_grad():
+            want = want[:, 0::2] - module._compute_lambda() * want[:, 1::2]
+    out: list[HeadMaps] = []
+    undo = timm_probes.probe_timm_stream(module, out.append)
+    try:
+        with torch.no_grad():
+            module(x, **kwargs)
+        got = torch.stack([m.clone() for _, m in out[0].heads()], dim=1)
+    finally:
+        undo()
+    torch.testing.assert_close(got, want, atol=1e-6, rtol=1e-5)
 
 
 def test_subclasses_of_the_streamed_classes_are_not_streamed():

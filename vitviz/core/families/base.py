@@ -15,9 +15,10 @@ Reductions that only need one head at a time (rollout, mean attention distance, 
 with ``heads="stream"``: their ``on_layer`` then receives a ``HeadMaps``, which hands out each head's ``(B, N, N)``
 map in turn. A family may give such captures a *stream probe* (``Family.stream_probe``) that leaves the model's own
 fused attention running and recomputes the probabilities head by head from the module's ``q`` and ``k``
-(``stream.recomputed_heads``; timm's ``Attention``, ``EvaAttention``, ``AttentionRope``, ``RelPosAttention`` and
-BEiT ``Attention``: ``timm_probes.probe_timm_stream``; Hugging Face attention on SDPA or flash:
-``hf_probes.probe_hf_stream``); every other probe's maps are wrapped as they are (``HeadMaps.of``).
+(``stream.recomputed_heads``; timm's ``Attention``, ``EvaAttention``, ``AttentionRope``, ``RelPosAttention``, BEiT
+``Attention``, ``ParallelScalingBlock`` and differential attention: ``timm_probes.probe_timm_stream``; Hugging Face
+attention on SDPA or flash: ``hf_probes.probe_hf_stream``); every other probe's maps are wrapped as they are
+(``HeadMaps.of``).
 """
 
 from __future__ import annotations

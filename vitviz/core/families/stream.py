@@ -1,9 +1,9 @@
 """Head maps recomputed from ``q`` and ``k`` beside a fused attention kernel: what every stream probe emits.
 
-A stream probe (``Family.stream_probe``: timm's plain, rotary, relative-position and BEiT attention in
-``timm_probes``, the Hugging Face attention modules in ``hf_probes``, torchvision's and open_clip's
-``nn.MultiheadAttention`` here: ``probe_mha_stream``) leaves the model's fused attention running, so the forward's
-output is the plain forward's, and hands the reductions a ``HeadMaps`` that recomputes each head's
+A stream probe (``Family.stream_probe``: timm's plain, rotary, relative-position, BEiT, parallel-block and
+differential attention in ``timm_probes``, the Hugging Face attention modules in ``hf_probes``, torchvision's and
+open_clip's ``nn.MultiheadAttention`` here: ``probe_mha_stream``) leaves the model's fused attention running, so the
+forward's output is the plain forward's, and hands the reductions a ``HeadMaps`` that recomputes each head's
 ``softmax(q_h k_h^T * scale + bias)`` from the ``q`` and ``k`` the kernel was given:
 
 - on CPU (and wherever the kernels are off): in PyTorch, one head at a time into one ``(B, N, N)`` float32 buffer,
@@ -31,8 +31,9 @@ from vitviz.core.families.base import Emit, HeadMaps, Probe, Undo, chain_undos
 from vitviz.core.families.probes import mha_dropout_error
 from vitviz.errors import CaptureError
 
-__all__ = ["EXPLICIT_BELOW_BYTES", "REPROJECT_WITHOUT_KERNEL", "explicit_is_cheaper", "mha_stream_probe_for",
-           "probe_mha_stream", "recomputed_heads", "reprojected_qk", "sdpa_bias", "use_kernel_for"]
+__all__ = ["EXPLICIT_BELOW_BYTES", "REPROJECT_WITHOUT_KERNEL", "differential_heads", "explicit_is_cheaper",
+           "mha_stream_probe_for", "probe_mha_stream", "recomputed_heads", "reprojected_qk", "sdpa_bias",
+           "use_kernel_for"]
 
 EXPLICIT_BELOW_BYTES = 8 << 20
 
@@ -119,6 +120,58 @@ def recomputed_heads(q: torch.Tensor, k: torch.Tensor, scale: float,
         return headmaps.distance_sums_kernel(q, k, scale, distances, p, **mask)
 
     return HeadMaps((b, h, n, n), torch.float32, q.device, head, fuse=fuse, distance_sums=distance_sums)
+
+
+def differential_heads(q: torch.Tensor, k: torch.Tensor, scale: float,
+                       bias: Callable[[torch.Tensor], torch.Tensor | None], lam: torch.Tensor, *,
+                       kernel: bool = False, is_causal: bool = False) -> HeadMaps:
+    """Differential attention's maps (Ye et al. 2024, Eq. 1), ``A_h = S_2h - lam * S_2h+1``, as a ``HeadMaps`` of
+    ``H = q.shape[1] // 2`` heads (float32), with ``S_j = softmax(q_j k_j^T * scale + bias)`` recomputed as
+    ``recomputed_heads`` does from the ``2 H`` query and key heads the module's two fused kernel calls receive
+    (timm's ``DiffAttention`` pairs heads ``2h`` and ``2h + 1``).
+
+    Signed; each head costs two softmax maps and one ``(B, N, N)`` buffer. On the kernels (``kernel``; no
+    ``attn_mask``, which the caller then reads through ``bias``): the head mean is the mean of the even heads minus
+    ``lam`` times the mean of the odd ones (two ``fuse_heads_kernel`` calls over ``H`` heads each), and the distance
+    sums are the pairs' sums combined the same way (both linear in the maps); the head max and min do not split
+    so and fold the heads one at a time.
+
+    Args:
+        q, k: ``(B, 2H, N, d)``.
+        lam: the layer's lambda (a 0-dim tensor, as the module computes it).
+    """
+    b, h2, n, _ = q.shape
+    if h2 % 2:
+        raise CaptureError(f"differential attention needs an even number of query heads (pairs); got {h2}")
+    pairs = recomputed_heads(q, k, scale, bias)
+    neg = (-lam.detach()).to(device=q.device, dtype=torch.float32)
+    buf: list[torch.Tensor] = []
+
+    def head(i: int) -> torch.Tensor:
+        if not buf:
+            buf.append(torch.empty(b, n, n, dtype=torch.float32, device=q.device))
+        out = buf[0].copy_(pairs._head(2 * i))  # the pair's buffer is overwritten by the next call
+        return out.addcmul_(pairs._head(2 * i + 1), neg)
+
+    plain = HeadMaps((b, h2 // 2, n, n), torch.float32, q.device, head)
+    if not kernel:
+        return plain
+    from vitviz.core.kernels import headmaps  # imports Triton
+
+    def fuse(how: str, dtype: torch.dtype, out: torch.Tensor | None) -> torch.Tensor:
+        if how != "mean":
+            return plain.fuse(how, dtype, out)
+        even, odd = (headmaps.fuse_heads_kernel(q[:, j::2], k[:, j::2], scale, "mean", is_causal=is_causal)
+                     for j in (0, 1))
+        fused = even.addcmul_(odd, neg)
+        return fused.to(dtype) if out is None else out.copy_(fused)
+
+    def distance_sums(distances: torch.Tensor, p: int) -> tuple[torch.Tensor, torch.Tensor]:
+        weighted, weight = (s.unflatten(1, (h2 // 2, 2)) for s in
+                            headmaps.distance_sums_kernel(q, k, scale, distances, p, is_causal=is_causal))
+        return weighted[:, :, 0].addcmul(weighted[:, :, 1], neg), weight[:, :, 0].addcmul(weight[:, :, 1], neg)
+
+    return HeadMaps(tuple(plain.shape), torch.float32, q.device, head, fuse=fuse, distance_sums=distance_sums)
 
 
 def reprojected_qk(x: torch.Tensor, weight: torch.Tensor, bias: torch.Tensor | None,

@@ -20,10 +20,15 @@ the values of that layer, and a *map kind* (``ViTSpec.attention_maps``) says wha
 
 ``probe_timm_stream`` serves ``capture_attention(heads="stream")`` on timm's plain ``Attention``, on the rotary
 ``EvaAttention`` and ``AttentionRope`` (EVA, EVA-02, DINOv3, PE, ``vit_*_rope_*``) and on the relative-position
-``RelPosAttention`` (``vit_relpos_*``, ``vit_srelpos_*``) and BEiT ``Attention`` (BEiT, BEiT v2): the module keeps
-its fused ``scaled_dot_product_attention`` (the forward's output is bit-for-bit the plain forward's), and each
-head's ``softmax(q_h k_h^T * scale + bias)`` is recomputed (``stream.recomputed_heads``) from the ``q`` and ``k``
-the kernel was given: those ``q_norm`` and ``k_norm`` return (BEiT: its ``qkv`` weight and ``q_bias`` / ``k_bias``
+``RelPosAttention`` (``vit_relpos_*``, ``vit_srelpos_*``), BEiT ``Attention`` (BEiT, BEiT v2),
+``ParallelScalingBlock`` (``vit_pwee_*``, ``*_xp_*``) and differential attention (``DiffAttention``,
+``DiffParallelScalingBlock``: each head ``S_2h - lambda S_2h+1`` from the ``2 H`` heads of the forward's two kernel
+calls, ``stream.differential_heads``; no vitviz reduction takes these signed maps, so this serves
+``capture_attention(heads="stream")`` itself, with the forward left fused). CaiT has none: timm's
+``TalkingHeadAttn`` has no fused path, and ``ClassAttn`` forms one row per head. The module keeps its fused
+``scaled_dot_product_attention`` (the forward's output is bit-for-bit the plain forward's), and each head's
+``softmax(q_h k_h^T * scale + bias)`` is recomputed (``stream.recomputed_heads``) from the ``q`` and ``k`` the
+kernel was given: those ``q_norm`` and ``k_norm`` return (BEiT: its ``qkv`` weight and ``q_bias`` / ``k_bias``
 applied once more to the block's tokens), rotated past the prefix tokens by the defining module's own
 ``apply_rot_embed_cat`` with the ``rope`` the call received (rotary classes), key heads repeated for grouped-query
 attention; the bias is the mask built by timm's own ``resolve_self_attn_mask``, or the relative position bias the
@@ -125,16 +130,24 @@ def probe_timm(module: nn.Module, emit: Emit) -> Undo:
 #   (and, for ``AttentionRope`` with grouped key heads, the key heads repeated);
 # - "relpos": q, k from ``q_norm`` / ``k_norm``; the bias ``rel_pos.get_bias()``, else the block's shared bias;
 # - "beit": q, k from the ``qkv`` weight and the ``q_bias`` / ``k_bias`` (no submodule sees them: the forward calls
-#   ``F.linear`` itself); the bias ``_get_rel_pos_bias()`` plus the model's shared bias, or either alone.
+#   ``F.linear`` itself); the bias ``_get_rel_pos_bias()`` plus the model's shared bias, or either alone;
+# - "parallel" (``ParallelScalingBlock``, the whole block is the attention module): as "mask", but ``q_norm`` /
+#   ``k_norm`` see ``(B, N, H, d)`` (the forward transposes after them);
+# - "differential" (``DiffAttention``, ``DiffParallelScalingBlock``): as "mask" with ``2 H`` query and key heads of
+#   half the width, paired ``(2h, 2h + 1)`` by the forward's two kernel calls, and ``_compute_lambda()``.
 _STREAMED = {
     ("timm.models.vision_transformer", "Attention"): "mask",  # re-exported from timm.layers.attention
     ("timm.models.eva", "EvaAttention"): "rotary",  # EVA-02, rotary ViTs (vit_*_rope_*), DINOv3, PE
     ("timm.layers.attention", "AttentionRope"): "rotary",  # Eva's attn_type="rope" (grouped key heads in newer timm)
     ("timm.models.vision_transformer_relpos", "RelPosAttention"): "relpos",  # vit_relpos_*, vit_srelpos_*
     ("timm.models.beit", "Attention"): "beit",  # BEiT, BEiT v2
+    ("timm.models.vision_transformer", "ParallelScalingBlock"): "parallel",  # vit_pwee_*
+    ("timm.layers.diff_attention", "DiffAttention"): "differential",  # vit_dwee_* (attn_layer="diff")
+    ("timm.models.vision_transformer", "DiffParallelScalingBlock"): "differential",  # vit_dpwee_*
 }
-_HELPERS = {"mask": ("resolve_self_attn_mask", "maybe_add_mask"),
-            "rotary": ("resolve_self_attn_mask", "maybe_add_mask", "apply_rot_embed_cat"), "relpos": (), "beit": ()}
+_MASKED = ("resolve_self_attn_mask", "maybe_add_mask")
+_HELPERS = {"mask": _MASKED, "rotary": (*_MASKED, "apply_rot_embed_cat"), "relpos": (), "beit": (),
+            "parallel": _MASKED, "differential": _MASKED}
 
 
 def _stream_kind(module: nn.Module) -> tuple[str, Any] | None:
@@ -153,6 +166,8 @@ def _stream_kind(module: nn.Module) -> tuple[str, Any] | None:
     if vt is None or not all(callable(getattr(vt, f, None)) for f in _HELPERS[kind]):
         return None
     if kind == "rotary" and not isinstance(getattr(module, "num_prefix_tokens", None), int):
+        return None
+    if kind == "differential" and not callable(getattr(module, "_compute_lambda", None)):
         return None
     if kind == "beit":
         if not isinstance(getattr(module, "qkv", None), nn.Linear) or not callable(getattr(module, "_get_rel_pos_bias",
@@ -177,7 +192,8 @@ def _stream_kind(module: nn.Module) -> tuple[str, Any] | None:
 
 def stream_probe_for(module: nn.Module) -> Probe | None:
     """``probe_timm_stream`` for the ``_STREAMED`` classes (timm's plain ``Attention``, ``EvaAttention``,
-    ``AttentionRope``, ``RelPosAttention`` and BEiT's ``Attention``); None for every other module."""
+    ``AttentionRope``, ``RelPosAttention``, BEiT's ``Attention``, ``ParallelScalingBlock``, ``DiffAttention`` and
+    ``DiffParallelScalingBlock``); None for every other module."""
     return probe_timm_stream if _stream_kind(module) is not None else None
 
 
@@ -226,8 +242,10 @@ def probe_timm_stream(module: nn.Module, emit: Emit) -> Undo:
     found = _stream_kind(module)
     if found is None:
         raise UnsupportedModelError(f"{type(module).__name__} is not one of the timm attention classes with a stream "
-                                    "probe (Attention, EvaAttention, AttentionRope, RelPosAttention, BEiT Attention)")
+                                    "probe (Attention, EvaAttention, AttentionRope, RelPosAttention, BEiT Attention, "
+                                    "ParallelScalingBlock, DiffAttention, DiffParallelScalingBlock)")
     kind, vt = found
+    pairs = 2 if kind == "differential" else 1  # differential attention: two softmax maps per head
     signature = inspect.signature(module.forward)  # Attention: (x, attn_mask, is_causal); rotary: (x, rope, ...)
     first = next(iter(signature.parameters))  # the tokens
     state: dict[str, Any] = {}
@@ -248,7 +266,7 @@ def probe_timm_stream(module: nn.Module, emit: Emit) -> Undo:
         b, n = int(x.shape[0]), int(x.shape[1])
         state["kernel"] = kernel = kernels.use_kernel(x.device)  # the kernels beat materialising, small maps too
         reproject = kind == "beit" and not kernel and not stream.REPROJECT_WITHOUT_KERNEL  # see the flag
-        state["explicit"] = reproject or stream.explicit_is_cheaper(b, module.num_heads, n, kernel)
+        state["explicit"] = reproject or stream.explicit_is_cheaper(b, module.num_heads * pairs, n, kernel)
         if state["explicit"] and getattr(module, "fused_attn", False):
             state["restore"] = set_attr(module, "fused_attn", False)
         state.update(x=x, mask=call.get("attn_mask"), causal=bool(call.get("is_causal", False)), rope=call.get("rope"),
@@ -259,6 +277,11 @@ def probe_timm_stream(module: nn.Module, emit: Emit) -> Undo:
 
     def on_k(_m: nn.Module, _inputs: Any, out: torch.Tensor) -> None:
         state["k"] = out
+
+    def differential(maps: torch.Tensor) -> torch.Tensor:
+        """The explicit path's ``(B, 2H, N, N)`` softmax maps -> ``S_2h - lambda S_2h+1`` (``probe_diff``)."""
+        pair = maps.unflatten(1, (module.num_heads, 2))
+        return pair[:, :, 0] - module._compute_lambda().type_as(maps) * pair[:, :, 1]
 
     def on_drop(_m: nn.Module, inputs: Any, _out: Any) -> None:
         if state.get("explicit"):
@@ -272,7 +295,8 @@ def probe_timm_stream(module: nn.Module, emit: Emit) -> Undo:
             if call["maps"] is None:
                 raise CaptureError(f"{type(module).__name__}: attn_drop did not run in this forward pass, so "
                                    "vitviz cannot read its attention")
-            emit(HeadMaps.of(call["maps"]))
+            with torch.no_grad():
+                emit(HeadMaps.of(differential(call["maps"]) if kind == "differential" else call["maps"]))
             return
         with torch.no_grad():
             if kind == "beit":
@@ -285,6 +309,8 @@ def probe_timm_stream(module: nn.Module, emit: Emit) -> Undo:
                     raise CaptureError(f"{type(module).__name__}: q_norm / k_norm did not run in this forward pass, "
                                        "so vitviz cannot recompute its attention")
                 q, k = q.detach(), k.detach()
+                if kind == "parallel":
+                    q, k = q.transpose(1, 2), k.transpose(1, 2)  # (B, N, H, d) -> (B, H, N, d), as the forward
             if call["rope"] is not None:
                 q, k = (_rotated(vt, module, t, call["rope"], call["dtype"]) for t in (q, k))
             groups = getattr(module, "num_kv_groups", 1)
@@ -295,6 +321,12 @@ def probe_timm_stream(module: nn.Module, emit: Emit) -> Undo:
         if kind in ("relpos", "beit"):
             bias = bias.detach() if bias is not None else None
             emit(stream.recomputed_heads(q, k, module.scale, lambda _scores: bias, kernel=kernel, attn_mask=bias))
+        elif kind == "differential":
+            n, mask, causal = q.shape[2], call["mask"], bool(call["causal"])
+            with torch.no_grad():
+                lam = module._compute_lambda().type_as(q)  # as the forward: in the projections' dtype
+            emit(stream.differential_heads(q, k, module.scale, lambda scores: vt.resolve_self_attn_mask(
+                n, scores, mask, causal), lam, kernel=kernel and mask is None, is_causal=causal))
         else:
             emit(_recomputed_heads(vt, module, q, k, call["mask"], bool(call["causal"]), kernel))
 

@@ -1,7 +1,8 @@
 """GPU kernels for attention reductions, and when to use them (``vitviz.core.kernels.headmaps``: the Triton code).
 
 The stream probes (``capture_attention(heads="stream")`` on timm's ``Attention``, ``EvaAttention``,
-``AttentionRope``, ``RelPosAttention`` and BEiT ``Attention``, on the Hugging Face families' SDPA attention and on
+``AttentionRope``, ``RelPosAttention``, BEiT ``Attention``, ``ParallelScalingBlock`` and differential attention (its
+head mean and distance sums), on the Hugging Face families' SDPA attention and on
 torchvision's and open_clip's ``nn.MultiheadAttention``; ``vitviz.core.families.stream``) hand each layer's maps to
 the reductions as a ``HeadMaps``; on CUDA its ``fuse`` (head mean/max/min) and ``distance_sums`` run the Triton
 kernels of ``headmaps``, which never form a ``(B, H, N, N)`` tensor. The PyTorch recomputation stays the CPU path
