@@ -7,6 +7,8 @@ import os
 import subprocess
 import sys
 import textwrap
+import time
+import types
 from pathlib import Path
 
 import numpy as np
@@ -98,10 +100,83 @@ def in_set(s):
     return s in {"a", "b", "c", "d"}
 
 
+SCALE = 2.5  # read by scaled: a module-level global counts by its value
+
+
+def scaled(out):
+    return np.sqrt(out) * SCALE
+
+
+def fact(n):
+    return 1 if n < 2 else n * fact(n - 1)
+
+
+def even(n):
+    return n == 0 or odd(n - 1)
+
+
+def odd(n):
+    return n != 0 and even(n - 1)
+
+
 def examples():
     return [column(3), column(5), functools.partial(pick, k=5), functools.partial(pick, k=3),
             Column(3, torch.arange(4.0)), Column(3), Column(3).score, functools.partial(pick, Opaque()), in_set,
-            lambda s: s in {"x", "y", "z"}, lambda s: s in {"x", "y"}, torch.argmax]
+            lambda s: s in {"x", "y", "z"}, lambda s: s in {"x", "y"}, torch.argmax, scaled, fact, even, odd]
+
+
+def defined(source, **scope):
+    """The functions ``source`` defines, run in a fresh globals dict holding ``scope`` (no module state changes)."""
+    scope = {"__name__": "digest_example", **scope}
+    exec(source, scope)  # noqa: S102 (test code of our own)
+    return scope
+
+
+def test_the_values_of_the_globals_a_function_reads_count():
+    reads = (lambda out: out[:, CLASS]).__code__  # noqa: F821 (CLASS is given by each globals dict below)
+    three, five = types.FunctionType(reads, {"CLASS": 3}), types.FunctionType(reads, {"CLASS": 5})
+    assert callable_digest(three) != callable_digest(five)
+    assert callable_digest(three) == callable_digest(types.FunctionType(reads, {"CLASS": 3, "OTHER": 1}))
+    source = "def helper(out):\n    return out * SCALE\ndef target(out):\n    return helper(out)[:, CLASS]\n"
+    one, two = defined(source, SCALE=1.0, CLASS=3), defined(source, SCALE=2.0, CLASS=3)
+    assert callable_digest(one["target"]) != callable_digest(two["target"])  # through the global helper's global
+    assert callable_digest(one["target"]) == callable_digest(defined(source, SCALE=1.0, CLASS=3)["target"])
+    nested = "def target(out):\n    return [o[:, CLASS] for o in out]\n"  # read in a nested code object
+    assert callable_digest(defined(nested, CLASS=3)["target"]) != callable_digest(defined(nested, CLASS=5)["target"])
+
+
+def test_a_global_tensor_counts_by_its_values():
+    source = "def target(out):\n    return out @ W\n"
+    w = torch.arange(4.0)
+    digest = callable_digest(defined(source, W=w)["target"])
+    assert digest == callable_digest(defined(source, W=w.clone())["target"])
+    assert digest != callable_digest(defined(source, W=w + 1)["target"])
+    array = callable_digest(defined(source, W=w.numpy())["target"])  # an array by its values too
+    assert array == callable_digest(defined(source, W=w.numpy().copy())["target"])
+    assert array != callable_digest(defined(source, W=(w + 1).numpy())["target"])
+
+
+def test_recursive_and_mutually_recursive_functions_hash_deterministically():
+    source = ("def fact(n):\n    return 1 if n < 2 else n * fact(n - 1)\n"
+              "def even(n):\n    return n == 0 or odd(n - 1)\n"
+              "def odd(n):\n    return n != 0 and even(n - 1)\n")
+    one, two = defined(source), defined(source)
+    digests = [callable_digest(one[name]) for name in ("fact", "even", "odd")]
+    assert digests == [callable_digest(two[name]) for name in ("fact", "even", "odd")]  # other ids, same digests
+    assert len(set(digests)) == 3
+    edited = defined(source.replace("odd(n - 1)", "odd(n - 2)"))
+    assert callable_digest(edited["odd"]) != callable_digest(one["odd"])  # even, which odd reads, changed
+
+
+def test_a_global_module_counts_by_its_name_only():
+    source = "def target(out):\n    return out * np.pi + lib.OFFSET\n"
+    lib, other = types.ModuleType("lib"), types.ModuleType("lib")
+    lib.OFFSET, other.OFFSET = torch.zeros(1000, 1000), torch.ones(3)
+    start = time.perf_counter()
+    digest = callable_digest(defined(source, np=np, lib=lib)["target"])
+    assert time.perf_counter() - start < 1.0  # numpy's contents (and lib's big tensor) are not walked
+    assert digest == callable_digest(defined(source, np=np, lib=other)["target"])  # seen only as the name "lib"
+    assert digest != callable_digest(defined(source, np=np, lib=types.ModuleType("lib2"))["target"])
 
 
 class Items(Dataset):

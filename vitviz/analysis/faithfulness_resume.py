@@ -2,7 +2,7 @@
 
 ``out`` holds the rows written so far; ``<out>.json`` beside it holds the fingerprint of the run that wrote them:
 every argument the rows depend on (methods, modes, steps, removal, fill, seed, target, labels, method options,
-autocast; a callable by ``callable_digest``: its code, defaults and closure, not its name alone),
+autocast; a callable by ``callable_digest``: its code, defaults, closure and globals, not its name alone),
 ``model_digest(model)`` and, for a folder, ``Dataset`` or ``DataLoader``, ``source_digest(images)``
 (``vitviz.core.digest``). A rerun continues only from a file whose fingerprint equals its own; any other file (another
 seed, target, model, data set, a file without a fingerprint, or one written by a vitviz whose rows had other columns)
@@ -58,8 +58,9 @@ def _describe(value: Any, per_image: torch.Tensor | None) -> Any:
 
 
 def _callable(fn: Any) -> str:
-    """A callable by its name (for the error message) and ``callable_digest`` (its code, defaults and closure:
-    two lambdas, or closures over other values, differ)."""
+    """A callable by its name (for the error message) and ``callable_digest`` (its code, defaults, closure and the
+    values of the globals it reads: two lambdas, closures over other values, or one lambda over another global,
+    differ)."""
     name = f"{getattr(fn, '__module__', '?')}.{getattr(fn, '__qualname__', type(fn).__name__)}"
     return f"callable:{name}:{callable_digest(fn)}"
 

@@ -19,19 +19,27 @@ generator, numpy's, ``random``'s) are restored afterwards, so the loads do not c
 ``callable_digest`` identifies a callable argument (a ``target=`` function, a method) by what it computes, not by
 its name alone: two lambdas, or two closures made by one factory with other arguments, have the same qualified name.
 A function is hashed by its module, qualified name, code (bytecode, names and constants, nested code objects
-included; not the line numbers), defaults and the contents of its closure; a ``functools.partial`` by its function,
-arguments and keywords; a bound method by its function and its ``self``; an ``nn.Module`` by ``model_digest`` and
-its ``repr``; another callable object by its class, the code of its ``__call__`` and its state (its ``repr``, or its
-attributes where the ``repr`` is the default ``<... at 0x...>``, and else the attributes that hold code, such as the
-function of torchvision's ``Lambda``, whose ``repr`` is ``Lambda()``). A dataset's ``transform`` is hashed by these
-rules too: a plain function or a ``Compose`` of lambdas resumes, two different lambdas do not. Values met on the way
-(closure cells, defaults, arguments) are hashed by the same rules: tensors and arrays by ``tensor_digest``, numbers,
-strings, ``None`` and containers by value, callables recursively (to a depth of 6), and any other object by its
-class and its ``repr``, or by its class alone where the ``repr`` shows a memory address (which differs from run to
-run), so two such objects of one class are not told apart. Global variables a function reads are named, not valued;
-an object whose attributes count and change as it is called (a counter) gives another digest after a run. The digest
-is the same in every process for the same source on the same Python version (bytecode differs between Python
-versions, so a file written under another Python is refused, never merged).
+included; not the line numbers), defaults, the contents of its closure and the values of the globals it reads: each
+name in the ``co_names`` of its code and of its nested code objects that is a key of its ``__globals__``, in name
+order (so ``CLASS = 3`` and ``CLASS = 5`` read by one lambda differ, and a global helper function it calls counts by
+its own code, closure and globals); a function met again while it is being hashed (a recursive function, two that
+call each other) is hashed the second time by its qualified name only. A ``functools.partial`` is hashed by its
+function, arguments and keywords; a bound method by its function and its ``self``; an ``nn.Module`` by
+``model_digest`` and its ``repr``; another callable object by its class, the code of its ``__call__`` and its state
+(its ``repr``, or its attributes where the ``repr`` is the default ``<... at 0x...>``, and else the attributes that
+hold code, such as the function of torchvision's ``Lambda``, whose ``repr`` is ``Lambda()``). A dataset's
+``transform`` is hashed by these rules too: a plain function or a ``Compose`` of lambdas resumes, two different
+lambdas do not. Values met on the way (closure cells, defaults, globals, arguments) are hashed by the same rules:
+tensors and arrays by ``tensor_digest``, numbers, strings, ``None`` and containers by value, callables recursively
+(to a depth of 6), a module by its ``__name__`` alone (its contents are never walked), a class by its module and
+qualified name, and any other object by its class and its ``repr``, or by its class alone where the ``repr`` shows a
+memory address (which differs from run to run), so two such objects of one class are not told apart. Hence not seen:
+what a function reads through a global module or class (``np.pi``, ``config.CLASS`` of an imported module
+``config`` or of a class ``Config``), the attributes of a global object known by its class alone, what it looks up
+by a computed name (``getattr(obj, name)``, ``globals()[name]``), and the builtins (``len``; named in the code, not
+valued). An object whose attributes count and change as it is called (a counter) gives another digest after a run.
+The digest is the same in every process for the same source on the same Python version (bytecode differs between
+Python versions, so a file written under another Python is refused, never merged).
 
 Hashing is SHA-1 over the raw bytes (tensors are copied to the CPU one at a time): about a second for ViT-B/16's
 86 M parameters on one core, once per call.
@@ -40,6 +48,7 @@ Hashing is SHA-1 over the raw bytes (tensors are copied to the CPU one at a time
 from __future__ import annotations
 
 import contextlib
+import contextvars
 import functools
 import hashlib
 import os
@@ -59,6 +68,8 @@ __all__ = ["callable_digest", "image_digest", "model_digest", "source_digest", "
 
 _DEPTH = 6  # how deep values inside values (a closure over a partial over a closure ...) are followed
 _ADDRESS = re.compile(r"\bat 0x[0-9a-fA-F]+")  # the default repr, <Foo object at 0x7f...>, differs from run to run
+_HASHING: contextvars.ContextVar[frozenset[int]] = contextvars.ContextVar("_HASHING", default=frozenset())
+"""The ids of the functions being hashed on the current path: one met again (a recursive function) is named only."""
 
 
 def _feed_tensor(h: Any, t: torch.Tensor) -> None:
@@ -132,8 +143,18 @@ def _feed_code(h: Any, code: types.CodeType) -> None:
         _feed_value(h, const, 0)
 
 
+def _global_names(code: types.CodeType) -> set[str]:
+    """The names ``code`` and its nested code objects load (globals, builtins and attribute names alike)."""
+    names = set(code.co_names)
+    for const in code.co_consts:
+        if isinstance(const, types.CodeType):
+            names |= _global_names(const)
+    return names
+
+
 def _feed_value(h: Any, value: Any, depth: int) -> None:
-    """Feeds one value met inside a callable (a closure cell, a default, a partial's argument): module docstring."""
+    """Feeds one value met inside a callable (a closure cell, a default, a global, a partial's argument): module
+    docstring."""
     if depth > _DEPTH:
         h.update(f"deep:{_name(value)}".encode())
     elif value is None or isinstance(value, (bool, int, float, complex, str, bytes, type(Ellipsis))):
@@ -210,18 +231,27 @@ def _feed_callable(h: Any, fn: Any, depth: int) -> None:
         h.update(b"method:")
         _feed_callable(h, fn.__func__, depth + 1)
         _feed_state(h, fn.__self__, depth)
+    elif isinstance(fn, types.FunctionType) and id(fn) in _HASHING.get():
+        h.update(f"recursion:{_name(fn)}".encode())  # met again inside itself: its code is hashed further up
     elif isinstance(fn, types.FunctionType):
         h.update(f"function:{_name(fn)}".encode())
         _feed_code(h, fn.__code__)
         _feed_value(h, fn.__defaults__, depth + 1)
         _feed_value(h, fn.__kwdefaults__, depth + 1)
-        for cell in fn.__closure__ or ():
-            try:
-                content = cell.cell_contents
-            except ValueError:  # a cell not yet filled
-                h.update(b"cell:empty")
-                continue
-            _feed_value(h, content, depth + 1)
+        token = _HASHING.set(_HASHING.get() | {id(fn)})
+        try:
+            for cell in fn.__closure__ or ():
+                try:
+                    content = cell.cell_contents
+                except ValueError:  # a cell not yet filled
+                    h.update(b"cell:empty")
+                    continue
+                _feed_value(h, content, depth + 1)
+            for name in sorted(_global_names(fn.__code__) & fn.__globals__.keys()):  # builtins are not in there
+                h.update(f"global:{name}".encode())
+                _feed_value(h, fn.__globals__[name], depth + 1)
+        finally:
+            _HASHING.reset(token)
     elif isinstance(fn, (type, types.BuiltinFunctionType, types.MethodDescriptorType, types.WrapperDescriptorType,
                          types.MethodWrapperType, types.ClassMethodDescriptorType)):
         h.update(f"builtin:{_name(fn)}".encode())  # torch.argmax, a class: by name (no Python code to hash)
@@ -237,9 +267,9 @@ def _feed_callable(h: Any, fn: Any, depth: int) -> None:
 
 
 def callable_digest(fn: Any) -> str:
-    """A hex digest of what ``fn`` computes: its qualified name, code, defaults and closure (see the module
-    docstring); equal in every process for the same source, and different for two lambdas or closures that differ
-    in a constant or a captured value."""
+    """A hex digest of what ``fn`` computes: its qualified name, code, defaults, closure and the values of the globals
+    it reads (see the module docstring); equal in every process for the same source, and different for two lambdas
+    or closures that differ in a constant, a captured value or the value of a global they read."""
     h = hashlib.sha1(b"callable:")
     _feed_callable(h, fn, 0)
     return h.hexdigest()[:16]
