@@ -16,6 +16,8 @@ Methods (``--methods``):
   the PyTorch stream path, which is what ``rollout``/``distance`` run on CPU);
 - ``rollout_kernel``, ``distance_kernel``: the same with the Triton head-map kernels forced on (what
   ``rollout``/``distance`` run on CUDA by default; CUDA only);
+- ``rollout_fwdlse``: ``rollout_kernel`` with the row log-sum-exp taken from the forward's own SDPA call
+  (``vitviz.core.kernels.forward_lse``, off by default: no first pass of the kernels; timm models, CUDA only);
 - ``grad_rollout``: ``vitviz.grad_rollout`` (needs the backward; off by default on CPU).
 
 ``--model hf:vit-base-patch16`` (or ``hf:vit-large-patch16``) times a Hugging Face ``ViTModel`` of that size with
@@ -53,8 +55,8 @@ ROOT = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(ROOT))  # the vitviz of this checkout, not an installed one
 
 METHODS = ("plain", "explicit", "store", "timm", "rollout", "store_distance", "distance", "rollout_torch",
-           "distance_torch", "rollout_kernel", "distance_kernel", "grad_rollout")
-CUDA_ONLY = ("rollout_kernel", "distance_kernel", "grad_rollout")
+           "distance_torch", "rollout_kernel", "distance_kernel", "rollout_fwdlse", "grad_rollout")
+CUDA_ONLY = ("rollout_kernel", "distance_kernel", "rollout_fwdlse", "grad_rollout")
 NEW_ON_CPU = ("rollout_torch", "distance_torch")  # not in the CPU defaults (rollout/distance already are that path)
 KERNEL_MODE = {"rollout_torch": "off", "distance_torch": "off", "rollout_kernel": "on", "distance_kernel": "on"}
 GOAL_TIME = {224: 1.10, 448: 1.35}  # streaming method / plain on CPU
@@ -62,7 +64,8 @@ GOAL_TIME_CUDA = {"bf16": {448: 1.30}, "fp16": {448: 1.30}, "fp32": {448: 1.15}}
 EXIT_GOAL_MISSED = 3  # the exit status when every case ran but a goal was missed (1: a case failed)
 GOAL_MEMORY = 0.20  # streaming method's extra memory / its store-everything counterpart's
 PAIRS = {"rollout": "store", "distance": "store_distance", "rollout_torch": "store",
-         "distance_torch": "store_distance", "rollout_kernel": "store", "distance_kernel": "store_distance"}
+         "distance_torch": "store_distance", "rollout_kernel": "store", "distance_kernel": "store_distance",
+         "rollout_fwdlse": "store"}
 
 
 def _rss_kib(field: str) -> int | None:
@@ -157,11 +160,14 @@ def _setup(args: argparse.Namespace, device: str, size: int, batch: int):
                 m.fused_attn = False  # fx needs the softmax node in the graph
         extract = AttentionExtract(explicit, method="fx")
 
-    from vitviz.core.kernels import headmap_kernel
+    from vitviz.core.kernels import forward_lse, headmap_kernel
 
     def once(method: str):
         if method == "grad_rollout":
             return vitviz.grad_rollout(model, x, target=0)
+        if method == "rollout_fwdlse":
+            with forward_lse.use_forward_lse(True):
+                return once("rollout_kernel")
         if method in KERNEL_MODE:
             with headmap_kernel(KERNEL_MODE[method]):
                 return once(method.split("_")[0])

@@ -370,6 +370,82 @@ def test_forced_kernel_on_timm_parallel_and_differential_attention(interpret, mo
         torch.testing.assert_close(g, w, rtol=1e-5, atol=1e-4)
 
 
+def _rollout_with_output(model, x):
+    """Rollout's fused maps per layer through the stream probe, and the forward's output under it."""
+    fused: list[torch.Tensor] = []
+    with torch.no_grad(), capture_attention(model, on_layer=lambda i, hm: fused.append(hm.fuse("mean")),
+                                            store=False, heads="stream"):
+        out = model(x)
+    return fused, out
+
+
+@pytest.mark.parametrize("case", ["plain", "registers", "eva02", "parallel"])
+def test_the_forward_lse_spares_the_first_pass(interpret, monkeypatch, recompute_stream, case):
+    """With ``forward_lse`` on, ``fuse`` takes the row log-sum-exp of the module's own SDPA call (answered by the
+    flash op that returns it) and the kernels make no first pass: the same fused maps as with their own pass, and
+    the forward's output bit for bit the plain forward's."""
+    from vitviz.core.kernels import forward_lse
+
+    passes: list[int] = []
+    rows = interpret._rows
+    monkeypatch.setattr(interpret, "_rows", lambda *a: passes.append(1) or rows(*a))
+    model = {"plain": lambda: tiny_timm_vit(),
+             "registers": lambda: tiny_timm_vit(reg_tokens=2, class_token=False, global_pool="avg"),
+             "eva02": lambda: tiny_eva(**EVA_CASES["eva02"]), "parallel": lambda: tiny_parallel("parallel")}[case]()
+    x = torch.randn(2, 3, 32, 48)
+    with torch.no_grad():
+        plain = model(x)
+    with kernels.headmap_kernel("on"):
+        with forward_lse.use_forward_lse(False):
+            want, _ = _rollout_with_output(model, x)
+        assert len(passes) == 2  # one first pass per layer
+        passes.clear()
+        with forward_lse.use_forward_lse(True):
+            got, out = _rollout_with_output(model, x)
+    assert not passes
+    assert torch.equal(out, plain)
+    assert torch._C._len_torch_function_stack() == 0
+    for g, w in zip(got, want, strict=True):
+        torch.testing.assert_close(g, w, rtol=0, atol=2e-6)
+
+
+def test_a_wrong_forward_lse_is_refused_by_the_check(interpret, monkeypatch, recompute_stream):
+    """A log-sum-exp off by 0.01 fails ``forward_lse.checked``: a warning, and the kernels make their own pass (the
+    right maps). Without the check the maps would be off by 1%, which the comparison sees."""
+    from vitviz.core.kernels import forward_lse
+
+    model, x = tiny_timm_vit(), torch.randn(2, 3, 32, 48)
+    with kernels.headmap_kernel("on"):
+        want, _ = _rollout_with_output(model, x)
+        sdpa = forward_lse.sdpa_with_lse
+        monkeypatch.setattr(forward_lse, "sdpa_with_lse", lambda *a, **kw: (lambda o: (o[0], o[1] + 0.01))(
+            sdpa(*a, **kw)))
+        monkeypatch.setattr(forward_lse, "_warned", [])
+        with forward_lse.use_forward_lse(True), pytest.warns(RuntimeWarning, match="log-sum-exp"):
+            checked, _ = _rollout_with_output(model, x)
+        monkeypatch.setattr(forward_lse, "checked", lambda lse, *a: lse)
+        with forward_lse.use_forward_lse(True):
+            unchecked, _ = _rollout_with_output(model, x)
+    assert max(float((g - w).abs().max()) for g, w in zip(checked, want)) < 2e-6
+    assert max(float((g - w).abs().max()) for g, w in zip(unchecked, want)) > 1e-4
+
+
+def test_a_forward_that_raises_leaves_no_mode_behind(interpret, monkeypatch, recompute_stream):
+    from vitviz.core.kernels import forward_lse
+
+    model = tiny_timm_vit()
+
+    def boom(*_a):
+        raise RuntimeError("boom")
+
+    inside = model.blocks[1].attn.proj  # runs after the SDPA call, inside the attention module's forward
+    inside.register_forward_pre_hook(boom)
+    with kernels.headmap_kernel("on"), forward_lse.use_forward_lse(True), pytest.raises(RuntimeError, match="boom"):
+        _rollout_with_output(model, torch.randn(1, 3, 32, 48))
+    assert torch._C._len_torch_function_stack() == 0
+    assert all(not m._forward_pre_hooks and not m._forward_hooks for m in model.modules() if m is not inside)
+
+
 def test_forcing_without_interpreter_on_cpu_is_refused(monkeypatch):
     monkeypatch.delenv("TRITON_INTERPRET", raising=False)
     with kernels.headmap_kernel("on"), pytest.raises(InputError, match="TRITON_INTERPRET"):
@@ -516,3 +592,39 @@ def test_cuda_families_run_the_kernels(name):
     assert len(calls) == 4
     torch.testing.assert_close(got_r, want_r, rtol=1e-4, atol=1e-5)
     torch.testing.assert_close(got_d, want_d, rtol=1e-4, atol=1e-3)
+
+
+@pytest.mark.gpu
+@pytest.mark.parametrize("dtype", [torch.bfloat16, torch.float16, torch.float32], ids=["bf16", "fp16", "fp32"])
+def test_cuda_forward_lse_on_vit_b16(dtype):
+    """The CUDA branches of ``forward_lse`` on timm's ViT-B/16 (448 px, N = 785, batch 2): SDPA's own choice
+    answered by the op that returns the log-sum-exp (flash in half precision, memory-efficient in float32), so the
+    forward's output is the plain forward's bit for bit; every layer's log-sum-exp passes the check (no warning)
+    and the fused maps are those of the kernels' own first pass."""
+    import warnings
+
+    import timm
+
+    from vitviz.core.kernels import forward_lse
+
+    torch.manual_seed(0)
+    model = timm.create_model("vit_base_patch16_224", pretrained=False, img_size=448).eval().cuda().to(dtype)
+    x = torch.randn(2, 3, 448, 448, device="cuda", dtype=dtype)
+    with torch.no_grad():
+        plain = model(x)
+    answered: list[bool] = []
+    sdpa = forward_lse.sdpa_with_lse
+    forward_lse.sdpa_with_lse = lambda *a, **kw: (lambda got: answered.append(got is not None) or got)(sdpa(*a, **kw))
+    try:
+        with kernels.headmap_kernel("on"):
+            with forward_lse.use_forward_lse(False):
+                want, _ = _rollout_with_output(model, x)
+            with forward_lse.use_forward_lse(True), warnings.catch_warnings():
+                warnings.simplefilter("error", RuntimeWarning)
+                got, out = _rollout_with_output(model, x)
+    finally:
+        forward_lse.sdpa_with_lse = sdpa
+    assert answered == [True] * 12, answered  # every layer's call answered, none left to SDPA
+    assert torch.equal(out, plain)
+    for g, w in zip(got, want, strict=True):
+        torch.testing.assert_close(g, w, rtol=0, atol=1e-5)

@@ -67,7 +67,8 @@ def sdpa_bias(n: int, dtype: torch.dtype, device: torch.device, attn_mask: torch
 
 def recomputed_heads(q: torch.Tensor, k: torch.Tensor, scale: float,
                      bias: Callable[[torch.Tensor], torch.Tensor | None], *, kernel: bool = False,
-                     attn_mask: torch.Tensor | None = None, is_causal: bool = False) -> HeadMaps:
+                     attn_mask: torch.Tensor | None = None, is_causal: bool = False,
+                     lse: torch.Tensor | None = None) -> HeadMaps:
     """Each head's ``softmax(q_h * scale @ k_h^T + bias)`` as a ``HeadMaps`` (float32 probabilities).
 
     Args:
@@ -77,6 +78,8 @@ def recomputed_heads(q: torch.Tensor, k: torch.Tensor, scale: float,
             scores buffer of the model's dtype; called once, when the first head is asked for (the PyTorch path).
         kernel: run ``fuse`` and ``distance_sums`` through the Triton kernels, which take the raw
             ``attn_mask`` / ``is_causal`` (SDPA semantics) instead of ``bias``.
+        lse: the rows' log-sum-exp ``(B, H, N)`` from the forward's fused attention (``kernels.forward_lse``), which
+            spares ``fuse``'s kernel its first pass; None: the kernel makes it.
     """
     b, h, n, _ = q.shape
     bufs: dict[str, Any] = {}
@@ -113,7 +116,7 @@ def recomputed_heads(q: torch.Tensor, k: torch.Tensor, scale: float,
 
     def fuse(how: str, dtype: torch.dtype, out: torch.Tensor | None) -> torch.Tensor:
         direct = out is not None and out.dtype == torch.float32
-        fused = headmaps.fuse_heads_kernel(q, k, scale, how, out=out if direct else None, **mask)
+        fused = headmaps.fuse_heads_kernel(q, k, scale, how, out=out if direct else None, lse=lse, **mask)
         return fused if direct else (fused.to(dtype) if out is None else out.copy_(fused))
 
     def distance_sums(distances: torch.Tensor, p: int) -> tuple[torch.Tensor, torch.Tensor]:

@@ -51,6 +51,7 @@ import vitviz.core.families.stream as stream
 from vitviz.core import kernels
 from vitviz.core.families.base import Emit, HeadMaps, Probe, Undo, chain_undos, set_attr
 from vitviz.core.families.probes import probe_attn_drop
+from vitviz.core.kernels import forward_lse
 from vitviz.errors import CaptureError, UnsupportedModelError
 
 MAP_KINDS = ("softmax", "talking-heads", "class-attention", "differential")
@@ -198,11 +199,11 @@ def stream_probe_for(module: nn.Module) -> Probe | None:
 
 
 def _recomputed_heads(vt: Any, module: nn.Module, q: torch.Tensor, k: torch.Tensor, attn_mask: Any,
-                      is_causal: bool, kernel: bool = False) -> HeadMaps:
+                      is_causal: bool, kernel: bool = False, lse: torch.Tensor | None = None) -> HeadMaps:
     """``stream.recomputed_heads`` with the bias timm's explicit path adds (its own ``resolve_self_attn_mask``)."""
     n = q.shape[2]
     return stream.recomputed_heads(q, k, module.scale, lambda scores: vt.resolve_self_attn_mask(
-        n, scores, attn_mask, is_causal), kernel=kernel, attn_mask=attn_mask, is_causal=is_causal)
+        n, scores, attn_mask, is_causal), kernel=kernel, attn_mask=attn_mask, is_causal=is_causal, lse=lse)
 
 
 def _rotated(vt: Any, module: nn.Module, t: torch.Tensor, rope: torch.Tensor, dtype: torch.dtype) -> torch.Tensor:
@@ -254,6 +255,9 @@ def probe_timm_stream(module: nn.Module, emit: Emit) -> Undo:
         undo = state.pop("restore", None)
         if undo is not None:
             undo()
+        recorder = state.pop("recorder", None)
+        if recorder is not None:  # the forward raised before ``after``: leave no mode behind
+            recorder.__exit__(None, None, None)
 
     def before(_m: nn.Module, args: tuple, kwargs: dict) -> None:
         restore()
@@ -269,6 +273,11 @@ def probe_timm_stream(module: nn.Module, emit: Emit) -> Undo:
         state["explicit"] = reproject or stream.explicit_is_cheaper(b, module.num_heads * pairs, n, kernel)
         if state["explicit"] and getattr(module, "fused_attn", False):
             state["restore"] = set_attr(module, "fused_attn", False)
+        elif kernel and kind in ("mask", "rotary", "parallel") and forward_lse.enabled() and getattr(
+                module, "fused_attn", False):
+            recorder = forward_lse.ForwardLSE()  # answers the module's SDPA call, keeping the row log-sum-exp
+            recorder.__enter__()
+            state["recorder"] = recorder
         state.update(x=x, mask=call.get("attn_mask"), causal=bool(call.get("is_causal", False)), rope=call.get("rope"),
                      shared=call.get("shared_rel_pos", call.get("shared_rel_pos_bias")))
 
@@ -288,6 +297,8 @@ def probe_timm_stream(module: nn.Module, emit: Emit) -> Undo:
             state["maps"] = inputs[0].detach()
 
     def after(_m: nn.Module, _inputs: Any, _out: Any) -> None:
+        recorder = state.get("recorder")
+        lse = recorder.lse if recorder is not None and recorder.calls == 1 else None
         restore()
         call = {key: state.pop(key, None) for key in ("x", "q", "k", "maps", "mask", "causal", "rope", "shared",
                                                       "dtype", "kernel", "explicit")}
@@ -328,7 +339,8 @@ def probe_timm_stream(module: nn.Module, emit: Emit) -> Undo:
             emit(stream.differential_heads(q, k, module.scale, lambda scores: vt.resolve_self_attn_mask(
                 n, scores, mask, causal), lam, kernel=kernel and mask is None, is_causal=causal))
         else:
-            emit(_recomputed_heads(vt, module, q, k, call["mask"], bool(call["causal"]), kernel))
+            lse = forward_lse.checked(lse, q, k, module.scale) if kernel else None
+            emit(_recomputed_heads(vt, module, q, k, call["mask"], bool(call["causal"]), kernel, lse))
 
     hooks = [(module, before, True), (module.attn_drop, on_drop, False), (module, after, False)]
     if kind != "beit":

@@ -1,0 +1,106 @@
+"""``vitviz.core.kernels.forward_lse``: the row log-sum-exp taken from the forward's own fused attention call.
+
+On CPU SDPA picks its flash kernel (``aten._scaled_dot_product_flash_attention_for_cpu``), so the op and its
+log-sum-exp are checked here against SDPA (bit for bit) and float64; the calls it must leave to SDPA return None.
+The kernels' use of it runs under Triton's interpreter (``tests/test_headmap_kernel.py``); the CUDA branches run in
+the ``gpu`` tests.
+"""
+
+from __future__ import annotations
+
+import pytest
+import torch
+import torch.nn.functional as F
+from conftest import tiny_timm_vit
+
+from vitviz.core.capture import capture_attention
+from vitviz.core.families import stream
+from vitviz.core.kernels import forward_lse
+
+
+def qkv(dtype=torch.float32, b=2, h=3, n=37, d=16):
+    torch.manual_seed(0)
+    return [torch.randn(b, h, n, d).to(dtype) for _ in range(3)]
+
+
+@pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16, torch.float16])
+@pytest.mark.parametrize("causal", [False, True])
+def test_the_output_is_sdpas_bit_for_bit_and_the_lse_that_of_its_scores(dtype, causal):
+    q, k, v = qkv(dtype)
+    got = forward_lse.sdpa_with_lse(q, k, v, is_causal=causal, scale=0.3)
+    assert got is not None
+    out, lse = got
+    assert torch.equal(out, F.scaled_dot_product_attention(q, k, v, is_causal=causal, scale=0.3))
+    s = q.double() @ k.double().transpose(-2, -1) * 0.3
+    if causal:
+        s = s.masked_fill(torch.ones(37, 37, dtype=torch.bool).triu(1), float("-inf"))
+    assert lse.dtype == torch.float32 and lse.shape == (2, 3, 37)
+    # half precision: the CPU kernel rounds the scaled scores to the input dtype (6e-5 seen), well inside ``ATOL``
+    atol = 1e-5 if dtype == torch.float32 else forward_lse.ATOL / 4
+    torch.testing.assert_close(lse.double(), s.logsumexp(-1), rtol=0, atol=atol)
+
+
+@pytest.mark.parametrize("case", ["mask", "dropout", "gradients", "grouped keys", "head dim 12", "3-d"])
+def test_calls_it_cannot_answer_alike_are_left_to_sdpa(case):
+    q, k, v = qkv()
+    kwargs: dict = {}
+    if case == "mask":
+        kwargs["attn_mask"] = torch.ones(37, 37, dtype=torch.bool)
+    elif case == "dropout":
+        kwargs["dropout_p"] = 0.1
+    elif case == "gradients":
+        q.requires_grad_(True)
+    elif case == "grouped keys":
+        k, v = k[:, :1], v[:, :1]
+    elif case == "head dim 12":
+        q, k, v = qkv(d=12)
+    else:
+        q, k, v = q[0], k[0], v[0]
+    assert forward_lse.sdpa_with_lse(q, k, v, **kwargs) is None
+
+
+def test_the_mode_answers_one_call_and_gives_up_on_a_second():
+    q, k, v = qkv()
+    with forward_lse.ForwardLSE() as mode:
+        out = F.scaled_dot_product_attention(q, k, v)
+        torch.add(q, 1)  # other functions pass through
+    assert mode.calls == 1 and mode.lse is not None
+    assert torch.equal(out, F.scaled_dot_product_attention(q, k, v))
+    with forward_lse.ForwardLSE() as mode:
+        F.scaled_dot_product_attention(q, k, v)
+        F.scaled_dot_product_attention(q, k, v)
+    assert mode.calls == 2 and mode.lse is None
+
+
+def test_a_wrong_lse_fails_the_check_and_warns_once(monkeypatch):
+    q, k, _ = qkv()
+    lse = (q @ k.transpose(-2, -1) * 0.25).logsumexp(-1)
+    monkeypatch.setattr(forward_lse, "_warned", [])
+    assert forward_lse.checked(lse, q, k, 0.25) is lse
+    with pytest.warns(RuntimeWarning, match="log-sum-exp"):
+        assert forward_lse.checked(lse + 0.01, q, k, 0.25) is None
+    assert forward_lse.checked(lse.transpose(1, 2).reshape(2, 3, 37), q, k, 0.25) is None  # another layout
+    assert forward_lse.checked(lse[:, :1], q, k, 0.25) is None
+
+
+def test_off_by_default_and_switched_by_the_environment_or_the_context(monkeypatch):
+    monkeypatch.delenv("VITVIZ_FORWARD_LSE", raising=False)
+    assert not forward_lse.enabled()
+    monkeypatch.setenv("VITVIZ_FORWARD_LSE", "1")
+    assert forward_lse.enabled()
+    with forward_lse.use_forward_lse(False):
+        assert not forward_lse.enabled()
+    assert forward_lse.enabled()
+
+
+def test_without_the_kernels_the_stream_probe_never_opens_the_mode(monkeypatch):
+    """On CPU (kernels off) the PyTorch stream path has no use for the log-sum-exp: SDPA runs as it is."""
+    monkeypatch.setattr(stream, "EXPLICIT_BELOW_BYTES", 0)
+    opened: list[int] = []
+    monkeypatch.setattr(forward_lse.ForwardLSE, "__enter__",
+                        lambda self: opened.append(1) or torch.overrides.TorchFunctionMode.__enter__(self))
+    model = tiny_timm_vit()
+    with forward_lse.use_forward_lse(True), torch.no_grad(), capture_attention(
+            model, on_layer=lambda i, a: a.fuse(), store=False, heads="stream"):
+        model(torch.randn(2, 3, 32, 48))
+    assert not opened

@@ -1,0 +1,145 @@
+"""The row log-sum-exp from the model's own fused attention call, for the head-map kernels.
+
+``fuse_heads_kernel`` needs each row's log-sum-exp ``(B, H, N)``; without it, it makes a first pass over the keys of
+its own (``row_logsumexp``), as long as the fusing pass itself. The fused kernel a timm attention module calls
+computes that log-sum-exp anyway (flash attention keeps it for the backward), but
+``F.scaled_dot_product_attention`` does not return it. ``sdpa_with_lse`` runs the backend SDPA itself would pick
+(``torch._fused_sdp_choice``, with the same arguments) through the ATen op that also returns it:
+
+- CUDA flash attention: ``aten._scaled_dot_product_flash_attention`` (as SDPA calls it for head dims that are a
+  multiple of 8; others SDPA pads first: not taken);
+- CUDA memory-efficient attention: ``aten._scaled_dot_product_efficient_attention`` with ``compute_log_sumexp``
+  (its log-sum-exp is kept for a number of rows rounded up to a multiple of 32: cut to ``N``);
+- CPU flash attention: ``aten._scaled_dot_product_flash_attention_for_cpu`` (bit for bit SDPA's output, tested;
+  the kernels run on CPU tensors only under Triton's interpreter, in the tests);
+- anything else (a mask, dropout, gradients being recorded, grouped-query attention, another backend such as
+  cuDNN or math): None, and the caller keeps SDPA and the kernels' own first pass.
+
+``ForwardLSE`` is the ``TorchFunctionMode`` the stream probe (``timm_probes.probe_timm_stream``, the ``mask``,
+``rotary`` and ``parallel`` kinds) holds open around one attention module's forward: it answers that module's one
+SDPA call through ``sdpa_with_lse`` and keeps the log-sum-exp. ``checked`` compares it, on the first, middle and last
+query row of every head, with the log-sum-exp recomputed in float32 from the ``q`` and ``k`` the kernels will read
+(a layout or unit error moves it by far more than the 2e-3 allowed); a failed check warns once and the kernels make
+their own pass.
+
+Off by default (``VITVIZ_FORWARD_LSE=1`` or ``use_forward_lse(True)`` turns it on): the CUDA branches have not run
+on a GPU yet. ``bench/gpu_run.sh`` checks them (``pytest -m gpu``: the forward's output bit for bit SDPA's, the maps
+those of the kernels' own pass) and times ``rollout_kernel`` against ``rollout_fwdlse``; the default follows that
+measurement.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import os
+import warnings
+from collections.abc import Iterator
+from typing import Any
+
+import torch
+import torch.nn.functional as F
+from torch.overrides import TorchFunctionMode
+
+__all__ = ["ATOL", "ForwardLSE", "checked", "enabled", "sdpa_with_lse", "use_forward_lse"]
+
+ATOL = 2e-3  # natural-log units; float32 recomputation vs the kernel's, summation order only (~1e-5 seen)
+_ENV = "VITVIZ_FORWARD_LSE"
+_override: list[bool] = []
+_warned: list[bool] = []
+_SDPA_ARGS = ("query", "key", "value", "attn_mask", "dropout_p", "is_causal", "scale", "enable_gqa")
+
+
+def enabled() -> bool:
+    """Whether the stream probe takes the log-sum-exp from the forward: ``use_forward_lse``, else
+    ``$VITVIZ_FORWARD_LSE`` (``1``/``on``), else off."""
+    if _override:
+        return _override[-1]
+    return os.environ.get(_ENV, "").strip().lower() in ("1", "on", "true")
+
+
+@contextlib.contextmanager
+def use_forward_lse(on: bool) -> Iterator[None]:
+    """Take the row log-sum-exp from the forward's fused attention (``True``) or not, in this block."""
+    _override.append(bool(on))
+    try:
+        yield
+    finally:
+        _override.pop()
+
+
+def sdpa_with_lse(*args: Any, **kwargs: Any) -> tuple[torch.Tensor, torch.Tensor] | None:
+    """``(F.scaled_dot_product_attention(*args, **kwargs), logsumexp (B, H, N) float32)``, or None where the backend
+    SDPA would pick has no op returning the log-sum-exp with the same output (see the module docstring)."""
+    call = {**dict(zip(_SDPA_ARGS, args)), **kwargs}
+    q, k, v = call.get("query"), call.get("key"), call.get("value")
+    if not all(isinstance(t, torch.Tensor) and t.dim() == 4 for t in (q, k, v)) or set(call) - set(_SDPA_ARGS):
+        return None
+    dropout, causal, scale = float(call.get("dropout_p", 0.0)), bool(call.get("is_causal", False)), call.get("scale")
+    if call.get("attn_mask") is not None or dropout or call.get("enable_gqa", False) or q.shape[1] != k.shape[1]:
+        return None
+    if torch.is_grad_enabled() and any(t.requires_grad for t in (q, k, v)):
+        return None
+    if q.shape[-1] % 8 or v.shape[-1] != q.shape[-1]:
+        return None  # SDPA pads such head dims before its kernels
+    from torch.nn.attention import SDPBackend
+
+    choice = torch._fused_sdp_choice(q, k, v, None, dropout, causal, scale=scale)
+    n = q.shape[2]
+    if q.device.type == "cpu" and choice == SDPBackend.FLASH_ATTENTION.value:
+        out, lse = torch.ops.aten._scaled_dot_product_flash_attention_for_cpu(q, k, v, dropout, causal, scale=scale)
+    elif q.device.type == "cuda" and choice == SDPBackend.FLASH_ATTENTION.value:
+        out, lse = torch.ops.aten._scaled_dot_product_flash_attention(q, k, v, dropout, causal, False,
+                                                                       scale=scale)[:2]
+    elif q.device.type == "cuda" and choice == SDPBackend.EFFICIENT_ATTENTION.value:
+        out, lse = torch.ops.aten._scaled_dot_product_efficient_attention(q, k, v, None, True, dropout, causal,
+                                                                           scale=scale)[:2]
+        lse = lse[..., :n]
+    else:
+        return None
+    if tuple(lse.shape) != (q.shape[0], q.shape[1], n) or tuple(out.shape) != (*q.shape[:3], v.shape[-1]):
+        return None
+    return out, lse.float()
+
+
+class ForwardLSE(TorchFunctionMode):
+    """Answers the one ``F.scaled_dot_product_attention`` call inside the block through ``sdpa_with_lse`` and keeps
+    its log-sum-exp in ``lse`` (None where it could not, or where the block made another such call)."""
+
+    def __init__(self) -> None:
+        super().__init__()
+        self.calls = 0
+        self.lse: torch.Tensor | None = None
+
+    def __torch_function__(self, func: Any, types: Any, args: tuple = (), kwargs: dict | None = None) -> Any:
+        kwargs = kwargs or {}
+        if func is not F.scaled_dot_product_attention:
+            return func(*args, **kwargs)
+        self.calls += 1
+        got = sdpa_with_lse(*args, **kwargs) if self.calls == 1 else None
+        if got is None:
+            self.lse = None
+            return func(*args, **kwargs)
+        out, self.lse = got
+        return out
+
+
+def checked(lse: torch.Tensor | None, q: torch.Tensor, k: torch.Tensor, scale: float) -> torch.Tensor | None:
+    """``lse`` where its first, middle and last row of every head agree with ``logsumexp(q k^T * scale)`` recomputed
+    in float32 to ``ATOL``; else None (with one warning per process)."""
+    if lse is None:
+        return None
+    b, h, n, _ = q.shape
+    if tuple(lse.shape) != (b, h, n):
+        return None
+    rows = sorted({0, n // 2, n - 1})
+    with torch.no_grad():
+        want = ((q[:, :, rows].float() @ k.float().transpose(-2, -1)) * scale).logsumexp(-1)
+        gap = float((want - lse[:, :, rows]).abs().max())
+    if gap <= ATOL:
+        return lse
+    if not _warned:
+        _warned.append(True)
+        warnings.warn(f"the row log-sum-exp of the forward's fused attention differs from a recomputation by {gap:.3g} "
+                      f"(allowed {ATOL}); the head-map kernels compute their own (set {_ENV}=0 to skip the attempt)",
+                      RuntimeWarning, stacklevel=2)
+    return None
