@@ -68,6 +68,22 @@ def recompute_stream(monkeypatch):
     monkeypatch.setattr(stream, "EXPLICIT_BELOW_BYTES", 0)
 
 
+@pytest.fixture
+def kernel_calls(interpret, monkeypatch):
+    """``{"fuse": n, "distance": n}``: how often the entry points of the kernels ran in this test."""
+    calls = {"fuse": 0, "distance": 0}
+
+    def counting(name, fn):
+        def run(*args, **kwargs):
+            calls[name] += 1
+            return fn(*args, **kwargs)
+        return run
+
+    for name, attr in (("fuse", "fuse_heads_kernel"), ("distance", "distance_sums_kernel")):
+        monkeypatch.setattr(interpret, attr, counting(name, getattr(interpret, attr)))
+    return calls
+
+
 @pytest.mark.skipif(CHILD, reason="the driver runs in the parent process only")
 def test_kernels_under_the_interpreter():
     """Run this file's interpreter tests in a fresh process that imports Triton with ``TRITON_INTERPRET=1``."""
@@ -222,19 +238,9 @@ def test_kernel_heads_equal_the_pytorch_stream_path(interpret, dtype):
         torch.testing.assert_close(got, want, rtol=TORCH_PATH_ATOL[dtype] * 10, atol=TORCH_PATH_ATOL[dtype] * 10)
 
 
-def test_forced_kernel_gives_the_pytorch_rollout_and_distance(interpret, monkeypatch):
+def test_forced_kernel_gives_the_pytorch_rollout_and_distance(interpret, monkeypatch, kernel_calls):
     """``headmap_kernel("on")`` routes rollout and distance through the kernels (counted), with the same results."""
-    calls = {"fuse": 0, "distance": 0}
-    fuse, dist = interpret.fuse_heads_kernel, interpret.distance_sums_kernel
-
-    def counted(name, fn):
-        def run(*args, **kwargs):
-            calls[name] += 1
-            return fn(*args, **kwargs)
-        return run
-
-    monkeypatch.setattr(interpret, "fuse_heads_kernel", counted("fuse", fuse))
-    monkeypatch.setattr(interpret, "distance_sums_kernel", counted("distance", dist))
+    calls = kernel_calls
     model = tiny_timm_vit(reg_tokens=2)  # 3 prefix tokens, 4x6 grid: N = 27
     x = torch.randn(2, 3, 32, 48)
     with kernels.headmap_kernel("off"):
@@ -257,18 +263,13 @@ def test_forced_kernel_gives_the_pytorch_rollout_and_distance(interpret, monkeyp
 
 
 @pytest.mark.parametrize("name", ["vit", "beit-relative", "dinov2-registers", "clip-vision"])
-def test_forced_kernel_on_hugging_face_models(interpret, monkeypatch, name):
+def test_forced_kernel_on_hugging_face_models(interpret, kernel_calls, name):
     """The Hugging Face stream probe (``hf_probes``) routes through the kernels too: q and k as transformers hands
     them to SDPA, BEiT's relative position bias as a float mask per head, prefix tokens and registers."""
     pytest.importorskip("transformers")
     from hf_models import hf_case
 
-    calls = {"fuse": 0, "distance": 0}
-    fuse, dist = interpret.fuse_heads_kernel, interpret.distance_sums_kernel
-    monkeypatch.setattr(interpret, "fuse_heads_kernel", lambda *a, **kw: calls.__setitem__("fuse", calls["fuse"] + 1)
-                        or fuse(*a, **kw))
-    monkeypatch.setattr(interpret, "distance_sums_kernel",
-                        lambda *a, **kw: calls.__setitem__("distance", calls["distance"] + 1) or dist(*a, **kw))
+    calls = kernel_calls
     case = hf_case(name)
     model, x = case.model, case.x
     with kernels.headmap_kernel("off"):
@@ -281,14 +282,11 @@ def test_forced_kernel_on_hugging_face_models(interpret, monkeypatch, name):
     torch.testing.assert_close(got[1], want[1], rtol=1e-5, atol=1e-4)
 
 
-def test_forced_kernel_on_torchvision_and_open_clip(interpret, monkeypatch):
+def test_forced_kernel_on_torchvision_and_open_clip(interpret, kernel_calls):
     """torchvision's and open_clip's ``nn.MultiheadAttention`` (``stream.probe_mha_stream``: q and k projected again
     from the input) through the kernels: the same rollout and distance as the PyTorch stream path."""
     from torchvision.models.vision_transformer import VisionTransformer
 
-    calls = []
-    fuse = interpret.fuse_heads_kernel
-    monkeypatch.setattr(interpret, "fuse_heads_kernel", lambda *a, **kw: calls.append(1) or fuse(*a, **kw))
     torch.manual_seed(0)
     models = [VisionTransformer(image_size=32, patch_size=8, num_layers=2, num_heads=4, hidden_dim=32,
                                 mlp_dim=64).eval()]
@@ -297,52 +295,44 @@ def test_forced_kernel_on_torchvision_and_open_clip(interpret, monkeypatch):
 
         models.append(open_clip_tower())  # 32x48 input: a 4x6 grid
     for model in models:
-        calls.clear()
+        kernel_calls["fuse"] = 0
         x = torch.randn(2, 3, *vitviz.inspect(model).img_size)
         with kernels.headmap_kernel("off"):
             want = vitviz.attention_rollout(model, x), vitviz.mean_attention_distance(model, x)
         with kernels.headmap_kernel("on"):
             got = vitviz.attention_rollout(model, x), vitviz.mean_attention_distance(model, x)
-        assert len(calls) == 2, type(model).__name__
+        assert kernel_calls["fuse"] == 2, type(model).__name__
         torch.testing.assert_close(got[0], want[0], rtol=1e-5, atol=1e-6)
         torch.testing.assert_close(got[1], want[1], rtol=1e-5, atol=1e-4)
 
 
 @pytest.mark.parametrize("case", ["eva02", "rope-dinov3", "grouped-key-heads", "beit", "beit-shared-bias",
                                   "relpos-mlp", "relpos-shared"])
-def test_forced_kernel_on_timm_rotary_and_relative_models(interpret, monkeypatch, case):
+def test_forced_kernel_on_timm_rotary_and_relative_models(interpret, kernel_calls, case):
     """timm's ``EvaAttention`` and ``AttentionRope`` (``timm_probes.probe_timm_stream``: q and k rotated as the
     forward rotates them, key heads repeated for grouped-query attention), BEiT's ``Attention`` and
     ``RelPosAttention`` (their relative position bias as a float mask per head) through the kernels."""
-    calls = []
-    fuse = interpret.fuse_heads_kernel
-    monkeypatch.setattr(interpret, "fuse_heads_kernel", lambda *a, **kw: calls.append(1) or fuse(*a, **kw))
     model = tiny_eva(**EVA_CASES[case]) if case in EVA_CASES else tiny_relative(case)
     assert case in EVA_CASES or case in RELATIVE_CASES
     x = torch.randn(2, 3, 32, 48)
     with kernels.headmap_kernel("off"):
         want = vitviz.attention_rollout(model, x), vitviz.mean_attention_distance(model, x)
-    assert not calls
+    assert not kernel_calls["fuse"]
     with kernels.headmap_kernel("on"):
         got = vitviz.attention_rollout(model, x), vitviz.mean_attention_distance(model, x)
-    assert len(calls) == 2  # one per layer
+    assert kernel_calls["fuse"] == 2  # one per layer
     torch.testing.assert_close(got[0], want[0], rtol=1e-5, atol=1e-6)
     torch.testing.assert_close(got[1], want[1], rtol=1e-5, atol=1e-4)
 
 
 @pytest.mark.parametrize("case", ["parallel-qk-norm-registers", "differential", "differential-qk-norm-gap",
                                   "differential-parallel"])
-def test_forced_kernel_on_timm_parallel_and_differential_attention(interpret, monkeypatch, recompute_stream, case):
+def test_forced_kernel_on_timm_parallel_and_differential_attention(interpret, kernel_calls, recompute_stream, case):
     """``ParallelScalingBlock`` (rollout and distance) and differential attention (whose signed maps no reduction
     takes: the stream ``HeadMaps`` directly) through the kernels, as the PyTorch stream path gives them. A
     differential head mean is the even heads' mean minus lambda times the odd heads' (two kernel calls), its
     distance sums the pairs' sums combined alike (one call); its head max takes the PyTorch fold."""
-    calls = {"fuse": 0, "distance": 0}
-    fuse, dist = interpret.fuse_heads_kernel, interpret.distance_sums_kernel
-    monkeypatch.setattr(interpret, "fuse_heads_kernel", lambda *a, **kw: calls.__setitem__("fuse", calls["fuse"] + 1)
-                        or fuse(*a, **kw))
-    monkeypatch.setattr(interpret, "distance_sums_kernel",
-                        lambda *a, **kw: calls.__setitem__("distance", calls["distance"] + 1) or dist(*a, **kw))
+    calls = kernel_calls
     model = tiny_parallel(case, num_heads=4)
     x = torch.randn(2, 3, 32, 48)
     prefix = vitviz.inspect(model).num_prefix_tokens

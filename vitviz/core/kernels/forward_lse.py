@@ -38,6 +38,7 @@ from typing import Any
 
 import torch
 import torch.nn.functional as F
+from torch.nn.attention import SDPBackend
 from torch.overrides import TorchFunctionMode
 
 __all__ = ["ATOL", "ForwardLSE", "checked", "enabled", "sdpa_with_lse", "use_forward_lse"]
@@ -81,8 +82,6 @@ def sdpa_with_lse(*args: Any, **kwargs: Any) -> tuple[torch.Tensor, torch.Tensor
         return None
     if q.shape[-1] % 8 or v.shape[-1] != q.shape[-1]:
         return None  # SDPA pads such head dims before its kernels
-    from torch.nn.attention import SDPBackend
-
     choice = torch._fused_sdp_choice(q, k, v, None, dropout, causal, scale=scale)
     n = q.shape[2]
     if q.device.type == "cpu" and choice == SDPBackend.FLASH_ATTENTION.value:
