@@ -17,7 +17,8 @@ Methods (``--methods``):
 - ``rollout_kernel``, ``distance_kernel``: the same with the Triton head-map kernels forced on (what
   ``rollout``/``distance`` run on CUDA by default; CUDA only);
 - ``rollout_fwdlse``: ``rollout_kernel`` with the row log-sum-exp taken from the forward's own SDPA call
-  (``vitviz.core.kernels.forward_lse``, off by default: no first pass of the kernels; timm models, CUDA only);
+  (``vitviz.core.kernels.forward_lse``, off by default: no first pass of the kernels; timm and Hugging Face
+  models, CUDA only);
 - ``grad_rollout``: ``vitviz.grad_rollout`` (needs the backward; off by default on CPU).
 
 ``--model hf:vit-base-patch16`` (or ``hf:vit-large-patch16``) times a Hugging Face ``ViTModel`` of that size with

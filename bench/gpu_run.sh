@@ -25,7 +25,8 @@
 #   attn_l16   the same for ViT-L/16                                                          (~6 min, cap 4 x 130 s)
 #   attn_hf    a Hugging Face ViTModel of ViT-B/16's size (SDPA; its stream probe, vitviz/core/families/hf_probes.py)
 #              and torchvision's vit_b_16 (nn.MultiheadAttention; stream.probe_mha_stream), each at 448 px (batch
-#              8), bf16 and fp32, without the timm-only anchor and forward LSE             (~4 min, cap 4 x 130 s)
+#              8), bf16 and fp32, without the timm-only anchor (and torchvision without the forward LSE)
+#                                                                                          (~4 min, cap 4 x 130 s)
 #   dataset    bench/dataset.py, ViT-B/16 224 px, bf16 autocast, 16,384 synthetic images, batch 256, 4 workers:
 #              plain forward, distance (kernel), distance (PyTorch stream path), plain again  (~4 min, cap 4 x 110 s)
 #
@@ -139,8 +140,10 @@ part_micro() {
 METHODS="plain explicit store timm rollout_torch rollout_kernel rollout_fwdlse store_distance distance_torch
 distance_kernel"
 METHODS=${METHODS//$'\n'/ }
-# Hugging Face and torchvision: no timm anchor, no forward log-sum-exp (timm's stream probe only)
-NON_TIMM_METHODS="plain explicit store rollout_torch rollout_kernel store_distance distance_torch distance_kernel"
+# Hugging Face: no timm anchor (AttentionExtract); torchvision: nor a forward log-sum-exp (its MultiheadAttention
+# runs its attention inside one ATen op, see vitviz/core/kernels/forward_lse.py)
+TV_METHODS="plain explicit store rollout_torch rollout_kernel store_distance distance_torch distance_kernel"
+HF_METHODS="$TV_METHODS rollout_fwdlse"
 
 part_attn() {  # part_attn TAG MODEL [SIZES [METHODS]]: one process per dtype and size (results appended to the JSON)
     local tag=$1 model=$2 sizes=${3:-$SIZES} methods=${4:-$METHODS} dt size
@@ -190,8 +193,8 @@ for part in "${PARTS[@]}"; do
         micro) part_micro ;;
         attn_b16) part_attn b16 "$B16" ;;
         attn_l16) part_attn l16 "$L16" ;;
-        attn_hf) part_attn hf hf:vit-base-patch16 "$LARGE" "$NON_TIMM_METHODS"
-                 part_attn tv tv:vit_b_16 "$LARGE" "$NON_TIMM_METHODS" ;;
+        attn_hf) part_attn hf hf:vit-base-patch16 "$LARGE" "$HF_METHODS"
+                 part_attn tv tv:vit_b_16 "$LARGE" "$TV_METHODS" ;;
         dataset) part_dataset ;;
         *) note "unknown part $part (setup tests micro attn_b16 attn_l16 attn_hf dataset)" ;;
     esac

@@ -83,6 +83,17 @@ def test_a_wrong_lse_fails_the_check_and_warns_once(monkeypatch):
     assert forward_lse.checked(lse[:, :1], q, k, 0.25) is None
 
 
+def test_the_check_reads_causal_attention_as_sdpa_does(monkeypatch):
+    """A causal call's log-sum-exp passes the check told ``is_causal``; read as full attention it fails (its rows
+    but the last sum over fewer keys)."""
+    q, k, v = qkv()
+    _, lse = forward_lse.sdpa_with_lse(q, k, v, is_causal=True, scale=0.25)
+    monkeypatch.setattr(forward_lse, "_warned", [])
+    assert forward_lse.checked(lse, q, k, 0.25, is_causal=True) is lse
+    with pytest.warns(RuntimeWarning, match="log-sum-exp"):
+        assert forward_lse.checked(lse, q, k, 0.25) is None
+
+
 def test_off_by_default_and_switched_by_the_environment_or_the_context(monkeypatch):
     monkeypatch.delenv("VITVIZ_FORWARD_LSE", raising=False)
     assert not forward_lse.enabled()
@@ -103,4 +114,19 @@ def test_without_the_kernels_the_stream_probe_never_opens_the_mode(monkeypatch):
     with forward_lse.use_forward_lse(True), torch.no_grad(), capture_attention(
             model, on_layer=lambda i, a: a.fuse(), store=False, heads="stream"):
         model(torch.randn(2, 3, 32, 48))
+    assert not opened
+
+
+def test_without_the_kernels_the_hugging_face_probe_never_opens_the_mode(monkeypatch):
+    pytest.importorskip("transformers")
+    from hf_models import hf_case
+
+    monkeypatch.setattr(stream, "EXPLICIT_BELOW_BYTES", 0)
+    opened: list[int] = []
+    monkeypatch.setattr(forward_lse.ForwardLSE, "__enter__",
+                        lambda self: opened.append(1) or torch.overrides.TorchFunctionMode.__enter__(self))
+    case = hf_case("vit")
+    with forward_lse.use_forward_lse(True), torch.no_grad(), capture_attention(
+            case.model, on_layer=lambda i, a: a.fuse(), store=False, heads="stream"):
+        case.model(pixel_values=case.x)
     assert not opened

@@ -399,6 +399,45 @@ def test_the_forward_lse_spares_the_first_pass(interpret, monkeypatch, recompute
         torch.testing.assert_close(g, w, rtol=0, atol=2e-6)
 
 
+@pytest.mark.parametrize("name", ["vit", "dinov2-registers", "clip-vision", "beit-relative"])
+def test_the_forward_lse_spares_the_first_pass_on_hugging_face_models(interpret, monkeypatch, recompute_stream, name):
+    """The Hugging Face stream probe runs transformers' ``"sdpa"`` implementation under ``ForwardLSE``: no first
+    pass, the fused maps of the kernels' own pass, the output the plain forward's bit for bit. BEiT's relative
+    position bias reaches SDPA as a mask, which ``sdpa_with_lse`` leaves alone: the kernels make their own pass."""
+    pytest.importorskip("transformers")
+    from hf_models import hf_case
+
+    from vitviz.core.kernels import forward_lse
+
+    passes: list[int] = []
+    rows = interpret._rows
+    monkeypatch.setattr(interpret, "_rows", lambda *a: passes.append(1) or rows(*a))
+    case = hf_case(name)
+    model, x = case.model, case.x
+
+    def fused_maps():
+        fused: list[torch.Tensor] = []
+        with torch.no_grad(), capture_attention(model, on_layer=lambda i, hm: fused.append(hm.fuse("mean")),
+                                                store=False, heads="stream"):
+            out = case.run(model, x)
+        return fused, out
+
+    with torch.no_grad():
+        plain = case.run(model, x)
+    with kernels.headmap_kernel("on"):
+        with forward_lse.use_forward_lse(False):
+            want, _ = fused_maps()
+        assert len(passes) == 2  # one first pass per layer
+        passes.clear()
+        with forward_lse.use_forward_lse(True):
+            got, out = fused_maps()
+    assert len(passes) == (2 if name == "beit-relative" else 0)
+    assert torch.equal(out, plain)
+    assert torch._C._len_torch_function_stack() == 0
+    for g, w in zip(got, want, strict=True):
+        torch.testing.assert_close(g, w, rtol=0, atol=2e-6)
+
+
 def test_a_wrong_forward_lse_is_refused_by_the_check(interpret, monkeypatch, recompute_stream):
     """A log-sum-exp off by 0.01 fails ``forward_lse.checked``: a warning, and the kernels make their own pass (the
     right maps). Without the check the maps would be off by 1%, which the comparison sees."""
@@ -585,15 +624,16 @@ def test_cuda_families_run_the_kernels(name):
 
 
 @pytest.mark.gpu
+@pytest.mark.parametrize("family", ["timm", "hf"])
 @pytest.mark.parametrize("dtype", [torch.bfloat16, torch.float16, torch.float32], ids=["bf16", "fp16", "fp32"])
-def test_cuda_forward_lse_on_vit_b16(dtype):
-    """The CUDA branches of ``forward_lse`` on timm's ViT-B/16 (448 px, N = 785, batch 2): SDPA's own choice
-    answered by the op that returns the log-sum-exp (flash in half precision, memory-efficient in float32), so the
-    forward's output is the plain forward's bit for bit; every layer's log-sum-exp passes the check (no warning)
-    and the fused maps are those of the kernels' own first pass."""
+def test_cuda_forward_lse_on_vit_b16(dtype, family):
+    """The CUDA branches of ``forward_lse`` on a ViT-B/16 at 448 px (N = 785, batch 2; timm's, 12 blocks, and a
+    Hugging Face ``ViTModel``, 4 blocks, through its SDPA implementation): SDPA's own choice answered by the op that
+    returns the log-sum-exp (flash in half precision, memory-efficient in float32), so the forward's output is the
+    plain forward's bit for bit; every layer's log-sum-exp passes the check (no warning) and the fused maps are
+    those of the kernels' own first pass."""
     import warnings
 
-    import timm
     from torch.nn.attention import SDPBackend
 
     from vitviz.core.kernels import forward_lse
@@ -603,10 +643,20 @@ def test_cuda_forward_lse_on_vit_b16(dtype):
     if choice not in (SDPBackend.FLASH_ATTENTION, SDPBackend.EFFICIENT_ATTENTION):
         pytest.skip(f"SDPA picks {choice.name} here, which forward_lse leaves to SDPA (no log-sum-exp taken)")
     torch.manual_seed(0)
-    model = timm.create_model("vit_base_patch16_224", pretrained=False, img_size=448).eval().cuda().to(dtype)
+    if family == "timm":
+        import timm
+
+        model, depth = timm.create_model("vit_base_patch16_224", pretrained=False, img_size=448), 12
+    else:
+        transformers = pytest.importorskip("transformers")
+        model = transformers.ViTModel(transformers.ViTConfig(image_size=448, num_hidden_layers=4,
+                                                             attn_implementation="sdpa"), add_pooling_layer=False)
+        depth = 4
+    model = model.eval().cuda().to(dtype)
     x = torch.randn(2, 3, 448, 448, device="cuda", dtype=dtype)
+    tensor = (lambda out: out) if family == "timm" else (lambda out: out.last_hidden_state)
     with torch.no_grad():
-        plain = model(x)
+        plain = tensor(model(x))
     answered: list[bool] = []
     sdpa = forward_lse.sdpa_with_lse
     forward_lse.sdpa_with_lse = lambda *a, **kw: (lambda got: answered.append(got is not None) or got)(sdpa(*a, **kw))
@@ -619,7 +669,7 @@ def test_cuda_forward_lse_on_vit_b16(dtype):
                 got, out = _rollout_with_output(model, x)
     finally:
         forward_lse.sdpa_with_lse = sdpa
-    assert answered == [True] * 12, answered  # every layer's call answered, none left to SDPA
-    assert torch.equal(out, plain)
+    assert answered == [True] * depth, answered  # every layer's call answered, none left to SDPA
+    assert torch.equal(tensor(out), plain)
     for g, w in zip(got, want, strict=True):
         torch.testing.assert_close(g, w, rtol=0, atol=1e-5)

@@ -15,6 +15,9 @@ the name is added once, nothing of transformers is replaced). For each call it
 2. hands the capture a ``HeadMaps`` recomputed from that ``query``, ``key``, ``scaling`` and mask
    (``stream.recomputed_heads``), with SDPA's reading of the mask and of ``is_causal`` (the call's, else the
    module's; only without a mask); on CUDA its ``fuse`` and ``distance_sums`` run the Triton head-map kernels.
+   With ``kernels.forward_lse`` on, a ``"sdpa"`` call without a mask runs under ``forward_lse.ForwardLSE``: its one
+   SDPA call is answered by the op that also returns the row log-sum-exp, which (once ``forward_lse.checked``)
+   spares ``fuse``'s kernel its first pass.
 
 It runs the model file's own ``eager_attention_forward`` instead (and hands on its weights) where recomputing does
 not pay or does not apply: small maps with the kernels off (``stream.EXPLICIT_BELOW_BYTES``), grouped key heads,
@@ -31,6 +34,7 @@ A model whose implementation is already ``eager`` gets no stream probe: its eage
 
 from __future__ import annotations
 
+import contextlib
 import sys
 import weakref
 from collections.abc import Callable
@@ -41,6 +45,7 @@ from torch import nn
 
 import vitviz.core.families.stream as stream
 from vitviz.core.families.base import Emit, HeadMaps, Probe, Undo, chain_undos
+from vitviz.core.kernels import forward_lse
 from vitviz.errors import CaptureError, UnsupportedModelError
 
 __all__ = ["NAME", "active", "probe_hf", "probe_hf_stream", "stream_probe_for", "want_weights"]
@@ -214,16 +219,25 @@ def _attention(module: nn.Module, query: torch.Tensor, key: torch.Tensor, value:
         for emit in listeners:
             emit(maps)
         return out, (w if weights else None)
-    out, _ = functions.get_interface(original, eager)(module, query, key, value, attention_mask, **kwargs)
+    run = functions.get_interface(original, eager)
+    recorder = None
+    if kernel and original == "sdpa" and attention_mask is None and forward_lse.enabled():
+        recorder = forward_lse.ForwardLSE()  # answers its SDPA call, keeping the row log-sum-exp
+    with recorder if recorder is not None else contextlib.nullcontext():
+        out, _ = run(module, query, key, value, attention_mask, **kwargs)
     scaling = kwargs.get("scaling")
     scaling = float(query.shape[-1] ** -0.5 if scaling is None else scaling)
     causal = kwargs.get("is_causal")
     causal = bool(getattr(module, "is_causal", True) if causal is None else causal)  # as transformers' SDPA reads it
     causal = n > 1 and attention_mask is None and causal
     mask = attention_mask.detach() if attention_mask is not None else None
-    maps = stream.recomputed_heads(query.detach(), key.detach(), scaling,
+    query, key = query.detach(), key.detach()
+    lse = None
+    if recorder is not None and recorder.calls == 1:
+        lse = forward_lse.checked(recorder.lse, query, key, scaling, causal)
+    maps = stream.recomputed_heads(query, key, scaling,
                                    lambda scores: stream.sdpa_bias(n, scores.dtype, scores.device, mask, causal),
-                                   kernel=kernel, attn_mask=mask, is_causal=causal)
+                                   kernel=kernel, attn_mask=mask, is_causal=causal, lse=lse)
     for emit in listeners:
         emit(maps)
     return out, None

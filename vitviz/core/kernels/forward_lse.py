@@ -15,12 +15,17 @@ computes that log-sum-exp anyway (flash attention keeps it for the backward), bu
 - anything else (a mask, dropout, gradients being recorded, grouped-query attention, another backend such as
   cuDNN or math): None, and the caller keeps SDPA and the kernels' own first pass.
 
-``ForwardLSE`` is the ``TorchFunctionMode`` the stream probe (``timm_probes.probe_timm_stream``, the ``mask``,
-``rotary`` and ``parallel`` kinds) holds open around one attention module's forward: it answers that module's one
-SDPA call through ``sdpa_with_lse`` and keeps the log-sum-exp. ``checked`` compares it, on the first, middle and last
-query row of every head, with the log-sum-exp recomputed in float32 from the ``q`` and ``k`` the kernels will read
-(a layout or unit error moves it by far more than the 2e-3 allowed); a failed check warns once and the kernels make
-their own pass.
+``ForwardLSE`` is the ``TorchFunctionMode`` the stream probes hold open around one attention call (timm:
+``timm_probes.probe_timm_stream``, the ``mask``, ``rotary`` and ``parallel`` kinds, around the module's forward;
+Hugging Face: ``hf_probes``, around the ``"sdpa"`` implementation it runs, where no mask is passed): it answers
+that call's one ``F.scaled_dot_product_attention`` through ``sdpa_with_lse`` and keeps the log-sum-exp. Not
+torchvision's or open_clip's ``nn.MultiheadAttention``: in inference its fast path is one
+``torch._native_multi_head_attention`` call, whose attention runs inside ATen where no Python mode sees it (and
+its other path reaches SDPA inside ``F.multi_head_attention_forward``, which the mode sees only as a whole).
+
+``checked`` compares it, on the first, middle and last query row of every head, with the log-sum-exp recomputed in
+float32 from the ``q`` and ``k`` the kernels will read (a layout or unit error moves it by far more than the 2e-3
+allowed); a failed check warns once and the kernels make their own pass.
 
 Off by default (``VITVIZ_FORWARD_LSE=1`` or ``use_forward_lse(True)`` turns it on): the CUDA branches have not run
 on a GPU yet. ``bench/gpu_run.sh`` checks them (``pytest -m gpu``: the forward's output bit for bit SDPA's, the maps
@@ -122,9 +127,10 @@ class ForwardLSE(TorchFunctionMode):
         return out
 
 
-def checked(lse: torch.Tensor | None, q: torch.Tensor, k: torch.Tensor, scale: float) -> torch.Tensor | None:
-    """``lse`` where its first, middle and last row of every head agree with ``logsumexp(q k^T * scale)`` recomputed
-    in float32 to ``ATOL``; else None (with one warning per process)."""
+def checked(lse: torch.Tensor | None, q: torch.Tensor, k: torch.Tensor, scale: float,
+            is_causal: bool = False) -> torch.Tensor | None:
+    """``lse`` where its first, middle and last row of every head agree with ``logsumexp(q k^T * scale)`` (keys past
+    the row masked where ``is_causal``) recomputed in float32 to ``ATOL``; else None (with one warning per process)."""
     if lse is None:
         return None
     b, h, n, _ = q.shape
@@ -132,7 +138,11 @@ def checked(lse: torch.Tensor | None, q: torch.Tensor, k: torch.Tensor, scale: f
         return None
     rows = sorted({0, n // 2, n - 1})
     with torch.no_grad():
-        want = ((q[:, :, rows].float() @ k.float().transpose(-2, -1)) * scale).logsumexp(-1)
+        scores = (q[:, :, rows].float() @ k.float().transpose(-2, -1)) * scale
+        if is_causal:  # SDPA's causal mask: row r reads keys 0..r
+            cols = torch.arange(k.shape[2], device=q.device)
+            scores = scores.masked_fill(cols > torch.tensor(rows, device=q.device)[:, None], float("-inf"))
+        want = scores.logsumexp(-1)
         gap = float((want - lse[:, :, rows]).abs().max())
     if gap <= ATOL:
         return lse
