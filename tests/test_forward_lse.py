@@ -83,6 +83,47 @@ def test_a_wrong_lse_fails_the_check_and_warns_once(monkeypatch):
     assert forward_lse.checked(lse[:, :1], q, k, 0.25) is None
 
 
+def test_a_module_that_passed_is_trusted_for_the_same_configuration_only(monkeypatch):
+    """``checked(owner=, config=)``: after one pass, the same module and configuration skip the recomputation (a wrong
+    value would now go through: what is trusted is the configuration); another scale, shape, configuration or
+    module is checked again, and a failed check is not remembered."""
+    q, k, v = qkv()
+    with forward_lse.ForwardLSE() as mode:
+        F.scaled_dot_product_attention(q, k, v, scale=0.25)
+    lse, config = mode.lse, mode.config
+    assert config is not None and config[-2:] == (False, 0.25)
+    owner, other = torch.nn.Identity(), torch.nn.Identity()
+    monkeypatch.setattr(forward_lse, "_warned", [True])  # no warning in this test
+    gaps: list[float] = []
+    gap = forward_lse._gap
+    monkeypatch.setattr(forward_lse, "_gap", lambda *a: (lambda g: gaps.append(g) or g)(gap(*a)))
+    assert forward_lse.checked(lse + 0.01, q, k, 0.25, owner=owner, config=config) is None  # failed: not remembered
+    assert forward_lse.checked(lse, q, k, 0.25, owner=owner, config=config) is lse
+    assert len(gaps) == 2
+    wrong = lse + 0.01
+    assert forward_lse.checked(wrong, q, k, 0.25, owner=owner, config=config) is wrong  # trusted: no recomputation
+    assert len(gaps) == 2
+    assert forward_lse.checked(wrong, q, k, 0.3, owner=owner, config=config) is None  # another scale
+    assert forward_lse.checked(wrong, q, k, 0.25, owner=other, config=config) is None  # another module
+    assert forward_lse.checked(wrong, q, k, 0.25, owner=owner, config=(*config[:-1], 0.3)) is None
+    assert forward_lse.checked(wrong[:1], q[:1], k[:1], 0.25, owner=owner, config=config) is None  # another batch
+    assert forward_lse.checked(wrong, q, k, 0.25) is None  # no owner: always checked
+    assert len(gaps) == 7
+
+
+def test_the_mode_records_what_its_answer_depends_on():
+    q, k, v = qkv()
+    configs = []
+    for dtype, causal in ((torch.float32, False), (torch.float32, True), (torch.bfloat16, False)):
+        with forward_lse.ForwardLSE() as mode:
+            F.scaled_dot_product_attention(q.to(dtype), k.to(dtype), v.to(dtype), is_causal=causal)
+        configs.append(mode.config)
+    assert len(set(configs)) == 3 and None not in configs
+    with forward_lse.ForwardLSE() as mode:  # not answered (a mask): no configuration
+        F.scaled_dot_product_attention(q, k, v, attn_mask=torch.ones(37, 37, dtype=torch.bool))
+    assert mode.lse is None and mode.config is None
+
+
 def test_the_check_reads_causal_attention_as_sdpa_does(monkeypatch):
     """A causal call's log-sum-exp passes the check told ``is_causal``; read as full attention it fails (its rows
     but the last sum over fewer keys)."""

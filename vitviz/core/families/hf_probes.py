@@ -234,7 +234,7 @@ def _attention(module: nn.Module, query: torch.Tensor, key: torch.Tensor, value:
     query, key = query.detach(), key.detach()
     lse = None
     if recorder is not None and recorder.calls == 1:
-        lse = forward_lse.checked(recorder.lse, query, key, scaling, causal)
+        lse = forward_lse.checked(recorder.lse, query, key, scaling, causal, owner=module, config=recorder.config)
     maps = stream.recomputed_heads(query, key, scaling,
                                    lambda scores: stream.sdpa_bias(n, scores.dtype, scores.device, mask, causal),
                                    kernel=kernel, attn_mask=mask, is_causal=causal, lse=lse)

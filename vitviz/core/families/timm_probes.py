@@ -298,7 +298,7 @@ def probe_timm_stream(module: nn.Module, emit: Emit) -> Undo:
 
     def after(_m: nn.Module, _inputs: Any, _out: Any) -> None:
         recorder = state.get("recorder")
-        lse = recorder.lse if recorder is not None and recorder.calls == 1 else None
+        lse, config = (recorder.lse, recorder.config) if recorder is not None and recorder.calls == 1 else (None, None)
         restore()
         call = {key: state.pop(key, None) for key in ("x", "q", "k", "maps", "mask", "causal", "rope", "shared",
                                                       "dtype", "kernel", "explicit")}
@@ -339,7 +339,8 @@ def probe_timm_stream(module: nn.Module, emit: Emit) -> Undo:
             emit(stream.differential_heads(q, k, module.scale, lambda scores: vt.resolve_self_attn_mask(
                 n, scores, mask, causal), lam, kernel=kernel and mask is None, is_causal=causal))
         else:
-            lse = forward_lse.checked(lse, q, k, module.scale, bool(call["causal"])) if kernel else None
+            lse = forward_lse.checked(lse, q, k, module.scale, bool(call["causal"]), owner=module,
+                                      config=config) if kernel else None
             emit(_recomputed_heads(vt, module, q, k, call["mask"], bool(call["causal"]), kernel, lse))
 
     hooks = [(module, before, True), (module.attn_drop, on_drop, False), (module, after, False)]

@@ -16,7 +16,7 @@ Whether the kernels run is decided per call by ``use_kernel(device)``, from the 
 - ``off``: never (the PyTorch path everywhere).
 
 ``forward_lse`` (off unless ``VITVIZ_FORWARD_LSE=1``) takes the fusing kernel's row log-sum-exp from the forward's own
-fused attention call (timm's stream probe) instead of a first pass of its own.
+fused attention call (the timm and Hugging Face stream probes) instead of a first pass of its own.
 
 Importing this package does not import Triton.
 """
