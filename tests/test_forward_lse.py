@@ -40,6 +40,20 @@ def test_the_output_is_sdpas_bit_for_bit_and_the_lse_that_of_its_scores(dtype, c
     torch.testing.assert_close(lse.double(), s.logsumexp(-1), rtol=0, atol=atol)
 
 
+def test_under_autocast_only_inputs_in_its_dtype_are_answered():
+    """Under autocast SDPA casts float32 inputs to the autocast dtype; the ATen op would not (its output would be
+    float32, the forward changed), and the log-sum-exp would not be that of the q and k the kernels read: left to
+    SDPA. Inputs in the autocast dtype already are answered, with SDPA's output."""
+    q, k, v = qkv()
+    with torch.autocast("cpu", dtype=torch.bfloat16):
+        assert F.scaled_dot_product_attention(q, k, v).dtype == torch.bfloat16
+        assert forward_lse.sdpa_with_lse(q, k, v) is None
+        assert forward_lse.sdpa_with_lse(q, k, v.bfloat16()) is None
+        qb, kb, vb = q.bfloat16(), k.bfloat16(), v.bfloat16()
+        out, _ = forward_lse.sdpa_with_lse(qb, kb, vb)
+        assert torch.equal(out, F.scaled_dot_product_attention(qb, kb, vb))
+
+
 @pytest.mark.parametrize("case", ["mask", "dropout", "gradients", "grouped keys", "head dim 12", "3-d"])
 def test_calls_it_cannot_answer_alike_are_left_to_sdpa(case):
     q, k, v = qkv()

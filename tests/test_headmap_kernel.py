@@ -28,6 +28,7 @@ import os
 import re
 import subprocess
 import sys
+import warnings
 from pathlib import Path
 
 import pytest
@@ -406,6 +407,37 @@ def test_the_forward_lse_spares_the_first_pass(interpret, monkeypatch, recompute
         assert torch.equal(a, g)
 
 
+@pytest.mark.parametrize("float32_qkv", [False, True], ids=["bf16", "float32-qkv"])
+def test_the_forward_lse_under_autocast(interpret, monkeypatch, recompute_stream, float32_qkv):
+    """Under autocast (bfloat16) the forward's output stays the plain autocast forward's bit for bit: q, k and v
+    from the autocast ``Linear`` are bfloat16 and the call is answered (no first pass). Where they reach SDPA in
+    float32 (here the ``qkv`` projection's output is cast), SDPA casts them to bfloat16, the ATen op would not (a
+    float32 output: the forward changed), and the call is left to SDPA (a first pass per layer). The maps are those of the kernels' own pass
+    either way, and no warning comes (``checked`` recomputes with autocast off)."""
+    from vitviz.core.kernels import forward_lse
+
+    passes: list[int] = []
+    rows = interpret._rows
+    monkeypatch.setattr(interpret, "_rows", lambda *a: passes.append(1) or rows(*a))
+    model, x = tiny_timm_vit(), torch.randn(2, 3, 32, 48)
+    if float32_qkv:
+        for block in model.blocks:
+            block.attn.qkv.register_forward_hook(lambda _m, _i, out: out.float())
+    with torch.no_grad(), torch.autocast("cpu", dtype=torch.bfloat16):
+        plain = model(x)
+    with kernels.headmap_kernel("on"), torch.autocast("cpu", dtype=torch.bfloat16):
+        with forward_lse.use_forward_lse(False):
+            want, _ = _rollout_with_output(model, x)
+        passes.clear()
+        with forward_lse.use_forward_lse(True), warnings.catch_warnings():
+            warnings.simplefilter("error", RuntimeWarning)  # a refused log-sum-exp would warn
+            got, out = _rollout_with_output(model, x)
+    assert out.dtype == plain.dtype and torch.equal(out, plain)
+    assert len(passes) == (2 if float32_qkv else 0)
+    for g, w in zip(got, want, strict=True):
+        torch.testing.assert_close(g, w, rtol=0, atol=2e-6)
+
+
 @pytest.mark.parametrize("name", ["vit", "dinov2-registers", "clip-vision", "beit-relative"])
 def test_the_forward_lse_spares_the_first_pass_on_hugging_face_models(interpret, monkeypatch, recompute_stream, name):
     """The Hugging Face stream probe runs transformers' ``"sdpa"`` implementation under ``ForwardLSE``: no first
@@ -632,19 +664,24 @@ def test_cuda_families_run_the_kernels(name):
 
 @pytest.mark.gpu
 @pytest.mark.parametrize("family", ["timm", "hf"])
-@pytest.mark.parametrize("dtype", [torch.bfloat16, torch.float16, torch.float32], ids=["bf16", "fp16", "fp32"])
+@pytest.mark.parametrize("dtype", [torch.bfloat16, torch.float16, torch.float32, "amp"],
+                         ids=["bf16", "fp16", "fp32", "autocast-bf16"])
 def test_cuda_forward_lse_on_vit_b16(dtype, family):
     """The CUDA branches of ``forward_lse`` on a ViT-B/16 at 448 px (N = 785, batch 2; timm's, 12 blocks, and a
     Hugging Face ``ViTModel``, 4 blocks, through its SDPA implementation): SDPA's own choice answered by the op that
     returns the log-sum-exp (flash in half precision, memory-efficient in float32), so the forward's output is the
     plain forward's bit for bit; every layer's log-sum-exp passes the check (no warning) and the fused maps are
-    those of the kernels' own first pass."""
+    those of the kernels' own first pass. ``autocast-bf16``: a float32 model under ``torch.autocast`` (bfloat16),
+    whose q, k and v come out of the autocast ``Linear`` in bfloat16."""
+    import contextlib
     import warnings
 
     from torch.nn.attention import SDPBackend
 
     from vitviz.core.kernels import forward_lse
 
+    amp = dtype == "amp"
+    dtype = torch.bfloat16 if amp else dtype
     q = torch.randn(2, 12, 785, 64, device="cuda", dtype=dtype)
     choice = SDPBackend(torch._fused_sdp_choice(q, q, q))
     if choice not in (SDPBackend.FLASH_ATTENTION, SDPBackend.EFFICIENT_ATTENTION):
@@ -659,16 +696,17 @@ def test_cuda_forward_lse_on_vit_b16(dtype, family):
         model = transformers.ViTModel(transformers.ViTConfig(image_size=448, num_hidden_layers=4,
                                                              attn_implementation="sdpa"), add_pooling_layer=False)
         depth = 4
-    model = model.eval().cuda().to(dtype)
-    x = torch.randn(2, 3, 448, 448, device="cuda", dtype=dtype)
+    model = model.eval().cuda().to(torch.float32 if amp else dtype)
+    x = torch.randn(2, 3, 448, 448, device="cuda", dtype=torch.float32 if amp else dtype)
     tensor = (lambda out: out) if family == "timm" else (lambda out: out.last_hidden_state)
-    with torch.no_grad():
+    autocast = (lambda: torch.autocast("cuda", dtype=torch.bfloat16)) if amp else contextlib.nullcontext
+    with torch.no_grad(), autocast():
         plain = tensor(model(x))
     answered: list[bool] = []
     sdpa = forward_lse.sdpa_with_lse
     forward_lse.sdpa_with_lse = lambda *a, **kw: (lambda got: answered.append(got is not None) or got)(sdpa(*a, **kw))
     try:
-        with kernels.headmap_kernel("on"):
+        with kernels.headmap_kernel("on"), autocast():
             with forward_lse.use_forward_lse(False):
                 want, _ = _rollout_with_output(model, x)
             with forward_lse.use_forward_lse(True), warnings.catch_warnings():

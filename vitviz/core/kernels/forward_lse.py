@@ -13,7 +13,10 @@ computes that log-sum-exp anyway (flash attention keeps it for the backward), bu
 - CPU flash attention: ``aten._scaled_dot_product_flash_attention_for_cpu`` (bit for bit SDPA's output, tested;
   the kernels run on CPU tensors only under Triton's interpreter, in the tests);
 - anything else (a mask, dropout, gradients being recorded, grouped-query attention, another backend such as
-  cuDNN or math): None, and the caller keeps SDPA and the kernels' own first pass.
+  cuDNN or math, inputs that autocast would cast for SDPA): None, and the caller keeps SDPA and the kernels' own
+  first pass. Under autocast SDPA runs in the autocast dtype, but the ATen ops are not on autocast's lists: a call is
+  answered only where ``q``, ``k`` and ``v`` are in that dtype already, so the output is SDPA's and the log-sum-exp
+  that of the ``q`` and ``k`` the kernels read.
 
 ``ForwardLSE`` is the ``TorchFunctionMode`` the stream probes hold open around one attention call (timm:
 ``timm_probes.probe_timm_stream``, the ``mask``, ``rotary`` and ``parallel`` kinds, around the module's forward;
@@ -91,6 +94,9 @@ def sdpa_with_lse(*args: Any, **kwargs: Any) -> tuple[torch.Tensor, torch.Tensor
         return None
     if q.shape[-1] % 8 or v.shape[-1] != q.shape[-1]:
         return None  # SDPA pads such head dims before its kernels
+    if torch.is_autocast_enabled(q.device.type) and any(
+            t.dtype != torch.get_autocast_dtype(q.device.type) for t in (q, k, v)):
+        return None  # autocast would cast them for SDPA (not for the op), and the kernels read q and k uncast
     choice = torch._fused_sdp_choice(q, k, v, None, dropout, causal, scale=scale)
     n = q.shape[2]
     if q.device.type == "cpu" and choice == SDPBackend.FLASH_ATTENTION.value:
@@ -141,10 +147,11 @@ class ForwardLSE(TorchFunctionMode):
 
 def _gap(lse: torch.Tensor, q: torch.Tensor, k: torch.Tensor, scale: float, is_causal: bool) -> float:
     """The largest difference of ``lse`` from the float32 recomputation on the first, middle and last query row of
-    every head (a GPU sync: the result is read)."""
+    every head (a GPU sync: the result is read). Autocast is off for it: under autocast the matmul would run in the
+    autocast dtype (seen: 1.4e-2 off in bfloat16 on a 2-block timm ViT, and the check refused a right value)."""
     n = q.shape[2]
     rows = sorted({0, n // 2, n - 1})
-    with torch.no_grad():
+    with torch.no_grad(), torch.autocast(q.device.type, enabled=False):
         scores = (q[:, :, rows].float() @ k.float().transpose(-2, -1)) * scale
         if is_causal:  # SDPA's causal mask: row r reads keys 0..r
             cols = torch.arange(k.shape[2], device=q.device)
