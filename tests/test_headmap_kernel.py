@@ -412,8 +412,8 @@ def test_the_forward_lse_under_autocast(interpret, monkeypatch, recompute_stream
     """Under autocast (bfloat16) the forward's output stays the plain autocast forward's bit for bit: q, k and v
     from the autocast ``Linear`` are bfloat16 and the call is answered (no first pass). Where they reach SDPA in
     float32 (here the ``qkv`` projection's output is cast), SDPA casts them to bfloat16, the ATen op would not (a
-    float32 output: the forward changed), and the call is left to SDPA (a first pass per layer). The maps are those of the kernels' own pass
-    either way, and no warning comes (``checked`` recomputes with autocast off)."""
+    float32 output: the forward changed), and the call is left to SDPA (a first pass per layer). The maps are those
+    of the kernels' own pass either way, and no warning comes (``checked`` recomputes with autocast off)."""
     from vitviz.core.kernels import forward_lse
 
     passes: list[int] = []

@@ -16,8 +16,8 @@ the name is added once, nothing of transformers is replaced). For each call it
    (``stream.recomputed_heads``), with SDPA's reading of the mask and of ``is_causal`` (the call's, else the
    module's; only without a mask); on CUDA its ``fuse`` and ``distance_sums`` run the Triton head-map kernels.
    With ``kernels.forward_lse`` on, a ``"sdpa"`` call without a mask runs under ``forward_lse.ForwardLSE``: its one
-   SDPA call is answered by the op that also returns the row log-sum-exp, which (once ``forward_lse.checked``)
-   spares ``fuse``'s kernel its first pass.
+   SDPA call is answered by the op that also returns the row log-sum-exp, which, once ``forward_lse.checked`` has
+   accepted it, spares ``fuse``'s kernel its first pass.
 
 It runs the model file's own ``eager_attention_forward`` instead (and hands on its weights) where recomputing does
 not pay or does not apply: small maps with the kernels off (``stream.EXPLICIT_BELOW_BYTES``), grouped key heads,
