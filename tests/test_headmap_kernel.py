@@ -361,26 +361,34 @@ def test_forced_kernel_on_timm_parallel_and_differential_attention(interpret, ke
         torch.testing.assert_close(g, w, rtol=1e-5, atol=1e-4)
 
 
-def _rollout_with_output(model, x):
-    """Rollout's fused maps per layer through the stream probe, and the forward's output under it."""
+def _rollout_with_output(model, x, run=lambda model, x: model(x)):
+    """Rollout's fused maps per layer through the stream probe, and the forward's output (``run(model, x)``) under
+    it."""
     fused: list[torch.Tensor] = []
     with torch.no_grad(), capture_attention(model, on_layer=lambda i, hm: fused.append(hm.fuse("mean")),
                                             store=False, heads="stream"):
-        out = model(x)
+        out = run(model, x)
     return fused, out
 
 
+@pytest.fixture
+def first_passes(interpret, monkeypatch):
+    """The kernels' first passes over the keys (``_rows``) made in this test, one entry each."""
+    passes: list[int] = []
+    rows = interpret._rows
+    monkeypatch.setattr(interpret, "_rows", lambda *a: passes.append(1) or rows(*a))
+    return passes
+
+
 @pytest.mark.parametrize("case", ["plain", "registers", "eva02", "parallel"])
-def test_the_forward_lse_spares_the_first_pass(interpret, monkeypatch, recompute_stream, case):
+def test_the_forward_lse_spares_the_first_pass(interpret, monkeypatch, recompute_stream, first_passes, case):
     """With ``forward_lse`` on, ``fuse`` takes the row log-sum-exp of the module's own SDPA call (answered by the
     flash op that returns it) and the kernels make no first pass: the same fused maps as with their own pass, and
     the forward's output bit for bit the plain forward's. Each module's log-sum-exp is checked in the first forward
     only (``checked``'s trust per module and configuration); a second forward gives the same maps."""
     from vitviz.core.kernels import forward_lse
 
-    passes: list[int] = []
-    rows = interpret._rows
-    monkeypatch.setattr(interpret, "_rows", lambda *a: passes.append(1) or rows(*a))
+    passes = first_passes
     checks: list[int] = []
     gap = forward_lse._gap
     monkeypatch.setattr(forward_lse, "_gap", lambda *a: checks.append(1) or gap(*a))
@@ -408,7 +416,7 @@ def test_the_forward_lse_spares_the_first_pass(interpret, monkeypatch, recompute
 
 
 @pytest.mark.parametrize("float32_qkv", [False, True], ids=["bf16", "float32-qkv"])
-def test_the_forward_lse_under_autocast(interpret, monkeypatch, recompute_stream, float32_qkv):
+def test_the_forward_lse_under_autocast(interpret, recompute_stream, first_passes, float32_qkv):
     """Under autocast (bfloat16) the forward's output stays the plain autocast forward's bit for bit: q, k and v
     from the autocast ``Linear`` are bfloat16 and the call is answered (no first pass). Where they reach SDPA in
     float32 (here the ``qkv`` projection's output is cast), SDPA casts them to bfloat16, the ATen op would not (a
@@ -416,9 +424,7 @@ def test_the_forward_lse_under_autocast(interpret, monkeypatch, recompute_stream
     of the kernels' own pass either way, and no warning comes (``checked`` recomputes with autocast off)."""
     from vitviz.core.kernels import forward_lse
 
-    passes: list[int] = []
-    rows = interpret._rows
-    monkeypatch.setattr(interpret, "_rows", lambda *a: passes.append(1) or rows(*a))
+    passes = first_passes
     model, x = tiny_timm_vit(), torch.randn(2, 3, 32, 48)
     if float32_qkv:
         for block in model.blocks:
@@ -439,7 +445,8 @@ def test_the_forward_lse_under_autocast(interpret, monkeypatch, recompute_stream
 
 
 @pytest.mark.parametrize("name", ["vit", "dinov2-registers", "clip-vision", "beit-relative"])
-def test_the_forward_lse_spares_the_first_pass_on_hugging_face_models(interpret, monkeypatch, recompute_stream, name):
+def test_the_forward_lse_spares_the_first_pass_on_hugging_face_models(interpret, recompute_stream, first_passes,
+                                                                      name):
     """The Hugging Face stream probe runs transformers' ``"sdpa"`` implementation under ``ForwardLSE``: no first
     pass, the fused maps of the kernels' own pass, the output the plain forward's bit for bit. BEiT's relative
     position bias reaches SDPA as a mask, which ``sdpa_with_lse`` leaves alone: the kernels make their own pass."""
@@ -448,28 +455,18 @@ def test_the_forward_lse_spares_the_first_pass_on_hugging_face_models(interpret,
 
     from vitviz.core.kernels import forward_lse
 
-    passes: list[int] = []
-    rows = interpret._rows
-    monkeypatch.setattr(interpret, "_rows", lambda *a: passes.append(1) or rows(*a))
+    passes = first_passes
     case = hf_case(name)
     model, x = case.model, case.x
-
-    def fused_maps():
-        fused: list[torch.Tensor] = []
-        with torch.no_grad(), capture_attention(model, on_layer=lambda i, hm: fused.append(hm.fuse("mean")),
-                                                store=False, heads="stream"):
-            out = case.run(model, x)
-        return fused, out
-
     with torch.no_grad():
         plain = case.run(model, x)
     with kernels.headmap_kernel("on"):
         with forward_lse.use_forward_lse(False):
-            want, _ = fused_maps()
+            want, _ = _rollout_with_output(model, x, case.run)
         assert len(passes) == 2  # one first pass per layer
         passes.clear()
         with forward_lse.use_forward_lse(True):
-            got, out = fused_maps()
+            got, out = _rollout_with_output(model, x, case.run)
     assert len(passes) == (2 if name == "beit-relative" else 0)
     assert torch.equal(out, plain)
     assert torch._C._len_torch_function_stack() == 0

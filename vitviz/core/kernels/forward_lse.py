@@ -80,10 +80,15 @@ def use_forward_lse(on: bool) -> Iterator[None]:
         _override.pop()
 
 
+def _bound(args: tuple, kwargs: dict) -> dict[str, Any]:
+    """An SDPA call's arguments by name."""
+    return {**dict(zip(_SDPA_ARGS, args)), **kwargs}
+
+
 def sdpa_with_lse(*args: Any, **kwargs: Any) -> tuple[torch.Tensor, torch.Tensor] | None:
     """``(F.scaled_dot_product_attention(*args, **kwargs), logsumexp (B, H, N) float32)``, or None where the backend
     SDPA would pick has no op returning the log-sum-exp with the same output (see the module docstring)."""
-    call = {**dict(zip(_SDPA_ARGS, args)), **kwargs}
+    call = _bound(args, kwargs)
     q, k, v = call.get("query"), call.get("key"), call.get("value")
     if not all(isinstance(t, torch.Tensor) and t.dim() == 4 for t in (q, k, v)) or set(call) - set(_SDPA_ARGS):
         return None
@@ -137,10 +142,10 @@ class ForwardLSE(TorchFunctionMode):
             self.lse = None
             return func(*args, **kwargs)
         out, self.lse = got
-        call = {**dict(zip(_SDPA_ARGS, args)), **kwargs}
+        call = _bound(args, kwargs)
         q, k, v = call["query"], call["key"], call["value"]
         causal, scale = bool(call.get("is_causal", False)), call.get("scale")
-        choice = int(torch._fused_sdp_choice(q, k, v, None, 0.0, causal, scale=scale))
+        choice = int(torch._fused_sdp_choice(q, k, v, None, 0.0, causal, scale=scale))  # as sdpa_with_lse chose
         self.config = (choice, str(q.device), *((t.dtype, tuple(t.shape)) for t in (q, k, v)), causal, scale)
         return out
 
