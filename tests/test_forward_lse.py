@@ -13,6 +13,7 @@ import torch
 import torch.nn.functional as F
 from conftest import tiny_timm_vit
 
+from vitviz.core import kernels
 from vitviz.core.capture import capture_attention
 from vitviz.core.families import stream
 from vitviz.core.kernels import forward_lse
@@ -40,18 +41,37 @@ def test_the_output_is_sdpas_bit_for_bit_and_the_lse_that_of_its_scores(dtype, c
     torch.testing.assert_close(lse.double(), s.logsumexp(-1), rtol=0, atol=atol)
 
 
-def test_under_autocast_only_inputs_in_its_dtype_are_answered():
-    """Under autocast SDPA casts float32 inputs to the autocast dtype; the ATen op would not (its output would be
-    float32, the forward changed), and the log-sum-exp would not be that of the q and k the kernels read: left to
-    SDPA. Inputs in the autocast dtype already are answered, with SDPA's output."""
+@pytest.mark.parametrize("autocast", [torch.bfloat16, torch.float16])
+def test_sdpa_operands_are_what_sdpa_computes_with(autocast):
+    """Under autocast SDPA casts each floating-point argument but float64 (``q``, ``k``, ``v``, a float mask) to the
+    autocast dtype: its output is SDPA's on ``kernels.sdpa_operands`` without autocast, bit for bit. Outside autocast,
+    and for None and bool masks, nothing is cast."""
+    for dtype in (torch.float32, torch.float16, torch.bfloat16, torch.float64):
+        q, k, v = qkv(dtype)
+        bias = torch.randn(37, 37).to(dtype)
+        with torch.autocast("cpu", dtype=autocast):
+            want = F.scaled_dot_product_attention(q, k, v, attn_mask=bias)
+            cast = kernels.sdpa_operands(q, k, v, bias)
+        assert {t.dtype for t in cast} == {want.dtype} == {torch.float64 if dtype == torch.float64 else autocast}
+        assert torch.equal(F.scaled_dot_product_attention(*cast[:3], attn_mask=cast[3]), want)
+    keep = torch.ones(37, 37, dtype=torch.bool)
+    with torch.autocast("cpu", dtype=autocast):
+        assert kernels.sdpa_operands(None, keep)[0] is None and kernels.sdpa_operands(None, keep)[1] is keep
+    assert all(a is b for a, b in zip(kernels.sdpa_operands(q, k, bias), (q, k, bias)))
+
+
+def test_under_autocast_the_answer_is_that_of_sdpas_casts():
+    """Under autocast the ATen op is not cast by autocast, so ``sdpa_with_lse`` casts ``q``, ``k`` and ``v`` as SDPA's
+    autocast does: float32 inputs give SDPA's bfloat16 output bit for bit, and the log-sum-exp of the bfloat16
+    casts' scores."""
     q, k, v = qkv()
     with torch.autocast("cpu", dtype=torch.bfloat16):
-        assert F.scaled_dot_product_attention(q, k, v).dtype == torch.bfloat16
-        assert forward_lse.sdpa_with_lse(q, k, v) is None
-        assert forward_lse.sdpa_with_lse(q, k, v.bfloat16()) is None
-        qb, kb, vb = q.bfloat16(), k.bfloat16(), v.bfloat16()
-        out, _ = forward_lse.sdpa_with_lse(qb, kb, vb)
-        assert torch.equal(out, F.scaled_dot_product_attention(qb, kb, vb))
+        want = F.scaled_dot_product_attention(q, k, v)
+        for inputs in ((q, k, v), (q, k, v.bfloat16()), (q.bfloat16(), k.bfloat16(), v.bfloat16())):
+            out, lse = forward_lse.sdpa_with_lse(*inputs)
+            assert out.dtype == torch.bfloat16 and torch.equal(out, want)
+    s = q.bfloat16().double() @ k.bfloat16().double().transpose(-2, -1) * 16 ** -0.5
+    torch.testing.assert_close(lse.double(), s.logsumexp(-1), rtol=0, atol=forward_lse.ATOL / 4)
 
 
 @pytest.mark.parametrize("case", ["mask", "dropout", "gradients", "grouped keys", "head dim 12", "3-d"])

@@ -415,33 +415,60 @@ def test_the_forward_lse_spares_the_first_pass(interpret, monkeypatch, recompute
         assert torch.equal(a, g)
 
 
-@pytest.mark.parametrize("float32_qkv", [False, True], ids=["bf16", "float32-qkv"])
-def test_the_forward_lse_under_autocast(interpret, recompute_stream, first_passes, float32_qkv):
-    """Under autocast (bfloat16) the forward's output stays the plain autocast forward's bit for bit: q, k and v
-    from the autocast ``Linear`` are bfloat16 and the call is answered (no first pass). Where they reach SDPA in
-    float32 (here the ``qkv`` projection's output is cast), SDPA casts them to bfloat16, the ATen op would not (a
-    float32 output: the forward changed), and the call is left to SDPA (a first pass per layer). The maps are those
-    of the kernels' own pass either way, and no warning comes (``checked`` recomputes with autocast off)."""
+def _layer_norm_in_float32(qk: list[torch.Tensor]):
+    """A forward hook for a ``LayerNorm`` under CPU autocast: its output computed in float32 from a float32 input,
+    as CUDA autocast runs ``layer_norm`` (CPU autocast gives bfloat16); the outputs are kept in ``qk``."""
+    def hook(m, inputs, _out):
+        out = torch.nn.functional.layer_norm(inputs[0].float(), m.normalized_shape, m.weight, m.bias, m.eps)
+        qk.append(out)
+        return out
+    return hook
+
+
+@pytest.mark.parametrize("float32_qk", [False, True], ids=["bf16", "float32-qk-norm"])
+def test_under_autocast_the_kernels_read_what_sdpa_computes_with(interpret, recompute_stream, first_passes,
+                                                                 float32_qk):
+    """Under autocast (bfloat16) SDPA computes with ``q``, ``k`` and ``v`` cast to bfloat16, whatever dtype the module
+    hands it. The kernels read the same casts (``kernels.sdpa_operands``): their maps are the float64 softmax of the
+    bfloat16 ``q`` and ``k`` to 1e-6, also where a qk-norm ``LayerNorm`` gives float32 ``q`` and ``k``, as under CUDA
+    autocast (simulated here; the float32 values' own maps are more than 1e-3 away). With ``forward_lse`` on, the
+    call is answered (no first pass) through the ATen op on the same casts: the forward's output stays the plain
+    autocast forward's bit for bit, the maps those of the kernels' own pass, and no warning comes (``checked``
+    recomputes with autocast off from the casts)."""
     from vitviz.core.kernels import forward_lse
 
     passes = first_passes
-    model, x = tiny_timm_vit(), torch.randn(2, 3, 32, 48)
-    if float32_qkv:
+    torch.manual_seed(0)
+    model, x = tiny_timm_vit(qk_norm=True), torch.randn(2, 3, 32, 48)
+    qk: list[torch.Tensor] = []
+    with torch.no_grad():
         for block in model.blocks:
-            block.attn.qkv.register_forward_hook(lambda _m, _i, out: out.float())
+            for norm in (block.attn.q_norm, block.attn.k_norm):
+                norm.weight.mul_(3)  # sharper attention, so that the rounding of q and k shows in the maps
+                norm.register_forward_hook(_layer_norm_in_float32(qk) if float32_qk else
+                                           lambda _m, _i, out: qk.append(out))
     with torch.no_grad(), torch.autocast("cpu", dtype=torch.bfloat16):
         plain = model(x)
     with kernels.headmap_kernel("on"), torch.autocast("cpu", dtype=torch.bfloat16):
         with forward_lse.use_forward_lse(False):
+            qk.clear()
             want, _ = _rollout_with_output(model, x)
         passes.clear()
         with forward_lse.use_forward_lse(True), warnings.catch_warnings():
             warnings.simplefilter("error", RuntimeWarning)  # a refused log-sum-exp would warn
             got, out = _rollout_with_output(model, x)
     assert out.dtype == plain.dtype and torch.equal(out, plain)
-    assert len(passes) == (2 if float32_qkv else 0)
-    for g, w in zip(got, want, strict=True):
-        torch.testing.assert_close(g, w, rtol=0, atol=2e-6)
+    assert len(passes) == 0
+    assert {t.dtype for t in qk} == {torch.float32 if float32_qk else torch.bfloat16}
+    for i, (g, w) in enumerate(zip(got, want, strict=True)):
+        torch.testing.assert_close(g, w, rtol=0, atol=1e-4)  # the CPU flash op's bfloat16 log-sum-exp: 5e-5 seen
+        q, k = qk[2 * i], qk[2 * i + 1]
+
+        def maps(q, k, scale=model.blocks[i].attn.scale):
+            return (q.double() @ k.double().transpose(-2, -1) * scale).softmax(-1).mean(1)
+        torch.testing.assert_close(w.double(), maps(q.bfloat16(), k.bfloat16()), rtol=0, atol=1e-6)
+        if float32_qk:
+            assert float((w.double() - maps(q, k)).abs().max()) > 1e-3
 
 
 @pytest.mark.parametrize("name", ["vit", "dinov2-registers", "clip-vision", "beit-relative"])
@@ -659,17 +686,22 @@ def test_cuda_families_run_the_kernels(name):
     torch.testing.assert_close(got_d, want_d, rtol=1e-4, atol=1e-3)
 
 
+_DTYPES = {torch.bfloat16: "bf16", torch.float16: "fp16", torch.float32: "fp32", "amp": "autocast-bf16"}
+_FORWARD_LSE_CASES = [(d, f) for f in ("timm", "hf") for d in _DTYPES] + [("amp", "timm-qk-norm")]
+
+
 @pytest.mark.gpu
-@pytest.mark.parametrize("family", ["timm", "hf"])
-@pytest.mark.parametrize("dtype", [torch.bfloat16, torch.float16, torch.float32, "amp"],
-                         ids=["bf16", "fp16", "fp32", "autocast-bf16"])
+@pytest.mark.parametrize(("dtype", "family"), _FORWARD_LSE_CASES,
+                         ids=[f"{_DTYPES[d]}-{f}" for d, f in _FORWARD_LSE_CASES])
 def test_cuda_forward_lse_on_vit_b16(dtype, family):
     """The CUDA branches of ``forward_lse`` on a ViT-B/16 at 448 px (N = 785, batch 2; timm's, 12 blocks, and a
     Hugging Face ``ViTModel``, 4 blocks, through its SDPA implementation): SDPA's own choice answered by the op that
     returns the log-sum-exp (flash in half precision, memory-efficient in float32), so the forward's output is the
     plain forward's bit for bit; every layer's log-sum-exp passes the check (no warning) and the fused maps are
     those of the kernels' own first pass. ``autocast-bf16``: a float32 model under ``torch.autocast`` (bfloat16),
-    whose q, k and v come out of the autocast ``Linear`` in bfloat16."""
+    whose q, k and v come out of the autocast ``Linear`` in bfloat16. ``timm-qk-norm``: the same with qk-norm, whose
+    ``LayerNorm`` CUDA autocast runs in float32: SDPA casts q and k to bfloat16, and so do ``sdpa_with_lse`` and the
+    kernels (``kernels.sdpa_operands``), whose first layer's maps are the float64 maps of those casts."""
     import contextlib
     import warnings
 
@@ -688,6 +720,13 @@ def test_cuda_forward_lse_on_vit_b16(dtype, family):
         import timm
 
         model, depth = timm.create_model("vit_base_patch16_224", pretrained=False, img_size=448), 12
+    elif family == "timm-qk-norm":
+        import timm
+
+        model = timm.create_model("vit_base_patch16_224", pretrained=False, img_size=448, qk_norm=True, depth=4)
+        depth, qk = 4, []
+        for norm in (model.blocks[0].attn.q_norm, model.blocks[0].attn.k_norm):
+            norm.register_forward_hook(lambda _m, _i, out: qk.append(out))
     else:
         transformers = pytest.importorskip("transformers")
         model = transformers.ViTModel(transformers.ViTConfig(image_size=448, num_hidden_layers=4,
@@ -715,3 +754,8 @@ def test_cuda_forward_lse_on_vit_b16(dtype, family):
     assert torch.equal(tensor(out), plain)
     for g, w in zip(got, want, strict=True):
         torch.testing.assert_close(g, w, rtol=0, atol=1e-5)
+    if family == "timm-qk-norm":
+        assert {t.dtype for t in qk} == {torch.float32}  # CUDA autocast's LayerNorm
+        q, k = (t.bfloat16().double() for t in qk[:2])
+        maps = (q @ k.transpose(-2, -1) * model.blocks[0].attn.scale).softmax(-1).mean(1)
+        torch.testing.assert_close(want[0].double(), maps, rtol=0, atol=1e-5)

@@ -4,7 +4,8 @@ A stream probe (``Family.stream_probe``: timm's plain, rotary, relative-position
 differential attention in ``timm_probes``, the Hugging Face attention modules in ``hf_probes``, torchvision's and
 open_clip's ``nn.MultiheadAttention`` here: ``probe_mha_stream``) leaves the model's fused attention running, so the
 forward's output is the plain forward's, and hands the reductions a ``HeadMaps`` that recomputes each head's
-``softmax(q_h k_h^T * scale + bias)`` from the ``q`` and ``k`` the kernel was given:
+``softmax(q_h k_h^T * scale + bias)`` from the ``q`` and ``k`` the kernel was given (under autocast, as SDPA casts
+them: ``kernels.sdpa_operands``):
 
 - on CPU (and wherever the kernels are off): in PyTorch, one head at a time into one ``(B, N, N)`` float32 buffer,
   the scores formed in the model's dtype as the explicit (eager) paths form them (the reference);
@@ -72,7 +73,9 @@ def recomputed_heads(q: torch.Tensor, k: torch.Tensor, scale: float,
     """Each head's ``softmax(q_h * scale @ k_h^T + bias)`` as a ``HeadMaps`` (float32 probabilities).
 
     Args:
-        q, k: ``(B, H, N, d)`` as the attention kernel received them (detached).
+        q, k: ``(B, H, N, d)`` as the attention kernel received them (detached); under autocast they are cast as
+            SDPA casts them (``kernels.sdpa_operands``: float32 ``q`` and ``k`` from a qk-norm ``LayerNorm`` under
+            CUDA autocast are read in bfloat16, as the forward computed with them), and so is a float ``attn_mask``.
         scale: the softmax scale the module passes to the kernel.
         bias: ``bias(scores) -> additive bias`` broadcastable to ``(B, H, N, N)`` (or None), given a ``(B, N, N)``
             scores buffer of the model's dtype; called once, when the first head is asked for (the PyTorch path).
@@ -81,6 +84,7 @@ def recomputed_heads(q: torch.Tensor, k: torch.Tensor, scale: float,
         lse: the rows' log-sum-exp ``(B, H, N)`` from the forward's fused attention (``kernels.forward_lse``), which
             spares ``fuse``'s kernel its first pass; None: the kernel makes it.
     """
+    q, k, attn_mask = kernels.sdpa_operands(q, k, attn_mask)  # under autocast: what SDPA computes with
     b, h, n, _ = q.shape
     bufs: dict[str, Any] = {}
 
@@ -143,6 +147,7 @@ def differential_heads(q: torch.Tensor, k: torch.Tensor, scale: float,
         q, k: ``(B, 2H, N, d)``.
         lam: the layer's lambda (a 0-dim tensor, as the module computes it).
     """
+    q, k = kernels.sdpa_operands(q, k)
     b, h2, n, _ = q.shape
     if h2 % 2:
         raise CaptureError(f"differential attention needs an even number of query heads (pairs); got {h2}")

@@ -33,7 +33,7 @@ import torch
 
 from vitviz.errors import InputError, NoSuchAttributeError
 
-__all__ = ["MODES", "headmap_kernel", "kernel_mode", "supports", "use_kernel"]
+__all__ = ["MODES", "headmap_kernel", "kernel_mode", "sdpa_operands", "supports", "use_kernel"]
 
 MODES = ("auto", "on", "off")
 _ENV = "VITVIZ_HEADMAP_KERNEL"
@@ -116,6 +116,27 @@ def use_kernel(device: torch.device | str) -> bool:
 def supports(q: torch.Tensor) -> bool:
     """Whether the kernels take this ``q`` (and a ``k`` like it): float16, bfloat16 or float32, head dim <= 256."""
     return q.dtype in (torch.float16, torch.bfloat16, torch.float32) and q.shape[-1] <= 256
+
+
+def sdpa_operands(*tensors: torch.Tensor | None) -> tuple[torch.Tensor | None, ...]:
+    """The tensors as ``F.scaled_dot_product_attention`` computes with them, called now.
+
+    Under autocast for their device, SDPA is on autocast's lower-precision list (CPU and CUDA, in every torch vitviz
+    supports): autocast casts each floating-point tensor argument other than float64 (``q``, ``k``, ``v``, a float
+    mask) to the autocast dtype before any backend runs. So the maps of the forward are those of these casts, not
+    of the ``q`` and ``k`` the module handed to SDPA: under CUDA autocast a ``LayerNorm`` (qk-norm) gives float32
+    ``q`` and ``k``, and SDPA computes with their bfloat16 roundings. Outside autocast, and for None, bool or
+    float64 tensors, the tensors as they are. (An eager ``q @ k^T`` under autocast is cast the same way: ``matmul``
+    is on the same list.)
+    """
+    if not any(t is not None for t in tensors):
+        return tensors
+    device = next(t for t in tensors if t is not None).device.type
+    if not torch.is_autocast_enabled(device):
+        return tensors
+    dtype = torch.get_autocast_dtype(device)
+    return tuple(t.to(dtype) if t is not None and t.is_floating_point() and t.dtype != torch.float64 else t
+                 for t in tensors)
 
 
 def __getattr__(name: str) -> Any:  # the kernels' entry points, imported (with Triton) on first use

@@ -13,10 +13,11 @@ computes that log-sum-exp anyway (flash attention keeps it for the backward), bu
 - CPU flash attention: ``aten._scaled_dot_product_flash_attention_for_cpu`` (bit for bit SDPA's output, tested;
   the kernels run on CPU tensors only under Triton's interpreter, in the tests);
 - anything else (a mask, dropout, gradients being recorded, grouped-query attention, another backend such as
-  cuDNN or math, inputs that autocast would cast for SDPA): None, and the caller keeps SDPA and the kernels' own
-  first pass. Under autocast SDPA runs in the autocast dtype, but the ATen ops are not on autocast's lists: a call is
-  answered only where ``q``, ``k`` and ``v`` are in that dtype already, so the output is SDPA's and the log-sum-exp
-  that of the ``q`` and ``k`` the kernels read.
+  cuDNN or math): None, and the caller keeps SDPA and the kernels' own first pass.
+
+Under autocast SDPA computes in the autocast dtype, but the ATen ops are not on autocast's lists: ``q``, ``k`` and
+``v`` are cast first as autocast casts them for SDPA (``kernels.sdpa_operands``), so the output is SDPA's, bit for
+bit, and the log-sum-exp that of the casts, which the kernels read too (``stream.recomputed_heads``).
 
 ``ForwardLSE`` is the ``TorchFunctionMode`` the stream probes hold open around one attention call (timm:
 ``timm_probes.probe_timm_stream``, the ``mask``, ``rotary`` and ``parallel`` kinds, around the module's forward;
@@ -51,6 +52,8 @@ import torch
 import torch.nn.functional as F
 from torch.nn.attention import SDPBackend
 from torch.overrides import TorchFunctionMode
+
+from vitviz.core.kernels import sdpa_operands
 
 __all__ = ["ATOL", "ForwardLSE", "checked", "enabled", "sdpa_with_lse", "use_forward_lse"]
 
@@ -99,9 +102,7 @@ def sdpa_with_lse(*args: Any, **kwargs: Any) -> tuple[torch.Tensor, torch.Tensor
         return None
     if q.shape[-1] % 8 or v.shape[-1] != q.shape[-1]:
         return None  # SDPA pads such head dims before its kernels
-    if torch.is_autocast_enabled(q.device.type) and any(
-            t.dtype != torch.get_autocast_dtype(q.device.type) for t in (q, k, v)):
-        return None  # autocast would cast them for SDPA (not for the op), and the kernels read q and k uncast
+    q, k, v = sdpa_operands(q, k, v)  # autocast casts them for SDPA; the ATen ops below are not on its lists
     choice = torch._fused_sdp_choice(q, k, v, None, dropout, causal, scale=scale)
     n = q.shape[2]
     if q.device.type == "cpu" and choice == SDPBackend.FLASH_ATTENTION.value:
@@ -143,7 +144,7 @@ class ForwardLSE(TorchFunctionMode):
             return func(*args, **kwargs)
         out, self.lse = got
         call = _bound(args, kwargs)
-        q, k, v = call["query"], call["key"], call["value"]
+        q, k, v = sdpa_operands(call["query"], call["key"], call["value"])  # as sdpa_with_lse read them
         causal, scale = bool(call.get("is_causal", False)), call.get("scale")
         choice = int(torch._fused_sdp_choice(q, k, v, None, 0.0, causal, scale=scale))  # as sdpa_with_lse chose
         self.config = (choice, str(q.device), *((t.dtype, tuple(t.shape)) for t in (q, k, v)), causal, scale)
@@ -177,6 +178,7 @@ def checked(lse: torch.Tensor | None, q: torch.Tensor, k: torch.Tensor, scale: f
     this process."""
     if lse is None:
         return None
+    q, k = sdpa_operands(q, k)  # under autocast: what SDPA computed with, and the kernels will read
     b, h, n, _ = q.shape
     if tuple(lse.shape) != (b, h, n):
         return None
