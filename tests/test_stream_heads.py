@@ -208,6 +208,55 @@ def test_beit_reads_its_explicit_maps_where_no_kernel_serves_the_call(monkeypatc
         assert all(m.fused_attn for m in model.modules() if hasattr(m, "fused_attn"))
 
 
+@pytest.mark.parametrize("autocast", [False, True], ids=["float32", "bf16-autocast"])
+@pytest.mark.parametrize("case", ["beit", "beit-separate-bias", "beit-without-qkv-bias", "multihead-attention"])
+def test_reprojected_q_and_k_are_the_forwards_bit_for_bit(monkeypatch, recompute, case, autocast):
+    """BEiT and ``nn.MultiheadAttention`` hide their q and k, so the stream probe projects them again: by the whole
+    packed projection, called as the forward calls it, so they are the q and k the forward's SDPA call receives, bit
+    for bit. (Projecting only the q and k rows, at ViT-B/16's width, 768, gave other q and k in the last bit under
+    bfloat16 autocast on the CPU, and with ``qkv_bias_separate`` in float32 too.) ``nn.MultiheadAttention`` calls
+    SDPA in Python only off its inference fast path (one ATen op), which CUDA autocast leaves, and gradients being
+    recorded here."""
+    from conformance import randomise_zero_biases
+    from timm.models.beit import Beit
+
+    torch.manual_seed(0)
+    if case == "multihead-attention":
+        module = torch.nn.MultiheadAttention(768, 12, batch_first=True).eval()
+        x = torch.randn(4, 197, 768)
+        run = lambda: module(x, x, x, need_weights=False)  # noqa: E731
+        probe = stream.probe_mha_stream
+    else:
+        model = Beit(img_size=224, patch_size=16, embed_dim=768, depth=1, num_heads=12, num_classes=3,
+                     use_rel_pos_bias=True, use_abs_pos_emb=False, qkv_bias=case != "beit-without-qkv-bias").eval()
+        randomise_zero_biases(model)
+        module = model.blocks[0].attn
+        module.qkv_bias_separate = case == "beit-separate-bias"
+        x = torch.randn(4, 197, 768)
+        run = lambda: module(x)  # noqa: E731
+        probe = timm_probes.probe_timm_stream
+    read: list[tuple[torch.Tensor, torch.Tensor]] = []
+    given: list[tuple[torch.Tensor, torch.Tensor]] = []  # what the forward's SDPA call receives
+    recomputed, sdpa = stream.recomputed_heads, torch.nn.functional.scaled_dot_product_attention
+    monkeypatch.setattr(stream, "recomputed_heads", lambda q, k, *a, **kw: read.append((q, k)) or recomputed(
+        q, k, *a, **kw))
+    monkeypatch.setattr(torch.nn.functional, "scaled_dot_product_attention", lambda q, k, *a, **kw: given.append(
+        (q.clone(), k.clone())) or sdpa(q, k, *a, **kw))
+    emitted: list[HeadMaps] = []
+    undo = probe(module, emitted.append)
+    try:
+        # nn.MultiheadAttention: gradients on keep it off its fast path, as CUDA autocast does
+        with torch.set_grad_enabled(case == "multihead-attention"), torch.autocast("cpu", dtype=torch.bfloat16,
+                                                                                  enabled=autocast):
+            run()
+    finally:
+        undo()
+    assert len(read) == len(given) == len(emitted) == 1
+    (q, k), (want_q, want_k) = read[0], given[0]
+    assert q.dtype == want_q.dtype == (torch.bfloat16 if autocast else torch.float32)
+    assert torch.equal(q, want_q) and torch.equal(k, want_k)
+
+
 @pytest.mark.parametrize(("case", "broken"), [("beit", "bias left out"), ("beit-shared-bias", "bias left out"),
                                               ("relpos-mlp", "bias left out"), ("relpos-shared", "bias left out"),
                                               ("beit", "q_bias left out")])

@@ -182,24 +182,34 @@ def differential_heads(q: torch.Tensor, k: torch.Tensor, scale: float,
     return HeadMaps(tuple(plain.shape), torch.float32, q.device, head, fuse=fuse, distance_sums=distance_sums)
 
 
-def reprojected_qk(x: torch.Tensor, weight: torch.Tensor, bias: torch.Tensor | None,
-                   heads: int) -> tuple[torch.Tensor, torch.Tensor]:
-    """``q`` and ``k`` ``(B, H, N, d)`` projected once more from the layer's input ``x`` ``(B, N, D)`` with the
-    first two thirds of a packed ``[q; k; v]`` projection (``weight`` ``(3 H d, D)``, ``bias`` of at least ``2 H d``
-    or None): for modules whose q and k no submodule sees (``nn.MultiheadAttention``, timm's BEiT)."""
+def reprojected_qk(x: torch.Tensor, weight: torch.Tensor, bias: torch.Tensor | None, heads: int, *,
+                   added: torch.Tensor | None = None) -> tuple[torch.Tensor, torch.Tensor]:
+    """``q`` and ``k`` ``(B, H, N, d)`` projected once more from the layer's input ``x`` ``(B, N, D)`` by the whole
+    packed ``[q; k; v]`` projection, as the forward projects them (``weight`` ``(3 H d, D)``, ``bias`` ``(3 H d,)``
+    or None; ``added``: a bias the forward adds to the projection's output afterwards, timm's
+    ``qkv_bias_separate``): for modules whose q and k no submodule sees (``nn.MultiheadAttention``, timm's BEiT).
+
+    The same call on the same shapes gives the forward's q and k bit for bit. Projecting only the q and k rows
+    would cost a third less, but a GEMM of another width may round otherwise: under CPU bfloat16 autocast, at
+    ViT-B/16's width, such q and k differed from the forward's in the last bit
+    (``tests/test_stream_heads.py::test_reprojected_q_and_k_are_the_forwards_bit_for_bit``), and the maps of a
+    2-block BEiT of that width with sharpened ``qkv`` weights by up to 8e-4.
+    """
     b, n, _ = x.shape
-    rows = 2 * weight.shape[0] // 3
     with torch.no_grad():
-        qk = torch.nn.functional.linear(x.detach(), weight[:rows], None if bias is None else bias[:rows])
-    return qk.view(b, n, 2, heads, -1).permute(2, 0, 3, 1, 4).unbind(0)  # views
+        qkv = torch.nn.functional.linear(x.detach(), weight, bias)
+        if added is not None:
+            qkv += added  # in place, as the forward adds it (the result keeps the projection's dtype)
+    return qkv.view(b, n, 3, heads, -1).permute(2, 0, 3, 1, 4).unbind(0)[:2]  # views
 
 
 # Probes that must project q and k again from the layer's input (nn.MultiheadAttention below, timm's BEiT attention in
 # timm_probes: no submodule sees their q and k): without the kernels (CPU), reading the explicit path's weights costs
 # less than the projection and recomputation. Measured on the 2-core CPU, one thread, 224 px, batch 8
 # (bench/attention.py): torchvision vit_b_16, rollout recomputed 1.26x a plain forward against 1.02x for the explicit
-# path; timm beit_base_patch16_224, 1.23x against 1.02x (process CPU time). So they recompute only where the kernels
-# serve the call, unless this is set (tests set it to check the recomputation on CPU).
+# path; timm beit_base_patch16_224, 1.23x against 1.02x (process CPU time; both measured when only the q and k rows
+# were projected again, before ``reprojected_qk`` took the whole packed projection, which costs more). So they
+# recompute only where the kernels serve the call, unless this is set (tests set it to check the recomputation on CPU).
 REPROJECT_WITHOUT_KERNEL = False
 
 
@@ -223,8 +233,8 @@ def probe_mha_stream(module: nn.Module, emit: Emit) -> Undo:
     """``nn.MultiheadAttention`` under ``heads="stream"``: its forward runs untouched (``need_weights=False`` as
     torchvision calls it: the fused path, output bit for bit the plain forward's), and each head's
     ``softmax(q_h k_h^T / sqrt(d))`` is recomputed from ``q`` and ``k`` projected again from the input with the
-    module's ``in_proj_weight`` and ``in_proj_bias`` (``F.multi_head_attention_forward``'s first step: two of its
-    three projections once more, the cost of the maps without the ``(B, H, N, N)``).
+    module's ``in_proj_weight`` and ``in_proj_bias`` (``F.multi_head_attention_forward``'s first step, its packed
+    projection, once more: the cost of the maps without the ``(B, H, N, N)``).
 
     A call the kernels do not serve (CPU; see ``REPROJECT_WITHOUT_KERNEL``), with masks, or with distinct
     query/key/value tensors runs with ``need_weights=True, average_attn_weights=False`` instead, for that call only,

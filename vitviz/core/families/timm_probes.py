@@ -215,10 +215,16 @@ def _rotated(vt: Any, module: nn.Module, t: torch.Tensor, rope: torch.Tensor, dt
 
 
 def _beit_qk(module: nn.Module, x: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
-    """BEiT's q and k ``(B, H, N, d)``: the first two thirds of its ``qkv`` projection, with the bias its forward
-    adds (``cat(q_bias, k_bias)``, or ``qkv.bias``), computed once more from the block's normalised tokens."""
-    bias = torch.cat((module.q_bias, module.k_bias)) if module.q_bias is not None else module.qkv.bias
-    return stream.reprojected_qk(x, module.qkv.weight, bias, module.num_heads)
+    """BEiT's q and k ``(B, H, N, d)``, its ``qkv`` projection computed once more from the block's normalised tokens
+    as its forward computes it: ``qkv(x)`` without ``q_bias``; else with the bias ``cat(q_bias, k_bias, v_bias)``,
+    in the projection (``F.linear``) or added to its output (``qkv_bias_separate``)."""
+    weight, heads = module.qkv.weight, module.num_heads
+    if module.q_bias is None:
+        return stream.reprojected_qk(x, weight, module.qkv.bias, heads)
+    bias = torch.cat((module.q_bias, module.k_bias, module.v_bias))
+    if getattr(module, "qkv_bias_separate", False):
+        return stream.reprojected_qk(x, weight, module.qkv.bias, heads, added=bias)
+    return stream.reprojected_qk(x, weight, bias, heads)
 
 
 def _relative_bias(kind: str, module: nn.Module, shared: torch.Tensor | None) -> torch.Tensor | None:
