@@ -433,8 +433,8 @@ def test_under_autocast_the_kernels_read_what_sdpa_computes_with(interpret, reco
     bfloat16 ``q`` and ``k`` to 1e-6, also where a qk-norm ``LayerNorm`` gives float32 ``q`` and ``k``, as under CUDA
     autocast (simulated here; the float32 values' own maps are more than 1e-3 away). With ``forward_lse`` on, the
     call is answered (no first pass) through the ATen op on the same casts: the forward's output stays the plain
-    autocast forward's bit for bit, the maps those of the kernels' own pass, and no warning comes (``checked``
-    recomputes with autocast off from the casts)."""
+    autocast forward's bit for bit, the maps those of the kernels' own pass (to 1e-4: the CPU flash op's bfloat16
+    log-sum-exp), and no warning comes (``checked`` recomputes with autocast off from the casts)."""
     from vitviz.core.kernels import forward_lse
 
     passes = first_passes
