@@ -124,9 +124,9 @@ def sdpa_operands(*tensors: torch.Tensor | None) -> tuple[torch.Tensor | None, .
     Under autocast for their device, SDPA is on autocast's lower-precision list (``AT_FORALL_LOWER_PRECISION_FP`` in
     ATen's ``autocast_mode.h``, for CUDA; CPU autocast casts it too; torch 2.5.1 and 2.15 alike): autocast casts
     each floating-point tensor argument other than float64 (``q``, ``k``, ``v``, a float mask) to the autocast dtype
-    before any backend runs. So the maps of the forward are those of these casts, not
-    of the ``q`` and ``k`` the module handed to SDPA: under CUDA autocast a ``LayerNorm`` (qk-norm) gives float32
-    ``q`` and ``k``, and SDPA computes with their bfloat16 roundings. Outside autocast, and for None, bool or
+    before any backend runs. So the maps of the forward are those of these casts, not of the ``q`` and ``k`` the
+    module handed to SDPA: under CUDA autocast a ``LayerNorm`` (qk-norm) gives float32 ``q`` and ``k``, and SDPA
+    computes with their bfloat16 roundings. Outside autocast (for the tensors' device), and for None, bool or
     float64 tensors, the tensors as they are. (An eager ``q @ k^T`` under autocast is cast the same way: ``matmul``
     is on the same list.)
     """
