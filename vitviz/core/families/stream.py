@@ -183,11 +183,13 @@ def differential_heads(q: torch.Tensor, k: torch.Tensor, scale: float,
 
 
 def reprojected_qk(x: torch.Tensor, weight: torch.Tensor, bias: torch.Tensor | None, heads: int, *,
-                   added: torch.Tensor | None = None) -> tuple[torch.Tensor, torch.Tensor]:
+                   added: torch.Tensor | None = None, seq_first: bool = False) -> tuple[torch.Tensor, torch.Tensor]:
     """``q`` and ``k`` ``(B, H, N, d)`` projected once more from the layer's input ``x`` ``(B, N, D)`` by the whole
     packed ``[q; k; v]`` projection, as the forward projects them (``weight`` ``(3 H d, D)``, ``bias`` ``(3 H d,)``
     or None; ``added``: a bias the forward adds to the projection's output afterwards, timm's
-    ``qkv_bias_separate``): for modules whose q and k no submodule sees (``nn.MultiheadAttention``, timm's BEiT).
+    ``qkv_bias_separate``; ``seq_first``: the projection takes ``x.transpose(0, 1)``, as a ``batch_first``
+    ``nn.MultiheadAttention`` hands its input to ``F.multi_head_attention_forward``): for modules whose q and k no
+    submodule sees (``nn.MultiheadAttention``, timm's BEiT).
 
     The same call on the same shapes gives the forward's q and k bit for bit. Projecting only the q and k rows
     would cost a third less, but a GEMM of another width may round otherwise: under CPU bfloat16 autocast, at
@@ -195,12 +197,14 @@ def reprojected_qk(x: torch.Tensor, weight: torch.Tensor, bias: torch.Tensor | N
     (``tests/test_stream_heads.py::test_reprojected_q_and_k_are_the_forwards_bit_for_bit``), and the maps of a
     2-block BEiT of that width with sharpened ``qkv`` weights by up to 8e-4.
     """
-    b, n, _ = x.shape
     with torch.no_grad():
-        qkv = torch.nn.functional.linear(x.detach(), weight, bias)
+        if seq_first:
+            qkv = torch.nn.functional.linear(x.detach().transpose(0, 1), weight, bias).transpose(0, 1)
+        else:
+            qkv = torch.nn.functional.linear(x.detach(), weight, bias)
         if added is not None:
             qkv += added  # in place, as the forward adds it (the result keeps the projection's dtype)
-    return qkv.view(b, n, 3, heads, -1).permute(2, 0, 3, 1, 4).unbind(0)[:2]  # views
+    return qkv.unflatten(-1, (3, heads, -1)).permute(2, 0, 3, 1, 4).unbind(0)[:2]  # views
 
 
 # Probes that must project q and k again from the layer's input (nn.MultiheadAttention below, timm's BEiT attention in
@@ -234,7 +238,7 @@ def probe_mha_stream(module: nn.Module, emit: Emit) -> Undo:
     torchvision calls it: the fused path, output bit for bit the plain forward's), and each head's
     ``softmax(q_h k_h^T / sqrt(d))`` is recomputed from ``q`` and ``k`` projected again from the input with the
     module's ``in_proj_weight`` and ``in_proj_bias`` (``F.multi_head_attention_forward``'s first step, its packed
-    projection, once more: the cost of the maps without the ``(B, H, N, N)``).
+    projection of the sequence-first input, once more: the cost of the maps without the ``(B, H, N, N)``).
 
     A call the kernels do not serve (CPU; see ``REPROJECT_WITHOUT_KERNEL``), with masks, or with distinct
     query/key/value tensors runs with ``need_weights=True, average_attn_weights=False`` instead, for that call only,
@@ -275,7 +279,7 @@ def probe_mha_stream(module: nn.Module, emit: Emit) -> Undo:
         x = state.pop("x", None)
         if x is None:
             raise CaptureError(f"{type(module).__name__}: its forward pre-hook did not run in this pass")
-        q, k = reprojected_qk(x, module.in_proj_weight, module.in_proj_bias, module.num_heads)
+        q, k = reprojected_qk(x, module.in_proj_weight, module.in_proj_bias, module.num_heads, seq_first=True)
         emit(recomputed_heads(q, k, q.shape[-1] ** -0.5, lambda scores: None, kernel=state.pop("kernel", False)))
 
     handles = [module.register_forward_pre_hook(before, with_kwargs=True),
