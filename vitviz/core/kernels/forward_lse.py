@@ -83,15 +83,17 @@ def use_forward_lse(on: bool) -> Iterator[None]:
         _override.pop()
 
 
-def _bound(args: tuple, kwargs: dict) -> dict[str, Any]:
-    """An SDPA call's arguments by name."""
-    return {**dict(zip(_SDPA_ARGS, args)), **kwargs}
-
-
 def sdpa_with_lse(*args: Any, **kwargs: Any) -> tuple[torch.Tensor, torch.Tensor] | None:
     """``(F.scaled_dot_product_attention(*args, **kwargs), logsumexp (B, H, N) float32)``, or None where the backend
     SDPA would pick has no op returning the log-sum-exp with the same output (see the module docstring)."""
-    call = _bound(args, kwargs)
+    got = _answer(args, kwargs)
+    return None if got is None else got[:2]
+
+
+def _answer(args: tuple, kwargs: dict) -> tuple[torch.Tensor, torch.Tensor, tuple] | None:
+    """``sdpa_with_lse``'s answer and ``ForwardLSE.config``: what it depends on besides the values (the backend
+    SDPA picks, the device, the dtypes and shapes of the operands, ``is_causal`` and ``scale``)."""
+    call = {**dict(zip(_SDPA_ARGS, args)), **kwargs}
     q, k, v = call.get("query"), call.get("key"), call.get("value")
     if not all(isinstance(t, torch.Tensor) and t.dim() == 4 for t in (q, k, v)) or set(call) - set(_SDPA_ARGS):
         return None
@@ -118,7 +120,8 @@ def sdpa_with_lse(*args: Any, **kwargs: Any) -> tuple[torch.Tensor, torch.Tensor
         return None
     if tuple(lse.shape) != (q.shape[0], q.shape[1], n) or tuple(out.shape) != (*q.shape[:3], v.shape[-1]):
         return None
-    return out, lse.float()
+    config = (int(choice), str(q.device), *((t.dtype, tuple(t.shape)) for t in (q, k, v)), causal, scale)
+    return out, lse.float(), config
 
 
 class ForwardLSE(TorchFunctionMode):
@@ -138,16 +141,11 @@ class ForwardLSE(TorchFunctionMode):
         if func is not F.scaled_dot_product_attention:
             return func(*args, **kwargs)
         self.calls += 1
-        got = sdpa_with_lse(*args, **kwargs) if self.calls == 1 else None
+        got = _answer(args, kwargs) if self.calls == 1 else None
         if got is None:
             self.lse = None
             return func(*args, **kwargs)
-        out, self.lse = got
-        call = _bound(args, kwargs)
-        q, k, v = sdpa_operands(call["query"], call["key"], call["value"])  # as sdpa_with_lse read them
-        causal, scale = bool(call.get("is_causal", False)), call.get("scale")
-        choice = int(torch._fused_sdp_choice(q, k, v, None, 0.0, causal, scale=scale))  # as sdpa_with_lse chose
-        self.config = (choice, str(q.device), *((t.dtype, tuple(t.shape)) for t in (q, k, v)), causal, scale)
+        out, self.lse, self.config = got
         return out
 
 
@@ -178,7 +176,6 @@ def checked(lse: torch.Tensor | None, q: torch.Tensor, k: torch.Tensor, scale: f
     this process."""
     if lse is None:
         return None
-    q, k = sdpa_operands(q, k)  # under autocast: what SDPA computed with, and the kernels will read
     b, h, n, _ = q.shape
     if tuple(lse.shape) != (b, h, n):
         return None
@@ -187,7 +184,7 @@ def checked(lse: torch.Tensor | None, q: torch.Tensor, k: torch.Tensor, scale: f
         key = (config, q.dtype, tuple(q.shape), k.dtype, tuple(k.shape), float(scale), bool(is_causal))
         if key in _verified.get(owner, ()):
             return lse
-    gap = _gap(lse, q, k, scale, is_causal)
+    gap = _gap(lse, *sdpa_operands(q, k), scale, is_causal)  # under autocast: the q and k SDPA computed with
     if gap <= ATOL:
         if key is not None:
             _verified.setdefault(owner, set()).add(key)
