@@ -102,6 +102,19 @@ def test_gradcam_against_hand_reference_and_leaves_model_alone(images):
     assert torch.allclose(got, ref, atol=1e-4)  # float32 sums in numpy vs torch, then min-max scaled
 
 
+
+def test_gradcam_of_a_model_with_frozen_weights(images):
+    """Frozen weights (``requires_grad_(False)``, how pretrained models are often loaded for analysis): Grad-CAM
+    still gets the tokens' gradient, the same map as the hand reference on the trainable model."""
+    model = tiny_timm_vit()
+    ref = gradcam_reference(model, images, torch.tensor([0, 4]))
+    model.zero_grad()
+    model.requires_grad_(False)
+    got = vitviz.explain(model, images, "gradcam", target=[0, 4])
+    assert torch.allclose(got, ref, atol=1e-4)
+    assert not any(p.requires_grad for p in model.parameters())  # left frozen
+    assert all(p.grad is None for p in model.parameters())
+
 def one_patch_model(kind):
     """Depth 1, zero position embedding, prefix tokens and patch bias: at the last block's norm1 only the tokens
     of patches with non-zero pixels are non-zero (LayerNorm of a zero token is its zero bias)."""

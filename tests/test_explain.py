@@ -8,7 +8,7 @@ from conftest import tiny_timm_vit
 from torch import nn
 
 import vitviz
-from vitviz.analysis.explain import METHODS
+from vitviz.analysis.explain import GRADIENT_METHODS, METHODS
 from vitviz.errors import InputError, VitvizError
 
 # ---------------------------------------------------------------- independent forward passes (explicit attention)
@@ -322,6 +322,31 @@ def test_explain_returns_float32_for_every_method_on_a_float64_model():
     assert low.dtype == torch.float64
     torch.testing.assert_close(vitviz.explain(model, x, "chefer"), low.float())
 
+
+
+def test_every_method_under_no_grad_and_on_frozen_weights():
+    """A caller's ``torch.no_grad()`` (an evaluation loop) and frozen weights change no map: the gradient methods
+    switch gradients on for their own pass. Chefer's map is checked against the published pseudo-code."""
+    model = tiny_timm_vit(depth=3)  # a non-square 4x6 grid
+    strong(model, model.head)
+    x = torch.randn(3, 3, 32, 48)
+    target = [4, 0, 3]
+    want = reference_chefer(timm_forward, model, x, target)
+    model.zero_grad()
+    free = {m: vitviz.explain(model, x, m, target if m in GRADIENT_METHODS else None) for m in METHODS}
+    with torch.no_grad():
+        chefer = vitviz.explain(model, x, "chefer", target)
+    assert (chefer.flatten(1) - want).abs().max() <= 1e-6 * want.abs().max()
+    for frozen in (False, True):
+        model.requires_grad_(not frozen)
+        for method in METHODS:
+            t = target if method in GRADIENT_METHODS else None
+            if frozen:
+                got = vitviz.explain(model, x, method, t)
+            else:
+                with torch.no_grad():
+                    got = vitviz.explain(model, x, method, t)
+            torch.testing.assert_close(got, free[method], atol=1e-6, rtol=1e-5, msg=f"{method} frozen={frozen}")
 
 def test_explain_errors_name_the_argument():
     model = tiny_timm_vit()

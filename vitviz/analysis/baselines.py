@@ -250,7 +250,9 @@ def _gradcam_batch(cam_mod: Any, targets_mod: Any, model: nn.Module, spec: ViTSp
     cam = _GridCAM(_Scores(model, target), [module], reshape_transform=token_reshape(spec, grid))
     try:
         with torch.enable_grad():
-            maps = cam(input_tensor=x, targets=[targets_mod.ClassifierOutputTarget(int(c)) for c in cls])
+            # the input a leaf that requires grad: the tokens stay in the graph also when every weight is frozen
+            maps = cam(input_tensor=x.detach().requires_grad_(True),
+                       targets=[targets_mod.ClassifierOutputTarget(int(c)) for c in cls])
     finally:
         cam.activations_and_grads.release()
     return torch.as_tensor(maps, dtype=torch.float32, device=x.device)

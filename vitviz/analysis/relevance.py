@@ -80,9 +80,11 @@ def attention_gradients(
     """
     spec = spec or inspect(model)
     x = x.detach().requires_grad_(True)  # keeps the maps in the graph also when the weights are frozen
-    with torch.enable_grad(), capture_attention(model, layers=layers, retain_grad=True) as cap:
-        out = model(x)
-    resolved = resolve_target(target, out, start=start, n_images=n_images, model=model)
+    with torch.enable_grad():  # also under a caller's torch.no_grad(): the score must stay in the graph
+        with capture_attention(model, layers=layers, retain_grad=True) as cap:
+            out = model(x)
+        resolved = resolve_target(target, out, start=start, n_images=n_images, model=model)
+        score = resolved.scores.sum()
     attns = cap.attentions
     # nn.MultiheadAttention (torchvision) returns a reshaped view of the probabilities it multiplies into the
     # values; the gradient flows through the base tensor, whose gradient reshaped is the map's.
@@ -91,7 +93,7 @@ def attention_gradients(
     if not resolved.scores.requires_grad:
         raise InputError(f"{spec.name}: the target score does not depend on the input (no gradient); a callable "
                           "target must compute its score from the model output with differentiable torch ops")
-    found = iter(torch.autograd.grad(resolved.scores.sum(), live, allow_unused=True) if live else ())
+    found = iter(torch.autograd.grad(score, live, allow_unused=True) if live else ())
     grads = [None if t is None else _as_map(next(found), a) for t, a in zip(targets, attns)]
     unused = [name for name, g in zip(cap.layer_names, grads) if g is None]
     if unused:
