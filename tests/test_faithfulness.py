@@ -260,6 +260,35 @@ def test_removed_is_the_fraction_of_patches_actually_removed(monkeypatch):
         np.testing.assert_array_equal(got * 64, shown)
 
 
+
+def test_halves_round_up_also_where_the_float_fraction_falls_short(monkeypatch):
+    """``k = round(f * P)``, halves up, computed exactly: on a 3x5 grid with ``steps=1/6`` the step ``f = 5/6`` is
+    12.5 patches, so 13 are removed (``5/6 * 15 + 0.5`` in floats is just below 13 and floors to 12)."""
+    from fractions import Fraction
+
+    from vitviz.analysis import faithfulness as fa
+
+    counted = []
+
+    class Counting(fa.Perturbed):
+        def scores(self, removed):
+            counted.append(removed.sum(dim=1).tolist())
+            return super().scores(removed)
+
+    monkeypatch.setattr(fa, "Perturbed", Counting)
+    model = tiny_timm_vit(img_size=(24, 40))  # a 3x5 grid, P = 15
+    modes = ["deletion", "insertion"]
+    df = vitviz.faithfulness(model, torch.randn(2, 3, 24, 40), ["random"], modes=modes, steps=1 / 6,
+                             progress=False)
+    p = 15
+    want = [int(Fraction(i * p, 6) + Fraction(1, 2)) for i in range(7)]  # exact floor(i P / 6 + 1/2)
+    assert want[5] == 13
+    for i, f in enumerate(sorted(df["fraction"].unique())):
+        rows = df[df["fraction"] == f]
+        assert set(rows["removed"]) == {want[i] / p}
+    for (i, mode), n in zip([(i, m) for i in range(7) for m in modes], counted):
+        assert n == ([p - want[i]] * 2 if mode == "insertion" else [want[i]] * 2)
+
 def test_auc_integrates_over_the_fraction_actually_removed():
     model = grid_8x8()
     df = vitviz.faithfulness(model, torch.randn(5, 3, 64, 64), ["random", "rollout"], steps=0.1, progress=False)

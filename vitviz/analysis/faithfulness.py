@@ -389,8 +389,11 @@ def _batch(model: nn.Module, spec: Any, x: torch.Tensor, pos: list[int], ids: li
         rank = rank_patches(maps.to(x.device), ids, seed)
         p = pert.num_patches
         with torch.no_grad():
-            for f in fractions:
-                k = int(np.floor(f * p + 0.5))  # the nominal step, rounded to whole patches (half up)
+            n_steps = len(fractions) - 1
+            for step, f in enumerate(fractions):
+                # the nominal step f = step / n_steps, rounded to whole patches (half up), in integers: the float
+                # f * P + 0.5 falls just short of a whole number where f * P is a half (5/6 * 15 = 12.5 -> 12)
+                k = (2 * step * p + n_steps) // (2 * n_steps)
                 for mode in modes:
                     removed = {"positive": rank < k, "deletion": rank < k, "negative": rank >= p - k,
                                "insertion": rank >= k}[mode]  # insertion: only the k most relevant present
