@@ -363,3 +363,103 @@ def test_fewshot_draws_are_the_authors_draws():
         got = fewshot_draws(labels, (1, 5), (seed,))
         for shots in (1, 5):
             assert np.array_equal(got[(shots, seed)], np.sort(np.concatenate([p[:shots] for p in perms])))
+
+
+def test_every_source_kind_gives_the_same_probe_results_and_a_shuffling_loader_is_refused():
+    """Tensors, a Dataset, a Subset and an ordered DataLoader of the same images give the same features (the model's
+    own pre-logits, row for row) and the same draws and accuracies; a loader whose order is unknown is refused."""
+    from torch.utils.data import DataLoader, Subset, TensorDataset
+
+    from vitviz.analysis.representations import layer_probes, linear_fewshot
+    from vitviz.core.features import extract_features
+
+    model = tiny_timm_vit()
+    train, test = _data(5), _data(3, seed=1)
+    with torch.no_grad():
+        want = model.forward_head(model.forward_features(train[0]), pre_logits=True)
+    ref = linear_fewshot(model, train, test, shots=(1, 3), seeds=(0, 1), name="m")
+    ref_layers = layer_probes(model, train, test, shots=(2,), seeds=(0,), name="m")
+    sources = {
+        "dataset": (TensorDataset(*train), TensorDataset(*test)),
+        "subset": (Subset(TensorDataset(*train), range(len(train[1]))), TensorDataset(*test)),
+        "loader": (DataLoader(TensorDataset(*train), batch_size=4), DataLoader(TensorDataset(*test), batch_size=2)),
+    }
+    for kind, (tr, te) in sources.items():
+        f = extract_features(model, tr)
+        torch.testing.assert_close(f.feats["pre_logits"], want, msg=kind)
+        assert torch.equal(f.labels, train[1]), kind
+        got = linear_fewshot(model, tr, te, shots=(1, 3), seeds=(0, 1), name="m")
+        assert got.accuracy.tolist() == ref.accuracy.tolist(), kind
+        got_layers = layer_probes(model, tr, te, shots=(2,), seeds=(0,), name="m")
+        assert got_layers.accuracy.tolist() == ref_layers.accuracy.tolist(), kind
+    shuffled = DataLoader(TensorDataset(*train), batch_size=4, shuffle=True)
+    with pytest.raises(InputError, match="order"):
+        extract_features(model, shuffled)
+    with pytest.raises(InputError, match="train= is a DataLoader"):
+        linear_fewshot(model, shuffled, test, shots=(1,), seeds=(0,))
+
+
+def test_per_class_subset_holds_the_first_per_class_images_of_every_class():
+    from torch.utils.data import TensorDataset
+
+    from vitviz.analysis.representations import per_class_subset
+
+    model = tiny_timm_vit()
+    y = torch.tensor([2, 0, 1, 0, 2, 2, 1, 0, 1, 2, 0, 1])
+    x = torch.randn(len(y), 3, 32, 48)
+    for source in ((x, y), TensorDataset(x, y)):
+        for k in (1, 3):
+            sub = per_class_subset(model, source, k)
+            want = sorted(i for c in range(3) for i in [j for j in range(len(y)) if y[j] == c][:k])
+            assert list(sub.indices) == want
+            assert np.bincount(y[list(sub.indices)].numpy()).tolist() == [k, k, k]
+    with pytest.raises(InputError, match="per_class=5.*class"):
+        per_class_subset(model, (x[:-1], y[:-1]), 5)  # classes of 4, 3 and 4 images: never fewer, silently
+    with pytest.raises(InputError, match=r"per_class=4.*\{1: 3\}"):
+        per_class_subset(model, (x[:-1], y[:-1]), 4)
+    with pytest.raises(InputError, match="per_class=0"):
+        per_class_subset(model, (x, y), 0)
+
+
+def test_a_feature_cache_is_keyed_by_the_readout_as_well_as_the_weights(tmp_path):
+    """Same weights, another pooling (timm ``reset_classifier(0, global_pool)``): other features, never the cached
+    ones."""
+    from vitviz.analysis.representations import linear_fewshot
+    from vitviz.core.features import extract_features
+
+    model = tiny_timm_vit(num_classes=0, fc_norm=False)
+    train, test = _data(4), _data(3, seed=1)
+    kw = {"shots": (2,), "seeds": (0, 1), "name": "m"}
+    model.reset_classifier(0, "token")
+    token = extract_features(model, train, checkpoint=tmp_path / "f.pt")
+    for layer in (None, 0):
+        linear_fewshot(model, train, test, layer=layer, cache=tmp_path / "c", **kw)
+    model.reset_classifier(0, "avg")
+    fresh = extract_features(model, train)
+    assert not torch.allclose(fresh.feats["pre_logits"], token.feats["pre_logits"])
+    with pytest.raises(CheckpointError, match="readout"):
+        extract_features(model, train, checkpoint=tmp_path / "f.pt")
+    for layer in (None, 0):
+        want = linear_fewshot(model, train, test, layer=layer, **kw)
+        got = linear_fewshot(model, train, test, layer=layer, cache=tmp_path / "c", **kw)
+        assert got.accuracy.tolist() == want.accuracy.tolist(), layer
+
+
+def test_summarize_probes_keeps_knn_rows_beside_linear_rows():
+    import pandas as pd
+
+    from vitviz.analysis.intervals import t_interval
+    from vitviz.analysis.representations import knn_probe, linear_fewshot, summarize_probes
+
+    model = tiny_timm_vit()
+    train, test = _data(4), _data(3, seed=1)
+    lin = linear_fewshot(model, train, test, shots=(1, 2), seeds=(0, 1, 2), name="m")
+    knn = knn_probe(model, train, test, k=3, name="m")
+    s = summarize_probes(pd.concat([lin, knn], ignore_index=True))
+    assert sorted(s.probe) == ["knn", "linear", "linear"]
+    row = s[s.probe == "knn"].iloc[0]
+    assert row.accuracy == knn.accuracy.item() and row.draws == 1
+    for shots in (1, 2):
+        row = s[(s.probe == "linear") & (s.shots == shots)].iloc[0]
+        m, lo, hi = t_interval(lin[lin.shots == shots].accuracy.to_numpy())
+        assert (row.accuracy, row.low, row.high, row.draws) == pytest.approx((m, lo, hi, 3))

@@ -57,20 +57,34 @@ def labels_of(source: Any) -> np.ndarray | None:
 
 def per_class_subset(model: nn.Module, source: Any, per_class: int) -> Subset:
     """The first ``per_class`` images of each class of ``source`` (a folder or a labelled Dataset), in order:
-    a small, deterministic evaluation set (e.g. 100 per class of CIFAR-10's test set)."""
+    a small, deterministic, class-balanced evaluation set (e.g. 100 per class of CIFAR-10's test set).
+
+    Raises:
+        InputError: ``per_class`` below 1, or above the images of some class (the set would not be balanced).
+    """
+    if not isinstance(per_class, (int, np.integer)) or isinstance(per_class, bool) or per_class < 1:
+        raise InputError(f"per_class={per_class!r} must be a positive int (images per class)")
     ds = _index(model, source)
     labels = labels_of(ds)
     if labels is None:
         raise InputError("per_class_subset needs labels it can read without the images (a folder, a torchvision "
                          "dataset, a TensorDataset)")
-    keep = np.sort(np.concatenate([np.flatnonzero(labels == c)[:per_class] for c in np.unique(labels)]))
+    classes = np.unique(labels)
+    short = {int(c): int((labels == c).sum()) for c in classes if (labels == c).sum() < per_class}
+    if short:
+        raise InputError(f"per_class={per_class} exceeds the images of class(es) {short} (class: images); pass a "
+                         "smaller per_class")
+    keep = np.sort(np.concatenate([np.flatnonzero(labels == c)[:per_class] for c in classes]))
     return Subset(ds, keep.tolist())
 
 
-def _index(model: nn.Module, source: Any) -> Any:
+def _index(model: nn.Module, source: Any, argument: str = "source") -> Any:
     from vitviz.core.datasets import ImageFolder
+    from vitviz.core.loader_order import loader_positions
 
     src = as_dataset_source(source)
+    if isinstance(src, DataLoader):
+        loader_positions(src, argument)  # features are kept in dataset order: refuses a loader of unknown order
     return ImageFolder(src, model) if isinstance(src, (str, os.PathLike)) else src
 
 
@@ -80,11 +94,11 @@ def _extract(model: nn.Module, src: Any, keep: np.ndarray | None, layers: Any, p
         src = Subset(src, keep.tolist())
     checkpoint = None
     if cache is not None:
-        from vitviz.core.digest import model_digest, source_digest
+        from vitviz.core.digest import model_digest, readout_digest, source_digest
 
-        # one file per model weights, images, layers and autocast: a cache folder can serve many models and runs
+        # one file per model weights and readout, images, layers and autocast: a cache folder serves many models
         what = [tag, keep.tolist() if keep is not None else "all", layers, pre_logits, str(kw.get("autocast")),
-                model_digest(model), source_digest(src, f"cache={str(cache)!r}")]
+                model_digest(model), readout_digest(model), source_digest(src, f"cache={str(cache)!r}")]
         key = hashlib.sha1(repr(what).encode()).hexdigest()[:16]
         checkpoint = Path(cache) / f"features-{tag}-{key}.pt"
     return extract_features(model, src, layers=layers, pre_logits=pre_logits, checkpoint=checkpoint, **kw)
@@ -99,7 +113,7 @@ def _name(model: nn.Module, name: str | None) -> str:
 def _features(model: nn.Module, train: Any, test: Any, shots: Sequence[int], seeds: Sequence[int], layers: Any,
               pre_logits: bool, cache: Any, name: str, **kw: Any) -> tuple[Features, Features, dict, np.ndarray]:
     """Features of exactly the training images some draw uses (all of them for a DataLoader), and of the test set."""
-    tr, te = _index(model, train), _index(model, test)
+    tr, te = _index(model, train, "train"), _index(model, test, "test")
     labels = labels_of(tr)
     if labels is not None:
         draws = fewshot_draws(labels, shots, seeds)
@@ -146,16 +160,18 @@ def linear_fewshot(model: nn.Module, train: Any, test: Any, shots: Sequence[int]
 
     Args:
         model: any ViT vitviz reads (eval mode; its device is used).
-        train, test: a folder (one sub-folder per class), a ``Dataset`` of ``(x, label)``, a ``DataLoader`` or
+        train, test: a folder (one sub-folder per class), a ``Dataset`` of ``(x, label)``, a ``DataLoader`` in a
+            known order (``shuffle=False``; the draws index the dataset, so a shuffling loader is refused) or
             ``(images (M, 3, H, W), labels (M,))`` tensors. Only the training images some draw uses are read
             when the labels are known without the images (folders, torchvision datasets, tensors).
         shots: images per class. l2_reg: fixed penalty, or None to choose it. seeds: one draw each.
         layer: None for the pre-logits representation, or a block index for that block's pooled token.
         name: the ``model`` column (default: the model's name).
         batch_size, num_workers, progress, autocast: feature extraction (``reduce_dataset``).
-        cache: folder for resumable feature files, one per model weights, images, layers and autocast
-            (``vitviz.core.digest``): a rerun of the same model on the same images reuses them; another model
-            or dataset gets files of its own.
+        cache: folder for resumable feature files, one per model weights and readout settings, images, layers
+            and autocast (``vitviz.core.digest``: ``model_digest``, ``readout_digest``, ``source_digest``): a rerun
+            of the same model on the same images reuses them; another model, pooling or dataset gets files of its
+            own.
 
     Returns:
         one row per (shots, seed): ``model, layer, depth, probe, shots, seed, l2_reg, accuracy`` (top-1 %),
@@ -185,8 +201,8 @@ def knn_probe(model: nn.Module, train: Any, test: Any, *, k: int = 20, temperatu
     nm = _name(model, name)
     layers = None if layer is None else [layer]
     kw = dict(batch_size=batch_size, num_workers=num_workers, progress=progress, autocast=autocast)
-    ftr = _extract(model, _index(model, train), None, layers, layer is None, cache, f"{nm}-knntrain", **kw)
-    fte = _extract(model, _index(model, test), None, layers, layer is None, cache, f"{nm}-test", **kw)
+    ftr = _extract(model, _index(model, train, "train"), None, layers, layer is None, cache, f"{nm}-knntrain", **kw)
+    fte = _extract(model, _index(model, test, "test"), None, layers, layer is None, cache, f"{nm}-test", **kw)
     key = PRE_LOGITS if layer is None else resolve_blocks(model, layer)[0]
     acc = knn_accuracy(ftr.feats[key].numpy(), ftr.labels.numpy(), fte.feats[key].numpy(), fte.labels.numpy(),
                        k=k, temperature=temperature)
@@ -219,12 +235,18 @@ def layer_probes(model: nn.Module, train: Any, test: Any, shots: Sequence[int] =
 def summarize_probes(df: pd.DataFrame, by: Sequence[str] = ("model", "layer", "depth", "probe", "shots"),
                      level: float = 0.95) -> pd.DataFrame:
     """Mean accuracy over seeds with the Student-t ``level`` interval: columns ``by + [accuracy, low, high,
-    draws]``."""
+    draws]``.
+
+    One group per value of ``by``; a missing value is a value of its own, so the k-NN rows of a table concatenated
+    with linear ones (no ``shots``) keep their own row (one draw: no interval). The interval is over one group's
+    draws (the spread of the few-shot draw, on a fixed test set); it is not a paired comparison: two models probed
+    with the same seeds use the same training images, and their per-seed differences are what to compare.
+    """
     if "accuracy" not in df:
         raise InputError("summarize_probes needs a probe table with an 'accuracy' column (linear_fewshot, ...)")
     by = [c for c in by if c in df.columns]
     rows = []
-    for key, g in df.groupby(by, sort=True):
+    for key, g in df.groupby(by, sort=True, dropna=False):  # k-NN rows have no shots: a group of their own
         m, lo, hi = t_interval(g["accuracy"].to_numpy(), level)
         rows.append({**dict(zip(by, key if isinstance(key, tuple) else (key,))), "accuracy": m, "low": lo,
                      "high": hi, "draws": len(g)})

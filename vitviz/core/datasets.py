@@ -160,7 +160,8 @@ def _load(path: Path, fingerprint: dict) -> dict | None:
 
 
 _MEANING = {"weights": "the model's parameters and buffers", "data": "the images read",
-            "dataset_images": "the number of images", "autocast": "the autocast dtype", "model": "the model class"}
+            "dataset_images": "the number of images", "autocast": "the autocast dtype", "model": "the model class",
+            "readout": "the model's settings besides its weights: pooling, prefix tokens, config"}
 
 
 def _loader(source: Any, model: nn.Module, batch_size: int, num_workers: int, pin: bool, rank: int, world: int,

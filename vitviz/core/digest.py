@@ -64,7 +64,7 @@ from torch import nn
 
 from vitviz.errors import CheckpointError
 
-__all__ = ["callable_digest", "image_digest", "model_digest", "source_digest", "tensor_digest"]
+__all__ = ["callable_digest", "image_digest", "model_digest", "readout_digest", "source_digest", "tensor_digest"]
 
 _DEPTH = 6  # how deep values inside values (a closure over a partial over a closure ...) are followed
 _ADDRESS = re.compile(r"\bat 0x[0-9a-fA-F]+")  # the default repr, <Foo object at 0x7f...>, differs from run to run
@@ -118,6 +118,43 @@ def model_digest(model: nn.Module) -> str:
     for name, t in [*model.named_parameters(), *model.named_buffers()]:
         h.update(name.encode())
         _feed_tensor(h, t)
+    return h.hexdigest()[:16]
+
+
+_PLAIN = (type(None), bool, int, float, str)
+
+
+def _plain(value: Any) -> bool:
+    """A value made of numbers, strings, ``None``, tuples, lists and dicts of them (a setting, not state)."""
+    if isinstance(value, _PLAIN):
+        return True
+    if isinstance(value, (tuple, list)):
+        return all(_plain(v) for v in value)
+    if isinstance(value, dict):
+        return all(isinstance(k, str) and _plain(v) for k, v in value.items())
+    return False
+
+
+def readout_digest(model: nn.Module) -> str:
+    """A hex digest of what decides ``model``'s outputs besides its tensors: every submodule's name and class and its
+    public attributes of plain values (numbers, strings, ``None`` and containers of them; not ``training``), such as
+    timm's ``global_pool``, ``num_prefix_tokens`` and ``pool_include_prefix`` or a norm's ``eps``, and a Hugging Face
+    model's ``config`` (its public plain entries).
+
+    ``model_digest`` does not see these: timm's ``reset_classifier(0, "avg")`` after ``reset_classifier(0,
+    "token")`` keeps every tensor and changes the features; this digest changes with it.
+    """
+    h = hashlib.sha1(b"readout:")
+    for name, module in model.named_modules():
+        h.update(f"{name}:{_name(module)}".encode())
+        attrs = dict(vars(module))
+        config = attrs.pop("config", None)
+        if config is not None and callable(getattr(config, "to_dict", None)):
+            attrs.update({f"config.{k}": v for k, v in config.to_dict().items() if not k.startswith("_")})
+        for key in sorted(attrs):
+            value = attrs[key]
+            if key != "training" and not key.startswith("_") and _plain(value):
+                h.update(f"{key}={value!r};".encode())
     return h.hexdigest()[:16]
 
 

@@ -16,6 +16,7 @@ finished features back without touching the model.
 from __future__ import annotations
 
 import os
+from collections.abc import Sequence
 from dataclasses import dataclass
 from typing import Any
 
@@ -25,6 +26,7 @@ from torch.utils.data import DataLoader, Dataset
 from torch.utils.data import TensorDataset as TorchTensorDataset
 
 from vitviz.core.datasets import RunningReduction, reduce_dataset
+from vitviz.core.loader_order import loader_positions
 from vitviz.errors import InputError, LayerSelectError
 
 PRE_LOGITS = "pre_logits"
@@ -78,11 +80,12 @@ class FeatureReduction(RunningReduction):
     name = "features"
 
     def __init__(self, model: nn.Module, num_images: int, blocks: list[int], pre_logits: bool = True,
-                 rows: range | None = None) -> None:
+                 rows: Sequence[int] | None = None) -> None:
         super().__init__()
         from vitviz.core.families import family_of
         from vitviz.core.spec import inspect
 
+        self.model = model
         self.family = family_of(model)
         self.prefix = inspect(model).prefix_tokens
         self.block_modules = [m for _, m in self.family.blocks(model)]
@@ -94,8 +97,11 @@ class FeatureReduction(RunningReduction):
                      "filled": torch.zeros(num_images, dtype=torch.long)}
 
     def fingerprint(self) -> dict[str, Any]:
+        from vitviz.core.digest import readout_digest
+
+        # the weights are in reduce_dataset's fingerprint; the readout (pooling, prefix tokens) is not in them
         return {"reduction": self.name, "blocks": list(self.blocks), "pre_logits": self.want_pre_logits,
-                "images": self.num_images}
+                "images": self.num_images, "readout": readout_digest(self.model)}
 
     def _put(self, key: str, rows: torch.Tensor, values: torch.Tensor) -> None:
         values = values.detach().float().cpu()
@@ -164,7 +170,9 @@ def extract_features(model: nn.Module, source: FeatureSource, *, layers: Any = N
     Args:
         model: the ViT, in eval mode on its device.
         source: a folder (ImageFolder layout, preprocessed with the model's data config), a ``Dataset`` of
-            ``(x, label)``, a ``DataLoader`` or ``(images (M, 3, H, W), labels (M,))`` tensors (preprocessed).
+            ``(x, label)``, a ``DataLoader`` that reads it in a known order (``shuffle=False``; a shuffling or
+            subset-sampling loader is refused with an ``InputError``: its rows could not be put in dataset order) or
+            ``(images (M, 3, H, W), labels (M,))`` tensors (preprocessed).
         layers: blocks whose pooled token to keep: ``None``, ``"all"``, an index or a list.
         pre_logits: keep the pre-logits representation.
         batch_size, num_workers, autocast, progress, checkpoint: as in ``reduce_dataset`` (``checkpoint`` makes the
@@ -188,10 +196,14 @@ def extract_features(model: nn.Module, source: FeatureSource, *, layers: Any = N
     blocks = resolve_blocks(model, layers)
     if not blocks and not pre_logits:
         raise InputError("nothing to extract: pre_logits=False and layers=None")
+    rows = None
+    if isinstance(src, DataLoader):  # each image's row is its dataset position, not its place in the loader's order
+        positions = loader_positions(src, "source")  # refuses a loader of unknown order (shuffling, subset sampling)
+        rows = None if positions is None else [p for p in positions if p is not None]  # None: a padded repeat
     was_training = model.training
     model.eval()
     try:
-        red = reduce_dataset(model, src, FeatureReduction(model, n, blocks, pre_logits), batch_size=batch_size,
+        red = reduce_dataset(model, src, FeatureReduction(model, n, blocks, pre_logits, rows), batch_size=batch_size,
                              num_workers=num_workers, autocast=autocast, progress=progress, checkpoint=checkpoint)
     finally:
         model.train(was_training)
