@@ -57,7 +57,10 @@ def labels_of(source: Any) -> np.ndarray | None:
 
 def per_class_subset(model: nn.Module, source: Any, per_class: int) -> Subset:
     """The first ``per_class`` images of each class of ``source`` (a folder or a labelled Dataset), in order:
-    a small, deterministic evaluation set (e.g. 100 per class of CIFAR-10's test set)."""
+    a small, deterministic evaluation set (e.g. 100 per class of CIFAR-10's test set); a class with fewer images
+    gives all of them."""
+    if isinstance(per_class, bool) or not isinstance(per_class, (int, np.integer)) or per_class < 1:
+        raise InputError(f"per_class={per_class!r} must be a positive int, the images kept of each class (e.g. 100)")
     ds = _index(model, source)
     labels = labels_of(ds)
     if labels is None:
@@ -222,7 +225,13 @@ def summarize_probes(df: pd.DataFrame, by: Sequence[str] = ("model", "layer", "d
     draws]``."""
     if "accuracy" not in df:
         raise InputError("summarize_probes needs a probe table with an 'accuracy' column (linear_fewshot, ...)")
+    if isinstance(level, bool) or not isinstance(level, (int, float, np.floating)) or not 0 < level < 1:
+        raise InputError(f"level={level!r} must lie in (0, 1), e.g. 0.95 (not a percentage)")
+    if isinstance(by, str):
+        raise InputError(f"by={by!r} is a string, not a collection of column names; pass by=({by!r},)")
     by = [c for c in by if c in df.columns]
+    if not by:
+        raise InputError(f"by: none of the columns to group by is in df; pass some of {list(df.columns)}")
     rows = []
     for key, g in df.groupby(by, sort=True):
         m, lo, hi = t_interval(g["accuracy"].to_numpy(), level)
