@@ -7,7 +7,9 @@ sources, batch sizes, devices, layer selectors and ``target=``.
 
 from __future__ import annotations
 
+import tempfile
 from collections.abc import Callable
+from pathlib import Path
 
 import numpy as np
 import pandas as pd
@@ -16,7 +18,8 @@ import torch
 from conftest import tiny_timm_vit
 
 import vitviz
-from vitviz.errors import ImageInputError, InputError, LayerSelectError, OutOfRangeError
+from vitviz.core.families import CustomFamily
+from vitviz.errors import ImageInputError, InputError, InputTypeError, LayerSelectError, OutOfRangeError
 
 M = tiny_timm_vit()  # eval mode; built once: no row changes it (test_model_is_untouched checks)
 GOOD = torch.randn(2, 3, 32, 48)
@@ -55,6 +58,27 @@ def faith(methods=("random",), model=M, **kw) -> object:
 
 
 RUN = faith({"random": "random", "mine": torch.rand(2, 4, 6)})
+MAPS = [torch.softmax(torch.randn(2, 2, 25, 25), -1) for _ in range(2)]
+TRAIN = torch.utils.data.TensorDataset(torch.randn(6, 3, 32, 48), torch.arange(6) % 2)
+PROBES = pd.DataFrame({"model": "m", "layer": "0", "depth": 1, "probe": "linear", "shots": 2, "seed": [0, 1],
+                       "accuracy": [50.0, 60.0]})
+
+
+def sanity(**kw) -> object:
+    return vitviz.sanity_checks(M, GOOD, methods=["random"], **{"tests": ["cascading"], **kw})
+
+
+SANITY = sanity()
+
+
+def save(**kw) -> object:
+    import matplotlib.pyplot as plt
+
+    fig = plt.figure()
+    try:
+        return vitviz.save_figure(fig, Path(tempfile.mkdtemp()) / "fig", **kw)
+    finally:
+        plt.close(fig)
 
 Row = tuple[str, Callable[[], object], type[Exception], str]
 
@@ -186,6 +210,92 @@ ROWS: list[Row] = [
      "layer='nope' is not a module"),
     ("load-model-unknown-name", lambda: vitviz.load_model("no_such_vit_xyz"), InputError,
      "'no_such_vit_xyz' is neither a timm model"),
+    ("load-model-device-unknown", lambda: vitviz.load_model("cifar10-vit", device="gpu"), InputError,
+     "device='gpu' is not a torch device"),
+    # figures: formats and dpi are checked before anything is written
+    ("save-figure-format-unknown", lambda: save(formats=("png", "bmpx")), InputError,
+     "formats=('png', 'bmpx'): ['bmpx'] not supported by matplotlib; pass formats among"),
+    ("save-figure-format-string", lambda: save(formats="png"), InputError, "formats='png' is a string"),
+    ("save-figure-format-not-str", lambda: save(formats=(3,)), InputError, "[3] not supported"),
+    ("save-figure-dpi-negative", lambda: save(formats=("png",), dpi=-5), InputError, "dpi=-5 is not a positive"),
+    ("save-figure-not-a-figure", lambda: vitviz.save_figure(None, Path(tempfile.mkdtemp()) / "x"), InputError,
+     "fig=None is not a matplotlib Figure or Axes"),
+    ("saver-format-unknown", lambda: vitviz.Saver(tempfile.mkdtemp(), formats=("bmpx",)), InputError,
+     "formats=('bmpx',): ['bmpx'] not supported"),
+    # families and capture
+    ("register-family-none", lambda: vitviz.register_family(None), InputTypeError, "family=None is not a Family"),
+    ("register-family-class", lambda: vitviz.register_family(CustomFamily), InputTypeError,
+     "pass an instance, CustomFamily()"),
+    ("capture-on-layer-not-callable", lambda: capture(on_layer=3), InputTypeError, "on_layer=3 is not callable"),
+    # token indices: integers only
+    ("rollout-token-float", lambda: rollout(token=1.5), InputTypeError, "token=1.5 is a float, not a token index"),
+    ("rollout-token-bool", lambda: rollout(token=True), InputTypeError, "token=True is a bool"),
+    ("explain-chefer-token-float", lambda: vitviz.explain(M, GOOD, "chefer", token=2.0), InputTypeError,
+     "token=2.0 is a float"),
+    ("flow-token-float", lambda: vitviz.attention_flow(M, GOOD, token=0.5), InputTypeError, "token=0.5 is a float"),
+    # propagation building blocks
+    ("fuse-heads-numpy", lambda: vitviz.fuse_heads(np.ones((1, 2, 3, 3))), InputTypeError,
+     "expected a (B, H, N, N) torch.Tensor, got ndarray"),
+    ("fuse-heads-int-dtype", lambda: vitviz.fuse_heads(torch.rand(1, 2, 3, 3), dtype=torch.int64), InputError,
+     "dtype=torch.int64 is not a floating torch dtype"),
+    ("layer-rule-prefix-negative", lambda: vitviz.LayerRule(num_prefix_tokens=-1), InputError,
+     "num_prefix_tokens=-1 is not a count of tokens"),
+    ("rollout-from-attentions-prefix-float", lambda: vitviz.rollout_from_attentions(MAPS, num_prefix_tokens=1.5),
+     InputError, "num_prefix_tokens=1.5"),
+    ("propagate-rule-string", lambda: vitviz.propagate(MAPS, "rollout"), InputTypeError,
+     "rule='rollout' is not a LayerRule"),
+    # integrated gradients
+    ("ig-n-steps-zero", lambda: vitviz.integrated_gradients(M, GOOD, n_steps=0), InputError,
+     "n_steps=0 must be a positive int"),
+    ("ig-n-steps-float", lambda: vitviz.integrated_gradients(M, GOOD, n_steps=2.5), InputError, "n_steps=2.5"),
+    ("ig-internal-batch-size-zero", lambda: vitviz.integrated_gradients(M, GOOD, internal_batch_size=0), InputError,
+     "internal_batch_size=0 must be a positive int"),
+    ("ig-baseline-nan", lambda: vitviz.integrated_gradients(M, GOOD, baseline=float("nan")), InputError,
+     "baseline=nan must be a finite number"),
+    ("ig-baseline-string", lambda: vitviz.explain(M, GOOD, "integrated_gradients", baseline="black"), InputError,
+     "baseline='black'"),
+    # attnlrp
+    ("attnlrp-plain-string", lambda: vitviz.attnlrp(M, GOOD, plain="head"), InputError,
+     "plain='head' is a string"),
+    ("attnlrp-plain-no-match", lambda: vitviz.attnlrp(M, GOOD, plain=["blocks.*.mlp.fc9"]), InputError,
+     "['blocks.*.mlp.fc9'] match no module of VisionTransformer"),
+    # faithfulness: options, batch size, workers, seed
+    ("faith-method-options-unknown", lambda: faith(method_options={"rolout": {"head_fusion": "max"}}), InputError,
+     "has options for ['rolout'], neither among the methods ['random'] nor a vitviz.explain method"),
+    ("faith-batch-size-0", lambda: faith(batch_size=0), InputError, "batch_size=0 is not a positive number"),
+    ("faith-num-workers-negative", lambda: faith(num_workers=-1), InputError, "num_workers=-1 is not a number"),
+    ("faith-seed-string", lambda: faith(seed="x"), InputError, "seed='x' must be an int"),
+    # sanity checks and their summary
+    ("sanity-std-negative", lambda: sanity(std=-0.1), InputError, "std=-0.1 must be a positive finite number"),
+    ("sanity-std-zero", lambda: sanity(std=0), InputError, "std=0 must be a positive"),
+    ("sanity-seed-string", lambda: sanity(seed="x"), InputError, "seed='x' must be an int"),
+    ("sanity-methods-empty", lambda: vitviz.sanity_checks(M, GOOD, methods=[]), InputError, "methods is empty"),
+    ("sanity-steps-empty", lambda: sanity(steps=[]), InputError, "steps=[] selects no layer"),
+    ("sanity-method-options-unknown", lambda: sanity(method_options={"chefr": {"start_layer": 1}}), InputError,
+     "has options for ['chefr'], neither among the named methods ['random'] nor a vitviz.explain method"),
+    ("sanity-summary-threshold", lambda: vitviz.sanity_summary(SANITY, threshold=2), InputError,
+     "threshold=2 must lie in [0, 1]"),
+    ("sanity-summary-step-unknown", lambda: vitviz.sanity_summary(SANITY, decision_step="block 9"), InputError,
+     "decision_step='block 9' is not a cascading step of df; pass one of ['head'"),
+    ("sanity-summary-empty", lambda: vitviz.sanity_summary(SANITY.iloc[:0]), InputError, "df holds no rows"),
+    ("sanity-summary-not-a-table", lambda: vitviz.sanity_summary([1]), InputError,
+     "needs the table of vitviz.sanity_checks"),
+    # probes
+    ("fewshot-shots-empty", lambda: vitviz.linear_fewshot(M, TRAIN, TRAIN, shots=()), InputError,
+     "shots=() draws nothing"),
+    ("fewshot-shots-int", lambda: vitviz.linear_fewshot(M, TRAIN, TRAIN, shots=2), InputError,
+     "shots=2 is one number"),
+    ("features-num-workers-negative", lambda: vitviz.extract_features(M, TRAIN, num_workers=-1), InputError,
+     "num_workers=-1 is not a number of loader worker processes"),
+    ("per-class-subset-zero", lambda: vitviz.per_class_subset(M, TRAIN, 0), InputError,
+     "per_class=0 must be a positive int"),
+    ("per-class-subset-float", lambda: vitviz.per_class_subset(M, TRAIN, 2.5), InputError, "per_class=2.5"),
+    ("summarize-probes-level-percent", lambda: vitviz.summarize_probes(PROBES, level=95), InputError,
+     "level=95 must lie in (0, 1)"),
+    ("summarize-probes-by-string", lambda: vitviz.summarize_probes(PROBES, by="model"), InputError,
+     "by='model' is a string"),
+    ("plot-layer-probes-level", lambda: vitviz.plot_layer_probes(PROBES, level=2), InputError,
+     "level=2 must lie in (0, 1)"),
 ]
 
 
@@ -214,3 +324,19 @@ def test_the_model_is_untouched_and_good_input_still_works():
 def test_a_tensor_on_another_device_is_moved_to_the_models():
     x = vitviz.load_images(M, GOOD.to(torch.float64), device="meta")
     assert x.device.type == "meta" and x.dtype == torch.float32
+
+
+def test_save_figure_writes_nothing_when_a_format_is_unsupported(tmp_path):
+    import matplotlib.pyplot as plt
+
+    fig = plt.figure()
+    with pytest.raises(InputError, match="bmpx"):
+        vitviz.save_figure(fig, tmp_path / "fig", formats=("png", "pdf", "bmpx"))
+    plt.close(fig)
+    assert list(tmp_path.iterdir()) == []
+
+
+def test_a_refused_family_leaves_the_lookup_working():
+    with pytest.raises(InputTypeError):
+        vitviz.register_family(None)
+    assert vitviz.inspect(M).depth == 2

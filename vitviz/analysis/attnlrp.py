@@ -40,6 +40,7 @@ stabiliser) absorb part of it, (2) the softmax rule's Taylor bias term absorbs
 
 from __future__ import annotations
 
+import fnmatch
 from collections.abc import Sequence
 
 import torch
@@ -146,7 +147,8 @@ def attnlrp(
         epsilon: the epsilon rule's stabiliser (0: the plain gradient on linear layers, as lxt.efficient).
         gamma: the gamma rule's parameter.
         attention_rule: ``"attnlrp"`` (paper Prop. 3.1-3.3) or ``"cp"`` (CP-LRP: no relevance through the softmax).
-        plain: fnmatch patterns of linear layers left at the plain gradient (comparisons only).
+        plain: fnmatch patterns of linear layers left at the plain gradient (comparisons only); each must match
+            a module name.
         return_tokens: return ``(B, N)`` token relevances (prefix tokens first) instead of the maps.
         batch_size: images per forward/backward pass (default all at once).
         progress: show a progress bar.
@@ -156,9 +158,18 @@ def attnlrp(
         float32) on the model's device; the patch and prefix relevances of an image sum to its explained score
         minus what biases and the softmax absorb.
     """
+    if isinstance(plain, str):
+        raise InputError(f"plain={plain!r} is a string, not a collection of patterns; pass plain=({plain!r},)")
     rules = LRPRules(linear=linear_rule, epsilon=float(epsilon), gamma=float(gamma), attention=attention_rule,
                      plain=tuple(plain))
     spec = inspect(model)
+    names = [n for n, _ in model.named_modules()]
+    names += [f"{n}.{proj}" for n, m in model.named_modules() if isinstance(m, nn.MultiheadAttention)
+              for proj in ("in_proj", "out_proj")]
+    unmatched = [pat for pat in plain if not any(fnmatch.fnmatchcase(n, pat) for n in names)]
+    if unmatched:
+        raise InputError(f"plain={tuple(plain)!r}: {unmatched} match no module of {spec.name}; pass fnmatch patterns "
+                         "of its linear layers' names, e.g. plain=('blocks.*.mlp.fc2',)")
     total = count_images(images)
     out: list[torch.Tensor] = []
     done = 0

@@ -46,6 +46,7 @@ repeated rows are refused by ``faithfulness_auc`` and ``compare_methods``. ``out
 
 from __future__ import annotations
 
+import numbers
 import os
 from collections.abc import Callable, Hashable, Mapping, Sequence
 from typing import Any
@@ -65,7 +66,7 @@ from vitviz.analysis.faithfulness_resume import (
 )
 from vitviz.analysis.faithfulness_stats import BETTER, MODES, bootstrap_ci, compare_methods, faithfulness_auc
 from vitviz.analysis.perturbation import Perturbed, drop_module, keep_tokens, rank_patches, resolve_removal
-from vitviz.core.batching import count_images, iter_batches
+from vitviz.core.batching import check_batch_size, check_num_workers, count_images, iter_batches
 from vitviz.core.datasets import (
     autocast_context,
     autocast_dtype,
@@ -241,7 +242,8 @@ def faithfulness(
         fill: the value of removed pixels for ``"mean"``, one finite number or one per channel (3), in the model's
             normalised space (default 0: the normalisation mean, the model's training-set mean). Refused when
             ``removal`` resolves to ``"drop"``, where no pixel is filled.
-        method_options: per method name, options for ``vitviz.explain`` (e.g. ``{"attention": {"layer": -1}}``).
+        method_options: per method name, options for ``vitviz.explain`` (e.g. ``{"attention": {"layer": -1}}``); a
+            name that is neither a method here nor a ``vitviz.explain`` method is refused.
         batch_size: images per pass.
         progress: show a progress bar over images.
         seed: the seed of the random order among patches of equal relevance (per image: seed and image id).
@@ -284,6 +286,17 @@ def faithfulness(
     how = resolve_removal(model, removal)
     fill_t = _fill(fill, how, removal)
     options = {k: dict(v) for k, v in (method_options or {}).items()}
+    stray = [k for k in options if k not in table and k not in METHODS]
+    if stray:
+        raise InputError(f"method_options={dict(method_options or {})!r} has options for {stray}, neither among the "
+                         f"methods {list(table)} nor a vitviz.explain method; key the options by a method's name")
+    if batch_size is None:
+        raise InputError("batch_size=None: faithfulness needs a number of images per pass; pass an integer such "
+                         "as 50")
+    check_batch_size(batch_size)
+    check_num_workers(num_workers)
+    if isinstance(seed, bool) or not isinstance(seed, numbers.Integral):
+        raise InputError(f"seed={seed!r} must be an int (the seed of the random order among equal patches)")
     image_id = image_id_of(image_ids, image_offset, total)
     _check_labels(labels, images)
     target_all, labels_all = _per_image(target, total, "target"), _per_image(labels, total, "labels")

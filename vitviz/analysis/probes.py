@@ -126,10 +126,15 @@ def fewshot_draws(labels: np.ndarray, shots: Sequence[int], seeds: Sequence[int]
     the 5-shot examples are among the 10-shot ones.
 
     Raises:
-        InputError: ``shots`` below 1 or above the images of some class.
+        InputError: ``shots`` or ``seeds`` empty (or ``shots`` a bare int), a shot count below 1 or above the
+            images of some class.
     """
     labels = np.asarray(labels)
     classes = sorted(set(labels.tolist())) if classes is None else list(classes)
+    if isinstance(shots, (int, np.integer)):
+        raise InputError(f"shots={shots!r} is one number, not a sequence of shot counts; pass shots=({shots!r},)")
+    if not len(shots):
+        raise InputError("shots=() draws nothing; pass e.g. shots=(1, 5, 10, 25)")
     if not len(seeds):
         raise InputError("seeds=() draws nothing; pass e.g. seeds=range(10)")
     counts = {c: int((labels == c).sum()) for c in classes}

@@ -30,6 +30,9 @@ Shapes: ``B`` batch, ``H`` heads, ``N`` tokens (prefix + patches), ``K`` rows, `
 
 from __future__ import annotations
 
+import contextlib
+import numbers
+import operator
 from collections.abc import Sequence
 from dataclasses import dataclass
 
@@ -37,7 +40,7 @@ import torch
 
 from vitviz.core.capture import HeadMaps, check_layer_index
 from vitviz.core.spec import ViTSpec
-from vitviz.errors import CaptureError, InputError, OutOfRangeError
+from vitviz.errors import CaptureError, InputError, InputTypeError, OutOfRangeError
 
 __all__ = [
     "FLOW_MAPS", "HEAD_FUSIONS", "RULES", "LayerRule", "Propagator", "discard_weakest", "fuse_heads",
@@ -57,6 +60,12 @@ def fuse_heads(attn: torch.Tensor | HeadMaps, head_fusion: str = "mean", dtype: 
     The one entry point for head fusion. ``attn`` may be a ``HeadMaps`` (``capture_attention(heads="stream")``):
     the heads are then folded in one at a time. ``out``: a ``(B, N, N)`` tensor of ``dtype`` to write into.
     """
+    if not isinstance(attn, (torch.Tensor, HeadMaps)):
+        raise InputTypeError(f"attn: expected a (B, H, N, N) torch.Tensor, got {type(attn).__name__}; pass one "
+                             "layer's post-softmax map (torch.as_tensor(a) for a NumPy array)")
+    if not (isinstance(dtype, torch.dtype) and dtype.is_floating_point):
+        raise InputError(f"dtype={dtype!r} is not a floating torch dtype; pass torch.float32 (the default), "
+                         "torch.float64 or a half-precision dtype")
     if attn.ndim != 4 or attn.shape[-1] != attn.shape[-2]:
         raise InputError(f"attn: expected attention of shape (B, H, N, N), got {tuple(attn.shape)}; pass one "
                          "layer's post-softmax map")
@@ -133,6 +142,10 @@ class LayerRule:
         if self.kind not in RULES:
             raise InputError(f"rule kind must be one of {RULES}, got {self.kind!r}")
         _check_ratio(self.discard_ratio)
+        p = self.num_prefix_tokens
+        if isinstance(p, bool) or not isinstance(p, numbers.Integral) or p < 0:
+            raise InputError(f"num_prefix_tokens={p!r} is not a count of tokens; pass a non-negative integer, the "
+                             "tokens before the patches (1 for a class token; ViTSpec.num_prefix_tokens)")
         if self.kind == "chefer" and (self.discard_ratio or not self.residual):
             raise InputError("the chefer rule (A = I + W) takes no discard_ratio and always keeps the residual; "
                              "use kind='grad_rollout' to discard")
@@ -189,6 +202,8 @@ class Propagator:
     def __init__(self, rule: LayerRule, *, head_fusion: str = "mean", blocks: Sequence[int] | None = None,
                  assume_stochastic: bool = False, num_layers: int | None = None,
                  dtype: torch.dtype = torch.float32) -> None:
+        if not isinstance(rule, LayerRule):
+            raise InputTypeError(f"rule={rule!r} is not a LayerRule; pass e.g. LayerRule('rollout') (kinds: {RULES})")
         if head_fusion not in HEAD_FUSIONS:
             raise InputError(f"head_fusion must be one of {HEAD_FUSIONS}, got {head_fusion!r}")
         self.rule = rule
@@ -348,6 +363,14 @@ def output_token(spec: ViTSpec, token: int | None, n: int) -> int | None:
     """The row to read: ``token`` (negative counts from the end), else the class token (``None`` without one)."""
     if token is None:
         return spec.class_token_index
+    index = None
+    if not isinstance(token, bool):
+        with contextlib.suppress(TypeError):
+            index = operator.index(token)
+    if index is None:
+        raise InputTypeError(f"{spec.name}: token={token!r} is a {type(token).__name__}, not a token index; pass an "
+                             f"integer in {-n} ... {n - 1} (prefix tokens first, then patches row-major) or None")
+    token = index
     if not -n <= token < n:
         raise OutOfRangeError(f"{spec.name}: token={token} is out of range for {n} tokens; pass an index in "
                                f"{-n} ... {n - 1} (prefix tokens first, then patches row-major) or None")

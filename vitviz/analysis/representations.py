@@ -63,7 +63,7 @@ def per_class_subset(model: nn.Module, source: Any, per_class: int) -> Subset:
         InputError: ``per_class`` below 1, or above the images of some class (the set would not be balanced).
     """
     if not isinstance(per_class, (int, np.integer)) or isinstance(per_class, bool) or per_class < 1:
-        raise InputError(f"per_class={per_class!r} must be a positive int (images per class)")
+        raise InputError(f"per_class={per_class!r} must be a positive int, the images kept of each class (e.g. 100)")
     ds = _index(model, source)
     labels = labels_of(ds)
     if labels is None:
@@ -244,7 +244,13 @@ def summarize_probes(df: pd.DataFrame, by: Sequence[str] = ("model", "layer", "d
     """
     if "accuracy" not in df:
         raise InputError("summarize_probes needs a probe table with an 'accuracy' column (linear_fewshot, ...)")
+    if isinstance(level, bool) or not isinstance(level, (int, float, np.floating)) or not 0 < level < 1:
+        raise InputError(f"level={level!r} must lie in (0, 1), e.g. 0.95 (not a percentage)")
+    if isinstance(by, str):
+        raise InputError(f"by={by!r} is a string, not a collection of column names; pass by=({by!r},)")
     by = [c for c in by if c in df.columns]
+    if not by:
+        raise InputError(f"by: none of the columns to group by is in df; pass some of {list(df.columns)}")
     rows = []
     for key, g in df.groupby(by, sort=True, dropna=False):  # k-NN rows have no shots: a group of their own
         m, lo, hi = t_interval(g["accuracy"].to_numpy(), level)

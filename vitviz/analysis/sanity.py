@@ -48,6 +48,8 @@ be wrong.
 from __future__ import annotations
 
 import copy
+import math
+import numbers
 import zlib
 from collections.abc import Callable, Mapping, Sequence
 from typing import Any
@@ -196,7 +198,8 @@ def sanity_checks(
         tests: any of ``cascading``, ``independent``, ``random_logit``, ``repeat``.
         seed: seeds the random weights, the random other class, and ``random``'s maps.
         std: standard deviation of the re-initialised parameters.
-        method_options: per method name, options for ``vitviz.explain``.
+        method_options: per method name, options for ``vitviz.explain``; a name that is neither in ``methods`` nor
+            a ``vitviz.explain`` method is refused (options for a known method not run are unused).
         batch_size: images per pass.
 
     Returns:
@@ -210,9 +213,17 @@ def sanity_checks(
     bad = [t for t in tests if t not in TESTS]
     if bad or not tests:
         raise InputError(f"tests={list(tests)!r}: each must be one of {TESTS}")
+    if isinstance(seed, bool) or not isinstance(seed, numbers.Integral):
+        raise InputError(f"seed={seed!r} must be an int (it seeds the random weights, classes and maps)")
+    if isinstance(std, bool) or not isinstance(std, numbers.Real) or not 0 < std < math.inf:
+        raise InputError(f"std={std!r} must be a positive finite number, the standard deviation of the "
+                         "re-initialised parameters (e.g. 0.02)")
     if methods is None:
         methods = [m for m in explain_module.METHODS if m != "flow" and _available(m, model)]
     methods = list(methods)
+    if not methods:
+        raise InputError("methods is empty; pass vitviz.explain method names (e.g. ['rollout', 'chefer']) or "
+                         "callables f(model, images, target), or None for the default set")
     for m in methods:
         if isinstance(m, str) and m not in explain_module.METHODS:
             raise InputError(f"methods holds {m!r}, which is not one of {explain_module.METHODS} nor a callable "
@@ -225,8 +236,15 @@ def sanity_checks(
         missing = [s for s in steps if s not in known]
         if missing:
             raise InputError(f"steps={list(steps)!r}: {missing} are not layers of this model; it has {known}")
+        if not list(steps):
+            raise InputError(f"steps=[] selects no layer to randomise; pass some of {known}, or None for all")
         layers = [(n, ps) for n, ps in layers if n in steps]
     options = {k: dict(v) for k, v in (method_options or {}).items()}
+    named = [m for m in methods if isinstance(m, str)]
+    stray = [k for k in options if k not in named and k not in explain_module.METHODS]
+    if stray:
+        raise InputError(f"method_options={dict(method_options or {})!r} has options for {stray}, neither among the "
+                         f"named methods {named} nor a vitviz.explain method; key the options by a method name")
     for m in methods:
         if m == "random":
             options.setdefault("random", {}).setdefault("seed", seed)
@@ -313,9 +331,20 @@ def sanity_summary(df: Any, *, threshold: float = 0.5, decision_step: str | None
     """
     import pandas as pd
 
+    if isinstance(threshold, bool) or not isinstance(threshold, numbers.Real) or not 0 <= threshold <= 1:
+        raise InputError(f"threshold={threshold!r} must lie in [0, 1], a mean |Spearman| correlation (e.g. 0.5)")
+    if not isinstance(df, pd.DataFrame) or not {"test", "method", "layer", "step", "metric", "value"} <= set(
+            df.columns):
+        raise InputError("sanity_summary needs the table of vitviz.sanity_checks (columns test, method, step, "
+                         f"layer, image, metric, value), got {type(df).__name__}")
+    if df.empty:
+        raise InputError("df holds no rows; run vitviz.sanity_checks(model, images) first and pass its result")
     sub = df[df["metric"] == "spearman_abs"]
     casc = sub[sub["test"] == "cascading"]
     layers = list(dict.fromkeys(casc.sort_values("step")["layer"]))
+    if decision_step is not None and layers and decision_step not in layers:
+        raise InputError(f"decision_step={decision_step!r} is not a cascading step of df; pass one of {layers}, or "
+                         "None for the first block step")
     if decision_step is None and layers:
         blocks = [n for n in layers if n.startswith("block ")]
         decision_step = blocks[0] if blocks else layers[-1]

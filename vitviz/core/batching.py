@@ -31,6 +31,15 @@ def check_batch_size(batch_size: object) -> None:
         )
 
 
+def check_num_workers(num_workers: object) -> None:
+    """Raise ``InputError`` unless ``num_workers`` is a non-negative integer (``int`` or a NumPy integer)."""
+    if isinstance(num_workers, bool) or not isinstance(num_workers, numbers.Integral) or num_workers < 0:
+        raise InputError(
+            f"num_workers={num_workers!r} is not a number of loader worker processes; pass a non-negative integer "
+            "(0 reads the images in this process)"
+        )
+
+
 def iter_batches(
     model: nn.Module,
     images: Images,

@@ -59,7 +59,7 @@ from torch import nn
 from vitviz.core.families import family_of
 from vitviz.core.families.base import Emit, HeadMaps, Probe, Undo
 from vitviz.core.spec import ViTSpec, inspect
-from vitviz.errors import CaptureError, InputError, LayerSelectError
+from vitviz.errors import CaptureError, InputError, InputTypeError, LayerSelectError
 
 LayerSelect = int | str | Sequence[int | str] | None
 OnLayer = Callable[[int, torch.Tensor], None]  # or (int, HeadMaps) with heads="stream"
@@ -365,6 +365,9 @@ def capture_attention(
             f"dtype={dtype!r} is not a floating torch dtype; attention maps are probabilities: pass "
             "torch.float32 (or torch.float16 / torch.bfloat16), or None to keep the model's dtype"
         )
+    if on_layer is not None and not callable(on_layer):
+        raise InputTypeError(f"on_layer={on_layer!r} is not callable; pass a function on_layer(position, attn) or "
+                             "None")
     if heads not in HEAD_MODES:
         raise InputError(f"heads={heads!r} is not understood; pass 'full' ((B, H, N, N) maps) or 'stream' "
                          "(one head at a time, for reductions)")

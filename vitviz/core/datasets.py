@@ -30,6 +30,7 @@ from torch import nn
 from torch.utils.data import DataLoader, Dataset
 from torch.utils.data.distributed import DistributedSampler
 
+from vitviz.core.batching import check_num_workers
 from vitviz.core.io import atomic_save
 from vitviz.core.loader_order import ShardSampler, loader_positions, loader_sampler, own_items
 from vitviz.errors import CheckpointError, InputError, NotImplementedInVitviz
@@ -248,6 +249,7 @@ def iter_dataset(
     """
     from torch.utils.data import IterableDataset
 
+    check_num_workers(num_workers)
     if isinstance(source, (str, os.PathLike)):
         source = ImageFolder(source, model)
     device = _device(model)
@@ -361,6 +363,7 @@ def reduce_dataset(
     """
     if batch_size < 1 or checkpoint_every < 1:
         raise InputError(f"batch_size and checkpoint_every must be positive, got {batch_size} and {checkpoint_every}")
+    check_num_workers(num_workers)
     rank, world = _world()
     device = _device(model)
     cuda = device.type == "cuda"

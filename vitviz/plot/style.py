@@ -115,6 +115,28 @@ def new_figure(figsize: tuple[float, float]) -> Figure:
     return plt.figure(figsize=figsize)
 
 
+def check_formats(formats: Iterable[str], fig: Figure | None = None) -> list[str]:
+    """``formats`` as lower-case extensions without dots, each one matplotlib can write.
+
+    Raises:
+        InputError: ``formats`` is a single string, empty, or holds something that is not a supported format; the
+            message lists the supported ones. Checked before any file is written.
+    """
+    if isinstance(formats, str):
+        raise InputError(f"formats={formats!r} is a string, not a collection of formats; pass "
+                         f"formats=({formats!r},)")
+    canvas = (fig if fig is not None else Figure()).canvas
+    supported = sorted(canvas.get_supported_filetypes())
+    wanted = list(formats)
+    bad = [f for f in wanted if not isinstance(f, str) or f.lower().lstrip(".") not in supported]
+    if bad:
+        raise InputError(f"formats={tuple(wanted)!r}: {bad} not supported by matplotlib; pass formats among "
+                         f"{supported}, e.g. formats=('png', 'pdf')")
+    if not wanted:
+        raise InputError("save_figure needs at least one format, e.g. formats=('png',)")
+    return [f.lower().lstrip(".") for f in wanted]
+
+
 def save_figure(
     fig: Figure | Axes,
     path_stem: str | os.PathLike,
@@ -129,16 +151,24 @@ def save_figure(
         fig: the figure, or an axes (its whole figure is written), as the axes-level ``plot_*`` return.
         path_stem: path without extension, e.g. ``"reports/pos_embed"`` (an extension among ``formats`` is
             dropped: ``"pos_embed.png"`` also writes ``pos_embed.pdf`` and ``pos_embed.svg``).
-        formats: file extensions, e.g. ``("png",)``.
-        dpi: resolution of raster formats (default: vitviz's 200).
+        formats: file extensions, e.g. ``("png",)``; each one matplotlib writes (``png``, ``pdf``, ``svg``,
+            ``eps``, ``jpg``, ...).
+        dpi: resolution of raster formats, a positive number (default: vitviz's 200).
 
     Returns:
         the paths written, in the order of ``formats``.
+
+    Raises:
+        InputError: ``fig`` is not a figure or axes, ``formats`` is empty, a string or holds an unsupported format,
+            or ``dpi`` is not positive; checked before anything is written.
     """
+    if not isinstance(fig, (Figure, Axes)):
+        raise InputError(f"fig={fig!r} is not a matplotlib Figure or Axes; pass what a vitviz plot_* call returns")
     fig = fig.figure if isinstance(fig, Axes) else fig
-    formats = [f.lower().lstrip(".") for f in formats]
-    if not formats:
-        raise InputError("save_figure needs at least one format, e.g. formats=('png',)")
+    formats = check_formats(formats, fig)
+    if dpi is not None and (isinstance(dpi, bool) or not isinstance(dpi, (int, float)) or not 0 < dpi < float("inf")):
+        raise InputError(f"dpi={dpi!r} is not a positive number of dots per inch; pass e.g. dpi=300, or None for "
+                         f"vitviz's {RC['savefig.dpi']}")
     stem = Path(path_stem)
     if stem.suffix.lstrip(".").lower() in formats:
         stem = stem.with_suffix("")
@@ -164,7 +194,7 @@ class Saver:
 
     def __init__(self, out_dir: str | os.PathLike | None = None, arrays_dir: str | os.PathLike | None = None,
                  formats: Iterable[str] = ("png", "pdf", "svg")) -> None:
-        self.out_dir, self.arrays_dir, self.formats = out_dir, arrays_dir, tuple(formats)
+        self.out_dir, self.arrays_dir, self.formats = out_dir, arrays_dir, tuple(check_formats(formats))
 
     def __call__(self, fig: Figure | Axes, stem: str, **arrays: Any) -> list[Path]:
         written: list[Path] = []

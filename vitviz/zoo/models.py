@@ -29,7 +29,11 @@ def resolve_device(device: str | torch.device = "auto") -> torch.device:
     """``"auto"``: CUDA when available, else CPU."""
     if str(device) == "auto":
         return torch.device("cuda" if torch.cuda.is_available() else "cpu")
-    return torch.device(device)
+    try:
+        return torch.device(device)
+    except (RuntimeError, TypeError):
+        raise InputError(f"device={device!r} is not a torch device; pass 'auto' (CUDA when available), 'cpu', "
+                         "'cuda', 'cuda:1', 'mps' or a torch.device") from None
 
 
 def host_reachable(host: str, port: int = 443, timeout: float = NETWORK_TIMEOUT_S) -> bool:

@@ -27,7 +27,7 @@ from vitviz.core.families.open_clip_vit import OpenCLIPFamily
 from vitviz.core.families.timm_naflex import NaFlexVitFamily
 from vitviz.core.families.timm_vit import TimmFamily
 from vitviz.core.families.torchvision_vit import TorchvisionFamily
-from vitviz.errors import NotAViTError, UnsupportedModelError, VitvizError
+from vitviz.errors import InputTypeError, NotAViTError, UnsupportedModelError, VitvizError
 
 __all__ = ["Family", "Layout", "NotAViTError", "VitvizError", "CustomFamily", "describe", "family_of",
            "register_family"]
@@ -42,7 +42,15 @@ _DESCRIBED: weakref.WeakKeyDictionary[nn.Module, Family] = weakref.WeakKeyDictio
 
 
 def register_family(family: Family) -> None:
-    """Teach vitviz a new kind of ViT (checked before the built-in families)."""
+    """Teach vitviz a new kind of ViT (checked before the built-in families).
+
+    Raises:
+        InputTypeError: ``family`` is not a ``Family`` instance (a class is refused too: pass ``MyFamily()``).
+    """
+    if not isinstance(family, Family):
+        fix = f"pass an instance, {family.__name__}()" if isinstance(family, type) and issubclass(family, Family) \
+            else "pass an instance of a vitviz.core.families.Family subclass"
+        raise InputTypeError(f"family={family!r} is not a Family; {fix}")
     _FAMILIES.insert(0, family)
 
 
