@@ -112,6 +112,41 @@ def test_resampled_size_matches_timm_by_hand(no_embed_class):
     assert pos_embed_similarity(model, img_size=40).shape == (5, 5, 5, 5)  # int size: square
 
 
+def tokens_grid(model, img_size) -> tuple[int, int]:
+    """The (gh, gw) grid the model's own patch embedding makes from an input of img_size (run, not derived)."""
+    pe = model.patch_embed
+    with torch.no_grad():
+        x = torch.zeros(1, 3, *img_size)
+        feats = pe.backbone(x) if hasattr(pe, "backbone") else x
+        feats = feats[-1] if isinstance(feats, (list, tuple)) else feats
+        return tuple(pe.proj(feats).shape[-2:])
+
+
+@pytest.mark.parametrize("name", ["cifar10-hybrid", "vit_tiny_r_s16_p8_224"])
+def test_resampled_grid_is_the_hybrids_own_or_refused(name):
+    """A hybrid's backbone rounds sizes its own way (cifar10-hybrid's padded stride-2 convs round up), so
+    ``img_size // stride`` is its grid only for multiples of the token stride; other sizes are refused, as
+    images of those sizes are."""
+    torch.manual_seed(0)
+    model = (build_reference(name) if name.startswith("cifar10") else
+             timm.create_model(name, pretrained=False, img_size=(64, 96), depth=1)).eval()
+    spec = vitviz.inspect(model)
+    sh, sw = spec.patch_size
+    size = (9 * sh, 5 * sw)  # a multiple: the model's own grid, resampled as timm does
+    grid = tokens_grid(model, size)
+    sim = pos_embed_similarity(model, img_size=size)
+    assert sim.shape == (*grid, *grid)
+    resampled = resample_abs_pos_embed(model.pos_embed.detach(), new_size=list(grid),
+                                       old_size=list(spec.grid_size), num_prefix_tokens=1)
+    np.testing.assert_allclose(sim.numpy(), reference_similarity(resampled[0, 1:].double().numpy(), grid),
+                               atol=1e-5)
+    odd = (9 * sh + sh // 2 + 1, 5 * sw)
+    assert tokens_grid(model, odd) != spec.grid_for(odd) or name != "cifar10-hybrid"
+    for call in (pos_embed_similarity, pos_embed_locality, patch_pos_embed):
+        with pytest.raises(vitviz.errors.InputError, match="multiple of the"):
+            call(model, img_size=odd)
+
+
 def test_tensor_input_needs_grid_and_checks_rows():
     torch.manual_seed(0)
     pos = torch.randn(1, 1 + 12, 16)

@@ -75,7 +75,8 @@ def patch_pos_embed(
         model_or_tensor: a ViT vitviz can read, or a ``(1, L, D)`` / ``(L, D)`` tensor.
         img_size: models only: resample the embedding to this input size (int or ``(H, W)`` pixels) the way timm
             does (``timm.layers.resample_abs_pos_embed``, bicubic, prefix rows kept); the new grid is
-            ``img_size // patch_size``.
+            ``img_size // patch_size``. It must be a multiple of the token stride (``InputError`` otherwise), the
+            rule images follow: other sizes give another grid (a hybrid's backbone rounds them its own way).
         grid_size: tensors only: the patch grid ``(gh, gw)`` (or an int for a square grid).
         num_prefix_tokens: tensors only: leading rows to drop (default: ``L - gh * gw``).
 
@@ -115,9 +116,16 @@ def patch_pos_embed(
     if img_size is not None:
         from timm.layers import resample_abs_pos_embed
 
-        new_grid = spec.grid_for(pair(img_size))
+        (h, w), (sh, sw) = pair(img_size), spec.patch_size
+        new_grid = spec.grid_for((h, w))
         if min(new_grid) < 1:
             raise InputError(f"img_size={img_size} is smaller than one {spec.patch_size} patch of {spec.name}")
+        if h % sh or w % sw:  # the rule images follow (vitviz.core.images.check_size)
+            raise InputError(
+                f"img_size={img_size}: {h}x{w} is not a multiple of the {sh}x{sw} token stride of {spec.name}, "
+                "so the grid the model makes is not img_size // stride (a hybrid's backbone rounds its own way); "
+                f"pass a multiple, e.g. ({max(1, h // sh) * sh}, {max(1, w // sw) * sw})"
+            )
         pos = resample_abs_pos_embed(pos, new_size=list(new_grid), old_size=list(grid), num_prefix_tokens=prefix)
         grid = new_grid
     return _tensor_rows(pos, grid, prefix)
@@ -138,7 +146,7 @@ def pos_embed_similarity(
     Args:
         model_or_tensor: a ViT, or a ``(1, L, D)`` / ``(L, D)`` position-embedding tensor.
         img_size: models only: resample to this input size first (timm's bicubic resampling); the grid becomes
-            ``img_size // patch_size``.
+            ``img_size // patch_size``; a multiple of the token stride (``patch_pos_embed``).
         grid_size: tensors only: the patch grid ``(gh, gw)``; required for tensors.
         num_prefix_tokens: tensors only: leading rows to drop (default ``L - gh * gw``).
 
