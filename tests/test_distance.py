@@ -172,3 +172,27 @@ def test_distance_of_maps_that_need_gradients_is_differentiable():
     got.sum().backward()
     assert attn.grad is not None and bool(attn.grad.abs().sum() > 0)
     torch.testing.assert_close(got.detach(), attention_distance_from_maps(attn.detach(), layout))
+
+
+def test_distance_equals_timms_own_explicit_attention_on_a_non_square_stride():
+    """Maps read from timm's explicit path (``fused_attn = False``, the input of ``attn_drop``), not from vitviz's
+    capture; a 4x8 px stride on an 8x6 grid with two registers, sharpened so that h/w mix-ups show."""
+    torch.manual_seed(0)
+    model = tiny_timm_vit(patch_size=(4, 8), reg_tokens=2)
+    with torch.no_grad():
+        for blk in model.blocks:
+            blk.attn.qkv.weight.mul_(20)
+    x = torch.randn(3, 3, 32, 48)
+    got = vitviz.mean_attention_distance(model, x, batch_size=2)
+    maps = []
+    hooks = [blk.attn.attn_drop.register_forward_pre_hook(lambda _m, a: maps.append(a[0].detach())) for blk in
+             model.blocks]
+    for blk in model.blocks:
+        blk.attn.fused_attn = False
+    with torch.no_grad():
+        model(x)
+    for h in hooks:
+        h.remove()
+    want = torch.tensor([ref_distance(a, (8, 6), (4, 8), 3) for a in maps])
+    assert float(want.max() - want.min()) > 0.5  # not uniform attention
+    torch.testing.assert_close(got.double(), want.double(), atol=1e-4, rtol=1e-5)
