@@ -120,7 +120,7 @@ def patch_pos_embed(
         new_grid = spec.grid_for((h, w))
         if min(new_grid) < 1:
             raise InputError(f"img_size={img_size} is smaller than one {spec.patch_size} patch of {spec.name}")
-        if h % sh or w % sw:  # the rule images follow (vitviz.core.images.check_size)
+        if not spec.on_stride((h, w)):  # the rule images follow (vitviz.core.images.check_size)
             raise InputError(
                 f"img_size={img_size}: {h}x{w} is not a multiple of the {sh}x{sw} token stride of {spec.name}, "
                 "so the grid the model makes is not img_size // stride (a hybrid's backbone rounds its own way); "

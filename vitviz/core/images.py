@@ -186,7 +186,7 @@ def check_size(spec: ViTSpec, h: int, w: int) -> None:
     if (h, w) == spec.img_size:
         return
     if spec.dynamic_img_size:
-        if h % spec.patch_size[0] or w % spec.patch_size[1]:
+        if not spec.on_stride((h, w)):
             raise ImageInputError(
                 f"{spec.name}: a {h}x{w} input is not a multiple of the {spec.patch_size[0]}x{spec.patch_size[1]} "
                 "token stride; resize or crop it"

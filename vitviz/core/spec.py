@@ -127,8 +127,16 @@ class ViTSpec:
             )
 
     def grid_for(self, img_size: tuple[int, int]) -> tuple[int, int]:
-        """The patch grid for another input size (for ``dynamic_img_size`` models)."""
+        """The patch grid for another input size (for ``dynamic_img_size`` models); the grid the model makes only
+        where ``on_stride(img_size)`` holds."""
         return img_size[0] // self.patch_size[0], img_size[1] // self.patch_size[1]
+
+    def on_stride(self, img_size: tuple[int, int]) -> bool:
+        """Whether an ``img_size`` input is a whole number of token strides high and wide: the sizes vitviz lets a
+        model take besides its own (``core.images.check_size``) and resamples position embeddings to. At other
+        sizes a plain ViT's patch projection drops the remainder and a hybrid's backbone rounds its own way (padded
+        stride-2 convolutions round up), so ``grid_for`` would not be the model's grid."""
+        return img_size[0] % self.patch_size[0] == 0 and img_size[1] % self.patch_size[1] == 0
 
     def grid_for_input(self, x: Any) -> tuple[int, int]:
         """The patch grid of the tokens the model makes from the batch ``x`` ``(B, C, H, W)``.
