@@ -18,6 +18,7 @@ import torch
 from conftest import tiny_timm_vit
 
 import vitviz
+from vitviz.analysis.attnlrp import attnlrp_tokens
 from vitviz.core.families import CustomFamily
 from vitviz.errors import ImageInputError, InputError, InputTypeError, LayerSelectError, OutOfRangeError
 
@@ -204,8 +205,8 @@ ROWS: list[Row] = [
      OutOfRangeError, "query (9, 9) is outside the 4x6 grid"),
     ("sanity-method-unknown", lambda: vitviz.sanity_checks(M, GOOD, methods=["lime"]), InputError,
      "methods holds 'lime'"),
-    ("attnlrp-training-mode", lambda: vitviz.explain(tiny_timm_vit().train(), GOOD, "attnlrp"), InputError,
-     "training mode"),
+    ("attnlrp-tokens-training-mode", lambda: attnlrp_tokens(tiny_timm_vit().train(), GOOD, 0), InputError,
+     "training mode"),  # the one-batch function; vitviz.attnlrp and explain run the model in eval mode
     ("gradcam-layer-unknown", lambda: vitviz.explain(M, GOOD, "gradcam", layer="nope"), InputError,
      "layer='nope' is not a module"),
     ("load-model-unknown-name", lambda: vitviz.load_model("no_such_vit_xyz"), InputError,

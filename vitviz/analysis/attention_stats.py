@@ -28,6 +28,7 @@ from vitviz.core.datasets import (
 )
 from vitviz.core.images import Images
 from vitviz.core.spec import inspect
+from vitviz.core.util import in_eval_mode
 from vitviz.errors import CaptureError, ImageInputError, InputTypeError
 
 __all__ = ["AttentionStatsReduction", "attention_statistics"]
@@ -80,6 +81,7 @@ class AttentionStatsReduction(RunningReduction):
                 "entropy": (self.sums["entropy"].cpu() / self.images).float()}
 
 
+@in_eval_mode
 def attention_statistics(
     model: nn.Module,
     images: Images | Any,

@@ -51,6 +51,7 @@ from vitviz.core.families.lrp import LRPRules, lrp_rules
 from vitviz.core.images import Images
 from vitviz.core.spec import ViTSpec, inspect
 from vitviz.core.targets import Target, resolve_target
+from vitviz.core.util import in_eval_mode
 from vitviz.errors import CaptureError, InputError, UnsupportedModelError
 
 __all__ = ["LRPRules", "attnlrp", "attnlrp_supported", "attnlrp_tokens", "lrp_rules"]
@@ -121,6 +122,7 @@ def attnlrp_tokens(
     return relevance, resolved.scores.detach().to(dtype)
 
 
+@in_eval_mode
 def attnlrp(
     model: nn.Module,
     images: Images,
@@ -139,7 +141,7 @@ def attnlrp(
 
     Args:
         model: a ViT whose family has AttnLRP rules (timm ``VisionTransformer`` with class token, registers or none;
-            torchvision ``VisionTransformer``; Hugging Face ViT, DeiT, BEiT, DINOv2), in eval mode. Others are
+            torchvision ``VisionTransformer``; Hugging Face ViT, DeiT, BEiT, DINOv2), run in eval mode. Others are
             refused with ``UnsupportedModelError`` naming the class and the reason.
         images: a normalised ``(B, 3, H, W)`` tensor, or anything ``vitviz.load_images`` takes.
         target: ``None`` (predicted class), a class index, one per image, or a callable ``f(output) -> (B,)``.

@@ -41,6 +41,7 @@ from vitviz.core.blocks import block_paths
 from vitviz.core.images import Images
 from vitviz.core.spec import ViTSpec, inspect
 from vitviz.core.targets import Target, logits_of, resolve_target
+from vitviz.core.util import in_eval_mode
 from vitviz.errors import CaptureError, InputError, MissingDependencyError
 
 __all__ = ["LIBRARIES", "gradcam", "gradcam_layer", "input_x_gradient", "installed", "integrated_gradients",
@@ -134,6 +135,7 @@ def _pixel_method(kind: str, model: nn.Module, images: Images, target: Target, *
     return (out, torch.cat(deltas)) if return_delta else out
 
 
+@in_eval_mode
 def integrated_gradients(model: nn.Module, images: Images, target: Target = None, *, pool: str = "sum",
                          n_steps: int = 50, baseline: float = 0.0, internal_batch_size: int | None = None,
                          batch_size: int | None = None, return_delta: bool = False) -> Any:
@@ -172,6 +174,7 @@ def integrated_gradients(model: nn.Module, images: Images, target: Target = None
                          internal_batch_size=internal_batch_size, batch_size=batch_size, return_delta=return_delta)
 
 
+@in_eval_mode
 def input_x_gradient(model: nn.Module, images: Images, target: Target = None, *, pool: str = "sum",
                      batch_size: int | None = None) -> torch.Tensor:
     """Input x gradient (Shrikumar et al. 2016/2017) by captum, pooled to patches; see the module docstring.
@@ -216,6 +219,7 @@ def gradcam_layer(model: nn.Module) -> str:
                      "name>' (a module whose output is the (B, N, C) token sequence)")
 
 
+@in_eval_mode
 def gradcam(model: nn.Module, images: Images, target: Target = None, *, layer: str | None = None,
             batch_size: int | None = None) -> torch.Tensor:
     """Grad-CAM (Selvaraju et al., ICCV 2017) by pytorch-grad-cam on a ViT's tokens; see the module docstring.
@@ -240,16 +244,13 @@ def gradcam(model: nn.Module, images: Images, target: Target = None, *, layer: s
         raise InputError(f"layer={name!r} is not a module of {type(model).__name__}") from err
     total, start = count_images(images), 0
     out = []
-    # pytorch-grad-cam calls model.eval() and model.zero_grad(): both are undone on the way out
-    modes = [(m, m.training) for m in model.modules()]
+    # pytorch-grad-cam calls model.eval() (in_eval_mode puts the modes back) and model.zero_grad() (undone here)
     grads = [(p, p.grad) for p in model.parameters()]
     try:
         for x in iter_batches(model, images, batch_size, desc="gradcam"):
             out.append(_gradcam_batch(cam_mod, targets_mod, model, spec, module, x, target, start, total))
             start += len(x)
     finally:
-        for m, training in modes:
-            m.training = training
         for p, g in grads:
             p.grad = g
     return torch.cat(out)

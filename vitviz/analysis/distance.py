@@ -28,7 +28,7 @@ from vitviz.core.datasets import (
 )
 from vitviz.core.images import Images
 from vitviz.core.spec import ViTSpec, inspect
-from vitviz.core.util import pair
+from vitviz.core.util import in_eval_mode, pair
 from vitviz.errors import CaptureError, InputError, InputTypeError
 
 __all__ = [
@@ -197,6 +197,7 @@ class DistanceReduction(RunningReduction):
         return self.reducer.result()
 
 
+@in_eval_mode
 def mean_attention_distance(
     model: nn.Module,
     images: Images | Any,

@@ -64,6 +64,7 @@ from vitviz.core.capture import capture_attention
 from vitviz.core.images import Images
 from vitviz.core.spec import inspect
 from vitviz.core.targets import Target
+from vitviz.core.util import in_eval_mode
 from vitviz.errors import InputError
 
 __all__ = ["BASELINE_METHODS", "GRADIENT_METHODS", "METHODS", "explain", "raw_attention", "random_baseline"]
@@ -136,6 +137,7 @@ def _check(method: str, target: Target, opts: dict[str, Any]) -> None:
                          f"target=None, or a gradient method {GRADIENT_METHODS}")
 
 
+@in_eval_mode
 def explain(
     model: nn.Module,
     images: Images,

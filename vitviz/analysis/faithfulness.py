@@ -78,6 +78,7 @@ from vitviz.core.images import Images
 from vitviz.core.io import atomic_write
 from vitviz.core.spec import inspect
 from vitviz.core.targets import Target, logits_of, resolve_target
+from vitviz.core.util import in_eval_mode
 from vitviz.errors import InputError
 
 __all__ = ["BETTER", "COLUMNS", "DEFAULT_METHODS", "MODES", "bootstrap_ci", "compare_methods", "default_methods", "drop_module",
@@ -193,6 +194,7 @@ def _truth(lab: Any, clean: Any, model: nn.Module, labels: Any) -> torch.Tensor:
     return t.to(logits.device)
 
 
+@in_eval_mode
 def faithfulness(
     model: nn.Module,
     images: Images | Any,

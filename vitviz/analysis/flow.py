@@ -42,6 +42,7 @@ from vitviz.core.batching import count_images, iter_batches
 from vitviz.core.capture import capture_attention
 from vitviz.core.images import Images
 from vitviz.core.spec import inspect
+from vitviz.core.util import in_eval_mode
 from vitviz.errors import InputError
 
 __all__ = ["FLOW_MAX_TOKENS", "FLOW_SCALE", "attention_flow", "flow_from_layers"]
@@ -89,6 +90,7 @@ def _check_tokens(name: str, n: int, grid: tuple[int, int], depth: int, max_toke
                          "anyway (slow), pass smaller images, or use method='rollout'")
 
 
+@in_eval_mode
 def attention_flow(
     model: nn.Module,
     images: Images,

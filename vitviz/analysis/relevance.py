@@ -48,6 +48,7 @@ from vitviz.core.capture import capture_attention
 from vitviz.core.images import Images
 from vitviz.core.spec import ViTSpec, inspect
 from vitviz.core.targets import ResolvedTarget, Target, resolve_target
+from vitviz.core.util import in_eval_mode
 from vitviz.errors import InputError, UnsupportedModelError
 
 __all__ = ["attention_gradients", "chefer_from_attentions", "chefer_relevance", "grad_rollout",
@@ -204,6 +205,7 @@ def _run(model: nn.Module, images: Images, target: Target, rule: str, *, discard
     return torch.cat(out)
 
 
+@in_eval_mode
 def chefer_relevance(
     model: nn.Module,
     images: Images,
@@ -236,6 +238,7 @@ def chefer_relevance(
                 return_full=return_full, batch_size=batch_size, progress=progress)
 
 
+@in_eval_mode
 def grad_rollout(
     model: nn.Module,
     images: Images,

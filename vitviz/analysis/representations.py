@@ -159,7 +159,7 @@ def linear_fewshot(model: nn.Module, train: Any, test: Any, shots: Sequence[int]
     ``fewshot_draws`` draws the way it does.
 
     Args:
-        model: any ViT vitviz reads (eval mode; its device is used).
+        model: any ViT vitviz reads (run in eval mode; its device is used).
         train, test: a folder (one sub-folder per class), a ``Dataset`` of ``(x, label)``, a ``DataLoader`` in a
             known order (``shuffle=False``; the draws index the dataset, so a shuffling loader is refused) or
             ``(images (M, 3, H, W), labels (M,))`` tensors. Only the training images some draw uses are read

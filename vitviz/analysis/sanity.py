@@ -66,6 +66,7 @@ from vitviz.core.families import family_of
 from vitviz.core.images import Images
 from vitviz.core.spec import inspect
 from vitviz.core.targets import Target, logits_of, resolve_target
+from vitviz.core.util import in_eval_mode
 from vitviz.errors import InputError
 
 __all__ = ["METRICS", "TESTS", "randomisation_layers", "randomise_", "sanity_checks", "sanity_summary"]
@@ -171,6 +172,7 @@ def _other_classes(pred: torch.Tensor, num_classes: int, seed: int) -> torch.Ten
     return draw + (draw >= pred.cpu()).long()
 
 
+@in_eval_mode
 def sanity_checks(
     model: nn.Module,
     images: Images,

@@ -33,6 +33,7 @@ from torch.utils.data.distributed import DistributedSampler
 from vitviz.core.batching import check_num_workers
 from vitviz.core.io import atomic_save
 from vitviz.core.loader_order import ShardSampler, loader_positions, loader_sampler, own_items
+from vitviz.core.util import in_eval_mode
 from vitviz.errors import CheckpointError, InputError, NotImplementedInVitviz
 
 IMAGE_SUFFIXES = (".jpg", ".jpeg", ".png", ".bmp", ".gif", ".webp", ".tif", ".tiff")
@@ -318,6 +319,7 @@ def autocast_context(amp: torch.dtype | None, device: torch.device | str) -> Any
     return torch.autocast(torch.device(device).type, dtype=amp) if amp else contextlib.nullcontext()
 
 
+@in_eval_mode
 def reduce_dataset(
     model: nn.Module,
     source: str | os.PathLike | Dataset | DataLoader,

@@ -27,6 +27,7 @@ from torch.utils.data import TensorDataset as TorchTensorDataset
 
 from vitviz.core.datasets import RunningReduction, reduce_dataset
 from vitviz.core.loader_order import loader_positions
+from vitviz.core.util import in_eval_mode
 from vitviz.errors import InputError, LayerSelectError
 
 PRE_LOGITS = "pre_logits"
@@ -162,13 +163,14 @@ def as_dataset_source(source: Any) -> Dataset | DataLoader | str | os.PathLike:
                      f"{type(source).__name__}")
 
 
+@in_eval_mode
 def extract_features(model: nn.Module, source: FeatureSource, *, layers: Any = None, pre_logits: bool = True,
                      batch_size: int = 64, num_workers: int = 0, autocast: torch.dtype | bool | None = None,
                      progress: bool = False, checkpoint: str | os.PathLike | None = None) -> Features:
     """Every image's representation(s) in ``source``, from one forward pass per batch (see the module docstring).
 
     Args:
-        model: the ViT, in eval mode on its device.
+        model: the ViT, on its device (run in eval mode for the call).
         source: a folder (ImageFolder layout, preprocessed with the model's data config), a ``Dataset`` of
             ``(x, label)``, a ``DataLoader`` that reads it in a known order (``shuffle=False``; a shuffling or
             subset-sampling loader is refused with an ``InputError``: its rows could not be put in dataset order) or
@@ -200,11 +202,6 @@ def extract_features(model: nn.Module, source: FeatureSource, *, layers: Any = N
     if isinstance(src, DataLoader):  # each image's row is its dataset position, not its place in the loader's order
         positions = loader_positions(src, "source")  # refuses a loader of unknown order (shuffling, subset sampling)
         rows = None if positions is None else [p for p in positions if p is not None]  # None: a padded repeat
-    was_training = model.training
-    model.eval()
-    try:
-        red = reduce_dataset(model, src, FeatureReduction(model, n, blocks, pre_logits, rows), batch_size=batch_size,
-                             num_workers=num_workers, autocast=autocast, progress=progress, checkpoint=checkpoint)
-    finally:
-        model.train(was_training)
+    red = reduce_dataset(model, src, FeatureReduction(model, n, blocks, pre_logits, rows), batch_size=batch_size,
+                         num_workers=num_workers, autocast=autocast, progress=progress, checkpoint=checkpoint)
     return red.result()

@@ -25,6 +25,7 @@ from vitviz.analysis.tables import distance_table
 from vitviz.core.capture import capture_attention, check_layer_index
 from vitviz.core.images import Images, denormalise, load_images
 from vitviz.core.spec import inspect
+from vitviz.core.util import eval_mode
 from vitviz.errors import InputError, OutOfRangeError
 from vitviz.plot.style import FIGSIZE, new_figure, styled
 
@@ -214,7 +215,7 @@ def plot_attention_heads_grid(
     check_layer_index(layer, depth, "layer", spec.name)
     grid = spec.grid_for_input(x)
     q, qname = _query(spec, query, grid)
-    with torch.no_grad(), capture_attention(model, layers=layer) as cap:
+    with torch.no_grad(), eval_mode(model), capture_attention(model, layers=layer) as cap:
         model(x)
     attn = cap.attentions[0][0].float()  # (H, N, N)
     p = spec.num_prefix_tokens

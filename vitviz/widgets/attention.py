@@ -28,6 +28,7 @@ from vitviz.analysis.rollout import rollout_from_attentions
 from vitviz.core.capture import capture_attention
 from vitviz.core.images import Images, denormalise, load_images
 from vitviz.core.spec import inspect
+from vitviz.core.util import eval_mode
 from vitviz.errors import InputError
 from vitviz.widgets._base import Explorer
 from vitviz.widgets._render import display_size, mark_cell, overlay, png_bytes, resize_rgb
@@ -165,7 +166,7 @@ class AttentionExplorer(Explorer):
         if maps is None:
             param = next(self.model.parameters(), None)
             x = self._x[i:i + 1].to(param.device if param is not None else "cpu")
-            with torch.no_grad(), capture_attention(self.model) as cap:
+            with torch.no_grad(), eval_mode(self.model), capture_attention(self.model) as cap:
                 self.model(x)
             self.forwards += 1
             maps = self.cache.put(("attn", i), cap.attentions)
@@ -273,7 +274,7 @@ def explore_attention(model: nn.Module, image: Images, *, labels: Sequence[str] 
     maps stay in the kernel and only the displayed overlay travels to the browser, as a PNG.
 
     Args:
-        model: any ViT ``vitviz.inspect`` reads (call ``model.eval()`` first for dropout-free maps).
+        model: any ViT ``vitviz.inspect`` reads (run in eval mode, each module's mode put back afterwards).
         image: one image or several (tensor, PIL image, array or path; see ``vitviz.load_images``); with several,
             an ``image`` dropdown switches between them.
         labels: names of the images for that dropdown.
