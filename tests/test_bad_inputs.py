@@ -15,7 +15,7 @@ import numpy as np
 import pandas as pd
 import pytest
 import torch
-from conftest import tiny_timm_vit
+from conftest import tiny_study_runs, tiny_timm_vit
 
 import vitviz
 from vitviz.analysis.attnlrp import attnlrp_tokens
@@ -60,6 +60,8 @@ def faith(methods=("random",), model=M, **kw) -> object:
 
 RUN = faith({"random": "random", "mine": torch.rand(2, 4, 6)})
 MAPS = [torch.softmax(torch.randn(2, 2, 25, 25), -1) for _ in range(2)]
+NAN_MAP = MAPS[1].clone()
+NAN_MAP[0, 1, 3, 4] = float("nan")
 TRAIN = torch.utils.data.TensorDataset(torch.randn(6, 3, 32, 48), torch.arange(6) % 2)
 PROBES = pd.DataFrame({"model": "m", "layer": "0", "depth": 1, "probe": "linear", "shots": 2, "seed": [0, 1],
                        "accuracy": [50.0, 60.0]})
@@ -70,6 +72,12 @@ def sanity(**kw) -> object:
 
 
 SANITY = sanity()
+
+
+def explore(name: str, **kw) -> object:
+    pytest.importorskip("ipywidgets")
+    args = (M, GOOD[:1]) if name == "explore_attention" else (M,)
+    return getattr(vitviz, name)(*args, **kw)
 
 
 def save(**kw) -> object:
@@ -297,6 +305,95 @@ ROWS: list[Row] = [
      "by='model' is a string"),
     ("plot-layer-probes-level", lambda: vitviz.plot_layer_probes(PROBES, level=2), InputError,
      "level=2 must lie in (0, 1)"),
+    # FLOPs
+    ("flops-input-size-two", lambda: vitviz.count_flops(M, (32, 48)), InputError,
+     "input_size=(32, 48) is not the (C, H, W) of one image"),
+    ("flops-input-size-negative", lambda: vitviz.count_flops(M, (3, -32, 48)), InputError, "input_size=(3, -32, 48)"),
+    ("flops-input-size-wrong-for-model", lambda: vitviz.count_flops(M, (3, 32, 32)), InputError,
+     "input_size=(3, 32, 32) does not fit the model (VisionTransformer takes 32x48 images"),
+    ("flops-model-none", lambda: vitviz.count_flops(None), InputTypeError, "model=None is a NoneType, not a torch"),
+    # pixels: an array without pixels
+    ("array-zero-size", lambda: vitviz.load_images(M, np.zeros((0, 48, 3), np.uint8)), ImageInputError,
+     "an image array of shape (0, 48, 3) has no pixels"),
+    # embedding filters
+    ("filter-pca-n-components-float", lambda: vitviz.filter_pca(torch.randn(8, 3, 4, 4), 2.5), InputError,
+     "n_components=2.5 must be a positive int"),
+    ("filter-pca-nan", lambda: vitviz.filter_pca(torch.full((8, 3, 4, 4), float("nan"))), InputError,
+     "hold 384 NaN and 0 infinite values"),
+    ("plot-filter-variance-n-components-0", lambda: vitviz.plot_filter_variance(M, n_components=0), InputError,
+     "n_components=0 must be a positive int"),
+    ("plot-filter-variance-n-components-negative", lambda: vitviz.plot_filter_variance(M, n_components=-2),
+     InputError, "n_components=-2"),
+    # tables and trends
+    ("distance-table-patch-size-string", lambda: vitviz.distance_table(np.ones((2, 3)), patch_size="8"), InputError,
+     "patch_size='8' is neither an int nor an (h, w) pair"),
+    ("distance-table-patch-size-zero", lambda: vitviz.distance_table(np.ones((2, 3)), patch_size=(0, 8)), InputError,
+     "patch_size=(0, 8) has a side below 1"),
+    ("distance-table-patch-size-negative", lambda: vitviz.distance_table(np.ones((2, 3)), patch_size=-8),
+     InputError, "patch_size=-8 has a side below 1"),
+    ("depth-trend-string", lambda: vitviz.depth_trend("abc"), InputTypeError,
+     "depth_trend: values='abc' does not hold numbers only"),
+    ("depth-trend-nan", lambda: vitviz.depth_trend(np.full((3, 2), np.nan)), InputError,
+     "values holds 6 NaN or infinite values of 6"),
+    ("bootstrap-ci-string", lambda: vitviz.bootstrap_ci("abc"), InputTypeError,
+     "bootstrap_ci: values='abc' does not hold numbers only"),
+    # faithfulness and sanity tables: not a table
+    ("auc-not-a-dataframe", lambda: vitviz.faithfulness_auc([1, 2]), InputTypeError,
+     "df=[1, 2] is not a DataFrame; pass the DataFrame of vitviz.faithfulness"),
+    ("plot-faithfulness-not-a-dataframe", lambda: vitviz.plot_faithfulness([1]), InputTypeError,
+     "df=[1] is not a DataFrame"),
+    ("plot-sanity-checks-not-a-table", lambda: vitviz.plot_sanity_checks("x"), InputError,
+     "plot_sanity_checks needs the table of vitviz.sanity_checks"),
+    ("plot-level-not-a-string", lambda: vitviz.plot_level(3), InputTypeError, "name=3 (int) is not a function name"),
+    # propagation and rollout of maps in hand
+    ("propagate-rows-wrong-shape", lambda: vitviz.propagate(MAPS, vitviz.LayerRule(), rows=torch.ones(3, 3)),
+     InputError, "rows of shape (3, 3) do not fit maps of 2 images and 25 tokens"),
+    ("rollout-from-attentions-nan", lambda: vitviz.rollout_from_attentions([MAPS[0], NAN_MAP]), InputError,
+     "attentions[1] (layer 1, 0-based) holds 1 NaN"),
+    ("rollout-from-attentions-prefix-all-tokens", lambda: vitviz.rollout_from_attentions(MAPS, num_prefix_tokens=25),
+     InputError, "num_prefix_tokens=25 leaves no patch token of the 25 tokens"),
+    # position embeddings
+    ("posembed-tensor-grid-too-small", lambda: vitviz.pos_embed_similarity(torch.randn(25, 8), grid_size=(3, 3)),
+     InputError, "grid_size=(3, 3) does not fit the embedding's 25 rows"),
+    ("plot-pos-embed-max-tiles-0", lambda: vitviz.plot_pos_embed(M, max_tiles=0), InputError,
+     "max_tiles=0 must be a positive int"),
+    ("plot-pos-embed-max-tiles-negative", lambda: vitviz.plot_pos_embed(M, max_tiles=-1), InputError,
+     "max_tiles=-1"),
+    ("posembed-query-float", lambda: vitviz.plot_pos_embed_similarity(vitviz.pos_embed_similarity(M), 1.5),
+     InputTypeError, "query=1.5 is not a (row, column) patch"),
+    # attention figures
+    ("plot-rollout-maps-other-grid", lambda: vitviz.plot_rollout(M, GOOD, maps=torch.rand(2, 3, 3)), InputError,
+     "maps of 3x3 do not fit these images, whose token grid is 4x6"),
+    ("plot-rollout-ncols-0", lambda: vitviz.plot_rollout(M, GOOD, maps=torch.rand(2, 4, 6), ncols=0), InputError,
+     "ncols=0 must be a positive int"),
+    ("plot-rollout-ncols-negative", lambda: vitviz.plot_rollout(M, GOOD, maps=torch.rand(2, 4, 6), ncols=-2),
+     InputError, "ncols=-2"),
+    ("heads-grid-ncols-0", lambda: vitviz.plot_attention_heads_grid(M, GOOD[:1], ncols=0), InputError,
+     "ncols=0 must be a positive int"),
+    ("heads-grid-ncols-negative", lambda: vitviz.plot_attention_heads_grid(M, GOOD[:1], ncols=-1), InputError,
+     "ncols=-1"),
+    ("heads-grid-query-float", lambda: vitviz.plot_attention_heads_grid(M, GOOD[:1], query=1.5), InputTypeError,
+     "query=1.5 is a float, not a token index"),
+    ("explanations-grid-maps-other-grid", lambda: vitviz.plot_explanations_grid(M, GOOD, {"a": torch.rand(2, 3, 3)}),
+     InputError, "maps['a']: maps of 3x3 do not fit these images"),
+    ("explanations-grid-labels-count", lambda: vitviz.plot_explanations_grid(M, GOOD, {"a": torch.rand(2, 4, 6)},
+                                                                            labels=["x"]),
+     InputError, "labels holds 1 captions for 2 images"),
+    # compute figures
+    ("matched-gap-n-0", lambda: vitviz.plot_matched_gap(tiny_study_runs(), n=0), InputError,
+     "n=0 must be a positive int"),
+    ("matched-gap-n-negative", lambda: vitviz.plot_matched_gap(tiny_study_runs(), n=-3), InputError, "n=-3"),
+    ("compute-curves-metrics-empty", lambda: vitviz.plot_compute_curves(metrics=()), InputError,
+     "metrics=() selects no column to plot"),
+    # explorers (no front-end needed: refused before any widget is built)
+    ("explore-attention-size-0", lambda: explore("explore_attention", size=0), InputError,
+     "size=0 must be a positive int"),
+    ("explore-attention-alpha", lambda: explore("explore_attention", alpha=1.5), InputError,
+     "alpha=1.5 must lie in [0, 1]"),
+    ("explore-attention-alpha-negative", lambda: explore("explore_attention", alpha=-0.1), InputError,
+     "alpha=-0.1"),
+    ("explore-pos-embed-size-negative", lambda: explore("explore_pos_embed", size=-5), InputError,
+     "size=-5 must be a positive int"),
 ]
 
 
@@ -341,3 +438,13 @@ def test_a_refused_family_leaves_the_lookup_working():
     with pytest.raises(InputTypeError):
         vitviz.register_family(None)
     assert vitviz.inspect(M).depth == 2
+
+
+def test_good_sizes_and_maps_are_still_taken():
+    a = vitviz.distance_table(np.ones((2, 3)), patch_size=8)
+    b = vitviz.distance_table(np.ones((2, 3)), patch_size=(8, 8))
+    pd.testing.assert_frame_equal(a, b)
+    fig = vitviz.plot_rollout(M, GOOD, maps=torch.rand(2, 32, 48))  # one value per pixel still draws
+    assert len(fig.axes) >= 4
+    sim = vitviz.pos_embed_similarity(torch.randn(1, 25, 8), grid_size=5)  # a table without prefix rows
+    assert sim.shape == (5, 5, 5, 5)

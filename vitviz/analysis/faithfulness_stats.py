@@ -31,7 +31,8 @@ from typing import Any
 import numpy as np
 
 from vitviz.analysis.intervals import t_interval
-from vitviz.errors import InputError
+from vitviz.core.util import float_array
+from vitviz.errors import InputError, InputTypeError
 
 __all__ = ["BETTER", "INTERVALS", "MODES", "bootstrap_ci", "compare_methods", "faithfulness_auc", "mean_interval",
            "per_image_auc", "t_ci"]
@@ -45,7 +46,7 @@ TOO_FEW = "too few images"
 
 
 def _values(values: Sequence[float] | np.ndarray, what: str) -> np.ndarray:
-    v = np.asarray(values, dtype=np.float64)
+    v = float_array(values, f"{what}: values")
     if v.ndim != 1 or len(v) == 0:
         raise InputError(f"{what} needs a non-empty 1-D set of values, got shape {v.shape}")
     if not np.isfinite(v).all():
@@ -126,7 +127,13 @@ def bootstrap_ci(values: Sequence[float] | np.ndarray, *, n_boot: int = 1000, ci
 
 
 def check_curves(df: Any) -> None:
-    """Refuse a curves frame with missing columns or repeated ``(image, method, mode, fraction, metric, removal)``."""
+    """Refuse a non-DataFrame, or a curves frame with missing columns or repeated ``(image, method, mode, fraction,
+    metric, removal)``."""
+    import pandas as pd
+
+    if not isinstance(df, pd.DataFrame):
+        shown = repr(df) if len(repr(df)) <= 60 else f"a {type(df).__name__}"
+        raise InputTypeError(f"df={shown} is not a DataFrame; pass the DataFrame of vitviz.faithfulness")
     missing = [c for c in CURVE_KEY + ["score"] if c not in df.columns]
     if missing:
         raise InputError(f"df lacks the columns {missing}; pass the DataFrame of vitviz.faithfulness")
@@ -158,9 +165,9 @@ def per_image_auc(df: Any, *, upto: float = 1.0) -> Any:
         DataFrame with columns ``image``, ``method``, ``mode``, ``metric``, ``removal``, ``auc``.
 
     Raises:
-        InputError: repeated rows, NaN scores (an AUC of NaN has no interval), rows without a ``removed`` value
-            (frames with and without the column concatenated), ``removed`` decreasing along a curve, or ``upto``
-            outside ``(0, 1]`` or not one of the fractions.
+        InputError: ``df`` not a DataFrame, repeated rows, NaN scores (an AUC of NaN has no interval), rows
+            without a ``removed`` value (frames with and without the column concatenated), ``removed`` decreasing
+            along a curve, or ``upto`` outside ``(0, 1]`` or not one of the fractions.
     """
     import pandas as pd
 

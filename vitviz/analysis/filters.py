@@ -26,6 +26,7 @@ from torch import nn
 
 from vitviz.core.families import family_of
 from vitviz.core.spec import inspect
+from vitviz.core.util import check_positive_int
 from vitviz.errors import InputError, NoRGBFiltersError
 
 __all__ = ["NoRGBFiltersError", "applied_weight", "embedding_filters", "filter_pca"]
@@ -116,13 +117,17 @@ def filter_pca(
         each component's share of the total variance of all filters.
 
     Raises:
-        ValueError: fewer than two filters, or ``n_components < 1``.
+        InputError: not ``(C_out, C_in, kh, kw)`` filters, fewer than two filters, NaN or infinite weights, or
+            ``n_components`` not a positive int.
     """
     w = torch.as_tensor(weights).detach().to("cpu", torch.float64)
     if w.ndim != 4:
         raise InputError(f"expected filters of shape (C_out, C_in, kh, kw), got {tuple(w.shape)}")
-    if n_components < 1:
-        raise InputError(f"n_components must be at least 1, got {n_components}")
+    check_positive_int(n_components, "n_components", "how many principal components to return (e.g. 28)")
+    if not bool(torch.isfinite(w).all()):
+        raise InputError(f"weights: the filters of shape {tuple(w.shape)} hold {int(torch.isnan(w).sum())} NaN and "
+                         f"{int(torch.isinf(w).sum())} infinite values, so they have no principal components; check "
+                         "the checkpoint (a diverged run?) or replace them (torch.nan_to_num)")
     c_out = w.shape[0]
     if c_out < 2:
         raise InputError(f"PCA needs at least two filters, got {c_out}")

@@ -13,10 +13,15 @@ torch counts: fused, math and explicit (``fused_attn=False``) models all count `
 from __future__ import annotations
 
 import contextlib
+import numbers
 from collections.abc import Iterator
 
 import torch
 from torch import nn
+
+from vitviz.core.images import check_size
+from vitviz.core.spec import inspect
+from vitviz.errors import ImageInputError, InputError, InputTypeError, NotAViTError
 
 
 @contextlib.contextmanager
@@ -36,6 +41,28 @@ def sdpa_math_backend() -> Iterator[None]:
         yield
 
 
+def _check_input(model: nn.Module, input_size: tuple[int, int, int]) -> None:
+    """Refuse a non-module, an ``input_size`` that is not ``(C, H, W)`` positive ints, or one the ViT cannot take."""
+    if not isinstance(model, nn.Module):
+        raise InputTypeError(f"model={model!r} is a {type(model).__name__}, not a torch.nn.Module; pass the model "
+                             "whose FLOPs to count")
+    sizes = list(input_size) if isinstance(input_size, (tuple, list, torch.Size)) else None
+    if sizes is None or len(sizes) != 3 or any(
+            isinstance(v, bool) or not isinstance(v, numbers.Integral) or v < 1 for v in sizes):
+        raise InputError(f"input_size={input_size!r} is not the (C, H, W) of one image; pass three positive ints, "
+                         "e.g. (3, 32, 32)")
+    try:
+        spec = inspect(model)
+    except NotAViTError:
+        return  # any module: its own forward says what it takes
+    try:
+        check_size(spec, sizes[1], sizes[2])
+    except ImageInputError as e:
+        reason = str(e).split(". ")[0].split("; ")[0]
+        raise InputError(f"input_size={input_size!r} does not fit the model ({reason}); pass ({sizes[0]}, "
+                         f"{spec.img_size[0]}, {spec.img_size[1]})") from None
+
+
 def count_flops(model: nn.Module, input_size: tuple[int, int, int] = (3, 32, 32), backward: bool = False) -> int:
     """FLOPs for one image: the forward pass, or forward + backward (one training step's compute).
 
@@ -49,10 +76,17 @@ def count_flops(model: nn.Module, input_size: tuple[int, int, int] = (3, 32, 32)
 
     Returns:
         The total FLOPs (multiply-add = 2) of one image's pass.
+
+    Raises:
+        InputTypeError: ``model`` is not a ``torch.nn.Module``.
+        InputError: ``input_size`` is not three positive ints, or (for a ViT vitviz reads) its ``H x W`` is not a
+            size the model takes.
     """
     from torch.utils.flop_counter import FlopCounterMode
 
-    device = next(model.parameters()).device
+    _check_input(model, input_size)
+    param = next(model.parameters(), None)
+    device = param.device if param is not None else torch.device("cpu")
     x = torch.randn(1, *input_size, device=device)
     was_training = model.training
     model.train(backward)

@@ -46,7 +46,7 @@ def _tensor_rows(
             f"a raw position-embedding tensor of shape {tuple(pos.shape)} needs grid_size=(gh, gw): vitviz never "
             "guesses the grid from sqrt(L). Pass the model instead, or grid_size= and num_prefix_tokens="
         )
-    gh, gw = pair(grid_size)
+    gh, gw = pair(grid_size, "grid_size", positive=True)
     if pos.ndim == 3 and pos.shape[0] == 1:
         pos = pos[0]
     if pos.ndim != 2:
@@ -58,6 +58,12 @@ def _tensor_rows(
             f"the embedding has {rows} rows but a {gh}x{gw} grid has {gh * gw} patches"
             + (f" and num_prefix_tokens={num_prefix_tokens}" if num_prefix_tokens is not None else "")
             + "; check grid_size= and num_prefix_tokens="
+        )
+    if num_prefix_tokens is None and prefix >= gh * gw:
+        raise InputError(
+            f"grid_size={grid_size!r} does not fit the embedding's {rows} rows: it would leave {prefix} leading rows "
+            f"as prefix tokens, no fewer than the {gh * gw} patches of a {gh}x{gw} grid. Pass the grid of the table "
+            "(the model's input size over its patch size), or num_prefix_tokens= to drop that many rows on purpose"
         )
     return pos[prefix:], (gh, gw)
 
@@ -78,7 +84,8 @@ def patch_pos_embed(
             ``img_size // patch_size``. It must be a multiple of the token stride (``InputError`` otherwise), the
             rule images follow: other sizes give another grid (a hybrid's backbone rounds them its own way).
         grid_size: tensors only: the patch grid ``(gh, gw)`` (or an int for a square grid).
-        num_prefix_tokens: tensors only: leading rows to drop (default: ``L - gh * gw``).
+        num_prefix_tokens: tensors only: leading rows to drop (default: ``L - gh * gw``, when that is fewer than
+            the ``gh * gw`` patches).
 
     Returns:
         ``(E, (gh, gw))``: ``E`` of shape ``(gh * gw, D)``, patches in row-major order.
@@ -148,7 +155,8 @@ def pos_embed_similarity(
         img_size: models only: resample to this input size first (timm's bicubic resampling); the grid becomes
             ``img_size // patch_size``; a multiple of the token stride (``patch_pos_embed``).
         grid_size: tensors only: the patch grid ``(gh, gw)``; required for tensors.
-        num_prefix_tokens: tensors only: leading rows to drop (default ``L - gh * gw``).
+        num_prefix_tokens: tensors only: leading rows to drop (default ``L - gh * gw``, refused when that is not
+            fewer than the ``gh * gw`` patches: the grid is then most likely not the table's).
 
     Returns:
         float32 tensor of shape ``(gh, gw, gh, gw)``; ``[r, c, i, j] = cos(E_rc, E_ij)``, symmetric under
@@ -156,7 +164,8 @@ def pos_embed_similarity(
 
     Raises:
         NoPositionEmbeddingError: the model has no absolute position embedding.
-        ValueError: a tensor without ``grid_size``, or shapes that do not fit.
+        InputError: a tensor without ``grid_size``, a ``grid_size`` that is not positive, or shapes that do not fit
+            (with the default ``num_prefix_tokens``, a grid that leaves as many prefix rows as patches or more).
     """
     emb, (gh, gw) = patch_pos_embed(
         model_or_tensor, img_size=img_size, grid_size=grid_size, num_prefix_tokens=num_prefix_tokens

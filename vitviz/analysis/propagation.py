@@ -294,6 +294,14 @@ class Propagator:
             for a in self.matrices[1:]:
                 r = r + torch.bmm(a, r) if skip else torch.bmm(a, r)
             return r
+        b, n = self.matrices[0].shape[0], self.matrices[0].shape[-1]
+        if not isinstance(rows, torch.Tensor):
+            raise InputTypeError(f"rows: expected a ({b}, {n}) or ({b}, K, {n}) torch.Tensor, got "
+                                 f"{type(rows).__name__}")
+        if rows.ndim not in (2, 3) or rows.shape[0] != b or rows.shape[-1] != n:
+            raise InputError(f"rows of shape {tuple(rows.shape)} do not fit maps of {b} images and {n} tokens; pass "
+                             f"row selectors of shape ({b}, {n}) or ({b}, K, {n}) (query_vectors builds them), or "
+                             "rows=None for the full product")
         vec = rows.ndim == 2
         r = rows.to(self.dtype)[:, None] if vec else rows.to(self.dtype)
         for a in reversed(self.matrices):
@@ -315,6 +323,9 @@ def propagate(maps: Sequence[torch.Tensor], rule: LayerRule, *, rows: torch.Tens
 
     Returns:
         ``R`` ``(B, N, N)`` or ``v R`` (the shape of ``v``), in ``dtype``.
+
+    Raises:
+        InputError: no maps, ``blocks`` not one per map, or ``rows`` of a shape that does not fit the maps.
     """
     maps = list(maps)
     if not maps:

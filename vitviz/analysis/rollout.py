@@ -48,6 +48,7 @@ Shapes: ``B`` batch, ``H`` heads, ``N`` tokens (prefix + patches), ``P`` patch t
 
 from __future__ import annotations
 
+import numbers
 from collections.abc import Sequence
 
 import torch
@@ -130,11 +131,26 @@ def rollout_from_attentions(
 
     Returns:
         ``R`` ``(B, N, N)`` float32, ``R = A_L ... A_{start}``; rows sum to 1.
+
+    Raises:
+        InputError: no layers from ``start_layer`` on, a map holding NaN or infinite values (the message names the
+            layer), or ``num_prefix_tokens`` that leaves no patch token.
     """
     layers = list(attentions)[start_layer:]
     if not layers:
         raise InputError(f"no layers to roll out: {len(attentions)} maps given, start_layer={start_layer}; pass "
                          "a start_layer below the number of maps")
+    for i, a in enumerate(layers):
+        if isinstance(a, torch.Tensor) and not bool(torch.isfinite(a).all()):
+            raise InputError(f"attentions[{start_layer + i}] (layer {start_layer + i}, 0-based) holds "
+                             f"{int(torch.isnan(a).sum())} NaN and {int(torch.isinf(a).sum())} infinite values; "
+                             "the rollout would be NaN. Check the capture (NaN pixels, an overflow in half "
+                             "precision?) or leave that layer out")
+    n = layers[0].shape[-1] if isinstance(layers[0], torch.Tensor) else None
+    if n is not None and isinstance(num_prefix_tokens, numbers.Integral) and num_prefix_tokens >= n:
+        raise InputError(f"num_prefix_tokens={num_prefix_tokens} leaves no patch token of the {n} tokens of the "
+                         f"maps; pass the number of tokens before the patches, below {n} (1 for a class token; "
+                         "ViTSpec.num_prefix_tokens)")
     rule = LayerRule("rollout", residual=residual, discard_ratio=discard_ratio, num_prefix_tokens=num_prefix_tokens)
     kept = None if blocks is None else list(blocks)[start_layer:start_layer + len(layers)]
     return propagate(layers, rule, head_fusion=head_fusion, blocks=kept)

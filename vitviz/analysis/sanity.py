@@ -316,6 +316,16 @@ def sanity_checks(
     return df
 
 
+def check_sanity_table(df: Any, what: str) -> None:
+    """Refuse anything but a DataFrame with the columns of ``sanity_checks``; ``what`` names the caller."""
+    import pandas as pd
+
+    if not isinstance(df, pd.DataFrame) or not {"test", "method", "layer", "step", "metric", "value"} <= set(
+            df.columns):
+        raise InputError(f"{what} needs the table of vitviz.sanity_checks (columns test, method, step, layer, image, "
+                         f"metric, value), got {type(df).__name__}")
+
+
 def sanity_summary(df: Any, *, threshold: float = 0.5, decision_step: str | None = None) -> Any:
     """Per method: PASS or FAIL of the parameter and random-logit tests (module docstring), with the numbers.
 
@@ -335,10 +345,7 @@ def sanity_summary(df: Any, *, threshold: float = 0.5, decision_step: str | None
 
     if isinstance(threshold, bool) or not isinstance(threshold, numbers.Real) or not 0 <= threshold <= 1:
         raise InputError(f"threshold={threshold!r} must lie in [0, 1], a mean |Spearman| correlation (e.g. 0.5)")
-    if not isinstance(df, pd.DataFrame) or not {"test", "method", "layer", "step", "metric", "value"} <= set(
-            df.columns):
-        raise InputError("sanity_summary needs the table of vitviz.sanity_checks (columns test, method, step, "
-                         f"layer, image, metric, value), got {type(df).__name__}")
+    check_sanity_table(df, "sanity_summary")
     if df.empty:
         raise InputError("df holds no rows; run vitviz.sanity_checks(model, images) first and pass its result")
     sub = df[df["metric"] == "spearman_abs"]

@@ -9,28 +9,35 @@ from __future__ import annotations
 
 from typing import TYPE_CHECKING, Any
 
+from vitviz.core.util import float_array, pair
 from vitviz.errors import InputError
 
 if TYPE_CHECKING:
     import pandas as pd
 
 
-def distance_table(distance: Any, model: str = "model", patch_size: tuple[int, int] | None = None) -> pd.DataFrame:
+def distance_table(distance: Any, model: str = "model", patch_size: int | tuple[int, int] | None = None
+                   ) -> pd.DataFrame:
     """``(L, H)`` mean attention distance (pixels) as rows of ``model``, ``layer`` (1-based, as the paper's
     "Network depth (layer)"), ``head`` (0-based) and ``distance_px``.
 
     Args:
         distance: ``(L, H)`` tensor or array from ``vitviz.mean_attention_distance``.
         model: the label of the ``model`` column.
-        patch_size: when given, a ``distance_patches`` column (distance in token strides) is added.
+        patch_size: when given, a ``distance_patches`` column (distance in token strides) is added; ``(sh, sw)``
+            positive strides in pixels, or an int for a square stride.
 
     Returns:
         ``L * H`` rows in layer-major order.
+
+    Raises:
+        InputError: ``distance`` is not ``(L, H)`` numbers, or ``patch_size`` is not a positive int or pair.
     """
     import numpy as np
     import pandas as pd
 
-    d = np.asarray(distance.detach().cpu() if hasattr(distance, "detach") else distance, dtype=float)
+    d = float_array(distance, "distance")
+    stride = None if patch_size is None else pair(patch_size, "patch_size", positive=True)
     if d.ndim != 2:
         raise InputError(f"distance must be (L, H), got shape {d.shape}")
     layers, heads = d.shape
@@ -40,6 +47,6 @@ def distance_table(distance: Any, model: str = "model", patch_size: tuple[int, i
         "head": np.tile(np.arange(heads), layers),
         "distance_px": d.reshape(-1),
     })
-    if patch_size is not None:
-        df["distance_patches"] = df["distance_px"] / float(np.sqrt(patch_size[0] * patch_size[1]))
+    if stride is not None:
+        df["distance_patches"] = df["distance_px"] / float(np.sqrt(stride[0] * stride[1]))
     return df

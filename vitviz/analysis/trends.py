@@ -13,6 +13,7 @@ from typing import Any
 
 import numpy as np
 
+from vitviz.core.util import float_array
 from vitviz.errors import InputError
 
 
@@ -25,12 +26,20 @@ def depth_trend(values: Any) -> dict[str, float]:
     Returns:
         ``rho`` (-1..1; positive: grows with depth), ``p`` (two-sided), ``layers``, ``heads``, and the first and
         last layers' head means ``first_mean`` and ``last_mean``.
+
+    Raises:
+        InputError: ``values`` is not ``(L, H)`` numbers with ``L >= 2``, or holds NaN or infinite values.
     """
     from scipy import stats
 
-    x = np.asarray(values.detach().cpu() if hasattr(values, "detach") else values, dtype=float)
+    x = float_array(values, "depth_trend: values")
     if x.ndim != 2 or x.shape[0] < 2:
         raise InputError(f"depth_trend: values must be (L, H) with L >= 2 layers, got shape {x.shape}")
+    if not np.isfinite(x).all():
+        bad = np.argwhere(~np.isfinite(x))[0]
+        raise InputError(f"depth_trend: values holds {int((~np.isfinite(x)).sum())} NaN or infinite values of "
+                         f"{x.size}, e.g. at layer {int(bad[0])}, head {int(bad[1])} (0-based); rho would be NaN. "
+                         "Drop or fix those heads first")
     layers = np.repeat(np.arange(x.shape[0]), x.shape[1])
     rho, p = stats.spearmanr(layers, x.reshape(-1))
     return {"rho": float(rho), "p": float(p), "layers": int(x.shape[0]), "heads": int(x.shape[1]),

@@ -71,7 +71,7 @@ def _check_finite_array(arr: np.ndarray, argument: str) -> None:
 
 def _array_to_uint8(arr: np.ndarray, argument: str) -> np.ndarray:
     """An image array as uint8: floats in [0, 1] are scaled by 255, floats and ints in [0, 255] are kept."""
-    if arr.dtype == np.uint8:
+    if arr.dtype == np.uint8 and arr.size:
         return arr
     if arr.dtype == np.bool_ or not (np.issubdtype(arr.dtype, np.floating) or np.issubdtype(arr.dtype, np.integer)):
         raise ImageInputError(
@@ -125,6 +125,8 @@ def to_pil(image: ImageLike, argument: str = "images") -> Image.Image:
             )
         image = Image.fromarray(_array_to_uint8(arr, argument))
     if isinstance(image, Image.Image):
+        if not (image.width and image.height):
+            raise ImageInputError(f"{argument}: a PIL image of size {image.width}x{image.height} has no pixels")
         return image.convert("RGB")
     raise ImageInputError(
         f"{argument}: cannot use {type(image).__name__} as an image; pass a tensor, PIL image, array or path"

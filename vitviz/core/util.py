@@ -4,31 +4,97 @@ from __future__ import annotations
 
 import contextlib
 import functools
+import numbers
+import operator
 from collections.abc import Callable, Iterator, Sequence
 from typing import Any, TypeVar
 
 F = TypeVar("F", bound=Callable[..., Any])
 
 
-def pair(v: int | float | Sequence[int], name: str = "size") -> tuple[int, int]:
-    """``v`` as ``(h, w)``: an int (or integral float) for both, or a 2-sequence.
+def _whole(v: object) -> int | None:
+    """``v`` as an int when it is a whole number (an int, a NumPy integer, an integral float), else None."""
+    if isinstance(v, bool):
+        return None
+    try:
+        return operator.index(v)  # type: ignore[arg-type]
+    except TypeError:
+        pass
+    if isinstance(v, numbers.Real) and float(v).is_integer():
+        return int(v)
+    return None
+
+
+def pair(v: int | float | Sequence[int], name: str = "size", *, positive: bool = False) -> tuple[int, int]:
+    """``v`` as ``(h, w)``: an int (or integral float) for both, or a 2-sequence of them.
+
+    Args:
+        v: the value to read.
+        name: the argument's name, for the message.
+        positive: also refuse a zero or negative side.
 
     Raises:
-        InputError: ``v`` is neither, or a bool (``True`` is not a size).
+        InputError: ``v`` is neither, a bool (``True`` is not a size), a string, a pair holding something other
+            than whole numbers, or (with ``positive``) a pair with a side below 1.
     """
     from vitviz.errors import InputError
 
     if isinstance(v, bool):
         raise InputError(f"{name}={v!r} is a bool; pass an int or (h, w)")
-    if isinstance(v, (int, float)):
-        if float(v) != int(v):
+    if isinstance(v, numbers.Real):
+        if _whole(v) is None:
             raise InputError(f"{name}={v!r} is not a whole number; pass an int or (h, w)")
-        return int(v), int(v)
-    try:
-        h, w = v  # type: ignore[misc]
-    except (TypeError, ValueError):
-        raise InputError(f"{name}={v!r} is neither an int nor an (h, w) pair") from None
-    return int(h), int(w)
+        h = w = _whole(v)
+    else:
+        try:
+            a, b = v  # type: ignore[misc]
+        except (TypeError, ValueError):
+            a = b = None
+        if a is None or isinstance(v, (str, bytes)):
+            raise InputError(f"{name}={v!r} is neither an int nor an (h, w) pair")
+        h, w = _whole(a), _whole(b)
+        if h is None or w is None:
+            raise InputError(f"{name}={v!r}: (h, w) must be whole numbers, e.g. (16, 16)")
+    if positive and (h < 1 or w < 1):
+        raise InputError(f"{name}={v!r} has a side below 1; pass positive sizes, an int or (h, w)")
+    return h, w
+
+
+def check_positive_int(value: object, argument: str, meaning: str) -> int:
+    """``value`` as an int; ``InputError`` unless it is a positive integer (``int`` or a NumPy integer; not a bool
+    or a float). ``meaning`` completes the message, e.g. ``"the panels per row (e.g. 6)"``."""
+    from vitviz.errors import InputError
+
+    if isinstance(value, bool) or not isinstance(value, numbers.Integral) or value < 1:
+        raise InputError(f"{argument}={value!r} must be a positive int, {meaning}")
+    return int(value)
+
+
+def float_array(values: Any, argument: str) -> Any:
+    """``values`` (a tensor, an array, numbers or nested sequences of them) as a float64 NumPy array.
+
+    Raises:
+        InputTypeError: a string, or anything that does not hold numbers only; the message names ``argument``.
+    """
+    import numpy as np
+
+    from vitviz.errors import InputTypeError
+
+    if hasattr(values, "detach"):  # a torch tensor (any dtype, any device)
+        values = values.detach().cpu().double()
+    bad = isinstance(values, (str, bytes))
+    if not bad:
+        try:
+            arr = np.asarray(values)
+            bad = arr.dtype.kind not in "biuf" and arr.dtype.kind != "O"
+            arr = arr.astype(np.float64)
+        except (TypeError, ValueError):
+            bad = True
+    if bad:
+        shown = repr(values) if len(repr(values)) <= 60 else f"a {type(values).__name__}"
+        raise InputTypeError(f"{argument}={shown} does not hold numbers only; pass a tensor, an array or a list of "
+                             "numbers")
+    return arr
 
 
 @contextlib.contextmanager

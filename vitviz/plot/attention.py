@@ -9,6 +9,7 @@ attention distance of every head against depth, one dot per head per layer.
 from __future__ import annotations
 
 import math
+import numbers
 from collections.abc import Mapping, Sequence
 
 import numpy as np
@@ -25,8 +26,8 @@ from vitviz.analysis.tables import distance_table
 from vitviz.core.capture import capture_attention, check_layer_index
 from vitviz.core.images import Images, denormalise, load_images
 from vitviz.core.spec import inspect
-from vitviz.core.util import eval_mode
-from vitviz.errors import InputError, OutOfRangeError
+from vitviz.core.util import check_positive_int, eval_mode
+from vitviz.errors import InputError, InputTypeError, OutOfRangeError
 from vitviz.plot.style import FIGSIZE, new_figure, styled
 
 __all__ = ["plot_attention_distance", "plot_attention_distance_grid", "plot_attention_heads_grid",
@@ -75,6 +76,18 @@ def _bare(ax: Axes) -> None:
         spine.set_visible(False)
 
 
+def check_map_grid(model: nn.Module, x: torch.Tensor, maps: torch.Tensor, argument: str) -> None:
+    """Refuse ``(B, h, w)`` maps that are neither on the token grid of ``model`` for the batch ``x`` nor on its
+    pixels: maps of other images (another size) or of another model would be stretched over these silently."""
+    grid = tuple(inspect(model).grid_for_input(x))
+    size = tuple(x.shape[-2:])
+    got = tuple(maps.shape[-2:])
+    if got not in (grid, size):
+        raise InputError(f"{argument}: maps of {got[0]}x{got[1]} do not fit these images, whose token grid is "
+                         f"{grid[0]}x{grid[1]} ({size[0]}x{size[1]} pixels); pass the maps computed on these images "
+                         "with this model, e.g. vitviz.explain(model, images, method)")
+
+
 @styled
 def plot_rollout(
     model: nn.Module,
@@ -100,7 +113,8 @@ def plot_rollout(
             model sees (resized, cropped), de-normalised with the model's mean and std.
         mode: ``"overlay"`` (heat map over the image, colorbar), ``"mask"`` (the paper's look: the image times the
             map, normalised to its maximum) or ``"both"`` (three panels per image).
-        maps: ``(B, gh, gw)`` maps to draw instead of ``attention_rollout`` (e.g. from ``grad_rollout``).
+        maps: ``(B, gh, gw)`` maps to draw instead of ``attention_rollout`` (e.g. from ``grad_rollout``), on the
+            model's token grid for these images (or ``(B, H, W)``, one value per pixel).
         head_fusion, discard_ratio, token: passed to ``attention_rollout``.
         labels: one caption per image, written under its input (e.g. the class).
         scale: ``"max"`` divides each map by its maximum (the paper); ``"minmax"`` also maps its minimum to 0.
@@ -111,14 +125,21 @@ def plot_rollout(
     Returns:
         the figure; panels titled "Input", "Attention" (and "Attention mask" with ``mode="both"``), one colorbar
         "Attention (relative to max)" unless ``mode="mask"``.
+
+    Raises:
+        InputError: ``mode`` unknown, ``ncols`` not a positive int, ``maps`` not one map per image on the images'
+            token grid (or pixel grid), or ``labels`` not one per image.
     """
     if mode not in MODES:
         raise InputError(f"mode must be one of {MODES}, got {mode!r}")
+    if ncols is not None:
+        check_positive_int(ncols, "ncols", "the images per row (or None for up to 4)")
     x = load_images(model, images)
     if maps is None:
         maps = attention_rollout(model, x, head_fusion=head_fusion, discard_ratio=discard_ratio, token=token)
     if maps.ndim != 3 or maps.shape[0] != x.shape[0]:
         raise InputError(f"expected one (gh, gw) map per image: {x.shape[0]} images, maps {tuple(maps.shape)}")
+    check_map_grid(model, x, maps, "maps")
     if labels is not None and len(labels) != x.shape[0]:
         raise InputError(f"{len(labels)} labels for {x.shape[0]} images")
     imgs = denormalise(model, x)
@@ -170,12 +191,19 @@ def _query(spec, query: int | tuple[int, int] | None, grid: tuple[int, int]) -> 
         if spec.class_token_index is not None:
             return spec.class_token_index, "class token"
         return None, "mean over patch queries"
-    if isinstance(query, tuple):
-        r, c = query
+    if isinstance(query, (tuple, list)):
+        if len(query) != 2 or any(isinstance(v, bool) or not isinstance(v, numbers.Integral) for v in query):
+            raise InputTypeError(f"query={query!r} is not a (row, column) patch; pass two zero-based ints, e.g. "
+                                 "(0, 0), a token index, or None")
+        r, c = (int(v) for v in query)
         if not (0 <= r < grid[0] and 0 <= c < grid[1]):
             raise OutOfRangeError(f"query patch {query} is outside the {grid[0]}x{grid[1]} grid")
         return p + r * grid[1] + c, f"patch (row {r + 1}, column {c + 1})"
     n = p + grid[0] * grid[1]
+    if isinstance(query, bool) or not isinstance(query, numbers.Integral):
+        raise InputTypeError(f"query={query!r} is a {type(query).__name__}, not a token index; pass an int in "
+                             f"{-n} ... {n - 1}, a (row, column) patch, or None")
+    query = int(query)
     if not -n <= query < n:
         raise OutOfRangeError(f"query token {query} is out of range for {n} tokens")
     q = query % n
@@ -206,7 +234,13 @@ def plot_attention_heads_grid(
 
     Returns:
         the figure: an "Input" panel, then "Head 1" ... "Head H" (shared scale), one colorbar "Attention weight".
+
+    Raises:
+        InputError: ``ncols`` not a positive int, or more than one image.
+        InputTypeError: ``query`` neither an int, a ``(row, column)`` pair of ints nor None.
+        OutOfRangeError: ``query`` outside the tokens or the grid.
     """
+    check_positive_int(ncols, "ncols", "the panels per row (e.g. 6)")
     x = load_images(model, image)
     if x.shape[0] != 1:
         raise InputError(f"plot_attention_heads_grid draws one image; got {x.shape[0]} (pass images[i])")

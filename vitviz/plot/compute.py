@@ -14,7 +14,8 @@ from matplotlib.axes import Axes
 from matplotlib.figure import Figure
 from matplotlib.ticker import FuncFormatter, LogLocator, NullFormatter
 
-from vitviz.errors import UnknownNameError
+from vitviz.core.util import check_positive_int
+from vitviz.errors import InputError, UnknownNameError
 from vitviz.experiments.compare import pareto_frontier
 from vitviz.plot.style import FIGSIZE, new_figure, styled
 
@@ -130,7 +131,16 @@ def plot_compute_curves(
 
     Returns:
         The figure; ``ylabel`` on the first panel, legend with the families.
+
+    Raises:
+        InputError: ``metrics`` is empty or a bare string.
+        UnknownNameError: ``df`` lacks ``family``, ``x`` or a metric column.
     """
+    if isinstance(metrics, str):
+        raise InputError(f"metrics={metrics!r} is a string; pass a sequence of columns, e.g. ({metrics!r},)")
+    if not len(metrics):
+        raise InputError(f"metrics={metrics!r} selects no column to plot; pass at least one, e.g. ('avg5', "
+                         "'imagenet') (the paper) or ('test_acc',) (a measured study)")
     if df is None:
         from vitviz.zoo.paper import paper_results
 
@@ -246,7 +256,11 @@ def plot_matched_gap(runs: pd.DataFrame, a: str = "Hybrid", b: str = "Transforme
 
     Returns:
         the axes: x the training compute (log), y "Accuracy gap at equal compute [points]".
+
+    Raises:
+        InputError: ``n`` is not a positive int, or the families have no runs or share no compute range.
     """
+    check_positive_int(n, "n", "the compute points on the shared grid (e.g. 24)")
     if ax is None:
         fig = new_figure(FIGSIZE["single"])
         fig.set_layout_engine("constrained")

@@ -30,11 +30,11 @@ REMOVALS = {"drop": "tokens dropped", "mean": "mean fill"}
 def _modes(df: Any) -> list[str]:
     from vitviz.analysis.faithfulness_stats import check_curves
 
-    modes = list(dict.fromkeys(df["mode"]))
-    if not modes:
+    if getattr(df, "empty", False):
         raise InputError("df is an empty DataFrame; run vitviz.faithfulness(model, images) first and pass its result")
-    check_curves(df)  # one row per image, method, mode and fraction: a repeated run would weigh its images twice
-    return modes
+    # a DataFrame, one row per image, method, mode and fraction: a repeated run would weigh its images twice
+    check_curves(df)
+    return list(dict.fromkeys(df["mode"]))
 
 
 def _palette(df: Any) -> tuple[list[str], dict[str, Any]]:
@@ -70,8 +70,9 @@ def plot_faithfulness(df: Any, *, ax: Axes | None = None, mode: str | None = Non
         else the target-class score), a legend of methods.
 
     Raises:
-        InputError: ``df`` is empty, holds several modes and ``mode`` is not given, or lacks ``mode``; or its
-            images removed different fractions at one step (other patch grids: their mean has no one x).
+        InputError: ``df`` is not a DataFrame of ``vitviz.faithfulness``, is empty, holds several modes and
+            ``mode`` is not given, or lacks ``mode``; or its images removed different fractions at one step (other
+            patch grids: their mean has no one x).
     """
     import seaborn as sns
 
@@ -158,25 +159,34 @@ def plot_explanations_grid(model: Any, images: Any, maps: Mapping[str, torch.Ten
     Args:
         model: the ViT (its preprocessing de-normalises the inputs shown).
         images: the images the maps were computed on (anything ``vitviz.load_images`` takes).
-        maps: method name -> ``(B, gh, gw)`` maps, e.g. ``{m: vitviz.explain(model, x, m) for m in methods}``.
+        maps: method name -> ``(B, gh, gw)`` maps on the model's token grid for these images (or ``(B, H, W)``,
+            one value per pixel), e.g. ``{m: vitviz.explain(model, x, m) for m in methods}``.
         labels: one caption per image (row), e.g. the class.
         cmap, alpha: heat-map colors (default ``magma``, perceptually uniform) and opacity.
 
     Returns:
         the figure, with one colorbar "Relevance (relative to max)".
+
+    Raises:
+        InputError: a map set that is not one map per image on the images' token grid, or ``labels`` not one per
+            image.
     """
     import numpy as np
 
     from vitviz.core.images import denormalise, load_images
-    from vitviz.plot.attention import upsample_maps
+    from vitviz.plot.attention import check_map_grid, upsample_maps
 
     x = load_images(model, images)
-    rgb = denormalise(model, x)
     names = list(maps)
     b = len(x)
     for name in names:
-        if maps[name].shape[0] != b:
-            raise InputError(f"maps[{name!r}] holds {maps[name].shape[0]} maps for {b} images")
+        if maps[name].ndim != 3 or maps[name].shape[0] != b:
+            raise InputError(f"maps[{name!r}] of shape {tuple(maps[name].shape)} is not one (gh, gw) map per image "
+                             f"for {b} images")
+        check_map_grid(model, x, maps[name], f"maps[{name!r}]")
+    if labels is not None and len(labels) != b:
+        raise InputError(f"labels holds {len(labels)} captions for {b} images; pass one label per image (row)")
+    rgb = denormalise(model, x)
     cols = len(names) + 1
     fig = new_figure((1.25 * cols + 0.6, 1.3 * b + 0.3))
     axes = np.atleast_2d(fig.subplots(b, cols, squeeze=False))

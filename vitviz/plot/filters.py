@@ -16,6 +16,7 @@ from torch import nn
 
 from vitviz.analysis.filters import embedding_filters, filter_pca
 from vitviz.core.spec import inspect
+from vitviz.core.util import check_positive_int
 from vitviz.errors import InputError
 from vitviz.plot.style import FIGSIZE, new_figure, styled
 
@@ -123,7 +124,13 @@ def plot_filter_variance(
     Returns:
         the axes: bars per component, a line for the cumulative ratio; x "Principal component" (from 1),
         y "Explained variance ratio".
+
+    Raises:
+        InputError: ``n_components`` is not a positive int (or None), or there are no ratios to plot.
     """
+    if n_components is not None:
+        check_positive_int(n_components, "n_components", "how many components to show (or None for all, at most "
+                           f"{MAX_VARIANCE_BARS})")
     title = None
     if isinstance(model_or_ratio, nn.Module):
         spec = inspect(model_or_ratio)

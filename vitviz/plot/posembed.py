@@ -8,6 +8,7 @@ patches. Axes "Input patch row" / "Input patch column", numbered from 1; one col
 from __future__ import annotations
 
 import math
+import numbers
 import os
 
 import numpy as np
@@ -18,7 +19,8 @@ from matplotlib.patches import Rectangle
 from torch import nn
 
 from vitviz.analysis.posembed import Size, pos_embed_similarity
-from vitviz.errors import DataNotFoundError, InputError, OutOfRangeError
+from vitviz.core.util import check_positive_int
+from vitviz.errors import DataNotFoundError, InputError, InputTypeError, OutOfRangeError
 from vitviz.plot.style import FIGSIZE, new_figure, styled
 
 __all__ = ["plot_pos_embed", "plot_pos_embed_similarity", "plot_posemb_ablation_grid", "pos_embed_mosaic", "tile_layout"]
@@ -42,9 +44,13 @@ def tile_layout(grid_size: tuple[int, int], max_tiles: int = 16) -> tuple[np.nda
 
     Returns:
         ``(rows, cols, k)``: zero-based patch rows and columns shown, and the step ``k`` (1: all tiles).
+
+    Raises:
+        InputError: ``max_tiles`` is not a positive int.
     """
+    check_positive_int(max_tiles, "max_tiles", "the most tiles along either side (e.g. 16)")
     gh, gw = grid_size
-    k = max(1, math.ceil(max(gh, gw) / max(1, max_tiles)))
+    k = max(1, math.ceil(max(gh, gw) / max_tiles))
     return np.arange(0, gh, k), np.arange(0, gw, k), k
 
 
@@ -113,7 +119,11 @@ def plot_pos_embed(
     Returns:
         the axes holding the mosaic; ``ax.figure`` also holds the colorbar "Cosine similarity" (limits
         ``[-1, 1]``).
+
+    Raises:
+        InputError: ``max_tiles`` is not a positive int; as ``vitviz.pos_embed_similarity`` for the embedding.
     """
+    check_positive_int(max_tiles, "max_tiles", "the most tiles along either side (e.g. 16)")
     sim = pos_embed_similarity(model, img_size=img_size, grid_size=grid_size, num_prefix_tokens=num_prefix_tokens)
     sim_np = sim.numpy()
     gh, gw = sim_np.shape[:2]
@@ -153,6 +163,16 @@ def plot_pos_embed(
     return ax
 
 
+def _patch(query: object) -> tuple[int, int]:
+    """``query`` as a ``(row, column)`` of ints; ``InputTypeError`` for anything else (a float, a flat index)."""
+    rc = None
+    if isinstance(query, (tuple, list)) and len(query) == 2:
+        rc = tuple(None if isinstance(v, bool) or not isinstance(v, numbers.Integral) else int(v) for v in query)
+    if rc is None or None in rc:
+        raise InputTypeError(f"query={query!r} is not a (row, column) patch; pass two zero-based ints, e.g. (0, 0)")
+    return rc[0], rc[1]
+
+
 @styled
 def plot_pos_embed_similarity(
     sim: torch.Tensor | np.ndarray | nn.Module,
@@ -174,10 +194,14 @@ def plot_pos_embed_similarity(
 
     Returns:
         the axes.
+
+    Raises:
+        InputTypeError: ``query`` is not a ``(row, column)`` pair of ints.
+        OutOfRangeError: ``query`` is outside the grid.
     """
+    r, c = _patch(query)
     sim_np = _as_sim(sim)
     gh, gw = sim_np.shape[:2]
-    r, c = query
     if not (0 <= r < gh and 0 <= c < gw):
         raise OutOfRangeError(f"query {query} is outside the {gh}x{gw} grid (zero-based row, column)")
     if ax is None:

@@ -6,6 +6,7 @@ from typing import Any
 
 from matplotlib.axes import Axes
 
+from vitviz.analysis.sanity import check_sanity_table
 from vitviz.errors import InputError
 from vitviz.plot.style import FIGSIZE, new_figure, styled
 
@@ -35,12 +36,16 @@ def plot_sanity_checks(df: Any, *, ax: Axes | None = None, test: str = "cascadin
 
     Returns:
         the Axes; x tick labels are the layer names from the top (head) down.
+
+    Raises:
+        InputError: ``df`` is not the table of ``vitviz.sanity_checks``, or holds no rows of ``test`` and ``metric``.
     """
     import seaborn as sns
 
     if metric not in YLABELS or test not in XLABELS:
         raise InputError(f"test={test!r}, metric={metric!r}: test must be one of {tuple(XLABELS)} and metric one "
                          f"of {tuple(YLABELS)}")
+    check_sanity_table(df, "plot_sanity_checks")
     sub = df[(df["test"] == test) & (df["metric"] == metric)]
     if sub.empty:
         raise InputError(f"the table holds no {test!r} rows for metric {metric!r}; run vitviz.sanity_checks(model, "

@@ -17,7 +17,7 @@ import matplotlib as mpl
 from matplotlib.axes import Axes
 from matplotlib.figure import Figure
 
-from vitviz.errors import InputError
+from vitviz.errors import InputError, InputTypeError
 
 __all__ = ["RC", "FIGSIZE", "PAPER_FIGURES", "new_figure", "plot_level", "save_figure", "styled", "vitviz_style"]
 
@@ -69,7 +69,13 @@ def plot_level(name: str) -> str:
 
     Axes-level functions take ``ax=`` (keyword-only) and return the ``Axes``; figure-level ones return the
     ``Figure``: their names end in ``_grid``, or are one of ``PAPER_FIGURES``.
+
+    Raises:
+        InputTypeError: ``name`` is not a string.
     """
+    if not isinstance(name, str):
+        raise InputTypeError(f"name={name!r} ({type(name).__name__}) is not a function name; pass the name of a "
+                             "plot function as a string, e.g. plot_level('plot_rollout')")
     return "figure" if name.endswith("_grid") or name in PAPER_FIGURES else "axes"
 
 

@@ -14,6 +14,7 @@ image whose maps were evicted is captured again when it is shown again. The imag
 from __future__ import annotations
 
 import html
+import numbers
 from collections import OrderedDict
 from collections.abc import Sequence
 from typing import Any
@@ -28,7 +29,7 @@ from vitviz.analysis.rollout import rollout_from_attentions
 from vitviz.core.capture import capture_attention
 from vitviz.core.images import Images, denormalise, load_images
 from vitviz.core.spec import inspect
-from vitviz.core.util import eval_mode
+from vitviz.core.util import check_positive_int, eval_mode
 from vitviz.errors import InputError
 from vitviz.widgets._base import Explorer
 from vitviz.widgets._render import display_size, mark_cell, overlay, png_bytes, resize_rgb
@@ -117,6 +118,9 @@ class AttentionExplorer(Explorer):
     def __init__(self, model: nn.Module, images: Images, *, labels: Sequence[str] | None = None, size: int = 320,
                  cmap: str = "inferno", alpha: float = 0.6, interpolation: str = "nearest",
                  cache_bytes: int = DEFAULT_CACHE_BYTES) -> None:
+        check_positive_int(size, "size", "the pixels of the longer side of the drawn overlay (e.g. 320)")
+        if isinstance(alpha, bool) or not isinstance(alpha, numbers.Real) or not 0 <= alpha <= 1:
+            raise InputError(f"alpha={alpha!r} must lie in [0, 1], the opacity of the map over the image (e.g. 0.6)")
         self.model = model
         self.spec = inspect(model)
         self.cache = ByteLRU(cache_bytes)  # ("attn", i) -> list of (1, H, N, N); ("rollout", ...) -> (N, N)
@@ -289,6 +293,9 @@ def explore_attention(model: nn.Module, image: Images, *, labels: Sequence[str] 
         ``AttentionExplorer``, an ``ipywidgets.VBox``: display it; drive it with its controls (``layer``,
         ``head``, ``query``, ``row``, ``col``, ``rollout``, ``discard``, ``alpha``, ``image_index``) or
         ``set(...)``; ``image.value`` is the PNG shown and ``map()`` the ``(gh, gw)`` numbers behind it.
+
+    Raises:
+        InputError: ``size`` not a positive int, ``alpha`` outside ``[0, 1]``, or ``labels`` not one per image.
     """
     return AttentionExplorer(model, image, labels=labels, size=size, cmap=cmap, alpha=alpha,
                              interpolation=interpolation, cache_bytes=cache_bytes)

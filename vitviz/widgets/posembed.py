@@ -20,6 +20,7 @@ from torch import nn
 
 from vitviz.analysis.posembed import patch_pos_embed, pos_embed_similarity
 from vitviz.core.spec import inspect
+from vitviz.core.util import check_positive_int
 from vitviz.errors import NoPositionEmbeddingError
 from vitviz.widgets._base import Explorer
 from vitviz.widgets._render import colorbar, display_size, heat_png, mark_cell, png_bytes, resize_rgb
@@ -51,6 +52,7 @@ class PosEmbedExplorer(Explorer):
     """
 
     def __init__(self, model: nn.Module, *, size: int = 320, cmap: str = "viridis", max_scale: int = 4) -> None:
+        check_positive_int(size, "size", "the pixels of the longer side of the drawn map (e.g. 320)")
         self.model = model
         self.spec = inspect(model)
         if not self.spec.has_abs_pos_embed:
@@ -181,5 +183,6 @@ def explore_pos_embed(model: nn.Module, *, size: int = 320, cmap: str = "viridis
 
     Raises:
         NoPositionEmbeddingError: the model has no absolute position embedding.
+        InputError: ``size`` is not a positive int.
     """
     return PosEmbedExplorer(model, size=size, cmap=cmap, max_scale=max_scale)
