@@ -187,3 +187,18 @@ def test_flop_count_of_bare_sdpa_matches_two_matmuls_on_every_backend():
 
     flops = count_flops(Sdpa(), (3, 8, 16))
     assert flops == 2 * 2 * 3 * 8 * 8 * 16  # QK^T and AV: 2 matmuls of H*N*N*d multiply-adds
+
+
+def test_a_panel_alone_names_its_y_axis_and_families():
+    import matplotlib.pyplot as plt
+
+    from vitviz.plot.compute import plot_compute_panel
+
+    ax = plot_compute_panel(paper_results(), "imagenet")
+    assert ax.get_ylabel() == "Transfer accuracy [%]"
+    assert [t.get_text() for t in ax.get_legend().get_texts()] == ["Transformer (ViT)", "ResNet (BiT)", "Hybrid"]
+    measured = pd.DataFrame({"family": ["Hybrid"], "model": ["h"], "train_pflops": [1.0], "test_acc": [50.0]})
+    assert plot_compute_panel(measured, "test_acc", x="train_pflops").get_ylabel() == "Test accuracy [%]"
+    fig = plot_compute_curves()  # the paper's Fig. 5: y label and legend on the first panel only
+    assert fig.axes[1].get_ylabel() == "" and fig.axes[1].get_legend() is None
+    plt.close("all")

@@ -136,3 +136,45 @@ def test_no_plot_module_names_jet():
     for module in (vitviz.plot.attention, vitviz.plot.compute, vitviz.plot.faithfulness, vitviz.plot.filters,
                    vitviz.plot.posembed):
         assert '"jet"' not in inspect.getsource(module) and "'jet'" not in inspect.getsource(module), module
+
+
+@pytest.mark.parametrize("name", PUBLIC_PLOTS)
+def test_default_figure_fits_a_double_column(name, model):
+    """A figure wider than a page is shrunk to fit it, and its 8-9 pt text with it (below 6 pt past ~10 in)."""
+    from vitviz.plot.style import PAGE_WIDTH
+
+    try:
+        out = _calls(model)[name]()
+        fig = out.figure if isinstance(out, Axes) else out
+        assert fig.get_size_inches()[0] <= PAGE_WIDTH + 1e-6, f"{name}: {fig.get_size_inches()} in"
+    finally:
+        plt.close("all")
+
+
+def _overlaps(texts) -> list[tuple[str, str]]:
+    boxes = [(t.get_text(), t.get_window_extent()) for t in texts if t.get_text() and t.get_visible()]
+    return [(a, b) for i, (a, ba) in enumerate(boxes) for b, bb in boxes[i + 1:] if ba.overlaps(bb)]
+
+
+@pytest.mark.parametrize("shape,mode", [((4, 3, 32, 32), "overlay"), ((3, 3, 32, 48), "both")])
+def test_rollout_titles_do_not_overlap_at_page_width(shape, mode):
+    model = tiny_timm_vit(img_size=shape[2:])
+    try:
+        fig = vitviz.plot_rollout(model, torch.randn(*shape), mode=mode)
+        fig.canvas.draw()
+        assert not _overlaps([ax.title for ax in fig.axes])
+    finally:
+        plt.close("all")
+
+
+def test_heads_grid_of_twelve_heads_fits_the_page_without_overlap():
+    from vitviz.plot.style import PAGE_WIDTH
+
+    model = tiny_timm_vit(embed_dim=48, num_heads=12)
+    try:
+        fig = vitviz.plot_attention_heads_grid(model, torch.randn(1, 3, 32, 48))
+        assert fig.get_size_inches()[0] <= PAGE_WIDTH + 1e-6
+        fig.canvas.draw()
+        assert not _overlaps([ax.title for ax in fig.axes])
+    finally:
+        plt.close("all")

@@ -28,7 +28,7 @@ from vitviz.core.images import Images, denormalise, load_images
 from vitviz.core.spec import inspect
 from vitviz.core.util import check_positive_int, eval_mode
 from vitviz.errors import InputError, InputTypeError, OutOfRangeError
-from vitviz.plot.style import FIGSIZE, new_figure, styled
+from vitviz.plot.style import FIGSIZE, PAGE_WIDTH, fit_columns, new_figure, styled
 
 __all__ = ["plot_attention_distance", "plot_attention_distance_grid", "plot_attention_heads_grid",
            "plot_rollout", "upsample_maps"]
@@ -118,7 +118,8 @@ def plot_rollout(
         head_fusion, discard_ratio, token: passed to ``attention_rollout``.
         labels: one caption per image, written under its input (e.g. the class).
         scale: ``"max"`` divides each map by its maximum (the paper); ``"minmax"`` also maps its minimum to 0.
-        ncols: images per row (default up to 4, or 3 with ``mode="both"``).
+        ncols: images per row (default as many as fit a 7 in double column, ``PAGE_WIDTH``: up to 4, or 3 with
+            ``mode="both"``).
         cmap, alpha: heat-map colors (default ``magma``, perceptually uniform) and opacity of the overlay.
         fig: draw into this (empty) figure; default a new one sized to the panels.
 
@@ -148,14 +149,17 @@ def plot_rollout(
     titles = {"overlay": ["Input", "Attention"], "mask": ["Input", "Attention"],
               "both": ["Input", "Attention", "Attention mask"]}[mode]
     k, b = len(titles), len(imgs)
-    per_row = ncols or min(b, 3 if mode == "both" else 4)
+    h, w = imgs.shape[1:3]
+    aspect = min(w / h, 2.0)
+    extra = 0.7 if mode != "mask" else 0.1  # the colorbar
+    # by default as many images per row as fit a double column at 1.55 in a panel (at most 4; 3 with "both")
+    per_row, group = fit_columns(min(b, 3 if mode == "both" else 4), k * 1.55 * aspect, extra)
+    per_row = ncols or per_row
     rows = math.ceil(b / per_row)
     per_row = ncols or math.ceil(b / rows)  # balanced rows: 4 images in threes -> 2 x 2
-    h, w = imgs.shape[1:3]
-    panel = 1.55
+    panel = group / (k * aspect)
     if fig is None:
-        fig = new_figure((k * per_row * panel * min(w / h, 2.0) + (0.7 if mode != "mask" else 0.1),
-                          rows * (panel + 0.35) + 0.2))
+        fig = new_figure((k * per_row * panel * aspect + extra, rows * (panel + 0.35) + 0.2))
         fig.set_layout_engine("constrained")
     axes = np.asarray(fig.subplots(rows, k * per_row, squeeze=False))
     heat = None
@@ -230,7 +234,8 @@ def plot_attention_heads_grid(
         layer: attention layer, a Python index (0 is the first; negative counts from the end); titles count from 1.
         query: the query token: default the class token (models without one: the mean over patch queries); an
             int token index, or a ``(row, column)`` patch (zero-based).
-        cmap: colormap of the maps; ncols: panels per row; fig: draw into this figure.
+        cmap: colormap of the maps; ncols: panels per row (narrower than 1.5 in when ``ncols`` of them would not
+            fit a 7 in double column); fig: draw into this figure.
 
     Returns:
         the figure: an "Input" panel, then "Head 1" ... "Head H" (shared scale), one colorbar "Attention weight".
@@ -261,8 +266,10 @@ def plot_attention_heads_grid(
     n = len(heads) + 1
     cols = min(n, ncols)
     nrows = math.ceil(n / cols)
-    if fig is None:
-        fig = new_figure((cols * 1.5 * min(w / h, 2.0) + 0.7, nrows * 1.65 + 0.45))
+    if fig is None:  # panels of 1.5 in, narrower where ncols of them would not fit a double column
+        aspect = min(w / h, 2.0)
+        width = min(1.5 * aspect, (PAGE_WIDTH - 0.7) / cols)
+        fig = new_figure((cols * width + 0.7, nrows * (width / aspect + 0.15) + 0.45))
         fig.set_layout_engine("constrained")
     axes = np.asarray(fig.subplots(nrows, cols, squeeze=False)).ravel()
     vmax = float(heads.max()) or 1.0

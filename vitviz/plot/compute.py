@@ -17,7 +17,7 @@ from matplotlib.ticker import FuncFormatter, LogLocator, NullFormatter
 from vitviz.core.util import check_positive_int
 from vitviz.errors import InputError, UnknownNameError
 from vitviz.experiments.compare import pareto_frontier
-from vitviz.plot.style import FIGSIZE, new_figure, styled
+from vitviz.plot.style import FIGSIZE, PAGE_WIDTH, new_figure, styled
 
 if TYPE_CHECKING:
     import pandas as pd
@@ -50,9 +50,15 @@ def point_labels(part: pd.DataFrame, df: pd.DataFrame, label_col: str = "model")
             zip(part[label_col], part["epochs"] if "epochs" in part else [None] * len(part))]
 
 
+def default_ylabel(metric: str) -> str:
+    """The paper's "Transfer accuracy [%]"; "Test accuracy [%]" for ``test_acc`` (a study testing on its task)."""
+    return "Test accuracy [%]" if metric == "test_acc" else "Transfer accuracy [%]"
+
+
 @styled
 def plot_compute_panel(df: pd.DataFrame, metric: str = "avg5", *, ax: Axes | None = None, x: str = "exaflops",
-                       annotate: bool = False, frontier: bool = False, label_col: str = "model") -> Axes:
+                       annotate: bool = False, frontier: bool = False, label_col: str = "model",
+                       ylabel: str | None = None, legend: bool = True) -> Axes:
     """One Fig. 5 panel: ``metric`` against ``x`` (log scale), one colour and marker per family.
 
     Args:
@@ -62,9 +68,11 @@ def plot_compute_panel(df: pd.DataFrame, metric: str = "avg5", *, ax: Axes | Non
         ax: draw into these axes; default a new figure.
         x: the compute column; annotate: write each model's name; frontier: each family's Pareto frontier.
         label_col: the column naming each point.
+        ylabel: the y label (default "Transfer accuracy [%]", or "Test accuracy [%]" for ``test_acc``).
+        legend: draw the legend of families.
 
     Returns:
-        the axes, x log-scaled and labelled with the compute unit.
+        the axes, x log-scaled and labelled with the compute unit, y with the accuracy, a legend of families.
     """
     if ax is None:
         fig = new_figure(FIGSIZE["single"])
@@ -96,6 +104,9 @@ def plot_compute_panel(df: pd.DataFrame, metric: str = "avg5", *, ax: Axes | Non
     ax.margins(y=0.12)
     ax.set_title(METRIC_TITLES.get(metric, metric))
     ax.set_xlabel(X_LABELS.get(x, x))
+    ax.set_ylabel(default_ylabel(metric) if ylabel is None else ylabel)
+    if legend:
+        ax.legend(loc="best", frameon=False)
     ax.grid(True, which="major", alpha=0.3, lw=0.5)
     return ax
 
@@ -154,12 +165,11 @@ def plot_compute_curves(
     else:
         fig.clear()
     axes = fig.subplots(1, len(metrics), squeeze=False)[0]
-    for ax, metric in zip(axes, metrics):
-        plot_compute_panel(df, metric, ax=ax, x=x, annotate=annotate, frontier=frontier)
+    for i, (ax, metric) in enumerate(zip(axes, metrics)):  # the y label and the legend on the first panel only
+        plot_compute_panel(df, metric, ax=ax, x=x, annotate=annotate, frontier=frontier,
+                           ylabel=ylabel if i == 0 else "", legend=i == 0)
         if titles and metric in titles:
             ax.set_title(titles[metric])
-    axes[0].set_ylabel(ylabel)
-    axes[0].legend(loc="best", frameon=False)
     if suptitle:
         fig.suptitle(suptitle)
     fig.tight_layout()
@@ -304,7 +314,7 @@ def plot_study_grid(runs: pd.DataFrame, a: str = "Hybrid", b: str = "Transformer
     """
     blocks = sorted(runs["train_images"].unique())
     if fig is None:
-        fig = new_figure((FIGSIZE["wide"][0] * 1.25, 3.0 * len(blocks)))
+        fig = new_figure((PAGE_WIDTH, 3.0 * len(blocks)))
     else:
         fig.clear()
     axes = fig.subplots(len(blocks), 2, squeeze=False)

@@ -10,7 +10,7 @@ from matplotlib.axes import Axes
 from matplotlib.figure import Figure
 
 from vitviz.errors import InputError
-from vitviz.plot.style import FIGSIZE, new_figure, styled
+from vitviz.plot.style import FIGSIZE, PAGE_WIDTH, new_figure, styled
 
 __all__ = ["plot_explanations_grid", "plot_faithfulness", "plot_faithfulness_grid"]
 
@@ -135,18 +135,24 @@ def plot_faithfulness_grid(df: Any, *, errorbar: Any = ("se", 1.96)) -> Figure:
         errorbar: as in ``plot_faithfulness``.
 
     Returns:
-        the figure: one axes per mode, in the order of ``df``; the legend "Method" beside the last.
+        the figure: one axes per mode, in the order of ``df``, two per row (a double column, ``PAGE_WIDTH``); the
+        legend "Method" beside the last.
     """
     modes = _modes(df)
-    width, height = FIGSIZE["single"]
-    fig = new_figure((width * len(modes) * 1.05, height * 1.3))
-    axes = fig.subplots(1, len(modes), squeeze=False)[0]
-    for i, (a, m) in enumerate(zip(axes, modes)):
+    cols = min(len(modes), 2)
+    rows = -(-len(modes) // cols)
+    height = FIGSIZE["single"][1] * 1.3
+    fig = new_figure((PAGE_WIDTH, height * rows))
+    grid = fig.subplots(rows, cols, squeeze=False)
+    axes = grid.ravel()
+    for a in axes[len(modes):]:
+        a.set_visible(False)
+    for a, m in zip(axes, modes):
         plot_faithfulness(df, ax=a, mode=m, errorbar=errorbar)
-        if i < len(modes) - 1 and a.get_legend() is not None:
+        if a.get_legend() is not None:
             a.get_legend().remove()
-        elif a.get_legend() is not None:
-            a.legend(title="Method", loc="upper left", bbox_to_anchor=(1.02, 1), frameon=False)
+    handles, labels = axes[0].get_legend_handles_labels()
+    axes[len(modes) - 1].legend(handles, labels, title="Method", loc="upper left", bbox_to_anchor=(1.02, 1), frameon=False)
     fig.tight_layout()
     return fig
 

@@ -19,7 +19,7 @@ from matplotlib.figure import Figure
 
 from vitviz.errors import InputError, InputTypeError
 
-__all__ = ["RC", "FIGSIZE", "PAPER_FIGURES", "new_figure", "plot_level", "save_figure", "styled", "vitviz_style"]
+__all__ = ["RC", "FIGSIZE", "PAGE_WIDTH", "PAPER_FIGURES", "fit_columns", "new_figure", "plot_level", "save_figure", "styled", "vitviz_style"]
 
 # rcParams for paper-size figures: 8-9 pt text, thin lines, no top/right spines
 RC: dict[str, Any] = {
@@ -81,6 +81,20 @@ def plot_level(name: str) -> str:
 
 # default sizes in inches
 FIGSIZE = {"square": (4.8, 4.4), "wide": (6.4, 3.2), "single": (3.4, 2.8)}
+# The widest default figure, in inches: a paper's double column. A wider figure is shrunk to fit the page, and its
+# 8-9 pt text with it (a 13 in figure prints its titles at 5 pt); multi-panel figures wrap or shrink panels instead.
+PAGE_WIDTH = 7.0
+
+
+def fit_columns(n: int, width: float, extra: float = 0.0, max_width: float = PAGE_WIDTH) -> tuple[int, float]:
+    """How to lay out ``n`` panels of ``width`` inches (plus ``extra`` inches of colorbar or legend) on a page.
+
+    Returns:
+        ``(columns, width)``: as many columns (at most ``n``) as fit at ``width``, and the panel width, shrunk
+        so that one column still fits when even it is wider than ``max_width``.
+    """
+    columns = max(1, min(n, int((max_width - extra) // width)))
+    return columns, min(width, (max_width - extra) / columns)
 
 F = TypeVar("F", bound=Callable[..., Any])
 
