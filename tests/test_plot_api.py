@@ -178,3 +178,24 @@ def test_heads_grid_of_twelve_heads_fits_the_page_without_overlap():
         assert not _overlaps([ax.title for ax in fig.axes])
     finally:
         plt.close("all")
+
+
+def test_bands_say_what_interval_they_are():
+    """A shaded band or error bar is named in the legend: which interval, over what."""
+    from vitviz.plot.style import interval_label
+
+    assert interval_label(("se", 1.96)) == "95% CI of the mean (±1.96 SE)"
+    assert interval_label(("ci", 90)) == "90% bootstrap CI" and interval_label(("sd", 1)) == "±1 SD"
+    assert interval_label(None) is None
+    try:
+        curves = _curves().assign(removed=lambda d: d["fraction"])
+        title = vitviz.plot_faithfulness(curves, mode="deletion").get_legend().get_title().get_text()
+        assert title == "Method\nband: 95% CI of the mean\n(±1.96 SE), 3 images"
+        fig = vitviz.plot_faithfulness_grid(curves, errorbar=None)
+        assert fig.axes[1].get_legend().get_title().get_text() == "Method"
+        ax = vitviz.plot_study_runs(_study_runs())
+        assert "95% t-interval" in ax.get_legend().get_title().get_text()
+        ax = vitviz.plot_matched_gap(_study_runs())
+        assert "95% t-interval" in " ".join(t.get_text() for t in ax.get_legend().get_texts())
+    finally:
+        plt.close("all")

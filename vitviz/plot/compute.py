@@ -242,7 +242,10 @@ def plot_study_runs(runs: pd.DataFrame, *, ax: Axes | None = None, metric: str =
     ax.set_ylabel("Test accuracy [%]")
     ax.grid(True, which="major", alpha=0.3, lw=0.5)
     handles, labels = ax.get_legend_handles_labels()
-    ax.legend(handles, labels, loc="best", frameon=False, title=None)
+    seeds = runs.groupby("config")["seed"].nunique()
+    n = f"{seeds.min()}" if seeds.min() == seeds.max() else f"{seeds.min()}-{seeds.max()}"
+    title = f"mean of {n} seeds, 95% t-interval" + ("\nlines: frontier, 95% t-band" if frontier else "")
+    ax.legend(handles, labels, loc="best", frameon=False, title=title, title_fontsize=7)
     return ax
 
 
@@ -283,17 +286,21 @@ def plot_matched_gap(runs: pd.DataFrame, a: str = "Hybrid", b: str = "Transforme
     wide = curves.pivot_table(index=["train_pflops", "seed"], columns="family", values=metric).reset_index()
     wide = wide.assign(gap=wide[a] - wide[b]).dropna(subset=["gap"])
     colour = family_style(a)[0]
+    seeds = wide["seed"].nunique()
     sns.lineplot(data=wide, x="train_pflops", y="gap", errorbar=_t_band, color=colour, lw=1.2, ax=ax,
-                 label=f"{a} - {b}")
+                 label=f"{a} - {b}\n(mean of {seeds} seeds, 95% t-interval)")
     sns.lineplot(data=wide, x="train_pflops", y="gap", units="seed", estimator=None, color=colour, lw=0.5,
-                 alpha=0.35, ax=ax)
+                 alpha=0.35, ax=ax, label="single seeds")
+    handles, labels = ax.get_legend_handles_labels()
+    first = {lab: h for h, lab in reversed(list(zip(handles, labels)))}  # one entry per label, not one per seed
     ax.axhline(0.0, color="0.3", lw=0.8, ls="--")
     ax.set_xscale("log")
     _plain_log_ticks(ax)
     ax.set_xlabel(X_LABELS["train_pflops"])
     ax.set_ylabel("Accuracy gap at equal compute [points]")
     ax.grid(True, which="major", alpha=0.3, lw=0.5)
-    ax.legend(loc="best", frameon=False)
+    ax.legend([first[lab] for lab in dict.fromkeys(labels)], list(dict.fromkeys(labels)), loc="best", frameon=False,
+              fontsize=7)
     return ax
 
 

@@ -19,7 +19,7 @@ from matplotlib.figure import Figure
 
 from vitviz.errors import InputError, InputTypeError
 
-__all__ = ["RC", "FIGSIZE", "PAGE_WIDTH", "PAPER_FIGURES", "fit_columns", "new_figure", "plot_level", "save_figure", "styled", "vitviz_style"]
+__all__ = ["RC", "FIGSIZE", "PAGE_WIDTH", "PAPER_FIGURES", "fit_columns", "interval_label", "new_figure", "plot_level", "save_figure", "styled", "vitviz_style"]
 
 # rcParams for paper-size figures: 8-9 pt text, thin lines, no top/right spines
 RC: dict[str, Any] = {
@@ -97,6 +97,24 @@ def fit_columns(n: int, width: float, extra: float = 0.0, max_width: float = PAG
     return columns, min(width, (max_width - extra) / columns)
 
 F = TypeVar("F", bound=Callable[..., Any])
+
+
+def interval_label(errorbar: Any) -> str | None:
+    """What seaborn's ``errorbar=`` draws, in words for a legend: every band and error bar says what it is.
+
+    ``("se", 1.96)`` -> "95% CI of the mean (±1.96 SE)", ``("ci", 95)`` -> "95% bootstrap CI", ``("sd", 1)`` ->
+    "±1 SD", ``("pi", 50)`` -> "50% percentile interval", ``None`` -> ``None``; a callable by its name.
+    """
+    if errorbar is None:
+        return None
+    if callable(errorbar):
+        return getattr(errorbar, "__name__", "interval")
+    kind, level = (errorbar, None) if isinstance(errorbar, str) else errorbar
+    level = {"se": 1, "sd": 1, "ci": 95, "pi": 95}.get(kind, level) if level is None else level
+    if kind == "se":
+        return f"95% CI of the mean (±{level:g} SE)" if abs(level - 1.96) < 1e-9 else f"±{level:g} SE"
+    return {"sd": f"±{level:g} SD", "ci": f"{level:g}% bootstrap CI", "pi": f"{level:g}% percentile interval"
+            }.get(kind, f"{kind} {level:g}")
 
 
 @contextlib.contextmanager
