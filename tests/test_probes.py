@@ -419,6 +419,7 @@ def test_per_class_subset_holds_the_first_per_class_images_of_every_class():
         per_class_subset(model, (x[:-1], y[:-1]), 4)
     with pytest.raises(InputError, match="per_class=0"):
         per_class_subset(model, (x, y), 0)
+    assert list(per_class_subset(model, (x, y), 6).indices) == list(range(len(y)))  # 4 of each: all, balanced
 
 
 def test_a_feature_cache_is_keyed_by_the_readout_as_well_as_the_weights(tmp_path):

@@ -57,10 +57,12 @@ def labels_of(source: Any) -> np.ndarray | None:
 
 def per_class_subset(model: nn.Module, source: Any, per_class: int) -> Subset:
     """The first ``per_class`` images of each class of ``source`` (a folder or a labelled Dataset), in order:
-    a small, deterministic, class-balanced evaluation set (e.g. 100 per class of CIFAR-10's test set).
+    a small, deterministic, class-balanced evaluation set (e.g. 100 per class of CIFAR-10's test set). Where every
+    class has fewer images (a small sample folder), each gives all of them: still balanced.
 
     Raises:
-        InputError: ``per_class`` below 1, or above the images of some class (the set would not be balanced).
+        InputError: ``per_class`` below 1, or above the images of some classes but not of others (the set would not
+            be balanced; the message names the short classes).
     """
     if not isinstance(per_class, (int, np.integer)) or isinstance(per_class, bool) or per_class < 1:
         raise InputError(f"per_class={per_class!r} must be a positive int, the images kept of each class (e.g. 100)")
@@ -70,8 +72,9 @@ def per_class_subset(model: nn.Module, source: Any, per_class: int) -> Subset:
         raise InputError("per_class_subset needs labels it can read without the images (a folder, a torchvision "
                          "dataset, a TensorDataset)")
     classes = np.unique(labels)
-    short = {int(c): int((labels == c).sum()) for c in classes if (labels == c).sum() < per_class}
-    if short:
+    counts = {int(c): int((labels == c).sum()) for c in classes}
+    short = {c: n for c, n in counts.items() if n < per_class}
+    if len({min(n, per_class) for n in counts.values()}) > 1:  # the classes would give unequal numbers of images
         raise InputError(f"per_class={per_class} exceeds the images of class(es) {short} (class: images); pass a "
                          "smaller per_class")
     keep = np.sort(np.concatenate([np.flatnonzero(labels == c)[:per_class] for c in classes]))
