@@ -5,11 +5,11 @@ only continue from a file written by the same run. The class name and the number
 run: a fine-tuned copy of a model, or another test set of the same size, would be merged in silently. These digests
 do: ``model_digest`` hashes every parameter and buffer (names, dtypes, shapes and bytes), ``source_digest`` hashes
 what a source yields without loading an image where the source says what it holds (a folder's files with their
-sizes and modification times, a ``TensorDataset``'s tensors, a torchvision dataset's arrays, a ``Subset``'s
-indices, a ``DataLoader``'s dataset and sampler, and, for a sampler of fixed order, the positions it reads: a
-``DistributedSampler``'s rank and world size and a ``drop_last`` loader's dropped tail count, the batch size
-otherwise does not). A map-style ``Dataset`` of another kind is identified by its
-class, its length, its ``transform`` and the values of three of its items (the first, the middle and the last:
+sizes and modification times, a ``TensorDataset``'s tensors, a torchvision dataset's arrays and ``target_transform``,
+a ``Subset``'s indices, a ``DataLoader``'s dataset and sampler and, for a sampler of fixed order, the positions it
+reads: a ``DistributedSampler``'s rank and world size and a ``drop_last`` loader's dropped tail count, the batch size
+otherwise does not). A map-style ``Dataset`` of another kind is identified by its class, its length, its
+``transform`` (and ``target_transform``) and the values of three of its items (the first, the middle and the last:
 image tensors and labels; another data set differs there, an edit of one image among the others does not). They
 are loaded only when a digest is asked for, i.e. by a run with a checkpoint, cache or ``out=``; item 0 is loaded
 twice, and a dataset that gives other values the second time (a random transform) is refused with a
@@ -421,6 +421,10 @@ def _feed_source(h: Any, src: Any, resumed_by: str, depth: int = 0) -> None:
     transform = getattr(src, "transform", None)
     if transform is not None:  # by what it computes (a Lambda's function included), never by a memory address
         _feed_callable(h, transform, 0)
+    target_transform = getattr(src, "target_transform", None)  # torchvision's datasets map their labels by it
+    if target_transform is not None:
+        h.update(b"target_transform:")
+        _feed_callable(h, target_transform, 0)
     if not known and n and isinstance(src, Dataset) and not isinstance(src, IterableDataset):
         _feed_items(h, src, n, resumed_by)
 
