@@ -16,6 +16,7 @@ import vitviz
 from vitviz.analysis.attention_stats import attention_statistics
 from vitviz.analysis.distance import DistanceReduction, attention_distance_from_maps
 from vitviz.core.datasets import ShardSampler, reduce_dataset
+from vitviz.core.features import extract_features
 from vitviz.errors import CheckpointError, InputError
 
 
@@ -271,3 +272,31 @@ def test_a_randomly_augmenting_dataset_runs_but_cannot_be_checkpointed(tmp_path)
                                               "a deterministic transform .*or run without checkpoint="):
         vitviz.mean_attention_distance(model, noisy, checkpoint=ckpt)
     assert not ckpt.exists()
+
+
+def test_a_checkpoint_of_another_shard_or_a_dropped_tail_is_refused_and_a_batch_size_is_not(tmp_path):
+    """A loader's checkpoint names the positions it reads: rank 1's loader must not be answered with rank 0's
+    finished sums, nor a drop_last loader with the sums over the tail it leaves out."""
+    model = tiny_timm_vit()
+    ds = TensorDataset(images(7), torch.arange(7))
+
+    def shard(rank, **kw):
+        sampler = torch.utils.data.DistributedSampler(ds, num_replicas=2, rank=rank, shuffle=False)
+        return DataLoader(ds, batch_size=2, sampler=sampler, **kw)
+
+    ckpt = tmp_path / "distance.pt"
+    vitviz.mean_attention_distance(model, shard(0), checkpoint=ckpt)
+    with pytest.raises(CheckpointError, match=r"differs in data \(the images read\)"):
+        vitviz.mean_attention_distance(model, shard(1), checkpoint=ckpt)
+    ckpt.unlink()
+    vitviz.mean_attention_distance(model, DataLoader(ds, batch_size=3), checkpoint=ckpt)
+    with pytest.raises(CheckpointError, match=r"differs in data \(the images read\)"):
+        vitviz.mean_attention_distance(model, DataLoader(ds, batch_size=3, drop_last=True), checkpoint=ckpt)
+    # without drop_last the loader's batch size does not change which images it reads: the checkpoint resumes
+    torch.testing.assert_close(vitviz.mean_attention_distance(model, DataLoader(ds, batch_size=2), checkpoint=ckpt),
+                               vitviz.mean_attention_distance(model, ds))
+    # the features of rank 1's shard are rank 1's images, not rank 0's from the same checkpoint path
+    feats = tmp_path / "features.pt"
+    assert extract_features(model, shard(0), checkpoint=feats).labels.tolist() == [0, 2, 4, 6]
+    with pytest.raises(CheckpointError, match="another run"):
+        extract_features(model, shard(1), checkpoint=feats)

@@ -250,3 +250,27 @@ def test_a_transform_is_known_by_what_it_computes():
             for _ in range(2)}
     assert len(runs) == 1  # a function's repr shows its address; its digest does not
     assert source_digest(Files(scale)) != source_digest(Files(lambda x: x * 2))
+
+
+def test_a_target_transform_counts_so_cached_features_keep_their_labels(tmp_path, tiny_folder):
+    """torchvision's ImageFolder is known by its files, so its items are never read for the digest: the labels its
+    ``target_transform`` makes must count, or features cached with other labels come back as this run's."""
+    from conftest import tiny_timm_vit
+    from torchvision import datasets, transforms
+
+    from vitviz.core.features import extract_features
+
+    tf = transforms.Compose([transforms.Resize((32, 48)), transforms.ToTensor()])
+    plain = datasets.ImageFolder(str(tiny_folder / "test"), tf)
+    shifted = datasets.ImageFolder(str(tiny_folder / "test"), tf, target_transform=lambda y: (y + 1) % 10)
+    assert source_digest(plain) != source_digest(shifted)
+    assert source_digest(shifted) == source_digest(
+        datasets.ImageFolder(str(tiny_folder / "test"), tf, target_transform=lambda y: (y + 1) % 10))
+    model = tiny_timm_vit()
+    few = torch.utils.data.Subset(plain, [0, 50])
+    ckpt = tmp_path / "features.pt"
+    labels = extract_features(model, few, checkpoint=ckpt).labels
+    with pytest.raises(CheckpointError, match="another run"):
+        extract_features(model, torch.utils.data.Subset(shifted, [0, 50]), checkpoint=ckpt)
+    assert extract_features(model, torch.utils.data.Subset(shifted, [0, 50])).labels.tolist() == [
+        (y + 1) % 10 for y in labels.tolist()]

@@ -150,3 +150,34 @@ def test_gallery_keeps_a_png_that_differs_by_rendering_noise_only(tmp_path):
     assert target.read_bytes() != original
     with Image.open(target) as im:
         assert (np.asarray(im)[:, :20] == 255).all()
+
+
+def test_a_figure_that_fails_while_written_leaves_the_previous_file_whole(tmp_path):
+    """matplotlib opens an SVG or PDF file before it draws into it: an interrupt during that draw (Ctrl-C on a
+    large figure) must leave the previous file whole, not a truncated one."""
+    import matplotlib
+
+    matplotlib.use("Agg")
+    import matplotlib.pyplot as plt
+    from matplotlib.artist import Artist
+
+    class Interrupted(Artist):
+        """Lets the tight-bbox pass draw it, then interrupts the draw into the file."""
+
+        draws = 0
+
+        def draw(self, renderer):
+            self.draws += 1
+            if self.draws % 2 == 0:
+                raise KeyboardInterrupt
+
+    fig, ax = plt.subplots()
+    ax.plot([0, 1], [1, 0])
+    old = {p: p.read_bytes() for p in vitviz.save_figure(fig, tmp_path / "fig", formats=("svg", "pdf", "png"))}
+    ax.add_artist(Interrupted())
+    for fmt in ("svg", "pdf", "png"):
+        with pytest.raises(KeyboardInterrupt):
+            vitviz.save_figure(fig, tmp_path / "fig", formats=(fmt,))
+    plt.close(fig)
+    assert {p: p.read_bytes() for p in old} == old
+    assert sorted(p.name for p in tmp_path.iterdir()) == ["fig.pdf", "fig.png", "fig.svg"]  # no temporary file left

@@ -110,3 +110,19 @@ def test_meta_lists_pending_runs(tmp_path):
     meta = json.loads((tmp_path / "r.json").read_text())
     assert meta["runs_finished"] == 1 and meta["runs_planned"] == 6
     assert "vit-S-e1-n5000-s0" not in meta["runs_pending"] and "vit-S-e2-n5000-s0" in meta["runs_pending"]
+
+
+def test_the_decoded_cache_is_not_reused_for_an_image_replaced_under_its_name(tmp_path, tiny_folder):
+    import shutil
+
+    from vitviz.experiments.data import load_image_folder
+
+    folder = tmp_path / "data"
+    shutil.copytree(tiny_folder, folder)
+    cache = tmp_path / "cache"
+    before = load_image_folder(folder / "test", cache_dir=cache)
+    shutil.copyfile(folder / "test" / "class1" / "0000.jpg", folder / "test" / "class0" / "0003.jpg")
+    after = load_image_folder(folder / "test", cache_dir=cache)
+    assert torch.equal(after.images, load_image_folder(folder / "test").images)
+    assert not torch.equal(after.images, before.images)
+

@@ -199,3 +199,26 @@ def test_summary_names_the_hardware_that_trained_the_epochs(tmp_path):
     assert _run_devices(rows, tmp_path, "GPU: new box") == "CPU: old box; GPU: new box"
     assert _run_devices([{"epoch": 1}], tmp_path / "nowhere", "x") == "unrecorded"
     assert _run_devices([], tmp_path, "here") == "here"
+
+
+def test_a_run_killed_between_its_last_checkpoint_and_its_metrics_gets_them_on_resume(tmp_path, tiny_folder,
+                                                                                     monkeypatch):
+    """``last.pt`` of the final epoch is written before ``metrics.json``/``.csv``: a resume that has no epoch left to
+    train must still write the metrics of the epochs the checkpoint holds."""
+    import vitviz.experiments.train as runner
+
+    cfg = config(tmp_path, tiny_folder, epochs=1)
+
+    def killed(run_dir, history):
+        raise Interrupted
+
+    monkeypatch.setattr(runner, "_write_metrics", killed)
+    with pytest.raises(Interrupted):
+        train(cfg, progress=False)
+    monkeypatch.undo()
+    assert torch.load(cfg.run_dir / "last.pt", weights_only=True)["epoch"] == 1
+    assert not (cfg.run_dir / "metrics.json").exists()
+    summary = train(cfg, resume=True, progress=False)
+    history = json.loads((cfg.run_dir / "metrics.json").read_text())
+    assert [r["epoch"] for r in history] == [1] and history[0]["test_acc"] == summary["test_acc"]
+    assert (cfg.run_dir / "metrics.csv").read_text().splitlines()[1].startswith("1,")

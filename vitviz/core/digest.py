@@ -5,9 +5,11 @@ only continue from a file written by the same run. The class name and the number
 run: a fine-tuned copy of a model, or another test set of the same size, would be merged in silently. These digests
 do: ``model_digest`` hashes every parameter and buffer (names, dtypes, shapes and bytes), ``source_digest`` hashes
 what a source yields without loading an image where the source says what it holds (a folder's files with their
-sizes and modification times, a ``TensorDataset``'s tensors, a torchvision dataset's arrays, a ``Subset``'s
-indices, a ``DataLoader``'s dataset and sampler). A map-style ``Dataset`` of another kind is identified by its
-class, its length, its ``transform`` and the values of three of its items (the first, the middle and the last:
+sizes and modification times, a ``TensorDataset``'s tensors, a torchvision dataset's arrays and ``target_transform``,
+a ``Subset``'s indices, a ``DataLoader``'s dataset and sampler and, for a sampler of fixed order, the positions it
+reads: a ``DistributedSampler``'s rank and world size and a ``drop_last`` loader's dropped tail count, the batch size
+otherwise does not). A map-style ``Dataset`` of another kind is identified by its class, its length, its
+``transform`` (and ``target_transform``) and the values of three of its items (the first, the middle and the last:
 image tensors and labels; another data set differs there, an edit of one image among the others does not). They
 are loaded only when a digest is asked for, i.e. by a run with a checkpoint, cache or ``out=``; item 0 is loaded
 twice, and a dataset that gives other values the second time (a random transform) is refused with a
@@ -342,6 +344,24 @@ def _feed_items(h: Any, src: Any, n: int, resumed_by: str) -> None:
     h.update(f"items:{picks}:{digests}".encode())
 
 
+def _loader_order(loader: Any, sampler: Any) -> list[int] | None:
+    """The dataset positions a ``DataLoader`` with a sampler of fixed order reads, in order (its batch sampler's
+    batches joined: the batch size counts only where ``drop_last`` drops a tail); ``None`` for any other sampler
+    (a shuffling one is not drawn from: that would move the run's random generators)."""
+    from torch.utils.data import BatchSampler, DistributedSampler, SequentialSampler
+
+    from vitviz.core.loader_order import ShardSampler
+
+    fixed = isinstance(sampler, (SequentialSampler, ShardSampler)) or (
+        isinstance(sampler, DistributedSampler) and not sampler.shuffle)
+    batch_sampler = getattr(loader, "batch_sampler", None)
+    if not fixed or (batch_sampler is not None and type(batch_sampler) is not BatchSampler):
+        return None
+    if batch_sampler is None:
+        return [int(i) for i in sampler]
+    return [int(i) for batch in batch_sampler for i in batch]
+
+
 def _feed_source(h: Any, src: Any, resumed_by: str, depth: int = 0) -> None:
     from torch.utils.data import DataLoader, Dataset, IterableDataset, Subset, TensorDataset
 
@@ -360,6 +380,9 @@ def _feed_source(h: Any, src: Any, resumed_by: str, depth: int = 0) -> None:
 
         sampler = loader_sampler(src)
         h.update(f"sampler:{type(sampler).__qualname__}".encode())
+        order = _loader_order(src, sampler)
+        if order is not None:  # which items it reads: a DistributedSampler's rank, a drop_last's dropped tail
+            h.update(f"order:{len(order)}".encode() + np.asarray(order, dtype=np.int64).tobytes())
         _feed_source(h, src.dataset, resumed_by, depth + 1)
         return
     if isinstance(src, Subset):
@@ -398,6 +421,10 @@ def _feed_source(h: Any, src: Any, resumed_by: str, depth: int = 0) -> None:
     transform = getattr(src, "transform", None)
     if transform is not None:  # by what it computes (a Lambda's function included), never by a memory address
         _feed_callable(h, transform, 0)
+    target_transform = getattr(src, "target_transform", None)  # torchvision's datasets map their labels by it
+    if target_transform is not None:
+        h.update(b"target_transform:")
+        _feed_callable(h, target_transform, 0)
     if not known and n and isinstance(src, Dataset) and not isinstance(src, IterableDataset):
         _feed_items(h, src, n, resumed_by)
 

@@ -57,7 +57,8 @@ def _decode(path: str) -> np.ndarray:
 def load_image_folder(folder: str | os.PathLike, cache_dir: str | os.PathLike | None = None) -> TensorDataset:
     """Decode every image of an ImageFolder tree into one uint8 tensor (all images must share one size).
 
-    With ``cache_dir``, the decoded tensor is stored there (keyed by the file list) and reused next time.
+    With ``cache_dir``, the decoded tensor is stored there (keyed by the files' paths, sizes and modification times)
+    and reused next time.
     """
     folder = Path(folder)
     if not folder.is_dir():
@@ -65,7 +66,10 @@ def load_image_folder(folder: str | os.PathLike, cache_dir: str | os.PathLike | 
     index = ImageFolder(str(folder))
     if not index.samples:
         raise DataNotFoundError(f"image folder {str(folder)!r} holds no images")
-    key = hashlib.sha1("\n".join(p for p, _ in index.samples).encode()).hexdigest()[:16]
+    # keyed by each file's path, size and modification time: an image replaced under its name is decoded again
+    stats = [os.stat(p) for p, _ in index.samples]
+    key = hashlib.sha1("\n".join(f"{p}:{st.st_size}:{st.st_mtime_ns}" for (p, _), st in zip(index.samples, stats))
+                       .encode()).hexdigest()[:16]
     cache = Path(cache_dir) / f"{folder.name}-{key}.pt" if cache_dir is not None else None
     if cache is not None and cache.exists():
         blob = torch.load(cache, weights_only=True)

@@ -163,6 +163,7 @@ def train(
         model.load_state_dict(state["model"])
         opt.load_state_dict(state["optimizer"])
         start_epoch, history, train_time = state["epoch"], state["history"], state["train_time"]
+        _write_metrics(run_dir, history)  # a kill between last.pt and the metrics left them an epoch behind
 
     forward = model
     use_cuda = device.type == "cuda"

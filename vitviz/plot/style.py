@@ -182,8 +182,8 @@ def save_figure(
     *,
     dpi: int | None = None,
 ) -> list[Path]:
-    """Write ``fig`` once per format, creating folders as needed; the same figure always gives the same bytes
-    (fixed metadata, no dates: see ``METADATA``; fixed SVG ids).
+    """Write ``fig`` once per format (each file atomically), creating folders as needed; the same figure always gives
+    the same bytes (fixed metadata, no dates: see ``METADATA``; fixed SVG ids).
 
     Args:
         fig: the figure, or an axes (its whole figure is written), as the axes-level ``plot_*`` return.
@@ -207,6 +207,8 @@ def save_figure(
     if dpi is not None and (isinstance(dpi, bool) or not isinstance(dpi, (int, float)) or not 0 < dpi < float("inf")):
         raise InputError(f"dpi={dpi!r} is not a positive number of dots per inch; pass e.g. dpi=300, or None for "
                          f"vitviz's {RC['savefig.dpi']}")
+    from vitviz.core.io import atomic_write
+
     stem = Path(path_stem)
     if stem.suffix.lstrip(".").lower() in formats:
         stem = stem.with_suffix("")
@@ -215,7 +217,10 @@ def save_figure(
     with vitviz_style():
         for fmt in formats:
             path = stem.parent / f"{stem.name}.{fmt}"
-            fig.savefig(path, format=fmt, dpi=dpi or RC["savefig.dpi"], metadata=METADATA.get(fmt))
+            # atomically: matplotlib opens an SVG or PDF before drawing into it, so an interrupted draw would
+            # leave a truncated file in place of the previous one
+            atomic_write(path, lambda tmp, fmt=fmt: fig.savefig(tmp, format=fmt, dpi=dpi or RC["savefig.dpi"],
+                                                                metadata=METADATA.get(fmt)))
             written.append(path)
     return written
 
