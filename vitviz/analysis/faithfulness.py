@@ -22,7 +22,8 @@ are compared by the Student-t interval of their mean per-image AUC difference, i
 (``vitviz.compare_methods``; ``vitviz.analysis.faithfulness_stats`` says why not the bootstrap by default).
 
 Whole patches: at the nominal step ``f`` (column ``fraction``: 0, 0.1, ..., 1 by default) ``k = floor(f * P + 0.5)``
-of the ``P`` patches are removed (inserted, for ``insertion``), so the fraction actually removed is ``k / P`` (column
+of the ``P`` patches are removed (inserted, for ``insertion``; rounded half up exactly, in integers:
+``(2 i P + n) // (2 n)`` at step ``i`` of ``n``), so the fraction actually removed is ``k / P`` (column
 ``removed``): on an 8x8 grid 6 of 64 patches, 9.4%, at ``f = 0.1``. ``removed`` is the x of the figure
 (``vitviz.plot_faithfulness``) and of the AUC; ``fraction`` stays the step's name (rows are grouped and ``upto=``
 chosen by it).

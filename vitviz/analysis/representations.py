@@ -164,7 +164,8 @@ def linear_fewshot(model: nn.Module, train: Any, test: Any, shots: Sequence[int]
     Args:
         model: any ViT vitviz reads (run in eval mode; its device is used).
         train, test: a folder (one sub-folder per class), a ``Dataset`` of ``(x, label)``, a ``DataLoader`` in a
-            known order (``shuffle=False``; the draws index the dataset, so a shuffling loader is refused) or
+            known order (``shuffle=False``; the draws index the dataset, so a shuffling, subset or weighted-sampling
+            loader is refused) or
             ``(images (M, 3, H, W), labels (M,))`` tensors. Only the training images some draw uses are read
             when the labels are known without the images (folders, torchvision datasets, tensors).
         shots: images per class. l2_reg: fixed penalty, or None to choose it. seeds: one draw each.

@@ -340,7 +340,8 @@ def reduce_dataset(
     errors name ``images``) before it reaches the model.
 
     Args:
-        model: the ViT (device, dtype and preprocessing come from it).
+        model: the ViT (device, dtype and preprocessing come from it), run in eval mode for the call (each module's
+            mode put back afterwards).
         source: a folder of images, a ``Dataset`` (items ``x`` or ``(x, target, ...)``, ``x`` normalised
             ``(3, H, W)``) or a ``DataLoader`` (used as it is: its batch size, workers and sampler, less the
             repeats a ``DistributedSampler`` pads its shard with; with

@@ -3,7 +3,9 @@
 A resumable run (``reduce_dataset(checkpoint=...)``, ``extract_features``' cache, ``faithfulness(out=...)``) may
 only continue from a file written by the same run. The class name and the number of images do not identify a
 run: a fine-tuned copy of a model, or another test set of the same size, would be merged in silently. These digests
-do: ``model_digest`` hashes every parameter and buffer (names, dtypes, shapes and bytes), ``source_digest`` hashes
+do: ``model_digest`` hashes every parameter and buffer (names, dtypes, shapes and bytes), ``readout_digest`` a
+model's settings besides its tensors (each module's class and plain public attributes, a Hugging Face ``config``;
+``extract_features`` and the probes' ``cache=`` add it: another pooling keeps every tensor), ``source_digest`` hashes
 what a source yields without loading an image where the source says what it holds (a folder's files with their
 sizes and modification times, a ``TensorDataset``'s tensors, a torchvision dataset's arrays and ``target_transform``,
 a ``Subset``'s indices, a ``DataLoader``'s dataset and sampler and, for a sampler of fixed order, the positions it

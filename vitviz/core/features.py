@@ -172,8 +172,8 @@ def extract_features(model: nn.Module, source: FeatureSource, *, layers: Any = N
     Args:
         model: the ViT, on its device (run in eval mode for the call).
         source: a folder (ImageFolder layout, preprocessed with the model's data config), a ``Dataset`` of
-            ``(x, label)``, a ``DataLoader`` that reads it in a known order (``shuffle=False``; a shuffling or
-            subset-sampling loader is refused with an ``InputError``: its rows could not be put in dataset order) or
+            ``(x, label)``, a ``DataLoader`` that reads it in a known order (``shuffle=False``; a shuffling, subset or
+            weighted-sampling loader is refused with an ``InputError``: its rows could not be put in dataset order) or
             ``(images (M, 3, H, W), labels (M,))`` tensors (preprocessed).
         layers: blocks whose pooled token to keep: ``None``, ``"all"``, an index or a list.
         pre_logits: keep the pre-logits representation.

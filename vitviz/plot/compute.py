@@ -208,7 +208,8 @@ def plot_study_runs(runs: pd.DataFrame, *, ax: Axes | None = None, metric: str =
         frontier: draw the frontier bands (``vitviz.experiments.compare.family_curves``).
 
     Returns:
-        the axes: x the training compute (log), y "Test accuracy [%]", a legend of families.
+        the axes: x the training compute (log), y "Test accuracy [%]", a legend of families titled with the
+        number of seeds and the interval (95% t-interval; the frontier's 95% t-band).
     """
     if ax is None:
         fig = new_figure(FIGSIZE["single"])
@@ -268,7 +269,8 @@ def plot_matched_gap(runs: pd.DataFrame, a: str = "Hybrid", b: str = "Transforme
         n: compute points on the shared grid; metric: the accuracy column.
 
     Returns:
-        the axes: x the training compute (log), y "Accuracy gap at equal compute [points]".
+        the axes: x the training compute (log), y "Accuracy gap at equal compute [points]", a legend naming the
+        mean gap's seeds and 95% t-interval and the single-seed lines (one entry).
 
     Raises:
         InputError: ``n`` is not a positive int, or the families have no runs or share no compute range.

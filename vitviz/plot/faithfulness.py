@@ -67,7 +67,8 @@ def plot_faithfulness(df: Any, *, ax: Axes | None = None, mode: str | None = Non
     Returns:
         the axes: x the fraction of patches actually removed (inserted), y the score (for ``accuracy`` with
         ``df.attrs["labels"]`` True, i.e. ``faithfulness(..., labels=...)``: top-1 accuracy against the labels,
-        else the target-class score), a legend of methods.
+        else the target-class score), a legend of methods beside the axes, its title naming the band
+        (``vitviz.plot.style.interval_label``) and the number of images.
 
     Raises:
         InputError: ``df`` is not a DataFrame of ``vitviz.faithfulness``, is empty, holds several modes and
@@ -148,7 +149,7 @@ def plot_faithfulness_grid(df: Any, *, errorbar: Any = ("se", 1.96)) -> Figure:
 
     Returns:
         the figure: one axes per mode, in the order of ``df``, two per row (a double column, ``PAGE_WIDTH``); the
-        legend "Method" beside the last.
+        legend "Method" beside the last, titled as in ``plot_faithfulness``.
     """
     modes = _modes(df)
     cols = min(len(modes), 2)

@@ -109,7 +109,8 @@ def plot_pos_embed(
 
     Args:
         model: a ViT, or a ``(1, L, D)`` position-embedding tensor (then pass ``grid_size``).
-        img_size: resample the embedding to this input size first (timm's bicubic resampling).
+        img_size: resample the embedding to this input size first (timm's bicubic resampling); a multiple of the
+            token stride (``vitviz.analysis.posembed.patch_pos_embed``).
         ax: draw into these axes (a colorbar is added beside them); default a new ``4.8 x 4.4`` in figure.
         cmap: matplotlib colormap name.
         max_tiles: most tiles along either side.
