@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import copy
 import json
 
 import pandas as pd
@@ -84,6 +85,11 @@ def test_fill_model_and_data_set_are_part_of_the_fingerprint(tmp_path):
     other = tiny_timm_vit()  # same class and shapes, other weights
     with pytest.raises(CheckpointError, match="differs in model"):
         vitviz.faithfulness(other, x, **kw)
+    pooled = copy.deepcopy(model)
+    pooled.global_pool = "avg"  # the same tensors, another readout: other scores
+    assert not torch.equal(pooled(x), model(x))
+    with pytest.raises(CheckpointError, match="differs in readout"):
+        vitviz.faithfulness(pooled, x, **kw)
     data = tmp_path / "data.csv"
     vitviz.faithfulness(model, TensorDataset(x), **{**kw, "out": data})
     with pytest.raises(CheckpointError, match="differs in images"):

@@ -3,7 +3,8 @@
 ``out`` holds the rows written so far; ``<out>.json`` beside it holds the fingerprint of the run that wrote them:
 every argument the rows depend on (methods, modes, steps, removal, fill, seed, target, labels, method options,
 autocast; a callable by ``callable_digest``: its code, defaults, closure and globals, not its name alone),
-``model_digest(model)`` and, for a folder, ``Dataset`` or ``DataLoader``, ``source_digest(images)``
+``model_digest(model)``, ``readout_digest(model)`` (the settings besides the weights: the same tensors pooled
+another way score otherwise) and, for a folder, ``Dataset`` or ``DataLoader``, ``source_digest(images)``
 (``vitviz.core.digest``). A rerun continues only from a file whose fingerprint equals its own; any other file (another
 seed, target, model, data set, a file without a fingerprint, or one written by a vitviz whose rows had other columns)
 is refused with a ``CheckpointError`` that names the differing keys, rather than mixed in. Tensor and list inputs are
@@ -29,7 +30,14 @@ import numpy as np
 import torch
 from torch import nn
 
-from vitviz.core.digest import callable_digest, image_digest, model_digest, source_digest, tensor_digest
+from vitviz.core.digest import (
+    callable_digest,
+    image_digest,
+    model_digest,
+    readout_digest,
+    source_digest,
+    tensor_digest,
+)
 from vitviz.core.io import atomic_write_json, read_csv_exact
 from vitviz.errors import CheckpointError, InputError
 
@@ -93,6 +101,7 @@ def fingerprint(model: nn.Module, images: Any, dataset: bool, table: Mapping[str
           "target": _describe(target, target_all), "labels": _describe(labels, labels_all),
           "method_options": json.loads(json.dumps(options, sort_keys=True, default=_option)),
           "autocast": None if amp is None else str(amp), "model": model_digest(model),
+          "readout": readout_digest(model),
           "images": source_digest(images, f"out={str(out)!r}") if dataset else None}
     return json.loads(json.dumps(fp))  # tuples become lists, as they come back from the file
 
