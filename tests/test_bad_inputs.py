@@ -281,7 +281,7 @@ ROWS: list[Row] = [
     ("sanity-methods-empty", lambda: vitviz.sanity_checks(M, GOOD, methods=[]), InputError, "methods is empty"),
     ("sanity-steps-empty", lambda: sanity(steps=[]), InputError, "steps=[] selects no layer"),
     ("sanity-method-options-unknown", lambda: sanity(method_options={"chefr": {"start_layer": 1}}), InputError,
-     "has options for ['chefr'], neither among the named methods ['random'] nor a vitviz.explain method"),
+     "has options for ['chefr'], neither among the methods ['random'] nor a vitviz.explain method"),
     ("sanity-summary-threshold", lambda: vitviz.sanity_summary(SANITY, threshold=2), InputError,
      "threshold=2 must lie in [0, 1]"),
     ("sanity-summary-step-unknown", lambda: vitviz.sanity_summary(SANITY, decision_step="block 9"), InputError,

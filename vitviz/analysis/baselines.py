@@ -29,7 +29,6 @@ The libraries are optional: ``pip install 'vitviz[explain]'`` (captum, grad-cam)
 from __future__ import annotations
 
 import math
-import numbers
 from collections.abc import Callable
 from typing import Any
 
@@ -41,7 +40,7 @@ from vitviz.core.blocks import block_paths
 from vitviz.core.images import Images
 from vitviz.core.spec import ViTSpec, inspect
 from vitviz.core.targets import Target, logits_of, resolve_target
-from vitviz.core.util import in_eval_mode
+from vitviz.core.util import in_eval_mode, is_int, is_number
 from vitviz.errors import CaptureError, InputError, MissingDependencyError
 
 __all__ = ["LIBRARIES", "gradcam", "gradcam_layer", "input_x_gradient", "installed", "integrated_gradients",
@@ -159,15 +158,13 @@ def integrated_gradients(model: nn.Module, images: Images, target: Target = None
         InputError: ``n_steps`` or ``internal_batch_size`` is not a positive int, or ``baseline`` is not a finite
             number.
     """
-    if isinstance(n_steps, bool) or not isinstance(n_steps, numbers.Integral) or n_steps < 1:
+    if not is_int(n_steps) or n_steps < 1:
         raise InputError(f"n_steps={n_steps!r} must be a positive int, the quadrature points along the path "
                          "(e.g. 50)")
-    if internal_batch_size is not None and (isinstance(internal_batch_size, bool)
-                                            or not isinstance(internal_batch_size, numbers.Integral)
-                                            or internal_batch_size < 1):
+    if internal_batch_size is not None and (not is_int(internal_batch_size) or internal_batch_size < 1):
         raise InputError(f"internal_batch_size={internal_batch_size!r} must be a positive int (path points per "
                          "forward pass, e.g. 64) or None for all at once")
-    if isinstance(baseline, bool) or not isinstance(baseline, numbers.Real) or not math.isfinite(baseline):
+    if not is_number(baseline) or not math.isfinite(baseline):
         raise InputError(f"baseline={baseline!r} must be a finite number, the baseline input in normalised space "
                          "(0.0: the normalisation mean)")
     return _pixel_method("ig", model, images, target, pool=pool, n_steps=n_steps, baseline=baseline,

@@ -53,6 +53,7 @@ gradient ignore ``target=None`` and refuse any other value rather than silently 
 
 from __future__ import annotations
 
+from collections.abc import Iterable, Mapping
 from typing import Any
 
 import torch
@@ -67,7 +68,8 @@ from vitviz.core.targets import Target
 from vitviz.core.util import in_eval_mode
 from vitviz.errors import InputError
 
-__all__ = ["BASELINE_METHODS", "GRADIENT_METHODS", "METHODS", "explain", "raw_attention", "random_baseline"]
+__all__ = ["BASELINE_METHODS", "GRADIENT_METHODS", "METHODS", "explain", "per_method_options", "raw_attention",
+           "random_baseline"]
 
 METHODS = ("attention", "rollout", "flow", "grad_rollout", "chefer", "attnlrp", "random", "integrated_gradients",
            "input_x_gradient", "gradcam")
@@ -126,6 +128,24 @@ def random_baseline(model: nn.Module, images: Images, *, seed: int = 0, batch_si
             out.append(torch.rand(gh, gw, generator=gen))
             k += 1
     return torch.stack(out).to(x.device)
+
+
+def per_method_options(method_options: Mapping[str, Mapping[str, Any]] | None,
+                       named: Iterable[str]) -> dict[str, dict[str, Any]]:
+    """``method_options`` (method name -> ``explain`` options) as a dict of dicts, for a call that runs the methods
+    ``named``.
+
+    Raises:
+        InputError: a key that names neither a method in ``named`` nor an ``explain`` method (a typo would be
+            ignored silently); options for a known method that this call does not run are allowed.
+    """
+    options = {k: dict(v) for k, v in (method_options or {}).items()}
+    named = list(named)
+    stray = [k for k in options if k not in named and k not in METHODS]
+    if stray:
+        raise InputError(f"method_options={dict(method_options or {})!r} has options for {stray}, neither among the "
+                         f"methods {named} nor a vitviz.explain method; key the options by a method's name")
+    return options
 
 
 def _check(method: str, target: Target, opts: dict[str, Any]) -> None:

@@ -47,7 +47,6 @@ repeated rows are refused by ``faithfulness_auc`` and ``compare_methods``. ``out
 
 from __future__ import annotations
 
-import numbers
 import os
 from collections.abc import Callable, Hashable, Mapping, Sequence
 from typing import Any
@@ -56,7 +55,7 @@ import numpy as np
 import torch
 from torch import nn
 
-from vitviz.analysis.explain import GRADIENT_METHODS, METHODS, explain
+from vitviz.analysis.explain import GRADIENT_METHODS, METHODS, explain, per_method_options
 from vitviz.analysis.faithfulness_resume import (
     COLUMNS,
     fingerprint,
@@ -79,7 +78,7 @@ from vitviz.core.images import Images
 from vitviz.core.io import atomic_write
 from vitviz.core.spec import inspect
 from vitviz.core.targets import Target, logits_of, resolve_target
-from vitviz.core.util import in_eval_mode
+from vitviz.core.util import in_eval_mode, is_int
 from vitviz.errors import InputError
 
 __all__ = ["BETTER", "COLUMNS", "DEFAULT_METHODS", "MODES", "bootstrap_ci", "compare_methods", "default_methods", "drop_module",
@@ -288,17 +287,13 @@ def faithfulness(
     spec = inspect(model)
     how = resolve_removal(model, removal)
     fill_t = _fill(fill, how, removal)
-    options = {k: dict(v) for k, v in (method_options or {}).items()}
-    stray = [k for k in options if k not in table and k not in METHODS]
-    if stray:
-        raise InputError(f"method_options={dict(method_options or {})!r} has options for {stray}, neither among the "
-                         f"methods {list(table)} nor a vitviz.explain method; key the options by a method's name")
+    options = per_method_options(method_options, table)
     if batch_size is None:
         raise InputError("batch_size=None: faithfulness needs a number of images per pass; pass an integer such "
                          "as 50")
     check_batch_size(batch_size)
     check_num_workers(num_workers)
-    if isinstance(seed, bool) or not isinstance(seed, numbers.Integral):
+    if not is_int(seed):
         raise InputError(f"seed={seed!r} must be an int (the seed of the random order among equal patches)")
     image_id = image_id_of(image_ids, image_offset, total)
     _check_labels(labels, images)

@@ -39,6 +39,7 @@ from vitviz.core.digest import (
     tensor_digest,
 )
 from vitviz.core.io import atomic_write_json, read_csv_exact
+from vitviz.core.util import is_int
 from vitviz.errors import CheckpointError, InputError
 
 # the fingerprint holds COLUMNS: a file written before a column was added (e.g. "removed", the fraction of patches
@@ -184,7 +185,7 @@ def image_id_of(image_ids: Sequence[Hashable] | None, image_offset: int,
                 total: int | None) -> Callable[[int], Hashable]:
     """The id of the image at each position: ``image_offset + position``, or ``image_ids[position]``."""
     if image_ids is None:
-        if isinstance(image_offset, bool) or not isinstance(image_offset, (int, np.integer)) or image_offset < 0:
+        if not is_int(image_offset) or image_offset < 0:
             raise InputError(f"image_offset={image_offset!r} must be a non-negative int (the id of the first image)")
         return lambda p: int(image_offset) + p
     ids = [i.item() if isinstance(i, (np.generic, torch.Tensor)) else i for i in image_ids]

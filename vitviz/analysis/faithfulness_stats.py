@@ -31,7 +31,7 @@ from typing import Any
 import numpy as np
 
 from vitviz.analysis.intervals import t_interval
-from vitviz.core.util import float_array
+from vitviz.core.util import float_array, is_int, is_number
 from vitviz.errors import InputError, InputTypeError
 
 __all__ = ["BETTER", "INTERVALS", "MODES", "bootstrap_ci", "compare_methods", "faithfulness_auc", "mean_interval",
@@ -56,12 +56,12 @@ def _values(values: Sequence[float] | np.ndarray, what: str) -> np.ndarray:
 
 
 def _check_ci(ci: float) -> None:
-    if isinstance(ci, bool) or not isinstance(ci, (int, float, np.floating)) or not 0 < ci < 1:
+    if not is_number(ci) or not 0 < ci < 1:
         raise InputError(f"ci={ci!r} must lie in (0, 1), e.g. 0.95")
 
 
 def _check_n_boot(n_boot: int) -> None:
-    if isinstance(n_boot, bool) or not isinstance(n_boot, (int, np.integer)) or n_boot < 1:
+    if not is_int(n_boot) or n_boot < 1:
         raise InputError(f"n_boot={n_boot!r} must be a positive int, the number of bootstrap resamples (e.g. 1000)")
 
 
@@ -115,7 +115,7 @@ def bootstrap_ci(values: Sequence[float] | np.ndarray, *, n_boot: int = 1000, ci
     v = _values(values, "bootstrap_ci")
     _check_ci(ci)
     _check_n_boot(n_boot)
-    if isinstance(seed, bool) or not isinstance(seed, (int, np.integer)) or seed < 0:
+    if not is_int(seed) or seed < 0:
         raise InputError(f"seed={seed!r} must be a non-negative int (the seed of the resamples)")
     if len(v) < 2:
         return float("nan"), float("nan")
@@ -230,7 +230,7 @@ def _check_removed(df: Any) -> None:
 
 
 def _check_upto(upto: float, fractions: np.ndarray) -> None:
-    if isinstance(upto, bool) or not isinstance(upto, (int, float, np.floating)) or not 0 < upto <= 1:
+    if not is_number(upto) or not 0 < upto <= 1:
         raise InputError(f"upto={upto!r} must be a fraction of the patches in (0, 1], e.g. 0.9 (not a percentage)")
     fr = np.sort(np.asarray(fractions, dtype=np.float64))
     if len(fr) and not np.isclose(fr, upto, rtol=0, atol=1e-9).any():

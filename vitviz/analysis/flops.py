@@ -13,15 +13,14 @@ torch counts: fused, math and explicit (``fused_attn=False``) models all count `
 from __future__ import annotations
 
 import contextlib
-import numbers
 from collections.abc import Iterator
 
 import torch
 from torch import nn
 
-from vitviz.core.images import check_size
 from vitviz.core.spec import inspect
-from vitviz.errors import ImageInputError, InputError, InputTypeError, NotAViTError
+from vitviz.core.util import is_int
+from vitviz.errors import InputError, InputTypeError, NotAViTError
 
 
 @contextlib.contextmanager
@@ -48,19 +47,18 @@ def _check_input(model: nn.Module, input_size: tuple[int, int, int]) -> None:
                              "whose FLOPs to count")
     sizes = list(input_size) if isinstance(input_size, (tuple, list, torch.Size)) else None
     if sizes is None or len(sizes) != 3 or any(
-            isinstance(v, bool) or not isinstance(v, numbers.Integral) or v < 1 for v in sizes):
+            not is_int(v) or v < 1 for v in sizes):
         raise InputError(f"input_size={input_size!r} is not the (C, H, W) of one image; pass three positive ints, "
                          "e.g. (3, 32, 32)")
     try:
         spec = inspect(model)
     except NotAViTError:
         return  # any module: its own forward says what it takes
-    try:
-        check_size(spec, sizes[1], sizes[2])
-    except ImageInputError as e:
-        reason = str(e).split(". ")[0].split("; ")[0]
-        raise InputError(f"input_size={input_size!r} does not fit the model ({reason}); pass ({sizes[0]}, "
-                         f"{spec.img_size[0]}, {spec.img_size[1]})") from None
+    if not spec.takes((sizes[1], sizes[2])):
+        (h, w), (sh, sw) = spec.img_size, spec.patch_size
+        other = f", or any multiple of its {sh}x{sw} token stride" if spec.dynamic_img_size else ""
+        raise InputError(f"input_size={input_size!r} does not fit the model ({spec.name} takes {h}x{w} images"
+                         f"{other}); pass ({sizes[0]}, {h}, {w})")
 
 
 def count_flops(model: nn.Module, input_size: tuple[int, int, int] = (3, 32, 32), backward: bool = False) -> int:

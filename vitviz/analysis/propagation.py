@@ -31,7 +31,6 @@ Shapes: ``B`` batch, ``H`` heads, ``N`` tokens (prefix + patches), ``K`` rows, `
 from __future__ import annotations
 
 import contextlib
-import numbers
 import operator
 from collections.abc import Sequence
 from dataclasses import dataclass
@@ -40,6 +39,7 @@ import torch
 
 from vitviz.core.capture import HeadMaps, check_layer_index
 from vitviz.core.spec import ViTSpec
+from vitviz.core.util import is_int
 from vitviz.errors import CaptureError, InputError, InputTypeError, OutOfRangeError
 
 __all__ = [
@@ -143,7 +143,7 @@ class LayerRule:
             raise InputError(f"rule kind must be one of {RULES}, got {self.kind!r}")
         _check_ratio(self.discard_ratio)
         p = self.num_prefix_tokens
-        if isinstance(p, bool) or not isinstance(p, numbers.Integral) or p < 0:
+        if not is_int(p) or p < 0:
             raise InputError(f"num_prefix_tokens={p!r} is not a count of tokens; pass a non-negative integer, the "
                              "tokens before the patches (1 for a class token; ViTSpec.num_prefix_tokens)")
         if self.kind == "chefer" and (self.discard_ratio or not self.residual):

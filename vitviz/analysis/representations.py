@@ -33,6 +33,7 @@ from torch.utils.data import DataLoader, Dataset, Subset
 from vitviz.analysis.intervals import t_interval
 from vitviz.analysis.probes import fewshot_draws, knn_accuracy, linear_fewshot_accuracy
 from vitviz.core.features import PRE_LOGITS, Features, as_dataset_source, extract_features, resolve_blocks
+from vitviz.core.util import is_int, is_number
 from vitviz.errors import InputError
 
 __all__ = ["linear_fewshot", "knn_probe", "layer_probes", "per_class_subset", "summarize_probes"]
@@ -64,7 +65,7 @@ def per_class_subset(model: nn.Module, source: Any, per_class: int) -> Subset:
         InputError: ``per_class`` below 1, or above the images of some classes but not of others (the set would not
             be balanced; the message names the short classes).
     """
-    if not isinstance(per_class, (int, np.integer)) or isinstance(per_class, bool) or per_class < 1:
+    if not is_int(per_class) or per_class < 1:
         raise InputError(f"per_class={per_class!r} must be a positive int, the images kept of each class (e.g. 100)")
     ds = _index(model, source)
     labels = labels_of(ds)
@@ -248,7 +249,7 @@ def summarize_probes(df: pd.DataFrame, by: Sequence[str] = ("model", "layer", "d
     """
     if "accuracy" not in df:
         raise InputError("summarize_probes needs a probe table with an 'accuracy' column (linear_fewshot, ...)")
-    if isinstance(level, bool) or not isinstance(level, (int, float, np.floating)) or not 0 < level < 1:
+    if not is_number(level) or not 0 < level < 1:
         raise InputError(f"level={level!r} must lie in (0, 1), e.g. 0.95 (not a percentage)")
     if isinstance(by, str):
         raise InputError(f"by={by!r} is a string, not a collection of column names; pass by=({by!r},)")

@@ -49,7 +49,6 @@ from __future__ import annotations
 
 import copy
 import math
-import numbers
 import zlib
 from collections.abc import Callable, Mapping, Sequence
 from typing import Any
@@ -66,7 +65,7 @@ from vitviz.core.families import family_of
 from vitviz.core.images import Images
 from vitviz.core.spec import inspect
 from vitviz.core.targets import Target, logits_of, resolve_target
-from vitviz.core.util import in_eval_mode
+from vitviz.core.util import in_eval_mode, is_int, is_number
 from vitviz.errors import InputError
 
 __all__ = ["METRICS", "TESTS", "randomisation_layers", "randomise_", "sanity_checks", "sanity_summary"]
@@ -215,9 +214,9 @@ def sanity_checks(
     bad = [t for t in tests if t not in TESTS]
     if bad or not tests:
         raise InputError(f"tests={list(tests)!r}: each must be one of {TESTS}")
-    if isinstance(seed, bool) or not isinstance(seed, numbers.Integral):
+    if not is_int(seed):
         raise InputError(f"seed={seed!r} must be an int (it seeds the random weights, classes and maps)")
-    if isinstance(std, bool) or not isinstance(std, numbers.Real) or not 0 < std < math.inf:
+    if not is_number(std) or not 0 < std < math.inf:
         raise InputError(f"std={std!r} must be a positive finite number, the standard deviation of the "
                          "re-initialised parameters (e.g. 0.02)")
     if methods is None:
@@ -241,12 +240,7 @@ def sanity_checks(
         if not list(steps):
             raise InputError(f"steps=[] selects no layer to randomise; pass some of {known}, or None for all")
         layers = [(n, ps) for n, ps in layers if n in steps]
-    options = {k: dict(v) for k, v in (method_options or {}).items()}
-    named = [m for m in methods if isinstance(m, str)]
-    stray = [k for k in options if k not in named and k not in explain_module.METHODS]
-    if stray:
-        raise InputError(f"method_options={dict(method_options or {})!r} has options for {stray}, neither among the "
-                         f"named methods {named} nor a vitviz.explain method; key the options by a method name")
+    options = explain_module.per_method_options(method_options, [m for m in methods if isinstance(m, str)])
     for m in methods:
         if m == "random":
             options.setdefault("random", {}).setdefault("seed", seed)
@@ -343,7 +337,7 @@ def sanity_summary(df: Any, *, threshold: float = 0.5, decision_step: str | None
     """
     import pandas as pd
 
-    if isinstance(threshold, bool) or not isinstance(threshold, numbers.Real) or not 0 <= threshold <= 1:
+    if not is_number(threshold) or not 0 <= threshold <= 1:
         raise InputError(f"threshold={threshold!r} must lie in [0, 1], a mean |Spearman| correlation (e.g. 0.5)")
     check_sanity_table(df, "sanity_summary")
     if df.empty:

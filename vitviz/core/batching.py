@@ -2,13 +2,13 @@
 
 from __future__ import annotations
 
-import numbers
 from collections.abc import Iterator
 
 import torch
 from torch import nn
 
 from vitviz.core.images import Images, load_images
+from vitviz.core.util import is_int
 from vitviz.errors import ImageInputError, InputError
 
 
@@ -24,7 +24,7 @@ def check_batch_size(batch_size: object) -> None:
     not a bool or a float)."""
     if batch_size is None:
         return
-    if isinstance(batch_size, bool) or not isinstance(batch_size, numbers.Integral) or batch_size < 1:
+    if not is_int(batch_size) or batch_size < 1:
         raise InputError(
             f"batch_size={batch_size!r} is not a positive number of images; pass an integer such as 32, or None "
             "for one batch of all images"
@@ -33,7 +33,7 @@ def check_batch_size(batch_size: object) -> None:
 
 def check_num_workers(num_workers: object) -> None:
     """Raise ``InputError`` unless ``num_workers`` is a non-negative integer (``int`` or a NumPy integer)."""
-    if isinstance(num_workers, bool) or not isinstance(num_workers, numbers.Integral) or num_workers < 0:
+    if not is_int(num_workers) or num_workers < 0:
         raise InputError(
             f"num_workers={num_workers!r} is not a number of loader worker processes; pass a non-negative integer "
             "(0 reads the images in this process)"

@@ -59,6 +59,7 @@ from torch import nn
 from vitviz.core.families import family_of
 from vitviz.core.families.base import Emit, HeadMaps, Probe, Undo
 from vitviz.core.spec import ViTSpec, inspect
+from vitviz.core.util import is_int
 from vitviz.errors import CaptureError, InputError, InputTypeError, LayerSelectError
 
 LayerSelect = int | str | Sequence[int | str] | None
@@ -125,7 +126,7 @@ def check_layer_index(value: object, depth: int, argument: str = "layers", model
     Raises:
         LayerSelectError: a bool, a float or another non-integer, or an index outside ``-depth .. depth-1``.
     """
-    if isinstance(value, bool) or not isinstance(value, (int, np.integer)):
+    if not is_int(value):
         kind = type(value).__name__
         hint = f"an integer such as {int(value)}" if isinstance(value, (float, np.floating)) and float(
             value).is_integer() else "an integer layer index (0 is the first, -1 the last)"

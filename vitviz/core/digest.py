@@ -68,7 +68,8 @@ from torch import nn
 
 from vitviz.errors import CheckpointError
 
-__all__ = ["callable_digest", "image_digest", "model_digest", "readout_digest", "source_digest", "tensor_digest"]
+__all__ = ["callable_digest", "file_key", "image_digest", "model_digest", "readout_digest", "source_digest",
+           "tensor_digest"]
 
 _DEPTH = 6  # how deep values inside values (a closure over a partial over a closure ...) are followed
 _ADDRESS = re.compile(r"\bat 0x[0-9a-fA-F]+")  # the default repr, <Foo object at 0x7f...>, differs from run to run
@@ -91,8 +92,9 @@ def tensor_digest(t: Any) -> str:
     return h.hexdigest()[:16]
 
 
-def _file_key(path: Path) -> str:
+def file_key(path: str | os.PathLike) -> str:
     """What identifies a file's contents without reading them: its size and modification time."""
+    path = Path(path)
     st = path.stat() if path.is_file() else None
     return f"{st.st_size if st else -1}:{st.st_mtime_ns if st else -1}"
 
@@ -106,7 +108,7 @@ def image_digest(item: Any) -> str | None:
         return tensor_digest(item)
     if isinstance(item, (str, os.PathLike)):
         path = Path(item)
-        return hashlib.sha1(f"path:{path.resolve()}:{_file_key(path)}".encode()).hexdigest()[:16]
+        return hashlib.sha1(f"path:{path.resolve()}:{file_key(path)}".encode()).hexdigest()[:16]
     if hasattr(item, "mode") and hasattr(item, "size") and hasattr(item, "tobytes"):  # a PIL image
         return hashlib.sha1(f"{item.mode}{item.size}".encode() + item.tobytes()).hexdigest()[:16]
     return None
@@ -374,7 +376,7 @@ def _feed_source(h: Any, src: Any, resumed_by: str, depth: int = 0) -> None:
         root = Path(src)
         h.update(f"folder:{root.resolve()}".encode())
         for p in sorted(q for q in root.rglob("*") if q.is_file()):
-            h.update(f"{p.relative_to(root)}:{_file_key(p)}".encode())
+            h.update(f"{p.relative_to(root)}:{file_key(p)}".encode())
         return
     h.update(type(src).__qualname__.encode())
     if isinstance(src, DataLoader):
@@ -401,7 +403,7 @@ def _feed_source(h: Any, src: Any, resumed_by: str, depth: int = 0) -> None:
     if known:  # vitviz's and torchvision's image folders
         for item in files:
             p = Path(item[0] if isinstance(item, (tuple, list)) else item)
-            h.update(f"{p}:{_file_key(p)}:{item}".encode())
+            h.update(f"{p}:{file_key(p)}:{item}".encode())
     elif root is not None:
         h.update(f"root:{root}".encode())
     for attr in ("data", "targets", "labels"):  # torchvision's in-memory datasets (CIFAR, MNIST)

@@ -185,15 +185,13 @@ def _device(device: torch.device | str | None) -> torch.device | None:
 
 def check_size(spec: ViTSpec, h: int, w: int) -> None:
     """Raise ``ImageInputError`` when the model cannot take an ``h x w`` input."""
-    if (h, w) == spec.img_size:
+    if spec.takes((h, w)):
         return
     if spec.dynamic_img_size:
-        if not spec.on_stride((h, w)):
-            raise ImageInputError(
-                f"{spec.name}: a {h}x{w} input is not a multiple of the {spec.patch_size[0]}x{spec.patch_size[1]} "
-                "token stride; resize or crop it"
-            )
-        return
+        raise ImageInputError(
+            f"{spec.name}: a {h}x{w} input is not a multiple of the {spec.patch_size[0]}x{spec.patch_size[1]} "
+            "token stride; resize or crop it"
+        )
     raise ImageInputError(
         f"{spec.name} takes {spec.img_size[0]}x{spec.img_size[1]} images, got {h}x{w}. Resize the images, or "
         f"build the model for this size (timm: create_model(..., img_size=({h}, {w})) or "

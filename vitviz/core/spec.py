@@ -138,6 +138,11 @@ class ViTSpec:
         stride-2 convolutions round up), so ``grid_for`` would not be the model's grid."""
         return img_size[0] % self.patch_size[0] == 0 and img_size[1] % self.patch_size[1] == 0
 
+    def takes(self, img_size: tuple[int, int]) -> bool:
+        """Whether the model takes an ``img_size`` input: its own size, or (``dynamic_img_size``) any size
+        ``on_stride``. ``core.images.check_size`` refuses the others, naming the fix."""
+        return tuple(img_size) == tuple(self.img_size) or (self.dynamic_img_size and self.on_stride(img_size))
+
     def grid_for_input(self, x: Any) -> tuple[int, int]:
         """The patch grid of the tokens the model makes from the batch ``x`` ``(B, C, H, W)``.
 

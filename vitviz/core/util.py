@@ -60,12 +60,23 @@ def pair(v: int | float | Sequence[int], name: str = "size", *, positive: bool =
     return h, w
 
 
+def is_int(value: object) -> bool:
+    """Whether ``value`` is an integer (``int`` or a NumPy integer) and not a bool: Python counts ``True`` as 1, but
+    a bool is never a count, an index or a seed here."""
+    return isinstance(value, numbers.Integral) and not isinstance(value, bool)
+
+
+def is_number(value: object) -> bool:
+    """Whether ``value`` is a real number (int, float or a NumPy scalar of either) and not a bool."""
+    return isinstance(value, numbers.Real) and not isinstance(value, bool)
+
+
 def check_positive_int(value: object, argument: str, meaning: str) -> int:
     """``value`` as an int; ``InputError`` unless it is a positive integer (``int`` or a NumPy integer; not a bool
     or a float). ``meaning`` completes the message, e.g. ``"the panels per row (e.g. 6)"``."""
     from vitviz.errors import InputError
 
-    if isinstance(value, bool) or not isinstance(value, numbers.Integral) or value < 1:
+    if not is_int(value) or value < 1:
         raise InputError(f"{argument}={value!r} must be a positive int, {meaning}")
     return int(value)
 

@@ -20,6 +20,7 @@ import torch
 from PIL import Image
 from torchvision.datasets import ImageFolder
 
+from vitviz.core.digest import file_key
 from vitviz.core.io import atomic_save
 from vitviz.errors import DataNotFoundError, InputError
 from vitviz.zoo.samples import DATA_ENV, resolve_data_root  # noqa: F401  (the dataset root rule lives with the samples)
@@ -67,9 +68,7 @@ def load_image_folder(folder: str | os.PathLike, cache_dir: str | os.PathLike | 
     if not index.samples:
         raise DataNotFoundError(f"image folder {str(folder)!r} holds no images")
     # keyed by each file's path, size and modification time: an image replaced under its name is decoded again
-    stats = [os.stat(p) for p, _ in index.samples]
-    key = hashlib.sha1("\n".join(f"{p}:{st.st_size}:{st.st_mtime_ns}" for (p, _), st in zip(index.samples, stats))
-                       .encode()).hexdigest()[:16]
+    key = hashlib.sha1("\n".join(f"{p}:{file_key(p)}" for p, _ in index.samples).encode()).hexdigest()[:16]
     cache = Path(cache_dir) / f"{folder.name}-{key}.pt" if cache_dir is not None else None
     if cache is not None and cache.exists():
         blob = torch.load(cache, weights_only=True)

@@ -9,7 +9,6 @@ attention distance of every head against depth, one dot per head per layer.
 from __future__ import annotations
 
 import math
-import numbers
 from collections.abc import Mapping, Sequence
 
 import numpy as np
@@ -26,7 +25,7 @@ from vitviz.analysis.tables import distance_table
 from vitviz.core.capture import capture_attention, check_layer_index
 from vitviz.core.images import Images, denormalise, load_images
 from vitviz.core.spec import inspect
-from vitviz.core.util import check_positive_int, eval_mode
+from vitviz.core.util import check_positive_int, eval_mode, is_int
 from vitviz.errors import InputError, InputTypeError, OutOfRangeError
 from vitviz.plot.style import FIGSIZE, PAGE_WIDTH, fit_columns, new_figure, styled
 
@@ -196,7 +195,7 @@ def _query(spec, query: int | tuple[int, int] | None, grid: tuple[int, int]) -> 
             return spec.class_token_index, "class token"
         return None, "mean over patch queries"
     if isinstance(query, (tuple, list)):
-        if len(query) != 2 or any(isinstance(v, bool) or not isinstance(v, numbers.Integral) for v in query):
+        if len(query) != 2 or any(not is_int(v) for v in query):
             raise InputTypeError(f"query={query!r} is not a (row, column) patch; pass two zero-based ints, e.g. "
                                  "(0, 0), a token index, or None")
         r, c = (int(v) for v in query)
@@ -204,7 +203,7 @@ def _query(spec, query: int | tuple[int, int] | None, grid: tuple[int, int]) -> 
             raise OutOfRangeError(f"query patch {query} is outside the {grid[0]}x{grid[1]} grid")
         return p + r * grid[1] + c, f"patch (row {r + 1}, column {c + 1})"
     n = p + grid[0] * grid[1]
-    if isinstance(query, bool) or not isinstance(query, numbers.Integral):
+    if not is_int(query):
         raise InputTypeError(f"query={query!r} is a {type(query).__name__}, not a token index; pass an int in "
                              f"{-n} ... {n - 1}, a (row, column) patch, or None")
     query = int(query)

@@ -10,7 +10,7 @@ from matplotlib.axes import Axes
 from matplotlib.figure import Figure
 
 from vitviz.errors import InputError
-from vitviz.plot.style import FIGSIZE, PAGE_WIDTH, interval_label, new_figure, styled
+from vitviz.plot.style import FIGSIZE, LEGEND_BESIDE, PAGE_WIDTH, band_legend_title, new_figure, styled
 
 __all__ = ["plot_explanations_grid", "plot_faithfulness", "plot_faithfulness_grid"]
 
@@ -106,21 +106,13 @@ def plot_faithfulness(df: Any, *, ax: Axes | None = None, mode: str | None = Non
     ax.set_xlabel(label.replace("removed", "inserted" if mode == "insertion" else "removed"))
     ax.set_ylabel(LABELS_YLABEL if metric == "accuracy" and df.attrs.get("labels") else YLABELS[metric])
     if ax.get_legend() is not None:
-        ax.legend(title=_legend_title(errorbar, sub["image"].nunique() if "image" in sub else None), frameon=False,
-                  loc="upper left", bbox_to_anchor=(1.02, 1), title_fontsize=7.5, alignment="left")  # beside the axes: the bands fill the corners
+        # beside the axes: the bands fill the corners
+        ax.legend(title=band_legend_title(errorbar, sub["image"].nunique() if "image" in sub else None),
+                  **LEGEND_BESIDE)
     ax.set_xlim(0, 1)
     if metric in ("accuracy", "probability"):
         ax.set_ylim(0, 1.05)  # the band of a mean of 0/1 accuracies may reach past 1; the mean cannot
     return ax
-
-
-def _legend_title(errorbar: Any, n_images: int | None) -> str:
-    """"Method", and what the band around each mean is, over how many images."""
-    band = interval_label(errorbar)
-    if band is None:
-        return "Method"
-    band = band.replace(" (", "\n(", 1)  # two short lines: a legend beside the axes must not squeeze them
-    return f"Method\nband: {band}" + (f", {n_images} images" if n_images else "")
 
 
 def _check_one_axis(sub: Any, mode: str) -> None:
@@ -165,9 +157,8 @@ def plot_faithfulness_grid(df: Any, *, errorbar: Any = ("se", 1.96)) -> Figure:
         if a.get_legend() is not None:
             a.get_legend().remove()
     handles, labels = axes[0].get_legend_handles_labels()
-    title = _legend_title(errorbar, df["image"].nunique() if "image" in df else None)
-    axes[len(modes) - 1].legend(handles, labels, title=title, loc="upper left", bbox_to_anchor=(1.02, 1), frameon=False,
-                                title_fontsize=7.5, alignment="left")
+    title = band_legend_title(errorbar, df["image"].nunique() if "image" in df else None)
+    axes[len(modes) - 1].legend(handles, labels, title=title, **LEGEND_BESIDE)
     fig.tight_layout()
     return fig
 

@@ -8,7 +8,6 @@ patches. Axes "Input patch row" / "Input patch column", numbered from 1; one col
 from __future__ import annotations
 
 import math
-import numbers
 import os
 
 import numpy as np
@@ -19,7 +18,7 @@ from matplotlib.patches import Rectangle
 from torch import nn
 
 from vitviz.analysis.posembed import Size, pos_embed_similarity
-from vitviz.core.util import check_positive_int
+from vitviz.core.util import check_positive_int, is_int
 from vitviz.errors import DataNotFoundError, InputError, InputTypeError, OutOfRangeError
 from vitviz.plot.style import FIGSIZE, new_figure, styled
 
@@ -124,7 +123,6 @@ def plot_pos_embed(
     Raises:
         InputError: ``max_tiles`` is not a positive int; as ``vitviz.pos_embed_similarity`` for the embedding.
     """
-    check_positive_int(max_tiles, "max_tiles", "the most tiles along either side (e.g. 16)")
     sim = pos_embed_similarity(model, img_size=img_size, grid_size=grid_size, num_prefix_tokens=num_prefix_tokens)
     sim_np = sim.numpy()
     gh, gw = sim_np.shape[:2]
@@ -168,7 +166,7 @@ def _patch(query: object) -> tuple[int, int]:
     """``query`` as a ``(row, column)`` of ints; ``InputTypeError`` for anything else (a float, a flat index)."""
     rc = None
     if isinstance(query, (tuple, list)) and len(query) == 2:
-        rc = tuple(None if isinstance(v, bool) or not isinstance(v, numbers.Integral) else int(v) for v in query)
+        rc = tuple(None if not is_int(v) else int(v) for v in query)
     if rc is None or None in rc:
         raise InputTypeError(f"query={query!r} is not a (row, column) patch; pass two zero-based ints, e.g. (0, 0)")
     return rc[0], rc[1]

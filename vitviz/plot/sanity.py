@@ -8,7 +8,7 @@ from matplotlib.axes import Axes
 
 from vitviz.analysis.sanity import check_sanity_table
 from vitviz.errors import InputError
-from vitviz.plot.style import FIGSIZE, interval_label, new_figure, styled
+from vitviz.plot.style import FIGSIZE, LEGEND_BESIDE, band_legend_title, new_figure, styled
 
 __all__ = ["plot_sanity_checks"]
 
@@ -69,9 +69,5 @@ def plot_sanity_checks(df: Any, *, ax: Axes | None = None, test: str = "cascadin
     ax.set_xlabel(XLABELS[test])
     ax.set_ylabel(YLABELS[metric])
     if ax.get_legend() is not None:
-        band = interval_label(errorbar)
-        band = None if band is None else band.replace(" (", "\n(", 1)
-        title = "Method" if band is None else f"Method\nband: {band},\n{sub['image'].nunique()} images"
-        ax.legend(title=title, loc="upper left", bbox_to_anchor=(1.02, 1), frameon=False, title_fontsize=7.5,
-                  alignment="left")
+        ax.legend(title=band_legend_title(errorbar, sub["image"].nunique()), **LEGEND_BESIDE)
     return ax

@@ -17,9 +17,11 @@ import matplotlib as mpl
 from matplotlib.axes import Axes
 from matplotlib.figure import Figure
 
+from vitviz.core.util import is_number
 from vitviz.errors import InputError, InputTypeError
 
-__all__ = ["RC", "FIGSIZE", "PAGE_WIDTH", "PAPER_FIGURES", "fit_columns", "interval_label", "new_figure", "plot_level", "save_figure", "styled", "vitviz_style"]
+__all__ = ["RC", "FIGSIZE", "LEGEND_BESIDE", "PAGE_WIDTH", "PAPER_FIGURES", "band_legend_title", "fit_columns",
+           "interval_label", "new_figure", "plot_level", "save_figure", "styled", "vitviz_style"]
 
 # rcParams for paper-size figures: 8-9 pt text, thin lines, no top/right spines
 RC: dict[str, Any] = {
@@ -81,8 +83,10 @@ def plot_level(name: str) -> str:
 
 # default sizes in inches
 FIGSIZE = {"square": (4.8, 4.4), "wide": (6.4, 3.2), "single": (3.4, 2.8)}
-# The widest default figure, in inches: a paper's double column. A wider figure is shrunk to fit the page, and its
-# 8-9 pt text with it (a 13 in figure prints its titles at 5 pt); multi-panel figures wrap or shrink panels instead.
+# A paper's double column, in inches. A wider figure is shrunk to fit the page, and its 8-9 pt text with it (a 13 in
+# figure prints its titles at 5 pt): plot_rollout, plot_attention_heads_grid, plot_faithfulness_grid and
+# plot_study_grid wrap or shrink their panels to fit it by default. Figures that grow with their inputs (more
+# metrics, models, methods or images) may still be wider.
 PAGE_WIDTH = 7.0
 
 
@@ -95,6 +99,7 @@ def fit_columns(n: int, width: float, extra: float = 0.0, max_width: float = PAG
     """
     columns = max(1, min(n, int((max_width - extra) // width)))
     return columns, min(width, (max_width - extra) / columns)
+
 
 F = TypeVar("F", bound=Callable[..., Any])
 
@@ -115,6 +120,21 @@ def interval_label(errorbar: Any) -> str | None:
         return f"95% CI of the mean (±{level:g} SE)" if abs(level - 1.96) < 1e-9 else f"±{level:g} SE"
     return {"sd": f"±{level:g} SD", "ci": f"{level:g}% bootstrap CI", "pi": f"{level:g}% percentile interval"
             }.get(kind, f"{kind} {level:g}")
+
+
+# a legend beside the axes (upper left corner just right of them): off the data and the bands
+LEGEND_BESIDE: dict[str, Any] = {"loc": "upper left", "bbox_to_anchor": (1.02, 1), "frameon": False,
+                                 "title_fontsize": 7.5, "alignment": "left"}
+
+
+def band_legend_title(errorbar: Any, n_images: int | None, what: str = "Method") -> str:
+    """A legend title: ``what``, then the band around each mean (``interval_label``) and over how many images, in
+    short lines (a legend beside the axes must not squeeze them); ``what`` alone without a band."""
+    band = interval_label(errorbar)
+    if band is None:
+        return what
+    band = band.replace(" (", "\n(", 1)
+    return f"{what}\nband: {band}" + (f", {n_images} images" if n_images else "")
 
 
 @contextlib.contextmanager
@@ -204,7 +224,7 @@ def save_figure(
         raise InputError(f"fig={fig!r} is not a matplotlib Figure or Axes; pass what a vitviz plot_* call returns")
     fig = fig.figure if isinstance(fig, Axes) else fig
     formats = check_formats(formats, fig)
-    if dpi is not None and (isinstance(dpi, bool) or not isinstance(dpi, (int, float)) or not 0 < dpi < float("inf")):
+    if dpi is not None and (not is_number(dpi) or not 0 < dpi < float("inf")):
         raise InputError(f"dpi={dpi!r} is not a positive number of dots per inch; pass e.g. dpi=300, or None for "
                          f"vitviz's {RC['savefig.dpi']}")
     from vitviz.core.io import atomic_write

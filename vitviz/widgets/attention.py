@@ -14,7 +14,6 @@ image whose maps were evicted is captured again when it is shown again. The imag
 from __future__ import annotations
 
 import html
-import numbers
 from collections import OrderedDict
 from collections.abc import Sequence
 from typing import Any
@@ -29,7 +28,7 @@ from vitviz.analysis.rollout import rollout_from_attentions
 from vitviz.core.capture import capture_attention
 from vitviz.core.images import Images, denormalise, load_images
 from vitviz.core.spec import inspect
-from vitviz.core.util import check_positive_int, eval_mode
+from vitviz.core.util import check_positive_int, eval_mode, is_int, is_number
 from vitviz.errors import InputError
 from vitviz.widgets._base import Explorer
 from vitviz.widgets._render import display_size, mark_cell, overlay, png_bytes, resize_rgb
@@ -52,7 +51,7 @@ class ByteLRU:
     """
 
     def __init__(self, max_bytes: int) -> None:
-        if isinstance(max_bytes, bool) or not isinstance(max_bytes, int) or max_bytes < 1:
+        if not is_int(max_bytes) or max_bytes < 1:
             raise InputError(
                 f"cache_bytes={max_bytes!r} is not a positive number of bytes; pass e.g. 256 * 2**20 (256 MiB)"
             )
@@ -119,7 +118,7 @@ class AttentionExplorer(Explorer):
                  cmap: str = "inferno", alpha: float = 0.6, interpolation: str = "nearest",
                  cache_bytes: int = DEFAULT_CACHE_BYTES) -> None:
         check_positive_int(size, "size", "the pixels of the longer side of the drawn overlay (e.g. 320)")
-        if isinstance(alpha, bool) or not isinstance(alpha, numbers.Real) or not 0 <= alpha <= 1:
+        if not is_number(alpha) or not 0 <= alpha <= 1:
             raise InputError(f"alpha={alpha!r} must lie in [0, 1], the opacity of the map over the image (e.g. 0.6)")
         self.model = model
         self.spec = inspect(model)
