@@ -40,7 +40,7 @@ from vitviz.core.blocks import block_paths
 from vitviz.core.images import Images
 from vitviz.core.spec import ViTSpec, inspect
 from vitviz.core.targets import Target, logits_of, resolve_target
-from vitviz.core.util import in_eval_mode, is_int, is_number
+from vitviz.core.util import in_eval_mode, is_int, is_number, kept_grads, kept_rng
 from vitviz.errors import CaptureError, InputError, MissingDependencyError
 
 __all__ = ["LIBRARIES", "gradcam", "gradcam_layer", "input_x_gradient", "installed", "integrated_gradients",
@@ -61,7 +61,8 @@ def _need(module: str, package: str) -> Any:
     import importlib
 
     try:
-        return importlib.import_module(module)
+        with kept_rng():  # a library may draw at import (rich, under pytorch-grad-cam, takes a random id)
+            return importlib.import_module(module)
     except ImportError as err:
         raise MissingDependencyError(f"this method needs {package}, which is not installed: pip install "
                                      f"'vitviz[explain]' (or pip install {package})") from err
@@ -241,15 +242,12 @@ def gradcam(model: nn.Module, images: Images, target: Target = None, *, layer: s
         raise InputError(f"layer={name!r} is not a module of {type(model).__name__}") from err
     total, start = count_images(images), 0
     out = []
-    # pytorch-grad-cam calls model.eval() (in_eval_mode puts the modes back) and model.zero_grad() (undone here)
-    grads = [(p, p.grad) for p in model.parameters()]
-    try:
+    # pytorch-grad-cam calls model.eval() (in_eval_mode puts the modes back), model.zero_grad() and backward() on
+    # the parameters (kept_grads sets the user's .grad aside for the call and puts them back)
+    with kept_grads(model):
         for x in iter_batches(model, images, batch_size, desc="gradcam"):
             out.append(_gradcam_batch(cam_mod, targets_mod, model, spec, module, x, target, start, total))
             start += len(x)
-    finally:
-        for p, g in grads:
-            p.grad = g
     return torch.cat(out)
 
 

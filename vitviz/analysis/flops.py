@@ -14,12 +14,13 @@ from __future__ import annotations
 
 import contextlib
 from collections.abc import Iterator
+from typing import Any
 
 import torch
 from torch import nn
 
 from vitviz.core.spec import inspect
-from vitviz.core.util import is_int
+from vitviz.core.util import is_int, kept_buffers, kept_grads, kept_rng, module_mode
 from vitviz.errors import InputError, InputTypeError, NotAViTError
 
 
@@ -65,12 +66,19 @@ def count_flops(model: nn.Module, input_size: tuple[int, int, int] = (3, 32, 32)
     """FLOPs for one image: the forward pass, or forward + backward (one training step's compute).
 
     Attention runs on SDPA's math backend for the count (see the module docstring), so the result does not depend
-    on which fused kernel the device and torch version would pick.
+    on which fused kernel the device and torch version would pick. The forward count runs the model in eval mode,
+    the training step in training mode (dropout, BatchNorm on batch statistics, a training-only token drop count
+    as in training). Either way the model is left exactly as it was, also when the pass raises: every module's own
+    mode (``core.util.module_mode``), every parameter's ``.grad`` (``kept_grads``: the user's gradients neither
+    receive this step's nor are cleared), every buffer (``kept_buffers``: BatchNorm's running statistics and
+    ``num_batches_tracked`` do not take in the random input), and the global random generators (``kept_rng``; the
+    input comes from a generator of its own, seeded 0).
 
     Args:
         model: any module taking ``(1, *input_size)``.
         input_size: ``(C, H, W)``.
-        backward: count the backward pass of ``output.sum()`` as well.
+        backward: count the backward pass of ``output.sum()`` as well (``output_tensor``: the output, its
+            ``logits``, or a tuple's first element), also inside ``torch.no_grad()``.
 
     Returns:
         The total FLOPs (multiply-add = 2) of one image's pass.
@@ -78,28 +86,41 @@ def count_flops(model: nn.Module, input_size: tuple[int, int, int] = (3, 32, 32)
     Raises:
         InputTypeError: ``model`` is not a ``torch.nn.Module``.
         InputError: ``input_size`` is not three positive ints, or (for a ViT vitviz reads) its ``H x W`` is not a
-            size the model takes.
+            size the model takes; or, with ``backward``, the output holds no tensor to start the backward pass from.
     """
     from torch.utils.flop_counter import FlopCounterMode
 
     _check_input(model, input_size)
     param = next(model.parameters(), None)
     device = param.device if param is not None else torch.device("cpu")
-    x = torch.randn(1, *input_size, device=device)
-    was_training = model.training
-    model.train(backward)
+    # the values do not change the count: drawn from a generator of its own, never the user's global one
+    x = torch.randn(1, *input_size, generator=torch.Generator().manual_seed(0)).to(device)
     counter = FlopCounterMode(display=False)
-    try:
+    # a training step runs in training mode (dropout, BatchNorm on batch statistics, token dropping); the model
+    # comes back as it was: each module's mode, its .grad, its buffers (BatchNorm folded the noise into its running
+    # statistics), the random generators dropout drew from
+    with module_mode(model, backward), kept_grads(model), kept_buffers(model), kept_rng(device):
         with sdpa_math_backend(), counter:
             if backward:
-                model(x).sum().backward()
+                with torch.enable_grad():
+                    output_tensor(model(x)).sum().backward()
             else:
                 with torch.no_grad():
                     model(x)
-    finally:
-        model.zero_grad(set_to_none=True)
-        model.train(was_training)
     return int(counter.get_total_flops())
+
+
+def output_tensor(output: Any) -> torch.Tensor:
+    """The tensor a training step's loss is computed from: ``output`` itself, its ``logits`` (Hugging Face), or the
+    first element of a tuple."""
+    out = getattr(output, "logits", output)
+    if isinstance(out, (tuple, list)) and out:
+        out = out[0]
+    if not isinstance(out, torch.Tensor):
+        raise InputError(f"count_flops(backward=True): the model's output is a {type(output).__name__} with no "
+                         "tensor, logits or tuple of tensors to run the backward pass from; count the forward pass "
+                         "only (backward=False)")
+    return out
 
 
 def vit_forward_flops(*, img_size: tuple[int, int], patch_size: int, embed_dim: int, depth: int,

@@ -179,8 +179,15 @@ def _loader(source: Any, model: nn.Module, batch_size: int, num_workers: int, pi
     if not isinstance(dataset, Dataset):
         raise InputError(f"images={type(source).__name__} is neither a folder, a Dataset nor a DataLoader")
     sampler = ShardSampler(dataset, num_replicas=world, rank=rank, skip=skip)
-    return DataLoader(dataset, batch_size=batch_size, sampler=sampler, num_workers=num_workers, pin_memory=pin,
+    return own_loader(dataset, batch_size=batch_size, sampler=sampler, num_workers=num_workers, pin_memory=pin,
                       persistent_workers=False), 0
+
+
+def own_loader(dataset: Dataset, **options: Any) -> DataLoader:
+    """A ``DataLoader`` that vitviz builds, with a ``torch.Generator`` of its own: starting one draws the workers'
+    base seed from its generator, so reading a folder or ``Dataset`` never moves the user's global torch generator
+    (a ``DataLoader`` the user passes draws from the generator it was given, the global one if none)."""
+    return DataLoader(dataset, generator=torch.Generator(), **options)
 
 
 def _split(batch: Any) -> tuple[torch.Tensor, Any]:
@@ -259,7 +266,7 @@ def iter_dataset(
     ready = _batch_check(model, pin, cast=True)
 
     if isinstance(source, IterableDataset):
-        source = DataLoader(source, batch_size=batch_size, num_workers=num_workers, pin_memory=pin)
+        source = own_loader(source, batch_size=batch_size, num_workers=num_workers, pin_memory=pin)
     if isinstance(source, DataLoader):
         order = loader_positions(source)
         start = 0
@@ -279,7 +286,7 @@ def iter_dataset(
     if not isinstance(source, Dataset):
         raise InputError(f"images={type(source).__name__} is neither a folder, a Dataset nor a DataLoader")
     order = list(range(len(source))) if positions is None else list(positions)  # type: ignore[arg-type]
-    loader = DataLoader(torch.utils.data.Subset(source, order), batch_size=batch_size, num_workers=num_workers,
+    loader = own_loader(torch.utils.data.Subset(source, order), batch_size=batch_size, num_workers=num_workers,
                         pin_memory=pin, shuffle=False)
     done = 0
     for batch in loader:

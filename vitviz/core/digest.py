@@ -51,12 +51,10 @@ Hashing is SHA-1 over the raw bytes (tensors are copied to the CPU one at a time
 
 from __future__ import annotations
 
-import contextlib
 import contextvars
 import functools
 import hashlib
 import os
-import random
 import re
 import types
 from pathlib import Path
@@ -66,6 +64,7 @@ import numpy as np
 import torch
 from torch import nn
 
+from vitviz.core.util import kept_rng
 from vitviz.errors import CheckpointError
 
 __all__ = ["callable_digest", "file_key", "image_digest", "model_digest", "readout_digest", "source_digest",
@@ -318,24 +317,11 @@ def callable_digest(fn: Any) -> str:
     return h.hexdigest()[:16]
 
 
-@contextlib.contextmanager
-def _random_state_kept() -> Any:
-    """Restores torch's CPU generator, numpy's and ``random``'s state on exit: loading items for a digest must not
-    change the draws of the run that asked for it."""
-    py, npy = random.getstate(), np.random.get_state()
-    with torch.random.fork_rng(devices=[]):
-        try:
-            yield
-        finally:
-            random.setstate(py)
-            np.random.set_state(npy)
-
-
 def _feed_items(h: Any, src: Any, n: int, resumed_by: str) -> None:
     """The values of items 0, n // 2 and n - 1 of a map-style dataset vitviz cannot otherwise identify; item 0 is
     read twice, and a dataset that gives it other values the second time is refused (module docstring)."""
     picks = sorted({0, n // 2, n - 1})
-    with _random_state_kept():
+    with kept_rng():  # loading items for a digest must not change the run's draws
         first = _value_digest(src[0], 0)
         if _value_digest(src[0], 0) != first:
             argument = resumed_by.partition("=")[0]

@@ -109,18 +109,82 @@ def float_array(values: Any, argument: str) -> Any:
 
 
 @contextlib.contextmanager
-def eval_mode(model: Any) -> Iterator[Any]:
-    """``model`` in eval mode for the block (``model.eval()``); on the way out, also when the block raises, every
-    submodule gets its own ``training`` flag back, so a model whose parts were in different modes (a frozen
-    backbone in eval, a head in training) is left exactly as it was."""
+def module_mode(model: Any, training: bool) -> Iterator[Any]:
+    """``model`` in training (``True``) or eval (``False``) mode for the block (``model.train(training)``); on the
+    way out, also when the block raises, every submodule gets its own ``training`` flag back, so a model whose parts
+    were in different modes (a frozen backbone in eval, a head in training) is left exactly as it was."""
     modules = list(model.modules())
     modes = [m.training for m in modules]
-    model.eval()
+    model.train(training)
     try:
         yield model
     finally:
-        for m, training in zip(modules, modes):
-            m.training = training
+        for m, was in zip(modules, modes):
+            m.training = was
+
+
+def eval_mode(model: Any) -> contextlib.AbstractContextManager[Any]:
+    """``module_mode(model, False)``: eval mode for the block, each submodule's own mode back afterwards."""
+    return module_mode(model, False)
+
+
+@contextlib.contextmanager
+def kept_grads(model: Any) -> Iterator[Any]:
+    """The parameters' ``.grad`` set aside for the block: every parameter enters it with ``.grad = None``, so a
+    ``backward()`` inside accumulates nothing into the user's gradients and a ``zero_grad()`` inside (as
+    pytorch-grad-cam calls) clears nothing of theirs; on the way out, also when the block raises, each parameter
+    gets its own ``.grad`` back (the same tensor, or ``None``) and what the block left is dropped."""
+    params = list(model.parameters())
+    grads = [p.grad for p in params]
+    for p in params:
+        p.grad = None
+    try:
+        yield model
+    finally:
+        for p, g in zip(params, grads):
+            p.grad = g
+
+
+@contextlib.contextmanager
+def kept_buffers(model: Any) -> Iterator[Any]:
+    """Every buffer of ``model`` (BatchNorm's running statistics and ``num_batches_tracked``, any other) as it was
+    after the block: the values are copied on the way in and written back in place on the way out, also when the
+    block raises; a buffer the block replaced gets its own tensor back."""
+    import torch
+
+    saved = [(m, name, b, b.detach().clone()) for m in model.modules()
+             for name, b in m.named_buffers(recurse=False)]
+    try:
+        yield model
+    finally:
+        with torch.no_grad():
+            for m, name, b, copy in saved:
+                if getattr(m, name, None) is not b:
+                    setattr(m, name, b)
+                b.copy_(copy)
+
+
+@contextlib.contextmanager
+def kept_rng(*devices: Any) -> Iterator[None]:
+    """The global random generators as they were after the block, also when it raises: Python's ``random``,
+    NumPy's global generator, torch's CPU generator and that of each CUDA device in ``devices`` (``torch.device``s;
+    CPU ones need nothing more). For draws vitviz cannot give a generator of its own: dropout in a training-mode
+    forward, a library that draws at import. vitviz's own random draws use their own ``torch.Generator`` or
+    ``np.random.default_rng``."""
+    import random
+
+    import numpy as np
+    import torch
+
+    cuda = sorted({torch.cuda.current_device() if d.index is None else d.index
+                   for d in map(torch.device, devices) if d.type == "cuda"})
+    py, npy = random.getstate(), np.random.get_state()
+    with torch.random.fork_rng(devices=cuda):
+        try:
+            yield
+        finally:
+            random.setstate(py)
+            np.random.set_state(npy)
 
 
 def in_eval_mode(fn: F) -> F:

@@ -8,6 +8,7 @@ from __future__ import annotations
 import torch
 from torch import nn
 
+from vitviz.core.util import eval_mode
 from vitviz.experiments.data import TensorDataset
 from vitviz.zoo.reference import CIFAR10_MEAN, CIFAR10_STD
 
@@ -21,14 +22,12 @@ def normalize(images: torch.Tensor, device: torch.device) -> torch.Tensor:
 @torch.no_grad()
 def evaluate(model: nn.Module, data: TensorDataset, device: torch.device, batch_size: int = 500) -> float:
     """Top-1 accuracy in percent on decoded uint8 images (CIFAR-10 normalisation); one host sync at the end."""
-    was_training = model.training
-    model.eval()
     correct = torch.zeros((), dtype=torch.long, device=device)
     labels = data.labels.to(device)
-    for i in range(0, len(data), batch_size):
-        x = normalize(data.images[i : i + batch_size], device)
-        correct += (model(x).argmax(-1) == labels[i : i + batch_size]).sum()
-    model.train(was_training)
+    with eval_mode(model):  # each module's own mode back afterwards, also when a batch raises
+        for i in range(0, len(data), batch_size):
+            x = normalize(data.images[i : i + batch_size], device)
+            correct += (model(x).argmax(-1) == labels[i : i + batch_size]).sum()
     return 100.0 * correct.item() / max(1, len(data))
 
 
