@@ -13,6 +13,8 @@ generators, the thread count, the SDPA backend flags and (for plots) matplotlib'
 from __future__ import annotations
 
 import contextlib
+import importlib
+import os
 import random
 import warnings
 from collections.abc import Callable
@@ -27,6 +29,13 @@ from torch.utils.data import TensorDataset
 
 import vitviz
 from vitviz.analysis import baselines
+
+# What a library does when it is first imported is its own: cv2 and scikit-learn set environment variables;
+# scipy, numpy's matrix module and sympy add warnings filters. They are imported here, before any snapshot.
+# pytorch-grad-cam is not: its first import (rich draws a random id) must not move Python's random generator.
+for _library in ("cv2", "sklearn", "scipy.sparse", "scipy.special", "networkx", "sympy", "torch.utils.flop_counter"):
+    with contextlib.suppress(ImportError):
+        importlib.import_module(_library)
 
 HOOK_DICTS = ("_forward_hooks", "_forward_pre_hooks", "_backward_hooks", "_backward_pre_hooks",
               "_forward_hooks_with_kwargs", "_forward_hooks_always_called", "_forward_pre_hooks_with_kwargs",
@@ -157,7 +166,10 @@ def global_state() -> dict:
         "mha_fastpath": b.mha.get_fastpath_enabled(),
         "deterministic": torch.are_deterministic_algorithms_enabled(),
         "default_dtype": torch.get_default_dtype(),
+        "anomaly": torch.is_anomaly_enabled(),
         "rcParams": dict(matplotlib.rcParams),
+        "warnings": list(warnings.filters),
+        "environ": dict(os.environ),
     }
 
 
@@ -247,11 +259,13 @@ CALLS: dict[str, Callable] = {
     "mean_attention_distance": lambda m, x: vitviz.mean_attention_distance(m, x),
     "mean_attention_distance-dataset": lambda m, x: vitviz.mean_attention_distance(m, _data(x), batch_size=1),
     "attention_statistics": lambda m, x: vitviz.attention_statistics(m, x),
+    "attention_statistics-autocast": lambda m, x: vitviz.attention_statistics(m, x, autocast=torch.bfloat16),
     "reduce_dataset": _reduce,
     "pos_embed_similarity": lambda m, x: vitviz.pos_embed_similarity(m),
     "pos_embed_locality": lambda m, x: vitviz.pos_embed_locality(m),
     "embedding_filters": lambda m, x: vitviz.embedding_filters(m),
     "extract_features": lambda m, x: vitviz.extract_features(m, _data(x), layers="all"),
+    "extract_features-autocast": lambda m, x: vitviz.extract_features(m, _data(x), autocast=torch.bfloat16),
     "knn_probe": lambda m, x: vitviz.knn_probe(m, _data(x), _data(x), k=1),
     "linear_fewshot": lambda m, x: vitviz.linear_fewshot(m, _data(x), _data(x), shots=(1,), seeds=[0]),
     "layer_probes": lambda m, x: vitviz.layer_probes(m, _data(x), _data(x), shots=(1,), seeds=[0]),
@@ -270,6 +284,7 @@ CALLS: dict[str, Callable] = {
     "plot_attention_distance_grid": lambda m, x: vitviz.plot_attention_distance_grid({"a": m}, x),
     "plot_rollout": lambda m, x: vitviz.plot_rollout(m, x),
     "plot_attention_heads_grid": lambda m, x: vitviz.plot_attention_heads_grid(m, x[:1]),
+    "plot_explanations_grid": lambda m, x: vitviz.plot_explanations_grid(m, x, {"chefer": vitviz.explain(m, x)}),
     "explore_attention": _explorer,
     "explore_pos_embed": lambda m, x: vitviz.explore_pos_embed(m, size=32),
 }
@@ -416,3 +431,30 @@ def test_a_bad_target_in_the_second_batch_leaves_everything_as_it_was(name):
     method = name.removeprefix("explain-")
     with unchanged(model), pytest.raises(vitviz.InputError):
         vitviz.explain(model, x, method, target=[1, 99], batch_size=1)
+
+
+def test_evaluate_of_the_training_runner_leaves_everything_as_it_was():
+    """``experiments.measure.evaluate`` (each epoch's test accuracy) runs in eval mode and keeps mixed modes."""
+    from vitviz.experiments.data import TensorDataset as Decoded
+    from vitviz.experiments.measure import evaluate
+
+    model = hybrid()
+    hooks = roughen(model)
+    data = Decoded(torch.randint(0, 256, (3, 3, 32, 32), dtype=torch.uint8), torch.tensor([0, 1, 2]), ["a", "b", "c"])
+    with unchanged(model):
+        acc = evaluate(model, data, torch.device("cpu"), batch_size=2)
+    hooks.calls, hooks.fail_at = 0, (2, KeyboardInterrupt())
+    with unchanged(model), pytest.raises(KeyboardInterrupt):
+        evaluate(model, data, torch.device("cpu"), batch_size=2)
+    assert 0 <= acc <= 100
+
+
+def test_count_flops_counts_a_training_step_also_under_no_grad_and_for_a_hugging_face_output():
+    """The backward pass runs with grad enabled whatever the caller's mode, and starts from a Hugging Face model's
+    logits (its output is a ``ModelOutput``, not a tensor)."""
+    model = hf_vit().eval()
+    forward = vitviz.count_flops(model)
+    step = vitviz.count_flops(model, backward=True)
+    with torch.no_grad():
+        assert vitviz.count_flops(model, backward=True) == step
+    assert step > 2 * forward > 0
