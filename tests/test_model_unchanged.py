@@ -5,8 +5,8 @@ The model is made deliberately non-trivial first (``roughen``): its modules in m
 the user's, timm's ``fused_attn`` mixed across blocks. After each call, also one that raises midway (a bad target
 in the second batch, a user's hook that raises, a ``KeyboardInterrupt``), the test compares bit for bit: every
 parameter and buffer (values, dtype, the objects themselves), every ``.grad`` (``None`` stays ``None``),
-``requires_grad``, every module's ``training`` flag, its hook dicts, instance ``forward`` and ``fused_attn``, a
-Hugging Face config; and the global state: grad mode, inference mode, autocast, the torch / NumPy / Python random
+``requires_grad``, every module's ``training`` flag, its hook dicts, its attribute names (an instance ``forward``,
+a cache left behind) and ``fused_attn``, a Hugging Face config; and the global state: grad mode, inference mode, autocast, the torch / NumPy / Python random
 generators, the thread count, the SDPA backend flags and (for plots) matplotlib's rcParams.
 """
 
@@ -143,7 +143,7 @@ def model_state(model: nn.Module) -> dict:
         "grads": {k: None if p.grad is None else p.grad.clone() for k, p in model.named_parameters()},
         "requires_grad": {k: p.requires_grad for k, p in model.named_parameters()},
         "param_hooks": {k: list(getattr(p, "_backward_hooks", None) or {}) for k, p in model.named_parameters()},
-        "modules": [(name, type(m), m.training, getattr(m, "fused_attn", None), "forward" in vars(m),
+        "modules": [(name, type(m), m.training, getattr(m, "fused_attn", None), sorted(vars(m)),
                      {d: list(getattr(m, d, {}) or {}) for d in HOOK_DICTS})
                     for name, m in model.named_modules()],
         "config": config.to_dict() if config is not None and hasattr(config, "to_dict") else None,
@@ -243,6 +243,7 @@ def _reduce(model, x):
 CAPTUM = ("integrated_gradients", "input_x_gradient")
 CALLS: dict[str, Callable] = {
     "inspect": lambda m, x: vitviz.inspect(m),
+    "describe": lambda m, x: vitviz.describe(m, probe="qkv"),
     "load_images": lambda m, x: vitviz.load_images(m, x),
     "capture_attention-no-forward": lambda m, x: _enter_exit(m),
     **{f"explain-{meth}": (lambda m, x, meth=meth: vitviz.explain(m, x, meth, target=None if meth in (
@@ -458,3 +459,30 @@ def test_count_flops_counts_a_training_step_also_under_no_grad_and_for_a_hugging
     with torch.no_grad():
         assert vitviz.count_flops(model, backward=True) == step
     assert step > 2 * forward > 0
+
+
+def test_the_first_grad_cam_call_in_a_fresh_process_moves_no_random_generator():
+    """pytorch-grad-cam is imported on first use, and a library it imports draws from Python's ``random`` at import
+    (rich's style ids); vitviz imports it with the generators kept (``baselines``), so a seeded script gives the
+    same draws with or without a Grad-CAM call in the middle. A fresh interpreter: the import happens in the call."""
+    import subprocess
+    import sys
+
+    _needs("gradcam")
+    code = (
+        "import random, sys, numpy as np, torch\n"
+        "sys.path.insert(0, 'tests')\n"
+        "from conftest import tiny_timm_vit\n"
+        "import vitviz\n"
+        "assert 'pytorch_grad_cam' not in sys.modules\n"
+        "model, x = tiny_timm_vit(), torch.zeros(1, 3, 32, 48)\n"
+        "random.seed(0); np.random.seed(0); torch.manual_seed(0)\n"
+        "before = (random.getstate(), np.random.get_state()[1].copy(), torch.get_rng_state())\n"
+        "vitviz.gradcam(model, x, 1)\n"
+        "assert 'pytorch_grad_cam' in sys.modules\n"
+        "assert random.getstate() == before[0], 'random'\n"
+        "assert (np.random.get_state()[1] == before[1]).all(), 'numpy'\n"
+        "assert torch.equal(torch.get_rng_state(), before[2]), 'torch'\n"
+    )
+    run = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=120)
+    assert run.returncode == 0, run.stderr[-2000:]
