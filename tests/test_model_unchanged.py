@@ -141,6 +141,7 @@ def model_state(model: nn.Module) -> dict:
                     for k, v in [*model.named_parameters(), *model.named_buffers()]},
         "state_dict": {k: v.detach().clone() for k, v in model.state_dict().items()},
         "grads": {k: None if p.grad is None else p.grad.clone() for k, p in model.named_parameters()},
+        "grad_objects": {k: id(p.grad) for k, p in model.named_parameters()},
         "requires_grad": {k: p.requires_grad for k, p in model.named_parameters()},
         "param_hooks": {k: list(getattr(p, "_backward_hooks", None) or {}) for k, p in model.named_parameters()},
         "modules": [(name, type(m), m.training, getattr(m, "fused_attn", None), sorted(vars(m)),
