@@ -126,3 +126,37 @@ def test_the_decoded_cache_is_not_reused_for_an_image_replaced_under_its_name(tm
     assert torch.equal(after.images, load_image_folder(folder / "test").images)
     assert not torch.equal(after.images, before.images)
 
+
+
+def test_the_pack_cache_sees_an_edit_anywhere_in_the_pack(tmp_path):
+    """The decoded cache of a pack is keyed by every byte: a byte changed between the ones a sample would read, or a
+    label changed, decodes again instead of serving the stale tensors."""
+    import numpy as np
+    from PIL import Image
+
+    from vitviz.experiments.data import load_pack, pack_image_folder
+
+    rng = np.random.default_rng(0)
+    for c in range(2):  # 120 noise JPEGs of 64 x 64: over 128 kB, so a sample of 65,536 bytes skips bytes
+        for i in range(60):
+            folder = tmp_path / "data" / "train" / f"class{c}"
+            folder.mkdir(parents=True, exist_ok=True)
+            Image.fromarray(rng.integers(0, 256, (64, 64, 3), dtype=np.uint8)).save(folder / f"{i:04d}.jpg")
+    path = pack_image_folder(tmp_path / "data", tmp_path / "pack.npz", splits=("train",))
+    cache = tmp_path / "cache"
+    before = load_pack(path, "train", cache_dir=cache)
+    with np.load(path) as pack:
+        arrays = {k: pack[k] for k in pack.files}
+    data, offsets = arrays["train_data"].copy(), arrays["train_offsets"]
+    stride = max(1, len(data) // 65536)
+    assert stride > 1, "the pack must be large enough for a sample to skip bytes"
+    start, end = int(offsets[7]), int(offsets[8])
+    at = next(i for i in range((start + end) // 2, end) if i % stride)  # a byte a strided sample never reads
+    data[at] ^= 0xFF
+    labels = arrays["train_labels"].copy()
+    labels[0] = 9
+    np.savez(path, **{**arrays, "train_data": data, "train_labels": labels})
+    fresh = load_pack(path, "train")
+    assert not torch.equal(fresh.images, before.images) and fresh.labels[0] == 9
+    cached = load_pack(path, "train", cache_dir=cache)
+    assert torch.equal(cached.images, fresh.images) and torch.equal(cached.labels, fresh.labels)
