@@ -278,3 +278,19 @@ def test_a_state_without_a_data_fingerprint_resumes_with_a_warning_that_stays(tm
     assert after["epoch"] == 2 and after["data_checked_from"] == 1
     with pytest.warns(UserWarning, match=r"last\.pt: its first 1 epochs were trained before vitviz recorded"):
         train(cfg, resume=True, progress=False)
+
+
+def test_export_refuses_a_state_trained_otherwise_than_its_card_would_say(tmp_path, tiny_folder):
+    """The card is written from ``cfg`` and its data: a ``last.pt`` of another recipe or dataset is not exported."""
+    from vitviz.experiments.export import export_reference
+
+    train(config(tmp_path, tiny_folder, epochs=1, model_kwargs={"depth": 1}), progress=False)
+    other = _copy_with_one_image_changed(tiny_folder, tmp_path / "other")
+    with pytest.raises(ValueError, match="its train split differs"):
+        export_reference(config(tmp_path, other, epochs=1, model_kwargs={"depth": 1}), tmp_path / "export")
+    with pytest.raises(ValueError, match="config differs.*lr"):
+        export_reference(config(tmp_path, tiny_folder, epochs=1, lr=5e-3, model_kwargs={"depth": 1}),
+                         tmp_path / "export")
+    assert not (tmp_path / "export").exists()
+    card = export_reference(config(tmp_path, tiny_folder, epochs=1, model_kwargs={"depth": 1}), tmp_path / "export")
+    assert card["recipe"]["lr"] == 1e-3
