@@ -54,6 +54,13 @@ def split_fingerprint(data: TensorDataset) -> dict[str, Any]:
             "classes": list(data.classes), "count": len(data.labels)}
 
 
+def fingerprint_digest(fingerprint: dict[str, Any]) -> str:
+    """One short hex digest of a ``split_fingerprint`` (for a table cell)."""
+    import json
+
+    return hashlib.sha1(json.dumps(fingerprint, sort_keys=True).encode()).hexdigest()[:16]
+
+
 def balanced_indices(labels: torch.Tensor, n: int) -> torch.Tensor:
     """The first ``ceil(n / C)`` images of each class (deterministic), truncated to ``n``, sorted."""
     classes = int(labels.max()) + 1 if len(labels) else 0
@@ -147,7 +154,8 @@ def load_pack(path: str | os.PathLike, split: str, cache_dir: str | os.PathLike 
         labels, classes = torch.from_numpy(pack[f"{split}_labels"]), [str(c) for c in pack[f"{split}_classes"]]
     # keyed by every byte of the split (and its labels and classes), never a sample of them: an edit anywhere decodes
     # again (CIFAR-10's training split is 15 MB packed: 15 ms to hash)
-    parts = (tensor_digest(torch.from_numpy(a)) for a in (np.frombuffer(prefix, np.uint8), offsets, data, labels.numpy()))
+    head = np.frombuffer(bytearray(prefix), np.uint8)
+    parts = (tensor_digest(torch.from_numpy(a)) for a in (head, offsets, data, labels.numpy()))
     key = hashlib.sha1(f"{'|'.join(parts)}|{classes}".encode()).hexdigest()[:16]
     cache = Path(cache_dir) / f"pack-{split}-{key}.pt" if cache_dir is not None else None
     if cache is not None and cache.exists():

@@ -19,6 +19,7 @@ import torch
 
 from vitviz.core.io import atomic_write, atomic_write_json
 from vitviz.errors import ComputeError
+from vitviz.experiments.config import check_training_state
 from vitviz.experiments.data import balanced_indices, load_split, split_fingerprint
 from vitviz.zoo.cards import DATASET
 from vitviz.zoo.reference import REFERENCE_MODELS, build_reference
@@ -66,7 +67,6 @@ def export_reference(cfg: Any, dest: str | os.PathLike) -> dict[str, Any]:
 
     from vitviz.analysis.flops import count_flops
     from vitviz.experiments.measure import evaluate
-    from vitviz.experiments.train import check_training_state
 
     state = load_training_state(cfg.run_dir / "last.pt")
     train_data = load_split(cfg, "train", cfg.train_subset)

@@ -93,7 +93,7 @@ def load_training_state(path: str | os.PathLike) -> dict[str, Any]:
 
     It holds ``model``, ``optimizer``, ``epoch``, ``history``, ``train_time``, ``config`` and, since vitviz records
     what a run trains on, ``data_fingerprint`` (``{"train": ..., "test": ...}``, see
-    ``vitviz.experiments.data.split_fingerprint``) and ``data_checked_from``; ``vitviz.experiments.train.
+    ``vitviz.experiments.data.split_fingerprint``) and ``data_checked_from``; ``vitviz.experiments.config.
     check_training_state`` compares them with a run that resumes or exports it.
     """
     path = Path(path)
