@@ -1,0 +1,109 @@
+"""What a resumable or cached computation is keyed by: every thing that changes its numbers, and nothing else.
+
+Each test changes one thing between a run and its resume and expects a refusal (``CheckpointError``) or a
+recomputation; the opposite tests change what must not count (where a folder lies, the batch size, the progress bar)
+and expect the file to be used."""
+
+from __future__ import annotations
+
+import shutil
+
+import pytest
+import torch
+from conftest import tiny_timm_vit
+from torch.utils.data import DataLoader, TensorDataset
+
+import vitviz
+from vitviz.core.digest import source_digest
+from vitviz.core.features import extract_features
+from vitviz.errors import CheckpointError
+
+
+def images(n=6, seed=1):
+    return torch.randn(n, 3, 32, 48, generator=torch.Generator().manual_seed(seed))
+
+
+class Stop(Exception):
+    pass
+
+
+class StopAt(torch.utils.data.Dataset):
+    """The images of ``x`` (with label 0), raising ``Stop`` at item ``at``."""
+
+    def __init__(self, x, at=None):
+        self.x, self.at = x, at
+
+    def __len__(self):
+        return len(self.x)
+
+    def __getitem__(self, i):
+        if i == self.at:
+            raise Stop
+        return self.x[i], 0
+
+
+def test_a_model_setting_besides_the_weights_is_part_of_a_reduction_checkpoint(tmp_path):
+    """A norm's eps changes every later attention map and keeps every tensor: the partial sums of the old model must
+    not be summed with the new model's (before: resumed, a mix of the two models' distances)."""
+    model, x = tiny_timm_vit(), images()
+    ckpt = tmp_path / "distance.pt"
+    with pytest.raises(Stop):
+        vitviz.mean_attention_distance(model, StopAt(x, at=4), batch_size=2, checkpoint=ckpt, checkpoint_every=1)
+    model.blocks[1].norm1.eps = 0.5
+    changed = vitviz.mean_attention_distance(model, x)
+    assert not torch.allclose(changed, vitviz.mean_attention_distance(tiny_timm_vit(), x)), "eps changes the maps"
+    with pytest.raises(CheckpointError, match=r"differs in readout \(the model's settings besides its weights"):
+        vitviz.mean_attention_distance(model, StopAt(x), batch_size=2, checkpoint=ckpt)
+
+
+def test_a_checkpoint_without_the_computation_version_is_refused(tmp_path):
+    model, x = tiny_timm_vit(), images(4)
+    ckpt = tmp_path / "distance.pt"
+    want = vitviz.mean_attention_distance(model, StopAt(x), batch_size=2, checkpoint=ckpt)
+    saved = torch.load(ckpt, weights_only=True)
+    assert saved["fingerprint"]["version"] == 1
+    del saved["fingerprint"]["version"]  # as written before vitviz recorded it
+    torch.save(saved, ckpt)
+    with pytest.raises(CheckpointError, match=r"differs in version \(vitviz's computation of the reduction"):
+        vitviz.mean_attention_distance(model, StopAt(x), batch_size=2, checkpoint=ckpt)
+    ckpt.unlink()
+    torch.testing.assert_close(vitviz.mean_attention_distance(model, StopAt(x), checkpoint=ckpt), want)
+
+
+def test_a_moved_folder_resumes_and_batch_size_and_progress_do_not_count(tmp_path, tiny_folder):
+    """Where the folder lies is not what the run computes on: a copy elsewhere (file times kept) answers from the
+    checkpoint without a forward pass (before: refused as other data); so do another batch size and a progress bar."""
+    model = tiny_timm_vit(img_size=32, num_classes=10)
+    here = tmp_path / "here"
+    shutil.copytree(tiny_folder / "test" / "class3", here / "class3")  # copytree keeps the files' times
+    shutil.copytree(tiny_folder / "test" / "class7", here / "class7")
+    ckpt = tmp_path / "features.pt"
+    want = extract_features(model, here, layers=[0], checkpoint=ckpt)
+    there = tmp_path / "elsewhere" / "moved"
+    shutil.move(here, there)
+    calls = []
+    handle = model.register_forward_pre_hook(lambda *_: calls.append(1))
+    got = extract_features(model, there, layers=[0], checkpoint=ckpt, batch_size=3, progress=True)
+    handle.remove()
+    assert not calls and torch.equal(got.feats[0], want.feats[0]) and torch.equal(got.labels, want.labels)
+    (there / "class7" / "0001.jpg").write_bytes((there / "class3" / "0001.jpg").read_bytes())
+    with pytest.raises(CheckpointError, match=r"differs in data \(the images read\)"):
+        extract_features(model, there, layers=[0], checkpoint=ckpt)
+
+
+def test_a_loaders_collate_fn_is_part_of_its_digest(tmp_path):
+    """A collate_fn that changes the images (here: scales them) reads other inputs from the same dataset."""
+    ds = TensorDataset(images(4), torch.arange(4))
+
+    def scaled(batch):
+        x, y = torch.utils.data.default_collate(batch)
+        return 2 * x, y
+
+    plain = DataLoader(ds, batch_size=2)
+    assert source_digest(plain) == source_digest(DataLoader(ds, batch_size=2, collate_fn=None))
+    assert source_digest(DataLoader(ds, batch_size=2, collate_fn=scaled)) != source_digest(plain)
+    model = tiny_timm_vit()
+    ckpt = tmp_path / "distance.pt"
+    vitviz.mean_attention_distance(model, plain, checkpoint=ckpt)
+    with pytest.raises(CheckpointError, match=r"differs in data \(the images read\)"):
+        vitviz.mean_attention_distance(model, DataLoader(ds, batch_size=2, collate_fn=scaled), checkpoint=ckpt)
