@@ -107,3 +107,25 @@ def test_a_loaders_collate_fn_is_part_of_its_digest(tmp_path):
     vitviz.mean_attention_distance(model, plain, checkpoint=ckpt)
     with pytest.raises(CheckpointError, match=r"differs in data \(the images read\)"):
         vitviz.mean_attention_distance(model, DataLoader(ds, batch_size=2, collate_fn=scaled), checkpoint=ckpt)
+
+
+FAITH = dict(methods=["random"], modes=["deletion"], steps=0.5, progress=False, batch_size=2)
+
+
+def test_a_data_set_numbered_otherwise_is_refused_and_pixels_under_a_new_id_warn(tmp_path):
+    """A data set run again with another image_offset would score every image again under new ids (each counted
+    twice in the table; before: appended silently); tensor chunks that repeat an image already written warn."""
+    model, x = tiny_timm_vit(), images(4)
+    out = tmp_path / "curves.csv"
+    first = vitviz.faithfulness(model, TensorDataset(x), out=out, **FAITH)
+    with pytest.raises(CheckpointError, match=r"differs in image_ids: image_ids: 0 there, 10 now"):
+        vitviz.faithfulness(model, TensorDataset(x), out=out, image_offset=10, **FAITH)
+    with pytest.raises(CheckpointError, match=r"differs in image_ids"):
+        vitviz.faithfulness(model, TensorDataset(x), out=out, image_ids=list("abcd"), **FAITH)
+    again = vitviz.faithfulness(model, TensorDataset(x), out=out, **FAITH)
+    assert len(again) == len(first)
+    chunks = tmp_path / "chunks.csv"
+    vitviz.faithfulness(model, x[:2], out=chunks, **FAITH)
+    vitviz.faithfulness(model, x[2:], out=chunks, image_offset=2, **FAITH)  # a later chunk: other images, no warning
+    with pytest.warns(UserWarning, match=r"same pixels as image id\(s\) '4' \(as '0'\).*count twice"):
+        vitviz.faithfulness(model, x[:1], out=chunks, image_offset=4, **FAITH)
