@@ -129,3 +129,26 @@ def test_a_data_set_numbered_otherwise_is_refused_and_pixels_under_a_new_id_warn
     vitviz.faithfulness(model, x[2:], out=chunks, image_offset=2, **FAITH)  # a later chunk: other images, no warning
     with pytest.warns(UserWarning, match=r"same pixels as image id\(s\) '4' \(as '0'\).*count twice"):
         vitviz.faithfulness(model, x[:1], out=chunks, image_offset=4, **FAITH)
+
+
+def test_cls_vs_gap_never_labels_a_run_folder_of_other_settings_with_its_own(tmp_path, tiny_folder):
+    """The results CSV is rebuilt from every run folder and labelled with the sweep's settings: a folder trained with
+    another test subset or on other data is refused (before: its rows were labelled test_images=30 silently)."""
+    from vitviz.experiments.cls_vs_gap import ClsGapConfig, fewshot_by_epoch, run_sweep, write_results
+
+    kw = dict(data=str(tiny_folder), out=str(tmp_path / "runs"), results=str(tmp_path / "r.csv"), heads=("cls",),
+              lrs=(1e-3,), epochs=1, warmup_epochs=0.5, train_subset=50, test_subset=20, batch_size=25)
+    table = run_sweep(ClsGapConfig(**kw))
+    assert table.test_images.tolist() == [20]
+    assert write_results(ClsGapConfig(**kw)).equals(table)  # the same sweep: its folders are its own
+    for change, match in (({"test_subset": 30}, "config differs.*test_subset"),
+                          ({"epochs": 2}, "holds a 1-epoch run, this sweep trains 2")):
+        with pytest.raises(ValueError, match=match):
+            write_results(ClsGapConfig(**{**kw, **change}))
+        with pytest.raises(ValueError, match=match):
+            fewshot_by_epoch(ClsGapConfig(**{**kw, **change}), shots=1, seeds=(0,), test_per_class=2)
+    other = tmp_path / "other"
+    shutil.copytree(tiny_folder, other)
+    shutil.copyfile(other / "test" / "class1" / "0000.jpg", other / "test" / "class0" / "0000.jpg")
+    with pytest.raises(ValueError, match="its test split differs"):
+        write_results(ClsGapConfig(**{**kw, "data": str(other)}))

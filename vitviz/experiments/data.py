@@ -181,3 +181,10 @@ def load_split(cfg: Any, split: str, subset: int | None) -> TensorDataset:
     else:
         data = load_image_folder(root / split, cache_dir=cache_dir)
     return data.subset(balanced_indices(data.labels, subset)) if subset else data
+
+
+def run_fingerprint(cfg: Any) -> dict[str, dict[str, Any]]:
+    """``{"train": ..., "test": ...}``: the ``split_fingerprint`` of what the run ``cfg`` trains on (its training
+    subset) and tests on (its test subset), as ``vitviz.experiments.train`` stores it in ``last.pt``."""
+    return {"train": split_fingerprint(load_split(cfg, "train", cfg.train_subset)),
+            "test": split_fingerprint(load_split(cfg, "test", cfg.test_subset))}

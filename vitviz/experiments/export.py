@@ -20,7 +20,7 @@ import torch
 from vitviz.core.io import atomic_write, atomic_write_json
 from vitviz.errors import ComputeError
 from vitviz.experiments.config import check_training_state
-from vitviz.experiments.data import balanced_indices, load_split, split_fingerprint
+from vitviz.experiments.data import balanced_indices, load_split, run_fingerprint
 from vitviz.zoo.cards import DATASET
 from vitviz.zoo.reference import REFERENCE_MODELS, build_reference
 from vitviz.zoo.weights import CARD_FORMAT, load_training_state, versions
@@ -69,10 +69,7 @@ def export_reference(cfg: Any, dest: str | os.PathLike) -> dict[str, Any]:
     from vitviz.experiments.measure import evaluate
 
     state = load_training_state(cfg.run_dir / "last.pt")
-    train_data = load_split(cfg, "train", cfg.train_subset)
-    fingerprint = {"train": split_fingerprint(train_data),
-                   "test": split_fingerprint(load_split(cfg, "test", cfg.test_subset))}
-    check_training_state(state, cfg, fingerprint, cfg.run_dir / "last.pt")  # the card describes cfg and its data
+    check_training_state(state, cfg, run_fingerprint(cfg), cfg.run_dir / "last.pt")  # the card describes cfg, its data
     if state["epoch"] < cfg.epochs:
         raise ComputeError(f"{cfg.run_dir}/last.pt holds epoch {state['epoch']} of {cfg.epochs}; finish it first "
                            "(python -m vitviz.experiments.train ... --resume)")
@@ -102,7 +99,7 @@ def export_reference(cfg: Any, dest: str | os.PathLike) -> dict[str, Any]:
         },
         "recipe": {k: v for k, v in asdict(cfg).items() if k not in ("data", "out", "device", "threads")},
         "epochs": state["epoch"],
-        "train_images": len(train_data),
+        "train_images": len(load_split(cfg, "train", cfg.train_subset)),
         "test_top1": round(evaluate(model, test, device), 2),
         "test_images": len(test),
         "test_top1_subset500": round(evaluate(model, subset, device), 2),
