@@ -152,3 +152,26 @@ def test_cls_vs_gap_never_labels_a_run_folder_of_other_settings_with_its_own(tmp
     shutil.copyfile(other / "test" / "class1" / "0000.jpg", other / "test" / "class0" / "0000.jpg")
     with pytest.raises(ValueError, match="its test split differs"):
         write_results(ClsGapConfig(**{**kw, "data": str(other)}))
+
+
+def test_the_probe_cache_is_keyed_by_the_autocast_the_device_resolves(tmp_path, monkeypatch):
+    """``autocast=None`` is bfloat16 on CUDA and nothing on the CPU: a cache filled on a GPU must not be the CPU run's
+    file (before: the same file name, refused with a CheckpointError); None and False on the CPU share one file."""
+    import vitviz.core.datasets as datasets
+    from vitviz.analysis.representations import linear_fewshot
+
+    model = tiny_timm_vit(num_classes=5)
+    y = torch.arange(5).repeat_interleave(2)
+    x = images(len(y)) + y[:, None, None, None]
+    kw = {"shots": (1,), "seeds": (0,), "name": "m"}
+    real = datasets.autocast_dtype
+    monkeypatch.setattr(datasets, "autocast_dtype",  # None as it resolves on CUDA
+                        lambda a, device, default=torch.bfloat16: real(a, "cuda", default))
+    linear_fewshot(model, (x, y), (x, y), cache=tmp_path, **kw)
+    monkeypatch.undo()
+    assert len(list(tmp_path.glob("features-*.pt"))) == 2  # train and test
+    want = linear_fewshot(model, (x, y), (x, y), **kw)
+    got = linear_fewshot(model, (x, y), (x, y), cache=tmp_path, **kw)
+    assert got.accuracy.tolist() == want.accuracy.tolist() and len(list(tmp_path.glob("features-*.pt"))) == 4
+    linear_fewshot(model, (x, y), (x, y), cache=tmp_path, autocast=False, **kw)
+    assert len(list(tmp_path.glob("features-*.pt"))) == 4, "None and False run alike on the CPU: one file"
