@@ -235,3 +235,18 @@ def test_merge_refuses_parts_of_two_studies_and_joins_parts_of_one(tmp_path):
     d = part("d.csv", ["vit-S-e1-n50-s0"], recipe_digest="abd")
     with pytest.raises(ValueError, match=r"run vit-S-e1-n50-s0 has other recipe_digest in .*a\.csv and .*d\.csv"):
         merge_results([a, d], tmp_path / "out3.csv")
+
+
+def test_the_decoded_cache_follows_a_moved_folder(tmp_path, tiny_folder, monkeypatch):
+    """Where the folder lies does not count: the same files elsewhere (times kept) are read from the cache."""
+    import shutil
+
+    import vitviz.experiments.data as data
+
+    shutil.copytree(tiny_folder / "test", tmp_path / "a" / "test")
+    cache = tmp_path / "cache"
+    want = data.load_image_folder(tmp_path / "a" / "test", cache_dir=cache)
+    shutil.move(tmp_path / "a", tmp_path / "b")
+    monkeypatch.setattr(data, "_decode", lambda path: pytest.fail(f"decoded {path} again"))
+    got = data.load_image_folder(tmp_path / "b" / "test", cache_dir=cache)
+    assert torch.equal(got.images, want.images) and torch.equal(got.labels, want.labels)

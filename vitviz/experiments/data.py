@@ -77,8 +77,8 @@ def _decode(path: str) -> np.ndarray:
 def load_image_folder(folder: str | os.PathLike, cache_dir: str | os.PathLike | None = None) -> TensorDataset:
     """Decode every image of an ImageFolder tree into one uint8 tensor (all images must share one size).
 
-    With ``cache_dir``, the decoded tensor is stored there (keyed by the files' paths, sizes and modification times)
-    and reused next time.
+    With ``cache_dir``, the decoded tensor is stored there (keyed by the files' paths inside ``folder``, sizes and
+    modification times) and reused next time.
     """
     folder = Path(folder)
     if not folder.is_dir():
@@ -86,8 +86,10 @@ def load_image_folder(folder: str | os.PathLike, cache_dir: str | os.PathLike | 
     index = ImageFolder(str(folder))
     if not index.samples:
         raise DataNotFoundError(f"image folder {str(folder)!r} holds no images")
-    # keyed by each file's path, size and modification time: an image replaced under its name is decoded again
-    key = hashlib.sha1("\n".join(f"{p}:{file_key(p)}" for p, _ in index.samples).encode()).hexdigest()[:16]
+    # keyed by each file's path inside the folder, size and modification time: an image replaced under its name is
+    # decoded again, the same folder moved elsewhere (its files' times kept) is not
+    key = hashlib.sha1("\n".join(f"{Path(p).relative_to(folder).as_posix()}:{file_key(p)}"
+                                 for p, _ in index.samples).encode()).hexdigest()[:16]
     cache = Path(cache_dir) / f"{folder.name}-{key}.pt" if cache_dir is not None else None
     if cache is not None and cache.exists():
         blob = torch.load(cache, weights_only=True)
