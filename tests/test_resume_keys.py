@@ -175,3 +175,19 @@ def test_the_probe_cache_is_keyed_by_the_autocast_the_device_resolves(tmp_path, 
     assert got.accuracy.tolist() == want.accuracy.tolist() and len(list(tmp_path.glob("features-*.pt"))) == 4
     linear_fewshot(model, (x, y), (x, y), cache=tmp_path, autocast=False, **kw)
     assert len(list(tmp_path.glob("features-*.pt"))) == 4, "None and False run alike on the CPU: one file"
+
+
+def test_a_probe_cache_of_an_older_computation_is_computed_afresh_not_refused(tmp_path, monkeypatch):
+    """A cache is not a run to resume: files of another version of the feature computation are not found (before:
+    the same file name, refused by the checkpoint's fingerprint)."""
+    from vitviz.analysis.representations import linear_fewshot
+    from vitviz.core.features import FeatureReduction
+
+    model = tiny_timm_vit(num_classes=5)
+    y = torch.arange(5).repeat_interleave(2)
+    x = images(len(y)) + y[:, None, None, None]
+    kw = {"shots": (1,), "seeds": (0,), "name": "m"}
+    want = linear_fewshot(model, (x, y), (x, y), cache=tmp_path, **kw)
+    monkeypatch.setattr(FeatureReduction, "version", FeatureReduction.version + 1)
+    got = linear_fewshot(model, (x, y), (x, y), cache=tmp_path, **kw)
+    assert got.accuracy.tolist() == want.accuracy.tolist() and len(list(tmp_path.glob("features-*.pt"))) == 4

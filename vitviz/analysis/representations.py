@@ -32,7 +32,14 @@ from torch.utils.data import DataLoader, Dataset, Subset
 
 from vitviz.analysis.intervals import t_interval
 from vitviz.analysis.probes import fewshot_draws, knn_accuracy, linear_fewshot_accuracy
-from vitviz.core.features import PRE_LOGITS, Features, as_dataset_source, extract_features, resolve_blocks
+from vitviz.core.features import (
+    PRE_LOGITS,
+    FeatureReduction,
+    Features,
+    as_dataset_source,
+    extract_features,
+    resolve_blocks,
+)
 from vitviz.core.util import is_int, is_number
 from vitviz.errors import InputError
 
@@ -106,7 +113,10 @@ def _extract(model: nn.Module, src: Any, keep: np.ndarray | None, layers: Any, p
         # cached on a GPU are not the CPU's, and autocast=None and False on the CPU share one file
         param = next(model.parameters(), None)
         amp = autocast_dtype(kw.get("autocast"), param.device if param is not None else "cpu")
+        # ... and by the version of the computation: a file of an older one is not found (computed afresh), as a
+        # cache should, rather than refused by reduce_dataset's fingerprint
         what = [tag, keep.tolist() if keep is not None else "all", layers, pre_logits, str(amp),
+                f"v{FeatureReduction.version}",
                 model_digest(model), readout_digest(model), source_digest(src, f"cache={str(cache)!r}")]
         key = hashlib.sha1(repr(what).encode()).hexdigest()[:16]
         checkpoint = Path(cache) / f"features-{tag}-{key}.pt"
