@@ -8,6 +8,7 @@ import torch
 
 import vitviz.experiments.study as study
 from vitviz.experiments.study import StudyConfig, plan, run_study
+from vitviz.experiments.study_rows import SETTINGS
 
 
 class Stop(Exception):
@@ -126,3 +127,126 @@ def test_the_decoded_cache_is_not_reused_for_an_image_replaced_under_its_name(tm
     assert torch.equal(after.images, load_image_folder(folder / "test").images)
     assert not torch.equal(after.images, before.images)
 
+
+
+def test_the_pack_cache_sees_an_edit_anywhere_in_the_pack(tmp_path):
+    """The decoded cache of a pack is keyed by every byte: a byte changed between the ones a sample would read, or a
+    label changed, decodes again instead of serving the stale tensors."""
+    import numpy as np
+    from PIL import Image
+
+    from vitviz.experiments.data import load_pack, pack_image_folder
+
+    rng = np.random.default_rng(0)
+    for c in range(2):  # 120 noise JPEGs of 64 x 64: over 128 kB, so a sample of 65,536 bytes skips bytes
+        for i in range(60):
+            folder = tmp_path / "data" / "train" / f"class{c}"
+            folder.mkdir(parents=True, exist_ok=True)
+            Image.fromarray(rng.integers(0, 256, (64, 64, 3), dtype=np.uint8)).save(folder / f"{i:04d}.jpg")
+    path = pack_image_folder(tmp_path / "data", tmp_path / "pack.npz", splits=("train",))
+    cache = tmp_path / "cache"
+    before = load_pack(path, "train", cache_dir=cache)
+    with np.load(path) as pack:
+        arrays = {k: pack[k] for k in pack.files}
+    data, offsets = arrays["train_data"].copy(), arrays["train_offsets"]
+    stride = max(1, len(data) // 65536)
+    assert stride > 1, "the pack must be large enough for a sample to skip bytes"
+    start, end = int(offsets[7]), int(offsets[8])
+    at = next(i for i in range((start + end) // 2, end) if i % stride)  # a byte a strided sample never reads
+    data[at] ^= 0xFF
+    labels = arrays["train_labels"].copy()
+    labels[0] = 9
+    np.savez(path, **{**arrays, "train_data": data, "train_labels": labels})
+    fresh = load_pack(path, "train")
+    assert not torch.equal(fresh.images, before.images) and fresh.labels[0] == 9
+    cached = load_pack(path, "train", cache_dir=cache)
+    assert torch.equal(cached.images, fresh.images) and torch.equal(cached.labels, fresh.labels)
+
+
+def _one_run(tmp_path, data, **kw):
+    """A one-run sweep (vit, S, 1 epoch, seed 0) writing ``tmp_path/results.csv``."""
+    args = dict(data=str(data), out=str(tmp_path / "runs"), results=str(tmp_path / "results.csv"),
+                families=("vit",), train_subset=50, test_subset=20)
+    return StudyConfig.smoke(**{**args, **kw})
+
+
+def test_a_rerun_with_other_settings_or_data_is_refused_not_handed_the_old_row(tmp_path, tiny_folder, monkeypatch):
+    import shutil
+
+    cfg = _one_run(tmp_path, tiny_folder)
+    first = run_study(cfg, progress=False)
+    assert first.loc[0, "test_subset"] == 20 and first.loc[0, "batch_size"] == 50
+    assert {"recipe_digest", "train_data", "test_data"} <= set(first.columns)
+    calls = []
+    monkeypatch.setattr(study, "train", lambda tc, **kw: calls.append(tc) or pytest.fail("nothing to train"))
+    for change, column in (({"test_subset": 30}, "test_subset"), ({"batch_size": 25}, "batch_size")):
+        with pytest.raises(ValueError, match=rf"row vit-S-e1-n50-s0 was computed with other .*{column}: row .*"
+                                             r"another results file and run folder \(--results, --out\)"):
+            run_study(_one_run(tmp_path, tiny_folder, **change), progress=False)
+    other = tmp_path / "other"
+    shutil.copytree(tiny_folder, other)
+    shutil.copyfile(other / "train" / "class1" / "0000.jpg", other / "train" / "class0" / "0003.jpg")
+    with pytest.raises(ValueError, match=r"vit-S-e1-n50-s0 .*\(train_data: row '[0-9a-f]+', now '[0-9a-f]+'\)"):
+        run_study(_one_run(tmp_path, other), progress=False)
+    # a row not in the plan (another seed) still shares the study-wide settings: its test set differs
+    shutil.copyfile(other / "train" / "class0" / "0003.jpg", other / "test" / "class0" / "0000.jpg")
+    with pytest.raises(ValueError, match=r"vit-S-e1-n50-s0 .*test_data: row"):
+        run_study(_one_run(tmp_path, other, seeds=(1,)), progress=False)
+    # the same images in another folder (another machine): the row is this study's, nothing is trained again
+    moved = tmp_path / "moved"
+    shutil.copytree(tiny_folder, moved)
+    assert run_study(_one_run(tmp_path, moved, out=str(tmp_path / "elsewhere")), progress=False).equals(
+        study.read_results(cfg.results)) and not calls
+
+
+def test_rows_without_settings_are_checked_by_their_image_counts(tmp_path, tiny_folder, monkeypatch):
+    """Rows written before vitviz recorded their settings: a test subset shows in test_images (refused); the rest
+    cannot be checked (a warning naming the file)."""
+    cfg = _one_run(tmp_path, tiny_folder)
+    run_study(cfg, progress=False)
+    old = study.read_results(cfg.results).drop(columns=list(SETTINGS))
+    old.to_csv(cfg.results, index=False)
+    monkeypatch.setattr(study, "train", lambda tc, **kw: pytest.fail("nothing to train"))
+    with pytest.warns(UserWarning, match=r"results\.csv: 1 rows were written before vitviz recorded"):
+        run_study(cfg, progress=False)
+    with pytest.raises(ValueError, match=r"test_images: row 20, now 30"):
+        run_study(_one_run(tmp_path, tiny_folder, test_subset=30), progress=False)
+
+
+def test_merge_refuses_parts_of_two_studies_and_joins_parts_of_one(tmp_path):
+    from vitviz.experiments.study import merge_results
+
+    def part(name, run_ids, **settings):
+        rows = [{"run_id": i, "family": "Transformer (ViT)", "size": "S", "epochs": 1, "train_images": 50,
+                 "seed": int(i[-1]), "test_acc": 10.0, "batch_size": 50, "test_subset": None,
+                 "recipe_digest": "abc", "train_data": "0123456789012345", "test_data": "1e45", **settings}
+                for i in run_ids]
+        pd.DataFrame(rows).to_csv(tmp_path / name, index=False)
+        return tmp_path / name
+
+    a = part("a.csv", ["vit-S-e1-n50-s0"])
+    b = part("b.csv", ["vit-S-e1-n50-s1"])  # another machine, the same study
+    table = merge_results([a, b], tmp_path / "out.csv")
+    assert list(table.run_id) == ["vit-S-e1-n50-s0", "vit-S-e1-n50-s1"]
+    assert list(study.read_results(tmp_path / "out.csv").test_data) == ["1e45", "1e45"], "digests stay strings"
+    c = part("c.csv", ["vit-S-e1-n50-s2"], test_subset=20)
+    with pytest.raises(ValueError, match=r"other test_subset: .*20.* in .*c\.csv"):
+        merge_results([a, c], tmp_path / "out2.csv")
+    d = part("d.csv", ["vit-S-e1-n50-s0"], recipe_digest="abd")
+    with pytest.raises(ValueError, match=r"run vit-S-e1-n50-s0 has other recipe_digest in .*a\.csv and .*d\.csv"):
+        merge_results([a, d], tmp_path / "out3.csv")
+
+
+def test_the_decoded_cache_follows_a_moved_folder(tmp_path, tiny_folder, monkeypatch):
+    """Where the folder lies does not count: the same files elsewhere (times kept) are read from the cache."""
+    import shutil
+
+    import vitviz.experiments.data as data
+
+    shutil.copytree(tiny_folder / "test", tmp_path / "a" / "test")
+    cache = tmp_path / "cache"
+    want = data.load_image_folder(tmp_path / "a" / "test", cache_dir=cache)
+    shutil.move(tmp_path / "a", tmp_path / "b")
+    monkeypatch.setattr(data, "_decode", lambda path: pytest.fail(f"decoded {path} again"))
+    got = data.load_image_folder(tmp_path / "b" / "test", cache_dir=cache)
+    assert torch.equal(got.images, want.images) and torch.equal(got.labels, want.labels)

@@ -224,3 +224,75 @@ def test_a_run_killed_between_its_last_checkpoint_and_its_metrics_gets_them_on_r
     history = json.loads((cfg.run_dir / "metrics.json").read_text())
     assert [r["epoch"] for r in history] == [1] and history[0]["test_acc"] == summary["test_acc"]
     assert (cfg.run_dir / "metrics.csv").read_text().splitlines()[1].startswith("1,")
+
+
+def _copy_with_one_image_changed(src, dst, split="train"):
+    """A copy of the ImageFolder tree ``src`` at ``dst``, one ``split`` image replaced by another class's image."""
+    import shutil
+
+    shutil.copytree(src, dst)
+    shutil.copyfile(dst / split / "class1" / "0000.jpg", dst / split / "class0" / "0003.jpg")
+    return dst
+
+
+def test_resume_refuses_another_dataset_and_follows_a_moved_one(tmp_path, tiny_folder):
+    """The dataset's path does not count (it moves between machines); what the run trains and tests on does."""
+    import shutil
+
+    train(config(tmp_path / "runs", tiny_folder, epochs=1), progress=False)
+    state = torch.load(tmp_path / "runs" / "cifar10-vit" / "last.pt", weights_only=True)
+    assert set(state["data_fingerprint"]) == {"train", "test"} and state["data_checked_from"] == 0
+    for split in ("train", "test"):
+        other = _copy_with_one_image_changed(tiny_folder, tmp_path / f"other-{split}", split)
+        with pytest.raises(ValueError, match=rf"its {split} split differs .*images: saved .*another folder \(--out\)"):
+            train(config(tmp_path / "runs", other, epochs=1), resume=True, progress=False)
+    relabelled = tmp_path / "relabelled"
+    shutil.copytree(tiny_folder, relabelled)
+    (relabelled / "train" / "class9").rename(relabelled / "train" / "classZ")
+    with pytest.raises(ValueError, match="its train split differs .*classes: saved"):
+        train(config(tmp_path / "runs", relabelled, epochs=1), resume=True, progress=False)
+    moved = tmp_path / "moved"
+    shutil.copytree(tiny_folder, moved)  # the same images elsewhere: a resume continues
+    summary = train(config(tmp_path / "runs", moved, epochs=1), resume=True, progress=False)
+    assert summary["data_fingerprint"] == state["data_fingerprint"]
+    # the subsets select what is trained on: another subset is another run
+    with pytest.raises(ValueError, match="config differs.*test_subset"):
+        train(config(tmp_path / "runs", moved, epochs=1, test_subset=50), resume=True, progress=False)
+
+
+def test_a_state_without_a_data_fingerprint_resumes_with_a_warning_that_stays(tmp_path, tiny_folder):
+    """A ``last.pt`` written before the data were fingerprinted is resumed, with a warning naming it, also later."""
+    cfg = config(tmp_path, tiny_folder, epochs=2, warmup_epochs=1.0)
+
+    def stop(epoch, step):
+        if epoch == 1:
+            raise Interrupted
+
+    with pytest.raises(Interrupted):
+        train(cfg, on_step=stop, progress=False)
+    path = cfg.run_dir / "last.pt"
+    state = torch.load(path, weights_only=True)
+    del state["data_fingerprint"], state["data_checked_from"]
+    torch.save(state, path)
+    with pytest.warns(UserWarning, match=r"last\.pt was written before vitviz recorded the data.*could not be checked"):
+        train(cfg, resume=True, progress=False)
+    after = torch.load(path, weights_only=True)
+    assert after["epoch"] == 2 and after["data_checked_from"] == 1
+    with pytest.warns(UserWarning, match=r"last\.pt: its first 1 epochs were trained before vitviz recorded"):
+        train(cfg, resume=True, progress=False)
+
+
+def test_export_refuses_a_state_trained_otherwise_than_its_card_would_say(tmp_path, tiny_folder):
+    """The card is written from ``cfg`` and its data: a ``last.pt`` of another recipe or dataset is not exported."""
+    from vitviz.experiments.export import export_reference
+
+    train(config(tmp_path, tiny_folder, epochs=1, model_kwargs={"depth": 1}), progress=False)
+    other = _copy_with_one_image_changed(tiny_folder, tmp_path / "other")
+    with pytest.raises(ValueError, match="its train split differs"):
+        export_reference(config(tmp_path, other, epochs=1, model_kwargs={"depth": 1}), tmp_path / "export")
+    with pytest.raises(ValueError, match="config differs.*lr"):
+        export_reference(config(tmp_path, tiny_folder, epochs=1, lr=5e-3, model_kwargs={"depth": 1}),
+                         tmp_path / "export")
+    assert not (tmp_path / "export").exists()
+    card = export_reference(config(tmp_path, tiny_folder, epochs=1, model_kwargs={"depth": 1}), tmp_path / "export")
+    assert card["recipe"]["lr"] == 1e-3

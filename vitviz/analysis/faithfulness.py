@@ -59,6 +59,7 @@ from vitviz.analysis.explain import GRADIENT_METHODS, METHODS, explain, per_meth
 from vitviz.analysis.faithfulness_resume import (
     COLUMNS,
     fingerprint,
+    ids_key,
     image_digests,
     image_id_of,
     restore_ids,
@@ -302,7 +303,7 @@ def faithfulness(
     amp = autocast_dtype(autocast, device, default=None)
     fp = None if out is None else fingerprint(
         model, images, dataset, table, modes, steps, how, fill_t if how == "mean" else None, seed, target,
-        target_all, labels, labels_all, options, amp, out)
+        target_all, labels, labels_all, options, amp, out, ids_key(image_ids, image_offset))
     pixels = image_digests(images, image_id, total) if out is not None and not dataset else None
     prev = resume(out, fp, restore_ids(image_ids, image_id, total), pixels)
     done = set() if prev is None else set(prev["image"])

@@ -11,7 +11,9 @@ is refused with a ``CheckpointError`` that names the differing keys, rather than
 digested image by image instead (``image_digests``: each image's values, or a path's size and modification time), so
 a rerun may pass more images than the run it continues (a data set processed in chunks), but an id whose rows ``out``
 holds must still name the same pixels: a rerun that gives such an id other pixels is refused, never answered from the
-old rows.
+old rows; a rerun that gives pixels ``out`` holds under a new id is warned that they count twice. A data set's images
+are numbered by ``image_offset`` or ``image_ids``, which its fingerprint holds (``ids_key``): the same data set
+numbered otherwise is refused.
 
 Image ids and method names are read back as the strings they were written as and mapped to the ids of the current
 run, so an id ``"001"`` stays ``"001"`` (not the number 1) and a resumed run returns the same frame as an
@@ -22,6 +24,7 @@ from __future__ import annotations
 
 import json
 import os
+import warnings
 from collections.abc import Callable, Hashable, Mapping, Sequence
 from pathlib import Path
 from typing import Any
@@ -93,9 +96,12 @@ def _option(value: Any) -> str:
 def fingerprint(model: nn.Module, images: Any, dataset: bool, table: Mapping[str, Any], modes: Sequence[str],
                 steps: float, how: str, fill: torch.Tensor | None, seed: int, target: Any,
                 target_all: torch.Tensor | None, labels: Any, labels_all: torch.Tensor | None,
-                options: Mapping[str, Any], amp: torch.dtype | None, out: Any = None) -> dict[str, Any]:
+                options: Mapping[str, Any], amp: torch.dtype | None, out: Any = None,
+                ids: Any = None) -> dict[str, Any]:
     """Everything the rows of a ``faithfulness`` run depend on, as a JSON-ready dict (see the module docstring);
-    ``out`` is named in the error of a data set that cannot be resumed (``source_digest``)."""
+    ``out`` is named in the error of a data set that cannot be resumed (``source_digest``). ``ids`` says which id
+    each image of a data set gets (``ids_key``): the same data set numbered otherwise would score every image again
+    under new ids, each image counted twice in the table."""
     fp = {"format": 1, "columns": COLUMNS, "methods": {k: _method(v) for k, v in table.items()},
           "modes": sorted(modes), "steps": float(steps), "removal": how,
           "fill": None if fill is None else [float(v) for v in fill.reshape(-1)], "seed": int(seed),
@@ -104,7 +110,18 @@ def fingerprint(model: nn.Module, images: Any, dataset: bool, table: Mapping[str
           "autocast": None if amp is None else str(amp), "model": model_digest(model),
           "readout": readout_digest(model),
           "images": source_digest(images, f"out={str(out)!r}") if dataset else None}
+    if dataset:  # (tensor inputs are known id by id, by their pixels)
+        fp["image_ids"] = ids
     return json.loads(json.dumps(fp))  # tuples become lists, as they come back from the file
+
+
+def ids_key(image_ids: Sequence[Hashable] | None, image_offset: int) -> int | str:
+    """How a data set's images are numbered, for the fingerprint: the offset, or a digest of the ids as text."""
+    if image_ids is None:
+        return int(image_offset)
+    import hashlib
+
+    return "ids:" + hashlib.sha1(json.dumps([str(i) for i in image_ids]).encode()).hexdigest()[:16]
 
 
 def image_digests(images: Any, image_id: Callable[[int], Hashable], total: int | None) -> dict[str, str]:
@@ -175,6 +192,14 @@ def resume(out: str | os.PathLike | None, fp: dict[str, Any] | None,
         raise CheckpointError(f"out={str(out)!r} holds rows for image id(s) {other[:5]} computed on other pixels than "
                               "the images given now with those ids (another batch numbered from the same ids?); "
                               "give the new images ids of their own (image_offset= or image_ids=), or " + advice)
+    written = {str(i) for i in prev["image"]}
+    known = {saved_pixels[i]: i for i in written if i in saved_pixels}
+    twice = sorted((i, known[d]) for i, d in pixels.items() if i not in saved_pixels and d in known)
+    if twice:
+        warnings.warn(f"out={str(out)!r} holds rows for the same pixels as image id(s) "
+                      f"{', '.join(f'{new!r} (as {old!r})' for new, old in twice[:5])}: those images are scored again "
+                      "under a new id and count twice in the table; give them the ids they have there, or leave "
+                      "them out", stacklevel=3)
     if pixels and any(saved_pixels.get(k) != v for k, v in pixels.items()):
         atomic_write_json(sidecar(out), {**fp, "pixels": {**saved_pixels, **pixels}})
     prev["image"] = [restore(s) for s in prev["image"]]

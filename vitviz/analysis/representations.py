@@ -32,7 +32,14 @@ from torch.utils.data import DataLoader, Dataset, Subset
 
 from vitviz.analysis.intervals import t_interval
 from vitviz.analysis.probes import fewshot_draws, knn_accuracy, linear_fewshot_accuracy
-from vitviz.core.features import PRE_LOGITS, Features, as_dataset_source, extract_features, resolve_blocks
+from vitviz.core.features import (
+    PRE_LOGITS,
+    FeatureReduction,
+    Features,
+    as_dataset_source,
+    extract_features,
+    resolve_blocks,
+)
 from vitviz.core.util import is_int, is_number
 from vitviz.errors import InputError
 
@@ -98,10 +105,18 @@ def _extract(model: nn.Module, src: Any, keep: np.ndarray | None, layers: Any, p
         src = Subset(src, keep.tolist())
     checkpoint = None
     if cache is not None:
+        from vitviz.core.datasets import autocast_dtype
         from vitviz.core.digest import model_digest, readout_digest, source_digest
 
-        # one file per model weights and readout, images, layers and autocast: a cache folder serves many models
-        what = [tag, keep.tolist() if keep is not None else "all", layers, pre_logits, str(kw.get("autocast")),
+        # one file per model weights and readout, images, layers and autocast: a cache folder serves many models.
+        # Autocast as it resolves on the model's device (None is bfloat16 on CUDA, nothing on the CPU): features
+        # cached on a GPU are not the CPU's, and autocast=None and False on the CPU share one file
+        param = next(model.parameters(), None)
+        amp = autocast_dtype(kw.get("autocast"), param.device if param is not None else "cpu")
+        # ... and by the version of the computation: a file of an older one is not found (computed afresh), as a
+        # cache should, rather than refused by reduce_dataset's fingerprint
+        what = [tag, keep.tolist() if keep is not None else "all", layers, pre_logits, str(amp),
+                f"v{FeatureReduction.version}",
                 model_digest(model), readout_digest(model), source_digest(src, f"cache={str(cache)!r}")]
         key = hashlib.sha1(repr(what).encode()).hexdigest()[:16]
         checkpoint = Path(cache) / f"features-{tag}-{key}.pt"

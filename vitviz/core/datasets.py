@@ -86,6 +86,11 @@ class RunningReduction:
     """
 
     name = "reduction"
+    version = 1
+    """The version of vitviz's computation of this reduction, in every checkpoint's fingerprint: raised when a fix
+    changes the numbers, so that a checkpoint of the old computation is refused rather than summed with the new.
+    (Checkpoints written before it was recorded have none and are refused: some predate running the model in eval
+    mode, whose dropout and BatchNorm changed the sums.)"""
 
     def __init__(self) -> None:
         self.sums: dict[str, torch.Tensor] = {}
@@ -134,10 +139,13 @@ def _checkpoint_path(path: str | os.PathLike, rank: int, world: int) -> Path:
 
 def _fingerprint(reduction: RunningReduction, model: nn.Module, source: Any, n: int | None, amp: torch.dtype | None,
                  rank: int, world: int, path: Path) -> dict:
-    """What a checkpoint's sums depend on: the reduction's settings, the model's weights, the images and autocast."""
-    from vitviz.core.digest import model_digest, source_digest
+    """What a checkpoint's sums depend on: the reduction's settings and version, the model's weights and its settings
+    besides them (``readout_digest``: a norm's ``eps``, pooling, prefix tokens), the images and autocast; not the
+    batch size, workers, progress bar or where the folder lies."""
+    from vitviz.core.digest import model_digest, readout_digest, source_digest
 
-    return {**reduction.fingerprint(), "model": type(model).__name__, "weights": model_digest(model),
+    return {**reduction.fingerprint(), "version": reduction.version, "model": type(model).__name__,
+            "weights": model_digest(model), "readout": readout_digest(model),
             "dataset_images": n, "data": source_digest(source, f"checkpoint={str(path)!r}"),
             "autocast": str(amp) if amp else None,
             "rank": rank, "world_size": world}
@@ -163,7 +171,8 @@ def _load(path: Path, fingerprint: dict) -> dict | None:
 
 _MEANING = {"weights": "the model's parameters and buffers", "data": "the images read",
             "dataset_images": "the number of images", "autocast": "the autocast dtype", "model": "the model class",
-            "readout": "the model's settings besides its weights: pooling, prefix tokens, config"}
+            "readout": "the model's settings besides its weights: pooling, prefix tokens, norms, config",
+            "version": "vitviz's computation of the reduction, raised when a fix changed its numbers"}
 
 
 def _loader(source: Any, model: nn.Module, batch_size: int, num_workers: int, pin: bool, rank: int, world: int,

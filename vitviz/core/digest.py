@@ -5,11 +5,13 @@ only continue from a file written by the same run. The class name and the number
 run: a fine-tuned copy of a model, or another test set of the same size, would be merged in silently. These digests
 do: ``model_digest`` hashes every parameter and buffer (names, dtypes, shapes and bytes), ``readout_digest`` a
 model's settings besides its tensors (each module's class and plain public attributes, a Hugging Face ``config``;
-``extract_features`` and the probes' ``cache=`` add it: another pooling keeps every tensor), ``source_digest`` hashes
-what a source yields without loading an image where the source says what it holds (a folder's files with their
-sizes and modification times, a ``TensorDataset``'s tensors, a torchvision dataset's arrays and ``target_transform``,
-a ``Subset``'s indices, a ``DataLoader``'s dataset and sampler and, for a sampler of fixed order, the positions it
-reads: a ``DistributedSampler``'s rank and world size and a ``drop_last`` loader's dropped tail count, the batch size
+every ``reduce_dataset`` checkpoint, the probes' ``cache=`` and ``faithfulness(out=)`` add it: another pooling or a
+norm's ``eps`` keeps every tensor), ``source_digest`` hashes what a source yields without loading an image where the
+source says what it holds (a folder's files with their sizes and modification times, named relative to the folder,
+so that a folder moved elsewhere with its files' times kept is the same source; a ``TensorDataset``'s tensors, a
+torchvision dataset's arrays and ``target_transform``, a ``Subset``'s indices, a ``DataLoader``'s dataset, its
+``collate_fn`` (when not the default) and sampler and, for a sampler of fixed order, the positions it reads: a
+``DistributedSampler``'s rank and world size and a ``drop_last`` loader's dropped tail count, the batch size
 otherwise does not). A map-style ``Dataset`` of another kind is identified by its class, its length, its
 ``transform`` (and ``target_transform``) and the values of three of its items (the first, the middle and the last:
 image tensors and labels; another data set differs there, an edit of one image among the others does not). They
@@ -352,15 +354,25 @@ def _loader_order(loader: Any, sampler: Any) -> list[int] | None:
     return [int(i) for batch in batch_sampler for i in batch]
 
 
+def _relative(path: Path, root: Path | None) -> str:
+    """``path`` relative to ``root`` where it lies under it (POSIX separators), else as given."""
+    if root is not None:
+        try:
+            return path.relative_to(root).as_posix()
+        except ValueError:
+            pass
+    return str(path)
+
+
 def _feed_source(h: Any, src: Any, resumed_by: str, depth: int = 0) -> None:
-    from torch.utils.data import DataLoader, Dataset, IterableDataset, Subset, TensorDataset
+    from torch.utils.data import DataLoader, Dataset, IterableDataset, Subset, TensorDataset, default_collate
 
     if depth > 8:  # a wrapper of a wrapper of ...: its class is all we say
         h.update(type(src).__qualname__.encode())
         return
-    if isinstance(src, (str, os.PathLike)):
+    if isinstance(src, (str, os.PathLike)):  # by its files relative to it: a folder moved elsewhere is the same
         root = Path(src)
-        h.update(f"folder:{root.resolve()}".encode())
+        h.update(b"folder:")
         for p in sorted(q for q in root.rglob("*") if q.is_file()):
             h.update(f"{p.relative_to(root)}:{file_key(p)}".encode())
         return
@@ -373,6 +385,10 @@ def _feed_source(h: Any, src: Any, resumed_by: str, depth: int = 0) -> None:
         order = _loader_order(src, sampler)
         if order is not None:  # which items it reads: a DistributedSampler's rank, a drop_last's dropped tail
             h.update(f"order:{len(order)}".encode() + np.asarray(order, dtype=np.int64).tobytes())
+        collate = getattr(src, "collate_fn", None)  # a collate_fn may change the images (normalise, resize)
+        if collate is not None and collate is not default_collate:
+            h.update(b"collate_fn:")
+            _feed_callable(h, collate, 0)
         _feed_source(h, src.dataset, resumed_by, depth + 1)
         return
     if isinstance(src, Subset):
@@ -386,10 +402,12 @@ def _feed_source(h: Any, src: Any, resumed_by: str, depth: int = 0) -> None:
     files = getattr(src, "files", None) or getattr(src, "samples", None)
     root = getattr(src, "root", None)
     known = isinstance(files, (list, tuple)) and bool(files)  # what the dataset holds, read without an image
-    if known:  # vitviz's and torchvision's image folders
+    if known:  # vitviz's and torchvision's image folders: each file relative to the root (a moved folder is the same)
+        base = Path(root) if isinstance(root, (str, os.PathLike)) else None
         for item in files:
             p = Path(item[0] if isinstance(item, (tuple, list)) else item)
-            h.update(f"{p}:{file_key(p)}:{item}".encode())
+            rest = list(item[1:]) if isinstance(item, (tuple, list)) else []  # the label of (path, label)
+            h.update(f"{_relative(p, base)}:{file_key(p)}:{rest}".encode())
     elif root is not None:
         h.update(f"root:{root}".encode())
     for attr in ("data", "targets", "labels"):  # torchvision's in-memory datasets (CIFAR, MNIST)

@@ -98,11 +98,9 @@ class FeatureReduction(RunningReduction):
                      "filled": torch.zeros(num_images, dtype=torch.long)}
 
     def fingerprint(self) -> dict[str, Any]:
-        from vitviz.core.digest import readout_digest
-
-        # the weights are in reduce_dataset's fingerprint; the readout (pooling, prefix tokens) is not in them
+        # the weights and the readout (pooling, prefix tokens) are in reduce_dataset's fingerprint
         return {"reduction": self.name, "blocks": list(self.blocks), "pre_logits": self.want_pre_logits,
-                "images": self.num_images, "readout": readout_digest(self.model)}
+                "images": self.num_images}
 
     def _put(self, key: str, rows: torch.Tensor, values: torch.Tensor) -> None:
         values = values.detach().float().cpu()

@@ -33,6 +33,7 @@ import torch
 from vitviz.core.io import atomic_save, atomic_write_json, atomic_write_text
 from vitviz.core.resources import shipped_csv
 from vitviz.experiments.config import TrainConfig
+from vitviz.experiments.data import run_fingerprint
 from vitviz.experiments.train import train
 from vitviz.zoo.weights import versions
 
@@ -81,8 +82,32 @@ def train_config(cfg: ClsGapConfig, head: str, lr: float, seed: int) -> TrainCon
     )
 
 
-def collect(cfg: ClsGapConfig) -> pd.DataFrame:
-    """One row per (run, finished epoch), read from every run folder's ``metrics.json``."""
+def check_run_folder(tc: TrainConfig, fingerprint: dict[str, Any] | None) -> bool:
+    """Whether ``tc.run_dir`` holds a run of this sweep (``last.pt`` present); ``InputError`` when it holds a run
+    trained otherwise (``check_training_state``: another recipe, subset or dataset) or for another number of epochs,
+    whose metrics or kept epochs would be labelled with this sweep's settings. ``fingerprint``: the data's
+    (``run_fingerprint``), shared by every run of the sweep."""
+    from vitviz.errors import InputError
+    from vitviz.experiments.config import check_training_state
+    from vitviz.zoo.weights import load_training_state
+
+    last = tc.run_dir / "last.pt"
+    if not last.exists():
+        return False
+    state = load_training_state(last)
+    check_training_state(state, tc, fingerprint if fingerprint is not None else run_fingerprint(tc), last)
+    if state["config"]["epochs"] != tc.epochs:
+        raise InputError(f"{last} holds a {state['config']['epochs']}-epoch run, this sweep trains {tc.epochs} "
+                         "epochs: resume it with its own --epochs, or write this sweep to another folder (--out)")
+    return True
+
+
+def collect(cfg: ClsGapConfig, fingerprint: dict[str, Any] | None = None) -> pd.DataFrame:
+    """One row per (run, finished epoch), read from every run folder's ``metrics.json``; a run folder trained
+    otherwise than ``cfg`` says is refused (``check_run_folder``), never labelled with ``cfg``'s settings.
+
+    ``fingerprint``: the data's (``run_fingerprint``), computed here when not given.
+    """
     import json
 
     rows = []
@@ -93,6 +118,13 @@ def collect(cfg: ClsGapConfig) -> pd.DataFrame:
                 metrics = tc.run_dir / "metrics.json"
                 if not metrics.exists():
                     continue
+                if fingerprint is None:
+                    fingerprint = run_fingerprint(tc)
+                if not check_run_folder(tc, fingerprint):
+                    from vitviz.errors import InputError
+
+                    raise InputError(f"{metrics} has no last.pt beside it, so the run it measures cannot be "
+                                     "checked against this sweep's settings; train it again (delete the folder)")
                 for row in json.loads(metrics.read_text()):
                     row = dict(row)
                     row["lr_end"] = row.pop("lr")  # the schedule's rate at the end of the epoch
@@ -102,9 +134,9 @@ def collect(cfg: ClsGapConfig) -> pd.DataFrame:
     return pd.DataFrame(rows)
 
 
-def write_results(cfg: ClsGapConfig) -> pd.DataFrame:
-    """Rewrite the results CSV (atomically) and its settings JSON from the run folders."""
-    table = collect(cfg)
+def write_results(cfg: ClsGapConfig, fingerprint: dict[str, Any] | None = None) -> pd.DataFrame:
+    """Rewrite the results CSV (atomically) and its settings JSON from the run folders (``collect``)."""
+    table = collect(cfg, fingerprint)
     buf = io.StringIO()
     table.to_csv(buf, index=False)
     atomic_write_text(cfg.results, buf.getvalue())
@@ -116,6 +148,7 @@ def write_results(cfg: ClsGapConfig) -> pd.DataFrame:
 
 def run_sweep(cfg: ClsGapConfig, *, progress: bool = False) -> pd.DataFrame:
     """Train every run in turn (resuming any started one); return the results table."""
+    fingerprint = run_fingerprint(train_config(cfg, cfg.heads[0], cfg.lrs[0], cfg.seeds[0]))  # shared by all runs
     for head in cfg.heads:
         for lr in cfg.lrs:
             for seed in cfg.seeds:
@@ -126,12 +159,12 @@ def run_sweep(cfg: ClsGapConfig, *, progress: bool = False) -> pd.DataFrame:
                 def keep(epoch: int, model: torch.nn.Module, row: dict[str, Any], d: Path = epochs_dir) -> None:
                     atomic_save({k: v.detach().cpu() for k, v in model.state_dict().items()},
                                 d / f"epoch_{epoch:03d}.pt")
-                    write_results(cfg)
+                    write_results(cfg, fingerprint)
 
                 print(f"[cls_vs_gap] {run_id(head, lr, seed)}: {tc}", flush=True)
                 summary = train(tc, resume=True, on_epoch=keep, progress=progress)
                 print(f"[cls_vs_gap] done {run_id(head, lr, seed)}: {summary}", flush=True)
-    return write_results(cfg)
+    return write_results(cfg, fingerprint)
 
 
 def _recover_last_epoch(run_dir: Path, epochs_dir: Path) -> None:
@@ -164,11 +197,19 @@ def fewshot_by_epoch(cfg: ClsGapConfig, *, shots: int = 5, seeds: tuple[int, ...
     from vitviz.zoo.samples import resolve_data_root
 
     root = resolve_data_root(cfg.data)
+    fingerprint = None  # the sweep's data, computed for the first run folder that has a last.pt
     frames = []
     for head in cfg.heads:
         for lr in cfg.lrs:
             for seed in cfg.seeds:
                 tc = train_config(cfg, head, lr, seed)
+                if fingerprint is None and (tc.run_dir / "last.pt").exists():
+                    fingerprint = run_fingerprint(tc)
+                if not check_run_folder(tc, fingerprint) and any((tc.run_dir / "epochs").glob("epoch_*.pt")):
+                    import warnings
+
+                    warnings.warn(f"{tc.run_dir} keeps epoch weights but no last.pt: whether they were trained as "
+                                  f"{run_id(head, lr, seed)} of this sweep could not be checked", stacklevel=2)
                 model = build_reference("cifar10-vit", **HEADS[head]).eval()
                 test = per_class_subset(model, root / "test", test_per_class)
                 for path in sorted((tc.run_dir / "epochs").glob("epoch_*.pt")):

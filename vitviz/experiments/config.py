@@ -7,9 +7,13 @@ import torch only when they run.
 from __future__ import annotations
 
 import argparse
-from dataclasses import dataclass, field
+import os
+import warnings
+from dataclasses import asdict, dataclass, field
 from pathlib import Path
 from typing import Any
+
+from vitviz.errors import InputError
 
 
 @dataclass
@@ -39,6 +43,58 @@ class TrainConfig:
     @property
     def run_dir(self) -> Path:
         return Path(self.out) / self.model
+
+
+RUNTIME_KEYS = ("epochs", "out", "data", "device", "threads", "cache", "compile")
+"""``TrainConfig`` fields a resume may change: where things are and how fast they run, not what is computed (the
+number of epochs is checked against the schedule apart, the data by its fingerprint)."""
+
+
+def check_training_state(state: dict[str, Any], cfg: TrainConfig, fingerprint: dict[str, Any],
+                         path: str | os.PathLike) -> int:
+    """Refuse to continue (or export) the training state ``state`` (read from ``path``) as the run ``cfg`` on the data
+    ``fingerprint`` (``{"train": ..., "test": ...}``, ``vitviz.experiments.data.split_fingerprint``) when it was
+    trained otherwise.
+
+    Every ``TrainConfig`` field but ``RUNTIME_KEYS`` must be equal (the subsets, batch size and recipe included), and
+    each split's images, labels, class names and count equal to those the state was trained and tested on; the
+    dataset's path does not count (folders move between machines). ``InputError`` otherwise, naming the field or the
+    split and what differs.
+
+    A state written before vitviz fingerprinted the data holds none: it is resumed with a ``UserWarning`` that names
+    the file and says its data could not be checked, rather than refused, so that runs already under way are not
+    stranded (their subsets and recipe are still checked). The epochs it holds stay marked unchecked in the states
+    written after it, and every later resume warns again.
+
+    Returns:
+        The first epoch whose data were checked (``0``: all of them), to be stored with the next state.
+    """
+    saved = {k: v for k, v in state["config"].items() if k not in RUNTIME_KEYS}
+    mine = {k: v for k, v in asdict(cfg).items() if k in saved}
+    if saved != mine:
+        diff = {k: (saved[k], mine.get(k)) for k in saved if saved[k] != mine.get(k)}
+        raise InputError(f"cannot resume {path}: its config differs (saved, now): {diff}. Resume it with its own "
+                         "settings, or start this run in another folder (--out)")
+    recorded = state.get("data_fingerprint")
+    if recorded is None:
+        warnings.warn(f"{path} was written before vitviz recorded the data a run trains on: its data could not be "
+                      f"checked against {cfg.data!r}; it is resumed as if they were the same. If it was trained on "
+                      "other images, start this run in another folder (--out)", stacklevel=3)
+        return int(state["epoch"])
+    for split in ("train", "test"):
+        old, new = recorded.get(split, {}), fingerprint[split]
+        diff = [k for k in new if old.get(k) != new[k]]
+        if diff:
+            what = "; ".join(f"{k}: saved {old.get(k)!r}, now {new[k]!r}" for k in diff)
+            raise InputError(
+                f"cannot resume {path}: its {split} split differs from the {split} split of data={cfg.data!r} "
+                f"({what}), so it was trained on another dataset (or another version of it). Point --data at the "
+                "dataset it was trained on, or start this run in another folder (--out)")
+    checked_from = int(state.get("data_checked_from", 0))
+    if checked_from:
+        warnings.warn(f"{path}: its first {checked_from} epochs were trained before vitviz recorded the data, so "
+                      "whether they saw these images could not be checked", stacklevel=3)
+    return checked_from
 
 
 def train_parser(prog: str = "python -m vitviz.experiments.train") -> argparse.ArgumentParser:

@@ -19,7 +19,8 @@ import torch
 
 from vitviz.core.io import atomic_write, atomic_write_json
 from vitviz.errors import ComputeError
-from vitviz.experiments.data import balanced_indices, load_split
+from vitviz.experiments.config import check_training_state
+from vitviz.experiments.data import balanced_indices, load_split, run_fingerprint
 from vitviz.zoo.cards import DATASET
 from vitviz.zoo.reference import REFERENCE_MODELS, build_reference
 from vitviz.zoo.weights import CARD_FORMAT, load_training_state, versions
@@ -68,6 +69,7 @@ def export_reference(cfg: Any, dest: str | os.PathLike) -> dict[str, Any]:
     from vitviz.experiments.measure import evaluate
 
     state = load_training_state(cfg.run_dir / "last.pt")
+    check_training_state(state, cfg, run_fingerprint(cfg), cfg.run_dir / "last.pt")  # the card describes cfg, its data
     if state["epoch"] < cfg.epochs:
         raise ComputeError(f"{cfg.run_dir}/last.pt holds epoch {state['epoch']} of {cfg.epochs}; finish it first "
                            "(python -m vitviz.experiments.train ... --resume)")

@@ -9,7 +9,11 @@ images seen), wall time, device and versions. The seed sets the initial weights 
 augmentation and dropout; training and test sets are the same for every seed.
 
 Resumable: results go to one CSV (one row per finished run, rewritten atomically); a rerun skips finished runs
-and a run killed half-way continues from its last epoch checkpoint. ``--smoke`` runs one tiny run per family.
+and a run killed half-way continues from its last epoch checkpoint. A row holds what its result depends on
+besides its ``run_id`` (``SETTINGS``: batch size, test subset, a digest of the whole training recipe, and the
+fingerprints of the images, labels and classes it was trained and tested on); a rerun whose settings or data
+differ from a row's is refused (``check_rows``, see ``vitviz.experiments.study_rows``) rather than handed the old
+row as its own. ``--smoke`` runs one tiny run per family.
 Several processes can share the work (``--families`` / ``--sizes``, one results CSV each); ``merge_results``
 joins their CSVs. Summaries over seeds and the matched-compute comparison are in ``vitviz.experiments.compare``.
 """
@@ -29,6 +33,8 @@ import pandas as pd
 from vitviz.core.io import atomic_write_json, atomic_write_text
 from vitviz.errors import InputError
 from vitviz.experiments.config import study_parser
+from vitviz.experiments.study_rows import DIGESTS, check_mergeable, row_settings
+from vitviz.experiments.study_rows import check_rows as check_table_rows
 from vitviz.experiments.train import TrainConfig, train
 from vitviz.zoo.reference import FAMILY_LABELS
 from vitviz.zoo.weights import versions
@@ -123,7 +129,9 @@ def read_results(path: str | os.PathLike | None = None) -> pd.DataFrame:
     path = Path(path) if path is not None else default_results()
     from vitviz.core.io import read_csv_exact
 
-    return read_csv_exact(path) if path.is_file() and path.stat().st_size else pd.DataFrame()
+    if not path.is_file() or not path.stat().st_size:
+        return pd.DataFrame()
+    return read_csv_exact(path, dtype=dict.fromkeys(DIGESTS, str))  # hex digests stay strings
 
 
 def _train_config(cfg: StudyConfig, run: dict[str, Any]) -> TrainConfig:
@@ -134,6 +142,15 @@ def _train_config(cfg: StudyConfig, run: dict[str, Any]) -> TrainConfig:
         train_subset=run["train_subset"], test_subset=cfg.test_subset, device=cfg.device, threads=cfg.threads,
         model_kwargs=dict(run["model_kwargs"]), cache=str(Path(cfg.out) / ".cache"), compile=cfg.compile,
     )
+
+
+def check_rows(cfg: StudyConfig, table: pd.DataFrame) -> None:
+    """Refuse to continue ``cfg.results`` when a row of ``table`` was computed with other settings or data than
+    ``cfg``'s runs (``vitviz.experiments.study_rows.check_rows``)."""
+    if not len(table) or "run_id" not in table:
+        return
+    configs = {r["run_id"]: _train_config(cfg, r) for r in plan(cfg)}
+    check_table_rows(table, configs, str(cfg.results), Path(cfg.out))
 
 
 def write_meta(cfg: StudyConfig, table: pd.DataFrame) -> None:
@@ -166,6 +183,7 @@ def run_study(cfg: StudyConfig, *, progress: bool = True,
 
     results = Path(cfg.results)
     table = read_results(results)
+    check_rows(cfg, table)
     done = set(table["run_id"]) if "run_id" in table else set()
     todo = [r for r in plan(cfg) if r["run_id"] not in done]
     write_meta(cfg, table)
@@ -184,6 +202,7 @@ def run_study(cfg: StudyConfig, *, progress: bool = True,
             "train_pflops": summary["flops_per_image_train"] * images_seen / 1e15,
             "test_acc": summary["test_acc"], "test_images": summary["test_images"],
             "wall_time_s": summary["train_time_s"], "device": summary["device"], "seed": run["seed"],
+            **row_settings(tc, summary["data_fingerprint"]),
             **{f"{k}_version": v for k, v in versions().items()},
         }
         table = pd.concat([table, pd.DataFrame([row])], ignore_index=True)
@@ -203,9 +222,16 @@ def _write_csv(path: Path, table: pd.DataFrame) -> None:
 def merge_results(parts: Sequence[str | os.PathLike], out: str | os.PathLike) -> pd.DataFrame:
     """Join results CSVs of processes that shared a sweep into ``out`` (atomically): rows already in ``out`` are
     kept, a ``run_id`` is kept once (the first seen), rows ordered by family, size, training images, epochs, seed.
+
+    The parts must be parts of one study: ``InputError`` when two rows of one ``run_id`` differ in a ``SETTINGS``
+    column, or any two rows in a ``STUDY_WIDE`` one (another test subset, batch size or test set), naming the files.
+    The data count by their fingerprints, so parts computed on several machines (the data in other folders) merge.
     """
-    frames = [read_results(out), *(read_results(p) for p in parts)]
-    table = pd.concat([f for f in frames if len(f)], ignore_index=True).drop_duplicates("run_id", keep="first")
+    sources = [out, *parts]
+    frames = [read_results(p).assign(_part=str(p)) for p in sources]
+    table = pd.concat([f for f in frames if len(f)], ignore_index=True)
+    check_mergeable(table)
+    table = table.drop(columns="_part").drop_duplicates("run_id", keep="first")
     family_order = {label: i for i, (_, label) in enumerate(FAMILIES.values())}
     order = table.assign(_f=table["family"].map(family_order), _s=table["size"].map(list(SIZES).index))
     table = order.sort_values(["train_images", "epochs", "_s", "_f", "seed"]).drop(columns=["_f", "_s"])

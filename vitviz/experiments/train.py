@@ -35,8 +35,8 @@ from vitviz.analysis.flops import count_flops
 from vitviz.core.io import atomic_save, atomic_write_json, atomic_write_text
 from vitviz.errors import InputError
 from vitviz.errors import RunInterrupted as Interrupted  # noqa: F401  (the name step callbacks raise)
-from vitviz.experiments.config import TrainConfig, config_from_args, train_parser
-from vitviz.experiments.data import TensorDataset, load_split
+from vitviz.experiments.config import TrainConfig, check_training_state, config_from_args, train_parser
+from vitviz.experiments.data import TensorDataset, load_split, split_fingerprint
 from vitviz.experiments.measure import device_description, evaluate, normalize
 from vitviz.zoo.models import resolve_device
 from vitviz.zoo.reference import build_reference
@@ -127,6 +127,7 @@ def train(
     run_dir.mkdir(parents=True, exist_ok=True)
     train_data = load_split(cfg, "train", cfg.train_subset)
     test_data = load_split(cfg, "test", cfg.test_subset)
+    fingerprint = {"train": split_fingerprint(train_data), "test": split_fingerprint(test_data)}
     if device.type == "cuda":  # a few hundred MB at most: keep it on the GPU, gather batches there
         train_data = TensorDataset(train_data.images.to(device), train_data.labels.to(device), train_data.classes)
         test_data = TensorDataset(test_data.images.to(device), test_data.labels, test_data.classes)
@@ -140,17 +141,13 @@ def train(
     policy = _policy(cfg.augment)
 
     start_epoch, history, train_time = 0, [], 0.0
+    data_checked_from = 0  # the first epoch trained on data this run's fingerprint was checked against
     ckpt_path = run_dir / "last.pt"
     if resume and ckpt_path.exists():
         from vitviz.zoo.weights import load_training_state
 
         state = load_training_state(ckpt_path)
-        saved = {k: v for k, v in state["config"].items()
-                 if k not in ("epochs", "out", "data", "device", "threads", "cache", "compile")}
-        mine = {k: v for k, v in asdict(cfg).items() if k in saved}
-        if saved != mine:
-            diff = {k: (saved[k], mine.get(k)) for k in saved if saved[k] != mine.get(k)}
-            raise InputError(f"cannot resume {ckpt_path}: its config differs (saved, now): {diff}")
+        data_checked_from = check_training_state(state, cfg, fingerprint, ckpt_path)
         planned = state["config"]["epochs"]
         if planned != cfg.epochs and state["epoch"] > cfg.warmup_epochs:
             # The cosine schedule depends on the total, so the epochs already trained followed another schedule;
@@ -232,7 +229,8 @@ def train(
                        f"test {row['test_acc']:.2f}% ({row['images_per_s']:.0f} img/s)")
         atomic_save(
             {"model": model.state_dict(), "optimizer": opt.state_dict(), "epoch": epoch + 1, "history": history,
-             "train_time": train_time, "config": asdict(cfg), "format": "vitviz-train-state-v1"},
+             "train_time": train_time, "config": asdict(cfg), "format": "vitviz-train-state-v1",
+             "data_fingerprint": fingerprint, "data_checked_from": data_checked_from},
             ckpt_path,
         )
         _write_metrics(run_dir, history)
@@ -249,6 +247,7 @@ def train(
         "flops_per_image_train": flops_train,
         "train_images": len(train_data),
         "test_images": len(test_data),
+        "data_fingerprint": fingerprint,
         "device": _run_devices(history, run_dir, here),
     }
     atomic_write_json(run_dir / "summary.json", summary)

@@ -89,7 +89,13 @@ def check_npz(path: str | os.PathLike) -> None:
 
 
 def load_training_state(path: str | os.PathLike) -> dict[str, Any]:
-    """A ``last.pt`` written by ``vitviz.experiments.train``; ``CheckpointError`` when it is corrupt."""
+    """A ``last.pt`` written by ``vitviz.experiments.train``; ``CheckpointError`` when it is corrupt.
+
+    It holds ``model``, ``optimizer``, ``epoch``, ``history``, ``train_time``, ``config`` and, since vitviz records
+    what a run trains on, ``data_fingerprint`` (``{"train": ..., "test": ...}``, see
+    ``vitviz.experiments.data.split_fingerprint``) and ``data_checked_from``; ``vitviz.experiments.config.
+    check_training_state`` compares them with a run that resumes or exports it.
+    """
     path = Path(path)
     try:
         state = torch.load(path, map_location="cpu", weights_only=True)
