@@ -296,3 +296,25 @@ def test_export_refuses_a_state_trained_otherwise_than_its_card_would_say(tmp_pa
     assert not (tmp_path / "export").exists()
     card = export_reference(config(tmp_path, tiny_folder, epochs=1, model_kwargs={"depth": 1}), tmp_path / "export")
     assert card["recipe"]["lr"] == 1e-3
+
+
+def test_the_command_line_prints_a_refusal_without_a_traceback(tmp_path, tiny_folder, capsys, monkeypatch):
+    """A refused resume is a usage error: one line on stderr, exit status 2; other faults keep their traceback."""
+    from vitviz.__main__ import main
+    from vitviz.experiments.train import main as train_main
+
+    args = ["--data", str(tiny_folder), "--out", str(tmp_path), "--epochs", "1", "--no-progress"]
+    assert main(["train", "cifar10-vit", *args]) == 0
+    capsys.readouterr()
+    for entry, argv in ((main, ["train", "cifar10-vit", *args]), (train_main, ["cifar10-vit", *args])):
+        assert entry([*argv, "--resume", "--lr", "5e-3"]) == 2
+        err = capsys.readouterr().err
+        assert "error: cannot resume" in err and "config differs" in err and "Traceback" not in err
+    monkeypatch.setenv("VITVIZ_TRACEBACK", "1")
+    with pytest.raises(ValueError, match="config differs"):
+        main(["train", "cifar10-vit", *args, "--resume", "--lr", "5e-3"])
+    monkeypatch.delenv("VITVIZ_TRACEBACK")
+    with pytest.raises(RuntimeError, match="not a refusal"):  # not a vitviz error: the traceback stays
+        from vitviz.core.util import cli_errors
+
+        cli_errors("vitviz")(lambda: (_ for _ in ()).throw(RuntimeError("not a refusal")))()

@@ -8,7 +8,10 @@ from __future__ import annotations
 import argparse
 import sys
 
+from vitviz.core.util import cli_errors
 
+
+@cli_errors("vitviz")
 def main(argv: list[str] | None = None) -> int:
     argv = list(sys.argv[1:] if argv is None else argv)
     if argv[:1] in (["train"], ["study"]):  # their parsers import no torch, so --help answers at once

@@ -205,3 +205,31 @@ def in_eval_mode(fn: F) -> F:
             return fn(*args, **kwargs)
 
     return wrapper  # type: ignore[return-value]
+
+
+def cli_errors(prog: str) -> Callable[[F], F]:
+    """Decorator for a command line's ``main``: a vitviz error (a refused argument, model, checkpoint or resume)
+    is printed as ``<prog>: error: <message>`` on stderr and the command exits with status 2, argparse's status
+    for a usage error, instead of a traceback; the message already names the argument, the value and the fix.
+    Any other exception keeps its traceback (a fault, not a refusal); so does a vitviz error with the environment
+    variable ``VITVIZ_TRACEBACK=1``."""
+
+    def decorate(fn: F) -> F:
+        @functools.wraps(fn)
+        def wrapper(*args: Any, **kwargs: Any) -> Any:
+            import os
+            import sys
+
+            from vitviz.errors import VitvizError
+
+            try:
+                return fn(*args, **kwargs)
+            except VitvizError as e:
+                if os.environ.get("VITVIZ_TRACEBACK") == "1":
+                    raise
+                print(f"{prog}: error: {e}", file=sys.stderr)
+                return 2
+
+        return wrapper  # type: ignore[return-value]
+
+    return decorate

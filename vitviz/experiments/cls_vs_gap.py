@@ -32,6 +32,7 @@ import torch
 
 from vitviz.core.io import atomic_save, atomic_write_json, atomic_write_text
 from vitviz.core.resources import shipped_csv
+from vitviz.core.util import cli_errors
 from vitviz.experiments.config import TrainConfig
 from vitviz.experiments.data import run_fingerprint
 from vitviz.experiments.train import train
@@ -285,6 +286,7 @@ def parser() -> argparse.ArgumentParser:
     return p
 
 
+@cli_errors("python -m vitviz.experiments.cls_vs_gap")
 def main(argv: list[str] | None = None) -> int:
     a = parser().parse_args(argv)
     cfg = ClsGapConfig(

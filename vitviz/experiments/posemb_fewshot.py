@@ -21,6 +21,7 @@ import pandas as pd
 
 from vitviz.core.io import atomic_write_json, atomic_write_text
 from vitviz.core.resources import shipped_csv
+from vitviz.core.util import cli_errors
 
 MODELS = ("cifar10-vit-nopos", "cifar10-vit-1dpos", "cifar10-vit-2dpos", "cifar10-vit")
 RESULTS = "data/posemb_fewshot/posemb_fewshot.csv"
@@ -128,6 +129,7 @@ def posemb_claims(measures: pd.DataFrame, ablation: tuple[str, ...] = MODELS[:3]
     return pd.DataFrame(rows)
 
 
+@cli_errors("python -m vitviz.experiments.posemb_fewshot")
 def main(argv: list[str] | None = None) -> int:
     p = argparse.ArgumentParser(prog="python -m vitviz.experiments.posemb_fewshot", description=__doc__.split("\n")[0])
     p.add_argument("--data", help="dataset root with train/ and test/ (default: $VITVIZ_DATA)")

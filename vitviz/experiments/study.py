@@ -31,6 +31,7 @@ from typing import Any
 import pandas as pd
 
 from vitviz.core.io import atomic_write_json, atomic_write_text
+from vitviz.core.util import cli_errors
 from vitviz.errors import InputError
 from vitviz.experiments.config import study_parser
 from vitviz.experiments.study_rows import DIGESTS, check_mergeable, row_settings
@@ -302,6 +303,7 @@ def _names(text: str) -> tuple[str, ...]:
     return tuple(v.strip() for v in text.split(",") if v.strip())
 
 
+@cli_errors("vitviz study")
 def main(argv: list[str] | None = None) -> int:
     a = study_parser().parse_args(argv)
     if a.config:

@@ -33,6 +33,7 @@ from tqdm.auto import tqdm
 
 from vitviz.analysis.flops import count_flops
 from vitviz.core.io import atomic_save, atomic_write_json, atomic_write_text
+from vitviz.core.util import cli_errors
 from vitviz.errors import InputError
 from vitviz.errors import RunInterrupted as Interrupted  # noqa: F401  (the name step callbacks raise)
 from vitviz.experiments.config import TrainConfig, check_training_state, config_from_args, train_parser
@@ -269,6 +270,7 @@ def _run_devices(history: list[dict[str, Any]], run_dir: Path, here: str) -> str
     return "; ".join(dict.fromkeys(devices)) or here
 
 
+@cli_errors("vitviz train")
 def main(argv: list[str] | None = None) -> int:
     """``python -m vitviz.experiments.train`` (also ``vitviz train``)."""
     return run_from_args(train_parser().parse_args(argv))
