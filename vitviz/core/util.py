@@ -147,8 +147,8 @@ def kept_grads(model: Any) -> Iterator[Any]:
 
 @contextlib.contextmanager
 def kept_buffers(model: Any) -> Iterator[Any]:
-    """Every buffer of ``model`` (BatchNorm's running statistics and ``num_batches_tracked``, any other) as it was
-    after the block: the values are copied on the way in and written back in place on the way out, also when the
+    """Every buffer of ``model`` (BatchNorm's running statistics and ``num_batches_tracked``, any other) left after
+    the block as it was before: the values are copied on the way in and written back in place on the way out, also when the
     block raises; a buffer the block replaced gets its own tensor back."""
     import torch
 
@@ -166,7 +166,7 @@ def kept_buffers(model: Any) -> Iterator[Any]:
 
 @contextlib.contextmanager
 def kept_rng(*devices: Any) -> Iterator[None]:
-    """The global random generators as they were after the block, also when it raises: Python's ``random``,
+    """The global random generators left after the block as they were before, also when it raises: Python's ``random``,
     NumPy's global generator, torch's CPU generator and that of each CUDA device in ``devices`` (``torch.device``s;
     CPU ones need nothing more). For draws vitviz cannot give a generator of its own: dropout in a training-mode
     forward, a library that draws at import. vitviz's own random draws use their own ``torch.Generator`` or
