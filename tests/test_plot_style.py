@@ -308,3 +308,65 @@ def test_filter_variance_note_is_off_the_curve():
         assert not any(box.contains(x, y) for x, y in curve)
     finally:
         plt.close("all")
+
+
+def _legend_hits(ax) -> list[str]:
+    """What a legend inside ``ax`` covers: data lines, bands (``fill_between``), error bars and markers; reference
+    lines across the whole axes (``axhline``, ``axvline``) are not data."""
+    from matplotlib.collections import LineCollection, PolyCollection
+    from matplotlib.lines import Line2D
+
+    legend = ax.get_legend()
+    if legend is None or not legend.get_visible():
+        return []
+    box = legend.get_window_extent()
+    if not box.overlaps(ax.get_window_extent()):
+        return []  # beside the axes
+    hits = []
+    for k, artist in enumerate(ax.get_children()):
+        if not artist.get_visible():
+            continue
+        what = f"{type(artist).__name__} {k} {artist.get_label()!r}"
+        if isinstance(artist, Line2D):
+            xy = artist.get_xydata()
+            if len(xy) < 2 or (list(artist.get_xdata()) == [0, 1] or list(artist.get_ydata()) == [0, 1]):
+                continue  # a marker-only point is checked as a point below; axhline / axvline span the axes
+            pts = artist.get_transform().transform(xy)
+            t = np.linspace(0, 1, 50)[:, None]
+            dense = np.concatenate([a + t * (b - a) for a, b in zip(pts[:-1], pts[1:])]) \
+                if artist.get_linestyle() not in ("None", "", " ") else pts
+            if any(box.contains(x, y) for x, y in dense):
+                hits.append(what)
+        elif isinstance(artist, (PolyCollection, LineCollection)):
+            for path in artist.get_paths():
+                if path.transformed(artist.get_transform()).intersects_bbox(
+                        box, filled=isinstance(artist, PolyCollection)):
+                    hits.append(what)
+                    break
+        elif isinstance(artist, PathCollection):
+            pts = artist.get_offset_transform().transform(artist.get_offsets())
+            if any(box.contains(x, y) for x, y in pts):
+                hits.append(what)
+    return hits
+
+
+def test_legends_cover_no_data(model):
+    """No legend inside the axes of any public plot function (at its default size) lies on a line, a band or a point.
+    """
+    covered = {}
+    try:
+        for name in PUBLIC_PLOTS:
+            fig = _figure(_calls(model)[name]())
+            fig.canvas.draw()
+            for ax in fig.axes:
+                hits = _legend_hits(ax)
+                if hits:
+                    covered[f"{name}: {ax.get_title()}"] = hits
+            plt.close("all")
+        ax = vitviz.plot_matched_gap(__import__("vitviz.experiments.study", fromlist=["read_results"]).read_results())
+        ax.figure.canvas.draw()
+        if _legend_hits(ax):
+            covered["plot_matched_gap (study data)"] = _legend_hits(ax)
+    finally:
+        plt.close("all")
+    assert not covered, "\n".join(f"{k}: {v}" for k, v in covered.items())

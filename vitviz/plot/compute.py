@@ -18,7 +18,8 @@ from matplotlib.ticker import FuncFormatter, LogLocator, NullFormatter
 from vitviz.core.util import check_positive_int
 from vitviz.errors import InputError, UnknownNameError
 from vitviz.experiments.compare import pareto_frontier
-from vitviz.plot.style import FIGSIZE, PAGE_WIDTH, label, new_figure, place_labels, styled
+from vitviz.plot.layout import place_labels, place_legend
+from vitviz.plot.style import FIGSIZE, PAGE_WIDTH, label, new_figure, styled
 
 if TYPE_CHECKING:
     import pandas as pd
@@ -117,7 +118,7 @@ def plot_compute_panel(df: pd.DataFrame, metric: str = "avg5", *, ax: Axes | Non
 
 def annotate_models(ax: Axes, df: pd.DataFrame, metric: str, *, x: str = "exaflops", label_col: str = "model"
                     ) -> list[Any]:
-    """Name the points of a compute panel, in their family's colour, without overlaps (``style.place_labels``).
+    """Name the points of a compute panel, in their family's colour, without overlaps (``layout.place_labels``).
 
     One label per configuration: the seeds of one model at one compute share it, at the seed of median accuracy.
     Labels go in order of accuracy, best first; one that finds no free place (a crowded panel) is left out. Call it
@@ -287,7 +288,7 @@ def plot_study_runs(runs: pd.DataFrame, *, ax: Axes | None = None, metric: str =
     seeds = runs.groupby("config")["seed"].nunique()
     n = f"{seeds.min()}" if seeds.min() == seeds.max() else f"{seeds.min()}-{seeds.max()}"
     title = f"mean of {n} seeds, 95% t-interval" + ("\nlines: frontier, 95% t-band" if frontier else "")
-    ax.legend(handles, labels, loc="best", frameon=False, title=title, title_fontsize=7)
+    place_legend(ax, handles, labels, frameon=False, title=title, title_fontsize=7)  # off the bands and points
     return ax
 
 
@@ -343,8 +344,8 @@ def plot_matched_gap(runs: pd.DataFrame, a: str = "Hybrid", b: str = "Transforme
     ax.set_ylabel(GAP_YLABEL)
     ax.set_title("At equal training compute")
     ax.grid(True, which="major", alpha=0.3, lw=0.5)
-    ax.legend([first[lab] for lab in dict.fromkeys(labels)], list(dict.fromkeys(labels)), loc="best", frameon=False,
-              fontsize=7)
+    place_legend(ax, [first[lab] for lab in dict.fromkeys(labels)], list(dict.fromkeys(labels)), frameon=False,
+                 fontsize=7)  # off the band
     return ax
 
 
@@ -368,6 +369,10 @@ def plot_study_grid(runs: pd.DataFrame, a: str = "Hybrid", b: str = "Transformer
         fig = new_figure((PAGE_WIDTH, 3.0 * len(blocks)))
     else:
         fig.clear()
+    # laid out while the panels are drawn, so that each legend is placed (layout.place_legend) where its panel ends
+    fig.set_layout_engine("constrained")
+    if suptitle:
+        fig.suptitle(suptitle)
     axes = fig.subplots(len(blocks), 2, squeeze=False)
     for row, n_train in zip(axes, blocks):
         part = runs[runs["train_images"] == n_train]
@@ -377,7 +382,6 @@ def plot_study_grid(runs: pd.DataFrame, a: str = "Hybrid", b: str = "Transformer
         plot_study_runs(part, ax=row[0])
         row[0].set_title(f"CIFAR-10 test ({note})")
         plot_matched_gap(part, a, b, ax=row[1])
-    if suptitle:
-        fig.suptitle(suptitle)
-    fig.tight_layout()
+    for ax in axes.ravel():  # the panels are laid out now: each legend again where it covers no data
+        place_legend(ax)
     return fig

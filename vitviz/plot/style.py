@@ -21,8 +21,8 @@ from vitviz.core.util import is_number
 from vitviz.errors import InputError, InputTypeError
 
 __all__ = ["RC", "FIGSIZE", "LEGEND_BESIDE", "PAGE_WIDTH", "PAPER_FIGURES", "band_legend_title", "colorbar_beside",
-           "fit_columns", "interval_label", "label", "new_figure", "place_labels", "plot_level", "save_figure",
-           "styled", "vitviz_style"]
+           "fit_columns", "interval_label", "label", "new_figure", "plot_level", "save_figure", "styled",
+           "vitviz_style"]
 
 # rcParams for paper-size figures: 8-9 pt text, thin lines, no top/right spines
 RC: dict[str, Any] = {
@@ -153,93 +153,6 @@ def colorbar_beside(ax: Axes, mappable: Any, text: str, *, ticks: Any = None, wi
     cbar.set_label(text)
     cbar.outline.set_linewidth(0.5)
     return cbar
-
-
-def _candidates(gap: float) -> list[tuple[float, float, str, str]]:
-    """Offsets (points) and alignments around a point: the four diagonals, then above, below, right and left."""
-    return [(gap, gap, "left", "bottom"), (gap, -gap, "left", "top"), (-gap, gap, "right", "bottom"),
-            (-gap, -gap, "right", "top"), (0.0, 1.4 * gap, "center", "bottom"), (0.0, -1.4 * gap, "center", "top"),
-            (1.4 * gap, 0.0, "left", "center_baseline"), (-1.4 * gap, 0.0, "right", "center_baseline")]
-
-
-def place_labels(ax: Axes, xy: Any, texts: Iterable[str], colors: Iterable[Any] | None = None, *,
-                 avoid: Any = None, marker_radius: float = 3.0, fontsize: float = 6.0, **kwargs: Any) -> list[Any]:
-    """Name points with texts that overlap neither each other, nor the points, nor the legend, nor the axes edge.
-
-    Greedy placement: each label in turn (the order of ``texts`` is its priority) tries the offsets of
-    ``_candidates`` around its point, first at ``marker_radius + 1`` points, then two and four times as far (with a
-    thin leader line), and takes the first place whose text box, as the renderer measures it, lies inside the axes and
-    clear of the labels already placed, of every point in ``avoid`` (a square of ``marker_radius`` points around
-    each) and of the axes' legend. A label that finds no free place is left out. The layout is settled first
-    (``draw_without_rendering``), so call this after the figure's last layout change (``tight_layout``); a legend
-    at ``loc="best"`` is fixed where it was drawn, so that it does not move onto the labels later.
-
-    Args:
-        ax: the axes.
-        xy: ``(n, 2)`` data coordinates of the points named.
-        texts: ``n`` labels.
-        colors: ``n`` text colours (default the text colour).
-        avoid: ``(m, 2)`` data coordinates of all points the labels must not cover (default ``xy``).
-        marker_radius: half the marker size, in points.
-        fontsize: label size, in points; further ``kwargs`` go to ``ax.annotate``.
-
-    Returns:
-        the annotations placed, in the order of ``texts`` (those left out are not returned).
-    """
-    import numpy as np
-    from matplotlib.text import Text
-    from matplotlib.transforms import Bbox
-
-    xy = np.asarray(xy, dtype=float).reshape(-1, 2)
-    texts = list(texts)
-    colors = list(colors) if colors is not None else [None] * len(texts)
-    if not len(xy) == len(texts) == len(colors):
-        raise InputError(f"place_labels: {len(xy)} points, {len(texts)} texts and {len(colors)} colours; pass one of "
-                         "each per point")
-    fig = ax.figure
-    fig.draw_without_rendering()
-    renderer = fig.canvas.get_renderer()
-    px = fig.dpi / 72.0  # display pixels per point
-    frame = ax.get_window_extent(renderer).padded(-px)
-    blocked = []
-    legend = ax.get_legend()
-    if legend is not None and legend.get_visible():
-        box = legend.get_window_extent(renderer)
-        if box.overlaps(ax.get_window_extent(renderer)):
-            legend.set_loc(tuple(ax.transAxes.inverted().transform((box.x0, box.y0))))
-        blocked.append(box)
-    others = np.asarray(xy if avoid is None else avoid, dtype=float).reshape(-1, 2)
-    r = marker_radius * px
-    for x0, y0 in ax.transData.transform(others):
-        blocked.append(Bbox.from_extents(x0 - r, y0 - r, x0 + r, y0 + r))
-    placed = []
-    for (x, y), text, color in zip(xy, texts, colors):
-        kw = {"fontsize": fontsize, **kwargs} | ({"color": color} if color is not None else {})
-        probe = ax.annotate(text, (x, y), xytext=(0, 0), textcoords="offset points", **kw)
-        spot = None
-        for ring, gap in enumerate((marker_radius + 1.0, 2 * marker_radius + 5.0, 4 * marker_radius + 10.0)):
-            for dx, dy, ha, va in _candidates(gap):
-                probe.set_position((dx, dy))
-                probe.set_horizontalalignment(ha)
-                probe.set_verticalalignment(va)
-                probe.update_positions(renderer)
-                box = Text.get_window_extent(probe, renderer).padded(0.5 * px)  # the text alone, no leader line
-                if frame.contains(box.x0, box.y0) and frame.contains(box.x1, box.y1) and not any(
-                        box.overlaps(b) for b in blocked):
-                    spot = (ring, dx, dy, ha, va, box)
-                    break
-            if spot:
-                break
-        probe.remove()
-        if spot is None:
-            continue
-        ring, dx, dy, ha, va, box = spot
-        leader = {"arrowprops": {"arrowstyle": "-", "lw": 0.4, "color": color or "0.3", "shrinkA": 0,
-                                 "shrinkB": marker_radius}} if ring else {}
-        placed.append(ax.annotate(text, (x, y), xytext=(dx, dy), textcoords="offset points", ha=ha, va=va,
-                                  **kw, **leader))
-        blocked.append(box)
-    return placed
 
 
 def interval_label(errorbar: Any) -> str | None:
