@@ -171,6 +171,22 @@ def test_paper_fig5_names_every_model_without_overlap(at):
         plt.close("all")
 
 
+def test_reference_models_are_named_without_overlap():
+    """The gallery's ``reference_compute`` (notebook 03): the shipped CIFAR-10 models, each named."""
+    from vitviz.zoo.cards import reference_compute
+
+    ref = reference_compute()
+    if not len(ref):
+        pytest.skip("no reference model cards in this checkout")
+    try:
+        fig = vitviz.plot_compute_curves(ref, metrics=("test_acc",), x="train_pflops", annotate=True,
+                                         ylabel="Test accuracy [%]")
+        assert _check_names(fig) == [len(ref)]
+        assert sorted(t.get_text() for t in fig.axes[0].texts) == sorted(ref["model"])
+    finally:
+        plt.close("all")
+
+
 def test_report_study_figure_names_do_not_overlap():
     """The report's ``study_hybrid_vs_pure``: many configurations; those that fit are named, none overlap."""
     from vitviz.experiments.study import read_results
