@@ -118,7 +118,8 @@ def plot_pos_embed(
 
     Returns:
         the axes holding the mosaic; ``ax.figure`` also holds the colorbar "Cosine similarity" (limits
-        ``[-1, 1]``), an inset of ``ax`` exactly as tall as the mosaic whatever the grid's aspect.
+        ``[-1, 1]``), an inset of ``ax`` (``ax.child_axes``; ``ax.images[0].colorbar``) exactly as tall as the
+        mosaic whatever the grid's aspect.
 
     Raises:
         InputError: ``max_tiles`` is not a positive int; as ``vitviz.pos_embed_similarity`` for the embedding.
@@ -187,7 +188,7 @@ def plot_pos_embed_similarity(
             from 1, and a red square marks the query.
         ax: draw here; default a new ``3.4 x 2.8`` in figure.
         cmap: matplotlib colormap name.
-        colorbar: add a colorbar "Cosine similarity" (limits ``[-1, 1]``).
+        colorbar: add a colorbar "Cosine similarity" (limits ``[-1, 1]``), an inset of ``ax`` as tall as the map.
 
     Returns:
         the axes.
