@@ -99,7 +99,7 @@ def test_plot_attention_distance_labels_dots_and_legend():
     x = torch.randn(2, 3, 32, 48)
     ax = vitviz.plot_attention_distance(model, x, label="tiny")
     assert ax.get_xlabel() == "Network depth (layer)"
-    assert ax.get_ylabel() == "Mean attention distance (pixels)"
+    assert ax.get_ylabel() == "Mean attention distance [pixels]"
     assert ax.get_title() == "tiny"
     assert [t.get_text() for t in ax.get_legend().get_texts()] == ["Head 1", "Head 2"]
     dist = vitviz.mean_attention_distance(model, x)
@@ -129,7 +129,7 @@ def test_plot_attention_distance_grid_shares_the_y_axis():
     a, b = fig.axes[:2]
     assert (a.get_title(), b.get_title()) == ("ViT", "Hybrid")
     assert a.get_ylim() == b.get_ylim() and a.get_ylim()[1] >= 50.0
-    assert a.get_ylabel() == "Mean attention distance (pixels)" and b.get_xlabel() == "Network depth (layer)"
+    assert a.get_ylabel() == "Mean attention distance [pixels]" and b.get_xlabel() == "Network depth (layer)"
     assert a.get_legend() is None and b.get_legend() is not None
 
 

@@ -113,5 +113,5 @@ def test_study_figure_has_error_bars_and_a_gap_band():
     assert "3 seeds" in runs_ax.get_title()
     assert any(isinstance(c, LineCollection) for c in runs_ax.collections), "error bars"
     assert any(isinstance(c, PolyCollection) for c in gap_ax.collections), "the gap's band"
-    assert gap_ax.get_ylabel() == "Accuracy gap at equal compute [points]"
+    assert gap_ax.get_ylabel() == "Accuracy gap [points]" and gap_ax.get_title() == "At equal training compute"
     assert [t.get_text() for t in runs_ax.get_legend().get_texts()] == ["Hybrid", "Transformer (ViT)"]

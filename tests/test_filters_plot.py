@@ -37,7 +37,9 @@ def _close_figures():
 
 
 def colorbars(fig) -> list:
-    return [ax for ax in fig.axes if ax.get_ylabel() == "Cosine similarity"]
+    """The "Cosine similarity" colorbars of ``fig``, also those drawn as an inset of their image's axes."""
+    axes = [a for ax in fig.axes for a in (ax, *ax.child_axes)]
+    return [ax for ax in axes if ax.get_ylabel() == "Cosine similarity"]
 
 
 # ---- filters ---------------------------------------------------------------------------------------------------
@@ -104,7 +106,7 @@ def test_plot_pos_embed_non_square_mosaic_labels_and_colorbar():
     assert fig.axes[0] is ax
     assert ax.get_xlabel() == "Input patch column" and ax.get_ylabel() == "Input patch row"
     cbars = colorbars(fig)
-    assert len(cbars) == 1 and len(fig.axes) == 2
+    assert len(cbars) == 1 and fig.axes == [ax] and ax.child_axes == cbars  # the colorbar: an inset of the mosaic
     (im,) = ax.images
     assert im.get_clim() == (-1.0, 1.0)
     mosaic = np.ma.filled(im.get_array(), np.nan)

@@ -224,9 +224,13 @@ def test_plot(model, images):
     df = sanity_checks(model, images, ["attention", "chefer"], tests=("cascading",))
     ax = vitviz.plot_sanity_checks(df)
     assert isinstance(ax, Axes)
-    assert [t.get_text() for t in ax.get_xticklabels()] == LAYERS
-    assert ax.get_ylabel().startswith("Spearman rank correlation with the original map")
-    assert len(ax.get_legend().get_texts()) == 2
+    # the table names model.blocks[i] "block i"; the figure counts blocks from 1, as every vitviz figure does
+    assert list(dict.fromkeys(df["layer"])) == LAYERS
+    assert [t.get_text() for t in ax.get_xticklabels()] == ["head", "norm", "block 2", "block 1", "embeddings"]
+    assert ax.get_ylabel() == "Spearman rank correlation,\n|trained map| vs |randomised map|"
+    legend = [t.get_text() for t in ax.get_legend().get_texts()]
+    assert legend == ["attention", "chefer", "fail at or above 0.5"]  # the threshold named off the curves
+    assert not ax.texts
 
 
 def tv_vit():

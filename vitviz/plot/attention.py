@@ -27,7 +27,7 @@ from vitviz.core.images import Images, denormalise, load_images
 from vitviz.core.spec import inspect
 from vitviz.core.util import check_positive_int, eval_mode, is_int
 from vitviz.errors import InputError, InputTypeError, OutOfRangeError
-from vitviz.plot.style import FIGSIZE, PAGE_WIDTH, fit_columns, new_figure, styled
+from vitviz.plot.style import FIGSIZE, PAGE_WIDTH, fit_columns, label, new_figure, styled
 
 __all__ = ["plot_attention_distance", "plot_attention_distance_grid", "plot_attention_heads_grid",
            "plot_rollout", "upsample_maps"]
@@ -36,7 +36,7 @@ MODES = ("overlay", "mask", "both")
 SCALES = ("max", "minmax")
 INTERPOLATIONS = ("nearest", "bilinear", "bicubic")
 DIST_XLABEL = "Network depth (layer)"
-DIST_YLABEL = "Mean attention distance (pixels)"
+DIST_YLABEL = label("Mean attention distance", "pixels")  # the paper's Fig. 7 writes "(pixels)"
 MAX_LEGEND_HEADS = 16  # more heads than this: a colorbar "Head" replaces the legend
 
 
@@ -354,7 +354,7 @@ def plot_attention_distance(
         ylim: y limits (default from 0 to a little above the largest distance).
 
     Returns:
-        the axes: x "Network depth (layer)" counting layers from 1, y "Mean attention distance (pixels)".
+        the axes: x "Network depth (layer)" counting layers from 1, y "Mean attention distance [pixels]".
     """
     dist = _distances(model_or_distances, images, patch_size, batch_size)
     n_layers, n_heads = dist.shape

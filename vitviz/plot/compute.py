@@ -6,6 +6,7 @@
 
 from __future__ import annotations
 
+import math
 from collections.abc import Mapping, Sequence
 from typing import TYPE_CHECKING, Any
 
@@ -17,7 +18,8 @@ from matplotlib.ticker import FuncFormatter, LogLocator, NullFormatter
 from vitviz.core.util import check_positive_int
 from vitviz.errors import InputError, UnknownNameError
 from vitviz.experiments.compare import pareto_frontier
-from vitviz.plot.style import FIGSIZE, PAGE_WIDTH, new_figure, styled
+from vitviz.plot.layout import place_labels, place_legend
+from vitviz.plot.style import FIGSIZE, PAGE_WIDTH, label, new_figure, styled
 
 if TYPE_CHECKING:
     import pandas as pd
@@ -31,8 +33,10 @@ FAMILY_STYLES: dict[str, tuple[str, str]] = {
 METRIC_TITLES = {"avg5": "Average-5", "imagenet": "ImageNet", "imagenet_real": "ImageNet ReaL",
                  "cifar10": "CIFAR-10", "cifar100": "CIFAR-100", "pets": "Oxford-IIIT Pets",
                  "flowers": "Oxford Flowers-102", "test_acc": "CIFAR-10 test"}
-X_LABELS = {"exaflops": "Total pre-training compute [exaFLOPs]", "train_pflops": "Total training compute [PFLOPs]",
-            "train_tflops": "Total training compute [TFLOPs]"}
+X_LABELS = {"exaflops": label("Total pre-training compute", "exaFLOPs"),
+            "train_pflops": label("Total training compute", "PFLOPs"),
+            "train_tflops": label("Total training compute", "TFLOPs")}
+GAP_YLABEL = label("Accuracy gap", "points")  # fits a 2.8 in figure; the title says "at equal compute"
 
 
 def family_style(family: str) -> tuple[str, str]:
@@ -52,7 +56,7 @@ def point_labels(part: pd.DataFrame, df: pd.DataFrame, label_col: str = "model")
 
 def default_ylabel(metric: str) -> str:
     """The paper's "Transfer accuracy [%]"; "Test accuracy [%]" for ``test_acc`` (a study testing on its task)."""
-    return "Test accuracy [%]" if metric == "test_acc" else "Transfer accuracy [%]"
+    return label("Test accuracy" if metric == "test_acc" else "Transfer accuracy", "%")
 
 
 @styled
@@ -66,7 +70,9 @@ def plot_compute_panel(df: pd.DataFrame, metric: str = "avg5", *, ax: Axes | Non
             ``vitviz.paper_results()``.
         metric: the accuracy column (its title from ``METRIC_TITLES``).
         ax: draw into these axes; default a new figure.
-        x: the compute column; annotate: write each model's name; frontier: each family's Pareto frontier.
+        x: the compute column; frontier: each family's Pareto frontier.
+        annotate: name each point (``annotate_models``: no label overlaps another, a point, the legend or the axes
+            edge; labels that find no free place are left out).
         label_col: the column naming each point.
         ylabel: the y label (default "Transfer accuracy [%]", or "Test accuracy [%]" for ``test_acc``).
         legend: draw the legend of families.
@@ -86,9 +92,6 @@ def plot_compute_panel(df: pd.DataFrame, metric: str = "avg5", *, ax: Axes | Non
         if frontier and len(part) > 1:
             fx, fy = pareto_frontier(xs, ys)
             ax.plot(fx, fy, color=colour, lw=1.0, alpha=0.7, zorder=2)
-        if annotate:
-            for xi, yi, name in zip(xs, ys, point_labels(part, df, label_col)):
-                ax.annotate(name, (xi, yi), textcoords="offset points", xytext=(3, 3), fontsize=6, color=colour)
     ax.set_xscale("log")
     values = df[x].to_numpy(float)
     values = values[np.isfinite(values) & (values > 0)]
@@ -108,7 +111,31 @@ def plot_compute_panel(df: pd.DataFrame, metric: str = "avg5", *, ax: Axes | Non
     if legend:
         ax.legend(loc="best", frameon=False)
     ax.grid(True, which="major", alpha=0.3, lw=0.5)
+    if annotate:
+        annotate_models(ax, df, metric, x=x, label_col=label_col)
     return ax
+
+
+def annotate_models(ax: Axes, df: pd.DataFrame, metric: str, *, x: str = "exaflops", label_col: str = "model"
+                    ) -> list[Any]:
+    """Name the points of a compute panel, in their family's colour, without overlaps (``layout.place_labels``).
+
+    One label per configuration: the seeds of one model at one compute share it, at the seed of median accuracy.
+    Labels go in order of accuracy, best first; one that finds no free place (a crowded panel) is left out. Call it
+    after the figure's last layout change.
+
+    Returns:
+        the annotations placed.
+    """
+    frame = df.assign(_name=point_labels(df, df, label_col))
+    frame = frame[np.isfinite(frame[x].to_numpy(float)) & np.isfinite(frame[metric].to_numpy(float))]
+    anchors = []
+    for (family, name, xv), g in frame.groupby(["family", "_name", x], sort=False):
+        y = g[metric].sort_values().iloc[len(g) // 2]
+        anchors.append((float(y), float(xv), str(name), family_style(str(family))[0]))
+    anchors.sort(key=lambda a: -a[0])
+    return place_labels(ax, [(a[1], a[0]) for a in anchors], [a[2] for a in anchors], [a[3] for a in anchors],
+                        avoid=frame[[x, metric]].to_numpy(float), marker_radius=3.0, fontsize=6)
 
 
 @styled
@@ -122,7 +149,7 @@ def plot_compute_curves(
     frontier: bool = False,
     titles: Mapping[str, str] | None = None,
     suptitle: str | None = None,
-    ylabel: str = "Transfer accuracy [%]",
+    ylabel: str = label("Transfer accuracy", "%"),
 ) -> Figure:
     """Fig. 5 of the ViT paper: transfer accuracy vs total pre-training compute, one panel per metric.
 
@@ -133,7 +160,8 @@ def plot_compute_curves(
             "ImageNet"; a measured study: ``("test_acc",)``).
         fig: draw into this figure (cleared) instead of a new one.
         x: compute column; ``exaflops`` (paper), or ``train_pflops`` / ``train_tflops`` for measured runs.
-        annotate: write each model's name beside its point.
+        annotate: name each point beside it, once the panels are laid out (``annotate_models``: no label overlaps
+            another, a point, the legend or the axes edge; labels that find no free place are left out).
         frontier: draw each family's Pareto frontier (best accuracy reached at or below each compute).
         titles: override panel titles, by metric.
         suptitle: a title over the panels.
@@ -166,19 +194,33 @@ def plot_compute_curves(
         fig.clear()
     axes = fig.subplots(1, len(metrics), squeeze=False)[0]
     for i, (ax, metric) in enumerate(zip(axes, metrics)):  # the y label and the legend on the first panel only
-        plot_compute_panel(df, metric, ax=ax, x=x, annotate=annotate, frontier=frontier,
-                           ylabel=ylabel if i == 0 else "", legend=i == 0)
+        plot_compute_panel(df, metric, ax=ax, x=x, frontier=frontier, ylabel=ylabel if i == 0 else "",
+                           legend=i == 0)
         if titles and metric in titles:
             ax.set_title(titles[metric])
     if suptitle:
         fig.suptitle(suptitle)
     fig.tight_layout()
+    if annotate:  # after the layout: the labels are placed where the points are finally drawn
+        for ax, metric in zip(axes, metrics):
+            annotate_models(ax, df, metric, x=x)
     return fig
 
 
 def _plain_log_ticks(ax: Axes) -> None:
-    """1-2-5 ticks with plain labels ("0.002") on a log x axis spanning a decade or two."""
-    ax.xaxis.set_major_locator(LogLocator(base=10, subs=(1.0, 2.0, 5.0)))
+    """Plain labels ("0.002") on a log x axis spanning a decade or a few: 1-2-5 ticks where their labels fit side by
+    side at the axes' width (labels of 8 pt, about 0.065 in a character), else one tick a decade."""
+    lo, hi = ax.get_xlim()
+    width = ax.get_position().width * ax.figure.get_figwidth()
+    span = math.log10(hi / lo) if lo > 0 and hi > lo else 1.0
+    subs: tuple[float, ...] = (1.0,)
+    ticks = [m * 10.0 ** e for e in range(math.floor(math.log10(lo)), math.ceil(math.log10(hi)) + 1)
+             for m in (1.0, 2.0, 5.0) if lo <= m * 10.0 ** e <= hi] if lo > 0 else []
+    at = [width * math.log10(t / lo) / span for t in ticks]
+    half = [0.065 * len(f"{t:g}") / 2 for t in ticks]
+    if all(b - a > ha + hb + 0.08 for a, b, ha, hb in zip(at, at[1:], half, half[1:])):
+        subs = (1.0, 2.0, 5.0)
+    ax.xaxis.set_major_locator(LogLocator(base=10, subs=subs))
     ax.xaxis.set_major_formatter(FuncFormatter(lambda v, _pos: f"{v:g}"))
     ax.xaxis.set_minor_formatter(NullFormatter())
 
@@ -240,13 +282,13 @@ def plot_study_runs(runs: pd.DataFrame, *, ax: Axes | None = None, metric: str =
     ax.set_xscale("log")
     _plain_log_ticks(ax)
     ax.set_xlabel(X_LABELS.get(x, x))
-    ax.set_ylabel("Test accuracy [%]")
+    ax.set_ylabel(default_ylabel(metric))
     ax.grid(True, which="major", alpha=0.3, lw=0.5)
     handles, labels = ax.get_legend_handles_labels()
     seeds = runs.groupby("config")["seed"].nunique()
     n = f"{seeds.min()}" if seeds.min() == seeds.max() else f"{seeds.min()}-{seeds.max()}"
     title = f"mean of {n} seeds, 95% t-interval" + ("\nlines: frontier, 95% t-band" if frontier else "")
-    ax.legend(handles, labels, loc="best", frameon=False, title=title, title_fontsize=7)
+    place_legend(ax, handles, labels, frameon=False, title=title, title_fontsize=7)  # off the bands and points
     return ax
 
 
@@ -269,8 +311,8 @@ def plot_matched_gap(runs: pd.DataFrame, a: str = "Hybrid", b: str = "Transforme
         n: compute points on the shared grid; metric: the accuracy column.
 
     Returns:
-        the axes: x the training compute (log), y "Accuracy gap at equal compute [points]", a legend naming the
-        mean gap's seeds and 95% t-interval and the single-seed lines (one entry).
+        the axes: x the training compute (log), y "Accuracy gap [points]", titled "At equal training compute", a
+        legend naming the mean gap's seeds and 95% t-interval and the single-seed lines (one entry).
 
     Raises:
         InputError: ``n`` is not a positive int, or the families have no runs or share no compute range.
@@ -299,10 +341,11 @@ def plot_matched_gap(runs: pd.DataFrame, a: str = "Hybrid", b: str = "Transforme
     ax.set_xscale("log")
     _plain_log_ticks(ax)
     ax.set_xlabel(X_LABELS["train_pflops"])
-    ax.set_ylabel("Accuracy gap at equal compute [points]")
+    ax.set_ylabel(GAP_YLABEL)
+    ax.set_title("At equal training compute")
     ax.grid(True, which="major", alpha=0.3, lw=0.5)
-    ax.legend([first[lab] for lab in dict.fromkeys(labels)], list(dict.fromkeys(labels)), loc="best", frameon=False,
-              fontsize=7)
+    place_legend(ax, [first[lab] for lab in dict.fromkeys(labels)], list(dict.fromkeys(labels)), frameon=False,
+                 fontsize=7)  # off the band
     return ax
 
 
@@ -326,6 +369,10 @@ def plot_study_grid(runs: pd.DataFrame, a: str = "Hybrid", b: str = "Transformer
         fig = new_figure((PAGE_WIDTH, 3.0 * len(blocks)))
     else:
         fig.clear()
+    # laid out while the panels are drawn, so that each legend is placed (layout.place_legend) where its panel ends
+    fig.set_layout_engine("constrained")
+    if suptitle:
+        fig.suptitle(suptitle)
     axes = fig.subplots(len(blocks), 2, squeeze=False)
     for row, n_train in zip(axes, blocks):
         part = runs[runs["train_images"] == n_train]
@@ -335,8 +382,6 @@ def plot_study_grid(runs: pd.DataFrame, a: str = "Hybrid", b: str = "Transformer
         plot_study_runs(part, ax=row[0])
         row[0].set_title(f"CIFAR-10 test ({note})")
         plot_matched_gap(part, a, b, ax=row[1])
-        row[1].set_title("At equal training compute")
-    if suptitle:
-        fig.suptitle(suptitle)
-    fig.tight_layout()
+    for ax in axes.ravel():  # the panels are laid out now: each legend again where it covers no data
+        place_legend(ax)
     return fig

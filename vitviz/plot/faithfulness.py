@@ -10,7 +10,7 @@ from matplotlib.axes import Axes
 from matplotlib.figure import Figure
 
 from vitviz.errors import InputError
-from vitviz.plot.style import FIGSIZE, LEGEND_BESIDE, PAGE_WIDTH, band_legend_title, new_figure, styled
+from vitviz.plot.style import FIGSIZE, LEGEND_BESIDE, PAGE_WIDTH, band_legend_title, label, new_figure, styled
 
 __all__ = ["plot_explanations_grid", "plot_faithfulness", "plot_faithfulness_grid"]
 
@@ -23,7 +23,8 @@ YLABELS = {"accuracy": "Target-class accuracy", "probability": "Target-class pro
 LABELS_YLABEL = "Top-1 accuracy (vs. labels)"  # faithfulness(..., labels=...): arg-max against the labels
 # the x: the fraction of the patches actually removed (column "removed", round(f * P) / P), or, for a frame without
 # that column, the nominal step (column "fraction"); "removed" becomes "inserted" for insertion
-XLABELS = {"removed": "Patches removed [fraction of all patches]", "fraction": "Patches removed [nominal fraction]"}
+XLABELS = {"removed": label("Patches removed", "fraction of all patches"),
+           "fraction": label("Patches removed", "nominal fraction")}
 REMOVALS = {"drop": "tokens dropped", "mean": "mean fill"}
 
 
@@ -102,8 +103,8 @@ def plot_faithfulness(df: Any, *, ax: Axes | None = None, mode: str | None = Non
     metric = sub["metric"].iloc[0]
     removal = sub["removal"].iloc[0]
     ax.set_title(TITLES[mode])
-    label = XLABELS[x] + (f"\n({REMOVALS[removal]})" if removal in REMOVALS else "")  # two lines: fits a panel
-    ax.set_xlabel(label.replace("removed", "inserted" if mode == "insertion" else "removed"))
+    xlabel = XLABELS[x] + (f"\n({REMOVALS[removal]})" if removal in REMOVALS else "")  # two lines: fits a panel
+    ax.set_xlabel(xlabel.replace("removed", "inserted" if mode == "insertion" else "removed"))
     ax.set_ylabel(LABELS_YLABEL if metric == "accuracy" and df.attrs.get("labels") else YLABELS[metric])
     if ax.get_legend() is not None:
         # beside the axes: the bands fill the corners
@@ -201,6 +202,7 @@ def plot_explanations_grid(model: Any, images: Any, maps: Mapping[str, torch.Ten
     rgb = denormalise(model, x)
     cols = len(names) + 1
     fig = new_figure((1.25 * cols + 0.6, 1.3 * b + 0.3))
+    fig.set_layout_engine("constrained")  # room for the colorbar's label inside the figure
     axes = np.atleast_2d(fig.subplots(b, cols, squeeze=False))
     mappable = None
     for j, name in enumerate(["Input", *names]):

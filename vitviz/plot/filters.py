@@ -156,8 +156,12 @@ def plot_filter_variance(
     ax.plot(x, cumulative, color="C1", marker="o", markersize=2.5, label="cumulative")
     if n > N_PAPER:
         ax.axvline(N_PAPER + 0.5, color="0.5", linestyle=":", linewidth=1.0)
-        ax.annotate(f"first {N_PAPER} (Fig. 7 left)", (N_PAPER + 0.5, 1.0), xytext=(-3, -3),
-                    textcoords="offset points", ha="right", va="top", fontsize=7.5, color="0.35")
+        # left of the line, halfway between the bars and the cumulative curve over the note's width (about a
+        # quarter of the components shown), where neither is
+        span = max(1, n // 4)
+        low, high = float(ratio[N_PAPER - span:N_PAPER].max()), float(cumulative[N_PAPER - span])
+        ax.annotate(f"first {N_PAPER} (Fig. 7 left)", (N_PAPER + 0.5, (low + high) / 2), xytext=(-3, 0),
+                    textcoords="offset points", ha="right", va="center", fontsize=7.5, color="0.35")
     ax.set_xlim(0.3, ratio.size + 0.7)
     ax.set_ylim(0, 1.02)
     ax.set_xlabel("Principal component" + (f" (first {n} of {total})" if n < total else ""))

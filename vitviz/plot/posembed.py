@@ -20,7 +20,7 @@ from torch import nn
 from vitviz.analysis.posembed import Size, pos_embed_similarity
 from vitviz.core.util import check_positive_int, is_int
 from vitviz.errors import DataNotFoundError, InputError, InputTypeError, OutOfRangeError
-from vitviz.plot.style import FIGSIZE, new_figure, styled
+from vitviz.plot.style import FIGSIZE, colorbar_beside, label, new_figure, styled
 
 __all__ = ["plot_pos_embed", "plot_pos_embed_similarity", "plot_posemb_ablation_grid", "pos_embed_mosaic", "tile_layout"]
 
@@ -118,7 +118,8 @@ def plot_pos_embed(
 
     Returns:
         the axes holding the mosaic; ``ax.figure`` also holds the colorbar "Cosine similarity" (limits
-        ``[-1, 1]``).
+        ``[-1, 1]``), an inset of ``ax`` (``ax.child_axes``; ``ax.images[0].colorbar``) exactly as tall as the
+        mosaic whatever the grid's aspect.
 
     Raises:
         InputError: ``max_tiles`` is not a positive int; as ``vitviz.pos_embed_similarity`` for the embedding.
@@ -142,9 +143,7 @@ def plot_pos_embed(
         spine.set_visible(False)
     ax.set_xlabel(COL_LABEL)
     ax.set_ylabel(ROW_LABEL)
-    cbar = ax.figure.colorbar(im, ax=ax, shrink=0.8, aspect=25, pad=0.03, ticks=[-1, -0.5, 0, 0.5, 1])
-    cbar.set_label(CBAR_LABEL)
-    cbar.outline.set_linewidth(0.5)
+    colorbar_beside(ax, im, CBAR_LABEL, ticks=[-1, -0.5, 0, 0.5, 1])  # as tall as the mosaic, any grid aspect
 
     if title is None:
         if isinstance(model, nn.Module):
@@ -189,7 +188,7 @@ def plot_pos_embed_similarity(
             from 1, and a red square marks the query.
         ax: draw here; default a new ``3.4 x 2.8`` in figure.
         cmap: matplotlib colormap name.
-        colorbar: add a colorbar "Cosine similarity" (limits ``[-1, 1]``).
+        colorbar: add a colorbar "Cosine similarity" (limits ``[-1, 1]``), an inset of ``ax`` as tall as the map.
 
     Returns:
         the axes.
@@ -218,8 +217,7 @@ def plot_pos_embed_similarity(
     ax.set_ylabel(ROW_LABEL)
     ax.set_title(f"Similarity to patch ({r + 1}, {c + 1})")
     if colorbar:
-        cbar = ax.figure.colorbar(im, ax=ax, ticks=[-1, -0.5, 0, 0.5, 1])
-        cbar.set_label(CBAR_LABEL)
+        colorbar_beside(ax, im, CBAR_LABEL, ticks=[-1, -0.5, 0, 0.5, 1])
     return ax
 
 
@@ -267,7 +265,7 @@ def plot_posemb_ablation_grid(directory: str | os.PathLike | None = None) -> Fig
                       label=f"{_short_kind(row.pos_emb)} ({row.model}): {row.test_top1:.2f}%")
         ax_curve.plot([row.epochs], [row.test_top1], "o", color=color, markersize=4)
     ax_curve.set_xlabel("Epoch")
-    ax_curve.set_ylabel("CIFAR-10 test top-1 (%)")
+    ax_curve.set_ylabel(label("CIFAR-10 test top-1", "%"))
     epochs = sorted({int(e) for e in trained["epochs"]})
     budget = (f"{epochs[0]} epoch{'s' if epochs[0] != 1 else ''}" if len(epochs) == 1
               else "UNEQUAL budgets: " + ", ".join(map(str, epochs)) + " epochs")
@@ -286,6 +284,6 @@ def plot_posemb_ablation_grid(directory: str | os.PathLike | None = None) -> Fig
     ax_paper.grid(axis="y", alpha=0.3)
     ax_paper.set_ylim(60, 66)
     ax_paper.set_xlabel("Position embedding")
-    ax_paper.set_ylabel("ImageNet 5-shot linear top-1 (%)")
+    ax_paper.set_ylabel(label("ImageNet 5-shot linear top-1", "%"))
     ax_paper.set_title("Paper, Table 8 (ViT-B/16)")
     return fig

@@ -9,7 +9,7 @@ import pandas as pd
 from matplotlib.axes import Axes
 
 from vitviz.errors import InputError
-from vitviz.plot.style import FIGSIZE, new_figure, styled
+from vitviz.plot.style import FIGSIZE, label, new_figure, styled
 
 
 def _colors(n: int) -> list:
@@ -27,7 +27,7 @@ def plot_layer_probes(df: pd.DataFrame, *, ax: Axes | None = None, level: float 
         level: the interval drawn around each mean (Student-t over draws).
 
     Returns:
-        the Axes: x "Block (depth)", y "Few-shot linear top-1 (%)"; the pre-logits representation (after the final
+        the Axes: x "Block (depth)", y "Few-shot linear top-1 [%]"; the pre-logits representation (after the final
         norm and pooling) is an unjoined marker one step past the last block.
     """
     from vitviz.analysis.representations import summarize_probes
@@ -38,13 +38,14 @@ def plot_layer_probes(df: pd.DataFrame, *, ax: Axes | None = None, level: float 
                          f"{sorted(df.columns)} with {len(df)} rows")
     s = summarize_probes(df, level=level)
     if ax is None:
-        ax = new_figure(FIGSIZE["wide"]).add_subplot()
+        fig = new_figure(FIGSIZE["wide"])
+        fig.set_layout_engine("constrained")  # the labels inside the figure, as in every vitviz figure
+        ax = fig.add_subplot()
     groups = list(s.groupby(["model", "shots"], sort=False))
     colors = _colors(len(groups))
     for color, ((model, shots), g) in zip(colors, groups):
         blocks = g[g.layer != "pre_logits"].sort_values("depth")
-        label = f"{model}, {shots}-shot"
-        ax.plot(blocks.depth, blocks.accuracy, "o-", color=color, markersize=3.5, label=label)
+        ax.plot(blocks.depth, blocks.accuracy, "o-", color=color, markersize=3.5, label=f"{model}, {shots}-shot")
         if blocks.low.notna().any():
             ax.fill_between(blocks.depth, blocks.low, blocks.high, color=color, alpha=0.2, linewidth=0)
         pre = g[g.layer == "pre_logits"]
@@ -60,7 +61,7 @@ def plot_layer_probes(df: pd.DataFrame, *, ax: Axes | None = None, level: float 
                   for d in depths]
     ax.set_xticks(depths, labels)
     ax.set_xlabel("Block (depth)")
-    ax.set_ylabel("Few-shot linear top-1 (%)")
+    ax.set_ylabel(label("Few-shot linear top-1", "%"))
     draws = int(s.draws.max())
     ax.set_title(f"Where the representation forms ({draws} draws, {int(level * 100)}% intervals)")
     ax.grid(alpha=0.3)
@@ -86,7 +87,9 @@ def plot_cls_vs_gap(df: pd.DataFrame, *, ax: Axes | None = None, metric: str = "
     if not need <= set(df.columns) or df.empty:
         raise InputError(f"plot_cls_vs_gap needs columns {sorted(need)}, got {sorted(df.columns)} ({len(df)} rows)")
     if ax is None:
-        ax = new_figure(FIGSIZE["single"]).add_subplot()
+        fig = new_figure(FIGSIZE["single"])
+        fig.set_layout_engine("constrained")
+        ax = fig.add_subplot()
     styles = {"cls": "-", "gap": "--"}
     lrs = sorted(df.lr.unique(), reverse=True)
     colors = dict(zip(lrs, _colors(len(lrs))))
@@ -100,8 +103,8 @@ def plot_cls_vs_gap(df: pd.DataFrame, *, ax: Axes | None = None, metric: str = "
         if seeds > 1:
             ax.fill_between(mean.index, by.min().values, by.max().values, color=colors[lr], alpha=0.2, linewidth=0)
     ax.set_xlabel("Epochs of training")
-    ax.set_ylabel({"test_acc": "CIFAR-10 test top-1 (%)", "fewshot5": "CIFAR-10 5-shot linear top-1 (%)"}.get(
-        metric, metric))
+    ax.set_ylabel({"test_acc": label("CIFAR-10 test top-1", "%"),
+                   "fewshot5": label("CIFAR-10 5-shot linear top-1", "%")}.get(metric, metric))
     ax.grid(alpha=0.3)
     ax.legend(frameon=False, loc="lower right")
     return ax

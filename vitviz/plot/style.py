@@ -20,8 +20,9 @@ from matplotlib.figure import Figure
 from vitviz.core.util import is_number
 from vitviz.errors import InputError, InputTypeError
 
-__all__ = ["RC", "FIGSIZE", "LEGEND_BESIDE", "PAGE_WIDTH", "PAPER_FIGURES", "band_legend_title", "fit_columns",
-           "interval_label", "new_figure", "plot_level", "save_figure", "styled", "vitviz_style"]
+__all__ = ["RC", "FIGSIZE", "LEGEND_BESIDE", "PAGE_WIDTH", "PAPER_FIGURES", "band_legend_title", "colorbar_beside",
+           "fit_columns", "interval_label", "label", "new_figure", "plot_level", "save_figure", "styled",
+           "vitviz_style"]
 
 # rcParams for paper-size figures: 8-9 pt text, thin lines, no top/right spines
 RC: dict[str, Any] = {
@@ -102,6 +103,56 @@ def fit_columns(n: int, width: float, extra: float = 0.0, max_width: float = PAG
 
 
 F = TypeVar("F", bound=Callable[..., Any])
+
+
+def label(text: str, unit: str | None = None) -> str:
+    """An axis or colorbar label in the house form: the quantity, then its unit in square brackets.
+
+    ``label("Transfer accuracy", "%")`` -> ``"Transfer accuracy [%]"``; ``label("Cosine similarity")`` (no unit)
+    -> ``"Cosine similarity"``. Square brackets are the form of the ViT paper's quantitative figures (Fig. 5:
+    "Transfer accuracy [%]", "Total pre-training compute [exaFLOPs]"), so every vitviz figure writes units that way,
+    also where the paper's Fig. 7 writes "Mean attention distance (pixels)". Parentheses stay for what is not a
+    unit ("Network depth (layer)", "Attention (relative to max)").
+
+    Raises:
+        InputError: ``unit`` is empty or already bracketed.
+    """
+    if unit is None:
+        return text
+    if not isinstance(unit, str) or not unit.strip() or unit.strip()[0] in "([":
+        raise InputError(f"unit={unit!r} is not a bare unit; pass e.g. label({text!r}, '%') or no unit")
+    return f"{text} [{unit.strip()}]"
+
+
+def colorbar_beside(ax: Axes, mappable: Any, text: str, *, ticks: Any = None, width: float = 0.12,
+                    pad: float = 0.1) -> Any:
+    """A colorbar right of ``ax``, exactly as tall as the drawn axes box, whatever its aspect.
+
+    ``fig.colorbar(..., ax=ax, shrink=...)`` sizes the bar to the space the layout gives the axes; an image with
+    ``aspect="equal"`` (a 4 x 6 mosaic) is then drawn shorter than that space and the bar sticks out above and below
+    it. Here the bar is an inset of ``ax`` (so layout engines make room for it): its height follows the box the
+    image is drawn in, its width and gap are fixed in inches.
+
+    Args:
+        ax: the axes (its image or plot).
+        mappable: what the colorbar shows (``ax.imshow``'s result).
+        text: the colorbar label (``label(...)``).
+        ticks: colorbar ticks (default matplotlib's).
+        width, pad: bar width and gap to ``ax``, in inches.
+
+    Returns:
+        the ``Colorbar``.
+    """
+    from matplotlib.transforms import ScaledTranslation, blended_transform_factory
+
+    fig = ax.figure
+    # x: inches from the axes' right edge; y: the axes' own fraction (0 bottom, 1 top), both read at draw time
+    beside = blended_transform_factory(fig.dpi_scale_trans + ScaledTranslation(1, 0, ax.transAxes), ax.transAxes)
+    cax = ax.inset_axes((pad, 0.0, width, 1.0), transform=beside)
+    cbar = fig.colorbar(mappable, cax=cax, ticks=ticks)
+    cbar.set_label(text)
+    cbar.outline.set_linewidth(0.5)
+    return cbar
 
 
 def interval_label(errorbar: Any) -> str | None:

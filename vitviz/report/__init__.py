@@ -152,8 +152,10 @@ def _global_jobs() -> list[tuple[str, Job]]:
     measured = read_results()
     if len(measured):
         def study() -> tuple[Any, dict[str, np.ndarray]]:
+            from vitviz.plot.style import label
+
             fig = vitviz.plot_compute_curves(measured, metrics=("test_acc",), x="train_pflops", frontier=True,
-                                             annotate=True, ylabel="Test accuracy [%]")
+                                             annotate=True, ylabel=label("Test accuracy", "%"))
             return fig, {c: measured[c].to_numpy() for c in ("train_pflops", "test_acc", "epochs")}
 
         jobs.append(("study_hybrid_vs_pure", study))

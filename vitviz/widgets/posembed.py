@@ -65,7 +65,7 @@ class PosEmbedExplorer(Explorer):
         gh, gw = self.spec.grid_size
         style = {"description_width": "88px"}
         self.resolution = widgets.IntSlider(value=h, min=ph * min(2, gh), max=max(h, ph) * max_scale, step=ph,
-                                            description="img size (px)", style=style, continuous_update=False)
+                                            description="img size [px]", style=style, continuous_update=False)
         self.row = widgets.IntSlider(value=gh // 2, min=0, max=gh - 1, description="patch row", style=style,
                                      continuous_update=False)
         self.col = widgets.IntSlider(value=gw // 2, min=0, max=gw - 1, description="patch column", style=style,
