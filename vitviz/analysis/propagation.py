@@ -20,6 +20,17 @@ blocks, ``R = A_L A_{L-1} ... A_1``. This module holds the three steps they shar
    - ``"chefer"`` (Chefer, Gur & Wolf, ICCV 2021, Eq. 6): ``A = I + W``, no renormalisation; ``W`` is stored and
      the identity applied in the product, ``R + W R``, as in the reference code's ``R <- R + W R``.
 
+**The rows read** (``output_rows``): by default the rows of the tokens the model's head reads
+(``ViTSpec.readout``, ``vitviz.core.families.readout``): the class token's row (a class-token head; unchanged bit for
+bit), the mean of the class and distillation rows (DeiT-distilled), the mean of the patch rows (average pooling,
+and every model without a class token), ``0.5 e_cls + 0.5 mean(patch rows)`` (``[cls, patch mean]`` heads). Abnar &
+Zuidema (2020) and Chefer et al. (2021) read the class row because their models' heads read the class token; a
+head that never reads it (``global_pool="avg"``) makes the class row an explanation of a token the output ignores.
+Attention pools (timm ``"map"``, SigLIP, open_clip's attentional pooler), max pooling and heads on every token are
+approximated by the mean of the rows pooled over (the readout's ``exact`` is ``False``): an attention pool's weights
+over the tokens depend on the image and are not folded in. ``token="class"`` reads the class row whatever the
+head, ``token=<int>`` any single row.
+
 The product (``Propagator.result``): ``R = A_L ... A_1`` bottom up, or rows ``v`` pushed from the top,
 ``v A_L ... A_1`` (``K N^2`` per layer, not ``N^3``). A ``Propagator`` is ``capture_attention``'s ``on_layer``
 reducer (each layer fused and turned into ``A_l`` as the forward pass runs; only ``L`` ``(B, N, N)`` matrices
@@ -44,7 +55,7 @@ from vitviz.errors import CaptureError, InputError, InputTypeError, OutOfRangeEr
 
 __all__ = [
     "FLOW_MAPS", "HEAD_FUSIONS", "RULES", "LayerRule", "Propagator", "discard_weakest", "fuse_heads",
-    "layer_range", "output_token", "propagate", "propagated_output", "query_vectors", "require_flow_maps",
+    "layer_range", "output_rows", "output_token", "propagate", "propagated_output", "query_vectors", "require_flow_maps",
     "rollout_to_maps",
 ]
 
@@ -336,14 +347,20 @@ def propagate(maps: Sequence[torch.Tensor], rule: LayerRule, *, rows: torch.Tens
     return Propagator(rule, head_fusion=head_fusion, blocks=blocks, dtype=dtype).feed(maps).result(rows)
 
 
-def query_vectors(batch: int, n: int, num_prefix_tokens: int, token: int | None, *,
+Rows = int | torch.Tensor | None  # one row; a weighting (N,) of the rows; None: the mean of the patch rows
+
+
+def query_vectors(batch: int, n: int, num_prefix_tokens: int, token: Rows, *,
                   device: torch.device | None = None, dtype: torch.dtype = torch.float32) -> torch.Tensor:
     """The row selector ``(B, N)`` whose product with ``R`` is the row ``rollout_to_maps`` reads.
 
-    ``e_token`` for a token index; for ``token=None`` the mean of the patch queries' unit rows.
+    ``e_token`` for a token index; for ``token=None`` the mean of the patch queries' unit rows; for an ``(N,)``
+    tensor of row weights (``output_rows``), those weights.
     """
     v = torch.zeros(batch, n, device=device, dtype=dtype)
-    if token is None:
+    if isinstance(token, torch.Tensor):
+        v.copy_(token.to(device=v.device, dtype=dtype).expand(batch, n))
+    elif token is None:
         v[:, num_prefix_tokens:] = 1.0 / (n - num_prefix_tokens)
     else:
         v[:, token] = 1.0
@@ -359,28 +376,71 @@ def _check_tokens(n: int, grid_size: tuple[int, int], num_prefix_tokens: int) ->
 
 
 def rollout_to_maps(rollout: torch.Tensor, grid_size: tuple[int, int], num_prefix_tokens: int,
-                    token: int | None) -> torch.Tensor:
+                    token: Rows) -> torch.Tensor:
     """Row ``token`` of ``R`` ``(B, N, N)`` over the patch columns, as ``(B, gh, gw)`` maps.
 
-    ``token=None`` averages the rows of all patch queries (for models without a class token).
+    ``token=None`` averages the rows of all patch queries (average pooling, models without a class token); an
+    ``(N,)`` tensor ``w`` (``output_rows``) gives ``w R``, the weighted sum of the rows.
     """
     b, n, _ = rollout.shape
     _check_tokens(n, grid_size, num_prefix_tokens)
-    rows = rollout[:, num_prefix_tokens:].mean(dim=1) if token is None else rollout[:, token]
+    if isinstance(token, torch.Tensor):
+        if token.shape != (n,):
+            raise InputError(f"token: row weights of shape {tuple(token.shape)} do not fit {n} tokens; pass ({n},)")
+        rows = torch.matmul(token.to(device=rollout.device, dtype=rollout.dtype), rollout)
+    else:
+        rows = rollout[:, num_prefix_tokens:].mean(dim=1) if token is None else rollout[:, token]
     return rows[:, num_prefix_tokens:].reshape(b, *grid_size)
 
 
-def output_token(spec: ViTSpec, token: int | None, n: int) -> int | None:
-    """The row to read: ``token`` (negative counts from the end), else the class token (``None`` without one)."""
-    if token is None:
+TOKEN_NAMES = ("readout", "class")
+
+
+def output_rows(spec: ViTSpec, token: int | str | None, n: int) -> Rows:
+    """The rows to read for ``token``, as ``rollout_to_maps`` and ``query_vectors`` take them.
+
+    Args:
+        spec: the model's layout (``spec.readout`` says which tokens its head reads).
+        token: ``None`` or ``"readout"``: the rows the head reads (``ViTSpec.readout``): an int for one token (the
+            class token of a class-token head), ``None`` for the mean of the patch rows (average pooling), else an
+            ``(N,)`` float64 tensor of row weights (e.g. ``0.5`` on the class and distillation rows); ``"class"``:
+            the class token's row whatever the head reads; an int: that token (negative counts from the end).
+        n: tokens in the sequence.
+
+    Raises:
+        InputError: ``token="class"`` on a model without a class token, or a string that is not a token name.
+        InputTypeError, OutOfRangeError: an index that is not an int, or out of range.
+    """
+    if token is None or (isinstance(token, str) and token == "readout"):
+        readout = spec.readout
+        if readout.single_token is not None:
+            return readout.single_token
+        if readout.patch_mean:
+            return None
+        return readout.weights(n, spec.num_prefix_tokens)
+    if isinstance(token, str):
+        if token != "class":
+            raise InputError(f"{spec.name}: token={token!r} is not one of {TOKEN_NAMES}; pass None (the rows the "
+                             "head reads), 'class', or a token index")
+        if spec.class_token_index is None:
+            raise InputError(f"{spec.name}: token='class' but the model has no class token (prefix tokens: "
+                             f"{spec.prefix_tokens or 'none'}); pass token=None for the rows its head reads")
         return spec.class_token_index
+    return output_token(spec, token, n)
+
+
+def output_token(spec: ViTSpec, token: int | str | None, n: int) -> Rows:
+    """A single row index ``token`` checked (negative counts from the end); ``None`` or a name: ``output_rows``."""
+    if token is None or isinstance(token, str):
+        return output_rows(spec, token, n)
     index = None
     if not isinstance(token, bool):
         with contextlib.suppress(TypeError):
             index = operator.index(token)
     if index is None:
         raise InputTypeError(f"{spec.name}: token={token!r} is a {type(token).__name__}, not a token index; pass an "
-                             f"integer in {-n} ... {n - 1} (prefix tokens first, then patches row-major) or None")
+                             f"integer in {-n} ... {n - 1} (prefix tokens first, then patches row-major), 'class' "
+                             "or None")
     token = index
     if not -n <= token < n:
         raise OutOfRangeError(f"{spec.name}: token={token} is out of range for {n} tokens; pass an index in "
@@ -408,12 +468,12 @@ def require_flow_maps(spec: ViTSpec, layers: list[int], method: str, *, suggest_
     spec.require_maps(method, FLOW_MAPS, layers, hint)
 
 
-def propagated_output(spec: ViTSpec, prop: Propagator, x: torch.Tensor, token: int | None, full: bool, *,
+def propagated_output(spec: ViTSpec, prop: Propagator, x: torch.Tensor, token: int | str | None, full: bool, *,
                       from_top: bool = True) -> torch.Tensor:
     """What a propagation call returns for the batch ``x``: ``R`` ``(B, N, N)``, or the ``(B, gh, gw)`` maps.
 
-    The maps are the output token's row (``token``; default the class token, without one the mean of the patch
-    queries' rows) over the patch columns: pushed from the top through the kept matrices (``from_top``, no ``N^3``
+    The maps are the rows ``output_rows(spec, token)`` reads (default the rows the model's head reads,
+    ``ViTSpec.readout``) over the patch columns: pushed from the top through the kept matrices (``from_top``, no ``N^3``
     product), or read off the full product ``R`` (the gradient methods, whose cost is the backward pass: their
     maps stay bit-identical to the row of ``R`` they return with ``return_full``).
     """
@@ -424,10 +484,10 @@ def propagated_output(spec: ViTSpec, prop: Propagator, x: torch.Tensor, token: i
         if full:
             return r
         return rollout_to_maps(r, spec.grid_for_input(x), spec.num_prefix_tokens,
-                               output_token(spec, token, r.shape[-1]))
+                               output_rows(spec, token, r.shape[-1]))
     grid = spec.grid_for_input(x)
     p = spec.num_prefix_tokens
     b, n = len(x), prop.matrices[0].shape[-1]
     _check_tokens(n, grid, p)
-    v = query_vectors(b, n, p, output_token(spec, token, n), device=prop.matrices[0].device, dtype=prop.dtype)
+    v = query_vectors(b, n, p, output_rows(spec, token, n), device=prop.matrices[0].device, dtype=prop.dtype)
     return prop.result(v)[:, p:].reshape(b, *grid)

@@ -16,7 +16,8 @@ from __future__ import annotations
 
 from torch import nn
 
-from vitviz.core.families.hf_base import HFVisionFamily
+from vitviz.core.families.hf_base import HFVisionFamily, vision_root
+from vitviz.core.families.readout import PATCHES, Readout
 
 
 class HFSiglipFamily(HFVisionFamily):
@@ -29,6 +30,12 @@ class HFSiglipFamily(HFVisionFamily):
 
     def prefix_tokens(self, model: nn.Module) -> tuple[str, ...]:
         return ()
+
+    def readout(self, model: nn.Module, prefix_tokens: tuple[str, ...]) -> Readout:
+        """The attention-pooling head over the patch tokens (``vision_use_head``), else the patch mean."""
+        if getattr(vision_root(model)[0], "head", None) is not None:
+            return Readout("attention-pool", ((PATCHES,),), "SiglipMultiheadAttentionPoolingHead")
+        return super().readout(model, prefix_tokens)
 
     def param_components(self, model: nn.Module) -> dict[str, tuple[str, ...]]:
         comps = super().param_components(model)

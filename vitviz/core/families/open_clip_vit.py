@@ -37,6 +37,7 @@ from vitviz.core.families.base import Family, Layout, Undo
 from vitviz.core.families.pooling import pool_tokens
 from vitviz.core.families.pos_kind import table_kind
 from vitviz.core.families.probes import probe_mha, refuse_mha_dropout
+from vitviz.core.families.readout import PATCHES, Readout, default_readout
 from vitviz.core.families.stream import mha_stream_probe_for
 from vitviz.errors import CaptureError, NotAViTError, UnsupportedModelError
 
@@ -115,6 +116,19 @@ class OpenCLIPFamily(Family):
         if getattr(visual, "attn_pool", None) is None and getattr(visual, "pool_type", "tok") == "avg":
             return pool_tokens(tokens, "avg", len(prefix_tokens))
         return super().pooled_token(model, tokens, prefix_tokens)
+
+    def readout(self, model: nn.Module, prefix_tokens: tuple[str, ...]) -> Readout:
+        """An attentional pooler: attention pooling over every token (class token included); ``pool_type``
+        ``"avg"``: the patch mean (``x[:, 1:].mean(1)``), ``"tok"``: the class token, ``"none"``: no pooling."""
+        visual = tower(model)[0]
+        pool = getattr(visual, "pool_type", "tok")
+        if getattr(visual, "attn_pool", None) is not None:
+            return Readout("attention-pool", ((0, PATCHES),), "open_clip attentional pooler")
+        if pool == "avg":
+            return Readout("mean", ((PATCHES,),), "open_clip pool_type='avg'")
+        if pool == "tok":
+            return default_readout(prefix_tokens, "open_clip pool_type='tok'")
+        return Readout("none", default_readout(prefix_tokens).parts, f"open_clip pool_type={pool!r}")
 
     def pre_logits(self, model: nn.Module, x: torch.Tensor) -> torch.Tensor:
         """The tower's image features (pooled token times ``proj``, what ``encode_image`` returns unnormalised)."""

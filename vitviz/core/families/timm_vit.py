@@ -33,6 +33,7 @@ from torch import nn
 from vitviz.core.families.base import Family, Layout, Undo, chain_undos, set_attr
 from vitviz.core.families.pooling import timm_pooled_token
 from vitviz.core.families.pos_kind import table_kind
+from vitviz.core.families.readout import Readout, timm_readout
 from vitviz.core.families.timm_probes import map_kind, probe_timm, stream_probe_for
 from vitviz.core.families.token_drop import gather_bias, gather_bias_hook, token_index
 from vitviz.core.util import pair
@@ -129,6 +130,10 @@ class TimmFamily(Family):
             return tokens[:, 0] if tokens.shape[1] == 1 else tokens.mean(dim=1)
         pooled = timm_pooled_token(model, tokens, len(prefix_tokens))
         return super().pooled_token(model, tokens, prefix_tokens) if pooled is None else pooled
+
+    def readout(self, model: nn.Module, prefix_tokens: tuple[str, ...]) -> Readout:
+        """As ``forward_head`` reads the tokens (``readout.timm_readout``)."""
+        return timm_readout(model, prefix_tokens)
 
     def prefix_tokens(self, model: nn.Module) -> tuple[str, ...]:
         tokens: list[str] = []
