@@ -101,13 +101,15 @@ def test_analyses_are_finite_and_shaped_by_the_grid(name):
     torch.testing.assert_close(sim.reshape(table[0] * table[1], -1).diagonal(), torch.ones(table[0] * table[1]))
 
 
-def test_distilled_deit_has_two_prefix_tokens_and_rolls_out_from_cls():
-    case = hf_case("deit-distilled")
+def test_distilled_deit_has_two_prefix_tokens_and_rolls_out_from_cls_and_dist():
+    case = hf_case("deit-distilled")  # ...WithTeacher: logits = mean of the class head and the distillation head
     with torch.no_grad(), vitviz.capture_attention(case.model) as cap:
         case.run(case.model, case.x)
     full = rollout_from_attentions(cap.attentions, num_prefix_tokens=2)
     maps = vitviz.attention_rollout(case.model, case.x)
-    torch.testing.assert_close(maps, full[:, 0, 2:].reshape(2, 4, 6))
+    torch.testing.assert_close(maps, (full[:, 0, 2:] + full[:, 1, 2:]).reshape(2, 4, 6) / 2)
+    torch.testing.assert_close(vitviz.attention_rollout(case.model, case.x, token="class"),
+                               full[:, 0, 2:].reshape(2, 4, 6))
     dist_row = vitviz.attention_rollout(case.model, case.x, token=1)
     torch.testing.assert_close(dist_row, full[:, 1, 2:].reshape(2, 4, 6))
 
