@@ -119,7 +119,8 @@ def test_siglip_has_no_class_token_and_rollout_uses_the_mean_of_patch_rows():
     spec = vitviz.inspect(case.model)
     assert spec.prefix_tokens == () and spec.class_token_index is None and not spec.pos_embed_covers_prefix
     ref = rollout_from_attentions(case.reference(case.model, case.x), num_prefix_tokens=0)  # (B, 16, 16)
-    maps = vitviz.attention_rollout(case.model, case.x)
+    # the default weights the rows by the pooling head's attention (tests/test_readout.py); "patches": their mean
+    maps = vitviz.attention_rollout(case.model, case.x, token="patches")
     torch.testing.assert_close(maps, ref.mean(dim=1).reshape(2, 4, 4), atol=1e-5, rtol=1e-4)
     assert not torch.allclose(maps, ref[:, 0].reshape(2, 4, 4), atol=1e-4)  # not the first patch's row
     torch.testing.assert_close(vitviz.attention_rollout(case.model, case.x, token=5), ref[:, 5].reshape(2, 4, 4),

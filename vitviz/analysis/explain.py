@@ -62,7 +62,7 @@ from typing import Any
 import torch
 from torch import nn
 
-from vitviz.analysis.propagation import fuse_heads, output_rows, rollout_to_maps
+from vitviz.analysis.propagation import PoolRows, fuse_heads, output_rows, rollout_to_maps
 from vitviz.core.batching import iter_batches
 from vitviz.core.capture import capture_attention
 from vitviz.core.images import Images
@@ -109,10 +109,11 @@ def raw_attention(
     spec = inspect(model)
     out: list[torch.Tensor] = []
     for x in iter_batches(model, images, batch_size, progress=progress, desc="attention"):
-        with torch.no_grad(), capture_attention(model, layers=layer) as cap:
+        with torch.no_grad(), capture_attention(model, layers=layer) as cap, PoolRows(model, spec, token) as pool:
             model(x)
         w = fuse_heads(cap.attentions[0], head_fusion)
-        row = output_rows(spec, token, w.shape[-1])
+        row = pool.take(w.shape[-1])
+        row = output_rows(spec, token, w.shape[-1]) if row is None else row
         out.append(rollout_to_maps(w, spec.grid_for_input(x), spec.num_prefix_tokens, row))
     return torch.cat(out)
 

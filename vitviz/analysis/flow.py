@@ -40,7 +40,7 @@ import numpy as np
 import torch
 from torch import nn
 
-from vitviz.analysis.propagation import LayerRule, Propagator, output_rows, require_flow_maps
+from vitviz.analysis.propagation import LayerRule, PoolRows, Propagator, output_rows, require_flow_maps
 from vitviz.core.batching import count_images, iter_batches
 from vitviz.core.capture import capture_attention
 from vitviz.core.images import Images
@@ -146,19 +146,21 @@ def attention_flow(
             gh, gw = spec.grid_for_input(x)
             _check_tokens(spec.name, p + gh * gw, (gh, gw), spec.depth, max_tokens)
             # each block reduced to its (b, N, N) matrix as the forward pass runs
-            with torch.no_grad(), capture_attention(model, on_layer=reducer, store=False, heads="stream"):
+            with torch.no_grad(), capture_attention(model, on_layer=reducer, store=False, heads="stream"), \
+                    PoolRows(model, spec, token) as pool:
                 model(x)
             mats = reducer.matrices
             n = mats[0].shape[-1]
-            rows_read = output_rows(spec, token, n)
-            if isinstance(rows_read, torch.Tensor):  # a weighting of several rows: its tokens and their weights
-                sources = [int(i) for i in torch.nonzero(rows_read).flatten()]
-                weights = rows_read[sources].numpy()
-            else:
-                sources = [rows_read] if rows_read is not None else list(range(p, n))
-                weights = None
+            per_image = pool.take(n)
             sinks = list(range(n)) if normalise else list(range(p, n))  # normalised over every input token
             for b in range(len(x)):
+                rows_read = output_rows(spec, token, n) if per_image is None else per_image[b].cpu()
+                if isinstance(rows_read, torch.Tensor):  # a weighting of several rows: its tokens and their weights
+                    sources = [int(i) for i in torch.nonzero(rows_read).flatten()]
+                    weights = rows_read[sources].double().numpy()
+                else:
+                    sources = [rows_read] if rows_read is not None else list(range(p, n))
+                    weights = None
                 layers = [m[b] for m in mats]
                 rows = [flow_from_layers(layers, s, sinks) for s in sources]
                 if normalise:

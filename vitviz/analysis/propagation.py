@@ -26,10 +26,11 @@ bit), the mean of the class and distillation rows (DeiT-distilled), the mean of 
 and every model without a class token), ``0.5 e_cls + 0.5 mean(patch rows)`` (``[cls, patch mean]`` heads). Abnar &
 Zuidema (2020) and Chefer et al. (2021) read the class row because their models' heads read the class token; a
 head that never reads it (``global_pool="avg"``) makes the class row an explanation of a token the output ignores.
-Attention pools (timm ``"map"``, SigLIP, open_clip's attentional pooler), max pooling and heads on every token are
-approximated by the mean of the rows pooled over (the readout's ``exact`` is ``False``): an attention pool's weights
-over the tokens depend on the image and are not folded in. ``token="class"`` reads the class row whatever the
-head, ``token=<int>`` any single row.
+An attention pool (timm ``"map"``, SigLIP's head, open_clip's attentional pooler) outputs ``sum_j a_j v_j``: where the
+family reads its attention ``a`` (``ViTSpec.readout.pool_attention``; ``PoolRows``), the rows read are ``a`` itself,
+per image, so the map is ``a . R``; other attention pools, max pooling and heads on every token are approximated by
+the mean of the rows pooled over (the readout's ``exact`` is ``False``). ``token="class"`` reads the class row
+whatever the head, ``token="patches"`` the mean of the patch rows, ``token=<int>`` any single row.
 
 The product (``Propagator.result``): ``R = A_L ... A_1`` bottom up, or rows ``v`` pushed from the top,
 ``v A_L ... A_1`` (``K N^2`` per layer, not ``N^3``). A ``Propagator`` is ``capture_attention``'s ``on_layer``
@@ -49,12 +50,13 @@ from dataclasses import dataclass
 import torch
 
 from vitviz.core.capture import HeadMaps, check_layer_index
+from vitviz.core.families import family_of
 from vitviz.core.spec import ViTSpec
 from vitviz.core.util import is_int
 from vitviz.errors import CaptureError, InputError, InputTypeError, OutOfRangeError
 
 __all__ = [
-    "FLOW_MAPS", "HEAD_FUSIONS", "RULES", "LayerRule", "Propagator", "discard_weakest", "fuse_heads",
+    "FLOW_MAPS", "HEAD_FUSIONS", "RULES", "LayerRule", "PoolRows", "Propagator", "discard_weakest", "fuse_heads",
     "layer_range", "output_rows", "output_token", "propagate", "propagated_output", "query_vectors", "require_flow_maps",
     "rollout_to_maps",
 ]
@@ -347,7 +349,57 @@ def propagate(maps: Sequence[torch.Tensor], rule: LayerRule, *, rows: torch.Tens
     return Propagator(rule, head_fusion=head_fusion, blocks=blocks, dtype=dtype).feed(maps).result(rows)
 
 
-Rows = int | torch.Tensor | None  # one row; a weighting (N,) of the rows; None: the mean of the patch rows
+Rows = int | torch.Tensor | None  # one row; a weighting (N,) or (B, N) of the rows; None: the mean of the patch rows
+
+
+class PoolRows:
+    """The rows an attention-pool readout reads, per image: its own attention over the tokens it pools.
+
+    Use as a context manager around the forward passes: while open, ``Family.readout_attention`` hooks the pool
+    (only for ``token`` ``None`` / ``"readout"`` and a readout with ``pool_attention``); after each forward,
+    ``take(n)`` returns that pass's ``(B, N)`` row weights (zeros on the tokens the pool does not see), or ``None``
+    when nothing is read (then ``output_rows`` applies).
+
+    Args:
+        model: the model.
+        spec: ``inspect(model)``.
+        token: the caller's ``token`` argument.
+    """
+
+    def __init__(self, model: torch.nn.Module, spec: ViTSpec, token: int | str | None) -> None:
+        read = spec.readout
+        self.active = (token is None or token == "readout") and read.how == "attention-pool" and read.pool_attention
+        self.model, self.spec = model, spec
+        self.seen: list[torch.Tensor] = []
+        self._undo = None
+
+    def __enter__(self) -> PoolRows:
+        if self.active:
+            self._undo = family_of(self.model).readout_attention(self.model, self.seen.append)
+            self.active = self._undo is not None
+        return self
+
+    def __exit__(self, *exc: object) -> None:
+        if self._undo is not None:
+            self._undo()
+            self._undo = None
+
+    def take(self, n: int) -> torch.Tensor | None:
+        """The last forward's ``(B, N)`` row weights (and forget them), or ``None`` when none were read."""
+        if not self.active:
+            return None
+        if not self.seen:
+            raise CaptureError(f"{self.spec.name}: the attention pool did not run during the forward pass; call the "
+                               "model on images inside the block")
+        a = self.seen[-1]
+        self.seen.clear()
+        idx = self.spec.readout.token_indices(0, n, self.spec.num_prefix_tokens)
+        if a.shape[-1] != len(idx):
+            raise CaptureError(f"{self.spec.name}: the attention pool attends over {a.shape[-1]} tokens, but the "
+                               f"readout names {len(idx)} of the {n} tokens")
+        rows = torch.zeros(a.shape[0], n, dtype=a.dtype, device=a.device)
+        rows[:, idx] = a
+        return rows
 
 
 def query_vectors(batch: int, n: int, num_prefix_tokens: int, token: Rows, *,
@@ -358,7 +410,7 @@ def query_vectors(batch: int, n: int, num_prefix_tokens: int, token: Rows, *,
     tensor of row weights (``output_rows``), those weights.
     """
     v = torch.zeros(batch, n, device=device, dtype=dtype)
-    if isinstance(token, torch.Tensor):
+    if isinstance(token, torch.Tensor):  # (N,) for every image, or (B, N) per image
         v.copy_(token.to(device=v.device, dtype=dtype).expand(batch, n))
     elif token is None:
         v[:, num_prefix_tokens:] = 1.0 / (n - num_prefix_tokens)
@@ -385,15 +437,17 @@ def rollout_to_maps(rollout: torch.Tensor, grid_size: tuple[int, int], num_prefi
     b, n, _ = rollout.shape
     _check_tokens(n, grid_size, num_prefix_tokens)
     if isinstance(token, torch.Tensor):
-        if token.shape != (n,):
-            raise InputError(f"token: row weights of shape {tuple(token.shape)} do not fit {n} tokens; pass ({n},)")
-        rows = torch.matmul(token.to(device=rollout.device, dtype=rollout.dtype), rollout)
+        if token.shape not in ((n,), (b, n)):
+            raise InputError(f"token: row weights of shape {tuple(token.shape)} do not fit {b} images of {n} tokens; "
+                             f"pass ({n},) or ({b}, {n})")
+        w = token.to(device=rollout.device, dtype=rollout.dtype).expand(b, n)
+        rows = torch.bmm(w[:, None], rollout)[:, 0]
     else:
         rows = rollout[:, num_prefix_tokens:].mean(dim=1) if token is None else rollout[:, token]
     return rows[:, num_prefix_tokens:].reshape(b, *grid_size)
 
 
-TOKEN_NAMES = ("readout", "class")
+TOKEN_NAMES = ("readout", "class", "patches")
 
 
 def output_rows(spec: ViTSpec, token: int | str | None, n: int) -> Rows:
@@ -404,7 +458,8 @@ def output_rows(spec: ViTSpec, token: int | str | None, n: int) -> Rows:
         token: ``None`` or ``"readout"``: the rows the head reads (``ViTSpec.readout``): an int for one token (the
             class token of a class-token head), ``None`` for the mean of the patch rows (average pooling), else an
             ``(N,)`` float64 tensor of row weights (e.g. ``0.5`` on the class and distillation rows); ``"class"``:
-            the class token's row whatever the head reads; an int: that token (negative counts from the end).
+            the class token's row whatever the head reads; ``"patches"``: the mean of the patch rows (``None``); an
+            int: that token (negative counts from the end).
         n: tokens in the sequence.
 
     Raises:
@@ -418,10 +473,12 @@ def output_rows(spec: ViTSpec, token: int | str | None, n: int) -> Rows:
         if readout.patch_mean:
             return None
         return readout.weights(n, spec.num_prefix_tokens)
+    if isinstance(token, str) and token == "patches":
+        return None
     if isinstance(token, str):
         if token != "class":
             raise InputError(f"{spec.name}: token={token!r} is not one of {TOKEN_NAMES}; pass None (the rows the "
-                             "head reads), 'class', or a token index")
+                             "head reads), 'class', 'patches' (the mean of the patch rows) or a token index")
         if spec.class_token_index is None:
             raise InputError(f"{spec.name}: token='class' but the model has no class token (prefix tokens: "
                              f"{spec.prefix_tokens or 'none'}); pass token=None for the rows its head reads")
@@ -469,13 +526,14 @@ def require_flow_maps(spec: ViTSpec, layers: list[int], method: str, *, suggest_
 
 
 def propagated_output(spec: ViTSpec, prop: Propagator, x: torch.Tensor, token: int | str | None, full: bool, *,
-                      from_top: bool = True) -> torch.Tensor:
+                      from_top: bool = True, rows: torch.Tensor | None = None) -> torch.Tensor:
     """What a propagation call returns for the batch ``x``: ``R`` ``(B, N, N)``, or the ``(B, gh, gw)`` maps.
 
     The maps are the rows ``output_rows(spec, token)`` reads (default the rows the model's head reads,
     ``ViTSpec.readout``) over the patch columns: pushed from the top through the kept matrices (``from_top``, no ``N^3``
     product), or read off the full product ``R`` (the gradient methods, whose cost is the backward pass: their
-    maps stay bit-identical to the row of ``R`` they return with ``return_full``).
+    maps stay bit-identical to the row of ``R`` they return with ``return_full``). ``rows``: ``(B, N)`` row weights
+    read during the pass (``PoolRows.take``), used instead of ``output_rows``.
     """
     if not prop.matrices:
         return prop.result()  # raises: nothing was fed
@@ -484,10 +542,11 @@ def propagated_output(spec: ViTSpec, prop: Propagator, x: torch.Tensor, token: i
         if full:
             return r
         return rollout_to_maps(r, spec.grid_for_input(x), spec.num_prefix_tokens,
-                               output_rows(spec, token, r.shape[-1]))
+                               output_rows(spec, token, r.shape[-1]) if rows is None else rows)
     grid = spec.grid_for_input(x)
     p = spec.num_prefix_tokens
     b, n = len(x), prop.matrices[0].shape[-1]
     _check_tokens(n, grid, p)
-    v = query_vectors(b, n, p, output_rows(spec, token, n), device=prop.matrices[0].device, dtype=prop.dtype)
+    read = output_rows(spec, token, n) if rows is None else rows
+    v = query_vectors(b, n, p, read, device=prop.matrices[0].device, dtype=prop.dtype)
     return prop.result(v)[:, p:].reshape(b, *grid)

@@ -40,6 +40,7 @@ from torch import nn
 
 from vitviz.analysis.propagation import (
     LayerRule,
+    PoolRows,
     Propagator,
     layer_range,
     propagate,
@@ -197,13 +198,15 @@ def _run(model: nn.Module, images: Images, target: Target, rule: str, *, discard
     out: list[torch.Tensor] = []
     done = 0
     for x in iter_batches(model, images, batch_size, progress=progress, desc=rule.replace("_", " ")):
-        attns, grads, _ = attention_gradients(model, x, target, spec=spec, layers=layers, start=done,
-                                              n_images=total)
+        with PoolRows(model, spec, token) as pool:
+            attns, grads, _ = attention_gradients(model, x, target, spec=spec, layers=layers, start=done,
+                                                  n_images=total)
+        rows = pool.take(attns[0].shape[-1])
         weights = _weighted_maps(attns, grads)
         del attns, grads
         dtype = weights[0].dtype if rule == "chefer" else torch.float32
         prop = Propagator(layer_rule, blocks=blocks, dtype=dtype).feed(weights)
-        out.append(propagated_output(spec, prop, x, token, return_full, from_top=False))
+        out.append(propagated_output(spec, prop, x, token, return_full, from_top=False, rows=rows))
         done += len(x)
     return torch.cat(out)
 

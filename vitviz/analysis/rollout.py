@@ -66,6 +66,7 @@ from vitviz.analysis.propagation import (  # re-exported: the public names rollo
     FLOW_MAPS,
     HEAD_FUSIONS,
     LayerRule,
+    PoolRows,
     Propagator,
     discard_weakest,
     fuse_heads,
@@ -215,8 +216,10 @@ def attention_rollout(
                              blocks=blocks, num_layers=len(set(blocks or layers)))
     out: list[torch.Tensor] = []
     for x in iter_batches(model, images, batch_size, progress=progress, desc="rollout"):
-        with torch.no_grad(), capture_attention(model, layers=layers, on_layer=reducer, store=False, heads="stream"):
+        with torch.no_grad(), capture_attention(model, layers=layers, on_layer=reducer, store=False, heads="stream"), \
+                PoolRows(model, spec, token) as pool:
             model(x)
-        out.append(propagated_output(spec, reducer, x, token, return_full))
+        n = reducer.matrices[0].shape[-1] if reducer.matrices else 0
+        out.append(propagated_output(spec, reducer, x, token, return_full, rows=pool.take(n) if n else None))
         reducer.reset()
     return torch.cat(out)

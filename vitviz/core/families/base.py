@@ -331,6 +331,12 @@ class Family:
         tokens (average pooling, distillation heads, attention pools) override it."""
         return default_readout(prefix_tokens)
 
+    def readout_attention(self, model: nn.Module, emit: Emit) -> Undo | None:
+        """For an attention-pool readout read exactly (``Readout.pool_attention``): hook the pool so that each
+        forward emits its attention over the tokens it pools, ``(B, N')`` (heads averaged over the queries the
+        output keeps; the tokens of ``readout.parts[0]`` in sequence order); returns the undo. Default ``None``."""
+        return None
+
     def pre_logits(self, model: nn.Module, x: torch.Tensor) -> torch.Tensor:
         """The representation the classifier reads ``(B, D)`` for images ``x`` ``(B, 3, H, W)``.
 

@@ -36,7 +36,7 @@ from torch import nn
 from vitviz.core.families.base import Family, Layout, Undo
 from vitviz.core.families.pooling import pool_tokens
 from vitviz.core.families.pos_kind import table_kind
-from vitviz.core.families.probes import probe_mha, refuse_mha_dropout
+from vitviz.core.families.probes import probe_mha, probe_mha_pool, refuse_mha_dropout
 from vitviz.core.families.readout import PATCHES, Readout, default_readout
 from vitviz.core.families.stream import mha_stream_probe_for
 from vitviz.errors import CaptureError, NotAViTError, UnsupportedModelError
@@ -123,12 +123,27 @@ class OpenCLIPFamily(Family):
         visual = tower(model)[0]
         pool = getattr(visual, "pool_type", "tok")
         if getattr(visual, "attn_pool", None) is not None:
-            return Readout("attention-pool", ((0, PATCHES),), "open_clip attentional pooler")
+            return Readout("attention-pool", ((0, PATCHES),), f"open_clip attentional pooler, pool_type={pool!r}",
+                           self._pool_queries(visual) is not None)
         if pool == "avg":
             return Readout("mean", ((PATCHES,),), "open_clip pool_type='avg'")
         if pool == "tok":
             return default_readout(prefix_tokens, "open_clip pool_type='tok'")
         return Readout("none", default_readout(prefix_tokens).parts, f"open_clip pool_type={pool!r}")
+
+    @staticmethod
+    def _pool_queries(visual: nn.Module) -> str | None:
+        """The attentional pooler's queries the output keeps (``pool_type`` ``"tok"``: query 0; ``"avg"``: the
+        mean of the others), or ``None`` where vitviz does not read the pool (two poolers, ``"none"``)."""
+        if getattr(visual, "attn_pool_contrastive", None) is not None:
+            return None
+        return {"tok": "first", "avg": "rest"}.get(getattr(visual, "pool_type", "tok"))
+
+    def readout_attention(self, model: nn.Module, emit: Any) -> Undo | None:
+        """The attentional pooler's ``nn.MultiheadAttention`` weights (``probes.probe_mha_pool``)."""
+        visual = tower(model)[0]
+        queries = self._pool_queries(visual) if getattr(visual, "attn_pool", None) is not None else None
+        return None if queries is None else probe_mha_pool(visual.attn_pool.attn, queries, emit)
 
     def pre_logits(self, model: nn.Module, x: torch.Tensor) -> torch.Tensor:
         """The tower's image features (pooled token times ``proj``, what ``encode_image`` returns unnormalised)."""

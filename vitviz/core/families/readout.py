@@ -19,10 +19,15 @@ readout given equal weight and each part the mean of its tokens. Abnar & Zuidema
 2021) read the class token's row because their models' heads read the class token; reading the head's own tokens
 is that rule for every head.
 
-``exact`` is ``False`` where no weighting of token rows is the readout: an attention pool (its query's attention over
-the tokens depends on the image), a max over tokens (``"max"``, ``"avgmax"``), or no pooling at all (a head applied
-to every token). vitviz then reads the uniform mean of the tokens pooled (the patch tokens, or also the prefix tokens
-with ``pool_include_prefix``), or, with no pooling, the class token (or the patch mean without one), and says so.
+An attention pool's output is ``sum_j a_j v_j``: its query's attention ``a`` over the tokens (heads averaged, the
+queries the output keeps) weights them, and ``a`` depends on the image. Where the family reads that attention
+(``Family.readout_attention``, probes in ``vitviz.core.families.probes``: timm ``AttentionPoolLatent``, ``global_pool="map"``; Hugging Face SigLIP's
+``MultiheadAttentionPoolingHead``; open_clip's ``AttentionalPooler`` with ``pool_type`` ``"tok"`` or ``"avg"``;
+``Readout.pool_attention``), the explanations' last step is ``a . R``: the pool's own attention over the rows.
+``exact`` is ``False`` where no such weighting is read: other attention pools (timm NaFlexViT, ``"prr"``), a max over
+tokens (``"max"``, ``"avgmax"``), or no pooling at all (a head applied to every token). vitviz then reads the uniform
+mean of the tokens pooled (the patch tokens, or also the prefix tokens with ``pool_include_prefix``), or, with no
+pooling, the class token (or the patch mean without one), and says so.
 
 Shapes: ``N`` tokens (``p`` prefix tokens, then the patches).
 """
@@ -36,7 +41,8 @@ from torch import nn
 
 from vitviz.errors import InputError
 
-__all__ = ["HOWS", "PATCHES", "Readout", "default_readout", "distilled_readout", "pooled_over", "timm_readout"]
+__all__ = ["HOWS", "PATCHES", "Readout", "default_readout", "distilled_readout", "pooled_over", "query_mean",
+           "timm_readout"]
 
 PATCHES = "patches"  # a part's token set: every patch token
 HOWS = ("token", "mean", "concat", "max", "avgmax", "attention-pool", "none")
@@ -58,11 +64,14 @@ class Readout:
         parts: the token sets read, each a tuple of prefix-token indices and/or ``PATCHES``; a part is the mean
             of its tokens. For ``"attention-pool"``, ``"max"`` and ``"avgmax"``: the tokens pooled over.
         source: where the rule was read (e.g. ``"timm global_pool='avg'"``), for the description.
+        pool_attention: for ``"attention-pool"``: the family reads the pool's own attention over the tokens
+            (``Family.readout_attention``), so the explanations weight the rows by it.
     """
 
     how: str
     parts: tuple[Part, ...]
     source: str = ""
+    pool_attention: bool = False
 
     def __post_init__(self) -> None:
         if self.how not in HOWS:
@@ -72,8 +81,9 @@ class Readout:
 
     @property
     def exact(self) -> bool:
-        """Whether ``weights`` is the readout itself (a fixed mean of token rows), not vitviz's approximation."""
-        return self.how not in INEXACT
+        """Whether the rows read are the readout's own (a fixed mean of token rows, or an attention pool's own
+        attention), not vitviz's approximation."""
+        return self.how not in INEXACT or (self.how == "attention-pool" and self.pool_attention)
 
     @property
     def single_token(self) -> int | None:
@@ -95,22 +105,27 @@ class Readout:
             n: tokens in the sequence (``N``; the grid may follow the input).
             num_prefix_tokens: ``p``, the tokens before the patches.
         """
+        w = torch.zeros(n, dtype=dtype, device=device)
+        for i in range(len(self.parts)):
+            idx = self.token_indices(i, n, num_prefix_tokens)
+            w[idx] += 1.0 / (len(idx) * len(self.parts))
+        return w
+
+    def token_indices(self, part: int, n: int, num_prefix_tokens: int) -> list[int]:
+        """The sequence indices of part ``part``'s tokens, in sequence order (an attention pool's keys)."""
         p = num_prefix_tokens
         if not 0 <= p < n:
             raise InputError(f"a readout over {n} tokens with {p} prefix tokens has no patch token; pass the "
                              "sequence length and ViTSpec.num_prefix_tokens")
-        w = torch.zeros(n, dtype=dtype, device=device)
-        for part in self.parts:
-            idx: list[int] = []
-            for t in part:
-                if t == PATCHES:
-                    idx += range(p, n)
-                elif isinstance(t, int) and 0 <= t < p:
-                    idx.append(t)
-                else:
-                    raise InputError(f"readout token {t!r} is neither a prefix-token index below {p} nor {PATCHES!r}")
-            w[idx] += 1.0 / (len(idx) * len(self.parts))
-        return w
+        idx: list[int] = []
+        for t in self.parts[part]:
+            if t == PATCHES:
+                idx += range(p, n)
+            elif isinstance(t, int) and 0 <= t < p:
+                idx.append(t)
+            else:
+                raise InputError(f"readout token {t!r} is neither a prefix-token index below {p} nor {PATCHES!r}")
+        return sorted(idx)
 
     def describe(self, prefix_tokens: tuple[str, ...] = ()) -> str:
         """In words, e.g. ``"mean of the patch tokens (timm global_pool='avg')"``."""
@@ -137,7 +152,9 @@ class Readout:
             "attention-pool": "attention pool over " + tokens[0],
             "none": "no pooling (head on every token)",
         }[self.how]
-        if not self.exact:
+        if self.how == "attention-pool" and self.pool_attention:
+            text += "; explanations weight the rows by the pool's own attention"
+        elif not self.exact:
             text += "; explanations read " + ("the class token" if self.single_token is not None
                                               else "the mean of " + " and ".join(tokens))
         return text + (f" ({self.source})" if self.source else "")
@@ -160,14 +177,15 @@ def distilled_readout(prefix_tokens: tuple[str, ...], source: str) -> Readout:
     return Readout("mean", ((prefix_tokens.index("cls"),), (prefix_tokens.index("dist"),)), source)
 
 
-def timm_readout(model: nn.Module, prefix_tokens: tuple[str, ...]) -> Readout:
+def timm_readout(model: nn.Module, prefix_tokens: tuple[str, ...], pool_attention: bool = False) -> Readout:
     """A timm model's readout, read as its ``forward_head`` reads the tokens.
 
     ``VisionTransformerDistilled`` (a ``head_dist``): ``(head(x[:, 0]) + head_dist(x[:, 1])) / 2`` whatever
     ``global_pool`` says; an ``attn_pool`` (``"map"``, ``"prr"``): attention pooling; ``global_pool`` ``"token"``:
     the class token, ``"avg"`` / ``"avgmax"`` / ``"max"``: the reduction over ``x[:, num_prefix_tokens:]`` (all
     tokens with ``pool_include_prefix``), ``""``: none. ``Beit``, ``VisionTransformerRelPos`` and ``Cait`` take the
-    mean of the patch tokens for ``"avg"`` and the class token otherwise.
+    mean of the patch tokens for ``"avg"`` and the class token otherwise. ``pool_attention``: the family reads an
+    ``attn_pool``'s attention (``Readout.pool_attention``).
     """
     pool = getattr(model, "global_pool", "token")
     include = bool(getattr(model, "pool_include_prefix", False))
@@ -176,7 +194,7 @@ def timm_readout(model: nn.Module, prefix_tokens: tuple[str, ...]) -> Readout:
     if getattr(model, "head_dist", None) is not None and "dist" in prefix_tokens and "cls" in prefix_tokens:
         return distilled_readout(prefix_tokens, "timm distilled head, eval mode")
     if getattr(model, "attn_pool", None) is not None:
-        return Readout("attention-pool", (over,), src)
+        return Readout("attention-pool", (over,), src, pool_attention)
     if not pool:
         return Readout("none", default_readout(prefix_tokens).parts, src)
     if pool == "token":
@@ -186,3 +204,13 @@ def timm_readout(model: nn.Module, prefix_tokens: tuple[str, ...]) -> Readout:
     if pool in ("avg", "max", "avgmax"):
         return Readout("mean" if pool == "avg" else pool, (over,), src)
     return default_readout(prefix_tokens, src)
+
+
+def query_mean(weights: torch.Tensor, queries: str) -> torch.Tensor:
+    """``(B, H, L, N')`` pool attention -> ``(B, N')``: the heads averaged over the queries the output keeps
+    (``"first"``: query 0, timm ``pool="token"`` and open_clip ``"tok"``; ``"rest"``: the mean of queries 1..,
+    open_clip ``"avg"``; ``"all"``: the mean of every query)."""
+    w = weights.detach().to(torch.promote_types(weights.dtype, torch.float32))
+    picked = {"first": w[:, :, :1], "rest": w[:, :, 1:], "all": w}[queries]
+    return picked.mean(dim=(1, 2))
+
