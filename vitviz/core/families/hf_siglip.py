@@ -3,12 +3,14 @@
 Layout (``SiglipVisionEmbeddings``): patches only, **no class token** (``prefix_tokens=()``); a learned absolute
 table (an ``nn.Embedding`` of ``P`` rows, read as ``(1, P, D)``) covers the patches. The image embedding comes
 from the attention-pooling head (``head``, a ``MultiheadAttentionPoolingHead`` with its own probe query): it is
-not a self-attention layer over the tokens, so it is not captured (``output_attentions`` does not return it
-either).
+not a self-attention layer over the tokens, so ``capture_attention`` does not return it (``output_attentions``
+does not either); it is the readout (``Family.readout``, ``readout_attention``: its probe query's attention over the
+patch tokens, read during the forward pass).
 
-What the class-token views use instead (documented in docs/families.md): ``attention_rollout`` and
-``grad_rollout`` read the mean of the rollout rows of all patch queries (``token=None``; an int picks one patch
-query); ``plot_attention_heads_grid`` and the attention explorer default to the mean over patch queries.
+What the class-token views use instead (documented in docs/families.md): ``attention_rollout``, ``grad_rollout``,
+Chefer's relevance and flow weight the rows by the head's attention (``token=None``; ``token="patches"``: the mean
+of the rollout rows of all patch queries; an int picks one patch query); ``plot_attention_heads_grid`` and the
+attention explorer default to the mean over patch queries.
 ``mean_attention_distance`` and ``pos_embed_similarity`` never use a class token.
 """
 
