@@ -17,9 +17,12 @@ how much each patch flows, on average, into the patch tokens the head averages. 
 ``VisionTransformerDistilled``, Hugging Face ``DeiTForImageClassificationWithTeacher``; eval-mode logits are the
 mean of the class head on the class token and the distillation head on the distillation token): the mean of the
 class and distillation rows. Attention pools (timm ``"map"``, SigLIP's head, open_clip's attentional pooler) weight
-the tokens by their own query's attention, which depends on the image: vitviz reads the uniform mean of the rows
-pooled over, an approximation (``spec.readout.exact`` is ``False``). ``token="class"`` reads the class row whatever
-the head reads (the old rule); ``token=<int>`` any single row. ``tests/test_readout.py`` pins each case.
+the tokens by their own query's attention ``a``, which depends on the image: vitviz reads ``a`` during the same
+forward pass (``propagation.PoolRows``) and the map is ``a . R``; attention pools it cannot read (timm ``"prr"``,
+NaFlexViT) and max pooling get the uniform mean of the rows pooled over, an approximation
+(``spec.readout.exact`` is ``False``). ``token="class"`` reads the class row whatever the head reads (the old
+rule); ``token="patches"`` the mean of the patch rows; ``token=<int>`` any single row. ``tests/test_readout.py``
+pins each case.
 
 ``attention_rollout`` reduces each layer as the forward pass produces it (``capture_attention(on_layer=...,
 store=False)``) with the ``Propagator`` of ``vitviz.analysis.propagation`` (the one place the layer rule, the
@@ -197,8 +200,9 @@ def attention_rollout(
         token: the rows read: default (``None``) the rows of the tokens the model's head reads (``spec.readout``:
             the class row for a class-token head; the mean of the rows of all patch queries for average pooling or
             no class token; the mean of the class and distillation rows for DeiT-distilled; attention pools: the
-            mean of the rows pooled over, an approximation); ``"class"``: the class row whatever the head reads; an
-            int picks any token index (prefix tokens first, then patches row-major).
+            rows weighted by the pool's own attention); ``"class"``: the class row whatever the head reads;
+            ``"patches"``: the mean of the patch rows; an int picks any token index (prefix tokens first, then
+            patches row-major).
         return_full: return the whole rollout ``R`` instead of the maps.
         batch_size: images per forward pass (default: all at once).
         progress: show a progress bar over images.
