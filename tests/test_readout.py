@@ -187,6 +187,13 @@ def test_token_class_refused_without_a_class_token():
         vitviz.attention_rollout(m, images(), token="cls")
 
 
+def test_token_patches_reads_the_mean_of_the_patch_rows():
+    m, x = timm_vit(), images()  # a class-token head
+    _, attns, _ = explicit_timm(m, x)
+    want = patch_cols(rollout_matrix(attns)[:, 1:].mean(dim=1), 1, (4, 4))
+    torch.testing.assert_close(vitviz.attention_rollout(m, x, token="patches"), want, atol=1e-6, rtol=1e-5)
+
+
 # ------------------------------------------------------------------------------- (e) Chefer, float64, avg pool
 def test_chefer_on_avg_pool_matches_eq_5_6_with_the_patch_mean_readout():
     m, x = timm_vit(global_pool="avg").double(), images(dtype=torch.float64)
@@ -254,7 +261,22 @@ def _hf_output(model, x):
     return out.logits if getattr(out, "logits", None) is not None else out.pooler_output
 
 
+def _tutorial():
+    from tutorial_vit import TutorialViT
+
+    torch.manual_seed(0)
+    return TutorialViT().eval(), images()
+
+
+def _cls_vs_gap():
+    from vitviz.experiments.cls_vs_gap import HEADS
+
+    return timm_vit(**HEADS["gap"]), images()  # the GAP arm of the class-token-versus-GAP experiment
+
+
 CASES = {
+    "tutorial (custom family)": (_tutorial, "token"),
+    "cls_vs_gap GAP arm": (_cls_vs_gap, "mean"),
     "timm token": (_timm(), "token"),
     "timm avg": (_timm(global_pool="avg"), "mean"),
     "timm avg + registers, include prefix": (_timm(global_pool="avg", reg_tokens=2, pool_include_prefix=True), "mean"),
