@@ -282,6 +282,9 @@ CASES = {
     "timm avg + registers, include prefix": (_timm(global_pool="avg", reg_tokens=2, pool_include_prefix=True), "mean"),
     "timm avg, no class token": (_timm(global_pool="avg", class_token=False), "mean"),
     "timm map": (_timm(global_pool="map"), "attention-pool"),
+    "timm eva02 map (every token pooled)": (lambda: (timm.create_model(
+        "eva02_tiny_patch14_224", pretrained=False, img_size=28, depth=2, num_classes=5, global_pool="map").eval(),
+        torch.randn(2, 3, 28, 28, generator=torch.Generator().manual_seed(1))), "attention-pool"),
     "timm distilled": (lambda: (timm_deit_distilled(), images()), "mean"),
     "timm beit (avg default)": (lambda: (timm.create_model("beit_base_patch16_224", pretrained=False,
                                                            **TINY).eval(), images()), "mean"),

@@ -181,20 +181,23 @@ def timm_readout(model: nn.Module, prefix_tokens: tuple[str, ...], pool_attentio
     """A timm model's readout, read as its ``forward_head`` reads the tokens.
 
     ``VisionTransformerDistilled`` (a ``head_dist``): ``(head(x[:, 0]) + head_dist(x[:, 1])) / 2`` whatever
-    ``global_pool`` says; an ``attn_pool`` (``"map"``, ``"prr"``): attention pooling; ``global_pool`` ``"token"``:
+    ``global_pool`` says; an ``attn_pool`` (``"map"``, ``"prr"``): attention pooling over the patch tokens (every
+    token with ``pool_include_prefix``, and for ``Eva``, which hands them all to its pool); ``global_pool``
+    ``"token"``:
     the class token, ``"avg"`` / ``"avgmax"`` / ``"max"``: the reduction over ``x[:, num_prefix_tokens:]`` (all
     tokens with ``pool_include_prefix``), ``""``: none. ``Beit``, ``VisionTransformerRelPos`` and ``Cait`` take the
     mean of the patch tokens for ``"avg"`` and the class token otherwise. ``pool_attention``: the family reads an
     ``attn_pool``'s attention (``Readout.pool_attention``).
     """
     pool = getattr(model, "global_pool", "token")
-    include = bool(getattr(model, "pool_include_prefix", False))
-    over = pooled_over(prefix_tokens, include)
+    include = getattr(model, "pool_include_prefix", None)  # VisionTransformer, NaFlexVit; Eva has none
+    over = pooled_over(prefix_tokens, bool(include))
     src = f"timm global_pool={pool!r}"
     if getattr(model, "head_dist", None) is not None and "dist" in prefix_tokens and "cls" in prefix_tokens:
         return distilled_readout(prefix_tokens, "timm distilled head, eval mode")
-    if getattr(model, "attn_pool", None) is not None:
-        return Readout("attention-pool", (over,), src, pool_attention)
+    if getattr(model, "attn_pool", None) is not None:  # Eva's pool() hands every token to its attn_pool
+        return Readout("attention-pool", (pooled_over(prefix_tokens, include is None or bool(include)),), src,
+                       pool_attention)
     if not pool:
         return Readout("none", default_readout(prefix_tokens).parts, src)
     if pool == "token":
