@@ -183,8 +183,7 @@ def timm_readout(model: nn.Module, prefix_tokens: tuple[str, ...], pool_attentio
     ``VisionTransformerDistilled`` (a ``head_dist``): ``(head(x[:, 0]) + head_dist(x[:, 1])) / 2`` whatever
     ``global_pool`` says; an ``attn_pool`` (``"map"``, ``"prr"``): attention pooling over the patch tokens (every
     token with ``pool_include_prefix``, and for ``Eva``, which hands them all to its pool); ``global_pool``
-    ``"token"``:
-    the class token, ``"avg"`` / ``"avgmax"`` / ``"max"``: the reduction over ``x[:, num_prefix_tokens:]`` (all
+    ``"token"``: the class token, ``"avg"`` / ``"avgmax"`` / ``"max"``: the reduction over ``x[:, num_prefix_tokens:]`` (all
     tokens with ``pool_include_prefix``), ``""``: none. ``Beit``, ``VisionTransformerRelPos`` and ``Cait`` take the
     mean of the patch tokens for ``"avg"`` and the class token otherwise. ``pool_attention``: the family reads an
     ``attn_pool``'s attention (``Readout.pool_attention``).
