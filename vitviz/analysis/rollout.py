@@ -21,7 +21,7 @@ the tokens by their own query's attention ``a``, which depends on the image: vit
 forward pass (``propagation.PoolRows``) and the map is ``a . R``; attention pools it cannot read (timm ``"prr"``,
 NaFlexViT) and max pooling get the uniform mean of the rows pooled over, an approximation
 (``spec.readout.exact`` is ``False``). ``token="class"`` reads the class row whatever the head reads (the old
-rule); ``token="patches"`` the mean of the patch rows; ``token=<int>`` any single row. ``tests/test_readout.py``
+rule); ``token="patches"`` the mean of the patch rows; ``token=<int>`` any single row. ``tests/test_readout*.py``
 pins each case.
 
 ``attention_rollout`` reduces each layer as the forward pass produces it (``capture_attention(on_layer=...,
