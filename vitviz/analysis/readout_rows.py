@@ -45,7 +45,8 @@ class PoolRows:
 
     def __init__(self, model: torch.nn.Module, spec: ViTSpec, token: int | str | None) -> None:
         read = spec.readout
-        self.active = (token is None or token == "readout") and read.how == "attention-pool" and read.pool_attention
+        named = token is None or (isinstance(token, str) and token == "readout")
+        self.active = named and read.how == "attention-pool" and read.pool_attention
         self.model, self.spec = model, spec
         self.seen: list[torch.Tensor] = []
         self._undo = None

@@ -18,7 +18,7 @@ how much each patch flows, on average, into the patch tokens the head averages. 
 mean of the class head on the class token and the distillation head on the distillation token): the mean of the
 class and distillation rows. Attention pools (timm ``"map"``, SigLIP's head, open_clip's attentional pooler) weight
 the tokens by their own query's attention ``a``, which depends on the image: vitviz reads ``a`` during the same
-forward pass (``propagation.PoolRows``) and the map is ``a . R``; attention pools it cannot read (timm ``"prr"``,
+forward pass (``readout_rows.PoolRows``) and the map is ``a . R``; attention pools it cannot read (timm ``"prr"``,
 NaFlexViT) and max pooling get the uniform mean of the rows pooled over, an approximation
 (``spec.readout.exact`` is ``False``). ``token="class"`` reads the class row whatever the head reads (the old
 rule); ``token="patches"`` the mean of the patch rows; ``token=<int>`` any single row. ``tests/test_readout*.py``
