@@ -101,13 +101,15 @@ def test_analyses_are_finite_and_shaped_by_the_grid(name):
     torch.testing.assert_close(sim.reshape(table[0] * table[1], -1).diagonal(), torch.ones(table[0] * table[1]))
 
 
-def test_distilled_deit_has_two_prefix_tokens_and_rolls_out_from_cls():
-    case = hf_case("deit-distilled")
+def test_distilled_deit_has_two_prefix_tokens_and_rolls_out_from_cls_and_dist():
+    case = hf_case("deit-distilled")  # ...WithTeacher: logits = mean of the class head and the distillation head
     with torch.no_grad(), vitviz.capture_attention(case.model) as cap:
         case.run(case.model, case.x)
     full = rollout_from_attentions(cap.attentions, num_prefix_tokens=2)
     maps = vitviz.attention_rollout(case.model, case.x)
-    torch.testing.assert_close(maps, full[:, 0, 2:].reshape(2, 4, 6))
+    torch.testing.assert_close(maps, (full[:, 0, 2:] + full[:, 1, 2:]).reshape(2, 4, 6) / 2)
+    torch.testing.assert_close(vitviz.attention_rollout(case.model, case.x, token="class"),
+                               full[:, 0, 2:].reshape(2, 4, 6))
     dist_row = vitviz.attention_rollout(case.model, case.x, token=1)
     torch.testing.assert_close(dist_row, full[:, 1, 2:].reshape(2, 4, 6))
 
@@ -117,7 +119,8 @@ def test_siglip_has_no_class_token_and_rollout_uses_the_mean_of_patch_rows():
     spec = vitviz.inspect(case.model)
     assert spec.prefix_tokens == () and spec.class_token_index is None and not spec.pos_embed_covers_prefix
     ref = rollout_from_attentions(case.reference(case.model, case.x), num_prefix_tokens=0)  # (B, 16, 16)
-    maps = vitviz.attention_rollout(case.model, case.x)
+    # the default weights the rows by the pooling head's attention (tests/test_readout.py); "patches": their mean
+    maps = vitviz.attention_rollout(case.model, case.x, token="patches")
     torch.testing.assert_close(maps, ref.mean(dim=1).reshape(2, 4, 4), atol=1e-5, rtol=1e-4)
     assert not torch.allclose(maps, ref[:, 0].reshape(2, 4, 4), atol=1e-4)  # not the first patch's row
     torch.testing.assert_close(vitviz.attention_rollout(case.model, case.x, token=5), ref[:, 5].reshape(2, 4, 4),

@@ -257,3 +257,9 @@ def test_pos_embed_click_and_missing_table():
     assert w.png == png
     with pytest.raises(NoPositionEmbeddingError, match="no absolute position embedding"):
         explore_pos_embed(tiny_timm_vit(pos_embed="none"))
+
+
+def test_the_output_query_follows_the_readout():
+    avg = explore_attention(tiny_timm_vit(global_pool="avg"), photo())  # a class token the head never reads
+    labels = [label for label, _ in avg.query.options]
+    assert labels[:2] == ["mean of patch queries (output)", "class token"] and avg.query.value == "mean"

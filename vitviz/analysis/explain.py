@@ -4,9 +4,12 @@
 method              what it is
 ==================  =====================================================================================================
 ``"attention"``     raw post-softmax attention of one layer (``layer=-1``, the last, by default), heads fused
-                    (``head_fusion="mean"``), the class token's row over the patch columns (models without a class
-                    token: the mean of the patch rows). Jain & Wallace (NAACL 2019) and Abnar & Zuidema (2020, Sec. 2)
-                    call this "raw attention".
+                    (``head_fusion="mean"``), the rows of the tokens the model's head reads over the patch columns
+                    (``ViTSpec.readout``: the class row; the mean of the patch rows for average pooling).
+                    Jain & Wallace (NAACL 2019) and Abnar & Zuidema (2020, Sec. 2) call this "raw attention".
+                    Every row-reading method (attention, rollout, flow, grad_rollout, chefer) reads by default
+                    the rows of the tokens the head reads (``vitviz.analysis.propagation``); ``token="class"``
+                    the class row, ``token=<int>`` one row.
 ``"rollout"``       attention rollout, Abnar & Zuidema, ACL 2020, Eq. (1): ``R_l = rownorm(0.5 W_l + 0.5 I) R_{l-1}``
                     (``vitviz.attention_rollout``; its ``discard_ratio`` is row-wise, unlike vit-explain's).
 ``"flow"``          attention flow, Abnar & Zuidema, ACL 2020, Sec. 3.2: max-flow over the layer graph, each output
@@ -18,7 +21,7 @@ method              what it is
                     through rollout's row-renormalised ``0.5 W + 0.5 I`` product (``vitviz.analysis.relevance``).
                     Neither Chefer's rule nor vit-explain's ``vit_grad_rollout``.
 ``"chefer"``        Chefer, Gur & Wolf, ICCV 2021, Eq. (5)-(6): ``R = I``, ``R <- R + mean_h((grad * A)^+) R``,
-                    the class row over the patches (``vitviz.analysis.relevance``).
+                    the readout's rows over the patches (the class row for a class-token head) (``vitviz.analysis.relevance``).
 ``"attnlrp"``       AttnLRP, Achtibat et al., ICML 2024 (Prop. 3.1-3.4, Eq. 8-9): layer-wise relevance propagation
                     with the softmax, uniform (``q k^T``, ``attn @ v``), identity (norms, GELU) and epsilon
                     (``linear_rule="gamma"`` optional) rules, read at the first block's input tokens; signed
@@ -59,7 +62,7 @@ from typing import Any
 import torch
 from torch import nn
 
-from vitviz.analysis.propagation import fuse_heads, output_token, rollout_to_maps
+from vitviz.analysis.propagation import PoolRows, fuse_heads, output_rows, rollout_to_maps
 from vitviz.core.batching import iter_batches
 from vitviz.core.capture import capture_attention
 from vitviz.core.images import Images
@@ -83,7 +86,7 @@ def raw_attention(
     *,
     layer: int = -1,
     head_fusion: str = "mean",
-    token: int | None = None,
+    token: int | str | None = None,
     batch_size: int | None = None,
     progress: bool = False,
 ) -> torch.Tensor:
@@ -94,7 +97,9 @@ def raw_attention(
         images: a normalised ``(B, 3, H, W)`` tensor, or anything ``vitviz.load_images`` takes.
         layer: attention-layer index (negative counts from the end).
         head_fusion: ``"mean"``, ``"max"`` or ``"min"`` over heads.
-        token: the query token (default the class token; none: the mean of the patch rows).
+        token: the query rows: default the rows of the tokens the model's head reads (``ViTSpec.readout``: the
+            class token; the mean of the class and distillation rows; the mean of the patch rows for average
+            pooling or no class token); ``"class"``: the class token's row; an int: that token's row.
         batch_size, progress: as in ``vitviz.attention_rollout``.
 
     Returns:
@@ -104,10 +109,11 @@ def raw_attention(
     spec = inspect(model)
     out: list[torch.Tensor] = []
     for x in iter_batches(model, images, batch_size, progress=progress, desc="attention"):
-        with torch.no_grad(), capture_attention(model, layers=layer) as cap:
+        with torch.no_grad(), capture_attention(model, layers=layer) as cap, PoolRows(model, spec, token) as pool:
             model(x)
         w = fuse_heads(cap.attentions[0], head_fusion)
-        row = output_token(spec, token, w.shape[-1])
+        row = pool.take(w.shape[-1])
+        row = output_rows(spec, token, w.shape[-1]) if row is None else row
         out.append(rollout_to_maps(w, spec.grid_for_input(x), spec.num_prefix_tokens, row))
     return torch.cat(out)
 

@@ -16,8 +16,11 @@ and ``compute_flows``, with ``input_nodes`` every token of layer 0): the max-flo
 so the raw values share capacity and do not add up to 1 (close to 2 on the two-layer test models); after the
 division the row sums to 1 over the ``N`` input tokens, and the map, its patch columns, sums to 1 minus the prefix
 tokens' share (as rollout's map). ``normalise=False`` returns the raw max-flow values instead (each at most 1).
-Without a class token the map is the mean of the normalised rows of every patch token (vitviz's choice; the paper
-reads one row).
+The output row is the one the model's head reads (``ViTSpec.readout``; see ``vitviz.analysis.propagation``): the
+class token for a class-token head, as in the paper; for a head that reads several tokens the normalised flows
+from each of them, weighted as the readout weights their rows (the mean of the class and distillation tokens'
+flows for DeiT-distilled; the mean over every patch token for average pooling and models without a class token,
+``P`` times the work; vitviz's choice, the paper reads one row).
 
 Max-flow needs integer capacities here (``scipy.sparse.csgraph.maximum_flow``): capacities are
 ``round(A * FLOW_SCALE)`` with ``FLOW_SCALE = 2**20``, and flows are divided back, so each raw value carries an error
@@ -37,7 +40,7 @@ import numpy as np
 import torch
 from torch import nn
 
-from vitviz.analysis.propagation import LayerRule, Propagator, output_token, require_flow_maps
+from vitviz.analysis.propagation import LayerRule, PoolRows, Propagator, output_rows, require_flow_maps
 from vitviz.core.batching import count_images, iter_batches
 from vitviz.core.capture import capture_attention
 from vitviz.core.images import Images
@@ -96,7 +99,7 @@ def attention_flow(
     images: Images,
     *,
     head_fusion: str = "mean",
-    token: int | None = None,
+    token: int | str | None = None,
     max_tokens: int = FLOW_MAX_TOKENS,
     normalise: bool = True,
     batch_size: int | None = None,
@@ -108,8 +111,10 @@ def attention_flow(
         model: any ViT ``vitviz.inspect`` reads.
         images: a normalised ``(B, 3, H, W)`` tensor, or anything ``vitviz.load_images`` takes.
         head_fusion: ``"mean"`` (the paper), ``"max"`` or ``"min"``.
-        token: the output token (default the class token; a model without one: the mean of the flows from
-            every patch token, an expensive substitute: ``P`` times the work).
+        token: the output token: default (``None``) the tokens the model's head reads (``ViTSpec.readout``: the
+            class token; the mean of the flows from the class and distillation tokens; the mean of the flows from
+            every patch token for average pooling or no class token, ``P`` times the work); ``"class"``: the class
+            token whatever the head reads; an int: that token.
         max_tokens: refuse inputs of more tokens than this (cost grows like ``N^3`` per image).
         normalise: divide the flows of each output token by their sum over all ``N`` input tokens, as the
             reference code does (default); ``False``: the raw max-flow values.
@@ -141,19 +146,26 @@ def attention_flow(
             gh, gw = spec.grid_for_input(x)
             _check_tokens(spec.name, p + gh * gw, (gh, gw), spec.depth, max_tokens)
             # each block reduced to its (b, N, N) matrix as the forward pass runs
-            with torch.no_grad(), capture_attention(model, on_layer=reducer, store=False, heads="stream"):
+            with torch.no_grad(), capture_attention(model, on_layer=reducer, store=False, heads="stream"), \
+                    PoolRows(model, spec, token) as pool:
                 model(x)
             mats = reducer.matrices
             n = mats[0].shape[-1]
-            row = output_token(spec, token, n)
-            sources = [row] if row is not None else list(range(p, n))
+            per_image = pool.take(n)
             sinks = list(range(n)) if normalise else list(range(p, n))  # normalised over every input token
             for b in range(len(x)):
+                rows_read = output_rows(spec, token, n) if per_image is None else per_image[b].cpu()
+                if isinstance(rows_read, torch.Tensor):  # a weighting of several rows: its tokens and their weights
+                    sources = [int(i) for i in torch.nonzero(rows_read).flatten()]
+                    weights = rows_read[sources].double().numpy()
+                else:
+                    sources = [rows_read] if rows_read is not None else list(range(p, n))
+                    weights = None
                 layers = [m[b] for m in mats]
                 rows = [flow_from_layers(layers, s, sinks) for s in sources]
                 if normalise:
                     rows = [f[p:] / f.sum() for f in rows]
-                flows = np.mean(rows, axis=0)
+                flows = np.mean(rows, axis=0) if weights is None else np.tensordot(weights, np.stack(rows), 1)
                 out.append(torch.as_tensor(flows, dtype=torch.float32).reshape(gh, gw))
                 if bar is not None:
                     bar.update(1)

@@ -20,6 +20,18 @@ blocks, ``R = A_L A_{L-1} ... A_1``. This module holds the three steps they shar
    - ``"chefer"`` (Chefer, Gur & Wolf, ICCV 2021, Eq. 6): ``A = I + W``, no renormalisation; ``W`` is stored and
      the identity applied in the product, ``R + W R``, as in the reference code's ``R <- R + W R``.
 
+**The rows read** (``output_rows``): by default the rows of the tokens the model's head reads
+(``ViTSpec.readout``, ``vitviz.core.families.readout``): the class token's row (a class-token head; unchanged bit for
+bit), the mean of the class and distillation rows (DeiT-distilled), the mean of the patch rows (average pooling,
+and every model without a class token), ``0.5 e_cls + 0.5 mean(patch rows)`` (``[cls, patch mean]`` heads). Abnar &
+Zuidema (2020) and Chefer et al. (2021) read the class row because their models' heads read the class token; a
+head that never reads it (``global_pool="avg"``) makes the class row an explanation of a token the output ignores.
+An attention pool (timm ``"map"``, SigLIP's head, open_clip's attentional pooler) outputs ``sum_j a_j v_j``: where the
+family reads its attention ``a`` (``ViTSpec.readout.pool_attention``; ``PoolRows``), the rows read are ``a`` itself,
+per image, so the map is ``a . R``; other attention pools, max pooling and heads on every token are approximated by
+the mean of the rows pooled over (the readout's ``exact`` is ``False``). ``token="class"`` reads the class row
+whatever the head, ``token="patches"`` the mean of the patch rows, ``token=<int>`` any single row.
+
 The product (``Propagator.result``): ``R = A_L ... A_1`` bottom up, or rows ``v`` pushed from the top,
 ``v A_L ... A_1`` (``K N^2`` per layer, not ``N^3``). A ``Propagator`` is ``capture_attention``'s ``on_layer``
 reducer (each layer fused and turned into ``A_l`` as the forward pass runs; only ``L`` ``(B, N, N)`` matrices
@@ -30,21 +42,20 @@ Shapes: ``B`` batch, ``H`` heads, ``N`` tokens (prefix + patches), ``K`` rows, `
 
 from __future__ import annotations
 
-import contextlib
-import operator
 from collections.abc import Sequence
 from dataclasses import dataclass
 
 import torch
 
+from vitviz.analysis.readout_rows import PoolRows, Rows, output_rows, output_token
 from vitviz.core.capture import HeadMaps, check_layer_index
 from vitviz.core.spec import ViTSpec
 from vitviz.core.util import is_int
-from vitviz.errors import CaptureError, InputError, InputTypeError, OutOfRangeError
+from vitviz.errors import CaptureError, InputError, InputTypeError
 
 __all__ = [
-    "FLOW_MAPS", "HEAD_FUSIONS", "RULES", "LayerRule", "Propagator", "discard_weakest", "fuse_heads",
-    "layer_range", "output_token", "propagate", "propagated_output", "query_vectors", "require_flow_maps",
+    "FLOW_MAPS", "HEAD_FUSIONS", "RULES", "LayerRule", "PoolRows", "Propagator", "discard_weakest", "fuse_heads",
+    "layer_range", "output_rows", "output_token", "propagate", "propagated_output", "query_vectors", "require_flow_maps",
     "rollout_to_maps",
 ]
 
@@ -336,14 +347,17 @@ def propagate(maps: Sequence[torch.Tensor], rule: LayerRule, *, rows: torch.Tens
     return Propagator(rule, head_fusion=head_fusion, blocks=blocks, dtype=dtype).feed(maps).result(rows)
 
 
-def query_vectors(batch: int, n: int, num_prefix_tokens: int, token: int | None, *,
+def query_vectors(batch: int, n: int, num_prefix_tokens: int, token: Rows, *,
                   device: torch.device | None = None, dtype: torch.dtype = torch.float32) -> torch.Tensor:
     """The row selector ``(B, N)`` whose product with ``R`` is the row ``rollout_to_maps`` reads.
 
-    ``e_token`` for a token index; for ``token=None`` the mean of the patch queries' unit rows.
+    ``e_token`` for a token index; for ``token=None`` the mean of the patch queries' unit rows; for an ``(N,)``
+    tensor of row weights (``output_rows``), those weights.
     """
     v = torch.zeros(batch, n, device=device, dtype=dtype)
-    if token is None:
+    if isinstance(token, torch.Tensor):  # (N,) for every image, or (B, N) per image
+        v.copy_(token.to(device=v.device, dtype=dtype).expand(batch, n))
+    elif token is None:
         v[:, num_prefix_tokens:] = 1.0 / (n - num_prefix_tokens)
     else:
         v[:, token] = 1.0
@@ -359,33 +373,23 @@ def _check_tokens(n: int, grid_size: tuple[int, int], num_prefix_tokens: int) ->
 
 
 def rollout_to_maps(rollout: torch.Tensor, grid_size: tuple[int, int], num_prefix_tokens: int,
-                    token: int | None) -> torch.Tensor:
+                    token: Rows) -> torch.Tensor:
     """Row ``token`` of ``R`` ``(B, N, N)`` over the patch columns, as ``(B, gh, gw)`` maps.
 
-    ``token=None`` averages the rows of all patch queries (for models without a class token).
+    ``token=None`` averages the rows of all patch queries (average pooling, models without a class token); an
+    ``(N,)`` tensor ``w`` (``output_rows``) gives ``w R``, the weighted sum of the rows.
     """
     b, n, _ = rollout.shape
     _check_tokens(n, grid_size, num_prefix_tokens)
-    rows = rollout[:, num_prefix_tokens:].mean(dim=1) if token is None else rollout[:, token]
+    if isinstance(token, torch.Tensor):
+        if token.shape not in ((n,), (b, n)):
+            raise InputError(f"token: row weights of shape {tuple(token.shape)} do not fit {b} images of {n} tokens; "
+                             f"pass ({n},) or ({b}, {n})")
+        w = token.to(device=rollout.device, dtype=rollout.dtype).expand(b, n)
+        rows = torch.bmm(w[:, None], rollout)[:, 0]
+    else:
+        rows = rollout[:, num_prefix_tokens:].mean(dim=1) if token is None else rollout[:, token]
     return rows[:, num_prefix_tokens:].reshape(b, *grid_size)
-
-
-def output_token(spec: ViTSpec, token: int | None, n: int) -> int | None:
-    """The row to read: ``token`` (negative counts from the end), else the class token (``None`` without one)."""
-    if token is None:
-        return spec.class_token_index
-    index = None
-    if not isinstance(token, bool):
-        with contextlib.suppress(TypeError):
-            index = operator.index(token)
-    if index is None:
-        raise InputTypeError(f"{spec.name}: token={token!r} is a {type(token).__name__}, not a token index; pass an "
-                             f"integer in {-n} ... {n - 1} (prefix tokens first, then patches row-major) or None")
-    token = index
-    if not -n <= token < n:
-        raise OutOfRangeError(f"{spec.name}: token={token} is out of range for {n} tokens; pass an index in "
-                               f"{-n} ... {n - 1} (prefix tokens first, then patches row-major) or None")
-    return token % n
 
 
 def layer_range(spec: ViTSpec, start_layer: int) -> list[int]:
@@ -408,14 +412,15 @@ def require_flow_maps(spec: ViTSpec, layers: list[int], method: str, *, suggest_
     spec.require_maps(method, FLOW_MAPS, layers, hint)
 
 
-def propagated_output(spec: ViTSpec, prop: Propagator, x: torch.Tensor, token: int | None, full: bool, *,
-                      from_top: bool = True) -> torch.Tensor:
+def propagated_output(spec: ViTSpec, prop: Propagator, x: torch.Tensor, token: int | str | None, full: bool, *,
+                      from_top: bool = True, rows: torch.Tensor | None = None) -> torch.Tensor:
     """What a propagation call returns for the batch ``x``: ``R`` ``(B, N, N)``, or the ``(B, gh, gw)`` maps.
 
-    The maps are the output token's row (``token``; default the class token, without one the mean of the patch
-    queries' rows) over the patch columns: pushed from the top through the kept matrices (``from_top``, no ``N^3``
+    The maps are the rows ``output_rows(spec, token)`` reads (default the rows the model's head reads,
+    ``ViTSpec.readout``) over the patch columns: pushed from the top through the kept matrices (``from_top``, no ``N^3``
     product), or read off the full product ``R`` (the gradient methods, whose cost is the backward pass: their
-    maps stay bit-identical to the row of ``R`` they return with ``return_full``).
+    maps stay bit-identical to the row of ``R`` they return with ``return_full``). ``rows``: ``(B, N)`` row weights
+    read during the pass (``PoolRows.take``), used instead of ``output_rows``.
     """
     if not prop.matrices:
         return prop.result()  # raises: nothing was fed
@@ -424,10 +429,11 @@ def propagated_output(spec: ViTSpec, prop: Propagator, x: torch.Tensor, token: i
         if full:
             return r
         return rollout_to_maps(r, spec.grid_for_input(x), spec.num_prefix_tokens,
-                               output_token(spec, token, r.shape[-1]))
+                               output_rows(spec, token, r.shape[-1]) if rows is None else rows)
     grid = spec.grid_for_input(x)
     p = spec.num_prefix_tokens
     b, n = len(x), prop.matrices[0].shape[-1]
     _check_tokens(n, grid, p)
-    v = query_vectors(b, n, p, output_token(spec, token, n), device=prop.matrices[0].device, dtype=prop.dtype)
+    read = output_rows(spec, token, n) if rows is None else rows
+    v = query_vectors(b, n, p, read, device=prop.matrices[0].device, dtype=prop.dtype)
     return prop.result(v)[:, p:].reshape(b, *grid)

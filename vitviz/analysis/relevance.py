@@ -6,7 +6,10 @@ the positive part, averaged over heads: ``Abar_l = E_h[(dA_l * A_l)^+]``. They d
 
 ``chefer`` -- Chefer, Gur & Wolf, "Generic Attention-model Explainability for Interpreting Bi-Modal and
 Encoder-Decoder Transformers", ICCV 2021, Eq. (5)-(6) (self-attention rule): ``R = I``; for each layer in forward
-order ``R <- R + Abar_l R``; the map is the class token's row of ``R`` over the patch columns. No ``0.5`` residual
+order ``R <- R + Abar_l R``; the map is the class token's row of ``R`` over the patch columns, the row their ViT's
+head reads; vitviz reads the rows of the tokens the model's head reads (``ViTSpec.readout``: the class row for a
+class-token head, the mean of the patch rows for average pooling, the mean of the class and distillation rows for
+DeiT-distilled; ``vitviz.analysis.propagation``). No ``0.5`` residual
 weight and no renormalisation: relevance accumulates. (Their CVPR 2021 paper, "Transformer Interpretability Beyond
 Attention Visualization", uses LRP relevances instead of the attention itself; that method is not implemented
 here.) The reference code (``Transformer-MM-Explainability``) computes the same rule one image at a time; here it
@@ -23,8 +26,8 @@ axis (``a / a.sum(dim=-1)`` broadcasts them over columns); it also handles one i
 with its own layer, clips per head before averaging, discards row by row and keeps rows stochastic. Tests pin
 each of these differences.
 
-Models without a class token read the mean of the patch query rows instead (documented substitute, as in
-``attention_rollout``). Gradients come from ``torch.autograd.grad`` on the captured maps, so the parameters'
+Models whose head averages the patch tokens (and models without a class token) read the mean of the patch query
+rows, as in ``attention_rollout``; ``token="class"`` reads the class row whatever the head reads. Gradients come from ``torch.autograd.grad`` on the captured maps, so the parameters'
 ``.grad`` are untouched and the model is left as it was.
 """
 
@@ -37,6 +40,7 @@ from torch import nn
 
 from vitviz.analysis.propagation import (
     LayerRule,
+    PoolRows,
     Propagator,
     layer_range,
     propagate,
@@ -184,7 +188,7 @@ def grad_rollout_from_attentions(
 
 
 def _run(model: nn.Module, images: Images, target: Target, rule: str, *, discard_ratio: float, start_layer: int,
-         token: int | None, return_full: bool, batch_size: int | None, progress: bool) -> torch.Tensor:
+         token: int | str | None, return_full: bool, batch_size: int | None, progress: bool) -> torch.Tensor:
     spec = inspect(model)
     layers = layer_range(spec, start_layer)
     require_flow_maps(spec, layers, rule)  # signed or mixed maps (differential attention, CaiT talking heads): refused
@@ -194,13 +198,15 @@ def _run(model: nn.Module, images: Images, target: Target, rule: str, *, discard
     out: list[torch.Tensor] = []
     done = 0
     for x in iter_batches(model, images, batch_size, progress=progress, desc=rule.replace("_", " ")):
-        attns, grads, _ = attention_gradients(model, x, target, spec=spec, layers=layers, start=done,
-                                              n_images=total)
+        with PoolRows(model, spec, token) as pool:
+            attns, grads, _ = attention_gradients(model, x, target, spec=spec, layers=layers, start=done,
+                                                  n_images=total)
+        rows = pool.take(attns[0].shape[-1])
         weights = _weighted_maps(attns, grads)
         del attns, grads
         dtype = weights[0].dtype if rule == "chefer" else torch.float32
         prop = Propagator(layer_rule, blocks=blocks, dtype=dtype).feed(weights)
-        out.append(propagated_output(spec, prop, x, token, return_full, from_top=False))
+        out.append(propagated_output(spec, prop, x, token, return_full, from_top=False, rows=rows))
         done += len(x)
     return torch.cat(out)
 
@@ -212,7 +218,7 @@ def chefer_relevance(
     target: Target = None,
     *,
     start_layer: int = 0,
-    token: int | None = None,
+    token: int | str | None = None,
     return_full: bool = False,
     batch_size: int | None = None,
     progress: bool = False,
@@ -224,8 +230,9 @@ def chefer_relevance(
         images: a normalised ``(B, 3, H, W)`` tensor, or anything ``vitviz.load_images`` takes.
         target: ``None`` (predicted class), a class index, one per image, or a callable ``f(output) -> (B,)``.
         start_layer: leave out the layers before this one.
-        token: the output token whose row is read (default the class token; without one, the mean of the patch
-            rows).
+        token: the rows read: default the rows of the tokens the model's head reads (``ViTSpec.readout``: the class
+            row; the mean of the class and distillation rows; the mean of the patch rows for average pooling or no
+            class token); ``"class"``: the class row; an int: that token's row.
         return_full: return ``R`` ``(B, N, N)`` instead of the maps.
         batch_size: images per forward/backward pass (default all at once).
         progress: show a progress bar over images.
@@ -246,7 +253,7 @@ def grad_rollout(
     *,
     discard_ratio: float = 0.0,
     start_layer: int = 0,
-    token: int | None = None,
+    token: int | str | None = None,
     return_full: bool = False,
     batch_size: int | None = None,
     progress: bool = False,

@@ -7,11 +7,22 @@ residual connection as ``A = 0.5 W + 0.5 I`` with rows renormalised, and multipl
 token ``t``; the map is that row over the patch columns, reshaped to the ``(gh, gw)`` grid ``vitviz.inspect``
 reads (never ``sqrt(N)``). Prefix tokens (class, distillation, registers) take part in every product.
 
-The output token: the class token when the model has one (``spec.class_token_index``). A model without one
-(SigLIP, timm ``class_token=False``: ``spec.class_token_index is None``) has no output row to read, so the map is
-the **mean of the rollout rows of all patch queries** over the patch columns (``rollout_to_maps(token=None)``),
-i.e. how much each patch flows, on average, into the patch tokens the model pools; ``token=`` picks any single row
-instead. ``tests/test_families_hf.py`` pins this for SigLIP.
+The output rows: those of the tokens the model's head reads (``spec.readout``, ``vitviz.core.families.readout``).
+Abnar & Zuidema and the ViT paper read the class token's row because their models' heads read the class token; the
+same rule for other heads reads the head's own tokens. A class-token head: the class row (as before, bit for bit).
+Average pooling (timm ``global_pool="avg"``, also with a class token the head never reads; timm ``Beit``; Hugging
+Face BEiT's mean pooling; open_clip ``pool_type="avg"``) and models without a class token (SigLIP, timm
+``class_token=False``): the **mean of the rollout rows of all patch queries** (``rollout_to_maps(token=None)``),
+how much each patch flows, on average, into the patch tokens the head averages. DeiT-distilled (timm
+``VisionTransformerDistilled``, Hugging Face ``DeiTForImageClassificationWithTeacher``; eval-mode logits are the
+mean of the class head on the class token and the distillation head on the distillation token): the mean of the
+class and distillation rows. Attention pools (timm ``"map"``, SigLIP's head, open_clip's attentional pooler) weight
+the tokens by their own query's attention ``a``, which depends on the image: vitviz reads ``a`` during the same
+forward pass (``readout_rows.PoolRows``) and the map is ``a . R``; attention pools it cannot read (timm ``"prr"``,
+NaFlexViT) and max pooling get the uniform mean of the rows pooled over, an approximation
+(``spec.readout.exact`` is ``False``). ``token="class"`` reads the class row whatever the head reads (the old
+rule); ``token="patches"`` the mean of the patch rows; ``token=<int>`` any single row. ``tests/test_readout*.py``
+pins each case.
 
 ``attention_rollout`` reduces each layer as the forward pass produces it (``capture_attention(on_layer=...,
 store=False)``) with the ``Propagator`` of ``vitviz.analysis.propagation`` (the one place the layer rule, the
@@ -58,6 +69,7 @@ from vitviz.analysis.propagation import (  # re-exported: the public names rollo
     FLOW_MAPS,
     HEAD_FUSIONS,
     LayerRule,
+    PoolRows,
     Propagator,
     discard_weakest,
     fuse_heads,
@@ -165,7 +177,7 @@ def attention_rollout(
     discard_ratio: float = 0.0,
     residual: bool = True,
     start_layer: int = 0,
-    token: int | None = None,
+    token: int | str | None = None,
     return_full: bool = False,
     batch_size: int | None = None,
     progress: bool = False,
@@ -185,9 +197,12 @@ def attention_rollout(
             a prefix-token column), then renormalise rows.
         residual: model the skip connection as ``A = 0.5 W + 0.5 I`` (rows renormalised).
         start_layer: leave out the layers before this one (their attention is not even materialised).
-        token: the output token whose row is read: default the class token; for models without one, the mean of
-            the rows of all patch queries; an int picks any token index (prefix tokens first, then patches
-            row-major).
+        token: the rows read: default (``None``) the rows of the tokens the model's head reads (``spec.readout``:
+            the class row for a class-token head; the mean of the rows of all patch queries for average pooling or
+            no class token; the mean of the class and distillation rows for DeiT-distilled; attention pools: the
+            rows weighted by the pool's own attention); ``"class"``: the class row whatever the head reads;
+            ``"patches"``: the mean of the patch rows; an int picks any token index (prefix tokens first, then
+            patches row-major).
         return_full: return the whole rollout ``R`` instead of the maps.
         batch_size: images per forward pass (default: all at once).
         progress: show a progress bar over images.
@@ -205,8 +220,10 @@ def attention_rollout(
                              blocks=blocks, num_layers=len(set(blocks or layers)))
     out: list[torch.Tensor] = []
     for x in iter_batches(model, images, batch_size, progress=progress, desc="rollout"):
-        with torch.no_grad(), capture_attention(model, layers=layers, on_layer=reducer, store=False, heads="stream"):
+        with torch.no_grad(), capture_attention(model, layers=layers, on_layer=reducer, store=False, heads="stream"), \
+                PoolRows(model, spec, token) as pool:
             model(x)
-        out.append(propagated_output(spec, reducer, x, token, return_full))
+        n = reducer.matrices[0].shape[-1] if reducer.matrices else 0
+        out.append(propagated_output(spec, reducer, x, token, return_full, rows=pool.take(n) if n else None))
         reducer.reset()
     return torch.cat(out)

@@ -13,6 +13,7 @@ from typing import Any
 from torch import nn
 
 from vitviz.core.families import Family, family_of
+from vitviz.core.families.readout import Readout, default_readout
 from vitviz.errors import UnsupportedModelError
 
 _KIND_REASON = {
@@ -63,6 +64,11 @@ class ViTSpec:
             ``vitviz.core.families.timm_probes``.
         attention_blocks: per attention module, the index of its residual block (equal indices: parallel
             branches whose outputs the residual adds).
+        readout: which last-block token rows the model's head reads (``vitviz.core.families.readout.Readout``):
+            the class token, the mean of the class and distillation tokens (DeiT-distilled), the mean of the patch
+            tokens (average pooling), ``[class, patch mean]``, or an attention pool (no token row is the output).
+            The row-reading explanations read these rows by default (``Readout.weights``). Default (a spec built
+            by hand): the class token when there is one, else the patch mean.
     """
 
     name: str
@@ -82,6 +88,11 @@ class ViTSpec:
     attention_modules: tuple[str, ...] = ()
     attention_maps: tuple[str, ...] = ()
     attention_blocks: tuple[int, ...] = ()
+    readout: Readout | None = None
+
+    def __post_init__(self) -> None:
+        if self.readout is None:
+            object.__setattr__(self, "readout", default_readout(self.prefix_tokens))
 
     @property
     def num_prefix_tokens(self) -> int:
@@ -166,6 +177,7 @@ class ViTSpec:
             f"  tokens     {self.grid_size[0]}x{self.grid_size[1]} grid, stride "
             f"{self.patch_size[0]}x{self.patch_size[1]} px, prefix [{prefix}], N={self.num_tokens}",
             f"  pos_embed  {self.pos_embed_kind} ({cover})",
+            f"  readout    {self.readout.describe(self.prefix_tokens)}",
             f"  depth {self.depth}, heads {self.num_heads}, embed_dim {self.embed_dim}"
             + (f" ({len(self.attention_modules)} attention modules)"
                if len(self.attention_modules) != self.depth else ""),
@@ -216,4 +228,5 @@ def inspect(model: nn.Module) -> ViTSpec:
         attention_modules=tuple(n for n, _ in family.attention_modules(model)),
         attention_maps=tuple(family.attention_maps(model)),
         attention_blocks=tuple(family.attention_blocks(model)),
+        readout=family.readout(model, lay.prefix_tokens),
     )

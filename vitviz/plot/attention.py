@@ -96,7 +96,7 @@ def plot_rollout(
     maps: torch.Tensor | None = None,
     head_fusion: str = "mean",
     discard_ratio: float = 0.0,
-    token: int | None = None,
+    token: int | str | None = None,
     labels: Sequence[str] | None = None,
     scale: str = "max",
     ncols: int | None = None,
@@ -114,7 +114,8 @@ def plot_rollout(
             map, normalised to its maximum) or ``"both"`` (three panels per image).
         maps: ``(B, gh, gw)`` maps to draw instead of ``attention_rollout`` (e.g. from ``grad_rollout``), on the
             model's token grid for these images (or ``(B, H, W)``, one value per pixel).
-        head_fusion, discard_ratio, token: passed to ``attention_rollout``.
+        head_fusion, discard_ratio, token: passed to ``attention_rollout`` (``token=None``: the rows of the tokens
+            the model's head reads, ``vitviz.inspect(model).readout``; ``"class"``: the class row; an int: one row).
         labels: one caption per image, written under its input (e.g. the class).
         scale: ``"max"`` divides each map by its maximum (the paper); ``"minmax"`` also maps its minimum to 0.
         ncols: images per row (default as many as fit a 7 in double column, ``PAGE_WIDTH``: up to 4, or 3 with

@@ -2,8 +2,9 @@
 
 The model runs once per image (``vitviz.capture_attention``, all layers); the ``(1, H, N, N)`` maps stay in the
 kernel on the model's device, and each change of a control renders only the displayed ``(gh, gw)`` map, blended
-over the image, as a PNG. The query is the output (class) token, another prefix token, the mean of the patch
-queries (models without a class token), or any patch, picked by sliders or by clicking the image. The rollout
+over the image, as a PNG. The query is the token the head reads (marked "(output)": the class token, or the mean
+of the patch queries for average pooling and models without a class token; ``ViTSpec.readout``), another prefix
+token, or any patch, picked by sliders or by clicking the image. The rollout
 toggle shows attention rollout (Abnar & Zuidema 2020; the ViT paper's Fig. 6) through the selected layer.
 
 Memory is bounded: the captured maps (about 22 MB per image for ViT-B/16 at 224 px) and the rollout products
@@ -87,19 +88,25 @@ class ByteLRU:
         return value
 
 
-def _token_options(prefix_tokens: Sequence[str]) -> list[tuple[str, int | str]]:
+def _token_options(prefix_tokens: Sequence[str], readout: Any = None) -> list[tuple[str, int | str]]:
+    """The query choices; ``(output)`` marks the one the model's head reads (``ViTSpec.readout``: the class token,
+    or the mean of the patch queries, offered first, for average pooling and models without a class token)."""
+    single = getattr(readout, "single_token", 0 if "cls" in prefix_tokens else None)
+    patch_out = bool(getattr(readout, "patch_mean", "cls" not in prefix_tokens))
     options: list[tuple[str, int | str]] = []
     regs = 0
     for i, name in enumerate(prefix_tokens):
         if name == "cls":
-            options.append(("class token (output)", i))
+            options.append(("class token (output)" if single == i else "class token", i))
         elif name == "reg":
             options.append((f"register token {regs}", i))
             regs += 1
         else:
             options.append((f"{name} token", i))
-    if "cls" not in prefix_tokens:
-        options.append(("mean of patch queries (output)", "mean"))
+    if patch_out:
+        options.insert(0, ("mean of patch queries (output)", "mean"))
+    elif "cls" not in prefix_tokens:
+        options.append(("mean of patch queries", "mean"))
     options.append(("patch (row, col)", "patch"))
     return options
 
@@ -144,7 +151,7 @@ class AttentionExplorer(Explorer):
         self.head = widgets.Dropdown(options=[(f"{f} of heads", f) for f in HEAD_FUSIONS]
                                      + [(f"head {i}", i) for i in range(heads)], value="mean",
                                      description="head", style=style)
-        options = _token_options(self.spec.prefix_tokens)
+        options = _token_options(self.spec.prefix_tokens, self.spec.readout)
         self.query = widgets.Dropdown(options=options, value=options[0][1], description="query", style=style)
         self.row = widgets.IntSlider(value=gh // 2, min=0, max=gh - 1, description="query row", style=style,
                                      continuous_update=False)

@@ -32,6 +32,7 @@ import torch
 from torch import nn
 
 from vitviz.core.families.pooling import pool_tokens
+from vitviz.core.families.readout import Readout, default_readout
 from vitviz.core.families.token_drop import keep_token_hook, token_index
 from vitviz.errors import CaptureError, InputError, NotImplementedInVitviz, UnsupportedModelError
 
@@ -323,6 +324,18 @@ class Family:
         classifier, open_clip ``pool_type="avg"``)."""
         return pool_tokens(tokens, "token" if prefix_tokens and prefix_tokens[0] == "cls" else "avg",
                            len(prefix_tokens))
+
+    def readout(self, model: nn.Module, prefix_tokens: tuple[str, ...]) -> Readout:
+        """Which last-block token rows the model's head reads (``vitviz.core.families.readout``). This default: the
+        class token when the model has one, else the mean of the patch tokens; families whose head reads other
+        tokens (average pooling, distillation heads, attention pools) override it."""
+        return default_readout(prefix_tokens)
+
+    def readout_attention(self, model: nn.Module, emit: Emit) -> Undo | None:
+        """For an attention-pool readout read exactly (``Readout.pool_attention``): hook the pool so that each
+        forward emits its attention over the tokens it pools, ``(B, N')`` (heads averaged over the queries the
+        output keeps; the tokens of ``readout.parts[0]`` in sequence order); returns the undo. Default ``None``."""
+        return None
 
     def pre_logits(self, model: nn.Module, x: torch.Tensor) -> torch.Tensor:
         """The representation the classifier reads ``(B, D)`` for images ``x`` ``(B, 3, H, W)``.

@@ -25,6 +25,7 @@ from torch import nn
 from vitviz.core.families.base import Undo, chain_undos
 from vitviz.core.families.hf_base import HFVisionFamily, vision_config, vision_root
 from vitviz.core.families.pooling import pool_tokens
+from vitviz.core.families.readout import PATCHES, Readout
 from vitviz.core.families.token_drop import gather_bias_hook, token_index
 
 
@@ -57,6 +58,13 @@ class HFBeitFamily(HFVisionFamily):
         if self.pools_patches(model):
             return pool_tokens(tokens, "avg", len(prefix_tokens))
         return super().pooled_token(model, tokens, prefix_tokens)
+
+    def readout(self, model: nn.Module, prefix_tokens: tuple[str, ...]) -> Readout:
+        """``use_mean_pooling``: the mean of the patch tokens (``BeitPooler``: ``hidden_states[:, 1:].mean(1)``);
+        else the class token."""
+        if self.pools_patches(model):
+            return Readout("mean", ((PATCHES,),), "BeitPooler, use_mean_pooling")
+        return super().readout(model, prefix_tokens)
 
     def drop_tokens(self, model: nn.Module, keep: torch.Tensor, num_prefix_tokens: int) -> Undo:
         undos = [super().drop_tokens(model, keep, num_prefix_tokens)]

@@ -18,6 +18,7 @@ from __future__ import annotations
 from torch import nn
 
 from vitviz.core.families.hf_base import HFVisionFamily
+from vitviz.core.families.readout import PATCHES, Readout
 
 
 class HFCLIPFamily(HFVisionFamily):
@@ -26,6 +27,12 @@ class HFCLIPFamily(HFVisionFamily):
     patch_conv_path = "patch_embedding"
     pos_attr = "position_embedding"
     processor_type = "clip"
+
+    def readout(self, model: nn.Module, prefix_tokens: tuple[str, ...]) -> Readout:
+        """``CLIPForImageClassification``: the mean of the patch tokens; the vision models: the class token."""
+        if type(model).__name__ == "CLIPForImageClassification":
+            return Readout("mean", ((PATCHES,),), "CLIPForImageClassification")
+        return super().readout(model, prefix_tokens)
 
     def param_components(self, model: nn.Module) -> dict[str, tuple[str, ...]]:
         comps = super().param_components(model)

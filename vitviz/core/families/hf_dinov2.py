@@ -18,6 +18,7 @@ from torch import nn
 
 from vitviz.core.families.hf_base import HFVisionFamily, vision_config
 from vitviz.core.families.pooling import pool_tokens
+from vitviz.core.families.readout import PATCHES, Readout
 
 
 class HFDinov2Family(HFVisionFamily):
@@ -37,6 +38,13 @@ class HFDinov2Family(HFVisionFamily):
         if self.pools_patches(model):
             return torch.cat([tokens[:, 0], pool_tokens(tokens, "avg", len(prefix_tokens))], dim=-1)
         return super().pooled_token(model, tokens, prefix_tokens)
+
+    def readout(self, model: nn.Module, prefix_tokens: tuple[str, ...]) -> Readout:
+        """``Dinov2ForImageClassification``: one linear head on ``[cls, mean of the patch tokens]``, the two parts
+        given equal weight; the backbone: the class token."""
+        if self.pools_patches(model):
+            return Readout("concat", ((0,), (PATCHES,)), "Dinov2ForImageClassification")
+        return super().readout(model, prefix_tokens)
 
 
 class HFDinov2RegistersFamily(HFDinov2Family):

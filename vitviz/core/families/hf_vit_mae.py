@@ -21,6 +21,7 @@ from torch import nn
 
 from vitviz.core.families.base import Undo, chain_undos, set_attr
 from vitviz.core.families.hf_base import HFVisionFamily, vision_config
+from vitviz.core.families.readout import Readout, default_readout
 from vitviz.errors import CaptureError
 
 
@@ -29,6 +30,10 @@ class HFViTMAEFamily(HFVisionFamily):
     pos_embed_kind = "sincos"
     # the authors' code normalises with the ImageNet mean and std (timm IMAGENET_DEFAULT_MEAN / _STD)
     authors_mean_std = ((0.485, 0.456, 0.406), (0.229, 0.224, 0.225))
+
+    def readout(self, model: nn.Module, prefix_tokens: tuple[str, ...]) -> Readout:
+        """No pooling: the encoder returns every token (explanations read the class token, the default)."""
+        return Readout("none", default_readout(prefix_tokens).parts, "ViTMAEModel: no pooler")
 
     def prepare(self, model: nn.Module) -> Undo:
         undos = [super().prepare(model)]

@@ -36,7 +36,8 @@ from torch import nn
 from vitviz.core.families.base import Family, Layout, Undo
 from vitviz.core.families.pooling import pool_tokens
 from vitviz.core.families.pos_kind import table_kind
-from vitviz.core.families.probes import probe_mha, refuse_mha_dropout
+from vitviz.core.families.probes import probe_mha, probe_mha_pool, refuse_mha_dropout
+from vitviz.core.families.readout import PATCHES, Readout, default_readout
 from vitviz.core.families.stream import mha_stream_probe_for
 from vitviz.errors import CaptureError, NotAViTError, UnsupportedModelError
 
@@ -115,6 +116,34 @@ class OpenCLIPFamily(Family):
         if getattr(visual, "attn_pool", None) is None and getattr(visual, "pool_type", "tok") == "avg":
             return pool_tokens(tokens, "avg", len(prefix_tokens))
         return super().pooled_token(model, tokens, prefix_tokens)
+
+    def readout(self, model: nn.Module, prefix_tokens: tuple[str, ...]) -> Readout:
+        """An attentional pooler: attention pooling over every token (class token included); ``pool_type``
+        ``"avg"``: the patch mean (``x[:, 1:].mean(1)``), ``"tok"``: the class token, ``"none"``: no pooling."""
+        visual = tower(model)[0]
+        pool = getattr(visual, "pool_type", "tok")
+        if getattr(visual, "attn_pool", None) is not None:
+            return Readout("attention-pool", ((0, PATCHES),), f"open_clip attentional pooler, pool_type={pool!r}",
+                           self._pool_queries(visual) is not None)
+        if pool == "avg":
+            return Readout("mean", ((PATCHES,),), "open_clip pool_type='avg'")
+        if pool == "tok":
+            return default_readout(prefix_tokens, "open_clip pool_type='tok'")
+        return Readout("none", default_readout(prefix_tokens).parts, f"open_clip pool_type={pool!r}")
+
+    @staticmethod
+    def _pool_queries(visual: nn.Module) -> str | None:
+        """The attentional pooler's queries the output keeps (``pool_type`` ``"tok"``: query 0; ``"avg"``: the
+        mean of the others), or ``None`` where vitviz does not read the pool (two poolers, ``"none"``)."""
+        if getattr(visual, "attn_pool_contrastive", None) is not None:
+            return None
+        return {"tok": "first", "avg": "rest"}.get(getattr(visual, "pool_type", "tok"))
+
+    def readout_attention(self, model: nn.Module, emit: Any) -> Undo | None:
+        """The attentional pooler's ``nn.MultiheadAttention`` weights (``probes.probe_mha_pool``)."""
+        visual = tower(model)[0]
+        queries = self._pool_queries(visual) if getattr(visual, "attn_pool", None) is not None else None
+        return None if queries is None else probe_mha_pool(visual.attn_pool.attn, queries, emit)
 
     def pre_logits(self, model: nn.Module, x: torch.Tensor) -> torch.Tensor:
         """The tower's image features (pooled token times ``proj``, what ``encode_image`` returns unnormalised)."""

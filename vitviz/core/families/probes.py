@@ -9,6 +9,8 @@
   (hand-written ViTs); modules with rotary or relative-position attributes, and calls with a mask, are refused.
 - ``probe_mha``: ``torch.nn.MultiheadAttention`` (torchvision, open_clip), called with ``need_weights=True`` and
   per-head weights for the duration; ``mha_dropout_error`` refuses one that would return dropped-out weights.
+- ``probe_latent_pool``, ``probe_mha_pool``: an attention pool's attention over the tokens it pools, for the
+  readout (``Family.readout_attention``, ``vitviz.core.families.readout``).
 """
 
 from __future__ import annotations
@@ -19,6 +21,7 @@ import torch
 from torch import nn
 
 from vitviz.core.families.base import Emit, Undo, chain_undos, set_attr
+from vitviz.core.families.readout import query_mean
 from vitviz.errors import CaptureError, UnsupportedModelError
 
 __all__ = ["mha_dropout_error", "probe_attn_drop", "probe_mha", "probe_qkv", "refuse_mha_dropout"]
@@ -159,3 +162,36 @@ def probe_mha(module: nn.Module, emit: Emit) -> Undo:
         return out, weights
 
     return set_attr(module, "forward", forward)
+
+
+def probe_latent_pool(pool: nn.Module, queries: str, emit: Emit) -> Undo:
+    """timm ``AttentionPoolLatent``: each call emits its attention ``(B, N')`` (``query_mean``), recomputed as
+    ``softmax(q k^T * scale)`` from the ``q`` and ``k`` its ``q_norm`` and ``k_norm`` return (the fused kernel keeps
+    running); returns the undo. A call with an ``attn_mask`` raises ``CaptureError``."""
+    seen: dict[str, torch.Tensor] = {}
+
+    def after(module: nn.Module, args: Any, kwargs: Any, _out: Any) -> None:
+        if kwargs.get("attn_mask") is not None or len(args) > 1:
+            raise CaptureError(f"{type(module).__name__}: called with an attention mask; vitviz reads the pool's "
+                               "attention only without one")
+        q, k = seen.pop("q"), seen.pop("k")
+        dtype = torch.promote_types(q.dtype, torch.float32)
+        logits = (q.to(dtype) * module.scale) @ k.to(dtype).transpose(-2, -1)
+        emit(query_mean(torch.softmax(logits, dim=-1), queries))
+
+    handles = [pool.q_norm.register_forward_hook(lambda _m, _i, out: seen.__setitem__("q", out)),
+               pool.k_norm.register_forward_hook(lambda _m, _i, out: seen.__setitem__("k", out)),
+               pool.register_forward_hook(after, with_kwargs=True)]
+
+    def undo() -> None:
+        for h in handles:
+            h.remove()
+
+    return undo
+
+
+def probe_mha_pool(mha: nn.Module, queries: str, emit: Emit) -> Undo:
+    """An attention pool's ``nn.MultiheadAttention`` (Hugging Face SigLIP's head, open_clip's ``AttentionalPooler``):
+    its per-head weights ``(B, H, L, N')`` read with ``need_weights=True`` (``probes.probe_mha``), emitted as
+    ``query_mean``; returns the undo."""
+    return probe_mha(mha, lambda w: emit(query_mean(w, queries)))

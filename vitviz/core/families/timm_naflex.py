@@ -21,6 +21,7 @@ from torch import nn
 from vitviz.core.families.base import Family, Layout
 from vitviz.core.families.pooling import timm_pooled_token
 from vitviz.core.families.pos_kind import table_kind
+from vitviz.core.families.readout import Readout, timm_readout
 from vitviz.core.families.timm_probes import map_kind, probe_timm, stream_probe_for
 from vitviz.core.families.timm_vit import attention_of, is_timm, unknown_attention
 from vitviz.core.util import pair
@@ -87,6 +88,10 @@ class NaFlexVitFamily(Family):
 
     def attention_modules(self, model: nn.Module) -> list[tuple[str, nn.Module]]:
         return [m for i, b in enumerate(model.blocks) for m in attention_of(b, i)]
+
+    def readout(self, model: nn.Module, prefix_tokens: tuple[str, ...]) -> Readout:
+        """As ``global_pool`` / ``attn_pool`` read the tokens (``readout.timm_readout``)."""
+        return timm_readout(model, prefix_tokens)
 
     def pooled_token(self, model: nn.Module, tokens: torch.Tensor, prefix_tokens: tuple[str, ...]) -> torch.Tensor:
         """As ``global_pool`` pools (unpadded input); ``"token"`` and attention pooling (``"map"``): the default."""

@@ -33,6 +33,8 @@ from torch import nn
 from vitviz.core.families.base import Family, Layout, Undo, chain_undos, set_attr
 from vitviz.core.families.pooling import timm_pooled_token
 from vitviz.core.families.pos_kind import table_kind
+from vitviz.core.families.probes import probe_latent_pool
+from vitviz.core.families.readout import Readout, timm_readout
 from vitviz.core.families.timm_probes import map_kind, probe_timm, stream_probe_for
 from vitviz.core.families.token_drop import gather_bias, gather_bias_hook, token_index
 from vitviz.core.util import pair
@@ -86,6 +88,12 @@ def relative_kinds(model: nn.Module) -> list[str]:
         ["relative-bias"] if _has_relative_bias(model) else [])
 
 
+def _latent_pool(model: nn.Module) -> nn.Module | None:
+    """A ``VisionTransformer``'s (or ``Eva``'s) ``AttentionPoolLatent``, which it calls without a mask."""
+    pool = getattr(model, "attn_pool", None)
+    return pool if type(pool).__name__ == "AttentionPoolLatent" and hasattr(pool, "q_norm") else None
+
+
 def _has_relative_bias(model: nn.Module) -> bool:
     names = ("relative_position_bias_table", "rel_pos", "rel_pos_bias", "shared_rel_pos")
     return any(getattr(m, n, None) is not None for m in model.modules() for n in names)
@@ -129,6 +137,19 @@ class TimmFamily(Family):
             return tokens[:, 0] if tokens.shape[1] == 1 else tokens.mean(dim=1)
         pooled = timm_pooled_token(model, tokens, len(prefix_tokens))
         return super().pooled_token(model, tokens, prefix_tokens) if pooled is None else pooled
+
+    def readout(self, model: nn.Module, prefix_tokens: tuple[str, ...]) -> Readout:
+        """As ``forward_head`` reads the tokens (``readout.timm_readout``); an ``AttentionPoolLatent`` is read
+        exactly (``readout_attention``)."""
+        return timm_readout(model, prefix_tokens, _latent_pool(model) is not None)
+
+    def readout_attention(self, model: nn.Module, emit: Any) -> Undo | None:
+        """``AttentionPoolLatent`` (``global_pool="map"``): its attention recomputed from its ``q`` and ``k``
+        (``probes.probe_latent_pool``); query 0 for ``pool="token"``, else every query averaged."""
+        pool = _latent_pool(model)
+        if pool is None:
+            return None
+        return probe_latent_pool(pool, "first" if getattr(pool, "pool", "token") == "token" else "all", emit)
 
     def prefix_tokens(self, model: nn.Module) -> tuple[str, ...]:
         tokens: list[str] = []
