@@ -51,7 +51,7 @@ from vitviz.core.families.lrp import LRPRules, lrp_rules
 from vitviz.core.images import Images
 from vitviz.core.spec import ViTSpec, inspect
 from vitviz.core.targets import Target, resolve_target
-from vitviz.core.util import in_eval_mode
+from vitviz.core.util import autograd, in_eval_mode, normal_tensor
 from vitviz.errors import CaptureError, InputError, UnsupportedModelError
 
 __all__ = ["LRPRules", "attnlrp", "attnlrp_supported", "attnlrp_tokens", "lrp_rules"]
@@ -107,8 +107,8 @@ def attnlrp_tokens(
     """
     spec = inspect(model)
     _check_model(model, spec)
-    with torch.enable_grad(), lrp_rules(model, rules) as session:
-        out = model(x)
+    with autograd(model, f"AttnLRP on {spec.name}"), lrp_rules(model, rules) as session:
+        out = model(normal_tensor(x))
         tokens = session.tokens
         if tokens is None:
             raise CaptureError(f"{spec.name}: the first block did not run in this forward pass")

@@ -79,7 +79,7 @@ from vitviz.core.images import Images
 from vitviz.core.io import atomic_write
 from vitviz.core.spec import inspect
 from vitviz.core.targets import Target, logits_of, resolve_target
-from vitviz.core.util import in_eval_mode, is_int
+from vitviz.core.util import autograd, in_eval_mode, is_int, normal_tensor
 from vitviz.errors import InputError
 
 __all__ = ["BETTER", "COLUMNS", "DEFAULT_METHODS", "MODES", "bootstrap_ci", "compare_methods", "default_methods", "drop_module",
@@ -388,12 +388,11 @@ def _batch(model: nn.Module, spec: Any, x: torch.Tensor, pos: list[int], ids: li
                 opts.pop("offset", None)  # the image id sets each image's map
                 maps = torch.cat([explain(model, x[i:i + 1], "random", offset=image_seed(0, ids[i]), **opts)
                                   for i in range(b)])
-            elif isinstance(method, str):
-                with torch.enable_grad():
-                    maps = explain(model, x, method, explained if method in GRADIENT_METHODS else None, **opts)
-            else:
-                with torch.enable_grad():
-                    maps = method(model, x, explained)
+            elif isinstance(method, str):  # a gradient method turns autograd on itself (core.util.autograd)
+                maps = explain(model, x, method, explained if method in GRADIENT_METHODS else None, **opts)
+            else:  # your function, with autograd on and tensors it can differentiate through
+                with autograd(None, f"method {name!r}"):
+                    maps = method(model, normal_tensor(x), normal_tensor(explained))
         if not isinstance(maps, torch.Tensor) or tuple(maps.shape) != (b, *grid):
             shape = tuple(maps.shape) if isinstance(maps, torch.Tensor) else type(maps).__name__
             raise InputError(f"method {name!r} gave maps of shape {shape} for a batch of {b} images; a map "

@@ -20,7 +20,7 @@ import torch
 from torch import nn
 
 from vitviz.core.spec import inspect
-from vitviz.core.util import is_int, kept_buffers, kept_grads, kept_rng, module_mode
+from vitviz.core.util import autograd, is_int, kept_buffers, kept_grads, kept_rng, module_mode, normal_tensor
 from vitviz.errors import InputError, InputTypeError, NotAViTError
 
 
@@ -102,8 +102,8 @@ def count_flops(model: nn.Module, input_size: tuple[int, int, int] = (3, 32, 32)
     with module_mode(model, backward), kept_grads(model), kept_buffers(model), kept_rng(device):
         with sdpa_math_backend(), counter:
             if backward:
-                with torch.enable_grad():
-                    output_tensor(model(x)).sum().backward()
+                with autograd(model, "count_flops(backward=True)"):
+                    output_tensor(model(normal_tensor(x))).sum().backward()
             else:
                 with torch.no_grad():
                     model(x)

@@ -161,7 +161,8 @@ def kept_buffers(model: Any) -> Iterator[Any]:
             for m, name, b, copy in saved:
                 if getattr(m, name, None) is not b:
                     setattr(m, name, b)
-                b.copy_(copy)
+                with torch.inference_mode(b.is_inference()):  # an inference tensor is written in inference mode only
+                    b.copy_(copy)
 
 
 @contextlib.contextmanager
@@ -187,8 +188,95 @@ def kept_rng(*devices: Any) -> Iterator[None]:
             np.random.set_state(npy)
 
 
+def _device_types(model: Any) -> list[str]:
+    """The device types of ``model``'s parameters and buffers, and ``"cpu"``."""
+    tensors = [*model.parameters(), *model.buffers()] if callable(getattr(model, "parameters", None)) else []
+    return sorted({"cpu", *(t.device.type for t in tensors)})
+
+
+@contextlib.contextmanager
+def without_autocast(model: Any) -> Iterator[None]:
+    """A caller's ``torch.autocast`` switched off for the block on every device type ``model`` lives on (and the
+    CPU): an analysis computes in the model's own precision unless its own ``autocast=`` argument says otherwise
+    (``vitviz.core.datasets.autocast_context``, entered inside the block), so a result does not depend on the
+    context it was called in, and a checkpoint's fingerprint (which records the call's autocast dtype) describes
+    how its numbers were computed."""
+    import torch
+
+    with contextlib.ExitStack() as stack:
+        for kind in _device_types(model):
+            stack.enter_context(torch.autocast(kind, enabled=False))
+        yield
+
+
+def inference_tensor(model: Any) -> str | None:
+    """The name of the first parameter or buffer of ``model`` that is an inference tensor (made or loaded inside
+    ``torch.inference_mode()``), or None."""
+    for name, t in [*model.named_parameters(), *model.named_buffers()]:
+        if t.is_inference():
+            return name
+    return None
+
+
+@contextlib.contextmanager
+def autograd(model: Any, what: str) -> Iterator[None]:
+    """Autograd on for the block of a gradient analysis ``what`` (a name for the message) of ``model`` (``None``: a
+    function of the user's, whose model is not checked), also under a caller's
+    ``torch.no_grad()`` or ``torch.inference_mode()``: the block runs with ``torch.inference_mode(False)`` and
+    ``torch.enable_grad()``, the caller's modes back afterwards.
+
+    The rule: a gradient analysis runs inside a caller's inference mode when the model's parameters and buffers
+    are normal tensors; an input made in inference mode is cloned where it enters the graph (``grad_leaf``,
+    ``normal_tensor``). A model whose parameters or buffers are inference tensors cannot be differentiated through
+    (autograd cannot save them for the backward pass) and is refused; cloning every weight silently would double
+    the model's memory. Analyses without a backward pass (attention, rollout, flow, distances, features) run on
+    such a model as on any other.
+
+    Raises:
+        InferenceTensorError: a parameter or buffer of ``model`` is an inference tensor.
+    """
+    import torch
+
+    from vitviz.errors import InferenceTensorError
+
+    name = None if model is None else inference_tensor(model)
+    if name is not None:
+        raise InferenceTensorError(
+            f"{what}: a backward pass through the model is needed, but its tensor {name!r} is an inference tensor (the "
+            "model was built or loaded inside torch.inference_mode()); load the model outside inference mode "
+            "(torch.no_grad() is fine), or clone its tensors outside it: "
+            "model.load_state_dict({k: v.clone() for k, v in model.state_dict().items()}, assign=True)")
+    with torch.inference_mode(False), torch.enable_grad():
+        yield
+
+
+def model_copy(model: Any) -> Any:
+    """``copy.deepcopy(model)`` made outside inference mode: its tensors are normal tensors (also those of a model
+    built or loaded inside ``torch.inference_mode()``, and also when the caller is in inference mode), so gradient
+    analyses run on the copy and its weights can be re-initialised in place."""
+    import copy
+
+    import torch
+
+    with torch.inference_mode(False):
+        return copy.deepcopy(model)
+
+
+def normal_tensor(x: Any) -> Any:
+    """``x``, or a clone of it where it is an inference tensor (made inside ``torch.inference_mode()``), which
+    autograd could not save for a backward pass; anything but a tensor as it is. Call it inside ``autograd``."""
+    return x.clone() if callable(getattr(x, "is_inference", None)) and x.is_inference() else x
+
+
+def grad_leaf(x: Any) -> Any:
+    """``x`` as a new leaf that requires grad (sharing its storage, or a clone of an inference tensor), for a
+    gradient with respect to the input. Call it inside ``autograd``."""
+    return normal_tensor(x).detach().requires_grad_(True)
+
+
 def in_eval_mode(fn: F) -> F:
-    """Decorator for an analysis ``fn(model, ...)``: the model runs in eval mode for the call (``eval_mode``).
+    """Decorator for an analysis ``fn(model, ...)``: the model runs in eval mode for the call (``eval_mode``), and
+    a caller's ``torch.autocast`` does not reach it (``without_autocast``; the call's own ``autocast=`` does).
 
     Every analysis is defined on the model at inference. In training mode dropout makes each map a random draw (two
     calls on the same image differ) and BatchNorm updates its running statistics (the call would change the model);
@@ -201,7 +289,7 @@ def in_eval_mode(fn: F) -> F:
         model = args[0] if args else kwargs.get("model")
         if not (callable(getattr(model, "modules", None)) and callable(getattr(model, "eval", None))):
             return fn(*args, **kwargs)  # not a module: fn refuses it with its own error
-        with eval_mode(model):
+        with eval_mode(model), without_autocast(model):
             return fn(*args, **kwargs)
 
     return wrapper  # type: ignore[return-value]

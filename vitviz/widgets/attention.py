@@ -28,7 +28,7 @@ from vitviz.analysis.rollout import rollout_from_attentions
 from vitviz.core.capture import capture_attention
 from vitviz.core.images import Images, denormalise, load_images
 from vitviz.core.spec import inspect
-from vitviz.core.util import check_positive_int, eval_mode, is_int, is_number
+from vitviz.core.util import check_positive_int, eval_mode, is_int, is_number, without_autocast
 from vitviz.errors import InputError
 from vitviz.widgets._base import Explorer
 from vitviz.widgets._render import display_size, mark_cell, overlay, png_bytes, resize_rgb
@@ -169,7 +169,8 @@ class AttentionExplorer(Explorer):
         if maps is None:
             param = next(self.model.parameters(), None)
             x = self._x[i:i + 1].to(param.device if param is not None else "cpu")
-            with torch.no_grad(), eval_mode(self.model), capture_attention(self.model) as cap:
+            with torch.no_grad(), eval_mode(self.model), without_autocast(self.model), \
+                    capture_attention(self.model) as cap:
                 self.model(x)
             self.forwards += 1
             maps = self.cache.put(("attn", i), cap.attentions)
