@@ -274,6 +274,43 @@ def grad_leaf(x: Any) -> Any:
     return normal_tensor(x).detach().requires_grad_(True)
 
 
+class WeightsWatch:
+    """Whether a model's tensors changed since the last look, cheaply, for a cache of results computed from them.
+
+    A look reads, per parameter and buffer: its name, the tensor object (held by a weak reference, so a replaced
+    tensor is seen also where Python reuses the address), its storage address (``p.data = ...``) and its version
+    counter, which every in-place write bumps: an optimizer step, ``load_state_dict`` (it copies in place), a
+    ``with torch.no_grad(): p.add_(1)``. Not seen: a write through ``p.data`` (``p.data.add_(1)``), which bypasses
+    the version counter as it bypasses autograd (write under ``torch.no_grad()`` instead), and an in-place write to
+    an inference tensor (possible only inside ``torch.inference_mode()``), which has no version counter; replacing
+    either tensor is seen.
+
+    Args:
+        model: the ``nn.Module`` watched.
+    """
+
+    def __init__(self, model: Any) -> None:
+        self.model = model
+        self._seen = self._look()
+
+    def _look(self) -> list[tuple[str, Any, int | None, int]]:
+        import weakref
+
+        return [(name, weakref.ref(t), None if t.is_inference() else t._version, t.data_ptr())
+                for name, t in [*self.model.named_parameters(), *self.model.named_buffers()]]
+
+    def changed(self) -> bool:
+        """Whether a tensor was added, removed, replaced or written in place since the last call (or since the
+        watch was made); each call looks anew."""
+        now = [*self.model.named_parameters(), *self.model.named_buffers()]
+        same = len(now) == len(self._seen) and all(
+            name == seen_name and ref() is t and (None if t.is_inference() else t._version) == version
+            and t.data_ptr() == ptr for (name, t), (seen_name, ref, version, ptr) in zip(now, self._seen))
+        if not same:
+            self._seen = self._look()
+        return not same
+
+
 def in_eval_mode(fn: F) -> F:
     """Decorator for an analysis ``fn(model, ...)``: the model runs in eval mode for the call (``eval_mode``), and
     a caller's ``torch.autocast`` does not reach it (``without_autocast``; the call's own ``autocast=`` does).
