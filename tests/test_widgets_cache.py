@@ -120,3 +120,24 @@ def test_the_watch_sees_each_kind_of_change():
         assert not watch.changed()  # each call looks anew
     model.register_buffer("extra", torch.zeros(1))
     assert watch.changed()
+
+
+def test_a_colormap_registered_again_under_its_name_is_drawn_as_it_is_now():
+    import matplotlib
+    from matplotlib.colors import ListedColormap
+
+    from vitviz.widgets._render import colorize
+
+    name = "vitviz-test-recoloured"
+    values = np.linspace(0, 1, 6).reshape(2, 3)
+    matplotlib.colormaps.register(ListedColormap(["black", "white"], name=name), force=True)
+    try:
+        first = colorize(values, name, 0.0, 1.0)
+        with pytest.warns(UserWarning, match="Overwriting"):
+            matplotlib.colormaps.register(ListedColormap(["red", "blue"], name=name), force=True)
+        second = colorize(values, name, 0.0, 1.0)
+    finally:
+        matplotlib.colormaps.unregister(name)
+    assert (first[..., 0] == first[..., 1]).all()  # grey
+    np.testing.assert_array_equal(second[0, 0], [255, 0, 0])
+    np.testing.assert_array_equal(second[-1, -1], [0, 0, 255])
