@@ -9,6 +9,7 @@ import importlib
 import os
 import random
 import warnings
+import weakref
 from collections.abc import Callable
 
 import matplotlib
@@ -28,6 +29,7 @@ for _library in ("cv2", "sklearn", "scipy.sparse", "scipy.special", "networkx", 
     with contextlib.suppress(ImportError):
         importlib.import_module(_library)
 
+_HOOKS: weakref.WeakKeyDictionary = weakref.WeakKeyDictionary()  # model -> its UserHooks (``roughen``)
 HOOK_DICTS = ("_forward_hooks", "_forward_pre_hooks", "_backward_hooks", "_backward_pre_hooks",
               "_forward_hooks_with_kwargs", "_forward_hooks_always_called", "_forward_pre_hooks_with_kwargs",
               "_state_dict_hooks", "_state_dict_pre_hooks", "_load_state_dict_pre_hooks",
@@ -80,6 +82,7 @@ class UserHooks:
 
     def __init__(self) -> None:
         self.calls = 0
+        self.param_calls = 0  # the parameter hooks': a vitviz call must never run them
         self.fail_at: tuple[int, BaseException] | None = None
 
     def __deepcopy__(self, memo):  # a copy of the model (sanity checks) calls the same hooks
@@ -95,6 +98,12 @@ class UserHooks:
 
     def backward(self, module, grad_input, grad_output):
         return None
+
+    def param_grad(self, grad):
+        self.param_calls += 1
+
+    def param_accumulated(self, param):
+        self.param_calls += 1
 
 
 def roughen(model: nn.Module) -> UserHooks:
@@ -119,6 +128,10 @@ def roughen(model: nn.Module) -> UserHooks:
     with warnings.catch_warnings():
         warnings.simplefilter("ignore")
         last_linear.register_full_backward_hook(hooks.backward)
+    for i, p in enumerate(p for p in model.parameters() if p.requires_grad):
+        (p.register_hook if i % 2 else p.register_post_accumulate_grad_hook)(
+            hooks.param_grad if i % 2 else hooks.param_accumulated)
+    _HOOKS[model] = hooks
     return hooks
 
 
@@ -134,7 +147,10 @@ def model_state(model: nn.Module) -> dict:
         "grads": {k: None if p.grad is None else p.grad.clone() for k, p in model.named_parameters()},
         "grad_objects": {k: id(p.grad) for k, p in model.named_parameters()},
         "requires_grad": {k: p.requires_grad for k, p in model.named_parameters()},
-        "param_hooks": {k: list(getattr(p, "_backward_hooks", None) or {}) for k, p in model.named_parameters()},
+        "param_hooks": {k: (list(getattr(p, "_backward_hooks", None) or {}),
+                            list(getattr(p, "_post_accumulate_grad_hooks", None) or {}))
+                        for k, p in model.named_parameters()},
+        "param_hook_calls": getattr(_HOOKS.get(model), "param_calls", None),
         "modules": [(name, type(m), m.training, getattr(m, "fused_attn", None), sorted(vars(m)),
                      {d: list(getattr(m, d, {}) or {}) for d in HOOK_DICTS})
                     for name, m in model.named_modules()],

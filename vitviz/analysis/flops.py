@@ -102,7 +102,7 @@ def count_flops(model: nn.Module, input_size: tuple[int, int, int] = (3, 32, 32)
     with module_mode(model, backward), kept_grads(model), kept_buffers(model), kept_rng(device):
         with sdpa_math_backend(), counter:
             if backward:
-                with autograd(model, "count_flops(backward=True)"):
+                with autograd(model, "count_flops(backward=True)", weights=True):
                     output_tensor(model(normal_tensor(x))).sum().backward()
             else:
                 with torch.no_grad():

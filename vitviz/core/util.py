@@ -219,18 +219,63 @@ def inference_tensor(model: Any) -> str | None:
 
 
 @contextlib.contextmanager
-def autograd(model: Any, what: str) -> Iterator[None]:
-    """Autograd on for the block of a gradient analysis ``what`` (a name for the message) of ``model`` (``None``: a
-    function of the user's, whose model is not checked), also under a caller's
-    ``torch.no_grad()`` or ``torch.inference_mode()``: the block runs with ``torch.inference_mode(False)`` and
-    ``torch.enable_grad()``, the caller's modes back afterwards.
+def parameter_hooks_off(model: Any) -> Iterator[None]:
+    """The hooks on ``model``'s parameters (``p.register_hook``, ``p.register_post_accumulate_grad_hook``) do not
+    run in the block, and are all back afterwards (the same hooks, in their order; their handles still remove them),
+    also when the block raises: a backward pass of vitviz's own is no step of your training, whose gradient hooks
+    (clipping, logging, a gradient all-reduce) must not see it. The hook dicts torch keeps on each parameter are
+    emptied and refilled in place (torch reads those very dicts)."""
+    saved = []
+    for p in model.parameters():
+        for attr in ("_backward_hooks", "_post_accumulate_grad_hooks"):
+            hooks = getattr(p, attr, None)
+            if hooks:
+                saved.append((hooks, dict(hooks)))
+                hooks.clear()
+    try:
+        yield
+    finally:
+        for hooks, items in saved:
+            hooks.clear()
+            hooks.update(items)
 
-    The rule: a gradient analysis runs inside a caller's inference mode when the model's parameters and buffers
-    are normal tensors; an input made in inference mode is cloned where it enters the graph (``grad_leaf``,
-    ``normal_tensor``). A model whose parameters or buffers are inference tensors cannot be differentiated through
-    (autograd cannot save them for the backward pass) and is refused; cloning every weight silently would double
-    the model's memory. Analyses without a backward pass (attention, rollout, flow, distances, features) run on
-    such a model as on any other.
+
+@contextlib.contextmanager
+def frozen(model: Any) -> Iterator[None]:
+    """Every parameter of ``model`` with ``requires_grad=False`` for the block, each flag back afterwards (also when
+    the block raises)."""
+    params = list(model.parameters())
+    flags = [p.requires_grad for p in params]
+    try:
+        for p in params:
+            p.requires_grad_(False)
+        yield
+    finally:
+        for p, flag in zip(params, flags):
+            p.requires_grad_(flag)
+
+
+@contextlib.contextmanager
+def autograd(model: Any, what: str, *, weights: bool = False) -> Iterator[None]:
+    """Autograd on for the block of a gradient analysis ``what`` (a name for the message) of ``model`` (``None``: a
+    function of the user's, whose model is not checked), also under a caller's ``torch.no_grad()`` or
+    ``torch.inference_mode()``: the block runs with ``torch.inference_mode(False)`` and ``torch.enable_grad()``,
+    the caller's modes back afterwards.
+
+    The rules:
+
+    - a gradient analysis runs inside a caller's inference mode when the model's parameters and buffers are normal
+      tensors; an input made in inference mode is cloned where it enters the graph (``grad_leaf``,
+      ``normal_tensor``);
+    - a model whose parameters or buffers are inference tensors cannot be differentiated through (autograd cannot
+      save them for the backward pass) and is refused; cloning every weight silently would double the model's
+      memory. Analyses without a backward pass (attention, rollout, flow, distances, features) run on such a
+      model as on any other;
+    - the gradients are those of the input and of activations only: every parameter is frozen for the block
+      (``frozen``), so no parameter's gradient is computed and no hook of yours on a parameter runs (a library's
+      ``loss.backward()``, as pytorch-grad-cam's, included). With ``weights=True`` (``count_flops``' training
+      step, which counts the parameters' gradients) the parameters keep their flags and their hooks are off
+      instead (``parameter_hooks_off``).
 
     Raises:
         InferenceTensorError: a parameter or buffer of ``model`` is an inference tensor.
@@ -246,7 +291,8 @@ def autograd(model: Any, what: str) -> Iterator[None]:
             "model was built or loaded inside torch.inference_mode()); load the model outside inference mode "
             "(torch.no_grad() is fine), or clone its tensors outside it: "
             "model.load_state_dict({k: v.clone() for k, v in model.state_dict().items()}, assign=True)")
-    with torch.inference_mode(False), torch.enable_grad():
+    keep = contextlib.nullcontext() if model is None else (parameter_hooks_off if weights else frozen)(model)
+    with torch.inference_mode(False), torch.enable_grad(), keep:
         yield
 
 
