@@ -138,9 +138,19 @@ def roughen(model: nn.Module) -> UserHooks:
 # ---------------------------------------------------------------- what must not change
 
 
+def parametrizations(model: nn.Module) -> list:
+    """Per parametrized module (``torch.nn.utils.parametrize``, weight and spectral norm): its name, its tensors'
+    names and the classes of their parametrizations, in order."""
+    from torch.nn.utils import parametrize
+
+    return [(name, {k: [type(p) for p in plist] for k, plist in m.parametrizations.items()})
+            for name, m in model.named_modules() if parametrize.is_parametrized(m)]
+
+
 def model_state(model: nn.Module) -> dict:
     config = getattr(model, "config", None)
     return {
+        "parametrizations": parametrizations(model),
         "tensors": {k: (id(v), v.dtype, v.device, v.detach().clone())
                     for k, v in [*model.named_parameters(), *model.named_buffers()]},
         "state_dict": {k: v.detach().clone() for k, v in model.state_dict().items()},
@@ -175,6 +185,7 @@ def global_state() -> dict:
         "deterministic": torch.are_deterministic_algorithms_enabled(),
         "default_dtype": torch.get_default_dtype(),
         "anomaly": torch.is_anomaly_enabled(),
+        "parametrize_cache": (torch.nn.utils.parametrize._cache_enabled, dict(torch.nn.utils.parametrize._cache)),
         "rcParams": dict(matplotlib.rcParams),
         "warnings": list(warnings.filters),
         "environ": dict(os.environ),
