@@ -2,13 +2,14 @@
 spectral norm with its power-iteration buffers) comes out of every vitviz call as it went in: the parametrizations
 (modules, tensors, classes, order), their ``original`` tensors and buffers, the parametrize cache, and everything
 ``untouched.unchanged`` compares (``test_model_unchanged.py``); and the calls give the maps of the weights the
-parametrizations compute."""
+parametrizations compute. A ``torch.compile``d model is refused with the model it wraps named."""
 
 from __future__ import annotations
 
+import matplotlib.pyplot as plt
 import pytest
 import torch
-from test_model_unchanged import CALLS, _call
+from test_model_unchanged import CALLS
 from torch import nn
 from torch.nn.utils import parametrizations, parametrize
 from untouched import MODELS, images, needs, roughen, unchanged
@@ -37,7 +38,10 @@ def test_a_call_keeps_the_parametrizations(name):
     roughen(model)
     assert [n for n, _ in listed(model)] == ["blocks.0.attn.qkv", "blocks.1.mlp.fc1", "head"]
     with unchanged(model):
-        _call(name, model, images(MODELS["timm"][1]), "timm")
+        try:
+            CALLS[name](model, images(MODELS["timm"][1]))
+        finally:
+            plt.close("all")
 
 
 def test_the_maps_are_those_of_the_parametrized_weights():
@@ -64,3 +68,13 @@ def _effective(model: nn.Module) -> dict:
             for key in m.parametrizations:
                 out[f"{name}.{key}"] = getattr(m, key).detach()
     return out
+
+
+def test_a_compiled_model_is_refused_with_the_model_it_wraps_named():
+    """``torch.compile`` wraps the model (compiling lazily, at the first forward, which never runs here)."""
+    model = MODELS["timm"][0]().eval()
+    compiled = torch.compile(model, backend="eager")
+    with pytest.raises(vitviz.UnsupportedModelError, match="_orig_mod"):
+        vitviz.explain(compiled, images(MODELS["timm"][1]), "rollout")
+    torch.testing.assert_close(vitviz.explain(compiled._orig_mod, images(MODELS["timm"][1]), "rollout"),
+                               vitviz.explain(model, images(MODELS["timm"][1]), "rollout"), rtol=0, atol=0)
