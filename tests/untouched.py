@@ -6,8 +6,10 @@ from __future__ import annotations
 
 import contextlib
 import importlib
+import logging
 import os
 import random
+import sys
 import warnings
 import weakref
 from collections.abc import Callable
@@ -154,6 +156,10 @@ def model_state(model: nn.Module) -> dict:
         "tensors": {k: (id(v), v.dtype, v.device, v.detach().clone())
                     for k, v in [*model.named_parameters(), *model.named_buffers()]},
         "state_dict": {k: v.detach().clone() for k, v in model.state_dict().items()},
+        # an in-place write, even of the same values, bumps a version: a graph of yours that saved the tensor could
+        # then not run its backward pass, and a cache keyed by versions would be dropped
+        "versions": {k: None if v.is_inference() else v._version
+                     for k, v in [*model.named_parameters(), *model.named_buffers()]},
         "grads": {k: None if p.grad is None else p.grad.clone() for k, p in model.named_parameters()},
         "grad_objects": {k: id(p.grad) for k, p in model.named_parameters()},
         "requires_grad": {k: p.requires_grad for k, p in model.named_parameters()},
@@ -186,6 +192,20 @@ def global_state() -> dict:
         "default_dtype": torch.get_default_dtype(),
         "anomaly": torch.is_anomaly_enabled(),
         "parametrize_cache": (torch.nn.utils.parametrize._cache_enabled, dict(torch.nn.utils.parametrize._cache)),
+        "cudnn": (b.cudnn.enabled, b.cudnn.benchmark, b.cudnn.deterministic, b.cudnn.allow_tf32),
+        "matmul": (torch.get_float32_matmul_precision(), b.cuda.matmul.allow_tf32,
+                   b.cuda.matmul.allow_fp16_reduced_precision_reduction,
+                   b.cuda.matmul.allow_bf16_reduced_precision_reduction),
+        "mkldnn": b.mkldnn.enabled,
+        "default_device": torch.get_default_device(),
+        "numpy_errors": np.geterr(),
+        "numpy_print": np.get_printoptions(),
+        "torch_print": vars(torch._tensor_str.PRINT_OPTS).copy(),
+        "recursion_limit": sys.getrecursionlimit(),
+        "interactive": matplotlib.is_interactive(),
+        "backend": matplotlib.get_backend(),
+        "loggers": {name: (lg.level, lg.disabled, list(lg.handlers), lg.propagate)
+                    for name, lg in logging.Logger.manager.loggerDict.items() if isinstance(lg, logging.Logger)},
         "rcParams": dict(matplotlib.rcParams),
         "warnings": list(warnings.filters),
         "environ": dict(os.environ),
@@ -213,6 +233,8 @@ def assert_same(before: dict, after: dict) -> None:
             for ma, mb in zip(a, b):
                 assert ma == mb, f"module {ma[0]!r}: {ma} -> {mb}"
             assert len(a) == len(b)
+        elif key == "loggers":  # a library imported for the first time adds its own; those there stay as they were
+            assert {k: b.get(k) for k in a} == a, "a logger's level, handlers or propagation changed"
         else:
             assert a == b, f"{key}: {a} -> {b}"
 
