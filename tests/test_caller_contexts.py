@@ -175,6 +175,27 @@ def test_a_hybrid_with_batchnorm_in_the_callers_contexts(name):
         assert_equal(result(name, twin, x), want, name)
 
 
+OTHER = ("explain-chefer", "explain-grad_rollout", "gradcam", "attention_rollout", "extract_features",
+         "count_flops-forward", "count_flops-backward", "sanity_checks")
+
+
+@pytest.mark.parametrize("family", ["huggingface", "torchvision", "open_clip"])
+@pytest.mark.parametrize("name", OTHER)
+def test_other_families_in_the_callers_contexts(name, family):
+    needs(name)
+    model, x = _case(family)
+    want = result(name, model, x)
+    for context in CONTEXTS.values():
+        with unchanged(model), context():
+            assert_equal(result(name, model, x), want, f"{name} on {family}")
+    twin = inference_copy(model)
+    if name in GRADIENT:
+        with pytest.raises(InferenceTensorError):
+            result(name, twin, x)
+    else:
+        assert_equal(result(name, twin, x), want, name)
+
+
 def test_autocast_false_is_exact_inside_a_callers_autocast():
     """``autocast=False`` is the model's own precision also inside a caller's ``torch.autocast``."""
     model, x = _case("timm")
