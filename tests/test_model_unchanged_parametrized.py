@@ -2,7 +2,8 @@
 spectral norm with its power-iteration buffers) comes out of every vitviz call as it went in: the parametrizations
 (modules, tensors, classes, order), their ``original`` tensors and buffers, the parametrize cache, and everything
 ``untouched.unchanged`` compares (``test_model_unchanged.py``); and the calls give the maps of the weights the
-parametrizations compute. A ``torch.compile``d model is refused with the model it wraps named."""
+parametrizations compute. A ``torch.compile``d model (wrapped, or compiled in place) is refused with the fix
+named."""
 
 from __future__ import annotations
 
@@ -78,3 +79,17 @@ def test_a_compiled_model_is_refused_with_the_model_it_wraps_named():
         vitviz.explain(compiled, images(MODELS["timm"][1]), "rollout")
     torch.testing.assert_close(vitviz.explain(compiled._orig_mod, images(MODELS["timm"][1]), "rollout"),
                                vitviz.explain(model, images(MODELS["timm"][1]), "rollout"), rtol=0, atol=0)
+
+
+
+@pytest.mark.parametrize("where", ["model", "block"])
+def test_a_model_compiled_in_place_is_refused(where):
+    """``module.compile()`` compiles in place; once it has run, TorchDynamo reuses its graph without vitviz's hooks
+    (seen: rollout then found no map). Refused before any forward, with the module and the fix named."""
+    model = MODELS["timm"][0]().eval()
+    (model if where == "model" else model.blocks[1]).compile(backend="eager")
+    with unchanged(model), pytest.raises(vitviz.UnsupportedModelError, match="compiled in place.*load_state_dict"):
+        vitviz.explain(model, images(MODELS["timm"][1]), "rollout")
+    fresh = MODELS["timm"][0]().eval()
+    fresh.load_state_dict(model.state_dict())
+    vitviz.explain(fresh, images(MODELS["timm"][1]), "rollout")
