@@ -203,3 +203,25 @@ def test_autocast_false_is_exact_inside_a_callers_autocast():
     with torch.autocast("cpu", dtype=torch.bfloat16):
         got = vitviz.attention_statistics(model, x, autocast=False)["mean_attention"]
     torch.testing.assert_close(got, want, rtol=0, atol=0)
+
+
+def _saliency(model, x, classes):
+    """A map method of the user's that differentiates: ``|d score / d x|`` summed per 8x8 patch."""
+    x = x.detach().requires_grad_(True)
+    (grad,) = torch.autograd.grad(model(x).gather(1, classes[:, None]).sum(), x)
+    return torch.nn.functional.avg_pool2d(grad.abs().sum(1, keepdim=True), 8)[:, 0]
+
+
+def test_a_users_gradient_method_in_faithfulness_runs_inside_inference_mode():
+    """``faithfulness`` hands a callable method autograd and tensors it can differentiate through."""
+    model, x = _case("timm")
+
+    def run():
+        return vitviz.faithfulness(model, x, methods={"saliency": _saliency}, target=1, modes=("deletion",),
+                                   steps=0.5, progress=False)
+
+    want = run()
+    with torch.inference_mode():
+        x = x.clone()  # an input made in inference mode too
+        got = run()
+    pd.testing.assert_frame_equal(got, want, check_exact=True)
