@@ -4,7 +4,7 @@ vitviz error that names the cause and the fix; never a raw torch error.
 The contexts: ``torch.no_grad()``, ``torch.inference_mode()``, ``torch.autocast("cpu", dtype=torch.bfloat16)``
 (the call's own ``autocast=`` decides the precision, not the caller's), an input made in inference mode, and a
 model whose parameters are inference tensors (built and loaded inside ``torch.inference_mode()``): the analyses
-without a backward pass run on it, the gradient ones refuse it with ``InferenceTensorError`` (``core.util.autograd``;
+without a backward pass run on it, the gradient ones refuse it with ``InferenceTensorError`` (``core.contexts.autograd``;
 ``sanity_checks`` runs on a copy of its own with normal tensors, and works). Each call also leaves the model and
 the process as they were (``untouched.unchanged``). The calls are those of ``test_model_unchanged.py``.
 """

@@ -1,6 +1,6 @@
 """The explorers' in-memory caches serve the model's weights as they are now: after a change of the weights (an
 optimizer step, ``load_state_dict``, an in-place edit, a replaced parameter) the next view equals that of an
-explorer built fresh on the changed model (``vitviz.core.util.WeightsWatch``)."""
+explorer built fresh on the changed model (``vitviz.core.contexts.WeightsWatch``)."""
 
 from __future__ import annotations
 
@@ -12,7 +12,7 @@ from conftest import tiny_timm_vit
 pytest.importorskip("ipywidgets")
 
 import vitviz  # noqa: E402
-from vitviz.core.util import WeightsWatch  # noqa: E402
+from vitviz.core.contexts import WeightsWatch  # noqa: E402
 
 PHOTO = np.random.default_rng(0).integers(0, 256, (32, 48, 3), dtype=np.uint8)
 

@@ -68,6 +68,7 @@ from vitviz.analysis.faithfulness_resume import (
 from vitviz.analysis.faithfulness_stats import BETTER, MODES, bootstrap_ci, compare_methods, faithfulness_auc
 from vitviz.analysis.perturbation import Perturbed, drop_module, keep_tokens, rank_patches, resolve_removal
 from vitviz.core.batching import check_batch_size, check_num_workers, count_images, iter_batches
+from vitviz.core.contexts import autograd, normal_tensor
 from vitviz.core.datasets import (
     autocast_context,
     autocast_dtype,
@@ -79,7 +80,7 @@ from vitviz.core.images import Images
 from vitviz.core.io import atomic_write
 from vitviz.core.spec import inspect
 from vitviz.core.targets import Target, logits_of, resolve_target
-from vitviz.core.util import autograd, in_eval_mode, is_int, normal_tensor
+from vitviz.core.util import in_eval_mode, is_int
 from vitviz.errors import InputError
 
 __all__ = ["BETTER", "COLUMNS", "DEFAULT_METHODS", "MODES", "bootstrap_ci", "compare_methods", "default_methods", "drop_module",
@@ -388,7 +389,7 @@ def _batch(model: nn.Module, spec: Any, x: torch.Tensor, pos: list[int], ids: li
                 opts.pop("offset", None)  # the image id sets each image's map
                 maps = torch.cat([explain(model, x[i:i + 1], "random", offset=image_seed(0, ids[i]), **opts)
                                   for i in range(b)])
-            elif isinstance(method, str):  # a gradient method turns autograd on itself (core.util.autograd)
+            elif isinstance(method, str):  # a gradient method turns autograd on itself (core.contexts.autograd)
                 maps = explain(model, x, method, explained if method in GRADIENT_METHODS else None, **opts)
             else:  # your function, with autograd on and tensors it can differentiate through
                 with autograd(None, f"method {name!r}"):

@@ -19,17 +19,9 @@ from typing import Any
 import torch
 from torch import nn
 
+from vitviz.core.contexts import autograd, normal_tensor, without_autocast
 from vitviz.core.spec import inspect
-from vitviz.core.util import (
-    autograd,
-    is_int,
-    kept_buffers,
-    kept_grads,
-    kept_rng,
-    module_mode,
-    normal_tensor,
-    without_autocast,
-)
+from vitviz.core.util import is_int, kept_buffers, kept_grads, kept_rng, module_mode
 from vitviz.errors import InputError, InputTypeError, NotAViTError
 
 

@@ -60,11 +60,12 @@ from vitviz.analysis import explain as explain_module
 from vitviz.analysis.similarity import spearman, ssim
 from vitviz.core.batching import iter_batches
 from vitviz.core.blocks import block_paths
+from vitviz.core.contexts import model_copy
 from vitviz.core.families import family_of
 from vitviz.core.images import Images
 from vitviz.core.spec import inspect
 from vitviz.core.targets import Target, logits_of, resolve_target
-from vitviz.core.util import in_eval_mode, is_int, is_number, model_copy
+from vitviz.core.util import in_eval_mode, is_int, is_number
 from vitviz.errors import InputError
 
 __all__ = ["METRICS", "TESTS", "randomisation_layers", "randomise_", "sanity_checks", "sanity_summary"]

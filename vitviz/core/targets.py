@@ -27,7 +27,7 @@ import numpy as np
 import torch
 from torch import nn
 
-from vitviz.core.util import normal_tensor
+from vitviz.core.contexts import normal_tensor
 from vitviz.errors import InputError
 
 __all__ = ["Target", "ResolvedTarget", "logits_of", "resolve_target"]

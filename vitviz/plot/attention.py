@@ -23,9 +23,10 @@ from vitviz.analysis.distance import mean_attention_distance
 from vitviz.analysis.rollout import attention_rollout
 from vitviz.analysis.tables import distance_table
 from vitviz.core.capture import capture_attention, check_layer_index
+from vitviz.core.contexts import without_autocast
 from vitviz.core.images import Images, denormalise, load_images
 from vitviz.core.spec import inspect
-from vitviz.core.util import check_positive_int, eval_mode, is_int, without_autocast
+from vitviz.core.util import check_positive_int, eval_mode, is_int
 from vitviz.errors import InputError, InputTypeError, OutOfRangeError
 from vitviz.plot.style import FIGSIZE, PAGE_WIDTH, fit_columns, label, new_figure, styled
 

@@ -10,7 +10,7 @@ Memory is bounded: the captured maps (about 22 MB per image for ViT-B/16 at 224 
 live in one least-recently-used cache bounded in bytes (``cache_bytes``, default ``DEFAULT_CACHE_BYTES``); an
 image whose maps were evicted is captured again when it is shown again. The images themselves wait on the CPU.
 The cache holds the maps of the model's weights as they are: when a parameter or buffer changed since (an
-optimizer step, ``load_state_dict``, an in-place edit; ``core.util.WeightsWatch``), the next view captures anew.
+optimizer step, ``load_state_dict``, an in-place edit; ``core.contexts.WeightsWatch``), the next view captures anew.
 """
 
 from __future__ import annotations
@@ -28,9 +28,10 @@ from torch import nn
 from vitviz.analysis.propagation import HEAD_FUSIONS, fuse_heads, require_flow_maps
 from vitviz.analysis.rollout import rollout_from_attentions
 from vitviz.core.capture import capture_attention
+from vitviz.core.contexts import WeightsWatch, without_autocast
 from vitviz.core.images import Images, denormalise, load_images
 from vitviz.core.spec import inspect
-from vitviz.core.util import WeightsWatch, check_positive_int, eval_mode, is_int, is_number, without_autocast
+from vitviz.core.util import check_positive_int, eval_mode, is_int, is_number
 from vitviz.errors import InputError
 from vitviz.widgets._base import Explorer
 from vitviz.widgets._render import display_size, mark_cell, overlay, png_bytes, resize_rgb

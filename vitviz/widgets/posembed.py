@@ -19,8 +19,9 @@ import torch
 from torch import nn
 
 from vitviz.analysis.posembed import patch_pos_embed, pos_embed_similarity
+from vitviz.core.contexts import WeightsWatch
 from vitviz.core.spec import inspect
-from vitviz.core.util import WeightsWatch, check_positive_int
+from vitviz.core.util import check_positive_int
 from vitviz.errors import NoPositionEmbeddingError
 from vitviz.widgets._base import Explorer
 from vitviz.widgets._render import colorbar, display_size, heat_png, mark_cell, png_bytes, resize_rgb
