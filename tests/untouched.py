@@ -163,6 +163,7 @@ def model_state(model: nn.Module) -> dict:
         "grads": {k: None if p.grad is None else p.grad.clone() for k, p in model.named_parameters()},
         "grad_objects": {k: id(p.grad) for k, p in model.named_parameters()},
         "requires_grad": {k: p.requires_grad for k, p in model.named_parameters()},
+        "param_attrs": {k: (sorted(vars(p)), p.retains_grad) for k, p in model.named_parameters()},
         "param_hooks": {k: (list(getattr(p, "_backward_hooks", None) or {}),
                             list(getattr(p, "_post_accumulate_grad_hooks", None) or {}))
                         for k, p in model.named_parameters()},
@@ -191,6 +192,8 @@ def global_state() -> dict:
         "deterministic": torch.are_deterministic_algorithms_enabled(),
         "default_dtype": torch.get_default_dtype(),
         "anomaly": torch.is_anomaly_enabled(),
+        "mode_stacks": (torch._C._len_torch_function_stack(),
+                        len(torch.utils._python_dispatch._get_current_dispatch_mode_stack())),
         "parametrize_cache": (torch.nn.utils.parametrize._cache_enabled, dict(torch.nn.utils.parametrize._cache)),
         "cudnn": (b.cudnn.enabled, b.cudnn.benchmark, b.cudnn.deterministic, b.cudnn.allow_tf32),
         "matmul": (torch.get_float32_matmul_precision(), b.cuda.matmul.allow_tf32,
