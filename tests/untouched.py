@@ -6,9 +6,12 @@ from __future__ import annotations
 
 import contextlib
 import importlib
+import logging
 import os
 import random
+import sys
 import warnings
+import weakref
 from collections.abc import Callable
 
 import matplotlib
@@ -28,6 +31,7 @@ for _library in ("cv2", "sklearn", "scipy.sparse", "scipy.special", "networkx", 
     with contextlib.suppress(ImportError):
         importlib.import_module(_library)
 
+_HOOKS: weakref.WeakKeyDictionary = weakref.WeakKeyDictionary()  # model -> its UserHooks (``roughen``)
 HOOK_DICTS = ("_forward_hooks", "_forward_pre_hooks", "_backward_hooks", "_backward_pre_hooks",
               "_forward_hooks_with_kwargs", "_forward_hooks_always_called", "_forward_pre_hooks_with_kwargs",
               "_state_dict_hooks", "_state_dict_pre_hooks", "_load_state_dict_pre_hooks",
@@ -80,6 +84,7 @@ class UserHooks:
 
     def __init__(self) -> None:
         self.calls = 0
+        self.param_calls = 0  # the parameter hooks': a vitviz call must never run them
         self.fail_at: tuple[int, BaseException] | None = None
 
     def __deepcopy__(self, memo):  # a copy of the model (sanity checks) calls the same hooks
@@ -95,6 +100,12 @@ class UserHooks:
 
     def backward(self, module, grad_input, grad_output):
         return None
+
+    def param_grad(self, grad):
+        self.param_calls += 1
+
+    def param_accumulated(self, param):
+        self.param_calls += 1
 
 
 def roughen(model: nn.Module) -> UserHooks:
@@ -119,22 +130,44 @@ def roughen(model: nn.Module) -> UserHooks:
     with warnings.catch_warnings():
         warnings.simplefilter("ignore")
         last_linear.register_full_backward_hook(hooks.backward)
+    for i, p in enumerate(p for p in model.parameters() if p.requires_grad):
+        (p.register_hook if i % 2 else p.register_post_accumulate_grad_hook)(
+            hooks.param_grad if i % 2 else hooks.param_accumulated)
+    _HOOKS[model] = hooks
     return hooks
 
 
 # ---------------------------------------------------------------- what must not change
 
 
+def parametrizations(model: nn.Module) -> list:
+    """Per parametrized module (``torch.nn.utils.parametrize``, weight and spectral norm): its name, its tensors'
+    names and the classes of their parametrizations, in order."""
+    from torch.nn.utils import parametrize
+
+    return [(name, {k: [type(p) for p in plist] for k, plist in m.parametrizations.items()})
+            for name, m in model.named_modules() if parametrize.is_parametrized(m)]
+
+
 def model_state(model: nn.Module) -> dict:
     config = getattr(model, "config", None)
     return {
+        "parametrizations": parametrizations(model),
         "tensors": {k: (id(v), v.dtype, v.device, v.detach().clone())
                     for k, v in [*model.named_parameters(), *model.named_buffers()]},
         "state_dict": {k: v.detach().clone() for k, v in model.state_dict().items()},
+        # an in-place write, even of the same values, bumps a version: a graph of yours that saved the tensor could
+        # then not run its backward pass, and a cache keyed by versions would be dropped
+        "versions": {k: None if v.is_inference() else v._version
+                     for k, v in [*model.named_parameters(), *model.named_buffers()]},
         "grads": {k: None if p.grad is None else p.grad.clone() for k, p in model.named_parameters()},
         "grad_objects": {k: id(p.grad) for k, p in model.named_parameters()},
         "requires_grad": {k: p.requires_grad for k, p in model.named_parameters()},
-        "param_hooks": {k: list(getattr(p, "_backward_hooks", None) or {}) for k, p in model.named_parameters()},
+        "param_attrs": {k: (sorted(vars(p)), p.retains_grad) for k, p in model.named_parameters()},
+        "param_hooks": {k: (list(getattr(p, "_backward_hooks", None) or {}),
+                            list(getattr(p, "_post_accumulate_grad_hooks", None) or {}))
+                        for k, p in model.named_parameters()},
+        "param_hook_calls": getattr(_HOOKS.get(model), "param_calls", None),
         "modules": [(name, type(m), m.training, getattr(m, "fused_attn", None), sorted(vars(m)),
                      {d: list(getattr(m, d, {}) or {}) for d in HOOK_DICTS})
                     for name, m in model.named_modules()],
@@ -159,6 +192,23 @@ def global_state() -> dict:
         "deterministic": torch.are_deterministic_algorithms_enabled(),
         "default_dtype": torch.get_default_dtype(),
         "anomaly": torch.is_anomaly_enabled(),
+        "mode_stacks": (torch._C._len_torch_function_stack(),
+                        len(torch.utils._python_dispatch._get_current_dispatch_mode_stack())),
+        "parametrize_cache": (torch.nn.utils.parametrize._cache_enabled, dict(torch.nn.utils.parametrize._cache)),
+        "cudnn": (b.cudnn.enabled, b.cudnn.benchmark, b.cudnn.deterministic, b.cudnn.allow_tf32),
+        "matmul": (torch.get_float32_matmul_precision(), b.cuda.matmul.allow_tf32,
+                   b.cuda.matmul.allow_fp16_reduced_precision_reduction,
+                   b.cuda.matmul.allow_bf16_reduced_precision_reduction),
+        "mkldnn": b.mkldnn.enabled,
+        "default_device": torch.get_default_device(),
+        "numpy_errors": np.geterr(),
+        "numpy_print": np.get_printoptions(),
+        "torch_print": vars(torch._tensor_str.PRINT_OPTS).copy(),
+        "recursion_limit": sys.getrecursionlimit(),
+        "interactive": matplotlib.is_interactive(),
+        "backend": matplotlib.get_backend(),
+        "loggers": {name: (lg.level, lg.disabled, list(lg.handlers), lg.propagate)
+                    for name, lg in logging.Logger.manager.loggerDict.items() if isinstance(lg, logging.Logger)},
         "rcParams": dict(matplotlib.rcParams),
         "warnings": list(warnings.filters),
         "environ": dict(os.environ),
@@ -186,6 +236,8 @@ def assert_same(before: dict, after: dict) -> None:
             for ma, mb in zip(a, b):
                 assert ma == mb, f"module {ma[0]!r}: {ma} -> {mb}"
             assert len(a) == len(b)
+        elif key == "loggers":  # a library imported for the first time adds its own; those there stay as they were
+            assert {k: b.get(k) for k in a} == a, "a logger's level, handlers or propagation changed"
         else:
             assert a == b, f"{key}: {a} -> {b}"
 

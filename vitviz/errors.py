@@ -101,6 +101,12 @@ class NoSuchAttributeError(VitvizError, AttributeError):
     ``hasattr`` and ``getattr(..., default)`` keep working."""
 
 
+class InferenceTensorError(InputError, RuntimeError):
+    """A gradient analysis of a model whose parameters or buffers are inference tensors (made or loaded inside
+    ``torch.inference_mode()``): autograd cannot save them for a backward pass. The message names the tensor and
+    the fix (load the model outside inference mode, or clone its tensors)."""
+
+
 class ForwardStopped(VitvizError):
     """Raised by a vitviz hook to end a forward pass once it has read what it needs (the input of a model's
     classifier, ``read_input_of``); caught where it is raised, never seen by callers."""
@@ -108,7 +114,8 @@ class ForwardStopped(VitvizError):
 
 __all__ = [
     "CaptureError", "CheckpointError", "ComputeError", "DataNotFoundError", "ForwardStopped",
-    "ImageInputError", "InputError", "InputTypeError", "LayerSelectError", "MissingDependencyError",
+    "ImageInputError", "InferenceTensorError", "InputError", "InputTypeError", "LayerSelectError",
+    "MissingDependencyError",
     "NoPositionEmbeddingError", "NoRGBFiltersError", "NoSuchAttributeError", "NotAViTError",
     "NotImplementedInVitviz", "OutOfRangeError", "RunInterrupted", "UnknownNameError",
     "UnsupportedModelError", "VitvizError", "WeightsUnavailableError",

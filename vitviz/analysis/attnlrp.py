@@ -47,6 +47,7 @@ import torch
 from torch import nn
 
 from vitviz.core.batching import count_images, iter_batches
+from vitviz.core.contexts import autograd, normal_tensor
 from vitviz.core.families.lrp import LRPRules, lrp_rules
 from vitviz.core.images import Images
 from vitviz.core.spec import ViTSpec, inspect
@@ -107,8 +108,8 @@ def attnlrp_tokens(
     """
     spec = inspect(model)
     _check_model(model, spec)
-    with torch.enable_grad(), lrp_rules(model, rules) as session:
-        out = model(x)
+    with autograd(model, f"AttnLRP on {spec.name}"), lrp_rules(model, rules) as session:
+        out = model(normal_tensor(x))
         tokens = session.tokens
         if tokens is None:
             raise CaptureError(f"{spec.name}: the first block did not run in this forward pass")

@@ -37,6 +37,7 @@ from torch import nn
 
 from vitviz.core.batching import count_images, iter_batches
 from vitviz.core.blocks import block_paths
+from vitviz.core.contexts import autograd, grad_leaf, normal_tensor
 from vitviz.core.images import Images
 from vitviz.core.spec import ViTSpec, inspect
 from vitviz.core.targets import Target, logits_of, resolve_target
@@ -121,14 +122,14 @@ def _pixel_method(kind: str, model: nn.Module, images: Images, target: Target, *
     maps, deltas = [], []
     for x in iter_batches(model, images, batch_size, desc=kind):
         cls = _classes(model, x, target, start, total)
-        x = x.detach().requires_grad_(True)
-        with torch.enable_grad():
+        with autograd(model, f"{'integrated_gradients' if kind == 'ig' else 'input_x_gradient'} on {spec.name}"):
+            x = grad_leaf(x)
             if kind == "ig":
-                attr, delta = algo.attribute(x, baselines=float(baseline), target=cls, n_steps=n_steps,
+                attr, delta = algo.attribute(x, baselines=float(baseline), target=normal_tensor(cls), n_steps=n_steps,
                                              internal_batch_size=internal_batch_size, return_convergence_delta=True)
                 deltas.append(delta.detach())
             else:
-                attr = algo.attribute(x, target=cls)
+                attr = algo.attribute(x, target=normal_tensor(cls))
         maps.append(pool_to_patches(attr.detach().float(), spec.grid_for_input(x), spec.patch_size, pool))
         start += len(x)
     out = torch.cat(maps)
@@ -262,9 +263,9 @@ def _gradcam_batch(cam_mod: Any, targets_mod: Any, model: nn.Module, spec: ViTSp
     cls = _classes(model, x, target, start, total)
     cam = _GridCAM(_Scores(model, target), [module], reshape_transform=token_reshape(spec, grid))
     try:
-        with torch.enable_grad():
+        with autograd(model, f"Grad-CAM on {spec.name}"):
             # the input a leaf that requires grad: the tokens stay in the graph also when every weight is frozen
-            maps = cam(input_tensor=x.detach().requires_grad_(True),
+            maps = cam(input_tensor=grad_leaf(x),
                        targets=[targets_mod.ClassifierOutputTarget(int(c)) for c in cls])
     finally:
         cam.activations_and_grads.release()

@@ -68,6 +68,7 @@ from vitviz.analysis.faithfulness_resume import (
 from vitviz.analysis.faithfulness_stats import BETTER, MODES, bootstrap_ci, compare_methods, faithfulness_auc
 from vitviz.analysis.perturbation import Perturbed, drop_module, keep_tokens, rank_patches, resolve_removal
 from vitviz.core.batching import check_batch_size, check_num_workers, count_images, iter_batches
+from vitviz.core.contexts import autograd, normal_tensor
 from vitviz.core.datasets import (
     autocast_context,
     autocast_dtype,
@@ -388,12 +389,11 @@ def _batch(model: nn.Module, spec: Any, x: torch.Tensor, pos: list[int], ids: li
                 opts.pop("offset", None)  # the image id sets each image's map
                 maps = torch.cat([explain(model, x[i:i + 1], "random", offset=image_seed(0, ids[i]), **opts)
                                   for i in range(b)])
-            elif isinstance(method, str):
-                with torch.enable_grad():
-                    maps = explain(model, x, method, explained if method in GRADIENT_METHODS else None, **opts)
-            else:
-                with torch.enable_grad():
-                    maps = method(model, x, explained)
+            elif isinstance(method, str):  # a gradient method turns autograd on itself (core.contexts.autograd)
+                maps = explain(model, x, method, explained if method in GRADIENT_METHODS else None, **opts)
+            else:  # your function, with autograd on and tensors it can differentiate through
+                with autograd(None, f"method {name!r}"):
+                    maps = method(model, normal_tensor(x), normal_tensor(explained))
         if not isinstance(maps, torch.Tensor) or tuple(maps.shape) != (b, *grid):
             shape = tuple(maps.shape) if isinstance(maps, torch.Tensor) else type(maps).__name__
             raise InputError(f"method {name!r} gave maps of shape {shape} for a batch of {b} images; a map "

@@ -19,6 +19,7 @@ from typing import Any
 import torch
 from torch import nn
 
+from vitviz.core.contexts import autograd, normal_tensor, without_autocast
 from vitviz.core.spec import inspect
 from vitviz.core.util import is_int, kept_buffers, kept_grads, kept_rng, module_mode
 from vitviz.errors import InputError, InputTypeError, NotAViTError
@@ -99,11 +100,13 @@ def count_flops(model: nn.Module, input_size: tuple[int, int, int] = (3, 32, 32)
     # a training step runs in training mode (dropout, BatchNorm on batch statistics, token dropping); the model
     # comes back as it was: each module's mode, its .grad, its buffers (BatchNorm folded the noise into its running
     # statistics), the random generators dropout drew from
-    with module_mode(model, backward), kept_grads(model), kept_buffers(model), kept_rng(device):
+    # a caller's autocast would count other kernels (open_clip's attention takes another path in bfloat16)
+    with module_mode(model, backward), kept_grads(model), kept_buffers(model), kept_rng(device), \
+            without_autocast(model):
         with sdpa_math_backend(), counter:
             if backward:
-                with torch.enable_grad():
-                    output_tensor(model(x)).sum().backward()
+                with autograd(model, "count_flops(backward=True)", weights=True):
+                    output_tensor(model(normal_tensor(x))).sum().backward()
             else:
                 with torch.no_grad():
                     model(x)

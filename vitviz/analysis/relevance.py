@@ -49,6 +49,7 @@ from vitviz.analysis.propagation import (
 )
 from vitviz.core.batching import count_images, iter_batches
 from vitviz.core.capture import capture_attention
+from vitviz.core.contexts import autograd, grad_leaf
 from vitviz.core.images import Images
 from vitviz.core.spec import ViTSpec, inspect
 from vitviz.core.targets import ResolvedTarget, Target, resolve_target
@@ -84,22 +85,23 @@ def attention_gradients(
         and the resolved target (its scores detached).
     """
     spec = spec or inspect(model)
-    x = x.detach().requires_grad_(True)  # keeps the maps in the graph also when the weights are frozen
-    with torch.enable_grad():  # also under a caller's torch.no_grad(): the score must stay in the graph
+    # also under a caller's torch.no_grad() or torch.inference_mode(): the score must stay in the graph
+    with autograd(model, f"the attention gradients (chefer, grad_rollout) of {spec.name}"):
+        x = grad_leaf(x)  # keeps the maps in the graph also when the weights are frozen
         with capture_attention(model, layers=layers, retain_grad=True) as cap:
             out = model(x)
         resolved = resolve_target(target, out, start=start, n_images=n_images, model=model)
         score = resolved.scores.sum()
-    attns = cap.attentions
-    # nn.MultiheadAttention (torchvision) returns a reshaped view of the probabilities it multiplies into the
-    # values; the gradient flows through the base tensor, whose gradient reshaped is the map's.
-    targets = [_used_tensor(a) for a in attns]
-    live = [t for t in targets if t is not None]
-    if not resolved.scores.requires_grad:
-        raise InputError(f"{spec.name}: the target score does not depend on the input (no gradient); a callable "
-                          "target must compute its score from the model output with differentiable torch ops")
-    found = iter(torch.autograd.grad(score, live, allow_unused=True) if live else ())
-    grads = [None if t is None else _as_map(next(found), a) for t, a in zip(targets, attns)]
+        attns = cap.attentions
+        # nn.MultiheadAttention (torchvision) returns a reshaped view of the probabilities it multiplies into the
+        # values; the gradient flows through the base tensor, whose gradient reshaped is the map's.
+        targets = [_used_tensor(a) for a in attns]
+        live = [t for t in targets if t is not None]
+        if not resolved.scores.requires_grad:
+            raise InputError(f"{spec.name}: the target score does not depend on the input (no gradient); a callable "
+                             "target must compute its score from the model output with differentiable torch ops")
+        found = iter(torch.autograd.grad(score, live, allow_unused=True) if live else ())
+        grads = [None if t is None else _as_map(next(found), a) for t, a in zip(targets, attns)]
     unused = [name for name, g in zip(cap.layer_names, grads) if g is None]
     if unused:
         raise UnsupportedModelError(

@@ -47,7 +47,6 @@ be wrong.
 
 from __future__ import annotations
 
-import copy
 import math
 import zlib
 from collections.abc import Callable, Mapping, Sequence
@@ -61,6 +60,7 @@ from vitviz.analysis import explain as explain_module
 from vitviz.analysis.similarity import spearman, ssim
 from vitviz.core.batching import iter_batches
 from vitviz.core.blocks import block_paths
+from vitviz.core.contexts import model_copy
 from vitviz.core.families import family_of
 from vitviz.core.images import Images
 from vitviz.core.spec import inspect
@@ -245,7 +245,7 @@ def sanity_checks(
         if m == "random":
             options.setdefault("random", {}).setdefault("seed", seed)
 
-    work = copy.deepcopy(model)
+    work = model_copy(model)  # normal tensors: the gradient methods run on it under a caller's inference mode
     xs = [x for x in iter_batches(work, images, batch_size)]
     with torch.no_grad():
         outs = [work(x) for x in xs]
@@ -299,7 +299,7 @@ def sanity_checks(
                             if n in saved:
                                 p.copy_(saved[n])
         if "cascading" in tests:
-            net = copy.deepcopy(work)
+            net = model_copy(work)
             for step, (layer, names) in enumerate(layers):
                 randomise_(net, names, seed=seed, layer=layer, std=std)
                 _compare(rows, ref, maps_of(m, net), test="cascading", method=name, step=step, layer=layer)

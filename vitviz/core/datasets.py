@@ -19,7 +19,6 @@ Faithfulness curves, statistics of attention, anything averaged over images plug
 
 from __future__ import annotations
 
-import contextlib
 import os
 from collections.abc import Callable, Iterator
 from pathlib import Path
@@ -331,8 +330,10 @@ def autocast_dtype(autocast: torch.dtype | bool | None, device: torch.device | s
 
 
 def autocast_context(amp: torch.dtype | None, device: torch.device | str) -> Any:
-    """``torch.autocast`` on ``device`` with ``amp`` (from ``autocast_dtype``), or a context that does nothing."""
-    return torch.autocast(torch.device(device).type, dtype=amp) if amp else contextlib.nullcontext()
+    """``torch.autocast`` on ``device`` with ``amp`` (from ``autocast_dtype``), or, with ``None``, autocast switched
+    off there: ``autocast=False`` computes in the model's precision also inside a caller's ``torch.autocast``."""
+    kind = torch.device(device).type
+    return torch.autocast(kind, dtype=amp) if amp else torch.autocast(kind, enabled=False)
 
 
 @in_eval_mode

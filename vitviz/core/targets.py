@@ -27,6 +27,7 @@ import numpy as np
 import torch
 from torch import nn
 
+from vitviz.core.contexts import normal_tensor
 from vitviz.errors import InputError
 
 __all__ = ["Target", "ResolvedTarget", "logits_of", "resolve_target"]
@@ -166,7 +167,7 @@ def resolve_target(
         idx = chosen[start:start + b]
         if len(idx) != b:
             raise InputError(f"target has {len(chosen)} class indices but the batch at image {start} has {b} images")
-        idx = idx.to(logits.device)
+        idx = normal_tensor(idx.to(logits.device))  # a target made in inference mode: gather saves it for backward
     scores = logits.gather(1, idx[:, None])[:, 0]
     return ResolvedTarget(scores=scores, classes=idx, logits=logits)
 

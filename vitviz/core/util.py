@@ -9,6 +9,8 @@ import operator
 from collections.abc import Callable, Iterator, Sequence
 from typing import Any, TypeVar
 
+from vitviz.core.contexts import without_autocast
+
 F = TypeVar("F", bound=Callable[..., Any])
 
 
@@ -147,21 +149,32 @@ def kept_grads(model: Any) -> Iterator[Any]:
 
 @contextlib.contextmanager
 def kept_buffers(model: Any) -> Iterator[Any]:
-    """Every buffer of ``model`` (BatchNorm's running statistics and ``num_batches_tracked``, any other) left after
-    the block as it was before: the values are copied on the way in and written back in place on the way out, also when the
-    block raises; a buffer the block replaced gets its own tensor back."""
+    """Every buffer of ``model`` (BatchNorm's running statistics and ``num_batches_tracked``, spectral norm's power
+    iteration vectors, any other) left after the block as it was before, also when the block raises: the block
+    runs on copies of the buffers (normal tensors, also of inference tensors; one copy per tensor, so a buffer
+    shared by two modules stays shared) and each module gets its own tensors back afterwards, never written, so
+    their version counters do not move (a graph of yours that saved a buffer can still run its backward pass). A
+    buffer written through another reference the block held is given its values back in place."""
     import torch
 
-    saved = [(m, name, b, b.detach().clone()) for m in model.modules()
-             for name, b in m.named_buffers(recurse=False)]
+    saved = [(m, name, b) for m in model.modules() for name, b in m.named_buffers(recurse=False)]
+    tensors = {id(b): b for _, _, b in saved}
+    values = {k: b.detach().clone() for k, b in tensors.items()}
+    versions = {k: None if b.is_inference() else b._version for k, b in tensors.items()}
+    with torch.inference_mode(False):
+        work = {k: b.detach().clone().requires_grad_(b.requires_grad) for k, b in tensors.items()}
     try:
+        for m, name, b in saved:
+            m._buffers[name] = work[id(b)]
         yield model
     finally:
+        for m, name, b in saved:
+            m._buffers[name] = b
         with torch.no_grad():
-            for m, name, b, copy in saved:
-                if getattr(m, name, None) is not b:
-                    setattr(m, name, b)
-                b.copy_(copy)
+            for k, b in tensors.items():
+                if (None if b.is_inference() else b._version) != versions[k] or not torch.equal(b, values[k]):
+                    with torch.inference_mode(b.is_inference()):  # an inference tensor is written there only
+                        b.copy_(values[k])
 
 
 @contextlib.contextmanager
@@ -188,7 +201,8 @@ def kept_rng(*devices: Any) -> Iterator[None]:
 
 
 def in_eval_mode(fn: F) -> F:
-    """Decorator for an analysis ``fn(model, ...)``: the model runs in eval mode for the call (``eval_mode``).
+    """Decorator for an analysis ``fn(model, ...)``: the model runs in eval mode for the call (``eval_mode``), and
+    a caller's ``torch.autocast`` does not reach it (``without_autocast``; the call's own ``autocast=`` does).
 
     Every analysis is defined on the model at inference. In training mode dropout makes each map a random draw (two
     calls on the same image differ) and BatchNorm updates its running statistics (the call would change the model);
@@ -201,7 +215,7 @@ def in_eval_mode(fn: F) -> F:
         model = args[0] if args else kwargs.get("model")
         if not (callable(getattr(model, "modules", None)) and callable(getattr(model, "eval", None))):
             return fn(*args, **kwargs)  # not a module: fn refuses it with its own error
-        with eval_mode(model):
+        with eval_mode(model), without_autocast(model):
             return fn(*args, **kwargs)
 
     return wrapper  # type: ignore[return-value]

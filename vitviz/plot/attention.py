@@ -23,6 +23,7 @@ from vitviz.analysis.distance import mean_attention_distance
 from vitviz.analysis.rollout import attention_rollout
 from vitviz.analysis.tables import distance_table
 from vitviz.core.capture import capture_attention, check_layer_index
+from vitviz.core.contexts import without_autocast
 from vitviz.core.images import Images, denormalise, load_images
 from vitviz.core.spec import inspect
 from vitviz.core.util import check_positive_int, eval_mode, is_int
@@ -254,7 +255,7 @@ def plot_attention_heads_grid(
     check_layer_index(layer, depth, "layer", spec.name)
     grid = spec.grid_for_input(x)
     q, qname = _query(spec, query, grid)
-    with torch.no_grad(), eval_mode(model), capture_attention(model, layers=layer) as cap:
+    with torch.no_grad(), eval_mode(model), without_autocast(model), capture_attention(model, layers=layer) as cap:
         model(x)
     attn = cap.attentions[0][0].float()  # (H, N, N)
     p = spec.num_prefix_tokens

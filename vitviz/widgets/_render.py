@@ -7,7 +7,6 @@ Shapes: ``(H, W, 3)`` RGB images (float in ``[0, 1]`` or uint8), ``(gh, gw)`` ma
 from __future__ import annotations
 
 import io
-from functools import lru_cache
 
 import numpy as np
 from PIL import Image, ImageDraw
@@ -22,9 +21,9 @@ RESAMPLE = {"nearest": Image.Resampling.NEAREST, "bilinear": Image.Resampling.BI
 MARK = (0, 255, 255)  # cyan outline around the query patch
 
 
-@lru_cache(maxsize=16)
 def _lut(cmap: str) -> np.ndarray:
-    """A ``(256, 3)`` uint8 lookup table for a matplotlib colormap name."""
+    """A ``(256, 3)`` uint8 lookup table for a matplotlib colormap name, read from the registry at each call (tens
+    of microseconds): a colormap registered again under the same name is drawn as it is now."""
     import matplotlib
 
     return (matplotlib.colormaps[cmap](np.linspace(0.0, 1.0, 256))[:, :3] * 255).round().astype(np.uint8)

@@ -10,6 +10,8 @@ toggle shows attention rollout (Abnar & Zuidema 2020; the ViT paper's Fig. 6) th
 Memory is bounded: the captured maps (about 22 MB per image for ViT-B/16 at 224 px) and the rollout products
 live in one least-recently-used cache bounded in bytes (``cache_bytes``, default ``DEFAULT_CACHE_BYTES``); an
 image whose maps were evicted is captured again when it is shown again. The images themselves wait on the CPU.
+The cache holds the maps of the model's weights as they are: when a parameter or buffer changed since (an
+optimizer step, ``load_state_dict``, an in-place edit; ``core.contexts.WeightsWatch``), the next view captures anew.
 """
 
 from __future__ import annotations
@@ -27,6 +29,7 @@ from torch import nn
 from vitviz.analysis.propagation import HEAD_FUSIONS, fuse_heads, require_flow_maps
 from vitviz.analysis.rollout import rollout_from_attentions
 from vitviz.core.capture import capture_attention
+from vitviz.core.contexts import WeightsWatch, without_autocast
 from vitviz.core.images import Images, denormalise, load_images
 from vitviz.core.spec import inspect
 from vitviz.core.util import check_positive_int, eval_mode, is_int, is_number
@@ -73,6 +76,11 @@ class ByteLRU:
             return None
         self._items.move_to_end(key)
         return self._items[key][0]
+
+    def clear(self) -> None:
+        """Drop every entry (the bound and the eviction count stay)."""
+        self._items.clear()
+        self.nbytes = 0
 
     def put(self, key: Any, value: Any) -> Any:
         """Store ``value`` under ``key`` and evict least recently used entries beyond the bound."""
@@ -130,8 +138,11 @@ class AttentionExplorer(Explorer):
         self.model = model
         self.spec = inspect(model)
         self.cache = ByteLRU(cache_bytes)  # ("attn", i) -> list of (1, H, N, N); ("rollout", ...) -> (N, N)
-        self.forwards = 0  # forward passes run (one per image shown, again after an eviction)
-        self._x = load_images(model, images, device="cpu")  # (B, 3, H, W); one image at a time goes to the device
+        self.forwards = 0  # forward passes run (one per image shown, again after an eviction or a weight change)
+        self._weights = WeightsWatch(model)  # the cache holds maps of these weights only
+        # (B, 3, H, W), a copy of vitviz's own (the maps and the drawn image stay those of one picture); one image
+        # at a time goes to the device
+        self._x = load_images(model, images, device="cpu").clone()
         self._rgb = denormalise(model, self._x)
         h, w = self._x.shape[-2:]
         self.grid = self.spec.grid_for_input(self._x)
@@ -172,11 +183,14 @@ class AttentionExplorer(Explorer):
     def attentions(self, index: int | None = None) -> list[torch.Tensor]:
         """All layers' ``(1, H, N, N)`` maps for one image, captured by one forward pass on first use."""
         i = self.image_index.value if index is None else index
+        if self._weights.changed():  # fine-tuned, loaded or edited since the maps were captured: capture anew
+            self.cache.clear()
         maps = self.cache.get(("attn", i))
         if maps is None:
             param = next(self.model.parameters(), None)
             x = self._x[i:i + 1].to(param.device if param is not None else "cpu")
-            with torch.no_grad(), eval_mode(self.model), capture_attention(self.model) as cap:
+            with torch.no_grad(), eval_mode(self.model), without_autocast(self.model), \
+                    capture_attention(self.model) as cap:
                 self.model(x)
             self.forwards += 1
             maps = self.cache.put(("attn", i), cap.attentions)
@@ -190,6 +204,8 @@ class AttentionExplorer(Explorer):
 
     def _rollout_matrix(self, i: int, layer: int, head: int | str, discard: float) -> torch.Tensor:
         key = ("rollout", i, layer, head, round(discard, 6))
+        if self._weights.changed():
+            self.cache.clear()
         matrix = self.cache.get(key)
         if matrix is None:
             require_flow_maps(self.spec, list(range(layer + 1)), "rollout")  # refuses maps that are not a flow

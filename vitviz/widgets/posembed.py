@@ -19,6 +19,7 @@ import torch
 from torch import nn
 
 from vitviz.analysis.posembed import patch_pos_embed, pos_embed_similarity
+from vitviz.core.contexts import WeightsWatch
 from vitviz.core.spec import inspect
 from vitviz.core.util import check_positive_int
 from vitviz.errors import NoPositionEmbeddingError
@@ -61,6 +62,7 @@ class PosEmbedExplorer(Explorer):
                 f"{self.spec.pos_embed_kind!r}); explore_pos_embed needs a learned or sincos table")
         self.size, self.cmap = size, cmap
         self._tables: OrderedDict[tuple[int, int], tuple[torch.Tensor, np.ndarray]] = OrderedDict()
+        self._weights = WeightsWatch(model)
         (h, _), (ph, _) = self.spec.img_size, self.spec.patch_size
         gh, gw = self.spec.grid_size
         style = {"description_width": "88px"}
@@ -98,6 +100,8 @@ class PosEmbedExplorer(Explorer):
     def table(self) -> tuple[torch.Tensor, np.ndarray]:
         """``(E, sim)`` at the current resolution: ``(gh * gw, D)`` embeddings and ``(gh, gw, gh, gw)`` cosines."""
         key = self.img_size
+        if self._weights.changed():  # the tables of other weights (fine-tuned, loaded, edited) are not shown
+            self._tables.clear()
         if key not in self._tables:
             size = None if key == tuple(self.spec.img_size) else key
             emb, _ = patch_pos_embed(self.model, img_size=size)

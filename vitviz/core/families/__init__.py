@@ -85,6 +85,19 @@ def family_of(model: nn.Module) -> Family:
     """The family that reads ``model``; raises ``NotAViTError`` naming the model and the fix."""
     if not isinstance(model, nn.Module):
         raise NotAViTError(f"expected a torch.nn.Module ViT, got {type(model).__name__}")
+    wrapped = getattr(model, "_orig_mod", None)
+    if type(model).__name__ == "OptimizedModule" and isinstance(wrapped, nn.Module):
+        raise UnsupportedModelError(
+            f"{type(model).__name__} is torch.compile's wrapper of a {type(wrapped).__name__}: vitviz reads attention "
+            "with hooks and module patches on the eager modules, which a compiled graph does not run; pass the "
+            "model it wraps (model._orig_mod, the same weights) to vitviz")
+    compiled = next((name or "the model" for name, m in model.named_modules()
+                     if getattr(m, "_compiled_call_impl", None) is not None), None)
+    if compiled is not None:
+        raise UnsupportedModelError(
+            f"{type(model).__name__}: {compiled} was compiled in place (module.compile()); TorchDynamo reuses a "
+            "graph compiled without vitviz's hooks, so the attention would not be read; analyse an uncompiled "
+            "instance with the same weights (build the model again and load_state_dict(model.state_dict()))")
     if model in _DESCRIBED:
         return _DESCRIBED[model]
     for family in _FAMILIES:

@@ -245,12 +245,22 @@ def classify(modules: Iterable[tuple[str, nn.Module]], model_name: str, containe
              skip: Callable[[str, nn.Module], bool] = lambda n, m: False) -> dict[str, list[tuple[str, nn.Module]]]:
     """Sort modules into linear / norm / activation; any other class that is not a known container or a
     pass-through (dropout, identity) is refused: vitviz has no rule for what it computes."""
+    from torch.nn.utils import parametrize
+
     out: dict[str, list[tuple[str, nn.Module]]] = {"linear": [], "norm": [], "act": []}
+    modules = list(modules)
+    # what a parametrization computes from the weights (``<module>.parametrizations.*``) is off the tokens' path
+    weights_only = tuple(f"{n}.parametrizations" for n, m in modules if parametrize.is_parametrized(m))
     for name, m in modules:
-        cls = type(m).__name__
+        if name in weights_only or name.startswith(tuple(f"{p}." for p in weights_only)):
+            continue
+        # a parametrized module (weight norm, spectral norm, your parametrization) computes its class's forward with
+        # the parametrized weight, which the rules read: it is sorted by its class before the parametrization
+        base = parametrize.type_before_parametrizations(m)
+        cls = base.__name__
         if skip(name, m) or cls in PASS_THROUGH or isinstance(m, (nn.Dropout, nn.Identity)):
             continue
-        if type(m) is nn.Linear or cls in ("Linear", "NonDynamicallyQuantizableLinear"):
+        if base is nn.Linear or cls in ("Linear", "NonDynamicallyQuantizableLinear"):
             out["linear"].append((name, m))
         elif cls in NORMS:
             out["norm"].append((name, m))

@@ -1,0 +1,188 @@
+"""The caller's contexts and the model's state as a vitviz call meets them, each rule written once.
+
+A call runs inside whatever the caller set up: ``torch.no_grad()``, ``torch.inference_mode()``, ``torch.autocast``,
+a model built or loaded in inference mode, hooks on parameters. Here is what vitviz does with each (see
+``docs/trust.md``, "Your contexts"): ``without_autocast`` keeps a caller's autocast out of an analysis;
+``autograd`` is the block of a gradient analysis (inference mode off, autograd on, a model of inference tensors
+refused, parameters ``frozen`` or their hooks off with ``parameter_hooks_off``), with ``grad_leaf`` and
+``normal_tensor`` for the tensors that enter its graph and ``model_copy`` for a copy vitviz may change; and
+``WeightsWatch`` tells a cache whether the model's tensors changed since it was filled.
+"""
+
+from __future__ import annotations
+
+import contextlib
+from collections.abc import Iterator
+from typing import Any
+
+__all__ = ["WeightsWatch", "autograd", "frozen", "grad_leaf", "inference_tensor", "model_copy", "normal_tensor",
+           "parameter_hooks_off", "without_autocast"]
+
+
+def _device_types(model: Any) -> list[str]:
+    """The device types of ``model``'s parameters and buffers, and ``"cpu"``."""
+    tensors = [*model.parameters(), *model.buffers()] if callable(getattr(model, "parameters", None)) else []
+    return sorted({"cpu", *(t.device.type for t in tensors)})
+
+
+@contextlib.contextmanager
+def without_autocast(model: Any) -> Iterator[None]:
+    """A caller's ``torch.autocast`` switched off for the block on every device type ``model`` lives on (and the
+    CPU): an analysis computes in the model's own precision unless its own ``autocast=`` argument says otherwise
+    (``vitviz.core.datasets.autocast_context``, entered inside the block), so a result does not depend on the
+    context it was called in, and a checkpoint's fingerprint (which records the call's autocast dtype) describes
+    how its numbers were computed."""
+    import torch
+
+    with contextlib.ExitStack() as stack:
+        for kind in _device_types(model):
+            stack.enter_context(torch.autocast(kind, enabled=False))
+        yield
+
+
+def inference_tensor(model: Any) -> str | None:
+    """The name of the first parameter or buffer of ``model`` that is an inference tensor (made or loaded inside
+    ``torch.inference_mode()``), or None."""
+    for name, t in [*model.named_parameters(), *model.named_buffers()]:
+        if t.is_inference():
+            return name
+    return None
+
+
+@contextlib.contextmanager
+def parameter_hooks_off(model: Any) -> Iterator[None]:
+    """The hooks on ``model``'s parameters (``p.register_hook``, ``p.register_post_accumulate_grad_hook``) do not
+    run in the block, and are all back afterwards (the same hooks, in their order; their handles still remove them),
+    also when the block raises: a backward pass of vitviz's own is no step of your training, whose gradient hooks
+    (clipping, logging, a gradient all-reduce) must not see it. The hook dicts torch keeps on each parameter are
+    emptied and refilled in place (torch reads those very dicts)."""
+    saved = []
+    for p in model.parameters():
+        for attr in ("_backward_hooks", "_post_accumulate_grad_hooks"):
+            hooks = getattr(p, attr, None)
+            if hooks:
+                saved.append((hooks, dict(hooks)))
+                hooks.clear()
+    try:
+        yield
+    finally:
+        for hooks, items in saved:
+            hooks.clear()
+            hooks.update(items)
+
+
+@contextlib.contextmanager
+def frozen(model: Any) -> Iterator[None]:
+    """Every parameter of ``model`` with ``requires_grad=False`` for the block, each flag back afterwards (also when
+    the block raises)."""
+    params = list(model.parameters())
+    flags = [p.requires_grad for p in params]
+    try:
+        for p in params:
+            p.requires_grad_(False)
+        yield
+    finally:
+        for p, flag in zip(params, flags):
+            p.requires_grad_(flag)
+
+
+@contextlib.contextmanager
+def autograd(model: Any, what: str, *, weights: bool = False) -> Iterator[None]:
+    """Autograd on for the block of a gradient analysis ``what`` (a name for the message) of ``model`` (``None``: a
+    function of the user's, whose model is not checked), also under a caller's ``torch.no_grad()`` or
+    ``torch.inference_mode()``: the block runs with ``torch.inference_mode(False)`` and ``torch.enable_grad()``,
+    the caller's modes back afterwards.
+
+    The rules:
+
+    - a gradient analysis runs inside a caller's inference mode when the model's parameters and buffers are normal
+      tensors; an input made in inference mode is cloned where it enters the graph (``grad_leaf``,
+      ``normal_tensor``);
+    - a model whose parameters or buffers are inference tensors cannot be differentiated through (autograd cannot
+      save them for the backward pass) and is refused; cloning every weight silently would double the model's
+      memory. Analyses without a backward pass (attention, rollout, flow, distances, features) run on such a
+      model as on any other;
+    - the gradients are those of the input and of activations only: every parameter is frozen for the block
+      (``frozen``), so no parameter's gradient is computed and no hook of yours on a parameter runs (a library's
+      ``loss.backward()``, as pytorch-grad-cam's, included). With ``weights=True`` (``count_flops``' training
+      step, which counts the parameters' gradients) the parameters keep their flags and their hooks are off
+      instead (``parameter_hooks_off``).
+
+    Raises:
+        InferenceTensorError: a parameter or buffer of ``model`` is an inference tensor.
+    """
+    import torch
+
+    from vitviz.errors import InferenceTensorError
+
+    name = None if model is None else inference_tensor(model)
+    if name is not None:
+        raise InferenceTensorError(
+            f"{what}: a backward pass through the model is needed, but its tensor {name!r} is an inference tensor (the "
+            "model was built or loaded inside torch.inference_mode()); load the model outside inference mode "
+            "(torch.no_grad() is fine), or clone its tensors outside it: "
+            "model.load_state_dict({k: v.clone() for k, v in model.state_dict().items()}, assign=True)")
+    keep = contextlib.nullcontext() if model is None else (parameter_hooks_off if weights else frozen)(model)
+    with torch.inference_mode(False), torch.enable_grad(), keep:
+        yield
+
+
+def model_copy(model: Any) -> Any:
+    """``copy.deepcopy(model)`` made outside inference mode: its tensors are normal tensors (also those of a model
+    built or loaded inside ``torch.inference_mode()``, and also when the caller is in inference mode), so gradient
+    analyses run on the copy and its weights can be re-initialised in place."""
+    import copy
+
+    import torch
+
+    with torch.inference_mode(False):
+        return copy.deepcopy(model)
+
+
+def normal_tensor(x: Any) -> Any:
+    """``x``, or a clone of it where it is an inference tensor (made inside ``torch.inference_mode()``), which
+    autograd could not save for a backward pass; anything but a tensor as it is. Call it inside ``autograd``."""
+    return x.clone() if callable(getattr(x, "is_inference", None)) and x.is_inference() else x
+
+
+def grad_leaf(x: Any) -> Any:
+    """``x`` as a new leaf that requires grad (sharing its storage, or a clone of an inference tensor), for a
+    gradient with respect to the input. Call it inside ``autograd``."""
+    return normal_tensor(x).detach().requires_grad_(True)
+
+
+class WeightsWatch:
+    """Whether a model's tensors changed since the last look, cheaply, for a cache of results computed from them.
+
+    A look reads, per parameter and buffer: its name, the tensor object (held by a weak reference, so a replaced
+    tensor is seen also where Python reuses the address), its storage address (``p.data = ...``) and its version
+    counter, which every in-place write bumps: an optimizer step, ``load_state_dict`` (it copies in place), a
+    ``with torch.no_grad(): p.add_(1)``. Not seen: a write through ``p.data`` (``p.data.add_(1)``), which bypasses
+    the version counter as it bypasses autograd (write under ``torch.no_grad()`` instead), and an in-place write to
+    an inference tensor (possible only inside ``torch.inference_mode()``), which has no version counter; replacing
+    either tensor is seen.
+
+    Args:
+        model: the ``nn.Module`` watched.
+    """
+
+    def __init__(self, model: Any) -> None:
+        self.model = model
+        self._seen = self._look()
+
+    def _look(self) -> list[tuple[str, Any, int | None, int]]:
+        import weakref
+
+        return [(name, weakref.ref(t), None if t.is_inference() else t._version, t.data_ptr())
+                for name, t in [*self.model.named_parameters(), *self.model.named_buffers()]]
+
+    def changed(self) -> bool:
+        """Whether a tensor was added, removed, replaced or written in place since the last call (or since the
+        watch was made); each call looks anew."""
+        now = [*self.model.named_parameters(), *self.model.named_buffers()]
+        same = len(now) == len(self._seen) and all(
+            name == seen_name and ref() is t and (None if t.is_inference() else t._version) == version
+            and t.data_ptr() == ptr for (name, t), (seen_name, ref, version, ptr) in zip(now, self._seen))
+        if not same:
+            self._seen = self._look()
+        return not same
