@@ -124,6 +124,69 @@ def test_colorbar_is_as_tall_as_the_image(img_size, patch, at, which):
         plt.close("all")
 
 
+def _block_colorbar(fig, text):
+    """The colorbar labelled ``text`` and the drawn extent (pixels) of the block of images beside it."""
+    fig.canvas.draw()
+    (cax,) = [ax for ax in fig.axes if ax.get_ylabel() == text]
+    images = [im.get_window_extent() for ax in fig.axes if ax.get_visible() and ax is not cax for im in ax.images]
+    return cax.get_window_extent(), Bbox.union(images), len({round(b.y0) for b in images})
+
+
+def _block_figure(which, rows, at):
+    """``which`` drawn with ``rows`` rows of panels (4x6 token grid), at its default size or at the page's width;
+    returns the figure and its colorbar label."""
+    model = tiny_timm_vit(num_heads=2 * rows + 1, embed_dim=8 * (2 * rows + 1))  # heads grid: 1 + H panels in rows of 2 (2 * rows + 2 panels)
+    x = torch.randn(rows, 3, 32, 48)
+
+    def page(default):
+        w, h = default
+        return plt.figure(figsize=(PAGE_WIDTH, PAGE_WIDTH * h / w), layout="constrained")
+
+    if which == "plot_rollout":  # one image (two panels) per row: 32x48 pairs do not fit two to a row
+        fig = vitviz.plot_rollout(model, x)
+        return (fig if at == "default" else vitviz.plot_rollout(model, x, fig=page(fig.get_size_inches()))), \
+            "Attention (relative to max)"
+    if which == "plot_explanations_grid":
+        maps = {"rollout": vitviz.explain(model, x, "rollout"), "random": vitviz.explain(model, x, "random")}
+        fig = vitviz.plot_explanations_grid(model, x, maps)
+        return (fig if at == "default" else vitviz.plot_explanations_grid(
+            model, x, maps, fig=page(fig.get_size_inches()))), "Relevance (relative to max)"
+    fig = vitviz.plot_attention_heads_grid(model, x[:1], ncols=2)
+    return (fig if at == "default" else vitviz.plot_attention_heads_grid(
+        model, x[:1], ncols=2, fig=page(fig.get_size_inches()))), "Attention weight"
+
+
+@pytest.mark.parametrize("rows", [1, 2, 3, 5])
+@pytest.mark.parametrize("at", ["default", "page"])
+@pytest.mark.parametrize("which", ["plot_rollout", "plot_explanations_grid", "plot_attention_heads_grid"])
+def test_block_colorbar_is_as_tall_as_the_block_of_images(which, rows, at):
+    """A colorbar beside several rows of panels spans the images drawn, from the top of the first row's to the bottom
+    of the last row's (``fig.colorbar(ax=axes, shrink=0.8)`` drew it at 80% of the axes' space)."""
+    torch.manual_seed(0)
+    try:
+        fig, text = _block_figure(which, rows, at)
+        bar, block, drawn_rows = _block_colorbar(fig, text)
+        assert drawn_rows == (rows + 1 if which == "plot_attention_heads_grid" else rows)
+        assert abs(bar.y1 - block.y1) <= 1.5 and abs(bar.y0 - block.y0) <= 1.5, (bar, block)
+        assert bar.x0 > block.x1  # beside the block, not over it
+        assert fig.get_size_inches()[0] <= PAGE_WIDTH + 1e-6
+    finally:
+        plt.close("all")
+
+
+def test_block_colorbar_follows_a_figure_without_layout_engine():
+    """In a figure without a layout engine, and after the figure is resized, the bar still spans the images."""
+    model = tiny_timm_vit()
+    try:
+        fig = vitviz.plot_rollout(model, torch.randn(3, 3, 32, 48), fig=plt.figure(figsize=(5.0, 6.0)))
+        for size in ((5.0, 6.0), (4.0, 9.0)):
+            fig.set_size_inches(*size)
+            bar, block, _ = _block_colorbar(fig, "Attention (relative to max)")
+            assert abs(bar.y1 - block.y1) <= 1.5 and abs(bar.y0 - block.y0) <= 1.5, (size, bar, block)
+    finally:
+        plt.close("all")
+
+
 # --- names beside points -------------------------------------------------------------------------------------------
 
 def _check_names(fig) -> list[int]:

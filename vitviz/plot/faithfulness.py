@@ -10,7 +10,17 @@ from matplotlib.axes import Axes
 from matplotlib.figure import Figure
 
 from vitviz.errors import InputError
-from vitviz.plot.style import FIGSIZE, LEGEND_BESIDE, PAGE_WIDTH, band_legend_title, label, new_figure, styled
+from vitviz.plot.style import (
+    FIGSIZE,
+    LEGEND_BESIDE,
+    PAGE_WIDTH,
+    band_legend_title,
+    colorbar_beside_block,
+    image_block,
+    label,
+    new_figure,
+    styled,
+)
 
 __all__ = ["plot_explanations_grid", "plot_faithfulness", "plot_faithfulness_grid"]
 
@@ -166,7 +176,8 @@ def plot_faithfulness_grid(df: Any, *, errorbar: Any = ("se", 1.96)) -> Figure:
 
 @styled
 def plot_explanations_grid(model: Any, images: Any, maps: Mapping[str, torch.Tensor], *,
-                           labels: Sequence[str] | None = None, cmap: str = "magma", alpha: float = 0.5) -> Figure:
+                           labels: Sequence[str] | None = None, cmap: str = "magma", alpha: float = 0.5,
+                           fig: Figure | None = None) -> Figure:
     """One row per image: the input, then each method's map over it (each map divided by its maximum).
 
     Args:
@@ -176,15 +187,16 @@ def plot_explanations_grid(model: Any, images: Any, maps: Mapping[str, torch.Ten
             one value per pixel), e.g. ``{m: vitviz.explain(model, x, m) for m in methods}``.
         labels: one caption per image (row), e.g. the class.
         cmap, alpha: heat-map colors (default ``magma``, perceptually uniform) and opacity.
+        fig: draw into this (empty) figure; default a new one sized to the panels.
 
     Returns:
-        the figure, with one colorbar "Relevance (relative to max)".
+        the figure, with one colorbar "Relevance (relative to max)", as tall as the block of images (top of the
+        first row's to bottom of the last row's).
 
     Raises:
         InputError: a map set that is not one map per image on the images' token grid, or ``labels`` not one per
             image.
     """
-    import numpy as np
 
     from vitviz.core.images import denormalise, load_images
     from vitviz.plot.attention import check_map_grid, upsample_maps
@@ -201,9 +213,10 @@ def plot_explanations_grid(model: Any, images: Any, maps: Mapping[str, torch.Ten
         raise InputError(f"labels holds {len(labels)} captions for {b} images; pass one label per image (row)")
     rgb = denormalise(model, x)
     cols = len(names) + 1
-    fig = new_figure((1.25 * cols + 0.6, 1.3 * b + 0.3))
-    fig.set_layout_engine("constrained")  # room for the colorbar's label inside the figure
-    axes = np.atleast_2d(fig.subplots(b, cols, squeeze=False))
+    if fig is None:
+        fig = new_figure((1.25 * cols + 0.6, 1.3 * b + 0.3))
+        fig.set_layout_engine("constrained")  # room for the colorbar's label inside the figure
+    axes, cax = image_block(fig, b, cols, colorbar=bool(names))
     mappable = None
     for j, name in enumerate(["Input", *names]):
         heat = None if j == 0 else upsample_maps(maps[name], tuple(x.shape[-2:]))
@@ -220,10 +233,9 @@ def plot_explanations_grid(model: Any, images: Any, maps: Mapping[str, torch.Ten
                 a.set_title(name.replace("_", "_\n", 1) if len(name) > 12 else name)  # long names on two lines
             if j == 0 and labels is not None:
                 a.set_ylabel(labels[i])
-    if mappable is not None:
+    if cax is not None and mappable is not None:
         import matplotlib as mpl
 
         opaque = mpl.cm.ScalarMappable(norm=mappable.norm, cmap=mappable.cmap)  # the colours, not the overlay
-        fig.colorbar(opaque, ax=axes.ravel().tolist(), fraction=0.03, pad=0.02,
-                     label="Relevance (relative to max)")
+        colorbar_beside_block(cax, axes.ravel(), opaque, "Relevance (relative to max)")  # first row to last
     return fig
