@@ -30,7 +30,9 @@ from vitviz.plot.style import PAGE_WIDTH  # noqa: E402
 # a unit in parentheses: the house form is "Quantity [unit]"
 PAREN_UNIT = re.compile(r"\((?:%|px|pixels?|[kMGTPE]?FLOPs|exaFLOPs|degrees?|°|s|ms|points)\)")
 # quantities that have a unit, and the unit their label must end with
-NEEDS_UNIT = [(re.compile(r"(Test|Transfer) accuracy|top-1"), r"\[%\]"),
+# every accuracy is in percent (a gap between accuracies is in points); the faithfulness curves' fractions of images
+# are drawn x100 too
+NEEDS_UNIT = [(re.compile(r"accuracy(?! gap)|top-1", re.IGNORECASE), r"\[%\]"),
               (re.compile(r"attention distance"), r"\[pixels\]"),
               (re.compile(r"^Total .*compute"), r"\[\w*FLOPs\]")]
 
@@ -70,12 +72,35 @@ def model():
     return tiny_timm_vit()
 
 
+def _accuracy_curves(labels: bool) -> pd.DataFrame:
+    """Curves of ``vitviz.faithfulness`` scored by accuracy (a fraction of the images, 0 to 1, in the table)."""
+    rows = [{"mode": m, "method": meth, "fraction": f, "removed": f, "score": float(f < 0.5 or i == 0),
+             "metric": "accuracy", "removal": "drop", "image": i}
+            for m in ("positive", "negative") for meth in ("random", "rollout") for i in range(3)
+            for f in (0.0, 0.5, 1.0)]
+    df = pd.DataFrame(rows)
+    df.attrs["labels"] = labels
+    return df
+
+
+def _unit_walk(model):
+    """(name, figure) for every public plot function, and the faithfulness figures scored by accuracy."""
+    calls = _calls(model)
+    for name in PUBLIC_PLOTS:
+        yield name, _figure(calls[name]())
+    for labels in (False, True):
+        yield f"plot_faithfulness_grid (accuracy, labels={labels})", \
+            vitviz.plot_faithfulness_grid(_accuracy_curves(labels))
+        yield f"plot_faithfulness (accuracy, labels={labels})", \
+            vitviz.plot_faithfulness(_accuracy_curves(labels), mode="positive").figure
+
+
 def test_every_unit_is_written_the_house_way(model):
-    """Units in square brackets at the end of the label, never in parentheses; quantities with a unit carry it."""
+    """Units in square brackets at the end of the label, never in parentheses; quantities with a unit carry it: every
+    accuracy (test, transfer, few-shot, faithfulness target-class or top-1) is in [%]."""
     seen, bad = [], []
     try:
-        for name in PUBLIC_PLOTS:
-            fig = _figure(_calls(model)[name]())
+        for name, fig in _unit_walk(model):
             for line in _labels(fig):
                 if PAREN_UNIT.search(line):
                     bad.append((name, line, "unit in parentheses"))
@@ -92,6 +117,7 @@ def test_every_unit_is_written_the_house_way(model):
     assert not bad, bad
     # the walk reached the labels with units: accuracy, distance and compute
     assert any("[%]" in s for s in seen) and any("[pixels]" in s for s in seen) and any("FLOPs" in s for s in seen)
+    assert {"Target-class accuracy [%]", "Top-1 accuracy vs. labels [%]"} <= set(seen)
 
 
 # --- colorbars -----------------------------------------------------------------------------------------------------

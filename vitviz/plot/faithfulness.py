@@ -28,9 +28,11 @@ TITLES = {"positive": "Positive perturbation\nmost relevant removed first\n(lowe
           "negative": "Negative perturbation\nleast relevant removed first\n(higher is better)",
           "deletion": "Deletion\nmost relevant removed first\n(lower is better)",
           "insertion": "Insertion\nmost relevant inserted first\n(higher is better)"}
-YLABELS = {"accuracy": "Target-class accuracy", "probability": "Target-class probability",
+# accuracies in percent, as every other vitviz accuracy; the DataFrame keeps them as fractions (its AUCs too)
+YLABELS = {"accuracy": label("Target-class accuracy", "%"), "probability": "Target-class probability",
            "target": "Target score"}
-LABELS_YLABEL = "Top-1 accuracy (vs. labels)"  # faithfulness(..., labels=...): arg-max against the labels
+LABELS_YLABEL = label("Top-1 accuracy vs. labels", "%")  # faithfulness(..., labels=...): arg-max against the labels
+PERCENT = ("accuracy",)  # metrics drawn x100: the table's fractions of images, shown in percent
 # the x: the fraction of the patches actually removed (column "removed", round(f * P) / P), or, for a frame without
 # that column, the nominal step (column "fraction"); "removed" becomes "inserted" for insertion
 XLABELS = {"removed": label("Patches removed", "fraction of all patches"),
@@ -65,6 +67,10 @@ def plot_faithfulness(df: Any, *, ax: Axes | None = None, mode: str | None = Non
     ``df`` without that column (an older vitviz's, or one built by hand) is drawn over the nominal ``fraction``,
     and the axis label says so.
 
+    Accuracies are drawn in percent (y from 0 to 100 %, as every vitviz accuracy), while ``df`` and the AUCs of
+    ``faithfulness_auc`` keep them as fractions from 0 to 1 (the plot multiplies by 100); probabilities and target
+    scores are drawn as they are.
+
     Axes-level; ``plot_faithfulness_grid`` draws every mode of ``df`` side by side.
 
     Args:
@@ -77,8 +83,8 @@ def plot_faithfulness(df: Any, *, ax: Axes | None = None, mode: str | None = Non
 
     Returns:
         the axes: x the fraction of patches actually removed (inserted), y the score (for ``accuracy`` with
-        ``df.attrs["labels"]`` True, i.e. ``faithfulness(..., labels=...)``: top-1 accuracy against the labels,
-        else the target-class score), a legend of methods beside the axes, its title naming the band
+        ``df.attrs["labels"]`` True, i.e. ``faithfulness(..., labels=...)``: "Top-1 accuracy vs. labels [%]",
+        else the target-class score, an accuracy in "[%]"), a legend of methods beside the axes, its title naming the band
         (``vitviz.plot.style.interval_label``) and the number of images.
 
     Raises:
@@ -108,9 +114,11 @@ def plot_faithfulness(df: Any, *, ax: Axes | None = None, mode: str | None = Non
     if x == "removed":
         _check_one_axis(sub, mode)
         sub = sub.assign(removed=sub.groupby("fraction")["removed"].transform("first"))  # one x per step, exactly
+    metric = sub["metric"].iloc[0]
+    if metric in PERCENT:
+        sub = sub.assign(score=100.0 * sub["score"])
     sns.lineplot(data=sub, x=x, y="score", hue="method", hue_order=methods, palette=palette,
                  errorbar=errorbar, marker="o", markersize=3, ax=ax)
-    metric = sub["metric"].iloc[0]
     removal = sub["removal"].iloc[0]
     ax.set_title(TITLES[mode])
     xlabel = XLABELS[x] + (f"\n({REMOVALS[removal]})" if removal in REMOVALS else "")  # two lines: fits a panel
@@ -121,8 +129,11 @@ def plot_faithfulness(df: Any, *, ax: Axes | None = None, mode: str | None = Non
         ax.legend(title=band_legend_title(errorbar, sub["image"].nunique() if "image" in sub else None),
                   **LEGEND_BESIDE)
     ax.set_xlim(0, 1)
-    if metric in ("accuracy", "probability"):
-        ax.set_ylim(0, 1.05)  # the band of a mean of 0/1 accuracies may reach past 1; the mean cannot
+    # the band of a mean of 0/1 accuracies may reach past 100 %; the mean cannot
+    if metric in PERCENT:
+        ax.set_ylim(0, 105)
+    elif metric == "probability":
+        ax.set_ylim(0, 1.05)
     return ax
 
 
