@@ -475,3 +475,84 @@ def test_legends_cover_no_data(model):
     finally:
         plt.close("all")
     assert not covered, "\n".join(f"{k}: {v}" for k, v in covered.items())
+
+
+# --- bounded axes: no accuracy above 100 %, no correlation above 1 ------------------------------------------------
+
+ACCURACY_AXIS = re.compile(r"accuracy(?! gap).*\[%\]|top-1.*\[%\]", re.IGNORECASE)
+CORRELATION_AXIS = re.compile(r"correlation|Spearman|SSIM|Cosine similarity", re.IGNORECASE)
+# matplotlib's own autoscale margin (axes.ymargin, 5% of the range) above a value at the bound: a point or band at
+# 100 % keeps its marker inside the frame; any more is a range no value can reach
+MARGIN = 0.05
+
+
+def _bounded_walk(model):
+    from vitviz.experiments.study import read_results
+
+    yield from _unit_walk(model)
+    runs = read_results()
+    if len(runs):
+        yield "plot_study_runs (data/study)", vitviz.plot_study_runs(runs).figure
+        yield "plot_study_grid (data/study)", vitviz.plot_study_grid(runs)
+        for n in sorted(runs["train_images"].unique()):
+            yield f"plot_study_runs (data/study, {n})", vitviz.plot_study_runs(
+                runs[runs["train_images"] == n]).figure
+    for at in ("default", "page"):
+        fig = None if at == "default" else plt.figure(figsize=(PAGE_WIDTH, 3.2))
+        yield f"plot_compute_curves (annotated, {at})", vitviz.plot_compute_curves(annotate=True, fig=fig)
+
+
+def test_no_accuracy_axis_above_100_and_no_correlation_above_1(model):
+    """``layout.place_legend`` raised the y axis for room above the data: ``plot_study_runs`` on the study's data
+    ran to ~110 %. Every accuracy axis [%] of every public plot ends at most 5 points above 100, every correlation
+    axis at most 0.05 above 1."""
+    bad, seen = [], set()
+    try:
+        for name, fig in _bounded_walk(model):
+            fig.canvas.draw()
+            for ax in _all_axes(fig):
+                text = ax.get_ylabel().replace("\n", " ")
+                for axis, top in ((ACCURACY_AXIS, 100.0), (CORRELATION_AXIS, 1.0)):
+                    if text and axis.search(text):
+                        seen.add(top)
+                        if max(ax.get_ylim()) > top * (1 + MARGIN) + 1e-9:
+                            bad.append((name, text, ax.get_ylim()))
+            plt.close("all")
+    finally:
+        plt.close("all")
+    assert seen == {100.0, 1.0}  # the walk met both kinds of axes
+    assert not bad, bad
+
+
+def test_place_legend_stops_at_the_bound_and_goes_beside():
+    """With no room within ``ymax`` the legend goes beside the axes and the limits stay; a second call (after the
+    layout) starts from the limits found, not from those it raised."""
+    from vitviz.plot.layout import place_legend
+
+    xs = np.linspace(0, 1, 50)
+    try:
+        fig, ax = plt.subplots(figsize=(3.4, 2.8), layout="constrained")
+        ax.fill_between(xs, 0, 96, alpha=0.3, label="band")  # data fills the axes up to 96 %
+        ax.plot(xs, 50 + 40 * np.sin(6 * xs), label="curve")
+        ax.set_ylim(0, 97)
+        legend = place_legend(ax, ymax=100.0)
+        assert ax.get_ylim() == (0, 97)  # raising to 100 % gives no room: limits kept
+        assert legend.get_window_extent().x0 >= ax.get_window_extent().x1  # beside the axes
+
+        def banded(size):
+            fig, ax = plt.subplots(figsize=size, layout="constrained")
+            ax.fill_between(xs, 0, 96, alpha=0.3, label="band")
+            ax.plot(xs, 96 * xs, label="a curve with a long name")
+            ax.set_ylim(0, 97)
+            return fig, ax
+
+        fig, ax = banded((3.4, 2.8))
+        place_legend(ax)  # unbounded: raised for room above the data
+        assert ax.get_ylim()[1] > 100
+        fig.set_size_inches(2.4, 1.6)  # the layout changes (as a grid's panels are laid out): placed again
+        place_legend(ax)
+        _, fresh = banded((2.4, 1.6))
+        place_legend(fresh)
+        assert ax.get_ylim() == fresh.get_ylim()  # from the limits found, not raised twice over
+    finally:
+        plt.close("all")

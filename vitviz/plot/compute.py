@@ -18,7 +18,7 @@ from matplotlib.ticker import FuncFormatter, LogLocator, NullFormatter
 from vitviz.core.util import check_positive_int
 from vitviz.errors import InputError, UnknownNameError
 from vitviz.experiments.compare import pareto_frontier
-from vitviz.plot.layout import place_labels, place_legend
+from vitviz.plot.layout import ACCURACY_TOP, place_labels, place_legend
 from vitviz.plot.style import FIGSIZE, PAGE_WIDTH, label, new_figure, styled
 
 if TYPE_CHECKING:
@@ -288,7 +288,8 @@ def plot_study_runs(runs: pd.DataFrame, *, ax: Axes | None = None, metric: str =
     seeds = runs.groupby("config")["seed"].nunique()
     n = f"{seeds.min()}" if seeds.min() == seeds.max() else f"{seeds.min()}-{seeds.max()}"
     title = f"mean of {n} seeds, 95% t-interval" + ("\nlines: frontier, 95% t-band" if frontier else "")
-    place_legend(ax, handles, labels, frameon=False, title=title, title_fontsize=7)  # off the bands and points
+    # off the bands and points, never raising the axis past 100 % (room above the data, or beside the axes)
+    place_legend(ax, handles, labels, frameon=False, title=title, title_fontsize=7, ymax=ACCURACY_TOP)
     return ax
 
 

@@ -8,6 +8,7 @@ from __future__ import annotations
 
 from collections.abc import Iterable, Sequence
 from typing import Any
+from weakref import WeakKeyDictionary
 
 import numpy as np
 from matplotlib.axes import Axes
@@ -19,7 +20,15 @@ from matplotlib.transforms import Bbox
 
 from vitviz.errors import InputError
 
-__all__ = ["covered_data", "place_labels", "place_legend"]
+__all__ = ["ACCURACY_TOP", "CORRELATION_TOP", "covered_data", "place_labels", "place_legend"]
+
+# the largest values of bounded quantities: ``place_legend(..., ymax=...)`` never raises an axis past them
+ACCURACY_TOP = 100.0  # an accuracy in percent
+CORRELATION_TOP = 1.0  # a correlation (Pearson, Spearman), a cosine similarity
+
+# y limits of the axes whose legend ``place_legend`` placed: (limits it found, limits it left, its ymax); a second
+# call (after the figure's layout) starts from the limits found, not from the raised ones
+PLACED: WeakKeyDictionary[Axes, tuple[tuple[float, float], tuple[float, float], float | None]] = WeakKeyDictionary()
 
 # legend positions inside the axes, in the order they are tried: corners first, then the sides' middles
 LEGEND_LOCS = ("upper left", "upper right", "lower right", "lower left", "center right", "center left",
@@ -147,15 +156,20 @@ def _inside(pts: np.ndarray, box: Bbox) -> np.ndarray:
     return ok & (pts[:, 0] >= box.x0) & (pts[:, 0] <= box.x1) & (pts[:, 1] >= box.y0) & (pts[:, 1] <= box.y1)
 
 
-def place_legend(ax: Axes, *args: Any, locs: Sequence[str] = LEGEND_LOCS, headroom: int = 3, **kwargs: Any
-                 ) -> Legend:
+def place_legend(ax: Axes, *args: Any, locs: Sequence[str] = LEGEND_LOCS, headroom: int = 3,
+                 ymax: float | None = None, **kwargs: Any) -> Legend:
     """``ax.legend(*args, **kwargs)`` at the first place in ``locs`` where it covers no data (``covered_data``).
 
-    Where every place covers some, the y axis is raised by a sixth of its range (at most ``headroom`` times) to make
-    room above the data, and the upper places are tried again; failing that the legend goes beside the axes
-    (``style.LEGEND_BESIDE``). Matplotlib's ``loc="best"`` counts a band only by its outline, so it may put a
-    legend on one. Without ``args`` and ``kwargs``, the legend ``ax`` already has is moved (call it again once a
-    figure's layout is final: a figure-level function lays out its panels after each placed its legend).
+    Where every place covers some, the y axis is raised by a sixth of its range (at most ``headroom`` times, never
+    above ``ymax``) to make room above the data, and the upper places are tried again; failing that the legend goes
+    beside the axes (``style.LEGEND_BESIDE``) and the y axis keeps its limits. ``ymax`` is the largest value the
+    quantity can take: 100 for an accuracy in percent (``ACCURACY_TOP``), 1 for a correlation (``CORRELATION_TOP``);
+    an axis stretched past it would show a range no value can reach (an axis the data already carry past it is not
+    cut). Matplotlib's ``loc="best"`` counts a band only by its outline, so it may put a legend on one.
+
+    Without ``args`` and ``kwargs``, the legend ``ax`` already has is moved (call it again once a figure's layout is
+    final: a figure-level function lays out its panels after each placed its legend); the y limits this function
+    raised before are restored first, and ``ymax`` defaults to the one given then.
 
     Returns:
         the legend.
@@ -168,16 +182,27 @@ def place_legend(ax: Axes, *args: Any, locs: Sequence[str] = LEGEND_LOCS, headro
     legend = ax.get_legend()
     if args or kwargs or legend is None:
         legend = ax.legend(*args, loc=locs[0], **kwargs)
+    earlier = PLACED.get(ax)
+    if earlier is not None:  # placed before: start again from the limits it found, with its bound
+        limits, raised, bound = earlier
+        ymax = bound if ymax is None else ymax
+        if ax.get_ylim() == raised:
+            ax.set_ylim(*limits)
     limits = ax.get_ylim()
+    top = max(limits[1], ymax) if ymax is not None else float("inf")  # the data may already reach past ymax
     for attempt in range(headroom + 1):
         for loc in locs if attempt == 0 else [loc for loc in locs if loc.startswith("upper")]:
             legend.set_loc(loc)
             legend.set_bbox_to_anchor(None)
             if not covered_data(ax, legend.get_window_extent(renderer)):
+                PLACED[ax] = (limits, ax.get_ylim(), ymax)
                 return legend
         low, high = ax.get_ylim()
-        ax.set_ylim(low, high + (high - low) / 6)
+        if high >= top:
+            break
+        ax.set_ylim(low, min(high + (high - low) / 6, top))
     ax.set_ylim(*limits)
+    PLACED[ax] = (limits, limits, ymax)
     legend.set_loc(LEGEND_BESIDE["loc"])
     legend.set_bbox_to_anchor(LEGEND_BESIDE["bbox_to_anchor"], transform=ax.transAxes)
     return legend
