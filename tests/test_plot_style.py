@@ -260,6 +260,81 @@ def test_paper_fig5_names_every_model_without_overlap(at):
         plt.close("all")
 
 
+def _leader_crossings(fig) -> list[tuple[str, str]]:
+    """(label, what its drawn leader line runs through): another label's text, or another point's marker. The line is
+    the path matplotlib draws, sampled every half pixel or so."""
+    fig.canvas.draw()
+    renderer = fig.canvas.get_renderer()
+    r = 2.5 * fig.dpi / 72  # the markers' radius (s=28 pt^2)
+    hits = []
+    for ax in fig.axes:
+        notes = [t for t in ax.texts if isinstance(t, Annotation)]
+        boxes = [Text.get_window_extent(t, renderer) for t in notes]
+        dots = np.concatenate([c.get_offset_transform().transform(c.get_offsets()) for c in ax.collections
+                               if isinstance(c, PathCollection)] or [np.zeros((0, 2))])
+        for t in notes:
+            if t.arrow_patch is None:
+                continue
+            arrow = t.arrow_patch
+            verts = arrow.get_transform().transform_path(arrow.get_path()).vertices
+            line = np.concatenate([a + np.linspace(0, 1, 200)[:, None] * (b - a) for a, b in zip(verts, verts[1:])])
+            point = ax.transData.transform(t.xy)
+            for other, box in zip(notes, boxes):
+                if other is not t and any(box.contains(x, y) for x, y in line):
+                    hits.append((t.get_text(), other.get_text()))
+            for d in dots:
+                if np.hypot(*(d - point)) > 0.5 and np.any((np.abs(line - d) < r).all(axis=1)):
+                    hits.append((t.get_text(), f"the point at {d[0]:.0f}, {d[1]:.0f} px"))
+    return hits
+
+
+@pytest.mark.parametrize("at", ["default", "page"])
+def test_paper_fig5_leader_lines_cross_no_label_and_no_point(at):
+    """Fig. 5 on the paper's data, every model named: no leader line runs across another label or another point
+    (``ResNet200x3``'s and ``R50x1+ViT-L/16, 14 ep``'s crossed neighbouring labels)."""
+    df = vitviz.paper_results()
+    try:
+        fig = None if at == "default" else plt.figure(figsize=(PAGE_WIDTH, 3.2))
+        fig = vitviz.plot_compute_curves(df, annotate=True, fig=fig)
+        assert sum(t.arrow_patch is not None for ax in fig.axes for t in ax.texts) >= 3  # leader lines were drawn
+        assert _leader_crossings(fig) == []
+        ax = vitviz.plot_compute_panel(df, "imagenet", annotate=True)
+        assert _leader_crossings(ax.figure) == []
+    finally:
+        plt.close("all")
+
+
+def test_place_labels_leaders_cross_no_label_in_a_crowd():
+    """Twenty-five points in a crowd, named with leader lines where needed: no leader runs across another label or
+    another point, no label overlaps another (the greedy placement drew leaders across labels here)."""
+    from vitviz.plot.layout import place_labels
+
+    xy = np.random.default_rng(3).uniform(0.3, 0.7, size=(25, 2))
+    try:
+        fig, ax = plt.subplots(figsize=(3.4, 2.8))
+        ax.scatter(*xy.T, s=28)
+        ax.set_xlim(0, 1)
+        ax.set_ylim(0, 1)
+        notes = place_labels(ax, xy, [f"model {k}" for k in range(len(xy))], marker_radius=2.5)
+        assert len(notes) >= 20 and sum(t.arrow_patch is not None for t in notes) >= 5
+        assert _leader_crossings(fig) == []
+        _check_names(fig)
+    finally:
+        plt.close("all")
+
+
+def test_leader_geometry():
+    from vitviz.plot.layout import leader_line, segment_crosses
+
+    a, b = leader_line(Bbox.from_extents(0, 0, 10, 4), (30, 2), 3.0)  # leaves the box at its right edge
+    assert np.allclose(a, (10, 2)) and np.allclose(b, (27, 2))
+    assert leader_line(Bbox.from_extents(0, 0, 10, 4), (11, 2), 3.0) is None  # nothing left to draw
+    assert segment_crosses((0, 0), (10, 10), Bbox.from_extents(4, 4, 6, 6))
+    assert segment_crosses((5, 0), (5, 10), Bbox.from_extents(4, 4, 6, 6))  # vertical, through the box
+    assert not segment_crosses((0, 0), (10, 0), Bbox.from_extents(4, 1, 6, 2))
+    assert not segment_crosses((0, 0), (3, 3), Bbox.from_extents(4, 4, 6, 6))  # ends short of it
+
+
 def test_reference_models_are_named_without_overlap():
     """The gallery's ``reference_compute`` (notebook 03): the shipped CIFAR-10 models, each named."""
     from vitviz.zoo.cards import reference_compute

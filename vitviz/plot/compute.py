@@ -121,8 +121,9 @@ def annotate_models(ax: Axes, df: pd.DataFrame, metric: str, *, x: str = "exaflo
     """Name the points of a compute panel, in their family's colour, without overlaps (``layout.place_labels``).
 
     One label per configuration: the seeds of one model at one compute share it, at the seed of median accuracy.
-    Labels go in order of accuracy, best first; one that finds no free place (a crowded panel) is left out. Call it
-    after the figure's last layout change.
+    Labels are listed in order of accuracy, best first (the order ``place_labels`` breaks ties in); one that finds no
+    free place (a crowded panel) is left out; no leader line crosses another label, point or leader. Call it after the
+    figure's last layout change.
 
     Returns:
         the annotations placed.
