@@ -115,7 +115,7 @@ def place_labels(ax: Axes, xy: Any, texts: Iterable[str], colors: Iterable[Any] 
     squares = [Bbox.from_extents(x0 - r, y0 - r, x0 + r, y0 + r) for x0, y0 in dots]
     kws = [{"fontsize": fontsize, **kwargs} | ({"color": c} if c is not None else {}) for c in colors]
     # each label's free places, nearest first, clear of the frame, the points and the legend: (ring, dx, dy, ha, va,
-    # text box, leader line or None)
+    # text box, leader line or None, distance)
     free = []
     for (x, y), text, kw in zip(xy, texts, kws):
         point = ax.transData.transform((x, y))
@@ -123,7 +123,7 @@ def place_labels(ax: Axes, xy: Any, texts: Iterable[str], colors: Iterable[Any] 
         probe = ax.annotate(text, (x, y), xytext=(0, 0), textcoords="offset points", **kw)
         spots = []
         for ring, gap in enumerate(ring_gaps(marker_radius)):
-            for dx, dy, ha, va in _candidates(gap, ring):
+            for k, (dx, dy, ha, va) in enumerate(_candidates(gap, ring)):
                 probe.set_position((dx, dy))
                 probe.set_horizontalalignment(ha)
                 probe.set_verticalalignment(va)
@@ -138,14 +138,15 @@ def place_labels(ax: Axes, xy: Any, texts: Iterable[str], colors: Iterable[Any] 
                 if leader is not None and (any(segment_crosses(*leader, b) for b in fixed) or any(
                         segment_crosses(*leader, sq) for sq, mine in zip(squares, own) if not mine)):
                     continue
-                spots.append((ring, dx, dy, ha, va, box, leader))
+                # how far: the ring's distance, then the order of _candidates (upper right first)
+                spots.append((ring, dx, dy, ha, va, box, leader, gap * (1.0 + 0.01 * k)))
         probe.remove()
         free.append(spots)
 
-    best = choose_places([[(spot[5], spot[6], float(np.hypot(spot[1], spot[2]))) for spot in spots] for spots in free])
+    best = choose_places([[spot[5:] for spot in spots] for spots in free])
     placed = []
     for i in sorted(best):
-        ring, dx, dy, ha, va, _box, _leader = free[i][best[i]]
+        ring, dx, dy, ha, va = free[i][best[i]][:5]
         arrow = {"arrowprops": {"arrowstyle": "-", "lw": 0.4, "color": colors[i] or "0.3", "shrinkA": 0,
                                 "shrinkB": marker_radius}} if ring else {}
         placed.append(ax.annotate(texts[i], tuple(xy[i]), xytext=(dx, dy), textcoords="offset points", ha=ha, va=va,
