@@ -182,7 +182,15 @@ def test_plot_faithfulness(tmp_path):
     df = vitviz.faithfulness(model, x, ["random", "rollout"], steps=0.5, progress=False)
     fig = vitviz.plot_faithfulness_grid(df)
     assert len(fig.axes) == 4
-    assert [a.get_ylabel() for a in fig.axes] == ["Target-class accuracy"] * 2 + ["Target-class probability"] * 2
+    assert [a.get_ylabel() for a in fig.axes] == ["Target-class accuracy [%]"] * 2 + ["Target-class probability"] * 2
+    # accuracies drawn in percent (the table keeps fractions), probabilities as they are
+    for ax, mode, scale in zip(fig.axes, ("positive", "negative", "deletion", "insertion"), (100, 100, 1, 1)):
+        want = df[df["mode"] == mode].groupby(["method", "removed"])["score"].mean() * scale
+        drawn = [line.get_ydata() for line in ax.lines if len(line.get_xdata()) == want.loc["random"].size]
+        assert any(np.allclose(y, want.loc["random"].to_numpy()) for y in drawn), (mode, want, drawn)
+        assert any(np.allclose(y, want.loc["rollout"].to_numpy()) for y in drawn), mode
+        assert ax.get_ylim() == ((0, 105) if scale == 100 else (0, 1.05))
+    assert df["score"].between(0, 1).all()  # the table: fractions
     assert fig.axes[3].get_xlabel() == "Patches inserted [fraction of all patches]\n(tokens dropped)"
     labels = [t.get_text() for t in fig.axes[-1].get_legend().get_texts()]
     assert labels == ["random", "rollout"]

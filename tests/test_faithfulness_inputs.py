@@ -63,8 +63,8 @@ def test_labelled_accuracy_is_labelled_top_1(tmp_path):
                              steps=0.5, progress=False)
     assert df.attrs["labels"] is True
     fig = vitviz.plot_faithfulness_grid(df)
-    assert [a.get_ylabel() for a in fig.axes] == ["Top-1 accuracy (vs. labels)", "Target-class probability"]
+    assert [a.get_ylabel() for a in fig.axes] == ["Top-1 accuracy vs. labels [%]", "Target-class probability"]
     fig.savefig(tmp_path / "labelled.png")
     plain = vitviz.faithfulness(model, x, ["random"], **RUN)
     assert plain.attrs["labels"] is False
-    assert vitviz.plot_faithfulness(plain).get_ylabel() == "Target-class accuracy"
+    assert vitviz.plot_faithfulness(plain).get_ylabel() == "Target-class accuracy [%]"

@@ -30,7 +30,9 @@ from vitviz.plot.style import PAGE_WIDTH  # noqa: E402
 # a unit in parentheses: the house form is "Quantity [unit]"
 PAREN_UNIT = re.compile(r"\((?:%|px|pixels?|[kMGTPE]?FLOPs|exaFLOPs|degrees?|°|s|ms|points)\)")
 # quantities that have a unit, and the unit their label must end with
-NEEDS_UNIT = [(re.compile(r"(Test|Transfer) accuracy|top-1"), r"\[%\]"),
+# every accuracy is in percent (a gap between accuracies is in points); the faithfulness curves' fractions of images
+# are drawn x100 too
+NEEDS_UNIT = [(re.compile(r"accuracy(?! gap)|top-1", re.IGNORECASE), r"\[%\]"),
               (re.compile(r"attention distance"), r"\[pixels\]"),
               (re.compile(r"^Total .*compute"), r"\[\w*FLOPs\]")]
 
@@ -70,12 +72,35 @@ def model():
     return tiny_timm_vit()
 
 
+def _accuracy_curves(labels: bool) -> pd.DataFrame:
+    """Curves of ``vitviz.faithfulness`` scored by accuracy (a fraction of the images, 0 to 1, in the table)."""
+    rows = [{"mode": m, "method": meth, "fraction": f, "removed": f, "score": float(f < 0.5 or i == 0),
+             "metric": "accuracy", "removal": "drop", "image": i}
+            for m in ("positive", "negative") for meth in ("random", "rollout") for i in range(3)
+            for f in (0.0, 0.5, 1.0)]
+    df = pd.DataFrame(rows)
+    df.attrs["labels"] = labels
+    return df
+
+
+def _unit_walk(model):
+    """(name, figure) for every public plot function, and the faithfulness figures scored by accuracy."""
+    calls = _calls(model)
+    for name in PUBLIC_PLOTS:
+        yield name, _figure(calls[name]())
+    for labels in (False, True):
+        yield f"plot_faithfulness_grid (accuracy, labels={labels})", \
+            vitviz.plot_faithfulness_grid(_accuracy_curves(labels))
+        yield f"plot_faithfulness (accuracy, labels={labels})", \
+            vitviz.plot_faithfulness(_accuracy_curves(labels), mode="positive").figure
+
+
 def test_every_unit_is_written_the_house_way(model):
-    """Units in square brackets at the end of the label, never in parentheses; quantities with a unit carry it."""
+    """Units in square brackets at the end of the label, never in parentheses; quantities with a unit carry it: every
+    accuracy (test, transfer, few-shot, faithfulness target-class or top-1) is in [%]."""
     seen, bad = [], []
     try:
-        for name in PUBLIC_PLOTS:
-            fig = _figure(_calls(model)[name]())
+        for name, fig in _unit_walk(model):
             for line in _labels(fig):
                 if PAREN_UNIT.search(line):
                     bad.append((name, line, "unit in parentheses"))
@@ -92,6 +117,7 @@ def test_every_unit_is_written_the_house_way(model):
     assert not bad, bad
     # the walk reached the labels with units: accuracy, distance and compute
     assert any("[%]" in s for s in seen) and any("[pixels]" in s for s in seen) and any("FLOPs" in s for s in seen)
+    assert {"Target-class accuracy [%]", "Top-1 accuracy vs. labels [%]"} <= set(seen)
 
 
 # --- colorbars -----------------------------------------------------------------------------------------------------
@@ -120,6 +146,69 @@ def test_colorbar_is_as_tall_as_the_image(img_size, patch, at, which):
         assert abs(bar.y0 - image.y0) <= tol and abs(bar.y1 - image.y1) <= tol, (bar, image)
         assert bar.x0 > image.x1  # beside the image, not over it
         assert cax.get_ylabel() == "Cosine similarity"
+    finally:
+        plt.close("all")
+
+
+def _block_colorbar(fig, text):
+    """The colorbar labelled ``text`` and the drawn extent (pixels) of the block of images beside it."""
+    fig.canvas.draw()
+    (cax,) = [ax for ax in fig.axes if ax.get_ylabel() == text]
+    images = [im.get_window_extent() for ax in fig.axes if ax.get_visible() and ax is not cax for im in ax.images]
+    return cax.get_window_extent(), Bbox.union(images), len({round(b.y0) for b in images})
+
+
+def _block_figure(which, rows, at):
+    """``which`` drawn with ``rows`` rows of panels (4x6 token grid), at its default size or at the page's width;
+    returns the figure and its colorbar label."""
+    model = tiny_timm_vit(num_heads=2 * rows + 1, embed_dim=8 * (2 * rows + 1))  # heads grid: 1 + H panels in rows of 2 (2 * rows + 2 panels)
+    x = torch.randn(rows, 3, 32, 48)
+
+    def page(default):
+        w, h = default
+        return plt.figure(figsize=(PAGE_WIDTH, PAGE_WIDTH * h / w), layout="constrained")
+
+    if which == "plot_rollout":  # one image (two panels) per row: 32x48 pairs do not fit two to a row
+        fig = vitviz.plot_rollout(model, x)
+        return (fig if at == "default" else vitviz.plot_rollout(model, x, fig=page(fig.get_size_inches()))), \
+            "Attention (relative to max)"
+    if which == "plot_explanations_grid":
+        maps = {"rollout": vitviz.explain(model, x, "rollout"), "random": vitviz.explain(model, x, "random")}
+        fig = vitviz.plot_explanations_grid(model, x, maps)
+        return (fig if at == "default" else vitviz.plot_explanations_grid(
+            model, x, maps, fig=page(fig.get_size_inches()))), "Relevance (relative to max)"
+    fig = vitviz.plot_attention_heads_grid(model, x[:1], ncols=2)
+    return (fig if at == "default" else vitviz.plot_attention_heads_grid(
+        model, x[:1], ncols=2, fig=page(fig.get_size_inches()))), "Attention weight"
+
+
+@pytest.mark.parametrize("rows", [1, 2, 3, 5])
+@pytest.mark.parametrize("at", ["default", "page"])
+@pytest.mark.parametrize("which", ["plot_rollout", "plot_explanations_grid", "plot_attention_heads_grid"])
+def test_block_colorbar_is_as_tall_as_the_block_of_images(which, rows, at):
+    """A colorbar beside several rows of panels spans the images drawn, from the top of the first row's to the bottom
+    of the last row's (``fig.colorbar(ax=axes, shrink=0.8)`` drew it at 80% of the axes' space)."""
+    torch.manual_seed(0)
+    try:
+        fig, text = _block_figure(which, rows, at)
+        bar, block, drawn_rows = _block_colorbar(fig, text)
+        assert drawn_rows == (rows + 1 if which == "plot_attention_heads_grid" else rows)
+        assert abs(bar.y1 - block.y1) <= 1.5 and abs(bar.y0 - block.y0) <= 1.5, (bar, block)
+        assert bar.x0 > block.x1  # beside the block, not over it
+        assert fig.get_size_inches()[0] <= PAGE_WIDTH + 1e-6
+    finally:
+        plt.close("all")
+
+
+def test_block_colorbar_follows_a_figure_without_layout_engine():
+    """In a figure without a layout engine, and after the figure is resized, the bar still spans the images."""
+    model = tiny_timm_vit()
+    try:
+        fig = vitviz.plot_rollout(model, torch.randn(3, 3, 32, 48), fig=plt.figure(figsize=(5.0, 6.0)))
+        for size in ((5.0, 6.0), (4.0, 9.0)):
+            fig.set_size_inches(*size)
+            bar, block, _ = _block_colorbar(fig, "Attention (relative to max)")
+            assert abs(bar.y1 - block.y1) <= 1.5 and abs(bar.y0 - block.y0) <= 1.5, (size, bar, block)
     finally:
         plt.close("all")
 
@@ -169,6 +258,81 @@ def test_paper_fig5_names_every_model_without_overlap(at):
         assert _check_names(ax.figure) == [len(df)]
     finally:
         plt.close("all")
+
+
+def _leader_crossings(fig) -> list[tuple[str, str]]:
+    """(label, what its drawn leader line runs through): another label's text, or another point's marker. The line is
+    the path matplotlib draws, sampled every half pixel or so."""
+    fig.canvas.draw()
+    renderer = fig.canvas.get_renderer()
+    r = 2.5 * fig.dpi / 72  # the markers' radius (s=28 pt^2)
+    hits = []
+    for ax in fig.axes:
+        notes = [t for t in ax.texts if isinstance(t, Annotation)]
+        boxes = [Text.get_window_extent(t, renderer) for t in notes]
+        dots = np.concatenate([c.get_offset_transform().transform(c.get_offsets()) for c in ax.collections
+                               if isinstance(c, PathCollection)] or [np.zeros((0, 2))])
+        for t in notes:
+            if t.arrow_patch is None:
+                continue
+            arrow = t.arrow_patch
+            verts = arrow.get_transform().transform_path(arrow.get_path()).vertices
+            line = np.concatenate([a + np.linspace(0, 1, 200)[:, None] * (b - a) for a, b in zip(verts, verts[1:])])
+            point = ax.transData.transform(t.xy)
+            for other, box in zip(notes, boxes):
+                if other is not t and any(box.contains(x, y) for x, y in line):
+                    hits.append((t.get_text(), other.get_text()))
+            for d in dots:
+                if np.hypot(*(d - point)) > 0.5 and np.any((np.abs(line - d) < r).all(axis=1)):
+                    hits.append((t.get_text(), f"the point at {d[0]:.0f}, {d[1]:.0f} px"))
+    return hits
+
+
+@pytest.mark.parametrize("at", ["default", "page"])
+def test_paper_fig5_leader_lines_cross_no_label_and_no_point(at):
+    """Fig. 5 on the paper's data, every model named: no leader line runs across another label or another point
+    (``ResNet200x3``'s and ``R50x1+ViT-L/16, 14 ep``'s crossed neighbouring labels)."""
+    df = vitviz.paper_results()
+    try:
+        fig = None if at == "default" else plt.figure(figsize=(PAGE_WIDTH, 3.2))
+        fig = vitviz.plot_compute_curves(df, annotate=True, fig=fig)
+        assert sum(t.arrow_patch is not None for ax in fig.axes for t in ax.texts) >= 3  # leader lines were drawn
+        assert _leader_crossings(fig) == []
+        ax = vitviz.plot_compute_panel(df, "imagenet", annotate=True)
+        assert _leader_crossings(ax.figure) == []
+    finally:
+        plt.close("all")
+
+
+def test_place_labels_leaders_cross_no_label_in_a_crowd():
+    """Twenty-five points in a crowd, named with leader lines where needed: no leader runs across another label or
+    another point, no label overlaps another (the greedy placement drew leaders across labels here)."""
+    from vitviz.plot.layout import place_labels
+
+    xy = np.random.default_rng(3).uniform(0.3, 0.7, size=(25, 2))
+    try:
+        fig, ax = plt.subplots(figsize=(3.4, 2.8))
+        ax.scatter(*xy.T, s=28)
+        ax.set_xlim(0, 1)
+        ax.set_ylim(0, 1)
+        notes = place_labels(ax, xy, [f"model {k}" for k in range(len(xy))], marker_radius=2.5)
+        assert len(notes) >= 20 and sum(t.arrow_patch is not None for t in notes) >= 5
+        assert _leader_crossings(fig) == []
+        _check_names(fig)
+    finally:
+        plt.close("all")
+
+
+def test_leader_geometry():
+    from vitviz.plot.layout import leader_line, segment_crosses
+
+    a, b = leader_line(Bbox.from_extents(0, 0, 10, 4), (30, 2), 3.0)  # leaves the box at its right edge
+    assert np.allclose(a, (10, 2)) and np.allclose(b, (27, 2))
+    assert leader_line(Bbox.from_extents(0, 0, 10, 4), (11, 2), 3.0) is None  # nothing left to draw
+    assert segment_crosses((0, 0), (10, 10), Bbox.from_extents(4, 4, 6, 6))
+    assert segment_crosses((5, 0), (5, 10), Bbox.from_extents(4, 4, 6, 6))  # vertical, through the box
+    assert not segment_crosses((0, 0), (10, 0), Bbox.from_extents(4, 1, 6, 2))
+    assert not segment_crosses((0, 0), (3, 3), Bbox.from_extents(4, 4, 6, 6))  # ends short of it
 
 
 def test_reference_models_are_named_without_overlap():
@@ -386,3 +550,84 @@ def test_legends_cover_no_data(model):
     finally:
         plt.close("all")
     assert not covered, "\n".join(f"{k}: {v}" for k, v in covered.items())
+
+
+# --- bounded axes: no accuracy above 100 %, no correlation above 1 ------------------------------------------------
+
+ACCURACY_AXIS = re.compile(r"accuracy(?! gap).*\[%\]|top-1.*\[%\]", re.IGNORECASE)
+CORRELATION_AXIS = re.compile(r"correlation|Spearman|SSIM|Cosine similarity", re.IGNORECASE)
+# matplotlib's own autoscale margin (axes.ymargin, 5% of the range) above a value at the bound: a point or band at
+# 100 % keeps its marker inside the frame; any more is a range no value can reach
+MARGIN = 0.05
+
+
+def _bounded_walk(model):
+    from vitviz.experiments.study import read_results
+
+    yield from _unit_walk(model)
+    runs = read_results()
+    if len(runs):
+        yield "plot_study_runs (data/study)", vitviz.plot_study_runs(runs).figure
+        yield "plot_study_grid (data/study)", vitviz.plot_study_grid(runs)
+        for n in sorted(runs["train_images"].unique()):
+            yield f"plot_study_runs (data/study, {n})", vitviz.plot_study_runs(
+                runs[runs["train_images"] == n]).figure
+    for at in ("default", "page"):
+        fig = None if at == "default" else plt.figure(figsize=(PAGE_WIDTH, 3.2))
+        yield f"plot_compute_curves (annotated, {at})", vitviz.plot_compute_curves(annotate=True, fig=fig)
+
+
+def test_no_accuracy_axis_above_100_and_no_correlation_above_1(model):
+    """``layout.place_legend`` raised the y axis for room above the data: ``plot_study_runs`` on the study's data
+    ran to ~110 %. Every accuracy axis [%] of every public plot ends at most 5 points above 100, every correlation
+    axis at most 0.05 above 1."""
+    bad, seen = [], set()
+    try:
+        for name, fig in _bounded_walk(model):
+            fig.canvas.draw()
+            for ax in _all_axes(fig):
+                text = ax.get_ylabel().replace("\n", " ")
+                for axis, top in ((ACCURACY_AXIS, 100.0), (CORRELATION_AXIS, 1.0)):
+                    if text and axis.search(text):
+                        seen.add(top)
+                        if max(ax.get_ylim()) > top * (1 + MARGIN) + 1e-9:
+                            bad.append((name, text, ax.get_ylim()))
+            plt.close("all")
+    finally:
+        plt.close("all")
+    assert seen == {100.0, 1.0}  # the walk met both kinds of axes
+    assert not bad, bad
+
+
+def test_place_legend_stops_at_the_bound_and_goes_beside():
+    """With no room within ``ymax`` the legend goes beside the axes and the limits stay; a second call (after the
+    layout) starts from the limits found, not from those it raised."""
+    from vitviz.plot.layout import place_legend
+
+    xs = np.linspace(0, 1, 50)
+    try:
+        fig, ax = plt.subplots(figsize=(3.4, 2.8), layout="constrained")
+        ax.fill_between(xs, 0, 96, alpha=0.3, label="band")  # data fills the axes up to 96 %
+        ax.plot(xs, 50 + 40 * np.sin(6 * xs), label="curve")
+        ax.set_ylim(0, 97)
+        legend = place_legend(ax, ymax=100.0)
+        assert ax.get_ylim() == (0, 97)  # raising to 100 % gives no room: limits kept
+        assert legend.get_window_extent().x0 >= ax.get_window_extent().x1  # beside the axes
+
+        def banded(size):
+            fig, ax = plt.subplots(figsize=size, layout="constrained")
+            ax.fill_between(xs, 0, 96, alpha=0.3, label="band")
+            ax.plot(xs, 96 * xs, label="a curve with a long name")
+            ax.set_ylim(0, 97)
+            return fig, ax
+
+        fig, ax = banded((3.4, 2.8))
+        place_legend(ax)  # unbounded: raised for room above the data
+        assert ax.get_ylim()[1] > 100
+        fig.set_size_inches(2.4, 1.6)  # the layout changes (as a grid's panels are laid out): placed again
+        place_legend(ax)
+        _, fresh = banded((2.4, 1.6))
+        place_legend(fresh)
+        assert ax.get_ylim() == fresh.get_ylim()  # from the limits found, not raised twice over
+    finally:
+        plt.close("all")

@@ -66,11 +66,52 @@ def widget_state_bytes(widget) -> int:
 
 # ---- attention ---------------------------------------------------------------------------------------------------
 
+BAR = 6 + 12 + 44  # the colour bar right of a map: gap, bar, tick labels
+
+
+def _bar_colours(png: bytes, width: int, cmap: str) -> tuple[float, float]:
+    """How far (0-255) the colours down the middle of the colour bar right of a ``width``-px map lie from matplotlib's
+    ``cmap`` from 1 (top) to 0 (bottom) at the same rows, and the largest step between two entries of a 256-entry
+    table of ``cmap`` (the resolution of the explorers' lookup table)."""
+    import matplotlib
+
+    pixels = decode(png)
+    bar = pixels[:, width + 6 + 6]  # the bar's middle column
+    cm = matplotlib.colormaps[cmap]
+    want = cm(np.linspace(1.0, 0.0, len(bar)))[:, :3] * 255
+    step = np.abs(np.diff(cm(np.linspace(0.0, 1.0, 256))[:, :3] * 255, axis=0)).max()  # one step of a 256-entry LUT
+    return np.abs(bar.astype(float) - want).max(), step + 0.5
+
+
+def _tick_rows(png: bytes, width: int) -> np.ndarray:
+    """Rows of the tick-label room right of the bar that hold dark (text) pixels."""
+    room = decode(png)[:, width + 18:].min(axis=(1, 2))
+    return np.flatnonzero(room < 100)
+
+
+def test_attention_overlay_has_a_labelled_colour_bar():
+    """The overlay's colours, 0 to the map's maximum, as a bar with its two ends labelled; the status line counts
+    layers, heads, rows and columns from 1, as the figures' titles do."""
+    model = tiny_timm_vit(depth=3, num_heads=2)
+    w = explore_attention(model, photo())
+    error, step = _bar_colours(w.png, w.map_size[1], "inferno")
+    assert error <= step  # 256-entry lookup table: a step of the colormap at most
+    rows = _tick_rows(w.png, w.map_size[1])
+    dh = w.map_size[0]
+    assert rows.min() < 12 and rows.max() > dh - 12 and not ((rows > 20) & (rows < dh - 20)).any()  # two ends
+    w.set(layer=0, head=1, query="patch", row=0, col=5)
+    assert "layer 1 of 3 (" in w.status.value and "head 2;" in w.status.value
+    assert "patch (row 1, column 6)" in w.status.value
+    assert dict((v, k) for k, v in w.head.options)[1] == "head 2"
+    w.set(rollout=True, layer=2)
+    assert "rollout through layer 3 of 3" in w.status.value
+
 def test_every_attention_control_changes_the_png():
     model = tiny_timm_vit(depth=3, num_heads=2)  # 4x6 grid: a non-square grid catches h/w swaps
     w = vitviz.explore_attention(model, photo())
     assert isinstance(w, AttentionExplorer) and w.image.format == "png"
-    assert decode(w.png).shape[:2] == w.map_size == (213, 320)  # 32x48 px input, longer side 320
+    assert w.map_size == (213, 320)  # 32x48 px input, longer side 320
+    assert decode(w.png).shape[:2] == (213, 320 + BAR)  # the overlay, then its colour bar
     changes = [("layer", 0), ("head", 1), ("head", "max"), ("head", "min"), ("query", "patch"), ("row", 0),
                ("col", 5), ("rollout", True), ("discard", 0.5), ("alpha", 0.2), ("layer", 2)]
     for name, value in changes:
@@ -227,6 +268,18 @@ def test_every_pos_embed_control_changes_the_png():
         getattr(w, name).value = value
         assert w.png != before, f"setting {name}={value!r} left the image unchanged"
     assert decode(w.png).shape[:2] == w.map_size
+
+
+def test_pos_embed_colour_bar_is_labelled_minus_one_to_one():
+    w = explore_pos_embed(tiny_timm_vit())
+    w.set(row=0, col=5)
+    dh, dw = w.map_size
+    assert decode(w.png).shape[:2] == (dh, dw + BAR)
+    error, step = _bar_colours(w.png, dw, "viridis")
+    assert error <= step
+    rows = _tick_rows(w.png, dw)
+    assert rows.min() < 12 and rows.max() > dh - 12 and ((rows > dh / 2 - 10) & (rows < dh / 2 + 10)).any()
+    assert "Query patch (row 1, column 6)" in w.status.value
 
 
 def test_pos_embed_map_is_the_similarity_at_each_resolution():

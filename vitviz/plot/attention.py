@@ -28,7 +28,16 @@ from vitviz.core.images import Images, denormalise, load_images
 from vitviz.core.spec import inspect
 from vitviz.core.util import check_positive_int, eval_mode, is_int
 from vitviz.errors import InputError, InputTypeError, OutOfRangeError
-from vitviz.plot.style import FIGSIZE, PAGE_WIDTH, fit_columns, label, new_figure, styled
+from vitviz.plot.style import (
+    FIGSIZE,
+    PAGE_WIDTH,
+    colorbar_beside_block,
+    fit_columns,
+    image_block,
+    label,
+    new_figure,
+    styled,
+)
 
 __all__ = ["plot_attention_distance", "plot_attention_distance_grid", "plot_attention_heads_grid",
            "plot_rollout", "upsample_maps"]
@@ -126,7 +135,8 @@ def plot_rollout(
 
     Returns:
         the figure; panels titled "Input", "Attention" (and "Attention mask" with ``mode="both"``), one colorbar
-        "Attention (relative to max)" unless ``mode="mask"``.
+        "Attention (relative to max)" unless ``mode="mask"``, as tall as the block of images (top of the first row's
+        to bottom of the last row's).
 
     Raises:
         InputError: ``mode`` unknown, ``ncols`` not a positive int, ``maps`` not one map per image on the images'
@@ -162,7 +172,7 @@ def plot_rollout(
     if fig is None:
         fig = new_figure((k * per_row * panel * aspect + extra, rows * (panel + 0.35) + 0.2))
         fig.set_layout_engine("constrained")
-    axes = np.asarray(fig.subplots(rows, k * per_row, squeeze=False))
+    axes, cax = image_block(fig, rows, k * per_row, colorbar=mode != "mask")
     heat = None
     for i in range(rows * per_row):
         group = axes[i // per_row, (i % per_row) * k:(i % per_row + 1) * k]
@@ -182,11 +192,10 @@ def plot_rollout(
                 heat = ax.imshow(masks[i], cmap=cmap, alpha=alpha, vmin=0.0, vmax=1.0, interpolation="antialiased")
             else:  # the paper's look: the image seen through the normalised map
                 ax.imshow(imgs[i] * masks[i][..., None], interpolation="antialiased")
-    if heat is not None:
-        cbar = fig.colorbar(heat, ax=axes.ravel().tolist(), shrink=0.8, aspect=25, pad=0.02)
+    if cax is not None:  # as tall as the block of images, first row to last
+        cbar = colorbar_beside_block(cax, axes.ravel(), heat, "Attention (relative to max)" if scale == "max"
+                                     else "Attention (min-max scaled)")
         cbar.solids.set_alpha(1.0)
-        cbar.set_label("Attention (relative to max)" if scale == "max" else "Attention (min-max scaled)")
-        cbar.outline.set_linewidth(0.5)
     return fig
 
 
@@ -239,7 +248,8 @@ def plot_attention_heads_grid(
             fit a 7 in double column); fig: draw into this figure.
 
     Returns:
-        the figure: an "Input" panel, then "Head 1" ... "Head H" (shared scale), one colorbar "Attention weight".
+        the figure: an "Input" panel, then "Head 1" ... "Head H" (shared scale), one colorbar "Attention weight" as
+        tall as the block of panels (top of the first row's to bottom of the last row's).
 
     Raises:
         InputError: ``ncols`` not a positive int, or more than one image.
@@ -272,7 +282,8 @@ def plot_attention_heads_grid(
         width = min(1.5 * aspect, (PAGE_WIDTH - 0.7) / cols)
         fig = new_figure((cols * width + 0.7, nrows * (width / aspect + 0.15) + 0.45))
         fig.set_layout_engine("constrained")
-    axes = np.asarray(fig.subplots(nrows, cols, squeeze=False)).ravel()
+    block, cax = image_block(fig, nrows, cols)
+    axes = block.ravel()
     vmax = float(heads.max()) or 1.0
     axes[0].imshow(img, interpolation="antialiased")
     axes[0].set_title("Input")
@@ -291,9 +302,7 @@ def plot_attention_heads_grid(
         _bare(ax)
     for ax in axes[n:]:
         ax.set_visible(False)
-    cbar = fig.colorbar(im, ax=axes[:n].tolist(), shrink=0.8, aspect=25, pad=0.02)
-    cbar.set_label("Attention weight")
-    cbar.outline.set_linewidth(0.5)
+    colorbar_beside_block(cax, axes[:n], im, "Attention weight")  # as tall as the block of maps, first row to last
     fig.suptitle(f"{spec.name}: layer {layer % depth + 1} of {depth}, attention of the {qname}")
     return fig
 

@@ -18,7 +18,7 @@ from matplotlib.ticker import FuncFormatter, LogLocator, NullFormatter
 from vitviz.core.util import check_positive_int
 from vitviz.errors import InputError, UnknownNameError
 from vitviz.experiments.compare import pareto_frontier
-from vitviz.plot.layout import place_labels, place_legend
+from vitviz.plot.layout import ACCURACY_TOP, place_labels, place_legend
 from vitviz.plot.style import FIGSIZE, PAGE_WIDTH, label, new_figure, styled
 
 if TYPE_CHECKING:
@@ -121,8 +121,9 @@ def annotate_models(ax: Axes, df: pd.DataFrame, metric: str, *, x: str = "exaflo
     """Name the points of a compute panel, in their family's colour, without overlaps (``layout.place_labels``).
 
     One label per configuration: the seeds of one model at one compute share it, at the seed of median accuracy.
-    Labels go in order of accuracy, best first; one that finds no free place (a crowded panel) is left out. Call it
-    after the figure's last layout change.
+    Labels are listed in order of accuracy, best first (the order ``place_labels`` breaks ties in); one that finds no
+    free place (a crowded panel) is left out; no leader line crosses another label, point or leader. Call it after the
+    figure's last layout change.
 
     Returns:
         the annotations placed.
@@ -288,7 +289,8 @@ def plot_study_runs(runs: pd.DataFrame, *, ax: Axes | None = None, metric: str =
     seeds = runs.groupby("config")["seed"].nunique()
     n = f"{seeds.min()}" if seeds.min() == seeds.max() else f"{seeds.min()}-{seeds.max()}"
     title = f"mean of {n} seeds, 95% t-interval" + ("\nlines: frontier, 95% t-band" if frontier else "")
-    place_legend(ax, handles, labels, frameon=False, title=title, title_fontsize=7)  # off the bands and points
+    # off the bands and points, never raising the axis past 100 % (room above the data, or beside the axes)
+    place_legend(ax, handles, labels, frameon=False, title=title, title_fontsize=7, ymax=ACCURACY_TOP)
     return ax
 
 

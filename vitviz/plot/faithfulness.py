@@ -10,7 +10,17 @@ from matplotlib.axes import Axes
 from matplotlib.figure import Figure
 
 from vitviz.errors import InputError
-from vitviz.plot.style import FIGSIZE, LEGEND_BESIDE, PAGE_WIDTH, band_legend_title, label, new_figure, styled
+from vitviz.plot.style import (
+    FIGSIZE,
+    LEGEND_BESIDE,
+    PAGE_WIDTH,
+    band_legend_title,
+    colorbar_beside_block,
+    image_block,
+    label,
+    new_figure,
+    styled,
+)
 
 __all__ = ["plot_explanations_grid", "plot_faithfulness", "plot_faithfulness_grid"]
 
@@ -18,9 +28,11 @@ TITLES = {"positive": "Positive perturbation\nmost relevant removed first\n(lowe
           "negative": "Negative perturbation\nleast relevant removed first\n(higher is better)",
           "deletion": "Deletion\nmost relevant removed first\n(lower is better)",
           "insertion": "Insertion\nmost relevant inserted first\n(higher is better)"}
-YLABELS = {"accuracy": "Target-class accuracy", "probability": "Target-class probability",
+# accuracies in percent, as every other vitviz accuracy; the DataFrame keeps them as fractions (its AUCs too)
+YLABELS = {"accuracy": label("Target-class accuracy", "%"), "probability": "Target-class probability",
            "target": "Target score"}
-LABELS_YLABEL = "Top-1 accuracy (vs. labels)"  # faithfulness(..., labels=...): arg-max against the labels
+LABELS_YLABEL = label("Top-1 accuracy vs. labels", "%")  # faithfulness(..., labels=...): arg-max against the labels
+PERCENT = ("accuracy",)  # metrics drawn x100: the table's fractions of images, shown in percent
 # the x: the fraction of the patches actually removed (column "removed", round(f * P) / P), or, for a frame without
 # that column, the nominal step (column "fraction"); "removed" becomes "inserted" for insertion
 XLABELS = {"removed": label("Patches removed", "fraction of all patches"),
@@ -55,6 +67,10 @@ def plot_faithfulness(df: Any, *, ax: Axes | None = None, mode: str | None = Non
     ``df`` without that column (an older vitviz's, or one built by hand) is drawn over the nominal ``fraction``,
     and the axis label says so.
 
+    Accuracies are drawn in percent (y from 0 to 100 %, as every vitviz accuracy), while ``df`` and the AUCs of
+    ``faithfulness_auc`` keep them as fractions from 0 to 1 (the plot multiplies by 100); probabilities and target
+    scores are drawn as they are.
+
     Axes-level; ``plot_faithfulness_grid`` draws every mode of ``df`` side by side.
 
     Args:
@@ -67,8 +83,8 @@ def plot_faithfulness(df: Any, *, ax: Axes | None = None, mode: str | None = Non
 
     Returns:
         the axes: x the fraction of patches actually removed (inserted), y the score (for ``accuracy`` with
-        ``df.attrs["labels"]`` True, i.e. ``faithfulness(..., labels=...)``: top-1 accuracy against the labels,
-        else the target-class score), a legend of methods beside the axes, its title naming the band
+        ``df.attrs["labels"]`` True, i.e. ``faithfulness(..., labels=...)``: "Top-1 accuracy vs. labels [%]",
+        else the target-class score, an accuracy in "[%]"), a legend of methods beside the axes, its title naming the band
         (``vitviz.plot.style.interval_label``) and the number of images.
 
     Raises:
@@ -98,9 +114,11 @@ def plot_faithfulness(df: Any, *, ax: Axes | None = None, mode: str | None = Non
     if x == "removed":
         _check_one_axis(sub, mode)
         sub = sub.assign(removed=sub.groupby("fraction")["removed"].transform("first"))  # one x per step, exactly
+    metric = sub["metric"].iloc[0]
+    if metric in PERCENT:
+        sub = sub.assign(score=100.0 * sub["score"])
     sns.lineplot(data=sub, x=x, y="score", hue="method", hue_order=methods, palette=palette,
                  errorbar=errorbar, marker="o", markersize=3, ax=ax)
-    metric = sub["metric"].iloc[0]
     removal = sub["removal"].iloc[0]
     ax.set_title(TITLES[mode])
     xlabel = XLABELS[x] + (f"\n({REMOVALS[removal]})" if removal in REMOVALS else "")  # two lines: fits a panel
@@ -111,8 +129,11 @@ def plot_faithfulness(df: Any, *, ax: Axes | None = None, mode: str | None = Non
         ax.legend(title=band_legend_title(errorbar, sub["image"].nunique() if "image" in sub else None),
                   **LEGEND_BESIDE)
     ax.set_xlim(0, 1)
-    if metric in ("accuracy", "probability"):
-        ax.set_ylim(0, 1.05)  # the band of a mean of 0/1 accuracies may reach past 1; the mean cannot
+    # the band of a mean of 0/1 accuracies may reach past 100 %; the mean cannot
+    if metric in PERCENT:
+        ax.set_ylim(0, 105)
+    elif metric == "probability":
+        ax.set_ylim(0, 1.05)
     return ax
 
 
@@ -166,7 +187,8 @@ def plot_faithfulness_grid(df: Any, *, errorbar: Any = ("se", 1.96)) -> Figure:
 
 @styled
 def plot_explanations_grid(model: Any, images: Any, maps: Mapping[str, torch.Tensor], *,
-                           labels: Sequence[str] | None = None, cmap: str = "magma", alpha: float = 0.5) -> Figure:
+                           labels: Sequence[str] | None = None, cmap: str = "magma", alpha: float = 0.5,
+                           fig: Figure | None = None) -> Figure:
     """One row per image: the input, then each method's map over it (each map divided by its maximum).
 
     Args:
@@ -176,15 +198,16 @@ def plot_explanations_grid(model: Any, images: Any, maps: Mapping[str, torch.Ten
             one value per pixel), e.g. ``{m: vitviz.explain(model, x, m) for m in methods}``.
         labels: one caption per image (row), e.g. the class.
         cmap, alpha: heat-map colors (default ``magma``, perceptually uniform) and opacity.
+        fig: draw into this (empty) figure; default a new one sized to the panels.
 
     Returns:
-        the figure, with one colorbar "Relevance (relative to max)".
+        the figure, with one colorbar "Relevance (relative to max)", as tall as the block of images (top of the
+        first row's to bottom of the last row's).
 
     Raises:
         InputError: a map set that is not one map per image on the images' token grid, or ``labels`` not one per
             image.
     """
-    import numpy as np
 
     from vitviz.core.images import denormalise, load_images
     from vitviz.plot.attention import check_map_grid, upsample_maps
@@ -201,9 +224,10 @@ def plot_explanations_grid(model: Any, images: Any, maps: Mapping[str, torch.Ten
         raise InputError(f"labels holds {len(labels)} captions for {b} images; pass one label per image (row)")
     rgb = denormalise(model, x)
     cols = len(names) + 1
-    fig = new_figure((1.25 * cols + 0.6, 1.3 * b + 0.3))
-    fig.set_layout_engine("constrained")  # room for the colorbar's label inside the figure
-    axes = np.atleast_2d(fig.subplots(b, cols, squeeze=False))
+    if fig is None:
+        fig = new_figure((1.25 * cols + 0.6, 1.3 * b + 0.3))
+        fig.set_layout_engine("constrained")  # room for the colorbar's label inside the figure
+    axes, cax = image_block(fig, b, cols, colorbar=bool(names))
     mappable = None
     for j, name in enumerate(["Input", *names]):
         heat = None if j == 0 else upsample_maps(maps[name], tuple(x.shape[-2:]))
@@ -220,10 +244,9 @@ def plot_explanations_grid(model: Any, images: Any, maps: Mapping[str, torch.Ten
                 a.set_title(name.replace("_", "_\n", 1) if len(name) > 12 else name)  # long names on two lines
             if j == 0 and labels is not None:
                 a.set_ylabel(labels[i])
-    if mappable is not None:
+    if cax is not None and mappable is not None:
         import matplotlib as mpl
 
         opaque = mpl.cm.ScalarMappable(norm=mappable.norm, cmap=mappable.cmap)  # the colours, not the overlay
-        fig.colorbar(opaque, ax=axes.ravel().tolist(), fraction=0.03, pad=0.02,
-                     label="Relevance (relative to max)")
+        colorbar_beside_block(cax, axes.ravel(), opaque, "Relevance (relative to max)")  # first row to last
     return fig

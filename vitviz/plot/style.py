@@ -20,9 +20,9 @@ from matplotlib.figure import Figure
 from vitviz.core.util import is_number
 from vitviz.errors import InputError, InputTypeError
 
-__all__ = ["RC", "FIGSIZE", "LEGEND_BESIDE", "PAGE_WIDTH", "PAPER_FIGURES", "band_legend_title", "colorbar_beside",
-           "fit_columns", "interval_label", "label", "new_figure", "plot_level", "save_figure", "styled",
-           "vitviz_style"]
+__all__ = ["RC", "FIGSIZE", "LEGEND_BESIDE", "PAGE_WIDTH", "PAPER_FIGURES", "BlockSpan", "band_legend_title",
+           "colorbar_beside", "colorbar_beside_block", "fit_columns", "image_block", "interval_label", "label",
+           "new_figure", "plot_level", "save_figure", "styled", "vitviz_style"]
 
 # rcParams for paper-size figures: 8-9 pt text, thin lines, no top/right spines
 RC: dict[str, Any] = {
@@ -150,6 +150,81 @@ def colorbar_beside(ax: Axes, mappable: Any, text: str, *, ticks: Any = None, wi
     beside = blended_transform_factory(fig.dpi_scale_trans + ScaledTranslation(1, 0, ax.transAxes), ax.transAxes)
     cax = ax.inset_axes((pad, 0.0, width, 1.0), transform=beside)
     cbar = fig.colorbar(mappable, cax=cax, ticks=ticks)
+    cbar.set_label(text)
+    cbar.outline.set_linewidth(0.5)
+    return cbar
+
+
+def image_block(fig: Figure, rows: int, cols: int, *, colorbar: bool = True, bar_width: float = 0.12
+                ) -> tuple[Any, Axes | None]:
+    """``rows x cols`` axes for images and, with ``colorbar``, one slim column right of them that holds the block's
+    colorbar (``colorbar_beside_block``): the layout engine makes room for its ticks and label.
+
+    Args:
+        fig: the (empty) figure.
+        rows, cols: the block of image panels.
+        colorbar: add the colorbar column.
+        bar_width: the bar's width in inches (its column is about as wide).
+
+    Returns:
+        ``(axes, cax)``: a ``(rows, cols)`` array of axes, and the colorbar's axes (``None`` without ``colorbar``).
+    """
+    import numpy as np
+
+    if not colorbar:
+        return np.asarray(fig.subplots(rows, cols, squeeze=False)), None
+    panel = max((fig.get_figwidth() - 0.8) / cols, 0.3)  # inches a panel gets, about
+    grid = fig.add_gridspec(rows, cols + 1, width_ratios=[1.0] * cols + [bar_width / panel])
+    axes = np.empty((rows, cols), dtype=object)
+    for r in range(rows):
+        for c in range(cols):
+            axes[r, c] = fig.add_subplot(grid[r, c])
+    return axes, fig.add_subplot(grid[:, cols])
+
+
+class BlockSpan:
+    """Axes locator of a block's colorbar: from the top of the highest image to the bottom of the lowest, as drawn.
+
+    Called at draw time (and by the layout engine): it first fits each image's axes to its image (``apply_aspect``;
+    an image with ``aspect="equal"`` is drawn smaller than the space the layout gives it), then spans the drawn
+    boxes. The bar keeps the left edge of its own axes (its column) and is ``width`` inches wide.
+    """
+
+    def __init__(self, images: Iterable[Axes], width: float) -> None:
+        self.images, self.width = list(images), width
+
+    def __call__(self, cax: Axes, renderer: Any) -> Any:
+        from matplotlib.transforms import Bbox
+
+        shown = [a for a in self.images if a.get_visible()] or self.images
+        for a in shown:
+            a.apply_aspect()
+        top = max(a.get_position().y1 for a in shown)
+        bottom = min(a.get_position().y0 for a in shown)
+        fig = cax.figure
+        cell = cax.get_position(original=True)
+        return Bbox.from_bounds(cell.x0, bottom, self.width * fig.dpi / fig.bbox.width, top - bottom)
+
+
+def colorbar_beside_block(cax: Axes, images: Iterable[Axes], mappable: Any, text: str, *, ticks: Any = None,
+                          width: float = 0.12) -> Any:
+    """The colorbar of a block of image panels (several rows), exactly as tall as the block of images drawn: from the
+    top of the first row's image to the bottom of the last row's, whatever the grid's aspect, the figure's size or
+    the number of rows (``BlockSpan``). ``fig.colorbar(..., ax=axes, shrink=...)`` sizes a bar to the space the
+    layout gives the axes, not to the images drawn in them.
+
+    Args:
+        cax: the colorbar's axes, right of the block (``image_block``'s second result).
+        images: the axes of the block's images.
+        mappable: what the colorbar shows; text: its label; ticks: its ticks (default matplotlib's).
+        width: the bar's width in inches.
+
+    Returns:
+        the ``Colorbar``.
+    """
+    cax.set_axes_locator(BlockSpan(images, width))
+    cax.set_label("<colorbar>")  # the name matplotlib gives the axes of ``fig.colorbar(..., ax=...)``
+    cbar = cax.figure.colorbar(mappable, cax=cax, ticks=ticks)
     cbar.set_label(text)
     cbar.outline.set_linewidth(0.5)
     return cbar

@@ -7,9 +7,10 @@ Shapes: ``(H, W, 3)`` RGB images (float in ``[0, 1]`` or uint8), ``(gh, gw)`` ma
 from __future__ import annotations
 
 import io
+from collections.abc import Sequence
 
 import numpy as np
-from PIL import Image, ImageDraw
+from PIL import Image, ImageDraw, ImageFont
 
 from vitviz.plot.attention import upsample_maps
 
@@ -103,11 +104,31 @@ def mark_cell(image: np.ndarray, cell: tuple[int, int], grid: tuple[int, int], c
     return np.asarray(im)
 
 
-def colorbar(height: int, cmap: str, width: int = 12, gap: int = 6) -> np.ndarray:
-    """A vertical ``(height, gap + width, 3)`` uint8 colour scale, top colour at the top, white gap on the left."""
+TICK_FONT_PX = 11  # tick labels of the explorers' colour bars
+TICK_ROOM = 44  # pixels right of a colour bar for its tick labels
+
+
+def colorbar(height: int, cmap: str, width: int = 12, gap: int = 6,
+             ticks: Sequence[tuple[float, str]] = ()) -> np.ndarray:
+    """A vertical ``(height, gap + width [+ TICK_ROOM], 3)`` uint8 colour scale, top colour at the top, white gap on
+    the left; ``ticks``: ``(position, text)`` pairs, position 0 at the bottom colour and 1 at the top, each drawn as a
+    short tick and its text right of the bar (in ``TICK_ROOM`` more pixels; the bar is the image's scale, as a
+    figure's colorbar is)."""
     ramp = np.linspace(1.0, 0.0, height, dtype=np.float32)[:, None].repeat(width, axis=1)
     bar = colorize(ramp, cmap, 0.0, 1.0)
-    return np.concatenate([np.full((height, gap, 3), 255, np.uint8), bar], axis=1)
+    out = np.concatenate([np.full((height, gap, 3), 255, np.uint8), bar], axis=1)
+    if not ticks:
+        return out
+    room = Image.new("RGB", (TICK_ROOM, height), (255, 255, 255))
+    draw = ImageDraw.Draw(room)
+    font = ImageFont.load_default(size=TICK_FONT_PX)
+    for position, text in ticks:
+        y = round((1.0 - float(position)) * (height - 1))
+        draw.line((0, y, 3, y), fill=(0, 0, 0), width=1)
+        top, bottom = draw.textbbox((0, 0), text, font=font)[1::2]
+        ty = min(max(y - (top + bottom) / 2, -top), height - bottom)  # centred on the tick, inside the image
+        draw.text((5, ty), text, fill=(0, 0, 0), font=font)
+    return np.concatenate([out, np.asarray(room)], axis=1)
 
 
 def png_bytes(image: np.ndarray) -> bytes:

@@ -35,7 +35,7 @@ from vitviz.core.spec import inspect
 from vitviz.core.util import check_positive_int, eval_mode, is_int, is_number
 from vitviz.errors import InputError
 from vitviz.widgets._base import Explorer
-from vitviz.widgets._render import display_size, mark_cell, overlay, png_bytes, resize_rgb
+from vitviz.widgets._render import colorbar, display_size, mark_cell, overlay, png_bytes, resize_rgb
 
 __all__ = ["AttentionExplorer", "explore_attention"]
 
@@ -125,8 +125,10 @@ class AttentionExplorer(Explorer):
     Controls (plain ipywidgets; set ``.value`` or call ``set(...)``): ``layer`` (0-based), ``head`` (an int or
     ``"mean"``/``"max"``/``"min"``), ``query`` (a prefix-token index, ``"mean"`` or ``"patch"``), ``row``,
     ``col``, ``rollout`` (bool), ``discard`` (rollout discard ratio), ``alpha`` (overlay opacity) and
-    ``image_index`` (when several images are given). ``image.value`` holds the PNG shown; ``status`` says what it
-    is. ``map()`` returns the current ``(gh, gw)`` numbers.
+    ``image_index`` (when several images are given). ``image.value`` holds the PNG shown: the overlay, then its
+    colour bar (0 to the map's maximum, ticks labelled); ``status`` says what it is, counting layers, heads, rows
+    and columns from 1 as the figures' titles do (the controls' values are Python indices; the head menu reads
+    "head 1" for ``head=0``). ``map()`` returns the current ``(gh, gw)`` numbers.
     """
 
     def __init__(self, model: nn.Module, images: Images, *, labels: Sequence[str] | None = None, size: int = 320,
@@ -160,7 +162,7 @@ class AttentionExplorer(Explorer):
         self.layer = widgets.IntSlider(value=depth - 1, min=0, max=depth - 1, description="layer", style=style,
                                        continuous_update=False)
         self.head = widgets.Dropdown(options=[(f"{f} of heads", f) for f in HEAD_FUSIONS]
-                                     + [(f"head {i}", i) for i in range(heads)], value="mean",
+                                     + [(f"head {i + 1}", i) for i in range(heads)], value="mean",
                                      description="head", style=style)
         options = _token_options(self.spec.prefix_tokens, self.spec.readout)
         self.query = widgets.Dropdown(options=options, value=options[0][1], description="query", style=style)
@@ -262,19 +264,26 @@ class AttentionExplorer(Explorer):
                          interpolation=self.interpolation)
         if self.query.value == "patch":
             pixels = mark_cell(pixels, (self.row.value, self.col.value), self.grid)
+        top = float(heat.max())  # the overlay's scale: 0 to the map's maximum (overlay's default)
+        bar = colorbar(self.map_size[0], self.cmap, ticks=((0.0, "0"), (1.0, f"{top if top > 0 else 1.0:.3g}")))
+        pixels = np.concatenate([pixels, bar], axis=1)
         return png_bytes(pixels), self._status(heat, float(row[:p].sum()) if p else 0.0)
 
     def _status(self, heat: np.ndarray, to_prefix: float) -> str:
         layer, head = self.layer.value, self.head.value
-        what = (f"rollout through layer {layer}" + (f", discard {self.discard.value:.2f}" if self.discard.value else "")
-                if self.rollout.value else f"layer {layer} ({self.spec.attention_modules[layer]})")
-        heads = f"head {head}" if isinstance(head, int) else f"{head} over {self.spec.num_heads} heads"
+        depth = len(self.spec.attention_modules)
+        # counted from 1, as the figures' titles ("layer 6 of 6", "Head 1", "patch (row 2, column 3)"); the controls
+        # hold Python indices
+        what = (f"rollout through layer {layer + 1} of {depth}"
+                + (f", discard {self.discard.value:.2f}" if self.discard.value else "") if self.rollout.value
+                else f"layer {layer + 1} of {depth} ({self.spec.attention_modules[layer]})")
+        heads = f"head {head + 1}" if isinstance(head, int) else f"{head} over {self.spec.num_heads} heads"
         query = dict((v, k) for k, v in self.query.options)[self.query.value]
         if self.query.value == "patch":
-            query = f"patch (row {self.row.value}, col {self.col.value})"
+            query = f"patch (row {self.row.value + 1}, column {self.col.value + 1})"
         click = " Click the image to pick a query patch." if self.clickable else ""
         return (f"<span style='font-size:90%'>{html.escape(what)}; {html.escape(heads)}; query: "
-                f"{html.escape(query)}. Colour: 0 to the map's max {heat.max():.3g} "
+                f"{html.escape(query)}. Colour (the bar): 0 to the map's max {heat.max():.3g} "
                 f"({self.cmap}); {to_prefix:.0%} of the row goes to prefix tokens.{click}</span>")
 
     # -- control logic -------------------------------------------------------------------------------------------

@@ -43,13 +43,17 @@ def _pca_rgb(emb: torch.Tensor, grid: tuple[int, int]) -> np.ndarray:
     return comps.reshape(*grid, 3)
 
 
+SIMILARITY_TICKS = ((0.0, "-1"), (0.5, "0"), (1.0, "1"))  # the colour bar: cosine similarity, fixed scale
+
+
 class PosEmbedExplorer(Explorer):
     """Widget: cosine similarity of one patch's position embedding with all others (Fig. 7 center, one tile).
 
     Controls (plain ipywidgets; set ``.value`` or call ``set(...)``): ``row`` and ``col`` (the query patch,
     zero-based), ``resolution`` (input height in pixels; the width keeps the model's aspect ratio; the grid is
-    ``size // patch_size``), ``view`` (``"similarity"`` or ``"pca"``). ``image.value`` holds the PNG shown;
-    ``map()`` returns the numbers behind it.
+    ``size // patch_size``), ``view`` (``"similarity"`` or ``"pca"``). ``image.value`` holds the PNG shown (in the
+    similarity view with its colour bar, ticks -1, 0 and 1); ``status`` counts rows and columns from 1, as the
+    figures do; ``map()`` returns the numbers behind it.
     """
 
     def __init__(self, model: nn.Module, *, size: int = 320, cmap: str = "viridis", max_scale: int = 4) -> None:
@@ -129,7 +133,7 @@ class PosEmbedExplorer(Explorer):
         else:
             pixels = mark_cell(heat_png(values, size, cmap=self.cmap, vmin=-1.0, vmax=1.0), cell, self.grid,
                                colour=(255, 0, 0))
-            pixels = np.concatenate([pixels, colorbar(size[0], self.cmap)], axis=1)
+            pixels = np.concatenate([pixels, colorbar(size[0], self.cmap, ticks=SIMILARITY_TICKS)], axis=1)
         return png_bytes(pixels), self._status(values)
 
     def _status(self, values: np.ndarray) -> str:
@@ -137,14 +141,16 @@ class PosEmbedExplorer(Explorer):
         (h0, w0), (gh0, gw0) = self.spec.img_size, self.spec.grid_size
         where = "the model's own table" if (h, w) == (h0, w0) else (
             f"resampled (bicubic, timm's resample_abs_pos_embed) from {gh0}x{gw0} at {h0}x{w0} px")
-        head = f"{gh}x{gw} grid at {h}x{w} px: {where}. Query patch (row {self.row.value}, col {self.col.value})"
+        # counted from 1, as the figures' titles; the sliders hold Python indices
+        head = f"{gh}x{gw} grid at {h}x{w} px: {where}. Query patch (row {self.row.value + 1}, column " \
+            f"{self.col.value + 1})"
         if self.view.value == "pca":
             text = f"{head} outlined; RGB = the first three principal components of the embedding rows."
         else:
             r, c = self.row.value, self.col.value
             near = [values[i, j] for i, j in ((r - 1, c), (r + 1, c), (r, c - 1), (r, c + 1)) if 0 <= i < gh
                     and 0 <= j < gw]
-            text = (f"{head}. Cosine similarity, colour scale -1 (bottom) to 1 (top) ({self.cmap}); mean with the "
+            text = (f"{head}. Cosine similarity, colour bar -1 (bottom) to 1 (top) ({self.cmap}); mean with the "
                     f"4 neighbours {np.mean(near) if near else float('nan'):.3f}, minimum {values.min():.3f}.")
         click = " Click a patch to pick it." if self.clickable else ""
         return f"<span style='font-size:90%'>{html.escape(text)}{click}</span>"
