@@ -124,3 +124,20 @@ def test_cait_blocks_over_patches_alone_are_pooled_by_their_mean():
     torch.testing.assert_close(f.feats[1], patches.mean(1))
     torch.testing.assert_close(f.feats[3], cls[:, 0])
     torch.testing.assert_close(f.feats["pre_logits"], model.norm(torch.cat([cls, patches], 1))[:, 0])
+
+
+def test_distilled_block_features_average_the_class_and_distillation_tokens_as_the_head_does():
+    """DeiT-distilled's head reads (x[:, 0] + x[:, 1]) / 2 (timm ``forward_head(pre_logits=True)``), so every
+    block is pooled that way, not by the class token alone."""
+    import timm
+
+    model = timm.create_model("deit_tiny_distilled_patch16_224", pretrained=False, img_size=(32, 48), patch_size=8,
+                              embed_dim=32, depth=2, num_heads=2, num_classes=2).eval()
+    f = extract_features(model, (X, Y), layers="all")
+    tokens = block_outputs(model.blocks, lambda: model(X))
+    for i, t in enumerate(tokens):
+        torch.testing.assert_close(f.feats[i], (t[:, 0] + t[:, 1]) / 2, rtol=0, atol=0)
+        assert not torch.allclose(f.feats[i], t[:, 0])
+    with torch.no_grad():  # the pre-logits: the mean of the two tokens after the final norm
+        torch.testing.assert_close(f.feats["pre_logits"], model.forward_head(model.forward_features(X), True))
+        torch.testing.assert_close(f.feats["pre_logits"], model.norm(tokens[-1])[:, :2].mean(1))

@@ -9,7 +9,8 @@ Layers: ``layer=None`` reads the pre-logits representation (what the classifier 
 ``i``'s output (0-based) and pools it as the model's readout pools its last block (``Family.pooled_token``): timm
 ``global_pool`` (``"token"``: the class token; ``"avg"``, ``"avgmax"``, ``"max"``: the reduction over the tokens after
 the prefix tokens, as timm's own pooling), Hugging Face BEiT with mean pooling (the patch mean), DINOv2's classifier
-(``[class token, patch mean]``), open_clip ``pool_type="avg"`` (the patch mean); otherwise the class token, or the
+(``[class token, patch mean]``), open_clip ``pool_type="avg"`` (the patch mean), DeiT-distilled (the mean of the
+class and distillation tokens, as its head reads them); otherwise the class token, or the
 mean of the patch tokens for models without one. An attention-pooling head (timm ``"map"``, SigLIP) is trained on
 the last block only and is not applied to other blocks: they get the class token, else the patch mean. No norm is
 applied (timm's ``norm`` before pooling and ``fc_norm`` after it belong to the pre-logits, ``layer=None``).

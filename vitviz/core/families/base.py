@@ -321,7 +321,13 @@ class Family:
         pools its last block. This default: the class token when the model has one (the first prefix token), else
         the mean of the patch tokens (global average pooling). Families whose readout reduces over the tokens
         override it (``vitviz.core.families.pooling``: timm ``global_pool``, BEiT mean pooling, DINOv2's
-        classifier, open_clip ``pool_type="avg"``)."""
+        classifier, open_clip ``pool_type="avg"``). A readout that averages prefix tokens (DeiT-distilled: the class
+        and distillation tokens, ``Readout`` from ``self.readout``) pools every block that way, as timm's
+        ``forward_head(..., pre_logits=True)`` does: ``(x[:, 0] + x[:, 1]) / 2``."""
+        readout = self.readout(model, prefix_tokens)
+        parts = readout.parts
+        if readout.how == "mean" and len(parts) > 1 and all(len(q) == 1 and isinstance(q[0], int) for q in parts):
+            return tokens[:, [q[0] for q in parts]].mean(dim=1)
         return pool_tokens(tokens, "token" if prefix_tokens and prefix_tokens[0] == "cls" else "avg",
                            len(prefix_tokens))
 
