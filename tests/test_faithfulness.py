@@ -68,6 +68,7 @@ def test_models_without_prefix_tokens_fall_back_to_the_mean():
     x = torch.randn(4, 3, 32, 48)
     df = vitviz.faithfulness(model, x, ["random"], steps=0.5, progress=False)
     assert set(df["removal"]) == {"mean"} and df.attrs["removal"] == "mean"
+    assert df.attrs["readout"].startswith("mean of the patch tokens")  # what the row-reading maps explained
     with pytest.raises(InputError, match="removal='drop'.*use removal='mean'"):
         vitviz.faithfulness(model, x, ["random"], removal="drop", progress=False)
 

@@ -269,7 +269,8 @@ def faithfulness(
         ``f``: 0, ``steps``, ..., 1), ``removed`` (the fraction of the image's ``P`` patches actually removed, or
         inserted for ``insertion``: ``round(f * P) / P``, halves rounded up; the x of the figure and of the AUC),
         ``score``, ``metric`` (``accuracy``, ``probability`` or ``target``) and ``removal``; ``attrs`` hold scalars
-        only (``removal``, ``seed``, ``steps``, ``labels``: whether ``accuracy`` is against ``labels=``). AUCs:
+        only (``removal``, ``seed``, ``steps``, ``labels``: whether ``accuracy`` is against ``labels=``; ``readout``:
+        the tokens the head reads, whose rows the row-reading maps explain, ``ViTSpec.readout`` in words). AUCs:
         ``vitviz.faithfulness_auc(df)``; paired comparisons: ``vitviz.compare_methods(df, baseline=...)``.
     """
     import pandas as pd
@@ -313,7 +314,7 @@ def faithfulness(
         todo = [p for p in todo if image_id(p) not in done]
     frames = [] if prev is None else [prev]
     if todo is not None and not todo:
-        return _finish(pd, frames, how, seed, steps, labels)
+        return _finish(pd, frames, how, seed, steps, labels, spec.readout.describe(spec.prefix_tokens))
     if dataset:
         batches = iter_dataset(model, images, batch_size=batch_size, num_workers=num_workers, positions=todo)
     else:
@@ -348,12 +349,13 @@ def faithfulness(
     finally:
         if bar is not None:
             bar.close()
-    return _finish(pd, frames, how, seed, steps, labels)
+    return _finish(pd, frames, how, seed, steps, labels, spec.readout.describe(spec.prefix_tokens))
 
 
-def _finish(pd: Any, frames: list[Any], how: str, seed: int, steps: float, labels: Any) -> Any:
+def _finish(pd: Any, frames: list[Any], how: str, seed: int, steps: float, labels: Any, readout: str) -> Any:
     df = pd.concat(frames, ignore_index=True) if frames else pd.DataFrame(columns=COLUMNS)
-    df.attrs = {"removal": how, "seed": int(seed), "steps": float(steps), "labels": labels is not None}
+    df.attrs = {"removal": how, "seed": int(seed), "steps": float(steps), "labels": labels is not None,
+                "readout": readout}
     return df
 
 
