@@ -268,6 +268,22 @@ def _tutorial():
     return TutorialViT().eval(), images()
 
 
+def _tutorial_gap():
+    """A hand-written ViT whose head averages the patch tokens beside its class token, described as such."""
+    from tutorial_vit import TutorialViT
+
+    class GapViT(TutorialViT):
+        def forward(self, x: torch.Tensor) -> torch.Tensor:
+            x = self.patch_embed(x)
+            x = torch.cat([self.cls_token.expand(x.shape[0], -1, -1), x], dim=1) + self.pos_embed
+            for block in self.blocks:
+                x = block(x)
+            return self.head(self.norm(x)[:, 1:].mean(1))
+
+    torch.manual_seed(0)
+    return vitviz.describe(GapViT().eval(), readout="avg"), images()
+
+
 def _cls_vs_gap():
     from vitviz.experiments.cls_vs_gap import HEADS
 
@@ -276,6 +292,7 @@ def _cls_vs_gap():
 
 CASES = {
     "tutorial (custom family)": (_tutorial, "token"),
+    "tutorial with a GAP head, describe(readout='avg')": (_tutorial_gap, "mean"),
     "cls_vs_gap GAP arm": (_cls_vs_gap, "mean"),
     "timm token": (_timm(), "token"),
     "timm avg": (_timm(global_pool="avg"), "mean"),
@@ -334,3 +351,31 @@ def test_dinov2_classifier_reads_the_class_row_beside_the_patch_mean():
     r = rollout_matrix(_eager_attentions(m, x))
     want = patch_cols(0.5 * r[:, 0] + 0.5 * r[:, 1:].mean(dim=1), 1, (4, 4))
     torch.testing.assert_close(vitviz.attention_rollout(m, x), want, atol=1e-6, rtol=1e-5)
+
+
+def test_describe_takes_the_readout_of_a_hand_written_head():
+    """``vitviz.describe(readout=...)``: the maps read, and the probes pool every block, as the head reads."""
+    from tutorial_vit import TutorialViT
+
+    from vitviz.core.features import extract_features
+    from vitviz.errors import InputError
+
+    m, x = _tutorial_gap()
+    assert vitviz.inspect(m).readout.patch_mean
+    torch.testing.assert_close(vitviz.attention_rollout(m, x), vitviz.attention_rollout(m, x, token="patches"),
+                               rtol=0, atol=0)
+    assert not torch.allclose(vitviz.attention_rollout(m, x), vitviz.attention_rollout(m, x, token="class"))
+    outputs: list[torch.Tensor] = []
+    handle = m.blocks[0].register_forward_hook(lambda _m, _i, o: outputs.append(o))
+    try:
+        feats = extract_features(m, (x, torch.tensor([0, 1])), layers=[0]).feats[0]
+    finally:
+        handle.remove()
+    torch.testing.assert_close(feats, outputs[0][:, 1:].mean(1))
+    from vitviz.core.families.custom import CustomFamily
+
+    two = CustomFamily(prefix_tokens=("cls", "dist"), readout=("cls", "dist")).readout(m, ("cls", "dist"))
+    assert (two.how, two.parts) == ("mean", ((0,), (1,)))
+    for bad in ("mean", ("cls", "reg"), 3):
+        with pytest.raises(InputError, match=r"readout=.*pass 'avg'.*prefix_tokens=\('cls',\)"):
+            vitviz.describe(TutorialViT().eval(), readout=bad)

@@ -72,6 +72,11 @@ def describe(model: nn.Module, **layout: Any) -> nn.Module:
         pos_embed_kind: override the detected kind (``learned``, ``sincos``, ``none``, ``rotary``, ...).
         patch_proj: attribute path of the patch projection conv (default ``"patch_embed.proj"``).
         num_heads, embed_dim: when the modules do not say.
+        readout: which of the last block's tokens the head reads, whose rows the row-reading explanations (rollout,
+            flow, Chefer, gradient rollout, attention) read and as which the probes pool every block: default the
+            class token (the first prefix token named ``"cls"``), else the mean of the patch tokens; ``"avg"``: the
+            mean of the patch tokens (global average pooling beside a class token); prefix-token names, e.g.
+            ``("cls", "dist")``: the mean of those tokens; or a ``vitviz.core.families.readout.Readout``.
 
     The description is kept in a weak registry beside the model, not on it: the model is not modified.
     """

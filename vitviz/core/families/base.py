@@ -323,11 +323,15 @@ class Family:
         override it (``vitviz.core.families.pooling``: timm ``global_pool``, BEiT mean pooling, DINOv2's
         classifier, open_clip ``pool_type="avg"``). A readout that averages prefix tokens (DeiT-distilled: the class
         and distillation tokens, ``Readout`` from ``self.readout``) pools every block that way, as timm's
-        ``forward_head(..., pre_logits=True)`` does: ``(x[:, 0] + x[:, 1]) / 2``."""
+        ``forward_head(..., pre_logits=True)`` does: ``(x[:, 0] + x[:, 1]) / 2``; a readout of one token or of the
+        patch mean (e.g. ``vitviz.describe(..., readout="avg")``) likewise. Other readouts (attention pools, a head
+        on every token): the default above."""
         readout = self.readout(model, prefix_tokens)
         parts = readout.parts
-        if readout.how == "mean" and len(parts) > 1 and all(len(q) == 1 and isinstance(q[0], int) for q in parts):
-            return tokens[:, [q[0] for q in parts]].mean(dim=1)
+        if readout.how in ("token", "mean") and all(len(q) == 1 and isinstance(q[0], int) for q in parts):
+            return tokens[:, [q[0] for q in parts]].mean(dim=1)  # one token, or the mean of prefix tokens
+        if readout.how == "mean" and readout.patch_mean:
+            return pool_tokens(tokens, "avg", len(prefix_tokens))
         return pool_tokens(tokens, "token" if prefix_tokens and prefix_tokens[0] == "cls" else "avg",
                            len(prefix_tokens))
 

@@ -19,8 +19,9 @@ from vitviz.core.families.base import Family, Layout, Probe, named_children_of
 from vitviz.core.families.hf_probes import probe_hf
 from vitviz.core.families.pos_kind import table_kind
 from vitviz.core.families.probes import probe_attn_drop, probe_mha, probe_qkv
+from vitviz.core.families.readout import PATCHES, Readout, default_readout
 from vitviz.core.util import pair
-from vitviz.errors import NotAViTError
+from vitviz.errors import InputError, NotAViTError
 
 PROBES: dict[str, Probe] = {"attn_drop": probe_attn_drop, "qkv": probe_qkv, "mha": probe_mha, "hf": probe_hf}
 
@@ -80,6 +81,7 @@ class CustomFamily(Family):
         patch_proj: str | None = "patch_embed.proj",
         num_heads: int | None = None,
         embed_dim: int | None = None,
+        readout: str | Sequence[str] | Readout | None = None,
     ) -> None:
         self.attention = attention
         self.probe = _auto_probe if probe == "auto" else (PROBES[probe] if isinstance(probe, str) else probe)
@@ -91,6 +93,32 @@ class CustomFamily(Family):
         self.proj_path = patch_proj
         self.num_heads = num_heads
         self.embed_dim = embed_dim
+        self.head_reads = self._readout(readout)
+
+    def _readout(self, readout: str | Sequence[str] | Readout | None) -> Readout:
+        """``describe(readout=...)`` as a ``Readout``: ``None`` the default (the class token, else the patch mean),
+        ``"avg"`` the mean of the patch tokens, a tuple of prefix-token names the mean of those tokens (e.g.
+        ``("cls", "dist")``), or a ``Readout``."""
+        source = "vitviz.describe"
+        if readout is None:
+            return default_readout(self.prefix, source)
+        if isinstance(readout, Readout):
+            return readout
+        if readout == "avg":
+            return Readout("mean", ((PATCHES,),), source)
+        names = (readout,) if isinstance(readout, str) else tuple(readout) if isinstance(readout, Sequence) else ()
+        missing = [n for n in names if not isinstance(n, str) or n not in self.prefix]
+        if not names or missing:
+            raise InputError(
+                f"readout={readout!r} is not a readout vitviz.describe takes; pass 'avg' (the head reads the mean "
+                f"of the patch tokens), the names of the prefix tokens whose mean it reads (of prefix_tokens="
+                f"{self.prefix}, e.g. ('cls', 'dist')), or a vitviz.core.families.readout.Readout")
+        parts = tuple((self.prefix.index(n),) for n in dict.fromkeys(names))
+        return Readout("token" if len(parts) == 1 else "mean", parts, source)
+
+    def readout(self, model: nn.Module, prefix_tokens: tuple[str, ...]) -> Readout:
+        """As described (``readout=``), else the default: the class token, or the patch mean without one."""
+        return self.head_reads
 
     def match(self, model: nn.Module) -> bool:
         return True
