@@ -19,7 +19,7 @@ from typing import Any
 import torch
 from torch import nn
 
-from vitviz.core.contexts import autograd, normal_tensor, without_autocast
+from vitviz.core.contexts import autograd, normal_tensor, parameter_hooks_off, without_autocast
 from vitviz.core.spec import inspect
 from vitviz.core.util import is_int, kept_buffers, kept_grads, kept_rng, module_mode
 from vitviz.errors import InputError, InputTypeError, NotAViTError
@@ -95,20 +95,23 @@ def count_flops(model: nn.Module, input_size: tuple[int, int, int] = (3, 32, 32)
     param = next(model.parameters(), None)
     device = param.device if param is not None else torch.device("cpu")
     # the values do not change the count: drawn from a generator of its own, never the user's global one
-    x = torch.randn(1, *input_size, generator=torch.Generator().manual_seed(0)).to(device)
+    # ... and a normal tensor also inside a caller's inference mode (torch 2.5's counter misses operations on an
+    # inference tensor outside it)
+    with torch.inference_mode(False):
+        x = torch.randn(1, *input_size, generator=torch.Generator().manual_seed(0)).to(device)
     counter = FlopCounterMode(display=False)
     # a training step runs in training mode (dropout, BatchNorm on batch statistics, token dropping); the model
     # comes back as it was: each module's mode, its .grad, its buffers (BatchNorm folded the noise into its running
     # statistics), the random generators dropout drew from
     # a caller's autocast would count other kernels (open_clip's attention takes another path in bfloat16)
     with module_mode(model, backward), kept_grads(model), kept_buffers(model), kept_rng(device), \
-            without_autocast(model):
+            without_autocast(model), parameter_hooks_off(model):
         with sdpa_math_backend(), counter:
             if backward:
                 with autograd(model, "count_flops(backward=True)", weights=True):
                     output_tensor(model(normal_tensor(x))).sum().backward()
-            else:
-                with torch.no_grad():
+            else:  # out of a caller's inference mode: torch 2.5's counter sees no operation inside it
+                with torch.inference_mode(False), torch.no_grad():
                     model(x)
     return int(counter.get_total_flops())
 

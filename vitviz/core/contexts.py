@@ -55,20 +55,24 @@ def parameter_hooks_off(model: Any) -> Iterator[None]:
     run in the block, and are all back afterwards (the same hooks, in their order; their handles still remove them),
     also when the block raises: a backward pass of vitviz's own is no step of your training, whose gradient hooks
     (clipping, logging, a gradient all-reduce) must not see it. The hook dicts torch keeps on each parameter are
-    emptied and refilled in place (torch reads those very dicts)."""
+    emptied and refilled in place (torch reads those very dicts). A hook registered on a parameter inside the block
+    is gone afterwards (torch 2.5's ``FlopCounterMode`` leaves its module tracker's hooks on a parametrisation's
+    ``original`` tensors)."""
     saved = []
     for p in model.parameters():
         for attr in ("_backward_hooks", "_post_accumulate_grad_hooks"):
             hooks = getattr(p, attr, None)
+            saved.append((p, attr, hooks, dict(hooks) if hooks else {}))
             if hooks:
-                saved.append((hooks, dict(hooks)))
                 hooks.clear()
     try:
         yield
     finally:
-        for hooks, items in saved:
-            hooks.clear()
-            hooks.update(items)
+        for p, attr, hooks, items in saved:
+            for now in {id(d): d for d in (hooks, getattr(p, attr, None)) if d is not None}.values():
+                now.clear()
+            if hooks is not None:
+                hooks.update(items)
 
 
 @contextlib.contextmanager
