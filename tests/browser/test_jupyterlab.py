@@ -31,6 +31,8 @@ import pytest
 from conftest import skip_or_fail
 from PIL import Image
 
+from vitviz.widgets._render import colorbar
+
 pytestmark = [pytest.mark.browser, pytest.mark.timeout(900)]
 
 CHROMIUM = os.environ.get("VITVIZ_CHROMIUM", "/usr/bin/chromium")
@@ -186,8 +188,9 @@ def test_explore_attention_updates_in_jupyterlab(tmp_path):
             page.wait_for_selector(f"{IMG}[src^='blob:'], {IMG}[src^='data:']", timeout=RUN_S * 1000)
             wait_for(lambda: kernel_idle(base, token), RUN_S, "the cells to finish")
             src, before = shown_png(page)
-            with Image.open(io.BytesIO(before)) as im:
-                assert im.format == "PNG" and im.size == (256, 256)
+            with Image.open(io.BytesIO(before)) as im:  # the 256x256 map, then its labelled colour bar
+                bar = colorbar(256, "inferno", ticks=((0.0, "0"), (1.0, "1")))
+                assert im.format == "PNG" and im.size == (256 + bar.shape[1], 256)
             readout = page.locator(".vitviz-layer .widget-readout")
             layer_before = readout.inner_text()
 
