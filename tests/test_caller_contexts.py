@@ -163,16 +163,22 @@ def test_a_hybrid_with_batchnorm_in_the_callers_contexts(name):
     """BatchNorm's buffers as inference tensors: ``kept_buffers`` writes them back in inference mode."""
     needs(name)
     model, x = _case("hybrid")
+    assert_plain_in_every_context(name, model, x, name)
+
+
+def assert_plain_in_every_context(name: str, model, x, what: str) -> None:
+    """``name`` on ``model`` gives the plain call's result inside each caller's context, leaving the model as it
+    was; on the model's inference-tensor twin, the plain result or (gradient methods) ``InferenceTensorError``."""
     want = result(name, model, x)
     for context in CONTEXTS.values():
         with unchanged(model), context():
-            assert_equal(result(name, model, x), want, name)
+            assert_equal(result(name, model, x), want, what)
     twin = inference_copy(model)
     if name in GRADIENT:
         with pytest.raises(InferenceTensorError):
             result(name, twin, x)
     else:
-        assert_equal(result(name, twin, x), want, name)
+        assert_equal(result(name, twin, x), want, what)
 
 
 OTHER = ("explain-chefer", "explain-grad_rollout", "gradcam", "attention_rollout", "extract_features",
@@ -184,16 +190,7 @@ OTHER = ("explain-chefer", "explain-grad_rollout", "gradcam", "attention_rollout
 def test_other_families_in_the_callers_contexts(name, family):
     needs(name)
     model, x = _case(family)
-    want = result(name, model, x)
-    for context in CONTEXTS.values():
-        with unchanged(model), context():
-            assert_equal(result(name, model, x), want, f"{name} on {family}")
-    twin = inference_copy(model)
-    if name in GRADIENT:
-        with pytest.raises(InferenceTensorError):
-            result(name, twin, x)
-    else:
-        assert_equal(result(name, twin, x), want, name)
+    assert_plain_in_every_context(name, model, x, f"{name} on {family}")
 
 
 def test_autocast_false_is_exact_inside_a_callers_autocast():

@@ -16,7 +16,7 @@ from collections.abc import Iterator
 from typing import Any
 
 __all__ = ["WeightsWatch", "autograd", "frozen", "grad_leaf", "inference_tensor", "model_copy", "normal_tensor",
-           "parameter_hooks_off", "without_autocast"]
+           "parameter_hooks_off", "tensor_version", "without_autocast"]
 
 
 def _device_types(model: Any) -> list[str]:
@@ -38,6 +38,11 @@ def without_autocast(model: Any) -> Iterator[None]:
         for kind in _device_types(model):
             stack.enter_context(torch.autocast(kind, enabled=False))
         yield
+
+
+def tensor_version(t: Any) -> int | None:
+    """``t``'s version counter (every in-place write bumps it), or ``None`` for an inference tensor, which has none."""
+    return None if t.is_inference() else t._version
 
 
 def inference_tensor(model: Any) -> str | None:
@@ -177,7 +182,7 @@ class WeightsWatch:
     def _look(self) -> list[tuple[str, Any, int | None, int]]:
         import weakref
 
-        return [(name, weakref.ref(t), None if t.is_inference() else t._version, t.data_ptr())
+        return [(name, weakref.ref(t), tensor_version(t), t.data_ptr())
                 for name, t in [*self.model.named_parameters(), *self.model.named_buffers()]]
 
     def changed(self) -> bool:
@@ -185,7 +190,7 @@ class WeightsWatch:
         watch was made); each call looks anew."""
         now = [*self.model.named_parameters(), *self.model.named_buffers()]
         same = len(now) == len(self._seen) and all(
-            name == seen_name and ref() is t and (None if t.is_inference() else t._version) == version
+            name == seen_name and ref() is t and tensor_version(t) == version
             and t.data_ptr() == ptr for (name, t), (seen_name, ref, version, ptr) in zip(now, self._seen))
         if not same:
             self._seen = self._look()

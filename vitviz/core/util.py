@@ -9,7 +9,7 @@ import operator
 from collections.abc import Callable, Iterator, Sequence
 from typing import Any, TypeVar
 
-from vitviz.core.contexts import without_autocast
+from vitviz.core.contexts import tensor_version, without_autocast
 
 F = TypeVar("F", bound=Callable[..., Any])
 
@@ -160,7 +160,7 @@ def kept_buffers(model: Any) -> Iterator[Any]:
     saved = [(m, name, b) for m in model.modules() for name, b in m.named_buffers(recurse=False)]
     tensors = {id(b): b for _, _, b in saved}
     values = {k: b.detach().clone() for k, b in tensors.items()}
-    versions = {k: None if b.is_inference() else b._version for k, b in tensors.items()}
+    versions = {k: tensor_version(b) for k, b in tensors.items()}
     with torch.inference_mode(False):
         work = {k: b.detach().clone().requires_grad_(b.requires_grad) for k, b in tensors.items()}
     try:
@@ -172,7 +172,7 @@ def kept_buffers(model: Any) -> Iterator[Any]:
             m._buffers[name] = b
         with torch.no_grad():
             for k, b in tensors.items():
-                if (None if b.is_inference() else b._version) != versions[k] or not torch.equal(b, values[k]):
+                if tensor_version(b) != versions[k] or not torch.equal(b, values[k]):
                     with torch.inference_mode(b.is_inference()):  # an inference tensor is written there only
                         b.copy_(values[k])
 

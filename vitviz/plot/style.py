@@ -149,7 +149,12 @@ def colorbar_beside(ax: Axes, mappable: Any, text: str, *, ticks: Any = None, wi
     # x: inches from the axes' right edge; y: the axes' own fraction (0 bottom, 1 top), both read at draw time
     beside = blended_transform_factory(fig.dpi_scale_trans + ScaledTranslation(1, 0, ax.transAxes), ax.transAxes)
     cax = ax.inset_axes((pad, 0.0, width, 1.0), transform=beside)
-    cbar = fig.colorbar(mappable, cax=cax, ticks=ticks)
+    return _colorbar_in(cax, mappable, text, ticks)
+
+
+def _colorbar_in(cax: Axes, mappable: Any, text: str, ticks: Any) -> Any:
+    """The house colorbar of ``mappable`` drawn in ``cax``: labelled ``text``, a thin outline."""
+    cbar = cax.figure.colorbar(mappable, cax=cax, ticks=ticks)
     cbar.set_label(text)
     cbar.outline.set_linewidth(0.5)
     return cbar
@@ -224,10 +229,7 @@ def colorbar_beside_block(cax: Axes, images: Iterable[Axes], mappable: Any, text
     """
     cax.set_axes_locator(BlockSpan(images, width))
     cax.set_label("<colorbar>")  # the name matplotlib gives the axes of ``fig.colorbar(..., ax=...)``
-    cbar = cax.figure.colorbar(mappable, cax=cax, ticks=ticks)
-    cbar.set_label(text)
-    cbar.outline.set_linewidth(0.5)
-    return cbar
+    return _colorbar_in(cax, mappable, text, ticks)
 
 
 def interval_label(errorbar: Any) -> str | None:
