@@ -140,10 +140,12 @@ def test_chefer_matches_the_published_pseudo_code(family):
     torch.testing.assert_close(vitviz.chefer_relevance(model, x, target=target).flatten(1),
                                reference_chefer(forward, model, x, target), atol=1e-12, rtol=0)
     assert vitviz.explain(model, x, "chefer").dtype == torch.float32  # explain: float32 for every method
-    model = model.float()  # float32: the same up to rounding relative to the peak
-    x = x.float()
-    want = reference_chefer(forward, model, x)
-    assert (vitviz.explain(model, x, "chefer").flatten(1) - want).abs().max() <= 1e-6 * want.abs().max()
+    # float32: the float64 values up to rounding, measured against the float64 reference (measured: 4e-7 of the
+    # peak on timm, 4.4e-6 on Hugging Face, 5.5e-7 on torchvision), not against the reference run in float32, which
+    # carries rounding of its own (torchvision 0.29.2: 1.3e-6; a bound of 1e-6 between the two float32 results
+    # failed on rounding alone)
+    got32 = vitviz.explain(model.float(), x.float(), "chefer").flatten(1).double()
+    assert (got32 - want).abs().max() <= 1e-5 * want.abs().max()
 
 
 def test_chefer_is_not_grad_rollout():

@@ -20,6 +20,8 @@ from matplotlib.figure import Figure
 from torch import nn
 
 from vitviz.analysis.distance import mean_attention_distance
+from vitviz.analysis.propagation import rollout_to_maps
+from vitviz.analysis.readout_rows import PoolRows, output_rows
 from vitviz.analysis.rollout import attention_rollout
 from vitviz.analysis.tables import distance_table
 from vitviz.core.capture import capture_attention, check_layer_index
@@ -199,12 +201,24 @@ def plot_rollout(
     return fig
 
 
+_TOKEN_WORDS = {"cls": "class", "dist": "distillation", "reg": "register"}
+
+
 def _query(spec, query: int | tuple[int, int] | None, grid: tuple[int, int]) -> tuple[int | None, str]:
+    """The query token index and its name; ``(None, name)`` for ``query=None``: the queries the head reads."""
     p = spec.num_prefix_tokens
     if query is None:
-        if spec.class_token_index is not None:
-            return spec.class_token_index, "class token"
-        return None, "mean over patch queries"
+        read = spec.readout
+        if read.how == "attention-pool" and read.pool_attention:
+            return None, "queries weighted by the attention pool"
+        if read.single_token is not None:
+            return None, f"{_TOKEN_WORDS.get(spec.prefix_tokens[read.single_token], 'prefix')} token"
+        if read.patch_mean:
+            return None, "mean over patch queries"
+        if read.how == "mean" and all(len(part) == 1 and is_int(part[0]) for part in read.parts):
+            words = [_TOKEN_WORDS.get(spec.prefix_tokens[part[0]], "prefix") for part in read.parts]
+            return None, f"mean of the {' and '.join(words)} queries"
+        return None, f"queries the head reads ({read.describe(spec.prefix_tokens, source=False)})"
     if isinstance(query, (tuple, list)):
         if len(query) != 2 or any(not is_int(v) for v in query):
             raise InputTypeError(f"query={query!r} is not a (row, column) patch; pass two zero-based ints, e.g. "
@@ -242,8 +256,11 @@ def plot_attention_heads_grid(
         model: any ViT ``vitviz.inspect`` reads.
         image: one image (PIL, array, path, or a ``(3, H, W)`` / ``(1, 3, H, W)`` normalised tensor).
         layer: attention layer, a Python index (0 is the first; negative counts from the end); titles count from 1.
-        query: the query token: default the class token (models without one: the mean over patch queries); an
-            int token index, or a ``(row, column)`` patch (zero-based).
+        query: the query token: by default the queries the model's head reads (``ViTSpec.readout``, as the
+            explanations and the attention explorer read them): the class token of a class-token head, the mean
+            over patch queries for average pooling, the mean of the class and distillation queries of
+            DeiT-distilled, the queries weighted by an attention pool's own attention; an int token index, or a
+            ``(row, column)`` patch (zero-based).
         cmap: colormap of the maps; ncols: panels per row (narrower than 1.5 in when ``ncols`` of them would not
             fit a 7 in double column); fig: draw into this figure.
 
@@ -265,12 +282,15 @@ def plot_attention_heads_grid(
     check_layer_index(layer, depth, "layer", spec.name)
     grid = spec.grid_for_input(x)
     q, qname = _query(spec, query, grid)
-    with torch.no_grad(), eval_mode(model), without_autocast(model), capture_attention(model, layers=layer) as cap:
+    with torch.no_grad(), eval_mode(model), without_autocast(model), capture_attention(model, layers=layer) as cap, \
+            PoolRows(model, spec, None if q is None else q) as pool:
         model(x)
     attn = cap.attentions[0][0].float()  # (H, N, N)
+    n = attn.shape[-1]
+    read = pool.take(n)  # an attention pool's own attention over the tokens, (1, N); else None
+    rows = q if q is not None else output_rows(spec, None, n) if read is None else read[0]
+    heads = rollout_to_maps(attn, grid, spec.num_prefix_tokens, rows).cpu().numpy()  # (H, gh, gw)
     p = spec.num_prefix_tokens
-    rows = attn[:, p:].mean(dim=1) if q is None else attn[:, q]
-    heads = rows[:, p:].reshape(-1, *grid).cpu().numpy()
     img = denormalise(model, x)[0]
     h, w = img.shape[:2]
 
@@ -303,7 +323,10 @@ def plot_attention_heads_grid(
     for ax in axes[n:]:
         ax.set_visible(False)
     colorbar_beside_block(cax, axes[:n], im, "Attention weight")  # as tall as the block of maps, first row to last
-    fig.suptitle(f"{spec.name}: layer {layer % depth + 1} of {depth}, attention of the {qname}")
+    title = f"{spec.name}: layer {layer % depth + 1} of {depth}, attention of the {qname}"
+    if len(title) > 11 * fig.get_figwidth():  # about the characters a line of the title holds: two lines
+        title = title.replace(", attention of", "\nattention of", 1)
+    fig.suptitle(title)
     return fig
 
 

@@ -2,9 +2,10 @@
 
 The model runs once per image (``vitviz.capture_attention``, all layers); the ``(1, H, N, N)`` maps stay in the
 kernel on the model's device, and each change of a control renders only the displayed ``(gh, gw)`` map, blended
-over the image, as a PNG. The query is the token the head reads (marked "(output)": the class token, or the mean
-of the patch queries for average pooling and models without a class token; ``ViTSpec.readout``), another prefix
-token, or any patch, picked by sliders or by clicking the image. The rollout
+over the image, as a PNG. The query is the token the head reads (marked "(output)": the class token, the mean
+of the patch queries for average pooling and models without a class token, or the rows the head reads weighted
+as it weights them, e.g. DeiT-distilled's class and distillation queries or an attention pool's own attention;
+``ViTSpec.readout``), another prefix token, or any patch, picked by sliders or by clicking the image. The rollout
 toggle shows attention rollout (Abnar & Zuidema 2020; the ViT paper's Fig. 6) through the selected layer.
 
 Memory is bounded: the captured maps (about 22 MB per image for ViT-B/16 at 224 px) and the rollout products
@@ -27,6 +28,7 @@ import torch
 from torch import nn
 
 from vitviz.analysis.propagation import HEAD_FUSIONS, fuse_heads, require_flow_maps
+from vitviz.analysis.readout_rows import PoolRows, output_rows
 from vitviz.analysis.rollout import rollout_from_attentions
 from vitviz.core.capture import capture_attention
 from vitviz.core.contexts import WeightsWatch, without_autocast
@@ -98,9 +100,12 @@ class ByteLRU:
 
 def _token_options(prefix_tokens: Sequence[str], readout: Any = None) -> list[tuple[str, int | str]]:
     """The query choices; ``(output)`` marks the one the model's head reads (``ViTSpec.readout``: the class token,
-    or the mean of the patch queries, offered first, for average pooling and models without a class token)."""
+    or, offered first, the mean of the patch queries for average pooling and models without a class token, or
+    ``"readout"``, the rows the head reads weighted as it weights them: the class and distillation queries'
+    mean of DeiT-distilled, an attention pool's own attention over the tokens)."""
     single = getattr(readout, "single_token", 0 if "cls" in prefix_tokens else None)
-    patch_out = bool(getattr(readout, "patch_mean", "cls" not in prefix_tokens))
+    pooled = getattr(readout, "how", None) == "attention-pool" and bool(getattr(readout, "pool_attention", False))
+    patch_out = not pooled and bool(getattr(readout, "patch_mean", "cls" not in prefix_tokens))
     options: list[tuple[str, int | str]] = []
     regs = 0
     for i, name in enumerate(prefix_tokens):
@@ -115,6 +120,8 @@ def _token_options(prefix_tokens: Sequence[str], readout: Any = None) -> list[tu
         options.insert(0, ("mean of patch queries (output)", "mean"))
     elif "cls" not in prefix_tokens:
         options.append(("mean of patch queries", "mean"))
+    if readout is not None and (pooled or (single is None and not patch_out)):  # a weighting of several rows
+        options.insert(0, ("queries the head reads (output)", "readout"))
     options.append(("patch (row, col)", "patch"))
     return options
 
@@ -123,7 +130,7 @@ class AttentionExplorer(Explorer):
     """Widget: attention of one query over the patches of an image, for a layer and a head (or fused heads).
 
     Controls (plain ipywidgets; set ``.value`` or call ``set(...)``): ``layer`` (0-based), ``head`` (an int or
-    ``"mean"``/``"max"``/``"min"``), ``query`` (a prefix-token index, ``"mean"`` or ``"patch"``), ``row``,
+    ``"mean"``/``"max"``/``"min"``), ``query`` (a prefix-token index, ``"mean"``, ``"readout"`` or ``"patch"``), ``row``,
     ``col``, ``rollout`` (bool), ``discard`` (rollout discard ratio), ``alpha`` (overlay opacity) and
     ``image_index`` (when several images are given). ``image.value`` holds the PNG shown: the overlay, then its
     colour bar (0 to the map's maximum, ticks labelled); ``status`` says what it is, counting layers, heads, rows
@@ -142,6 +149,7 @@ class AttentionExplorer(Explorer):
         self.cache = ByteLRU(cache_bytes)  # ("attn", i) -> list of (1, H, N, N); ("rollout", ...) -> (N, N)
         self.forwards = 0  # forward passes run (one per image shown, again after an eviction or a weight change)
         self._weights = WeightsWatch(model)  # the cache holds maps of these weights only
+        self._readout: dict[int, Any] = {}  # image -> the rows its head reads, set with each capture of its maps
         # (B, 3, H, W), a copy of vitviz's own (the maps and the drawn image stay those of one picture); one image
         # at a time goes to the device
         self._x = load_images(model, images, device="cpu").clone()
@@ -192,10 +200,14 @@ class AttentionExplorer(Explorer):
             param = next(self.model.parameters(), None)
             x = self._x[i:i + 1].to(param.device if param is not None else "cpu")
             with torch.no_grad(), eval_mode(self.model), without_autocast(self.model), \
-                    capture_attention(self.model) as cap:
+                    capture_attention(self.model) as cap, PoolRows(self.model, self.spec, None) as pool:
                 self.model(x)
             self.forwards += 1
             maps = self.cache.put(("attn", i), cap.attentions)
+            n = maps[-1].shape[-1]
+            read = pool.take(n)  # an attention pool's (1, N) attention over the tokens; else the fixed weighting
+            rows = output_rows(self.spec, None, n) if read is None else read[0]
+            self._readout[i] = rows.detach().float().cpu() if isinstance(rows, torch.Tensor) else rows
         return maps
 
     def _fused(self, attn: torch.Tensor, head: int | str) -> torch.Tensor:
@@ -226,6 +238,11 @@ class AttentionExplorer(Explorer):
             return m[p + self.row.value * gw + self.col.value]
         if q == "mean":
             return m[p:].mean(dim=0)
+        if q == "readout":  # the rows the head reads for the image shown (attentions() set them)
+            rows = self._readout[self.image_index.value]
+            if isinstance(rows, torch.Tensor):  # (N,) weights
+                return rows.to(device=m.device, dtype=m.dtype) @ m
+            return m[p:].mean(dim=0) if rows is None else m[rows]
         return m[int(q)]
 
     def map(self) -> np.ndarray:

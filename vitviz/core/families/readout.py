@@ -127,8 +127,9 @@ class Readout:
                 raise InputError(f"readout token {t!r} is neither a prefix-token index below {p} nor {PATCHES!r}")
         return sorted(idx)
 
-    def describe(self, prefix_tokens: tuple[str, ...] = ()) -> str:
-        """In words, e.g. ``"mean of the patch tokens (timm global_pool='avg')"``."""
+    def describe(self, prefix_tokens: tuple[str, ...] = (), *, source: bool = True) -> str:
+        """In words, e.g. ``"mean of the patch tokens (timm global_pool='avg')"``; ``source=False`` leaves out
+        where the rule was read."""
         names = {"cls": "class token", "dist": "distillation token", "reg": "register"}
 
         def part_words(part: Part) -> str:
@@ -157,7 +158,7 @@ class Readout:
         elif not self.exact:
             text += "; explanations read " + ("the class token" if self.single_token is not None
                                               else "the mean of " + " and ".join(tokens))
-        return text + (f" ({self.source})" if self.source else "")
+        return text + (f" ({self.source})" if self.source and source else "")
 
 
 def default_readout(prefix_tokens: tuple[str, ...], source: str = "") -> Readout:
