@@ -451,6 +451,24 @@ def test_study_grid_titles_clear_the_next_panel():
         plt.close("all")
 
 
+def test_faithfulness_grid_x_labels_keep_apart():
+    """At page width the two panels' x labels ("Patches removed [fraction of all patches]") nearly touched."""
+    rows = [{"mode": m, "method": meth, "fraction": f, "removed": f, "score": 1.0 - f, "removal": "drop", "image": i,
+             "metric": "accuracy" if m in ("positive", "negative") else "probability"}
+            for m in ("positive", "negative", "deletion", "insertion") for meth in ("random", "rollout")
+            for i in range(3) for f in (0.0, 0.5, 1.0)]
+    fig = vitviz.plot_faithfulness_grid(pd.DataFrame(rows))
+    try:
+        fig.canvas.draw()
+        gaps = []
+        for left, right in ((0, 1), (2, 3)):
+            a, b = (fig.axes[k].xaxis.label.get_window_extent() for k in (left, right))
+            gaps.append((b.x0 - a.x1) / fig.dpi)
+        assert min(gaps) >= 0.3, gaps  # inches between the labels of the two panels of a row
+    finally:
+        plt.close(fig)
+
+
 def test_no_name_in_every_figure_sits_outside_its_figure(model):
     """Every figure of every public plot function, at its default size: no axis label, title or legend lies past
     the figure's edge, where ``fig.savefig`` without ``bbox_inches="tight"`` cuts it off (the probes, the sanity

@@ -35,7 +35,7 @@ LABELS_YLABEL = label("Top-1 accuracy vs. labels", "%")  # faithfulness(..., lab
 PERCENT = ("accuracy",)  # metrics drawn x100: the table's fractions of images, shown in percent
 # the x: the fraction of the patches actually removed (column "removed", round(f * P) / P), or, for a frame without
 # that column, the nominal step (column "fraction"); "removed" becomes "inserted" for insertion
-XLABELS = {"removed": label("Patches removed", "fraction of all patches"),
+XLABELS = {"removed": label("Patches removed", "fraction"),  # of all the patches; short: two panels side by side
            "fraction": label("Patches removed", "nominal fraction")}
 REMOVALS = {"drop": "tokens dropped", "mean": "mean fill"}
 
