@@ -230,6 +230,50 @@ def test_set_names_the_controls_when_one_is_unknown():
     assert w.set(layer=0, head=1) is w
 
 
+def test_index_sliders_show_counts_from_one_and_hold_python_indices():
+    """The layer, row and column sliders read "1" ... n, as the titles and the status line count; their values stay
+    the indices the API takes (an IntSlider showed "5" for the layer the status called "layer 6 of 6")."""
+    model = tiny_timm_vit()
+    depth = len(vitviz.inspect(model).attention_modules)
+    w = explore_attention(model, photo())
+    assert (w.layer.value, w.layer.label) == (depth - 1, str(depth))
+    assert f"layer {depth} of {depth}" in w.status.value
+    w.set(layer=0, query="patch", row=1, col=np.int64(5))  # any integer type
+    assert (w.layer.label, w.row.label, w.col.label) == ("1", "2", "6")
+    assert "layer 1 of" in w.status.value and "patch (row 2, column 6)" in w.status.value
+    np.testing.assert_allclose(w.map(), captured(model, w)[0][0].mean(0)[1 + 1 * 6 + 5, 1:].reshape(4, 6).numpy(),
+                               rtol=1e-5)
+    p = explore_pos_embed(model)
+    assert [label for label, _ in p.row.options] == ["1", "2", "3", "4"] and p.row.value == 2
+
+
+def test_set_refuses_values_a_control_cannot_hold_and_changes_nothing():
+    """ipywidgets clamps a number to a slider's range silently (layer=20 showed the last layer) and answers a
+    missing choice with a bare TraitError; set() names the control, the value and what it takes."""
+    from vitviz.errors import InputError, OutOfRangeError
+
+    model = tiny_timm_vit()
+    depth = len(vitviz.inspect(model).attention_modules)
+    w = explore_attention(model, photo())
+    before = (w.png, w.layer.value, w.head.value, w.alpha.value)
+    with pytest.raises(OutOfRangeError, match=rf"set\(layer={depth}\).*layer control's values 0, 1.*counted from 1"):
+        w.set(head=1, layer=depth)
+    with pytest.raises(OutOfRangeError, match=r"row=-1"):
+        w.set(row=-1)
+    with pytest.raises(OutOfRangeError, match=r"alpha=1.5\).*\[0.0, 1.0\]"):
+        w.set(alpha=1.5)
+    with pytest.raises(OutOfRangeError, match=r"discard=0.99"):
+        w.set(discard=0.99)
+    with pytest.raises(InputError, match=r"head='avg'.*'mean', 'max', 'min', 0, 1"):
+        w.set(head="avg")
+    with pytest.raises(InputError, match=r"layer=True"):
+        w.set(layer=True)  # a bool is no index
+    assert (w.png, w.layer.value, w.head.value, w.alpha.value) == before  # head=1 was not applied either
+    p = explore_pos_embed(model)
+    with pytest.raises(OutOfRangeError, match=r"col=6"):
+        p.set(col=6)
+
+
 def test_vit_b16_payload_stays_under_one_megabyte():
     timm = pytest.importorskip("timm")
     skimage_data = pytest.importorskip("skimage.data")
@@ -290,11 +334,12 @@ def test_pos_embed_map_is_the_similarity_at_each_resolution():
     assert w.map()[1, 4] == pytest.approx(1.0)
     w.resolution.value = 64  # 64x96 px: an 8x12 grid, the aspect ratio kept
     assert w.img_size == (64, 96) and w.grid == (8, 12)
-    assert (w.row.max, w.col.max) == (7, 11) and (w.row.value, w.col.value) == (3, 9)  # the same place
+    assert (w.row.options[-1], w.col.options[-1]) == (("8", 7), ("12", 11))  # shown from 1, held from 0
+    assert (w.row.value, w.col.value) == (3, 9)  # the same place
     sim = vitviz.pos_embed_similarity(model, img_size=(64, 96))
     np.testing.assert_allclose(w.map(), sim[3, 9].numpy(), atol=1e-6)
     w.resolution.value = 16  # back down: a 2x3 grid, sliders clamped
-    assert (w.row.max, w.col.max) == (1, 2) and w.row.value <= 1 and w.col.value <= 2
+    assert (len(w.row.options), len(w.col.options)) == (2, 3) and (w.row.value, w.col.value) == (0, 2)
     w.view.value = "pca"
     rgb = w.map()
     assert rgb.shape == (2, 3, 3) and rgb.min() >= 0 and rgb.max() <= 1

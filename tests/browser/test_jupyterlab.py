@@ -211,8 +211,8 @@ def test_explore_attention_updates_in_jupyterlab(tmp_path):
             if importlib.util.find_spec("ipyevents") is not None:  # a click picks the query patch
                 page.locator(IMG).click(position={"x": 4, "y": 4})
                 assert wait_new_png(page, src, UPDATE_S), "clicking the image did not change it"
-                assert page.locator(".vitviz-row .widget-readout").inner_text() == "0"
-                assert page.locator(".vitviz-col .widget-readout").inner_text() == "0"
+                assert page.locator(".vitviz-row .widget-readout").inner_text() == "1"  # row 0, shown from 1
+                assert page.locator(".vitviz-col .widget-readout").inner_text() == "1"
                 assert page.locator(".vitviz-query select").input_value() == "patch (row, col)"
             wait_for(lambda: kernel_idle(base, token), UPDATE_S, "the kernel to settle")
             page.locator(".vitviz-explorer").scroll_into_view_if_needed()

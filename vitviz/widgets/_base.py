@@ -16,10 +16,30 @@ from typing import Any
 
 import ipywidgets as widgets
 
-from vitviz.errors import NoSuchAttributeError, NotImplementedInVitviz
+from vitviz.core.util import is_int, is_number
+from vitviz.errors import InputError, NoSuchAttributeError, NotImplementedInVitviz, OutOfRangeError
 from vitviz.widgets._render import cell_at
 
-__all__ = ["Explorer", "clicks_supported"]
+__all__ = ["Explorer", "clicks_supported", "index_slider", "resize_index_slider"]
+
+
+def _index_options(count: int) -> list[tuple[str, int]]:
+    return [(str(i + 1), i) for i in range(count)]
+
+
+def index_slider(count: int, value: int, description: str, style: dict[str, str]) -> widgets.SelectionSlider:
+    """A slider over the indices ``0 .. count - 1`` that shows them counted from 1 ("1" ... ``count``), as the
+    figures' titles and the explorers' status lines count layers, rows and columns; its ``value`` stays the Python
+    index the API takes (``explorer.layer.value == 5`` shows "6")."""
+    return widgets.SelectionSlider(options=_index_options(count), value=value, description=description, style=style,
+                                   continuous_update=False)
+
+
+def resize_index_slider(slider: widgets.SelectionSlider, count: int, value: int) -> None:
+    """Give an ``index_slider`` the indices ``0 .. count - 1`` and select ``value`` (call inside ``hold()``: a
+    new set of options first selects index 0)."""
+    slider.options = _index_options(count)
+    slider.value = value
 
 
 def clicks_supported() -> bool:
@@ -86,10 +106,35 @@ class Explorer(widgets.VBox):
         if unknown:
             raise NoSuchAttributeError(f"{type(self).__name__} has no control named {unknown}; its controls are "
                                  f"{self.control_names()}")
+        checked = {name: self._checked(name, value) for name, value in values.items()}  # all, before any is set
         with self.hold():
-            for name, value in values.items():
+            for name, value in checked.items():
                 getattr(self, name).value = value
         return self
+
+    def _checked(self, name: str, value: Any) -> Any:
+        """``value`` (an integer of any kind as a Python int), or refused when the control cannot hold it, naming
+        the control and its values: ipywidgets would clamp a number to a slider's range without a word, and answer
+        a missing choice with a bare ``TraitError``."""
+        control = getattr(self, name)
+        value = int(value) if is_int(value) else value
+        options = getattr(control, "options", None)
+        if options is not None:  # dropdowns and index sliders
+            pairs = [o if isinstance(o, tuple) else (str(o), o) for o in options]
+            values = [v for _, v in pairs]
+            if not any(type(value) is type(v) and value == v for v in values):
+                shown = ", ".join(repr(v) for v in values[:12]) + (", ..." if len(values) > 12 else "")
+                error = OutOfRangeError if isinstance(control, widgets.SelectionSlider) else InputError
+                counted = (" (Python indices; the slider shows them counted from 1)"
+                           if isinstance(control, widgets.SelectionSlider) else "")
+                raise error(f"{type(self).__name__}.set({name}={value!r}): not one of the {name} control's values "
+                            f"{shown}{counted}; pass one of them")
+            return value
+        low, high = getattr(control, "min", None), getattr(control, "max", None)
+        if low is not None and high is not None and is_number(value) and not low <= value <= high:
+            raise OutOfRangeError(f"{type(self).__name__}.set({name}={value!r}): outside the {name} control's range "
+                                  f"[{low}, {high}]; pass a value in it")
+        return value
 
     def control_names(self) -> list[str]:
         """Names of the attributes that hold controls (sliders, dropdowns, checkboxes)."""

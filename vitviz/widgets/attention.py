@@ -36,7 +36,7 @@ from vitviz.core.images import Images, denormalise, load_images
 from vitviz.core.spec import inspect
 from vitviz.core.util import check_positive_int, eval_mode, is_int, is_number
 from vitviz.errors import InputError
-from vitviz.widgets._base import Explorer
+from vitviz.widgets._base import Explorer, index_slider
 from vitviz.widgets._render import colorbar, display_size, mark_cell, overlay, png_bytes, resize_rgb
 
 __all__ = ["AttentionExplorer", "explore_attention"]
@@ -129,13 +129,14 @@ def _token_options(prefix_tokens: Sequence[str], readout: Any = None) -> list[tu
 class AttentionExplorer(Explorer):
     """Widget: attention of one query over the patches of an image, for a layer and a head (or fused heads).
 
-    Controls (plain ipywidgets; set ``.value`` or call ``set(...)``): ``layer`` (0-based), ``head`` (an int or
-    ``"mean"``/``"max"``/``"min"``), ``query`` (a prefix-token index, ``"mean"``, ``"readout"`` or ``"patch"``), ``row``,
-    ``col``, ``rollout`` (bool), ``discard`` (rollout discard ratio), ``alpha`` (overlay opacity) and
-    ``image_index`` (when several images are given). ``image.value`` holds the PNG shown: the overlay, then its
-    colour bar (0 to the map's maximum, ticks labelled); ``status`` says what it is, counting layers, heads, rows
-    and columns from 1 as the figures' titles do (the controls' values are Python indices; the head menu reads
-    "head 1" for ``head=0``). ``map()`` returns the current ``(gh, gw)`` numbers.
+    Controls (plain ipywidgets; set ``.value`` or call ``set(...)``, which refuses a value a control cannot
+    hold): ``layer``, ``row`` and ``col`` (Python indices, shown counted from 1: the ``layer`` slider reads "6"
+    for ``layer=5``), ``head`` (an int or ``"mean"``/``"max"``/``"min"``; the menu reads "head 1" for
+    ``head=0``), ``query`` (a prefix-token index, ``"mean"``, ``"readout"`` or ``"patch"``), ``rollout`` (bool),
+    ``discard`` (rollout discard ratio), ``alpha`` (overlay opacity) and ``image_index`` (when several images are
+    given). ``image.value`` holds the PNG shown: the overlay, then its colour bar (0 to the map's maximum, ticks
+    labelled); ``status`` says what it is, counting layers, heads, rows and columns from 1 as the figures' titles
+    and the sliders do. ``map()`` returns the current ``(gh, gw)`` numbers.
     """
 
     def __init__(self, model: nn.Module, images: Images, *, labels: Sequence[str] | None = None, size: int = 320,
@@ -167,17 +168,14 @@ class AttentionExplorer(Explorer):
         self.image_index = widgets.Dropdown(options=list(zip(names, range(len(names)))), value=0,
                                             description="image", style=style,
                                             layout=widgets.Layout(display="" if len(names) > 1 else "none"))
-        self.layer = widgets.IntSlider(value=depth - 1, min=0, max=depth - 1, description="layer", style=style,
-                                       continuous_update=False)
+        self.layer = index_slider(depth, depth - 1, "layer", style)  # shows 1 ... depth, holds 0 ... depth - 1
         self.head = widgets.Dropdown(options=[(f"{f} of heads", f) for f in HEAD_FUSIONS]
                                      + [(f"head {i + 1}", i) for i in range(heads)], value="mean",
                                      description="head", style=style)
         options = _token_options(self.spec.prefix_tokens, self.spec.readout)
         self.query = widgets.Dropdown(options=options, value=options[0][1], description="query", style=style)
-        self.row = widgets.IntSlider(value=gh // 2, min=0, max=gh - 1, description="query row", style=style,
-                                     continuous_update=False)
-        self.col = widgets.IntSlider(value=gw // 2, min=0, max=gw - 1, description="query col", style=style,
-                                     continuous_update=False)
+        self.row = index_slider(gh, gh // 2, "query row", style)
+        self.col = index_slider(gw, gw // 2, "query col", style)
         self.rollout = widgets.Checkbox(value=False, description="rollout through this layer", indent=False)
         self.discard = widgets.FloatSlider(value=0.0, min=0.0, max=0.95, step=0.05, description="discard ratio",
                                            style=style, disabled=True, continuous_update=False)
@@ -289,8 +287,8 @@ class AttentionExplorer(Explorer):
     def _status(self, heat: np.ndarray, to_prefix: float) -> str:
         layer, head = self.layer.value, self.head.value
         depth = len(self.spec.attention_modules)
-        # counted from 1, as the figures' titles ("layer 6 of 6", "Head 1", "patch (row 2, column 3)"); the controls
-        # hold Python indices
+        # counted from 1, as the figures' titles ("layer 6 of 6", "Head 1", "patch (row 2, column 3)") and the
+        # sliders' labels; the controls hold Python indices
         what = (f"rollout through layer {layer + 1} of {depth}"
                 + (f", discard {self.discard.value:.2f}" if self.discard.value else "") if self.rollout.value
                 else f"layer {layer + 1} of {depth} ({self.spec.attention_modules[layer]})")

@@ -23,7 +23,7 @@ from vitviz.core.contexts import WeightsWatch
 from vitviz.core.spec import inspect
 from vitviz.core.util import check_positive_int
 from vitviz.errors import NoPositionEmbeddingError
-from vitviz.widgets._base import Explorer
+from vitviz.widgets._base import Explorer, index_slider, resize_index_slider
 from vitviz.widgets._render import colorbar, display_size, heat_png, mark_cell, png_bytes, resize_rgb
 
 __all__ = ["PosEmbedExplorer", "explore_pos_embed"]
@@ -49,8 +49,8 @@ SIMILARITY_TICKS = ((0.0, "-1"), (0.5, "0"), (1.0, "1"))  # the colour bar: cosi
 class PosEmbedExplorer(Explorer):
     """Widget: cosine similarity of one patch's position embedding with all others (Fig. 7 center, one tile).
 
-    Controls (plain ipywidgets; set ``.value`` or call ``set(...)``): ``row`` and ``col`` (the query patch,
-    zero-based), ``resolution`` (input height in pixels; the width keeps the model's aspect ratio; the grid is
+    Controls (plain ipywidgets; set ``.value`` or call ``set(...)``, which refuses a value a control cannot
+    hold): ``row`` and ``col`` (the query patch, Python indices, shown counted from 1), ``resolution`` (input height in pixels; the width keeps the model's aspect ratio; the grid is
     ``size // patch_size``), ``view`` (``"similarity"`` or ``"pca"``). ``image.value`` holds the PNG shown (in the
     similarity view with its colour bar, ticks -1, 0 and 1); ``status`` counts rows and columns from 1, as the
     figures do; ``map()`` returns the numbers behind it.
@@ -72,10 +72,8 @@ class PosEmbedExplorer(Explorer):
         style = {"description_width": "88px"}
         self.resolution = widgets.IntSlider(value=h, min=ph * min(2, gh), max=max(h, ph) * max_scale, step=ph,
                                             description="img size [px]", style=style, continuous_update=False)
-        self.row = widgets.IntSlider(value=gh // 2, min=0, max=gh - 1, description="patch row", style=style,
-                                     continuous_update=False)
-        self.col = widgets.IntSlider(value=gw // 2, min=0, max=gw - 1, description="patch column", style=style,
-                                     continuous_update=False)
+        self.row = index_slider(gh, gh // 2, "patch row", style)  # show 1 ... gh, hold 0 ... gh - 1
+        self.col = index_slider(gw, gw // 2, "patch column", style)
         self.view = widgets.ToggleButtons(options=[("similarity", "similarity"), ("embedding (PCA)", "pca")],
                                           value="similarity", description="view", style=style)
         self._shown_grid = (gh, gw)
@@ -141,7 +139,7 @@ class PosEmbedExplorer(Explorer):
         (h0, w0), (gh0, gw0) = self.spec.img_size, self.spec.grid_size
         where = "the model's own table" if (h, w) == (h0, w0) else (
             f"resampled (bicubic, timm's resample_abs_pos_embed) from {gh0}x{gw0} at {h0}x{w0} px")
-        # counted from 1, as the figures' titles; the sliders hold Python indices
+        # counted from 1, as the figures' titles and the sliders' labels; the sliders hold Python indices
         head = f"{gh}x{gw} grid at {h}x{w} px: {where}. Query patch (row {self.row.value + 1}, column " \
             f"{self.col.value + 1})"
         if self.view.value == "pca":
@@ -168,10 +166,8 @@ class PosEmbedExplorer(Explorer):
         self._shown_grid = (gh, gw)
         for slider, old, new in ((self.row, old_h, gh), (self.col, old_w, gw)):
             value = min(int((slider.value + 0.5) * new / old), new - 1)  # the same place in the image
-            if new - 1 >= slider.max:
-                slider.max, slider.value = new - 1, value
-            else:
-                slider.value, slider.max = value, new - 1
+            if new != old:
+                resize_index_slider(slider, new, value)
 
 
 def explore_pos_embed(model: nn.Module, *, size: int = 320, cmap: str = "viridis", max_scale: int = 4
