@@ -1,10 +1,21 @@
-"""Atomic file writes: write to a temporary file in the same folder, then rename over the target."""
+"""Atomic file writes: write to a temporary file in the same folder, then rename over the target.
+
+The temporary file is ``.<name>.<host>.<pid>.<random>.tmp`` beside the target. A process killed while it writes
+(SIGKILL, the out-of-memory killer, a preempted job) cannot remove its own; the next write of the same target
+removes it once that process is gone: a temporary file of this host whose process no longer exists and that has
+not changed for ``STALE_AFTER_S`` seconds (a checkpoint of a run killed and resumed again and again would
+otherwise leave one file of its size per kill).
+"""
 
 from __future__ import annotations
 
+import contextlib
+import glob
 import json
 import os
+import socket
 import tempfile
+import time
 from collections.abc import Callable
 from pathlib import Path
 from typing import Any
@@ -13,12 +24,56 @@ import torch
 
 from vitviz.errors import InputError
 
+STALE_AFTER_S = 600.0  # a temporary file untouched this long, of a process gone, is a killed write's
+
+
+def _host() -> str:
+    return socket.gethostname().replace(".", "-") or "host"
+
+
+def _alive(pid: int) -> bool:
+    try:
+        os.kill(pid, 0)
+    except ProcessLookupError:
+        return False
+    except OSError:  # it exists but is another user's (PermissionError), or the question cannot be asked here
+        return True
+    return True
+
+
+def remove_stale_temporaries(path: str | os.PathLike) -> list[Path]:
+    """Remove the temporary files that killed writes of ``path`` left beside it (see the module docstring).
+
+    Only this host's files are considered (a process of another host sharing the folder cannot be asked whether
+    it lives), never this process's own, and never one changed in the last ``STALE_AFTER_S`` seconds.
+
+    Returns:
+        the files removed.
+    """
+    path = Path(path)
+    stem = f".{path.name}.{_host()}."
+    removed = []
+    for tmp in map(Path, glob.glob(os.path.join(glob.escape(str(path.parent)), glob.escape(stem) + "*.tmp"))):
+        pid = tmp.name[len(stem):].split(".", 1)[0]
+        if not pid.isdigit() or int(pid) == os.getpid() or _alive(int(pid)):
+            continue
+        with contextlib.suppress(FileNotFoundError):  # another writer of the same target may remove it first
+            if time.time() - tmp.stat().st_mtime >= STALE_AFTER_S:
+                tmp.unlink()
+                removed.append(tmp)
+    return removed
+
 
 def atomic_write(path: str | os.PathLike, write: Callable[[str], None]) -> Path:
-    """Call ``write(tmp_path)`` and move the result to ``path`` in one rename; no partial file ever shows."""
+    """Call ``write(tmp_path)`` and move the result to ``path`` in one rename; no partial file ever shows.
+
+    Temporary files of earlier writes of ``path`` killed before they could clean up are removed first
+    (``remove_stale_temporaries``).
+    """
     path = Path(path)
     path.parent.mkdir(parents=True, exist_ok=True)
-    fd, tmp = tempfile.mkstemp(prefix=f".{path.name}.", suffix=".tmp", dir=path.parent)
+    remove_stale_temporaries(path)
+    fd, tmp = tempfile.mkstemp(prefix=f".{path.name}.{_host()}.{os.getpid()}.", suffix=".tmp", dir=path.parent)
     os.close(fd)
     try:
         write(tmp)

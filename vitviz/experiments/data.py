@@ -21,7 +21,7 @@ from PIL import Image
 from torchvision.datasets import ImageFolder
 
 from vitviz.core.digest import file_key, tensor_digest
-from vitviz.core.io import atomic_save
+from vitviz.core.io import atomic_save, atomic_write
 from vitviz.errors import DataNotFoundError, InputError
 from vitviz.zoo.samples import DATA_ENV, resolve_data_root  # noqa: F401  (the dataset root rule lives with the samples)
 
@@ -135,11 +135,12 @@ def pack_image_folder(root: str | os.PathLike, path: str | os.PathLike,
         arrays[f"{split}_offsets"] = np.concatenate([[0], np.cumsum([len(r) for r in rest])]).astype(np.int64)
         arrays[f"{split}_labels"] = np.array([t for _, t in index.samples], dtype=np.int64)
         arrays[f"{split}_classes"] = np.array(index.classes)
-    path.parent.mkdir(parents=True, exist_ok=True)
-    tmp = path.with_name(f".{path.stem}.tmp.npz")
-    np.savez(tmp, **arrays)
-    os.replace(tmp, path)
-    return path
+
+    def write(tmp: str) -> None:
+        with open(tmp, "wb") as f:
+            np.savez(f, **arrays)
+
+    return atomic_write(path, write)
 
 
 def load_pack(path: str | os.PathLike, split: str, cache_dir: str | os.PathLike | None = None) -> TensorDataset:
