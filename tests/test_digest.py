@@ -211,6 +211,43 @@ def test_a_generic_dataset_is_known_by_its_items_and_a_random_one_is_refused():
     assert np.array_equal(np.random.get_state()[1], state[1])
 
 
+class Paths(Dataset):
+    """A map-style Dataset of image files, its paths and labels in attributes of its own names (not ``files`` or
+    ``samples``), or in a pandas table."""
+
+    def __init__(self, paths, labels, table=False):
+        if table:
+            import pandas as pd
+
+            self.table = pd.DataFrame({"path": [str(p) for p in paths], "label": labels})
+        else:
+            self.image_paths, self.classes_of = list(paths), list(labels)
+
+    def __len__(self):
+        return len(self.table) if hasattr(self, "table") else len(self.image_paths)
+
+    def __getitem__(self, i):
+        path, label = ((self.table.path[i], int(self.table.label[i])) if hasattr(self, "table")
+                       else (self.image_paths[i], self.classes_of[i]))
+        return torch.from_numpy(np.load(path)), label
+
+
+@pytest.mark.parametrize("table", [False, True], ids=["lists", "pandas"])
+def test_a_generic_dataset_is_known_by_the_paths_and_labels_it_holds(tmp_path, table):
+    """Items 0, 2 and 4 of five are read; an image replaced at 1 or one label changed there was not seen."""
+    paths = []
+    for i in range(5):
+        paths.append(tmp_path / f"{i}.npy")
+        np.save(paths[-1], np.full((3, 4, 4), i, dtype=np.float32))
+    labels = [0, 1, 2, 3, 4]
+    before = source_digest(Paths(paths, labels, table))
+    assert source_digest(Paths(paths, labels, table)) == before
+    assert source_digest(Paths(paths, [0, 9, 2, 3, 4], table)) != before  # a label no read item shows
+    np.save(paths[1], np.full((3, 4, 4), 7, dtype=np.float32))  # another image at a position no read item shows
+    os.utime(paths[1], ns=(time.time_ns() + 10**9, time.time_ns() + 10**9))  # a new time, as an edit gives
+    assert source_digest(Paths(paths, labels, table)) != before
+
+
 def test_a_transform_is_known_by_what_it_computes():
     """A plain function as a transform resumes (no memory address in the digest); two Lambdas differ."""
     import subprocess

@@ -13,8 +13,11 @@ torchvision dataset's arrays and ``target_transform``, a ``Subset``'s indices, a
 ``collate_fn`` (when not the default) and sampler and, for a sampler of fixed order, the positions it reads: a
 ``DistributedSampler``'s rank and world size and a ``drop_last`` loader's dropped tail count, the batch size
 otherwise does not). A map-style ``Dataset`` of another kind is identified by its class, its length, its
-``transform`` (and ``target_transform``) and the values of three of its items (the first, the middle and the last:
-image tensors and labels; another data set differs there, an edit of one image among the others does not). They
+``transform`` (and ``target_transform``), what it holds in its own attributes (tensors, arrays, pandas tables, lists
+of file paths with each file's size and modification time, of strings or of integers: a path list's image replaced
+or edited anywhere, or one label changed, is seen) and the values of three of its items (the first, the middle and
+the last: image tensors and labels; another data set differs there, an edit of one image among the others that its
+attributes do not show is not seen). They
 are loaded only when a digest is asked for, i.e. by a run with a checkpoint, cache or ``out=``; item 0 is loaded
 twice, and a dataset that gives other values the second time (a random transform) is refused with a
 ``CheckpointError``, as a run on it cannot be resumed to the same result. The global random states (torch's CPU
@@ -66,7 +69,7 @@ import numpy as np
 import torch
 from torch import nn
 
-from vitviz.core.util import kept_rng
+from vitviz.core.util import is_int, kept_rng
 from vitviz.errors import CheckpointError
 
 __all__ = ["callable_digest", "file_key", "image_digest", "model_digest", "readout_digest", "source_digest",
@@ -433,8 +436,67 @@ def _feed_source(h: Any, src: Any, resumed_by: str, depth: int = 0) -> None:
     if target_transform is not None:
         h.update(b"target_transform:")
         _feed_callable(h, target_transform, 0)
+    if not known and isinstance(src, Dataset):
+        _feed_held(h, src)
     if not known and n and isinstance(src, Dataset) and not isinstance(src, IterableDataset):
         _feed_items(h, src, n, resumed_by)
+
+
+_READ_ABOVE = frozenset({"files", "samples", "root", "data", "targets", "labels", "transform", "target_transform",
+                         "transforms"})
+
+
+def _feed_held(h: Any, src: Any) -> None:
+    """What a ``Dataset`` of another kind holds in its own attributes, read without loading an image: every
+    attribute (in name order) that is a tensor or an array of numbers or strings (by its values), a pandas table
+    (every cell and the index; a column of paths also by each file's size and modification time), or a list or
+    tuple of strings or paths (each by its text and, where it names a file, that file's size and modification
+    time) or of integers (by value); so an image file replaced or edited anywhere in a path list, or one label
+    changed, gives another digest although the three items read after this may not show it. Other attributes
+    (objects, dicts, a file handle) are not read."""
+    try:
+        attrs = vars(src)
+    except TypeError:  # __slots__: nothing of its own to read
+        return
+    for name in sorted(set(attrs) - _READ_ABOVE):
+        value = attrs[name]
+        if isinstance(value, np.ndarray) and value.dtype.kind in "SU":  # strings: by their bytes
+            h.update(f"held:{name}:{value.dtype}{value.shape}:".encode() + np.ascontiguousarray(value).tobytes())
+        elif isinstance(value, torch.Tensor) or (isinstance(value, np.ndarray) and value.dtype.kind in "biufc"):
+            h.update(f"held:{name}:".encode())
+            _feed_tensor(h, torch.as_tensor(value))
+        elif type(value).__module__.startswith("pandas") and type(value).__name__ in ("DataFrame", "Series"):
+            _feed_table(h, name, value)
+        elif isinstance(value, (list, tuple)) and value and all(isinstance(v, (str, os.PathLike)) for v in value):
+            h.update(f"held:{name}:".encode())
+            _feed_paths(h, value)
+        elif isinstance(value, (list, tuple)) and value and all(is_int(v) for v in value):
+            h.update(f"held:{name}:".encode() + np.asarray(value, dtype=np.int64).tobytes())
+
+
+def _feed_paths(h: Any, values: Any) -> None:
+    """Strings or paths, each by its text and what ``file_key`` says of the file it names (``-1:-1``: none)."""
+    for v in values:
+        h.update(f"{os.fspath(v)}:{file_key(v)}\0".encode())
+
+
+def _feed_table(h: Any, name: str, table: Any) -> None:
+    """A pandas ``DataFrame`` or ``Series``: every cell and the index by value, and a column of paths (one whose
+    first cell names a file) also by its files' sizes and modification times; a table pandas cannot hash (cells
+    holding lists or dicts) is not read."""
+    import pandas as pd
+
+    try:
+        cells = pd.util.hash_pandas_object(table, index=True).to_numpy().tobytes()
+    except TypeError:
+        return
+    columns = list(table.items()) if hasattr(table, "columns") else [(table.name, table)]
+    h.update(f"held:{name}:{[c for c, _ in columns]}:".encode() + cells)
+    for column, values in columns:
+        values = values.tolist()
+        if values and all(isinstance(v, str) for v in values) and os.path.isfile(values[0]):
+            h.update(f"files:{column}:".encode())
+            _feed_paths(h, values)
 
 
 def source_digest(source: Any, resumed_by: str = "checkpoint=") -> str:
