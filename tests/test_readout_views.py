@@ -27,6 +27,10 @@ def pool_rows(m: torch.nn.Module, x: torch.Tensor) -> torch.Tensor:
     return torch.cat([torch.zeros(len(x), 1), a], dim=1).detach()
 
 
+def no_hooks(m: torch.nn.Module) -> bool:
+    return not any(mod._forward_hooks or mod._forward_pre_hooks for mod in m.modules())
+
+
 def sharp(m: torch.nn.Module) -> torch.nn.Module:
     """The blocks' queries scaled up: attention far from uniform, so rows weighted otherwise give other maps."""
     g = torch.Generator().manual_seed(5)
@@ -100,6 +104,7 @@ def test_heads_grid_weights_the_queries_by_an_attention_pools_own_attention():
         uniform = torch.cat([torch.zeros(1), torch.full((16,), 1 / 16)])
         assert (got - expected(m, x, uniform, 1)).abs().max() > 1e-3  # not the patch mean
         assert "weighted by the attention pool" in fig._suptitle.get_text()
+        assert no_hooks(m)  # the pool was hooked for the forward only
     finally:
         plt.close(fig)
 
@@ -144,6 +149,7 @@ def test_explorer_weights_the_rows_by_the_pool_and_follows_a_weight_change():
     r = rollout_matrix(attns)[0]
     want = (pool_rows(m, x)[0].double() @ r)[1:].reshape(4, 4).float()
     torch.testing.assert_close(torch.as_tensor(ex.map()), want, atol=1e-6, rtol=1e-5)
+    assert no_hooks(m)
 
 
 def test_explorer_of_a_class_token_head_offers_no_weighted_readout():
