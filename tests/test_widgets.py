@@ -268,10 +268,16 @@ def test_set_refuses_values_a_control_cannot_hold_and_changes_nothing():
         w.set(head="avg")
     with pytest.raises(InputError, match=r"layer=True"):
         w.set(layer=True)  # a bool is no index
-    assert (w.png, w.layer.value, w.head.value, w.alpha.value) == before  # head=1 was not applied either
+    assert (w.png, w.layer.value, w.head.value, w.alpha.value) == before  # head=1 was put back
     p = explore_pos_embed(model)
     with pytest.raises(OutOfRangeError, match=r"col=6"):
         p.set(col=6)
+    p.set(resolution=64, row=7)  # each value is checked against what the ones before it made: 8 rows at 64 px
+    assert p.grid == (8, 12) and p.row.value == 7
+    state = (p.png, p.resolution.value, p.row.value, p.col.value, len(p.row.options))
+    with pytest.raises(OutOfRangeError, match=r"row=5"):
+        p.set(resolution=16, row=5)  # 2 rows at 16 px: refused, and the resolution and rows put back
+    assert (p.png, p.resolution.value, p.row.value, p.col.value, len(p.row.options)) == state
 
 
 def test_vit_b16_payload_stays_under_one_megabyte():

@@ -283,7 +283,7 @@ def plot_attention_heads_grid(
     grid = spec.grid_for_input(x)
     q, qname = _query(spec, query, grid)
     with torch.no_grad(), eval_mode(model), without_autocast(model), capture_attention(model, layers=layer) as cap, \
-            PoolRows(model, spec, None if q is None else q) as pool:
+            PoolRows(model, spec, q) as pool:  # reads an attention pool for q=None only
         model(x)
     attn = cap.attentions[0][0].float()  # (H, N, N)
     n = attn.shape[-1]

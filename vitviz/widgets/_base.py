@@ -15,6 +15,7 @@ from contextlib import contextmanager
 from typing import Any
 
 import ipywidgets as widgets
+from traitlets import TraitError
 
 from vitviz.core.util import is_int, is_number
 from vitviz.errors import InputError, NoSuchAttributeError, NotImplementedInVitviz, OutOfRangeError
@@ -106,11 +107,27 @@ class Explorer(widgets.VBox):
         if unknown:
             raise NoSuchAttributeError(f"{type(self).__name__} has no control named {unknown}; its controls are "
                                  f"{self.control_names()}")
-        checked = {name: self._checked(name, value) for name, value in values.items()}  # all, before any is set
+        before = {name: getattr(self, name).value for name in self.control_names()}
         with self.hold():
-            for name, value in checked.items():
-                getattr(self, name).value = value
+            try:
+                for name, value in values.items():  # each checked against what the ones before it made (a new
+                    getattr(self, name).value = self._checked(name, value)  # resolution gives other rows)
+            except InputError:
+                self._restore(before)
+                raise
         return self
+
+    def _restore(self, values: dict[str, Any]) -> None:
+        """Put the controls back to ``values`` (inside ``hold()``). A value the first pass cannot set yet (a row of
+        a grid that a control set later in the pass restores) is set in a second."""
+        pending = []
+        for name, value in values.items():
+            try:
+                getattr(self, name).value = value
+            except TraitError:
+                pending.append(name)
+        for name in pending:
+            getattr(self, name).value = values[name]
 
     def _checked(self, name: str, value: Any) -> Any:
         """``value`` (an integer of any kind as a Python int), or refused when the control cannot hold it, naming

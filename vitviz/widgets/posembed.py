@@ -50,8 +50,9 @@ class PosEmbedExplorer(Explorer):
     """Widget: cosine similarity of one patch's position embedding with all others (Fig. 7 center, one tile).
 
     Controls (plain ipywidgets; set ``.value`` or call ``set(...)``, which refuses a value a control cannot
-    hold): ``row`` and ``col`` (the query patch, Python indices, shown counted from 1), ``resolution`` (input height in pixels; the width keeps the model's aspect ratio; the grid is
-    ``size // patch_size``), ``view`` (``"similarity"`` or ``"pca"``). ``image.value`` holds the PNG shown (in the
+    hold): ``row`` and ``col`` (the query patch, Python indices, shown counted from 1), ``resolution`` (input
+    height in pixels; the width keeps the model's aspect ratio; the grid is ``size // patch_size``), ``view``
+    (``"similarity"`` or ``"pca"``). ``image.value`` holds the PNG shown (in the
     similarity view with its colour bar, ticks -1, 0 and 1); ``status`` counts rows and columns from 1, as the
     figures do; ``map()`` returns the numbers behind it.
     """
