@@ -46,7 +46,7 @@ class PoolRows:
     def __init__(self, model: torch.nn.Module, spec: ViTSpec, token: int | str | None) -> None:
         read = spec.readout
         named = token is None or (isinstance(token, str) and token == "readout")
-        self.active = named and read.how == "attention-pool" and read.pool_attention
+        self.active = named and read.weights_by_pool
         self.model, self.spec = model, spec
         self.seen: list[torch.Tensor] = []
         self._undo = None

@@ -209,14 +209,14 @@ def _query(spec, query: int | tuple[int, int] | None, grid: tuple[int, int]) -> 
     p = spec.num_prefix_tokens
     if query is None:
         read = spec.readout
-        if read.how == "attention-pool" and read.pool_attention:
+        if read.weights_by_pool:
             return None, "queries weighted by the attention pool"
         if read.single_token is not None:
             return None, f"{_TOKEN_WORDS.get(spec.prefix_tokens[read.single_token], 'prefix')} token"
         if read.patch_mean:
             return None, "mean over patch queries"
-        if read.how == "mean" and all(len(part) == 1 and is_int(part[0]) for part in read.parts):
-            words = [_TOKEN_WORDS.get(spec.prefix_tokens[part[0]], "prefix") for part in read.parts]
+        if read.how == "mean" and read.prefix_parts is not None:
+            words = [_TOKEN_WORDS.get(spec.prefix_tokens[t], "prefix") for t in read.prefix_parts]
             return None, f"mean of the {' and '.join(words)} queries"
         return None, f"queries the head reads ({read.describe(spec.prefix_tokens, source=False)})"
     if isinstance(query, (tuple, list)):

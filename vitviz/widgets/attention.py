@@ -104,7 +104,7 @@ def _token_options(prefix_tokens: Sequence[str], readout: Any = None) -> list[tu
     ``"readout"``, the rows the head reads weighted as it weights them: the class and distillation queries'
     mean of DeiT-distilled, an attention pool's own attention over the tokens)."""
     single = getattr(readout, "single_token", 0 if "cls" in prefix_tokens else None)
-    pooled = getattr(readout, "how", None) == "attention-pool" and bool(getattr(readout, "pool_attention", False))
+    pooled = bool(getattr(readout, "weights_by_pool", False))
     patch_out = not pooled and bool(getattr(readout, "patch_mean", "cls" not in prefix_tokens))
     options: list[tuple[str, int | str]] = []
     regs = 0

@@ -327,9 +327,9 @@ class Family:
         patch mean (e.g. ``vitviz.describe(..., readout="avg")``) likewise. Other readouts (attention pools, a head
         on every token): the default above."""
         readout = self.readout(model, prefix_tokens)
-        parts = readout.parts
-        if readout.how in ("token", "mean") and all(len(q) == 1 and isinstance(q[0], int) for q in parts):
-            return tokens[:, [q[0] for q in parts]].mean(dim=1)  # one token, or the mean of prefix tokens
+        read = readout.prefix_parts
+        if readout.how in ("token", "mean") and read is not None:
+            return tokens[:, list(read)].mean(dim=1)  # one token, or the mean of prefix tokens
         if readout.how == "mean" and readout.patch_mean:
             return pool_tokens(tokens, "avg", len(prefix_tokens))
         return pool_tokens(tokens, "token" if prefix_tokens and prefix_tokens[0] == "cls" else "avg",

@@ -80,17 +80,30 @@ class Readout:
             raise InputError(f"Readout(parts={self.parts!r}) must name at least one token set, each non-empty")
 
     @property
+    def weights_by_pool(self) -> bool:
+        """Whether the rows read are weighted by an attention pool's own attention over the tokens, read during the
+        forward pass (``pool_attention``; ``vitviz.analysis.readout_rows.PoolRows``)."""
+        return self.how == "attention-pool" and self.pool_attention
+
+    @property
     def exact(self) -> bool:
         """Whether the rows read are the readout's own (a fixed mean of token rows, or an attention pool's own
         attention), not vitviz's approximation."""
-        return self.how not in INEXACT or (self.how == "attention-pool" and self.pool_attention)
+        return self.how not in INEXACT or self.weights_by_pool
+
+    @property
+    def prefix_parts(self) -> tuple[int, ...] | None:
+        """The prefix tokens read where each part is one prefix token (the class token; DeiT-distilled's class and
+        distillation tokens), else ``None``."""
+        if all(len(part) == 1 and isinstance(part[0], int) for part in self.parts):
+            return tuple(part[0] for part in self.parts)
+        return None
 
     @property
     def single_token(self) -> int | None:
         """The one prefix token read (class-token readouts), else ``None``."""
-        if len(self.parts) == 1 and len(self.parts[0]) == 1 and isinstance(self.parts[0][0], int):
-            return self.parts[0][0]
-        return None
+        read = self.prefix_parts
+        return read[0] if read is not None and len(read) == 1 else None
 
     @property
     def patch_mean(self) -> bool:
@@ -153,7 +166,7 @@ class Readout:
             "attention-pool": "attention pool over " + tokens[0],
             "none": "no pooling (head on every token)",
         }[self.how]
-        if self.how == "attention-pool" and self.pool_attention:
+        if self.weights_by_pool:
             text += "; explanations weight the rows by the pool's own attention"
         elif not self.exact:
             text += "; explanations read " + ("the class token" if self.single_token is not None
