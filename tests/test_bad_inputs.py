@@ -312,6 +312,8 @@ ROWS: list[Row] = [
     ("flops-input-size-wrong-for-model", lambda: vitviz.count_flops(M, (3, 32, 32)), InputError,
      "input_size=(3, 32, 32) does not fit the model (VisionTransformer takes 32x48 images"),
     ("flops-model-none", lambda: vitviz.count_flops(None), InputTypeError, "model=None is a NoneType, not a torch"),
+    ("flops-input-size-none-not-a-vit", lambda: vitviz.count_flops(torch.nn.Linear(3, 3)), InputError,
+     "input_size=None: Linear is not a ViT vitviz reads"),
     # pixels: an array without pixels
     ("array-zero-size", lambda: vitviz.load_images(M, np.zeros((0, 48, 3), np.uint8)), ImageInputError,
      "an image array of shape (0, 48, 3) has no pixels"),

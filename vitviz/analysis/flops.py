@@ -19,7 +19,13 @@ from typing import Any
 import torch
 from torch import nn
 
-from vitviz.core.contexts import autograd, normal_tensor, parameter_hooks_off, without_autocast
+from vitviz.core.contexts import (
+    autograd,
+    checkpointing_off,
+    normal_tensor,
+    parameter_hooks_off,
+    without_autocast,
+)
 from vitviz.core.spec import inspect
 from vitviz.core.util import is_int, kept_buffers, kept_grads, kept_rng, module_mode
 from vitviz.errors import InputError, InputTypeError, NotAViTError
@@ -42,28 +48,38 @@ def sdpa_math_backend() -> Iterator[None]:
         yield
 
 
-def _check_input(model: nn.Module, input_size: tuple[int, int, int]) -> None:
-    """Refuse a non-module, an ``input_size`` that is not ``(C, H, W)`` positive ints, or one the ViT cannot take."""
+def _check_input(model: nn.Module, input_size: tuple[int, int, int] | None) -> tuple[int, int, int]:
+    """The ``(C, H, W)`` to count with: ``input_size``, or for ``None`` the size a ViT vitviz reads is built for.
+
+    Refuses a non-module, an ``input_size`` that is not ``(C, H, W)`` positive ints, one the ViT cannot take, or
+    ``None`` for a module vitviz cannot read (its input size is then unknown)."""
     if not isinstance(model, nn.Module):
         raise InputTypeError(f"model={model!r} is a {type(model).__name__}, not a torch.nn.Module; pass the model "
                              "whose FLOPs to count")
+    try:
+        spec = inspect(model)
+    except NotAViTError:
+        spec = None
+    if input_size is None:
+        if spec is None:
+            raise InputError(f"input_size=None: {type(model).__name__} is not a ViT vitviz reads, so the size of "
+                             "its input is unknown; pass input_size=(C, H, W), e.g. (3, 224, 224)")
+        channels = next((m.in_channels for m in model.modules() if isinstance(m, nn.Conv2d)), 3)
+        return (int(channels), *spec.img_size)
     sizes = list(input_size) if isinstance(input_size, (tuple, list, torch.Size)) else None
     if sizes is None or len(sizes) != 3 or any(
             not is_int(v) or v < 1 for v in sizes):
         raise InputError(f"input_size={input_size!r} is not the (C, H, W) of one image; pass three positive ints, "
-                         "e.g. (3, 32, 32)")
-    try:
-        spec = inspect(model)
-    except NotAViTError:
-        return  # any module: its own forward says what it takes
-    if not spec.takes((sizes[1], sizes[2])):
+                         "e.g. (3, 224, 224), or None for the size the model is built for")
+    if spec is not None and not spec.takes((sizes[1], sizes[2])):
         (h, w), (sh, sw) = spec.img_size, spec.patch_size
         other = f", or any multiple of its {sh}x{sw} token stride" if spec.dynamic_img_size else ""
         raise InputError(f"input_size={input_size!r} does not fit the model ({spec.name} takes {h}x{w} images"
                          f"{other}); pass ({sizes[0]}, {h}, {w})")
+    return (int(sizes[0]), int(sizes[1]), int(sizes[2]))
 
 
-def count_flops(model: nn.Module, input_size: tuple[int, int, int] = (3, 32, 32), backward: bool = False) -> int:
+def count_flops(model: nn.Module, input_size: tuple[int, int, int] | None = None, backward: bool = False) -> int:
     """FLOPs for one image: the forward pass, or forward + backward (one training step's compute).
 
     Attention runs on SDPA's math backend for the count (see the module docstring), so the result does not depend
@@ -77,7 +93,9 @@ def count_flops(model: nn.Module, input_size: tuple[int, int, int] = (3, 32, 32)
 
     Args:
         model: any module taking ``(1, *input_size)``.
-        input_size: ``(C, H, W)``.
+        input_size: ``(C, H, W)``; default ``None``: the size a ViT vitviz reads is built for
+            (``vitviz.inspect(model).img_size``, with the input channels of its first convolution). Any other module
+            needs it.
         backward: count the backward pass of ``output.sum()`` as well (``output_tensor``: the output, its
             ``logits``, or a tuple's first element), also inside ``torch.no_grad()``.
 
@@ -87,11 +105,11 @@ def count_flops(model: nn.Module, input_size: tuple[int, int, int] = (3, 32, 32)
     Raises:
         InputTypeError: ``model`` is not a ``torch.nn.Module``.
         InputError: ``input_size`` is not three positive ints, or (for a ViT vitviz reads) its ``H x W`` is not a
-            size the model takes; or, with ``backward``, the output holds no tensor to start the backward pass from.
+            size the model takes, or it is ``None`` for a module vitviz does not read; or, with ``backward``, the output holds no tensor to start the backward pass from.
     """
     from torch.utils.flop_counter import FlopCounterMode
 
-    _check_input(model, input_size)
+    input_size = _check_input(model, input_size)
     param = next(model.parameters(), None)
     device = param.device if param is not None else torch.device("cpu")
     # the values do not change the count: drawn from a generator of its own, never the user's global one
@@ -105,7 +123,7 @@ def count_flops(model: nn.Module, input_size: tuple[int, int, int] = (3, 32, 32)
     # statistics), the random generators dropout drew from
     # a caller's autocast would count other kernels (open_clip's attention takes another path in bfloat16)
     with module_mode(model, backward), kept_grads(model), kept_buffers(model), kept_rng(device), \
-            without_autocast(model), parameter_hooks_off(model):
+            without_autocast(model), parameter_hooks_off(model), checkpointing_off(model):
         with sdpa_math_backend(), counter:
             if backward:
                 with autograd(model, "count_flops(backward=True)", weights=True):

@@ -104,9 +104,13 @@ def attention_gradients(
         grads = [None if t is None else _as_map(next(found), a) for t, a in zip(targets, attns)]
     unused = [name for name, g in zip(cap.layer_names, grads) if g is None]
     if unused:
+        why = ("this model computes them outside autograd: under torch.no_grad, or in a reentrant "
+               "torch.utils.checkpoint, which use_reentrant=False avoids"
+               if any(not a.requires_grad for a, g in zip(attns, grads) if g is None)
+               else "this model's probe recomputes or copies the probabilities")
         raise UnsupportedModelError(
             f"{spec.name}: the attention captured at {unused[0]}{' and others' if len(unused) > 1 else ''} does not "
-            "feed the output (this model's probe recomputes or copies the probabilities), so it has no gradient; "
+            f"feed the output ({why}), so it has no gradient; "
             "use a gradient-free method (attention, rollout, flow), or a model whose attention probabilities are "
             "read where they are used (timm, Hugging Face, torchvision, a ViT with an attn_drop module)")
     resolved = ResolvedTarget(resolved.scores.detach(), resolved.classes,

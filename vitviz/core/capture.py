@@ -20,6 +20,12 @@ Every map's ``N`` must be the layout's prefix tokens plus the input's patch grid
 ``CaptureError`` names both numbers. A forward that raises inside the block (out of memory in block 1) leaves no
 unfinished pass: a retry in the same block is read afresh, and the block exits cleanly.
 
+Activation checkpointing (timm's and open_clip's ``set_grad_checkpointing``, Hugging Face's
+``gradient_checkpointing_enable``) is switched off while a capture is open and back on when the last capture open on
+the model exits (``core.contexts.checkpointing_off`` says why). A recomputation the model does on its own (its own
+``torch.utils.checkpoint`` calls) is not a forward pass: the maps a probe reads during a backward pass are dropped,
+the forward's maps having been read already.
+
 Two ways to consume the maps:
 
 - ``store=True`` (default): ``cap.attentions`` is the list of ``(B, H, N, N)`` tensors, in layer order, from the
@@ -50,12 +56,13 @@ import sys
 import threading
 import weakref
 from collections.abc import Callable, Iterator, Sequence
-from contextlib import contextmanager
+from contextlib import ExitStack, contextmanager
 
 import numpy as np
 import torch
 from torch import nn
 
+from vitviz.core.contexts import checkpointing_off
 from vitviz.core.families import family_of
 from vitviz.core.families.base import Emit, HeadMaps, Probe, Undo
 from vitviz.core.spec import ViTSpec, inspect
@@ -75,6 +82,8 @@ class _SharedProbe:
         self.undo = probe(module, self._fan_out)
 
     def _fan_out(self, attn: torch.Tensor) -> None:
+        if torch._C._current_graph_task_id() != -1:
+            return  # a backward pass recomputing the forward (activation checkpointing): its maps were read then
         for _token, emit in list(self.subscribers):
             emit(attn)
 
@@ -384,6 +393,9 @@ def capture_attention(
                            retain_grad=retain_grad, model_class=type(model).__name__)
     undos = []
     try:
+        stack = ExitStack()
+        undos.append(stack.close)
+        stack.enter_context(checkpointing_off(model))
         undos.append(family.prepare(model))
         undos.append(_watch_passes(cap, _enclosing_modules(model, [modules[i][1] for i in chosen])))
         for position, index in enumerate(chosen):

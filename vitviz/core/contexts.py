@@ -1,21 +1,24 @@
 """The caller's contexts and the model's state as a vitviz call meets them, each rule written once.
 
 A call runs inside whatever the caller set up: ``torch.no_grad()``, ``torch.inference_mode()``, ``torch.autocast``,
-a model built or loaded in inference mode, hooks on parameters. Here is what vitviz does with each (see
-``docs/trust.md``, "Your contexts"): ``without_autocast`` keeps a caller's autocast out of an analysis;
-``autograd`` is the block of a gradient analysis (inference mode off, autograd on, a model of inference tensors
-refused, parameters ``frozen`` or their hooks off with ``parameter_hooks_off``), with ``grad_leaf`` and
-``normal_tensor`` for the tensors that enter its graph and ``model_copy`` for a copy vitviz may change; and
+a model built or loaded in inference mode, hooks on parameters, activation checkpointing. Here is what vitviz does
+with each (see ``docs/trust.md``, "Your contexts"): ``without_autocast`` keeps a caller's autocast out of an
+analysis; ``autograd`` is the block of a gradient analysis (inference mode off, autograd on, a model of inference
+tensors refused, parameters ``frozen`` or their hooks off with ``parameter_hooks_off``), with ``grad_leaf`` and
+``normal_tensor`` for the tensors that enter its graph and ``model_copy`` for a copy vitviz may change;
+``checkpointing_off`` keeps a model's activation checkpointing out of a capture and a FLOP count; and
 ``WeightsWatch`` tells a cache whether the model's tensors changed since it was filled.
 """
 
 from __future__ import annotations
 
 import contextlib
+import threading
+import weakref
 from collections.abc import Iterator
 from typing import Any
 
-__all__ = ["WeightsWatch", "autograd", "frozen", "grad_leaf", "inference_tensor", "model_copy", "normal_tensor",
+__all__ = ["WeightsWatch", "autograd", "checkpointing_off", "frozen", "grad_leaf", "inference_tensor", "model_copy", "normal_tensor",
            "parameter_hooks_off", "tensor_version", "without_autocast"]
 
 
@@ -38,6 +41,51 @@ def without_autocast(model: Any) -> Iterator[None]:
         for kind in _device_types(model):
             stack.enter_context(torch.autocast(kind, enabled=False))
         yield
+
+
+# module -> attribute -> [open blocks that switched it off, its value before the first]
+_CHECKPOINTING: weakref.WeakKeyDictionary[Any, dict[str, list]] = weakref.WeakKeyDictionary()
+_CHECKPOINTING_LOCK = threading.RLock()
+CHECKPOINTING_FLAGS = ("grad_checkpointing", "gradient_checkpointing")  # timm, open_clip; Hugging Face
+
+
+@contextlib.contextmanager
+def checkpointing_off(model: Any) -> Iterator[None]:
+    """Activation checkpointing off in ``model`` for the block: every submodule's ``grad_checkpointing`` (timm's
+    and open_clip's ``set_grad_checkpointing``) or ``gradient_checkpointing`` (Hugging Face's
+    ``gradient_checkpointing_enable``) flag that is ``True`` is ``False`` in the block and ``True`` again after.
+
+    A checkpointed block runs its forward a second time in the backward pass: a capture would be handed its maps
+    twice, a block recomputed after a capture's probes are gone would no longer match its forward
+    (``torch.utils.checkpoint`` refuses), and ``count_flops(backward=True)`` would count the recomputation, a
+    memory-for-compute trade of the training set-up rather than the model's compute. Checkpointing changes memory,
+    never values. Blocks may nest and overlap on one model and end in any order (two captures open at once): the
+    flags come back when the last block that switched them off ends, also when it raises."""
+    taken: list[tuple[Any, str]] = []
+    with _CHECKPOINTING_LOCK:
+        for module in model.modules():
+            for attr in CHECKPOINTING_FLAGS:
+                entry = _CHECKPOINTING.get(module, {}).get(attr)
+                if entry is not None:
+                    entry[0] += 1
+                elif getattr(module, attr, None) is True:
+                    _CHECKPOINTING.setdefault(module, {})[attr] = [1, True]
+                    setattr(module, attr, False)
+                else:
+                    continue
+                taken.append((module, attr))
+    try:
+        yield
+    finally:
+        with _CHECKPOINTING_LOCK:
+            while taken:
+                module, attr = taken.pop()
+                flags = _CHECKPOINTING[module]
+                flags[attr][0] -= 1
+                if flags[attr][0] == 0:
+                    setattr(module, attr, flags.pop(attr)[1])
+                    if not flags:
+                        del _CHECKPOINTING[module]
 
 
 def tensor_version(t: Any) -> int | None:

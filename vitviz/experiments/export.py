@@ -22,7 +22,7 @@ from vitviz.errors import ComputeError
 from vitviz.experiments.config import check_training_state
 from vitviz.experiments.data import balanced_indices, load_split, run_fingerprint
 from vitviz.zoo.cards import DATASET
-from vitviz.zoo.reference import REFERENCE_MODELS, build_reference
+from vitviz.zoo.reference import CIFAR10_INPUT, REFERENCE_MODELS, build_reference
 from vitviz.zoo.weights import CARD_FORMAT, load_training_state, versions
 
 SUBSET_SIZE = 500
@@ -95,7 +95,7 @@ def export_reference(cfg: Any, dest: str | os.PathLike) -> dict[str, Any]:
             "builder": f"vitviz.zoo.reference.{REFERENCE_MODELS[name].factory.__name__}",
             "kwargs": {**REFERENCE_MODELS[name].kwargs, **cfg.model_kwargs},
             "parameters": sum(p.numel() for p in model.parameters()),
-            "input_size": [3, 32, 32],
+            "input_size": list(CIFAR10_INPUT),
         },
         "recipe": {k: v for k, v in asdict(cfg).items() if k not in ("data", "out", "device", "threads")},
         "epochs": state["epoch"],
@@ -105,8 +105,8 @@ def export_reference(cfg: Any, dest: str | os.PathLike) -> dict[str, Any]:
         "test_top1_subset500": round(evaluate(model, subset, device), 2),
         "subset500": "first 50 test images of each class in file-name order (test/<class>/0000-0049.jpg here)",
         "pos_embed_locality": _locality(model),
-        "flops_per_image_forward": count_flops(model),
-        "flops_per_image_train_step": count_flops(model, backward=True),
+        "flops_per_image_forward": count_flops(model, CIFAR10_INPUT),
+        "flops_per_image_train_step": count_flops(model, CIFAR10_INPUT, backward=True),
         "train_time_s": round(state["train_time"], 1),
         "hardware": _training_hardware(cfg),
         "seed": cfg.seed,

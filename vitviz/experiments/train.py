@@ -40,7 +40,7 @@ from vitviz.experiments.config import TrainConfig, check_training_state, config_
 from vitviz.experiments.data import TensorDataset, load_split, split_fingerprint
 from vitviz.experiments.measure import device_description, evaluate, normalize
 from vitviz.zoo.models import resolve_device
-from vitviz.zoo.reference import build_reference
+from vitviz.zoo.reference import CIFAR10_INPUT, build_reference
 
 
 def lr_at(step: int, total_steps: int, warmup_steps: int, lr: float, min_lr: float) -> float:
@@ -167,8 +167,8 @@ def train(
     use_cuda = device.type == "cuda"
     if use_cuda and cfg.compile:
         forward = torch.compile(model)
-    flops_fwd = count_flops(model)
-    flops_train = count_flops(model, backward=True)
+    flops_fwd = count_flops(model, CIFAR10_INPUT)
+    flops_train = count_flops(model, CIFAR10_INPUT, backward=True)
 
     here = device_description(device)
     for epoch in range(start_epoch, cfg.epochs):

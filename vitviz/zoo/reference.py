@@ -35,13 +35,14 @@ from vitviz.errors import InputError, NoSuchAttributeError, UnknownNameError
 CIFAR10_CLASSES = ("airplane", "automobile", "bird", "cat", "deer", "dog", "frog", "horse", "ship", "truck")
 CIFAR10_MEAN = (0.4914, 0.4822, 0.4465)
 CIFAR10_STD = (0.2470, 0.2435, 0.2616)
+CIFAR10_INPUT = (3, 32, 32)  # (C, H, W) of every reference model's input
 
 
 def cifar10_pretrained_cfg(name: str) -> dict[str, Any]:
     """A timm-style ``pretrained_cfg`` so ``resolve_data_config`` preprocesses images for the CIFAR-10 models."""
     return {
         "architecture": name,
-        "input_size": (3, 32, 32),
+        "input_size": CIFAR10_INPUT,
         "fixed_input_size": True,
         "interpolation": "bilinear",
         "crop_pct": 1.0,

@@ -96,6 +96,11 @@ def family_of(model: nn.Module) -> Family:
             f"{type(model).__name__} is torch.compile's wrapper of a {type(wrapped).__name__}: vitviz reads attention "
             "with hooks and module patches on the eager modules, which a compiled graph does not run; pass the "
             "model it wraps (model._orig_mod, the same weights) to vitviz")
+    if isinstance(model, (nn.DataParallel, nn.parallel.DistributedDataParallel)):
+        raise UnsupportedModelError(
+            f"{type(model).__name__} is a wrapper of a {type(model.module).__name__} for training on several "
+            "devices: it runs copies of the model (one per device, in threads) that vitviz's hooks would read out "
+            "of order; pass the model it wraps (model.module, the same weights) to vitviz")
     compiled = next((name or "the model" for name, m in model.named_modules()
                      if getattr(m, "_compiled_call_impl", None) is not None), None)
     if compiled is not None:
