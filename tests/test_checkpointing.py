@@ -14,10 +14,10 @@ import pytest
 import torch
 from torch import nn
 from torch.utils.checkpoint import checkpoint
+from tutorial_vit import TutorialViT
+from untouched import MODELS, images
 
 import vitviz
-from tests.tutorial_vit import TutorialViT
-from tests.untouched import MODELS, images
 from vitviz.core.capture import capture_attention
 from vitviz.errors import UnsupportedModelError
 

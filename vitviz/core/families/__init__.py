@@ -101,6 +101,15 @@ def family_of(model: nn.Module) -> Family:
             f"{type(model).__name__} is a wrapper of a {type(model.module).__name__} for training on several "
             "devices: it runs copies of the model (one per device, in threads) that vitviz's hooks would read out "
             "of order; pass the model it wraps (model.module, the same weights) to vitviz")
+    tuner = next((c.__name__ for c in type(model).__mro__
+                  if c.__module__.split(".")[0] == "peft" and c.__name__ in ("PeftModel", "BaseTuner")), None)
+    if tuner is not None:
+        inner, how = ((model.get_base_model(), "model.get_base_model()") if tuner == "PeftModel"
+                      else (getattr(model, "model", None), "model.model"))
+        raise UnsupportedModelError(
+            f"{type(model).__name__} is peft's wrapper of a {type(inner).__name__}: pass the model it adapts ({how}, "
+            "whose adapter layers vitviz reads as they compute), or the adapters merged into the weights "
+            "(model.merge_and_unload(), which AttnLRP needs)")
     compiled = next((name or "the model" for name, m in model.named_modules()
                      if getattr(m, "_compiled_call_impl", None) is not None), None)
     if compiled is not None:

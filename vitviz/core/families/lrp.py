@@ -41,7 +41,7 @@ import torch
 import torch.nn.functional as F
 from torch import nn
 
-from vitviz.core.families.base import Undo, chain_undos, set_attr
+from vitviz.core.families.base import Undo, chain_undos, plain_linear, set_attr
 from vitviz.errors import InputError, UnsupportedModelError
 
 LINEAR_RULES = ("epsilon", "gamma", "plain")
@@ -260,17 +260,21 @@ def classify(modules: Iterable[tuple[str, nn.Module]], model_name: str, containe
         cls = base.__name__
         if skip(name, m) or cls in PASS_THROUGH or isinstance(m, (nn.Dropout, nn.Identity)):
             continue
-        if base is nn.Linear or cls in ("Linear", "NonDynamicallyQuantizableLinear"):
+        if plain_linear(m):
             out["linear"].append((name, m))
         elif cls in NORMS:
             out["norm"].append((name, m))
         elif cls in ACTIVATIONS:
             out["act"].append((name, m))
         elif cls not in containers:
+            adapter = (" It looks like an adapter layer (a LoRA): merge the adapters into the weights first (peft: "
+                       "model.merge_and_unload()), or use" if base.__module__.split(".")[0] == "peft"
+                       or isinstance(getattr(m, "base_layer", None), nn.Module) else " Use")
             raise UnsupportedModelError(
-                f"{model_name}: AttnLRP has no rule for the module {name} ({cls}); vitviz refuses rather than "
-                "propagate through it with the plain gradient. Supported: Linear, LayerNorm/RMSNorm, GELU/SiLU/"
-                "ReLU/tanh, softmax attention; use explain(method='chefer') for this model")
+                f"{model_name}: AttnLRP has no rule for the module {name} ({base.__module__}.{base.__qualname__}); "
+                "vitviz refuses rather than propagate through it with the plain gradient. Supported: nn.Linear "
+                "(its own forward), LayerNorm/RMSNorm, GELU/SiLU/ReLU/tanh, softmax attention."
+                f"{adapter} explain(method='chefer') for this model")
     return out
 
 

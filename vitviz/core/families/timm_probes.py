@@ -49,7 +49,7 @@ from torch import nn
 
 import vitviz.core.families.stream as stream
 from vitviz.core import kernels
-from vitviz.core.families.base import Emit, HeadMaps, Probe, Undo, chain_undos, set_attr
+from vitviz.core.families.base import Emit, HeadMaps, Probe, Undo, chain_undos, plain_linear, set_attr
 from vitviz.core.families.probes import probe_attn_drop
 from vitviz.core.kernels import forward_lse
 from vitviz.errors import CaptureError, UnsupportedModelError
@@ -171,8 +171,10 @@ def _stream_kind(module: nn.Module) -> tuple[str, Any] | None:
     if kind == "differential" and not callable(getattr(module, "_compute_lambda", None)):
         return None
     if kind == "beit":
-        if not isinstance(getattr(module, "qkv", None), nn.Linear) or not callable(getattr(module, "_get_rel_pos_bias",
-                                                                                           None)):
+        # q and k are projected again from the qkv weights (``_beit_qk``): only a plain Linear computes what they say
+        qkv = getattr(module, "qkv", None)
+        if not isinstance(qkv, nn.Module) or not plain_linear(qkv) or not callable(getattr(module, "_get_rel_pos_bias",
+                                                                                            None)):
             return None
         if not all(hasattr(module, a) for a in ("q_bias", "k_bias", "relative_position_bias_table")):
             return None
