@@ -86,30 +86,42 @@ def describe(model: nn.Module, **layout: Any) -> nn.Module:
     return model
 
 
-def family_of(model: nn.Module) -> Family:
-    """The family that reads ``model``; raises ``NotAViTError`` naming the model and the fix."""
-    if not isinstance(model, nn.Module):
-        raise NotAViTError(f"expected a torch.nn.Module ViT, got {type(model).__name__}")
+def _wrapper_refusal(model: nn.Module) -> str | None:
+    """Why ``model`` is a wrapper vitviz does not read through, naming the model it wraps and how to pass that; or
+    None. Each wraps a ViT vitviz reads, but runs it in a way the hooks cannot follow or hides its layout."""
+    name = type(model).__name__
     wrapped = getattr(model, "_orig_mod", None)
-    if type(model).__name__ == "OptimizedModule" and isinstance(wrapped, nn.Module):
-        raise UnsupportedModelError(
-            f"{type(model).__name__} is torch.compile's wrapper of a {type(wrapped).__name__}: vitviz reads attention "
-            "with hooks and module patches on the eager modules, which a compiled graph does not run; pass the "
-            "model it wraps (model._orig_mod, the same weights) to vitviz")
+    if name == "OptimizedModule" and isinstance(wrapped, nn.Module):
+        return (f"{name} is torch.compile's wrapper of a {type(wrapped).__name__}: vitviz reads attention with hooks "
+                "and module patches on the eager modules, which a compiled graph does not run; pass the model it "
+                "wraps (model._orig_mod, the same weights) to vitviz")
     if isinstance(model, (nn.DataParallel, nn.parallel.DistributedDataParallel)):
-        raise UnsupportedModelError(
-            f"{type(model).__name__} is a wrapper of a {type(model.module).__name__} for training on several "
-            "devices: it runs copies of the model (one per device, in threads) that vitviz's hooks would read out "
-            "of order; pass the model it wraps (model.module, the same weights) to vitviz")
+        return (f"{name} is a wrapper of a {type(model.module).__name__} for training on several devices: it runs "
+                "copies of the model (one per device, in threads) that vitviz's hooks would read out of order; pass "
+                "the model it wraps (model.module, the same weights) to vitviz")
     tuner = next((c.__name__ for c in type(model).__mro__
                   if c.__module__.split(".")[0] == "peft" and c.__name__ in ("PeftModel", "BaseTuner")), None)
     if tuner is not None:
         inner, how = ((model.get_base_model(), "model.get_base_model()") if tuner == "PeftModel"
                       else (getattr(model, "model", None), "model.model"))
-        raise UnsupportedModelError(
-            f"{type(model).__name__} is peft's wrapper of a {type(inner).__name__}: pass the model it adapts ({how}, "
-            "whose adapter layers vitviz reads as they compute), or the adapters merged into the weights "
-            "(model.merge_and_unload(), which AttnLRP needs)")
+        return (f"{name} is peft's wrapper of a {type(inner).__name__}: pass the model it adapts ({how}, whose "
+                "adapter layers vitviz reads as they compute), or the adapters merged into the weights "
+                "(model.merge_and_unload(), which AttnLRP needs)")
+    inner = getattr(model, "model", None)
+    if type(model).__module__.startswith("timm.") and name == "FeatureGetterNet" and isinstance(inner, nn.Module):
+        return (f"{name} is timm's features_only wrapper of a {type(inner).__name__}: it returns a list of feature "
+                "maps, not the model's output; pass the model it wraps (model.model: its blocks up to the last "
+                "feature taken, classifier head removed), or build the model without features_only")
+    return None
+
+
+def family_of(model: nn.Module) -> Family:
+    """The family that reads ``model``; raises ``NotAViTError`` naming the model and the fix."""
+    if not isinstance(model, nn.Module):
+        raise NotAViTError(f"expected a torch.nn.Module ViT, got {type(model).__name__}")
+    refusal = _wrapper_refusal(model)
+    if refusal is not None:
+        raise UnsupportedModelError(refusal)
     compiled = next((name or "the model" for name, m in model.named_modules()
                      if getattr(m, "_compiled_call_impl", None) is not None), None)
     if compiled is not None:

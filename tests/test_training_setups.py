@@ -1,4 +1,7 @@
-"""Activation checkpointing and multi-device wrappers: a model set up for training is read as the plain model.
+"""A model set up for training or feature extraction is read as the plain model, or refused naming the one to pass.
+
+Activation checkpointing, multi-device wrappers (``DataParallel``, ``DistributedDataParallel``) and timm's
+``features_only`` wrapper.
 
 A checkpointed block runs its forward again in the backward pass. vitviz switches the libraries' checkpointing
 flags off while a capture is open (and back on after), and drops the maps a probe reads during a backward pass
@@ -145,6 +148,19 @@ def test_multi_device_wrappers_are_refused_naming_the_model_they_wrap(wrapper):
     with pytest.raises(UnsupportedModelError, match=f"{wrapper} is a wrapper of a VisionTransformer.*model.module"):
         vitviz.inspect(wrapped)
     assert vitviz.inspect(wrapped.module).depth == vitviz.inspect(model).depth
+
+
+def test_timm_features_only_is_refused_naming_the_model_it_wraps():
+    """``features_only`` returns a list of feature maps; the ViT it wraps (``model.model``, pruned to the blocks up
+    to the last feature taken) is read as usual."""
+    import timm
+
+    features = timm.create_model("vit_tiny_patch16_224", img_size=32, features_only=True, out_indices=(0,)).eval()
+    with pytest.raises(UnsupportedModelError, match=r"FeatureGetterNet is timm's features_only wrapper of a "
+                                                    r"VisionTransformer.*model\.model"):
+        vitviz.explain(features, images((32, 32)), method="rollout")
+    assert vitviz.inspect(features.model).depth == 1
+    assert vitviz.explain(features.model, images((32, 32)), method="rollout").shape == (2, 2, 2)
 
 
 def test_count_flops_counts_the_models_compute_not_the_recomputation():
