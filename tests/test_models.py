@@ -1,4 +1,5 @@
-"""load_model: timm names, local weight files (safetensors, pth, bin, JAX npz), fail-fast offline, bad files."""
+"""load_model: timm names, local weight files (safetensors, pth, bin, JAX npz), model folders (Hugging Face,
+timm), Hub ids from the local cache, fail-fast offline, bad files."""
 
 from __future__ import annotations
 
@@ -176,3 +177,74 @@ def test_safetensors_without_architecture_asks_for_a_name(tmp_path):
 @pytest.mark.gpu
 def test_auto_device_is_cuda_when_available():
     assert next(vitviz.load_model(TINY).parameters()).device.type == "cuda"
+
+
+# ------------------------------------------------------------------------------ model folders and Hub ids
+
+def _hf_vit():
+    transformers = pytest.importorskip("transformers")
+    config = transformers.ViTConfig(image_size=32, patch_size=8, hidden_size=32, num_hidden_layers=2,
+                                    num_attention_heads=4, intermediate_size=64, num_labels=5)
+    return transformers.ViTForImageClassification(config).eval()
+
+
+def _timm_folder(path):
+    from timm.models._hub import save_for_hf
+
+    model = timm.create_model(TINY, num_classes=7, img_size=32)
+    save_for_hf(model, str(path), model_args={"img_size": 32})
+    return model
+
+
+def test_a_hugging_face_save_pretrained_folder_loads_as_its_class(tmp_path):
+    model = _hf_vit()
+    model.save_pretrained(tmp_path / "hf")
+    loaded = vitviz.load_model(tmp_path / "hf", device="cpu")
+    assert type(loaded) is type(model) and not loaded.training and same_weights(loaded, model)
+    assert vitviz.inspect(loaded).grid_size == (4, 4)
+    with pytest.raises(vitviz.CheckpointError, match=r"does not say which architecture.*or pass its folder"):
+        vitviz.load_model(tmp_path / "hf" / "model.safetensors")  # the file alone: its folder names the model
+
+
+def test_a_timm_hub_folder_loads_through_timm(tmp_path):
+    model = _timm_folder(tmp_path / "timm")
+    loaded = vitviz.load_model(tmp_path / "timm", device="cpu")
+    assert isinstance(loaded, timm.models.VisionTransformer) and same_weights(loaded, model)
+    assert loaded.num_classes == 7 and vitviz.inspect(loaded).img_size == (32, 32)
+
+
+def test_a_folder_that_names_no_model_is_refused(tmp_path):
+    with pytest.raises(vitviz.CheckpointError, match="without a config.json"):
+        vitviz.load_model(tmp_path)
+    (tmp_path / "config.json").write_text('{"hidden_size": 32}')
+    with pytest.raises(vitviz.CheckpointError, match="names neither a timm architecture"):
+        vitviz.load_model(tmp_path)
+
+
+def test_a_hub_id_loads_from_the_local_cache_and_fails_fast_offline(tmp_path, monkeypatch):
+    """A Hub id is read from the local cache (the layout huggingface_hub writes: refs/main names the snapshot);
+    when it is not there and the Hub cannot be reached, the error names the folder fix within seconds."""
+    import huggingface_hub
+
+    cache = tmp_path / "hub"
+    snapshot = cache / "models--someone--tiny-vit" / "snapshots" / "0123abc"
+    model = _timm_folder(snapshot)
+    (cache / "models--someone--tiny-vit" / "refs").mkdir()
+    (cache / "models--someone--tiny-vit" / "refs" / "main").write_text("0123abc")
+    monkeypatch.setattr(huggingface_hub.constants, "HF_HUB_CACHE", str(cache))
+    monkeypatch.setenv("HF_ENDPOINT", "https://weights.vitviz-offline.invalid")  # never asked: the cache answers
+    for name in ("someone/tiny-vit", "hf-hub:someone/tiny-vit"):
+        assert same_weights(vitviz.load_model(name, device="cpu"), model)
+        assert vitviz.load_model_or_random(name, verbose=False).vitviz_random_weights is False
+    monkeypatch.delenv("HF_HUB_OFFLINE", raising=False)
+    t0 = time.perf_counter()
+    with pytest.raises(vitviz.WeightsUnavailableError, match=r"'someone/absent'.*cannot be reached.*path/to/folder"):
+        vitviz.load_model("someone/absent")
+    assert time.perf_counter() - t0 < 10
+    with pytest.raises(vitviz.WeightsUnavailableError):  # no architecture to build random weights from
+        vitviz.load_model_or_random("someone/absent", verbose=False)
+    monkeypatch.setenv("HF_HUB_OFFLINE", "1")
+    with pytest.raises(vitviz.WeightsUnavailableError, match="HF_HUB_OFFLINE"):
+        vitviz.load_model("someone/absent")
+    with pytest.raises(vitviz.CheckpointError, match="not found"):  # a path that looks like an id stays a path
+        vitviz.load_model("weights/absent.safetensors")

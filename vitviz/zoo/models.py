@@ -1,12 +1,16 @@
-"""``vitviz.load_model``: a ViT by timm name, local weights file, or vitviz reference-model name.
+"""``vitviz.load_model``: a ViT by timm name, local weights file, model folder, Hugging Face Hub id, or vitviz
+reference-model name.
 
-Weights never come silently from the network: ``pretrained=True`` first checks that the weight host answers
-(3 s), and fails at once with an error naming the model and the ``checkpoint=`` fix when it does not.
+Weights never come silently from the network: ``pretrained=True`` (and a Hub id not in the local cache) first
+checks that the weight host answers (3 s), and fails at once with an error naming the model and the local-file fix
+when it does not.
 """
 
 from __future__ import annotations
 
+import json
 import os
+import re
 import socket
 import threading
 from pathlib import Path
@@ -22,6 +26,8 @@ from vitviz.zoo.weights import check_npz, checkpoint_dir, read_state_dict, safet
 
 WEIGHT_SUFFIXES = (".safetensors", ".pth", ".pt", ".bin", ".npz")
 NETWORK_TIMEOUT_S = 3.0
+HUB_ID = re.compile(r"^(hf-hub:)?([A-Za-z0-9][\w.-]*/[\w.-]+)$")  # "org/name" or timm's "hf-hub:org/name"
+HUB_FILES = ["*.json", "*.safetensors", "pytorch_model.bin", "open_clip_pytorch_model.bin"]  # what a folder load reads
 
 
 
@@ -124,6 +130,78 @@ def _create_timm(name: str, pretrained: bool, checkpoint: Path | None, **kwargs:
     return timm.create_model(name, pretrained=False, **kwargs)
 
 
+def _load_folder(folder: Path, **kwargs: Any) -> nn.Module:
+    """A model saved as a folder with a ``config.json``: a Hugging Face ``save_pretrained`` folder (its ``model_type``;
+    the class its ``architectures`` names, else ``AutoModel``) or a timm Hub folder (its ``architecture``, read by
+    timm's ``local-dir:`` loader). ``kwargs`` go to ``from_pretrained`` or ``timm.create_model``."""
+    config_file = folder / "config.json"
+    if not config_file.is_file():
+        raise CheckpointError(
+            f"{str(folder)!r} is a folder without a config.json: vitviz reads a Hugging Face save_pretrained folder or "
+            "a timm Hub folder (config.json beside model.safetensors or pytorch_model.bin); pass a weights file "
+            "with the architecture named instead: vitviz.load_model('<timm model name>', checkpoint='path/to/file')")
+    try:
+        config = json.loads(config_file.read_text())
+    except (OSError, ValueError) as e:
+        raise CheckpointError(f"{str(config_file)!r} is not readable JSON: {e}") from None
+    if isinstance(config, dict) and isinstance(config.get("architecture"), str):  # timm's save_for_hf / push_to_hf_hub
+        import timm
+
+        try:
+            return timm.create_model(f"local-dir:{folder}", pretrained=True, **kwargs)
+        except (RuntimeError, OSError, ValueError, KeyError) as e:
+            raise CheckpointError(f"timm cannot build the model in {str(folder)!r} "
+                                  f"({config['architecture']}): {type(e).__name__}: {str(e)[:400]}") from None
+    if isinstance(config, dict) and isinstance(config.get("model_type"), str):  # transformers' save_pretrained
+        try:
+            import transformers
+        except ImportError:
+            from vitviz.errors import MissingDependencyError
+
+            raise MissingDependencyError(f"{str(folder)!r} holds a Hugging Face model "
+                                         f"({config['model_type']}): pip install 'vitviz[hf]'") from None
+        names = config.get("architectures") or []
+        cls = getattr(transformers, names[0], None) if names else None
+        cls = cls if cls is not None else transformers.AutoModel
+        try:
+            return cls.from_pretrained(str(folder), local_files_only=True, **kwargs)
+        except (OSError, ValueError, RuntimeError) as e:
+            raise CheckpointError(f"transformers cannot load {cls.__name__} from {str(folder)!r}: "
+                                  f"{type(e).__name__}: {str(e)[:400]}") from None
+    raise CheckpointError(
+        f"{str(config_file)!r} names neither a timm architecture ('architecture') nor a Hugging Face model "
+        "('model_type'); load the model with its own library and pass the module to vitviz")
+
+
+def _hub_folder(repo: str) -> Path:
+    """The local folder of Hugging Face Hub repository ``repo``: from the local cache when its ``config.json`` is
+    there; else downloaded (``HUB_FILES`` only) after the host answered; else ``WeightsUnavailableError``."""
+    try:
+        import huggingface_hub
+    except ImportError:
+        raise _unavailable(repo, "huggingface_hub is not installed (pip install 'vitviz[hf]')") from None
+    cached = huggingface_hub.try_to_load_from_cache(repo, "config.json")
+    if isinstance(cached, str):
+        return Path(cached).parent
+    if os.environ.get("HF_HUB_OFFLINE", "0") not in ("0", "", "false", "False"):
+        raise _hub_unavailable(repo, "HF_HUB_OFFLINE is set and the repository is not in the local cache")
+    host = _weights_host({"hf_hub_id": repo})
+    if not host_reachable(host):
+        raise _hub_unavailable(repo, f"{host} cannot be reached (offline?) and the repository is not in the local "
+                                     "cache")
+    try:
+        return Path(huggingface_hub.snapshot_download(repo, allow_patterns=HUB_FILES))
+    except Exception as e:
+        raise _hub_unavailable(repo, f"{type(e).__name__}: {str(e)[:300]}") from None
+
+
+def _hub_unavailable(repo: str, why: str) -> WeightsUnavailableError:
+    return WeightsUnavailableError(
+        f"the Hugging Face Hub repository {repo!r} cannot be fetched (and no local folder of that name exists): {why}. "
+        "Download its folder (config.json and the weights) on a machine with network access and pass the folder: "
+        "vitviz.load_model('path/to/folder')")
+
+
 def _load_reference(name: str, checkpoint: Path | None, **kwargs: Any) -> nn.Module:
     model = build_reference(name, **kwargs)
     path = checkpoint or checkpoint_dir() / f"{name}.safetensors"
@@ -153,22 +231,32 @@ def load_model(
 
     Args:
         name_or_path: a timm model name (``"vit_base_patch16_224"``), a vitviz reference model
-            (``"cifar10-vit"``, see ``vitviz.zoo.reference.REFERENCE_MODELS``), or a ``.safetensors`` file exported
-            by vitviz (its metadata names the architecture).
+            (``"cifar10-vit"``, see ``vitviz.zoo.reference.REFERENCE_MODELS``), a ``.safetensors`` file exported
+            by vitviz (its metadata names the architecture), a model folder (a Hugging Face ``save_pretrained``
+            folder, or a timm Hub folder: ``config.json`` beside the weights), or a Hugging Face Hub id
+            (``"google/vit-base-patch16-224"``, ``"hf-hub:timm/vit_base_patch16_224.augreg_in21k"``), read from
+            the local cache, else downloaded when the Hub answers.
         pretrained: fetch the timm model's pretrained weights (fails within seconds when offline).
         checkpoint: a local weights file: ``.safetensors``, ``.pth``/``.pt``/``.bin`` state dict, or the original
             JAX ``.npz`` (read by timm's loader, which also resamples position embeddings to ``img_size``).
         device: ``"auto"`` (CUDA when available), ``"cpu"``, ``"cuda:1"``...
-        **kwargs: passed to ``timm.create_model`` (e.g. ``img_size=384``, ``dynamic_img_size=True``).
+        **kwargs: passed to ``timm.create_model`` (e.g. ``img_size=384``, ``dynamic_img_size=True``), or to
+            ``from_pretrained`` for a Hugging Face folder.
 
     Raises:
         WeightsUnavailableError: pretrained weights cannot be fetched; the message says how to pass a file.
-        CheckpointError: the weights file is missing, corrupt, or does not fit the model.
+        CheckpointError: the weights file is missing, corrupt, or does not fit the model; a folder has no readable
+            ``config.json`` naming a timm or Hugging Face model.
     """
     ckpt = Path(checkpoint) if checkpoint is not None else None
     target = str(name_or_path)
+    hub = HUB_ID.match(target)
     if target in REFERENCE_MODELS:
         model = _load_reference(target, ckpt, **kwargs)
+    elif Path(target).is_dir():
+        model = _load_folder(Path(target), **kwargs)
+    elif hub is not None and not Path(target).exists() and not target.endswith(WEIGHT_SUFFIXES):
+        model = _load_folder(_hub_folder(hub.group(2)), **kwargs)
     elif target.endswith(WEIGHT_SUFFIXES) or Path(target).is_file():
         path = Path(target)
         if not path.is_file():
@@ -179,9 +267,11 @@ def load_model(
         elif arch:
             model = _create_timm(arch, False, path, **kwargs)
         else:
+            beside = (f"; or pass its folder, whose config.json names the model: vitviz.load_model("
+                      f"{str(path.parent)!r})" if (path.parent / "config.json").is_file() else "")
             raise CheckpointError(
                 f"{target!r} does not say which architecture it holds; name it: "
-                f"vitviz.load_model('<timm model name>', checkpoint={target!r})"
+                f"vitviz.load_model('<timm model name>', checkpoint={target!r}){beside}"
             )
     else:
         model = _create_timm(target, pretrained, ckpt, **kwargs)
@@ -209,8 +299,11 @@ def load_model_or_random(
     try:
         model = load_model(name, pretrained=pretrained, device=device, **kwargs)
         from_file = kwargs.get("checkpoint") is not None or str(name).endswith(WEIGHT_SUFFIXES)
-        random = not (pretrained or from_file or name in REFERENCE_MODELS or Path(name).is_file())
+        saved = Path(name).exists() or HUB_ID.match(str(name)) is not None  # a file, a folder, a Hub repository
+        random = not (pretrained or from_file or name in REFERENCE_MODELS or saved)
     except WeightsUnavailableError as err:
+        if HUB_ID.match(str(name)) is not None and not Path(name).exists() and not str(name).endswith(WEIGHT_SUFFIXES):
+            raise  # its architecture is in the repository's config.json: nothing to build random weights from
         if verbose:
             print(f"NOTE: no trained weights for {name!r}, so it has RANDOM weights: its figures show the "
                   f"initialisation, not what training learns.\n  ({err})")
