@@ -89,7 +89,8 @@ def test_attnlrp_refuses_a_linear_that_is_not_plain_even_when_named_linear():
     torch.manual_seed(0)
     model = tiny_timm_vit()
     fc1 = model.blocks[0].mlp.fc1
-    qat = torch.ao.nn.qat.Linear(fc1.in_features, fc1.out_features, qconfig=torch.ao.quantization.get_default_qat_qconfig())
+    qconfig = torch.ao.quantization.get_default_qat_qconfig()
+    qat = torch.ao.nn.qat.Linear(fc1.in_features, fc1.out_features, qconfig=qconfig)
     qat.load_state_dict(fc1.state_dict(), strict=False)
     model.blocks[0].mlp.fc1 = qat.eval()
     x = torch.randn(2, 3, 32, 48)
@@ -127,5 +128,6 @@ def test_peft_wrappers_are_refused_naming_the_model_they_adapt():
     with pytest.raises(UnsupportedModelError, match=r"PeftModel is peft's wrapper of a VisionTransformer.*"
                                                     r"model\.get_base_model\(\)"):
         vitviz.inspect(wrapped)
-    with pytest.raises(UnsupportedModelError, match=r"LoraModel is peft's wrapper of a VisionTransformer.*model\.model"):
+    with pytest.raises(UnsupportedModelError,
+                       match=r"LoraModel is peft's wrapper of a VisionTransformer.*model\.model"):
         vitviz.inspect(wrapped.base_model)

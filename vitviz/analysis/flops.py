@@ -105,7 +105,8 @@ def count_flops(model: nn.Module, input_size: tuple[int, int, int] | None = None
     Raises:
         InputTypeError: ``model`` is not a ``torch.nn.Module``.
         InputError: ``input_size`` is not three positive ints, or (for a ViT vitviz reads) its ``H x W`` is not a
-            size the model takes, or it is ``None`` for a module vitviz does not read; or, with ``backward``, the output holds no tensor to start the backward pass from.
+            size the model takes, or it is ``None`` for a module vitviz does not read; or, with ``backward``, the
+            output holds no tensor to start the backward pass from.
     """
     from torch.utils.flop_counter import FlopCounterMode
 

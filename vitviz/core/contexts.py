@@ -18,8 +18,8 @@ import weakref
 from collections.abc import Iterator
 from typing import Any
 
-__all__ = ["WeightsWatch", "autograd", "checkpointing_off", "frozen", "grad_leaf", "inference_tensor", "model_copy", "normal_tensor",
-           "parameter_hooks_off", "tensor_version", "without_autocast"]
+__all__ = ["WeightsWatch", "autograd", "checkpointing_off", "frozen", "grad_leaf", "inference_tensor", "model_copy",
+           "normal_tensor", "parameter_hooks_off", "tensor_version", "without_autocast"]
 
 
 def _device_types(model: Any) -> list[str]:
