@@ -20,7 +20,7 @@ from urllib.parse import urlparse
 import torch
 from torch import nn
 
-from vitviz.errors import CheckpointError, InputError, WeightsUnavailableError
+from vitviz.errors import CheckpointError, InputError, MissingDependencyError, WeightsUnavailableError
 from vitviz.zoo.reference import REFERENCE_MODELS, build_reference
 from vitviz.zoo.weights import check_npz, checkpoint_dir, read_state_dict, safetensors_metadata
 
@@ -57,6 +57,20 @@ def host_reachable(host: str, port: int = 443, timeout: float = NETWORK_TIMEOUT_
     t.start()
     t.join(timeout + 0.5)
     return bool(result and result[0])
+
+
+def _hub_offline() -> bool:
+    """Whether ``HF_HUB_OFFLINE`` forbids the Hugging Face Hub."""
+    return os.environ.get("HF_HUB_OFFLINE", "0") not in ("0", "", "false", "False")
+
+
+def _hub_repo(target: str) -> str | None:
+    """The Hub repository ``target`` names (``"org/name"`` or ``"hf-hub:org/name"``), or None: a path that exists,
+    or one ending in a weights suffix, stays a path."""
+    hub = HUB_ID.match(target)
+    if hub is None or Path(target).exists() or target.endswith(WEIGHT_SUFFIXES):
+        return None
+    return hub.group(2)
 
 
 def _weights_host(pretrained_cfg: dict[str, Any]) -> str:
@@ -118,7 +132,7 @@ def _create_timm(name: str, pretrained: bool, checkpoint: Path | None, **kwargs:
         cached = _cached_hub_file(cfg)
         if cached:
             return _create_timm(name, False, Path(cached), **kwargs)
-        if os.environ.get("HF_HUB_OFFLINE", "0") not in ("0", "", "false", "False"):
+        if _hub_offline():
             raise _unavailable(name, "HF_HUB_OFFLINE is set and the weights are not in the local cache")
         host = _weights_host(cfg)
         if not host_reachable(host):
@@ -156,8 +170,6 @@ def _load_folder(folder: Path, **kwargs: Any) -> nn.Module:
         try:
             import transformers
         except ImportError:
-            from vitviz.errors import MissingDependencyError
-
             raise MissingDependencyError(f"{str(folder)!r} holds a Hugging Face model "
                                          f"({config['model_type']}): pip install 'vitviz[hf]'") from None
         names = config.get("architectures") or []
@@ -179,11 +191,11 @@ def _hub_folder(repo: str) -> Path:
     try:
         import huggingface_hub
     except ImportError:
-        raise _unavailable(repo, "huggingface_hub is not installed (pip install 'vitviz[hf]')") from None
+        raise _hub_unavailable(repo, "huggingface_hub is not installed (pip install 'vitviz[hf]')") from None
     cached = huggingface_hub.try_to_load_from_cache(repo, "config.json")
     if isinstance(cached, str):
         return Path(cached).parent
-    if os.environ.get("HF_HUB_OFFLINE", "0") not in ("0", "", "false", "False"):
+    if _hub_offline():
         raise _hub_unavailable(repo, "HF_HUB_OFFLINE is set and the repository is not in the local cache")
     host = _weights_host({"hf_hub_id": repo})
     if not host_reachable(host):
@@ -250,13 +262,13 @@ def load_model(
     """
     ckpt = Path(checkpoint) if checkpoint is not None else None
     target = str(name_or_path)
-    hub = HUB_ID.match(target)
+    repo = _hub_repo(target)
     if target in REFERENCE_MODELS:
         model = _load_reference(target, ckpt, **kwargs)
     elif Path(target).is_dir():
         model = _load_folder(Path(target), **kwargs)
-    elif hub is not None and not Path(target).exists() and not target.endswith(WEIGHT_SUFFIXES):
-        model = _load_folder(_hub_folder(hub.group(2)), **kwargs)
+    elif repo is not None:
+        model = _load_folder(_hub_folder(repo), **kwargs)
     elif target.endswith(WEIGHT_SUFFIXES) or Path(target).is_file():
         path = Path(target)
         if not path.is_file():
@@ -299,10 +311,10 @@ def load_model_or_random(
     try:
         model = load_model(name, pretrained=pretrained, device=device, **kwargs)
         from_file = kwargs.get("checkpoint") is not None or str(name).endswith(WEIGHT_SUFFIXES)
-        saved = Path(name).exists() or HUB_ID.match(str(name)) is not None  # a file, a folder, a Hub repository
+        saved = Path(name).exists() or _hub_repo(str(name)) is not None  # a file, a folder, a Hub repository
         random = not (pretrained or from_file or name in REFERENCE_MODELS or saved)
     except WeightsUnavailableError as err:
-        if HUB_ID.match(str(name)) is not None and not Path(name).exists() and not str(name).endswith(WEIGHT_SUFFIXES):
+        if _hub_repo(str(name)) is not None:
             raise  # its architecture is in the repository's config.json: nothing to build random weights from
         if verbose:
             print(f"NOTE: no trained weights for {name!r}, so it has RANDOM weights: its figures show the "

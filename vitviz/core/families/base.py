@@ -422,7 +422,7 @@ def set_attr(obj: Any, name: str, value: Any) -> Undo:
 _PLAIN_LINEAR_CLASSES = ("timm.layers.linear.Linear",)
 
 
-def plain_linear(module: nn.Module) -> bool:
+def plain_linear(module: Any) -> bool:
     """Whether ``module`` computes ``F.linear(x, module.weight, module.bias)``, so that a rule or a recomputation
     may read its weights in place of calling it: an ``nn.Linear`` whose class keeps ``nn.Linear.forward`` (with a
     parametrization's weight, which ``weight`` returns), or timm's ``Linear``. A subclass with a forward of its own
@@ -430,7 +430,7 @@ def plain_linear(module: nn.Module) -> bool:
     wrapper that only shares the name (peft's ``lora.Linear``) computes something its weights do not say."""
     from torch.nn.utils import parametrize
 
-    cls = parametrize.type_before_parametrizations(module)
-    if not (isinstance(cls, type) and issubclass(cls, nn.Linear)):
+    if not isinstance(module, nn.Linear):
         return False
+    cls = parametrize.type_before_parametrizations(module)
     return cls.forward is nn.Linear.forward or f"{cls.__module__}.{cls.__qualname__}" in _PLAIN_LINEAR_CLASSES

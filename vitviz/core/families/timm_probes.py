@@ -172,9 +172,7 @@ def _stream_kind(module: nn.Module) -> tuple[str, Any] | None:
         return None
     if kind == "beit":
         # q and k are projected again from the qkv weights (``_beit_qk``): only a plain Linear computes what they say
-        qkv = getattr(module, "qkv", None)
-        if not isinstance(qkv, nn.Module) or not plain_linear(qkv) or not callable(getattr(module, "_get_rel_pos_bias",
-                                                                                            None)):
+        if not plain_linear(getattr(module, "qkv", None)) or not callable(getattr(module, "_get_rel_pos_bias", None)):
             return None
         if not all(hasattr(module, a) for a in ("q_bias", "k_bias", "relative_position_bias_table")):
             return None
