@@ -98,3 +98,34 @@ def test_dynamic_models_take_other_sizes_but_not_off_stride():
 def test_batch_follows_model_dtype():
     model = tiny_timm_vit().to(torch.bfloat16)
     assert vitviz.load_images(model, torch.randn(1, 3, 32, 48)).dtype == torch.bfloat16
+
+
+def test_a_batch_array_is_its_images_on_every_path(rgb_array):
+    """A ``(B, H, W, 3)`` array (``np.stack`` of images, CIFAR's ``.data``) is ``B`` images: the same batch as the
+    list of its arrays, counted as ``B`` by every reduction that batches it."""
+    from vitviz.core.batching import count_images, iter_batches
+
+    model = tiny_timm_vit()
+    rng = np.random.default_rng(1)
+    stack = rng.integers(0, 256, size=(3, 32, 48, 3), dtype=np.uint8)
+    want = vitviz.load_images(model, list(stack))
+    torch.testing.assert_close(vitviz.load_images(model, stack), want)
+    assert count_images(stack) == 3 and count_images(list(stack)) == 3 and count_images(rgb_array) == 1
+    assert [x.shape[0] for x in iter_batches(model, stack, 2)] == [2, 1]
+    torch.testing.assert_close(vitviz.attention_rollout(model, stack), vitviz.attention_rollout(model, want))
+    gray = stack[..., :1]  # (B, H, W, 1): grayscale images, converted to RGB like a list of them
+    torch.testing.assert_close(vitviz.load_images(model, gray), vitviz.load_images(model, list(gray)))
+
+
+def test_a_batch_array_is_digested_per_image_for_resume():
+    """A resumed faithfulness run checks each image's pixels: a ``(B, H, W, 3)`` array gets the digests of its
+    ``B`` images, the same as the list of them, so changing one image is caught on resume."""
+    from vitviz.analysis.faithfulness_resume import image_digests
+
+    stack = np.random.default_rng(2).integers(0, 256, size=(3, 8, 8, 3), dtype=np.uint8)
+    digests = image_digests(stack, lambda p: p, 3)
+    assert digests == image_digests(list(stack), lambda p: p, 3) and len(set(digests.values())) == 3
+    changed = stack.copy()
+    changed[1, 0, 0, 0] ^= 1
+    assert image_digests(changed, lambda p: p, 3)["1"] != digests["1"]
+    assert image_digests(stack.transpose(0, 3, 1, 2), lambda p: p, 3) == {}  # refused by the run itself

@@ -76,7 +76,7 @@ from vitviz.core.datasets import (
     is_dataset_source,
     iter_dataset,
 )
-from vitviz.core.images import Images
+from vitviz.core.images import Images, image_list
 from vitviz.core.io import atomic_write
 from vitviz.core.spec import inspect
 from vitviz.core.targets import Target, logits_of, resolve_target
@@ -318,8 +318,9 @@ def faithfulness(
     if dataset:
         batches = iter_dataset(model, images, batch_size=batch_size, num_workers=num_workers, positions=todo)
     else:
-        chosen = images if todo is None or len(todo) == total else (
-            images[todo] if isinstance(images, torch.Tensor) and images.ndim == 4 else [list(images)[p] for p in todo])
+        items = image_list(images)
+        chosen = items if todo is None or len(todo) == total else (
+            items[todo] if isinstance(items, torch.Tensor) else [items[p] for p in todo])
         positions = todo if todo is not None else []
         batches = ((x, None, positions[s:s + len(x)]) for s, x in zip(
             range(0, len(positions), batch_size), iter_batches(model, chosen, batch_size)))

@@ -41,9 +41,10 @@ from vitviz.core.digest import (
     source_digest,
     tensor_digest,
 )
+from vitviz.core.images import image_list
 from vitviz.core.io import atomic_write_json, read_csv_exact
 from vitviz.core.util import is_int
-from vitviz.errors import CheckpointError, InputError
+from vitviz.errors import CheckpointError, ImageInputError, InputError
 
 # the fingerprint holds COLUMNS: a file written before a column was added (e.g. "removed", the fraction of patches
 # actually removed) is refused by ``resume`` rather than continued with rows of two layouts
@@ -127,12 +128,10 @@ def ids_key(image_ids: Sequence[Hashable] | None, image_offset: int) -> int | st
 def image_digests(images: Any, image_id: Callable[[int], Hashable], total: int | None) -> dict[str, str]:
     """``{str(id): digest}`` for the images of a tensor or list input (empty where the items are not images
     vitviz can digest, or cannot be counted)."""
-    if isinstance(images, torch.Tensor):
-        items = list(images) if images.ndim == 4 else [images]
-    elif isinstance(images, (list, tuple)):
-        items = list(images)
-    else:
-        items = [images]
+    try:
+        items = list(image_list(images))
+    except ImageInputError:  # the run refuses it with this message; nothing to digest
+        return {}
     if total is None or len(items) != total:
         return {}
     digests = {str(image_id(p)): image_digest(item) for p, item in enumerate(items)}

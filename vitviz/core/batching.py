@@ -7,16 +7,15 @@ from collections.abc import Iterator
 import torch
 from torch import nn
 
-from vitviz.core.images import Images, load_images
+from vitviz.core.images import Images, image_list, load_images
 from vitviz.core.util import is_int
 from vitviz.errors import ImageInputError, InputError
 
 
 def count_images(images: Images) -> int:
-    """How many images ``images`` holds (a 3-D tensor or a single non-list item counts as one)."""
-    if isinstance(images, torch.Tensor):
-        return 1 if images.ndim == 3 else int(images.shape[0])
-    return len(images) if isinstance(images, (list, tuple)) else 1
+    """How many images ``images`` holds (``vitviz.core.images.image_list``: a 3-D tensor or a single non-list item
+    counts as one, a ``(B, H, W, C)`` array as ``B``)."""
+    return len(image_list(images))
 
 
 def check_batch_size(batch_size: object) -> None:
@@ -60,11 +59,8 @@ def iter_batches(
         desc: the progress bar's label.
     """
     check_batch_size(batch_size)
-    if isinstance(images, torch.Tensor):
-        items = images.unsqueeze(0) if images.ndim == 3 else images
-    else:
-        items = list(images) if isinstance(images, (list, tuple)) else [images]
-    total = count_images(images)
+    items = image_list(images)
+    total = len(items)
     if total == 0:
         raise ImageInputError("images: 0 images given; pass at least one image")
     step = total if batch_size is None else int(batch_size)

@@ -1,4 +1,5 @@
-"""Images in: normalised tensors, PIL images, ``HxWx3`` uint8 arrays or file paths -> ``(B, 3, H, W)``.
+"""Images in: normalised tensors, PIL images, ``HxWx3`` uint8 arrays (or ``BxHxWx3`` batches of them) or file paths
+-> ``(B, 3, H, W)``.
 
 Raw images (PIL, arrays, paths) are preprocessed with the model's own data config (timm's
 ``resolve_data_config`` + ``create_transform``; torchvision and Hugging Face models get their usual
@@ -23,6 +24,33 @@ from vitviz.errors import ImageInputError, NotAViTError
 
 ImageLike = Any  # torch.Tensor | PIL.Image.Image | np.ndarray | str | os.PathLike
 Images = ImageLike | Sequence[ImageLike]
+
+_CHANNELS = (1, 3, 4)
+
+
+def image_list(images: Images, argument: str = "images") -> torch.Tensor | list[ImageLike]:
+    """The one rule for what ``images`` holds: a ``(B, ...)`` tensor (a ``(3, H, W)`` tensor gains the batch
+    axis) or a list of single images. A list or tuple is listed, a ``(B, H, W, C)`` array (``C`` 1, 3 or 4: the
+    layout of ``np.stack(images)`` and of CIFAR's ``.data``) is its ``B`` images, anything else is one image.
+
+    Raises:
+        ImageInputError: a 4-D array laid out channel-first, ``(B, C, H, W)``, or with no channel axis vitviz
+            knows (the message names the shape and the transpose that fixes it).
+    """
+    if isinstance(images, torch.Tensor):
+        return images.unsqueeze(0) if images.ndim == 3 else images
+    if isinstance(images, np.ndarray) and images.ndim == 4:
+        if images.shape[-1] in _CHANNELS:
+            return list(images)
+        fix = (
+            "it looks channel-first: pass arr.transpose(0, 2, 3, 1)" if images.shape[1] in _CHANNELS
+            else "its last axis must be the colour channels (1, 3 or 4)"
+        )
+        raise ImageInputError(
+            f"{argument}: a 4-D image array of shape {images.shape} is read as a (B, H, W, C) batch, and {fix}; "
+            "normalised float batches go in as tensors (torch.from_numpy(arr))"
+        )
+    return list(images) if isinstance(images, (list, tuple)) else [images]
 
 
 
@@ -119,9 +147,12 @@ def to_pil(image: ImageLike, argument: str = "images") -> Image.Image:
         if arr.ndim == 3 and arr.shape[-1] == 1:
             arr = arr[..., 0]
         if arr.ndim not in (2, 3) or (arr.ndim == 3 and arr.shape[-1] not in (3, 4)):
+            fix = (
+                "channel-first arrays need arr.transpose(1, 2, 0)" if arr.ndim == 3 and arr.shape[0] in _CHANNELS
+                else "a batch of images is a (B, H, W, 3) array or a list of arrays"
+            )
             raise ImageInputError(
-                f"{argument}: expected an HxW, HxWx3 or HxWx4 image array, got shape {arr.shape}; channel-first "
-                "arrays need arr.transpose(1, 2, 0)"
+                f"{argument}: expected an HxW, HxWx3 or HxWx4 image array, got shape {arr.shape}; {fix}"
             )
         image = Image.fromarray(_array_to_uint8(arr, argument))
     if isinstance(image, Image.Image):
@@ -205,7 +236,7 @@ def load_images(model: nn.Module, images: Images, *, device: torch.device | str 
     Args:
         model: the ViT the batch is for (its data config drives preprocessing, its size the checks).
         images: a ``(B, 3, H, W)`` or ``(3, H, W)`` normalised tensor; or one or a list of PIL images,
-            ``HxWx3`` / ``HxW`` / ``HxWx4`` arrays, or file paths.
+            ``HxWx3`` / ``HxW`` / ``HxWx4`` arrays, or file paths; or a ``BxHxWx3`` array of ``B`` images.
         device: override the device (default: the model's).
 
     A tensor on another device than the model is moved to the model's device (and cast to its dtype).
@@ -219,15 +250,16 @@ def load_images(model: nn.Module, images: Images, *, device: torch.device | str 
     param = next(model.parameters(), None)
     device = _device(device) or (param.device if param is not None else None)
     dtype = param.dtype if param is not None and param.is_floating_point() else torch.float32
-    if isinstance(images, torch.Tensor):
-        x = images.unsqueeze(0) if images.ndim == 3 else images
+    items = image_list(images)
+    if isinstance(items, torch.Tensor):
+        x = items
         check_tensor(x)
     else:
         from timm.data import create_transform
 
-        items = list(images) if isinstance(images, (list, tuple)) else [images]
         if not items:
-            raise ImageInputError("images: an empty list holds 0 images; pass at least one image")
+            kind = "array" if isinstance(images, np.ndarray) else "list"
+            raise ImageInputError(f"images: an empty {kind} holds 0 images; pass at least one image")
         if all(isinstance(im, torch.Tensor) for im in items):
             raise ImageInputError(
                 f"images: a list of {len(items)} tensors; stack them into one (B, 3, H, W) tensor "
