@@ -161,10 +161,15 @@ def open_clip_tower(**kwargs) -> nn.Module:
     return VisionTransformer(**args).eval()
 
 
+OPEN_CLIP_CFG = {  # open_clip's model_cfg of open_clip_model(), as an open_clip_config.json holds it
+    "embed_dim": 16,
+    "vision_cfg": dict(image_size=[32, 48], patch_size=8, width=32, layers=2, head_width=16, mlp_ratio=2.0),
+    "text_cfg": dict(context_length=8, vocab_size=50, width=32, heads=2, layers=1),
+}
+
+
 def open_clip_model() -> nn.Module:
-    """A whole open_clip ``CLIP`` (vision tower as above, 1-layer text tower)."""
+    """A whole open_clip ``CLIP`` (vision tower as above, 1-layer text tower), built from ``OPEN_CLIP_CFG``."""
     import open_clip
 
-    vision = dict(image_size=(32, 48), patch_size=8, width=32, layers=2, head_width=16, mlp_ratio=2.0)
-    text = dict(context_length=8, vocab_size=50, width=32, heads=2, layers=1)
-    return open_clip.CLIP(embed_dim=16, vision_cfg=vision, text_cfg=text).eval()
+    return open_clip.CLIP(**OPEN_CLIP_CFG).eval()

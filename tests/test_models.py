@@ -1,5 +1,5 @@
 """load_model: timm names, local weight files (safetensors, pth, bin, JAX npz), model folders (Hugging Face,
-timm), Hub ids from the local cache, fail-fast offline, bad files."""
+timm, open_clip), Hub ids from the local cache, fail-fast offline, bad files."""
 
 from __future__ import annotations
 
@@ -213,8 +213,59 @@ def test_a_timm_hub_folder_loads_through_timm(tmp_path):
     assert loaded.num_classes == 7 and vitviz.inspect(loaded).img_size == (32, 32)
 
 
+def _open_clip_folder(path):
+    """An open_clip folder as ``open_clip.push_to_hf_hub`` writes it: ``open_clip_config.json`` (the model and
+    preprocessing config) beside ``open_clip_model.safetensors``."""
+    import json
+
+    pytest.importorskip("open_clip")
+    from hf_models import OPEN_CLIP_CFG, open_clip_model
+
+    model = open_clip_model()
+    path.mkdir(parents=True)
+    save_file(model.state_dict(), str(path / "open_clip_model.safetensors"))
+    preprocess = {"mean": [0.5, 0.4, 0.3], "std": [0.2, 0.25, 0.3]}
+    (path / "open_clip_config.json").write_text(json.dumps({"model_cfg": OPEN_CLIP_CFG, "preprocess_cfg": preprocess}))
+    return model
+
+
+def test_an_open_clip_folder_loads_with_its_weights_and_preprocessing(tmp_path):
+    """An open_clip folder is built by open_clip's own ``local-dir:`` loader: the same weights, and the
+    preprocessing its config names is the one vitviz applies to raw images."""
+    from vitviz.core.images import data_config
+
+    model = _open_clip_folder(tmp_path / "clip")
+    loaded = vitviz.load_model(tmp_path / "clip", device="cpu")
+    assert type(loaded) is type(model) and not loaded.training and same_weights(loaded, model)
+    cfg = data_config(loaded)
+    assert (cfg["mean"], cfg["std"]) == ((0.5, 0.4, 0.3), (0.2, 0.25, 0.3))
+    assert vitviz.inspect(loaded).grid_size == (4, 6)
+
+
+def test_an_open_clip_folder_without_weights_is_refused_not_random(tmp_path):
+    """open_clip alone logs a warning and returns random weights for a folder without them; vitviz refuses it."""
+    _open_clip_folder(tmp_path / "clip")
+    (tmp_path / "clip" / "open_clip_model.safetensors").unlink()
+    with pytest.raises(vitviz.CheckpointError, match=r"open_clip cannot build the model in .*clip.*weights"):
+        vitviz.load_model(tmp_path / "clip")
+
+
+def test_an_open_clip_hub_id_loads_from_the_local_cache(tmp_path, monkeypatch):
+    """A Hub repository that holds only an open_clip folder (no config.json) is found in the local cache too."""
+    import huggingface_hub
+
+    cache = tmp_path / "hub"
+    repo = cache / "models--someone--tiny-clip"
+    model = _open_clip_folder(repo / "snapshots" / "0123abc")
+    (repo / "refs").mkdir()
+    (repo / "refs" / "main").write_text("0123abc")
+    monkeypatch.setattr(huggingface_hub.constants, "HF_HUB_CACHE", str(cache))
+    monkeypatch.setenv("HF_HUB_OFFLINE", "1")
+    assert same_weights(vitviz.load_model("someone/tiny-clip", device="cpu"), model)
+
+
 def test_a_folder_that_names_no_model_is_refused(tmp_path):
-    with pytest.raises(vitviz.CheckpointError, match="without a config.json"):
+    with pytest.raises(vitviz.CheckpointError, match="without a config.json.*or an open_clip folder"):
         vitviz.load_model(tmp_path)
     (tmp_path / "config.json").write_text('{"hidden_size": 32}')
     with pytest.raises(vitviz.CheckpointError, match="names neither a timm architecture"):

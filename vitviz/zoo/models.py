@@ -27,6 +27,7 @@ from vitviz.zoo.weights import check_npz, checkpoint_dir, read_state_dict, safet
 WEIGHT_SUFFIXES = (".safetensors", ".pth", ".pt", ".bin", ".npz")
 NETWORK_TIMEOUT_S = 3.0
 HUB_ID = re.compile(r"^(hf-hub:)?([A-Za-z0-9][\w.-]*/[\w.-]+)$")  # "org/name" or timm's "hf-hub:org/name"
+OPEN_CLIP_CONFIG = "open_clip_config.json"  # what open_clip's save_for_hf writes beside the weights
 HUB_FILES = ["*.json", "*.safetensors", "pytorch_model.bin", "open_clip_pytorch_model.bin"]  # what a folder load reads
 
 
@@ -149,10 +150,13 @@ def _load_folder(folder: Path, **kwargs: Any) -> nn.Module:
     the class its ``architectures`` names, else ``AutoModel``) or a timm Hub folder (its ``architecture``, read by
     timm's ``local-dir:`` loader). ``kwargs`` go to ``from_pretrained`` or ``timm.create_model``."""
     config_file = folder / "config.json"
+    if not config_file.is_file() and (folder / OPEN_CLIP_CONFIG).is_file():
+        return _load_open_clip_folder(folder, **kwargs)
     if not config_file.is_file():
         raise CheckpointError(
-            f"{str(folder)!r} is a folder without a config.json: vitviz reads a Hugging Face save_pretrained folder or "
-            "a timm Hub folder (config.json beside model.safetensors or pytorch_model.bin); pass a weights file "
+            f"{str(folder)!r} is a folder without a config.json: vitviz reads a Hugging Face save_pretrained folder, "
+            "a timm Hub folder (config.json beside model.safetensors or pytorch_model.bin) or an open_clip folder "
+            f"({OPEN_CLIP_CONFIG} beside the weights); pass a weights file "
             "with the architecture named instead: vitviz.load_model('<timm model name>', checkpoint='path/to/file')")
     try:
         config = json.loads(config_file.read_text())
@@ -185,6 +189,22 @@ def _load_folder(folder: Path, **kwargs: Any) -> nn.Module:
         "('model_type'); load the model with its own library and pass the module to vitviz")
 
 
+def _load_open_clip_folder(folder: Path, **kwargs: Any) -> nn.Module:
+    """An open_clip folder (``open_clip.save_for_hf`` / ``push_to_hf_hub``: ``open_clip_config.json`` beside the
+    weights), read by open_clip's ``local-dir:`` loader with ``require_pretrained=True``: a folder without weights is
+    refused, where open_clip alone would log a warning and return random weights."""
+    try:
+        import open_clip
+    except ImportError:
+        raise MissingDependencyError(f"{str(folder)!r} holds an open_clip model ({OPEN_CLIP_CONFIG}): "
+                                     "pip install 'vitviz[clip]'") from None
+    try:
+        return open_clip.create_model(f"local-dir:{folder}", require_pretrained=True, **kwargs)
+    except (RuntimeError, OSError, ValueError, KeyError) as e:
+        raise CheckpointError(f"open_clip cannot build the model in {str(folder)!r}: "
+                              f"{type(e).__name__}: {str(e)[:400]}") from None
+
+
 def _hub_folder(repo: str) -> Path:
     """The local folder of Hugging Face Hub repository ``repo``: from the local cache when its ``config.json`` is
     there; else downloaded (``HUB_FILES`` only) after the host answered; else ``WeightsUnavailableError``."""
@@ -192,9 +212,10 @@ def _hub_folder(repo: str) -> Path:
         import huggingface_hub
     except ImportError:
         raise _hub_unavailable(repo, "huggingface_hub is not installed (pip install 'vitviz[hf]')") from None
-    cached = huggingface_hub.try_to_load_from_cache(repo, "config.json")
-    if isinstance(cached, str):
-        return Path(cached).parent
+    for config in ("config.json", OPEN_CLIP_CONFIG):
+        cached = huggingface_hub.try_to_load_from_cache(repo, config)
+        if isinstance(cached, str):
+            return Path(cached).parent
     if _hub_offline():
         raise _hub_unavailable(repo, "HF_HUB_OFFLINE is set and the repository is not in the local cache")
     host = _weights_host({"hf_hub_id": repo})
@@ -245,7 +266,9 @@ def load_model(
         name_or_path: a timm model name (``"vit_base_patch16_224"``), a vitviz reference model
             (``"cifar10-vit"``, see ``vitviz.zoo.reference.REFERENCE_MODELS``), a ``.safetensors`` file exported
             by vitviz (its metadata names the architecture), a model folder (a Hugging Face ``save_pretrained``
-            folder, or a timm Hub folder: ``config.json`` beside the weights), or a Hugging Face Hub id
+            folder, a timm Hub folder: ``config.json`` beside the weights, or an open_clip folder:
+            ``open_clip_config.json`` beside them; the whole ``CLIP``, read through its ``visual`` tower), or a
+            Hugging Face Hub id
             (``"google/vit-base-patch16-224"``, ``"hf-hub:timm/vit_base_patch16_224.augreg_in21k"``), read from
             the local cache, else downloaded when the Hub answers.
         pretrained: fetch the timm model's pretrained weights (fails within seconds when offline).
@@ -253,12 +276,12 @@ def load_model(
             JAX ``.npz`` (read by timm's loader, which also resamples position embeddings to ``img_size``).
         device: ``"auto"`` (CUDA when available), ``"cpu"``, ``"cuda:1"``...
         **kwargs: passed to ``timm.create_model`` (e.g. ``img_size=384``, ``dynamic_img_size=True``), or to
-            ``from_pretrained`` for a Hugging Face folder.
+            ``from_pretrained`` for a Hugging Face folder, or to ``open_clip.create_model`` for an open_clip one.
 
     Raises:
         WeightsUnavailableError: pretrained weights cannot be fetched; the message says how to pass a file.
         CheckpointError: the weights file is missing, corrupt, or does not fit the model; a folder has no readable
-            ``config.json`` naming a timm or Hugging Face model.
+            ``config.json`` naming a timm or Hugging Face model (nor an ``open_clip_config.json``), or no weights.
     """
     ckpt = Path(checkpoint) if checkpoint is not None else None
     target = str(name_or_path)
