@@ -3,8 +3,8 @@
 Each builder returns a ``Case``: the model (eval mode, default attention implementation, i.e. SDPA), an input
 batch, ``run(model, x)`` giving the tensor output the capture must leave unchanged, ``reference(model, x)`` giving
 the independent per-layer ``(B, H, N, N)`` maps, and the layout ``inspect`` must report. Non-square grids wherever
-the family's config allows them (ViT, DeiT, BEiT, and DINOv2 through its interpolated table; CLIP, SigLIP and
-ViTMAE configs take one square ``image_size``).
+the family's config allows them (ViT, ViTMSN, DeiT, BEiT, DINOv2 through its interpolated table, DINOv3 through
+its rotary embedding; CLIP, SigLIP and ViTMAE configs take one square ``image_size``).
 """
 
 from __future__ import annotations
@@ -89,6 +89,13 @@ def _build(name: str) -> Case:
     if name == "dinov2-registers":
         m = T.Dinov2WithRegistersModel(T.Dinov2WithRegistersConfig(image_size=32, num_register_tokens=3, **dino))
         return Case(m.eval(), x32x48, _hidden, _eager_attentions, (4, 6), ("cls", "reg", "reg", "reg"), "learned")
+    if name == "dinov3":
+        # rotary positions and two registers; the grid follows the input (non-square here)
+        m = T.DINOv3ViTModel(T.DINOv3ViTConfig(image_size=32, num_register_tokens=2, **SMALL))
+        return Case(m.eval(), x32x48, _hidden, _eager_attentions, (4, 6), ("cls", "reg", "reg"), "rotary")
+    if name == "vit-msn":
+        m = T.ViTMSNForImageClassification(T.ViTMSNConfig(image_size=(32, 48), num_labels=3, **SMALL))
+        return Case(m.eval(), x32x48, _hidden, _eager_attentions, (4, 6), ("cls",), "learned")
     if name == "auto-dinov2":
         m = T.AutoModel.from_config(T.Dinov2Config(image_size=32, **dino))
         return Case(m.eval(), x32x48, _hidden, _eager_attentions, (4, 6), ("cls",), "learned")
@@ -134,8 +141,8 @@ def _build(name: str) -> Case:
     raise KeyError(name)
 
 
-HF_CASES = ["vit", "deit-distilled", "beit-relative", "beit-shared-abs", "dinov2", "dinov2-registers", "auto-dinov2",
-            "clip-vision", "clip-model", "siglip-vision", "auto-siglip", "vit-mae"]
+HF_CASES = ["vit", "vit-msn", "deit-distilled", "beit-relative", "beit-shared-abs", "dinov2", "dinov2-registers",
+            "auto-dinov2", "dinov3", "clip-vision", "clip-model", "siglip-vision", "auto-siglip", "vit-mae"]
 
 
 def mha_reference(attns: list[nn.MultiheadAttention], inputs: list[torch.Tensor]) -> list[torch.Tensor]:

@@ -288,7 +288,7 @@ def lrp_rules_on_linear(lin: nn.Linear, rules: LRPRules):
     return ctx()
 
 
-@pytest.mark.parametrize("kind", ["deit", "beit", "dinov2", "dinov2_with_registers"])
+@pytest.mark.parametrize("kind", ["deit", "vit_msn", "beit", "dinov2", "dinov2_with_registers", "dinov3"])
 def test_hf_families_conserve_under_cp(kind):
     """Zero biases, epsilon 0, CP attention: exact conservation, which fails if a norm or an activation kept its
     plain gradient; the forward is unchanged under the rules."""
@@ -301,25 +301,66 @@ def test_hf_families_conserve_under_cp(kind):
         m = T.DeiTForImageClassification(T.DeiTConfig(**common, num_labels=3))
     elif kind == "beit":
         m = T.BeitForImageClassification(T.BeitConfig(**common, num_labels=3, use_relative_position_bias=True))
+    elif kind == "vit_msn":
+        m = T.ViTMSNForImageClassification(T.ViTMSNConfig(**common, num_labels=3))
     elif kind == "dinov2":
         m = T.Dinov2Model(T.Dinov2Config(**common))
+    elif kind == "dinov3":  # rotary q and k, registers, layer scale
+        m = T.DINOv3ViTModel(T.DINOv3ViTConfig(**common, num_register_tokens=2))
     else:
         m = T.Dinov2WithRegistersModel(T.Dinov2WithRegistersConfig(**common, num_register_tokens=2))
     m = m.double().eval()
     _jitter(m)
     _zero_biases(m)
     x = torch.randn(2, 3, 16, 16, dtype=torch.float64)
-    target = 1 if "dinov2" not in kind else (lambda out: out.pooler_output.sum(-1))
+    dino = kind.startswith("dino")
+    target = 1 if not dino else (lambda out: out.pooler_output.sum(-1))
     y0 = m(x)
-    y0 = getattr(y0, "logits", None) if "dinov2" not in kind else y0.pooler_output
+    y0 = getattr(y0, "logits", None) if not dino else y0.pooler_output
     with lrp_rules(m):
         y1 = m(x)
-        y1 = y1.logits if "dinov2" not in kind else y1.pooler_output
+        y1 = y1.logits if not dino else y1.pooler_output
     assert torch.allclose(y0, y1, atol=1e-12)
     rel, score = attnlrp_tokens(m, x, target, rules=LRPRules(epsilon=0.0, attention="cp"))
     assert torch.allclose(rel.sum(1), score, rtol=1e-9, atol=0)
     maps = attnlrp(m, x, target)
     assert maps.shape == (2, 2, 2) and torch.isfinite(maps).all()
+
+
+def test_dinov3_rotary_attention_conserves_up_to_the_softmax_share(monkeypatch):
+    """DINOv3 rotates q and k (RoPE) between the projections and the scores: the full AttnLRP rule (not CP) sends
+    relevance through that rotation, which, linear and without bias, must pass it on whole. Zero biases, epsilon 0:
+    the tokens sum to the score minus what the softmaxes absorb, measured from each map A and the gradient g
+    reaching it, as in test_conservation_attnlrp; a rotation that lost or gained relevance would break the sum."""
+    import transformers as T
+
+    torch.manual_seed(5)
+    m = T.DINOv3ViTModel(T.DINOv3ViTConfig(hidden_size=16, num_hidden_layers=2, num_attention_heads=2,
+                                           intermediate_size=32, image_size=16, patch_size=8, num_register_tokens=1))
+    m = _jitter(m.double().eval())
+    _zero_biases(m)
+    m.set_attn_implementation("eager")  # its softmax is then torch's, where the maps and their gradients are read
+    maps, grads = [], []
+    softmax = torch.nn.functional.softmax
+
+    def recording_softmax(*args, **kwargs):
+        out = softmax(*args, **kwargs)
+        if out.requires_grad:
+            maps.append(out.detach())
+            out.register_hook(lambda g: grads.insert(0, g.detach()))
+        return out
+
+    monkeypatch.setattr(torch.nn.functional, "softmax", recording_softmax)
+    x = torch.randn(3, 3, 16, 24, dtype=torch.float64)
+    rel, score = attnlrp_tokens(m, x, lambda out: out.pooler_output.sum(-1), rules=LRPRules(epsilon=0.0))
+    assert len(maps) == len(grads) == 2
+    absorbed = 0
+    for a, g in zip(maps, grads):
+        h = g / 2
+        ah = (a * h).sum(-1, keepdim=True)
+        absorbed = absorbed + ((a * h).sum(-1) - (torch.log(a) * a * (h - ah)).sum(-1)).sum((1, 2))
+    assert torch.allclose(rel.sum(1), score - absorbed, rtol=1e-9, atol=1e-9 * score.abs().max())
+    assert (absorbed.abs() > 1e-3 * score.abs()).all()  # the softmax does absorb: the check is not vacuous
 
 
 def test_timm_distilled_and_no_class_token_conserve_under_cp():

@@ -71,7 +71,7 @@ def test_inspect_reads_the_layout_from_the_config(name):
     assert spec.params["total"] == sum(p.numel() for p in case.model.parameters())
     assert spec.params["patch_embed"] > 0 and spec.params["blocks"] > 0
     pos = family_of(case.model).pos_embed(case.model)
-    if case.pos_kind == "relative-bias":
+    if case.pos_kind in ("relative-bias", "rotary"):  # position applied inside attention: no table
         assert pos is None
     else:  # an absolute table: the patch rows of the built grid, plus the prefix rows it covers
         rows = (spec.num_prefix_tokens if spec.pos_embed_covers_prefix else 0) + spec.num_patches
@@ -91,8 +91,8 @@ def test_analyses_are_finite_and_shaped_by_the_grid(name):
     assert maps.shape == (2, gh, gw) and torch.isfinite(maps).all() and (maps >= 0).all()
     dist = vitviz.mean_attention_distance(model, case.x)
     assert dist.shape == (2, 2) and torch.isfinite(dist).all() and (dist > 0).all()
-    if case.pos_kind == "relative-bias":
-        with pytest.raises(NoPositionEmbeddingError, match="relative-bias"):
+    if case.pos_kind in ("relative-bias", "rotary"):
+        with pytest.raises(NoPositionEmbeddingError, match=case.pos_kind):
             vitviz.pos_embed_similarity(case.model)
         return
     sim = vitviz.pos_embed_similarity(case.model)
@@ -138,6 +138,27 @@ def test_dinov2_registers_are_prefix_tokens_without_positions():
     with torch.no_grad(), vitviz.capture_attention(case.model) as cap:
         case.model(pixel_values=x)
     assert spec.grid_for_input(x) == (5, 3) and cap.attentions[0].shape[-1] == 4 + 15
+
+
+def test_dinov3_reads_its_rotary_layout_from_the_model_itself():
+    """DINOv3's ``base_model_prefix`` names its encoder: the vision root stays the model (the layers are
+    ``model.layer.i``); positions are rotary (no table), the registers are prefix tokens, and patches are filled,
+    not dropped, since the rotation is laid over the last P tokens of the sequence."""
+    case = hf_case("dinov3")
+    spec = vitviz.inspect(case.model)
+    assert spec.attention_modules == ("model.layer.0.attention", "model.layer.1.attention")
+    assert spec.readout.describe(spec.prefix_tokens).startswith("class token")
+    family = family_of(case.model)
+    assert family.token_drop_module(case.model) is None and "rotary" in family.token_drop_refusal(case.model)
+    x64 = torch.randn(1, 3, 40, 64)  # another size: the rotary angles and the grid follow it
+    assert vitviz.attention_rollout(case.model, x64).shape == (1, 5, 8)
+
+
+def test_vit_msn_preprocesses_like_its_checkpoints():
+    """Without a preprocessor_config.json, ViTMSN gets the ImageNet mean and std its checkpoints were converted with
+    (ViTImageProcessor's class defaults are 0.5)."""
+    cfg = data_config(hf_case("vit-msn").model)
+    assert (cfg["mean"], cfg["std"]) == ((0.485, 0.456, 0.406), (0.229, 0.224, 0.225))
 
 
 def test_vit_mae_refuses_noise_that_reorders_the_patches():

@@ -20,8 +20,9 @@ from vitviz.core.families.hf_beit import HFBeitFamily
 from vitviz.core.families.hf_clip import HFCLIPFamily
 from vitviz.core.families.hf_deit import HFDeiTFamily
 from vitviz.core.families.hf_dinov2 import HFDinov2Family, HFDinov2RegistersFamily
+from vitviz.core.families.hf_dinov3 import HFDinov3Family
 from vitviz.core.families.hf_siglip import HFSiglipFamily
-from vitviz.core.families.hf_vit import HuggingFaceFamily
+from vitviz.core.families.hf_vit import HFViTMSNFamily, HuggingFaceFamily
 from vitviz.core.families.hf_vit_mae import HFViTMAEFamily
 from vitviz.core.families.open_clip_vit import OpenCLIPFamily
 from vitviz.core.families.timm_naflex import NaFlexVitFamily
@@ -34,8 +35,9 @@ __all__ = ["Family", "Layout", "NotAViTError", "VitvizError", "CustomFamily", "d
 
 # Hugging Face: one family per model type (docs/families.md); any other transformers model with an image config
 # is refused by HFUnsupportedFamily with the reason, never misread.
-HF_FAMILIES: list[Family] = [HuggingFaceFamily(), HFDeiTFamily(), HFBeitFamily(), HFDinov2Family(),
-                             HFDinov2RegistersFamily(), HFCLIPFamily(), HFSiglipFamily(), HFViTMAEFamily()]
+HF_FAMILIES: list[Family] = [HuggingFaceFamily(), HFViTMSNFamily(), HFDeiTFamily(), HFBeitFamily(), HFDinov2Family(),
+                             HFDinov2RegistersFamily(), HFDinov3Family(), HFCLIPFamily(), HFSiglipFamily(),
+                             HFViTMAEFamily()]
 _FAMILIES: list[Family] = [TimmFamily(), NaFlexVitFamily(), TorchvisionFamily(), *HF_FAMILIES, HFUnsupportedFamily(), OpenCLIPFamily(),
                            TutorialFamily()]
 _DESCRIBED: weakref.WeakKeyDictionary[nn.Module, Family] = weakref.WeakKeyDictionary()

@@ -53,6 +53,8 @@ def vision_root(model: nn.Module) -> tuple[nn.Module, str]:
     """The module that embeds the pixels, and its name prefix in ``model`` (``""`` for the model itself)."""
     root, path = model, ""
     for _ in range(4):  # e.g. CLIPModel.vision_model (a CLIPVisionModel), older layouts nest one level more
+        if isinstance(getattr(root, "embeddings", None), nn.Module):
+            break  # it embeds the pixels (DINOv3ViTModel: its base_model_prefix names the encoder inside it)
         attr = "vision_model" if isinstance(getattr(root, "vision_model", None), nn.Module) else getattr(
             root, "base_model_prefix", "")
         sub = getattr(root, attr, None) if attr else None
@@ -329,8 +331,8 @@ class HFUnsupportedFamily(Family):
         raise UnsupportedModelError(
             f"{type(model).__name__} (Hugging Face, model_type={getattr(model.config, 'model_type', '?')!r}) is "
             "not a model vitviz reads: its token layout and attention are not described by any vitviz family "
-            "(supported: ViT, DeiT, BEiT, DINOv2, DINOv2 with registers, CLIP vision, SigLIP vision, ViTMAE; see "
-            "docs/families.md). Describe it with vitviz.describe(model, ...) if it is a plain ViT."
+            "(supported: ViT, ViTMSN, DeiT, BEiT, DINOv2, DINOv2 with registers, DINOv3, CLIP vision, SigLIP vision, "
+            "ViTMAE; see docs/families.md). Describe it with vitviz.describe(model, ...) if it is a plain ViT."
         )
 
     def attention_modules(self, model: nn.Module) -> list[tuple[str, nn.Module]]:

@@ -1,4 +1,6 @@
-"""Hugging Face ``ViTModel`` and its task heads (``ViTForImageClassification``, ...), transformers >= 5.
+"""Hugging Face ``ViTModel`` and its task heads (``ViTForImageClassification``, ...), transformers >= 5; and
+``ViTMSNModel`` / ``ViTMSNForImageClassification`` (Assran et al., "Masked Siamese Networks", 2022), the same
+modules under other names.
 
 Layout (``ViTEmbeddings``): ``[cls, patches]``; a learned absolute table ``(1, 1 + P, D)`` that covers the class
 token; the grid is ``config.image_size // config.patch_size`` (``(h, w)`` pairs allowed). The model interpolates
@@ -12,3 +14,10 @@ from vitviz.core.families.hf_base import HFVisionFamily
 
 class HuggingFaceFamily(HFVisionFamily):
     model_types = ("vit",)
+
+
+class HFViTMSNFamily(HFVisionFamily):
+    model_types = ("vit_msn",)
+    # the MSN checkpoints were converted with ViTImageProcessor(image_mean=IMAGENET_DEFAULT_MEAN, image_std=
+    # IMAGENET_DEFAULT_STD) (transformers' convert_msn_to_pytorch.py); the class's own defaults are 0.5
+    authors_mean_std = ((0.485, 0.456, 0.406), (0.229, 0.224, 0.225))
