@@ -3,7 +3,7 @@
 Each builder returns a ``Case``: the model (eval mode, default attention implementation, i.e. SDPA), an input
 batch, ``run(model, x)`` giving the tensor output the capture must leave unchanged, ``reference(model, x)`` giving
 the independent per-layer ``(B, H, N, N)`` maps, and the layout ``inspect`` must report. Non-square grids wherever
-the family's config allows them (ViT, ViTMSN, DeiT, BEiT, DINOv2 through its interpolated table, DINOv3 through
+the family's config allows them (ViT, ViTMSN, I-JEPA, DeiT, BEiT, DINOv2 through its interpolated table, DINOv3 through
 its rotary embedding; CLIP, SigLIP and ViTMAE configs take one square ``image_size``).
 """
 
@@ -96,6 +96,9 @@ def _build(name: str) -> Case:
     if name == "vit-msn":
         m = T.ViTMSNForImageClassification(T.ViTMSNConfig(image_size=(32, 48), num_labels=3, **SMALL))
         return Case(m.eval(), x32x48, _hidden, _eager_attentions, (4, 6), ("cls",), "learned")
+    if name == "ijepa":  # no class token: the readout is the patch mean
+        m = T.IJepaForImageClassification(T.IJepaConfig(image_size=(32, 48), num_labels=3, **SMALL))
+        return Case(m.eval(), x32x48, _hidden, _eager_attentions, (4, 6), (), "learned")
     if name == "auto-dinov2":
         m = T.AutoModel.from_config(T.Dinov2Config(image_size=32, **dino))
         return Case(m.eval(), x32x48, _hidden, _eager_attentions, (4, 6), ("cls",), "learned")
@@ -141,7 +144,7 @@ def _build(name: str) -> Case:
     raise KeyError(name)
 
 
-HF_CASES = ["vit", "vit-msn", "deit-distilled", "beit-relative", "beit-shared-abs", "dinov2", "dinov2-registers",
+HF_CASES = ["vit", "vit-msn", "ijepa", "deit-distilled", "beit-relative", "beit-shared-abs", "dinov2", "dinov2-registers",
             "auto-dinov2", "dinov3", "clip-vision", "clip-model", "siglip-vision", "auto-siglip", "vit-mae"]
 
 

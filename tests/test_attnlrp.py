@@ -288,7 +288,7 @@ def lrp_rules_on_linear(lin: nn.Linear, rules: LRPRules):
     return ctx()
 
 
-@pytest.mark.parametrize("kind", ["deit", "vit_msn", "beit", "dinov2", "dinov2_with_registers", "dinov3"])
+@pytest.mark.parametrize("kind", ["deit", "vit_msn", "ijepa", "beit", "dinov2", "dinov2_with_registers", "dinov3"])
 def test_hf_families_conserve_under_cp(kind):
     """Zero biases, epsilon 0, CP attention: exact conservation, which fails if a norm or an activation kept its
     plain gradient; the forward is unchanged under the rules."""
@@ -303,6 +303,8 @@ def test_hf_families_conserve_under_cp(kind):
         m = T.BeitForImageClassification(T.BeitConfig(**common, num_labels=3, use_relative_position_bias=True))
     elif kind == "vit_msn":
         m = T.ViTMSNForImageClassification(T.ViTMSNConfig(**common, num_labels=3))
+    elif kind == "ijepa":  # no class token: the classifier reads the mean of the patch tokens
+        m = T.IJepaForImageClassification(T.IJepaConfig(**common, num_labels=3))
     elif kind == "dinov2":
         m = T.Dinov2Model(T.Dinov2Config(**common))
     elif kind == "dinov3":  # rotary q and k, registers, layer scale

@@ -154,6 +154,20 @@ def test_dinov3_reads_its_rotary_layout_from_the_model_itself():
     assert vitviz.attention_rollout(case.model, x64).shape == (1, 5, 8)
 
 
+def test_ijepa_has_no_class_token_and_reads_the_patch_mean():
+    """I-JEPA: no prefix token, the readout (and the backbone's representation, which has no pooler) is the mean of
+    the patch tokens, never the first patch; ImageNet mean and std as in its training code."""
+    case = hf_case("ijepa")
+    spec = vitviz.inspect(case.model)
+    assert spec.num_prefix_tokens == 0 and spec.readout.patch_mean
+    backbone = case.model.ijepa
+    with torch.no_grad():
+        want = backbone(pixel_values=case.x).last_hidden_state.mean(1)
+        got = family_of(backbone).pre_logits(backbone, case.x)
+    torch.testing.assert_close(got, want)
+    assert data_config(case.model)["mean"] == (0.485, 0.456, 0.406)
+
+
 def test_vit_msn_preprocesses_like_its_checkpoints():
     """Without a preprocessor_config.json, ViTMSN gets the ImageNet mean and std its checkpoints were converted with
     (ViTImageProcessor's class defaults are 0.5)."""

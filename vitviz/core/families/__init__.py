@@ -22,7 +22,7 @@ from vitviz.core.families.hf_deit import HFDeiTFamily
 from vitviz.core.families.hf_dinov2 import HFDinov2Family, HFDinov2RegistersFamily
 from vitviz.core.families.hf_dinov3 import HFDinov3Family
 from vitviz.core.families.hf_siglip import HFSiglipFamily
-from vitviz.core.families.hf_vit import HFViTMSNFamily, HuggingFaceFamily
+from vitviz.core.families.hf_vit import HFIJepaFamily, HFViTMSNFamily, HuggingFaceFamily
 from vitviz.core.families.hf_vit_mae import HFViTMAEFamily
 from vitviz.core.families.open_clip_vit import OpenCLIPFamily
 from vitviz.core.families.timm_naflex import NaFlexVitFamily
@@ -35,9 +35,9 @@ __all__ = ["Family", "Layout", "NotAViTError", "VitvizError", "CustomFamily", "d
 
 # Hugging Face: one family per model type (docs/families.md); any other transformers model with an image config
 # is refused by HFUnsupportedFamily with the reason, never misread.
-HF_FAMILIES: list[Family] = [HuggingFaceFamily(), HFViTMSNFamily(), HFDeiTFamily(), HFBeitFamily(), HFDinov2Family(),
-                             HFDinov2RegistersFamily(), HFDinov3Family(), HFCLIPFamily(), HFSiglipFamily(),
-                             HFViTMAEFamily()]
+HF_FAMILIES: list[Family] = [HuggingFaceFamily(), HFViTMSNFamily(), HFIJepaFamily(), HFDeiTFamily(), HFBeitFamily(),
+                             HFDinov2Family(), HFDinov2RegistersFamily(), HFDinov3Family(), HFCLIPFamily(),
+                             HFSiglipFamily(), HFViTMAEFamily()]
 _FAMILIES: list[Family] = [TimmFamily(), NaFlexVitFamily(), TorchvisionFamily(), *HF_FAMILIES, HFUnsupportedFamily(), OpenCLIPFamily(),
                            TutorialFamily()]
 _DESCRIBED: weakref.WeakKeyDictionary[nn.Module, Family] = weakref.WeakKeyDictionary()

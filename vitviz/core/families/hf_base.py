@@ -119,12 +119,15 @@ class HFVisionFamily(Family):
     def pre_logits(self, model: nn.Module, x: torch.Tensor) -> torch.Tensor:
         """The input of the task head (``classifier``) when there is one, else the vision root's
         ``pooler_output`` (e.g. DINOv2's and CLIP's final-normed class token, SigLIP's attention pool), else
-        the class token of ``last_hidden_state``."""
+        ``last_hidden_state`` pooled as the readout pools it (``pooled_token``: the class token, or the patch
+        mean of a model without one, e.g. I-JEPA)."""
         if isinstance(getattr(model, "classifier", None), nn.Module):
             return super().pre_logits(model, x)
         out = vision_root(model)[0](pixel_values=x)
         pooled = getattr(out, "pooler_output", None)
-        return pooled if pooled is not None else out.last_hidden_state[:, 0]
+        if pooled is not None:
+            return pooled
+        return self.pooled_token(model, out.last_hidden_state, self.prefix_tokens(model))
 
     # ------------------------------------------------------------------ Family API
     def attention_modules(self, model: nn.Module) -> list[tuple[str, nn.Module]]:
@@ -331,8 +334,8 @@ class HFUnsupportedFamily(Family):
         raise UnsupportedModelError(
             f"{type(model).__name__} (Hugging Face, model_type={getattr(model.config, 'model_type', '?')!r}) is "
             "not a model vitviz reads: its token layout and attention are not described by any vitviz family "
-            "(supported: ViT, ViTMSN, DeiT, BEiT, DINOv2, DINOv2 with registers, DINOv3, CLIP vision, SigLIP vision, "
-            "ViTMAE; see docs/families.md). Describe it with vitviz.describe(model, ...) if it is a plain ViT."
+            "(supported: ViT, ViTMSN, I-JEPA, DeiT, BEiT, DINOv2, DINOv2 with registers, DINOv3, CLIP vision, SigLIP "
+            "vision, ViTMAE; see docs/families.md). Describe it with vitviz.describe(model, ...) if it is a plain ViT."
         )
 
     def attention_modules(self, model: nn.Module) -> list[tuple[str, nn.Module]]:

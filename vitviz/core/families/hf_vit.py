@@ -9,6 +9,8 @@ the table only when called with ``interpolate_pos_encoding=True``, so it is read
 
 from __future__ import annotations
 
+from torch import nn
+
 from vitviz.core.families.hf_base import HFVisionFamily
 
 
@@ -21,3 +23,12 @@ class HFViTMSNFamily(HFVisionFamily):
     # the MSN checkpoints were converted with ViTImageProcessor(image_mean=IMAGENET_DEFAULT_MEAN, image_std=
     # IMAGENET_DEFAULT_STD) (transformers' convert_msn_to_pytorch.py); the class's own defaults are 0.5
     authors_mean_std = ((0.485, 0.456, 0.406), (0.229, 0.224, 0.225))
+
+
+class HFIJepaFamily(HFVisionFamily):
+    model_types = ("ijepa",)
+    # I-JEPA's training code normalises with the ImageNet mean and std; ViTImageProcessor's defaults are 0.5
+    authors_mean_std = ((0.485, 0.456, 0.406), (0.229, 0.224, 0.225))
+
+    def prefix_tokens(self, model: nn.Module) -> tuple[str, ...]:
+        return ()
