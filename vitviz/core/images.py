@@ -53,7 +53,6 @@ def image_list(images: Images, argument: str = "images") -> torch.Tensor | list[
     return list(images) if isinstance(images, (list, tuple)) else [images]
 
 
-
 def spec_or_none(model: nn.Module) -> ViTSpec | None:
     """``inspect(model)``; ``None`` for a non-ViT with a timm-style ``pretrained_cfg`` (e.g. ``cifar10-resnet``).
 

@@ -148,7 +148,8 @@ def _create_timm(name: str, pretrained: bool, checkpoint: Path | None, **kwargs:
 def _load_folder(folder: Path, **kwargs: Any) -> nn.Module:
     """A model saved as a folder with a ``config.json``: a Hugging Face ``save_pretrained`` folder (its ``model_type``;
     the class its ``architectures`` names, else ``AutoModel``) or a timm Hub folder (its ``architecture``, read by
-    timm's ``local-dir:`` loader). ``kwargs`` go to ``from_pretrained`` or ``timm.create_model``."""
+    timm's ``local-dir:`` loader); without a ``config.json``, an open_clip folder (``_load_open_clip_folder``).
+    ``kwargs`` go to ``from_pretrained``, ``timm.create_model`` or ``open_clip.create_model``."""
     config_file = folder / "config.json"
     if not config_file.is_file() and (folder / OPEN_CLIP_CONFIG).is_file():
         return _load_open_clip_folder(folder, **kwargs)
@@ -206,8 +207,9 @@ def _load_open_clip_folder(folder: Path, **kwargs: Any) -> nn.Module:
 
 
 def _hub_folder(repo: str) -> Path:
-    """The local folder of Hugging Face Hub repository ``repo``: from the local cache when its ``config.json`` is
-    there; else downloaded (``HUB_FILES`` only) after the host answered; else ``WeightsUnavailableError``."""
+    """The local folder of Hugging Face Hub repository ``repo``: from the local cache when its ``config.json`` (or an
+    open_clip repository's ``open_clip_config.json``) is there; else downloaded (``HUB_FILES`` only) after the host
+    answered; else ``WeightsUnavailableError``."""
     try:
         import huggingface_hub
     except ImportError:
