@@ -31,8 +31,9 @@ def main(argv: list[str] | None = None) -> int:
     r = sub.add_parser("report", help="execute the notebooks and render every figure (offline by default)")
     r.add_argument("--out", default="reports", help="output folder (default: reports)")
     r.add_argument("--model", action="append", metavar="NAME_OR_PATH",
-                   help="model name or weights file (repeatable): the package figures use each, the notebooks "
-                        "get the first as model_name (default: the reference models, the notebooks' defaults)")
+                   help="what vitviz.load_model takes: a timm or reference model name, a weights file, a model "
+                        "folder or a Hub id (repeatable): the package figures use each, the notebooks get the first "
+                        "as model_name (default: the reference models, the notebooks' defaults)")
     r.add_argument("--images", metavar="DIR",
                    help="your images for every figure that shows images (the notebooks' data_dir and the package "
                         "figures): one image file, a flat folder (jpg/png/webp, sorted by name) or <class>/<image> "
@@ -46,7 +47,8 @@ def main(argv: list[str] | None = None) -> int:
     r.add_argument("--cell-timeout", type=int, default=1800, help="seconds a notebook cell may run")
     r.add_argument("--gallery", metavar="DIR", help="also write the key figures, downscaled, to DIR (README gallery)")
     i = sub.add_parser("inspect", help="print the token layout of a model")
-    i.add_argument("model", help="timm name, reference model name or weights file")
+    i.add_argument("model", help="a timm or reference model name, a weights file, a model folder or a Hub id "
+                                 "(what vitviz.load_model takes)")
     m = sub.add_parser("models", help="the reference models: what each card says, and the position-embedding "
                                       "ablation beside the paper's Table 8")
     m.add_argument("--checkpoints", metavar="DIR", help="folder of the cards (default: vitviz/zoo/checkpoints)")
