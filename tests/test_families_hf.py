@@ -154,6 +154,27 @@ def test_dinov3_reads_its_rotary_layout_from_the_model_itself():
     assert vitviz.attention_rollout(case.model, x64).shape == (1, 5, 8)
 
 
+def test_dinov3_backbone_is_read_like_the_model():
+    """``DINOv3ViTBackbone`` (feature maps out) has the model's layout and maps; a class target is refused with the
+    callable fix, since its output holds no logits."""
+    config = transformers.DINOv3ViTConfig(image_size=32, num_register_tokens=1, out_indices=[2], **SMALL)
+    backbone = transformers.DINOv3ViTBackbone(config).eval()
+    spec = vitviz.inspect(backbone)
+    assert spec.attention_modules == ("model.layer.0.attention", "model.layer.1.attention")
+    assert spec.prefix_tokens == ("cls", "reg") and spec.pos_embed_kind == "rotary"
+    x = torch.randn(2, 3, 32, 48)
+    with torch.no_grad(), vitviz.capture_attention(backbone) as cap:
+        backbone(pixel_values=x)
+    ref = eager_copy(backbone)
+    with torch.no_grad():
+        want = ref(pixel_values=x, output_attentions=True).attentions
+    assert len(cap.attentions) == len(want) == 2
+    for got, w in zip(cap.attentions, want):
+        assert got.shape == w.shape == (2, 2, 2 + 24, 2 + 24) and float((got - w).abs().max()) <= 1e-5
+    with pytest.raises(InputError, match="DINOv3ViTBackbone holds no"):
+        vitviz.explain(backbone, x, method="chefer", target=0)
+
+
 def test_ijepa_has_no_class_token_and_reads_the_patch_mean():
     """I-JEPA: no prefix token, the readout (and the backbone's representation, which has no pooler) is the mean of
     the patch tokens, never the first patch; ImageNet mean and std as in its training code."""
