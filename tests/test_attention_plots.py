@@ -94,6 +94,36 @@ def test_plot_attention_heads_grid_one_panel_per_head_on_a_shared_scale():
         vitviz.plot_attention_heads_grid(model, torch.randn(2, 3, 32, 48))
 
 
+def test_heads_grid_query_names_are_the_explanations_token_names():
+    """``query="class"`` and ``query="patches"`` pick the rows ``token=`` picks in the explanations: the class
+    token's query, and the mean over the patch queries (here on an average-pooling model, whose head reads that
+    mean, and on a class-token model, whose head does not)."""
+    from vitviz.errors import InputError
+
+    for pool in ("avg", "token"):
+        model = tiny_timm_vit(num_heads=2, global_pool=pool)
+        x = torch.randn(1, 3, 32, 48)
+        with torch.no_grad(), vitviz.capture_attention(model, layers=0) as cap:
+            model(x)
+        attn = cap.attentions[0][0]  # (H, N, N)
+        for query, row, name in (("class", attn[:, 0, 1:], "class token"),
+                                 ("patches", attn[:, 1:, 1:].mean(1), "mean over patch queries")):
+            fig = vitviz.plot_attention_heads_grid(model, x, layer=0, query=query)
+            assert name in fig._suptitle.get_text()
+            heads = [ax for ax in fig.axes if ax.get_title().startswith("Head")]
+            for k, ax in enumerate(heads):
+                np.testing.assert_allclose(ax.images[0].get_array(), row[k].reshape(4, 6).numpy(), atol=1e-6)
+        readout = vitviz.plot_attention_heads_grid(model, x, layer=0, query="readout")
+        default = vitviz.plot_attention_heads_grid(model, x, layer=0)
+        assert readout._suptitle.get_text() == default._suptitle.get_text()
+        plt.close("all")
+    with pytest.raises(InputError, match="query='cls' is not one of"):
+        vitviz.plot_attention_heads_grid(model, x, query="cls")
+    no_class = tiny_timm_vit(class_token=False, global_pool="avg")
+    with pytest.raises(InputError, match="no class token"):
+        vitviz.plot_attention_heads_grid(no_class, x, query="class")
+
+
 def test_plot_attention_distance_labels_dots_and_legend():
     model = tiny_timm_vit(depth=3, num_heads=2)
     x = torch.randn(2, 3, 32, 48)

@@ -21,7 +21,7 @@ from torch import nn
 
 from vitviz.analysis.distance import mean_attention_distance
 from vitviz.analysis.propagation import rollout_to_maps
-from vitviz.analysis.readout_rows import PoolRows, output_rows
+from vitviz.analysis.readout_rows import TOKEN_NAMES, PoolRows, output_rows
 from vitviz.analysis.rollout import attention_rollout
 from vitviz.analysis.tables import distance_table
 from vitviz.core.capture import capture_attention, check_layer_index
@@ -204,9 +204,20 @@ def plot_rollout(
 _TOKEN_WORDS = {"cls": "class", "dist": "distillation", "reg": "register"}
 
 
-def _query(spec, query: int | tuple[int, int] | None, grid: tuple[int, int]) -> tuple[int | None, str]:
-    """The query token index and its name; ``(None, name)`` for ``query=None``: the queries the head reads."""
+def _query(spec, query: int | str | tuple[int, int] | None, grid: tuple[int, int]) -> tuple[int | str | None, str]:
+    """The query as ``output_rows`` takes it, and its name: ``None`` (or ``"readout"``) for the queries the head
+    reads, ``"patches"`` for the mean over patch queries, else a token index (``"class"``, an int, a patch)."""
     p = spec.num_prefix_tokens
+    if isinstance(query, str):
+        if query == "patches":
+            return "patches", "mean over patch queries"
+        if query == "class":  # refused, naming the fix, on a model without a class token
+            return output_rows(spec, "class", p + grid[0] * grid[1]), "class token"
+        if query != "readout":
+            raise InputError(f"{spec.name}: query={query!r} is not one of {TOKEN_NAMES}; pass None (the queries the "
+                             "head reads), 'class', 'patches' (the mean over patch queries), a token index or a "
+                             "(row, column) patch")
+        query = None
     if query is None:
         read = spec.readout
         if read.weights_by_pool:
@@ -230,7 +241,7 @@ def _query(spec, query: int | tuple[int, int] | None, grid: tuple[int, int]) -> 
     n = p + grid[0] * grid[1]
     if not is_int(query):
         raise InputTypeError(f"query={query!r} is a {type(query).__name__}, not a token index; pass an int in "
-                             f"{-n} ... {n - 1}, a (row, column) patch, or None")
+                             f"{-n} ... {n - 1}, a (row, column) patch, 'class', 'patches' or None")
     query = int(query)
     if not -n <= query < n:
         raise OutOfRangeError(f"query token {query} is out of range for {n} tokens")
@@ -245,7 +256,7 @@ def plot_attention_heads_grid(
     image: Images,
     layer: int = -1,
     *,
-    query: int | tuple[int, int] | None = None,
+    query: int | str | tuple[int, int] | None = None,
     cmap: str = "viridis",
     ncols: int = 6,
     fig: Figure | None = None,
@@ -259,8 +270,9 @@ def plot_attention_heads_grid(
         query: the query token: by default the queries the model's head reads (``ViTSpec.readout``, as the
             explanations and the attention explorer read them): the class token of a class-token head, the mean
             over patch queries for average pooling, the mean of the class and distillation queries of
-            DeiT-distilled, the queries weighted by an attention pool's own attention; an int token index, or a
-            ``(row, column)`` patch (zero-based).
+            DeiT-distilled, the queries weighted by an attention pool's own attention; ``"class"`` (the class
+            token's query whatever the head reads) or ``"patches"`` (the mean over patch queries), the names
+            ``token=`` takes in the explanations; an int token index, or a ``(row, column)`` patch (zero-based).
         cmap: colormap of the maps; ncols: panels per row (narrower than 1.5 in when ``ncols`` of them would not
             fit a 7 in double column); fig: draw into this figure.
 
@@ -270,7 +282,9 @@ def plot_attention_heads_grid(
 
     Raises:
         InputError: ``ncols`` not a positive int, or more than one image.
-        InputTypeError: ``query`` neither an int, a ``(row, column)`` pair of ints nor None.
+        InputError: ``query`` a string other than ``"readout"``, ``"class"`` and ``"patches"``, or ``"class"`` on a
+            model without a class token.
+        InputTypeError: ``query`` neither an int, a name, a ``(row, column)`` pair of ints nor None.
         OutOfRangeError: ``query`` outside the tokens or the grid.
     """
     check_positive_int(ncols, "ncols", "the panels per row (e.g. 6)")
@@ -288,7 +302,7 @@ def plot_attention_heads_grid(
     attn = cap.attentions[0][0].float()  # (H, N, N)
     n = attn.shape[-1]
     read = pool.take(n)  # an attention pool's own attention over the tokens, (1, N); else None
-    rows = q if q is not None else output_rows(spec, None, n) if read is None else read[0]
+    rows = output_rows(spec, q, n) if read is None else read[0]
     heads = rollout_to_maps(attn, grid, spec.num_prefix_tokens, rows).cpu().numpy()  # (H, gh, gw)
     p = spec.num_prefix_tokens
     img = denormalise(model, x)[0]
@@ -311,7 +325,7 @@ def plot_attention_heads_grid(
     for k, ax in enumerate(axes[1:n]):
         im = ax.imshow(heads[k], cmap=cmap, vmin=0.0, vmax=vmax, extent=(0, w, h, 0), interpolation="nearest")
         ax.set_title(f"Head {k + 1}")
-    if q is not None and q >= p:  # mark the query patch
+    if is_int(q) and q >= p:  # mark the query patch
         from matplotlib.patches import Rectangle
 
         r, c = divmod(q - p, grid[1])
