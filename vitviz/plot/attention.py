@@ -281,9 +281,8 @@ def plot_attention_heads_grid(
         tall as the block of panels (top of the first row's to bottom of the last row's).
 
     Raises:
-        InputError: ``ncols`` not a positive int, or more than one image.
-        InputError: ``query`` a string other than ``"readout"``, ``"class"`` and ``"patches"``, or ``"class"`` on a
-            model without a class token.
+        InputError: ``ncols`` not a positive int, more than one image, ``query`` a string other than ``"readout"``,
+            ``"class"`` and ``"patches"``, or ``"class"`` on a model without a class token.
         InputTypeError: ``query`` neither an int, a name, a ``(row, column)`` pair of ints nor None.
         OutOfRangeError: ``query`` outside the tokens or the grid.
     """
