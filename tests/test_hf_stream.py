@@ -70,11 +70,11 @@ def test_stream_maps_equal_eager_output_attentions(name, path, monkeypatch):
     left_clean(model)
 
 
-@pytest.mark.parametrize("name", ["vit", "dinov3"])
+@pytest.mark.parametrize("name", ["vit", "vit-msn", "ijepa", "dinov3"])
 def test_a_broken_recomputation_is_caught(name, monkeypatch):
     """The comparison above fails when the recomputation is wrong (here: the scale 5% off, which moves the tiny
-    models' probabilities by ~1e-4, about a hundred times the tolerance of 1e-6), also on DINOv3's rotated queries
-    and keys."""
+    models' probabilities by ~1e-4, about a hundred times the tolerance of 1e-6), also on the families added last
+    (ViTMSN, I-JEPA without a class token, DINOv3's rotated queries and keys)."""
     monkeypatch.setattr(stream, "EXPLICIT_BELOW_BYTES", 0)
     case = hf_case(name)
     original = stream.recomputed_heads

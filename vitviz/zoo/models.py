@@ -151,9 +151,9 @@ def _load_folder(folder: Path, **kwargs: Any) -> nn.Module:
     timm's ``local-dir:`` loader); without a ``config.json``, an open_clip folder (``_load_open_clip_folder``).
     ``kwargs`` go to ``from_pretrained``, ``timm.create_model`` or ``open_clip.create_model``."""
     config_file = folder / "config.json"
-    if not config_file.is_file() and (folder / OPEN_CLIP_CONFIG).is_file():
-        return _load_open_clip_folder(folder, **kwargs)
     if not config_file.is_file():
+        if (folder / OPEN_CLIP_CONFIG).is_file():
+            return _load_open_clip_folder(folder, **kwargs)
         raise CheckpointError(
             f"{str(folder)!r} is a folder without a config.json: vitviz reads a Hugging Face save_pretrained folder, "
             "a timm Hub folder (config.json beside model.safetensors or pytorch_model.bin) or an open_clip folder "
