@@ -4,7 +4,8 @@ Each builder returns a ``Case``: the model (eval mode, default attention impleme
 batch, ``run(model, x)`` giving the tensor output the capture must leave unchanged, ``reference(model, x)`` giving
 the independent per-layer ``(B, H, N, N)`` maps, and the layout ``inspect`` must report. Non-square grids wherever
 the family's config allows them (ViT, ViTMSN, I-JEPA, DeiT, BEiT, DINOv2 through its interpolated table, DINOv3 through
-its rotary embedding; CLIP, SigLIP and ViTMAE configs take one square ``image_size``).
+its rotary embedding; the CLIP-built towers (CLIP, MetaCLIP 2, Chinese-CLIP, AltCLIP), SigLIP and ViTMAE configs take one
+square ``image_size``).
 """
 
 from __future__ import annotations
@@ -38,6 +39,19 @@ def eager_copy(model: nn.Module) -> nn.Module:
     ref = copy.deepcopy(model)
     ref.set_attn_implementation("eager")
     return ref
+
+
+def eager_rebuilt(model: nn.Module) -> nn.Module:
+    """The same weights in a model built with the eager implementation (data2vec vision picks its attention class
+    when it is built, so switching the implementation afterwards does not give it eager weights)."""
+    ref = type(model)._from_config(copy.deepcopy(model.config), attn_implementation="eager")
+    ref.load_state_dict(model.state_dict())
+    return ref.eval()
+
+
+def _rebuilt_attentions(model: nn.Module, x: torch.Tensor) -> list[torch.Tensor]:
+    with torch.no_grad():
+        return list(eager_rebuilt(model)(pixel_values=x, output_attentions=True).attentions)
 
 
 def _hidden(model: nn.Module, x: torch.Tensor, **kw) -> torch.Tensor:
@@ -83,6 +97,16 @@ def _build(name: str) -> Case:
             image_size=32, use_shared_relative_position_bias=True, use_absolute_position_embeddings=True,
             num_labels=3, **SMALL))
         return Case(m.eval(), x32, _hidden, _eager_attentions, (4, 4), ("cls",), "learned+relative-bias")
+    if name == "data2vec-relative":  # BEiT's layout in the older module layout: weights only per call
+        m = T.Data2VecVisionModel(T.Data2VecVisionConfig(image_size=(32, 48), use_relative_position_bias=True, **SMALL))
+        return Case(m.eval(), x32x48, _hidden, _rebuilt_attentions, (4, 6), ("cls",), "relative-bias",
+                    {"per_call": True})
+    if name == "data2vec-shared-abs":
+        m = T.Data2VecVisionForImageClassification(T.Data2VecVisionConfig(
+            image_size=32, use_shared_relative_position_bias=True, use_absolute_position_embeddings=True,
+            num_labels=3, **SMALL))
+        return Case(m.eval(), x32, _hidden, _rebuilt_attentions, (4, 4), ("cls",), "learned+relative-bias",
+                    {"per_call": True})
     if name == "dinov2":
         m = T.Dinov2Model(T.Dinov2Config(image_size=32, **dino))
         return Case(m.eval(), x32x48, _hidden, _eager_attentions, (4, 6), ("cls",), "learned")
@@ -105,8 +129,13 @@ def _build(name: str) -> Case:
     if name == "clip-vision":
         m = T.CLIPVisionModel(T.CLIPVisionConfig(image_size=32, **SMALL))
         return Case(m.eval(), x32, _hidden, _eager_attentions, (4, 4), ("cls",), "learned")
-    if name == "clip-model":
-        m = T.CLIPModel(T.CLIPConfig(vision_config=dict(image_size=32, **SMALL), text_config=TEXT, projection_dim=16))
+    if name in ("clip-model", "chinese-clip-model"):  # image-text models: the vision tower is read
+        if name == "clip-model":
+            m = T.CLIPModel(T.CLIPConfig(vision_config=dict(image_size=32, **SMALL), text_config=TEXT,
+                                         projection_dim=16))
+        else:  # a BERT text tower
+            m = T.ChineseCLIPModel(T.ChineseCLIPConfig(vision_config=dict(image_size=32, **SMALL), text_config=TEXT,
+                                                       projection_dim=16))
 
         def run(model: nn.Module, x: torch.Tensor) -> torch.Tensor:
             return model.get_image_features(pixel_values=x).pooler_output
@@ -116,6 +145,13 @@ def _build(name: str) -> Case:
                 return list(eager_copy(model).vision_model(pixel_values=x, output_attentions=True).attentions)
 
         return Case(m.eval(), x32, run, reference, (4, 4), ("cls",), "learned")
+    if name == "metaclip2-classifier":  # CLIP's vision code; the head reads the patch mean
+        m = T.MetaClip2ForImageClassification(T.MetaClip2Config(vision_config=dict(image_size=32, **SMALL),
+                                                                 text_config=TEXT, num_labels=3))
+        return Case(m.eval(), x32, _hidden, _eager_attentions, (4, 4), ("cls",), "learned")
+    if name == "altclip-vision":
+        m = T.AltCLIPVisionModel(T.AltCLIPVisionConfig(image_size=32, **SMALL))
+        return Case(m.eval(), x32, _hidden, _eager_attentions, (4, 4), ("cls",), "learned")
     if name == "siglip-vision":
         m = T.SiglipVisionModel(T.SiglipVisionConfig(image_size=32, **SMALL))
         return Case(m.eval(), x32, _hidden, _eager_attentions, (4, 4), (), "learned")
@@ -144,8 +180,10 @@ def _build(name: str) -> Case:
     raise KeyError(name)
 
 
-HF_CASES = ["vit", "vit-msn", "ijepa", "deit-distilled", "beit-relative", "beit-shared-abs", "dinov2", "dinov2-registers",
-            "auto-dinov2", "dinov3", "clip-vision", "clip-model", "siglip-vision", "auto-siglip", "vit-mae"]
+HF_CASES = ["vit", "vit-msn", "ijepa", "deit-distilled", "beit-relative", "beit-shared-abs",
+            "data2vec-relative", "data2vec-shared-abs", "dinov2", "dinov2-registers",
+            "auto-dinov2", "dinov3", "clip-vision", "clip-model", "metaclip2-classifier",
+            "chinese-clip-model", "altclip-vision", "siglip-vision", "auto-siglip", "vit-mae"]
 
 
 def mha_reference(attns: list[nn.MultiheadAttention], inputs: list[torch.Tensor]) -> list[torch.Tensor]:

@@ -288,7 +288,8 @@ def lrp_rules_on_linear(lin: nn.Linear, rules: LRPRules):
     return ctx()
 
 
-@pytest.mark.parametrize("kind", ["deit", "vit_msn", "ijepa", "beit", "dinov2", "dinov2_with_registers", "dinov3"])
+@pytest.mark.parametrize("kind", ["deit", "vit_msn", "ijepa", "beit", "data2vec", "data2vec-eager", "dinov2",
+                                  "dinov2_with_registers", "dinov3"])
 def test_hf_families_conserve_under_cp(kind):
     """Zero biases, epsilon 0, CP attention: exact conservation, which fails if a norm or an activation kept its
     plain gradient; the forward is unchanged under the rules."""
@@ -301,6 +302,10 @@ def test_hf_families_conserve_under_cp(kind):
         m = T.DeiTForImageClassification(T.DeiTConfig(**common, num_labels=3))
     elif kind == "beit":
         m = T.BeitForImageClassification(T.BeitConfig(**common, num_labels=3, use_relative_position_bias=True))
+    elif kind.startswith("data2vec"):  # BEiT's layout, its own softmax (eager) or SDPA call; shared bias, layer scale
+        cfg = T.Data2VecVisionConfig(**common, num_labels=3, use_shared_relative_position_bias=True)
+        m = T.Data2VecVisionForImageClassification._from_config(
+            cfg, attn_implementation="eager" if kind.endswith("eager") else "sdpa")
     elif kind == "vit_msn":
         m = T.ViTMSNForImageClassification(T.ViTMSNConfig(**common, num_labels=3))
     elif kind == "ijepa":  # no class token: the classifier reads the mean of the patch tokens

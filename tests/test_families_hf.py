@@ -5,7 +5,7 @@ from __future__ import annotations
 
 import pytest
 import torch
-from hf_models import HF_CASES, SMALL, eager_copy, hf_case
+from hf_models import HF_CASES, SMALL, eager_copy, eager_rebuilt, hf_case
 from test_capture import hooks_everywhere, instance_forwards
 
 import vitviz
@@ -33,8 +33,9 @@ def test_capture_equals_eager_output_attentions(name):
         before = case.run(model, x)
         with vitviz.capture_attention(model) as cap:
             inside = case.run(model, x)
-            # switched for the read-out only, on the config the attention modules read (CLIPModel: the vision one)
-            assert vision_config(model)._attn_implementation == "eager"
+            # switched for the read-out only, on the config the attention modules read (CLIPModel: the vision one);
+            # data2vec vision: its modules are built SDPA or eager, the probe runs the eager forward per call
+            assert vision_config(model)._attn_implementation == ("sdpa" if case.extra.get("per_call") else "eager")
         after = case.run(model, x)
     reference = case.reference(model, x)
     n = len(case.prefix) + case.grid[0] * case.grid[1]
@@ -85,7 +86,7 @@ def test_inspect_reads_the_layout_from_the_config(name):
 @pytest.mark.parametrize("name", HF_CASES)
 def test_analyses_are_finite_and_shaped_by_the_grid(name):
     case = hf_case(name)
-    model = case.model.vision_model if name == "clip-model" else case.model
+    model = case.model.vision_model if name.endswith("clip-model") else case.model
     gh, gw = case.grid
     maps = vitviz.attention_rollout(model, case.x)
     assert maps.shape == (2, gh, gw) and torch.isfinite(maps).all() and (maps >= 0).all()
@@ -226,18 +227,20 @@ def test_vit_mae_keeps_patch_order_in_half_precision(dtype):
     assert torch.equal(cap.attentions[0], ref.attentions[0]) and cap.attentions[0].shape[-1] == 1 + p
 
 
-def test_clip_model_analyses_the_vision_tower_and_refuses_pixels_in_forward():
-    case = hf_case("clip-model")
+@pytest.mark.parametrize("name", ["clip-model", "chinese-clip-model"])
+def test_clip_model_analyses_the_vision_tower_and_refuses_pixels_in_forward(name):
+    case = hf_case(name)
     model = case.model
+    cls = type(model).__name__
     spec = vitviz.inspect(model)
     assert all(n.startswith("vision_model.") for n in spec.attention_modules)
     assert spec.params["other"] == sum(p.numel() for n, p in model.named_parameters()
                                        if not n.startswith("vision_model."))
-    with pytest.raises(InputError, match=r"CLIPModel\.forward takes input_ids.*model\.vision_model"):
+    with pytest.raises(InputError, match=rf"{cls}\.forward takes input_ids.*model\.vision_model"):
         vitviz.attention_rollout(model, case.x)
     assert instance_forwards(model) == 0 and attn_impls(model) == ("sdpa", "sdpa")
     ids = torch.tensor([[0, 5, 6, 1]])
-    with torch.no_grad(), vitviz.capture_attention(model) as cap:  # a real CLIPModel call passes through
+    with torch.no_grad(), vitviz.capture_attention(model) as cap:  # a real image-text call passes through
         model(input_ids=ids, pixel_values=case.x)
     torch.testing.assert_close(cap.attentions[0], case.reference(model, case.x)[0], atol=1e-5, rtol=0)
 
@@ -282,12 +285,16 @@ def _auto_configs():
         "CLIPConfig": T.CLIPConfig(vision_config=vision, text_config=text, projection_dim=16),
         "SiglipVisionConfig": T.SiglipVisionConfig(**vision),
         "SiglipConfig": T.SiglipConfig(vision_config=vision, text_config=text), "ViTMAEConfig": T.ViTMAEConfig(**vision),
+        "MetaClip2Config": T.MetaClip2Config(vision_config=vision, text_config=text, projection_dim=16),
+        "ChineseCLIPConfig": T.ChineseCLIPConfig(vision_config=vision, text_config=text, projection_dim=16),
+        "Data2VecVisionConfig": T.Data2VecVisionConfig(use_relative_position_bias=True, **vision),
     }
 
 
 @pytest.mark.parametrize("config_name", ["ViTConfig", "DeiTConfig", "BeitConfig", "Dinov2Config",
                                          "Dinov2WithRegistersConfig", "CLIPVisionConfig", "CLIPConfig",
-                                         "SiglipVisionConfig", "SiglipConfig", "ViTMAEConfig"])
+                                         "SiglipVisionConfig", "SiglipConfig", "ViTMAEConfig", "MetaClip2Config",
+                                         "ChineseCLIPConfig", "Data2VecVisionConfig"])
 def test_whatever_auto_model_returns_is_read_exactly(config_name):
     model = transformers.AutoModel.from_config(_auto_configs()[config_name]).eval()
     spec = vitviz.inspect(model)
@@ -295,7 +302,7 @@ def test_whatever_auto_model_returns_is_read_exactly(config_name):
     x = torch.randn(2, 3, 32, 32)
     with torch.no_grad(), vitviz.capture_attention(model) as cap:
         vision(pixel_values=x)
-    ref = eager_copy(model)
+    ref = eager_rebuilt(model) if config_name == "Data2VecVisionConfig" else eager_copy(model)
     ref_vision = ref.vision_model if hasattr(ref, "vision_model") else ref
     if config_name == "ViTMAEConfig":
         ref.config.mask_ratio = 0.0
@@ -353,3 +360,31 @@ def test_dinov2_patch_14_on_a_non_square_input():
         assert got.shape == (2, 2, 16, 16) and float((got - w).abs().max()) <= 1e-5
     maps = vitviz.attention_rollout(model, x)
     assert maps.shape == (2, 3, 5) and torch.isfinite(maps).all()
+
+
+def test_data2vec_vision_is_read_per_call_whichever_implementation_it_was_built_with():
+    """data2vec vision picks its attention class when built (SDPA by default, which returns no weights): the probe
+    runs the eager forward per call either way; a caller's own output_attentions=True still gets the weights; the
+    model without a pooler reads out the patch mean its use_mean_pooling asks for (there is no final norm)."""
+    case = hf_case("data2vec-relative")
+    sdpa, x = case.model, case.x
+    eager = eager_rebuilt(sdpa)
+    family = family_of(sdpa)
+    assert type(sdpa.encoder.layer[0].attention.attention).__name__ == "Data2VecVisionSdpaSelfAttention"
+    assert family.stream_probe(eager.encoder.layer[0].attention.attention) is None  # eager: weights as they come
+    want = case.reference(sdpa, x)
+    for model in (sdpa, eager):
+        with torch.no_grad(), vitviz.capture_attention(model) as cap:
+            out = model(pixel_values=x, output_attentions=True)
+        assert instance_forwards(model) == 0 and hooks_everywhere(model) == 0
+        for got, theirs, w in zip(cap.attentions, out.attentions, want):
+            assert float((got - w).abs().max()) <= 1e-6 and torch.equal(got, theirs)
+    torch.testing.assert_close(vitviz.attention_rollout(eager, x), vitviz.attention_rollout(sdpa, x))
+    spec = vitviz.inspect(sdpa)
+    assert sdpa.pooler is None and spec.readout.how == "mean" and "use_mean_pooling" in spec.readout.source
+    with torch.no_grad():
+        hidden = sdpa(pixel_values=x).last_hidden_state
+        torch.testing.assert_close(family.pre_logits(sdpa, x), hidden[:, 1:].mean(1))
+    token = transformers.Data2VecVisionModel(transformers.Data2VecVisionConfig(image_size=32, use_mean_pooling=False,
+                                                                               **SMALL))
+    assert vitviz.inspect(token).readout.how == "token"  # a final norm and the class token

@@ -263,10 +263,11 @@ def test_forced_kernel_gives_the_pytorch_rollout_and_distance(interpret, monkeyp
     assert calls["fuse"] == 6
 
 
-@pytest.mark.parametrize("name", ["vit", "beit-relative", "dinov2-registers", "clip-vision"])
+@pytest.mark.parametrize("name", ["vit", "beit-relative", "dinov2-registers", "clip-vision", "data2vec-shared-abs"])
 def test_forced_kernel_on_hugging_face_models(interpret, kernel_calls, name):
     """The Hugging Face stream probe (``hf_probes``) routes through the kernels too: q and k as transformers hands
-    them to SDPA, BEiT's relative position bias as a float mask per head, prefix tokens and registers."""
+    them to SDPA, BEiT's relative position bias as a float mask per head, prefix tokens and registers; data2vec
+    vision's own stream probe with its shared bias."""
     pytest.importorskip("transformers")
     from hf_models import hf_case
 

@@ -310,6 +310,8 @@ CASES = {
     "hf vit": (_hf("vit"), "token"),
     "hf deit with teacher": (_hf("deit-distilled"), "mean"),
     "hf beit mean pooling": (_hf("beit-shared-abs"), "mean"),
+    "hf data2vec vision mean pooling": (_hf("data2vec-shared-abs"), "mean"),
+    "hf metaclip 2 classifier": (_hf("metaclip2-classifier"), "mean"),
     "hf dinov2 classifier": (_hf_dinov2_classifier, "concat"),
     "hf clip vision": (_hf("clip-vision"), "token"),
     "hf siglip": (_hf("siglip-vision"), "attention-pool"),

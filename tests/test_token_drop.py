@@ -67,14 +67,19 @@ def test_hugging_face_drop_equals_the_encoder_on_the_shorter_sequence(build, pre
                                    model.layernorm(encoder(model, model.embeddings(x))), atol=1e-5, rtol=1e-5)
 
 
+@pytest.mark.parametrize("family", ["beit", "data2vec"])
 @pytest.mark.parametrize("config", [
     dict(image_size=(32, 48), use_relative_position_bias=True),
     dict(image_size=32, use_shared_relative_position_bias=True, use_absolute_position_embeddings=True),
 ], ids=["per-layer-bias", "shared-bias+absolute"])
-def test_beit_drop_keeps_each_pair_its_relative_bias(config):
+def test_beit_drop_keeps_each_pair_its_relative_bias(config, family):
     """Reference: the full sequence with the removed keys masked out of every attention (their bias set to -1e9):
-    the kept tokens then see exactly what they see when the removed ones are dropped."""
-    model = T.BeitModel(T.BeitConfig(use_mean_pooling=False, **config, **SMALL)).eval()
+    the kept tokens then see exactly what they see when the removed ones are dropped. data2vec vision: BEiT's
+    layout in transformers' older modules."""
+    if family == "beit":
+        model = T.BeitModel(T.BeitConfig(use_mean_pooling=False, **config, **SMALL)).eval()
+    else:
+        model = T.Data2VecVisionModel(T.Data2VecVisionConfig(use_mean_pooling=False, **config, **SMALL)).eval()
     with torch.no_grad():
         for name, p in model.named_parameters():
             if "relative_position_bias_table" in name or "embeddings" in name:
@@ -88,7 +93,7 @@ def test_beit_drop_keeps_each_pair_its_relative_bias(config):
     for b in range(2):
         mask[b, :, :, index[b]] = 0
     hooks = [m.register_forward_hook(lambda _m, _i, out: out + mask) for m in model.modules()
-             if type(m).__name__ == "BeitRelativePositionBias"]
+             if type(m).__name__.endswith("RelativePositionBias")]
     with torch.no_grad():
         full = model(pixel_values=x).last_hidden_state
     for h in hooks:

@@ -1,9 +1,9 @@
 """Model families vitviz reads, and the lookup from a model to its family.
 
 Lookup order: a description registered for this model instance with ``vitviz.describe``, then families
-registered with ``register_family`` (newest first), then timm, torchvision, Hugging Face (ViT, DeiT, BEiT, DINOv2,
-DINOv2 with registers, CLIP vision, SigLIP vision, ViTMAE; other image models refused), open_clip vision towers and
-the tutorial layout.
+registered with ``register_family`` (newest first), then timm, torchvision, Hugging Face (ViT, ViTMSN, I-JEPA, DeiT,
+BEiT, data2vec vision, DINOv2, DINOv2 with registers, DINOv3, CLIP vision and the towers built from its code, SigLIP
+vision, ViTMAE; other image models refused), open_clip vision towers and the tutorial layout.
 """
 
 from __future__ import annotations
@@ -16,7 +16,7 @@ from torch import nn
 from vitviz.core.families.base import Family, Layout
 from vitviz.core.families.custom import LIBRARIES, CustomFamily, TutorialFamily
 from vitviz.core.families.hf_base import HFUnsupportedFamily
-from vitviz.core.families.hf_beit import HFBeitFamily
+from vitviz.core.families.hf_beit import HFBeitFamily, HFData2VecVisionFamily
 from vitviz.core.families.hf_clip import HFCLIPFamily
 from vitviz.core.families.hf_deit import HFDeiTFamily
 from vitviz.core.families.hf_dinov2 import HFDinov2Family, HFDinov2RegistersFamily
@@ -36,8 +36,8 @@ __all__ = ["Family", "Layout", "NotAViTError", "VitvizError", "CustomFamily", "d
 # Hugging Face: one family per model type (docs/families.md); any other transformers model with an image config
 # is refused by HFUnsupportedFamily with the reason, never misread.
 HF_FAMILIES: list[Family] = [HuggingFaceFamily(), HFViTMSNFamily(), HFIJepaFamily(), HFDeiTFamily(), HFBeitFamily(),
-                             HFDinov2Family(), HFDinov2RegistersFamily(), HFDinov3Family(), HFCLIPFamily(),
-                             HFSiglipFamily(), HFViTMAEFamily()]
+                             HFData2VecVisionFamily(), HFDinov2Family(), HFDinov2RegistersFamily(), HFDinov3Family(),
+                             HFCLIPFamily(), HFSiglipFamily(), HFViTMAEFamily()]
 _FAMILIES: list[Family] = [TimmFamily(), NaFlexVitFamily(), TorchvisionFamily(), *HF_FAMILIES, HFUnsupportedFamily(), OpenCLIPFamily(),
                            TutorialFamily()]
 _DESCRIBED: weakref.WeakKeyDictionary[nn.Module, Family] = weakref.WeakKeyDictionary()

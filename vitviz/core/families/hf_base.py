@@ -257,12 +257,16 @@ class HFVisionFamily(Family):
     def token_drop_refusal(self, model: nn.Module) -> str:
         return self._token_drop(model)[1]
 
+    def processor_key(self, model: nn.Module) -> str:
+        """The model type the image-processor class is filed under (``processor_type``, else the vision config's)."""
+        return self.processor_type or vision_config(model).model_type
+
     def data_config(self, model: nn.Module) -> dict[str, Any] | None:
         """The checkpoint's ``preprocessor_config.json`` (local folder), else the processor class's defaults.
 
         With the class defaults, ``authors_mean_std`` (when set) replaces the class's mean and std.
         """
-        processor, own = _image_processor(model, self.processor_type or vision_config(model).model_type)
+        processor, own = _image_processor(model, self.processor_key(model))
         if processor is None:
             return None
         cfg = processor_data_config(processor, self.layout(model).img_size)
@@ -334,8 +338,8 @@ class HFUnsupportedFamily(Family):
         raise UnsupportedModelError(
             f"{type(model).__name__} (Hugging Face, model_type={getattr(model.config, 'model_type', '?')!r}) is "
             "not a model vitviz reads: its token layout and attention are not described by any vitviz family "
-            "(supported: ViT, ViTMSN, I-JEPA, DeiT, BEiT, DINOv2, DINOv2 with registers, DINOv3, CLIP vision, SigLIP "
-            "vision, ViTMAE; see docs/families.md). Describe it with vitviz.describe(model, ...) if it is a plain ViT."
+            "(supported: ViT, ViTMSN, I-JEPA, DeiT, BEiT, data2vec vision, DINOv2, DINOv2 with registers, DINOv3, CLIP "
+            "vision, MetaCLIP 2, Chinese-CLIP, AltCLIP, SigLIP vision, ViTMAE; see docs/families.md). Describe it with vitviz.describe(model, ...) if it is a plain ViT."
         )
 
     def attention_modules(self, model: nn.Module) -> list[tuple[str, nn.Module]]:

@@ -1,4 +1,5 @@
-"""Hugging Face BEiT (``BeitModel``, ``BeitForImageClassification``, ``BeitForMaskedImageModeling``).
+"""Hugging Face BEiT (``BeitModel``, ``BeitForImageClassification``, ``BeitForMaskedImageModeling``), and data2vec
+vision (``HFData2VecVisionFamily``: the same layout in transformers' older module layout).
 
 Layout (``BeitEmbeddings``): ``[cls, patches]``. Position information is read from the config:
 
@@ -24,6 +25,7 @@ from torch import nn
 
 from vitviz.core.families.base import Undo, chain_undos
 from vitviz.core.families.hf_base import HFVisionFamily, vision_config, vision_root
+from vitviz.core.families.hf_probes import per_call_stream_probe_for, probe_hf_per_call
 from vitviz.core.families.pooling import pool_tokens
 from vitviz.core.families.readout import PATCHES, Readout
 from vitviz.core.families.token_drop import gather_bias_hook, token_index
@@ -72,3 +74,56 @@ class HFBeitFamily(HFVisionFamily):
         undos += [gather_bias_hook(m, index) for m in model.modules()
                   if type(m).__name__.endswith("RelativePositionBias")]
         return chain_undos(undos)
+
+
+class HFData2VecVisionFamily(HFBeitFamily):
+    """Hugging Face data2vec vision (``Data2VecVisionModel``, ``Data2VecVisionForImageClassification``; Baevski et al.,
+    "data2vec", ICML 2022): BEiT's layout, position options, pooling and patch removal (its model file is "Copied
+    from transformers.models.beit"), in the older transformers layout that BEiT has left.
+
+    Its self-attention (``encoder.layer[i].attention.attention``) computes the softmax itself (no attention
+    interface) and returns the weights only when called with ``output_attentions=True``; the SDPA class the model
+    is built with returns none. ``probe_hf_per_call`` runs the eager ``forward`` for the capture and reads its
+    weights (``output_attentions`` passed down by the model gives the same maps, from a model built eager; the
+    tests compare with it). Under ``heads="stream"`` the SDPA forward runs as it is and ``probe_hf_per_call_stream``
+    recomputes the maps from its query and key projections and its bias.
+    """
+
+    model_types = ("data2vec-vision",)
+    layer_paths = (("encoder.layer", "attention"),)
+    probe = staticmethod(probe_hf_per_call)
+    stream_probe = staticmethod(per_call_stream_probe_for)
+
+    def pools_patches(self, model: nn.Module) -> bool:
+        """The pooler's mean over patch tokens; also without a pooler (``Data2VecVisionModel`` is built without one by
+        default) when ``config.use_mean_pooling``: the model then has no final norm (``layernorm`` is an identity)
+        and its class token is not what its head reads."""
+        root = vision_root(model)[0]
+        if getattr(root, "pooler", None) is None:
+            return bool(getattr(vision_config(model), "use_mean_pooling", False))
+        return super().pools_patches(model)
+
+    def readout(self, model: nn.Module, prefix_tokens: tuple[str, ...]) -> Readout:
+        """``use_mean_pooling``: the mean of the patch tokens (``Data2VecVisionPooler``, or the pooling the missing
+        pooler would do); else the class token."""
+        if self.pools_patches(model):
+            pooler = getattr(vision_root(model)[0], "pooler", None)
+            return Readout("mean", ((PATCHES,),), f"{type(pooler).__name__ if pooler is not None else 'no pooler'}, "
+                                                  "use_mean_pooling")
+        return super().readout(model, prefix_tokens)
+
+    def param_components(self, model: nn.Module) -> dict[str, tuple[str, ...]]:
+        comps = super().param_components(model)
+        comps["pos_embed"] = comps["pos_embed"] + (f"{vision_root(model)[1]}encoder.relative_position_bias.",)
+        return comps
+
+    def attention_modules(self, model: nn.Module) -> list[tuple[str, nn.Module]]:
+        """The self-attention inside each layer's ``attention`` wrapper (``Data2VecVisionAttention.attention``)."""
+        out = []
+        for name, wrapper in super().attention_modules(model):
+            inner = getattr(wrapper, "attention", None)
+            if not isinstance(inner, nn.Module) or not type(inner).__name__.endswith("SelfAttention"):
+                raise self._fail(model, f"{name}.attention is a {type(inner).__name__}, not the self-attention "
+                                        "module of this transformers version's data2vec vision")
+            out.append((f"{name}.attention", inner))
+        return out

@@ -30,11 +30,16 @@ left open after the stream capture it was opened in has closed), and its own imp
 was, once the last probe is gone.
 
 A model whose implementation is already ``eager`` gets no stream probe: its eager weights are wrapped as they come.
+
+data2vec vision still has the older layout (its attention module computes the softmax itself and returns the
+weights when called with ``output_attentions=True``; no attention interface): ``probe_hf_per_call`` reads it, and
+``probe_hf_per_call_stream`` recomputes its maps beside its SDPA forward.
 """
 
 from __future__ import annotations
 
 import contextlib
+import inspect as pyinspect
 import sys
 import weakref
 from collections.abc import Callable
@@ -44,11 +49,12 @@ import torch
 from torch import nn
 
 import vitviz.core.families.stream as stream
-from vitviz.core.families.base import Emit, HeadMaps, Probe, Undo, chain_undos
+from vitviz.core.families.base import Emit, HeadMaps, Probe, Undo, chain_undos, set_attr
 from vitviz.core.kernels import forward_lse
 from vitviz.errors import CaptureError, UnsupportedModelError
 
-__all__ = ["NAME", "active", "probe_hf", "probe_hf_stream", "stream_probe_for", "want_weights"]
+__all__ = ["NAME", "active", "per_call_stream_probe_for", "probe_hf", "probe_hf_per_call", "probe_hf_per_call_stream",
+           "probe_hf_stream", "stream_probe_for", "want_weights"]
 
 NAME = "vitviz_stream"
 _listeners: weakref.WeakKeyDictionary[nn.Module, list[Emit]] = weakref.WeakKeyDictionary()
@@ -187,6 +193,89 @@ def probe_hf(module: nn.Module, emit: Emit) -> Undo:
         emit(weights)
 
     undos.append(module.register_forward_hook(hook).remove)
+    return chain_undos(undos)
+
+
+def _eager_per_call(module: nn.Module) -> Callable[..., Any]:
+    """The ``forward`` of the eager class of an attention module of the older layout (data2vec vision): the first
+    class in its MRO, from the same model file, that defines ``forward(hidden_states, output_attentions, ...)`` and is
+    not an SDPA one."""
+    cls = type(module)
+    eager = next((c for c in cls.__mro__ if "forward" in vars(c) and "Sdpa" not in c.__name__
+                  and c.__module__ == cls.__module__), None)
+    params = list(pyinspect.signature(eager.forward).parameters)[1:3] if eager is not None else []
+    if params != ["hidden_states", "output_attentions"]:
+        raise UnsupportedModelError(f"{cls.__name__}: no eager forward(hidden_states, output_attentions, ...) in its "
+                                    "class hierarchy; this transformers version is not supported (please report it)")
+    return eager.forward
+
+
+def _weights_of(module: nn.Module, out: Any) -> torch.Tensor:
+    if not isinstance(out, tuple) or len(out) < 2 or out[1] is None:
+        raise UnsupportedModelError(f"{type(module).__name__} returned no attention weights from its eager forward; "
+                                    "this transformers version is not supported (please report it)")
+    return out[1]
+
+
+def probe_hf_per_call(module: nn.Module, emit: Emit) -> Undo:
+    """Hugging Face attention of the older layout (data2vec vision): the self-attention module takes
+    ``output_attentions`` as its second argument and returns ``(context, probs)`` when it is true; its SDPA subclass
+    (``...SdpaSelfAttention``, chosen when the model is built) returns no weights. For the capture the instance's
+    ``forward`` runs its eager class's ``forward`` with ``output_attentions=True``, hands ``probs`` to ``emit`` and
+    returns what the caller asked for."""
+    forward = _eager_per_call(module)
+
+    def call(hidden_states: torch.Tensor, output_attentions: bool = False, *args: Any, **kwargs: Any) -> tuple:
+        out = forward(module, hidden_states, True, *args, **kwargs)
+        emit(_weights_of(module, out))
+        return out if output_attentions else (out[0], *out[2:])
+
+    return set_attr(module, "forward", call)
+
+
+def per_call_stream_probe_for(module: nn.Module) -> Probe | None:
+    """``probe_hf_per_call_stream`` for an SDPA attention module of the older layout; None for an eager one (its
+    weights are read per call, as they are)."""
+    return probe_hf_per_call_stream if "Sdpa" in type(module).__name__ else None
+
+
+def probe_hf_per_call_stream(module: nn.Module, emit: Emit) -> Undo:
+    """data2vec vision's SDPA self-attention under ``heads="stream"``: its own ``forward`` runs (the output is the
+    plain forward's, bit for bit) and the maps are recomputed (``stream.recomputed_heads``; the Triton kernels on
+    CUDA) from the outputs of its ``query`` and ``key`` projections, with the scale ``1 / sqrt(head size)`` and the
+    bias it hands SDPA: its own ``relative_position_bias`` module's output plus the shared bias it is called with.
+    Small maps with the kernels off (``stream.explicit_is_cheaper``), and calls that ask for the weights, run the
+    eager ``forward`` instead and hand on its weights."""
+    eager, own = _eager_per_call(module), type(module).forward
+    h, d = int(module.num_attention_heads), int(module.attention_head_size)
+    seen: dict[str, torch.Tensor] = {}
+
+    def keep(key: str) -> Callable[..., None]:
+        # cloned: the SDPA forward adds the shared bias to its own in place
+        return lambda _m, _i, out: seen.__setitem__(key, out.detach().clone() if key == "bias" else out.detach())
+
+    parts = [("q", module.query), ("k", module.key)]
+    if getattr(module, "has_relative_position_bias", False):
+        parts.append(("bias", module.relative_position_bias))
+    undos: list[Undo] = [m.register_forward_hook(keep(key)).remove for key, m in parts]
+
+    def call(hidden_states: torch.Tensor, output_attentions: bool = False,
+             relative_position_bias: torch.Tensor | None = None, *args: Any, **kwargs: Any) -> tuple:
+        b, n, _ = hidden_states.shape
+        kernel = stream.use_kernel_for(hidden_states.new_empty(0, d))
+        if output_attentions or stream.explicit_is_cheaper(b, h, n, kernel):
+            out = eager(module, hidden_states, True, relative_position_bias, *args, **kwargs)
+            emit(HeadMaps.of(_weights_of(module, out).detach()))
+            return out if output_attentions else (out[0], *out[2:])
+        seen.clear()
+        out = own(module, hidden_states, output_attentions, relative_position_bias, *args, **kwargs)
+        q, k = (seen[key].view(b, n, h, d).transpose(1, 2) for key in ("q", "k"))
+        biases = [t for t in (seen.get("bias"), relative_position_bias) if t is not None]
+        mask = None if not biases else biases[0].detach() if len(biases) == 1 else biases[0] + biases[1].detach()
+        emit(stream.recomputed_heads(q, k, d ** -0.5, lambda _scores: mask, kernel=kernel, attn_mask=mask))
+        return out
+
+    undos.append(set_attr(module, "forward", call))
     return chain_undos(undos)
 
 

@@ -120,14 +120,16 @@ def torchvision_rules(model: nn.Module, rules: LRPRules, emit: Emit) -> Undo:
 
 
 HF_SUFFIXES = ("ForImageClassification", "ForImageClassificationWithTeacher", "Model", "Encoder", "Layer",
-               "Attention", "SelfAttention", "SelfOutput", "MLP", "LayerScale", "Pooler", "DropPath",
+               "Attention", "SelfAttention", "SdpaSelfAttention", "SelfOutput", "Intermediate", "Output", "MLP",
+               "LayerScale", "Pooler", "DropPath",
                "RelativePositionBias")  # BEiT: a table-only bias on the scores (absorbed by the softmax rule)
 
 
 def hf_rules(model: nn.Module, rules: LRPRules, emit: Emit, layers: list[nn.Module],
              attention: list[tuple[str, nn.Module]]) -> Undo:
-    """Hugging Face ViT / ViTMSN / I-JEPA / DeiT / BEiT / DINOv2 / DINOv3: ``q_proj``, ``k_proj``, ``v_proj`` of each
-    attention module get the uniform rule's gradient scales; the attention interface (eager or SDPA) runs untouched.
+    """Hugging Face ViT / ViTMSN / I-JEPA / DeiT / BEiT / data2vec vision / DINOv2 / DINOv3: ``q_proj``, ``k_proj``,
+    ``v_proj`` (or ``query``, ``key``, ``value``) of each attention module get the uniform rule's gradient scales;
+    the attention (the interface, eager or SDPA; data2vec vision's own softmax or SDPA call) runs untouched.
 
     DINOv3's rotary embedding rotates q and k by angles that depend on the input's size only: a linear map without
     bias, whose gradient x input is the LRP-0 rule (conservative), and its ``rope_embeddings`` module (the angles)
@@ -135,10 +137,11 @@ def hf_rules(model: nn.Module, rules: LRPRules, emit: Emit, layers: list[nn.Modu
     kind = type(model).__name__
     model_type = getattr(model.config, "model_type", "")
     stem = {"vit": "ViT", "vit_msn": "ViTMSN", "ijepa": "IJepa", "deit": "DeiT", "beit": "Beit", "dinov2": "Dinov2",
-            "dinov2_with_registers": "Dinov2WithRegisters", "dinov3_vit": "DINOv3ViT"}.get(model_type)
+            "dinov2_with_registers": "Dinov2WithRegisters", "dinov3_vit": "DINOv3ViT",
+            "data2vec-vision": "Data2VecVision"}.get(model_type)
     if stem is None:
         raise _refuse(model, f"model_type={model_type!r}: vitviz has AttnLRP rules for Hugging Face ViT, ViTMSN, "
-                             "I-JEPA, DeiT, BEiT, DINOv2 and DINOv3 only")
+                             "I-JEPA, DeiT, BEiT, data2vec vision, DINOv2 and DINOv3 only")
     containers = {f"{stem}{s}" for s in HF_SUFFIXES} | {"ModuleList", "Sequential"}
     names = [(n, m) for n, m in model.named_modules()
              if n and not {"embeddings", "rope_embeddings"} & set(n.split("."))]
