@@ -129,10 +129,13 @@ def _build(name: str) -> Case:
     if name == "clip-vision":
         m = T.CLIPVisionModel(T.CLIPVisionConfig(image_size=32, **SMALL))
         return Case(m.eval(), x32, _hidden, _eager_attentions, (4, 4), ("cls",), "learned")
-    if name in ("clip-model", "chinese-clip-model"):  # image-text models: the vision tower is read
+    if name in ("clip-model", "chinese-clip-model", "aimv2-model"):  # image-text models: the vision tower is read
         if name == "clip-model":
             m = T.CLIPModel(T.CLIPConfig(vision_config=dict(image_size=32, **SMALL), text_config=TEXT,
                                          projection_dim=16))
+        elif name == "aimv2-model":  # no class token: an attention-pooling head
+            m = T.Aimv2Model(T.Aimv2Config(vision_config=dict(image_size=32, **SMALL), text_config=TEXT,
+                                           projection_dim=16))
         else:  # a BERT text tower
             m = T.ChineseCLIPModel(T.ChineseCLIPConfig(vision_config=dict(image_size=32, **SMALL), text_config=TEXT,
                                                        projection_dim=16))
@@ -144,7 +147,7 @@ def _build(name: str) -> Case:
             with torch.no_grad():
                 return list(eager_copy(model).vision_model(pixel_values=x, output_attentions=True).attentions)
 
-        return Case(m.eval(), x32, run, reference, (4, 4), ("cls",), "learned")
+        return Case(m.eval(), x32, run, reference, (4, 4), () if name == "aimv2-model" else ("cls",), "learned")
     if name == "metaclip2-classifier":  # CLIP's vision code; the head reads the patch mean
         m = T.MetaClip2ForImageClassification(T.MetaClip2Config(vision_config=dict(image_size=32, **SMALL),
                                                                  text_config=TEXT, num_labels=3))
@@ -158,6 +161,11 @@ def _build(name: str) -> Case:
     if name == "auto-siglip":
         m = T.AutoModel.from_config(T.SiglipVisionConfig(image_size=32, **SMALL))
         return Case(m.eval(), x32, _hidden, _eager_attentions, (4, 4), (), "learned")
+    if name in ("aimv2-vision", "aimv2-native"):  # no class token, RMSNorm, SwiGLU, an attention-pooling head
+        native = name == "aimv2-native"  # the sin-cos table built for every input: a non-square grid
+        m = T.Aimv2VisionModel(T.Aimv2VisionConfig(image_size=32, is_native=native, **SMALL))
+        return Case(m.eval(), x32x48 if native else x32, _hidden, _eager_attentions, (4, 6) if native else (4, 4),
+                    (), "sincos" if native else "learned")
     if name == "vit-mae":
         m = T.ViTMAEModel(T.ViTMAEConfig(image_size=32, **SMALL))
         from transformers.models.vit_mae.modeling_vit_mae import build_2d_sinusoidal_position_embedding
@@ -183,7 +191,8 @@ def _build(name: str) -> Case:
 HF_CASES = ["vit", "vit-msn", "ijepa", "deit-distilled", "beit-relative", "beit-shared-abs",
             "data2vec-relative", "data2vec-shared-abs", "dinov2", "dinov2-registers",
             "auto-dinov2", "dinov3", "clip-vision", "clip-model", "metaclip2-classifier",
-            "chinese-clip-model", "altclip-vision", "siglip-vision", "auto-siglip", "vit-mae"]
+            "chinese-clip-model", "altclip-vision", "siglip-vision", "auto-siglip", "aimv2-vision",
+            "aimv2-native", "aimv2-model", "vit-mae"]
 
 
 def mha_reference(attns: list[nn.MultiheadAttention], inputs: list[torch.Tensor]) -> list[torch.Tensor]:

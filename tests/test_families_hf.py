@@ -86,7 +86,7 @@ def test_inspect_reads_the_layout_from_the_config(name):
 @pytest.mark.parametrize("name", HF_CASES)
 def test_analyses_are_finite_and_shaped_by_the_grid(name):
     case = hf_case(name)
-    model = case.model.vision_model if name.endswith("clip-model") else case.model
+    model = case.model.vision_model if name.endswith("-model") else case.model
     gh, gw = case.grid
     maps = vitviz.attention_rollout(model, case.x)
     assert maps.shape == (2, gh, gw) and torch.isfinite(maps).all() and (maps >= 0).all()
@@ -227,7 +227,7 @@ def test_vit_mae_keeps_patch_order_in_half_precision(dtype):
     assert torch.equal(cap.attentions[0], ref.attentions[0]) and cap.attentions[0].shape[-1] == 1 + p
 
 
-@pytest.mark.parametrize("name", ["clip-model", "chinese-clip-model"])
+@pytest.mark.parametrize("name", ["clip-model", "chinese-clip-model", "aimv2-model"])
 def test_clip_model_analyses_the_vision_tower_and_refuses_pixels_in_forward(name):
     case = hf_case(name)
     model = case.model
@@ -388,3 +388,22 @@ def test_data2vec_vision_is_read_per_call_whichever_implementation_it_was_built_
     token = transformers.Data2VecVisionModel(transformers.Data2VecVisionConfig(image_size=32, use_mean_pooling=False,
                                                                                **SMALL))
     assert vitviz.inspect(token).readout.how == "token"  # a final norm and the class token
+
+
+def test_aimv2_native_position_table_is_the_one_its_embeddings_add():
+    """A native AIMv2 builds its sin-cos table for every input; vitviz returns the table the model's own code adds
+    at the config's grid (the embeddings' output minus their normed patch projection), and the learned model's
+    nn.Embedding rows otherwise. Its SwiGLU MLP has no AttnLRP rule: refused, naming the model type."""
+    case = hf_case("aimv2-native")
+    m, emb = case.model, case.model.embeddings
+    x = torch.randn(1, 3, 32, 32)
+    with torch.no_grad():
+        added = emb(x) - emb.rms_norm(emb.patch_embed(x).flatten(2).transpose(1, 2))
+    pos = family_of(m).pos_embed(m)
+    assert pos.shape == (1, 16, 32)
+    torch.testing.assert_close(pos, added, atol=1e-6, rtol=0)
+    assert float(pos.std()) > 0.1  # a real table, not zeros
+    learned = hf_case("aimv2-vision").model
+    torch.testing.assert_close(family_of(learned).pos_embed(learned), learned.embeddings.position_embedding.weight[None])
+    with pytest.raises(UnsupportedModelError, match=r"AttnLRP is not available.*aimv2_vision_model"):
+        vitviz.attnlrp(learned, case.x[:, :, :, :32], target=0)

@@ -315,6 +315,7 @@ CASES = {
     "hf dinov2 classifier": (_hf_dinov2_classifier, "concat"),
     "hf clip vision": (_hf("clip-vision"), "token"),
     "hf siglip": (_hf("siglip-vision"), "attention-pool"),
+    "hf aimv2": (_hf("aimv2-vision"), "attention-pool"),
     "torchvision": (_torchvision, "token"),
     "open_clip tok": (_open_clip(), "token"),
     "open_clip avg": (_open_clip(pool_type="avg"), "mean"),

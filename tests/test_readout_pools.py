@@ -108,3 +108,31 @@ def test_open_clip_attentional_pooler_weights_the_rows_by_its_queries(pool_type)
     got = vitviz.attention_rollout(m, x)
     torch.testing.assert_close(got, want, atol=1e-6, rtol=1e-5)
     assert (got - patch_cols(r.mean(dim=1), 1, (4, 6))).abs().max() > 1e-5
+
+
+def test_aimv2_head_weights_the_rows_by_its_query_attention():
+    """AIMv2's pooling head: a learned query (no projection) against its k_proj keys at SDPA's default scale,
+    written out here from the weights; the written-out head gives the model's pooler_output, so the attention that
+    weights the rows is the one the output is computed with."""
+    from hf_models import _eager_attentions, hf_case
+
+    case = hf_case("aimv2-vision")
+    m, x = case.model, case.x
+    spec = vitviz.inspect(m)
+    assert spec.readout.how == "attention-pool" and spec.readout.pool_attention
+    with torch.no_grad():
+        out = m(pixel_values=x)
+        hidden, head = out.last_hidden_state, m.head  # the final-normed patch tokens the head reads
+        h, c = head.num_heads, hidden.shape[-1]
+        q = head.cls_token.reshape(1, h, 1, c // h)
+        k = head.k_proj(hidden).reshape(2, -1, h, c // h).transpose(1, 2)
+        v = head.v_proj(hidden).reshape(2, -1, h, c // h).transpose(1, 2)
+        a = ((q @ k.transpose(-2, -1)) / (c // h) ** 0.5).softmax(dim=-1)  # (B, H, 1, P)
+        torch.testing.assert_close(head.output_proj((a @ v).transpose(1, 2).reshape(2, c)), out.pooler_output,
+                                   atol=1e-5, rtol=1e-5)
+    w = a[:, :, 0].mean(dim=1).double()  # (B, P): heads averaged
+    r = rollout_matrix(_eager_attentions(m, x))
+    want = (w[:, None] @ r)[:, 0].reshape(2, 4, 4).float()
+    got = vitviz.attention_rollout(m, x)
+    torch.testing.assert_close(got, want, atol=1e-6, rtol=1e-5)
+    assert (got - r.mean(dim=1).reshape(2, 4, 4).float()).abs().max() > 1e-5  # not the patch mean

@@ -3,7 +3,7 @@
 Lookup order: a description registered for this model instance with ``vitviz.describe``, then families
 registered with ``register_family`` (newest first), then timm, torchvision, Hugging Face (ViT, ViTMSN, I-JEPA, DeiT,
 BEiT, data2vec vision, DINOv2, DINOv2 with registers, DINOv3, CLIP vision and the towers built from its code, SigLIP
-vision, ViTMAE; other image models refused), open_clip vision towers and the tutorial layout.
+vision, AIMv2 vision, ViTMAE; other image models refused), open_clip vision towers and the tutorial layout.
 """
 
 from __future__ import annotations
@@ -15,6 +15,7 @@ from torch import nn
 
 from vitviz.core.families.base import Family, Layout
 from vitviz.core.families.custom import LIBRARIES, CustomFamily, TutorialFamily
+from vitviz.core.families.hf_aimv2 import HFAimv2Family
 from vitviz.core.families.hf_base import HFUnsupportedFamily
 from vitviz.core.families.hf_beit import HFBeitFamily, HFData2VecVisionFamily
 from vitviz.core.families.hf_clip import HFCLIPFamily
@@ -37,7 +38,7 @@ __all__ = ["Family", "Layout", "NotAViTError", "VitvizError", "CustomFamily", "d
 # is refused by HFUnsupportedFamily with the reason, never misread.
 HF_FAMILIES: list[Family] = [HuggingFaceFamily(), HFViTMSNFamily(), HFIJepaFamily(), HFDeiTFamily(), HFBeitFamily(),
                              HFData2VecVisionFamily(), HFDinov2Family(), HFDinov2RegistersFamily(), HFDinov3Family(),
-                             HFCLIPFamily(), HFSiglipFamily(), HFViTMAEFamily()]
+                             HFCLIPFamily(), HFSiglipFamily(), HFAimv2Family(), HFViTMAEFamily()]
 _FAMILIES: list[Family] = [TimmFamily(), NaFlexVitFamily(), TorchvisionFamily(), *HF_FAMILIES, HFUnsupportedFamily(), OpenCLIPFamily(),
                            TutorialFamily()]
 _DESCRIBED: weakref.WeakKeyDictionary[nn.Module, Family] = weakref.WeakKeyDictionary()

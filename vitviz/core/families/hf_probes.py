@@ -1,8 +1,8 @@
 """The probes of the Hugging Face families: eager weights (``probe_hf``), and the stream probe (``probe_hf_stream``:
 SDPA or flash attention kept, the maps recomputed from q and k).
 
-Every Hugging Face vision transformer vitviz reads (ViT, DeiT, BEiT, DINOv2, CLIP, SigLIP, ViTMAE) computes its
-attention through transformers' attention interface: the module calls
+Every Hugging Face vision transformer vitviz reads (ViT, DeiT, BEiT, DINOv2, CLIP, SigLIP, AIMv2, ViTMAE, ...; not
+data2vec vision, below) computes its attention through transformers' attention interface: the module calls
 ``ALL_ATTENTION_FUNCTIONS.get_interface(config._attn_implementation, eager_attention_forward)`` with
 ``(module, query, key, value, attention_mask, scaling=..., dropout=..., **kwargs)``, query and key ``(B, H, N, d)``
 after any normalisation, the mask already holding every additive bias (BEiT's relative position bias). Under
