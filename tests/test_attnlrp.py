@@ -235,10 +235,10 @@ def test_refusals():
 
     with pytest.raises(UnsupportedModelError, match="TutorialViT.*no AttnLRP rules"):
         attnlrp(TutorialViT().eval(), torch.randn(1, 3, 32, 32))
-    clip = T.CLIPVisionModel(T.CLIPVisionConfig(hidden_size=16, num_hidden_layers=1, num_attention_heads=2,
-                                                intermediate_size=32, image_size=16, patch_size=8)).eval()
-    with pytest.raises(UnsupportedModelError, match="CLIPVisionModel.*model_type"):
-        attnlrp(clip, torch.randn(1, 3, 16, 16), lambda out: out.pooler_output.sum(-1))
+    siglip = T.SiglipVisionModel(T.SiglipVisionConfig(hidden_size=16, num_hidden_layers=1, num_attention_heads=2,
+                                                      intermediate_size=32, image_size=16, patch_size=8)).eval()
+    with pytest.raises(UnsupportedModelError, match="SiglipVisionModel.*model_type"):  # its attention-pooling head
+        attnlrp(siglip, torch.randn(1, 3, 16, 16), lambda out: out.pooler_output.sum(-1))
     from vitviz.analysis.explain import GRADIENT_METHODS, METHODS
 
     assert "attnlrp" in METHODS and "attnlrp" in GRADIENT_METHODS
@@ -289,7 +289,8 @@ def lrp_rules_on_linear(lin: nn.Linear, rules: LRPRules):
 
 
 @pytest.mark.parametrize("kind", ["deit", "vit_msn", "ijepa", "beit", "data2vec", "data2vec-eager", "dinov2",
-                                  "dinov2_with_registers", "dinov3"])
+                                  "dinov2_with_registers", "dinov3", "clip", "clip-projection", "metaclip2",
+                                  "chinese-clip", "altclip"])
 def test_hf_families_conserve_under_cp(kind):
     """Zero biases, epsilon 0, CP attention: exact conservation, which fails if a norm or an activation kept its
     plain gradient; the forward is unchanged under the rules."""
@@ -306,6 +307,15 @@ def test_hf_families_conserve_under_cp(kind):
         cfg = T.Data2VecVisionConfig(**common, num_labels=3, use_shared_relative_position_bias=True)
         m = T.Data2VecVisionForImageClassification._from_config(
             cfg, attn_implementation="eager" if kind.endswith("eager") else "sdpa")
+    elif kind in ("clip", "metaclip2"):  # the patch-mean classifiers of CLIP's vision code (QuickGELU, pre-LN)
+        vision = {k: v for k, v in common.items()}
+        m = (T.CLIPForImageClassification(T.CLIPConfig(vision_config=vision, num_labels=3)) if kind == "clip" else
+             T.MetaClip2ForImageClassification(T.MetaClip2Config(vision_config=vision, num_labels=3)))
+    elif kind in ("clip-projection", "chinese-clip", "altclip"):  # the final-normed class token (and a projection)
+        m = {"clip-projection": lambda: T.CLIPVisionModelWithProjection(T.CLIPVisionConfig(**common,
+                                                                                          projection_dim=8)),
+             "chinese-clip": lambda: T.ChineseCLIPVisionModel(T.ChineseCLIPVisionConfig(**common)),
+             "altclip": lambda: T.AltCLIPVisionModel(T.AltCLIPVisionConfig(**common))}[kind]()
     elif kind == "vit_msn":
         m = T.ViTMSNForImageClassification(T.ViTMSNConfig(**common, num_labels=3))
     elif kind == "ijepa":  # no class token: the classifier reads the mean of the patch tokens
@@ -320,13 +330,16 @@ def test_hf_families_conserve_under_cp(kind):
     _jitter(m)
     _zero_biases(m)
     x = torch.randn(2, 3, 16, 16, dtype=torch.float64)
-    dino = kind.startswith("dino")
-    target = 1 if not dino else (lambda out: out.pooler_output.sum(-1))
+    def features(out):  # a feature model's embedding: CLIPVisionModelWithProjection's projected one, else the pooler's
+        return out.image_embeds if getattr(out, "image_embeds", None) is not None else out.pooler_output
+
+    logits = getattr(m, "classifier", None) is not None
+    target = 1 if logits else (lambda out: features(out).sum(-1))
     y0 = m(x)
-    y0 = getattr(y0, "logits", None) if not dino else y0.pooler_output
+    y0 = y0.logits if logits else features(y0)
     with lrp_rules(m):
         y1 = m(x)
-        y1 = y1.logits if not dino else y1.pooler_output
+        y1 = y1.logits if logits else features(y1)
     assert torch.allclose(y0, y1, atol=1e-12)
     rel, score = attnlrp_tokens(m, x, target, rules=LRPRules(epsilon=0.0, attention="cp"))
     assert torch.allclose(rel.sum(1), score, rtol=1e-9, atol=0)

@@ -239,6 +239,8 @@ def test_clip_model_analyses_the_vision_tower_and_refuses_pixels_in_forward(name
     with pytest.raises(InputError, match=rf"{cls}\.forward takes input_ids.*model\.vision_model"):
         vitviz.attention_rollout(model, case.x)
     assert instance_forwards(model) == 0 and attn_impls(model) == ("sdpa", "sdpa")
+    with pytest.raises(UnsupportedModelError, match=r"AttnLRP is not available.*image-text.*model\.vision_model"):
+        vitviz.attnlrp(model, case.x, target=0)
     ids = torch.tensor([[0, 5, 6, 1]])
     with torch.no_grad(), vitviz.capture_attention(model) as cap:  # a real image-text call passes through
         model(input_ids=ids, pixel_values=case.x)

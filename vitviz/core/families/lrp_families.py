@@ -121,27 +121,37 @@ def torchvision_rules(model: nn.Module, rules: LRPRules, emit: Emit) -> Undo:
 
 HF_SUFFIXES = ("ForImageClassification", "ForImageClassificationWithTeacher", "Model", "Encoder", "Layer",
                "Attention", "SelfAttention", "SdpaSelfAttention", "SelfOutput", "Intermediate", "Output", "MLP",
-               "LayerScale", "Pooler", "DropPath",
+               "LayerScale", "Pooler", "DropPath", "EncoderLayer", "VisionModel", "VisionModelWithProjection",
+               "VisionAttention", "VisionEncoder", "VisionLayer", "VisionMLP",  # CLIP and the towers built from it
                "RelativePositionBias")  # BEiT: a table-only bias on the scores (absorbed by the softmax rule)
 
 
 def hf_rules(model: nn.Module, rules: LRPRules, emit: Emit, layers: list[nn.Module],
              attention: list[tuple[str, nn.Module]]) -> Undo:
-    """Hugging Face ViT / ViTMSN / I-JEPA / DeiT / BEiT / data2vec vision / DINOv2 / DINOv3: ``q_proj``, ``k_proj``,
-    ``v_proj`` (or ``query``, ``key``, ``value``) of each attention module get the uniform rule's gradient scales;
-    the attention (the interface, eager or SDPA; data2vec vision's own softmax or SDPA call) runs untouched.
+    """Hugging Face ViT / ViTMSN / I-JEPA / DeiT / BEiT / data2vec vision / DINOv2 / DINOv3 / the CLIP vision towers
+    (CLIP, MetaCLIP 2, Chinese-CLIP, AltCLIP: QuickGELU takes the identity rule as GELU does; ``pre_layrnorm`` runs
+    before the first block, where the relevance is read): ``q_proj``, ``k_proj``, ``v_proj`` (or ``query``, ``key``,
+    ``value``) of each attention module get the uniform rule's gradient scales; the attention (the interface, eager
+    or SDPA; data2vec vision's own softmax or SDPA call) runs untouched. Image-text models are refused (their
+    forward needs text): their ``vision_model`` is explained instead.
 
     DINOv3's rotary embedding rotates q and k by angles that depend on the input's size only: a linear map without
     bias, whose gradient x input is the LRP-0 rule (conservative), and its ``rope_embeddings`` module (the angles)
     is off the relevance path. Its gated MLP (``use_gated_mlp``, the 7B model) has no rule and is refused."""
     kind = type(model).__name__
     model_type = getattr(model.config, "model_type", "")
+    if isinstance(getattr(model, "text_model", None), nn.Module):
+        raise _refuse(model, "it is an image-text model whose forward takes text too; pass its vision tower "
+                             "(model.vision_model, the same weights) with a callable target on its output")
     stem = {"vit": "ViT", "vit_msn": "ViTMSN", "ijepa": "IJepa", "deit": "DeiT", "beit": "Beit", "dinov2": "Dinov2",
             "dinov2_with_registers": "Dinov2WithRegisters", "dinov3_vit": "DINOv3ViT",
-            "data2vec-vision": "Data2VecVision"}.get(model_type)
+            "data2vec-vision": "Data2VecVision", "clip": "CLIP", "clip_vision_model": "CLIP", "metaclip_2": "MetaClip2",
+            "metaclip_2_vision_model": "MetaClip2", "chinese_clip_vision_model": "ChineseCLIP",
+            "altclip_vision_model": "AltCLIP"}.get(model_type)
     if stem is None:
         raise _refuse(model, f"model_type={model_type!r}: vitviz has AttnLRP rules for Hugging Face ViT, ViTMSN, "
-                             "I-JEPA, DeiT, BEiT, data2vec vision, DINOv2 and DINOv3 only")
+                             "I-JEPA, DeiT, BEiT, data2vec vision, DINOv2, DINOv3 and the CLIP vision towers (CLIP, "
+                             "MetaCLIP 2, Chinese-CLIP, AltCLIP) only")
     containers = {f"{stem}{s}" for s in HF_SUFFIXES} | {"ModuleList", "Sequential"}
     names = [(n, m) for n, m in model.named_modules()
              if n and not {"embeddings", "rope_embeddings"} & set(n.split("."))]
