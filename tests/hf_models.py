@@ -3,9 +3,9 @@
 Each builder returns a ``Case``: the model (eval mode, default attention implementation, i.e. SDPA), an input
 batch, ``run(model, x)`` giving the tensor output the capture must leave unchanged, ``reference(model, x)`` giving
 the independent per-layer ``(B, H, N, N)`` maps, and the layout ``inspect`` must report. Non-square grids wherever
-the family's config allows them (ViT, ViTMSN, I-JEPA, DeiT, BEiT, DINOv2 through its interpolated table, DINOv3 through
-its rotary embedding; the CLIP-built towers (CLIP, MetaCLIP 2, Chinese-CLIP, AltCLIP), SigLIP and ViTMAE configs take one
-square ``image_size``).
+the family's config allows them (ViT, ViTMSN, I-JEPA, DeiT, BEiT, data2vec vision, DINOv2 through its interpolated
+table, DINOv3 through its rotary embedding, native AIMv2 through its sin-cos table; the CLIP-built towers (CLIP,
+MetaCLIP 2, Chinese-CLIP, AltCLIP), SigLIP, fixed-size AIMv2 and ViTMAE configs take one square ``image_size``).
 """
 
 from __future__ import annotations

@@ -406,6 +406,7 @@ def test_aimv2_native_position_table_is_the_one_its_embeddings_add():
     torch.testing.assert_close(pos, added, atol=1e-6, rtol=0)
     assert float(pos.std()) > 0.1  # a real table, not zeros
     learned = hf_case("aimv2-vision").model
-    torch.testing.assert_close(family_of(learned).pos_embed(learned), learned.embeddings.position_embedding.weight[None])
+    table = learned.embeddings.position_embedding.weight[None]
+    torch.testing.assert_close(family_of(learned).pos_embed(learned), table)
     with pytest.raises(UnsupportedModelError, match=r"AttnLRP is not available.*aimv2_vision_model"):
         vitviz.attnlrp(learned, case.x[:, :, :, :32], target=0)

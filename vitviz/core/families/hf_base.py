@@ -339,7 +339,8 @@ class HFUnsupportedFamily(Family):
             f"{type(model).__name__} (Hugging Face, model_type={getattr(model.config, 'model_type', '?')!r}) is "
             "not a model vitviz reads: its token layout and attention are not described by any vitviz family "
             "(supported: ViT, ViTMSN, I-JEPA, DeiT, BEiT, data2vec vision, DINOv2, DINOv2 with registers, DINOv3, CLIP "
-            "vision, MetaCLIP 2, Chinese-CLIP, AltCLIP, SigLIP vision, AIMv2 vision, ViTMAE; see docs/families.md). Describe it with vitviz.describe(model, ...) if it is a plain ViT."
+            "vision, MetaCLIP 2, Chinese-CLIP, AltCLIP, SigLIP vision, AIMv2 vision, ViTMAE; see docs/families.md). "
+            "Describe it with vitviz.describe(model, ...) if it is a plain ViT."
         )
 
     def attention_modules(self, model: nn.Module) -> list[tuple[str, nn.Module]]:

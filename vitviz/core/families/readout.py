@@ -23,7 +23,8 @@ An attention pool's output is ``sum_j a_j v_j``: its query's attention ``a`` ove
 queries the output keeps) weights them, and ``a`` depends on the image. Where the family reads that attention
 (``Family.readout_attention``, probes in ``vitviz.core.families.probes``: timm ``AttentionPoolLatent``, ``global_pool="map"``; Hugging Face SigLIP's
 ``MultiheadAttentionPoolingHead``; Hugging Face AIMv2's ``Aimv2AttentionPoolingHead`` (``hf_aimv2``); open_clip's
-``AttentionalPooler`` with ``pool_type`` ``"tok"`` or ``"avg"``; ``Readout.pool_attention``), the explanations' last step is ``a . R``: the pool's own attention over the rows.
+``AttentionalPooler`` with ``pool_type`` ``"tok"`` or ``"avg"``; ``Readout.pool_attention``), the explanations'
+last step is ``a . R``: the pool's own attention over the rows.
 ``exact`` is ``False`` where no such weighting is read: other attention pools (timm NaFlexViT, ``"prr"``), a max over
 tokens (``"max"``, ``"avgmax"``), or no pooling at all (a head applied to every token). vitviz then reads the uniform
 mean of the tokens pooled (the patch tokens, or also the prefix tokens with ``pool_include_prefix``), or, with no
