@@ -28,20 +28,17 @@ import torch
 from torch import nn
 
 from vitviz.core.families.base import Emit, Layout, Undo
-from vitviz.core.families.hf_base import HFVisionFamily, vision_config, vision_root
-from vitviz.core.families.readout import PATCHES, Readout, query_mean
+from vitviz.core.families.hf_base import HFAttentionPoolFamily, vision_config, vision_root
+from vitviz.core.families.readout import query_mean
 from vitviz.core.util import pair
 
 
-class HFAimv2Family(HFVisionFamily):
+class HFAimv2Family(HFAttentionPoolFamily):
     model_types = ("aimv2", "aimv2_vision_model")
     layer_paths = (("encoder.layers", "attention"),)
     patch_conv_path = "patch_embed"
     pos_attr = "position_embedding"
-    pos_embed_covers_prefix = False
-
-    def prefix_tokens(self, model: nn.Module) -> tuple[str, ...]:
-        return ()
+    pool_class = "Aimv2AttentionPoolingHead"  # with use_head
 
     def _native(self, model: nn.Module) -> bool:
         return bool(getattr(vision_config(model), "is_native", False))
@@ -51,6 +48,9 @@ class HFAimv2Family(HFVisionFamily):
 
     def layout(self, model: nn.Module) -> Layout:
         return dataclasses.replace(super().layout(model), dynamic_img_size=self._native(model))
+
+    def stored_pos_table(self, model: nn.Module) -> torch.Tensor | None:
+        return None if self._native(model) else super().stored_pos_table(model)
 
     def pos_embed(self, model: nn.Module) -> torch.Tensor | None:
         """The learned table; for a native model the sin-cos table its embeddings add at the config's size."""
@@ -71,19 +71,10 @@ class HFAimv2Family(HFVisionFamily):
         comps = super().param_components(model)
         p = vision_root(model)[1]
         comps["norm"] = comps["norm"] + (f"{p}rms_norm.", f"{p}embeddings.rms_norm.")
-        if isinstance(getattr(model, "text_model", None), nn.Module):  # Aimv2Model: the text tower and projections
-            comps["other"] = ("text_model.", "text_projection.", "visual_projection.", "logit_scale")
         return comps
 
-    def readout(self, model: nn.Module, prefix_tokens: tuple[str, ...]) -> Readout:
-        """The attention-pooling head over the patch tokens (``use_head``), else the patch mean."""
-        if getattr(vision_root(model)[0], "head", None) is not None:
-            return Readout("attention-pool", ((PATCHES,),), "Aimv2AttentionPoolingHead", True)
-        return super().readout(model, prefix_tokens)
-
-    def readout_attention(self, model: nn.Module, emit: Emit) -> Undo | None:
-        head = getattr(vision_root(model)[0], "head", None)
-        return None if head is None else probe_aimv2_pool(head, emit)
+    def pool_probe(self, head: nn.Module, emit: Emit) -> Undo:
+        return probe_aimv2_pool(head, emit)
 
 
 def probe_aimv2_pool(head: nn.Module, emit: Emit) -> Undo:

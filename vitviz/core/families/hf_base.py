@@ -36,8 +36,9 @@ from typing import Any
 import torch
 from torch import nn
 
-from vitviz.core.families.base import Family, Layout, Undo, set_attr
+from vitviz.core.families.base import Emit, Family, Layout, Undo, set_attr
 from vitviz.core.families.hf_probes import probe_hf, stream_probe_for
+from vitviz.core.families.readout import PATCHES, Readout
 from vitviz.core.util import pair
 from vitviz.errors import CaptureError, InputError, UnsupportedModelError
 
@@ -157,7 +158,7 @@ class HFVisionFamily(Family):
         depth = len(self.attention_modules(model))
         if depth != int(c.num_hidden_layers):
             raise self._fail(model, f"{depth} attention modules but config.num_hidden_layers={c.num_hidden_layers}")
-        pos = self.pos_embed(model)
+        pos = self.stored_pos_table(model)
         if pos is not None:
             want = (len(prefix) if self.pos_embed_covers_prefix else 0) + grid[0] * grid[1]
             if pos.ndim != 3 or pos.shape[1] != want:
@@ -172,6 +173,11 @@ class HFVisionFamily(Family):
 
     def pos_embed_kind_of(self, model: nn.Module) -> str:
         return self.pos_embed_kind
+
+    def stored_pos_table(self, model: nn.Module) -> torch.Tensor | None:
+        """The position table the model stores, whose length ``layout`` checks against the prefix and the grid
+        (``pos_embed``); None for a table the model builds for every input (nothing stored to disagree)."""
+        return self.pos_embed(model)
 
     def prepare(self, model: nn.Module) -> Undo:
         """Refuse training mode with attention dropout; guard image-text models whose forward takes ``input_ids``.
@@ -273,6 +279,31 @@ class HFVisionFamily(Family):
         if not own and self.authors_mean_std is not None:
             cfg["mean"], cfg["std"] = self.authors_mean_std
         return cfg
+
+
+class HFAttentionPoolFamily(HFVisionFamily):
+    """A Hugging Face vision model without a class token whose image embedding comes from an attention-pooling
+    ``head`` on the vision root (SigLIP, AIMv2): the readout is that head over the patch tokens, the rows weighted by
+    its own attention (``pool_probe``); without a head, the patch mean. Position tables cover the patches only."""
+
+    pos_embed_covers_prefix = False
+    pool_class = ""  # the head's class, named in the readout's description
+
+    def prefix_tokens(self, model: nn.Module) -> tuple[str, ...]:
+        return ()
+
+    def pool_probe(self, head: nn.Module, emit: Emit) -> Undo:
+        """Hook ``head`` so each call emits its attention over the tokens ``(B, N)``; returns the undo."""
+        raise NotImplementedError
+
+    def readout(self, model: nn.Module, prefix_tokens: tuple[str, ...]) -> Readout:
+        if getattr(vision_root(model)[0], "head", None) is not None:
+            return Readout("attention-pool", ((PATCHES,),), self.pool_class, True)
+        return super().readout(model, prefix_tokens)
+
+    def readout_attention(self, model: nn.Module, emit: Emit) -> Undo | None:
+        head = getattr(vision_root(model)[0], "head", None)
+        return None if head is None else self.pool_probe(head, emit)
 
 
 def _get(obj: Any, path: str) -> Any:

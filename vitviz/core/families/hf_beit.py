@@ -62,10 +62,12 @@ class HFBeitFamily(HFVisionFamily):
         return super().pooled_token(model, tokens, prefix_tokens)
 
     def readout(self, model: nn.Module, prefix_tokens: tuple[str, ...]) -> Readout:
-        """``use_mean_pooling``: the mean of the patch tokens (``BeitPooler``: ``hidden_states[:, 1:].mean(1)``);
-        else the class token."""
+        """``use_mean_pooling``: the mean of the patch tokens (``BeitPooler``: ``hidden_states[:, 1:].mean(1)``;
+        data2vec vision: its pooler, or the pooling its missing pooler would do); else the class token."""
         if self.pools_patches(model):
-            return Readout("mean", ((PATCHES,),), "BeitPooler, use_mean_pooling")
+            pooler = getattr(vision_root(model)[0], "pooler", None)
+            name = type(pooler).__name__ if pooler is not None else "no pooler"
+            return Readout("mean", ((PATCHES,),), f"{name}, use_mean_pooling")
         return super().readout(model, prefix_tokens)
 
     def drop_tokens(self, model: nn.Module, keep: torch.Tensor, num_prefix_tokens: int) -> Undo:
@@ -102,15 +104,6 @@ class HFData2VecVisionFamily(HFBeitFamily):
         if getattr(root, "pooler", None) is None:
             return bool(getattr(vision_config(model), "use_mean_pooling", False))
         return super().pools_patches(model)
-
-    def readout(self, model: nn.Module, prefix_tokens: tuple[str, ...]) -> Readout:
-        """``use_mean_pooling``: the mean of the patch tokens (``Data2VecVisionPooler``, or the pooling the missing
-        pooler would do); else the class token."""
-        if self.pools_patches(model):
-            pooler = getattr(vision_root(model)[0], "pooler", None)
-            return Readout("mean", ((PATCHES,),), f"{type(pooler).__name__ if pooler is not None else 'no pooler'}, "
-                                                  "use_mean_pooling")
-        return super().readout(model, prefix_tokens)
 
     def param_components(self, model: nn.Module) -> dict[str, tuple[str, ...]]:
         comps = super().param_components(model)

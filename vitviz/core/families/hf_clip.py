@@ -49,11 +49,5 @@ class HFCLIPFamily(HFVisionFamily):
             return Readout("mean", ((PATCHES,),), type(model).__name__)
         return super().readout(model, prefix_tokens)
 
-    def param_components(self, model: nn.Module) -> dict[str, tuple[str, ...]]:
-        comps = super().param_components(model)
-        if isinstance(getattr(model, "text_model", None), nn.Module):  # the text tower and projections: not the ViT
-            comps["other"] = ("text_model.", "text_projection.", "visual_projection.", "logit_scale")
-        return comps
-
     def processor_key(self, model: nn.Module) -> str:
         return CLIP_MODEL_TYPES.get(vision_config(model).model_type, "clip")

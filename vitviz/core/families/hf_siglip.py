@@ -19,35 +19,18 @@ from __future__ import annotations
 from torch import nn
 
 from vitviz.core.families.base import Emit, Undo
-from vitviz.core.families.hf_base import HFVisionFamily, vision_root
+from vitviz.core.families.hf_base import HFAttentionPoolFamily
 from vitviz.core.families.probes import probe_mha_pool
-from vitviz.core.families.readout import PATCHES, Readout
 
 
-class HFSiglipFamily(HFVisionFamily):
+class HFSiglipFamily(HFAttentionPoolFamily):
     model_types = ("siglip", "siglip_vision_model")
     layer_paths = (("encoder.layers", "self_attn"),)
     patch_conv_path = "patch_embedding"
     pos_attr = "position_embedding"
-    pos_embed_covers_prefix = False
     processor_type = "siglip"
+    pool_class = "SiglipMultiheadAttentionPoolingHead"  # with vision_use_head
 
-    def prefix_tokens(self, model: nn.Module) -> tuple[str, ...]:
-        return ()
-
-    def readout(self, model: nn.Module, prefix_tokens: tuple[str, ...]) -> Readout:
-        """The attention-pooling head over the patch tokens (``vision_use_head``), else the patch mean."""
-        if getattr(vision_root(model)[0], "head", None) is not None:
-            return Readout("attention-pool", ((PATCHES,),), "SiglipMultiheadAttentionPoolingHead", True)
-        return super().readout(model, prefix_tokens)
-
-    def readout_attention(self, model: nn.Module, emit: Emit) -> Undo | None:
+    def pool_probe(self, head: nn.Module, emit: Emit) -> Undo:
         """The pooling head's ``nn.MultiheadAttention`` weights of its probe query (``probes.probe_mha_pool``)."""
-        head = getattr(vision_root(model)[0], "head", None)
-        return None if head is None else probe_mha_pool(head.attention, "first", emit)
-
-    def param_components(self, model: nn.Module) -> dict[str, tuple[str, ...]]:
-        comps = super().param_components(model)
-        if type(model).__name__ == "SiglipModel":
-            comps["other"] = ("text_model.", "logit_scale", "logit_bias")
-        return comps
+        return probe_mha_pool(head.attention, "first", emit)
