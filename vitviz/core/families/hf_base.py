@@ -293,8 +293,10 @@ class HFAttentionPoolFamily(HFVisionFamily):
         return ()
 
     def pool_probe(self, head: nn.Module, emit: Emit) -> Undo:
-        """Hook ``head`` so each call emits its attention over the tokens ``(B, N)``; returns the undo."""
-        raise NotImplementedError
+        """Hook ``head`` so each call emits its attention over the tokens ``(B, N)``; returns the undo. Each
+        subclass gives its head's probe; a family that gives none reads no pool attention."""
+        raise UnsupportedModelError(f"{type(self).__name__} gives no probe for the pooling head "
+                                    f"{type(head).__name__}; define pool_probe(head, emit)")
 
     def readout(self, model: nn.Module, prefix_tokens: tuple[str, ...]) -> Readout:
         if getattr(vision_root(model)[0], "head", None) is not None:
