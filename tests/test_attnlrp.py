@@ -3,10 +3,12 @@ targets, families and refusals."""
 
 from __future__ import annotations
 
+import functools
+
 import pytest
 import timm
 import torch
-from lrp_reference import params_hf, params_timm, params_torchvision, reference
+from lrp_reference import params_hf, params_siglip, params_timm, params_torchvision, reference
 from torch import nn
 
 from vitviz.analysis.attnlrp import attnlrp, attnlrp_tokens
@@ -227,18 +229,21 @@ def test_refusals():
     cait = timm.create_model("cait_xxs24_224", pretrained=False, img_size=32, patch_size=8, depth=1, num_classes=3)
     with pytest.raises(UnsupportedModelError, match="talking-heads|softmax"):
         attnlrp(cait.eval(), torch.randn(1, 3, 32, 32))
-    m = tiny_timm(dtype=torch.float32, global_pool="map", class_token=False)
-    with pytest.raises(UnsupportedModelError, match="global_pool"):
+    m = tiny_timm(dtype=torch.float32, global_pool="max")
+    with pytest.raises(UnsupportedModelError, match="global_pool='max'"):
+        attnlrp(m, torch.randn(1, 3, 16, 24))
+    m = tiny_timm(dtype=torch.float32, mlp_layer=timm.layers.GluMlp, act_layer=nn.Sigmoid)  # GLU: a sigmoid gate
+    with pytest.raises(UnsupportedModelError, match=r"no rule for the module blocks\.0\.mlp\.act.*Sigmoid"):
         attnlrp(m, torch.randn(1, 3, 16, 24))
     import transformers as T
     from tutorial_vit import TutorialViT
 
     with pytest.raises(UnsupportedModelError, match="TutorialViT.*no AttnLRP rules"):
         attnlrp(TutorialViT().eval(), torch.randn(1, 3, 32, 32))
-    siglip = T.SiglipVisionModel(T.SiglipVisionConfig(hidden_size=16, num_hidden_layers=1, num_attention_heads=2,
-                                                      intermediate_size=32, image_size=16, patch_size=8)).eval()
-    with pytest.raises(UnsupportedModelError, match="SiglipVisionModel.*model_type"):  # its attention-pooling head
-        attnlrp(siglip, torch.randn(1, 3, 16, 16), lambda out: out.pooler_output.sum(-1))
+    mae = T.ViTMAEModel(T.ViTMAEConfig(hidden_size=16, num_hidden_layers=1, num_attention_heads=2,
+                                       intermediate_size=32, image_size=16, patch_size=8, mask_ratio=0.0)).eval()
+    with pytest.raises(UnsupportedModelError, match="ViTMAEModel.*model_type='vit_mae'"):
+        attnlrp(mae, torch.randn(1, 3, 16, 16), lambda out: out.last_hidden_state[:, 0].sum(-1))
     from vitviz.analysis.explain import GRADIENT_METHODS, METHODS
 
     assert "attnlrp" in METHODS and "attnlrp" in GRADIENT_METHODS
@@ -290,10 +295,13 @@ def lrp_rules_on_linear(lin: nn.Linear, rules: LRPRules):
 
 @pytest.mark.parametrize("kind", ["deit", "vit_msn", "ijepa", "beit", "data2vec", "data2vec-eager", "dinov2",
                                   "dinov2_with_registers", "dinov3", "clip", "clip-projection", "metaclip2",
-                                  "chinese-clip", "altclip"])
+                                  "chinese-clip", "altclip", "dinov3-gated", "siglip", "siglip-classifier",
+                                  "aimv2", "aimv2-no-head"])
 def test_hf_families_conserve_under_cp(kind):
     """Zero biases, epsilon 0, CP attention: exact conservation, which fails if a norm or an activation kept its
-    plain gradient; the forward is unchanged under the rules."""
+    plain gradient, or a gated MLP's product its plain one; the forward is unchanged under the rules. AIMv2's
+    RMSNorm computes in float32 whatever the model's dtype (transformers' code), so its sum holds to that
+    precision."""
     import transformers as T
 
     common = dict(hidden_size=16, num_hidden_layers=2, num_attention_heads=2, intermediate_size=32, image_size=16,
@@ -322,8 +330,14 @@ def test_hf_families_conserve_under_cp(kind):
         m = T.IJepaForImageClassification(T.IJepaConfig(**common, num_labels=3))
     elif kind == "dinov2":
         m = T.Dinov2Model(T.Dinov2Config(**common))
-    elif kind == "dinov3":  # rotary q and k, registers, layer scale
-        m = T.DINOv3ViTModel(T.DINOv3ViTConfig(**common, num_register_tokens=2))
+    elif kind.startswith("dinov3"):  # rotary q and k, registers, layer scale; the 7B model's gated MLP
+        m = T.DINOv3ViTModel(T.DINOv3ViTConfig(**common, num_register_tokens=2, use_gated_mlp=kind.endswith("gated")))
+    elif kind == "siglip":  # the attention-pooling head: a probe query through an nn.MultiheadAttention
+        m = T.SiglipVisionModel(T.SiglipVisionConfig(**common))
+    elif kind == "siglip-classifier":  # the patch mean, no head
+        m = T.SiglipForImageClassification(T.SiglipConfig(vision_config=dict(common), num_labels=3))
+    elif kind.startswith("aimv2"):  # RMSNorm, a SwiGLU MLP, the pooling head (its cls_token query, no projection)
+        m = T.Aimv2VisionModel(T.Aimv2VisionConfig(**common, use_head=kind == "aimv2"))
     else:
         m = T.Dinov2WithRegistersModel(T.Dinov2WithRegistersConfig(**common, num_register_tokens=2))
     m = m.double().eval()
@@ -331,7 +345,9 @@ def test_hf_families_conserve_under_cp(kind):
     _zero_biases(m)
     x = torch.randn(2, 3, 16, 16, dtype=torch.float64)
     def features(out):  # a feature model's embedding: CLIPVisionModelWithProjection's projected one, else the pooler's
-        return out.image_embeds if getattr(out, "image_embeds", None) is not None else out.pooler_output
+        if getattr(out, "image_embeds", None) is not None:
+            return out.image_embeds
+        return out.pooler_output if out.pooler_output is not None else out.last_hidden_state.mean(1)
 
     logits = getattr(m, "classifier", None) is not None
     target = 1 if logits else (lambda out: features(out).sum(-1))
@@ -342,7 +358,7 @@ def test_hf_families_conserve_under_cp(kind):
         y1 = y1.logits if logits else features(y1)
     assert torch.allclose(y0, y1, atol=1e-12)
     rel, score = attnlrp_tokens(m, x, target, rules=LRPRules(epsilon=0.0, attention="cp"))
-    assert torch.allclose(rel.sum(1), score, rtol=1e-9, atol=0)
+    assert torch.allclose(rel.sum(1), score, rtol=1e-5 if kind.startswith("aimv2") else 1e-9, atol=0)
     maps = attnlrp(m, x, target)
     assert maps.shape == (2, 2, 2) and torch.isfinite(maps).all()
 
@@ -419,3 +435,71 @@ def test_gpu_equals_cpu():
     gpu = attnlrp(m.cuda(), x.cuda(), [0, 1, 2])
     assert gpu.device.type == "cuda"
     assert torch.allclose(gpu.cpu(), cpu, atol=1e-4 * cpu.abs().max())
+
+
+GATED = {"swiglu": dict(mlp_layer=timm.layers.SwiGLU, act_layer=nn.SiLU),  # separate gate and up projections
+         "glu-packed": dict(mlp_layer=timm.layers.SwiGLUPacked, act_layer=nn.SiLU),  # one fc1, act on the first half
+         "glu-gate-last": dict(mlp_layer=functools.partial(timm.layers.GluMlp, gate_last=True), act_layer=nn.GELU),
+         "map": dict(global_pool="map", class_token=False),  # AttentionPoolLatent: a learned query
+         "map-class-token-swiglu": dict(global_pool="map", mlp_layer=timm.layers.SwiGLU, act_layer=nn.SiLU)}
+
+
+@pytest.mark.parametrize("attention", ["attnlrp", "cp"])
+@pytest.mark.parametrize("kind", list(GATED))
+def test_gated_mlps_and_attention_pool_equal_float64_reference(kind, attention):
+    """Gated MLPs (the uniform rule on act(gate) * up) and timm's attention pool (a learned query: the scores pass
+    all their relevance to the keys) against the hand-written reference; the forward is unchanged."""
+    m = tiny_timm(**GATED[kind])
+    x = torch.randn(3, 3, 16, 24, dtype=torch.float64)
+    y0 = m(x)
+    with lrp_rules(m):
+        assert torch.allclose(m(x), y0, atol=1e-12)
+    rules = LRPRules(attention=attention)
+    rel, score = attnlrp_tokens(m, x, [0, 3, 4], rules=rules)
+    ref, logit = reference(params_timm(m), tokens_of(m, x), torch.tensor([0, 3, 4]), attention=attention)
+    assert torch.allclose(score, logit, atol=1e-12)
+    assert (rel - ref).abs().max() < 1e-10 * ref.abs().max()
+
+
+@pytest.mark.parametrize("attention", ["attnlrp", "cp"])
+def test_siglip_head_equals_float64_reference(attention):
+    """SigLIP's attention-pooling head (a probe query through an nn.MultiheadAttention, then a residual MLP)
+    against the hand-written reference, explaining the sum of the image embedding."""
+    import transformers as T
+
+    torch.manual_seed(6)
+    m = T.SiglipVisionModel(T.SiglipVisionConfig(hidden_size=16, num_hidden_layers=2, num_attention_heads=2,
+                                                 intermediate_size=32, image_size=16, patch_size=8))
+    m = _jitter(m.double().eval())
+    x = torch.randn(3, 3, 16, 16, dtype=torch.float64)
+    y0 = m(x).pooler_output
+    with lrp_rules(m):
+        assert torch.allclose(m(x).pooler_output, y0, atol=1e-12)
+    rel, score = attnlrp_tokens(m, x, lambda out: out.pooler_output.sum(-1), rules=LRPRules(attention=attention))
+    ref, total = reference(params_siglip(m), tokens_of(m, x), None, attention=attention)
+    assert torch.allclose(score, total, atol=1e-12)
+    assert (rel - ref).abs().max() < 1e-10 * ref.abs().max()
+
+
+def test_siglip_head_keeps_the_half_lxts_recipe_drops(monkeypatch):
+    """lxt's recipe for this head (``lxt/efficient/models/siglip2.py``, SigLIP 2's identical head) stops the gradient
+    at the keys and halves the attention output's, under both its variants: the keys get nothing and the values
+    half, so the half of the relevance the uniform rule gives the scores is dropped. vitviz passes the scores' half
+    on to the keys (the query is a weight), and under CP the values get all of it. Zero biases, epsilon 0, CP: vitviz
+    conserves the score; lxt's head, written as vitviz's scales (keys 0, values 1/2), keeps exactly half."""
+    import transformers as T
+
+    from vitviz.core.families import lrp
+
+    torch.manual_seed(7)
+    m = T.SiglipVisionModel(T.SiglipVisionConfig(hidden_size=16, num_hidden_layers=2, num_attention_heads=2,
+                                                 intermediate_size=32, image_size=16, patch_size=8))
+    m = _jitter(m.double().eval())
+    _zero_biases(m)
+    x = torch.randn(2, 3, 16, 16, dtype=torch.float64)
+    rules = LRPRules(epsilon=0.0, attention="cp")
+    rel, score = attnlrp_tokens(m, x, lambda out: out.pooler_output.sum(-1), rules=rules)
+    assert torch.allclose(rel.sum(1), score, rtol=1e-9, atol=0)
+    monkeypatch.setitem(lrp.POOL_KV_FACTORS, "cp", (0.0, 0.5))
+    lxt_rel, _ = attnlrp_tokens(m, x, lambda out: out.pooler_output.sum(-1), rules=rules)
+    assert torch.allclose(lxt_rel.sum(1), score / 2, rtol=1e-9, atol=0)

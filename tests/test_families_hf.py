@@ -395,7 +395,7 @@ def test_data2vec_vision_is_read_per_call_whichever_implementation_it_was_built_
 def test_aimv2_native_position_table_is_the_one_its_embeddings_add():
     """A native AIMv2 builds its sin-cos table for every input; vitviz returns the table the model's own code adds
     at the config's grid (the embeddings' output minus their normed patch projection), and the learned model's
-    nn.Embedding rows otherwise. Its SwiGLU MLP has no AttnLRP rule: refused, naming the model type."""
+    nn.Embedding rows otherwise."""
     case = hf_case("aimv2-native")
     m, emb = case.model, case.model.embeddings
     x = torch.randn(1, 3, 32, 32)
@@ -408,5 +408,3 @@ def test_aimv2_native_position_table_is_the_one_its_embeddings_add():
     learned = hf_case("aimv2-vision").model
     table = learned.embeddings.position_embedding.weight[None]
     torch.testing.assert_close(family_of(learned).pos_embed(learned), table)
-    with pytest.raises(UnsupportedModelError, match=r"AttnLRP is not available.*aimv2_vision_model"):
-        vitviz.attnlrp(learned, case.x[:, :, :, :32], target=0)

@@ -10,6 +10,10 @@ operation                   rule (paper)
 softmax                     Prop. 3.1: ``R_in = x * (R_out - s * sum R_out)`` (its plain gradient in this form)
 ``q k^T`` and ``attn @ v``  Prop. 3.3: epsilon over the sum, then the uniform rule (Prop. 3.2): half of each
                             product's relevance to each factor (gradients to q, k, v scaled 1/4, 1/4, 1/2)
+attention pool (a learned   the query is a weight: ``q k^T`` takes the epsilon rule (Eq. 8) in ``k``, all to k;
+query; timm ``map``,        ``attn @ v`` as above (gradients to k, v scaled 1/2, 1/2). lxt's recipe for SigLIP 2's
+SigLIP, AIMv2 heads)        head stops the keys' gradient (the scores' half is dropped); vitviz passes it on
+gated MLP ``act(g) * u``    Prop. 3.2: uniform rule on the product (gradients to gate and up scaled 1/2), as lxt
 LayerNorm / RMSNorm         Prop. 3.4: identity rule on the normalisation (the standard deviation is a constant)
 GELU, SiLU, ReLU, tanh      Eq. 9: identity rule ``R_in = R_out``
 Linear layers               Eq. 8: epsilon rule (``linear_rule="epsilon"``, ``epsilon=1e-6``; default), or the
@@ -141,15 +145,18 @@ def attnlrp(
     """AttnLRP relevance maps (Achtibat et al., ICML 2024; rules in the module docstring).
 
     Args:
-        model: a ViT whose family has AttnLRP rules (timm ``VisionTransformer`` with class token, registers or none;
-            torchvision ``VisionTransformer``; Hugging Face ViT, DeiT, BEiT, DINOv2), run in eval mode. Others are
-            refused with ``UnsupportedModelError`` naming the class and the reason.
+        model: a ViT whose family has AttnLRP rules (timm ``VisionTransformer`` with class token, registers or none,
+            average or attention pooling, gated MLPs; torchvision ``VisionTransformer``; Hugging Face ViT, ViTMSN,
+            I-JEPA, DeiT, BEiT, data2vec vision, DINOv2, DINOv3, SigLIP, AIMv2 and the CLIP vision towers; the
+            list in docs/explain.md), run in eval mode. Others are refused with ``UnsupportedModelError`` naming
+            the class and the reason.
         images: a normalised ``(B, 3, H, W)`` tensor, or anything ``vitviz.load_images`` takes.
         target: ``None`` (predicted class), a class index, one per image, or a callable ``f(output) -> (B,)``.
         linear_rule: ``"epsilon"`` (paper Eq. 8; default), ``"gamma"`` (lxt's ViT recommendation) or ``"plain"``.
         epsilon: the epsilon rule's stabiliser (0: the plain gradient on linear layers, as lxt.efficient).
         gamma: the gamma rule's parameter.
-        attention_rule: ``"attnlrp"`` (paper Prop. 3.1-3.3) or ``"cp"`` (CP-LRP: no relevance through the softmax).
+        attention_rule: ``"attnlrp"`` (paper Prop. 3.1-3.3) or ``"cp"`` (CP-LRP: no relevance through the softmax,
+            nor through a gated MLP's gate).
         plain: fnmatch patterns of linear layers left at the plain gradient (comparisons only); each must match
             a module name.
         return_tokens: return ``(B, N)`` token relevances (prefix tokens first) instead of the maps.

@@ -12,11 +12,12 @@ an RMSNorm, then the position embedding added:
   table the forward adds).
 
 Blocks: pre-RMSNorm, attention through transformers' attention interface (read as every Hugging Face family),
-a SwiGLU MLP (AttnLRP has no rule for it: refused). The image embedding (``pooler_output``) comes from the
-attention-pooling head (``Aimv2AttentionPoolingHead``, ``use_head``): a learned query (``head.cls_token``, no
-projection) attends over the final-normed patch tokens with ``head.k_proj`` keys, each head at SDPA's default
-scale ``d ** -0.5``; it is the readout (``readout_attention``: that attention, recomputed from the ``k_proj``
-output during the forward pass, the heads averaged). Without a head the readout is the patch mean.
+a SwiGLU MLP (AttnLRP: the uniform rule on its product, ``lrp.GATE_FACTORS``). The image embedding
+(``pooler_output``) comes from the attention-pooling head (``Aimv2AttentionPoolingHead``, ``use_head``): a learned
+query (``head.cls_token``, no projection) attends over the final-normed patch tokens with ``head.k_proj`` keys, each
+head at SDPA's default scale ``d ** -0.5``; it is the readout (``readout_attention``: that attention, recomputed
+from the ``k_proj`` output during the forward pass, the heads averaged). Without a head the readout is the patch
+mean.
 """
 
 from __future__ import annotations

@@ -19,6 +19,16 @@ forward is the module's own, so the model's output is unchanged:
   that makes them (every backward here is linear in the incoming gradient, so the scale may sit anywhere on the
   path; lxt.efficient scales q, k, v the same way). The ``"cp"`` variant (CP-LRP, Ali et al. 2022) scales them by
   0, 0, 1 instead: no relevance through the softmax.
+- attention pooling with a learned query (timm's ``AttentionPoolLatent``, SigLIP's and AIMv2's pooling heads): the
+  query is a parameter, not an input, so ``q k^T`` is a linear map of ``k`` whose weight is ``q`` (the epsilon rule,
+  Eq. 8): all of a score's relevance goes to ``k``; ``attn @ v`` takes the uniform rule as above. The gradients to
+  ``k`` and ``v`` are scaled 1/2 and 1/2 (CP-LRP: 0 and 1); nothing is read at the query. (lxt's recipe for
+  SigLIP 2's head stops the keys' gradient instead, dropping the scores' half; docs/explain.md.)
+- gated MLPs (SwiGLU: ``down(act(gate(x)) * up(x))``; timm's ``SwiGLU`` and ``GluMlp``, AIMv2, DINOv3's gated MLP):
+  the element-wise product takes the uniform rule (paper Prop. 3.2; lxt's ``gated_mlp_forward`` halves the
+  product's gradient the same way), so the gradients to the gate and up projections are scaled 1/2; the activation
+  on the gate takes the identity rule below. The ``"cp"`` variant holds the gate constant (scales 0 and 1), as
+  lxt's ``cp_gated_mlp_forward`` does.
 - LayerNorm / RMSNorm (paper Prop. 3.4): the identity rule on the division, i.e. the standard deviation (RMS) is
   a constant in the backward; the centring and the affine weight are linear (epsilon rule, plain gradient).
 - element-wise nonlinearities (GELU, SiLU, ReLU, tanh; paper Eq. 9): the identity rule ``R_in = R_out``, as the
@@ -47,6 +57,9 @@ from vitviz.errors import InputError, UnsupportedModelError
 LINEAR_RULES = ("epsilon", "gamma", "plain")
 ATTENTION_RULES = ("attnlrp", "cp")
 QKV_FACTORS = {"attnlrp": (0.25, 0.25, 0.5), "cp": (0.0, 0.0, 1.0)}
+POOL_KV_FACTORS = {"attnlrp": (0.5, 0.5), "cp": (0.0, 1.0)}  # a learned query: q k^T is linear in k
+# act(gate) * up, (gate, up): the uniform rule; CP-LRP holds the gate constant (lxt's cp_LRP for gated MLPs)
+GATE_FACTORS = {"attnlrp": (0.5, 0.5), "cp": (0.0, 1.0)}
 ACTIVATIONS = ("GELU", "GELUActivation", "QuickGELU", "QuickGELUActivation", "GELUTanh", "SiLU",
                "SiLUActivation", "ReLU", "Tanh", "NewGELUActivation", "FastGELUActivation",
                "GELUPytorchTanh", "PytorchGELUTanh")
@@ -63,7 +76,8 @@ class LRPRules:
         epsilon: the epsilon rule's stabiliser (``z + epsilon * sign(z)``, sign 0 -> +1); 0 gives the plain gradient.
         gamma: the gamma rule's weight on the positive (negative) parts.
         gamma_stabilizer: the gamma rule's denominator stabiliser (zennit's default 1e-6).
-        attention: ``"attnlrp"`` (softmax rule + uniform rule on both matmuls) or ``"cp"`` (CP-LRP).
+        attention: ``"attnlrp"`` (softmax rule + uniform rule on both matmuls and on a gated MLP's product) or
+            ``"cp"`` (CP-LRP: no relevance through the softmax, nor through a gated MLP's gate).
         plain: fnmatch patterns of linear-layer names left at the plain gradient whatever ``linear`` says (for
             comparisons with recipes that skip a layer; torchvision attention projections are named
             ``<attention>.in_proj`` and ``<attention>.out_proj``).
@@ -218,11 +232,33 @@ def install_linear(module: nn.Linear, rule: str, rules: LRPRules, factor: torch.
     return set_attr(module, "forward", forward)
 
 
+def scale_vector(widths: Iterable[int], scales: Iterable[float], like: torch.Tensor) -> torch.Tensor:
+    """Per-feature gradient scales: ``scales[i]`` repeated ``widths[i]`` times, in ``like``'s dtype and device."""
+    return torch.cat([torch.full((n,), f, dtype=like.dtype, device=like.device) for n, f in zip(widths, scales)])
+
+
 def qkv_factor(rules: LRPRules, widths: tuple[int, int, int], like: torch.Tensor) -> torch.Tensor:
     """The per-feature gradient scale of a fused ``[q, k, v]`` projection output."""
-    fq, fk, fv = QKV_FACTORS[rules.attention]
-    return torch.cat([torch.full((n,), f, dtype=like.dtype, device=like.device)
-                      for n, f in zip(widths, (fq, fk, fv))])
+    return scale_vector(widths, QKV_FACTORS[rules.attention], like)
+
+
+def pool_kv_factor(rules: LRPRules, widths: tuple[int, int], like: torch.Tensor) -> torch.Tensor:
+    """The per-feature gradient scale of a fused ``[k, v]`` projection of an attention pool with a learned query."""
+    return scale_vector(widths, POOL_KV_FACTORS[rules.attention], like)
+
+
+def gate_up_factors(rules: LRPRules, gate: nn.Linear, up: nn.Linear) -> tuple[torch.Tensor, torch.Tensor]:
+    """The gradient scales of a gated MLP's separate gate and up projections (``GATE_FACTORS``)."""
+    fg, fu = GATE_FACTORS[rules.attention]
+    return (scale_vector((gate.out_features,), (fg,), gate.weight),
+            scale_vector((up.out_features,), (fu,), up.weight))
+
+
+def fused_gate_factor(rules: LRPRules, fc1: nn.Linear, gate_first: bool) -> torch.Tensor:
+    """The gradient scale of a fused ``[gate, up]`` (``gate_first``) or ``[up, gate]`` projection."""
+    fg, fu = GATE_FACTORS[rules.attention]
+    half = fc1.out_features // 2
+    return scale_vector((half, half), (fg, fu) if gate_first else (fu, fg), fc1.weight)
 
 
 def input_hook(module: nn.Module, emit: Callable[[torch.Tensor], None], arg: str = "hidden_states") -> Undo:
@@ -242,9 +278,12 @@ def input_hook(module: nn.Module, emit: Callable[[torch.Tensor], None], arg: str
 
 
 def classify(modules: Iterable[tuple[str, nn.Module]], model_name: str, containers: set[str],
-             skip: Callable[[str, nn.Module], bool] = lambda n, m: False) -> dict[str, list[tuple[str, nn.Module]]]:
+             skip: Callable[[str, nn.Module], bool] = lambda n, m: False,
+             norms: Iterable[str] = ()) -> dict[str, list[tuple[str, nn.Module]]]:
     """Sort modules into linear / norm / activation; any other class that is not a known container or a
-    pass-through (dropout, identity) is refused: vitviz has no rule for what it computes."""
+    pass-through (dropout, identity) is refused: vitviz has no rule for what it computes. ``norms`` names further
+    norm classes (a model file's own RMSNorm, ``weight * x / sqrt(mean(x^2) + eps)``)."""
+    norms = set(NORMS) | set(norms)
     from torch.nn.utils import parametrize
 
     out: dict[str, list[tuple[str, nn.Module]]] = {"linear": [], "norm": [], "act": []}
@@ -262,7 +301,7 @@ def classify(modules: Iterable[tuple[str, nn.Module]], model_name: str, containe
             continue
         if plain_linear(m):
             out["linear"].append((name, m))
-        elif cls in NORMS:
+        elif cls in norms:
             out["norm"].append((name, m))
         elif cls in ACTIVATIONS:
             out["act"].append((name, m))
@@ -273,7 +312,8 @@ def classify(modules: Iterable[tuple[str, nn.Module]], model_name: str, containe
             raise UnsupportedModelError(
                 f"{model_name}: AttnLRP has no rule for the module {name} ({base.__module__}.{base.__qualname__}); "
                 "vitviz refuses rather than propagate through it with the plain gradient. Supported: nn.Linear "
-                "(its own forward), LayerNorm/RMSNorm, GELU/SiLU/ReLU/tanh, softmax attention."
+                "(its own forward), LayerNorm/RMSNorm, GELU/SiLU/ReLU/tanh, softmax attention, attention pooling "
+                "with a learned query, gated (SwiGLU) MLPs."
                 f"{adapter} explain(method='chefer') for this model")
     return out
 

@@ -17,9 +17,12 @@ from vitviz.core.families.base import Undo, chain_undos, set_attr
 from vitviz.core.families.lrp import (
     LRPRules,
     classify,
+    fused_gate_factor,
+    gate_up_factors,
     input_hook,
     install_generic,
     lrp_linear,
+    pool_kv_factor,
     qkv_factor,
 )
 from vitviz.errors import UnsupportedModelError
@@ -27,8 +30,10 @@ from vitviz.errors import UnsupportedModelError
 Emit = Callable[[torch.Tensor], None]
 
 TIMM_MODELS = ("VisionTransformer", "VisionTransformerDistilled")  # DeiT-distilled: two heads averaged (linear)
-TIMM_CONTAINERS = {"Block", "Attention", "Mlp", "LayerScale", "Sequential", "ModuleList", *TIMM_MODELS}
-TIMM_POOLS = ("token", "avg", "")
+TIMM_GATED = ("GluMlp", "SwiGLU")  # act(gate) * up: fc1 = [gate, up] (or [up, gate] with gate_last); fc1_g, fc1_x
+TIMM_CONTAINERS = {"Block", "Attention", "Mlp", "LayerScale", "Sequential", "ModuleList", "AttentionPoolLatent",
+                   *TIMM_GATED, *TIMM_MODELS}
+TIMM_POOLS = ("token", "avg", "", "map")
 
 
 def _refuse(model: nn.Module, reason: str) -> UnsupportedModelError:
@@ -45,16 +50,20 @@ def _with_input_hook(undo: Undo, first_block: nn.Module, emit: Emit, arg: str) -
 
 
 def timm_rules(model: nn.Module, rules: LRPRules, emit: Emit) -> Undo:
-    """timm ``VisionTransformer`` with plain ``Block`` / ``Attention`` / ``Mlp`` (class token, registers, no class
-    token, average pooling); fused attention stays on (its gradient is the softmax rule's)."""
+    """timm ``VisionTransformer`` with plain ``Block`` / ``Attention`` (class token, registers, no class token,
+    average pooling, the attention pool ``AttentionPoolLatent`` of ``global_pool="map"``), an ``Mlp`` or a gated
+    ``SwiGLU`` / ``GluMlp``; fused attention stays on (its gradient is the softmax rule's)."""
     if type(model).__name__ not in TIMM_MODELS:
         raise _refuse(model, f"vitviz has AttnLRP rules for timm's {' and '.join(TIMM_MODELS)} only, not "
                              f"{type(model).__name__}")
     if getattr(model, "distilled_training", False) and model.training:
         raise _refuse(model, "distilled training mode returns two outputs")
-    if getattr(model, "attn_pool", None) is not None or getattr(model, "global_pool", "token") not in TIMM_POOLS:
-        raise _refuse(model, f"global_pool={getattr(model, 'global_pool', None)!r} (attention or max pooling) has "
-                             "no AttnLRP rule in vitviz")
+    pool = getattr(model, "attn_pool", None)
+    if (pool is not None and type(pool).__name__ != "AttentionPoolLatent") or getattr(
+            model, "global_pool", "token") not in TIMM_POOLS:
+        raise _refuse(model, f"global_pool={getattr(model, 'global_pool', None)!r} with "
+                             f"{type(pool).__name__} (max pooling, or an attention pool other than timm's "
+                             "AttentionPoolLatent) has no AttnLRP rule in vitviz")
     for i, block in enumerate(model.blocks):
         attn = getattr(block, "attn", None)
         if type(block).__name__ != "Block" or type(attn).__name__ != "Attention":
@@ -70,25 +79,44 @@ def timm_rules(model: nn.Module, rules: LRPRules, emit: Emit) -> Undo:
         qkv = block.attn.qkv
         d = block.attn.attn_dim if hasattr(block.attn, "attn_dim") else qkv.out_features // 3
         factors[f"blocks.{i}.attn.qkv"] = qkv_factor(rules, (d, d, d), qkv.weight)
+    for name, m in model.named_modules():
+        if type(m).__name__ == "SwiGLU":
+            factors[f"{name}.fc1_g"], factors[f"{name}.fc1_x"] = gate_up_factors(rules, m.fc1_g, m.fc1_x)
+        elif type(m).__name__ == "GluMlp":
+            factors[f"{name}.fc1"] = fused_gate_factor(rules, m.fc1, gate_first=not m.gate_last)
+    if pool is not None:  # a learned latent query: k and v only carry relevance (lrp.POOL_KV_FACTORS)
+        e = pool.kv.out_features // 2
+        factors["attn_pool.kv"] = pool_kv_factor(rules, (e, e), pool.kv.weight)
     return _with_input_hook(install_generic(groups, rules, factors), model.blocks[0], emit, "x")
 
 
-def _mha_forward(mha: nn.MultiheadAttention, name: str, rules: LRPRules) -> Callable[..., tuple]:
-    """``nn.MultiheadAttention`` self-attention with the rules on its projections (its own weights)."""
+def _mha_forward(mha: nn.MultiheadAttention, name: str, rules: LRPRules, pool: bool = False) -> Callable[..., tuple]:
+    """``nn.MultiheadAttention`` with the rules on its projections (its own weights): self-attention, or with
+    ``pool`` an attention pool whose query is a learned probe (SigLIP's head): the probe's projection is a constant
+    (no relevance is read there) and ``k``, ``v`` get the pool's scales (``lrp.POOL_KV_FACTORS``)."""
     e, h = mha.embed_dim, mha.num_heads
-    factor = qkv_factor(rules, (e, e, e), mha.in_proj_weight)
+    w, bias = mha.in_proj_weight, mha.in_proj_bias
+    factor = pool_kv_factor(rules, (e, e), w) if pool else qkv_factor(rules, (e, e, e), w)
     in_rule, out_rule = rules.linear_for(f"{name}.in_proj"), rules.linear_for(f"{name}.out_proj")
+    what = "an attention pool (a probe query over the tokens as keys and values)" if pool else "self-attention"
 
     def forward(query: torch.Tensor, key: torch.Tensor, value: torch.Tensor, key_padding_mask: object = None,
                 need_weights: bool = True, attn_mask: object = None, average_attn_weights: bool = True,
                 is_causal: bool = False) -> tuple[torch.Tensor, None]:
-        if not (query is key is value) or key_padding_mask is not None or attn_mask is not None or is_causal:
-            raise UnsupportedModelError(f"{name}: AttnLRP in vitviz covers unmasked self-attention only")
-        x = query if mha.batch_first else query.transpose(0, 1)
+        shaped = (key is value) and ((query is not key) if pool else (query is key))
+        if not shaped or key_padding_mask is not None or attn_mask is not None or is_causal:
+            raise UnsupportedModelError(f"{name}: AttnLRP in vitviz covers unmasked {what} only")
+        x, qx = (key, query) if mha.batch_first else (key.transpose(0, 1), query.transpose(0, 1))
         b, n, _ = x.shape
-        qkv = lrp_linear(x, mha.in_proj_weight, mha.in_proj_bias, in_rule, rules, factor)
-        q, k, v = (t.reshape(b, n, h, e // h).transpose(1, 2) for t in qkv.chunk(3, dim=-1))
-        o = F.scaled_dot_product_attention(q, k, v).transpose(1, 2).reshape(b, n, e)
+        if pool:
+            q = F.linear(qx, w[:e], None if bias is None else bias[:e]).detach()  # a constant of the weights
+            k, v = lrp_linear(x, w[e:], None if bias is None else bias[e:], in_rule, rules, factor).chunk(2, dim=-1)
+        else:
+            q, k, v = lrp_linear(x, w, bias, in_rule, rules, factor).chunk(3, dim=-1)
+        m = qx.shape[1]
+        q = q.reshape(b, m, h, e // h).transpose(1, 2)
+        k, v = (t.reshape(b, n, h, e // h).transpose(1, 2) for t in (k, v))
+        o = F.scaled_dot_product_attention(q, k, v).transpose(1, 2).reshape(b, m, e)
         out = lrp_linear(o, mha.out_proj.weight, mha.out_proj.bias, out_rule, rules)
         return (out if mha.batch_first else out.transpose(0, 1)), None
 
@@ -124,6 +152,10 @@ HF_SUFFIXES = ("ForImageClassification", "ForImageClassificationWithTeacher", "M
                "LayerScale", "Pooler", "DropPath", "EncoderLayer", "VisionModel", "VisionModelWithProjection",
                "VisionAttention", "VisionEncoder", "VisionLayer", "VisionMLP",  # CLIP and the towers built from it
                "RelativePositionBias")  # BEiT: a table-only bias on the scores (absorbed by the softmax rule)
+HF_GATED = {"Aimv2MLP": ("gate_proj", "up_proj"), "DINOv3ViTGatedMLP": ("gate_proj", "up_proj")}  # SwiGLU
+# attention pools with a learned query: SigLIP's runs an nn.MultiheadAttention (its forward is replaced), AIMv2's
+# its k_proj / v_proj and SDPA (the scales sit on the projections)
+HF_POOLS = {"SiglipMultiheadAttentionPoolingHead": ("attention",), "Aimv2AttentionPoolingHead": ("k_proj", "v_proj")}
 
 
 def hf_rules(model: nn.Module, rules: LRPRules, emit: Emit, layers: list[nn.Module],
@@ -137,7 +169,10 @@ def hf_rules(model: nn.Module, rules: LRPRules, emit: Emit, layers: list[nn.Modu
 
     DINOv3's rotary embedding rotates q and k by angles that depend on the input's size only: a linear map without
     bias, whose gradient x input is the LRP-0 rule (conservative), and its ``rope_embeddings`` module (the angles)
-    is off the relevance path. Its gated MLP (``use_gated_mlp``, the 7B model) has no rule and is refused."""
+    is off the relevance path. Gated MLPs (DINOv3's ``use_gated_mlp``, the 7B model; AIMv2) get the uniform rule
+    on the product (``lrp.GATE_FACTORS`` on ``gate_proj`` and ``up_proj``). The attention-pooling heads of SigLIP and
+    AIMv2 (a learned query) get the pool's scales on ``k`` and ``v`` (``lrp.POOL_KV_FACTORS``); SigLIP's
+    ``nn.MultiheadAttention`` runs a forward of vitviz's with its own weights."""
     kind = type(model).__name__
     model_type = getattr(model.config, "model_type", "")
     if isinstance(getattr(model, "text_model", None), nn.Module):
@@ -147,16 +182,35 @@ def hf_rules(model: nn.Module, rules: LRPRules, emit: Emit, layers: list[nn.Modu
             "dinov2_with_registers": "Dinov2WithRegisters", "dinov3_vit": "DINOv3ViT",
             "data2vec-vision": "Data2VecVision", "clip": "CLIP", "clip_vision_model": "CLIP", "metaclip_2": "MetaClip2",
             "metaclip_2_vision_model": "MetaClip2", "chinese_clip_vision_model": "ChineseCLIP",
-            "altclip_vision_model": "AltCLIP"}.get(model_type)
+            "altclip_vision_model": "AltCLIP", "siglip": "Siglip", "siglip_vision_model": "Siglip",
+            "aimv2_vision_model": "Aimv2"}.get(model_type)
     if stem is None:
         raise _refuse(model, f"model_type={model_type!r}: vitviz has AttnLRP rules for Hugging Face ViT, ViTMSN, "
-                             "I-JEPA, DeiT, BEiT, data2vec vision, DINOv2, DINOv3 and the CLIP vision towers (CLIP, "
-                             "MetaCLIP 2, Chinese-CLIP, AltCLIP) only")
-    containers = {f"{stem}{s}" for s in HF_SUFFIXES} | {"ModuleList", "Sequential"}
-    names = [(n, m) for n, m in model.named_modules()
-             if n and not {"embeddings", "rope_embeddings"} & set(n.split("."))]
-    groups = classify(names, kind, containers)
+                             "I-JEPA, DeiT, BEiT, data2vec vision, DINOv2, DINOv3, SigLIP, AIMv2 and the CLIP vision "
+                             "towers (CLIP, MetaCLIP 2, Chinese-CLIP, AltCLIP) only")
+    containers = {f"{stem}{s}" for s in HF_SUFFIXES} | {"ModuleList", "Sequential", *HF_GATED, *HF_POOLS}
     factors: dict[str, torch.Tensor] = {}
+    mhas: list[tuple[str, nn.MultiheadAttention]] = []
+    for name, m in model.named_modules():
+        cls = type(m).__name__
+        gate = getattr(m, "gate_proj", None)
+        if isinstance(gate, nn.Linear) and cls not in HF_GATED:  # a gated MLP whose product would get no rule
+            raise _refuse(model, f"{name} ({cls}) is a gated MLP vitviz has no rule for")
+        if cls in HF_GATED:
+            gate, up = HF_GATED[cls]
+            factors[f"{name}.{gate}"], factors[f"{name}.{up}"] = gate_up_factors(rules, getattr(m, gate),
+                                                                                   getattr(m, up))
+        if cls in HF_POOLS and HF_POOLS[cls] == ("attention",):
+            mhas.append((f"{name}.attention", m.attention))
+        elif cls in HF_POOLS:
+            k, v = (getattr(m, p) for p in HF_POOLS[cls])
+            fk, fv = pool_kv_factor(rules, (k.out_features, v.out_features), k.weight).split(
+                [k.out_features, v.out_features])
+            factors[f"{name}.k_proj"], factors[f"{name}.v_proj"] = fk, fv
+    off = tuple(f"{n}." for n, _ in mhas)  # their forward is vitviz's, with their own weights
+    names = [(n, m) for n, m in model.named_modules()
+             if n and not {"embeddings", "rope_embeddings"} & set(n.split(".")) and not f"{n}.".startswith(off)]
+    groups = classify(names, kind, containers, norms=(f"{stem}RMSNorm",))
     for name, attn in attention:
         # q_proj/k_proj/v_proj (transformers 5.23); DINOv2 under transformers 5.9 names them query/key/value
         parts = next((ps for ps in (("q_proj", "k_proj", "v_proj"), ("query", "key", "value"))
@@ -167,4 +221,13 @@ def hf_rules(model: nn.Module, rules: LRPRules, emit: Emit, layers: list[nn.Modu
         for part, f in zip(parts, range(3)):
             lin = getattr(attn, part)
             factors[f"{name}.{part}"] = qkv_factor(rules, (lin.out_features,) * 3, lin.weight).chunk(3)[f]
-    return _with_input_hook(install_generic(groups, rules, factors), layers[0], emit, "hidden_states")
+    undos = [install_generic(groups, rules, factors)]
+    try:
+        for name, mha in mhas:
+            if not isinstance(mha, nn.MultiheadAttention) or mha.in_proj_weight is None or mha.bias_k is not None:
+                raise _refuse(model, f"{name} has separate q/k/v projections or extra key biases")
+            undos.append(set_attr(mha, "forward", _mha_forward(mha, name, rules, pool=True)))
+    except BaseException:
+        chain_undos(undos)()
+        raise
+    return _with_input_hook(chain_undos(undos), layers[0], emit, "hidden_states")
