@@ -232,6 +232,9 @@ def test_refusals():
     m = tiny_timm(dtype=torch.float32, global_pool="max")
     with pytest.raises(UnsupportedModelError, match="global_pool='max'"):
         attnlrp(m, torch.randn(1, 3, 16, 24))
+    eva = timm.create_model("eva02_tiny_patch14_224", pretrained=False, depth=1, img_size=28, global_pool="avgmax")
+    with pytest.raises(UnsupportedModelError, match="Eva.*global_pool='avgmax'"):
+        attnlrp(eva.eval(), torch.randn(1, 3, 28, 28))
     m = tiny_timm(dtype=torch.float32, mlp_layer=timm.layers.GluMlp, act_layer=nn.Sigmoid)  # GLU: a sigmoid gate
     with pytest.raises(UnsupportedModelError, match=r"no rule for the module blocks\.0\.mlp\.act.*Sigmoid"):
         attnlrp(m, torch.randn(1, 3, 16, 24))
@@ -503,3 +506,74 @@ def test_siglip_head_keeps_the_half_lxts_recipe_drops(monkeypatch):
     monkeypatch.setitem(lrp.POOL_KV_FACTORS, "cp", (0.0, 0.5))
     lxt_rel, _ = attnlrp_tokens(m, x, lambda out: out.pooler_output.sum(-1), rules=rules)
     assert torch.allclose(lxt_rel.sum(1), score / 2, rtol=1e-9, atol=0)
+
+
+EVA = ["eva02_tiny_patch14_224",  # EvaAttention, fused qkv with biases (a forward of vitviz's), GluMlp
+       "eva02_base_patch14_224",  # separate q/k/v projections, SwiGLU, rotary
+       "eva02_base_patch16_clip_224",  # scale_norm LayerNorm inside the attention, class-token readout
+       "eva02_enormous_patch14_clip_224",  # EvaBlockPostNorm, no rotary
+       "vit_small_patch16_dinov3_qkvb",  # DINOv3: rotary past the class token and registers, layer scale
+       "vit_small_plus_patch16_dinov3",  # DINOv3 with SwiGLU
+       "vit_base_patch16_rope_224",  # AttentionRope (modules' projections), class token
+       "vit_base_patch16_rope_mixed_224",  # learned per-layer rotary frequencies
+       "vit_pe_core_small_patch16_384"]  # Perception Encoder: AttentionRope, attention pool over every token
+
+
+def tiny_eva(name: str) -> nn.Module:
+    torch.manual_seed(8)
+    m = timm.create_model(name, pretrained=False, depth=2, embed_dim=32, num_heads=2, img_size=32, num_classes=3)
+    m = _jitter(m.double().eval())
+    _zero_biases(m)
+    x = torch.randn(2, 3, 32, 32, dtype=torch.float64)
+    try:
+        m(x)
+    except RuntimeError as err:  # timm < 1.0.31's RotaryEmbeddingMixed builds float32 angles: no float64 forward
+        pytest.skip(f"{name} has no float64 forward in this timm ({err})")
+    return m
+
+
+@pytest.mark.parametrize("name", EVA)
+def test_timm_eva_forward_unchanged_and_conserves_under_cp(name):
+    """timm Eva (EVA-02, DINOv3, rotary ViTs, PE): the forward under the rules is the model's own bit for bit (also
+    where vitviz runs its own EvaAttention forward), and with zero biases, epsilon 0 and CP the tokens sum to
+    the logit, which fails if a gate, a norm, a rotation or an attention scale kept its plain gradient."""
+    m = tiny_eva(name)
+    x = torch.randn(2, 3, 32, 32, dtype=torch.float64)
+    y0 = m(x)
+    with lrp_rules(m):
+        assert torch.equal(m(x), y0)
+    rel, score = attnlrp_tokens(m, x, 1, rules=LRPRules(epsilon=0.0, attention="cp"))
+    assert rel.shape == (2, m.num_prefix_tokens + 4)
+    assert torch.allclose(rel.sum(1), score, rtol=1e-9, atol=0)
+
+
+@pytest.mark.parametrize("name", ["eva02_tiny_patch14_224", "vit_small_patch16_dinov3_qkvb",
+                                  "vit_base_patch16_rope_224", "vit_base_patch16_rope_mixed_224"])
+def test_timm_eva_full_rule_conserves_up_to_the_softmax_share(name):
+    """The full AttnLRP rule through Eva's rotary q and k: zero biases, epsilon 0, the
+    tokens sum to the logit minus what the softmaxes absorb, measured from each map A (read at ``attn_drop`` on the
+    explicit path) and the gradient g reaching it, as in test_conservation_attnlrp. A rotation that lost relevance,
+    or q / k scales other than 1/4, would break the sum."""
+    m = tiny_eva(name)
+    maps, grads, handles = [], [], []
+    for mod in m.modules():
+        if hasattr(mod, "fused_attn") and isinstance(getattr(mod, "attn_drop", None), nn.Module):
+            mod.fused_attn = False
+
+            def hook(_m, _i, out):
+                maps.append(out.detach())
+                out.register_hook(lambda g: grads.insert(0, g.detach()))
+
+            handles.append(mod.attn_drop.register_forward_hook(hook))
+    x = torch.randn(2, 3, 32, 32, dtype=torch.float64)
+    rel, score = attnlrp_tokens(m, x, 1, rules=LRPRules(epsilon=0.0))
+    for h in handles:
+        h.remove()
+    assert len(maps) == len(grads) == 2
+    absorbed = 0
+    for a, g in zip(maps, grads):
+        h = g / 2
+        ah = (a * h).sum(-1, keepdim=True)
+        absorbed = absorbed + ((a * h).sum(-1) - (torch.log(a) * a * (h - ah)).sum(-1)).sum((1, 2))
+    assert torch.allclose(rel.sum(1), score - absorbed, rtol=1e-9, atol=1e-9 * score.abs().max())
+    assert (absorbed.abs() > 1e-3 * score.abs()).all()  # the softmax does absorb: the check is not vacuous

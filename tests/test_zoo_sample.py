@@ -190,3 +190,39 @@ def test_chefer_averages_the_branches_of_a_parallel_block():
     torch.testing.assert_close(maps, r[:, 0, 1:].reshape(maps.shape), atol=1e-5 * scale, rtol=1e-4)
     series = chefer_from_attentions(attns, grads)  # the branches chained as layers: not the same
     assert (series - r).abs().max() > 1e-2 * scale
+
+
+LRP_SUPPORTED = {"eva02_tiny_patch14_224", "vit_medium_patch16_rope_reg1_gap_256", "flexivit_small",
+                 "deit_tiny_distilled_patch16_224", "vit_base_patch16_reg4_gap_256", "vit_tiny_r_s16_p8_224",
+                 "vit_base_patch16_siglip_224", "aimv2_large_patch14_224", "vit_small_patch16_dinov3_qkvb",
+                 "vit_pe_core_small_patch16_384", "vit_base_patch16_rpn_224"}
+
+
+@pytest.mark.parametrize("name", SAMPLE + sorted(LRP_SUPPORTED - set(SAMPLE)))
+def test_attnlrp_conserves_or_refuses(name):
+    """No silent wrong answer from AttnLRP across timm's families: each architecture either is refused with
+    UnsupportedModelError, or (float64, zero biases, epsilon 0, CP attention: every rule conservative) its token
+    relevances sum to the score (the sum of the outputs: logits, or features without a head) exactly and its
+    forward is unchanged. Which ones are supported is pinned."""
+    from vitviz.analysis.attnlrp import attnlrp_tokens
+    from vitviz.core.families.lrp import LRPRules, lrp_rules
+
+    torch.manual_seed(9)
+    model = build(name).double()
+    with torch.no_grad():
+        for pname, p in model.named_parameters():
+            p.add_(torch.randn_like(p) * 0.3)
+            if pname.endswith("bias"):
+                p.zero_()
+    x = batch(model).double()
+    try:
+        rel, score = attnlrp_tokens(model, x, lambda out: out.sum(-1), rules=LRPRules(epsilon=0.0, attention="cp"))
+    except UnsupportedModelError as err:
+        assert name not in LRP_SUPPORTED, f"{name} is refused: {err}"
+        assert "AttnLRP" in str(err) or "softmax" in str(err)
+        return
+    assert name in LRP_SUPPORTED, f"{name} is supported: add it to LRP_SUPPORTED"
+    assert torch.allclose(rel.sum(1), score, rtol=1e-9, atol=0)
+    y0 = model(x)
+    with lrp_rules(model):
+        assert torch.equal(model(x), y0)

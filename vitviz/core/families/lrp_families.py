@@ -7,7 +7,9 @@ block's input, and returns the undo.
 
 from __future__ import annotations
 
+import sys
 from collections.abc import Callable
+from typing import Any
 
 import torch
 import torch.nn.functional as F
@@ -31,7 +33,8 @@ Emit = Callable[[torch.Tensor], None]
 
 TIMM_MODELS = ("VisionTransformer", "VisionTransformerDistilled")  # DeiT-distilled: two heads averaged (linear)
 TIMM_GATED = ("GluMlp", "SwiGLU")  # act(gate) * up: fc1 = [gate, up] (or [up, gate] with gate_last); fc1_g, fc1_x
-TIMM_CONTAINERS = {"Block", "Attention", "Mlp", "LayerScale", "Sequential", "ModuleList", "AttentionPoolLatent",
+TIMM_BLOCKS = ("Block", "ResPostBlock")  # pre-norm; post-norm (norm after the attention and after the MLP)
+TIMM_CONTAINERS = {*TIMM_BLOCKS, "Attention", "Mlp", "LayerScale", "Sequential", "ModuleList", "AttentionPoolLatent",
                    *TIMM_GATED, *TIMM_MODELS}
 TIMM_POOLS = ("token", "avg", "", "map")
 
@@ -50,11 +53,14 @@ def _with_input_hook(undo: Undo, first_block: nn.Module, emit: Emit, arg: str) -
 
 
 def timm_rules(model: nn.Module, rules: LRPRules, emit: Emit) -> Undo:
-    """timm ``VisionTransformer`` with plain ``Block`` / ``Attention`` (class token, registers, no class token,
-    average pooling, the attention pool ``AttentionPoolLatent`` of ``global_pool="map"``), an ``Mlp`` or a gated
-    ``SwiGLU`` / ``GluMlp``; fused attention stays on (its gradient is the softmax rule's)."""
+    """timm ``VisionTransformer`` with ``Block`` (or the post-norm ``ResPostBlock``) and ``Attention`` (class
+    token, registers, no class token, average pooling, the attention pool ``AttentionPoolLatent`` of
+    ``global_pool="map"``), an ``Mlp`` or a gated ``SwiGLU`` / ``GluMlp``; fused attention stays on (its gradient is
+    the softmax rule's)."""
+    if type(model).__name__ == "Eva":
+        return eva_rules(model, rules, emit)
     if type(model).__name__ not in TIMM_MODELS:
-        raise _refuse(model, f"vitviz has AttnLRP rules for timm's {' and '.join(TIMM_MODELS)} only, not "
+        raise _refuse(model, f"vitviz has AttnLRP rules for timm's {', '.join(TIMM_MODELS)} and Eva only, not "
                              f"{type(model).__name__}")
     if getattr(model, "distilled_training", False) and model.training:
         raise _refuse(model, "distilled training mode returns two outputs")
@@ -66,10 +72,10 @@ def timm_rules(model: nn.Module, rules: LRPRules, emit: Emit) -> Undo:
                              "AttentionPoolLatent) has no AttnLRP rule in vitviz")
     for i, block in enumerate(model.blocks):
         attn = getattr(block, "attn", None)
-        if type(block).__name__ != "Block" or type(attn).__name__ != "Attention":
-            raise _refuse(model, f"blocks.{i} is a {type(block).__name__} with {type(attn).__name__}; only plain "
-                                 "Block/Attention (softmax maps) are supported (parallel, differential, talking-heads "
-                                 "and rotary attention are not)")
+        if type(block).__name__ not in TIMM_BLOCKS or type(attn).__name__ != "Attention":
+            raise _refuse(model, f"blocks.{i} is a {type(block).__name__} with {type(attn).__name__}; only "
+                                 "Block/ResPostBlock with Attention (softmax maps) are supported (parallel, "
+                                 "differential and talking-heads attention are not)")
         if getattr(attn, "gate", None) is not None:
             raise _refuse(model, f"blocks.{i}.attn is gated (a sigmoid gate multiplies the attention output)")
     names = [(n, m) for n, m in model.named_modules() if n and not n.startswith(("patch_embed", "norm_pre"))]
@@ -88,6 +94,103 @@ def timm_rules(model: nn.Module, rules: LRPRules, emit: Emit) -> Undo:
         e = pool.kv.out_features // 2
         factors["attn_pool.kv"] = pool_kv_factor(rules, (e, e), pool.kv.weight)
     return _with_input_hook(install_generic(groups, rules, factors), model.blocks[0], emit, "x")
+
+
+EVA_BLOCKS = ("EvaBlock", "EvaBlockPostNorm")
+EVA_ATTENTION = ("EvaAttention", "AttentionRope")
+EVA_CONTAINERS = {"Eva", "Mlp", "AttentionPoolLatent", "Sequential", "ModuleList", *TIMM_GATED, *EVA_BLOCKS,
+                  *EVA_ATTENTION}
+EVA_OFF_PATH = ("patch_embed", "pos_drop", "patch_drop", "rope", "norm_pre")  # before the first block, or the angles
+
+
+def _eva_fused_bias_forward(attn: nn.Module, vt: Any, name: str, rules: LRPRules,
+                            factor: torch.Tensor) -> Callable[..., torch.Tensor]:
+    """``EvaAttention.forward`` (timm 1.0.26 to 1.0.31, ungated) for a fused ``qkv`` whose q / v biases the forward
+    adds inside ``F.linear(x, qkv.weight, bias)``, so that ``qkv`` is never called as a module: the same computation
+    with the linear rule and the uniform rule's scales on that projection. Everything else is the module's own
+    (``q_norm``, ``k_norm``, ``norm``, ``proj`` are called, with their rules; the rotation is timm's
+    ``apply_rot_embed_cat`` from the module's file)."""
+    rule = rules.linear_for(f"{name}.qkv")
+
+    def rotate(t: torch.Tensor, rope: torch.Tensor, like: torch.Tensor) -> torch.Tensor:
+        npt, half = attn.num_prefix_tokens, getattr(attn, "rotate_half", False)
+        return torch.cat([t[:, :, :npt, :], vt.apply_rot_embed_cat(t[:, :, npt:, :], rope, half=half)],
+                         dim=2).type_as(like)
+
+    def forward(x: torch.Tensor, rope: torch.Tensor | None = None, attn_mask: torch.Tensor | None = None,
+                is_causal: bool = False) -> torch.Tensor:
+        b, n, _ = x.shape
+        bias = torch.cat((attn.q_bias, attn.k_bias, attn.v_bias))
+        qkv = lrp_linear(x, attn.qkv.weight, bias, rule, rules, factor)
+        q, k, v = qkv.reshape(b, n, 3, attn.num_heads, -1).permute(2, 0, 3, 1, 4).unbind(0)
+        q, k = attn.q_norm(q), attn.k_norm(k)
+        if rope is not None:
+            q, k = rotate(q, rope, v), rotate(k, rope, v)
+        if attn.fused_attn:
+            o = F.scaled_dot_product_attention(q, k, v, attn_mask=attn_mask, is_causal=is_causal)
+        else:
+            scores = (q * attn.scale) @ k.transpose(-2, -1)
+            scores = vt.maybe_add_mask(scores, vt.resolve_self_attn_mask(n, scores, attn_mask, is_causal=is_causal))
+            o = attn.attn_drop(scores.softmax(dim=-1)) @ v
+        o = attn.norm(o.transpose(1, 2).reshape(b, n, -1))
+        return attn.proj_drop(attn.proj(o))
+
+    return forward
+
+
+def eva_rules(model: nn.Module, rules: LRPRules, emit: Emit) -> Undo:
+    """timm ``Eva`` (EVA, EVA-02, DINOv3, PE, the rotary ``vit_*_rope_*`` and ``vit_*_lingbot`` ViTs): ``EvaBlock``
+    or ``EvaBlockPostNorm`` with ``EvaAttention`` or ``AttentionRope`` (rotary q and k: a rotation by angles that
+    depend on the grid only, linear without bias, so gradient x input passes the relevance on whole, as for Hugging
+    Face DINOv3; grouped key heads repeated, a copy), an ``Mlp``, ``SwiGLU`` or ``GluMlp``; average, class-token or
+    attention pooling. The angles (``rope``) are off the relevance path. An ``EvaAttention`` whose fused ``qkv``
+    takes its biases inside ``F.linear`` runs a forward of vitviz's computing the same
+    (``_eva_fused_bias_forward``); every other attention runs its own, with the scales on its projections."""
+    pool = getattr(model, "attn_pool", None)
+    if pool is not None and type(pool).__name__ != "AttentionPoolLatent":
+        raise _refuse(model, f"attn_pool is a {type(pool).__name__}; vitviz has AttnLRP rules for timm's "
+                             "AttentionPoolLatent only")
+    if pool is None and getattr(model, "global_pool", "avg") not in ("avg", "token", ""):
+        raise _refuse(model, f"global_pool={model.global_pool!r} (max pooling) has no AttnLRP rule in vitviz")
+    factors: dict[str, torch.Tensor] = {}
+    mirrored: list[tuple[str, nn.Module]] = []
+    for i, block in enumerate(model.blocks):
+        attn = getattr(block, "attn", None)
+        if type(block).__name__ not in EVA_BLOCKS or type(attn).__name__ not in EVA_ATTENTION:
+            raise _refuse(model, f"blocks.{i} is a {type(block).__name__} with {type(attn).__name__}; vitviz has "
+                                 f"AttnLRP rules for {'/'.join(EVA_BLOCKS)} with {'/'.join(EVA_ATTENTION)} only")
+        if getattr(attn, "gate", None) is not None:
+            raise _refuse(model, f"blocks.{i}.attn is gated (a sigmoid gate multiplies the attention output)")
+        name = f"blocks.{i}.attn"
+        if isinstance(getattr(attn, "qkv", None), nn.Module):
+            d = attn.qkv.out_features // 3
+            factors[f"{name}.qkv"] = qkv_factor(rules, (d, d, d), attn.qkv.weight)
+            if getattr(attn, "q_bias", None) is not None and not getattr(attn, "qkv_bias_separate", False):
+                mirrored.append((name, attn))
+        else:
+            for f, part in enumerate(("q_proj", "k_proj", "v_proj")):
+                lin = getattr(attn, part)
+                factors[f"{name}.{part}"] = qkv_factor(rules, (lin.out_features,) * 3, lin.weight).chunk(3)[f]
+    for name, m in model.named_modules():
+        if type(m).__name__ == "SwiGLU":
+            factors[f"{name}.fc1_g"], factors[f"{name}.fc1_x"] = gate_up_factors(rules, m.fc1_g, m.fc1_x)
+        elif type(m).__name__ == "GluMlp":
+            factors[f"{name}.fc1"] = fused_gate_factor(rules, m.fc1, gate_first=not m.gate_last)
+    if pool is not None:
+        e = pool.kv.out_features // 2
+        factors["attn_pool.kv"] = pool_kv_factor(rules, (e, e), pool.kv.weight)
+    names = [(n, m) for n, m in model.named_modules() if n and n.split(".")[0] not in EVA_OFF_PATH]
+    groups = classify(names, type(model).__name__, EVA_CONTAINERS)
+    undos = [install_generic(groups, rules, factors)]
+    try:
+        for name, attn in mirrored:
+            vt = sys.modules[type(attn).__module__]
+            undos.append(set_attr(attn, "forward", _eva_fused_bias_forward(attn, vt, name, rules,
+                                                                             factors[f"{name}.qkv"])))
+    except BaseException:
+        chain_undos(undos)()
+        raise
+    return _with_input_hook(chain_undos(undos), model.blocks[0], emit, "x")
 
 
 def _mha_forward(mha: nn.MultiheadAttention, name: str, rules: LRPRules, pool: bool = False) -> Callable[..., tuple]:
