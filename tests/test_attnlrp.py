@@ -516,7 +516,11 @@ EVA = ["eva02_tiny_patch14_224",  # EvaAttention, fused qkv with biases (a forwa
        "vit_small_plus_patch16_dinov3",  # DINOv3 with SwiGLU
        "vit_base_patch16_rope_224",  # AttentionRope (modules' projections), class token
        "vit_base_patch16_rope_mixed_224",  # learned per-layer rotary frequencies
-       "vit_pe_core_small_patch16_384"]  # Perception Encoder: AttentionRope, attention pool over every token
+       "vit_pe_core_small_patch16_384",  # Perception Encoder: AttentionRope, attention pool over every token
+       "beit_base_patch16_224",  # timm BEiT: in-F.linear q/v biases (a forward of vitviz's), relative position bias
+       "beitv2_base_patch16_224",
+       "vit_relpos_small_patch16_rpn_224",  # relative position bias from an MLP, post-norm blocks, no class token
+       "vit_srelpos_small_patch16_224"]  # one relative position bias shared by every block
 
 
 def tiny_eva(name: str) -> nn.Module:
@@ -533,10 +537,11 @@ def tiny_eva(name: str) -> nn.Module:
 
 
 @pytest.mark.parametrize("name", EVA)
-def test_timm_eva_forward_unchanged_and_conserves_under_cp(name):
-    """timm Eva (EVA-02, DINOv3, rotary ViTs, PE): the forward under the rules is the model's own bit for bit (also
-    where vitviz runs its own EvaAttention forward), and with zero biases, epsilon 0 and CP the tokens sum to
-    the logit, which fails if a gate, a norm, a rotation or an attention scale kept its plain gradient."""
+def test_timm_eva_beit_relpos_forward_unchanged_and_conserve_under_cp(name):
+    """timm Eva (EVA-02, DINOv3, rotary ViTs, PE), BEiT and relative-position ViTs: the forward under the rules is
+    the model's own bit for bit (also where vitviz runs its own EvaAttention or BEiT attention forward), and with
+    zero biases, epsilon 0 and CP the tokens sum to the logit, which fails if a gate, a norm, a rotation or an
+    attention scale kept its plain gradient."""
     m = tiny_eva(name)
     x = torch.randn(2, 3, 32, 32, dtype=torch.float64)
     y0 = m(x)
@@ -548,21 +553,29 @@ def test_timm_eva_forward_unchanged_and_conserves_under_cp(name):
 
 
 @pytest.mark.parametrize("name", ["eva02_tiny_patch14_224", "vit_small_patch16_dinov3_qkvb",
-                                  "vit_base_patch16_rope_224", "vit_base_patch16_rope_mixed_224"])
-def test_timm_eva_full_rule_conserves_up_to_the_softmax_share(name):
-    """The full AttnLRP rule through Eva's rotary q and k: zero biases, epsilon 0, the
-    tokens sum to the logit minus what the softmaxes absorb, measured from each map A (read at ``attn_drop`` on the
-    explicit path) and the gradient g reaching it, as in test_conservation_attnlrp. A rotation that lost relevance,
-    or q / k scales other than 1/4, would break the sum."""
+                                  "vit_base_patch16_rope_224", "vit_base_patch16_rope_mixed_224",
+                                  "beit_base_patch16_224", "vit_relpos_small_patch16_rpn_224"])
+def test_timm_eva_beit_relpos_full_rule_conserves_up_to_the_softmax_share(name):
+    """The full AttnLRP rule through Eva's rotary q and k and past relative position biases: zero biases, epsilon 0,
+    the tokens sum to the logit minus what the softmaxes absorb, measured from each map A (read at ``attn_drop`` on
+    the explicit path) and the gradient g reaching it, as in test_conservation_attnlrp, minus what the constant
+    relative position bias b added to the scores takes (its share ``b_i A_i (h_i - A.h)``: ``log A - b`` stands for
+    the scores ``q.k`` below). A rotation that lost relevance, or q / k scales other than 1/4, would break the sum."""
     m = tiny_eva(name)
-    maps, grads, handles = [], [], []
+    maps, grads, biases, handles = [], [], [], []
     for mod in m.modules():
         if hasattr(mod, "fused_attn") and isinstance(getattr(mod, "attn_drop", None), nn.Module):
             mod.fused_attn = False
 
-            def hook(_m, _i, out):
+            def hook(_m, _i, out, mod=mod):
                 maps.append(out.detach())
                 out.register_hook(lambda g: grads.insert(0, g.detach()))
+                if getattr(mod, "relative_position_bias_table", None) is not None:  # BEiT's own table
+                    biases.append(mod._get_rel_pos_bias().detach())
+                elif getattr(mod, "rel_pos", None) is not None:  # RelPos: its bias module
+                    biases.append(mod.rel_pos.get_bias().detach())
+                else:
+                    biases.append(torch.zeros(()))
 
             handles.append(mod.attn_drop.register_forward_hook(hook))
     x = torch.randn(2, 3, 32, 32, dtype=torch.float64)
@@ -571,9 +584,10 @@ def test_timm_eva_full_rule_conserves_up_to_the_softmax_share(name):
         h.remove()
     assert len(maps) == len(grads) == 2
     absorbed = 0
-    for a, g in zip(maps, grads):
+    for a, g, b in zip(maps, grads, biases):
         h = g / 2
         ah = (a * h).sum(-1, keepdim=True)
-        absorbed = absorbed + ((a * h).sum(-1) - (torch.log(a) * a * (h - ah)).sum(-1)).sum((1, 2))
+        scores_share = (torch.xlogy(a, a) - a * b) * (h - ah)  # (log A - b) A (h - A.h), 0 where A underflows to 0
+        absorbed = absorbed + ((a * h).sum(-1) - scores_share.sum(-1)).sum((1, 2))
     assert torch.allclose(rel.sum(1), score - absorbed, rtol=1e-9, atol=1e-9 * score.abs().max())
     assert (absorbed.abs() > 1e-3 * score.abs()).all()  # the softmax does absorb: the check is not vacuous

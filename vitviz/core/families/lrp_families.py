@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import sys
 from collections.abc import Callable
+from dataclasses import dataclass
 from typing import Any
 
 import torch
@@ -31,12 +32,25 @@ from vitviz.errors import UnsupportedModelError
 
 Emit = Callable[[torch.Tensor], None]
 
-TIMM_MODELS = ("VisionTransformer", "VisionTransformerDistilled")  # DeiT-distilled: two heads averaged (linear)
+@dataclass(frozen=True)
+class TimmLayout:
+    """What vitviz's AttnLRP rules accept in one timm model class: its block and attention classes (by name, within
+    that model's file), the top-level children off the relevance path (run before the first block, or computing
+    constants: rotary angles, shared relative position biases), the ``global_pool`` values with a rule (an
+    ``attn_pool`` must be timm's ``AttentionPoolLatent``), and, for an attention whose fused ``qkv`` takes its biases
+    inside ``F.linear`` (so the projection is never called as a module), the forward of vitviz's that computes the
+    same with the rules on that projection."""
+
+    blocks: tuple[str, ...]
+    attentions: tuple[str, ...]
+    off_path: tuple[str, ...]
+    pools: tuple[str, ...]
+    fused_bias_forward: Callable[..., Callable[..., torch.Tensor]] | None = None
+
+
 TIMM_GATED = ("GluMlp", "SwiGLU")  # act(gate) * up: fc1 = [gate, up] (or [up, gate] with gate_last); fc1_g, fc1_x
-TIMM_BLOCKS = ("Block", "ResPostBlock")  # pre-norm; post-norm (norm after the attention and after the MLP)
-TIMM_CONTAINERS = {*TIMM_BLOCKS, "Attention", "Mlp", "LayerScale", "Sequential", "ModuleList", "AttentionPoolLatent",
-                   *TIMM_GATED, *TIMM_MODELS}
-TIMM_POOLS = ("token", "avg", "", "map")
+TIMM_COMMON = {"Mlp", "LayerScale", "Sequential", "ModuleList", "AttentionPoolLatent", *TIMM_GATED}
+BEFORE_BLOCKS = ("patch_embed", "pos_drop", "patch_drop", "norm_pre")
 
 
 def _refuse(model: nn.Module, reason: str) -> UnsupportedModelError:
@@ -50,57 +64,6 @@ def _with_input_hook(undo: Undo, first_block: nn.Module, emit: Emit, arg: str) -
     except BaseException:
         undo()
         raise
-
-
-def timm_rules(model: nn.Module, rules: LRPRules, emit: Emit) -> Undo:
-    """timm ``VisionTransformer`` with ``Block`` (or the post-norm ``ResPostBlock``) and ``Attention`` (class
-    token, registers, no class token, average pooling, the attention pool ``AttentionPoolLatent`` of
-    ``global_pool="map"``), an ``Mlp`` or a gated ``SwiGLU`` / ``GluMlp``; fused attention stays on (its gradient is
-    the softmax rule's)."""
-    if type(model).__name__ == "Eva":
-        return eva_rules(model, rules, emit)
-    if type(model).__name__ not in TIMM_MODELS:
-        raise _refuse(model, f"vitviz has AttnLRP rules for timm's {', '.join(TIMM_MODELS)} and Eva only, not "
-                             f"{type(model).__name__}")
-    if getattr(model, "distilled_training", False) and model.training:
-        raise _refuse(model, "distilled training mode returns two outputs")
-    pool = getattr(model, "attn_pool", None)
-    if (pool is not None and type(pool).__name__ != "AttentionPoolLatent") or getattr(
-            model, "global_pool", "token") not in TIMM_POOLS:
-        raise _refuse(model, f"global_pool={getattr(model, 'global_pool', None)!r} with "
-                             f"{type(pool).__name__} (max pooling, or an attention pool other than timm's "
-                             "AttentionPoolLatent) has no AttnLRP rule in vitviz")
-    for i, block in enumerate(model.blocks):
-        attn = getattr(block, "attn", None)
-        if type(block).__name__ not in TIMM_BLOCKS or type(attn).__name__ != "Attention":
-            raise _refuse(model, f"blocks.{i} is a {type(block).__name__} with {type(attn).__name__}; only "
-                                 "Block/ResPostBlock with Attention (softmax maps) are supported (parallel, "
-                                 "differential and talking-heads attention are not)")
-        if getattr(attn, "gate", None) is not None:
-            raise _refuse(model, f"blocks.{i}.attn is gated (a sigmoid gate multiplies the attention output)")
-    names = [(n, m) for n, m in model.named_modules() if n and not n.startswith(("patch_embed", "norm_pre"))]
-    groups = classify(names, type(model).__name__, TIMM_CONTAINERS)
-    factors = {}
-    for i, block in enumerate(model.blocks):
-        qkv = block.attn.qkv
-        d = block.attn.attn_dim if hasattr(block.attn, "attn_dim") else qkv.out_features // 3
-        factors[f"blocks.{i}.attn.qkv"] = qkv_factor(rules, (d, d, d), qkv.weight)
-    for name, m in model.named_modules():
-        if type(m).__name__ == "SwiGLU":
-            factors[f"{name}.fc1_g"], factors[f"{name}.fc1_x"] = gate_up_factors(rules, m.fc1_g, m.fc1_x)
-        elif type(m).__name__ == "GluMlp":
-            factors[f"{name}.fc1"] = fused_gate_factor(rules, m.fc1, gate_first=not m.gate_last)
-    if pool is not None:  # a learned latent query: k and v only carry relevance (lrp.POOL_KV_FACTORS)
-        e = pool.kv.out_features // 2
-        factors["attn_pool.kv"] = pool_kv_factor(rules, (e, e), pool.kv.weight)
-    return _with_input_hook(install_generic(groups, rules, factors), model.blocks[0], emit, "x")
-
-
-EVA_BLOCKS = ("EvaBlock", "EvaBlockPostNorm")
-EVA_ATTENTION = ("EvaAttention", "AttentionRope")
-EVA_CONTAINERS = {"Eva", "Mlp", "AttentionPoolLatent", "Sequential", "ModuleList", *TIMM_GATED, *EVA_BLOCKS,
-                  *EVA_ATTENTION}
-EVA_OFF_PATH = ("patch_embed", "pos_drop", "patch_drop", "rope", "norm_pre")  # before the first block, or the angles
 
 
 def _eva_fused_bias_forward(attn: nn.Module, vt: Any, name: str, rules: LRPRules,
@@ -138,27 +101,80 @@ def _eva_fused_bias_forward(attn: nn.Module, vt: Any, name: str, rules: LRPRules
     return forward
 
 
-def eva_rules(model: nn.Module, rules: LRPRules, emit: Emit) -> Undo:
-    """timm ``Eva`` (EVA, EVA-02, DINOv3, PE, the rotary ``vit_*_rope_*`` and ``vit_*_lingbot`` ViTs): ``EvaBlock``
-    or ``EvaBlockPostNorm`` with ``EvaAttention`` or ``AttentionRope`` (rotary q and k: a rotation by angles that
-    depend on the grid only, linear without bias, so gradient x input passes the relevance on whole, as for Hugging
-    Face DINOv3; grouped key heads repeated, a copy), an ``Mlp``, ``SwiGLU`` or ``GluMlp``; average, class-token or
-    attention pooling. The angles (``rope``) are off the relevance path. An ``EvaAttention`` whose fused ``qkv``
-    takes its biases inside ``F.linear`` runs a forward of vitviz's computing the same
-    (``_eva_fused_bias_forward``); every other attention runs its own, with the scales on its projections."""
+def _beit_fused_bias_forward(attn: nn.Module, vt: Any, name: str, rules: LRPRules,
+                             factor: torch.Tensor) -> Callable[..., torch.Tensor]:
+    """timm BEiT's ``Attention.forward`` (timm 1.0.26 to 1.0.31) for its fused ``qkv`` with q / v biases added inside
+    ``F.linear``: the same computation with the linear rule and the uniform rule's scales on that projection; the
+    relative position biases (its own table's and the model's shared one) are constants added to the scores."""
+    rule = rules.linear_for(f"{name}.qkv")
+
+    def forward(x: torch.Tensor, shared_rel_pos_bias: torch.Tensor | None = None) -> torch.Tensor:
+        b, n, _ = x.shape
+        bias = torch.cat((attn.q_bias, attn.k_bias, attn.v_bias))
+        qkv = lrp_linear(x, attn.qkv.weight, bias, rule, rules, factor)
+        q, k, v = qkv.reshape(b, n, 3, attn.num_heads, -1).permute(2, 0, 3, 1, 4).unbind(0)
+        own = attn._get_rel_pos_bias() if attn.relative_position_bias_table is not None else None
+        if attn.fused_attn:
+            mask = own if shared_rel_pos_bias is None else (
+                shared_rel_pos_bias if own is None else own + shared_rel_pos_bias)
+            o = F.scaled_dot_product_attention(q, k, v, attn_mask=mask)
+        else:
+            scores = (q * attn.scale) @ k.transpose(-2, -1)
+            if own is not None:
+                scores = scores + own
+            if shared_rel_pos_bias is not None:
+                scores = scores + shared_rel_pos_bias
+            o = attn.attn_drop(scores.softmax(dim=-1)) @ v
+        return attn.proj_drop(attn.proj(o.transpose(1, 2).reshape(b, n, -1)))
+
+    return forward
+
+
+VIT_LAYOUT = TimmLayout(("Block", "ResPostBlock"), ("Attention",), BEFORE_BLOCKS, ("token", "avg", ""))
+TIMM_LAYOUTS = {
+    "VisionTransformer": VIT_LAYOUT,
+    "VisionTransformerDistilled": VIT_LAYOUT,  # DeiT-distilled: two heads averaged (linear)
+    "Eva": TimmLayout(("EvaBlock", "EvaBlockPostNorm"), ("EvaAttention", "AttentionRope"), (*BEFORE_BLOCKS, "rope"),
+                      ("avg", "token", ""), _eva_fused_bias_forward),
+    "Beit": TimmLayout(("Block",), ("Attention",), (*BEFORE_BLOCKS, "rel_pos_bias"), ("avg", "token", ""),
+                       _beit_fused_bias_forward),
+    "VisionTransformerRelPos": TimmLayout(("RelPosBlock", "ResPostRelPosBlock"), ("RelPosAttention",),
+                                          (*BEFORE_BLOCKS, "shared_rel_pos"), ("avg", "token", "")),
+}
+
+
+def timm_rules(model: nn.Module, rules: LRPRules, emit: Emit) -> Undo:
+    """timm ``VisionTransformer`` (and DeiT-distilled) with ``Block`` or the post-norm ``ResPostBlock``; ``Eva``
+    (EVA, EVA-02, DINOv3, PE, the rotary ``vit_*_rope_*`` and ``vit_*_lingbot`` ViTs: ``EvaAttention`` or
+    ``AttentionRope``, pre- or post-norm blocks); ``Beit`` (BEiT, BEiT v2); ``VisionTransformerRelPos``
+    (``vit_relpos_*``, ``vit_srelpos_*``). Each with an ``Mlp``, ``SwiGLU`` or ``GluMlp``; class-token, average or
+    attention pooling (``AttentionPoolLatent``). Fused attention stays on (its gradient is the softmax rule's).
+
+    Rotary q and k (Eva) are rotated by angles that depend on the grid only: a linear map without bias, so gradient
+    x input passes the relevance on whole (as for Hugging Face DINOv3); grouped key heads are repeated, a copy.
+    Relative position biases (BEiT, RelPos) are constants added to the scores, absorbed by the softmax rule as a
+    mask is. The angles and the biases' tables (and the MLP that RelPos computes its bias with) are off the
+    relevance path."""
+    kind = type(model).__name__
+    layout = TIMM_LAYOUTS.get(kind)
+    if layout is None:
+        raise _refuse(model, f"vitviz has AttnLRP rules for timm's {', '.join(TIMM_LAYOUTS)} only, not {kind}")
+    if getattr(model, "distilled_training", False) and model.training:
+        raise _refuse(model, "distilled training mode returns two outputs")
     pool = getattr(model, "attn_pool", None)
-    if pool is not None and type(pool).__name__ != "AttentionPoolLatent":
-        raise _refuse(model, f"attn_pool is a {type(pool).__name__}; vitviz has AttnLRP rules for timm's "
-                             "AttentionPoolLatent only")
-    if pool is None and getattr(model, "global_pool", "avg") not in ("avg", "token", ""):
-        raise _refuse(model, f"global_pool={model.global_pool!r} (max pooling) has no AttnLRP rule in vitviz")
+    if (pool is not None and type(pool).__name__ != "AttentionPoolLatent") or (
+            pool is None and getattr(model, "global_pool", "token") not in layout.pools):
+        raise _refuse(model, f"global_pool={getattr(model, 'global_pool', None)!r} with {type(pool).__name__} (max "
+                             "pooling, or an attention pool other than timm's AttentionPoolLatent) has no AttnLRP "
+                             "rule in vitviz")
     factors: dict[str, torch.Tensor] = {}
-    mirrored: list[tuple[str, nn.Module]] = []
+    fused_bias: list[tuple[str, nn.Module]] = []
     for i, block in enumerate(model.blocks):
         attn = getattr(block, "attn", None)
-        if type(block).__name__ not in EVA_BLOCKS or type(attn).__name__ not in EVA_ATTENTION:
+        if type(block).__name__ not in layout.blocks or type(attn).__name__ not in layout.attentions:
             raise _refuse(model, f"blocks.{i} is a {type(block).__name__} with {type(attn).__name__}; vitviz has "
-                                 f"AttnLRP rules for {'/'.join(EVA_BLOCKS)} with {'/'.join(EVA_ATTENTION)} only")
+                                 f"AttnLRP rules for {'/'.join(layout.blocks)} with {'/'.join(layout.attentions)} "
+                                 "(softmax maps) only (parallel, differential and talking-heads attention are not)")
         if getattr(attn, "gate", None) is not None:
             raise _refuse(model, f"blocks.{i}.attn is gated (a sigmoid gate multiplies the attention output)")
         name = f"blocks.{i}.attn"
@@ -166,7 +182,9 @@ def eva_rules(model: nn.Module, rules: LRPRules, emit: Emit) -> Undo:
             d = attn.qkv.out_features // 3
             factors[f"{name}.qkv"] = qkv_factor(rules, (d, d, d), attn.qkv.weight)
             if getattr(attn, "q_bias", None) is not None and not getattr(attn, "qkv_bias_separate", False):
-                mirrored.append((name, attn))
+                if layout.fused_bias_forward is None:
+                    raise _refuse(model, f"{name} adds q/v biases to its fused qkv projection itself")
+                fused_bias.append((name, attn))
         else:
             for f, part in enumerate(("q_proj", "k_proj", "v_proj")):
                 lin = getattr(attn, part)
@@ -176,17 +194,18 @@ def eva_rules(model: nn.Module, rules: LRPRules, emit: Emit) -> Undo:
             factors[f"{name}.fc1_g"], factors[f"{name}.fc1_x"] = gate_up_factors(rules, m.fc1_g, m.fc1_x)
         elif type(m).__name__ == "GluMlp":
             factors[f"{name}.fc1"] = fused_gate_factor(rules, m.fc1, gate_first=not m.gate_last)
-    if pool is not None:
+    if pool is not None:  # a learned latent query: k and v only carry relevance (lrp.POOL_KV_FACTORS)
         e = pool.kv.out_features // 2
         factors["attn_pool.kv"] = pool_kv_factor(rules, (e, e), pool.kv.weight)
-    names = [(n, m) for n, m in model.named_modules() if n and n.split(".")[0] not in EVA_OFF_PATH]
-    groups = classify(names, type(model).__name__, EVA_CONTAINERS)
+    names = [(n, m) for n, m in model.named_modules()
+             if n and n.split(".")[0] not in layout.off_path and "rel_pos" not in n.split(".")]
+    groups = classify(names, kind, {kind, *layout.blocks, *layout.attentions, *TIMM_COMMON})
     undos = [install_generic(groups, rules, factors)]
     try:
-        for name, attn in mirrored:
+        for name, attn in fused_bias:
             vt = sys.modules[type(attn).__module__]
-            undos.append(set_attr(attn, "forward", _eva_fused_bias_forward(attn, vt, name, rules,
-                                                                             factors[f"{name}.qkv"])))
+            forward = layout.fused_bias_forward(attn, vt, name, rules, factors[f"{name}.qkv"])
+            undos.append(set_attr(attn, "forward", forward))
     except BaseException:
         chain_undos(undos)()
         raise
