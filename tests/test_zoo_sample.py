@@ -196,7 +196,8 @@ LRP_SUPPORTED = {"eva02_tiny_patch14_224", "vit_medium_patch16_rope_reg1_gap_256
                  "deit_tiny_distilled_patch16_224", "vit_base_patch16_reg4_gap_256", "vit_tiny_r_s16_p8_224",
                  "vit_base_patch16_siglip_224", "aimv2_large_patch14_224", "vit_small_patch16_dinov3_qkvb",
                  "vit_pe_core_small_patch16_384", "vit_base_patch16_rpn_224", "vit_relpos_small_patch16_rpn_224",
-                 "beit_base_patch16_224", "beitv2_base_patch16_224", "vit_srelpos_small_patch16_224"}
+                 "beit_base_patch16_224", "beitv2_base_patch16_224", "vit_srelpos_small_patch16_224",
+                 "naflexvit_base_patch16_gap", "naflexvit_base_patch16_map"}
 
 
 @pytest.mark.parametrize("name", SAMPLE + sorted(LRP_SUPPORTED - set(SAMPLE)))

@@ -134,6 +134,7 @@ VIT_LAYOUT = TimmLayout(("Block", "ResPostBlock"), ("Attention",), BEFORE_BLOCKS
 TIMM_LAYOUTS = {
     "VisionTransformer": VIT_LAYOUT,
     "VisionTransformerDistilled": VIT_LAYOUT,  # DeiT-distilled: two heads averaged (linear)
+    "NaFlexVit": TimmLayout(("Block",), ("Attention",), (*BEFORE_BLOCKS, "embeds"), ("token", "avg", "")),
     "Eva": TimmLayout(("EvaBlock", "EvaBlockPostNorm"), ("EvaAttention", "AttentionRope"), (*BEFORE_BLOCKS, "rope"),
                       ("avg", "token", ""), _eva_fused_bias_forward),
     "Beit": TimmLayout(("Block",), ("Attention",), (*BEFORE_BLOCKS, "rel_pos_bias"), ("avg", "token", ""),
@@ -144,7 +145,8 @@ TIMM_LAYOUTS = {
 
 
 def timm_rules(model: nn.Module, rules: LRPRules, emit: Emit) -> Undo:
-    """timm ``VisionTransformer`` (and DeiT-distilled) with ``Block`` or the post-norm ``ResPostBlock``; ``Eva``
+    """timm ``VisionTransformer`` (and DeiT-distilled) with ``Block`` or the post-norm ``ResPostBlock``;
+    ``NaFlexVit`` (the same blocks; its masked average pool is linear); ``Eva``
     (EVA, EVA-02, DINOv3, PE, the rotary ``vit_*_rope_*`` and ``vit_*_lingbot`` ViTs: ``EvaAttention`` or
     ``AttentionRope``, pre- or post-norm blocks); ``Beit`` (BEiT, BEiT v2); ``VisionTransformerRelPos``
     (``vit_relpos_*``, ``vit_srelpos_*``). Each with an ``Mlp``, ``SwiGLU`` or ``GluMlp``; class-token, average or

@@ -141,3 +141,10 @@ class NaFlexVitFamily(Family):
         h, w = self.layout(model).img_size
         cfg["input_size"] = (3, h, w)
         return cfg
+
+    def lrp_rules(self, model: nn.Module, rules: Any, emit: Any) -> Any:
+        """timm's rules (``lrp_families.timm_rules``): NaFlexVit's blocks are ``VisionTransformer``'s; the patch
+        embedding (``embeds``) runs before the first block, where the relevance is read."""
+        from vitviz.core.families.lrp_families import timm_rules
+
+        return timm_rules(model, rules, emit)
