@@ -37,15 +37,17 @@ class TimmLayout:
     """What vitviz's AttnLRP rules accept in one timm model class: its block and attention classes (by name, within
     that model's file), the top-level children off the relevance path (run before the first block, or computing
     constants: rotary angles, shared relative position biases), the ``global_pool`` values with a rule (an
-    ``attn_pool`` must be timm's ``AttentionPoolLatent``), and, for an attention whose fused ``qkv`` takes its biases
-    inside ``F.linear`` (so the projection is never called as a module), the forward of vitviz's that computes the
-    same with the rules on that projection."""
+    ``attn_pool`` must be timm's ``AttentionPoolLatent``), for an attention whose fused ``qkv`` takes its biases
+    inside ``F.linear`` (so the projection is never called as a module) the forward of vitviz's that computes the
+    same with the rules on that projection, and the attention's children that compute a constant (RelPos's bias
+    MLP), off the relevance path too."""
 
     blocks: tuple[str, ...]
     attentions: tuple[str, ...]
     off_path: tuple[str, ...]
     pools: tuple[str, ...]
     fused_bias_forward: Callable[..., Callable[..., torch.Tensor]] | None = None
+    constant_children: tuple[str, ...] = ()
 
 
 TIMM_GATED = ("GluMlp", "SwiGLU")  # act(gate) * up: fc1 = [gate, up] (or [up, gate] with gate_last); fc1_g, fc1_x
@@ -140,7 +142,8 @@ TIMM_LAYOUTS = {
     "Beit": TimmLayout(("Block",), ("Attention",), (*BEFORE_BLOCKS, "rel_pos_bias"), ("avg", "token", ""),
                        _beit_fused_bias_forward),
     "VisionTransformerRelPos": TimmLayout(("RelPosBlock", "ResPostRelPosBlock"), ("RelPosAttention",),
-                                          (*BEFORE_BLOCKS, "shared_rel_pos"), ("avg", "token", "")),
+                                          (*BEFORE_BLOCKS, "shared_rel_pos"), ("avg", "token", ""),
+                                          constant_children=("rel_pos",)),
 }
 
 
@@ -199,8 +202,9 @@ def timm_rules(model: nn.Module, rules: LRPRules, emit: Emit) -> Undo:
     if pool is not None:  # a learned latent query: k and v only carry relevance (lrp.POOL_KV_FACTORS)
         e = pool.kv.out_features // 2
         factors["attn_pool.kv"] = pool_kv_factor(rules, (e, e), pool.kv.weight)
-    names = [(n, m) for n, m in model.named_modules()
-             if n and n.split(".")[0] not in layout.off_path and "rel_pos" not in n.split(".")]
+    constant = tuple(f"blocks.{i}.attn.{c}" for i in range(len(model.blocks)) for c in layout.constant_children)
+    names = [(n, m) for n, m in model.named_modules() if n and n.split(".")[0] not in layout.off_path
+             and not any(n == c or n.startswith(f"{c}.") for c in constant)]
     groups = classify(names, kind, {kind, *layout.blocks, *layout.attentions, *TIMM_COMMON})
     undos = [install_generic(groups, rules, factors)]
     try:
