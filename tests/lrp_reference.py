@@ -2,7 +2,8 @@
 
 No autograd: every relevance is computed from the paper's rule as written (ratios of contributions), so it checks
 vitviz's gradient x input implementation independently. Parameters are read from timm, torchvision or Hugging Face
-models into one plain description (``params_timm`` / ``params_torchvision`` / ``params_hf`` / ``params_siglip``).
+models into one plain description (``params_timm`` / ``params_torchvision`` / ``params_hf`` / ``params_siglip`` /
+``params_open_clip``).
 Besides the plain GELU MLP and class-token / average readouts it covers gated MLPs (``act(gate) * up``, the uniform
 rule on the product) and attention pooling with a learned query (timm's ``global_pool="map"``, SigLIP's head), whose
 query is a weight: the scores pass all their relevance to the keys.
@@ -88,6 +89,21 @@ def params_torchvision(model) -> dict:
                            proj=_lin(a.out_proj), ln2=_ln(layer.ln_2), fc1=_lin(layer.mlp[0]),
                            fc2=_lin(layer.mlp[3]), act=F.gelu, glu=None, heads=a.num_heads, ls1=None, ls2=None))
     return dict(blocks=blocks, norm=_ln(model.encoder.ln), head=_lin(model.heads.head), pool="token", prefix=1)
+
+
+def params_open_clip(visual) -> dict:
+    """An open_clip ``VisionTransformer`` tower reading its class token (``pool_type="tok"``): ``ln_post`` on it,
+    then the bare ``proj`` matrix as a bias-free head."""
+    blocks = []
+    for block in visual.transformer.resblocks:
+        a = block.attn
+        blocks.append(dict(ln1=_ln(block.ln_1), qkv=(_t(a.in_proj_weight), _t(a.in_proj_bias)),
+                           proj=_lin(a.out_proj), ln2=_ln(block.ln_2), fc1=_lin(block.mlp.c_fc),
+                           fc2=_lin(block.mlp.c_proj), act=block.mlp.gelu, glu=None, heads=a.num_heads,
+                           ls1=_t(getattr(block.ls_1, "gamma", None)), ls2=_t(getattr(block.ls_2, "gamma", None))))
+    w = _t(visual.proj).T
+    return dict(blocks=blocks, norm=_ln(visual.ln_post), head=(w, torch.zeros(w.shape[0], dtype=D)), pool="token",
+                prefix=1)
 
 
 def params_hf(model) -> dict:

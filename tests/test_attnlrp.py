@@ -8,7 +8,14 @@ import functools
 import pytest
 import timm
 import torch
-from lrp_reference import params_hf, params_siglip, params_timm, params_torchvision, reference
+from lrp_reference import (
+    params_hf,
+    params_open_clip,
+    params_siglip,
+    params_timm,
+    params_torchvision,
+    reference,
+)
 from torch import nn
 
 from vitviz.analysis.attnlrp import attnlrp, attnlrp_tokens
@@ -591,3 +598,46 @@ def test_timm_eva_beit_relpos_full_rule_conserves_up_to_the_softmax_share(name):
         absorbed = absorbed + ((a * h).sum(-1) - scores_share.sum(-1)).sum((1, 2))
     assert torch.allclose(rel.sum(1), score - absorbed, rtol=1e-9, atol=1e-9 * score.abs().max())
     assert (absorbed.abs() > 1e-3 * score.abs()).all()  # the softmax does absorb: the check is not vacuous
+
+
+def tiny_open_clip(**kw) -> nn.Module:
+    from open_clip.transformer import VisionTransformer
+
+    torch.manual_seed(10)
+    m = VisionTransformer(image_size=16, patch_size=8, width=16, layers=2, heads=2, mlp_ratio=2.0, output_dim=5, **kw)
+    return _jitter(m.double().eval())
+
+
+@pytest.mark.parametrize("kw", [dict(), dict(act_layer="quickgelu", ls_init_value=0.5)])
+def test_open_clip_tower_equals_float64_reference(kw):
+    """An open_clip vision tower (its nn.MultiheadAttention and its bare ``proj`` matrix run forwards of vitviz's)
+    against the hand-written reference, explaining one image-feature per image; the output is unchanged."""
+    from open_clip.transformer import QuickGELU
+
+    kw = {**kw, "act_layer": QuickGELU} if kw.get("act_layer") == "quickgelu" else kw
+    m = tiny_open_clip(**kw)
+    x = torch.randn(3, 3, 16, 16, dtype=torch.float64)
+    y0 = m(x)
+    with lrp_rules(m):
+        assert torch.allclose(m(x), y0, atol=1e-12)
+    feats = torch.tensor([0, 3, 4])
+    rel, score = attnlrp_tokens(m, x, lambda out: out.gather(1, feats[:, None])[:, 0])
+    ref, feature = reference(params_open_clip(m), tokens_of(m, x), feats)
+    assert torch.allclose(score, feature, atol=1e-12)
+    assert (rel - ref).abs().max() < 1e-10 * ref.abs().max()
+
+
+def test_open_clip_conserves_under_cp_and_refuses_the_whole_clip_model():
+    """The patch-mean tower conserves exactly under CP (zero biases, epsilon 0), which fails if ``proj`` or the
+    attention kept the plain gradient; a whole CLIP model (its forward takes text, its features are L2-normalised)
+    is refused, naming ``model.visual``."""
+    import open_clip
+
+    m = tiny_open_clip(pool_type="avg", ls_init_value=0.5)
+    _zero_biases(m)
+    x = torch.randn(2, 3, 16, 16, dtype=torch.float64)
+    rel, score = attnlrp_tokens(m, x, lambda out: out.sum(-1), rules=LRPRules(epsilon=0.0, attention="cp"))
+    assert torch.allclose(rel.sum(1), score, rtol=1e-9, atol=0)
+    clip = open_clip.create_model("ViT-B-32", pretrained=None)
+    with pytest.raises(UnsupportedModelError, match=r"image-text model.*model\.visual"):
+        attnlrp(clip.eval(), torch.randn(1, 3, 224, 224), lambda out: out[0].sum(-1))

@@ -275,6 +275,53 @@ def torchvision_rules(model: nn.Module, rules: LRPRules, emit: Emit) -> Undo:
     return chain_undos(undos)
 
 
+OPEN_CLIP_CONTAINERS = {"VisionTransformer", "Transformer", "ResidualAttentionBlock", "Sequential", "ModuleList",
+                        "LayerScale"}
+
+
+def open_clip_rules(model: nn.Module, rules: LRPRules, emit: Emit) -> Undo:
+    """An open_clip ``VisionTransformer`` tower with the standard ``ResidualAttentionBlock``: its
+    ``nn.MultiheadAttention`` runs a forward of vitviz's with the rules on ``in_proj`` and ``out_proj`` (as for
+    torchvision); GELU and QuickGELU take the identity rule. The output projection ``proj`` is a bare matrix the
+    tower's forward multiplies by, so the tower runs a forward of vitviz's (its own ``_embeds``, ``transformer`` and
+    ``_pool``, then the linear rule on that product, as ``F.linear`` with ``proj.T``). A whole ``CLIP`` model is
+    refused (its forward takes text and L2-normalises the features): explain ``model.visual``, the same weights."""
+    if isinstance(getattr(model, "visual", None), nn.Module):
+        raise _refuse(model, "it is an image-text model (its forward takes text and L2-normalises the features); "
+                             "pass its vision tower (model.visual, the same weights) with a callable target on its "
+                             "output")
+    if getattr(model, "attn_pool", None) is not None:
+        raise _refuse(model, "its attentional pooler (CoCa, attentional_pool=True) has no AttnLRP rule in vitviz")
+    mhas = []
+    for i, block in enumerate(model.transformer.resblocks):
+        mha = getattr(block, "attn", None)
+        name = f"transformer.resblocks.{i}.attn"
+        if not isinstance(mha, nn.MultiheadAttention) or mha.in_proj_weight is None or mha.bias_k is not None:
+            raise _refuse(model, f"{name} is not an nn.MultiheadAttention with one input projection")
+        mhas.append((name, mha))
+    off = tuple(f"{n}." for n, _ in mhas)
+    names = [(n, m) for n, m in model.named_modules() if n and n.split(".")[0] not in ("conv1", "patch_dropout",
+             "ln_pre") and not f"{n}.".startswith(off)]
+    groups = classify(names, type(model).__name__, OPEN_CLIP_CONTAINERS)
+    rule = rules.linear_for("proj")
+
+    def forward(x: torch.Tensor) -> torch.Tensor | tuple[torch.Tensor, torch.Tensor]:
+        pooled, tokens = model._pool(model.transformer(model._embeds(x)))
+        if model.proj is not None:
+            pooled = lrp_linear(pooled, model.proj.t(), None, rule, rules)
+        return (pooled, tokens) if model.output_tokens else pooled
+
+    undos = [install_generic(groups, rules)]
+    try:
+        for name, mha in mhas:
+            undos.append(set_attr(mha, "forward", _mha_forward(mha, name, rules)))
+        undos.append(set_attr(model, "forward", forward))
+    except BaseException:
+        chain_undos(undos)()
+        raise
+    return _with_input_hook(chain_undos(undos), model.transformer, emit, "x")  # (B, N, D) whatever batch_first
+
+
 HF_SUFFIXES = ("ForImageClassification", "ForImageClassificationWithTeacher", "Model", "Encoder", "Layer",
                "Attention", "SelfAttention", "SdpaSelfAttention", "SelfOutput", "Intermediate", "Output", "MLP",
                "LayerScale", "Pooler", "DropPath", "EncoderLayer", "VisionModel", "VisionModelWithProjection",

@@ -18,6 +18,9 @@ Patch removal (``vitviz.faithfulness``): tokens are dropped at ``patch_dropout``
 before ``ln_pre``) when the tower reads out its class token (``pool_type="tok"``, no attentional pooler), as for
 Hugging Face CLIP; ``pool_type="avg"`` and attentional poolers have their pixels filled.
 
+AttnLRP (``lrp_families.open_clip_rules``) runs on the tower; a whole CLIP model is refused for it, naming
+``model.visual`` (its forward takes text and L2-normalises the features).
+
 Refused with ``UnsupportedModelError``: towers built with ``block_type="custom"``, ``qk_norm``,
 ``scaled_cosine_attn`` and similar (``CustomResidualAttentionBlock``: its ``Attention`` has no probe here), timm
 trunks (``TimmModel``: analyse ``model.visual.trunk`` with the timm family instead), ModifiedResNet towers (not a
@@ -202,3 +205,11 @@ class OpenCLIPFamily(Family):
 
     def token_drop_refusal(self, model: nn.Module) -> str:
         return self._token_drop(model)[1]
+
+    def lrp_rules(self, model: nn.Module, rules: Any, emit: Any) -> Any:
+        """AttnLRP on the vision tower (``lrp_families.open_clip_rules``); a whole CLIP model is refused, naming
+        ``model.visual``."""
+        from vitviz.core.families.lrp_families import open_clip_rules
+
+        self._check(model)
+        return open_clip_rules(model, rules, emit)
