@@ -328,6 +328,7 @@ HF_SUFFIXES = ("ForImageClassification", "ForImageClassificationWithTeacher", "M
                "VisionAttention", "VisionEncoder", "VisionLayer", "VisionMLP",  # CLIP and the towers built from it
                "RelativePositionBias")  # BEiT: a table-only bias on the scores (absorbed by the softmax rule)
 HF_GATED = {"Aimv2MLP": ("gate_proj", "up_proj"), "DINOv3ViTGatedMLP": ("gate_proj", "up_proj")}  # SwiGLU
+HF_NORMS = ("Aimv2RMSNorm",)  # weight * x / sqrt(mean(x^2) + eps), as torch's RMSNorm (not Gemma's 1 + weight)
 # attention pools with a learned query: SigLIP's runs an nn.MultiheadAttention (its forward is replaced), AIMv2's
 # its k_proj / v_proj and SDPA (the scales sit on the projections)
 HF_POOLS = {"SiglipMultiheadAttentionPoolingHead": ("attention",), "Aimv2AttentionPoolingHead": ("k_proj", "v_proj")}
@@ -385,7 +386,7 @@ def hf_rules(model: nn.Module, rules: LRPRules, emit: Emit, layers: list[nn.Modu
     off = tuple(f"{n}." for n, _ in mhas)  # their forward is vitviz's, with their own weights
     names = [(n, m) for n, m in model.named_modules()
              if n and not {"embeddings", "rope_embeddings"} & set(n.split(".")) and not f"{n}.".startswith(off)]
-    groups = classify(names, kind, containers, norms=(f"{stem}RMSNorm",))
+    groups = classify(names, kind, containers, norms=HF_NORMS)
     for name, attn in attention:
         # q_proj/k_proj/v_proj (transformers 5.23); DINOv2 under transformers 5.9 names them query/key/value
         parts = next((ps for ps in (("q_proj", "k_proj", "v_proj"), ("query", "key", "value"))
