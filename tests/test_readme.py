@@ -117,3 +117,21 @@ def test_readme_names_only_public_calls():
             else:
                 obj = getattr(obj, part)
         assert callable(obj), f"vitviz{dotted} in README.md is not callable"
+
+
+def test_attnlrp_coverage_figures_are_the_recorded_run():
+    """The AttnLRP coverage figures in README.md and docs/explain.md are those of bench/attnlrp_coverage.py's
+    recorded run (``bench/results/attnlrp_coverage.json``), and that run found nothing wrong."""
+    import json
+
+    run = json.loads((ROOT / "bench/results/attnlrp_coverage.json").read_text())
+    arch, models = run["architectures"], run["models"]
+    assert set(arch) <= {"supported", "refused", "unbuilt"}  # no FAILED architecture
+    readme = " ".join(README.read_text().split())
+    assert f"{arch['supported']} of the {sum(arch.values())} architectures" in readme
+    assert f"{models['supported']} models" in readme
+    explain = (ROOT / "docs/explain.md").read_text()
+    for status in ("supported", "refused", "unbuilt"):
+        assert f"| {arch[status]} | {models[status]} |" in explain
+    worst = max(row.get("conservation_rel_error", 0.0) for row in run["rows"])
+    assert f"at most {worst:.1e}" in explain
