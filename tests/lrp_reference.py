@@ -25,6 +25,12 @@ def _lin(m) -> tuple:
     return _t(m.weight), _t(m.bias)
 
 
+def _stacked_qkv(a) -> tuple:
+    """Separate ``q_proj`` / ``k_proj`` / ``v_proj`` as one ``[q; k; v]`` projection."""
+    parts = (a.q_proj, a.k_proj, a.v_proj)
+    return _t(torch.cat([p.weight for p in parts])), _t(torch.cat([p.bias for p in parts]))
+
+
 def _ln(m) -> tuple:
     return _t(m.weight), _t(m.bias), float(m.eps)
 
@@ -67,9 +73,7 @@ def params_siglip(model) -> dict:
     blocks = []
     for layer in model.encoder.layers:
         a = layer.self_attn
-        w = torch.cat([a.q_proj.weight, a.k_proj.weight, a.v_proj.weight])
-        b = torch.cat([a.q_proj.bias, a.k_proj.bias, a.v_proj.bias])
-        blocks.append(dict(ln1=_ln(layer.layer_norm1), qkv=(_t(w), _t(b)), proj=_lin(a.out_proj),
+        blocks.append(dict(ln1=_ln(layer.layer_norm1), qkv=_stacked_qkv(a), proj=_lin(a.out_proj),
                            ln2=_ln(layer.layer_norm2), fc1=_lin(layer.mlp.fc1), fc2=_lin(layer.mlp.fc2),
                            act=gelu_tanh, glu=None, heads=model.config.num_attention_heads, ls1=None, ls2=None))
     head = model.head
@@ -110,9 +114,7 @@ def params_hf(model) -> dict:
     blocks = []
     for layer in model.vit.layers:
         a = layer.attention
-        w = torch.cat([a.q_proj.weight, a.k_proj.weight, a.v_proj.weight])
-        b = torch.cat([a.q_proj.bias, a.k_proj.bias, a.v_proj.bias])
-        blocks.append(dict(ln1=_ln(layer.layernorm_before), qkv=(_t(w), _t(b)), proj=_lin(a.o_proj),
+        blocks.append(dict(ln1=_ln(layer.layernorm_before), qkv=_stacked_qkv(a), proj=_lin(a.o_proj),
                            ln2=_ln(layer.layernorm_after), fc1=_lin(layer.mlp.fc1), fc2=_lin(layer.mlp.fc2),
                            act=F.gelu, glu=None, heads=a.num_attention_heads if hasattr(a, "num_attention_heads") else
                            model.config.num_attention_heads, ls1=None, ls2=None))

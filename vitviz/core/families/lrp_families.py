@@ -68,6 +68,31 @@ def _with_input_hook(undo: Undo, first_block: nn.Module, emit: Emit, arg: str) -
         raise
 
 
+def _separate_qkv_factors(rules: LRPRules, name: str, attn: nn.Module, parts: tuple[str, str, str],
+                          factors: dict[str, torch.Tensor]) -> None:
+    """The uniform rule's scales on separate q / k / v projections ``<name>.<part>`` (one ``Linear`` each)."""
+    for f, part in enumerate(parts):
+        lin = getattr(attn, part)
+        factors[f"{name}.{part}"] = qkv_factor(rules, (lin.out_features,) * 3, lin.weight).chunk(3)[f]
+
+
+def _one_in_proj(mha: nn.Module) -> bool:
+    """Whether ``mha`` is an ``nn.MultiheadAttention`` whose q, k, v come from one ``in_proj`` (no extra key bias),
+    the form vitviz's forward for it computes."""
+    return (isinstance(mha, nn.MultiheadAttention) and mha.in_proj_weight is not None and mha._qkv_same_embed_dim
+            and mha.bias_k is None)
+
+
+def _fused_bias_qkv(attn: nn.Module, x: torch.Tensor, rule: str, rules: LRPRules,
+                    factor: torch.Tensor) -> tuple[torch.Tensor, ...]:
+    """``q, k, v`` ``(B, H, N, d)`` of a fused ``qkv`` whose q / v biases are added inside ``F.linear`` (timm Eva and
+    BEiT), with the linear rule and the uniform rule's scales on that projection."""
+    b, n, _ = x.shape
+    bias = torch.cat((attn.q_bias, attn.k_bias, attn.v_bias))
+    qkv = lrp_linear(x, attn.qkv.weight, bias, rule, rules, factor)
+    return qkv.reshape(b, n, 3, attn.num_heads, -1).permute(2, 0, 3, 1, 4).unbind(0)
+
+
 def _eva_fused_bias_forward(attn: nn.Module, vt: Any, name: str, rules: LRPRules,
                             factor: torch.Tensor) -> Callable[..., torch.Tensor]:
     """``EvaAttention.forward`` (timm 1.0.26 to 1.0.31, ungated) for a fused ``qkv`` whose q / v biases the forward
@@ -85,9 +110,7 @@ def _eva_fused_bias_forward(attn: nn.Module, vt: Any, name: str, rules: LRPRules
     def forward(x: torch.Tensor, rope: torch.Tensor | None = None, attn_mask: torch.Tensor | None = None,
                 is_causal: bool = False) -> torch.Tensor:
         b, n, _ = x.shape
-        bias = torch.cat((attn.q_bias, attn.k_bias, attn.v_bias))
-        qkv = lrp_linear(x, attn.qkv.weight, bias, rule, rules, factor)
-        q, k, v = qkv.reshape(b, n, 3, attn.num_heads, -1).permute(2, 0, 3, 1, 4).unbind(0)
+        q, k, v = _fused_bias_qkv(attn, x, rule, rules, factor)
         q, k = attn.q_norm(q), attn.k_norm(k)
         if rope is not None:
             q, k = rotate(q, rope, v), rotate(k, rope, v)
@@ -112,9 +135,7 @@ def _beit_fused_bias_forward(attn: nn.Module, vt: Any, name: str, rules: LRPRule
 
     def forward(x: torch.Tensor, shared_rel_pos_bias: torch.Tensor | None = None) -> torch.Tensor:
         b, n, _ = x.shape
-        bias = torch.cat((attn.q_bias, attn.k_bias, attn.v_bias))
-        qkv = lrp_linear(x, attn.qkv.weight, bias, rule, rules, factor)
-        q, k, v = qkv.reshape(b, n, 3, attn.num_heads, -1).permute(2, 0, 3, 1, 4).unbind(0)
+        q, k, v = _fused_bias_qkv(attn, x, rule, rules, factor)
         own = attn._get_rel_pos_bias() if attn.relative_position_bias_table is not None else None
         if attn.fused_attn:
             mask = own if shared_rel_pos_bias is None else (
@@ -191,9 +212,7 @@ def timm_rules(model: nn.Module, rules: LRPRules, emit: Emit) -> Undo:
                     raise _refuse(model, f"{name} adds q/v biases to its fused qkv projection itself")
                 fused_bias.append((name, attn))
         else:
-            for f, part in enumerate(("q_proj", "k_proj", "v_proj")):
-                lin = getattr(attn, part)
-                factors[f"{name}.{part}"] = qkv_factor(rules, (lin.out_features,) * 3, lin.weight).chunk(3)[f]
+            _separate_qkv_factors(rules, name, attn, ("q_proj", "k_proj", "v_proj"), factors)
     for name, m in model.named_modules():
         if type(m).__name__ == "SwiGLU":
             factors[f"{name}.fc1_g"], factors[f"{name}.fc1_x"] = gate_up_factors(rules, m.fc1_g, m.fc1_x)
@@ -265,7 +284,7 @@ def torchvision_rules(model: nn.Module, rules: LRPRules, emit: Emit) -> Undo:
         for i, layer in enumerate(model.encoder.layers):
             mha = layer.self_attention
             name = f"encoder.layers.{list(model.encoder.layers._modules)[i]}.self_attention"
-            if mha.in_proj_weight is None or not mha._qkv_same_embed_dim or mha.bias_k is not None:
+            if not _one_in_proj(mha):
                 raise _refuse(model, f"{name} has separate q/k/v projections or extra key biases")
             undos.append(set_attr(mha, "forward", _mha_forward(mha, name, rules)))
         undos.append(input_hook(model.encoder.layers[0], emit, "input"))
@@ -296,7 +315,7 @@ def open_clip_rules(model: nn.Module, rules: LRPRules, emit: Emit) -> Undo:
     for i, block in enumerate(model.transformer.resblocks):
         mha = getattr(block, "attn", None)
         name = f"transformer.resblocks.{i}.attn"
-        if not isinstance(mha, nn.MultiheadAttention) or mha.in_proj_weight is None or mha.bias_k is not None:
+        if not _one_in_proj(mha):
             raise _refuse(model, f"{name} is not an nn.MultiheadAttention with one input projection")
         mhas.append((name, mha))
     off = tuple(f"{n}." for n, _ in mhas)
@@ -369,8 +388,7 @@ def hf_rules(model: nn.Module, rules: LRPRules, emit: Emit, layers: list[nn.Modu
     mhas: list[tuple[str, nn.MultiheadAttention]] = []
     for name, m in model.named_modules():
         cls = type(m).__name__
-        gate = getattr(m, "gate_proj", None)
-        if isinstance(gate, nn.Linear) and cls not in HF_GATED:  # a gated MLP whose product would get no rule
+        if isinstance(getattr(m, "gate_proj", None), nn.Linear) and cls not in HF_GATED:  # its product: no rule
             raise _refuse(model, f"{name} ({cls}) is a gated MLP vitviz has no rule for")
         if cls in HF_GATED:
             gate, up = HF_GATED[cls]
@@ -394,13 +412,11 @@ def hf_rules(model: nn.Module, rules: LRPRules, emit: Emit, layers: list[nn.Modu
         if parts is None:
             raise _refuse(model, f"{name} ({type(attn).__name__}) has no q_proj/k_proj/v_proj (or query/key/value) "
                                  "Linear layers")
-        for part, f in zip(parts, range(3)):
-            lin = getattr(attn, part)
-            factors[f"{name}.{part}"] = qkv_factor(rules, (lin.out_features,) * 3, lin.weight).chunk(3)[f]
+        _separate_qkv_factors(rules, name, attn, parts, factors)
     undos = [install_generic(groups, rules, factors)]
     try:
         for name, mha in mhas:
-            if not isinstance(mha, nn.MultiheadAttention) or mha.in_proj_weight is None or mha.bias_k is not None:
+            if not _one_in_proj(mha):
                 raise _refuse(model, f"{name} has separate q/k/v projections or extra key biases")
             undos.append(set_attr(mha, "forward", _mha_forward(mha, name, rules, pool=True)))
     except BaseException:
