@@ -1,11 +1,12 @@
 """Which timm architectures AttnLRP covers, and that each covered one is exactly conservative.
 
 Every name in timm's registry that matches the patterns is built with random weights and one block (two where a
-model needs them; a model that takes neither is recorded as unbuilt) and grouped by architecture: the set of its module classes, its attention, MLP and block classes
-and its pooling. One model per group is checked, in float64 with zero biases, ``epsilon=0`` and CP attention (every
-rule conservative): either vitviz refuses it with ``UnsupportedModelError`` (the reason is recorded), or its token
-relevances sum to the score (the sum of its outputs) to the relative error recorded, and its output under the rules
-is its own bit for bit. Anything else is a failure.
+model needs them, one per distinct setting where it sets one per block; a model that takes none of these is recorded
+as unbuilt; ``build``) and grouped by architecture: its model, first block, attention and MLP classes, its pooling
+and whether it has prefix tokens. One model per group is checked, in float64 with zero biases, ``epsilon=0`` and
+CP attention (every rule conservative): either vitviz refuses it with ``UnsupportedModelError`` (the reason is
+recorded), or its token relevances sum to the score (the sum of its outputs) to the relative error recorded, and its
+output under the rules is its own bit for bit. Anything else is a failure.
 
     PYTHONPATH=. python bench/attnlrp_coverage.py [--out bench/results/attnlrp_coverage.json]
 """
@@ -59,6 +60,29 @@ def check(model: torch.nn.Module) -> dict:
     return {"status": "supported" if ok else "FAILED", "conservation_rel_error": error, "forward_unchanged": same}
 
 
+def build(name: str) -> tuple[torch.nn.Module | None, str]:
+    """``name`` with random weights and one block (two where a model needs them; never the full depth, a 7B model
+    would not fit). A model with one setting per block (Sapiens2: key/value heads, grouped in the middle blocks
+    only) gets one block per distinct setting, read from its full-depth build on the meta device (no memory), at
+    224 px. Returns ``(None, the error)`` where neither builds."""
+    reason = ""
+    for depth in (1, 2):
+        try:
+            return timm.create_model(name, pretrained=False, depth=depth, num_classes=3), ""
+        except Exception as err:  # noqa: BLE001 - any failure to build is recorded
+            reason = repr(err)[:200]
+    if "num_kv_heads" in reason:
+        try:
+            with torch.device("meta"):
+                full = timm.create_model(name, pretrained=False, num_classes=3)
+            kv = tuple(sorted({b.attn.num_kv_heads for b in full.blocks}))
+            return timm.create_model(name, pretrained=False, depth=len(kv), num_kv_heads=kv, img_size=224,
+                                     num_classes=3), ""
+        except Exception as err:  # noqa: BLE001
+            reason = repr(err)[:200]
+    return None, reason
+
+
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--out", default="bench/results/attnlrp_coverage.json")
@@ -69,13 +93,7 @@ def main() -> None:
     members: Counter = Counter()
     start = time.time()
     for name in names:
-        model = None
-        for depth in (1, 2):  # a few need two blocks; never the full depth (a 7B model would not fit)
-            try:
-                model = timm.create_model(name, pretrained=False, depth=depth, num_classes=3)
-                break
-            except Exception as err:  # noqa: BLE001 - any failure to build is recorded
-                reason = repr(err)[:200]
+        model, reason = build(name)
         if model is None:
             groups[f"unbuilt: {name}"] = {"example": name, "status": "unbuilt", "reason": reason}
             continue

@@ -9,6 +9,7 @@ import pytest
 import timm
 import torch
 from lrp_reference import (
+    params_cait,
     params_hf,
     params_open_clip,
     params_siglip,
@@ -20,6 +21,7 @@ from torch import nn
 
 from vitviz.analysis.attnlrp import attnlrp, attnlrp_tokens
 from vitviz.core.families.lrp import LRPRules, lrp_rules
+from vitviz.core.spec import inspect
 from vitviz.errors import UnsupportedModelError
 
 
@@ -233,9 +235,6 @@ def test_hf_vit_equals_reference():
 
 
 def test_refusals():
-    cait = timm.create_model("cait_xxs24_224", pretrained=False, img_size=32, patch_size=8, depth=1, num_classes=3)
-    with pytest.raises(UnsupportedModelError, match="talking-heads|softmax"):
-        attnlrp(cait.eval(), torch.randn(1, 3, 32, 32))
     m = tiny_timm(dtype=torch.float32, global_pool="max")
     with pytest.raises(UnsupportedModelError, match="global_pool='max'"):
         attnlrp(m, torch.randn(1, 3, 16, 24))
@@ -471,6 +470,60 @@ def test_gated_mlps_and_attention_pool_equal_float64_reference(kind, attention):
     assert (rel - ref).abs().max() < 1e-10 * ref.abs().max()
 
 
+PARALLEL = {  # timm's parallel blocks and differential attention
+    "scaling": dict(block_fn=timm.models.vision_transformer.ParallelScalingBlock, qkv_bias=True),  # ViT-22B
+    "scaling-fused-out": dict(block_fn=functools.partial(timm.models.vision_transformer.ParallelScalingBlock,
+                                                         fuse_out_proj=True), init_values=0.5),
+    "things": dict(block_fn=timm.models.vision_transformer.ParallelThingsBlock, qkv_bias=True, init_values=0.5),
+    "differential": dict(attn_layer=timm.layers.DiffAttention),
+    "differential-scaling": dict(block_fn=timm.models.vision_transformer.DiffParallelScalingBlock)}
+
+
+@pytest.mark.parametrize("attention", ["attnlrp", "cp"])
+@pytest.mark.parametrize("kind", list(PARALLEL))
+def test_parallel_blocks_and_differential_attention_equal_float64_reference(kind, attention):
+    """Parallel blocks (ViT-22B's ``ParallelScalingBlock``: attention and MLP from one fused projection, whose MLP part
+    keeps its gradient; ``ParallelThingsBlock``: summed branches) and differential attention (``A1 - lambda A2``, a
+    sum of two softmax maps' products with v, each under the uniform rule, then the per-head RMS norm) against the
+    hand-written reference; the forward is unchanged."""
+    m = tiny_timm(**PARALLEL[kind])
+    x = torch.randn(3, 3, 16, 24, dtype=torch.float64)
+    y0 = m(x)
+    with lrp_rules(m):
+        assert torch.equal(m(x), y0)
+    rel, score = attnlrp_tokens(m, x, [0, 3, 4], rules=LRPRules(attention=attention))
+    ref, logit = reference(params_timm(m), tokens_of(m, x), torch.tensor([0, 3, 4]), attention=attention)
+    assert torch.allclose(score, logit, atol=1e-12)
+    assert (rel - ref).abs().max() < 1e-10 * ref.abs().max()
+
+
+@pytest.mark.parametrize("fused", [True, False])
+@pytest.mark.parametrize("attention", ["attnlrp", "cp"])
+def test_cait_equals_float64_reference(attention, fused):
+    """CaiT: talking heads (linear maps across the heads before and after the softmax take the epsilon rule) over the
+    patches, then class attention (the class token's query, an input: the self-attention scales). Its class token
+    joins after the patch blocks and is read where it enters the first class-attention block: the relevance has the
+    class token first, as every other model's, and the map its patches. Against the hand-written reference, with the
+    class attention fused (SDPA) and explicit; the forward is unchanged."""
+    torch.manual_seed(11)
+    m = timm.create_model("cait_xxs24_224", pretrained=False, img_size=(16, 24), patch_size=8, embed_dim=16, depth=2,
+                          num_heads=2, num_classes=5)
+    m = _jitter(m.double().eval())
+    for block in m.blocks_token_only:
+        block.attn.fused_attn = fused
+    x = torch.randn(3, 3, 16, 24, dtype=torch.float64)
+    y0 = m(x)
+    with lrp_rules(m):
+        assert torch.equal(m(x), y0)
+    rel, score = attnlrp_tokens(m, x, [0, 3, 4], rules=LRPRules(attention=attention))
+    ref, logit = reference(params_cait(m), tokens_of(m, x), torch.tensor([0, 3, 4]), attention=attention)
+    assert rel.shape == ref.shape == (3, 1 + 6)
+    assert torch.allclose(score, logit, atol=1e-12)
+    assert (rel - ref).abs().max() < 1e-10 * ref.abs().max()
+    assert torch.allclose(attnlrp(m, x, [0, 3, 4], attention_rule=attention), ref[:, 1:].reshape(3, 2, 3),
+                          atol=1e-10 * ref.abs().max())
+
+
 @pytest.mark.parametrize("attention", ["attnlrp", "cp"])
 def test_siglip_head_equals_float64_reference(attention):
     """SigLIP's attention-pooling head (a probe query through an nn.MultiheadAttention, then a residual MLP)
@@ -515,7 +568,7 @@ def test_siglip_head_keeps_the_half_lxts_recipe_drops(monkeypatch):
     assert torch.allclose(lxt_rel.sum(1), score / 2, rtol=1e-9, atol=0)
 
 
-EVA = ["eva02_tiny_patch14_224",  # EvaAttention, fused qkv with biases (a forward of vitviz's), GluMlp
+TIMM_LAYOUT_MODELS = ["eva02_tiny_patch14_224",  # EvaAttention, fused qkv with biases (a forward of vitviz's), GluMlp
        "eva02_base_patch14_224",  # separate q/k/v projections, SwiGLU, rotary
        "eva02_base_patch16_clip_224",  # scale_norm LayerNorm inside the attention, class-token readout
        "eva02_enormous_patch14_clip_224",  # EvaBlockPostNorm, no rotary
@@ -527,10 +580,16 @@ EVA = ["eva02_tiny_patch14_224",  # EvaAttention, fused qkv with biases (a forwa
        "beit_base_patch16_224",  # timm BEiT: in-F.linear q/v biases (a forward of vitviz's), relative position bias
        "beitv2_base_patch16_224",
        "vit_relpos_small_patch16_rpn_224",  # relative position bias from an MLP, post-norm blocks, no class token
-       "vit_srelpos_small_patch16_224"]  # one relative position bias shared by every block
+       "vit_srelpos_small_patch16_224",  # one relative position bias shared by every block
+       "vit_small_patch16_18x2_224",  # ParallelThingsBlock: two attention and two MLP branches per block
+       "vit_base_patch16_xp_224",  # ParallelScalingBlock (ViT-22B) with qk norm, class token
+       "vit_pwee_patch16_reg1_gap_256",  # ParallelScalingBlock, fused output projection, register, average pool
+       "vit_dwee_patch16_reg1_gap_256",  # differential attention (DiffAttention), RMS norms
+       "vit_dpwee_patch16_reg1_gap_256",  # DiffParallelScalingBlock
+       "cait_xxs24_224"]  # CaiT: talking heads, class attention (its class token read where it enters)
 
 
-def tiny_eva(name: str) -> nn.Module:
+def tiny_registered(name: str) -> nn.Module:
     torch.manual_seed(8)
     m = timm.create_model(name, pretrained=False, depth=2, embed_dim=32, num_heads=2, img_size=32, num_classes=3)
     m = _jitter(m.double().eval())
@@ -543,32 +602,35 @@ def tiny_eva(name: str) -> nn.Module:
     return m
 
 
-@pytest.mark.parametrize("name", EVA)
-def test_timm_eva_beit_relpos_forward_unchanged_and_conserve_under_cp(name):
-    """timm Eva (EVA-02, DINOv3, rotary ViTs, PE), BEiT and relative-position ViTs: the forward under the rules is
-    the model's own bit for bit (also where vitviz runs its own EvaAttention or BEiT attention forward), and with
-    zero biases, epsilon 0 and CP the tokens sum to the logit, which fails if a gate, a norm, a rotation or an
-    attention scale kept its plain gradient."""
-    m = tiny_eva(name)
+@pytest.mark.parametrize("name", TIMM_LAYOUT_MODELS)
+def test_timm_layouts_forward_unchanged_and_conserve_under_cp(name):
+    """timm Eva (EVA-02, DINOv3, rotary ViTs, PE), BEiT, relative-position ViTs, parallel blocks and differential
+    attention: the forward under the rules is the model's own bit for bit (also where vitviz runs its own
+    EvaAttention or BEiT attention forward), and with zero biases, epsilon 0 and CP the tokens sum to the logit,
+    which fails if a gate, a norm, a rotation or an attention scale kept its plain gradient."""
+    m = tiny_registered(name)
     x = torch.randn(2, 3, 32, 32, dtype=torch.float64)
     y0 = m(x)
     with lrp_rules(m):
         assert torch.equal(m(x), y0)
     rel, score = attnlrp_tokens(m, x, 1, rules=LRPRules(epsilon=0.0, attention="cp"))
-    assert rel.shape == (2, m.num_prefix_tokens + 4)
+    assert rel.shape == (2, inspect(m).num_prefix_tokens + 4)  # timm < 1.0.27's CaiT has no num_prefix_tokens
     assert torch.allclose(rel.sum(1), score, rtol=1e-9, atol=0)
 
 
 @pytest.mark.parametrize("name", ["eva02_tiny_patch14_224", "vit_small_patch16_dinov3_qkvb",
                                   "vit_base_patch16_rope_224", "vit_base_patch16_rope_mixed_224",
-                                  "beit_base_patch16_224", "vit_relpos_small_patch16_rpn_224"])
-def test_timm_eva_beit_relpos_full_rule_conserves_up_to_the_softmax_share(name):
-    """The full AttnLRP rule through Eva's rotary q and k and past relative position biases: zero biases, epsilon 0,
+                                  "beit_base_patch16_224", "vit_relpos_small_patch16_rpn_224",
+                                  "vit_small_patch16_18x2_224", "vit_pwee_patch16_reg1_gap_256",
+                                  "vit_dwee_patch16_reg1_gap_256", "vit_dpwee_patch16_reg1_gap_256"])
+def test_timm_layouts_full_rule_conserves_up_to_the_softmax_share(name):
+    """The full AttnLRP rule through Eva's rotary q and k, past relative position biases, through parallel branches
+    and both softmaxes of a differential attention (its maps read as the 2H heads' softmaxes): zero biases, epsilon 0,
     the tokens sum to the logit minus what the softmaxes absorb, measured from each map A (read at ``attn_drop`` on
     the explicit path) and the gradient g reaching it, as in test_conservation_attnlrp, minus what the constant
     relative position bias b added to the scores takes (its share ``b_i A_i (h_i - A.h)``: ``log A - b`` stands for
     the scores ``q.k`` below). A rotation that lost relevance, or q / k scales other than 1/4, would break the sum."""
-    m = tiny_eva(name)
+    m = tiny_registered(name)
     maps, grads, biases, handles = [], [], [], []
     for mod in m.modules():
         if hasattr(mod, "fused_attn") and isinstance(getattr(mod, "attn_drop", None), nn.Module):
@@ -589,7 +651,7 @@ def test_timm_eva_beit_relpos_full_rule_conserves_up_to_the_softmax_share(name):
     rel, score = attnlrp_tokens(m, x, 1, rules=LRPRules(epsilon=0.0))
     for h in handles:
         h.remove()
-    assert len(maps) == len(grads) == 2
+    assert len(maps) == len(grads) == len(handles) >= 2
     absorbed = 0
     for a, g, b in zip(maps, grads, biases):
         h = g / 2

@@ -128,10 +128,14 @@ def test_attnlrp_coverage_figures_are_the_recorded_run():
     arch, models = run["architectures"], run["models"]
     assert set(arch) <= {"supported", "refused", "unbuilt"}  # no FAILED architecture
     readme = " ".join(README.read_text().split())
-    assert f"{arch['supported']} of the {sum(arch.values())} architectures" in readme
+    total = sum(arch.values())
+    assert (f"all {total} architectures" if arch["supported"] == total
+            else f"{arch['supported']} of the {total} architectures") in readme
     assert f"{models['supported']} models" in readme
     explain = (ROOT / "docs/explain.md").read_text()
-    for status in ("supported", "refused", "unbuilt"):
+    for status in arch:
         assert f"| {arch[status]} | {models[status]} |" in explain
+    if set(arch) == {"supported"}:
+        assert "None is refused and none failed" in explain
     worst = max(row.get("conservation_rel_error", 0.0) for row in run["rows"])
     assert f"at most {worst:.1e}" in explain

@@ -197,7 +197,9 @@ LRP_SUPPORTED = {"eva02_tiny_patch14_224", "vit_medium_patch16_rope_reg1_gap_256
                  "vit_base_patch16_siglip_224", "aimv2_large_patch14_224", "vit_small_patch16_dinov3_qkvb",
                  "vit_pe_core_small_patch16_384", "vit_base_patch16_rpn_224", "vit_relpos_small_patch16_rpn_224",
                  "beit_base_patch16_224", "beitv2_base_patch16_224", "vit_srelpos_small_patch16_224",
-                 "naflexvit_base_patch16_gap", "naflexvit_base_patch16_map"}
+                 "naflexvit_base_patch16_gap", "naflexvit_base_patch16_map", "vit_small_patch16_18x2_224",
+                 "vit_pwee_patch16_reg1_gap_256", "vit_dwee_patch16_reg1_gap_256", "vit_dpwee_patch16_reg1_gap_256",
+                 "cait_xxs24_224"}
 
 
 @pytest.mark.parametrize("name", SAMPLE + sorted(LRP_SUPPORTED - set(SAMPLE)))

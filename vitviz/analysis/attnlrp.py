@@ -13,6 +13,8 @@ softmax                     Prop. 3.1: ``R_in = x * (R_out - s * sum R_out)`` (i
 attention pool (a learned   the query is a weight: ``q k^T`` takes the epsilon rule (Eq. 8) in ``k``, all to k;
 query; timm ``map``,        ``attn @ v`` as above (gradients to k, v scaled 1/2, 1/2). lxt's recipe for SigLIP 2's
 SigLIP, AIMv2 heads)        head stops the keys' gradient (the scores' half is dropped); vitviz passes it on
+differential attention      ``(A1 - lambda A2) @ v``, lambda a constant of the weights: the uniform rule on each
+(``DiffAttention``)         of the two products (gradients to q, k, v scaled 1/4, 1/4, 1/2 as above)
 gated MLP ``act(g) * u``    Prop. 3.2: uniform rule on the product (gradients to gate and up scaled 1/2), as lxt
 LayerNorm / RMSNorm         Prop. 3.4: identity rule on the normalisation (the standard deviation is a constant)
 GELU, SiLU, ReLU, tanh      Eq. 9: identity rule ``R_in = R_out``
@@ -30,7 +32,8 @@ recipe (``examples/vit_torch.py``) also uses CP-LRP inside the attention. vitviz
 Where the relevance is read: at the tokens entering the first block (patch embedding + position embedding, after
 any pre-norm), summed over the embedding dimension, ``R_t = sum_d e_td * ds/de_td``: one relevance per token, the
 way the paper reads LLM inputs (its token embeddings). The patch tokens give the ``(B, gh, gw)`` map, the prefix
-tokens (class, distillation, registers) their own relevance (``attnlrp_tokens``). vitviz reads tokens rather than
+tokens (class, distillation, registers) their own relevance (``attnlrp_tokens``; CaiT's class token joins after the
+patch blocks, and is read where it enters its first class-attention block). vitviz reads tokens rather than
 pixels because its maps, sanity checks and faithfulness are per patch, and because at the pixel level the patch
 convolution needs a rule of its own (the paper's library uses gamma there) and the position embedding absorbs
 relevance like a bias; at the tokens none of that enters.
@@ -61,15 +64,21 @@ from vitviz.errors import CaptureError, InputError, UnsupportedModelError
 
 __all__ = ["LRPRules", "attnlrp", "attnlrp_supported", "attnlrp_tokens", "lrp_rules"]
 
+# the map kinds (ViTSpec.attention_maps) the rules are derived for: softmax; differential (timm's DiffAttention,
+# softmax(S1) - lambda softmax(S2) with a constant lambda); CaiT's talking heads (linear maps across the heads
+# before and after the softmax) and class attention (the class token's query over every token). The family's rules
+# decide which models they cover; a map of any other kind is refused here.
+LRP_MAP_KINDS = {"softmax", "differential", "talking-heads", "class-attention"}
+
 
 def _check_model(model: nn.Module, spec: ViTSpec) -> None:
     if model.training:
         raise InputError(f"{spec.name} is in training mode (dropout would make the relevance random); call "
                          "model.eval() first")
-    kinds = set(spec.attention_maps) - {"softmax"}
+    kinds = set(spec.attention_maps) - LRP_MAP_KINDS
     if kinds:
-        raise UnsupportedModelError(f"{spec.name}: AttnLRP's rules are for softmax attention, but this model's maps "
-                                    f"are {sorted(kinds)} (CaiT talking heads, differential attention)")
+        raise UnsupportedModelError(f"{spec.name}: AttnLRP's rules are derived for the map kinds "
+                                    f"{sorted(LRP_MAP_KINDS)}, but this model's maps are also {sorted(kinds)}")
 
 
 def attnlrp_supported(model: nn.Module) -> bool:
@@ -77,8 +86,7 @@ def attnlrp_supported(model: nn.Module) -> bool:
     module (the rules are installed and removed again to find out; the model is left as it was)."""
     try:
         spec = inspect(model)
-        kinds = set(spec.attention_maps) - {"softmax"}
-        if kinds:
+        if set(spec.attention_maps) - LRP_MAP_KINDS:
             return False
         with lrp_rules(model):
             pass
@@ -120,9 +128,11 @@ def attnlrp_tokens(
         if not resolved.scores.requires_grad:
             raise InputError(f"{spec.name}: the target score does not depend on the input tokens (no gradient); a "
                               "callable target must compute its score from the model output with torch ops")
-        (grad,) = torch.autograd.grad(resolved.scores.sum(), tokens)
+        leaves = [t for t in (session.late_prefix, tokens) if t is not None]  # prefix tokens first
+        grads = torch.autograd.grad(resolved.scores.sum(), leaves, allow_unused=True)  # a prefix the head never reads
     dtype = torch.promote_types(tokens.dtype, torch.float32)
-    relevance = (tokens.detach().to(dtype) * grad.to(dtype)).sum(dim=-1)
+    relevance = torch.cat([(t.detach().to(dtype) * (torch.zeros_like(t) if g is None else g).to(dtype)).sum(dim=-1)
+                           for t, g in zip(leaves, grads)], dim=1)
     return relevance, resolved.scores.detach().to(dtype)
 
 
@@ -145,8 +155,9 @@ def attnlrp(
 
     Args:
         model: a ViT whose family has AttnLRP rules (timm ``VisionTransformer`` with class token, registers or none,
-            average or attention pooling, gated MLPs; timm ``Eva``: EVA-02, DINOv3, PE, rotary ViTs; timm BEiT and
-            relative-position ViTs; torchvision ``VisionTransformer``; open_clip towers; Hugging Face ViT, ViTMSN,
+            average or attention pooling, gated MLPs, parallel blocks, differential attention; timm ``Eva``: EVA-02,
+            DINOv3, PE, Sapiens2, rotary ViTs; timm CaiT, BEiT and relative-position ViTs (every ViT architecture in
+            timm's registry); torchvision ``VisionTransformer``; open_clip towers; Hugging Face ViT, ViTMSN,
             I-JEPA, DeiT, BEiT, data2vec vision, DINOv2, DINOv3, SigLIP, AIMv2 and the CLIP vision towers; the list
             in docs/explain.md), run in eval mode. Others are refused with ``UnsupportedModelError`` naming the class
             and the reason.

@@ -25,7 +25,7 @@ method              what it is
 ``"attnlrp"``       AttnLRP, Achtibat et al., ICML 2024 (Prop. 3.1-3.4, Eq. 8-9): layer-wise relevance propagation
                     with the softmax, uniform (``q k^T``, ``attn @ v``), identity (norms, GELU) and epsilon
                     (``linear_rule="gamma"`` optional) rules, read at the first block's input tokens; signed
-                    (``vitviz.analysis.attnlrp``; softmax-attention timm, torchvision, HF ViT/DeiT/BEiT/DINOv2).
+                    (``vitviz.analysis.attnlrp``; the families it covers are listed in docs/explain.md).
 ``"random"``        a seeded baseline: i.i.d. uniform ``[0, 1)`` per patch; image ``k`` of the set always gets the
                     same map for a given ``seed``, whatever the batching.
 ==================  =====================================================================================================

@@ -94,8 +94,9 @@ Methods = Sequence[str | MapFn] | Mapping[str, str | MapFn | torch.Tensor]
 
 
 def default_methods(model: nn.Module) -> tuple[str, ...]:
-    """``DEFAULT_METHODS`` less ``"attnlrp"`` when ``model``'s family has no AttnLRP rules (its maps are not softmax
-    maps, or vitviz has no rule for one of its modules): what ``faithfulness`` runs when ``methods`` is not given."""
+    """``DEFAULT_METHODS`` less ``"attnlrp"`` when ``model``'s family has no AttnLRP rules (its maps are of a kind the
+    rules are not derived for, or vitviz has no rule for one of its modules): what ``faithfulness`` runs when
+    ``methods`` is not given."""
     if "attnlrp" not in DEFAULT_METHODS:
         return DEFAULT_METHODS
     from vitviz.analysis.attnlrp import attnlrp_supported

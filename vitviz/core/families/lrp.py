@@ -24,6 +24,14 @@ forward is the module's own, so the model's output is unchanged:
   Eq. 8): all of a score's relevance goes to ``k``; ``attn @ v`` takes the uniform rule as above. The gradients to
   ``k`` and ``v`` are scaled 1/2 and 1/2 (CP-LRP: 0 and 1); nothing is read at the query. (lxt's recipe for
   SigLIP 2's head stops the keys' gradient instead, dropping the scores' half; docs/explain.md.)
+- differential attention (Ye et al., "Differential Transformer", ICLR 2025; timm's ``DiffAttention`` and
+  ``DiffParallelScalingBlock``): each head's output is ``(A1 - lambda A2) @ v`` with ``lambda`` a function of the
+  weights only (a constant): a sum of the products ``A1 v`` and ``-lambda A2 v``, each taking the uniform rule as
+  above, so the half-width q and k heads behind ``A1`` and ``A2`` and the shared v keep the scales 1/4, 1/4, 1/2;
+  the per-head RMS norm after it takes the norm rule below, the constant ``1 - lambda_init`` scale passes the
+  relevance on. Parallel blocks (ViT-22B's ``ParallelScalingBlock``: one projection makes the MLP's input and q, k,
+  v, whose MLP part keeps its gradient; ``ParallelThingsBlock``: summed branches) need no rule of their own: a sum
+  is linear.
 - gated MLPs (SwiGLU: ``down(act(gate(x)) * up(x))``; timm's ``SwiGLU`` and ``GluMlp``, AIMv2, DINOv3's gated MLP):
   the element-wise product takes the uniform rule (paper Prop. 3.2; lxt's ``gated_mlp_forward`` halves the
   product's gradient the same way), so the gradients to the gate and up projections are scaled 1/2; the activation
@@ -261,15 +269,17 @@ def fused_gate_factor(rules: LRPRules, fc1: nn.Linear, gate_first: bool) -> torc
     return scale_vector((half, half), (fg, fu) if gate_first else (fu, fg), fc1.weight)
 
 
-def input_hook(module: nn.Module, emit: Callable[[torch.Tensor], None], arg: str = "hidden_states") -> Undo:
-    """A pre-hook on the first block: its input tokens ``(B, N, D)`` become a detached leaf that requires grad
-    (the backward stops there), handed to ``emit``; the forward's values are unchanged."""
+def input_hook(module: nn.Module, emit: Callable[[torch.Tensor], None], arg: str = "hidden_states",
+               index: int = 0) -> Undo:
+    """A pre-hook on the first block: its input tokens ``(B, N, D)`` (positional argument ``index``, or keyword
+    ``arg``) become a detached leaf that requires grad (the backward stops there), handed to ``emit``; the forward's
+    values are unchanged."""
 
     def pre(_m: nn.Module, args: tuple, kwargs: dict) -> tuple[tuple, dict]:
-        if args:
-            x = args[0].detach().requires_grad_(True)
+        if len(args) > index:
+            x = args[index].detach().requires_grad_(True)
             emit(x)
-            return (x, *args[1:]), kwargs
+            return (*args[:index], x, *args[index + 1:]), kwargs
         x = kwargs[arg].detach().requires_grad_(True)
         emit(x)
         return args, {**kwargs, arg: x}
@@ -338,13 +348,19 @@ def install_generic(groups: dict[str, list[tuple[str, nn.Module]]], rules: LRPRu
 
 class LRPSession:
     """What ``lrp_rules`` hands back: ``tokens`` is the ``(B, N, D)`` input of the first block from the most recent
-    forward pass (a leaf that requires grad), or None before one."""
+    forward pass (a leaf that requires grad), or None before one; ``late_prefix`` the ``(B, P, D)`` prefix tokens
+    of a model that adds them after the first block (CaiT's class token, entering its class-attention blocks), read
+    where they enter, or None."""
 
     def __init__(self) -> None:
         self.tokens: torch.Tensor | None = None
+        self.late_prefix: torch.Tensor | None = None
 
-    def _emit(self, x: torch.Tensor) -> None:
-        self.tokens = x
+    def _emit(self, x: torch.Tensor, where: str = "tokens") -> None:
+        if where == "late_prefix":
+            self.late_prefix = x
+        else:
+            self.tokens = x
 
 
 @contextmanager

@@ -18,6 +18,7 @@ from torch import nn
 
 from vitviz.core.families.base import Undo, chain_undos, set_attr
 from vitviz.core.families.lrp import (
+    QKV_FACTORS,
     LRPRules,
     classify,
     fused_gate_factor,
@@ -27,10 +28,12 @@ from vitviz.core.families.lrp import (
     lrp_linear,
     pool_kv_factor,
     qkv_factor,
+    scale_vector,
 )
+from vitviz.core.families.timm_vit import attention_of
 from vitviz.errors import UnsupportedModelError
 
-Emit = Callable[[torch.Tensor], None]
+Emit = Callable[..., None]  # emit(tokens); emit(prefix, "late_prefix") for CaiT's class token
 
 @dataclass(frozen=True)
 class TimmLayout:
@@ -40,7 +43,8 @@ class TimmLayout:
     ``attn_pool`` must be timm's ``AttentionPoolLatent``), for an attention whose fused ``qkv`` takes its biases
     inside ``F.linear`` (so the projection is never called as a module) the forward of vitviz's that computes the
     same with the rules on that projection, and the attention's children that compute a constant (RelPos's bias
-    MLP), off the relevance path too."""
+    MLP), off the relevance path too; and the block and attention classes of the blocks that update the class token
+    alone after the others (CaiT's ``blocks_token_only``: its class token enters there, and is read there)."""
 
     blocks: tuple[str, ...]
     attentions: tuple[str, ...]
@@ -48,6 +52,7 @@ class TimmLayout:
     pools: tuple[str, ...]
     fused_bias_forward: Callable[..., Callable[..., torch.Tensor]] | None = None
     constant_children: tuple[str, ...] = ()
+    class_attention: tuple[str, str] = ()
 
 
 TIMM_GATED = ("GluMlp", "SwiGLU")  # act(gate) * up: fc1 = [gate, up] (or [up, gate] with gate_last); fc1_g, fc1_x
@@ -153,7 +158,11 @@ def _beit_fused_bias_forward(attn: nn.Module, vt: Any, name: str, rules: LRPRule
     return forward
 
 
-VIT_LAYOUT = TimmLayout(("Block", "ResPostBlock"), ("Attention",), BEFORE_BLOCKS, ("token", "avg", ""))
+# ParallelScalingBlock (ViT-22B's block) and its differential variant make attention and MLP from one fused in_proj
+# (the block is the attention); ParallelThingsBlock sums branches of (norm, Attention) and of (norm, Mlp)
+SCALING_BLOCKS = ("ParallelScalingBlock", "DiffParallelScalingBlock")
+VIT_LAYOUT = TimmLayout(("Block", "ResPostBlock", "ParallelThingsBlock", *SCALING_BLOCKS),
+                        ("Attention", "DiffAttention"), BEFORE_BLOCKS, ("token", "avg", ""))
 TIMM_LAYOUTS = {
     "VisionTransformer": VIT_LAYOUT,
     "VisionTransformerDistilled": VIT_LAYOUT,  # DeiT-distilled: two heads averaged (linear)
@@ -165,19 +174,46 @@ TIMM_LAYOUTS = {
     "VisionTransformerRelPos": TimmLayout(("RelPosBlock", "ResPostRelPosBlock"), ("RelPosAttention",),
                                           (*BEFORE_BLOCKS, "shared_rel_pos"), ("avg", "token", ""),
                                           constant_children=("rel_pos",)),
+    # CaiT: talking-heads self-attention over the patches, then class attention (the class token's query alone)
+    "Cait": TimmLayout(("LayerScaleBlock",), ("TalkingHeadAttn",), BEFORE_BLOCKS, ("token", "avg", ""),
+                       class_attention=("LayerScaleBlockClassAttn", "ClassAttn")),
 }
 
 
+def _timm_attention_factors(model: nn.Module, layout: TimmLayout, rules: LRPRules, name: str, attn: nn.Module,
+                            factors: dict[str, torch.Tensor], fused_bias: list[tuple[str, nn.Module]]) -> None:
+    """The uniform rule's scales on one timm attention module's q / k / v projections (a fused ``qkv`` or separate
+    ``q_proj`` / ``k_proj`` / ``v_proj``); an attention whose fused ``qkv`` takes its biases inside ``F.linear`` is
+    added to ``fused_bias`` (its layout's forward of vitviz's runs it). A differential attention's q and k hold two
+    half-width heads per head, each behind its own ``q k^T``: the same 1/4, 1/4, 1/2 per feature."""
+    if getattr(attn, "gate", None) is not None:
+        raise _refuse(model, f"{name} is gated (a sigmoid gate multiplies the attention output)")
+    if isinstance(getattr(attn, "qkv", None), nn.Module):
+        d = attn.qkv.out_features // 3
+        factors[f"{name}.qkv"] = qkv_factor(rules, (d, d, d), attn.qkv.weight)
+        if getattr(attn, "q_bias", None) is not None and not getattr(attn, "qkv_bias_separate", False):
+            if layout.fused_bias_forward is None:
+                raise _refuse(model, f"{name} adds q/v biases to its fused qkv projection itself")
+            fused_bias.append((name, attn))
+    else:
+        _separate_qkv_factors(rules, name, attn, ("q_proj", "k_proj", "v_proj"), factors)
+
+
 def timm_rules(model: nn.Module, rules: LRPRules, emit: Emit) -> Undo:
-    """timm ``VisionTransformer`` (and DeiT-distilled) with ``Block`` or the post-norm ``ResPostBlock``;
-    ``NaFlexVit`` (the same blocks; its masked average pool is linear); ``Eva``
-    (EVA, EVA-02, DINOv3, PE, the rotary ``vit_*_rope_*`` and ``vit_*_lingbot`` ViTs: ``EvaAttention`` or
+    """timm ``VisionTransformer`` (and DeiT-distilled) with ``Block`` or the post-norm ``ResPostBlock``, the parallel
+    ``ParallelThingsBlock`` and ``ParallelScalingBlock``, ``Attention`` or differential attention (``DiffAttention``,
+    ``DiffParallelScalingBlock``); ``NaFlexVit`` (the same blocks; its masked average pool is linear); ``Eva`` (EVA,
+    EVA-02, DINOv3, PE, Sapiens2, the rotary ``vit_*_rope_*`` and ``vit_*_lingbot`` ViTs: ``EvaAttention`` or
     ``AttentionRope``, pre- or post-norm blocks); ``Beit`` (BEiT, BEiT v2); ``VisionTransformerRelPos``
     (``vit_relpos_*``, ``vit_srelpos_*``). Each with an ``Mlp``, ``SwiGLU`` or ``GluMlp``; class-token, average or
     attention pooling (``AttentionPoolLatent``). Fused attention stays on (its gradient is the softmax rule's).
 
     Rotary q and k (Eva) are rotated by angles that depend on the grid only: a linear map without bias, so gradient
     x input passes the relevance on whole (as for Hugging Face DINOv3); grouped key heads are repeated, a copy.
+    A ``ParallelScalingBlock``'s ``in_proj`` makes ``[mlp hidden, q, k, v]``: the q / k / v features get the
+    uniform rule's scales, the MLP's keep their gradient (the identity rule then acts on ``mlp_act``); the summed
+    branches of ``ParallelThingsBlock`` are linear. Differential attention's ``lambda`` is computed from the weights
+    only: ``A1 - lambda A2`` is a linear combination of two softmax maps (``lrp``'s module docstring).
     Relative position biases (BEiT, RelPos) are constants added to the scores, absorbed by the softmax rule as a
     mask is. The angles and the biases' tables (and the MLP that RelPos computes its bias with) are off the
     relevance path."""
@@ -196,23 +232,28 @@ def timm_rules(model: nn.Module, rules: LRPRules, emit: Emit) -> Undo:
     factors: dict[str, torch.Tensor] = {}
     fused_bias: list[tuple[str, nn.Module]] = []
     for i, block in enumerate(model.blocks):
-        attn = getattr(block, "attn", None)
-        if type(block).__name__ not in layout.blocks or type(attn).__name__ not in layout.attentions:
-            raise _refuse(model, f"blocks.{i} is a {type(block).__name__} with {type(attn).__name__}; vitviz has "
-                                 f"AttnLRP rules for {'/'.join(layout.blocks)} with {'/'.join(layout.attentions)} "
-                                 "(softmax maps) only (parallel, differential and talking-heads attention are not)")
-        if getattr(attn, "gate", None) is not None:
-            raise _refuse(model, f"blocks.{i}.attn is gated (a sigmoid gate multiplies the attention output)")
-        name = f"blocks.{i}.attn"
-        if isinstance(getattr(attn, "qkv", None), nn.Module):
-            d = attn.qkv.out_features // 3
-            factors[f"{name}.qkv"] = qkv_factor(rules, (d, d, d), attn.qkv.weight)
-            if getattr(attn, "q_bias", None) is not None and not getattr(attn, "qkv_bias_separate", False):
-                if layout.fused_bias_forward is None:
-                    raise _refuse(model, f"{name} adds q/v biases to its fused qkv projection itself")
-                fused_bias.append((name, attn))
-        else:
-            _separate_qkv_factors(rules, name, attn, ("q_proj", "k_proj", "v_proj"), factors)
+        if type(block).__name__ in SCALING_BLOCKS and type(block).__name__ in layout.blocks:
+            # one in_proj makes [mlp hidden, q, k, v]: the MLP's part keeps its gradient, q / k / v get the scales
+            hidden, d = block.in_split[0], block.in_split[1]
+            factors[f"blocks.{i}.in_proj"] = scale_vector((hidden, d, d, d), (1.0, *QKV_FACTORS[rules.attention]),
+                                                          block.in_proj.weight)
+            continue
+        attentions = attention_of(block, i)
+        kinds = sorted({type(a).__name__ for _, a in attentions})
+        if type(block).__name__ not in layout.blocks or not attentions or not set(kinds) <= set(layout.attentions):
+            raise _refuse(model, f"blocks.{i} is a {type(block).__name__} with {'/'.join(kinds) or 'no'} attention; "
+                                 f"vitviz has AttnLRP rules for {'/'.join(layout.blocks)} with "
+                                 f"{'/'.join(layout.attentions)} only (talking-heads attention is not covered)")
+        for name, attn in attentions:
+            _timm_attention_factors(model, layout, rules, name, attn, factors, fused_bias)
+    late = list(getattr(model, "blocks_token_only", None) or ())
+    for i, block in enumerate(late):
+        name = f"blocks_token_only.{i}.attn"
+        if (type(block).__name__, type(getattr(block, "attn", None)).__name__) != layout.class_attention:
+            raise _refuse(model, f"blocks_token_only.{i} is a {type(block).__name__} with "
+                                 f"{type(getattr(block, 'attn', None)).__name__}; vitviz has AttnLRP rules for "
+                                 f"{'/'.join(layout.class_attention) or 'no class-attention blocks'} there")
+        _separate_qkv_factors(rules, name, block.attn, ("q", "k", "v"), factors)  # q: the class token's, an input
     for name, m in model.named_modules():
         if type(m).__name__ == "SwiGLU":
             factors[f"{name}.fc1_g"], factors[f"{name}.fc1_x"] = gate_up_factors(rules, m.fc1_g, m.fc1_x)
@@ -224,13 +265,15 @@ def timm_rules(model: nn.Module, rules: LRPRules, emit: Emit) -> Undo:
     constant = tuple(f"blocks.{i}.attn.{c}" for i in range(len(model.blocks)) for c in layout.constant_children)
     names = [(n, m) for n, m in model.named_modules() if n and n.split(".")[0] not in layout.off_path
              and not any(n == c or n.startswith(f"{c}.") for c in constant)]
-    groups = classify(names, kind, {kind, *layout.blocks, *layout.attentions, *TIMM_COMMON})
+    groups = classify(names, kind, {kind, *layout.blocks, *layout.attentions, *layout.class_attention, *TIMM_COMMON})
     undos = [install_generic(groups, rules, factors)]
     try:
         for name, attn in fused_bias:
             vt = sys.modules[type(attn).__module__]
             forward = layout.fused_bias_forward(attn, vt, name, rules, factors[f"{name}.qkv"])
             undos.append(set_attr(attn, "forward", forward))
+        if late:  # CaiT's class token: read where it enters the first class-attention block, blk(x, x_cls)
+            undos.append(input_hook(late[0], lambda t: emit(t, "late_prefix"), "x_cls", index=1))
     except BaseException:
         chain_undos(undos)()
         raise
