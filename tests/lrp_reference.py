@@ -143,7 +143,8 @@ def params_torchvision(model) -> dict:
 
 def params_open_clip(visual) -> dict:
     """An open_clip ``VisionTransformer`` tower reading its class token (``pool_type="tok"``): ``ln_post`` on it,
-    then the bare ``proj`` matrix as a bias-free head."""
+    then the bare ``proj`` matrix as a bias-free head; or CoCa's (``attentional_pool=True``, ``pool_type="tok"``):
+    its attentional pooler's first query over every token, ``ln_post``, ``proj``."""
     blocks = []
     for block in visual.transformer.resblocks:
         a = block.attn
@@ -152,8 +153,19 @@ def params_open_clip(visual) -> dict:
                            fc2=_lin(block.mlp.c_proj), act=block.mlp.gelu, glu=None, heads=a.num_heads,
                            ls1=_t(getattr(block.ls_1, "gamma", None)), ls2=_t(getattr(block.ls_2, "gamma", None))))
     w = _t(visual.proj).T
-    return dict(blocks=blocks, norm=_ln(visual.ln_post), head=(w, torch.zeros(w.shape[0], dtype=D)), pool="token",
-                prefix=1)
+    head = (w, torch.zeros(w.shape[0], dtype=D))
+    if visual.attn_pool is None:
+        return dict(blocks=blocks, norm=_ln(visual.ln_post), head=head, pool="token", prefix=1)
+    # CoCa: ln_k on every token, the attentional pooler's learned queries (the first is read), ln_post, proj
+    ap = visual.attn_pool
+    mha, e = ap.attn, ap.attn.embed_dim
+    ws = ((mha.in_proj_weight[:e], mha.in_proj_weight[e:2 * e], mha.in_proj_weight[2 * e:]) if mha._qkv_same_embed_dim
+          else (mha.q_proj_weight, mha.k_proj_weight, mha.v_proj_weight))
+    wq, wk, wv = (_t(x) for x in ws)
+    b = _t(mha.in_proj_bias)
+    pool = dict(q=_t(ap.ln_q(ap.query))[0] @ wq.T + b[:e], kv=(torch.cat([wk, wv]), b[e:]), proj=_lin(mha.out_proj),
+                heads=mha.num_heads, mlp=None, post=_ln(visual.ln_post))
+    return dict(blocks=blocks, norm=_ln(ap.ln_k), head=head, pool="map", map=pool, prefix=0)
 
 
 def params_hf(model) -> dict:
@@ -235,18 +247,25 @@ def _map_forward(mp: dict, x: torch.Tensor) -> tuple[torch.Tensor, dict]:
     o = att @ v
     oc = o.transpose(1, 2).reshape(b_, 1, -1)
     zp = oc @ mp["proj"][0].T + mp["proj"][1]
-    ln, cl = _ln_forward(zp, *mp["ln"])
-    f2, cm = _mlp_forward(mp["mlp"], ln)
-    out = zp + f2
-    return out[:, 0], dict(x=x, zkv=zkv, k=k, v=v, qs=qs, s=s, att=att, o=o, oc=oc, zp=zp, cl=cl, cm=cm, f2=f2,
-                           out=out)
+    c = dict(x=x, zkv=zkv, k=k, v=v, qs=qs, s=s, att=att, o=o, oc=oc, zp=zp, out=zp)
+    if mp["mlp"] is not None:
+        ln, c["cl"] = _ln_forward(zp, *mp["ln"])
+        c["f2"], c["cm"] = _mlp_forward(mp["mlp"], ln)
+        c["out"] = zp + c["f2"]
+    if mp.get("post") is None:
+        return c["out"][:, 0], c
+    y, c["post"] = _ln_forward(c["out"][:, 0], *mp["post"])  # open_clip's ln_post after its attentional pooler
+    return y, c
 
 
 def _map_lrp(mp: dict, c: dict, r: torch.Tensor, eps: float, attention: str) -> torch.Tensor:
     r_out = torch.zeros_like(c["out"])
-    r_out[:, 0] = r
-    r_zp, r_f2 = _lrp_add([c["zp"], c["f2"]], c["out"], r_out)
-    r_zp = r_zp + _ln_lrp(c["cl"], _mlp_lrp(mp["mlp"], c["cm"], r_f2, eps, attention))
+    r_out[:, 0] = r if mp.get("post") is None else _ln_lrp(c["post"], r)
+    if mp["mlp"] is None:
+        r_zp = r_out
+    else:
+        r_zp, r_f2 = _lrp_add([c["zp"], c["f2"]], c["out"], r_out)
+        r_zp = r_zp + _ln_lrp(c["cl"], _mlp_lrp(mp["mlp"], c["cm"], r_f2, eps, attention))
     r_oc = _lrp_linear(c["oc"], mp["proj"][0], c["zp"], r_zp, eps)
     b_, _, _ = r_oc.shape
     h = mp["heads"]

@@ -666,14 +666,22 @@ def tiny_open_clip(**kw) -> nn.Module:
     from open_clip.transformer import VisionTransformer
 
     torch.manual_seed(10)
-    m = VisionTransformer(image_size=16, patch_size=8, width=16, layers=2, heads=2, mlp_ratio=2.0, output_dim=5, **kw)
+    m = VisionTransformer(image_size=16, patch_size=8, width=16, layers=2, heads=2, mlp_ratio=2.0,
+                          **{"output_dim": 5, **kw})
     return _jitter(m.double().eval())
 
 
-@pytest.mark.parametrize("kw", [dict(), dict(act_layer="quickgelu", ls_init_value=0.5)])
-def test_open_clip_tower_equals_float64_reference(kw):
-    """An open_clip vision tower (its nn.MultiheadAttention and its bare ``proj`` matrix run forwards of vitviz's)
-    against the hand-written reference, explaining one image-feature per image; the output is unchanged."""
+COCA = dict(attentional_pool=True, attn_pooler_heads=2, attn_pooler_queries=3)  # learned queries over the tokens
+
+
+@pytest.mark.parametrize("attention", ["attnlrp", "cp"])
+@pytest.mark.parametrize("kw", [dict(), dict(act_layer="quickgelu", ls_init_value=0.5),
+                                dict(COCA, output_dim=8),  # keys of another width: separate q / k / v projections
+                                dict(COCA, output_dim=16)])  # one in_proj
+def test_open_clip_tower_equals_float64_reference(kw, attention):
+    """An open_clip vision tower (its nn.MultiheadAttention and its bare ``proj`` matrix run forwards of vitviz's;
+    CoCa's attentional pooler is an attention pool with learned queries) against the hand-written reference,
+    explaining one image-feature per image; the output is unchanged."""
     from open_clip.transformer import QuickGELU
 
     kw = {**kw, "act_layer": QuickGELU} if kw.get("act_layer") == "quickgelu" else kw
@@ -683,19 +691,24 @@ def test_open_clip_tower_equals_float64_reference(kw):
     with lrp_rules(m):
         assert torch.allclose(m(x), y0, atol=1e-12)
     feats = torch.tensor([0, 3, 4])
-    rel, score = attnlrp_tokens(m, x, lambda out: out.gather(1, feats[:, None])[:, 0])
-    ref, feature = reference(params_open_clip(m), tokens_of(m, x), feats)
+    rules = LRPRules(attention=attention)
+    rel, score = attnlrp_tokens(m, x, lambda out: out.gather(1, feats[:, None])[:, 0], rules=rules)
+    ref, feature = reference(params_open_clip(m), tokens_of(m, x), feats, attention=attention)
     assert torch.allclose(score, feature, atol=1e-12)
     assert (rel - ref).abs().max() < 1e-10 * ref.abs().max()
 
 
-def test_open_clip_conserves_under_cp_and_refuses_the_whole_clip_model():
-    """The patch-mean tower conserves exactly under CP (zero biases, epsilon 0), which fails if ``proj`` or the
-    attention kept the plain gradient; a whole CLIP model (its forward takes text, its features are L2-normalised)
-    is refused, naming ``model.visual``."""
+@pytest.mark.parametrize("kw", [dict(pool_type="avg", ls_init_value=0.5), dict(COCA, pool_type="avg", output_dim=8),
+                                dict(COCA, attentional_pool="parallel", output_dim=16),
+                                dict(COCA, attentional_pool="cascade", output_dim=16)])
+def test_open_clip_conserves_under_cp_and_refuses_the_whole_clip_model(kw):
+    """The patch-mean tower and CoCa's attentional poolers (the mean of the queries; the contrastive pooler beside
+    the first, or after it) conserve exactly under CP (zero biases, epsilon 0), which fails if ``proj``, a pooler or
+    the attention kept the plain gradient; a whole CLIP model (its forward takes text, its features are
+    L2-normalised) is refused, naming ``model.visual``."""
     import open_clip
 
-    m = tiny_open_clip(pool_type="avg", ls_init_value=0.5)
+    m = tiny_open_clip(**kw)
     _zero_biases(m)
     x = torch.randn(2, 3, 16, 16, dtype=torch.float64)
     rel, score = attnlrp_tokens(m, x, lambda out: out.sum(-1), rules=LRPRules(epsilon=0.0, attention="cp"))

@@ -19,11 +19,12 @@ forward is the module's own, so the model's output is unchanged:
   that makes them (every backward here is linear in the incoming gradient, so the scale may sit anywhere on the
   path; lxt.efficient scales q, k, v the same way). The ``"cp"`` variant (CP-LRP, Ali et al. 2022) scales them by
   0, 0, 1 instead: no relevance through the softmax.
-- attention pooling with a learned query (timm's ``AttentionPoolLatent``, SigLIP's and AIMv2's pooling heads): the
-  query is a parameter, not an input, so ``q k^T`` is a linear map of ``k`` whose weight is ``q`` (the epsilon rule,
-  Eq. 8): all of a score's relevance goes to ``k``; ``attn @ v`` takes the uniform rule as above. The gradients to
-  ``k`` and ``v`` are scaled 1/2 and 1/2 (CP-LRP: 0 and 1); nothing is read at the query. (lxt's recipe for
-  SigLIP 2's head stops the keys' gradient instead, dropping the scores' half; docs/explain.md.)
+- attention pooling with a learned query (timm's ``AttentionPoolLatent``, SigLIP's and AIMv2's pooling heads,
+  open_clip's attentional pooler): the query is a parameter, not an input, so ``q k^T`` is a linear map of ``k``
+  whose weight is ``q`` (the epsilon rule, Eq. 8): all of a score's relevance goes to ``k``; ``attn @ v`` takes the
+  uniform rule as above. The gradients to ``k`` and ``v`` are scaled 1/2 and 1/2 (CP-LRP: 0 and 1); nothing is read
+  at the query. (lxt's recipe for SigLIP 2's head stops the keys' gradient instead, dropping the scores' half;
+  docs/explain.md.)
 - differential attention (Ye et al., "Differential Transformer", ICLR 2025; timm's ``DiffAttention`` and
   ``DiffParallelScalingBlock``): each head's output is ``(A1 - lambda A2) @ v`` with ``lambda`` a function of the
   weights only (a constant): a sum of the products ``A1 v`` and ``-lambda A2 v``, each taking the uniform rule as

@@ -81,11 +81,12 @@ def _separate_qkv_factors(rules: LRPRules, name: str, attn: nn.Module, parts: tu
         factors[f"{name}.{part}"] = qkv_factor(rules, (lin.out_features,) * 3, lin.weight).chunk(3)[f]
 
 
-def _one_in_proj(mha: nn.Module) -> bool:
-    """Whether ``mha`` is an ``nn.MultiheadAttention`` whose q, k, v come from one ``in_proj`` (no extra key bias),
-    the form vitviz's forward for it computes."""
-    return (isinstance(mha, nn.MultiheadAttention) and mha.in_proj_weight is not None and mha._qkv_same_embed_dim
-            and mha.bias_k is None)
+def _one_in_proj(mha: nn.Module, pool: bool = False) -> bool:
+    """Whether ``mha`` is an ``nn.MultiheadAttention`` of a form vitviz's forward for it computes: q, k, v from one
+    ``in_proj`` (no extra key bias), or for an attention pool also separate q / k / v projections (keys and values
+    of another width than the queries: open_clip's attentional pooler)."""
+    return isinstance(mha, nn.MultiheadAttention) and mha.bias_k is None and (
+        (mha.in_proj_weight is not None and mha._qkv_same_embed_dim) or (pool and not mha._qkv_same_embed_dim))
 
 
 def _fused_bias_qkv(attn: nn.Module, x: torch.Tensor, rule: str, rules: LRPRules,
@@ -285,7 +286,10 @@ def _mha_forward(mha: nn.MultiheadAttention, name: str, rules: LRPRules, pool: b
     ``pool`` an attention pool whose query is a learned probe (SigLIP's head): the probe's projection is a constant
     (no relevance is read there) and ``k``, ``v`` get the pool's scales (``lrp.POOL_KV_FACTORS``)."""
     e, h = mha.embed_dim, mha.num_heads
-    w, bias = mha.in_proj_weight, mha.in_proj_bias
+    bias = mha.in_proj_bias
+    qb, kb, vb = (None,) * 3 if bias is None else bias.chunk(3)
+    packed = mha._qkv_same_embed_dim  # one in_proj_weight; else q_proj_weight, k_proj_weight, v_proj_weight
+    w = mha.in_proj_weight if packed else mha.k_proj_weight
     factor = pool_kv_factor(rules, (e, e), w) if pool else qkv_factor(rules, (e, e, e), w)
     in_rule, out_rule = rules.linear_for(f"{name}.in_proj"), rules.linear_for(f"{name}.out_proj")
     what = "an attention pool (a probe query over the tokens as keys and values)" if pool else "self-attention"
@@ -298,9 +302,14 @@ def _mha_forward(mha: nn.MultiheadAttention, name: str, rules: LRPRules, pool: b
             raise UnsupportedModelError(f"{name}: AttnLRP in vitviz covers unmasked {what} only")
         x, qx = (key, query) if mha.batch_first else (key.transpose(0, 1), query.transpose(0, 1))
         b, n, _ = x.shape
-        if pool:
-            q = F.linear(qx, w[:e], None if bias is None else bias[:e]).detach()  # a constant of the weights
+        if pool and packed:  # as torch's _in_projection_packed: q alone, then k and v from one product
+            q = F.linear(qx, w[:e], qb).detach()  # a constant of the weights
             k, v = lrp_linear(x, w[e:], None if bias is None else bias[e:], in_rule, rules, factor).chunk(2, dim=-1)
+        elif pool:  # as torch's _in_projection: one product each
+            q = F.linear(qx, mha.q_proj_weight, qb).detach()
+            fk, fv = factor.chunk(2)
+            k = lrp_linear(x, mha.k_proj_weight, kb, in_rule, rules, fk)
+            v = lrp_linear(x, mha.v_proj_weight, vb, in_rule, rules, fv)
         else:
             q, k, v = lrp_linear(x, w, bias, in_rule, rules, factor).chunk(3, dim=-1)
         m = qx.shape[1]
@@ -338,7 +347,7 @@ def torchvision_rules(model: nn.Module, rules: LRPRules, emit: Emit) -> Undo:
 
 
 OPEN_CLIP_CONTAINERS = {"VisionTransformer", "Transformer", "ResidualAttentionBlock", "Sequential", "ModuleList",
-                        "LayerScale"}
+                        "LayerScale", "AttentionalPooler"}
 
 
 def open_clip_rules(model: nn.Module, rules: LRPRules, emit: Emit) -> Undo:
@@ -346,22 +355,30 @@ def open_clip_rules(model: nn.Module, rules: LRPRules, emit: Emit) -> Undo:
     ``nn.MultiheadAttention`` runs a forward of vitviz's with the rules on ``in_proj`` and ``out_proj`` (as for
     torchvision); GELU and QuickGELU take the identity rule. The output projection ``proj`` is a bare matrix the
     tower's forward multiplies by, so the tower runs a forward of vitviz's (its own ``_embeds``, ``transformer`` and
-    ``_pool``, then the linear rule on that product, as ``F.linear`` with ``proj.T``). A whole ``CLIP`` model is
-    refused (its forward takes text and L2-normalises the features): explain ``model.visual``, the same weights."""
+    ``_pool``, then the linear rule on that product, as ``F.linear`` with ``proj.T``). CoCa's attentional poolers
+    (learned queries over the tokens; ``attentional_pool`` ``True``, ``"parallel"`` or ``"cascade"``) are attention
+    pools: their ``nn.MultiheadAttention`` runs vitviz's forward in its pool mode (the queries' projection a
+    constant, ``k`` and ``v`` with ``lrp.POOL_KV_FACTORS``, separate projections where the keys' width differs). A
+    whole ``CLIP`` model is refused (its forward takes text and L2-normalises the features): explain
+    ``model.visual``, the same weights."""
     if isinstance(getattr(model, "visual", None), nn.Module):
         raise _refuse(model, "it is an image-text model (its forward takes text and L2-normalises the features); "
                              "pass its vision tower (model.visual, the same weights) with a callable target on its "
                              "output")
-    if getattr(model, "attn_pool", None) is not None:
-        raise _refuse(model, "its attentional pooler (CoCa, attentional_pool=True) has no AttnLRP rule in vitviz")
     mhas = []
     for i, block in enumerate(model.transformer.resblocks):
         mha = getattr(block, "attn", None)
         name = f"transformer.resblocks.{i}.attn"
         if not _one_in_proj(mha):
             raise _refuse(model, f"{name} is not an nn.MultiheadAttention with one input projection")
-        mhas.append((name, mha))
-    off = tuple(f"{n}." for n, _ in mhas)
+        mhas.append((name, mha, False))
+    for pooler in ("attn_pool", "attn_pool_contrastive"):  # CoCa's attentional poolers: learned queries
+        if getattr(model, pooler, None) is not None:
+            mha = getattr(model, pooler).attn
+            if not _one_in_proj(mha, pool=True):
+                raise _refuse(model, f"{pooler}.attn has extra key biases")
+            mhas.append((f"{pooler}.attn", mha, True))
+    off = tuple(f"{n}." for n, _, _ in mhas)
     names = [(n, m) for n, m in model.named_modules() if n and n.split(".")[0] not in ("conv1", "patch_dropout",
              "ln_pre") and not f"{n}.".startswith(off)]
     groups = classify(names, type(model).__name__, OPEN_CLIP_CONTAINERS)
@@ -375,8 +392,8 @@ def open_clip_rules(model: nn.Module, rules: LRPRules, emit: Emit) -> Undo:
 
     undos = [install_generic(groups, rules)]
     try:
-        for name, mha in mhas:
-            undos.append(set_attr(mha, "forward", _mha_forward(mha, name, rules)))
+        for name, mha, pool in mhas:
+            undos.append(set_attr(mha, "forward", _mha_forward(mha, name, rules, pool=pool)))
         undos.append(set_attr(model, "forward", forward))
     except BaseException:
         chain_undos(undos)()

@@ -18,8 +18,8 @@ Patch removal (``vitviz.faithfulness``): tokens are dropped at ``patch_dropout``
 before ``ln_pre``) when the tower reads out its class token (``pool_type="tok"``, no attentional pooler), as for
 Hugging Face CLIP; ``pool_type="avg"`` and attentional poolers have their pixels filled.
 
-AttnLRP (``lrp_families.open_clip_rules``) runs on the tower; a whole CLIP model is refused for it, naming
-``model.visual`` (its forward takes text and L2-normalises the features).
+AttnLRP (``lrp_families.open_clip_rules``) runs on the tower, its attentional poolers included; a whole CLIP model is
+refused for it, naming ``model.visual`` (its forward takes text and L2-normalises the features).
 
 Refused with ``UnsupportedModelError``: towers built with ``block_type="custom"``, ``qk_norm``,
 ``scaled_cosine_attn`` and similar (``CustomResidualAttentionBlock``: its ``Attention`` has no probe here), timm
