@@ -169,14 +169,18 @@ def params_open_clip(visual) -> dict:
 
 
 def params_hf(model) -> dict:
+    """Hugging Face ``ViTForImageClassification`` (its classifier on the class token), or ``ViTModel`` /
+    ``ViTMAEModel`` (the score is the sum of the final-normed class token's features: no head)."""
+    root = getattr(model, "vit", model)
     blocks = []
-    for layer in model.vit.layers:
+    for layer in root.layers:
         a = layer.attention
         blocks.append(dict(ln1=_ln(layer.layernorm_before), qkv=_stacked_qkv(a), proj=_lin(a.o_proj),
                            ln2=_ln(layer.layernorm_after), fc1=_lin(layer.mlp.fc1), fc2=_lin(layer.mlp.fc2),
                            act=F.gelu, glu=None, heads=a.num_attention_heads if hasattr(a, "num_attention_heads") else
                            model.config.num_attention_heads, ls1=None, ls2=None))
-    return dict(blocks=blocks, norm=_ln(model.vit.layernorm), head=_lin(model.classifier), pool="token", prefix=1)
+    head = _lin(model.classifier) if hasattr(model, "classifier") else None
+    return dict(blocks=blocks, norm=_ln(root.layernorm), head=head, pool="token", prefix=1)
 
 
 def _stab(z: torch.Tensor, eps: float) -> torch.Tensor:

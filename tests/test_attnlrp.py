@@ -249,10 +249,10 @@ def test_refusals():
 
     with pytest.raises(UnsupportedModelError, match="TutorialViT.*no AttnLRP rules"):
         attnlrp(TutorialViT().eval(), torch.randn(1, 3, 32, 32))
-    mae = T.ViTMAEModel(T.ViTMAEConfig(hidden_size=16, num_hidden_layers=1, num_attention_heads=2,
-                                       intermediate_size=32, image_size=16, patch_size=8, mask_ratio=0.0)).eval()
-    with pytest.raises(UnsupportedModelError, match="ViTMAEModel.*model_type='vit_mae'"):
-        attnlrp(mae, torch.randn(1, 3, 16, 16), lambda out: out.last_hidden_state[:, 0].sum(-1))
+    small = dict(hidden_size=16, num_hidden_layers=1, num_attention_heads=2, intermediate_size=32)
+    clip = T.CLIPModel(T.CLIPConfig(vision_config=dict(small, image_size=16, patch_size=8), text_config=small)).eval()
+    with pytest.raises(UnsupportedModelError, match=r"CLIPModel.*image-text model.*model\.vision_model"):
+        attnlrp(clip, torch.randn(1, 3, 16, 16), lambda out: out.image_embeds.sum(-1))
     from vitviz.analysis.explain import GRADIENT_METHODS, METHODS
 
     assert "attnlrp" in METHODS and "attnlrp" in GRADIENT_METHODS
@@ -370,6 +370,35 @@ def test_hf_families_conserve_under_cp(kind):
     assert torch.allclose(rel.sum(1), score, rtol=1e-5 if kind.startswith("aimv2") else 1e-9, atol=0)
     maps = attnlrp(m, x, target)
     assert maps.shape == (2, 2, 2) and torch.isfinite(maps).all()
+
+
+@pytest.mark.parametrize("attention", ["attnlrp", "cp"])
+def test_vit_mae_is_read_unmasked_in_patch_order_and_equals_float64_reference(attention):
+    """ViTMAE shuffles and masks its patch tokens at random on every call (``config.mask_ratio``): AttnLRP reads the
+    encoder as the capture does, unmasked and in patch order, for the call only. The first block's input is the
+    patch embedding plus the position table in raster order, the relevance equals the hand-written reference
+    (explaining the sum of the final-normed class token), and afterwards the model masks again. The pre-training
+    model (its decoder reconstructs pixels) is refused, naming its encoder."""
+    import transformers as T
+
+    torch.manual_seed(12)
+    cfg = T.ViTMAEConfig(hidden_size=16, num_hidden_layers=2, num_attention_heads=2, intermediate_size=32,
+                         image_size=16, patch_size=8, mask_ratio=0.75)
+    m = _jitter(T.ViTMAEModel(cfg).double().eval())
+    x = torch.randn(3, 3, 16, 16, dtype=torch.float64)
+    target = lambda out: out.last_hidden_state[:, 0].sum(-1)  # noqa: E731
+    rel, score = attnlrp_tokens(m, x, target, rules=LRPRules(attention=attention))
+    tokens = tokens_of(m, x)
+    emb = m.embeddings
+    patches = emb.patch_embeddings.projection(x).flatten(2).transpose(1, 2) + emb.position_embeddings[:, 1:]
+    assert torch.allclose(tokens[:, 1:], patches, atol=1e-12)  # all four patches, in raster order
+    ref, total = reference(params_hf(m), tokens, None, attention=attention)
+    assert torch.allclose(score, total, atol=1e-12)
+    assert (rel - ref).abs().max() < 1e-10 * ref.abs().max()
+    assert m.config.mask_ratio == 0.75 and m(x).last_hidden_state.shape[1] == 1 + 1  # it masks again
+    pretraining = T.ViTMAEForPreTraining(cfg).eval()
+    with pytest.raises(UnsupportedModelError, match=r"ViTMAEForPreTraining.*model\.vit"):
+        attnlrp(pretraining, torch.randn(1, 3, 16, 16), lambda out: out.logits.sum((1, 2)))
 
 
 def test_dinov3_rotary_attention_conserves_up_to_the_softmax_share(monkeypatch):

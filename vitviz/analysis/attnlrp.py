@@ -158,9 +158,9 @@ def attnlrp(
             average or attention pooling, gated MLPs, parallel blocks, differential attention; timm ``Eva``: EVA-02,
             DINOv3, PE, Sapiens2, rotary ViTs; timm CaiT, BEiT and relative-position ViTs (every ViT architecture in
             timm's registry); torchvision ``VisionTransformer``; open_clip towers; Hugging Face ViT, ViTMSN,
-            I-JEPA, DeiT, BEiT, data2vec vision, DINOv2, DINOv3, SigLIP, AIMv2 and the CLIP vision towers; the list
-            in docs/explain.md), run in eval mode. Others are refused with ``UnsupportedModelError`` naming the class
-            and the reason.
+            ViTMAE, I-JEPA, DeiT, BEiT, data2vec vision, DINOv2, DINOv3, SigLIP, AIMv2 and the CLIP vision towers;
+            the list in docs/explain.md), run in eval mode. Others are refused with ``UnsupportedModelError``
+            naming the class and the reason.
         images: a normalised ``(B, 3, H, W)`` tensor, or anything ``vitviz.load_images`` takes.
         target: ``None`` (predicted class), a class index, one per image, or a callable ``f(output) -> (B,)``.
         linear_rule: ``"epsilon"`` (paper Eq. 8; default), ``"gamma"`` (lxt's ViT recommendation) or ``"plain"``.

@@ -22,7 +22,7 @@ from torch import nn
 from vitviz.core.families.base import Undo, chain_undos, set_attr
 from vitviz.core.families.hf_base import HFVisionFamily, vision_config
 from vitviz.core.families.readout import Readout, default_readout
-from vitviz.errors import CaptureError
+from vitviz.errors import CaptureError, UnsupportedModelError
 
 
 class HFViTMAEFamily(HFVisionFamily):
@@ -61,6 +61,20 @@ class HFViTMAEFamily(HFVisionFamily):
 
         undos.append(set_attr(emb, "forward", forward))
         return chain_undos(undos)
+
+    def lrp_rules(self, model: nn.Module, rules: Any, emit: Any) -> Undo:
+        """AttnLRP on the encoder read as the capture reads it: unmasked, in patch order (``prepare``), for the call.
+        ``ViTMAEForPreTraining`` (its decoder reconstructs pixels) is refused: explain its encoder, ``model.vit``."""
+        if isinstance(getattr(model, "decoder", None), nn.Module):
+            raise UnsupportedModelError(f"{type(model).__name__}: AttnLRP is not available for the pre-training model "
+                                        "(its decoder reconstructs the masked pixels); explain its encoder, model.vit "
+                                        "(a ViTMAEModel, the same weights), with a callable target")
+        unmasked = self.prepare(model)
+        try:
+            return chain_undos([unmasked, super().lrp_rules(model, rules, emit)])
+        except BaseException:
+            unmasked()
+            raise
 
     def token_drop_module(self, model: nn.Module) -> nn.Module | None:
         return None

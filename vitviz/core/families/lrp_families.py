@@ -415,7 +415,8 @@ HF_POOLS = {"SiglipMultiheadAttentionPoolingHead": ("attention",), "Aimv2Attenti
 
 def hf_rules(model: nn.Module, rules: LRPRules, emit: Emit, layers: list[nn.Module],
              attention: list[tuple[str, nn.Module]]) -> Undo:
-    """Hugging Face ViT / ViTMSN / I-JEPA / DeiT / BEiT / data2vec vision / DINOv2 / DINOv3 / the CLIP vision towers
+    """Hugging Face ViT / ViTMSN / ViTMAE (its encoder, read unmasked in patch order as the capture reads it) / I-JEPA /
+    DeiT / BEiT / data2vec vision / DINOv2 / DINOv3 / the CLIP vision towers
     (CLIP, MetaCLIP 2, Chinese-CLIP, AltCLIP: QuickGELU takes the identity rule as GELU does; ``pre_layrnorm`` runs
     before the first block, where the relevance is read): ``q_proj``, ``k_proj``, ``v_proj`` (or ``query``, ``key``,
     ``value``) of each attention module get the uniform rule's gradient scales; the attention (the interface, eager
@@ -438,11 +439,11 @@ def hf_rules(model: nn.Module, rules: LRPRules, emit: Emit, layers: list[nn.Modu
             "data2vec-vision": "Data2VecVision", "clip": "CLIP", "clip_vision_model": "CLIP", "metaclip_2": "MetaClip2",
             "metaclip_2_vision_model": "MetaClip2", "chinese_clip_vision_model": "ChineseCLIP",
             "altclip_vision_model": "AltCLIP", "siglip": "Siglip", "siglip_vision_model": "Siglip",
-            "aimv2_vision_model": "Aimv2"}.get(model_type)
+            "aimv2_vision_model": "Aimv2", "vit_mae": "ViTMAE"}.get(model_type)
     if stem is None:
         raise _refuse(model, f"model_type={model_type!r}: vitviz has AttnLRP rules for Hugging Face ViT, ViTMSN, "
-                             "I-JEPA, DeiT, BEiT, data2vec vision, DINOv2, DINOv3, SigLIP, AIMv2 and the CLIP vision "
-                             "towers (CLIP, MetaCLIP 2, Chinese-CLIP, AltCLIP) only")
+                             "ViTMAE, I-JEPA, DeiT, BEiT, data2vec vision, DINOv2, DINOv3, SigLIP, AIMv2 and the CLIP "
+                             "vision towers (CLIP, MetaCLIP 2, Chinese-CLIP, AltCLIP) only")
     containers = {f"{stem}{s}" for s in HF_SUFFIXES} | {"ModuleList", "Sequential", *HF_GATED, *HF_POOLS}
     factors: dict[str, torch.Tensor] = {}
     mhas: list[tuple[str, nn.MultiheadAttention]] = []
