@@ -22,8 +22,9 @@ from vitviz.core.families.base import Family, Layout
 from vitviz.core.families.pooling import timm_pooled_token
 from vitviz.core.families.pos_kind import table_kind
 from vitviz.core.families.readout import Readout, timm_readout
+from vitviz.core.families.timm_blocks import attention_of
 from vitviz.core.families.timm_probes import map_kind, probe_timm, stream_probe_for
-from vitviz.core.families.timm_vit import attention_of, is_timm, unknown_attention
+from vitviz.core.families.timm_vit import is_timm, unknown_attention
 from vitviz.core.util import pair
 from vitviz.errors import UnsupportedModelError
 
@@ -143,8 +144,8 @@ class NaFlexVitFamily(Family):
         return cfg
 
     def lrp_rules(self, model: nn.Module, rules: Any, emit: Any) -> Any:
-        """timm's rules (``lrp_families.timm_rules``): NaFlexVit's blocks are ``VisionTransformer``'s; the patch
+        """timm's rules (``lrp_timm.timm_rules``): NaFlexVit's blocks are ``VisionTransformer``'s; the patch
         embedding (``embeds``) runs before the first block, where the relevance is read."""
-        from vitviz.core.families.lrp_families import timm_rules
+        from vitviz.core.families.lrp_timm import timm_rules
 
         return timm_rules(model, rules, emit)

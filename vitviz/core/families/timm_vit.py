@@ -35,6 +35,7 @@ from vitviz.core.families.pooling import timm_pooled_token
 from vitviz.core.families.pos_kind import table_kind
 from vitviz.core.families.probes import probe_latent_pool
 from vitviz.core.families.readout import Readout, timm_readout
+from vitviz.core.families.timm_blocks import SCALING_BLOCKS, attention_of
 from vitviz.core.families.timm_probes import map_kind, probe_timm, stream_probe_for
 from vitviz.core.families.token_drop import gather_bias, gather_bias_hook, token_index
 from vitviz.core.util import pair
@@ -43,7 +44,7 @@ from vitviz.errors import UnsupportedModelError
 # attention modules whose maps a probe reads exactly (checked by tests/conformance.py against a recomputation)
 KNOWN_ATTENTION = {
     "Attention", "AttentionRope", "EvaAttention", "RelPosAttention", "TalkingHeadAttn", "ClassAttn",
-    "DiffAttention", "ParallelScalingBlock", "DiffParallelScalingBlock",
+    "DiffAttention", *SCALING_BLOCKS,
 }
 REFUSED = {
     "VisionTransformerSAM": "its attention is windowed (14x14 windows in most layers, global in a few) over a "
@@ -70,15 +71,6 @@ def unknown_attention(modules: list[tuple[str, nn.Module]]) -> list[str]:
 
 def is_timm(model: nn.Module) -> bool:
     return any(c.__module__.startswith("timm.") for c in type(model).__mro__)
-
-
-def attention_of(block: nn.Module, i: int) -> list[tuple[str, nn.Module]]:
-    if hasattr(block, "attns"):  # ParallelThingsBlock: nn.Sequential(norm, attn, ls, drop_path) per branch
-        return [(f"blocks.{i}.attns.{j}.attn", branch.attn) for j, branch in enumerate(block.attns)]
-    if type(block).__name__ in ("ParallelScalingBlock", "DiffParallelScalingBlock"):
-        return [(f"blocks.{i}", block)]
-    attn = getattr(block, "attn", None)
-    return [(f"blocks.{i}.attn", attn)] if isinstance(attn, nn.Module) else []
 
 
 def relative_kinds(model: nn.Module) -> list[str]:
@@ -290,6 +282,6 @@ class TimmFamily(Family):
         return chain_undos(undos)
 
     def lrp_rules(self, model: nn.Module, rules: Any, emit: Any) -> Any:
-        from vitviz.core.families.lrp_families import timm_rules
+        from vitviz.core.families.lrp_timm import timm_rules
 
         return timm_rules(model, rules, emit)
