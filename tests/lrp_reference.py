@@ -485,9 +485,27 @@ def _class_block_lrp(cb: dict, c: dict, r_out: torch.Tensor, eps: float,
     return r_cls + r_u[:, :1], r_u[:, 1:]
 
 
+def pixels_timm(model, x: torch.Tensor, r_tokens: torch.Tensor, eps: float = 1e-6) -> torch.Tensor:
+    """The relevance of a timm ``VisionTransformer``'s pixels ``(B, H, W)`` from its tokens' ``(B, N, D)``
+    (``reference(..., per_feature=True)``): the tokens are the patch convolution's output plus the position table
+    (and the class token, an input of no pixel), so the sum passes each its share (epsilon 0: the table keeps its
+    own, as a bias), then the epsilon rule on the convolution written as a linear map of the unfolded patches."""
+    conv = model.patch_embed.proj
+    w, b = _t(conv.weight).flatten(1), _t(conv.bias)
+    cols = F.unfold(x.to(D), conv.kernel_size, stride=conv.stride)  # (B, C k k, P)
+    proj = cols.transpose(1, 2) @ w.T + b  # (B, P, D)
+    p = model.num_prefix_tokens
+    tokens = proj + _t(model.pos_embed)[:, -proj.shape[1]:]
+    r_proj = proj / tokens * r_tokens[:, p:]
+    r_cols = _lrp_linear(cols.transpose(1, 2), w, proj, r_proj, eps)  # (B, P, C k k)
+    r_x = F.fold(r_cols.transpose(1, 2), x.shape[-2:], conv.kernel_size, stride=conv.stride)
+    return r_x.sum(1)
+
+
 def reference(params: dict, tokens: torch.Tensor, classes: torch.Tensor, eps: float = 1e-6,
-              attention: str = "attnlrp") -> tuple[torch.Tensor, torch.Tensor]:
-    """Token relevance ``(B, N)`` and the explained logits ``(B,)``; ``tokens`` is the first block's input."""
+              attention: str = "attnlrp", per_feature: bool = False) -> tuple[torch.Tensor, torch.Tensor]:
+    """Token relevance ``(B, N)`` (``(B, N, D)`` with ``per_feature``) and the explained logits ``(B,)``; ``tokens``
+    is the first block's input."""
     e = tokens.to(D)
     caches = []
     for blk in params["blocks"]:
@@ -535,4 +553,5 @@ def reference(params: dict, tokens: torch.Tensor, classes: torch.Tensor, eps: fl
     assert r_e.shape == patches.shape
     for blk, c in zip(reversed(params["blocks"]), reversed(caches)):
         r_e = _block_lrp(blk, c, r_e, eps, attention)
-    return (torch.cat([r_cls, r_e], 1) if late else r_e).sum(-1), scores
+    r = torch.cat([r_cls, r_e], 1) if late else r_e
+    return (r if per_feature else r.sum(-1)), scores

@@ -15,6 +15,7 @@ from lrp_reference import (
     params_siglip,
     params_timm,
     params_torchvision,
+    pixels_timm,
     reference,
 )
 from torch import nn
@@ -745,3 +746,130 @@ def test_open_clip_conserves_under_cp_and_refuses_the_whole_clip_model(kw):
     clip = open_clip.create_model("ViT-B-32", pretrained=None)
     with pytest.raises(UnsupportedModelError, match=r"image-text model.*model\.visual"):
         attnlrp(clip.eval(), torch.randn(1, 3, 224, 224), lambda out: out[0].sum(-1))
+
+
+# ------------------------------------------------------------------------------------------------ at the pixels
+
+@pytest.mark.parametrize("attention", ["attnlrp", "cp"])
+@pytest.mark.parametrize("kw", [dict(), dict(class_token=False, global_pool="avg", reg_tokens=2)])
+def test_pixels_equal_float64_reference(kw, attention):
+    """``read_at="pixels"``: on from the tokens through the position table's sum (the table keeps its share, as a
+    bias) and the patch convolution (the epsilon rule, default epsilon), against the hand-written reference, which
+    writes the convolution as a linear map of the unfolded patches. The model is left as it was."""
+    m = tiny_timm(**kw)
+    x = torch.randn(3, 3, 16, 24, dtype=torch.float64)
+    before = _state(m)
+    got = attnlrp(m, x, [0, 3, 4], attention_rule=attention, read_at="pixels")
+    assert _same(_state(m), before)
+    r_tokens, _ = reference(params_timm(m), tokens_of(m, x), torch.tensor([0, 3, 4]), attention=attention,
+                            per_feature=True)
+    ref = pixels_timm(m, x, r_tokens)
+    assert got.shape == (3, 16, 24)
+    assert (got - ref).abs().max() < 1e-10 * ref.abs().max()
+
+
+@pytest.mark.parametrize("rule", ["epsilon", "gamma", "plain"])
+@pytest.mark.parametrize("conv", [dict(kernel_size=4, stride=4), dict(kernel_size=3, stride=2, padding=1)])
+def test_conv_rule_equals_the_linear_rule_on_unfolded_patches(conv, rule):
+    """A convolution is a linear map of its unfolded input: the conv rule's pixel relevance equals the linear rule's
+    on the unfolded patches, folded back (overlapping windows summed), for every linear rule."""
+    from vitviz.core.families.lrp import install_conv, lrp_linear
+
+    torch.manual_seed(13)
+    layer = nn.Conv2d(3, 5, **conv).double()
+    x = torch.randn(2, 3, 8, 12, dtype=torch.float64)
+    rules = LRPRules(linear=rule, epsilon=1e-2)
+    undo = install_conv(layer, rule, rules)
+    try:
+        leaf = x.clone().requires_grad_(True)
+        out = layer(leaf)
+        g = torch.randn_like(out)
+        (grad,) = torch.autograd.grad(out, leaf, g)
+    finally:
+        undo()
+    assert "forward" not in vars(layer)
+    cols = torch.nn.functional.unfold(x, layer.kernel_size, stride=layer.stride, padding=layer.padding)
+    leaf_cols = cols.transpose(1, 2).clone().requires_grad_(True)
+    z = lrp_linear(leaf_cols, layer.weight.flatten(1), layer.bias, rule, rules)
+    assert torch.allclose(z.transpose(1, 2).reshape(out.shape), out, atol=1e-12)
+    (g_cols,) = torch.autograd.grad(z, leaf_cols, g.flatten(2).transpose(1, 2))
+    want = torch.nn.functional.fold((leaf_cols * g_cols).transpose(1, 2).detach(), x.shape[-2:], layer.kernel_size,
+                                    stride=layer.stride, padding=layer.padding)
+    assert torch.allclose(x * grad, want, atol=1e-10)
+
+
+def _zero_position_tables(m: nn.Module) -> None:
+    with torch.no_grad():
+        for name, p in m.named_parameters():
+            if name.split(".")[-1] in ("pos_embed", "pos_embedding", "positional_embedding", "position_embeddings") or (
+                    name.endswith("position_embedding.weight")):
+                p.zero_()
+
+
+PIXEL_FAMILIES = {
+    "timm": lambda: tiny_timm(),
+    "timm-eva02": lambda: tiny_registered("eva02_tiny_patch14_224"),
+    "timm-cait": lambda: tiny_registered("cait_xxs24_224"),
+    "timm-beit": lambda: tiny_registered("beit_base_patch16_224"),
+    "timm-parallel": lambda: tiny_registered("vit_pwee_patch16_reg1_gap_256"),
+    "timm-naflexvit": lambda: tiny_registered("naflexvit_base_patch16_gap"),
+    "hf-vit": lambda: _hf("ViT"), "hf-siglip": lambda: _hf("Siglip"), "hf-dinov2": lambda: _hf("Dinov2"),
+    "torchvision": lambda: _jitter(__import__("torchvision").models.VisionTransformer(
+        image_size=16, patch_size=8, num_layers=2, num_heads=2, hidden_dim=16, mlp_dim=32, num_classes=3)
+        .double().eval()),
+    "open_clip": lambda: tiny_open_clip(),
+}
+
+
+def _hf(stem: str) -> nn.Module:
+    import transformers as T
+
+    torch.manual_seed(14)
+    common = dict(hidden_size=16, num_hidden_layers=2, num_attention_heads=2, intermediate_size=32, image_size=16,
+                  patch_size=8)
+    cls = {"ViT": T.ViTModel, "Siglip": T.SiglipVisionModel, "Dinov2": T.Dinov2Model}[stem]
+    return _jitter(cls(getattr(T, f"{stem}Config" if stem != "Siglip" else "SiglipVisionConfig")(**common))
+                   .double().eval())
+
+
+@pytest.mark.parametrize("family", list(PIXEL_FAMILIES))
+def test_pixels_sum_per_patch_to_the_patch_tokens(family):
+    """Every family's token embedding read at the pixels: with zero biases, zero position tables and epsilon 0 the
+    pixels of each patch sum to that patch token's relevance (the rules in between pass everything on), under both
+    attention rules; the explained score is the same. Fails if a norm in the embedding (open_clip's ``ln_pre``)
+    kept the plain gradient, or a pixel went to the wrong patch; the convolution's own rule (epsilon > 0) is
+    checked against the reference above."""
+    m = PIXEL_FAMILIES[family]()
+    _zero_biases(m)
+    _zero_position_tables(m)
+    spec = inspect(m)
+    size = (32, 32) if family.startswith("timm-") else (16, 24) if family == "timm" else (16, 16)
+    x = torch.randn(2, 3, *size, dtype=torch.float64)
+    target = 1 if family.startswith("timm") or family == "torchvision" else (
+        (lambda out: out.sum(-1)) if family == "open_clip" else (lambda out: out.last_hidden_state[:, 0].sum(-1)))
+    (gh, gw), (ph, pw) = spec.grid_for_input(x), spec.patch_size
+    for attention in ("attnlrp", "cp"):
+        tokens, score = attnlrp_tokens(m, x, target, rules=LRPRules(epsilon=0.0, attention=attention))
+        pixels, same = attnlrp_tokens(m, x, target, rules=LRPRules(epsilon=0.0, attention=attention,
+                                                                    read_at="pixels"))
+        assert torch.equal(score, same) and pixels.shape == x[:, 0].shape
+        covered = pixels[:, :gh * ph, :gw * pw]  # EVA-02's 14 px patches leave 4 of the 32 px rows and columns
+        assert pixels.abs().sum() == covered.abs().sum()  # the patch convolution never reads the rest
+        per_patch = covered.reshape(2, gh, ph, gw, pw).sum((2, 4)).flatten(1)
+        patches = tokens[:, spec.num_prefix_tokens:]
+        assert torch.allclose(per_patch, patches, atol=1e-10 * patches.abs().max())
+
+
+def test_pixels_refusals_and_bad_input():
+    hybrid = timm.create_model("vit_tiny_r_s16_p8_224", pretrained=False, img_size=32, depth=1, num_classes=3).eval()
+    x = torch.randn(1, 3, 32, 32)
+    with pytest.raises(UnsupportedModelError, match="read_at='pixels'.*hybrid.*read the relevance at the tokens"):
+        attnlrp(hybrid, x, read_at="pixels")
+    assert attnlrp(hybrid, x).shape[1:] == inspect(hybrid).grid_size  # at the tokens
+    m = tiny_timm(dtype=torch.float32)
+    from vitviz.errors import InputError
+
+    with pytest.raises(InputError, match="read_at='image' is not one of"):
+        attnlrp(m, torch.randn(1, 3, 16, 24), read_at="image")
+    with pytest.raises(InputError, match="return_tokens=True.*read_at='pixels'"):
+        attnlrp(m, torch.randn(1, 3, 16, 24), read_at="pixels", return_tokens=True)

@@ -34,9 +34,12 @@ any pre-norm), summed over the embedding dimension, ``R_t = sum_d e_td * ds/de_t
 way the paper reads LLM inputs (its token embeddings). The patch tokens give the ``(B, gh, gw)`` map, the prefix
 tokens (class, distillation, registers) their own relevance (``attnlrp_tokens``; CaiT's class token joins after the
 patch blocks, and is read where it enters its first class-attention block). vitviz reads tokens rather than
-pixels because its maps, sanity checks and faithfulness are per patch, and because at the pixel level the patch
-convolution needs a rule of its own (the paper's library uses gamma there) and the position embedding absorbs
-relevance like a bias; at the tokens none of that enters.
+pixels by default because its maps, sanity checks and faithfulness are per patch, and because at the pixel level the
+patch convolution needs a rule of its own (the paper's library uses gamma there) and the position embedding absorbs
+relevance like a bias; at the tokens none of that enters. ``read_at="pixels"`` goes on to the image: the token
+embedding's modules take the rules too (the patch convolution ``linear_rule``'s, as the linear layer it is; a norm
+before the first block the norm rule), the position table and the prefix tokens keep their shares as biases do, and
+the map is ``(B, H, W)``, summed over the colour channels (hybrids, whose CNN backbone has no rules, are refused).
 
 Conservation: every rule but two passes on exactly the relevance it receives; (1) biases (and the epsilon
 stabiliser) absorb part of it, (2) the softmax rule's Taylor bias term absorbs
@@ -54,7 +57,7 @@ import torch
 from torch import nn
 
 from vitviz.core.batching import count_images, iter_batches
-from vitviz.core.contexts import autograd, normal_tensor
+from vitviz.core.contexts import autograd, grad_leaf, normal_tensor
 from vitviz.core.families.lrp import LRPRules, lrp_rules
 from vitviz.core.images import Images
 from vitviz.core.spec import ViTSpec, inspect
@@ -114,13 +117,16 @@ def attnlrp_tokens(
         start, n_images: the batch's offset and the image set's size (for per-image targets).
 
     Returns:
-        ``(relevance, scores)``: ``(b, N)`` token relevance (prefix tokens first, then patches in raster order) and
-        the ``(b,)`` explained scores, both detached, in the model's float dtype promoted to at least float32.
+        ``(relevance, scores)``: ``(b, N)`` token relevance (prefix tokens first, then patches in raster order; with
+        ``rules.read_at="pixels"`` the ``(b, H, W)`` pixel relevance, summed over the colour channels) and the
+        ``(b,)`` explained scores, both detached, in the model's float dtype promoted to at least float32.
     """
     spec = inspect(model)
     _check_model(model, spec)
+    pixels = rules is not None and rules.read_at == "pixels"
     with autograd(model, f"AttnLRP on {spec.name}"), lrp_rules(model, rules) as session:
-        out = model(normal_tensor(x))
+        image = grad_leaf(x) if pixels else normal_tensor(x)
+        out = model(image)
         tokens = session.tokens
         if tokens is None:
             raise CaptureError(f"{spec.name}: the first block did not run in this forward pass")
@@ -128,10 +134,11 @@ def attnlrp_tokens(
         if not resolved.scores.requires_grad:
             raise InputError(f"{spec.name}: the target score does not depend on the input tokens (no gradient); a "
                               "callable target must compute its score from the model output with torch ops")
-        leaves = [t for t in (session.late_prefix, tokens) if t is not None]  # prefix tokens first
+        leaves = [image] if pixels else [t for t in (session.late_prefix, tokens) if t is not None]  # prefix first
         grads = torch.autograd.grad(resolved.scores.sum(), leaves, allow_unused=True)  # a prefix the head never reads
     dtype = torch.promote_types(tokens.dtype, torch.float32)
-    relevance = torch.cat([(t.detach().to(dtype) * (torch.zeros_like(t) if g is None else g).to(dtype)).sum(dim=-1)
+    dim = 1 if pixels else -1  # the colour channels, or the embedding
+    relevance = torch.cat([(t.detach().to(dtype) * (torch.zeros_like(t) if g is None else g).to(dtype)).sum(dim=dim)
                            for t, g in zip(leaves, grads)], dim=1)
     return relevance, resolved.scores.detach().to(dtype)
 
@@ -147,6 +154,7 @@ def attnlrp(
     gamma: float = 0.25,
     attention_rule: str = "attnlrp",
     plain: Sequence[str] = (),
+    read_at: str = "tokens",
     return_tokens: bool = False,
     batch_size: int | None = None,
     progress: bool = False,
@@ -170,19 +178,25 @@ def attnlrp(
             nor through a gated MLP's gate).
         plain: fnmatch patterns of linear layers left at the plain gradient (comparisons only); each must match
             a module name.
+        read_at: ``"tokens"`` (default: where the patch and prefix tokens enter the first block; a ``(B, gh, gw)``
+            map) or ``"pixels"`` (through the token embedding to the image, the patch convolution under
+            ``linear_rule``: a ``(B, H, W)`` map, summed over the colour channels; the position embedding and the
+            prefix tokens keep their shares, as biases do). Hybrids (a CNN backbone) are read at the tokens only.
         return_tokens: return ``(B, N)`` token relevances (prefix tokens first) instead of the maps.
         batch_size: images per forward/backward pass (default all at once).
         progress: show a progress bar.
 
     Returns:
-        ``(B, gh, gw)`` signed relevance (float32; float64 for a float64 model, which ``vitviz.explain`` casts to
-        float32) on the model's device; the patch and prefix relevances of an image sum to its explained score
-        minus what biases and the softmax absorb.
+        ``(B, gh, gw)`` signed relevance (``(B, H, W)`` with ``read_at="pixels"``; float32, float64 for a float64
+        model, which ``vitviz.explain`` casts to float32) on the model's device; the patch and prefix relevances of
+        an image sum to its explained score minus what biases and the softmax absorb.
     """
     if isinstance(plain, str):
         raise InputError(f"plain={plain!r} is a string, not a collection of patterns; pass plain=({plain!r},)")
     rules = LRPRules(linear=linear_rule, epsilon=float(epsilon), gamma=float(gamma), attention=attention_rule,
-                     plain=tuple(plain))
+                     plain=tuple(plain), read_at=read_at)
+    if read_at == "pixels" and return_tokens:
+        raise InputError("return_tokens=True reads the tokens, read_at='pixels' the image: pass one of them")
     spec = inspect(model)
     names = [n for n, _ in model.named_modules()]
     names += [f"{n}.{proj}" for n, m in model.named_modules() if isinstance(m, nn.MultiheadAttention)
@@ -196,7 +210,7 @@ def attnlrp(
     done = 0
     for x in iter_batches(model, images, batch_size, progress=progress, desc="attnlrp"):
         relevance, _ = attnlrp_tokens(model, x, target, rules=rules, start=done, n_images=total)
-        if return_tokens:
+        if return_tokens or read_at == "pixels":
             out.append(relevance)
         else:
             gh, gw = spec.grid_for_input(x)

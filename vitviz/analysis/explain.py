@@ -191,7 +191,8 @@ def explain(
             ``discard_ratio``, ``residual``, ``start_layer``, ``token`` (rollout); ``head_fusion``, ``token``,
             ``max_tokens``, ``normalise`` (flow); ``discard_ratio``, ``start_layer``, ``token`` (grad_rollout); ``start_layer``,
             ``token`` (chefer); ``linear_rule``, ``epsilon``, ``gamma``, ``attention_rule``, ``plain``,
-            ``return_tokens`` (attnlrp); ``seed``, ``offset`` (random); ``pool``, ``n_steps``, ``baseline``,
+            ``read_at``, ``return_tokens`` (attnlrp; ``read_at="pixels"`` gives ``(B, H, W)`` maps of the image,
+            ``return_tokens=True`` ``(B, N)`` token relevances); ``seed``, ``offset`` (random); ``pool``, ``n_steps``, ``baseline``,
             ``internal_batch_size`` (integrated_gradients); ``pool`` (input_x_gradient); ``layer`` (gradcam).
 
     Returns:

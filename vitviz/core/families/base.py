@@ -422,6 +422,17 @@ def set_attr(obj: Any, name: str, value: Any) -> Undo:
 _PLAIN_LINEAR_CLASSES = ("timm.layers.linear.Linear",)
 
 
+def plain_conv(module: Any) -> bool:
+    """Whether ``module`` is an ``nn.Conv2d`` computing ``F.conv2d`` of its weights with explicit zero padding or
+    ``"valid"`` (its class keeps ``nn.Conv2d.forward``; a parametrization's weight counts): a linear map a rule may
+    read."""
+    from torch.nn.utils import parametrize
+
+    if not isinstance(module, nn.Conv2d) or module.padding_mode != "zeros" or module.padding == "same":
+        return False
+    return parametrize.type_before_parametrizations(module).forward is nn.Conv2d.forward
+
+
 def plain_linear(module: Any) -> bool:
     """Whether ``module`` computes ``F.linear(x, module.weight, module.bias)``, so that a rule or a recomputation
     may read its weights in place of calling it: an ``nn.Linear`` whose class keeps ``nn.Linear.forward`` (with a

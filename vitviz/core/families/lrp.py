@@ -5,7 +5,8 @@ gradient x input form (the relevance of a tensor ``t`` is ``t * dscore/dt`` unde
 reformulation of Arras et al. 2025 that lxt's ``lxt.efficient`` uses). Each rule changes only a backward pass; every
 forward is the module's own, so the model's output is unchanged:
 
-- ``nn.Linear`` (and ``nn.MultiheadAttention``'s projections): the epsilon rule (paper Eq. 8),
+- ``nn.Linear`` (and ``nn.MultiheadAttention``'s projections; read at the pixels, the patch ``nn.Conv2d``, a linear
+  map too): the epsilon rule (paper Eq. 8),
   ``R_x = x * W^T (R_z / (z + eps sign z))``, as the gradient ``g_x = W^T (g_z * z / (z + eps sign z))``
   (``eps = 0``: the plain gradient, lxt.efficient's form); or the generalised gamma rule (Montavon et al. 2019,
   Andeol et al. 2021, exactly as ``zennit.rules.Gamma``: positive and negative parts of weights and inputs, the
@@ -44,7 +45,8 @@ forward is the module's own, so the model's output is unchanged:
   gradient ``g_in = g_out * f(x) / x`` (0 where ``x = 0``).
 
 The relevance is read at the tokens entering the first block (``emit`` receives them, detached and made a leaf so
-the backward stops there). Everything is installed on *instances* (``forward`` attributes, hooks) and undone by
+the backward stops there), or with ``LRPRules(read_at="pixels")`` at the image, the token embedding's modules
+taking the rules too. Everything is installed on *instances* (``forward`` attributes, hooks) and undone by
 the returned callable; no class and nothing in ``torch.nn`` or ``torch.nn.functional`` is patched.
 """
 
@@ -60,11 +62,12 @@ import torch
 import torch.nn.functional as F
 from torch import nn
 
-from vitviz.core.families.base import Undo, chain_undos, plain_linear, set_attr
+from vitviz.core.families.base import Undo, chain_undos, plain_conv, plain_linear, set_attr
 from vitviz.errors import InputError, UnsupportedModelError
 
 LINEAR_RULES = ("epsilon", "gamma", "plain")
 ATTENTION_RULES = ("attnlrp", "cp")
+READ_AT = ("tokens", "pixels")
 QKV_FACTORS = {"attnlrp": (0.25, 0.25, 0.5), "cp": (0.0, 0.0, 1.0)}
 POOL_KV_FACTORS = {"attnlrp": (0.5, 0.5), "cp": (0.0, 1.0)}  # a learned query: q k^T is linear in k
 # act(gate) * up, (gate, up): the uniform rule; CP-LRP holds the gate constant (lxt's cp_LRP for gated MLPs)
@@ -74,6 +77,9 @@ ACTIVATIONS = ("GELU", "GELUActivation", "QuickGELU", "QuickGELUActivation", "GE
                "GELUPytorchTanh", "PytorchGELUTanh")
 NORMS = ("LayerNorm", "RMSNorm", "RmsNorm", "LayerNorm2d")
 PASS_THROUGH = ("Dropout", "Identity", "DropPath")
+# in the token embedding (read at the pixels): a position table looked up by index (no gradient reaches an index)
+# and a patch dropout, the identity in eval mode
+EMBEDDING_PASS = ("Embedding", "PatchDropout")
 
 
 @dataclass(frozen=True)
@@ -90,6 +96,9 @@ class LRPRules:
         plain: fnmatch patterns of linear-layer names left at the plain gradient whatever ``linear`` says (for
             comparisons with recipes that skip a layer; torchvision attention projections are named
             ``<attention>.in_proj`` and ``<attention>.out_proj``).
+        read_at: ``"tokens"`` (the first block's input; the default) or ``"pixels"`` (the image: the rules also act
+            on the token embedding, the patch convolution taking ``linear``'s rule; the position embedding and
+            the prefix tokens, inputs of no pixel, keep their shares as biases do).
     """
 
     linear: str = "epsilon"
@@ -98,12 +107,15 @@ class LRPRules:
     gamma_stabilizer: float = 1e-6
     attention: str = "attnlrp"
     plain: tuple[str, ...] = ()
+    read_at: str = "tokens"
 
     def __post_init__(self) -> None:
         if self.linear not in LINEAR_RULES:
             raise InputError(f"linear_rule={self.linear!r} is not one of {LINEAR_RULES}")
         if self.attention not in ATTENTION_RULES:
             raise InputError(f"attention_rule={self.attention!r} is not one of {ATTENTION_RULES}")
+        if self.read_at not in READ_AT:
+            raise InputError(f"read_at={self.read_at!r} is not one of {READ_AT}")
         if not self.epsilon >= 0 or not self.gamma >= 0:
             raise InputError(f"epsilon={self.epsilon!r} and gamma={self.gamma!r} must be non-negative numbers")
 
@@ -115,52 +127,89 @@ def _stabilize(z: torch.Tensor, eps: float) -> torch.Tensor:
     return z + eps * torch.where(z >= 0, 1.0, -1.0).to(z.dtype)
 
 
+@dataclass(frozen=True)
+class _Affine:
+    """An affine map ``z = op(x, w) + b``: ``F.linear`` (``conv=None``) or ``F.conv2d`` with ``conv``'s stride,
+    padding, dilation and groups; ``back(g, w, x)`` is the transpose of ``op(., w)`` applied to ``g``."""
+
+    conv: tuple | None = None
+
+    def op(self, x: torch.Tensor, w: torch.Tensor, b: torch.Tensor | None = None) -> torch.Tensor:
+        return F.linear(x, w, b) if self.conv is None else F.conv2d(x, w, b, *self.conv)
+
+    def back(self, g: torch.Tensor, w: torch.Tensor, x: torch.Tensor) -> torch.Tensor:
+        return g @ w if self.conv is None else torch.nn.grad.conv2d_input(x.shape, w, g, *self.conv)
+
+    def per_feature(self, t: torch.Tensor) -> torch.Tensor:
+        """A per-output-feature vector shaped to broadcast against ``z`` (channels first for a convolution)."""
+        return t if self.conv is None else t[:, None, None]
+
+
 class _LinearRule(torch.autograd.Function):
-    """``F.linear`` forward; the backward applies the chosen LRP rule (gradient x input form)."""
+    """``F.linear`` (or ``F.conv2d``) forward; the backward applies the chosen LRP rule (gradient x input form)."""
 
     @staticmethod
     def forward(ctx: Any, x: torch.Tensor, weight: torch.Tensor, bias: torch.Tensor | None, rule: str,
-                rules: LRPRules, factor: torch.Tensor | None) -> torch.Tensor:
-        z = F.linear(x, weight, bias)
+                rules: LRPRules, factor: torch.Tensor | None, affine: _Affine) -> torch.Tensor:
+        z = affine.op(x, weight, bias)
         ctx.save_for_backward(x, weight, bias, z, factor)
-        ctx.rule, ctx.rules = rule, rules
+        ctx.rule, ctx.rules, ctx.affine = rule, rules, affine
         return z
 
     @staticmethod
     def backward(ctx: Any, g: torch.Tensor) -> tuple:
         x, w, b, z, factor = ctx.saved_tensors
         rules: LRPRules = ctx.rules
+        f: _Affine = ctx.affine
+        none = (None,) * 6
         if factor is not None:
-            g = g * factor
+            g = g * f.per_feature(factor)
         if ctx.rule == "plain" or (ctx.rule == "epsilon" and rules.epsilon == 0):
-            return g @ w, None, None, None, None, None
+            return f.back(g, w, x), *none
         if ctx.rule == "epsilon":  # z / (z + eps sign z) = |z| / (|z| + eps)
             a = z.abs()
-            return (g * a.div_(a + rules.epsilon)) @ w, None, None, None, None, None
+            return f.back(g * a.div_(a + rules.epsilon), w, x), *none
         # generalised gamma rule (zennit.rules.Gamma): relevance R = g * z split by the sign of z
         gm = rules.gamma
         wp, wn = w + gm * w.clamp(min=0), w + gm * w.clamp(max=0)
         xp, xn = x.clamp(min=0), x.clamp(max=0)
         if b is None:
-            zp = F.linear(xp, wp) + F.linear(xn, wn)
-            zn = F.linear(xp, wn) + F.linear(xn, wp)
+            zp = f.op(xp, wp) + f.op(xn, wn)
+            zn = f.op(xp, wn) + f.op(xn, wp)
         else:
-            zp = F.linear(xp, wp, b + gm * b.clamp(min=0)) + F.linear(xn, wn)
-            zn = F.linear(xp, wn, b + gm * b.clamp(max=0)) + F.linear(xn, wp)
+            zp = f.op(xp, wp, b + gm * b.clamp(min=0)) + f.op(xn, wn)
+            zn = f.op(xp, wn, b + gm * b.clamp(max=0)) + f.op(xn, wp)
         r = g * z
         cp = torch.where(z > 0, r, 0) / _stabilize(zp, rules.gamma_stabilizer)
         cn = torch.where(z < 0, r, 0) / _stabilize(zn, rules.gamma_stabilizer)
-        pos = cp @ wp + cn @ wn  # R_x / x where x > 0
-        neg = cp @ wn + cn @ wp  # R_x / x where x < 0
+        pos = f.back(cp, wp, x) + f.back(cn, wn, x)  # R_x / x where x > 0
+        neg = f.back(cp, wn, x) + f.back(cn, wp, x)  # R_x / x where x < 0
         gx = torch.where(x > 0, pos, torch.where(x < 0, neg, torch.zeros_like(pos)))
-        return gx, None, None, None, None, None
+        return gx, *none
+
+
+LINEAR = _Affine()
 
 
 def lrp_linear(x: torch.Tensor, weight: torch.Tensor, bias: torch.Tensor | None, rule: str, rules: LRPRules,
                factor: torch.Tensor | None = None) -> torch.Tensor:
     """``F.linear(x, weight, bias)`` whose backward applies ``rule``; ``factor`` scales the incoming gradient
     per output feature (the uniform rule's 1/4, 1/4, 1/2 on q, k, v)."""
-    return _LinearRule.apply(x, weight, bias, rule, rules, factor)
+    return _LinearRule.apply(x, weight, bias, rule, rules, factor, LINEAR)
+
+
+def install_conv(module: nn.Conv2d, rule: str, rules: LRPRules, copy: bool = False) -> Undo:
+    """``rule`` on an ``nn.Conv2d`` instance (the patch embedding, read at the pixels): the same rules as a linear
+    layer, a convolution being one (zero padding only: its forward is ``F.conv2d`` of its weights); ``copy`` as for
+    ``install_linear``."""
+    padding = (0, 0) if module.padding == "valid" else module.padding
+    affine = _Affine((module.stride, padding, module.dilation, module.groups))
+
+    def forward(x: torch.Tensor) -> torch.Tensor:
+        z = _LinearRule.apply(x, module.weight, module.bias, rule, rules, None, affine)
+        return z.clone() if copy else z
+
+    return set_attr(module, "forward", forward)
 
 
 class _IdentityRule(torch.autograd.Function):
@@ -232,11 +281,14 @@ def install_activation(module: nn.Module) -> Undo:
     return set_attr(module, "forward", forward)
 
 
-def install_linear(module: nn.Linear, rule: str, rules: LRPRules, factor: torch.Tensor | None = None) -> Undo:
-    """``rule`` on an ``nn.Linear`` instance (optionally scaling its output's gradient by ``factor``)."""
+def install_linear(module: nn.Linear, rule: str, rules: LRPRules, factor: torch.Tensor | None = None,
+                   copy: bool = False) -> Undo:
+    """``rule`` on an ``nn.Linear`` instance (optionally scaling its output's gradient by ``factor``); ``copy``
+    hands on a copy of the output, for a caller that adds to it in place (the rule keeps the output it saved)."""
 
     def forward(x: torch.Tensor) -> torch.Tensor:
-        return lrp_linear(x, module.weight, module.bias, rule, rules, factor)
+        z = lrp_linear(x, module.weight, module.bias, rule, rules, factor)
+        return z.clone() if copy else z
 
     return set_attr(module, "forward", forward)
 
@@ -271,17 +323,17 @@ def fused_gate_factor(rules: LRPRules, fc1: nn.Linear, gate_first: bool) -> torc
 
 
 def input_hook(module: nn.Module, emit: Callable[[torch.Tensor], None], arg: str = "hidden_states",
-               index: int = 0) -> Undo:
+               index: int = 0, leaf: bool = True) -> Undo:
     """A pre-hook on the first block: its input tokens ``(B, N, D)`` (positional argument ``index``, or keyword
     ``arg``) become a detached leaf that requires grad (the backward stops there), handed to ``emit``; the forward's
-    values are unchanged."""
+    values are unchanged. With ``leaf=False`` (relevance read at the pixels) the tokens are handed on as they are."""
 
     def pre(_m: nn.Module, args: tuple, kwargs: dict) -> tuple[tuple, dict]:
         if len(args) > index:
-            x = args[index].detach().requires_grad_(True)
+            x = args[index].detach().requires_grad_(True) if leaf else args[index]
             emit(x)
             return (*args[:index], x, *args[index + 1:]), kwargs
-        x = kwargs[arg].detach().requires_grad_(True)
+        x = kwargs[arg].detach().requires_grad_(True) if leaf else kwargs[arg]
         emit(x)
         return args, {**kwargs, arg: x}
 
@@ -291,13 +343,14 @@ def input_hook(module: nn.Module, emit: Callable[[torch.Tensor], None], arg: str
 def classify(modules: Iterable[tuple[str, nn.Module]], model_name: str, containers: set[str],
              skip: Callable[[str, nn.Module], bool] = lambda n, m: False,
              norms: Iterable[str] = ()) -> dict[str, list[tuple[str, nn.Module]]]:
-    """Sort modules into linear / norm / activation; any other class that is not a known container or a
-    pass-through (dropout, identity) is refused: vitviz has no rule for what it computes. ``norms`` names further
-    norm classes (a model file's own RMSNorm, ``weight * x / sqrt(mean(x^2) + eps)``)."""
+    """Sort modules into linear / conv / norm / activation; any other class that is not a known container or a
+    pass-through (dropout, identity; in the token embedding a position table's lookup and patch dropout) is
+    refused: vitviz has no rule for what it computes. ``norms`` names further norm classes (a model file's own
+    RMSNorm, ``weight * x / sqrt(mean(x^2) + eps)``)."""
     norms = set(NORMS) | set(norms)
     from torch.nn.utils import parametrize
 
-    out: dict[str, list[tuple[str, nn.Module]]] = {"linear": [], "norm": [], "act": []}
+    out: dict[str, list[tuple[str, nn.Module]]] = {"linear": [], "conv": [], "norm": [], "act": []}
     modules = list(modules)
     # what a parametrization computes from the weights (``<module>.parametrizations.*``) is off the tokens' path
     weights_only = tuple(f"{n}.parametrizations" for n, m in modules if parametrize.is_parametrized(m))
@@ -308,10 +361,12 @@ def classify(modules: Iterable[tuple[str, nn.Module]], model_name: str, containe
         # the parametrized weight, which the rules read: it is sorted by its class before the parametrization
         base = parametrize.type_before_parametrizations(m)
         cls = base.__name__
-        if skip(name, m) or cls in PASS_THROUGH or isinstance(m, (nn.Dropout, nn.Identity)):
+        if skip(name, m) or cls in PASS_THROUGH + EMBEDDING_PASS or isinstance(m, (nn.Dropout, nn.Identity)):
             continue
         if plain_linear(m):
             out["linear"].append((name, m))
+        elif plain_conv(m):
+            out["conv"].append((name, m))
         elif cls in norms:
             out["norm"].append((name, m))
         elif cls in ACTIVATIONS:
@@ -323,20 +378,25 @@ def classify(modules: Iterable[tuple[str, nn.Module]], model_name: str, containe
             raise UnsupportedModelError(
                 f"{model_name}: AttnLRP has no rule for the module {name} ({base.__module__}.{base.__qualname__}); "
                 "vitviz refuses rather than propagate through it with the plain gradient. Supported: nn.Linear "
-                "(its own forward), LayerNorm/RMSNorm, GELU/SiLU/ReLU/tanh, softmax attention, attention pooling "
+                "(its own forward), nn.Conv2d (a patch embedding read at the pixels), LayerNorm/RMSNorm, "
+                "GELU/SiLU/ReLU/tanh, softmax attention, attention pooling "
                 "with a learned query, gated (SwiGLU) MLPs."
                 f"{adapter} explain(method='chefer') for this model")
     return out
 
 
 def install_generic(groups: dict[str, list[tuple[str, nn.Module]]], rules: LRPRules,
-                    factors: dict[str, torch.Tensor] | None = None) -> Undo:
-    """Install the rules on classified modules; ``factors`` maps a linear layer's name to its gradient scale."""
+                    factors: dict[str, torch.Tensor] | None = None,
+                    copy: Callable[[str], bool] = lambda name: False) -> Undo:
+    """Install the rules on classified modules; ``factors`` maps a linear layer's name to its gradient scale;
+    ``copy(name)``: the layer's caller changes its output in place (``install_linear``)."""
     factors = factors or {}
     undos: list[Undo] = []
     try:
         for name, m in groups["linear"]:
-            undos.append(install_linear(m, rules.linear_for(name), rules, factors.get(name)))
+            undos.append(install_linear(m, rules.linear_for(name), rules, factors.get(name), copy(name)))
+        for name, m in groups["conv"]:
+            undos.append(install_conv(m, rules.linear_for(name), rules, copy(name)))
         for _name, m in groups["norm"]:
             undos.append(install_norm(m))
         for _name, m in groups["act"]:

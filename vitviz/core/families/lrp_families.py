@@ -36,11 +36,11 @@ def refuse(model: nn.Module, reason: str) -> UnsupportedModelError:
                                  "use explain(method='chefer') instead")
 
 
-def with_input_hook(undo: Undo, first_block: nn.Module, emit: Emit, arg: str) -> Undo:
-    """``undo`` chained with the hook that reads the first block's input (``lrp.input_hook``); ``undo`` runs also when
-    the hook cannot be installed."""
+def with_input_hook(undo: Undo, first_block: nn.Module, emit: Emit, arg: str, rules: LRPRules) -> Undo:
+    """``undo`` chained with the hook that reads the first block's input (``lrp.input_hook``; a leaf unless the
+    relevance is read at the pixels); ``undo`` runs also when the hook cannot be installed."""
     try:
-        return chain_undos([undo, input_hook(first_block, emit, arg)])
+        return chain_undos([undo, input_hook(first_block, emit, arg, leaf=rules.read_at == "tokens")])
     except BaseException:
         undo()
         raise
@@ -108,8 +108,8 @@ def torchvision_rules(model: nn.Module, rules: LRPRules, emit: Emit) -> Undo:
     ``in_proj`` and ``out_proj`` (the module's own call of ``F.multi_head_attention_forward`` uses the weights
     directly, so no module-level rule would reach them)."""
     names = [(n, m) for n, m in model.named_modules()
-             if n and not n.startswith("conv_proj") and not isinstance(m, nn.MultiheadAttention)
-             and ".self_attention." not in f"{n}."]
+             if n and (rules.read_at == "pixels" or not n.startswith("conv_proj"))
+             and not isinstance(m, nn.MultiheadAttention) and ".self_attention." not in f"{n}."]
     containers = {"Encoder", "Sequential", "EncoderBlock", "MLPBlock", "ModuleList", "VisionTransformer"}
     groups = classify(names, type(model).__name__, containers)
     undos = [install_generic(groups, rules)]
@@ -120,7 +120,7 @@ def torchvision_rules(model: nn.Module, rules: LRPRules, emit: Emit) -> Undo:
             if not _one_in_proj(mha):
                 raise refuse(model, f"{name} has separate q/k/v projections or extra key biases")
             undos.append(set_attr(mha, "forward", _mha_forward(mha, name, rules)))
-        undos.append(input_hook(model.encoder.layers[0], emit, "input"))
+        undos.append(input_hook(model.encoder.layers[0], emit, "input", leaf=rules.read_at == "tokens"))
     except BaseException:
         chain_undos(undos)()
         raise
@@ -160,8 +160,9 @@ def open_clip_rules(model: nn.Module, rules: LRPRules, emit: Emit) -> Undo:
                 raise refuse(model, f"{pooler}.attn has extra key biases")
             mhas.append((f"{pooler}.attn", mha, True))
     off = tuple(f"{n}." for n, _, _ in mhas)
-    names = [(n, m) for n, m in model.named_modules() if n and n.split(".")[0] not in ("conv1", "patch_dropout",
-             "ln_pre") and not f"{n}.".startswith(off)]
+    embedding = () if rules.read_at == "pixels" else ("conv1", "patch_dropout", "ln_pre")
+    names = [(n, m) for n, m in model.named_modules() if n and n.split(".")[0] not in embedding
+             and not f"{n}.".startswith(off)]
     groups = classify(names, type(model).__name__, OPEN_CLIP_CONTAINERS)
     rule = rules.linear_for("proj")
 
@@ -179,14 +180,15 @@ def open_clip_rules(model: nn.Module, rules: LRPRules, emit: Emit) -> Undo:
     except BaseException:
         chain_undos(undos)()
         raise
-    return with_input_hook(chain_undos(undos), model.transformer, emit, "x")  # (B, N, D) whatever batch_first
+    return with_input_hook(chain_undos(undos), model.transformer, emit, "x", rules)  # (B, N, D) whatever batch_first
 
 
 HF_SUFFIXES = ("ForImageClassification", "ForImageClassificationWithTeacher", "Model", "Encoder", "Layer",
                "Attention", "SelfAttention", "SdpaSelfAttention", "SelfOutput", "Intermediate", "Output", "MLP",
                "LayerScale", "Pooler", "DropPath", "EncoderLayer", "VisionModel", "VisionModelWithProjection",
                "VisionAttention", "VisionEncoder", "VisionLayer", "VisionMLP",  # CLIP and the towers built from it
-               "RelativePositionBias")  # BEiT: a table-only bias on the scores (absorbed by the softmax rule)
+               "RelativePositionBias",  # BEiT: a table-only bias on the scores (absorbed by the softmax rule)
+               "Embeddings", "PatchEmbeddings", "VisionEmbeddings")  # read at the pixels: patch conv, + tables
 HF_GATED = {"Aimv2MLP": ("gate_proj", "up_proj"), "DINOv3ViTGatedMLP": ("gate_proj", "up_proj")}  # SwiGLU
 HF_NORMS = ("Aimv2RMSNorm",)  # weight * x / sqrt(mean(x^2) + eps), as torch's RMSNorm (not Gemma's 1 + weight)
 # attention pools with a learned query: SigLIP's runs an nn.MultiheadAttention (its forward is replaced), AIMv2's
@@ -244,8 +246,9 @@ def hf_rules(model: nn.Module, rules: LRPRules, emit: Emit, layers: list[nn.Modu
                 [k.out_features, v.out_features])
             factors[f"{name}.k_proj"], factors[f"{name}.v_proj"] = fk, fv
     off = tuple(f"{n}." for n, _ in mhas)  # their forward is vitviz's, with their own weights
+    constant = {"rope_embeddings"} | ({"embeddings"} if rules.read_at == "tokens" else set())
     names = [(n, m) for n, m in model.named_modules()
-             if n and not {"embeddings", "rope_embeddings"} & set(n.split(".")) and not f"{n}.".startswith(off)]
+             if n and not constant & set(n.split(".")) and not f"{n}.".startswith(off)]
     groups = classify(names, kind, containers, norms=HF_NORMS)
     for name, attn in attention:
         # q_proj/k_proj/v_proj (transformers 5.23); DINOv2 under transformers 5.9 names them query/key/value
@@ -264,4 +267,4 @@ def hf_rules(model: nn.Module, rules: LRPRules, emit: Emit, layers: list[nn.Modu
     except BaseException:
         chain_undos(undos)()
         raise
-    return with_input_hook(chain_undos(undos), layers[0], emit, "hidden_states")
+    return with_input_hook(chain_undos(undos), layers[0], emit, "hidden_states", rules)

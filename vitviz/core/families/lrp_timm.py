@@ -54,8 +54,10 @@ class TimmLayout:
 
 
 TIMM_GATED = ("GluMlp", "SwiGLU")  # act(gate) * up: fc1 = [gate, up] (or [up, gate] with gate_last); fc1_g, fc1_x
-TIMM_COMMON = {"Mlp", "LayerScale", "Sequential", "ModuleList", "AttentionPoolLatent", *TIMM_GATED}
+TIMM_COMMON = {"Mlp", "LayerScale", "Sequential", "ModuleList", "AttentionPoolLatent", "PatchEmbed",
+               "NaFlexEmbeds", *TIMM_GATED}  # the embeddings: containers, on the relevance path at the pixels
 BEFORE_BLOCKS = ("patch_embed", "pos_drop", "patch_drop", "norm_pre")
+EMBEDDING = (*BEFORE_BLOCKS, "embeds")  # the token embedding: on the relevance path when it is read at the pixels
 
 
 def _fused_bias_qkv(attn: nn.Module, x: torch.Tensor, rule: str, rules: LRPRules,
@@ -232,18 +234,24 @@ def timm_rules(model: nn.Module, rules: LRPRules, emit: Emit) -> Undo:
         e = pool.kv.out_features // 2
         factors["attn_pool.kv"] = pool_kv_factor(rules, (e, e), pool.kv.weight)
     constant = tuple(f"blocks.{i}.attn.{c}" for i in range(len(model.blocks)) for c in layout.constant_children)
-    names = [(n, m) for n, m in model.named_modules() if n and n.split(".")[0] not in layout.off_path
+    pixels = rules.read_at == "pixels"
+    if pixels and isinstance(getattr(getattr(model, "patch_embed", None), "backbone", None), nn.Module):
+        raise refuse(model, "read_at='pixels' needs a patch embedding vitviz has rules for, and this hybrid's CNN "
+                            "backbone (batch or group norms, pooling) has none; read the relevance at the tokens")
+    off_path = tuple(p for p in layout.off_path if not (pixels and p in EMBEDDING))
+    names = [(n, m) for n, m in model.named_modules() if n and n.split(".")[0] not in off_path
              and not any(n == c or n.startswith(f"{c}.") for c in constant)]
     groups = classify(names, kind, {kind, *layout.blocks, *layout.attentions, *layout.class_attention, *TIMM_COMMON})
-    undos = [install_generic(groups, rules, factors)]
+    # NaFlexVit's embedding adds its position table to the projection's output in place
+    undos = [install_generic(groups, rules, factors, copy=lambda name: pixels and name.split(".")[0] in EMBEDDING)]
     try:
         for name, attn in fused_bias:
             vt = sys.modules[type(attn).__module__]
             forward = layout.fused_bias_forward(attn, vt, name, rules, factors[f"{name}.qkv"])
             undos.append(set_attr(attn, "forward", forward))
-        if late:  # CaiT's class token: read where it enters the first class-attention block, blk(x, x_cls)
+        if late and not pixels:  # CaiT's class token: read where it enters the first class-attention block
             undos.append(input_hook(late[0], lambda t: emit(t, "late_prefix"), "x_cls", index=1))
     except BaseException:
         chain_undos(undos)()
         raise
-    return with_input_hook(chain_undos(undos), model.blocks[0], emit, "x")
+    return with_input_hook(chain_undos(undos), model.blocks[0], emit, "x", rules)
