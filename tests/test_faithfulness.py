@@ -215,6 +215,41 @@ def test_plot_faithfulness(tmp_path):
     assert fig.axes[-1].get_ylabel() == "Relevance (relative to max)"
 
 
+def test_signed_explanations_grid_keeps_the_negative_evidence():
+    """AttnLRP is signed: the default grid clips its negative values (and overlays the rest on the image); with
+    ``signed=True`` each map is drawn alone over [-1, 1] (divided by its largest absolute value, the sign kept) on a
+    diverging scale, token maps and pixel maps alike."""
+    import matplotlib.pyplot as plt
+
+    from vitviz.plot.attention import upsample_maps
+
+    torch.manual_seed(0)
+    model = tiny_timm_vit()
+    x = torch.randn(2, 3, 32, 48)
+    maps = {"tokens": vitviz.attnlrp(model, x), "pixels": vitviz.attnlrp(model, x, read_at="pixels")}
+    assert all((m < 0).any() for m in maps.values())
+    fig = vitviz.plot_explanations_grid(model, x, maps, signed=True)
+    try:
+        assert fig.axes[-1].get_ylabel() == "Relevance (relative to max |R|)"
+        heat = [a for a in fig.axes[:-1] if a.get_title() in ("tokens", "pixels")]
+        for a in heat:
+            (im,) = a.get_images()  # the map alone, no image under it
+            data = im.get_array()
+            assert im.get_cmap().name == "RdBu_r" and im.get_clim() == (-1, 1)
+            assert data.min() < 0 and abs(abs(data).max() - 1) < 1e-6
+        got = fig.axes[2].get_images()[0].get_array()
+        want = upsample_maps(maps["pixels"][:1], tuple(x.shape[-2:]), None)[0]
+        np.testing.assert_allclose(got, want / np.abs(want).max(), rtol=1e-5, atol=1e-7)
+    finally:
+        plt.close(fig)
+    clipped = vitviz.plot_explanations_grid(model, x, maps)
+    try:
+        overlay = clipped.axes[1].get_images()
+        assert len(overlay) == 2 and overlay[1].get_array().min() >= 0  # the image, then the clipped map over it
+    finally:
+        plt.close(clipped)
+
+
 @pytest.mark.notebook
 @pytest.mark.slow
 def test_notebook_04_runs_headless(run_notebook, tiny_folder, tmp_path):

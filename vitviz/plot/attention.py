@@ -58,12 +58,13 @@ def upsample_maps(maps: torch.Tensor | np.ndarray, size: tuple[int, int], scale:
     figures and the explorers).
 
     ``scale="max"`` clips negatives and divides by the maximum (the paper's look: a uniform map stays uniform);
-    ``"minmax"`` stretches the minimum to 0 (shows structure in flat maps, and exaggerates noise); ``None`` keeps
+    ``"minmax"`` stretches the minimum to 0 (shows structure in flat maps, and exaggerates noise); ``"absmax"``
+    keeps the sign and divides by the largest absolute value (``[-1, 1]``: signed maps, AttnLRP's); ``None`` keeps
     the values. ``interpolation``: ``"bilinear"`` (the paper's figures), ``"nearest"`` (patch blocks; PIL's and
     OpenCV's nearest, ``torch``'s ``nearest-exact``) or ``"bicubic"``.
     """
-    if scale is not None and scale not in SCALES:
-        raise InputError(f"scale must be one of {SCALES} or None, got {scale!r}")
+    if scale is not None and scale not in (*SCALES, "absmax"):
+        raise InputError(f"scale must be one of {(*SCALES, 'absmax')} or None, got {scale!r}")
     if interpolation not in INTERPOLATIONS:
         raise InputError(f"interpolation must be one of {INTERPOLATIONS}, got {interpolation!r}")
     x = torch.as_tensor(maps).detach().float().cpu()[:, None]
@@ -73,6 +74,9 @@ def upsample_maps(maps: torch.Tensor | np.ndarray, size: tuple[int, int], scale:
         m = F.interpolate(x, size=size, mode=interpolation, align_corners=False)[:, 0]
     if scale is None:
         return m.numpy()
+    if scale == "absmax":
+        peak = m.flatten(1).abs().amax(dim=1).clamp_min(torch.finfo(torch.float32).tiny)
+        return (m / peak[:, None, None]).numpy()
     m = m.clamp_min(0)
     if scale == "minmax":
         m = m - m.flatten(1).amin(dim=1)[:, None, None]
@@ -146,6 +150,8 @@ def plot_rollout(
     """
     if mode not in MODES:
         raise InputError(f"mode must be one of {MODES}, got {mode!r}")
+    if scale is not None and scale not in SCALES:  # upsample_maps' "absmax" is for signed maps, not drawn here
+        raise InputError(f"scale must be one of {SCALES}, got {scale!r}")
     if ncols is not None:
         check_positive_int(ncols, "ncols", "the images per row (or None for up to 4)")
     x = load_images(model, images)

@@ -187,9 +187,12 @@ def plot_faithfulness_grid(df: Any, *, errorbar: Any = ("se", 1.96)) -> Figure:
 
 @styled
 def plot_explanations_grid(model: Any, images: Any, maps: Mapping[str, torch.Tensor], *,
-                           labels: Sequence[str] | None = None, cmap: str = "magma", alpha: float = 0.5,
-                           fig: Figure | None = None) -> Figure:
-    """One row per image: the input, then each method's map over it (each map divided by its maximum).
+                           labels: Sequence[str] | None = None, cmap: str | None = None, alpha: float = 0.5,
+                           signed: bool = False, fig: Figure | None = None) -> Figure:
+    """One row per image: the input, then each method's map over it (each map divided by its maximum; negative
+    values clipped), or with ``signed`` each map alone, divided by its largest absolute value, on a diverging scale
+    (for signed methods: AttnLRP, input x gradient, integrated gradients, whose negative evidence the default
+    hides).
 
     Args:
         model: the ViT (its preprocessing de-normalises the inputs shown).
@@ -197,12 +200,14 @@ def plot_explanations_grid(model: Any, images: Any, maps: Mapping[str, torch.Ten
         maps: method name -> ``(B, gh, gw)`` maps on the model's token grid for these images (or ``(B, H, W)``,
             one value per pixel), e.g. ``{m: vitviz.explain(model, x, m) for m in methods}``.
         labels: one caption per image (row), e.g. the class.
-        cmap, alpha: heat-map colors (default ``magma``, perceptually uniform) and opacity.
+        cmap, alpha: heat-map colors (default ``magma``, perceptually uniform; ``RdBu_r`` with ``signed``, red
+            positive, blue negative, white zero) and opacity (over the image; a signed map is drawn alone).
+        signed: keep the sign (each map over ``[-1, 1]``) instead of clipping the negative values.
         fig: draw into this (empty) figure; default a new one sized to the panels.
 
     Returns:
-        the figure, with one colorbar "Relevance (relative to max)", as tall as the block of images (top of the
-        first row's to bottom of the last row's).
+        the figure, with one colorbar "Relevance (relative to max)" (``signed``: "Relevance (relative to max
+        |R|)"), as tall as the block of images (top of the first row's to bottom of the last row's).
 
     Raises:
         InputError: a map set that is not one map per image on the images' token grid, or ``labels`` not one per
@@ -229,13 +234,16 @@ def plot_explanations_grid(model: Any, images: Any, maps: Mapping[str, torch.Ten
         fig.set_layout_engine("constrained")  # room for the colorbar's label inside the figure
     axes, cax = image_block(fig, b, cols, colorbar=bool(names))
     mappable = None
+    cmap = cmap or ("RdBu_r" if signed else "magma")
     for j, name in enumerate(["Input", *names]):
-        heat = None if j == 0 else upsample_maps(maps[name], tuple(x.shape[-2:]))
+        heat = None if j == 0 else upsample_maps(maps[name], tuple(x.shape[-2:]), "absmax" if signed else "max")
         for i in range(b):
             a = axes[i, j]
-            a.imshow(rgb[i], interpolation="bilinear")
+            if heat is None or not signed:
+                a.imshow(rgb[i], interpolation="bilinear")
             if heat is not None:
-                mappable = a.imshow(heat[i], cmap=cmap, alpha=alpha, vmin=0, vmax=1, interpolation="bilinear")
+                mappable = a.imshow(heat[i], cmap=cmap, alpha=1.0 if signed else alpha, vmin=-1 if signed else 0,
+                                    vmax=1, interpolation="bilinear")
             a.set_xticks([])
             a.set_yticks([])
             for spine in a.spines.values():
@@ -248,5 +256,6 @@ def plot_explanations_grid(model: Any, images: Any, maps: Mapping[str, torch.Ten
         import matplotlib as mpl
 
         opaque = mpl.cm.ScalarMappable(norm=mappable.norm, cmap=mappable.cmap)  # the colours, not the overlay
-        colorbar_beside_block(cax, axes.ravel(), opaque, "Relevance (relative to max)")  # first row to last
+        label = "Relevance (relative to max |R|)" if signed else "Relevance (relative to max)"
+        colorbar_beside_block(cax, axes.ravel(), opaque, label)  # first row to last
     return fig
