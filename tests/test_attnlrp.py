@@ -863,7 +863,8 @@ def test_pixels_sum_per_patch_to_the_patch_tokens(family):
 def test_pixels_refusals_and_bad_input():
     hybrid = timm.create_model("vit_tiny_r_s16_p8_224", pretrained=False, img_size=32, depth=1, num_classes=3).eval()
     x = torch.randn(1, 3, 32, 32)
-    with pytest.raises(UnsupportedModelError, match="read_at='pixels'.*hybrid.*read the relevance at the tokens"):
+    with pytest.raises(UnsupportedModelError,
+                       match=r"VisionTransformer: AttnLRP at the pixels.*hybrid.*read_at='tokens', the default"):
         attnlrp(hybrid, x, read_at="pixels")
     assert attnlrp(hybrid, x).shape[1:] == inspect(hybrid).grid_size  # at the tokens
     m = tiny_timm(dtype=torch.float32)

@@ -31,6 +31,7 @@ from vitviz.core.families.lrp import (
 )
 from vitviz.core.families.lrp_families import Emit, refuse, separate_qkv_factors, with_input_hook
 from vitviz.core.families.timm_blocks import SCALING_BLOCKS, attention_of
+from vitviz.errors import UnsupportedModelError
 
 
 @dataclass(frozen=True)
@@ -236,8 +237,10 @@ def timm_rules(model: nn.Module, rules: LRPRules, emit: Emit) -> Undo:
     constant = tuple(f"blocks.{i}.attn.{c}" for i in range(len(model.blocks)) for c in layout.constant_children)
     pixels = rules.read_at == "pixels"
     if pixels and isinstance(getattr(getattr(model, "patch_embed", None), "backbone", None), nn.Module):
-        raise refuse(model, "read_at='pixels' needs a patch embedding vitviz has rules for, and this hybrid's CNN "
-                            "backbone (batch or group norms, pooling) has none; read the relevance at the tokens")
+        raise UnsupportedModelError(f"{type(model).__name__}: AttnLRP at the pixels (read_at='pixels') needs a patch "
+                                    "embedding vitviz has rules for, and this hybrid's CNN backbone (batch or group "
+                                    "norms, pooling) has none; read the relevance at the tokens (read_at='tokens', "
+                                    "the default)")
     off_path = tuple(p for p in layout.off_path if not (pixels and p in EMBEDDING))
     names = [(n, m) for n, m in model.named_modules() if n and n.split(".")[0] not in off_path
              and not any(n == c or n.startswith(f"{c}.") for c in constant)]
