@@ -50,6 +50,7 @@ CALLS: dict[str, Callable] = {
     "grad_rollout": lambda m, x: vitviz.grad_rollout(m, x, target=1),
     "chefer_relevance": lambda m, x: vitviz.chefer_relevance(m, x, target=1),
     "attnlrp": lambda m, x: vitviz.attnlrp(m, x, target=1),
+    "attnlrp-pixels": lambda m, x: vitviz.attnlrp(m, x, target=1, read_at="pixels", linear_rule="gamma"),
     "integrated_gradients": lambda m, x: vitviz.integrated_gradients(m, x, 1, n_steps=3),
     "input_x_gradient": lambda m, x: vitviz.input_x_gradient(m, x, 1),
     "gradcam": lambda m, x: vitviz.gradcam(m, x, 1),
@@ -143,7 +144,7 @@ def test_a_call_on_a_hybrid_with_batchnorm_leaves_everything_as_it_was(name):
 
 
 OTHER_CALLS = ("capture_attention-no-forward", "explain-chefer", "explain-grad_rollout", "explain-attnlrp",
-               "attention_rollout", "mean_attention_distance", "extract_features", "gradcam", "count_flops-forward",
+               "attnlrp-pixels", "attention_rollout", "mean_attention_distance", "extract_features", "gradcam", "count_flops-forward",
                "count_flops-backward", "sanity_checks", "plot_pos_embed")
 
 
