@@ -144,8 +144,8 @@ def test_a_call_on_a_hybrid_with_batchnorm_leaves_everything_as_it_was(name):
 
 
 OTHER_CALLS = ("capture_attention-no-forward", "explain-chefer", "explain-grad_rollout", "explain-attnlrp",
-               "attnlrp-pixels", "attention_rollout", "mean_attention_distance", "extract_features", "gradcam", "count_flops-forward",
-               "count_flops-backward", "sanity_checks", "plot_pos_embed")
+               "attnlrp-pixels", "attention_rollout", "mean_attention_distance", "extract_features", "gradcam",
+               "count_flops-forward", "count_flops-backward", "sanity_checks", "plot_pos_embed")
 
 
 @pytest.mark.parametrize("family", ["huggingface", "torchvision", "open_clip"])
