@@ -189,11 +189,12 @@ def explain(
         progress: show a progress bar.
         **opts: passed to the method: ``layer``, ``head_fusion``, ``token`` (attention); ``head_fusion``,
             ``discard_ratio``, ``residual``, ``start_layer``, ``token`` (rollout); ``head_fusion``, ``token``,
-            ``max_tokens``, ``normalise`` (flow); ``discard_ratio``, ``start_layer``, ``token`` (grad_rollout); ``start_layer``,
-            ``token`` (chefer); ``linear_rule``, ``epsilon``, ``gamma``, ``attention_rule``, ``plain``,
-            ``read_at``, ``return_tokens`` (attnlrp; ``read_at="pixels"`` gives ``(B, H, W)`` maps of the image,
-            ``return_tokens=True`` ``(B, N)`` token relevances); ``seed``, ``offset`` (random); ``pool``, ``n_steps``, ``baseline``,
-            ``internal_batch_size`` (integrated_gradients); ``pool`` (input_x_gradient); ``layer`` (gradcam).
+            ``max_tokens``, ``normalise`` (flow); ``discard_ratio``, ``start_layer``, ``token`` (grad_rollout);
+            ``start_layer``, ``token`` (chefer); ``linear_rule``, ``epsilon``, ``gamma``, ``attention_rule``,
+            ``plain``, ``read_at``, ``return_tokens`` (attnlrp; ``read_at="pixels"`` gives ``(B, H, W)`` maps of the
+            image, ``return_tokens=True`` ``(B, N)`` token relevances); ``seed``, ``offset`` (random); ``pool``,
+            ``n_steps``, ``baseline``, ``internal_batch_size`` (integrated_gradients); ``pool`` (input_x_gradient);
+            ``layer`` (gradcam).
 
     Returns:
         ``(B, gh, gw)`` float32 maps on the model's device, for every method and every model dtype (a float64
