@@ -813,7 +813,9 @@ PIXEL_FAMILIES = {
     "timm-beit": lambda: tiny_registered("beit_base_patch16_224"),
     "timm-parallel": lambda: tiny_registered("vit_pwee_patch16_reg1_gap_256"),
     "timm-naflexvit": lambda: tiny_registered("naflexvit_base_patch16_gap"),
-    "hf-vit": lambda: _hf("ViT"), "hf-siglip": lambda: _hf("Siglip"), "hf-dinov2": lambda: _hf("Dinov2"),
+    **{f"hf-{stem.lower()}": (lambda stem=stem: _hf(stem)) for stem in (
+        "ViT", "DeiT", "Beit", "Data2VecVision", "Dinov2", "DINOv3ViT", "Siglip", "CLIPVision", "Aimv2Vision",
+        "ViTMAE")},
     "torchvision": lambda: _jitter(__import__("torchvision").models.VisionTransformer(
         image_size=16, patch_size=8, num_layers=2, num_heads=2, hidden_dim=16, mlp_dim=32, num_classes=3)
         .double().eval()),
@@ -827,9 +829,11 @@ def _hf(stem: str) -> nn.Module:
     torch.manual_seed(14)
     common = dict(hidden_size=16, num_hidden_layers=2, num_attention_heads=2, intermediate_size=32, image_size=16,
                   patch_size=8)
-    cls = {"ViT": T.ViTModel, "Siglip": T.SiglipVisionModel, "Dinov2": T.Dinov2Model}[stem]
-    return _jitter(cls(getattr(T, f"{stem}Config" if stem != "Siglip" else "SiglipVisionConfig")(**common))
-                   .double().eval())
+    model = {"Siglip": "SiglipVisionModel", "CLIPVision": "CLIPVisionModel", "Aimv2Vision": "Aimv2VisionModel"}
+    config = {"Siglip": "SiglipVisionConfig"}.get(stem, f"{stem}Config")
+    extra = {"Beit": dict(use_absolute_position_embeddings=True), "ViTMAE": dict(mask_ratio=0.75),
+             "DINOv3ViT": dict(num_register_tokens=2)}.get(stem, {})
+    return _jitter(getattr(T, model.get(stem, f"{stem}Model"))(getattr(T, config)(**common, **extra)).double().eval())
 
 
 @pytest.mark.parametrize("family", list(PIXEL_FAMILIES))
