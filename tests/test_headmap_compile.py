@@ -141,7 +141,9 @@ def test_every_variant_compiles_without_spills(monkeypatch, tmp_path, arch, dt, 
 def test_the_check_sees_spills_and_oversized_tiles(monkeypatch, tmp_path):
     """The block shapes of vitviz 0.1 (64 x 64 tiles with 4 warps and 3 stages for head dims <= 64, else 64 x 32 with
     4 warps and 2 stages, whatever the dtype) fail the check: the distance pass with a float bias spills in bf16 at
-    ViT-B's head dim, and float32 at head dim 160 both spills and outgrows 99 KiB of shared memory."""
+    ViT-B's head dim, and in float32 at head dim 160 both spills and outgrows 99 KiB of shared memory (so under
+    Triton 3.8 and 3.9 alike; 3.8 builds the float32 fusing pass with a bias in too much shared memory but no
+    spills)."""
     seen = launches(monkeypatch, torch.bfloat16, 64, blocks="64,64,4,3")  # the dtype's own precision
     (kernel, signature, constexprs, options), = [v for (name, *_), v in seen.items()
                                                 if name == "_rows_kernel" and v[2]["WITH_DIST"]]
@@ -150,7 +152,7 @@ def test_the_check_sees_spills_and_oversized_tiles(monkeypatch, tmp_path):
 
     seen = launches(monkeypatch, torch.float32, 160, blocks="64,32,4,2", precision="ieee")
     (kernel, signature, constexprs, options), = [v for (name, *_), v in seen.items()
-                                                if name == "_fuse_kernel" and v[2]["BIAS_KIND"] == 2]
+                                                if name == "_rows_kernel" and v[2]["WITH_DIST"]]
     usage = compiled(kernel, signature, constexprs, options, 90, tmp_path, monkeypatch)
     assert usage["shared"] > SHARED_LIMIT and usage["spill_stores"] > 256, usage
     assert len(problems(usage)) == 2

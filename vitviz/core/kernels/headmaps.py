@@ -197,15 +197,17 @@ def _blocks(d: int, dtype: torch.dtype, precision: str) -> tuple[int, int, int, 
     it).
 
     Chosen so that no kernel variant spills registers and each fits the 99 KiB of shared memory a block may take on
-    the smallest CUDA parts (sm_86/89/120), as compiled offline for sm_90 (Triton 3.9's ptxas 13.4) and sm_80
-    (ptxas 12.9); ``tests/test_headmap_compile.py`` checks it in ``make test`` without a GPU. Before, ``64 x 64``
-    tiles with 4 warps spilled up to 1.4 KB per thread in bf16 (the distance pass with a float bias keeps score,
-    probability, bias-pointer and distance-pointer tiles live) and up to 9.3 KB in float32. Float32 ``"ieee"``
-    dots run on CUDA cores with both operands in registers, and for sm_90 ptxas 13.4 allocates such kernels 32
-    registers and spills kilobytes unless the tiles are small (seen from ``32 x 32`` tiles at head dim 128); the
-    3xTF32 dot builds cleanly in ``64 x 32`` tiles with one stage at head dim 64 (two stages spilled on sm_80) but
-    spilled in every shape tried at 128. Speed is for the GPU sweep to settle: these are the shapes that build
-    cleanly.
+    the smallest CUDA parts (sm_86/89/120), as compiled offline for sm_90 and sm_80 by Triton 3.8 and 3.9 (their
+    ptxas differ: a shape clean under one can spill under the other); ``tests/test_headmap_compile.py`` checks it
+    in ``make test`` without a GPU, with the Triton installed. Before, ``64 x 64`` tiles with 4 warps spilled up to
+    1.4 KB per thread in bf16 (the distance pass with a float bias keeps score, probability, bias-pointer and
+    distance-pointer tiles live) and up to 9.3 KB in float32; with 8 warps and 3 stages the same pass still spilled
+    8 bytes under Triton 3.8 (sm_90), clean under 3.9, hence ``64 x 32`` tiles in half types. Float32 ``"ieee"``
+    dots run on CUDA cores with both operands in registers, and for sm_90 ptxas allocates such kernels 32 registers
+    and spills kilobytes unless the tiles are small (seen from ``32 x 32`` tiles at head dim 128); the 3xTF32 dot at
+    head dim 64 builds cleanly on both targets and both Triton versions only in ``64 x 16`` tiles with one stage
+    (``64 x 32`` spilled up to 156 bytes on sm_80 under Triton 3.8, ``32 x 32`` under either) and spilled in every
+    shape tried at 128. Speed is for the GPU sweep to settle: these are the shapes that build cleanly.
     """
     env = os.environ.get("VITVIZ_HEADMAP_BLOCKS")
     if env:
@@ -220,9 +222,9 @@ def _blocks(d: int, dtype: torch.dtype, precision: str) -> tuple[int, int, int, 
     if dtype == torch.float32:
         if d > 64:
             return 16, 16, 4, 1
-        return (32, 32, 8, 2) if precision == "ieee" else (64, 32, 8, 1)
+        return (32, 32, 8, 2) if precision == "ieee" else (64, 16, 8, 1)
     if d <= 64:
-        return 64, 64, 8, 3
+        return 64, 32, 8, 2
     return (64, 32, 8, 2) if d <= 128 else (16, 16, 4, 1)
 
 
