@@ -26,8 +26,26 @@ import sys
 import time
 from pathlib import Path
 
+from torch.utils.data import Dataset
+
 ROOT = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(ROOT))  # the vitviz of this checkout, not an installed one
+
+
+class SyntheticImages(Dataset):
+    """``n`` images read from a pool of random ones in turn (image ``i`` is ``pool[i % len(pool)]``), items ``(x,)``
+    as a ``TensorDataset``'s; at module level so that loader workers started by spawn can unpickle it."""
+
+    def __init__(self, pool, n: int):
+        self.pool, self.n = pool, n
+
+    def __len__(self) -> int:
+        return self.n
+
+    def __getitem__(self, i: int):
+        if not 0 <= i < self.n:
+            raise IndexError(i)
+        return (self.pool[i % len(self.pool)],)
 
 
 def _hwm_mib() -> float | None:
@@ -46,6 +64,9 @@ def main() -> int:
     ap.add_argument("--model", default="cifar10-vit")
     ap.add_argument("--folder", default=None, help="folder of images (default: --synthetic random images)")
     ap.add_argument("--synthetic", type=int, default=1024, help="number of random images when no folder is given")
+    ap.add_argument("--pool", type=int, default=1024, help="--synthetic reads this many distinct random images in "
+                    "turn (image i is image i %% pool): the loader copies every image as for a dataset in memory, "
+                    "without generating and holding all of them (16,384 at 224 px would be 9.9 GB)")
     ap.add_argument("--reduction", default="distance", choices=["distance", "statistics", "plain"],
                     help="plain: the model's forward alone over the same loader (the baseline for images/s)")
     ap.add_argument("--kernel", default=None, choices=["auto", "on", "off"],
@@ -105,7 +126,7 @@ def main() -> int:
         source = args.folder
     else:
         torch.manual_seed(0)  # the same images on every rank
-        source = TensorDataset(torch.randn(args.synthetic, 3, *spec.img_size))
+        source = SyntheticImages(torch.randn(min(args.synthetic, args.pool), 3, *spec.img_size), args.synthetic)
     make = {"distance": DistanceReduction, "statistics": AttentionStatsReduction, "plain": lambda m: PlainForward()}
     reduction = make[args.reduction](model)
     cuda = args.device.startswith("cuda")
@@ -123,9 +144,10 @@ def main() -> int:
     if cuda:
         torch.cuda.synchronize()
     wall = time.perf_counter() - t
+    synthetic = f"{args.synthetic} random images (a pool of {min(args.synthetic, args.pool)} in turn)"
     out = {"model": args.model, "device": torch.cuda.get_device_name() if cuda else "cpu",
-           "source": args.folder or f"{args.synthetic} random images", "reduction": args.reduction,
-           "images": reduction.images, "processes": world, "batch": args.batch, "workers": args.workers, "threads": torch.get_num_threads(),
+           "source": args.folder or synthetic, "reduction": args.reduction, "images": reduction.images,
+           "processes": world, "batch": args.batch, "workers": args.workers, "threads": torch.get_num_threads(),
            "autocast": args.autocast if cuda else "off", "kernel": os.environ.get("VITVIZ_HEADMAP_KERNEL", "auto"),
            "wall_s": wall, "images_per_s": reduction.images / wall,
            "peak_mib": torch.cuda.max_memory_allocated() / 2**20 if cuda else _hwm_mib()}
@@ -136,8 +158,10 @@ def main() -> int:
     print(json.dumps(out))
     if args.out:
         torch.save(reduction.result(), args.out)
-    if args.json:
-        Path(args.json).write_text(json.dumps(out, indent=1) + "\n")
+    if args.json:  # atomically: a run cut by a time limit leaves no half-written file
+        tmp = Path(args.json).with_suffix(".tmp")
+        tmp.write_text(json.dumps(out, indent=1) + "\n")
+        os.replace(tmp, args.json)
     return 0
 
 

@@ -1,47 +1,56 @@
 #!/usr/bin/env bash
-# Every GPU figure of the head-map kernel work in one go, on a bare H100/H200 machine (Python 3.12, torch, timm,
-# triton preinstalled; no package index reachable). Run from the repository root:
+# Every GPU figure of the head-map kernel work, on a bare H100/H200 machine (Python 3.12, torch, timm, triton
+# preinstalled; no package index reachable), in ONE call of under 10 minutes. Run from the repository root:
 #
-#   OUT=/some/dir bash bench/gpu_run.sh                 # every part (about 27 minutes on an H100: see below)
-#   OUT=/some/dir bash bench/gpu_run.sh tests micro     # only some parts (setup always runs first)
+#   OUT=/some/dir bash bench/gpu_run.sh                 # the plan below; no part starts after GPU_RUN_DEADLINE_S (540)
+#   OUT=/some/dir bash bench/gpu_run.sh b16_448 tests   # only some parts (setup always runs first)
+#   GPU_RUN_DEADLINE_S=1800 OUT=/some/dir bash bench/gpu_run.sh all   # a GPU of one's own: every part, nothing cut
 #
-# Through a device tool that allows 10 minutes per command, four calls (GPU_RUN_DEADLINE_S=570 keeps each inside):
-#   GPU_RUN_DEADLINE_S=570 bash bench/gpu_run.sh tests micro    # ~7 min
-#   GPU_RUN_DEADLINE_S=570 bash bench/gpu_run.sh attn_b16       # ~5 min
-#   GPU_RUN_DEADLINE_S=570 bash bench/gpu_run.sh attn_l16       # ~7 min
-#   GPU_RUN_DEADLINE_S=570 bash bench/gpu_run.sh attn_hf dataset   # ~9 min
+# Sized for a GPU lent for minutes with a limit of 10 minutes per command: one call, `bash bench/gpu_run.sh` with a
+# 600 s limit ($OUT set). The parts run in the order the figures need them, each with its own time limit, each going
+# on when an earlier one failed, none started with under 30 s left before the deadline; every part writes its JSON
+# after each case, so a cut keeps what was measured before it:
 #
-# Parts (in this order by default), each with its own time limit, each going on when an earlier one failed:
-#   setup      versions, GPU, vitviz installed (pip install --no-deps -e . offline; else PYTHONPATH), a kernel smoke
-#              check, timm from .whl/ when the machine's is older than vitviz's stream probe needs   (~1 min)
-#   tests      pytest -m gpu (kernel vs PyTorch path on ViT-B/16 448 px shapes, peak-memory bound, CUDA checks)
-#                                                                                                    (~3 min, cap 5)
-#   micro      bench/headmap_kernel.py: the kernels alone vs SDPA per layer, block shapes and float32 precision
-#              swept (bf16, fp32 = 3xTF32, fp32-ieee; 5 block shapes; JSON written after every case)  (~3 min, cap 5)
-#   (bench/attention.py exits 3 when every case ran and a goal was missed, 1 when a case failed)
-#   attn_b16   bench/attention.py, ViT-B/16, 224 px (batch 32) and 448 px (batch 8), bf16 and fp32: plain, explicit,
-#              store, timm, rollout/distance on the PyTorch stream path and with the kernels, rollout with the
-#              forward's log-sum-exp (rollout_fwdlse); one process per dtype and size     (~4 min, cap 4 x 130 s)
-#   attn_l16   the same for ViT-L/16                                                          (~6 min, cap 4 x 130 s)
-#   attn_hf    a Hugging Face ViTModel of ViT-B/16's size (SDPA; its stream probe, vitviz/core/families/hf_probes.py)
-#              and torchvision's vit_b_16 (nn.MultiheadAttention; stream.probe_mha_stream), each at 448 px (batch
-#              8), bf16 and fp32, without the timm-only anchor (and torchvision without the forward LSE)
-#                                                                                          (~4 min, cap 4 x 130 s)
-#   dataset    bench/dataset.py, ViT-B/16 224 px, bf16 autocast, 16,384 synthetic images, batch 256, 4 workers:
-#              plain forward, distance (kernel), distance (PyTorch stream path), plain again  (~4 min, cap 4 x 110 s)
+#   setup          versions, GPU, vitviz installed (pip install --no-deps -e . offline; else PYTHONPATH), a kernel
+#                  smoke check, timm from .whl/ when the machine's is older than vitviz's stream probe needs
+#                                                                                              (~40 s, cap 90)
+#   b16_448        bench/attention.py, ViT-B/16 at 448 px (batch 8), bf16 then fp32, one process each: plain,
+#                  explicit, store, timm, rollout and distance on the PyTorch stream path (*_torch) and with the
+#                  kernels (*_kernel), rollout with the forward's log-sum-exp (rollout_fwdlse): the goal cases
+#                                                                                  (~25 s a process, cap 90 each)
+#   l16_448        the same for ViT-L/16                                          (~35 s a process, cap 90 each)
+#   dataset        bench/dataset.py, ViT-B/16 224 px, bf16 autocast, 16,384 synthetic images (a pool of 1,024 read
+#                  in turn), batch 256, 4 workers: plain forward, distance (kernels), plain again
+#                                                                                  (~30 s a process, cap 75 each)
+#   tests          pytest -m gpu over the files that hold gpu tests (the kernels against the PyTorch path on
+#                  ViT-B/16 448 px shapes, the forward LSE, the peak-memory bound, CUDA checks)   (~90 s, cap 150)
+#   b16_224        ViT-B/16 at 224 px (batch 32), bf16 then fp32                  (~20 s a process, cap 90 each)
+#   l16_224        ViT-L/16 at 224 px                                             (~30 s a process, cap 90 each)
+#   hf             a Hugging Face ViTModel of ViT-B/16's size (SDPA; its stream probe, vitviz/core/families/
+#                  hf_probes.py) at 448 px, bf16 then fp32, without timm's anchor  (~25 s a process, cap 90 each)
+#   tv             torchvision's vit_b_16 (nn.MultiheadAttention; stream.probe_mha_stream) at 448 px, bf16 then
+#                  fp32, without timm's anchor nor the forward LSE                 (~25 s a process, cap 90 each)
+#   dataset_torch  the dataset path's distance on the PyTorch stream path (kernels off)          (~30 s, cap 75)
+#   micro          bench/headmap_kernel.py: the kernels alone against SDPA per layer, 448 px shapes first, bf16,
+#                  fp32 (3xTF32) and fp32-ieee, 5 block shapes                      (what time is left, cap 300)
 #
-# Estimates, not measurements (no GPU was at hand when this was written): model creation ~5-15 s per process,
-# Triton compilation a few seconds per kernel variant, the timed work seconds per case (see docs/benchmarks.md for
-# the earlier H100 figures of the same benchmarks). The whole run: about 27 minutes, within 30.
+# Aliases: attn_b16 = b16_448 b16_224, attn_l16 = l16_448 l16_224, attn_hf = hf tv, all = the whole plan.
+# bench/attention.py exits 3 when every case ran and a goal was missed, 1 when a case failed.
 #
-# GPU_RUN_REHEARSAL=1 runs the same parts on the CPU in a minute or two (tests/test_gpu_run.py, in `make test`): tiny
-# models and shapes, the kernels under Triton's interpreter, nothing installed; so the script and every command line
-# it builds are known to work before a GPU is at hand. Its figures mean nothing.
+# Estimates, not measurements (no GPU was at hand when this was written): imports ~3-5 s per process, model creation
+# 1-5 s (ViT-L/16's random init on the CPU the longest), Triton compilation a few seconds per kernel variant (cached
+# on disk for the later processes), the timed work seconds per case (docs/benchmarks.md has the earlier H100 figures
+# of the same benchmarks). Up to and with l16_224 is expected well inside the 540 s; hf, tv, dataset_torch and micro
+# take what is left, and the summary says SKIPPED for a part that found too little.
 #
-# Output under $OUT (at most 8 files come back from the device machine): env.json, gpu_tests.log, micro.json,
-# attention_b16.json, attention_l16.json, attention_hf.json, attention_tv.json, dataset.json, run.log (everything
-# printed), summary.txt (last lines). In one call that is 10 files where 8 come back at most: run the parts in the
-# four calls above (each call's $OUT is its own), or drop gpu_tests.log and run.log (summary.txt has their ends).
+# GPU_RUN_REHEARSAL=1 runs the same parts on the CPU (tests/test_gpu_run.py, in `make test`): tiny models and
+# shapes, the kernels under Triton's interpreter, nothing installed, no deadline unless one is given; so the script
+# and every command line it builds are known to work before a GPU is at hand. Its figures mean nothing.
+#
+# Output under $OUT, 8 files (few, for a remote machine that returns only some): env.json, attention_b16.json,
+# attention_l16.json, attention_hf.json (the Hugging Face and the torchvision rows), dataset.json, micro.json,
+# run.log (everything printed, the gpu tests' output with it) and summary.txt (each part's exit status and time,
+# the goal lines, the tests' counts).
 set -u -o pipefail
 cd "$(dirname "$0")/.."
 OUT=${OUT:-bench/results/gpu_run}
@@ -50,29 +59,35 @@ PY=${PYTHON:-python3}
 export PYTHONUNBUFFERED=1 PYTHONWARNINGS=ignore
 export PYTHONPATH="$PWD${PYTHONPATH:+:$PYTHONPATH}"
 LOG="$OUT/run.log"
+: >"$LOG"
 START=$SECONDS
-DEADLINE_S=${GPU_RUN_DEADLINE_S:-1740}  # stop starting parts after this (29 min; 570 for one 10-minute device call)
 declare -a RESULTS=()
+declare -A CLEARED=()
 # what each part runs on: the GPU, or (GPU_RUN_REHEARSAL=1) the CPU with tiny stand-ins
 if [ "${GPU_RUN_REHEARSAL:-0}" = 1 ]; then
     export TRITON_INTERPRET=1
-    DEV=cpu REPEATS=1 SMALL=32 LARGE=32 SIZES=32 BATCH_SMALL=2 BATCH_LARGE=2 KERNEL_AUTO=on AMP=off ATTN_EXTRA=(--no-memory)
+    DEADLINE_S=${GPU_RUN_DEADLINE_S:-3600}  # the interpreter is slow and a CI machine may be shared: no cut,
+    CAP_SCALE=4                             # and each part's time limit four times the GPU's
+    DEV=cpu REPEATS=1 SMALL=32 LARGE=48 BATCH_SMALL=2 BATCH_LARGE=2 KERNEL_AUTO=on AMP=off ATTN_EXTRA=(--no-memory)
     B16=vit_tiny_patch16_224 L16=vit_small_patch16_224 DATA_MODEL=cifar10-vit DATA_N=8 DATA_BATCH=4 WORKERS=0
     SMOKE="2 3 37 16"
     MICRO_ARGS=(--device cpu --shapes tiny --dtypes fp32 fp32-ieee --blocks default 16,16,1,1)
 else
-    DEV=cuda REPEATS=5 SMALL=224 LARGE=448 SIZES="224 448" BATCH_SMALL=32 BATCH_LARGE=8 KERNEL_AUTO=auto AMP=bf16
+    DEADLINE_S=${GPU_RUN_DEADLINE_S:-540}  # no part starts after this: one device call of 600 s at most
+    CAP_SCALE=1
+    DEV=cuda REPEATS=5 SMALL=224 LARGE=448 BATCH_SMALL=32 BATCH_LARGE=8 KERNEL_AUTO=auto AMP=bf16
     ATTN_EXTRA=()
     B16=vit_base_patch16_224 L16=vit_large_patch16_224 DATA_MODEL=vit_base_patch16_224 DATA_N=16384 DATA_BATCH=256
-    WORKERS=4 MICRO_ARGS=() SMOKE="2 12 197 64"
+    WORKERS=4 SMOKE="2 12 197 64"
+    MICRO_ARGS=(--shapes vit_b16_448 vit_l16_448 vit_b16_224 vit_l16_224)
 fi
 
 note() { echo "[gpu_run +$((SECONDS - START))s] $*" | tee -a "$LOG"; }
 
-# run_part NAME LIMIT_S COMMAND...: runs with a time limit (cut to what is left before DEADLINE_S), output appended
-# to run.log (and to $PART_LOG when set); records the exit status; skipped when less than 30 s are left
+# run_part NAME LIMIT_S COMMAND...: runs with a time limit (LIMIT_S x CAP_SCALE, cut to what is left before
+# DEADLINE_S), output appended to run.log; records the exit status; skipped when under 30 s are left
 run_part() {
-    local name=$1 limit=$2
+    local name=$1 limit=$(($2 * CAP_SCALE))
     shift 2
     local left=$((DEADLINE_S - (SECONDS - START)))
     if [ "$left" -lt 30 ]; then
@@ -82,16 +97,23 @@ run_part() {
     fi
     [ "$limit" -gt "$left" ] && limit=$left
     note "--- $name (limit ${limit}s): $*"
-    timeout --kill-after=10 "$limit" "$@" 2>&1 | tee -a "$LOG" ${PART_LOG:+"$PART_LOG"}
+    timeout --kill-after=10 "$limit" "$@" 2>&1 | tee -a "$LOG"
     local rc=${PIPESTATUS[0]}
     RESULTS+=("$name: exit $rc after $((SECONDS - START))s")
     note "--- $name: exit $rc"
 }
 
+# fresh FILE: removes FILE the first time a part of this run writes to it (the parts after it append)
+fresh() {
+    [ -n "${CLEARED[$1]:-}" ] && return
+    rm -f "$1"
+    CLEARED[$1]=1
+}
+
 part_setup() {
     if [ "${GPU_RUN_REHEARSAL:-0}" = 1 ]; then
         note "rehearsal on the CPU: nothing installed, tiny models, TRITON_INTERPRET=1"
-    elif [ -d .whl ] && ls .whl/*.whl >/dev/null 2>&1; then  # carried wheels (e.g. a newer timm), as the device docs say
+    elif [ -d .whl ] && ls .whl/*.whl >/dev/null 2>&1; then  # wheels brought along (a newer timm, say)
         $PY -m pip install -q --no-index --no-deps --no-compile --no-cache-dir --upgrade --target /tmp/site .whl/*.whl \
             && export PYTHONPATH="$PYTHONPATH:/tmp/site" && note "installed carried wheels: $(ls .whl)"
     fi
@@ -99,7 +121,7 @@ part_setup() {
         >>"$LOG" 2>&1 && note "vitviz installed (editable, no deps)" \
         || note "pip install -e . did not work offline: using PYTHONPATH=$PWD"; }
     nvidia-smi --query-gpu=name,memory.total,driver_version,clocks.sm,clocks.max.sm --format=csv 2>&1 | tee -a "$LOG"
-    run_part setup 120 $PY - "$OUT/env.json" "$DEV" $SMOKE <<'EOF'
+    run_part setup 90 $PY - "$OUT/env.json" "$DEV" $SMOKE <<'EOF'
 import json, sys, importlib.metadata as md
 import torch
 info = {"python": sys.version.split()[0], "gpu": torch.cuda.get_device_name() if torch.cuda.is_available() else None}
@@ -114,7 +136,7 @@ info["vitviz_file"] = vitviz.__file__
 info["timm_stream_probe"] = Version(timm.__version__) >= Version("1.0.26")
 if not info["timm_stream_probe"]:
     print(f"WARNING: timm {timm.__version__} < 1.0.26: the stream probe (and so the kernels) are off for timm models;"
-          " carry a timm>=1.0.26 wheel in .whl/ (see /work/.library/device/README.md)")
+          " put a timm>=1.0.26 wheel in .whl/ (this script's setup installs it)")
 from vitviz.core import kernels
 info["use_kernel"] = kernels.use_kernel(sys.argv[2])
 from vitviz.core.kernels import headmaps
@@ -128,12 +150,14 @@ sys.exit(0 if info["smoke_max_abs"] < 1e-5 else 1)
 EOF
 }
 
-part_tests() {
-    PART_LOG="$OUT/gpu_tests.log" run_part tests 300 $PY -m pytest -q -p no:cacheprovider -m gpu tests \
-        --ignore=tests/browser --ignore=tests/test_report.py -o addopts="-ra" --timeout=240
+part_tests() {  # only the files that hold gpu tests: collecting the whole suite would import all of it
+    local files
+    files=$(grep -l "pytest.mark.gpu" tests/test_*.py | tr '\n' ' ')
+    run_part tests 150 $PY -m pytest -q -p no:cacheprovider -m gpu $files -o addopts="-ra" --timeout=120
 }
 
 part_micro() {
+    fresh "$OUT/micro.json"
     run_part micro 300 $PY bench/headmap_kernel.py "${MICRO_ARGS[@]}" --json "$OUT/micro.json"
 }
 
@@ -145,62 +169,77 @@ METHODS=${METHODS//$'\n'/ }
 TV_METHODS="plain explicit store rollout_torch rollout_kernel store_distance distance_torch distance_kernel"
 HF_METHODS="$TV_METHODS rollout_fwdlse"
 
-part_attn() {  # part_attn TAG MODEL [SIZES [METHODS]]: one process per dtype and size (results appended to the JSON)
-    local tag=$1 model=$2 sizes=${3:-$SIZES} methods=${4:-$METHODS} dt size
-    rm -f "$OUT/attention_$tag.json"
+part_attn() {  # part_attn TAG MODEL SIZE METHODS: one process per dtype, rows appended to attention_TAG.json
+    local tag=$1 model=$2 size=$3 methods=$4 dt batch
+    batch=$([ "$size" = "$SMALL" ] && echo "$BATCH_SMALL" || echo "$BATCH_LARGE")
+    fresh "$OUT/attention_$tag.json"
     for dt in bf16 fp32; do
-        for size in $sizes; do
-            run_part "attention_${tag}_${dt}_$size" 130 $PY bench/attention.py --device "$DEV" --model "$model" \
-                --dtype "$dt" --sizes "$size" --batch "$([ "$size" = "$SMALL" ] && echo "$BATCH_SMALL" || echo "$BATCH_LARGE")" \
-                --repeats "$REPEATS" "${ATTN_EXTRA[@]}" \
-                --methods $methods --json "$OUT/attention_$tag.json"
-        done
+        run_part "attention_${tag}_${model#*:}_${dt}_$size" 90 $PY bench/attention.py --device "$DEV" \
+            --model "$model" --dtype "$dt" --sizes "$size" --batch "$batch" --repeats "$REPEATS" "${ATTN_EXTRA[@]}" \
+            --methods $methods --json "$OUT/attention_$tag.json"
     done
 }
 
-part_dataset() {
-    local json="$OUT/dataset.json" tmp
-    tmp=$(mktemp -d)
-    local i=0 red kern
-    for spec in "plain $KERNEL_AUTO" "distance $KERNEL_AUTO" "distance off" "plain $KERNEL_AUTO"; do
+part_dataset() {  # part_dataset "REDUCTION KERNEL"...: one process each, its row appended to dataset.json
+    local json="$OUT/dataset.json" row="$OUT/.dataset_row.json" spec red kern
+    fresh "$json"
+    for spec in "$@"; do
         read -r red kern <<<"$spec"
-        i=$((i + 1))
-        run_part "dataset_${i}_${red}_$kern" 110 $PY bench/dataset.py --model "$DATA_MODEL" --synthetic "$DATA_N" \
+        rm -f "$row"
+        run_part "dataset_${red}_kernel-$kern" 75 $PY bench/dataset.py --model "$DATA_MODEL" --synthetic "$DATA_N" \
             --device "$DEV" --batch "$DATA_BATCH" --workers "$WORKERS" --autocast "$AMP" --reduction "$red" \
-            --kernel "$kern" --warmup "$([ "$DEV" = cuda ] && echo 4 || echo 1)" \
-            --json "$tmp/$i.json"
-    done
-    $PY - "$tmp" "$json" <<'EOF' 2>&1 | tee -a "$LOG"
-import json, sys, pathlib
-rows = [json.loads(p.read_text()) for p in sorted(pathlib.Path(sys.argv[1]).glob("*.json"))]
-pathlib.Path(sys.argv[2]).write_text(json.dumps(rows, indent=1) + "\n")
+            --kernel "$kern" --warmup "$([ "$DEV" = cuda ] && echo 4 || echo 1)" --json "$row"
+        [ -f "$row" ] || continue
+        $PY - "$row" "$json" <<'EOF' 2>&1 | tee -a "$LOG"
+import json, os, pathlib, sys
+row, path = json.loads(pathlib.Path(sys.argv[1]).read_text()), pathlib.Path(sys.argv[2])
+rows = (json.loads(path.read_text()) if path.exists() else []) + [row]
+tmp = path.with_suffix(".tmp")
+tmp.write_text(json.dumps(rows, indent=1) + "\n")
+os.replace(tmp, path)
+os.remove(sys.argv[1])
 plain = [r["images_per_s"] for r in rows if r["reduction"] == "plain"]
-for r in rows:
-    ratio = r["images_per_s"] / max(plain) if plain else float("nan")
-    print(f"dataset {r['reduction']:9} kernel={r.get('kernel')} {r['images_per_s']:8.1f} img/s "
-          f"({ratio:.0%} of the faster plain run; goal >= 85%) peak {r['peak_mib']:.0f} MiB")
+ratio = row["images_per_s"] / max(plain) if plain else float("nan")
+print(f"dataset {row['reduction']:9} kernel={row.get('kernel')} {row['images_per_s']:8.1f} img/s "
+      f"({ratio:.0%} of the fastest plain run so far; goal >= 85%) peak {row['peak_mib']:.0f} MiB")
 EOF
-    rm -rf "$tmp"
+    done
 }
 
-PARTS=("$@")
-[ ${#PARTS[@]} -eq 0 ] && PARTS=(setup tests micro attn_b16 attn_l16 attn_hf dataset)
-[ "${PARTS[0]}" != setup ] && PARTS=(setup "${PARTS[@]}")  # versions and the smoke check come first, always
+PLAN=(b16_448 l16_448 dataset tests b16_224 l16_224 hf tv dataset_torch micro)
+PARTS=(setup)  # versions and the smoke check come first, always
+[ $# -eq 0 ] && set -- "${PLAN[@]}"
+for part in "$@"; do
+    case $part in
+        attn_b16) PARTS+=(b16_448 b16_224) ;;
+        attn_l16) PARTS+=(l16_448 l16_224) ;;
+        attn_hf) PARTS+=(hf tv) ;;
+        all) PARTS+=("${PLAN[@]}") ;;
+        setup) ;;
+        *) PARTS+=("$part") ;;
+    esac
+done
+note "parts: ${PARTS[*]}; deadline ${DEADLINE_S} s; OUT=$OUT"
 for part in "${PARTS[@]}"; do
     case $part in
         setup) part_setup ;;
+        b16_448) part_attn b16 "$B16" "$LARGE" "$METHODS" ;;
+        l16_448) part_attn l16 "$L16" "$LARGE" "$METHODS" ;;
+        b16_224) part_attn b16 "$B16" "$SMALL" "$METHODS" ;;
+        l16_224) part_attn l16 "$L16" "$SMALL" "$METHODS" ;;
+        hf) part_attn hf hf:vit-base-patch16 "$LARGE" "$HF_METHODS" ;;
+        tv) part_attn hf tv:vit_b_16 "$LARGE" "$TV_METHODS" ;;
+        dataset) part_dataset "plain $KERNEL_AUTO" "distance $KERNEL_AUTO" "plain $KERNEL_AUTO" ;;
+        dataset_torch) part_dataset "distance off" ;;
         tests) part_tests ;;
         micro) part_micro ;;
-        attn_b16) part_attn b16 "$B16" ;;
-        attn_l16) part_attn l16 "$L16" ;;
-        attn_hf) part_attn hf hf:vit-base-patch16 "$LARGE" "$HF_METHODS"
-                 part_attn tv tv:vit_b_16 "$LARGE" "$TV_METHODS" ;;
-        dataset) part_dataset ;;
-        *) note "unknown part $part (setup tests micro attn_b16 attn_l16 attn_hf dataset)" ;;
+        *) RESULTS+=("$part: UNKNOWN part")
+           note "unknown part $part (the parts: ${PLAN[*]}; aliases attn_b16 attn_l16 attn_hf all)" ;;
     esac
 done
 {
-    echo "gpu_run parts: ${PARTS[*]} ($((SECONDS - START)) s)"
+    echo "gpu_run parts: ${PARTS[*]} ($((SECONDS - START)) s, deadline ${DEADLINE_S} s)"
     printf '%s\n' "${RESULTS[@]}"
-    grep -h -E "^  -> |^dataset |passed|failed" "$LOG" 2>/dev/null | tail -n 60
+    grep -h -E "^  -> |^dataset |[0-9]+ (passed|failed|skipped)" "$LOG" 2>/dev/null | tail -n 80 || true
 } | tee "$OUT/summary.txt"
+exit 0  # each part's own exit status is in the summary

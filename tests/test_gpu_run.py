@@ -23,6 +23,9 @@ BENCH = ROOT / "bench"
 _spec = importlib.util.spec_from_file_location("bench_attention", BENCH / "attention.py")
 attention_bench = importlib.util.module_from_spec(_spec)
 _spec.loader.exec_module(attention_bench)
+_spec = importlib.util.spec_from_file_location("bench_gpu_tables", BENCH / "gpu_tables.py")
+gpu_tables = importlib.util.module_from_spec(_spec)
+_spec.loader.exec_module(gpu_tables)
 
 pytestmark = [pytest.mark.slow,
               pytest.mark.skipif(shutil.which("bash") is None or shutil.which("timeout") is None,
@@ -30,24 +33,30 @@ pytestmark = [pytest.mark.slow,
               pytest.mark.skipif(not kernels.triton_available(),
                                  reason=f"needs Triton {'.'.join(map(str, kernels.MIN_TRITON))} or newer")]
 
-PARTS = ["setup", "tests", "micro", "attention_b16", "attention_l16", "attention_hf", "attention_tv", "dataset"]
+PLAN = "setup b16_448 l16_448 dataset tests b16_224 l16_224 hf tv dataset_torch micro"
+PARTS = ["setup", "tests", "micro", "attention_b16", "attention_l16", "attention_hf_vit-base", "attention_hf_vit_b_16",
+         "dataset"]
+
+
+def _run(out: Path, *parts: str, **extra: str) -> subprocess.CompletedProcess:
+    env = {k: v for k, v in os.environ.items()
+           if not k.startswith(("VITVIZ_HEADMAP", "TRITON_INTERPRET", "GPU_RUN_"))}
+    env.update(GPU_RUN_REHEARSAL="1", OUT=str(out), PYTHON=sys.executable, **extra)
+    return subprocess.run(["bash", str(BENCH / "gpu_run.sh"), *parts], cwd=ROOT, env=env, capture_output=True,
+                          text=True, timeout=2400)
 
 
 @pytest.fixture(scope="module")
 def rehearsal(tmp_path_factory):
     out = tmp_path_factory.mktemp("gpu_run")
-    env = {k: v for k, v in os.environ.items() if not k.startswith(("VITVIZ_HEADMAP", "TRITON_INTERPRET"))}
-    env.update(GPU_RUN_REHEARSAL="1", OUT=str(out), PYTHON=sys.executable)
-    proc = subprocess.run(["bash", str(BENCH / "gpu_run.sh")], cwd=ROOT, env=env, capture_output=True, text=True,
-                          timeout=900)
-    return out, proc
+    return out, _run(out)
 
 
 def test_every_part_runs_and_reports_its_exit_status(rehearsal):
     out, proc = rehearsal
     assert proc.returncode == 0, proc.stderr[-3000:]
     summary = (out / "summary.txt").read_text()
-    assert summary.startswith("gpu_run parts: setup tests micro attn_b16 attn_l16 attn_hf dataset")
+    assert summary.startswith(f"gpu_run parts: {PLAN} ")
     status = dict(re.findall(r"^(\S+): exit (\d+)", summary, flags=re.M))
     for part in PARTS:
         names = [name for name in status if name.startswith(part)]
@@ -58,32 +67,101 @@ def test_every_part_runs_and_reports_its_exit_status(rehearsal):
     assert "SKIPPED" not in summary
 
 
-def test_the_json_files_hold_every_row_the_tables_need(rehearsal):
+def test_the_out_folder_holds_the_eight_files_every_table_needs(rehearsal):
     out, _ = rehearsal
+    assert sorted(p.name for p in out.iterdir()) == sorted(
+        ["env.json", "attention_b16.json", "attention_l16.json", "attention_hf.json", "dataset.json", "micro.json",
+         "run.log", "summary.txt"])
     env = json.loads((out / "env.json").read_text())
     assert env["smoke_max_abs"] < 1e-5 and env["timm_stream_probe"] and env["torch"]
     methods = set(attention_bench.METHODS) - {"grad_rollout", "rollout", "distance"}
     # timm's AttentionExtract: timm models only; the forward LSE: not torchvision's MultiheadAttention
-    for tag, want in (("b16", methods), ("l16", methods), ("hf", methods - {"timm"}),
-                      ("tv", methods - {"timm", "rollout_fwdlse"})):
-        rows = json.loads((out / f"attention_{tag}.json").read_text())
-        assert {r["dtype"] for r in rows} == {"bf16", "fp32"}
+    for tag, model, sizes, want in (
+            ("b16", "vit_tiny_patch16_224", {32, 48}, methods), ("l16", "vit_small_patch16_224", {32, 48}, methods),
+            ("hf", "hf:vit-base-patch16", {48}, methods - {"timm"}),
+            ("hf", "tv:vit_b_16", {48}, methods - {"timm", "rollout_fwdlse"})):
+        rows = [r for r in json.loads((out / f"attention_{tag}.json").read_text()) if r["model"] == model]
         for dtype in ("bf16", "fp32"):
-            assert {r["method"] for r in rows if r["dtype"] == dtype} == want
+            for size in sizes:
+                got = [r["method"] for r in rows if r["dtype"] == dtype and r["size"] == size]
+                assert sorted(got) == sorted(want), (tag, model, dtype, size)
+        assert {(r["dtype"], r["size"]) for r in rows} == {(d, s) for d in ("bf16", "fp32") for s in sizes}
         assert all(r["images_per_s"] > 0 and r["tokens"] > 1 for r in rows)
-    assert {r["model"] for r in json.loads((out / "attention_hf.json").read_text())} == {"hf:vit-base-patch16"}
-    assert {r["model"] for r in json.loads((out / "attention_tv.json").read_text())} == {"tv:vit_b_16"}
     micro = json.loads((out / "micro.json").read_text())
     assert micro and not [r for r in micro if "error" in r]
     assert all(r["max_abs"] < 1e-5 and r["sdpa_ms"] > 0 for r in micro)
     data = json.loads((out / "dataset.json").read_text())
-    assert [r["reduction"] for r in data] == ["plain", "distance", "distance", "plain"]
-    assert [r["kernel"] for r in data] == ["on", "on", "off", "on"] and all(r["images"] == 8 for r in data)
+    assert [r["reduction"] for r in data] == ["plain", "distance", "plain", "distance"]
+    assert [r["kernel"] for r in data] == ["on", "on", "on", "off"] and all(r["images"] == 8 for r in data)
 
 
 def test_the_gpu_tests_are_collected(rehearsal):
     """On the CPU the ``gpu`` tests skip, but they import and are collected: the GPU run will not fail on a typo."""
     out, _ = rehearsal
-    log = (out / "gpu_tests.log").read_text()
-    skipped = re.search(r"(\d+) skipped", log)
-    assert skipped and int(skipped.group(1)) >= 15 and not re.search(r"\d+ errors?\b", log), log[-2000:]
+    log = (out / "run.log").read_text()
+    tests = log[log.index("--- tests (limit"):log.index("--- tests: exit")]
+    skipped = re.search(r"(\d+) skipped", tests)
+    assert skipped and int(skipped.group(1)) >= 15 and not re.search(r"\d+ errors?\b", tests), tests[-2000:]
+    assert "deselected" in tests  # only the gpu tests of those files were run
+
+
+def test_past_the_deadline_every_part_is_skipped_and_said_so(tmp_path):
+    """The deadline cuts the plan, never the script: a part that would start with under 30 s left is recorded as
+    SKIPPED in the summary, aliases expand, an unknown part is named, and the script still ends with its summary."""
+    proc = _run(tmp_path, "attn_hf", "micro", "nosuchpart", GPU_RUN_DEADLINE_S="0")
+    assert proc.returncode == 0, proc.stderr[-3000:]
+    summary = (tmp_path / "summary.txt").read_text()
+    assert summary.startswith("gpu_run parts: setup hf tv micro nosuchpart ")
+    skipped = re.findall(r"^(\S+): SKIPPED", summary, flags=re.M)
+    assert skipped == ["setup", "attention_hf_vit-base-patch16_bf16_48", "attention_hf_vit-base-patch16_fp32_48",
+                       "attention_hf_vit_b_16_bf16_48", "attention_hf_vit_b_16_fp32_48", "micro"], summary
+    assert "nosuchpart: UNKNOWN part" in summary
+    assert sorted(p.name for p in tmp_path.iterdir()) == ["run.log", "summary.txt"]
+    tables = gpu_tables.render(tmp_path)  # nothing measured: said so for each file, every part listed
+    for name in ("env.json", "attention_b16.json", "attention_l16.json", "attention_hf.json", "dataset.json",
+                 "micro.json"):
+        assert f"{name}: not" in tables, name
+    assert tables.count(": SKIPPED") == 6 and "- nosuchpart: UNKNOWN part" in tables
+    assert "`gpu` tests: no pytest summary in this run." in tables
+
+
+def _cell(tables: str, first: list[str], column: int) -> str:
+    """The cell in ``column`` of the Markdown table row whose first cells are ``first``."""
+    for line in tables.splitlines():
+        cells = [c.strip() for c in line.strip("|").split("|")]
+        if line.startswith("|") and cells[:len(first)] == first:
+            return cells[column]
+    raise AssertionError(f"no row {first}")
+
+
+def test_the_tables_show_every_measured_row_and_the_goals_recomputed(rehearsal):
+    """bench/gpu_tables.py on the rehearsal's folder: a row per method with its images/s, its time over plain's and
+    each goal as recomputed here from the JSON rows; the dataset shares; the parts and the tests' counts."""
+    out, _ = rehearsal
+    tables = gpu_tables.render(out)
+    assert "not measured" not in tables and "not written" not in tables
+    for tag in ("b16", "l16", "hf"):
+        rows = json.loads((out / f"attention_{tag}.json").read_text())
+        for r in rows:
+            plain = next(p for p in rows if (p["model"], p["dtype"], p["size"], p["method"])
+                         == (r["model"], r["dtype"], r["size"], "plain"))
+            ratio = r["time_s"] / plain["time_s"]
+            if r["method"] in attention_bench.PAIRS:  # the goal table: one row per case and streaming method
+                goal = attention_bench.GOAL_TIME[r["size"]] if r["size"] in attention_bench.GOAL_TIME else None
+                cell = _cell(tables, [r["model"], r["dtype"], str(r["size"]), r["method"]], 4)
+                assert cell == f"{ratio:.2f}", (r["model"], r["method"], cell)
+                verdict = _cell(tables, [r["model"], r["dtype"], str(r["size"]), r["method"]], 5)
+                assert verdict == ("no goal at this size" if goal is None else
+                                   f"<= {goal:.2f}x: {'met' if ratio <= goal else 'MISSED'}")
+        assert all(f"--model {r['model']} --dtype {r['dtype']} --sizes {r['size']} --batch {r['batch']}" in tables
+                   for r in rows)
+    data = json.loads((out / "dataset.json").read_text())
+    fastest = max(r["images_per_s"] for r in data if r["reduction"] == "plain")
+    for r in data:
+        if r["reduction"] == "distance":
+            share = r["images_per_s"] / fastest
+            cell = _cell(tables, ["distance", r["kernel"]], 3)
+            assert cell == f"{share:.0%}: {'met' if share >= gpu_tables.DATASET_GOAL else 'MISSED'}"
+    assert tables.count("| tiny |") == len(json.loads((out / "micro.json").read_text()))
+    assert re.search(r"`gpu` tests: .*\d+ skipped", tables)
+    assert all(f"- {name}: exit" in tables for name in ("setup", "tests", "micro"))

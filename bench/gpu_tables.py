@@ -1,0 +1,195 @@
+"""The figures of one ``bench/gpu_run.sh`` run as Markdown tables, for docs/benchmarks.md and the README.
+
+Reads the run's folder (``$OUT``: env.json, attention_*.json, dataset.json, micro.json, summary.txt) and writes:
+
+- the machine and versions (env.json);
+- for each model and dtype of ``bench/attention.py``: every method's images/s, time over the plain forward's and peak
+  memory above model and input, one column group per image size, under the command that reproduces it;
+- the goals of every case, from ``bench/attention.py``'s own ``goal_rows`` (the one place they are computed): time
+  over plain's against the goal at that size, extra memory against the kept ``(L, B, N, N)`` layer maps and against
+  store-everything's;
+- the dataset path: images/s of each run against the fastest plain forward over the same loader (goal >= 85%);
+- the kernels alone (``bench/headmap_kernel.py``): milliseconds per layer against SDPA, per block shape;
+- each part's exit status, and what the deadline left out.
+
+A part the run did not reach is said to be not measured, never left blank. Run from the repository root::
+
+    python bench/gpu_tables.py bench/results/gpu_run [--out tables.md]
+"""
+
+from __future__ import annotations
+
+import argparse
+import importlib.util
+import json
+import re
+import sys
+from pathlib import Path
+
+ROOT = Path(__file__).resolve().parents[1]
+_spec = importlib.util.spec_from_file_location("bench_attention", ROOT / "bench" / "attention.py")
+attention = importlib.util.module_from_spec(_spec)
+_spec.loader.exec_module(attention)
+
+DATASET_GOAL = 0.85  # images/s of a reduction over the dataset path / a plain forward's over the same loader
+
+
+def _load(path: Path):
+    return json.loads(path.read_text()) if path.exists() else None
+
+
+def _table(header: list[str], rows: list[list[str]], numeric: set[int] | None = None) -> list[str]:
+    """A Markdown table; the columns in ``numeric`` (default: all but the first) are right-aligned."""
+    numeric = set(range(1, len(header))) if numeric is None else numeric
+    align = ["---:" if i in numeric else "---" for i in range(len(header))]
+    return ["| " + " | ".join(r) + " |" for r in [header, align, *rows]]
+
+
+def _mb(v: float | None) -> str:
+    return "n/a" if v is None or v != v else f"{v:.0f}"
+
+
+def attention_tables(results: list[dict]) -> list[str]:
+    """One table per (model, dtype): a row per method, a column group (img/s, x plain, peak MB) per size."""
+    out: list[str] = []
+    cases = attention.cases(results)
+    groups: dict[tuple, list[tuple]] = {}
+    for key in cases:
+        dev, model, dtype, size = key
+        groups.setdefault((dev, model, dtype), []).append(key)
+    for (dev, model, dtype), keys in groups.items():
+        keys = sorted(keys, key=lambda k: k[3])
+        methods = list(dict.fromkeys(m for k in keys for m in cases[k]))
+        first = [cases[k]["plain"] for k in keys]
+        sizes = ", ".join(f"{r['size']} px: batch {r['batch']}, N = {r['tokens']}" for r in first)
+        out += ["", f"**{model}, {dtype}** ({dev}; {sizes}; median of {len(first[0]['times'])} interleaved repeats)",
+                "", "```"]
+        for r in first:
+            methods_run = " ".join(cases[(dev, model, dtype, r["size"])])
+            out.append(f"python bench/attention.py --device {dev} --model {model} --dtype {dtype} --sizes {r['size']} "
+                       f"--batch {r['batch']} --repeats {len(r['times'])} --methods {methods_run}")
+        out += ["```", ""]
+        header = ["method"]
+        for r in first:
+            header += [f"{r['size']} px img/s", "x plain time", "peak MB"]
+        rows = []
+        for m in methods:
+            row = [m]
+            for k in keys:
+                r, plain = cases[k].get(m), cases[k]["plain"]
+                row += (["-", "-", "-"] if r is None else
+                        [f"{r['images_per_s']:.0f}", f"{r['time_s'] / plain['time_s']:.2f}", _mb(r["peak_extra_mb"])])
+            rows.append(row)
+        out += _table(header, rows)
+    return out
+
+
+def goal_table(results: list[dict]) -> list[str]:
+    rows = []
+    for (_, model, dtype, size), case in attention.cases(results).items():
+        for g in attention.goal_rows(case):
+            time = ("no goal at this size" if g["time_met"] is None else
+                    f"<= {g['time_goal']:.2f}x: {'met' if g['time_met'] else 'MISSED'}")
+            kept = ("n/a" if g["kept_met"] is None else
+                    f"{_mb(g['kept_mb'])} MB: {'met' if g['kept_met'] else 'MISSED'}")
+            rows.append([model, dtype, str(size), g["method"], f"{g['x_plain']:.2f}", time, _mb(g["extra_mb"]), kept,
+                         f"{g['memory_share']:.0%} of {g['store']}'s: {'met' if g['memory_met'] else 'MISSED'}"])
+    if not rows:
+        return []
+    return ["", "**Goals** (ratios to the plain forward of the same run; extra memory above plain's peak)", "",
+            *_table(["model", "dtype", "px", "method", "x plain time", "time goal", "extra MB",
+                     "extra <= kept layer maps", f"extra <= {attention.GOAL_MEMORY:.0%} of store-everything's"],
+                    rows, numeric={2, 4, 6})]
+
+
+def dataset_table(rows: list[dict]) -> list[str]:
+    plain = max((r["images_per_s"] for r in rows if r["reduction"] == "plain"), default=None)
+    r0 = rows[0]
+    out = ["", f"**Dataset path** ({r0['device']}, {r0['model']}, {r0['source']}, batch {r0['batch']}, "
+           f"{r0['workers']} loader workers, autocast {r0['autocast']}; goal: >= {DATASET_GOAL:.0%} of the faster "
+           "plain forward over the same loader)", "", "```"]
+    for r in rows:
+        n = re.match(r"\d+", r["source"])
+        out.append(f"python bench/dataset.py --model {r['model']} --synthetic {n.group(0) if n else '?'} --device cuda "
+                   f"--batch {r['batch']} --workers {r['workers']} --autocast {r['autocast']} --reduction "
+                   f"{r['reduction']} --kernel {r['kernel']} --warmup 4")
+    out += ["```", ""]
+    table = []
+    for r in rows:
+        share = r["images_per_s"] / plain if plain else float("nan")
+        verdict = "" if r["reduction"] == "plain" else (": met" if share >= DATASET_GOAL else ": MISSED")
+        table.append([r["reduction"], r["kernel"], f"{r['images_per_s']:.0f}", f"{share:.0%}{verdict}",
+                      f"{r['wall_s']:.1f}", _mb(r["peak_mib"])])
+    return out + _table(["reduction", "kernels", "img/s", "of plain", "wall s", "peak MiB"], table, numeric={2, 4, 5})
+
+
+def micro_table(rows: list[dict]) -> list[str]:
+    out = ["", "**The kernels alone** (ms per layer, median of `triton.testing.do_bench`; x = over SDPA's)", "", "```",
+           "python bench/headmap_kernel.py --shapes " + " ".join(dict.fromkeys(r["shape"] for r in rows))
+           + " --dtypes " + " ".join(dict.fromkeys(r["dtype"] for r in rows))
+           + " --blocks " + " ".join(dict.fromkeys(r["blocks"] for r in rows)), "```", ""]
+    table = []
+    for r in rows:
+        if "error" in r:
+            table.append([r["shape"], r["dtype"], r["blocks"], "error: " + r["error"][:80], "", "", "", "", ""])
+            continue
+        table.append([r["shape"], r["dtype"], r["blocks"], f"{r['sdpa_ms']:.3f}", f"{r['lse_ms']:.3f}",
+                      f"{r['fuse_ms']:.3f}", f"{r['fuse+lse_ms']:.3f} ({r['fuse+lse_ms'] / r['sdpa_ms']:.2f}x)",
+                      f"{r['distance_ms']:.3f} ({r['distance_ms'] / r['sdpa_ms']:.2f}x)",
+                      f"{r['torch_fuse_ms']:.3f}", f"{r['max_abs']:.1e}"])
+    return out + _table(["shape", "dtype", "blocks", "sdpa", "lse", "fuse", "fuse+lse", "distance", "torch fuse",
+                         "max abs diff"], table, numeric=set(range(3, 10)))
+
+
+def render(folder: Path) -> str:
+    out = []
+    env = _load(folder / "env.json")
+    if env:
+        out += [f"### GPU: {env.get('gpu') or 'none (a rehearsal on the CPU: its figures mean nothing)'}", "",
+                f"`bench/gpu_run.sh`: Python {env.get('python')}, torch {env.get('torch')}, timm {env.get('timm')}, "
+                f"triton {env.get('triton')}, transformers {env.get('transformers')}; head-map kernels in use: "
+                f"{env.get('use_kernel')}; kernel smoke check, largest difference from float64: "
+                f"{env.get('smoke_max_abs', float('nan')):.1e}."]
+    else:
+        out += ["### GPU run", "", "env.json: not written (setup did not run or failed; see summary.txt)."]
+    for tag, what in (("b16", "ViT-B/16"), ("l16", "ViT-L/16"), ("hf", "Hugging Face and torchvision ViT-B/16")):
+        rows = _load(folder / f"attention_{tag}.json")
+        out += ["", f"#### {what}"]
+        if not rows:
+            out += ["", f"attention_{tag}.json: not measured in this run."]
+            continue
+        out += attention_tables(rows) + goal_table(rows)
+    data = _load(folder / "dataset.json")
+    out += ["", "#### The dataset path"]
+    out += dataset_table(data) if data else ["", "dataset.json: not measured in this run."]
+    micro = _load(folder / "micro.json")
+    out += ["", "#### The head-map kernels alone"]
+    out += micro_table(micro) if micro else ["", "micro.json: not measured in this run."]
+    summary = folder / "summary.txt"
+    if summary.exists():
+        lines = summary.read_text().splitlines()
+        parts = [line for line in lines if re.match(r"^\S+: (exit \d+|SKIPPED|UNKNOWN)", line)]
+        tests = [line.strip() for line in lines if re.search(r"\d+ (passed|failed|skipped)", line)]
+        out += ["", "#### Parts", "", lines[0] if lines else "", ""] + [f"- {p}" for p in parts]
+        out += ["", "`gpu` tests: " + (tests[-1] if tests else "no pytest summary in this run") + "."]
+    return "\n".join(out).strip() + "\n"
+
+
+def main() -> int:
+    ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    ap.add_argument("folder", help="the run's $OUT folder")
+    ap.add_argument("--out", default=None, help="write the Markdown here (default: print it)")
+    args = ap.parse_args()
+    folder = Path(args.folder)
+    if not folder.is_dir():
+        ap.error(f"folder={args.folder!r} is not a folder; pass the $OUT folder of a bench/gpu_run.sh run")
+    text = render(folder)
+    if args.out:
+        Path(args.out).write_text(text)
+    else:
+        sys.stdout.write(text)
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
