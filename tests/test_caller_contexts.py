@@ -26,7 +26,7 @@ import vitviz
 from vitviz.errors import InferenceTensorError
 
 # the calls with a backward pass through the model: refused on a model of inference tensors
-GRADIENT = {"attnlrp", "chefer_relevance", "count_flops-backward", "faithfulness", "grad_rollout", "gradcam",
+GRADIENT = {"attnlrp", "attnlrp-pixels", "chefer_relevance", "count_flops-backward", "faithfulness", "grad_rollout", "gradcam",
             "input_x_gradient", "integrated_gradients", "plot_explanations_grid",
             *(f"explain-{m}" for m in ("attnlrp", "chefer", "grad_rollout", "gradcam", "input_x_gradient",
                                        "integrated_gradients"))}
