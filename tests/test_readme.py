@@ -120,8 +120,9 @@ def test_readme_names_only_public_calls():
 
 
 def test_attnlrp_coverage_figures_are_the_recorded_run():
-    """The AttnLRP coverage figures in README.md and docs/explain.md are those of bench/attnlrp_coverage.py's
-    recorded run (``bench/results/attnlrp_coverage.json``), and that run found nothing wrong."""
+    """The AttnLRP coverage figures in README.md and docs/explain.md, at the tokens and at the pixels, are those of
+    bench/attnlrp_coverage.py's recorded run (``bench/results/attnlrp_coverage.json``), and that run found nothing
+    wrong: at the pixels only the hybrids are refused, pointed to the tokens."""
     import json
 
     run = json.loads((ROOT / "bench/results/attnlrp_coverage.json").read_text())
@@ -139,3 +140,15 @@ def test_attnlrp_coverage_figures_are_the_recorded_run():
         assert "None is refused and none failed" in explain
     worst = max(row.get("conservation_rel_error", 0.0) for row in run["rows"])
     assert f"at most {worst:.1e}" in explain
+    # at the pixels: every supported architecture read there too, or refused with its reason, none failed
+    pixels = run["pixels"]
+    assert set(pixels["architectures"]) <= {"supported", "refused"}
+    assert sum(pixels["architectures"].values()) == arch["supported"]
+    table = explain[explain.index('| at the pixels (`read_at="pixels"`)'):]
+    for status in pixels["architectures"]:
+        assert f"| {pixels['architectures'][status]} | {pixels['models'][status]} |" in table.split("\n\n")[0]
+    worst = max(row.get("pixels_rel_error", 0.0) for row in run["rows"])
+    assert f"at most {worst:.1e}" in table
+    assert f"{pixels['models']['supported']} of those {models['supported']} models" in readme
+    refused = [row for row in run["rows"] if row.get("pixels") == "refused"]
+    assert all("HybridEmbed" in row["architecture"] and "read_at='tokens'" in row["pixels_reason"] for row in refused)
