@@ -476,6 +476,21 @@ def test_gpu_equals_cpu():
     assert torch.allclose(gpu.cpu(), cpu, atol=1e-4 * cpu.abs().max())
 
 
+def equals_reference(m, x, params: dict, attention: str, forward_atol: float | None = None):
+    """AttnLRP's token relevances of ``m`` on ``x`` for targets 0, 3 and 4 against the hand-written float64 reference
+    (to 1e-10 of its peak, the score to 1e-12), the forward under the rules unchanged (bit for bit, or to
+    ``forward_atol``); returns both relevances."""
+    y0 = m(x)
+    with lrp_rules(m):
+        y = m(x)
+    assert torch.equal(y, y0) if forward_atol is None else torch.allclose(y, y0, atol=forward_atol)
+    rel, score = attnlrp_tokens(m, x, [0, 3, 4], rules=LRPRules(attention=attention))
+    ref, logit = reference(params, tokens_of(m, x), torch.tensor([0, 3, 4]), attention=attention)
+    assert torch.allclose(score, logit, atol=1e-12)
+    assert (rel - ref).abs().max() < 1e-10 * ref.abs().max()
+    return rel, ref
+
+
 GATED = {"swiglu": dict(mlp_layer=timm.layers.SwiGLU, act_layer=nn.SiLU),  # separate gate and up projections
          "glu-packed": dict(mlp_layer=timm.layers.SwiGLUPacked, act_layer=nn.SiLU),  # one fc1, act on the first half
          "glu-gate-last": dict(mlp_layer=functools.partial(timm.layers.GluMlp, gate_last=True), act_layer=nn.GELU),
@@ -489,15 +504,7 @@ def test_gated_mlps_and_attention_pool_equal_float64_reference(kind, attention):
     """Gated MLPs (the uniform rule on act(gate) * up) and timm's attention pool (a learned query: the scores pass
     all their relevance to the keys) against the hand-written reference; the forward is unchanged."""
     m = tiny_timm(**GATED[kind])
-    x = torch.randn(3, 3, 16, 24, dtype=torch.float64)
-    y0 = m(x)
-    with lrp_rules(m):
-        assert torch.allclose(m(x), y0, atol=1e-12)
-    rules = LRPRules(attention=attention)
-    rel, score = attnlrp_tokens(m, x, [0, 3, 4], rules=rules)
-    ref, logit = reference(params_timm(m), tokens_of(m, x), torch.tensor([0, 3, 4]), attention=attention)
-    assert torch.allclose(score, logit, atol=1e-12)
-    assert (rel - ref).abs().max() < 1e-10 * ref.abs().max()
+    equals_reference(m, torch.randn(3, 3, 16, 24, dtype=torch.float64), params_timm(m), attention, forward_atol=1e-12)
 
 
 PARALLEL = {  # timm's parallel blocks and differential attention
@@ -517,14 +524,7 @@ def test_parallel_blocks_and_differential_attention_equal_float64_reference(kind
     sum of two softmax maps' products with v, each under the uniform rule, then the per-head RMS norm) against the
     hand-written reference; the forward is unchanged."""
     m = tiny_timm(**PARALLEL[kind])
-    x = torch.randn(3, 3, 16, 24, dtype=torch.float64)
-    y0 = m(x)
-    with lrp_rules(m):
-        assert torch.equal(m(x), y0)
-    rel, score = attnlrp_tokens(m, x, [0, 3, 4], rules=LRPRules(attention=attention))
-    ref, logit = reference(params_timm(m), tokens_of(m, x), torch.tensor([0, 3, 4]), attention=attention)
-    assert torch.allclose(score, logit, atol=1e-12)
-    assert (rel - ref).abs().max() < 1e-10 * ref.abs().max()
+    equals_reference(m, torch.randn(3, 3, 16, 24, dtype=torch.float64), params_timm(m), attention)
 
 
 @pytest.mark.parametrize("fused", [True, False])
@@ -542,14 +542,8 @@ def test_cait_equals_float64_reference(attention, fused):
     for block in m.blocks_token_only:
         block.attn.fused_attn = fused
     x = torch.randn(3, 3, 16, 24, dtype=torch.float64)
-    y0 = m(x)
-    with lrp_rules(m):
-        assert torch.equal(m(x), y0)
-    rel, score = attnlrp_tokens(m, x, [0, 3, 4], rules=LRPRules(attention=attention))
-    ref, logit = reference(params_cait(m), tokens_of(m, x), torch.tensor([0, 3, 4]), attention=attention)
+    rel, ref = equals_reference(m, x, params_cait(m), attention)
     assert rel.shape == ref.shape == (3, 1 + 6)
-    assert torch.allclose(score, logit, atol=1e-12)
-    assert (rel - ref).abs().max() < 1e-10 * ref.abs().max()
     assert torch.allclose(attnlrp(m, x, [0, 3, 4], attention_rule=attention), ref[:, 1:].reshape(3, 2, 3),
                           atol=1e-10 * ref.abs().max())
 
