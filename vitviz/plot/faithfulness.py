@@ -206,8 +206,9 @@ def plot_explanations_grid(model: Any, images: Any, maps: Mapping[str, torch.Ten
         fig: draw into this (empty) figure; default a new one sized to the panels.
 
     Returns:
-        the figure, with one colorbar "Relevance (relative to max)" (``signed``: "Relevance (relative to max
-        |R|)"), as tall as the block of images (top of the first row's to bottom of the last row's).
+        the figure, with one colorbar, ``"Relevance (relative to max)"`` (``signed``:
+        ``"Relevance (relative to max |R|)"``), as tall as the block of images (top of the first row's to bottom of
+        the last row's).
 
     Raises:
         InputError: a map set that is not one map per image on the images' token grid, or ``labels`` not one per
