@@ -401,9 +401,9 @@ def main() -> int:
     if args.json:
         path = Path(args.json)
         old = json.loads(path.read_text()) if path.exists() else []
-        tmp = path.with_suffix(".tmp")  # atomically: a run cut by a time limit keeps the rows written before
-        tmp.write_text(json.dumps(old + results, indent=1))
-        os.replace(tmp, path)
+        from vitviz.core.io import atomic_write_json
+
+        atomic_write_json(path, old + results)  # a run cut by a time limit keeps the rows written before
     return 0 if report(results) else EXIT_GOAL_MISSED
 
 

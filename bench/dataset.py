@@ -92,6 +92,7 @@ def main() -> int:
     from vitviz.analysis.attention_stats import AttentionStatsReduction
     from vitviz.analysis.distance import DistanceReduction
     from vitviz.core.datasets import RunningReduction, reduce_dataset
+    from vitviz.core.io import atomic_write_json
 
     class PlainForward(RunningReduction):
         """The model's forward alone (its logits summed, so the work is used): the loader and autocast are
@@ -159,9 +160,7 @@ def main() -> int:
     if args.out:
         torch.save(reduction.result(), args.out)
     if args.json:  # atomically: a run cut by a time limit leaves no half-written file
-        tmp = Path(args.json).with_suffix(".tmp")
-        tmp.write_text(json.dumps(out, indent=1) + "\n")
-        os.replace(tmp, args.json)
+        atomic_write_json(args.json, out)
     return 0
 
 
