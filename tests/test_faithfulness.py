@@ -192,7 +192,7 @@ def test_plot_faithfulness(tmp_path):
         assert any(np.allclose(y, want.loc["rollout"].to_numpy()) for y in drawn), mode
         assert ax.get_ylim() == ((0, 105) if scale == 100 else (0, 1.05))
     assert df["score"].between(0, 1).all()  # the table: fractions
-    assert fig.axes[3].get_xlabel() == "Patches inserted [fraction]\n(tokens dropped)"
+    assert fig.axes[3].get_xlabel() == "Patches inserted [fraction]\n(the others dropped)"
     labels = [t.get_text() for t in fig.axes[-1].get_legend().get_texts()]
     assert labels == ["random", "rollout"]
     fig.savefig(tmp_path / "curves.png")
@@ -203,7 +203,10 @@ def test_plot_faithfulness(tmp_path):
     with pytest.raises(InputError, match="pass mode="):
         vitviz.plot_faithfulness(df)  # never a Figure: one mode, one Axes
     alone = vitviz.plot_faithfulness(df[df["mode"] == "insertion"])
-    assert alone.get_xlabel() == "Patches inserted [fraction]\n(tokens dropped)"
+    assert alone.get_xlabel() == "Patches inserted [fraction]\n(the others dropped)"
+    filled = df.assign(removal="mean")  # the label names how the patches not yet inserted are removed
+    assert vitviz.plot_faithfulness(filled, mode="insertion").get_xlabel().endswith("(the others mean-filled)")
+    assert vitviz.plot_faithfulness(filled, mode="deletion").get_xlabel().endswith("(mean fill)")
     with pytest.raises(InputError, match="image_offset"):  # a repeated run would count its images twice
         vitviz.plot_faithfulness_grid(pd.concat([df, df]))
     mixed = pd.concat([df, df.assign(removal="mean", image=df["image"] + 3)])
@@ -364,8 +367,8 @@ def test_plot_draws_each_step_at_the_fraction_removed():
         assert len(lines) == 2  # one mean curve per method
         for line in lines:
             np.testing.assert_array_equal(np.asarray(line.get_xdata(), dtype=np.float64), removed)
-        verb = "inserted" if mode == "insertion" else "removed"
-        assert ax.get_xlabel() == f"Patches {verb} [fraction]\n(tokens dropped)"
+        verb, how = ("inserted", "the others") if mode == "insertion" else ("removed", "tokens")
+        assert ax.get_xlabel() == f"Patches {verb} [fraction]\n({how} dropped)"
     old = vitviz.plot_faithfulness(df.drop(columns="removed"), mode="deletion")  # an older vitviz's frame
     lines = [line for line in old.get_lines() if len(line.get_xdata()) == len(STEPS)]
     np.testing.assert_array_equal(np.asarray(lines[0].get_xdata(), dtype=np.float64), STEPS)

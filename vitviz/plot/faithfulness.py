@@ -37,7 +37,9 @@ PERCENT = ("accuracy",)  # metrics drawn x100: the table's fractions of images, 
 # that column, the nominal step (column "fraction"); "removed" becomes "inserted" for insertion
 XLABELS = {"removed": label("Patches removed", "fraction"),  # of all the patches; short: two panels side by side
            "fraction": label("Patches removed", "nominal fraction")}
+# how the patches outside the kept set are removed; insertion keeps the inserted ones and removes the others
 REMOVALS = {"drop": "tokens dropped", "mean": "mean fill"}
+REMOVALS_INSERTION = {"drop": "the others dropped", "mean": "the others mean-filled"}
 
 
 def _modes(df: Any) -> list[str]:
@@ -65,7 +67,9 @@ def plot_faithfulness(df: Any, *, ax: Axes | None = None, mode: str | None = Non
     The x of each step is the fraction of the patches actually removed, ``removed`` (``round(f * P) / P`` at the
     nominal step ``f``; on 64 patches the step 0.1 is drawn at 6 / 64, 0.094), the x of ``faithfulness_auc``. A
     ``df`` without that column (an older vitviz's, or one built by hand) is drawn over the nominal ``fraction``,
-    and the axis label says so.
+    and the axis label says so. The label's second line names how patches are removed: "(tokens dropped)" or
+    "(mean fill)"; for insertion, which keeps the inserted patches, "(the others dropped)" or "(the others
+    mean-filled)".
 
     Accuracies are drawn in percent (y from 0 to 100 %, as every vitviz accuracy), while ``df`` and the AUCs of
     ``faithfulness_auc`` keep them as fractions from 0 to 1 (the plot multiplies by 100); probabilities and target
@@ -121,7 +125,8 @@ def plot_faithfulness(df: Any, *, ax: Axes | None = None, mode: str | None = Non
                  errorbar=errorbar, marker="o", markersize=3, ax=ax)
     removal = sub["removal"].iloc[0]
     ax.set_title(TITLES[mode])
-    xlabel = XLABELS[x] + (f"\n({REMOVALS[removal]})" if removal in REMOVALS else "")  # two lines: fits a panel
+    removals = REMOVALS_INSERTION if mode == "insertion" else REMOVALS
+    xlabel = XLABELS[x] + (f"\n({removals[removal]})" if removal in removals else "")  # two lines: fits a panel
     ax.set_xlabel(xlabel.replace("removed", "inserted" if mode == "insertion" else "removed"))
     ax.set_ylabel(LABELS_YLABEL if metric == "accuracy" and df.attrs.get("labels") else YLABELS[metric])
     if ax.get_legend() is not None:
