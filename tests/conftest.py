@@ -63,6 +63,21 @@ def tiny_timm_vit(**kwargs):
     return VisionTransformer(**args).eval()
 
 
+def with_gated_attention(model, seed: int = 3):
+    """``model`` (a timm ``VisionTransformer``) with each block's attention replaced by timm's ``Attention`` with an
+    output gate (``gated=True``; Qiu et al., NeurIPS 2025: ``proj(o * sigmoid(gate(x)))``), seeded; skips a timm whose
+    ``Attention`` has none."""
+    import timm
+
+    torch.manual_seed(seed)
+    try:
+        for b in model.blocks:
+            b.attn = timm.layers.Attention(model.embed_dim, num_heads=b.attn.num_heads, qkv_bias=True, gated=True)
+    except TypeError as err:
+        pytest.skip(f"this timm's Attention has no output gate: {err}")
+    return model.eval()
+
+
 EVA_CASES = {
     "eva02": dict(use_abs_pos_emb=True, use_rot_pos_emb=True, qkv_fused=False, swiglu_mlp=True, scale_mlp=True,
                   ref_feat_shape=(4, 6)),

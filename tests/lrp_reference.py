@@ -7,7 +7,8 @@ models into one plain description (``params_timm`` / ``params_torchvision`` / ``
 Besides the plain GELU MLP and class-token / average readouts it covers parallel blocks (timm's
 ``ParallelThingsBlock`` and ViT-22B's ``ParallelScalingBlock``), differential attention, CaiT (talking heads, class
 attention), gated MLPs (``act(gate) * up``, the uniform
-rule on the product) and attention pooling with a learned query (timm's ``global_pool="map"``, SigLIP's head), whose
+rule on the product; a sigmoid gate held constant), gated attention (``proj(o * sigmoid(gate(x)))``: the gate a
+constant, all relevance to ``o``) and attention pooling with a learned query (timm's ``global_pool="map"``, SigLIP's head), whose
 query is a weight: the scores pass all their relevance to the keys.
 """
 
@@ -44,9 +45,11 @@ def _mlp_timm(mlp) -> dict:
     if kind == "SwiGLU":
         w = torch.cat([mlp.fc1_g.weight, mlp.fc1_x.weight])
         b = torch.cat([mlp.fc1_g.bias, mlp.fc1_x.bias])
-        return dict(fc1=(_t(w), _t(b)), fc2=_lin(mlp.fc2), act=mlp.act, glu="first")
+        return dict(fc1=(_t(w), _t(b)), fc2=_lin(mlp.fc2), act=mlp.act, glu="first",
+                    held=isinstance(mlp.act, torch.nn.Sigmoid))
     if kind == "GluMlp":  # x1, x2 = fc1(x).chunk(2): act(x1) * x2, or x1 * act(x2) with gate_last
-        return dict(fc1=_lin(mlp.fc1), fc2=_lin(mlp.fc2), act=mlp.act, glu="last" if mlp.gate_last else "first")
+        return dict(fc1=_lin(mlp.fc1), fc2=_lin(mlp.fc2), act=mlp.act, glu="last" if mlp.gate_last else "first",
+                    held=isinstance(mlp.act, torch.nn.Sigmoid))
     assert kind == "Mlp"
     return dict(fc1=_lin(mlp.fc1), fc2=_lin(mlp.fc2), act=mlp.act, glu=None)
 
@@ -78,8 +81,10 @@ def _block_timm(b) -> dict:
                     attns=[dict(ln1=_ln(br.norm), qkv=_lin(br.attn.qkv), proj=_lin(br.attn.proj), ls1=_gamma(br.ls),
                                 **_core_timm(br.attn)) for br in b.attns],
                     ffns=[dict(ln2=_ln(br.norm), ls2=_gamma(br.ls), **_mlp_timm(br.mlp)) for br in b.ffns])
+    gate = getattr(b.attn, "gate", None)  # an output gate: proj(o * sigmoid(gate(x)))
     return dict(kind="block", ln1=_ln(b.norm1), qkv=_lin(b.attn.qkv), proj=_lin(b.attn.proj), ln2=_ln(b.norm2),
-                ls1=_gamma(b.ls1), ls2=_gamma(b.ls2), **_core_timm(b.attn), **_mlp_timm(b.mlp))
+                ls1=_gamma(b.ls1), ls2=_gamma(b.ls2), gate=None if gate is None else _lin(gate),
+                **_core_timm(b.attn), **_mlp_timm(b.mlp))
 
 
 def params_timm(model) -> dict:
@@ -232,9 +237,10 @@ def _mlp_lrp(mp: dict, c: dict, r: torch.Tensor, eps: float, attention: str) -> 
     r_g = _lrp_linear(c["g"], mp["fc2"][0], c["f2"], r, eps)
     if mp["glu"] is None:
         r_f1 = r_g  # identity rule on the activation
-    else:  # act(gate) * up: the uniform rule gives each factor half (CP-LRP: the gate is a constant, up gets all);
-        # the identity rule then passes act's share on to the gate
-        r_gate, r_up = (r_g / 2, r_g / 2) if attention == "attnlrp" else (0 * r_g, r_g)
+    else:  # act(gate) * up: the uniform rule gives each factor half (CP-LRP, or a sigmoid gate: the gate is a
+        # constant, up gets all); the identity rule then passes act's share on to the gate
+        hold = attention == "cp" or mp.get("held", False)
+        r_gate, r_up = (0 * r_g, r_g) if hold else (r_g / 2, r_g / 2)
         r_f1 = torch.cat([r_gate, r_up] if mp["glu"] == "first" else [r_up, r_gate], -1)
     return _lrp_linear(c["x"], mp["fc1"][0], c["f1"], r_f1, eps)
 
@@ -366,16 +372,23 @@ def _heads_lrp(x: torch.Tensor, wb: tuple, z: torch.Tensor, r: torch.Tensor, eps
 
 
 def _attn_forward(br: dict, e: torch.Tensor) -> tuple[torch.Tensor, dict]:
-    """norm, qkv, attention, proj, layer scale."""
+    """norm, qkv, attention, (an output gate,) proj, layer scale."""
     a, c1 = _ln_forward(e, *br["ln1"])
     zqkv = _affine(a, br["qkv"])
     oc, core = _core_forward(br, zqkv)
-    zp = _affine(oc, br["proj"])
-    return (zp * br["ls1"] if br["ls1"] is not None else zp), dict(a=a, c1=c1, zqkv=zqkv, core=core, oc=oc, zp=zp)
+    zg = og = None
+    if br.get("gate") is not None:
+        zg = _affine(a, br["gate"])
+        og = oc * torch.sigmoid(zg)
+    zp = _affine(oc if og is None else og, br["proj"])
+    return (zp * br["ls1"] if br["ls1"] is not None else zp), dict(a=a, c1=c1, zqkv=zqkv, core=core, oc=oc, zp=zp,
+                                                                   zg=zg, og=og)
 
 
 def _attn_lrp(br: dict, c: dict, r_p: torch.Tensor, eps: float, attention: str) -> torch.Tensor:
-    r_oc = _lrp_linear(c["oc"], br["proj"][0], c["zp"], r_p, eps)  # layer scale: identity (one input, one output)
+    # layer scale: identity (one input, one output); an output gate o * sigmoid(z): the gate is a constant weight
+    # (signal-take-all), o takes all of the product's relevance, under both attention rules
+    r_oc = _lrp_linear(c["oc"] if c["og"] is None else c["og"], br["proj"][0], c["zp"], r_p, eps)
     r_a = _lrp_linear(c["a"], br["qkv"][0], c["zqkv"], _core_lrp(br, c["core"], r_oc, eps, attention), eps)
     return _ln_lrp(c["c1"], r_a)
 

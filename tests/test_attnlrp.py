@@ -8,6 +8,7 @@ import functools
 import pytest
 import timm
 import torch
+from conftest import with_gated_attention
 from lrp_reference import (
     params_cait,
     params_hf,
@@ -242,7 +243,7 @@ def test_refusals():
     eva = timm.create_model("eva02_tiny_patch14_224", pretrained=False, depth=1, img_size=28, global_pool="avgmax")
     with pytest.raises(UnsupportedModelError, match="Eva.*global_pool='avgmax'"):
         attnlrp(eva.eval(), torch.randn(1, 3, 28, 28))
-    m = tiny_timm(dtype=torch.float32, mlp_layer=timm.layers.GluMlp, act_layer=nn.Sigmoid)  # GLU: a sigmoid gate
+    m = tiny_timm(dtype=torch.float32, act_layer=nn.Sigmoid)  # an MLP's sigmoid: sigmoid(0) != 0, no identity rule
     with pytest.raises(UnsupportedModelError, match=r"no rule for the module blocks\.0\.mlp\.act.*Sigmoid"):
         attnlrp(m, torch.randn(1, 3, 16, 24))
     import transformers as T
@@ -494,6 +495,8 @@ def equals_reference(m, x, params: dict, attention: str, forward_atol: float | N
 GATED = {"swiglu": dict(mlp_layer=timm.layers.SwiGLU, act_layer=nn.SiLU),  # separate gate and up projections
          "glu-packed": dict(mlp_layer=timm.layers.SwiGLUPacked, act_layer=nn.SiLU),  # one fc1, act on the first half
          "glu-gate-last": dict(mlp_layer=functools.partial(timm.layers.GluMlp, gate_last=True), act_layer=nn.GELU),
+         "glu-sigmoid": dict(mlp_layer=timm.layers.GluMlp, act_layer=nn.Sigmoid),  # the original GLU: held constant
+         "swiglu-sigmoid": dict(mlp_layer=timm.layers.SwiGLU, act_layer=nn.Sigmoid),
          "map": dict(global_pool="map", class_token=False),  # AttentionPoolLatent: a learned query
          "map-class-token-swiglu": dict(global_pool="map", mlp_layer=timm.layers.SwiGLU, act_layer=nn.SiLU)}
 
@@ -505,6 +508,38 @@ def test_gated_mlps_and_attention_pool_equal_float64_reference(kind, attention):
     all their relevance to the keys) against the hand-written reference; the forward is unchanged."""
     m = tiny_timm(**GATED[kind])
     equals_reference(m, torch.randn(3, 3, 16, 24, dtype=torch.float64), params_timm(m), attention, forward_atol=1e-12)
+
+
+def gated_attention(m: nn.Module) -> nn.Module:
+    """``m`` with gated attention (``conftest.with_gated_attention``), jittered, in float64."""
+    return _jitter(with_gated_attention(m).double().eval())
+
+
+@pytest.mark.parametrize("attention", ["attnlrp", "cp"])
+@pytest.mark.parametrize("kw", [dict(), dict(class_token=False, global_pool="avg", reg_tokens=2)])
+def test_gated_attention_equals_float64_reference(kw, attention):
+    """An attention's sigmoid output gate, ``o * sigmoid(z)``, held constant under both attention rules (all of the
+    product's relevance to ``o``), against the hand-written reference; the forward is the model's own bit for bit."""
+    m = gated_attention(tiny_timm(**kw))
+    assert all(b.attn.gate is not None for b in m.blocks)
+    equals_reference(m, torch.randn(3, 3, 16, 24, dtype=torch.float64), params_timm(m), attention)
+
+
+@pytest.mark.parametrize("name", ["gated-vit", "naflexvit+eva-gated-swiglu", "naflexvit+rope-gated"])
+def test_gated_attention_conservation_fails_without_the_gate_rule(name, monkeypatch):
+    """The tests above are not vacuous: with the gate's rule left out (the plain gradient through the product and
+    the sigmoid to the gate projection), CP no longer conserves."""
+    from vitviz.core.families import lrp_timm
+
+    m = gated_attention(tiny_timm()) if name == "gated-vit" else tiny_registered(name)
+    _zero_biases(m)
+    x = torch.randn(2, 3, *((16, 24) if name == "gated-vit" else (32, 32)), dtype=torch.float64)
+    rules = LRPRules(epsilon=0.0, attention="cp")
+    rel, score = attnlrp_tokens(m, x, 1, rules=rules)
+    assert torch.allclose(rel.sum(1), score, rtol=1e-9, atol=0)
+    monkeypatch.setattr(lrp_timm, "install_output_gate", lambda attn: lambda: None)
+    rel, score = attnlrp_tokens(m, x, 1, rules=rules)
+    assert not torch.allclose(rel.sum(1), score, rtol=1e-3, atol=0)
 
 
 PARALLEL = {  # timm's parallel blocks and differential attention
@@ -592,6 +627,22 @@ def test_siglip_head_keeps_the_half_lxts_recipe_drops(monkeypatch):
     assert torch.allclose(lxt_rel.sum(1), score / 2, rtol=1e-9, atol=0)
 
 
+# timm configurations outside its registry: NaFlexVit's EVA path (naflexvit.get_block_fn: EvaBlock with
+# EvaAttention or AttentionRope for rotary embeddings, an EVA attention, SwiGLU, gated attention, grouped key heads)
+TIMM_CONFIGS = {
+    "naflexvit+eva-gated-swiglu": ("naflexvit_base_patch16_gap", dict(attn_type="eva", attn_gated=True,
+                                                                      swiglu_mlp=True)),  # vitviz's Eva forward
+    "naflexvit+rope-gated": ("naflexvit_base_patch16_gap", dict(rope_type="axial", attn_gated=True)),
+    "naflexvit+rope-grouped-keys": ("naflexvit_base_patch16_gap", dict(rope_type="axial", qkv_fused=False,
+                                                                       num_kv_heads=1)),
+    "naflexvit+rope-dinov3-gated": ("naflexvit_base_patch16_gap", dict(rope_type="dinov3", rope_rotate_half=True,
+                                                                       attn_gated=True, reg_tokens=4)),
+    "naflexvit+rope-mixed-map": ("naflexvit_base_patch16_map", dict(rope_type="mixed", attn_gated=True)),
+}
+# the full rule's conservation test reads every softmax at an attention's attn_drop: not an attention pool's
+FULL_RULE_CONFIGS = [c for c, (name, _) in TIMM_CONFIGS.items() if not name.endswith("_map")]
+
+
 TIMM_LAYOUT_MODELS = ["eva02_tiny_patch14_224",  # EvaAttention, fused qkv with biases (a forward of vitviz's), GluMlp
        "eva02_base_patch14_224",  # separate q/k/v projections, SwiGLU, rotary
        "eva02_base_patch16_clip_224",  # scale_norm LayerNorm inside the attention, class-token readout
@@ -610,12 +661,23 @@ TIMM_LAYOUT_MODELS = ["eva02_tiny_patch14_224",  # EvaAttention, fused qkv with 
        "vit_pwee_patch16_reg1_gap_256",  # ParallelScalingBlock, fused output projection, register, average pool
        "vit_dwee_patch16_reg1_gap_256",  # differential attention (DiffAttention), RMS norms
        "vit_dpwee_patch16_reg1_gap_256",  # DiffParallelScalingBlock
-       "cait_xxs24_224"]  # CaiT: talking heads, class attention (its class token read where it enters)
+       "cait_xxs24_224",  # CaiT: talking heads, class attention (its class token read where it enters)
+       *TIMM_CONFIGS]
 
 
 def tiny_registered(name: str) -> nn.Module:
+    """A 2-block float64 model of timm's registry (or a ``TIMM_CONFIGS`` configuration), jittered, zero biases;
+    skips what this timm does not build."""
+    name, extra = TIMM_CONFIGS.get(name, (name, {}))
     torch.manual_seed(8)
-    m = timm.create_model(name, pretrained=False, depth=2, embed_dim=32, num_heads=2, img_size=32, num_classes=3)
+    try:
+        m = timm.create_model(name, pretrained=False, depth=2, embed_dim=32, num_heads=2, img_size=32, num_classes=3,
+                              **extra)
+    except (TypeError, ValueError, AssertionError) as err:
+        assert extra, f"{name} does not build: {err}"  # only the configurations may be missing from an older timm
+        pytest.skip(f"this timm does not build {name} with {extra}: {err}")
+    if extra.get("attn_gated") and all(getattr(blk.attn, "gate", None) is None for blk in m.blocks):
+        pytest.skip(f"this timm builds {name} without the output gate attn_gated=True asks for")  # an older timm
     m = _jitter(m.double().eval())
     _zero_biases(m)
     x = torch.randn(2, 3, 32, 32, dtype=torch.float64)
@@ -646,7 +708,8 @@ def test_timm_layouts_forward_unchanged_and_conserve_under_cp(name):
                                   "vit_base_patch16_rope_224", "vit_base_patch16_rope_mixed_224",
                                   "beit_base_patch16_224", "vit_relpos_small_patch16_rpn_224",
                                   "vit_small_patch16_18x2_224", "vit_pwee_patch16_reg1_gap_256",
-                                  "vit_dwee_patch16_reg1_gap_256", "vit_dpwee_patch16_reg1_gap_256"])
+                                  "vit_dwee_patch16_reg1_gap_256", "vit_dpwee_patch16_reg1_gap_256",
+                                  *FULL_RULE_CONFIGS])
 def test_timm_layouts_full_rule_conserves_up_to_the_softmax_share(name):
     """The full AttnLRP rule through Eva's rotary q and k, past relative position biases, through parallel branches
     and both softmaxes of a differential attention (its maps read as the 2H heads' softmaxes): zero biases, epsilon 0,
@@ -807,6 +870,7 @@ PIXEL_FAMILIES = {
     "timm-beit": lambda: tiny_registered("beit_base_patch16_224"),
     "timm-parallel": lambda: tiny_registered("vit_pwee_patch16_reg1_gap_256"),
     "timm-naflexvit": lambda: tiny_registered("naflexvit_base_patch16_gap"),
+    "timm-naflexvit-rope-gated": lambda: tiny_registered("naflexvit+rope-gated"),  # rotary beside its table
     **{f"hf-{stem.lower()}": (lambda stem=stem: _hf(stem)) for stem in (
         "ViT", "DeiT", "Beit", "Data2VecVision", "Dinov2", "DINOv3ViT", "Siglip", "CLIPVision", "Aimv2Vision",
         "ViTMAE")},

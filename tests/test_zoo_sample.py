@@ -10,6 +10,7 @@ import pytest
 import timm
 import torch
 from conformance import check_model
+from conftest import with_gated_attention
 
 import vitviz
 from vitviz.core.families import timm_probes
@@ -49,6 +50,43 @@ def test_sample_architecture_passes_the_invariants(name):
     model = build(name)
     summary = check_model(model, batch(model))
     assert summary["layers"] == len(vitviz.inspect(model).attention_modules)
+
+
+# NaFlexVit's EVA path (naflexvit.get_block_fn: EvaBlock with EvaAttention or AttentionRope), outside the registry
+NAFLEX_EVA = {
+    "rope-axial": dict(rope_type="axial", pos_embed="none"),
+    "rope-axial-learned-gated": dict(rope_type="axial", attn_gated=True),
+    "rope-mixed-registers": dict(rope_type="mixed", pos_embed="none", reg_tokens=2),
+    "rope-dinov3-class-token": dict(rope_type="dinov3", rope_rotate_half=True, pos_embed="none", class_token=True,
+                                    global_pool="token"),
+    "eva-attention-swiglu-qk-norm": dict(attn_type="eva", swiglu_mlp=True, qk_norm=True),
+    "rope-grouped-keys": dict(rope_type="axial", qkv_fused=False, num_heads=4, num_kv_heads=2),
+}
+
+
+@pytest.mark.parametrize("case", NAFLEX_EVA)
+def test_naflexvit_eva_path_passes_the_invariants(case):
+    """NaFlexVit built with rotary embeddings, an EVA attention, SwiGLU, an output gate or grouped key heads runs
+    EvaBlocks: the captured maps equal the recomputation from the weights (rotary, grouped keys), with the model's
+    output and state unchanged, on a non-square grid; the gate multiplies the output, not the maps."""
+    torch.manual_seed(0)
+    try:
+        model = timm.create_model("naflexvit_base_patch16_gap", pretrained=False, img_size=64, depth=2, embed_dim=64,
+                                  **{"num_heads": 2, **NAFLEX_EVA[case]}).eval()
+    except (TypeError, ValueError, AssertionError) as err:  # an older timm without this option
+        pytest.skip(f"this timm does not build NaFlexVit with {NAFLEX_EVA[case]}: {err}")
+    if NAFLEX_EVA[case].get("attn_gated") and getattr(model.blocks[0].attn, "gate", None) is None:
+        pytest.skip("this timm builds NaFlexVit without the output gate attn_gated=True asks for")
+    assert type(model.blocks[0]).__name__ == "EvaBlock"
+    summary = check_model(model, torch.randn(2, 3, 64, 96))
+    assert summary["layers"] == 2
+
+
+def test_gated_attention_passes_the_invariants():
+    """timm's ``Attention`` with an output gate (``gated=True``) inside a VisionTransformer: the maps are the
+    softmax's, recomputed from ``qkv``; the gate, a function of the block's input, scales the output only."""
+    model = with_gated_attention(build("vit_base_patch16_reg4_gap_256"), seed=0)
+    check_model(model, batch(model))
 
 
 def test_sam_is_refused_for_its_windowed_attention():

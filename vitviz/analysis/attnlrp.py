@@ -16,6 +16,8 @@ SigLIP, AIMv2 heads)        head stops the keys' gradient (the scores' half is d
 differential attention      ``(A1 - lambda A2) @ v``, lambda a constant of the weights: the uniform rule on each
 (``DiffAttention``)         of the two products (gradients to q, k, v scaled 1/4, 1/4, 1/2 as above)
 gated MLP ``act(g) * u``    Prop. 3.2: uniform rule on the product (gradients to gate and up scaled 1/2), as lxt
+sigmoid gates (a GLU's,     none in the paper (``sigmoid(0) = 1/2``: no identity rule): the gate is held constant,
+an attention output gate)   all relevance to the other factor (signal-take-all, Arras et al. 2017; ``lrp``)
 LayerNorm / RMSNorm         Prop. 3.4: identity rule on the normalisation (the standard deviation is a constant)
 GELU, SiLU, ReLU, tanh      Eq. 9: identity rule ``R_in = R_out``
 Linear layers               Eq. 8: epsilon rule (``linear_rule="epsilon"``, ``epsilon=1e-6``; default), or the
@@ -163,7 +165,8 @@ def attnlrp(
 
     Args:
         model: a ViT whose family has AttnLRP rules (timm ``VisionTransformer`` with class token, registers or none,
-            average or attention pooling, gated MLPs, parallel blocks, differential attention; timm ``Eva``: EVA-02,
+            average or attention pooling, gated MLPs, gated attention, parallel blocks, differential attention;
+            ``NaFlexVit``, also with Eva's blocks; timm ``Eva``: EVA-02,
             DINOv3, PE, Sapiens2, rotary ViTs; timm CaiT, BEiT and relative-position ViTs (every ViT architecture in
             timm's registry); torchvision ``VisionTransformer``; open_clip towers; Hugging Face ViT, ViTMSN,
             ViTMAE, I-JEPA, DeiT, BEiT, data2vec vision, DINOv2, DINOv3, SigLIP, AIMv2 and the CLIP vision towers;

@@ -39,6 +39,17 @@ forward is the module's own, so the model's output is unchanged:
   product's gradient the same way), so the gradients to the gate and up projections are scaled 1/2; the activation
   on the gate takes the identity rule below. The ``"cp"`` variant holds the gate constant (scales 0 and 1), as
   lxt's ``cp_gated_mlp_forward`` does.
+- gated attention (an output gate, ``proj(norm(o) * sigmoid(gate(x)))``: timm's ``Attention``, ``EvaAttention`` and
+  ``AttentionRope`` built with ``gated=True``, as NaFlexVit's ``attn_gated``; Qiu et al., "Gated Attention for
+  Large Language Models", NeurIPS 2025): the gate is held constant and the attention output takes all of the
+  product's relevance, under both attention rules. The uniform rule would give the gate half, to be passed through
+  the sigmoid by the identity rule below; but ``sigmoid(0) = 1/2``: near ``z = 0`` that half stays finite while
+  ``z`` vanishes, and the gate projection's epsilon rule divides it by ``z`` (the activations the identity rule is
+  used for vanish at 0, ``GELU(z) ~ z / 2``, which keeps the ratio bounded). Holding a sigmoid gate constant is
+  LRP's rule for the gates of LSTMs ("signal-take-all", Arras et al., "Explaining Recurrent Neural Network
+  Predictions in Sentiment Analysis", WASSA 2017), and what CP-LRP does to a gated MLP's gate
+  (``install_output_gate``). The same for a gated MLP whose gate is a sigmoid (the original GLU, Dauphin et al.
+  2017: timm's ``GluMlp`` or ``SwiGLU`` with ``act_layer=nn.Sigmoid``): scales 0 and 1.
 - LayerNorm / RMSNorm (paper Prop. 3.4): the identity rule on the division, i.e. the standard deviation (RMS) is
   a constant in the backward; the centring and the affine weight are linear (epsilon rule, plain gradient).
 - element-wise nonlinearities (GELU, SiLU, ReLU, tanh; paper Eq. 9): the identity rule ``R_in = R_out``, as the
@@ -72,6 +83,7 @@ QKV_FACTORS = {"attnlrp": (0.25, 0.25, 0.5), "cp": (0.0, 0.0, 1.0)}
 POOL_KV_FACTORS = {"attnlrp": (0.5, 0.5), "cp": (0.0, 1.0)}  # a learned query: q k^T is linear in k
 # act(gate) * up, (gate, up): the uniform rule; CP-LRP holds the gate constant (lxt's cp_LRP for gated MLPs)
 GATE_FACTORS = {"attnlrp": (0.5, 0.5), "cp": (0.0, 1.0)}
+SIGMOID_GATE_FACTORS = (0.0, 1.0)  # a sigmoid gate held constant (signal-take-all), under both attention rules
 ACTIVATIONS = ("GELU", "GELUActivation", "QuickGELU", "QuickGELUActivation", "GELUTanh", "SiLU",
                "SiLUActivation", "ReLU", "Tanh", "NewGELUActivation", "FastGELUActivation",
                "GELUPytorchTanh", "PytorchGELUTanh")
@@ -281,6 +293,14 @@ def install_activation(module: nn.Module) -> Undo:
     return set_attr(module, "forward", forward)
 
 
+def install_output_gate(attn: nn.Module) -> Undo:
+    """The rule of a gated attention's output, ``proj(norm(o) * sigmoid(gate(x)))`` (timm's gated ``Attention``,
+    ``EvaAttention``, ``AttentionRope``): a forward hook hands the module its gate projection's output detached, so the
+    gate is a constant of the backward (its value unchanged) and the product passes all its relevance to ``o``: LRP's
+    rule for sigmoid gates (signal-take-all, Arras et al. 2017), under both attention rules (module docstring)."""
+    return attn.gate.register_forward_hook(lambda _m, _args, out: out.detach()).remove
+
+
 def install_linear(module: nn.Linear, rule: str, rules: LRPRules, factor: torch.Tensor | None = None,
                    copy: bool = False) -> Undo:
     """``rule`` on an ``nn.Linear`` instance (optionally scaling its output's gradient by ``factor``); ``copy``
@@ -308,16 +328,18 @@ def pool_kv_factor(rules: LRPRules, widths: tuple[int, int], like: torch.Tensor)
     return scale_vector(widths, POOL_KV_FACTORS[rules.attention], like)
 
 
-def gate_up_factors(rules: LRPRules, gate: nn.Linear, up: nn.Linear) -> tuple[torch.Tensor, torch.Tensor]:
-    """The gradient scales of a gated MLP's separate gate and up projections (``GATE_FACTORS``)."""
-    fg, fu = GATE_FACTORS[rules.attention]
+def gate_up_factors(rules: LRPRules, gate: nn.Linear, up: nn.Linear,
+                    sigmoid: bool = False) -> tuple[torch.Tensor, torch.Tensor]:
+    """The gradient scales of a gated MLP's separate gate and up projections (``GATE_FACTORS``; a ``sigmoid`` gate,
+    as the original GLU's, held constant: ``SIGMOID_GATE_FACTORS``)."""
+    fg, fu = SIGMOID_GATE_FACTORS if sigmoid else GATE_FACTORS[rules.attention]
     return (scale_vector((gate.out_features,), (fg,), gate.weight),
             scale_vector((up.out_features,), (fu,), up.weight))
 
 
-def fused_gate_factor(rules: LRPRules, fc1: nn.Linear, gate_first: bool) -> torch.Tensor:
+def fused_gate_factor(rules: LRPRules, fc1: nn.Linear, gate_first: bool, sigmoid: bool = False) -> torch.Tensor:
     """The gradient scale of a fused ``[gate, up]`` (``gate_first``) or ``[up, gate]`` projection."""
-    fg, fu = GATE_FACTORS[rules.attention]
+    fg, fu = SIGMOID_GATE_FACTORS if sigmoid else GATE_FACTORS[rules.attention]
     half = fc1.out_features // 2
     return scale_vector((half, half), (fg, fu) if gate_first else (fu, fg), fc1.weight)
 
@@ -380,7 +402,7 @@ def classify(modules: Iterable[tuple[str, nn.Module]], model_name: str, containe
                 "vitviz refuses rather than propagate through it with the plain gradient. Supported: nn.Linear "
                 "(its own forward), nn.Conv2d (a patch embedding read at the pixels), LayerNorm/RMSNorm, "
                 "GELU/SiLU/ReLU/tanh, softmax attention, attention pooling "
-                "with a learned query, gated (SwiGLU) MLPs."
+                "with a learned query, gated (SwiGLU) MLPs, gated attention outputs."
                 f"{adapter} explain(method='chefer') for this model")
     return out
 

@@ -24,6 +24,7 @@ from vitviz.core.families.lrp import (
     gate_up_factors,
     input_hook,
     install_generic,
+    install_output_gate,
     lrp_linear,
     pool_kv_factor,
     qkv_factor,
@@ -73,11 +74,11 @@ def _fused_bias_qkv(attn: nn.Module, x: torch.Tensor, rule: str, rules: LRPRules
 
 def _eva_fused_bias_forward(attn: nn.Module, vt: Any, name: str, rules: LRPRules,
                             factor: torch.Tensor) -> Callable[..., torch.Tensor]:
-    """``EvaAttention.forward`` (timm 1.0.26 to 1.0.31, ungated) for a fused ``qkv`` whose q / v biases the forward
-    adds inside ``F.linear(x, qkv.weight, bias)``, so that ``qkv`` is never called as a module: the same computation
+    """``EvaAttention.forward`` (timm 1.0.26 to 1.0.31) for a fused ``qkv`` whose q / v biases the forward adds
+    inside ``F.linear(x, qkv.weight, bias)``, so that ``qkv`` is never called as a module: the same computation
     with the linear rule and the uniform rule's scales on that projection. Everything else is the module's own
-    (``q_norm``, ``k_norm``, ``norm``, ``proj`` are called, with their rules; the rotation is timm's
-    ``apply_rot_embed_cat`` from the module's file)."""
+    (``gate``, ``q_norm``, ``k_norm``, ``norm``, ``proj`` are called, with their rules, a gate held constant by
+    ``install_output_gate``; the rotation is timm's ``apply_rot_embed_cat`` from the module's file)."""
     rule = rules.linear_for(f"{name}.qkv")
 
     def rotate(t: torch.Tensor, rope: torch.Tensor, like: torch.Tensor) -> torch.Tensor:
@@ -88,6 +89,7 @@ def _eva_fused_bias_forward(attn: nn.Module, vt: Any, name: str, rules: LRPRules
     def forward(x: torch.Tensor, rope: torch.Tensor | None = None, attn_mask: torch.Tensor | None = None,
                 is_causal: bool = False) -> torch.Tensor:
         b, n, _ = x.shape
+        gate = attn.gate(x).sigmoid() if getattr(attn, "gate", None) is not None else None  # newer timm only
         q, k, v = _fused_bias_qkv(attn, x, rule, rules, factor)
         q, k = attn.q_norm(q), attn.k_norm(k)
         if rope is not None:
@@ -99,6 +101,8 @@ def _eva_fused_bias_forward(attn: nn.Module, vt: Any, name: str, rules: LRPRules
             scores = vt.maybe_add_mask(scores, vt.resolve_self_attn_mask(n, scores, attn_mask, is_causal=is_causal))
             o = attn.attn_drop(scores.softmax(dim=-1)) @ v
         o = attn.norm(o.transpose(1, 2).reshape(b, n, -1))
+        if gate is not None:
+            o = o * gate
         return attn.proj_drop(attn.proj(o))
 
     return forward
@@ -138,7 +142,10 @@ VIT_LAYOUT = TimmLayout(("Block", "ResPostBlock", "ParallelThingsBlock", *SCALIN
 TIMM_LAYOUTS = {
     "VisionTransformer": VIT_LAYOUT,
     "VisionTransformerDistilled": VIT_LAYOUT,  # DeiT-distilled: two heads averaged (linear)
-    "NaFlexVit": TimmLayout(("Block",), ("Attention",), (*BEFORE_BLOCKS, "embeds"), ("token", "avg", "")),
+    # NaFlexVit: timm's Block, or EvaBlock where its config asks for rotary embeddings, an EVA attention, SwiGLU,
+    # gated attention or grouped key heads (naflexvit.get_block_fn)
+    "NaFlexVit": TimmLayout(("Block", "EvaBlock"), ("Attention", "EvaAttention", "AttentionRope"),
+                            (*BEFORE_BLOCKS, "embeds", "rope"), ("token", "avg", ""), _eva_fused_bias_forward),
     "Eva": TimmLayout(("EvaBlock", "EvaBlockPostNorm"), ("EvaAttention", "AttentionRope"), (*BEFORE_BLOCKS, "rope"),
                       ("avg", "token", ""), _eva_fused_bias_forward),
     "Beit": TimmLayout(("Block",), ("Attention",), (*BEFORE_BLOCKS, "rel_pos_bias"), ("avg", "token", ""),
@@ -153,13 +160,17 @@ TIMM_LAYOUTS = {
 
 
 def _timm_attention_factors(model: nn.Module, layout: TimmLayout, rules: LRPRules, name: str, attn: nn.Module,
-                            factors: dict[str, torch.Tensor], fused_bias: list[tuple[str, nn.Module]]) -> None:
+                            factors: dict[str, torch.Tensor], fused_bias: list[tuple[str, nn.Module]],
+                            gated: list[tuple[str, nn.Module]]) -> None:
     """The uniform rule's scales on one timm attention module's q / k / v projections (a fused ``qkv`` or separate
     ``q_proj`` / ``k_proj`` / ``v_proj``); an attention whose fused ``qkv`` takes its biases inside ``F.linear`` is
-    added to ``fused_bias`` (its layout's forward of vitviz's runs it). A differential attention's q and k hold two
-    half-width heads per head, each behind its own ``q k^T``: the same 1/4, 1/4, 1/2 per feature."""
+    added to ``fused_bias`` (its layout's forward of vitviz's runs it), one with an output gate to ``gated``
+    (``install_output_gate``). A differential attention's q and k hold two half-width heads per head, each behind
+    its own ``q k^T``: the same 1/4, 1/4, 1/2 per feature."""
     if getattr(attn, "gate", None) is not None:
-        raise refuse(model, f"{name} is gated (a sigmoid gate multiplies the attention output)")
+        if not isinstance(attn.gate, nn.Module):
+            raise refuse(model, f"{name}'s output gate is not a module vitviz can hold constant")
+        gated.append((name, attn))
     if isinstance(getattr(attn, "qkv", None), nn.Module):
         d = attn.qkv.out_features // 3
         factors[f"{name}.qkv"] = qkv_factor(rules, (d, d, d), attn.qkv.weight)
@@ -174,11 +185,15 @@ def _timm_attention_factors(model: nn.Module, layout: TimmLayout, rules: LRPRule
 def timm_rules(model: nn.Module, rules: LRPRules, emit: Emit) -> Undo:
     """timm ``VisionTransformer`` (and DeiT-distilled) with ``Block`` or the post-norm ``ResPostBlock``, the parallel
     ``ParallelThingsBlock`` and ``ParallelScalingBlock``, ``Attention`` or differential attention (``DiffAttention``,
-    ``DiffParallelScalingBlock``); ``NaFlexVit`` (the same blocks; its masked average pool is linear); ``Eva`` (EVA,
-    EVA-02, DINOv3, PE, Sapiens2, the rotary ``vit_*_rope_*`` and ``vit_*_lingbot`` ViTs: ``EvaAttention`` or
-    ``AttentionRope``, pre- or post-norm blocks); ``Beit`` (BEiT, BEiT v2); ``VisionTransformerRelPos``
-    (``vit_relpos_*``, ``vit_srelpos_*``). Each with an ``Mlp``, ``SwiGLU`` or ``GluMlp``; class-token, average or
-    attention pooling (``AttentionPoolLatent``). Fused attention stays on (its gradient is the softmax rule's).
+    ``DiffParallelScalingBlock``); ``NaFlexVit`` (the same blocks, or ``EvaBlock`` with ``EvaAttention`` or
+    ``AttentionRope`` where its config asks for rotary embeddings, SwiGLU, gated attention or grouped key heads; its
+    masked average pool is linear); ``Eva`` (EVA, EVA-02, DINOv3, PE, Sapiens2, the rotary ``vit_*_rope_*`` and
+    ``vit_*_lingbot`` ViTs: ``EvaAttention`` or ``AttentionRope``, pre- or post-norm blocks); ``Beit`` (BEiT, BEiT
+    v2); ``VisionTransformerRelPos`` (``vit_relpos_*``, ``vit_srelpos_*``). Each with an ``Mlp``, ``SwiGLU`` or
+    ``GluMlp``; class-token, average or attention pooling (``AttentionPoolLatent``). Sigmoid gates, a ``GluMlp``'s
+    or ``SwiGLU``'s (the original GLU) and an attention's output gate (``gated=True``, NaFlexVit's ``attn_gated``),
+    are held constant, all relevance to the other factor (``lrp``'s module docstring). Fused attention stays on (its
+    gradient is the softmax rule's).
 
     Rotary q and k (Eva) are rotated by angles that depend on the grid only: a linear map without bias, so gradient
     x input passes the relevance on whole (as for Hugging Face DINOv3); grouped key heads are repeated, a copy.
@@ -203,6 +218,7 @@ def timm_rules(model: nn.Module, rules: LRPRules, emit: Emit) -> Undo:
                              "rule in vitviz")
     factors: dict[str, torch.Tensor] = {}
     fused_bias: list[tuple[str, nn.Module]] = []
+    gated: list[tuple[str, nn.Module]] = []
     for i, block in enumerate(model.blocks):
         if type(block).__name__ in SCALING_BLOCKS and type(block).__name__ in layout.blocks:
             # one in_proj makes [mlp hidden, q, k, v]: the MLP's part keeps its gradient, q / k / v get the scales
@@ -217,7 +233,7 @@ def timm_rules(model: nn.Module, rules: LRPRules, emit: Emit) -> Undo:
                                  f"vitviz has AttnLRP rules for {'/'.join(layout.blocks)} with "
                                  f"{'/'.join(layout.attentions)} only (talking-heads attention is not covered)")
         for name, attn in attentions:
-            _timm_attention_factors(model, layout, rules, name, attn, factors, fused_bias)
+            _timm_attention_factors(model, layout, rules, name, attn, factors, fused_bias, gated)
     late = list(getattr(model, "blocks_token_only", None) or ())
     for i, block in enumerate(late):
         name = f"blocks_token_only.{i}.attn"
@@ -226,15 +242,20 @@ def timm_rules(model: nn.Module, rules: LRPRules, emit: Emit) -> Undo:
                                  f"{type(getattr(block, 'attn', None)).__name__}; vitviz has AttnLRP rules for "
                                  f"{'/'.join(layout.class_attention) or 'no class-attention blocks'} there")
         separate_qkv_factors(rules, name, block.attn, ("q", "k", "v"), factors)  # q: the class token's, an input
+    sigmoid_gates = []  # a gated MLP's sigmoid (the original GLU): held constant, no rule runs on it
     for name, m in model.named_modules():
+        sigmoid = type(m).__name__ in TIMM_GATED and isinstance(getattr(m, "act", None), nn.Sigmoid)
+        if sigmoid:
+            sigmoid_gates.append(f"{name}.act")
         if type(m).__name__ == "SwiGLU":
-            factors[f"{name}.fc1_g"], factors[f"{name}.fc1_x"] = gate_up_factors(rules, m.fc1_g, m.fc1_x)
+            factors[f"{name}.fc1_g"], factors[f"{name}.fc1_x"] = gate_up_factors(rules, m.fc1_g, m.fc1_x, sigmoid)
         elif type(m).__name__ == "GluMlp":
-            factors[f"{name}.fc1"] = fused_gate_factor(rules, m.fc1, gate_first=not m.gate_last)
+            factors[f"{name}.fc1"] = fused_gate_factor(rules, m.fc1, not m.gate_last, sigmoid)
     if pool is not None:  # a learned latent query: k and v only carry relevance (lrp.POOL_KV_FACTORS)
         e = pool.kv.out_features // 2
         factors["attn_pool.kv"] = pool_kv_factor(rules, (e, e), pool.kv.weight)
-    constant = tuple(f"blocks.{i}.attn.{c}" for i in range(len(model.blocks)) for c in layout.constant_children)
+    constant = (*(f"blocks.{i}.attn.{c}" for i in range(len(model.blocks)) for c in layout.constant_children),
+                *sigmoid_gates)
     pixels = rules.read_at == "pixels"
     if pixels and isinstance(getattr(getattr(model, "patch_embed", None), "backbone", None), nn.Module):
         raise UnsupportedModelError(f"{type(model).__name__}: AttnLRP at the pixels (read_at='pixels') needs a patch "
@@ -252,6 +273,7 @@ def timm_rules(model: nn.Module, rules: LRPRules, emit: Emit) -> Undo:
             vt = sys.modules[type(attn).__module__]
             forward = layout.fused_bias_forward(attn, vt, name, rules, factors[f"{name}.qkv"])
             undos.append(set_attr(attn, "forward", forward))
+        undos += [install_output_gate(attn) for _name, attn in gated]
         if late and not pixels:  # CaiT's class token: read where it enters the first class-attention block
             undos.append(input_hook(late[0], lambda t: emit(t, "late_prefix"), "x_cls", index=1))
     except BaseException:
