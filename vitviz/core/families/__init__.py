@@ -118,11 +118,50 @@ def _wrapper_refusal(model: nn.Module) -> str | None:
     return None
 
 
+_FULL_WEIGHTS = ("gather the full weights into the same model built without sharding and pass that: on every rank "
+                 "sd = torch.distributed.checkpoint.state_dict.get_model_state_dict(model, options=StateDictOptions("
+                 "full_state_dict=True, cpu_offload=True)) (a collective; rank 0 receives the full tensors), then on "
+                 "rank 0 plain.load_state_dict(sd)")
+
+
+def _is_distributed(obj: Any, names: tuple[str, ...]) -> bool:
+    """Whether ``obj``'s class is, or derives from, one of torch.distributed's classes ``names`` (read from the class
+    hierarchy, so that torch.distributed is never imported for a model that does not use it)."""
+    return any(c.__name__ in names and c.__module__.startswith("torch.distributed")
+               for c in type(obj).__mro__)
+
+
+def _sharding_refusal(model: nn.Module) -> str | None:
+    """Why ``model`` holds sharded weights vitviz cannot read, naming the sharded module or parameter and the fix;
+    or None. FSDP (``FullyShardedDataParallel``, and ``fully_shard``'s in-place ``FSDP<Class>``) keeps each rank's
+    shard of the weights and all-gathers them only inside its forward, a collective every rank must join; tensor
+    parallelism (``DTensor`` parameters) leaves each rank only its share of the heads. Reading such a model on one
+    rank would read shards (or hang in a collective), and its attention maps would miss the other ranks' heads."""
+    name = type(model).__name__
+    for where, module in model.named_modules():
+        if _is_distributed(module, ("FullyShardedDataParallel", "FSDPModule")):
+            fsdp1 = _is_distributed(module, ("FullyShardedDataParallel",))
+            inner = (type(module.module) if fsdp1 else
+                     next(c for c in type(module).__mro__ if not c.__module__.startswith("torch.distributed")))
+            kind = "FullyShardedDataParallel" if fsdp1 else "fully_shard"
+            at = "the model" if not where else f"its submodule {where!r}"
+            return (f"{name}: {at} is sharded with FSDP ({kind}, over a {inner.__name__}): each rank holds a "
+                    "shard of the weights, gathered only inside the forward, a collective every rank must join; "
+                    "vitviz reads weights outside the forward (position embeddings, filters, AttnLRP's rules) and "
+                    f"runs forwards on the rank that calls it, so it would read shards or wait forever; {_FULL_WEIGHTS}")
+    for where, tensor in (*model.named_parameters(), *model.named_buffers()):
+        if _is_distributed(tensor, ("DTensor",)):
+            return (f"{name}: {where!r} is a DTensor (sharded over a device mesh, as tensor parallelism leaves it): "
+                    "each rank computes only its share of the heads and holds only its share of the weights, so a "
+                    f"capture on one rank would miss the other ranks' heads; {_FULL_WEIGHTS}")
+    return None
+
+
 def family_of(model: nn.Module) -> Family:
     """The family that reads ``model``; raises ``NotAViTError`` naming the model and the fix."""
     if not isinstance(model, nn.Module):
         raise NotAViTError(f"expected a torch.nn.Module ViT, got {type(model).__name__}")
-    refusal = _wrapper_refusal(model)
+    refusal = _wrapper_refusal(model) or _sharding_refusal(model)
     if refusal is not None:
         raise UnsupportedModelError(refusal)
     compiled = next((name or "the model" for name, m in model.named_modules()
