@@ -53,6 +53,9 @@ def test_lazy_exports_resolve():
     for name in vitviz._LAZY:
         assert callable(getattr(vitviz, name)), name
     assert set(vitviz._LAZY) <= set(dir(vitviz))
+    # tab completion offers the API and the subpackages, not the module's own imports
+    assert not {"Any", "annotations", "importlib", "ModuleType"} & set(dir(vitviz))
+    assert {"errors", "VitvizError", "attnlrp"} <= set(dir(vitviz))
 
 
 @pytest.fixture(scope="module")

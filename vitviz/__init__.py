@@ -8,6 +8,7 @@ until a call needs them, and ``python -m vitviz --help`` answers at once. The er
 from __future__ import annotations
 
 import importlib
+from types import ModuleType
 from typing import Any
 
 from vitviz.errors import (
@@ -132,4 +133,8 @@ def __getattr__(name: str) -> Any:
 
 
 def __dir__() -> list[str]:
-    return sorted(set(globals()) | set(_LAZY))
+    """The public names (what a notebook's tab completion offers) and the subpackages already imported; not the
+    module's own imports (``importlib``, ``Any``, ``annotations``)."""
+    loaded = {name for name, value in globals().items()
+              if isinstance(value, ModuleType) and value.__name__ == f"{__name__}.{name}"}
+    return sorted({*__all__, *loaded})
