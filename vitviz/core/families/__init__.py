@@ -8,6 +8,7 @@ vision, AIMv2 vision, ViTMAE; other image models refused), open_clip vision towe
 
 from __future__ import annotations
 
+import functools
 import weakref
 from typing import Any
 
@@ -124,11 +125,16 @@ _FULL_WEIGHTS = ("gather the full weights into the same model built without shar
                  "rank 0 plain.load_state_dict(sd)")
 
 
+@functools.cache
+def _distributed_bases(cls: type) -> frozenset[str]:
+    """The names of torch.distributed's classes among ``cls``'s bases, read from the class hierarchy (FSDP and
+    DTensor are never imported for a model that does not use them); cached per class."""
+    return frozenset(c.__name__ for c in cls.__mro__ if c.__module__.startswith("torch.distributed"))
+
+
 def _is_distributed(obj: Any, names: tuple[str, ...]) -> bool:
-    """Whether ``obj``'s class is, or derives from, one of torch.distributed's classes ``names`` (read from the class
-    hierarchy, so that torch.distributed is never imported for a model that does not use it)."""
-    return any(c.__name__ in names and c.__module__.startswith("torch.distributed")
-               for c in type(obj).__mro__)
+    """Whether ``obj``'s class is, or derives from, one of torch.distributed's classes ``names``."""
+    return not _distributed_bases(type(obj)).isdisjoint(names)
 
 
 def _sharding_refusal(model: nn.Module) -> str | None:
@@ -137,23 +143,37 @@ def _sharding_refusal(model: nn.Module) -> str | None:
     shard of the weights and all-gathers them only inside its forward, a collective every rank must join; tensor
     parallelism (``DTensor`` parameters) leaves each rank only its share of the heads. Reading such a model on one
     rank would read shards (or hang in a collective), and its attention maps would miss the other ranks' heads."""
+    import torch.distributed as dist
+
+    if not (dist.is_available() and dist.is_initialized()):  # sharding needs a process group (FSDP, a device mesh)
+        return None
     name = type(model).__name__
-    for where, module in model.named_modules():
+    fsdp = dtensor = None  # one pass over the modules' own tensors, names looked up only on a hit: family_of runs often
+    for module in model.modules():
         if _is_distributed(module, ("FullyShardedDataParallel", "FSDPModule")):
-            fsdp1 = _is_distributed(module, ("FullyShardedDataParallel",))
-            inner = (type(module.module) if fsdp1 else
-                     next(c for c in type(module).__mro__ if not c.__module__.startswith("torch.distributed")))
-            kind = "FullyShardedDataParallel" if fsdp1 else "fully_shard"
-            at = "the model" if not where else f"its submodule {where!r}"
-            return (f"{name}: {at} is sharded with FSDP ({kind}, over a {inner.__name__}): each rank holds a "
-                    "shard of the weights, gathered only inside the forward, a collective every rank must join; "
-                    "vitviz reads weights outside the forward (position embeddings, filters, AttnLRP's rules) and "
-                    f"runs forwards on the rank that calls it, so it would read shards or wait forever; {_FULL_WEIGHTS}")
-    for where, tensor in (*model.named_parameters(), *model.named_buffers()):
-        if _is_distributed(tensor, ("DTensor",)):
-            return (f"{name}: {where!r} is a DTensor (sharded over a device mesh, as tensor parallelism leaves it): "
-                    "each rank computes only its share of the heads and holds only its share of the weights, so a "
-                    f"capture on one rank would miss the other ranks' heads; {_FULL_WEIGHTS}")
+            fsdp = module
+            break
+        tensor = next((k for k, t in (*module._parameters.items(), *module._buffers.items())
+                       if t is not None and _is_distributed(t, ("DTensor",))), None)
+        if tensor is not None:
+            dtensor = (module, tensor)
+            break
+    names = {id(m): n for n, m in model.named_modules()} if fsdp is not None or dtensor is not None else {}
+    if fsdp is not None:
+        fsdp1 = _is_distributed(fsdp, ("FullyShardedDataParallel",))
+        inner = (type(fsdp.module) if fsdp1 else
+                 next(c for c in type(fsdp).__mro__ if not c.__module__.startswith("torch.distributed")))
+        kind = "FullyShardedDataParallel" if fsdp1 else "fully_shard"
+        at = f"its submodule {names[id(fsdp)]!r}" if names[id(fsdp)] else "the model"
+        return (f"{name}: {at} is sharded with FSDP ({kind}, over a {inner.__name__}): each rank holds a "
+                "shard of the weights, gathered only inside the forward, a collective every rank must join; "
+                "vitviz reads weights outside the forward (position embeddings, filters, AttnLRP's rules) and "
+                f"runs forwards on the rank that calls it, so it would read shards or wait forever; {_FULL_WEIGHTS}")
+    if dtensor is not None:
+        where = ".".join(n for n in (names[id(dtensor[0])], dtensor[1]) if n)
+        return (f"{name}: {where!r} is a DTensor (sharded over a device mesh, as tensor parallelism leaves it): "
+                "each rank computes only its share of the heads and holds only its share of the weights, so a "
+                f"capture on one rank would miss the other ranks' heads; {_FULL_WEIGHTS}")
     return None
 
 
