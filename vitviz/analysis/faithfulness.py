@@ -96,7 +96,12 @@ Methods = Sequence[str | MapFn] | Mapping[str, str | MapFn | torch.Tensor]
 def default_methods(model: nn.Module) -> tuple[str, ...]:
     """``DEFAULT_METHODS`` less ``"attnlrp"`` when ``model``'s family has no AttnLRP rules (its maps are of a kind the
     rules are not derived for, or vitviz has no rule for one of its modules): what ``faithfulness`` runs when
-    ``methods`` is not given."""
+    ``methods`` is not given; and less every gradient method when ``model`` has quantized layers
+    (``vitviz.core.contexts.quantized_layers``: no backward pass)."""
+    from vitviz.core.contexts import quantized_layers
+
+    if quantized_layers(model):
+        return tuple(m for m in DEFAULT_METHODS if m not in GRADIENT_METHODS)
     if "attnlrp" not in DEFAULT_METHODS:
         return DEFAULT_METHODS
     from vitviz.analysis.attnlrp import attnlrp_supported

@@ -60,13 +60,13 @@ from vitviz.analysis import explain as explain_module
 from vitviz.analysis.similarity import spearman, ssim
 from vitviz.core.batching import iter_batches
 from vitviz.core.blocks import block_paths
-from vitviz.core.contexts import model_copy
+from vitviz.core.contexts import model_copy, quantized_kind, quantized_layers
 from vitviz.core.families import family_of
 from vitviz.core.images import Images
 from vitviz.core.spec import inspect
 from vitviz.core.targets import Target, logits_of, resolve_target
 from vitviz.core.util import in_eval_mode, is_int, is_number
-from vitviz.errors import InputError
+from vitviz.errors import InputError, UnsupportedModelError
 
 __all__ = ["METRICS", "TESTS", "randomisation_layers", "randomise_", "sanity_checks", "sanity_summary"]
 
@@ -89,6 +89,16 @@ def randomisation_layers(model: nn.Module) -> list[tuple[str, list[str]]]:
         ``[(layer name, [parameter names])]`` from the output to the input.
     """
     spec = inspect(model)
+    quantized = quantized_layers(model)
+    if quantized:
+        name, module = quantized[0]
+        raise UnsupportedModelError(
+            f"{type(model).__name__}'s layer {name!r} is quantized ({quantized_kind(module)}; "
+            f"{len(quantized)} such layers): its weights are packed in a quantized kernel or held as quantized "
+            "tensors, not float parameters the randomisation tests can re-initialise, so those tests would keep "
+            "them trained and understate how much a map depends on them; run the randomisation tests on the float "
+            "model it was quantized from (the repeat test and, for class-agnostic maps, the random-logit test run "
+            "on the quantized model: tests=('repeat', 'random_logit'))")
     comps = family_of(model).param_components(model)
     params = [n for n, _ in model.named_parameters()]
 
@@ -123,9 +133,11 @@ def randomise_(model: nn.Module, names: Sequence[str], *, seed: int, layer: str,
 
 def _available(method: str, model: nn.Module) -> bool:
     """Whether ``method`` can run on ``model`` by default: the optional library a baseline needs is installed, and
-    ``attnlrp`` has rules for the model's family."""
+    ``attnlrp`` has rules for the model's family, and a gradient method has a backward pass (no quantized layer)."""
     from vitviz.analysis import baselines
 
+    if method in explain_module.GRADIENT_METHODS and quantized_layers(model):
+        return False  # quantized kernels have no backward pass
     if method == "attnlrp":
         from vitviz.analysis.attnlrp import attnlrp_supported
 
@@ -195,7 +207,8 @@ def sanity_checks(
             (b, gh, gw)``.
         target: the class each map explains on the trained model: ``None`` (each image's prediction), an int, or
             one per image; kept at every randomisation step. Class targets only.
-        steps: layer names (``randomisation_layers``) to keep, in top-down order; default all.
+        steps: layer names (``randomisation_layers``) the cascading and independent tests randomise, in top-down
+            order; default all.
         tests: any of ``cascading``, ``independent``, ``random_logit``, ``repeat``.
         seed: seeds the random weights, the random other class, and ``random``'s maps.
         std: standard deviation of the re-initialised parameters.
@@ -231,8 +244,9 @@ def sanity_checks(
                              "f(model, images, target) -> (B, gh, gw)")
         if not isinstance(m, str) and not callable(m):
             raise InputError(f"methods holds {m!r}; give method names or callables f(model, images, target)")
-    layers = randomisation_layers(model)
-    if steps is not None:
+    randomising = bool({"cascading", "independent"} & set(tests))
+    layers = randomisation_layers(model) if randomising else []
+    if steps is not None and randomising:
         known = [n for n, _ in layers]
         missing = [s for s in steps if s not in known]
         if missing:

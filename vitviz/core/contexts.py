@@ -93,6 +93,71 @@ def tensor_version(t: Any) -> int | None:
     return None if t.is_inference() else t._version
 
 
+_QUANTIZED = ("torch.ao.nn.quantized.", "torch.ao.nn.intrinsic.quantized.")
+
+
+def quantized_layers(model: Any) -> list[tuple[str, Any]]:
+    """The layers of ``model`` that compute with quantized weights, as ``(name, module)``, in module order:
+
+    - torch's quantized modules: what ``torch.ao.quantization.quantize_dynamic`` puts in (qint8 or float16
+      ``Linear``) and what ``convert`` leaves in a statically quantized model. Their kernels have no backward pass,
+      keep their weights packed in the kernel's state (``weight()`` is a method, not a parameter) and have no
+      formula in ``torch.utils.flop_counter``. Not among them: the packed-parameter holders those layers own,
+      ``FloatFunctional`` (float arithmetic of a model prepared but not converted) and the reference quantized
+      modules (``torch.ao.nn.quantized.reference``: float parameters fake-quantised in a differentiable forward);
+    - layers whose own parameter is one of torchao's quantized tensors (``quantize_``: ``TorchAOBaseTensor``
+      subclasses such as ``Int8Tensor`` or ``AffineQuantizedTensor``), whose gradient and FLOP count depend on the
+      configuration (an int8 activation has no gradient, and its integer matmul is not counted).
+
+    Read from the class hierarchy, so that neither torch.ao nor torchao is imported for a model without them."""
+    found = []
+    for module in model.modules():
+        cls = type(module)
+        path = f"{cls.__module__}."
+        if (path.startswith(_QUANTIZED) and not path.startswith("torch.ao.nn.quantized.reference.")
+                and not cls.__name__.endswith("PackedParams") and cls.__name__ != "FloatFunctional"):
+            found.append(module)
+        elif any(_torchao_tensor(p) for p in module._parameters.values() if p is not None):
+            found.append(module)
+    if not found:
+        return []
+    names = {id(m): n for n, m in model.named_modules()}
+    return [(names[id(m)], m) for m in found]
+
+
+def _torchao_tensor(t: Any) -> bool:
+    return any(c.__name__ == "TorchAOBaseTensor" and c.__module__.startswith("torchao") for c in type(t).__mro__)
+
+
+def quantized_kind(module: Any) -> str:
+    """What makes ``module`` quantized, for a message: its class path, or its torchao weight's class."""
+    cls = type(module)
+    tensor = next((p for p in module._parameters.values() if p is not None and _torchao_tensor(p)), None)
+    if tensor is not None:
+        return f"a {cls.__name__} with torchao's {type(tensor).__name__} weights"
+    return f"{cls.__module__}.{cls.__qualname__}"
+
+
+def refuse_quantized(model: Any, what: str) -> None:
+    """Raise ``UnsupportedModelError`` when ``model`` has a quantized layer (``quantized_layers``), for the gradient
+    analysis ``what``: torch's quantized kernels have no backward pass, and through torchao's quantized tensors the
+    gradient is the model's only for some configurations (none through an int8 activation). Before this refusal the
+    gradient methods failed inside autograd or a rule ("'function' object has no attribute 'dtype'", "appears to not
+    have been used in the graph"), or Chefer's named the wrong reason."""
+    from vitviz.errors import UnsupportedModelError
+
+    layers = quantized_layers(model)
+    if layers:
+        name, module = layers[0]
+        raise UnsupportedModelError(
+            f"{what}: {type(model).__name__}'s layer {name!r} is quantized ({quantized_kind(module)}; {len(layers)} "
+            "such layers): torch's quantized kernels have no backward pass, and through quantized weights the "
+            "gradient is the model's only for some configurations, so vitviz runs no gradient analysis on them; the "
+            "gradient-free analyses (attention, rollout, flow, mean attention distance) read the quantized model as "
+            "it computes; for this one, use the float model it was quantized from (quantize_dynamic returns a "
+            "quantized copy; quantize_ works in place, so quantize a copy)")
+
+
 def inference_tensor(model: Any) -> str | None:
     """The name of the first parameter or buffer of ``model`` that is an inference tensor (made or loaded inside
     ``torch.inference_mode()``), or None."""
@@ -165,8 +230,12 @@ def autograd(model: Any, what: str, *, weights: bool = False) -> Iterator[None]:
       step, which counts the parameters' gradients) the parameters keep their flags and their hooks are off
       instead (``parameter_hooks_off``).
 
+    - a model with quantized layers (``quantized_layers``: ``quantize_dynamic``, a converted statically quantized
+      model, torchao's ``quantize_``) is refused; the gradient-free analyses read it as it computes.
+
     Raises:
         InferenceTensorError: a parameter or buffer of ``model`` is an inference tensor.
+        UnsupportedModelError: ``model`` has a quantized layer.
     """
     import torch
 
@@ -179,6 +248,8 @@ def autograd(model: Any, what: str, *, weights: bool = False) -> Iterator[None]:
             "model was built or loaded inside torch.inference_mode()); load the model outside inference mode "
             "(torch.no_grad() is fine), or clone its tensors outside it: "
             "model.load_state_dict({k: v.clone() for k, v in model.state_dict().items()}, assign=True)")
+    if model is not None:
+        refuse_quantized(model, what)
     keep = contextlib.nullcontext() if model is None else (parameter_hooks_off if weights else frozen)(model)
     with torch.inference_mode(False), torch.enable_grad(), keep:
         yield

@@ -194,10 +194,17 @@ class ViTSpec:
 
 
 def count_params(model: nn.Module, family: Family) -> dict[str, int]:
-    """Parameters per component (each parameter counted once, shared ones too) and ``total``."""
+    """Parameters per component (each parameter counted once, shared ones too) and ``total``. A quantized layer's
+    weight and bias (``vitviz.core.contexts.quantized_layers``), packed inside its kernel and returned by its
+    ``weight()`` / ``bias()`` methods rather than held as parameters, count as its parameters."""
+    from vitviz.core.contexts import quantized_layers
+
     components = family.param_components(model)
     counts = dict.fromkeys(COMPONENT_ORDER, 0)
-    for name, p in model.named_parameters():  # named_parameters() de-duplicates shared tensors
+    packed = [(f"{name}.{attr}", getattr(module, attr)()) for name, module in quantized_layers(model)
+              for attr in ("weight", "bias") if callable(getattr(module, attr, None))]
+    # named_parameters() de-duplicates shared tensors
+    for name, p in [*model.named_parameters(), *((n, t) for n, t in packed if t is not None)]:
         comp = next((c for c, prefixes in components.items() if name.startswith(prefixes)), "other")
         counts[comp] = counts.get(comp, 0) + p.numel()
     counts["total"] = sum(counts.values())

@@ -453,9 +453,11 @@ def lrp_rules(model: nn.Module, rules: LRPRules | None = None) -> Iterator[LRPSe
     On exit, also when the block raises, every ``forward`` attribute and hook is removed: the model's state dict,
     flags, hooks and outputs are as before.
     """
+    from vitviz.core.contexts import refuse_quantized
     from vitviz.core.families import family_of
 
     family = family_of(model)
+    refuse_quantized(model, "AttnLRP")  # before a rule reads a quantized layer's weight() method as a tensor
     session = LRPSession()
     undo = family.lrp_rules(model, rules or LRPRules(), session._emit)
     try:
