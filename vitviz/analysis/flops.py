@@ -106,8 +106,8 @@ def count_flops(model: nn.Module, input_size: tuple[int, int, int] | None = None
 
     Raises:
         InputTypeError: ``model`` is not a ``torch.nn.Module``.
-        UnsupportedModelError: ``model`` has layers that run torch's quantized kernels
-            (``vitviz.core.contexts.quantized_layers``), which the counter does not see.
+        UnsupportedModelError: ``model`` has quantized layers (``vitviz.core.contexts.quantized_layers``), whose
+            products the counter does not see.
         InputError: ``input_size`` is not three positive ints, or (for a ViT vitviz reads) its ``H x W`` is not a
             size the model takes, or it is ``None`` for a module vitviz does not read; or, with ``backward``, the
             output holds no tensor to start the backward pass from.
@@ -121,7 +121,8 @@ def count_flops(model: nn.Module, input_size: tuple[int, int, int] | None = None
         raise UnsupportedModelError(
             f"count_flops: {type(model).__name__}'s layer {name!r} is quantized ({quantized_kind(module)}; "
             f"{len(quantized)} such layers): torch.utils.flop_counter has no formula for quantized kernels (nor "
-            "for torchao's integer matmuls), so their multiply-adds would go uncounted; count the float model it was quantized from, which performs the same products")
+            "for torchao's integer matmuls), so their multiply-adds would go uncounted; count the float model it "
+            "was quantized from, which performs the same products")
     param = next(model.parameters(), None)
     device = param.device if param is not None else torch.device("cpu")
     # the values do not change the count: drawn from a generator of its own, never the user's global one

@@ -13,6 +13,7 @@ tensors refused, parameters ``frozen`` or their hooks off with ``parameter_hooks
 from __future__ import annotations
 
 import contextlib
+import functools
 import threading
 import weakref
 from collections.abc import Iterator
@@ -110,29 +111,30 @@ def quantized_layers(model: Any) -> list[tuple[str, Any]]:
       configuration (an int8 activation has no gradient, and its integer matmul is not counted).
 
     Read from the class hierarchy, so that neither torch.ao nor torchao is imported for a model without them."""
-    found = []
-    for module in model.modules():
-        cls = type(module)
-        path = f"{cls.__module__}."
-        if (path.startswith(_QUANTIZED) and not path.startswith("torch.ao.nn.quantized.reference.")
-                and not cls.__name__.endswith("PackedParams") and cls.__name__ != "FloatFunctional"):
-            found.append(module)
-        elif any(_torchao_tensor(p) for p in module._parameters.values() if p is not None):
-            found.append(module)
+    found = [module for module in model.modules()
+             if _quantized_class(type(module)) or any(_torchao_class(type(p)) for p in module._parameters.values())]
     if not found:
         return []
     names = {id(m): n for n, m in model.named_modules()}
     return [(names[id(m)], m) for m in found]
 
 
-def _torchao_tensor(t: Any) -> bool:
-    return any(c.__name__ == "TorchAOBaseTensor" and c.__module__.startswith("torchao") for c in type(t).__mro__)
+@functools.cache
+def _quantized_class(cls: type) -> bool:
+    path = f"{cls.__module__}."
+    return (path.startswith(_QUANTIZED) and not path.startswith("torch.ao.nn.quantized.reference.")
+            and not cls.__name__.endswith("PackedParams") and cls.__name__ != "FloatFunctional")
+
+
+@functools.cache
+def _torchao_class(cls: type) -> bool:
+    return any(c.__name__ == "TorchAOBaseTensor" and c.__module__.startswith("torchao") for c in cls.__mro__)
 
 
 def quantized_kind(module: Any) -> str:
     """What makes ``module`` quantized, for a message: its class path, or its torchao weight's class."""
     cls = type(module)
-    tensor = next((p for p in module._parameters.values() if p is not None and _torchao_tensor(p)), None)
+    tensor = next((p for p in module._parameters.values() if _torchao_class(type(p))), None)
     if tensor is not None:
         return f"a {cls.__name__} with torchao's {type(tensor).__name__} weights"
     return f"{cls.__module__}.{cls.__qualname__}"
@@ -228,8 +230,7 @@ def autograd(model: Any, what: str, *, weights: bool = False) -> Iterator[None]:
       (``frozen``), so no parameter's gradient is computed and no hook of yours on a parameter runs (a library's
       ``loss.backward()``, as pytorch-grad-cam's, included). With ``weights=True`` (``count_flops``' training
       step, which counts the parameters' gradients) the parameters keep their flags and their hooks are off
-      instead (``parameter_hooks_off``).
-
+      instead (``parameter_hooks_off``);
     - a model with quantized layers (``quantized_layers``: ``quantize_dynamic``, a converted statically quantized
       model, torchao's ``quantize_``) is refused; the gradient-free analyses read it as it computes.
 
