@@ -216,6 +216,8 @@ def test_tidy_columns_and_errors(model, images):
         sanity_checks(model, images, ["nope"])
     with pytest.raises(InputError, match="not layers"):
         sanity_checks(model, images, ["attention"], steps=["block 9"])
+    with pytest.raises(InputError, match=r"steps=\['head'\] selects .* tests=\['repeat'\] runs neither"):
+        sanity_checks(model, images, ["attention"], tests=("repeat",), steps=["head"])
 
 
 def test_plot(model, images):

@@ -245,8 +245,11 @@ def sanity_checks(
         if not isinstance(m, str) and not callable(m):
             raise InputError(f"methods holds {m!r}; give method names or callables f(model, images, target)")
     randomising = bool({"cascading", "independent"} & set(tests))
+    if steps is not None and not randomising:
+        raise InputError(f"steps={list(steps)!r} selects the layers the cascading and independent tests randomise, "
+                         f"but tests={list(tests)!r} runs neither; add one of them to tests, or drop steps")
     layers = randomisation_layers(model) if randomising else []
-    if steps is not None and randomising:
+    if steps is not None:
         known = [n for n, _ in layers]
         missing = [s for s in steps if s not in known]
         if missing:
