@@ -215,3 +215,16 @@ def test_torchao_dynamic_int8_hides_compute_from_the_counter():
     if counts[1] == counts[0]:
         pytest.skip("this torchao dequantizes the int8 activations on the CPU (torchao 0.7): the counter sees all")
     assert counts[1] < 0.5 * counts[0]
+
+
+def test_quantized_layers_are_torchs_quantized_modules_and_not_their_float_kin():
+    """What a statically quantized model holds after ``convert`` counts (its modules compute with packed weights);
+    a reference quantized module (float weights, fake-quantised in a differentiable forward), ``FloatFunctional``
+    and the packed-parameter holders do not."""
+    from torch.ao.nn import quantized as nnq
+    from torch.ao.nn.quantized import reference as nnqr
+
+    model = nn.Sequential(nn.Linear(4, 4), nnq.Linear(4, 4), nnq.FloatFunctional(), nnqr.Linear(4, 4),
+                          nnq.Conv2d(3, 3, 1), nnq.Quantize(1.0, 0, torch.quint8))
+    assert [name for name, _ in quantized_layers(model)] == ["1", "4", "5"]
+    assert quantized_layers(nn.Sequential(nn.Linear(4, 4), nnqr.Linear(4, 4), nnq.FloatFunctional())) == []
