@@ -24,13 +24,12 @@ from vitviz.core.contexts import (
     checkpointing_off,
     normal_tensor,
     parameter_hooks_off,
-    quantized_kind,
-    quantized_layers,
+    refuse_quantized,
     without_autocast,
 )
 from vitviz.core.spec import inspect
 from vitviz.core.util import is_int, kept_buffers, kept_grads, kept_rng, module_mode
-from vitviz.errors import InputError, InputTypeError, NotAViTError, UnsupportedModelError
+from vitviz.errors import InputError, InputTypeError, NotAViTError
 
 
 @contextlib.contextmanager
@@ -115,14 +114,9 @@ def count_flops(model: nn.Module, input_size: tuple[int, int, int] | None = None
     from torch.utils.flop_counter import FlopCounterMode
 
     input_size = _check_input(model, input_size)
-    quantized = quantized_layers(model)
-    if quantized:  # the counter has no formula for them: their products would go uncounted, and silently
-        name, module = quantized[0]
-        raise UnsupportedModelError(
-            f"count_flops: {type(model).__name__}'s layer {name!r} is quantized ({quantized_kind(module)}; "
-            f"{len(quantized)} such layers): torch.utils.flop_counter has no formula for quantized kernels (nor "
-            "for torchao's integer matmuls), so their multiply-adds would go uncounted; count the float model it "
-            "was quantized from, which performs the same products")
+    refuse_quantized(model, "count_flops", "torch.utils.flop_counter has no formula for quantized kernels (nor for "
+                     "torchao's integer matmuls), so their multiply-adds would go uncounted, silently; count the "
+                     "float model it was quantized from, which performs the same products")
     param = next(model.parameters(), None)
     device = param.device if param is not None else torch.device("cpu")
     # the values do not change the count: drawn from a generator of its own, never the user's global one

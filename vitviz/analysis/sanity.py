@@ -60,13 +60,13 @@ from vitviz.analysis import explain as explain_module
 from vitviz.analysis.similarity import spearman, ssim
 from vitviz.core.batching import iter_batches
 from vitviz.core.blocks import block_paths
-from vitviz.core.contexts import model_copy, quantized_kind, quantized_layers
+from vitviz.core.contexts import model_copy, quantized_layers, refuse_quantized
 from vitviz.core.families import family_of
 from vitviz.core.images import Images
 from vitviz.core.spec import inspect
 from vitviz.core.targets import Target, logits_of, resolve_target
 from vitviz.core.util import in_eval_mode, is_int, is_number
-from vitviz.errors import InputError, UnsupportedModelError
+from vitviz.errors import InputError
 
 __all__ = ["METRICS", "TESTS", "randomisation_layers", "randomise_", "sanity_checks", "sanity_summary"]
 
@@ -89,16 +89,12 @@ def randomisation_layers(model: nn.Module) -> list[tuple[str, list[str]]]:
         ``[(layer name, [parameter names])]`` from the output to the input.
     """
     spec = inspect(model)
-    quantized = quantized_layers(model)
-    if quantized:
-        name, module = quantized[0]
-        raise UnsupportedModelError(
-            f"{type(model).__name__}'s layer {name!r} is quantized ({quantized_kind(module)}; "
-            f"{len(quantized)} such layers): its weights are packed in a quantized kernel or held as quantized "
-            "tensors, not float parameters the randomisation tests can re-initialise, so those tests would keep "
-            "them trained and understate how much a map depends on them; run the randomisation tests on the float "
-            "model it was quantized from (the repeat test and, for class-agnostic maps, the random-logit test run "
-            "on the quantized model: tests=('repeat', 'random_logit'))")
+    refuse_quantized(model, "the randomisation tests",
+                     "its weights are packed in a quantized kernel or held as quantized tensors, not float parameters "
+                     "the randomisation tests can re-initialise, so those tests would keep them trained and understate "
+                     "how much a map depends on them; run the randomisation tests on the float model it was quantized "
+                     "from (the repeat test and, for class-agnostic maps, the random-logit test run on the quantized "
+                     "model: tests=('repeat', 'random_logit'))")
     comps = family_of(model).param_components(model)
     params = [n for n, _ in model.named_parameters()]
 

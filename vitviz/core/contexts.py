@@ -131,7 +131,7 @@ def _torchao_class(cls: type) -> bool:
     return any(c.__name__ == "TorchAOBaseTensor" and c.__module__.startswith("torchao") for c in cls.__mro__)
 
 
-def quantized_kind(module: Any) -> str:
+def _quantized_kind(module: Any) -> str:
     """What makes ``module`` quantized, for a message: its class path, or its torchao weight's class."""
     cls = type(module)
     tensor = next((p for p in module._parameters.values() if _torchao_class(type(p))), None)
@@ -140,24 +140,27 @@ def quantized_kind(module: Any) -> str:
     return f"{cls.__module__}.{cls.__qualname__}"
 
 
-def refuse_quantized(model: Any, what: str) -> None:
-    """Raise ``UnsupportedModelError`` when ``model`` has a quantized layer (``quantized_layers``), for the gradient
-    analysis ``what``: torch's quantized kernels have no backward pass, and through torchao's quantized tensors the
-    gradient is the model's only for some configurations (none through an int8 activation). Before this refusal the
-    gradient methods failed inside autograd or a rule ("'function' object has no attribute 'dtype'", "appears to not
-    have been used in the graph"), or Chefer's named the wrong reason."""
+NO_BACKWARD = ("torch's quantized kernels have no backward pass, and through quantized weights the gradient is the "
+               "model's only for some configurations, so vitviz runs no gradient analysis on them; the gradient-free "
+               "analyses (attention, rollout, flow, mean attention distance) read the quantized model as it computes; "
+               "for this one, use the float model it was quantized from (quantize_dynamic returns a quantized copy; "
+               "quantize_ works in place, so quantize a copy)")
+
+
+def refuse_quantized(model: Any, what: str, because: str = NO_BACKWARD) -> None:
+    """Raise ``UnsupportedModelError`` when ``model`` has a quantized layer (``quantized_layers``), naming ``what``
+    (the analysis), the model, its first quantized layer and how many there are, then ``because`` (why and the fix;
+    default: the gradient analyses' reason, ``NO_BACKWARD``). Torch's quantized kernels have no backward pass, and
+    through torchao's quantized tensors the gradient is the model's only for some configurations (none through an
+    int8 activation). Before this refusal the gradient methods failed inside autograd or a rule ("'function' object
+    has no attribute 'dtype'", "appears to not have been used in the graph"), or Chefer's named the wrong reason."""
     from vitviz.errors import UnsupportedModelError
 
     layers = quantized_layers(model)
     if layers:
         name, module = layers[0]
-        raise UnsupportedModelError(
-            f"{what}: {type(model).__name__}'s layer {name!r} is quantized ({quantized_kind(module)}; {len(layers)} "
-            "such layers): torch's quantized kernels have no backward pass, and through quantized weights the "
-            "gradient is the model's only for some configurations, so vitviz runs no gradient analysis on them; the "
-            "gradient-free analyses (attention, rollout, flow, mean attention distance) read the quantized model as "
-            "it computes; for this one, use the float model it was quantized from (quantize_dynamic returns a "
-            "quantized copy; quantize_ works in place, so quantize a copy)")
+        raise UnsupportedModelError(f"{what}: {type(model).__name__}'s layer {name!r} is quantized "
+                                    f"({_quantized_kind(module)}; {len(layers)} such layers): {because}")
 
 
 def inference_tensor(model: Any) -> str | None:
