@@ -7,11 +7,28 @@ so the repository keeps one copy of each at the top level and an installed vitvi
 with packages mapped from other folders, hence this file.
 """
 
-from setuptools import find_packages, setup
+from setuptools import find_namespace_packages, find_packages, setup
 
 SHIPPED = {"vitviz.notebooks": "notebooks", "vitviz.data": "data"}  # as vitviz.core.resources.SHIPPED
 
+
+def data_folders(package: str, folder: str) -> list[str]:
+    """The folders of package data below ``folder``, as the dotted names setuptools expects for them.
+
+    setuptools counts a folder whose name is a valid identifier as an importable (namespace) package, and warns at
+    every install about each such folder that holds package data without being listed. Listing them keeps the
+    install quiet; their files are still selected by ``[tool.setuptools.package-data]`` in pyproject.toml.
+    """
+    return [f"{package}.{name}" for name in find_namespace_packages(where=folder, exclude=["*__pycache__*"])]
+
+
+PACKAGES = find_packages(include=["vitviz", "vitviz.*"])
 setup(
-    packages=[*find_packages(include=["vitviz", "vitviz.*"]), *SHIPPED],
+    packages=[
+        *PACKAGES,
+        *SHIPPED,
+        *data_folders("vitviz.data", SHIPPED["vitviz.data"]),
+        *data_folders("vitviz.zoo", "vitviz/zoo"),
+    ],
     package_dir=SHIPPED,
 )
