@@ -9,6 +9,7 @@ import pandas as pd
 from matplotlib.axes import Axes
 
 from vitviz.errors import InputError
+from vitviz.plot.layout import ACCURACY_TOP, place_legend
 from vitviz.plot.style import FIGSIZE, label, new_figure, styled
 
 
@@ -65,7 +66,8 @@ def plot_layer_probes(df: pd.DataFrame, *, ax: Axes | None = None, level: float 
     draws = int(s.draws.max())
     ax.set_title(f"Where the representation forms ({draws} draws, {int(level * 100)}% intervals)")
     ax.grid(alpha=0.3)
-    ax.legend(frameon=False, loc="best")
+    # not loc="best": matplotlib before 3.10 counts a band only by its outline and put the legend on the intervals
+    place_legend(ax, frameon=False, ymax=ACCURACY_TOP)
     return ax
 
 
