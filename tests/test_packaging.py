@@ -42,6 +42,46 @@ def test_environment_yml_names_the_same_dependencies_as_pyproject():
     assert "python=3.11" in deps and "pip" in deps
 
 
+# extras that `make test-oldest` does not install (the browser tests, the documentation site) and a linter
+NOT_IN_OLDEST = {"browser", "docs"}
+LINTERS = {"ruff"}
+
+
+def test_make_test_oldest_pins_every_declared_minimum():
+    """Each `>=` in pyproject.toml (runtime and the extras make test-oldest installs) is pinned in
+    tests/constraints-oldest.txt on its minimum's release line: `>=3.8` by 3.8.x, `>=0.4.3` by 0.4.3."""
+    from packaging.requirements import Requirement
+    from packaging.utils import canonicalize_name
+    from packaging.version import Version
+
+    project = tomllib.loads((ROOT / "pyproject.toml").read_text())["project"]
+    declared = list(project["dependencies"])
+    for extra, reqs in project["optional-dependencies"].items():
+        declared += [] if extra in NOT_IN_OLDEST else reqs
+    pins = {}
+    for line in (ROOT / "tests" / "constraints-oldest.txt").read_text().splitlines():
+        line = line.split("#")[0].strip()
+        if line:
+            req = Requirement(line)
+            (spec,) = req.specifier
+            assert spec.operator == "==", f"constraints-oldest.txt: {line!r} is not a pin (==)"
+            pins[canonicalize_name(req.name)] = Version(spec.version)
+    unpinned, off_line = [], []
+    for text in declared:
+        req = Requirement(text)
+        name = canonicalize_name(req.name)
+        if name in LINTERS:
+            continue
+        (spec,) = [s for s in req.specifier if s.operator == ">="]
+        minimum = Version(spec.version)
+        if name not in pins:
+            unpinned.append(text)
+        elif pins[name] < minimum or pins[name].release[:len(minimum.release)] != minimum.release:
+            off_line.append(f"{text} pinned at {pins[name]}")
+    assert not unpinned, f"declared but not tested at the minimum (add a pin to tests/constraints-oldest.txt): {unpinned}"
+    assert not off_line, f"pinned off the declared minimum's release line: {off_line}"
+
+
 def test_import_is_light():
     code = (
         "import sys, vitviz; heavy = [m for m in ('torch', 'timm', 'matplotlib', 'ipywidgets', 'jupyter_client', 'IPython', "
