@@ -1,7 +1,7 @@
 # vitviz: `make report` executes the notebooks and renders the figures, `make test` runs the whole suite,
 # `make test-browser` drives JupyterLab and the built documentation site in headless Chromium, `make docs` builds
 # the documentation site (Sphinx, offline, warnings are errors) into $(DOCS_OUT), `make test-oldest` runs the suite on the declared
-# minimum versions of torch, torchvision, timm and transformers (a second venv, $(VENV_OLDEST), pinned by
+# minimum version of every dependency and of the extras it installs (a second venv, $(VENV_OLDEST), pinned by
 # tests/constraints-oldest.txt). All create their virtual environment when needed.
 PYTHON ?= python3
 VENV   ?= .venv
