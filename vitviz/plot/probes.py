@@ -66,7 +66,7 @@ def plot_layer_probes(df: pd.DataFrame, *, ax: Axes | None = None, level: float 
     draws = int(s.draws.max())
     ax.set_title(f"Where the representation forms ({draws} draws, {int(level * 100)}% intervals)")
     ax.grid(alpha=0.3)
-    # not loc="best": matplotlib before 3.10 counts a band only by its outline and put the legend on the intervals
+    # not loc="best": matplotlib 3.8 counts a band only by its outline there, and put the legend on the intervals
     place_legend(ax, frameon=False, ymax=ACCURACY_TOP)
     return ax
 
