@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+import copy
+
 import pytest
 import timm
 import torch
@@ -146,3 +148,72 @@ def test_a_user_attention_subclass_with_its_own_forward_is_refused_whatever_its_
         else:
             with pytest.raises(UnsupportedModelError, match="no exact probe"):
                 vitviz.inspect(model)
+
+
+def test_inspect_reads_a_model_once_per_analysis_call(monkeypatch):
+    """Inside an analysis call (``inspect_once``) the model is read once, not by each of the call's own inspect,
+    the image loader's and capture_attention's; outside a call, every inspect reads the model afresh."""
+    from vitviz.core import spec as spec_module
+
+    model = tiny_timm_vit()
+    x = torch.randn(2, 3, *vitviz.inspect(model).img_size)
+    reads = []
+    real = spec_module._inspect
+    monkeypatch.setattr(spec_module, "_inspect", lambda m: reads.append(m) or real(m))
+    vitviz.attention_rollout(model, x)
+    assert len(reads) == 1
+    assert vitviz.inspect(model) is not vitviz.inspect(model) and len(reads) == 3
+
+
+def test_inspect_once_reads_a_changed_model_again():
+    """A submodule, parameter or buffer replaced inside the block (here: a deeper model, a resized table) is read
+    again, and its spec says so."""
+    from vitviz.core.spec import inspect_once
+
+    model = tiny_timm_vit()
+    with inspect_once():
+        first = vitviz.inspect(model)
+        assert vitviz.inspect(model) is first
+        model.blocks.append(copy.deepcopy(model.blocks[0]))
+        deeper = vitviz.inspect(model)
+        assert deeper is not first and deeper.depth == first.depth + 1
+        model.pos_embed = torch.nn.Parameter(torch.zeros(1, model.pos_embed.shape[1], model.pos_embed.shape[2]))
+        assert vitviz.inspect(model) is not deeper
+        other = tiny_timm_vit()
+        assert vitviz.inspect(other) is not vitviz.inspect(model)
+
+
+def test_the_table_kind_follows_an_in_place_write():
+    """``table_kind`` keeps its verdict per table only until the table is written in place: a learned table
+    overwritten with a sincos one (as ``load_state_dict`` writes) reads ``sincos`` at once, and back."""
+    model = tiny_timm_vit()
+    spec = vitviz.inspect(model)
+    assert spec.pos_embed_kind == "learned"
+    prefix = spec.num_prefix_tokens if spec.pos_embed_covers_prefix else 0
+    table = build_sincos2d_pos_embed(list(spec.grid_size), dim=model.pos_embed.shape[-1])
+    learned = model.pos_embed.detach().clone()
+    with torch.no_grad():
+        model.pos_embed[0, prefix:].copy_(table)
+    assert vitviz.inspect(model).pos_embed_kind == "sincos"
+    with torch.no_grad():
+        model.pos_embed.copy_(learned)
+    assert vitviz.inspect(model).pos_embed_kind == "learned"
+
+
+@pytest.mark.parametrize("name", ["vit_tiny_patch16_224", "beit_base_patch16_224", "vit_relpos_base_patch16_224"])
+def test_module_attribute_is_getattr(name):
+    """``module_attribute`` (the walks' fast ``getattr(m, n, None)``) agrees with ``getattr`` on every submodule,
+    for parameters, buffers, submodules, plain attributes, properties, None entries and missing names."""
+    from vitviz.core.contexts import module_attribute
+
+    model = timm.create_model(name, pretrained=False, img_size=32, patch_size=16, depth=2, embed_dim=64,
+                              num_heads=2)
+    names = ("relative_position_bias_table", "rel_pos", "rel_pos_bias", "shared_rel_pos", "grad_checkpointing",
+             "gradient_checkpointing", "weight", "bias", "qkv", "fused_attn", "num_heads", "training", "scale",
+             "relative_position_index", "no_such_name", "T_destination", "dump_patches")
+    checked = 0
+    for m in model.modules():
+        for n in names:
+            assert module_attribute(m, n) is getattr(m, n, None), (type(m).__name__, n)
+            checked += getattr(m, n, None) is not None
+    assert checked > 50

@@ -23,10 +23,23 @@ __all__ = ["WeightsWatch", "autograd", "checkpointing_off", "frozen", "grad_leaf
            "normal_tensor", "parameter_hooks_off", "tensor_version", "without_autocast"]
 
 
+def module_attribute(module: Any, name: str) -> Any:
+    """``getattr(module, name, None)`` for an ``nn.Module``, without ``nn.Module.__getattr__``'s exception for a
+    missing name (walks that look for a flag or a table on every submodule ask some thousand times per ViT-B, each
+    miss building an ``AttributeError`` message): the instance's dicts first, then its class (a property)."""
+    d = module.__dict__
+    for table in (d, d.get("_parameters", {}), d.get("_buffers", {}), d.get("_modules", {})):
+        if name in table:
+            return table[name]
+    return getattr(module, name, None) if hasattr(type(module), name) else None
+
+
 def _device_types(model: Any) -> list[str]:
     """The device types of ``model``'s parameters and buffers, and ``"cpu"``."""
-    tensors = [*model.parameters(), *model.buffers()] if callable(getattr(model, "parameters", None)) else []
-    return sorted({"cpu", *(t.device.type for t in tensors)})
+    if not callable(getattr(model, "modules", None)):
+        return ["cpu"]
+    return sorted({"cpu", *(t.device.type for m in model.modules() for table in (m._parameters, m._buffers)
+                            for t in table.values() if t is not None)})
 
 
 @contextlib.contextmanager
@@ -69,7 +82,7 @@ def checkpointing_off(model: Any) -> Iterator[None]:
                 entry = _CHECKPOINTING.get(module, {}).get(attr)
                 if entry is not None:
                     entry[0] += 1
-                elif getattr(module, attr, None) is True:
+                elif module_attribute(module, attr) is True:
                     _CHECKPOINTING.setdefault(module, {})[attr] = [1, True]
                     setattr(module, attr, False)
                 else:

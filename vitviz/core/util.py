@@ -122,7 +122,8 @@ def module_mode(model: Any, training: bool) -> Iterator[Any]:
         yield model
     finally:
         for m, was in zip(modules, modes):
-            m.training = was
+            if m.training != was:  # nn.Module.__setattr__ is slow: only the flags that changed
+                m.training = was
 
 
 def eval_mode(model: Any) -> contextlib.AbstractContextManager[Any]:
@@ -207,7 +208,8 @@ def in_eval_mode(fn: F) -> F:
     Every analysis is defined on the model at inference. In training mode dropout makes each map a random draw (two
     calls on the same image differ) and BatchNorm updates its running statistics (the call would change the model);
     a model straight from ``timm.create_model`` or a training loop is in training mode. ``capture_attention`` is
-    not decorated: a forward pass of the caller's own runs in the caller's mode.
+    not decorated: a forward pass of the caller's own runs in the caller's mode. The model is read once for the
+    call (``core.spec.inspect_once``).
     """
 
     @functools.wraps(fn)
@@ -215,7 +217,9 @@ def in_eval_mode(fn: F) -> F:
         model = args[0] if args else kwargs.get("model")
         if not (callable(getattr(model, "modules", None)) and callable(getattr(model, "eval", None))):
             return fn(*args, **kwargs)  # not a module: fn refuses it with its own error
-        with eval_mode(model), without_autocast(model):
+        from vitviz.core.spec import inspect_once
+
+        with eval_mode(model), without_autocast(model), inspect_once():
             return fn(*args, **kwargs)
 
     return wrapper  # type: ignore[return-value]

@@ -17,10 +17,15 @@ Kinds (``ViTSpec.pos_embed_kind``):
 
 from __future__ import annotations
 
+import weakref
+
 import torch
 from torch import nn
 
 __all__ = ["is_sincos_table", "table_kind"]
+
+# table_kind's verdicts: id(table) -> (weak reference, (version, data_ptr, shape, dtype, device, grid, prefix), kind)
+_KINDS: dict[int, tuple[weakref.ref, tuple, str]] = {}
 
 
 def _sincos_candidates(grid: tuple[int, int], dim: int) -> list[torch.Tensor]:
@@ -52,7 +57,17 @@ def table_kind(pos: torch.Tensor, grid: tuple[int, int], num_prefix_rows: int) -
         grid: ``(gh, gw)`` the table's patch rows cover.
         num_prefix_rows: leading rows that belong to prefix tokens (not compared).
     """
+    key = None if pos.is_meta or pos.is_inference() else (
+        pos._version, pos.data_ptr(), tuple(pos.shape), pos.dtype, pos.device, tuple(grid), num_prefix_rows)
+    seen = _KINDS.get(id(pos))
+    if key is not None and seen is not None and seen[0]() is pos and seen[1] == key:
+        return seen[2]
     rows = pos.reshape(-1, pos.shape[-1])[num_prefix_rows:]
-    if not rows.is_meta and is_sincos_table(rows, grid):
-        return "sincos"
-    return "learned" if isinstance(pos, nn.Parameter) else "fixed"
+    sincos = not rows.is_meta and is_sincos_table(rows, grid)
+    kind = "sincos" if sincos else "learned" if isinstance(pos, nn.Parameter) else "fixed"
+    if key is not None and not rows.is_meta:
+        # the comparison copies the table to the CPU (a device sync on a GPU) and forms its Gram matrix: kept per
+        # table until the table is written in place (its version counter moves) or freed
+        ident = id(pos)
+        _KINDS[ident] = (weakref.ref(pos, lambda _ref: _KINDS.pop(ident, None)), key, kind)
+    return kind

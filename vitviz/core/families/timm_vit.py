@@ -30,6 +30,7 @@ from typing import Any
 import torch
 from torch import nn
 
+from vitviz.core.contexts import module_attribute
 from vitviz.core.families.base import Family, Layout, Undo, chain_undos, set_attr
 from vitviz.core.families.pooling import timm_pooled_token
 from vitviz.core.families.pos_kind import table_kind
@@ -86,9 +87,11 @@ def _latent_pool(model: nn.Module) -> nn.Module | None:
     return pool if type(pool).__name__ == "AttentionPoolLatent" and hasattr(pool, "q_norm") else None
 
 
+_RELATIVE_BIAS = ("relative_position_bias_table", "rel_pos", "rel_pos_bias", "shared_rel_pos")
+
+
 def _has_relative_bias(model: nn.Module) -> bool:
-    names = ("relative_position_bias_table", "rel_pos", "rel_pos_bias", "shared_rel_pos")
-    return any(getattr(m, n, None) is not None for m in model.modules() for n in names)
+    return any(module_attribute(m, n) is not None for m in model.modules() for n in _RELATIVE_BIAS)
 
 
 class TimmFamily(Family):
