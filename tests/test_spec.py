@@ -168,7 +168,7 @@ def test_inspect_reads_a_model_once_per_analysis_call(monkeypatch):
 def test_inspect_once_reads_a_changed_model_again():
     """A submodule, parameter or buffer replaced inside the block (here: a deeper model, a resized table) is read
     again, and its spec says so."""
-    from vitviz.core.spec import inspect_once
+    from vitviz.core.contexts import inspect_once
 
     model = tiny_timm_vit()
     with inspect_once():

@@ -13,14 +13,47 @@ tensors refused, parameters ``frozen`` or their hooks off with ``parameter_hooks
 from __future__ import annotations
 
 import contextlib
+import contextvars
 import functools
 import threading
 import weakref
 from collections.abc import Iterator
 from typing import Any
 
-__all__ = ["WeightsWatch", "autograd", "checkpointing_off", "frozen", "grad_leaf", "inference_tensor", "model_copy",
-           "normal_tensor", "parameter_hooks_off", "tensor_version", "without_autocast"]
+__all__ = ["WeightsWatch", "autograd", "checkpointing_off", "frozen", "grad_leaf", "inference_tensor", "inspect_memo",
+           "inspect_once", "model_copy", "module_attribute", "normal_tensor", "parameter_hooks_off", "tensor_version",
+           "without_autocast"]
+
+
+# inspect_once(): model id -> (model, structure, spec), for the block's duration
+_ONCE: contextvars.ContextVar[dict[int, tuple[Any, tuple, Any]] | None] = contextvars.ContextVar(
+    "vitviz_inspect_once", default=None)
+
+
+@contextlib.contextmanager
+def inspect_once() -> Iterator[None]:
+    """Inside the block, ``vitviz.inspect(model)`` reads a model once: a later call on the same model with the same
+    structure (the same submodules, parameters and buffers, each of the same shape) returns the spec read first.
+
+    Every analysis runs in such a block (``core.util.in_eval_mode``): its own ``inspect``, the image loader's
+    (``load_images``) and ``capture_attention``'s read the same model in one call, and one read of a ViT-B costs
+    some 5 to 7 ms of Python on a 2-core CPU (a dozen walks over its 276 modules), about what its whole bf16
+    forward takes on an H100 at batch 8 (5.3 ms, docs/benchmarks.md). A model changed within the block (a module or parameter replaced, a table resized) is read again.
+    Blocks nest: an inner one shares the outer's reads. Outside any block, every call reads the model afresh (a
+    plain attribute such as timm's ``global_pool`` may change between a user's calls)."""
+    if _ONCE.get() is not None:
+        yield
+        return
+    token = _ONCE.set({})
+    try:
+        yield
+    finally:
+        _ONCE.reset(token)
+
+
+def inspect_memo() -> dict[int, tuple[Any, tuple, Any]] | None:
+    """The reads of the innermost ``inspect_once`` block (``vitviz.core.spec.inspect`` fills it), or None outside."""
+    return _ONCE.get()
 
 
 def module_attribute(module: Any, name: str) -> Any:

@@ -7,14 +7,12 @@ model by its family (``vitviz.core.families``).
 
 from __future__ import annotations
 
-import contextlib
-import contextvars
-from collections.abc import Iterator
 from dataclasses import dataclass, field, fields
 from typing import Any
 
 from torch import nn
 
+from vitviz.core.contexts import inspect_memo
 from vitviz.core.families import Family, family_of
 from vitviz.core.families.readout import Readout, default_readout
 from vitviz.errors import UnsupportedModelError
@@ -222,34 +220,8 @@ def model_name(model: nn.Module) -> str:
     return str(name)
 
 
-# inspect_once(): model id -> (model, structure, spec), for the block's duration
-_ONCE: contextvars.ContextVar[dict[int, tuple[nn.Module, tuple, ViTSpec]] | None] = contextvars.ContextVar(
-    "vitviz_inspect_once", default=None)
-
-
-@contextlib.contextmanager
-def inspect_once() -> Iterator[None]:
-    """Inside the block, ``inspect(model)`` reads a model once: a later call on the same model with the same
-    structure (the same submodules, parameters and buffers, each of the same shape) returns the spec read first.
-
-    Every analysis runs in such a block (``core.util.in_eval_mode``): its own ``inspect``, the image loader's
-    (``load_images``) and ``capture_attention``'s read the same model in one call, and reading a ViT-B costs
-    some 7 ms of Python on a 2-core CPU (a dozen walks over its 276 modules), more than its whole forward on a GPU
-    at batch 8. A model changed within the block (a module or parameter replaced, a table resized) is read again.
-    Blocks nest: an inner one shares the outer's reads. Outside any block, every call reads the model afresh (a
-    plain attribute such as timm's ``global_pool`` may change between a user's calls)."""
-    if _ONCE.get() is not None:
-        yield
-        return
-    token = _ONCE.set({})
-    try:
-        yield
-    finally:
-        _ONCE.reset(token)
-
-
 def _structure(model: nn.Module) -> tuple:
-    """What ``inspect_once`` compares: the identities of the submodules, and of the parameters and buffers with
+    """What ``contexts.inspect_once`` compares: the identities of the submodules, and of the parameters and buffers with
     their shapes."""
     out: list[Any] = []
     for m in model.modules():  # the dicts themselves: parameters() and buffers() cost three times as much
@@ -262,13 +234,13 @@ def _structure(model: nn.Module) -> tuple:
 def inspect(model: nn.Module) -> ViTSpec:
     """Read the token layout of ``model`` (any supported family; see ``vitviz.describe`` for custom ViTs).
 
-    Inside ``inspect_once`` (every analysis call), a model read before in the block with the same structure is not
+    Inside ``vitviz.core.contexts.inspect_once`` (every analysis call), a model read before in the block with the same structure is not
     read again.
 
     Raises:
         NotAViTError: the model is not a ViT vitviz can read (the message says how to describe it).
     """
-    memo = _ONCE.get()
+    memo = inspect_memo()
     if memo is None or not isinstance(model, nn.Module):
         return _inspect(model)
     structure = _structure(model)

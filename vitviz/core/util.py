@@ -9,7 +9,7 @@ import operator
 from collections.abc import Callable, Iterator, Sequence
 from typing import Any, TypeVar
 
-from vitviz.core.contexts import tensor_version, without_autocast
+from vitviz.core.contexts import inspect_once, tensor_version, without_autocast
 
 F = TypeVar("F", bound=Callable[..., Any])
 
@@ -209,7 +209,7 @@ def in_eval_mode(fn: F) -> F:
     calls on the same image differ) and BatchNorm updates its running statistics (the call would change the model);
     a model straight from ``timm.create_model`` or a training loop is in training mode. ``capture_attention`` is
     not decorated: a forward pass of the caller's own runs in the caller's mode. The model is read once for the
-    call (``core.spec.inspect_once``).
+    call (``core.contexts.inspect_once``).
     """
 
     @functools.wraps(fn)
@@ -217,8 +217,6 @@ def in_eval_mode(fn: F) -> F:
         model = args[0] if args else kwargs.get("model")
         if not (callable(getattr(model, "modules", None)) and callable(getattr(model, "eval", None))):
             return fn(*args, **kwargs)  # not a module: fn refuses it with its own error
-        from vitviz.core.spec import inspect_once
-
         with eval_mode(model), without_autocast(model), inspect_once():
             return fn(*args, **kwargs)
 
