@@ -196,3 +196,20 @@ def test_distance_equals_timms_own_explicit_attention_on_a_non_square_stride():
     want = torch.tensor([ref_distance(a, (8, 6), (4, 8), 3) for a in maps])
     assert float(want.max() - want.min()) > 0.5  # not uniform attention
     torch.testing.assert_close(got.double(), want.double(), atol=1e-4, rtol=1e-5)
+
+
+def test_patch_distance_matrix_is_formed_on_the_device_it_is_asked_for():
+    """The matrix is built where it is used (no CPU work and no copy per call on a GPU): asked for on the meta
+    device, nothing is computed; on the CPU it is the float64 Euclidean distance rounded once."""
+    d = patch_distance_matrix((3, 5), (16, 8), device="meta")
+    assert d.is_meta and d.shape == (15, 15) and d.dtype == torch.float32
+    cpu = patch_distance_matrix((3, 5), (16, 8), dtype=torch.float64)
+    assert cpu[0, 14] == math.hypot(2 * 16, 4 * 8)
+
+
+@pytest.mark.gpu
+def test_patch_distance_matrix_on_cuda_is_the_cpu_one_bit_for_bit():
+    for grid, stride in [((28, 28), (16, 16)), ((37, 23), (14, 16))]:
+        cpu = patch_distance_matrix(grid, stride)
+        cuda = patch_distance_matrix(grid, stride, device="cuda")
+        assert cuda.device.type == "cuda" and torch.equal(cuda.cpu(), cpu)

@@ -217,3 +217,15 @@ def test_module_attribute_is_getattr(name):
             assert module_attribute(m, n) is getattr(m, n, None), (type(m).__name__, n)
             checked += getattr(m, n, None) is not None
     assert checked > 50
+
+
+@pytest.mark.parametrize("name", ["vit_tiny_patch16_224", "beit_base_patch16_224", "eva02_tiny_patch14_224"])
+def test_submodules_is_modules(name):
+    """``submodules`` (the walks' stack-based ``model.modules()``) gives the same modules in the same order, a
+    module reached twice (shared) once."""
+    from vitviz.core.contexts import submodules
+
+    model = timm.create_model(name, pretrained=False, img_size=32, patch_size=16, depth=2, embed_dim=64,
+                              num_heads=2)
+    model.shared = model.blocks[1]  # reached twice: listed where modules() lists it, once
+    assert [id(m) for m in submodules(model)] == [id(m) for m in model.modules()]

@@ -70,10 +70,12 @@ def patch_distance_matrix(grid_size: Pair, patch_size: Pair, *, device: torch.de
         ``(P, P)`` with ``P = gh * gw``, patches in row-major order (as tokens are laid out).
     """
     (gh, gw), (sh, sw) = pair(grid_size), pair(patch_size)
-    rows = torch.arange(gh, dtype=torch.float64).repeat_interleave(gw) * sh
-    cols = torch.arange(gw, dtype=torch.float64).repeat(gh) * sw
+    # formed on the target device (a GPU: no CPU work and no copy on each call); float64 differences and squares of
+    # integers are exact and sqrt is correctly rounded on either device, so the values are the same everywhere
+    rows = torch.arange(gh, dtype=torch.float64, device=device).repeat_interleave(gw) * sh
+    cols = torch.arange(gw, dtype=torch.float64, device=device).repeat(gh) * sw
     d = torch.sqrt((rows[:, None] - rows[None]) ** 2 + (cols[:, None] - cols[None]) ** 2)
-    return d.to(device=device, dtype=dtype)
+    return d.to(dtype=dtype)
 
 
 def per_image_attention_distance(attn: torch.Tensor | HeadMaps, distances: torch.Tensor,

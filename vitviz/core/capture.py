@@ -294,9 +294,10 @@ def _enclosing_modules(model: nn.Module, modules: list[nn.Module]) -> list[nn.Mo
     ancestor): whatever entry point runs them (``model(x)``, ``model.vision_model``, ``forward_features``'s
     ``blocks``) passes through at least one."""
     named = dict(model.named_modules())
+    names = {id(m): n for n, m in named.items()}
     paths = []
     for module in modules:
-        name = next((n for n, m in named.items() if m is module), None)
+        name = names.get(id(module))
         if name is None:
             return [model]
         parts = name.split(".") if name else []

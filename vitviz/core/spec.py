@@ -12,7 +12,7 @@ from typing import Any
 
 from torch import nn
 
-from vitviz.core.contexts import inspect_memo
+from vitviz.core.contexts import inspect_memo, submodules
 from vitviz.core.families import Family, family_of
 from vitviz.core.families.readout import Readout, default_readout
 from vitviz.errors import UnsupportedModelError
@@ -224,7 +224,7 @@ def _structure(model: nn.Module) -> tuple:
     """What ``contexts.inspect_once`` compares: the identities of the submodules, and of the parameters and buffers with
     their shapes."""
     out: list[Any] = []
-    for m in model.modules():  # the dicts themselves: parameters() and buffers() cost three times as much
+    for m in submodules(model):  # the dicts themselves: parameters() and buffers() cost three times as much
         out.append(id(m))
         out.extend((name, id(t), t.shape) for table in (m._parameters, m._buffers) for name, t in table.items()
                    if t is not None)

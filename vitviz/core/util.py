@@ -9,7 +9,7 @@ import operator
 from collections.abc import Callable, Iterator, Sequence
 from typing import Any, TypeVar
 
-from vitviz.core.contexts import inspect_once, tensor_version, without_autocast
+from vitviz.core.contexts import inspect_once, submodules, tensor_version, without_autocast
 
 F = TypeVar("F", bound=Callable[..., Any])
 
@@ -115,7 +115,7 @@ def module_mode(model: Any, training: bool) -> Iterator[Any]:
     """``model`` in training (``True``) or eval (``False``) mode for the block (``model.train(training)``); on the
     way out, also when the block raises, every submodule gets its own ``training`` flag back, so a model whose parts
     were in different modes (a frozen backbone in eval, a head in training) is left exactly as it was."""
-    modules = list(model.modules())
+    modules = submodules(model)
     modes = [m.training for m in modules]
     model.train(training)
     try:

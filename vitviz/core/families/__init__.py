@@ -14,6 +14,7 @@ from typing import Any
 
 from torch import nn
 
+from vitviz.core.contexts import module_attribute
 from vitviz.core.families.base import Family, Layout
 from vitviz.core.families.custom import LIBRARIES, CustomFamily, TutorialFamily
 from vitviz.core.families.hf_aimv2 import HFAimv2Family
@@ -185,7 +186,7 @@ def family_of(model: nn.Module) -> Family:
     if refusal is not None:
         raise UnsupportedModelError(refusal)
     compiled = next((name or "the model" for name, m in model.named_modules()
-                     if getattr(m, "_compiled_call_impl", None) is not None), None)
+                     if module_attribute(m, "_compiled_call_impl") is not None), None)
     if compiled is not None:
         raise UnsupportedModelError(
             f"{type(model).__name__}: {compiled} was compiled in place (module.compile()); TorchDynamo reuses a "

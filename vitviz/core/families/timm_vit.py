@@ -25,12 +25,13 @@ any other timm model whose attention modules vitviz has no probe for.
 
 from __future__ import annotations
 
+import functools
 from typing import Any
 
 import torch
 from torch import nn
 
-from vitviz.core.contexts import module_attribute
+from vitviz.core.contexts import module_attribute, submodules
 from vitviz.core.families.base import Family, Layout, Undo, chain_undos, set_attr
 from vitviz.core.families.pooling import timm_pooled_token
 from vitviz.core.families.pos_kind import table_kind
@@ -90,8 +91,24 @@ def _latent_pool(model: nn.Module) -> nn.Module | None:
 _RELATIVE_BIAS = ("relative_position_bias_table", "rel_pos", "rel_pos_bias", "shared_rel_pos")
 
 
+_RELATIVE_NAMES = frozenset(_RELATIVE_BIAS)
+
+
+@functools.cache
+def _class_has_relative_name(cls: type) -> bool:
+    return any(hasattr(cls, n) for n in _RELATIVE_BIAS)
+
+
 def _has_relative_bias(model: nn.Module) -> bool:
-    return any(module_attribute(m, n) is not None for m in model.modules() for n in _RELATIVE_BIAS)
+    for m in submodules(model):
+        d = m.__dict__  # a module none of whose dicts nor class has such a name is passed over without a lookup
+        if (_RELATIVE_NAMES.isdisjoint(d) and _RELATIVE_NAMES.isdisjoint(d.get("_parameters", ()))
+                and _RELATIVE_NAMES.isdisjoint(d.get("_buffers", ())) and _RELATIVE_NAMES.isdisjoint(d.get("_modules", ()))
+                and not _class_has_relative_name(type(m))):
+            continue
+        if any(module_attribute(m, n) is not None for n in _RELATIVE_BIAS):
+            return True
+    return False
 
 
 class TimmFamily(Family):

@@ -1,0 +1,71 @@
+"""What one analysis call costs beside the model's own compute: a ViT-B/16-shaped model (12 blocks, 12 heads) of
+width 96 on 32 px inputs, whose forward is almost all Python, timed plain and under vitviz's calls.
+
+On a GPU at small batches this per-call cost, not the maps, decides what rollout and distance cost (docs/benchmarks.md,
+"GPU: measured on an NVIDIA H100"); this measures it on any machine, without one. Times are the fastest of
+``--rounds`` rounds of ``--number`` calls each (per call), one torch thread.
+
+    python bench/call_overhead.py [--rounds 5] [--number 10] [--json out.json]
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import sys
+import timeit
+from pathlib import Path
+
+sys.path.insert(0, str(Path(__file__).resolve().parents[1]))  # the vitviz of this checkout
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    parser.add_argument("--rounds", type=int, default=5)
+    parser.add_argument("--number", type=int, default=10)
+    parser.add_argument("--json", type=Path)
+    args = parser.parse_args()
+
+    import torch
+    from timm.models.vision_transformer import VisionTransformer
+
+    import vitviz
+
+    try:
+        from vitviz.core.contexts import inspect_once
+    except ImportError:  # a vitviz from before inspect_once (to time the change): every inspect reads the model
+        from contextlib import nullcontext as inspect_once
+
+    torch.set_num_threads(1)
+    torch.manual_seed(0)
+    model = VisionTransformer(img_size=32, patch_size=16, embed_dim=96, depth=12, num_heads=12).eval()
+    x = torch.randn(1, 3, 32, 32)
+
+    def plain() -> None:
+        with torch.no_grad():
+            model(x)
+
+    def capture() -> None:  # set-up and tear-down of a stream capture, no forward
+        with inspect_once(), vitviz.capture_attention(model, on_layer=lambda i, a: None, store=False,
+                                                      heads="stream"):
+            pass
+
+    cases = {"plain forward": plain, "inspect": lambda: vitviz.inspect(model), "capture set-up": capture,
+             "attention_rollout": lambda: vitviz.attention_rollout(model, x),
+             "mean_attention_distance": lambda: vitviz.mean_attention_distance(model, x, batch_size=1,
+                                                                                autocast=False)}
+    rows = []
+    for name, fn in cases.items():
+        fn()  # warm-up
+        best = min(timeit.timeit(fn, number=args.number) / args.number for _ in range(args.rounds))
+        rows.append({"case": name, "ms": best * 1e3})
+    base = rows[0]["ms"]
+    for row in rows:
+        row["x_plain"] = row["ms"] / base
+        print(f"{row['case']:24} {row['ms']:7.2f} ms  {row['x_plain']:5.2f}x the plain forward")
+    if args.json:
+        args.json.write_text(json.dumps({"torch": torch.__version__, "rows": rows}, indent=1) + "\n")
+
+
+if __name__ == "__main__":
+    main()
