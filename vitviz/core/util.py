@@ -117,7 +117,8 @@ def module_mode(model: Any, training: bool) -> Iterator[Any]:
     were in different modes (a frozen backbone in eval, a head in training) is left exactly as it was."""
     modules = submodules(model)
     modes = [m.training for m in modules]
-    model.train(training)
+    if any(was != training for was in modes):  # model.train() sets every flag through nn.Module.__setattr__
+        model.train(training)
     try:
         yield model
     finally:
