@@ -36,11 +36,12 @@ def inspect_once() -> Iterator[None]:
     structure (the same submodules, parameters and buffers, each of the same shape) returns the spec read first.
 
     Every analysis runs in such a block (``core.util.in_eval_mode``): its own ``inspect``, the image loader's
-    (``load_images``) and ``capture_attention``'s read the same model in one call, and one read of a ViT-B costs
+    (``load_images``) and ``capture_attention``'s read the same model in one call, and one read of a ViT-B cost
     some 5 to 7 ms of Python on a 2-core CPU (a dozen walks over its 276 modules), about what its whole bf16
-    forward takes on an H100 at batch 8 (5.3 ms, docs/benchmarks.md). A model changed within the block (a module or parameter replaced, a table resized) is read again.
-    Blocks nest: an inner one shares the outer's reads. Outside any block, every call reads the model afresh (a
-    plain attribute such as timm's ``global_pool`` may change between a user's calls)."""
+    forward takes on an H100 at batch 8 (5.3 ms, docs/benchmarks.md). A model changed within the block (a module
+    or parameter replaced, a table resized) is read again. Blocks nest: an inner one shares the outer's reads.
+    Outside any block, every call reads the model afresh (a plain attribute such as timm's ``global_pool`` may
+    change between a user's calls)."""
     if _ONCE.get() is not None:
         yield
         return

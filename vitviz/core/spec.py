@@ -221,8 +221,8 @@ def model_name(model: nn.Module) -> str:
 
 
 def _structure(model: nn.Module) -> tuple:
-    """What ``contexts.inspect_once`` compares: the identities of the submodules, and of the parameters and buffers with
-    their shapes."""
+    """What ``contexts.inspect_once`` compares: the identities of the submodules, and of the parameters and
+    buffers with their names and shapes."""
     out: list[Any] = []
     for m in submodules(model):  # the dicts themselves: parameters() and buffers() cost three times as much
         out.append(id(m))
@@ -234,8 +234,8 @@ def _structure(model: nn.Module) -> tuple:
 def inspect(model: nn.Module) -> ViTSpec:
     """Read the token layout of ``model`` (any supported family; see ``vitviz.describe`` for custom ViTs).
 
-    Inside ``vitviz.core.contexts.inspect_once`` (every analysis call), a model read before in the block with the same structure is not
-    read again.
+    Inside ``vitviz.core.contexts.inspect_once`` (every analysis call), a model read before in the block with the
+    same structure is not read again.
 
     Raises:
         NotAViTError: the model is not a ViT vitviz can read (the message says how to describe it).

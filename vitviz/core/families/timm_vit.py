@@ -89,8 +89,6 @@ def _latent_pool(model: nn.Module) -> nn.Module | None:
 
 
 _RELATIVE_BIAS = ("relative_position_bias_table", "rel_pos", "rel_pos_bias", "shared_rel_pos")
-
-
 _RELATIVE_NAMES = frozenset(_RELATIVE_BIAS)
 
 
@@ -102,9 +100,9 @@ def _class_has_relative_name(cls: type) -> bool:
 def _has_relative_bias(model: nn.Module) -> bool:
     for m in submodules(model):
         d = m.__dict__  # a module none of whose dicts nor class has such a name is passed over without a lookup
-        if (_RELATIVE_NAMES.isdisjoint(d) and _RELATIVE_NAMES.isdisjoint(d.get("_parameters", ()))
-                and _RELATIVE_NAMES.isdisjoint(d.get("_buffers", ())) and _RELATIVE_NAMES.isdisjoint(d.get("_modules", ()))
-                and not _class_has_relative_name(type(m))):
+        if not _class_has_relative_name(type(m)) and all(
+                _RELATIVE_NAMES.isdisjoint(table)
+                for table in (d, d.get("_parameters", ()), d.get("_buffers", ()), d.get("_modules", ()))):
             continue
         if any(module_attribute(m, n) is not None for n in _RELATIVE_BIAS):
             return True
