@@ -24,6 +24,9 @@
 #                                                                                  (~30 s a process, cap 75 each)
 #   tests          pytest -m gpu over the files that hold gpu tests (the kernels against the PyTorch path on
 #                  ViT-B/16 448 px shapes, the forward LSE, the peak-memory bound, CUDA checks)   (~90 s, cap 150)
+#   profile        where a call's time goes, ViT-B/16 448 px batch 8 bf16 (bench/profile_attention.py): cProfile's
+#                  Python functions over 10 calls of plain, rollout_kernel and distance_kernel, then torch.profiler's
+#                  CUDA operators of rollout_kernel; into run.log                    (~30 s, cap 60 each)
 #   b16_224        ViT-B/16 at 224 px (batch 32), bf16 then fp32                  (~20 s a process, cap 90 each)
 #   l16_224        ViT-L/16 at 224 px                                             (~30 s a process, cap 90 each)
 #   hf             a Hugging Face ViTModel of ViT-B/16's size (SDPA; its stream probe, vitviz/core/families/
@@ -70,7 +73,7 @@ if [ "${GPU_RUN_REHEARSAL:-0}" = 1 ]; then
     CAP_SCALE=4                             # and each part's time limit four times the GPU's
     DEV=cpu REPEATS=1 SMALL=32 LARGE=48 BATCH_SMALL=2 BATCH_LARGE=2 KERNEL_AUTO=on AMP=off ATTN_EXTRA=(--no-memory)
     B16=vit_tiny_patch16_224 L16=vit_small_patch16_224 DATA_MODEL=cifar10-vit DATA_N=8 DATA_BATCH=4 WORKERS=0
-    SMOKE="2 3 37 16"
+    SMOKE="2 3 37 16" PROFILE_DTYPE=fp32 PROFILE_CALLS=2
     MICRO_ARGS=(--device cpu --shapes tiny --dtypes fp32 fp32-ieee --blocks default 16,16,1,1)
 else
     DEADLINE_S=${GPU_RUN_DEADLINE_S:-540}  # no part starts after this: one device call of 600 s at most
@@ -78,7 +81,7 @@ else
     DEV=cuda REPEATS=5 SMALL=224 LARGE=448 BATCH_SMALL=32 BATCH_LARGE=8 KERNEL_AUTO=auto AMP=bf16
     ATTN_EXTRA=()
     B16=vit_base_patch16_224 L16=vit_large_patch16_224 DATA_MODEL=vit_base_patch16_224 DATA_N=16384 DATA_BATCH=256
-    WORKERS=4 SMOKE="2 12 197 64"
+    WORKERS=4 SMOKE="2 12 197 64" PROFILE_DTYPE=bf16 PROFILE_CALLS=10
     MICRO_ARGS=(--shapes vit_b16_448 vit_l16_448 vit_b16_224 vit_l16_224)
 fi
 
@@ -156,6 +159,14 @@ part_tests() {  # only the files that hold gpu tests: collecting the whole suite
     run_part tests 150 $PY -m pytest -q -p no:cacheprovider -m gpu $files -o addopts="-ra" --timeout=120
 }
 
+part_profile() {  # the tables go to run.log (no file of their own: a remote machine returns only some)
+    run_part profile_python 60 $PY bench/profile_attention.py --device "$DEV" --dtype "$PROFILE_DTYPE" \
+        --model "$B16" --size "$LARGE" --batch "$BATCH_LARGE" --method plain rollout_kernel distance_kernel \
+        --python --calls "$PROFILE_CALLS" --rows 40
+    run_part profile_ops 60 $PY bench/profile_attention.py --device "$DEV" --dtype "$PROFILE_DTYPE" \
+        --model "$B16" --size "$LARGE" --batch "$BATCH_LARGE" --method rollout_kernel --rows 25
+}
+
 part_micro() {
     fresh "$OUT/micro.json"
     run_part micro 300 $PY bench/headmap_kernel.py "${MICRO_ARGS[@]}" --json "$OUT/micro.json"
@@ -206,7 +217,7 @@ EOF
     done
 }
 
-PLAN=(b16_448 l16_448 dataset tests b16_224 l16_224 hf tv dataset_torch micro)
+PLAN=(b16_448 l16_448 dataset tests profile b16_224 l16_224 hf tv dataset_torch micro)
 PARTS=(setup)  # versions and the smoke check come first, always
 [ $# -eq 0 ] && set -- "${PLAN[@]}"
 for part in "$@"; do
@@ -232,6 +243,7 @@ for part in "${PARTS[@]}"; do
         dataset) part_dataset "plain $KERNEL_AUTO" "distance $KERNEL_AUTO" "plain $KERNEL_AUTO" ;;
         dataset_torch) part_dataset "distance off" ;;
         tests) part_tests ;;
+        profile) part_profile ;;
         micro) part_micro ;;
         *) RESULTS+=("$part: UNKNOWN part")
            note "unknown part $part (the parts: ${PLAN[*]}; aliases attn_b16 attn_l16 attn_hf all)" ;;

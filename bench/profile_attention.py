@@ -1,9 +1,13 @@
-"""Where the time of one method goes: torch.profiler's table of the top operators (CPU or CUDA).
+"""Where the time of one method goes: torch.profiler's table of the top operators (CPU or CUDA), or with
+``--python`` cProfile's table of the Python functions (cumulative time over ``--calls`` calls): on a GPU at small
+batches a call's Python, not its kernels, can decide its time (docs/benchmarks.md).
 
 Run from the repository root::
 
     python bench/profile_attention.py --method rollout --size 448 --batch 2 --threads 1
     python bench/profile_attention.py --method rollout --size 448 --batch 8 --device cuda --dtype bf16
+    python bench/profile_attention.py --method plain rollout_kernel --size 448 --batch 8 --device cuda --dtype bf16 \
+        --python --rows 30
 """
 
 from __future__ import annotations
@@ -29,6 +33,8 @@ def main() -> int:
     ap.add_argument("--device", default="cpu")
     ap.add_argument("--threads", type=int, default=None)
     ap.add_argument("--rows", type=int, default=12)
+    ap.add_argument("--python", action="store_true", help="cProfile's table of Python functions instead")
+    ap.add_argument("--calls", type=int, default=10, help="calls profiled with --python")
     args = ap.parse_args()
     import torch
     from torch.profiler import ProfilerActivity, profile
@@ -42,6 +48,24 @@ def main() -> int:
             once(m)
         if cuda:
             torch.cuda.synchronize()
+        if args.python:
+            import cProfile
+            import pstats
+            import time
+
+            profiler = cProfile.Profile()
+            start = time.perf_counter()
+            profiler.enable()
+            for _ in range(args.calls):
+                once(m)
+            if cuda:
+                torch.cuda.synchronize()
+            profiler.disable()
+            wall = (time.perf_counter() - start) / args.calls
+            print(f"\n== {m} ({args.model}, {args.size} px, batch {args.batch}, {args.dtype}, {args.device}): "
+                  f"{args.calls} calls under cProfile, {wall * 1e3:.2f} ms a call")
+            pstats.Stats(profiler, stream=sys.stdout).sort_stats("cumulative").print_stats(args.rows)
+            continue
         with profile(activities=acts) as prof:
             once(m)
             if cuda:
