@@ -34,8 +34,8 @@ pytestmark = [pytest.mark.slow,
                                  reason=f"needs Triton {'.'.join(map(str, kernels.MIN_TRITON))} or newer")]
 
 PLAN = "setup b16_448 l16_448 dataset tests profile b16_224 l16_224 hf tv dataset_torch micro"
-PARTS = ["setup", "tests", "profile_python", "profile_ops", "micro", "attention_b16", "attention_l16", "attention_hf_vit-base", "attention_hf_vit_b_16",
-         "dataset"]
+PARTS = ["setup", "tests", "profile_python", "profile_ops", "micro", "attention_b16", "attention_l16",
+         "attention_hf_vit-base", "attention_hf_vit_b_16", "dataset"]
 
 
 def _run(out: Path, *parts: str, **extra: str) -> subprocess.CompletedProcess:
