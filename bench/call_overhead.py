@@ -5,6 +5,11 @@ On a GPU at small batches this per-call cost, not the maps, decides what rollout
 "GPU: measured on an NVIDIA H100"); this measures it on any machine, without one. Times are the fastest of
 ``--rounds`` rounds of ``--number`` calls each (per call), one torch thread.
 
+The rows "(kernel path)" run the calls as on a GPU, through the head-map kernels' entry points, with the kernel
+launches themselves left out (``headmaps._launch`` does nothing; the maps are garbage, the time is the host's:
+argument checks, buffers, the launch arguments). They need Triton; ``TRITON_INTERPRET=1`` is set for this process
+so that CPU tensors may take that path.
+
     python bench/call_overhead.py [--rounds 5] [--number 10] [--json out.json]
 """
 
@@ -26,10 +31,14 @@ def main() -> None:
     parser.add_argument("--json", type=Path)
     args = parser.parse_args()
 
+    import os
+
+    os.environ.setdefault("TRITON_INTERPRET", "1")  # before Triton is imported: CPU tensors may take the kernel path
     import torch
     from timm.models.vision_transformer import VisionTransformer
 
     import vitviz
+    from vitviz.core import kernels
 
     try:
         from vitviz.core.contexts import inspect_once
@@ -54,6 +63,22 @@ def main() -> None:
              "attention_rollout": lambda: vitviz.attention_rollout(model, x),
              "mean_attention_distance": lambda: vitviz.mean_attention_distance(model, x, batch_size=1,
                                                                                 autocast=False)}
+    if kernels.triton_available():
+        from vitviz.core.kernels import headmaps
+
+        def host_only(fn):
+            def run() -> None:
+                real = headmaps._launch
+                headmaps._launch = lambda kernel, grid, call_args, meta: None
+                try:
+                    with kernels.headmap_kernel("on"):
+                        fn()
+                finally:
+                    headmaps._launch = real
+            return run
+
+        cases["attention_rollout (kernel path)"] = host_only(cases["attention_rollout"])
+        cases["mean_attention_distance (kernel path)"] = host_only(cases["mean_attention_distance"])
     rows = []
     for name, fn in cases.items():
         fn()  # warm-up
@@ -62,7 +87,7 @@ def main() -> None:
     base = rows[0]["ms"]
     for row in rows:
         row["x_plain"] = row["ms"] / base
-        print(f"{row['case']:24} {row['ms']:7.2f} ms  {row['x_plain']:5.2f}x the plain forward")
+        print(f"{row['case']:38} {row['ms']:7.2f} ms  {row['x_plain']:5.2f}x the plain forward")
     if args.json:
         args.json.write_text(json.dumps({"torch": torch.__version__, "rows": rows}, indent=1) + "\n")
 

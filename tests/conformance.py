@@ -29,6 +29,7 @@ import torch
 from torch import nn
 
 import vitviz
+from vitviz.core.capture import _enclosing_modules
 from vitviz.core.families import family_of
 from vitviz.errors import NoPositionEmbeddingError, UnsupportedModelError
 
@@ -247,6 +248,8 @@ def check_model(model: nn.Module, x: torch.Tensor, reference: dict[str, Referenc
     assert len(spec.attention_maps) == len(modules) == len(spec.attention_blocks), "spec lists disagree"
     assert spec.depth == len(set(spec.attention_blocks)), f"depth {spec.depth} != blocks {spec.attention_blocks}"
     assert spec.num_heads > 0, "inspect reports 0 heads"
+    assert _enclosing_modules(model, modules) == _enclosing_by_named_modules(model, [m for _, m in modules]), \
+        "the capture watches other enclosing modules than named_modules' paths give"
 
     before = _state(model)
     with torch.no_grad():
@@ -289,6 +292,21 @@ def check_model(model: nn.Module, x: torch.Tensor, reference: dict[str, Referenc
     _check_stream(model, x, maps, out_ref, [name for name, _ in modules], atol, output_atol)
     _check_analyses(model, x, spec, (gh, gw))
     return {"name": spec.name, "layers": len(maps), "max_abs_diff": worst, "maps": sorted(set(spec.attention_maps))}
+
+
+def _enclosing_by_named_modules(model: nn.Module, modules: list[nn.Module]) -> list[nn.Module]:
+    """The modules on every path from ``model`` to ``modules``, the paths read from ``named_modules`` (the
+    capture's ``_enclosing_modules`` follows the family's names instead)."""
+    named = dict(model.named_modules())
+    names = {id(m): n for n, m in named.items()}
+    paths = [[named[".".join(names[id(m)].split(".")[:i])] for i in range(len(names[id(m)].split(".")) + 1)]
+             if names[id(m)] else [model] for m in modules]
+    common = []
+    for level in zip(*paths):
+        if any(m is not level[0] for m in level):
+            break
+        common.append(level[0])
+    return common
 
 
 def _check_stream(model: nn.Module, x: torch.Tensor, maps: list[torch.Tensor], out_ref: Any, names: list[str],

@@ -367,3 +367,17 @@ def test_a_library_vit_no_family_recognises_is_refused_not_guessed(monkeypatch):
     monkeypatch.delattr(model, "num_prefix_tokens", raising=False)
     with pytest.raises(vitviz.UnsupportedModelError, match=r"VisionTransformer \(timm\) has attention modules"):
         vitviz.inspect(model)
+
+
+def test_enclosing_modules_follow_the_names_and_fall_back_to_named_modules():
+    """The modules a capture watches for the input's size (``_enclosing_modules``): down the attention modules'
+    names to their common ancestor; a name that does not lead to its module is looked up by the module, and a
+    module outside the model gives the model alone."""
+    from vitviz.core.capture import _enclosing_modules
+
+    model = tiny_timm_vit()
+    attn = [block.attn for block in model.blocks]
+    assert _enclosing_modules(model, [(f"blocks.{i}.attn", a) for i, a in enumerate(attn)]) == [model, model.blocks]
+    assert _enclosing_modules(model, [(f"layers.{i}", a) for i, a in enumerate(attn)]) == [model, model.blocks]
+    assert _enclosing_modules(model, [("blocks.0.attn", attn[1])]) == [model, model.blocks, model.blocks[1], attn[1]]
+    assert _enclosing_modules(model, [("blocks.0.attn", nn.Linear(2, 2))]) == [model]

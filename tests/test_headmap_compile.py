@@ -12,7 +12,8 @@ the target and reads ``ptxas``'s own report (``TRITON_DUMP_PTXAS_LOG``):
 - zero bytes of register spills, at head dims 64 (ViT-B/L), 80 (ViT-H/14; 88 for ViT-g/14 builds the same
   128-wide tiles) and 160 (the 256-wide tiles);
 - ``metadata.shared`` within ``SHARED_LIMIT`` (99 KiB, what one block may take on sm_86/89/120; sm_80 allows 163
-  KiB, sm_90 227 KiB), so the kernels launch on consumer GPUs too.
+  KiB, sm_90 227 KiB), so the kernels launch on consumer GPUs too; the shapes of sm_90's own table (``_blocks``)
+  within sm_90's 227 KiB.
 
 ``test_the_check_sees_spills_and_oversized_tiles`` compiles the block shapes vitviz used before and sees the check
 fail on them. What this file cannot say is how fast the kernels run: that is
@@ -37,13 +38,17 @@ SHARED_LIMIT = 99 * 1024
 POINTER = {torch.float16: "*fp16", torch.bfloat16: "*bf16", torch.float32: "*fp32", torch.uint8: "*u8"}
 
 
-def launches(monkeypatch, dtype: torch.dtype, d: int, blocks: str | None = None, precision: str | None = None) -> dict:
+def launches(monkeypatch, dtype: torch.dtype, d: int, blocks: str | None = None, precision: str | None = None,
+             arch: int | None = None) -> dict:
     """The distinct kernel launches of the entry points for ``q, k`` ``(2, 3, 37, d)`` of ``dtype``: the head mean
-    (no mask), the head max under a bool mask, the head min under a causal mask, and the distance sums under a float
-    bias per head. Recorded at ``headmaps._launch``, not run. ``{key: (kernel, signature, constexprs, options)}``."""
+    (no mask), the head max under a bool mask, the head min under a causal mask, and the distance sums without a
+    mask and under a float bias per head, with the block shapes ``_blocks`` picks for a GPU of compute capability
+    ``arch`` (None: one without a table of its own). Recorded at ``headmaps._launch``, not run.
+    ``{key: (kernel, signature, constexprs, options)}``."""
     from vitviz.core.kernels import headmaps
 
     assert not headmaps.interpreting(), "this process must compile for GPUs, not interpret"
+    monkeypatch.setattr(headmaps, "_arch", lambda device: arch)
     if blocks is None:
         monkeypatch.delenv("VITVIZ_HEADMAP_BLOCKS", raising=False)
     else:
@@ -79,9 +84,10 @@ def launches(monkeypatch, dtype: torch.dtype, d: int, blocks: str | None = None,
     headmaps.fuse_heads_kernel(q, k, d ** -0.5, "max", attn_mask=torch.ones(n, n, dtype=torch.bool),
                                precision=precision)
     headmaps.fuse_heads_kernel(q, k, d ** -0.5, "min", is_causal=True, precision=precision)
+    headmaps.distance_sums_kernel(q, k, d ** -0.5, torch.ones(n - 1, n - 1), 1, precision=precision)
     headmaps.distance_sums_kernel(q, k, d ** -0.5, torch.ones(n - 1, n - 1), 1, attn_mask=torch.zeros(h, n, n),
                                   precision=precision)
-    assert len(seen) >= 6, list(seen)  # rows: plain, bool, causal, distance + bias; fuse: mean, max, min
+    assert len(seen) >= 7, list(seen)  # rows: plain, bool, causal, distance, distance + bias; fuse: mean, max, min
     return seen
 
 
@@ -109,10 +115,10 @@ def compiled(kernel, signature: dict, constexprs: dict, options: dict, arch: int
             "spill_stores": int(spills.group(1)), "spill_loads": int(spills.group(2))}
 
 
-def problems(usage: dict) -> list[str]:
+def problems(usage: dict, limit: int = SHARED_LIMIT) -> list[str]:
     found = []
-    if usage["shared"] > SHARED_LIMIT:
-        found.append(f"{usage['shared']} bytes of shared memory > {SHARED_LIMIT}")
+    if usage["shared"] > limit:
+        found.append(f"{usage['shared']} bytes of shared memory > {limit}")
     if usage["spill_stores"] or usage["spill_loads"]:
         found.append(f"{usage['spill_stores']} bytes of spill stores, {usage['spill_loads']} of spill loads")
     return found
@@ -127,6 +133,7 @@ CASES = ([(90, dt, d) for dt in ("bf16", "fp16", "fp32") for d in (64, 80, 160)]
 
 @pytest.mark.parametrize(("arch", "dt", "d"), CASES, ids=[f"sm{a}-{dt}-d{d}" for a, dt, d in CASES])
 def test_every_variant_compiles_without_spills(monkeypatch, tmp_path, arch, dt, d):
+    """The shapes every GPU takes (no table of its own), compiled for sm_90 and sm_80, within 99 KiB."""
     dtype, precision = DTYPES[dt]
     failures = []
     for (name, *_), (kernel, signature, constexprs, options) in launches(monkeypatch, dtype, d,
@@ -138,6 +145,35 @@ def test_every_variant_compiles_without_spills(monkeypatch, tmp_path, arch, dt, 
     assert not failures, "\n".join(failures)
 
 
+SM90_SHARED = 227 * 1024  # what one block may take on sm_90
+SM90_CASES = [(dt, d) for dt in ("bf16", "fp16", "fp32") for d in (64, 80)] + [("fp32-ieee", 64)]
+
+
+@pytest.mark.parametrize(("dt", "d"), SM90_CASES, ids=[f"{dt}-d{d}" for dt, d in SM90_CASES])
+def test_the_sm90_table_compiles_without_spills(monkeypatch, tmp_path, dt, d):
+    """The shapes ``_blocks`` picks on sm_90 (H100, H200), compiled for sm_90: no spills, within the 227 KiB of
+    shared memory a block may take there. At head dim 64 the distance pass (and float32's rows pass) take the
+    table's 64 x 64 tiles; every other launch is the shape every GPU takes."""
+    dtype, precision = DTYPES[dt]
+    failures, tables = [], 0
+    for (name, *_), (kernel, signature, constexprs, options) in launches(monkeypatch, dtype, d, precision=precision,
+                                                                         arch=90).items():
+        tables += (constexprs["BLOCK_M"], constexprs["BLOCK_N"], options["num_warps"], options["num_stages"]) == (
+            64, 64, 8, 3)
+        usage = compiled(kernel, signature, constexprs, options, 90, tmp_path, monkeypatch)
+        found = problems(usage, SM90_SHARED)
+        if found:
+            failures.append(f"{name} {constexprs} {options}: {'; '.join(found)} ({usage})")
+    assert not failures, "\n".join(failures)
+    assert tables == (0 if d > 64 or precision == "ieee" else 2 if dtype == torch.float32 else 1), tables
+
+
+def biased_distance(launch: tuple) -> bool:
+    """Whether a recorded launch is the distance pass under a float bias."""
+    kernel, _, constexprs, _ = launch
+    return kernel.fn.__name__ == "_rows_kernel" and constexprs["WITH_DIST"] and constexprs["BIAS_KIND"] == 1
+
+
 def test_the_check_sees_spills_and_oversized_tiles(monkeypatch, tmp_path):
     """The block shapes of vitviz 0.1 (64 x 64 tiles with 4 warps and 3 stages for head dims <= 64, else 64 x 32 with
     4 warps and 2 stages, whatever the dtype) fail the check: the distance pass with a float bias spills in bf16 at
@@ -145,14 +181,12 @@ def test_the_check_sees_spills_and_oversized_tiles(monkeypatch, tmp_path):
     Triton 3.8 and 3.9 alike; 3.8 builds the float32 fusing pass with a bias in too much shared memory but no
     spills)."""
     seen = launches(monkeypatch, torch.bfloat16, 64, blocks="64,64,4,3")  # the dtype's own precision
-    (kernel, signature, constexprs, options), = [v for (name, *_), v in seen.items()
-                                                if name == "_rows_kernel" and v[2]["WITH_DIST"]]
+    (kernel, signature, constexprs, options), = [v for v in seen.values() if biased_distance(v)]
     usage = compiled(kernel, signature, constexprs, options, 90, tmp_path, monkeypatch)
     assert usage["spill_stores"] > 256 and usage["shared"] <= SHARED_LIMIT, usage
 
     seen = launches(monkeypatch, torch.float32, 160, blocks="64,32,4,2", precision="ieee")
-    (kernel, signature, constexprs, options), = [v for (name, *_), v in seen.items()
-                                                if name == "_rows_kernel" and v[2]["WITH_DIST"]]
+    (kernel, signature, constexprs, options), = [v for v in seen.values() if biased_distance(v)]
     usage = compiled(kernel, signature, constexprs, options, 90, tmp_path, monkeypatch)
     assert usage["shared"] > SHARED_LIMIT and usage["spill_stores"] > 256, usage
     assert len(problems(usage)) == 2

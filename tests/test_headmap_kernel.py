@@ -188,12 +188,14 @@ def test_masks_follow_timm(interpret, kind):
 
 
 def test_the_gpu_block_shapes(interpret, monkeypatch):
-    """Every tile shape ``_blocks`` picks on a GPU (not the interpreter's 16 x 16; non-square ones among them), with
+    """Every tile shape ``_blocks`` picks on a GPU (not the interpreter's 16 x 16; non-square ones among them, and
+    sm_90's own), with
     ``N = BLOCK_M + BLOCK_N + 7`` tokens, so the last query tile and the last key tile are both ragged."""
     with monkeypatch.context() as gpu:
         gpu.setattr(interpret, "interpreting", lambda: False)
-        shapes = {interpret._blocks(d, dtype, interpret._precision(precision, dtype, d))
-                  for d in (64, 80, 160) for dtype in DTYPES.values() for precision in (None, "ieee")}
+        shapes = {interpret._blocks(d, dtype, interpret._precision(precision, dtype, d), arch=arch, kernel=kernel)
+                  for d in (64, 80, 160) for dtype in DTYPES.values() for precision in (None, "ieee")
+                  for arch in (None, 80, 90) for kernel in ("rows", "distance", "fuse")}
     assert len(shapes) >= 3 and any(bm != bn for bm, bn, _, _ in shapes), shapes
     for bm, bn, warps, stages in sorted(shapes):
         monkeypatch.setenv("VITVIZ_HEADMAP_BLOCKS", f"{bm},{bn},{warps},{stages}")
@@ -759,3 +761,24 @@ def test_cuda_forward_lse_on_vit_b16(dtype, family):
         q, k = (t.bfloat16().double() for t in qk[:2])
         maps = (q @ k.transpose(-2, -1) * model.blocks[0].attn.scale).softmax(-1).mean(1)
         torch.testing.assert_close(want[0].double(), maps, rtol=0, atol=1e-5)
+
+
+def test_the_sm90_table_covers_only_the_launches_the_sweep_measured(interpret, monkeypatch):
+    """On sm_90, 64 x 64 tiles (8 warps, 3 stages) for the distance pass and the float32 3xTF32 rows pass at head dims
+    <= 64 without a bias, mask or causal mask; every other launch, and every other GPU, keeps the shared shapes."""
+    monkeypatch.setattr(interpret, "interpreting", lambda: False)
+    monkeypatch.delenv("VITVIZ_HEADMAP_BLOCKS", raising=False)
+    table = (64, 64, 8, 3)
+
+    def shape(dtype=torch.float32, kernel="rows", arch=90, d=64, precision="tf32x3", **kw):
+        return interpret._blocks(d, dtype, interpret._precision(precision, dtype, d), arch=arch, kernel=kernel, **kw)
+
+    assert shape() == table and shape(kernel="distance") == table
+    for dtype in (torch.bfloat16, torch.float16):
+        assert shape(dtype, "distance") == table
+        assert shape(dtype, "rows") == shape(dtype, "rows", arch=None) != table
+        assert shape(dtype, "fuse") == shape(dtype, "fuse", arch=None) != table
+    others = [shape(kernel="fuse"), shape(arch=80), shape(arch=89), shape(arch=100), shape(arch=None),
+              shape(d=80), shape(precision="ieee"), shape(bias_kind=1), shape(bias_kind=2), shape(causal=True),
+              shape(kernel="distance", bias_kind=1)]
+    assert table not in others, others

@@ -623,3 +623,21 @@ def test_torchvision_on_cpu_reads_the_weights_by_default():
     with vitviz.headmap_kernel("off"):
         got, _ = stream_maps(model, torch.randn(2, 3, 32, 32), kinds)
     assert kinds and not any("recomputed_heads" in k for k in kinds)
+
+
+def test_the_forward_signature_is_read_once_per_class_and_afresh_for_an_instance_forward():
+    """The stream probe binds each call's arguments with the module's ``forward`` signature, read once per class
+    function; a ``forward`` set on the instance is read as it is."""
+    import inspect as pyinspect
+
+    model = tiny_timm_vit()
+    first, second = model.blocks[0].attn, model.blocks[1].attn
+    assert timm_probes._forward_signature(first) == pyinspect.signature(first.forward)
+    assert timm_probes._forward_signature(first) is timm_probes._forward_signature(second)
+
+    def own(tokens, rope=None):
+        return tokens
+
+    second.forward = own
+    assert list(timm_probes._forward_signature(second).parameters) == ["tokens", "rope"]
+    assert list(timm_probes._forward_signature(first).parameters)[0] == "x"

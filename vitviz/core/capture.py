@@ -289,25 +289,39 @@ class AttentionCapture:
         return torch.stack(self.attentions)
 
 
-def _enclosing_modules(model: nn.Module, modules: list[nn.Module]) -> list[nn.Module]:
-    """The modules that hold every one of ``modules`` (``model`` first, then down to their nearest common
-    ancestor): whatever entry point runs them (``model(x)``, ``model.vision_model``, ``forward_features``'s
-    ``blocks``) passes through at least one."""
-    named = dict(model.named_modules())
-    names = {id(m): n for n, m in named.items()}
-    paths = []
-    for module in modules:
-        name = names.get(id(module))
-        if name is None:
-            return [model]
-        parts = name.split(".") if name else []
-        paths.append([named[".".join(parts[:i])] for i in range(len(parts) + 1)])
+def _enclosing_modules(model: nn.Module, named: list[tuple[str, nn.Module]]) -> list[nn.Module]:
+    """The modules that hold every one of the ``(name, module)`` pairs ``named`` (names as ``named_modules`` gives
+    them): ``model`` first, then down to their nearest common ancestor. Whatever entry point runs them
+    (``model(x)``, ``model.vision_model``, ``forward_features``'s ``blocks``) passes through at least one. A name
+    that does not lead to its module is looked up in ``named_modules``; a module not in ``model`` gives
+    ``[model]``."""
+    paths, names = [], None
+    for name, module in named:
+        path = _module_path(model, name)
+        if path is None or path[-1] is not module:  # walked by its module: names of named_modules, once
+            names = names if names is not None else {id(m): n for n, m in model.named_modules()}
+            found = names.get(id(module))
+            path = None if found is None else _module_path(model, found)
+            if path is None:
+                return [model]
+        paths.append(path)
     common = []
     for level in zip(*paths):
         if any(m is not level[0] for m in level):
             break
         common.append(level[0])
     return common or [model]
+
+
+def _module_path(model: nn.Module, name: str) -> list[nn.Module] | None:
+    """``model`` and each module down the dotted ``name`` (``model`` alone for ``""``); None if a part is missing."""
+    path = [model]
+    for part in name.split(".") if name else []:
+        child = path[-1]._modules.get(part)
+        if child is None:
+            return None
+        path.append(child)
+    return path
 
 
 def _watch_passes(cap: AttentionCapture, modules: list[nn.Module]) -> Undo:
@@ -398,7 +412,7 @@ def capture_attention(
         undos.append(stack.close)
         stack.enter_context(checkpointing_off(model))
         undos.append(family.prepare(model))
-        undos.append(_watch_passes(cap, _enclosing_modules(model, [modules[i][1] for i in chosen])))
+        undos.append(_watch_passes(cap, _enclosing_modules(model, [modules[i] for i in chosen])))
         for position, index in enumerate(chosen):
             module = modules[index][1]
             stream = family.stream_probe(module) if heads == "stream" else None

@@ -205,8 +205,13 @@ def count_params(model: nn.Module, family: Family) -> dict[str, int]:
     packed = [(f"{name}.{attr}", getattr(module, attr)()) for name, module in quantized_layers(model)
               for attr in ("weight", "bias") if callable(getattr(module, attr, None))]
     # named_parameters() de-duplicates shared tensors
+    rules = list(components.items())
     for name, p in [*model.named_parameters(), *((n, t) for n, t in packed if t is not None)]:
-        comp = next((c for c, prefixes in components.items() if name.startswith(prefixes)), "other")
+        comp = "other"
+        for c, prefixes in rules:  # a loop, not next(genexpr): every analysis call counts a ViT's 150 parameters
+            if name.startswith(prefixes):
+                comp = c
+                break
         counts[comp] = counts.get(comp, 0) + p.numel()
     counts["total"] = sum(counts.values())
     return counts
@@ -224,10 +229,16 @@ def _structure(model: nn.Module) -> tuple:
     """What ``contexts.inspect_once`` compares: the identities of the submodules, and of the parameters and
     buffers with their names and shapes."""
     out: list[Any] = []
+    keep = out.append
     for m in submodules(model):  # the dicts themselves: parameters() and buffers() cost three times as much
-        out.append(id(m))
-        out.extend((name, id(t), t.shape) for table in (m._parameters, m._buffers) for name, t in table.items()
-                   if t is not None)
+        keep(id(m))
+        for table in (m._parameters, m._buffers):
+            if table:
+                for name, t in table.items():
+                    if t is not None:
+                        keep(name)
+                        keep(id(t))
+                        keep(t.shape)
     return tuple(out)
 
 

@@ -14,7 +14,7 @@ from typing import Any
 
 from torch import nn
 
-from vitviz.core.contexts import module_attribute
+from vitviz.core.contexts import submodules
 from vitviz.core.families.base import Family, Layout
 from vitviz.core.families.custom import LIBRARIES, CustomFamily, TutorialFamily
 from vitviz.core.families.hf_aimv2 import HFAimv2Family
@@ -185,9 +185,11 @@ def family_of(model: nn.Module) -> Family:
     refusal = _wrapper_refusal(model) or _sharding_refusal(model)
     if refusal is not None:
         raise UnsupportedModelError(refusal)
-    compiled = next((name or "the model" for name, m in model.named_modules()
-                     if module_attribute(m, "_compiled_call_impl") is not None), None)
-    if compiled is not None:
+    # getattr: nn.Module.__init__ puts the attribute in every instance's dict (a module unpickled from an older
+    # torch lacks it, and reads None)
+    compiled = next((m for m in submodules(model) if getattr(m, "_compiled_call_impl", None) is not None), None)
+    if compiled is not None:  # named only on a hit: family_of runs in every analysis call
+        compiled = next(name for name, m in model.named_modules() if m is compiled) or "the model"
         raise UnsupportedModelError(
             f"{type(model).__name__}: {compiled} was compiled in place (module.compile()); TorchDynamo reuses a "
             "graph compiled without vitviz's hooks, so the attention would not be read; analyse an uncompiled "

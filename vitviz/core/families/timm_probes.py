@@ -42,6 +42,7 @@ from __future__ import annotations
 
 import inspect
 import sys
+import weakref
 from typing import Any
 
 import torch
@@ -237,6 +238,23 @@ def _relative_bias(kind: str, module: nn.Module, shared: torch.Tensor | None) ->
     return own if shared is None else own + shared
 
 
+# a class's forward function -> the signature of its bound method (probe set-up runs per layer and per call)
+_SIGNATURES: weakref.WeakKeyDictionary[Any, inspect.Signature] = weakref.WeakKeyDictionary()
+
+
+def _forward_signature(module: nn.Module) -> inspect.Signature:
+    """``inspect.signature(module.forward)``, read once per forward function (an instance's own ``forward``, set on
+    the instance, is read every time)."""
+    forward = module.forward
+    func = getattr(forward, "__func__", None)
+    if func is None or getattr(forward, "__self__", None) is not module:
+        return inspect.signature(forward)
+    signature = _SIGNATURES.get(func)
+    if signature is None:
+        signature = _SIGNATURES[func] = inspect.signature(forward)
+    return signature
+
+
 def probe_timm_stream(module: nn.Module, emit: Emit) -> Undo:
     """A ``_STREAMED`` timm attention module under ``heads="stream"``: fused attention left on, ``HeadMaps``
     recomputed from q, k (rotated as the forward rotates them, key heads repeated for grouped-query attention as the
@@ -253,7 +271,7 @@ def probe_timm_stream(module: nn.Module, emit: Emit) -> Undo:
                                     "ParallelScalingBlock, DiffAttention, DiffParallelScalingBlock)")
     kind, vt = found
     pairs = 2 if kind == "differential" else 1  # differential attention: two softmax maps per head
-    signature = inspect.signature(module.forward)  # Attention: (x, attn_mask, is_causal); rotary: (x, rope, ...)
+    signature = _forward_signature(module)  # Attention: (x, attn_mask, is_causal); rotary: (x, rope, ...)
     first = next(iter(signature.parameters))  # the tokens
     state: dict[str, Any] = {}
 

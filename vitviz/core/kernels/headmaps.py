@@ -45,6 +45,7 @@ with float32 accumulation, the same as on the GPU up to summation order).
 
 from __future__ import annotations
 
+import functools
 import os
 
 import torch
@@ -191,23 +192,51 @@ def _kernels() -> tuple:
     return _BUILT[mode]
 
 
-def _blocks(d: int, dtype: torch.dtype, precision: str) -> tuple[int, int, int, int]:
+@functools.cache
+def _capability(index: int) -> int:
+    major, minor = torch.cuda.get_device_capability(index)
+    return 10 * major + minor
+
+
+def _arch(device: torch.device) -> int | None:
+    """The compute capability of a CUDA ``device`` as one number (90 for sm_90), read once per device; None
+    elsewhere (the offline compile test sets it)."""
+    if device.type != "cuda":
+        return None
+    return _capability(device.index if device.index is not None else torch.cuda.current_device())
+
+
+def _blocks(d: int, dtype: torch.dtype, precision: str, *, arch: int | None = None, kernel: str = "fuse",
+            bias_kind: int = 0, causal: bool = False) -> tuple[int, int, int, int]:
     """``(BLOCK_M, BLOCK_N, num_warps, num_stages)`` for head dim ``d``, ``q``'s dtype and the dot's precision
-    (``_precision``); ``VITVIZ_HEADMAP_BLOCKS="64,64,8,3"`` overrides (``bench/headmap_kernel.py --blocks`` sweeps
+    (``_precision``), the GPU's compute capability ``arch`` (``_arch``), the pass (``"rows"``: the row maximum and
+    sum alone; ``"distance"``: with the distance sums; ``"fuse"``: the head fusion), the bias kind (``_bias``) and
+    the causal mask; ``VITVIZ_HEADMAP_BLOCKS="64,64,8,3"`` overrides (``bench/headmap_kernel.py --blocks`` sweeps
     it).
 
-    Chosen so that no kernel variant spills registers and each fits the 99 KiB of shared memory a block may take on
-    the smallest CUDA parts (sm_86/89/120), as compiled offline for sm_90 and sm_80 by Triton 3.8 and 3.9 (their
-    ptxas differ: a shape clean under one can spill under the other); ``tests/test_headmap_compile.py`` checks it
-    in ``make test`` without a GPU, with the Triton installed. Before, ``64 x 64`` tiles with 4 warps spilled up to
-    1.4 KB per thread in bf16 (the distance pass with a float bias keeps score, probability, bias-pointer and
-    distance-pointer tiles live) and up to 9.3 KB in float32; with 8 warps and 3 stages the same pass still spilled
-    8 bytes under Triton 3.8 (sm_90), clean under 3.9, hence ``64 x 32`` tiles in half types. Float32 ``"ieee"``
-    dots run on CUDA cores with both operands in registers, and for sm_90 ptxas allocates such kernels 32 registers
-    and spills kilobytes unless the tiles are small (seen from ``32 x 32`` tiles at head dim 128); the 3xTF32 dot at
-    head dim 64 builds cleanly on both targets and both Triton versions only in ``64 x 16`` tiles with one stage
-    (``64 x 32`` spilled up to 156 bytes on sm_80 under Triton 3.8, ``32 x 32`` under either) and spilled in every
-    shape tried at 128. Speed is for the GPU sweep to settle: these are the shapes that build cleanly.
+    On sm_90 (H100, H200: 227 KiB of shared memory per block), at head dims <= 64 without a bias or mask, the
+    distance pass in every dtype and the float32 (3xTF32) rows pass take 64 x 64 tiles with 8 warps and 3 stages:
+    the H100 sweep (``bench/results/h100_gpu_run_1/micro.json``; ViT-B/16 and ViT-L/16 at 224 and 448 px) measured
+    them faster in every case (ViT-B/16 448 px per layer: distance 0.20 against 0.28 ms in bf16, 0.48 against 1.29
+    in float32; the float32 rows pass 0.36 against 0.62), and they build without spills for sm_90 (the float32 ones
+    in 96 KiB of shared memory). Not taken there: the float32 fusing pass (it spills 4 bytes and takes 112 KiB),
+    every variant with a mask or bias (the distance pass spills 8 to 136 bytes), the half-type rows and fusing
+    passes (the sweep is split: in bf16 the rows pass was slower at three of the four shapes, the fusing pass at
+    two), ``"ieee"`` float32 and sm_80, where most float32 64 x 64 passes spill 212 to 848 bytes.
+
+    Every other launch takes the shapes below, chosen so that no kernel variant spills registers and each fits the
+    99 KiB of shared memory a block may take on the smallest CUDA parts (sm_86/89/120), as compiled offline for
+    sm_90 and sm_80 by Triton 3.8 and 3.9 (their ptxas differ: a shape clean under one can spill under the other);
+    ``tests/test_headmap_compile.py`` checks it in ``make test`` without a GPU, with the Triton installed. Before,
+    ``64 x 64`` tiles with 4 warps spilled up to 1.4 KB per thread in bf16 (the distance pass with a float bias
+    keeps score, probability, bias-pointer and distance-pointer tiles live) and up to 9.3 KB in float32; with 8
+    warps and 3 stages the same pass still spilled 8 bytes under Triton 3.8 (sm_90), clean under 3.9, hence
+    ``64 x 32`` tiles in half types. Float32 ``"ieee"`` dots run on CUDA cores with both operands in registers, and
+    for sm_90 ptxas allocates such kernels 32 registers and spills kilobytes unless the tiles are small (seen from
+    ``32 x 32`` tiles at head dim 128); the 3xTF32 dot at head dim 64 builds cleanly on both targets and both Triton
+    versions only in ``64 x 16`` tiles with one stage (``64 x 32`` spilled up to 156 bytes on sm_80 under Triton
+    3.8, ``32 x 32`` under either) and spilled in every shape tried at 128. Speed is for the GPU sweep to settle:
+    these are the shapes that build cleanly.
     """
     env = os.environ.get("VITVIZ_HEADMAP_BLOCKS")
     if env:
@@ -219,6 +248,9 @@ def _blocks(d: int, dtype: torch.dtype, precision: str) -> tuple[int, int, int, 
         return bm, bn, w, s
     if interpreting():
         return 16, 16, 1, 1  # tiles smaller than the test shapes: every edge case crosses tiles
+    if (arch == 90 and d <= 64 and bias_kind == 0 and not causal and precision != "ieee"
+            and (kernel == "distance" or (kernel == "rows" and dtype == torch.float32))):
+        return 64, 64, 8, 3
     if dtype == torch.float32:
         if d > 64:
             return 16, 16, 4, 1
@@ -284,7 +316,7 @@ def _common(q: torch.Tensor, k: torch.Tensor, scale: float, attn_mask, is_causal
     b, h, n, d = q.shape
     kind, bias, sb = _bias(attn_mask, is_causal, torch.Size((b, h, n, n)), q.device)
     upcast = interpreting() and q.dtype == torch.bfloat16
-    block_d = max(16, triton.next_power_of_2(d))
+    block_d = max(16, 1 << (d - 1).bit_length())  # the next power of two (triton's helper costs 5 us a call)
     precision = _precision(precision, q.dtype, d)
     return dict(BIAS_KIND=kind, CAUSAL=bool(is_causal), UPCAST=upcast, PRECISION=precision, BLOCK_D=block_d), \
         bias, sb, float(scale)
@@ -293,7 +325,9 @@ def _common(q: torch.Tensor, k: torch.Tensor, scale: float, attn_mask, is_causal
 def _rows(q, k, scale, attn_mask, is_causal, distances, num_prefix_tokens, precision):
     const, bias, sb, qk_scale = _common(q, k, scale, attn_mask, is_causal, precision)
     b, h, n, d = q.shape
-    bm, bn, warps, stages = _blocks(d, q.dtype, const["PRECISION"])
+    bm, bn, warps, stages = _blocks(d, q.dtype, const["PRECISION"], arch=_arch(q.device),
+                                    kernel="distance" if distances is not None else "rows",
+                                    bias_kind=const["BIAS_KIND"], causal=const["CAUSAL"])
     m = torch.empty(b, h, n, device=q.device, dtype=torch.float32)
     l_sum = torch.empty(b, h, n, device=q.device, dtype=torch.float32)
     with_dist = distances is not None
@@ -310,7 +344,7 @@ def _rows(q, k, scale, attn_mask, is_causal, distances, num_prefix_tokens, preci
         dist = wd = wp = m
         sd = (0, 0)
     rows_kernel, _ = _kernels()
-    _launch(rows_kernel, (triton.cdiv(n, bm), b * h),
+    _launch(rows_kernel, (-(-n // bm), b * h),
             (q, k, bias, dist, m, l_sum, wd, wp, *q.stride(), *k.stride(), *sb, *sd, h, n, d, int(num_prefix_tokens),
              qk_scale),
             dict(WITH_DIST=with_dist, BLOCK_M=bm, BLOCK_N=bn, num_warps=warps, num_stages=stages, **const))
@@ -363,9 +397,10 @@ def fuse_heads_kernel(q: torch.Tensor, k: torch.Tensor, scale: float, how: str =
     elif out.shape != (b, n, n) or out.dtype != torch.float32 or out.device != q.device:
         raise InputError(f"out must be a float32 (B, N, N) = {(b, n, n)} tensor on {q.device}; got "
                          f"{out.dtype} {tuple(out.shape)} on {out.device}")
-    bm, bn, warps, stages = _blocks(d, q.dtype, const["PRECISION"])
+    bm, bn, warps, stages = _blocks(d, q.dtype, const["PRECISION"], arch=_arch(q.device), kernel="fuse",
+                                    bias_kind=const["BIAS_KIND"], causal=const["CAUSAL"])
     _, fuse_kernel = _kernels()
-    _launch(fuse_kernel, (triton.cdiv(n, bm), triton.cdiv(n, bn), b),
+    _launch(fuse_kernel, (-(-n // bm), -(-n // bn), b),
             (q, k, bias, m, l_sum, out, *q.stride(), *k.stride(), *sb, *out.stride(), h, n, d, qk_scale, 1.0 / h),
             dict(HOW=HOW[how], BLOCK_M=bm, BLOCK_N=bn, num_warps=warps, num_stages=stages, **const))
     return out
