@@ -205,10 +205,9 @@ def count_params(model: nn.Module, family: Family) -> dict[str, int]:
     packed = [(f"{name}.{attr}", getattr(module, attr)()) for name, module in quantized_layers(model)
               for attr in ("weight", "bias") if callable(getattr(module, attr, None))]
     # named_parameters() de-duplicates shared tensors
-    rules = list(components.items())
     for name, p in [*model.named_parameters(), *((n, t) for n, t in packed if t is not None)]:
         comp = "other"
-        for c, prefixes in rules:  # a loop, not next(genexpr): every analysis call counts a ViT's 150 parameters
+        for c, prefixes in components.items():  # a loop, not next(genexpr): every call counts ~150 parameters
             if name.startswith(prefixes):
                 comp = c
                 break
