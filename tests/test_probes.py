@@ -463,4 +463,24 @@ def test_summarize_probes_keeps_knn_rows_beside_linear_rows():
     for shots in (1, 2):
         row = s[(s.probe == "linear") & (s.shots == shots)].iloc[0]
         m, lo, hi = t_interval(lin[lin.shots == shots].accuracy.to_numpy())
-        assert (row.accuracy, row.low, row.high, row.draws) == pytest.approx((m, lo, hi, 3))
+        assert (row.accuracy, row.low, row.high, row.draws) == pytest.approx((m, max(lo, 0), min(hi, 100), 3))
+
+
+def test_summarize_probes_cuts_the_interval_to_0_to_100_percent():
+    """Draws near 0 % or 100 % give a Student-t interval past the range; the summary cuts it there and leaves an
+    interval inside the range, and a single draw's missing one, as they are."""
+    import pandas as pd
+
+    from vitviz.analysis.intervals import t_interval
+    from vitviz.analysis.representations import summarize_probes
+
+    groups = {"low": [0.0, 0.0, 12.0], "high": [100.0, 100.0, 90.0], "inside": [40.0, 50.0, 45.0], "one": [30.0]}
+    df = pd.DataFrame([{"model": name, "layer": "block0", "depth": 1, "probe": "linear", "shots": 1, "seed": i,
+                        "accuracy": a} for name, values in groups.items() for i, a in enumerate(values)])
+    s = summarize_probes(df).set_index("model")
+    raw = {name: t_interval(values) for name, values in groups.items()}
+    assert raw["low"][1] < 0 and raw["high"][2] > 100  # the case: uncut, past the range
+    assert s.loc["low", "low"] == 0 and s.loc["low", "high"] == pytest.approx(raw["low"][2])
+    assert s.loc["high", "high"] == 100 and s.loc["high", "low"] == pytest.approx(raw["high"][1])
+    assert (s.loc["inside", ["accuracy", "low", "high"]].tolist() == pytest.approx(list(raw["inside"])))
+    assert np.isnan(s.loc["one", "low"]) and np.isnan(s.loc["one", "high"]) and s.loc["one", "accuracy"] == 30

@@ -219,13 +219,66 @@ def test_module_attribute_is_getattr(name):
     assert checked > 50
 
 
+def test_checkpointing_flags_are_read_as_getattr():
+    """``checkpointing_off``'s flag test (``_flag_is_true``) is ``getattr(m, flag, None) is True`` on every
+    submodule: flags in the instance's dict (True, False, a truthy non-bool), on the class, as a property, and
+    absent; a parameter, buffer or submodule under a flag's name is never ``True``."""
+    from vitviz.core.contexts import CHECKPOINTING_FLAGS, _flag_is_true
+
+    class Flagged(torch.nn.Identity):
+        grad_checkpointing = True  # a class attribute
+
+        @property
+        def gradient_checkpointing(self):
+            return True
+
+    model = timm.create_model("vit_tiny_patch16_224", pretrained=False, img_size=32, patch_size=16, depth=2,
+                              embed_dim=64, num_heads=2)
+    model.grad_checkpointing = True
+    model.blocks[0].gradient_checkpointing = 1  # truthy, not True
+    model.blocks[1].grad_checkpointing = False
+    model.flagged = Flagged()
+    model.blocks[0].grad_checkpointing = torch.nn.Identity()  # a submodule under a flag's name
+    model.norm.register_buffer("gradient_checkpointing", torch.ones(()))
+    seen = []
+    for m in model.modules():
+        for flag in CHECKPOINTING_FLAGS:
+            assert _flag_is_true(m, flag) is (getattr(m, flag, None) is True), (type(m).__name__, flag)
+            seen.append(_flag_is_true(m, flag))
+    assert sum(seen) == 3  # the model's flag, the class attribute, the property
+
+
 @pytest.mark.parametrize("name", ["vit_tiny_patch16_224", "beit_base_patch16_224", "eva02_tiny_patch14_224"])
 def test_submodules_is_modules(name):
     """``submodules`` (the walks' stack-based ``model.modules()``) gives the same modules in the same order, a
     module reached twice (shared) once."""
-    from vitviz.core.contexts import submodules
+    from vitviz.core.contexts import named_submodules, submodules
 
     model = timm.create_model(name, pretrained=False, img_size=32, patch_size=16, depth=2, embed_dim=64,
                               num_heads=2)
     model.shared = model.blocks[1]  # reached twice: listed where modules() lists it, once
+    model.blocks[0].gone = None  # a child slot set to None: skipped, as named_modules skips it
     assert [id(m) for m in submodules(model)] == [id(m) for m in model.modules()]
+    assert [(n, id(m)) for n, m in named_submodules(model)] == [(n, id(m)) for n, m in model.named_modules()]
+
+
+@pytest.mark.parametrize("name", ["vit_tiny_patch16_224", "beit_base_patch16_224"])
+def test_count_params_counts_what_named_parameters_names(name):
+    """``count_params`` reads the parameters in its own walk: per component, the sums of ``named_parameters()``
+    (each tensor once, under its first name, a shared one too), whatever component its first name falls in."""
+    from vitviz.core.families import family_of
+    from vitviz.core.spec import count_params
+
+    model = timm.create_model(name, pretrained=False, img_size=32, patch_size=16, depth=2, embed_dim=64,
+                              num_heads=2)
+    model.head = torch.nn.Linear(64, 64)
+    model.head.weight = model.blocks[1].mlp.fc2.weight  # tied: counted once, in the blocks (its first name)
+    model.extra = torch.nn.Parameter(torch.zeros(7))  # no component's prefix: "other"
+    family = family_of(model)
+    expected = dict.fromkeys(count_params(model, family), 0)
+    for n, p in model.named_parameters():
+        comp = next((c for c, prefixes in family.param_components(model).items() if n.startswith(prefixes)), "other")
+        expected[comp] += p.numel()
+    expected["total"] = sum(v for k, v in expected.items() if k != "total")
+    assert count_params(model, family) == expected
+    assert expected["other"] == 7 and expected["head"] < 64 * 64  # the tied weight is not the head's

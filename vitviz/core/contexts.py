@@ -21,7 +21,7 @@ from collections.abc import Iterator
 from typing import Any
 
 __all__ = ["WeightsWatch", "autograd", "checkpointing_off", "frozen", "grad_leaf", "inference_tensor", "inspect_memo",
-           "inspect_once", "model_copy", "module_attribute", "normal_tensor", "parameter_hooks_off", "submodules",
+           "inspect_once", "is_quantized", "model_copy", "module_attribute", "named_submodules", "normal_tensor", "parameter_hooks_off", "submodules",
            "tensor_version", "without_autocast"]
 
 
@@ -77,6 +77,26 @@ def submodules(model: Any) -> list[Any]:
     return out
 
 
+def named_submodules(model: Any) -> list[tuple[str, Any]]:
+    """``list(model.named_modules())``: the same names and modules in the same order (pre-order, each module once,
+    under the name it is first reached by), walked with a stack as ``submodules`` is."""
+    out: list[tuple[str, Any]] = []
+    seen: set[int] = set()
+    stack: list[tuple[str, Any]] = [("", model)]
+    pop, keep, mark = stack.pop, out.append, seen.add
+    while stack:
+        name, module = pop()
+        if module is None or id(module) in seen:
+            continue
+        mark(id(module))
+        keep((name, module))
+        children = module._modules
+        if children:
+            dot = f"{name}." if name else ""
+            stack.extend([(dot + child, m) for child, m in reversed(children.items())])
+    return out
+
+
 def module_attribute(module: Any, name: str) -> Any:
     """``getattr(module, name, None)`` for an ``nn.Module``, without ``nn.Module.__getattr__``'s exception for a
     missing name (walks that look for a flag or a table on every submodule ask some thousand times per ViT-B, each
@@ -95,8 +115,16 @@ def _device_types(model: Any) -> list[str]:
     """The device types of ``model``'s parameters and buffers, and ``"cpu"``."""
     if not callable(getattr(model, "modules", None)):
         return ["cpu"]
-    return sorted({"cpu", *(t.device.type for m in submodules(model) for table in (m._parameters, m._buffers)
-                            for t in table.values() if t is not None)})
+    kinds = {"cpu"}
+    seen: set[int] = set()  # a tensor's device is read once: ``t.device`` builds a device object each time
+    for m in submodules(model):
+        for table in (m._parameters, m._buffers):
+            if table:
+                for t in table.values():
+                    if t is not None and id(t) not in seen:
+                        seen.add(id(t))
+                        kinds.add(t.device.type)
+    return sorted(kinds)
 
 
 @contextlib.contextmanager
@@ -112,6 +140,17 @@ def without_autocast(model: Any) -> Iterator[None]:
         for kind in _device_types(model):
             stack.enter_context(torch.autocast(kind, enabled=False))
         yield
+
+
+def _flag_is_true(module: Any, name: str) -> bool:
+    """``module_attribute(module, name) is True`` for a flag: a parameter, buffer or submodule is never ``True``, so
+    only the instance's dict and the class are read (half the time of ``module_attribute``, asked twice per module
+    per analysis call)."""
+    d = module.__dict__
+    if name in d:
+        return d[name] is True
+    cls = type(module)
+    return hasattr(cls, name) and getattr(module, name, None) is True
 
 
 # module -> attribute -> [open blocks that switched it off, its value before the first]
@@ -141,7 +180,7 @@ def checkpointing_off(model: Any) -> Iterator[None]:
                 entry = held.get(attr)
                 if entry is not None:
                     entry[0] += 1
-                elif module_attribute(module, attr) is True:
+                elif _flag_is_true(module, attr):
                     _CHECKPOINTING.setdefault(module, {})[attr] = [1, True]
                     setattr(module, attr, False)
                 else:
@@ -183,12 +222,23 @@ def quantized_layers(model: Any) -> list[tuple[str, Any]]:
       configuration (an int8 activation has no gradient, and its integer matmul is not counted).
 
     Read from the class hierarchy, so that neither torch.ao nor torchao is imported for a model without them."""
-    found = [module for module in submodules(model)
-             if _quantized_class(type(module)) or any(_torchao_class(type(p)) for p in module._parameters.values())]
+    found = [m for m in submodules(model) if is_quantized(m)]
     if not found:
         return []
     names = {id(m): n for n, m in model.named_modules()}
     return [(names[id(m)], m) for m in found]
+
+
+def is_quantized(module: Any) -> bool:
+    """Whether ``quantized_layers`` lists ``module``: a torch quantized module or one with a torchao parameter."""
+    if _quantized_class(type(module)):
+        return True
+    params = module._parameters
+    if params:
+        for p in params.values():  # a loop, not any(generator): asked of every module once per call
+            if _torchao_class(type(p)):
+                return True
+    return False
 
 
 @functools.cache

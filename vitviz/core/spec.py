@@ -198,14 +198,27 @@ def count_params(model: nn.Module, family: Family) -> dict[str, int]:
     """Parameters per component (each parameter counted once, shared ones too) and ``total``. A quantized layer's
     weight and bias (``vitviz.core.contexts.quantized_layers``), packed inside its kernel and returned by its
     ``weight()`` / ``bias()`` methods rather than held as parameters, count as its parameters."""
-    from vitviz.core.contexts import quantized_layers
+    from vitviz.core.contexts import is_quantized, named_submodules
 
     components = family.param_components(model)
     counts = dict.fromkeys(COMPONENT_ORDER, 0)
-    packed = [(f"{name}.{attr}", getattr(module, attr)()) for name, module in quantized_layers(model)
-              for attr in ("weight", "bias") if callable(getattr(module, attr, None))]
-    # named_parameters() de-duplicates shared tensors
-    for name, p in [*model.named_parameters(), *((n, t) for n, t in packed if t is not None)]:
+    # model.named_parameters() (each tensor once, under its first name) and the quantized layers' packed tensors
+    # (quantized_layers), read in one walk: every analysis call counts the parameters once
+    named: list[tuple[str, Any]] = []
+    packed: list[tuple[str, Any]] = []
+    seen: set[int] = set()
+    for prefix, module in named_submodules(model):
+        table = module._parameters
+        if table:
+            dot = f"{prefix}." if prefix else ""
+            for key, p in table.items():
+                if p is not None and id(p) not in seen:
+                    seen.add(id(p))
+                    named.append((dot + key, p))
+        if is_quantized(module):
+            packed += [(f"{prefix}.{attr}", getattr(module, attr)()) for attr in ("weight", "bias")
+                       if callable(getattr(module, attr, None))]
+    for name, p in [*named, *((n, t) for n, t in packed if t is not None)]:
         comp = "other"
         for c, prefixes in components.items():  # a loop, not next(genexpr): every call counts ~150 parameters
             if name.startswith(prefixes):

@@ -89,7 +89,6 @@ def _latent_pool(model: nn.Module) -> nn.Module | None:
 
 
 _RELATIVE_BIAS = ("relative_position_bias_table", "rel_pos", "rel_pos_bias", "shared_rel_pos")
-_RELATIVE_NAMES = frozenset(_RELATIVE_BIAS)
 
 
 @functools.cache
@@ -98,12 +97,17 @@ def _class_has_relative_name(cls: type) -> bool:
 
 
 def _has_relative_bias(model: nn.Module) -> bool:
+    empty: dict = {}
     for m in submodules(model):
         d = m.__dict__  # a module none of whose dicts nor class has such a name is passed over without a lookup
-        if not _class_has_relative_name(type(m)) and all(
-                _RELATIVE_NAMES.isdisjoint(table)
-                for table in (d, d.get("_parameters", ()), d.get("_buffers", ()), d.get("_modules", ()))):
-            continue
+        if not _class_has_relative_name(type(m)):
+            params, buffers, children = (d.get("_parameters") or empty, d.get("_buffers") or empty,
+                                         d.get("_modules") or empty)
+            for n in _RELATIVE_BIAS:  # four names looked up, not a module's some thirty keys hashed
+                if n in d or n in params or n in buffers or n in children:
+                    break
+            else:
+                continue
         if any(module_attribute(m, n) is not None for n in _RELATIVE_BIAS):
             return True
     return False
