@@ -145,6 +145,81 @@ def test_a_module_that_passed_is_trusted_for_the_same_configuration_only(monkeyp
     assert len(gaps) == 7
 
 
+CUDNN = torch.nn.attention.SDPBackend.CUDNN_ATTENTION.value
+
+
+def _as_cudnn(monkeypatch, op) -> list:
+    """SDPA's choice made cuDNN attention's on CPU, answered by ``op``; returns the list of the comparisons with SDPA
+    ``forward_lse`` makes (each runs SDPA once more)."""
+    monkeypatch.setattr(torch, "_fused_sdp_choice", lambda *a, **kw: CUDNN)
+    monkeypatch.setitem(forward_lse._OPS, ("cpu", CUDNN), op)
+    monkeypatch.setattr(forward_lse, "_SAME", {})
+    compared: list[int] = []
+    same = forward_lse._same_as_sdpa
+
+    def counted(key, *args):
+        if key not in forward_lse._SAME:
+            compared.append(1)
+        return same(key, *args)
+
+    monkeypatch.setattr(forward_lse, "_same_as_sdpa", counted)
+    return compared
+
+
+def test_cudnn_attention_is_compared_with_sdpa_once_per_configuration(monkeypatch):
+    """cuDNN attention (here a stand-in on CPU: the flash op, its log-sum-exp shaped ``(B, H, N, 1)`` as cuDNN's on
+    recent torch): the first call of a configuration runs SDPA once more and compares the outputs; a match is
+    answered, and later calls of that configuration without SDPA; another shape, dtype or scale is compared again."""
+    sdpa = F.scaled_dot_product_attention
+    ran = []
+
+    def op(q, k, v, dropout, causal, scale):
+        ran.append(1)
+        out, lse = forward_lse._flash_cpu(q, k, v, dropout, causal, scale)
+        return out, lse[..., None]
+
+    compared = _as_cudnn(monkeypatch, op)
+    q, k, v = qkv()
+    got = forward_lse.sdpa_with_lse(q, k, v, scale=0.3)
+    assert got is not None and len(compared) == 1
+    out, lse = got
+    assert torch.equal(out, sdpa(q, k, v, scale=0.3)) and lse.shape == (2, 3, 37)
+    assert torch.equal(lse, forward_lse._flash_cpu(q, k, v, 0.0, False, 0.3)[1])
+    assert forward_lse.sdpa_with_lse(q, k, v, scale=0.3) is not None and len(compared) == 1  # trusted
+    for args in (qkv(n=41), qkv(torch.bfloat16)):
+        assert forward_lse.sdpa_with_lse(*args, scale=0.3) is not None
+    assert forward_lse.sdpa_with_lse(q, k, v, scale=0.25) is not None
+    assert len(compared) == 4 and len(ran) == 5
+    with forward_lse.ForwardLSE() as mode:  # through the mode: the same answer, no comparison
+        assert torch.equal(F.scaled_dot_product_attention(q, k, v, scale=0.3), out)
+    assert mode.lse is not None and mode.config[0] == CUDNN and len(compared) == 4
+
+
+def test_cudnn_attention_whose_output_differs_in_one_bit_is_left_to_sdpa(monkeypatch):
+    """A configuration whose cuDNN output (the call keeping the log-sum-exp) differs from SDPA's in one bit is never
+    answered: the module's output stays SDPA's, and later calls of that configuration go to SDPA without running the
+    op; another configuration is compared on its own."""
+    sdpa = F.scaled_dot_product_attention
+    ran = []
+
+    def op(q, k, v, dropout, causal, scale):
+        ran.append(1)
+        out, lse = forward_lse._flash_cpu(q, k, v, dropout, causal, scale)
+        if q.shape[2] == 37:  # this configuration: one element one float32 step off
+            out = out.clone()
+            out.view(-1)[5] = torch.nextafter(out.view(-1)[5], torch.tensor(float("inf")))
+        return out, lse
+
+    compared = _as_cudnn(monkeypatch, op)
+    q, k, v = qkv()
+    assert forward_lse.sdpa_with_lse(q, k, v) is None and len(compared) == 1
+    with forward_lse.ForwardLSE() as mode:
+        out = F.scaled_dot_product_attention(q, k, v)
+    assert mode.lse is None and torch.equal(out, sdpa(q, k, v))
+    assert len(ran) == 1 and len(compared) == 1  # remembered: neither the op nor the comparison again
+    assert forward_lse.sdpa_with_lse(*qkv(n=41)) is not None and len(compared) == 2
+
+
 def test_the_mode_records_what_its_answer_depends_on():
     q, k, v = qkv()
     configs = []

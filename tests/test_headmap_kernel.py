@@ -695,12 +695,14 @@ _FORWARD_LSE_CASES = [(d, f) for f in ("timm", "hf") for d in _DTYPES] + [("amp"
 @pytest.mark.gpu
 @pytest.mark.parametrize(("dtype", "family"), _FORWARD_LSE_CASES,
                          ids=[f"{_DTYPES[d]}-{f}" for d, f in _FORWARD_LSE_CASES])
-def test_cuda_forward_lse_on_vit_b16(dtype, family):
+def test_cuda_forward_lse_on_vit_b16(dtype, family, monkeypatch):
     """The CUDA branches of ``forward_lse`` on a ViT-B/16 at 448 px (N = 785, batch 2; timm's, 12 blocks, and a
     Hugging Face ``ViTModel``, 4 blocks, through its SDPA implementation): SDPA's own choice answered by the op that
     returns the log-sum-exp (flash in half precision, memory-efficient in float32), so the forward's output is the
     plain forward's bit for bit; every layer's log-sum-exp passes the check (no warning) and the fused maps are
-    those of the kernels' own first pass. ``autocast-bf16``: a float32 model under ``torch.autocast`` (bfloat16),
+    those of the kernels' own first pass. Where SDPA picks cuDNN attention, its op keeping the log-sum-exp is
+    compared with SDPA once per configuration: every layer is answered where the outputs matched, none where not,
+    and the output is the plain forward's either way. ``autocast-bf16``: a float32 model under ``torch.autocast`` (bfloat16),
     whose q, k and v come out of the autocast ``Linear`` in bfloat16. ``timm-qk-norm``: the same with qk-norm, whose
     ``LayerNorm`` CUDA autocast runs in float32: SDPA casts q and k to bfloat16, and so do ``sdpa_with_lse`` and the
     kernels (``kernels.sdpa_operands``), whose first layer's maps are the float64 maps of those casts."""
@@ -711,11 +713,12 @@ def test_cuda_forward_lse_on_vit_b16(dtype, family):
 
     from vitviz.core.kernels import forward_lse
 
+    monkeypatch.setattr(forward_lse, "_SAME", {})  # cuDNN's comparisons: this test's configuration only
     amp = dtype == "amp"
     dtype = torch.bfloat16 if amp else dtype
     q = torch.randn(2, 12, 785, 64, device="cuda", dtype=dtype)
     choice = SDPBackend(torch._fused_sdp_choice(q, q, q))
-    if choice not in (SDPBackend.FLASH_ATTENTION, SDPBackend.EFFICIENT_ATTENTION):
+    if choice not in (SDPBackend.FLASH_ATTENTION, SDPBackend.EFFICIENT_ATTENTION, SDPBackend.CUDNN_ATTENTION):
         pytest.skip(f"SDPA picks {choice.name} here, which forward_lse leaves to SDPA (no log-sum-exp taken)")
     torch.manual_seed(0)
     if family == "timm":
@@ -752,7 +755,11 @@ def test_cuda_forward_lse_on_vit_b16(dtype, family):
                 got, out = _rollout_with_output(model, x)
     finally:
         forward_lse._answer = answer
-    assert answered == [True] * depth, answered  # every layer's call answered, none left to SDPA
+    if choice == SDPBackend.CUDNN_ATTENTION:  # answered only where cuDNN kept SDPA's output bit for bit (compared)
+        same = set(forward_lse._SAME.values())  # this test's one configuration
+        assert len(same) == 1 and answered == [same.pop()] * depth, (forward_lse._SAME, answered)
+    else:
+        assert answered == [True] * depth, answered  # every layer's call answered, none left to SDPA
     assert torch.equal(tensor(out), plain)
     for g, w in zip(got, want, strict=True):
         torch.testing.assert_close(g, w, rtol=0, atol=1e-5)

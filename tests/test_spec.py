@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import contextlib
 import copy
 
 import pytest
@@ -260,6 +261,67 @@ def test_submodules_is_modules(name):
     model.blocks[0].gone = None  # a child slot set to None: skipped, as named_modules skips it
     assert [id(m) for m in submodules(model)] == [id(m) for m in model.modules()]
     assert [(n, id(m)) for n, m in named_submodules(model)] == [(n, id(m)) for n, m in model.named_modules()]
+
+
+def test_walk_once_walks_a_model_once_until_the_first_forward(monkeypatch):
+    """Inside ``walk_once`` a model's modules are walked once (a new list each time; nested blocks share the
+    window); the first forward of any module closes the window, its global hook gone as it fires, and every walk is
+    made afresh from then on: a module a forward pass added is seen. The hook is gone also when the block raises."""
+    from torch.nn.modules.module import _global_forward_pre_hooks
+
+    from vitviz.core import contexts
+
+    model = tiny_timm_vit()
+    walked = []
+    walk = contexts._walk
+    monkeypatch.setattr(contexts, "_walk", lambda m: walked.append(m) or walk(m))
+    hooks = len(_global_forward_pre_hooks)
+
+    def grow(module, _args):  # a module built lazily in the first forward pass
+        if not hasattr(module, "grown"):
+            module.grown = torch.nn.Identity()
+
+    model.register_forward_pre_hook(grow)
+    with contexts.walk_once():
+        assert len(_global_forward_pre_hooks) == hooks + 1
+        first = contexts.submodules(model)
+        first.clear()  # the caller's own list
+        with contexts.walk_once():
+            assert [id(m) for m in contexts.submodules(model)] == [id(m) for m in model.modules()]
+        contexts.submodules(model.blocks[0])  # another module: walked on its own
+        assert walked == [model, model.blocks[0]]
+        with torch.no_grad():
+            model(torch.randn(1, 3, 32, 48))
+        assert len(_global_forward_pre_hooks) == hooks
+        assert [id(m) for m in contexts.submodules(model)] == [id(m) for m in model.modules()]
+        assert model.grown in contexts.submodules(model) and walked.count(model) == 3
+    assert len(_global_forward_pre_hooks) == hooks
+    with pytest.raises(RuntimeError, match="in the block"), contexts.walk_once():
+        raise RuntimeError("raised in the block")
+    assert len(_global_forward_pre_hooks) == hooks
+    contexts.submodules(model)
+    contexts.submodules(model)
+    assert walked.count(model) == 5  # outside a window: every call walks
+
+
+def test_an_analysis_call_walks_its_model_once(monkeypatch):
+    """``attention_rollout`` and ``mean_attention_distance`` walk the model's modules once in their set-up (some
+    nine walks without the window), with the same results."""
+    from vitviz.core import contexts, util
+
+    model = tiny_timm_vit()
+    x = torch.randn(2, 3, 32, 48)
+    walked = []
+    walk = contexts._walk
+    monkeypatch.setattr(contexts, "_walk", lambda m: walked.append(m) or walk(m))
+    got = vitviz.attention_rollout(model, x), vitviz.mean_attention_distance(model, x)
+    assert walked.count(model) == 2
+    monkeypatch.setattr(util, "walk_once", contextlib.nullcontext)
+    walked.clear()
+    want = vitviz.attention_rollout(model, x), vitviz.mean_attention_distance(model, x)
+    assert walked.count(model) > 10
+    for g, w in zip(got, want, strict=True):
+        assert torch.equal(g, w)
 
 
 @pytest.mark.parametrize("name", ["vit_tiny_patch16_224", "beit_base_patch16_224"])

@@ -192,6 +192,9 @@ def global_state() -> dict:
         "deterministic": torch.are_deterministic_algorithms_enabled(),
         "default_dtype": torch.get_default_dtype(),
         "anomaly": torch.is_anomaly_enabled(),
+        "module_hooks": {name: list(getattr(torch.nn.modules.module, name, {}))  # every module's (walk_once's)
+                         for name in ("_global_forward_pre_hooks", "_global_forward_hooks", "_global_backward_hooks",
+                                      "_global_backward_pre_hooks", "_global_module_registration_hooks")},
         "mode_stacks": (torch._C._len_torch_function_stack(),
                         len(torch.utils._python_dispatch._get_current_dispatch_mode_stack())),
         "parametrize_cache": (torch.nn.utils.parametrize._cache_enabled, dict(torch.nn.utils.parametrize._cache)),

@@ -21,8 +21,8 @@ from collections.abc import Iterator
 from typing import Any
 
 __all__ = ["WeightsWatch", "autograd", "checkpointing_off", "frozen", "grad_leaf", "inference_tensor", "inspect_memo",
-           "inspect_once", "is_quantized", "model_copy", "module_attribute", "named_submodules", "normal_tensor", "parameter_hooks_off", "submodules",
-           "tensor_version", "without_autocast"]
+           "inspect_once", "is_quantized", "model_copy", "module_attribute", "named_submodules", "normal_tensor",
+           "parameter_hooks_off", "read_once", "submodules", "tensor_version", "walk_once", "without_autocast"]
 
 
 # inspect_once(): model id -> (model, structure, spec), for the block's duration
@@ -57,10 +57,82 @@ def inspect_memo() -> dict[int, tuple[Any, tuple, Any]] | None:
     return _ONCE.get()
 
 
+class _Walks:
+    """The reads of one ``walk_once`` window, ``(kind, id(model)) -> (model, value)``, while ``open``."""
+
+    __slots__ = ("open", "values")
+
+    def __init__(self) -> None:
+        self.open = True
+        self.values: dict[tuple[str, int], tuple[Any, Any]] = {}
+
+    def close(self) -> None:
+        self.open = False
+        self.values.clear()
+
+
+_WALKS: contextvars.ContextVar[_Walks | None] = contextvars.ContextVar("vitviz_walk_once", default=None)
+
+
+@contextlib.contextmanager
+def walk_once() -> Iterator[None]:
+    """The set-up of one analysis call, until its first forward pass: inside, ``submodules`` walks a model once
+    (``read_once``).
+
+    A call's set-up walks its model's modules some nine times before the forward pass: eval mode, the devices
+    (autocast), the structure for each of three ``inspect`` reads, the family (twice), the relative-bias test, the
+    checkpointing flags. Nothing in that set-up adds, removes or replaces a module (vitviz sets flags, attributes
+    and methods on instances), and no forward runs in it. The window closes at the first forward of any module,
+    anywhere (a global forward pre-hook that closes it and is removed as it fires, before the module's own hooks
+    run), and at the end of the block; after that every walk is made afresh, so a model changed by a forward pass
+    (a lazily built module) is seen. Blocks nest: an inner one shares the outer's window (closed or not).
+    ``core.util.in_eval_mode`` opens one for every analysis call."""
+    if _WALKS.get() is not None:
+        yield
+        return
+    from torch.nn.modules.module import register_module_forward_pre_hook
+
+    walks = _Walks()
+    handle = None
+
+    def close(*_: Any) -> None:
+        walks.close()
+        handle.remove()
+
+    handle = register_module_forward_pre_hook(close)
+    token = _WALKS.set(walks)
+    try:
+        yield
+    finally:
+        _WALKS.reset(token)
+        close()
+
+
+def read_once(kind: str, model: Any, read: Any) -> Any:
+    """``read(model)``, made once per ``walk_once`` window for ``(kind, model)`` (afresh outside one, or once it
+    closed). The value is shared: callers must not change it."""
+    walks = _WALKS.get()
+    if walks is None or not walks.open:
+        return read(model)
+    key = (kind, id(model))
+    hit = walks.values.get(key)
+    if hit is not None and hit[0] is model:
+        return hit[1]
+    value = read(model)
+    if walks.open:  # read() may have run a forward pass, which closed the window
+        walks.values[key] = (model, value)
+    return value
+
+
 def submodules(model: Any) -> list[Any]:
     """``list(model.modules())``: the same modules in the same order (pre-order, each once), walked with a stack
     instead of ``named_modules``' generator per module (a quarter of the time: 0.09 against 0.34 ms for a ViT-B's
-    276 modules on a 2-core CPU; vitviz walks a model several times per analysis call)."""
+    276 modules on a 2-core CPU; vitviz walks a model several times per analysis call). Inside a ``walk_once``
+    window the walk is made once (a new list is returned each time)."""
+    return list(read_once("modules", model, _walk))
+
+
+def _walk(model: Any) -> list[Any]:
     out: list[Any] = []
     seen: set[int] = set()
     stack = [model]

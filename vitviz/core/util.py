@@ -9,7 +9,7 @@ import operator
 from collections.abc import Callable, Iterator, Sequence
 from typing import Any, TypeVar
 
-from vitviz.core.contexts import inspect_once, submodules, tensor_version, without_autocast
+from vitviz.core.contexts import inspect_once, submodules, tensor_version, walk_once, without_autocast
 
 F = TypeVar("F", bound=Callable[..., Any])
 
@@ -210,7 +210,8 @@ def in_eval_mode(fn: F) -> F:
     calls on the same image differ) and BatchNorm updates its running statistics (the call would change the model);
     a model straight from ``timm.create_model`` or a training loop is in training mode. ``capture_attention`` is
     not decorated: a forward pass of the caller's own runs in the caller's mode. The model is read once for the
-    call (``core.contexts.inspect_once``).
+    call (``core.contexts.inspect_once``), and walked once in the set-up before its first forward pass
+    (``core.contexts.walk_once``).
     """
 
     @functools.wraps(fn)
@@ -218,7 +219,7 @@ def in_eval_mode(fn: F) -> F:
         model = args[0] if args else kwargs.get("model")
         if not (callable(getattr(model, "modules", None)) and callable(getattr(model, "eval", None))):
             return fn(*args, **kwargs)  # not a module: fn refuses it with its own error
-        with eval_mode(model), without_autocast(model), inspect_once():
+        with walk_once(), eval_mode(model), without_autocast(model), inspect_once():
             return fn(*args, **kwargs)
 
     return wrapper  # type: ignore[return-value]

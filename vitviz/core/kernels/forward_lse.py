@@ -10,10 +10,17 @@ computes that log-sum-exp anyway (flash attention keeps it for the backward), bu
   multiple of 8; others SDPA pads first: not taken);
 - CUDA memory-efficient attention: ``aten._scaled_dot_product_efficient_attention`` with ``compute_log_sumexp``
   (its log-sum-exp is kept for a number of rows rounded up to a multiple of 32: cut to ``N``);
+- CUDA cuDNN attention (what SDPA picks for half types on recent torch and GPUs):
+  ``aten._scaled_dot_product_cudnn_attention`` with ``compute_log_sumexp`` (a ``(B, H, N, 1)`` log-sum-exp on
+  recent torch: its last dim is dropped). SDPA calls the same op without the log-sum-exp in inference, and cuDNN
+  builds another graph for a call that keeps it, so that its output is SDPA's bit for bit is not known beforehand:
+  the first call of each configuration (device, dtypes, shapes, strides, causality, scale) also runs SDPA and
+  compares the two outputs (one GPU sync); a configuration whose outputs differ in any bit is left to SDPA from then
+  on (``None``), one that matched takes the op's answer without the comparison (``_same_as_sdpa``);
 - CPU flash attention: ``aten._scaled_dot_product_flash_attention_for_cpu`` (bit for bit SDPA's output, tested;
   the kernels run on CPU tensors only under Triton's interpreter, in the tests);
 - anything else (a mask, dropout, gradients being recorded, grouped-query attention, another backend such as
-  cuDNN or math): None, and the caller keeps SDPA and the kernels' own first pass.
+  math): None, and the caller keeps SDPA and the kernels' own first pass.
 
 Under autocast SDPA computes in the autocast dtype, but the ATen ops are not on autocast's lists: ``q``, ``k`` and
 ``v`` are cast first as autocast casts them for SDPA (``kernels.sdpa_operands``), so the output is SDPA's, bit for
@@ -33,10 +40,11 @@ allowed); a failed check warns once and the kernels make their own pass. A modul
 calls with the same configuration (backend, dtypes, shapes, scale, causality): one check, and one GPU sync, per
 module and configuration in a process, not one per call.
 
-Off by default (``VITVIZ_FORWARD_LSE=1`` or ``use_forward_lse(True)`` turns it on): the CUDA branches have not run
-on a GPU yet. ``bench/gpu_run.sh`` checks them (``pytest -m gpu``: the forward's output bit for bit SDPA's, the maps
-those of the kernels' own pass) and times ``rollout_kernel`` against ``rollout_fwdlse``; the default follows that
-measurement.
+Off by default (``VITVIZ_FORWARD_LSE=1`` or ``use_forward_lse(True)`` turns it on). ``bench/gpu_run.sh`` checks the
+CUDA branches (``pytest -m gpu``: the forward's output bit for bit SDPA's, the maps those of the kernels' own pass)
+and times ``rollout_kernel`` against ``rollout_fwdlse``; the default follows that measurement. The
+memory-efficient branch passed on an H100 (torch 2.11, float32, where the log-sum-exp saved time in five of six
+cases); the flash and cuDNN branches have not run on a GPU yet (SDPA picked cuDNN for the half types there).
 """
 
 from __future__ import annotations
@@ -105,23 +113,68 @@ def _answer(args: tuple, kwargs: dict) -> tuple[torch.Tensor, torch.Tensor, tupl
     if q.shape[-1] % 8 or v.shape[-1] != q.shape[-1]:
         return None  # SDPA pads such head dims before its kernels
     q, k, v = sdpa_operands(q, k, v)  # autocast casts them for SDPA; the ATen ops below are not on its lists
-    choice = torch._fused_sdp_choice(q, k, v, None, dropout, causal, scale=scale)
-    n = q.shape[2]
-    if q.device.type == "cpu" and choice == SDPBackend.FLASH_ATTENTION.value:
-        out, lse = torch.ops.aten._scaled_dot_product_flash_attention_for_cpu(q, k, v, dropout, causal, scale=scale)
-    elif q.device.type == "cuda" and choice == SDPBackend.FLASH_ATTENTION.value:
-        out, lse = torch.ops.aten._scaled_dot_product_flash_attention(q, k, v, dropout, causal, False,
-                                                                       scale=scale)[:2]
-    elif q.device.type == "cuda" and choice == SDPBackend.EFFICIENT_ATTENTION.value:
-        out, lse = torch.ops.aten._scaled_dot_product_efficient_attention(q, k, v, None, True, dropout, causal,
-                                                                           scale=scale)[:2]
-        lse = lse[..., :n]
-    else:
+    choice = int(torch._fused_sdp_choice(q, k, v, None, dropout, causal, scale=scale))
+    op = _OPS.get((q.device.type, choice))
+    if op is None:
         return None
+    compared = choice in _COMPARED
+    key = (choice, str(q.device), *((t.dtype, tuple(t.shape), t.stride()) for t in (q, k, v)), causal, scale)
+    if compared and _SAME.get(key) is False:
+        return None  # this configuration's output differed from SDPA's once: SDPA answers it
+    n = q.shape[2]
+    out, lse = op(q, k, v, dropout, causal, scale)
+    if lse.ndim == 4 and lse.shape[-1] == 1:  # cuDNN's (B, H, N, 1)
+        lse = lse[..., 0]
+    if lse.shape[-1] > n:  # memory-efficient attention keeps rows rounded up to a multiple of 32
+        lse = lse[..., :n]
     if tuple(lse.shape) != (q.shape[0], q.shape[1], n) or tuple(out.shape) != (*q.shape[:3], v.shape[-1]):
         return None
-    config = (int(choice), str(q.device), *((t.dtype, tuple(t.shape)) for t in (q, k, v)), causal, scale)
+    if compared and not _same_as_sdpa(key, out, q, k, v, dropout, causal, scale):
+        return None
+    config = (choice, str(q.device), *((t.dtype, tuple(t.shape)) for t in (q, k, v)), causal, scale)
     return out, lse.float(), config
+
+
+def _flash_cpu(q, k, v, dropout: float, causal: bool, scale: float | None) -> tuple:
+    return torch.ops.aten._scaled_dot_product_flash_attention_for_cpu(q, k, v, dropout, causal, scale=scale)[:2]
+
+
+def _flash_cuda(q, k, v, dropout: float, causal: bool, scale: float | None) -> tuple:
+    return torch.ops.aten._scaled_dot_product_flash_attention(q, k, v, dropout, causal, False, scale=scale)[:2]
+
+
+def _efficient_cuda(q, k, v, dropout: float, causal: bool, scale: float | None) -> tuple:
+    return torch.ops.aten._scaled_dot_product_efficient_attention(q, k, v, None, True, dropout, causal,
+                                                                   scale=scale)[:2]
+
+
+def _cudnn_cuda(q, k, v, dropout: float, causal: bool, scale: float | None) -> tuple:
+    return torch.ops.aten._scaled_dot_product_cudnn_attention(q, k, v, None, True, dropout, causal, False,
+                                                               scale=scale)[:2]
+
+
+# (device type, the backend SDPA picks) -> the ATen op that returns SDPA's output and the row log-sum-exp
+_OPS: dict[tuple[str, int], Any] = {
+    ("cpu", SDPBackend.FLASH_ATTENTION.value): _flash_cpu,
+    ("cuda", SDPBackend.FLASH_ATTENTION.value): _flash_cuda,
+    ("cuda", SDPBackend.EFFICIENT_ATTENTION.value): _efficient_cuda,
+    ("cuda", SDPBackend.CUDNN_ATTENTION.value): _cudnn_cuda,
+}
+# the backends whose op, asked for the log-sum-exp, may not give SDPA's output bit for bit (``_same_as_sdpa``)
+_COMPARED = frozenset({SDPBackend.CUDNN_ATTENTION.value})
+_SAME: dict[tuple, bool] = {}  # configuration -> whether the op's output was SDPA's bit for bit
+
+
+def _same_as_sdpa(key: tuple, out: torch.Tensor, q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, dropout: float,
+                  causal: bool, scale: float | None) -> bool:
+    """Whether ``out`` (an op of ``_COMPARED``) is SDPA's output for the call, bit for bit: compared on the first call
+    of each configuration (SDPA run once more, one GPU sync) and remembered for the process."""
+    same = _SAME.get(key)
+    if same is None:
+        with torch.no_grad():
+            plain = F.scaled_dot_product_attention(q, k, v, dropout_p=dropout, is_causal=causal, scale=scale)
+        same = _SAME[key] = bool(torch.equal(out, plain))
+    return same
 
 
 class ForwardLSE(TorchFunctionMode):

@@ -278,10 +278,22 @@ def _check_qk(q: torch.Tensor, k: torch.Tensor) -> None:
         raise InputError(f"head dim {q.shape[-1]} > 256 is not supported by the head-map kernel")
 
 
+_NO_BIAS: dict[torch.device, torch.Tensor] = {}  # device -> the placeholder a kernel without a bias is passed
+
+
+def _no_bias(device: torch.device) -> torch.Tensor:
+    """A one-element tensor on ``device`` for the bias argument of a launch without one (never read: ``BIAS_KIND``
+    0 compiles the loads out), made once per device instead of once per launch."""
+    t = _NO_BIAS.get(device)
+    if t is None:
+        t = _NO_BIAS[device] = torch.empty(1, device=device)
+    return t
+
+
 def _bias(attn_mask: torch.Tensor | None, is_causal: bool, shape: torch.Size, device: torch.device):
     """``(kind, tensor, strides)`` for the kernels: kind 0 none, 1 additive float, 2 bool keep-mask."""
     if is_causal or attn_mask is None:  # timm: is_causal takes precedence over attn_mask
-        return 0, torch.empty(1, device=device), (0, 0, 0, 0)
+        return 0, _no_bias(device), (0, 0, 0, 0)
     if not 2 <= attn_mask.ndim <= 4:
         raise InputError(f"attn_mask must have 2 to 4 dims broadcastable to (B, H, N, N) = {tuple(shape)}; "
                          f"got {tuple(attn_mask.shape)}")
@@ -322,8 +334,9 @@ def _common(q: torch.Tensor, k: torch.Tensor, scale: float, attn_mask, is_causal
         bias, sb, float(scale)
 
 
-def _rows(q, k, scale, attn_mask, is_causal, distances, num_prefix_tokens, precision):
-    const, bias, sb, qk_scale = _common(q, k, scale, attn_mask, is_causal, precision)
+def _rows(q, k, scale, attn_mask, is_causal, distances, num_prefix_tokens, precision, common=None):
+    """The rows pass; ``common``: ``_common``'s answer for these arguments, when the caller has it."""
+    const, bias, sb, qk_scale = common or _common(q, k, scale, attn_mask, is_causal, precision)
     b, h, n, d = q.shape
     bm, bn, warps, stages = _blocks(d, q.dtype, const["PRECISION"], arch=_arch(q.device),
                                     kernel="distance" if distances is not None else "rows",
@@ -384,10 +397,11 @@ def fuse_heads_kernel(q: torch.Tensor, k: torch.Tensor, scale: float, how: str =
     """
     if how not in HOW:
         raise InputError(f"how must be one of {tuple(HOW)}, got {how!r}")
-    const, bias, sb, qk_scale = _common(q, k, scale, attn_mask, is_causal, precision)
+    common = _common(q, k, scale, attn_mask, is_causal, precision)
+    const, bias, sb, qk_scale = common
     b, h, n, d = q.shape
     if lse is None:  # the row maximum and the sum of exp(s - max): exact also where |max| swamps log(sum)
-        m, l_sum, _ = _rows(q, k, scale, attn_mask, is_causal, None, 0, precision)
+        m, l_sum, _ = _rows(q, k, scale, attn_mask, is_causal, None, 0, precision, common)
     elif lse.shape != (b, h, n):
         raise InputError(f"lse must be (B, H, N) = {(b, h, n)}; got {tuple(lse.shape)}")
     else:
