@@ -10,7 +10,12 @@ launches themselves left out (``headmaps._launch`` does nothing; the maps are ga
 argument checks, buffers, the launch arguments). They need Triton; ``TRITON_INTERPRET=1`` is set for this process
 so that CPU tensors may take that path.
 
-    python bench/call_overhead.py [--rounds 5] [--number 10] [--json out.json]
+The row "call set-up" is what an analysis call does on the host before and after its forward pass, without it:
+the call's contexts (``core.contexts.walk_once``, eval mode, autocast off, ``inspect_once``), two reads of the model
+and a stream capture opened and closed. ``--cpu-time`` times in the process's CPU time instead of the wall clock
+(steadier on a shared machine; one torch thread, so the two agree on a quiet one).
+
+    python bench/call_overhead.py [--rounds 5] [--number 10] [--cpu-time] [--json out.json]
 """
 
 from __future__ import annotations
@@ -18,6 +23,7 @@ from __future__ import annotations
 import argparse
 import json
 import sys
+import time
 import timeit
 from pathlib import Path
 
@@ -28,6 +34,7 @@ def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     parser.add_argument("--rounds", type=int, default=5)
     parser.add_argument("--number", type=int, default=10)
+    parser.add_argument("--cpu-time", action="store_true", help="time in process CPU time, not wall-clock time")
     parser.add_argument("--json", type=Path)
     args = parser.parse_args()
 
@@ -44,6 +51,12 @@ def main() -> None:
         from vitviz.core.contexts import inspect_once
     except ImportError:  # a vitviz from before inspect_once (to time the change): every inspect reads the model
         from contextlib import nullcontext as inspect_once
+    try:
+        from vitviz.core.contexts import walk_once
+    except ImportError:  # a vitviz from before walk_once: every walk is made
+        from contextlib import nullcontext as walk_once
+    from vitviz.core.contexts import without_autocast
+    from vitviz.core.util import eval_mode
 
     torch.set_num_threads(1)
     torch.manual_seed(0)
@@ -59,7 +72,15 @@ def main() -> None:
                                                       heads="stream"):
             pass
 
+    def call_setup() -> None:  # an analysis call's host work before and after its forward, without it
+        with walk_once(), eval_mode(model), without_autocast(model), inspect_once():
+            vitviz.inspect(model)
+            vitviz.inspect(model)
+            with vitviz.capture_attention(model, on_layer=lambda i, a: None, store=False, heads="stream"):
+                pass
+
     cases = {"plain forward": plain, "inspect": lambda: vitviz.inspect(model), "capture set-up": capture,
+             "call set-up": call_setup,
              "attention_rollout": lambda: vitviz.attention_rollout(model, x),
              "mean_attention_distance": lambda: vitviz.mean_attention_distance(model, x, batch_size=1,
                                                                                 autocast=False)}
@@ -82,14 +103,16 @@ def main() -> None:
     rows = []
     for name, fn in cases.items():
         fn()  # warm-up
-        best = min(timeit.timeit(fn, number=args.number) / args.number for _ in range(args.rounds))
+        timer = timeit.Timer(fn, timer=time.process_time if args.cpu_time else time.perf_counter)
+        best = min(timer.timeit(number=args.number) / args.number for _ in range(args.rounds))
         rows.append({"case": name, "ms": best * 1e3})
     base = rows[0]["ms"]
     for row in rows:
         row["x_plain"] = row["ms"] / base
         print(f"{row['case']:38} {row['ms']:7.2f} ms  {row['x_plain']:5.2f}x the plain forward")
     if args.json:
-        args.json.write_text(json.dumps({"torch": torch.__version__, "rows": rows}, indent=1) + "\n")
+        args.json.write_text(json.dumps({"torch": torch.__version__, "cpu_time": args.cpu_time, "rows": rows},
+                                        indent=1) + "\n")
 
 
 if __name__ == "__main__":
