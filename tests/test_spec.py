@@ -263,18 +263,25 @@ def test_submodules_is_modules(name):
     assert [(n, id(m)) for n, m in named_submodules(model)] == [(n, id(m)) for n, m in model.named_modules()]
 
 
+def _count_walks(monkeypatch, contexts) -> list:
+    """The models ``contexts`` walks from now on (with or without names), in order."""
+    walked: list = []
+    for name in ("_walk", "_named_walk"):
+        walk = getattr(contexts, name)
+        monkeypatch.setattr(contexts, name, lambda m, walk=walk: walked.append(m) or walk(m))
+    return walked
+
+
 def test_walk_once_walks_a_model_once_until_the_first_forward(monkeypatch):
-    """Inside ``walk_once`` a model's modules are walked once (a new list each time; nested blocks share the
-    window); the first forward of any module closes the window, its global hook gone as it fires, and every walk is
+    """Inside ``walk_once`` a model's modules are walked once for ``submodules`` and ``named_submodules`` (a new
+    list each time; nested blocks share the window); the first forward of any module closes the window, its global hook gone as it fires, and every walk is
     made afresh from then on: a module a forward pass added is seen. The hook is gone also when the block raises."""
     from torch.nn.modules.module import _global_forward_pre_hooks
 
     from vitviz.core import contexts
 
     model = tiny_timm_vit()
-    walked = []
-    walk = contexts._walk
-    monkeypatch.setattr(contexts, "_walk", lambda m: walked.append(m) or walk(m))
+    walked = _count_walks(monkeypatch, contexts)
     hooks = len(_global_forward_pre_hooks)
 
     def grow(module, _args):  # a module built lazily in the first forward pass
@@ -288,6 +295,8 @@ def test_walk_once_walks_a_model_once_until_the_first_forward(monkeypatch):
         first.clear()  # the caller's own list
         with contexts.walk_once():
             assert [id(m) for m in contexts.submodules(model)] == [id(m) for m in model.modules()]
+            named = [(n, id(m)) for n, m in model.named_modules()]
+            assert [(n, id(m)) for n, m in contexts.named_submodules(model)] == named
         contexts.submodules(model.blocks[0])  # another module: walked on its own
         assert walked == [model, model.blocks[0]]
         with torch.no_grad():
@@ -300,20 +309,18 @@ def test_walk_once_walks_a_model_once_until_the_first_forward(monkeypatch):
         raise RuntimeError("raised in the block")
     assert len(_global_forward_pre_hooks) == hooks
     contexts.submodules(model)
-    contexts.submodules(model)
+    contexts.named_submodules(model)
     assert walked.count(model) == 5  # outside a window: every call walks
 
 
 def test_an_analysis_call_walks_its_model_once(monkeypatch):
     """``attention_rollout`` and ``mean_attention_distance`` walk the model's modules once in their set-up (some
-    nine walks without the window), with the same results."""
+    ten walks without the window), with the same results."""
     from vitviz.core import contexts, util
 
     model = tiny_timm_vit()
     x = torch.randn(2, 3, 32, 48)
-    walked = []
-    walk = contexts._walk
-    monkeypatch.setattr(contexts, "_walk", lambda m: walked.append(m) or walk(m))
+    walked = _count_walks(monkeypatch, contexts)
     got = vitviz.attention_rollout(model, x), vitviz.mean_attention_distance(model, x)
     assert walked.count(model) == 2
     monkeypatch.setattr(util, "walk_once", contextlib.nullcontext)

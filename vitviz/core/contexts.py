@@ -22,7 +22,7 @@ from typing import Any
 
 __all__ = ["WeightsWatch", "autograd", "checkpointing_off", "frozen", "grad_leaf", "inference_tensor", "inspect_memo",
            "inspect_once", "is_quantized", "model_copy", "module_attribute", "named_submodules", "normal_tensor",
-           "parameter_hooks_off", "read_once", "submodules", "tensor_version", "walk_once", "without_autocast"]
+           "parameter_hooks_off", "submodules", "tensor_version", "walk_once", "without_autocast"]
 
 
 # inspect_once(): model id -> (model, structure, spec), for the block's duration
@@ -58,17 +58,17 @@ def inspect_memo() -> dict[int, tuple[Any, tuple, Any]] | None:
 
 
 class _Walks:
-    """The reads of one ``walk_once`` window, ``(kind, id(model)) -> (model, value)``, while ``open``."""
+    """The walks of one ``walk_once`` window, ``id(model) -> (model, named modules, modules)``, while ``open``."""
 
-    __slots__ = ("open", "values")
+    __slots__ = ("open", "models")
 
     def __init__(self) -> None:
         self.open = True
-        self.values: dict[tuple[str, int], tuple[Any, Any]] = {}
+        self.models: dict[int, tuple[Any, list[tuple[str, Any]], list[Any]]] = {}
 
     def close(self) -> None:
         self.open = False
-        self.values.clear()
+        self.models.clear()
 
 
 _WALKS: contextvars.ContextVar[_Walks | None] = contextvars.ContextVar("vitviz_walk_once", default=None)
@@ -76,17 +76,17 @@ _WALKS: contextvars.ContextVar[_Walks | None] = contextvars.ContextVar("vitviz_w
 
 @contextlib.contextmanager
 def walk_once() -> Iterator[None]:
-    """The set-up of one analysis call, until its first forward pass: inside, ``submodules`` walks a model once
-    (``read_once``).
+    """The set-up of one analysis call, until its first forward pass: inside, ``submodules`` and
+    ``named_submodules`` walk a model once between them.
 
-    A call's set-up walks its model's modules some nine times before the forward pass: eval mode, the devices
+    A call's set-up walks its model's modules some ten times before the forward pass: eval mode, the devices
     (autocast), the structure for each of three ``inspect`` reads, the family (twice), the relative-bias test, the
-    checkpointing flags. Nothing in that set-up adds, removes or replaces a module (vitviz sets flags, attributes
-    and methods on instances), and no forward runs in it. The window closes at the first forward of any module,
-    anywhere (a global forward pre-hook that closes it and is removed as it fires, before the module's own hooks
-    run), and at the end of the block; after that every walk is made afresh, so a model changed by a forward pass
-    (a lazily built module) is seen. Blocks nest: an inner one shares the outer's window (closed or not).
-    ``core.util.in_eval_mode`` opens one for every analysis call."""
+    parameter count, the checkpointing flags. Nothing in that set-up adds, removes or replaces a module (vitviz
+    sets flags, attributes and methods on instances), and no forward runs in it. The window closes at the first
+    forward of any module, anywhere (a global forward pre-hook that closes it and is removed as it fires, before
+    the module's own hooks run), and at the end of the block; after that every walk is made afresh, so a model
+    changed by a forward pass (a lazily built module) is seen. Blocks nest: an inner one shares the outer's window
+    (closed or not). ``core.util.in_eval_mode`` opens one for every analysis call."""
     if _WALKS.get() is not None:
         yield
         return
@@ -108,20 +108,17 @@ def walk_once() -> Iterator[None]:
         close()
 
 
-def read_once(kind: str, model: Any, read: Any) -> Any:
-    """``read(model)``, made once per ``walk_once`` window for ``(kind, model)`` (afresh outside one, or once it
-    closed). The value is shared: callers must not change it."""
+def _walked(model: Any) -> tuple[list[tuple[str, Any]], list[Any]] | None:
+    """``(named modules, modules)`` of ``model`` in the open ``walk_once`` window (one named walk, on first use), or
+    None outside one (or once it closed)."""
     walks = _WALKS.get()
     if walks is None or not walks.open:
-        return read(model)
-    key = (kind, id(model))
-    hit = walks.values.get(key)
-    if hit is not None and hit[0] is model:
-        return hit[1]
-    value = read(model)
-    if walks.open:  # read() may have run a forward pass, which closed the window
-        walks.values[key] = (model, value)
-    return value
+        return None
+    hit = walks.models.get(id(model))
+    if hit is None or hit[0] is not model:
+        named = _named_walk(model)
+        hit = walks.models[id(model)] = (model, named, [m for _, m in named])
+    return hit[1], hit[2]
 
 
 def submodules(model: Any) -> list[Any]:
@@ -129,10 +126,19 @@ def submodules(model: Any) -> list[Any]:
     instead of ``named_modules``' generator per module (a quarter of the time: 0.09 against 0.34 ms for a ViT-B's
     276 modules on a 2-core CPU; vitviz walks a model several times per analysis call). Inside a ``walk_once``
     window the walk is made once (a new list is returned each time)."""
-    return list(read_once("modules", model, _walk))
+    walked = _walked(model)
+    return _walk(model) if walked is None else list(walked[1])
 
 
-def _walk(model: Any) -> list[Any]:
+def named_submodules(model: Any) -> list[tuple[str, Any]]:
+    """``list(model.named_modules())``: the same names and modules in the same order (pre-order, each module once,
+    under the name it is first reached by), walked with a stack as ``submodules`` is; once per ``walk_once``
+    window, with ``submodules``."""
+    walked = _walked(model)
+    return _named_walk(model) if walked is None else list(walked[0])
+
+
+def _walk(model: Any) -> list[Any]:  # without the names: a third faster than _named_walk, for walks outside a window
     out: list[Any] = []
     seen: set[int] = set()
     stack = [model]
@@ -149,9 +155,7 @@ def _walk(model: Any) -> list[Any]:
     return out
 
 
-def named_submodules(model: Any) -> list[tuple[str, Any]]:
-    """``list(model.named_modules())``: the same names and modules in the same order (pre-order, each module once,
-    under the name it is first reached by), walked with a stack as ``submodules`` is."""
+def _named_walk(model: Any) -> list[tuple[str, Any]]:
     out: list[tuple[str, Any]] = []
     seen: set[int] = set()
     stack: list[tuple[str, Any]] = [("", model)]
