@@ -1,0 +1,296 @@
+"""An analysis call on a CUDA model, without a GPU: the host's side of the kernel path, pinned on the CPU.
+
+On a GPU the host queues a forward's kernels ahead of the device. A host-device synchronisation inside the forward
+(``.item()``, ``bool(t)``, ``float(t)``, ``torch.equal``, a copy to the CPU, ``nonzero``) makes the host wait until
+every kernel queued so far has run, and the device then idles while the host prepares the next layer: the call
+costs the host's time plus the device's instead of the larger of the two. These tests run ``attention_rollout`` and
+``mean_attention_distance`` on models whose tensors are fake CUDA tensors (``torch._subclasses.FakeTensorMode``:
+shapes, dtypes and devices, no data), so that every device-dependent branch runs as on a GPU
+(``kernels.use_kernel``, the sm_90 block table, ``forward_lse``'s CUDA ops), the head-map kernels' launches left
+out (``headmaps._launch``). A dispatch mode under the fake mode records every op that synchronises on a GPU, with
+where it was called, and answers the data-dependent ones (a fake tensor holds no value) with a neutral value.
+
+What they pin:
+
+- no synchronisation inside the forward pass, for every family with a stream probe, in float32 and bfloat16;
+- ``forward_lse``'s check (``checked``) reads one float per attention module on a configuration's first call, and
+  none on later calls (its docstring's promise);
+- the synchronisations outside the forward (the input's finiteness check, distance's result) do not grow with the
+  depth.
+
+``test_the_recorder_sees_a_sync_inside_the_forward`` shows that the recorder fails a call that synchronises.
+"""
+
+from __future__ import annotations
+
+import traceback
+import warnings
+from collections.abc import Callable
+from typing import Any
+
+import pytest
+import torch
+from conftest import EVA_CASES, tiny_eva, tiny_parallel, tiny_relative, tiny_timm_vit
+from torch import nn
+
+import vitviz
+from vitviz.core import kernels
+
+needs_triton = pytest.mark.skipif(not kernels.triton_available(), reason="the kernel path needs Triton")
+fake_tensor = pytest.importorskip("torch._subclasses.fake_tensor")
+python_dispatch = pytest.importorskip("torch.utils._python_dispatch")
+aten = torch.ops.aten
+
+# What the tests need of fake CUDA tensors without a driver, tried in a child process: an older torch (2.5.1 seen)
+# initialises CUDA for a view of a fake CUDA tensor and aborts the process (C++ terminate, no Python exception).
+_PROBE = """
+import torch
+from torch._subclasses.fake_tensor import FakeTensorMode
+with FakeTensorMode(allow_non_fake_inputs=True):
+    p = torch.nn.Parameter(torch.empty(1, 5, 8, device="cuda"))
+    x = p.reshape(-1, 8)[1:].unflatten(-1, (2, 4)).transpose(0, 1)
+    q = torch.randn(2, 2, 5, 4, device="cuda", dtype=torch.bfloat16)
+    y = torch.nn.functional.scaled_dot_product_attention(q, q, q)
+    assert y.device.type == "cuda" and torch.cat([x, x]).softmax(-1).device.type == "cuda"
+"""
+
+
+@pytest.fixture(scope="module", autouse=True)
+def fake_cuda_works() -> None:
+    import subprocess
+    import sys
+
+    done = subprocess.run([sys.executable, "-c", _PROBE], capture_output=True, text=True, timeout=300)
+    if done.returncode != 0:
+        errors = [line for line in done.stderr.splitlines() if "Error" in line] or [f"exit {done.returncode}"]
+        pytest.skip(f"this torch ({torch.__version__}) cannot run fake CUDA tensors here: {errors[0].strip()[:200]}")
+
+
+def _neutral(args: tuple) -> Any:  # a fake tensor's "value": True, 1 or 0.0 as its dtype asks
+    t = args[0]
+    return True if t.dtype == torch.bool else 0.0 if t.is_floating_point() else 1
+
+
+# ops that wait for the device on CUDA -> the answer given in place of a value (None: run the op)
+_SYNCS: dict[Any, Callable[[tuple], Any] | None] = {
+    aten._local_scalar_dense.default: _neutral,  # .item(), bool(t), float(t), int(t)
+    aten.is_nonzero.default: lambda args: True,
+    aten.equal.default: lambda args: True,
+    aten.allclose.default: lambda args: False,
+    aten.nonzero.default: None,
+    aten.masked_select.default: None,
+}
+
+
+def _to_cpu(func: Any, args: tuple, kwargs: dict) -> bool:
+    """Whether the op copies a CUDA tensor to the CPU (``.cpu()``, ``.to("cpu")``, ``cpu_tensor.copy_(cuda)``)."""
+    if func is aten._to_copy.default:
+        device = kwargs.get("device")
+        return device is not None and torch.device(device).type == "cpu" and args[0].device.type == "cuda"
+    if func is aten.copy_.default:
+        return args[0].device.type == "cpu" and args[1].device.type == "cuda"
+    return False
+
+
+class SyncRecorder(python_dispatch.TorchDispatchMode):
+    """Records each op that synchronises on a GPU as ``(op, inside the forward, where)``; ``where``: the vitviz
+    frames that called it."""
+
+    def __init__(self) -> None:
+        super().__init__()
+        self.records: list[tuple[str, bool, list[str]]] = []
+        self.in_forward = False
+
+    def _record(self, what: str) -> None:
+        frames = [f"{f.filename.rsplit('vitviz/', 1)[-1]}:{f.lineno} {f.name}" for f in traceback.extract_stack()
+                  if "/vitviz/" in f.filename and "/tests/" not in f.filename]
+        self.records.append((what, self.in_forward, frames[-3:]))
+
+    def __torch_dispatch__(self, func: Any, types: Any, args: tuple = (), kwargs: dict | None = None) -> Any:
+        kwargs = kwargs or {}
+        if func in _SYNCS:
+            self._record(str(func))
+            answer = _SYNCS[func]
+            if answer is not None:
+                return answer(args)
+        elif _to_cpu(func, args, kwargs):
+            self._record(f"{func} (to the CPU)")
+        return func(*args, **kwargs)
+
+    def inside(self) -> list[tuple[str, list[str]]]:
+        return [(what, where) for what, inside, where in self.records if inside]
+
+    def outside(self) -> list[str]:
+        return [what for what, inside, _ in self.records if not inside]
+
+
+class FakeCuda:
+    """``model`` as fake CUDA tensors (``dtype``), its calls recorded: ``run(fn)`` -> the call's ``SyncRecorder``;
+    ``launches``: the head-map kernel launches asked for (left out)."""
+
+    def __init__(self, model: nn.Module, monkeypatch: pytest.MonkeyPatch, dtype: torch.dtype = torch.float32) -> None:
+        self.launches = 0
+        if kernels.triton_available():
+            from vitviz.core.kernels import headmaps  # imports Triton
+
+            def launch(kernel: Any, grid: tuple, args: tuple, meta: dict) -> None:
+                self.launches += 1
+
+            monkeypatch.setattr(headmaps, "_launch", launch)
+            monkeypatch.setattr(headmaps, "_capability", lambda index: 90)  # an H100's sm_90 (no driver is asked)
+            monkeypatch.setattr(headmaps, "_NO_BIAS", {})  # its fake CUDA placeholder goes with the test
+        self.mode = fake_tensor.FakeTensorMode(allow_non_fake_inputs=True)
+        self.dtype = dtype
+        self.model = model
+        made: dict[int, torch.Tensor] = {}  # each tensor once: a tied weight stays one parameter
+        with self.mode:  # made on the device (older torch cannot move a fake tensor to CUDA without a driver)
+            for module in model.modules():
+                for table in (module._parameters, module._buffers):
+                    for key, t in table.items():
+                        if t is not None:
+                            if id(t) not in made:
+                                new = torch.empty(t.shape, device="cuda",
+                                                  dtype=dtype if t.is_floating_point() else t.dtype)
+                                made[id(t)] = nn.Parameter(new, t.requires_grad) if isinstance(
+                                    t, nn.Parameter) else new
+                            table[key] = made[id(t)]
+
+    def images(self, *shape: int) -> torch.Tensor:
+        with self.mode:
+            return torch.randn(*shape, device="cuda", dtype=self.dtype)
+
+    def run(self, fn: Callable[[nn.Module], Any]) -> SyncRecorder:
+        recorder = SyncRecorder()
+        enter = self.model.register_forward_pre_hook(lambda *_: setattr(recorder, "in_forward", True))
+        leave = self.model.register_forward_hook(lambda *_: setattr(recorder, "in_forward", False))
+        try:
+            with self.mode, recorder, warnings.catch_warnings():
+                warnings.simplefilter("ignore")
+                fn(self.model)
+        finally:
+            enter.remove()
+            leave.remove()
+        return recorder
+
+
+def tiny_torchvision() -> nn.Module:
+    from torchvision.models.vision_transformer import VisionTransformer
+
+    torch.manual_seed(0)
+    return VisionTransformer(image_size=32, patch_size=8, num_layers=2, num_heads=2, hidden_dim=32, mlp_dim=64,
+                             num_classes=3).eval()
+
+
+def tiny_hf() -> nn.Module:
+    transformers = pytest.importorskip("transformers")
+    config = transformers.ViTConfig(image_size=32, patch_size=8, hidden_size=32, num_hidden_layers=2,
+                                    num_attention_heads=2, intermediate_size=64, num_labels=3)
+    torch.manual_seed(0)
+    model = transformers.ViTForImageClassification(config).eval()
+    model.config._attn_implementation = "sdpa"
+    return model
+
+
+FAMILIES: dict[str, tuple[Callable[[], nn.Module], tuple[int, ...]]] = {
+    "timm": (tiny_timm_vit, (2, 3, 32, 48)),
+    "timm-eva02": (lambda: tiny_eva(**EVA_CASES["eva02"]), (2, 3, 32, 48)),
+    "timm-grouped-key-heads": (lambda: tiny_eva(**EVA_CASES["grouped-key-heads"]), (2, 3, 32, 48)),
+    "timm-parallel": (lambda: tiny_parallel("parallel"), (2, 3, 32, 48)),
+    "timm-relpos": (lambda: tiny_relative("relpos-mlp"), (2, 3, 32, 48)),
+    "timm-beit": (lambda: tiny_relative("beit"), (2, 3, 32, 48)),
+    "torchvision": (tiny_torchvision, (2, 3, 32, 32)),
+    "huggingface": (tiny_hf, (2, 3, 32, 32)),
+}
+
+
+def _calls(x: torch.Tensor) -> dict[str, Callable[[nn.Module], Any]]:
+    return {"attention_rollout": lambda m: vitviz.attention_rollout(m, x),
+            "mean_attention_distance": lambda m: vitviz.mean_attention_distance(m, x, autocast=False)}
+
+
+@pytest.mark.parametrize("path", [pytest.param("kernels", marks=needs_triton), "pytorch"])
+@pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16], ids=["float32", "bfloat16"])
+@pytest.mark.parametrize("family", list(FAMILIES))
+def test_an_analysis_call_on_cuda_waits_for_the_device_nowhere_inside_its_forward(family, dtype, path, monkeypatch):
+    """On the head-map kernels (what a GPU with Triton runs) and on the PyTorch stream path (kernels off, or a
+    Triton too old)."""
+    make, shape = FAMILIES[family]
+    cuda = FakeCuda(make(), monkeypatch, dtype)
+    layers = len(vitviz.inspect(make()).attention_modules)
+    x = cuda.images(*shape)
+    with kernels.headmap_kernel("auto" if path == "kernels" else "off"):
+        for name, call in _calls(x).items():
+            for attempt in ("first", "second"):
+                before = cuda.launches
+                recorder = cuda.run(call)
+                assert recorder.inside() == [], (f"{family} {name} ({attempt} call): the host waits for the device "
+                                                 f"inside the forward: {recorder.inside()}")
+                # the path asked for: on the kernels, each attention layer asked for at least one launch
+                launched = cuda.launches - before
+                assert launched >= layers if path == "kernels" else launched == 0, (name, launched, layers)
+
+
+@needs_triton
+@pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16], ids=["float32", "bfloat16"])
+def test_forward_lse_reads_one_float_per_module_on_the_first_call_only(dtype, monkeypatch):
+    """With the forward's log-sum-exp taken (SDPA's flash op, as SDPA picks it on a GPU), ``checked`` compares it
+    once per module and configuration (one float read, a sync, per module) and trusts later calls."""
+    from torch.nn.attention import SDPBackend
+
+    from vitviz.core.kernels import forward_lse
+
+    choice = torch._fused_sdp_choice
+    monkeypatch.setattr(torch, "_fused_sdp_choice", lambda q, *a, **kw: SDPBackend.FLASH_ATTENTION.value
+                        if q.device.type == "cuda" else choice(q, *a, **kw))
+    answered = []
+    checked = forward_lse.checked
+    monkeypatch.setattr(forward_lse, "checked", lambda *a, **kw: answered.append(checked(*a, **kw)) or answered[-1])
+    cuda = FakeCuda(tiny_timm_vit(depth=3), monkeypatch, dtype)
+    x = cuda.images(2, 3, 32, 48)
+    with forward_lse.use_forward_lse(True):
+        first = cuda.run(lambda m: vitviz.attention_rollout(m, x))
+        assert len(answered) == 3 and all(lse is not None for lse in answered)  # every layer took the forward's
+        assert [where[-1].split()[-1] for _, where in first.inside()] == ["_gap"] * 3, first.inside()
+        answered.clear()
+        second = cuda.run(lambda m: vitviz.attention_rollout(m, x))
+        assert len(answered) == 3 and all(lse is not None for lse in answered)
+        assert second.inside() == []
+
+
+@needs_triton
+def test_the_syncs_outside_the_forward_do_not_grow_with_the_depth(monkeypatch):
+    counts = {}
+    for depth in (2, 4):
+        cuda = FakeCuda(tiny_timm_vit(depth=depth), monkeypatch)
+        x = cuda.images(2, 3, 32, 48)
+        for name, call in _calls(x).items():
+            cuda.run(call)  # the first call also reads the position table once (pos_kind: kept until written)
+            counts[depth, name] = sorted(cuda.run(call).outside())
+    for name in _calls(torch.zeros(1)):
+        assert counts[2, name] == counts[4, name], (name, counts[2, name], counts[4, name])
+    assert len(counts[4, "attention_rollout"]) <= 1  # the input's finiteness check
+    assert len(counts[4, "mean_attention_distance"]) <= 4  # that check, and the result read once
+
+
+@needs_triton
+@pytest.mark.parametrize("sync", ["item", "cpu"])
+def test_the_recorder_sees_a_sync_inside_the_forward(sync, monkeypatch):
+    """The recorder fails a call that reads a value inside the forward (as the first test would): a stream
+    probe's ``HeadMaps`` built after one ``.item()`` or ``.cpu()`` of its ``q``."""
+    from vitviz.core.families import stream
+
+    recomputed = stream.recomputed_heads
+
+    def syncing(q, *args, **kwargs):
+        q.sum().item() if sync == "item" else q.cpu()
+        return recomputed(q, *args, **kwargs)
+
+    monkeypatch.setattr(stream, "recomputed_heads", syncing)
+    cuda = FakeCuda(tiny_timm_vit(depth=2), monkeypatch)
+    x = cuda.images(2, 3, 32, 48)
+    recorder = cuda.run(lambda m: vitviz.attention_rollout(m, x))
+    inside = recorder.inside()
+    assert len(inside) == 2  # one per layer
+    assert all(("_local_scalar_dense" if sync == "item" else "to the CPU") in what for what, _ in inside)
+    assert all(any("syncing" in frame or "recomputed_heads" in frame or "timm_probes" in frame for frame in where)
+               for _, where in inside), inside
