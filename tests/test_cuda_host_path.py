@@ -16,7 +16,7 @@ What they pin:
 - ``forward_lse``'s check (``checked``) reads one float per attention module on a configuration's first call, and
   none on later calls (its docstring's promise);
 - the synchronisations outside the forward (the input's finiteness check, distance's result) do not grow with the
-  depth.
+  depth, and on the dataset path (a ``DataLoader`` of CPU images) not with the number of batches.
 
 ``test_the_recorder_sees_a_sync_inside_the_forward`` shows that the recorder fails a call that synchronises.
 """
@@ -109,7 +109,8 @@ class SyncRecorder(python_dispatch.TorchDispatchMode):
     def __torch_dispatch__(self, func: Any, types: Any, args: tuple = (), kwargs: dict | None = None) -> Any:
         kwargs = kwargs or {}
         if func in _SYNCS:
-            self._record(str(func))
+            if any(isinstance(t, torch.Tensor) and t.device.type == "cuda" for t in args):
+                self._record(str(func))  # a CPU tensor's value is read without waiting for the device
             answer = _SYNCS[func]
             if answer is not None:
                 return answer(args)
@@ -270,6 +271,26 @@ def test_the_syncs_outside_the_forward_do_not_grow_with_the_depth(monkeypatch):
         assert counts[2, name] == counts[4, name], (name, counts[2, name], counts[4, name])
     assert len(counts[4, "attention_rollout"]) <= 1  # the input's finiteness check
     assert len(counts[4, "mean_attention_distance"]) <= 4  # that check, and the result read once
+
+
+@needs_triton
+@pytest.mark.parametrize("reduction", ["mean_attention_distance", "attention_statistics"])
+def test_the_dataset_path_waits_for_the_device_once_per_run_not_per_batch(reduction, monkeypatch):
+    """A ``DataLoader`` of CPU images: each batch is checked on the CPU before it moves (no wait), no forward
+    waits, and the result is read once at the end, whatever the number of batches."""
+    from torch.utils.data import DataLoader, TensorDataset
+
+    cuda = FakeCuda(tiny_timm_vit(depth=2), monkeypatch)
+    kwargs = {"autocast": False} if reduction == "mean_attention_distance" else {}
+    cuda.run(lambda m: vitviz.attention_rollout(m, torch.randn(1, 3, 32, 48)))  # reads the position table once
+    outside = {}
+    for batches in (1, 3):
+        images = torch.randn(4 * batches, 3, 32, 48)
+        loader = DataLoader(TensorDataset(images, torch.zeros(len(images), dtype=torch.long)), batch_size=4)
+        recorder = cuda.run(lambda m, loader=loader: getattr(vitviz, reduction)(m, loader, **kwargs))
+        assert recorder.inside() == [], recorder.inside()
+        outside[batches] = sorted(recorder.outside())
+    assert outside[1] == outside[3], outside
 
 
 @needs_triton
