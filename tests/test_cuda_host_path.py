@@ -270,7 +270,7 @@ def test_the_syncs_outside_the_forward_do_not_grow_with_the_depth(monkeypatch):
     for name in _calls(torch.zeros(1)):
         assert counts[2, name] == counts[4, name], (name, counts[2, name], counts[4, name])
     assert len(counts[4, "attention_rollout"]) <= 1  # the input's finiteness check
-    assert len(counts[4, "mean_attention_distance"]) <= 4  # that check, and the result read once
+    assert len(counts[4, "mean_attention_distance"]) <= 3  # that check, and the result read (two copies)
 
 
 @needs_triton
