@@ -1,7 +1,8 @@
 """An analysis call on a CUDA model, without a GPU: the host's side of the kernel path, pinned on the CPU.
 
 On a GPU the host queues a forward's kernels ahead of the device. A host-device synchronisation inside the forward
-(``.item()``, ``bool(t)``, ``float(t)``, ``torch.equal``, a copy to the CPU, ``nonzero``) makes the host wait until
+(``.item()``, ``bool(t)``, ``float(t)``, ``torch.equal``, a copy to the CPU or a blocking one from it, ``nonzero``)
+makes the host wait until
 every kernel queued so far has run, and the device then idles while the host prepares the next layer: the call
 costs the host's time plus the device's instead of the larger of the two. These tests run ``attention_rollout`` and
 ``mean_attention_distance`` on models whose tensors are fake CUDA tensors (``torch._subclasses.FakeTensorMode``:
@@ -23,6 +24,7 @@ What they pin:
 
 from __future__ import annotations
 
+import collections
 import traceback
 import warnings
 from collections.abc import Callable
@@ -82,14 +84,24 @@ _SYNCS: dict[Any, Callable[[tuple], Any] | None] = {
 }
 
 
-def _to_cpu(func: Any, args: tuple, kwargs: dict) -> bool:
-    """Whether the op copies a CUDA tensor to the CPU (``.cpu()``, ``.to("cpu")``, ``cpu_tensor.copy_(cuda)``)."""
+def _crossing(func: Any, args: tuple, kwargs: dict) -> str | None:
+    """``"to the CPU"`` or ``"from the CPU"`` for an op that copies between the CPU and CUDA and waits for the
+    device: every copy to the CPU, and a blocking one from it (torch synchronises the stream after a copy from
+    pageable memory unless ``non_blocking``); else None."""
     if func is aten._to_copy.default:
         device = kwargs.get("device")
-        return device is not None and torch.device(device).type == "cpu" and args[0].device.type == "cuda"
-    if func is aten.copy_.default:
-        return args[0].device.type == "cpu" and args[1].device.type == "cuda"
-    return False
+        src, dst = args[0].device.type, None if device is None else torch.device(device).type
+        blocking = not kwargs.get("non_blocking", False)
+    elif func is aten.copy_.default:
+        src, dst = args[1].device.type, args[0].device.type
+        blocking = not (args[2] if len(args) > 2 else kwargs.get("non_blocking", False))
+    else:
+        return None
+    if src == "cuda" and dst == "cpu":
+        return "to the CPU"
+    if src == "cpu" and dst == "cuda" and blocking:
+        return "from the CPU"
+    return None
 
 
 class SyncRecorder(python_dispatch.TorchDispatchMode):
@@ -100,6 +112,7 @@ class SyncRecorder(python_dispatch.TorchDispatchMode):
         super().__init__()
         self.records: list[tuple[str, bool, list[str]]] = []
         self.in_forward = False
+        self.ops: collections.Counter[str] = collections.Counter()  # every op inside the forward, by name
 
     def _record(self, what: str) -> None:
         frames = [f"{f.filename.rsplit('vitviz/', 1)[-1]}:{f.lineno} {f.name}" for f in traceback.extract_stack()
@@ -108,14 +121,18 @@ class SyncRecorder(python_dispatch.TorchDispatchMode):
 
     def __torch_dispatch__(self, func: Any, types: Any, args: tuple = (), kwargs: dict | None = None) -> Any:
         kwargs = kwargs or {}
+        if self.in_forward:
+            self.ops[str(func)] += 1
         if func in _SYNCS:
             if any(isinstance(t, torch.Tensor) and t.device.type == "cuda" for t in args):
                 self._record(str(func))  # a CPU tensor's value is read without waiting for the device
             answer = _SYNCS[func]
             if answer is not None:
                 return answer(args)
-        elif _to_cpu(func, args, kwargs):
-            self._record(f"{func} (to the CPU)")
+        else:
+            crossing = _crossing(func, args, kwargs)
+            if crossing is not None:
+                self._record(f"{func} ({crossing})")
         return func(*args, **kwargs)
 
     def inside(self) -> list[tuple[str, list[str]]]:
@@ -251,7 +268,9 @@ def test_forward_lse_reads_one_float_per_module_on_the_first_call_only(dtype, mo
     with forward_lse.use_forward_lse(True):
         first = cuda.run(lambda m: vitviz.attention_rollout(m, x))
         assert len(answered) == 3 and all(lse is not None for lse in answered)  # every layer took the forward's
-        assert [where[-1].split()[-1] for _, where in first.inside()] == ["_gap"] * 3, first.inside()
+        # one wait per module, reading the check's float: nothing else waits (its rows are sliced, not indexed)
+        assert [(what, where[-1].split()[-1]) for what, where in first.inside()] == [
+            ("aten._local_scalar_dense.default", "_gap")] * 3, first.inside()
         answered.clear()
         second = cuda.run(lambda m: vitviz.attention_rollout(m, x))
         assert len(answered) == 3 and all(lse is not None for lse in answered)
@@ -271,6 +290,20 @@ def test_the_syncs_outside_the_forward_do_not_grow_with_the_depth(monkeypatch):
         assert counts[2, name] == counts[4, name], (name, counts[2, name], counts[4, name])
     assert len(counts[4, "attention_rollout"]) <= 1  # the input's finiteness check
     assert len(counts[4, "mean_attention_distance"]) <= 3  # that check, and the result read (two copies)
+
+
+@needs_triton
+def test_distance_adds_into_its_running_sums_in_place(monkeypatch):
+    """Per layer, distance adds each image's per-head distances into its float64 running sums on the device, in
+    place: no copy (``sums[i] += x.double()`` would cast, then write the row back onto itself; on a GPU two more
+    launches per layer) and no transfer inside the forward."""
+    cuda = FakeCuda(tiny_timm_vit(depth=3), monkeypatch)
+    x = cuda.images(2, 3, 32, 48)
+    call = _calls(x)["mean_attention_distance"]
+    cuda.run(call)
+    ops = cuda.run(call).ops
+    assert ops["aten.add_.Tensor"] == 2 * 3  # the sums and the image counts of each layer
+    assert ops["aten.copy_.default"] == 0 and ops["aten._to_copy.default"] == 0, ops
 
 
 @needs_triton

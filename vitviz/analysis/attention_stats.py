@@ -66,8 +66,9 @@ class AttentionStatsReduction(RunningReduction):
         for head, m in heads.heads():  # one (B, N, N) map at a time
             fused += m.sum(dim=0, dtype=torch.float32)
             ent[head] = torch.special.entr(m.float()).sum(dim=-1).mean(dim=-1).sum()
-        self.sums["mean_map"][position] += fused.mul_(1.0 / h).to(device, torch.float64)
-        self.sums["entropy"][position] += ent.to(device, torch.float64)
+        # in place on the rows (see ``DistanceReducer``): float32 added into float64 is cast first
+        self.sums["mean_map"][position].add_(fused.mul_(1.0 / h).to(device))
+        self.sums["entropy"][position].add_(ent.to(device))
 
     def update(self, model: nn.Module, x: torch.Tensor, target: Any = None) -> None:
         with capture_attention(model, on_layer=self._on_layer, store=False, heads="stream"):

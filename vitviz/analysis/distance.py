@@ -130,14 +130,17 @@ class DistanceReducer:
 
     Each layer's ``(B, H, N, N)`` map is reduced to per-image sums as it is produced; ``result()`` is ``(L, H)``.
     Set ``distances`` (``patch_distance_matrix`` of the current grid) before each forward pass.
+
+    The running sums live on ``device`` (give the model's): sums made on the CPU move to the maps' device at the
+    first layer, inside the forward, where on a GPU a copy from the CPU waits for every kernel queued so far.
     """
 
     def __init__(self, num_layers: int, num_heads: int, num_prefix_tokens: int,
-                 distances: torch.Tensor | None = None) -> None:
+                 distances: torch.Tensor | None = None, device: torch.device | str | None = None) -> None:
         self.num_prefix_tokens = num_prefix_tokens
         self.distances = distances
-        self.sums = torch.zeros(num_layers, num_heads, dtype=torch.float64)
-        self.counts = torch.zeros(num_layers, dtype=torch.float64)
+        self.sums = torch.zeros(num_layers, num_heads, dtype=torch.float64, device=device)
+        self.counts = torch.zeros(num_layers, dtype=torch.float64, device=device)
 
     def __call__(self, position: int, attn: torch.Tensor | HeadMaps) -> None:
         if self.distances is None:
@@ -147,8 +150,10 @@ class DistanceReducer:
             raise InputError(f"layer {position} has {per_image.shape[1]} heads, expected {self.sums.shape[1]}")
         if self.sums.device != per_image.device:  # the running sums live where the maps are: no sync per layer
             self.sums, self.counts = self.sums.to(per_image.device), self.counts.to(per_image.device)
-        self.sums[position] += per_image.sum(dim=0).double()
-        self.counts[position] += per_image.shape[0]
+        # in place on the rows: ``a[i] += b`` would also write the row back onto itself (a copy per layer, and on a
+        # GPU a launch); float32 added into float64 is cast first, the bits of ``.double()`` before the add
+        self.sums[position].add_(per_image.sum(dim=0))
+        self.counts[position].add_(per_image.shape[0])
 
     def result(self) -> torch.Tensor:
         """``(L, H)`` float32 mean distances in pixels (averaged over queries, then images), on the CPU."""
@@ -173,7 +178,9 @@ class DistanceReduction(RunningReduction):
         self.spec = inspect(model)
         require_softmax_maps(self.spec)  # every input path builds this reduction: the check runs for each
         layers = len(self.spec.attention_modules)
-        self.reducer = DistanceReducer(layers, self.spec.num_heads, self.spec.num_prefix_tokens)
+        param = next(model.parameters(), None)
+        self.reducer = DistanceReducer(layers, self.spec.num_heads, self.spec.num_prefix_tokens,
+                                       device=None if param is None else param.device)
         self.sums = {"distance": self.reducer.sums, "images": self.reducer.counts}
         self._cache: dict[tuple[int, int], torch.Tensor] = {}
 
@@ -245,7 +252,7 @@ def mean_attention_distance(
     device = next(model.parameters()).device
     amp = autocast_dtype(autocast, device)
     layers = len(spec.attention_modules)
-    reducer = DistanceReducer(layers, spec.num_heads, spec.num_prefix_tokens)
+    reducer = DistanceReducer(layers, spec.num_heads, spec.num_prefix_tokens, device=device)
     cache: dict[tuple[int, int], torch.Tensor] = {}
     for x in iter_batches(model, images, batch_size, progress=progress, desc="attention distance"):
         grid = spec.grid_for_input(x)

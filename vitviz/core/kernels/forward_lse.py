@@ -209,11 +209,13 @@ def _gap(lse: torch.Tensor, q: torch.Tensor, k: torch.Tensor, scale: float, is_c
     n = q.shape[2]
     rows = sorted({0, n // 2, n - 1})
     with torch.no_grad(), torch.autocast(q.device.type, enabled=False):
-        scores = (q[:, :, rows].float() @ k.float().transpose(-2, -1)) * scale
+        # the rows as slices: an index list would be copied from the CPU first (on a GPU, a wait of its own)
+        scores = (torch.cat([q[:, :, r:r + 1] for r in rows], 2).float() @ k.float().transpose(-2, -1)) * scale
         if is_causal:  # SDPA's causal mask: row r reads keys 0..r
             cols = torch.arange(k.shape[2], device=q.device)
-            scores = scores.masked_fill(cols > torch.tensor(rows, device=q.device)[:, None], float("-inf"))
-        return float((scores.logsumexp(-1) - lse[:, :, rows]).abs().max())
+            scores = scores.masked_fill(torch.stack([cols > r for r in rows]), float("-inf"))
+        picked = torch.cat([lse[:, :, r:r + 1] for r in rows], 2)
+        return float((scores.logsumexp(-1) - picked).abs().max())
 
 
 def checked(lse: torch.Tensor | None, q: torch.Tensor, k: torch.Tensor, scale: float, is_causal: bool = False, *,
