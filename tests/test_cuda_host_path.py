@@ -209,6 +209,22 @@ def tiny_hf() -> nn.Module:
     return model
 
 
+def hugging_face(name: str) -> nn.Module:
+    pytest.importorskip("transformers")
+    from hf_models import hf_case
+
+    torch.manual_seed(0)
+    return hf_case(name).model
+
+
+def open_clip() -> nn.Module:
+    pytest.importorskip("open_clip")
+    from hf_models import open_clip_tower
+
+    torch.manual_seed(0)
+    return open_clip_tower()
+
+
 FAMILIES: dict[str, tuple[Callable[[], nn.Module], tuple[int, ...]]] = {
     "timm": (tiny_timm_vit, (2, 3, 32, 48)),
     "timm-eva02": (lambda: tiny_eva(**EVA_CASES["eva02"]), (2, 3, 32, 48)),
@@ -218,6 +234,11 @@ FAMILIES: dict[str, tuple[Callable[[], nn.Module], tuple[int, ...]]] = {
     "timm-beit": (lambda: tiny_relative("beit"), (2, 3, 32, 48)),
     "torchvision": (tiny_torchvision, (2, 3, 32, 32)),
     "huggingface": (tiny_hf, (2, 3, 32, 32)),
+    "huggingface-beit": (lambda: hugging_face("beit-relative"), (2, 3, 32, 48)),
+    "huggingface-dinov2": (lambda: hugging_face("dinov2"), (2, 3, 32, 48)),  # its table interpolated
+    "huggingface-dinov3": (lambda: hugging_face("dinov3"), (2, 3, 32, 48)),  # rotary
+    "huggingface-clip": (lambda: hugging_face("clip-vision"), (2, 3, 32, 32)),
+    "open_clip": (open_clip, (2, 3, 32, 48)),
 }
 
 
