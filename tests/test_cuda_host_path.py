@@ -2,14 +2,15 @@
 
 On a GPU the host queues a forward's kernels ahead of the device. A host-device synchronisation inside the forward
 (``.item()``, ``bool(t)``, ``float(t)``, ``torch.equal``, a copy to the CPU or a blocking one from it, ``nonzero``)
-makes the host wait until
-every kernel queued so far has run, and the device then idles while the host prepares the next layer: the call
-costs the host's time plus the device's instead of the larger of the two. These tests run ``attention_rollout`` and
-``mean_attention_distance`` on models whose tensors are fake CUDA tensors (``torch._subclasses.FakeTensorMode``:
-shapes, dtypes and devices, no data), so that every device-dependent branch runs as on a GPU
-(``kernels.use_kernel``, the sm_90 block table, ``forward_lse``'s CUDA ops), the head-map kernels' launches left
-out (``headmaps._launch``). A dispatch mode under the fake mode records every op that synchronises on a GPU, with
-where it was called, and answers the data-dependent ones (a fake tensor holds no value) with a neutral value.
+makes the host wait until every kernel queued so far has run, and the device then idles while the host prepares
+the next layer: the call costs the host's time plus the device's instead of the larger of the two.
+
+These tests run ``attention_rollout``, ``mean_attention_distance`` and ``attention_statistics`` on models whose
+tensors are fake CUDA tensors (``torch._subclasses.FakeTensorMode``: shapes, dtypes and devices, no data), so that
+every device-dependent branch runs as on a GPU (``kernels.use_kernel``, the sm_90 block table, ``forward_lse``'s
+CUDA ops), the head-map kernels' launches left out (``headmaps._launch``). A dispatch mode inside the fake mode
+records every op that synchronises on a GPU, with where it was called, and answers the data-dependent ones (a fake
+tensor holds no value) with a neutral value.
 
 What they pin:
 
@@ -17,7 +18,8 @@ What they pin:
 - ``forward_lse``'s check (``checked``) reads one float per attention module on a configuration's first call, and
   none on later calls (its docstring's promise);
 - the synchronisations outside the forward (the input's finiteness check, distance's result) do not grow with the
-  depth, and on the dataset path (a ``DataLoader`` of CPU images) not with the number of batches.
+  depth, and on the dataset path (a ``DataLoader`` of CPU images) not with the number of batches;
+- distance adds into its running sums in place, on the device (no copy, no transfer per layer).
 
 ``test_the_recorder_sees_a_sync_inside_the_forward`` shows that the recorder fails a call that synchronises.
 """
