@@ -916,7 +916,9 @@ def test_pixels_sum_per_patch_to_the_patch_tokens(family):
                                                                     read_at="pixels"))
         assert torch.equal(score, same) and pixels.shape == x[:, 0].shape
         covered = pixels[:, :gh * ph, :gw * pw]  # EVA-02's 14 px patches leave 4 of the 32 px rows and columns
-        assert pixels.abs().sum() == covered.abs().sum()  # the patch convolution never reads the rest
+        # the patch convolution never reads the rest: exactly zero there (comparing the sums of the whole and of the
+        # covered part would depend on the order of float64 summation, which differs with the shape)
+        assert not pixels[:, gh * ph:].any() and not pixels[:, :, gw * pw:].any()
         per_patch = covered.reshape(2, gh, ph, gw, pw).sum((2, 4)).flatten(1)
         patches = tokens[:, spec.num_prefix_tokens:]
         assert torch.allclose(per_patch, patches, atol=1e-10 * patches.abs().max())
