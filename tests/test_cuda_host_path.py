@@ -14,7 +14,8 @@ tensor holds no value) with a neutral value.
 
 What they pin:
 
-- no synchronisation inside the forward pass, for every family with a stream probe, in float32 and bfloat16;
+- no synchronisation inside the forward pass, for every family with a stream probe, in float32 and bfloat16, and
+  for rollout's options (the discard rule, max and min fusion, the full matrix);
 - ``forward_lse``'s check (``checked``) reads one float per attention module on a configuration's first call, and
   none on later calls (its docstring's promise);
 - the synchronisations outside the forward (the input's finiteness check, distance's result) do not grow with the
@@ -289,6 +290,19 @@ def test_an_analysis_call_on_cuda_waits_for_the_device_nowhere_inside_its_forwar
                 # the path asked for: on the kernels, each attention layer asked for at least one launch
                 launched = cuda.launches - before
                 assert launched >= layers if path == "kernels" else launched == 0, (name, launched, layers)
+
+
+@in_child
+@pytest.mark.parametrize("options", [dict(discard_ratio=0.5), dict(discard_ratio=0.9, head_fusion="max"),
+                                     dict(head_fusion="min", token="patches"), dict(return_full=True)],
+                         ids=["discard", "discard-max", "min-patches", "full"])
+def test_rollouts_options_wait_nowhere_inside_the_forward(options, monkeypatch):
+    """The discard rule counts each row's candidates on the host (the max of a device tensor was a wait per layer)."""
+    cuda = FakeCuda(tiny_timm_vit(depth=3), monkeypatch)
+    x = cuda.images(2, 3, 32, 48)
+    for _ in range(2):
+        recorder = cuda.run(lambda m: vitviz.attention_rollout(m, x, **options))
+        assert recorder.inside() == [], recorder.inside()
 
 
 @in_child

@@ -42,6 +42,7 @@ Shapes: ``B`` batch, ``H`` heads, ``N`` tokens (prefix + patches), ``K`` rows, `
 
 from __future__ import annotations
 
+import math
 from collections.abc import Sequence
 from dataclasses import dataclass
 
@@ -118,13 +119,19 @@ def discard_weakest(w: torch.Tensor, ratio: float, num_prefix_tokens: int) -> to
     """
     _check_ratio(ratio)
     n = w.shape[-1]
-    protected = torch.zeros(n, n, dtype=torch.bool, device=w.device)
-    protected[:, :num_prefix_tokens] = True
-    protected.fill_diagonal_(True)
-    k_row = torch.floor(ratio * (n - protected.sum(dim=1)).double()).long()  # (N,)
-    k_max = int(k_row.max()) if n else 0
+    p = min(int(num_prefix_tokens), n)
+    # how many each row may lose, counted on the host (the max of a device tensor is a wait per layer on a GPU), in
+    # float64 as ``floor(ratio * count)``: P = n - p columns for a prefix row (its diagonal is a prefix column),
+    # P - 1 for a patch row
+    k_prefix, k_patch = math.floor(ratio * float(n - p)), math.floor(ratio * float(max(n - p - 1, 0)))
+    k_max = max(k_prefix if p else 0, k_patch if n > p else 0)
     if k_max == 0:
         return w
+    protected = torch.zeros(n, n, dtype=torch.bool, device=w.device)
+    protected[:, :p] = True
+    protected.fill_diagonal_(True)
+    k_row = torch.full((n,), k_patch, dtype=torch.long, device=w.device)  # (N,)
+    k_row[:p].fill_(k_prefix)
     scores = w.masked_fill(protected, float("inf"))
     # (B, N, k_max), weakest first; a stable sort keeps ties in token order (topk's order among ties is unspecified)
     idx = scores.sort(dim=-1, stable=True).indices[..., :k_max]
