@@ -42,6 +42,7 @@ from typing import Any
 import pytest
 import torch
 from conftest import EVA_CASES, tiny_eva, tiny_parallel, tiny_relative, tiny_timm_vit
+from test_stream_heads import tiny_torchvision_vit
 from torch import nn
 
 import vitviz
@@ -213,24 +214,6 @@ class FakeCuda:
         return recorder
 
 
-def tiny_torchvision() -> nn.Module:
-    from torchvision.models.vision_transformer import VisionTransformer
-
-    torch.manual_seed(0)
-    return VisionTransformer(image_size=32, patch_size=8, num_layers=2, num_heads=2, hidden_dim=32, mlp_dim=64,
-                             num_classes=3).eval()
-
-
-def tiny_hf() -> nn.Module:
-    transformers = pytest.importorskip("transformers")
-    config = transformers.ViTConfig(image_size=32, patch_size=8, hidden_size=32, num_hidden_layers=2,
-                                    num_attention_heads=2, intermediate_size=64, num_labels=3)
-    torch.manual_seed(0)
-    model = transformers.ViTForImageClassification(config).eval()
-    model.config._attn_implementation = "sdpa"
-    return model
-
-
 def hugging_face(name: str) -> nn.Module:
     pytest.importorskip("transformers")
     from hf_models import hf_case
@@ -254,8 +237,8 @@ FAMILIES: dict[str, tuple[Callable[[], nn.Module], tuple[int, ...]]] = {
     "timm-parallel": (lambda: tiny_parallel("parallel"), (2, 3, 32, 48)),
     "timm-relpos": (lambda: tiny_relative("relpos-mlp"), (2, 3, 32, 48)),
     "timm-beit": (lambda: tiny_relative("beit"), (2, 3, 32, 48)),
-    "torchvision": (tiny_torchvision, (2, 3, 32, 32)),
-    "huggingface": (tiny_hf, (2, 3, 32, 32)),
+    "torchvision": (tiny_torchvision_vit, (2, 3, 32, 32)),
+    "huggingface": (lambda: hugging_face("vit"), (2, 3, 32, 48)),
     "huggingface-beit": (lambda: hugging_face("beit-relative"), (2, 3, 32, 48)),
     "huggingface-dinov2": (lambda: hugging_face("dinov2"), (2, 3, 32, 48)),  # its table interpolated
     "huggingface-dinov3": (lambda: hugging_face("dinov3"), (2, 3, 32, 48)),  # rotary

@@ -124,7 +124,7 @@ def discard_weakest(w: torch.Tensor, ratio: float, num_prefix_tokens: int) -> to
     # float64 as ``floor(ratio * count)``: P = n - p columns for a prefix row (its diagonal is a prefix column),
     # P - 1 for a patch row
     k_prefix, k_patch = math.floor(ratio * float(n - p)), math.floor(ratio * float(max(n - p - 1, 0)))
-    k_max = max(k_prefix if p else 0, k_patch if n > p else 0)
+    k_max = max(k_prefix if p else 0, k_patch)  # k_patch is 0 where there is no patch row
     if k_max == 0:
         return w
     protected = torch.zeros(n, n, dtype=torch.bool, device=w.device)

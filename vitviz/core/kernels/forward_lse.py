@@ -208,14 +208,16 @@ def _gap(lse: torch.Tensor, q: torch.Tensor, k: torch.Tensor, scale: float, is_c
     autocast dtype (seen: 1.4e-2 off in bfloat16 on a 2-block timm ViT, and the check refused a right value)."""
     n = q.shape[2]
     rows = sorted({0, n // 2, n - 1})
+
+    def picked(t: torch.Tensor) -> torch.Tensor:  # the rows as slices: an index list would be copied from the CPU
+        return torch.cat([t[:, :, r:r + 1] for r in rows], 2)  # first (on a GPU, a wait of its own)
+
     with torch.no_grad(), torch.autocast(q.device.type, enabled=False):
-        # the rows as slices: an index list would be copied from the CPU first (on a GPU, a wait of its own)
-        scores = (torch.cat([q[:, :, r:r + 1] for r in rows], 2).float() @ k.float().transpose(-2, -1)) * scale
+        scores = (picked(q).float() @ k.float().transpose(-2, -1)) * scale
         if is_causal:  # SDPA's causal mask: row r reads keys 0..r
             cols = torch.arange(k.shape[2], device=q.device)
             scores = scores.masked_fill(torch.stack([cols > r for r in rows]), float("-inf"))
-        picked = torch.cat([lse[:, :, r:r + 1] for r in rows], 2)
-        return float((scores.logsumexp(-1) - picked).abs().max())
+        return float((scores.logsumexp(-1) - picked(lse)).abs().max())
 
 
 def checked(lse: torch.Tensor | None, q: torch.Tensor, k: torch.Tensor, scale: float, is_causal: bool = False, *,
