@@ -18,15 +18,21 @@
 #                  explicit, store, timm, rollout and distance on the PyTorch stream path (*_torch) and with the
 #                  kernels (*_kernel), rollout with the forward's log-sum-exp (rollout_fwdlse): the goal cases
 #                                                                                  (~25 s a process, cap 90 each)
+#   profile        where a call's time goes, ViT-B/16 448 px batch 8 (bench/profile_attention.py): first, in bf16
+#                  and fp32, the timeline of plain, rollout_kernel, rollout_fwdlse and distance_kernel (host time
+#                  to return, device kernel and busy time, CUDA runtime calls, idle gaps, each synchronisation with
+#                  its vitviz frames: timeline.json); then in bf16 cProfile's Python functions over 10 calls, and
+#                  torch.profiler's CUDA operators of rollout_kernel; into run.log   (~30 s, cap 60 each)
+#   tests          pytest -m gpu over the files that hold gpu tests (the kernels against the PyTorch path on
+#                  ViT-B/16 448 px shapes, the forward LSE, the peak-memory bound, CUDA checks)   (~90 s, cap 150)
+#   batch          ViT-B/16 at 448 px at larger batches (bf16: 32 and 64, fp32: 32), one process each: plain,
+#                  rollout_kernel, rollout_fwdlse, distance_kernel: whether the time beyond the forward is a fixed
+#                  cost per call (it then shrinks against a forward that grows with the batch); attention_batch.json
+#                                                                                  (~20 s a process, cap 60 each)
 #   l16_448        the same for ViT-L/16                                          (~35 s a process, cap 90 each)
 #   dataset        bench/dataset.py, ViT-B/16 224 px, bf16 autocast, 16,384 synthetic images (a pool of 1,024 read
 #                  in turn), batch 256, 4 workers: plain forward, distance (kernels), plain again
 #                                                                                  (~30 s a process, cap 75 each)
-#   tests          pytest -m gpu over the files that hold gpu tests (the kernels against the PyTorch path on
-#                  ViT-B/16 448 px shapes, the forward LSE, the peak-memory bound, CUDA checks)   (~90 s, cap 150)
-#   profile        where a call's time goes, ViT-B/16 448 px batch 8 bf16 (bench/profile_attention.py): cProfile's
-#                  Python functions over 10 calls of plain, rollout_kernel and distance_kernel, then torch.profiler's
-#                  CUDA operators of rollout_kernel; into run.log                    (~30 s, cap 60 each)
 #   b16_224        ViT-B/16 at 224 px (batch 32), bf16 then fp32                  (~20 s a process, cap 90 each)
 #   l16_224        ViT-L/16 at 224 px                                             (~30 s a process, cap 90 each)
 #   hf             a Hugging Face ViTModel of ViT-B/16's size (SDPA; its stream probe, vitviz/core/families/
@@ -35,24 +41,25 @@
 #                  fp32, without timm's anchor nor the forward LSE                 (~25 s a process, cap 90 each)
 #   dataset_torch  the dataset path's distance on the PyTorch stream path (kernels off)          (~30 s, cap 75)
 #   micro          bench/headmap_kernel.py: the kernels alone against SDPA per layer, 448 px shapes first, bf16,
-#                  fp32 (3xTF32) and fp32-ieee, 5 block shapes                      (what time is left, cap 300)
+#                  fp32 (3xTF32) and fp32-ieee, 6 block shapes                      (what time is left, cap 300)
 #
 # Aliases: attn_b16 = b16_448 b16_224, attn_l16 = l16_448 l16_224, attn_hf = hf tv, all = the whole plan.
 # bench/attention.py exits 3 when every case ran and a goal was missed, 1 when a case failed.
 #
-# Estimates, not measurements (no GPU was at hand when this was written): imports ~3-5 s per process, model creation
-# 1-5 s (ViT-L/16's random init on the CPU the longest), Triton compilation a few seconds per kernel variant (cached
-# on disk for the later processes), the timed work seconds per case (docs/benchmarks.md has the earlier H100 figures
-# of the same benchmarks). Up to and with l16_224 is expected well inside the 540 s; hf, tv, dataset_torch and micro
-# take what is left, and the summary says SKIPPED for a part that found too little.
+# The times above are from the two H100 runs (bench/results/h100_gpu_run_1/summary.txt: a bench/attention.py process
+# 22-39 s, a dataset one 23-28 s, the tests 35 s, micro 61 s) or, for the parts added since (profile's timeline,
+# batch), estimated from them. The plan puts the parts that answer open questions first (the goal cases, where a
+# call's time goes, the kernels' GPU tests, the batch scaling), then the figures run 1 already has: up to and with
+# l16_224 should end by about 510 s; hf, tv, dataset_torch and micro take what is left, and the summary says
+# SKIPPED for a part that found too little (GPU_RUN_DEADLINE_S=1800 ... all runs everything).
 #
 # GPU_RUN_REHEARSAL=1 runs the same parts on the CPU (tests/test_gpu_run.py, in `make test`): tiny models and
 # shapes, the kernels under Triton's interpreter, nothing installed, no deadline unless one is given; so the script
 # and every command line it builds are known to work before a GPU is at hand. Its figures mean nothing.
 #
-# Output under $OUT, 8 files (few, for a remote machine that returns only some): env.json, attention_b16.json,
-# attention_l16.json, attention_hf.json (the Hugging Face and the torchvision rows), dataset.json, micro.json,
-# run.log (everything printed, the gpu tests' output with it) and summary.txt (each part's exit status and time,
+# Output under $OUT, 10 files (few, for a remote machine that returns only some): env.json, attention_b16.json,
+# attention_l16.json, attention_hf.json (the Hugging Face and the torchvision rows), attention_batch.json,
+# dataset.json, micro.json, timeline.json, run.log (everything printed, the gpu tests' output with it) and summary.txt (each part's exit status and time,
 # the goal lines, the tests' counts).
 set -u -o pipefail
 cd "$(dirname "$0")/.."
@@ -73,7 +80,7 @@ if [ "${GPU_RUN_REHEARSAL:-0}" = 1 ]; then
     CAP_SCALE=4                             # and each part's time limit four times the GPU's
     DEV=cpu REPEATS=1 SMALL=32 LARGE=48 BATCH_SMALL=2 BATCH_LARGE=2 KERNEL_AUTO=on AMP=off ATTN_EXTRA=(--no-memory)
     B16=vit_tiny_patch16_224 L16=vit_small_patch16_224 DATA_MODEL=cifar10-vit DATA_N=8 DATA_BATCH=4 WORKERS=0
-    SMOKE="2 3 37 16" PROFILE_DTYPE=fp32 PROFILE_CALLS=2
+    SMOKE="2 3 37 16" PROFILE_DTYPE=fp32 PROFILE_CALLS=2 BATCHES=("bf16 3" "bf16 4" "fp32 3")
     MICRO_ARGS=(--device cpu --shapes tiny --dtypes fp32 fp32-ieee --blocks default 16,16,1,1)
 else
     DEADLINE_S=${GPU_RUN_DEADLINE_S:-540}  # no part starts after this: one device call of 600 s at most
@@ -81,7 +88,7 @@ else
     DEV=cuda REPEATS=5 SMALL=224 LARGE=448 BATCH_SMALL=32 BATCH_LARGE=8 KERNEL_AUTO=auto AMP=bf16
     ATTN_EXTRA=()
     B16=vit_base_patch16_224 L16=vit_large_patch16_224 DATA_MODEL=vit_base_patch16_224 DATA_N=16384 DATA_BATCH=256
-    WORKERS=4 SMOKE="2 12 197 64" PROFILE_DTYPE=bf16 PROFILE_CALLS=10
+    WORKERS=4 SMOKE="2 12 197 64" PROFILE_DTYPE=bf16 PROFILE_CALLS=10 BATCHES=("bf16 32" "bf16 64" "fp32 32")
     MICRO_ARGS=(--shapes vit_b16_448 vit_l16_448 vit_b16_224 vit_l16_224)
 fi
 
@@ -159,7 +166,25 @@ part_tests() {  # only the files that hold gpu tests: collecting the whole suite
     run_part tests 150 $PY -m pytest -q -p no:cacheprovider -m gpu $files -o addopts="-ra" --timeout=120
 }
 
-part_profile() {  # the tables go to run.log (no file of their own: a remote machine returns only some)
+part_profile() {  # the timeline rows to timeline.json (and run.log), the tables to run.log
+    local dt
+    fresh "$OUT/timeline.json"
+    for dt in bf16 fp32; do
+        rm -f "$OUT/.timeline_$dt.json"
+        run_part "profile_timeline_$dt" 60 $PY bench/profile_attention.py --device "$DEV" --dtype "$dt" \
+            --model "$B16" --size "$LARGE" --batch "$BATCH_LARGE" --timeline --calls "$PROFILE_CALLS" \
+            --method plain rollout_kernel rollout_fwdlse distance_kernel --json "$OUT/.timeline_$dt.json"
+        [ -f "$OUT/.timeline_$dt.json" ] || continue
+        $PY - "$OUT/.timeline_$dt.json" "$OUT/timeline.json" <<'EOF'
+import json, os, pathlib, sys
+part, path = json.loads(pathlib.Path(sys.argv[1]).read_text()), pathlib.Path(sys.argv[2])
+runs = (json.loads(path.read_text()) if path.exists() else []) + [part]
+tmp = path.with_suffix(".tmp")
+tmp.write_text(json.dumps(runs, indent=1) + "\n")
+os.replace(tmp, path)
+os.remove(sys.argv[1])
+EOF
+    done
     run_part profile_python 60 $PY bench/profile_attention.py --device "$DEV" --dtype "$PROFILE_DTYPE" \
         --model "$B16" --size "$LARGE" --batch "$BATCH_LARGE" --method plain rollout_kernel distance_kernel \
         --python --calls "$PROFILE_CALLS" --rows 40
@@ -191,6 +216,19 @@ part_attn() {  # part_attn TAG MODEL SIZE METHODS: one process per dtype, rows a
     done
 }
 
+BATCH_METHODS="plain rollout_kernel rollout_fwdlse distance_kernel"
+
+part_batch() {  # ViT-B/16 at 448 px at the larger batches of BATCHES ("DTYPE BATCH"), rows to attention_batch.json
+    local spec dt batch
+    fresh "$OUT/attention_batch.json"
+    for spec in "${BATCHES[@]}"; do
+        read -r dt batch <<<"$spec"
+        run_part "attention_batch_${dt}_$batch" 60 $PY bench/attention.py --device "$DEV" --model "$B16" --dtype "$dt" \
+            --sizes "$LARGE" --batch "$batch" --repeats "$REPEATS" "${ATTN_EXTRA[@]}" --methods $BATCH_METHODS \
+            --json "$OUT/attention_batch.json"
+    done
+}
+
 part_dataset() {  # part_dataset "REDUCTION KERNEL"...: one process each, its row appended to dataset.json
     local json="$OUT/dataset.json" row="$OUT/.dataset_row.json" spec red kern
     fresh "$json"
@@ -217,7 +255,7 @@ EOF
     done
 }
 
-PLAN=(b16_448 l16_448 dataset tests profile b16_224 l16_224 hf tv dataset_torch micro)
+PLAN=(b16_448 profile tests batch l16_448 dataset b16_224 l16_224 hf tv dataset_torch micro)
 PARTS=(setup)  # versions and the smoke check come first, always
 [ $# -eq 0 ] && set -- "${PLAN[@]}"
 for part in "$@"; do
@@ -244,6 +282,7 @@ for part in "${PARTS[@]}"; do
         dataset_torch) part_dataset "distance off" ;;
         tests) part_tests ;;
         profile) part_profile ;;
+        batch) part_batch ;;
         micro) part_micro ;;
         *) RESULTS+=("$part: UNKNOWN part")
            note "unknown part $part (the parts: ${PLAN[*]}; aliases attn_b16 attn_l16 attn_hf all)" ;;

@@ -1,6 +1,7 @@
 """The figures of one ``bench/gpu_run.sh`` run as Markdown tables, for docs/benchmarks.md and the README.
 
-Reads the run's folder (``$OUT``: env.json, attention_*.json, dataset.json, micro.json, summary.txt) and writes:
+Reads the run's folder (``$OUT``: env.json, attention_*.json, attention_batch.json, dataset.json, timeline.json,
+micro.json, summary.txt) and writes:
 
 - the machine and versions (env.json);
 - for each model and dtype of ``bench/attention.py``: every method's images/s, time over the plain forward's and peak
@@ -8,7 +9,12 @@ Reads the run's folder (``$OUT``: env.json, attention_*.json, dataset.json, micr
 - the goals of every case, from ``bench/attention.py``'s own ``goal_rows`` (the one place they are computed): time
   over plain's against the goal at that size, extra memory against the kept ``(L, B, N, N)`` layer maps and against
   store-everything's;
+- the batch scaling (attention_batch.json): per dtype and batch the plain forward's time and each method's time
+  over it, against the time goal at that size;
 - the dataset path: images/s of each run against the fastest plain forward over the same loader (goal >= 85%);
+- where a call's time goes (``bench/profile_attention.py --timeline``): per dtype and method the time until the call
+  returns and until the device is done, the device's busy and kernel time, the synchronisations, the CUDA runtime
+  calls that took the most host time and the longest idle stretch of the device;
 - the kernels alone (``bench/headmap_kernel.py``): milliseconds per layer against SDPA, per block shape;
 - each part's exit status, and what the deadline left out.
 
@@ -102,6 +108,37 @@ def goal_table(results: list[dict]) -> list[str]:
                     rows, numeric={2, 4, 6})]
 
 
+def batch_table(results: list[dict]) -> list[str]:
+    """One row per (model, dtype, size, batch) of ``bench/attention.py``: the plain forward's time and each other
+    method's time over it, with the time goal at that size."""
+    cases: dict[tuple, dict[str, dict]] = {}
+    for r in results:
+        cases.setdefault((r["device"], r["model"], r["dtype"], r["size"], r["batch"]), {})[r["method"]] = r
+    methods = list(dict.fromkeys(r["method"] for r in results if r["method"] != "plain"))
+    out = ["", "**The same calls at larger batches** (x = time over the plain forward's of the same process)", "",
+           "```"]
+    out += [f"python bench/attention.py --device {dev} --model {model} --dtype {dtype} --sizes {size} --batch {batch} "
+            f"--repeats {len(case['plain']['times'])} --methods plain {' '.join(m for m in case if m != 'plain')}"
+            for (dev, model, dtype, size, batch), case in cases.items() if "plain" in case]
+    out += ["```", ""]
+    rows = []
+    for (dev, model, dtype, size, batch), case in cases.items():
+        plain = case.get("plain")
+        if plain is None:
+            continue
+        goal = (attention.GOAL_TIME if dev == "cpu" else attention.GOAL_TIME_CUDA.get(dtype, {})).get(size)
+        row = [model, dtype, str(size), str(batch), f"{plain['time_s'] * 1e3:.1f}"]
+        for m in methods:
+            r = case.get(m)
+            x = None if r is None else r["time_s"] / plain["time_s"]
+            row.append("-" if x is None else f"{x:.2f}" + ("" if goal is None else
+                                                          f" ({'met' if x <= goal else 'MISSED'})"))
+        rows.append(row)
+    goals = ", ".join(f"{d} <= {g[448]:.2f}x" for d, g in attention.GOAL_TIME_CUDA.items() if 448 in g)
+    return out + _table(["model", "dtype", "px", "batch", "plain ms", *(f"x {m}" for m in methods)], rows,
+                        numeric=set(range(2, 5 + len(methods)))) + ["", f"Time goals at 448 px: {goals}."]
+
+
 def dataset_table(rows: list[dict]) -> list[str]:
     plain = max((r["images_per_s"] for r in rows if r["reduction"] == "plain"), default=None)
     r0 = rows[0]
@@ -121,6 +158,33 @@ def dataset_table(rows: list[dict]) -> list[str]:
         table.append([r["reduction"], r["kernel"], f"{r['images_per_s']:.0f}", f"{share:.0%}{verdict}",
                       f"{r['wall_s']:.1f}", _mb(r["peak_mib"])])
     return out + _table(["reduction", "kernels", "img/s", "of plain", "wall s", "peak MiB"], table, numeric={2, 4, 5})
+
+
+def timeline_table(runs: list[dict]) -> list[str]:
+    r0 = runs[0]
+    out = ["", f"**Where a call's time goes** ({r0['device']}, {r0['model']}, {r0['size']} px, batch {r0['batch']}; "
+           "ms per call: host = until the call returns, total = until the device is done, busy = the device's "
+           "kernels, their intervals merged; syncs: what `torch.cuda.set_sync_debug_mode` reported in one call)",
+           "", "```"]
+    out += [f"python bench/profile_attention.py --device {r['device']} --dtype {r['dtype']} --model {r['model']} "
+            f"--size {r['size']} --batch {r['batch']} --timeline --calls {r['rows'][0]['calls'] if r['rows'] else 0}"
+            " --method " + " ".join(row["method"] for row in r["rows"]) for r in runs]
+    out += ["```", ""]
+    table = []
+    for run in runs:
+        for r in run["rows"]:
+            runtime = sorted((r.get("runtime") or {}).items(), key=lambda kv: -kv[1]["ms"])[:3]
+            gap = (r.get("gaps") or [None])[0]
+            syncs = r.get("syncs")
+            table.append([
+                run["dtype"], r["method"], f"{r['host_ms']:.2f}", f"{r['total_ms']:.2f}",
+                f"{r['busy_ms']:.2f}" if "busy_ms" in r else "n/a", f"{r['kernel_ms']:.2f}" if "kernel_ms" in r else "n/a",
+                "n/a" if syncs is None else str(len(syncs)) + (
+                    f" ({syncs[0]['vitviz'][-1] if syncs[0]['vitviz'] else syncs[0]['at']})" if syncs else ""),
+                ", ".join(f"{name} {v['calls']:.0f}x {v['ms']:.2f}" for name, v in runtime) or "n/a",
+                f"{gap['ms']:.2f} after {gap['after'][:40]}" if gap else "n/a"])
+    return out + _table(["dtype", "method", "host", "total", "busy", "kernels", "syncs", "CUDA runtime (calls, ms)",
+                         "longest idle"], table, numeric={2, 3, 4, 5})
 
 
 def micro_table(rows: list[dict]) -> list[str]:
@@ -159,9 +223,15 @@ def render(folder: Path) -> str:
             out += ["", f"attention_{tag}.json: not measured in this run."]
             continue
         out += attention_tables(rows) + goal_table(rows)
+    batches = _load(folder / "attention_batch.json")
+    out += ["", "#### ViT-B/16 at larger batches"]
+    out += batch_table(batches) if batches else ["", "attention_batch.json: not measured in this run."]
     data = _load(folder / "dataset.json")
     out += ["", "#### The dataset path"]
     out += dataset_table(data) if data else ["", "dataset.json: not measured in this run."]
+    timeline = _load(folder / "timeline.json")
+    out += ["", "#### Where a call's time goes"]
+    out += timeline_table(timeline) if timeline else ["", "timeline.json: not measured in this run."]
     micro = _load(folder / "micro.json")
     out += ["", "#### The head-map kernels alone"]
     out += micro_table(micro) if micro else ["", "micro.json: not measured in this run."]

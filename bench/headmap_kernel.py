@@ -47,7 +47,8 @@ def main() -> int:
                     "are the interpreter's and mean nothing)")
     ap.add_argument("--dtypes", nargs="+", default=["bf16", "fp32", "fp32-ieee"], choices=list(DTYPES),
                     help="fp32: vitviz's float32 precision (3xTF32 at head dim <= 64); fp32-ieee: plain float32 dots")
-    ap.add_argument("--blocks", nargs="+", default=["default", "64,64,8,3", "64,32,8,2", "64,16,8,1", "32,32,8,2"])
+    ap.add_argument("--blocks", nargs="+",
+                    default=["default", "64,64,8,3", "64,64,8,2", "64,32,8,2", "64,16,8,1", "32,32,8,2"])
     ap.add_argument("--json", default=None)
     args = ap.parse_args()
 

@@ -33,9 +33,9 @@ pytestmark = [pytest.mark.slow,
               pytest.mark.skipif(not kernels.triton_available(),
                                  reason=f"needs Triton {'.'.join(map(str, kernels.MIN_TRITON))} or newer")]
 
-PLAN = "setup b16_448 l16_448 dataset tests profile b16_224 l16_224 hf tv dataset_torch micro"
-PARTS = ["setup", "tests", "profile_python", "profile_ops", "micro", "attention_b16", "attention_l16",
-         "attention_hf_vit-base", "attention_hf_vit_b_16", "dataset"]
+PLAN = "setup b16_448 profile tests batch l16_448 dataset b16_224 l16_224 hf tv dataset_torch micro"
+PARTS = ["setup", "tests", "profile_timeline_bf16", "profile_timeline_fp32", "profile_python", "profile_ops", "micro",
+         "attention_b16", "attention_l16", "attention_hf_vit-base", "attention_hf_vit_b_16", "attention_batch", "dataset"]
 
 
 def _run(out: Path, *parts: str, **extra: str) -> subprocess.CompletedProcess:
@@ -67,11 +67,11 @@ def test_every_part_runs_and_reports_its_exit_status(rehearsal):
     assert "SKIPPED" not in summary
 
 
-def test_the_out_folder_holds_the_eight_files_every_table_needs(rehearsal):
+def test_the_out_folder_holds_the_ten_files_every_table_needs(rehearsal):
     out, _ = rehearsal
     assert sorted(p.name for p in out.iterdir()) == sorted(
         ["env.json", "attention_b16.json", "attention_l16.json", "attention_hf.json", "dataset.json", "micro.json",
-         "run.log", "summary.txt"])
+         "attention_batch.json", "timeline.json", "run.log", "summary.txt"])
     env = json.loads((out / "env.json").read_text())
     assert env["smoke_max_abs"] < 1e-5 and env["timm_stream_probe"] and env["torch"]
     methods = set(attention_bench.METHODS) - {"grad_rollout", "rollout", "distance"}
@@ -90,6 +90,14 @@ def test_the_out_folder_holds_the_eight_files_every_table_needs(rehearsal):
     micro = json.loads((out / "micro.json").read_text())
     assert micro and not [r for r in micro if "error" in r]
     assert all(r["max_abs"] < 1e-5 and r["sdpa_ms"] > 0 for r in micro)
+    batches = json.loads((out / "attention_batch.json").read_text())
+    assert sorted({(r["dtype"], r["batch"]) for r in batches}) == [("bf16", 3), ("bf16", 4), ("fp32", 3)]
+    assert all(sorted(r["method"] for r in batches if (r["dtype"], r["batch"]) == case) == sorted(
+        ["plain", "rollout_kernel", "rollout_fwdlse", "distance_kernel"]) for case in {("bf16", 3), ("fp32", 3)})
+    timeline = json.loads((out / "timeline.json").read_text())  # one run per dtype, a row per method
+    assert [(run["dtype"], [r["method"] for r in run["rows"]]) for run in timeline] == [
+        (dt, ["plain", "rollout_kernel", "rollout_fwdlse", "distance_kernel"]) for dt in ("bf16", "fp32")]
+    assert all(0 < r["host_ms"] <= r["total_ms"] for run in timeline for r in run["rows"])
     data = json.loads((out / "dataset.json").read_text())
     assert [r["reduction"] for r in data] == ["plain", "distance", "plain", "distance"]
     assert [r["kernel"] for r in data] == ["on", "on", "on", "off"] and all(r["images"] == 8 for r in data)
@@ -155,6 +163,16 @@ def test_the_tables_show_every_measured_row_and_the_goals_recomputed(rehearsal):
                                    f"<= {goal:.2f}x: {'met' if ratio <= goal else 'MISSED'}")
         assert all(f"--model {r['model']} --dtype {r['dtype']} --sizes {r['size']} --batch {r['batch']}" in tables
                    for r in rows)
+    batches = json.loads((out / "attention_batch.json").read_text())  # a row per dtype and batch, x per method
+    for r in batches:
+        if r["method"] != "plain":
+            plain = next(p for p in batches if (p["dtype"], p["batch"], p["method"]) == (r["dtype"], r["batch"], "plain"))
+            column = 5 + ["rollout_kernel", "rollout_fwdlse", "distance_kernel"].index(r["method"])
+            cell = _cell(tables, [r["model"], r["dtype"], str(r["size"]), str(r["batch"])], column)
+            assert cell.split()[0] == f"{r['time_s'] / plain['time_s']:.2f}", (cell, r)
+    for run in json.loads((out / "timeline.json").read_text()):  # a row per method, its times as measured
+        for r in run["rows"]:
+            assert _cell(tables, [run["dtype"], r["method"]], 3) == f"{r['total_ms']:.2f}", (run["dtype"], r)
     data = json.loads((out / "dataset.json").read_text())
     fastest = max(r["images_per_s"] for r in data if r["reduction"] == "plain")
     for r in data:

@@ -115,11 +115,12 @@ def compiled(kernel, signature: dict, constexprs: dict, options: dict, arch: int
             "spill_stores": int(spills.group(1)), "spill_loads": int(spills.group(2))}
 
 
-def problems(usage: dict, limit: int = SHARED_LIMIT) -> list[str]:
+def problems(usage: dict, limit: int = SHARED_LIMIT, spill: int = 0) -> list[str]:
+    """What is wrong with a compiled launch: more shared memory than ``limit``, more spill bytes than ``spill``."""
     found = []
     if usage["shared"] > limit:
         found.append(f"{usage['shared']} bytes of shared memory > {limit}")
-    if usage["spill_stores"] or usage["spill_loads"]:
+    if usage["spill_stores"] > spill or usage["spill_loads"] > spill:
         found.append(f"{usage['spill_stores']} bytes of spill stores, {usage['spill_loads']} of spill loads")
     return found
 
@@ -146,26 +147,31 @@ def test_every_variant_compiles_without_spills(monkeypatch, tmp_path, arch, dt, 
 
 
 SM90_SHARED = 227 * 1024  # what one block may take on sm_90
+SM90_FUSE_SPILL = 8  # bytes float32's fusing pass may spill in sm_90's table (4 seen; measured faster all the same)
 SM90_CASES = [(dt, d) for dt in ("bf16", "fp16", "fp32") for d in (64, 80)] + [("fp32-ieee", 64)]
 
 
 @pytest.mark.parametrize(("dt", "d"), SM90_CASES, ids=[f"{dt}-d{d}" for dt, d in SM90_CASES])
 def test_the_sm90_table_compiles_without_spills(monkeypatch, tmp_path, dt, d):
     """The shapes ``_blocks`` picks on sm_90 (H100, H200), compiled for sm_90: no spills, within the 227 KiB of
-    shared memory a block may take there. At head dim 64 the distance pass (and float32's rows pass) take the
-    table's 64 x 64 tiles; every other launch is the shape every GPU takes."""
+    shared memory a block may take there. At head dim 64 the distance pass (and float32's rows and fusing passes)
+    take the table's 64 x 64 tiles; every other launch is the shape every GPU takes. One exception, taken for its
+    measured speed (``headmaps._blocks``): float32's fusing pass in the table's tiles may spill up to
+    ``SM90_FUSE_SPILL`` bytes (4 under Triton 3.8), no more."""
     dtype, precision = DTYPES[dt]
     failures, tables = [], 0
     for (name, *_), (kernel, signature, constexprs, options) in launches(monkeypatch, dtype, d, precision=precision,
                                                                          arch=90).items():
-        tables += (constexprs["BLOCK_M"], constexprs["BLOCK_N"], options["num_warps"], options["num_stages"]) == (
+        table = (constexprs["BLOCK_M"], constexprs["BLOCK_N"], options["num_warps"], options["num_stages"]) == (
             64, 64, 8, 3)
+        tables += table
         usage = compiled(kernel, signature, constexprs, options, 90, tmp_path, monkeypatch)
-        found = problems(usage, SM90_SHARED)
+        allowed = SM90_FUSE_SPILL if table and name == "_fuse_kernel" and dtype == torch.float32 else 0
+        found = problems(usage, SM90_SHARED, spill=allowed)
         if found:
             failures.append(f"{name} {constexprs} {options}: {'; '.join(found)} ({usage})")
     assert not failures, "\n".join(failures)
-    assert tables == (0 if d > 64 or precision == "ieee" else 2 if dtype == torch.float32 else 1), tables
+    assert tables == (0 if d > 64 or precision == "ieee" else 3 if dtype == torch.float32 else 1), tables
 
 
 def biased_distance(launch: tuple) -> bool:

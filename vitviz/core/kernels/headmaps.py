@@ -215,14 +215,17 @@ def _blocks(d: int, dtype: torch.dtype, precision: str, *, arch: int | None = No
     it).
 
     On sm_90 (H100, H200: 227 KiB of shared memory per block), at head dims <= 64 without a bias or mask, the
-    distance pass in every dtype and the float32 (3xTF32) rows pass take 64 x 64 tiles with 8 warps and 3 stages:
-    the H100 sweep (``bench/results/h100_gpu_run_1/micro.json``; ViT-B/16 and ViT-L/16 at 224 and 448 px) measured
-    them faster in every case (ViT-B/16 448 px per layer: distance 0.20 against 0.28 ms in bf16, 0.48 against 1.29
-    in float32; the float32 rows pass 0.36 against 0.62), and they build without spills for sm_90 (the float32 ones
-    in 96 KiB of shared memory). Not taken there: the float32 fusing pass (it spills 4 bytes and takes 112 KiB),
-    every variant with a mask or bias (the distance pass spills 8 to 136 bytes), the half-type rows and fusing
-    passes (the sweep is split: in bf16 the rows pass was slower at three of the four shapes, the fusing pass at
-    two), ``"ieee"`` float32 and sm_80, where most float32 64 x 64 passes spill 212 to 848 bytes.
+    distance pass in every dtype and the float32 (3xTF32) rows and fusing passes take 64 x 64 tiles with 8 warps
+    and 3 stages: the H100 sweep (``bench/results/h100_gpu_run_1/micro.json``; ViT-B/16 and ViT-L/16 at 224 and
+    448 px) measured them faster in every case (ViT-B/16 448 px per layer: distance 0.20 against 0.28 ms in bf16,
+    0.48 against 1.29 in float32; the float32 rows pass 0.36 against 0.62, the float32 fusing pass 0.36 against
+    0.55, and at the other three shapes 28 to 35% faster). They build for sm_90 without spills (the float32 rows
+    and distance passes in 96 KiB of shared memory) but for the float32 fusing pass, which spills 4 bytes and takes
+    112 KiB (Triton 3.8): taken for its measured speed, the one spill ``tests/test_headmap_compile.py`` allows (its
+    2-stage variant builds clean in 80 KiB but was not measured; ``bench/headmap_kernel.py`` sweeps it). Not taken
+    there: every variant with a mask or bias (the distance pass spills 8 to 136 bytes), the half-type rows and
+    fusing passes (the sweep is split: in bf16 the rows pass was slower at three of the four shapes, the fusing
+    pass at two), ``"ieee"`` float32 and sm_80, where most float32 64 x 64 passes spill 212 to 848 bytes.
 
     Every other launch takes the shapes below, chosen so that no kernel variant spills registers and each fits the
     99 KiB of shared memory a block may take on the smallest CUDA parts (sm_86/89/120), as compiled offline for
@@ -249,7 +252,7 @@ def _blocks(d: int, dtype: torch.dtype, precision: str, *, arch: int | None = No
     if interpreting():
         return 16, 16, 1, 1  # tiles smaller than the test shapes: every edge case crosses tiles
     if (arch == 90 and d <= 64 and bias_kind == 0 and not causal and precision != "ieee"
-            and (kernel == "distance" or (kernel == "rows" and dtype == torch.float32))):
+            and (kernel == "distance" or dtype == torch.float32)):
         return 64, 64, 8, 3
     if dtype == torch.float32:
         if d > 64:
