@@ -7,7 +7,8 @@ and ``--json``): ``host_ms``, the time until the call returns, and ``total_ms``,
 ``--calls``; a call that returns CUDA tensors returns before its kernels have run, unless it waits for them);
 ``kernel_ms``, the summed time of its device kernels, and ``busy_ms``, the time the device was busy (their
 intervals merged), per call from torch.profiler; ``runtime``, each CUDA runtime or driver call (launches, copies,
-``cudaStreamSynchronize``, ``cudaMalloc``, ``cudaFree``...) per call with its host time; ``gaps``, the longest
+``cudaStreamSynchronize``, ``cudaMalloc``, ``cudaFree``...) per call with its host time (but the timing's own
+``cudaDeviceSynchronize``, which vitviz never calls); ``gaps``, the longest
 stretches the device idled inside a call, with the kernel before each; ``syncs``, each synchronizing operation
 ``torch.cuda.set_sync_debug_mode`` reports in one call, with the vitviz frames that called it. On the CPU only the
 host times are meaningful.
@@ -183,7 +184,7 @@ def timeline(once, method: str, cuda: bool, calls: int, acts: list) -> dict:
     for e in prof.events():
         if e.device_type == DeviceType.CUDA:
             kernels.append((e.time_range.start, e.time_range.end, e.name))
-        elif _runtime_call(e.name):
+        elif _runtime_call(e.name) and e.name != "cudaDeviceSynchronize":  # that is this timing's own sync()
             count, us = runtime.get(e.name, (0, 0.0))
             runtime[e.name] = (count + 1, us + e.time_range.elapsed_us())
     busy, gaps = busy_and_gaps(kernels)
