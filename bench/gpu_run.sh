@@ -18,11 +18,12 @@
 #                  explicit, store, timm, rollout and distance on the PyTorch stream path (*_torch) and with the
 #                  kernels (*_kernel), rollout with the forward's log-sum-exp (rollout_fwdlse): the goal cases
 #                                                                                  (~25 s a process, cap 90 each)
-#   profile        where a call's time goes, ViT-B/16 448 px batch 8 (bench/profile_attention.py): first, in bf16
-#                  and fp32, the timeline of plain, rollout_kernel, rollout_fwdlse and distance_kernel (host time
-#                  to return, device kernel and busy time, CUDA runtime calls, idle gaps, each synchronisation with
-#                  its vitviz frames: timeline.json); then in bf16 cProfile's Python functions over 10 calls, and
-#                  torch.profiler's CUDA operators of rollout_kernel; into run.log   (~30 s, cap 60 each)
+#   profile        where a call's time goes, ViT-B/16 448 px batch 8 (bench/profile_attention.py): first the
+#                  timeline of plain, rollout_kernel, rollout_fwdlse and distance_kernel (host time to return,
+#                  device kernel and busy time, CUDA runtime calls, idle gaps, each synchronisation with its vitviz
+#                  frames: timeline.json) for timm's model in bf16 and fp32 and Hugging Face's in bf16; then in
+#                  bf16 cProfile's Python functions over 10 calls, and torch.profiler's CUDA operators of
+#                  rollout_kernel; into run.log                                      (~25 s, cap 60 each)
 #   tests          pytest -m gpu over the files that hold gpu tests (the kernels against the PyTorch path on
 #                  ViT-B/16 448 px shapes, the forward LSE, the peak-memory bound, CUDA checks)   (~90 s, cap 150)
 #   batch          ViT-B/16 at 448 px at larger batches (bf16: 32 and 64, fp32: 32), one process each: plain,
@@ -167,15 +168,19 @@ part_tests() {  # only the files that hold gpu tests: collecting the whole suite
 }
 
 part_profile() {  # the timeline rows to timeline.json (and run.log), the tables to run.log
-    local dt
+    local spec model dt part
     fresh "$OUT/timeline.json"
-    for dt in bf16 fp32; do
-        rm -f "$OUT/.timeline_$dt.json"
-        run_part "profile_timeline_$dt" 60 $PY bench/profile_attention.py --device "$DEV" --dtype "$dt" \
-            --model "$B16" --size "$LARGE" --batch "$BATCH_LARGE" --timeline --calls "$PROFILE_CALLS" \
-            --method plain rollout_kernel rollout_fwdlse distance_kernel --json "$OUT/.timeline_$dt.json"
-        [ -f "$OUT/.timeline_$dt.json" ] || continue
-        $PY - "$OUT/.timeline_$dt.json" "$OUT/timeline.json" <<'EOF'
+    # timm's ViT-B/16 in bf16 and fp32, and Hugging Face's of the same size in bf16: in run 1 the same call took
+    # 33.7 ms on the timm model and 15.7 ms on the Hugging Face one (plain forwards 5.3 and 4.3 ms)
+    for spec in "$B16 bf16" "$B16 fp32" "hf:vit-base-patch16 bf16"; do
+        read -r model dt <<<"$spec"
+        part="profile_timeline_${model#*:}_$dt"
+        rm -f "$OUT/.timeline.json"
+        run_part "$part" 60 $PY bench/profile_attention.py --device "$DEV" --dtype "$dt" \
+            --model "$model" --size "$LARGE" --batch "$BATCH_LARGE" --timeline --calls "$PROFILE_CALLS" \
+            --method plain rollout_kernel rollout_fwdlse distance_kernel --json "$OUT/.timeline.json"
+        [ -f "$OUT/.timeline.json" ] || continue
+        $PY - "$OUT/.timeline.json" "$OUT/timeline.json" <<'EOF'
 import json, os, pathlib, sys
 part, path = json.loads(pathlib.Path(sys.argv[1]).read_text()), pathlib.Path(sys.argv[2])
 runs = (json.loads(path.read_text()) if path.exists() else []) + [part]

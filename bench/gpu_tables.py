@@ -162,10 +162,9 @@ def dataset_table(rows: list[dict]) -> list[str]:
 
 def timeline_table(runs: list[dict]) -> list[str]:
     r0 = runs[0]
-    out = ["", f"**Where a call's time goes** ({r0['device']}, {r0['model']}, {r0['size']} px, batch {r0['batch']}; "
-           "ms per call: host = until the call returns, total = until the device is done, busy = the device's "
-           "kernels, their intervals merged; syncs: what `torch.cuda.set_sync_debug_mode` reported in one call)",
-           "", "```"]
+    out = ["", f"**Where a call's time goes** ({r0['device']}, {r0['size']} px, batch {r0['batch']}; ms per call: "
+           "host = until the call returns, total = until the device is done, busy = the device's kernels, their "
+           "intervals merged; syncs: what `torch.cuda.set_sync_debug_mode` reported in one call)", "", "```"]
     out += [f"python bench/profile_attention.py --device {r['device']} --dtype {r['dtype']} --model {r['model']} "
             f"--size {r['size']} --batch {r['batch']} --timeline --calls {r['rows'][0]['calls'] if r['rows'] else 0}"
             " --method " + " ".join(row["method"] for row in r["rows"]) for r in runs]
@@ -177,14 +176,14 @@ def timeline_table(runs: list[dict]) -> list[str]:
             gap = (r.get("gaps") or [None])[0]
             syncs = r.get("syncs")
             table.append([
-                run["dtype"], r["method"], f"{r['host_ms']:.2f}", f"{r['total_ms']:.2f}",
+                run["model"], run["dtype"], r["method"], f"{r['host_ms']:.2f}", f"{r['total_ms']:.2f}",
                 f"{r['busy_ms']:.2f}" if "busy_ms" in r else "n/a", f"{r['kernel_ms']:.2f}" if "kernel_ms" in r else "n/a",
                 "n/a" if syncs is None else str(len(syncs)) + (
                     f" ({syncs[0]['vitviz'][-1] if syncs[0]['vitviz'] else syncs[0]['at']})" if syncs else ""),
                 ", ".join(f"{name} {v['calls']:.0f}x {v['ms']:.2f}" for name, v in runtime) or "n/a",
                 f"{gap['ms']:.2f} after {gap['after'][:40]}" if gap else "n/a"])
-    return out + _table(["dtype", "method", "host", "total", "busy", "kernels", "syncs", "CUDA runtime (calls, ms)",
-                         "longest idle"], table, numeric={2, 3, 4, 5})
+    return out + _table(["model", "dtype", "method", "host", "total", "busy", "kernels", "syncs",
+                         "CUDA runtime (calls, ms)", "longest idle"], table, numeric={3, 4, 5, 6})
 
 
 def micro_table(rows: list[dict]) -> list[str]:

@@ -34,7 +34,8 @@ pytestmark = [pytest.mark.slow,
                                  reason=f"needs Triton {'.'.join(map(str, kernels.MIN_TRITON))} or newer")]
 
 PLAN = "setup b16_448 profile tests batch l16_448 dataset b16_224 l16_224 hf tv dataset_torch micro"
-PARTS = ["setup", "tests", "profile_timeline_bf16", "profile_timeline_fp32", "profile_python", "profile_ops", "micro",
+PARTS = ["setup", "tests", "profile_timeline_vit_tiny_patch16_224_bf16", "profile_timeline_vit_tiny_patch16_224_fp32",
+         "profile_timeline_vit-base-patch16_bf16", "profile_python", "profile_ops", "micro",
          "attention_b16", "attention_l16", "attention_hf_vit-base", "attention_hf_vit_b_16", "attention_batch", "dataset"]
 
 
@@ -95,8 +96,10 @@ def test_the_out_folder_holds_the_ten_files_every_table_needs(rehearsal):
     assert all(sorted(r["method"] for r in batches if (r["dtype"], r["batch"]) == case) == sorted(
         ["plain", "rollout_kernel", "rollout_fwdlse", "distance_kernel"]) for case in {("bf16", 3), ("fp32", 3)})
     timeline = json.loads((out / "timeline.json").read_text())  # one run per dtype, a row per method
-    assert [(run["dtype"], [r["method"] for r in run["rows"]]) for run in timeline] == [
-        (dt, ["plain", "rollout_kernel", "rollout_fwdlse", "distance_kernel"]) for dt in ("bf16", "fp32")]
+    assert [(run["model"], run["dtype"], [r["method"] for r in run["rows"]]) for run in timeline] == [
+        (model, dt, ["plain", "rollout_kernel", "rollout_fwdlse", "distance_kernel"])
+        for model, dt in (("vit_tiny_patch16_224", "bf16"), ("vit_tiny_patch16_224", "fp32"),
+                          ("hf:vit-base-patch16", "bf16"))]
     assert all(0 < r["host_ms"] <= r["total_ms"] for run in timeline for r in run["rows"])
     data = json.loads((out / "dataset.json").read_text())
     assert [r["reduction"] for r in data] == ["plain", "distance", "plain", "distance"]
@@ -172,7 +175,7 @@ def test_the_tables_show_every_measured_row_and_the_goals_recomputed(rehearsal):
             assert cell.split()[0] == f"{r['time_s'] / plain['time_s']:.2f}", (cell, r)
     for run in json.loads((out / "timeline.json").read_text()):  # a row per method, its times as measured
         for r in run["rows"]:
-            assert _cell(tables, [run["dtype"], r["method"]], 3) == f"{r['total_ms']:.2f}", (run["dtype"], r)
+            assert _cell(tables, [run["model"], run["dtype"], r["method"]], 4) == f"{r['total_ms']:.2f}", (run, r)
     data = json.loads((out / "dataset.json").read_text())
     fastest = max(r["images_per_s"] for r in data if r["reduction"] == "plain")
     for r in data:
