@@ -7,9 +7,9 @@ and ``--json``): ``host_ms``, the time until the call returns, and ``total_ms``,
 ``--calls``; a call that returns CUDA tensors returns before its kernels have run, unless it waits for them);
 ``kernel_ms``, the summed time of its device kernels, and ``busy_ms``, the time the device was busy (their
 intervals merged), per call from torch.profiler; ``runtime``, each CUDA runtime or driver call (launches, copies,
-``cudaStreamSynchronize``, ``cudaMalloc``, ``cudaFree``...) per call with its host time (but the timing's own
-``cudaDeviceSynchronize``, which vitviz never calls); ``gaps``, the longest
-stretches the device idled inside a call, with the kernel before each; ``syncs``, each synchronizing operation
+``cudaStreamSynchronize``, ``cudaMalloc``, ``cudaFree``...) per call with its host time, but for the timing's own
+``cudaDeviceSynchronize`` (vitviz never calls it); ``gaps``, the longest stretches the device idled between the
+kernels of three calls in a row, with the kernel before each; ``syncs``, each synchronizing operation
 ``torch.cuda.set_sync_debug_mode`` reports in one call, with the vitviz frames that called it. On the CPU only the
 host times are meaningful.
 
