@@ -15,10 +15,12 @@ Methods (``--methods``):
 - ``rollout_torch``, ``distance_torch``: the same with the head-map kernels forbidden (``VITVIZ_HEADMAP_KERNEL=off``:
   the PyTorch stream path, which is what ``rollout``/``distance`` run on CPU);
 - ``rollout_kernel``, ``distance_kernel``: the same with the Triton head-map kernels forced on (what
-  ``rollout``/``distance`` run on CUDA by default; CUDA only);
+  ``rollout``/``distance`` run on CUDA by default; CUDA only), ``rollout_kernel`` with the kernels' own first pass
+  (the forward's log-sum-exp forced off);
 - ``rollout_fwdlse``: ``rollout_kernel`` with the row log-sum-exp taken from the forward's own SDPA call
-  (``vitviz.core.kernels.forward_lse``, off by default: no first pass of the kernels; timm and Hugging Face
-  models, CUDA only);
+  (``vitviz.core.kernels.forward_lse``, forced on: no first pass of the kernels; timm and Hugging Face models, CUDA
+  only). By default ``rollout`` on CUDA is ``rollout_fwdlse`` for float32 models (outside autocast) and
+  ``rollout_kernel`` for the others;
 - ``grad_rollout``: ``vitviz.grad_rollout`` (needs the backward; off by default on CPU).
 
 ``--model hf:vit-base-patch16`` (or ``hf:vit-large-patch16``) times a Hugging Face ``ViTModel`` of that size with
@@ -166,9 +168,12 @@ def _setup(args: argparse.Namespace, device: str, size: int, batch: int):
     def once(method: str):
         if method == "grad_rollout":
             return vitviz.grad_rollout(model, x, target=0)
-        if method == "rollout_fwdlse":
-            with forward_lse.use_forward_lse(True):
-                return once("rollout_kernel")
+        if method == "rollout_fwdlse":  # the kernels with the forward's log-sum-exp, whatever the default
+            with forward_lse.use_forward_lse(True), headmap_kernel(KERNEL_MODE["rollout_kernel"]):
+                return once("rollout")
+        if method == "rollout_kernel":  # the kernels with their own first pass, whatever the default
+            with forward_lse.use_forward_lse(False), headmap_kernel(KERNEL_MODE[method]):
+                return once("rollout")
         if method in KERNEL_MODE:
             with headmap_kernel(KERNEL_MODE[method]):
                 return once(method.split("_")[0])

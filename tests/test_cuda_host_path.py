@@ -258,7 +258,15 @@ def _calls(x: torch.Tensor) -> dict[str, Callable[[nn.Module], Any]]:
 @pytest.mark.parametrize("family", list(FAMILIES))
 def test_an_analysis_call_on_cuda_waits_for_the_device_nowhere_inside_its_forward(family, dtype, path, monkeypatch):
     """On the head-map kernels (what a GPU with Triton runs) and on the PyTorch stream path (kernels off, or a
-    Triton too old)."""
+    Triton too old), with SDPA picking the backend it picks on a GPU for float32 (memory-efficient attention), so
+    that the forward's log-sum-exp is taken where it is by default (``forward_lse.enabled``: float32 on the
+    kernels). Its check reads one float per module on the first call (``forward_lse.checked``), the one wait
+    allowed there; none on the second call."""
+    from torch.nn.attention import SDPBackend
+
+    choice = torch._fused_sdp_choice
+    monkeypatch.setattr(torch, "_fused_sdp_choice", lambda q, *a, **kw: SDPBackend.EFFICIENT_ATTENTION.value
+                        if q.device.type == "cuda" and q.dtype == torch.float32 else choice(q, *a, **kw))
     make, shape = FAMILIES[family]
     cuda = FakeCuda(make(), monkeypatch, dtype)
     layers = len(vitviz.inspect(make()).attention_modules)
@@ -268,8 +276,13 @@ def test_an_analysis_call_on_cuda_waits_for_the_device_nowhere_inside_its_forwar
             for attempt in ("first", "second"):
                 before = cuda.launches
                 recorder = cuda.run(call)
-                assert recorder.inside() == [], (f"{family} {name} ({attempt} call): the host waits for the device "
-                                                 f"inside the forward: {recorder.inside()}")
+                waits = recorder.inside()
+                if attempt == "first" and path == "kernels" and dtype == torch.float32:
+                    checks = [(what, where) for what, where in waits if where[-1].endswith(" _gap")]
+                    assert len(checks) <= layers, checks  # forward_lse's check: one float per module, once
+                    waits = [w for w in waits if w not in checks]
+                assert waits == [], (f"{family} {name} ({attempt} call): the host waits for the device inside the "
+                                     f"forward: {waits}")
                 # the path asked for: on the kernels, each attention layer asked for at least one launch
                 launched = cuda.launches - before
                 assert launched >= layers if path == "kernels" else launched == 0, (name, launched, layers)

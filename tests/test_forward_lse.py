@@ -8,6 +8,9 @@ the ``gpu`` tests.
 
 from __future__ import annotations
 
+import types
+from typing import Any
+
 import pytest
 import torch
 import torch.nn.functional as F
@@ -17,6 +20,7 @@ from vitviz.core import kernels
 from vitviz.core.capture import capture_attention
 from vitviz.core.families import stream
 from vitviz.core.kernels import forward_lse
+from vitviz.errors import InputError
 
 
 def qkv(dtype=torch.float32, b=2, h=3, n=37, d=16):
@@ -244,14 +248,40 @@ def test_the_check_reads_causal_attention_as_sdpa_does(monkeypatch):
         assert forward_lse.checked(lse, q, k, 0.25) is None
 
 
-def test_off_by_default_and_switched_by_the_environment_or_the_context(monkeypatch):
+def _tensor_on(device: str, dtype: torch.dtype) -> Any:
+    """What ``enabled`` reads of a tensor (its device and dtype): a CUDA one without a GPU."""
+    return types.SimpleNamespace(device=torch.device(device), dtype=dtype)
+
+
+def test_by_default_on_for_float32_cuda_outside_autocast_only(monkeypatch):
+    """``auto``: the memory-efficient branch SDPA runs for float32 CUDA tensors, the one measured on a GPU."""
     monkeypatch.delenv("VITVIZ_FORWARD_LSE", raising=False)
-    assert not forward_lse.enabled()
-    monkeypatch.setenv("VITVIZ_FORWARD_LSE", "1")
-    assert forward_lse.enabled()
-    with forward_lse.use_forward_lse(False):
-        assert not forward_lse.enabled()
-    assert forward_lse.enabled()
+    assert forward_lse.enabled(_tensor_on("cuda", torch.float32))
+    assert forward_lse.enabled(_tensor_on("cuda:1", torch.float32))
+    for device, dtype in (("cuda", torch.bfloat16), ("cuda", torch.float16), ("cpu", torch.float32)):
+        assert not forward_lse.enabled(_tensor_on(device, dtype)), (device, dtype)
+    assert not forward_lse.enabled()  # nothing to decide by
+    monkeypatch.setattr(torch, "is_autocast_enabled", lambda device_type="cuda": device_type == "cuda")
+    assert not forward_lse.enabled(_tensor_on("cuda", torch.float32))  # SDPA computes in the autocast dtype
+    monkeypatch.setenv("VITVIZ_FORWARD_LSE", "auto")
+    assert not forward_lse.enabled(_tensor_on("cuda", torch.float32))
+
+
+@pytest.mark.parametrize(("value", "on"), [("1", True), ("on", True), (" ON ", True), ("0", False), ("off", False),
+                                           ("false", False)])
+def test_the_environment_forces_it_and_the_context_overrides_the_environment(monkeypatch, value, on):
+    monkeypatch.setenv("VITVIZ_FORWARD_LSE", value)
+    for x in (None, _tensor_on("cuda", torch.float32), _tensor_on("cpu", torch.bfloat16)):
+        assert forward_lse.enabled(x) is on
+    with forward_lse.use_forward_lse(not on):
+        assert forward_lse.enabled(_tensor_on("cuda", torch.float32)) is (not on)
+    assert forward_lse.enabled() is on
+
+
+def test_a_value_it_does_not_know_is_refused_with_its_name(monkeypatch):
+    monkeypatch.setenv("VITVIZ_FORWARD_LSE", "sometimes")
+    with pytest.raises(InputError, match=r"VITVIZ_FORWARD_LSE='sometimes' is not one of on, off, auto"):
+        forward_lse.enabled(_tensor_on("cuda", torch.float32))
 
 
 def test_without_the_kernels_the_stream_probe_never_opens_the_mode(monkeypatch):

@@ -771,8 +771,9 @@ def test_cuda_forward_lse_on_vit_b16(dtype, family, monkeypatch):
 
 
 def test_the_sm90_table_covers_only_the_launches_the_sweep_measured(interpret, monkeypatch):
-    """On sm_90, 64 x 64 tiles (8 warps, 3 stages) for the distance pass and the float32 3xTF32 rows pass at head dims
-    <= 64 without a bias, mask or causal mask; every other launch, and every other GPU, keeps the shared shapes."""
+    """On sm_90, 64 x 64 tiles (8 warps, 3 stages) for the distance pass and the float32 3xTF32 rows and fusing
+    passes at head dims <= 64 without a bias, mask or causal mask; every other launch, and every other GPU, keeps the
+    shared shapes."""
     monkeypatch.setattr(interpret, "interpreting", lambda: False)
     monkeypatch.delenv("VITVIZ_HEADMAP_BLOCKS", raising=False)
     table = (64, 64, 8, 3)
@@ -780,12 +781,13 @@ def test_the_sm90_table_covers_only_the_launches_the_sweep_measured(interpret, m
     def shape(dtype=torch.float32, kernel="rows", arch=90, d=64, precision="tf32x3", **kw):
         return interpret._blocks(d, dtype, interpret._precision(precision, dtype, d), arch=arch, kernel=kernel, **kw)
 
-    assert shape() == table and shape(kernel="distance") == table
+    assert shape() == table and shape(kernel="distance") == table and shape(kernel="fuse") == table
     for dtype in (torch.bfloat16, torch.float16):
         assert shape(dtype, "distance") == table
         assert shape(dtype, "rows") == shape(dtype, "rows", arch=None) != table
         assert shape(dtype, "fuse") == shape(dtype, "fuse", arch=None) != table
-    others = [shape(kernel="fuse"), shape(arch=80), shape(arch=89), shape(arch=100), shape(arch=None),
+    others = [shape(kernel="fuse", arch=None), shape(kernel="fuse", arch=80), shape(arch=80), shape(arch=89), shape(arch=100), shape(arch=None),
               shape(d=80), shape(precision="ieee"), shape(bias_kind=1), shape(bias_kind=2), shape(causal=True),
-              shape(kernel="distance", bias_kind=1)]
+              shape(kernel="distance", bias_kind=1), shape(kernel="fuse", bias_kind=2), shape(kernel="fuse", causal=True),
+              shape(kernel="fuse", precision="ieee")]
     assert table not in others, others

@@ -15,7 +15,8 @@ the name is added once, nothing of transformers is replaced). For each call it
 2. hands the capture a ``HeadMaps`` recomputed from that ``query``, ``key``, ``scaling`` and mask
    (``stream.recomputed_heads``), with SDPA's reading of the mask and of ``is_causal`` (the call's, else the
    module's; only without a mask); on CUDA its ``fuse`` and ``distance_sums`` run the Triton head-map kernels.
-   With ``kernels.forward_lse`` on, a ``"sdpa"`` call without a mask runs under ``forward_lse.ForwardLSE``: its one
+   Where ``kernels.forward_lse`` is on for the call (``forward_lse.enabled(query)``: by default a float32 CUDA
+   ``query`` outside autocast), a ``"sdpa"`` call without a mask runs under ``forward_lse.ForwardLSE``: its one
    SDPA call is answered by the op that also returns the row log-sum-exp, which, once ``forward_lse.checked`` has
    accepted it, spares ``fuse``'s kernel its first pass.
 
@@ -310,7 +311,7 @@ def _attention(module: nn.Module, query: torch.Tensor, key: torch.Tensor, value:
         return out, (w if weights else None)
     run = functions.get_interface(original, eager)
     recorder = None
-    if kernel and original == "sdpa" and attention_mask is None and forward_lse.enabled():
+    if kernel and original == "sdpa" and attention_mask is None and forward_lse.enabled(query):
         recorder = forward_lse.ForwardLSE()  # answers its SDPA call, keeping the row log-sum-exp
     with recorder if recorder is not None else contextlib.nullcontext():
         out, _ = run(module, query, key, value, attention_mask, **kwargs)

@@ -15,8 +15,9 @@ Whether the kernels run is decided per call by ``use_kernel(device)``, from the 
 - ``on``: always; on CPU tensors this needs Triton's interpreter (``TRITON_INTERPRET=1``; for tests);
 - ``off``: never (the PyTorch path everywhere).
 
-``forward_lse`` (off unless ``VITVIZ_FORWARD_LSE=1``) takes the fusing kernel's row log-sum-exp from the forward's own
-fused attention call (the timm and Hugging Face stream probes) instead of a first pass of its own.
+``forward_lse`` takes the fusing kernel's row log-sum-exp from the forward's own fused attention call (the timm and
+Hugging Face stream probes) instead of a first pass of its own: by default for float32 CUDA tensors outside autocast,
+where it was measured (``VITVIZ_FORWARD_LSE=on|off|auto``).
 
 Importing this package does not import Triton.
 """

@@ -40,11 +40,14 @@ allowed); a failed check warns once and the kernels make their own pass. A modul
 calls with the same configuration (backend, dtypes, shapes, scale, causality): one check, and one GPU sync, per
 module and configuration in a process, not one per call.
 
-Off by default (``VITVIZ_FORWARD_LSE=1`` or ``use_forward_lse(True)`` turns it on). ``bench/gpu_run.sh`` checks the
-CUDA branches (``pytest -m gpu``: the forward's output bit for bit SDPA's, the maps those of the kernels' own pass)
-and times ``rollout_kernel`` against ``rollout_fwdlse``; the default follows that measurement. The
-memory-efficient branch passed on an H100 (torch 2.11, float32, where the log-sum-exp saved time in five of six
-cases); the flash and cuDNN branches have not run on a GPU yet (SDPA picked cuDNN for the half types there).
+By default (``auto``) it is taken where it was measured to pay: for float32 CUDA tensors outside autocast, where
+SDPA runs its memory-efficient kernel. That branch passed the GPU checks on an H100 (torch 2.11: the forward's
+output bit for bit SDPA's, the maps those of the kernels' own pass) and saved time in every float32 case measured
+there by the fastest repeat (ViT-B/16 and ViT-L/16 at 224 and 448 px, Hugging Face's ViT-B/16 at 448 px; in five
+of the six by the median). The flash and cuDNN branches (half types) have not run on a GPU yet, so half types and
+autocast keep the kernels' own pass. ``VITVIZ_FORWARD_LSE=on|off|auto`` (or ``use_forward_lse(True/False)``)
+forces or forbids it. ``bench/gpu_run.sh`` checks the CUDA branches (``pytest -m gpu``) and times ``rollout_kernel``
+(forced off) against ``rollout_fwdlse`` (forced on).
 """
 
 from __future__ import annotations
@@ -62,6 +65,7 @@ from torch.nn.attention import SDPBackend
 from torch.overrides import TorchFunctionMode
 
 from vitviz.core.kernels import sdpa_operands
+from vitviz.errors import InputError
 
 __all__ = ["ATOL", "ForwardLSE", "checked", "enabled", "sdpa_with_lse", "use_forward_lse"]
 
@@ -73,12 +77,28 @@ _verified: weakref.WeakKeyDictionary[Any, set[tuple]] = weakref.WeakKeyDictionar
 _SDPA_ARGS = ("query", "key", "value", "attn_mask", "dropout_p", "is_causal", "scale", "enable_gqa")
 
 
-def enabled() -> bool:
-    """Whether the stream probe takes the log-sum-exp from the forward: ``use_forward_lse``, else
-    ``$VITVIZ_FORWARD_LSE`` (``1``/``on``), else off."""
+_MODES = {"1": "on", "on": "on", "true": "on", "yes": "on", "0": "off", "off": "off", "false": "off", "no": "off",
+          "": "auto", "auto": "auto"}
+
+
+def enabled(x: torch.Tensor | None = None) -> bool:
+    """Whether the stream probe takes the log-sum-exp from the forward of an attention module whose input (or
+    query) is ``x``: ``use_forward_lse``, else ``$VITVIZ_FORWARD_LSE`` (``on``/``1``, ``off``/``0``), else
+    ``auto``: for a float32 CUDA ``x`` outside CUDA autocast (see the module docstring); never without ``x``.
+
+    Raises:
+        InputError: ``$VITVIZ_FORWARD_LSE`` is none of those values.
+    """
     if _override:
         return _override[-1]
-    return os.environ.get(_ENV, "").strip().lower() in ("1", "on", "true")
+    raw = os.environ.get(_ENV, "")
+    mode = _MODES.get(raw.strip().lower())
+    if mode is None:
+        raise InputError(f"{_ENV}={raw!r} is not one of on, off, auto (or 1, 0); unset it or pick one")
+    if mode != "auto":
+        return mode == "on"
+    return (x is not None and x.device.type == "cuda" and x.dtype == torch.float32
+            and not torch.is_autocast_enabled("cuda"))
 
 
 @contextlib.contextmanager
