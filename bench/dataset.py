@@ -153,6 +153,7 @@ def main() -> int:
            "wall_s": wall, "images_per_s": reduction.images / wall,
            "peak_mib": torch.cuda.max_memory_allocated() / 2**20 if cuda else _hwm_mib()}
     if world > 1:
+        torch.distributed.barrier()  # every rank done before any tears its group down (gloo aborted at exit without)
         torch.distributed.destroy_process_group()
     if rank:
         return 0
