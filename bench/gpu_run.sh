@@ -60,8 +60,8 @@
 #
 # Output under $OUT, 10 files (few, for a remote machine that returns only some): env.json, attention_b16.json,
 # attention_l16.json, attention_hf.json (the Hugging Face and the torchvision rows), attention_batch.json,
-# dataset.json, micro.json, timeline.json, run.log (everything printed, the gpu tests' output with it) and summary.txt (each part's exit status and time,
-# the goal lines, the tests' counts).
+# dataset.json, micro.json, timeline.json, run.log (everything printed, the gpu tests' output with it) and
+# summary.txt (each part's exit status and time, the goal lines, the tests' counts).
 set -u -o pipefail
 cd "$(dirname "$0")/.."
 OUT=${OUT:-bench/results/gpu_run}

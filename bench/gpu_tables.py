@@ -177,7 +177,8 @@ def timeline_table(runs: list[dict]) -> list[str]:
             syncs = r.get("syncs")
             table.append([
                 run["model"], run["dtype"], r["method"], f"{r['host_ms']:.2f}", f"{r['total_ms']:.2f}",
-                f"{r['busy_ms']:.2f}" if "busy_ms" in r else "n/a", f"{r['kernel_ms']:.2f}" if "kernel_ms" in r else "n/a",
+                f"{r['busy_ms']:.2f}" if "busy_ms" in r else "n/a",
+                f"{r['kernel_ms']:.2f}" if "kernel_ms" in r else "n/a",
                 "n/a" if syncs is None else str(len(syncs)) + (
                     f" ({syncs[0]['vitviz'][-1] if syncs[0]['vitviz'] else syncs[0]['at']})" if syncs else ""),
                 ", ".join(f"{name} {v['calls']:.0f}x {v['ms']:.2f}" for name, v in runtime) or "n/a",

@@ -36,7 +36,8 @@ pytestmark = [pytest.mark.slow,
 PLAN = "setup b16_448 profile tests batch l16_448 dataset b16_224 l16_224 hf tv dataset_torch micro"
 PARTS = ["setup", "tests", "profile_timeline_vit_tiny_patch16_224_bf16", "profile_timeline_vit_tiny_patch16_224_fp32",
          "profile_timeline_vit-base-patch16_bf16", "profile_python", "profile_ops", "micro",
-         "attention_b16", "attention_l16", "attention_hf_vit-base", "attention_hf_vit_b_16", "attention_batch", "dataset"]
+         "attention_b16", "attention_l16", "attention_hf_vit-base", "attention_hf_vit_b_16", "attention_batch",
+         "dataset"]
 
 
 def _run(out: Path, *parts: str, **extra: str) -> subprocess.CompletedProcess:
@@ -169,7 +170,8 @@ def test_the_tables_show_every_measured_row_and_the_goals_recomputed(rehearsal):
     batches = json.loads((out / "attention_batch.json").read_text())  # a row per dtype and batch, x per method
     for r in batches:
         if r["method"] != "plain":
-            plain = next(p for p in batches if (p["dtype"], p["batch"], p["method"]) == (r["dtype"], r["batch"], "plain"))
+            plain = next(p for p in batches
+                         if (p["dtype"], p["batch"], p["method"]) == (r["dtype"], r["batch"], "plain"))
             column = 5 + ["rollout_kernel", "rollout_fwdlse", "distance_kernel"].index(r["method"])
             cell = _cell(tables, [r["model"], r["dtype"], str(r["size"]), str(r["batch"])], column)
             assert cell.split()[0] == f"{r['time_s'] / plain['time_s']:.2f}", (cell, r)
