@@ -167,7 +167,7 @@ part_tests() {  # only the files that hold gpu tests: collecting the whole suite
     run_part tests 150 $PY -m pytest -q -p no:cacheprovider -m gpu $files -o addopts="-ra" --timeout=120
 }
 
-part_profile() {  # the timeline rows to timeline.json (and run.log), the tables to run.log
+part_profile() {  # each timeline run appended to timeline.json (and printed to run.log), the tables to run.log
     local spec model dt part
     fresh "$OUT/timeline.json"
     # timm's ViT-B/16 in bf16 and fp32, and Hugging Face's of the same size in bf16: in run 1 the same call took
@@ -175,20 +175,9 @@ part_profile() {  # the timeline rows to timeline.json (and run.log), the tables
     for spec in "$B16 bf16" "$B16 fp32" "hf:vit-base-patch16 bf16"; do
         read -r model dt <<<"$spec"
         part="profile_timeline_${model#*:}_$dt"
-        rm -f "$OUT/.timeline.json"
         run_part "$part" 60 $PY bench/profile_attention.py --device "$DEV" --dtype "$dt" \
             --model "$model" --size "$LARGE" --batch "$BATCH_LARGE" --timeline --calls "$PROFILE_CALLS" \
-            --method plain rollout_kernel rollout_fwdlse distance_kernel --json "$OUT/.timeline.json"
-        [ -f "$OUT/.timeline.json" ] || continue
-        $PY - "$OUT/.timeline.json" "$OUT/timeline.json" <<'EOF'
-import json, os, pathlib, sys
-part, path = json.loads(pathlib.Path(sys.argv[1]).read_text()), pathlib.Path(sys.argv[2])
-runs = (json.loads(path.read_text()) if path.exists() else []) + [part]
-tmp = path.with_suffix(".tmp")
-tmp.write_text(json.dumps(runs, indent=1) + "\n")
-os.replace(tmp, path)
-os.remove(sys.argv[1])
-EOF
+            --method plain rollout_kernel rollout_fwdlse distance_kernel --json "$OUT/timeline.json"
     done
     run_part profile_python 60 $PY bench/profile_attention.py --device "$DEV" --dtype "$PROFILE_DTYPE" \
         --model "$B16" --size "$LARGE" --batch "$BATCH_LARGE" --method plain rollout_kernel distance_kernel \

@@ -27,7 +27,6 @@ from __future__ import annotations
 
 import argparse
 import json
-import os
 import statistics
 import sys
 import time
@@ -55,7 +54,7 @@ def main() -> int:
     ap.add_argument("--python", action="store_true", help="cProfile's table of Python functions instead")
     ap.add_argument("--calls", type=int, default=10, help="calls profiled with --python, timed with --timeline")
     ap.add_argument("--timeline", action="store_true", help="host, device and synchronisations of each call")
-    ap.add_argument("--json", type=Path, help="--timeline: also write the rows here (JSON)")
+    ap.add_argument("--json", type=Path, help="--timeline: also append this run to the list in this file (JSON)")
     args = ap.parse_args()
     import torch
     from torch.profiler import ProfilerActivity, profile
@@ -65,15 +64,16 @@ def main() -> int:
     cuda = args.device.startswith("cuda")
     acts = [ProfilerActivity.CPU] + ([ProfilerActivity.CUDA] if cuda else [])
     if args.timeline:
-        rows = []
+        from vitviz.core.io import atomic_write_json
+
+        earlier = json.loads(args.json.read_text()) if args.json and args.json.exists() else []
+        run = {"model": args.model, "size": args.size, "batch": args.batch, "dtype": args.dtype,
+               "device": args.device, "rows": []}
         for m in args.method:
-            rows.append(timeline(once, m, cuda, args.calls, acts))
-            print(f"timeline {json.dumps(rows[-1])}", flush=True)
-            if args.json:  # after each method: a cut keeps what was measured
-                tmp = args.json.with_suffix(".tmp")
-                tmp.write_text(json.dumps({"model": args.model, "size": args.size, "batch": args.batch,
-                                           "dtype": args.dtype, "device": args.device, "rows": rows}, indent=1) + "\n")
-                os.replace(tmp, args.json)
+            run["rows"].append(timeline(once, m, cuda, args.calls, acts))
+            print(f"timeline {json.dumps(run['rows'][-1])}", flush=True)
+            if args.json:  # this run appended to the file's list, after each method: a cut keeps what was measured
+                atomic_write_json(args.json, [*earlier, run])
         return 0
     for m in args.method:
         for _ in range(2):
