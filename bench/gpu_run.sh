@@ -31,6 +31,10 @@
 #                  cost per call (it then shrinks against a forward that grows with the batch); attention_batch.json
 #                                                                                  (~20 s a process, cap 60 each)
 #   l16_448        the same for ViT-L/16                                          (~35 s a process, cap 90 each)
+#   faith          bench/faithfulness_speed.py, ViT-B/16 224 px, bf16 autocast, 100 images in batches of 50,
+#                  precomputed maps: vitviz.faithfulness's loop against as many plain passes back to back, and
+#                  against the same loop reading each pass's output before the next (the device's idle time
+#                  that costs); faithfulness.json                                             (~40 s, cap 90)
 #   dataset        bench/dataset.py, ViT-B/16 224 px, bf16 autocast, 16,384 synthetic images (a pool of 1,024 read
 #                  in turn), batch 256, 4 workers: plain forward, distance (kernels), plain again
 #                                                                                  (~30 s a process, cap 75 each)
@@ -49,19 +53,20 @@
 #
 # The times above are from the two H100 runs (bench/results/h100_gpu_run_1/summary.txt: a bench/attention.py process
 # 22-39 s, a dataset one 23-28 s, the tests 35 s, micro 61 s) or, for the parts added since (profile's timeline,
-# batch), estimated from them. The plan puts the parts that answer open questions first (the goal cases, where a
-# call's time goes, the kernels' GPU tests, the batch scaling), then the figures run 1 already has: up to and with
-# l16_224 should end by about 510 s; hf, tv, dataset_torch and micro take what is left, and the summary says
-# SKIPPED for a part that found too little (GPU_RUN_DEADLINE_S=1800 ... all runs everything).
+# batch, faith), estimated from them. The plan puts the parts that answer open questions first (the goal cases,
+# where a call's time goes, the kernels' GPU tests, the batch scaling, the faithfulness loop), then the figures run 1
+# already has: up to and with b16_224 should end by about 510 s; l16_224, hf, tv, dataset_torch and micro take what
+# is left, and the summary says SKIPPED for a part that found too little (GPU_RUN_DEADLINE_S=1800 ... all runs
+# everything).
 #
 # GPU_RUN_REHEARSAL=1 runs the same parts on the CPU (tests/test_gpu_run.py, in `make test`): tiny models and
 # shapes, the kernels under Triton's interpreter, nothing installed, no deadline unless one is given; so the script
 # and every command line it builds are known to work before a GPU is at hand. Its figures mean nothing.
 #
-# Output under $OUT, 10 files (few, for a remote machine that returns only some): env.json, attention_b16.json,
+# Output under $OUT, 11 files (few, for a remote machine that returns only some): env.json, attention_b16.json,
 # attention_l16.json, attention_hf.json (the Hugging Face and the torchvision rows), attention_batch.json,
-# dataset.json, micro.json, timeline.json, run.log (everything printed, the gpu tests' output with it) and
-# summary.txt (each part's exit status and time, the goal lines, the tests' counts).
+# dataset.json, micro.json, timeline.json, faithfulness.json, run.log (everything printed, the gpu tests' output
+# with it) and summary.txt (each part's exit status and time, the goal lines, the tests' counts).
 set -u -o pipefail
 cd "$(dirname "$0")/.."
 OUT=${OUT:-bench/results/gpu_run}
@@ -82,6 +87,7 @@ if [ "${GPU_RUN_REHEARSAL:-0}" = 1 ]; then
     DEV=cpu REPEATS=1 SMALL=32 LARGE=48 BATCH_SMALL=2 BATCH_LARGE=2 KERNEL_AUTO=on AMP=off ATTN_EXTRA=(--no-memory)
     B16=vit_tiny_patch16_224 L16=vit_small_patch16_224 DATA_MODEL=cifar10-vit DATA_N=8 DATA_BATCH=4 WORKERS=0
     SMOKE="2 3 37 16" PROFILE_DTYPE=fp32 PROFILE_CALLS=2 BATCHES=("bf16 3" "bf16 4" "fp32 3")
+    FAITH_ARGS=(--n 4 --batch 2 --steps 0.5 --autocast off --repeats 1)
     MICRO_ARGS=(--device cpu --shapes tiny --dtypes fp32 fp32-ieee --blocks default 16,16,1,1)
 else
     DEADLINE_S=${GPU_RUN_DEADLINE_S:-540}  # no part starts after this: one device call of 600 s at most
@@ -91,6 +97,7 @@ else
     B16=vit_base_patch16_224 L16=vit_large_patch16_224 DATA_MODEL=vit_base_patch16_224 DATA_N=16384 DATA_BATCH=256
     WORKERS=4 SMOKE="2 12 197 64" PROFILE_DTYPE=bf16 PROFILE_CALLS=10 BATCHES=("bf16 32" "bf16 64" "fp32 32")
     MICRO_ARGS=(--shapes vit_b16_448 vit_l16_448 vit_b16_224 vit_l16_224)
+    FAITH_ARGS=(--n 100 --batch 50 --steps 0.1 --autocast bf16 --repeats 3)
 fi
 
 note() { echo "[gpu_run +$((SECONDS - START))s] $*" | tee -a "$LOG"; }
@@ -186,6 +193,12 @@ part_profile() {  # each timeline run appended to timeline.json (and printed to 
         --model "$B16" --size "$LARGE" --batch "$BATCH_LARGE" --method rollout_kernel --rows 25
 }
 
+part_faith() {
+    fresh "$OUT/faithfulness.json"
+    run_part faithfulness 90 $PY bench/faithfulness_speed.py --device "$DEV" --model "$B16" --size "$SMALL" \
+        "${FAITH_ARGS[@]}" --json "$OUT/faithfulness.json"
+}
+
 part_micro() {
     fresh "$OUT/micro.json"
     run_part micro 300 $PY bench/headmap_kernel.py "${MICRO_ARGS[@]}" --json "$OUT/micro.json"
@@ -249,7 +262,7 @@ EOF
     done
 }
 
-PLAN=(b16_448 profile tests batch l16_448 dataset b16_224 l16_224 hf tv dataset_torch micro)
+PLAN=(b16_448 profile tests batch l16_448 faith dataset b16_224 l16_224 hf tv dataset_torch micro)
 PARTS=(setup)  # versions and the smoke check come first, always
 [ $# -eq 0 ] && set -- "${PLAN[@]}"
 for part in "$@"; do
@@ -277,6 +290,7 @@ for part in "${PARTS[@]}"; do
         tests) part_tests ;;
         profile) part_profile ;;
         batch) part_batch ;;
+        faith) part_faith ;;
         micro) part_micro ;;
         *) RESULTS+=("$part: UNKNOWN part")
            note "unknown part $part (the parts: ${PLAN[*]}; aliases attn_b16 attn_l16 attn_hf all)" ;;

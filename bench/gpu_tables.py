@@ -1,7 +1,7 @@
 """The figures of one ``bench/gpu_run.sh`` run as Markdown tables, for docs/benchmarks.md and the README.
 
 Reads the run's folder (``$OUT``: env.json, attention_*.json, attention_batch.json, dataset.json, timeline.json,
-micro.json, summary.txt) and writes:
+faithfulness.json, micro.json, summary.txt) and writes:
 
 - the machine and versions (env.json);
 - for each model and dtype of ``bench/attention.py``: every method's images/s, time over the plain forward's and peak
@@ -12,6 +12,8 @@ micro.json, summary.txt) and writes:
 - the batch scaling (attention_batch.json): per dtype and batch the plain forward's time and each method's time
   over it, against the time goal at that size;
 - the dataset path: images/s of each run against the fastest plain forward over the same loader (goal >= 85%);
+- the faithfulness loop (faithfulness.json, ``bench/faithfulness_speed.py``): its time against as many plain passes
+  back to back, and that of the same loop reading each pass's output before the next;
 - where a call's time goes (``bench/profile_attention.py --timeline``): per dtype and method the time until the call
   returns and until the device is done, the device's busy and kernel time, the synchronisations, the CUDA runtime
   calls that took the most host time and the longest idle stretch of the device;
@@ -205,6 +207,22 @@ def micro_table(rows: list[dict]) -> list[str]:
                          "max abs diff"], table, numeric=set(range(3, 10)))
 
 
+def faithfulness_table(rows: list[dict]) -> list[str]:
+    """One row per run of ``bench/faithfulness_speed.py``: the plain passes' time, the loop's and the reading loop's,
+    each over the passes'."""
+    out = ["", "**The faithfulness loop** (ms per call; x = over as many plain passes of the same batch, back to "
+           "back; the reading loop reads each pass's output before building the next set)", "", "```"]
+    out += [f"python bench/faithfulness_speed.py --device {r['device'].split(':')[0]} --model {r['model']} --size "
+            f"{r['size']} --n {r['n']} --batch {r['batch']} --steps {r['steps']} --autocast {r['autocast']}"
+            for r in rows]
+    out += ["```", ""]
+    table = [[r["model"], str(r["size"]), r["autocast"], str(r["n"]), str(r["batch"]), str(r["passes"]),
+              f"{r['passes_ms']:.1f}", f"{r['loop_ms']:.1f}", f"{r['loop_x']:.2f}", f"{r['read_each_ms']:.1f}",
+              f"{r['read_each_x']:.2f}", f"{r['images_per_s']:.1f}"] for r in rows]
+    return out + _table(["model", "px", "autocast", "images", "batch", "passes", "passes ms", "loop ms", "x loop",
+                         "reading ms", "x reading", "img/s"], table, numeric=set(range(3, 12)))
+
+
 def render(folder: Path) -> str:
     out = []
     env = _load(folder / "env.json")
@@ -229,6 +247,9 @@ def render(folder: Path) -> str:
     data = _load(folder / "dataset.json")
     out += ["", "#### The dataset path"]
     out += dataset_table(data) if data else ["", "dataset.json: not measured in this run."]
+    faith = _load(folder / "faithfulness.json")
+    out += ["", "#### The faithfulness loop"]
+    out += faithfulness_table(faith) if faith else ["", "faithfulness.json: not measured in this run."]
     timeline = _load(folder / "timeline.json")
     out += ["", "#### Where a call's time goes"]
     out += timeline_table(timeline) if timeline else ["", "timeline.json: not measured in this run."]

@@ -289,9 +289,9 @@ def test_removed_is_the_fraction_of_patches_actually_removed(monkeypatch):
     counted = []
 
     class Counting(fa.Perturbed):
-        def scores(self, removed):
-            counted.append(removed.sum(dim=1).tolist())  # patches removed per image
-            return super().scores(removed)
+        def scores(self, sets):
+            counted.extend(removed.sum(dim=1).tolist() for removed in sets)  # patches removed per image
+            return super().scores(sets)
 
     monkeypatch.setattr(fa, "Perturbed", Counting)
     modes = ["positive", "negative", "deletion", "insertion"]
@@ -318,9 +318,9 @@ def test_halves_round_up_also_where_the_float_fraction_falls_short(monkeypatch):
     counted = []
 
     class Counting(fa.Perturbed):
-        def scores(self, removed):
-            counted.append(removed.sum(dim=1).tolist())
-            return super().scores(removed)
+        def scores(self, sets):
+            counted.extend(removed.sum(dim=1).tolist() for removed in sets)
+            return super().scores(sets)
 
     monkeypatch.setattr(fa, "Perturbed", Counting)
     model = tiny_timm_vit(img_size=(24, 40))  # a 3x5 grid, P = 15

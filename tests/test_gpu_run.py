@@ -33,11 +33,11 @@ pytestmark = [pytest.mark.slow,
               pytest.mark.skipif(not kernels.triton_available(),
                                  reason=f"needs Triton {'.'.join(map(str, kernels.MIN_TRITON))} or newer")]
 
-PLAN = "setup b16_448 profile tests batch l16_448 dataset b16_224 l16_224 hf tv dataset_torch micro"
+PLAN = "setup b16_448 profile tests batch l16_448 faith dataset b16_224 l16_224 hf tv dataset_torch micro"
 PARTS = ["setup", "tests", "profile_timeline_vit_tiny_patch16_224_bf16", "profile_timeline_vit_tiny_patch16_224_fp32",
          "profile_timeline_vit-base-patch16_bf16", "profile_python", "profile_ops", "micro",
          "attention_b16", "attention_l16", "attention_hf_vit-base", "attention_hf_vit_b_16", "attention_batch",
-         "dataset"]
+         "dataset", "faithfulness"]
 
 
 def _run(out: Path, *parts: str, **extra: str) -> subprocess.CompletedProcess:
@@ -69,11 +69,11 @@ def test_every_part_runs_and_reports_its_exit_status(rehearsal):
     assert "SKIPPED" not in summary
 
 
-def test_the_out_folder_holds_the_ten_files_every_table_needs(rehearsal):
+def test_the_out_folder_holds_the_eleven_files_every_table_needs(rehearsal):
     out, _ = rehearsal
     assert sorted(p.name for p in out.iterdir()) == sorted(
         ["env.json", "attention_b16.json", "attention_l16.json", "attention_hf.json", "dataset.json", "micro.json",
-         "attention_batch.json", "timeline.json", "run.log", "summary.txt"])
+         "attention_batch.json", "timeline.json", "faithfulness.json", "run.log", "summary.txt"])
     env = json.loads((out / "env.json").read_text())
     assert env["smoke_max_abs"] < 1e-5 and env["timm_stream_probe"] and env["torch"]
     methods = set(attention_bench.METHODS) - {"grad_rollout", "rollout", "distance"}
@@ -105,6 +105,9 @@ def test_the_out_folder_holds_the_ten_files_every_table_needs(rehearsal):
     data = json.loads((out / "dataset.json").read_text())
     assert [r["reduction"] for r in data] == ["plain", "distance", "plain", "distance"]
     assert [r["kernel"] for r in data] == ["on", "on", "on", "off"] and all(r["images"] == 8 for r in data)
+    faith = json.loads((out / "faithfulness.json").read_text())
+    assert [(r["model"], r["n"], r["batch"]) for r in faith] == [("vit_tiny_patch16_224", 4, 2)]
+    assert faith[0]["passes"] > 2 and min(faith[0][k] for k in ("passes_ms", "loop_ms", "read_each_ms")) > 0
 
 
 def test_the_gpu_tests_are_collected(rehearsal):
@@ -185,6 +188,9 @@ def test_the_tables_show_every_measured_row_and_the_goals_recomputed(rehearsal):
             share = r["images_per_s"] / fastest
             cell = _cell(tables, ["distance", r["kernel"]], 3)
             assert cell == f"{share:.0%}: {'met' if share >= gpu_tables.DATASET_GOAL else 'MISSED'}"
+    for r in json.loads((out / "faithfulness.json").read_text()):  # the loop's and the reading loop's ratios
+        assert _cell(tables, [r["model"], str(r["size"]), r["autocast"]], 8) == f"{r['loop_x']:.2f}", r
+        assert _cell(tables, [r["model"], str(r["size"]), r["autocast"]], 10) == f"{r['read_each_x']:.2f}", r
     assert tables.count("| tiny |") == len(json.loads((out / "micro.json").read_text()))
     assert re.search(r"`gpu` tests: .*\d+ skipped", tables)
-    assert all(f"- {name}: exit" in tables for name in ("setup", "tests", "micro"))
+    assert all(f"- {name}: exit" in tables for name in ("setup", "tests", "micro", "faithfulness"))

@@ -388,7 +388,7 @@ def _batch(model: nn.Module, spec: Any, x: torch.Tensor, pos: list[int], ids: li
     explained = target if classes is None else classes
     pert = Perturbed(model, spec, x, how, fill, target, classes, truth, autocast=amp)
     grid = pert.grid
-    records: list[dict] = []
+    pending: list[tuple[dict, torch.Tensor]] = []  # (a curve point's columns, its (b,) scores on the device)
     for name, method in table.items():
         opts = dict(options.get(name, {}))
         with autocast_context(amp, x.device):
@@ -407,20 +407,28 @@ def _batch(model: nn.Module, spec: Any, x: torch.Tensor, pos: list[int], ids: li
             shape = tuple(maps.shape) if isinstance(maps, torch.Tensor) else type(maps).__name__
             raise InputError(f"method {name!r} gave maps of shape {shape} for a batch of {b} images; a map "
                              f"method must return ({b}, {grid[0]}, {grid[1]}), one (gh, gw) map per image")
-        rank = rank_patches(maps.to(x.device), ids, seed)
+        rank = rank_patches(maps.to(x.device), ids, seed).cpu()  # the sets are made on the host
         p = pert.num_patches
+        n_steps = len(fractions) - 1
+        curve: list[tuple[str, float, float, str]] = []
+        sets: list[torch.Tensor] = []
+        for step, f in enumerate(fractions):
+            # the nominal step f = step / n_steps, rounded to whole patches (half up), in integers: the float
+            # f * P + 0.5 falls just short of a whole number where f * P is a half (5/6 * 15 = 12.5 -> 12)
+            k = (2 * step * p + n_steps) // (2 * n_steps)
+            for mode in modes:
+                sets.append({"positive": rank < k, "deletion": rank < k, "negative": rank >= p - k,
+                             "insertion": rank >= k}[mode])  # insertion: only the k most relevant present
+                metric = "target" if classes is None else "accuracy" if mode in ("positive", "negative") else (
+                    "probability")
+                curve.append((mode, float(f), k / p, metric))
         with torch.no_grad():
-            n_steps = len(fractions) - 1
-            for step, f in enumerate(fractions):
-                # the nominal step f = step / n_steps, rounded to whole patches (half up), in integers: the float
-                # f * P + 0.5 falls just short of a whole number where f * P is a half (5/6 * 15 = 12.5 -> 12)
-                k = (2 * step * p + n_steps) // (2 * n_steps)
-                for mode in modes:
-                    removed = {"positive": rank < k, "deletion": rank < k, "negative": rank >= p - k,
-                               "insertion": rank >= k}[mode]  # insertion: only the k most relevant present
-                    metric = "target" if classes is None else "accuracy" if mode in ("positive", "negative") else (
-                        "probability")
-                    for i, s in enumerate(pert.scores(removed)[metric]):
-                        records.append({"image": ids[i], "method": name, "mode": mode, "fraction": float(f),
-                                        "removed": k / p, "score": s, "metric": metric, "removal": how})
+            for (mode, f, removed_share, metric), scored in zip(curve, pert.scores(sets)):
+                pending.append(({"method": name, "mode": mode, "fraction": f, "removed": removed_share,
+                                 "metric": metric, "removal": how}, scored[metric]))
+    # the scores of the whole batch read at once: one wait for the device per batch, after its last pass
+    values = torch.stack([v.float() for _, v in pending]).cpu().double().tolist() if pending else []
+    records: list[dict] = []
+    for (row, _), scores in zip(pending, values):
+        records += [{"image": ids[i], **row, "score": s} for i, s in enumerate(scores)]
     return records

@@ -127,7 +127,13 @@ def score_output(out: Any, target: Target, classes: torch.Tensor | None, model: 
 
 
 class Perturbed:
-    """One batch ``x``: the scores of the model with any set of patches removed (identical sets run once).
+    """One batch ``x``: the scores of the model with any sets of patches removed (identical sets run once).
+
+    ``scores`` takes every set of one batch at once and keeps the host ahead of the device: the sets are read on
+    the host (CPU masks, so reading them waits for nothing), their kept indices or masks go to the device without
+    waiting (``non_blocking``), the forward passes are queued back to back, and the scores stay on the device. The
+    caller reads them once, when every set has run (``vitviz.faithfulness``: once per batch). Reading a set or a
+    score between two passes would make a GPU idle while the host prepares the next pass.
 
     Args:
         model, spec: the ViT and ``vitviz.inspect(model)``.
@@ -146,23 +152,46 @@ class Perturbed:
         self.autocast = autocast
         self.grid = spec.grid_for_input(x)
         self.num_patches = self.grid[0] * self.grid[1]
-        self.cache: dict[tuple[int, ...], dict[str, list[float]]] = {}
+        self.cache: dict[bytes, dict[str, torch.Tensor]] = {}
 
     def _forward(self, x: torch.Tensor) -> Any:
         with autocast_context(self.autocast, x.device):
             return self.model(x)
 
-    def scores(self, removed: torch.Tensor) -> dict[str, list[float]]:
-        """Per metric, one score per image, with the ``removed`` ``(b, P)`` bool patches taken out."""
-        key = tuple(removed.flatten().nonzero().flatten().tolist())
-        if key not in self.cache:
-            b = len(self.x)
+    def _prepare(self, removed: torch.Tensor) -> torch.Tensor:
+        """What the pass of one set needs on the device: the kept patches ``(b, k)`` (``"drop"``) or the removed
+        mask ``(b, P)`` (``"mean"``), read from the CPU mask and sent without waiting."""
+        if self.how == "drop":
+            b = len(removed)
+            keep = (~removed).nonzero()[:, 1].reshape(b, self.num_patches - int(removed[0].sum()))
+            return keep.to(self.x.device, non_blocking=True)
+        return removed.to(self.x.device, non_blocking=True)
+
+    def scores(self, sets: Sequence[torch.Tensor]) -> list[dict[str, torch.Tensor]]:
+        """Per set, per metric, one score per image ``(b,)`` on the device, with the set's patches taken out.
+
+        Args:
+            sets: ``(b, P)`` bool masks of the removed patches, on the CPU; every image of a set loses as many
+                patches (for ``"drop"``).
+        """
+        keys = []
+        todo: dict[bytes, torch.Tensor] = {}
+        for removed in sets:  # the host's part first: nothing here waits for the device
+            if removed.device.type != "cpu" or removed.dtype != torch.bool or removed.shape != (len(self.x),
+                                                                                                self.num_patches):
+                raise InputError(f"Perturbed.scores: a removed set must be a ({len(self.x)}, {self.num_patches}) "
+                                 f"bool mask on the CPU, got {tuple(removed.shape)} {removed.dtype} on "
+                                 f"{removed.device}")
+            key = removed.numpy().tobytes()
+            keys.append(key)
+            if key not in self.cache and key not in todo:
+                todo[key] = self._prepare(removed)
+        for key, arg in todo.items():  # then the passes, back to back
             if self.how == "drop":
-                keep = (~removed).nonzero()[:, 1].reshape(b, self.num_patches - int(removed[0].sum()))
-                with keep_tokens(self.model, keep, self.spec):
+                with keep_tokens(self.model, arg, self.spec):
                     out = self._forward(self.x)
             else:
-                out = self._forward(fill_patches(self.x, removed, self.grid, self.spec.patch_size, self.fill))
-            scored = score_output(out, self.target, self.classes, self.model, self.truth)
-            self.cache[key] = {k: v.detach().cpu().double().tolist() for k, v in scored.items()}
-        return self.cache[key]
+                out = self._forward(fill_patches(self.x, arg, self.grid, self.spec.patch_size, self.fill))
+            self.cache[key] = {k: v.detach() for k, v in
+                               score_output(out, self.target, self.classes, self.model, self.truth).items()}
+        return [self.cache[key] for key in keys]

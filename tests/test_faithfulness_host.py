@@ -1,0 +1,164 @@
+"""``vitviz.faithfulness`` keeps the host ahead of the device: a batch's perturbed passes run back to back.
+
+On a GPU, reading a tensor's value (``.item()``, ``bool(t)``, ``nonzero``, ``tolist``) waits until every kernel
+queued so far has run, and the device then idles while the host prepares the next pass. A batch of a deletion
+curve runs some 40 passes per method; one read between two of them costs a GPU the host's whole time of a pass.
+``Perturbed.scores`` therefore reads every removed set on the host first (CPU masks), sends what the passes need
+without waiting, queues the passes, and leaves the scores on the device for ``faithfulness`` to read once per batch.
+
+These tests run on the CPU, where no op waits, and record every op that reads a value (on a GPU each would wait):
+between two passes of one method on one batch there is none, nor inside the passes (the families' token drops).
+They failed on the former ``scores``, called once per set, which read each set's mask (``nonzero``) before its
+pass and its scores after it (``tolist``, not an op this recorder sees).
+"""
+
+from __future__ import annotations
+
+import traceback
+from typing import Any
+
+import pytest
+import torch
+from conftest import tiny_timm_vit
+from test_stream_heads import tiny_torchvision_vit
+
+import vitviz
+from vitviz.analysis import perturbation
+
+python_dispatch = pytest.importorskip("torch.utils._python_dispatch")
+aten = torch.ops.aten
+
+READS = {aten._local_scalar_dense.default, aten.is_nonzero.default, aten.equal.default, aten.allclose.default,
+         aten.nonzero.default, aten.masked_select.default, aten._unique2.default}  # each waits on a GPU
+
+
+class Events(python_dispatch.TorchDispatchMode):
+    """The call's ops that read a value and the passes of ``Perturbed.scores``, in order."""
+
+    def __init__(self) -> None:
+        super().__init__()
+        self.log: list[tuple[str, str]] = []
+
+    def __torch_dispatch__(self, func: Any, types: Any, args: tuple = (), kwargs: dict | None = None) -> Any:
+        if func in READS:
+            where = [f"{f.filename.rsplit('/', 1)[-1]}:{f.lineno} {f.name}" for f in traceback.extract_stack()
+                     if "/vitviz/" in f.filename]
+            self.log.append(("read", f"{func} at {' < '.join(reversed(where[-3:]))}"))
+        return func(*args, **(kwargs or {}))
+
+
+def _recorded(model: torch.nn.Module, x: torch.Tensor, monkeypatch: pytest.MonkeyPatch, **kwargs: Any) -> list:
+    """The call's log: ``("read", where)``, ``("pass", "")`` per perturbed pass, and ``("method", name)`` where a
+    method's maps are computed (after its batch's clean pass)."""
+    from vitviz.analysis import faithfulness as fa
+
+    events = Events()
+    forward, explain, batch = perturbation.Perturbed._forward, fa.explain, fa._batch
+
+    def logged_forward(self, x):
+        events.log.append(("pass", ""))
+        return forward(self, x)
+
+    def logged_explain(model, images, method, *args, **kwargs):
+        events.log.append(("method", method))
+        return explain(model, images, method, *args, **kwargs)
+
+    def logged_batch(*args, **kwargs):
+        events.log.append(("batch", ""))
+        return batch(*args, **kwargs)
+
+    monkeypatch.setattr(perturbation.Perturbed, "_forward", logged_forward)
+    monkeypatch.setattr(fa, "explain", logged_explain)
+    monkeypatch.setattr(fa, "_batch", logged_batch)
+    with events:
+        vitviz.faithfulness(model, x, progress=False, **kwargs)
+    return events.log
+
+
+def _reads_among_passes(log: list) -> tuple[list[str], int]:
+    """The reads between two passes of one method on one batch (inside the first of them too), and the number of
+    passes."""
+    reads, passes, since = [], 0, None  # since: the reads after the last pass, until the next event
+    for kind, what in log:
+        if kind == "pass":
+            passes += 1
+            reads += since or []
+            since = []
+        elif kind == "read":
+            if since is not None:
+                since.append(what)
+        else:  # a new method or batch: what it reads is its own set-up
+            since = None
+    return reads, passes
+
+
+def timm_beit() -> torch.nn.Module:  # a class-token readout: its patch tokens may be dropped
+    import timm
+
+    return timm.create_model("beit_base_patch16_224", pretrained=False, img_size=(32, 48), patch_size=8, depth=2,
+                             embed_dim=32, num_heads=2, num_classes=5, global_pool="token")
+
+
+def hugging_face(name: str) -> torch.nn.Module:
+    T = pytest.importorskip("transformers")
+    from hf_models import SMALL
+
+    if name == "beit":  # relative position biases, gathered over the kept tokens; a class-token readout
+        return T.BeitForImageClassification(T.BeitConfig(image_size=(32, 48), use_relative_position_bias=True,
+                                                         use_mean_pooling=False, **SMALL))
+    return T.ViTForImageClassification(T.ViTConfig(image_size=(32, 48), **SMALL))
+
+
+MODELS = {  # each family's own token drop (timm's ViT and BEiT, torchvision, Hugging Face's ViT and BEiT)
+    "timm": (tiny_timm_vit, (3, 3, 32, 48)),
+    "timm-beit": (timm_beit, (3, 3, 32, 48)),
+    "torchvision": (tiny_torchvision_vit, (3, 3, 32, 32)),
+    "huggingface": (lambda: hugging_face("vit"), (3, 3, 32, 48)),
+    "huggingface-beit": (lambda: hugging_face("beit"), (3, 3, 32, 48)),
+}
+
+
+@pytest.mark.parametrize("removal", ["drop", "mean"])
+@pytest.mark.parametrize("family", list(MODELS))
+def test_a_batchs_passes_run_without_reading_a_value_between_them(family, removal, monkeypatch):
+    make, shape = MODELS[family]
+    torch.manual_seed(0)
+    model = make()
+    log = _recorded(model, torch.randn(*shape), monkeypatch, methods=["rollout", "random"], removal=removal,
+                    steps=0.25, batch_size=2)
+    reads, passes = _reads_among_passes(log)
+    assert passes >= 20, log  # 2 batches x 2 methods, deduplicated sets: the check has passes to look between
+    assert reads == [], f"{len(reads)} reads among the passes (each waits for the device on a GPU): {reads[:5]}"
+    assert any(kind == "read" for kind, _ in log)  # the recorder sees reads (the input's finiteness check)
+
+
+def test_the_recorder_sees_a_read_between_two_passes(monkeypatch):
+    """A ``scores`` that reads a score after each pass, as the former one did, is caught."""
+    real = perturbation.score_output
+
+    def reading(*args, **kwargs):
+        out = real(*args, **kwargs)
+        bool(next(iter(out.values())).sum() > -1)  # the value read right after its pass
+        return out
+
+    monkeypatch.setattr(perturbation, "score_output", reading)
+    torch.manual_seed(0)
+    log = _recorded(tiny_timm_vit(), torch.randn(2, 3, 32, 48), monkeypatch, methods=["random"], steps=0.5)
+    reads, passes = _reads_among_passes(log)
+    assert passes > 1 and len(reads) == passes - 1, reads  # one batch, one method: after every pass but the last
+
+
+def test_scores_takes_cpu_masks_only():
+    """The sets are read on the host: a mask on another device, of another dtype or shape is refused by name."""
+    torch.manual_seed(0)
+    model = tiny_timm_vit()
+    x = torch.randn(2, 3, 32, 48)
+    spec = vitviz.inspect(model)
+    pert = perturbation.Perturbed(model, spec, x, "mean", torch.zeros(3), None, torch.tensor([0, 1]))
+    with pytest.raises(vitviz.InputError, match=r"\(2, 24\) bool mask on the CPU, got \(2, 24\) torch.int64"):
+        pert.scores([torch.zeros(2, 24, dtype=torch.long)])
+    with pytest.raises(vitviz.InputError, match=r"got \(2, 23\) torch.bool"):
+        pert.scores([torch.zeros(2, 23, dtype=torch.bool)])
+    first, again = pert.scores([torch.zeros(2, 24, dtype=torch.bool), torch.zeros(2, 24, dtype=torch.bool)])
+    assert first is again  # one pass for identical sets
+    assert set(first) == {"probability", "accuracy"} and first["probability"].shape == (2,)
