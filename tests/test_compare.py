@@ -7,6 +7,7 @@ import pandas as pd
 import pytest
 
 from vitviz.analysis.trends import depth_trend
+from vitviz.errors import InputError
 from vitviz.experiments.compare import (
     compute_grid,
     describe_matched,
@@ -115,3 +116,24 @@ def test_study_figure_has_error_bars_and_a_gap_band():
     assert any(isinstance(c, PolyCollection) for c in gap_ax.collections), "the gap's band"
     assert gap_ax.get_ylabel() == "Accuracy gap [points]" and gap_ax.get_title() == "At equal training compute"
     assert [t.get_text() for t in runs_ax.get_legend().get_texts()] == ["Hybrid", "Transformer (ViT)"]
+
+
+def test_intervals_of_accuracies_stay_in_0_to_100():
+    """Few seeds near 100 %: the Student-t half-width reaches past 100, the interval is cut there (the mean of
+    accuracies is at most 100, so the cut interval covers it as often), and the uncut one is what it was."""
+    from vitviz.analysis.intervals import PERCENT, t_interval
+
+    values = [99.9, 97.0, 99.5]
+    mean, lo, hi = t_interval(values)
+    assert hi > 100  # the case the cut is for
+    assert t_interval(values, bounds=PERCENT) == (mean, lo, 100.0)
+    assert t_interval([0.2, 3.0, 0.1], bounds=PERCENT)[1] == 0.0
+    assert np.isnan(t_interval([99.0], bounds=PERCENT)[1])  # one value: no interval, cut or not
+    with pytest.raises(InputError, match=r"the value 101 lies outside bounds=\(0.0, 100.0\)"):
+        t_interval([99.0, 101.0], bounds=PERCENT)
+    runs = pd.DataFrame({"family": "ViT", "model": "ViT-Ti", "size": "Ti", "train_images": 100, "epochs": 1,
+                         "seed": [0, 1, 2], "train_pflops": 1.0, "test_acc": values})
+    row = summarize(runs).iloc[0]
+    assert (row["ci_low"], row["ci_high"]) == (lo, 100.0)
+    with pytest.raises(InputError, match=r"metric='test_acc' must be an accuracy in percent, 0 to 100, but holds 150"):
+        summarize(runs.assign(test_acc=[150.0, 90.0, 91.0]))

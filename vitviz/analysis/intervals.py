@@ -5,6 +5,11 @@ interval of the one-sample t-test, and of the paired t-test when the values are 
 Its coverage is exact for normal values and approximate for others (central limit theorem). The seeds of a study
 (``vitviz.experiments.compare``), the few-shot draws of the probes (``vitviz.analysis.representations``) and the
 per-image AUCs of the faithfulness tests (``vitviz.analysis.faithfulness_stats``) all use it.
+
+A bounded quantity (an accuracy in percent: ``PERCENT``) gets its interval cut to its range (``bounds=``): with few
+values near either end the half-width reaches past it, and a figure or table would show an accuracy below 0 or above
+100 %. The mean of values in a range lies in it, so the cut interval holds the mean exactly as often as the uncut
+one.
 """
 
 from __future__ import annotations
@@ -13,15 +18,23 @@ from collections.abc import Sequence
 
 import numpy as np
 
-__all__ = ["t_interval"]
+from vitviz.errors import InputError
+
+__all__ = ["PERCENT", "PERCENT_DIFFERENCE", "t_interval"]
+
+PERCENT = (0.0, 100.0)  # an accuracy in percent
+PERCENT_DIFFERENCE = (-100.0, 100.0)  # the difference of two accuracies in percent
 
 
-def t_interval(values: Sequence[float] | np.ndarray, confidence: float = 0.95) -> tuple[float, float, float]:
+def t_interval(values: Sequence[float] | np.ndarray, confidence: float = 0.95,
+               bounds: tuple[float, float] | None = None) -> tuple[float, float, float]:
     """Mean and two-sided Student-t interval of the mean: ``(mean, low, high)``.
 
     Args:
         values: independent measurements (NaNs dropped), e.g. one accuracy per seed or one AUC per image.
         confidence: coverage of the interval.
+        bounds: ``(low, high)``, the range every value lies in (``PERCENT`` for accuracies in percent): the interval
+            is cut to it (see the module docstring). A value outside it is refused.
 
     Returns:
         ``(mean, low, high)``; with fewer than 2 values the interval is ``(nan, nan)``, with none the mean too.
@@ -30,10 +43,18 @@ def t_interval(values: Sequence[float] | np.ndarray, confidence: float = 0.95) -
 
     x = np.asarray(values, dtype=np.float64).reshape(-1)
     x = x[np.isfinite(x)]
+    if bounds is not None:
+        lo, hi = bounds
+        outside = x[(x < lo) | (x > hi)]
+        if len(outside):
+            raise InputError(f"t_interval: the value {outside[0]:g} lies outside bounds={tuple(bounds)!r}; pass the "
+                             "range the values lie in (an accuracy in percent: (0, 100)), or bounds=None")
     if len(x) == 0:
         return float("nan"), float("nan"), float("nan")
     mean = float(x.mean())
     if len(x) < 2:
         return mean, float("nan"), float("nan")
     half = float(stats.t.ppf(0.5 + confidence / 2, len(x) - 1) * x.std(ddof=1) / np.sqrt(len(x)))
+    if bounds is not None:
+        return mean, max(mean - half, float(bounds[0])), min(mean + half, float(bounds[1]))
     return mean, mean - half, mean + half

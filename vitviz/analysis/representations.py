@@ -31,7 +31,7 @@ import pandas as pd
 from torch import nn
 from torch.utils.data import DataLoader, Dataset, Subset
 
-from vitviz.analysis.intervals import t_interval
+from vitviz.analysis.intervals import PERCENT, t_interval
 from vitviz.analysis.probes import fewshot_draws, knn_accuracy, linear_fewshot_accuracy
 from vitviz.core.features import (
     PRE_LOGITS,
@@ -258,9 +258,8 @@ def summarize_probes(df: pd.DataFrame, by: Sequence[str] = ("model", "layer", "d
     """Mean accuracy over seeds with the Student-t ``level`` interval: columns ``by + [accuracy, low, high,
     draws]``.
 
-    The interval is cut to the accuracy's range, 0 to 100 %: a mean of accuracies lies in it, so the cut interval
-    holds the mean exactly as often as the uncut one, and a figure or table never shows an accuracy below 0 or
-    above 100 % (few draws near either end give a Student-t half-width past it).
+    The interval is cut to the accuracy's range, 0 to 100 % (``vitviz.analysis.intervals.t_interval``'s
+    ``bounds``): few draws near either end give a Student-t half-width past it.
 
     One group per value of ``by``; a missing value is a value of its own, so the k-NN rows of a table concatenated
     with linear ones (no ``shots``) keep their own row (one draw: no interval). The interval is over one group's
@@ -278,8 +277,7 @@ def summarize_probes(df: pd.DataFrame, by: Sequence[str] = ("model", "layer", "d
         raise InputError(f"by: none of the columns to group by is in df; pass some of {list(df.columns)}")
     rows = []
     for key, g in df.groupby(by, sort=True, dropna=False):  # k-NN rows have no shots: a group of their own
-        m, lo, hi = t_interval(g["accuracy"].to_numpy(), level)
-        lo, hi = max(lo, 0.0), min(hi, 100.0)  # NaN (one draw) stays NaN: max(nan, 0.0) is nan
+        m, lo, hi = t_interval(g["accuracy"].to_numpy(), level, bounds=PERCENT)  # one draw: NaN, uncut
         rows.append({**dict(zip(by, key if isinstance(key, tuple) else (key,))), "accuracy": m, "low": lo,
                      "high": hi, "draws": len(g)})
     return pd.DataFrame(rows)

@@ -10,7 +10,9 @@ compute, ``pareto_frontier``), linearly interpolated in log10(compute) on a grid
 the two families compared (only inside both families' measured ranges: nothing is extrapolated). The gap between
 two families is taken seed by seed (seed ``s`` of one family against seed ``s`` of the other; the seeds are
 independent, so the pairing is arbitrary and the spread of the per-seed gaps estimates the gap's own variance),
-and every mean carries a 95% Student-t interval over the seeds: ``mean +- t_{0.975, n-1} * sd / sqrt(n)``.
+and every mean carries a 95% Student-t interval over the seeds: ``mean +- t_{0.975, n-1} * sd / sqrt(n)``, cut to
+the accuracy's range (0 ... 100 %; a gap: -100 ... 100 points; ``vitviz.analysis.intervals``), which the accuracy
+columns must hold (``check_percent``).
 
 A frontier takes a maximum over noisy runs, so it is biased upwards by about the same amount for every family
 with the same number of runs per seed; the gap, not the level, is the quantity compared.
@@ -23,10 +25,22 @@ from collections.abc import Sequence
 import numpy as np
 import pandas as pd
 
-from vitviz.analysis.intervals import t_interval
+from vitviz.analysis.intervals import PERCENT, PERCENT_DIFFERENCE, t_interval
 from vitviz.errors import InputError
 
 CONFIG_COLUMNS = ["family", "model", "size", "train_images", "epochs"]
+
+
+def check_percent(runs: pd.DataFrame, metric: str) -> None:
+    """Refuse an accuracy column ``metric`` of ``runs`` with a value outside 0 ... 100 (%): its intervals are cut to
+    that range (``vitviz.analysis.intervals.PERCENT``). A missing column is left to the caller's own error."""
+    if not isinstance(runs, pd.DataFrame) or metric not in runs.columns:
+        return
+    values = pd.to_numeric(runs[metric], errors="coerce")
+    bad = values[(values < PERCENT[0]) | (values > PERCENT[1])]
+    if len(bad):
+        raise InputError(f"metric={metric!r} must be an accuracy in percent, 0 to 100, but holds {bad.iloc[0]:g}; "
+                         "pass an accuracy column (its intervals are cut to 0 ... 100 %)")
 
 
 def summarize(runs: pd.DataFrame, metric: str = "test_acc") -> pd.DataFrame:
@@ -34,11 +48,13 @@ def summarize(runs: pd.DataFrame, metric: str = "test_acc") -> pd.DataFrame:
 
     Returns:
         ``CONFIG_COLUMNS`` + ``train_pflops`` (equal for every seed), ``n_seeds``, ``mean``, ``sd``, ``ci_low``,
-        ``ci_high`` (95% t-interval of the mean; NaN with one seed).
+        ``ci_high`` (95% t-interval of the mean, cut to 0 ... 100 %: ``t_interval``'s ``bounds``; NaN with one
+        seed).
     """
+    check_percent(runs, metric)
     rows = []
     for key, part in runs.groupby(CONFIG_COLUMNS, sort=False):
-        mean, lo, hi = t_interval(part[metric])
+        mean, lo, hi = t_interval(part[metric], bounds=PERCENT)
         rows.append({**dict(zip(CONFIG_COLUMNS, key)), "train_pflops": float(part["train_pflops"].mean()),
                      "n_seeds": int(part["seed"].nunique()), "mean": mean,
                      "sd": float(part[metric].std(ddof=1)) if len(part) > 1 else float("nan"),
@@ -125,15 +141,16 @@ def matched_compute(runs: pd.DataFrame, a: str = "Hybrid", b: str = "Transformer
         ``gap``, ``gap_low``, ``gap_high`` (95% t-interval over seeds, points) and ``within_noise`` (the gap's
         interval includes 0; ``None`` where one seed gives no interval).
     """
+    check_percent(runs, metric)
     grid = compute_grid(runs, (a, b), n, x) if grid is None else np.asarray(grid, float)
     curves = family_curves(runs, grid, (a, b), metric, x)
     wide = curves.pivot_table(index=[x, "seed"], columns="family", values=metric).reset_index()
     rows = []
     for g, part in wide.groupby(x):
         part = part.dropna(subset=[a, b])
-        ma, la, ha = t_interval(part[a])
-        mb, lb, hb = t_interval(part[b])
-        gap, gl, gh = t_interval(part[a] - part[b])
+        ma, la, ha = t_interval(part[a], bounds=PERCENT)
+        mb, lb, hb = t_interval(part[b], bounds=PERCENT)
+        gap, gl, gh = t_interval(part[a] - part[b], bounds=PERCENT_DIFFERENCE)
         rows.append({x: g, "n_seeds": len(part), a: ma, f"{a}_low": la, f"{a}_high": ha, b: mb,
                      f"{b}_low": lb, f"{b}_high": hb, "gap": gap, "gap_low": gl, "gap_high": gh,
                      "within_noise": bool(not (gl > 0 or gh < 0)) if np.isfinite(gl) else None})

@@ -228,10 +228,18 @@ def _plain_log_ticks(ax: Axes) -> None:
 
 
 def _t_band(values: Any) -> tuple[float, float]:
-    """seaborn ``errorbar=`` callable: the 95% Student-t interval of the mean (the study's interval)."""
-    from vitviz.experiments.compare import t_interval
+    """seaborn ``errorbar=`` callable: the 95% Student-t interval of the mean accuracy (the study's interval), cut
+    to 0 ... 100 % (``vitviz.analysis.intervals``)."""
+    from vitviz.analysis.intervals import PERCENT, t_interval
 
-    return t_interval(values)[1:]
+    return t_interval(values, bounds=PERCENT)[1:]
+
+
+def _t_band_gap(values: Any) -> tuple[float, float]:
+    """``_t_band`` of a difference of two accuracies, cut to -100 ... 100 percentage points."""
+    from vitviz.analysis.intervals import PERCENT_DIFFERENCE, t_interval
+
+    return t_interval(values, bounds=PERCENT_DIFFERENCE)[1:]
 
 
 def _family_palette(families: Sequence[str]) -> tuple[dict[str, str], dict[str, str]]:
@@ -261,8 +269,9 @@ def plot_study_runs(runs: pd.DataFrame, *, ax: Axes | None = None, metric: str =
         ax = fig.add_subplot()
     import seaborn as sns
 
-    from vitviz.experiments.compare import family_curves
+    from vitviz.experiments.compare import check_percent, family_curves
 
+    check_percent(runs, metric)
     families = list(dict.fromkeys(runs["family"]))
     palette, markers = _family_palette(families)
     runs = runs.assign(config=runs["model"] + "-e" + runs["epochs"].astype(str))
@@ -327,14 +336,15 @@ def plot_matched_gap(runs: pd.DataFrame, a: str = "Hybrid", b: str = "Transforme
         ax = fig.add_subplot()
     import seaborn as sns
 
-    from vitviz.experiments.compare import compute_grid, family_curves
+    from vitviz.experiments.compare import check_percent, compute_grid, family_curves
 
+    check_percent(runs, metric)
     curves = family_curves(runs, compute_grid(runs, (a, b), n), (a, b), metric)
     wide = curves.pivot_table(index=["train_pflops", "seed"], columns="family", values=metric).reset_index()
     wide = wide.assign(gap=wide[a] - wide[b]).dropna(subset=["gap"])
     colour = family_style(a)[0]
     seeds = wide["seed"].nunique()
-    sns.lineplot(data=wide, x="train_pflops", y="gap", errorbar=_t_band, color=colour, lw=1.2, ax=ax,
+    sns.lineplot(data=wide, x="train_pflops", y="gap", errorbar=_t_band_gap, color=colour, lw=1.2, ax=ax,
                  label=f"{a} - {b}\n(mean of {seeds} seeds, 95% t-interval)")
     sns.lineplot(data=wide, x="train_pflops", y="gap", units="seed", estimator=None, color=colour, lw=0.5,
                  alpha=0.35, ax=ax, label="single seeds")
