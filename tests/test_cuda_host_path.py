@@ -23,7 +23,10 @@ What they pin:
 - distance adds into its running sums in place, on the device (no copy, no transfer per layer).
 
 ``test_the_recorder_sees_a_sync_inside_the_forward`` shows that the recorder fails a call that synchronises. The
-tests run in a child process (``test_the_fake_cuda_tests_in_a_child_process``; see ``CHILD``).
+tests run in a child process (``test_the_fake_cuda_tests_in_a_child_process``; see ``CHILD``). The gradient methods
+cannot run on fake CUDA tensors (autograd's engine asks the driver for the device of a CUDA backward):
+``tests/test_gradient_host_path.py`` checks them on the CPU, as ``tests/test_faithfulness_host.py`` the
+faithfulness loop (``host_reads.ValueReads``).
 """
 
 from __future__ import annotations

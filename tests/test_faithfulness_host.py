@@ -6,45 +6,24 @@ curve runs some 40 passes per method; one read between two of them costs a GPU t
 ``Perturbed.scores`` therefore reads every removed set on the host first (CPU masks), sends what the passes need
 without waiting, queues the passes, and leaves the scores on the device for ``faithfulness`` to read once per batch.
 
-These tests run on the CPU, where no op waits, and record every op that reads a value (on a GPU each would wait):
-between two passes of one method on one batch there is none, nor inside the passes (the families' token drops).
-They failed on the former ``scores``, called once per set, which read each set's mask (``nonzero``) before its
-pass and its scores after it (``tolist``, not an op this recorder sees).
+These tests run on the CPU, where no op waits, and record every read of a value (``host_reads.ValueReads``; on a GPU
+each would wait): between two passes of one method on one batch there is none, nor inside the passes (the families'
+token drops). They failed on the former ``scores``, called once per set, which read each set's mask (``nonzero``)
+before its pass and its scores (``cpu``, ``tolist``) after it.
 """
 
 from __future__ import annotations
 
-import traceback
 from typing import Any
 
 import pytest
 import torch
 from conftest import tiny_timm_vit
+from host_reads import ValueReads
 from test_stream_heads import tiny_torchvision_vit
 
 import vitviz
 from vitviz.analysis import perturbation
-
-python_dispatch = pytest.importorskip("torch.utils._python_dispatch")
-aten = torch.ops.aten
-
-READS = {aten._local_scalar_dense.default, aten.is_nonzero.default, aten.equal.default, aten.allclose.default,
-         aten.nonzero.default, aten.masked_select.default, aten._unique2.default}  # each waits on a GPU
-
-
-class Events(python_dispatch.TorchDispatchMode):
-    """The call's ops that read a value and the passes of ``Perturbed.scores``, in order."""
-
-    def __init__(self) -> None:
-        super().__init__()
-        self.log: list[tuple[str, str]] = []
-
-    def __torch_dispatch__(self, func: Any, types: Any, args: tuple = (), kwargs: dict | None = None) -> Any:
-        if func in READS:
-            where = [f"{f.filename.rsplit('/', 1)[-1]}:{f.lineno} {f.name}" for f in traceback.extract_stack()
-                     if "/vitviz/" in f.filename]
-            self.log.append(("read", f"{func} at {' < '.join(reversed(where[-3:]))}"))
-        return func(*args, **(kwargs or {}))
 
 
 def _recorded(model: torch.nn.Module, x: torch.Tensor, monkeypatch: pytest.MonkeyPatch, **kwargs: Any) -> list:
@@ -52,7 +31,7 @@ def _recorded(model: torch.nn.Module, x: torch.Tensor, monkeypatch: pytest.Monke
     method's maps are computed (after its batch's clean pass)."""
     from vitviz.analysis import faithfulness as fa
 
-    events = Events()
+    events = ValueReads(monkeypatch)
     forward, explain, batch = perturbation.Perturbed._forward, fa.explain, fa._batch
 
     def logged_forward(self, x):

@@ -266,7 +266,7 @@ def _gradcam_batch(cam_mod: Any, targets_mod: Any, model: nn.Module, spec: ViTSp
         with autograd(model, f"Grad-CAM on {spec.name}"):
             # the input a leaf that requires grad: the tokens stay in the graph also when every weight is frozen
             maps = cam(input_tensor=grad_leaf(x),
-                       targets=[targets_mod.ClassifierOutputTarget(int(c)) for c in cls])
+                       targets=[targets_mod.ClassifierOutputTarget(c) for c in cls.tolist()])  # one read
     finally:
         cam.activations_and_grads.release()
     return torch.as_tensor(maps, dtype=torch.float32, device=x.device)
