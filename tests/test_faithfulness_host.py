@@ -141,3 +141,26 @@ def test_scores_takes_cpu_masks_only():
     first, again = pert.scores([torch.zeros(2, 24, dtype=torch.bool), torch.zeros(2, 24, dtype=torch.bool)])
     assert first is again  # one pass for identical sets
     assert set(first) == {"probability", "accuracy"} and first["probability"].shape == (2,)
+
+
+def test_the_random_baseline_is_drawn_in_one_call_per_batch(monkeypatch):
+    """One ``explain`` call per batch, not one per image (each call checks its input: a wait on a GPU), with the
+    maps the per-image calls gave: each image's own, from its id."""
+    torch.manual_seed(0)
+    model = tiny_timm_vit()
+    x = torch.randn(5, 3, 32, 48)
+    log = _recorded(model, x, monkeypatch, methods=["random"], steps=0.5, batch_size=3, image_ids=list("abcde"))
+    assert [what for kind, what in log if kind == "method"] == ["random", "random"]  # 2 batches
+    from vitviz.analysis.perturbation import image_seed
+
+    ids = list("abcde")
+    one_call = vitviz.analysis.explain.random_baseline(model, x, offset=[image_seed(0, i) for i in ids], seed=3)
+    each = torch.cat([vitviz.analysis.explain.random_baseline(model, x[k:k + 1], offset=image_seed(0, i), seed=3)
+                      for k, i in enumerate(ids)])
+    assert torch.equal(one_call, each)
+    with pytest.raises(vitviz.InputError, match=r"offset holds 4 indices for at least 5 images"):
+        vitviz.analysis.explain.random_baseline(model, x, offset=[1, 2, 3, 4])
+    with pytest.raises(vitviz.InputError, match=r"offset holds 6 indices for 5 images"):
+        vitviz.analysis.explain.random_baseline(model, x, offset=list(range(6)))
+    with pytest.raises(vitviz.InputError, match=r"offset='ab' must be an int"):
+        vitviz.analysis.explain.random_baseline(model, x, offset="ab")

@@ -56,7 +56,8 @@ gradient ignore ``target=None`` and refuse any other value rather than silently 
 
 from __future__ import annotations
 
-from collections.abc import Iterable, Mapping
+import numbers
+from collections.abc import Iterable, Mapping, Sequence
 from typing import Any
 
 import torch
@@ -119,20 +120,34 @@ def raw_attention(
 
 
 def random_baseline(model: nn.Module, images: Images, *, seed: int = 0, batch_size: int | None = None,
-                    offset: int = 0) -> torch.Tensor:
+                    offset: int | Sequence[int] = 0) -> torch.Tensor:
     """A seeded random map per image, ``(B, gh, gw)`` uniform in ``[0, 1)``; image ``k`` depends on ``seed + k``.
 
-    ``offset`` is the index of the first image in a larger set (so a batch gets the maps the whole set would).
+    ``offset`` is the index of the first image in a larger set (so a batch gets the maps the whole set would), or
+    one index per image (``vitviz.faithfulness``: each image's id), so that any images get their own maps in one
+    call.
     """
     spec = inspect(model)
     out: list[torch.Tensor] = []
-    k = offset
+    per_image = not isinstance(offset, numbers.Integral)
+    if per_image:
+        offsets = list(offset) if isinstance(offset, Sequence) and not isinstance(offset, str) else None
+        if offsets is None or not all(isinstance(k, numbers.Integral) for k in offsets):
+            raise InputError(f"offset={offset!r} must be an int (the index of the first image) or a sequence of "
+                             "ints, one per image")
+    k = 0
     for x in iter_batches(model, images, batch_size):
+        if per_image and k + len(x) > len(offsets):
+            raise InputError(f"offset holds {len(offsets)} indices for at least {k + len(x)} images; pass one per "
+                             "image")
         gh, gw = spec.grid_for_input(x)
         for _ in range(len(x)):
-            gen = torch.Generator().manual_seed(int(seed) * 1_000_003 + k)
+            index = offsets[k] if per_image else int(offset) + k
+            gen = torch.Generator().manual_seed(int(seed) * 1_000_003 + int(index))
             out.append(torch.rand(gh, gw, generator=gen))
             k += 1
+    if per_image and k != len(offsets):
+        raise InputError(f"offset holds {len(offsets)} indices for {k} images; pass one per image")
     return torch.stack(out).to(x.device)
 
 

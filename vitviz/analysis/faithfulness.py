@@ -395,9 +395,8 @@ def _batch(model: nn.Module, spec: Any, x: torch.Tensor, pos: list[int], ids: li
             if isinstance(method, torch.Tensor):
                 maps = method[idx.to(method.device)]
             elif method == "random":
-                opts.pop("offset", None)  # the image id sets each image's map
-                maps = torch.cat([explain(model, x[i:i + 1], "random", offset=image_seed(0, ids[i]), **opts)
-                                  for i in range(b)])
+                opts.pop("offset", None)  # the image id sets each image's map, in one call for the batch
+                maps = explain(model, x, "random", offset=[image_seed(0, i) for i in ids], **opts)
             elif isinstance(method, str):  # a gradient method turns autograd on itself (core.contexts.autograd)
                 maps = explain(model, x, method, explained if method in GRADIENT_METHODS else None, **opts)
             else:  # your function, with autograd on and tensors it can differentiate through
