@@ -131,6 +131,8 @@ def test_intervals_of_accuracies_stay_in_0_to_100():
     assert np.isnan(t_interval([99.0], bounds=PERCENT)[1])  # one value: no interval, cut or not
     with pytest.raises(InputError, match=r"the value 101 lies outside bounds=\(0.0, 100.0\)"):
         t_interval([99.0, 101.0], bounds=PERCENT)
+    m, low, high = t_interval([100.0, 100.0 + 1e-12], bounds=PERCENT)  # a rounding error past the range: in it
+    assert low <= m <= high and m > 100.0  # the cut interval still holds its own mean
     runs = pd.DataFrame({"family": "ViT", "model": "ViT-Ti", "size": "Ti", "train_images": 100, "epochs": 1,
                          "seed": [0, 1, 2], "train_pflops": 1.0, "test_acc": values})
     row = summarize(runs).iloc[0]

@@ -45,7 +45,8 @@ def t_interval(values: Sequence[float] | np.ndarray, confidence: float = 0.95,
     x = x[np.isfinite(x)]
     if bounds is not None:
         lo, hi = bounds
-        outside = x[(x < lo) | (x > hi)]
+        slack = 1e-9 * (hi - lo)  # a value a rounding error past its range (a trapezoid's sum) is in it
+        outside = x[(x < lo - slack) | (x > hi + slack)]
         if len(outside):
             raise InputError(f"t_interval: the value {outside[0]:g} lies outside bounds={tuple(bounds)!r}; pass the "
                              "range the values lie in (an accuracy in percent: (0, 100)), or bounds=None")
@@ -55,6 +56,6 @@ def t_interval(values: Sequence[float] | np.ndarray, confidence: float = 0.95,
     if len(x) < 2:
         return mean, float("nan"), float("nan")
     half = float(stats.t.ppf(0.5 + confidence / 2, len(x) - 1) * x.std(ddof=1) / np.sqrt(len(x)))
-    if bounds is not None:
-        return mean, max(mean - half, float(bounds[0])), min(mean + half, float(bounds[1]))
+    if bounds is not None:  # never past the mean itself (a mean a rounding error past the range stays inside)
+        return mean, max(mean - half, min(float(bounds[0]), mean)), min(mean + half, max(float(bounds[1]), mean))
     return mean, mean - half, mean + half
