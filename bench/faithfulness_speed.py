@@ -83,14 +83,13 @@ def main() -> None:
     loop(False)  # warm-up, and the number of forward passes a call makes (the clean ones included)
     counter.remove()
     per_call = passes[0]
-    xb = x[:args.batch]
-    batches = -(-args.n // args.batch)
+    starts = range(0, args.n, args.batch)
 
-    def plain() -> None:
+    def plain() -> None:  # as many passes as the call makes, over its batches in turn
         with torch.no_grad(), vitviz.core.datasets.autocast_context(amp or None, dev):
-            for _ in range(per_call // batches):
-                for s in range(0, args.n, args.batch):
-                    model(x[s:s + args.batch] if s + args.batch <= args.n else xb[:args.n - s])
+            for i in range(per_call):
+                s = starts[i % len(starts)]
+                model(x[s:s + args.batch])
         sync()
 
     def timed(fn) -> float:
