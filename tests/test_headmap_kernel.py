@@ -739,7 +739,7 @@ def test_cuda_forward_lse_on_vit_b16(dtype, family, monkeypatch):
         depth = 4
     model = model.eval().cuda().to(torch.float32 if amp else dtype)
     x = torch.randn(2, 3, 448, 448, device="cuda", dtype=torch.float32 if amp else dtype)
-    tensor = (lambda out: out) if family == "timm" else (lambda out: out.last_hidden_state)
+    tensor = (lambda out: out) if family.startswith("timm") else (lambda out: out.last_hidden_state)
     autocast = (lambda: torch.autocast("cuda", dtype=torch.bfloat16)) if amp else contextlib.nullcontext
     with torch.no_grad(), autocast():
         plain = tensor(model(x))

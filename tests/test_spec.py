@@ -160,7 +160,7 @@ def test_inspect_reads_a_model_once_per_analysis_call(monkeypatch):
     x = torch.randn(2, 3, *vitviz.inspect(model).img_size)
     reads = []
     real = spec_module._inspect
-    monkeypatch.setattr(spec_module, "_inspect", lambda m: reads.append(m) or real(m))
+    monkeypatch.setattr(spec_module, "_inspect", lambda m, *a: reads.append(m) or real(m, *a))
     vitviz.attention_rollout(model, x)
     assert len(reads) == 1
     assert vitviz.inspect(model) is not vitviz.inspect(model) and len(reads) == 3
@@ -182,6 +182,74 @@ def test_inspect_once_reads_a_changed_model_again():
         assert vitviz.inspect(model) is not deeper
         other = tiny_timm_vit()
         assert vitviz.inspect(other) is not vitviz.inspect(model)
+
+
+def test_inspect_compares_structures_only_once_the_set_up_window_closed(monkeypatch):
+    """In an analysis call's set-up (an open ``walk_once`` window, which replaces nothing) a model read once is
+    not compared again: one structure per call, not one per ``inspect``. Once a forward pass closed the window,
+    each read compares, and a module replaced by then is read again."""
+    from vitviz.core import spec as spec_module
+    from vitviz.core.contexts import inspect_once, walk_once
+
+    model = tiny_timm_vit()
+    compared = []
+    real = spec_module._structure
+    monkeypatch.setattr(spec_module, "_structure", lambda m: compared.append(m) or real(m))
+    vitviz.attention_rollout(model, torch.randn(1, 3, 32, 48))
+    assert compared == [model]  # three reads (the call's, the loader's, the capture's), one structure
+    compared.clear()
+    with walk_once(), inspect_once():
+        first = vitviz.inspect(model)
+        assert vitviz.inspect(model) is first and len(compared) == 1
+        with torch.no_grad():
+            model(torch.randn(1, 3, 32, 48))  # closes the window
+        assert vitviz.inspect(model) is first and len(compared) == 2
+        model.blocks.append(copy.deepcopy(model.blocks[0]))
+        assert vitviz.inspect(model).depth == first.depth + 1 and len(compared) == 3
+
+
+def test_parameter_counts_are_kept_across_calls_while_the_structure_stays(monkeypatch):
+    """``count_params`` with a structure (as ``inspect`` calls it in an analysis call) counts a model once while
+    its named modules, parameters and buffers stay; a resized head, a module under a new name, another family's
+    components or a quantized layer (its packed weights are no parameters) are counted afresh, and every count
+    equals a fresh count."""
+    from vitviz.core import contexts
+    from vitviz.core import spec as spec_module
+    from vitviz.core.families import family_of
+
+    model = tiny_timm_vit()
+    walks = []
+    real = contexts.is_quantized
+    monkeypatch.setattr(contexts, "is_quantized", lambda m: walks.append(1) or real(m))
+
+    def count(m, family=None):
+        walks.clear()
+        family = family or family_of(m)
+        got = spec_module.count_params(m, family, spec_module._structure(m))
+        assert got == spec_module.count_params(m, family)  # a fresh count
+        return got, bool(walks) and len(walks) > len(list(m.modules()))  # counted: a walk before the fresh one
+
+    first, counted = count(model)
+    assert counted
+    again, counted = count(model)
+    assert again == first and not counted
+    model.head = torch.nn.Linear(model.head.in_features, 3)
+    resized, counted = count(model)
+    assert counted and resized["head"] == model.head.in_features * 3 + 3 and resized["total"] < first["total"]
+    model.fc = model._modules.pop("head")  # the same module under another name: no longer the head's
+    renamed, counted = count(model)
+    assert counted and renamed["head"] == 0 and renamed["other"] == resized["head"]
+
+    class Other(type(family_of(model))):
+        def param_components(self, m):
+            return {**super().param_components(m), "head": ("fc.",)}
+
+    other, counted = count(model, Other())
+    assert counted and other["head"] == resized["head"]
+    quantized = torch.ao.quantization.quantize_dynamic(copy.deepcopy(model), {torch.nn.Linear}, dtype=torch.qint8)
+    count(quantized)
+    _, counted = count(quantized)
+    assert counted  # never kept
 
 
 def test_the_table_kind_follows_an_in_place_write():

@@ -22,11 +22,11 @@ from typing import Any
 
 __all__ = ["WeightsWatch", "autograd", "checkpointing_off", "frozen", "grad_leaf", "inference_tensor", "inspect_memo",
            "inspect_once", "is_quantized", "model_copy", "module_attribute", "named_submodules", "normal_tensor",
-           "parameter_hooks_off", "submodules", "tensor_version", "walk_once", "without_autocast"]
+           "open_walk_window", "parameter_hooks_off", "submodules", "tensor_version", "walk_once", "without_autocast"]
 
 
-# inspect_once(): model id -> (model, structure, spec), for the block's duration
-_ONCE: contextvars.ContextVar[dict[int, tuple[Any, tuple, Any]] | None] = contextvars.ContextVar(
+# inspect_once(): model id -> (model, structure, spec, walk_once window of the read), for the block's duration
+_ONCE: contextvars.ContextVar[dict[int, tuple[Any, tuple, Any, Any]] | None] = contextvars.ContextVar(
     "vitviz_inspect_once", default=None)
 
 
@@ -39,7 +39,9 @@ def inspect_once() -> Iterator[None]:
     (``load_images``) and ``capture_attention``'s read the same model in one call, and one read of a ViT-B cost
     some 5 to 7 ms of Python on a 2-core CPU (a dozen walks over its 276 modules), about what its whole bf16
     forward takes on an H100 at batch 8 (5.3 ms, docs/benchmarks.md). A model changed within the block (a module
-    or parameter replaced, a table resized) is read again. Blocks nest: an inner one shares the outer's reads.
+    or parameter replaced, a table resized) is read again: each later read compares the model's structure with the
+    first's, except while the ``walk_once`` window the first read was made in is still open (the call's set-up,
+    before any forward pass, which replaces nothing: the walks themselves are shared there). Blocks nest: an inner one shares the outer's reads.
     Outside any block, every call reads the model afresh (a plain attribute such as timm's ``global_pool`` may
     change between a user's calls)."""
     if _ONCE.get() is not None:
@@ -52,7 +54,7 @@ def inspect_once() -> Iterator[None]:
         _ONCE.reset(token)
 
 
-def inspect_memo() -> dict[int, tuple[Any, tuple, Any]] | None:
+def inspect_memo() -> dict[int, tuple[Any, tuple, Any, Any]] | None:
     """The reads of the innermost ``inspect_once`` block (``vitviz.core.spec.inspect`` fills it), or None outside."""
     return _ONCE.get()
 
@@ -106,6 +108,13 @@ def walk_once() -> Iterator[None]:
     finally:
         _WALKS.reset(token)
         close()
+
+
+def open_walk_window() -> Any:
+    """The open ``walk_once`` window of this context (an opaque object, the same one until it closes), or None outside
+    one or once it closed: ``inspect`` trusts a read made in the same open window without comparing structures."""
+    walks = _WALKS.get()
+    return walks if walks is not None and walks.open else None
 
 
 def _walked(model: Any) -> tuple[list[tuple[str, Any]], list[Any]] | None:

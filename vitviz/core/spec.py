@@ -7,12 +7,13 @@ model by its family (``vitviz.core.families``).
 
 from __future__ import annotations
 
+import weakref
 from dataclasses import dataclass, field, fields
 from typing import Any
 
 from torch import nn
 
-from vitviz.core.contexts import inspect_memo, submodules
+from vitviz.core.contexts import inspect_memo, named_submodules, open_walk_window
 from vitviz.core.families import Family, family_of
 from vitviz.core.families.readout import Readout, default_readout
 from vitviz.errors import UnsupportedModelError
@@ -194,13 +195,28 @@ class ViTSpec:
         p.text(repr(self))
 
 
-def count_params(model: nn.Module, family: Family) -> dict[str, int]:
+# model -> (structure, components, counts): the last count of each model read inside an analysis call
+# (``inspect``), kept while the model lives; a count depends on nothing else (no quantized layer: never kept)
+_COUNTS: weakref.WeakKeyDictionary[nn.Module, tuple[tuple, dict, dict[str, int]]] = weakref.WeakKeyDictionary()
+
+
+def count_params(model: nn.Module, family: Family, structure: tuple | None = None) -> dict[str, int]:
     """Parameters per component (each parameter counted once, shared ones too) and ``total``. A quantized layer's
     weight and bias (``vitviz.core.contexts.quantized_layers``), packed inside its kernel and returned by its
-    ``weight()`` / ``bias()`` methods rather than held as parameters, count as its parameters."""
-    from vitviz.core.contexts import is_quantized, named_submodules
+    ``weight()`` / ``bias()`` methods rather than held as parameters, count as its parameters.
+
+    ``structure`` (``_structure(model)``, which ``inspect`` has at hand inside an analysis call): the count of an
+    earlier call is returned when the model has the same structure (the same named submodules, and parameters and
+    buffers of the same names and shapes) and ``family`` the same components; a model with quantized layers, whose
+    packed tensors the structure does not describe, is always counted. Counting a ViT-B's some 150 parameters took
+    0.9 ms of every call on an H200 machine's CPU (docs/benchmarks.md)."""
+    from vitviz.core.contexts import is_quantized
 
     components = family.param_components(model)
+    if structure is not None:
+        hit = _COUNTS.get(model)
+        if hit is not None and hit[0] == structure and hit[1] == components:
+            return dict(hit[2])
     counts = dict.fromkeys(COMPONENT_ORDER, 0)
     # model.named_parameters() (each tensor once, under its first name) and the quantized layers' packed tensors
     # (quantized_layers), read in one walk: every analysis call counts the parameters once
@@ -226,6 +242,8 @@ def count_params(model: nn.Module, family: Family) -> dict[str, int]:
                 break
         counts[comp] = counts.get(comp, 0) + p.numel()
     counts["total"] = sum(counts.values())
+    if structure is not None and not packed:
+        _COUNTS[model] = (structure, components, dict(counts))
     return counts
 
 
@@ -238,11 +256,12 @@ def model_name(model: nn.Module) -> str:
 
 
 def _structure(model: nn.Module) -> tuple:
-    """What ``contexts.inspect_once`` compares: the identities of the submodules, and of the parameters and
-    buffers with their names and shapes."""
+    """What ``contexts.inspect_once`` and ``count_params`` compare: the names and identities of the submodules, and
+    the names, identities and shapes of their parameters and buffers."""
     out: list[Any] = []
     keep = out.append
-    for m in submodules(model):  # the dicts themselves: parameters() and buffers() cost three times as much
+    for path, m in named_submodules(model):  # the dicts themselves: parameters() and buffers() cost 3x as much
+        keep(path)
         keep(id(m))
         for table in (m._parameters, m._buffers):
             if table:
@@ -266,23 +285,30 @@ def inspect(model: nn.Module) -> ViTSpec:
     memo = inspect_memo()
     if memo is None or not isinstance(model, nn.Module):
         return _inspect(model)
-    structure = _structure(model)
+    window = open_walk_window()
     hit = memo.get(id(model))
-    if hit is not None and hit[0] is model and hit[1] == structure:
-        return hit[2]
-    spec = _inspect(model)
-    memo[id(model)] = (model, structure, spec)
+    if hit is not None and hit[0] is model:
+        if window is not None and hit[3] is window:  # read in this call's set-up, where nothing is replaced
+            return hit[2]
+        structure = _structure(model)
+        if hit[1] == structure:
+            memo[id(model)] = (model, structure, hit[2], window)
+            return hit[2]
+    else:
+        structure = _structure(model)
+    spec = _inspect(model, structure)
+    memo[id(model)] = (model, structure, spec, window)
     return spec
 
 
-def _inspect(model: nn.Module) -> ViTSpec:
+def _inspect(model: nn.Module, structure: tuple | None = None) -> ViTSpec:
     family = family_of(model)
     lay = family.layout(model)
     return ViTSpec(
         name=model_name(model),
         family=family.name,
         **{f.name: getattr(lay, f.name) for f in fields(lay)},
-        params=count_params(model, family),
+        params=count_params(model, family, structure),
         attention_modules=tuple(n for n, _ in family.attention_modules(model)),
         attention_maps=tuple(family.attention_maps(model)),
         attention_blocks=tuple(family.attention_blocks(model)),
