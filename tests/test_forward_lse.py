@@ -253,18 +253,31 @@ def _tensor_on(device: str, dtype: torch.dtype) -> Any:
     return types.SimpleNamespace(device=torch.device(device), dtype=dtype)
 
 
-def test_by_default_on_for_float32_cuda_outside_autocast_only(monkeypatch):
-    """``auto``: the memory-efficient branch SDPA runs for float32 CUDA tensors, the one measured on a GPU."""
+def test_by_default_on_for_float32_cuda_and_for_large_half_type_calls(monkeypatch):
+    """``auto``: for float32 CUDA tensors outside autocast, whatever the size (SDPA's memory-efficient branch, faster
+    in every float32 case measured); for bfloat16 and float16 CUDA tensors, and float32 ones under CUDA autocast,
+    only from ``HALF_MIN_SCORES`` attention scores (on the H200 a bf16 call at 448 px lost at batch 8 and won at
+    batch 32); never on the CPU, for float64, or without the tensor."""
     monkeypatch.delenv("VITVIZ_FORWARD_LSE", raising=False)
-    assert forward_lse.enabled(_tensor_on("cuda", torch.float32))
-    assert forward_lse.enabled(_tensor_on("cuda:1", torch.float32))
-    for device, dtype in (("cuda", torch.bfloat16), ("cuda", torch.float16), ("cpu", torch.float32)):
-        assert not forward_lse.enabled(_tensor_on(device, dtype)), (device, dtype)
-    assert not forward_lse.enabled()  # nothing to decide by
+    large, small = forward_lse.HALF_MIN_SCORES, forward_lse.HALF_MIN_SCORES - 1
+    assert 8 * 12 * 785**2 < large <= 32 * 12 * 785**2  # ViT-B/16 at 448 px: batch 8 below, batch 32 above
+    for scores in (None, 1, large):
+        assert forward_lse.enabled(_tensor_on("cuda", torch.float32), scores)
+        assert forward_lse.enabled(_tensor_on("cuda:1", torch.float32), scores)
+    for dtype in (torch.bfloat16, torch.float16):
+        assert forward_lse.enabled(_tensor_on("cuda", dtype), large), dtype
+        for scores in (None, small):
+            assert not forward_lse.enabled(_tensor_on("cuda", dtype), scores), (dtype, scores)
+    for device, dtype in (("cpu", torch.float32), ("cpu", torch.bfloat16), ("cuda", torch.float64)):
+        assert not forward_lse.enabled(_tensor_on(device, dtype), large), (device, dtype)
+    assert not forward_lse.enabled() and not forward_lse.enabled(None, large)  # nothing to decide by
     monkeypatch.setattr(torch, "is_autocast_enabled", lambda device_type="cuda": device_type == "cuda")
     assert not forward_lse.enabled(_tensor_on("cuda", torch.float32))  # SDPA computes in the autocast dtype
+    assert not forward_lse.enabled(_tensor_on("cuda", torch.float32), small)
+    assert forward_lse.enabled(_tensor_on("cuda", torch.float32), large)
     monkeypatch.setenv("VITVIZ_FORWARD_LSE", "auto")
-    assert not forward_lse.enabled(_tensor_on("cuda", torch.float32))
+    assert not forward_lse.enabled(_tensor_on("cuda", torch.float32), small)
+    assert forward_lse.enabled(_tensor_on("cuda", torch.bfloat16), large)
 
 
 @pytest.mark.parametrize(("value", "on"), [("1", True), ("on", True), (" ON ", True), ("0", False), ("off", False),

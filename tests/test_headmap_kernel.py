@@ -30,6 +30,7 @@ import subprocess
 import sys
 import warnings
 from pathlib import Path
+from typing import Any
 
 import pytest
 import torch
@@ -372,6 +373,30 @@ def _rollout_with_output(model, x, run=lambda model, x: model(x)):
                                             store=False, heads="stream"):
         out = run(model, x)
     return fused, out
+
+
+@pytest.mark.parametrize("case", ["timm", "timm-parallel", "hf"])
+def test_the_probes_tell_forward_lse_how_many_scores_a_call_forms(interpret, monkeypatch, recompute_stream, case):
+    """``forward_lse.enabled`` decides half types by the call's size: timm's stream probe and Hugging Face's hand it
+    ``B * H * N * N`` of each attention call, with the tokens or query it reads the dtype and device of."""
+    from vitviz.core.kernels import forward_lse
+
+    asked: list[tuple[Any, Any]] = []
+    monkeypatch.setattr(forward_lse, "enabled", lambda x=None, scores=None: asked.append((x, scores)) and False)
+    if case == "hf":
+        transformers = pytest.importorskip("transformers")
+        config = transformers.ViTConfig(image_size=32, patch_size=16, hidden_size=32, num_hidden_layers=2,
+                                        num_attention_heads=4, intermediate_size=64, attn_implementation="sdpa")
+        model = transformers.ViTModel(config, add_pooling_layer=False).eval()
+    else:
+        model = tiny_timm_vit() if case == "timm" else tiny_parallel("parallel")
+    spec = vitviz.inspect(model)
+    x = torch.randn(3, 3, *spec.img_size)
+    with kernels.headmap_kernel("on"):
+        _rollout_with_output(model, x)
+    scores = 3 * spec.num_heads * spec.num_tokens**2
+    assert [s for _, s in asked] == [scores] * len(spec.attention_modules), asked
+    assert all(t.dtype == torch.float32 and t.shape[0] == 3 for t, _ in asked)
 
 
 @pytest.fixture

@@ -15,10 +15,11 @@ the name is added once, nothing of transformers is replaced). For each call it
 2. hands the capture a ``HeadMaps`` recomputed from that ``query``, ``key``, ``scaling`` and mask
    (``stream.recomputed_heads``), with SDPA's reading of the mask and of ``is_causal`` (the call's, else the
    module's; only without a mask); on CUDA its ``fuse`` and ``distance_sums`` run the Triton head-map kernels.
-   Where ``kernels.forward_lse`` is on for the call (``forward_lse.enabled(query)``: by default a float32 CUDA
-   ``query`` outside autocast), a ``"sdpa"`` call without a mask runs under ``forward_lse.ForwardLSE``: its one
-   SDPA call is answered by the op that also returns the row log-sum-exp, which, once ``forward_lse.checked`` has
-   accepted it, spares ``fuse``'s kernel its first pass.
+   Where ``kernels.forward_lse`` is on for the call (``forward_lse.enabled(query, B * H * N * N)``: by default a
+   float32 CUDA ``query`` outside autocast, and a half-type one from ``forward_lse.HALF_MIN_SCORES`` scores), a
+   ``"sdpa"`` call without a mask runs under ``forward_lse.ForwardLSE``: its one SDPA call is answered by the op
+   that also returns the row log-sum-exp, which, once ``forward_lse.checked`` has accepted it, spares ``fuse``'s
+   kernel its first pass.
 
 It runs the model file's own ``eager_attention_forward`` instead (and hands on its weights) where recomputing does
 not pay or does not apply: small maps with the kernels off (``stream.EXPLICIT_BELOW_BYTES``), grouped key heads,
@@ -311,7 +312,7 @@ def _attention(module: nn.Module, query: torch.Tensor, key: torch.Tensor, value:
         return out, (w if weights else None)
     run = functions.get_interface(original, eager)
     recorder = None
-    if kernel and original == "sdpa" and attention_mask is None and forward_lse.enabled(query):
+    if kernel and original == "sdpa" and attention_mask is None and forward_lse.enabled(query, b * h * n * n):
         recorder = forward_lse.ForwardLSE()  # answers its SDPA call, keeping the row log-sum-exp
     with recorder if recorder is not None else contextlib.nullcontext():
         out, _ = run(module, query, key, value, attention_mask, **kwargs)

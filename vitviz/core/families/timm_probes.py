@@ -297,8 +297,8 @@ def probe_timm_stream(module: nn.Module, emit: Emit) -> Undo:
         state["explicit"] = reproject or stream.explicit_is_cheaper(b, module.num_heads * pairs, n, kernel)
         if state["explicit"] and getattr(module, "fused_attn", False):
             state["restore"] = set_attr(module, "fused_attn", False)
-        elif kernel and kind in ("mask", "rotary", "parallel") and forward_lse.enabled(x) and getattr(
-                module, "fused_attn", False):
+        elif kernel and kind in ("mask", "rotary", "parallel") and forward_lse.enabled(
+                x, b * module.num_heads * n * n) and getattr(module, "fused_attn", False):
             recorder = forward_lse.ForwardLSE()  # answers the module's SDPA call, keeping the row log-sum-exp
             recorder.__enter__()
             state["recorder"] = recorder

@@ -40,13 +40,18 @@ allowed); a failed check warns once and the kernels make their own pass. A modul
 calls with the same configuration (backend, dtypes, shapes, scale, causality): one check, and one GPU sync, per
 module and configuration in a process, not one per call.
 
-By default (``auto``) it is taken where it was measured to pay: for float32 CUDA tensors outside autocast, where
-SDPA runs its memory-efficient kernel. That branch passed the GPU checks on an H100 (torch 2.11: the forward's
-output bit for bit SDPA's, the maps those of the kernels' own pass) and saved time in every float32 case measured
-there by the fastest repeat (ViT-B/16 and ViT-L/16 at 224 and 448 px, Hugging Face's ViT-B/16 at 448 px; in five
-of the six by the median). The flash and cuDNN branches (half types) have not run on a GPU yet, so half types and
-autocast keep the kernels' own pass. ``VITVIZ_FORWARD_LSE=on|off|auto`` (or ``use_forward_lse(True/False)``)
-forces or forbids it. ``bench/gpu_run.sh`` checks the CUDA branches (``pytest -m gpu``) and times ``rollout_kernel``
+By default (``auto``) it is taken where it was measured to pay. For float32 CUDA tensors outside autocast, where
+SDPA runs its memory-efficient kernel: that branch passed the GPU checks on an H100 and an H200 (torch 2.11: the
+forward's output bit for bit SDPA's, the maps those of the kernels' own pass) and saved time in every float32 case
+measured on the H100 by the fastest repeat (ViT-B/16 and ViT-L/16 at 224 and 448 px, Hugging Face's ViT-B/16 at 448
+px; in five of the six by the median), and on the H200 in all five (ViT-B/16 448 px rollout 1.29x the plain
+forward against 1.39x). For half types (a bfloat16 or float16 tensor, or CUDA autocast) only for calls of at least
+``HALF_MIN_SCORES`` attention scores (``B * H * N * N``, 2**27): the flash and cuDNN branches passed the same GPU
+checks on the H200, where taking the log-sum-exp saves the device a pass but costs the host the mode's work, and a
+bf16 call at batch 8 is bound by the host. There, at 448 px, batch 8, it lost (ViT-B/16, 6e7 scores: 3.84x against
+3.41x; ViT-L/16, 8e7: 2.49x against 2.21x; Hugging Face's ViT-B/16: 2.73x against 2.54x) and at 224 px, batch 32
+(1.5e7) too (3.45x against 3.08x); at batch 32 and 64 (2.4e8 and 4.7e8 scores) it won (1.50x against 1.77x, 1.42x
+against 1.65x). ``VITVIZ_FORWARD_LSE=on|off|auto`` (or ``use_forward_lse(True/False)``) forces or forbids it. ``bench/gpu_run.sh`` checks the CUDA branches (``pytest -m gpu``) and times ``rollout_kernel``
 (forced off) against ``rollout_fwdlse`` (forced on).
 """
 
@@ -67,10 +72,11 @@ from torch.overrides import TorchFunctionMode
 from vitviz.core.kernels import sdpa_operands
 from vitviz.errors import InputError
 
-__all__ = ["ATOL", "ForwardLSE", "checked", "enabled", "sdpa_with_lse", "use_forward_lse"]
+__all__ = ["ATOL", "HALF_MIN_SCORES", "ForwardLSE", "checked", "enabled", "sdpa_with_lse", "use_forward_lse"]
 
 ATOL = 2e-3  # natural-log units; float32 recomputation vs the kernel's, summation order only (~1e-5 seen)
 _ENV = "VITVIZ_FORWARD_LSE"
+HALF_MIN_SCORES = 1 << 27  # half types: B * H * N * N from which ``auto`` takes it (see the module docstring)
 _override: list[bool] = []
 _warned: list[bool] = []
 _verified: weakref.WeakKeyDictionary[Any, set[tuple]] = weakref.WeakKeyDictionary()  # checked: passed, per module
@@ -81,10 +87,12 @@ _MODES = {"1": "on", "on": "on", "true": "on", "yes": "on", "0": "off", "off": "
           "": "auto", "auto": "auto"}
 
 
-def enabled(x: torch.Tensor | None = None) -> bool:
+def enabled(x: torch.Tensor | None = None, scores: int | None = None) -> bool:
     """Whether the stream probe takes the log-sum-exp from the forward of an attention module whose input (or
-    query) is ``x``: ``use_forward_lse``, else ``$VITVIZ_FORWARD_LSE`` (``on``/``1``, ``off``/``0``), else
-    ``auto``: for a float32 CUDA ``x`` outside CUDA autocast (see the module docstring); never without ``x``.
+    query) is ``x`` and whose call forms ``scores`` attention scores (``B * H * N * N``): ``use_forward_lse``, else
+    ``$VITVIZ_FORWARD_LSE`` (``on``/``1``, ``off``/``0``), else ``auto``: for a float32 CUDA ``x`` outside CUDA
+    autocast, and for a bfloat16 or float16 one (or a float32 one under CUDA autocast) when ``scores`` is at least
+    ``HALF_MIN_SCORES`` (see the module docstring); never without ``x``, on the CPU or for other dtypes.
 
     Raises:
         InputError: ``$VITVIZ_FORWARD_LSE`` is none of those values.
@@ -97,8 +105,11 @@ def enabled(x: torch.Tensor | None = None) -> bool:
         raise InputError(f"{_ENV}={raw!r} is not one of on, off, auto (or 1, 0); unset it or pick one")
     if mode != "auto":
         return mode == "on"
-    return (x is not None and x.device.type == "cuda" and x.dtype == torch.float32
-            and not torch.is_autocast_enabled("cuda"))
+    if x is None or x.device.type != "cuda" or x.dtype not in (torch.float32, torch.bfloat16, torch.float16):
+        return False
+    if x.dtype == torch.float32 and not torch.is_autocast_enabled("cuda"):
+        return True
+    return scores is not None and scores >= HALF_MIN_SCORES
 
 
 @contextlib.contextmanager
