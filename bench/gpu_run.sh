@@ -52,8 +52,9 @@
 # bench/attention.py exits 3 when every case ran and a goal was missed, 1 when a case failed.
 #
 # The times above are from the two H100 runs (bench/results/h100_gpu_run_1/summary.txt: a bench/attention.py process
-# 22-39 s, a dataset one 23-28 s, the tests 35 s, micro 61 s) or, for the parts added since (profile's timeline,
-# batch, faith), estimated from them. The plan puts the parts that answer open questions first (the goal cases,
+# 22-39 s, a dataset one 23-28 s, the tests 35 s, micro 61 s); the H200's run 3, every part but micro in 512 s
+# (bench/results/h200_gpu_run_3/summary.txt: a bench/attention.py process 14-32 s, profile 75 s in all, the tests
+# 36 s, batch 52 s, faith 14 s, a dataset process 18-24 s), agrees. The plan puts the parts that answer open questions first (the goal cases,
 # where a call's time goes, the kernels' GPU tests, the batch scaling, the faithfulness loop), then the figures run 1
 # already has: up to and with b16_224 should end by about 510 s; l16_224, hf, tv, dataset_torch and micro take what
 # is left, and the summary says SKIPPED for a part that found too little (GPU_RUN_DEADLINE_S=1800 ... all runs
@@ -63,10 +64,13 @@
 # shapes, the kernels under Triton's interpreter, nothing installed, no deadline unless one is given; so the script
 # and every command line it builds are known to work before a GPU is at hand. Its figures mean nothing.
 #
-# Output under $OUT, 11 files (few, for a remote machine that returns only some): env.json, attention_b16.json,
-# attention_l16.json, attention_hf.json (the Hugging Face and the torchvision rows), attention_batch.json,
-# dataset.json, micro.json, timeline.json, faithfulness.json, run.log (everything printed, the gpu tests' output
-# with it) and summary.txt (each part's exit status and time, the goal lines, the tests' counts).
+# A machine that hands back at most a few files: let the script write elsewhere and pack it, e.g.
+#   mkdir -p /tmp/g; OUT=/tmp/g timeout 568 bash bench/gpu_run.sh; tar czf "$RESULTS/gpu_run.tgz" -C /tmp/g .
+#
+# Output under $OUT, 11 files: env.json, attention_b16.json, attention_l16.json, attention_hf.json (the Hugging Face
+# and the torchvision rows), attention_batch.json, dataset.json, micro.json, timeline.json, faithfulness.json, run.log
+# (everything printed, the gpu tests' output with it) and summary.txt (each part's exit status and time, the goal
+# lines, the tests' counts).
 set -u -o pipefail
 cd "$(dirname "$0")/.."
 OUT=${OUT:-bench/results/gpu_run}
