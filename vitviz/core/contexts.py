@@ -41,8 +41,8 @@ def inspect_once() -> Iterator[None]:
     forward takes on an H100 at batch 8 (5.3 ms, docs/benchmarks.md). A model changed within the block (a module
     or parameter replaced, a table resized) is read again: each later read compares the model's structure with the
     first's, except while the ``walk_once`` window the first read was made in is still open (the call's set-up,
-    before any forward pass, which replaces nothing: the walks themselves are shared there). Blocks nest: an inner one shares the outer's reads.
-    Outside any block, every call reads the model afresh (a plain attribute such as timm's ``global_pool`` may
+    before any forward pass, which replaces nothing: the walks themselves are shared there). Blocks nest: an inner
+    one shares the outer's reads. Outside any block, every call reads the model afresh (a plain attribute such as timm's ``global_pool`` may
     change between a user's calls)."""
     if _ONCE.get() is not None:
         yield

@@ -51,8 +51,9 @@ checks on the H200, where taking the log-sum-exp saves the device a pass but cos
 bf16 call at batch 8 is bound by the host. There, at 448 px, batch 8, it lost (ViT-B/16, 6e7 scores: 3.84x against
 3.41x; ViT-L/16, 8e7: 2.49x against 2.21x; Hugging Face's ViT-B/16: 2.73x against 2.54x) and at 224 px, batch 32
 (1.5e7) too (3.45x against 3.08x); at batch 32 and 64 (2.4e8 and 4.7e8 scores) it won (1.50x against 1.77x, 1.42x
-against 1.65x). ``VITVIZ_FORWARD_LSE=on|off|auto`` (or ``use_forward_lse(True/False)``) forces or forbids it. ``bench/gpu_run.sh`` checks the CUDA branches (``pytest -m gpu``) and times ``rollout_kernel``
-(forced off) against ``rollout_fwdlse`` (forced on).
+against 1.65x). ``VITVIZ_FORWARD_LSE=on|off|auto`` (or ``use_forward_lse(True/False)``) forces or forbids it.
+``bench/gpu_run.sh`` checks the CUDA branches (``pytest -m gpu``) and times ``rollout_kernel`` (forced off) against
+``rollout_fwdlse`` (forced on).
 """
 
 from __future__ import annotations
