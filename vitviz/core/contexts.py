@@ -42,8 +42,8 @@ def inspect_once() -> Iterator[None]:
     or parameter replaced, a table resized) is read again: each later read compares the model's structure with the
     first's, except while the ``walk_once`` window the first read was made in is still open (the call's set-up,
     before any forward pass, which replaces nothing: the walks themselves are shared there). Blocks nest: an inner
-    one shares the outer's reads. Outside any block, every call reads the model afresh (a plain attribute such as timm's ``global_pool`` may
-    change between a user's calls)."""
+    one shares the outer's reads. Outside any block, every call reads the model afresh (a plain attribute such as
+    timm's ``global_pool`` may change between a user's calls)."""
     if _ONCE.get() is not None:
         yield
         return
