@@ -54,11 +54,11 @@
 # The times above are from the two H100 runs (bench/results/h100_gpu_run_1/summary.txt: a bench/attention.py process
 # 22-39 s, a dataset one 23-28 s, the tests 35 s, micro 61 s); the H200's run 3, every part but micro in 512 s
 # (bench/results/h200_gpu_run_3/summary.txt: a bench/attention.py process 14-32 s, profile 75 s in all, the tests
-# 36 s, batch 52 s, faith 14 s, a dataset process 18-24 s), agrees. The plan puts the parts that answer open questions first (the goal cases,
-# where a call's time goes, the kernels' GPU tests, the batch scaling, the faithfulness loop), then the figures run 1
-# already has: up to and with b16_224 should end by about 510 s; l16_224, hf, tv, dataset_torch and micro take what
-# is left, and the summary says SKIPPED for a part that found too little (GPU_RUN_DEADLINE_S=1800 ... all runs
-# everything).
+# 36 s, batch 52 s, faith 14 s, a dataset process 18-24 s), agrees. The plan puts the parts that answer open
+# questions first (the goal cases, where a call's time goes, the kernels' GPU tests, the batch scaling, the
+# faithfulness loop), then the figures run 1 already has: up to and with b16_224 should end by about 510 s; l16_224,
+# hf, tv, dataset_torch and micro take what is left, and the summary says SKIPPED for a part that found too little
+# (GPU_RUN_DEADLINE_S=1800 ... all runs everything).
 #
 # GPU_RUN_REHEARSAL=1 runs the same parts on the CPU (tests/test_gpu_run.py, in `make test`): tiny models and
 # shapes, the kernels under Triton's interpreter, nothing installed, no deadline unless one is given; so the script

@@ -227,7 +227,7 @@ def test_parameter_counts_are_kept_across_calls_while_the_structure_stays(monkey
         family = family or family_of(m)
         got = spec_module.count_params(m, family, spec_module._structure(m))
         assert got == spec_module.count_params(m, family)  # a fresh count
-        return got, bool(walks) and len(walks) > len(list(m.modules()))  # counted: a walk before the fresh one
+        return got, len(walks) > len(list(m.modules()))  # counted: a walk before the fresh one's
 
     first, counted = count(model)
     assert counted

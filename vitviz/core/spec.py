@@ -287,16 +287,12 @@ def inspect(model: nn.Module) -> ViTSpec:
         return _inspect(model)
     window = open_walk_window()
     hit = memo.get(id(model))
-    if hit is not None and hit[0] is model:
-        if window is not None and hit[3] is window:  # read in this call's set-up, where nothing is replaced
-            return hit[2]
-        structure = _structure(model)
-        if hit[1] == structure:
-            memo[id(model)] = (model, structure, hit[2], window)
-            return hit[2]
-    else:
-        structure = _structure(model)
-    spec = _inspect(model, structure)
+    if hit is not None and hit[0] is not model:
+        hit = None
+    if hit is not None and window is not None and hit[3] is window:  # read in this set-up: nothing replaced since
+        return hit[2]
+    structure = _structure(model)
+    spec = hit[2] if hit is not None and hit[1] == structure else _inspect(model, structure)
     memo[id(model)] = (model, structure, spec, window)
     return spec
 
