@@ -21,7 +21,12 @@ Methods (``--methods``):
   (``vitviz.core.kernels.forward_lse``, forced on: no first pass of the kernels; timm and Hugging Face models, CUDA
   only). By default ``rollout`` on CUDA is ``rollout_fwdlse`` for float32 models (outside autocast) and
   ``rollout_kernel`` for the others;
-- ``grad_rollout``: ``vitviz.grad_rollout`` (needs the backward; off by default on CPU).
+- ``grad_rollout``: ``vitviz.grad_rollout`` (needs the backward; off by default on CPU);
+- ``rollout_graphed``, ``distance_graphed``: ``rollout``/``distance`` recorded once as a CUDA graph and replayed
+  per call (``vitviz.graphed``: the call's Python runs at recording, a call is the input's check, one copy in, one
+  replay, one copy out); ``plain_graphed``: the plain forward recorded the same way (``torch.cuda.graph``), the
+  floor of a recorded call. Recorded in the set-up (``graph_reserved_mb``: the memory the recordings reserve,
+  kept while they live); their peak memory is a replay's. CUDA only, not in the defaults.
 
 ``--model hf:vit-base-patch16`` (or ``hf:vit-large-patch16``) times a Hugging Face ``ViTModel`` of that size with
 its default SDPA attention instead of a timm model: ``explicit`` is then the eager implementation a ``heads="full"``
@@ -58,8 +63,10 @@ ROOT = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(ROOT))  # the vitviz of this checkout, not an installed one
 
 METHODS = ("plain", "explicit", "store", "timm", "rollout", "store_distance", "distance", "rollout_torch",
-           "distance_torch", "rollout_kernel", "distance_kernel", "rollout_fwdlse", "grad_rollout")
-CUDA_ONLY = ("rollout_kernel", "distance_kernel", "rollout_fwdlse", "grad_rollout")
+           "distance_torch", "rollout_kernel", "distance_kernel", "rollout_fwdlse", "grad_rollout", "plain_graphed",
+           "rollout_graphed", "distance_graphed")
+GRAPHED = ("plain_graphed", "rollout_graphed", "distance_graphed")
+CUDA_ONLY = ("rollout_kernel", "distance_kernel", "rollout_fwdlse", "grad_rollout", *GRAPHED)
 NEW_ON_CPU = ("rollout_torch", "distance_torch")  # not in the CPU defaults (rollout/distance already are that path)
 KERNEL_MODE = {"rollout_torch": "off", "distance_torch": "off", "rollout_kernel": "on", "distance_kernel": "on"}
 GOAL_TIME = {224: 1.10, 448: 1.35}  # streaming method / plain on CPU
@@ -68,7 +75,7 @@ EXIT_GOAL_MISSED = 3  # the exit status when every case ran but a goal was misse
 GOAL_MEMORY = 0.20  # streaming method's extra memory / its store-everything counterpart's
 PAIRS = {"rollout": "store", "distance": "store_distance", "rollout_torch": "store",
          "distance_torch": "store_distance", "rollout_kernel": "store", "distance_kernel": "store_distance",
-         "rollout_fwdlse": "store"}
+         "rollout_fwdlse": "store", "rollout_graphed": "store", "distance_graphed": "store_distance"}
 
 
 def _rss_kib(field: str) -> int | None:
@@ -165,7 +172,43 @@ def _setup(args: argparse.Namespace, device: str, size: int, batch: int):
 
     from vitviz.core.kernels import forward_lse, headmap_kernel
 
+    graphed: dict[str, object] = {}
+    reserved_mb: dict[str, float] = {}  # per recording: the growth of the allocator's reserved memory over it
+
+    def reserved() -> float:
+        return torch.cuda.memory_reserved() / 2**20 if device.startswith("cuda") else 0.0
+
+    before = reserved()
+    if "plain_graphed" in args.methods:
+        static = x.clone()
+        with torch.no_grad():  # torch's own recipe: warm-up runs on a side stream, then the capture
+            side = torch.cuda.Stream()
+            side.wait_stream(torch.cuda.current_stream())
+            with torch.cuda.stream(side):
+                for _ in range(2):
+                    model(static)
+            torch.cuda.current_stream().wait_stream(side)
+            plain_graph = torch.cuda.CUDAGraph()
+            with torch.cuda.graph(plain_graph):
+                plain_out = model(static)
+
+        def plain_replay(images):
+            static.copy_(images)
+            plain_graph.replay()
+            return plain_out.clone()
+
+        graphed["plain_graphed"] = plain_replay
+        reserved_mb["plain_graphed"], before = reserved() - before, reserved()
+    if "rollout_graphed" in args.methods:
+        graphed["rollout_graphed"] = vitviz.graphed(vitviz.attention_rollout, model, x)
+        reserved_mb["rollout_graphed"], before = reserved() - before, reserved()
+    if "distance_graphed" in args.methods:
+        graphed["distance_graphed"] = vitviz.graphed(vitviz.mean_attention_distance, model, x, autocast=False)
+        reserved_mb["distance_graphed"], before = reserved() - before, reserved()
+
     def once(method: str):
+        if method in graphed:
+            return graphed[method](x)
         if method == "grad_rollout":
             return vitviz.grad_rollout(model, x, target=0)
         if method == "rollout_fwdlse":  # the kernels with the forward's log-sum-exp, whatever the default
@@ -199,6 +242,7 @@ def _setup(args: argparse.Namespace, device: str, size: int, batch: int):
                 return vitviz.mean_attention_distance(model, x, batch_size=batch, autocast=False)  # model's dtype
         raise ValueError(method)
 
+    once.graph_reserved_mb = reserved_mb
     return once, spec
 
 
@@ -232,7 +276,17 @@ def time_case(args: argparse.Namespace, device: str, size: int, batch: int) -> d
             torch.cuda.synchronize()
             peak[m] = (torch.cuda.max_memory_allocated() - base) / 2**20
             del out
-    return {"times": times, "cpu": cpu, "peak": peak, "tokens": spec.num_tokens, "threads": torch.get_num_threads(),
+    kept_alloc_mb = None
+    if cuda:  # the kept (L, B, N, N) float32 layer maps as the allocator holds them: one block, whose size it
+        # rounds (a large one up to 2 MiB, unsplit when less than 1 MiB would be left: c10's CUDACachingAllocator)
+        torch.cuda.empty_cache()
+        base = torch.cuda.memory_allocated()
+        kept = torch.empty(len(spec.attention_modules), batch, spec.num_tokens, spec.num_tokens, device=device)
+        kept_alloc_mb = (torch.cuda.memory_allocated() - base) / 2**20
+        del kept
+    return {"times": times, "cpu": cpu, "peak": peak, "graph_reserved_mb": once.graph_reserved_mb,
+            "kept_alloc_mb": kept_alloc_mb,
+            "tokens": spec.num_tokens, "threads": torch.get_num_threads(),
             "gpu": torch.cuda.get_device_name() if cuda else None, "layers": len(spec.attention_modules),
             "versions": _versions()}
 
@@ -292,6 +346,8 @@ def measure(args: argparse.Namespace, device: str, size: int, batch: int) -> lis
         results.append({"model": args.model, "dtype": args.dtype, "device": device, "gpu": timing["gpu"],
                         "size": size, "batch": batch, "method": m, "time_s": med, "times": t, "images_per_s": batch / med,
                         "cpu_s": statistics.median(c), "cpu_times": c, "peak_extra_mb": mem,
+                        "graph_reserved_mb": timing.get("graph_reserved_mb", {}).get(m),
+                        "kept_alloc_mb": timing.get("kept_alloc_mb"),
                         "tokens": timing["tokens"], "threads": timing["threads"], "layers": timing["layers"],
                         "versions": timing["versions"]})
         print(f"{device} {args.model} {args.dtype} {size}px b{batch} {m:15} {med:.4f} s  {batch / med:8.1f} img/s  "
@@ -307,18 +363,24 @@ def goal_rows(case: dict[str, dict]) -> list[dict]:
     plain = case["plain"]
     dev, dtype, size = plain["device"], plain["dtype"], plain["size"]
     goals = GOAL_TIME if dev == "cpu" else GOAL_TIME_CUDA.get(dtype, {})
-    # the kept (L, B, N, N) float32 fused layer maps of keep="layers" rollout: the GPU memory bound (rows recorded
-    # before the layer count was, bench/results/h100_attention*.json, have none)
-    kept = None if dev == "cpu" or "layers" not in plain else (
+    # the kept (L, B, N, N) float32 fused layer maps of keep="layers" rollout: the GPU memory bound, as the allocator
+    # holds them where the run measured it (``kept_alloc_mb``: peaks are counted in its blocks, 226.0 MB for the
+    # 225.7 MB of ViT-B/16's at 448 px, batch 8), else their bytes (rows recorded before the layer count was,
+    # bench/results/h100_attention*.json, have none)
+    kept = None if dev == "cpu" or "layers" not in plain else plain.get("kept_alloc_mb") or (
         plain["layers"] * plain["batch"] * plain["tokens"] ** 2 * 4 / 2**20)
     rows = []
     for stream, store in PAIRS.items():
         if stream not in case or store not in case:
             continue
-        extra = case[stream]["peak_extra_mb"] - plain["peak_extra_mb"]
+        # a recorded call also holds its recording: the reserved memory it added (an upper bound: the allocator
+        # keeps the warm-up runs' blocks too) counts as extra
+        extra = case[stream]["peak_extra_mb"] + (case[stream].get("graph_reserved_mb") or 0.0) - plain["peak_extra_mb"]
         extra_store = case[store]["peak_extra_mb"] - plain["peak_extra_mb"]
         share = extra / extra_store if extra_store > 0 else float("nan")
+        floor = case.get("plain_graphed")
         rows.append({"method": stream, "store": store, "x_plain": case[stream]["time_s"] / plain["time_s"],
+                     "x_plain_graphed": None if floor is None else case[stream]["time_s"] / floor["time_s"],
                      "store_x_plain": case[store]["time_s"] / plain["time_s"], "extra_mb": extra,
                      "store_extra_mb": extra_store, "memory_share": share, "time_goal": goals.get(size),
                      "time_met": case[stream]["time_s"] / plain["time_s"] <= goals[size] if size in goals else None,
@@ -349,8 +411,9 @@ def report(results: list[dict]) -> bool:
                   f"{r['time_s'] / plain['time_s']:7.2f} {min(r['times']) / min(plain['times']):6.2f} "
                   f"{r['cpu_s'] / plain['cpu_s']:6.2f} {r['images_per_s']:8.1f} {r['peak_extra_mb']:9.1f}")
         for g in goal_rows(case):
-            line = [f"  -> {g['method']}: {g['x_plain']:.2f}x plain, {g['store_x_plain']:.2f}x for {g['store']}; "
-                    f"extra memory {g['extra_mb']:.1f} MB vs {g['store_extra_mb']:.1f} MB ({g['memory_share']:.0%})"]
+            graphed = "" if g["x_plain_graphed"] is None else f", {g['x_plain_graphed']:.2f}x plain_graphed"
+            line = [f"  -> {g['method']}: {g['x_plain']:.2f}x plain{graphed}, {g['store_x_plain']:.2f}x for "
+                    f"{g['store']}; extra memory {g['extra_mb']:.1f} MB vs {g['store_extra_mb']:.1f} MB ({g['memory_share']:.0%})"]
             if g["time_met"] is not None:
                 ok &= g["time_met"]
                 line.append(f"time goal <= {g['time_goal']:.2f}x: {'met' if g['time_met'] else 'MISSED'}")
@@ -399,7 +462,8 @@ def main() -> int:
         ap.error(f"--batch takes one value or one per size; got {args.batch} for sizes {args.sizes}")
     results = []
     for dev in args.device:
-        methods = args.methods or [m for m in METHODS if dev != "cpu" or m not in CUDA_ONLY + NEW_ON_CPU]
+        methods = args.methods or [m for m in METHODS
+                                   if m not in GRAPHED and (dev != "cpu" or m not in CUDA_ONLY + NEW_ON_CPU)]
         args.methods = ["plain", *[m for m in methods if m != "plain"]]
         for size, batch in zip(args.sizes, batches):
             results += measure(args, dev, size, batch)

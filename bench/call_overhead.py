@@ -10,6 +10,10 @@ launches themselves left out (``headmaps._launch`` does nothing; the maps are ga
 argument checks, buffers, the launch arguments). They need Triton; ``TRITON_INTERPRET=1`` is set for this process
 so that CPU tensors may take that path.
 
+The rows "(graphed, replay left out)" time a ``vitviz.graphed`` call (the CUDA-graph route, ``core.graphs``) on the
+host: the model's state compared with the recording's, the input's checks, the copy in, the copies out; the replay
+itself is left out (a recording backend that runs the call once and replays nothing: a replay is one launch).
+
 The row "call set-up" is what an analysis call does on the host before and after its forward pass, without it:
 the call's contexts (``core.contexts.walk_once``, eval mode, autocast off, ``inspect_once``), two reads of the model
 and a stream capture opened and closed. ``--cpu-time`` times in the process's CPU time instead of the wall clock
@@ -100,6 +104,25 @@ def main() -> None:
 
         cases["attention_rollout (kernel path)"] = host_only(cases["attention_rollout"])
         cases["mean_attention_distance (kernel path)"] = host_only(cases["mean_attention_distance"])
+    try:
+        from vitviz.core import graphs
+    except ImportError:  # a vitviz from before vitviz.graphed
+        graphs = None
+    if graphs is not None:
+        class NoReplay:  # records by running the call once; a replay launches nothing
+            @staticmethod
+            def available(device) -> bool:
+                return True
+
+            @staticmethod
+            def record(run, device):
+                return (lambda: None), run()
+
+        graphs.GraphedCall.backend = NoReplay
+        recorded = vitviz.graphed(vitviz.attention_rollout, model, x)
+        recorded_distance = vitviz.graphed(vitviz.mean_attention_distance, model, x, autocast=False)
+        cases["attention_rollout (graphed, replay left out)"] = lambda: recorded(x)
+        cases["mean_attention_distance (graphed, replay left out)"] = lambda: recorded_distance(x)
     rows = []
     for name, fn in cases.items():
         fn()  # warm-up
@@ -109,7 +132,7 @@ def main() -> None:
     base = rows[0]["ms"]
     for row in rows:
         row["x_plain"] = row["ms"] / base
-        print(f"{row['case']:38} {row['ms']:7.2f} ms  {row['x_plain']:5.2f}x the plain forward")
+        print(f"{row['case']:52} {row['ms']:7.2f} ms  {row['x_plain']:5.2f}x the plain forward")
     if args.json:
         args.json.write_text(json.dumps({"torch": torch.__version__, "cpu_time": args.cpu_time, "rows": rows},
                                         indent=1) + "\n")

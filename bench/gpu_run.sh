@@ -18,6 +18,12 @@
 #                  explicit, store, timm, rollout and distance on the PyTorch stream path (*_torch) and with the
 #                  kernels (*_kernel), rollout with the forward's log-sum-exp (rollout_fwdlse): the goal cases
 #                                                                                  (~25 s a process, cap 90 each)
+#   graphed        bench/attention.py, ViT-B/16 at 448 px (batch 8), bf16 then fp32: rollout and distance recorded
+#                  as CUDA graphs (vitviz.graphed: the call's Python once, then one replay per call) beside the
+#                  kernels' eager calls, and the plain forward recorded the same way (plain_graphed, the floor of
+#                  a recorded call), store and store_distance for the memory goal; attention_graphed.json. The
+#                  rehearsal on the CPU, where no graph can be recorded, runs the part's eager methods only
+#                                                                                  (~30 s a process, cap 90 each)
 #   profile        where a call's time goes, ViT-B/16 448 px batch 8 (bench/profile_attention.py): first the
 #                  timeline of plain, rollout_kernel, rollout_fwdlse and distance_kernel (host time to return,
 #                  device kernel and busy time, CUDA runtime calls, idle gaps, each synchronisation with its vitviz
@@ -55,10 +61,10 @@
 # 22-39 s, a dataset one 23-28 s, the tests 35 s, micro 61 s); the H200's run 3, every part but micro in 512 s
 # (bench/results/h200_gpu_run_3/summary.txt: a bench/attention.py process 14-32 s, profile 75 s in all, the tests
 # 36 s, batch 52 s, faith 14 s, a dataset process 18-24 s), agrees. The plan puts the parts that answer open
-# questions first (the goal cases, where a call's time goes, the kernels' GPU tests, the batch scaling, the
-# faithfulness loop), then the figures run 1 already has: up to and with b16_224 should end by about 510 s; l16_224,
-# hf, tv, dataset_torch and micro take what is left, and the summary says SKIPPED for a part that found too little
-# (GPU_RUN_DEADLINE_S=1800 ... all runs everything).
+# questions first (the goal cases, the recorded calls, where a call's time goes, the kernels' GPU tests, the batch
+# scaling, the faithfulness loop), then the figures run 1 already has: up to and with the dataset part should end
+# by about 510 s; b16_224, l16_224, hf, tv, dataset_torch and micro take what is left, and the summary says SKIPPED
+# for a part that found too little (GPU_RUN_DEADLINE_S=1800 ... all runs everything).
 #
 # GPU_RUN_REHEARSAL=1 runs the same parts on the CPU (tests/test_gpu_run.py, in `make test`): tiny models and
 # shapes, the kernels under Triton's interpreter, nothing installed, no deadline unless one is given; so the script
@@ -67,8 +73,8 @@
 # A machine that hands back at most a few files: let the script write elsewhere and pack it, e.g.
 #   mkdir -p /tmp/g; OUT=/tmp/g timeout 568 bash bench/gpu_run.sh; tar czf "$RESULTS/gpu_run.tgz" -C /tmp/g .
 #
-# Output under $OUT, 11 files: env.json, attention_b16.json, attention_l16.json, attention_hf.json (the Hugging Face
-# and the torchvision rows), attention_batch.json, dataset.json, micro.json, timeline.json, faithfulness.json, run.log
+# Output under $OUT, 12 files: env.json, attention_b16.json, attention_graphed.json, attention_l16.json,
+# attention_hf.json (the Hugging Face and the torchvision rows), attention_batch.json, dataset.json, micro.json, timeline.json, faithfulness.json, run.log
 # (everything printed, the gpu tests' output with it) and summary.txt (each part's exit status and time, the goal
 # lines, the tests' counts).
 set -u -o pipefail
@@ -92,6 +98,7 @@ if [ "${GPU_RUN_REHEARSAL:-0}" = 1 ]; then
     B16=vit_tiny_patch16_224 L16=vit_small_patch16_224 DATA_MODEL=cifar10-vit DATA_N=8 DATA_BATCH=4 WORKERS=0
     SMOKE="2 3 37 16" PROFILE_DTYPE=fp32 PROFILE_CALLS=2 BATCHES=("bf16 3" "bf16 4" "fp32 3")
     FAITH_ARGS=(--n 4 --batch 2 --steps 0.5 --autocast off --repeats 1)
+    GRAPHED_METHODS="plain store store_distance rollout_kernel rollout_fwdlse distance_kernel"  # no CUDA graph here
     MICRO_ARGS=(--device cpu --shapes tiny --dtypes fp32 fp32-ieee --blocks default 16,16,1,1)
 else
     DEADLINE_S=${GPU_RUN_DEADLINE_S:-540}  # no part starts after this: one device call of 600 s at most
@@ -102,6 +109,9 @@ else
     WORKERS=4 SMOKE="2 12 197 64" PROFILE_DTYPE=bf16 PROFILE_CALLS=10 BATCHES=("bf16 32" "bf16 64" "fp32 32")
     MICRO_ARGS=(--shapes vit_b16_448 vit_l16_448 vit_b16_224 vit_l16_224)
     FAITH_ARGS=(--n 100 --batch 50 --steps 0.1 --autocast bf16 --repeats 3)
+    GRAPHED_METHODS="plain plain_graphed store store_distance rollout_kernel rollout_fwdlse rollout_graphed
+distance_kernel distance_graphed"
+    GRAPHED_METHODS=${GRAPHED_METHODS//$'\n'/ }
 fi
 
 note() { echo "[gpu_run +$((SECONDS - START))s] $*" | tee -a "$LOG"; }
@@ -266,7 +276,7 @@ EOF
     done
 }
 
-PLAN=(b16_448 profile tests batch l16_448 faith dataset b16_224 l16_224 hf tv dataset_torch micro)
+PLAN=(b16_448 graphed profile tests batch l16_448 faith dataset b16_224 l16_224 hf tv dataset_torch micro)
 PARTS=(setup)  # versions and the smoke check come first, always
 [ $# -eq 0 ] && set -- "${PLAN[@]}"
 for part in "$@"; do
@@ -284,6 +294,7 @@ for part in "${PARTS[@]}"; do
     case $part in
         setup) part_setup ;;
         b16_448) part_attn b16 "$B16" "$LARGE" "$METHODS" ;;
+        graphed) part_attn graphed "$B16" "$LARGE" "$GRAPHED_METHODS" ;;
         l16_448) part_attn l16 "$L16" "$LARGE" "$METHODS" ;;
         b16_224) part_attn b16 "$B16" "$SMALL" "$METHODS" ;;
         l16_224) part_attn l16 "$L16" "$SMALL" "$METHODS" ;;

@@ -149,6 +149,31 @@ def test_a_module_that_passed_is_trusted_for_the_same_configuration_only(monkeyp
     assert len(gaps) == 7
 
 
+def test_inside_a_cuda_graph_capture_an_unchecked_configuration_is_not_checked(monkeypatch):
+    """While a CUDA graph is captured (``vitviz.graphed``) no value can be read: ``checked`` then trusts what it
+    verified before (the recording's warm-up runs) and answers None for anything else, without the recomputation
+    (the kernels make their own first pass); outside a capture it checks as always."""
+    q, k, v = qkv()
+    with forward_lse.ForwardLSE() as mode:
+        F.scaled_dot_product_attention(q, k, v, scale=0.25)
+    lse, config = mode.lse, mode.config
+    owner = torch.nn.Identity()
+    gaps: list[float] = []
+    gap = forward_lse._gap
+    monkeypatch.setattr(forward_lse, "_gap", lambda *a: (lambda g: gaps.append(g) or g)(gap(*a)))
+    monkeypatch.setattr(forward_lse, "capturing", lambda t: True)
+    assert forward_lse.checked(lse, q, k, 0.25, owner=owner, config=config) is None and gaps == []
+    monkeypatch.setattr(forward_lse, "capturing", lambda t: False)
+    assert forward_lse.checked(lse, q, k, 0.25, owner=owner, config=config) is lse and len(gaps) == 1  # warm-up
+    monkeypatch.setattr(forward_lse, "capturing", lambda t: True)
+    assert forward_lse.checked(lse, q, k, 0.25, owner=owner, config=config) is lse and len(gaps) == 1
+
+
+def test_capturing_is_false_for_cpu_tensors_and_without_cuda():
+    q, _, _ = qkv()
+    assert forward_lse.capturing(q) is False
+
+
 CUDNN = torch.nn.attention.SDPBackend.CUDNN_ATTENTION.value
 
 
@@ -168,6 +193,26 @@ def _as_cudnn(monkeypatch, op) -> list:
 
     monkeypatch.setattr(forward_lse, "_same_as_sdpa", counted)
     return compared
+
+
+def test_inside_a_capture_cudnn_attention_is_not_compared_and_sdpa_answers(monkeypatch):
+    """A cuDNN configuration not compared yet is not compared inside a CUDA graph's capture (the comparison reads a
+    value): SDPA answers, without the op; one compared before (the warm-up runs) is answered as always."""
+    ran = []
+
+    def op(q, k, v, dropout, causal, scale):
+        ran.append(1)
+        out, lse = forward_lse._flash_cpu(q, k, v, dropout, causal, scale)
+        return out, lse[..., None]
+
+    compared = _as_cudnn(monkeypatch, op)
+    q, k, v = qkv()
+    monkeypatch.setattr(forward_lse, "capturing", lambda t: True)
+    assert forward_lse.sdpa_with_lse(q, k, v, scale=0.3) is None and compared == [] and ran == []
+    monkeypatch.setattr(forward_lse, "capturing", lambda t: False)
+    assert forward_lse.sdpa_with_lse(q, k, v, scale=0.3) is not None and len(compared) == 1
+    monkeypatch.setattr(forward_lse, "capturing", lambda t: True)
+    assert forward_lse.sdpa_with_lse(q, k, v, scale=0.3) is not None and len(compared) == 1 and len(ran) == 2
 
 
 def test_cudnn_attention_is_compared_with_sdpa_once_per_configuration(monkeypatch):

@@ -33,10 +33,10 @@ pytestmark = [pytest.mark.slow,
               pytest.mark.skipif(not kernels.triton_available(),
                                  reason=f"needs Triton {'.'.join(map(str, kernels.MIN_TRITON))} or newer")]
 
-PLAN = "setup b16_448 profile tests batch l16_448 faith dataset b16_224 l16_224 hf tv dataset_torch micro"
+PLAN = "setup b16_448 graphed profile tests batch l16_448 faith dataset b16_224 l16_224 hf tv dataset_torch micro"
 PARTS = ["setup", "tests", "profile_timeline_vit_tiny_patch16_224_bf16", "profile_timeline_vit_tiny_patch16_224_fp32",
          "profile_timeline_vit-base-patch16_bf16", "profile_python", "profile_ops", "micro",
-         "attention_b16", "attention_l16", "attention_hf_vit-base", "attention_hf_vit_b_16", "attention_batch",
+         "attention_b16", "attention_graphed", "attention_l16", "attention_hf_vit-base", "attention_hf_vit_b_16", "attention_batch",
          "dataset", "faithfulness"]
 
 
@@ -69,14 +69,14 @@ def test_every_part_runs_and_reports_its_exit_status(rehearsal):
     assert "SKIPPED" not in summary
 
 
-def test_the_out_folder_holds_the_eleven_files_every_table_needs(rehearsal):
+def test_the_out_folder_holds_the_twelve_files_every_table_needs(rehearsal):
     out, _ = rehearsal
     assert sorted(p.name for p in out.iterdir()) == sorted(
-        ["env.json", "attention_b16.json", "attention_l16.json", "attention_hf.json", "dataset.json", "micro.json",
-         "attention_batch.json", "timeline.json", "faithfulness.json", "run.log", "summary.txt"])
+        ["env.json", "attention_b16.json", "attention_graphed.json", "attention_l16.json", "attention_hf.json",
+         "dataset.json", "micro.json", "attention_batch.json", "timeline.json", "faithfulness.json", "run.log", "summary.txt"])
     env = json.loads((out / "env.json").read_text())
     assert env["smoke_max_abs"] < 1e-5 and env["timm_stream_probe"] and env["torch"]
-    methods = set(attention_bench.METHODS) - {"grad_rollout", "rollout", "distance"}
+    methods = set(attention_bench.METHODS) - {"grad_rollout", "rollout", "distance", *attention_bench.GRAPHED}
     # timm's AttentionExtract: timm models only; the forward LSE: not torchvision's MultiheadAttention
     for tag, model, sizes, want in (
             ("b16", "vit_tiny_patch16_224", {32, 48}, methods), ("l16", "vit_small_patch16_224", {32, 48}, methods),
@@ -89,6 +89,10 @@ def test_the_out_folder_holds_the_eleven_files_every_table_needs(rehearsal):
                 assert sorted(got) == sorted(want), (tag, model, dtype, size)
         assert {(r["dtype"], r["size"]) for r in rows} == {(d, s) for d in ("bf16", "fp32") for s in sizes}
         assert all(r["images_per_s"] > 0 and r["tokens"] > 1 for r in rows)
+    graphed = json.loads((out / "attention_graphed.json").read_text())  # on the CPU: the part's eager methods
+    assert sorted((r["dtype"], r["method"]) for r in graphed) == sorted(
+        (dt, m) for dt in ("bf16", "fp32")
+        for m in ("plain", "store", "store_distance", "rollout_kernel", "rollout_fwdlse", "distance_kernel"))
     micro = json.loads((out / "micro.json").read_text())
     assert micro and not [r for r in micro if "error" in r]
     assert all(r["max_abs"] < 1e-5 and r["sdpa_ms"] > 0 for r in micro)
@@ -133,8 +137,8 @@ def test_past_the_deadline_every_part_is_skipped_and_said_so(tmp_path):
     assert "nosuchpart: UNKNOWN part" in summary
     assert sorted(p.name for p in tmp_path.iterdir()) == ["run.log", "summary.txt"]
     tables = gpu_tables.render(tmp_path)  # nothing measured: said so for each file, every part listed
-    for name in ("env.json", "attention_b16.json", "attention_l16.json", "attention_hf.json", "dataset.json",
-                 "micro.json"):
+    for name in ("env.json", "attention_b16.json", "attention_graphed.json", "attention_l16.json", "attention_hf.json",
+                 "dataset.json", "micro.json"):
         assert f"{name}: not" in tables, name
     assert tables.count(": SKIPPED") == 6 and "- nosuchpart: UNKNOWN part" in tables
     assert "`gpu` tests: no pytest summary in this run." in tables
@@ -149,26 +153,38 @@ def _cell(tables: str, first: list[str], column: int) -> str:
     raise AssertionError(f"no row {first}")
 
 
+def _section(tables: str, heading: str) -> str:
+    """The text under the ``#### heading`` line, up to the next heading (the same model may head two sections)."""
+    start = tables.splitlines(keepends=True).index(f"#### {heading}\n")
+    text = "".join(tables.splitlines(keepends=True)[start + 1:])
+    return text.split("\n#### ", 1)[0]
+
+
+SECTIONS = {"b16": "ViT-B/16", "graphed": "ViT-B/16, calls recorded as CUDA graphs (vitviz.graphed)",
+            "l16": "ViT-L/16", "hf": "Hugging Face and torchvision ViT-B/16"}
+
+
 def test_the_tables_show_every_measured_row_and_the_goals_recomputed(rehearsal):
     """bench/gpu_tables.py on the rehearsal's folder: a row per method with its images/s, its time over plain's and
     each goal as recomputed here from the JSON rows; the dataset shares; the parts and the tests' counts."""
     out, _ = rehearsal
     tables = gpu_tables.render(out)
     assert "not measured" not in tables and "not written" not in tables
-    for tag in ("b16", "l16", "hf"):
+    for tag, heading in SECTIONS.items():
         rows = json.loads((out / f"attention_{tag}.json").read_text())
+        section = _section(tables, heading)
         for r in rows:
             plain = next(p for p in rows if (p["model"], p["dtype"], p["size"], p["method"])
                          == (r["model"], r["dtype"], r["size"], "plain"))
             ratio = r["time_s"] / plain["time_s"]
             if r["method"] in attention_bench.PAIRS:  # the goal table: one row per case and streaming method
                 goal = attention_bench.GOAL_TIME[r["size"]] if r["size"] in attention_bench.GOAL_TIME else None
-                cell = _cell(tables, [r["model"], r["dtype"], str(r["size"]), r["method"]], 4)
+                cell = _cell(section, [r["model"], r["dtype"], str(r["size"]), r["method"]], 4)
                 assert cell == f"{ratio:.2f}", (r["model"], r["method"], cell)
-                verdict = _cell(tables, [r["model"], r["dtype"], str(r["size"]), r["method"]], 5)
+                verdict = _cell(section, [r["model"], r["dtype"], str(r["size"]), r["method"]], 6)
                 assert verdict == ("no goal at this size" if goal is None else
                                    f"<= {goal:.2f}x: {'met' if ratio <= goal else 'MISSED'}")
-        assert all(f"--model {r['model']} --dtype {r['dtype']} --sizes {r['size']} --batch {r['batch']}" in tables
+        assert all(f"--model {r['model']} --dtype {r['dtype']} --sizes {r['size']} --batch {r['batch']}" in section
                    for r in rows)
     batches = json.loads((out / "attention_batch.json").read_text())  # a row per dtype and batch, x per method
     for r in batches:

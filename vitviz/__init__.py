@@ -39,6 +39,8 @@ _LAZY = {
     "AttentionCapture": "vitviz.core.capture",
     "HeadMaps": "vitviz.core.capture",
     "headmap_kernel": "vitviz.core.kernels",
+    "graphed": "vitviz.core.graphs",
+    "GraphedCall": "vitviz.core.graphs",
     "load_images": "vitviz.core.images",
     "save_arrays": "vitviz.core.io",
     "reduce_dataset": "vitviz.core.datasets",

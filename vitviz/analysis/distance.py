@@ -19,6 +19,7 @@ from torch import nn
 
 from vitviz.core.batching import iter_batches
 from vitviz.core.capture import HeadMaps, capture_attention
+from vitviz.core.contexts import recording, to_host
 from vitviz.core.datasets import (
     RunningReduction,
     autocast_context,
@@ -26,6 +27,7 @@ from vitviz.core.datasets import (
     is_dataset_source,
     reduce_dataset,
 )
+from vitviz.core.graphs import graphable
 from vitviz.core.images import Images
 from vitviz.core.spec import ViTSpec, inspect
 from vitviz.core.util import in_eval_mode, pair
@@ -141,6 +143,7 @@ class DistanceReducer:
         self.distances = distances
         self.sums = torch.zeros(num_layers, num_heads, dtype=torch.float64, device=device)
         self.counts = torch.zeros(num_layers, dtype=torch.float64, device=device)
+        self.reduced: set[int] = set()  # the layers reduced by this object (known on the host)
 
     def __call__(self, position: int, attn: torch.Tensor | HeadMaps) -> None:
         if self.distances is None:
@@ -154,9 +157,14 @@ class DistanceReducer:
         # GPU a launch); float32 added into float64 is cast first, the bits of ``.double()`` before the add
         self.sums[position].add_(per_image.sum(dim=0))
         self.counts[position].add_(per_image.shape[0])
+        self.reduced.add(position)
 
     def result(self) -> torch.Tensor:
         """``(L, H)`` float32 mean distances in pixels (averaged over queries, then images), on the CPU."""
+        if recording():  # a GraphedCall's recording: the layers reduced counted on the host, the result copied after
+            if len(self.reduced) < self.counts.shape[0]:  # each replay (float64 division: the same bits on any device)
+                raise CaptureError("no attention was reduced for some layers; did the forward pass run?")
+            return to_host((self.sums / self.counts[:, None]).float())
         sums, counts = self.sums.cpu(), self.counts.cpu()
         if not bool((counts > 0).all()):
             raise CaptureError("no attention was reduced for some layers; did the forward pass run?")
@@ -206,6 +214,7 @@ class DistanceReduction(RunningReduction):
         return self.reducer.result()
 
 
+@graphable
 @in_eval_mode
 def mean_attention_distance(
     model: nn.Module,

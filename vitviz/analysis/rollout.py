@@ -82,6 +82,7 @@ from vitviz.analysis.propagation import (  # re-exported: the public names rollo
 )
 from vitviz.core.batching import iter_batches
 from vitviz.core.capture import capture_attention
+from vitviz.core.graphs import graphable
 from vitviz.core.images import Images
 from vitviz.core.spec import inspect
 from vitviz.core.util import in_eval_mode
@@ -168,6 +169,7 @@ def rollout_from_attentions(
     return propagate(layers, rule, head_fusion=head_fusion, blocks=kept)
 
 
+@graphable
 @in_eval_mode
 def attention_rollout(
     model: nn.Module,

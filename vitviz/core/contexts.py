@@ -6,8 +6,9 @@ with each (see ``docs/trust.md``, "Your contexts"): ``without_autocast`` keeps a
 analysis; ``autograd`` is the block of a gradient analysis (inference mode off, autograd on, a model of inference
 tensors refused, parameters ``frozen`` or their hooks off with ``parameter_hooks_off``), with ``grad_leaf`` and
 ``normal_tensor`` for the tensors that enter its graph and ``model_copy`` for a copy vitviz may change;
-``checkpointing_off`` keeps a model's activation checkpointing out of a capture and a FLOP count; and
-``WeightsWatch`` tells a cache whether the model's tensors changed since it was filled.
+``checkpointing_off`` keeps a model's activation checkpointing out of a capture and a FLOP count;
+``WeightsWatch`` tells a cache whether the model's tensors changed since it was filled; and ``recording`` tells an
+analysis that it runs for a CUDA graph's recording (``core.graphs``), where it may read no value on the host.
 """
 
 from __future__ import annotations
@@ -20,9 +21,10 @@ import weakref
 from collections.abc import Iterator
 from typing import Any
 
-__all__ = ["WeightsWatch", "autograd", "checkpointing_off", "frozen", "grad_leaf", "inference_tensor", "inspect_memo",
+__all__ = ["Recording", "WeightsWatch", "autograd", "checkpointing_off", "frozen", "grad_leaf", "inference_tensor", "inspect_memo",
            "inspect_once", "is_quantized", "model_copy", "module_attribute", "named_submodules", "normal_tensor",
-           "open_walk_window", "parameter_hooks_off", "submodules", "tensor_version", "walk_once", "without_autocast"]
+           "open_walk_window", "parameter_hooks_off", "recording", "recording_into", "submodules", "tensor_version", "to_host",
+           "walk_once", "without_autocast"]
 
 
 # inspect_once(): model id -> (model, structure, spec, walk_once window of the read), for the block's duration
@@ -525,3 +527,42 @@ class WeightsWatch:
         if not same:
             self._seen = self._look()
         return not same
+
+
+class Recording:
+    """What a ``GraphedCall``'s recorded run marks (``core.graphs``): its outputs delivered on the CPU (``to_host``)."""
+
+    __slots__ = ("host",)
+
+    def __init__(self) -> None:
+        self.host: list[Any] = []
+
+
+_RECORDING: contextvars.ContextVar[Recording | None] = contextvars.ContextVar("vitviz_recording", default=None)
+
+
+def recording() -> bool:
+    """Whether the code runs for a ``GraphedCall``'s recording (its warm-up runs or the capture, ``recording_into``):
+    no host read of a device value may be queued, as a captured stream cannot wait for one. ``core.images``'s
+    finiteness check is then left to the ``GraphedCall`` (made before the copy in), ``to_host`` marks instead of
+    copying, and ``core.datasets.autocast_context`` keeps no cast-weight cache."""
+    return _RECORDING.get() is not None
+
+
+@contextlib.contextmanager
+def recording_into(rec: Recording) -> Iterator[None]:
+    """The block runs as a ``GraphedCall``'s recording (``recording``), marking into ``rec``."""
+    token = _RECORDING.set(rec)
+    try:
+        yield
+    finally:
+        _RECORDING.reset(token)
+
+
+def to_host(t: Any) -> Any:
+    """``t.cpu()``; while ``recording()``, ``t`` itself, marked to be copied to the CPU after each replay."""
+    rec = _RECORDING.get()
+    if rec is None:
+        return t.cpu()
+    rec.host.append(t)
+    return t

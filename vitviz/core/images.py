@@ -192,6 +192,10 @@ def check_tensor(x: torch.Tensor, argument: str = "images") -> None:
             f"{argument}: got a {x.dtype} tensor; images are normalised float tensors (x.float() after your "
             "normalisation), or PIL images / arrays, which vitviz normalises"
         )
+    from vitviz.core.contexts import recording
+
+    if recording():  # GraphedCall checked the batch before copying it in: a captured stream cannot wait for a read
+        return
     finite = torch.isfinite(x)
     if not bool(finite.all()):
         nan, inf = int(torch.isnan(x).sum()), int(torch.isinf(x).sum())

@@ -113,6 +113,12 @@ def enabled(x: torch.Tensor | None = None, scores: int | None = None) -> bool:
     return scores is not None and scores >= HALF_MIN_SCORES
 
 
+def setting() -> tuple[bool | None, str | None]:
+    """What ``enabled`` reads besides its arguments: the innermost ``use_forward_lse`` (None outside one) and
+    ``$VITVIZ_FORWARD_LSE`` (a recorded call is recorded again when it changes: ``core.graphs``)."""
+    return (_override[-1] if _override else None), os.environ.get(_ENV)
+
+
 @contextlib.contextmanager
 def use_forward_lse(on: bool) -> Iterator[None]:
     """Take the row log-sum-exp from the forward's fused attention (``True``) or not, in this block."""
@@ -153,6 +159,8 @@ def _answer(args: tuple, kwargs: dict) -> tuple[torch.Tensor, torch.Tensor, tupl
     key = (choice, str(q.device), *((t.dtype, tuple(t.shape), t.stride()) for t in (q, k, v)), causal, scale)
     if compared and _SAME.get(key) is False:
         return None  # this configuration's output differed from SDPA's once: SDPA answers it
+    if compared and key not in _SAME and capturing(q):
+        return None  # the comparison reads a value, which a CUDA graph's capture cannot wait for: SDPA answers it
     n = q.shape[2]
     out, lse = op(q, k, v, dropout, causal, scale)
     if lse.ndim == 4 and lse.shape[-1] == 1:  # cuDNN's (B, H, N, 1)
@@ -234,6 +242,13 @@ class ForwardLSE(TorchFunctionMode):
         return out
 
 
+def capturing(t: torch.Tensor) -> bool:
+    """Whether ``t``'s CUDA stream is being captured into a CUDA graph now (``vitviz.graphed``), where no value can be
+    read on the host: a configuration first met there is not compared or checked (``checked``, ``_answer``), and
+    the safe answer is taken (SDPA's output, the kernels' own first pass). False without CUDA initialised."""
+    return t.is_cuda and torch.cuda.is_initialized() and torch.cuda.is_current_stream_capturing()
+
+
 def _gap(lse: torch.Tensor, q: torch.Tensor, k: torch.Tensor, scale: float, is_causal: bool) -> float:
     """The largest difference of ``lse`` from the float32 recomputation on the first, middle and last query row of
     every head (a GPU sync: the result is read). Autocast is off for it: under autocast the matmul would run in the
@@ -273,6 +288,8 @@ def checked(lse: torch.Tensor | None, q: torch.Tensor, k: torch.Tensor, scale: f
         key = (config, q.dtype, tuple(q.shape), k.dtype, tuple(k.shape), float(scale), bool(is_causal))
         if key in _verified.get(owner, ()):
             return lse
+    if capturing(q):  # a check reads a float, which a capture cannot wait for: the kernels' own first pass
+        return None
     gap = _gap(lse, *sdpa_operands(q, k), scale, is_causal)  # under autocast: the q and k SDPA computed with
     if gap <= ATOL:
         if key is not None:

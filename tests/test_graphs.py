@@ -1,0 +1,255 @@
+"""``vitviz.graphed``: an analysis recorded once as a CUDA graph, replayed per batch (``vitviz.core.graphs``).
+
+Without a GPU the recording backend is replaced by ``ReplayDouble``, which keeps a graph's contract: the capture's
+outputs are the static tensors every replay overwrites, and they hold no result until the first replay (the double
+fills them with NaN, as a capture leaves them unwritten); a replay reruns the recorded call on the static input and
+writes its results into those tensors. What the tests pin is ``GraphedCall``'s side: the input checked and copied,
+the results copied out (a later call never overwrites an earlier result), a recording per shape, a new recording
+when the model or vitviz's switches change, and the refusals. That a recorded call queues no host read (what a
+capture needs) is pinned on fake CUDA tensors in ``tests/test_cuda_host_path.py``; the real graphs against the
+eager call, in the ``gpu`` test at the end.
+"""
+
+from __future__ import annotations
+
+import pytest
+import torch
+from conftest import tiny_timm_vit
+from torch import nn
+
+import vitviz
+from vitviz.core import contexts, graphs
+from vitviz.core.kernels import forward_lse
+from vitviz.errors import CaptureError, ImageInputError, InputError, InputTypeError, UnsupportedModelError
+
+
+class ReplayDouble:
+    """A recording backend for the CPU with a CUDA graph's contract (see the module docstring)."""
+
+    records = 0
+    replays = 0
+
+    @staticmethod
+    def available(device: torch.device) -> bool:
+        return True
+
+    @classmethod
+    def record(cls, run, device):
+        cls.records += 1
+        for _ in range(graphs.WARMUP):
+            run()
+        outputs = run()
+        tensors = [t for t in _leaves(outputs)]
+        for t in tensors:
+            t.fill_(float("nan"))  # a capture queues kernels without running them
+
+        def replay() -> None:
+            cls.replays += 1
+            for static, new in zip(tensors, _leaves(run()), strict=True):
+                static.copy_(new)
+
+        return replay, outputs
+
+
+def _leaves(out):
+    if isinstance(out, torch.Tensor):
+        return [out]
+    if isinstance(out, (list, tuple)):
+        return [t for o in out for t in _leaves(o)]
+    return []
+
+
+@pytest.fixture
+def double(monkeypatch):
+    monkeypatch.setattr(graphs.GraphedCall, "backend", ReplayDouble)
+    ReplayDouble.records = ReplayDouble.replays = 0
+    return ReplayDouble
+
+
+def images(b=2, seed=0):
+    return torch.randn(b, 3, 32, 48, generator=torch.Generator().manual_seed(seed))
+
+
+@pytest.mark.parametrize("fn", ["attention_rollout", "mean_attention_distance"])
+def test_a_graphed_call_returns_what_the_analysis_returns(fn, double):
+    torch.manual_seed(0)
+    model = tiny_timm_vit()
+    analysis = getattr(vitviz, fn)
+    call = vitviz.graphed(analysis, model, images(seed=9))
+    for seed in (1, 2):
+        x = images(seed=seed)
+        got, want = call(x), analysis(model, x)
+        assert got.device == want.device and got.dtype == want.dtype
+        assert torch.equal(got, want)  # the first call too: a call replays after it records
+    assert call.recordings == 1 and double.records == 1 and double.replays == 2
+
+
+def test_the_options_are_the_analysis_options(double):
+    torch.manual_seed(0)
+    model = tiny_timm_vit()
+    x = images()
+    call = vitviz.graphed(vitviz.attention_rollout, model, x, head_fusion="max", token="patches")
+    assert torch.equal(call(x), vitviz.attention_rollout(model, x, head_fusion="max", token="patches"))
+    assert not torch.equal(call(x), vitviz.attention_rollout(model, x))
+
+
+def test_a_result_is_a_copy_that_a_later_call_leaves_alone(double):
+    torch.manual_seed(0)
+    model = tiny_timm_vit()
+    call = vitviz.graphed(vitviz.attention_rollout, model, images())
+    first = call(images(seed=1))
+    kept = first.clone()
+    second = call(images(seed=2))
+    assert torch.equal(first, kept) and not torch.equal(first, second)
+    distance = vitviz.graphed(vitviz.mean_attention_distance, model, images())
+    d1 = distance(images(seed=1))
+    assert d1.device.type == "cpu"  # marked to_host: copied to the CPU, as the analysis returns it
+    d1_kept = d1.clone()
+    distance(images(seed=2))
+    assert torch.equal(d1, d1_kept)
+
+
+def test_each_shape_is_recorded_once(double):
+    torch.manual_seed(0)
+    model = tiny_timm_vit()
+    call = vitviz.graphed(vitviz.attention_rollout, model, images(b=4))
+    call(images(b=4))
+    small = images(b=1, seed=3)
+    assert torch.equal(call(small), vitviz.attention_rollout(model, small))  # a last, smaller batch
+    call(images(b=4, seed=4))
+    call(images(b=1, seed=5))
+    assert call.recordings == 2
+    assert "(4, 3, 32, 48) float32" in repr(call) and "(1, 3, 32, 48) float32" in repr(call)
+
+
+def test_a_changed_model_is_recorded_again(double):
+    torch.manual_seed(0)
+    model = tiny_timm_vit()
+    call = vitviz.graphed(vitviz.attention_rollout, model, images())
+    x = images(seed=1)
+    with torch.no_grad():  # written in place: the graph reads the same memory, no new recording
+        model.blocks[0].attn.qkv.weight.mul_(3)
+    assert torch.equal(call(x), vitviz.attention_rollout(model, x)) and call.recordings == 1
+    model.blocks[1].attn.qkv = nn.Linear(32, 96)  # a module replaced
+    assert torch.equal(call(x), vitviz.attention_rollout(model, x)) and call.recordings == 2
+    model.blocks[1].attn.qkv.weight.data = torch.randn(96, 32)  # a tensor moved to other memory
+    assert torch.equal(call(x), vitviz.attention_rollout(model, x)) and call.recordings == 3
+    model.double()  # every tensor in another dtype
+    assert torch.equal(call(x), vitviz.attention_rollout(model, x)) and call.recordings == 4
+    assert torch.equal(call(x.double()), vitviz.attention_rollout(model, x.double()))  # a batch of another dtype
+    call(x.double())
+    call(x)
+    assert call.recordings == 5
+
+
+def test_a_changed_switch_is_recorded_again(double):
+    torch.manual_seed(0)
+    model = tiny_timm_vit()
+    call = vitviz.graphed(vitviz.attention_rollout, model, images())
+    call(images())
+    with forward_lse.use_forward_lse(False):
+        call(images())
+    assert call.recordings == 2
+    with vitviz.headmap_kernel("off"):
+        call(images())
+    assert call.recordings == 3
+
+
+def test_bad_input_is_refused_before_it_reaches_the_recording(double):
+    torch.manual_seed(0)
+    model = tiny_timm_vit()
+    call = vitviz.graphed(vitviz.attention_rollout, model, images())
+    x = images(seed=1)
+    want = call(x)
+    bad = x.clone()
+    bad[0, 0, 0, 0] = float("nan")
+    with pytest.raises(ImageInputError, match=r"images: .* 1 NaN"):
+        call(bad)
+    with pytest.raises(InputTypeError, match=r"images: got a list"):
+        call([x])
+    with pytest.raises(ImageInputError, match=r"images: .*uint8"):
+        call(x.to(torch.uint8))
+    assert torch.equal(call(x), want)
+
+
+def test_what_cannot_be_recorded_is_refused(double, monkeypatch):
+    model = tiny_timm_vit()
+    with pytest.raises(InputError, match=r"fn=attention_statistics cannot be recorded"):
+        vitviz.graphed(vitviz.attention_statistics, model, images())
+    with pytest.raises(InputError, match=r"batch_size=1: a recorded call"):
+        vitviz.graphed(vitviz.attention_rollout, model, images(), batch_size=1)
+    with pytest.raises(ImageInputError, match=r"example: .* 0 images"):
+        vitviz.graphed(vitviz.attention_rollout, model, images()[:0])
+    monkeypatch.setattr(graphs.GraphedCall, "backend", graphs._CudaGraphs)  # the real backend: CUDA only
+    with pytest.raises(UnsupportedModelError, match=r"VisionTransformer has its parameters on cpu.*model.cuda"):
+        vitviz.graphed(vitviz.attention_rollout, model, images())
+
+
+def test_a_failed_capture_names_the_call_the_model_and_the_way_out(double, monkeypatch):
+    """A capture that fails (on a GPU: a read of a value, a copy from the CPU, inside the model's own forward) is
+    reported as a ``CaptureError`` that names the analysis and the model class; a vitviz refusal stays itself."""
+    model = tiny_timm_vit()
+
+    def failing(run, device):
+        raise RuntimeError("CUDA error: operation not permitted when stream is capturing")
+
+    monkeypatch.setattr(ReplayDouble, "record", staticmethod(failing))
+    with pytest.raises(CaptureError, match=r"attention_rollout on VisionTransformer could not be recorded as a CUDA "
+                                           r"graph: CUDA error: operation not permitted.*without vitviz.graphed"):
+        vitviz.graphed(vitviz.attention_rollout, model, images())
+
+    def refusing(run, device):
+        run()
+
+    monkeypatch.setattr(ReplayDouble, "record", staticmethod(refusing))
+    with pytest.raises(InputError, match="head_fusion"):
+        vitviz.graphed(vitviz.attention_rollout, model, images(), head_fusion="median")
+
+
+def test_recording_leaves_the_host_reads_to_the_graphed_call():
+    """While recording, ``check_tensor`` reads no value (the call checked its input before the copy), ``to_host``
+    marks instead of copying, and autocast keeps no weight cache; outside, each does what it always did."""
+    from vitviz.core.datasets import autocast_context
+    from vitviz.core.images import check_tensor
+
+    bad = torch.full((1, 3, 8, 8), float("nan"))
+    with pytest.raises(ImageInputError):
+        check_tensor(bad)
+    rec = contexts.Recording()
+    t = torch.zeros(2)
+    with contexts.recording_into(rec):
+        assert contexts.recording()
+        check_tensor(bad)  # no read
+        assert contexts.to_host(t) is t and rec.host[0] is t
+        with autocast_context(torch.bfloat16, "cpu"):
+            assert not torch.is_autocast_cache_enabled()
+    assert not contexts.recording()
+    with autocast_context(torch.bfloat16, "cpu"):
+        assert torch.is_autocast_cache_enabled()
+    with pytest.raises(ImageInputError, match="NaN"):
+        check_tensor(bad, "example")
+
+
+@pytest.mark.gpu
+@pytest.mark.skipif(not torch.cuda.is_available(), reason="needs CUDA")
+@pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16], ids=["float32", "bfloat16"])
+@pytest.mark.parametrize("fn", ["attention_rollout", "mean_attention_distance"])
+def test_cuda_graphs_replay_the_eager_call(fn, dtype):
+    """On a GPU: a timm ViT-S/16-shaped model at 224 px, the real CUDA graph against the eager call, for two batches
+    after the recording, and a new shape."""
+    from timm.models.vision_transformer import VisionTransformer
+
+    torch.manual_seed(0)
+    model = VisionTransformer(img_size=224, patch_size=16, embed_dim=384, depth=6, num_heads=6).eval()
+    model = model.to("cuda", dtype)
+    analysis = getattr(vitviz, fn)
+    options = {"autocast": False} if fn == "mean_attention_distance" else {}
+    x = torch.randn(4, 3, 224, 224, device="cuda", dtype=dtype)
+    call = vitviz.graphed(analysis, model, x, **options)
+    for seed in (1, 2):
+        y = torch.randn(4, 3, 224, 224, device="cuda", dtype=dtype, generator=torch.Generator("cuda").manual_seed(seed))
+        got, want = call(y), analysis(model, y, **options)
+        torch.testing.assert_close(got, want, rtol=1e-5, atol=1e-6)
+    small = x[:1].clone()
+    torch.testing.assert_close(call(small), analysis(model, small, **options), rtol=1e-5, atol=1e-6)
+    assert call.recordings == 2

@@ -1,0 +1,247 @@
+"""An analysis call recorded once as a CUDA graph and replayed for each batch: ``vitviz.graphed``.
+
+On a GPU at small batches an analysis call is bound by its host: on an H200 (ViT-B/16, 448 px, batch 8, bfloat16;
+``docs/benchmarks.md``) the host took some 19 ms to issue a rollout call whose kernels ran in 4.9 ms. The Python
+of the call (reading the model, the capture's set-up, a stream probe's hooks per layer, the kernels' launch
+arguments) is the same on every call of the same shape. A CUDA graph (``torch.cuda.CUDAGraph``) records the
+kernels one call queues and replays them with one launch: that Python runs once, at recording.
+
+``graphed(fn, model, example, **options)`` records ``fn(model, example, **options)`` and returns a
+``GraphedCall``; ``call(images)`` copies ``images`` into the recorded input, replays, and returns copies of the
+outputs (a device tensor cloned, a result the analysis returns on the CPU copied there), so a result is never
+overwritten by a later call. Each call still checks its input as the analysis does (a normalised float tensor,
+finite: one read on the host) before it reaches the model.
+
+A recording is made again, before the call replays, when:
+
+- the batch has another shape or dtype (each is recorded once and kept: the last, smaller batch of a loop records
+  its own graph);
+- the model's structure changed (a submodule, parameter or buffer added, removed or replaced) or one of its
+  tensors moved to other memory, another dtype or device (``model.half()``, ``p.data = ...``);
+- vitviz's switches differ: ``headmap_kernel``'s mode, ``$VITVIZ_HEADMAP_KERNEL``, ``forward_lse``'s setting.
+
+Weights written in place (an optimizer step, ``load_state_dict``) need no new recording: the graph reads the
+parameters' memory when it replays. What a replay does not see (make a new ``graphed`` call after changing it): a
+plain attribute the forward reads (a module's ``scale``, ``fused_attn``, timm's ``global_pool``), a tensor the
+model keeps outside its parameters and buffers that it replaces, PyTorch's SDPA backend switches, and Python code
+the call runs (a hook of yours runs at recording, not at replay).
+
+Recordable analyses are marked ``graphable`` (``attention_rollout``, ``mean_attention_distance``); they queue no
+host read of a device value while ``core.contexts.recording()`` holds (pinned on fake CUDA tensors by
+``tests/test_cuda_host_path.py``): the input's finiteness check is made by ``GraphedCall`` before the copy, and a
+result the analysis hands back on the CPU is marked with ``contexts.to_host`` and copied after the replay. The call's
+first runs (``WARMUP``, on a side stream, before the capture) compile the kernels and fill what vitviz keeps per
+configuration (``forward_lse.checked``'s trust), so the recorded run reads nothing either.
+"""
+
+from __future__ import annotations
+
+import os
+from collections.abc import Callable
+from typing import Any
+
+import torch
+from torch import nn
+
+from vitviz.core.contexts import Recording, recording_into
+from vitviz.errors import CaptureError, InputError, InputTypeError, UnsupportedModelError, VitvizError
+
+__all__ = ["GraphedCall", "graphable", "graphed"]
+
+WARMUP = 2  # eager runs on a side stream before the capture: kernels compiled, per-configuration checks made
+
+
+def graphable(fn: Callable) -> Callable:
+    """Mark an analysis ``fn(model, images, **options)`` as recordable by ``graphed`` (see the module docstring for
+    what that promises)."""
+    fn.__vitviz_graphable__ = True  # type: ignore[attr-defined]
+    return fn
+
+
+def _name(fn: Any) -> str:
+    return getattr(fn, "__qualname__", None) or type(fn).__name__
+
+
+def _settings() -> tuple:
+    """vitviz's switches a recording depends on (the kernels' mode and environment, ``forward_lse``'s)."""
+    from vitviz.core import kernels
+    from vitviz.core.kernels import forward_lse
+
+    return (kernels.kernel_mode(), os.environ.get("VITVIZ_HEADMAP_KERNEL"), forward_lse.setting())
+
+
+def _model_state(model: nn.Module) -> tuple:
+    """The model as a recording depends on it, in one walk: its structure (as ``spec._structure`` reads it: the
+    submodules, parameters and buffers by name and identity, their shapes) with each tensor's memory, dtype and
+    device; and ``_settings``."""
+    from vitviz.core.contexts import named_submodules
+
+    out: list[Any] = []
+    keep = out.append
+    for path, m in named_submodules(model):
+        keep(path)
+        keep(id(m))
+        for table in (m._parameters, m._buffers):
+            if table:
+                for name, t in table.items():
+                    if t is not None:
+                        keep((name, id(t), t.shape, t.dtype, t.device, t.data_ptr()))
+    return tuple(out), _settings()
+
+
+def _deliver(out: Any, host: list[torch.Tensor]) -> Any:
+    """The recorded outputs as a call hands them back: each tensor copied (to the CPU where ``host`` holds it)."""
+    if isinstance(out, torch.Tensor):
+        return out.to("cpu", copy=True) if any(out is t for t in host) else out.clone()  # a copy, on any device
+    if isinstance(out, tuple) and hasattr(out, "_fields"):  # a named tuple
+        return type(out)(*(_deliver(o, host) for o in out))
+    if isinstance(out, (list, tuple)):
+        return type(out)(_deliver(o, host) for o in out)
+    if isinstance(out, dict):
+        return {k: _deliver(v, host) for k, v in out.items()}
+    return out
+
+
+class _CudaGraphs:
+    """The recording backend: ``record(run, device)`` -> ``(replay, outputs)``: ``WARMUP`` eager runs on a side
+    stream, then one run captured into a ``torch.cuda.CUDAGraph`` (its memory in the graph's private pool)."""
+
+    @staticmethod
+    def available(device: torch.device) -> bool:
+        return device.type == "cuda" and torch.cuda.is_available()
+
+    @staticmethod
+    def record(run: Callable[[], Any], device: torch.device) -> tuple[Callable[[], None], Any]:
+        with torch.cuda.device(device):
+            side = torch.cuda.Stream()
+            side.wait_stream(torch.cuda.current_stream())
+            with torch.cuda.stream(side):
+                for _ in range(WARMUP):
+                    run()
+            torch.cuda.current_stream().wait_stream(side)
+            graph = torch.cuda.CUDAGraph()
+            with torch.cuda.graph(graph):
+                out = run()
+        return graph.replay, out
+
+
+def _key(x: torch.Tensor) -> tuple:
+    """What a recording is kept per: the batch's shape and dtype (the analysis casts it as the model needs)."""
+    return tuple(x.shape), x.dtype
+
+
+class _Graph:
+    """One recording: the input it reads, how to replay it, its outputs and which of them go to the CPU."""
+
+    __slots__ = ("static", "replay", "outputs", "host")
+
+    def __init__(self, static: torch.Tensor, replay: Callable[[], None], outputs: Any,
+                 host: list[torch.Tensor]) -> None:
+        self.static, self.replay, self.outputs, self.host = static, replay, outputs, host
+
+
+class GraphedCall:
+    """``fn(model, images, **options)`` recorded as CUDA graphs, one per input shape and dtype; see ``graphed``.
+
+    Attributes:
+        fn, model, options: what is recorded.
+        recordings: how many recordings were made (a new shape, a changed model or switch each make one).
+    """
+
+    backend: Any = _CudaGraphs
+
+    def __init__(self, fn: Callable, model: nn.Module, example: torch.Tensor, **options: Any) -> None:
+        if not getattr(fn, "__vitviz_graphable__", False):
+            raise InputError(f"fn={_name(fn)} cannot be recorded as a CUDA graph; pass vitviz.attention_rollout or "
+                             "vitviz.mean_attention_distance (the analyses that queue no host read inside a call)")
+        if not isinstance(model, nn.Module):
+            raise InputTypeError(f"model: got a {type(model).__name__}; pass the nn.Module to analyse")
+        device = next((p.device for p in model.parameters()), None)
+        if device is None or not self.backend.available(device):
+            raise UnsupportedModelError(
+                f"{type(model).__name__} has its parameters on {device}; a CUDA graph records a call on a CUDA "
+                "device (model.cuda()). On the CPU call the analysis itself: there is no launch cost to save")
+        for key in ("batch_size", "progress"):
+            if options.get(key) not in (None, False):
+                raise InputError(f"{key}={options[key]!r}: a recorded call runs its whole batch in one pass, without "
+                                 "progress bar; leave it out (record the batch size you want as the example's)")
+        self.fn, self.model, self.options = fn, model, options
+        self.device = device
+        self.recordings = 0
+        self._graphs: dict[tuple, _Graph] = {}
+        self._state: tuple | None = None
+        self._check(example, "example")
+        self._record(example)
+
+    def _check(self, x: Any, argument: str) -> None:
+        from vitviz.core.images import check_tensor
+
+        if not isinstance(x, torch.Tensor):
+            raise InputTypeError(f"{argument}: got a {type(x).__name__}; a recorded call takes a normalised "
+                                 "(B, 3, H, W) float tensor (vitviz.load_images(model, images) makes one)")
+        check_tensor(x, argument)  # shape, channels, dtype, finiteness: the analysis's own checks
+
+    def _record(self, x: torch.Tensor) -> _Graph:
+        static = torch.empty_like(x, device=self.device, memory_format=torch.contiguous_format)
+        static.copy_(x)
+        rec = Recording()
+
+        def run() -> Any:  # each run marks its own outputs: the last one's are the recording's
+            rec.host.clear()
+            with recording_into(rec):
+                return self.fn(self.model, static, **self.options)
+
+        state = _model_state(self.model)
+        try:
+            replay, outputs = self.backend.record(run, self.device)
+        except VitvizError:
+            raise  # a refused input or model: the analysis's own error
+        except RuntimeError as err:
+            raise CaptureError(
+                f"{_name(self.fn)} on {type(self.model).__name__} could not be recorded as a CUDA graph: {err}. "
+                "Something in its forward reads a value on the host or copies from the CPU (a model's own "
+                "`.item()`, a tensor made from a Python list); call the analysis without vitviz.graphed") from err
+        self._state = state
+        graph = self._graphs[_key(x)] = _Graph(static, replay, outputs, list(rec.host))
+        self.recordings += 1
+        return graph
+
+    def __call__(self, images: torch.Tensor) -> Any:
+        """``fn(model, images, **options)``: the recorded kernels replayed on ``images`` (recorded first where
+        ``images`` has a shape not seen, or the model or vitviz's switches changed); copies of the outputs."""
+        state = _model_state(self.model)  # before the finiteness read waits for the device: no idle gap after it
+        self._check(images, "images")
+        if state != self._state:
+            self._graphs.clear()
+        graph = self._graphs.get(_key(images)) or self._record(images)
+        graph.static.copy_(images)  # a capture queues its kernels without running them: every call replays
+        graph.replay()
+        return _deliver(graph.outputs, graph.host)
+
+    def __repr__(self) -> str:
+        shapes = ", ".join(f"{shape} {str(dtype).removeprefix('torch.')}" for shape, dtype in self._graphs) or "none"
+        return f"GraphedCall({_name(self.fn)}, {type(self.model).__name__}, recorded: {shapes})"
+
+
+def graphed(fn: Callable, model: nn.Module, example: torch.Tensor, **options: Any) -> GraphedCall:
+    """``fn(model, images, **options)`` recorded once as a CUDA graph, replayed per call (module docstring).
+
+    Args:
+        fn: ``vitviz.attention_rollout`` or ``vitviz.mean_attention_distance``.
+        model: the model, on a CUDA device; it runs in eval mode, as in the analysis.
+        example: a normalised ``(B, 3, H, W)`` float tensor of the shape and dtype the calls will pass (its values
+            do not matter); recorded now.
+        **options: ``fn``'s options (``head_fusion``, ``token``, ``autocast``...), fixed for every call;
+            ``batch_size`` and ``progress`` are refused (one pass per call).
+
+    Returns:
+        A ``GraphedCall``: ``call(images)`` returns what ``fn(model, images, **options)`` returns.
+
+    Raises:
+        InputError: ``fn`` is not recordable, or an option does not apply to a recorded call.
+        UnsupportedModelError: the model is not on a CUDA device.
+        ImageInputError: ``example`` is not a normalised finite image batch.
+        CaptureError: the call could not be captured (its model reads a value or copies from the CPU in its
+            forward).
+    """
+    return GraphedCall(fn, model, example, **options)
