@@ -413,7 +413,8 @@ def report(results: list[dict]) -> bool:
         for g in goal_rows(case):
             graphed = "" if g["x_plain_graphed"] is None else f", {g['x_plain_graphed']:.2f}x plain_graphed"
             line = [f"  -> {g['method']}: {g['x_plain']:.2f}x plain{graphed}, {g['store_x_plain']:.2f}x for "
-                    f"{g['store']}; extra memory {g['extra_mb']:.1f} MB vs {g['store_extra_mb']:.1f} MB ({g['memory_share']:.0%})"]
+                    f"{g['store']}; extra memory {g['extra_mb']:.1f} MB vs {g['store_extra_mb']:.1f} MB "
+                    f"({g['memory_share']:.0%})"]
             if g["time_met"] is not None:
                 ok &= g["time_met"]
                 line.append(f"time goal <= {g['time_goal']:.2f}x: {'met' if g['time_met'] else 'MISSED'}")

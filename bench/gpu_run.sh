@@ -74,9 +74,9 @@
 #   mkdir -p /tmp/g; OUT=/tmp/g timeout 568 bash bench/gpu_run.sh; tar czf "$RESULTS/gpu_run.tgz" -C /tmp/g .
 #
 # Output under $OUT, 12 files: env.json, attention_b16.json, attention_graphed.json, attention_l16.json,
-# attention_hf.json (the Hugging Face and the torchvision rows), attention_batch.json, dataset.json, micro.json, timeline.json, faithfulness.json, run.log
-# (everything printed, the gpu tests' output with it) and summary.txt (each part's exit status and time, the goal
-# lines, the tests' counts).
+# attention_hf.json (the Hugging Face and the torchvision rows), attention_batch.json, dataset.json, micro.json,
+# timeline.json, faithfulness.json, run.log (everything printed, the gpu tests' output with it) and summary.txt (each
+# part's exit status and time, the goal lines, the tests' counts).
 set -u -o pipefail
 cd "$(dirname "$0")/.."
 OUT=${OUT:-bench/results/gpu_run}

@@ -312,8 +312,8 @@ def test_a_recorded_call_waits_for_the_device_nowhere(family, dtype, path, monke
     """What a CUDA graph's capture needs of ``vitviz.graphed``'s recorded run (``core.graphs``): after its warm-up
     runs (where ``forward_lse`` makes its checks), a call under ``recording`` queues no host read at all, inside the
     forward or outside it (the input's finiteness check and distance's result read are left to ``GraphedCall``,
-    before the copy in and after the replay), and no copy from the CPU, blocking or not (``AnyCopy``). The same call outside a recording
-    reads its input's finiteness (the recorder sees it here)."""
+    before the copy in and after the replay), and no copy from the CPU, blocking or not (``AnyCopy``). The same
+    call outside a recording reads its input's finiteness (the recorder sees it here)."""
     from torch.nn.attention import SDPBackend
 
     from vitviz.core import contexts, graphs

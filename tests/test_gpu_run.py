@@ -36,8 +36,8 @@ pytestmark = [pytest.mark.slow,
 PLAN = "setup b16_448 graphed profile tests batch l16_448 faith dataset b16_224 l16_224 hf tv dataset_torch micro"
 PARTS = ["setup", "tests", "profile_timeline_vit_tiny_patch16_224_bf16", "profile_timeline_vit_tiny_patch16_224_fp32",
          "profile_timeline_vit-base-patch16_bf16", "profile_python", "profile_ops", "micro",
-         "attention_b16", "attention_graphed", "attention_l16", "attention_hf_vit-base", "attention_hf_vit_b_16", "attention_batch",
-         "dataset", "faithfulness"]
+         "attention_b16", "attention_graphed", "attention_l16", "attention_hf_vit-base", "attention_hf_vit_b_16",
+         "attention_batch", "dataset", "faithfulness"]
 
 
 def _run(out: Path, *parts: str, **extra: str) -> subprocess.CompletedProcess:
@@ -73,7 +73,8 @@ def test_the_out_folder_holds_the_twelve_files_every_table_needs(rehearsal):
     out, _ = rehearsal
     assert sorted(p.name for p in out.iterdir()) == sorted(
         ["env.json", "attention_b16.json", "attention_graphed.json", "attention_l16.json", "attention_hf.json",
-         "dataset.json", "micro.json", "attention_batch.json", "timeline.json", "faithfulness.json", "run.log", "summary.txt"])
+         "dataset.json", "micro.json", "attention_batch.json", "timeline.json", "faithfulness.json", "run.log",
+         "summary.txt"])
     env = json.loads((out / "env.json").read_text())
     assert env["smoke_max_abs"] < 1e-5 and env["timm_stream_probe"] and env["torch"]
     methods = set(attention_bench.METHODS) - {"grad_rollout", "rollout", "distance", *attention_bench.GRAPHED}

@@ -21,10 +21,10 @@ import weakref
 from collections.abc import Iterator
 from typing import Any
 
-__all__ = ["Recording", "WeightsWatch", "autograd", "checkpointing_off", "frozen", "grad_leaf", "inference_tensor", "inspect_memo",
-           "inspect_once", "is_quantized", "model_copy", "module_attribute", "named_submodules", "normal_tensor",
-           "open_walk_window", "parameter_hooks_off", "recording", "recording_into", "submodules", "tensor_version", "to_host",
-           "walk_once", "without_autocast"]
+__all__ = ["Recording", "WeightsWatch", "autograd", "checkpointing_off", "frozen", "grad_leaf", "inference_tensor",
+           "inspect_memo", "inspect_once", "is_quantized", "model_copy", "module_attribute", "named_submodules",
+           "normal_tensor", "open_walk_window", "parameter_hooks_off", "recording", "recording_into", "submodules",
+           "tensor_version", "to_host", "walk_once", "without_autocast"]
 
 
 # inspect_once(): model id -> (model, structure, spec, walk_once window of the read), for the block's duration

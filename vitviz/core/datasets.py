@@ -332,9 +332,9 @@ def autocast_dtype(autocast: torch.dtype | bool | None, device: torch.device | s
 def autocast_context(amp: torch.dtype | None, device: torch.device | str) -> Any:
     """``torch.autocast`` on ``device`` with ``amp`` (from ``autocast_dtype``), or, with ``None``, autocast switched
     off there: ``autocast=False`` computes in the model's precision also inside a caller's ``torch.autocast``.
-    While a ``GraphedCall`` records (``core.contexts.recording``) autocast keeps no cache of cast weights: a cast made
-    in the capture and cached would be freed at the block's end while the graph still writes it (PyTorch's rule
-    for autocast in a CUDA graph)."""
+    While a ``GraphedCall`` records (``core.contexts.recording``) autocast keeps no cache of cast weights, as
+    PyTorch asks of autocast in a region captured as a CUDA graph (``torch.cuda.make_graphed_callables`` refuses
+    ``cache_enabled=True``)."""
     from vitviz.core.contexts import recording
 
     kind = torch.device(device).type
