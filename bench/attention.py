@@ -25,8 +25,8 @@ Methods (``--methods``):
 - ``rollout_graphed``, ``distance_graphed``: ``rollout``/``distance`` recorded once as a CUDA graph and replayed
   per call (``vitviz.graphed``: the call's Python runs at recording, a call is the input's check, one copy in, one
   replay, one copy out); ``plain_graphed``: the plain forward recorded the same way (``torch.cuda.graph``), the
-  floor of a recorded call. Recorded in the set-up (``graph_reserved_mb``: the memory the recordings reserve,
-  kept while they live); their peak memory is a replay's. CUDA only, not in the defaults.
+  floor of a recorded call. Recorded in the set-up (``graph_reserved_mb``: the memory each recording's private
+  pool holds while it lives, counted as extra memory beside a replay's peak). CUDA only, not in the defaults.
 
 ``--model hf:vit-base-patch16`` (or ``hf:vit-large-patch16``) times a Hugging Face ``ViTModel`` of that size with
 its default SDPA attention instead of a timm model: ``explicit`` is then the eager implementation a ``heads="full"``
@@ -173,10 +173,14 @@ def _setup(args: argparse.Namespace, device: str, size: int, batch: int):
     from vitviz.core.kernels import forward_lse, headmap_kernel
 
     graphed: dict[str, object] = {}
-    reserved_mb: dict[str, float] = {}  # per recording: the growth of the allocator's reserved memory over it
+    reserved_mb: dict[str, float] = {}  # per recording: the memory its graph's private pool holds
 
-    def reserved() -> float:
-        return torch.cuda.memory_reserved() / 2**20 if device.startswith("cuda") else 0.0
+    def reserved() -> float:  # what the allocator holds once the free cached blocks are returned: a live graph's
+        if not device.startswith("cuda"):  # private pool stays (its blocks are released when the graph is)
+            return 0.0
+        torch.cuda.synchronize()
+        torch.cuda.empty_cache()
+        return torch.cuda.memory_reserved() / 2**20
 
     before = reserved()
     if "plain_graphed" in args.methods:
@@ -373,8 +377,7 @@ def goal_rows(case: dict[str, dict]) -> list[dict]:
     for stream, store in PAIRS.items():
         if stream not in case or store not in case:
             continue
-        # a recorded call also holds its recording: the reserved memory it added (an upper bound: the allocator
-        # keeps the warm-up runs' blocks too) counts as extra
+        # a recorded call also holds its recording: the memory of its graph's private pool counts as extra
         extra = case[stream]["peak_extra_mb"] + (case[stream].get("graph_reserved_mb") or 0.0) - plain["peak_extra_mb"]
         extra_store = case[store]["peak_extra_mb"] - plain["peak_extra_mb"]
         share = extra / extra_store if extra_store > 0 else float("nan")

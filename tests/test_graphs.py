@@ -230,18 +230,28 @@ def test_recording_leaves_the_host_reads_to_the_graphed_call():
         check_tensor(bad, "example")
 
 
-@pytest.mark.gpu
-@pytest.mark.skipif(not torch.cuda.is_available(), reason="needs CUDA")
-@pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16], ids=["float32", "bfloat16"])
-@pytest.mark.parametrize("fn", ["attention_rollout", "mean_attention_distance"])
-def test_cuda_graphs_replay_the_eager_call(fn, dtype):
-    """On a GPU: a timm ViT-S/16-shaped model at 224 px, the real CUDA graph against the eager call, for two batches
-    after the recording, and a new shape."""
+def _cuda_family(family: str) -> nn.Module:
+    if family == "huggingface":
+        transformers = pytest.importorskip("transformers")
+        config = transformers.ViTConfig(image_size=224, patch_size=16, hidden_size=384, num_hidden_layers=6,
+                                        num_attention_heads=6, intermediate_size=768)
+        return transformers.ViTModel(config, add_pooling_layer=False).eval()
     from timm.models.vision_transformer import VisionTransformer
 
+    return VisionTransformer(img_size=224, patch_size=16, embed_dim=384, depth=6, num_heads=6).eval()
+
+
+@pytest.mark.gpu
+@pytest.mark.skipif(not torch.cuda.is_available(), reason="needs CUDA")
+@pytest.mark.parametrize("family", ["timm", "huggingface"])
+@pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16], ids=["float32", "bfloat16"])
+@pytest.mark.parametrize("fn", ["attention_rollout", "mean_attention_distance"])
+def test_cuda_graphs_replay_the_eager_call(fn, dtype, family):
+    """On a GPU: a ViT-S/16-shaped timm or Hugging Face model at 224 px (its stream probe, the kernels; float32
+    with the forward's log-sum-exp), the real CUDA graph against the eager call, for two batches after the
+    recording, and a new shape."""
     torch.manual_seed(0)
-    model = VisionTransformer(img_size=224, patch_size=16, embed_dim=384, depth=6, num_heads=6).eval()
-    model = model.to("cuda", dtype)
+    model = _cuda_family(family).to("cuda", dtype)
     analysis = getattr(vitviz, fn)
     options = {"autocast": False} if fn == "mean_attention_distance" else {}
     x = torch.randn(4, 3, 224, 224, device="cuda", dtype=dtype)
