@@ -195,17 +195,23 @@ def _as_cudnn(monkeypatch, op) -> list:
     return compared
 
 
-def test_inside_a_capture_cudnn_attention_is_not_compared_and_sdpa_answers(monkeypatch):
-    """A cuDNN configuration not compared yet is not compared inside a CUDA graph's capture (the comparison reads a
-    value): SDPA answers, without the op; one compared before (the warm-up runs) is answered as always."""
-    ran = []
+def _cudnn_like(ran: list[int]):
+    """A stand-in for cuDNN attention's op on CPU: the flash op, its log-sum-exp shaped ``(B, H, N, 1)`` as cuDNN's
+    on recent torch; each run appended to ``ran``."""
 
     def op(q, k, v, dropout, causal, scale):
         ran.append(1)
         out, lse = forward_lse._flash_cpu(q, k, v, dropout, causal, scale)
         return out, lse[..., None]
 
-    compared = _as_cudnn(monkeypatch, op)
+    return op
+
+
+def test_inside_a_capture_cudnn_attention_is_not_compared_and_sdpa_answers(monkeypatch):
+    """A cuDNN configuration not compared yet is not compared inside a CUDA graph's capture (the comparison reads a
+    value): SDPA answers, without the op; one compared before (the warm-up runs) is answered as always."""
+    ran: list[int] = []
+    compared = _as_cudnn(monkeypatch, _cudnn_like(ran))
     q, k, v = qkv()
     monkeypatch.setattr(forward_lse, "capturing", lambda t: True)
     assert forward_lse.sdpa_with_lse(q, k, v, scale=0.3) is None and compared == [] and ran == []
@@ -220,14 +226,8 @@ def test_cudnn_attention_is_compared_with_sdpa_once_per_configuration(monkeypatc
     recent torch): the first call of a configuration runs SDPA once more and compares the outputs; a match is
     answered, and later calls of that configuration without SDPA; another shape, dtype or scale is compared again."""
     sdpa = F.scaled_dot_product_attention
-    ran = []
-
-    def op(q, k, v, dropout, causal, scale):
-        ran.append(1)
-        out, lse = forward_lse._flash_cpu(q, k, v, dropout, causal, scale)
-        return out, lse[..., None]
-
-    compared = _as_cudnn(monkeypatch, op)
+    ran: list[int] = []
+    compared = _as_cudnn(monkeypatch, _cudnn_like(ran))
     q, k, v = qkv()
     got = forward_lse.sdpa_with_lse(q, k, v, scale=0.3)
     assert got is not None and len(compared) == 1

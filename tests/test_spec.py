@@ -193,8 +193,8 @@ def test_inspect_compares_structures_only_once_the_set_up_window_closed(monkeypa
 
     model = tiny_timm_vit()
     compared = []
-    real = spec_module._structure
-    monkeypatch.setattr(spec_module, "_structure", lambda m: compared.append(m) or real(m))
+    real = spec_module.model_structure
+    monkeypatch.setattr(spec_module, "model_structure", lambda m: compared.append(m) or real(m))
     vitviz.attention_rollout(model, torch.randn(1, 3, 32, 48))
     assert compared == [model]  # three reads (the call's, the loader's, the capture's), one structure
     compared.clear()
@@ -225,7 +225,7 @@ def test_parameter_counts_are_kept_across_calls_while_the_structure_stays(monkey
     def count(m, family=None):
         walks.clear()
         family = family or family_of(m)
-        got = spec_module.count_params(m, family, spec_module._structure(m))
+        got = spec_module.count_params(m, family, spec_module.model_structure(m))
         assert got == spec_module.count_params(m, family)  # a fresh count
         return got, len(walks) > len(list(m.modules()))  # counted: a walk before the fresh one's
 

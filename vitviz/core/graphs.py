@@ -36,7 +36,6 @@ configuration (``forward_lse.checked``'s trust), so the recorded run reads nothi
 
 from __future__ import annotations
 
-import os
 from collections.abc import Callable
 from typing import Any
 
@@ -63,30 +62,20 @@ def _name(fn: Any) -> str:
 
 
 def _settings() -> tuple:
-    """vitviz's switches a recording depends on (the kernels' mode and environment, ``forward_lse``'s)."""
+    """vitviz's switches a recording depends on: the kernels' mode in force (``headmap_kernel``, else
+    ``$VITVIZ_HEADMAP_KERNEL``) and ``forward_lse``'s setting."""
     from vitviz.core import kernels
     from vitviz.core.kernels import forward_lse
 
-    return (kernels.kernel_mode(), os.environ.get("VITVIZ_HEADMAP_KERNEL"), forward_lse.setting())
+    return kernels.kernel_mode(), forward_lse.setting()
 
 
 def _model_state(model: nn.Module) -> tuple:
-    """The model as a recording depends on it, in one walk: its structure (as ``spec._structure`` reads it: the
-    submodules, parameters and buffers by name and identity, their shapes) with each tensor's memory, dtype and
-    device; and ``_settings``."""
-    from vitviz.core.contexts import named_submodules
+    """The model as a recording depends on it, in one walk: its structure with each tensor's memory, dtype and
+    device (``spec.model_structure(memory=True)``), and ``_settings``."""
+    from vitviz.core.spec import model_structure
 
-    out: list[Any] = []
-    keep = out.append
-    for path, m in named_submodules(model):
-        keep(path)
-        keep(id(m))
-        for table in (m._parameters, m._buffers):
-            if table:
-                for name, t in table.items():
-                    if t is not None:
-                        keep((name, id(t), t.shape, t.dtype, t.device, t.data_ptr()))
-    return tuple(out), _settings()
+    return model_structure(model, memory=True), _settings()
 
 
 def _deliver(out: Any, host: list[torch.Tensor]) -> Any:

@@ -205,7 +205,7 @@ def count_params(model: nn.Module, family: Family, structure: tuple | None = Non
     weight and bias (``vitviz.core.contexts.quantized_layers``), packed inside its kernel and returned by its
     ``weight()`` / ``bias()`` methods rather than held as parameters, count as its parameters.
 
-    ``structure`` (``_structure(model)``, which ``inspect`` has at hand inside an analysis call): the count of an
+    ``structure`` (``model_structure(model)``, which ``inspect`` has at hand inside an analysis call): the count of an
     earlier call is returned when the model has the same structure (the same named submodules, and parameters and
     buffers of the same names and shapes) and ``family`` the same components; a model with quantized layers, whose
     packed tensors the structure does not describe, is always counted. Counting a ViT-B's some 150 parameters took
@@ -255,9 +255,10 @@ def model_name(model: nn.Module) -> str:
     return str(name)
 
 
-def _structure(model: nn.Module) -> tuple:
+def model_structure(model: nn.Module, memory: bool = False) -> tuple:
     """What ``contexts.inspect_once`` and ``count_params`` compare: the names and identities of the submodules, and
-    the names, identities and shapes of their parameters and buffers."""
+    the names, identities and shapes of their parameters and buffers; with ``memory``, also each tensor's dtype,
+    device and storage address (what a CUDA graph's recording reads, ``core.graphs``)."""
     out: list[Any] = []
     keep = out.append
     for path, m in named_submodules(model):  # the dicts themselves: parameters() and buffers() cost 3x as much
@@ -270,6 +271,8 @@ def _structure(model: nn.Module) -> tuple:
                         keep(name)
                         keep(id(t))
                         keep(t.shape)
+                        if memory:
+                            keep((t.dtype, t.device, t.data_ptr()))
     return tuple(out)
 
 
@@ -291,7 +294,7 @@ def inspect(model: nn.Module) -> ViTSpec:
         hit = None
     if hit is not None and window is not None and hit[3] is window:  # read in this set-up: nothing replaced since
         return hit[2]
-    structure = _structure(model)
+    structure = model_structure(model)
     spec = hit[2] if hit is not None and hit[1] == structure else _inspect(model, structure)
     memo[id(model)] = (model, structure, spec, window)
     return spec
