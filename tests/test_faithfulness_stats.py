@@ -13,13 +13,13 @@ from vitviz.errors import InputError
 
 def null_curves(n_images: int, n_methods: int, rng: np.random.Generator) -> pd.DataFrame:
     """Curves whose AUC is the score: ``base`` at 0 and ``m<j>`` at a standard normal per image, so every paired
-    difference ``m<j> - base`` is an independent draw with true mean 0."""
+    difference ``m<j> - base`` is an independent draw with true mean 0 (metric ``target``: unbounded, not cut)."""
     rows = []
     values = {"base": np.zeros(n_images), **{f"m{j}": rng.normal(size=n_images) for j in range(n_methods)}}
     for method, v in values.items():
         for i in range(n_images):
             for f in (0.0, 1.0):
-                rows.append((i, method, "deletion", f, v[i], "probability", "drop"))
+                rows.append((i, method, "deletion", f, v[i], "target", "drop"))
     return pd.DataFrame(rows, columns=["image", "method", "mode", "fraction", "score", "metric", "removal"])
 
 
@@ -114,3 +114,49 @@ def test_the_auc_is_over_removed_where_the_frame_has_it_and_over_fraction_otherw
     df.loc[(df.image == 1) & (df.fraction == 1.0), "removed"] = 0.3  # falls: not a faithfulness frame
     with pytest.raises(InputError, match=r"image 1, m/deletion, has 'removed' values \[0.0, 0.4, 0.3\] that fall"):
         vitviz.faithfulness_auc(df)
+
+
+def flat_curves(aucs: dict[str, list[float]], metric: str) -> pd.DataFrame:
+    """Flat curves (the same score at the fractions 0 and 1), so each image's AUC is its score."""
+    rows = [(i, method, "deletion", f, a, metric, "drop") for method, v in aucs.items() for i, a in enumerate(v)
+            for f in (0.0, 1.0)]
+    return pd.DataFrame(rows, columns=["image", "method", "mode", "fraction", "score", "metric", "removal"])
+
+
+def test_intervals_of_bounded_metrics_are_cut_to_their_range():
+    # two images of AUC 0 and 1: the t interval of the mean is 0.5 +- 6.35; of m - base (base at 0.5 on both), 0 +- 6.35
+    aucs = {"base": [0.5, 0.5], "m": [0.0, 1.0]}
+    half = stats.t.ppf(0.975, 1) * np.std([0.0, 1.0], ddof=1) / np.sqrt(2)
+    for metric in ("probability", "accuracy"):
+        df = flat_curves(aucs, metric)
+        row = vitviz.faithfulness_auc(df).set_index("method").loc["m"]
+        assert (row["ci_low"], row["ci_high"]) == (0.0, 1.0)
+        paired = vitviz.compare_methods(df, baseline="base").iloc[0]
+        assert (paired["ci_low"], paired["ci_high"]) == (-1.0, 1.0)
+        assert paired["verdict"] == "indistinguishable"  # zero lies in [-1, 1]: the cut never moves a verdict
+        boot = vitviz.faithfulness_auc(df, interval="bootstrap", n_boot=200).set_index("method").loc["m"]
+        assert 0.0 <= boot["ci_low"] <= boot["ci_high"] <= 1.0
+    # the raw output of a headless model is unbounded: not cut
+    df = flat_curves(aucs, "target")
+    row = vitviz.faithfulness_auc(df).set_index("method").loc["m"]
+    assert (row["ci_low"], row["ci_high"]) == pytest.approx((0.5 - half, 0.5 + half))
+    paired = vitviz.compare_methods(df, baseline="base").iloc[0]
+    assert (paired["ci_low"], paired["ci_high"]) == pytest.approx((-half, half))
+    # an interval inside the range is left as it is
+    df = flat_curves({"base": [0.5, 0.5, 0.5], "m": [0.4, 0.5, 0.6]}, "probability")
+    row = vitviz.faithfulness_auc(df).set_index("method").loc["m"]
+    assert (row["ci_low"], row["ci_high"]) == pytest.approx(t_ci_of([0.4, 0.5, 0.6]))
+
+
+def t_ci_of(values: list[float]) -> tuple[float, float]:
+    v = np.asarray(values)
+    half = stats.t.ppf(0.975, len(v) - 1) * v.std(ddof=1) / np.sqrt(len(v))
+    return v.mean() - half, v.mean() + half
+
+
+def test_bounded_scores_outside_their_range_are_refused():
+    df = flat_curves({"base": [0.5, 0.5], "m": [0.2, 1.5]}, "probability")
+    for f in (vitviz.faithfulness_auc, lambda d: vitviz.compare_methods(d, baseline="base")):
+        with pytest.raises(InputError, match=r"2 probability scores outside \[0, 1\], e.g. 1.5 at image 1, "
+                                             r"m/deletion.*metric 'target'"):
+            f(df)

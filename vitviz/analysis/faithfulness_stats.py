@@ -15,6 +15,14 @@ the two values, and a method is called better or worse at a true difference of 0
 2015, "What Teachers Should Know About the Bootstrap", The American Statistician 69(4)), so use it from
 about 30 images on. With fewer than 2 images no interval exists: it is NaN and the verdict ``too few images``.
 
+Bounded metrics (``AUC_BOUNDS``): an ``accuracy`` or ``probability`` score lies in ``[0, 1]`` and is integrated over
+a fraction in ``[0, 1]``, so its AUC lies in ``[0, 1]`` and a difference of two in ``[-1, 1]``. The t interval is
+cut to that range (``vitviz.analysis.intervals.t_interval``'s ``bounds``): with few images near either end its
+half-width reaches past it (two images of accuracy AUC 0 and 1: ``0.5 +- 6.4``). The mean lies in the range, so the
+cut interval holds it exactly as often as the uncut one, and a paired verdict is unchanged (zero lies in
+``[-1, 1]``). A bootstrap interval is a range of means of values in the range and needs no cut. The ``target``
+metric (the raw output of a headless model) is unbounded and not cut.
+
 The x of every AUC: the column ``removed`` of a ``vitviz.faithfulness`` frame, the fraction of patches actually
 removed (inserted) at each step, ``round(f * P) / P`` for the nominal step ``f`` (column ``fraction``) and ``P``
 patches; each image's curve is integrated over its own ``removed`` values, so images of different grids are each
@@ -34,7 +42,7 @@ from vitviz.analysis.intervals import t_interval
 from vitviz.core.util import float_array, is_int, is_number
 from vitviz.errors import InputError, InputTypeError
 
-__all__ = ["BETTER", "INTERVALS", "MODES", "bootstrap_ci", "compare_methods", "faithfulness_auc", "mean_interval",
+__all__ = ["AUC_BOUNDS", "BETTER", "INTERVALS", "MODES", "bootstrap_ci", "compare_methods", "faithfulness_auc", "mean_interval",
            "per_image_auc", "t_ci"]
 
 MODES = ("positive", "negative", "deletion", "insertion")
@@ -43,6 +51,15 @@ CURVE_KEY = ["image", "method", "mode", "fraction", "metric", "removal"]
 GROUP = ["method", "mode", "metric", "removal"]
 INTERVALS = ("t", "bootstrap")
 TOO_FEW = "too few images"
+AUC_BOUNDS = {"accuracy": (0.0, 1.0), "probability": (0.0, 1.0)}  # score in [0, 1], integrated over x in [0, 1]
+
+
+def auc_bounds(metric: str, difference: bool = False) -> tuple[float, float] | None:
+    """The range of a ``metric``'s AUC (of a difference of two AUCs with ``difference=True``); ``None``: unbounded."""
+    bounds = AUC_BOUNDS.get(metric)
+    if bounds is None or not difference:
+        return bounds
+    return bounds[0] - bounds[1], bounds[1] - bounds[0]
 
 
 def _values(values: Sequence[float] | np.ndarray, what: str) -> np.ndarray:
@@ -65,15 +82,17 @@ def _check_n_boot(n_boot: int) -> None:
         raise InputError(f"n_boot={n_boot!r} must be a positive int, the number of bootstrap resamples (e.g. 1000)")
 
 
-def t_ci(values: Sequence[float] | np.ndarray, *, ci: float = 0.95) -> tuple[float, float]:
+def t_ci(values: Sequence[float] | np.ndarray, *, ci: float = 0.95,
+         bounds: tuple[float, float] | None = None) -> tuple[float, float]:
     """Student-t interval of the mean of ``values``: ``mean +- t_{n-1, (1 + ci) / 2} * sd / sqrt(n)``.
 
     The interval of the (paired, for differences) t-test. Its coverage is exact for normal values and holds
     approximately for others (central limit theorem); with fewer than 2 values there is none: ``(nan, nan)``.
+    ``bounds``: the range every value lies in (``auc_bounds``); the interval is cut to it (see the module docstring).
     """
     v = _values(values, "t_ci")
     _check_ci(ci)
-    _, low, high = t_interval(v, ci)
+    _, low, high = t_interval(v, ci, bounds=bounds)
     return low, high
 
 
@@ -86,12 +105,12 @@ def _check_interval(interval: str, n_boot: int, ci: float) -> None:
 
 
 def mean_interval(values: Sequence[float] | np.ndarray, *, interval: str = "t", n_boot: int = 1000,
-                  ci: float = 0.95, seed: int = 0) -> tuple[float, float]:
-    """The ``interval`` (``"t"``: ``t_ci``; ``"bootstrap"``: ``bootstrap_ci``) of the mean of ``values``; ``(nan,
-    nan)`` with fewer than 2 values (see the module docstring for the choice)."""
+                  ci: float = 0.95, seed: int = 0, bounds: tuple[float, float] | None = None) -> tuple[float, float]:
+    """The ``interval`` (``"t"``: ``t_ci``, cut to ``bounds``; ``"bootstrap"``: ``bootstrap_ci``, inside them
+    already) of the mean of ``values``; ``(nan, nan)`` with fewer than 2 values (see the module docstring)."""
     _check_interval(interval, n_boot, ci)
     if interval == "t":
-        return t_ci(values, ci=ci)
+        return t_ci(values, ci=ci, bounds=bounds)
     return bootstrap_ci(values, n_boot=n_boot, ci=ci, seed=seed)
 
 
@@ -165,7 +184,8 @@ def per_image_auc(df: Any, *, upto: float = 1.0) -> Any:
         DataFrame with columns ``image``, ``method``, ``mode``, ``metric``, ``removal``, ``auc``.
 
     Raises:
-        InputError: ``df`` not a DataFrame, repeated rows, NaN scores (an AUC of NaN has no interval), rows
+        InputError: ``df`` not a DataFrame, repeated rows, NaN scores (an AUC of NaN has no interval), an
+            ``accuracy`` or ``probability`` score outside ``[0, 1]`` (``AUC_BOUNDS``), rows
             without a ``removed`` value (frames with and without the column concatenated), ``removed`` decreasing
             along a curve, or ``upto`` outside ``(0, 1]`` or not one of the fractions.
     """
@@ -179,6 +199,7 @@ def per_image_auc(df: Any, *, upto: float = 1.0) -> Any:
         raise InputError(f"df holds {int(nan.sum())} NaN scores, e.g. image {image!r}, {r['method']}/{r['mode']} "
                          f"at fraction {r['fraction']}: the model gave NaN outputs there (NaN pixels, or a callable "
                          "target that returns NaN); fix the inputs or drop those images (df[df.image != ...])")
+    _check_bounded_scores(df)
     _check_upto(upto, df["fraction"].unique())
     actual = "removed" in df.columns  # the x: the fraction actually removed, else the nominal step
     if actual:
@@ -214,6 +235,20 @@ def per_image_auc(df: Any, *, upto: float = 1.0) -> Any:
 def _plain(value: Any) -> Any:
     """A numpy scalar as the Python value it holds (for messages)."""
     return value.item() if isinstance(value, np.generic) else value
+
+
+def _check_bounded_scores(df: Any) -> None:
+    """Refuse an ``accuracy`` or ``probability`` score outside ``[0, 1]`` (``AUC_BOUNDS``): its AUC's interval is cut
+    to that range, which would hide such a value."""
+    for metric, (lo, hi) in AUC_BOUNDS.items():
+        rows = df[df["metric"] == metric]
+        bad = rows[(rows["score"] < lo) | (rows["score"] > hi)]
+        if len(bad):
+            r = bad.iloc[0]
+            raise InputError(f"df holds {len(bad)} {metric} scores outside [{lo:g}, {hi:g}], e.g. "
+                             f"{_plain(r['score']):g} at image {_plain(r['image'])!r}, {r['method']}/{r['mode']}, "
+                             f"fraction {r['fraction']}: not a frame of vitviz.faithfulness. Give raw model outputs "
+                             "the metric 'target' (unbounded), or fix the scores")
 
 
 def _check_removed(df: Any) -> None:
@@ -261,7 +296,8 @@ def faithfulness_auc(df: Any, *, interval: str = "t", n_boot: int = 1000, ci: fl
 
     Returns:
         DataFrame with one row per ``method``, ``mode``, ``metric``: ``auc`` (mean over images), ``ci_low``,
-        ``ci_high`` (NaN with fewer than 2 images), ``n_images``, ``better`` (``lower`` / ``higher``) and
+        ``ci_high`` (NaN with fewer than 2 images; cut to ``[0, 1]`` for an ``accuracy`` or ``probability`` AUC, see
+        the module docstring), ``n_images``, ``better`` (``lower`` / ``higher``) and
         ``removal``; ``attrs["interval"]`` names the interval.
     """
     import pandas as pd
@@ -269,7 +305,8 @@ def faithfulness_auc(df: Any, *, interval: str = "t", n_boot: int = 1000, ci: fl
     _check_interval(interval, n_boot, ci)  # the arguments, before any work
     rows = []
     for (method, mode, metric, removal), g in per_image_auc(df, upto=upto).groupby(GROUP, sort=False):
-        lo, hi = mean_interval(g["auc"].to_numpy(), interval=interval, n_boot=n_boot, ci=ci, seed=seed)
+        lo, hi = mean_interval(g["auc"].to_numpy(), interval=interval, n_boot=n_boot, ci=ci, seed=seed,
+                               bounds=auc_bounds(metric))
         rows.append({"method": method, "mode": mode, "metric": metric, "auc": float(g["auc"].mean()),
                      "ci_low": lo, "ci_high": hi, "n_images": len(g), "better": BETTER[mode], "removal": removal})
     out = pd.DataFrame(rows, columns=["method", "mode", "metric", "auc", "ci_low", "ci_high", "n_images",
@@ -300,7 +337,8 @@ def compare_methods(df: Any, baseline: str = "chefer", *, interval: str = "t", n
     The verdict reads the mode's direction: on ``deletion``/``positive`` (lower is better) a difference whose
     interval lies below zero is ``better``; on ``insertion``/``negative`` one above zero; an interval that contains
     zero is ``indistinguishable``; with fewer than 2 images the interval is NaN and the verdict ``too few images``
-    (one image says nothing about the spread over images). The AUCs are ``per_image_auc``'s: over ``removed``, the
+    (one image says nothing about the spread over images). For an ``accuracy`` or ``probability`` metric the
+    interval is cut to ``[-1, 1]``, the range of a difference of two AUCs (the verdict stays the same). The AUCs are ``per_image_auc``'s: over ``removed``, the
     fraction of patches actually removed, or over the nominal ``fraction`` for a ``df`` without that column.
 
     Args:
@@ -339,7 +377,8 @@ def compare_methods(df: Any, baseline: str = "chefer", *, interval: str = "t", n
                                  f"{int(pair[method].notna().sum())} vs {int(pair[baseline].notna().sum())} images; "
                                  "a paired comparison needs both methods on every image")
             d = (pair[method] - pair[baseline]).to_numpy(dtype=np.float64)
-            lo, hi = mean_interval(d, interval=interval, n_boot=n_boot, ci=ci, seed=seed)
+            lo, hi = mean_interval(d, interval=interval, n_boot=n_boot, ci=ci, seed=seed,
+                                   bounds=auc_bounds(metric, difference=True))
             rows.append({"mode": mode, "metric": metric, "removal": removal, "method": method, "baseline": baseline,
                          "auc": float(pair[method].mean()), "baseline_auc": float(pair[baseline].mean()),
                          "diff": float(d.mean()), "ci_low": lo, "ci_high": hi, "n_images": len(d),
