@@ -206,6 +206,36 @@ def test_a_failed_capture_names_the_call_the_model_and_the_way_out(double, monke
         vitviz.graphed(vitviz.attention_rollout, model, images(), head_fusion="median")
 
 
+def test_a_recording_warns_of_the_python_a_replay_does_not_run(double):
+    """Forward hooks on the model's modules, PyTorch's global forward hooks and an open ``capture_attention`` run
+    at recording only: the recording warns, naming them, at the caller's line (also a recording made by a call, for
+    a new shape); a model without hooks records silently."""
+    import warnings
+
+    torch.manual_seed(0)
+    model = tiny_timm_vit()
+    with warnings.catch_warnings():
+        warnings.simplefilter("error")
+        call = vitviz.graphed(vitviz.attention_rollout, model, images())  # no hooks: no warning
+    handle = model.blocks[1].attn.register_forward_pre_hook(lambda m, args: None)
+    with pytest.warns(UserWarning, match=r"VisionTransformer carries forward hooks \(blocks.1.attn\)\. A recorded "
+                                         r"call runs Python only while it records") as seen:
+        vitviz.graphed(vitviz.attention_rollout, model, images())
+    assert seen[0].filename == __file__
+    with pytest.warns(UserWarning, match=r"blocks.1.attn") as seen:
+        call(images(b=3))  # a new shape: recorded now, with the hook in place
+    assert seen[0].filename == __file__
+    handle.remove()
+    with vitviz.capture_attention(model), pytest.warns(UserWarning, match="an open vitviz.capture_attention on 2"):
+        vitviz.graphed(vitviz.mean_attention_distance, model, images())
+    handle = torch.nn.modules.module.register_module_forward_hook(lambda m, args, out: None)
+    try:
+        with pytest.warns(UserWarning, match="PyTorch's global forward hooks"):
+            vitviz.graphed(vitviz.attention_rollout, model, images())
+    finally:
+        handle.remove()
+
+
 def test_recording_leaves_the_host_reads_to_the_graphed_call():
     """While recording, ``check_tensor`` reads no value (the call checked its input before the copy), ``to_host``
     marks instead of copying, and autocast keeps no weight cache; outside, each does what it always did."""

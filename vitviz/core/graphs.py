@@ -24,7 +24,8 @@ Weights written in place (an optimizer step, ``load_state_dict``) need no new re
 parameters' memory when it replays. What a replay does not see (make a new ``graphed`` call after changing it): a
 plain attribute the forward reads (a module's ``scale``, ``fused_attn``, timm's ``global_pool``), a tensor the
 model keeps outside its parameters and buffers that it replaces, PyTorch's SDPA backend switches, and Python code
-the call runs (a hook of yours runs at recording, not at replay).
+the call runs (a hook of yours runs at recording, not at replay: a recording warns when the model carries forward
+hooks or an open ``vitviz.capture_attention``).
 
 Recordable analyses are marked ``graphable`` (``attention_rollout``, ``mean_attention_distance``); they queue no
 host read of a device value while ``core.contexts.recording()`` holds (pinned on fake CUDA tensors by
@@ -36,6 +37,8 @@ configuration (``forward_lse.checked``'s trust), so the recorded run reads nothi
 
 from __future__ import annotations
 
+import sys
+import warnings
 from collections.abc import Callable
 from typing import Any
 
@@ -76,6 +79,37 @@ def _model_state(model: nn.Module) -> tuple:
     from vitviz.core.spec import model_structure
 
     return model_structure(model, memory=True), _settings()
+
+
+def _foreign_hooks(model: nn.Module) -> list[str]:
+    """What of the model's Python would run at recording only: the modules carrying forward hooks (pre or post),
+    PyTorch's global forward hooks, and an open vitviz capture on the model (its probes are such hooks)."""
+    from torch.nn.modules import module as torch_module
+
+    from vitviz.core.capture import open_probes
+
+    probed = open_probes(model)
+    if probed:
+        return [f"an open vitviz.capture_attention on {probed} attention modules"]
+    found = [name or "the model itself" for name, m in model.named_modules()
+             if m._forward_hooks or m._forward_pre_hooks]
+    if torch_module._global_forward_hooks or torch_module._global_forward_pre_hooks:
+        found.append("PyTorch's global forward hooks (register_module_forward_hook)")
+    return found
+
+
+def _warn_hooks(fn: Callable, model: nn.Module) -> None:
+    found = _foreign_hooks(model)
+    if found:
+        frame, level = sys._getframe(0), 1  # the warning names the user's line: the first frame outside this file
+        while frame is not None and frame.f_code.co_filename == __file__:
+            frame, level = frame.f_back, level + 1
+        shown = ", ".join(found[:3]) + (f" and {len(found) - 3} more" if len(found) > 3 else "")
+        warnings.warn(f"vitviz.graphed({_name(fn)}): {type(model).__name__} carries forward hooks ({shown}). A "
+                      f"recorded call runs Python only while it records ({WARMUP} warm-ups and the capture), never at "
+                      "a replay: the tensors a hook computes are replayed, its other effects (a list it appends to, a "
+                      "counter) happen at recording only. Remove the hooks (or close the capture) before "
+                      "vitviz.graphed, or call the analysis without it", stacklevel=level)
 
 
 def _deliver(out: Any, host: list[torch.Tensor]) -> Any:
@@ -181,6 +215,7 @@ class GraphedCall:
                 return self.fn(self.model, static, **self.options)
 
         state = _model_state(self.model)
+        _warn_hooks(self.fn, self.model)
         try:
             replay, outputs = self.backend.record(run, self.device)
         except VitvizError:
