@@ -267,9 +267,14 @@ def test_an_analysis_call_on_cuda_waits_for_the_device_nowhere_inside_its_forwar
     allowed there; none on the second call."""
     from torch.nn.attention import SDPBackend
 
-    choice = torch._fused_sdp_choice
-    monkeypatch.setattr(torch, "_fused_sdp_choice", lambda q, *a, **kw: SDPBackend.EFFICIENT_ATTENTION.value
-                        if q.device.type == "cuda" and q.dtype == torch.float32 else choice(q, *a, **kw))
+    choice = torch._fused_sdp_choice  # SDPA's pick on a GPU: memory-efficient in float32, flash in half types
+
+    def on_a_gpu(q, *args, **kwargs):
+        if q.device.type != "cuda":
+            return choice(q, *args, **kwargs)
+        return (SDPBackend.EFFICIENT_ATTENTION if q.dtype == torch.float32 else SDPBackend.FLASH_ATTENTION).value
+
+    monkeypatch.setattr(torch, "_fused_sdp_choice", on_a_gpu)
     make, shape = FAMILIES[family]
     cuda = FakeCuda(make(), monkeypatch, dtype)
     layers = len(vitviz.inspect(make()).attention_modules)
@@ -377,6 +382,45 @@ def test_forward_lse_reads_one_float_per_module_on_the_first_call_only(dtype, mo
         second = cuda.run(lambda m: vitviz.attention_rollout(m, x))
         assert len(answered) == 3 and all(lse is not None for lse in answered)
         assert second.inside() == []
+
+
+@in_child
+@needs_triton
+def test_a_recorded_half_type_call_takes_the_forwards_log_sum_exp_and_reads_nothing(monkeypatch):
+    """A bf16 call below ``HALF_MIN_SCORES``: eager, ``auto`` leaves the forward's log-sum-exp (the call is bound by
+    the host); recorded (``vitviz.graphed``'s warm-ups, then the capture), it takes it on every layer, checks it in
+    the warm-ups, and the recorded run reads nothing and copies nothing from the CPU."""
+    from torch.nn.attention import SDPBackend
+
+    from vitviz.core import contexts, graphs
+    from vitviz.core.kernels import forward_lse
+
+    monkeypatch.delenv("VITVIZ_FORWARD_LSE", raising=False)
+    choice = torch._fused_sdp_choice
+    monkeypatch.setattr(torch, "_fused_sdp_choice", lambda q, *a, **kw: SDPBackend.FLASH_ATTENTION.value
+                        if q.device.type == "cuda" else choice(q, *a, **kw))
+    answered = []
+    checked = forward_lse.checked
+    monkeypatch.setattr(forward_lse, "checked", lambda *a, **kw: answered.append(checked(*a, **kw)) or answered[-1])
+    cuda = FakeCuda(tiny_timm_vit(depth=3), monkeypatch, torch.bfloat16)
+    x = cuda.images(2, 3, 32, 48)
+    assert 2 * 3 * 7**2 < forward_lse.HALF_MIN_SCORES
+
+    def rollout(m):
+        return vitviz.attention_rollout(m, x)
+
+    with kernels.headmap_kernel("auto"):
+        cuda.run(rollout)
+        assert answered == [None] * 3  # eager: by size, not taken (``checked`` hands the probe None)
+        answered.clear()
+        with contexts.recording_into(contexts.Recording()):
+            for _ in range(graphs.WARMUP):
+                cuda.run(rollout)
+            assert len(answered) == 3 * graphs.WARMUP and all(lse is not None for lse in answered)
+            answered.clear()
+            recorder = cuda.run(rollout, AnyCopy())
+        assert len(answered) == 3 and all(lse is not None for lse in answered)  # taken, trusted: no check
+        assert recorder.records == [], recorder.records
 
 
 @in_child

@@ -325,6 +325,29 @@ def test_by_default_on_for_float32_cuda_and_for_large_half_type_calls(monkeypatc
     assert forward_lse.enabled(_tensor_on("cuda", torch.bfloat16), large)
 
 
+def test_a_recorded_call_takes_it_at_any_size(monkeypatch):
+    """While a call is recorded as a CUDA graph (``contexts.recording``: ``vitviz.graphed``), ``auto`` takes the
+    forward's log-sum-exp for half types below ``HALF_MIN_SCORES`` too (the host's work is paid once, at recording;
+    the device saves a pass); still never on the CPU or for float64, and the environment and the context still
+    force it off."""
+    from vitviz.core import contexts
+
+    monkeypatch.delenv("VITVIZ_FORWARD_LSE", raising=False)
+    small = forward_lse.HALF_MIN_SCORES - 1
+    with contexts.recording_into(contexts.Recording()):
+        for dtype in (torch.bfloat16, torch.float16):
+            for scores in (None, 1, small):
+                assert forward_lse.enabled(_tensor_on("cuda", dtype), scores), (dtype, scores)
+        for device, dtype in (("cpu", torch.bfloat16), ("cuda", torch.float64)):
+            assert not forward_lse.enabled(_tensor_on(device, dtype), small), (device, dtype)
+        with forward_lse.use_forward_lse(False):
+            assert not forward_lse.enabled(_tensor_on("cuda", torch.bfloat16), small)
+        monkeypatch.setenv("VITVIZ_FORWARD_LSE", "off")
+        assert not forward_lse.enabled(_tensor_on("cuda", torch.bfloat16), small)
+    monkeypatch.delenv("VITVIZ_FORWARD_LSE")
+    assert not forward_lse.enabled(_tensor_on("cuda", torch.bfloat16), small)  # the eager call: by size, as before
+
+
 @pytest.mark.parametrize(("value", "on"), [("1", True), ("on", True), (" ON ", True), ("0", False), ("off", False),
                                            ("false", False)])
 def test_the_environment_forces_it_and_the_context_overrides_the_environment(monkeypatch, value, on):

@@ -51,7 +51,9 @@ checks on the H200, where taking the log-sum-exp saves the device a pass but cos
 bf16 call at batch 8 is bound by the host. There, at 448 px, batch 8, it lost (ViT-B/16, 6e7 scores: 3.84x against
 3.41x; ViT-L/16, 8e7: 2.49x against 2.21x; Hugging Face's ViT-B/16: 2.73x against 2.54x) and at 224 px, batch 32
 (1.5e7) too (3.45x against 3.08x); at batch 32 and 64 (2.4e8 and 4.7e8 scores) it won (1.50x against 1.77x, 1.42x
-against 1.65x). ``VITVIZ_FORWARD_LSE=on|off|auto`` (or ``use_forward_lse(True/False)``) forces or forbids it.
+against 1.65x). A call recorded as a CUDA graph (``vitviz.graphed``) takes it at any size: its host work is done
+once, at recording, and what is left is the device's, where the log-sum-exp saves a pass (H200, ViT-B/16, 448 px,
+batch 8, bf16: the device busy 4.85 ms a rollout call with it, 5.81 ms without). ``VITVIZ_FORWARD_LSE=on|off|auto`` (or ``use_forward_lse(True/False)``) forces or forbids it.
 ``bench/gpu_run.sh`` checks the CUDA branches (``pytest -m gpu``) and times ``rollout_kernel`` (forced off) against
 ``rollout_fwdlse`` (forced on).
 """
@@ -93,7 +95,8 @@ def enabled(x: torch.Tensor | None = None, scores: int | None = None) -> bool:
     query) is ``x`` and whose call forms ``scores`` attention scores (``B * H * N * N``): ``use_forward_lse``, else
     ``$VITVIZ_FORWARD_LSE`` (``on``/``1``, ``off``/``0``), else ``auto``: for a float32 CUDA ``x`` outside CUDA
     autocast, and for a bfloat16 or float16 one (or a float32 one under CUDA autocast) when ``scores`` is at least
-    ``HALF_MIN_SCORES`` (see the module docstring); never without ``x``, on the CPU or for other dtypes.
+    ``HALF_MIN_SCORES`` or the call is being recorded (``core.contexts.recording``: ``vitviz.graphed``) (see the
+    module docstring); never without ``x``, on the CPU or for other dtypes.
 
     Raises:
         InputError: ``$VITVIZ_FORWARD_LSE`` is none of those values.
@@ -109,6 +112,10 @@ def enabled(x: torch.Tensor | None = None, scores: int | None = None) -> bool:
     if x is None or x.device.type != "cuda" or x.dtype not in (torch.float32, torch.bfloat16, torch.float16):
         return False
     if x.dtype == torch.float32 and not torch.is_autocast_enabled("cuda"):
+        return True
+    from vitviz.core.contexts import recording
+
+    if recording():  # a recorded call (vitviz.graphed) pays the host's part once: the device's saved pass wins
         return True
     return scores is not None and scores >= HALF_MIN_SCORES
 
