@@ -14,6 +14,10 @@ The rows "(graphed, replay left out)" time a ``vitviz.graphed`` call (the CUDA-g
 host: the model's state compared with the recording's, the input's checks, the copy in, the copies out; the replay
 itself is left out (a recording backend that runs the call once and replays nothing: a replay is one launch).
 
+The rows "(kernel path, forward LSE on)" run them with the forward's log-sum-exp forced on
+(``forward_lse.use_forward_lse(True)``, as a float32 CUDA call has it by default; on the CPU SDPA's flash op
+answers): rollout's head mean reads it, the distance leaves it alone (``analysis.distance._stream_capture``).
+
 The row "call set-up" is what an analysis call does on the host before and after its forward pass, without it:
 the call's contexts (``core.contexts.walk_once``, eval mode, autocast off, ``inspect_once``), two reads of the model
 and a stream capture opened and closed. ``--cpu-time`` times in the process's CPU time instead of the wall clock
@@ -104,6 +108,17 @@ def main() -> None:
 
         cases["attention_rollout (kernel path)"] = host_only(cases["attention_rollout"])
         cases["mean_attention_distance (kernel path)"] = host_only(cases["mean_attention_distance"])
+        from vitviz.core.kernels import forward_lse
+
+        def lse_on(fn):  # the forward's log-sum-exp forced on around the call, as a float32 CUDA call has it
+            def run() -> None:
+                with forward_lse.use_forward_lse(True):
+                    fn()
+            return run
+
+        cases["attention_rollout (kernel path, forward LSE on)"] = host_only(lse_on(cases["attention_rollout"]))
+        cases["mean_attention_distance (kernel path, forward LSE on)"] = host_only(
+            lse_on(cases["mean_attention_distance"]))
     try:
         from vitviz.core import graphs
     except ImportError:  # a vitviz from before vitviz.graphed

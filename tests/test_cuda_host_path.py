@@ -425,6 +425,38 @@ def test_a_recorded_half_type_call_takes_the_forwards_log_sum_exp_and_reads_noth
 
 @in_child
 @needs_triton
+def test_distance_leaves_the_forwards_log_sum_exp_alone(monkeypatch):
+    """The forward's log-sum-exp is on by default for a float32 CUDA call, and rollout's head mean reads it; the
+    distance's kernel makes its own pass and never reads it, so neither of distance's paths (a batch, a dataset's
+    ``DistanceReduction``) takes it: no mode's work on the host, no check's read."""
+    from torch.nn.attention import SDPBackend
+
+    from vitviz.analysis.distance import DistanceReduction
+    from vitviz.core.kernels import forward_lse
+
+    monkeypatch.delenv("VITVIZ_FORWARD_LSE", raising=False)
+    choice = torch._fused_sdp_choice
+    monkeypatch.setattr(torch, "_fused_sdp_choice", lambda q, *a, **kw: SDPBackend.EFFICIENT_ATTENTION.value
+                        if q.device.type == "cuda" else choice(q, *a, **kw))
+    answered = []
+    checked = forward_lse.checked
+    monkeypatch.setattr(forward_lse, "checked", lambda *a, **kw: answered.append(checked(*a, **kw)) or answered[-1])
+    cuda = FakeCuda(tiny_timm_vit(depth=3), monkeypatch, torch.float32)
+    x = cuda.images(2, 3, 32, 48)
+    with kernels.headmap_kernel("auto"):
+        cuda.run(lambda m: vitviz.attention_rollout(m, x))
+        assert len(answered) == 3 and all(lse is not None for lse in answered)  # rollout takes it
+        answered.clear()
+        for distance in (lambda m: vitviz.mean_attention_distance(m, x, autocast=False),
+                         lambda m: DistanceReduction(m).update(m, x)):
+            recorder = cuda.run(distance)
+            assert answered == [None] * 3, answered
+            assert recorder.inside() == []  # no check read a value inside the forward
+            answered.clear()
+
+
+@in_child
+@needs_triton
 def test_the_syncs_outside_the_forward_do_not_grow_with_the_depth(monkeypatch):
     counts = {}
     for depth in (2, 4):

@@ -12,6 +12,8 @@ Shapes: ``B`` batch, ``L`` layers, ``H`` heads, ``N`` tokens, ``P = gh * gw`` pa
 
 from __future__ import annotations
 
+import contextlib
+from collections.abc import Iterator
 from typing import Any, NamedTuple
 
 import torch
@@ -29,6 +31,7 @@ from vitviz.core.datasets import (
 )
 from vitviz.core.graphs import graphable
 from vitviz.core.images import Images
+from vitviz.core.kernels.forward_lse import use_forward_lse
 from vitviz.core.spec import ViTSpec, inspect
 from vitviz.core.util import in_eval_mode, pair
 from vitviz.errors import CaptureError, InputError, InputTypeError
@@ -205,13 +208,23 @@ class DistanceReduction(RunningReduction):
         if grid not in self._cache:
             self._cache[grid] = patch_distance_matrix(grid, self.spec.patch_size, device=x.device)
         self.reducer.distances = self._cache[grid]
-        with capture_attention(model, on_layer=self.reducer, store=False, heads="stream"):
+        with _stream_capture(model, self.reducer):
             model(x)
         self.sums = {"distance": self.reducer.sums, "images": self.reducer.counts}
 
     def result(self) -> torch.Tensor:
         self.reducer.sums, self.reducer.counts = self.sums["distance"], self.sums["images"]
         return self.reducer.result()
+
+
+@contextlib.contextmanager
+def _stream_capture(model: nn.Module, reducer: DistanceReducer) -> Iterator[None]:
+    """The stream capture the distance reads each layer through, without the forward's log-sum-exp
+    (``kernels.forward_lse``, on by default for float32 CUDA calls): ``distance_sums`` makes its one pass over the
+    keys with a softmax of its own and never reads it, so taking it would cost the host the mode's work on every
+    layer (and a check per module) for nothing."""
+    with use_forward_lse(False), capture_attention(model, on_layer=reducer, store=False, heads="stream"):
+        yield
 
 
 @graphable
@@ -268,8 +281,7 @@ def mean_attention_distance(
         if grid not in cache:
             cache[grid] = patch_distance_matrix(grid, spec.patch_size, device=x.device)
         reducer.distances = cache[grid]
-        with torch.no_grad(), autocast_context(amp, device), capture_attention(model, on_layer=reducer, store=False,
-                                                                               heads="stream"):
+        with torch.no_grad(), autocast_context(amp, device), _stream_capture(model, reducer):
             model(x)
     return reducer.result()
 
