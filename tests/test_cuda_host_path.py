@@ -217,6 +217,34 @@ class FakeCuda:
         return recorder
 
 
+def sdpa_as_on_a_gpu(monkeypatch: pytest.MonkeyPatch, backend: Any = None) -> None:
+    """SDPA's pick for fake CUDA tensors, as a GPU makes it: ``backend`` (an ``SDPBackend``) for every dtype, or by
+    default the memory-efficient kernel in float32 and flash in half types."""
+    from torch.nn.attention import SDPBackend
+
+    choice = torch._fused_sdp_choice
+
+    def pick(q: torch.Tensor, *args: Any, **kwargs: Any) -> int:
+        if q.device.type != "cuda":
+            return choice(q, *args, **kwargs)
+        if backend is not None:
+            return backend.value
+        return (SDPBackend.EFFICIENT_ATTENTION if q.dtype == torch.float32 else SDPBackend.FLASH_ATTENTION).value
+
+    monkeypatch.setattr(torch, "_fused_sdp_choice", pick)
+
+
+def lse_answers(monkeypatch: pytest.MonkeyPatch) -> list:
+    """What ``forward_lse.checked`` hands the probes, call by call: the forward's log-sum-exp, or None (not taken,
+    or its check failed)."""
+    from vitviz.core.kernels import forward_lse
+
+    answered: list = []
+    checked = forward_lse.checked
+    monkeypatch.setattr(forward_lse, "checked", lambda *a, **kw: answered.append(checked(*a, **kw)) or answered[-1])
+    return answered
+
+
 def hugging_face(name: str) -> nn.Module:
     pytest.importorskip("transformers")
     from hf_models import hf_case
@@ -261,20 +289,12 @@ def _calls(x: torch.Tensor) -> dict[str, Callable[[nn.Module], Any]]:
 @pytest.mark.parametrize("family", list(FAMILIES))
 def test_an_analysis_call_on_cuda_waits_for_the_device_nowhere_inside_its_forward(family, dtype, path, monkeypatch):
     """On the head-map kernels (what a GPU with Triton runs) and on the PyTorch stream path (kernels off, or a
-    Triton too old), with SDPA picking the backend it picks on a GPU for float32 (memory-efficient attention), so
-    that the forward's log-sum-exp is taken where it is by default (``forward_lse.enabled``: float32 on the
+    Triton too old), with SDPA picking the backend it picks on a GPU (memory-efficient attention in float32, flash
+    in half types: ``sdpa_as_on_a_gpu``), so that the forward's log-sum-exp is taken where it is by default (``forward_lse.enabled``: float32 on the
     kernels). Its check reads one float per module on the first call (``forward_lse.checked``), the one wait
     allowed there; none on the second call."""
-    from torch.nn.attention import SDPBackend
 
-    choice = torch._fused_sdp_choice  # SDPA's pick on a GPU: memory-efficient in float32, flash in half types
-
-    def on_a_gpu(q, *args, **kwargs):
-        if q.device.type != "cuda":
-            return choice(q, *args, **kwargs)
-        return (SDPBackend.EFFICIENT_ATTENTION if q.dtype == torch.float32 else SDPBackend.FLASH_ATTENTION).value
-
-    monkeypatch.setattr(torch, "_fused_sdp_choice", on_a_gpu)
+    sdpa_as_on_a_gpu(monkeypatch)
     make, shape = FAMILIES[family]
     cuda = FakeCuda(make(), monkeypatch, dtype)
     layers = len(vitviz.inspect(make()).attention_modules)
@@ -319,13 +339,10 @@ def test_a_recorded_call_waits_for_the_device_nowhere(family, dtype, path, monke
     forward or outside it (the input's finiteness check and distance's result read are left to ``GraphedCall``,
     before the copy in and after the replay), and no copy from the CPU, blocking or not (``AnyCopy``). The same
     call outside a recording reads its input's finiteness (the recorder sees it here)."""
-    from torch.nn.attention import SDPBackend
 
     from vitviz.core import contexts, graphs
 
-    choice = torch._fused_sdp_choice
-    monkeypatch.setattr(torch, "_fused_sdp_choice", lambda q, *a, **kw: SDPBackend.EFFICIENT_ATTENTION.value
-                        if q.device.type == "cuda" and q.dtype == torch.float32 else choice(q, *a, **kw))
+    sdpa_as_on_a_gpu(monkeypatch)
     make, shape = FAMILIES[family]
     cuda = FakeCuda(make(), monkeypatch, dtype)
     x = cuda.images(*shape)
@@ -364,12 +381,8 @@ def test_forward_lse_reads_one_float_per_module_on_the_first_call_only(dtype, mo
 
     from vitviz.core.kernels import forward_lse
 
-    choice = torch._fused_sdp_choice
-    monkeypatch.setattr(torch, "_fused_sdp_choice", lambda q, *a, **kw: SDPBackend.FLASH_ATTENTION.value
-                        if q.device.type == "cuda" else choice(q, *a, **kw))
-    answered = []
-    checked = forward_lse.checked
-    monkeypatch.setattr(forward_lse, "checked", lambda *a, **kw: answered.append(checked(*a, **kw)) or answered[-1])
+    sdpa_as_on_a_gpu(monkeypatch, SDPBackend.FLASH_ATTENTION)
+    answered = lse_answers(monkeypatch)
     cuda = FakeCuda(tiny_timm_vit(depth=3), monkeypatch, dtype)
     x = cuda.images(2, 3, 32, 48)
     with forward_lse.use_forward_lse(True):
@@ -396,12 +409,8 @@ def test_a_recorded_half_type_call_takes_the_forwards_log_sum_exp_and_reads_noth
     from vitviz.core.kernels import forward_lse
 
     monkeypatch.delenv("VITVIZ_FORWARD_LSE", raising=False)
-    choice = torch._fused_sdp_choice
-    monkeypatch.setattr(torch, "_fused_sdp_choice", lambda q, *a, **kw: SDPBackend.FLASH_ATTENTION.value
-                        if q.device.type == "cuda" else choice(q, *a, **kw))
-    answered = []
-    checked = forward_lse.checked
-    monkeypatch.setattr(forward_lse, "checked", lambda *a, **kw: answered.append(checked(*a, **kw)) or answered[-1])
+    sdpa_as_on_a_gpu(monkeypatch, SDPBackend.FLASH_ATTENTION)
+    answered = lse_answers(monkeypatch)
     cuda = FakeCuda(tiny_timm_vit(depth=3), monkeypatch, torch.bfloat16)
     x = cuda.images(2, 3, 32, 48)
     assert 2 * 3 * 7**2 < forward_lse.HALF_MIN_SCORES
@@ -429,18 +438,12 @@ def test_distance_leaves_the_forwards_log_sum_exp_alone(monkeypatch):
     """The forward's log-sum-exp is on by default for a float32 CUDA call, and rollout's head mean reads it; the
     distance's kernel makes its own pass and never reads it, so neither of distance's paths (a batch, a dataset's
     ``DistanceReduction``) takes it: no mode's work on the host, no check's read."""
-    from torch.nn.attention import SDPBackend
 
     from vitviz.analysis.distance import DistanceReduction
-    from vitviz.core.kernels import forward_lse
 
     monkeypatch.delenv("VITVIZ_FORWARD_LSE", raising=False)
-    choice = torch._fused_sdp_choice
-    monkeypatch.setattr(torch, "_fused_sdp_choice", lambda q, *a, **kw: SDPBackend.EFFICIENT_ATTENTION.value
-                        if q.device.type == "cuda" else choice(q, *a, **kw))
-    answered = []
-    checked = forward_lse.checked
-    monkeypatch.setattr(forward_lse, "checked", lambda *a, **kw: answered.append(checked(*a, **kw)) or answered[-1])
+    sdpa_as_on_a_gpu(monkeypatch)
+    answered = lse_answers(monkeypatch)
     cuda = FakeCuda(tiny_timm_vit(depth=3), monkeypatch, torch.float32)
     x = cuda.images(2, 3, 32, 48)
     with kernels.headmap_kernel("auto"):
