@@ -290,10 +290,9 @@ def _calls(x: torch.Tensor) -> dict[str, Callable[[nn.Module], Any]]:
 def test_an_analysis_call_on_cuda_waits_for_the_device_nowhere_inside_its_forward(family, dtype, path, monkeypatch):
     """On the head-map kernels (what a GPU with Triton runs) and on the PyTorch stream path (kernels off, or a
     Triton too old), with SDPA picking the backend it picks on a GPU (memory-efficient attention in float32, flash
-    in half types: ``sdpa_as_on_a_gpu``), so that the forward's log-sum-exp is taken where it is by default (``forward_lse.enabled``: float32 on the
-    kernels). Its check reads one float per module on the first call (``forward_lse.checked``), the one wait
-    allowed there; none on the second call."""
-
+    in half types: ``sdpa_as_on_a_gpu``), so that the forward's log-sum-exp is taken where it is by default
+    (``forward_lse.enabled``: float32 on the kernels). Its check reads one float per module on the first call
+    (``forward_lse.checked``), the one wait allowed there; none on the second call."""
     sdpa_as_on_a_gpu(monkeypatch)
     make, shape = FAMILIES[family]
     cuda = FakeCuda(make(), monkeypatch, dtype)

@@ -42,8 +42,8 @@ from vitviz.analysis.intervals import t_interval
 from vitviz.core.util import float_array, is_int, is_number
 from vitviz.errors import InputError, InputTypeError
 
-__all__ = ["AUC_BOUNDS", "BETTER", "INTERVALS", "MODES", "bootstrap_ci", "compare_methods", "faithfulness_auc", "mean_interval",
-           "per_image_auc", "t_ci"]
+__all__ = ["AUC_BOUNDS", "BETTER", "INTERVALS", "MODES", "bootstrap_ci", "compare_methods", "faithfulness_auc",
+           "mean_interval", "per_image_auc", "t_ci"]
 
 MODES = ("positive", "negative", "deletion", "insertion")
 BETTER = {"positive": "lower", "negative": "higher", "deletion": "lower", "insertion": "higher"}
@@ -338,8 +338,9 @@ def compare_methods(df: Any, baseline: str = "chefer", *, interval: str = "t", n
     interval lies below zero is ``better``; on ``insertion``/``negative`` one above zero; an interval that contains
     zero is ``indistinguishable``; with fewer than 2 images the interval is NaN and the verdict ``too few images``
     (one image says nothing about the spread over images). For an ``accuracy`` or ``probability`` metric the
-    interval is cut to ``[-1, 1]``, the range of a difference of two AUCs (the verdict stays the same). The AUCs are ``per_image_auc``'s: over ``removed``, the
-    fraction of patches actually removed, or over the nominal ``fraction`` for a ``df`` without that column.
+    interval is cut to ``[-1, 1]``, the range of a difference of two AUCs (the verdict stays the same). The AUCs
+    are ``per_image_auc``'s: over ``removed``, the fraction of patches actually removed, or over the nominal
+    ``fraction`` for a ``df`` without that column.
 
     Args:
         df: the DataFrame of ``vitviz.faithfulness``.

@@ -53,10 +53,11 @@ bf16 call at batch 8 is bound by the host. There, at 448 px, batch 8, it lost (V
 (1.5e7) too (3.45x against 3.08x); at batch 32 and 64 (2.4e8 and 4.7e8 scores) it won (1.50x against 1.77x, 1.42x
 against 1.65x). A call recorded as a CUDA graph (``vitviz.graphed``) takes it at any size: its host work is done
 once, at recording, and what is left is the device's, where the log-sum-exp saves a pass (H200, ViT-B/16, 448 px,
-batch 8, bf16: the device busy 4.85 ms a rollout call with it, 5.81 ms without). ``VITVIZ_FORWARD_LSE=on|off|auto`` (or ``use_forward_lse(True/False)``) forces or forbids it.
-The distance (``vitviz.mean_attention_distance``, its dataset reduction) never takes it: its kernel
-(``distance_sums_kernel``) makes one pass with a softmax of its own and reads no log-sum-exp, so its captures run
-under ``use_forward_lse(False)``. ``bench/gpu_run.sh`` checks the CUDA branches (``pytest -m gpu``) and times ``rollout_kernel`` (forced off) against
+batch 8, bf16: the device busy 4.85 ms a rollout call with it, 5.81 ms without). ``VITVIZ_FORWARD_LSE=on|off|auto``
+(or ``use_forward_lse(True/False)``) forces or forbids it. The distance (``vitviz.mean_attention_distance``, its
+dataset reduction) never takes it: its kernel (``distance_sums_kernel``) makes one pass with a softmax of its own
+and reads no log-sum-exp, so its captures run under ``use_forward_lse(False)``. ``bench/gpu_run.sh`` checks the
+CUDA branches (``pytest -m gpu``) and times ``rollout_kernel`` (forced off) against
 ``rollout_fwdlse`` (forced on).
 """
 
