@@ -45,7 +45,7 @@ from typing import Any
 import torch
 from torch import nn
 
-from vitviz.core.contexts import Recording, recording_into
+from vitviz.core.contexts import Recording, named_submodules, recording_into
 from vitviz.errors import CaptureError, InputError, InputTypeError, UnsupportedModelError, VitvizError
 
 __all__ = ["GraphedCall", "graphable", "graphed"]
@@ -91,7 +91,7 @@ def _foreign_hooks(model: nn.Module) -> list[str]:
     probed = open_probes(model)
     if probed:
         return [f"an open vitviz.capture_attention on {probed} attention modules"]
-    found = [name or "the model itself" for name, m in model.named_modules()
+    found = [name or "the model itself" for name, m in named_submodules(model)
              if m._forward_hooks or m._forward_pre_hooks]
     if torch_module._global_forward_hooks or torch_module._global_forward_pre_hooks:
         found.append("PyTorch's global forward hooks (register_module_forward_hook)")

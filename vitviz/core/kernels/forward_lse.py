@@ -75,6 +75,7 @@ import torch.nn.functional as F
 from torch.nn.attention import SDPBackend
 from torch.overrides import TorchFunctionMode
 
+from vitviz.core.contexts import recording
 from vitviz.core.kernels import sdpa_operands
 from vitviz.errors import InputError
 
@@ -116,8 +117,6 @@ def enabled(x: torch.Tensor | None = None, scores: int | None = None) -> bool:
         return False
     if x.dtype == torch.float32 and not torch.is_autocast_enabled("cuda"):
         return True
-    from vitviz.core.contexts import recording
-
     if recording():  # a recorded call (vitviz.graphed) pays the host's part once: the device's saved pass wins
         return True
     return scores is not None and scores >= HALF_MIN_SCORES
