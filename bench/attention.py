@@ -26,7 +26,8 @@ Methods (``--methods``):
   per call (``vitviz.graphed``: the call's Python runs at recording, a call is the input's check, one copy in, one
   replay, one copy out); ``plain_graphed``: the plain forward recorded the same way (``torch.cuda.graph``), the
   floor of a recorded call. Recorded in the set-up (``graph_reserved_mb``: the memory each recording's private
-  pool holds while it lives, counted as extra memory beside a replay's peak). CUDA only, not in the defaults.
+  pool holds while it lives, counted as extra memory beside a replay's peak; ``graph_recordings``: how often each
+  recorded, 1 where every timed call replayed, said in the output otherwise). CUDA only, not in the defaults.
 
 ``--model hf:vit-base-patch16`` (or ``hf:vit-large-patch16``) times a Hugging Face ``ViTModel`` of that size with
 its default SDPA attention instead of a timm model: ``explicit`` is then the eager implementation a ``heads="full"``
@@ -247,6 +248,7 @@ def _setup(args: argparse.Namespace, device: str, size: int, batch: int):
         raise ValueError(method)
 
     once.graph_reserved_mb = reserved_mb
+    once.graphed = graphed
     return once, spec
 
 
@@ -288,8 +290,11 @@ def time_case(args: argparse.Namespace, device: str, size: int, batch: int) -> d
         kept = torch.empty(len(spec.attention_modules), batch, spec.num_tokens, spec.num_tokens, device=device)
         kept_alloc_mb = (torch.cuda.memory_allocated() - base) / 2**20
         del kept
+    # how often each vitviz.graphed call recorded (1: the set-up's only; more: the timed calls recorded again, and
+    # their times are not a replay's)
+    recordings = {m: call.recordings for m, call in once.graphed.items() if hasattr(call, "recordings")}
     return {"times": times, "cpu": cpu, "peak": peak, "graph_reserved_mb": once.graph_reserved_mb,
-            "kept_alloc_mb": kept_alloc_mb,
+            "kept_alloc_mb": kept_alloc_mb, "graph_recordings": recordings,
             "tokens": spec.num_tokens, "threads": torch.get_num_threads(),
             "gpu": torch.cuda.get_device_name() if cuda else None, "layers": len(spec.attention_modules),
             "versions": _versions()}
@@ -352,10 +357,14 @@ def measure(args: argparse.Namespace, device: str, size: int, batch: int) -> lis
                         "cpu_s": statistics.median(c), "cpu_times": c, "peak_extra_mb": mem,
                         "graph_reserved_mb": timing.get("graph_reserved_mb", {}).get(m),
                         "kept_alloc_mb": timing.get("kept_alloc_mb"),
+                        "graph_recordings": timing.get("graph_recordings", {}).get(m),
                         "tokens": timing["tokens"], "threads": timing["threads"], "layers": timing["layers"],
                         "versions": timing["versions"]})
         print(f"{device} {args.model} {args.dtype} {size}px b{batch} {m:15} {med:.4f} s  {batch / med:8.1f} img/s  "
               f"peak +{mem:.1f} MB", flush=True)
+        if results[-1]["graph_recordings"] not in (None, 1):
+            print(f"  {m}: recorded {results[-1]['graph_recordings']} times, not once: its times include "
+                  "recordings (the model or a switch changed between calls)", flush=True)
     return results
 
 

@@ -278,6 +278,24 @@ FAMILIES: dict[str, tuple[Callable[[], nn.Module], tuple[int, ...]]] = {
 }
 
 
+@pytest.mark.parametrize("family", list(FAMILIES))
+def test_an_analysis_call_leaves_what_a_recording_compares_as_it_was(family):
+    """``vitviz.graphed`` records again when the model's state (``graphs._model_state``: its structure, tensors'
+    memory, plain attributes, a held ``config``'s; the switches) differs from the recording's. Whatever an analysis
+    call changes on a model of each family (eval mode, checkpointing flags, a probe's switches, Hugging Face's
+    attention implementation) it undoes, so a recorded call's next call replays instead of recording again."""
+    from vitviz.core import graphs
+
+    torch.manual_seed(0)
+    make, shape = FAMILIES[family]
+    model = make()
+    x = torch.randn(*shape)
+    before = graphs._model_state(model)
+    for call in _calls(x).values():
+        call(model)
+        assert graphs._model_state(model) == before, family
+
+
 def _calls(x: torch.Tensor) -> dict[str, Callable[[nn.Module], Any]]:
     return {"attention_rollout": lambda m: vitviz.attention_rollout(m, x),
             "mean_attention_distance": lambda m: vitviz.mean_attention_distance(m, x, autocast=False)}

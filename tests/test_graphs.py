@@ -122,6 +122,7 @@ def test_each_shape_is_recorded_once(double):
     assert "(4, 3, 32, 48) float32" in repr(call) and "(1, 3, 32, 48) float32" in repr(call)
 
 
+@pytest.mark.filterwarnings("ignore:vitviz.graphed.*changed before each")
 def test_a_changed_model_is_recorded_again(double):
     torch.manual_seed(0)
     model = tiny_timm_vit()
@@ -153,6 +154,129 @@ def test_a_changed_switch_is_recorded_again(double):
     with vitviz.headmap_kernel("off"):
         call(images())
     assert call.recordings == 3
+
+
+@pytest.mark.filterwarnings("ignore:vitviz.graphed.*changed before each")
+def test_a_changed_plain_attribute_is_recorded_again(double):
+    """A plain attribute the forward reads (a number, a flag, a tuple) or a plain tensor a module keeps outside its
+    parameters and buffers, changed between calls: the next call records again (a replay would run the old
+    value's kernels). A call that changes nothing records nothing: vitviz's own per-call changes (eval mode,
+    checkpointing flags, the capture's switches) are undone before the next call compares."""
+    torch.manual_seed(0)
+    model = tiny_timm_vit().train()  # the user's mode: the analysis runs in eval mode and restores it
+    call = vitviz.graphed(vitviz.attention_rollout, model, images())
+    x = images(seed=1)
+    before = call(x)
+    call(x)
+    assert call.recordings == 1 and model.training
+    attn = model.blocks[0].attn
+    attn.scale = attn.scale * 4  # read by the forward at each call: the maps change
+    got = call(x)
+    assert call.recordings == 2 and torch.equal(got, vitviz.attention_rollout(model, x))
+    assert not torch.allclose(got, before)
+    attn.fused_attn = not attn.fused_attn
+    call(x)
+    assert call.recordings == 3
+    model.blocks[1].attn.kept = torch.zeros(3)  # a plain tensor attribute, added, then replaced
+    call(x)
+    model.blocks[1].attn.kept.add_(1)  # written in place: the same memory, no new recording
+    call(x)
+    assert call.recordings == 4
+    model.blocks[1].attn.kept = torch.zeros(3)
+    call(x)
+    attn.window = (4, 4)  # a tuple of numbers, added, then changed
+    call(x)
+    attn.window = (4, 8)
+    call(x)
+    assert call.recordings == 7
+    model.eval()  # the training flag: a mode is a plain attribute too
+    call(x)
+    call(x)
+    assert call.recordings == 8
+
+
+def test_a_changed_hugging_face_config_is_recorded_again(double):
+    """Hugging Face's attention reads ``config._attn_implementation`` at each forward: a model switched to another
+    implementation records again; two calls that change nothing record once (vitviz's capture switches it and
+    back inside the call)."""
+    pytest.importorskip("transformers")
+    from hf_models import hf_case
+
+    case = hf_case("vit")
+    model, x = case.model, case.x
+    call = vitviz.graphed(vitviz.attention_rollout, model, x)
+    call(x)
+    call(x)
+    assert call.recordings == 1
+    impl = model.config._attn_implementation
+    model.set_attn_implementation("eager" if impl != "eager" else "sdpa")
+    assert torch.allclose(call(x), vitviz.attention_rollout(model, x), atol=1e-6)
+    assert call.recordings == 2
+
+
+@pytest.mark.filterwarnings("ignore:vitviz.graphed.*changed before each")
+def test_a_changed_pytorch_switch_is_recorded_again(double):
+    """SDPA's backends (``torch.nn.attention.sdpa_kernel``) and TF32 pick the kernels a forward queues: a call under
+    other switches records again, and again when they are back."""
+    from torch.nn.attention import SDPBackend, sdpa_kernel
+
+    torch.manual_seed(0)
+    model = tiny_timm_vit()
+    call = vitviz.graphed(vitviz.attention_rollout, model, images())
+    with sdpa_kernel(SDPBackend.MATH):
+        call(images())
+    assert call.recordings == 2
+    call(images())
+    assert call.recordings == 3
+    old = torch.backends.cuda.matmul.allow_tf32
+    try:
+        torch.backends.cuda.matmul.allow_tf32 = not old
+        call(images())
+    finally:
+        torch.backends.cuda.matmul.allow_tf32 = old
+    assert call.recordings == 4
+
+
+def test_a_model_changed_before_every_call_is_named_in_a_warning(double):
+    """A model found changed by ``CHANGED_IN_A_ROW`` calls in a row records each time (more than the eager call
+    costs): a warning at the caller's line names what changed. Attributes are compared by identity: an attribute
+    set again to an equal new object (a float recomputed) counts as changed."""
+    import warnings
+
+    torch.manual_seed(0)
+    model = tiny_timm_vit()
+    call = vitviz.graphed(vitviz.attention_rollout, model, images())
+    attn = model.blocks[0].attn
+    with warnings.catch_warnings():
+        warnings.simplefilter("error")
+        for _ in range(graphs.CHANGED_IN_A_ROW - 1):
+            attn.scale = attn.scale * 1.0  # equal, a new object
+            call(images())
+        call(images())  # unchanged: the count starts again
+        for _ in range(graphs.CHANGED_IN_A_ROW - 1):
+            attn.scale = attn.scale * 1.0
+            call(images())
+    assert call.recordings == 1 + 2 * (graphs.CHANGED_IN_A_ROW - 1)
+    attn.scale = attn.scale * 1.0
+    with pytest.warns(UserWarning, match=rf"VisionTransformer changed before each of the last "
+                                         rf"{graphs.CHANGED_IN_A_ROW} calls \(the attributes blocks.0.attn.scale\), "
+                                         r"so each recorded again") as seen:
+        call(images())
+    assert seen[0].filename == __file__
+    with warnings.catch_warnings():
+        warnings.simplefilter("error")
+        attn.scale = attn.scale * 1.0
+        call(images())  # the same streak goes on: said once
+        call(images())  # unchanged: a new streak may start
+    model.blocks[1].attn.extra = 1
+    call(images())
+    model.blocks[1].attn.more = 2
+    call(images())
+    del model.blocks[1].attn.extra  # names added and removed are named too
+    with pytest.warns(UserWarning, match=r"\(the attributes blocks.1.attn.extra\), so"):
+        call(images())
+    assert graphs._what_changed(graphs._model_state(model), graphs._model_state(model.half())) == (
+        "its structure or a tensor's memory, dtype or device")
 
 
 def test_bad_input_is_refused_before_it_reaches_the_recording(double):

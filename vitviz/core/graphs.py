@@ -18,14 +18,19 @@ A recording is made again, before the call replays, when:
   its own graph);
 - the model's structure changed (a submodule, parameter or buffer added, removed or replaced) or one of its
   tensors moved to other memory, another dtype or device (``model.half()``, ``p.data = ...``);
-- vitviz's switches differ: ``headmap_kernel``'s mode, ``$VITVIZ_HEADMAP_KERNEL``, ``forward_lse``'s setting.
+- a submodule's attribute was set, replaced or removed (a module's ``scale``, ``fused_attn``, timm's
+  ``global_pool``, ``training``, a tensor kept outside the parameters and buffers), or one of a ``config`` object
+  a submodule holds (Hugging Face's ``_attn_implementation``, which ``set_attn_implementation`` writes): compared
+  by identity (``_Attributes``), so an attribute set again to an equal new object records again;
+- a switch differs: vitviz's (``headmap_kernel``'s mode, ``$VITVIZ_HEADMAP_KERNEL``, ``forward_lse``'s setting) or
+  PyTorch's that pick the kernels (SDPA's backends, ``torch.nn.attention.sdpa_kernel``; TF32; reduced-precision
+  reductions).
 
 Weights written in place (an optimizer step, ``load_state_dict``) need no new recording: the graph reads the
-parameters' memory when it replays. What a replay does not see (make a new ``graphed`` call after changing it): a
-plain attribute the forward reads (a module's ``scale``, ``fused_attn``, timm's ``global_pool``), a tensor the
-model keeps outside its parameters and buffers that it replaces, PyTorch's SDPA backend switches, and Python code
-the call runs (a hook of yours runs at recording, not at replay: a recording warns when the model carries forward
-hooks or an open ``vitviz.capture_attention``).
+parameters' memory when it replays. What a replay does not see (make a new ``graphed`` call after changing it):
+what changes inside an attribute's object (a list appended to, a dict or an object other than a ``config``
+written into), a global the forward reads, and Python code the call runs (a hook of yours runs at recording, not
+at replay: a recording warns when the model carries forward hooks or an open ``vitviz.capture_attention``).
 
 Recordable analyses are marked ``graphable`` (``attention_rollout``, ``mean_attention_distance``); they queue no
 host read of a device value while ``core.contexts.recording()`` holds (pinned on fake CUDA tensors by
@@ -37,6 +42,7 @@ configuration (``forward_lse.checked``'s trust), so the recorded run reads nothi
 
 from __future__ import annotations
 
+import operator
 import sys
 import warnings
 from collections.abc import Callable
@@ -45,11 +51,12 @@ from typing import Any
 import torch
 from torch import nn
 
-from vitviz.core.contexts import Recording, named_submodules, recording_into
+from vitviz.core.contexts import Recording, named_submodules, recording_into, walk_once
 from vitviz.errors import CaptureError, InputError, InputTypeError, UnsupportedModelError, VitvizError
 
 __all__ = ["GraphedCall", "graphable", "graphed"]
 
+CHANGED_IN_A_ROW = 3  # calls in a row that find the model changed: each recorded again, and a warning says why
 WARMUP = 2  # eager runs on a side stream before the capture: kernels compiled, per-configuration checks made
 
 
@@ -64,21 +71,100 @@ def _name(fn: Any) -> str:
     return getattr(fn, "__qualname__", None) or type(fn).__name__
 
 
+_SDPA_SWITCHES = ("flash_sdp_enabled", "mem_efficient_sdp_enabled", "math_sdp_enabled", "cudnn_sdp_enabled")
+
+
 def _settings() -> tuple:
-    """vitviz's switches a recording depends on: the kernels' mode in force (``headmap_kernel``, else
-    ``$VITVIZ_HEADMAP_KERNEL``) and ``forward_lse``'s setting."""
+    """The switches a recording depends on beside the model: vitviz's (the kernels' mode in force, from
+    ``headmap_kernel`` or ``$VITVIZ_HEADMAP_KERNEL``; ``forward_lse``'s setting) and PyTorch's that pick the kernels
+    a forward queues (SDPA's backends, as ``torch.nn.attention.sdpa_kernel`` sets them; TF32 and the reduced
+    precision reductions of matmuls)."""
     from vitviz.core import kernels
     from vitviz.core.kernels import forward_lse
 
-    return kernels.kernel_mode(), forward_lse.setting()
+    backends = torch.backends.cuda
+    sdpa = tuple(getattr(backends, name, lambda: None)() for name in _SDPA_SWITCHES)
+    matmul = backends.matmul
+    precision = (matmul.allow_tf32, torch.backends.cudnn.allow_tf32, torch.get_float32_matmul_precision(),
+                 matmul.allow_fp16_reduced_precision_reduction, matmul.allow_bf16_reduced_precision_reduction)
+    return kernels.kernel_mode(), forward_lse.setting(), sdpa, precision
+
+
+class _Attributes:
+    """Every submodule's instance dict, and that of a ``config`` object a submodule holds: the names (a tuple per
+    dict, compared by equality) and the values (one flat list, compared by identity). An attribute set, replaced or
+    removed (``attn.scale = ...``, ``model.eval()``, a plain tensor swapped for another, Hugging Face's
+    ``set_attn_implementation``) makes them differ. Values by identity, not equality: in C, and safe for any value
+    (``==`` on two tensors is a tensor); a value set again to an equal new object (a float recomputed) records
+    again, never wrongly replays. Holds its values until the next state replaces it (a replaced tensor lives one
+    recording longer)."""
+
+    __slots__ = ("paths", "names", "values")
+
+    def __init__(self, model: nn.Module) -> None:
+        paths: list[str] = []
+        names: list[tuple] = []
+        values: list[Any] = []
+        path, name, add = paths.append, names.append, values.extend
+        configs: set[int] = set()
+        for where, m in named_submodules(model):
+            d = m.__dict__
+            path(where)
+            name(tuple(d))
+            add(d.values())
+            config = d.get("config")  # Hugging Face's attention reads config._attn_implementation at each forward
+            if config is not None and id(config) not in configs and hasattr(config, "__dict__"):
+                configs.add(id(config))
+                path(f"{where}.config" if where else "config")
+                name(tuple(vars(config)))
+                add(vars(config).values())
+        self.paths, self.names, self.values = paths, names, values
+
+    def __eq__(self, other: object) -> bool:
+        return (isinstance(other, _Attributes) and self.names == other.names
+                and all(map(operator.is_, self.values, other.values)))  # equal names: lists of one length
+
+    __hash__ = None  # type: ignore[assignment]
+
+    def changed(self, before: _Attributes) -> list[str]:
+        """The attributes (``path.name``) set, replaced or removed since ``before``, where the modules are the
+        same; ``[]`` where they are not (the structure changed)."""
+        if self.paths != before.paths:
+            return []
+        out: list[str] = []
+        new_at = old_at = 0
+        for where, new, old in zip(self.paths, self.names, before.names, strict=True):
+            dot = f"{where}." if where else ""
+            if new == old:
+                out += [dot + n for i, n in enumerate(new) if self.values[new_at + i] is not before.values[old_at + i]]
+            else:
+                out += [dot + n for n in sorted(set(new) ^ set(old))]
+            new_at, old_at = new_at + len(new), old_at + len(old)
+        return out
+
+
+def _what_changed(before: tuple, now: tuple) -> str:
+    """``_model_state`` ``before`` against ``now``, in words, for a warning."""
+    said = []
+    if now[0] != before[0]:
+        said.append("its structure or a tensor's memory, dtype or device")
+    if now[1] != before[1]:
+        names = now[1].changed(before[1])
+        said.append(f"the attributes {', '.join(names[:4])}" + (f" and {len(names) - 4} more" if len(names) > 4
+                                                                  else "") if names else "its attributes")
+    if now[2] != before[2]:
+        said.append("vitviz's or PyTorch's kernel switches")
+    return "; ".join(said)
 
 
 def _model_state(model: nn.Module) -> tuple:
-    """The model as a recording depends on it, in one walk: its structure with each tensor's memory, dtype and
-    device (``spec.model_structure(memory=True)``), and ``_settings``."""
+    """The model as a recording depends on it: its structure with each tensor's memory, dtype and device
+    (``spec.model_structure(memory=True)``), each submodule's attributes (``_Attributes``), and ``_settings``; the
+    model walked once (``walk_once``)."""
     from vitviz.core.spec import model_structure
 
-    return model_structure(model, memory=True), _settings()
+    with walk_once():
+        return model_structure(model, memory=True), _Attributes(model), _settings()
 
 
 def _foreign_hooks(model: nn.Module) -> list[str]:
@@ -98,18 +184,23 @@ def _foreign_hooks(model: nn.Module) -> list[str]:
     return found
 
 
+def _warn(message: str) -> None:
+    """A ``UserWarning`` at the user's line: the first frame outside this file."""
+    frame, level = sys._getframe(1), 2
+    while frame is not None and frame.f_code.co_filename == __file__:
+        frame, level = frame.f_back, level + 1
+    warnings.warn(message, stacklevel=level)
+
+
 def _warn_hooks(fn: Callable, model: nn.Module) -> None:
     found = _foreign_hooks(model)
     if found:
-        frame, level = sys._getframe(0), 1  # the warning names the user's line: the first frame outside this file
-        while frame is not None and frame.f_code.co_filename == __file__:
-            frame, level = frame.f_back, level + 1
         shown = ", ".join(found[:3]) + (f" and {len(found) - 3} more" if len(found) > 3 else "")
-        warnings.warn(f"vitviz.graphed({_name(fn)}): {type(model).__name__} carries forward hooks ({shown}). A "
-                      f"recorded call runs Python only while it records ({WARMUP} warm-ups and the capture), never at "
-                      "a replay: the tensors a hook computes are replayed, its other effects (a list it appends to, a "
-                      "counter) happen at recording only. Remove the hooks (or close the capture) before "
-                      "vitviz.graphed, or call the analysis without it", stacklevel=level)
+        _warn(f"vitviz.graphed({_name(fn)}): {type(model).__name__} carries forward hooks ({shown}). A recorded "
+              f"call runs Python only while it records ({WARMUP} warm-ups and the capture), never at a replay: the "
+              "tensors a hook computes are replayed, its other effects (a list it appends to, a counter) happen at "
+              "recording only. Remove the hooks (or close the capture) before vitviz.graphed, or call the analysis "
+              "without it")
 
 
 def _deliver(out: Any, host: list[torch.Tensor]) -> Any:
@@ -191,6 +282,7 @@ class GraphedCall:
         self.fn, self.model, self.options = fn, model, options
         self.device = device
         self.recordings = 0
+        self._changed_in_a_row = 0
         self._graphs: dict[tuple, _Graph] = {}
         self._state: tuple | None = None
         self._check(example, "example")
@@ -236,11 +328,22 @@ class GraphedCall:
         state = _model_state(self.model)  # before the finiteness read waits for the device: no idle gap after it
         self._check(images, "images")
         if state != self._state:
+            self._changed_in_a_row += 1
+            if self._changed_in_a_row == CHANGED_IN_A_ROW:
+                self._warn_changing(state)
             self._graphs.clear()
+        else:
+            self._changed_in_a_row = 0
         graph = self._graphs.get(_key(images)) or self._record(images)
         graph.static.copy_(images)  # a capture queues its kernels without running them: every call replays
         graph.replay()
         return _deliver(graph.outputs, graph.host)
+
+    def _warn_changing(self, state: tuple) -> None:
+        _warn(f"vitviz.graphed({_name(self.fn)}): {type(self.model).__name__} changed before each of the last "
+              f"{CHANGED_IN_A_ROW} calls ({_what_changed(self._state, state)}), so each recorded again, which costs "
+              "more than the eager call. Leave the model as it is between calls (set what you change once, then "
+              "call vitviz.graphed), or call the analysis without it")
 
     def __repr__(self) -> str:
         shapes = ", ".join(f"{shape} {str(dtype).removeprefix('torch.')}" for shape, dtype in self._graphs) or "none"
