@@ -217,7 +217,8 @@ def test_a_changed_hugging_face_config_is_recorded_again(double):
 @pytest.mark.filterwarnings("ignore:vitviz.graphed.*changed before each")
 def test_a_changed_pytorch_switch_is_recorded_again(double):
     """SDPA's backends (``torch.nn.attention.sdpa_kernel``) and TF32 pick the kernels a forward queues: a call under
-    other switches records again, and again when they are back."""
+    other switches records again, and again when they are back; TF32 set through either of PyTorch's APIs (the old
+    ``allow_tf32``, which a torch refuses to read once the new ``fp32_precision`` was set, and the new)."""
     from torch.nn.attention import SDPBackend, sdpa_kernel
 
     torch.manual_seed(0)
@@ -235,6 +236,17 @@ def test_a_changed_pytorch_switch_is_recorded_again(double):
     finally:
         torch.backends.cuda.matmul.allow_tf32 = old
     assert call.recordings == 4
+    matmul = torch.backends.cuda.matmul
+    if hasattr(matmul, "fp32_precision"):  # torch 2.9 on: the new API (after which the old one refuses to be read)
+        old = matmul.fp32_precision
+        try:
+            matmul.fp32_precision = "tf32" if old != "tf32" else "ieee"
+            call(images())
+            assert call.recordings == 5
+            call(images())
+            assert call.recordings == 5
+        finally:
+            matmul.fp32_precision = old
 
 
 def test_a_model_changed_before_every_call_is_named_in_a_warning(double):

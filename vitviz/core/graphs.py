@@ -71,23 +71,38 @@ def _name(fn: Any) -> str:
     return getattr(fn, "__qualname__", None) or type(fn).__name__
 
 
-_SDPA_SWITCHES = ("flash_sdp_enabled", "mem_efficient_sdp_enabled", "math_sdp_enabled", "cudnn_sdp_enabled")
+# PyTorch's switches that pick the kernels a forward queues, each read as its own function: SDPA's backends (as
+# torch.nn.attention.sdpa_kernel sets them), and the float32 precision of matmuls and convolutions, through the API
+# of each version (fp32_precision where it exists, the older allow_tf32 and float32 matmul precision; a torch that
+# has had the new API set refuses to read the old one, and one without the new API has no such attribute)
+_TORCH_SWITCHES = (
+    lambda: torch.backends.cuda.flash_sdp_enabled(), lambda: torch.backends.cuda.mem_efficient_sdp_enabled(),
+    lambda: torch.backends.cuda.math_sdp_enabled(), lambda: torch.backends.cuda.cudnn_sdp_enabled(),
+    lambda: torch.backends.cuda.matmul.fp32_precision, lambda: torch.backends.cudnn.fp32_precision,
+    lambda: torch.backends.cudnn.conv.fp32_precision, lambda: torch.backends.fp32_precision,
+    lambda: torch.backends.cuda.matmul.allow_tf32, lambda: torch.backends.cudnn.allow_tf32,
+    torch.get_float32_matmul_precision,
+    lambda: torch.backends.cuda.matmul.allow_fp16_reduced_precision_reduction,
+    lambda: torch.backends.cuda.matmul.allow_bf16_reduced_precision_reduction)
+
+
+def _switch(read: Callable[[], Any]) -> Any:
+    """One of PyTorch's switches, or None where this torch has it not or refuses to read it (``_TORCH_SWITCHES``)."""
+    try:
+        return read()
+    except (AttributeError, RuntimeError):
+        return None
 
 
 def _settings() -> tuple:
     """The switches a recording depends on beside the model: vitviz's (the kernels' mode in force, from
     ``headmap_kernel`` or ``$VITVIZ_HEADMAP_KERNEL``; ``forward_lse``'s setting) and PyTorch's that pick the kernels
-    a forward queues (SDPA's backends, as ``torch.nn.attention.sdpa_kernel`` sets them; TF32 and the reduced
-    precision reductions of matmuls)."""
+    a forward queues (``_TORCH_SWITCHES``: SDPA's backends, the float32 precision of matmuls and convolutions, the
+    reduced-precision reductions)."""
     from vitviz.core import kernels
     from vitviz.core.kernels import forward_lse
 
-    backends = torch.backends.cuda
-    sdpa = tuple(getattr(backends, name, lambda: None)() for name in _SDPA_SWITCHES)
-    matmul = backends.matmul
-    precision = (matmul.allow_tf32, torch.backends.cudnn.allow_tf32, torch.get_float32_matmul_precision(),
-                 matmul.allow_fp16_reduced_precision_reduction, matmul.allow_bf16_reduced_precision_reduction)
-    return kernels.kernel_mode(), forward_lse.setting(), sdpa, precision
+    return kernels.kernel_mode(), forward_lse.setting(), tuple(_switch(read) for read in _TORCH_SWITCHES)
 
 
 class _Attributes:
