@@ -355,7 +355,8 @@ def test_a_recorded_call_waits_for_the_device_nowhere(family, dtype, path, monke
     runs (where ``forward_lse`` makes its checks), a call under ``recording`` queues no host read at all, inside the
     forward or outside it (the input's finiteness check and distance's result read are left to ``GraphedCall``,
     before the copy in and after the replay), and no copy from the CPU, blocking or not (``AnyCopy``). The same
-    call outside a recording reads its input's finiteness (the recorder sees it here)."""
+    call outside a recording reads its input's finiteness (the recorder sees it here). And the calls, recorded or
+    not, leave what a recording compares (``graphs._model_state``) as they found it."""
 
     from vitviz.core import contexts, graphs
 
@@ -366,6 +367,7 @@ def test_a_recorded_call_waits_for_the_device_nowhere(family, dtype, path, monke
     calls = {**_calls(x), "mean_attention_distance, autocast": lambda m: vitviz.mean_attention_distance(
         m, x, autocast=torch.bfloat16)}
     with kernels.headmap_kernel("auto" if path == "kernels" else "off"):
+        state = graphs._model_state(cuda.model)  # what a recording compares: every call leaves it as it was
         for name, call in calls.items():
             with contexts.recording_into(contexts.Recording()):
                 for _ in range(graphs.WARMUP):
@@ -373,6 +375,7 @@ def test_a_recorded_call_waits_for_the_device_nowhere(family, dtype, path, monke
                 recorder = cuda.run(call, AnyCopy())
             assert recorder.records == [], f"{family} {name}: a recorded call waits for the device: {recorder.records}"
             assert any("_local_scalar_dense" in what for what in cuda.run(call).outside()), name
+            assert graphs._model_state(cuda.model) == state, f"{family} {name}: the calls left the model changed"
 
 
 @in_child
