@@ -287,6 +287,11 @@ def test_a_model_changed_before_every_call_is_named_in_a_warning(double):
     del model.blocks[1].attn.extra  # names added and removed are named too
     with pytest.warns(UserWarning, match=r"\(the attributes blocks.1.attn.extra\), so"):
         call(images())
+    before = graphs._model_state(model)
+    for i in range(5):
+        setattr(model.blocks[0].attn, f"a{i}", i)
+    assert graphs._what_changed(before, graphs._model_state(model)) == (
+        "the attributes blocks.0.attn.a0, blocks.0.attn.a1, blocks.0.attn.a2, blocks.0.attn.a3 and 1 more")
     assert graphs._what_changed(graphs._model_state(model), graphs._model_state(model.half())) == (
         "its structure or a tensor's memory, dtype or device")
 

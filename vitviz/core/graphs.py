@@ -165,8 +165,8 @@ def _what_changed(before: tuple, now: tuple) -> str:
         said.append("its structure or a tensor's memory, dtype or device")
     if now[1] != before[1]:
         names = now[1].changed(before[1])
-        said.append(f"the attributes {', '.join(names[:4])}" + (f" and {len(names) - 4} more" if len(names) > 4
-                                                                  else "") if names else "its attributes")
+        more = f" and {len(names) - 4} more" if len(names) > 4 else ""
+        said.append(f"the attributes {', '.join(names[:4])}{more}" if names else "its attributes")
     if now[2] != before[2]:
         said.append("vitviz's or PyTorch's kernel switches")
     return "; ".join(said)
