@@ -311,7 +311,8 @@ class GraphedCall:
                                  "(B, 3, H, W) float tensor (vitviz.load_images(model, images) makes one)")
         check_tensor(x, argument)  # shape, channels, dtype, finiteness: the analysis's own checks
 
-    def _record(self, x: torch.Tensor) -> _Graph:
+    def _record(self, x: torch.Tensor, state: tuple | None = None) -> _Graph:
+        """Record the call on a batch like ``x``; ``state``: the model's ``_model_state``, where the caller has it."""
         static = torch.empty_like(x, device=self.device, memory_format=torch.contiguous_format)
         static.copy_(x)
         rec = Recording()
@@ -321,7 +322,7 @@ class GraphedCall:
             with recording_into(rec):
                 return self.fn(self.model, static, **self.options)
 
-        state = _model_state(self.model)
+        state = _model_state(self.model) if state is None else state
         _warn_hooks(self.fn, self.model)
         try:
             replay, outputs = self.backend.record(run, self.device)
@@ -349,7 +350,7 @@ class GraphedCall:
             self._graphs.clear()
         else:
             self._changed_in_a_row = 0
-        graph = self._graphs.get(_key(images)) or self._record(images)
+        graph = self._graphs.get(_key(images)) or self._record(images, state)
         graph.static.copy_(images)  # a capture queues its kernels without running them: every call replays
         graph.replay()
         return _deliver(graph.outputs, graph.host)
