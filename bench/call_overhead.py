@@ -3,7 +3,7 @@ width 96 on 32 px inputs, whose forward is almost all Python, timed plain and un
 
 On a GPU at small batches this per-call cost, not the maps, decides what rollout and distance cost (docs/benchmarks.md,
 "GPU: measured on an NVIDIA H100"); this measures it on any machine, without one. Times are the fastest of
-``--rounds`` rounds of ``--number`` calls each (per call), one torch thread.
+``--rounds`` rounds of ``--number`` calls each (per call; the cases take turns, round by round), one torch thread.
 
 The rows "(kernel path)" run the calls as on a GPU, through the head-map kernels' entry points, with the kernel
 launches themselves left out (``headmaps._launch`` does nothing; the maps are garbage, the time is the host's:
@@ -14,6 +14,15 @@ The rows "(graphed, replay left out)" time a ``vitviz.graphed`` call (the CUDA-g
 host: the model's state compared with the recording's, the input's checks, the copy in, the copies out; the replay
 itself is left out (a recording backend that runs the call once and replays nothing: a replay is one launch).
 
+With ``--triton-launch``, rows "(kernel path, Triton's launch path)" run the same calls with the launches made
+through Triton's own launch path (``JITFunction.run``: the arguments bound, the specialisation key computed, the
+compiled kernel looked up, the launcher called) on a stand-in driver (``StandInDriver``) that compiles for sm_90
+(Triton's wheel ships ``ptxas``; the warm-up call compiles) and whose launcher does nothing: what Triton's Python
+costs per launch, without a GPU (the driver's own ``cuLaunchKernelEx`` stays left out). Triton then runs compiled,
+not interpreted (``TRITON_INTERPRET`` unset: Triton's own modules follow it at import), and vitviz is told CPU
+tensors may take the kernels. Against the "(kernel path)" rows of the same run, the difference is Triton's launch
+path (rollout: two launches a layer; distance: one).
+
 The rows "(kernel path, forward LSE on)" run them with the forward's log-sum-exp forced on
 (``forward_lse.use_forward_lse(True)``, as a float32 CUDA call has it by default; on the CPU SDPA's flash op
 answers): rollout's head mean reads it, the distance leaves it alone (``analysis.distance._stream_capture``).
@@ -23,7 +32,7 @@ the call's contexts (``core.contexts.walk_once``, eval mode, autocast off, ``ins
 and a stream capture opened and closed. ``--cpu-time`` times in the process's CPU time instead of the wall clock
 (steadier on a shared machine; one torch thread, so the two agree on a quiet one).
 
-    python bench/call_overhead.py [--rounds 5] [--number 10] [--cpu-time] [--json out.json]
+    python bench/call_overhead.py [--rounds 5] [--number 10] [--cpu-time] [--triton-launch] [--json out.json]
 """
 
 from __future__ import annotations
@@ -38,22 +47,81 @@ from pathlib import Path
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))  # the vitviz of this checkout
 
 
+class StandInDriver:
+    """A Triton driver for a machine without a GPU: kernels compile for ``sm_<arch>``, launches do nothing (counted in
+    ``launches``). Only what ``JITFunction.run`` and ``CompiledKernel`` ask of the active driver (Triton 3.8 and 3.9).
+    Also the driver with which ``tests/test_headmap_compile.py`` compiles the kernels through Triton's JIT, as a GPU's
+    first call would."""
+
+    SHARED = {90: 227 * 1024, 80: 163 * 1024}  # what one block may take (99 KiB on sm_86/89/120)
+    launches = 0
+
+    class Utils:
+        def __init__(self, shared: int) -> None:
+            self.shared = shared
+
+        @staticmethod
+        def load_binary(name, kernel, shared, device):  # (module, function, registers, spills, max threads)
+            return None, None, 0, 0, 1024
+
+        def get_device_properties(self, device):
+            return {"max_shared_mem": self.shared, "multiprocessor_count": 132, "max_num_regs": 65536,
+                    "warpSize": 32}
+
+        @staticmethod
+        def unload_module(module):
+            pass
+
+    def __init__(self, arch: int = 90) -> None:
+        from triton.backends.compiler import GPUTarget
+
+        self.target = GPUTarget("cuda", arch, 32)
+        self.utils = self.Utils(self.SHARED.get(arch, 99 * 1024))
+
+    def get_current_device(self):
+        return 0
+
+    def get_current_stream(self, device=None):
+        return 0
+
+    def get_current_target(self):
+        return self.target
+
+    def launcher_cls(self, src, metadata):
+        def launch(*args) -> None:
+            StandInDriver.launches += 1
+        return launch
+
+
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     parser.add_argument("--rounds", type=int, default=5)
     parser.add_argument("--number", type=int, default=10)
     parser.add_argument("--cpu-time", action="store_true", help="time in process CPU time, not wall-clock time")
     parser.add_argument("--json", type=Path)
+    parser.add_argument("--triton-launch", action="store_true",
+                        help="also the kernel-path calls launched through Triton's launch path (StandInDriver)")
     args = parser.parse_args()
 
     import os
 
-    os.environ.setdefault("TRITON_INTERPRET", "1")  # before Triton is imported: CPU tensors may take the kernel path
+    if args.triton_launch:  # compiled kernels (Triton's state follows $TRITON_INTERPRET at its import), no GPU
+        os.environ.pop("TRITON_INTERPRET", None)
+    else:
+        os.environ.setdefault("TRITON_INTERPRET", "1")  # before Triton is imported: CPU tensors may take the kernels
     import torch
     from timm.models.vision_transformer import VisionTransformer
 
     import vitviz
     from vitviz.core import kernels
+
+    if args.triton_launch:
+        if not kernels.triton_available():
+            parser.error(f"--triton-launch needs Triton {'.'.join(map(str, kernels.MIN_TRITON))} or newer")
+        from triton.runtime.driver import driver
+
+        driver.set_active(StandInDriver())
+        kernels._interpreting = lambda: True  # vitviz lets CPU tensors take the (compiled) kernels
 
     try:
         from vitviz.core.contexts import inspect_once
@@ -108,6 +176,16 @@ def main() -> None:
 
         cases["attention_rollout (kernel path)"] = host_only(cases["attention_rollout"])
         cases["mean_attention_distance (kernel path)"] = host_only(cases["mean_attention_distance"])
+        if args.triton_launch:
+            def launched(fn):
+                def run() -> None:
+                    with kernels.headmap_kernel("on"):
+                        fn()
+                return run
+
+            cases["attention_rollout (kernel path, Triton's launch path)"] = launched(cases["attention_rollout"])
+            cases["mean_attention_distance (kernel path, Triton's launch path)"] = launched(
+                cases["mean_attention_distance"])
         from vitviz.core.kernels import forward_lse
 
         def lse_on(fn):  # the forward's log-sum-exp forced on around the call, as a float32 CUDA call has it
@@ -138,19 +216,28 @@ def main() -> None:
         recorded_distance = vitviz.graphed(vitviz.mean_attention_distance, model, x, autocast=False)
         cases["attention_rollout (graphed, replay left out)"] = lambda: recorded(x)
         cases["mean_attention_distance (graphed, replay left out)"] = lambda: recorded_distance(x)
-    rows = []
+    launches: dict[str, int] = {}
     for name, fn in cases.items():
-        fn()  # warm-up
-        timer = timeit.Timer(fn, timer=time.process_time if args.cpu_time else time.perf_counter)
-        best = min(timer.timeit(number=args.number) / args.number for _ in range(args.rounds))
-        rows.append({"case": name, "ms": best * 1e3})
+        fn()  # warm-up (with --triton-launch, the first kernel-path call compiles)
+        before = StandInDriver.launches
+        fn()
+        launches[name] = StandInDriver.launches - before  # through Triton's launch path, in one call
+    clock = time.process_time if args.cpu_time else time.perf_counter
+    best = dict.fromkeys(cases, float("inf"))
+    for _ in range(args.rounds):  # the cases take turns, so that a drift of the machine touches each alike
+        for name, fn in cases.items():
+            best[name] = min(best[name], timeit.Timer(fn, timer=clock).timeit(number=args.number) / args.number)
+    rows = [{"case": name, "ms": best[name] * 1e3, "triton_launches": launches[name]} for name in cases]
     base = rows[0]["ms"]
     for row in rows:
         row["x_plain"] = row["ms"] / base
-        print(f"{row['case']:52} {row['ms']:7.2f} ms  {row['x_plain']:5.2f}x the plain forward")
+        launched = f"  ({row['triton_launches']} Triton launches a call)" if row["triton_launches"] else ""
+        print(f"{row['case']:62} {row['ms']:7.2f} ms  {row['x_plain']:5.2f}x the plain forward{launched}")
     if args.json:
-        args.json.write_text(json.dumps({"torch": torch.__version__, "cpu_time": args.cpu_time, "rows": rows},
-                                        indent=1) + "\n")
+        triton = kernels.triton_version()
+        args.json.write_text(json.dumps({"torch": torch.__version__, "triton": triton and ".".join(map(str, triton)),
+                                         "cpu_time": args.cpu_time, "triton_launch": args.triton_launch,
+                                         "rows": rows}, indent=1) + "\n")
 
 
 if __name__ == "__main__":

@@ -16,7 +16,13 @@ the target and reads ``ptxas``'s own report (``TRITON_DUMP_PTXAS_LOG``):
   within sm_90's 227 KiB.
 
 ``test_the_check_sees_spills_and_oversized_tiles`` compiles the block shapes vitviz used before and sees the check
-fail on them. What this file cannot say is how fast the kernels run: that is
+fail on them. These signatures carry no specialisation; a GPU's first call compiles through Triton's JIT, which
+specialises the build on the arguments (pointers and strides divisible by 16, ones as constants) and may allocate
+registers otherwise (Triton 3.8, sm_90: the bf16 distance pass with a float bias in 64 x 64 tiles with 4 warps spills
+hundreds of bytes here and nothing there; float32's fusing pass in sm_90's table 4 bytes here, nothing there). So
+``test_the_kernels_as_tritons_jit_specialises_them_compile_without_spills`` compiles ViT-B/16's launches through
+Triton's own launch path on a stand-in driver, as a GPU would, and holds those builds to the same check. What this
+file cannot say is how fast the kernels run: that is
 ``bench/headmap_kernel.py`` on a GPU (``bench/gpu_run.sh``).
 """
 
@@ -24,7 +30,12 @@ from __future__ import annotations
 
 import contextlib
 import io
+import json
+import os
 import re
+import subprocess
+import sys
+from pathlib import Path
 
 import pytest
 import torch
@@ -196,3 +207,65 @@ def test_the_check_sees_spills_and_oversized_tiles(monkeypatch, tmp_path):
     usage = compiled(kernel, signature, constexprs, options, 90, tmp_path, monkeypatch)
     assert usage["shared"] > SHARED_LIMIT and usage["spill_stores"] > 256, usage
     assert len(problems(usage)) == 2
+
+
+JIT_CHILD = r"""
+import contextlib, importlib.util, io, json, re, sys
+import torch
+spec = importlib.util.spec_from_file_location("call_overhead", sys.argv[1])
+bench = importlib.util.module_from_spec(spec)
+spec.loader.exec_module(bench)
+from triton.runtime.driver import driver
+from vitviz.analysis.distance import patch_distance_matrix
+from vitviz.core.kernels import headmaps
+
+arch = int(sys.argv[2])
+driver.set_active(bench.StandInDriver(arch))
+headmaps._arch = lambda device: arch  # the block shapes this GPU takes
+assert not headmaps.interpreting()
+b, h, n, d, grid = 2, 12, 785, 64, 28  # ViT-B/16 at 448 px
+found = []
+for dtype in (torch.bfloat16, torch.float16, torch.float32):
+    q, k, _ = torch.randn(b, n, 3, h, d, dtype=dtype).permute(2, 0, 3, 1, 4)  # timm's qkv layout
+    calls = [lambda: headmaps.fuse_heads_kernel(q, k, d ** -0.5, "mean"),
+             lambda: headmaps.fuse_heads_kernel(q, k, d ** -0.5, "max", attn_mask=torch.ones(n, n, dtype=torch.bool)),
+             lambda: headmaps.fuse_heads_kernel(q, k, d ** -0.5, "min", is_causal=True),
+             lambda: headmaps.distance_sums_kernel(q, k, d ** -0.5, patch_distance_matrix(grid, 16), 1),
+             lambda: headmaps.distance_sums_kernel(q, k, d ** -0.5, patch_distance_matrix(grid, 16), 1,
+                                                   attn_mask=torch.zeros(h, n, n))]
+    for call in calls:
+        log = io.StringIO()
+        with contextlib.redirect_stdout(log):
+            call()
+        for name, stores, loads in re.findall(
+                r"Function properties for (\w+)\s+\d+ bytes stack frame, (\d+) bytes spill stores, (\d+) bytes spill "
+                r"loads", log.getvalue()):
+            found.append([str(dtype), name, int(stores), int(loads)])
+shared = [int(c.metadata.shared) for fn in headmaps._kernels() for c in fn.device_caches[0][0].values()]
+print(json.dumps({"spills": found, "shared": shared, "launches": bench.StandInDriver.launches}))
+"""
+
+
+@pytest.mark.parametrize("arch", [90, 80])
+def test_the_kernels_as_tritons_jit_specialises_them_compile_without_spills(tmp_path, arch):
+    """The launches of ViT-B/16 at 448 px (timm's q and k, views of one qkv tensor) compiled through Triton's own
+    launch path, as a GPU's first call compiles them: the JIT specialises the build on its arguments (pointers and
+    strides divisible by 16, unit strides and a prefix of one token as constants), which the signatures above leave
+    out. Every build spills nothing and fits the GPU's shared memory (sm_90's table on sm_90). Run in a child
+    process on ``bench/call_overhead.py``'s stand-in driver (compiles for ``sm_<arch>``, launches nothing)."""
+    import triton
+
+    if not hasattr(getattr(triton, "knobs", None), "nvidia"):
+        pytest.skip(f"Triton {triton.__version__} cannot print ptxas's report (TRITON_DUMP_PTXAS_LOG)")
+    bench = Path(__file__).resolve().parents[1] / "bench" / "call_overhead.py"
+    env = {key: value for key, value in os.environ.items() if key != "TRITON_INTERPRET"}
+    env.update(TRITON_CACHE_DIR=str(tmp_path / "triton-cache"), TRITON_DUMP_PTXAS_LOG="1")
+    proc = subprocess.run([sys.executable, "-c", JIT_CHILD, str(bench), str(arch)], capture_output=True, text=True,
+                          env=env, timeout=900)
+    assert proc.returncode == 0, proc.stderr[-4000:]
+    report = json.loads(proc.stdout.strip().splitlines()[-1])
+    assert report["launches"] == 3 * (2 + 2 + 2 + 1 + 1), report["launches"]  # every call went through Triton
+    assert len(report["spills"]) >= 3 * 5, report["spills"]  # a ptxas report per build (builds shared by calls)
+    spilled = [entry for entry in report["spills"] if entry[2] or entry[3]]
+    assert not spilled, f"sm_{arch}: builds spill registers: {spilled}"
+    assert max(report["shared"]) <= {90: SM90_SHARED, 80: 163 * 1024}[arch], report["shared"]
