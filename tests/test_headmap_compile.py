@@ -235,8 +235,14 @@ for dtype in (torch.bfloat16, torch.float16, torch.float32):
                                                    attn_mask=torch.zeros(h, n, n))]
     for call in calls:
         log = io.StringIO()
-        with contextlib.redirect_stdout(log):
-            call()
+        try:
+            with contextlib.redirect_stdout(log):
+                call()
+        except AttributeError as err:  # a Triton asking its driver for more than the stand-in has
+            if "StandInDriver" not in str(err) and "Utils" not in str(err):
+                raise
+            print(json.dumps({"unsupported": str(err)}))
+            sys.exit(0)
         for name, stores, loads in re.findall(
                 r"Function properties for (\w+)\s+\d+ bytes stack frame, (\d+) bytes spill stores, (\d+) bytes spill "
                 r"loads", log.getvalue()):
@@ -264,6 +270,8 @@ def test_the_kernels_as_tritons_jit_specialises_them_compile_without_spills(tmp_
                           env=env, timeout=900)
     assert proc.returncode == 0, proc.stderr[-4000:]
     report = json.loads(proc.stdout.strip().splitlines()[-1])
+    if "unsupported" in report:
+        pytest.skip(f"Triton {triton.__version__} asks more of its driver than the stand-in has: {report['unsupported']}")
     assert report["launches"] == 3 * (2 + 2 + 2 + 1 + 1), report["launches"]  # every call went through Triton
     assert len(report["spills"]) >= 3 * 5, report["spills"]  # a ptxas report per build (builds shared by calls)
     spilled = [entry for entry in report["spills"] if entry[2] or entry[3]]
