@@ -81,6 +81,26 @@ def test_rank_patches_orders_by_value_and_shuffles_only_ties():
         rank_patches(torch.full((1, 2, 2), float("nan")), [0])
 
 
+def test_ranks_on_host_are_rank_patches_ranks_read_once():
+    """``ranks_on_host`` (what ``faithfulness`` ranks with): ``rank_patches``' ranks on the CPU, the maps'
+    finiteness checked from the same copy; a NaN or infinite map is refused as ``rank_patches`` refuses it."""
+    from vitviz.analysis.perturbation import rank_patches, ranks_on_host
+
+    torch.manual_seed(0)
+    maps = torch.randn(6, 3, 4).round(decimals=1)  # rounded: ties, shuffled by each image's id
+    ids = [3, "a", 5, "b", 7, 9]
+    host = ranks_on_host(maps, ids, seed=2)
+    assert host.device.type == "cpu" and host.dtype == torch.long and host.shape == (6, 12)
+    assert torch.equal(host, rank_patches(maps, ids, seed=2))
+    for bad in (float("nan"), float("inf")):
+        broken = maps.clone()
+        broken[4, 1, 2] = bad
+        with pytest.raises(InputError, match="NaN or infinite"):
+            ranks_on_host(broken, ids)
+    with pytest.raises(InputError, match="5 image ids for 6 maps"):
+        ranks_on_host(maps, ids[:5])
+
+
 # ----------------------------------------------------------------------------------------------------- tidy frames
 def test_runs_over_chunks_concatenate_merge_and_count_every_image():
     model = tiny_timm_vit()

@@ -111,6 +111,44 @@ def test_a_batchs_passes_run_without_reading_a_value_between_them(family, remova
     assert any(kind == "read" for kind, _ in log)  # the recorder sees reads (the input's finiteness check)
 
 
+def _set_up_reads(log: list) -> list[tuple[str, list[str]]]:
+    """Per method and batch, the reads from its maps being asked for to its first perturbed pass: ``(method,
+    reads)``."""
+    out: list[tuple[str, list[str]]] = []
+    current = None
+    for kind, what in log:
+        if kind == "method":
+            current = []
+            out.append((what, current))
+        elif kind in ("pass", "batch"):
+            current = None
+        elif kind == "read" and current is not None:
+            current.append(what)
+    return out
+
+
+def test_a_method_reads_the_device_once_before_its_passes(monkeypatch):
+    """Between a method's call and its first perturbed pass, one read waits for the device: the ranks and the maps'
+    finiteness copied to the host together (``perturbation.ranks_on_host``; the removed sets are made there). The
+    batch is not checked again by the method (it was where it was loaded: ``contexts.input_checked``), a read that
+    on a GPU waits for the last method's passes and leaves the device idle while the method sets itself up. Before,
+    each method read three times there: the batch's finiteness, the maps' finiteness, the ranks. (The gradient
+    methods' target check reads the classes too: not changed.)"""
+    torch.manual_seed(0)
+    log = _recorded(tiny_timm_vit(), torch.randn(4, 3, 32, 48), monkeypatch, methods=["rollout", "random", "chefer"],
+                    steps=0.5, batch_size=2)
+    checks = [what for kind, what in log if kind == "read" and "check_tensor" in what]
+    assert len(checks) == 2, checks  # each batch once, where it is loaded
+    set_ups = _set_up_reads(log)
+    assert [m for m, _ in set_ups] == ["rollout", "random", "chefer"] * 2
+    for method, reads in set_ups:
+        device = [r for r in reads if "resolve_target" not in r]  # chefer's class check, outside this change
+        assert device and "Tensor.cpu at analysis/perturbation.py" in device[0] and "ranks_on_host" in device[0], \
+            (method, reads)  # the first read is the ranks' copy; every later one reads what it copied, or a CPU mask
+        assert not any("check_tensor" in r for r in reads), (method, reads)
+        assert sum(r.startswith("Tensor.cpu") for r in device) == 1, (method, reads)
+
+
 def test_the_recorder_sees_a_read_between_two_passes(monkeypatch):
     """A ``scores`` that reads a score after each pass, as the former one did, is caught."""
     real = perturbation.score_output

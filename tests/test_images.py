@@ -129,3 +129,38 @@ def test_a_batch_array_is_digested_per_image_for_resume():
     changed[1, 0, 0, 0] ^= 1
     assert image_digests(changed, lambda p: p, 3)["1"] != digests["1"]
     assert image_digests(stack.transpose(0, 3, 1, 2), lambda p: p, 3) == {}  # refused by the run itself
+
+
+def test_a_batch_a_caller_checked_is_not_read_again_while_unwritten(monkeypatch):
+    """``contexts.input_checked(x)``: inside the block ``check_tensor`` reads nothing of that very tensor (its
+    finiteness was checked by the caller; on a GPU the read would wait for every queued kernel), but reads, and
+    refuses, as ever: after an in-place write to it (its version counter moved), for a view of it or another tensor,
+    for an inference tensor (no version counter) and outside the block. Its shape and dtype are checked inside too."""
+    from host_reads import ValueReads
+
+    from vitviz.core.contexts import input_checked
+    from vitviz.core.images import check_tensor
+    from vitviz.errors import ImageInputError
+
+    x = torch.randn(2, 3, 8, 8)
+
+    def reads(t: torch.Tensor) -> int:
+        events = ValueReads(monkeypatch)
+        with events:
+            check_tensor(t)
+        return len(events.reads())
+
+    with input_checked(x):
+        assert reads(x) == 0
+        assert reads(x[:1]) == 1 and reads(x.clone()) == 1  # a view, another tensor: read
+        with pytest.raises(ImageInputError, match="tensor of shape"):
+            check_tensor(x[:, :1])  # the shape is checked as ever
+        x[0, 0, 0, 0] = float("nan")  # written in place: read again, and refused
+        with pytest.raises(ImageInputError, match="1 NaN"):
+            check_tensor(x)
+    x = torch.randn(2, 3, 8, 8)
+    assert reads(x) == 1  # outside the block
+    with torch.inference_mode():
+        frozen = torch.randn(2, 3, 8, 8)
+    with input_checked(frozen):
+        assert reads(frozen) == 1  # no version counter to tell a write by: read

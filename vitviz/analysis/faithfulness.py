@@ -66,9 +66,9 @@ from vitviz.analysis.faithfulness_resume import (
     resume,
 )
 from vitviz.analysis.faithfulness_stats import BETTER, MODES, bootstrap_ci, compare_methods, faithfulness_auc
-from vitviz.analysis.perturbation import Perturbed, drop_module, keep_tokens, rank_patches, resolve_removal
+from vitviz.analysis.perturbation import Perturbed, drop_module, keep_tokens, ranks_on_host, resolve_removal
 from vitviz.core.batching import check_batch_size, check_num_workers, count_images, iter_batches
-from vitviz.core.contexts import autograd, normal_tensor
+from vitviz.core.contexts import autograd, input_checked, normal_tensor
 from vitviz.core.datasets import (
     autocast_context,
     autocast_dtype,
@@ -391,7 +391,9 @@ def _batch(model: nn.Module, spec: Any, x: torch.Tensor, pos: list[int], ids: li
     pending: list[tuple[dict, torch.Tensor]] = []  # (a curve point's columns, its (b,) scores on the device)
     for name, method in table.items():
         opts = dict(options.get(name, {}))
-        with autocast_context(amp, x.device):
+        # x was checked where it was loaded: a method's own check would wait for the last method's passes, then
+        # leave the device idle while the method sets itself up
+        with autocast_context(amp, x.device), input_checked(x):
             if isinstance(method, torch.Tensor):
                 maps = method[idx.to(method.device)]
             elif method == "random":
@@ -406,7 +408,7 @@ def _batch(model: nn.Module, spec: Any, x: torch.Tensor, pos: list[int], ids: li
             shape = tuple(maps.shape) if isinstance(maps, torch.Tensor) else type(maps).__name__
             raise InputError(f"method {name!r} gave maps of shape {shape} for a batch of {b} images; a map "
                              f"method must return ({b}, {grid[0]}, {grid[1]}), one (gh, gw) map per image")
-        rank = rank_patches(maps.to(x.device), ids, seed).cpu()  # the sets are made on the host
+        rank = ranks_on_host(maps.to(x.device), ids, seed)  # the sets are made on the host: one read
         p = pert.num_patches
         n_steps = len(fractions) - 1
         curve: list[tuple[str, float, float, str]] = []

@@ -35,7 +35,7 @@ from vitviz.core.targets import Target, logits_of
 from vitviz.errors import InputError
 
 __all__ = ["REMOVALS", "Perturbed", "drop_module", "fill_patches", "image_seed", "keep_tokens", "rank_patches",
-           "resolve_removal"]
+           "ranks_on_host", "resolve_removal"]
 
 REMOVALS = ("auto", "drop", "mean")
 
@@ -99,21 +99,49 @@ def rank_patches(maps: torch.Tensor, images: Sequence[Hashable], seed: int = 0) 
         ``(B, P)`` long ranks on ``maps``' device: patches are sorted by relevance (compared in float64, so distinct
         values of any dtype stay distinct), descending; among equal values by a random permutation of the image's
         patches.
+
+    Raises:
+        InputError: a map holds NaN or infinite values, or ``images`` holds another number of ids than ``maps``
+            maps.
     """
+    ranks, finite = _ranks(maps, images, seed)
+    if not bool(finite):
+        raise _not_finite()
+    return ranks
+
+
+def ranks_on_host(maps: torch.Tensor, images: Sequence[Hashable], seed: int = 0) -> torch.Tensor:
+    """``rank_patches``' ranks on the CPU, where the removed sets are made (``vitviz.faithfulness``), with one read
+    of the device: the ranks and the maps' finiteness copied together (two reads, each waiting for the device, if
+    the check were made first)."""
+    ranks, finite = _ranks(maps, images, seed)
+    b, p = ranks.shape
+    host = torch.cat([ranks.flatten(), finite.reshape(1).to(ranks.dtype)]).cpu()
+    if not host[-1]:
+        raise _not_finite()
+    return host[:-1].reshape(b, p)
+
+
+def _not_finite() -> InputError:
+    return InputError("the relevance maps hold NaN or infinite values; a map must be finite to order patches")
+
+
+def _ranks(maps: torch.Tensor, images: Sequence[Hashable], seed: int) -> tuple[torch.Tensor, torch.Tensor]:
+    """``rank_patches``' ranks and whether every map is finite (a 0-dim bool), both on ``maps``' device, queued
+    without reading a value: the tie orders are drawn on the host first and sent without waiting."""
     flat = maps.detach().flatten(1)
-    # ranked in float64 (float32 on MPS, which has none): a float32 cast would turn values closer than its
-    # resolution (float64 maps, 1e-12 apart) into ties and shuffle them
-    flat = flat.float() if flat.device.type == "mps" else flat.double()
-    if not torch.isfinite(flat).all():
-        raise InputError("the relevance maps hold NaN or infinite values; a map must be finite to order patches")
     b, p = flat.shape
     if len(images) != b:
         raise InputError(f"rank_patches got {len(images)} image ids for {b} maps")
     perm = torch.stack([torch.randperm(p, generator=torch.Generator().manual_seed(image_seed(seed, i)))
-                        for i in images]).to(flat.device)
+                        for i in images]).to(flat.device, non_blocking=True)
+    # ranked in float64 (float32 on MPS, which has none): a float32 cast would turn values closer than its
+    # resolution (float64 maps, 1e-12 apart) into ties and shuffle them
+    flat = flat.float() if flat.device.type == "mps" else flat.double()
+    finite = torch.isfinite(flat).all()
     within = flat.gather(1, perm).argsort(dim=1, descending=True, stable=True)  # stable: ties keep perm's order
     order = perm.gather(1, within)
-    return torch.empty_like(order).scatter_(1, order, torch.arange(p, device=order.device).expand(b, -1))
+    return torch.empty_like(order).scatter_(1, order, torch.arange(p, device=order.device).expand(b, -1)), finite
 
 
 def score_output(out: Any, target: Target, classes: torch.Tensor | None, model: nn.Module,

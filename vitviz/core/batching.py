@@ -71,7 +71,8 @@ def iter_batches(
         bar = tqdm(total=total, desc=desc, unit="img")
     try:
         for start in range(0, total, step):
-            chunk = items[start:start + step]
+            # all at once: the tensor itself, not a view of it (contexts.input_checked knows a tensor by identity)
+            chunk = items if step >= total else items[start:start + step]
             yield load_images(model, chunk)
             if bar is not None:
                 bar.update(len(chunk))

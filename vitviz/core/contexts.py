@@ -7,8 +7,9 @@ analysis; ``autograd`` is the block of a gradient analysis (inference mode off, 
 tensors refused, parameters ``frozen`` or their hooks off with ``parameter_hooks_off``), with ``grad_leaf`` and
 ``normal_tensor`` for the tensors that enter its graph and ``model_copy`` for a copy vitviz may change;
 ``checkpointing_off`` keeps a model's activation checkpointing out of a capture and a FLOP count;
-``WeightsWatch`` tells a cache whether the model's tensors changed since it was filled; and ``recording`` tells an
-analysis that it runs for a CUDA graph's recording (``core.graphs``), where it may read no value on the host.
+``WeightsWatch`` tells a cache whether the model's tensors changed since it was filled; ``recording`` tells an
+analysis that it runs for a CUDA graph's recording (``core.graphs``), where it may read no value on the host; and
+``input_checked`` tells it that a caller already checked its input batch.
 """
 
 from __future__ import annotations
@@ -21,10 +22,10 @@ import weakref
 from collections.abc import Iterator
 from typing import Any
 
-__all__ = ["Recording", "WeightsWatch", "autograd", "checkpointing_off", "frozen", "grad_leaf", "inference_tensor",
-           "inspect_memo", "inspect_once", "is_quantized", "model_copy", "module_attribute", "named_submodules",
-           "normal_tensor", "open_walk_window", "parameter_hooks_off", "recording", "recording_into", "submodules",
-           "tensor_version", "to_host", "walk_once", "without_autocast"]
+__all__ = ["Recording", "WeightsWatch", "autograd", "checked_before", "checkpointing_off", "frozen", "grad_leaf",
+           "inference_tensor", "input_checked", "inspect_memo", "inspect_once", "is_quantized", "model_copy",
+           "module_attribute", "named_submodules", "normal_tensor", "open_walk_window", "parameter_hooks_off",
+           "recording", "recording_into", "submodules", "tensor_version", "to_host", "walk_once", "without_autocast"]
 
 
 # inspect_once(): model id -> (model, structure, spec, walk_once window of the read), for the block's duration
@@ -557,6 +558,31 @@ def recording_into(rec: Recording) -> Iterator[None]:
         yield
     finally:
         _RECORDING.reset(token)
+
+
+# input_checked(): the batches a caller checked for finiteness, each with its version counter then
+_CHECKED: contextvars.ContextVar[tuple[tuple[Any, int], ...]] = contextvars.ContextVar("vitviz_checked", default=())
+
+
+@contextlib.contextmanager
+def input_checked(x: Any) -> Iterator[None]:
+    """In the block, ``core.images.check_tensor`` takes the tensor ``x`` as checked for finiteness while it is
+    unwritten (the same object, its version counter unchanged; an inference tensor, which has none, is read
+    again): a caller that checked a batch once (``vitviz.faithfulness``) calls analyses on it without each reading
+    it again, a read that on a GPU waits for every kernel queued before it (the caller's last passes) and leaves
+    the device idle while the analysis sets itself up. Its shape and dtype are checked as ever."""
+    version = tensor_version(x)
+    token = _CHECKED.set(_CHECKED.get() + ((x, version),)) if version is not None else None
+    try:
+        yield
+    finally:
+        if token is not None:
+            _CHECKED.reset(token)
+
+
+def checked_before(x: Any) -> bool:
+    """Whether ``x`` is a batch an enclosing ``input_checked`` holds, unwritten since."""
+    return any(t is x and v == tensor_version(x) for t, v in _CHECKED.get())
 
 
 def to_host(t: Any) -> Any:

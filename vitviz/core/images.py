@@ -192,9 +192,11 @@ def check_tensor(x: torch.Tensor, argument: str = "images") -> None:
             f"{argument}: got a {x.dtype} tensor; images are normalised float tensors (x.float() after your "
             "normalisation), or PIL images / arrays, which vitviz normalises"
         )
-    from vitviz.core.contexts import recording
+    from vitviz.core.contexts import checked_before, recording
 
     if recording():  # GraphedCall checked the batch before copying it in: a captured stream cannot wait for a read
+        return
+    if checked_before(x):  # a caller checked this very batch, unwritten since (contexts.input_checked)
         return
     finite = torch.isfinite(x)
     if not bool(finite.all()):
