@@ -163,13 +163,18 @@ def main() -> None:
     if kernels.triton_available():
         from vitviz.core.kernels import headmaps
 
-        def host_only(fn):
+        def launched(fn):  # the call on the kernels' path
+            def run() -> None:
+                with kernels.headmap_kernel("on"):
+                    fn()
+            return run
+
+        def host_only(fn):  # ... with the launches left out
             def run() -> None:
                 real = headmaps._launch
                 headmaps._launch = lambda kernel, grid, call_args, meta: None
                 try:
-                    with kernels.headmap_kernel("on"):
-                        fn()
+                    launched(fn)()
                 finally:
                     headmaps._launch = real
             return run
@@ -177,12 +182,6 @@ def main() -> None:
         cases["attention_rollout (kernel path)"] = host_only(cases["attention_rollout"])
         cases["mean_attention_distance (kernel path)"] = host_only(cases["mean_attention_distance"])
         if args.triton_launch:
-            def launched(fn):
-                def run() -> None:
-                    with kernels.headmap_kernel("on"):
-                        fn()
-                return run
-
             cases["attention_rollout (kernel path, Triton's launch path)"] = launched(cases["attention_rollout"])
             cases["mean_attention_distance (kernel path, Triton's launch path)"] = launched(
                 cases["mean_attention_distance"])
