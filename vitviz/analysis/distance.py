@@ -13,6 +13,7 @@ Shapes: ``B`` batch, ``L`` layers, ``H`` heads, ``N`` tokens, ``P = gh * gw`` pa
 from __future__ import annotations
 
 import contextlib
+import math
 from collections.abc import Iterator
 from typing import Any, NamedTuple
 
@@ -75,11 +76,16 @@ def patch_distance_matrix(grid_size: Pair, patch_size: Pair, *, device: torch.de
         ``(P, P)`` with ``P = gh * gw``, patches in row-major order (as tokens are laid out).
     """
     (gh, gw), (sh, sw) = pair(grid_size), pair(patch_size)
-    # formed on the target device (a GPU: no CPU work and no copy on each call); float64 differences and squares of
-    # integers are exact and sqrt is correctly rounded on either device, so the values are the same everywhere
-    rows = torch.arange(gh, dtype=torch.float64, device=device).repeat_interleave(gw) * sh
-    cols = torch.arange(gw, dtype=torch.float64, device=device).repeat(gh) * sw
-    d = torch.sqrt((rows[:, None] - rows[None]) ** 2 + (cols[:, None] - cols[None]) ** 2)
+    # a distance depends only on the row and column offsets: one correctly rounded square root per offset pair, by
+    # Python's math.sqrt (torch's float64 sqrt on the CPU is not correctly rounded everywhere: the AVX-512 code path
+    # of MKL, which torch calls for it, gives sqrt(2048) 1 ulp low), then gathered on the target device, so the
+    # values are the same on every machine and device; callers keep the matrix per grid, so the small table crosses
+    # to the device once per grid, not per call
+    table = torch.tensor([[math.sqrt((dy * sh) ** 2 + (dx * sw) ** 2) for dx in range(gw)] for dy in range(gh)],
+                         dtype=torch.float64, device=device)
+    patch = torch.arange(gh * gw, device=device, dtype=torch.int32)  # int32 offsets: half the memory of int64
+    rows, cols = patch // gw, patch % gw
+    d = table[(rows[:, None] - rows[None]).abs(), (cols[:, None] - cols[None]).abs()]
     return d.to(dtype=dtype)
 
 
