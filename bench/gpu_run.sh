@@ -24,6 +24,10 @@
 #                  a recorded call), store and store_distance for the memory goal; attention_graphed.json. The
 #                  rehearsal on the CPU, where no graph can be recorded, runs the part's eager methods only
 #                                                                                  (~30 s a process, cap 90 each)
+#   micro_b16      bench/headmap_kernel.py on ViT-B/16's 448 px layer, bf16 and fp32 (3xTF32): the kernels alone
+#                  against SDPA per layer, vitviz's block shapes and the candidates (headmap_kernel.CANDIDATES:
+#                  4-warp 64-row and 8-warp 128-row tiles, which bench/headmap_sass.py finds free of the shared
+#                  memory exchanges 8-warp 64-row tiles make per reduction); micro.json    (~20 s, cap 120)
 #   profile        where a call's time goes, ViT-B/16 448 px batch 8 (bench/profile_attention.py): first the
 #                  timeline of plain, rollout_kernel, rollout_fwdlse and distance_kernel (host time to return,
 #                  device kernel and busy time, CUDA runtime calls, idle gaps, each synchronisation with its vitviz
@@ -51,20 +55,21 @@
 #   tv             torchvision's vit_b_16 (nn.MultiheadAttention; stream.probe_mha_stream) at 448 px, bf16 then
 #                  fp32, without timm's anchor nor the forward LSE                 (~25 s a process, cap 90 each)
 #   dataset_torch  the dataset path's distance on the PyTorch stream path (kernels off)          (~30 s, cap 75)
-#   micro          bench/headmap_kernel.py: the kernels alone against SDPA per layer, 448 px shapes first, bf16,
-#                  fp32 (3xTF32) and fp32-ieee, 6 block shapes                      (what time is left, cap 300)
+#   micro          the same for the other shapes (ViT-L/16 at 448 px, both at 224 px), bf16, fp32 (3xTF32) and
+#                  fp32-ieee, appended to micro.json                                (what time is left, cap 300)
 #
 # Aliases: attn_b16 = b16_448 b16_224, attn_l16 = l16_448 l16_224, attn_hf = hf tv, all = the whole plan.
 # bench/attention.py exits 3 when every case ran and a goal was missed, 1 when a case failed.
 #
 # The times above are from the two H100 runs (bench/results/h100_gpu_run_1/summary.txt: a bench/attention.py process
-# 22-39 s, a dataset one 23-28 s, the tests 35 s, micro 61 s); the H200's run 3, every part but micro in 512 s
-# (bench/results/h200_gpu_run_3/summary.txt: a bench/attention.py process 14-32 s, profile 75 s in all, the tests
-# 36 s, batch 52 s, faith 14 s, a dataset process 18-24 s), agrees. The plan puts the parts that answer open
-# questions first (the goal cases, the recorded calls, where a call's time goes, the kernels' GPU tests, the batch
-# scaling, the faithfulness loop), then the figures run 1 already has: up to and with the dataset part should end
-# by about 510 s; b16_224, l16_224, hf, tv, dataset_torch and micro take what is left, and the summary says SKIPPED
-# for a part that found too little (GPU_RUN_DEADLINE_S=1800 ... all runs everything).
+# 22-39 s, a dataset one 23-28 s, the tests 35 s, micro 61 s for 72 rows); the H200's run 3, every part but micro
+# in 512 s (bench/results/h200_gpu_run_3/summary.txt: a bench/attention.py process 14-32 s, profile 75 s in all,
+# the tests 36 s, batch 52 s, faith 14 s, a dataset process 18-24 s), agrees. The plan puts the parts that answer
+# open questions first (the goal cases, the recorded calls, the tile shapes on the goal's layer, where a call's time
+# goes, the kernels' GPU tests, the batch scaling, the faithfulness loop), then the figures run 1 already has: up to
+# and with the dataset part should end by about 530 s; b16_224, l16_224, hf, tv, dataset_torch and micro take what
+# is left, and the summary says SKIPPED for a part that found too little (GPU_RUN_DEADLINE_S=1800 ... all runs
+# everything).
 #
 # GPU_RUN_REHEARSAL=1 runs the same parts on the CPU (tests/test_gpu_run.py, in `make test`): tiny models and
 # shapes, the kernels under Triton's interpreter, nothing installed, no deadline unless one is given; so the script
@@ -99,7 +104,8 @@ if [ "${GPU_RUN_REHEARSAL:-0}" = 1 ]; then
     SMOKE="2 3 37 16" PROFILE_DTYPE=fp32 PROFILE_CALLS=2 BATCHES=("bf16 3" "bf16 4" "fp32 3")
     FAITH_ARGS=(--n 4 --batch 2 --steps 0.5 --autocast off --repeats 1)
     GRAPHED_METHODS="plain store store_distance rollout_kernel rollout_fwdlse distance_kernel"  # no CUDA graph here
-    MICRO_ARGS=(--device cpu --shapes tiny --dtypes fp32 fp32-ieee --blocks default 16,16,1,1)
+    MICRO_B16_ARGS=(--device cpu --shapes tiny --dtypes fp32 --blocks default 16,16,1,1)
+    MICRO_ARGS=(--device cpu --shapes tiny --dtypes fp32-ieee --blocks default 16,16,1,1)
 else
     DEADLINE_S=${GPU_RUN_DEADLINE_S:-540}  # no part starts after this: one device call of 600 s at most
     CAP_SCALE=1
@@ -107,7 +113,8 @@ else
     ATTN_EXTRA=()
     B16=vit_base_patch16_224 L16=vit_large_patch16_224 DATA_MODEL=vit_base_patch16_224 DATA_N=16384 DATA_BATCH=256
     WORKERS=4 SMOKE="2 12 197 64" PROFILE_DTYPE=bf16 PROFILE_CALLS=10 BATCHES=("bf16 32" "bf16 64" "fp32 32")
-    MICRO_ARGS=(--shapes vit_b16_448 vit_l16_448 vit_b16_224 vit_l16_224)
+    MICRO_B16_ARGS=(--shapes vit_b16_448 --dtypes bf16 fp32)
+    MICRO_ARGS=(--shapes vit_l16_448 vit_b16_224 vit_l16_224)
     FAITH_ARGS=(--n 100 --batch 50 --steps 0.1 --autocast bf16 --repeats 3)
     GRAPHED_METHODS="plain plain_graphed store store_distance rollout_kernel rollout_fwdlse rollout_graphed
 distance_kernel distance_graphed"
@@ -213,9 +220,11 @@ part_faith() {
         "${FAITH_ARGS[@]}" --json "$OUT/faithfulness.json"
 }
 
-part_micro() {
+part_micro() {  # part_micro NAME LIMIT ARGS...: rows appended to micro.json
+    local name=$1 limit=$2
+    shift 2
     fresh "$OUT/micro.json"
-    run_part micro 300 $PY bench/headmap_kernel.py "${MICRO_ARGS[@]}" --json "$OUT/micro.json"
+    run_part "$name" "$limit" $PY bench/headmap_kernel.py "$@" --json "$OUT/micro.json"
 }
 
 METHODS="plain explicit store timm rollout_torch rollout_kernel rollout_fwdlse store_distance distance_torch
@@ -276,7 +285,7 @@ EOF
     done
 }
 
-PLAN=(b16_448 graphed profile tests batch l16_448 faith dataset b16_224 l16_224 hf tv dataset_torch micro)
+PLAN=(b16_448 graphed micro_b16 profile tests batch l16_448 faith dataset b16_224 l16_224 hf tv dataset_torch micro)
 PARTS=(setup)  # versions and the smoke check come first, always
 [ $# -eq 0 ] && set -- "${PLAN[@]}"
 for part in "$@"; do
@@ -306,7 +315,8 @@ for part in "${PARTS[@]}"; do
         profile) part_profile ;;
         batch) part_batch ;;
         faith) part_faith ;;
-        micro) part_micro ;;
+        micro_b16) part_micro micro_b16 120 "${MICRO_B16_ARGS[@]}" ;;
+        micro) part_micro micro 300 "${MICRO_ARGS[@]}" ;;
         *) RESULTS+=("$part: UNKNOWN part")
            note "unknown part $part (the parts: ${PLAN[*]}; aliases attn_b16 attn_l16 attn_hf all)" ;;
     esac

@@ -192,10 +192,13 @@ def timeline_table(runs: list[dict]) -> list[str]:
 
 
 def micro_table(rows: list[dict]) -> list[str]:
-    out = ["", "**The kernels alone** (ms per layer, median of `triton.testing.do_bench`; x = over SDPA's)", "", "```",
-           "python bench/headmap_kernel.py --shapes " + " ".join(dict.fromkeys(r["shape"] for r in rows))
-           + " --dtypes " + " ".join(dict.fromkeys(r["dtype"] for r in rows))
-           + " --blocks " + " ".join(dict.fromkeys(r["blocks"] for r in rows)), "```", ""]
+    out = ["", "**The kernels alone** (ms per layer, median of `triton.testing.do_bench`; x = over SDPA's)", "", "```"]
+    for shape in dict.fromkeys(r["shape"] for r in rows):  # a command per shape: the parts sweep them differently
+        mine = [r for r in rows if r["shape"] == shape]
+        out.append(f"python bench/headmap_kernel.py --shapes {shape} --dtypes "
+                   + " ".join(dict.fromkeys(r["dtype"] for r in mine))
+                   + " --blocks " + " ".join(dict.fromkeys(r["blocks"] for r in mine)))
+    out += ["```", ""]
     table = []
     for r in rows:
         if "error" in r:
@@ -205,8 +208,25 @@ def micro_table(rows: list[dict]) -> list[str]:
                       f"{r['fuse_ms']:.3f}", f"{r['fuse+lse_ms']:.3f} ({r['fuse+lse_ms'] / r['sdpa_ms']:.2f}x)",
                       f"{r['distance_ms']:.3f} ({r['distance_ms'] / r['sdpa_ms']:.2f}x)",
                       f"{r['torch_fuse_ms']:.3f}", f"{r['max_abs']:.1e}"])
-    return out + _table(["shape", "dtype", "blocks", "sdpa", "lse", "fuse", "fuse+lse", "distance", "torch fuse",
-                         "max abs diff"], table, numeric=set(range(3, 10)))
+    out += _table(["shape", "dtype", "blocks", "sdpa", "lse", "fuse", "fuse+lse", "distance", "torch fuse",
+                   "max abs diff"], table, numeric=set(range(3, 10)))
+    return out + fastest_blocks(rows)
+
+
+def fastest_blocks(rows: list[dict]) -> list[str]:
+    """Per shape and dtype, the fastest block shape for each pass against vitviz's default: the sweep's answer for
+    ``headmaps._blocks``."""
+    out = []
+    for key in dict.fromkeys((r["shape"], r["dtype"]) for r in rows if "error" not in r):
+        mine = [r for r in rows if (r["shape"], r["dtype"]) == key and "error" not in r]
+        default = next((r for r in mine if r["blocks"] == "default"), None)
+        parts = []
+        for name in ("lse", "fuse", "distance"):
+            best = min(mine, key=lambda r, name=name: r[f"{name}_ms"])
+            versus = f" against {default[f'{name}_ms']:.3f} by default" if default is not None else ""
+            parts.append(f"{name} {best[f'{name}_ms']:.3f} ms in {best['blocks']}{versus}")
+        out.append(f"- fastest, {key[0]} {key[1]}: " + "; ".join(parts))
+    return [""] + out if out else []
 
 
 def faithfulness_table(rows: list[dict]) -> list[str]:

@@ -11,7 +11,8 @@ For each shape (one layer of ViT-B/16 or ViT-L/16 at 224 or 448 px) and dtype, w
 
 Times are medians of ``triton.testing.do_bench`` (CUDA events) in milliseconds; ``max_abs`` is the largest
 difference of the kernel's head mean from the PyTorch path's. Each ``--blocks`` entry ``BM,BN,WARPS,STAGES`` is one
-kernel configuration (``VITVIZ_HEADMAP_BLOCKS``); ``default`` is vitviz's choice. Dtype ``fp32`` runs the kernels
+kernel configuration (``VITVIZ_HEADMAP_BLOCKS``); ``default`` is vitviz's choice (``CANDIDATES``: the others swept by
+default). Rows are appended to ``--json`` when it exists. Dtype ``fp32`` runs the kernels
 at vitviz's float32 precision (3xTF32 at head dim 64), ``fp32-ieee`` with plain float32 dots, for comparison.
 
     python bench/headmap_kernel.py --json out.json
@@ -31,6 +32,12 @@ sys.path.insert(0, str(ROOT))
 
 DTYPES = {"bf16": ("bfloat16", None), "fp16": ("float16", None), "fp32": ("float32", None),
           "fp32-ieee": ("float32", "ieee")}  # name: (torch dtype, the kernels' precision argument)
+# the block shapes swept besides vitviz's choice: sm_90's table (64 x 64, 8 warps) and the half types' shape for
+# every GPU (64 x 32), then shapes in which one warp group (4 warps) owns 64 whole rows, as in flash attention:
+# 64 x 64 with 4 warps, 128 x 64 and 128 x 32 with 8. Compiled for sm_90 they keep the row maxima and sums within
+# warps where 64-row tiles over 8 warps split each row between two warp groups (and exchange partial sums through
+# shared memory, with a barrier, for every reduction: bench/headmap_sass.py); none spills at ViT-B's head dim.
+CANDIDATES = ["64,64,8,3", "64,32,8,2", "64,64,4,3", "128,64,8,3", "128,64,8,2", "128,32,8,3"]
 SHAPES = {  # name: (B, H, N, d, L)
     "vit_b16_224": (32, 12, 197, 64, 12),
     "vit_b16_448": (8, 12, 785, 64, 12),
@@ -48,7 +55,7 @@ def main() -> int:
     ap.add_argument("--dtypes", nargs="+", default=["bf16", "fp32", "fp32-ieee"], choices=list(DTYPES),
                     help="fp32: vitviz's float32 precision (3xTF32 at head dim <= 64); fp32-ieee: plain float32 dots")
     ap.add_argument("--blocks", nargs="+",
-                    default=["default", "64,64,8,3", "64,64,8,2", "64,32,8,2", "64,16,8,1", "32,32,8,2"])
+                    default=["default", *CANDIDATES])
     ap.add_argument("--json", default=None)
     args = ap.parse_args()
 
@@ -120,16 +127,17 @@ def main() -> int:
             rows.append(row)
         return rows
 
-    rows = []
+    path = Path(args.json) if args.json else None
+    rows = json.loads(path.read_text()) if path is not None and path.exists() else []  # appended to, as by attention.py
     for name in args.shapes:
         for dt in args.dtypes:
             rows += case(name, dt)
             if cuda:
                 torch.cuda.empty_cache()
-            if args.json:  # after every case, atomically: a run cut short by its time limit keeps what it measured
-                tmp = Path(args.json).with_suffix(".tmp")
+            if path is not None:  # after every case, atomically: a run cut short by its time limit keeps what it measured
+                tmp = path.with_suffix(".tmp")
                 tmp.write_text(json.dumps(rows, indent=1) + "\n")
-                os.replace(tmp, args.json)
+                os.replace(tmp, path)
     os.environ.pop("VITVIZ_HEADMAP_BLOCKS", None)
     return 0
 

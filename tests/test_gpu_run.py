@@ -33,7 +33,7 @@ pytestmark = [pytest.mark.slow,
               pytest.mark.skipif(not kernels.triton_available(),
                                  reason=f"needs Triton {'.'.join(map(str, kernels.MIN_TRITON))} or newer")]
 
-PLAN = "setup b16_448 graphed profile tests batch l16_448 faith dataset b16_224 l16_224 hf tv dataset_torch micro"
+PLAN = "setup b16_448 graphed micro_b16 profile tests batch l16_448 faith dataset b16_224 l16_224 hf tv dataset_torch micro"
 PARTS = ["setup", "tests", "profile_timeline_vit_tiny_patch16_224_bf16", "profile_timeline_vit_tiny_patch16_224_fp32",
          "profile_timeline_vit-base-patch16_bf16", "profile_python", "profile_ops", "micro",
          "attention_b16", "attention_graphed", "attention_l16", "attention_hf_vit-base", "attention_hf_vit_b_16",
@@ -97,6 +97,7 @@ def test_the_out_folder_holds_the_twelve_files_every_table_needs(rehearsal):
     micro = json.loads((out / "micro.json").read_text())
     assert micro and not [r for r in micro if "error" in r]
     assert all(r["max_abs"] < 1e-5 and r["sdpa_ms"] > 0 for r in micro)
+    assert {r["dtype"] for r in micro} == {"fp32", "fp32-ieee"}  # micro_b16's rows, then micro's appended
     batches = json.loads((out / "attention_batch.json").read_text())
     assert sorted({(r["dtype"], r["batch"]) for r in batches}) == [("bf16", 3), ("bf16", 4), ("fp32", 3)]
     assert all(sorted(r["method"] for r in batches if (r["dtype"], r["batch"]) == case) == sorted(

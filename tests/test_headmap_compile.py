@@ -224,7 +224,7 @@ driver.set_active(bench.StandInDriver(arch))
 headmaps._arch = lambda device: arch  # the block shapes this GPU takes
 assert not headmaps.interpreting()
 b, h, n, d, grid = 2, 12, 785, 64, 28  # ViT-B/16 at 448 px
-found = []
+found, loads_by_width = [], []
 for dtype in (torch.bfloat16, torch.float16, torch.float32):
     q, k, _ = torch.randn(b, n, 3, h, d, dtype=dtype).permute(2, 0, 3, 1, 4)  # timm's qkv layout
     calls = [lambda: headmaps.fuse_heads_kernel(q, k, d ** -0.5, "mean"),
@@ -233,8 +233,9 @@ for dtype in (torch.bfloat16, torch.float16, torch.float32):
              lambda: headmaps.distance_sums_kernel(q, k, d ** -0.5, patch_distance_matrix(grid, 16), 1),
              lambda: headmaps.distance_sums_kernel(q, k, d ** -0.5, patch_distance_matrix(grid, 16), 1,
                                                    attn_mask=torch.zeros(h, n, n))]
-    for call in calls:
+    for i, call in enumerate(calls):
         log = io.StringIO()
+        before = {id(c) for fn in headmaps._kernels() for c in fn.device_caches[0][0].values()}
         try:
             with contextlib.redirect_stdout(log):
                 call()
@@ -247,8 +248,14 @@ for dtype in (torch.bfloat16, torch.float16, torch.float32):
                 r"Function properties for (\w+)\s+\d+ bytes stack frame, (\d+) bytes spill stores, (\d+) bytes spill "
                 r"loads", log.getvalue()):
             found.append([str(dtype), name, int(stores), int(loads)])
+        if i == 3:  # the distance pass without a mask: its global loads, by width
+            for c in (c for fn in headmaps._kernels() for c in fn.device_caches[0][0].values() if id(c) not in before):
+                widths = [".v4" if ".v4" in op else ".v2" if ".v2" in op else "scalar"
+                          for op in re.findall(r"ld\.global[.\w]*", c.asm["ptx"])]
+                loads_by_width.append([str(dtype), {w: widths.count(w) for w in set(widths)}])
 shared = [int(c.metadata.shared) for fn in headmaps._kernels() for c in fn.device_caches[0][0].values()]
-print(json.dumps({"spills": found, "shared": shared, "launches": bench.StandInDriver.launches}))
+print(json.dumps({"spills": found, "shared": shared, "launches": bench.StandInDriver.launches,
+                  "distance_loads": loads_by_width}))
 """
 
 
@@ -257,7 +264,8 @@ def test_the_kernels_as_tritons_jit_specialises_them_compile_without_spills(tmp_
     """The launches of ViT-B/16 at 448 px (timm's q and k, views of one qkv tensor) compiled through Triton's own
     launch path, as a GPU's first call compiles them: the JIT specialises the build on its arguments (pointers and
     strides divisible by 16, unit strides and a prefix of one token as constants), which the signatures above leave
-    out. Every build spills nothing and fits the GPU's shared memory (sm_90's table on sm_90). Run in a child
+    out. Every build spills nothing and fits the GPU's shared memory (sm_90's table on sm_90), and the distance
+    pass without a mask reads global memory in 128-bit loads only (its PTX). Run in a child
     process on ``bench/call_overhead.py``'s stand-in driver (compiles for ``sm_<arch>``, launches nothing)."""
     import triton
 
@@ -277,3 +285,8 @@ def test_the_kernels_as_tritons_jit_specialises_them_compile_without_spills(tmp_
     spilled = [entry for entry in report["spills"] if entry[2] or entry[3]]
     assert not spilled, f"sm_{arch}: builds spill registers: {spilled}"
     assert max(report["shared"]) <= {90: SM90_SHARED, 80: 163 * 1024}[arch], report["shared"]
+    # the distance pass walks the tokens patches first, so its distance tiles are rows of P = 784 floats read from
+    # their start: aligned, 128 bits a load (offset by the prefix token, as before, they took 16 scalar loads a tile)
+    assert len(report["distance_loads"]) == 3, report["distance_loads"]  # one build per dtype
+    for dtype, widths in report["distance_loads"]:
+        assert set(widths) == {".v4"}, f"sm_{arch} {dtype}: the distance pass's global loads by width: {widths}"

@@ -12,7 +12,9 @@ running sum ``l`` rescaled by ``exp(m_old - m_new)`` as the key tiles go by):
 
 - ``_rows_kernel`` (grid: query tile x ``B*H``) walks the key tiles once per query tile and writes the row
   maximum ``m`` and sum ``l`` ``(B, H, N)`` (the log-sum-exp is ``m + log l``); with ``WITH_DIST`` it also keeps
-  the running distance-weighted and patch-key sums, rescaled like ``l``, so the distance needs this single pass;
+  the running distance-weighted and patch-key sums, rescaled like ``l``, so the distance needs this single pass,
+  and walks queries and keys patches first, the prefix tokens last, so that each distance tile starts where the
+  distance matrix's rows do (aligned: read in 128-bit loads, where offset by the prefix it took scalar ones);
 - ``_fuse_kernel`` (grid: query tile x key tile x ``B``) loops over the heads for its output tile, forms
   ``exp(s - m) / l`` and folds it into a float32 accumulator (sum, max or min), then writes the tile once. (Not
   ``exp(s - lse)``: where a float mask puts ``finfo.min`` on a whole row, ``m + log l`` rounds to ``m`` and the
@@ -81,16 +83,23 @@ _SCORES = _scores  # the plain function, jitted in _kernels() for the mode in fo
 
 def _rows_kernel(Q, K, BIAS, DIST, M, L, WD, WP,
                  sqb, sqh, sqn, sqd, skb, skh, skn, skd, sbb, sbh, sbi, sbj, sdi, sdj,
-                 H, N, D, P0, qk_scale,
+                 H, N, D, P0, P, qk_scale,
                  BIAS_KIND: tl.constexpr, CAUSAL: tl.constexpr, WITH_DIST: tl.constexpr, UPCAST: tl.constexpr,
                  PRECISION: tl.constexpr, BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr, BLOCK_D: tl.constexpr):
     pid_m = tl.program_id(0)
     bh = tl.program_id(1)
     b = bh // H
     h = bh % H
-    rows = pid_m * BLOCK_M + tl.arange(0, BLOCK_M)
+    # with WITH_DIST the tiles walk the tokens patches first: position v is token v + P0 for v < P (the patches)
+    # and token v - P after them (the prefix), so a distance tile is DIST[r, v] itself, read from its rows' start
+    # (128-bit loads where P is a multiple of 16: 384 and 448 px with /16 patches, 224 px with /14)
+    r = pid_m * BLOCK_M + tl.arange(0, BLOCK_M)
+    if WITH_DIST:
+        rows = tl.where(r < P, r + P0, r - P)
+    else:
+        rows = r
     dd = tl.arange(0, BLOCK_D)
-    row_in = rows < N
+    row_in = r < N
     q = tl.load(Q + b * sqb + h * sqh + rows[:, None] * sqn + dd[None, :] * sqd,
                 mask=row_in[:, None] & (dd[None, :] < D), other=0.0)
     if UPCAST:
@@ -100,8 +109,12 @@ def _rows_kernel(Q, K, BIAS, DIST, M, L, WD, WP,
     wd = tl.zeros([BLOCK_M], tl.float32)
     wp = tl.zeros([BLOCK_M], tl.float32)
     for start in range(0, N, BLOCK_N):
-        cols = start + tl.arange(0, BLOCK_N)
-        col_in = cols < N
+        v = start + tl.arange(0, BLOCK_N)
+        if WITH_DIST:
+            cols = tl.where(v < P, v + P0, v - P)
+        else:
+            cols = v
+        col_in = v < N
         kt = tl.load(K + b * skb + h * skh + cols[None, :] * skn + dd[:, None] * skd,
                      mask=col_in[None, :] & (dd[:, None] < D), other=0.0)
         if UPCAST:
@@ -115,16 +128,17 @@ def _rows_kernel(Q, K, BIAS, DIST, M, L, WD, WP,
         p = tl.exp(s - m_safe[:, None])
         l_sum = l_sum * alpha + tl.sum(p, 1)
         if WITH_DIST:
-            patch = (rows[:, None] >= P0) & (cols[None, :] >= P0) & inb
-            d = tl.load(DIST + (rows[:, None] - P0) * sdi + (cols[None, :] - P0) * sdj, mask=patch, other=0.0)
+            patch_key = v < P
+            d = tl.load(DIST + r[:, None] * sdi + v[None, :] * sdj, mask=(r < P)[:, None] & patch_key[None, :],
+                        other=0.0)
             wd = wd * alpha + tl.sum(p * d, 1)
-            wp = wp * alpha + tl.sum(tl.where(cols[None, :] >= P0, p, 0.0), 1)
+            wp = wp * alpha + tl.sum(tl.where(patch_key[None, :], p, 0.0), 1)
         m = m_new
     tl.store(M + bh * N + rows, m, mask=row_in)
     tl.store(L + bh * N + rows, l_sum, mask=row_in)
     if WITH_DIST:
-        out = bh * (N - P0) + rows - P0
-        keep_row = row_in & (rows >= P0)
+        out = bh * P + r
+        keep_row = r < P
         tl.store(WD + out, wd / l_sum, mask=keep_row)
         tl.store(WP + out, wp / l_sum, mask=keep_row)
 
@@ -362,7 +376,7 @@ def _rows(q, k, scale, attn_mask, is_causal, distances, num_prefix_tokens, preci
     rows_kernel, _ = _kernels()
     _launch(rows_kernel, (-(-n // bm), b * h),
             (q, k, bias, dist, m, l_sum, wd, wp, *q.stride(), *k.stride(), *sb, *sd, h, n, d, int(num_prefix_tokens),
-             qk_scale),
+             n - int(num_prefix_tokens), qk_scale),
             dict(WITH_DIST=with_dist, BLOCK_M=bm, BLOCK_N=bn, num_warps=warps, num_stages=stages, **const))
     return m, l_sum, ((wd, wp) if with_dist else None)
 
