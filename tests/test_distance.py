@@ -199,10 +199,10 @@ def test_distance_equals_timms_own_explicit_attention_on_a_non_square_stride():
 
 
 def test_patch_distance_matrix_is_formed_on_the_device_it_is_asked_for():
-    """The ``(P, P)`` matrix is formed where it is used (on a GPU no copy of it per call): asked for on the meta
-    device, none of it is computed (only the ``gh x gw`` table of square roots, in Python). In float64 every entry is
-    the Euclidean distance rounded once (as ``math.hypot`` gives it), on any CPU: torch's own float64 sqrt, through
-    MKL's AVX-512 code path, gives ``sqrt(2048)`` (``[0, 14]`` here) 1 ulp low."""
+    """The matrix is formed where it is used (on a GPU no CPU work and no copy: ``test_cuda_host_path.py``): asked
+    for on the meta device, nothing is computed. On the CPU every float64 entry is the Euclidean distance rounded
+    once (as ``math.hypot`` gives it), on any CPU: torch's own float64 sqrt, through MKL's AVX-512 code path, gives
+    ``sqrt(2048)`` (``[0, 14]`` here) 1 ulp low."""
     d = patch_distance_matrix((3, 5), (16, 8), device="meta")
     assert d.is_meta and d.shape == (15, 15) and d.dtype == torch.float32
     cpu = patch_distance_matrix((3, 5), (16, 8), dtype=torch.float64)

@@ -76,13 +76,18 @@ def patch_distance_matrix(grid_size: Pair, patch_size: Pair, *, device: torch.de
         ``(P, P)`` with ``P = gh * gw``, patches in row-major order (as tokens are laid out).
     """
     (gh, gw), (sh, sw) = pair(grid_size), pair(patch_size)
-    # a distance depends only on the row and column offsets: one correctly rounded square root per offset pair, by
-    # Python's math.sqrt (torch's float64 sqrt on the CPU is not correctly rounded everywhere: the AVX-512 code path
-    # of MKL, which torch calls for it, gives sqrt(2048) 1 ulp low), then gathered on the target device, so the
-    # values are the same on every machine and device; callers keep the matrix per grid, so the small table crosses
-    # to the device once per grid, not per call
-    table = torch.tensor([[math.sqrt((dy * sh) ** 2 + (dx * sw) ** 2) for dx in range(gw)] for dy in range(gh)],
-                         dtype=torch.float64, device=device)
+    # a distance depends only on the row and column offsets: a gh x gw table of square roots, correctly rounded,
+    # gathered into the matrix on the target device (on a GPU no CPU work and no copy: a call recorded as a CUDA
+    # graph forms it in the recording). On the CPU the table is Python's math.sqrt: torch's float64 sqrt there goes
+    # through MKL, whose AVX-512 code path gives sqrt(2048) 1 ulp low; elsewhere torch's (IEEE sqrt on CUDA). So
+    # the values are the same on every machine and device.
+    if torch.device(device if device is not None else "cpu").type == "cpu":
+        table = torch.tensor([[math.sqrt((dy * sh) ** 2 + (dx * sw) ** 2) for dx in range(gw)] for dy in range(gh)],
+                             dtype=torch.float64)
+    else:
+        dy = torch.arange(gh, dtype=torch.float64, device=device) * sh
+        dx = torch.arange(gw, dtype=torch.float64, device=device) * sw
+        table = torch.sqrt(dy[:, None] ** 2 + dx[None] ** 2)  # squares of integers and their sums: exact
     patch = torch.arange(gh * gw, device=device, dtype=torch.int32)  # int32 offsets: half the memory of int64
     rows, cols = patch // gw, patch % gw
     d = table[(rows[:, None] - rows[None]).abs(), (cols[:, None] - cols[None]).abs()]
