@@ -36,7 +36,8 @@ DTYPES = {"bf16": ("bfloat16", None), "fp16": ("float16", None), "fp32": ("float
 # every GPU (64 x 32), then shapes in which one warp group (4 warps) owns 64 whole rows, as in flash attention:
 # 64 x 64 with 4 warps, 128 x 64 and 128 x 32 with 8. Compiled for sm_90 they keep the row maxima and sums within
 # warps where 64-row tiles over 8 warps split each row between two warp groups (and exchange partial sums through
-# shared memory, with a barrier, for every reduction: bench/headmap_sass.py); none spills at ViT-B's head dim.
+# shared memory, with a barrier, for every reduction: bench/headmap_sass.py); none spills for sm_90 at ViT-B's
+# head dim without a mask, in bf16 or 3xTF32 float32.
 CANDIDATES = ["64,64,8,3", "64,32,8,2", "64,64,4,3", "128,64,8,3", "128,64,8,2", "128,32,8,3"]
 SHAPES = {  # name: (B, H, N, d, L)
     "vit_b16_224": (32, 12, 197, 64, 12),
