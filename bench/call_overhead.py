@@ -92,6 +92,11 @@ class StandInDriver:
             StandInDriver.launches += 1
         return launch
 
+    @staticmethod
+    def builds(functions) -> list:
+        """The compiled kernels the JIT functions hold for device 0 (what the calls so far compiled), in order."""
+        return [c for fn in functions for c in fn.device_caches[0][0].values()]
+
 
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])

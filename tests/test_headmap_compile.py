@@ -235,7 +235,7 @@ for dtype in (torch.bfloat16, torch.float16, torch.float32):
                                                    attn_mask=torch.zeros(h, n, n))]
     for i, call in enumerate(calls):
         log = io.StringIO()
-        before = {id(c) for fn in headmaps._kernels() for c in fn.device_caches[0][0].values()}
+        before = {id(c) for c in bench.StandInDriver.builds(headmaps._kernels())}
         try:
             with contextlib.redirect_stdout(log):
                 call()
@@ -249,11 +249,11 @@ for dtype in (torch.bfloat16, torch.float16, torch.float32):
                 r"loads", log.getvalue()):
             found.append([str(dtype), name, int(stores), int(loads)])
         if i == 3:  # the distance pass without a mask: its global loads, by width
-            for c in (c for fn in headmaps._kernels() for c in fn.device_caches[0][0].values() if id(c) not in before):
+            for c in (c for c in bench.StandInDriver.builds(headmaps._kernels()) if id(c) not in before):
                 widths = [".v4" if ".v4" in op else ".v2" if ".v2" in op else "scalar"
                           for op in re.findall(r"ld\.global[.\w]*", c.asm["ptx"])]
                 loads_by_width.append([str(dtype), {w: widths.count(w) for w in set(widths)}])
-shared = [int(c.metadata.shared) for fn in headmaps._kernels() for c in fn.device_caches[0][0].values()]
+shared = [int(c.metadata.shared) for c in bench.StandInDriver.builds(headmaps._kernels())]
 print(json.dumps({"spills": found, "shared": shared, "launches": bench.StandInDriver.launches,
                   "distance_loads": loads_by_width}))
 """
