@@ -224,15 +224,26 @@ driver.set_active(bench.StandInDriver(arch))
 headmaps._arch = lambda device: arch  # the block shapes this GPU takes
 assert not headmaps.interpreting()
 b, h, n, d, grid = 2, 12, 785, 64, 28  # ViT-B/16 at 448 px
+
+
+def widths(before):  # the global loads of the builds made since ``before``, by width
+    found = [".v4" if ".v4" in op else ".v2" if ".v2" in op else "scalar"
+             for c in bench.StandInDriver.builds(headmaps._kernels()) if id(c) not in before
+             for op in re.findall(r"ld\.global[.\w]*", c.asm["ptx"])]
+    return {w: found.count(w) for w in set(found)}
+
+
 found, loads_by_width = [], []
 for dtype in (torch.bfloat16, torch.float16, torch.float32):
     q, k, _ = torch.randn(b, n, 3, h, d, dtype=dtype).permute(2, 0, 3, 1, 4)  # timm's qkv layout
+    q224, k224, _ = torch.randn(b, 197, 3, h, d, dtype=dtype).permute(2, 0, 3, 1, 4)  # 224 px: P = 196 patches
     calls = [lambda: headmaps.fuse_heads_kernel(q, k, d ** -0.5, "mean"),
              lambda: headmaps.fuse_heads_kernel(q, k, d ** -0.5, "max", attn_mask=torch.ones(n, n, dtype=torch.bool)),
              lambda: headmaps.fuse_heads_kernel(q, k, d ** -0.5, "min", is_causal=True),
              lambda: headmaps.distance_sums_kernel(q, k, d ** -0.5, patch_distance_matrix(grid, 16), 1),
              lambda: headmaps.distance_sums_kernel(q, k, d ** -0.5, patch_distance_matrix(grid, 16), 1,
-                                                   attn_mask=torch.zeros(h, n, n))]
+                                                   attn_mask=torch.zeros(h, n, n)),
+             lambda: headmaps.distance_sums_kernel(q224, k224, d ** -0.5, patch_distance_matrix(14, 16), 1)]
     for i, call in enumerate(calls):
         log = io.StringIO()
         before = {id(c) for c in bench.StandInDriver.builds(headmaps._kernels())}
@@ -248,11 +259,8 @@ for dtype in (torch.bfloat16, torch.float16, torch.float32):
                 r"Function properties for (\w+)\s+\d+ bytes stack frame, (\d+) bytes spill stores, (\d+) bytes spill "
                 r"loads", log.getvalue()):
             found.append([str(dtype), name, int(stores), int(loads)])
-        if i == 3:  # the distance pass without a mask: its global loads, by width
-            for c in (c for c in bench.StandInDriver.builds(headmaps._kernels()) if id(c) not in before):
-                widths = [".v4" if ".v4" in op else ".v2" if ".v2" in op else "scalar"
-                          for op in re.findall(r"ld\.global[.\w]*", c.asm["ptx"])]
-                loads_by_width.append([str(dtype), {w: widths.count(w) for w in set(widths)}])
+        if i in (3, 5):  # the distance pass without a mask, at 448 and 224 px: its global loads, by width
+            loads_by_width.append([str(dtype), {3: n, 5: 197}[i], widths(before)])
 shared = [int(c.metadata.shared) for c in bench.StandInDriver.builds(headmaps._kernels())]
 print(json.dumps({"spills": found, "shared": shared, "launches": bench.StandInDriver.launches,
                   "distance_loads": loads_by_width}))
@@ -280,13 +288,14 @@ def test_the_kernels_as_tritons_jit_specialises_them_compile_without_spills(tmp_
     report = json.loads(proc.stdout.strip().splitlines()[-1])
     if "unsupported" in report:
         pytest.skip(f"Triton {triton.__version__} asks more of its driver than the stand-in has: {report['unsupported']}")
-    assert report["launches"] == 3 * (2 + 2 + 2 + 1 + 1), report["launches"]  # every call went through Triton
+    assert report["launches"] == 3 * (2 + 2 + 2 + 1 + 1 + 1), report["launches"]  # every call went through Triton
     assert len(report["spills"]) >= 3 * 5, report["spills"]  # a ptxas report per build (builds shared by calls)
     spilled = [entry for entry in report["spills"] if entry[2] or entry[3]]
     assert not spilled, f"sm_{arch}: builds spill registers: {spilled}"
     assert max(report["shared"]) <= {90: SM90_SHARED, 80: 163 * 1024}[arch], report["shared"]
     # the distance pass walks the tokens patches first, so its distance tiles are rows of P = 784 floats read from
-    # their start: aligned, 128 bits a load (offset by the prefix token, as before, they took 16 scalar loads a tile)
-    assert len(report["distance_loads"]) == 3, report["distance_loads"]  # one build per dtype
-    for dtype, widths in report["distance_loads"]:
-        assert set(widths) == {".v4"}, f"sm_{arch} {dtype}: the distance pass's global loads by width: {widths}"
+    # their start: aligned, 128 bits a load (offset by the prefix token, as before, they took 16 scalar loads a
+    # tile); at 224 px the 196 x 196 matrix is padded to 208 x 208 (unpadded: 16 scalar loads a tile again)
+    assert len(report["distance_loads"]) == 6, report["distance_loads"]  # a build per dtype and token count
+    for dtype, n, widths in report["distance_loads"]:
+        assert set(widths) == {".v4"}, f"sm_{arch} {dtype}, N = {n}: the distance pass's global loads by width: {widths}"

@@ -14,7 +14,8 @@ running sum ``l`` rescaled by ``exp(m_old - m_new)`` as the key tiles go by):
   maximum ``m`` and sum ``l`` ``(B, H, N)`` (the log-sum-exp is ``m + log l``); with ``WITH_DIST`` it also keeps
   the running distance-weighted and patch-key sums, rescaled like ``l``, so the distance needs this single pass,
   and walks queries and keys patches first, the prefix tokens last, so that each distance tile starts where the
-  distance matrix's rows do (aligned: read in 128-bit loads, where offset by the prefix it took scalar ones);
+  distance matrix's rows do (aligned: read in 128-bit loads, where offset by the prefix it took scalar ones; a
+  matrix whose side is not a multiple of 16, 196 patches at 224 px with /16 patches, is padded with zeros to one);
 - ``_fuse_kernel`` (grid: query tile x key tile x ``B``) loops over the heads for its output tile, forms
   ``exp(s - m) / l`` and folds it into a float32 accumulator (sum, max or min), then writes the tile once. (Not
   ``exp(s - lse)``: where a float mask puts ``finfo.min`` on a whole row, ``m + log l`` rounds to ``m`` and the
@@ -83,7 +84,7 @@ _SCORES = _scores  # the plain function, jitted in _kernels() for the mode in fo
 
 def _rows_kernel(Q, K, BIAS, DIST, M, L, WD, WP,
                  sqb, sqh, sqn, sqd, skb, skh, skn, skd, sbb, sbh, sbi, sbj, sdi, sdj,
-                 H, N, D, P0, P, qk_scale,
+                 H, N, D, P0, P, PD, qk_scale,
                  BIAS_KIND: tl.constexpr, CAUSAL: tl.constexpr, WITH_DIST: tl.constexpr, UPCAST: tl.constexpr,
                  PRECISION: tl.constexpr, BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr, BLOCK_D: tl.constexpr):
     pid_m = tl.program_id(0)
@@ -91,8 +92,9 @@ def _rows_kernel(Q, K, BIAS, DIST, M, L, WD, WP,
     b = bh // H
     h = bh % H
     # with WITH_DIST the tiles walk the tokens patches first: position v is token v + P0 for v < P (the patches)
-    # and token v - P after them (the prefix), so a distance tile is DIST[r, v] itself, read from its rows' start
-    # (128-bit loads where P is a multiple of 16: 384 and 448 px with /16 patches, 224 px with /14)
+    # and token v - P after them (the prefix), so a distance tile is DIST[r, v] itself, read from its rows' start.
+    # DIST is PD x PD, PD = P rounded up to a multiple of 16, zero past P (``_rows`` pads it where P is not one): a
+    # tile's mask then changes only at multiples of 16 and its loads are 128 bits wide on every grid
     r = pid_m * BLOCK_M + tl.arange(0, BLOCK_M)
     if WITH_DIST:
         rows = tl.where(r < P, r + P0, r - P)
@@ -129,8 +131,8 @@ def _rows_kernel(Q, K, BIAS, DIST, M, L, WD, WP,
         l_sum = l_sum * alpha + tl.sum(p, 1)
         if WITH_DIST:
             patch_key = v < P
-            d = tl.load(DIST + r[:, None] * sdi + v[None, :] * sdj, mask=(r < P)[:, None] & patch_key[None, :],
-                        other=0.0)
+            d = tl.load(DIST + r[:, None] * sdi + v[None, :] * sdj, mask=(r < PD)[:, None] & (v < PD)[None, :],
+                        other=0.0)  # zero past P: the prefix keys add nothing to wd
             wd = wd * alpha + tl.sum(p * d, 1)
             wp = wp * alpha + tl.sum(tl.where(patch_key[None, :], p, 0.0), 1)
         m = m_new
@@ -367,16 +369,20 @@ def _rows(q, k, scale, attn_mask, is_causal, distances, num_prefix_tokens, preci
             raise InputError(f"distances must be (P, P) = ({p}, {p}) for N = {n} tokens and {num_prefix_tokens} "
                              f"prefix tokens; got {tuple(distances.shape)}")
         dist = distances.to(device=q.device, dtype=torch.float32)
+        pd = -(-p // 16) * 16
+        if pd != p:  # 224 px with /16 patches (P = 196): a zero margin, so the kernel's tiles load 128 bits wide
+            dist = torch.nn.functional.pad(dist, (0, pd - p, 0, pd - p))
         wd = torch.empty(b, h, p, device=q.device, dtype=torch.float32)
         wp = torch.empty(b, h, p, device=q.device, dtype=torch.float32)
         sd = tuple(dist.stride())
     else:
         dist = wd = wp = m
         sd = (0, 0)
+        pd = 0
     rows_kernel, _ = _kernels()
     _launch(rows_kernel, (-(-n // bm), b * h),
             (q, k, bias, dist, m, l_sum, wd, wp, *q.stride(), *k.stride(), *sb, *sd, h, n, d, int(num_prefix_tokens),
-             n - int(num_prefix_tokens), qk_scale),
+             n - int(num_prefix_tokens), pd, qk_scale),
             dict(WITH_DIST=with_dist, BLOCK_M=bm, BLOCK_N=bn, num_warps=warps, num_stages=stages, **const))
     return m, l_sum, ((wd, wp) if with_dist else None)
 
