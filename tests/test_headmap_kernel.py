@@ -796,23 +796,23 @@ def test_cuda_forward_lse_on_vit_b16(dtype, family, monkeypatch):
 
 
 def test_the_sm90_table_covers_only_the_launches_the_sweep_measured(interpret, monkeypatch):
-    """On sm_90, 64 x 64 tiles (8 warps, 3 stages) for the distance pass and the float32 3xTF32 rows and fusing
-    passes at head dims <= 64 without a bias, mask or causal mask; every other launch, and every other GPU, keeps the
-    shared shapes."""
+    """On sm_90, ``SM90_TABLE``'s tiles (rows and distance passes 64 x 64 with 4 warps, fusing pass 64 x 64 with 8
+    warps, 128 x 64 in float32) at head dims <= 64 without a bias, mask or causal mask, in 3xTF32 or a half type;
+    every other launch, and every other GPU, keeps the shared shapes."""
     monkeypatch.setattr(interpret, "interpreting", lambda: False)
     monkeypatch.delenv("VITVIZ_HEADMAP_BLOCKS", raising=False)
-    table = (64, 64, 8, 3)
+    table = interpret.SM90_TABLE
 
     def shape(dtype=torch.float32, kernel="rows", arch=90, d=64, precision="tf32x3", **kw):
         return interpret._blocks(d, dtype, interpret._precision(precision, dtype, d), arch=arch, kernel=kernel, **kw)
 
-    assert shape() == table and shape(kernel="distance") == table and shape(kernel="fuse") == table
-    for dtype in (torch.bfloat16, torch.float16):
-        assert shape(dtype, "distance") == table
-        assert shape(dtype, "rows") == shape(dtype, "rows", arch=None) != table
-        assert shape(dtype, "fuse") == shape(dtype, "fuse", arch=None) != table
-    others = [shape(kernel="fuse", arch=None), shape(kernel="fuse", arch=80), shape(arch=80), shape(arch=89), shape(arch=100), shape(arch=None),
-              shape(d=80), shape(precision="ieee"), shape(bias_kind=1), shape(bias_kind=2), shape(causal=True),
-              shape(kernel="distance", bias_kind=1), shape(kernel="fuse", bias_kind=2), shape(kernel="fuse", causal=True),
-              shape(kernel="fuse", precision="ieee")]
-    assert table not in others, others
+    for dtype in (torch.bfloat16, torch.float16, torch.float32):
+        assert shape(dtype, "rows") == shape(dtype, "distance") == table["rows"] == (64, 64, 4, 3)
+        assert shape(dtype, "fuse") == (table["fuse-fp32"] if dtype == torch.float32 else table["fuse"])
+    assert table["fuse"] == (64, 64, 8, 3) and table["fuse-fp32"] == (128, 64, 8, 2)
+    others = [shape(dtype, kernel, **kw) for dtype in (torch.bfloat16, torch.float32)
+              for kernel in ("rows", "distance", "fuse")
+              for kw in (dict(arch=None), dict(arch=80), dict(arch=89), dict(arch=100), dict(d=80), dict(bias_kind=1),
+                         dict(bias_kind=2), dict(causal=True))]
+    others += [shape(kernel=kernel, precision="ieee") for kernel in ("rows", "distance", "fuse")]
+    assert not set(table.values()) & set(others), others

@@ -222,6 +222,15 @@ def _arch(device: torch.device) -> int | None:
     return _capability(device.index if device.index is not None else torch.cuda.current_device())
 
 
+# sm_90's tiles (BLOCK_M, BLOCK_N, num_warps, num_stages) at head dims <= 64 without a bias or mask, by pass; the
+# float32 fusing pass has its own (``_blocks`` says where they were measured)
+SM90_TABLE = {"rows": (64, 64, 4, 3), "distance": (64, 64, 4, 3), "fuse": (64, 64, 8, 3), "fuse-fp32": (128, 64, 8, 2)}
+
+
+def _sm90_table(kernel: str, dtype: torch.dtype) -> tuple[int, int, int, int]:
+    return SM90_TABLE["fuse-fp32" if kernel == "fuse" and dtype == torch.float32 else kernel]
+
+
 def _blocks(d: int, dtype: torch.dtype, precision: str, *, arch: int | None = None, kernel: str = "fuse",
             bias_kind: int = 0, causal: bool = False) -> tuple[int, int, int, int]:
     """``(BLOCK_M, BLOCK_N, num_warps, num_stages)`` for head dim ``d``, ``q``'s dtype and the dot's precision
@@ -230,18 +239,24 @@ def _blocks(d: int, dtype: torch.dtype, precision: str, *, arch: int | None = No
     the causal mask; ``VITVIZ_HEADMAP_BLOCKS="64,64,8,3"`` overrides (``bench/headmap_kernel.py --blocks`` sweeps
     it).
 
-    On sm_90 (H100, H200: 227 KiB of shared memory per block), at head dims <= 64 without a bias or mask, the
-    distance pass in every dtype and the float32 (3xTF32) rows and fusing passes take 64 x 64 tiles with 8 warps
-    and 3 stages: the H100 sweep (``bench/results/h100_gpu_run_1/micro.json``; ViT-B/16 and ViT-L/16 at 224 and
-    448 px) measured them faster in every case (ViT-B/16 448 px per layer: distance 0.20 against 0.28 ms in bf16,
-    0.48 against 1.29 in float32; the float32 rows pass 0.36 against 0.62, the float32 fusing pass 0.36 against
-    0.55, and at the other three shapes 28 to 35% faster). They build for sm_90 without spills (the float32 rows
-    and distance passes in 96 KiB of shared memory) but for the float32 fusing pass, which spills 4 bytes and takes
-    112 KiB (Triton 3.8): taken for its measured speed, the one spill ``tests/test_headmap_compile.py`` allows (its
-    2-stage variant builds clean in 80 KiB but was not measured; ``bench/headmap_kernel.py`` sweeps it). Not taken
-    there: every variant with a mask or bias (the distance pass spills 8 to 136 bytes), the half-type rows and
-    fusing passes (the sweep is split: in bf16 the rows pass was slower at three of the four shapes, the fusing
-    pass at two), ``"ieee"`` float32 and sm_80, where most float32 64 x 64 passes spill 212 to 848 bytes.
+    On sm_90 (H100, H200: 227 KiB of shared memory per block), at head dims <= 64 without a bias or mask (fused
+    attention's case), every pass takes ``SM90_TABLE``'s tiles: the rows and distance passes 64 x 64 with 4 warps
+    and 3 stages, the fusing pass 64 x 64 with 8 warps and 3 stages, 128 x 64 with 8 warps and 2 stages in float32
+    (3xTF32). The H200 sweep (``bench/results/h200_gpu_run_5/micro.json``, ViT-B/16 at 448 px, per layer, against
+    the shapes before) measured them fastest of the six shapes swept: bf16 rows 0.058 against 0.091 ms, fusing
+    0.055 against 0.072, distance 0.110 against 0.152; float32 rows 0.163 against 0.366, fusing 0.199 against
+    0.364, distance 0.221 against 0.472. 4 warps hold a 64-row tile in one warp group, so no row reduction crosses
+    warps through shared memory (``bench/headmap_sass.py``, barriers per key tile: the rows pass 2 against 4 to 14,
+    the distance pass 8 to 10 against 16 to 22). fp16 takes
+    bf16's shapes (the same instructions; not swept). Other shapes and head dims than that layer's were not swept
+    with these tiles; the H100 sweep before them (``bench/results/h100_gpu_run_1/micro.json``) had put 64 x 64
+    with 8 warps ahead of the shared shapes at all four of its shapes. As the JIT builds them for a first call
+    (specialised on the arguments) they spill nothing on sm_90 under Triton 3.8 and 3.9; built from the bare
+    signature, the distance pass and float32's fusing pass spill 68 to 324 bytes (``tests/test_headmap_compile.py``
+    holds both). The end-to-end effect in bf16 is not settled: run 6's recorded bf16 calls were not faster against
+    its recorded forward than run 5's (docs/benchmarks.md); float32's were. Not taken there: every variant with a
+    mask or bias (the distance pass spills 8 to 136 bytes in 64 x 64 tiles), ``"ieee"`` float32 and sm_80, where
+    most float32 64 x 64 passes spill 212 to 848 bytes.
 
     Every other launch takes the shapes below, chosen so that no kernel variant spills registers and each fits the
     99 KiB of shared memory a block may take on the smallest CUDA parts (sm_86/89/120), as compiled offline for
@@ -267,9 +282,8 @@ def _blocks(d: int, dtype: torch.dtype, precision: str, *, arch: int | None = No
         return bm, bn, w, s
     if interpreting():
         return 16, 16, 1, 1  # tiles smaller than the test shapes: every edge case crosses tiles
-    if (arch == 90 and d <= 64 and bias_kind == 0 and not causal and precision != "ieee"
-            and (kernel == "distance" or dtype == torch.float32)):
-        return 64, 64, 8, 3
+    if arch == 90 and d <= 64 and bias_kind == 0 and not causal and precision != "ieee":
+        return _sm90_table(kernel, dtype)
     if dtype == torch.float32:
         if d > 64:
             return 16, 16, 4, 1
