@@ -171,9 +171,9 @@ SM90_CASES = [(dt, d) for dt in ("bf16", "fp16", "fp32") for d in (64, 80)] + [(
 def test_the_sm90_table_compiles_without_spills(monkeypatch, tmp_path, dt, d):
     """The shapes ``_blocks`` picks on sm_90 (H100, H200), compiled for sm_90: no spills, within the 227 KiB of
     shared memory a block may take there. At head dim 64 the rows pass without a bias, the distance pass and the
-    fusing passes take ``SM90_TABLE``'s tiles; every other launch is the shape every GPU takes. One exception: a launch in
-    the table's tiles, built from its bare signature, may spill up to ``SM90_TABLE_SPILL`` bytes (none as the JIT
-    builds it)."""
+    fusing passes take ``SM90_TABLE``'s tiles; every other launch is the shape every GPU takes. One exception: a
+    launch in the table's tiles, built from its bare signature, may spill up to ``SM90_TABLE_SPILL`` bytes (none
+    as the JIT builds it)."""
     from vitviz.core.kernels import headmaps
 
     dtype, precision = DTYPES[dt]

@@ -247,10 +247,10 @@ def _blocks(d: int, dtype: torch.dtype, precision: str, *, arch: int | None = No
     0.055 against 0.072, distance 0.110 against 0.152; float32 rows 0.163 against 0.366, fusing 0.199 against
     0.364, distance 0.221 against 0.472. 4 warps hold a 64-row tile in one warp group, so no row reduction crosses
     warps through shared memory (``bench/headmap_sass.py``, barriers per key tile: the rows pass 2 against 4 to 14,
-    the distance pass 8 to 10 against 16 to 22). fp16 takes
-    bf16's shapes (the same instructions; not swept). Other shapes and head dims than that layer's were not swept
-    with these tiles; the H100 sweep before them (``bench/results/h100_gpu_run_1/micro.json``) had put 64 x 64
-    with 8 warps ahead of the shared shapes at all four of its shapes. As the JIT builds them for a first call
+    the distance pass 8 to 10 against 16 to 22). fp16 takes bf16's shapes (the same instructions; not swept).
+    Other shapes and head dims than that layer's were not swept with these tiles; the H100 sweep before them
+    (``bench/results/h100_gpu_run_1/micro.json``) had put 64 x 64 with 8 warps ahead of the shared shapes at all
+    four of its shapes. As the JIT builds them for a first call
     (specialised on the arguments) they spill nothing on sm_90 under Triton 3.8 and 3.9; built from the bare
     signature, the distance pass and float32's fusing pass spill 68 to 324 bytes (``tests/test_headmap_compile.py``
     holds both). The end-to-end effect in bf16 is not settled: run 6's recorded bf16 calls were not faster against
