@@ -21,15 +21,17 @@
 #   graphed        bench/attention.py, ViT-B/16 at 448 px (batch 8), bf16 then fp32: rollout and distance recorded
 #                  as CUDA graphs (vitviz.graphed: the call's Python once, then one replay per call) beside the
 #                  kernels' eager calls, and the plain forward recorded the same way (plain_graphed, the floor of
-#                  a recorded call), store and store_distance for the memory goal; attention_graphed.json. The
-#                  rehearsal on the CPU, where no graph can be recorded, runs the part's eager methods only
-#                                                                                  (~30 s a process, cap 90 each)
+#                  a recorded call), store and store_distance for the memory goal; and the four kernel calls again
+#                  with sm_90's previous tiles (*_prev: both tile tables end to end in one process);
+#                  attention_graphed.json. The rehearsal on the CPU, where no graph can be recorded, runs the part's
+#                  eager methods only                                              (~40 s a process, cap 90 each)
 #   micro_b16      bench/headmap_kernel.py on ViT-B/16's 448 px layer, bf16 and fp32 (3xTF32): the kernels alone
 #                  against SDPA per layer, vitviz's block shapes and the candidates (headmap_kernel.CANDIDATES:
 #                  4-warp 64-row and 8-warp 128-row tiles, which bench/headmap_sass.py finds free of the shared
 #                  memory exchanges 8-warp 64-row tiles make per reduction); micro.json    (~20 s, cap 120)
 #   profile        where a call's time goes, ViT-B/16 448 px batch 8 (bench/profile_attention.py): first the
-#                  timeline of plain, rollout_kernel, rollout_fwdlse and distance_kernel (host time to return,
+#                  timeline of plain, rollout_kernel, rollout_fwdlse and distance_kernel (timm's also recorded:
+#                  plain_graphed, rollout_graphed, distance_graphed; not in the rehearsal) (host time to return,
 #                  device kernel and busy time, CUDA runtime calls, idle gaps, each synchronisation with its vitviz
 #                  frames: timeline.json) for timm's model in bf16 and fp32 and Hugging Face's in bf16; then in
 #                  bf16 cProfile's Python functions over 10 calls, and torch.profiler's CUDA operators of
@@ -65,11 +67,12 @@
 # 22-39 s, a dataset one 23-28 s, the tests 35 s, micro 61 s for 72 rows); the H200's run 3, every part but micro
 # in 512 s (bench/results/h200_gpu_run_3/summary.txt: a bench/attention.py process 14-32 s, profile 75 s in all,
 # the tests 36 s, batch 52 s, faith 14 s, a dataset process 18-24 s), agrees. The plan puts the parts that answer
-# open questions first (the goal cases, the recorded calls, the tile shapes on the goal's layer, where a call's time
-# goes, the kernels' GPU tests, the batch scaling, the faithfulness loop), then the figures run 1 already has: up to
-# and with the dataset part should end by about 530 s; b16_224, l16_224, hf, tv, dataset_torch and micro take what
-# is left, and the summary says SKIPPED for a part that found too little (GPU_RUN_DEADLINE_S=1800 ... all runs
-# everything).
+# open questions first: the recorded calls (both tile tables end to end, the input check's memory), the GPU tests
+# (the code changed since run 6: they must pass), the goal cases, where a recorded call's time goes, ViT-L/16, the
+# batch scaling and the dataset path in sm_90's current tiles, Hugging Face and torchvision (not measured since run
+# 3); then what runs 5 and 6 already have (the tile sweep of the goal's layer, 224 px, the faithfulness loop), the
+# dataset path without kernels and the other shapes' sweep: up to and with tv should end by about 520 s, and the
+# summary says SKIPPED for a part that found too little (GPU_RUN_DEADLINE_S=1800 ... all runs everything).
 #
 # GPU_RUN_REHEARSAL=1 runs the same parts on the CPU (tests/test_gpu_run.py, in `make test`): tiny models and
 # shapes, the kernels under Triton's interpreter, nothing installed, no deadline unless one is given; so the script
@@ -103,7 +106,9 @@ if [ "${GPU_RUN_REHEARSAL:-0}" = 1 ]; then
     B16=vit_tiny_patch16_224 L16=vit_small_patch16_224 DATA_MODEL=cifar10-vit DATA_N=8 DATA_BATCH=4 WORKERS=0
     SMOKE="2 3 37 16" PROFILE_DTYPE=fp32 PROFILE_CALLS=2 BATCHES=("bf16 3" "bf16 4" "fp32 3")
     FAITH_ARGS=(--n 4 --batch 2 --steps 0.5 --autocast off --repeats 1)
-    GRAPHED_METHODS="plain store store_distance rollout_kernel rollout_fwdlse distance_kernel"  # no CUDA graph here
+    GRAPHED_METHODS="plain store store_distance rollout_kernel rollout_fwdlse distance_kernel rollout_kernel_prev
+distance_kernel_prev"  # no CUDA graph here
+    GRAPHED_METHODS=${GRAPHED_METHODS//$'\n'/ }
     MICRO_B16_ARGS=(--device cpu --shapes tiny --dtypes fp32 --blocks default 16,16,1,1)
     MICRO_ARGS=(--device cpu --shapes tiny --dtypes fp32-ieee --blocks default 16,16,1,1)
 else
@@ -117,7 +122,7 @@ else
     MICRO_ARGS=(--shapes vit_l16_448 vit_b16_224 vit_l16_224)
     FAITH_ARGS=(--n 100 --batch 50 --steps 0.1 --autocast bf16 --repeats 3)
     GRAPHED_METHODS="plain plain_graphed store store_distance rollout_kernel rollout_fwdlse rollout_graphed
-distance_kernel distance_graphed"
+distance_kernel distance_graphed rollout_kernel_prev distance_kernel_prev rollout_graphed_prev distance_graphed_prev"
     GRAPHED_METHODS=${GRAPHED_METHODS//$'\n'/ }
 fi
 
@@ -200,12 +205,18 @@ part_profile() {  # each timeline run appended to timeline.json (and printed to 
     fresh "$OUT/timeline.json"
     # timm's ViT-B/16 in bf16 and fp32, and Hugging Face's of the same size in bf16: in run 1 the same call took
     # 33.7 ms on the timm model and 15.7 ms on the Hugging Face one (plain forwards 5.3 and 4.3 ms)
+    # timm's also recorded (where the time of a recorded call goes beyond its recorded forward's: the host's
+    # state comparison and input check before the replay, or the device's work)
+    local methods
     for spec in "$B16 bf16" "$B16 fp32" "hf:vit-base-patch16 bf16"; do
         read -r model dt <<<"$spec"
         part="profile_timeline_${model#*:}_$dt"
+        methods="plain rollout_kernel rollout_fwdlse distance_kernel"
+        [ "$DEV" = cuda ] && [ "$model" = "$B16" ] && methods="$methods plain_graphed rollout_graphed distance_graphed"
+        # shellcheck disable=SC2086  # one word per method
         run_part "$part" 60 $PY bench/profile_attention.py --device "$DEV" --dtype "$dt" \
             --model "$model" --size "$LARGE" --batch "$BATCH_LARGE" --timeline --calls "$PROFILE_CALLS" \
-            --method plain rollout_kernel rollout_fwdlse distance_kernel --json "$OUT/timeline.json"
+            --method $methods --json "$OUT/timeline.json"
     done
     run_part profile_python 60 $PY bench/profile_attention.py --device "$DEV" --dtype "$PROFILE_DTYPE" \
         --model "$B16" --size "$LARGE" --batch "$BATCH_LARGE" --method plain rollout_kernel distance_kernel \
@@ -285,7 +296,7 @@ EOF
     done
 }
 
-PLAN=(b16_448 graphed micro_b16 profile tests batch l16_448 faith dataset b16_224 l16_224 hf tv dataset_torch micro)
+PLAN=(graphed tests b16_448 profile l16_448 batch dataset hf tv micro_b16 b16_224 l16_224 faith dataset_torch micro)
 PARTS=(setup)  # versions and the smoke check come first, always
 [ $# -eq 0 ] && set -- "${PLAN[@]}"
 for part in "$@"; do

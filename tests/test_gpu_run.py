@@ -33,7 +33,7 @@ pytestmark = [pytest.mark.slow,
               pytest.mark.skipif(not kernels.triton_available(),
                                  reason=f"needs Triton {'.'.join(map(str, kernels.MIN_TRITON))} or newer")]
 
-PLAN = "setup b16_448 graphed micro_b16 profile tests batch l16_448 faith dataset b16_224 l16_224 hf tv dataset_torch micro"
+PLAN = "setup graphed tests b16_448 profile l16_448 batch dataset hf tv micro_b16 b16_224 l16_224 faith dataset_torch micro"
 PARTS = ["setup", "tests", "profile_timeline_vit_tiny_patch16_224_bf16", "profile_timeline_vit_tiny_patch16_224_fp32",
          "profile_timeline_vit-base-patch16_bf16", "profile_python", "profile_ops", "micro",
          "attention_b16", "attention_graphed", "attention_l16", "attention_hf_vit-base", "attention_hf_vit_b_16",
@@ -77,7 +77,8 @@ def test_the_out_folder_holds_the_twelve_files_every_table_needs(rehearsal):
          "summary.txt"])
     env = json.loads((out / "env.json").read_text())
     assert env["smoke_max_abs"] < 1e-5 and env["timm_stream_probe"] and env["torch"]
-    methods = set(attention_bench.METHODS) - {"grad_rollout", "rollout", "distance", *attention_bench.GRAPHED}
+    methods = set(attention_bench.METHODS) - {"grad_rollout", "rollout", "distance", *attention_bench.GRAPHED,
+                                               *attention_bench.PREVIOUS_TILES}
     # timm's AttentionExtract: timm models only; the forward LSE: not torchvision's MultiheadAttention
     for tag, model, sizes, want in (
             ("b16", "vit_tiny_patch16_224", {32, 48}, methods), ("l16", "vit_small_patch16_224", {32, 48}, methods),
@@ -93,7 +94,8 @@ def test_the_out_folder_holds_the_twelve_files_every_table_needs(rehearsal):
     graphed = json.loads((out / "attention_graphed.json").read_text())  # on the CPU: the part's eager methods
     assert sorted((r["dtype"], r["method"]) for r in graphed) == sorted(
         (dt, m) for dt in ("bf16", "fp32")
-        for m in ("plain", "store", "store_distance", "rollout_kernel", "rollout_fwdlse", "distance_kernel"))
+        for m in ("plain", "store", "store_distance", "rollout_kernel", "rollout_fwdlse", "distance_kernel",
+                  "rollout_kernel_prev", "distance_kernel_prev"))
     micro = json.loads((out / "micro.json").read_text())
     assert micro and not [r for r in micro if "error" in r]
     assert all(r["max_abs"] < 1e-5 and r["sdpa_ms"] > 0 for r in micro)

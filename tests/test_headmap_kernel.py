@@ -242,6 +242,42 @@ def test_kernel_heads_equal_the_pytorch_stream_path(interpret, dtype):
         torch.testing.assert_close(got, want, rtol=TORCH_PATH_ATOL[dtype] * 10, atol=TORCH_PATH_ATOL[dtype] * 10)
 
 
+def test_a_distance_matrix_is_padded_once_per_call_and_again_after_a_write(interpret, monkeypatch):
+    """The distance pass pads a matrix whose side is not a multiple of 16 (here P = 24: a 4 x 6 grid) once for all
+    the layers of a call, not once per layer (a launch each on a GPU); a matrix written in place since is padded
+    again (its new values read), another matrix (the next call's) is padded for itself, and the padded copy goes
+    when its matrix does."""
+    pads: list[tuple[int, ...]] = []
+    real_pad = torch.nn.functional.pad
+
+    def counting(t, pad, *args, **kwargs):
+        pads.append(tuple(t.shape))
+        return real_pad(t, pad, *args, **kwargs)
+
+    monkeypatch.setattr(torch.nn.functional, "pad", counting)
+    model = tiny_timm_vit(reg_tokens=2, depth=4)  # 3 prefix tokens, 4x6 grid, 4 layers
+    x = torch.randn(2, 3, 32, 48)
+    with kernels.headmap_kernel("off"):
+        want = vitviz.mean_attention_distance(model, x)
+    with kernels.headmap_kernel("on"):
+        got = vitviz.mean_attention_distance(model, x)
+        assert pads == [(24, 24)]  # one pad for the call's 4 layers
+        vitviz.mean_attention_distance(model, x)
+        assert pads == [(24, 24)] * 2  # the next call's own matrix
+    torch.testing.assert_close(got, want, rtol=1e-5, atol=1e-4)
+    q, k = qk(1, 2, 27, 16, torch.float32)
+    dist = torch.rand(24, 24) * 40
+    p = probs64(q, k, 0.25)
+    check_distance(interpret.distance_sums_kernel(q, k, 0.25, dist, 3), p, dist, 3)
+    check_distance(interpret.distance_sums_kernel(q, k, 0.25, dist, 3), p, dist, 3)
+    assert len(pads) == 3  # the same matrix, unwritten: its padded copy
+    dist.mul_(2.0)
+    check_distance(interpret.distance_sums_kernel(q, k, 0.25, dist, 3), p, dist, 3)  # the new values
+    assert len(pads) == 4
+    del dist
+    assert not interpret._PADDED  # dropped with its matrix
+
+
 def test_forced_kernel_gives_the_pytorch_rollout_and_distance(interpret, monkeypatch, kernel_calls):
     """``headmap_kernel("on")`` routes rollout and distance through the kernels (counted), with the same results."""
     calls = kernel_calls

@@ -164,3 +164,79 @@ def test_a_batch_a_caller_checked_is_not_read_again_while_unwritten(monkeypatch)
         frozen = torch.randn(2, 3, 8, 8)
     with input_checked(frozen):
         assert reads(frozen) == 1  # no version counter to tell a write by: read
+
+
+FINITE_DTYPES = (torch.float16, torch.bfloat16, torch.float32, torch.float64)
+
+
+@pytest.mark.parametrize("dtype", FINITE_DTYPES, ids=str)
+def test_the_finiteness_check_agrees_with_isfinite(dtype):
+    """``all_finite`` (one sum, the values tested one by one only where it is not finite) answers as
+    ``torch.isfinite(x).all()`` does: a NaN, either infinity, both infinities (whose sum is NaN) anywhere in the
+    batch; finite values whose sum overflows (the elementwise test then passes them); fp16 values whose fp16 sum
+    would overflow (summed in float32); an empty tensor."""
+    from vitviz.core.images import all_finite
+
+    big = torch.finfo(dtype).max
+    cases = {"clean": torch.randn(2, 3, 5, 7)}
+    for name, value in (("nan", float("nan")), ("+inf", float("inf")), ("-inf", float("-inf"))):
+        t = torch.randn(2, 3, 5, 7)
+        t[1, 2, 4, 6] = value  # the last value: nothing after it to hide it
+        cases[name] = t
+    both = torch.randn(2, 3, 5, 7)
+    both[0, 0, 0, 0], both[1, 1, 1, 1] = float("inf"), float("-inf")
+    cases["+inf and -inf"] = both
+    cases["overflowing sum"] = torch.full((2, 3, 5, 7), big, dtype=dtype)  # fp16: finite in its float32 sum
+    cases["empty"] = torch.empty(0, 3, 5, 7)
+    for name, t in cases.items():
+        t = t.to(dtype)
+        assert all_finite(t) == bool(torch.isfinite(t).all()), (name, dtype)
+    assert all_finite(cases["clean"].to(dtype)) and all_finite(cases["overflowing sum"].to(dtype))
+    assert not any(all_finite(cases[k].to(dtype)) for k in ("nan", "+inf", "-inf", "+inf and -inf"))
+
+
+@pytest.mark.parametrize("dtype", FINITE_DTYPES, ids=str)
+def test_the_input_check_forms_no_tensor_the_size_of_the_input(dtype):
+    """``check_tensor`` on a finite batch dispatches one reduction over it and one read of its scalar result: no
+    elementwise op whose output is as large as the input (``torch.isfinite(x).all()`` formed an ``abs`` copy and
+    three boolean tensors of the input's size: 14 MB beside a bf16 ViT-B/16 batch of 8 at 448 px, and five kernel
+    launches on a GPU instead of one)."""
+    from torch.utils._python_dispatch import TorchDispatchMode
+
+    from vitviz.core.images import check_tensor
+
+    class Ops(TorchDispatchMode):
+        def __init__(self) -> None:
+            super().__init__()
+            self.seen: list[tuple[str, int]] = []
+
+        def __torch_dispatch__(self, func, types, args=(), kwargs=None):
+            out = func(*args, **(kwargs or {}))
+            numel = out.numel() if isinstance(out, torch.Tensor) else 0
+            self.seen.append((str(func.overloadpacket.__name__), numel))
+            return out
+
+    x = torch.randn(2, 3, 16, 16).to(dtype)
+    with Ops() as ops:
+        check_tensor(x)
+    assert [name for name, _ in ops.seen] == ["sum", "_local_scalar_dense"], ops.seen
+    assert all(numel < x.numel() for _, numel in ops.seen), ops.seen
+
+
+@pytest.mark.gpu
+@pytest.mark.parametrize("dtype", FINITE_DTYPES, ids=str)
+def test_the_finiteness_check_on_cuda_agrees_with_isfinite(dtype):
+    """On a CUDA batch (the reduction that reads half types without a copy) the check refuses a NaN or an infinity
+    anywhere, passes finite values whose sum overflows, and answers as ``torch.isfinite(x).all()``; also in a
+    448 px batch of 8, where the reduction runs in many blocks."""
+    from vitviz.core.images import all_finite
+
+    for shape in ((2, 3, 5, 7), (8, 3, 448, 448)):
+        clean = torch.randn(*shape, device="cuda").to(dtype)
+        assert all_finite(clean)
+        assert all_finite(torch.full(shape, torch.finfo(dtype).max, dtype=dtype, device="cuda"))
+        for value in (float("nan"), float("inf"), float("-inf")):
+            for where in (0, clean.numel() // 2, clean.numel() - 1):
+                t = clean.clone()
+                t.view(-1)[where] = value
+                assert not all_finite(t) and not bool(torch.isfinite(t).all()), (value, where)

@@ -50,6 +50,7 @@ from __future__ import annotations
 
 import functools
 import os
+import weakref
 
 import torch
 import triton
@@ -367,6 +368,37 @@ def _common(q: torch.Tensor, k: torch.Tensor, scale: float, attn_mask, is_causal
         bias, sb, float(scale)
 
 
+_PADDED: list = []  # the last matrix padded: [weakref to the caller's matrix, its version, device, padded copy]
+
+
+def _forget(ref: weakref.ref) -> None:  # the kept matrix died: its padded copy goes with it
+    if _PADDED and _PADDED[0] is ref:
+        _PADDED.clear()
+
+
+def _padded(distances: torch.Tensor, device: torch.device, pd: int) -> torch.Tensor:
+    """``distances`` ``(P, P)`` as the distance pass reads it: float32 on ``device``, with a zero margin up to
+    ``(pd, pd)`` where ``P`` is not a multiple of 16 (224 px with /16 patches, ``P = 196``), so that the kernel's
+    tiles load 128 bits wide. The padded copy is made once per matrix, not once per layer: the last one is kept
+    while the caller's matrix lives (dropped with it) and is unwritten (its version counter; an inference tensor,
+    which has none, is padded each time), so the layers of one call, which share the matrix, pad it once. While a
+    CUDA graph is being captured nothing is kept or reused: the capture records its own pad, so a replay never
+    reads a copy made outside the graph (which a later write or free could change)."""
+    p = distances.shape[0]
+    if pd == p:
+        return distances.to(device=device, dtype=torch.float32)
+    capturing = device.type == "cuda" and torch.cuda.is_current_stream_capturing()
+    version = None if capturing or distances.is_inference() else distances._version
+    if version is not None and _PADDED:
+        ref, kept_version, kept_device, kept = _PADDED
+        if ref() is distances and kept_version == version and kept_device == device:
+            return kept
+    padded = torch.nn.functional.pad(distances.to(device=device, dtype=torch.float32), (0, pd - p, 0, pd - p))
+    if version is not None:
+        _PADDED[:] = [weakref.ref(distances, _forget), version, device, padded]
+    return padded
+
+
 def _rows(q, k, scale, attn_mask, is_causal, distances, num_prefix_tokens, precision, common=None):
     """The rows pass; ``common``: ``_common``'s answer for these arguments, when the caller has it."""
     const, bias, sb, qk_scale = common or _common(q, k, scale, attn_mask, is_causal, precision)
@@ -382,10 +414,8 @@ def _rows(q, k, scale, attn_mask, is_causal, distances, num_prefix_tokens, preci
         if distances.shape != (p, p):
             raise InputError(f"distances must be (P, P) = ({p}, {p}) for N = {n} tokens and {num_prefix_tokens} "
                              f"prefix tokens; got {tuple(distances.shape)}")
-        dist = distances.to(device=q.device, dtype=torch.float32)
         pd = -(-p // 16) * 16
-        if pd != p:  # 224 px with /16 patches (P = 196): a zero margin, so the kernel's tiles load 128 bits wide
-            dist = torch.nn.functional.pad(dist, (0, pd - p, 0, pd - p))
+        dist = _padded(distances, q.device, pd)
         wd = torch.empty(b, h, p, device=q.device, dtype=torch.float32)
         wp = torch.empty(b, h, p, device=q.device, dtype=torch.float32)
         sd = tuple(dist.stride())
