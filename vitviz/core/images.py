@@ -164,7 +164,7 @@ def to_pil(image: ImageLike, argument: str = "images") -> Image.Image:
     )
 
 
-_SUMMED = {torch.float16: torch.float32, torch.bfloat16: torch.float32, torch.float32: None, torch.float64: None}
+_SUMMED = {torch.float16: torch.float32, torch.bfloat16: None, torch.float32: None, torch.float64: None}
 
 
 def all_finite(x: torch.Tensor) -> bool:
@@ -172,10 +172,10 @@ def all_finite(x: torch.Tensor) -> bool:
 
     A sum is finite only if each of its terms is (a NaN or an infinity makes it NaN or infinite, in IEEE arithmetic),
     so a finite sum answers at once; where it is not, the values are tested one by one: a NaN or an infinity, or
-    finite values whose sum overflowed (float32 beyond 3.4e38), which pass. Half types are summed into float32 (an
-    fp16 sum would overflow at 65504). ``torch.isfinite(x).all()`` forms an ``x``-sized copy and three ``x``-sized
-    boolean tensors and launches five kernels on a GPU, where this sum forms none and launches one (the CUDA
-    reduction reads half types as they are).
+    finite values whose sum overflowed (float32 beyond 3.4e38), which pass. fp16 is summed into float32 (an fp16 sum
+    would overflow at 65504; the CUDA reduction reads fp16 as it is, without a copy), bf16 in its own type (float32's
+    range; the reduction accumulates in float32). ``torch.isfinite(x).all()`` forms an ``x``-sized copy and three
+    ``x``-sized boolean tensors and launches five kernels on a GPU, where this sum forms none and launches one.
     """
     if x.numel() == 0:
         return True

@@ -389,8 +389,9 @@ def _padded(distances: torch.Tensor, device: torch.device, pd: int) -> torch.Ten
         return distances.to(device=device, dtype=torch.float32)
     capturing = device.type == "cuda" and torch.cuda.is_current_stream_capturing()
     version = None if capturing or distances.is_inference() else distances._version
-    if version is not None and _PADDED:
-        ref, kept_version, kept_device, kept = _PADDED
+    last = tuple(_PADDED)  # one read of the slot: another thread may replace or clear it meanwhile
+    if version is not None and len(last) == 4:
+        ref, kept_version, kept_device, kept = last
         if ref() is distances and kept_version == version and kept_device == device:
             return kept
     padded = torch.nn.functional.pad(distances.to(device=device, dtype=torch.float32), (0, pd - p, 0, pd - p))
