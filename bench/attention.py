@@ -89,7 +89,7 @@ PAIRS = {"rollout": "store", "distance": "store_distance", "rollout_torch": "sto
 
 def previous_sm90_tiles():
     """A context in which the head-map kernels take sm_90's tiles as they were before ``headmaps.SM90_TABLE``
-    (commit be3a06c): the distance pass and float32's passes 64 x 64, 8 warps, 3 stages; bf16's and fp16's rows
+    (which be3a06c brought): the distance pass and float32's passes 64 x 64, 8 warps, 3 stages; bf16's and fp16's rows
     and fusing passes the shapes of other GPUs, 64 x 32, 8 warps, 2 stages. Where ``SM90_TABLE`` does not apply
     (other GPUs, head dims over 64, a bias or mask), nothing changes."""
     from contextlib import contextmanager

@@ -387,7 +387,8 @@ def _padded(distances: torch.Tensor, device: torch.device, pd: int) -> torch.Ten
     p = distances.shape[0]
     if pd == p:
         return distances.to(device=device, dtype=torch.float32)
-    capturing = device.type == "cuda" and torch.cuda.is_current_stream_capturing()
+    # a capture runs on an initialised CUDA; asking before that would initialise it (and fail without a driver)
+    capturing = device.type == "cuda" and torch.cuda.is_initialized() and torch.cuda.is_current_stream_capturing()
     version = None if capturing or distances.is_inference() else distances._version
     last = tuple(_PADDED)  # one read of the slot: another thread may replace or clear it meanwhile
     if version is not None and len(last) == 4:
