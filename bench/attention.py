@@ -62,6 +62,7 @@ import statistics
 import subprocess
 import sys
 import time
+from contextlib import contextmanager
 from pathlib import Path
 
 ROOT = Path(__file__).resolve().parents[1]
@@ -87,28 +88,23 @@ PAIRS = {"rollout": "store", "distance": "store_distance", "rollout_torch": "sto
          "distance_graphed_prev": "store_distance"}
 
 
+@contextmanager
 def previous_sm90_tiles():
     """A context in which the head-map kernels take sm_90's tiles as they were before ``headmaps.SM90_TABLE``
     (which be3a06c brought): the distance pass and float32's passes 64 x 64, 8 warps, 3 stages; bf16's and fp16's rows
     and fusing passes the shapes of other GPUs, 64 x 32, 8 warps, 2 stages. Where ``SM90_TABLE`` does not apply
     (other GPUs, head dims over 64, a bias or mask), nothing changes."""
-    from contextlib import contextmanager
-
     import torch
 
     from vitviz.core.kernels import headmaps
 
-    @contextmanager
-    def tiles():
-        real = headmaps._sm90_table
-        headmaps._sm90_table = lambda kernel, dtype: (
-            (64, 64, 8, 3) if kernel == "distance" or dtype == torch.float32 else (64, 32, 8, 2))
-        try:
-            yield
-        finally:
-            headmaps._sm90_table = real
-
-    return tiles()
+    real = headmaps._sm90_table
+    headmaps._sm90_table = lambda kernel, dtype: (
+        (64, 64, 8, 3) if kernel == "distance" or dtype == torch.float32 else (64, 32, 8, 2))
+    try:
+        yield
+    finally:
+        headmaps._sm90_table = real
 
 
 def _rss_kib(field: str) -> int | None:

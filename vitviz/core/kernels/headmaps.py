@@ -56,6 +56,7 @@ import torch
 import triton
 import triton.language as tl
 
+from vitviz.core.contexts import tensor_version
 from vitviz.errors import InputError
 
 __all__ = ["distance_sums_kernel", "fuse_heads_kernel", "row_logsumexp"]
@@ -389,7 +390,7 @@ def _padded(distances: torch.Tensor, device: torch.device, pd: int) -> torch.Ten
         return distances.to(device=device, dtype=torch.float32)
     # a capture runs on an initialised CUDA; asking before that would initialise it (and fail without a driver)
     capturing = device.type == "cuda" and torch.cuda.is_initialized() and torch.cuda.is_current_stream_capturing()
-    version = None if capturing or distances.is_inference() else distances._version
+    version = None if capturing else tensor_version(distances)
     last = tuple(_PADDED)  # one read of the slot: another thread may replace or clear it meanwhile
     if version is not None and len(last) == 4:
         ref, kept_version, kept_device, kept = last
