@@ -174,6 +174,43 @@ def test_distance_of_maps_that_need_gradients_is_differentiable():
     torch.testing.assert_close(got.detach(), attention_distance_from_maps(attn.detach(), layout))
 
 
+def _prefix_only_query(weight_on_patches: float, heads: int = 1) -> torch.Tensor:
+    """A 2x2 grid with a class token: patch 0 puts all but ``weight_on_patches`` on the class key (the rest on
+    patch 1, 16 px away), patches 1, 2, 3 attend to a neighbour 16 px away."""
+    a = torch.zeros(1, heads, 5, 5)
+    a[:, :, 0, 0] = 1.0
+    a[:, :, 1, 0], a[:, :, 1, 2] = 1.0 - weight_on_patches, weight_on_patches
+    for q, k in [(2, 1), (3, 4), (4, 3)]:
+        a[:, :, q, k] = 1.0
+    return a
+
+
+@pytest.mark.parametrize("weight", [1e-3, 1e-30, 1e-44, 0.0])
+@pytest.mark.parametrize("grad", [False, True])
+def test_a_query_with_no_measurable_patch_weight_is_left_out_not_counted_as_zero(weight, grad):
+    """A patch query that attends to prefix tokens alone has no distance over patch keys: it is left out of the
+    mean over queries (every other query is 16 px from its key, so the head's distance is 16 px whatever its weight
+    on patches), not counted as 0 px (12 px for the head, the former result below float32's smallest normal
+    weight, 1.2e-38). On both paths: the streamed sums and the differentiable one, whose gradient stays finite."""
+    layout = TokenLayout((2, 2), (16, 16), 1)
+    attn = _prefix_only_query(weight).requires_grad_(grad)
+    got = attention_distance_from_maps(attn, layout)
+    assert got.item() == pytest.approx(16.0, rel=1e-6)
+    if grad:
+        got.sum().backward()
+        assert bool(torch.isfinite(attn.grad).all())
+
+
+def test_a_head_whose_every_query_attends_to_prefix_tokens_alone_has_no_distance():
+    """An image in which no patch query of a head puts measurable weight on patch keys gives NaN for that head
+    (undefined, not 0 px); the other heads keep their distances."""
+    attn = _prefix_only_query(0.5, heads=2)
+    attn[:, 1, 1:, :] = 0.0
+    attn[:, 1, 1:, 0] = 1.0  # head 1: every patch query on the class token
+    got = attention_distance_from_maps(attn, TokenLayout((2, 2), (16, 16), 1))
+    assert got[0].item() == pytest.approx(16.0) and math.isnan(got[1].item())
+
+
 def test_distance_equals_timms_own_explicit_attention_on_a_non_square_stride():
     """Maps read from timm's explicit path (``fused_attn = False``, the input of ``attn_drop``), not from vitviz's
     capture; a 4x8 px stride on an 8x6 grid with two registers, sharpened so that h/w mix-ups show."""

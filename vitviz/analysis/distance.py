@@ -3,7 +3,11 @@
 Dosovitskiy et al., ICLR 2021 (arXiv 2010.11929): for each head, the distance in pixels between a query patch
 and every other patch, weighted by the attention weight, averaged over queries and over 128 images, the analogue
 of a CNN's receptive field size. Here queries and keys are the patch tokens only: prefix keys (class,
-distillation, register tokens) are dropped and each query's remaining weights renormalised. Patch centres sit at
+distillation, register tokens) are dropped and each query's remaining weights renormalised. A query that puts no
+measurable weight on patch keys (less than float32's smallest normal number, 1.2e-38: it attends to prefix tokens
+alone) has no distance: it is left out of its image's mean over queries, rather than counted as 0 px (which would
+make its head look local); an image in which every patch query of a head is such gives NaN for that head. Patch
+centres sit at
 ``((r + 0.5) sh, (c + 0.5) sw)`` pixels with ``(sh, sw)`` the token stride from ``vitviz.inspect`` (16 for ViT-B/16,
 32 for a hybrid whose backbone reduces 16x before a 2x2 patch), so non-square grids and strides are exact.
 
@@ -102,6 +106,9 @@ def per_image_attention_distance(attn: torch.Tensor | HeadMaps, distances: torch
         attn: post-softmax attention, rows over keys; or a ``HeadMaps`` (``capture_attention(heads="stream")``).
         distances: ``(P, P)`` from ``patch_distance_matrix`` for this grid.
         num_prefix_tokens: leading tokens dropped from queries and keys.
+
+    A query with no measurable weight on patch keys (on prefix tokens alone) is left out of its image's mean; NaN
+    for an image and head none of whose queries is kept (module docstring).
     """
     p = num_prefix_tokens
     if attn.ndim != 4 or attn.shape[-1] - p != distances.shape[0]:
@@ -109,14 +116,21 @@ def per_image_attention_distance(attn: torch.Tensor | HeadMaps, distances: torch
                          f"{distances.shape[0]} patches; expected (B, H, {p + distances.shape[0]}, "
                          f"{p + distances.shape[0]})")
     d = distances.to(device=attn.device, dtype=torch.float32)
+    tiny = torch.finfo(torch.float32).tiny
     if isinstance(attn, torch.Tensor) and attn.requires_grad and torch.is_grad_enabled():
         a = attn[:, :, p:, p:]  # differentiable (out= buffers are not)
-        weight = a.sum(dim=-1, dtype=torch.float32).clamp_min(torch.finfo(torch.float32).tiny)
-        return ((a.float() * d).sum(dim=-1) / weight).mean(dim=-1)
-    # one head at a time (HeadMaps.distance_sums; the stream probe's kernel on CUDA, vitviz.core.kernels)
-    heads = attn if isinstance(attn, HeadMaps) else HeadMaps.of(attn)
-    weighted, weight = heads.distance_sums(d, p)
-    return (weighted / weight.clamp_min_(torch.finfo(torch.float32).tiny)).mean(dim=-1)
+        weight = a.sum(dim=-1, dtype=torch.float32)
+        # the clamp keeps the gradient of a query left out finite (where's other branch is differentiated too)
+        per_query = (a.float() * d).sum(dim=-1) / weight.clamp_min(tiny)
+    else:  # one head at a time (HeadMaps.distance_sums; the stream probe's kernel on CUDA, vitviz.core.kernels)
+        heads = attn if isinstance(attn, HeadMaps) else HeadMaps.of(attn)
+        weighted, weight = heads.distance_sums(d, p)
+        per_query = weighted / weight
+    # a query with no measurable weight on patch keys (all on prefix tokens: 0, or below the smallest normal float,
+    # where the division loses its digits) has no distance: left out of the mean over queries, not counted as 0 px.
+    # sum / count, as CPU's mean divides its sum: with every query kept, the mean's bits
+    kept = weight >= tiny
+    return torch.where(kept, per_query, 0.0).sum(dim=-1) / kept.sum(dim=-1)
 
 
 def attention_distance_from_maps(attn: torch.Tensor, spec_or_layout: ViTSpec | TokenLayout) -> torch.Tensor:
@@ -269,7 +283,9 @@ def mean_attention_distance(
     Returns:
         ``(L, H)`` float32 on the CPU: for each layer and head, the attention-weighted distance between query and
         key patch centres, averaged over queries and images. ``L`` counts attention modules
-        (``spec.attention_modules``): a parallel block's branches are separate rows.
+        (``spec.attention_modules``): a parallel block's branches are separate rows. A query that attends to
+        prefix tokens alone is left out of its image's mean; NaN where, in some image, every patch query of a head
+        does (module docstring).
 
     Raises:
         UnsupportedModelError: a layer's maps are not softmax distributions (CaiT's talking-heads and
