@@ -27,6 +27,10 @@ The rows "(kernel path, forward LSE on)" run them with the forward's log-sum-exp
 (``forward_lse.use_forward_lse(True)``, as a float32 CUDA call has it by default; on the CPU SDPA's flash op
 answers): rollout's head mean reads it, the distance leaves it alone (``analysis.distance._stream_capture``).
 
+The rows "...: before the forward" time the host from a call's start to its model's first module (a pre-hook on
+the patch embedding; the fastest of ``--rounds`` x ``--number`` calls): on a GPU the device has nothing to do until
+then, so a call whose device work is the bound (float32 at 448 px) is that much longer than its device work.
+
 The row "call set-up" is what an analysis call does on the host before and after its forward pass, without it:
 the call's contexts (``core.contexts.walk_once``, eval mode, autocast off, ``inspect_once``), two reads of the model
 and a stream capture opened and closed. ``--cpu-time`` times in the process's CPU time instead of the wall clock
@@ -232,6 +236,23 @@ def main() -> None:
         for name, fn in cases.items():
             best[name] = min(best[name], timeit.Timer(fn, timer=clock).timeit(number=args.number) / args.number)
     rows = [{"case": name, "ms": best[name] * 1e3, "triton_launches": launches[name]} for name in cases]
+    # the host's time from a call's start to its model's first module (the patch embedding): on a GPU the device
+    # waits through it, so it adds to a call whose device work is the bound (float32 at 448 px)
+    before: dict[str, float] = {}
+    started = [0.0]
+    reached: list[float] = []
+    hook = model.patch_embed.register_forward_pre_hook(lambda _m, _a: reached.append(clock() - started[0]))
+    try:
+        for name in [n for n in cases if n in ("plain forward", "attention_rollout (kernel path)",
+                                               "mean_attention_distance (kernel path)")]:
+            reached.clear()
+            for _ in range(args.rounds * args.number):
+                started[0] = clock()
+                cases[name]()
+            before[name] = min(reached)
+    finally:
+        hook.remove()
+    rows += [{"case": f"{name}: before the forward", "ms": t * 1e3, "triton_launches": 0} for name, t in before.items()]
     base = rows[0]["ms"]
     for row in rows:
         row["x_plain"] = row["ms"] / base

@@ -399,6 +399,102 @@ def test_an_analysis_call_walks_its_model_once(monkeypatch):
         assert torch.equal(g, w)
 
 
+def test_a_capture_walks_its_model_once_in_its_set_up(monkeypatch):
+    """``capture_attention`` opened on its own (outside an analysis call) walks the model once in its set-up (its own
+    ``walk_once`` window: the read, the family, the parameter count, the checkpointing flags); its forwards are
+    read as before, and a set-up that raises leaves no probe behind."""
+    from vitviz.core import contexts
+    from vitviz.core.capture import open_probes
+
+    model = tiny_timm_vit()
+    x = torch.randn(2, 3, 32, 48)
+    walked = _count_walks(monkeypatch, contexts)
+    with vitviz.capture_attention(model) as cap:
+        assert walked.count(model) == 1
+        model(x)
+    assert len(cap.attentions) == len(model.blocks) and open_probes(model) == 0
+    with pytest.raises(vitviz.errors.LayerSelectError), vitviz.capture_attention(model, layers=99):
+        pass
+    assert open_probes(model) == 0
+
+
+def test_once_per_window_computes_once_per_window_and_arguments():
+    """``once_per_window``: inside an open ``walk_once`` window one computation per function and argument objects (a
+    list handed out as a new list each time), another for other objects; after the window closed (a forward), and
+    outside any, every call computes."""
+    from vitviz.core import contexts
+
+    calls: list = []
+
+    @contexts.once_per_window
+    def modules_of(model):
+        calls.append(model)
+        return list(model.children())
+
+    model, other = tiny_timm_vit(), tiny_timm_vit()
+    with contexts.walk_once():
+        first = modules_of(model)
+        first.append("changed by the caller")
+        assert modules_of(model) == list(model.children())  # the caller's list, not the kept one, was changed
+        assert modules_of(other) == list(other.children())
+        assert calls == [model, other]
+        model(torch.randn(1, 3, 32, 48))  # the first forward closes the window
+        modules_of(model)
+        assert calls == [model, other, model]
+    modules_of(model)
+    modules_of(model)
+    assert calls == [model, other, model, model, model]
+
+
+def test_a_calls_set_up_lists_the_attention_modules_once(monkeypatch):
+    """A call's set-up asks its family for the attention modules some six times (``inspect``'s layout, maps and
+    blocks; the capture): they are listed once (``Family.attention_modules`` is ``once_per_window``), one
+    ``attention_of`` per block, with the same result as listing them each time."""
+    from vitviz.core import util
+    from vitviz.core.families import timm_vit
+
+    model = tiny_timm_vit()
+    x = torch.randn(2, 3, 32, 48)
+    listed: list = []
+    real = timm_vit.attention_of
+    monkeypatch.setattr(timm_vit, "attention_of", lambda block, i: listed.append(i) or real(block, i))
+    got = vitviz.attention_rollout(model, x)
+    assert sorted(listed) == list(range(len(model.blocks)))
+    monkeypatch.setattr(util, "walk_once", contextlib.nullcontext)  # no window: listed at every ask
+    listed.clear()
+    want = vitviz.attention_rollout(model, x)
+    assert len(listed) >= 5 * len(model.blocks)
+    assert torch.equal(got, want)
+
+
+def test_without_autocast_reads_the_devices_only_under_an_autocast(monkeypatch):
+    """``without_autocast`` switches off a caller's autocast on the model's device types; where none is on, it reads
+    no device (a walk over the model's tensors less in every call) and changes nothing."""
+    from vitviz.core import contexts
+
+    model = tiny_timm_vit()
+    read: list = []
+    real = contexts._device_types
+    monkeypatch.setattr(contexts, "_device_types", lambda m: read.append(m) or real(m))
+    with contexts.without_autocast(model):
+        assert not torch._C._is_any_autocast_enabled()
+    assert read == []
+    with torch.autocast("cpu", dtype=torch.bfloat16):
+        with contexts.without_autocast(model):
+            assert not torch._C._is_any_autocast_enabled()
+        assert torch._C._is_any_autocast_enabled()
+    assert read == [model]
+    # MPS's autocast, which torch._C._is_any_autocast_enabled does not ask about, is seen too (its flag set directly:
+    # no Apple GPU here; the CPU model's devices are read, its CPU autocast off, the MPS flag left as it was)
+    torch.set_autocast_enabled("mps", True)
+    try:
+        with contexts.without_autocast(model):
+            assert torch.is_autocast_enabled("mps")
+    finally:
+        torch.set_autocast_enabled("mps", False)
+    assert read == [model, model]
+
+
 @pytest.mark.parametrize("name", ["vit_tiny_patch16_224", "beit_base_patch16_224"])
 def test_count_params_counts_what_named_parameters_names(name):
     """``count_params`` reads the parameters in its own walk: per component, the sums of ``named_parameters()``

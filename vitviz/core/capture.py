@@ -62,7 +62,7 @@ import numpy as np
 import torch
 from torch import nn
 
-from vitviz.core.contexts import checkpointing_off
+from vitviz.core.contexts import checkpointing_off, walk_once
 from vitviz.core.families import family_of
 from vitviz.core.families.base import Emit, HeadMaps, Probe, Undo
 from vitviz.core.spec import ViTSpec, inspect
@@ -384,6 +384,21 @@ def capture_attention(
     Yields:
         ``AttentionCapture`` with ``attentions``, ``layer_names``, ``spec`` and ``forwards``.
     """
+    with walk_once():  # the set-up's walks over the model made once (an analysis call's window, or one of its own)
+        cap, undos = _open_capture(model, layers, on_layer, store, dtype, accumulate, retain_grad, heads)
+    try:
+        yield cap
+        cap._close_pass()
+    finally:
+        for undo in reversed(undos):
+            undo()
+
+
+def _open_capture(model: nn.Module, layers: LayerSelect, on_layer: OnLayer | None, store: bool,
+                  dtype: torch.dtype | None, accumulate: bool, retain_grad: bool,
+                  heads: str) -> tuple[AttentionCapture, list[Undo]]:
+    """``capture_attention``'s set-up: its arguments checked, the capture and its probes installed; returns the
+    capture and what undoes the set-up, in order (undone already if the set-up raised)."""
     spec = inspect(model)
     if dtype is not None and not (isinstance(dtype, torch.dtype) and dtype.is_floating_point):
         raise InputError(
@@ -406,7 +421,7 @@ def capture_attention(
     chosen = select_layers([n for n, _ in modules], layers, spec.name)
     cap = AttentionCapture(spec, chosen, on_layer=on_layer, store=store, dtype=dtype, accumulate=accumulate,
                            retain_grad=retain_grad, model_class=type(model).__name__)
-    undos = []
+    undos: list[Undo] = []
     try:
         stack = ExitStack()
         undos.append(stack.close)
@@ -423,8 +438,8 @@ def capture_attention(
                                        lambda a, p=position: cap._emit(p, HeadMaps.of(a.detach()))))
             else:
                 undos.append(subscribe(module, family.probe, lambda a, p=position: cap._emit(p, a)))
-        yield cap
-        cap._close_pass()
-    finally:
+    except BaseException:
         for undo in reversed(undos):
             undo()
+        raise
+    return cap, undos

@@ -24,8 +24,9 @@ from typing import Any
 
 __all__ = ["Recording", "WeightsWatch", "autograd", "checked_before", "checkpointing_off", "frozen", "grad_leaf",
            "inference_tensor", "input_checked", "inspect_memo", "inspect_once", "is_quantized", "model_copy",
-           "module_attribute", "named_submodules", "normal_tensor", "open_walk_window", "parameter_hooks_off",
-           "recording", "recording_into", "submodules", "tensor_version", "to_host", "walk_once", "without_autocast"]
+           "module_attribute", "named_submodules", "normal_tensor", "once_per_window", "open_walk_window",
+           "parameter_hooks_off", "recording", "recording_into", "submodules", "tensor_version", "to_host", "walk_once",
+           "without_autocast"]
 
 
 # inspect_once(): model id -> (model, structure, spec, walk_once window of the read), for the block's duration
@@ -63,17 +64,20 @@ def inspect_memo() -> dict[int, tuple[Any, tuple, Any, Any]] | None:
 
 
 class _Walks:
-    """The walks of one ``walk_once`` window, ``id(model) -> (model, named modules, modules)``, while ``open``."""
+    """The walks of one ``walk_once`` window, ``id(model) -> (model, named modules, modules)``, and the results of the
+    ``once_per_window`` functions, ``(function, ids of the arguments) -> (arguments, result)``, while ``open``."""
 
-    __slots__ = ("open", "models")
+    __slots__ = ("open", "models", "results")
 
     def __init__(self) -> None:
         self.open = True
         self.models: dict[int, tuple[Any, list[tuple[str, Any]], list[Any]]] = {}
+        self.results: dict[tuple, tuple[tuple, Any]] = {}
 
     def close(self) -> None:
         self.open = False
         self.models.clear()
+        self.results.clear()
 
 
 _WALKS: contextvars.ContextVar[_Walks | None] = contextvars.ContextVar("vitviz_walk_once", default=None)
@@ -131,6 +135,29 @@ def _walked(model: Any) -> tuple[list[tuple[str, Any]], list[Any]] | None:
         named = _named_walk(model)
         hit = walks.models[id(model)] = (model, named, [m for _, m in named])
     return hit[1], hit[2]
+
+
+def once_per_window(fn: Any) -> Any:
+    """``fn(*args)``, a function of the module tree of its arguments (modules, a family) and nothing else, computed
+    once per ``walk_once`` window for the same arguments (the same objects), like the walks themselves: the window
+    is a call's set-up, which replaces no module. Outside a window (or once it closed) every call computes. A list
+    result is handed out as a new list each time, so that a caller may change its own.
+
+    For what a call's set-up asks several times: a family's ``attention_modules`` (six times in one ``inspect`` and
+    capture of a timm ViT), a probe's reading of an attention class (twice per layer)."""
+
+    @functools.wraps(fn)
+    def cached(*args: Any) -> Any:
+        walks = _WALKS.get()
+        if walks is None or not walks.open:
+            return fn(*args)
+        key = (fn, *map(id, args))
+        hit = walks.results.get(key)
+        if hit is None or any(a is not b for a, b in zip(hit[0], args, strict=True)):
+            hit = walks.results[key] = (args, fn(*args))
+        return list(hit[1]) if isinstance(hit[1], list) else hit[1]
+
+    return cached
 
 
 def submodules(model: Any) -> list[Any]:
@@ -215,15 +242,39 @@ def _device_types(model: Any) -> list[str]:
     return sorted(kinds)
 
 
+_AUTOCAST_LEFT_OUT = ("mps",)  # what torch._C._is_any_autocast_enabled does not ask (seen in torch 2.14, 2.15)
+
+
+def _autocast_on(torch: Any) -> bool:
+    """Whether a ``torch.autocast`` is on for any device type: ``torch._C._is_any_autocast_enabled`` (CPU, CUDA, XPU,
+    IPU, HPU, XLA, the private-use backend), and the types it leaves out asked one by one (MPS)."""
+    if torch._C._is_any_autocast_enabled():
+        return True
+    for kind in _AUTOCAST_LEFT_OUT:
+        try:
+            if torch.is_autocast_enabled(kind):
+                return True
+        except RuntimeError:  # a torch without autocast for this device type
+            continue
+    return False
+
+
 @contextlib.contextmanager
 def without_autocast(model: Any) -> Iterator[None]:
     """A caller's ``torch.autocast`` switched off for the block on every device type ``model`` lives on (and the
     CPU): an analysis computes in the model's own precision unless its own ``autocast=`` argument says otherwise
     (``vitviz.core.datasets.autocast_context``, entered inside the block), so a result does not depend on the
     context it was called in, and a checkpoint's fingerprint (which records the call's autocast dtype) describes
-    how its numbers were computed."""
+    how its numbers were computed.
+
+    Where no autocast is on for any device type (``_autocast_on``; the common case), there is nothing to switch off
+    and the model's devices are not read: a walk over its tensors less in every call's set-up, before the forward,
+    while the device waits."""
     import torch
 
+    if not _autocast_on(torch):
+        yield
+        return
     with contextlib.ExitStack() as stack:
         for kind in _device_types(model):
             stack.enter_context(torch.autocast(kind, enabled=False))
@@ -261,9 +312,12 @@ def checkpointing_off(model: Any) -> Iterator[None]:
     flags come back when the last block that switched them off ends, also when it raises."""
     taken: list[tuple[Any, str]] = []
     with _CHECKPOINTING_LOCK:
+        # a WeakKeyDictionary lookup builds a weak reference: only while some block holds flags. Asked once, not per
+        # module (its len() is a Python call): the entries this walk adds are for modules it has passed
+        held_any = bool(_CHECKPOINTING)
+        empty: dict[str, list] = {}
         for module in submodules(model):
-            # a WeakKeyDictionary lookup builds a weak reference: only while some block holds flags
-            held = _CHECKPOINTING.get(module, {}) if _CHECKPOINTING else {}
+            held = _CHECKPOINTING.get(module, empty) if held_any else empty
             for attr in CHECKPOINTING_FLAGS:
                 entry = held.get(attr)
                 if entry is not None:

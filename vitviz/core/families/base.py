@@ -31,6 +31,7 @@ from typing import Any
 import torch
 from torch import nn
 
+from vitviz.core.contexts import once_per_window
 from vitviz.core.families.pooling import pool_tokens
 from vitviz.core.families.readout import Readout, default_readout
 from vitviz.core.families.token_drop import keep_token_hook, token_index
@@ -182,10 +183,20 @@ class Layout:
 
 
 class Family:
-    """One kind of ViT. Subclasses override ``match`` and the layout accessors."""
+    """One kind of ViT. Subclasses override ``match`` and the layout accessors.
+
+    A subclass's own ``attention_modules`` is computed once per ``walk_once`` window for one model
+    (``contexts.once_per_window``): a call's set-up asks it some six times (``inspect``'s layout, maps and blocks, the
+    capture), and it reads only the module tree, which the set-up never changes."""
 
     name = "base"
     probe: Probe
+
+    def __init_subclass__(cls, **kwargs: Any) -> None:
+        super().__init_subclass__(**kwargs)
+        own = cls.__dict__.get("attention_modules")
+        if own is not None and not hasattr(own, "__wrapped__"):
+            cls.attention_modules = once_per_window(own)
 
     def match(self, model: nn.Module) -> bool:
         raise NotImplementedInVitviz

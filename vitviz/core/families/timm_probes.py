@@ -50,6 +50,7 @@ from torch import nn
 
 import vitviz.core.families.stream as stream
 from vitviz.core import kernels
+from vitviz.core.contexts import once_per_window
 from vitviz.core.families.base import Emit, HeadMaps, Probe, Undo, chain_undos, plain_linear, set_attr
 from vitviz.core.families.probes import probe_attn_drop
 from vitviz.core.kernels import forward_lse
@@ -152,6 +153,7 @@ _HELPERS = {"mask": _MASKED, "rotary": (*_MASKED, "apply_rot_embed_cat"), "relpo
             "parallel": _MASKED, "differential": _MASKED}
 
 
+@once_per_window  # asked twice per layer in a call's set-up (stream_probe_for, then the probe)
 def _stream_kind(module: nn.Module) -> tuple[str, Any] | None:
     """``(kind, defining Python module)`` when ``module`` is exactly one of the ``_STREAMED`` classes (not a
     subclass, which may compute attention differently) with what its forward uses where the probe reads it; else
