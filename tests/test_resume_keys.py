@@ -14,6 +14,7 @@ from conftest import tiny_timm_vit
 from torch.utils.data import DataLoader, TensorDataset
 
 import vitviz
+from vitviz.analysis.distance import DistanceReduction
 from vitviz.core.digest import source_digest
 from vitviz.core.features import extract_features
 from vitviz.errors import CheckpointError
@@ -61,7 +62,11 @@ def test_a_checkpoint_without_the_computation_version_is_refused(tmp_path):
     ckpt = tmp_path / "distance.pt"
     want = vitviz.mean_attention_distance(model, StopAt(x), batch_size=2, checkpoint=ckpt)
     saved = torch.load(ckpt, weights_only=True)
-    assert saved["fingerprint"]["version"] == 1
+    assert saved["fingerprint"]["version"] == DistanceReduction.version
+    saved["fingerprint"]["version"] = DistanceReduction.version - 1  # the computation before the last fix
+    torch.save(saved, ckpt)
+    with pytest.raises(CheckpointError, match=r"differs in version \(vitviz's computation of the reduction"):
+        vitviz.mean_attention_distance(model, StopAt(x), batch_size=2, checkpoint=ckpt)
     del saved["fingerprint"]["version"]  # as written before vitviz recorded it
     torch.save(saved, ckpt)
     with pytest.raises(CheckpointError, match=r"differs in version \(vitviz's computation of the reduction"):

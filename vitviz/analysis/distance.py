@@ -208,6 +208,7 @@ class DistanceReduction(RunningReduction):
     """
 
     name = "mean_attention_distance"
+    version = 2  # 2: a query on prefix tokens alone is left out of its image's mean (counted as 0 px in 1)
 
     def __init__(self, model: nn.Module) -> None:
         super().__init__()
