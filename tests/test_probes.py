@@ -257,6 +257,53 @@ def test_folder_sources_read_only_the_drawn_images(tiny_folder):
     assert k.train_images.item() == 300 and 0 <= k.accuracy.item() <= 100
 
 
+def test_a_test_folder_lacking_a_class_is_labelled_by_the_training_folders_classes(tiny_folder, tmp_path):
+    """A folder numbers its own sorted sub-folders: a test folder without ``class3`` would label ``class4`` as 3, and
+    so on, each scored as another training class. The test folder is labelled by the training folder's class
+    names: the same accuracy as the same images with their training-set labels, on both probes. A test class the
+    training set lacks, and two datasets that name different classes, are refused."""
+    import shutil
+
+    from vitviz.analysis.representations import knn_probe, linear_fewshot
+    from vitviz.core.datasets import ImageFolder
+
+    model = tiny_timm_vit(img_size=32, num_classes=10)
+    train, test = tiny_folder / "train", tmp_path / "test"
+    shutil.copytree(tiny_folder / "test", test)
+    shutil.rmtree(test / "class3")
+    ds = ImageFolder(test, model, classes=ImageFolder(train, model).classes)
+    assert 3 not in ds.labels and ds.labels[-10:] == [9] * 10 and ImageFolder(test, model).labels[-10:] == [8] * 10
+    x, y = torch.stack([ds[i][0] for i in range(len(ds))]), torch.tensor(ds.labels)
+    for probe, kw in ((linear_fewshot, dict(shots=(5,), seeds=(0,), l2_reg=1.0)), (knn_probe, dict(k=5))):
+        got, want = probe(model, train, test, **kw), probe(model, train, (x, y), **kw)
+        assert got.accuracy.item() == want.accuracy.item(), probe.__name__
+    (test / "class10").mkdir()
+    shutil.copy(next((tiny_folder / "test" / "class3").iterdir()), test / "class10" / "0000.jpg")
+    with pytest.raises(InputError, match=r"class10"):
+        linear_fewshot(model, train, test, shots=(1,), seeds=(0,))
+    with pytest.raises(InputError, match="number different classes"):
+        knn_probe(model, ImageFolder(train, model), ImageFolder(test, model), k=5)
+
+
+def test_a_model_whose_head_pools_nothing_is_refused_for_its_pre_logits_and_probed_at_a_block():
+    """timm's ``global_pool=''`` hands every token to the head: no pre-logits vector to probe (refused, the model
+    class and the fix named, rather than torch's shape error); a block's tokens are pooled as before."""
+    from timm.models.vision_transformer import VisionTransformer
+
+    from vitviz.core.features import extract_features
+    from vitviz.errors import UnsupportedModelError
+
+    model = VisionTransformer(img_size=(32, 48), patch_size=8, embed_dim=32, depth=2, num_heads=2, num_classes=3,
+                              global_pool="").eval()
+    x, y = torch.randn(4, 3, 32, 48), torch.tensor([0, 1, 2, 0])
+    with pytest.raises(UnsupportedModelError, match=r"VisionTransformer: its pre-logits output is \(4, 25, 32\)"):
+        extract_features(model, (x, y))
+    feats = extract_features(model, (x, y), layers=[1], pre_logits=False)
+    with torch.no_grad():  # the class token of the last block's output, read by hand
+        tokens = model.blocks(model.norm_pre(model._pos_embed(model.patch_embed(x))))
+    torch.testing.assert_close(feats.feats[1], tokens[:, 0])
+
+
 def test_knn_weights_are_exponential_in_similarity_over_temperature():
     # one very similar neighbour of class 0 outvotes two fairly similar ones of class 1 only through exp(sim / T)
     q = np.array([[1.0, 0.0]])

@@ -90,14 +90,39 @@ def per_class_subset(model: nn.Module, source: Any, per_class: int) -> Subset:
     return Subset(ds, keep.tolist())
 
 
-def _index(model: nn.Module, source: Any, argument: str = "source") -> Any:
+def _index(model: nn.Module, source: Any, argument: str = "source", classes: Sequence[str] | None = None) -> Any:
     from vitviz.core.datasets import ImageFolder
     from vitviz.core.loader_order import loader_positions
 
     src = as_dataset_source(source)
     if isinstance(src, DataLoader):
         loader_positions(src, argument)  # features are kept in dataset order: refuses a loader of unknown order
-    return ImageFolder(src, model) if isinstance(src, (str, os.PathLike)) else src
+    return ImageFolder(src, model, classes) if isinstance(src, (str, os.PathLike)) else src
+
+
+def _class_names(source: Any) -> list[str] | None:
+    """The class names a dataset numbers its labels by (``classes``: vitviz's and torchvision's folders), or None."""
+    source = source.dataset if isinstance(source, (Subset, DataLoader)) else source
+    names = getattr(source, "classes", None)
+    return list(names) if isinstance(names, (list, tuple)) else None
+
+
+def _index_pair(model: nn.Module, train: Any, test: Any) -> tuple[Any, Any]:
+    """``train`` and ``test`` indexed, their labels numbering the same classes: a test folder is labelled by the
+    training set's class names (a folder numbers its own sorted sub-folders, so a test folder lacking one class
+    would shift every later label onto the wrong class); two datasets that name their classes must name the same.
+
+    Raises:
+        InputError: a test folder with a class the training set lacks, or datasets naming different classes."""
+    tr = _index(model, train, "train")
+    names = _class_names(tr)
+    te = _index(model, test, "test", classes=names if isinstance(as_dataset_source(test), (str, os.PathLike)) else None)
+    other = _class_names(te)
+    if names is not None and other is not None and names != other:
+        raise InputError(f"train and test number different classes (train: {names}; test: {other}), so a test "
+                         "label would be scored as another class; pass the test set as a folder (vitviz labels it "
+                         "by the training set's class names) or build both datasets with the same classes")
+    return tr, te
 
 
 def _extract(model: nn.Module, src: Any, keep: np.ndarray | None, layers: Any, pre_logits: bool, cache: Any,
@@ -133,7 +158,7 @@ def _name(model: nn.Module, name: str | None) -> str:
 def _features(model: nn.Module, train: Any, test: Any, shots: Sequence[int], seeds: Sequence[int], layers: Any,
               pre_logits: bool, cache: Any, name: str, **kw: Any) -> tuple[Features, Features, dict, np.ndarray]:
     """Features of exactly the training images some draw uses (all of them for a DataLoader), and of the test set."""
-    tr, te = _index(model, train, "train"), _index(model, test, "test")
+    tr, te = _index_pair(model, train, test)
     labels = labels_of(tr)
     if labels is not None:
         draws = fewshot_draws(labels, shots, seeds)
@@ -222,8 +247,9 @@ def knn_probe(model: nn.Module, train: Any, test: Any, *, k: int = 20, temperatu
     nm = _name(model, name)
     layers = None if layer is None else [layer]
     kw = dict(batch_size=batch_size, num_workers=num_workers, progress=progress, autocast=autocast)
-    ftr = _extract(model, _index(model, train, "train"), None, layers, layer is None, cache, f"{nm}-knntrain", **kw)
-    fte = _extract(model, _index(model, test, "test"), None, layers, layer is None, cache, f"{nm}-test", **kw)
+    tr, te = _index_pair(model, train, test)
+    ftr = _extract(model, tr, None, layers, layer is None, cache, f"{nm}-knntrain", **kw)
+    fte = _extract(model, te, None, layers, layer is None, cache, f"{nm}-test", **kw)
     key = PRE_LOGITS if layer is None else resolve_blocks(model, layer)[0]
     acc = knn_accuracy(ftr.feats[key].numpy(), ftr.labels.numpy(), fte.feats[key].numpy(), fte.labels.numpy(),
                        k=k, temperature=temperature)

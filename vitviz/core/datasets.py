@@ -20,7 +20,7 @@ Faithfulness curves, statistics of attention, anything averaged over images plug
 from __future__ import annotations
 
 import os
-from collections.abc import Callable, Iterator
+from collections.abc import Callable, Iterator, Sequence
 from pathlib import Path
 from typing import Any
 
@@ -45,10 +45,12 @@ class ImageFolder(Dataset):
     """The images under ``root`` (recursively, sorted), preprocessed for ``model``; items are ``(x, label)``.
 
     ``label`` is the index of the image's first-level sub-folder among the sorted sub-folders (the
-    ``ImageFolder`` convention), or -1 for images directly in ``root``.
+    ``ImageFolder`` convention), or -1 for images directly in ``root``. With ``classes`` (another folder's
+    ``classes``, e.g. the training set's for its test set), the index of the sub-folder's name among them: a test
+    folder that lacks a class keeps the others' labels; a sub-folder not among them is refused.
     """
 
-    def __init__(self, root: str | os.PathLike, model: nn.Module) -> None:
+    def __init__(self, root: str | os.PathLike, model: nn.Module, classes: Sequence[str] | None = None) -> None:
         from timm.data import create_transform
 
         from vitviz.core.images import data_config
@@ -60,9 +62,15 @@ class ImageFolder(Dataset):
         self.files = sorted(p for p in self.root.rglob("*") if p.suffix.lower() in IMAGE_SUFFIXES and p.is_file())
         if not self.files:
             raise InputError(f"no images ({', '.join(IMAGE_SUFFIXES)}) under {str(root)!r}")
-        classes = sorted({p.relative_to(self.root).parts[0] for p in self.files if p.parent != self.root})
-        self.classes = classes
-        index = {c: i for i, c in enumerate(classes)}
+        found = sorted({p.relative_to(self.root).parts[0] for p in self.files if p.parent != self.root})
+        if classes is not None:
+            unknown = [c for c in found if c not in set(classes)]
+            if unknown:
+                raise InputError(f"{str(root)!r} has class sub-folder(s) {unknown} that the training set does not "
+                                 f"have (its classes: {list(classes)}); a probe can score only the classes it was "
+                                 "fitted on: leave them out of the test folder, or add them to the training folder")
+        self.classes = list(classes) if classes is not None else found
+        index = {c: i for i, c in enumerate(self.classes)}
         self.labels = [index[p.relative_to(self.root).parts[0]] if p.parent != self.root else -1 for p in self.files]
         self.transform = create_transform(**data_config(model), is_training=False)
 

@@ -28,7 +28,7 @@ from torch.utils.data import TensorDataset as TorchTensorDataset
 from vitviz.core.datasets import RunningReduction, reduce_dataset
 from vitviz.core.loader_order import loader_positions
 from vitviz.core.util import in_eval_mode
-from vitviz.errors import InputError, LayerSelectError
+from vitviz.errors import InputError, LayerSelectError, UnsupportedModelError
 
 PRE_LOGITS = "pre_logits"
 FeatureSource = str | os.PathLike | Dataset | DataLoader | tuple[torch.Tensor, torch.Tensor]
@@ -126,7 +126,14 @@ class FeatureReduction(RunningReduction):
             handles.append(self.block_modules[i].register_forward_hook(hook))
         try:
             if self.want_pre_logits:
-                self._put(PRE_LOGITS, rows, self.family.pre_logits(model, x))
+                pre = self.family.pre_logits(model, x)
+                if pre.ndim != 2:
+                    raise UnsupportedModelError(
+                        f"{type(model).__name__}: its pre-logits output is {tuple(pre.shape)}, every token rather "
+                        "than one vector per image (its head pools nothing, as timm's global_pool=''), so it has no "
+                        "pre-logits representation to probe; pass layer=<block index> (that block's tokens, pooled "
+                        "as the readout pools them) or build the model with a pooling (global_pool='token' or 'avg')")
+                self._put(PRE_LOGITS, rows, pre)
             else:
                 model(x)
         finally:
