@@ -304,6 +304,36 @@ def test_a_model_whose_head_pools_nothing_is_refused_for_its_pre_logits_and_prob
     torch.testing.assert_close(feats.feats[1], tokens[:, 0])
 
 
+def test_labels_an_attribute_does_not_describe_are_read_from_the_items():
+    """A dataset's ``targets`` are its items' labels only without a ``target_transform`` (torchvision maps each item's
+    label by it) and with one label per item: otherwise the draws are made from the labels the items carry, as
+    for the same images given as tensors."""
+    from torch.utils.data import Dataset
+
+    from vitviz.analysis.representations import labels_of, linear_fewshot
+
+    class Mapped(Dataset):  # torchvision's convention: ``targets`` before ``target_transform``
+        def __init__(self, x, y, target_transform=None, extra=0):
+            self.x, self.targets, self.target_transform = x, y.tolist() + [0] * extra, target_transform
+
+        def __len__(self):
+            return len(self.x)
+
+        def __getitem__(self, i):
+            y = self.targets[i]
+            return self.x[i], y if self.target_transform is None else self.target_transform(y)
+
+    model = tiny_timm_vit()
+    (x, y), test = _data(6, classes=6), _data(2, classes=3, seed=1)
+    merged = Mapped(x, y, target_transform=lambda c: c // 2)  # six folders, three classes
+    assert labels_of(merged) is None and labels_of(Mapped(x, y, extra=3)) is None
+    assert (labels_of(Mapped(x, y)) == y.numpy()).all()
+    got = linear_fewshot(model, merged, test, shots=(2,), seeds=(0, 1), l2_reg=0.5)
+    want = linear_fewshot(model, (x, y // 2), test, shots=(2,), seeds=(0, 1), l2_reg=0.5)
+    assert (got.train_images == 2 * 3).all()
+    assert got.accuracy.tolist() == want.accuracy.tolist()
+
+
 def test_knn_weights_are_exponential_in_similarity_over_temperature():
     # one very similar neighbour of class 0 outvotes two fairly similar ones of class 1 only through exp(sim / T)
     q = np.array([[1.0, 0.0]])

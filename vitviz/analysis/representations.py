@@ -54,10 +54,16 @@ def labels_of(source: Any) -> np.ndarray | None:
     if isinstance(source, Subset):
         inner = labels_of(source.dataset)
         return None if inner is None else inner[np.asarray(source.indices)]
+    if getattr(source, "target_transform", None) is not None:
+        return None  # torchvision's datasets map each item's label by it: the attribute holds the labels before
     for attr in ("labels", "targets"):
         lab = getattr(source, attr, None)
         if lab is not None and not callable(lab):
-            return np.asarray(lab)
+            lab = np.asarray(lab)
+            try:  # a list that does not hold one label per item is not the items' labels
+                return lab if lab.ndim == 1 and len(lab) == len(source) else None
+            except TypeError:  # a source without a length
+                return None
     tensors = getattr(source, "tensors", None)  # torch TensorDataset
     if tensors is not None and len(tensors) > 1:
         return tensors[1].cpu().numpy()
@@ -79,7 +85,7 @@ def per_class_subset(model: nn.Module, source: Any, per_class: int) -> Subset:
     labels = labels_of(ds)
     if labels is None:
         raise InputError("per_class_subset needs labels it can read without the images (a folder, a torchvision "
-                         "dataset, a TensorDataset)")
+                         "dataset without target_transform, a TensorDataset)")
     classes = np.unique(labels)
     counts = {int(c): int((labels == c).sum()) for c in classes}
     short = {c: n for c, n in counts.items() if n < per_class}
