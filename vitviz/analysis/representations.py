@@ -215,7 +215,9 @@ def linear_fewshot(model: nn.Module, train: Any, test: Any, shots: Sequence[int]
             known order (``shuffle=False``; the draws index the dataset, so a shuffling, subset or weighted-sampling
             loader is refused) or
             ``(images (M, 3, H, W), labels (M,))`` tensors. Only the training images some draw uses are read
-            when the labels are known without the images (folders, torchvision datasets, tensors).
+            when the labels are known without the images (folders, torchvision datasets, tensors). A test folder
+            is labelled by the training set's class names (it may lack a class; a class the training set lacks is
+            refused), and two datasets that name their classes must name the same ones.
         shots: images per class. l2_reg: fixed penalty, or None to choose it. seeds: one draw each.
         layer: None for the pre-logits representation, or a block index for that block's pooled token.
         name: the ``model`` column (default: the model's name).
