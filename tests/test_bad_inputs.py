@@ -163,6 +163,11 @@ ROWS: list[Row] = [
     ("layers-object", lambda: capture({"blocks": 1}), LayerSelectError, "is not a layer selector"),
     ("start-layer-bool", lambda: rollout(start_layer=True), LayerSelectError, "start_layer=True is a bool"),
     ("start-layer-out-of-range", lambda: rollout(start_layer=5), LayerSelectError, "start_layer=5 is out of range"),
+    ("discard-ratio-string", lambda: rollout(discard_ratio="0.5"), InputError,
+     "discard_ratio='0.5' is not a fraction in [0, 1]"),
+    ("discard-ratio-bool", lambda: rollout(discard_ratio=True), InputError, "discard_ratio=True is not a fraction"),
+    ("discard-ratio-above-1", lambda: rollout(discard_ratio=1.5), InputError, "discard_ratio=1.5 is not a fraction"),
+    ("residual-string", lambda: rollout(residual="no"), InputTypeError, "residual='no' is not True or False"),
     ("heads-layer-float", lambda: vitviz.plot_attention_heads_grid(M, GOOD[:1], 1.0), LayerSelectError,
      "layer=1.0 is a float"),
     # targets (grad_rollout / explain target=...): count equals the batch, integers in range only, callables

@@ -310,3 +310,51 @@ def test_a_checkpoint_of_another_shard_or_a_dropped_tail_is_refused_and_a_batch_
     assert extract_features(model, shard(0), checkpoint=feats).labels.tolist() == [0, 2, 4, 6]
     with pytest.raises(CheckpointError, match="another run"):
         extract_features(model, shard(1), checkpoint=feats)
+
+
+class Stream(torch.utils.data.IterableDataset):
+    """The images of ``x`` (labelled 0) read in order, with no length: an ``IterableDataset``."""
+
+    def __init__(self, x):
+        self.x = x
+
+    def __iter__(self):
+        return iter([(img, 0) for img in self.x])
+
+
+ANALYSES = {"mean_attention_distance": vitviz.mean_attention_distance, "attention_statistics": attention_statistics}
+
+
+@pytest.mark.parametrize("name", sorted(ANALYSES))
+def test_a_dataset_gets_the_argument_checks_of_a_batch(name, tmp_path):
+    """On a Dataset or DataLoader the arguments are checked as on a tensor, each error naming the argument, its value
+    and the fix (before: bare TypeErrors and torch's ValueError); no images at all is the tensor path's error, not
+    an error about the forward pass; an IterableDataset is read as it yields (its result that of the batch), refused
+    only where vitviz cannot shard it (loader workers) and when it yields nothing."""
+    from vitviz.errors import ImageInputError, InputTypeError
+
+    fn, model, x = ANALYSES[name], tiny_timm_vit(), images(5)
+    ds = TensorDataset(x, torch.zeros(5))
+    for bad in (2.5, True, "4", 0):
+        with pytest.raises(InputError, match=rf"batch_size={bad!r} is not a positive number"):
+            fn(model, ds, batch_size=bad)
+    with pytest.raises(InputError, match=r"batch_size=None .* pass an integer"):
+        fn(model, ds, batch_size=None)
+    with pytest.raises(InputError, match=r"checkpoint_every='5' is not a positive number of batches"):
+        fn(model, ds, checkpoint=tmp_path / "run.pt", checkpoint_every="5")
+    with pytest.raises(InputTypeError, match=r"checkpoint=5 is not a file path"):
+        fn(model, ds, checkpoint=5)
+    with pytest.raises(InputError, match=r"is a folder; pass a file path in it"):
+        fn(model, ds, checkpoint=tmp_path)
+    for empty in (TensorDataset(x[:0], torch.zeros(0)), DataLoader(TensorDataset(x[:0], torch.zeros(0))),
+                  Stream(x[:0])):
+        with pytest.raises(ImageInputError, match=r"images: 0 images|yielded 0 images"):
+            fn(model, empty, batch_size=2)
+    want, got = fn(model, x), fn(model, Stream(x), batch_size=2)
+    for key in (want if isinstance(want, dict) else [None]):
+        w, g = (want, got) if key is None else (want[key], got[key])
+        torch.testing.assert_close(g, w, rtol=1e-6, atol=1e-6)
+    with pytest.raises(InputError, match=r"IterableDataset, which vitviz cannot shard between loader workers"):
+        fn(model, Stream(x), batch_size=2, num_workers=1)
+    with pytest.raises(InputTypeError, match=r"reduction=None is not a RunningReduction"):
+        reduce_dataset(model, ds, None)

@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+import math
+
 import numpy as np
 import pytest
 import timm
@@ -170,35 +172,36 @@ FINITE_DTYPES = (torch.float16, torch.bfloat16, torch.float32, torch.float64)
 
 
 @pytest.mark.parametrize("dtype", FINITE_DTYPES, ids=str)
-def test_the_finiteness_check_agrees_with_isfinite(dtype):
-    """``all_finite`` (one sum, the values tested one by one only where it is not finite) answers as
-    ``torch.isfinite(x).all()`` does: a NaN, either infinity, both infinities (whose sum is NaN) anywhere in the
-    batch; finite values whose sum overflows (the elementwise test then passes them); fp16 values whose fp16 sum
-    would overflow (summed in float32); an empty tensor."""
-    from vitviz.core.images import all_finite
+def test_the_value_range_tells_finiteness_as_isfinite_does(dtype):
+    """``value_range`` (one ``aminmax``, one read) gives the batch's smallest and largest value, and a non-finite
+    bound exactly where ``torch.isfinite(x).all()`` is False: a NaN, either infinity, both infinities, anywhere in
+    the batch (``aminmax`` propagates NaN); the largest finite values of the dtype pass; an empty tensor passes."""
+    from vitviz.core.images import value_range
 
     big = torch.finfo(dtype).max
     cases = {"clean": torch.randn(2, 3, 5, 7)}
     for name, value in (("nan", float("nan")), ("+inf", float("inf")), ("-inf", float("-inf"))):
-        t = torch.randn(2, 3, 5, 7)
-        t[1, 2, 4, 6] = value  # the last value: nothing after it to hide it
-        cases[name] = t
+        for where in (0, 105, 209):  # the first, a middle and the last value
+            t = torch.randn(2, 3, 5, 7)
+            t.view(-1)[where] = value
+            cases[f"{name} at {where}"] = t
     both = torch.randn(2, 3, 5, 7)
     both[0, 0, 0, 0], both[1, 1, 1, 1] = float("inf"), float("-inf")
     cases["+inf and -inf"] = both
-    cases["overflowing sum"] = torch.full((2, 3, 5, 7), big, dtype=dtype)  # fp16: finite in its float32 sum
+    cases["largest finite"] = torch.full((2, 3, 5, 7), big, dtype=dtype)
     cases["empty"] = torch.empty(0, 3, 5, 7)
     for name, t in cases.items():
         t = t.to(dtype)
-        assert all_finite(t) == bool(torch.isfinite(t).all()), (name, dtype)
-    assert all_finite(cases["clean"].to(dtype)) and all_finite(cases["overflowing sum"].to(dtype))
-    assert not any(all_finite(cases[k].to(dtype)) for k in ("nan", "+inf", "-inf", "+inf and -inf"))
+        lo, hi = value_range(t)
+        assert (math.isfinite(lo) and math.isfinite(hi)) == bool(torch.isfinite(t).all()), (name, dtype)
+        if t.numel() and bool(torch.isfinite(t).all()):
+            assert (lo, hi) == (float(t.min()), float(t.max())), (name, dtype)
 
 
 @pytest.mark.parametrize("dtype", FINITE_DTYPES, ids=str)
 def test_the_input_check_forms_no_tensor_the_size_of_the_input(dtype):
-    """``check_tensor`` on a finite batch dispatches one reduction over it and one read of its scalar result: no
-    elementwise op whose output is as large as the input (``torch.isfinite(x).all()`` formed an ``abs`` copy and
+    """``check_tensor`` on a finite batch dispatches one reduction over it (``aminmax``) and one read of its two
+    values: no elementwise op whose output is as large as the input (``torch.isfinite(x).all()`` formed an ``abs`` copy and
     three boolean tensors of the input's size: 14 MB beside a bf16 ViT-B/16 batch of 8 at 448 px, and five kernel
     launches on a GPU instead of one)."""
     from torch.utils._python_dispatch import TorchDispatchMode
@@ -219,24 +222,47 @@ def test_the_input_check_forms_no_tensor_the_size_of_the_input(dtype):
     x = torch.randn(2, 3, 16, 16).to(dtype)
     with Ops() as ops:
         check_tensor(x)
-    assert [name for name, _ in ops.seen] == ["sum", "_local_scalar_dense"], ops.seen
+    assert [name for name, _ in ops.seen] == ["aminmax", "stack"], ops.seen  # then one tolist: the read
     assert all(numel < x.numel() for _, numel in ops.seen), ops.seen
 
 
 @pytest.mark.gpu
 @pytest.mark.parametrize("dtype", FINITE_DTYPES, ids=str)
-def test_the_finiteness_check_on_cuda_agrees_with_isfinite(dtype):
-    """On a CUDA batch (the reduction that reads half types without a copy) the check refuses a NaN or an infinity
-    anywhere, passes finite values whose sum overflows, and answers as ``torch.isfinite(x).all()``; also in a
-    448 px batch of 8, where the reduction runs in many blocks."""
-    from vitviz.core.images import all_finite
+def test_the_value_range_on_cuda_tells_finiteness_as_isfinite_does(dtype):
+    """On a CUDA batch (a reduction that reads half types as they are) a NaN or an infinity anywhere gives a
+    non-finite bound, the largest finite values pass, and the bounds are the batch's; also in a 448 px batch of 8,
+    where the reduction runs in many blocks."""
+    from vitviz.core.images import value_range
 
     for shape in ((2, 3, 5, 7), (8, 3, 448, 448)):
         clean = torch.randn(*shape, device="cuda").to(dtype)
-        assert all_finite(clean)
-        assert all_finite(torch.full(shape, torch.finfo(dtype).max, dtype=dtype, device="cuda"))
+        assert value_range(clean) == (float(clean.min()), float(clean.max()))
+        big = torch.finfo(dtype).max
+        assert value_range(torch.full(shape, big, dtype=dtype, device="cuda")) == (big, big)
         for value in (float("nan"), float("inf"), float("-inf")):
             for where in (0, clean.numel() // 2, clean.numel() - 1):
                 t = clean.clone()
                 t.view(-1)[where] = value
-                assert not all_finite(t) and not bool(torch.isfinite(t).all()), (value, where)
+                lo, hi = value_range(t)
+                assert not (math.isfinite(lo) and math.isfinite(hi)) and not bool(torch.isfinite(t).all())
+
+
+def test_unnormalised_pixels_are_warned_about_on_every_input_path():
+    """Values far beyond a normalised image's range (0-255 pixels given as floats) are warned about
+    (``ImageRangeWarning``, naming the range and the fix) on a tensor, a Dataset and a DataLoader alike; a
+    normalised batch, and a normal draw of test values, are not."""
+    import warnings
+
+    from torch.utils.data import DataLoader, TensorDataset
+
+    from vitviz.errors import ImageRangeWarning
+
+    model = tiny_timm_vit()
+    raw = torch.rand(3, 3, 32, 48) * 255
+    for images in (raw, TensorDataset(raw), DataLoader(TensorDataset(raw), batch_size=2)):
+        with pytest.warns(ImageRangeWarning, match=r"values from .* to 25\d.*0-255 pixels given as floats"):
+            vitviz.mean_attention_distance(model, images)
+    with warnings.catch_warnings():
+        warnings.simplefilter("error", ImageRangeWarning)
+        vitviz.mean_attention_distance(model, torch.randn(3, 3, 32, 48))
+        vitviz.attention_rollout(model, (torch.rand(3, 3, 32, 48) - 0.485) / 0.229)

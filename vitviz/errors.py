@@ -107,6 +107,12 @@ class InferenceTensorError(InputError, RuntimeError):
     the fix (load the model outside inference mode, or clone its tensors)."""
 
 
+class ImageRangeWarning(VitvizError, UserWarning):
+    """Images whose values lie far outside a normalised image's range (0-255 pixels given as floats, say): the maps
+    would describe another input. A warning, not an error: a model that normalises its own input takes such values.
+    The message names the range found and the fix."""
+
+
 class ForwardStopped(VitvizError):
     """Raised by a vitviz hook to end a forward pass once it has read what it needs (the input of a model's
     classifier, ``read_input_of``); caught where it is raised, never seen by callers."""
@@ -114,7 +120,7 @@ class ForwardStopped(VitvizError):
 
 __all__ = [
     "CaptureError", "CheckpointError", "ComputeError", "DataNotFoundError", "ForwardStopped",
-    "ImageInputError", "InferenceTensorError", "InputError", "InputTypeError", "LayerSelectError",
+    "ImageInputError", "ImageRangeWarning", "InferenceTensorError", "InputError", "InputTypeError", "LayerSelectError",
     "MissingDependencyError",
     "NoPositionEmbeddingError", "NoRGBFiltersError", "NoSuchAttributeError", "NotAViTError",
     "NotImplementedInVitviz", "OutOfRangeError", "RunInterrupted", "UnknownNameError",

@@ -51,7 +51,7 @@ import torch
 from vitviz.analysis.readout_rows import PoolRows, Rows, output_rows, output_token
 from vitviz.core.capture import HeadMaps, check_layer_index
 from vitviz.core.spec import ViTSpec
-from vitviz.core.util import is_int
+from vitviz.core.util import is_int, is_number
 from vitviz.errors import CaptureError, InputError, InputTypeError
 
 __all__ = [
@@ -97,8 +97,8 @@ def _normalise_rows(w: torch.Tensor) -> torch.Tensor:
 
 
 def _check_ratio(ratio: float) -> None:
-    if not 0.0 <= ratio <= 1.0:
-        raise InputError(f"discard_ratio must lie in [0, 1], got {ratio}; e.g. discard_ratio=0.9 zeroes the "
+    if not is_number(ratio) or not 0.0 <= ratio <= 1.0:  # is_number: a real number, not a bool or a string
+        raise InputError(f"discard_ratio={ratio!r} is not a fraction in [0, 1]; e.g. discard_ratio=0.9 zeroes the "
                          "weakest 90% of each row")
 
 
@@ -160,6 +160,9 @@ class LayerRule:
         if self.kind not in RULES:
             raise InputError(f"rule kind must be one of {RULES}, got {self.kind!r}")
         _check_ratio(self.discard_ratio)
+        if self.residual not in (True, False):  # a bool (or NumPy's), not a truthy string such as 'no'
+            raise InputTypeError(f"residual={self.residual!r} is not True or False; pass residual=True to model the "
+                                 "skip connection (0.5 W + 0.5 I), False to leave it out")
         p = self.num_prefix_tokens
         if not is_int(p) or p < 0:
             raise InputError(f"num_prefix_tokens={p!r} is not a count of tokens; pass a non-negative integer, the "

@@ -26,14 +26,14 @@ from typing import Any
 
 import torch
 from torch import nn
-from torch.utils.data import DataLoader, Dataset
+from torch.utils.data import DataLoader, Dataset, IterableDataset
 from torch.utils.data.distributed import DistributedSampler
 
-from vitviz.core.batching import check_num_workers
+from vitviz.core.batching import check_batch_size, check_num_workers
 from vitviz.core.io import atomic_save
 from vitviz.core.loader_order import ShardSampler, loader_positions, loader_sampler, own_items
-from vitviz.core.util import in_eval_mode
-from vitviz.errors import CheckpointError, InputError, NotImplementedInVitviz
+from vitviz.core.util import in_eval_mode, is_int
+from vitviz.errors import CheckpointError, ImageInputError, InputError, InputTypeError, NotImplementedInVitviz
 
 IMAGE_SUFFIXES = (".jpg", ".jpeg", ".png", ".bmp", ".gif", ".webp", ".tif", ".tiff")
 
@@ -194,6 +194,13 @@ def _loader(source: Any, model: nn.Module, batch_size: int, num_workers: int, pi
     dataset = source
     if not isinstance(dataset, Dataset):
         raise InputError(f"images={type(source).__name__} is neither a folder, a Dataset nor a DataLoader")
+    if isinstance(dataset, IterableDataset):  # no sampler: read in its own order, what a checkpoint holds skipped
+        if world > 1 or num_workers:
+            raise InputError(f"images={type(dataset).__name__}() is an IterableDataset, which vitviz cannot shard "
+                             f"between {'ranks' if world > 1 else 'loader workers'} (each would read every image); "
+                             "pass num_workers=0 on one process, or a DataLoader whose dataset shards itself "
+                             "(torch.utils.data.get_worker_info)")
+        return own_loader(dataset, batch_size=batch_size, pin_memory=pin), skip
     sampler = ShardSampler(dataset, num_replicas=world, rank=rank, skip=skip)
     return own_loader(dataset, batch_size=batch_size, sampler=sampler, num_workers=num_workers, pin_memory=pin,
                       persistent_workers=False), 0
@@ -396,8 +403,21 @@ def reduce_dataset(
     Returns:
         ``reduction``, its ``sums`` and ``images`` covering every image (of every rank, after the all-reduce).
     """
-    if batch_size < 1 or checkpoint_every < 1:
-        raise InputError(f"batch_size and checkpoint_every must be positive, got {batch_size} and {checkpoint_every}")
+    if not isinstance(reduction, RunningReduction):
+        raise InputTypeError(f"reduction={reduction!r} is not a RunningReduction; pass one, e.g. "
+                             "vitviz.analysis.distance.DistanceReduction(model)")
+    check_batch_size(batch_size)
+    if batch_size is None:
+        raise InputError("batch_size=None (one batch of every image) applies to a tensor batch; a folder, Dataset "
+                         "or DataLoader is read in batches: pass an integer such as 32")
+    if not is_int(checkpoint_every) or checkpoint_every < 1:
+        raise InputError(f"checkpoint_every={checkpoint_every!r} is not a positive number of batches; pass an "
+                         "integer such as 50")
+    if checkpoint is not None and not isinstance(checkpoint, (str, os.PathLike)):
+        raise InputTypeError(f"checkpoint={checkpoint!r} is not a file path; pass a path such as 'run.pt', or None")
+    if checkpoint is not None and Path(checkpoint).is_dir():
+        raise InputError(f"checkpoint={str(checkpoint)!r} is a folder; pass a file path in it, such as "
+                         f"{str(Path(checkpoint) / (reduction.name + '.pt'))!r}")
     check_num_workers(num_workers)
     rank, world = _world()
     device = _device(model)
@@ -410,6 +430,8 @@ def reduce_dataset(
         n = len(source.dataset if isinstance(source, DataLoader) else source)  # type: ignore[arg-type]
     except TypeError:
         n = None  # an iterable dataset
+    if n == 0:
+        raise ImageInputError(f"images: 0 images in {type(source).__name__}; pass at least one image")
     path = _checkpoint_path(checkpoint, rank, world) if checkpoint is not None else None
     if path is not None and isinstance(source, DataLoader):
         loader_positions(source)  # resuming skips the images done: refused for a loader of unknown order
@@ -463,6 +485,8 @@ def reduce_dataset(
             bar.close()
     if world > 1 and all_reduce:
         _all_reduce(reduction, device)
+    if world == 1 and reduction.images == 0:  # an iterable dataset that yielded nothing
+        raise ImageInputError(f"images: {type(source).__name__} yielded 0 images; pass at least one image")
     return reduction
 
 

@@ -10,6 +10,7 @@ from __future__ import annotations
 
 import math
 import os
+import warnings
 from collections.abc import Sequence
 from pathlib import Path
 from typing import Any
@@ -21,7 +22,7 @@ from torch import nn
 
 from vitviz.core.families import family_of
 from vitviz.core.spec import ViTSpec, inspect
-from vitviz.errors import ImageInputError, NotAViTError
+from vitviz.errors import ImageInputError, ImageRangeWarning, NotAViTError
 
 ImageLike = Any  # torch.Tensor | PIL.Image.Image | np.ndarray | str | os.PathLike
 Images = ImageLike | Sequence[ImageLike]
@@ -164,30 +165,28 @@ def to_pil(image: ImageLike, argument: str = "images") -> Image.Image:
     )
 
 
-_SUMMED = {torch.float16: torch.float32, torch.bfloat16: None, torch.float32: None, torch.float64: None}
+NORMALISED_LIMIT = 20.0
+"""The largest magnitude ``check_tensor`` takes for a normalised image without a warning: a [0, 1] image normalised
+by any usual mean and std lies within about 3 (ImageNet's: -2.1 to 2.6; CLIP's: -1.8 to 2.2; 0.5 and 0.5: -1 to 1),
+a normal draw of a test batch within about 6; 0-255 pixels given as floats reach some hundreds."""
 
 
-def all_finite(x: torch.Tensor) -> bool:
-    """Whether every value of the floating tensor ``x`` is finite, read in one reduction and one host read.
-
-    A sum is finite only if each of its terms is (a NaN or an infinity makes it NaN or infinite, in IEEE arithmetic),
-    so a finite sum answers at once; where it is not, the values are tested one by one: a NaN or an infinity, or
-    finite values whose sum overflowed (float32 beyond 3.4e38), which pass. fp16 is summed into float32 (an fp16 sum
-    would overflow at 65504; the CUDA reduction reads fp16 as it is, without a copy), bf16 in its own type (float32's
-    range; the reduction accumulates in float32). ``torch.isfinite(x).all()`` forms an ``x``-sized copy and three
-    ``x``-sized boolean tensors and launches five kernels on a GPU, where this sum forms none and launches one.
-    """
+def value_range(x: torch.Tensor) -> tuple[float, float]:
+    """The smallest and largest value of the floating tensor ``x``, in one reduction and one host read (NaN if
+    it holds one: ``aminmax`` propagates NaN; an infinity is its own bound). One kernel on a GPU that reads half
+    types as they are, and no tensor the size of ``x`` (``torch.isfinite(x).all()`` formed an ``x``-sized copy and
+    three ``x``-sized boolean tensors)."""
     if x.numel() == 0:
-        return True
-    if x.dtype in _SUMMED:
-        total = x.sum(dtype=_SUMMED[x.dtype])
-        if math.isfinite(float(total)):
-            return True
-    return bool(torch.isfinite(x).all())
+        return 0.0, 0.0
+    pair = torch.stack(torch.aminmax(x))
+    lo, hi = (pair if pair.device.type == "cpu" else pair.cpu()).tolist()  # one read: a copy from a device
+    return lo, hi
 
 
 def check_tensor(x: torch.Tensor, argument: str = "images") -> None:
-    """Validate a ``(B, 3, H, W)`` batch: floating dtype, 3 channels, at least one image, finite values.
+    """Validate a ``(B, 3, H, W)`` batch: floating dtype, 3 channels, at least one image, finite values; warn
+    (``ImageRangeWarning``) when its values reach beyond ``NORMALISED_LIMIT`` (unnormalised pixels). Its values are
+    read once (``value_range``).
 
     Raises:
         ImageInputError: the message names the argument, the shape or dtype found, and the fix.
@@ -221,12 +220,21 @@ def check_tensor(x: torch.Tensor, argument: str = "images") -> None:
         return
     if checked_before(x):  # a caller checked this very batch, unwritten since (contexts.input_checked)
         return
-    if not all_finite(x):
+    lo, hi = value_range(x)
+    if not (math.isfinite(lo) and math.isfinite(hi)):
         nan, inf = int(torch.isnan(x).sum()), int(torch.isinf(x).sum())
         raise ImageInputError(
             f"{argument}: the tensor of shape {tuple(x.shape)} has {nan} NaN and {inf} infinite values; the maps "
             "would be NaN. Fix the preprocessing, or replace them (torch.nan_to_num(x))"
         )
+    if max(-lo, hi) > NORMALISED_LIMIT:
+        warnings.warn(
+            f"{argument}: values from {lo:.4g} to {hi:.4g}, far outside a normalised image's range (within about "
+            f"3 for the usual means and stds; vitviz warns beyond {NORMALISED_LIMIT:g}): 0-255 pixels given as "
+            "floats? The maps would describe another input. Normalise them ((x / 255 - mean) / std with the "
+            "model's mean and std), or pass PIL images / arrays / paths, which vitviz normalises "
+            "(vitviz.load_images). A model that normalises its own input can ignore this (ImageRangeWarning)",
+            ImageRangeWarning, stacklevel=2)
 
 
 def _device(device: torch.device | str | None) -> torch.device | None:
