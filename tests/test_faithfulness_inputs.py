@@ -1,15 +1,19 @@
-"""Arguments of ``vitviz.faithfulness``: labels, fill, the ranking of float64 maps, the axis label of labelled runs."""
+"""Arguments of ``vitviz.faithfulness``: labels, fill, the ranking of float64 maps, the axis label of labelled runs;
+arguments of the wrong type, one mode given as a string, steps finer than one patch, no images, a folder as ``out=``."""
 
 from __future__ import annotations
+
+import re
 
 import pytest
 import torch
 from conftest import tiny_timm_vit
 from PIL import Image
+from torch.utils.data import DataLoader, IterableDataset, TensorDataset
 
 import vitviz
 from vitviz.analysis.perturbation import rank_patches
-from vitviz.errors import InputError
+from vitviz.errors import ImageInputError, InputError, InputTypeError
 
 RUN = dict(modes=["positive"], steps=0.5, progress=False)
 
@@ -68,3 +72,93 @@ def test_labelled_accuracy_is_labelled_top_1(tmp_path):
     plain = vitviz.faithfulness(model, x, ["random"], **RUN)
     assert plain.attrs["labels"] is False
     assert vitviz.plot_faithfulness(plain).get_ylabel() == "Target-class accuracy [%]"
+
+
+@pytest.mark.parametrize("kw, match", [
+    (dict(modes=None), r"^modes=None is a NoneType, not a list of names; pass one of \('positive', .*\) or a list "
+                       r"of them, e.g. modes=\['positive'\]"),
+    (dict(methods=3), r"^methods=3 is a int, not a list of methods; pass method names .* or None for "
+                      r"default_methods\(model\)"),
+    (dict(image_ids=5), r"^image_ids=5 is a int, not one id per image; pass a list of ids .* e.g. image_ids=\[0, 1\]"),
+    (dict(image_ids="ab"), r"^image_ids='ab' is a str, not one id per image"),
+    (dict(method_options=3), r"^method_options=3 is a int, not a dict; pass method name -> options, e.g. "
+                             r"\{'attention': \{'layer': -1\}\}"),
+    (dict(method_options={"random": 3}), r"^method_options\['random'\]=3 is a int, not a dict of options"),
+    (dict(steps="0.1"), r"^steps='0.1' is a str, not a number; pass a fraction such as 0.1"),
+    (dict(out=5), r"^out=5 is a int, not a file path; pass the path of a CSV file"),
+], ids=["modes-none", "methods-int", "image-ids-int", "image-ids-str", "method-options-int",
+        "method-options-value-int", "steps-str", "out-int"])
+def test_arguments_of_the_wrong_type_are_refused_with_the_argument_named(kw, match):
+    model = tiny_timm_vit()
+    run = {**RUN, "methods": ["random"], **kw}
+    with pytest.raises(InputTypeError, match=match):
+        vitviz.faithfulness(model, torch.randn(2, 3, 32, 48), **run)
+
+
+def test_one_mode_given_as_a_string_is_that_mode():
+    model = tiny_timm_vit()
+    x = torch.randn(2, 3, 32, 48)
+    one = vitviz.faithfulness(model, x, "random", modes="deletion", steps=0.5, progress=False)
+    listed = vitviz.faithfulness(model, x, ["random"], modes=["deletion"], steps=0.5, progress=False)
+    assert set(one["mode"]) == {"deletion"}
+    assert one.equals(listed)
+    with pytest.raises(InputError, match=r"^modes=\['delete'\]: each must be one of"):
+        vitviz.faithfulness(model, x, "random", modes="delete", steps=0.5, progress=False)
+
+
+def test_steps_finer_than_one_patch_are_refused():
+    model = tiny_timm_vit()  # a 4x6 grid: 24 patches
+    x = torch.randn(1, 3, 32, 48)
+    finest = vitviz.faithfulness(model, x, ["random"], modes=["deletion"], steps=1 / 24, progress=False)
+    assert len(finest) == 25 and finest["removed"].nunique() == 25  # one more patch at every step
+    for steps in (1 / 25, 1e-4, 1e-9):  # 1e-9 would build a billion steps
+        with pytest.raises(InputError, match=rf"^steps={steps!r} is finer than one patch: the model's 4x6 grid has 24 "
+                                             r"patches, .* pass steps=1/24 \(0.04167, one patch per step\) or a "
+                                             "coarser value"):
+            vitviz.faithfulness(model, x, ["random"], modes=["deletion"], steps=steps, progress=False)
+    dynamic = tiny_timm_vit(dynamic_img_size=True)
+    small = torch.randn(2, 3, 32, 32)  # a 4x4 grid: 16 patches
+    for source in (small, TensorDataset(small)):  # a tensor's grid is known up front, a data set's at its batches
+        with pytest.raises(InputError, match=r"^steps=0.05 is finer than one patch: the model's 4x4 grid has 16 "
+                                             r"patches, .* pass steps=1/16 \(0.0625"):
+            vitviz.faithfulness(dynamic, source, ["random"], modes=["deletion"], steps=0.05, progress=False)
+    df = vitviz.faithfulness(dynamic, small, ["random"], modes=["deletion"], steps=1 / 16, progress=False)
+    assert df["removed"].nunique() == 17
+
+
+class _Empty(IterableDataset):
+    def __iter__(self):
+        return iter(())
+
+
+def test_no_images_are_refused_on_every_input_path(tmp_path):
+    model = tiny_timm_vit()
+    none = torch.randn(0, 3, 32, 48)
+    (tmp_path / "cat").mkdir()  # a class folder without images
+    sources = [(none, r"^images: 0 images given; pass at least one image"),
+               ([], r"^images: 0 images given; pass at least one image"),
+               (TensorDataset(none), r"^images: the TensorDataset holds 0 images; pass at least one image"),
+               (DataLoader(TensorDataset(none)), r"^images: the DataLoader's TensorDataset holds 0 images; pass at "
+                                                 "least one image"),
+               (_Empty(), r"^images: the _Empty yielded 0 images; pass at least one image"),
+               (DataLoader(_Empty()), r"^images: the DataLoader's _Empty yielded 0 images; pass at least one image"),
+               (tmp_path, rf"^images: the folder {re.escape(repr(str(tmp_path)))} holds 0 images \(\.jpg, .*\); "
+                          "pass a folder with at least one image")]
+    for source, match in sources:
+        with pytest.raises(ImageInputError, match=match):
+            vitviz.faithfulness(model, source, ["random"], **RUN)
+
+
+def test_a_folder_as_out_is_refused_as_not_a_file(tmp_path):
+    model = tiny_timm_vit()
+    folder = tmp_path / "runs"
+    folder.mkdir()
+    want = str(folder / "faithfulness.csv")
+    with pytest.raises(InputError, match=rf"^out={re.escape(repr(str(folder)))} is a folder; out= must be a file "
+                                         rf"path, the CSV file the rows are written to, not a folder: pass e.g. "
+                                         rf"out={re.escape(repr(want))}") as err:
+        vitviz.faithfulness(model, torch.randn(2, 3, 32, 48), ["random"], out=folder, **RUN)
+    assert "delete" not in str(err.value)
+    assert sorted(p.name for p in tmp_path.iterdir()) == ["runs"]  # no fingerprint written beside it
+    df = vitviz.faithfulness(model, torch.randn(2, 3, 32, 48), ["random"], out=want, **RUN)
+    assert len(df) == 2 * 3

@@ -285,3 +285,25 @@ def test_ssim_refuses_maps_smaller_than_its_smallest_window(shape):
     with pytest.raises(InputError, match=r"\(4, 6\) and \(4, 5\)"):
         ssim(rng.random((4, 6)), rng.random((4, 5)))
     assert np.isfinite(ssim(rng.random((3, 5)), rng.random((3, 5))))  # the smallest window, 3x3, fits
+
+
+def test_one_test_method_or_step_given_as_a_string_is_that_one(model, images):
+    one = sanity_checks(model, images, "attention", tests="cascading", steps="head")
+    listed = sanity_checks(model, images, ["attention"], tests=["cascading"], steps=["head"])
+    assert set(one["test"]) == {"cascading"} and set(one["layer"]) == {"head"} and set(one["method"]) == {"attention"}
+    assert one.equals(listed)
+    with pytest.raises(InputError, match=r"^tests=\['cascade'\]: each must be one of"):
+        sanity_checks(model, images, "attention", tests="cascade")
+
+
+@pytest.mark.parametrize("kw, match", [
+    (dict(tests=None), r"^tests=None is a NoneType, not a list of names; pass one of \('cascading', .*\) or a list "
+                       r"of them, e.g. tests=\['cascading'\]"),
+    (dict(methods=3), r"^methods=3 is a int, not a list of methods; pass vitviz.explain method names"),
+    (dict(steps=3), r"^steps=3 is a int, not a list of names; pass one of \('head', .*\) or a list of them"),
+], ids=["tests-none", "methods-int", "steps-int"])
+def test_arguments_of_the_wrong_type_are_refused_with_the_argument_named(model, images, kw, match):
+    from vitviz.errors import InputTypeError
+
+    with pytest.raises(InputTypeError, match=match):
+        sanity_checks(model, images, **{"methods": ["attention"], "tests": ["cascading"], **kw})

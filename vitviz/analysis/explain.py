@@ -70,7 +70,7 @@ from vitviz.core.images import Images
 from vitviz.core.spec import inspect
 from vitviz.core.targets import Target
 from vitviz.core.util import in_eval_mode
-from vitviz.errors import InputError
+from vitviz.errors import InputError, InputTypeError
 
 __all__ = ["BASELINE_METHODS", "GRADIENT_METHODS", "METHODS", "explain", "per_method_options", "raw_attention",
            "random_baseline"]
@@ -159,7 +159,16 @@ def per_method_options(method_options: Mapping[str, Mapping[str, Any]] | None,
     Raises:
         InputError: a key that names neither a method in ``named`` nor an ``explain`` method (a typo would be
             ignored silently); options for a known method that this call does not run are allowed.
+        InputTypeError: ``method_options``, or the options of one method, is not a mapping.
     """
+    if method_options is not None and not isinstance(method_options, Mapping):
+        raise InputTypeError(f"method_options={method_options!r} is a {type(method_options).__name__}, not a dict; "
+                             "pass method name -> options, e.g. {'attention': {'layer': -1}}, or None")
+    for k, v in (method_options or {}).items():
+        if not isinstance(v, Mapping):
+            raise InputTypeError(f"method_options[{k!r}]={v!r} is a {type(v).__name__}, not a dict of options; pass "
+                                 f"option name -> value, e.g. {{{k!r}: {{...}}}} (help(vitviz.explain) lists each "
+                                 "method's options)")
     options = {k: dict(v) for k, v in (method_options or {}).items()}
     named = list(named)
     stray = [k for k in options if k not in named and k not in METHODS]

@@ -48,7 +48,7 @@ repeated rows are refused by ``faithfulness_auc`` and ``compare_methods``. ``out
 from __future__ import annotations
 
 import os
-from collections.abc import Callable, Hashable, Mapping, Sequence
+from collections.abc import Callable, Hashable, Iterable, Mapping, Sequence
 from typing import Any
 
 import numpy as np
@@ -58,6 +58,7 @@ from torch import nn
 from vitviz.analysis.explain import GRADIENT_METHODS, METHODS, explain, per_method_options
 from vitviz.analysis.faithfulness_resume import (
     COLUMNS,
+    check_out,
     fingerprint,
     ids_key,
     image_digests,
@@ -80,8 +81,8 @@ from vitviz.core.images import Images, image_list
 from vitviz.core.io import atomic_write
 from vitviz.core.spec import inspect
 from vitviz.core.targets import Target, logits_of, resolve_target
-from vitviz.core.util import in_eval_mode, is_int
-from vitviz.errors import InputError
+from vitviz.core.util import in_eval_mode, is_int, is_number, name_list
+from vitviz.errors import ImageInputError, InputError, InputTypeError
 
 __all__ = ["BETTER", "COLUMNS", "DEFAULT_METHODS", "MODES", "bootstrap_ci", "compare_methods", "default_methods", "drop_module",
            "faithfulness", "faithfulness_auc", "keep_tokens"]
@@ -109,17 +110,47 @@ def default_methods(model: nn.Module) -> tuple[str, ...]:
     return DEFAULT_METHODS if attnlrp_supported(model) else tuple(m for m in DEFAULT_METHODS if m != "attnlrp")
 
 
-def _fractions(steps: float) -> np.ndarray:
+def _step_count(steps: float) -> int:
+    """The number of steps ``1 / steps`` (a whole number), without building them."""
+    if not is_number(steps):
+        raise InputTypeError(f"steps={steps!r} is a {type(steps).__name__}, not a number; pass a fraction such as 0.1 "
+                             "(10% of the patches per step), 0.05 or 0.25")
     k = round(1 / steps) if steps > 0 else 0
     if not 0 < steps <= 0.5 or abs(k * steps - 1) > 1e-9:
         raise InputError(f"steps={steps!r} must divide 1 into whole steps (e.g. 0.1 for 10% per step, 0.05, 0.25)")
-    return np.linspace(0, 1, k + 1)
+    return k
+
+
+def _fractions(steps: float, n_steps: int, grid: tuple[int, int]) -> np.ndarray:
+    """The nominal steps ``0, 1 / n_steps, ..., 1`` on a ``grid`` of patches; refused where a step is finer than one
+    patch: with more steps than patches, some steps remove the same whole number of patches as the step before, and
+    the curve repeats points (each step removes ``round(f * P)`` patches)."""
+    patches = grid[0] * grid[1]
+    if n_steps > patches:
+        raise InputError(f"steps={steps!r} is finer than one patch: the model's {grid[0]}x{grid[1]} grid has "
+                         f"{patches} patches, so {n_steps} steps would remove the same number of patches at several "
+                         f"steps (repeated points of the curve); pass steps=1/{patches} ({1 / patches:.4g}, one "
+                         "patch per step) or a coarser value")
+    return np.linspace(0, 1, n_steps + 1)
+
+
+def _known_grid(spec: Any, images: Any) -> tuple[int, int] | None:
+    """The patch grid of every image of ``images`` where it is known before they are read: a tensor's, or the
+    model's own grid when it takes no other size (``ViTSpec.grid_for_input``); ``None`` for a data set or list of a
+    ``dynamic_img_size`` model, whose grid is that of each batch."""
+    if isinstance(images, torch.Tensor) and images.ndim >= 3:
+        return spec.grid_for_input(images)
+    return None if spec.dynamic_img_size else tuple(spec.grid_size)
 
 
 def _methods(methods: Methods, total: int | None) -> dict[str, str | MapFn | torch.Tensor]:
     """name -> a method name of ``explain``, a callable, or precomputed ``(n_images, gh, gw)`` maps."""
     if isinstance(methods, str):
         methods = [methods]
+    if isinstance(methods, (bytes, torch.Tensor)) or not isinstance(methods, Iterable):
+        raise InputTypeError(f"methods={methods!r} is a {type(methods).__name__}, not a list of methods; pass method "
+                             "names (e.g. ['rollout', 'random']), callables (model, images, target) -> (B, gh, gw), a "
+                             "dict name -> method or precomputed maps, or None for default_methods(model)")
     items = list(methods.items()) if isinstance(methods, Mapping) else [
         (m if isinstance(m, str) else getattr(m, "__name__", type(m).__name__), m) for m in methods]
     if not items:
@@ -246,8 +277,11 @@ def faithfulness(
             accuracy, as in Chefer et al.'s evaluation code), while ``probability`` stays that of the explained
             class, and ``attrs["labels"]`` is True. Default: accuracy against the explained class.
         steps: the nominal fraction of patches removed per step (the curve has ``1 / steps + 1`` points, 0% to
-            100%); each step removes the nearest whole number of patches (column ``removed``).
-        modes: any of ``positive``, ``negative``, ``deletion``, ``insertion`` (module docstring).
+            100%); each step removes the nearest whole number of patches (column ``removed``). At least one patch
+            per step: on a grid of ``P`` patches the finest is ``1 / P``; a finer value is refused (its steps would
+            repeat points of the curve).
+        modes: any of ``positive``, ``negative``, ``deletion``, ``insertion`` (module docstring); one name alone is
+            that mode.
         removal: ``"auto"`` (drop tokens where the model's family can, else mean), ``"drop"`` or ``"mean"``.
         fill: the value of removed pixels for ``"mean"``, one finite number or one per channel (3), in the model's
             normalised space (default 0: the normalisation mean, the model's training-set mean). Refused when
@@ -260,12 +294,12 @@ def faithfulness(
         image_offset: the id of the first image (ids are ``image_offset + position``): give a later chunk of a
             data set the offset of its first image so that chunks concatenate without colliding.
         image_ids: one id per image (ints or strings), instead of ``image_offset``.
-        out: a CSV file the rows are appended to after every batch (atomically: the file is always a complete
-            table), with the run's fingerprint in ``<out>.json``; a rerun with the same ``out`` and the same
-            arguments, model and data skips the images already in it and returns the whole table, equal to an
-            uninterrupted run's. A file of another run (any argument the rows depend on, the model's weights, a
-            data set's contents; ``vitviz.analysis.faithfulness_resume``) or without a fingerprint is refused
-            with a ``CheckpointError``.
+        out: the path of a CSV file (not a folder) the rows are appended to after every batch (atomically: the file is
+            always a complete table), with the run's fingerprint in ``<out>.json``; a rerun with the same ``out`` and
+            the same arguments, model and data skips the images already in it and returns the whole table, equal to an
+            uninterrupted run's. A file of another run (any argument the rows depend on, the model's weights, a data
+            set's contents; ``vitviz.analysis.faithfulness_resume``) or without a fingerprint is refused with a
+            ``CheckpointError``.
         autocast: run maps and forward passes under ``torch.autocast`` (``vitviz.core.datasets.autocast_dtype``):
             ``True`` bfloat16 on CUDA (nothing on the CPU), a dtype on any device; default none.
         num_workers: loader workers for a folder or ``Dataset``.
@@ -281,10 +315,12 @@ def faithfulness(
     """
     import pandas as pd
 
+    modes = name_list(modes, "modes", MODES)
     bad = [m for m in modes if m not in MODES]
     if bad or not modes:
-        raise InputError(f"modes={list(modes)!r}: each must be one of {MODES}")
-    fractions = _fractions(steps)
+        raise InputError(f"modes={modes!r}: each must be one of {MODES}")
+    n_steps = _step_count(steps)
+    check_out(out)
     dataset = is_dataset_source(images)
     total = dataset_length(images) if dataset else count_images(images)
     if dataset and isinstance(images, (str, os.PathLike)):
@@ -292,8 +328,13 @@ def faithfulness(
 
         images = ImageFolder(images, model)
         total = len(images)
+    if total == 0:
+        raise ImageInputError(_no_images(images, "holds"))
     table = _methods(default_methods(model) if methods is None else methods, total)
     spec = inspect(model)
+    grid = _known_grid(spec, images)
+    if grid is not None:  # else each batch's grid is checked (_batch)
+        _fractions(steps, n_steps, grid)
     how = resolve_removal(model, removal)
     fill_t = _fill(fill, how, removal)
     options = per_method_options(method_options, table)
@@ -335,8 +376,10 @@ def faithfulness(
         from tqdm.auto import tqdm
 
         bar = tqdm(total=len(todo) if todo is not None else None, desc="faithfulness", unit="img")
+    read = False  # whether the data set yielded any image (an iterable one is counted as it comes)
     try:
         for x, loaded, pos in batches:
+            read = True
             if todo is None:  # an iterable dataset: skip what out= holds
                 keep = [i for i, p in enumerate(pos) if image_id(p) not in done]
                 if not keep:
@@ -345,7 +388,7 @@ def faithfulness(
                 loaded = loaded[keep] if isinstance(loaded, torch.Tensor) else loaded
             ids = [image_id(p) for p in pos]
             records = _batch(model, spec, x, pos, ids, table, options, target, target_all, labels, labels_all,
-                             loaded, how, fill_t, fractions, modes, seed, amp)
+                             loaded, how, fill_t, steps, n_steps, modes, seed, amp)
             frame = pd.DataFrame.from_records(records, columns=COLUMNS)
             frames.append(frame)
             if out is not None:
@@ -356,7 +399,21 @@ def faithfulness(
     finally:
         if bar is not None:
             bar.close()
+    if not read and total is None:
+        raise ImageInputError(_no_images(images, "yielded"))
     return _finish(pd, frames, how, seed, steps, labels, spec.readout.describe(spec.prefix_tokens))
+
+
+def _no_images(images: Any, verb: str) -> str:
+    """The message for a call given no images: ``verb`` is "holds" (a counted input) or "yielded" (an iterable
+    data set, counted as its images came)."""
+    if not is_dataset_source(images):
+        return "images: 0 images given; pass at least one image"
+    from torch.utils.data import DataLoader
+
+    source = type(images.dataset).__name__ if isinstance(images, DataLoader) else None
+    what = f"DataLoader's {source}" if source else type(images).__name__
+    return f"images: the {what} {verb} 0 images; pass at least one image"
 
 
 def _finish(pd: Any, frames: list[Any], how: str, seed: int, steps: float, labels: Any, readout: str) -> Any:
@@ -369,8 +426,9 @@ def _finish(pd: Any, frames: list[Any], how: str, seed: int, steps: float, label
 def _batch(model: nn.Module, spec: Any, x: torch.Tensor, pos: list[int], ids: list[Hashable],
            table: Mapping[str, Any], options: Mapping[str, dict], target: Target, target_all: torch.Tensor | None,
            labels: Any, labels_all: torch.Tensor | None, loaded: Any, how: str, fill: torch.Tensor,
-           fractions: np.ndarray, modes: Sequence[str], seed: int, amp: torch.dtype | None) -> list[dict]:
-    """The curve rows of one batch ``x`` of images at dataset positions ``pos`` with ids ``ids``."""
+           steps: float, n_steps: int, modes: Sequence[str], seed: int, amp: torch.dtype | None) -> list[dict]:
+    """The curve rows of one batch ``x`` of images at dataset positions ``pos`` with ids ``ids``, at the ``n_steps``
+    steps of ``steps`` (refused here where they are finer than a patch of this batch's grid)."""
     from vitviz.analysis.perturbation import image_seed
 
     b = len(x)
@@ -388,6 +446,7 @@ def _batch(model: nn.Module, spec: Any, x: torch.Tensor, pos: list[int], ids: li
     explained = target if classes is None else classes
     pert = Perturbed(model, spec, x, how, fill, target, classes, truth, autocast=amp)
     grid = pert.grid
+    fractions = _fractions(steps, n_steps, grid)
     pending: list[tuple[dict, torch.Tensor]] = []  # (a curve point's columns, its (b,) scores on the device)
     for name, method in table.items():
         opts = dict(options.get(name, {}))
@@ -410,7 +469,6 @@ def _batch(model: nn.Module, spec: Any, x: torch.Tensor, pos: list[int], ids: li
                              f"method must return ({b}, {grid[0]}, {grid[1]}), one (gh, gw) map per image")
         rank = ranks_on_host(maps.to(x.device), ids, seed)  # the sets are made on the host: one read
         p = pert.num_patches
-        n_steps = len(fractions) - 1
         curve: list[tuple[str, float, float, str]] = []
         sets: list[torch.Tensor] = []
         for step, f in enumerate(fractions):

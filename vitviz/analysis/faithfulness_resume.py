@@ -25,7 +25,7 @@ from __future__ import annotations
 import json
 import os
 import warnings
-from collections.abc import Callable, Hashable, Mapping, Sequence
+from collections.abc import Callable, Hashable, Iterable, Mapping, Sequence
 from pathlib import Path
 from typing import Any
 
@@ -44,7 +44,7 @@ from vitviz.core.digest import (
 from vitviz.core.images import image_list
 from vitviz.core.io import atomic_write_json, read_csv_exact
 from vitviz.core.util import is_int
-from vitviz.errors import CheckpointError, ImageInputError, InputError
+from vitviz.errors import CheckpointError, ImageInputError, InputError, InputTypeError
 
 # the fingerprint holds COLUMNS: a file written before a column was added (e.g. "removed", the fraction of patches
 # actually removed) is refused by ``resume`` rather than continued with rows of two layouts
@@ -55,6 +55,19 @@ TEXT = ("image", "method", "mode", "metric", "removal")
 def sidecar(out: str | os.PathLike) -> Path:
     """The fingerprint file of ``out``: ``<out>.json``."""
     return Path(f"{os.fspath(out)}.json")
+
+
+def check_out(out: Any) -> None:
+    """Refuse an ``out=`` that is not the path of a file: another type, or an existing folder (the rows go to the
+    CSV file ``out``, its fingerprint to ``<out>.json`` beside it)."""
+    if out is None:
+        return
+    if not isinstance(out, (str, os.PathLike)):
+        raise InputTypeError(f"out={out!r} is a {type(out).__name__}, not a file path; pass the path of a CSV file "
+                             "the rows are written to, e.g. out='faithfulness.csv', or None")
+    if os.path.isdir(out):
+        raise InputError(f"out={str(out)!r} is a folder; out= must be a file path, the CSV file the rows are written "
+                         f"to, not a folder: pass e.g. out={str(Path(out) / 'faithfulness.csv')!r}")
 
 
 def _describe(value: Any, per_image: torch.Tensor | None) -> Any:
@@ -212,6 +225,9 @@ def image_id_of(image_ids: Sequence[Hashable] | None, image_offset: int,
         if not is_int(image_offset) or image_offset < 0:
             raise InputError(f"image_offset={image_offset!r} must be a non-negative int (the id of the first image)")
         return lambda p: int(image_offset) + p
+    if isinstance(image_ids, (str, bytes, Mapping)) or not isinstance(image_ids, Iterable):
+        raise InputTypeError(f"image_ids={image_ids!r} is a {type(image_ids).__name__}, not one id per image; pass a "
+                             "list of ids (ints or strings), one per image, e.g. image_ids=[0, 1], or image_offset=")
     ids = [i.item() if isinstance(i, (np.generic, torch.Tensor)) else i for i in image_ids]
     if total is not None and len(ids) != total:
         raise InputError(f"image_ids holds {len(ids)} ids but there are {total} images; give one per image")

@@ -49,7 +49,7 @@ from __future__ import annotations
 
 import math
 import zlib
-from collections.abc import Callable, Mapping, Sequence
+from collections.abc import Callable, Iterable, Mapping, Sequence
 from typing import Any
 
 import numpy as np
@@ -65,8 +65,8 @@ from vitviz.core.families import family_of
 from vitviz.core.images import Images
 from vitviz.core.spec import inspect
 from vitviz.core.targets import Target, logits_of, resolve_target
-from vitviz.core.util import in_eval_mode, is_int, is_number
-from vitviz.errors import InputError
+from vitviz.core.util import in_eval_mode, is_int, is_number, name_list
+from vitviz.errors import InputError, InputTypeError
 
 __all__ = ["METRICS", "TESTS", "randomisation_layers", "randomise_", "sanity_checks", "sanity_summary"]
 
@@ -200,12 +200,12 @@ def sanity_checks(
         images: a normalised ``(B, 3, H, W)`` tensor or anything ``vitviz.core.batching.iter_batches`` takes.
         methods: ``vitviz.explain`` method names (default: every one in ``vitviz.analysis.explain.METHODS``, read
             at call time, but ``flow``, which is slow, and baselines whose library is not installed) and/or callables ``f(model, images (b, 3, H, W), target (b,) classes) ->
-            (b, gh, gw)``.
+            (b, gh, gw)``; one name alone is that method.
         target: the class each map explains on the trained model: ``None`` (each image's prediction), an int, or
             one per image; kept at every randomisation step. Class targets only.
         steps: layer names (``randomisation_layers``) the cascading and independent tests randomise, in top-down
-            order; default all.
-        tests: any of ``cascading``, ``independent``, ``random_logit``, ``repeat``.
+            order (one name: that layer alone); default all.
+        tests: any of ``cascading``, ``independent``, ``random_logit``, ``repeat`` (one name: that test alone).
         seed: seeds the random weights, the random other class, and ``random``'s maps.
         std: standard deviation of the re-initialised parameters.
         method_options: per method name, options for ``vitviz.explain``; a name that is neither in ``methods`` nor
@@ -220,9 +220,10 @@ def sanity_checks(
     """
     import pandas as pd
 
+    tests = name_list(tests, "tests", TESTS)
     bad = [t for t in tests if t not in TESTS]
     if bad or not tests:
-        raise InputError(f"tests={list(tests)!r}: each must be one of {TESTS}")
+        raise InputError(f"tests={tests!r}: each must be one of {TESTS}")
     if not is_int(seed):
         raise InputError(f"seed={seed!r} must be an int (it seeds the random weights, classes and maps)")
     if not is_number(std) or not 0 < std < math.inf:
@@ -230,6 +231,12 @@ def sanity_checks(
                          "re-initialised parameters (e.g. 0.02)")
     if methods is None:
         methods = [m for m in explain_module.METHODS if m != "flow" and _available(m, model)]
+    if isinstance(methods, str):
+        methods = [methods]  # one method, as in vitviz.faithfulness
+    if isinstance(methods, (bytes, Mapping)) or not isinstance(methods, Iterable):
+        raise InputTypeError(f"methods={methods!r} is a {type(methods).__name__}, not a list of methods; pass "
+                             "vitviz.explain method names (e.g. ['rollout', 'chefer']) or callables f(model, images, "
+                             "target), or None for the default set")
     methods = list(methods)
     if not methods:
         raise InputError("methods is empty; pass vitviz.explain method names (e.g. ['rollout', 'chefer']) or "
@@ -241,6 +248,8 @@ def sanity_checks(
         if not isinstance(m, str) and not callable(m):
             raise InputError(f"methods holds {m!r}; give method names or callables f(model, images, target)")
     randomising = bool({"cascading", "independent"} & set(tests))
+    if steps is not None:
+        steps = name_list(steps, "steps", lambda: [n for n, _ in randomisation_layers(model)])
     if steps is not None and not randomising:
         raise InputError(f"steps={list(steps)!r} selects the layers the cascading and independent tests randomise, "
                          f"but tests={list(tests)!r} runs neither; add one of them to tests, or drop steps")

@@ -61,7 +61,8 @@ class ImageFolder(Dataset):
                              "DataLoader")
         self.files = sorted(p for p in self.root.rglob("*") if p.suffix.lower() in IMAGE_SUFFIXES and p.is_file())
         if not self.files:
-            raise InputError(f"no images ({', '.join(IMAGE_SUFFIXES)}) under {str(root)!r}")
+            raise ImageInputError(f"images: the folder {str(root)!r} holds 0 images ({', '.join(IMAGE_SUFFIXES)}); "
+                                  "pass a folder with at least one image")
         found = sorted({p.relative_to(self.root).parts[0] for p in self.files if p.parent != self.root})
         if classes is not None:
             unknown = [c for c in found if c not in set(classes)]

@@ -83,6 +83,28 @@ def check_positive_int(value: object, argument: str, meaning: str) -> int:
     return int(value)
 
 
+def name_list(value: object, argument: str, known: Sequence[str] | Callable[[], Sequence[str]]) -> list[str]:
+    """``value`` as a list of names: one name (a string) is a list of one, as ``["deletion"]``, never its
+    characters; a list, tuple or other iterable is listed as it is (the caller checks each name against ``known``).
+
+    Raises:
+        InputTypeError: ``value`` is neither a string nor an iterable (``None``, a number); the message names
+            ``argument``, the value and the names ``known`` (or those a callable ``known`` returns, called only
+            then).
+    """
+    from collections.abc import Iterable, Mapping
+
+    from vitviz.errors import InputTypeError
+
+    if isinstance(value, str):
+        return [value]
+    if isinstance(value, (bytes, Mapping)) or not isinstance(value, Iterable):
+        names = tuple(known() if callable(known) else known)
+        raise InputTypeError(f"{argument}={value!r} is a {type(value).__name__}, not a list of names; pass one of "
+                             f"{names} or a list of them, e.g. {argument}={list(names[:1])!r}")
+    return list(value)
+
+
 def float_array(values: Any, argument: str) -> Any:
     """``values`` (a tensor, an array, numbers or nested sequences of them) as a float64 NumPy array.
 
