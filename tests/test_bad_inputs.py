@@ -137,6 +137,10 @@ ROWS: list[Row] = [
     # batch sizes: no images, bad batch_size
     ("zero-images-tensor", lambda: vitviz.load_images(M, GOOD[:0]), ImageInputError, "holds 0 images"),
     ("zero-images-list", lambda: rollout([]), ImageInputError, "0 images"),
+    ("dataset-to-a-batch-analysis", lambda: rollout(torch.utils.data.TensorDataset(GOOD)), ImageInputError,
+     "a TensorDataset is a dataset; this analysis takes a batch"),
+    ("loader-to-a-batch-analysis", lambda: rollout(torch.utils.data.DataLoader(GOOD)), ImageInputError,
+     "a DataLoader is a dataset; this analysis takes a batch"),
     ("batch-size-0", lambda: rollout(batch_size=0), InputError, "batch_size=0 is not a positive number"),
     ("batch-size-negative", lambda: vitviz.mean_attention_distance(M, GOOD, batch_size=-4), InputError,
      "batch_size=-4"),

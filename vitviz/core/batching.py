@@ -6,6 +6,7 @@ from collections.abc import Iterator
 
 import torch
 from torch import nn
+from torch.utils.data import DataLoader, Dataset
 
 from vitviz.core.images import Images, image_list, load_images
 from vitviz.core.util import is_int
@@ -59,6 +60,13 @@ def iter_batches(
         desc: the progress bar's label.
     """
     check_batch_size(batch_size)
+    if isinstance(images, (Dataset, DataLoader)):
+        raise ImageInputError(
+            f"images: a {type(images).__name__} is a dataset; this analysis takes a batch (a (B, 3, H, W) tensor, "
+            "PIL images, arrays or image paths): load the images it should read as one (vitviz.load_images(model, "
+            "paths), or torch.stack of the dataset's images). mean_attention_distance, attention_statistics, "
+            "faithfulness and the probes take a folder, Dataset or DataLoader"
+        )
     items = image_list(images)
     total = len(items)
     if total == 0:
