@@ -245,9 +245,11 @@ def _device_types(model: Any) -> list[str]:
 _AUTOCAST_LEFT_OUT = ("mps",)  # what torch._C._is_any_autocast_enabled does not ask (seen in torch 2.14, 2.15)
 
 
-def _autocast_on(torch: Any) -> bool:
+def _autocast_on() -> bool:
     """Whether a ``torch.autocast`` is on for any device type: ``torch._C._is_any_autocast_enabled`` (CPU, CUDA, XPU,
     IPU, HPU, XLA, the private-use backend), and the types it leaves out asked one by one (MPS)."""
+    import torch
+
     if torch._C._is_any_autocast_enabled():
         return True
     for kind in _AUTOCAST_LEFT_OUT:
@@ -272,7 +274,7 @@ def without_autocast(model: Any) -> Iterator[None]:
     while the device waits."""
     import torch
 
-    if not _autocast_on(torch):
+    if not _autocast_on():
         yield
         return
     with contextlib.ExitStack() as stack:

@@ -65,7 +65,8 @@ class ImageFolder(Dataset):
                                   "pass a folder with at least one image")
         found = sorted({p.relative_to(self.root).parts[0] for p in self.files if p.parent != self.root})
         if classes is not None:
-            unknown = [c for c in found if c not in set(classes)]
+            known = set(classes)
+            unknown = [c for c in found if c not in known]
             if unknown:
                 raise InputError(f"{str(root)!r} has class sub-folder(s) {unknown} that the training set does not "
                                  f"have (its classes: {list(classes)}); a probe can score only the classes it was "

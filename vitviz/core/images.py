@@ -173,9 +173,9 @@ a normal draw of a test batch within about 6; 0-255 pixels given as floats reach
 
 def value_range(x: torch.Tensor) -> tuple[float, float]:
     """The smallest and largest value of the floating tensor ``x``, in one reduction and one host read (NaN if
-    it holds one: ``aminmax`` propagates NaN; an infinity is its own bound). One kernel on a GPU that reads half
-    types as they are, and no tensor the size of ``x`` (``torch.isfinite(x).all()`` formed an ``x``-sized copy and
-    three ``x``-sized boolean tensors)."""
+    it holds one: ``aminmax`` propagates NaN; an infinity is its own bound). On a GPU one reduction kernel that
+    reads half types as they are and a two-value ``stack``, and no tensor the size of ``x``
+    (``torch.isfinite(x).all()`` formed an ``x``-sized copy and three ``x``-sized boolean tensors)."""
     if x.numel() == 0:
         return 0.0, 0.0
     pair = torch.stack(torch.aminmax(x))
