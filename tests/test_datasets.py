@@ -18,7 +18,7 @@ from vitviz.analysis.attention_stats import attention_statistics
 from vitviz.analysis.distance import DistanceReduction, attention_distance_from_maps
 from vitviz.core.datasets import ShardSampler, reduce_dataset
 from vitviz.core.features import extract_features
-from vitviz.errors import CheckpointError, InputError
+from vitviz.errors import CheckpointError, ImagesLeftOutWarning, InputError
 
 
 def images(n=7, seed=1):
@@ -300,7 +300,8 @@ def test_a_checkpoint_of_another_shard_or_a_dropped_tail_is_refused_and_a_batch_
         vitviz.mean_attention_distance(model, shard(1), checkpoint=ckpt)
     ckpt.unlink()
     vitviz.mean_attention_distance(model, DataLoader(ds, batch_size=3), checkpoint=ckpt)
-    with pytest.raises(CheckpointError, match=r"differs in data \(the images read\)"):
+    with pytest.raises(CheckpointError, match=r"differs in data \(the images read\)"), \
+            pytest.warns(ImagesLeftOutWarning):
         vitviz.mean_attention_distance(model, DataLoader(ds, batch_size=3, drop_last=True), checkpoint=ckpt)
     # without drop_last the loader's batch size does not change which images it reads: the checkpoint resumes
     torch.testing.assert_close(vitviz.mean_attention_distance(model, DataLoader(ds, batch_size=2), checkpoint=ckpt),
@@ -310,6 +311,35 @@ def test_a_checkpoint_of_another_shard_or_a_dropped_tail_is_refused_and_a_batch_
     assert extract_features(model, shard(0), checkpoint=feats).labels.tolist() == [0, 2, 4, 6]
     with pytest.raises(CheckpointError, match="another run"):
         extract_features(model, shard(1), checkpoint=feats)
+
+
+def test_a_loader_that_drops_its_last_batch_is_warned_about_on_both_dataset_paths(tmp_path):
+    """A ``DataLoader(drop_last=True)`` whose last batch is short leaves images out of a result: the running sums
+    (``reduce_dataset``: distance) and the per-image path (``iter_dataset``: features, faithfulness) warn, naming how
+    many; the result is over the images read. A loader that reads every image does not warn."""
+    import warnings
+
+    model = tiny_timm_vit()
+    x = images(7)
+    ds = TensorDataset(x, torch.arange(7))
+    dropping = DataLoader(ds, batch_size=3, drop_last=True)
+    left_out = r"of the 7 images its sampler gives it reads 6 \(2 batches of 3\) and leaves the last 1 out.*drop_last=False"
+    with pytest.warns(ImagesLeftOutWarning, match=left_out):
+        got = vitviz.mean_attention_distance(model, dropping)
+    torch.testing.assert_close(got, vitviz.mean_attention_distance(model, x[:6]))
+    with pytest.warns(ImagesLeftOutWarning, match=left_out):
+        assert extract_features(model, dropping).labels.tolist() == [0, 1, 2, 3, 4, 5]
+    with pytest.warns(ImagesLeftOutWarning, match=left_out):
+        rows = vitviz.faithfulness(model, dropping, methods=["random"], steps=0.5)
+    assert sorted(rows["image"].unique().tolist()) == [0, 1, 2, 3, 4, 5]
+    sampled = DataLoader(ds, batch_size=2, drop_last=True, sampler=torch.utils.data.SequentialSampler(range(5)))
+    with pytest.warns(ImagesLeftOutWarning, match=r"of the 5 images its sampler gives it reads 4 \(2 batches of 2\)"):
+        vitviz.mean_attention_distance(model, sampled)
+    with warnings.catch_warnings():
+        warnings.simplefilter("error", ImagesLeftOutWarning)
+        vitviz.mean_attention_distance(model, DataLoader(ds, batch_size=3))  # reads every image
+        vitviz.mean_attention_distance(model, DataLoader(ds, batch_size=7, drop_last=True))  # no short batch
+        extract_features(model, DataLoader(ds, batch_size=1, drop_last=True))
 
 
 class Stream(torch.utils.data.IterableDataset):

@@ -113,6 +113,12 @@ class ImageRangeWarning(VitvizError, UserWarning):
     The message names the range found and the fix."""
 
 
+class ImagesLeftOutWarning(VitvizError, UserWarning):
+    """A ``DataLoader`` that leaves some of its dataset's images unread (``drop_last=True`` and a last batch short of
+    its batch size): a dataset result over it covers fewer images than the dataset holds. A warning, not an error:
+    the loader may be meant so. The message names how many images are left out and the fix."""
+
+
 class ForwardStopped(VitvizError):
     """Raised by a vitviz hook to end a forward pass once it has read what it needs (the input of a model's
     classifier, ``read_input_of``); caught where it is raised, never seen by callers."""
@@ -120,8 +126,8 @@ class ForwardStopped(VitvizError):
 
 __all__ = [
     "CaptureError", "CheckpointError", "ComputeError", "DataNotFoundError", "ForwardStopped",
-    "ImageInputError", "ImageRangeWarning", "InferenceTensorError", "InputError", "InputTypeError", "LayerSelectError",
-    "MissingDependencyError",
+    "ImageInputError", "ImageRangeWarning", "ImagesLeftOutWarning", "InferenceTensorError", "InputError",
+    "InputTypeError", "LayerSelectError", "MissingDependencyError",
     "NoPositionEmbeddingError", "NoRGBFiltersError", "NoSuchAttributeError", "NotAViTError",
     "NotImplementedInVitviz", "OutOfRangeError", "RunInterrupted", "UnknownNameError",
     "UnsupportedModelError", "VitvizError", "WeightsUnavailableError",

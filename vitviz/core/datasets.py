@@ -20,6 +20,7 @@ Faithfulness curves, statistics of attention, anything averaged over images plug
 from __future__ import annotations
 
 import os
+import warnings
 from collections.abc import Callable, Iterator, Sequence
 from pathlib import Path
 from typing import Any
@@ -33,7 +34,14 @@ from vitviz.core.batching import check_batch_size, check_num_workers
 from vitviz.core.io import atomic_save
 from vitviz.core.loader_order import ShardSampler, loader_positions, loader_sampler, own_items
 from vitviz.core.util import in_eval_mode, is_int
-from vitviz.errors import CheckpointError, ImageInputError, InputError, InputTypeError, NotImplementedInVitviz
+from vitviz.errors import (
+    CheckpointError,
+    ImageInputError,
+    ImagesLeftOutWarning,
+    InputError,
+    InputTypeError,
+    NotImplementedInVitviz,
+)
 
 IMAGE_SUFFIXES = (".jpg", ".jpeg", ".png", ".bmp", ".gif", ".webp", ".tif", ".tiff")
 
@@ -243,6 +251,28 @@ def _batch_check(model: nn.Module, pin: bool, cast: bool) -> Callable[[torch.Ten
     return ready
 
 
+def warn_left_out(source: Any) -> None:
+    """Warn (``ImagesLeftOutWarning``) when ``source`` is a ``DataLoader`` that drops its last, short batch
+    (``drop_last=True``, its sampler's length not a multiple of its batch size): a result over it would cover fewer
+    images than the loader's sampler gives, and nothing else would say so. Both dataset paths (``reduce_dataset``,
+    ``iter_dataset``) call it before they read. A loader whose sampler has no length (an ``IterableDataset``) cannot
+    be told and is passed over."""
+    batches = getattr(source, "batch_sampler", None) if isinstance(source, DataLoader) else None
+    if batches is None or getattr(batches, "drop_last", False) is not True:
+        return
+    try:
+        given, size = len(batches.sampler), int(batches.batch_size)
+    except (TypeError, AttributeError):
+        return
+    left = given % size if size > 0 else 0
+    if left:
+        warnings.warn(
+            f"images: this DataLoader has drop_last=True, so of the {given} images its sampler gives it reads "
+            f"{given - left} ({given // size} batches of {size}) and leaves the last {left} out of the result. "
+            "Pass a DataLoader with drop_last=False, or the Dataset itself, to read every image (ImagesLeftOutWarning)",
+            ImagesLeftOutWarning, stacklevel=3)
+
+
 def dataset_length(source: Any) -> int | None:
     """How many images a ``Dataset`` or ``DataLoader`` holds (``None`` for an iterable dataset)."""
     try:
@@ -272,7 +302,8 @@ def iter_dataset(
         source: a folder of images, a ``Dataset`` (items ``x`` or ``(x, target, ...)``), an ``IterableDataset``
             (positions counted as its items come) or a ``DataLoader`` that reads in a known order
             (``vitviz.core.loader_order``: ``shuffle=False``, a ``ShardSampler``, a ``DistributedSampler(shuffle=
-            False)`` without its padding); a shuffling or otherwise sampling loader is refused (``InputError``).
+            False)`` without its padding); a shuffling or otherwise sampling loader is refused (``InputError``); a
+            ``drop_last=True`` loader whose last batch is short is warned about (``ImagesLeftOutWarning``).
         batch_size, num_workers, pin_memory: for the loader vitviz builds (not for a ready ``DataLoader``).
         positions: read only these positions (a ``Dataset`` reads just them; a ``DataLoader`` or an iterable
             dataset loads every batch and the others are dropped).
@@ -293,6 +324,7 @@ def iter_dataset(
     if isinstance(source, IterableDataset):
         source = own_loader(source, batch_size=batch_size, num_workers=num_workers, pin_memory=pin)
     if isinstance(source, DataLoader):
+        warn_left_out(source)
         order = loader_positions(source)
         start = 0
         for batch in source:
@@ -385,7 +417,8 @@ def reduce_dataset(
             mode put back afterwards).
         source: a folder of images, a ``Dataset`` (items ``x`` or ``(x, target, ...)``, ``x`` normalised
             ``(3, H, W)``) or a ``DataLoader`` (used as it is: its batch size, workers and sampler, less the
-            repeats a ``DistributedSampler`` pads its shard with; with
+            repeats a ``DistributedSampler`` pads its shard with; a ``drop_last=True`` loader whose last batch is
+            short leaves that batch out, with an ``ImagesLeftOutWarning``; with
             ``checkpoint`` it must read in a known order, ``shuffle=False``, since resuming skips the images
             done).
         reduction: the running sums to fill (a ``RunningReduction``).
@@ -434,6 +467,7 @@ def reduce_dataset(
         n = None  # an iterable dataset
     if n == 0:
         raise ImageInputError(f"images: 0 images in {type(source).__name__}; pass at least one image")
+    warn_left_out(source)
     path = _checkpoint_path(checkpoint, rank, world) if checkpoint is not None else None
     if path is not None and isinstance(source, DataLoader):
         loader_positions(source)  # resuming skips the images done: refused for a loader of unknown order
