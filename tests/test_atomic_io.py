@@ -105,3 +105,29 @@ def test_a_failed_write_leaves_nothing_and_the_old_file_intact(tmp_path):
     with pytest.raises(OSError, match="disk full"):
         io.atomic_write(target, fail)
     assert temporaries(tmp_path) == [] and target.read_text() == '{\n  "a": 1\n}\n'
+
+
+@pytest.mark.skipif(not Path("/proc/self/fd").is_dir(), reason="reads a descriptor's path from /proc")
+def test_the_data_reach_the_disk_before_the_rename_and_the_rename_after_it(tmp_path, monkeypatch):
+    """``fsync`` of the temporary file, holding every byte, then the rename, then ``fsync`` of the folder: without
+    them a machine's crash can leave the target's name on an empty or partial file."""
+    events = []
+    real_fsync, real_replace = os.fsync, os.replace
+
+    def fsync(fd):
+        where = os.readlink(f"/proc/self/fd/{fd}")
+        events.append(("fsync", where, Path(where).read_bytes() if Path(where).is_file() else None))
+        real_fsync(fd)
+
+    def replace(src, dst):
+        events.append(("replace", str(src), str(dst)))
+        real_replace(src, dst)
+
+    monkeypatch.setattr(os, "fsync", fsync)
+    monkeypatch.setattr(os, "replace", replace)
+    target = tmp_path / "out" / "rows.json"
+    io.atomic_write_json(target, {"a": 1})
+    assert [e[0] for e in events] == ["fsync", "replace", "fsync"]
+    (_, synced, data), (_, src, dst), (_, folder, _) = events
+    assert synced == src != dst == str(target) and data == target.read_bytes() == b'{\n  "a": 1\n}\n'
+    assert folder == str(target.parent)

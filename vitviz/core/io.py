@@ -1,5 +1,10 @@
 """Atomic file writes: write to a temporary file in the same folder, then rename over the target.
 
+The temporary file's data reach the disk (``fsync``) before the rename, and the rename itself (the folder,
+``fsync``) after it: a rename can otherwise reach the disk before the data it names, so that a power loss or a
+crash of the machine, not only of the process, leaves an empty or partial file under the target's name. (Where a
+folder cannot be opened for ``fsync``, Windows, the rename is left to the file system.)
+
 The temporary file is ``.<name>.<host>.<pid>.<random>.tmp`` beside the target. A process killed while it writes
 (SIGKILL, the out-of-memory killer, a preempted job) cannot remove its own; the next write of the same target
 removes it once that process is gone: a temporary file of this host whose process no longer exists and that has
@@ -66,8 +71,20 @@ def remove_stale_temporaries(path: str | os.PathLike) -> list[Path]:
     return removed
 
 
+def _fsync(path: str | os.PathLike, folder: bool = False) -> None:
+    """``fsync`` a file's data, or a folder's entries, to the disk (see the module docstring)."""
+    if folder and os.name == "nt":  # a folder cannot be opened there
+        return
+    fd = os.open(path, os.O_RDONLY | (getattr(os, "O_DIRECTORY", 0) if folder else 0))
+    try:
+        os.fsync(fd)
+    finally:
+        os.close(fd)
+
+
 def atomic_write(path: str | os.PathLike, write: Callable[[str], None]) -> Path:
-    """Call ``write(tmp_path)`` and move the result to ``path`` in one rename; no partial file ever shows.
+    """Call ``write(tmp_path)`` and move the result to ``path`` in one rename; no partial file ever shows, also
+    after a crash of the machine (the data are on the disk before the rename, and the rename after it).
 
     Temporary files of earlier writes of ``path`` killed before they could clean up are removed first
     (``remove_stale_temporaries``).
@@ -82,11 +99,13 @@ def atomic_write(path: str | os.PathLike, write: Callable[[str], None]) -> Path:
         umask = os.umask(0)
         os.umask(umask)
         os.chmod(tmp, 0o666 & ~umask)  # mkstemp creates 0600; give the file ordinary permissions
+        _fsync(tmp)
         os.replace(tmp, path)
     except BaseException:
         if os.path.exists(tmp):
             os.unlink(tmp)
         raise
+    _fsync(path.parent, folder=True)
     return path
 
 
