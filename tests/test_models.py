@@ -299,3 +299,46 @@ def test_a_hub_id_loads_from_the_local_cache_and_fails_fast_offline(tmp_path, mo
         vitviz.load_model("someone/absent")
     with pytest.raises(vitviz.CheckpointError, match="not found"):  # a path that looks like an id stays a path
         vitviz.load_model("weights/absent.safetensors")
+
+
+def test_a_checkpoint_head_is_loaded_or_refused_never_dropped(tmp_path):
+    """timm's loader drops a file's classifier (and loads the rest non-strictly) when ``num_classes`` differs
+    from its pretrained config's 1000: a 10-class checkpoint loaded with num_classes=10 kept a random head, and a
+    file missing a whole block loaded. The file's head is loaded, or the file refused with the num_classes fix."""
+    src = timm.create_model(TINY, depth=2, num_classes=10)
+    path = tmp_path / "h10.safetensors"
+    save_file({k: v.contiguous() for k, v in src.state_dict().items()}, str(path))
+    assert same_weights(vitviz.load_model(TINY, depth=2, num_classes=10, checkpoint=path, device="cpu"), src)
+    with pytest.raises(vitviz.CheckpointError, match=r"(?s)h10\.safetensors.*has 10 classes.*pass num_classes=10"):
+        vitviz.load_model(TINY, depth=2, checkpoint=path)
+    partial = tmp_path / "partial.safetensors"
+    save_file({k: v.contiguous() for k, v in src.state_dict().items() if not k.startswith("blocks.1.")},
+              str(partial))
+    with pytest.raises(vitviz.CheckpointError, match=r"(?s)partial\.safetensors.*Missing key.*blocks\.1\."):
+        vitviz.load_model(TINY, depth=2, num_classes=10, checkpoint=partial)
+    torch.save(timm.create_model(TINY, depth=2).state_dict(), tmp_path / "h1000.pth")
+    with pytest.raises(vitviz.CheckpointError, match=r"(?s)h1000\.pth.*has 1000 classes.*pass num_classes=1000"):
+        vitviz.load_model(TINY, depth=2, num_classes=10, checkpoint=tmp_path / "h1000.pth")
+
+
+def test_a_jax_npz_timm_reads_only_in_part_is_refused(tmp_path):
+    """timm's ``.npz`` reader skips a classifier of another class count, blocks beyond the model's depth and the
+    original 21k checkpoints' pre_logits layer, and raises a bare KeyError for a missing tensor; vitviz refuses
+    each with the fix."""
+    src = timm.create_model(TINY, depth=2, num_classes=10)
+    jax_npz(src, tmp_path / "w.npz")
+    model = vitviz.load_model(TINY, depth=2, num_classes=10, checkpoint=tmp_path / "w.npz", device="cpu")
+    assert same_weights(model, src)
+    with pytest.raises(vitviz.CheckpointError, match=r"w\.npz.*classifier has 10 classes.*pass num_classes=10"):
+        vitviz.load_model(TINY, depth=2, checkpoint=tmp_path / "w.npz")
+    with pytest.raises(vitviz.CheckpointError, match=r"w\.npz.*has 2 blocks.*pass depth=2"):
+        vitviz.load_model(TINY, depth=1, num_classes=10, checkpoint=tmp_path / "w.npz")
+    w = dict(np.load(tmp_path / "w.npz"))
+    np.savez(tmp_path / "pre.npz", **w, **{"pre_logits/kernel": np.zeros((192, 192)), "pre_logits/bias": np.zeros(192)})
+    with pytest.raises(vitviz.CheckpointError, match=r"pre\.npz.*pre_logits.*num_classes=0"):
+        vitviz.load_model(TINY, depth=2, num_classes=10, checkpoint=tmp_path / "pre.npz")
+    del w["Transformer/encoderblock_1/LayerNorm_0/scale"]
+    np.savez(tmp_path / "missing.npz", **w)
+    with pytest.raises(vitviz.CheckpointError, match=r"missing\.npz.*encoderblock_1/LayerNorm_0/scale"):
+        vitviz.load_model(TINY, depth=2, num_classes=10, checkpoint=tmp_path / "missing.npz")
+

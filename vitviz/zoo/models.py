@@ -114,17 +114,35 @@ def _create_timm(name: str, pretrained: bool, checkpoint: Path | None, **kwargs:
             f"({', '.join(REFERENCE_MODELS)}). Similar timm names: {close}"
         )
     if checkpoint is not None:
-        overlay = {"file": str(checkpoint), "custom_load": checkpoint.suffix == ".npz"}
+        from timm.models import get_pretrained_cfg
+
+        # timm's loader drops the file's classifier, and loads every other tensor non-strictly, when num_classes
+        # differs from its pretrained config's; it also strips label_offset rows. The file is the config here: its
+        # classifier must fit num_classes (as given, else the config's) and every tensor must fit, or it is refused.
+        cfg = get_pretrained_cfg(name)
+        cfg = cfg.to_dict() if cfg is not None else {}
+        num_classes = kwargs.get("num_classes", cfg.get("num_classes", 1000))
+        overlay = {"file": str(checkpoint), "custom_load": checkpoint.suffix == ".npz", "num_classes": num_classes,
+                   "label_offset": 0}
         if checkpoint.suffix == ".npz":
             check_npz(checkpoint)
+            head = None
         else:
-            read_state_dict(checkpoint)  # refuses a corrupt file with a clear message before timm sees it
+            sd = read_state_dict(checkpoint)  # refuses a corrupt file with a clear message before timm sees it
+            head = sd.get(f"{cfg.get('classifier') or 'head'}.weight")
         try:
-            return timm.create_model(name, pretrained=True, pretrained_cfg_overlay=overlay, **kwargs)
-        except RuntimeError as e:
+            model = timm.create_model(name, pretrained=True, pretrained_cfg_overlay=overlay, **kwargs)
+        except (RuntimeError, KeyError, ValueError) as e:  # KeyError, ValueError: an .npz without a tensor timm reads
+            hint = ""
+            if head is not None and head.ndim == 2 and head.shape[0] != num_classes:
+                hint = (f"; its classifier has {head.shape[0]} classes, the model num_classes={num_classes}: pass "
+                        f"num_classes={head.shape[0]}")
             raise CheckpointError(
-                f"the weights in {str(checkpoint)!r} do not fit timm model {name!r}: {str(e)[:600]}"
+                f"the weights in {str(checkpoint)!r} do not fit timm model {name!r}: {str(e)[:600]}{hint}"
             ) from None
+        if checkpoint.suffix == ".npz":
+            _check_npz_fits(model, checkpoint, name)
+        return model
     if pretrained:
         from timm.models import get_pretrained_cfg
 
@@ -143,6 +161,36 @@ def _create_timm(name: str, pretrained: bool, checkpoint: Path | None, **kwargs:
         except Exception as e:
             raise _unavailable(name, f"{type(e).__name__}: {str(e)[:300]}") from None
     return timm.create_model(name, pretrained=False, **kwargs)
+
+
+def _check_npz_fits(model: nn.Module, path: Path, name: str) -> None:
+    """Refuse a JAX ``.npz`` that timm's ``_load_weights`` read only in part into ``model`` (a timm ViT).
+
+    timm's reader copies what the model asks for and skips the rest without a word: the classifier when its class
+    count differs (or the file has none), blocks beyond the model's depth, the ``pre_logits`` layer of the original
+    ImageNet-21k checkpoints. The model would then hold random weights there, or a head fed without its layer."""
+    import numpy as np
+
+    if not isinstance(getattr(model, "blocks", None), nn.Sequential) or not hasattr(model, "head"):
+        return
+    with np.load(path) as w:
+        keys = set(w.files)
+        prefix = next((p for p in ("", "opt/target/", "params/", "params/img/") if f"{p}embedding/kernel" in keys), "")
+        head_bias = w[f"{prefix}head/bias"].shape[-1] if f"{prefix}head/bias" in keys else None
+        stacked = f"{prefix}Transformer/encoderblock/LayerNorm_0/scale"
+        depth = w[stacked].shape[0] if stacked in keys else sum(
+            f"{prefix}Transformer/encoderblock_{i}/LayerNorm_0/scale" in keys for i in range(len(keys)))
+    n_head = model.head.out_features if isinstance(model.head, nn.Linear) else 0
+    where = f"the weights in {str(path)!r} do not fit timm model {name!r}"
+    if depth != len(model.blocks):
+        raise CheckpointError(f"{where}: the file has {depth} blocks, the model depth={len(model.blocks)}: pass "
+                              f"depth={depth} (or name the timm model of that depth)")
+    if (head_bias or 0) != n_head:
+        raise CheckpointError(f"{where}: the file's classifier has {head_bias or 0} classes, the model "
+                              f"num_classes={n_head}: pass num_classes={head_bias or 0}")
+    if n_head and any(k.startswith(f"{prefix}pre_logits/") for k in keys):
+        raise CheckpointError(f"{where}: the file's classifier sits on a pre_logits layer that timm's ViT does not "
+                              "have, so its logits would be wrong: pass num_classes=0 to load the features only")
 
 
 def _load_folder(folder: Path, **kwargs: Any) -> nn.Module:
