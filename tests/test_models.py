@@ -342,3 +342,10 @@ def test_a_jax_npz_timm_reads_only_in_part_is_refused(tmp_path):
     with pytest.raises(vitviz.CheckpointError, match=r"missing\.npz.*encoderblock_1/LayerNorm_0/scale"):
         vitviz.load_model(TINY, depth=2, num_classes=10, checkpoint=tmp_path / "missing.npz")
 
+
+def test_an_unknown_pretrained_tag_lists_the_tags(tmp_path):
+    """A tag timm does not have was a bare RuntimeError, or, with a checkpoint, 'the weights do not fit'."""
+    torch.save(timm.create_model(TINY, depth=1).state_dict(), tmp_path / "w.pth")
+    for kwargs in ({}, {"pretrained": True}, {"checkpoint": tmp_path / "w.pth", "depth": 1}):
+        with pytest.raises(vitviz.InputError, match=r"'vit_tiny_patch16_224\.bogus'.*tags: .*augreg_in21k"):
+            vitviz.load_model(f"{TINY}.bogus", **kwargs)

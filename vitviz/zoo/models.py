@@ -113,6 +113,10 @@ def _create_timm(name: str, pretrained: bool, checkpoint: Path | None, **kwargs:
             f"{name!r} is neither a timm model, a local weights file nor a vitviz reference model "
             f"({', '.join(REFERENCE_MODELS)}). Similar timm names: {close}"
         )
+    if "." in name and name not in timm.list_pretrained(name):
+        tags = timm.list_pretrained(f"{name.split('.')[0]}.*")
+        raise InputError(f"{name!r} names a pretrained tag timm does not have for {name.split('.')[0]!r}; its tags: "
+                         f"{tags or 'none'} (or drop the tag)")
     if checkpoint is not None:
         from timm.models import get_pretrained_cfg
 
