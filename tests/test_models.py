@@ -349,3 +349,34 @@ def test_an_unknown_pretrained_tag_lists_the_tags(tmp_path):
     for kwargs in ({}, {"pretrained": True}, {"checkpoint": tmp_path / "w.pth", "depth": 1}):
         with pytest.raises(vitviz.InputError, match=r"'vit_tiny_patch16_224\.bogus'.*tags: .*augreg_in21k"):
             vitviz.load_model(f"{TINY}.bogus", **kwargs)
+
+
+def test_a_checkpoint_beside_a_model_folder_or_file_is_refused_not_ignored(tmp_path):
+    """``name_or_path`` that holds weights of its own (a folder, a weights file, a Hub id) took no checkpoint:
+    the file passed as ``checkpoint=`` was silently ignored."""
+    _timm_folder(tmp_path / "timm")
+    torch.save(timm.create_model(TINY, depth=1).state_dict(), tmp_path / "w.pth")
+    for target in (tmp_path / "timm", tmp_path / "w.pth", "someone/tiny-vit"):
+        with pytest.raises(vitviz.InputError, match=r"checkpoint=.*w\.pth.*name_or_path=.*holds weights of its own"):
+            vitviz.load_model(target, checkpoint=tmp_path / "w.pth")
+
+
+def test_a_hugging_face_folder_missing_weights_is_refused_not_random(tmp_path):
+    """transformers logs the tensors a folder lacks and initialises them at random; vitviz refuses the folder."""
+    from safetensors.torch import load_file
+
+    _hf_vit().save_pretrained(tmp_path / "hf")
+    sd = load_file(tmp_path / "hf" / "model.safetensors")
+    del sd["vit.encoder.layer.1.attention.attention.key.bias"]
+    save_file(sd, str(tmp_path / "hf" / "model.safetensors"), metadata={"format": "pt"})
+    with pytest.raises(vitviz.CheckpointError, match=r"'.*hf' lack 1 tensors of ViTForImageClassification"):
+        vitviz.load_model(tmp_path / "hf")
+
+
+def test_a_timm_folder_with_another_num_classes_is_refused_not_given_a_random_head(tmp_path):
+    """timm's ``local-dir:`` loader drops the folder's classifier, and loads the rest non-strictly, when
+    ``num_classes`` differs from its config's; vitviz loads the folder strictly."""
+    model = _timm_folder(tmp_path / "timm")
+    assert same_weights(vitviz.load_model(tmp_path / "timm", num_classes=7, device="cpu"), model)
+    with pytest.raises(vitviz.CheckpointError, match=r"(?s)'.*timm'.*size mismatch for head\.weight"):
+        vitviz.load_model(tmp_path / "timm", num_classes=10)

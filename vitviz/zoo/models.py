@@ -218,6 +218,8 @@ def _load_folder(folder: Path, **kwargs: Any) -> nn.Module:
     if isinstance(config, dict) and isinstance(config.get("architecture"), str):  # timm's save_for_hf / push_to_hf_hub
         import timm
 
+        if "num_classes" in kwargs:  # else timm drops the folder's classifier and loads the rest non-strictly
+            kwargs = {**kwargs, "pretrained_cfg_overlay": {"num_classes": kwargs["num_classes"]}}
         try:
             return timm.create_model(f"local-dir:{folder}", pretrained=True, **kwargs)
         except (RuntimeError, OSError, ValueError, KeyError) as e:
@@ -233,10 +235,16 @@ def _load_folder(folder: Path, **kwargs: Any) -> nn.Module:
         cls = getattr(transformers, names[0], None) if names else None
         cls = cls if cls is not None else transformers.AutoModel
         try:
-            return cls.from_pretrained(str(folder), local_files_only=True, **kwargs)
+            model, info = cls.from_pretrained(str(folder), local_files_only=True, output_loading_info=True, **kwargs)
         except (OSError, ValueError, RuntimeError) as e:
             raise CheckpointError(f"transformers cannot load {cls.__name__} from {str(folder)!r}: "
                                   f"{type(e).__name__}: {str(e)[:400]}") from None
+        if info["missing_keys"]:  # transformers logs them and initialises them at random
+            raise CheckpointError(
+                f"the weights in {str(folder)!r} lack {len(info['missing_keys'])} tensors of {cls.__name__} "
+                f"({', '.join(sorted(info['missing_keys'])[:5])}), which transformers would leave random; save the "
+                "model again with save_pretrained, or set config.json's 'architectures' to the class it was saved from")
+        return model
     raise CheckpointError(
         f"{str(config_file)!r} names neither a timm architecture ('architecture') nor a Hugging Face model "
         "('model_type'); load the model with its own library and pass the module to vitviz")
@@ -340,6 +348,12 @@ def load_model(
     ckpt = Path(checkpoint) if checkpoint is not None else None
     target = str(name_or_path)
     repo = _hub_repo(target)
+    if ckpt is not None and target not in REFERENCE_MODELS and (
+            repo is not None or Path(target).exists() or target.endswith(WEIGHT_SUFFIXES)):
+        raise InputError(  # the weights would come from name_or_path, and checkpoint be ignored
+            f"checkpoint={str(ckpt)!r} with name_or_path={target!r}, which holds weights of its own: pass the "
+            f"architecture's name with the file, vitviz.load_model('<timm model name>', checkpoint={str(ckpt)!r}), "
+            f"or {target!r} alone")
     if target in REFERENCE_MODELS:
         model = _load_reference(target, ckpt, **kwargs)
     elif Path(target).is_dir():
