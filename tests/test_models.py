@@ -380,3 +380,25 @@ def test_a_timm_folder_with_another_num_classes_is_refused_not_given_a_random_he
     assert same_weights(vitviz.load_model(tmp_path / "timm", num_classes=7, device="cpu"), model)
     with pytest.raises(vitviz.CheckpointError, match=r"(?s)'.*timm'.*size mismatch for head\.weight"):
         vitviz.load_model(tmp_path / "timm", num_classes=10)
+
+
+def test_cached_pretrained_weights_keep_timms_new_head_rule(tmp_path, monkeypatch):
+    """``pretrained=True`` from the Hub cache loads timm's file as timm does online: whole, resampled to
+    ``img_size`` as timm resamples it, and with a new classifier for another ``num_classes``."""
+    import huggingface_hub
+
+    cache = tmp_path / "hub"
+    repo = cache / "models--timm--vit_tiny_patch16_224.augreg_in21k_ft_in1k"
+    (repo / "snapshots" / "abc").mkdir(parents=True)
+    (repo / "refs").mkdir()
+    (repo / "refs" / "main").write_text("abc")
+    src = timm.create_model(TINY, depth=1)
+    save_file({k: v.contiguous() for k, v in src.state_dict().items()}, str(repo / "snapshots" / "abc" / "model.safetensors"))
+    monkeypatch.setattr(huggingface_hub.constants, "HF_HUB_CACHE", str(cache))
+    monkeypatch.setenv("HF_HUB_OFFLINE", "1")
+    assert same_weights(vitviz.load_model(TINY, pretrained=True, depth=1, device="cpu"), src)
+    model = vitviz.load_model(TINY, pretrained=True, depth=1, img_size=288, device="cpu")
+    own = timm.create_model(TINY, pretrained=True, depth=1, img_size=288)
+    assert same_weights(model, own)
+    model = vitviz.load_model(TINY, pretrained=True, depth=1, num_classes=10, device="cpu")
+    assert model.head.out_features == 10 and torch.equal(model.blocks[0].attn.qkv.weight, src.blocks[0].attn.qkv.weight)

@@ -104,7 +104,12 @@ def _unavailable(name: str, why: str) -> WeightsUnavailableError:
     )
 
 
-def _create_timm(name: str, pretrained: bool, checkpoint: Path | None, **kwargs: Any) -> nn.Module:
+def _create_timm(name: str, pretrained: bool, checkpoint: Path | None, *, cached: bool = False,
+                 **kwargs: Any) -> nn.Module:
+    """A timm model: random weights, ``checkpoint``'s (which must fit whole), or timm's pretrained ones.
+
+    ``cached``: ``checkpoint`` is timm's own pretrained file from the Hub cache, so ``pretrained=True``'s rule holds
+    as it does online: a ``num_classes`` other than the weights' gets a new, random classifier."""
     import timm
 
     if not timm.is_model(name.split(".")[0]):
@@ -121,13 +126,14 @@ def _create_timm(name: str, pretrained: bool, checkpoint: Path | None, **kwargs:
         from timm.models import get_pretrained_cfg
 
         # timm's loader drops the file's classifier, and loads every other tensor non-strictly, when num_classes
-        # differs from its pretrained config's; it also strips label_offset rows. The file is the config here: its
+        # differs from its pretrained config's; it also strips label_offset rows. A user's file is the config here: its
         # classifier must fit num_classes (as given, else the config's) and every tensor must fit, or it is refused.
         cfg = get_pretrained_cfg(name)
         cfg = cfg.to_dict() if cfg is not None else {}
         num_classes = kwargs.get("num_classes", cfg.get("num_classes", 1000))
-        overlay = {"file": str(checkpoint), "custom_load": checkpoint.suffix == ".npz", "num_classes": num_classes,
-                   "label_offset": 0}
+        overlay = {"file": str(checkpoint), "custom_load": checkpoint.suffix == ".npz"}
+        if not cached:
+            overlay.update(num_classes=num_classes, label_offset=0)
         if checkpoint.suffix == ".npz":
             check_npz(checkpoint)
             head = None
@@ -152,9 +158,9 @@ def _create_timm(name: str, pretrained: bool, checkpoint: Path | None, **kwargs:
 
         cfg = get_pretrained_cfg(name)
         cfg = cfg.to_dict() if cfg is not None else {}
-        cached = _cached_hub_file(cfg)
-        if cached:
-            return _create_timm(name, False, Path(cached), **kwargs)
+        hit = _cached_hub_file(cfg)
+        if hit:
+            return _create_timm(name, False, Path(hit), cached=True, **kwargs)
         if _hub_offline():
             raise _unavailable(name, "HF_HUB_OFFLINE is set and the weights are not in the local cache")
         host = _weights_host(cfg)
@@ -333,7 +339,8 @@ def load_model(
             Hugging Face Hub id
             (``"google/vit-base-patch16-224"``, ``"hf-hub:timm/vit_base_patch16_224.augreg_in21k"``), read from
             the local cache, else downloaded when the Hub answers.
-        pretrained: fetch the timm model's pretrained weights (fails within seconds when offline).
+        pretrained: fetch the timm model's pretrained weights (fails within seconds when offline); with a
+            ``num_classes`` other than theirs, timm gives the model a new, random classifier.
         checkpoint: a local weights file: ``.safetensors``, ``.pth``/``.pt``/``.bin`` state dict, or the original
             JAX ``.npz`` (read by timm's loader, which also resamples position embeddings to ``img_size``).
         device: ``"auto"`` (CUDA when available), ``"cpu"``, ``"cuda:1"``...
