@@ -402,3 +402,18 @@ def test_cached_pretrained_weights_keep_timms_new_head_rule(tmp_path, monkeypatc
     assert same_weights(model, own)
     model = vitviz.load_model(TINY, pretrained=True, depth=1, num_classes=10, device="cpu")
     assert model.head.out_features == 10 and torch.equal(model.blocks[0].attn.qkv.weight, src.blocks[0].attn.qkv.weight)
+
+
+def test_a_reference_model_with_a_missing_checkpoint_file_is_not_found_not_random(tmp_path, monkeypatch):
+    """An explicit checkpoint that is absent was 'train and export it' (WeightsUnavailableError), so
+    load_model_or_random fell back to random weights, and then failed passing checkpoint= to the builder."""
+    monkeypatch.setenv("VITVIZ_CHECKPOINTS", str(tmp_path))
+    for load in (vitviz.load_model, vitviz.load_model_or_random):
+        with pytest.raises(vitviz.CheckpointError, match=r"'.*typo\.safetensors' not found"):
+            load("cifar10-vit", checkpoint=tmp_path / "typo.safetensors")
+
+
+@pytest.mark.skipif(torch.cuda.is_available(), reason="needs a machine without CUDA")
+def test_a_device_this_machine_lacks_is_an_input_error():
+    with pytest.raises(vitviz.InputError, match=r"device='cuda:1' is not available on this machine.*'cpu'"):
+        vitviz.load_model(TINY, depth=1, device="cuda:1")

@@ -33,14 +33,21 @@ HUB_FILES = ["*.json", "*.safetensors", "pytorch_model.bin", "open_clip_pytorch_
 
 
 def resolve_device(device: str | torch.device = "auto") -> torch.device:
-    """``"auto"``: CUDA when available, else CPU."""
+    """``"auto"``: CUDA when available, else CPU. A device this machine lacks (``"cuda"`` without a GPU,
+    ``"cuda:3"`` with one) is an ``InputError`` naming it, not torch's error from deep inside ``.to``."""
     if str(device) == "auto":
         return torch.device("cuda" if torch.cuda.is_available() else "cpu")
     try:
-        return torch.device(device)
+        dev = torch.device(device)
     except (RuntimeError, TypeError):
         raise InputError(f"device={device!r} is not a torch device; pass 'auto' (CUDA when available), 'cpu', "
                          "'cuda', 'cuda:1', 'mps' or a torch.device") from None
+    try:
+        torch.empty(0, device=dev)
+    except (RuntimeError, AssertionError) as e:  # AssertionError: a torch built without CUDA
+        raise InputError(f"device={device!r} is not available on this machine ({(str(e).splitlines() or [''])[0]}); "
+                         f"pass 'auto' (CUDA when available) or 'cpu'") from None
+    return dev
 
 
 def host_reachable(host: str, port: int = 443, timeout: float = NETWORK_TIMEOUT_S) -> bool:
@@ -305,6 +312,8 @@ def _hub_unavailable(repo: str, why: str) -> WeightsUnavailableError:
 
 def _load_reference(name: str, checkpoint: Path | None, **kwargs: Any) -> nn.Module:
     model = build_reference(name, **kwargs)
+    if checkpoint is not None and not checkpoint.is_file():  # a file named but absent: no reason to train
+        raise CheckpointError(f"checkpoint file {str(checkpoint)!r} not found")
     path = checkpoint or checkpoint_dir() / f"{name}.safetensors"
     if not path.is_file():
         raise WeightsUnavailableError(
