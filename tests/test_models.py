@@ -417,3 +417,27 @@ def test_a_reference_model_with_a_missing_checkpoint_file_is_not_found_not_rando
 def test_a_device_this_machine_lacks_is_an_input_error():
     with pytest.raises(vitviz.InputError, match=r"device='cuda:1' is not available on this machine.*'cpu'"):
         vitviz.load_model(TINY, depth=1, device="cuda:1")
+
+
+def test_a_big_vision_npz_with_stacked_blocks_loads_or_is_refused_by_depth(tmp_path):
+    """big_vision stacks the blocks' tensors on a leading axis; a model deeper than the file was timm's bare
+    IndexError, a shallower one loaded the first blocks only."""
+    src = timm.create_model(TINY, depth=2, num_classes=10)
+    jax_npz(src, tmp_path / "w.npz")
+    rename = {"MultiHeadDotProductAttention_1": "MultiHeadDotProductAttention_0", "MlpBlock_3": "MlpBlock_0",
+              "LayerNorm_2": "LayerNorm_1"}
+    flat, blocks = {}, {}
+    for key, value in np.load(tmp_path / "w.npz").items():
+        if key.startswith("Transformer/encoderblock_"):
+            i, sub = key.removeprefix("Transformer/encoderblock_").split("/", 1)
+            for old, new in rename.items():
+                sub = sub.replace(old, new)
+            blocks.setdefault(sub, {})[int(i)] = value
+        else:
+            flat[key.replace("Transformer/posembed_input/pos_embedding", "pos_embedding")] = value
+    stacked = {f"Transformer/encoderblock/{sub}": np.stack([v[i] for i in sorted(v)]) for sub, v in blocks.items()}
+    np.savez(tmp_path / "bv.npz", **flat, **stacked)
+    assert same_weights(vitviz.load_model(TINY, depth=2, num_classes=10, checkpoint=tmp_path / "bv.npz"), src)
+    for depth in (1, 3):
+        with pytest.raises(vitviz.CheckpointError, match=r"bv\.npz"):
+            vitviz.load_model(TINY, depth=depth, num_classes=10, checkpoint=tmp_path / "bv.npz")

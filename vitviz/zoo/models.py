@@ -149,7 +149,7 @@ def _create_timm(name: str, pretrained: bool, checkpoint: Path | None, *, cached
             head = sd.get(f"{cfg.get('classifier') or 'head'}.weight")
         try:
             model = timm.create_model(name, pretrained=True, pretrained_cfg_overlay=overlay, **kwargs)
-        except (RuntimeError, KeyError, ValueError) as e:  # KeyError, ValueError: an .npz without a tensor timm reads
+        except (RuntimeError, KeyError, ValueError, IndexError) as e:  # the others: an .npz timm reads only in part
             hint = ""
             if head is not None and head.ndim == 2 and head.shape[0] != num_classes:
                 hint = (f"; its classifier has {head.shape[0]} classes, the model num_classes={num_classes}: pass "
