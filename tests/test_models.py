@@ -441,3 +441,17 @@ def test_a_big_vision_npz_with_stacked_blocks_loads_or_is_refused_by_depth(tmp_p
     for depth in (1, 3):
         with pytest.raises(vitviz.CheckpointError, match=r"bv\.npz"):
             vitviz.load_model(TINY, depth=depth, num_classes=10, checkpoint=tmp_path / "bv.npz")
+
+
+def test_a_hugging_face_folder_without_a_pooler_names_add_pooling_layer(tmp_path):
+    """A ViTModel saved without its pooler (as DINO's are) would get a random one, whose pooler_output vitviz
+    reads as the features; the refusal names the fix, and with it the weights load whole."""
+    transformers = pytest.importorskip("transformers")
+    config = transformers.ViTConfig(image_size=32, patch_size=8, hidden_size=32, num_hidden_layers=2,
+                                    num_attention_heads=4, intermediate_size=64)
+    model = transformers.ViTModel(config, add_pooling_layer=False)
+    model.save_pretrained(tmp_path / "dino")
+    with pytest.raises(vitviz.CheckpointError, match=r"lack 2 tensors of ViTModel \(pooler.*add_pooling_layer=False"):
+        vitviz.load_model(tmp_path / "dino")
+    loaded = vitviz.load_model(tmp_path / "dino", add_pooling_layer=False, device="cpu")
+    assert loaded.pooler is None and same_weights(loaded, model)

@@ -252,11 +252,14 @@ def _load_folder(folder: Path, **kwargs: Any) -> nn.Module:
         except (OSError, ValueError, RuntimeError) as e:
             raise CheckpointError(f"transformers cannot load {cls.__name__} from {str(folder)!r}: "
                                   f"{type(e).__name__}: {str(e)[:400]}") from None
-        if info["missing_keys"]:  # transformers logs them and initialises them at random
-            raise CheckpointError(
-                f"the weights in {str(folder)!r} lack {len(info['missing_keys'])} tensors of {cls.__name__} "
-                f"({', '.join(sorted(info['missing_keys'])[:5])}), which transformers would leave random; save the "
-                "model again with save_pretrained, or set config.json's 'architectures' to the class it was saved from")
+        missing = sorted(info["missing_keys"])
+        if missing:  # transformers logs them and initialises them at random
+            fix = ("pass add_pooling_layer=False (vitviz then pools the class token)"  # e.g. DINO's ViTModel
+                   if all(k.split(".")[-3:-2] == ["pooler"] for k in missing) else
+                   "save the model again with save_pretrained, or set config.json's 'architectures' to the class it "
+                   "was saved from")
+            raise CheckpointError(f"the weights in {str(folder)!r} lack {len(missing)} tensors of {cls.__name__} "
+                                  f"({', '.join(missing[:5])}), which transformers would leave random; {fix}")
         return model
     raise CheckpointError(
         f"{str(config_file)!r} names neither a timm architecture ('architecture') nor a Hugging Face model "
