@@ -299,3 +299,159 @@ def test_a_hub_id_loads_from_the_local_cache_and_fails_fast_offline(tmp_path, mo
         vitviz.load_model("someone/absent")
     with pytest.raises(vitviz.CheckpointError, match="not found"):  # a path that looks like an id stays a path
         vitviz.load_model("weights/absent.safetensors")
+
+
+def test_a_checkpoint_head_is_loaded_or_refused_never_dropped(tmp_path):
+    """timm's loader drops a file's classifier (and loads the rest non-strictly) when ``num_classes`` differs
+    from its pretrained config's 1000: a 10-class checkpoint loaded with num_classes=10 kept a random head, and a
+    file missing a whole block loaded. The file's head is loaded, or the file refused with the num_classes fix."""
+    src = timm.create_model(TINY, depth=2, num_classes=10)
+    path = tmp_path / "h10.safetensors"
+    save_file({k: v.contiguous() for k, v in src.state_dict().items()}, str(path))
+    assert same_weights(vitviz.load_model(TINY, depth=2, num_classes=10, checkpoint=path, device="cpu"), src)
+    with pytest.raises(vitviz.CheckpointError, match=r"(?s)h10\.safetensors.*has 10 classes.*pass num_classes=10"):
+        vitviz.load_model(TINY, depth=2, checkpoint=path)
+    partial = tmp_path / "partial.safetensors"
+    save_file({k: v.contiguous() for k, v in src.state_dict().items() if not k.startswith("blocks.1.")},
+              str(partial))
+    with pytest.raises(vitviz.CheckpointError, match=r"(?s)partial\.safetensors.*Missing key.*blocks\.1\."):
+        vitviz.load_model(TINY, depth=2, num_classes=10, checkpoint=partial)
+    torch.save(timm.create_model(TINY, depth=2).state_dict(), tmp_path / "h1000.pth")
+    with pytest.raises(vitviz.CheckpointError, match=r"(?s)h1000\.pth.*has 1000 classes.*pass num_classes=1000"):
+        vitviz.load_model(TINY, depth=2, num_classes=10, checkpoint=tmp_path / "h1000.pth")
+
+
+def test_a_jax_npz_timm_reads_only_in_part_is_refused(tmp_path):
+    """timm's ``.npz`` reader skips a classifier of another class count, blocks beyond the model's depth and the
+    original 21k checkpoints' pre_logits layer, and raises a bare KeyError for a missing tensor; vitviz refuses
+    each with the fix."""
+    src = timm.create_model(TINY, depth=2, num_classes=10)
+    jax_npz(src, tmp_path / "w.npz")
+    model = vitviz.load_model(TINY, depth=2, num_classes=10, checkpoint=tmp_path / "w.npz", device="cpu")
+    assert same_weights(model, src)
+    with pytest.raises(vitviz.CheckpointError, match=r"w\.npz.*classifier has 10 classes.*pass num_classes=10"):
+        vitviz.load_model(TINY, depth=2, checkpoint=tmp_path / "w.npz")
+    with pytest.raises(vitviz.CheckpointError, match=r"w\.npz.*has 2 blocks.*pass depth=2"):
+        vitviz.load_model(TINY, depth=1, num_classes=10, checkpoint=tmp_path / "w.npz")
+    w = dict(np.load(tmp_path / "w.npz"))
+    np.savez(tmp_path / "pre.npz", **w, **{"pre_logits/kernel": np.zeros((192, 192)), "pre_logits/bias": np.zeros(192)})
+    with pytest.raises(vitviz.CheckpointError, match=r"pre\.npz.*pre_logits.*num_classes=0"):
+        vitviz.load_model(TINY, depth=2, num_classes=10, checkpoint=tmp_path / "pre.npz")
+    del w["Transformer/encoderblock_1/LayerNorm_0/scale"]
+    np.savez(tmp_path / "missing.npz", **w)
+    with pytest.raises(vitviz.CheckpointError, match=r"missing\.npz.*encoderblock_1/LayerNorm_0/scale"):
+        vitviz.load_model(TINY, depth=2, num_classes=10, checkpoint=tmp_path / "missing.npz")
+
+
+def test_an_unknown_pretrained_tag_lists_the_tags(tmp_path):
+    """A tag timm does not have was a bare RuntimeError, or, with a checkpoint, 'the weights do not fit'."""
+    torch.save(timm.create_model(TINY, depth=1).state_dict(), tmp_path / "w.pth")
+    for kwargs in ({}, {"pretrained": True}, {"checkpoint": tmp_path / "w.pth", "depth": 1}):
+        with pytest.raises(vitviz.InputError, match=r"'vit_tiny_patch16_224\.bogus'.*tags: .*augreg_in21k"):
+            vitviz.load_model(f"{TINY}.bogus", **kwargs)
+
+
+def test_a_checkpoint_beside_a_model_folder_or_file_is_refused_not_ignored(tmp_path):
+    """``name_or_path`` that holds weights of its own (a folder, a weights file, a Hub id) took no checkpoint:
+    the file passed as ``checkpoint=`` was silently ignored."""
+    _timm_folder(tmp_path / "timm")
+    torch.save(timm.create_model(TINY, depth=1).state_dict(), tmp_path / "w.pth")
+    for target in (tmp_path / "timm", tmp_path / "w.pth", "someone/tiny-vit"):
+        with pytest.raises(vitviz.InputError, match=r"checkpoint=.*w\.pth.*name_or_path=.*holds weights of its own"):
+            vitviz.load_model(target, checkpoint=tmp_path / "w.pth")
+
+
+def test_a_hugging_face_folder_missing_weights_is_refused_not_random(tmp_path):
+    """transformers logs the tensors a folder lacks and initialises them at random; vitviz refuses the folder."""
+    from safetensors.torch import load_file
+
+    _hf_vit().save_pretrained(tmp_path / "hf")
+    sd = load_file(tmp_path / "hf" / "model.safetensors")
+    del sd["vit.encoder.layer.1.attention.attention.key.bias"]
+    save_file(sd, str(tmp_path / "hf" / "model.safetensors"), metadata={"format": "pt"})
+    with pytest.raises(vitviz.CheckpointError, match=r"'.*hf' lack 1 tensors of ViTForImageClassification"):
+        vitviz.load_model(tmp_path / "hf")
+
+
+def test_a_timm_folder_with_another_num_classes_is_refused_not_given_a_random_head(tmp_path):
+    """timm's ``local-dir:`` loader drops the folder's classifier, and loads the rest non-strictly, when
+    ``num_classes`` differs from its config's; vitviz loads the folder strictly."""
+    model = _timm_folder(tmp_path / "timm")
+    assert same_weights(vitviz.load_model(tmp_path / "timm", num_classes=7, device="cpu"), model)
+    with pytest.raises(vitviz.CheckpointError, match=r"(?s)'.*timm'.*size mismatch for head\.weight"):
+        vitviz.load_model(tmp_path / "timm", num_classes=10)
+
+
+def test_cached_pretrained_weights_keep_timms_new_head_rule(tmp_path, monkeypatch):
+    """``pretrained=True`` from the Hub cache loads timm's file as timm does online: whole, resampled to
+    ``img_size`` as timm resamples it, and with a new classifier for another ``num_classes``."""
+    import huggingface_hub
+
+    cache = tmp_path / "hub"
+    repo = cache / "models--timm--vit_tiny_patch16_224.augreg_in21k_ft_in1k"
+    (repo / "snapshots" / "abc").mkdir(parents=True)
+    (repo / "refs").mkdir()
+    (repo / "refs" / "main").write_text("abc")
+    src = timm.create_model(TINY, depth=1)
+    save_file({k: v.contiguous() for k, v in src.state_dict().items()}, str(repo / "snapshots" / "abc" / "model.safetensors"))
+    monkeypatch.setattr(huggingface_hub.constants, "HF_HUB_CACHE", str(cache))
+    monkeypatch.setenv("HF_HUB_OFFLINE", "1")
+    assert same_weights(vitviz.load_model(TINY, pretrained=True, depth=1, device="cpu"), src)
+    model = vitviz.load_model(TINY, pretrained=True, depth=1, img_size=288, device="cpu")
+    own = timm.create_model(TINY, pretrained=True, depth=1, img_size=288)
+    assert same_weights(model, own)
+    model = vitviz.load_model(TINY, pretrained=True, depth=1, num_classes=10, device="cpu")
+    assert model.head.out_features == 10 and torch.equal(model.blocks[0].attn.qkv.weight, src.blocks[0].attn.qkv.weight)
+
+
+def test_a_reference_model_with_a_missing_checkpoint_file_is_not_found_not_random(tmp_path, monkeypatch):
+    """An explicit checkpoint that is absent was 'train and export it' (WeightsUnavailableError), so
+    load_model_or_random fell back to random weights, and then failed passing checkpoint= to the builder."""
+    monkeypatch.setenv("VITVIZ_CHECKPOINTS", str(tmp_path))
+    for load in (vitviz.load_model, vitviz.load_model_or_random):
+        with pytest.raises(vitviz.CheckpointError, match=r"'.*typo\.safetensors' not found"):
+            load("cifar10-vit", checkpoint=tmp_path / "typo.safetensors")
+
+
+@pytest.mark.skipif(torch.cuda.is_available(), reason="needs a machine without CUDA")
+def test_a_device_this_machine_lacks_is_an_input_error():
+    with pytest.raises(vitviz.InputError, match=r"device='cuda:1' is not available on this machine.*'cpu'"):
+        vitviz.load_model(TINY, depth=1, device="cuda:1")
+
+
+def test_a_big_vision_npz_with_stacked_blocks_loads_or_is_refused_by_depth(tmp_path):
+    """big_vision stacks the blocks' tensors on a leading axis; a model deeper than the file was timm's bare
+    IndexError, a shallower one loaded the first blocks only."""
+    src = timm.create_model(TINY, depth=2, num_classes=10)
+    jax_npz(src, tmp_path / "w.npz")
+    rename = {"MultiHeadDotProductAttention_1": "MultiHeadDotProductAttention_0", "MlpBlock_3": "MlpBlock_0",
+              "LayerNorm_2": "LayerNorm_1"}
+    flat, blocks = {}, {}
+    for key, value in np.load(tmp_path / "w.npz").items():
+        if key.startswith("Transformer/encoderblock_"):
+            i, sub = key.removeprefix("Transformer/encoderblock_").split("/", 1)
+            for old, new in rename.items():
+                sub = sub.replace(old, new)
+            blocks.setdefault(sub, {})[int(i)] = value
+        else:
+            flat[key.replace("Transformer/posembed_input/pos_embedding", "pos_embedding")] = value
+    stacked = {f"Transformer/encoderblock/{sub}": np.stack([v[i] for i in sorted(v)]) for sub, v in blocks.items()}
+    np.savez(tmp_path / "bv.npz", **flat, **stacked)
+    assert same_weights(vitviz.load_model(TINY, depth=2, num_classes=10, checkpoint=tmp_path / "bv.npz"), src)
+    for depth in (1, 3):
+        with pytest.raises(vitviz.CheckpointError, match=r"bv\.npz"):
+            vitviz.load_model(TINY, depth=depth, num_classes=10, checkpoint=tmp_path / "bv.npz")
+
+
+def test_a_hugging_face_folder_without_a_pooler_names_add_pooling_layer(tmp_path):
+    """A ViTModel saved without its pooler (as DINO's are) would get a random one, whose pooler_output vitviz
+    reads as the features; the refusal names the fix, and with it the weights load whole."""
+    transformers = pytest.importorskip("transformers")
+    config = transformers.ViTConfig(image_size=32, patch_size=8, hidden_size=32, num_hidden_layers=2,
+                                    num_attention_heads=4, intermediate_size=64)
+    model = transformers.ViTModel(config, add_pooling_layer=False)
+    model.save_pretrained(tmp_path / "dino")
+    with pytest.raises(vitviz.CheckpointError, match=r"lack 2 tensors of ViTModel \(pooler.*add_pooling_layer=False"):
+        vitviz.load_model(tmp_path / "dino")
+    loaded = vitviz.load_model(tmp_path / "dino", add_pooling_layer=False, device="cpu")
+    assert loaded.pooler is None and same_weights(loaded, model)

@@ -33,14 +33,21 @@ HUB_FILES = ["*.json", "*.safetensors", "pytorch_model.bin", "open_clip_pytorch_
 
 
 def resolve_device(device: str | torch.device = "auto") -> torch.device:
-    """``"auto"``: CUDA when available, else CPU."""
+    """``"auto"``: CUDA when available, else CPU. A device this machine lacks (``"cuda"`` without a GPU,
+    ``"cuda:3"`` with one) is an ``InputError`` naming it, not torch's error from deep inside ``.to``."""
     if str(device) == "auto":
         return torch.device("cuda" if torch.cuda.is_available() else "cpu")
     try:
-        return torch.device(device)
+        dev = torch.device(device)
     except (RuntimeError, TypeError):
         raise InputError(f"device={device!r} is not a torch device; pass 'auto' (CUDA when available), 'cpu', "
                          "'cuda', 'cuda:1', 'mps' or a torch.device") from None
+    try:
+        torch.empty(0, device=dev)
+    except (RuntimeError, AssertionError) as e:  # AssertionError: a torch built without CUDA
+        raise InputError(f"device={device!r} is not available on this machine ({(str(e).splitlines() or [''])[0]}); "
+                         f"pass 'auto' (CUDA when available) or 'cpu'") from None
+    return dev
 
 
 def host_reachable(host: str, port: int = 443, timeout: float = NETWORK_TIMEOUT_S) -> bool:
@@ -104,7 +111,12 @@ def _unavailable(name: str, why: str) -> WeightsUnavailableError:
     )
 
 
-def _create_timm(name: str, pretrained: bool, checkpoint: Path | None, **kwargs: Any) -> nn.Module:
+def _create_timm(name: str, pretrained: bool, checkpoint: Path | None, *, cached: bool = False,
+                 **kwargs: Any) -> nn.Module:
+    """A timm model: random weights, ``checkpoint``'s (which must fit whole), or timm's pretrained ones.
+
+    ``cached``: ``checkpoint`` is timm's own pretrained file from the Hub cache, so ``pretrained=True``'s rule holds
+    as it does online: a ``num_classes`` other than the weights' gets a new, random classifier."""
     import timm
 
     if not timm.is_model(name.split(".")[0]):
@@ -113,26 +125,49 @@ def _create_timm(name: str, pretrained: bool, checkpoint: Path | None, **kwargs:
             f"{name!r} is neither a timm model, a local weights file nor a vitviz reference model "
             f"({', '.join(REFERENCE_MODELS)}). Similar timm names: {close}"
         )
+    if "." in name and name not in timm.list_pretrained(name):
+        tags = timm.list_pretrained(f"{name.split('.')[0]}.*")
+        raise InputError(f"{name!r} names a pretrained tag timm does not have for {name.split('.')[0]!r}; its tags: "
+                         f"{tags or 'none'} (or drop the tag)")
     if checkpoint is not None:
+        from timm.models import get_pretrained_cfg
+
+        # timm's loader drops the file's classifier, and loads every other tensor non-strictly, when num_classes
+        # differs from its pretrained config's; it also strips label_offset rows. A user's file is the config here: its
+        # classifier must fit num_classes (as given, else the config's) and every tensor must fit, or it is refused.
+        cfg = get_pretrained_cfg(name)
+        cfg = cfg.to_dict() if cfg is not None else {}
+        num_classes = kwargs.get("num_classes", cfg.get("num_classes", 1000))
         overlay = {"file": str(checkpoint), "custom_load": checkpoint.suffix == ".npz"}
+        if not cached:
+            overlay.update(num_classes=num_classes, label_offset=0)
         if checkpoint.suffix == ".npz":
             check_npz(checkpoint)
+            head = None
         else:
-            read_state_dict(checkpoint)  # refuses a corrupt file with a clear message before timm sees it
+            sd = read_state_dict(checkpoint)  # refuses a corrupt file with a clear message before timm sees it
+            head = sd.get(f"{cfg.get('classifier') or 'head'}.weight")
         try:
-            return timm.create_model(name, pretrained=True, pretrained_cfg_overlay=overlay, **kwargs)
-        except RuntimeError as e:
+            model = timm.create_model(name, pretrained=True, pretrained_cfg_overlay=overlay, **kwargs)
+        except (RuntimeError, KeyError, ValueError, IndexError) as e:  # the others: an .npz timm reads only in part
+            hint = ""
+            if head is not None and head.ndim == 2 and head.shape[0] != num_classes:
+                hint = (f"; its classifier has {head.shape[0]} classes, the model num_classes={num_classes}: pass "
+                        f"num_classes={head.shape[0]}")
             raise CheckpointError(
-                f"the weights in {str(checkpoint)!r} do not fit timm model {name!r}: {str(e)[:600]}"
+                f"the weights in {str(checkpoint)!r} do not fit timm model {name!r}: {str(e)[:600]}{hint}"
             ) from None
+        if checkpoint.suffix == ".npz":
+            _check_npz_fits(model, checkpoint, name)
+        return model
     if pretrained:
         from timm.models import get_pretrained_cfg
 
         cfg = get_pretrained_cfg(name)
         cfg = cfg.to_dict() if cfg is not None else {}
-        cached = _cached_hub_file(cfg)
-        if cached:
-            return _create_timm(name, False, Path(cached), **kwargs)
+        hit = _cached_hub_file(cfg)
+        if hit:
+            return _create_timm(name, False, Path(hit), cached=True, **kwargs)
         if _hub_offline():
             raise _unavailable(name, "HF_HUB_OFFLINE is set and the weights are not in the local cache")
         host = _weights_host(cfg)
@@ -143,6 +178,36 @@ def _create_timm(name: str, pretrained: bool, checkpoint: Path | None, **kwargs:
         except Exception as e:
             raise _unavailable(name, f"{type(e).__name__}: {str(e)[:300]}") from None
     return timm.create_model(name, pretrained=False, **kwargs)
+
+
+def _check_npz_fits(model: nn.Module, path: Path, name: str) -> None:
+    """Refuse a JAX ``.npz`` that timm's ``_load_weights`` read only in part into ``model`` (a timm ViT).
+
+    timm's reader copies what the model asks for and skips the rest without a word: the classifier when its class
+    count differs (or the file has none), blocks beyond the model's depth, the ``pre_logits`` layer of the original
+    ImageNet-21k checkpoints. The model would then hold random weights there, or a head fed without its layer."""
+    import numpy as np
+
+    if not isinstance(getattr(model, "blocks", None), nn.Sequential) or not hasattr(model, "head"):
+        return
+    with np.load(path) as w:
+        keys = set(w.files)
+        prefix = next((p for p in ("", "opt/target/", "params/", "params/img/") if f"{p}embedding/kernel" in keys), "")
+        head_bias = w[f"{prefix}head/bias"].shape[-1] if f"{prefix}head/bias" in keys else None
+        stacked = f"{prefix}Transformer/encoderblock/LayerNorm_0/scale"
+        depth = w[stacked].shape[0] if stacked in keys else sum(
+            f"{prefix}Transformer/encoderblock_{i}/LayerNorm_0/scale" in keys for i in range(len(keys)))
+    n_head = model.head.out_features if isinstance(model.head, nn.Linear) else 0
+    where = f"the weights in {str(path)!r} do not fit timm model {name!r}"
+    if depth != len(model.blocks):
+        raise CheckpointError(f"{where}: the file has {depth} blocks, the model depth={len(model.blocks)}: pass "
+                              f"depth={depth} (or name the timm model of that depth)")
+    if (head_bias or 0) != n_head:
+        raise CheckpointError(f"{where}: the file's classifier has {head_bias or 0} classes, the model "
+                              f"num_classes={n_head}: pass num_classes={head_bias or 0}")
+    if n_head and any(k.startswith(f"{prefix}pre_logits/") for k in keys):
+        raise CheckpointError(f"{where}: the file's classifier sits on a pre_logits layer that timm's ViT does not "
+                              "have, so its logits would be wrong: pass num_classes=0 to load the features only")
 
 
 def _load_folder(folder: Path, **kwargs: Any) -> nn.Module:
@@ -166,6 +231,8 @@ def _load_folder(folder: Path, **kwargs: Any) -> nn.Module:
     if isinstance(config, dict) and isinstance(config.get("architecture"), str):  # timm's save_for_hf / push_to_hf_hub
         import timm
 
+        if "num_classes" in kwargs:  # else timm drops the folder's classifier and loads the rest non-strictly
+            kwargs = {**kwargs, "pretrained_cfg_overlay": {"num_classes": kwargs["num_classes"]}}
         try:
             return timm.create_model(f"local-dir:{folder}", pretrained=True, **kwargs)
         except (RuntimeError, OSError, ValueError, KeyError) as e:
@@ -181,10 +248,19 @@ def _load_folder(folder: Path, **kwargs: Any) -> nn.Module:
         cls = getattr(transformers, names[0], None) if names else None
         cls = cls if cls is not None else transformers.AutoModel
         try:
-            return cls.from_pretrained(str(folder), local_files_only=True, **kwargs)
+            model, info = cls.from_pretrained(str(folder), local_files_only=True, output_loading_info=True, **kwargs)
         except (OSError, ValueError, RuntimeError) as e:
             raise CheckpointError(f"transformers cannot load {cls.__name__} from {str(folder)!r}: "
                                   f"{type(e).__name__}: {str(e)[:400]}") from None
+        missing = sorted(info["missing_keys"])
+        if missing:  # transformers logs them and initialises them at random
+            fix = ("pass add_pooling_layer=False (vitviz then pools the class token)"  # e.g. DINO's ViTModel
+                   if all(k.split(".")[-3:-2] == ["pooler"] for k in missing) else
+                   "save the model again with save_pretrained, or set config.json's 'architectures' to the class it "
+                   "was saved from")
+            raise CheckpointError(f"the weights in {str(folder)!r} lack {len(missing)} tensors of {cls.__name__} "
+                                  f"({', '.join(missing[:5])}), which transformers would leave random; {fix}")
+        return model
     raise CheckpointError(
         f"{str(config_file)!r} names neither a timm architecture ('architecture') nor a Hugging Face model "
         "('model_type'); load the model with its own library and pass the module to vitviz")
@@ -239,6 +315,8 @@ def _hub_unavailable(repo: str, why: str) -> WeightsUnavailableError:
 
 def _load_reference(name: str, checkpoint: Path | None, **kwargs: Any) -> nn.Module:
     model = build_reference(name, **kwargs)
+    if checkpoint is not None and not checkpoint.is_file():  # a file named but absent: no reason to train
+        raise CheckpointError(f"checkpoint file {str(checkpoint)!r} not found")
     path = checkpoint or checkpoint_dir() / f"{name}.safetensors"
     if not path.is_file():
         raise WeightsUnavailableError(
@@ -273,7 +351,8 @@ def load_model(
             Hugging Face Hub id
             (``"google/vit-base-patch16-224"``, ``"hf-hub:timm/vit_base_patch16_224.augreg_in21k"``), read from
             the local cache, else downloaded when the Hub answers.
-        pretrained: fetch the timm model's pretrained weights (fails within seconds when offline).
+        pretrained: fetch the timm model's pretrained weights (fails within seconds when offline); with a
+            ``num_classes`` other than theirs, timm gives the model a new, random classifier.
         checkpoint: a local weights file: ``.safetensors``, ``.pth``/``.pt``/``.bin`` state dict, or the original
             JAX ``.npz`` (read by timm's loader, which also resamples position embeddings to ``img_size``).
         device: ``"auto"`` (CUDA when available), ``"cpu"``, ``"cuda:1"``...
@@ -288,6 +367,12 @@ def load_model(
     ckpt = Path(checkpoint) if checkpoint is not None else None
     target = str(name_or_path)
     repo = _hub_repo(target)
+    if ckpt is not None and target not in REFERENCE_MODELS and (
+            repo is not None or Path(target).exists() or target.endswith(WEIGHT_SUFFIXES)):
+        raise InputError(  # the weights would come from name_or_path, and checkpoint be ignored
+            f"checkpoint={str(ckpt)!r} with name_or_path={target!r}, which holds weights of its own: pass the "
+            f"architecture's name with the file, vitviz.load_model('<timm model name>', checkpoint={str(ckpt)!r}), "
+            f"or {target!r} alone")
     if target in REFERENCE_MODELS:
         model = _load_reference(target, ckpt, **kwargs)
     elif Path(target).is_dir():
