@@ -214,10 +214,14 @@ class AttentionCapture:
         self._retain_grad = retain_grad
         self._current: dict[int, torch.Tensor | None] = {}
         self._done: list[torch.Tensor] | None = None
+        # (patch grid or None where unknown, N) of the running pass and of the maps kept (accumulate=True)
+        self._pass_tokens: tuple[tuple[int, int] | None, int] | None = None
+        self._done_tokens: tuple[tuple[int, int] | None, int] | None = None
 
     def _emit(self, position: int, attn: torch.Tensor | HeadMaps) -> None:
         if position == 0 or position in self._current:
             self._close_pass()
+            self._start_pass(attn.shape[-1])
             self.forwards += 1
         self._check_tokens(position, attn.shape[-1])
         if isinstance(attn, HeadMaps):  # heads="stream": passed on, never stored
@@ -250,6 +254,29 @@ class AttentionCapture:
                 "(vitviz.load_images), or describe its layout with vitviz.describe(model, prefix_tokens=...)"
             )
 
+    def _start_pass(self, n: int) -> None:
+        """Note the grid and ``N`` of the pass that starts; with ``accumulate=True``, raise ``CaptureError`` when
+        they differ from those of the maps kept: the passes' maps would be concatenated into one batch that no one
+        grid reads (a ``dynamic_img_size`` model given inputs of other sizes; a 32x48 and a 48x32 input even make
+        the same ``N``)."""
+        spec = self.spec
+        grid = spec.grid_for(self._image_hw) if spec.dynamic_img_size and self._image_hw is not None else None
+        self._pass_tokens = (grid, n)
+        done = self._done_tokens
+        if not (self._accumulate and self._store and self._done is not None and done is not None):
+            return
+        if (grid is not None and done[0] is not None and grid != done[0]) or n != done[1]:
+            def what(tokens: tuple[tuple[int, int] | None, int]) -> str:
+                g, count = tokens
+                return f"a {g[0]}x{g[1]} patch grid (N={count})" if g is not None else f"N={count} tokens"
+
+            raise CaptureError(
+                f"{spec.name}: capture_attention(accumulate=True) concatenates the maps of successive forward passes "
+                f"along the batch, but this pass's input makes {what(self._pass_tokens)} and the earlier passes' "
+                f"{what(done)}: maps of two grids do not form one (B, H, N, N) batch that one grid reads. Open one "
+                "capture per input size, or resize the images to one size (vitviz.load_images)"
+            )
+
     def _abort_pass(self) -> None:
         """A forward raised: drop the maps of its unfinished pass (a retry starts a fresh one)."""
         if self._current and len(self._current) < len(self.layer_names):
@@ -271,6 +298,7 @@ class AttentionCapture:
             if self._accumulate and self._done is not None:
                 maps = [torch.cat([a, b], dim=0) for a, b in zip(self._done, maps)]
             self._done = maps  # type: ignore[assignment]
+            self._done_tokens = self._pass_tokens
         self._current = {}
 
     @property
@@ -375,7 +403,9 @@ def capture_attention(
         store: keep the maps in ``cap.attentions`` (set False when ``on_layer`` reduces them).
         dtype: cast the maps (e.g. ``torch.float32`` for half-precision models); default: as computed.
             Softmax statistics are float32 in every probe (PyTorch's softmax kernels accumulate in float32).
-        accumulate: concatenate the maps of successive forwards along the batch instead of keeping the last.
+        accumulate: concatenate the maps of successive forwards along the batch instead of keeping the last; a
+            forward whose input makes another patch grid than the earlier ones' (a ``dynamic_img_size`` model) is
+            refused with ``CaptureError``.
         retain_grad: keep the maps in the autograd graph and retain their gradients (for gradient rollout).
         heads: ``"full"`` (default): ``on_layer`` and ``attentions`` get ``(B, H, N, N)`` tensors. ``"stream"``:
             ``on_layer`` gets a ``HeadMaps`` per layer, one head's ``(B, N, N)`` at a time (needs ``on_layer`` and
