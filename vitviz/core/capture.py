@@ -206,7 +206,8 @@ class AttentionCapture:
         self.forwards = 0
         self._model_class = model_class
         self._image_hw: tuple[int, int] | None = None  # (H, W) of the batch the running forward was given
-        self._inputs: list[tuple[nn.Module, tuple[int, int]]] = []  # enclosing calls running, with their sizes
+        # enclosing calls running, with their sizes and whether they asked for interpolate_pos_encoding=True
+        self._inputs: list[tuple[nn.Module, tuple[int, int], bool]] = []
         self._on_layer = on_layer
         self._store = store
         self._dtype = dtype
@@ -221,9 +222,11 @@ class AttentionCapture:
     def _emit(self, position: int, attn: torch.Tensor | HeadMaps) -> None:
         if position == 0 or position in self._current:
             self._close_pass()
+            self._check_tokens(position, attn.shape[-1])  # before counting: a refused pass is no forward read
             self._start_pass(attn.shape[-1])
             self.forwards += 1
-        self._check_tokens(position, attn.shape[-1])
+        else:
+            self._check_tokens(position, attn.shape[-1])
         if isinstance(attn, HeadMaps):  # heads="stream": passed on, never stored
             if self._on_layer is not None:
                 self._on_layer(position, attn if self._dtype is None else attn.to(self._dtype))
@@ -240,8 +243,24 @@ class AttentionCapture:
         self._current[position] = attn if self._store else None
 
     def _check_tokens(self, position: int, n: int) -> None:
-        """Raise ``CaptureError`` unless a map's ``N`` is the layout's prefix tokens plus the input's patch grid."""
+        """Raise ``CaptureError`` unless a map's ``N`` is the layout's prefix tokens plus the input's patch grid.
+
+        A model read at its built size (not ``dynamic_img_size``) that a call asks to interpolate its position table
+        to another input (Hugging Face ``interpolate_pos_encoding=True``) makes that input's grid: refused, also where
+        the two grids hold as many tokens (a 16x64 input to a 32x32 model at 8 px: 2x8 and 4x4), which ``N`` alone
+        would let through with the tokens read on the wrong grid."""
         spec = self.spec
+        if not spec.dynamic_img_size and self._image_hw is not None and any(e[2] for e in self._inputs):
+            (h, w), (bh, bw) = self._image_hw, spec.img_size
+            ih, iw = spec.grid_for((h, w))
+            if (ih, iw) != tuple(spec.grid_size):
+                raise CaptureError(
+                    f"{spec.name} ({self._model_class}): called with interpolate_pos_encoding=True on a {h}x{w} "
+                    f"input, whose patch grid is {ih}x{iw}, but vitviz reads this model on its built "
+                    f"{spec.grid_size[0]}x{spec.grid_size[1]} grid ({bh}x{bw} px) and would misplace the tokens. "
+                    f"Call it on {bh}x{bw} images (vitviz.load_images resizes them), or build it for this size "
+                    f"(config.image_size=({h}, {w}))"
+                )
         if spec.dynamic_img_size and self._image_hw is None:
             return  # the grid follows an input this capture has not seen (a call past the hooked modules)
         gh, gw = spec.grid_for(self._image_hw) if spec.dynamic_img_size else spec.grid_size
@@ -359,7 +378,7 @@ def _watch_passes(cap: AttentionCapture, modules: list[nn.Module]) -> Undo:
     def before(m: nn.Module, args: tuple, kwargs: dict) -> None:
         x = args[0] if args else kwargs.get("pixel_values", kwargs.get("x"))
         if isinstance(x, torch.Tensor) and x.ndim == 4:
-            cap._inputs.append((m, (int(x.shape[-2]), int(x.shape[-1]))))
+            cap._inputs.append((m, (int(x.shape[-2]), int(x.shape[-1])), bool(kwargs.get("interpolate_pos_encoding"))))
             cap._image_hw = cap._inputs[-1][1]
 
     def after(m: nn.Module, _args: tuple, _kwargs: dict, result: object) -> None:
