@@ -74,6 +74,31 @@ def test_plot_rollout_modes_and_given_maps():
         vitviz.plot_rollout(model, photos[:2], mode="heat")
 
 
+def test_maps_are_drawn_over_the_pixels_their_patches_see():
+    """A model built for a size that is no multiple of its stride (36x52 at 8 px: 4x6 patches over 32x48 px, as
+    384 px at 14 px patches gives 27 over 378) draws each patch over its own pixels, the uncovered rim at 0;
+    stretched over the whole image, the last patch was drawn 3-4 px down and right of its pixels."""
+    model = tiny_timm_vit(img_size=(36, 52))
+    x = torch.randn(1, 3, 36, 52)
+    maps = torch.zeros(1, 4, 6)
+    maps[0, 3, 5] = 1.0  # the bottom-right patch: pixels 24..31 x 40..47
+
+    def hot(arr):
+        ys, xs = np.nonzero(np.asarray(arr) > 0.5)
+        return ys.min(), ys.max(), xs.min(), xs.max()
+
+    fig = vitviz.plot_rollout(model, x, maps=maps)
+    assert hot(fig.axes[1].images[1].get_array()) == (24, 31, 40, 47)
+    fig = vitviz.plot_explanations_grid(model, x, {"rollout": maps})
+    assert hot(fig.axes[1].images[-1].get_array()) == (24, 31, 40, 47)
+    fig = vitviz.plot_attention_heads_grid(model, x)
+    panel = next(ax for ax in fig.axes if ax.get_title() == "Head 1")
+    assert panel.images[0].get_extent() == [0, 48, 32, 0]
+    assert tuple(panel.get_xlim()) == (0, 52) and tuple(panel.get_ylim()) == (36, 0)
+    pixels = torch.rand(1, 36, 52)  # a map on the pixels (AttnLRP read_at="pixels") is drawn as it is
+    np.testing.assert_allclose(upsample_maps(pixels, (36, 52), None, covered=(32, 48)), pixels.numpy())
+
+
 def test_plot_attention_heads_grid_one_panel_per_head_on_a_shared_scale():
     model = tiny_timm_vit(num_heads=4)
     x = torch.randn(1, 3, 32, 48)

@@ -226,6 +226,26 @@ def test_dynamic_img_size_captures_other_sizes():
     assert cap.attentions[0].shape == (1, 2, 1 + 8 * 5, 1 + 8 * 5)
 
 
+@pytest.mark.parametrize("second", [(48, 32), (32, 32)])
+def test_accumulating_passes_of_another_grid_is_refused(second):
+    """``accumulate=True`` concatenates passes along the batch: a ``dynamic_img_size`` model's passes at two grids
+    would make one batch no grid reads (48x32 after 32x48: the same N, the grid transposed), so the second pass is
+    refused, naming the two grids; passes of one grid still accumulate."""
+    model = tiny_timm_vit(img_size=32, dynamic_img_size=True)
+    gh, gw = second[0] // 8, second[1] // 8
+    with torch.no_grad(), vitviz.capture_attention(model, accumulate=True) as cap:
+        model(torch.randn(1, 3, 32, 48))
+        model(torch.randn(2, 3, 32, 48))
+        with pytest.raises(CaptureError, match=rf"accumulate=True.*a {gh}x{gw} patch grid \(N={1 + gh * gw}\).*"
+                                               r"a 4x6 patch grid \(N=25\).*one capture per input size"):
+            model(torch.randn(1, 3, *second))
+    assert cap.forwards == 2 and cap.attentions[0].shape == (3, 2, 25, 25)
+    with torch.no_grad(), vitviz.capture_attention(model) as last:  # the last pass only: any size
+        model(torch.randn(1, 3, 32, 48))
+        model(torch.randn(1, 3, *second))
+    assert last.attentions[0].shape == (1, 2, 1 + gh * gw, 1 + gh * gw)
+
+
 def test_hybrid_tiny_r_s16_p8():
     model = timm.create_model("vit_tiny_r_s16_p8_224").eval()
     spec = vitviz.inspect(model)

@@ -364,6 +364,26 @@ def test_dinov2_patch_14_on_a_non_square_input():
     assert maps.shape == (2, 3, 5) and torch.isfinite(maps).all()
 
 
+@pytest.mark.parametrize("size", [(16, 64), (48, 48)])
+def test_interpolate_pos_encoding_to_another_grid_is_refused(size):
+    """A ViT called with ``interpolate_pos_encoding=True`` makes the input's grid, not the built one vitviz reads it
+    on: refused, naming the call, the two grids and the fix; also where the grids hold as many tokens (16x64 at
+    8 px: 2x8, as many as the built 4x4), where ``N`` alone would let the maps through to be read on 4x4. At the
+    built size the call is read as any."""
+    model = transformers.ViTForImageClassification(transformers.ViTConfig(image_size=32, num_labels=3, **SMALL))
+    model.eval()
+    gh, gw = size[0] // 8, size[1] // 8
+    with torch.no_grad(), vitviz.capture_attention(model) as cap:
+        with pytest.raises(CaptureError, match=rf"interpolate_pos_encoding=True on a {size[0]}x{size[1]} input, "
+                                               rf"whose patch grid is {gh}x{gw}.* built 4x4 grid .*"
+                                               rf"config.image_size=\({size[0]}, {size[1]}\)"):
+            model(pixel_values=torch.randn(1, 3, *size), interpolate_pos_encoding=True)
+        model(pixel_values=torch.randn(1, 3, 32, 32), interpolate_pos_encoding=True)
+    with torch.no_grad():
+        want = eager_copy(model)(pixel_values=torch.zeros(1, 3, 32, 32), output_attentions=True).attentions
+    assert cap.forwards == 1 and cap.attentions[0].shape == want[0].shape == (1, 2, 17, 17)
+
+
 def test_data2vec_vision_is_read_per_call_whichever_implementation_it_was_built_with():
     """data2vec vision picks its attention class when built (SDPA by default, which returns no weights): the probe
     runs the eager forward per call either way; a caller's own output_attentions=True still gets the weights; the

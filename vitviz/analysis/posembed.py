@@ -80,8 +80,10 @@ def patch_pos_embed(
     Args:
         model_or_tensor: a ViT vitviz can read, or a ``(1, L, D)`` / ``(L, D)`` tensor.
         img_size: models only: resample the embedding to this input size (int or ``(H, W)`` pixels) the way timm
-            does (``timm.layers.resample_abs_pos_embed``, bicubic, prefix rows kept); the new grid is
-            ``img_size // patch_size``. It must be a multiple of the token stride (``InputError`` otherwise), the
+            does (``timm.layers.resample_abs_pos_embed``, bicubic, prefix rows kept), or, for a model that makes
+            its table for another size its own way, take the table it adds there (``Family.pos_embed_at``: Hugging
+            Face DINOv2's bicubic without antialiasing, native AIMv2's sin-cos table built for the grid,
+            NaFlexViT's row and column tables resampled apart); the new grid is ``img_size // patch_size``. It must be a multiple of the token stride (``InputError`` otherwise), the
             rule images follow: other sizes give another grid (a hybrid's backbone rounds them its own way).
         grid_size: tensors only: the patch grid ``(gh, gw)`` (or an int for a square grid).
         num_prefix_tokens: tensors only: leading rows to drop (default: ``L - gh * gw``, when that is fewer than
@@ -133,7 +135,12 @@ def patch_pos_embed(
                 "so the grid the model makes is not img_size // stride (a hybrid's backbone rounds its own way); "
                 f"pass a multiple, e.g. ({max(1, h // sh) * sh}, {max(1, w // sw) * sw})"
             )
-        pos = resample_abs_pos_embed(pos, new_size=list(new_grid), old_size=list(grid), num_prefix_tokens=prefix)
+        own = None if new_grid == tuple(grid) else family_of(model_or_tensor).pos_embed_at(model_or_tensor, new_grid)
+        if own is not None:  # the model makes its table for another grid its own way (Family.pos_embed_at)
+            pos = own.detach().to("cpu", torch.float32)
+            pos = pos[None] if pos.ndim == 2 else pos
+        else:
+            pos = resample_abs_pos_embed(pos, new_size=list(new_grid), old_size=list(grid), num_prefix_tokens=prefix)
         grid = new_grid
     return _tensor_rows(pos, grid, prefix)
 
@@ -152,7 +159,8 @@ def pos_embed_similarity(
 
     Args:
         model_or_tensor: a ViT, or a ``(1, L, D)`` / ``(L, D)`` position-embedding tensor.
-        img_size: models only: resample to this input size first (timm's bicubic resampling); the grid becomes
+        img_size: models only: resample to this input size first (timm's bicubic resampling, or the table the
+            model itself makes for that size where it makes it its own way); the grid becomes
             ``img_size // patch_size``; a multiple of the token stride (``patch_pos_embed``).
         grid_size: tensors only: the patch grid ``(gh, gw)``; required for tensors.
         num_prefix_tokens: tensors only: leading rows to drop (default ``L - gh * gw``, refused when that is not

@@ -206,7 +206,8 @@ class AttentionCapture:
         self.forwards = 0
         self._model_class = model_class
         self._image_hw: tuple[int, int] | None = None  # (H, W) of the batch the running forward was given
-        self._inputs: list[tuple[nn.Module, tuple[int, int]]] = []  # enclosing calls running, with their sizes
+        # enclosing calls running, with their sizes and whether they asked for interpolate_pos_encoding=True
+        self._inputs: list[tuple[nn.Module, tuple[int, int], bool]] = []
         self._on_layer = on_layer
         self._store = store
         self._dtype = dtype
@@ -214,12 +215,18 @@ class AttentionCapture:
         self._retain_grad = retain_grad
         self._current: dict[int, torch.Tensor | None] = {}
         self._done: list[torch.Tensor] | None = None
+        # (patch grid or None where unknown, N) of the running pass and of the maps kept (accumulate=True)
+        self._pass_tokens: tuple[tuple[int, int] | None, int] | None = None
+        self._done_tokens: tuple[tuple[int, int] | None, int] | None = None
 
     def _emit(self, position: int, attn: torch.Tensor | HeadMaps) -> None:
         if position == 0 or position in self._current:
             self._close_pass()
+            self._check_tokens(position, attn.shape[-1])  # before counting: a refused pass is no forward read
+            self._start_pass(attn.shape[-1])
             self.forwards += 1
-        self._check_tokens(position, attn.shape[-1])
+        else:
+            self._check_tokens(position, attn.shape[-1])
         if isinstance(attn, HeadMaps):  # heads="stream": passed on, never stored
             if self._on_layer is not None:
                 self._on_layer(position, attn if self._dtype is None else attn.to(self._dtype))
@@ -236,8 +243,24 @@ class AttentionCapture:
         self._current[position] = attn if self._store else None
 
     def _check_tokens(self, position: int, n: int) -> None:
-        """Raise ``CaptureError`` unless a map's ``N`` is the layout's prefix tokens plus the input's patch grid."""
+        """Raise ``CaptureError`` unless a map's ``N`` is the layout's prefix tokens plus the input's patch grid.
+
+        A model read at its built size (not ``dynamic_img_size``) that a call asks to interpolate its position table
+        to another input (Hugging Face ``interpolate_pos_encoding=True``) makes that input's grid: refused, also where
+        the two grids hold as many tokens (a 16x64 input to a 32x32 model at 8 px: 2x8 and 4x4), which ``N`` alone
+        would let through with the tokens read on the wrong grid."""
         spec = self.spec
+        if not spec.dynamic_img_size and self._image_hw is not None and any(e[2] for e in self._inputs):
+            (h, w), (bh, bw) = self._image_hw, spec.img_size
+            ih, iw = spec.grid_for((h, w))
+            if (ih, iw) != tuple(spec.grid_size):
+                raise CaptureError(
+                    f"{spec.name} ({self._model_class}): called with interpolate_pos_encoding=True on a {h}x{w} "
+                    f"input, whose patch grid is {ih}x{iw}, but vitviz reads this model on its built "
+                    f"{spec.grid_size[0]}x{spec.grid_size[1]} grid ({bh}x{bw} px) and would misplace the tokens. "
+                    f"Call it on {bh}x{bw} images (vitviz.load_images resizes them), or build it for this size "
+                    f"(config.image_size=({h}, {w}))"
+                )
         if spec.dynamic_img_size and self._image_hw is None:
             return  # the grid follows an input this capture has not seen (a call past the hooked modules)
         gh, gw = spec.grid_for(self._image_hw) if spec.dynamic_img_size else spec.grid_size
@@ -248,6 +271,29 @@ class AttentionCapture:
                 f"its layout is {spec.num_prefix_tokens} prefix tokens {spec.prefix_tokens} + a {gh}x{gw} patch "
                 f"grid = {want}; vitviz would misplace the tokens. Feed the model its built input size "
                 "(vitviz.load_images), or describe its layout with vitviz.describe(model, prefix_tokens=...)"
+            )
+
+    def _start_pass(self, n: int) -> None:
+        """Note the grid and ``N`` of the pass that starts; with ``accumulate=True``, raise ``CaptureError`` when
+        they differ from those of the maps kept: the passes' maps would be concatenated into one batch that no one
+        grid reads (a ``dynamic_img_size`` model given inputs of other sizes; a 32x48 and a 48x32 input even make
+        the same ``N``)."""
+        spec = self.spec
+        grid = spec.grid_for(self._image_hw) if spec.dynamic_img_size and self._image_hw is not None else None
+        self._pass_tokens = (grid, n)
+        done = self._done_tokens
+        if not (self._accumulate and self._store and self._done is not None and done is not None):
+            return
+        if (grid is not None and done[0] is not None and grid != done[0]) or n != done[1]:
+            def what(tokens: tuple[tuple[int, int] | None, int]) -> str:
+                g, count = tokens
+                return f"a {g[0]}x{g[1]} patch grid (N={count})" if g is not None else f"N={count} tokens"
+
+            raise CaptureError(
+                f"{spec.name}: capture_attention(accumulate=True) concatenates the maps of successive forward passes "
+                f"along the batch, but this pass's input makes {what(self._pass_tokens)} and the earlier passes' "
+                f"{what(done)}: maps of two grids do not form one (B, H, N, N) batch that one grid reads. Open one "
+                "capture per input size, or resize the images to one size (vitviz.load_images)"
             )
 
     def _abort_pass(self) -> None:
@@ -271,6 +317,7 @@ class AttentionCapture:
             if self._accumulate and self._done is not None:
                 maps = [torch.cat([a, b], dim=0) for a, b in zip(self._done, maps)]
             self._done = maps  # type: ignore[assignment]
+            self._done_tokens = self._pass_tokens
         self._current = {}
 
     @property
@@ -331,7 +378,7 @@ def _watch_passes(cap: AttentionCapture, modules: list[nn.Module]) -> Undo:
     def before(m: nn.Module, args: tuple, kwargs: dict) -> None:
         x = args[0] if args else kwargs.get("pixel_values", kwargs.get("x"))
         if isinstance(x, torch.Tensor) and x.ndim == 4:
-            cap._inputs.append((m, (int(x.shape[-2]), int(x.shape[-1]))))
+            cap._inputs.append((m, (int(x.shape[-2]), int(x.shape[-1])), bool(kwargs.get("interpolate_pos_encoding"))))
             cap._image_hw = cap._inputs[-1][1]
 
     def after(m: nn.Module, _args: tuple, _kwargs: dict, result: object) -> None:
@@ -375,7 +422,9 @@ def capture_attention(
         store: keep the maps in ``cap.attentions`` (set False when ``on_layer`` reduces them).
         dtype: cast the maps (e.g. ``torch.float32`` for half-precision models); default: as computed.
             Softmax statistics are float32 in every probe (PyTorch's softmax kernels accumulate in float32).
-        accumulate: concatenate the maps of successive forwards along the batch instead of keeping the last.
+        accumulate: concatenate the maps of successive forwards along the batch instead of keeping the last; a
+            forward whose input makes another patch grid than the earlier ones' (a ``dynamic_img_size`` model) is
+            refused with ``CaptureError``.
         retain_grad: keep the maps in the autograd graph and retain their gradients (for gradient rollout).
         heads: ``"full"`` (default): ``on_layer`` and ``attentions`` get ``(B, H, N, N)`` tensors. ``"stream"``:
             ``on_layer`` gets a ``HeadMaps`` per layer, one head's ``(B, N, N)`` at a time (needs ``on_layer`` and

@@ -53,7 +53,7 @@ MAX_LEGEND_HEADS = 16  # more heads than this: a colorbar "Head" replaces the le
 
 
 def upsample_maps(maps: torch.Tensor | np.ndarray, size: tuple[int, int], scale: str | None = "max", *,
-                  interpolation: str = "bilinear") -> np.ndarray:
+                  interpolation: str = "bilinear", covered: tuple[int, int] | None = None) -> np.ndarray:
     """``(B, gh, gw)`` maps -> ``(B, H, W)``, each scaled to ``[0, 1]`` on its own (the one upsampling rule of the
     figures and the explorers).
 
@@ -61,17 +61,24 @@ def upsample_maps(maps: torch.Tensor | np.ndarray, size: tuple[int, int], scale:
     ``"minmax"`` stretches the minimum to 0 (shows structure in flat maps, and exaggerates noise); ``"absmax"``
     keeps the sign and divides by the largest absolute value (``[-1, 1]``: signed maps, AttnLRP's); ``None`` keeps
     the values. ``interpolation``: ``"bilinear"`` (the paper's figures), ``"nearest"`` (patch blocks; PIL's and
-    OpenCV's nearest, ``torch``'s ``nearest-exact``) or ``"bicubic"``.
+    OpenCV's nearest, ``torch``'s ``nearest-exact``) or ``"bicubic"``. ``covered``: the ``(gh * sh, gw * sw)``
+    pixels, from the top left, that the patch grid covers (``covered_pixels``); a token map is stretched over those
+    alone and the rest, which no patch sees (a model built for a size that is no multiple of its stride, e.g. 384 px
+    at 14 px patches: 27 patches over 378 px), is 0. Stretched over the whole image, patch ``i`` would be drawn
+    ``i`` times the remainder over the grid's size away from its pixels.
     """
     if scale is not None and scale not in (*SCALES, "absmax"):
         raise InputError(f"scale must be one of {(*SCALES, 'absmax')} or None, got {scale!r}")
     if interpolation not in INTERPOLATIONS:
         raise InputError(f"interpolation must be one of {INTERPOLATIONS}, got {interpolation!r}")
     x = torch.as_tensor(maps).detach().float().cpu()[:, None]
+    onto = tuple(size) if covered is None or tuple(x.shape[-2:]) == tuple(size) else tuple(covered)
     if interpolation == "nearest":
-        m = F.interpolate(x, size=size, mode="nearest-exact")[:, 0]
+        m = F.interpolate(x, size=onto, mode="nearest-exact")[:, 0]
     else:
-        m = F.interpolate(x, size=size, mode=interpolation, align_corners=False)[:, 0]
+        m = F.interpolate(x, size=onto, mode=interpolation, align_corners=False)[:, 0]
+    if onto != tuple(size):  # the pixels past the grid belong to no patch
+        m = F.pad(m, (0, size[1] - onto[1], 0, size[0] - onto[0]))
     if scale is None:
         return m.numpy()
     if scale == "absmax":
@@ -89,6 +96,14 @@ def _bare(ax: Axes) -> None:
     ax.set_yticks([])
     for spine in ax.spines.values():
         spine.set_visible(False)
+
+
+def covered_pixels(model: nn.Module, x: torch.Tensor) -> tuple[int, int]:
+    """The ``(gh * sh, gw * sw)`` pixels of the batch ``x`` that the patch grid of ``model`` covers, from the top
+    left (``upsample_maps(covered=...)``); the image's own size where the grid covers all of it."""
+    spec = inspect(model)
+    (gh, gw), (sh, sw) = spec.grid_for_input(x), spec.patch_size
+    return min(gh * sh, int(x.shape[-2])), min(gw * sw, int(x.shape[-1]))
 
 
 def check_map_grid(model: nn.Module, x: torch.Tensor, maps: torch.Tensor, argument: str) -> None:
@@ -163,7 +178,7 @@ def plot_rollout(
     if labels is not None and len(labels) != x.shape[0]:
         raise InputError(f"{len(labels)} labels for {x.shape[0]} images")
     imgs = denormalise(model, x)
-    masks = upsample_maps(maps, imgs.shape[1:3], scale)
+    masks = upsample_maps(maps, imgs.shape[1:3], scale, covered=covered_pixels(model, x))
 
     titles = {"overlay": ["Input", "Attention"], "mask": ["Input", "Attention"],
               "both": ["Input", "Attention", "Attention mask"]}[mode]
@@ -312,6 +327,7 @@ def plot_attention_heads_grid(
     p = spec.num_prefix_tokens
     img = denormalise(model, x)[0]
     h, w = img.shape[:2]
+    ch, cw = covered_pixels(model, x)
 
     n = len(heads) + 1
     cols = min(n, ncols)
@@ -328,7 +344,10 @@ def plot_attention_heads_grid(
     axes[0].set_title("Input")
     im = None
     for k, ax in enumerate(axes[1:n]):
-        im = ax.imshow(heads[k], cmap=cmap, vmin=0.0, vmax=vmax, extent=(0, w, h, 0), interpolation="nearest")
+        # each patch over its own pixels: the grid covers (ch, cw) of the image's (h, w) (covered_pixels)
+        im = ax.imshow(heads[k], cmap=cmap, vmin=0.0, vmax=vmax, extent=(0, cw, ch, 0), interpolation="nearest")
+        ax.set_xlim(0, w)
+        ax.set_ylim(h, 0)
         ax.set_title(f"Head {k + 1}")
     if is_int(q) and q >= p:  # mark the query patch
         from matplotlib.patches import Rectangle

@@ -221,7 +221,7 @@ def plot_explanations_grid(model: Any, images: Any, maps: Mapping[str, torch.Ten
     """
 
     from vitviz.core.images import denormalise, load_images
-    from vitviz.plot.attention import check_map_grid, upsample_maps
+    from vitviz.plot.attention import check_map_grid, covered_pixels, upsample_maps
 
     x = load_images(model, images)
     names = list(maps)
@@ -242,7 +242,8 @@ def plot_explanations_grid(model: Any, images: Any, maps: Mapping[str, torch.Ten
     mappable = None
     cmap = cmap or ("RdBu_r" if signed else "magma")
     for j, name in enumerate(["Input", *names]):
-        heat = None if j == 0 else upsample_maps(maps[name], tuple(x.shape[-2:]), "absmax" if signed else "max")
+        heat = None if j == 0 else upsample_maps(maps[name], tuple(x.shape[-2:]), "absmax" if signed else "max",
+                                                 covered=covered_pixels(model, x))
         for i in range(b):
             a = axes[i, j]
             if heat is None or not signed:

@@ -3,7 +3,8 @@
 One tile of the ViT paper's Fig. 7 center at a time (Dosovitskiy et al., ICLR 2021): the cosine similarity of the
 chosen patch's position embedding with every patch's (``vitviz.pos_embed_similarity``), on the paper's fixed
 ``[-1, 1]`` scale. The resolution control resamples the table to another input size the way timm does for
-fine-tuning at a higher resolution (bicubic ``resample_abs_pos_embed``, Sec. 3.2 of the paper); the ``view``
+fine-tuning at a higher resolution (bicubic ``resample_abs_pos_embed``, Sec. 3.2 of the paper), or takes the table
+the model itself makes for that size where it makes it its own way (``vitviz.pos_embed_similarity``); the ``view``
 control switches to the first three principal components of the (resampled) embedding drawn as RGB.
 """
 
@@ -20,6 +21,7 @@ from torch import nn
 
 from vitviz.analysis.posembed import patch_pos_embed, pos_embed_similarity
 from vitviz.core.contexts import WeightsWatch
+from vitviz.core.families import family_of
 from vitviz.core.spec import inspect
 from vitviz.core.util import check_positive_int
 from vitviz.errors import NoPositionEmbeddingError
@@ -66,6 +68,8 @@ class PosEmbedExplorer(Explorer):
                 f"{self.spec.name} has no absolute position embedding (pos_embed_kind="
                 f"{self.spec.pos_embed_kind!r}); explore_pos_embed needs a learned or sincos table")
         self.size, self.cmap = size, cmap
+        # the model makes its table for other sizes its own way (Family.pos_embed_at), not timm's resampling
+        self._own_resampling = family_of(model).pos_embed_at(model, tuple(self.spec.grid_size)) is not None
         self._tables: OrderedDict[tuple[int, int], tuple[torch.Tensor, np.ndarray]] = OrderedDict()
         self._weights = WeightsWatch(model)
         (h, _), (ph, _) = self.spec.img_size, self.spec.patch_size
@@ -139,6 +143,8 @@ class PosEmbedExplorer(Explorer):
         (gh, gw), (h, w) = self.grid, self.img_size
         (h0, w0), (gh0, gw0) = self.spec.img_size, self.spec.grid_size
         where = "the model's own table" if (h, w) == (h0, w0) else (
+            f"the table the model makes for this size from its {gh0}x{gw0} one at {h0}x{w0} px"
+            if self._own_resampling else
             f"resampled (bicubic, timm's resample_abs_pos_embed) from {gh0}x{gw0} at {h0}x{w0} px")
         # counted from 1, as the figures' titles and the sliders' labels; the sliders hold Python indices
         head = f"{gh}x{gw} grid at {h}x{w} px: {where}. Query patch (row {self.row.value + 1}, column " \

@@ -220,6 +220,15 @@ class Family:
         """The absolute position embedding ``(1, L, D)``: ``L = P`` or ``prefix + P``; ``None`` if there is none."""
         return None
 
+    def pos_embed_at(self, model: nn.Module, grid: tuple[int, int]) -> torch.Tensor | None:
+        """The position embedding the model itself adds to an input whose patch grid is ``grid``, laid out as
+        ``pos_embed`` (prefix rows where it has them); ``None`` (the default) when the model resamples its table as
+        timm does (``timm.layers.resample_abs_pos_embed``, which ``analysis.posembed.patch_pos_embed`` applies then).
+        A family whose model makes its table for another grid its own way (another interpolation, a table built for
+        the grid, row and column tables resampled apart) returns that table, so the similarity at another size is
+        that of the table the model uses there."""
+        return None
+
     def patch_proj(self, model: nn.Module) -> nn.Module | None:
         """The module that projects pixels (or, for hybrids, backbone features) to tokens."""
         return None

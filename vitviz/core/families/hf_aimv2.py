@@ -57,9 +57,22 @@ class HFAimv2Family(HFAttentionPoolFamily):
         """The learned table; for a native model the sin-cos table its embeddings add at the config's size."""
         if not self._native(model):
             return super().pos_embed(model)
+        c = vision_config(model)
+        return self._native_table(model, pair(c.image_size, "config.image_size"))
+
+    def pos_embed_at(self, model: nn.Module, grid: tuple[int, int]) -> torch.Tensor | None:
+        """A native model's sin-cos table built for ``grid`` (no resampling of the config-size table gives it);
+        the learned table of a fixed-size model is resampled as timm does (``None``)."""
+        if not self._native(model):
+            return None
+        (ph, pw) = pair(vision_config(model).patch_size, "config.patch_size")
+        return self._native_table(model, (int(grid[0]) * ph, int(grid[1]) * pw))
+
+    def _native_table(self, model: nn.Module, size: tuple[int, int]) -> torch.Tensor:
+        """The sin-cos table a native model's embeddings add to a ``size`` input: the embeddings run on a blank
+        image with their RMSNorm's output replaced by zeros."""
         emb, c = self.embeddings(model), vision_config(model)
         weight = emb.patch_embed.weight
-        size = pair(c.image_size, "config.image_size")
         blank = torch.zeros(1, int(c.num_channels), *size, dtype=weight.dtype, device=weight.device)
         handle = emb.rms_norm.register_forward_hook(lambda _m, _i, out: torch.zeros_like(out))
         try:

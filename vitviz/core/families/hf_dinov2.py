@@ -19,6 +19,7 @@ from torch import nn
 from vitviz.core.families.hf_base import HFVisionFamily, vision_config
 from vitviz.core.families.pooling import pool_tokens
 from vitviz.core.families.readout import PATCHES, Readout
+from vitviz.core.util import pair
 
 
 class HFDinov2Family(HFVisionFamily):
@@ -38,6 +39,18 @@ class HFDinov2Family(HFVisionFamily):
         if self.pools_patches(model):
             return torch.cat([tokens[:, 0], pool_tokens(tokens, "avg", len(prefix_tokens))], dim=-1)
         return super().pooled_token(model, tokens, prefix_tokens)
+
+    def pos_embed_at(self, model: nn.Module, grid: tuple[int, int]) -> torch.Tensor | None:
+        """The table the embeddings add for a ``grid`` input, from their own ``interpolate_pos_encoding``
+        (``Dinov2Model``: bicubic without antialiasing, unlike timm's resampling; with registers: antialiased),
+        laid out as ``pos_embed``."""
+        emb = self.embeddings(model)
+        table = emb.position_embeddings
+        (ph, pw), (gh, gw) = pair(emb.patch_embeddings.patch_size), grid
+        tokens = torch.zeros(1, 1 + gh * gw, table.shape[-1], dtype=table.dtype, device=table.device)
+        with torch.no_grad():
+            full = emb.interpolate_pos_encoding(tokens, gh * ph, gw * pw)
+        return full if self.pos_embed_covers_prefix else full[:, 1:]
 
     def readout(self, model: nn.Module, prefix_tokens: tuple[str, ...]) -> Readout:
         """``Dinov2ForImageClassification``: one linear head on ``[cls, mean of the patch tokens]``, the two parts

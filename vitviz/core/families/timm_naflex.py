@@ -108,11 +108,16 @@ class NaFlexVitFamily(Family):
         return [order.index(k) for k in keys]
 
     def pos_embed(self, model: nn.Module) -> torch.Tensor | None:
+        return self.pos_embed_at(model, self._grid(model))
+
+    def pos_embed_at(self, model: nn.Module, grid: tuple[int, int]) -> torch.Tensor | None:
+        """The table the embeddings add for a ``grid`` input, made by their own code: ``factorized`` resamples its
+        row and column tables apart and sums them, which no resampling of the summed table gives."""
         e = model.embeds
         kind = getattr(e, "pos_embed_type", "none")
         if kind not in ("learned", "factorized"):
             return None
-        grid = list(self._grid(model))
+        grid = [int(grid[0]), int(grid[1])]
         ref = e.pos_embed if kind == "learned" else e.pos_embed_y
         table = torch.zeros(1, grid[0] * grid[1], ref.shape[-1], dtype=ref.dtype, device=ref.device)
         with torch.no_grad():
