@@ -319,6 +319,9 @@ def test_a_checkpoint_head_is_loaded_or_refused_never_dropped(tmp_path):
     torch.save(timm.create_model(TINY, depth=2).state_dict(), tmp_path / "h1000.pth")
     with pytest.raises(vitviz.CheckpointError, match=r"(?s)h1000\.pth.*has 1000 classes.*pass num_classes=1000"):
         vitviz.load_model(TINY, depth=2, num_classes=10, checkpoint=tmp_path / "h1000.pth")
+    with pytest.raises(vitviz.CheckpointError, match=r"(?s)h1000\.pth.*has 1000 classes.*pass num_classes=1000, "
+                                                     r"then model\.reset_classifier\(0\)"):
+        vitviz.load_model(TINY, depth=2, num_classes=0, checkpoint=tmp_path / "h1000.pth")
 
 
 def test_a_jax_npz_timm_reads_only_in_part_is_refused(tmp_path):

@@ -83,8 +83,9 @@ def patch_pos_embed(
             does (``timm.layers.resample_abs_pos_embed``, bicubic, prefix rows kept), or, for a model that makes
             its table for another size its own way, take the table it adds there (``Family.pos_embed_at``: Hugging
             Face DINOv2's bicubic without antialiasing, native AIMv2's sin-cos table built for the grid,
-            NaFlexViT's row and column tables resampled apart); the new grid is ``img_size // patch_size``. It must be a multiple of the token stride (``InputError`` otherwise), the
-            rule images follow: other sizes give another grid (a hybrid's backbone rounds them its own way).
+            NaFlexViT's row and column tables resampled apart); the new grid is ``img_size // patch_size``. It
+            must be a multiple of the token stride (``InputError`` otherwise), the rule images follow: other
+            sizes give another grid (a hybrid's backbone rounds them its own way).
         grid_size: tensors only: the patch grid ``(gh, gw)`` (or an int for a square grid).
         num_prefix_tokens: tensors only: leading rows to drop (default: ``L - gh * gw``, when that is fewer than
             the ``gh * gw`` patches).

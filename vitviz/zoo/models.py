@@ -154,6 +154,8 @@ def _create_timm(name: str, pretrained: bool, checkpoint: Path | None, *, cached
             if head is not None and head.ndim == 2 and head.shape[0] != num_classes:
                 hint = (f"; its classifier has {head.shape[0]} classes, the model num_classes={num_classes}: pass "
                         f"num_classes={head.shape[0]}")
+                if num_classes == 0:  # a feature extractor: load the file whole, then take the classifier off
+                    hint += ", then model.reset_classifier(0) for the features without it"
             raise CheckpointError(
                 f"the weights in {str(checkpoint)!r} do not fit timm model {name!r}: {str(e)[:600]}{hint}"
             ) from None
