@@ -254,3 +254,23 @@ def test_patch_distance_matrix_on_cuda_is_the_cpu_one_bit_for_bit():
         cpu = patch_distance_matrix(grid, stride)
         cuda = patch_distance_matrix(grid, stride, device="cuda")
         assert cuda.device.type == "cuda" and torch.equal(cuda.cpu(), cpu)
+
+
+def test_a_spec_whose_grid_follows_the_input_is_refused_as_a_layout():
+    """A ``dynamic_img_size`` model's built grid says nothing of its maps' grid: a 32x48 and a 48x32 input make as
+    many tokens on transposed grids, so the maps of the 48x32 input read on the spec's 4x6 grid gave another
+    distance without a word. Its ``ViTSpec`` is refused, naming the layout to pass, and that layout is right."""
+    model = tiny_timm_vit(dynamic_img_size=True)
+    spec = vitviz.inspect(model)
+    x = torch.randn(2, 3, 48, 32)  # a 6x4 grid: N = 25, as the built 4x6 grid
+    with torch.no_grad(), vitviz.capture_attention(model) as cap:
+        model(x)
+    with pytest.raises(vitviz.InputError, match=r"spec_or_layout: .*dynamic_img_size.*built 4x6 grid.*TokenLayout\("
+                                                r"spec\.grid_for_input\(x\)"):
+        attention_distance_from_maps(cap.attentions[0], spec)
+    layout = TokenLayout(spec.grid_for_input(x), spec.patch_size, spec.num_prefix_tokens)
+    assert layout.grid_size == (6, 4)
+    got = torch.stack([attention_distance_from_maps(a, layout) for a in cap.attentions])
+    torch.testing.assert_close(vitviz.mean_attention_distance(model, x), got, atol=1e-5, rtol=1e-5)
+    wrong = torch.stack([attention_distance_from_maps(a, TokenLayout((4, 6), (8, 8), 1)) for a in cap.attentions])
+    assert not torch.allclose(wrong, got, atol=1e-3)  # what the built grid gave

@@ -60,6 +60,16 @@ class TokenLayout(NamedTuple):
 
 
 def _layout(spec_or_layout: ViTSpec | TokenLayout | Any) -> TokenLayout:
+    """The layout of ``spec_or_layout``. A ``ViTSpec`` of a model that takes any input size (``dynamic_img_size``)
+    is refused: its grid follows each input, its built grid says nothing of the maps' (a 32x48 and a 48x32 input
+    make as many tokens, on transposed grids), and ``N`` alone cannot tell them apart."""
+    if isinstance(spec_or_layout, ViTSpec) and spec_or_layout.dynamic_img_size:
+        (gh, gw) = pair(spec_or_layout.grid_size)
+        raise InputError(
+            f"spec_or_layout: {spec_or_layout.name} takes inputs of any size (dynamic_img_size), so its patch grid "
+            f"follows each input and its built {gh}x{gw} grid need not be the maps'; pass the layout of the images "
+            "the maps came from: vitviz.analysis.distance.TokenLayout(spec.grid_for_input(x), spec.patch_size, "
+            "spec.num_prefix_tokens)")
     try:
         return TokenLayout(pair(spec_or_layout.grid_size), pair(spec_or_layout.patch_size),
                            int(spec_or_layout.num_prefix_tokens))
@@ -138,7 +148,10 @@ def attention_distance_from_maps(attn: torch.Tensor, spec_or_layout: ViTSpec | T
 
     Args:
         attn: ``(B, H, N, N)`` (or ``(H, N, N)``) post-softmax attention.
-        spec_or_layout: ``vitviz.inspect(model)``, or ``TokenLayout(grid_size, patch_size, num_prefix_tokens)``.
+        spec_or_layout: ``vitviz.inspect(model)``, or ``TokenLayout(grid_size, patch_size, num_prefix_tokens)``;
+            for a model that takes any input size (``dynamic_img_size``) the layout of the maps' input,
+            ``TokenLayout(spec.grid_for_input(x), spec.patch_size, spec.num_prefix_tokens)`` (its ``ViTSpec`` is
+            refused: the grid follows the input, and ``N`` alone does not tell a grid from its transpose).
 
     Returns:
         ``(H,)`` float32 distances in pixels.
