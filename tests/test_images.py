@@ -266,3 +266,40 @@ def test_unnormalised_pixels_are_warned_about_on_every_input_path():
         warnings.simplefilter("error", ImageRangeWarning)
         vitviz.mean_attention_distance(model, torch.randn(3, 3, 32, 48))
         vitviz.attention_rollout(model, (torch.rand(3, 3, 32, 48) - 0.485) / 0.229)
+
+
+def _size_cases():
+    from torchvision.models.vision_transformer import VisionTransformer as TorchvisionViT
+
+    cases = [("timm", tiny_timm_vit, r"timm\.create_model\(\.\.\., img_size=\(32, 32\)\) or dynamic_img_size=True"),
+             ("torchvision", lambda: TorchvisionViT(image_size=32, patch_size=8, num_layers=1, num_heads=2,
+                                                    hidden_dim=16, mlp_dim=32).eval(),
+              r"torchvision's vit_\*\(image_size=N\), square inputs only")]
+    try:
+        import transformers as T
+
+        cases.append(("huggingface", lambda: T.ViTModel(T.ViTConfig(
+            image_size=(32, 48), patch_size=8, hidden_size=16, num_hidden_layers=1, num_attention_heads=2,
+            intermediate_size=32)).eval(), r"its config's image_size=\(32, 32\) when you build it"))
+    except ImportError:
+        pass
+    return cases
+
+
+@pytest.mark.parametrize("family, build, fix", _size_cases(), ids=[c[0] for c in _size_cases()])
+def test_a_size_the_model_does_not_take_names_the_argument_and_its_familys_fix(family, build, fix):
+    """The refusal of an input size names ``images``, the size the model takes and how a model of its own family is
+    built for the size given (it told every family to call timm's ``create_model``); a model whose grid follows its
+    input is told the stride."""
+    model = build()
+    spec = vitviz.inspect(model)
+    assert spec.family == family
+    x = torch.randn(1, 3, 32, 32) if tuple(spec.img_size) != (32, 32) else torch.randn(1, 3, 32, 48)
+    h, w = x.shape[-2:]
+    fix = fix if (h, w) == (32, 32) else fix.replace("32, 32", "32, 48")
+    with pytest.raises(vitviz.ImageInputError, match=rf"^images: .*takes {spec.img_size[0]}x{spec.img_size[1]} "
+                                                     rf"images, got {h}x{w}.*{fix}"):
+        vitviz.attention_rollout(model, x)
+    dynamic = tiny_timm_vit(dynamic_img_size=True)
+    with pytest.raises(vitviz.ImageInputError, match=r"^images: .*multiples of its 8x8 token stride, got 30x48"):
+        vitviz.attention_rollout(dynamic, torch.randn(1, 3, 30, 48))

@@ -249,19 +249,28 @@ def _device(device: torch.device | str | None) -> torch.device | None:
         ) from None
 
 
-def check_size(spec: ViTSpec, h: int, w: int) -> None:
-    """Raise ``ImageInputError`` when the model cannot take an ``h x w`` input."""
+_BUILD_FOR = {  # how a model of each family is built for an h x w input (check_size's fix)
+    "timm": "timm.create_model(..., img_size=({h}, {w})) or dynamic_img_size=True",
+    "huggingface": "its config's image_size=({h}, {w}) when you build it",
+    "torchvision": "torchvision's vit_*(image_size=N), square inputs only",
+    "open_clip": "open_clip.create_model(..., force_image_size=({h}, {w}))",
+}
+
+
+def check_size(spec: ViTSpec, h: int, w: int, argument: str = "images") -> None:
+    """Raise ``ImageInputError`` when the model cannot take an ``h x w`` input; the message names ``argument`` and
+    how a model of its family is built for that size."""
     if spec.takes((h, w)):
         return
     if spec.dynamic_img_size:
         raise ImageInputError(
-            f"{spec.name}: a {h}x{w} input is not a multiple of the {spec.patch_size[0]}x{spec.patch_size[1]} "
-            "token stride; resize or crop it"
+            f"{argument}: {spec.name} takes inputs whose sides are multiples of its {spec.patch_size[0]}x"
+            f"{spec.patch_size[1]} token stride, got {h}x{w}; resize or crop them"
         )
+    build = _BUILD_FOR.get(spec.family, "a model built for that size").format(h=h, w=w)
     raise ImageInputError(
-        f"{spec.name} takes {spec.img_size[0]}x{spec.img_size[1]} images, got {h}x{w}. Resize the images, or "
-        f"build the model for this size (timm: create_model(..., img_size=({h}, {w})) or "
-        "dynamic_img_size=True); raw PIL images, arrays and paths are resized for you"
+        f"{argument}: {spec.name} takes {spec.img_size[0]}x{spec.img_size[1]} images, got {h}x{w}. Resize the "
+        f"images (raw PIL images, arrays and paths are resized for you), or build the model for this size ({build})"
     )
 
 
