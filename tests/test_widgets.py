@@ -367,3 +367,34 @@ def test_the_output_query_follows_the_readout():
     avg = explore_attention(tiny_timm_vit(global_pool="avg"), photo())  # a class token the head never reads
     labels = [label for label, _ in avg.query.options]
     assert labels[:2] == ["mean of patch queries (output)", "class token"] and avg.query.value == "mean"
+
+
+def test_a_grid_short_of_the_image_is_drawn_marked_and_clicked_over_its_own_pixels():
+    """A model built at a size that is no multiple of its stride (36x52 at 8 px: a 4x6 grid over 32x48 px) sees
+    no patch in the image's last rows and columns. The explorer drew the map stretched over the whole image (patch
+    (3, 5) shown a patch's tenth further on than it sits), marked its query there and picked a patch for a click
+    on the edge no patch sees: each now follows the pixels the grid covers, as the static figures do."""
+    import matplotlib
+
+    model = tiny_timm_vit(img_size=(36, 52))
+    w = explore_attention(model, photo(36, 52), size=260, alpha=1.0)
+    dh, dw = w.map_size
+    eh, ew = w.grid_extent
+    assert (dh, dw) == (180, 260) and (eh, ew) == (160, 240)  # 32 of 36 rows, 48 of 52 columns
+    w.on_click({"type": "click", "dataX": ew - 1, "dataY": eh - 1})  # the last patch's last pixel
+    assert (w.query.value, w.row.value, w.col.value) == ("patch", 3, 5)
+    png = w.png
+    for x, y in ((dw - 1, dh - 1), (ew, 0), (0, eh)):  # the edge no patch sees: no patch picked
+        w.on_click({"type": "click", "dataX": x, "dataY": y})
+        assert w.png == png and (w.row.value, w.col.value) == (3, 5)
+    pixels = decode(w.png)[:, :dw]
+    bottom = np.round(np.asarray(matplotlib.colormaps[w.cmap](0.0)[:3]) * 255)
+    assert np.abs(pixels[eh + 2:, :].reshape(-1, 3) - bottom).max() <= 1  # no patch there: the bottom colour
+    assert np.abs(pixels[:, ew + 2:].reshape(-1, 3) - bottom).max() <= 1
+    heat = w._row()[1:].reshape(w.grid).numpy()
+    top = np.round(np.asarray(matplotlib.colormaps[w.cmap](1.0)[:3]) * 255)
+    r, c = np.unravel_index(heat.argmax(), heat.shape)  # the hottest patch is drawn over its own 40x40 pixels
+    block = pixels[r * eh // 4 + 3:(r + 1) * eh // 4 - 3, c * ew // 6 + 3:(c + 1) * ew // 6 - 3]
+    assert np.abs(block.reshape(-1, 3) - top).max() <= 1
+    mark = decode(w.png)[eh - 1, ew - 20]  # the query's outline runs along the grid's last row of pixels
+    assert tuple(mark) == (0, 255, 255)

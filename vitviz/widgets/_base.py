@@ -56,11 +56,18 @@ class Explorer(widgets.VBox):
     """Base class: ``image`` (an ``ipywidgets.Image`` holding PNG bytes), ``status`` (HTML), controls.
 
     Subclasses define ``render() -> (png_bytes, status_html)``, ``grid`` (``(gh, gw)`` patches of the drawn map),
-    ``map_size`` (``(dh, dw)`` pixels of the map inside the PNG) and ``select_patch(row, col)``.
+    ``map_size`` (``(dh, dw)`` pixels of the map inside the PNG) and ``select_patch(row, col)``; and ``grid_extent``
+    (``(ch, cw)``, the top-left pixels of the map the grid covers) where it does not cover all of ``map_size``.
     """
 
     grid: tuple[int, int]
     map_size: tuple[int, int]
+
+    @property
+    def grid_extent(self) -> tuple[int, int]:
+        """The ``(ch, cw)`` pixels of the drawn map, from its top left, that the patch grid covers (clicks beyond
+        pick no patch); by default all of ``map_size``."""
+        return self.map_size
 
     def __init__(self, controls: Sequence[widgets.Widget], *, title: str = "", **kwargs: Any) -> None:
         self.image = widgets.Image(format="png", layout=widgets.Layout(flex="0 0 auto"))
@@ -197,6 +204,6 @@ class Explorer(widgets.VBox):
         x, y = event.get("dataX"), event.get("dataY")
         if x is None or y is None:
             return
-        cell = cell_at(float(x), float(y), self.map_size, self.grid)
+        cell = cell_at(float(x), float(y), self.grid_extent, self.grid)
         if cell is not None:
             self.select_patch(*cell)

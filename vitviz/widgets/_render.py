@@ -14,7 +14,7 @@ from PIL import Image, ImageDraw, ImageFont
 
 from vitviz.plot.attention import upsample_maps
 
-__all__ = ["cell_at", "colorbar", "colorize", "display_size", "heat_png", "mark_cell", "overlay", "png_bytes",
+__all__ = ["cell_at", "colorbar", "colorize", "covered_display", "display_size", "heat_png", "mark_cell", "overlay", "png_bytes",
            "resize_rgb"]
 
 RESAMPLE = {"nearest": Image.Resampling.NEAREST, "bilinear": Image.Resampling.BILINEAR,
@@ -52,8 +52,19 @@ def resize_rgb(image: np.ndarray, size: tuple[int, int]) -> np.ndarray:
     return np.asarray(Image.fromarray(arr).resize((size[1], size[0]), RESAMPLE[mode]))
 
 
-def _display(values: np.ndarray, size: tuple[int, int], interpolation: str) -> np.ndarray:
-    return upsample_maps(np.asarray(values, dtype=np.float32)[None], size, None, interpolation=interpolation)[0]
+def _display(values: np.ndarray, size: tuple[int, int], interpolation: str,
+             covered: tuple[int, int] | None = None) -> np.ndarray:
+    return upsample_maps(np.asarray(values, dtype=np.float32)[None], size, None, interpolation=interpolation,
+                         covered=covered)[0]
+
+
+def covered_display(size: tuple[int, int], image_hw: tuple[int, int], covered_hw: tuple[int, int]
+                    ) -> tuple[int, int]:
+    """The ``(ch, cw)`` display pixels, from the top left, of a ``size = (dh, dw)`` drawing of an ``image_hw``
+    image whose patch grid covers ``covered_hw`` of its pixels (``vitviz.plot.attention.covered_pixels``): the
+    drawing's share of the grid, where each patch is drawn, marked and clicked."""
+    (dh, dw), (h, w), (ch, cw) = size, image_hw, covered_hw
+    return min(dh, round(dh * ch / h)), min(dw, round(dw * cw / w))
 
 
 def colorize(values: np.ndarray, cmap: str, vmin: float, vmax: float) -> np.ndarray:
@@ -64,7 +75,8 @@ def colorize(values: np.ndarray, cmap: str, vmin: float, vmax: float) -> np.ndar
 
 
 def overlay(base: np.ndarray, heat: np.ndarray, *, alpha: float = 0.6, cmap: str = "inferno",
-            interpolation: str = "nearest", vmax: float | None = None) -> np.ndarray:
+            interpolation: str = "nearest", vmax: float | None = None,
+            covered: tuple[int, int] | None = None) -> np.ndarray:
     """A heat map blended over an image.
 
     Args:
@@ -74,13 +86,15 @@ def overlay(base: np.ndarray, heat: np.ndarray, *, alpha: float = 0.6, cmap: str
         cmap: matplotlib colormap name.
         interpolation: ``nearest`` (patch blocks), ``bilinear`` or ``bicubic`` upsampling of the map.
         vmax: value drawn with the top colour (default: the map's maximum, as in the paper's Fig. 6).
+        covered: the ``(ch, cw)`` display pixels the patch grid covers (``covered_display``); the map is stretched
+            over those alone and the rest, which no patch sees, gets the bottom colour. Default: the whole image.
 
     Returns:
         ``(dh, dw, 3)`` uint8.
     """
     heat = np.asarray(heat, dtype=np.float32)
     top = float(heat.max()) if vmax is None else float(vmax)
-    colours = colorize(_display(heat, base.shape[:2], interpolation), cmap, 0.0, top if top > 0 else 1.0)
+    colours = colorize(_display(heat, base.shape[:2], interpolation, covered), cmap, 0.0, top if top > 0 else 1.0)
     out = (1.0 - alpha) * base.astype(np.float32) + alpha * colours.astype(np.float32)
     return out.round().clip(0, 255).astype(np.uint8)
 
@@ -91,10 +105,11 @@ def heat_png(values: np.ndarray, size: tuple[int, int], *, cmap: str, vmin: floa
     return colorize(_display(values, size, interpolation), cmap, vmin, vmax)
 
 
-def mark_cell(image: np.ndarray, cell: tuple[int, int], grid: tuple[int, int], colour: tuple[int, int, int] = MARK
-              ) -> np.ndarray:
-    """Outline patch ``cell = (row, col)`` of a ``grid = (gh, gw)`` on a ``(dh, dw, 3)`` uint8 image."""
-    dh, dw = image.shape[:2]
+def mark_cell(image: np.ndarray, cell: tuple[int, int], grid: tuple[int, int], colour: tuple[int, int, int] = MARK,
+              covered: tuple[int, int] | None = None) -> np.ndarray:
+    """Outline patch ``cell = (row, col)`` of a ``grid = (gh, gw)`` on a ``(dh, dw, 3)`` uint8 image whose
+    ``covered = (ch, cw)`` top-left pixels the grid covers (default: all of it)."""
+    dh, dw = covered if covered is not None else image.shape[:2]
     (r, c), (gh, gw) = cell, grid
     y0, y1 = round(r * dh / gh), round((r + 1) * dh / gh) - 1
     x0, x1 = round(c * dw / gw), round((c + 1) * dw / gw) - 1
@@ -139,10 +154,12 @@ def png_bytes(image: np.ndarray) -> bytes:
 
 
 def cell_at(x: float, y: float, size: tuple[int, int], grid: tuple[int, int]) -> tuple[int, int] | None:
-    """The ``(row, col)`` under pixel ``(x, y)`` of a ``size = (dh, dw)`` drawing of a ``(gh, gw)`` grid.
+    """The ``(row, col)`` under pixel ``(x, y)`` of a ``size = (dh, dw)`` drawing of a ``(gh, gw)`` grid (give the
+    pixels the grid covers, ``covered_display``, where it does not cover the whole image).
 
     Returns:
-        the cell, or ``None`` when the point lies outside the drawing (e.g. on a colour bar).
+        the cell, or ``None`` when the point lies outside the grid's drawing (e.g. on a colour bar, or on the
+        image's edge that no patch sees).
     """
     dh, dw = size
     gh, gw = grid

@@ -36,8 +36,17 @@ from vitviz.core.images import Images, denormalise, load_images
 from vitviz.core.spec import inspect
 from vitviz.core.util import check_positive_int, eval_mode, is_int, is_number
 from vitviz.errors import InputError
+from vitviz.plot.attention import covered_pixels
 from vitviz.widgets._base import Explorer, index_slider
-from vitviz.widgets._render import colorbar, display_size, mark_cell, overlay, png_bytes, resize_rgb
+from vitviz.widgets._render import (
+    colorbar,
+    covered_display,
+    display_size,
+    mark_cell,
+    overlay,
+    png_bytes,
+    resize_rgb,
+)
 
 __all__ = ["AttentionExplorer", "explore_attention"]
 
@@ -158,6 +167,9 @@ class AttentionExplorer(Explorer):
         h, w = self._x.shape[-2:]
         self.grid = self.spec.grid_for_input(self._x)
         self.map_size = display_size(h, w, size)
+        # the patch grid may cover less than the image (a size that is no multiple of the stride): each patch is
+        # drawn, marked and clicked over its own pixels (vitviz.plot.attention.covered_pixels)
+        self._extent = covered_display(self.map_size, (h, w), covered_pixels(model, self._x))
         self.cmap, self.interpolation = cmap, interpolation
         self._bases: OrderedDict[int, np.ndarray] = OrderedDict()
         depth, heads, gh, gw = len(self.spec.attention_modules), self.spec.num_heads, *self.grid
@@ -262,6 +274,12 @@ class AttentionExplorer(Explorer):
 
     # -- drawing -------------------------------------------------------------------------------------------------
 
+    @property
+    def grid_extent(self) -> tuple[int, int]:
+        """The ``(ch, cw)`` pixels of the drawn image the patch grid covers (all of it unless its size is no
+        multiple of the token stride)."""
+        return self._extent
+
     def _base(self, i: int) -> np.ndarray:
         if i not in self._bases:
             self._bases[i] = resize_rgb(self._rgb[i], self.map_size)
@@ -276,9 +294,9 @@ class AttentionExplorer(Explorer):
         p = self.spec.num_prefix_tokens
         heat = row[p:].reshape(self.grid).numpy()
         pixels = overlay(self._base(self.image_index.value), heat, alpha=float(self.alpha.value), cmap=self.cmap,
-                         interpolation=self.interpolation)
+                         interpolation=self.interpolation, covered=self._extent)
         if self.query.value == "patch":
-            pixels = mark_cell(pixels, (self.row.value, self.col.value), self.grid)
+            pixels = mark_cell(pixels, (self.row.value, self.col.value), self.grid, covered=self._extent)
         top = float(heat.max())  # the overlay's scale: 0 to the map's maximum (overlay's default)
         bar = colorbar(self.map_size[0], self.cmap, ticks=((0.0, "0"), (1.0, f"{top if top > 0 else 1.0:.3g}")))
         pixels = np.concatenate([pixels, bar], axis=1)
