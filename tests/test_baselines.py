@@ -103,6 +103,32 @@ def test_gradcam_against_hand_reference_and_leaves_model_alone(images):
 
 
 
+def test_gradcam_is_pytorch_grad_cams_map_before_its_resize(images):
+    """pytorch-grad-cam's GradCAM with the usual ViT reshape_transform returns the map at the input's size: the
+    grid map min-max scaled, resized bilinearly (cv2), scaled again. vitviz keeps the grid map, so the library's
+    output is vitviz's, resized and scaled (the difference the module docstring states)."""
+    cv2 = pytest.importorskip("cv2")
+    from pytorch_grad_cam import GradCAM
+    from pytorch_grad_cam.utils.model_targets import ClassifierOutputTarget
+
+    model = tiny_timm_vit()
+
+    def reshape(t):  # the pytorch-grad-cam tutorial's ViT transform, here with the 4x6 grid
+        return t[:, 1:].reshape(t.shape[0], 4, 6, t.shape[2]).permute(0, 3, 1, 2)
+
+    cam = GradCAM(model, [model.blocks[-1].norm1], reshape_transform=reshape)
+    try:
+        library = cam(input_tensor=images, targets=[ClassifierOutputTarget(c) for c in (0, 4)])
+    finally:
+        cam.activations_and_grads.release()
+    got = vitviz.explain(model, images, "gradcam", target=[0, 4]).numpy()
+    assert library.shape == (2, 32, 48) and got.shape == (2, 4, 6)
+    for lib, g in zip(library, got):
+        up = cv2.resize(g, (48, 32))
+        up = (up - up.min()) / (1e-7 + (up - up.min()).max())
+        assert abs(lib - up).max() < 1e-5
+
+
 def test_gradcam_of_a_model_with_frozen_weights(images):
     """Frozen weights (``requires_grad_(False)``, how pretrained models are often loaded for analysis): Grad-CAM
     still gets the tokens' gradient, the same map as the hand reference on the trainable model."""
