@@ -280,6 +280,8 @@ ROWS: list[Row] = [
      "baseline=nan must be a finite number"),
     ("ig-baseline-string", lambda: vitviz.explain(M, GOOD, "integrated_gradients", baseline="black"), InputError,
      "baseline='black'"),
+    ("explain-ig-return-delta", lambda: vitviz.explain(M, GOOD, "integrated_gradients", return_delta=True),
+     InputError, "vitviz.integrated_gradients(model, images, target, return_delta=True)"),
     # attnlrp
     ("attnlrp-plain-string", lambda: vitviz.attnlrp(M, GOOD, plain="head"), InputError,
      "plain='head' is a string"),

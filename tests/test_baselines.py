@@ -103,6 +103,32 @@ def test_gradcam_against_hand_reference_and_leaves_model_alone(images):
 
 
 
+def test_gradcam_is_pytorch_grad_cams_map_before_its_resize(images):
+    """pytorch-grad-cam's GradCAM with the usual ViT reshape_transform returns the map at the input's size: the
+    grid map min-max scaled, resized bilinearly (cv2), scaled again. vitviz keeps the grid map, so the library's
+    output is vitviz's, resized and scaled (the difference the module docstring states)."""
+    cv2 = pytest.importorskip("cv2")
+    from pytorch_grad_cam import GradCAM
+    from pytorch_grad_cam.utils.model_targets import ClassifierOutputTarget
+
+    model = tiny_timm_vit()
+
+    def reshape(t):  # the pytorch-grad-cam tutorial's ViT transform, here with the 4x6 grid
+        return t[:, 1:].reshape(t.shape[0], 4, 6, t.shape[2]).permute(0, 3, 1, 2)
+
+    cam = GradCAM(model, [model.blocks[-1].norm1], reshape_transform=reshape)
+    try:
+        library = cam(input_tensor=images, targets=[ClassifierOutputTarget(c) for c in (0, 4)])
+    finally:
+        cam.activations_and_grads.release()
+    got = vitviz.explain(model, images, "gradcam", target=[0, 4]).numpy()
+    assert library.shape == (2, 32, 48) and got.shape == (2, 4, 6)
+    for lib, g in zip(library, got):
+        up = cv2.resize(g, (48, 32))
+        up = (up - up.min()) / (1e-7 + (up - up.min()).max())
+        assert abs(lib - up).max() < 1e-5
+
+
 def test_gradcam_of_a_model_with_frozen_weights(images):
     """Frozen weights (``requires_grad_(False)``, how pretrained models are often loaded for analysis): Grad-CAM
     still gets the tokens' gradient, the same map as the hand reference on the trainable model."""
@@ -190,3 +216,46 @@ def test_callable_target_explains_the_same_score(images):
         by_class = vitviz.explain(model, images, method, target=2, **opts)
         by_callable = vitviz.explain(model, images, method, target=lambda out: out[:, 2], **opts)
         torch.testing.assert_close(by_callable, by_class, atol=1e-5, rtol=1e-4)
+
+
+def test_baselines_read_vit_mae_unmasked_in_patch_order():
+    """ViTMAE masks 75% of its patches at random on every call; the baselines read it as every other vitviz method
+    does (``Family.prepare``: unmasked, in patch order), so the maps are the model's and the same on every call
+    (was: input x gradient and integrated gradients of a randomly masked model, different on every call, and
+    Grad-CAM refused)."""
+    pytest.importorskip("transformers")
+    from hf_models import hf_case
+
+    case = hf_case("vit-mae")
+    model, x = case.model, case.x
+    ratio = model.config.mask_ratio
+
+    def score(out):
+        return out.last_hidden_state[:, 0, :3].sum(-1) + out.last_hidden_state[:, 1:, 1].mean(-1)
+
+    xx = x.clone().requires_grad_(True)
+    model.config.mask_ratio = 0.0
+    try:  # by hand: unmasked, the identity shuffle
+        (grad,) = torch.autograd.grad(score(model(pixel_values=xx, noise=case.extra["noise"])).sum(), xx)
+    finally:
+        model.config.mask_ratio = ratio
+    expect = loop_pool((x * grad).detach(), 4, 4, 8)
+    got = vitviz.explain(model, x, "input_x_gradient", target=score)
+    torch.testing.assert_close(got, expect, atol=1e-6, rtol=1e-5)
+    ig = [vitviz.explain(model, x, "integrated_gradients", target=score, n_steps=4) for _ in range(2)]
+    torch.testing.assert_close(ig[0], ig[1], atol=0, rtol=0)
+    cam = vitviz.explain(model, x, "gradcam", target=score)
+    assert cam.shape == (2, 4, 4)
+    assert model.config.mask_ratio == ratio  # masks again after the call
+
+
+def test_baselines_on_an_image_text_model_name_the_vision_tower():
+    """A whole CLIPModel: ``model(images)`` would read the pixels as token ids; the baselines say to pass
+    ``model.vision_model`` as the attention methods do (was: AttributeError deep in the text tower)."""
+    pytest.importorskip("transformers")
+    from hf_models import hf_case
+
+    case = hf_case("clip-model")
+    for method in ("input_x_gradient", "gradcam"):
+        with pytest.raises(InputError, match=r"model\.vision_model"):
+            vitviz.explain(case.model, case.x, method, target=lambda out: out[0][:, 0])

@@ -252,6 +252,11 @@ def _dispatch(model: nn.Module, images: Images, method: str, target: Target, bat
         if method in BASELINE_METHODS:
             from vitviz.analysis import baselines
 
+            if "return_delta" in opts:  # explain returns maps only: the deltas would make a tuple of the result
+                raise InputError(f"explain(method={method!r}) returns the maps only, so it takes no return_delta; "
+                                 "call vitviz.integrated_gradients(model, images, target, return_delta=True) for "
+                                 "captum's convergence deltas")
+
             return getattr(baselines, method)(model, images, target, **common, **opts)
         from vitviz.analysis import relevance
 
