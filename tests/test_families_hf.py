@@ -428,3 +428,32 @@ def test_aimv2_native_position_table_is_the_one_its_embeddings_add():
     learned = hf_case("aimv2-vision").model
     table = learned.embeddings.position_embedding.weight[None]
     torch.testing.assert_close(family_of(learned).pos_embed(learned), table)
+
+
+def test_every_analysis_reads_vit_mae_unmasked_not_only_the_captured_ones():
+    """ViTMAE masks 75% of its patches at random on every call; the capture switched that off, but an analysis's own
+    forward passes outside one did not: two identical faithfulness calls scored differently (their perturbed passes
+    each saw another random quarter of the patches), and features read from the pooled tokens of a random quarter.
+    Every analysis call now runs its family's set-up (``core.families.prepared``), undone afterwards."""
+    case = hf_case("vit-mae")
+    model, x = case.model, case.x
+    config = vision_config(model)
+    ratio = config.mask_ratio
+    assert ratio > 0
+    score = lambda out: out.last_hidden_state[:, 0, :3].sum(-1)  # noqa: E731 (the encoder has no classes)
+    first = vitviz.faithfulness(model, x, methods=["random"], target=score, steps=0.5, removal="mean")
+    again = vitviz.faithfulness(model, x, methods=["random"], target=score, steps=0.5, removal="mean")
+    assert first["score"].tolist() == again["score"].tolist()
+    from vitviz.core.features import extract_features
+
+    labels = torch.zeros(len(x), dtype=torch.long)
+    one = extract_features(model, (x, labels)).feats["pre_logits"]
+    two = extract_features(model, (x, labels)).feats["pre_logits"]
+    assert torch.equal(one, two)
+    with torch.no_grad():
+        config.mask_ratio = 0.0  # what the unmasked encoder gives, patch order aside: its class token
+        noise = torch.arange(case.grid[0] * case.grid[1], dtype=torch.float32).expand(len(x), -1)
+        want = model(x, noise=noise).last_hidden_state[:, 0]
+        config.mask_ratio = ratio
+    torch.testing.assert_close(one, want)
+    assert config.mask_ratio == ratio and "forward" not in vars(family_of(model).embeddings(model))

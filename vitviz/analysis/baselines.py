@@ -16,10 +16,10 @@ method                     what it is
                            ViTs), which vitviz reshapes to ``(B, C, gh, gw)`` (``token_reshape``).
 =========================  ======================================================================================
 
-Every model is read as vitviz's attention methods read it (``Family.prepare`` for the call, as
-``capture_attention`` does): a Hugging Face ViTMAE unmasked and in patch order (it otherwise masks 75% of its patches
-at random on every call, so each map, and each integrated-gradients path point, would be of a different random
-subset), and an image-text model's ``model(images)`` refused, naming its vision tower.
+Every model is read as vitviz's attention methods read it (``Family.prepare`` for the call, as every analysis call
+does: ``core.families.prepared``): a Hugging Face ViTMAE unmasked and in patch order (it otherwise masks 75% of its
+patches at random on every call, so each map, and each integrated-gradients path point, would be of a different
+random subset), and an image-text model's ``model(images)`` refused, naming its vision tower.
 
 Pixel attributions are pooled to the patch grid by summing over each patch's pixels and the colour channels,
 signed by default (``pool="sum"``): the signed sum keeps positive and negative evidence apart and keeps integrated
@@ -33,9 +33,8 @@ The libraries are optional: ``pip install 'vitviz[explain]'`` (captum, grad-cam)
 
 from __future__ import annotations
 
-import contextlib
 import math
-from collections.abc import Callable, Iterator
+from collections.abc import Callable
 from typing import Any
 
 import torch
@@ -44,7 +43,6 @@ from torch import nn
 from vitviz.core.batching import count_images, iter_batches
 from vitviz.core.blocks import block_paths
 from vitviz.core.contexts import autograd, grad_leaf, normal_tensor
-from vitviz.core.families import family_of
 from vitviz.core.images import Images
 from vitviz.core.spec import ViTSpec, inspect
 from vitviz.core.targets import Target, logits_of, resolve_target
@@ -74,17 +72,6 @@ def _need(module: str, package: str) -> Any:
     except ImportError as err:
         raise MissingDependencyError(f"this method needs {package}, which is not installed: pip install "
                                      f"'vitviz[explain]' (or pip install {package})") from err
-
-
-@contextlib.contextmanager
-def _prepared(model: nn.Module) -> Iterator[None]:
-    """``model`` set up as ``capture_attention`` sets it up (``Family.prepare``: ViTMAE unmasked and in patch order,
-    image-text models' ``model(images)`` refused naming the vision tower) for the call, undone on exit."""
-    undo = family_of(model).prepare(model)
-    try:
-        yield
-    finally:
-        undo()
 
 
 class _Scores(nn.Module):
@@ -138,20 +125,18 @@ def _pixel_method(kind: str, model: nn.Module, images: Images, target: Target, *
     algo = attr_mod.IntegratedGradients(scores) if kind == "ig" else attr_mod.InputXGradient(scores)
     total, start = count_images(images), 0
     maps, deltas = [], []
-    with _prepared(model):
-        for x in iter_batches(model, images, batch_size, desc=kind):
-            cls = _classes(model, x, target, start, total)
-            with autograd(model, f"{'integrated_gradients' if kind == 'ig' else 'input_x_gradient'} on {spec.name}"):
-                x = grad_leaf(x)
-                if kind == "ig":
-                    attr, delta = algo.attribute(x, baselines=float(baseline), target=normal_tensor(cls),
-                                                 n_steps=n_steps, internal_batch_size=internal_batch_size,
-                                                 return_convergence_delta=True)
-                    deltas.append(delta.detach())
-                else:
-                    attr = algo.attribute(x, target=normal_tensor(cls))
-            maps.append(pool_to_patches(attr.detach().float(), spec.grid_for_input(x), spec.patch_size, pool))
-            start += len(x)
+    for x in iter_batches(model, images, batch_size, desc=kind):
+        cls = _classes(model, x, target, start, total)
+        with autograd(model, f"{'integrated_gradients' if kind == 'ig' else 'input_x_gradient'} on {spec.name}"):
+            x = grad_leaf(x)
+            if kind == "ig":
+                attr, delta = algo.attribute(x, baselines=float(baseline), target=normal_tensor(cls), n_steps=n_steps,
+                                             internal_batch_size=internal_batch_size, return_convergence_delta=True)
+                deltas.append(delta.detach())
+            else:
+                attr = algo.attribute(x, target=normal_tensor(cls))
+        maps.append(pool_to_patches(attr.detach().float(), spec.grid_for_input(x), spec.patch_size, pool))
+        start += len(x)
     out = torch.cat(maps)
     return (out, torch.cat(deltas)) if return_delta else out
 
@@ -265,7 +250,7 @@ def gradcam(model: nn.Module, images: Images, target: Target = None, *, layer: s
     out = []
     # pytorch-grad-cam calls model.eval() (in_eval_mode puts the modes back), model.zero_grad() and backward() on
     # the parameters (kept_grads sets the user's .grad aside for the call and puts them back)
-    with kept_grads(model), _prepared(model):
+    with kept_grads(model):
         for x in iter_batches(model, images, batch_size, desc="gradcam"):
             out.append(_gradcam_batch(cam_mod, targets_mod, model, spec, module, x, target, start, total))
             start += len(x)

@@ -233,7 +233,8 @@ def in_eval_mode(fn: F) -> F:
     a model straight from ``timm.create_model`` or a training loop is in training mode. ``capture_attention`` is
     not decorated: a forward pass of the caller's own runs in the caller's mode. The model is read once for the
     call (``core.contexts.inspect_once``), and walked once in the set-up before its first forward pass
-    (``core.contexts.walk_once``).
+    (``core.contexts.walk_once``). Its family sets it up for the call (``core.families.prepared``: ViTMAE unmasked,
+    an image-text model's image call refused), so every forward pass of the call sees the model a capture sees.
     """
 
     @functools.wraps(fn)
@@ -241,7 +242,9 @@ def in_eval_mode(fn: F) -> F:
         model = args[0] if args else kwargs.get("model")
         if not (callable(getattr(model, "modules", None)) and callable(getattr(model, "eval", None))):
             return fn(*args, **kwargs)  # not a module: fn refuses it with its own error
-        with walk_once(), eval_mode(model), without_autocast(model), inspect_once():
+        from vitviz.core.families import prepared
+
+        with walk_once(), eval_mode(model), without_autocast(model), inspect_once(), prepared(model):
             return fn(*args, **kwargs)
 
     return wrapper  # type: ignore[return-value]

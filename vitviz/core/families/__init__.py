@@ -8,8 +8,10 @@ vision, AIMv2 vision, ViTMAE; other image models refused), open_clip vision towe
 
 from __future__ import annotations
 
+import contextlib
 import functools
 import weakref
+from collections.abc import Iterator
 from typing import Any
 
 from torch import nn
@@ -176,6 +178,27 @@ def _sharding_refusal(model: nn.Module) -> str | None:
                 "each rank computes only its share of the heads and holds only its share of the weights, so a "
                 f"capture on one rank would miss the other ranks' heads; {_FULL_WEIGHTS}")
     return None
+
+
+@contextlib.contextmanager
+def prepared(model: nn.Module) -> Iterator[None]:
+    """``model`` set up by its family for the block (``Family.prepare``), undone on the way out, also when the block
+    raises: a Hugging Face ViTMAE unmasked and in patch order (it masks 75% of its patches at random on every call
+    otherwise), an image-text model's ``model(images)`` refused naming its vision tower, training mode with attention
+    dropout refused. Every analysis call runs in it (``core.util.in_eval_mode``), so every forward pass an analysis
+    makes, captured or not (a faithfulness pass, a baseline's gradients, a feature read), sees the model the
+    attention methods see. A module vitviz does not read passes through: the analysis refuses it with its own
+    error."""
+    try:
+        family = family_of(model)
+    except VitvizError:
+        family = None
+    undo = family.prepare(model) if family is not None else None
+    try:
+        yield
+    finally:
+        if undo is not None:
+            undo()
 
 
 def family_of(model: nn.Module) -> Family:
