@@ -296,6 +296,56 @@ def test_a_model_changed_before_every_call_is_named_in_a_warning(double):
         "its structure or a tensor's memory, dtype or device")
 
 
+@pytest.mark.filterwarnings("ignore:vitviz.graphed.*carries forward hooks")
+@pytest.mark.filterwarnings("ignore:vitviz.graphed.*changed before each")
+def test_a_changed_class_or_hook_is_recorded_again(double):
+    """A submodule's class changed (``m.__class__ = ...``: another forward, the same instance dict) or a forward
+    hook added or removed after the recording (on a module, or PyTorch's global ones): a replay would run the old
+    kernels, without the hook's or with them. The next call records again, and that recording warns of the hooks."""
+    torch.manual_seed(0)
+    model = tiny_timm_vit()
+    call = vitviz.graphed(vitviz.attention_rollout, model, images())
+    x = images(seed=1)
+
+    class Doubled(nn.LayerNorm):
+        def forward(self, x):
+            return super().forward(x) * 2
+
+    model.blocks[0].norm1.__class__ = Doubled
+    call(x)
+    assert call.recordings == 2
+    handle = model.blocks[0].register_forward_pre_hook(lambda m, args: (args[0] * 3,))
+    with pytest.warns(UserWarning, match=r"carries forward hooks \(blocks.0\)"):
+        call(x)
+    call(x)
+    assert call.recordings == 3
+    handle.remove()
+    call(x)
+    assert call.recordings == 4
+    handle = model.blocks[1].attn.register_forward_hook(lambda m, args, out: out * 3)
+    call(x)
+    handle.remove()
+    handle = model.blocks[1].attn.register_forward_hook(lambda m, args, out: out * 3)  # another, the same count
+    call(x)
+    handle.remove()
+    assert call.recordings == 6
+    handle = torch.nn.modules.module.register_module_forward_hook(lambda m, args, out: None)
+    try:
+        with pytest.warns(UserWarning, match="PyTorch's global forward hooks"):
+            call(x)
+        call(x)
+    finally:
+        handle.remove()
+    call(x)
+    assert call.recordings == 8
+    before = graphs._model_state(model)
+    model.blocks[0].norm1.__class__ = nn.LayerNorm
+    assert graphs._what_changed(before, graphs._model_state(model)) == "the attributes blocks.0.norm1.__class__"
+    before = graphs._model_state(model)
+    handle = model.blocks[1].register_forward_hook(lambda m, args, out: None)
+    assert graphs._what_changed(before, graphs._model_state(model)) == "the forward hooks of blocks.1"
+    handle.remove()
+
 def test_bad_input_is_refused_before_it_reaches_the_recording(double):
     torch.manual_seed(0)
     model = tiny_timm_vit()

@@ -22,6 +22,8 @@ A recording is made again, before the call replays, when:
   ``global_pool``, ``training``, a tensor kept outside the parameters and buffers), or one of a ``config`` object
   a submodule holds (Hugging Face's ``_attn_implementation``, which ``set_attn_implementation`` writes): compared
   by identity (``_Attributes``), so an attribute set again to an equal new object records again;
+- a submodule's class changed (``m.__class__ = ...``), or a forward hook added or removed (on a submodule, or
+  PyTorch's global ones): a replay runs no hook, so one added after the recording is recorded (and warned of);
 - a switch differs: vitviz's (``headmap_kernel``'s mode, ``$VITVIZ_HEADMAP_KERNEL``, ``forward_lse``'s setting) or
   PyTorch's that pick the kernels (SDPA's backends, ``torch.nn.attention.sdpa_kernel``; TF32; reduced-precision
   reductions).
@@ -107,36 +109,45 @@ def _settings() -> tuple:
 
 class _Attributes:
     """Every submodule's instance dict, and that of a ``config`` object a submodule holds: the names (a tuple per
-    dict, compared by equality) and the values (one flat list, compared by identity). An attribute set, replaced or
-    removed (``attn.scale = ...``, ``model.eval()``, a plain tensor swapped for another, Hugging Face's
-    ``set_attn_implementation``) makes them differ. Values by identity, not equality: in C, and safe for any value
-    (``==`` on two tensors is a tensor); a value set again to an equal new object (a float recomputed) records
-    again, never wrongly replays. Holds its values until the next state replaces it (a replaced tensor lives one
-    recording longer)."""
+    dict, compared by equality) and the values (one flat list, compared by identity, each dict's led by its
+    object's class, named ``__class__`` by ``changed``); and the submodules' forward hooks (``hooks``: the handles'
+    ids, compared by equality).
+    An attribute set, replaced or removed (``attn.scale = ...``, ``model.eval()``, a plain tensor swapped for
+    another, Hugging Face's ``set_attn_implementation``), a class changed (``m.__class__ = ...``: another forward)
+    or a hook added or removed (a replay runs no hook: one added after the recording must be recorded, and warned
+    of) makes them differ. Values by identity, not equality: in C, and safe for any value (``==`` on two tensors is
+    a tensor); a value set again to an equal new object (a float recomputed) records again, never wrongly replays.
+    Holds its values until the next state replaces it (a replaced tensor lives one recording longer)."""
 
-    __slots__ = ("paths", "names", "values")
+    __slots__ = ("paths", "names", "values", "hooks")
 
     def __init__(self, model: nn.Module) -> None:
         paths: list[str] = []
         names: list[tuple] = []
         values: list[Any] = []
-        path, name, add = paths.append, names.append, values.extend
+        hooks: list[tuple] = []
+        path, name, keep, add, hook = paths.append, names.append, values.append, values.extend, hooks.append
         configs: set[int] = set()
         for where, m in named_submodules(model):
             d = m.__dict__
             path(where)
             name(tuple(d))
+            keep(type(m))
             add(d.values())
+            pre, post = d["_forward_pre_hooks"], d["_forward_hooks"]
+            if pre or post:  # the hooks' kinds (with kwargs, always called) are keyed by the same handle ids
+                hook((where, tuple(pre), tuple(post)))
             config = d.get("config")  # Hugging Face's attention reads config._attn_implementation at each forward
             if config is not None and id(config) not in configs and hasattr(config, "__dict__"):
                 configs.add(id(config))
                 path(f"{where}.config" if where else "config")
                 name(tuple(vars(config)))
+                keep(type(config))
                 add(vars(config).values())
-        self.paths, self.names, self.values = paths, names, values
+        self.paths, self.names, self.values, self.hooks = paths, names, values, hooks
 
     def __eq__(self, other: object) -> bool:
-        return (isinstance(other, _Attributes) and self.names == other.names
+        return (isinstance(other, _Attributes) and self.names == other.names and self.hooks == other.hooks
                 and all(map(operator.is_, self.values, other.values)))  # equal names: lists of one length
 
     __hash__ = None  # type: ignore[assignment]
@@ -150,6 +161,9 @@ class _Attributes:
         new_at = old_at = 0
         for where, new, old in zip(self.paths, self.names, before.names, strict=True):
             dot = f"{where}." if where else ""
+            if self.values[new_at] is not before.values[old_at]:
+                out.append(dot + "__class__")
+            new_at, old_at = new_at + 1, old_at + 1
             if new == old:
                 out += [dot + n for i, n in enumerate(new) if self.values[new_at + i] is not before.values[old_at + i]]
             else:
@@ -166,20 +180,30 @@ def _what_changed(before: tuple, now: tuple) -> str:
     if now[1] != before[1]:
         names = now[1].changed(before[1])
         more = f" and {len(names) - 4} more" if len(names) > 4 else ""
-        said.append(f"the attributes {', '.join(names[:4])}{more}" if names else "its attributes")
+        hooked = sorted({where for where, *_ in set(now[1].hooks) ^ set(before[1].hooks)})
+        if names or not hooked:
+            said.append(f"the attributes {', '.join(names[:4])}{more}" if names else "its attributes")
+        if hooked:
+            said.append(f"the forward hooks of {', '.join(w or 'the model itself' for w in hooked[:4])}")
     if now[2] != before[2]:
         said.append("vitviz's or PyTorch's kernel switches")
+    if now[3] != before[3]:
+        said.append("PyTorch's global forward hooks")
     return "; ".join(said)
 
 
 def _model_state(model: nn.Module) -> tuple:
     """The model as a recording depends on it: its structure with each tensor's memory, dtype and device
-    (``spec.model_structure(memory=True)``), each submodule's attributes (``_Attributes``), and ``_settings``; the
+    (``spec.model_structure(memory=True)``), each submodule's attributes, class and hooks (``_Attributes``),
+    ``_settings``, and PyTorch's global forward hooks (read before ``walk_once``, which adds one of its own); the
     model walked once (``walk_once``)."""
+    from torch.nn.modules import module as torch_module
+
     from vitviz.core.spec import model_structure
 
+    hooks = tuple(torch_module._global_forward_pre_hooks), tuple(torch_module._global_forward_hooks)
     with walk_once():
-        return model_structure(model, memory=True), _Attributes(model), _settings()
+        return model_structure(model, memory=True), _Attributes(model), _settings(), hooks
 
 
 def _foreign_hooks(model: nn.Module) -> list[str]:
