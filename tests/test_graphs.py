@@ -346,6 +346,25 @@ def test_a_changed_class_or_hook_is_recorded_again(double):
     assert graphs._what_changed(before, graphs._model_state(model)) == "the forward hooks of blocks.1"
     handle.remove()
 
+def test_a_tensor_restrided_in_place_is_recorded_again(double):
+    """A parameter or buffer given other strides in place (``w.t_()`` on a square weight, ``w.set_`` on its own
+    storage): the same object, shape and memory, read in another order; a replay would read it in the recorded
+    order. The next call records again."""
+    torch.manual_seed(0)
+    model = tiny_timm_vit()
+    call = vitviz.graphed(vitviz.attention_rollout, model, images())
+    x = images(seed=1)
+    weight = model.blocks[0].attn.proj.weight  # (32, 32)
+    with torch.no_grad():
+        weight.t_()
+    call(x)
+    assert call.recordings == 2
+    with torch.no_grad():
+        weight.set_(weight.untyped_storage(), 0, weight.shape, (weight.shape[1], 1))  # back to its first strides
+    call(x)
+    call(x)
+    assert call.recordings == 3
+
 def test_bad_input_is_refused_before_it_reaches_the_recording(double):
     torch.manual_seed(0)
     model = tiny_timm_vit()

@@ -17,7 +17,8 @@ A recording is made again, before the call replays, when:
 - the batch has another shape or dtype (each is recorded once and kept: the last, smaller batch of a loop records
   its own graph);
 - the model's structure changed (a submodule, parameter or buffer added, removed or replaced) or one of its
-  tensors moved to other memory, another dtype or device (``model.half()``, ``p.data = ...``);
+  tensors moved to other memory, another dtype or device (``model.half()``, ``p.data = ...``) or was given other
+  strides in place (``w.t_()``);
 - a submodule's attribute was set, replaced or removed (a module's ``scale``, ``fused_attn``, timm's
   ``global_pool``, ``training``, a tensor kept outside the parameters and buffers), or one of a ``config`` object
   a submodule holds (Hugging Face's ``_attn_implementation``, which ``set_attn_implementation`` writes): compared
@@ -193,7 +194,7 @@ def _what_changed(before: tuple, now: tuple) -> str:
 
 
 def _model_state(model: nn.Module) -> tuple:
-    """The model as a recording depends on it: its structure with each tensor's memory, dtype and device
+    """The model as a recording depends on it: its structure with each tensor's memory, dtype, device and strides
     (``spec.model_structure(memory=True)``), each submodule's attributes, class and hooks (``_Attributes``),
     ``_settings``, and PyTorch's global forward hooks (read before ``walk_once``, which adds one of its own); the
     model walked once (``walk_once``)."""
