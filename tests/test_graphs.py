@@ -365,6 +365,26 @@ def test_a_tensor_restrided_in_place_is_recorded_again(double):
     call(x)
     assert call.recordings == 3
 
+def test_a_model_moved_to_another_device_is_recorded_there_or_refused(double, monkeypatch):
+    """A recording is made on the device the model is on now: one moved (``model.to(...)``) records again there
+    (its input copied to that device), or, moved to a device a CUDA graph cannot record on (the CPU), is refused as
+    ``vitviz.graphed`` refuses it, not recorded on the device it left."""
+    torch.manual_seed(0)
+    model = tiny_timm_vit()
+    call = vitviz.graphed(vitviz.attention_rollout, model, images())
+    devices = []
+    record = ReplayDouble.record
+    monkeypatch.setattr(ReplayDouble, "record", classmethod(lambda cls, run, device: devices.append(device)
+                                                            or record.__func__(cls, run, device)))
+    monkeypatch.setattr(ReplayDouble, "available", staticmethod(lambda device: device.type == "cpu"))
+    model.to("meta")
+    with pytest.raises(UnsupportedModelError, match=r"VisionTransformer has its parameters on meta"):
+        call(images())
+    assert devices == [] and call.recordings == 1
+    monkeypatch.setattr(ReplayDouble, "available", staticmethod(lambda device: True))
+    assert call(images()).device.type == "meta"  # a device without data stands in for another GPU
+    assert devices == [torch.device("meta")] and call.recordings == 2
+
 def test_bad_input_is_refused_before_it_reaches_the_recording(double):
     torch.manual_seed(0)
     model = tiny_timm_vit()

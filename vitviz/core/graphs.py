@@ -17,8 +17,8 @@ A recording is made again, before the call replays, when:
 - the batch has another shape or dtype (each is recorded once and kept: the last, smaller batch of a loop records
   its own graph);
 - the model's structure changed (a submodule, parameter or buffer added, removed or replaced) or one of its
-  tensors moved to other memory, another dtype or device (``model.half()``, ``p.data = ...``) or was given other
-  strides in place (``w.t_()``);
+  tensors moved to other memory, another dtype or device (``model.half()``, ``p.data = ...``: a model moved to
+  another device records there, one moved off CUDA is refused) or was given other strides in place (``w.t_()``);
 - a submodule's attribute was set, replaced or removed (a module's ``scale``, ``fused_attn``, timm's
   ``global_pool``, ``training``, a tensor kept outside the parameters and buffers), or one of a ``config`` object
   a submodule holds (Hugging Face's ``_attn_implementation``, which ``set_attn_implementation`` writes): compared
@@ -310,23 +310,29 @@ class GraphedCall:
                              "vitviz.mean_attention_distance (the analyses that queue no host read inside a call)")
         if not isinstance(model, nn.Module):
             raise InputTypeError(f"model: got a {type(model).__name__}; pass the nn.Module to analyse")
-        device = next((p.device for p in model.parameters()), None)
-        if device is None or not self.backend.available(device):
-            raise UnsupportedModelError(
-                f"{type(model).__name__} has its parameters on {device}; a CUDA graph records a call on a CUDA "
-                "device (model.cuda()). On the CPU call the analysis itself: there is no launch cost to save")
+        self.model = model
+        self.device = self._device()
         for key in ("batch_size", "progress"):
             if options.get(key) not in (None, False):
                 raise InputError(f"{key}={options[key]!r}: a recorded call runs its whole batch in one pass, without "
                                  "progress bar; leave it out (record the batch size you want as the example's)")
-        self.fn, self.model, self.options = fn, model, options
-        self.device = device
+        self.fn, self.options = fn, options
         self.recordings = 0
         self._changed_in_a_row = 0
         self._graphs: dict[tuple, _Graph] = {}
         self._state: tuple | None = None
         self._check(example, "example")
         self._record(example)
+
+    def _device(self) -> torch.device:
+        """The device the model's parameters are on now, where the backend records (a model moved since the last
+        recording, ``model.to(...)``, is recorded on its new device, or refused off CUDA)."""
+        device = next((p.device for p in self.model.parameters()), None)
+        if device is None or not self.backend.available(device):
+            raise UnsupportedModelError(
+                f"{type(self.model).__name__} has its parameters on {device}; a CUDA graph records a call on a CUDA "
+                "device (model.cuda()). On the CPU call the analysis itself: there is no launch cost to save")
+        return device
 
     def _check(self, x: Any, argument: str) -> None:
         from vitviz.core.images import check_tensor
@@ -337,7 +343,9 @@ class GraphedCall:
         check_tensor(x, argument)  # shape, channels, dtype, finiteness: the analysis's own checks
 
     def _record(self, x: torch.Tensor, state: tuple | None = None) -> _Graph:
-        """Record the call on a batch like ``x``; ``state``: the model's ``_model_state``, where the caller has it."""
+        """Record the call on a batch like ``x``, on the model's device now; ``state``: the model's ``_model_state``,
+        where the caller has it."""
+        self.device = self._device()
         static = torch.empty_like(x, device=self.device, memory_format=torch.contiguous_format)
         static.copy_(x)
         rec = Recording()
