@@ -249,6 +249,50 @@ def test_a_changed_pytorch_switch_is_recorded_again(double):
             matmul.fp32_precision = old
 
 
+@pytest.mark.filterwarnings("ignore:vitviz.graphed.*changed before each")
+def test_more_pytorch_switches_are_recorded_again(double):
+    """PyTorch's other switches that pick the kernels a forward queues, or refuse some: cuDNN's (enabled, benchmark,
+    deterministic), deterministic algorithms (an eager call would take deterministic kernels or refuse), the
+    reduced-precision reductions of math SDPA and fp16 matmul accumulation, SDPA's backend priority
+    (``sdpa_kernel(..., set_priority=True)``), the preferred BLAS library and ``nn.MultiheadAttention``'s fast
+    path: each changed records again, and again when it is back."""
+    from torch.nn.attention import SDPBackend, sdpa_kernel
+
+    torch.manual_seed(0)
+    model = tiny_timm_vit()
+    call = vitviz.graphed(vitviz.attention_rollout, model, images())
+    cudnn, cuda = torch.backends.cudnn, torch.backends.cuda
+    switches = [
+        (lambda: cudnn.enabled, lambda v: setattr(cudnn, "enabled", v), lambda v: not v),
+        (lambda: cudnn.benchmark, lambda v: setattr(cudnn, "benchmark", v), lambda v: not v),
+        (lambda: cudnn.deterministic, lambda v: setattr(cudnn, "deterministic", v), lambda v: not v),
+        (torch.are_deterministic_algorithms_enabled, torch.use_deterministic_algorithms, lambda v: not v),
+        (cuda.fp16_bf16_reduction_math_sdp_allowed, cuda.allow_fp16_bf16_reduction_math_sdp, lambda v: not v),
+        (lambda: cuda.matmul.allow_fp16_accumulation, lambda v: setattr(cuda.matmul, "allow_fp16_accumulation", v),
+         lambda v: not v),
+        (torch.backends.mha.get_fastpath_enabled, torch.backends.mha.set_fastpath_enabled, lambda v: not v),
+        (cuda.preferred_blas_library, cuda.preferred_blas_library,
+         lambda v: "cublaslt" if v.name.lower() != "cublaslt" else "cublas"),
+    ]
+    recordings = call.recordings
+    for read, write, other in switches:
+        old = read()
+        try:
+            write(other(old))
+            call(images())
+            call(images())
+        finally:
+            write(old)
+        call(images())
+        assert call.recordings == recordings + 2, read
+        recordings = call.recordings
+    everything = [SDPBackend.MATH, SDPBackend.FLASH_ATTENTION, SDPBackend.EFFICIENT_ATTENTION,
+                  SDPBackend.CUDNN_ATTENTION, SDPBackend.OVERRIDEABLE]
+    with sdpa_kernel(everything, set_priority=True):  # every backend on, math first: only the order differs
+        call(images())
+    call(images())
+    assert call.recordings == recordings + 2
+
 def test_a_model_changed_before_every_call_is_named_in_a_warning(double):
     """A model found changed by ``CHANGED_IN_A_ROW`` calls in a row records each time (more than the eager call
     costs): a warning at the caller's line names what changed. Attributes are compared by identity: an attribute

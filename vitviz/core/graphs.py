@@ -26,8 +26,9 @@ A recording is made again, before the call replays, when:
 - a submodule's class changed (``m.__class__ = ...``), or a forward hook added or removed (on a submodule, or
   PyTorch's global ones): a replay runs no hook, so one added after the recording is recorded (and warned of);
 - a switch differs: vitviz's (``headmap_kernel``'s mode, ``$VITVIZ_HEADMAP_KERNEL``, ``forward_lse``'s setting) or
-  PyTorch's that pick the kernels (SDPA's backends, ``torch.nn.attention.sdpa_kernel``; TF32; reduced-precision
-  reductions).
+  PyTorch's that pick the kernels (SDPA's backends and their priority, ``torch.nn.attention.sdpa_kernel``; TF32;
+  reduced-precision reductions; cuDNN's ``enabled``, ``benchmark``, ``deterministic``;
+  ``torch.use_deterministic_algorithms``; the preferred BLAS library; ``nn.MultiheadAttention``'s fast path).
 
 Weights written in place (an optimizer step, ``load_state_dict``) need no new recording: the graph reads the
 parameters' memory when it replays. What a replay does not see (make a new ``graphed`` call after changing it):
@@ -74,19 +75,29 @@ def _name(fn: Any) -> str:
     return getattr(fn, "__qualname__", None) or type(fn).__name__
 
 
-# PyTorch's switches that pick the kernels a forward queues, each read as its own function: SDPA's backends (as
-# torch.nn.attention.sdpa_kernel sets them), and the float32 precision of matmuls and convolutions, through the API
-# of each version (fp32_precision where it exists, the older allow_tf32 and float32 matmul precision; a torch that
-# has had the new API set refuses to read the old one, and one without the new API has no such attribute)
+# PyTorch's switches that pick the kernels a forward queues (or refuse some), each read as its own function: SDPA's
+# backends and their priority (as torch.nn.attention.sdpa_kernel sets them), the float32 precision of matmuls and
+# convolutions, through the API of each version (fp32_precision where it exists, the older allow_tf32 and float32
+# matmul precision; a torch that has had the new API set refuses to read the old one, and one without the new API
+# has no such attribute), the reduced-precision reductions and accumulation, cuDNN's choice of algorithms,
+# deterministic algorithms (an eager call under them takes deterministic kernels, or refuses), the BLAS library and
+# nn.MultiheadAttention's fast path (torchvision's ViT)
 _TORCH_SWITCHES = (
     lambda: torch.backends.cuda.flash_sdp_enabled(), lambda: torch.backends.cuda.mem_efficient_sdp_enabled(),
     lambda: torch.backends.cuda.math_sdp_enabled(), lambda: torch.backends.cuda.cudnn_sdp_enabled(),
+    lambda: torch._C._get_sdp_priority_order(),
     lambda: torch.backends.cuda.matmul.fp32_precision, lambda: torch.backends.cudnn.fp32_precision,
     lambda: torch.backends.cudnn.conv.fp32_precision, lambda: torch.backends.fp32_precision,
     lambda: torch.backends.cuda.matmul.allow_tf32, lambda: torch.backends.cudnn.allow_tf32,
     torch.get_float32_matmul_precision,
     lambda: torch.backends.cuda.matmul.allow_fp16_reduced_precision_reduction,
-    lambda: torch.backends.cuda.matmul.allow_bf16_reduced_precision_reduction)
+    lambda: torch.backends.cuda.matmul.allow_bf16_reduced_precision_reduction,
+    lambda: torch.backends.cuda.matmul.allow_fp16_accumulation,
+    lambda: torch.backends.cuda.fp16_bf16_reduction_math_sdp_allowed(),
+    lambda: torch.backends.cudnn.enabled, lambda: torch.backends.cudnn.benchmark,
+    lambda: torch.backends.cudnn.deterministic,
+    torch.are_deterministic_algorithms_enabled, torch.is_deterministic_algorithms_warn_only_enabled,
+    lambda: torch.backends.cuda.preferred_blas_library(), lambda: torch.backends.mha.get_fastpath_enabled())
 
 
 def _switch(read: Callable[[], Any]) -> Any:
@@ -101,7 +112,7 @@ def _settings() -> tuple:
     """The switches a recording depends on beside the model: vitviz's (the kernels' mode in force, from
     ``headmap_kernel`` or ``$VITVIZ_HEADMAP_KERNEL``; ``forward_lse``'s setting) and PyTorch's that pick the kernels
     a forward queues (``_TORCH_SWITCHES``: SDPA's backends, the float32 precision of matmuls and convolutions, the
-    reduced-precision reductions)."""
+    reduced-precision reductions, cuDNN's and the deterministic algorithms' settings...)."""
     from vitviz.core import kernels
     from vitviz.core.kernels import forward_lse
 
