@@ -143,7 +143,8 @@ def test_a_changed_model_is_recorded_again(double):
     assert call.recordings == 5
 
 
-def test_a_changed_switch_is_recorded_again(double):
+@pytest.mark.filterwarnings("ignore:vitviz.graphed.*changed before each")
+def test_a_changed_switch_is_recorded_again(double, monkeypatch):
     torch.manual_seed(0)
     model = tiny_timm_vit()
     call = vitviz.graphed(vitviz.attention_rollout, model, images())
@@ -154,6 +155,11 @@ def test_a_changed_switch_is_recorded_again(double):
     with vitviz.headmap_kernel("off"):
         call(images())
     assert call.recordings == 3
+    call(images())
+    monkeypatch.setenv("VITVIZ_HEADMAP_BLOCKS", "16,16,1,1")  # the kernels' tiles: another order of sums
+    call(images())
+    call(images())
+    assert call.recordings == 5
 
 
 @pytest.mark.filterwarnings("ignore:vitviz.graphed.*changed before each")

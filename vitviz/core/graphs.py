@@ -25,10 +25,11 @@ A recording is made again, before the call replays, when:
   by identity (``_Attributes``), so an attribute set again to an equal new object records again;
 - a submodule's class changed (``m.__class__ = ...``), or a forward hook added or removed (on a submodule, or
   PyTorch's global ones): a replay runs no hook, so one added after the recording is recorded (and warned of);
-- a switch differs: vitviz's (``headmap_kernel``'s mode, ``$VITVIZ_HEADMAP_KERNEL``, ``forward_lse``'s setting) or
-  PyTorch's that pick the kernels (SDPA's backends and their priority, ``torch.nn.attention.sdpa_kernel``; TF32;
-  reduced-precision reductions; cuDNN's ``enabled``, ``benchmark``, ``deterministic``;
-  ``torch.use_deterministic_algorithms``; the preferred BLAS library; ``nn.MultiheadAttention``'s fast path).
+- a switch differs: vitviz's (``headmap_kernel``'s mode, ``$VITVIZ_HEADMAP_KERNEL``, ``forward_lse``'s setting,
+  ``$VITVIZ_HEADMAP_BLOCKS``) or PyTorch's that pick the kernels (SDPA's backends and their priority,
+  ``torch.nn.attention.sdpa_kernel``; TF32; reduced-precision reductions; cuDNN's ``enabled``, ``benchmark``,
+  ``deterministic``; ``torch.use_deterministic_algorithms``; the preferred BLAS library; ``nn.MultiheadAttention``'s
+  fast path).
 
 Weights written in place (an optimizer step, ``load_state_dict``) need no new recording: the graph reads the
 parameters' memory when it replays. What a replay does not see (make a new ``graphed`` call after changing it):
@@ -47,6 +48,7 @@ configuration (``forward_lse.checked``'s trust), so the recorded run reads nothi
 from __future__ import annotations
 
 import operator
+import os
 import sys
 import warnings
 from collections.abc import Callable
@@ -110,13 +112,15 @@ def _switch(read: Callable[[], Any]) -> Any:
 
 def _settings() -> tuple:
     """The switches a recording depends on beside the model: vitviz's (the kernels' mode in force, from
-    ``headmap_kernel`` or ``$VITVIZ_HEADMAP_KERNEL``; ``forward_lse``'s setting) and PyTorch's that pick the kernels
+    ``headmap_kernel`` or ``$VITVIZ_HEADMAP_KERNEL``; ``forward_lse``'s setting; the kernels' tiles,
+    ``$VITVIZ_HEADMAP_BLOCKS``, read at each launch) and PyTorch's that pick the kernels
     a forward queues (``_TORCH_SWITCHES``: SDPA's backends, the float32 precision of matmuls and convolutions, the
     reduced-precision reductions, cuDNN's and the deterministic algorithms' settings...)."""
     from vitviz.core import kernels
     from vitviz.core.kernels import forward_lse
 
-    return kernels.kernel_mode(), forward_lse.setting(), tuple(_switch(read) for read in _TORCH_SWITCHES)
+    return (kernels.kernel_mode(), forward_lse.setting(), os.environ.get("VITVIZ_HEADMAP_BLOCKS"),
+            tuple(_switch(read) for read in _TORCH_SWITCHES))
 
 
 class _Attributes:
