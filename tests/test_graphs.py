@@ -143,7 +143,8 @@ def test_a_changed_model_is_recorded_again(double):
     assert call.recordings == 5
 
 
-def test_a_changed_switch_is_recorded_again(double):
+@pytest.mark.filterwarnings("ignore:vitviz.graphed.*changed before each")
+def test_a_changed_switch_is_recorded_again(double, monkeypatch):
     torch.manual_seed(0)
     model = tiny_timm_vit()
     call = vitviz.graphed(vitviz.attention_rollout, model, images())
@@ -154,6 +155,11 @@ def test_a_changed_switch_is_recorded_again(double):
     with vitviz.headmap_kernel("off"):
         call(images())
     assert call.recordings == 3
+    call(images())
+    monkeypatch.setenv("VITVIZ_HEADMAP_BLOCKS", "16,16,1,1")  # the kernels' tiles: another order of sums
+    call(images())
+    call(images())
+    assert call.recordings == 5
 
 
 @pytest.mark.filterwarnings("ignore:vitviz.graphed.*changed before each")
@@ -249,6 +255,50 @@ def test_a_changed_pytorch_switch_is_recorded_again(double):
             matmul.fp32_precision = old
 
 
+@pytest.mark.filterwarnings("ignore:vitviz.graphed.*changed before each")
+def test_more_pytorch_switches_are_recorded_again(double):
+    """PyTorch's other switches that pick the kernels a forward queues, or refuse some: cuDNN's (enabled, benchmark,
+    deterministic), deterministic algorithms (an eager call would take deterministic kernels or refuse), the
+    reduced-precision reductions of math SDPA and fp16 matmul accumulation, SDPA's backend priority
+    (``sdpa_kernel(..., set_priority=True)``), the preferred BLAS library and ``nn.MultiheadAttention``'s fast
+    path: each changed records again, and again when it is back."""
+    from torch.nn.attention import SDPBackend, sdpa_kernel
+
+    torch.manual_seed(0)
+    model = tiny_timm_vit()
+    call = vitviz.graphed(vitviz.attention_rollout, model, images())
+    cudnn, cuda = torch.backends.cudnn, torch.backends.cuda
+    switches = [
+        (lambda: cudnn.enabled, lambda v: setattr(cudnn, "enabled", v), lambda v: not v),
+        (lambda: cudnn.benchmark, lambda v: setattr(cudnn, "benchmark", v), lambda v: not v),
+        (lambda: cudnn.deterministic, lambda v: setattr(cudnn, "deterministic", v), lambda v: not v),
+        (torch.are_deterministic_algorithms_enabled, torch.use_deterministic_algorithms, lambda v: not v),
+        (cuda.fp16_bf16_reduction_math_sdp_allowed, cuda.allow_fp16_bf16_reduction_math_sdp, lambda v: not v),
+        (lambda: cuda.matmul.allow_fp16_accumulation, lambda v: setattr(cuda.matmul, "allow_fp16_accumulation", v),
+         lambda v: not v),
+        (torch.backends.mha.get_fastpath_enabled, torch.backends.mha.set_fastpath_enabled, lambda v: not v),
+        (cuda.preferred_blas_library, cuda.preferred_blas_library,
+         lambda v: "cublaslt" if v.name.lower() != "cublaslt" else "cublas"),
+    ]
+    recordings = call.recordings
+    for read, write, other in switches:
+        old = read()
+        try:
+            write(other(old))
+            call(images())
+            call(images())
+        finally:
+            write(old)
+        call(images())
+        assert call.recordings == recordings + 2, read
+        recordings = call.recordings
+    everything = [SDPBackend.MATH, SDPBackend.FLASH_ATTENTION, SDPBackend.EFFICIENT_ATTENTION,
+                  SDPBackend.CUDNN_ATTENTION, SDPBackend.OVERRIDEABLE]
+    with sdpa_kernel(everything, set_priority=True):  # every backend on, math first: only the order differs
+        call(images())
+    call(images())
+    assert call.recordings == recordings + 2
+
 def test_a_model_changed_before_every_call_is_named_in_a_warning(double):
     """A model found changed by ``CHANGED_IN_A_ROW`` calls in a row records each time (more than the eager call
     costs): a warning at the caller's line names what changed. Attributes are compared by identity: an attribute
@@ -295,6 +345,95 @@ def test_a_model_changed_before_every_call_is_named_in_a_warning(double):
     assert graphs._what_changed(graphs._model_state(model), graphs._model_state(model.half())) == (
         "its structure or a tensor's memory, dtype or device")
 
+
+@pytest.mark.filterwarnings("ignore:vitviz.graphed.*carries forward hooks")
+@pytest.mark.filterwarnings("ignore:vitviz.graphed.*changed before each")
+def test_a_changed_class_or_hook_is_recorded_again(double):
+    """A submodule's class changed (``m.__class__ = ...``: another forward, the same instance dict) or a forward
+    hook added or removed after the recording (on a module, or PyTorch's global ones): a replay would run the old
+    kernels, without the hook's or with them. The next call records again, and that recording warns of the hooks."""
+    torch.manual_seed(0)
+    model = tiny_timm_vit()
+    call = vitviz.graphed(vitviz.attention_rollout, model, images())
+    x = images(seed=1)
+
+    class Doubled(nn.LayerNorm):
+        def forward(self, x):
+            return super().forward(x) * 2
+
+    model.blocks[0].norm1.__class__ = Doubled
+    call(x)
+    assert call.recordings == 2
+    handle = model.blocks[0].register_forward_pre_hook(lambda m, args: (args[0] * 3,))
+    with pytest.warns(UserWarning, match=r"carries forward hooks \(blocks.0\)"):
+        call(x)
+    call(x)
+    assert call.recordings == 3
+    handle.remove()
+    call(x)
+    assert call.recordings == 4
+    handle = model.blocks[1].attn.register_forward_hook(lambda m, args, out: out * 3)
+    call(x)
+    handle.remove()
+    handle = model.blocks[1].attn.register_forward_hook(lambda m, args, out: out * 3)  # another, the same count
+    call(x)
+    handle.remove()
+    assert call.recordings == 6
+    handle = torch.nn.modules.module.register_module_forward_hook(lambda m, args, out: None)
+    try:
+        with pytest.warns(UserWarning, match="PyTorch's global forward hooks"):
+            call(x)
+        call(x)
+    finally:
+        handle.remove()
+    call(x)
+    assert call.recordings == 8
+    before = graphs._model_state(model)
+    model.blocks[0].norm1.__class__ = nn.LayerNorm
+    assert graphs._what_changed(before, graphs._model_state(model)) == "the attributes blocks.0.norm1.__class__"
+    before = graphs._model_state(model)
+    handle = model.blocks[1].register_forward_hook(lambda m, args, out: None)
+    assert graphs._what_changed(before, graphs._model_state(model)) == "the forward hooks of blocks.1"
+    handle.remove()
+
+def test_a_tensor_restrided_in_place_is_recorded_again(double):
+    """A parameter or buffer given other strides in place (``w.t_()`` on a square weight, ``w.set_`` on its own
+    storage): the same object, shape and memory, read in another order; a replay would read it in the recorded
+    order. The next call records again."""
+    torch.manual_seed(0)
+    model = tiny_timm_vit()
+    call = vitviz.graphed(vitviz.attention_rollout, model, images())
+    x = images(seed=1)
+    weight = model.blocks[0].attn.proj.weight  # (32, 32)
+    with torch.no_grad():
+        weight.t_()
+    call(x)
+    assert call.recordings == 2
+    with torch.no_grad():
+        weight.set_(weight.untyped_storage(), 0, weight.shape, (weight.shape[1], 1))  # back to its first strides
+    call(x)
+    call(x)
+    assert call.recordings == 3
+
+def test_a_model_moved_to_another_device_is_recorded_there_or_refused(double, monkeypatch):
+    """A recording is made on the device the model is on now: one moved (``model.to(...)``) records again there
+    (its input copied to that device), or, moved to a device a CUDA graph cannot record on (the CPU), is refused as
+    ``vitviz.graphed`` refuses it, not recorded on the device it left."""
+    torch.manual_seed(0)
+    model = tiny_timm_vit()
+    call = vitviz.graphed(vitviz.attention_rollout, model, images())
+    devices = []
+    record = ReplayDouble.record
+    monkeypatch.setattr(ReplayDouble, "record", classmethod(lambda cls, run, device: devices.append(device)
+                                                            or record.__func__(cls, run, device)))
+    monkeypatch.setattr(ReplayDouble, "available", staticmethod(lambda device: device.type == "cpu"))
+    model.to("meta")
+    with pytest.raises(UnsupportedModelError, match=r"VisionTransformer has its parameters on meta"):
+        call(images())
+    assert devices == [] and call.recordings == 1
+    monkeypatch.setattr(ReplayDouble, "available", staticmethod(lambda device: True))
+    assert call(images()).device.type == "meta"  # a device without data stands in for another GPU
+    assert devices == [torch.device("meta")] and call.recordings == 2
 
 def test_bad_input_is_refused_before_it_reaches_the_recording(double):
     torch.manual_seed(0)

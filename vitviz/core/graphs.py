@@ -17,14 +17,19 @@ A recording is made again, before the call replays, when:
 - the batch has another shape or dtype (each is recorded once and kept: the last, smaller batch of a loop records
   its own graph);
 - the model's structure changed (a submodule, parameter or buffer added, removed or replaced) or one of its
-  tensors moved to other memory, another dtype or device (``model.half()``, ``p.data = ...``);
+  tensors moved to other memory, another dtype or device (``model.half()``, ``p.data = ...``: a model moved to
+  another device records there, one moved off CUDA is refused) or was given other strides in place (``w.t_()``);
 - a submodule's attribute was set, replaced or removed (a module's ``scale``, ``fused_attn``, timm's
   ``global_pool``, ``training``, a tensor kept outside the parameters and buffers), or one of a ``config`` object
   a submodule holds (Hugging Face's ``_attn_implementation``, which ``set_attn_implementation`` writes): compared
   by identity (``_Attributes``), so an attribute set again to an equal new object records again;
-- a switch differs: vitviz's (``headmap_kernel``'s mode, ``$VITVIZ_HEADMAP_KERNEL``, ``forward_lse``'s setting) or
-  PyTorch's that pick the kernels (SDPA's backends, ``torch.nn.attention.sdpa_kernel``; TF32; reduced-precision
-  reductions).
+- a submodule's class changed (``m.__class__ = ...``), or a forward hook added or removed (on a submodule, or
+  PyTorch's global ones): a replay runs no hook, so one added after the recording is recorded (and warned of);
+- a switch differs: vitviz's (``headmap_kernel``'s mode, ``$VITVIZ_HEADMAP_KERNEL``, ``forward_lse``'s setting,
+  ``$VITVIZ_HEADMAP_BLOCKS``) or PyTorch's that pick the kernels (SDPA's backends and their priority,
+  ``torch.nn.attention.sdpa_kernel``; TF32; reduced-precision reductions; cuDNN's ``enabled``, ``benchmark``,
+  ``deterministic``; ``torch.use_deterministic_algorithms``; the preferred BLAS library; ``nn.MultiheadAttention``'s
+  fast path).
 
 Weights written in place (an optimizer step, ``load_state_dict``) need no new recording: the graph reads the
 parameters' memory when it replays. What a replay does not see (make a new ``graphed`` call after changing it):
@@ -43,6 +48,7 @@ configuration (``forward_lse.checked``'s trust), so the recorded run reads nothi
 from __future__ import annotations
 
 import operator
+import os
 import sys
 import warnings
 from collections.abc import Callable
@@ -71,19 +77,29 @@ def _name(fn: Any) -> str:
     return getattr(fn, "__qualname__", None) or type(fn).__name__
 
 
-# PyTorch's switches that pick the kernels a forward queues, each read as its own function: SDPA's backends (as
-# torch.nn.attention.sdpa_kernel sets them), and the float32 precision of matmuls and convolutions, through the API
-# of each version (fp32_precision where it exists, the older allow_tf32 and float32 matmul precision; a torch that
-# has had the new API set refuses to read the old one, and one without the new API has no such attribute)
+# PyTorch's switches that pick the kernels a forward queues (or refuse some), each read as its own function: SDPA's
+# backends and their priority (as torch.nn.attention.sdpa_kernel sets them), the float32 precision of matmuls and
+# convolutions, through the API of each version (fp32_precision where it exists, the older allow_tf32 and float32
+# matmul precision; a torch that has had the new API set refuses to read the old one, and one without the new API
+# has no such attribute), the reduced-precision reductions and accumulation, cuDNN's choice of algorithms,
+# deterministic algorithms (an eager call under them takes deterministic kernels, or refuses), the BLAS library and
+# nn.MultiheadAttention's fast path (torchvision's ViT)
 _TORCH_SWITCHES = (
     lambda: torch.backends.cuda.flash_sdp_enabled(), lambda: torch.backends.cuda.mem_efficient_sdp_enabled(),
     lambda: torch.backends.cuda.math_sdp_enabled(), lambda: torch.backends.cuda.cudnn_sdp_enabled(),
+    lambda: torch._C._get_sdp_priority_order(),
     lambda: torch.backends.cuda.matmul.fp32_precision, lambda: torch.backends.cudnn.fp32_precision,
     lambda: torch.backends.cudnn.conv.fp32_precision, lambda: torch.backends.fp32_precision,
     lambda: torch.backends.cuda.matmul.allow_tf32, lambda: torch.backends.cudnn.allow_tf32,
     torch.get_float32_matmul_precision,
     lambda: torch.backends.cuda.matmul.allow_fp16_reduced_precision_reduction,
-    lambda: torch.backends.cuda.matmul.allow_bf16_reduced_precision_reduction)
+    lambda: torch.backends.cuda.matmul.allow_bf16_reduced_precision_reduction,
+    lambda: torch.backends.cuda.matmul.allow_fp16_accumulation,
+    lambda: torch.backends.cuda.fp16_bf16_reduction_math_sdp_allowed(),
+    lambda: torch.backends.cudnn.enabled, lambda: torch.backends.cudnn.benchmark,
+    lambda: torch.backends.cudnn.deterministic,
+    torch.are_deterministic_algorithms_enabled, torch.is_deterministic_algorithms_warn_only_enabled,
+    lambda: torch.backends.cuda.preferred_blas_library(), lambda: torch.backends.mha.get_fastpath_enabled())
 
 
 def _switch(read: Callable[[], Any]) -> Any:
@@ -96,47 +112,58 @@ def _switch(read: Callable[[], Any]) -> Any:
 
 def _settings() -> tuple:
     """The switches a recording depends on beside the model: vitviz's (the kernels' mode in force, from
-    ``headmap_kernel`` or ``$VITVIZ_HEADMAP_KERNEL``; ``forward_lse``'s setting) and PyTorch's that pick the kernels
+    ``headmap_kernel`` or ``$VITVIZ_HEADMAP_KERNEL``; ``forward_lse``'s setting; the kernels' tiles,
+    ``$VITVIZ_HEADMAP_BLOCKS``, read at each launch) and PyTorch's that pick the kernels
     a forward queues (``_TORCH_SWITCHES``: SDPA's backends, the float32 precision of matmuls and convolutions, the
-    reduced-precision reductions)."""
+    reduced-precision reductions, cuDNN's and the deterministic algorithms' settings...)."""
     from vitviz.core import kernels
     from vitviz.core.kernels import forward_lse
 
-    return kernels.kernel_mode(), forward_lse.setting(), tuple(_switch(read) for read in _TORCH_SWITCHES)
+    return (kernels.kernel_mode(), forward_lse.setting(), os.environ.get("VITVIZ_HEADMAP_BLOCKS"),
+            tuple(_switch(read) for read in _TORCH_SWITCHES))
 
 
 class _Attributes:
     """Every submodule's instance dict, and that of a ``config`` object a submodule holds: the names (a tuple per
-    dict, compared by equality) and the values (one flat list, compared by identity). An attribute set, replaced or
-    removed (``attn.scale = ...``, ``model.eval()``, a plain tensor swapped for another, Hugging Face's
-    ``set_attn_implementation``) makes them differ. Values by identity, not equality: in C, and safe for any value
-    (``==`` on two tensors is a tensor); a value set again to an equal new object (a float recomputed) records
-    again, never wrongly replays. Holds its values until the next state replaces it (a replaced tensor lives one
-    recording longer)."""
+    dict, compared by equality) and the values (one flat list, compared by identity, each dict's led by its
+    object's class, named ``__class__`` by ``changed``); and the submodules' forward hooks (``hooks``: the handles'
+    ids, compared by equality).
+    An attribute set, replaced or removed (``attn.scale = ...``, ``model.eval()``, a plain tensor swapped for
+    another, Hugging Face's ``set_attn_implementation``), a class changed (``m.__class__ = ...``: another forward)
+    or a hook added or removed (a replay runs no hook: one added after the recording must be recorded, and warned
+    of) makes them differ. Values by identity, not equality: in C, and safe for any value (``==`` on two tensors is
+    a tensor); a value set again to an equal new object (a float recomputed) records again, never wrongly replays.
+    Holds its values until the next state replaces it (a replaced tensor lives one recording longer)."""
 
-    __slots__ = ("paths", "names", "values")
+    __slots__ = ("paths", "names", "values", "hooks")
 
     def __init__(self, model: nn.Module) -> None:
         paths: list[str] = []
         names: list[tuple] = []
         values: list[Any] = []
-        path, name, add = paths.append, names.append, values.extend
+        hooks: list[tuple] = []
+        path, name, keep, add, hook = paths.append, names.append, values.append, values.extend, hooks.append
         configs: set[int] = set()
         for where, m in named_submodules(model):
             d = m.__dict__
             path(where)
             name(tuple(d))
+            keep(type(m))
             add(d.values())
+            pre, post = d["_forward_pre_hooks"], d["_forward_hooks"]
+            if pre or post:  # the hooks' kinds (with kwargs, always called) are keyed by the same handle ids
+                hook((where, tuple(pre), tuple(post)))
             config = d.get("config")  # Hugging Face's attention reads config._attn_implementation at each forward
             if config is not None and id(config) not in configs and hasattr(config, "__dict__"):
                 configs.add(id(config))
                 path(f"{where}.config" if where else "config")
                 name(tuple(vars(config)))
+                keep(type(config))
                 add(vars(config).values())
-        self.paths, self.names, self.values = paths, names, values
+        self.paths, self.names, self.values, self.hooks = paths, names, values, hooks
 
     def __eq__(self, other: object) -> bool:
-        return (isinstance(other, _Attributes) and self.names == other.names
+        return (isinstance(other, _Attributes) and self.names == other.names and self.hooks == other.hooks
                 and all(map(operator.is_, self.values, other.values)))  # equal names: lists of one length
 
     __hash__ = None  # type: ignore[assignment]
@@ -150,6 +177,9 @@ class _Attributes:
         new_at = old_at = 0
         for where, new, old in zip(self.paths, self.names, before.names, strict=True):
             dot = f"{where}." if where else ""
+            if self.values[new_at] is not before.values[old_at]:
+                out.append(dot + "__class__")
+            new_at, old_at = new_at + 1, old_at + 1
             if new == old:
                 out += [dot + n for i, n in enumerate(new) if self.values[new_at + i] is not before.values[old_at + i]]
             else:
@@ -166,20 +196,30 @@ def _what_changed(before: tuple, now: tuple) -> str:
     if now[1] != before[1]:
         names = now[1].changed(before[1])
         more = f" and {len(names) - 4} more" if len(names) > 4 else ""
-        said.append(f"the attributes {', '.join(names[:4])}{more}" if names else "its attributes")
+        hooked = sorted({where for where, *_ in set(now[1].hooks) ^ set(before[1].hooks)})
+        if names or not hooked:
+            said.append(f"the attributes {', '.join(names[:4])}{more}" if names else "its attributes")
+        if hooked:
+            said.append(f"the forward hooks of {', '.join(w or 'the model itself' for w in hooked[:4])}")
     if now[2] != before[2]:
         said.append("vitviz's or PyTorch's kernel switches")
+    if now[3] != before[3]:
+        said.append("PyTorch's global forward hooks")
     return "; ".join(said)
 
 
 def _model_state(model: nn.Module) -> tuple:
-    """The model as a recording depends on it: its structure with each tensor's memory, dtype and device
-    (``spec.model_structure(memory=True)``), each submodule's attributes (``_Attributes``), and ``_settings``; the
+    """The model as a recording depends on it: its structure with each tensor's memory, dtype, device and strides
+    (``spec.model_structure(memory=True)``), each submodule's attributes, class and hooks (``_Attributes``),
+    ``_settings``, and PyTorch's global forward hooks (read before ``walk_once``, which adds one of its own); the
     model walked once (``walk_once``)."""
+    from torch.nn.modules import module as torch_module
+
     from vitviz.core.spec import model_structure
 
+    hooks = tuple(torch_module._global_forward_pre_hooks), tuple(torch_module._global_forward_hooks)
     with walk_once():
-        return model_structure(model, memory=True), _Attributes(model), _settings()
+        return model_structure(model, memory=True), _Attributes(model), _settings(), hooks
 
 
 def _foreign_hooks(model: nn.Module) -> list[str]:
@@ -285,23 +325,29 @@ class GraphedCall:
                              "vitviz.mean_attention_distance (the analyses that queue no host read inside a call)")
         if not isinstance(model, nn.Module):
             raise InputTypeError(f"model: got a {type(model).__name__}; pass the nn.Module to analyse")
-        device = next((p.device for p in model.parameters()), None)
-        if device is None or not self.backend.available(device):
-            raise UnsupportedModelError(
-                f"{type(model).__name__} has its parameters on {device}; a CUDA graph records a call on a CUDA "
-                "device (model.cuda()). On the CPU call the analysis itself: there is no launch cost to save")
+        self.model = model
+        self.device = self._device()
         for key in ("batch_size", "progress"):
             if options.get(key) not in (None, False):
                 raise InputError(f"{key}={options[key]!r}: a recorded call runs its whole batch in one pass, without "
                                  "progress bar; leave it out (record the batch size you want as the example's)")
-        self.fn, self.model, self.options = fn, model, options
-        self.device = device
+        self.fn, self.options = fn, options
         self.recordings = 0
         self._changed_in_a_row = 0
         self._graphs: dict[tuple, _Graph] = {}
         self._state: tuple | None = None
         self._check(example, "example")
         self._record(example)
+
+    def _device(self) -> torch.device:
+        """The device the model's parameters are on now, where the backend records (a model moved since the last
+        recording, ``model.to(...)``, is recorded on its new device, or refused off CUDA)."""
+        device = next((p.device for p in self.model.parameters()), None)
+        if device is None or not self.backend.available(device):
+            raise UnsupportedModelError(
+                f"{type(self.model).__name__} has its parameters on {device}; a CUDA graph records a call on a CUDA "
+                "device (model.cuda()). On the CPU call the analysis itself: there is no launch cost to save")
+        return device
 
     def _check(self, x: Any, argument: str) -> None:
         from vitviz.core.images import check_tensor
@@ -312,7 +358,9 @@ class GraphedCall:
         check_tensor(x, argument)  # shape, channels, dtype, finiteness: the analysis's own checks
 
     def _record(self, x: torch.Tensor, state: tuple | None = None) -> _Graph:
-        """Record the call on a batch like ``x``; ``state``: the model's ``_model_state``, where the caller has it."""
+        """Record the call on a batch like ``x``, on the model's device now; ``state``: the model's ``_model_state``,
+        where the caller has it."""
+        self.device = self._device()
         static = torch.empty_like(x, device=self.device, memory_format=torch.contiguous_format)
         static.copy_(x)
         rec = Recording()

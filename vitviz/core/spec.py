@@ -258,7 +258,8 @@ def model_name(model: nn.Module) -> str:
 def model_structure(model: nn.Module, memory: bool = False) -> tuple:
     """What ``contexts.inspect_once`` and ``count_params`` compare: the names and identities of the submodules, and
     the names, identities and shapes of their parameters and buffers; with ``memory``, also each tensor's dtype,
-    device and storage address (what a CUDA graph's recording reads, ``core.graphs``)."""
+    device, storage address and strides (what a CUDA graph's recording reads, ``core.graphs``: a tensor given other
+    strides in place, ``w.t_()``, is read in another order)."""
     out: list[Any] = []
     keep = out.append
     for path, m in named_submodules(model):  # the dicts themselves: parameters() and buffers() cost 3x as much
@@ -272,7 +273,7 @@ def model_structure(model: nn.Module, memory: bool = False) -> tuple:
                         keep(id(t))
                         keep(t.shape)
                         if memory:
-                            keep((t.dtype, t.device, t.data_ptr()))
+                            keep((t.dtype, t.device, t.data_ptr(), t.stride()))
     return tuple(out)
 
 
