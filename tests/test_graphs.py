@@ -12,6 +12,8 @@ eager call, in the ``gpu`` test at the end.
 
 from __future__ import annotations
 
+import inspect
+
 import pytest
 import torch
 from conftest import tiny_timm_vit
@@ -282,7 +284,10 @@ def test_more_pytorch_switches_are_recorded_again(double):
     ]
     recordings = call.recordings
     for read, write, other in switches:
-        old = read()
+        try:
+            old = read()
+        except AttributeError:  # a switch this torch does not have (the oldest supported lacks some)
+            continue
         try:
             write(other(old))
             call(images())
@@ -292,12 +297,15 @@ def test_more_pytorch_switches_are_recorded_again(double):
         call(images())
         assert call.recordings == recordings + 2, read
         recordings = call.recordings
+    if "set_priority" not in inspect.signature(sdpa_kernel).parameters:
+        return  # a torch without a priority order to set
     everything = [SDPBackend.MATH, SDPBackend.FLASH_ATTENTION, SDPBackend.EFFICIENT_ATTENTION,
                   SDPBackend.CUDNN_ATTENTION, SDPBackend.OVERRIDEABLE]
     with sdpa_kernel(everything, set_priority=True):  # every backend on, math first: only the order differs
         call(images())
     call(images())
     assert call.recordings == recordings + 2
+
 
 def test_a_model_changed_before_every_call_is_named_in_a_warning(double):
     """A model found changed by ``CHANGED_IN_A_ROW`` calls in a row records each time (more than the eager call
