@@ -93,7 +93,7 @@ def test_uint8_tensor_and_bad_objects_are_refused(tmp_path):
 def test_dynamic_models_take_other_sizes_but_not_off_stride():
     model = tiny_timm_vit(dynamic_img_size=True)
     assert vitviz.load_images(model, torch.randn(3, 64, 16)).shape == (1, 3, 64, 16)
-    with pytest.raises(vitviz.ImageInputError, match="multiple of the 8x8"):
+    with pytest.raises(vitviz.ImageInputError, match=r"multiples of its 8x8 token stride, got 60x16"):
         vitviz.load_images(model, torch.randn(1, 3, 60, 16))
 
 

@@ -439,7 +439,8 @@ def test_a_big_vision_npz_with_stacked_blocks_loads_or_is_refused_by_depth(tmp_p
         else:
             flat[key.replace("Transformer/posembed_input/pos_embedding", "pos_embedding")] = value
     stacked = {f"Transformer/encoderblock/{sub}": np.stack([v[i] for i in sorted(v)]) for sub, v in blocks.items()}
-    np.savez(tmp_path / "bv.npz", **flat, **stacked)
+    # under "params/", as big_vision writes them (every timm since 1.0 reads the stacked layout there)
+    np.savez(tmp_path / "bv.npz", **{f"params/{k}": v for k, v in {**flat, **stacked}.items()})
     assert same_weights(vitviz.load_model(TINY, depth=2, num_classes=10, checkpoint=tmp_path / "bv.npz"), src)
     for depth in (1, 3):
         with pytest.raises(vitviz.CheckpointError, match=r"bv\.npz"):
