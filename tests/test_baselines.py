@@ -259,3 +259,33 @@ def test_baselines_on_an_image_text_model_name_the_vision_tower():
     for method in ("input_x_gradient", "gradcam"):
         with pytest.raises(InputError, match=r"model\.vision_model"):
             vitviz.explain(case.model, case.x, method, target=lambda out: out[0][:, 0])
+
+
+def test_gradcam_on_a_layer_whose_output_is_a_tuple_names_the_layer_and_the_fix():
+    """pytorch-grad-cam saves a gradient for a tensor output only: given a Hugging Face attention module (its output
+    a tuple) it failed later on a None gradient ('NoneType' object has no attribute 'shape'). The layer is refused
+    by name, with the default layer as the fix, and no hook is left on the model."""
+    pytest.importorskip("transformers")
+    pytest.importorskip("pytorch_grad_cam")
+    from hf_models import hf_case
+
+    case = hf_case("vit")
+    model, x = case.model, case.x
+    kinds = {}
+
+    def note(name):
+        def hook(_m, _args, out):
+            kinds.setdefault(name, type(out))  # returns None: the output is left as it is
+        return hook
+
+    handles = [m.register_forward_hook(note(n)) for n, m in model.named_modules() if n]
+    with torch.no_grad():
+        model(x)
+    for h in handles:
+        h.remove()
+    layer = next(n for n, kind in kinds.items() if kind is tuple)  # an attention module: (output, weights)
+    with pytest.raises(InputError, match=rf"layer='{layer}' \(\w+\) returns a tuple, not a tensor.*the default: "
+                                         rf"'{gradcam_layer(model)}'"):
+        vitviz.explain(model, x, "gradcam", layer=layer)
+    assert all(not m._forward_hooks for m in model.modules())
+    assert vitviz.explain(model, x, "gradcam").shape == (2, *case.grid)

@@ -248,12 +248,26 @@ def gradcam(model: nn.Module, images: Images, target: Target = None, *, layer: s
         raise InputError(f"layer={name!r} is not a module of {type(model).__name__}") from err
     total, start = count_images(images), 0
     out = []
+
+    def tensor_output(_m: nn.Module, _args: Any, output: Any) -> None:
+        # pytorch-grad-cam hooks a gradient onto a tensor output only: for a tuple (a Hugging Face attention or
+        # layer module) it saves none, and fails later on a None gradient, naming neither the layer nor the fix
+        if not isinstance(output, torch.Tensor):
+            raise InputError(f"layer={name!r} ({type(module).__name__}) returns a {type(output).__name__}, not a "
+                             "tensor: Grad-CAM weighs a module's output tensor by its gradient; pass layer= naming a "
+                             "module whose output is the (B, N, C) token sequence, such as a norm layer (the "
+                             f"default: {gradcam_layer(model)!r})")
+
     # pytorch-grad-cam calls model.eval() (in_eval_mode puts the modes back), model.zero_grad() and backward() on
     # the parameters (kept_grads sets the user's .grad aside for the call and puts them back)
-    with kept_grads(model):
-        for x in iter_batches(model, images, batch_size, desc="gradcam"):
-            out.append(_gradcam_batch(cam_mod, targets_mod, model, spec, module, x, target, start, total))
-            start += len(x)
+    handle = module.register_forward_hook(tensor_output)
+    try:
+        with kept_grads(model):
+            for x in iter_batches(model, images, batch_size, desc="gradcam"):
+                out.append(_gradcam_batch(cam_mod, targets_mod, model, spec, module, x, target, start, total))
+                start += len(x)
+    finally:
+        handle.remove()
     return torch.cat(out)
 
 
