@@ -95,6 +95,25 @@ def test_the_options_are_the_analysis_options(double):
     assert not torch.equal(call(x), vitviz.attention_rollout(model, x))
 
 
+def test_what_a_call_records_is_fixed_once_made(double):
+    """``call.options`` (a dict) could be changed after the recording, and ``call.fn`` or ``call.model`` set, with
+    no effect on the replay: the change was silently ignored. The options are a read-only view, and setting any of
+    the three is an ``InputError`` naming the fix; the call keeps replaying what it recorded."""
+    torch.manual_seed(0)
+    model = tiny_timm_vit()
+    x = images()
+    call = vitviz.graphed(vitviz.attention_rollout, model, x, head_fusion="max")
+    with pytest.raises(TypeError):
+        call.options["head_fusion"] = "min"
+    for name, value in (("options", {"head_fusion": "min"}), ("fn", vitviz.mean_attention_distance),
+                        ("model", tiny_timm_vit())):
+        with pytest.raises(vitviz.InputError, match=rf"GraphedCall\.{name} is fixed when the call is recorded.*make "
+                                                    r"a new vitviz\.graphed"):
+            setattr(call, name, value)
+    assert dict(call.options) == {"head_fusion": "max"} and call.model is model
+    assert torch.equal(call(x), vitviz.attention_rollout(model, x, head_fusion="max"))
+
+
 def test_a_result_is_a_copy_that_a_later_call_leaves_alone(double):
     torch.manual_seed(0)
     model = tiny_timm_vit()

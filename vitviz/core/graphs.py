@@ -52,6 +52,7 @@ import os
 import sys
 import warnings
 from collections.abc import Callable
+from types import MappingProxyType
 from typing import Any
 
 import torch
@@ -313,11 +314,20 @@ class GraphedCall:
     """``fn(model, images, **options)`` recorded as CUDA graphs, one per input shape and dtype; see ``graphed``.
 
     Attributes:
-        fn, model, options: what is recorded.
+        fn, model, options: what is recorded; fixed when the call is made (setting one, or an option, raises
+            ``InputError``: a replay would run the recording of the former, so make a new ``vitviz.graphed`` call).
         recordings: how many recordings were made (a new shape, a changed model or switch each make one).
     """
 
     backend: Any = _CudaGraphs
+    _FIXED = ("fn", "model", "options")
+
+    def __setattr__(self, name: str, value: Any) -> None:
+        if name in self._FIXED and name in self.__dict__:
+            raise InputError(f"GraphedCall.{name} is fixed when the call is recorded: a replay would run the "
+                             f"recording of the former {name}; make a new vitviz.graphed(fn, model, example, "
+                             "**options) call")
+        object.__setattr__(self, name, value)
 
     def __init__(self, fn: Callable, model: nn.Module, example: torch.Tensor, **options: Any) -> None:
         if not getattr(fn, "__vitviz_graphable__", False):
@@ -331,7 +341,7 @@ class GraphedCall:
             if options.get(key) not in (None, False):
                 raise InputError(f"{key}={options[key]!r}: a recorded call runs its whole batch in one pass, without "
                                  "progress bar; leave it out (record the batch size you want as the example's)")
-        self.fn, self.options = fn, options
+        self.fn, self.options = fn, MappingProxyType(dict(options))  # read-only: see the class docstring
         self.recordings = 0
         self._changed_in_a_row = 0
         self._graphs: dict[tuple, _Graph] = {}
