@@ -131,3 +131,27 @@ def test_the_data_reach_the_disk_before_the_rename_and_the_rename_after_it(tmp_p
     (_, synced, data), (_, src, dst), (_, folder, _) = events
     assert synced == src != dst == str(target) and data == target.read_bytes() == b'{\n  "a": 1\n}\n'
     assert folder == str(target.parent)
+
+
+def test_a_file_system_that_cannot_fsync_still_gets_the_file_and_an_io_error_is_raised(tmp_path, monkeypatch):
+    """Some network and FUSE mounts refuse ``fsync`` (``EINVAL``): the write is still made and reported as made (a
+    long run would otherwise stop at a checkpoint it had written). An I/O error (the data did not reach the disk)
+    is raised, the target left as it was."""
+    import errno
+
+    real = os.fsync
+
+    def refuse(code):
+        def fsync(fd):
+            raise OSError(code, os.strerror(code))
+        return fsync
+
+    target = tmp_path / "rows.json"
+    monkeypatch.setattr(os, "fsync", refuse(errno.EINVAL))
+    io.atomic_write_json(target, {"a": 1})
+    assert target.read_text() == '{\n  "a": 1\n}\n'
+    monkeypatch.setattr(os, "fsync", refuse(errno.EIO))
+    with pytest.raises(OSError, match="Input/output error"):
+        io.atomic_write_json(target, {"a": 2})
+    assert target.read_text() == '{\n  "a": 1\n}\n' and temporaries(tmp_path) == []
+    monkeypatch.setattr(os, "fsync", real)

@@ -15,6 +15,7 @@ otherwise leave one file of its size per kill).
 from __future__ import annotations
 
 import contextlib
+import errno
 import glob
 import json
 import os
@@ -71,13 +72,27 @@ def remove_stale_temporaries(path: str | os.PathLike) -> list[Path]:
     return removed
 
 
+_NO_FSYNC = {errno.EINVAL, errno.ENOTSUP, errno.EOPNOTSUPP, errno.EACCES, errno.EPERM, errno.EISDIR}
+
+
 def _fsync(path: str | os.PathLike, folder: bool = False) -> None:
-    """``fsync`` a file's data, or a folder's entries, to the disk (see the module docstring)."""
+    """``fsync`` a file's data, or a folder's entries, to the disk (see the module docstring). A file system that
+    cannot (``EINVAL``, ``ENOTSUP``: some network and FUSE mounts; a folder it will not open) is left to its own
+    ordering: the rename is done either way, and a write that succeeded must not be reported as failed (a long run
+    would stop at its checkpoint). An I/O error (``EIO``: the data did not reach the disk) is raised."""
     if folder and os.name == "nt":  # a folder cannot be opened there
         return
-    fd = os.open(path, os.O_RDONLY | (getattr(os, "O_DIRECTORY", 0) if folder else 0))
+    try:
+        fd = os.open(path, os.O_RDONLY | (getattr(os, "O_DIRECTORY", 0) if folder else 0))
+    except OSError as err:
+        if err.errno in _NO_FSYNC:
+            return
+        raise
     try:
         os.fsync(fd)
+    except OSError as err:
+        if err.errno not in _NO_FSYNC:
+            raise
     finally:
         os.close(fd)
 
