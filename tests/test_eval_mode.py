@@ -1,4 +1,4 @@
-"""The analyses run the model in eval mode and put every module's mode back (``vitviz.core.util.in_eval_mode``).
+"""The analyses run the model in eval mode and put every module's mode back (``vitviz.core.calls.in_eval_mode``).
 
 A model from ``timm.create_model`` or a training loop is in training mode. There dropout would make every map a
 random draw and BatchNorm would update its running statistics, so each analysis is checked here against the same

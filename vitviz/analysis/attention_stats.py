@@ -18,6 +18,7 @@ import torch
 from torch import nn
 
 from vitviz.core.batching import iter_batches
+from vitviz.core.calls import in_eval_mode
 from vitviz.core.capture import HeadMaps, capture_attention
 from vitviz.core.datasets import (
     RunningReduction,
@@ -28,7 +29,6 @@ from vitviz.core.datasets import (
 )
 from vitviz.core.images import Images
 from vitviz.core.spec import inspect
-from vitviz.core.util import in_eval_mode
 from vitviz.errors import CaptureError, ImageInputError, InputTypeError
 
 __all__ = ["AttentionStatsReduction", "attention_statistics"]

@@ -59,12 +59,12 @@ import torch
 from torch import nn
 
 from vitviz.core.batching import count_images, iter_batches
+from vitviz.core.calls import in_eval_mode
 from vitviz.core.contexts import autograd, grad_leaf, normal_tensor
 from vitviz.core.families.lrp import LRPRules, lrp_rules
 from vitviz.core.images import Images
 from vitviz.core.spec import ViTSpec, inspect
 from vitviz.core.targets import Target, resolve_target
-from vitviz.core.util import in_eval_mode
 from vitviz.errors import CaptureError, InputError, UnsupportedModelError
 
 __all__ = ["LRPRules", "attnlrp", "attnlrp_supported", "attnlrp_tokens", "lrp_rules"]

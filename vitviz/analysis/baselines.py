@@ -42,11 +42,12 @@ from torch import nn
 
 from vitviz.core.batching import count_images, iter_batches
 from vitviz.core.blocks import block_paths
+from vitviz.core.calls import in_eval_mode
 from vitviz.core.contexts import autograd, grad_leaf, normal_tensor
 from vitviz.core.images import Images
 from vitviz.core.spec import ViTSpec, inspect
 from vitviz.core.targets import Target, logits_of, resolve_target
-from vitviz.core.util import in_eval_mode, is_int, is_number, kept_grads, kept_rng
+from vitviz.core.util import is_int, is_number, kept_grads, kept_rng
 from vitviz.errors import CaptureError, InputError, MissingDependencyError
 
 __all__ = ["LIBRARIES", "gradcam", "gradcam_layer", "input_x_gradient", "installed", "integrated_gradients",

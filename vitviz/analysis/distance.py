@@ -25,6 +25,7 @@ import torch
 from torch import nn
 
 from vitviz.core.batching import iter_batches
+from vitviz.core.calls import in_eval_mode
 from vitviz.core.capture import HeadMaps, capture_attention
 from vitviz.core.contexts import recording, to_host
 from vitviz.core.datasets import (
@@ -38,7 +39,7 @@ from vitviz.core.graphs import graphable
 from vitviz.core.images import Images
 from vitviz.core.kernels.forward_lse import use_forward_lse
 from vitviz.core.spec import ViTSpec, inspect
-from vitviz.core.util import in_eval_mode, pair
+from vitviz.core.util import pair
 from vitviz.errors import CaptureError, InputError, InputTypeError
 
 __all__ = [

@@ -65,11 +65,11 @@ from torch import nn
 
 from vitviz.analysis.propagation import PoolRows, fuse_heads, output_rows, rollout_to_maps
 from vitviz.core.batching import iter_batches
+from vitviz.core.calls import in_eval_mode
 from vitviz.core.capture import capture_attention
 from vitviz.core.images import Images
 from vitviz.core.spec import inspect
 from vitviz.core.targets import Target
-from vitviz.core.util import in_eval_mode
 from vitviz.errors import InputError, InputTypeError
 
 __all__ = ["BASELINE_METHODS", "GRADIENT_METHODS", "METHODS", "explain", "per_method_options", "raw_attention",

@@ -69,6 +69,7 @@ from vitviz.analysis.faithfulness_resume import (
 from vitviz.analysis.faithfulness_stats import BETTER, MODES, bootstrap_ci, compare_methods, faithfulness_auc
 from vitviz.analysis.perturbation import Perturbed, drop_module, keep_tokens, ranks_on_host, resolve_removal
 from vitviz.core.batching import check_batch_size, check_num_workers, count_images, iter_batches
+from vitviz.core.calls import in_eval_mode
 from vitviz.core.contexts import autograd, input_checked, normal_tensor
 from vitviz.core.datasets import (
     autocast_context,
@@ -81,7 +82,7 @@ from vitviz.core.images import Images, image_list
 from vitviz.core.io import atomic_write
 from vitviz.core.spec import inspect
 from vitviz.core.targets import Target, logits_of, resolve_target
-from vitviz.core.util import in_eval_mode, is_int, is_number, name_list
+from vitviz.core.util import is_int, is_number, name_list
 from vitviz.errors import ImageInputError, InputError, InputTypeError
 
 __all__ = ["BETTER", "COLUMNS", "DEFAULT_METHODS", "MODES", "bootstrap_ci", "compare_methods", "default_methods", "drop_module",

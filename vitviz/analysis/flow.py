@@ -42,10 +42,10 @@ from torch import nn
 
 from vitviz.analysis.propagation import LayerRule, PoolRows, Propagator, output_rows, require_flow_maps
 from vitviz.core.batching import count_images, iter_batches
+from vitviz.core.calls import in_eval_mode
 from vitviz.core.capture import capture_attention
 from vitviz.core.images import Images
 from vitviz.core.spec import inspect
-from vitviz.core.util import in_eval_mode
 from vitviz.errors import InputError
 
 __all__ = ["FLOW_MAX_TOKENS", "FLOW_SCALE", "attention_flow", "flow_from_layers"]

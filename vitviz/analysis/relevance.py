@@ -48,12 +48,12 @@ from vitviz.analysis.propagation import (
     require_flow_maps,
 )
 from vitviz.core.batching import count_images, iter_batches
+from vitviz.core.calls import in_eval_mode
 from vitviz.core.capture import capture_attention
 from vitviz.core.contexts import autograd, grad_leaf
 from vitviz.core.images import Images
 from vitviz.core.spec import ViTSpec, inspect
 from vitviz.core.targets import ResolvedTarget, Target, resolve_target
-from vitviz.core.util import in_eval_mode
 from vitviz.errors import InputError, UnsupportedModelError
 
 __all__ = ["attention_gradients", "chefer_from_attentions", "chefer_relevance", "grad_rollout",

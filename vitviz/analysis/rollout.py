@@ -81,11 +81,11 @@ from vitviz.analysis.propagation import (  # re-exported: the public names rollo
     rollout_to_maps,
 )
 from vitviz.core.batching import iter_batches
+from vitviz.core.calls import in_eval_mode
 from vitviz.core.capture import capture_attention
 from vitviz.core.graphs import graphable
 from vitviz.core.images import Images
 from vitviz.core.spec import inspect
-from vitviz.core.util import in_eval_mode
 from vitviz.errors import InputError
 
 ROLLOUT_MAPS = FLOW_MAPS  # map kinds rollout is defined for (ViTSpec.attention_maps)
@@ -189,7 +189,7 @@ def attention_rollout(
     Each layer is fused while the forward pass runs (no ``(B, H, N, N)`` map outlives its layer); for the maps the
     layers' ``(B, N, N)`` matrices are kept and the output token's row is pushed through them from the top (no
     ``N^3`` products); ``return_full`` multiplies the kept layers instead. All on the model's device. The
-    model runs in eval mode for the call, every module's mode put back afterwards (``core.util.in_eval_mode``).
+    model runs in eval mode for the call, every module's mode put back afterwards (``core.calls.in_eval_mode``).
 
     Args:
         model: any ViT ``vitviz.inspect`` reads.

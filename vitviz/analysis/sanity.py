@@ -60,12 +60,13 @@ from vitviz.analysis import explain as explain_module
 from vitviz.analysis.similarity import spearman, ssim
 from vitviz.core.batching import iter_batches
 from vitviz.core.blocks import block_paths
+from vitviz.core.calls import in_eval_mode
 from vitviz.core.contexts import model_copy, quantized_layers, refuse_quantized
 from vitviz.core.families import family_of
 from vitviz.core.images import Images
 from vitviz.core.spec import inspect
 from vitviz.core.targets import Target, logits_of, resolve_target
-from vitviz.core.util import in_eval_mode, is_int, is_number, name_list
+from vitviz.core.util import is_int, is_number, name_list
 from vitviz.errors import InputError, InputTypeError
 
 __all__ = ["METRICS", "TESTS", "randomisation_layers", "randomise_", "sanity_checks", "sanity_summary"]

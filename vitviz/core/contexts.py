@@ -39,7 +39,7 @@ def inspect_once() -> Iterator[None]:
     """Inside the block, ``vitviz.inspect(model)`` reads a model once: a later call on the same model with the same
     structure (the same submodules, parameters and buffers, each of the same shape) returns the spec read first.
 
-    Every analysis runs in such a block (``core.util.in_eval_mode``): its own ``inspect``, the image loader's
+    Every analysis runs in such a block (``core.calls.in_eval_mode``): its own ``inspect``, the image loader's
     (``load_images``) and ``capture_attention``'s read the same model in one call, and one read of a ViT-B cost
     some 5 to 7 ms of Python on a 2-core CPU (a dozen walks over its 276 modules), about what its whole bf16
     forward takes on an H100 at batch 8 (5.3 ms, docs/benchmarks.md). A model changed within the block (a module
@@ -95,7 +95,7 @@ def walk_once() -> Iterator[None]:
     forward of any module, anywhere (a global forward pre-hook that closes it and is removed as it fires, before
     the module's own hooks run), and at the end of the block; after that every walk is made afresh, so a model
     changed by a forward pass (a lazily built module) is seen. Blocks nest: an inner one shares the outer's window
-    (closed or not). ``core.util.in_eval_mode`` opens one for every analysis call."""
+    (closed or not). ``core.calls.in_eval_mode`` opens one for every analysis call."""
     if _WALKS.get() is not None:
         yield
         return

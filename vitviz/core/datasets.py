@@ -31,9 +31,10 @@ from torch.utils.data import DataLoader, Dataset, IterableDataset
 from torch.utils.data.distributed import DistributedSampler
 
 from vitviz.core.batching import check_batch_size, check_num_workers
+from vitviz.core.calls import in_eval_mode
 from vitviz.core.io import atomic_save
 from vitviz.core.loader_order import ShardSampler, loader_positions, loader_sampler, own_items
-from vitviz.core.util import in_eval_mode, is_int
+from vitviz.core.util import is_int
 from vitviz.errors import (
     CheckpointError,
     ImageInputError,

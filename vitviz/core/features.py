@@ -25,9 +25,9 @@ from torch import nn
 from torch.utils.data import DataLoader, Dataset
 from torch.utils.data import TensorDataset as TorchTensorDataset
 
+from vitviz.core.calls import in_eval_mode
 from vitviz.core.datasets import RunningReduction, reduce_dataset
 from vitviz.core.loader_order import loader_positions
-from vitviz.core.util import in_eval_mode
 from vitviz.errors import InputError, LayerSelectError, UnsupportedModelError
 
 PRE_LOGITS = "pre_logits"

@@ -9,7 +9,7 @@ import operator
 from collections.abc import Callable, Iterator, Sequence
 from typing import Any, TypeVar
 
-from vitviz.core.contexts import inspect_once, submodules, tensor_version, walk_once, without_autocast
+from vitviz.core.contexts import submodules, tensor_version
 
 F = TypeVar("F", bound=Callable[..., Any])
 
@@ -222,32 +222,6 @@ def kept_rng(*devices: Any) -> Iterator[None]:
         finally:
             random.setstate(py)
             np.random.set_state(npy)
-
-
-def in_eval_mode(fn: F) -> F:
-    """Decorator for an analysis ``fn(model, ...)``: the model runs in eval mode for the call (``eval_mode``), and
-    a caller's ``torch.autocast`` does not reach it (``without_autocast``; the call's own ``autocast=`` does).
-
-    Every analysis is defined on the model at inference. In training mode dropout makes each map a random draw (two
-    calls on the same image differ) and BatchNorm updates its running statistics (the call would change the model);
-    a model straight from ``timm.create_model`` or a training loop is in training mode. ``capture_attention`` is
-    not decorated: a forward pass of the caller's own runs in the caller's mode. The model is read once for the
-    call (``core.contexts.inspect_once``), and walked once in the set-up before its first forward pass
-    (``core.contexts.walk_once``). Its family sets it up for the call (``core.families.prepared``: ViTMAE unmasked,
-    an image-text model's image call refused), so every forward pass of the call sees the model a capture sees.
-    """
-
-    @functools.wraps(fn)
-    def wrapper(*args: Any, **kwargs: Any) -> Any:
-        model = args[0] if args else kwargs.get("model")
-        if not (callable(getattr(model, "modules", None)) and callable(getattr(model, "eval", None))):
-            return fn(*args, **kwargs)  # not a module: fn refuses it with its own error
-        from vitviz.core.families import prepared
-
-        with walk_once(), eval_mode(model), without_autocast(model), inspect_once(), prepared(model):
-            return fn(*args, **kwargs)
-
-    return wrapper  # type: ignore[return-value]
 
 
 def cli_errors(prog: str) -> Callable[[F], F]:

@@ -185,7 +185,7 @@ def prepared(model: nn.Module) -> Iterator[None]:
     """``model`` set up by its family for the block (``Family.prepare``), undone on the way out, also when the block
     raises: a Hugging Face ViTMAE unmasked and in patch order (it masks 75% of its patches at random on every call
     otherwise), an image-text model's ``model(images)`` refused naming its vision tower, training mode with attention
-    dropout refused. Every analysis call runs in it (``core.util.in_eval_mode``), so every forward pass an analysis
+    dropout refused. Every analysis call runs in it (``core.calls.in_eval_mode``), so every forward pass an analysis
     makes, captured or not (a faithfulness pass, a baseline's gradients, a feature read), sees the model the
     attention methods see. A module vitviz does not read passes through: the analysis refuses it with its own
     error."""
