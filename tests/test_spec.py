@@ -384,14 +384,14 @@ def test_walk_once_walks_a_model_once_until_the_first_forward(monkeypatch):
 def test_an_analysis_call_walks_its_model_once(monkeypatch):
     """``attention_rollout`` and ``mean_attention_distance`` walk the model's modules once in their set-up (some
     ten walks without the window), with the same results."""
-    from vitviz.core import contexts, util
+    from vitviz.core import calls, contexts
 
     model = tiny_timm_vit()
     x = torch.randn(2, 3, 32, 48)
     walked = _count_walks(monkeypatch, contexts)
     got = vitviz.attention_rollout(model, x), vitviz.mean_attention_distance(model, x)
     assert walked.count(model) == 2
-    monkeypatch.setattr(util, "walk_once", contextlib.nullcontext)
+    monkeypatch.setattr(calls, "walk_once", contextlib.nullcontext)
     walked.clear()
     want = vitviz.attention_rollout(model, x), vitviz.mean_attention_distance(model, x)
     assert walked.count(model) > 10
@@ -450,7 +450,7 @@ def test_a_calls_set_up_lists_the_attention_modules_once(monkeypatch):
     """A call's set-up asks its family for the attention modules some six times (``inspect``'s layout, maps and
     blocks; the capture): they are listed once (``Family.attention_modules`` is ``once_per_window``), one
     ``attention_of`` per block, with the same result as listing them each time."""
-    from vitviz.core import util
+    from vitviz.core import calls
     from vitviz.core.families import timm_vit
 
     model = tiny_timm_vit()
@@ -460,7 +460,7 @@ def test_a_calls_set_up_lists_the_attention_modules_once(monkeypatch):
     monkeypatch.setattr(timm_vit, "attention_of", lambda block, i: listed.append(i) or real(block, i))
     got = vitviz.attention_rollout(model, x)
     assert sorted(listed) == list(range(len(model.blocks)))
-    monkeypatch.setattr(util, "walk_once", contextlib.nullcontext)  # no window: listed at every ask
+    monkeypatch.setattr(calls, "walk_once", contextlib.nullcontext)  # no window: listed at every ask
     listed.clear()
     want = vitviz.attention_rollout(model, x)
     assert len(listed) >= 5 * len(model.blocks)
