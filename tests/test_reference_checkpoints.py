@@ -103,3 +103,23 @@ def test_readme_reference_table_quotes_the_cards():
         else:
             assert cells[2].startswith("("), (name, cells[2])
         assert cells[3] == str(card.epochs), (name, cells[3])
+
+
+
+@pytest.mark.parametrize("card_path", CARDS, ids=[p.stem for p in CARDS])
+def test_card_flops_are_what_count_flops_counts(card_path):
+    """A card's FLOPs per image are vitviz's count for its architecture, the forward pass and a training step;
+    ``reference_compute`` puts the training step times the images seen on the study's compute axis, beside the
+    sweep's counts. A training step is three forward passes less the first convolution's input gradient (the
+    image needs none): backward costs twice the forward for every matmul and convolution, attention's included."""
+    from vitviz.analysis.flops import count_flops
+    from vitviz.zoo.reference import CIFAR10_INPUT, build_reference
+
+    card = json.loads(card_path.read_text())
+    model = build_reference(card["name"], **card["recipe"]["model_kwargs"])  # the count does not read the weights
+    forward, step = card["flops_per_image_forward"], card["flops_per_image_train_step"]
+    assert forward == count_flops(model, CIFAR10_INPUT)  # the training step follows (count_flops(backward=True)):
+    conv = next(m for m in model.modules() if isinstance(m, torch.nn.Conv2d))
+    out = [(32 + 2 * conv.padding[i] - conv.kernel_size[i]) // conv.stride[i] + 1 for i in (0, 1)]
+    first_conv = 2 * out[0] * out[1] * conv.weight.numel()
+    assert step == 3 * forward - first_conv
