@@ -167,6 +167,26 @@ def test_reference_checkpoint_roundtrip_by_name_and_by_file(tmp_path, monkeypatc
     assert by_name.pretrained_cfg["input_size"] == (3, 32, 32) and len(by_name.pretrained_cfg["label_names"]) == 10
 
 
+def test_a_reference_checkpoint_damaged_inside_its_data_is_refused_by_its_cards_hash(tmp_path, monkeypatch):
+    """Bytes damaged inside the tensor data still parse: the shipped cifar10-vit with 1,000 bytes set to 0xFF loaded
+    and answered with broken (NaN) weights. The card beside the file records its SHA-256, which the loader checks."""
+    import shutil
+
+    from vitviz.zoo.weights import checkpoint_dir
+
+    for suffix in (".safetensors", ".json"):
+        shutil.copy(checkpoint_dir() / f"cifar10-vit{suffix}", tmp_path)
+    path = tmp_path / "cifar10-vit.safetensors"
+    blob = bytearray(path.read_bytes())
+    blob[-5000:-4000] = b"\xff" * 1000
+    path.write_bytes(bytes(blob))
+    monkeypatch.setenv("VITVIZ_CHECKPOINTS", str(tmp_path))
+    for load in (lambda: vitviz.load_model("cifar10-vit"), lambda: vitviz.load_model(path),
+                 lambda: vitviz.load_model("cifar10-vit", checkpoint=path)):
+        with pytest.raises(vitviz.CheckpointError, match=r"cifar10-vit\.safetensors' has SHA-256 .* its card .*records"):
+            load()
+
+
 def test_safetensors_without_architecture_asks_for_a_name(tmp_path):
     path = tmp_path / "anon.safetensors"
     save_file({"w": torch.zeros(2)}, str(path))

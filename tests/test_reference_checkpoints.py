@@ -6,6 +6,7 @@ Accuracy is re-measured here through the user-facing path (JPEG files -> ``vitvi
 
 from __future__ import annotations
 
+import hashlib
 import json
 import os
 from pathlib import Path
@@ -42,6 +43,7 @@ def test_checkpoint_matches_its_card(card_path):
     card = json.loads(card_path.read_text())
     weights = card_path.with_suffix(".safetensors")
     assert weights.is_file(), f"{card_path.name} has no {weights.name} beside it"
+    assert card["sha256"] == hashlib.sha256(weights.read_bytes()).hexdigest()  # what load_model checks
     model = vitviz.load_model(card["name"], device="cpu")
     cfg = model.pretrained_cfg
     assert cfg["input_size"] == (3, 32, 32) and len(cfg["label_names"]) == 10

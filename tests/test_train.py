@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import hashlib
 import json
 
 import pytest
@@ -48,6 +49,7 @@ def test_tiny_run_end_to_end(tmp_path, tiny_folder):
     assert card["architecture"]["kwargs"] == {"depth": 2}
     assert -1 <= card["pos_embed_locality"] <= 1
     assert card["versions"]["torch"] == torch.__version__
+    assert card["sha256"] == hashlib.sha256((tmp_path / "export" / "cifar10-vit.safetensors").read_bytes()).hexdigest()
     model = vitviz.load_model(tmp_path / "export" / "cifar10-vit.safetensors", depth=2, device="cpu")
     assert vitviz.inspect(model).grid_size == (8, 8)
 

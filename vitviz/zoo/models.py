@@ -22,7 +22,13 @@ from torch import nn
 
 from vitviz.errors import CheckpointError, InputError, MissingDependencyError, WeightsUnavailableError
 from vitviz.zoo.reference import REFERENCE_MODELS, build_reference
-from vitviz.zoo.weights import check_npz, checkpoint_dir, read_state_dict, safetensors_metadata
+from vitviz.zoo.weights import (
+    check_card_hash,
+    check_npz,
+    checkpoint_dir,
+    read_state_dict,
+    safetensors_metadata,
+)
 
 WEIGHT_SUFFIXES = (".safetensors", ".pth", ".pt", ".bin", ".npz")
 NETWORK_TIMEOUT_S = 3.0
@@ -327,6 +333,7 @@ def _load_reference(name: str, checkpoint: Path | None, **kwargs: Any) -> nn.Mod
             "to the folder that holds it"
         )
     sd = read_state_dict(path)
+    check_card_hash(path, name)  # bytes damaged inside the tensor data still parse
     try:
         model.load_state_dict(sd)
     except RuntimeError as e:
