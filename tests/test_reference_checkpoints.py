@@ -125,3 +125,17 @@ def test_card_flops_are_what_count_flops_counts(card_path):
     out = [(32 + 2 * conv.padding[i] - conv.kernel_size[i]) // conv.stride[i] + 1 for i in (0, 1)]
     first_conv = 2 * out[0] * out[1] * conv.weight.numel()
     assert step == 3 * forward - first_conv
+
+
+def test_a_card_missing_a_field_is_refused_naming_the_card_and_the_field(tmp_path):
+    """A hand-edited or truncated-by-hand card was a bare KeyError ('test_top1') from deep inside the tables."""
+    from vitviz.errors import CheckpointError
+    from vitviz.zoo.cards import posemb_ablation_results, reference_compute, reference_table
+
+    card = json.loads((checkpoint_dir() / "cifar10-vit.json").read_text())
+    del card["test_top1"], card["architecture"]["parameters"]
+    (tmp_path / "cifar10-vit.json").write_text(json.dumps(card))
+    for table in (reference_table, reference_compute, posemb_ablation_results):
+        with pytest.raises(CheckpointError, match=r"cifar10-vit\.json' lacks test_top1, architecture\.parameters; "
+                                                  r"export it again"):
+            table(tmp_path)
