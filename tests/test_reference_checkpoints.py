@@ -139,3 +139,22 @@ def test_a_card_missing_a_field_is_refused_naming_the_card_and_the_field(tmp_pat
         with pytest.raises(CheckpointError, match=r"cifar10-vit\.json' lacks test_top1, architecture\.parameters; "
                                                   r"export it again"):
             table(tmp_path)
+
+
+def test_the_ablation_figure_says_one_recipe_only_when_the_cards_share_it(tmp_path):
+    """The title said "one recipe" for any three cards of equal epochs, also when another learning rate was used."""
+    import matplotlib.pyplot as plt
+
+    names = ("cifar10-vit-nopos", "cifar10-vit-1dpos", "cifar10-vit-2dpos")
+    for name in names:
+        card = json.loads((checkpoint_dir() / f"{name}.json").read_text())
+        if name == "cifar10-vit-2dpos":
+            card["recipe"]["lr"] *= 3
+        (tmp_path / f"{name}.json").write_text(json.dumps(card))
+    fig = vitviz.plot_posemb_ablation_grid(tmp_path)
+    assert fig.axes[0].get_title() == "vitviz CIFAR-10 ViTs\nUNEQUAL recipes: lr differ, 32 epochs"
+    plt.close(fig)
+    (tmp_path / "cifar10-vit-1dpos.json").unlink()  # nothing to compare with
+    fig = vitviz.plot_posemb_ablation_grid(tmp_path)
+    assert fig.axes[0].get_title() == "vitviz CIFAR-10 ViTs\nrecipe unchecked (no 1-D control), 32 epochs"
+    plt.close(fig)

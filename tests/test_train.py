@@ -184,7 +184,8 @@ def test_card_tables_compare_the_ablation_fairly(tmp_path, tiny_folder, capsys):
     curves, paper = fig.axes
     labels = [line.get_label() for line in curves.get_lines() if not line.get_label().startswith("_")]
     assert [label.split(" (")[0] for label in labels] == ["None", "1-D", "2-D"]
-    assert curves.get_title().endswith("one recipe, 1 epoch") and "5-shot" in paper.get_ylabel()
+    # the 2-D card's lr differs from its control's: the title says so, not "one recipe"
+    assert curves.get_title().endswith("\nUNEQUAL recipes: lr differ, 1 epoch") and "5-shot" in paper.get_ylabel()
     plt.close(fig)
     with pytest.raises(FileNotFoundError, match="make train-reference"):
         vitviz.plot_posemb_ablation_grid(tmp_path / "empty")
