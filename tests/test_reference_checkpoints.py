@@ -7,6 +7,7 @@ Accuracy is re-measured here through the user-facing path (JPEG files -> ``vitvi
 from __future__ import annotations
 
 import hashlib
+import importlib
 import json
 import os
 from pathlib import Path
@@ -15,6 +16,7 @@ import pytest
 import torch
 
 import vitviz
+from vitviz.zoo.reference import REFERENCE_MODELS
 from vitviz.zoo.weights import checkpoint_dir
 
 CARDS = sorted(checkpoint_dir().glob("*.json"))
@@ -45,6 +47,12 @@ def test_checkpoint_matches_its_card(card_path):
     assert weights.is_file(), f"{card_path.name} has no {weights.name} beside it"
     assert card["sha256"] == hashlib.sha256(weights.read_bytes()).hexdigest()  # what load_model checks
     model = vitviz.load_model(card["name"], device="cpu")
+    arch = card["architecture"]
+    module, _, builder = arch["builder"].rpartition(".")  # the card names the function that builds the model
+    ref = REFERENCE_MODELS[card["name"]]
+    assert getattr(importlib.import_module(module), builder) is ref.factory
+    assert arch["kwargs"] == {**ref.kwargs, **card["recipe"]["model_kwargs"]}
+    assert arch["parameters"] == sum(p.numel() for p in model.parameters())
     cfg = model.pretrained_cfg
     assert cfg["input_size"] == (3, 32, 32) and len(cfg["label_names"]) == 10
     assert card["epochs"] >= 1 and card["test_images"] == 10_000
