@@ -187,6 +187,20 @@ def test_a_reference_checkpoint_damaged_inside_its_data_is_refused_by_its_cards_
             load()
 
 
+def test_a_reference_checkpoint_that_does_not_fit_names_the_fix():
+    """Was torch's size-mismatch list alone: the arguments that changed the architecture, or the model the file
+    holds, are named with what to pass instead."""
+    from vitviz.zoo.weights import checkpoint_dir
+
+    with pytest.raises(vitviz.CheckpointError, match=r"does not fit reference model 'cifar10-vit'; the arguments "
+                                                     r"num_classes=100 do not build the architecture it was trained"):
+        vitviz.load_model("cifar10-vit", num_classes=100)
+    vit = checkpoint_dir() / "cifar10-vit.safetensors"
+    with pytest.raises(vitviz.CheckpointError, match=r"it holds 'cifar10-vit' \(its metadata\): "
+                                                     r"vitviz.load_model\('cifar10-vit', checkpoint="):
+        vitviz.load_model("cifar10-vit-nopos", checkpoint=vit)
+
+
 def test_safetensors_without_architecture_asks_for_a_name(tmp_path):
     path = tmp_path / "anon.safetensors"
     save_file({"w": torch.zeros(2)}, str(path))

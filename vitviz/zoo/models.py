@@ -337,7 +337,17 @@ def _load_reference(name: str, checkpoint: Path | None, **kwargs: Any) -> nn.Mod
     try:
         model.load_state_dict(sd)
     except RuntimeError as e:
-        raise CheckpointError(f"{str(path)!r} does not fit reference model {name!r}: {str(e)[:600]}") from None
+        holds = safetensors_metadata(path).get("vitviz.model") if path.suffix == ".safetensors" else None
+        if holds and holds != name:
+            fix = f"it holds {holds!r} (its metadata): vitviz.load_model({holds!r}, checkpoint={str(path)!r})"
+        elif kwargs:
+            given = ", ".join(f"{k}={v!r}" for k, v in kwargs.items())
+            fix = (f"the arguments {given} do not build the architecture it was trained with: pass its card's "
+                   "architecture kwargs instead (none for the shipped checkpoints), or "
+                   f"vitviz.zoo.reference.build_reference({name!r}, {given}) for random weights")
+        else:
+            fix = f"export it again (`python -m vitviz.experiments.train {name} --resume --export DIR`)"
+        raise CheckpointError(f"{str(path)!r} does not fit reference model {name!r}; {fix}. {str(e)[:600]}") from None
     return model
 
 
