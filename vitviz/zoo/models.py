@@ -321,6 +321,15 @@ def _hub_unavailable(repo: str, why: str) -> WeightsUnavailableError:
         "vitviz.load_model('path/to/folder')")
 
 
+def _card_model_kwargs(path: Path, name: str) -> dict[str, Any] | None:
+    """The architecture arguments the card beside ``path`` (``<stem>.json``, a card of ``name``) was built with."""
+    try:
+        card = json.loads(path.with_suffix(".json").read_text())
+        return dict(card["recipe"]["model_kwargs"]) if card.get("name") == name else None
+    except (OSError, ValueError, KeyError, TypeError, AttributeError):
+        return None
+
+
 def _load_reference(name: str, checkpoint: Path | None, **kwargs: Any) -> nn.Module:
     model = build_reference(name, **kwargs)
     if checkpoint is not None and not checkpoint.is_file():  # a file named but absent: no reason to train
@@ -338,8 +347,13 @@ def _load_reference(name: str, checkpoint: Path | None, **kwargs: Any) -> nn.Mod
         model.load_state_dict(sd)
     except RuntimeError as e:
         holds = safetensors_metadata(path).get("vitviz.model") if path.suffix == ".safetensors" else None
+        built = _card_model_kwargs(path, name)
         if holds and holds != name:
             fix = f"it holds {holds!r} (its metadata): vitviz.load_model({holds!r}, checkpoint={str(path)!r})"
+        elif built is not None and built != kwargs:
+            args = "".join(f", {k}={v!r}" for k, v in built.items())
+            fix = (f"its card says it was built with {args[2:] or 'no architecture arguments'}: "
+                   f"vitviz.load_model({name!r}{args})")
         elif kwargs:
             given = ", ".join(f"{k}={v!r}" for k, v in kwargs.items())
             fix = (f"the arguments {given} do not build the architecture it was trained with: pass its card's "
