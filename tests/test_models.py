@@ -3,6 +3,7 @@ timm, open_clip), Hub ids from the local cache, fail-fast offline, bad files."""
 
 from __future__ import annotations
 
+import json
 import time
 
 import numpy as np
@@ -165,6 +166,59 @@ def test_reference_checkpoint_roundtrip_by_name_and_by_file(tmp_path, monkeypatc
     assert same_weights(by_name, by_file)
     torch.testing.assert_close(by_name.pos_embed, src.pos_embed.half().float())
     assert by_name.pretrained_cfg["input_size"] == (3, 32, 32) and len(by_name.pretrained_cfg["label_names"]) == 10
+
+
+def test_a_reference_checkpoint_damaged_inside_its_data_is_refused_by_its_cards_hash(tmp_path, monkeypatch):
+    """Bytes damaged inside the tensor data still parse: the shipped cifar10-vit with 1,000 bytes set to 0xFF loaded
+    and answered with broken (NaN) weights. The card beside the file records its SHA-256, which the loader checks."""
+    import shutil
+
+    from vitviz.zoo.weights import checkpoint_dir
+
+    for suffix in (".safetensors", ".json"):
+        shutil.copy(checkpoint_dir() / f"cifar10-vit{suffix}", tmp_path)
+    path = tmp_path / "cifar10-vit.safetensors"
+    blob = bytearray(path.read_bytes())
+    blob[-5000:-4000] = b"\xff" * 1000
+    path.write_bytes(bytes(blob))
+    monkeypatch.setenv("VITVIZ_CHECKPOINTS", str(tmp_path))
+    for load in (lambda: vitviz.load_model("cifar10-vit"), lambda: vitviz.load_model(path),
+                 lambda: vitviz.load_model("cifar10-vit", checkpoint=path)):
+        with pytest.raises(vitviz.CheckpointError, match=r"cifar10-vit\.safetensors' has SHA-256 .* its card .*records"):
+            load()
+
+
+def test_a_reference_checkpoint_that_does_not_fit_names_the_fix(tmp_path):
+    """Was torch's size-mismatch list alone: the architecture arguments its card names, the arguments that changed
+    the architecture, or the model the file holds, are named with what to pass instead."""
+    import shutil
+
+    from vitviz.zoo.weights import checkpoint_dir
+
+    with pytest.raises(vitviz.CheckpointError, match=r"does not fit reference model 'cifar10-vit'; its card says it "
+                                                     r"was built with no architecture arguments: "
+                                                     r"vitviz.load_model\('cifar10-vit'\)"):
+        vitviz.load_model("cifar10-vit", num_classes=100)
+    vit = checkpoint_dir() / "cifar10-vit.safetensors"
+    with pytest.raises(vitviz.CheckpointError, match=r"it holds 'cifar10-vit' \(its metadata\): "
+                                                     r"vitviz.load_model\('cifar10-vit', checkpoint="):
+        vitviz.load_model("cifar10-vit-nopos", checkpoint=vit)
+    alone = tmp_path / "alone" / "cifar10-vit.safetensors"  # no card beside it
+    alone.parent.mkdir()
+    shutil.copy(vit, alone)
+    with pytest.raises(vitviz.CheckpointError, match=r"the arguments num_classes=100 do not build the architecture"):
+        vitviz.load_model(alone, num_classes=100)
+    small = build_reference("cifar10-vit", depth=1)
+    path = tmp_path / "cifar10-vit.safetensors"
+    save_file(small.state_dict(), str(path), metadata={"vitviz.model": "cifar10-vit"})
+    card = json.loads((checkpoint_dir() / "cifar10-vit.json").read_text())
+    card["recipe"]["model_kwargs"] = {"depth": 1}
+    del card["sha256"]
+    (tmp_path / "cifar10-vit.json").write_text(json.dumps(card))
+    with pytest.raises(vitviz.CheckpointError, match=r"its card says it was built with depth=1: "
+                                                     r"vitviz.load_model\('cifar10-vit', depth=1\)"):
+        vitviz.load_model(path)
+    assert len(vitviz.load_model(path, depth=1).blocks) == 1
 
 
 def test_safetensors_without_architecture_asks_for_a_name(tmp_path):

@@ -6,6 +6,8 @@ Accuracy is re-measured here through the user-facing path (JPEG files -> ``vitvi
 
 from __future__ import annotations
 
+import hashlib
+import importlib
 import json
 import os
 from pathlib import Path
@@ -14,6 +16,7 @@ import pytest
 import torch
 
 import vitviz
+from vitviz.zoo.reference import REFERENCE_MODELS
 from vitviz.zoo.weights import checkpoint_dir
 
 CARDS = sorted(checkpoint_dir().glob("*.json"))
@@ -42,7 +45,14 @@ def test_checkpoint_matches_its_card(card_path):
     card = json.loads(card_path.read_text())
     weights = card_path.with_suffix(".safetensors")
     assert weights.is_file(), f"{card_path.name} has no {weights.name} beside it"
+    assert card["sha256"] == hashlib.sha256(weights.read_bytes()).hexdigest()  # what load_model checks
     model = vitviz.load_model(card["name"], device="cpu")
+    arch = card["architecture"]
+    module, _, builder = arch["builder"].rpartition(".")  # the card names the function that builds the model
+    ref = REFERENCE_MODELS[card["name"]]
+    assert getattr(importlib.import_module(module), builder) is ref.factory
+    assert arch["kwargs"] == {**ref.kwargs, **card["recipe"]["model_kwargs"]}
+    assert arch["parameters"] == sum(p.numel() for p in model.parameters())
     cfg = model.pretrained_cfg
     assert cfg["input_size"] == (3, 32, 32) and len(cfg["label_names"]) == 10
     assert card["epochs"] >= 1 and card["test_images"] == 10_000
@@ -103,3 +113,56 @@ def test_readme_reference_table_quotes_the_cards():
         else:
             assert cells[2].startswith("("), (name, cells[2])
         assert cells[3] == str(card.epochs), (name, cells[3])
+
+
+
+@pytest.mark.parametrize("card_path", CARDS, ids=[p.stem for p in CARDS])
+def test_card_flops_are_what_count_flops_counts(card_path):
+    """A card's FLOPs per image are vitviz's count for its architecture, the forward pass and a training step;
+    ``reference_compute`` puts the training step times the images seen on the study's compute axis, beside the
+    sweep's counts. A training step is three forward passes less the first convolution's input gradient (the
+    image needs none): backward costs twice the forward for every matmul and convolution, attention's included."""
+    from vitviz.analysis.flops import count_flops
+    from vitviz.zoo.reference import CIFAR10_INPUT, build_reference
+
+    card = json.loads(card_path.read_text())
+    model = build_reference(card["name"], **card["recipe"]["model_kwargs"])  # the count does not read the weights
+    forward, step = card["flops_per_image_forward"], card["flops_per_image_train_step"]
+    assert forward == count_flops(model, CIFAR10_INPUT)  # the training step follows (count_flops(backward=True)):
+    conv = next(m for m in model.modules() if isinstance(m, torch.nn.Conv2d))
+    out = [(32 + 2 * conv.padding[i] - conv.kernel_size[i]) // conv.stride[i] + 1 for i in (0, 1)]
+    first_conv = 2 * out[0] * out[1] * conv.weight.numel()
+    assert step == 3 * forward - first_conv
+
+
+def test_a_card_missing_a_field_is_refused_naming_the_card_and_the_field(tmp_path):
+    """A hand-edited or truncated-by-hand card was a bare KeyError ('test_top1') from deep inside the tables."""
+    from vitviz.errors import CheckpointError
+    from vitviz.zoo.cards import posemb_ablation_results, reference_compute, reference_table
+
+    card = json.loads((checkpoint_dir() / "cifar10-vit.json").read_text())
+    del card["test_top1"], card["architecture"]["parameters"]
+    (tmp_path / "cifar10-vit.json").write_text(json.dumps(card))
+    for table in (reference_table, reference_compute, posemb_ablation_results):
+        with pytest.raises(CheckpointError, match=r"cifar10-vit\.json' lacks test_top1, architecture\.parameters; "
+                                                  r"export it again"):
+            table(tmp_path)
+
+
+def test_the_ablation_figure_says_one_recipe_only_when_the_cards_share_it(tmp_path):
+    """The title said "one recipe" for any three cards of equal epochs, also when another learning rate was used."""
+    import matplotlib.pyplot as plt
+
+    names = ("cifar10-vit-nopos", "cifar10-vit-1dpos", "cifar10-vit-2dpos")
+    for name in names:
+        card = json.loads((checkpoint_dir() / f"{name}.json").read_text())
+        if name == "cifar10-vit-2dpos":
+            card["recipe"]["lr"] *= 3
+        (tmp_path / f"{name}.json").write_text(json.dumps(card))
+    fig = vitviz.plot_posemb_ablation_grid(tmp_path)
+    assert fig.axes[0].get_title() == "vitviz CIFAR-10 ViTs\nUNEQUAL recipes: lr differ, 32 epochs"
+    plt.close(fig)
+    (tmp_path / "cifar10-vit-1dpos.json").unlink()  # nothing to compare with
+    fig = vitviz.plot_posemb_ablation_grid(tmp_path)
+    assert fig.axes[0].get_title() == "vitviz CIFAR-10 ViTs\nrecipe unchecked (no 1-D control), 32 epochs"
+    plt.close(fig)

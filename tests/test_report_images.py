@@ -59,6 +59,16 @@ def test_images_from_reads_each_layout(layouts):
         images_from(layouts["flat"] / "notes.txt")
 
 
+def test_a_count_of_images_that_is_not_positive_is_refused(layouts):
+    """n=0 gave no images and n=-1 all but the last, without a word."""
+    from vitviz.errors import InputError
+
+    for n in (0, -1, 2.0, True):
+        for call, where in ((images_from, "flat"), (images_from, "tree"), (example_images, "flat")):
+            with pytest.raises(InputError, match=rf"n={n!r} must be a positive int, the number of images"):
+                call(layouts[where], n)
+
+
 @pytest.mark.parametrize("layout", ["flat", "tree", "file"])
 def test_report_uses_your_images_in_the_package_figures(layouts, layout, tmp_path, capsys):
     out = tmp_path / "rep"

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import hashlib
 import json
 
 import pytest
@@ -48,6 +49,7 @@ def test_tiny_run_end_to_end(tmp_path, tiny_folder):
     assert card["architecture"]["kwargs"] == {"depth": 2}
     assert -1 <= card["pos_embed_locality"] <= 1
     assert card["versions"]["torch"] == torch.__version__
+    assert card["sha256"] == hashlib.sha256((tmp_path / "export" / "cifar10-vit.safetensors").read_bytes()).hexdigest()
     model = vitviz.load_model(tmp_path / "export" / "cifar10-vit.safetensors", depth=2, device="cpu")
     assert vitviz.inspect(model).grid_size == (8, 8)
 
@@ -182,7 +184,8 @@ def test_card_tables_compare_the_ablation_fairly(tmp_path, tiny_folder, capsys):
     curves, paper = fig.axes
     labels = [line.get_label() for line in curves.get_lines() if not line.get_label().startswith("_")]
     assert [label.split(" (")[0] for label in labels] == ["None", "1-D", "2-D"]
-    assert curves.get_title().endswith("one recipe, 1 epoch") and "5-shot" in paper.get_ylabel()
+    # the 2-D card's lr differs from its control's: the title says so, not "one recipe"
+    assert curves.get_title().endswith("\nUNEQUAL recipes: lr differ, 1 epoch") and "5-shot" in paper.get_ylabel()
     plt.close(fig)
     with pytest.raises(FileNotFoundError, match="make train-reference"):
         vitviz.plot_posemb_ablation_grid(tmp_path / "empty")

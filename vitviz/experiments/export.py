@@ -23,7 +23,7 @@ from vitviz.experiments.config import check_training_state
 from vitviz.experiments.data import balanced_indices, load_split, run_fingerprint
 from vitviz.zoo.cards import DATASET
 from vitviz.zoo.reference import CIFAR10_INPUT, REFERENCE_MODELS, build_reference
-from vitviz.zoo.weights import CARD_FORMAT, load_training_state, versions
+from vitviz.zoo.weights import CARD_FORMAT, file_sha256, load_training_state, versions
 
 SUBSET_SIZE = 500
 
@@ -90,6 +90,7 @@ def export_reference(cfg: Any, dest: str | os.PathLike) -> dict[str, Any]:
         "format": CARD_FORMAT,
         "name": name,
         "file": str(target.name),
+        "sha256": file_sha256(target),  # load_model refuses a file whose bytes differ
         "description": REFERENCE_MODELS[name].description,
         "architecture": {
             "builder": f"vitviz.zoo.reference.{REFERENCE_MODELS[name].factory.__name__}",

@@ -235,7 +235,8 @@ def plot_posemb_ablation_grid(directory: str | os.PathLike | None = None) -> Fig
 
     Left: CIFAR-10 test top-1 after every epoch for ``cifar10-vit-nopos``, ``cifar10-vit-1dpos`` and
     ``cifar10-vit-2dpos`` (one recipe and budget, read from their cards; the final value is that of the exported
-    fp16 weights on all 10,000 test images). Right: Table 8's default-stem row (ViT-B/16, ImageNet 5-shot linear).
+    fp16 weights on all 10,000 test images; the title names the recipe fields or budgets that differ, if any).
+    Right: Table 8's default-stem row (ViT-B/16, ImageNet 5-shot linear).
     The two panels measure different things on different scales; compare the ordering and the gaps, not the values.
 
     Args:
@@ -269,7 +270,20 @@ def plot_posemb_ablation_grid(directory: str | os.PathLike | None = None) -> Fig
     epochs = sorted({int(e) for e in trained["epochs"]})
     budget = (f"{epochs[0]} epoch{'s' if epochs[0] != 1 else ''}" if len(epochs) == 1
               else "UNEQUAL budgets: " + ", ".join(map(str, epochs)) + " epochs")
-    ax_curve.set_title(f"vitviz CIFAR-10 ViTs, one recipe, {budget}")
+    # the recipe as posemb_ablation_results compares it with the 1-D control's (epochs apart: the budget says those)
+    differ = sorted({f for d in trained["recipe_differences"] for f in d.split(", ") if f and f != "epochs"})
+    if differ:
+        recipe = "UNEQUAL recipes: " + ", ".join(differ) + " differ"
+    elif trained["same_recipe_as_control"].isna().any():
+        recipe = "recipe unchecked (no 1-D control)"
+    else:
+        recipe = "one recipe"
+    if recipe == "one recipe" and len(epochs) == 1:
+        ax_curve.set_title(f"vitviz CIFAR-10 ViTs, {recipe}, {budget}")
+    else:  # a warning gets lines of its own, wrapped to the panel's width
+        import textwrap
+
+        ax_curve.set_title("\n".join(["vitviz CIFAR-10 ViTs", *textwrap.wrap(f"{recipe}, {budget}", 48)]))
     ax_curve.legend(loc="lower right", frameon=False)
     ax_curve.grid(alpha=0.3)
 

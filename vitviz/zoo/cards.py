@@ -23,6 +23,12 @@ DATASET = (
 )
 
 
+# what the tables below read from every card (``train_images`` is optional: older cards lack it)
+CARD_KEYS = ("name", "architecture", "recipe", "epochs", "test_top1", "test_images", "test_top1_subset500",
+             "pos_embed_locality", "flops_per_image_forward", "flops_per_image_train_step", "train_time_s",
+             "hardware", "history")
+
+
 def read_cards(directory: str | os.PathLike | None = None) -> dict[str, dict[str, Any]]:
     """The JSON cards of the shipped reference checkpoints, by model name (``{}`` when none are there).
 
@@ -31,7 +37,7 @@ def read_cards(directory: str | os.PathLike | None = None) -> dict[str, dict[str
             the repository's ``vitviz/zoo/checkpoints``).
 
     Raises:
-        CheckpointError: a card is not valid JSON or is not a vitviz reference card.
+        CheckpointError: a card is not valid JSON, is not a vitviz reference card, or lacks one of ``CARD_KEYS``.
     """
     import json
 
@@ -47,6 +53,12 @@ def read_cards(directory: str | os.PathLike | None = None) -> dict[str, dict[str
                                   "`python -m vitviz.experiments.train MODEL --resume --export DIR`") from err
         if not isinstance(card, dict) or card.get("format") != CARD_FORMAT:
             raise CheckpointError(f"{str(path)!r} is not a vitviz reference card (format {CARD_FORMAT!r} expected)")
+        missing = [k for k in CARD_KEYS if k not in card] + (
+            [] if isinstance(card.get("architecture"), dict) and "parameters" in card["architecture"]
+            else ["architecture.parameters"])
+        if missing:
+            raise CheckpointError(f"the card {str(path)!r} lacks {', '.join(dict.fromkeys(missing))}; export it again "
+                                  "with `python -m vitviz.experiments.train MODEL --resume --export DIR`")
         cards[card["name"]] = card
     return cards
 

@@ -22,7 +22,13 @@ from torch import nn
 
 from vitviz.errors import CheckpointError, InputError, MissingDependencyError, WeightsUnavailableError
 from vitviz.zoo.reference import REFERENCE_MODELS, build_reference
-from vitviz.zoo.weights import check_npz, checkpoint_dir, read_state_dict, safetensors_metadata
+from vitviz.zoo.weights import (
+    check_card_hash,
+    check_npz,
+    checkpoint_dir,
+    read_state_dict,
+    safetensors_metadata,
+)
 
 WEIGHT_SUFFIXES = (".safetensors", ".pth", ".pt", ".bin", ".npz")
 NETWORK_TIMEOUT_S = 3.0
@@ -315,6 +321,15 @@ def _hub_unavailable(repo: str, why: str) -> WeightsUnavailableError:
         "vitviz.load_model('path/to/folder')")
 
 
+def _card_model_kwargs(path: Path, name: str) -> dict[str, Any] | None:
+    """The architecture arguments the card beside ``path`` (``<stem>.json``, a card of ``name``) was built with."""
+    try:
+        card = json.loads(path.with_suffix(".json").read_text())
+        return dict(card["recipe"]["model_kwargs"]) if card.get("name") == name else None
+    except (OSError, ValueError, KeyError, TypeError, AttributeError):
+        return None
+
+
 def _load_reference(name: str, checkpoint: Path | None, **kwargs: Any) -> nn.Module:
     model = build_reference(name, **kwargs)
     if checkpoint is not None and not checkpoint.is_file():  # a file named but absent: no reason to train
@@ -327,10 +342,26 @@ def _load_reference(name: str, checkpoint: Path | None, **kwargs: Any) -> nn.Mod
             "to the folder that holds it"
         )
     sd = read_state_dict(path)
+    check_card_hash(path, name)  # bytes damaged inside the tensor data still parse
     try:
         model.load_state_dict(sd)
     except RuntimeError as e:
-        raise CheckpointError(f"{str(path)!r} does not fit reference model {name!r}: {str(e)[:600]}") from None
+        holds = safetensors_metadata(path).get("vitviz.model") if path.suffix == ".safetensors" else None
+        built = _card_model_kwargs(path, name)
+        if holds and holds != name:
+            fix = f"it holds {holds!r} (its metadata): vitviz.load_model({holds!r}, checkpoint={str(path)!r})"
+        elif built is not None and built != kwargs:
+            args = "".join(f", {k}={v!r}" for k, v in built.items())
+            fix = (f"its card says it was built with {args[2:] or 'no architecture arguments'}: "
+                   f"vitviz.load_model({name!r}{args})")
+        elif kwargs:
+            given = ", ".join(f"{k}={v!r}" for k, v in kwargs.items())
+            fix = (f"the arguments {given} do not build the architecture it was trained with: pass its card's "
+                   "architecture kwargs instead (none for the shipped checkpoints), or "
+                   f"vitviz.zoo.reference.build_reference({name!r}, {given}) for random weights")
+        else:
+            fix = f"export it again (`python -m vitviz.experiments.train {name} --resume --export DIR`)"
+        raise CheckpointError(f"{str(path)!r} does not fit reference model {name!r}; {fix}. {str(e)[:600]}") from None
     return model
 
 

@@ -17,6 +17,7 @@ from pathlib import Path
 
 import numpy as np
 
+from vitviz.core.util import check_positive_int
 from vitviz.errors import DataNotFoundError, InputError, MissingDependencyError
 
 __all__ = ["NATURAL_IMAGES", "ImageSet", "example_images", "folder_images", "images_from", "natural_images",
@@ -101,6 +102,12 @@ def resolve_test_folder(data_dir: str | os.PathLike | None = None) -> Path | Non
     return None
 
 
+def _count(n: object, argument: str = "n") -> int | None:
+    """``n`` as a positive int, or None (all images); else ``InputError``: a slice by 0 or a negative ``n`` would
+    give no images, or all but the last few, without a word."""
+    return None if n is None else check_positive_int(n, argument, "the number of images to take, or None for all")
+
+
 def _image_files(folder: Path) -> list[Path]:
     return sorted(f for f in folder.iterdir() if f.is_file() and f.suffix.lower() in IMAGE_SUFFIXES
                   and not f.name.startswith("."))
@@ -110,7 +117,11 @@ def folder_images(root: str | os.PathLike, n: int | None = None) -> ImageSet:
     """The first ``n`` images of an ImageFolder tree, taken in turn from each class (deterministic).
 
     Only paths are listed; the images are decoded when used, so a 10,000-image test set costs nothing here.
+
+    Raises:
+        InputError: ``n`` is not a positive int or None.
     """
+    n = _count(n)
     root = Path(root)
     classes = sorted(d for d in root.iterdir() if d.is_dir() and not d.name.startswith("."))
     files = {c.name: _image_files(c) for c in classes}
@@ -142,7 +153,9 @@ def images_from(path: str | os.PathLike, n: int | None = None) -> ImageSet:
 
     Raises:
         FileNotFoundError: ``path`` does not exist, or holds no ``.jpg``/``.jpeg``/``.png``/``.webp``/``.bmp``.
+        InputError: ``n`` is not a positive int or None.
     """
+    n = _count(n)
     root = Path(path).expanduser()
     if root.is_file():
         if root.suffix.lower() not in IMAGE_SUFFIXES:
@@ -171,7 +184,11 @@ def example_images(data_dir: str | os.PathLike | None = None, n: int = 128) -> I
     CIFAR-10 test folder ``$VITVIZ_DATA/test``, else scikit-image's photographs.
 
     The fallback holds the four ``NATURAL_IMAGES`` only, whatever ``n``; ``source`` says which set was used.
+
+    Raises:
+        InputError: ``n`` is not a positive int.
     """
+    n = check_positive_int(n, "n", "the number of images to take (e.g. 128)")
     root = resolve_test_folder(data_dir)
     if root is not None:
         return images_from(root, n)

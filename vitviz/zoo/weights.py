@@ -1,8 +1,8 @@
 """Checkpoint files: reading any weights file safely, training state, and the exported reference checkpoints.
 
 A reference checkpoint is ``<name>.safetensors`` (fp16 weights, metadata ``vitviz.model = <name>``) plus
-``<name>.json``, its card: architecture, recipe, accuracy, position-embedding locality, FLOPs, wall time, hardware,
-seed, library versions and dataset.
+``<name>.json``, its card: the weights file's SHA-256 (checked when the model is loaded), architecture, recipe,
+accuracy, position-embedding locality, FLOPs, wall time, hardware, seed, library versions and dataset.
 """
 
 from __future__ import annotations
@@ -26,6 +26,49 @@ def checkpoint_dir() -> Path:
     """Where the reference checkpoints live: ``$VITVIZ_CHECKPOINTS`` or the repository's ``vitviz/zoo/checkpoints``."""
     env = os.environ.get(CHECKPOINTS_ENV)
     return Path(env) if env else Path(__file__).resolve().parent / "checkpoints"
+
+
+def file_sha256(path: str | os.PathLike) -> str:
+    """The SHA-256 of a file's bytes, as hex: what a reference card records of its weights (``sha256``)."""
+    import hashlib
+
+    digest = hashlib.sha256()
+    with open(path, "rb") as f:
+        for block in iter(lambda: f.read(1 << 20), b""):
+            digest.update(block)
+    return digest.hexdigest()
+
+
+def check_card_hash(path: str | os.PathLike, name: str) -> None:
+    """Refuse the weights file ``path`` of reference model ``name`` when the card beside it (``<stem>.json``, a
+    card of ``name``) records a ``sha256`` the file's bytes do not have.
+
+    A file damaged inside its tensor data (a bad copy, a disk error) still parses, so without the hash its broken
+    weights (NaN or garbage values) would load without a word. No card, another model's card, or a card without a
+    hash: nothing to check.
+
+    Raises:
+        CheckpointError: the hash differs; the message names the file, both hashes and the fix.
+    """
+    import json
+
+    path = Path(path)
+    try:
+        card = json.loads(path.with_suffix(".json").read_text())
+    except (OSError, ValueError):
+        return
+    if not isinstance(card, dict) or card.get("format") != CARD_FORMAT or card.get("name") != name:
+        return
+    want = card.get("sha256")
+    if not want:
+        return
+    got = file_sha256(path)
+    if got != want:
+        raise CheckpointError(
+            f"checkpoint {str(path)!r} has SHA-256 {got}, its card {str(path.with_suffix('.json'))!r} records "
+            f"{want}: the file is damaged or is not the one the card describes. Download or export it again "
+            f"(`python -m vitviz.experiments.train {name} --resume --export DIR`)"
+        )
 
 
 def _corrupt(path: Path, err: BaseException) -> CheckpointError:
