@@ -194,6 +194,10 @@ def test_runs_without_an_accuracy_or_a_compute_are_refused_not_left_out(column):
     one.loc[(one.family == "A") & (one.seed == 0), "test_acc"] = np.nan
     with pytest.raises(InputError, match="test_acc: 2 runs"):
         matched_compute(one, "A", "B", n=3)
+    # a seed summary over the seeds that have one was labelled with all three (n_seeds 3, the mean of 2)
+    runs = runs.assign(model=runs.family, size="S", train_images=100, epochs=1)
+    with pytest.raises(InputError, match=rf"{column}: 1 runs of \['A', 'B'\] have no .*first: r3"):
+        summarize(runs)
 
 
 def test_describe_matched_reads_the_compute_column_of_the_paper_table():

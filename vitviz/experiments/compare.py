@@ -58,9 +58,11 @@ def summarize(runs: pd.DataFrame, metric: str = "test_acc") -> pd.DataFrame:
     Returns:
         ``CONFIG_COLUMNS`` + ``train_pflops`` (equal for every seed), ``n_seeds``, ``mean``, ``sd``, ``ci_low``,
         ``ci_high`` (95% t-interval of the mean, cut to 0 ... 100 %: ``t_interval``'s ``bounds``; NaN with one
-        seed).
+        seed). A run without an accuracy or a compute (NaN) is refused, as in ``matched_compute``.
     """
     check_percent(runs, metric)
+    if "family" in runs:
+        _check_measured(runs, list(dict.fromkeys(runs["family"])), metric, "train_pflops")
     rows = []
     for key, part in runs.groupby(CONFIG_COLUMNS, sort=False):
         mean, lo, hi = t_interval(part[metric], bounds=PERCENT)
