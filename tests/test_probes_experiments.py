@@ -157,3 +157,23 @@ def test_cls_vs_gap_claims_refuse_runs_that_did_not_reach_the_last_epoch():
     c = cls_vs_gap_claims(partial[partial.epoch <= common]).set_index("head")
     assert c.loc["gap", "epochs"] == common and c.loc["gap", "best_lr"] == 1e-3  # every rate compared
     assert cls_vs_gap_claims(df).set_index("head").loc["gap", "same_best_lr"]
+
+
+def test_cls_vs_gap_rows_count_the_images_the_runs_used(tiny_folder, tmp_path):
+    """``train_images``/``test_images`` were the subsets asked for, or CIFAR-10's 50,000/10,000 for the whole set,
+    whatever the data held (here 300 and 100 images)."""
+    import json
+    from dataclasses import asdict
+
+    from vitviz.experiments.cls_vs_gap import ClsGapConfig, collect, train_config
+    from vitviz.experiments.data import run_fingerprint
+
+    cfg = ClsGapConfig(data=str(tiny_folder), out=str(tmp_path / "runs"), results=str(tmp_path / "r.csv"),
+                       heads=("cls",), lrs=(1e-3,), epochs=1, train_subset=None, test_subset=500)
+    tc = train_config(cfg, "cls", 1e-3, 0)
+    tc.run_dir.mkdir(parents=True)
+    state = {"format": "vitviz-train-state-v1", "config": asdict(tc), "epoch": 1, "data_fingerprint": run_fingerprint(tc)}
+    torch.save(state, tc.run_dir / "last.pt")
+    (tc.run_dir / "metrics.json").write_text(json.dumps([{"epoch": 1, "test_acc": 10.0, "lr": 1e-3}]))
+    rows = collect(cfg)
+    assert rows[["train_images", "test_images"]].values.tolist() == [[300, 100]]

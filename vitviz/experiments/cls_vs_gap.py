@@ -129,9 +129,11 @@ def collect(cfg: ClsGapConfig, fingerprint: dict[str, Any] | None = None) -> pd.
                 for row in json.loads(metrics.read_text()):
                     row = dict(row)
                     row["lr_end"] = row.pop("lr")  # the schedule's rate at the end of the epoch
+                    # the images the run was checked to have trained and tested on (a subset larger than the
+                    # dataset, or the whole of a dataset other than CIFAR-10, is not the number asked for)
                     rows.append({"run": run_id(head, lr, seed), "head": head, "lr": lr, "seed": seed,
-                                 "epochs_planned": cfg.epochs, "train_images": cfg.train_subset or 50_000,
-                                 "test_images": cfg.test_subset or 10_000, **row})
+                                 "epochs_planned": cfg.epochs, "train_images": fingerprint["train"]["count"],
+                                 "test_images": fingerprint["test"]["count"], **row})
     return pd.DataFrame(rows)
 
 
