@@ -209,3 +209,15 @@ def test_describe_matched_reads_the_compute_column_of_the_paper_table():
     assert lines[0] == f"at 106 exaFLOPs (1 seed): Hybrid - Transformer (ViT) = {t.gap[0]:+.1f} points " \
                        "(one seed: no interval)"
     assert len(lines) == 5
+
+
+def test_runs_of_several_training_sets_are_refused_not_joined_into_one_frontier():
+    """The study CSV holds two blocks (5,000 and 50,000 training images); ``matched_compute(read_results())`` joined
+    them into one frontier per seed."""
+    small = _three_seeds().assign(train_images=100)
+    both = pd.concat([small, small.assign(train_images=1000, train_pflops=small.train_pflops * 10)])
+    with pytest.raises(InputError, match=r"on 2 training sets \(train_images 100, 1,000\).*train_images == 100\]"):
+        matched_compute(both, "A", "B", n=3)
+    with pytest.raises(InputError, match="on 2 training sets"):
+        gap_trend(both, "A", "B", n=3)
+    assert len(matched_compute(both[both.train_images == 1000], "A", "B", n=3)) == 3

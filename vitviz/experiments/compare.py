@@ -165,7 +165,8 @@ def matched_compute(runs: pd.DataFrame, a: str = "Hybrid", b: str = "Transformer
 
     Args:
         runs: the study CSV's rows (one per run; ``family``, ``seed``, ``x``, ``metric``), from one training set
-            (compare blocks separately); or the paper's Table 6 (``vitviz.paper_results()``, no seeds).
+            (compare blocks separately: rows of several ``train_images`` are refused); or the paper's Table 6
+            (``vitviz.paper_results()``, no seeds).
         a, b: the family labels compared; the gap is ``a - b``.
         n: grid points over the compute range both families cover (ignored when ``grid`` is given).
         grid: compute values (in ``x``'s unit) to compare at.
@@ -178,6 +179,7 @@ def matched_compute(runs: pd.DataFrame, a: str = "Hybrid", b: str = "Transformer
         interval includes 0; ``None`` where one seed gives no interval).
     """
     check_percent(runs, metric)
+    _check_one_training_set(runs, a, b)
     if grid is None:
         grid = compute_grid(runs, (a, b), n, x)
     else:
@@ -203,6 +205,18 @@ def matched_compute(runs: pd.DataFrame, a: str = "Hybrid", b: str = "Transformer
     return pd.DataFrame(rows)
 
 
+def _check_one_training_set(runs: pd.DataFrame, a: str, b: str) -> None:
+    """Refuse rows of ``a`` and ``b`` from several training sets (the study CSV's ``train_images`` blocks): one
+    frontier over both would join a subset's runs to the whole set's as if more compute had bought the difference."""
+    if "train_images" not in runs:
+        return
+    sizes = sorted(runs.loc[runs["family"].isin([a, b]), "train_images"].dropna().unique())
+    if len(sizes) > 1:
+        raise InputError(f"runs holds runs of {a!r} and {b!r} on {len(sizes)} training sets (train_images "
+                         f"{', '.join(f'{int(v):,}' for v in sizes)}): compare each alone, e.g. "
+                         f"runs[runs.train_images == {int(sizes[0])}]")
+
+
 def _check_shared_seeds(runs: pd.DataFrame, a: str, b: str) -> None:
     """Refuse two families with no seed in common: the gap is taken seed by seed, so there would be nothing to pair
     (a table of NaN). Rows without a ``seed`` column (the paper's table) are one seed."""
@@ -224,6 +238,7 @@ def gap_trend(runs: pd.DataFrame, a: str = "Hybrid", b: str = "Transformer (ViT)
         ``slope`` (points per decade; negative: the lead shrinks), ``slope_low``, ``slope_high``, ``n_seeds``,
         ``decades`` (the width of the shared compute range).
     """
+    _check_one_training_set(runs, a, b)
     grid = compute_grid(runs, (a, b), n)
     _check_shared_seeds(runs, a, b)
     curves = family_curves(runs, grid, (a, b), metric)
