@@ -361,3 +361,25 @@ def test_one_seed_draws_the_same_batches_and_augmentations_in_every_family(tmp_p
     assert len(batches["cifar10-vit", 0]) == 2
     assert all(torch.equal(v, h) for v, h in zip(batches["cifar10-vit", 0], batches["cifar10-hybrid", 0]))
     assert not torch.equal(batches["cifar10-vit", 0][0], batches["cifar10-vit", 1][0])  # another seed: others
+
+
+def test_export_refuses_a_snapshot_of_a_longer_schedule(tmp_path, tiny_folder):
+    """Epoch 2 of a 4-epoch run (past its warm-up) was exported as a finished 2-epoch run: the card's recipe said 2
+    epochs of cosine decay, the weights had followed the 4-epoch schedule."""
+    from dataclasses import asdict
+
+    from vitviz.errors import ComputeError
+    from vitviz.experiments.data import run_fingerprint
+    from vitviz.experiments.export import export_reference
+    from vitviz.zoo.reference import build_reference
+
+    kw = dict(train_subset=10, test_subset=10, model_kwargs={"depth": 1, "embed_dim": 32, "num_heads": 2})
+    longer, shorter = config(tmp_path, tiny_folder, epochs=4, **kw), config(tmp_path, tiny_folder, epochs=2, **kw)
+    longer.run_dir.mkdir(parents=True)
+    model = build_reference(longer.model, **longer.model_kwargs)
+    torch.save({"format": "vitviz-train-state-v1", "config": asdict(longer), "epoch": 2, "model": model.state_dict(),
+                "history": [], "train_time": 0.0, "data_fingerprint": run_fingerprint(longer)},
+               longer.run_dir / "last.pt")
+    with pytest.raises(ComputeError, match="holds epoch 2 of a 4-epoch schedule, not a 2-epoch run"):
+        export_reference(shorter, tmp_path / "export")
+    assert not (tmp_path / "export").exists()
