@@ -221,3 +221,18 @@ def test_runs_of_several_training_sets_are_refused_not_joined_into_one_frontier(
     with pytest.raises(InputError, match="on 2 training sets"):
         gap_trend(both, "A", "B", n=3)
     assert len(matched_compute(both[both.train_images == 1000], "A", "B", n=3)) == 3
+
+
+@pytest.mark.parametrize("n", [0, -1, 2.5])
+def test_a_grid_size_that_is_not_a_positive_int_is_refused_naming_n(n):
+    """It raised a KeyError on 'family' (0), numpy's ValueError (-1) or a TypeError (2.5)."""
+    with pytest.raises(InputError, match=r"\bn\b.*compute points"):
+        matched_compute(_three_seeds(), "A", "B", n=n)
+    with pytest.raises(InputError, match=r"\bn\b.*compute points"):
+        gap_trend(_three_seeds(), "A", "B", n=n)
+
+
+def test_gap_trend_needs_two_compute_points():
+    """With one grid point every seed's slope was skipped: a NaN slope over "0 seeds", no error."""
+    with pytest.raises(InputError, match="n=1: a slope needs at least 2 compute points"):
+        gap_trend(_three_seeds(), "A", "B", n=1)

@@ -34,6 +34,7 @@ import numpy as np
 import pandas as pd
 
 from vitviz.analysis.intervals import PERCENT, PERCENT_DIFFERENCE, t_interval
+from vitviz.core.util import check_positive_int
 from vitviz.errors import InputError
 
 CONFIG_COLUMNS = ["family", "model", "size", "train_images", "epochs"]
@@ -118,6 +119,7 @@ def shared_range(runs: pd.DataFrame, families: Sequence[str], x: str = "train_pf
 
 def compute_grid(runs: pd.DataFrame, families: Sequence[str], n: int = 7, x: str = "train_pflops") -> np.ndarray:
     """``n`` log-spaced compute values spanning the range every one of ``families`` covers (their overlap)."""
+    n = check_positive_int(n, "n", "the compute points on the shared grid (e.g. 7)")
     lo, hi = shared_range(runs, families, x)
     return np.geomspace(lo, hi, n) if hi > lo else np.array([lo])
 
@@ -238,6 +240,8 @@ def gap_trend(runs: pd.DataFrame, a: str = "Hybrid", b: str = "Transformer (ViT)
         ``slope`` (points per decade; negative: the lead shrinks), ``slope_low``, ``slope_high``, ``n_seeds``,
         ``decades`` (the width of the shared compute range).
     """
+    if check_positive_int(n, "n", "the compute points the slope is fitted to (e.g. 7)") < 2:
+        raise InputError(f"n={n}: a slope needs at least 2 compute points; pass n >= 2 (e.g. 7)")
     _check_one_training_set(runs, a, b)
     grid = compute_grid(runs, (a, b), n)
     _check_shared_seeds(runs, a, b)
