@@ -139,3 +139,100 @@ def test_intervals_of_accuracies_stay_in_0_to_100():
     assert (row["ci_low"], row["ci_high"]) == (lo, 100.0)
     with pytest.raises(InputError, match=r"metric='test_acc' must be an accuracy in percent, 0 to 100, but holds 150"):
         summarize(runs.assign(test_acc=[150.0, 90.0, 91.0]))
+
+
+def _three_seeds(a_seeds=(0, 1, 2), b_seeds=(0, 1, 2)):
+    rows = []
+    for seed in a_seeds:
+        rows += _runs("A", seed, [(1.0, 40.0 + seed), (100.0, 60.0 + seed)])
+    for seed in b_seeds:
+        rows += _runs("B", seed, [(1.0, 45.0), (100.0, 70.0 - seed)])
+    return pd.DataFrame(rows)
+
+
+def test_families_without_a_common_seed_are_refused_not_a_table_of_nan():
+    """The gap is taken seed by seed: families trained on other seeds have nothing to pair (the table was all NaN,
+    each sentence saying "one seed: no interval" over 0 seeds)."""
+    runs = _three_seeds(b_seeds=(3, 4, 5))
+    with pytest.raises(InputError, match=r"'A' \(seeds \[0, 1, 2\]\) and 'B' \(seeds \[3, 4, 5\]\) share no seed"):
+        matched_compute(runs, "A", "B", n=3)
+    with pytest.raises(InputError, match="share no seed"):
+        gap_trend(runs, "A", "B", n=3)
+    partly = matched_compute(_three_seeds(b_seeds=(1, 2, 3)), "A", "B", n=3)  # the seeds in common pair
+    assert list(partly.n_seeds) == [2, 2, 2]
+
+
+def test_a_grid_outside_the_shared_range_is_refused_not_dropped():
+    """Nothing is extrapolated: a grid point outside both families' range was silently left out of the table (all
+    of them: an empty frame without columns)."""
+    runs = _three_seeds()
+    with pytest.raises(InputError, match=r"grid=1000 lies outside the compute range both 'A' and 'B' cover "
+                                         r"\(1 \.\.\. 100 in train_pflops\)"):
+        matched_compute(runs, "A", "B", grid=np.array([10.0, 1000.0]))
+    with pytest.raises(InputError, match="grid=0.1 lies outside"):
+        matched_compute(runs, "A", "B", grid=np.array([0.1]))
+    assert list(matched_compute(runs, "A", "B", grid=np.array([1.0, 100.0])).train_pflops) == [1.0, 100.0]
+
+
+def test_a_grid_point_no_seed_measured_in_both_families_keeps_its_row():
+    rows = _runs("A", 0, [(1.0, 40.0), (100.0, 60.0)]) + _runs("A", 1, [(1.0, 41.0), (10.0, 50.0)])
+    rows += _runs("B", 0, [(1.0, 45.0), (10.0, 50.0)]) + _runs("B", 1, [(1.0, 44.0), (100.0, 70.0)])
+    t = matched_compute(pd.DataFrame(rows), "A", "B", grid=np.array([1.0, 50.0]))
+    assert list(t.n_seeds) == [2, 0] and np.isnan(t.gap[1]) and t.within_noise[1] is None
+    assert describe_matched(t, "A", "B")[1] == "at 50 PFLOPs (0 seeds): no seed measured both families here"
+
+
+@pytest.mark.parametrize("column", ["test_acc", "train_pflops"])
+def test_runs_without_an_accuracy_or_a_compute_are_refused_not_left_out(column):
+    """A NaN accuracy (an unfinished run) was skipped by the frontier without a word, or raised an IndexError
+    when it was a seed's only run left."""
+    runs = _three_seeds().assign(run_id=lambda d: [f"r{i}" for i in range(len(d))])
+    runs.loc[3, column] = np.nan
+    with pytest.raises(InputError, match=rf"{column}: 1 runs of \['A', 'B'\] have no .*first: r3"):
+        matched_compute(runs, "A", "B", n=3)
+    one = _three_seeds()
+    one.loc[(one.family == "A") & (one.seed == 0), "test_acc"] = np.nan
+    with pytest.raises(InputError, match="test_acc: 2 runs"):
+        matched_compute(one, "A", "B", n=3)
+    # a seed summary over the seeds that have one was labelled with all three (n_seeds 3, the mean of 2)
+    runs = runs.assign(model=runs.family, size="S", train_images=100, epochs=1)
+    with pytest.raises(InputError, match=rf"{column}: 1 runs of \['A', 'B'\] have no .*first: r3"):
+        summarize(runs)
+
+
+def test_describe_matched_reads_the_compute_column_of_the_paper_table():
+    """``matched_compute(..., x="exaflops")`` (the paper's Table 6) is described in exaFLOPs (it raised KeyError)."""
+    import vitviz
+
+    t = matched_compute(vitviz.paper_results(), "Hybrid", "Transformer (ViT)", metric="imagenet", x="exaflops", n=5)
+    lines = describe_matched(t, "Hybrid", "Transformer (ViT)")
+    assert lines[0] == f"at 106 exaFLOPs (1 seed): Hybrid - Transformer (ViT) = {t.gap[0]:+.1f} points " \
+                       "(one seed: no interval)"
+    assert len(lines) == 5
+
+
+def test_runs_of_several_training_sets_are_refused_not_joined_into_one_frontier():
+    """The study CSV holds two blocks (5,000 and 50,000 training images); ``matched_compute(read_results())`` joined
+    them into one frontier per seed."""
+    small = _three_seeds().assign(train_images=100)
+    both = pd.concat([small, small.assign(train_images=1000, train_pflops=small.train_pflops * 10)])
+    with pytest.raises(InputError, match=r"on 2 training sets \(train_images 100, 1,000\).*train_images == 100\]"):
+        matched_compute(both, "A", "B", n=3)
+    with pytest.raises(InputError, match="on 2 training sets"):
+        gap_trend(both, "A", "B", n=3)
+    assert len(matched_compute(both[both.train_images == 1000], "A", "B", n=3)) == 3
+
+
+@pytest.mark.parametrize("n", [0, -1, 2.5])
+def test_a_grid_size_that_is_not_a_positive_int_is_refused_naming_n(n):
+    """It raised a KeyError on 'family' (0), numpy's ValueError (-1) or a TypeError (2.5)."""
+    with pytest.raises(InputError, match=r"\bn\b.*compute points"):
+        matched_compute(_three_seeds(), "A", "B", n=n)
+    with pytest.raises(InputError, match=r"\bn\b.*compute points"):
+        gap_trend(_three_seeds(), "A", "B", n=n)
+
+
+def test_gap_trend_needs_two_compute_points():
+    """With one grid point every seed's slope was skipped: a NaN slope over "0 seeds", no error."""
+    with pytest.raises(InputError, match="n=1: a slope needs at least 2 compute points"):
+        gap_trend(_three_seeds(), "A", "B", n=1)

@@ -142,3 +142,38 @@ def test_fewshot_by_epoch_scores_every_kept_epoch(tiny_folder, tmp_path):
     mean = read_fewshot_by_epoch(tmp_path / "fewshot_by_epoch.csv")
     assert list(mean.columns[:4]) == ["head", "lr", "seed", "epoch"] and (mean.draws == 2).all()
     assert mean.fewshot5.tolist() == pytest.approx(raw.groupby("epoch").accuracy.mean().tolist())
+
+
+def test_cls_vs_gap_claims_refuse_runs_that_did_not_reach_the_last_epoch():
+    """An unfinished run dropped out of the last-epoch comparison without a word: with the GAP head's best rate
+    missing, the claims read "different learning rates" (the paper's finding) from one rate."""
+    from vitviz.experiments.cls_vs_gap import cls_vs_gap_claims
+
+    df = _runs({("cls", 1e-3): 60.0, ("cls", 3e-4): 55.0, ("gap", 1e-3): 58.0, ("gap", 3e-4): 50.0})
+    partial = df[~((df["head"] == "gap") & (df["lr"] == 1e-3) & (df["epoch"] == df["epoch"].max()))]
+    with pytest.raises(InputError, match=r"gap-lr0.001-s0 at epoch .*cls_vs_gap_claims\(df\[df.epoch <= "):
+        cls_vs_gap_claims(partial)
+    common = int(partial.groupby(["head", "lr", "seed"]).epoch.max().min())
+    c = cls_vs_gap_claims(partial[partial.epoch <= common]).set_index("head")
+    assert c.loc["gap", "epochs"] == common and c.loc["gap", "best_lr"] == 1e-3  # every rate compared
+    assert cls_vs_gap_claims(df).set_index("head").loc["gap", "same_best_lr"]
+
+
+def test_cls_vs_gap_rows_count_the_images_the_runs_used(tiny_folder, tmp_path):
+    """``train_images``/``test_images`` were the subsets asked for, or CIFAR-10's 50,000/10,000 for the whole set,
+    whatever the data held (here 300 and 100 images)."""
+    import json
+    from dataclasses import asdict
+
+    from vitviz.experiments.cls_vs_gap import ClsGapConfig, collect, train_config
+    from vitviz.experiments.data import run_fingerprint
+
+    cfg = ClsGapConfig(data=str(tiny_folder), out=str(tmp_path / "runs"), results=str(tmp_path / "r.csv"),
+                       heads=("cls",), lrs=(1e-3,), epochs=1, train_subset=None, test_subset=500)
+    tc = train_config(cfg, "cls", 1e-3, 0)
+    tc.run_dir.mkdir(parents=True)
+    state = {"format": "vitviz-train-state-v1", "config": asdict(tc), "epoch": 1, "data_fingerprint": run_fingerprint(tc)}
+    torch.save(state, tc.run_dir / "last.pt")
+    (tc.run_dir / "metrics.json").write_text(json.dumps([{"epoch": 1, "test_acc": 10.0, "lr": 1e-3}]))
+    rows = collect(cfg)
+    assert rows[["train_images", "test_images"]].values.tolist() == [[300, 100]]

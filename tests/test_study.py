@@ -250,3 +250,17 @@ def test_the_decoded_cache_follows_a_moved_folder(tmp_path, tiny_folder, monkeyp
     monkeypatch.setattr(data, "_decode", lambda path: pytest.fail(f"decoded {path} again"))
     got = data.load_image_folder(tmp_path / "b" / "test", cache_dir=cache)
     assert torch.equal(got.images, want.images) and torch.equal(got.labels, want.labels)
+
+
+def test_a_balanced_subset_takes_every_class_when_n_is_not_a_multiple_of_the_classes():
+    """The first ceil(n / C) of each class, then the first n of those in file order, left the last classes out:
+    25 of 10 classes of 30 gave class 8 one image and class 9 none."""
+    import torch
+
+    from vitviz.experiments.data import balanced_indices
+
+    labels = torch.arange(10).repeat_interleave(30)
+    assert torch.bincount(labels[balanced_indices(labels, 25)], minlength=10).tolist() == [3] * 5 + [2] * 5
+    assert balanced_indices(labels, 20).tolist() == [i for c in range(10) for i in (30 * c, 30 * c + 1)]
+    short = torch.cat([torch.zeros(1, dtype=torch.long), torch.ones(30, dtype=torch.long)])  # class 0: one image
+    assert torch.bincount(short[balanced_indices(short, 10)]).tolist() == [1, 5]

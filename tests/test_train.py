@@ -321,3 +321,68 @@ def test_the_command_line_prints_a_refusal_without_a_traceback(tmp_path, tiny_fo
         from vitviz.core.util import cli_errors
 
         cli_errors("vitviz")(lambda: (_ for _ in ()).throw(RuntimeError("not a refusal")))()
+
+
+def test_resume_refuses_a_state_past_the_epochs_asked_for(tmp_path, tiny_folder):
+    """Inside the warm-up a run may continue as a longer one; as a shorter one it returned the later epoch's
+    accuracy and weights labelled with the fewer epochs (the loop ran no epoch)."""
+    kw = dict(epochs=2, warmup_epochs=3.0, train_subset=10, test_subset=10, batch_size=10,
+              model_kwargs={"depth": 1, "embed_dim": 32, "num_heads": 2})
+    train(config(tmp_path, tiny_folder, **kw), progress=False)
+    with pytest.raises(ValueError, match=r"as a 1-epoch run: it already holds 2 epochs .*--epochs 2"):
+        train(config(tmp_path, tiny_folder, **{**kw, "epochs": 1}), resume=True, progress=False)
+
+
+def test_one_seed_draws_the_same_batches_and_augmentations_in_every_family(tmp_path, tiny_folder, monkeypatch):
+    """What ``vitviz.experiments.compare`` pairs by seed: each epoch's order, crops and flips come from a generator
+    seeded by (seed, epoch) alone, so a seed's runs of the ViT and the hybrid see the same training batches."""
+    import vitviz.experiments.train as runner
+
+    seen: dict[str, list[torch.Tensor]] = {}
+
+    def record(name):
+        def crop_flip(images, generator, padding=4):
+            out = random_crop_flip(images, generator, padding)
+            seen.setdefault(name, []).append(out.clone())
+            return out
+        return crop_flip
+
+    def stop(epoch, step):
+        if step == 1:
+            raise Interrupted
+
+    monkeypatch.setattr(runner, "count_flops", lambda *a, **k: 0)  # not what this test is about
+    batches = {}
+    for name, seed in (("cifar10-vit", 0), ("cifar10-hybrid", 0), ("cifar10-vit", 1)):
+        monkeypatch.setattr(runner, "random_crop_flip", record(f"{name}-{seed}"))
+        small = {"depth": 1, "embed_dim": 32, "num_heads": 2, **({"stem_widths": (4, 8, 8)} if name == "cifar10-hybrid" else {})}
+        cfg = config(tmp_path / f"{name}-{seed}", tiny_folder, model=name, seed=seed, train_subset=20,
+                     test_subset=10, batch_size=4, model_kwargs=small, cache=str(tmp_path / "cache"))
+        with pytest.raises(Interrupted):
+            train(cfg, on_step=stop, progress=False)
+        batches[name, seed] = seen[f"{name}-{seed}"]
+    assert len(batches["cifar10-vit", 0]) == 2
+    assert all(torch.equal(v, h) for v, h in zip(batches["cifar10-vit", 0], batches["cifar10-hybrid", 0]))
+    assert not torch.equal(batches["cifar10-vit", 0][0], batches["cifar10-vit", 1][0])  # another seed: others
+
+
+def test_export_refuses_a_snapshot_of_a_longer_schedule(tmp_path, tiny_folder):
+    """Epoch 2 of a 4-epoch run (past its warm-up) was exported as a finished 2-epoch run: the card's recipe said 2
+    epochs of cosine decay, the weights had followed the 4-epoch schedule."""
+    from dataclasses import asdict
+
+    from vitviz.errors import ComputeError
+    from vitviz.experiments.data import run_fingerprint
+    from vitviz.experiments.export import export_reference
+    from vitviz.zoo.reference import build_reference
+
+    kw = dict(train_subset=10, test_subset=10, model_kwargs={"depth": 1, "embed_dim": 32, "num_heads": 2})
+    longer, shorter = config(tmp_path, tiny_folder, epochs=4, **kw), config(tmp_path, tiny_folder, epochs=2, **kw)
+    longer.run_dir.mkdir(parents=True)
+    model = build_reference(longer.model, **longer.model_kwargs)
+    torch.save({"format": "vitviz-train-state-v1", "config": asdict(longer), "epoch": 2, "model": model.state_dict(),
+                "history": [], "train_time": 0.0, "data_fingerprint": run_fingerprint(longer)},
+               longer.run_dir / "last.pt")
+    with pytest.raises(ComputeError, match="holds epoch 2 of a 4-epoch schedule, not a 2-epoch run"):
+        export_reference(shorter, tmp_path / "export")
+    assert not (tmp_path / "export").exists()

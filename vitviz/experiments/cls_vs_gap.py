@@ -129,9 +129,11 @@ def collect(cfg: ClsGapConfig, fingerprint: dict[str, Any] | None = None) -> pd.
                 for row in json.loads(metrics.read_text()):
                     row = dict(row)
                     row["lr_end"] = row.pop("lr")  # the schedule's rate at the end of the epoch
+                    # the images the run was checked to have trained and tested on (a subset larger than the
+                    # dataset, or the whole of a dataset other than CIFAR-10, is not the number asked for)
                     rows.append({"run": run_id(head, lr, seed), "head": head, "lr": lr, "seed": seed,
-                                 "epochs_planned": cfg.epochs, "train_images": cfg.train_subset or 50_000,
-                                 "test_images": cfg.test_subset or 10_000, **row})
+                                 "epochs_planned": cfg.epochs, "train_images": fingerprint["train"]["count"],
+                                 "test_images": fingerprint["test"]["count"], **row})
     return pd.DataFrame(rows)
 
 
@@ -237,7 +239,21 @@ def cls_vs_gap_claims(df: pd.DataFrame, metric: str = "test_acc") -> pd.DataFram
     - ``same_best_lr``: whether both heads do best at the same rate (the paper: they "require different
       learning-rates"; GAP fails at the class token's rate);
     - ``lr_effect``: per head, accuracy at the recipe's rate minus at the lower rate.
+
+    Raises:
+        InputError: a run (head, learning rate, seed) has not reached the last epoch: its rate would drop out of the
+            comparison without a word (and could move ``best_lr``); the message names the runs and the epoch every
+            run reached, to compare at with ``df[df.epoch <= k]``.
     """
+    from vitviz.errors import InputError
+
+    reached = df.groupby(["head", "lr", "seed"]).epoch.max()
+    behind = reached[reached < df.epoch.max()]
+    if len(behind):
+        runs = ", ".join(f"{run_id(h, lr, sd)} at epoch {e}" for (h, lr, sd), e in behind.items())
+        raise InputError(f"not every run reached epoch {df.epoch.max()} ({runs}), so the last epoch compares only some "
+                         f"of the runs; finish them, or compare at the epoch every run reached: "
+                         f"cls_vs_gap_claims(df[df.epoch <= {int(reached.min())}])")
     last = df[df.epoch == df.epoch.max()]
     mean = last.groupby(["head", "lr"])[metric].mean().unstack("lr")
     rows = []

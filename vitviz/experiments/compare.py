@@ -5,14 +5,22 @@ The one gap API is ``matched_compute``: family ``a`` minus family ``b`` at equal
 no interval; ``metric="imagenet", x="exaflops"``).
 
 The ViT paper's Fig. 5 compares families at equal pre-training compute. Here each family's accuracy is a curve
-of compute: per seed, the family's Pareto frontier (the best test accuracy any of its runs reached at or below a
-compute, ``pareto_frontier``), linearly interpolated in log10(compute) on a grid shared by
-the two families compared (only inside both families' measured ranges: nothing is extrapolated). The gap between
-two families is taken seed by seed (seed ``s`` of one family against seed ``s`` of the other; the seeds are
-independent, so the pairing is arbitrary and the spread of the per-seed gaps estimates the gap's own variance),
-and every mean carries a 95% Student-t interval over the seeds: ``mean +- t_{0.975, n-1} * sd / sqrt(n)``, cut to
-the accuracy's range (0 ... 100 %; a gap: -100 ... 100 points; ``vitviz.analysis.intervals``), which the accuracy
-columns must hold (``check_percent``).
+of compute: per seed, the family's Pareto frontier (its runs that no cheaper-or-equal run beats, ``pareto_frontier``),
+its points joined by straight lines in log10(compute) (past the last point its value holds up to the largest compute
+measured) and read on a grid shared by the two families compared (only inside both families' measured ranges:
+nothing is extrapolated). Between two frontier points the line lies above the best accuracy any run reached at or
+below that compute (a step curve would stay at the lower point until the next run): it assumes a compute between two
+runs' would buy an accuracy between theirs, the same assumption for every family.
+
+The gap between two families is taken seed by seed (seed ``s`` of one family against seed ``s`` of the other). The
+pairing is not arbitrary: the seed sets every epoch's shuffling and crop-and-flip draws from a generator of their own
+(``vitviz.experiments.train``), so one seed's runs of every family and size see the same images in the same batches
+with the same crops and flips (only their initial weights differ, the architectures being different). The seeds are
+independent of each other, so the per-seed gaps are, and their spread estimates the gap's own variance (a paired
+t-interval); two families without a seed in common are refused. Every mean carries a 95% Student-t interval over
+the seeds: ``mean +- t_{0.975, n-1} * sd / sqrt(n)``, cut to the accuracy's range (0 ... 100 %; a gap: -100 ... 100
+points; ``vitviz.analysis.intervals``), which the accuracy columns must hold (``check_percent``). Runs without a
+compute or an accuracy (NaN) are refused, not left out.
 
 A frontier takes a maximum over noisy runs, so it is biased upwards by about the same amount for every family
 with the same number of runs per seed; the gap, not the level, is the quantity compared.
@@ -26,9 +34,11 @@ import numpy as np
 import pandas as pd
 
 from vitviz.analysis.intervals import PERCENT, PERCENT_DIFFERENCE, t_interval
+from vitviz.core.util import check_positive_int
 from vitviz.errors import InputError
 
 CONFIG_COLUMNS = ["family", "model", "size", "train_images", "epochs"]
+COMPUTE_UNITS = {"train_pflops": "PFLOPs", "exaflops": "exaFLOPs"}  # compute column -> unit in sentences
 
 
 def check_percent(runs: pd.DataFrame, metric: str) -> None:
@@ -49,9 +59,11 @@ def summarize(runs: pd.DataFrame, metric: str = "test_acc") -> pd.DataFrame:
     Returns:
         ``CONFIG_COLUMNS`` + ``train_pflops`` (equal for every seed), ``n_seeds``, ``mean``, ``sd``, ``ci_low``,
         ``ci_high`` (95% t-interval of the mean, cut to 0 ... 100 %: ``t_interval``'s ``bounds``; NaN with one
-        seed).
+        seed). A run without an accuracy or a compute (NaN) is refused, as in ``matched_compute``.
     """
     check_percent(runs, metric)
+    if "family" in runs:
+        _check_measured(runs, list(dict.fromkeys(runs["family"])), metric, "train_pflops")
     rows = []
     for key, part in runs.groupby(CONFIG_COLUMNS, sort=False):
         mean, lo, hi = t_interval(part[metric], bounds=PERCENT)
@@ -87,21 +99,46 @@ def frontier_at(x: np.ndarray, y: np.ndarray, grid: np.ndarray) -> np.ndarray:
     return out
 
 
-def compute_grid(runs: pd.DataFrame, families: Sequence[str], n: int = 7, x: str = "train_pflops") -> np.ndarray:
-    """``n`` log-spaced compute values spanning the range every one of ``families`` covers (their overlap)."""
+def shared_range(runs: pd.DataFrame, families: Sequence[str], x: str = "train_pflops") -> tuple[float, float]:
+    """``(low, high)``: the compute range every one of ``families`` covers (the highest of their cheapest runs, the
+    lowest of their most expensive ones), in ``x``'s unit; ``InputError`` for a family without runs or families
+    whose ranges do not overlap."""
     lows, highs = [], []
-    col = x
     for fam in families:
-        x = runs.loc[runs["family"] == fam, col]
-        if not len(x):
+        values = runs.loc[runs["family"] == fam, x]
+        if not len(values):
             raise InputError(f"no runs of family {fam!r}; families present: {sorted(runs['family'].unique())}")
-        lows.append(x.min())
-        highs.append(x.max())
+        lows.append(values.min())
+        highs.append(values.max())
     lo, hi = max(lows), min(highs)
     if lo > hi:
         raise InputError(f"families {list(families)} share no compute range (lowest maxima {hi:.3g} below "
-                         f"highest minima {lo:.3g} PFLOPs)")
+                         f"highest minima {lo:.3g} in {x})")
+    return float(lo), float(hi)
+
+
+def compute_grid(runs: pd.DataFrame, families: Sequence[str], n: int = 7, x: str = "train_pflops") -> np.ndarray:
+    """``n`` log-spaced compute values spanning the range every one of ``families`` covers (their overlap)."""
+    n = check_positive_int(n, "n", "the compute points on the shared grid (e.g. 7)")
+    lo, hi = shared_range(runs, families, x)
     return np.geomspace(lo, hi, n) if hi > lo else np.array([lo])
+
+
+def _check_measured(runs: pd.DataFrame, families: Sequence[str], metric: str, x: str) -> None:
+    """Refuse rows of ``families`` without a positive compute ``x`` or with no ``metric`` (NaN: an unfinished or
+    failed run), which a frontier would otherwise leave out without a word, naming the first such run."""
+    part = runs[runs["family"].isin(list(families))]
+    for col, bad in ((x, lambda v: ~(v > 0)), (metric, lambda v: v.isna())):
+        if col not in part:
+            continue
+        rows = part[bad(pd.to_numeric(part[col], errors="coerce")).to_numpy()]
+        if len(rows):
+            first = rows.iloc[0]
+            name = first["run_id"] if "run_id" in rows else f"row {rows.index[0]} ({first['family']})"
+            want = "a positive compute" if col == x else "a value"
+            raise InputError(f"{col}: {len(rows)} runs of {list(families)} have no {want} (first: {name}, "
+                             f"{col}={first[col]!r}); the frontiers would leave them out silently. Finish those runs "
+                             f"or drop them first, e.g. runs.dropna(subset=[{x!r}, {metric!r}])")
 
 
 def family_curves(runs: pd.DataFrame, grid: np.ndarray, families: Sequence[str] | None = None,
@@ -111,6 +148,7 @@ def family_curves(runs: pd.DataFrame, grid: np.ndarray, families: Sequence[str] 
     Rows without a ``seed`` column (the paper's table: one run per model) count as one seed, 0.
     """
     families = list(families) if families is not None else list(runs["family"].unique())
+    _check_measured(runs, families, metric, x)
     if "seed" not in runs:
         runs = runs.assign(seed=0)
     rows = []
@@ -129,7 +167,8 @@ def matched_compute(runs: pd.DataFrame, a: str = "Hybrid", b: str = "Transformer
 
     Args:
         runs: the study CSV's rows (one per run; ``family``, ``seed``, ``x``, ``metric``), from one training set
-            (compare blocks separately); or the paper's Table 6 (``vitviz.paper_results()``, no seeds).
+            (compare blocks separately: rows of several ``train_images`` are refused); or the paper's Table 6
+            (``vitviz.paper_results()``, no seeds).
         a, b: the family labels compared; the gap is ``a - b``.
         n: grid points over the compute range both families cover (ignored when ``grid`` is given).
         grid: compute values (in ``x``'s unit) to compare at.
@@ -142,9 +181,20 @@ def matched_compute(runs: pd.DataFrame, a: str = "Hybrid", b: str = "Transformer
         interval includes 0; ``None`` where one seed gives no interval).
     """
     check_percent(runs, metric)
-    grid = compute_grid(runs, (a, b), n, x) if grid is None else np.asarray(grid, float)
+    _check_one_training_set(runs, a, b)
+    if grid is None:
+        grid = compute_grid(runs, (a, b), n, x)
+    else:
+        grid = np.asarray(grid, float).reshape(-1)
+        lo, hi = shared_range(runs, (a, b), x)
+        outside = grid[~((grid >= lo * (1 - 1e-9)) & (grid <= hi * (1 + 1e-9)))]
+        if len(outside):
+            raise InputError(f"grid={outside[0]:g} lies outside the compute range both {a!r} and {b!r} cover "
+                             f"({lo:.4g} ... {hi:.4g} in {x}); nothing is extrapolated: pass grid values inside it, "
+                             "or grid=None for n points over it")
+    _check_shared_seeds(runs, a, b)
     curves = family_curves(runs, grid, (a, b), metric, x)
-    wide = curves.pivot_table(index=[x, "seed"], columns="family", values=metric).reset_index()
+    wide = curves.pivot(index=[x, "seed"], columns="family", values=metric).reset_index()
     rows = []
     for g, part in wide.groupby(x):
         part = part.dropna(subset=[a, b])
@@ -157,6 +207,30 @@ def matched_compute(runs: pd.DataFrame, a: str = "Hybrid", b: str = "Transformer
     return pd.DataFrame(rows)
 
 
+def _check_one_training_set(runs: pd.DataFrame, a: str, b: str) -> None:
+    """Refuse rows of ``a`` and ``b`` from several training sets (the study CSV's ``train_images`` blocks): one
+    frontier over both would join a subset's runs to the whole set's as if more compute had bought the difference."""
+    if "train_images" not in runs:
+        return
+    sizes = sorted(runs.loc[runs["family"].isin([a, b]), "train_images"].dropna().unique())
+    if len(sizes) > 1:
+        raise InputError(f"runs holds runs of {a!r} and {b!r} on {len(sizes)} training sets (train_images "
+                         f"{', '.join(f'{int(v):,}' for v in sizes)}): compare each alone, e.g. "
+                         f"runs[runs.train_images == {int(sizes[0])}]")
+
+
+def _check_shared_seeds(runs: pd.DataFrame, a: str, b: str) -> None:
+    """Refuse two families with no seed in common: the gap is taken seed by seed, so there would be nothing to pair
+    (a table of NaN). Rows without a ``seed`` column (the paper's table) are one seed."""
+    if "seed" not in runs:
+        return
+    seeds = {fam: set(runs.loc[runs["family"] == fam, "seed"].dropna().astype(int)) for fam in (a, b)}
+    if seeds[a] and seeds[b] and not seeds[a] & seeds[b]:
+        raise InputError(f"families {a!r} (seeds {sorted(seeds[a])}) and {b!r} (seeds {sorted(seeds[b])}) share no "
+                         "seed: the gap is taken seed by seed (a seed's runs see the same batches and augmentations "
+                         "in every family), so nothing pairs; train both families with the same seeds (--seeds)")
+
+
 def gap_trend(runs: pd.DataFrame, a: str = "Hybrid", b: str = "Transformer (ViT)", *, n: int = 7,
               metric: str = "test_acc") -> dict[str, float]:
     """Does the lead of ``a`` over ``b`` shrink with compute? Per seed, the least-squares slope of the
@@ -166,7 +240,11 @@ def gap_trend(runs: pd.DataFrame, a: str = "Hybrid", b: str = "Transformer (ViT)
         ``slope`` (points per decade; negative: the lead shrinks), ``slope_low``, ``slope_high``, ``n_seeds``,
         ``decades`` (the width of the shared compute range).
     """
+    if check_positive_int(n, "n", "the compute points the slope is fitted to (e.g. 7)") < 2:
+        raise InputError(f"n={n}: a slope needs at least 2 compute points; pass n >= 2 (e.g. 7)")
+    _check_one_training_set(runs, a, b)
     grid = compute_grid(runs, (a, b), n)
+    _check_shared_seeds(runs, a, b)
     curves = family_curves(runs, grid, (a, b), metric)
     wide = curves.pivot_table(index=["seed", "train_pflops"], columns="family", values=metric).reset_index()
     slopes = []
@@ -196,11 +274,15 @@ def study_design(runs: pd.DataFrame) -> pd.DataFrame:
 def describe_matched(table: pd.DataFrame, a: str, b: str, trend: dict[str, float] | None = None) -> list[str]:
     """The claims a ``matched_compute`` table (and a ``gap_trend``) supports, one sentence each: who leads at
     each compute, by how much, with the 95% interval, "within noise" where it includes 0."""
+    x = table.columns[0] if len(table.columns) else "train_pflops"  # the compute column matched_compute wrote
+    unit = COMPUTE_UNITS.get(x, x)
     lines = []
     for _, r in table.iterrows():
         n = int(r['n_seeds'])
-        head = f"at {r['train_pflops']:.3g} PFLOPs ({n} seed{'s' if n != 1 else ''}): "
-        if r["within_noise"] is None:
+        head = f"at {r[x]:.3g} {unit} ({n} seed{'s' if n != 1 else ''}): "
+        if n == 0:
+            lines.append(head + "no seed measured both families here")
+        elif r["within_noise"] is None:
             lines.append(head + f"{a} - {b} = {r['gap']:+.1f} points (one seed: no interval)")
         elif r["within_noise"]:
             lines.append(head + f"within noise ({a} - {b} = {r['gap']:+.1f} points, 95% CI "

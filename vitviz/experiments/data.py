@@ -62,11 +62,13 @@ def fingerprint_digest(fingerprint: dict[str, Any]) -> str:
 
 
 def balanced_indices(labels: torch.Tensor, n: int) -> torch.Tensor:
-    """The first ``ceil(n / C)`` images of each class (deterministic), truncated to ``n``, sorted."""
+    """The first images of each class (deterministic), ``n`` in all, sorted: ``n // C`` of every class and one more
+    of each of the first ``n % C`` classes, so that no two classes differ by more than one image (fewer where a
+    class has fewer)."""
     classes = int(labels.max()) + 1 if len(labels) else 0
-    per_class = -(-n // max(classes, 1))
-    picks = [torch.nonzero(labels == c).flatten()[:per_class] for c in range(classes)]
-    return torch.sort(torch.cat(picks))[0][:n] if picks else torch.zeros(0, dtype=torch.long)
+    base, extra = divmod(n, max(classes, 1))
+    picks = [torch.nonzero(labels == c).flatten()[:base + (c < extra)] for c in range(classes)]
+    return torch.sort(torch.cat(picks))[0] if picks else torch.zeros(0, dtype=torch.long)
 
 
 def _decode(path: str) -> np.ndarray:

@@ -70,6 +70,12 @@ def export_reference(cfg: Any, dest: str | os.PathLike) -> dict[str, Any]:
 
     state = load_training_state(cfg.run_dir / "last.pt")
     check_training_state(state, cfg, run_fingerprint(cfg), cfg.run_dir / "last.pt")  # the card describes cfg, its data
+    planned = state["config"]["epochs"]
+    if planned != cfg.epochs:  # a snapshot of a longer schedule is not the run the card's recipe would describe
+        raise ComputeError(f"{cfg.run_dir}/last.pt holds epoch {state['epoch']} of a {planned}-epoch schedule, not a "
+                           f"{cfg.epochs}-epoch run: its learning rates followed the longer schedule. Export it as "
+                           f"the {planned}-epoch run it is (finish it first), or train a {cfg.epochs}-epoch run in "
+                           "another folder (--out)")
     if state["epoch"] < cfg.epochs:
         raise ComputeError(f"{cfg.run_dir}/last.pt holds epoch {state['epoch']} of {cfg.epochs}; finish it first "
                            "(python -m vitviz.experiments.train ... --resume)")

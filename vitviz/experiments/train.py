@@ -150,6 +150,11 @@ def train(
         state = load_training_state(ckpt_path)
         data_checked_from = check_training_state(state, cfg, fingerprint, ckpt_path)
         planned = state["config"]["epochs"]
+        if state["epoch"] > cfg.epochs:  # its weights and metrics would pass for a shorter run's
+            raise InputError(
+                f"cannot resume {ckpt_path} as a {cfg.epochs}-epoch run: it already holds {state['epoch']} epochs "
+                f"(of a {planned}-epoch schedule). Resume it with --epochs {planned}, or start the shorter run in "
+                "another folder (--out)")
         if planned != cfg.epochs and state["epoch"] > cfg.warmup_epochs:
             # The cosine schedule depends on the total, so the epochs already trained followed another schedule;
             # only inside the linear warm-up (which does not depend on it) is the run the same.
