@@ -95,6 +95,11 @@ def test_maps_are_drawn_over_the_pixels_their_patches_see():
     panel = next(ax for ax in fig.axes if ax.get_title() == "Head 1")
     assert panel.images[0].get_extent() == [0, 48, 32, 0]
     assert tuple(panel.get_xlim()) == (0, 52) and tuple(panel.get_ylim()) == (36, 0)
+    fig = vitviz.plot_attention_heads_grid(model, x, query=(3, 5))  # the query's red square on the same pixels
+    for ax in fig.axes:
+        if ax.get_title() in ("Input", "Head 1", "Head 2"):
+            (square,) = ax.patches
+            assert (*square.get_xy(), square.get_width(), square.get_height()) == (40, 24, 8, 8)
     pixels = torch.rand(1, 36, 52)  # a map on the pixels (AttnLRP read_at="pixels") is drawn as it is
     np.testing.assert_allclose(upsample_maps(pixels, (36, 52), None, covered=(32, 48)), pixels.numpy())
 

@@ -353,7 +353,7 @@ def plot_attention_heads_grid(
         from matplotlib.patches import Rectangle
 
         r, c = divmod(q - p, grid[1])
-        sh, sw = h / grid[0], w / grid[1]
+        sh, sw = ch / grid[0], cw / grid[1]  # the patch's own pixels: the grid covers (ch, cw) of (h, w)
         for ax in axes[:n]:
             ax.add_patch(Rectangle((c * sw, r * sh), sw, sh, fill=False, edgecolor="red", linewidth=1.0))
     for ax in axes[:n]:
