@@ -183,3 +183,40 @@ def test_gallery_copies_downscaled_key_figures(tmp_path):
     assert [p.name for p in written] == ["paper_fig5_compute_curves.png"]  # figures the report lacks are skipped
     with Image.open(written[0]) as im:
         assert im.size == (400, 200)
+
+
+
+def test_report_study_figure_keeps_training_sets_apart_and_its_arrays_name_every_point(monkeypatch):
+    """The measured study in the report is ``plot_study_grid``'s figure (one row of panels per training-set size: seed
+    means with intervals, the gap at equal compute; drawn and checked in test_compare), not one compute panel whose
+    frontier joins the sizes through the best seed; and each array file says which point is which (family, model,
+    seed), readable without pickles."""
+    import io
+
+    import pandas as pd
+    from conftest import tiny_study_runs
+    from matplotlib.figure import Figure
+
+    import vitviz
+    import vitviz.experiments.study
+
+    runs = pd.concat([tiny_study_runs(), tiny_study_runs().assign(train_images=1000)], ignore_index=True)
+    monkeypatch.setattr(vitviz.experiments.study, "read_results", lambda: runs)
+    drawn = []
+    for name in ("plot_study_grid", "plot_compute_curves"):  # what each job draws (the figures are tested apart)
+        monkeypatch.setattr(vitviz, name, lambda df, *a, name=name, **kw: drawn.append((name, df, kw)) or Figure())
+    jobs = dict(report._global_jobs())
+    _fig, arrays = jobs["study_hybrid_vs_pure"]()
+    ((name, df, _kw),) = drawn
+    assert name == "plot_study_grid" and df is runs
+    _fig, paper = jobs["paper_fig5_compute_curves"]()
+    for got, df in ((arrays, runs), (paper, vitviz.paper_results())):
+        buffer = io.BytesIO()
+        np.savez(buffer, **got)
+        buffer.seek(0)
+        with np.load(buffer, allow_pickle=False) as z:
+            assert list(z["family"]) == list(df["family"]) and list(z["model"]) == list(df["model"])
+            assert list(z["epochs"]) == list(df["epochs"])
+    assert list(arrays["seed"]) == list(runs["seed"]) and list(arrays["train_images"]) == list(runs["train_images"])
+    np.testing.assert_array_equal(arrays["test_acc"], runs["test_acc"])
+    np.testing.assert_array_equal(paper["avg5"], vitviz.paper_results()["avg5"])

@@ -134,8 +134,8 @@ def _global_jobs() -> list[tuple[str, Job]]:
 
     def paper() -> tuple[Any, dict[str, np.ndarray]]:
         df = vitviz.paper_results()
-        return vitviz.plot_compute_curves(df, frontier=True), {c: df[c].to_numpy() for c in
-                                                                ("exaflops", "avg5", "imagenet")}
+        return vitviz.plot_compute_curves(df, frontier=True), _columns(df, ("family", "model", "epochs", "exaflops",
+                                                                            "avg5", "imagenet"))
 
     jobs = [("paper_fig5_compute_curves", paper)]
     from vitviz.zoo.cards import posemb_ablation_results
@@ -144,6 +144,7 @@ def _global_jobs() -> list[tuple[str, Job]]:
     if ablation["trained"].any():
         def posemb() -> tuple[Any, dict[str, np.ndarray]]:
             return vitviz.plot_posemb_ablation_grid(), {
+                **_columns(ablation, ("pos_emb", "model")),
                 "test_top1": ablation["test_top1"].to_numpy(dtype=float),
                 "epochs": ablation["epochs"].to_numpy(dtype=float, na_value=np.nan),
                 "paper_5shot": ablation["paper_5shot"].to_numpy(dtype=float)}
@@ -152,14 +153,21 @@ def _global_jobs() -> list[tuple[str, Job]]:
     measured = read_results()
     if len(measured):
         def study() -> tuple[Any, dict[str, np.ndarray]]:
-            from vitviz.plot.style import label
-
-            fig = vitviz.plot_compute_curves(measured, metrics=("test_acc",), x="train_pflops", frontier=True,
-                                             annotate=True, ylabel=label("Test accuracy", "%"))
-            return fig, {c: measured[c].to_numpy() for c in ("train_pflops", "test_acc", "epochs")}
+            # one row of panels per training-set size, seed means with their intervals and the gap at equal
+            # compute (as notebook 03): one panel of every seed would join the sizes' frontiers and take the best seed
+            return vitviz.plot_study_grid(measured), _columns(measured, (
+                "family", "model", "epochs", "seed", "train_images", "train_pflops", "test_acc"))
 
         jobs.append(("study_hybrid_vs_pure", study))
     return jobs
+
+
+def _columns(df: Any, names: Sequence[str]) -> dict[str, np.ndarray]:
+    """The columns ``names`` of ``df`` as arrays ``np.load`` reads without pickles: the labels that say which point is
+    which (family, model, seed) as unicode strings beside the numbers."""
+    from pandas.api.types import is_numeric_dtype
+
+    return {c: df[c].to_numpy() if is_numeric_dtype(df[c]) else df[c].to_numpy().astype(str) for c in names}
 
 
 def _figure_step(report: Report, m: LoadedModel, name: str, fn: Job) -> Callable[[], None]:
