@@ -72,6 +72,9 @@ def test_plot_rollout_modes_and_given_maps():
         vitviz.plot_rollout(model, photos[:2], maps=torch.rand(3, 4, 6))
     with pytest.raises(ValueError, match="mode"):
         vitviz.plot_rollout(model, photos[:2], mode="heat")
+    signed = torch.rand(2, 4, 6) - 0.5  # e.g. AttnLRP's maps: their negative half was drawn as 0
+    with pytest.raises(vitviz.InputError, match="negative values.*signed=True"):
+        vitviz.plot_rollout(model, photos[:2], maps=signed)
 
 
 def test_maps_are_drawn_over_the_pixels_their_patches_see():

@@ -161,7 +161,8 @@ def plot_rollout(
 
     Raises:
         InputError: ``mode`` unknown, ``ncols`` not a positive int, ``maps`` not one map per image on the images'
-            token grid (or pixel grid), or ``labels`` not one per image.
+            token grid (or pixel grid) or holding negative values (signed relevance: ``plot_explanations_grid``
+            with ``signed=True`` draws it), or ``labels`` not one per image.
     """
     if mode not in MODES:
         raise InputError(f"mode must be one of {MODES}, got {mode!r}")
@@ -175,6 +176,11 @@ def plot_rollout(
     if maps.ndim != 3 or maps.shape[0] != x.shape[0]:
         raise InputError(f"expected one (gh, gw) map per image: {x.shape[0]} images, maps {tuple(maps.shape)}")
     check_map_grid(model, x, maps, "maps")
+    low, peak = float(torch.as_tensor(maps).min()), float(torch.as_tensor(maps).abs().max())
+    if low < -1e-6 * peak:  # the scales here start at 0: negative relevance would be drawn as none
+        raise InputError(f"maps hold negative values (down to {low:.3g}, largest |value| {peak:.3g}), which "
+                         "plot_rollout would draw as 0; draw signed maps (AttnLRP, input x gradient) with "
+                         "vitviz.plot_explanations_grid(model, images, {'attnlrp': maps}, signed=True)")
     if labels is not None and len(labels) != x.shape[0]:
         raise InputError(f"{len(labels)} labels for {x.shape[0]} images")
     imgs = denormalise(model, x)
