@@ -185,6 +185,28 @@ def test_gallery_copies_downscaled_key_figures(tmp_path):
         assert im.size == (400, 200)
 
 
+def test_gallery_takes_only_the_figures_this_report_wrote(tmp_path):
+    """A PNG an earlier run left in figures/ (its notebook failed this time) is not copied as if current."""
+    from PIL import Image
+
+    from vitviz.report import write_gallery
+
+    figures = tmp_path / "rep" / "figures"
+    figures.mkdir(parents=True)
+    for name in ("paper_fig5_compute_curves", "fig6_rollout_vit"):
+        Image.new("RGB", (40, 20), "white").save(figures / f"{name}.png")
+    meta = {"figures": [{"name": "paper_fig5_compute_curves", "files": ["figures/paper_fig5_compute_curves.png"]}],
+            "notebooks": [{"name": "02_attention", "ok": False, "files": []}]}
+    (tmp_path / "rep" / "meta.json").write_text(json.dumps(meta))
+    written = write_gallery(tmp_path / "rep", tmp_path / "gallery")
+    assert [p.name for p in written] == ["paper_fig5_compute_curves.png"]
+    assert not (tmp_path / "gallery" / "fig6_rollout_vit.png").exists()
+    meta["notebooks"][0]["files"] = ["figures/fig6_rollout_vit.png", "arrays/fig6_rollout_vit.npz"]
+    (tmp_path / "rep" / "meta.json").write_text(json.dumps(meta))
+    written = write_gallery(tmp_path / "rep", tmp_path / "gallery")
+    assert [p.name for p in written] == ["fig6_rollout_vit.png", "paper_fig5_compute_curves.png"]
+
+
 
 def test_report_study_figure_keeps_training_sets_apart_and_its_arrays_name_every_point(monkeypatch):
     """The measured study in the report is ``plot_study_grid``'s figure (one row of panels per training-set size: seed

@@ -248,17 +248,28 @@ def write_gallery(report_out: str | os.PathLike, gallery: str | os.PathLike, nam
     """Copy the key figures of a report, downscaled to ``width`` px, into ``gallery`` (the README's pictures).
 
     A gallery file that already shows the same picture (up to rendering noise; see ``GALLERY_NOISE_LEVELS``) is
-    not rewritten, so ``make report`` on an unchanged tree changes no tracked file.
+    not rewritten, so ``make report`` on an unchanged tree changes no tracked file. Where the report has a
+    ``meta.json``, only the figures it lists as written by that run (a package figure, or a file a notebook wrote)
+    are copied: a PNG left in ``figures/`` by an earlier run, whose figure or notebook failed or was not run this
+    time, is not passed off as current.
 
     Returns:
-        the PNGs of the gallery, written or kept; figures the report lacks are skipped.
+        the PNGs of the gallery, written or kept; figures the report lacks (or did not write) are skipped.
     """
+    import json
+
     from PIL import Image
 
+    meta_path = Path(report_out) / "meta.json"
+    fresh = None
+    if meta_path.is_file():
+        meta = json.loads(meta_path.read_text())
+        fresh = {Path(f) for entry in [*meta.get("figures", []), *meta.get("notebooks", [])]
+                 for f in entry.get("files", [])}
     written = []
     for name in names:
         src = Path(report_out) / "figures" / f"{name}.png"
-        if not src.is_file():
+        if not src.is_file() or (fresh is not None and Path("figures", f"{name}.png") not in fresh):
             continue
         with Image.open(src) as im:
             im = im.convert("RGB")
