@@ -242,3 +242,29 @@ def test_report_study_figure_keeps_training_sets_apart_and_its_arrays_name_every
     assert list(arrays["seed"]) == list(runs["seed"]) and list(arrays["train_images"]) == list(runs["train_images"])
     np.testing.assert_array_equal(arrays["test_acc"], runs["test_acc"])
     np.testing.assert_array_equal(paper["avg5"], vitviz.paper_results()["avg5"])
+
+
+def test_the_attention_distance_figure_says_which_images_it_averaged(tmp_path):
+    """meta.json, index.html and the arrays name the images behind the distance figure (yours, CIFAR-10 or the
+    fallback photographs), not only their count in the title."""
+    from conftest import tiny_timm_vit
+    from PIL import Image
+
+    folder = tmp_path / "mine"
+    folder.mkdir()
+    for k in range(3):
+        Image.new("RGB", (48, 32), (80 * k, 40, 200)).save(folder / f"img{k}.png")
+    rep = report.Report(tmp_path / "rep", formats=("png",))
+    m = report.LoadedModel("tiny", tiny_timm_vit(), True)
+    (job,) = [fn for name, fn in report._figure_jobs(m, folder) if name == "tiny_attention_distance"]
+    report._figure_step(rep, m, "tiny_attention_distance", job)()
+    assert not rep.failures
+    (entry,) = rep.figures
+    assert "3 images" in entry["images"] and str(folder) in entry["images"]
+    with np.load(rep.out / "arrays" / "tiny_attention_distance.npz", allow_pickle=False) as z:
+        assert [Path(p).name for p in z["images"]] == ["img0.png", "img1.png", "img2.png"]
+        assert str(z["image_source"]) == entry["images"] and z["distance_px"].shape == (2, 2)
+    from vitviz.report.html import index_html
+
+    meta = {"models": {}, "created": "", "versions": {"vitviz": ""}, "git_commit": None, "device": "cpu"}
+    assert f"Images: {entry['images']}" in index_html(rep, meta)

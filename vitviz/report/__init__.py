@@ -8,7 +8,8 @@ Two kinds of steps, each shown by a tqdm bar and each allowed to fail without lo
 - the package figures for the reference models (or ``--model``): ``<out>/figures/<model>_<figure>.{png,pdf,svg}``
   with the numbers behind each in ``<out>/arrays/<name>.npz``.
 
-``<out>/meta.json`` records the model, resolution, settings, versions, device and git commit, and
+``<out>/meta.json`` records the model, resolution, settings, versions, device and git commit (and, for each figure
+averaged over images, which images: ``<figure>.npz`` holds their paths or names), and
 ``<out>/index.html`` links every notebook page and shows every figure. A failed notebook names its cell.
 """
 
@@ -34,6 +35,7 @@ from vitviz.zoo.reference import REFERENCE_MODELS
 from vitviz.zoo.weights import versions
 
 DEFAULT_MODELS = ("cifar10-vit", "cifar10-vit-2dpos", "cifar10-hybrid")
+IMAGE_SOURCE = "image_source"  # the array naming the images a figure was computed on; also its meta.json entry
 Job = Callable[[], tuple[Any, dict[str, np.ndarray]]]
 
 
@@ -121,7 +123,9 @@ def _figure_jobs(m: LoadedModel, images: Path | None = None) -> list[tuple[str, 
         found = example_images(images, 128)
         dist = vitviz.mean_attention_distance(m.model, found.images)
         ax = vitviz.plot_attention_distance(dist, label=f"{m.key} ({len(found)} images)")
-        return ax.figure, {"distance_px": dist.numpy()}
+        names = [str(i) if isinstance(i, (str, os.PathLike)) else label for i, label in zip(found.images, found.labels)]
+        return ax.figure, {"distance_px": dist.numpy(), "images": np.array(names, dtype=str),
+                           "labels": np.array(found.labels, dtype=str), IMAGE_SOURCE: np.array(found.source)}
 
     jobs.append((f"{m.key}_attention_distance", distance))
     return jobs
@@ -181,8 +185,11 @@ def _figure_step(report: Report, m: LoadedModel, name: str, fn: Job) -> Callable
             paths = vitviz.save_figure(fig, report.out / "figures" / name, formats=report.formats)
             plt.close(fig)
             save_arrays(report.out / "arrays" / name, **arrays)
-            report.figures.append({"name": name, "model": m.key or None, "trained": m.trained, "note": m.note,
-                                   "files": [str(Path(p).relative_to(report.out)) for p in paths]})
+            entry = {"name": name, "model": m.key or None, "trained": m.trained, "note": m.note,
+                     "files": [str(Path(p).relative_to(report.out)) for p in paths]}
+            if IMAGE_SOURCE in arrays:  # which images the figure averages over (CIFAR-10, yours, or photographs)
+                entry["images"] = str(arrays[IMAGE_SOURCE])
+            report.figures.append(entry)
         except Exception as e:  # keep going: one broken figure must not lose the others
             report.failures.append({"name": name, "kind": "figure", "error": f"{type(e).__name__}: {e}",
                                     "traceback": traceback.format_exc()})

@@ -48,6 +48,8 @@ def index_html(report: Report, meta: dict[str, Any]) -> str:
     for fig in report.figures:
         png = next((f for f in fig["files"] if f.endswith(".png")), None)
         note = f"<p class=note>{_e(fig['note'])}</p>" if fig["note"] else ""
+        if fig.get("images"):
+            note += f"<p>Images: {_e(fig['images'])}</p>"
         img = f'<img src="{_e(png)}" alt="{_e(fig["name"])}">' if png else ""
         links = " ".join(f'<a href="{_e(f)}">{_e(Path(f).suffix[1:])}</a>' for f in fig["files"])
         sections.append(f"<section><h2>{_e(fig['name'])}</h2>{note}{img}<p>{links}</p></section>")
