@@ -268,3 +268,28 @@ def test_the_attention_distance_figure_says_which_images_it_averaged(tmp_path):
 
     meta = {"models": {}, "created": "", "versions": {"vitviz": ""}, "git_commit": None, "device": "cpu"}
     assert f"Images: {entry['images']}" in index_html(rep, meta)
+
+
+def test_meta_says_when_the_checkout_has_uncommitted_changes(tmp_path, monkeypatch):
+    """git_commit names HEAD; a report rendered from a modified checkout says so (git_dirty), or the commit would
+    claim code it does not hold."""
+    import subprocess
+
+    repo = tmp_path / "repo"
+    here = repo / "vitviz" / "report" / "__init__.py"
+    here.parent.mkdir(parents=True)
+    here.write_text("a = 1\n")
+
+    def git(*args):
+        subprocess.run(["git", "-C", str(repo), "-c", "user.name=v", "-c", "user.email=v@v", *args], check=True,
+                       capture_output=True)
+
+    git("init", "-q")
+    git("add", ".")
+    git("commit", "-qm", "one")
+    monkeypatch.setattr(report, "__file__", str(here))
+    assert report.git_commit() is not None and report.git_dirty() is False
+    here.write_text("a = 2\n")
+    assert report.git_dirty() is True
+    monkeypatch.setattr(report, "__file__", str(tmp_path / "elsewhere" / "__init__.py"))  # no checkout
+    assert report.git_commit() is None and report.git_dirty() is None

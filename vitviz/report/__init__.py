@@ -95,6 +95,19 @@ def git_commit() -> str | None:
         return None
 
 
+def git_dirty() -> bool | None:
+    """Whether the checkout of ``git_commit`` has changes to tracked files that are not committed (the report was then
+    rendered from code that commit does not hold); ``None`` where there is no checkout."""
+    if git_commit() is None:
+        return None
+    try:
+        out = subprocess.run(["git", "-C", str(Path(__file__).resolve().parent), "status", "--porcelain",
+                              "--untracked-files=no"], capture_output=True, text=True, check=True, timeout=10).stdout
+    except (OSError, subprocess.SubprocessError):
+        return None
+    return bool(out.strip())
+
+
 def _figure_jobs(m: LoadedModel, images: Path | None = None) -> list[tuple[str, Job]]:
     import vitviz
 
@@ -364,6 +377,7 @@ def render_report(
         "cuda": torch.cuda.get_device_name() if torch.cuda.is_available() else None,
         "versions": versions(),
         "git_commit": git_commit(),
+        "git_dirty": git_dirty(),
         "notebooks": report.notebooks,
         "figures": report.figures,
         "failures": [{k: v for k, v in f.items() if k != "traceback"} for f in report.failures],

@@ -60,7 +60,8 @@ def index_html(report: Report, meta: dict[str, Any]) -> str:
     return (
         f"<!doctype html><html><head><meta charset=utf-8><title>vitviz report</title><style>{STYLE}</style>"
         "</head><body><h1>vitviz report</h1>"
-        f"<p>{_e(meta['created'])}, vitviz {_e(meta['versions']['vitviz'])}, commit {_e(meta['git_commit'])}, "
+        f"<p>{_e(meta['created'])}, vitviz {_e(meta['versions']['vitviz'])}, commit {_e(meta['git_commit'])}"
+        f"{' with uncommitted changes' if meta.get('git_dirty') else ''}, "
         f"device {_e(meta['device'])}. Numbers behind the figures: <code>arrays/</code>; everything else: "
         f'<a href="meta.json">meta.json</a>.</p>'
         f"{_notebook_rows(report.notebooks)}<h2>Package figures</h2>{specs}{''.join(sections)}</body></html>\n"
