@@ -293,3 +293,16 @@ def test_meta_says_when_the_checkout_has_uncommitted_changes(tmp_path, monkeypat
     assert report.git_dirty() is True
     monkeypatch.setattr(report, "__file__", str(tmp_path / "elsewhere" / "__init__.py"))  # no checkout
     assert report.git_commit() is None and report.git_dirty() is None
+
+
+def test_a_figure_step_that_fails_half_way_closes_its_figure(tmp_path):
+    import matplotlib.pyplot as plt
+
+    def half(*_):
+        plt.figure()
+        raise RuntimeError("drawn, then broke")
+
+    before = set(plt.get_fignums())
+    rep = report.Report(tmp_path, formats=("png",))
+    report._figure_step(rep, report.LoadedModel("", None, True), "half", half)()
+    assert [f["name"] for f in rep.failures] == ["half"] and set(plt.get_fignums()) == before

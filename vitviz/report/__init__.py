@@ -193,10 +193,10 @@ def _figure_step(report: Report, m: LoadedModel, name: str, fn: Job) -> Callable
 
         import vitviz
 
+        before = set(plt.get_fignums())
         try:
             fig, arrays = fn()
             paths = vitviz.save_figure(fig, report.out / "figures" / name, formats=report.formats)
-            plt.close(fig)
             save_arrays(report.out / "arrays" / name, **arrays)
             entry = {"name": name, "model": m.key or None, "trained": m.trained, "note": m.note,
                      "files": [str(Path(p).relative_to(report.out)) for p in paths]}
@@ -206,6 +206,9 @@ def _figure_step(report: Report, m: LoadedModel, name: str, fn: Job) -> Callable
         except Exception as e:  # keep going: one broken figure must not lose the others
             report.failures.append({"name": name, "kind": "figure", "error": f"{type(e).__name__}: {e}",
                                     "traceback": traceback.format_exc()})
+        finally:  # the step's figures, also those of a step that failed half-way (a report holds dozens)
+            for number in set(plt.get_fignums()) - before:
+                plt.close(number)
 
     return step
 
