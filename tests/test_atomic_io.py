@@ -155,3 +155,18 @@ def test_a_file_system_that_cannot_fsync_still_gets_the_file_and_an_io_error_is_
         io.atomic_write_json(target, {"a": 2})
     assert target.read_text() == '{\n  "a": 1\n}\n' and temporaries(tmp_path) == []
     monkeypatch.setattr(os, "fsync", real)
+
+
+def test_save_arrays_writes_names_as_strings_np_load_reads(tmp_path):
+    """A pandas column of names is an object array: written as it was, the .npz held a pickle np.load refuses."""
+    import numpy as np
+    import pandas as pd
+
+    from vitviz.core.io import save_arrays
+    from vitviz.errors import InputError
+
+    path = save_arrays(tmp_path / "points", family=pd.Series(["ViT", "Hybrid"]), acc=np.array([1.0, 2.0]))
+    with np.load(path) as z:
+        assert list(z["family"]) == ["ViT", "Hybrid"] and list(z["acc"]) == [1.0, 2.0]
+    with pytest.raises(InputError, match="mixed= holds Python objects"):
+        save_arrays(tmp_path / "bad", mixed=np.array([{"a": 1}, None], dtype=object))

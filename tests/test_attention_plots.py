@@ -72,6 +72,9 @@ def test_plot_rollout_modes_and_given_maps():
         vitviz.plot_rollout(model, photos[:2], maps=torch.rand(3, 4, 6))
     with pytest.raises(ValueError, match="mode"):
         vitviz.plot_rollout(model, photos[:2], mode="heat")
+    signed = torch.rand(2, 4, 6) - 0.5  # e.g. AttnLRP's maps: their negative half was drawn as 0
+    with pytest.raises(vitviz.InputError, match="negative values.*signed=True"):
+        vitviz.plot_rollout(model, photos[:2], maps=signed)
 
 
 def test_maps_are_drawn_over_the_pixels_their_patches_see():
@@ -95,6 +98,11 @@ def test_maps_are_drawn_over_the_pixels_their_patches_see():
     panel = next(ax for ax in fig.axes if ax.get_title() == "Head 1")
     assert panel.images[0].get_extent() == [0, 48, 32, 0]
     assert tuple(panel.get_xlim()) == (0, 52) and tuple(panel.get_ylim()) == (36, 0)
+    fig = vitviz.plot_attention_heads_grid(model, x, query=(3, 5))  # the query's red square on the same pixels
+    for ax in fig.axes:
+        if ax.get_title() in ("Input", "Head 1", "Head 2"):
+            (square,) = ax.patches
+            assert (*square.get_xy(), square.get_width(), square.get_height()) == (40, 24, 8, 8)
     pixels = torch.rand(1, 36, 52)  # a map on the pixels (AttnLRP read_at="pixels") is drawn as it is
     np.testing.assert_allclose(upsample_maps(pixels, (36, 52), None, covered=(32, 48)), pixels.numpy())
 
@@ -117,6 +125,34 @@ def test_plot_attention_heads_grid_one_panel_per_head_on_a_shared_scale():
     assert "patch (row 2, column 3)" in fig._suptitle.get_text()
     with pytest.raises(ValueError, match="one image"):
         vitviz.plot_attention_heads_grid(model, torch.randn(2, 3, 32, 48))
+
+
+def test_heads_grid_draws_signed_maps_on_a_diverging_scale():
+    """Differential attention's maps hold negative weights: drawn from 0 up, they showed as 0. The scale is then
+    symmetric about 0 (diverging colormap), each panel's data the captured row itself."""
+    from conftest import tiny_parallel
+
+    model = tiny_parallel("differential")
+    with torch.no_grad():  # lambda = exp(q1 . k1) - exp(q2 . k2) + lambda_init well above 1: rows dip below 0
+        for block in model.blocks:
+            block.attn.lambda_q1.fill_(0.5)
+            block.attn.lambda_k1.fill_(0.5)
+    x = torch.randn(1, 3, 32, 48)
+    with torch.no_grad(), vitviz.capture_attention(model, layers=-1) as cap:
+        model(x)
+    attn = cap.attentions[0][0].float()  # (H, N, N)
+    query = int(attn[:, :, 1:].amin(dim=(0, 2)).argmin())  # the token whose row reaches lowest
+    want = attn[:, query, 1:].reshape(-1, 4, 6).numpy()
+    assert want.min() < 0
+    fig = vitviz.plot_attention_heads_grid(model, x, query=query)
+    heads = [ax.images[0] for ax in fig.axes if ax.get_title().startswith("Head")]
+    top = np.abs(want).max()
+    for k, im in enumerate(heads):
+        np.testing.assert_allclose(im.get_array(), want[k], atol=1e-6)
+        np.testing.assert_allclose(im.get_clim(), (-top, top), rtol=1e-6)
+        assert im.get_cmap().name == "RdBu_r"
+    fig = vitviz.plot_attention_heads_grid(tiny_timm_vit(), x)  # weights of a softmax: 0 to the largest
+    assert fig.axes[1].images[0].get_clim()[0] == 0 and fig.axes[1].images[0].get_cmap().name == "viridis"
 
 
 def test_heads_grid_query_names_are_the_explanations_token_names():

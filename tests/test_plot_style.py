@@ -361,7 +361,7 @@ def test_reference_models_are_named_without_overlap():
 
 
 def test_report_study_figure_names_do_not_overlap():
-    """The report's ``study_hybrid_vs_pure``: many configurations; those that fit are named, none overlap."""
+    """The whole measured study in one compute panel: many configurations; those that fit are named, none overlap."""
     from vitviz.experiments.study import read_results
 
     runs = read_results()

@@ -183,3 +183,126 @@ def test_gallery_copies_downscaled_key_figures(tmp_path):
     assert [p.name for p in written] == ["paper_fig5_compute_curves.png"]  # figures the report lacks are skipped
     with Image.open(written[0]) as im:
         assert im.size == (400, 200)
+
+
+def test_gallery_takes_only_the_figures_this_report_wrote(tmp_path):
+    """A PNG an earlier run left in figures/ (its notebook failed this time) is not copied as if current."""
+    from PIL import Image
+
+    from vitviz.report import write_gallery
+
+    figures = tmp_path / "rep" / "figures"
+    figures.mkdir(parents=True)
+    for name in ("paper_fig5_compute_curves", "fig6_rollout_vit"):
+        Image.new("RGB", (40, 20), "white").save(figures / f"{name}.png")
+    meta = {"figures": [{"name": "paper_fig5_compute_curves", "files": ["figures/paper_fig5_compute_curves.png"]}],
+            "notebooks": [{"name": "02_attention", "ok": False, "files": []}]}
+    (tmp_path / "rep" / "meta.json").write_text(json.dumps(meta))
+    written = write_gallery(tmp_path / "rep", tmp_path / "gallery")
+    assert [p.name for p in written] == ["paper_fig5_compute_curves.png"]
+    assert not (tmp_path / "gallery" / "fig6_rollout_vit.png").exists()
+    meta["notebooks"][0]["files"] = ["figures/fig6_rollout_vit.png", "arrays/fig6_rollout_vit.npz"]
+    (tmp_path / "rep" / "meta.json").write_text(json.dumps(meta))
+    written = write_gallery(tmp_path / "rep", tmp_path / "gallery")
+    assert [p.name for p in written] == ["fig6_rollout_vit.png", "paper_fig5_compute_curves.png"]
+
+
+
+def test_report_study_figure_keeps_training_sets_apart_and_its_arrays_name_every_point(monkeypatch):
+    """The measured study in the report is ``plot_study_grid``'s figure (one row of panels per training-set size: seed
+    means with intervals, the gap at equal compute; drawn and checked in test_compare), not one compute panel whose
+    frontier joins the sizes through the best seed; and each array file says which point is which (family, model,
+    seed), readable without pickles."""
+    import io
+
+    import pandas as pd
+    from conftest import tiny_study_runs
+    from matplotlib.figure import Figure
+
+    import vitviz
+    import vitviz.experiments.study
+
+    runs = pd.concat([tiny_study_runs(), tiny_study_runs().assign(train_images=1000)], ignore_index=True)
+    monkeypatch.setattr(vitviz.experiments.study, "read_results", lambda: runs)
+    drawn = []
+    for name in ("plot_study_grid", "plot_compute_curves"):  # what each job draws (the figures are tested apart)
+        monkeypatch.setattr(vitviz, name, lambda df, *a, name=name, **kw: drawn.append((name, df, kw)) or Figure())
+    jobs = dict(report._global_jobs())
+    _fig, arrays = jobs["study_hybrid_vs_pure"]()
+    ((name, df, _kw),) = drawn
+    assert name == "plot_study_grid" and df is runs
+    _fig, paper = jobs["paper_fig5_compute_curves"]()
+    for got, df in ((arrays, runs), (paper, vitviz.paper_results())):
+        buffer = io.BytesIO()
+        np.savez(buffer, **got)
+        buffer.seek(0)
+        with np.load(buffer, allow_pickle=False) as z:
+            assert list(z["family"]) == list(df["family"]) and list(z["model"]) == list(df["model"])
+            assert list(z["epochs"]) == list(df["epochs"])
+    assert list(arrays["seed"]) == list(runs["seed"]) and list(arrays["train_images"]) == list(runs["train_images"])
+    np.testing.assert_array_equal(arrays["test_acc"], runs["test_acc"])
+    np.testing.assert_array_equal(paper["avg5"], vitviz.paper_results()["avg5"])
+
+
+def test_the_attention_distance_figure_says_which_images_it_averaged(tmp_path):
+    """meta.json, index.html and the arrays name the images behind the distance figure (yours, CIFAR-10 or the
+    fallback photographs), not only their count in the title."""
+    from conftest import tiny_timm_vit
+    from PIL import Image
+
+    folder = tmp_path / "mine"
+    folder.mkdir()
+    for k in range(3):
+        Image.new("RGB", (48, 32), (80 * k, 40, 200)).save(folder / f"img{k}.png")
+    rep = report.Report(tmp_path / "rep", formats=("png",))
+    m = report.LoadedModel("tiny", tiny_timm_vit(), True)
+    (job,) = [fn for name, fn in report._figure_jobs(m, folder) if name == "tiny_attention_distance"]
+    report._figure_step(rep, m, "tiny_attention_distance", job)()
+    assert not rep.failures
+    (entry,) = rep.figures
+    assert "3 images" in entry["images"] and str(folder) in entry["images"]
+    with np.load(rep.out / "arrays" / "tiny_attention_distance.npz", allow_pickle=False) as z:
+        assert [Path(p).name for p in z["images"]] == ["img0.png", "img1.png", "img2.png"]
+        assert str(z["image_source"]) == entry["images"] and z["distance_px"].shape == (2, 2)
+    from vitviz.report.html import index_html
+
+    meta = {"models": {}, "created": "", "versions": {"vitviz": ""}, "git_commit": None, "device": "cpu"}
+    assert f"Images: {entry['images']}" in index_html(rep, meta)
+
+
+def test_meta_says_when_the_checkout_has_uncommitted_changes(tmp_path, monkeypatch):
+    """git_commit names HEAD; a report rendered from a modified checkout says so (git_dirty), or the commit would
+    claim code it does not hold."""
+    import subprocess
+
+    repo = tmp_path / "repo"
+    here = repo / "vitviz" / "report" / "__init__.py"
+    here.parent.mkdir(parents=True)
+    here.write_text("a = 1\n")
+
+    def git(*args):
+        subprocess.run(["git", "-C", str(repo), "-c", "user.name=v", "-c", "user.email=v@v", *args], check=True,
+                       capture_output=True)
+
+    git("init", "-q")
+    git("add", ".")
+    git("commit", "-qm", "one")
+    monkeypatch.setattr(report, "__file__", str(here))
+    assert report.git_commit() is not None and report.git_dirty() is False
+    here.write_text("a = 2\n")
+    assert report.git_dirty() is True
+    monkeypatch.setattr(report, "__file__", str(tmp_path / "elsewhere" / "__init__.py"))  # no checkout
+    assert report.git_commit() is None and report.git_dirty() is None
+
+
+def test_a_figure_step_that_fails_half_way_closes_its_figure(tmp_path):
+    import matplotlib.pyplot as plt
+
+    def half(*_):
+        plt.figure()
+        raise RuntimeError("drawn, then broke")
+
+    before = set(plt.get_fignums())
+    rep = report.Report(tmp_path, formats=("png",))
+    report._figure_step(rep, report.LoadedModel("", None, True), "half", half)()
+    assert [f["name"] for f in rep.failures] == ["half"] and set(plt.get_fignums()) == before

@@ -150,12 +150,25 @@ def save_arrays(path_stem: str | os.PathLike, **arrays: Any) -> Path:
 
     Returns:
         the path written.
+
+    Raises:
+        InputError: no arrays, or an array of Python objects other than strings (``.npz`` could hold it only as a
+            pickle, which ``np.load`` refuses by default). Strings held as objects (a pandas column of names) are
+            written as unicode strings.
     """
     import numpy as np
 
     if not arrays:
         raise InputError("save_arrays needs at least one array, e.g. save_arrays(stem, similarity=sim)")
     values = {k: v.detach().cpu().numpy() if isinstance(v, torch.Tensor) else np.asarray(v) for k, v in arrays.items()}
+    for k, v in values.items():
+        if v.dtype == object:
+            if not all(isinstance(item, str) for item in v.flat):
+                kinds = sorted({type(item).__name__ for item in v.flat})
+                raise InputError(f"save_arrays: {k}= holds Python objects ({', '.join(kinds)}), which a .npz file "
+                                 "keeps only as a pickle that np.load refuses; pass numbers or strings (e.g. "
+                                 f"{k}=column.astype(str))")
+            values[k] = v.astype(str)
     path = Path(path_stem)
     path = path if path.suffix == ".npz" else path.parent / f"{path.name}.npz"
 

@@ -161,7 +161,8 @@ def plot_rollout(
 
     Raises:
         InputError: ``mode`` unknown, ``ncols`` not a positive int, ``maps`` not one map per image on the images'
-            token grid (or pixel grid), or ``labels`` not one per image.
+            token grid (or pixel grid) or holding negative values (signed relevance: ``plot_explanations_grid``
+            with ``signed=True`` draws it), or ``labels`` not one per image.
     """
     if mode not in MODES:
         raise InputError(f"mode must be one of {MODES}, got {mode!r}")
@@ -175,6 +176,11 @@ def plot_rollout(
     if maps.ndim != 3 or maps.shape[0] != x.shape[0]:
         raise InputError(f"expected one (gh, gw) map per image: {x.shape[0]} images, maps {tuple(maps.shape)}")
     check_map_grid(model, x, maps, "maps")
+    low, peak = float(torch.as_tensor(maps).min()), float(torch.as_tensor(maps).abs().max())
+    if low < -1e-6 * peak:  # the scales here start at 0: negative relevance would be drawn as none
+        raise InputError(f"maps hold negative values (down to {low:.3g}, largest |value| {peak:.3g}), which "
+                         "plot_rollout would draw as 0; draw signed maps (AttnLRP, input x gradient) with "
+                         "vitviz.plot_explanations_grid(model, images, {'attnlrp': maps}, signed=True)")
     if labels is not None and len(labels) != x.shape[0]:
         raise InputError(f"{len(labels)} labels for {x.shape[0]} images")
     imgs = denormalise(model, x)
@@ -278,7 +284,7 @@ def plot_attention_heads_grid(
     layer: int = -1,
     *,
     query: int | str | tuple[int, int] | None = None,
-    cmap: str = "viridis",
+    cmap: str | None = None,
     ncols: int = 6,
     fig: Figure | None = None,
 ) -> Figure:
@@ -294,8 +300,10 @@ def plot_attention_heads_grid(
             DeiT-distilled, the queries weighted by an attention pool's own attention; ``"class"`` (the class
             token's query whatever the head reads) or ``"patches"`` (the mean over patch queries), the names
             ``token=`` takes in the explanations; an int token index, or a ``(row, column)`` patch (zero-based).
-        cmap: colormap of the maps; ncols: panels per row (narrower than 1.5 in when ``ncols`` of them would not
-            fit a 7 in double column); fig: draw into this figure.
+        cmap: colormap of the maps (default ``viridis`` from 0 to the largest weight; ``RdBu_r`` from ``-m`` to
+            ``m``, ``m`` the largest absolute weight, when a map holds negative weights: differential attention's
+            signed maps, whose negative entries a scale from 0 would draw as 0); ncols: panels per row (narrower
+            than 1.5 in when ``ncols`` of them would not fit a 7 in double column); fig: draw into this figure.
 
     Returns:
         the figure: an "Input" panel, then "Head 1" ... "Head H" (shared scale), one colorbar "Attention weight" as
@@ -339,13 +347,18 @@ def plot_attention_heads_grid(
         fig.set_layout_engine("constrained")
     block, cax = image_block(fig, nrows, cols)
     axes = block.ravel()
-    vmax = float(heads.max()) or 1.0
+    low, high = float(heads.min()), float(heads.max())
+    if low < 0:  # signed maps (differential attention): a diverging scale centred on 0, nothing clipped
+        vmax = max(-low, high)
+        vmin, cmap = -vmax, cmap or "RdBu_r"
+    else:
+        vmin, vmax, cmap = 0.0, high or 1.0, cmap or "viridis"
     axes[0].imshow(img, interpolation="antialiased")
     axes[0].set_title("Input")
     im = None
     for k, ax in enumerate(axes[1:n]):
         # each patch over its own pixels: the grid covers (ch, cw) of the image's (h, w) (covered_pixels)
-        im = ax.imshow(heads[k], cmap=cmap, vmin=0.0, vmax=vmax, extent=(0, cw, ch, 0), interpolation="nearest")
+        im = ax.imshow(heads[k], cmap=cmap, vmin=vmin, vmax=vmax, extent=(0, cw, ch, 0), interpolation="nearest")
         ax.set_xlim(0, w)
         ax.set_ylim(h, 0)
         ax.set_title(f"Head {k + 1}")
@@ -353,7 +366,7 @@ def plot_attention_heads_grid(
         from matplotlib.patches import Rectangle
 
         r, c = divmod(q - p, grid[1])
-        sh, sw = h / grid[0], w / grid[1]
+        sh, sw = ch / grid[0], cw / grid[1]  # the patch's own pixels: the grid covers (ch, cw) of (h, w)
         for ax in axes[:n]:
             ax.add_patch(Rectangle((c * sw, r * sh), sw, sh, fill=False, edgecolor="red", linewidth=1.0))
     for ax in axes[:n]:

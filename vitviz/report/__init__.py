@@ -8,7 +8,8 @@ Two kinds of steps, each shown by a tqdm bar and each allowed to fail without lo
 - the package figures for the reference models (or ``--model``): ``<out>/figures/<model>_<figure>.{png,pdf,svg}``
   with the numbers behind each in ``<out>/arrays/<name>.npz``.
 
-``<out>/meta.json`` records the model, resolution, settings, versions, device and git commit, and
+``<out>/meta.json`` records the model, resolution, settings, versions, device and git commit (and, for each figure
+averaged over images, which images: ``<figure>.npz`` holds their paths or names), and
 ``<out>/index.html`` links every notebook page and shows every figure. A failed notebook names its cell.
 """
 
@@ -34,6 +35,7 @@ from vitviz.zoo.reference import REFERENCE_MODELS
 from vitviz.zoo.weights import versions
 
 DEFAULT_MODELS = ("cifar10-vit", "cifar10-vit-2dpos", "cifar10-hybrid")
+IMAGE_SOURCE = "image_source"  # the array naming the images a figure was computed on; also its meta.json entry
 Job = Callable[[], tuple[Any, dict[str, np.ndarray]]]
 
 
@@ -93,6 +95,19 @@ def git_commit() -> str | None:
         return None
 
 
+def git_dirty() -> bool | None:
+    """Whether the checkout of ``git_commit`` has changes to tracked files that are not committed (the report was then
+    rendered from code that commit does not hold); ``None`` where there is no checkout."""
+    if git_commit() is None:
+        return None
+    try:
+        out = subprocess.run(["git", "-C", str(Path(__file__).resolve().parent), "status", "--porcelain",
+                              "--untracked-files=no"], capture_output=True, text=True, check=True, timeout=10).stdout
+    except (OSError, subprocess.SubprocessError):
+        return None
+    return bool(out.strip())
+
+
 def _figure_jobs(m: LoadedModel, images: Path | None = None) -> list[tuple[str, Job]]:
     import vitviz
 
@@ -121,7 +136,9 @@ def _figure_jobs(m: LoadedModel, images: Path | None = None) -> list[tuple[str, 
         found = example_images(images, 128)
         dist = vitviz.mean_attention_distance(m.model, found.images)
         ax = vitviz.plot_attention_distance(dist, label=f"{m.key} ({len(found)} images)")
-        return ax.figure, {"distance_px": dist.numpy()}
+        names = [str(i) if isinstance(i, (str, os.PathLike)) else label for i, label in zip(found.images, found.labels)]
+        return ax.figure, {"distance_px": dist.numpy(), "images": np.array(names, dtype=str),
+                           "labels": np.array(found.labels, dtype=str), IMAGE_SOURCE: np.array(found.source)}
 
     jobs.append((f"{m.key}_attention_distance", distance))
     return jobs
@@ -134,8 +151,8 @@ def _global_jobs() -> list[tuple[str, Job]]:
 
     def paper() -> tuple[Any, dict[str, np.ndarray]]:
         df = vitviz.paper_results()
-        return vitviz.plot_compute_curves(df, frontier=True), {c: df[c].to_numpy() for c in
-                                                                ("exaflops", "avg5", "imagenet")}
+        return vitviz.plot_compute_curves(df, frontier=True), _columns(df, ("family", "model", "epochs", "exaflops",
+                                                                            "avg5", "imagenet"))
 
     jobs = [("paper_fig5_compute_curves", paper)]
     from vitviz.zoo.cards import posemb_ablation_results
@@ -144,6 +161,7 @@ def _global_jobs() -> list[tuple[str, Job]]:
     if ablation["trained"].any():
         def posemb() -> tuple[Any, dict[str, np.ndarray]]:
             return vitviz.plot_posemb_ablation_grid(), {
+                **_columns(ablation, ("pos_emb", "model")),
                 "test_top1": ablation["test_top1"].to_numpy(dtype=float),
                 "epochs": ablation["epochs"].to_numpy(dtype=float, na_value=np.nan),
                 "paper_5shot": ablation["paper_5shot"].to_numpy(dtype=float)}
@@ -152,14 +170,21 @@ def _global_jobs() -> list[tuple[str, Job]]:
     measured = read_results()
     if len(measured):
         def study() -> tuple[Any, dict[str, np.ndarray]]:
-            from vitviz.plot.style import label
-
-            fig = vitviz.plot_compute_curves(measured, metrics=("test_acc",), x="train_pflops", frontier=True,
-                                             annotate=True, ylabel=label("Test accuracy", "%"))
-            return fig, {c: measured[c].to_numpy() for c in ("train_pflops", "test_acc", "epochs")}
+            # one row of panels per training-set size, seed means with their intervals and the gap at equal
+            # compute (as notebook 03): one panel of every seed would join the sizes' frontiers and take the best seed
+            return vitviz.plot_study_grid(measured), _columns(measured, (
+                "family", "model", "epochs", "seed", "train_images", "train_pflops", "test_acc"))
 
         jobs.append(("study_hybrid_vs_pure", study))
     return jobs
+
+
+def _columns(df: Any, names: Sequence[str]) -> dict[str, np.ndarray]:
+    """The columns ``names`` of ``df`` as arrays ``np.load`` reads without pickles: the labels that say which point is
+    which (family, model, seed) as unicode strings beside the numbers."""
+    from pandas.api.types import is_numeric_dtype
+
+    return {c: df[c].to_numpy() if is_numeric_dtype(df[c]) else df[c].to_numpy().astype(str) for c in names}
 
 
 def _figure_step(report: Report, m: LoadedModel, name: str, fn: Job) -> Callable[[], None]:
@@ -168,16 +193,22 @@ def _figure_step(report: Report, m: LoadedModel, name: str, fn: Job) -> Callable
 
         import vitviz
 
+        before = set(plt.get_fignums())
         try:
             fig, arrays = fn()
             paths = vitviz.save_figure(fig, report.out / "figures" / name, formats=report.formats)
-            plt.close(fig)
             save_arrays(report.out / "arrays" / name, **arrays)
-            report.figures.append({"name": name, "model": m.key or None, "trained": m.trained, "note": m.note,
-                                   "files": [str(Path(p).relative_to(report.out)) for p in paths]})
+            entry = {"name": name, "model": m.key or None, "trained": m.trained, "note": m.note,
+                     "files": [str(Path(p).relative_to(report.out)) for p in paths]}
+            if IMAGE_SOURCE in arrays:  # which images the figure averages over (CIFAR-10, yours, or photographs)
+                entry["images"] = str(arrays[IMAGE_SOURCE])
+            report.figures.append(entry)
         except Exception as e:  # keep going: one broken figure must not lose the others
             report.failures.append({"name": name, "kind": "figure", "error": f"{type(e).__name__}: {e}",
                                     "traceback": traceback.format_exc()})
+        finally:  # the step's figures, also those of a step that failed half-way (a report holds dozens)
+            for number in set(plt.get_fignums()) - before:
+                plt.close(number)
 
     return step
 
@@ -240,17 +271,28 @@ def write_gallery(report_out: str | os.PathLike, gallery: str | os.PathLike, nam
     """Copy the key figures of a report, downscaled to ``width`` px, into ``gallery`` (the README's pictures).
 
     A gallery file that already shows the same picture (up to rendering noise; see ``GALLERY_NOISE_LEVELS``) is
-    not rewritten, so ``make report`` on an unchanged tree changes no tracked file.
+    not rewritten, so ``make report`` on an unchanged tree changes no tracked file. Where the report has a
+    ``meta.json``, only the figures it lists as written by that run (a package figure, or a file a notebook wrote)
+    are copied: a PNG left in ``figures/`` by an earlier run, whose figure or notebook failed or was not run this
+    time, is not passed off as current.
 
     Returns:
-        the PNGs of the gallery, written or kept; figures the report lacks are skipped.
+        the PNGs of the gallery, written or kept; figures the report lacks (or did not write) are skipped.
     """
+    import json
+
     from PIL import Image
 
+    meta_path = Path(report_out) / "meta.json"
+    fresh = None
+    if meta_path.is_file():
+        meta = json.loads(meta_path.read_text())
+        fresh = {Path(f) for entry in [*meta.get("figures", []), *meta.get("notebooks", [])]
+                 for f in entry.get("files", [])}
     written = []
     for name in names:
         src = Path(report_out) / "figures" / f"{name}.png"
-        if not src.is_file():
+        if not src.is_file() or (fresh is not None and Path("figures", f"{name}.png") not in fresh):
             continue
         with Image.open(src) as im:
             im = im.convert("RGB")
@@ -338,6 +380,7 @@ def render_report(
         "cuda": torch.cuda.get_device_name() if torch.cuda.is_available() else None,
         "versions": versions(),
         "git_commit": git_commit(),
+        "git_dirty": git_dirty(),
         "notebooks": report.notebooks,
         "figures": report.figures,
         "failures": [{k: v for k, v in f.items() if k != "traceback"} for f in report.failures],

@@ -48,6 +48,8 @@ def index_html(report: Report, meta: dict[str, Any]) -> str:
     for fig in report.figures:
         png = next((f for f in fig["files"] if f.endswith(".png")), None)
         note = f"<p class=note>{_e(fig['note'])}</p>" if fig["note"] else ""
+        if fig.get("images"):
+            note += f"<p>Images: {_e(fig['images'])}</p>"
         img = f'<img src="{_e(png)}" alt="{_e(fig["name"])}">' if png else ""
         links = " ".join(f'<a href="{_e(f)}">{_e(Path(f).suffix[1:])}</a>' for f in fig["files"])
         sections.append(f"<section><h2>{_e(fig['name'])}</h2>{note}{img}<p>{links}</p></section>")
@@ -58,7 +60,8 @@ def index_html(report: Report, meta: dict[str, Any]) -> str:
     return (
         f"<!doctype html><html><head><meta charset=utf-8><title>vitviz report</title><style>{STYLE}</style>"
         "</head><body><h1>vitviz report</h1>"
-        f"<p>{_e(meta['created'])}, vitviz {_e(meta['versions']['vitviz'])}, commit {_e(meta['git_commit'])}, "
+        f"<p>{_e(meta['created'])}, vitviz {_e(meta['versions']['vitviz'])}, commit {_e(meta['git_commit'])}"
+        f"{' with uncommitted changes' if meta.get('git_dirty') else ''}, "
         f"device {_e(meta['device'])}. Numbers behind the figures: <code>arrays/</code>; everything else: "
         f'<a href="meta.json">meta.json</a>.</p>'
         f"{_notebook_rows(report.notebooks)}<h2>Package figures</h2>{specs}{''.join(sections)}</body></html>\n"
