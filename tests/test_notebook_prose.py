@@ -198,3 +198,29 @@ def test_the_ablation_claims_in_notebook_01_hold_on_the_shipped_cards():
         assert gaps.loc[row, "cifar10"] > 2 * gaps.loc[row, "paper"] > 0
     assert gaps.loc["locality 2-D minus 1-D", "cifar10"] > 0
     assert abs(gaps.loc["2-D minus 1-D (points)", "paper"]) < 0.5  # the paper's "within a fraction of a point"
+
+
+# sections that only narrate: what the notebook does not reproduce, said in words
+NARRATIVE_SECTIONS = {"Where this differs from the paper"}
+
+
+def sections(path: Path) -> list[tuple[str, int, int]]:
+    """``(heading, markdown cell index, code cells before the next heading)`` of each heading of a notebook."""
+    found: list[list] = []
+    for i, cell in enumerate(json.loads(path.read_text())["cells"]):
+        if cell["cell_type"] == "markdown":
+            found += [[m.group(1), i, 0] for m in re.finditer(r"^#+\s+(.*)$", "".join(cell["source"]), re.MULTILINE)]
+        elif found:
+            found[-1][2] += 1
+    return [tuple(s) for s in found]
+
+
+@pytest.mark.parametrize("path", NOTEBOOKS, ids=lambda p: p.name)
+def test_each_section_holds_the_code_its_prose_announces(path):
+    """A heading's prose describes the cells under it: a section with no code cell before the next heading sets
+    its figure under another section's heading (notebook 01 announced its interpolated embedding, then showed the
+    few-shot tables under a heading of their own and the interpolated figure below them)."""
+    empty = [f"cell {i}: {heading!r}" for heading, i, code in sections(path)
+             if code == 0 and heading not in NARRATIVE_SECTIONS]
+    assert not empty, "sections without a code cell (move the cells their prose describes under them):\n" + \
+        "\n".join(empty)
