@@ -398,3 +398,24 @@ def test_a_grid_short_of_the_image_is_drawn_marked_and_clicked_over_its_own_pixe
     assert np.abs(block.reshape(-1, 3) - top).max() <= 1
     mark = decode(w.png)[eh - 1, ew - 20]  # the query's outline runs along the grid's last row of pixels
     assert tuple(mark) == (0, 255, 255)
+
+
+def test_the_status_gives_the_prefix_tokens_share_of_a_fused_row():
+    """A max (min) over heads sums to more (less) than 1 over the row: the status line said the prefix tokens'
+    sum of it was "of the row" (the shipped cifar10-vit, last layer, max: 1% said, 0.3% of a row summing to 2.3)."""
+    import re
+
+    torch.manual_seed(0)
+    model = tiny_timm_vit(depth=1, num_heads=8)
+    with torch.no_grad():
+        model.blocks[0].attn.qkv.weight.mul_(6)  # peaked heads that disagree (random weights attend uniformly)
+    w = explore_attention(model, photo())
+    fused = captured(w.model, w)[0][0]  # (H, N, N)
+    for head, rows in (("max", fused.amax(0)), ("min", fused.amin(0)), ("mean", fused.mean(0))):
+        for query in (0, "patch"):
+            w.set(head=head, layer=0, query=query, row=2, col=3)
+            row = rows[0 if query == 0 else 1 + 2 * 6 + 3]
+            share = float(row[0] / row.sum())
+            shown = int(re.search(r"(\d+)% of the row goes to prefix tokens", w.status.value).group(1))
+            assert abs(shown - 100 * share) <= 0.5 + 1e-6, (head, query, shown, share)
+    assert float(fused.amax(0)[0].sum()) > 1.5  # a max row is no distribution
