@@ -272,6 +272,46 @@ def test_notebook_04_runs_headless(run_notebook, tiny_folder, tmp_path):
         assert (out_dir / f"{stem}.png").exists()
 
 
+def _notebook_04_setup(data_dir, monkeypatch) -> dict:
+    """Run notebook 04's set-up cell (the one after its parameters) on ``data_dir``, with a tiny model for the
+    shipped one; return its namespace."""
+    import json
+    from pathlib import Path
+
+    nb = json.loads((Path(__file__).resolve().parents[1] / "notebooks" / "04_faithfulness.ipynb").read_text())
+    code = [c for c in nb["cells"] if c["cell_type"] == "code"]
+    start = next(i for i, c in enumerate(code) if "parameters" in c["metadata"].get("tags", []))
+    monkeypatch.setattr(vitviz, "load_model", lambda name: tiny_timm_vit(img_size=32, num_classes=10))
+    namespace: dict = {}
+    exec("".join(code[start]["source"]), namespace)
+    namespace.update(data_dir=str(data_dir), n_images=4)
+    exec("".join(code[start + 1]["source"]), namespace)
+    return namespace
+
+
+def test_notebook_04_labels_follow_the_class_folders_and_a_flat_folder_has_none(tmp_path, monkeypatch):
+    """The report hands notebook 04 your images as ``data_dir``: a flat folder failed in its set-up cell
+    (ValueError: '0000' is not in list), and a hidden folder beside the classes (``.ipynb_checkpoints``) shifted
+    every label by one, so accuracy was scored against the wrong class without a word."""
+    from PIL import Image
+
+    tree, flat = tmp_path / "tree", tmp_path / "flat"
+    for name in ("cat", "dog"):
+        (tree / name).mkdir(parents=True)
+        for i in range(2):
+            Image.new("RGB", (32, 32), (100 * i, 50, 200)).save(tree / name / f"{i:04d}.png")
+    (tree / ".ipynb_checkpoints").mkdir()
+    (tree / "empty").mkdir()  # no images: no class (ImageFolder would refuse it)
+    ns = _notebook_04_setup(tree, monkeypatch)
+    assert ns["class_names"] == ["cat", "dog"]
+    assert ns["labels"] == [["cat", "dog"].index(label) for label in ns["images"].labels] == [0, 1, 0, 1]
+    flat.mkdir()
+    for i in range(3):
+        Image.new("RGB", (32, 32), (80 * i, 50, 200)).save(flat / f"{i:04d}.png")
+    ns = _notebook_04_setup(flat, monkeypatch)
+    assert ns["labels"] is None and ns["class_names"] == []  # scored against each image's own prediction
+
+
 # ----------------------------------------------------------------------------------------------------- whole patches
 _trapezoid = getattr(np, "trapezoid", None) or np.trapz  # NumPy 2 renamed trapz
 STEPS = np.linspace(0, 1, 11)  # the nominal steps of steps=0.1, as faithfulness writes them
