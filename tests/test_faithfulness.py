@@ -434,3 +434,32 @@ def test_images_of_other_grids_are_each_integrated_over_their_own_removed_fracti
     with pytest.raises(InputError, match=r"rows without a 'removed' value .*df.drop\(columns='removed'\)"):
         vitviz.plot_faithfulness(older)
     assert len(vitviz.faithfulness_auc(older.drop(columns="removed"))) == 1  # all over the nominal steps
+
+
+def test_the_readme_table_is_the_recorded_notebook_run():
+    """README.md's and docs/explain.md's faithfulness tables (notebook 04, 1,000 images) quote the recorded run:
+    each AUC is the area under that method's and mode's mean curve (bench/results/faithfulness_notebook04), and
+    the method the README says to believe is the best on all four tests there."""
+    import re
+    from pathlib import Path
+
+    root = Path(__file__).resolve().parents[1]
+    rec = np.load(root / "bench/results/faithfulness_notebook04/faithfulness_curves.npz")
+    methods = sorted(["attention", "rollout", "grad_rollout", "chefer", "attnlrp", "integrated_gradients",
+                      "input_x_gradient", "gradcam", "random"])
+    modes = ["deletion", "insertion", "negative", "positive"]  # the saved rows: methods, then modes, by name
+    assert rec["curves"].shape == (len(methods) * len(modes), len(rec["removed"]))
+    area = {(m, mode): float(_trapezoid(rec["curves"][i * len(modes) + j], rec["removed"]))
+            for i, m in enumerate(methods) for j, mode in enumerate(modes)}
+    columns = ["positive", "negative", "deletion", "insertion"]  # the tables' order
+    for doc, heading in (("README.md", "## Which map should I believe?"),
+                         ("docs/explain.md", "### Result on `cifar10-vit`, 1,000 CIFAR-10 test images")):
+        text = (root / doc).read_text().split(heading, 1)[1].split("\n#", 1)[0]  # that section alone
+        rows = {m: [float(v) for v in re.findall(r"(\d\.\d{3}) \[\d\.\d{3}, \d\.\d{3}\]", line)]
+                for line in text.splitlines()
+                for m in methods if re.match(rf"\| \**{m}\** \| \**\d\.\d{{3}} \[", line)}
+        assert set(rows) == set(methods), (doc, sorted(rows))
+        for m, values in rows.items():
+            assert values == pytest.approx([area[(m, c)] for c in columns], abs=6e-4), (doc, m)
+    best = {c: (min if c in ("positive", "deletion") else max)(methods, key=lambda m: area[(m, c)]) for c in columns}
+    assert set(best.values()) == {"attnlrp"} and "believe AttnLRP" in (root / "README.md").read_text()
