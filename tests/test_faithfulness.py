@@ -272,6 +272,46 @@ def test_notebook_04_runs_headless(run_notebook, tiny_folder, tmp_path):
         assert (out_dir / f"{stem}.png").exists()
 
 
+def _notebook_04_setup(data_dir, monkeypatch) -> dict:
+    """Run notebook 04's set-up cell (the one after its parameters) on ``data_dir``, with a tiny model for the
+    shipped one; return its namespace."""
+    import json
+    from pathlib import Path
+
+    nb = json.loads((Path(__file__).resolve().parents[1] / "notebooks" / "04_faithfulness.ipynb").read_text())
+    code = [c for c in nb["cells"] if c["cell_type"] == "code"]
+    start = next(i for i, c in enumerate(code) if "parameters" in c["metadata"].get("tags", []))
+    monkeypatch.setattr(vitviz, "load_model", lambda name: tiny_timm_vit(img_size=32, num_classes=10))
+    namespace: dict = {}
+    exec("".join(code[start]["source"]), namespace)
+    namespace.update(data_dir=str(data_dir), n_images=4)
+    exec("".join(code[start + 1]["source"]), namespace)
+    return namespace
+
+
+def test_notebook_04_labels_follow_the_class_folders_and_a_flat_folder_has_none(tmp_path, monkeypatch):
+    """The report hands notebook 04 your images as ``data_dir``: a flat folder failed in its set-up cell
+    (ValueError: '0000' is not in list), and a hidden folder beside the classes (``.ipynb_checkpoints``) shifted
+    every label by one, so accuracy was scored against the wrong class without a word."""
+    from PIL import Image
+
+    tree, flat = tmp_path / "tree", tmp_path / "flat"
+    for name in ("cat", "dog"):
+        (tree / name).mkdir(parents=True)
+        for i in range(2):
+            Image.new("RGB", (32, 32), (100 * i, 50, 200)).save(tree / name / f"{i:04d}.png")
+    (tree / ".ipynb_checkpoints").mkdir()
+    (tree / "empty").mkdir()  # no images: no class (ImageFolder would refuse it)
+    ns = _notebook_04_setup(tree, monkeypatch)
+    assert ns["class_names"] == ["cat", "dog"]
+    assert ns["labels"] == [["cat", "dog"].index(label) for label in ns["images"].labels] == [0, 1, 0, 1]
+    flat.mkdir()
+    for i in range(3):
+        Image.new("RGB", (32, 32), (80 * i, 50, 200)).save(flat / f"{i:04d}.png")
+    ns = _notebook_04_setup(flat, monkeypatch)
+    assert ns["labels"] is None and ns["class_names"] == []  # scored against each image's own prediction
+
+
 # ----------------------------------------------------------------------------------------------------- whole patches
 _trapezoid = getattr(np, "trapezoid", None) or np.trapz  # NumPy 2 renamed trapz
 STEPS = np.linspace(0, 1, 11)  # the nominal steps of steps=0.1, as faithfulness writes them
@@ -394,3 +434,32 @@ def test_images_of_other_grids_are_each_integrated_over_their_own_removed_fracti
     with pytest.raises(InputError, match=r"rows without a 'removed' value .*df.drop\(columns='removed'\)"):
         vitviz.plot_faithfulness(older)
     assert len(vitviz.faithfulness_auc(older.drop(columns="removed"))) == 1  # all over the nominal steps
+
+
+def test_the_readme_table_is_the_recorded_notebook_run():
+    """README.md's and docs/explain.md's faithfulness tables (notebook 04, 1,000 images) quote the recorded run:
+    each AUC is the area under that method's and mode's mean curve (bench/results/faithfulness_notebook04), and
+    the method the README says to believe is the best on all four tests there."""
+    import re
+    from pathlib import Path
+
+    root = Path(__file__).resolve().parents[1]
+    rec = np.load(root / "bench/results/faithfulness_notebook04/faithfulness_curves.npz")
+    methods = sorted(["attention", "rollout", "grad_rollout", "chefer", "attnlrp", "integrated_gradients",
+                      "input_x_gradient", "gradcam", "random"])
+    modes = ["deletion", "insertion", "negative", "positive"]  # the saved rows: methods, then modes, by name
+    assert rec["curves"].shape == (len(methods) * len(modes), len(rec["removed"]))
+    area = {(m, mode): float(_trapezoid(rec["curves"][i * len(modes) + j], rec["removed"]))
+            for i, m in enumerate(methods) for j, mode in enumerate(modes)}
+    columns = ["positive", "negative", "deletion", "insertion"]  # the tables' order
+    for doc, heading in (("README.md", "## Which map should I believe?"),
+                         ("docs/explain.md", "### Result on `cifar10-vit`, 1,000 CIFAR-10 test images")):
+        text = (root / doc).read_text().split(heading, 1)[1].split("\n#", 1)[0]  # that section alone
+        rows = {m: [float(v) for v in re.findall(r"(\d\.\d{3}) \[\d\.\d{3}, \d\.\d{3}\]", line)]
+                for line in text.splitlines()
+                for m in methods if re.match(rf"\| \**{m}\** \| \**\d\.\d{{3}} \[", line)}
+        assert set(rows) == set(methods), (doc, sorted(rows))
+        for m, values in rows.items():
+            assert values == pytest.approx([area[(m, c)] for c in columns], abs=6e-4), (doc, m)
+    best = {c: (min if c in ("positive", "deletion") else max)(methods, key=lambda m: area[(m, c)]) for c in columns}
+    assert set(best.values()) == {"attnlrp"} and "believe AttnLRP" in (root / "README.md").read_text()

@@ -18,7 +18,7 @@ ROOT = Path(__file__).resolve().parents[1]
 NOTEBOOKS = sorted((ROOT / "notebooks").glob("*.ipynb"))
 
 REFERENCE = re.compile(
-    r"`[^`]*`"  # code spans
+    r"`(?![\d.,\s]+`)[^`]*`"  # code spans (a bare number in backticks is prose: `10` draws)
     r"|\[[^\]]*\]\([^)]*\)"  # markdown links
     r"|\b(?:Fig(?:ure)?s?\.?|Tables?|Sec(?:tion)?\.?|App(?:endix)?\.?|Eq\.|Equation|[Nn]otebooks?|arXiv|v)\s*"
     r"[A-Z]?\d+(?:\.\d+)*(?:\s*(?:,|and|or|-)\s*\d+)*"  # Fig. 7, Table 6, Sec. 3.2, notebook 04, Figs. 6 and 14
@@ -148,6 +148,8 @@ PAPER_FACTS = {
     "50,000": ("CIFAR-10's training set, the study's whole-set runs", lambda: 50000 in _study_subsets()),
     "0.9": ("Chefer et al. integrate accuracy over removed fractions 0 to 0.9 (their AUC convention)",
             lambda: abs(_auc_of_a_constant(1.0, upto=0.9) - 0.9) < 1e-9),
+    "0.07": ("the weighted k-NN temperature (DINO, Caron et al. 2021), knn_probe's default",
+             lambda: _default(__import__("vitviz").knn_probe, "temperature") == 0.07),
     "100": ("100% of the patches; AUC in percent (x100): a curve at 1 over every fraction has AUC 1, 100%",
             lambda: abs(100 * _auc_of_a_constant(1.0, upto=1.0) - 100) < 1e-9),
 }
@@ -185,6 +187,9 @@ def test_the_scan_catches_a_typed_measurement(tmp_path):
     nb = {"cells": [{"cell_type": "markdown", "source": ["The ViT-L/16 of Fig. 7 reaches 12.1 px; 67.05 % top-1."]}]}
     (tmp_path / "x.ipynb").write_text(json.dumps(nb))
     assert [n for _, n, _ in prose_numbers(tmp_path / "x.ipynb")] == ["12.1", "67.05"]
+    nb["cells"][0]["source"] = ["Set `n_images = 8` and `timm_model`; we ran `12` draws at `0.35`."]
+    (tmp_path / "x.ipynb").write_text(json.dumps(nb))
+    assert [n for _, n, _ in prose_numbers(tmp_path / "x.ipynb")] == ["12", "0.35"]  # bare numbers are prose
 
 
 def test_the_ablation_claims_in_notebook_01_hold_on_the_shipped_cards():
@@ -198,3 +203,29 @@ def test_the_ablation_claims_in_notebook_01_hold_on_the_shipped_cards():
         assert gaps.loc[row, "cifar10"] > 2 * gaps.loc[row, "paper"] > 0
     assert gaps.loc["locality 2-D minus 1-D", "cifar10"] > 0
     assert abs(gaps.loc["2-D minus 1-D (points)", "paper"]) < 0.5  # the paper's "within a fraction of a point"
+
+
+# sections that only narrate: what the notebook does not reproduce, said in words
+NARRATIVE_SECTIONS = {"Where this differs from the paper"}
+
+
+def sections(path: Path) -> list[tuple[str, int, int]]:
+    """``(heading, markdown cell index, code cells before the next heading)`` of each heading of a notebook."""
+    found: list[list] = []
+    for i, cell in enumerate(json.loads(path.read_text())["cells"]):
+        if cell["cell_type"] == "markdown":
+            found += [[m.group(1), i, 0] for m in re.finditer(r"^#+\s+(.*)$", "".join(cell["source"]), re.MULTILINE)]
+        elif found:
+            found[-1][2] += 1
+    return [tuple(s) for s in found]
+
+
+@pytest.mark.parametrize("path", NOTEBOOKS, ids=lambda p: p.name)
+def test_each_section_holds_the_code_its_prose_announces(path):
+    """A heading's prose describes the cells under it: a section with no code cell before the next heading sets
+    its figure under another section's heading (notebook 01 announced its interpolated embedding, then showed the
+    few-shot tables under a heading of their own and the interpolated figure below them)."""
+    empty = [f"cell {i}: {heading!r}" for heading, i, code in sections(path)
+             if code == 0 and heading not in NARRATIVE_SECTIONS]
+    assert not empty, "sections without a code cell (move the cells their prose describes under them):\n" + \
+        "\n".join(empty)

@@ -398,3 +398,45 @@ def test_a_grid_short_of_the_image_is_drawn_marked_and_clicked_over_its_own_pixe
     assert np.abs(block.reshape(-1, 3) - top).max() <= 1
     mark = decode(w.png)[eh - 1, ew - 20]  # the query's outline runs along the grid's last row of pixels
     assert tuple(mark) == (0, 255, 255)
+
+
+def test_the_status_gives_the_prefix_tokens_share_of_a_fused_row():
+    """A max (min) over heads sums to more (less) than 1 over the row: the status line said the prefix tokens'
+    sum of it was "of the row" (the shipped cifar10-vit, last layer, max: 1% said, 0.3% of a row summing to 2.3)."""
+    import re
+
+    torch.manual_seed(0)
+    model = tiny_timm_vit(depth=1, num_heads=8)
+    with torch.no_grad():
+        model.blocks[0].attn.qkv.weight.mul_(6)  # peaked heads that disagree (random weights attend uniformly)
+    w = explore_attention(model, photo())
+    fused = captured(w.model, w)[0][0]  # (H, N, N)
+    for head, rows in (("max", fused.amax(0)), ("min", fused.amin(0)), ("mean", fused.mean(0))):
+        for query in (0, "patch"):
+            w.set(head=head, layer=0, query=query, row=2, col=3)
+            row = rows[0 if query == 0 else 1 + 2 * 6 + 3]
+            share = float(row[0] / row.sum())
+            shown = int(re.search(r"(\d+)% of the row goes to prefix tokens", w.status.value).group(1))
+            assert abs(shown - 100 * share) <= 0.5 + 1e-6, (head, query, shown, share)
+    assert float(fused.amax(0)[0].sum()) > 1.5  # a max row is no distribution
+
+
+def test_a_click_picks_the_patch_drawn_under_the_pixel():
+    """Each display pixel shows the patch its centre lies in (nearest-neighbour by pixel centres); a click on it
+    picked the patch its top-left corner lies in, the neighbour, on a strip one pixel wide along every patch
+    boundary that falls inside a pixel (1062 of the 213x320 pixels of a 4x6 grid, 3804 of 320x320 at 14x14)."""
+    from vitviz.widgets._render import _display
+
+    for grid, size, covered in (((4, 6), (213, 320), None), ((14, 14), (320, 320), None),
+                                ((4, 6), (180, 260), (160, 240))):
+        extent = covered or size
+        ids = np.arange(grid[0] * grid[1], dtype=np.float32).reshape(grid)
+        drawn = _display(ids, size, "nearest", covered).round().astype(int)[: extent[0], : extent[1]]
+        rows = np.array([cell_at(0, y, extent, grid)[0] for y in range(extent[0])])  # rows and columns are
+        cols = np.array([cell_at(x, 0, extent, grid)[1] for x in range(extent[1])])  # picked independently
+        picked = rows[:, None] * grid[1] + cols[None, :]
+        assert (picked == drawn).all(), f"{grid} drawn {size}: {int((picked != drawn).sum())} pixels pick another patch"
+    w = explore_attention(tiny_timm_vit(), photo(32, 48))  # 4x6 grid drawn 213x320: row 2 starts at pixel 53
+    assert w.map_size == (213, 320)
+    w.on_click({"type": "click", "dataX": 0, "dataY": 53})
+    assert (w.query.value, w.row.value, w.col.value) == ("patch", 1, 0)

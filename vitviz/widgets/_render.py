@@ -154,8 +154,12 @@ def png_bytes(image: np.ndarray) -> bytes:
 
 
 def cell_at(x: float, y: float, size: tuple[int, int], grid: tuple[int, int]) -> tuple[int, int] | None:
-    """The ``(row, col)`` under pixel ``(x, y)`` of a ``size = (dh, dw)`` drawing of a ``(gh, gw)`` grid (give the
+    """The ``(row, col)`` drawn at pixel ``(x, y)`` of a ``size = (dh, dw)`` drawing of a ``(gh, gw)`` grid (give the
     pixels the grid covers, ``covered_display``, where it does not cover the whole image).
+
+    ``x`` and ``y`` index pixels (ipyevents' ``dataX``/``dataY``); each pixel belongs to the cell its centre lies in,
+    as the maps are drawn (nearest-neighbour upsampling by pixel centres, ``upsample_maps``) and outlined
+    (``mark_cell``), so a click on a patch's edge pixel picks the patch drawn there, not its neighbour.
 
     Returns:
         the cell, or ``None`` when the point lies outside the grid's drawing (e.g. on a colour bar, or on the
@@ -165,4 +169,5 @@ def cell_at(x: float, y: float, size: tuple[int, int], grid: tuple[int, int]) ->
     gh, gw = grid
     if not (0 <= x < dw and 0 <= y < dh):
         return None
-    return min(int(y * gh / dh), gh - 1), min(int(x * gw / dw), gw - 1)
+    px, py = int(x) + 0.5, int(y) + 0.5  # the pixel's centre
+    return min(int(py * gh / dh), gh - 1), min(int(px * gw / dw), gw - 1)

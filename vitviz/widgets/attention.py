@@ -300,7 +300,9 @@ class AttentionExplorer(Explorer):
         top = float(heat.max())  # the overlay's scale: 0 to the map's maximum (overlay's default)
         bar = colorbar(self.map_size[0], self.cmap, ticks=((0.0, "0"), (1.0, f"{top if top > 0 else 1.0:.3g}")))
         pixels = np.concatenate([pixels, bar], axis=1)
-        return png_bytes(pixels), self._status(heat, float(row[:p].sum()) if p else 0.0)
+        # the prefix tokens' share of the row: a fused max (min) row sums to more (less) than 1
+        total = float(row.sum())
+        return png_bytes(pixels), self._status(heat, float(row[:p].sum()) / total if p and total > 0 else 0.0)
 
     def _status(self, heat: np.ndarray, to_prefix: float) -> str:
         layer, head = self.layer.value, self.head.value

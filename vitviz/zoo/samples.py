@@ -20,8 +20,8 @@ import numpy as np
 from vitviz.core.util import check_positive_int
 from vitviz.errors import DataNotFoundError, InputError, MissingDependencyError
 
-__all__ = ["NATURAL_IMAGES", "ImageSet", "example_images", "folder_images", "images_from", "natural_images",
-           "resolve_test_folder"]
+__all__ = ["NATURAL_IMAGES", "ImageSet", "class_labels", "example_images", "folder_images", "images_from",
+           "natural_images", "resolve_test_folder"]
 
 NATURAL_IMAGES = ("astronaut", "chelsea", "coffee", "rocket")
 IMAGE_SUFFIXES = (".jpg", ".jpeg", ".png", ".bmp", ".webp")
@@ -136,6 +136,32 @@ def folder_images(root: str | os.PathLike, n: int | None = None) -> ImageSet:
                 images.append(paths[i])
                 labels.append(name)
     return ImageSet(images, labels, f"{len(images)} images from {root} ({len(files)} classes, taken in turn)")
+
+
+def class_labels(path: str | os.PathLike | None, images: ImageSet) -> tuple[list[str], list[int] | None]:
+    """The classes of a class-folder tree and the class index of each of ``images`` taken from it (``images_from``).
+
+    The classes are the tree's sub-folders that hold images, sorted by name (torchvision ``ImageFolder``'s order,
+    the order CIFAR-10's labels have); hidden folders (``.ipynb_checkpoints``) are no class. A flat folder, a single
+    file or no folder (``None``, the photographs) has no classes: its images are labelled by file name.
+
+    Args:
+        path: what ``images`` were read from (``resolve_test_folder``'s answer).
+        images: the images, as ``images_from`` or ``example_images`` labelled them.
+
+    Returns:
+        ``(class_names, labels)``: the sorted class names and one index per image, or ``([], None)`` when the
+        images have no classes.
+    """
+    root = None if path is None else Path(path).expanduser()
+    if root is None or not root.is_dir() or _image_files(root):
+        return [], None
+    names = sorted(d.name for d in root.iterdir() if d.is_dir() and not d.name.startswith(".") and _image_files(d))
+    unknown = sorted(set(images.labels) - set(names))
+    if unknown:
+        raise InputError(f"images: labels {unknown[:3]} are no class folder of {str(root)!r} (classes: {names[:10]}); "
+                         "pass the images read from that folder (vitviz.zoo.samples.images_from)")
+    return names, [names.index(label) for label in images.labels]
 
 
 def images_from(path: str | os.PathLike, n: int | None = None) -> ImageSet:
