@@ -66,8 +66,8 @@ def check_card_hash(path: str | os.PathLike, name: str) -> None:
     if got != want:
         raise CheckpointError(
             f"checkpoint {str(path)!r} has SHA-256 {got}, its card {str(path.with_suffix('.json'))!r} records "
-            f"{want}: the file is damaged or is not the one the card describes. Download or export it again "
-            f"(`python -m vitviz.experiments.train {name} --resume --export DIR`)"
+            f"{want}: the file is damaged or is not the one the card describes. Reinstall vitviz for its shipped "
+            f"checkpoints, or export it again (`python -m vitviz.experiments.train {name} --resume --export DIR`)"
         )
 
 
