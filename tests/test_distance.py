@@ -155,6 +155,30 @@ def test_distance_observations_read_the_paper_checks():
     assert not distance_observations(flat)["holds"].any()
 
 
+def test_local_and_global_heads_are_judged_against_the_uniform_distance_when_it_is_given():
+    # heads that all sit near a uniform 16.5 px, a few px apart in the first layers (as a small ViT trained from
+    # scratch ends up): a spread above 10% of the mean, yet no head is local
+    near = torch.tensor([[15.0, 15.3, 15.9], [12.0, 16.0, 15.6], [14.5, 14.7, 14.2], [16.7, 16.0, 16.8]])
+    mix = "early layers mix local and global heads"
+
+    def holds(d, **kw):
+        t = distance_observations(d, **kw)
+        return bool(t.set_index("observation").loc[mix, "holds"]), t.set_index("observation").loc[mix, "measured"]
+
+    weak, words = holds(near)
+    assert weak and "no uniform_px" in words  # the relative test passes them, and says what it compared
+    strict, words = holds(near, uniform_px=16.5)
+    assert not strict and "uniform 16.5 px" in words
+    # a first layer with a head at 2 px and one at 15 px, on the same grid: local and global
+    paper_like = torch.tensor([[2.0, 15.0, 9.0], [4.0, 16.0, 12.0], [14.0, 15.0, 15.5], [16.0, 16.2, 16.4]])
+    assert holds(paper_like, uniform_px=16.5)[0]
+    both = distance_observations(paper_like, near, uniform_px=(16.5, 16.5)).set_index(["observation", "model"])
+    assert bool(both.loc[(mix, "ViT"), "holds"]) and not bool(both.loc[(mix, "Hybrid"), "holds"])
+    for bad in (0.0, -3.0, float("nan"), "16.5", (16.5, 16.5), True):
+        with pytest.raises(vitviz.InputError, match="uniform_px"):
+            distance_observations(near, uniform_px=bad)
+
+
 def test_dynamic_image_size_uses_the_grid_of_each_batch():
     model = tiny_timm_vit(dynamic_img_size=True)
     x = torch.randn(2, 3, 40, 56)  # 5x7 grid of 8-px patches

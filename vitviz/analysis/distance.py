@@ -329,7 +329,8 @@ def mean_attention_distance(
 
 
 def distance_observations(vit: torch.Tensor, hybrid: torch.Tensor | None = None, *, early_layers: int = 2,
-                          min_effect: float = 0.1) -> Any:
+                          min_effect: float = 0.1,
+                          uniform_px: float | tuple[float, float] | None = None) -> Any:
     """Check the paper's three observations on ``(L, H)`` distances; a pandas DataFrame, one row per check.
 
     An observation ``holds`` only when the effect exceeds ``min_effect`` (a fraction), so near-uniform attention
@@ -338,37 +339,55 @@ def distance_observations(vit: torch.Tensor, hybrid: torch.Tensor | None = None,
     - distance grows with depth: the head mean of the last layer exceeds that of the first by ``min_effect``
       (Spearman's rho of layer index against head-mean distance is reported too);
     - early layers mix local and global heads: the spread between the most and the least local head, averaged
-      over the first ``early_layers`` layers, exceeds that of the last ``early_layers`` layers and
-      ``min_effect`` times the mean distance;
+      over the first ``early_layers`` layers, exceeds that of the last ``early_layers`` layers and a threshold.
+      With ``uniform_px`` (the distance uniform attention gives on the model's grid, the mean distance between
+      patch centres: ``scale_comparison``'s ``uniform_distance_px``) the threshold is half of it, so a model
+      holds it only when a head of its first layers sits far below the uniform value while another sits near it,
+      as in the paper's Fig. 7 (right), where the first layers' heads span from a few pixels to about the
+      uniform value; a spread of a few pixels among heads that are all near uniform does not hold. Without
+      ``uniform_px`` the threshold is ``min_effect`` times the mean distance, and ``measured`` says so: a weaker
+      test, which such near-uniform heads can pass;
     - hybrids attend less locally early: the hybrid's most local head in the first ``early_layers`` layers lies
       ``min_effect`` farther than the ViT's (meaningful for models of equal image size).
 
     Args:
         vit: ``(L, H)`` distances of the ViT; hybrid: those of the hybrid (optional).
+        early_layers: how many first (and last) layers the spread compares.
+        min_effect: the smallest effect, as a fraction, that counts.
+        uniform_px: the uniform-attention distance in pixels of the ViT's grid, or ``(vit, hybrid)`` for two.
 
     Returns:
         DataFrame with columns ``observation``, ``model``, ``measured`` (in words) and ``holds``.
+
+    Raises:
+        InputError: ``uniform_px`` not a positive number, or a pair where there is no hybrid.
     """
     import pandas as pd
     from scipy.stats import spearmanr
 
-    def grows(d: torch.Tensor) -> tuple[str, bool]:
+    models = {"ViT": vit} if hybrid is None else {"ViT": vit, "Hybrid": hybrid}
+    uniform = _uniform_by_model(uniform_px, list(models))
+
+    def grows(d: torch.Tensor, _: float | None) -> tuple[str, bool]:
         m = d.mean(dim=1)
         rho = spearmanr(range(len(m)), m.numpy()).statistic if len(m) > 1 and float(m.std()) > 0 else float("nan")
         return (f"layer 1: {m[0]:.1f} px -> layer {len(m)}: {m[-1]:.1f} px (rho {rho:.2f})",
                 bool(m[-1] > (1 + min_effect) * m[0]))
 
-    def spread(d: torch.Tensor) -> tuple[str, bool]:
+    def spread(d: torch.Tensor, u: float | None) -> tuple[str, bool]:
         e, late = d[:early_layers], d[-early_layers:]
         se, sl = float((e.amax(1) - e.amin(1)).mean()), float((late.amax(1) - late.amin(1)).mean())
-        return f"head spread early {se:.1f} px vs late {sl:.1f} px", se > sl and se > min_effect * float(d.mean())
+        words = f"head spread early {se:.1f} px vs late {sl:.1f} px"
+        if u is None:
+            return f"{words} (against {min_effect:g} of the mean distance; no uniform_px given)", bool(
+                se > sl and se > min_effect * float(d.mean()))
+        return f"{words}, against half the uniform {u:.1f} px", bool(se > sl and se > 0.5 * u)
 
     rows = []
-    models = {"ViT": vit} if hybrid is None else {"ViT": vit, "Hybrid": hybrid}
     for name, d in models.items():
         d = torch.as_tensor(d).float().cpu()
         for check, fn in (("distance grows with depth", grows), ("early layers mix local and global heads", spread)):
-            value, holds = fn(d)
+            value, holds = fn(d, uniform[name])
             rows.append({"observation": check, "model": name, "measured": value, "holds": holds})
     if hybrid is not None:
         v = float(torch.as_tensor(vit).float()[:early_layers].amin())
@@ -377,3 +396,17 @@ def distance_observations(vit: torch.Tensor, hybrid: torch.Tensor | None = None,
                      "measured": f"most local early head: hybrid {h:.1f} px vs ViT {v:.1f} px",
                      "holds": h > (1 + min_effect) * v})
     return pd.DataFrame(rows)
+
+
+def _uniform_by_model(uniform_px: Any, names: list[str]) -> dict[str, float | None]:
+    """``distance_observations``' ``uniform_px`` as one value (or ``None``) per model name, checked."""
+    if uniform_px is None:
+        return dict.fromkeys(names)
+    values = list(uniform_px) if isinstance(uniform_px, (tuple, list)) else [uniform_px] * len(names)
+    ok = len(values) == len(names) and all(
+        isinstance(u, (int, float)) and not isinstance(u, bool) and math.isfinite(u) and u > 0 for u in values)
+    if not ok:
+        raise InputError(f"uniform_px must be a positive number (the uniform-attention distance in px, "
+                         f"scale_comparison's uniform_distance_px), or one per model ({', '.join(names)}); "
+                         f"got {uniform_px!r}")
+    return {n: float(u) for n, u in zip(names, values)}
