@@ -108,6 +108,8 @@ def test_draws_are_nested_balanced_and_refuse_too_many_shots():
         fewshot_draws(y, (0,), seeds=(0,))
     with pytest.raises(InputError, match="seeds"):
         fewshot_draws(y, (1,), seeds=())
+    with pytest.raises(InputError, match=r"shots='\[1, 5\]' is a string.*shots=\(1, 5\)"):
+        fewshot_draws(y, "[1, 5]", seeds=(0,))  # papermill's -p passes a list as its text
 
 
 def test_bad_feature_inputs():

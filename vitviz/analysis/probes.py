@@ -126,13 +126,16 @@ def fewshot_draws(labels: np.ndarray, shots: Sequence[int], seeds: Sequence[int]
     the 5-shot examples are among the 10-shot ones.
 
     Raises:
-        InputError: ``shots`` or ``seeds`` empty (or ``shots`` a bare int), a shot count below 1 or above the
-            images of some class.
+        InputError: ``shots`` or ``seeds`` empty (or ``shots`` a bare int or a string), a shot count below 1 or
+            above the images of some class.
     """
     labels = np.asarray(labels)
     classes = sorted(set(labels.tolist())) if classes is None else list(classes)
     if isinstance(shots, (int, np.integer)):
         raise InputError(f"shots={shots!r} is one number, not a sequence of shot counts; pass shots=({shots!r},)")
+    if isinstance(shots, (str, bytes)):  # e.g. papermill's `-p shots "[1, 5]"`, a string, read letter by letter
+        raise InputError(f"shots={shots!r} is a string, not a sequence of shot counts; pass ints, e.g. "
+                         "shots=(1, 5) (with papermill, -y 'shots: [1, 5]' passes a list)")
     if not len(shots):
         raise InputError("shots=() draws nothing; pass e.g. shots=(1, 5, 10, 25)")
     if not len(seeds):
