@@ -6,6 +6,7 @@ import numpy as np
 import pandas as pd
 import pytest
 
+import vitviz
 from vitviz.analysis.trends import depth_trend
 from vitviz.errors import InputError
 from vitviz.experiments.compare import (
@@ -236,3 +237,21 @@ def test_gap_trend_needs_two_compute_points():
     """With one grid point every seed's slope was skipped: a NaN slope over "0 seeds", no error."""
     with pytest.raises(InputError, match="n=1: a slope needs at least 2 compute points"):
         gap_trend(_three_seeds(), "A", "B", n=1)
+
+
+def test_the_study_plots_refuse_runs_of_several_training_sets():
+    """plot_study_runs averaged a configuration over both training sets and ran one frontier through them, and
+    plot_matched_gap joined their frontiers, as matched_compute did; plot_study_grid draws each set apart."""
+    import matplotlib.pyplot as plt
+    from conftest import tiny_study_runs
+
+    one = tiny_study_runs()
+    runs = pd.concat([one, one.assign(train_images=1000, test_acc=lambda d: d.test_acc + 9)])
+    try:
+        for plot in (vitviz.plot_study_runs, vitviz.plot_matched_gap):
+            with pytest.raises(InputError, match=r"2 training sets \(train_images 100, 1,000\).*train_images == 100"):
+                plot(runs)
+            plot(runs[runs["train_images"] == 1000])  # one set draws
+        assert len(vitviz.plot_study_grid(runs).axes) >= 4  # a row of panels per set
+    finally:
+        plt.close("all")

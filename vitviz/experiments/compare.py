@@ -181,7 +181,7 @@ def matched_compute(runs: pd.DataFrame, a: str = "Hybrid", b: str = "Transformer
         interval includes 0; ``None`` where one seed gives no interval).
     """
     check_percent(runs, metric)
-    _check_one_training_set(runs, a, b)
+    check_one_training_set(runs, (a, b))
     if grid is None:
         grid = compute_grid(runs, (a, b), n, x)
     else:
@@ -207,14 +207,21 @@ def matched_compute(runs: pd.DataFrame, a: str = "Hybrid", b: str = "Transformer
     return pd.DataFrame(rows)
 
 
-def _check_one_training_set(runs: pd.DataFrame, a: str, b: str) -> None:
-    """Refuse rows of ``a`` and ``b`` from several training sets (the study CSV's ``train_images`` blocks): one
-    frontier over both would join a subset's runs to the whole set's as if more compute had bought the difference."""
+def check_one_training_set(runs: pd.DataFrame, families: Sequence[str]) -> None:
+    """Refuse rows of ``families`` from several training sets (the study CSV's ``train_images`` blocks): one
+    frontier (or one configuration's mean) over both would join a subset's runs to the whole set's as if more
+    compute had bought the difference.
+
+    Raises:
+        InputError: the rows of ``families`` hold more than one ``train_images`` value; the message names the sizes
+            and the selection that keeps one.
+    """
     if "train_images" not in runs:
         return
-    sizes = sorted(runs.loc[runs["family"].isin([a, b]), "train_images"].dropna().unique())
+    sizes = sorted(runs.loc[runs["family"].isin(list(families)), "train_images"].dropna().unique())
     if len(sizes) > 1:
-        raise InputError(f"runs holds runs of {a!r} and {b!r} on {len(sizes)} training sets (train_images "
+        names = " and ".join(repr(f) for f in families) if len(families) <= 2 else "the families"
+        raise InputError(f"runs holds runs of {names} on {len(sizes)} training sets (train_images "
                          f"{', '.join(f'{int(v):,}' for v in sizes)}): compare each alone, e.g. "
                          f"runs[runs.train_images == {int(sizes[0])}]")
 
@@ -242,7 +249,7 @@ def gap_trend(runs: pd.DataFrame, a: str = "Hybrid", b: str = "Transformer (ViT)
     """
     if check_positive_int(n, "n", "the compute points the slope is fitted to (e.g. 7)") < 2:
         raise InputError(f"n={n}: a slope needs at least 2 compute points; pass n >= 2 (e.g. 7)")
-    _check_one_training_set(runs, a, b)
+    check_one_training_set(runs, (a, b))
     grid = compute_grid(runs, (a, b), n)
     _check_shared_seeds(runs, a, b)
     curves = family_curves(runs, grid, (a, b), metric)

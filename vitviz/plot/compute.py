@@ -262,6 +262,9 @@ def plot_study_runs(runs: pd.DataFrame, *, ax: Axes | None = None, metric: str =
     Returns:
         the axes: x the training compute (log), y "Test accuracy [%]", a legend of families titled with the
         number of seeds and the interval (95% t-interval; the frontier's 95% t-band).
+
+    Raises:
+        InputError: ``runs`` holds several training sets (``train_images``; ``plot_study_grid`` draws each).
     """
     if ax is None:
         fig = new_figure(FIGSIZE["single"])
@@ -269,10 +272,11 @@ def plot_study_runs(runs: pd.DataFrame, *, ax: Axes | None = None, metric: str =
         ax = fig.add_subplot()
     import seaborn as sns
 
-    from vitviz.experiments.compare import check_percent, family_curves
+    from vitviz.experiments.compare import check_one_training_set, check_percent, family_curves
 
     check_percent(runs, metric)
     families = list(dict.fromkeys(runs["family"]))
+    check_one_training_set(runs, families)  # one block: a configuration's mean and a frontier over one set
     palette, markers = _family_palette(families)
     runs = runs.assign(config=runs["model"] + "-e" + runs["epochs"].astype(str))
     if frontier:
@@ -327,7 +331,8 @@ def plot_matched_gap(runs: pd.DataFrame, a: str = "Hybrid", b: str = "Transforme
         legend naming the mean gap's seeds and 95% t-interval and the single-seed lines (one entry).
 
     Raises:
-        InputError: ``n`` is not a positive int, or the families have no runs or share no compute range.
+        InputError: ``n`` is not a positive int, the families have no runs or share no compute range, or
+            ``runs`` holds several training sets (``train_images``; ``plot_study_grid`` draws each).
     """
     check_positive_int(n, "n", "the compute points on the shared grid (e.g. 24)")
     if ax is None:
@@ -336,9 +341,10 @@ def plot_matched_gap(runs: pd.DataFrame, a: str = "Hybrid", b: str = "Transforme
         ax = fig.add_subplot()
     import seaborn as sns
 
-    from vitviz.experiments.compare import check_percent, compute_grid, family_curves
+    from vitviz.experiments.compare import check_one_training_set, check_percent, compute_grid, family_curves
 
     check_percent(runs, metric)
+    check_one_training_set(runs, (a, b))
     curves = family_curves(runs, compute_grid(runs, (a, b), n), (a, b), metric)
     wide = curves.pivot_table(index=["train_pflops", "seed"], columns="family", values=metric).reset_index()
     wide = wide.assign(gap=wide[a] - wide[b]).dropna(subset=["gap"])
