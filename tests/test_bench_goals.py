@@ -41,3 +41,30 @@ def test_a_recorded_calls_memory_is_also_told_over_the_recorded_forward(dtype):
     # as recorded: bf16 holds 235 MB over its recorded forward against 226 MB of maps, float32 224
     assert round(over) == {"bf16": 235, "fp32": 224}[dtype]
     assert g["kept_met_over_plain_graphed"] is (dtype == "fp32") and g["kept_met"] is False
+
+
+def _row(method: str, time_s: float, peak: float, size: int = 448) -> dict:
+    return {"model": "vit_tiny_patch16_224", "dtype": "fp32", "device": "cpu", "gpu": None, "size": size, "batch": 2,
+            "method": method, "time_s": time_s, "times": [time_s], "images_per_s": 2 / time_s, "cpu_s": time_s,
+            "cpu_times": [time_s], "peak_extra_mb": peak, "tokens": 10, "threads": 1, "layers": 12}
+
+
+def test_memory_not_measured_is_no_verdict_and_no_goal_missed(capsys):
+    """CPU ``--no-memory`` records NaN peaks: the memory goal is 'not measured', neither met nor missed, and a case
+    whose time goal is met exits 0 (it reported 'memory goal: MISSED' and exit 3 for memory nobody measured)."""
+    nan = float("nan")
+    rows = [_row("plain", 1.0, nan), _row("store", 2.0, nan), _row("rollout", 1.2, nan)]  # 1.2x <= 1.35x at 448 px
+    (g,) = attention.goal_rows(attention.cases(rows)[("cpu", "vit_tiny_patch16_224", "fp32", 448)])
+    assert g["time_met"] is True and g["memory_met"] is None
+    assert attention.report(rows) is True
+    assert "memory goal <= 20%: not measured" in capsys.readouterr().out
+    _spec = importlib.util.spec_from_file_location("bench_gpu_tables_goals", ROOT / "bench" / "gpu_tables.py")
+    tables = importlib.util.module_from_spec(_spec)
+    _spec.loader.exec_module(tables)
+    assert "| 1.20 | - | <= 1.35x: met | n/a | n/a | not measured | - |" in "\n".join(tables.goal_table(rows))
+    # measured, the same arithmetic as before: 30 MB extra against store's 200 MB is 15%, met; 50 against 200 missed
+    for extra, met in ((30.0, True), (50.0, False)):
+        rows = [_row("plain", 1.0, 100.0), _row("store", 2.0, 300.0), _row("rollout", 1.2, 100.0 + extra)]
+        (g,) = attention.goal_rows(attention.cases(rows)[("cpu", "vit_tiny_patch16_224", "fp32", 448)])
+        assert g["memory_share"] == pytest.approx(extra / 200.0) and g["memory_met"] is met
+        assert attention.report(rows) is met
