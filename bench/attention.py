@@ -531,20 +531,30 @@ def main() -> int:
     batches = args.batch * len(args.sizes) if len(args.batch) == 1 else args.batch
     if len(batches) != len(args.sizes):
         ap.error(f"--batch takes one value or one per size; got {args.batch} for sizes {args.sizes}")
-    results = []
-    for dev in args.device:
-        methods = args.methods or [m for m in METHODS
-                                   if m not in GRAPHED and (dev != "cpu" or m not in CUDA_ONLY + NEW_ON_CPU)]
+    from vitviz.core.io import atomic_write_json
+
+    asked, path = args.methods, Path(args.json) if args.json else None
+    results, failed = [], []
+    for dev in args.device:  # each device its own defaults (CUDA's kernels and recorded calls, not on the CPU)
+        methods = asked or [m for m in METHODS
+                            if m not in GRAPHED and (dev != "cpu" or m not in CUDA_ONLY + NEW_ON_CPU)]
         args.methods = ["plain", *[m for m in methods if m != "plain"]]
         for size, batch in zip(args.sizes, batches):
-            results += measure(args, dev, size, batch)
-    if args.json:
-        path = Path(args.json)
-        old = json.loads(path.read_text()) if path.exists() else []
-        from vitviz.core.io import atomic_write_json
-
-        atomic_write_json(path, old + results)  # a run cut by a time limit keeps the rows written before
-    return 0 if report(results) else EXIT_GOAL_MISSED
+            try:
+                rows = measure(args, dev, size, batch)
+            except RuntimeError as e:  # a case's process failed: said, and the other cases still run
+                print(e, file=sys.stderr, flush=True)
+                failed.append(f"{dev} {size} px batch {batch}")
+                continue
+            results += rows
+            if path is not None:  # after every case, atomically: a run cut by a time limit keeps the cases before
+                old = json.loads(path.read_text()) if path.exists() else []
+                atomic_write_json(path, old + rows)
+    ok = report(results)
+    if failed:
+        print(f"\nfailed cases (exit 1): {'; '.join(failed)}", flush=True)
+        return 1
+    return 0 if ok else EXIT_GOAL_MISSED
 
 
 if __name__ == "__main__":

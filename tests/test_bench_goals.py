@@ -68,3 +68,48 @@ def test_memory_not_measured_is_no_verdict_and_no_goal_missed(capsys):
         (g,) = attention.goal_rows(attention.cases(rows)[("cpu", "vit_tiny_patch16_224", "fp32", 448)])
         assert g["memory_share"] == pytest.approx(extra / 200.0) and g["memory_met"] is met
         assert attention.report(rows) is met
+
+
+def _fake_spawn(calls: list, fail_size: int | None = None):
+    """A stand-in for ``attention.spawn`` (each case's subprocess): fixed times, or the RuntimeError a failed case
+    raises; it records the methods each device was given."""
+
+    def spawn(args, kind, device, size, batch, methods):
+        calls.append((device, size, list(methods)))
+        if size == fail_size:
+            raise RuntimeError(f"case {kind} {device} {size} {methods} failed:\nboom")
+        times = {m: [1.0 + 0.1 * i] for i, m in enumerate(methods)}
+        return {"times": times, "cpu": times, "peak": {m: 100.0 for m in methods}, "tokens": 10, "threads": 1,
+                "gpu": None, "layers": 12, "versions": {}, "kept_alloc_mb": None}
+
+    return spawn
+
+
+def test_a_failed_case_keeps_the_cases_before_it_and_exits_1(tmp_path, monkeypatch, capsys):
+    """A case whose process fails no longer loses the rows of the cases measured before it in the same call (the
+    JSON was written once, after every case), the cases after it still run, and the exit status is 1."""
+    calls: list = []
+    monkeypatch.setattr(attention, "spawn", _fake_spawn(calls, fail_size=448))
+    out = tmp_path / "a.json"
+    out.write_text(json.dumps([{"from": "an earlier part"}]))
+    monkeypatch.setattr("sys.argv", ["attention.py", "--device", "cpu", "--sizes", "224", "448", "96", "--batch", "2",
+                                     "--no-memory", "--methods", "plain", "store", "rollout", "--json", str(out)])
+    assert attention.main() == 1
+    rows = json.loads(out.read_text())
+    assert rows[0] == {"from": "an earlier part"}
+    assert [(r["size"], r["method"]) for r in rows[1:]] == [(s, m) for s in (224, 96) for m in ("plain", "store",
+                                                                                                "rollout")]
+    assert [size for _, size, _ in calls] == [224, 448, 96]
+    assert "failed cases (exit 1): cpu 448 px batch 2" in capsys.readouterr().out
+
+
+def test_each_device_takes_its_own_default_methods(monkeypatch):
+    """``--device cpu cuda`` without ``--methods``: CUDA gets its kernels (the CPU's list was reused for it)."""
+    calls: list = []
+    monkeypatch.setattr(attention, "spawn", _fake_spawn(calls))
+    monkeypatch.setattr("sys.argv", ["attention.py", "--device", "cpu", "cuda", "--sizes", "96", "--batch", "2",
+                                     "--no-memory"])
+    attention.main()
+    by_device = {dev: methods for dev, _, methods in calls}
+    assert "rollout_kernel" in by_device["cuda"] and "grad_rollout" in by_device["cuda"]
+    assert "rollout_kernel" not in by_device["cpu"] and by_device["cpu"][0] == "plain"
