@@ -156,3 +156,36 @@ def test_ratios_of_medians_against_medians_of_paired_ratios_in_the_h200_runs():
                 if m in goals and goals[m]["time_goal"] is not None:
                     assert goals[m]["time_met"] is (paired <= goals[m]["time_goal"]), (case["plain"], m)
     assert round(most["fp32"], 2) <= 0.01 and round(most["bf16"], 2) == 0.56
+
+
+def test_the_readmes_h200_rows_are_the_recorded_runs():
+    """README.md's benchmark table, H200 rows, recomputed from the runs it names: ViT-B/16 from run 6, ViT-L/16 from
+    run 5; rollout is the default of each dtype (the forward's log-sum-exp in fp32, the kernels' own pass in bf16),
+    distance the kernels; a recorded call's rows from attention_graphed.json; memory is rollout's share of
+    store-everything's extra memory, as goal_rows computes it."""
+    readme = (ROOT / "README.md").read_text()
+    table = readme[readme.index("<!-- benchmark-table -->"):readme.index("<!-- /benchmark-table -->")]
+    rows = [[c.strip().replace("**", "") for c in line.strip("|").split("|")]
+            for line in table.splitlines() if line.startswith("| NVIDIA H200")]
+    assert len(rows) == 6
+    results = ROOT / "bench" / "results"
+    for machine, model, plain_cell, explicit_cell, rollout_cell, distance_cell, memory_cell in rows:
+        dtype = "bf16" if "bf16" in machine else "fp32"
+        recorded = "recorded call" in machine
+        run, tag = ("h200_gpu_run_5", "l16") if "ViT-L/16" in model else ("h200_gpu_run_6", "b16")
+        path = results / run / f"attention_{'graphed' if recorded else tag}.json"
+        (case,) = [c for (_, _, dt, size), c in attention.cases(json.loads(path.read_text())).items()
+                   if dt == dtype and size == 448]
+        assert f"{case['plain']['batch']}" in model and "448 px" in model
+        rollout = "rollout_graphed" if recorded else ("rollout_fwdlse" if dtype == "fp32" else "rollout_kernel")
+        distance = "distance_graphed" if recorded else "distance_kernel"
+        goals = {g["method"]: g for g in attention.goal_rows(case)}
+        assert plain_cell == f"{case['plain']['images_per_s']:.0f} img/s", machine
+        assert explicit_cell == ("-" if recorded else f"{_x_plain(case, 'explicit'):.2f}x"), machine
+        assert rollout_cell == f"{goals[rollout]['x_plain']:.2f}x", machine
+        assert distance_cell == f"{goals[distance]['x_plain']:.2f}x", machine
+        assert memory_cell == f"{goals[rollout]['memory_share']:.0%}", machine
+
+
+def _x_plain(case: dict, method: str) -> float:
+    return case[method]["time_s"] / case["plain"]["time_s"]
