@@ -410,9 +410,10 @@ def measure(args: argparse.Namespace, device: str, size: int, batch: int) -> lis
 
 def goal_rows(case: dict[str, dict]) -> list[dict]:
     """The goals of one case (``case``: method -> result row, one device, model, dtype and size, ``plain`` among
-    them): for each streaming method measured beside its store-everything counterpart, its time over plain's, its
-    extra memory over plain's against the counterpart's, and which goals it meets (``None``: no goal at this size,
-    or the memory not measured: CPU ``--no-memory`` records NaN peaks; such a goal is neither met nor missed).
+    them): for each streaming method measured, its time over plain's, its extra memory over plain's against its
+    store-everything counterpart's, and which goals it meets (``None``: no goal at this size, or the memory share not
+    measured: the counterpart not run beside it, whose fields are then ``None``, or CPU ``--no-memory``'s NaN peaks;
+    such a goal is neither met nor missed, while the time goal and the kept maps' bound are still judged).
     The one place the goals are computed: ``report`` prints these, ``bench/gpu_tables.py`` tabulates them."""
     plain = case["plain"]
     dev, dtype, size = plain["device"], plain["dtype"], plain["size"]
@@ -425,13 +426,14 @@ def goal_rows(case: dict[str, dict]) -> list[dict]:
         plain["layers"] * plain["batch"] * plain["tokens"] ** 2 * 4 / 2**20)
     rows = []
     for stream, store in PAIRS.items():
-        if stream not in case or store not in case:
+        if stream not in case:
             continue
+        counterpart = case.get(store)  # None: not run beside it (bench/gpu_run.sh's batch part), no memory share
         # a recorded call also holds its recording: the memory of its graph's private pool counts as extra
         extra = case[stream]["peak_extra_mb"] + (case[stream].get("graph_reserved_mb") or 0.0) - plain["peak_extra_mb"]
-        extra_store = case[store]["peak_extra_mb"] - plain["peak_extra_mb"]
-        share = extra / extra_store if extra_store > 0 else float("nan")
-        # not measured (CPU --no-memory: NaN peaks) or no store-everything memory to compare with: no verdict
+        extra_store = None if counterpart is None else counterpart["peak_extra_mb"] - plain["peak_extra_mb"]
+        share = extra / extra_store if extra_store is not None and extra_store > 0 else float("nan")
+        # not measured (no counterpart, CPU --no-memory's NaN peaks) or no store-everything memory to compare with
         memory_met = None if share != share else share <= GOAL_MEMORY
         floor = case.get("plain_graphed")
         # a recorded call beside the plain forward recorded the same way: what the maps add to a recording (both
@@ -442,7 +444,8 @@ def goal_rows(case: dict[str, dict]) -> list[dict]:
                          - floor["peak_extra_mb"] - floor["graph_reserved_mb"]) if recorded else None
         rows.append({"method": stream, "store": store, "x_plain": case[stream]["time_s"] / plain["time_s"],
                      "x_plain_graphed": None if floor is None else case[stream]["time_s"] / floor["time_s"],
-                     "store_x_plain": case[store]["time_s"] / plain["time_s"], "extra_mb": extra,
+                     "store_x_plain": None if counterpart is None else counterpart["time_s"] / plain["time_s"],
+                     "extra_mb": extra,
                      "store_extra_mb": extra_store, "memory_share": share, "time_goal": goals.get(size),
                      "time_met": case[stream]["time_s"] / plain["time_s"] <= goals[size] if size in goals else None,
                      "memory_goal": GOAL_MEMORY, "memory_met": memory_met,
@@ -476,14 +479,17 @@ def report(results: list[dict]) -> bool:
                   f"{r['cpu_s'] / plain['cpu_s']:6.2f} {r['images_per_s']:8.1f} {r['peak_extra_mb']:9.1f}")
         for g in goal_rows(case):
             graphed = "" if g["x_plain_graphed"] is None else f", {g['x_plain_graphed']:.2f}x plain_graphed"
-            line = [f"  -> {g['method']}: {g['x_plain']:.2f}x plain{graphed}, {g['store_x_plain']:.2f}x for "
-                    f"{g['store']}; extra memory {g['extra_mb']:.1f} MB vs {g['store_extra_mb']:.1f} MB "
-                    f"({g['memory_share']:.0%})"]
+            store = "" if g["store_x_plain"] is None else f", {g['store_x_plain']:.2f}x for {g['store']}"
+            versus = "" if g["store_extra_mb"] is None else \
+                f" vs {g['store_extra_mb']:.1f} MB ({g['memory_share']:.0%})"
+            line = [f"  -> {g['method']}: {g['x_plain']:.2f}x plain{graphed}{store}; extra memory "
+                    f"{g['extra_mb']:.1f} MB{versus}"]
             if g["time_met"] is not None:
                 ok &= g["time_met"]
                 line.append(f"time goal <= {g['time_goal']:.2f}x: {'met' if g['time_met'] else 'MISSED'}")
             if g["memory_met"] is None:
-                line.append(f"memory goal <= {GOAL_MEMORY:.0%}: not measured")
+                line.append(f"memory goal <= {GOAL_MEMORY:.0%}: not measured"
+                            + (f" ({g['store']} not run)" if g["store_extra_mb"] is None else ""))
             else:
                 ok &= g["memory_met"]
                 line.append(f"memory goal <= {GOAL_MEMORY:.0%}: {'met' if g['memory_met'] else 'MISSED'}")
