@@ -132,17 +132,20 @@ def test_the_gpu_tests_are_collected(rehearsal):
 
 
 def test_the_readmes_list_the_plan_in_the_scripts_order():
-    """README.md and bench/README.md name the default plan's parts in the order bench/gpu_run.sh runs them (a cut
-    run keeps the first ones): they described an older order (the faithfulness loop before 224 px, the kernels
-    alone right after the goal cases, no recorded calls)."""
+    """README.md, bench/README.md and docs/benchmarks.md name the default plan's parts in the order bench/gpu_run.sh
+    runs them (a cut run keeps the first ones): they described an older order (the faithfulness loop before 224 px,
+    the kernels alone right after the goal cases, no recorded calls)."""
     script = (BENCH / "gpu_run.sh").read_text()
     plan = re.search(r"^PLAN=\(([^)]*)\)", script, flags=re.M).group(1).split()
     assert " ".join(["setup", *plan]) == PLAN
     readme = " ".join((ROOT / "README.md").read_text().split())
     start = readme.index("One command of under 10 minutes produces the GPU figures")
     bench_readme = (BENCH / "README.md").read_text()
+    doc = (ROOT / "docs" / "benchmarks.md").read_text()
+    doc = doc[doc.index("Everything is prepared as one script"):doc.index("The summary names each part's exit status")]
     for name, text in (("README.md", readme[start:readme.index("$OUT", start)]),
-                       ("bench/README.md", bench_readme[bench_readme.index("| `gpu_run.sh` |"):].split("\n")[0])):
+                       ("bench/README.md", bench_readme[bench_readme.index("| `gpu_run.sh` |"):].split("\n")[0]),
+                       ("docs/benchmarks.md", doc)):
         named = re.findall(r"`([a-z0-9_]+)`", text)
         assert [n for n in named if n in plan] == plan, (name, named)
 
