@@ -105,10 +105,10 @@ def goal_table(results: list[dict]) -> list[str]:
             recorded = "-" if over is None else (
                 f"{_mb(over)}: {'met' if g['kept_met_over_plain_graphed'] else 'MISSED'}" if g["kept_mb"] is not None
                 else _mb(over))
+            share = ("not measured" if g["memory_met"] is None else
+                     f"{g['memory_share']:.0%} of {g['store']}'s: {'met' if g['memory_met'] else 'MISSED'}")
             rows.append([model, dtype, str(size), g["method"], f"{g['x_plain']:.2f}", floor, time, _mb(g["extra_mb"]),
-                         kept,
-                         f"{g['memory_share']:.0%} of {g['store']}'s: {'met' if g['memory_met'] else 'MISSED'}",
-                         recorded])
+                         kept, share, recorded])
     if not rows:
         return []
     return ["", "**Goals** (ratios to the plain forward of the same run; extra memory above plain's peak; a recorded "

@@ -66,7 +66,7 @@ def test_every_part_runs_and_reports_its_exit_status(rehearsal):
     for part in PARTS:
         names = [name for name in status if name.startswith(part)]
         assert names, f"{part} did not run:\n{summary}"
-        for name in names:  # bench/attention.py exits 3 when a goal is missed (always, on the CPU's tiny shapes)
+        for name in names:  # bench/attention.py exits 3 when a goal is missed (the rehearsal measures none: 0)
             allowed = {"0", str(attention_bench.EXIT_GOAL_MISSED)} if part.startswith("attention") else {"0"}
             assert status[name] in allowed, f"{name}: exit {status[name]}\n{(out / 'run.log').read_text()[-4000:]}"
     assert "SKIPPED" not in summary
@@ -129,6 +129,25 @@ def test_the_gpu_tests_are_collected(rehearsal):
     skipped = re.search(r"(\d+) skipped", tests)
     assert skipped and int(skipped.group(1)) >= 15 and not re.search(r"\d+ errors?\b", tests), tests[-2000:]
     assert "deselected" in tests  # only the gpu tests of those files were run
+
+
+def test_the_readmes_list_the_plan_in_the_scripts_order():
+    """README.md, bench/README.md and docs/benchmarks.md name the default plan's parts in the order bench/gpu_run.sh
+    runs them (a cut run keeps the first ones): they described an older order (the faithfulness loop before 224 px,
+    the kernels alone right after the goal cases, no recorded calls)."""
+    script = (BENCH / "gpu_run.sh").read_text()
+    plan = re.search(r"^PLAN=\(([^)]*)\)", script, flags=re.M).group(1).split()
+    assert " ".join(["setup", *plan]) == PLAN
+    readme = " ".join((ROOT / "README.md").read_text().split())
+    start = readme.index("One command of under 10 minutes produces the GPU figures")
+    bench_readme = (BENCH / "README.md").read_text()
+    doc = (ROOT / "docs" / "benchmarks.md").read_text()
+    doc = doc[doc.index("Everything is prepared as one script"):doc.index("The summary names each part's exit status")]
+    for name, text in (("README.md", readme[start:readme.index("$OUT", start)]),
+                       ("bench/README.md", bench_readme[bench_readme.index("| `gpu_run.sh` |"):].split("\n")[0]),
+                       ("docs/benchmarks.md", doc)):
+        named = re.findall(r"`([a-z0-9_]+)`", text)
+        assert [n for n in named if n in plan] == plan, (name, named)
 
 
 def test_past_the_deadline_every_part_is_skipped_and_said_so(tmp_path):
