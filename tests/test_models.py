@@ -32,6 +32,10 @@ def test_timm_name_random_weights_eval_mode_and_kwargs():
 def test_unknown_name_suggests():
     with pytest.raises(vitviz.VitvizError, match="neither a timm model"):
         vitviz.load_model("vit_tinyy_patch16_224")
+    # with nothing similar it said "Similar timm names: []", and named no way on
+    with pytest.raises(vitviz.VitvizError, match=r"Similar timm names: none\. Pass one of those, a Hugging Face "
+                                                 r"Hub id .*torchvision or open_clip ViT you build"):
+        vitviz.load_model("no-such-model")
 
 
 @pytest.mark.parametrize("fmt", ["safetensors", "pth", "bin-wrapped"])
