@@ -309,12 +309,14 @@ def test_a_figure_step_that_fails_half_way_closes_its_figure(tmp_path):
 
 
 def test_command_line_refuses_bad_report_options_before_any_figure(tmp_path, capsys, monkeypatch):
-    """An ``--out`` that is a file raised NotADirectoryError; an unknown format or a missing notebook failed each
+    """An ``--out`` that is a file raised NotADirectoryError (a ``--gallery`` one FileExistsError, once the report
+    was written); an unknown format or a missing notebook failed each
     figure (or the notebook) in turn after every figure had been computed; ``--cell-timeout -5`` was taken."""
     monkeypatch.setattr(report, "render_report", lambda *a, **k: pytest.fail("render_report ran"))
     file = tmp_path / "a-file"
     file.write_text("")
     for argv, message in ((["--out", str(file)], "--out '" + str(file) + "' is a file; pass a folder"),
+                          (["--gallery", str(file)], "--gallery '" + str(file) + "' is a file; pass a folder"),
                           (["--formats", "png,jpgx"], "--formats 'png,jpgx': formats=('png', 'jpgx'): ['jpgx'] not "
                                                       "supported by matplotlib"),
                           (["--notebooks", f"{tmp_path}/missing.ipynb"], "missing.ipynb'] not found; pass notebook "

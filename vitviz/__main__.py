@@ -83,8 +83,9 @@ def report(a: argparse.Namespace) -> int:
     from vitviz.plot.style import check_formats
     from vitviz.report import render_report
 
-    if Path(a.out).exists() and not Path(a.out).is_dir():
-        raise InputError(f"--out {a.out!r} is a file; pass a folder for the report (it is made when missing)")
+    for option, folder in (("--out", a.out), ("--gallery", a.gallery)):
+        if folder is not None and Path(folder).exists() and not Path(folder).is_dir():
+            raise InputError(f"{option} {folder!r} is a file; pass a folder (it is made when missing)")
     try:
         check_formats(a.formats.split(","))  # refused here, not by every figure in turn
     except InputError as e:
