@@ -295,9 +295,14 @@ def test_the_command_line_reads_the_lists_it_is_given():
     assert (a.seeds, a.epochs, a.full_epochs) == ((0, 1, 2), (2, 4, 8), ())
 
 
-def test_a_results_folder_and_an_epoch_budget_below_one_are_refused_before_any_run(tmp_path, capsys):
+def test_a_results_folder_empty_lists_and_a_budget_below_one_are_refused_before_any_run(tmp_path, capsys):
     from vitviz.__main__ import main
 
+    for argv, message in ((["--families", ""], "families is empty"), (["--sizes", ","], "sizes is empty"),
+                          (["--epochs", ""], "epochs and full_epochs are both empty")):  # a KeyError traceback
+        assert main(["study", "hybrid-vs-pure", "--data", str(tmp_path / "none"), "--results",
+                     str(tmp_path / "r.csv"), "--out", str(tmp_path / "runs"), "--no-progress", *argv]) == 2
+        assert f"vitviz study: error: {message}" in capsys.readouterr().err
     with pytest.raises(ValueError, match=r"epochs=\(2, 0\) \(--epochs\) holds \[0\]"):
         plan(StudyConfig(epochs=(2, 0)))
     with pytest.raises(ValueError, match=r"full_epochs=\(-16,\) \(--full-epochs\) holds \[-16\]"):

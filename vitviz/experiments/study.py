@@ -103,6 +103,11 @@ def plan(cfg: StudyConfig) -> list[dict[str, Any]]:
             raise InputError(f"unknown {name} {unknown}; choose from {sorted(known)}")
     if not cfg.seeds:
         raise InputError("seeds is empty: give at least one seed, e.g. --seeds 0,1,2")
+    for name, example in (("families", "vit,hybrid,resnet"), ("sizes", "S,M,L")):
+        if not getattr(cfg, name):  # no run planned: the study printed a KeyError for its empty table
+            raise InputError(f"{name} is empty: give at least one, e.g. --{name} {example}")
+    if not cfg.epochs and not cfg.full_epochs:
+        raise InputError("epochs and full_epochs are both empty: give an epoch budget, e.g. --epochs 2,4,8")
     for name in ("epochs", "full_epochs"):
         bad = [e for e in getattr(cfg, name) if isinstance(e, bool) or not isinstance(e, numbers.Integral) or e < 1]
         if bad:
