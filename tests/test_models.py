@@ -32,6 +32,10 @@ def test_timm_name_random_weights_eval_mode_and_kwargs():
 def test_unknown_name_suggests():
     with pytest.raises(vitviz.VitvizError, match="neither a timm model"):
         vitviz.load_model("vit_tinyy_patch16_224")
+    # with nothing similar it said "Similar timm names: []", and named no way on
+    with pytest.raises(vitviz.VitvizError, match=r"Similar timm names: none\. Pass one of those, a Hugging Face "
+                                                 r"Hub id .*torchvision or open_clip ViT you build"):
+        vitviz.load_model("no-such-model")
 
 
 @pytest.mark.parametrize("fmt", ["safetensors", "pth", "bin-wrapped"])
@@ -513,3 +517,24 @@ def test_a_hugging_face_folder_without_a_pooler_names_add_pooling_layer(tmp_path
         vitviz.load_model(tmp_path / "dino")
     loaded = vitviz.load_model(tmp_path / "dino", add_pooling_layer=False, device="cpu")
     assert loaded.pooler is None and same_weights(loaded, model)
+
+
+def test_the_command_line_inspect_prints_what_inspect_returns(tmp_path, capsys):
+    """``vitviz inspect`` for a Hugging Face ``save_pretrained`` folder and a reference model's weights file; a
+    name it cannot load is one line on stderr and exit status 2."""
+    from transformers import ViTConfig, ViTModel
+
+    from vitviz.__main__ import main
+    from vitviz.zoo.weights import checkpoint_dir
+
+    ViTModel(ViTConfig(hidden_size=32, num_hidden_layers=2, num_attention_heads=2, intermediate_size=64,
+                       image_size=(32, 48), patch_size=8)).save_pretrained(tmp_path / "hf")
+    for target in (str(tmp_path / "hf"), str(checkpoint_dir() / "cifar10-hybrid.safetensors")):
+        assert main(["inspect", target]) == 0
+        expected = str(vitviz.inspect(vitviz.load_model(target, device="cpu")))
+        assert capsys.readouterr().out == expected + "\n"
+    assert "4x6 grid" in str(vitviz.inspect(vitviz.load_model(tmp_path / "hf")))
+    capsys.readouterr()  # transformers' loading bars
+    assert main(["inspect", str(tmp_path / "missing.safetensors")]) == 2
+    err = capsys.readouterr().err
+    assert err.count("\n") == 1 and err.startswith("vitviz: error: checkpoint file") and "not found" in err

@@ -306,3 +306,32 @@ def test_a_figure_step_that_fails_half_way_closes_its_figure(tmp_path):
     rep = report.Report(tmp_path, formats=("png",))
     report._figure_step(rep, report.LoadedModel("", None, True), "half", half)()
     assert [f["name"] for f in rep.failures] == ["half"] and set(plt.get_fignums()) == before
+
+
+def test_command_line_refuses_bad_report_options_before_any_figure(tmp_path, capsys, monkeypatch):
+    """An ``--out`` that is a file raised NotADirectoryError (a ``--gallery`` one FileExistsError, once the report
+    was written); an unknown format or a missing notebook failed each
+    figure (or the notebook) in turn after every figure had been computed; ``--cell-timeout -5`` was taken."""
+    monkeypatch.setattr(report, "render_report", lambda *a, **k: pytest.fail("render_report ran"))
+    file = tmp_path / "a-file"
+    file.write_text("")
+    for argv, message in ((["--out", str(file)], "--out '" + str(file) + "' is a file; pass a folder"),
+                          (["--gallery", str(file)], "--gallery '" + str(file) + "' is a file; pass a folder"),
+                          (["--formats", "png,jpgx"], "--formats 'png,jpgx': formats=('png', 'jpgx'): ['jpgx'] not "
+                                                      "supported by matplotlib"),
+                          (["--notebooks", f"{tmp_path}/missing.ipynb"], "missing.ipynb'] not found; pass notebook "
+                                                                         "files")):
+        assert main(["report", "--out", str(tmp_path / "rep"), "--notebooks", "none", *argv]) == 2
+        err = capsys.readouterr().err
+        assert err.startswith("vitviz: error: --") and message in err and "Traceback" not in err
+    with pytest.raises(SystemExit) as exit_:
+        main(["report", "--cell-timeout", "-5"])
+    assert exit_.value.code == 2 and "argument --cell-timeout: -5 is not a positive count" in capsys.readouterr().err
+    assert not (tmp_path / "rep").exists()
+
+
+def test_command_line_models_refuses_a_checkpoints_folder_that_is_not_there(tmp_path, capsys):
+    """It printed every reference model as untrained and exited 0."""
+    assert main(["models", "--checkpoints", str(tmp_path / "typo")]) == 2
+    err = capsys.readouterr().err
+    assert "vitviz: error: --checkpoints" in err and "typo' is not a folder" in err and "Traceback" not in err

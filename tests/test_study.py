@@ -264,3 +264,51 @@ def test_a_balanced_subset_takes_every_class_when_n_is_not_a_multiple_of_the_cla
     assert balanced_indices(labels, 20).tolist() == [i for c in range(10) for i in (30 * c, 30 * c + 1)]
     short = torch.cat([torch.zeros(1, dtype=torch.long), torch.ones(30, dtype=torch.long)])  # class 0: one image
     assert torch.bincount(short[balanced_indices(short, 10)]).tolist() == [1, 5]
+
+
+@pytest.mark.parametrize("argv, message", [
+    (["--seeds", "a,b"], "argument --seeds: 'a' in 'a,b' is not a whole number"),
+    (["--epochs", "2,-1"], "argument --epochs: -1 in '2,-1' is not a positive count"),
+    (["--full-epochs", "0"], "argument --full-epochs: 0 in '0' is not a positive count"),
+    (["--workers", "-2"], "argument --workers: -2 is not a positive count"),
+    (["--train-subset", "-5"], "argument --train-subset: -5 is negative"),
+    (["--test-subset", "-1"], "argument --test-subset: -1 is negative"),
+])
+def test_the_command_line_refuses_bad_counts_before_any_run(argv, message, capsys):
+    """``--seeds a,b`` raised a ValueError traceback; ``--epochs 2,-1`` planned runs of -1 epochs (their folders
+    made), ``--workers -2`` ran one process, ``--train-subset -5`` trained on half the classes."""
+    from vitviz.__main__ import main
+
+    with pytest.raises(SystemExit) as exit_:
+        main(["study", "hybrid-vs-pure", "--data", "nowhere", *argv])
+    assert exit_.value.code == 2
+    err = capsys.readouterr().err
+    assert message in err and "Traceback" not in err
+
+
+def test_the_command_line_reads_the_lists_it_is_given():
+    from vitviz.experiments.config import study_parser
+
+    a = study_parser().parse_args(["hybrid-vs-pure", "--seeds", "3, 4", "--epochs", "1,5", "--full-epochs", "16"])
+    assert (a.seeds, a.epochs, a.full_epochs) == ((3, 4), (1, 5), (16,))
+    a = study_parser().parse_args(["hybrid-vs-pure"])
+    assert (a.seeds, a.epochs, a.full_epochs) == ((0, 1, 2), (2, 4, 8), ())
+
+
+def test_a_results_folder_empty_lists_and_a_budget_below_one_are_refused_before_any_run(tmp_path, capsys):
+    from vitviz.__main__ import main
+
+    for argv, message in ((["--families", ""], "families is empty"), (["--sizes", ","], "sizes is empty"),
+                          (["--epochs", ""], "epochs and full_epochs are both empty")):  # a KeyError traceback
+        assert main(["study", "hybrid-vs-pure", "--data", str(tmp_path / "none"), "--results",
+                     str(tmp_path / "r.csv"), "--out", str(tmp_path / "runs"), "--no-progress", *argv]) == 2
+        assert f"vitviz study: error: {message}" in capsys.readouterr().err
+    with pytest.raises(ValueError, match=r"epochs=\(2, 0\) \(--epochs\) holds \[0\]"):
+        plan(StudyConfig(epochs=(2, 0)))
+    with pytest.raises(ValueError, match=r"full_epochs=\(-16,\) \(--full-epochs\) holds \[-16\]"):
+        plan(StudyConfig(full_epochs=(-16,)))
+    assert main(["study", "hybrid-vs-pure", "--data", str(tmp_path / "none"), "--results", str(tmp_path),
+                 "--out", str(tmp_path / "runs"), "--no-progress"]) == 2
+    err = capsys.readouterr().err
+    assert "(--results) is a folder; pass the CSV file" in err and "Traceback" not in err
+    assert not (tmp_path / "runs").exists()

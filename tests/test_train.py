@@ -386,3 +386,47 @@ def test_export_refuses_a_snapshot_of_a_longer_schedule(tmp_path, tiny_folder):
     with pytest.raises(ComputeError, match="holds epoch 2 of a 4-epoch schedule, not a 2-epoch run"):
         export_reference(shorter, tmp_path / "export")
     assert not (tmp_path / "export").exists()
+
+
+@pytest.mark.parametrize("argv, message", [
+    (["--epochs", "0"], "argument --epochs: 0 is not a positive count"),
+    (["--epochs", "-1"], "argument --epochs: -1 is not a positive count"),
+    (["--batch-size", "0"], "argument --batch-size: 0 is not a positive count"),
+    (["--train-subset", "-5"], "argument --train-subset: -5 is not a positive count"),
+    (["--test-subset", "0"], "argument --test-subset: 0 is not a positive count"),
+    (["--threads", "-1"], "argument --threads: -1 is not a positive count"),
+    (["--epochs", "two"], "argument --epochs: 'two' is not a whole number"),
+])
+def test_the_command_line_refuses_a_count_below_one(argv, message, capsys):
+    """``--epochs 0`` and ``-1`` wrote a run of no epochs and exited 0, ``--batch-size 0`` raised ZeroDivisionError,
+    ``--train-subset -5`` trained on all but one image of half the classes (25,000 CIFAR-10 images)."""
+    from vitviz.__main__ import main
+
+    with pytest.raises(SystemExit) as exit_:
+        main(["train", "cifar10-vit", "--data", "nowhere", *argv])
+    assert exit_.value.code == 2
+    err = capsys.readouterr().err
+    assert message in err and "Traceback" not in err
+
+
+def test_train_refuses_a_config_no_run_can_follow_before_reading_data(tmp_path, capsys):
+    """The Python call (and every runner built on it: the study, cls_vs_gap) is held to the same counts; an ``out``
+    that is a file, or lies under one, is named instead of failing with NotADirectoryError."""
+    from vitviz.__main__ import main
+    from vitviz.errors import InputError
+
+    data = tmp_path / "no-data-here"  # never read: each refusal comes first
+    for kw, message in ((dict(train_subset=-5), r"train_subset=-5 \(--train-subset\) is not a positive int"),
+                        (dict(epochs=0), r"epochs=0 \(--epochs\) is not a positive int"),
+                        (dict(batch_size=0), r"batch_size=0 \(--batch-size\) is not a positive int"),
+                        (dict(threads=0), r"threads=0 \(--threads\) is not a positive int")):
+        with pytest.raises(InputError, match=message):
+            train(config(tmp_path, data, **kw), progress=False)
+    file = tmp_path / "a-file"
+    file.write_text("")
+    for out in (file, file / "below"):
+        with pytest.raises(InputError, match=r"\(--out\): .*a-file' is a file, not a folder"):
+            train(config(out, data), progress=False)
+    assert main(["train", "cifar10-vit", "--data", str(data), "--out", str(file), "--no-progress"]) == 2
+    err = capsys.readouterr().err
+    assert "error: out=" in err and "is a file" in err and "Traceback" not in err

@@ -7,8 +7,11 @@ from __future__ import annotations
 
 import argparse
 import sys
+from pathlib import Path
 
 from vitviz.core.util import cli_errors
+from vitviz.errors import DataNotFoundError, InputError
+from vitviz.experiments.config import positive_int
 
 
 @cli_errors("vitviz")
@@ -44,7 +47,7 @@ def main(argv: list[str] | None = None) -> int:
     r.add_argument("--formats", default="png,pdf,svg", help="comma-separated formats of the package figures")
     r.add_argument("--device", default="auto")
     r.add_argument("--kernel", default="python3", help="Jupyter kernel for the notebooks (default: python3)")
-    r.add_argument("--cell-timeout", type=int, default=1800, help="seconds a notebook cell may run")
+    r.add_argument("--cell-timeout", type=positive_int, default=1800, help="seconds a notebook cell may run")
     r.add_argument("--gallery", metavar="DIR", help="also write the key figures, downscaled, to DIR (README gallery)")
     i = sub.add_parser("inspect", help="print the token layout of a model")
     i.add_argument("model", help="a timm or reference model name, a weights file, a model folder or a Hub id "
@@ -57,6 +60,10 @@ def main(argv: list[str] | None = None) -> int:
     a = p.parse_args(argv)
     if a.cmd == "models":
         from vitviz.zoo.cards import markdown_table, posemb_ablation_results, reference_table
+
+        if a.checkpoints is not None and not Path(a.checkpoints).is_dir():  # it would list every model untrained
+            raise DataNotFoundError(f"--checkpoints {a.checkpoints!r} is not a folder; pass the folder of the "
+                                    "reference cards (<model>.json), or leave it out for vitviz/zoo/checkpoints")
 
         print(markdown_table(reference_table(a.checkpoints).drop(columns=["description"])))
         print()
@@ -73,8 +80,21 @@ def main(argv: list[str] | None = None) -> int:
 def report(a: argparse.Namespace) -> int:
     """``vitviz report``: run ``render_report`` with the command line's settings; 1 when anything failed."""
 
+    from vitviz.plot.style import check_formats
     from vitviz.report import render_report
 
+    for option, folder in (("--out", a.out), ("--gallery", a.gallery)):
+        if folder is not None and Path(folder).exists() and not Path(folder).is_dir():
+            raise InputError(f"{option} {folder!r} is a file; pass a folder (it is made when missing)")
+    try:
+        check_formats(a.formats.split(","))  # refused here, not by every figure in turn
+    except InputError as e:
+        raise InputError(f"--formats {a.formats!r}: {e}; pass them comma-separated, e.g. --formats png,pdf") from None
+    notebooks = None if a.notebooks is None else [] if a.notebooks == "none" else a.notebooks.split(",")
+    missing = [nb for nb in notebooks or [] if not Path(nb).is_file()]
+    if missing:
+        raise DataNotFoundError(f"--notebooks {a.notebooks!r}: {missing} not found; pass notebook files, "
+                                "comma-separated, 'none', or leave it out for the installed notebooks")
     if a.images is not None:
         from vitviz.zoo.samples import images_from
 
@@ -84,7 +104,6 @@ def report(a: argparse.Namespace) -> int:
             print(f"vitviz report: --images: {e}", file=sys.stderr)
             return 2
         print(f"vitviz report: --images: {found.source}")
-    notebooks = None if a.notebooks is None else [] if a.notebooks == "none" else a.notebooks.split(",")
     rep = render_report(a.out, a.model or None, tuple(a.formats.split(",")), a.device, model=(a.model or [None])[0],
                         images=a.images, notebooks=notebooks, kernel=a.kernel, cell_timeout=a.cell_timeout)
     print(f"wrote {len(rep.figures)} figures and {len(rep.notebooks)} notebooks to {rep.out}/ "

@@ -7,6 +7,7 @@ import torch only when they run.
 from __future__ import annotations
 
 import argparse
+import numbers
 import os
 import warnings
 from dataclasses import asdict, dataclass, field
@@ -97,25 +98,97 @@ def check_training_state(state: dict[str, Any], cfg: TrainConfig, fingerprint: d
     return checked_from
 
 
+COUNTS = ("epochs", "batch_size", "train_subset", "test_subset", "threads")
+"""``TrainConfig`` fields that count something: a positive int (the subsets and threads may also be None)."""
+
+
+def check_config(cfg: TrainConfig) -> None:
+    """Refuse a ``TrainConfig`` no run can follow, before any data is read.
+
+    Raises:
+        InputError: a field of ``COUNTS`` is not a positive int (``train_subset=-5`` took all but one image of half
+            the classes, ``epochs=0`` wrote a run of no epochs), or ``<out>/<model>`` or a folder above it is a file.
+    """
+    for name in COUNTS:
+        value = getattr(cfg, name)
+        if value is None and name not in ("epochs", "batch_size"):
+            continue
+        if isinstance(value, bool) or not isinstance(value, numbers.Integral) or value < 1:
+            option = "--" + name.replace("_", "-")
+            leave = "" if name in ("epochs", "batch_size") else " (or leave it out: None)"
+            raise InputError(f"{name}={value!r} ({option}) is not a positive int; pass a count of 1 or more{leave}")
+    folder = cfg.run_dir
+    while not folder.exists() and folder.parent != folder:  # the nearest folder that is there must be a folder
+        folder = folder.parent
+    if folder.exists() and not folder.is_dir():
+        raise InputError(f"out={cfg.out!r} (--out): {str(folder)!r} is a file, not a folder; pass a folder for the "
+                         "runs (it is made when missing)")
+
+
+def positive_int(text: str) -> int:
+    """An argparse ``type``: a whole number of 1 or more (argparse names the option and the value otherwise)."""
+    try:
+        value = int(text)
+    except ValueError:
+        raise argparse.ArgumentTypeError(f"{text!r} is not a whole number; pass a count of 1 or more") from None
+    if value < 1:
+        raise argparse.ArgumentTypeError(f"{value} is not a positive count; pass 1 or more")
+    return value
+
+
+def count_or_all(text: str) -> int:
+    """An argparse ``type``: a whole number of 0 (all) or more."""
+    try:
+        value = int(text)
+    except ValueError:
+        raise argparse.ArgumentTypeError(f"{text!r} is not a whole number; pass 0 (all) or a count") from None
+    if value < 0:
+        raise argparse.ArgumentTypeError(f"{value} is negative; pass 0 (all) or a count of 1 or more")
+    return value
+
+
+def int_list(positive: bool = False) -> Any:
+    """An argparse ``type``: comma-separated whole numbers (``"0,1,2"``) as a tuple; with ``positive``, each 1 or
+    more (epoch budgets)."""
+
+    def parse(text: str) -> tuple[int, ...]:
+        values = []
+        for part in (v.strip() for v in text.split(",")):
+            if not part:
+                continue
+            try:
+                value = int(part)
+            except ValueError:
+                raise argparse.ArgumentTypeError(
+                    f"{part!r} in {text!r} is not a whole number; pass comma-separated whole numbers, e.g. 0,1,2"
+                ) from None
+            if positive and value < 1:
+                raise argparse.ArgumentTypeError(f"{value} in {text!r} is not a positive count; pass 1 or more")
+            values.append(value)
+        return tuple(values)
+
+    return parse
+
+
 def train_parser(prog: str = "python -m vitviz.experiments.train") -> argparse.ArgumentParser:
     """The command line of ``vitviz train``."""
     p = argparse.ArgumentParser(prog=prog, description="Train a vitviz reference model on CIFAR-10 (resumable; "
                                 "checkpoints written atomically every epoch).")
     p.add_argument("model", help="reference model name, e.g. cifar10-vit")
     p.add_argument("--data", help="dataset root with train/ and test/ (default: $VITVIZ_DATA)")
-    p.add_argument("--epochs", type=int, default=TrainConfig.epochs)
+    p.add_argument("--epochs", type=positive_int, default=TrainConfig.epochs)
     p.add_argument("--out", default="runs", help="runs folder (default: runs)")
     p.add_argument("--resume", action="store_true", help="continue from <out>/<model>/last.pt")
-    p.add_argument("--batch-size", type=int, default=TrainConfig.batch_size)
+    p.add_argument("--batch-size", type=positive_int, default=TrainConfig.batch_size)
     p.add_argument("--lr", type=float, default=TrainConfig.lr)
     p.add_argument("--weight-decay", type=float, default=TrainConfig.weight_decay)
     p.add_argument("--warmup-epochs", type=float, default=TrainConfig.warmup_epochs)
     p.add_argument("--augment", default=TrainConfig.augment, choices=["crop-flip", "trivialaugment", "randaugment"])
     p.add_argument("--seed", type=int, default=0)
-    p.add_argument("--train-subset", type=int, help="use only N training images (balanced over classes)")
-    p.add_argument("--test-subset", type=int, help="evaluate on only N test images (balanced)")
+    p.add_argument("--train-subset", type=positive_int, help="use only N training images (balanced over classes)")
+    p.add_argument("--test-subset", type=positive_int, help="evaluate on only N test images (balanced)")
     p.add_argument("--device", default="auto")
-    p.add_argument("--threads", type=int, help="torch CPU threads")
+    p.add_argument("--threads", type=positive_int, help="torch CPU threads")
     p.add_argument("--no-compile", action="store_true", help="no torch.compile on CUDA")
     p.add_argument("--export", metavar="DIR", help="after training, write <model>.safetensors + card to DIR")
     p.add_argument("--no-progress", action="store_true")
@@ -143,16 +216,20 @@ def study_parser(prog: str = "python -m vitviz.experiments.study") -> argparse.A
     p.add_argument("--smoke", action="store_true", help="one tiny run per family")
     p.add_argument("--families", default="vit,hybrid,resnet")
     p.add_argument("--sizes", default="S,M,L")
-    p.add_argument("--seeds", default="0,1,2", help="seeds, comma-separated: every configuration runs once per seed")
-    p.add_argument("--epochs", default="2,4,8", help="epoch budgets on the training subset, comma-separated")
-    p.add_argument("--train-subset", type=int, default=5_000, help="class-balanced training images (0: all)")
-    p.add_argument("--full-epochs", default="", help="epoch budgets on the whole training set (e.g. 16)")
+    p.add_argument("--seeds", type=int_list(), default="0,1,2",
+                   help="seeds, comma-separated: every configuration runs once per seed")
+    p.add_argument("--epochs", type=int_list(positive=True), default="2,4,8",
+                   help="epoch budgets on the training subset, comma-separated")
+    p.add_argument("--train-subset", type=count_or_all, default=5_000,
+                   help="class-balanced training images (0: all)")
+    p.add_argument("--full-epochs", type=int_list(positive=True), default="",
+                   help="epoch budgets on the whole training set (e.g. 16)")
     p.add_argument("--full-sizes", default="S,M", help="sizes trained on the whole training set")
-    p.add_argument("--test-subset", type=int, default=0, help="class-balanced test images (0: all)")
+    p.add_argument("--test-subset", type=count_or_all, default=0, help="class-balanced test images (0: all)")
     p.add_argument("--device", default="auto")
-    p.add_argument("--threads", type=int)
+    p.add_argument("--threads", type=positive_int, help="torch CPU threads")
     p.add_argument("--compile", action="store_true", help="torch.compile on CUDA (slower for these short runs)")
-    p.add_argument("--workers", type=int, default=1, help="processes at a time (e.g. runs sharing one GPU)")
+    p.add_argument("--workers", type=positive_int, default=1, help="processes at a time (e.g. runs sharing one GPU)")
     p.add_argument("--config", help=argparse.SUPPRESS)  # a worker's whole StudyConfig as JSON (run_parallel)
     p.add_argument("--no-progress", action="store_true")
     return p

@@ -21,6 +21,7 @@ joins their CSVs. Summaries over seeds and the matched-compute comparison are in
 from __future__ import annotations
 
 import io
+import numbers
 import os
 import sys
 from collections.abc import Callable, Sequence
@@ -102,6 +103,16 @@ def plan(cfg: StudyConfig) -> list[dict[str, Any]]:
             raise InputError(f"unknown {name} {unknown}; choose from {sorted(known)}")
     if not cfg.seeds:
         raise InputError("seeds is empty: give at least one seed, e.g. --seeds 0,1,2")
+    for name, example in (("families", "vit,hybrid,resnet"), ("sizes", "S,M,L")):
+        if not getattr(cfg, name):  # no run planned: the study printed a KeyError for its empty table
+            raise InputError(f"{name} is empty: give at least one, e.g. --{name} {example}")
+    if not cfg.epochs and not cfg.full_epochs:
+        raise InputError("epochs and full_epochs are both empty: give an epoch budget, e.g. --epochs 2,4,8")
+    for name in ("epochs", "full_epochs"):
+        bad = [e for e in getattr(cfg, name) if isinstance(e, bool) or not isinstance(e, numbers.Integral) or e < 1]
+        if bad:
+            raise InputError(f"{name}={tuple(getattr(cfg, name))!r} (--{name.replace('_', '-')}) holds {bad}, not "
+                             "positive whole numbers of epochs; pass budgets of 1 or more, e.g. 2,4,8")
     blocks = [(cfg.train_subset, cfg.epochs, cfg.sizes)]
     if cfg.full_epochs:
         blocks.append((None, cfg.full_epochs, [s for s in cfg.full_sizes if s in cfg.sizes] or cfg.full_sizes))
@@ -183,6 +194,9 @@ def run_study(cfg: StudyConfig, *, progress: bool = True,
     from vitviz.zoo.reference import build_reference
 
     results = Path(cfg.results)
+    if results.is_dir():  # each finished run's row would fail to be written
+        raise InputError(f"results={str(results)!r} (--results) is a folder; pass the CSV file to write, e.g. "
+                         f"{str(results / 'hybrid_vs_pure.csv')!r}")
     table = read_results(results)
     check_rows(cfg, table)
     done = set(table["run_id"]) if "run_id" in table else set()
@@ -295,10 +309,6 @@ def run_parallel(cfg: StudyConfig, workers: int) -> pd.DataFrame:
     return table
 
 
-def _ints(text: str) -> tuple[int, ...]:
-    return tuple(int(v) for v in text.split(",") if v.strip())
-
-
 def _names(text: str) -> tuple[str, ...]:
     return tuple(v.strip() for v in text.split(",") if v.strip())
 
@@ -316,9 +326,9 @@ def main(argv: list[str] | None = None) -> int:
     if a.smoke:
         cfg = StudyConfig.smoke(**common)
     else:
-        cfg = StudyConfig(sizes=_names(a.sizes), epochs=_ints(a.epochs), seeds=_ints(a.seeds),
+        cfg = StudyConfig(sizes=_names(a.sizes), epochs=a.epochs, seeds=a.seeds,
                           train_subset=a.train_subset or None, test_subset=a.test_subset or None,
-                          full_epochs=_ints(a.full_epochs), full_sizes=_names(a.full_sizes), **common)
+                          full_epochs=a.full_epochs, full_sizes=_names(a.full_sizes), **common)
     table = run_parallel(cfg, a.workers) if a.workers > 1 else run_study(cfg, progress=not a.no_progress)
     cols = ["run_id", "params", "train_pflops", "test_acc", "wall_time_s"]
     print(table[cols].to_string(index=False))

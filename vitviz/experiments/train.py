@@ -36,7 +36,13 @@ from vitviz.core.io import atomic_save, atomic_write_json, atomic_write_text
 from vitviz.core.util import cli_errors
 from vitviz.errors import InputError
 from vitviz.errors import RunInterrupted as Interrupted  # noqa: F401  (the name step callbacks raise)
-from vitviz.experiments.config import TrainConfig, check_training_state, config_from_args, train_parser
+from vitviz.experiments.config import (
+    TrainConfig,
+    check_config,
+    check_training_state,
+    config_from_args,
+    train_parser,
+)
 from vitviz.experiments.data import TensorDataset, load_split, split_fingerprint
 from vitviz.experiments.measure import device_description, evaluate, normalize
 from vitviz.zoo.models import resolve_device
@@ -121,6 +127,7 @@ def train(
             counts from 1; ``row`` is that epoch's metrics), e.g. to keep every epoch's weights.
         progress: show tqdm progress bars.
     """
+    check_config(cfg)
     if cfg.threads:
         torch.set_num_threads(cfg.threads)
     device = resolve_device(cfg.device)

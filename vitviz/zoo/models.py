@@ -129,7 +129,9 @@ def _create_timm(name: str, pretrained: bool, checkpoint: Path | None, *, cached
         close = timm.list_models(f"*{name.split('.')[0].split('_')[0]}*")[:5]
         raise InputError(
             f"{name!r} is neither a timm model, a local weights file nor a vitviz reference model "
-            f"({', '.join(REFERENCE_MODELS)}). Similar timm names: {close}"
+            f"({', '.join(REFERENCE_MODELS)}). Similar timm names: {', '.join(close) or 'none'}. Pass one of "
+            "those, a Hugging Face Hub id ('org/name'), a model folder or a weights file; a torchvision or open_clip "
+            "ViT you build is passed to the analyses as the module itself"
         )
     if "." in name and name not in timm.list_pretrained(name):
         tags = timm.list_pretrained(f"{name.split('.')[0]}.*")
