@@ -125,26 +125,26 @@ def check_config(cfg: TrainConfig) -> None:
                          "runs (it is made when missing)")
 
 
-def positive_int(text: str) -> int:
-    """An argparse ``type``: a whole number of 1 or more (argparse names the option and the value otherwise)."""
+def _whole_number(text: str, low: int, fix: str) -> int:
+    """``text`` as a whole number of at least ``low``, else argparse's error (it names the option and the value)."""
     try:
         value = int(text)
     except ValueError:
-        raise argparse.ArgumentTypeError(f"{text!r} is not a whole number; pass a count of 1 or more") from None
-    if value < 1:
-        raise argparse.ArgumentTypeError(f"{value} is not a positive count; pass 1 or more")
+        raise argparse.ArgumentTypeError(f"{text!r} is not a whole number; pass {fix}") from None
+    if value < low:
+        raise argparse.ArgumentTypeError(f"{value} is {'negative' if low == 0 else 'not a positive count'}; "
+                                         f"pass {fix}")
     return value
+
+
+def positive_int(text: str) -> int:
+    """An argparse ``type``: a whole number of 1 or more (argparse names the option and the value otherwise)."""
+    return _whole_number(text, 1, "a count of 1 or more")
 
 
 def count_or_all(text: str) -> int:
     """An argparse ``type``: a whole number of 0 (all) or more."""
-    try:
-        value = int(text)
-    except ValueError:
-        raise argparse.ArgumentTypeError(f"{text!r} is not a whole number; pass 0 (all) or a count") from None
-    if value < 0:
-        raise argparse.ArgumentTypeError(f"{value} is negative; pass 0 (all) or a count of 1 or more")
-    return value
+    return _whole_number(text, 0, "0 (all) or a count of 1 or more")
 
 
 def int_list(positive: bool = False) -> Any:
