@@ -176,7 +176,8 @@ def plot_rollout(
     if maps.ndim != 3 or maps.shape[0] != x.shape[0]:
         raise InputError(f"expected one (gh, gw) map per image: {x.shape[0]} images, maps {tuple(maps.shape)}")
     check_map_grid(model, x, maps, "maps")
-    low, peak = float(torch.as_tensor(maps).min()), float(torch.as_tensor(maps).abs().max())
+    held = torch.as_tensor(maps)
+    low, peak = float(held.min()), float(held.abs().max())
     if low < -1e-6 * peak:  # the scales here start at 0: negative relevance would be drawn as none
         raise InputError(f"maps hold negative values (down to {low:.3g}, largest |value| {peak:.3g}), which "
                          "plot_rollout would draw as 0; draw signed maps (AttnLRP, input x gradient) with "
