@@ -7,6 +7,8 @@ running), so ``except ValueError`` keeps working. Messages name the model or arg
 
 from __future__ import annotations
 
+import argparse
+
 
 class VitvizError(Exception):
     """Base class of vitviz errors; messages name the model, what was found and the fix."""
@@ -107,6 +109,12 @@ class InferenceTensorError(InputError, RuntimeError):
     the fix (load the model outside inference mode, or clone its tensors)."""
 
 
+class OptionValueError(InputError, argparse.ArgumentTypeError):
+    """A command-line option's value that is not valid (``--epochs 0``, ``--seeds a,b``), raised by an argparse
+    ``type``; also an ``argparse.ArgumentTypeError``, so argparse prints it after the option's name and exits with
+    its usage error, and a ``ValueError`` for a caller of the parser function itself."""
+
+
 class ImageRangeWarning(VitvizError, UserWarning):
     """Images whose values lie far outside a normalised image's range (0-255 pixels given as floats, say): the maps
     would describe another input. A warning, not an error: a model that normalises its own input takes such values.
@@ -129,6 +137,6 @@ __all__ = [
     "ImageInputError", "ImageRangeWarning", "ImagesLeftOutWarning", "InferenceTensorError", "InputError",
     "InputTypeError", "LayerSelectError", "MissingDependencyError",
     "NoPositionEmbeddingError", "NoRGBFiltersError", "NoSuchAttributeError", "NotAViTError",
-    "NotImplementedInVitviz", "OutOfRangeError", "RunInterrupted", "UnknownNameError",
+    "NotImplementedInVitviz", "OptionValueError", "OutOfRangeError", "RunInterrupted", "UnknownNameError",
     "UnsupportedModelError", "VitvizError", "WeightsUnavailableError",
 ]

@@ -14,7 +14,7 @@ from dataclasses import asdict, dataclass, field
 from pathlib import Path
 from typing import Any
 
-from vitviz.errors import InputError
+from vitviz.errors import InputError, OptionValueError
 
 
 @dataclass
@@ -130,9 +130,9 @@ def _whole_number(text: str, low: int, fix: str) -> int:
     try:
         value = int(text)
     except ValueError:
-        raise argparse.ArgumentTypeError(f"{text!r} is not a whole number; pass {fix}") from None
+        raise OptionValueError(f"{text!r} is not a whole number; pass {fix}") from None
     if value < low:
-        raise argparse.ArgumentTypeError(f"{value} is {'negative' if low == 0 else 'not a positive count'}; "
+        raise OptionValueError(f"{value} is {'negative' if low == 0 else 'not a positive count'}; "
                                          f"pass {fix}")
     return value
 
@@ -159,11 +159,11 @@ def int_list(positive: bool = False) -> Any:
             try:
                 value = int(part)
             except ValueError:
-                raise argparse.ArgumentTypeError(
+                raise OptionValueError(
                     f"{part!r} in {text!r} is not a whole number; pass comma-separated whole numbers, e.g. 0,1,2"
                 ) from None
             if positive and value < 1:
-                raise argparse.ArgumentTypeError(f"{value} in {text!r} is not a positive count; pass 1 or more")
+                raise OptionValueError(f"{value} in {text!r} is not a positive count; pass 1 or more")
             values.append(value)
         return tuple(values)
 
