@@ -187,8 +187,13 @@ def test_card_tables_compare_the_ablation_fairly(tmp_path, tiny_folder, capsys):
     # the 2-D card's lr differs from its control's: the title says so, not "one recipe"
     assert curves.get_title().endswith("\nUNEQUAL recipes: lr differ, 1 epoch") and "5-shot" in paper.get_ylabel()
     plt.close(fig)
+    (tmp_path / "empty").mkdir()
     with pytest.raises(FileNotFoundError, match="make train-reference"):
         vitviz.plot_posemb_ablation_grid(tmp_path / "empty")
+    # a folder that is not there (a typo) is named as such, not read as "no model trained"
+    for missing in (tmp_path / "typo", export / "cifar10-vit-2dpos.json"):
+        with pytest.raises(FileNotFoundError, match=r"directory=.*(not there|a file), not a folder of cards"):
+            reference_table(missing)
 
     (export / "cifar10-vit-2dpos.json").write_text('{"format": "vitviz-reference-card-v1", "name": ')
     with pytest.raises(CheckpointError, match="cifar10-vit-2dpos.json.*export it again"):

@@ -9,7 +9,7 @@ import os
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
-from vitviz.errors import CheckpointError, InputError
+from vitviz.errors import CheckpointError, DataNotFoundError, InputError
 from vitviz.zoo.reference import FAMILY_LABELS, REFERENCE_MODELS
 from vitviz.zoo.weights import CARD_FORMAT
 
@@ -38,12 +38,17 @@ def read_cards(directory: str | os.PathLike | None = None) -> dict[str, dict[str
 
     Raises:
         CheckpointError: a card is not valid JSON, is not a vitviz reference card, or lacks one of ``CARD_KEYS``.
+        DataNotFoundError: ``directory`` is given and is not a folder (a typo would read as "no model trained").
     """
     import json
 
     from vitviz.zoo.weights import checkpoint_dir
 
     folder = Path(directory) if directory is not None else checkpoint_dir()
+    if directory is not None and not folder.is_dir():
+        raise DataNotFoundError(f"directory={str(directory)!r} is {'a file' if folder.exists() else 'not there'}, not a "
+                                "folder of cards; pass the folder the cards were exported to, or leave it out for "
+                                "the shipped ones")
     cards = {}
     for path in sorted(folder.glob("*.json")):
         try:
