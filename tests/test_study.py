@@ -295,6 +295,25 @@ def test_the_command_line_reads_the_lists_it_is_given():
     assert (a.seeds, a.epochs, a.full_epochs) == ((0, 1, 2), (2, 4, 8), ())
 
 
+def test_smoke_sets_the_defaults_and_the_options_given_with_it_still_apply(monkeypatch, capsys):
+    """``--smoke --seeds 0,1`` ran one seed: the smoke values replaced what was asked."""
+    seen = []
+    monkeypatch.setattr(study, "run_study", lambda cfg, progress: seen.append(cfg) or pd.DataFrame(
+        columns=["run_id", "params", "train_pflops", "test_acc", "wall_time_s"]))
+    smoke = StudyConfig.smoke()
+    assert study.main(["hybrid-vs-pure", "--smoke"]) == 0
+    assert study.main(["hybrid-vs-pure", "--smoke", "--seeds", "0,1", "--epochs", "2", "--sizes", "M",
+                       "--test-subset", "0"]) == 0
+    assert study.main(["hybrid-vs-pure", "--seeds", "5"]) == 0
+    plain, given, full = seen
+    keys = ("sizes", "epochs", "seeds", "train_subset", "test_subset", "full_epochs", "batch_size")
+    assert [getattr(plain, k) for k in keys] == [tuple(getattr(smoke, k)) if k in ("sizes", "epochs", "seeds",
+                                                 "full_epochs") else getattr(smoke, k) for k in keys]
+    assert (given.sizes, given.epochs, given.seeds, given.test_subset) == (("M",), (2,), (0, 1), None)
+    assert (given.train_subset, given.batch_size) == (smoke.train_subset, smoke.batch_size)
+    assert (full.seeds, full.sizes, full.train_subset, full.batch_size) == ((5,), ("S", "M", "L"), 5_000, 128)
+
+
 def test_a_results_folder_empty_lists_and_a_budget_below_one_are_refused_before_any_run(tmp_path, capsys):
     from vitviz.__main__ import main
 

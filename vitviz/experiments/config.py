@@ -33,7 +33,7 @@ class TrainConfig:
     label_smoothing: float = 0.1
     augment: str = "crop-flip"  # "crop-flip", "trivialaugment" or "randaugment" (the latter two add to crop-flip)
     seed: int = 0
-    train_subset: int | None = None  # first N images of each class, for tests and smoke runs
+    train_subset: int | None = None  # N class-balanced images, for tests and smoke runs
     test_subset: int | None = None
     device: str = "auto"
     threads: int | None = None
@@ -213,7 +213,8 @@ def study_parser(prog: str = "python -m vitviz.experiments.study") -> argparse.A
     p.add_argument("--data", help="dataset root with train/ and test/, or a .npz JPEG pack (default: $VITVIZ_DATA)")
     p.add_argument("--out", default="runs/study", help="run folders (checkpoints; not committed)")
     p.add_argument("--results", default="data/study/hybrid_vs_pure.csv", help="results CSV (one row per run)")
-    p.add_argument("--smoke", action="store_true", help="one tiny run per family")
+    p.add_argument("--smoke", action="store_true", help="one tiny run per family: size S, 1 epoch, 200 training and 100 test "
+                   "images (class-balanced), seed 0 (the sizing options given with it still apply)")
     p.add_argument("--families", default="vit,hybrid,resnet")
     p.add_argument("--sizes", default="S,M,L")
     p.add_argument("--seeds", type=int_list(), default="0,1,2",

@@ -13,7 +13,8 @@ and a run killed half-way continues from its last epoch checkpoint. A row holds 
 besides its ``run_id`` (``SETTINGS``: batch size, test subset, a digest of the whole training recipe, and the
 fingerprints of the images, labels and classes it was trained and tested on); a rerun whose settings or data
 differ from a row's is refused (``check_rows``, see ``vitviz.experiments.study_rows``) rather than handed the old
-row as its own. ``--smoke`` runs one tiny run per family.
+row as its own. ``--smoke`` runs one tiny run per family (``StudyConfig.smoke``); the sizing options given
+with it (``--seeds 0,1``) still apply.
 Several processes can share the work (``--families`` / ``--sizes``, one results CSV each); ``merge_results``
 joins their CSVs. Summaries over seeds and the matched-compute comparison are in ``vitviz.experiments.compare``.
 """
@@ -315,7 +316,14 @@ def _names(text: str) -> tuple[str, ...]:
 
 @cli_errors("vitviz study")
 def main(argv: list[str] | None = None) -> int:
-    a = study_parser().parse_args(argv)
+    parser = study_parser()
+    a = parser.parse_args(argv)
+    smoke = StudyConfig.smoke()
+    if a.smoke:  # the smoke run's sizes, budgets, subsets and seeds become the defaults; options given still count
+        parser.set_defaults(sizes=",".join(smoke.sizes), epochs=",".join(map(str, smoke.epochs)),
+                            seeds=",".join(map(str, smoke.seeds)), train_subset=smoke.train_subset,
+                            test_subset=smoke.test_subset, full_epochs=",".join(map(str, smoke.full_epochs)))
+        a = parser.parse_args(argv)
     if a.config:
         import json
 
@@ -323,12 +331,10 @@ def main(argv: list[str] | None = None) -> int:
         return 0
     common = {"data": a.data, "out": a.out, "results": a.results, "device": a.device, "threads": a.threads,
               "families": _names(a.families), "compile": a.compile}
-    if a.smoke:
-        cfg = StudyConfig.smoke(**common)
-    else:
-        cfg = StudyConfig(sizes=_names(a.sizes), epochs=a.epochs, seeds=a.seeds,
-                          train_subset=a.train_subset or None, test_subset=a.test_subset or None,
-                          full_epochs=a.full_epochs, full_sizes=_names(a.full_sizes), **common)
+    cfg = StudyConfig(sizes=_names(a.sizes), epochs=a.epochs, seeds=a.seeds,
+                      train_subset=a.train_subset or None, test_subset=a.test_subset or None,
+                      full_epochs=a.full_epochs, full_sizes=_names(a.full_sizes),
+                      **({"batch_size": smoke.batch_size} if a.smoke else {}), **common)
     table = run_parallel(cfg, a.workers) if a.workers > 1 else run_study(cfg, progress=not a.no_progress)
     cols = ["run_id", "params", "train_pflops", "test_acc", "wall_time_s"]
     print(table[cols].to_string(index=False))
