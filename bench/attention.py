@@ -389,7 +389,7 @@ def measure(args: argparse.Namespace, device: str, size: int, batch: int) -> lis
         if device.startswith("cuda"):
             mem = timing["peak"][m]
         else:
-            mem = float("nan") if args.no_memory else spawn(args, "memory", device, size, batch, [m])
+            mem = None if args.no_memory else spawn(args, "memory", device, size, batch, [m])
         t, c = timing["times"][m], timing["cpu"][m]
         med = statistics.median(t)
         results.append({"model": args.model, "dtype": args.dtype, "device": device, "gpu": timing["gpu"],
@@ -401,18 +401,24 @@ def measure(args: argparse.Namespace, device: str, size: int, batch: int) -> lis
                         "tokens": timing["tokens"], "threads": timing["threads"], "layers": timing["layers"],
                         "versions": timing["versions"]})
         print(f"{device} {args.model} {args.dtype} {size}px b{batch} {m:15} {med:.4f} s  {batch / med:8.1f} img/s  "
-              f"peak +{mem:.1f} MB", flush=True)
+              + ("peak not measured" if mem is None else f"peak +{mem:.1f} MB"), flush=True)
         if results[-1]["graph_recordings"] not in (None, 1):
             print(f"  {m}: recorded {results[-1]['graph_recordings']} times, not once: its times include "
                   "recordings (the model or a switch changed between calls)", flush=True)
     return results
 
 
+def _peak(row: dict) -> float:
+    """A row's peak extra memory in MB; NaN where it was not measured (``--no-memory`` records ``None``: the JSON
+    stays strict, no ``NaN`` token), so the shares and sums over it are NaN, i.e. not measured."""
+    return float("nan") if row["peak_extra_mb"] is None else row["peak_extra_mb"]
+
+
 def goal_rows(case: dict[str, dict]) -> list[dict]:
     """The goals of one case (``case``: method -> result row, one device, model, dtype and size, ``plain`` among
     them): for each streaming method measured, its time over plain's, its extra memory over plain's against its
     store-everything counterpart's, and which goals it meets (``None``: no goal at this size, or the memory share not
-    measured: the counterpart not run beside it, whose fields are then ``None``, or CPU ``--no-memory``'s NaN peaks;
+    measured: the counterpart not run beside it, whose fields are then ``None``, or CPU ``--no-memory``'s unmeasured (``None``) peaks;
     such a goal is neither met nor missed, while the time goal and the kept maps' bound are still judged).
     The one place the goals are computed: ``report`` prints these, ``bench/gpu_tables.py`` tabulates them."""
     plain = case["plain"]
@@ -430,18 +436,18 @@ def goal_rows(case: dict[str, dict]) -> list[dict]:
             continue
         counterpart = case.get(store)  # None: not run beside it (bench/gpu_run.sh's batch part), no memory share
         # a recorded call also holds its recording: the memory of its graph's private pool counts as extra
-        extra = case[stream]["peak_extra_mb"] + (case[stream].get("graph_reserved_mb") or 0.0) - plain["peak_extra_mb"]
-        extra_store = None if counterpart is None else counterpart["peak_extra_mb"] - plain["peak_extra_mb"]
+        extra = _peak(case[stream]) + (case[stream].get("graph_reserved_mb") or 0.0) - _peak(plain)
+        extra_store = None if counterpart is None else _peak(counterpart) - _peak(plain)
         share = extra / extra_store if extra_store is not None and extra_store > 0 else float("nan")
-        # not measured (no counterpart, CPU --no-memory's NaN peaks) or no store-everything memory to compare with
+        # not measured (no counterpart, CPU --no-memory's unmeasured peaks) or no store-everything memory to compare with
         memory_met = None if share != share else share <= GOAL_MEMORY
         floor = case.get("plain_graphed")
         # a recorded call beside the plain forward recorded the same way: what the maps add to a recording (both
         # pools and both replays' peaks), apart from what recording a forward itself holds beyond its eager peak
         recorded = case[stream].get("graph_reserved_mb") is not None and floor is not None and \
             floor.get("graph_reserved_mb") is not None
-        extra_graphed = (case[stream]["peak_extra_mb"] + case[stream]["graph_reserved_mb"]
-                         - floor["peak_extra_mb"] - floor["graph_reserved_mb"]) if recorded else None
+        extra_graphed = (_peak(case[stream]) + case[stream]["graph_reserved_mb"]
+                         - _peak(floor) - floor["graph_reserved_mb"]) if recorded else None
         rows.append({"method": stream, "store": store, "x_plain": case[stream]["time_s"] / plain["time_s"],
                      "x_plain_graphed": None if floor is None else case[stream]["time_s"] / floor["time_s"],
                      "store_x_plain": None if counterpart is None else counterpart["time_s"] / plain["time_s"],
@@ -476,7 +482,7 @@ def report(results: list[dict]) -> bool:
         for m, r in case.items():
             print(f"{dev:6} {model:22} {dtype:5} {size:>4} {r['batch']:>3} {r['tokens']:>4} {m:15} {r['time_s']:8.4f} "
                   f"{r['time_s'] / plain['time_s']:7.2f} {min(r['times']) / min(plain['times']):6.2f} "
-                  f"{r['cpu_s'] / plain['cpu_s']:6.2f} {r['images_per_s']:8.1f} {r['peak_extra_mb']:9.1f}")
+                  f"{r['cpu_s'] / plain['cpu_s']:6.2f} {r['images_per_s']:8.1f} {_peak(r):9.1f}")
         for g in goal_rows(case):
             graphed = "" if g["x_plain_graphed"] is None else f", {g['x_plain_graphed']:.2f}x plain_graphed"
             store = "" if g["store_x_plain"] is None else f", {g['store_x_plain']:.2f}x for {g['store']}"
@@ -520,7 +526,7 @@ def main() -> int:
                     "on huge pages, fewer page faults for the N x N maps)")
     ap.add_argument("--json", default=None, help="also write the results to this file (appends to a list there)")
     ap.add_argument("--no-memory", action="store_true", help="CPU: skip the fresh process per method that measures "
-                    "its peak memory (recorded as NaN)")
+                    "its peak memory (recorded as null)")
     ap.add_argument("--_case", help=argparse.SUPPRESS)
     args = ap.parse_args()
     if args._case:

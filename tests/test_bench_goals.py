@@ -50,10 +50,9 @@ def _row(method: str, time_s: float, peak: float, size: int = 448) -> dict:
 
 
 def test_memory_not_measured_is_no_verdict_and_no_goal_missed(capsys):
-    """CPU ``--no-memory`` records NaN peaks: the memory goal is 'not measured', neither met nor missed, and a case
+    """CPU ``--no-memory`` records no peaks (``None``): the memory goal is 'not measured', neither met nor missed, and a case
     whose time goal is met exits 0 (it reported 'memory goal: MISSED' and exit 3 for memory nobody measured)."""
-    nan = float("nan")
-    rows = [_row("plain", 1.0, nan), _row("store", 2.0, nan), _row("rollout", 1.2, nan)]  # 1.2x <= 1.35x at 448 px
+    rows = [_row("plain", 1.0, None), _row("store", 2.0, None), _row("rollout", 1.2, None)]  # 1.2x <= 1.35x at 448 px
     (g,) = attention.goal_rows(attention.cases(rows)[("cpu", "vit_tiny_patch16_224", "fp32", 448)])
     assert g["time_met"] is True and g["memory_met"] is None
     assert attention.report(rows) is True
@@ -95,8 +94,9 @@ def test_a_failed_case_keeps_the_cases_before_it_and_exits_1(tmp_path, monkeypat
     monkeypatch.setattr("sys.argv", ["attention.py", "--device", "cpu", "--sizes", "224", "448", "96", "--batch", "2",
                                      "--no-memory", "--methods", "plain", "store", "rollout", "--json", str(out)])
     assert attention.main() == 1
+    assert "NaN" not in out.read_text()  # strict JSON: --no-memory's peaks are null (it wrote NaN tokens)
     rows = json.loads(out.read_text())
-    assert rows[0] == {"from": "an earlier part"}
+    assert rows[0] == {"from": "an earlier part"} and all(r["peak_extra_mb"] is None for r in rows[1:])
     assert [(r["size"], r["method"]) for r in rows[1:]] == [(s, m) for s in (224, 96) for m in ("plain", "store",
                                                                                                 "rollout")]
     assert [size for _, size, _ in calls] == [224, 448, 96]
