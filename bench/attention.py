@@ -463,10 +463,11 @@ def goal_rows(case: dict[str, dict]) -> list[dict]:
 
 
 def cases(results: list[dict]) -> dict[tuple, dict[str, dict]]:
-    """The results grouped by (device, model, dtype, size), each a dict method -> row, in the order first seen."""
+    """The results grouped by (device, model, dtype, size, batch), each a dict method -> row, in the order first
+    seen: a size run at two batches is two cases, each method over the plain forward of its own batch."""
     out: dict[tuple, dict[str, dict]] = {}
     for r in results:
-        out.setdefault((r["device"], r["model"], r["dtype"], r["size"]), {})[r["method"]] = r
+        out.setdefault((r["device"], r["model"], r["dtype"], r["size"], r["batch"]), {})[r["method"]] = r
     return out
 
 
@@ -477,7 +478,7 @@ def report(results: list[dict]) -> bool:
            f"{'x plain':>7} {'min x':>6} {'cpu x':>6} {'img/s':>8} {'peak MB':>9}")
     print("\nwall = median wall time; min x = fastest run / fastest plain; cpu x = median process CPU time / plain's "
           "(robust to other processes when torch runs one thread); peak = memory above model + input\n" + hdr)
-    for (dev, model, dtype, size), case in cases(results).items():
+    for (dev, model, dtype, size, _), case in cases(results).items():
         plain = case["plain"]
         for m, r in case.items():
             print(f"{dev:6} {model:22} {dtype:5} {size:>4} {r['batch']:>3} {r['tokens']:>4} {m:15} {r['time_s']:8.4f} "

@@ -63,23 +63,24 @@ def attention_tables(results: list[dict]) -> list[str]:
     cases = attention.cases(results)
     groups: dict[tuple, list[tuple]] = {}
     for key in cases:
-        dev, model, dtype, size = key
-        groups.setdefault((dev, model, dtype), []).append(key)
+        groups.setdefault(key[:3], []).append(key)
     for (dev, model, dtype), keys in groups.items():
-        keys = sorted(keys, key=lambda k: k[3])
+        keys = sorted(keys, key=lambda k: k[3:])  # by size, then batch
         methods = list(dict.fromkeys(m for k in keys for m in cases[k]))
         first = [cases[k]["plain"] for k in keys]
         sizes = ", ".join(f"{r['size']} px: batch {r['batch']}, N = {r['tokens']}" for r in first)
         out += ["", f"**{model}, {dtype}** ({dev}; {sizes}; median of {len(first[0]['times'])} interleaved repeats)",
                 "", "```"]
-        for r in first:
-            methods_run = " ".join(cases[(dev, model, dtype, r["size"])])
+        for k, r in zip(keys, first):
+            methods_run = " ".join(cases[k])
             out.append(f"python bench/attention.py --device {dev} --model {model} --dtype {dtype} --sizes {r['size']} "
                        f"--batch {r['batch']} --repeats {len(r['times'])} --methods {methods_run}")
         out += ["```", ""]
         header = ["method"]
+        twice = len({k[3] for k in keys}) < len(keys)  # a size at two batches: each column group names its batch
         for r in first:
-            header += [f"{r['size']} px img/s", "x plain time", "peak MB"]
+            at = f"{r['size']} px, batch {r['batch']}" if twice else f"{r['size']} px"
+            header += [f"{at} img/s", "x plain time", "peak MB"]
         rows = []
         for m in methods:
             row = [m]
@@ -94,7 +95,7 @@ def attention_tables(results: list[dict]) -> list[str]:
 
 def goal_table(results: list[dict]) -> list[str]:
     rows = []
-    for (_, model, dtype, size), case in attention.cases(results).items():
+    for (_, model, dtype, size, _), case in attention.cases(results).items():
         for g in attention.goal_rows(case):
             time = ("no goal at this size" if g["time_met"] is None else
                     f"<= {g['time_goal']:.2f}x: {'met' if g['time_met'] else 'MISSED'}")

@@ -24,7 +24,7 @@ def test_a_recorded_calls_memory_is_also_told_over_the_recorded_forward(dtype):
     replay's peak plus its pool less the forward's peak; over the recorded forward, both pools and both replays'
     peaks. Eager methods have no second figure. The verdicts follow the kept layer maps as the run measured them."""
     rows = [r for r in json.loads(RUN6.read_text()) if r["dtype"] == dtype]
-    case = attention.cases(rows)[("cuda", "vit_base_patch16_224", dtype, 448)]
+    case = attention.cases(rows)[("cuda", "vit_base_patch16_224", dtype, 448, 8)]
     goals = {g["method"]: g for g in attention.goal_rows(case)}
     rollout, floor, plain = case["rollout_graphed"], case["plain_graphed"], case["plain"]
     g = goals["rollout_graphed"]
@@ -43,9 +43,10 @@ def test_a_recorded_calls_memory_is_also_told_over_the_recorded_forward(dtype):
     assert g["kept_met_over_plain_graphed"] is (dtype == "fp32") and g["kept_met"] is False
 
 
-def _row(method: str, time_s: float, peak: float, size: int = 448) -> dict:
-    return {"model": "vit_tiny_patch16_224", "dtype": "fp32", "device": "cpu", "gpu": None, "size": size, "batch": 2,
-            "method": method, "time_s": time_s, "times": [time_s], "images_per_s": 2 / time_s, "cpu_s": time_s,
+def _row(method: str, time_s: float, peak: float | None, size: int = 448, batch: int = 2) -> dict:
+    return {"model": "vit_tiny_patch16_224", "dtype": "fp32", "device": "cpu", "gpu": None, "size": size,
+            "batch": batch, "method": method, "time_s": time_s, "times": [time_s], "images_per_s": batch / time_s,
+            "cpu_s": time_s,
             "cpu_times": [time_s], "peak_extra_mb": peak, "tokens": 10, "threads": 1, "layers": 12}
 
 
@@ -53,7 +54,7 @@ def test_memory_not_measured_is_no_verdict_and_no_goal_missed(capsys):
     """CPU ``--no-memory`` records no peaks (``None``): the memory goal is 'not measured', neither met nor missed, and a case
     whose time goal is met exits 0 (it reported 'memory goal: MISSED' and exit 3 for memory nobody measured)."""
     rows = [_row("plain", 1.0, None), _row("store", 2.0, None), _row("rollout", 1.2, None)]  # 1.2x <= 1.35x at 448 px
-    (g,) = attention.goal_rows(attention.cases(rows)[("cpu", "vit_tiny_patch16_224", "fp32", 448)])
+    (g,) = attention.goal_rows(attention.cases(rows)[("cpu", "vit_tiny_patch16_224", "fp32", 448, 2)])
     assert g["time_met"] is True and g["memory_met"] is None
     assert attention.report(rows) is True
     assert "memory goal <= 20%: not measured" in capsys.readouterr().out
@@ -64,9 +65,28 @@ def test_memory_not_measured_is_no_verdict_and_no_goal_missed(capsys):
     # measured, the same arithmetic as before: 30 MB extra against store's 200 MB is 15%, met; 50 against 200 missed
     for extra, met in ((30.0, True), (50.0, False)):
         rows = [_row("plain", 1.0, 100.0), _row("store", 2.0, 300.0), _row("rollout", 1.2, 100.0 + extra)]
-        (g,) = attention.goal_rows(attention.cases(rows)[("cpu", "vit_tiny_patch16_224", "fp32", 448)])
+        (g,) = attention.goal_rows(attention.cases(rows)[("cpu", "vit_tiny_patch16_224", "fp32", 448, 2)])
         assert g["memory_share"] == pytest.approx(extra / 200.0) and g["memory_met"] is met
         assert attention.report(rows) is met
+
+
+def test_a_size_at_two_batches_is_two_cases(capsys):
+    """``--sizes 448 448 --batch 2 8``: each batch's methods over its own plain forward (the cases were keyed
+    without the batch, so batch 8's rows replaced batch 2's and a table showed one of them)."""
+    rows = [_row("plain", 1.0, 10.0), _row("rollout", 1.2, 12.0), _row("plain", 2.0, 40.0, batch=8),
+            _row("rollout", 3.0, 48.0, batch=8)]
+    grouped = attention.cases(rows)
+    assert list(grouped) == [("cpu", "vit_tiny_patch16_224", "fp32", 448, b) for b in (2, 8)]
+    assert [g["x_plain"] for c in grouped.values() for g in attention.goal_rows(c)] == [1.2, 1.5]
+    assert attention.report(rows) is False  # batch 8's 1.5x misses 1.35x; batch 2's 1.2x meets it
+    out = capsys.readouterr().out
+    assert "rollout: 1.20x plain" in out and "rollout: 1.50x plain" in out
+    _spec = importlib.util.spec_from_file_location("bench_gpu_tables_batches", ROOT / "bench" / "gpu_tables.py")
+    tables = importlib.util.module_from_spec(_spec)
+    _spec.loader.exec_module(tables)
+    text = "\n".join(tables.attention_tables(rows))
+    assert "| method | 448 px, batch 2 img/s | x plain time | peak MB | 448 px, batch 8 img/s |" in text
+    assert "| rollout | 2 | 1.20 | 12 | 3 | 1.50 | 48 |" in text and text.count("--batch 8") == 1
 
 
 def _fake_spawn(calls: list, fail_size: int | None = None):
@@ -142,11 +162,8 @@ def test_ratios_of_medians_against_medians_of_paired_ratios_in_the_h200_runs():
     most = {"bf16": 0.0, "fp32": 0.0}
     files = sorted((ROOT / "bench" / "results").glob("h200_gpu_run_*/attention_*.json"))
     assert len(files) >= 8
-    # attention.cases keys a case without its batch: attention_batch.json's batches are taken one at a time
-    groups = [[r for r in rows if r["batch"] == b] for rows in (json.loads(p.read_text()) for p in files)
-              for b in dict.fromkeys(r["batch"] for r in rows)]
-    for group in groups:
-        for (_, _, dtype, _), case in attention.cases(group).items():
+    for rows in (json.loads(p.read_text()) for p in files):  # attention_batch.json: a case per batch
+        for (_, _, dtype, _, _), case in attention.cases(rows).items():
             plain = case["plain"]
             goals = {g["method"]: g for g in attention.goal_rows(case)}
             for m, r in case.items():
@@ -174,7 +191,7 @@ def test_the_readmes_h200_rows_are_the_recorded_runs():
         recorded = "recorded call" in machine
         run, tag = ("h200_gpu_run_5", "l16") if "ViT-L/16" in model else ("h200_gpu_run_6", "b16")
         path = results / run / f"attention_{'graphed' if recorded else tag}.json"
-        (case,) = [c for (_, _, dt, size), c in attention.cases(json.loads(path.read_text())).items()
+        (case,) = [c for (_, _, dt, size, _), c in attention.cases(json.loads(path.read_text())).items()
                    if dt == dtype and size == 448]
         assert f"{case['plain']['batch']}" in model and "448 px" in model
         rollout = "rollout_graphed" if recorded else ("rollout_fwdlse" if dtype == "fp32" else "rollout_kernel")
@@ -197,7 +214,7 @@ def test_a_method_run_without_its_counterpart_is_still_judged_on_time(capsys):
     judged nothing and exited 0 (the summary's 'exit 0' beside a table saying MISSED)."""
     rows = [r for r in json.loads((ROOT / "bench" / "results" / "h200_gpu_run_5" / "attention_batch.json").read_text())
             if r["dtype"] == "bf16" and r["batch"] == 32]
-    case = attention.cases(rows)[("cuda", "vit_base_patch16_224", "bf16", 448)]
+    case = attention.cases(rows)[("cuda", "vit_base_patch16_224", "bf16", 448, 32)]
     assert "store" not in case
     goals = {g["method"]: g for g in attention.goal_rows(case)}
     assert sorted(goals) == ["distance_kernel", "rollout_fwdlse", "rollout_kernel"]
@@ -220,11 +237,10 @@ def test_the_readmes_forward_lse_savings_are_the_recorded_runs():
     saved: dict[str, list[float]] = {"h100": [], "h200": []}
     for path in sorted((ROOT / "bench" / "results").glob("h[12]00_gpu_run_*/attention_*.json")):
         rows = [r for r in json.loads(path.read_text()) if r["dtype"] == "fp32"]
-        for batch in dict.fromkeys(r["batch"] for r in rows):
-            for case in attention.cases([r for r in rows if r["batch"] == batch]).values():
-                if "rollout_fwdlse" in case and "rollout_kernel" in case:
-                    saved[path.parent.name[:4]].append(
-                        1 - case["rollout_fwdlse"]["time_s"] / case["rollout_kernel"]["time_s"])
+        for case in attention.cases(rows).values():
+            if "rollout_fwdlse" in case and "rollout_kernel" in case:
+                saved[path.parent.name[:4]].append(
+                    1 - case["rollout_fwdlse"]["time_s"] / case["rollout_kernel"]["time_s"])
     h100 = [s for s in saved["h100"] if s > 0]
     assert len(saved["h100"]) == 6 and len(h100) == 5
     assert (round(100 * min(h100)), round(100 * max(h100))) == (7, 15)
