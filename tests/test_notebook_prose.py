@@ -1,9 +1,10 @@
 """Notebook prose carries no stale numbers.
 
 Every number in a notebook's markdown is either a reference (figure, table, section, equation, venue and year,
-arXiv id, a model or dataset name such as ViT-L/16 or CIFAR-10), inside a code span, or a fact of the paper listed
-in ``PAPER_FACTS`` (by its number and the words around it) with the check that ties it to the shipped tables. Numbers measured on the user's model or the
-shipped checkpoints are printed by cells, never typed, so they follow ``--model`` and retraining.
+arXiv id, a model or dataset name such as ViT-L/16 or CIFAR-10), inside a code span, or a fact of the paper or of
+vitviz listed in ``PAPER_FACTS`` (by its number and the words around it) with the check that ties it to the shipped
+tables. Numbers measured on the user's model or the shipped checkpoints are printed by cells, never typed, so they
+follow ``--model`` and retraining.
 """
 
 from __future__ import annotations
