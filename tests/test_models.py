@@ -98,10 +98,24 @@ def test_original_jax_npz_through_timm_loader(tmp_path):
 
 
 def test_npz_position_embedding_resampled_to_img_size(tmp_path):
+    """timm resamples a file's position table to ``img_size``; vitviz says so (the figures would show an
+    interpolated table as if trained) and names the ``img_size`` that reads it as trained."""
+    import warnings
+
+    from vitviz.errors import ResampledPositionsWarning
+
     src = timm.create_model(TINY, depth=1)
     jax_npz(src, tmp_path / "w.npz")
-    model = vitviz.load_model(TINY, depth=1, img_size=288, checkpoint=tmp_path / "w.npz")
-    assert model.pos_embed.shape == (1, 1 + 18 * 18, 192)
+    save_file({k: v.contiguous() for k, v in src.state_dict().items()}, str(tmp_path / "w.safetensors"))
+    for path in (tmp_path / "w.npz", tmp_path / "w.safetensors"):
+        with pytest.warns(ResampledPositionsWarning, match=r"trained for a 14x14 grid \(197 rows\).*img_size=\(288, "
+                          r"288\) has a 18x18 grid.*pass img_size=224 to read it as trained") as caught:
+            model = vitviz.load_model(TINY, depth=1, img_size=288, checkpoint=path)
+        assert caught[0].filename == __file__  # it names the caller's line, not vitviz's
+        assert model.pos_embed.shape == (1, 1 + 18 * 18, 192)
+        with warnings.catch_warnings():
+            warnings.simplefilter("error", ResampledPositionsWarning)  # the grid it was trained for: no word
+            vitviz.load_model(TINY, depth=1, checkpoint=path)
 
 
 @pytest.mark.parametrize("suffix", [".safetensors", ".pth", ".npz"])
@@ -458,7 +472,8 @@ def test_cached_pretrained_weights_keep_timms_new_head_rule(tmp_path, monkeypatc
     monkeypatch.setattr(huggingface_hub.constants, "HF_HUB_CACHE", str(cache))
     monkeypatch.setenv("HF_HUB_OFFLINE", "1")
     assert same_weights(vitviz.load_model(TINY, pretrained=True, depth=1, device="cpu"), src)
-    model = vitviz.load_model(TINY, pretrained=True, depth=1, img_size=288, device="cpu")
+    with pytest.warns(vitviz.errors.ResampledPositionsWarning, match="14x14 grid"):  # the cached file, resampled
+        model = vitviz.load_model(TINY, pretrained=True, depth=1, img_size=288, device="cpu")
     own = timm.create_model(TINY, pretrained=True, depth=1, img_size=288)
     assert same_weights(model, own)
     model = vitviz.load_model(TINY, pretrained=True, depth=1, num_classes=10, device="cpu")

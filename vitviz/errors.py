@@ -121,6 +121,13 @@ class ImageRangeWarning(VitvizError, UserWarning):
     The message names the range found and the fix."""
 
 
+class ResampledPositionsWarning(VitvizError, UserWarning):
+    """A weights file whose position table was trained for another grid than the model's ``img_size``: timm's loader
+    resampled it (bicubic), so the model runs, and the position-embedding figures show the resampled table, not the
+    trained one. A warning, not an error: fine-tuning at a new resolution does just this. The message names both grids
+    and the ``img_size`` that reads the table as trained."""
+
+
 class ImagesLeftOutWarning(VitvizError, UserWarning):
     """A ``DataLoader`` that leaves some of its dataset's images unread (``drop_last=True`` and a last batch short of
     its batch size): a dataset result over it covers fewer images than the dataset holds. A warning, not an error:
@@ -137,6 +144,6 @@ __all__ = [
     "ImageInputError", "ImageRangeWarning", "ImagesLeftOutWarning", "InferenceTensorError", "InputError",
     "InputTypeError", "LayerSelectError", "MissingDependencyError",
     "NoPositionEmbeddingError", "NoRGBFiltersError", "NoSuchAttributeError", "NotAViTError",
-    "NotImplementedInVitviz", "OptionValueError", "OutOfRangeError", "RunInterrupted", "UnknownNameError",
+    "NotImplementedInVitviz", "OptionValueError", "OutOfRangeError", "ResampledPositionsWarning", "RunInterrupted", "UnknownNameError",
     "UnsupportedModelError", "VitvizError", "WeightsUnavailableError",
 ]

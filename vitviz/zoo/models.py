@@ -169,6 +169,8 @@ def _create_timm(name: str, pretrained: bool, checkpoint: Path | None, *, cached
             ) from None
         if checkpoint.suffix == ".npz":
             _check_npz_fits(model, checkpoint, name)
+        _warn_if_resampled(model, _file_position_tokens(checkpoint, None if checkpoint.suffix == ".npz" else sd),
+                           checkpoint, name)
         return model
     if pretrained:
         from timm.models import get_pretrained_cfg
@@ -188,6 +190,53 @@ def _create_timm(name: str, pretrained: bool, checkpoint: Path | None, *, cached
         except Exception as e:
             raise _unavailable(name, f"{type(e).__name__}: {str(e)[:300]}") from None
     return timm.create_model(name, pretrained=False, **kwargs)
+
+
+def _file_position_tokens(path: Path, state_dict: dict | None) -> int | None:
+    """The rows of the position table in a weights file (prefix tokens included), or ``None`` when it has none."""
+    if state_dict is not None:
+        table = state_dict.get("pos_embed")
+        return None if table is None or table.ndim != 3 else int(table.shape[1])
+    import numpy as np
+
+    with np.load(path) as w:
+        key = next((k for k in w.files if k.endswith("posembed_input/pos_embedding")), None)
+        return None if key is None else int(w[key].shape[1])
+
+
+def _warn_if_resampled(model: nn.Module, tokens: int | None, path: Path, name: str) -> None:
+    """Warn (``ResampledPositionsWarning``) when timm's loader resampled the file's position table to the model's
+    grid: the model's table is then an interpolation, and a figure of it is not the table that was trained."""
+    import math
+    import warnings
+
+    from vitviz.errors import ResampledPositionsWarning
+
+    table, embed = getattr(model, "pos_embed", None), getattr(model, "patch_embed", None)
+    if tokens is None or not isinstance(table, torch.Tensor) or table.ndim != 3 or table.shape[1] == tokens or \
+            not all(hasattr(embed, a) for a in ("grid_size", "img_size", "patch_size")):
+        return
+    prefix = 0 if getattr(model, "no_embed_class", False) else int(getattr(model, "num_prefix_tokens", 1))
+    side = math.isqrt(max(tokens - prefix, 0))
+    grid = tuple(embed.grid_size)
+    trained = f"a {side}x{side} grid" if side * side == tokens - prefix else f"{tokens - prefix} patches"
+    fix = f"; pass img_size={side * embed.patch_size[0]} to read it as trained" if side * side == tokens - prefix else ""
+    warnings.warn(ResampledPositionsWarning(
+        f"the position table in {str(path)!r} was trained for {trained} ({tokens} rows), timm model {name!r} at "
+        f"img_size={tuple(embed.img_size)} has a {grid[0]}x{grid[1]} grid: timm resampled it, so the "
+        f"position-embedding figures show the resampled table, not the trained one{fix}"), stacklevel=_outside_vitviz())
+
+
+def _outside_vitviz() -> int:
+    """The ``stacklevel`` of the first frame outside the vitviz package, counted from this function's caller: a
+    warning then names the user's line, however deep in vitviz it was raised."""
+    import sys
+
+    root = str(Path(__file__).resolve().parents[1])
+    level, frame = 2, sys._getframe(2)  # stacklevel 1 is the caller (who warns), 2 the frame that called it
+    while frame is not None and frame.f_code.co_filename.startswith(root):
+        frame, level = frame.f_back, level + 1
+    return level
 
 
 def _check_npz_fits(model: nn.Module, path: Path, name: str) -> None:
@@ -389,7 +438,8 @@ def load_model(
         pretrained: fetch the timm model's pretrained weights (fails within seconds when offline); with a
             ``num_classes`` other than theirs, timm gives the model a new, random classifier.
         checkpoint: a local weights file: ``.safetensors``, ``.pth``/``.pt``/``.bin`` state dict, or the original
-            JAX ``.npz`` (read by timm's loader, which also resamples position embeddings to ``img_size``).
+            JAX ``.npz`` (read by timm's loader, which also resamples position embeddings to ``img_size``; vitviz
+            then warns, ``ResampledPositionsWarning``: a figure of the table shows the resampled one).
         device: ``"auto"`` (CUDA when available), ``"cpu"``, ``"cuda:1"``...
         **kwargs: passed to ``timm.create_model`` (e.g. ``img_size=384``, ``dynamic_img_size=True``), or to
             ``from_pretrained`` for a Hugging Face folder, or to ``open_clip.create_model`` for an open_clip one.
