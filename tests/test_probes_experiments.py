@@ -177,3 +177,29 @@ def test_cls_vs_gap_rows_count_the_images_the_runs_used(tiny_folder, tmp_path):
     (tc.run_dir / "metrics.json").write_text(json.dumps([{"epoch": 1, "test_acc": 10.0, "lr": 1e-3}]))
     rows = collect(cfg)
     assert rows[["train_images", "test_images"]].values.tolist() == [[300, 100]]
+
+
+@pytest.mark.parametrize("module, argv, message", [
+    ("cls_vs_gap", ["--seeds", "a"], "argument --seeds: 'a' in 'a' is not a whole number"),  # a traceback
+    ("cls_vs_gap", ["--lrs", "x"], "argument --lrs: 'x' in 'x' is not a number"),  # a traceback
+    ("cls_vs_gap", ["--lrs", "3e-4,0"], "argument --lrs: 0.0 in '3e-4,0' is not a finite number above 0"),
+    ("cls_vs_gap", ["--heads", "cls,avg"], "argument --heads: 'avg' in 'cls,avg': not one of cls, gap"),
+    ("cls_vs_gap", ["--epochs", "0"], "argument --epochs: 0 is not a positive count"),
+    ("cls_vs_gap", ["--warmup-epochs", "-1"], "argument --warmup-epochs: -1.0 is not a finite number of 0 or more"),
+    ("cls_vs_gap", ["--train-subset", "-5"], "argument --train-subset: -5 is negative"),
+    ("cls_vs_gap", ["--seeds", ","], "--seeds is empty"),
+    ("posemb_fewshot", ["--seeds", "0"], "argument --seeds: 0 is not a positive count"),  # no draw at all
+    ("posemb_fewshot", ["--shots", "5,x"], "argument --shots: 'x' in '5,x' is not a whole number"),  # a traceback
+    ("posemb_fewshot", ["--shots", ","], "--shots is empty"),
+    ("posemb_fewshot", ["--test-subset", "-2"], "argument --test-subset: -2 is negative"),
+])
+def test_the_experiment_command_lines_refuse_bad_values_naming_the_option(module, argv, message, tmp_path, capsys):
+    """Each bad value is argparse's usage error (exit 2) naming the option, the value and the fix, before any data is
+    read (the data folder is not there) and without a traceback."""
+    import importlib
+
+    main = importlib.import_module(f"vitviz.experiments.{module}").main
+    with pytest.raises(SystemExit) as exit_:
+        main([*argv, "--data", str(tmp_path / "none"), "--results", str(tmp_path / "r.csv")])
+    err = capsys.readouterr().err
+    assert exit_.value.code == 2 and message in err and "Traceback" not in err

@@ -33,7 +33,15 @@ import torch
 from vitviz.core.io import atomic_save, atomic_write_json, atomic_write_text
 from vitviz.core.resources import shipped_csv
 from vitviz.core.util import cli_errors
-from vitviz.experiments.config import TrainConfig
+from vitviz.experiments.config import (
+    TrainConfig,
+    count_or_all,
+    int_list,
+    name_list,
+    non_negative_float,
+    positive_float_list,
+    positive_int,
+)
 from vitviz.experiments.data import run_fingerprint
 from vitviz.experiments.train import train
 from vitviz.zoo.weights import versions
@@ -287,16 +295,17 @@ def parser() -> argparse.ArgumentParser:
     p.add_argument("--data", help="dataset root with train/ and test/ (default: $VITVIZ_DATA)")
     p.add_argument("--out", default=ClsGapConfig.out)
     p.add_argument("--results", default=ClsGapConfig.results)
-    p.add_argument("--heads", default="cls,gap")
-    p.add_argument("--lrs", default=",".join(f"{x:g}" for x in LRS))
-    p.add_argument("--seeds", default="0")
-    p.add_argument("--epochs", type=int, default=ClsGapConfig.epochs)
-    p.add_argument("--warmup-epochs", type=float, default=ClsGapConfig.warmup_epochs)
-    p.add_argument("--train-subset", type=int, default=ClsGapConfig.train_subset, help="0: all 50,000")
-    p.add_argument("--test-subset", type=int, default=ClsGapConfig.test_subset, help="0: all 10,000")
-    p.add_argument("--batch-size", type=int, default=ClsGapConfig.batch_size)
+    p.add_argument("--heads", type=name_list(HEADS), default="cls,gap", help="comma-separated, of: cls, gap")
+    p.add_argument("--lrs", type=positive_float_list, default=",".join(f"{x:g}" for x in LRS),
+                   help="learning rates, comma-separated")
+    p.add_argument("--seeds", type=int_list(), default="0", help="seeds, comma-separated")
+    p.add_argument("--epochs", type=positive_int, default=ClsGapConfig.epochs)
+    p.add_argument("--warmup-epochs", type=non_negative_float, default=ClsGapConfig.warmup_epochs)
+    p.add_argument("--train-subset", type=count_or_all, default=ClsGapConfig.train_subset, help="0: all 50,000")
+    p.add_argument("--test-subset", type=count_or_all, default=ClsGapConfig.test_subset, help="0: all 10,000")
+    p.add_argument("--batch-size", type=positive_int, default=ClsGapConfig.batch_size)
     p.add_argument("--device", default="auto")
-    p.add_argument("--threads", type=int, default=1)
+    p.add_argument("--threads", type=positive_int, default=1)
     p.add_argument("--progress", action="store_true")
     p.add_argument("--fewshot", action="store_true", help="only measure 5-shot accuracy of the kept epochs")
     return p
@@ -304,10 +313,13 @@ def parser() -> argparse.ArgumentParser:
 
 @cli_errors("python -m vitviz.experiments.cls_vs_gap")
 def main(argv: list[str] | None = None) -> int:
-    a = parser().parse_args(argv)
+    p = parser()
+    a = p.parse_args(argv)
+    for option, values in (("--heads", a.heads), ("--lrs", a.lrs), ("--seeds", a.seeds)):
+        if not values:
+            p.error(f"{option} is empty; pass at least one, comma-separated")
     cfg = ClsGapConfig(
-        data=a.data, out=a.out, results=a.results, heads=tuple(a.heads.split(",")),
-        lrs=tuple(float(x) for x in a.lrs.split(",")), seeds=tuple(int(s) for s in a.seeds.split(",")),
+        data=a.data, out=a.out, results=a.results, heads=a.heads, lrs=a.lrs, seeds=a.seeds,
         epochs=a.epochs, warmup_epochs=a.warmup_epochs, train_subset=a.train_subset or None,
         test_subset=a.test_subset or None, batch_size=a.batch_size, device=a.device, threads=a.threads,
     )

@@ -170,6 +170,48 @@ def int_list(positive: bool = False) -> Any:
     return parse
 
 
+def non_negative_float(text: str) -> float:
+    """An argparse ``type``: a finite number of 0 or more (warm-up epochs)."""
+    try:
+        value = float(text)
+    except ValueError:
+        raise OptionValueError(f"{text!r} is not a number; pass 0 or more, e.g. 1.5") from None
+    if not 0 <= value < float("inf"):
+        raise OptionValueError(f"{value} is not a finite number of 0 or more; pass 0 or more, e.g. 1.5")
+    return value
+
+
+def positive_float_list(text: str) -> tuple[float, ...]:
+    """An argparse ``type``: comma-separated finite numbers above 0 (learning rates, ``"1e-3,3e-4"``) as a tuple."""
+    values = []
+    for part in (v.strip() for v in text.split(",")):
+        if not part:
+            continue
+        try:
+            value = float(part)
+        except ValueError:
+            raise OptionValueError(f"{part!r} in {text!r} is not a number; pass comma-separated numbers above 0, "
+                                   "e.g. 1e-3,3e-4") from None
+        if not 0 < value < float("inf"):
+            raise OptionValueError(f"{value} in {text!r} is not a finite number above 0; pass e.g. 1e-3,3e-4")
+        values.append(value)
+    return tuple(values)
+
+
+def name_list(known: Any) -> Any:
+    """An argparse ``type``: comma-separated names, each one of ``known``, as a tuple."""
+
+    def parse(text: str) -> tuple[str, ...]:
+        names = tuple(v.strip() for v in text.split(",") if v.strip())
+        unknown = [n for n in names if n not in known]
+        if unknown:
+            raise OptionValueError(f"{', '.join(map(repr, unknown))} in {text!r}: not one of {', '.join(known)}; "
+                                   "pass them comma-separated")
+        return names
+
+    return parse
+
+
 def train_parser(prog: str = "python -m vitviz.experiments.train") -> argparse.ArgumentParser:
     """The command line of ``vitviz train``."""
     p = argparse.ArgumentParser(prog=prog, description="Train a vitviz reference model on CIFAR-10 (resumable; "

@@ -22,6 +22,7 @@ import pandas as pd
 from vitviz.core.io import atomic_write_json, atomic_write_text
 from vitviz.core.resources import shipped_csv
 from vitviz.core.util import cli_errors
+from vitviz.experiments.config import count_or_all, int_list, positive_int
 
 MODELS = ("cifar10-vit-nopos", "cifar10-vit-1dpos", "cifar10-vit-2dpos", "cifar10-vit")
 RESULTS = "data/posemb_fewshot/posemb_fewshot.csv"
@@ -133,18 +134,20 @@ def posemb_claims(measures: pd.DataFrame, ablation: tuple[str, ...] = MODELS[:3]
 def main(argv: list[str] | None = None) -> int:
     p = argparse.ArgumentParser(prog="python -m vitviz.experiments.posemb_fewshot", description=__doc__.split("\n")[0])
     p.add_argument("--data", help="dataset root with train/ and test/ (default: $VITVIZ_DATA)")
-    p.add_argument("--shots", default="5,10")
-    p.add_argument("--seeds", type=int, default=10, help="draws (seeds 0..n-1)")
-    p.add_argument("--test-subset", type=int, default=0, help="balanced test images (0: all 10,000)")
+    p.add_argument("--shots", type=int_list(positive=True), default="5,10", help="shots per class, comma-separated")
+    p.add_argument("--seeds", type=positive_int, default=10, help="draws (seeds 0..n-1)")
+    p.add_argument("--test-subset", type=count_or_all, default=0, help="balanced test images (0: all 10,000)")
     p.add_argument("--results", default=RESULTS)
-    p.add_argument("--threads", type=int)
+    p.add_argument("--threads", type=positive_int)
     p.add_argument("--progress", action="store_true")
     a = p.parse_args(argv)
+    if not a.shots:
+        p.error("--shots is empty; pass shots per class, comma-separated, e.g. 5,10")
     if a.threads:
         import torch
 
         torch.set_num_threads(a.threads)
-    measure(a.data, tuple(int(s) for s in a.shots.split(",")), tuple(range(a.seeds)), results=a.results,
+    measure(a.data, a.shots, tuple(range(a.seeds)), results=a.results,
             test_subset=a.test_subset or None, progress=a.progress)
     print(posemb_claims(posemb_measures(read_posemb_fewshot(a.results))).to_string(), flush=True)
     return 0
