@@ -28,6 +28,7 @@ gpu_tables = importlib.util.module_from_spec(_spec)
 _spec.loader.exec_module(gpu_tables)
 
 pytestmark = [pytest.mark.slow,
+              pytest.mark.newest_only,  # a GPU run installs into the machine's newest torch: not one of the matrix
               # the rehearsal (the module's fixture, in its first test's time) runs every part on the CPU: some 13
               # minutes on a quiet 2-core machine, past the suite's 900 s on a loaded one; its subprocess's own limit
               pytest.mark.timeout(2400),
