@@ -13,6 +13,7 @@ from PIL import Image
 
 import vitviz.report as report
 from vitviz.__main__ import main
+from vitviz.errors import InputError
 from vitviz.report.notebooks import parameters_for
 
 ROOT = Path(__file__).resolve().parents[1]
@@ -50,6 +51,44 @@ def test_package_figures_offline_with_random_fallback(tmp_path, monkeypatch):
     assert page.count("<img") == len(rep.figures) and "random weights" in page
     sim = np.load(rep.out / "arrays" / "cifar10-vit_pos_embed.npz")["similarity"]
     assert sim.shape == (8, 8, 8, 8)
+
+
+def test_a_checkpoint_is_the_models_weights_in_the_figures_and_goes_to_every_notebook_of_that_model(tmp_path):
+    """``render_report(model=..., checkpoint=FILE)`` (``vitviz report --model M --checkpoint FILE``): the package
+    figures draw the file's weights, not the shipped ones; every shipped notebook that takes the model also takes the
+    file; a notebook that takes the model but not the file is refused rather than run on other weights."""
+    import torch
+    from safetensors.torch import save_file
+
+    import vitviz
+    from vitviz.zoo.reference import build_reference
+
+    torch.manual_seed(1)
+    own = build_reference("cifar10-vit")  # weights of its own, unlike the shipped checkpoint's
+    save_file({k: v.contiguous() for k, v in own.state_dict().items()}, str(tmp_path / "mine.safetensors"))
+    rep = report.render_report(tmp_path / "rep", formats=("png",), device="cpu", progress=False, notebooks=(),
+                               model="cifar10-vit", checkpoint=tmp_path / "mine.safetensors")
+    assert not rep.failures
+    sim = np.load(rep.out / "arrays" / "cifar10-vit_pos_embed.npz")["similarity"]
+    for model, same in ((own, True), (vitviz.load_model("cifar10-vit", device="cpu"), False)):
+        expected = vitviz.pos_embed_similarity(model).detach().numpy()
+        assert np.allclose(sim, expected, atol=1e-6) is same
+    meta = json.loads((rep.out / "meta.json").read_text())
+    assert meta["checkpoint"] == str((tmp_path / "mine.safetensors").resolve())
+    assert meta["models"]["cifar10-vit"]["trained"] is True
+    for stem, name in (("01_position_embeddings", "model_name"), ("02_attention", "vit_model"),
+                       ("03_hybrid_vs_pure", "vit_model"), ("04_faithfulness", "model_name")):
+        params = parameters_for(ROOT / "notebooks" / f"{stem}.ipynb", model="m", checkpoint="w.npz")
+        assert (params[name], params["checkpoint"]) == ("m", "w.npz"), stem
+    nb = write_notebook(tmp_path / "no_checkpoint.ipynb", 'model_name = "x"')
+    with pytest.raises(InputError, match="takes model_name but no checkpoint parameter.*'x' without the weights"):
+        parameters_for(nb, model="x", checkpoint="w.npz")
+    assert parameters_for(nb, model="x") == {"model_name": "x"}
+    with pytest.raises(InputError, match="without model="):
+        report.render_report(tmp_path / "r2", progress=False, notebooks=(), checkpoint=tmp_path / "mine.safetensors")
+    with pytest.raises(FileNotFoundError, match="is not a file"):
+        report.render_report(tmp_path / "r2", progress=False, notebooks=(), model="cifar10-vit",
+                             checkpoint=tmp_path / "typo.safetensors")
 
 
 def test_a_failing_figure_keeps_the_others(tmp_path, monkeypatch):
@@ -320,7 +359,9 @@ def test_command_line_refuses_bad_report_options_before_any_figure(tmp_path, cap
                           (["--formats", "png,jpgx"], "--formats 'png,jpgx': formats=('png', 'jpgx'): ['jpgx'] not "
                                                       "supported by matplotlib"),
                           (["--notebooks", f"{tmp_path}/missing.ipynb"], "missing.ipynb'] not found; pass notebook "
-                                                                         "files")):
+                                                                         "files"),
+                          (["--model", "a", "--model", "b", "--checkpoint", "w.npz"], "--checkpoint 'w.npz' with 2 "
+                                                                                      "--model: pass the one")):
         assert main(["report", "--out", str(tmp_path / "rep"), "--notebooks", "none", *argv]) == 2
         err = capsys.readouterr().err
         assert err.startswith("vitviz: error: --") and message in err and "Traceback" not in err
@@ -328,6 +369,25 @@ def test_command_line_refuses_bad_report_options_before_any_figure(tmp_path, cap
         main(["report", "--cell-timeout", "-5"])
     assert exit_.value.code == 2 and "argument --cell-timeout: -5 is not a positive count" in capsys.readouterr().err
     assert not (tmp_path / "rep").exists()
+
+
+def test_command_line_checkpoint_goes_to_the_report_and_to_inspect(tmp_path, capsys, monkeypatch):
+    """``--model M --checkpoint FILE``: the report gets the file for M; ``vitviz inspect M --checkpoint FILE`` reads
+    it (a file that does not fit M is refused, so the option is not ignored)."""
+    import timm
+    import torch
+
+    seen = {}
+    monkeypatch.setattr(report, "render_report", lambda *a, **k: seen.update(k) or report.Report(tmp_path))
+    assert main(["report", "--out", str(tmp_path / "rep"), "--notebooks", "none", "--model", "vit_tiny_patch16_224",
+                 "--checkpoint", "w.npz"]) == 0
+    assert (seen["model"], seen["checkpoint"]) == ("vit_tiny_patch16_224", "w.npz")
+    torch.save(timm.create_model("vit_tiny_patch16_224").state_dict(), tmp_path / "tiny.pth")
+    capsys.readouterr()
+    assert main(["inspect", "vit_tiny_patch16_224", "--checkpoint", str(tmp_path / "tiny.pth")]) == 0
+    assert "ViTSpec(vit_tiny_patch16_224, family=timm)" in capsys.readouterr().out
+    assert main(["inspect", "vit_small_patch16_224", "--checkpoint", str(tmp_path / "tiny.pth")]) == 2
+    assert "do not fit timm model 'vit_small_patch16_224'" in capsys.readouterr().err
 
 
 def test_command_line_models_refuses_a_checkpoints_folder_that_is_not_there(tmp_path, capsys):

@@ -37,6 +37,10 @@ def main(argv: list[str] | None = None) -> int:
                    help="what vitviz.load_model takes: a timm or reference model name, a weights file, a model "
                         "folder or a Hub id (repeatable): the package figures use each, the notebooks get the first "
                         "as model_name (default: the reference models, the notebooks' defaults)")
+    r.add_argument("--checkpoint", metavar="FILE",
+                   help="a weights file for --model's architecture (one --model): a .safetensors, .pth/.pt/.bin or "
+                        "the original JAX .npz, e.g. --model vit_base_patch16_224 --checkpoint ViT-B_16.npz; used by "
+                        "the package figures and the notebooks")
     r.add_argument("--images", metavar="DIR",
                    help="your images for every figure that shows images (the notebooks' data_dir and the package "
                         "figures): one image file, a flat folder (jpg/png/webp, sorted by name) or <class>/<image> "
@@ -52,6 +56,7 @@ def main(argv: list[str] | None = None) -> int:
     i = sub.add_parser("inspect", help="print the token layout of a model")
     i.add_argument("model", help="a timm or reference model name, a weights file, a model folder or a Hub id "
                                  "(what vitviz.load_model takes)")
+    i.add_argument("--checkpoint", metavar="FILE", help="a weights file for the model's architecture")
     m = sub.add_parser("models", help="the reference models: what each card says, and the position-embedding "
                                       "ablation beside the paper's Table 8")
     m.add_argument("--checkpoints", metavar="DIR", help="folder of the cards (default: vitviz/zoo/checkpoints)")
@@ -72,7 +77,7 @@ def main(argv: list[str] | None = None) -> int:
     if a.cmd == "inspect":
         import vitviz
 
-        print(vitviz.inspect(vitviz.load_model(a.model, device="cpu")))
+        print(vitviz.inspect(vitviz.load_model(a.model, checkpoint=a.checkpoint, device="cpu")))
         return 0
     return report(a)
 
@@ -90,6 +95,9 @@ def report(a: argparse.Namespace) -> int:
         check_formats(a.formats.split(","))  # refused here, not by every figure in turn
     except InputError as e:
         raise InputError(f"--formats {a.formats!r}: {e}; pass them comma-separated, e.g. --formats png,pdf") from None
+    if a.checkpoint is not None and len(a.model or []) != 1:
+        raise InputError(f"--checkpoint {a.checkpoint!r} with {len(a.model or [])} --model: pass the one architecture "
+                         "the file holds, e.g. --model vit_base_patch16_224 --checkpoint ViT-B_16.npz")
     notebooks = None if a.notebooks is None else [] if a.notebooks == "none" else a.notebooks.split(",")
     missing = [nb for nb in notebooks or [] if not Path(nb).is_file()]
     if missing:
@@ -105,7 +113,7 @@ def report(a: argparse.Namespace) -> int:
             return 2
         print(f"vitviz report: --images: {found.source}")
     rep = render_report(a.out, a.model or None, tuple(a.formats.split(",")), a.device, model=(a.model or [None])[0],
-                        images=a.images, notebooks=notebooks, kernel=a.kernel, cell_timeout=a.cell_timeout)
+                        checkpoint=a.checkpoint, images=a.images, notebooks=notebooks, kernel=a.kernel, cell_timeout=a.cell_timeout)
     print(f"wrote {len(rep.figures)} figures and {len(rep.notebooks)} notebooks to {rep.out}/ "
           "(index.html, meta.json)")
     if a.gallery:

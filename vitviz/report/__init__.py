@@ -30,6 +30,7 @@ import torch
 from torch import nn
 
 from vitviz.core.io import atomic_write, atomic_write_json, atomic_write_text, save_arrays
+from vitviz.errors import DataNotFoundError, InputError
 from vitviz.zoo.models import load_model_or_random
 from vitviz.zoo.reference import REFERENCE_MODELS
 from vitviz.zoo.weights import versions
@@ -67,9 +68,10 @@ def model_key(name: str) -> str:
     return re.sub(r"[^A-Za-z0-9._-]+", "_", stem)
 
 
-def load_or_random(name: str, device: str = "auto") -> LoadedModel:
-    """``vitviz.load_model_or_random`` wrapped with the report's key and a note for random weights."""
-    model = load_model_or_random(name, device=device, verbose=False)
+def load_or_random(name: str, device: str = "auto", checkpoint: str | os.PathLike | None = None) -> LoadedModel:
+    """``vitviz.load_model_or_random`` wrapped with the report's key and a note for random weights; with a
+    ``checkpoint`` (a weights file for ``name``'s architecture), its weights or an error."""
+    model = load_model_or_random(name, checkpoint=checkpoint, device=device, verbose=False)
     if not model.vitviz_random_weights:
         return LoadedModel(model_key(name), model, True)
     note = ("random weights: the trained checkpoint is not in vitviz/zoo/checkpoints" if name in REFERENCE_MODELS
@@ -314,6 +316,7 @@ def render_report(
     *,
     notebooks: Sequence[str | os.PathLike] | None = None,
     model: str | None = None,
+    checkpoint: str | os.PathLike | None = None,
     images: str | os.PathLike | None = None,
     kernel: str = "python3",
     cell_timeout: int | None = 1800,
@@ -331,6 +334,9 @@ def render_report(
             the repository's ``notebooks/``; ``()`` for none).
         model: a model name or weights path for the notebooks that declare ``model_name`` (default: their own);
             also the package figures' model when ``models`` is not given.
+        checkpoint: a weights file for ``model``'s architecture (``vitviz.load_model(model, checkpoint=...)``: a
+            ``.safetensors``, ``.pth`` or the original JAX ``.npz``), used wherever ``model`` is: the package
+            figures and the notebooks' ``checkpoint`` parameter.
         images: your images, for the package figures that show images and the notebooks that declare
             ``images_dir``/``image_dir``/``data_dir``: an image file, a flat folder of images (sorted by name)
             or a class-folder tree (``vitviz.zoo.samples.images_from``).
@@ -353,13 +359,21 @@ def render_report(
     for sub in ("figures", "arrays", "notebooks"):
         (report.out / sub).mkdir(parents=True, exist_ok=True)
     names = tuple(models) if models is not None else (model,) if model else DEFAULT_MODELS
-    loaded = [load_or_random(name, device) for name in names]
+    if checkpoint is not None:
+        if not model:
+            raise InputError(f"checkpoint={str(checkpoint)!r} without model=: pass the architecture the file holds, "
+                             "model='<timm model name>' (or a reference model's name)")
+        if not Path(checkpoint).is_file():
+            raise DataNotFoundError(f"checkpoint={str(checkpoint)!r} is not a file; pass the weights file of "
+                                    f"{model!r} (.safetensors, .pth/.pt/.bin or .npz)")
+        checkpoint = Path(checkpoint).resolve()  # the notebooks run in their own folder
+    loaded = [load_or_random(name, device, checkpoint if name == model else None) for name in names]
     none = LoadedModel("", nn.Identity(), True)
     image_path = Path(images).resolve() if images is not None else None
     steps = [(name, _figure_step(report, m, name, fn)) for m in loaded for name, fn in _figure_jobs(m, image_path)]
     steps += [(name, _figure_step(report, none, name, fn)) for name, fn in _global_jobs()]
     settings = {"out_dir": (report.out / "figures").resolve(), "arrays_dir": (report.out / "arrays").resolve(),
-                "model": model, "images": image_path}
+                "model": model, "checkpoint": checkpoint, "images": image_path}
     nb_paths = find_notebooks() if notebooks is None else [Path(p) for p in notebooks]
     steps += [(f"notebook {p.stem}", _notebook_step(report, p, settings, kernel, cell_timeout)) for p in nb_paths]
     bar = tqdm(steps, desc="vitviz report", unit="step", disable=not progress)
@@ -369,6 +383,7 @@ def render_report(
     meta = {
         "created": _dt.datetime.now(_dt.timezone.utc).isoformat(timespec="seconds"),
         "model": model,
+        "checkpoint": checkpoint and str(checkpoint),
         "images": settings["images"] and str(settings["images"]),
         "resolution": {m.key: list(vitviz.inspect(m.model).img_size) for m in loaded},
         "settings": {"formats": list(report.formats), "device": device, "kernel": kernel,

@@ -30,6 +30,7 @@ PARAMETER_NAMES = {
     "out_dir": ("out_dir",),
     "arrays_dir": ("arrays_dir",),
     "model": ("model_name", "vit_model", "model"),
+    "checkpoint": ("checkpoint",),  # the weights file of that model
     "images": ("images_dir", "image_dir", "data_dir", "images"),
 }
 
@@ -73,7 +74,8 @@ def notebook_parameters(path: str | os.PathLike) -> dict[str, Any]:
 
 
 def parameters_for(path: str | os.PathLike, **known: Any) -> dict[str, Any]:
-    """Map the report's settings (``out_dir``, ``arrays_dir``, ``model``, ``images``) onto the notebook's names.
+    """Map the report's settings (``out_dir``, ``arrays_dir``, ``model``, ``checkpoint``, ``images``) onto the
+    notebook's names.
 
     Settings that are ``None`` and settings the notebook does not declare are left out, so every notebook runs
     with its own offline defaults for them.
@@ -88,6 +90,11 @@ def parameters_for(path: str | os.PathLike, **known: Any) -> dict[str, Any]:
         name = next((n for n in PARAMETER_NAMES[key] if n in declared), None)
         if name is not None:
             chosen[name] = str(value) if isinstance(value, os.PathLike) else value
+    model = next((n for n in PARAMETER_NAMES["model"] if n in chosen), None)
+    if known.get("checkpoint") is not None and model is not None and "checkpoint" not in chosen:
+        raise InputError(f"{Path(path).name} takes {model} but no checkpoint parameter: it would run "
+                         f"{chosen[model]!r} without the weights file {str(known['checkpoint'])!r}; give the notebook "
+                         "a `checkpoint = None` parameter passed to its vitviz.load_model call")
     return chosen
 
 

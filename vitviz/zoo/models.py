@@ -489,6 +489,7 @@ def load_model_or_random(
     name: str,
     *,
     pretrained: bool = False,
+    checkpoint: str | os.PathLike | None = None,
     device: str | torch.device = "cpu",
     verbose: bool = True,
     **kwargs: Any,
@@ -498,19 +499,20 @@ def load_model_or_random(
     For a vitviz reference model (``"cifar10-vit"``...) the trained checkpoint is used when it exists; for a timm
     name with ``pretrained=True``, timm's weights when they can be fetched or are cached. Otherwise the same
     architecture is built with random weights, and with ``verbose`` a note saying so is printed, so figures drawn
-    from it are not mistaken for a trained model's.
+    from it are not mistaken for a trained model's. A ``checkpoint`` given (``load_model``'s: a weights file for
+    ``name``'s architecture) never falls back: a file that cannot be read is an error.
 
     Returns:
         the model in eval mode on ``device``; ``model.vitviz_random_weights`` is True for the fallback.
     """
     try:
-        model = load_model(name, pretrained=pretrained, device=device, **kwargs)
-        from_file = kwargs.get("checkpoint") is not None or str(name).endswith(WEIGHT_SUFFIXES)
+        model = load_model(name, pretrained=pretrained, checkpoint=checkpoint, device=device, **kwargs)
+        from_file = checkpoint is not None or str(name).endswith(WEIGHT_SUFFIXES)
         saved = Path(name).exists() or _hub_repo(str(name)) is not None  # a file, a folder, a Hub repository
         random = not (pretrained or from_file or name in REFERENCE_MODELS or saved)
     except WeightsUnavailableError as err:
-        if _hub_repo(str(name)) is not None:
-            raise  # its architecture is in the repository's config.json: nothing to build random weights from
+        if checkpoint is not None or _hub_repo(str(name)) is not None:
+            raise  # the file asked for, or a Hub repository (its architecture is in its config.json): no stand-in
         if verbose:
             print(f"NOTE: no trained weights for {name!r}, so it has RANDOM weights: its figures show the "
                   f"initialisation, not what training learns.\n  ({err})")
