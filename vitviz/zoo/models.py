@@ -232,7 +232,9 @@ def _outside_vitviz() -> int:
     warning then names the user's line, however deep in vitviz it was raised."""
     import sys
 
-    root = str(Path(__file__).resolve().parents[1])
+    import vitviz
+
+    root = str(Path(vitviz.__file__).resolve().parent)
     level, frame = 2, sys._getframe(2)  # stacklevel 1 is the caller (who warns), 2 the frame that called it
     while frame is not None and frame.f_code.co_filename.startswith(root):
         frame, level = frame.f_back, level + 1
