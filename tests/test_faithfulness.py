@@ -281,7 +281,7 @@ def _notebook_04_setup(data_dir, monkeypatch) -> dict:
     nb = json.loads((Path(__file__).resolve().parents[1] / "notebooks" / "04_faithfulness.ipynb").read_text())
     code = [c for c in nb["cells"] if c["cell_type"] == "code"]
     start = next(i for i, c in enumerate(code) if "parameters" in c["metadata"].get("tags", []))
-    monkeypatch.setattr(vitviz, "load_model", lambda name: tiny_timm_vit(img_size=32, num_classes=10))
+    monkeypatch.setattr(vitviz, "load_model", lambda name, checkpoint=None: tiny_timm_vit(img_size=32, num_classes=10))
     namespace: dict = {}
     exec("".join(code[start]["source"]), namespace)
     namespace.update(data_dir=str(data_dir), n_images=4)
