@@ -132,8 +132,7 @@ def _whole_number(text: str, low: int, fix: str) -> int:
     except ValueError:
         raise OptionValueError(f"{text!r} is not a whole number; pass {fix}") from None
     if value < low:
-        raise OptionValueError(f"{value} is {'negative' if low == 0 else 'not a positive count'}; "
-                                         f"pass {fix}")
+        raise OptionValueError(f"{value} is {'negative' if low == 0 else 'not a positive count'}; pass {fix}")
     return value
 
 
@@ -147,27 +146,27 @@ def count_or_all(text: str) -> int:
     return _whole_number(text, 0, "0 (all) or a count of 1 or more")
 
 
+def _each(text: str, read: Any) -> tuple:
+    """``read(part, text)`` of every comma-separated part of ``text`` (empty parts skipped), as a tuple."""
+    return tuple(read(part, text) for part in (v.strip() for v in text.split(",")) if part)
+
+
 def int_list(positive: bool = False) -> Any:
     """An argparse ``type``: comma-separated whole numbers (``"0,1,2"``) as a tuple; with ``positive``, each 1 or
     more (epoch budgets)."""
 
-    def parse(text: str) -> tuple[int, ...]:
-        values = []
-        for part in (v.strip() for v in text.split(",")):
-            if not part:
-                continue
-            try:
-                value = int(part)
-            except ValueError:
-                raise OptionValueError(
-                    f"{part!r} in {text!r} is not a whole number; pass comma-separated whole numbers, e.g. 0,1,2"
-                ) from None
-            if positive and value < 1:
-                raise OptionValueError(f"{value} in {text!r} is not a positive count; pass 1 or more")
-            values.append(value)
-        return tuple(values)
+    def read(part: str, text: str) -> int:
+        try:
+            value = int(part)
+        except ValueError:
+            raise OptionValueError(
+                f"{part!r} in {text!r} is not a whole number; pass comma-separated whole numbers, e.g. 0,1,2"
+            ) from None
+        if positive and value < 1:
+            raise OptionValueError(f"{value} in {text!r} is not a positive count; pass 1 or more")
+        return value
 
-    return parse
+    return lambda text: _each(text, read)
 
 
 def non_negative_float(text: str) -> float:
@@ -181,21 +180,20 @@ def non_negative_float(text: str) -> float:
     return value
 
 
+def _positive_float(part: str, text: str) -> float:
+    try:
+        value = float(part)
+    except ValueError:
+        raise OptionValueError(f"{part!r} in {text!r} is not a number; pass comma-separated numbers above 0, "
+                               "e.g. 1e-3,3e-4") from None
+    if not 0 < value < float("inf"):
+        raise OptionValueError(f"{value} in {text!r} is not a finite number above 0; pass e.g. 1e-3,3e-4")
+    return value
+
+
 def positive_float_list(text: str) -> tuple[float, ...]:
     """An argparse ``type``: comma-separated finite numbers above 0 (learning rates, ``"1e-3,3e-4"``) as a tuple."""
-    values = []
-    for part in (v.strip() for v in text.split(",")):
-        if not part:
-            continue
-        try:
-            value = float(part)
-        except ValueError:
-            raise OptionValueError(f"{part!r} in {text!r} is not a number; pass comma-separated numbers above 0, "
-                                   "e.g. 1e-3,3e-4") from None
-        if not 0 < value < float("inf"):
-            raise OptionValueError(f"{value} in {text!r} is not a finite number above 0; pass e.g. 1e-3,3e-4")
-        values.append(value)
-    return tuple(values)
+    return _each(text, _positive_float)
 
 
 def name_list(known: Any) -> Any:
