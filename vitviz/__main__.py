@@ -113,7 +113,8 @@ def report(a: argparse.Namespace) -> int:
             return 2
         print(f"vitviz report: --images: {found.source}")
     rep = render_report(a.out, a.model or None, tuple(a.formats.split(",")), a.device, model=(a.model or [None])[0],
-                        checkpoint=a.checkpoint, images=a.images, notebooks=notebooks, kernel=a.kernel, cell_timeout=a.cell_timeout)
+                        checkpoint=a.checkpoint, images=a.images, notebooks=notebooks, kernel=a.kernel,
+                        cell_timeout=a.cell_timeout)
     print(f"wrote {len(rep.figures)} figures and {len(rep.notebooks)} notebooks to {rep.out}/ "
           "(index.html, meta.json)")
     if a.gallery:

@@ -144,6 +144,7 @@ __all__ = [
     "ImageInputError", "ImageRangeWarning", "ImagesLeftOutWarning", "InferenceTensorError", "InputError",
     "InputTypeError", "LayerSelectError", "MissingDependencyError",
     "NoPositionEmbeddingError", "NoRGBFiltersError", "NoSuchAttributeError", "NotAViTError",
-    "NotImplementedInVitviz", "OptionValueError", "OutOfRangeError", "ResampledPositionsWarning", "RunInterrupted", "UnknownNameError",
+    "NotImplementedInVitviz", "OptionValueError", "OutOfRangeError", "ResampledPositionsWarning", "RunInterrupted",
+    "UnknownNameError",
     "UnsupportedModelError", "VitvizError", "WeightsUnavailableError",
 ]

@@ -200,7 +200,7 @@ def name_list(known: Any) -> Any:
     """An argparse ``type``: comma-separated names, each one of ``known``, as a tuple."""
 
     def parse(text: str) -> tuple[str, ...]:
-        names = tuple(v.strip() for v in text.split(",") if v.strip())
+        names = _each(text, lambda part, _: part)
         unknown = [n for n in names if n not in known]
         if unknown:
             raise OptionValueError(f"{', '.join(map(repr, unknown))} in {text!r}: not one of {', '.join(known)}; "
@@ -253,8 +253,8 @@ def study_parser(prog: str = "python -m vitviz.experiments.study") -> argparse.A
     p.add_argument("--data", help="dataset root with train/ and test/, or a .npz JPEG pack (default: $VITVIZ_DATA)")
     p.add_argument("--out", default="runs/study", help="run folders (checkpoints; not committed)")
     p.add_argument("--results", default="data/study/hybrid_vs_pure.csv", help="results CSV (one row per run)")
-    p.add_argument("--smoke", action="store_true", help="one tiny run per family: size S, 1 epoch, 200 training and 100 test "
-                   "images (class-balanced), seed 0 (the sizing options given with it still apply)")
+    p.add_argument("--smoke", action="store_true", help="one tiny run per family: size S, 1 epoch, 200 training "
+                   "and 100 test images (class-balanced), seed 0 (the sizing options given with it still apply)")
     p.add_argument("--families", default="vit,hybrid,resnet")
     p.add_argument("--sizes", default="S,M,L")
     p.add_argument("--seeds", type=int_list(), default="0,1,2",
