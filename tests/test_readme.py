@@ -152,3 +152,32 @@ def test_attnlrp_coverage_figures_are_the_recorded_run():
     assert f"{pixels['models']['supported']} of those {models['supported']} models" in readme
     refused = [row for row in run["rows"] if row.get("pixels") == "refused"]
     assert all("HybridEmbed" in row["architecture"] and "read_at='tokens'" in row["pixels_reason"] for row in refused)
+
+
+def test_cpu_dataset_and_call_overhead_figures_are_the_recorded_run():
+    """The README's CPU row of the dataset path (images/s and peak memory ranges, the share of a plain forward) and
+    its host time of a recorded call are those of the JSON in ``bench/results/cpu_epyc_run_1/``, and the machine
+    named is the one that run recorded."""
+    import json
+
+    run = ROOT / "bench/results/cpu_epyc_run_1"
+    env = json.loads((run / "env.json").read_text())
+    distance = [json.loads((run / f"dataset_distance_{i}.json").read_text()) for i in (1, 2, 3)]
+    plain = [json.loads((run / f"dataset_plain_{i}.json").read_text()) for i in (1, 2, 3)]
+    assert {r["reduction"] for r in distance} == {"distance"} and {r["reduction"] for r in plain} == {"plain"}
+    assert all(r["images"] == 10000 and r["threads"] == 1 and r["workers"] == 1 for r in distance + plain)
+    readme = " ".join(README.read_text().split())
+    row = next(line for line in README.read_text().splitlines() if line.startswith(f"| 2-core {env['cpu']} CPU"))
+
+    def span(rows, key, fmt="{:.0f}"):
+        vals = [r[key] for r in rows]
+        return f"{fmt.format(min(vals))}-{fmt.format(max(vals))}"
+
+    share = sum(r["images_per_s"] for r in distance) / sum(r["images_per_s"] for r in plain)
+    assert f"{span(distance, 'images_per_s')} (3 runs; {share:.0%} of a plain forward's " \
+           f"{span(plain, 'images_per_s')} over the same loader)" in row
+    assert f"{span(distance, 'peak_mib')} MiB resident" in row
+    calls = {r["case"]: r["ms"] for r in json.loads((run / "call_overhead.json").read_text())["rows"]}
+    graphed, eager = calls["attention_rollout (graphed, replay left out)"], calls["attention_rollout (kernel path)"]
+    assert (f"On a 2-core {env['cpu']} CPU the host's part of a recorded rollout call is {graphed:.2f} ms against "
+            f"{eager:.2f} ms for the eager call on the kernels' path, {graphed / eager:.3f}x") in readme
