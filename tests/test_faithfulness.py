@@ -257,7 +257,7 @@ def test_signed_explanations_grid_keeps_the_negative_evidence():
 @pytest.mark.slow
 def test_notebook_04_runs_headless(run_notebook, tiny_folder, tmp_path):
     out_dir = tmp_path / "figs"
-    _, text, images = run_notebook("04_faithfulness.ipynb", data_dir=str(tiny_folder / "test"), n_images=10,
+    nb, text, images = run_notebook("04_faithfulness.ipynb", data_dir=str(tiny_folder / "test"), n_images=10,
                                    n_show=2, n_sanity=2, batch_size=10, n_boot=50, out_dir=str(out_dir))
     import vitviz
     from vitviz.analysis.faithfulness import default_methods
@@ -266,8 +266,11 @@ def test_notebook_04_runs_headless(run_notebook, tiny_folder, tmp_path):
     assert f"10 images x {methods} methods" in text and "tokens dropped" in text
     assert f"2 images x {methods} methods" in text  # the sanity checks
     assert "indistinguishable from it" in text and "believe:" in text and "cosine similarity to the reference" in text
-    assert len(images) == 4  # the maps side by side, the curves, the sanity curves, the headless maps
-    for stem in ("explanations_side_by_side", "faithfulness_curves", "sanity_checks_cascading",
+    # the maps side by side, the signed ones with their sign, the curves, the sanity curves, the headless maps
+    assert len(images) == 5
+    tables = "".join("".join(o.get("data", {}).get("text/plain", "")) for c in nb.cells for o in c.get("outputs", []))
+    assert "negative share of |R|" in tables and "attnlrp" in tables  # the share of each signed method's map
+    for stem in ("explanations_side_by_side", "explanations_signed", "faithfulness_curves", "sanity_checks_cascading",
                  "headless_target_callable"):
         assert (out_dir / f"{stem}.png").exists()
 
