@@ -47,6 +47,39 @@ def test_cls_vs_gap_claims_from_the_last_epoch():
     assert c.loc["gap", "lr_effect"] == pytest.approx(40.0 - 59.0)
 
 
+def test_cls_vs_gap_claims_pair_the_heads_by_seed():
+    """The interval of ``gap_best`` is the paired t interval over seeds of (GAP at its best rate - class token at
+    its best rate), recomputed here by hand; the unpaired difference of the two heads' means has the same centre but
+    a seed effect shared by both heads (here +-3 points) would widen a marginal interval, not the paired one."""
+    from scipy import stats
+
+    from vitviz.experiments.cls_vs_gap import cls_vs_gap_claims
+
+    final = {("cls", 1e-3): 60.0, ("cls", 3e-4): 55.0, ("gap", 1e-3): 40.0, ("gap", 3e-4): 59.0}
+    shared = {0: -3.0, 1: 0.0, 2: 3.0}  # what a seed does to every run
+    own = {("gap", 3e-4): {0: 0.5, 1: -0.2, 2: 0.1}}  # GAP's own seed-to-seed noise at its best rate
+    df = pd.concat([_runs(final).assign(seed=sd) for sd in shared], ignore_index=True)
+    last = df.epoch == df.epoch.max()
+    for sd, d in shared.items():
+        df.loc[last & (df.seed == sd), "test_acc"] += d
+    for (head, lr), noise in own.items():
+        for sd, d in noise.items():
+            df.loc[last & (df.seed == sd) & (df["head"] == head) & (df.lr == lr), "test_acc"] += d
+    c = cls_vs_gap_claims(df).set_index("head").loc["gap"]
+    diff = np.array([59.0 + own[("gap", 3e-4)][sd] - 60.0 for sd in shared])  # the shared effect cancels
+    half = stats.t.ppf(0.975, 2) * diff.std(ddof=1) / np.sqrt(3)
+    assert c.seeds == 3 and c.best_lr == 3e-4
+    assert c.gap_best == pytest.approx(diff.mean())
+    assert (c.gap_best_low, c.gap_best_high) == pytest.approx((diff.mean() - half, diff.mean() + half))
+    assert c.gap_best_high - c.gap_best_low < 2.0  # a marginal interval over the +-3 shared effect is wider
+    at_cls = np.array([40.0 - 60.0] * 3)  # no own noise at 1e-3: a zero-width interval
+    assert (c.gap_at_cls_lr, c.gap_at_cls_lr_low, c.gap_at_cls_lr_high) == pytest.approx((at_cls.mean(),) * 3)
+    one = cls_vs_gap_claims(df[df.seed == 0]).set_index("head").loc["gap"]
+    assert one.seeds == 1 and np.isnan(one.gap_best_low) and np.isnan(one.gap_best_high)
+    with pytest.raises(InputError, match=r"do not share their seeds: gap-lr0.0003-s2 missing"):
+        cls_vs_gap_claims(df[~((df.seed == 2) & (df["head"] == "gap") & (df.lr == 3e-4))])
+
+
 def test_cls_vs_gap_reader_and_figure(tmp_path):
     from vitviz.experiments.cls_vs_gap import read_cls_vs_gap
     from vitviz.plot.probes import plot_cls_vs_gap

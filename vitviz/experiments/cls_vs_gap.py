@@ -30,6 +30,7 @@ from typing import Any
 import pandas as pd
 import torch
 
+from vitviz.analysis.intervals import PERCENT_DIFFERENCE, t_interval
 from vitviz.core.io import atomic_save, atomic_write_json, atomic_write_text
 from vitviz.core.resources import shipped_csv
 from vitviz.core.util import cli_errors
@@ -55,6 +56,7 @@ RECIPE_LR = 1e-3  # cifar10-vit's recipe (TrainConfig.lr)
 PAPER_LRS = (8e-4, 3e-4)  # Fig. 9's two regimes
 LRS = (RECIPE_LR, RECIPE_LR * PAPER_LRS[1] / PAPER_LRS[0])  # 1e-3 and 3.75e-4
 RESULTS = "data/cls_vs_gap/cls_vs_gap.csv"
+PERCENT_METRICS = ("test_acc", "fewshot5", "train_acc")  # accuracies in percent (their differences lie in +-100)
 
 
 @dataclass
@@ -243,7 +245,13 @@ def cls_vs_gap_claims(df: pd.DataFrame, metric: str = "test_acc") -> pd.DataFram
     """The paper's App. D.3 statements, tested on the last epoch of every run (mean over seeds):
 
     - per head, the best learning rate and its accuracy (``best_lr``, ``best``), and the accuracy at each rate;
-    - ``gap_best`` = best GAP minus best class token (the paper: "both work similarly well");
+    - ``gap_best`` = best GAP minus best class token (the paper: "both work similarly well"), with
+      ``gap_best_low``/``gap_best_high``: its 95% Student-t interval *paired by seed* (per seed, the GAP run at GAP's
+      best rate minus the class-token run at the class token's best rate, the rates chosen on the seed means;
+      ``vitviz.analysis.intervals.t_interval``); NaN with one seed. The seed is the unit: both heads of one seed
+      read the same training subset, test subset and seeded order, so the pairing takes out what the seeds share;
+    - ``gap_at_cls_lr`` (``_low``/``_high`` likewise): GAP minus class token at the class token's best rate (the
+      paper: GAP does poorly at the class token's rate);
     - ``same_best_lr``: whether both heads do best at the same rate (the paper: they "require different
       learning-rates"; GAP fails at the class token's rate);
     - ``lr_effect``: per head, accuracy at the recipe's rate minus at the lower rate.
@@ -251,7 +259,9 @@ def cls_vs_gap_claims(df: pd.DataFrame, metric: str = "test_acc") -> pd.DataFram
     Raises:
         InputError: a run (head, learning rate, seed) has not reached the last epoch: its rate would drop out of the
             comparison without a word (and could move ``best_lr``); the message names the runs and the epoch every
-            run reached, to compare at with ``df[df.epoch <= k]``.
+            run reached, to compare at with ``df[df.epoch <= k]``. Or the runs do not share their seeds (a seed
+            trained for some head and rate only): the seed means would average different seeds and the pairing
+            would drop some; the message names the missing runs.
     """
     from vitviz.errors import InputError
 
@@ -263,6 +273,13 @@ def cls_vs_gap_claims(df: pd.DataFrame, metric: str = "test_acc") -> pd.DataFram
                          f"of the runs; finish them, or compare at the epoch every run reached: "
                          f"cls_vs_gap_claims(df[df.epoch <= {int(reached.min())}])")
     last = df[df.epoch == df.epoch.max()]
+    have = set(last[["head", "lr", "seed"]].itertuples(index=False, name=None))
+    missing = sorted((h, lr, sd) for h, lr in {(h, lr) for h, lr, _ in have} for sd in set(last.seed)
+                     if (h, lr, sd) not in have)
+    if missing:
+        raise InputError(f"the runs do not share their seeds: {', '.join(run_id(*m) for m in missing)} missing, so "
+                         "the seed means would average different seeds and the pairing by seed would drop some; "
+                         "train the missing runs, or keep the seeds every run has: df[df.seed.isin([...])]")
     mean = last.groupby(["head", "lr"])[metric].mean().unstack("lr")
     rows = []
     for head, accs in mean.iterrows():
@@ -275,7 +292,14 @@ def cls_vs_gap_claims(df: pd.DataFrame, metric: str = "test_acc") -> pd.DataFram
     if {"cls", "gap"} <= set(out["head"]):
         b = out.set_index("head")
         out["gap_best"] = float(b.loc["gap", "best"] - b.loc["cls", "best"])
-        out["same_best_lr"] = bool(b.loc["gap", "best_lr"] == b.loc["cls", "best_lr"])
+        per_seed = last.set_index(["head", "lr", "seed"])[metric].sort_index()
+        cls_lr = b.loc["cls", "best_lr"]
+        for name, gap_lr in (("gap_best", b.loc["gap", "best_lr"]), ("gap_at_cls_lr", cls_lr)):
+            diff = per_seed.loc[("gap", gap_lr)] - per_seed.loc[("cls", cls_lr)]  # aligned on the seed
+            mean_diff, low, high = t_interval(diff.to_numpy(), bounds=PERCENT_DIFFERENCE if metric in PERCENT_METRICS
+                                              else None)
+            out[name], out[f"{name}_low"], out[f"{name}_high"] = mean_diff, low, high
+        out["same_best_lr"] = bool(b.loc["gap", "best_lr"] == cls_lr)
     return out
 
 
