@@ -76,6 +76,8 @@ def test_cls_vs_gap_claims_pair_the_heads_by_seed():
     assert (c.gap_at_cls_lr, c.gap_at_cls_lr_low, c.gap_at_cls_lr_high) == pytest.approx((at_cls.mean(),) * 3)
     one = cls_vs_gap_claims(df[df.seed == 0]).set_index("head").loc["gap"]
     assert one.seeds == 1 and np.isnan(one.gap_best_low) and np.isnan(one.gap_best_high)
+    only_low = cls_vs_gap_claims(df[(df["head"] == "cls") | (df.lr == 3e-4)]).set_index("head").loc["gap"]
+    assert only_low.gap_best == pytest.approx(diff.mean()) and np.isnan(only_low.gap_at_cls_lr)  # GAP not at 1e-3
     with pytest.raises(InputError, match=r"do not share their seeds: gap-lr0.0003-s2 missing"):
         cls_vs_gap_claims(df[~((df.seed == 2) & (df["head"] == "gap") & (df.lr == 3e-4))])
 

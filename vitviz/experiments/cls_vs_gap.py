@@ -251,7 +251,7 @@ def cls_vs_gap_claims(df: pd.DataFrame, metric: str = "test_acc") -> pd.DataFram
       ``vitviz.analysis.intervals.t_interval``); NaN with one seed. The seed is the unit: both heads of one seed
       read the same training subset, test subset and seeded order, so the pairing takes out what the seeds share;
     - ``gap_at_cls_lr`` (``_low``/``_high`` likewise): GAP minus class token at the class token's best rate (the
-      paper: GAP does poorly at the class token's rate);
+      paper: GAP does poorly at the class token's rate); NaN when GAP was not trained at that rate;
     - ``same_best_lr``: whether both heads do best at the same rate (the paper: they "require different
       learning-rates"; GAP fails at the class token's rate);
     - ``lr_effect``: per head, accuracy at the recipe's rate minus at the lower rate.
@@ -291,14 +291,15 @@ def cls_vs_gap_claims(df: pd.DataFrame, metric: str = "test_acc") -> pd.DataFram
     out = pd.DataFrame(rows)
     if {"cls", "gap"} <= set(out["head"]):
         b = out.set_index("head")
-        out["gap_best"] = float(b.loc["gap", "best"] - b.loc["cls", "best"])
         per_seed = last.set_index(["head", "lr", "seed"])[metric].sort_index()
         cls_lr = b.loc["cls", "best_lr"]
+        bounds = PERCENT_DIFFERENCE if metric in PERCENT_METRICS else None
         for name, gap_lr in (("gap_best", b.loc["gap", "best_lr"]), ("gap_at_cls_lr", cls_lr)):
+            if ("gap", gap_lr) not in per_seed.index:  # GAP never trained at the class token's rate
+                out[name] = out[f"{name}_low"] = out[f"{name}_high"] = float("nan")
+                continue
             diff = per_seed.loc[("gap", gap_lr)] - per_seed.loc[("cls", cls_lr)]  # aligned on the seed
-            mean_diff, low, high = t_interval(diff.to_numpy(), bounds=PERCENT_DIFFERENCE if metric in PERCENT_METRICS
-                                              else None)
-            out[name], out[f"{name}_low"], out[f"{name}_high"] = mean_diff, low, high
+            out[name], out[f"{name}_low"], out[f"{name}_high"] = t_interval(diff.to_numpy(), bounds=bounds)
         out["same_best_lr"] = bool(b.loc["gap", "best_lr"] == cls_lr)
     return out
 
