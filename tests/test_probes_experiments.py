@@ -99,6 +99,37 @@ def test_cls_vs_gap_reader_and_figure(tmp_path):
         plot_cls_vs_gap(df.drop(columns="lr"))
 
 
+def test_cls_vs_gap_figure_says_what_its_bands_are():
+    """With several seeds each line is their mean and its band their range: the legend's title says so once (or
+    each label its own count where the lines differ), a band per line spans the lowest to the highest seed."""
+    import matplotlib.pyplot as plt
+    from matplotlib.collections import PolyCollection
+
+    from vitviz.plot.probes import plot_cls_vs_gap
+
+    base = _runs({("cls", 1e-3): 60.0, ("gap", 1e-3): 40.0})
+    df = pd.concat([base, base.assign(seed=1, test_acc=base.test_acc + 3.0)], ignore_index=True)
+    ax = plot_cls_vs_gap(df)
+    try:
+        legend = ax.get_legend()
+        assert legend.get_title().get_text() == "mean of 2 seeds, band: their range"
+        assert sorted(t.get_text() for t in legend.get_texts()) == ["CLS-Token, lr=0.001", "GAP, lr=0.001"]
+        bands = [c for c in ax.collections if isinstance(c, PolyCollection)]
+        assert len(bands) == 2
+        top = max(float(b.get_paths()[0].vertices[:, 1].max()) for b in bands)
+        assert top == pytest.approx(60.0 + 3.0)  # the higher seed's last epoch
+    finally:
+        plt.close(ax.figure)
+    uneven = df[~((df["head"] == "gap") & (df.seed == 1))]
+    ax = plot_cls_vs_gap(uneven)
+    try:
+        legend = ax.get_legend()
+        assert legend.get_title().get_text() == "mean over seeds, band: their range"
+        assert sorted(t.get_text() for t in legend.get_texts()) == ["CLS-Token, lr=0.001 (2 seeds)", "GAP, lr=0.001"]
+    finally:
+        plt.close(ax.figure)
+
+
 def test_posemb_claims_ordering_and_finding():
     from vitviz.experiments.posemb_fewshot import posemb_claims
 

@@ -78,7 +78,7 @@ def plot_cls_vs_gap(df: pd.DataFrame, *, ax: Axes | None = None, metric: str = "
 
     Args:
         df: ``vitviz.experiments.cls_vs_gap.read_cls_vs_gap()`` rows (``head, lr, seed, epoch`` and ``metric``);
-            several seeds are averaged, their range shaded.
+            several seeds are averaged, their range (lowest to highest seed) shaded; the legend's title says so.
         ax: the Axes (default: a new figure).
         metric: the column to draw (``test_acc``: CIFAR-10 test top-1 %, or ``fewshot5`` when present).
 
@@ -95,18 +95,23 @@ def plot_cls_vs_gap(df: pd.DataFrame, *, ax: Axes | None = None, metric: str = "
     styles = {"cls": "-", "gap": "--"}
     lrs = sorted(df.lr.unique(), reverse=True)
     colors = dict(zip(lrs, _colors(len(lrs))))
+    counts = df.groupby(["head", "lr"]).seed.nunique() if "seed" in df else pd.Series(1, index=[0])
+    same = counts.nunique() == 1  # every line over the same number of seeds: the legend's title says it once
     for (head, lr), g in df.groupby(["head", "lr"], sort=True):
         by = g.groupby("epoch")[metric]
         mean = by.mean()
         name = "CLS-Token" if head == "cls" else "GAP"
         seeds = g.seed.nunique() if "seed" in g else 1
         ax.plot(mean.index, mean.values, styles.get(head, ":"), marker="o", markersize=3, color=colors[lr],
-                label=f"{name}, lr={lr:.3g}" + (f" ({seeds} seeds)" if seeds > 1 else ""))
+                label=f"{name}, lr={lr:.3g}" + (f" ({seeds} seeds)" if seeds > 1 and not same else ""))
         if seeds > 1:
             ax.fill_between(mean.index, by.min().values, by.max().values, color=colors[lr], alpha=0.2, linewidth=0)
     ax.set_xlabel("Epochs of training")
     ax.set_ylabel({"test_acc": label("CIFAR-10 test top-1", "%"),
                    "fewshot5": label("CIFAR-10 5-shot linear top-1", "%")}.get(metric, metric))
     ax.grid(alpha=0.3)
-    ax.legend(frameon=False, loc="lower right")
+    many = int(counts.max()) > 1
+    title = (f"mean of {int(counts.max())} seeds, band: their range" if many and same
+             else "mean over seeds, band: their range" if many else None)
+    place_legend(ax, frameon=False, ymax=ACCURACY_TOP, title=title, title_fontsize="small")
     return ax
