@@ -176,6 +176,11 @@ def test_notebook_05_runs_headless(run_notebook, tiny_folder, tmp_path):
                                    model_names=["cifar10-vit", "cifar10-hybrid"])
     assert "largest gain entering block" in text
     assert len(images) >= 2 and (out_dir / "layer_probes.png").exists()
+    from vitviz.experiments.cls_vs_gap import cls_vs_gap_claims, read_cls_vs_gap
+
+    c = cls_vs_gap_claims(read_cls_vs_gap()).set_index("head").loc["gap"]  # the committed sweep, as printed
+    assert (f"Best GAP minus best class token: {c.gap_best:+.2f} points (95% interval paired over {int(c.seeds)} "
+            f"seeds: {c.gap_best_low:+.2f} to {c.gap_best_high:+.2f})") in text
 
 
 def test_fewshot_by_epoch_scores_every_kept_epoch(tiny_folder, tmp_path):
@@ -223,6 +228,32 @@ def test_cls_vs_gap_claims_refuse_runs_that_did_not_reach_the_last_epoch():
     c = cls_vs_gap_claims(partial[partial.epoch <= common]).set_index("head")
     assert c.loc["gap", "epochs"] == common and c.loc["gap", "best_lr"] == 1e-3  # every rate compared
     assert cls_vs_gap_claims(df).set_index("head").loc["gap", "same_best_lr"]
+
+
+def test_cls_vs_gap_rates_are_one_number_from_the_command_line_to_the_claims():
+    """The command's default ``--lrs`` once printed the rates with ``:g``: it trained at ``0.000375`` where the
+    sweep's code trains at ``1e-3 * 3 / 8 = 0.00037499999999999995``, the same run id, so the two could not resume
+    each other's folders and a table holding both counted one run as two rates (every seed "missing" at each). The
+    default is now ``LRS`` to the last bit, the claims refuse rates that differ only in their last bits, and the
+    committed tables carry one rate per run."""
+    from vitviz.experiments.cls_vs_gap import (
+        LRS,
+        cls_vs_gap_claims,
+        parser,
+        read_cls_vs_gap,
+        read_fewshot_by_epoch,
+    )
+
+    assert parser().parse_args([]).lrs == LRS
+    df = _runs({("cls", 1e-3): 60.0, ("cls", LRS[1]): 55.0, ("gap", 1e-3): 58.0, ("gap", LRS[1]): 50.0})
+    typed = df.assign(lr=df.lr.where((df["head"] == "cls") | (df.lr == 1e-3), 0.000375))  # GAP's rate typed
+    with pytest.raises(InputError, match=r"0\.00037499999999999995 and 0\.000375 differ only in their last bits"):
+        cls_vs_gap_claims(typed)
+    fixed = typed.assign(lr=typed.lr.map(lambda x: min(LRS, key=lambda r: abs(r - x))))  # the message's fix
+    assert cls_vs_gap_claims(fixed).equals(cls_vs_gap_claims(df))
+    runs, fewshot = read_cls_vs_gap(), read_fewshot_by_epoch()
+    assert set(fewshot.lr) == set(runs.lr) == set(LRS)
+    assert cls_vs_gap_claims(fewshot, metric="fewshot5").seeds.eq(runs.seed.nunique()).all()
 
 
 def test_cls_vs_gap_rows_count_the_images_the_runs_used(tiny_folder, tmp_path):

@@ -261,7 +261,9 @@ def cls_vs_gap_claims(df: pd.DataFrame, metric: str = "test_acc") -> pd.DataFram
             comparison without a word (and could move ``best_lr``); the message names the runs and the epoch every
             run reached, to compare at with ``df[df.epoch <= k]``. Or the runs do not share their seeds (a seed
             trained for some head and rate only): the seed means would average different seeds and the pairing
-            would drop some; the message names the missing runs.
+            would drop some; the message names the missing runs. Or two learning rates print alike (``:g``, one run
+            id) but differ in their last bits (``0.000375`` typed, ``1e-3 * 3 / 8`` computed): one run would count
+            as two rates.
     """
     from vitviz.errors import InputError
 
@@ -272,6 +274,15 @@ def cls_vs_gap_claims(df: pd.DataFrame, metric: str = "test_acc") -> pd.DataFram
         raise InputError(f"not every run reached epoch {df.epoch.max()} ({runs}), so the last epoch compares only some "
                          f"of the runs; finish them, or compare at the epoch every run reached: "
                          f"cls_vs_gap_claims(df[df.epoch <= {int(reached.min())}])")
+    by_id: dict[str, list[float]] = {}  # the rates by the name run_id gives them
+    for lr in sorted(df.lr.unique()):
+        by_id.setdefault(f"{lr:g}", []).append(float(lr))
+    twins = [rates for rates in by_id.values() if len(rates) > 1]
+    if twins:
+        raise InputError(f"learning rates {', '.join(' and '.join(map(repr, t)) for t in twins)} differ "
+                         "only in their last bits (the same run id), so one run would count as two rates; write "
+                         "each as the rate its run was trained at, e.g. df.assign(lr=df.lr.map(lambda x: "
+                         f"min(LRS, key=lambda r: abs(r - x)))) with LRS = {LRS!r}")
     last = df[df.epoch == df.epoch.max()]
     have = set(last[["head", "lr", "seed"]].itertuples(index=False, name=None))
     missing = sorted((h, lr, sd) for h, lr in {(h, lr) for h, lr, _ in have} for sd in set(last.seed)
@@ -321,8 +332,10 @@ def parser() -> argparse.ArgumentParser:
     p.add_argument("--out", default=ClsGapConfig.out)
     p.add_argument("--results", default=ClsGapConfig.results)
     p.add_argument("--heads", type=name_list(HEADS), default="cls,gap", help="comma-separated, of: cls, gap")
-    p.add_argument("--lrs", type=positive_float_list, default=",".join(f"{x:g}" for x in LRS),
-                   help="learning rates, comma-separated")
+    # repr, not :g: the default is LRS to the last bit (3.75e-4 is 0.00037499999999999995), so that runs started
+    # without --lrs and runs of the sweep's code carry one rate, and resume each other's folders
+    p.add_argument("--lrs", type=positive_float_list, default=",".join(repr(x) for x in LRS),
+                   help="learning rates, comma-separated (default: %(default)s)")
     p.add_argument("--seeds", type=int_list(), default="0", help="seeds, comma-separated")
     p.add_argument("--epochs", type=positive_int, default=ClsGapConfig.epochs)
     p.add_argument("--warmup-epochs", type=non_negative_float, default=ClsGapConfig.warmup_epochs)
