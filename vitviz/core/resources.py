@@ -50,9 +50,9 @@ def shipped_csv(path: str | os.PathLike | None, default: str, missing: str) -> A
     Raises:
         DataNotFoundError: the file is not there; the message names it and ``missing`` (how to make it).
     """
-    import pandas as pd
+    from vitviz.core.io import read_csv_exact
 
     file = Path(path) if path is not None else shipped_dir("vitviz.data") / Path(default).relative_to("data")
     if not file.is_file():
         raise DataNotFoundError(f"no results at {str(file)!r}; {missing} (or pass path=)")
-    return pd.read_csv(file)
+    return read_csv_exact(file)  # every float to the bit (a learning rate read one ulp off is another rate)

@@ -32,13 +32,13 @@ def paper_table(filename: str) -> pd.DataFrame:
     Raises:
         FileNotFoundError: the file is not there (the message lists the files that are).
     """
-    import pandas as pd
+    from vitviz.core.io import read_csv_exact
 
     path = PAPER_DATA_DIR / filename
     if not path.is_file():
         have = sorted(p.name for p in PAPER_DATA_DIR.glob("*.csv")) if PAPER_DATA_DIR.is_dir() else []
         raise DataNotFoundError(f"paper table {str(path)!r} not found; {PAPER_DATA_DIR} holds {have}")
-    return pd.read_csv(path, na_values=["N/A"])
+    return read_csv_exact(path, na_values=["N/A"])
 
 
 def posemb_ablation() -> pd.DataFrame:
