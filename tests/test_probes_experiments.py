@@ -3,6 +3,9 @@ notebook 05 end to end."""
 
 from __future__ import annotations
 
+import json
+from pathlib import Path
+
 import numpy as np
 import pandas as pd
 import pytest
@@ -235,7 +238,8 @@ def test_cls_vs_gap_rates_are_one_number_from_the_command_line_to_the_claims():
     sweep's code trains at ``1e-3 * 3 / 8 = 0.00037499999999999995``, the same run id, so the two could not resume
     each other's folders and a table holding both counted one run as two rates (every seed "missing" at each). The
     default is now ``LRS`` to the last bit, the claims refuse rates that differ only in their last bits, and the
-    committed tables carry one rate per run."""
+    committed tables carry one rate per run; each committed sweep holds every run of the seeds its settings list
+    (seeds trained apart and merged in)."""
     from vitviz.experiments.cls_vs_gap import (
         LRS,
         cls_vs_gap_claims,
@@ -254,6 +258,12 @@ def test_cls_vs_gap_rates_are_one_number_from_the_command_line_to_the_claims():
     runs, fewshot = read_cls_vs_gap(), read_fewshot_by_epoch()
     assert set(fewshot.lr) == set(runs.lr) == set(LRS)
     assert cls_vs_gap_claims(fewshot, metric="fewshot5").seeds.eq(runs.seed.nunique()).all()
+    data = Path(__file__).resolve().parents[1] / "data" / "cls_vs_gap"
+    for name in ("cls_vs_gap", "cls_vs_gap_15k"):  # each committed sweep: the seeds its settings list, every run
+        table = read_cls_vs_gap(data / f"{name}.csv")
+        settings = json.loads((data / f"{name}.json").read_text())["settings"]
+        assert sorted(table.seed.unique()) == settings["seeds"] and set(table.lr) == set(settings["lrs"])
+        assert cls_vs_gap_claims(table).seeds.eq(len(settings["seeds"])).all()
 
 
 def test_cls_vs_gap_rows_count_the_images_the_runs_used(tiny_folder, tmp_path):
