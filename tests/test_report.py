@@ -91,6 +91,68 @@ def test_a_checkpoint_is_the_models_weights_in_the_figures_and_goes_to_every_not
                              checkpoint=tmp_path / "typo.safetensors")
 
 
+def test_two_checkpoints_of_one_architecture_each_draw_their_own_figures(tmp_path):
+    """``render_report(models=(M, M), checkpoint=(a, b))`` (``--model M --checkpoint a --model M --checkpoint b``):
+    each file's figures under a key of its own (``M-a``, ``M-b``), each drawn from its own weights; a model given
+    once keeps its plain key; the notebooks get the first model with its file; ``meta.json`` and the index name
+    each model's file. Keys that would clash, a count that does not match and a missing file are refused first."""
+    import torch
+    from safetensors.torch import save_file
+
+    import vitviz
+    from vitviz.zoo.reference import build_reference
+
+    own = {}
+    for seed, stem in ((1, "early"), (2, "late")):
+        torch.manual_seed(seed)
+        own[stem] = build_reference("cifar10-vit")
+        save_file({k: v.contiguous() for k, v in own[stem].state_dict().items()}, str(tmp_path / f"{stem}.safetensors"))
+    files = (tmp_path / "early.safetensors", tmp_path / "late.safetensors", None)
+    rep = report.render_report(tmp_path / "rep", models=("cifar10-vit", "cifar10-vit", "cifar10-vit-2dpos"),
+                               formats=("png",), device="cpu", progress=False, notebooks=(), checkpoint=files)
+    assert not rep.failures
+    names = {f["name"] for f in rep.figures}
+    assert {"cifar10-vit-early_pos_embed", "cifar10-vit-late_pos_embed", "cifar10-vit-2dpos_pos_embed"} <= names
+    assert not any(n.startswith("cifar10-vit_") for n in names)
+    for stem in ("early", "late"):
+        sim = np.load(rep.out / "arrays" / f"cifar10-vit-{stem}_pos_embed.npz")["similarity"]
+        assert np.allclose(sim, vitviz.pos_embed_similarity(own[stem]).detach().numpy(), atol=1e-6)
+    a, b = (np.load(rep.out / "arrays" / f"cifar10-vit-{s}_pos_embed.npz")["similarity"] for s in ("early", "late"))
+    assert not np.allclose(a, b)
+    meta = json.loads((rep.out / "meta.json").read_text())
+    assert (meta["model"], meta["checkpoint"]) == ("cifar10-vit", str(files[0].resolve()))
+    assert meta["models"]["cifar10-vit-late"]["checkpoint"] == str(files[1].resolve())
+    assert meta["models"]["cifar10-vit-2dpos"]["checkpoint"] is None
+    assert meta["models"]["cifar10-vit-late"]["name"] == "cifar10-vit"
+    page = (rep.out / "index.html").read_text()
+    assert page.count("<p>Weights: <code>") == 2 and "late.safetensors" in page
+    import matplotlib.pyplot as plt
+
+    for file, says in ((files[1], True), (None, False)):  # a figure of a given file names it in its title
+        for name, job in report._figure_jobs(report.LoadedModel("k", own["late"], True, checkpoint=file))[:2]:
+            fig, _ = job()
+            assert any(a.get_title().endswith("\nweights: late.safetensors") for a in fig.axes) is says, name
+            plt.close(fig)
+
+    def refused(**kwargs):
+        with pytest.raises((InputError, FileNotFoundError)) as e:
+            report.render_report(tmp_path / "r2", progress=False, notebooks=(), **kwargs)
+        return str(e.value)
+
+    twice = ("cifar10-vit", "cifar10-vit")
+    assert "would write figures under the same name 'cifar10-vit-own'" in refused(models=twice, checkpoint=(None, None))
+    (tmp_path / "copy").mkdir()
+    (tmp_path / "copy" / "early.safetensors").write_bytes(files[1].read_bytes())  # another file of the same stem
+    assert "would write figures under the same name 'cifar10-vit-early'" in refused(
+        models=twice, checkpoint=(files[0], tmp_path / "copy" / "early.safetensors"))
+    assert "would write figures under the same name 'cifar10-vit-early'" in refused(
+        models=twice, model="cifar10-vit", checkpoint=files[0])
+    assert "holds 1 files for 2 models" in refused(models=twice, checkpoint=[files[0]])
+    assert "without models=" in refused(model="cifar10-vit", checkpoint=[files[0]])
+    assert "'nope.pth' is not a file" in refused(models=twice, checkpoint=(files[0], "nope.pth"))
+    assert not (tmp_path / "r2").exists()  # refused before anything is written
+
+
 def test_a_failing_figure_keeps_the_others(tmp_path, monkeypatch):
     def broken(m, images=None):
         def boom():
@@ -361,7 +423,11 @@ def test_command_line_refuses_bad_report_options_before_any_figure(tmp_path, cap
                           (["--notebooks", f"{tmp_path}/missing.ipynb"], "missing.ipynb'] not found; pass notebook "
                                                                          "files"),
                           (["--model", "a", "--model", "b", "--checkpoint", "w.npz"], "--checkpoint 'w.npz' with 2 "
-                                                                                      "--model: pass the one")):
+                                                                                      "--model: pass one --checkpoint "
+                                                                                      "per --model, in the same order"),
+                          (["--checkpoint", "w.npz"], "--checkpoint 'w.npz' with 0 --model"),
+                          (["--model", "a", "--checkpoint", "v.npz", "--checkpoint", "w.npz"],
+                           "--checkpoint ['v.npz', 'w.npz'] with 1 --model")):
         assert main(["report", "--out", str(tmp_path / "rep"), "--notebooks", "none", *argv]) == 2
         err = capsys.readouterr().err
         assert err.startswith("vitviz: error: --") and message in err and "Traceback" not in err
@@ -372,16 +438,24 @@ def test_command_line_refuses_bad_report_options_before_any_figure(tmp_path, cap
 
 
 def test_command_line_checkpoint_goes_to_the_report_and_to_inspect(tmp_path, capsys, monkeypatch):
-    """``--model M --checkpoint FILE``: the report gets the file for M; ``vitviz inspect M --checkpoint FILE`` reads
-    it (a file that does not fit M is refused, so the option is not ignored)."""
+    """``--model M --checkpoint FILE``: the report gets the file for M; repeated, each ``--checkpoint`` goes with the
+    ``--model`` of its place ('none': that model's own weights); ``vitviz inspect M --checkpoint FILE`` reads it (a
+    file that does not fit M is refused, so the option is not ignored)."""
     import timm
     import torch
 
     seen = {}
-    monkeypatch.setattr(report, "render_report", lambda *a, **k: seen.update(k) or report.Report(tmp_path))
+    monkeypatch.setattr(report, "render_report", lambda *a, **k: seen.update(k, args=a) or report.Report(tmp_path))
     assert main(["report", "--out", str(tmp_path / "rep"), "--notebooks", "none", "--model", "vit_tiny_patch16_224",
                  "--checkpoint", "w.npz"]) == 0
     assert (seen["model"], seen["checkpoint"]) == ("vit_tiny_patch16_224", "w.npz")
+    tiny = ["--model", "vit_tiny_patch16_224"]
+    assert main(["report", "--out", str(tmp_path / "rep"), "--notebooks", "none", *tiny, "--checkpoint", "a.pth",
+                 *tiny, "--checkpoint", "none", "--model", "cifar10-vit", "--checkpoint", "b.pth"]) == 0
+    assert seen["args"][1] == ["vit_tiny_patch16_224", "vit_tiny_patch16_224", "cifar10-vit"]
+    assert seen["checkpoint"] == ["a.pth", None, "b.pth"] and seen["model"] == "vit_tiny_patch16_224"
+    assert main(["report", "--out", str(tmp_path / "rep"), "--notebooks", "none", *tiny, "--checkpoint", "None"]) == 0
+    assert seen["checkpoint"] is None
     torch.save(timm.create_model("vit_tiny_patch16_224").state_dict(), tmp_path / "tiny.pth")
     capsys.readouterr()
     assert main(["inspect", "vit_tiny_patch16_224", "--checkpoint", str(tmp_path / "tiny.pth")]) == 0

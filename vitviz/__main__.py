@@ -37,10 +37,12 @@ def main(argv: list[str] | None = None) -> int:
                    help="what vitviz.load_model takes: a timm or reference model name, a weights file, a model "
                         "folder or a Hub id (repeatable): the package figures use each, the notebooks get the first "
                         "as model_name (default: the reference models, the notebooks' defaults)")
-    r.add_argument("--checkpoint", metavar="FILE",
-                   help="a weights file for --model's architecture (one --model): a .safetensors, .pth/.pt/.bin or "
-                        "the original JAX .npz, e.g. --model vit_base_patch16_224 --checkpoint ViT-B_16.npz; used by "
-                        "the package figures and the notebooks")
+    r.add_argument("--checkpoint", action="append", metavar="FILE",
+                   help="a weights file for --model's architecture: a .safetensors, .pth/.pt/.bin or the original "
+                        "JAX .npz, e.g. --model vit_base_patch16_224 --checkpoint ViT-B_16.npz; used by the package "
+                        "figures and the notebooks. Repeatable, one per --model in the same order ('none': that "
+                        "model's own weights), to compare checkpoints: --model vit_tiny_patch16_224 --checkpoint "
+                        "a.pth --model vit_tiny_patch16_224 --checkpoint b.pth")
     r.add_argument("--images", metavar="DIR",
                    help="your images for every figure that shows images (the notebooks' data_dir and the package "
                         "figures): one image file, a flat folder (jpg/png/webp, sorted by name) or <class>/<image> "
@@ -95,9 +97,14 @@ def report(a: argparse.Namespace) -> int:
         check_formats(a.formats.split(","))  # refused here, not by every figure in turn
     except InputError as e:
         raise InputError(f"--formats {a.formats!r}: {e}; pass them comma-separated, e.g. --formats png,pdf") from None
-    if a.checkpoint is not None and len(a.model or []) != 1:
-        raise InputError(f"--checkpoint {a.checkpoint!r} with {len(a.model or [])} --model: pass the one architecture "
-                         "the file holds, e.g. --model vit_base_patch16_224 --checkpoint ViT-B_16.npz")
+    checkpoints, n_models = a.checkpoint or [], len(a.model or [])
+    if checkpoints and len(checkpoints) != n_models:
+        given = checkpoints[0] if len(checkpoints) == 1 else checkpoints
+        raise InputError(f"--checkpoint {given!r} with {n_models} --model: pass one --checkpoint per --model, in the "
+                         "same order ('none' for a model's own weights), e.g. --model vit_base_patch16_224 "
+                         "--checkpoint ViT-B_16.npz")
+    files = [None if c.lower() == "none" else c for c in checkpoints]
+    checkpoint = None if not any(files) else files[0] if n_models == 1 else files
     notebooks = None if a.notebooks is None else [] if a.notebooks == "none" else a.notebooks.split(",")
     missing = [nb for nb in notebooks or [] if not Path(nb).is_file()]
     if missing:
@@ -113,7 +120,7 @@ def report(a: argparse.Namespace) -> int:
             return 2
         print(f"vitviz report: --images: {found.source}")
     rep = render_report(a.out, a.model or None, tuple(a.formats.split(",")), a.device, model=(a.model or [None])[0],
-                        checkpoint=a.checkpoint, images=a.images, notebooks=notebooks, kernel=a.kernel,
+                        checkpoint=checkpoint, images=a.images, notebooks=notebooks, kernel=a.kernel,
                         cell_timeout=a.cell_timeout)
     print(f"wrote {len(rep.figures)} figures and {len(rep.notebooks)} notebooks to {rep.out}/ "
           "(index.html, meta.json)")

@@ -46,6 +46,7 @@ class LoadedModel:
     model: nn.Module
     trained: bool
     note: str = ""
+    checkpoint: Path | None = None  # the weights file it was loaded from, when one was given
 
 
 @dataclass
@@ -68,15 +69,60 @@ def model_key(name: str) -> str:
     return re.sub(r"[^A-Za-z0-9._-]+", "_", stem)
 
 
-def load_or_random(name: str, device: str = "auto", checkpoint: str | os.PathLike | None = None) -> LoadedModel:
-    """``vitviz.load_model_or_random`` wrapped with the report's key and a note for random weights; with a
-    ``checkpoint`` (a weights file for ``name``'s architecture), its weights or an error."""
+def load_or_random(name: str, device: str = "auto", checkpoint: str | os.PathLike | None = None,
+                   key: str | None = None) -> LoadedModel:
+    """``vitviz.load_model_or_random`` wrapped with the report's key (default ``model_key(name)``) and a note for
+    random weights; with a ``checkpoint`` (a weights file for ``name``'s architecture), its weights or an error."""
     model = load_model_or_random(name, checkpoint=checkpoint, device=device, verbose=False)
+    key = model_key(name) if key is None else key
+    file = None if checkpoint is None else Path(checkpoint)
     if not model.vitviz_random_weights:
-        return LoadedModel(model_key(name), model, True)
+        return LoadedModel(key, model, True, checkpoint=file)
     note = ("random weights: the trained checkpoint is not in vitviz/zoo/checkpoints" if name in REFERENCE_MODELS
             else "random weights: a timm architecture without pretrained weights")
-    return LoadedModel(model_key(name), model, False, note)
+    return LoadedModel(key, model, False, note, file)
+
+
+Weights = str | os.PathLike | None
+
+
+def model_weights(names: Sequence[str], model: str | None,
+                  checkpoint: Weights | Sequence[Weights]) -> list[tuple[str, Path | None, str]]:
+    """``render_report``'s models with their weights files and keys: ``(name, checkpoint or None, key)`` each.
+
+    ``checkpoint`` is one file (for ``model``, wherever it is among ``names``) or one entry per name, in order (a
+    file, or ``None`` for the model's own weights). A key is ``model_key(name)``; a name given more than once (two
+    checkpoints of one architecture) is told apart by its file's stem (``vit_b16-step1000``; ``-own`` without one).
+    Every file must exist and every key be distinct: figures of two models must never share a file name.
+    """
+    if checkpoint is None or isinstance(checkpoint, (str, os.PathLike)):
+        if checkpoint is not None and not model:
+            raise InputError(f"checkpoint={str(checkpoint)!r} without model=: pass the architecture the file holds, "
+                             "model='<timm model name>' (or a reference model's name)")
+        if checkpoint is not None and not Path(checkpoint).is_file():
+            raise DataNotFoundError(f"checkpoint={str(checkpoint)!r} is not a file; pass the weights file of "
+                                    f"{model!r} (.safetensors, .pth/.pt/.bin or .npz)")
+        files: list[Weights] = [checkpoint if checkpoint is not None and name == model else None for name in names]
+    else:
+        files = list(checkpoint)
+        if len(files) != len(names):
+            raise InputError(f"checkpoint= holds {len(files)} files for {len(names)} models {list(names)}: pass one "
+                             "entry per model, in the same order (None for a model's own weights)")
+    paths: list[Path | None] = []
+    for name, file in zip(names, files):
+        if file is not None and not Path(file).is_file():
+            raise DataNotFoundError(f"checkpoint={str(file)!r} is not a file; pass the weights file of {name!r} "
+                                    "(.safetensors, .pth/.pt/.bin or .npz)")
+        paths.append(None if file is None else Path(file).resolve())  # the notebooks run in their own folder
+    twice = {name for name in names if list(names).count(name) > 1}
+    keys = [model_key(name) if name not in twice else f"{model_key(name)}-{model_key(str(f)) if f else 'own'}"
+            for name, f in zip(names, paths)]
+    clash = sorted({k for k in keys if keys.count(k) > 1})
+    if clash:
+        given = [(n, None if f is None else str(f)) for n, f, k in zip(names, paths, keys) if k in clash]
+        raise InputError(f"models and checkpoints {given} would write figures under the same name {clash[0]!r}: "
+                         "give each model once, or each copy of one architecture a weights file of its own name")
+    return list(zip(names, paths, keys))
 
 
 def git_commit() -> str | None:
@@ -115,19 +161,25 @@ def _figure_jobs(m: LoadedModel, images: Path | None = None) -> list[tuple[str, 
 
     spec = vitviz.inspect(m.model)
     jobs = []
+
+    def with_file(ax: Any) -> Any:  # a figure drawn from a given file says which, also seen outside the report
+        if m.checkpoint is not None:
+            ax.set_title(f"{ax.get_title()}\nweights: {m.checkpoint.name}")
+        return ax.figure
+
     if spec.has_abs_pos_embed:
         def pos() -> tuple[Any, dict[str, np.ndarray]]:
             sim = vitviz.pos_embed_similarity(m.model)
-            return vitviz.plot_pos_embed(m.model).figure, {"similarity": sim.numpy(),
-                                                            "locality": np.array(vitviz.pos_embed_locality(m.model))}
+            arrays = {"similarity": sim.numpy(), "locality": np.array(vitviz.pos_embed_locality(m.model))}
+            return with_file(vitviz.plot_pos_embed(m.model)), arrays
 
         jobs.append((f"{m.key}_pos_embed", pos))
 
     def filters() -> tuple[Any, dict[str, np.ndarray]]:
         weights, _source = vitviz.embedding_filters(m.model)
         comps, ratio = vitviz.filter_pca(weights)
-        return vitviz.plot_embedding_filters(m.model).figure, {"components": np.asarray(comps),
-                                                                "explained_variance_ratio": np.asarray(ratio)}
+        arrays = {"components": np.asarray(comps), "explained_variance_ratio": np.asarray(ratio)}
+        return with_file(vitviz.plot_embedding_filters(m.model)), arrays
 
     jobs.append((f"{m.key}_embedding_filters", filters))
 
@@ -139,8 +191,8 @@ def _figure_jobs(m: LoadedModel, images: Path | None = None) -> list[tuple[str, 
         dist = vitviz.mean_attention_distance(m.model, found.images)
         ax = vitviz.plot_attention_distance(dist, label=f"{m.key} ({len(found)} images)")
         names = [str(i) if isinstance(i, (str, os.PathLike)) else label for i, label in zip(found.images, found.labels)]
-        return ax.figure, {"distance_px": dist.numpy(), "images": np.array(names, dtype=str),
-                           "labels": np.array(found.labels, dtype=str), IMAGE_SOURCE: np.array(found.source)}
+        return with_file(ax), {"distance_px": dist.numpy(), "images": np.array(names, dtype=str),
+                               "labels": np.array(found.labels, dtype=str), IMAGE_SOURCE: np.array(found.source)}
 
     jobs.append((f"{m.key}_attention_distance", distance))
     return jobs
@@ -316,7 +368,7 @@ def render_report(
     *,
     notebooks: Sequence[str | os.PathLike] | None = None,
     model: str | None = None,
-    checkpoint: str | os.PathLike | None = None,
+    checkpoint: Weights | Sequence[Weights] = None,
     images: str | os.PathLike | None = None,
     kernel: str = "python3",
     cell_timeout: int | None = 1800,
@@ -336,7 +388,11 @@ def render_report(
             also the package figures' model when ``models`` is not given.
         checkpoint: a weights file for ``model``'s architecture (``vitviz.load_model(model, checkpoint=...)``: a
             ``.safetensors``, ``.pth`` or the original JAX ``.npz``), used wherever ``model`` is: the package
-            figures and the notebooks' ``checkpoint`` parameter.
+            figures and the notebooks' ``checkpoint`` parameter. Or one entry per name in ``models``, in order (a
+            file, or ``None`` for that model's own weights), to compare checkpoints: ``models=("vit_tiny_patch16_224",
+            "vit_tiny_patch16_224"), checkpoint=("step1000.pth", "step9000.pth")`` draws each (keys
+            ``vit_tiny_patch16_224-step1000`` and ``-step9000``, ``model_weights``); the notebooks get the first
+            model with its file.
         images: your images, for the package figures that show images and the notebooks that declare
             ``images_dir``/``image_dir``/``data_dir``: an image file, a flat folder of images (sorted by name)
             or a class-folder tree (``vitviz.zoo.samples.images_from``).
@@ -356,18 +412,20 @@ def render_report(
     from vitviz.report.notebooks import find_notebooks
 
     report = Report(Path(out), tuple(formats))
+    names = tuple(models) if models is not None else (model,) if model else DEFAULT_MODELS
+    several = checkpoint is not None and not isinstance(checkpoint, (str, os.PathLike))
+    if several and models is None:
+        raise InputError(f"checkpoint= holds {len(list(checkpoint))} entries without models=: pass the models they "
+                         "belong to, one per entry, in the same order")
+    weights = model_weights(names, model, checkpoint)
+    if several:  # the notebooks take the first model (or model=) with its file
+        model = model or names[0]
+        checkpoint = next((f for n, f, _ in weights if n == model), None)
+    elif checkpoint is not None:
+        checkpoint = Path(checkpoint).resolve()  # the notebooks run in their own folder
     for sub in ("figures", "arrays", "notebooks"):
         (report.out / sub).mkdir(parents=True, exist_ok=True)
-    names = tuple(models) if models is not None else (model,) if model else DEFAULT_MODELS
-    if checkpoint is not None:
-        if not model:
-            raise InputError(f"checkpoint={str(checkpoint)!r} without model=: pass the architecture the file holds, "
-                             "model='<timm model name>' (or a reference model's name)")
-        if not Path(checkpoint).is_file():
-            raise DataNotFoundError(f"checkpoint={str(checkpoint)!r} is not a file; pass the weights file of "
-                                    f"{model!r} (.safetensors, .pth/.pt/.bin or .npz)")
-        checkpoint = Path(checkpoint).resolve()  # the notebooks run in their own folder
-    loaded = [load_or_random(name, device, checkpoint if name == model else None) for name in names]
+    loaded = [load_or_random(name, device, file, key) for name, file, key in weights]
     none = LoadedModel("", nn.Identity(), True)
     image_path = Path(images).resolve() if images is not None else None
     steps = [(name, _figure_step(report, m, name, fn)) for m in loaded for name, fn in _figure_jobs(m, image_path)]
@@ -388,8 +446,8 @@ def render_report(
         "resolution": {m.key: list(vitviz.inspect(m.model).img_size) for m in loaded},
         "settings": {"formats": list(report.formats), "device": device, "kernel": kernel,
                      "cell_timeout_s": cell_timeout, "notebooks": [p.name for p in nb_paths]},
-        "models": {m.key: {"trained": m.trained, "note": m.note, "spec": repr(vitviz.inspect(m.model))}
-                   for m in loaded},
+        "models": {m.key: {"name": name, "checkpoint": file and str(file), "trained": m.trained, "note": m.note,
+                           "spec": repr(vitviz.inspect(m.model))} for m, (name, file, _) in zip(loaded, weights)},
         "formats": list(report.formats),
         "device": str(next(loaded[0].model.parameters()).device) if loaded else None,
         "cuda": torch.cuda.get_device_name() if torch.cuda.is_available() else None,

@@ -56,7 +56,9 @@ def index_html(report: Report, meta: dict[str, Any]) -> str:
     for f in report.failures:
         sections.append(f"<section><h2>{_e(f['name'])} (failed)</h2><p class=failed>{_e(f['error'])}</p>"
                         f"<pre>{_e(f.get('traceback', ''))}</pre></section>")
-    specs = "".join(f"<h3>{_e(k)}</h3><pre>{_e(v['spec'])}</pre>" for k, v in meta["models"].items())
+    specs = "".join(f"<h3>{_e(k)}</h3>" + (f"<p>Weights: <code>{_e(v['checkpoint'])}</code></p>"
+                                           if v.get("checkpoint") else "") + f"<pre>{_e(v['spec'])}</pre>"
+                    for k, v in meta["models"].items())
     return (
         f"<!doctype html><html><head><meta charset=utf-8><title>vitviz report</title><style>{STYLE}</style>"
         "</head><body><h1>vitviz report</h1>"
