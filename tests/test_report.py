@@ -94,8 +94,8 @@ def test_a_checkpoint_is_the_models_weights_in_the_figures_and_goes_to_every_not
 def test_two_checkpoints_of_one_architecture_each_draw_their_own_figures(tmp_path):
     """``render_report(models=(M, M), checkpoint=(a, b))`` (``--model M --checkpoint a --model M --checkpoint b``):
     each file's figures under a key of its own (``M-a``, ``M-b``), each drawn from its own weights; a model given
-    once keeps its plain key; the notebooks get the first model with its file; ``meta.json`` and the index name
-    each model's file. Keys that would clash, a count that does not match and a missing file are refused first."""
+    once keeps its plain key; a figure puts their attention distances side by side; the notebooks get the first
+    model with its file; ``meta.json`` and the index name each model's file. Keys that would clash, a count that does not match and a missing file are refused first."""
     import torch
     from safetensors.torch import save_file
 
@@ -119,6 +119,14 @@ def test_two_checkpoints_of_one_architecture_each_draw_their_own_figures(tmp_pat
         assert np.allclose(sim, vitviz.pos_embed_similarity(own[stem]).detach().numpy(), atol=1e-6)
     a, b = (np.load(rep.out / "arrays" / f"cifar10-vit-{s}_pos_embed.npz")["similarity"] for s in ("early", "late"))
     assert not np.allclose(a, b)
+    with np.load(rep.out / "arrays" / "compare_attention_distance.npz") as compared:  # the models side by side
+        assert list(compared["models"]) == ["cifar10-vit-early", "cifar10-vit-late", "cifar10-vit-2dpos"]
+        for key in compared["models"]:
+            own_figure = np.load(rep.out / "arrays" / f"{key}_attention_distance.npz")["distance_px"]
+            assert np.array_equal(compared[f"distance_px_{key}"], own_figure)
+    (job,) = report._comparison_jobs({"only": {"distance_px": own_figure, "images": 4, "source": "x"}})
+    with pytest.raises(InputError, match=r"two models or more; only \['only'\] had them"):
+        job[1]()
     meta = json.loads((rep.out / "meta.json").read_text())
     assert (meta["model"], meta["checkpoint"]) == ("cifar10-vit", str(files[0].resolve()))
     assert meta["models"]["cifar10-vit-late"]["checkpoint"] == str(files[1].resolve())

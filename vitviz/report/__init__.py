@@ -6,7 +6,8 @@ Two kinds of steps, each shown by a tqdm bar and each allowed to fail without lo
   figures go to ``<out>/figures``), ``arrays_dir`` (``<out>/arrays``) and, when given, the model and an image
   folder; the executed notebooks are written to ``<out>/notebooks/<name>.ipynb`` and as self-contained HTML;
 - the package figures for the reference models (or ``--model``): ``<out>/figures/<model>_<figure>.{png,pdf,svg}``
-  with the numbers behind each in ``<out>/arrays/<name>.npz``.
+  with the numbers behind each in ``<out>/arrays/<name>.npz``; with several models, ``compare_attention_distance``
+  puts their attention distances side by side (``_comparison_jobs``).
 
 ``<out>/meta.json`` records the model, resolution, settings, versions, device and git commit (and, for each figure
 averaged over images, which images: ``<figure>.npz`` holds their paths or names), and
@@ -156,7 +157,10 @@ def git_dirty() -> bool | None:
     return bool(out.strip())
 
 
-def _figure_jobs(m: LoadedModel, images: Path | None = None) -> list[tuple[str, Job]]:
+def _figure_jobs(m: LoadedModel, images: Path | None = None,
+                 distances: dict[str, dict[str, Any]] | None = None) -> list[tuple[str, Job]]:
+    """The figures of one model; its attention distances also go to ``distances[m.key]`` (for
+    ``_comparison_jobs``) when that is given."""
     import vitviz
 
     spec = vitviz.inspect(m.model)
@@ -191,11 +195,34 @@ def _figure_jobs(m: LoadedModel, images: Path | None = None) -> list[tuple[str, 
         dist = vitviz.mean_attention_distance(m.model, found.images)
         ax = vitviz.plot_attention_distance(dist, label=f"{m.key} ({len(found)} images)")
         names = [str(i) if isinstance(i, (str, os.PathLike)) else label for i, label in zip(found.images, found.labels)]
+        if distances is not None:
+            distances[m.key] = {"distance_px": dist.numpy(), "images": len(found), "source": found.source}
         return with_file(ax), {"distance_px": dist.numpy(), "images": np.array(names, dtype=str),
                                "labels": np.array(found.labels, dtype=str), IMAGE_SOURCE: np.array(found.source)}
 
     jobs.append((f"{m.key}_attention_distance", distance))
     return jobs
+
+
+def _comparison_jobs(distances: dict[str, dict[str, Any]]) -> list[tuple[str, Job]]:
+    """Figures of several models side by side, drawn from what their own figures computed (``_figure_jobs``): the
+    mean attention distance of every model on one shared y axis (Fig. 11's layout), each on the same images."""
+    import vitviz
+
+    def distance() -> tuple[Any, dict[str, np.ndarray]]:
+        if len(distances) < 2:
+            raise InputError(f"the comparison needs the attention distances of two models or more; only "
+                             f"{sorted(distances) or 'none'} had them (see the failures above)")
+        sources = {d["source"] for d in distances.values()}
+        counts = {d["images"] for d in distances.values()}
+        fig = vitviz.plot_attention_distance_grid({k: d["distance_px"] for k, d in distances.items()})
+        same = len(sources) == len(counts) == 1  # example_images: one source and count, the same images
+        fig.suptitle(f"Mean attention distance, the same {next(iter(counts))} images" if same else
+                     "Mean attention distance (each panel's title: the model)")
+        return fig, {**{f"distance_px_{k}": d["distance_px"] for k, d in distances.items()},
+                     "models": np.array(list(distances), dtype=str), IMAGE_SOURCE: np.array("; ".join(sorted(sources)))}
+
+    return [("compare_attention_distance", distance)]
 
 
 def _global_jobs() -> list[tuple[str, Job]]:
@@ -428,7 +455,11 @@ def render_report(
     loaded = [load_or_random(name, device, file, key) for name, file, key in weights]
     none = LoadedModel("", nn.Identity(), True)
     image_path = Path(images).resolve() if images is not None else None
-    steps = [(name, _figure_step(report, m, name, fn)) for m in loaded for name, fn in _figure_jobs(m, image_path)]
+    distances: dict[str, dict[str, Any]] = {}  # each model's attention distances, for the comparison
+    steps = [(name, _figure_step(report, m, name, fn)) for m in loaded
+             for name, fn in _figure_jobs(m, image_path, distances)]
+    if len(loaded) > 1:
+        steps += [(name, _figure_step(report, none, name, fn)) for name, fn in _comparison_jobs(distances)]
     steps += [(name, _figure_step(report, none, name, fn)) for name, fn in _global_jobs()]
     settings = {"out_dir": (report.out / "figures").resolve(), "arrays_dir": (report.out / "arrays").resolve(),
                 "model": model, "checkpoint": checkpoint, "images": image_path}
