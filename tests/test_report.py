@@ -95,7 +95,8 @@ def test_two_checkpoints_of_one_architecture_each_draw_their_own_figures(tmp_pat
     """``render_report(models=(M, M), checkpoint=(a, b))`` (``--model M --checkpoint a --model M --checkpoint b``):
     each file's figures under a key of its own (``M-a``, ``M-b``), each drawn from its own weights; a model given
     once keeps its plain key; a figure puts their attention distances side by side; the notebooks get the first
-    model with its file; ``meta.json`` and the index name each model's file. Keys that would clash, a count that does not match and a missing file are refused first."""
+    model with its file; ``meta.json`` and the index name each model's file. Keys that would clash, a count that
+    does not match and a missing file are refused first."""
     import torch
     from safetensors.torch import save_file
 
