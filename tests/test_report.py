@@ -163,7 +163,7 @@ def test_two_checkpoints_of_one_architecture_each_draw_their_own_figures(tmp_pat
 
 
 def test_a_failing_figure_keeps_the_others(tmp_path, monkeypatch):
-    def broken(m, images=None):
+    def broken(m, images=None, distances=None):
         def boom():
             raise RuntimeError("boom")
 
