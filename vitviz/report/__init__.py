@@ -100,28 +100,26 @@ def model_weights(names: Sequence[str], model: str | None,
         if checkpoint is not None and not model:
             raise InputError(f"checkpoint={str(checkpoint)!r} without model=: pass the architecture the file holds, "
                              "model='<timm model name>' (or a reference model's name)")
-        if checkpoint is not None and not Path(checkpoint).is_file():
-            raise DataNotFoundError(f"checkpoint={str(checkpoint)!r} is not a file; pass the weights file of "
-                                    f"{model!r} (.safetensors, .pth/.pt/.bin or .npz)")
         files: list[Weights] = [checkpoint if checkpoint is not None and name == model else None for name in names]
+        given = [] if checkpoint is None else [(model, checkpoint)]  # checked also where model is not among names
     else:
         files = list(checkpoint)
         if len(files) != len(names):
             raise InputError(f"checkpoint= holds {len(files)} files for {len(names)} models {list(names)}: pass one "
                              "entry per model, in the same order (None for a model's own weights)")
-    paths: list[Path | None] = []
-    for name, file in zip(names, files):
-        if file is not None and not Path(file).is_file():
+        given = [(name, file) for name, file in zip(names, files) if file is not None]
+    for name, file in given:
+        if not Path(file).is_file():
             raise DataNotFoundError(f"checkpoint={str(file)!r} is not a file; pass the weights file of {name!r} "
                                     "(.safetensors, .pth/.pt/.bin or .npz)")
-        paths.append(None if file is None else Path(file).resolve())  # the notebooks run in their own folder
+    paths = [None if file is None else Path(file).resolve() for file in files]  # the notebooks run in their own folder
     twice = {name for name in names if list(names).count(name) > 1}
     keys = [model_key(name) if name not in twice else f"{model_key(name)}-{model_key(str(f)) if f else 'own'}"
             for name, f in zip(names, paths)]
     clash = sorted({k for k in keys if keys.count(k) > 1})
     if clash:
-        given = [(n, None if f is None else str(f)) for n, f, k in zip(names, paths, keys) if k in clash]
-        raise InputError(f"models and checkpoints {given} would write figures under the same name {clash[0]!r}: "
+        clashing = [(n, None if f is None else str(f)) for n, f, k in zip(names, paths, keys) if k in clash]
+        raise InputError(f"models and checkpoints {clashing} would write figures under the same name {clash[0]!r}: "
                          "give each model once, or each copy of one architecture a weights file of its own name")
     return list(zip(names, paths, keys))
 
@@ -195,9 +193,10 @@ def _figure_jobs(m: LoadedModel, images: Path | None = None,
         dist = vitviz.mean_attention_distance(m.model, found.images)
         ax = vitviz.plot_attention_distance(dist, label=f"{m.key} ({len(found)} images)")
         names = [str(i) if isinstance(i, (str, os.PathLike)) else label for i, label in zip(found.images, found.labels)]
+        px = dist.numpy()
         if distances is not None:
-            distances[m.key] = {"distance_px": dist.numpy(), "images": len(found), "source": found.source}
-        return with_file(ax), {"distance_px": dist.numpy(), "images": np.array(names, dtype=str),
+            distances[m.key] = {"distance_px": px, "images": len(found), "source": found.source}
+        return with_file(ax), {"distance_px": px, "images": np.array(names, dtype=str),
                                "labels": np.array(found.labels, dtype=str), IMAGE_SOURCE: np.array(found.source)}
 
     jobs.append((f"{m.key}_attention_distance", distance))
