@@ -8,7 +8,7 @@ is cached: it is repeated only when the notebook, its parameters or any source f
 
 Why execute here rather than render ``make report``'s executed copies: a fresh clone has no report, and copies
 from an older report could show figures the current code no longer draws. ``make report`` remains the full-size
-run (128 images, 500 for the perturbation tests).
+run (the notebooks' own defaults: 128 images, 100 for the perturbation tests).
 
 Images: ``$VITVIZ_DATA`` (a CIFAR-10 ImageFolder root, as for ``make report``); notebook 04 needs it.
 """

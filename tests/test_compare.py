@@ -29,6 +29,18 @@ def test_t_interval_by_hand():
     assert np.isnan(t_interval([])[0])
 
 
+def test_t_interval_drops_nans_and_refuses_what_has_no_interval():
+    """A NaN is a missing measurement and is dropped; an infinite value (no mean) and a confidence outside
+    (0, 1) (``confidence=95`` gave a NaN interval without a word) are refused by name."""
+    assert t_interval([1.0, np.nan, 2.0, 3.0]) == t_interval([1.0, 2.0, 3.0])
+    with pytest.raises(InputError, match=r"values hold inf, which has no mean"):
+        t_interval([1.0, np.inf, 3.0])
+    for confidence in (95, 0, 1.0, -0.5, True, "0.95"):
+        with pytest.raises(InputError, match=r"confidence=.* must lie in \(0, 1\).*0\.95"):
+            t_interval([1.0, 2.0, 3.0], confidence)
+    assert t_interval([1.0, 2.0, 3.0], 0.5)[2] - 2.0 < t_interval([1.0, 2.0, 3.0], 0.99)[2] - 2.0
+
+
 def test_summarize_one_row_per_configuration():
     runs = pd.DataFrame({"family": "A", "model": ["a-S"] * 3 + ["a-M"], "size": ["S"] * 3 + ["M"],
                          "train_images": 100, "epochs": 2, "seed": [0, 1, 2, 0], "train_pflops": [1.0] * 3 + [2.0],

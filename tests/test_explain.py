@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import numpy as np
 import pytest
 import torch
 from conftest import tiny_timm_vit
@@ -304,6 +305,16 @@ def test_random_baseline_is_seeded_and_independent_of_batching():
     assert not torch.allclose(whole[0], whole[1])
 
 
+def test_the_random_baseline_refuses_a_seed_that_is_not_an_int():
+    """``int(seed)`` would read 1.9 and True as 1 (the maps of seed=1) and fail on "a" naming no argument."""
+    model, x = tiny_timm_vit(), torch.randn(2, 3, 32, 48)
+    for seed in (1.9, True, "a", None):
+        with pytest.raises(InputError, match=rf"seed={seed!r} must be an int"):
+            vitviz.explain(model, x, "random", seed=seed)
+    torch.testing.assert_close(vitviz.explain(model, x, "random", seed=np.int64(1)), vitviz.explain(model, x, "random",
+                                                                                                    seed=1))
+
+
 @pytest.mark.parametrize("family", list(FAMILIES))
 def test_every_method_on_every_family(family):
     model = FAMILIES[family][0]()
@@ -324,6 +335,19 @@ def test_explain_returns_float32_for_every_method_on_a_float64_model():
     assert low.dtype == torch.float64
     torch.testing.assert_close(vitviz.explain(model, x, "chefer"), low.float())
 
+
+
+@pytest.mark.parametrize("dtype", [torch.bfloat16, torch.float16])
+def test_explain_returns_float32_for_every_method_on_a_half_type_model(dtype):
+    """Grad-CAM's library reads activations and gradients as NumPy arrays, which have no bfloat16: vitviz hands
+    them over in float32, so every method (Grad-CAM included) reads a bfloat16 or float16 model."""
+    model = tiny_timm_vit().to(dtype)
+    x = torch.randn(2, 3, 32, 48).to(dtype)
+    for method in METHODS:
+        maps = vitviz.explain(model, x, method)
+        assert maps.dtype == torch.float32 and maps.shape == (2, 4, 6) and torch.isfinite(maps).all(), method
+    reference = vitviz.explain(model.float(), x.float(), "gradcam")  # the same weights, rounded once, in float32
+    torch.testing.assert_close(vitviz.explain(model.to(dtype), x, "gradcam"), reference, atol=0.05, rtol=0.1)
 
 
 def test_every_method_under_no_grad_and_on_frozen_weights():

@@ -122,6 +122,17 @@ def test_labels_score_accuracy_against_the_truth():
         vitviz.faithfulness(model, x, ["random"], labels=[0, 1, 2], progress=False)
 
 
+def test_labels_with_a_callable_target_are_refused():
+    """A callable target is scored by its own value: labels given beside it would score nothing, so they are
+    refused before any work rather than dropped while ``attrs["labels"]`` says they were used."""
+    model = tiny_timm_vit()
+    x = torch.randn(2, 3, 32, 48)
+    for labels in ([0, 1], [99, 99], torch.tensor([0, 1])):
+        with pytest.raises(InputError, match=r"labels=<\w+ of 2 labels> with target=<lambda>, a callable.*drop labels="):
+            vitviz.faithfulness(model, x, ["random"], target=lambda out: out[:, 3], labels=labels, steps=0.5,
+                                progress=False)
+
+
 def test_callable_targets_record_their_own_score():
     model = tiny_timm_vit(num_classes=0)
     x = torch.randn(2, 3, 32, 48)

@@ -119,6 +119,98 @@ def test_readme_names_only_public_calls():
         assert callable(obj), f"vitviz{dotted} in README.md is not callable"
 
 
+def _split_arguments(text: str) -> list[str]:
+    """``"a, b=(1, 2), *, c=..."`` -> ``["a", "b=(1, 2)", "*", "c=..."]``: commas inside brackets do not split."""
+    out, depth, cur = [], 0, ""
+    for ch in text:
+        depth += (ch in "([{") - (ch in ")]}")
+        if ch == "," and depth == 0:
+            out.append(cur.strip())
+            cur = ""
+        else:
+            cur += ch
+    return [a for a in [*out, cur.strip()] if a]
+
+
+def readme_call_signatures() -> list[tuple[str, list[str]]]:
+    """``(dotted name, arguments)`` of each call the README's tables spell out with its arguments, e.g.
+    ``vitviz.load_model(name_or_path, *, pretrained=False, ...)``; ``vitviz.plot_attention_distance(_grid)``
+    (a name's variant, not a call) is left out."""
+    calls = []
+    for line in README.read_text().splitlines():
+        if line.startswith("| `"):
+            for m in re.finditer(r"`(?:with )?vitviz\.([\w.]+)\((.*?)\)(?: as \w+:)?`", line.split("|")[1]):
+                if not m.group(2).startswith("_"):
+                    calls.append((m.group(1), _split_arguments(m.group(2))))
+    return calls
+
+
+def readme_signature_problems(calls: list[tuple[str, list[str]]]) -> list[str]:
+    """What a README call shows that its function does not take: an argument shown before ``*`` (so passable by
+    position) that is keyword-only, more leading positional values than the function has positional parameters, a
+    named parameter it does not have (and no ``**`` to take it), a literal default it does not have, or a ``**name``
+    under another name."""
+    import ast
+    import importlib
+    import inspect
+
+    import vitviz
+
+    problems = []
+    for dotted, arguments in calls:
+        obj: object = vitviz
+        parts = dotted.split(".")
+        for k, part in enumerate(parts):
+            obj = getattr(obj, part) if hasattr(obj, part) else importlib.import_module(
+                "vitviz." + ".".join(parts[: k + 1]))
+        params = inspect.signature(obj).parameters
+        kinds = {p.kind for p in params.values()}
+        positional = [p for p in params.values() if p.kind in (p.POSITIONAL_ONLY, p.POSITIONAL_OR_KEYWORD)]
+        keyword_only, bare = False, 0
+        for arg in arguments:
+            if arg == "*":
+                keyword_only = True
+            elif arg.startswith("**"):
+                var = [p.name for p in params.values() if p.kind is p.VAR_KEYWORD]
+                if var != [arg[2:]]:
+                    problems.append(f"vitviz.{dotted}: README shows {arg}, the function takes {var or 'none'}")
+            elif "=" not in arg:  # a positional value or placeholder (`model`, `"figs/name"`)
+                bare += 1
+                if bare > len(positional) and inspect.Parameter.VAR_POSITIONAL not in kinds:
+                    problems.append(f"vitviz.{dotted}: README passes {bare} values by position, the function "
+                                    f"takes {len(positional)}")
+            else:
+                name, default = (t.strip() for t in arg.split("=", 1))
+                p = params.get(name)
+                if p is None:
+                    if inspect.Parameter.VAR_KEYWORD not in kinds:
+                        problems.append(f"vitviz.{dotted}: README shows {name}=, the function has no such parameter")
+                    continue
+                if not keyword_only and p.kind is p.KEYWORD_ONLY:
+                    problems.append(f"vitviz.{dotted}: README shows {name}= before `*`, but it is keyword-only")
+                if default != "...":
+                    try:
+                        value = ast.literal_eval(default)
+                    except (ValueError, SyntaxError):
+                        value = default  # a name, e.g. a dtype: compared as the text the README shows
+                    if p.default != value:
+                        problems.append(f"vitviz.{dotted}: README shows {name}={default}, the default is "
+                                        f"{p.default!r}")
+    return problems
+
+
+def test_the_readme_tables_show_each_call_as_its_function_takes_it():
+    """The README's call table is what a reader types: a parameter it shows before ``*`` can be passed by
+    position, a default it shows is the default (``load_model``'s keyword-only parameters were once shown as
+    positional, ``**timm_kwargs`` under another name than the function's ``**kwargs``)."""
+    calls = readme_call_signatures()
+    assert {"load_model", "pos_embed_similarity", "save_figure", "explain"} <= {d for d, _ in calls}
+    assert readme_signature_problems(calls) == []
+    broken = [("load_model", ["name_or_path", "pretrained=False", "**timm_kwargs"]),
+              ("pos_embed_similarity", ["model", "img_size=448"]), ("inspect", ["model", "spec"])]
+    assert len(readme_signature_problems(broken)) == 5
+
+
 def test_attnlrp_coverage_figures_are_the_recorded_run():
     """The AttnLRP coverage figures in README.md and docs/explain.md, at the tokens and at the pixels, are those of
     bench/attnlrp_coverage.py's recorded run (``bench/results/attnlrp_coverage.json``), and that run found nothing

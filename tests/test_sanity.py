@@ -130,6 +130,17 @@ def test_fresh_noise_is_unstable_not_a_pass(model, images):
     assert s.loc["fresh_noise", "verdict"] == "UNSTABLE"
 
 
+def test_a_method_no_test_decides_is_untested_not_a_pass(model, images):
+    """Without the cascading test, a method that is not class-specific (rollout, the random baseline) has no test
+    that can fail it: its verdict is UNTESTED, never PASS; a class-specific one is still decided by random-logit."""
+    s = sanity_summary(sanity_checks(model, images, ["rollout", "random", "chefer"], tests=("random_logit", "repeat")))
+    assert (s.loc[["rollout", "random"], "parameter_test"] == "n/a").all()
+    assert (s.loc[["rollout", "random"], "random_logit_test"] == "n/a").all()
+    assert (s.loc[["rollout", "random"], "verdict"] == "UNTESTED").all()
+    assert s.loc["chefer", "random_logit_test"] in ("PASS", "FAIL")
+    assert s.loc["chefer", "verdict"] == s.loc["chefer", "random_logit_test"]
+
+
 def test_chefer_changes_with_top_block(model, images):
     df = sanity_checks(model, images, ["chefer", "rollout"], tests=("independent",), steps=["block 1", "head"])
     sub = df[df.metric == "spearman_abs"]

@@ -191,10 +191,13 @@ def input_x_gradient(model: nn.Module, images: Images, target: Target = None, *,
 
 
 def token_reshape(spec: ViTSpec, grid: tuple[int, int]) -> Callable[[torch.Tensor], torch.Tensor]:
-    """The ``reshape_transform`` for pytorch-grad-cam: tokens ``(B, N, C)`` -> ``(B, C, gh, gw)``.
+    """The ``reshape_transform`` for pytorch-grad-cam: tokens ``(B, N, C)`` -> ``(B, C, gh, gw)`` in float32.
 
     Drops every prefix token (class, distillation, registers: ``spec.num_prefix_tokens``, never a guessed 1) and
     lays the patch tokens out row by row on the ``(gh, gw)`` grid (never ``sqrt(N - 1)``: non-square grids work).
+    pytorch-grad-cam applies it to the layer's activations and to their gradients before it reads both as NumPy
+    arrays, which have no bfloat16: the float32 cast lets a bfloat16 (or float16) model's Grad-CAM be computed, in
+    float32, from the activations and gradients the model formed in its own dtype.
     """
     p, (gh, gw) = spec.num_prefix_tokens, grid
 
@@ -205,7 +208,7 @@ def token_reshape(spec: ViTSpec, grid: tuple[int, int]) -> Callable[[torch.Tenso
             raise CaptureError(f"{spec.name}: Grad-CAM's layer gave shape {tuple(tokens.shape)}, expected (B, "
                                f"{p + gh * gw}, C) = {p} prefix + {gh}x{gw} patch tokens; pass layer= naming a "
                                "module whose output is the token sequence")
-        return tokens[:, p:].reshape(tokens.shape[0], gh, gw, tokens.shape[2]).permute(0, 3, 1, 2)
+        return tokens[:, p:].reshape(tokens.shape[0], gh, gw, tokens.shape[2]).permute(0, 3, 1, 2).float()
 
     return reshape
 

@@ -70,6 +70,7 @@ from vitviz.core.capture import capture_attention
 from vitviz.core.images import Images
 from vitviz.core.spec import inspect
 from vitviz.core.targets import Target
+from vitviz.core.util import is_int
 from vitviz.errors import InputError, InputTypeError
 
 __all__ = ["BASELINE_METHODS", "GRADIENT_METHODS", "METHODS", "explain", "per_method_options", "raw_attention",
@@ -127,6 +128,8 @@ def random_baseline(model: nn.Module, images: Images, *, seed: int = 0, batch_si
     one index per image (``vitviz.faithfulness``: each image's id), so that any images get their own maps in one
     call.
     """
+    if not is_int(seed):
+        raise InputError(f"seed={seed!r} must be an int (the seed of the random maps), e.g. seed=0")
     spec = inspect(model)
     out: list[torch.Tensor] = []
     per_image = not isinstance(offset, numbers.Integral)

@@ -276,7 +276,8 @@ def faithfulness(
         labels: one class index per image, or ``"dataset"`` (the targets a Dataset / DataLoader yields; a folder
             needs one sub-folder per class); when given, ``accuracy`` is whether the arg-max equals the label (top-1
             accuracy, as in Chefer et al.'s evaluation code), while ``probability`` stays that of the explained
-            class, and ``attrs["labels"]`` is True. Default: accuracy against the explained class.
+            class, and ``attrs["labels"]`` is True. Default: accuracy against the explained class. Refused with a
+            callable ``target``, which scores its own value and no accuracy the labels could be scored in.
         steps: the nominal fraction of patches removed per step (the curve has ``1 / steps + 1`` points, 0% to
             100%); each step removes the nearest whole number of patches (column ``removed``). At least one patch
             per step: on a grid of ``P`` patches the finest is ``1 / P``; a finer value is refused (its steps would
@@ -348,6 +349,13 @@ def faithfulness(
         raise InputError(f"seed={seed!r} must be an int (the seed of the random order among equal patches)")
     image_id = image_id_of(image_ids, image_offset, total)
     _check_labels(labels, images)
+    if labels is not None and callable(target):
+        given = repr(labels) if isinstance(labels, (str, int)) or not hasattr(labels, "__len__") else \
+            f"<{type(labels).__name__} of {len(labels)} labels>"
+        raise InputError(f"labels={given} with target={getattr(target, '__name__', type(target).__name__)}, a "
+                         "callable: a callable target is scored by its own value (metric 'target'), so there is no "
+                         "accuracy to score against the labels; drop labels=, or pass target=None (each image's "
+                         "prediction) or class indices to score top-1 accuracy against them")
     target_all, labels_all = _per_image(target, total, "target"), _per_image(labels, total, "labels")
     device = next(model.parameters()).device
     amp = autocast_dtype(autocast, device, default=None)

@@ -18,6 +18,7 @@ from collections.abc import Sequence
 
 import numpy as np
 
+from vitviz.core.util import is_number
 from vitviz.errors import InputError
 
 __all__ = ["PERCENT", "PERCENT_DIFFERENCE", "t_interval"]
@@ -31,8 +32,9 @@ def t_interval(values: Sequence[float] | np.ndarray, confidence: float = 0.95,
     """Mean and two-sided Student-t interval of the mean: ``(mean, low, high)``.
 
     Args:
-        values: independent measurements (NaNs dropped), e.g. one accuracy per seed or one AUC per image.
-        confidence: coverage of the interval.
+        values: independent measurements (NaNs dropped: a missing measurement), e.g. one accuracy per seed or one
+            AUC per image. An infinite value is refused: it has no mean.
+        confidence: coverage of the interval, in ``(0, 1)`` (0.95 for a 95% interval).
         bounds: ``(low, high)``, the range every value lies in (``PERCENT`` for accuracies in percent): the interval
             is cut to it (see the module docstring). A value outside it is refused.
 
@@ -41,8 +43,14 @@ def t_interval(values: Sequence[float] | np.ndarray, confidence: float = 0.95,
     """
     from scipy import stats
 
+    if not is_number(confidence) or not 0 < confidence < 1:
+        raise InputError(f"t_interval: confidence={confidence!r} must lie in (0, 1), the coverage of the interval "
+                         "(e.g. 0.95 for a 95% interval)")
     x = np.asarray(values, dtype=np.float64).reshape(-1)
-    x = x[np.isfinite(x)]
+    if np.isinf(x).any():
+        raise InputError(f"t_interval: values hold {x[np.isinf(x)][0]:g}, which has no mean; pass finite "
+                         "measurements (NaN for a missing one, which is dropped)")
+    x = x[~np.isnan(x)]
     if bounds is not None:
         lo, hi = bounds
         slack = 1e-9 * (hi - lo)  # a value a rounding error past its range (a trapezoid's sum) is in it

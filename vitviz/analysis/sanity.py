@@ -42,7 +42,8 @@ and raw attention ignore the head and the final norm, so their rho is exactly 1 
 threshold decides the random-logit test (mean ``spearman_abs`` between the two classes' maps). The threshold is a
 choice, not the paper's (Adebayo et al. judge the curves by eye): the table keeps the numbers, so another
 threshold is one call away. The test is necessary, not sufficient: a map that changes with the weights can still
-be wrong.
+be wrong. A method no test decides (no cascading step in the table, and no random-logit test it can take) is
+``UNTESTED``, never a pass.
 """
 
 from __future__ import annotations
@@ -344,7 +345,7 @@ def check_sanity_table(df: Any, what: str) -> None:
 
 
 def sanity_summary(df: Any, *, threshold: float = 0.5, decision_step: str | None = None) -> Any:
-    """Per method: PASS or FAIL of the parameter and random-logit tests (module docstring), with the numbers.
+    """Per method: the verdict of the parameter and random-logit tests (module docstring), with the numbers.
 
     Args:
         df: the table of ``sanity_checks``.
@@ -356,7 +357,11 @@ def sanity_summary(df: Any, *, threshold: float = 0.5, decision_step: str | None
         DataFrame indexed by method with ``cascading_rho`` (the largest mean ``spearman_abs`` over the steps up to
         ``decision_step``),
         ``parameter_test``, ``random_logit_rho``, ``random_logit_test`` (``"n/a"`` for non-class-specific
-        methods), ``repeat_rho`` and ``verdict`` (``PASS``, ``FAIL`` or ``UNSTABLE``).
+        methods), ``repeat_rho`` and ``verdict``: ``UNSTABLE`` when the repeat test says so, else ``FAIL`` when
+        either test fails, ``PASS`` when at least one passes and none fails, and ``UNTESTED`` when neither decides
+        (``df`` has no cascading step up to ``decision_step`` and no random-logit test of a class-specific method,
+        e.g. ``tests=("independent", "repeat")``, or the random-logit test alone on a method that is not
+        class-specific): a method nothing tested never reads as a pass.
     """
     import pandas as pd
 
@@ -389,7 +394,8 @@ def sanity_summary(df: Any, *, threshold: float = 0.5, decision_step: str | None
         rec["repeat_rho"] = float(rep.mean()) if len(rep) else float("nan")
         unstable = bool(len(rep)) and rec["repeat_rho"] < 0.99
         tests = [rec["parameter_test"], rec["random_logit_test"]]
-        rec["verdict"] = "UNSTABLE" if unstable else "FAIL" if "FAIL" in tests else "PASS"
+        rec["verdict"] = ("UNSTABLE" if unstable else "FAIL" if "FAIL" in tests else
+                          "PASS" if "PASS" in tests else "UNTESTED")
         out.append(rec)
     summary = pd.DataFrame(out).set_index("method")
     summary.attrs["threshold"] = float(threshold)
