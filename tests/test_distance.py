@@ -155,6 +155,28 @@ def test_distance_observations_read_the_paper_checks():
     assert not distance_observations(flat)["holds"].any()
 
 
+def test_distance_observations_refuse_windows_and_tables_that_mean_nothing():
+    """early_layers=0 made the late window the whole table (d[-0:]), -1 compared the first L-1 layers with the
+    last L-1 and held, more than L // 2 made the two windows overlap; each is refused, as are a table that is not
+    (L, H), values that are not finite and a negative min_effect."""
+    d = torch.tensor([[5.0, 60.0], [20.0, 40.0], [50.0, 55.0], [70.0, 72.0]])
+    for bad in (0, -1, 3, 2.5, True):
+        with pytest.raises(vitviz.InputError, match=rf"early_layers={bad!r} must be an int in \[1, L // 2\] = "
+                                                    r"\[1, 2\] for the 4 layers of vit"):
+            distance_observations(d, early_layers=bad)
+    assert len(distance_observations(d, early_layers=2)) == 2
+    with pytest.raises(vitviz.InputError, match=r"early_layers=2 .* = \[1, 1\] for the 3 layers of hybrid"):
+        distance_observations(d, d[:3])
+    for table in (d[0], d[None], torch.zeros(0, 2)):
+        with pytest.raises(vitviz.InputError, match=r"vit: expected finite \(L, H\) distances"):
+            distance_observations(table)
+    with pytest.raises(vitviz.InputError, match=r"hybrid: .* not finite"):
+        distance_observations(d, torch.where(d > 60, float("nan"), d))
+    for bad in (-1, float("nan"), "0.1"):
+        with pytest.raises(vitviz.InputError, match=r"min_effect=.* must be a number >= 0"):
+            distance_observations(d, min_effect=bad)
+
+
 def test_local_and_global_heads_are_judged_against_the_uniform_distance_when_it_is_given():
     # heads that all sit near a uniform 16.5 px, a few px apart in the first layers (as a small ViT trained from
     # scratch ends up): a spread above 10% of the mean, yet no head is local

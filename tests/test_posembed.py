@@ -127,6 +127,19 @@ def added_table(model, embeddings: nn.Module, img_size) -> torch.Tensor:
     return out[0, -gh * gw:].float()
 
 
+# Hugging Face models that run at another size through their embeddings' interpolate_pos_encoding
+HF_INTERPOLATING = {
+    "hf-vit": ("ViTModel", "ViTConfig", {}),
+    "hf-vit-msn": ("ViTMSNModel", "ViTMSNConfig", {}),
+    "hf-ijepa": ("IJepaModel", "IJepaConfig", {}),
+    "hf-deit": ("DeiTModel", "DeiTConfig", {}),
+    "hf-clip": ("CLIPVisionModel", "CLIPVisionConfig", {}),
+    "hf-siglip": ("SiglipVisionModel", "SiglipVisionConfig", {}),
+    "hf-vit-mae": ("ViTMAEModel", "ViTMAEConfig", {"mask_ratio": 0.0}),
+    "hf-beit": ("BeitModel", "BeitConfig", {"use_absolute_position_embeddings": True}),
+}
+
+
 def model_own_resampling(name):
     """Models that make their table for another input size their own way, with the module that adds it."""
     import transformers as T
@@ -137,6 +150,18 @@ def model_own_resampling(name):
         m = T.Dinov2Model(T.Dinov2Config(image_size=32, **small))
     elif name == "hf-dinov2-registers":
         m = T.Dinov2WithRegistersModel(T.Dinov2WithRegistersConfig(image_size=32, num_register_tokens=2, **small))
+    elif name in HF_INTERPOLATING:  # interpolate_pos_encoding=True on the call: bicubic without antialiasing
+        model_cls, config_cls, extra = HF_INTERPOLATING[name]
+        m = getattr(T, model_cls)(getattr(T, config_cls)(image_size=32, **extra, **small)).eval()
+        with torch.no_grad():
+            table = vitviz.core.families.family_of(m).pos_embed(m)
+            table.copy_(torch.randn_like(table))  # some are built as zeros or a fixed sin-cos table
+        if name == "hf-vit-mae":  # patches in their own order (MAE shuffles them with the noise)
+            return m, lambda x: m.embeddings(x, noise=torch.arange(
+                (x.shape[-2] // 8) * (x.shape[-1] // 8), dtype=torch.float32)[None], interpolate_pos_encoding=True)
+        if name == "hf-beit":  # BEiT's embeddings always interpolate their absolute table
+            return m, m.embeddings
+        return m, lambda x: m.embeddings(x, interpolate_pos_encoding=True)
     elif name == "hf-aimv2-native":  # a sin-cos table built for the grid
         m = T.Aimv2VisionModel(T.Aimv2VisionConfig(image_size=32, is_native=True, **small))
     else:  # row and column tables resampled apart, then summed
@@ -150,7 +175,8 @@ def model_own_resampling(name):
     return m.eval(), m.embeddings
 
 
-@pytest.mark.parametrize("name", ["hf-dinov2", "hf-dinov2-registers", "hf-aimv2-native", "timm-naflex-factorized"])
+@pytest.mark.parametrize("name", ["hf-dinov2", "hf-dinov2-registers", "hf-aimv2-native", "timm-naflex-factorized",
+                                  *HF_INTERPOLATING])
 @pytest.mark.parametrize("img_size", [(16, 24), (48, 48), (24, 40)])
 def test_resampled_table_is_the_one_the_model_adds_at_that_size(name, img_size):
     """``img_size=`` gives the table the model itself adds to an input of that size, for models that make it
@@ -164,6 +190,32 @@ def test_resampled_table_is_the_one_the_model_adds_at_that_size(name, img_size):
     torch.testing.assert_close(emb, expected, atol=1e-6, rtol=1e-5)
     sim = pos_embed_similarity(model, img_size=img_size)
     np.testing.assert_allclose(sim.numpy(), reference_similarity(expected.double().numpy(), grid), atol=1e-5)
+
+
+def test_a_non_square_hugging_face_vit_has_no_table_at_another_size():
+    """Hugging Face's interpolate_pos_encoding reads the stored table as a square grid: a ViT built for 4x6
+    patches cannot run at another size, so no table is made up for one; at its own size the table is read."""
+    import transformers as T
+
+    small = dict(patch_size=8, hidden_size=32, num_hidden_layers=1, num_attention_heads=2, intermediate_size=64)
+    m = T.ViTModel(T.ViTConfig(image_size=(32, 48), **small)).eval()
+    assert pos_embed_similarity(m).shape == (4, 6, 4, 6)
+    with pytest.raises(vitviz.errors.InputError, match=r"img_size: ViTModel is built for a 4x6 grid.*cannot run at "
+                                                       r"another size.*config.image_size"):
+        pos_embed_similarity(m, img_size=(48, 48))
+
+
+@pytest.mark.parametrize("bad", [float("nan"), float("inf")])
+def test_a_table_that_is_not_finite_is_refused(bad):
+    """One NaN row made the whole similarity table NaN and locality NaN, the value a flat table gets."""
+    model = tiny_vit()
+    with torch.no_grad():
+        model.pos_embed[0, 3, 5] = bad
+    for call in (pos_embed_similarity, pos_embed_locality, patch_pos_embed):
+        with pytest.raises(vitviz.errors.InputError, match=r"hold [01] NaN and [01] infinite values.*checkpoint"):
+            call(model)
+    with pytest.raises(vitviz.errors.InputError, match="NaN"):
+        pos_embed_similarity(model.pos_embed.detach(), grid_size=(4, 6))
 
 
 def tokens_grid(model, img_size) -> tuple[int, int]:

@@ -122,6 +122,36 @@ def test_bad_feature_inputs():
         linear_fewshot_accuracy(np.full_like(x, np.nan), y, x, y)
     with pytest.raises(InputError, match="k="):
         knn_accuracy(x, y, x, y, k=len(x) + 1)
+    for bad in (float("inf"), "1", True, float("nan")):
+        with pytest.raises(InputError, match=r"l2_reg=.* must be a finite positive number"):
+            linear_fewshot_accuracy(x, y, x, y, l2_reg=bad)
+
+
+def test_labels_that_are_not_class_indices_are_refused():
+    """A fraction cast to an int merges classes (0.2 and 0.7 both class 0: a one-class problem read as 100%), and
+    a negative label indexes the classes from the end: both refused, in the probes and the draws."""
+    x, y = _blobs(3)
+    for call in (linear_fewshot_accuracy, knn_accuracy):
+        with pytest.raises(InputError, match=r"labels must be class indices \(ints >= 0\), got dtype float64"):
+            call(x, y + 0.2, x, y)
+        with pytest.raises(InputError, match=r"labels must be class indices \(ints >= 0\), got -1"):
+            call(x, y - 1, x, y)
+    assert linear_fewshot_accuracy(x, y.astype(np.float64), x, y) == linear_fewshot_accuracy(x, y, x, y)
+    with pytest.raises(InputError, match=r"fewshot_draws: labels must be class indices.*got dtype float64"):
+        fewshot_draws(y * 0.5, (1,), (0,))
+
+
+def test_a_model_probe_refuses_labels_that_are_not_class_indices():
+    from vitviz.analysis.representations import knn_probe, linear_fewshot
+
+    model = tiny_timm_vit()
+    (xtr, ytr), (xte, yte) = _data(2, classes=2), _data(1, classes=2, seed=1)
+    for labels, got in ((ytr * 0.5 + 0.2, r"(dtype float32|torch.float32 values such as 0.2)"), (ytr - 3, "-3")):
+        match = rf"labels.* must be class indices \(ints >= 0\), got {got}"
+        with pytest.raises(InputError, match=match):
+            linear_fewshot(model, (xtr, labels), (xte, yte), shots=(1,), seeds=(0,), l2_reg=1.0)
+        with pytest.raises(InputError, match=match):
+            knn_probe(model, (xtr, labels), (xte, yte), k=1)
 
 
 def _data(n_per_class, classes=5, seed=0):

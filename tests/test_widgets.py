@@ -320,6 +320,21 @@ def test_every_pos_embed_control_changes_the_png():
     assert decode(w.png).shape[:2] == w.map_size
 
 
+def test_pos_embed_explorer_of_a_model_with_no_table_at_other_sizes():
+    """A Hugging Face ViT built for a non-square grid cannot run at another size (its interpolate_pos_encoding
+    reads the table as a square grid): the explorer shows its own table with the size slider disabled, and a size
+    set anyway is refused by name rather than drawn from a table the model never makes."""
+    transformers = pytest.importorskip("transformers")
+    model = transformers.ViTModel(transformers.ViTConfig(
+        image_size=(32, 48), patch_size=8, hidden_size=32, num_hidden_layers=1, num_attention_heads=2,
+        intermediate_size=64)).eval()
+    p = explore_pos_embed(model)
+    assert p.resolution.disabled and p.grid == (4, 6) and len(p.png)
+    with pytest.raises(vitviz.errors.InputError, match=r"img_size: ViTModel is built for a 4x6 grid"):
+        p.set(resolution=64)
+    assert not explore_pos_embed(tiny_timm_vit()).resolution.disabled
+
+
 def test_pos_embed_colour_bar_is_labelled_minus_one_to_one():
     w = explore_pos_embed(tiny_timm_vit())
     w.set(row=0, col=5)

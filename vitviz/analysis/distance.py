@@ -39,7 +39,7 @@ from vitviz.core.graphs import graphable
 from vitviz.core.images import Images
 from vitviz.core.kernels.forward_lse import use_forward_lse
 from vitviz.core.spec import ViTSpec, inspect
-from vitviz.core.util import pair
+from vitviz.core.util import is_int, is_number, pair
 from vitviz.errors import CaptureError, InputError, InputTypeError
 
 __all__ = [
@@ -360,13 +360,30 @@ def distance_observations(vit: torch.Tensor, hybrid: torch.Tensor | None = None,
         DataFrame with columns ``observation``, ``model``, ``measured`` (in words) and ``holds``.
 
     Raises:
-        InputError: ``uniform_px`` not a positive number, or a pair where there is no hybrid.
+        InputError: ``uniform_px`` not a positive number, or a pair where there is no hybrid; distances that are
+            not a finite ``(L, H)`` table; ``early_layers`` not an int in ``[1, L // 2]`` (the first and the last
+            ``early_layers`` layers would overlap); ``min_effect`` negative.
     """
     import pandas as pd
     from scipy.stats import spearmanr
 
     models = {"ViT": vit} if hybrid is None else {"ViT": vit, "Hybrid": hybrid}
     uniform = _uniform_by_model(uniform_px, list(models))
+    if not is_number(min_effect) or not 0 <= min_effect < math.inf:
+        raise InputError(f"min_effect={min_effect!r} must be a number >= 0, the smallest effect that counts as a "
+                         "fraction (e.g. 0.1)")
+    for name, d in list(models.items()):
+        arg = "vit" if name == "ViT" else "hybrid"
+        d = torch.as_tensor(d)
+        if d.ndim != 2 or min(d.shape) < 1 or not bool(torch.isfinite(d.float()).all()):
+            raise InputError(f"{arg}: expected finite (L, H) distances (mean_attention_distance's result), got "
+                             f"shape {tuple(d.shape)}" + ("" if d.ndim != 2 or min(d.shape) < 1 else
+                                                          " with values that are not finite"))
+        if not is_int(early_layers) or not 1 <= early_layers <= len(d) // 2:
+            raise InputError(f"early_layers={early_layers!r} must be an int in [1, L // 2] = [1, {len(d) // 2}] for "
+                             f"the {len(d)} layers of {arg}, so that the first and the last early_layers layers "
+                             "do not overlap (e.g. early_layers=2 for 12 layers)")
+        models[name] = d
 
     def grows(d: torch.Tensor, _: float | None) -> tuple[str, bool]:
         m = d.mean(dim=1)

@@ -65,7 +65,13 @@ def _tensor_rows(
             f"as prefix tokens, no fewer than the {gh * gw} patches of a {gh}x{gw} grid. Pass the grid of the table "
             "(the model's input size over its patch size), or num_prefix_tokens= to drop that many rows on purpose"
         )
-    return pos[prefix:], (gh, gw)
+    rows_out = pos[prefix:]
+    if not bool(torch.isfinite(rows_out).all()):  # else a NaN similarity table, and locality NaN as for a flat one
+        raise InputError(f"the patch position embeddings ({tuple(rows_out.shape)}) hold "
+                         f"{int(torch.isnan(rows_out).sum())} NaN and {int(torch.isinf(rows_out).sum())} infinite "
+                         "values, so they have no cosine similarities; check the checkpoint (a diverged run?) or "
+                         "replace them (torch.nan_to_num)")
+    return rows_out, (gh, gw)
 
 
 def patch_pos_embed(
@@ -82,8 +88,10 @@ def patch_pos_embed(
         img_size: models only: resample the embedding to this input size (int or ``(H, W)`` pixels) the way timm
             does (``timm.layers.resample_abs_pos_embed``, bicubic, prefix rows kept), or, for a model that makes
             its table for another size its own way, take the table it adds there (``Family.pos_embed_at``: Hugging
-            Face DINOv2's bicubic without antialiasing, native AIMv2's sin-cos table built for the grid,
-            NaFlexViT's row and column tables resampled apart); the new grid is ``img_size // patch_size``. It
+            Face ViTs' own ``interpolate_pos_encoding``, bicubic without antialiasing (ViT, DeiT, CLIP, SigLIP,
+            DINOv2, ...; a Hugging Face ViT built for a non-square grid cannot run at another size and is
+            refused), native AIMv2's sin-cos table built for the grid, NaFlexViT's row and column tables resampled
+            apart); the new grid is ``img_size // patch_size``. It
             must be a multiple of the token stride (``InputError`` otherwise), the rule images follow: other
             sizes give another grid (a hybrid's backbone rounds them its own way).
         grid_size: tensors only: the patch grid ``(gh, gw)`` (or an int for a square grid).

@@ -38,10 +38,12 @@ weight wins (ties: the lowest class index).
 
 from __future__ import annotations
 
+import math
 from collections.abc import Sequence
 
 import numpy as np
 
+from vitviz.core.util import is_number
 from vitviz.errors import InputError
 
 L2_GRID = tuple(2.0 ** e for e in range(-10, 11))
@@ -57,7 +59,23 @@ def _check_xy(x: np.ndarray, y: np.ndarray, what: str) -> tuple[np.ndarray, np.n
         raise InputError(f"{what}: no examples")
     if not np.isfinite(x).all():
         raise InputError(f"{what}: features hold NaN or inf; check the model's output (dtype, autocast)")
-    return x, y.astype(np.int64)
+    return x, class_indices(y, what)
+
+
+def class_indices(y: np.ndarray, what: str) -> np.ndarray:
+    """``y`` as int64 class indices; refused (``InputError`` naming ``what``) where a value is not one: a bool,
+    a fraction (cast to an int, 0.2 and 0.7 would merge into class 0) or a negative number (an index from the
+    end)."""
+    y = np.asarray(y)
+    if y.dtype == bool or not np.issubdtype(y.dtype, np.number) or (
+            np.issubdtype(y.dtype, np.floating) and not (np.isfinite(y).all() and (y == np.round(y)).all())):
+        raise InputError(f"{what}: labels must be class indices (ints >= 0), got dtype {y.dtype}; a label cast to "
+                         "an int would merge classes (0.2 and 0.7 both class 0)")
+    y = y.astype(np.int64)
+    if (y < 0).any():
+        raise InputError(f"{what}: labels must be class indices (ints >= 0), got {int(y[y < 0][0])}; a negative "
+                         "label would index the classes from the end")
+    return y
 
 
 def standardize(train: np.ndarray, *others: np.ndarray) -> list[np.ndarray]:
@@ -129,7 +147,7 @@ def fewshot_draws(labels: np.ndarray, shots: Sequence[int], seeds: Sequence[int]
         InputError: ``shots`` or ``seeds`` empty (or ``shots`` a bare int or a string), a shot count below 1 or
             above the images of some class.
     """
-    labels = np.asarray(labels)
+    labels = class_indices(labels, "fewshot_draws")
     classes = sorted(set(labels.tolist())) if classes is None else list(classes)
     if isinstance(shots, (int, np.integer)):
         raise InputError(f"shots={shots!r} is one number, not a sequence of shot counts; pass shots=({shots!r},)")
@@ -173,8 +191,9 @@ def linear_fewshot_accuracy(x_train: np.ndarray, y_train: np.ndarray, x_test: np
     x_test, y_test = _check_xy(x_test, y_test, "test")
     if x_train.shape[1] != x_test.shape[1]:
         raise InputError(f"train features have {x_train.shape[1]} dimensions, test {x_test.shape[1]}")
-    if l2_reg is not None and not l2_reg > 0:
-        raise InputError(f"l2_reg={l2_reg!r} must be positive (or None to choose it)")
+    if l2_reg is not None and not (is_number(l2_reg) and 0 < l2_reg < math.inf):
+        raise InputError(f"l2_reg={l2_reg!r} must be a finite positive number, e.g. 2.0 ** 10 (or None to choose "
+                         "it)")
     k = num_classes or int(max(y_train.max(), y_test.max())) + 1
     xs, xt = standardize(x_train, x_test)
     fit = RidgeFit(xs, pm1_targets(y_train, k))

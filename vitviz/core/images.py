@@ -306,8 +306,7 @@ def load_images(model: nn.Module, images: Images, *, device: torch.device | str 
             raise ImageInputError(f"images: an empty {kind} holds 0 images; pass at least one image")
         if all(isinstance(im, torch.Tensor) for im in items):
             raise ImageInputError(
-                f"images: a list of {len(items)} tensors; stack them into one (B, 3, H, W) tensor "
-                "(torch.stack(images))"
+                "images: a list of tensors; stack them into one (B, 3, H, W) tensor (torch.stack(images))"
             )
         transform = create_transform(**data_config(model), is_training=False)
         x = torch.stack([transform(to_pil(im)) for im in items])

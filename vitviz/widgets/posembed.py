@@ -24,7 +24,7 @@ from vitviz.core.contexts import WeightsWatch
 from vitviz.core.families import family_of
 from vitviz.core.spec import inspect
 from vitviz.core.util import check_positive_int
-from vitviz.errors import NoPositionEmbeddingError
+from vitviz.errors import InputError, NoPositionEmbeddingError
 from vitviz.widgets._base import Explorer, index_slider, resize_index_slider
 from vitviz.widgets._render import colorbar, display_size, heat_png, mark_cell, png_bytes, resize_rgb
 
@@ -69,14 +69,19 @@ class PosEmbedExplorer(Explorer):
                 f"{self.spec.pos_embed_kind!r}); explore_pos_embed needs a learned or sincos table")
         self.size, self.cmap = size, cmap
         # the model makes its table for other sizes its own way (Family.pos_embed_at), not timm's resampling
-        self._own_resampling = family_of(model).pos_embed_at(model, tuple(self.spec.grid_size)) is not None
+        try:
+            self._own_resampling = family_of(model).pos_embed_at(model, tuple(self.spec.grid_size)) is not None
+            fixed = False
+        except InputError:  # a model that makes no table for another size (a non-square Hugging Face ViT)
+            self._own_resampling, fixed = True, True
         self._tables: OrderedDict[tuple[int, int], tuple[torch.Tensor, np.ndarray]] = OrderedDict()
         self._weights = WeightsWatch(model)
         (h, _), (ph, _) = self.spec.img_size, self.spec.patch_size
         gh, gw = self.spec.grid_size
         style = {"description_width": "88px"}
         self.resolution = widgets.IntSlider(value=h, min=ph * min(2, gh), max=max(h, ph) * max_scale, step=ph,
-                                            description="img size [px]", style=style, continuous_update=False)
+                                            description="img size [px]", style=style, continuous_update=False,
+                                            disabled=fixed)
         self.row = index_slider(gh, gh // 2, "patch row", style)  # show 1 ... gh, hold 0 ... gh - 1
         self.col = index_slider(gw, gw // 2, "patch column", style)
         self.view = widgets.ToggleButtons(options=[("similarity", "similarity"), ("embedding (PCA)", "pca")],

@@ -224,6 +224,39 @@ class HFVisionFamily(Family):
             return table.weight[None]
         return table if isinstance(table, torch.Tensor) else None
 
+    def pos_embed_at(self, model: nn.Module, grid: tuple[int, int]) -> torch.Tensor | None:
+        """The table the model adds to an input whose patch grid is ``grid``: a Hugging Face ViT runs at another
+        size only through its embeddings' own ``interpolate_pos_encoding`` (``interpolate_pos_encoding=True`` on
+        the call; ViT, ViT-MSN, I-JEPA, DeiT, CLIP, SigLIP, ViTMAE, BEiT's absolute table), which resamples the
+        stored table bicubically without antialiasing, so unlike timm's resampling; that table, laid out as
+        ``pos_embed``. ``None`` for embeddings without it (the default then: timm's resampling).
+
+        Raises:
+            InputError: a model built for a non-square grid, whose ``interpolate_pos_encoding`` reads the table as
+                a square ``sqrt(P) x sqrt(P)`` grid and so cannot run at another size.
+        """
+        emb, table = self.embeddings(model), self.pos_embed(model)
+        interpolate = getattr(emb, "interpolate_pos_encoding", None)
+        if not callable(interpolate) or table is None or table.ndim != 3:
+            return None
+        built = self.layout(model).grid_size
+        (ph, pw), (gh, gw) = pair(vision_config(model).patch_size, "config.patch_size"), grid
+        if built[0] != built[1]:
+            raise InputError(
+                f"img_size: {type(model).__name__} is built for a {built[0]}x{built[1]} grid, and its "
+                f"{type(emb).__name__}.interpolate_pos_encoding reads the table as a square grid, so the model "
+                f"cannot run at another size and has no table for a {gh}x{gw} grid; pass img_size=None (the built "
+                "size), or build the model with config.image_size set to the size you need")
+        prefix_rows = table.shape[1] - built[0] * built[1]
+        tokens = torch.zeros(1, prefix_rows + gh * gw, table.shape[-1], dtype=table.dtype, device=table.device)
+        with torch.no_grad():
+            full = interpolate(tokens, gh * ph, gw * pw)
+        if full.ndim != 3 or full.shape[1] != prefix_rows + gh * gw:
+            raise CaptureError(f"{type(emb).__name__}.interpolate_pos_encoding gave a table of shape "
+                               f"{tuple(full.shape)} for a {gh}x{gw} grid, expected (1, {prefix_rows + gh * gw}, D); "
+                               "this transformers version resamples the table another way")
+        return full
+
     def patch_proj(self, model: nn.Module) -> nn.Module | None:
         return _get(self.embeddings(model), self.patch_conv_path)
 

@@ -4,7 +4,8 @@ modules under other names.
 
 Layout (``ViTEmbeddings``): ``[cls, patches]``; a learned absolute table ``(1, 1 + P, D)`` that covers the class
 token; the grid is ``config.image_size // config.patch_size`` (``(h, w)`` pairs allowed). The model interpolates
-the table only when called with ``interpolate_pos_encoding=True``, so it is read at its built size.
+the table only when called with ``interpolate_pos_encoding=True``, so it is read at its built size; the table
+at another size (``pos_embed_similarity(img_size=)``) is the one that call adds (``HFVisionFamily.pos_embed_at``).
 """
 
 from __future__ import annotations
