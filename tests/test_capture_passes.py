@@ -61,6 +61,25 @@ def test_a_pass_that_raised_after_every_selected_layer_is_kept():
         torch.testing.assert_close(g, w, atol=1e-5, rtol=1e-4)
 
 
+@pytest.mark.parametrize("accumulate", [False, True])
+def test_a_retry_replaces_a_pass_that_raised_after_its_last_layer(accumulate):
+    """Out of memory in the last block's MLP (after every attention layer): a retry is the one pass read, never
+    counted beside it nor, with accumulate=True, joined to it (the same images twice)."""
+    model = tiny_timm_vit(depth=2)
+    x = torch.randn(2, 3, 32, 48)
+    handle = fail_once(model.blocks[1].mlp)
+    with torch.no_grad(), vitviz.capture_attention(model, accumulate=accumulate) as cap:
+        with pytest.raises(RuntimeError, match="simulated"):
+            model(x)
+        model(x)
+        assert cap.forwards == 1
+        got = cap.attentions
+    handle.remove()
+    for g, w in zip(got, timm_reference(model, x), strict=True):
+        assert g.shape[0] == 2
+        torch.testing.assert_close(g, w, atol=1e-5, rtol=1e-4)
+
+
 def test_a_layer_that_is_not_called_is_still_an_error():
     model = tiny_timm_vit(depth=3)
     with pytest.raises(CaptureError, match=r"produced no attention for \['blocks.2.attn'\]"):

@@ -285,6 +285,51 @@ def test_attention_is_the_class_row_of_one_layer():
     torch.testing.assert_close(vitviz.explain(model, x, "attention", head_fusion="max"), want)
 
 
+def test_attention_reads_exactly_one_layer_and_only_a_flow_of_attention():
+    """``layer`` once went to capture_attention as it was: None, a list or a name pattern selected several layers
+    and the first alone was read (None: layer 0, not the last); CaiT's talking-heads maps (mixed across heads
+    after the softmax, signed) were drawn as attention. Both refused by name."""
+    from vitviz.errors import LayerSelectError, UnsupportedModelError
+
+    model = tiny_timm_vit()
+    x = torch.randn(1, 3, 32, 48)
+    for bad in (None, [0, 1], "blocks.*", 1.0, 2):
+        with pytest.raises(LayerSelectError, match=r"layer="):
+            vitviz.explain(model, x, "attention", layer=bad)
+    torch.testing.assert_close(vitviz.explain(model, x, "attention", layer=-1),
+                               vitviz.explain(model, x, "attention", layer=1))
+    timm = pytest.importorskip("timm")
+    cait = timm.create_model("cait_xxs24_224", pretrained=False, img_size=32, patch_size=8, depth=2,
+                             num_classes=3).eval()
+    with pytest.raises(UnsupportedModelError, match=r"explain\(method='attention'\).*talking-heads.*layer=-1"):
+        vitviz.explain(cait, torch.randn(1, 3, 32, 32), "attention", layer=0)
+    assert vitviz.explain(cait, torch.randn(1, 3, 32, 32), "attention", layer=-1).shape == (1, 4, 4)
+
+
+def test_flags_given_as_strings_are_refused_not_read_as_true():
+    """``'False'`` is truthy: normalise='False' gave the normalised flows, return_full='False' the (B, N, N)
+    product, store='False' kept the maps; each flag is now checked as a bool, and max_tokens as a count."""
+    from vitviz.errors import InputError, InputTypeError
+
+    model = tiny_timm_vit()
+    x = torch.randn(1, 3, 32, 48)
+    calls = {
+        "normalise": lambda v: vitviz.explain(model, x, "flow", normalise=v),
+        "return_full": lambda v: vitviz.attention_rollout(model, x, return_full=v),
+        "store": lambda v: vitviz.capture_attention(model, store=v).__enter__(),
+        "accumulate": lambda v: vitviz.capture_attention(model, accumulate=v).__enter__(),
+        "retain_grad": lambda v: vitviz.capture_attention(model, retain_grad=v).__enter__(),
+    }
+    for name, call in calls.items():
+        for bad in ("False", 2, None):
+            with pytest.raises(InputTypeError, match=rf"{name}={bad!r} is not a bool; pass True or False"):
+                call(bad)
+    assert vitviz.attention_rollout(model, x, return_full=np.bool_(True)).shape == (1, 25, 25)
+    for bad in ("300", 0, -1, 2.5):
+        with pytest.raises(InputError, match=rf"max_tokens={bad!r} must be a positive int"):
+            vitviz.explain(model, x, "flow", max_tokens=bad)
+
+
 def test_models_without_a_class_token_read_the_mean_of_the_patch_rows():
     model = tiny_timm_vit(class_token=False, global_pool="avg")
     x = torch.randn(2, 3, 32, 48)

@@ -61,6 +61,29 @@ def test_capture_equals_eager_output_attentions(name):
 
 
 @pytest.mark.parametrize("name", HF_CASES)
+def test_two_captures_closed_first_opened_first_leave_the_model_as_it_was(name):
+    """Each capture once set the model up (ViTMAE unmasked, CLIPModel's guard) and undid its own set-up as it
+    closed: closing the first capture first left the second reading a masked ViTMAE, then the first's wrapper and
+    a mask ratio of 0 on the model for good. The set-up is shared: made by the first open capture, undone by the
+    last one to close."""
+    case = hf_case(name)
+    model, x = case.model, case.x
+    mask_ratio = getattr(model.config, "mask_ratio", None)
+    with torch.no_grad():
+        a = vitviz.capture_attention(model)
+        a.__enter__()
+        b = vitviz.capture_attention(model)
+        cap = b.__enter__()
+        a.__exit__(None, None, None)
+        case.run(model, x)  # read by b alone, the model still set up for it
+        n = len(case.prefix) + case.grid[0] * case.grid[1]
+        assert cap.attentions[0].shape[-1] == n
+        b.__exit__(None, None, None)
+    assert hooks_everywhere(model) == 0 and instance_forwards(model) == 0
+    assert getattr(model.config, "mask_ratio", None) == mask_ratio
+
+
+@pytest.mark.parametrize("name", HF_CASES)
 def test_inspect_reads_the_layout_from_the_config(name):
     case = hf_case(name)
     spec = vitviz.inspect(case.model)

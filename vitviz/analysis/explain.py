@@ -63,10 +63,10 @@ from typing import Any
 import torch
 from torch import nn
 
-from vitviz.analysis.propagation import PoolRows, fuse_heads, output_rows, rollout_to_maps
+from vitviz.analysis.propagation import FLOW_MAPS, PoolRows, fuse_heads, output_rows, rollout_to_maps
 from vitviz.core.batching import iter_batches
 from vitviz.core.calls import in_eval_mode
-from vitviz.core.capture import capture_attention
+from vitviz.core.capture import capture_attention, check_layer_index
 from vitviz.core.images import Images
 from vitviz.core.spec import inspect
 from vitviz.core.targets import Target
@@ -109,9 +109,14 @@ def raw_attention(
         map sums to at most 1 (part of a row of a stochastic matrix, or less); with ``"max"`` it can exceed 1.
     """
     spec = inspect(model)
+    # one layer: a selector of several (None, a list, a name pattern) would be read at its first layer alone
+    index = check_layer_index(layer, len(spec.attention_modules), "layer", spec.name)
+    spec.require_maps("explain(method='attention')", FLOW_MAPS, [index],
+                      hint="pass layer= naming a layer whose maps are post-softmax attention between the tokens "
+                           "(on CaiT, a class-attention layer such as layer=-1)")
     out: list[torch.Tensor] = []
     for x in iter_batches(model, images, batch_size, progress=progress, desc="attention"):
-        with torch.no_grad(), capture_attention(model, layers=layer) as cap, PoolRows(model, spec, token) as pool:
+        with torch.no_grad(), capture_attention(model, layers=[index]) as cap, PoolRows(model, spec, token) as pool:
             model(x)
         w = fuse_heads(cap.attentions[0], head_fusion)
         row = pool.take(w.shape[-1])

@@ -46,6 +46,7 @@ from vitviz.core.calls import in_eval_mode
 from vitviz.core.capture import capture_attention
 from vitviz.core.images import Images
 from vitviz.core.spec import inspect
+from vitviz.core.util import check_bool, check_positive_int
 from vitviz.errors import InputError
 
 __all__ = ["FLOW_MAX_TOKENS", "FLOW_SCALE", "attention_flow", "flow_from_layers"]
@@ -130,6 +131,9 @@ def attention_flow(
         UnsupportedModelError: a layer's maps are not a flow between tokens (differential attention, CaiT talking
             heads).
     """
+    check_bool(normalise, "normalise", "divide each output token's flows by their sum, or keep the raw flows")
+    check_positive_int(max_tokens, "max_tokens", "the most tokens an input may have (the cost grows like N^3), e.g. "
+                                                 f"{FLOW_MAX_TOKENS}")
     spec = inspect(model)
     require_flow_maps(spec, list(range(len(spec.attention_modules))), "attention_flow", suggest_start=False)
     rule = LayerRule("rollout", num_prefix_tokens=spec.num_prefix_tokens)

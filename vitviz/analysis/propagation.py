@@ -51,7 +51,7 @@ import torch
 from vitviz.analysis.readout_rows import PoolRows, Rows, output_rows, output_token
 from vitviz.core.capture import HeadMaps, check_layer_index
 from vitviz.core.spec import ViTSpec
-from vitviz.core.util import is_int, is_number
+from vitviz.core.util import check_bool, is_int, is_number
 from vitviz.errors import CaptureError, InputError, InputTypeError
 
 __all__ = [
@@ -432,6 +432,7 @@ def propagated_output(spec: ViTSpec, prop: Propagator, x: torch.Tensor, token: i
     maps stay bit-identical to the row of ``R`` they return with ``return_full``). ``rows``: ``(B, N)`` row weights
     read during the pass (``PoolRows.take``), used instead of ``output_rows``.
     """
+    check_bool(full, "return_full", "return the whole (B, N, N) product R instead of the maps")
     if not prop.matrices:
         return prop.result()  # raises: nothing was fed
     if full or not from_top:

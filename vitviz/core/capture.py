@@ -64,10 +64,10 @@ from torch import nn
 
 from vitviz.core.contexts import checkpointing_off, walk_once
 from vitviz.core.families import family_of
-from vitviz.core.families.base import Emit, HeadMaps, Probe, Undo
+from vitviz.core.families.base import Emit, HeadMaps, Probe, Undo, shared_prepare
 from vitviz.core.spec import ViTSpec, inspect
-from vitviz.core.util import is_int
-from vitviz.errors import CaptureError, InputError, InputTypeError, LayerSelectError
+from vitviz.core.util import check_bool, is_int
+from vitviz.errors import CaptureError, ForwardStopped, InputError, InputTypeError, LayerSelectError
 
 LayerSelect = int | str | Sequence[int | str] | None
 OnLayer = Callable[[int, torch.Tensor], None]  # or (int, HeadMaps) with heads="stream"
@@ -214,6 +214,7 @@ class AttentionCapture:
         self._accumulate = accumulate
         self._retain_grad = retain_grad
         self._current: dict[int, torch.Tensor | None] = {}
+        self._failed_pass = False  # _current holds a pass that raised after its last selected layer
         self._done: list[torch.Tensor] | None = None
         # (patch grid or None where unknown, N) of the running pass and of the maps kept (accumulate=True)
         self._pass_tokens: tuple[tuple[int, int] | None, int] | None = None
@@ -221,6 +222,9 @@ class AttentionCapture:
 
     def _emit(self, position: int, attn: torch.Tensor | HeadMaps) -> None:
         if position == 0 or position in self._current:
+            if self._failed_pass:  # a retry of a pass that raised after its last selected layer replaces it
+                self._current, self._failed_pass = {}, False
+                self.forwards -= 1
             self._close_pass()
             self._check_tokens(position, attn.shape[-1])  # before counting: a refused pass is no forward read
             self._start_pass(attn.shape[-1])
@@ -296,15 +300,24 @@ class AttentionCapture:
                 "capture per input size, or resize the images to one size (vitviz.load_images)"
             )
 
-    def _abort_pass(self) -> None:
-        """A forward raised: drop the maps of its unfinished pass (a retry starts a fresh one)."""
-        if self._current and len(self._current) < len(self.layer_names):
-            self._current = {}
-            self.forwards -= 1
+    def _abort_pass(self, error: BaseException | None = None) -> None:
+        """A forward raised: drop the maps of its unfinished pass (a retry starts a fresh one). A pass that raised
+        after every selected layer (out of memory in the last MLP or the head) keeps its maps for a read, but a
+        retry replaces it: it is neither counted beside the retry nor, with ``accumulate=True``, joined to the
+        retry's maps (the same images twice). A vitviz hook that ends the forward on purpose once it has read what
+        it needs (``ForwardStopped``) ends a pass whose layers all ran as a complete one."""
+        if not self._current:
+            return
+        if len(self._current) == len(self.layer_names):
+            self._failed_pass = not isinstance(error, ForwardStopped)
+            return
+        self._current = {}
+        self.forwards -= 1
 
     def _close_pass(self) -> None:
         if not self._current:
             return
+        self._failed_pass = False
         missing = [self.layer_names[i] for i in range(len(self.layer_names)) if i not in self._current]
         if missing:
             raise CaptureError(
@@ -386,7 +399,7 @@ def _watch_passes(cap: AttentionCapture, modules: list[nn.Module]) -> Undo:
             cap._inputs.pop()
             cap._image_hw = cap._inputs[-1][1] if cap._inputs else None
         if result is None and sys.exc_info()[1] is not None:  # always_call: run as the forward's exception passes
-            cap._abort_pass()
+            cap._abort_pass(sys.exc_info()[1])
 
     handles = []
     for module in modules:
@@ -460,6 +473,9 @@ def _open_capture(model: nn.Module, layers: LayerSelect, on_layer: OnLayer | Non
     if heads not in HEAD_MODES:
         raise InputError(f"heads={heads!r} is not understood; pass 'full' ((B, H, N, N) maps) or 'stream' "
                          "(one head at a time, for reductions)")
+    check_bool(store, "store", "keep every layer's maps for .attentions, or only hand them to on_layer")
+    check_bool(accumulate, "accumulate", "join the maps of successive forward passes along the batch")
+    check_bool(retain_grad, "retain_grad", "keep the maps' gradients after backward")
     if heads == "stream" and (store or on_layer is None or retain_grad or accumulate):
         raise InputError(
             "heads='stream' hands each layer's heads to on_layer one at a time and keeps nothing: pass on_layer=fn "
@@ -475,7 +491,7 @@ def _open_capture(model: nn.Module, layers: LayerSelect, on_layer: OnLayer | Non
         stack = ExitStack()
         undos.append(stack.close)
         stack.enter_context(checkpointing_off(model))
-        undos.append(family.prepare(model))
+        undos.append(shared_prepare(family, model))
         undos.append(_watch_passes(cap, _enclosing_modules(model, [modules[i] for i in chosen])))
         for position, index in enumerate(chosen):
             module = modules[index][1]

@@ -83,6 +83,23 @@ def check_positive_int(value: object, argument: str, meaning: str) -> int:
     return int(value)
 
 
+def check_bool(value: object, argument: str, meaning: str) -> bool:
+    """``value`` as a bool; ``InputTypeError`` unless it is one (Python's or NumPy's, or 0 / 1): a truthy string
+    such as ``'False'`` or ``'no'`` would otherwise read as True. ``meaning`` says what the flag does, e.g. ``"keep
+    the maps"``."""
+    import numpy as np
+
+    from vitviz.errors import InputTypeError
+
+    try:
+        ok = isinstance(value, (bool, numbers.Integral, np.bool_)) and value in (True, False)
+    except (TypeError, ValueError, RuntimeError):  # an array or tensor: no single truth value
+        ok = False
+    if not ok:
+        raise InputTypeError(f"{argument}={value!r} is not a bool; pass True or False ({meaning})")
+    return bool(value)
+
+
 def name_list(value: object, argument: str, known: Sequence[str] | Callable[[], Sequence[str]]) -> list[str]:
     """``value`` as a list of names: one name (a string) is a list of one, as ``["deletion"]``, never its
     characters; a list, tuple or other iterable is listed as it is (the caller checks each name against ``known``).

@@ -17,7 +17,7 @@ from typing import Any
 from torch import nn
 
 from vitviz.core.contexts import submodules
-from vitviz.core.families.base import Family, Layout
+from vitviz.core.families.base import Family, Layout, shared_prepare
 from vitviz.core.families.custom import LIBRARIES, CustomFamily, TutorialFamily
 from vitviz.core.families.hf_aimv2 import HFAimv2Family
 from vitviz.core.families.hf_base import HFUnsupportedFamily
@@ -193,7 +193,7 @@ def prepared(model: nn.Module) -> Iterator[None]:
         family = family_of(model)
     except VitvizError:
         family = None
-    undo = family.prepare(model) if family is not None else None
+    undo = shared_prepare(family, model) if family is not None else None
     try:
         yield
     finally:

@@ -24,6 +24,8 @@ attention on SDPA or flash: ``hf_probes.probe_hf_stream``); every other probe's 
 from __future__ import annotations
 
 import fnmatch
+import threading
+import weakref
 from collections.abc import Callable, Iterator
 from dataclasses import dataclass
 from typing import Any
@@ -421,6 +423,45 @@ def chain_undos(undos: list[Undo]) -> Undo:
             u()
 
     return undo
+
+
+# model -> [open holders, the undo of its family's prepare]: an entry lives while a holder has it prepared
+_PREPARED: weakref.WeakKeyDictionary[nn.Module, list[Any]] = weakref.WeakKeyDictionary()
+_PREPARED_LOCK = threading.RLock()
+
+
+def shared_prepare(family: Family, model: nn.Module) -> Undo:
+    """``family.prepare(model)`` for the first holder only (a capture, an analysis call, AttnLRP's rules); its undo
+    when the last holder releases. Holders may nest, overlap and release in any order (two captures open at once,
+    the first closed first): the model stays prepared while any holder is open and comes back exactly when the
+    last one closes, where each holder's own undo, run in another order than it was made, would restore a state
+    another holder had set (a wrapper left on the model, ViTMAE's mask ratio left at 0).
+
+    Returns:
+        ``release()``, idempotent.
+    """
+    with _PREPARED_LOCK:
+        entry = _PREPARED.get(model)
+        if entry is None:
+            entry = [0, family.prepare(model)]
+            _PREPARED[model] = entry
+        entry[0] += 1
+    released = False
+
+    def release() -> None:
+        nonlocal released
+        with _PREPARED_LOCK:
+            if released:
+                return
+            released = True
+            entry[0] -= 1
+            if entry[0]:
+                return
+            if _PREPARED.get(model) is entry:
+                del _PREPARED[model]
+        entry[1]()
+
+    return release
 
 
 def set_attr(obj: Any, name: str, value: Any) -> Undo:

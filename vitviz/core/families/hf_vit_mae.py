@@ -19,7 +19,7 @@ from typing import Any
 import torch
 from torch import nn
 
-from vitviz.core.families.base import Undo, chain_undos, set_attr
+from vitviz.core.families.base import Undo, chain_undos, set_attr, shared_prepare
 from vitviz.core.families.hf_base import HFVisionFamily, vision_config
 from vitviz.core.families.readout import Readout, default_readout
 from vitviz.errors import CaptureError, UnsupportedModelError
@@ -69,7 +69,7 @@ class HFViTMAEFamily(HFVisionFamily):
             raise UnsupportedModelError(f"{type(model).__name__}: AttnLRP is not available for the pre-training model "
                                         "(its decoder reconstructs the masked pixels); explain its encoder, model.vit "
                                         "(a ViTMAEModel, the same weights), with a callable target")
-        unmasked = self.prepare(model)
+        unmasked = shared_prepare(self, model)
         try:
             return chain_undos([unmasked, super().lrp_rules(model, rules, emit)])
         except BaseException:
