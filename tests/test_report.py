@@ -478,3 +478,105 @@ def test_command_line_models_refuses_a_checkpoints_folder_that_is_not_there(tmp_
     assert main(["models", "--checkpoints", str(tmp_path / "typo")]) == 2
     err = capsys.readouterr().err
     assert "vitviz: error: --checkpoints" in err and "typo' is not a folder" in err and "Traceback" not in err
+
+
+def _two_step_report(monkeypatch, second: report.Job) -> None:
+    """``render_report``'s steps cut to two figures of the README's gallery: a white one, then ``second``."""
+    import matplotlib.pyplot as plt
+
+    def white() -> tuple[object, dict[str, np.ndarray]]:
+        fig = plt.figure(figsize=(2, 1))
+        fig.patch.set_facecolor("white")
+        return fig, {"value": np.zeros(1)}
+
+    monkeypatch.setattr(report, "_figure_jobs", lambda m, images=None, distances=None: [])
+    monkeypatch.setattr(report, "_global_jobs", lambda: [("paper_fig5_compute_curves", white),
+                                                         ("table8_posemb_ablation", second)])
+
+
+def _render(out: Path) -> report.Report:
+    return report.render_report(out, models=("cifar10-vit",), formats=("png",), device="cpu", progress=False,
+                                notebooks=())
+
+
+def test_an_interrupted_report_says_so_and_lists_only_what_it_wrote(tmp_path, monkeypatch):
+    """A report stopped part-way (Ctrl-C: a ``KeyboardInterrupt``, which no step catches) leaves a meta.json marked
+    ``interrupted`` that lists only this run's figures, not the previous run's meta.json beside new files; its
+    index.html says so, and ``write_gallery`` refuses it, naming the folder and the fix."""
+    import matplotlib.pyplot as plt
+
+    def black() -> tuple[object, dict[str, np.ndarray]]:
+        fig = plt.figure(figsize=(2, 1))
+        fig.patch.set_facecolor("black")
+        return fig, {"value": np.ones(1)}
+
+    _two_step_report(monkeypatch, black)
+    out = tmp_path / "rep"
+    _render(out)
+    meta = json.loads((out / "meta.json").read_text())
+    assert meta["status"] == "complete"
+    assert [f["name"] for f in meta["figures"]] == ["paper_fig5_compute_curves", "table8_posemb_ablation"]
+    assert len(report.write_gallery(out, tmp_path / "gallery")) == 2
+
+    def interrupted() -> tuple[object, dict[str, np.ndarray]]:
+        raise KeyboardInterrupt
+
+    _two_step_report(monkeypatch, interrupted)
+    with pytest.raises(KeyboardInterrupt):
+        _render(out)
+    meta = json.loads((out / "meta.json").read_text())
+    assert meta["status"] == "interrupted"
+    assert [f["name"] for f in meta["figures"]] == ["paper_fig5_compute_curves"]
+    assert meta["notebooks"] == [] and meta["failures"] == []
+    assert meta["models"]["cifar10-vit"]["name"] == "cifar10-vit" and meta["settings"]["formats"] == ["png"]
+    page = (out / "index.html").read_text()
+    assert "interrupted" in page and "table8_posemb_ablation" not in page and page.count("<img") == 1
+    with pytest.raises(InputError, match=r"(?s)rep.*status 'interrupted'.*render it again"):
+        report.write_gallery(out, tmp_path / "gallery2")
+    assert not (tmp_path / "gallery2").exists()
+
+
+def test_a_report_being_rendered_says_so_before_its_first_step_and_after_each(tmp_path, monkeypatch):
+    """meta.json and index.html are replaced before the first step (a run killed outright, ``kill -9`` or a job's
+    time limit, must not leave the previous run's beside new figures) and rewritten after each step: while the
+    second step runs they say ``running`` and list the first step's figure only; ``write_gallery`` refuses them."""
+    import matplotlib.pyplot as plt
+
+    out = tmp_path / "rep"
+    (out / "figures").mkdir(parents=True)
+    old = {"status": "complete", "figures": [{"name": "table8_posemb_ablation",
+                                              "files": ["figures/table8_posemb_ablation.png"]}], "notebooks": []}
+    (out / "meta.json").write_text(json.dumps(old))
+    (out / "index.html").write_text("<html>the previous run's index</html>")
+    seen: list[tuple[dict, str]] = []
+
+    def second() -> tuple[object, dict[str, np.ndarray]]:
+        seen.append((json.loads((out / "meta.json").read_text()), (out / "index.html").read_text()))
+        with pytest.raises(InputError, match="status 'running'"):
+            report.write_gallery(out, tmp_path / "gallery")
+        return plt.figure(figsize=(2, 1)), {"value": np.ones(1)}
+
+    _two_step_report(monkeypatch, second)
+    _render(out)
+    ((meta, page),) = seen
+    assert meta["status"] == "running"
+    assert [f["name"] for f in meta["figures"]] == ["paper_fig5_compute_curves"] and meta["failures"] == []
+    assert "previous run" not in page and "being rendered" in page and page.count("<img") == 1
+    meta = json.loads((out / "meta.json").read_text())
+    assert meta["status"] == "complete" and len(meta["figures"]) == 2
+    assert "Status:" not in (out / "index.html").read_text()
+
+
+def test_gallery_refuses_a_report_that_is_not_complete(tmp_path):
+    figures = tmp_path / "rep" / "figures"
+    figures.mkdir(parents=True)
+    Image.new("RGB", (40, 20), "white").save(figures / "paper_fig5_compute_curves.png")
+    meta = {"status": "running", "notebooks": [],
+            "figures": [{"name": "paper_fig5_compute_curves", "files": ["figures/paper_fig5_compute_curves.png"]}]}
+    (tmp_path / "rep" / "meta.json").write_text(json.dumps(meta))
+    with pytest.raises(InputError, match=r"(?s)report_out=.*rep.*status 'running'.*render it again"):
+        report.write_gallery(tmp_path / "rep", tmp_path / "gallery")
+    meta["status"] = "complete"
+    (tmp_path / "rep" / "meta.json").write_text(json.dumps(meta))
+    assert [p.name for p in report.write_gallery(tmp_path / "rep", tmp_path / "gallery")] == [
+        "paper_fig5_compute_curves.png"]

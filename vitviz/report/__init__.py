@@ -12,6 +12,12 @@ Two kinds of steps, each shown by a tqdm bar and each allowed to fail without lo
 ``<out>/meta.json`` records the model, resolution, settings, versions, device and git commit (and, for each figure
 averaged over images, which images: ``<figure>.npz`` holds their paths or names), and
 ``<out>/index.html`` links every notebook page and shows every figure. A failed notebook names its cell.
+
+Both are written before the first step (``"status": "running"``, no figures, notebooks or failures yet) and again
+after every step, so they list exactly the files this run has written so far, never an earlier run's over new
+files; ``"status"`` is ``"complete"`` once every step ran, and ``"interrupted"`` where the run was stopped
+(Ctrl-C, an exception outside the steps); a run killed outright (``kill -9``, a job's time limit) stays
+``"running"``. ``write_gallery`` takes figures from a complete report only (``STATUS_COMPLETE``).
 """
 
 from __future__ import annotations
@@ -38,6 +44,8 @@ from vitviz.zoo.weights import versions
 
 DEFAULT_MODELS = ("cifar10-vit", "cifar10-vit-2dpos", "cifar10-hybrid")
 IMAGE_SOURCE = "image_source"  # the array naming the images a figure was computed on; also its meta.json entry
+# meta.json's "status": the run is under way (or was killed), stopped part-way, or ran every step
+STATUS_RUNNING, STATUS_INTERRUPTED, STATUS_COMPLETE = "running", "interrupted", "complete"
 Job = Callable[[], tuple[Any, dict[str, np.ndarray]]]
 
 
@@ -354,10 +362,15 @@ def write_gallery(report_out: str | os.PathLike, gallery: str | os.PathLike, nam
     not rewritten, so ``make report`` on an unchanged tree changes no tracked file. Where the report has a
     ``meta.json``, only the figures it lists as written by that run (a package figure, or a file a notebook wrote)
     are copied: a PNG left in ``figures/`` by an earlier run, whose figure or notebook failed or was not run this
-    time, is not passed off as current.
+    time, is not passed off as current. A report whose ``meta.json`` is not ``"status": "complete"`` (still being
+    rendered, or stopped part-way: its ``figures/`` mixes new files with an earlier run's) is refused; a
+    ``meta.json`` without a status (written by a vitviz before it had one) counts as complete.
 
     Returns:
         the PNGs of the gallery, written or kept; figures the report lacks (or did not write) are skipped.
+
+    Raises:
+        InputError: ``report_out``'s ``meta.json`` is not complete.
     """
     import json
 
@@ -367,6 +380,13 @@ def write_gallery(report_out: str | os.PathLike, gallery: str | os.PathLike, nam
     fresh = None
     if meta_path.is_file():
         meta = json.loads(meta_path.read_text())
+        status = meta.get("status", STATUS_COMPLETE)
+        if status != STATUS_COMPLETE:
+            raise InputError(f"report_out={str(report_out)!r}: its meta.json says status {status!r}, not "
+                             f"{STATUS_COMPLETE!r} (the report was stopped part-way or is still being rendered, so "
+                             "figures/ may mix this run's files with an earlier run's); render it again to the end "
+                             f"(render_report, or python -m vitviz report --out {report_out}) before writing the "
+                             "gallery")
         fresh = {Path(f) for entry in [*meta.get("figures", []), *meta.get("notebooks", [])]
                  for f in entry.get("files", [])}
     written = []
@@ -427,6 +447,10 @@ def render_report(
 
     Returns:
         ``Report`` with ``figures``, ``notebooks`` (one dict per notebook, see ``NotebookRun``) and ``failures``.
+
+    ``<out>/meta.json`` and ``<out>/index.html`` are written before the first step (``"status": "running"``) and
+    after each, so a stopped run's list exactly the files it wrote; ``"status": "complete"`` once all steps ran,
+    ``"interrupted"`` when one raised past its own handling (``KeyboardInterrupt``, which is then raised again).
     """
     import matplotlib
 
@@ -464,12 +488,9 @@ def render_report(
                 "model": model, "checkpoint": checkpoint, "images": image_path}
     nb_paths = find_notebooks() if notebooks is None else [Path(p) for p in notebooks]
     steps += [(f"notebook {p.stem}", _notebook_step(report, p, settings, kernel, cell_timeout)) for p in nb_paths]
-    bar = tqdm(steps, desc="vitviz report", unit="step", disable=not progress)
-    for label, step in bar:
-        bar.set_postfix_str(label)
-        step()
     meta = {
-        "created": _dt.datetime.now(_dt.timezone.utc).isoformat(timespec="seconds"),
+        "created": None,
+        "status": STATUS_RUNNING,
         "model": model,
         "checkpoint": checkpoint and str(checkpoint),
         "images": settings["images"] and str(settings["images"]),
@@ -484,10 +505,28 @@ def render_report(
         "versions": versions(),
         "git_commit": git_commit(),
         "git_dirty": git_dirty(),
-        "notebooks": report.notebooks,
-        "figures": report.figures,
-        "failures": [{k: v for k, v in f.items() if k != "traceback"} for f in report.failures],
+        "notebooks": [],
+        "figures": [],
+        "failures": [],
     }
-    atomic_write_json(report.out / "meta.json", meta)
-    atomic_write_text(report.out / "index.html", index_html(report, meta))
+
+    def write_meta(status: str) -> None:
+        # what this run wrote so far, so neither file ever describes an earlier run's figures beside new ones
+        meta.update({"created": _dt.datetime.now(_dt.timezone.utc).isoformat(timespec="seconds"), "status": status,
+                     "notebooks": report.notebooks, "figures": report.figures,
+                     "failures": [{k: v for k, v in f.items() if k != "traceback"} for f in report.failures]})
+        atomic_write_json(report.out / "meta.json", meta)
+        atomic_write_text(report.out / "index.html", index_html(report, meta))
+
+    write_meta(STATUS_RUNNING)
+    try:
+        bar = tqdm(steps, desc="vitviz report", unit="step", disable=not progress)
+        for label, step in bar:
+            bar.set_postfix_str(label)
+            step()
+            write_meta(STATUS_RUNNING)
+    except BaseException:  # Ctrl-C (KeyboardInterrupt is no Exception a step catches), SystemExit: say so, re-raise
+        write_meta(STATUS_INTERRUPTED)
+        raise
+    write_meta(STATUS_COMPLETE)
     return report

@@ -43,7 +43,8 @@ def _notebook_rows(notebooks: list[dict[str, Any]]) -> str:
 
 
 def index_html(report: Report, meta: dict[str, Any]) -> str:
-    """The report's front page: notebook links with their status, model specs, figures, failures."""
+    """The report's front page: notebook links with their status, model specs, figures, failures; a report whose
+    ``meta["status"]`` is not ``"complete"`` (being rendered, or stopped part-way) says so at the top."""
     sections = []
     for fig in report.figures:
         png = next((f for f in fig["files"] if f.endswith(".png")), None)
@@ -59,9 +60,16 @@ def index_html(report: Report, meta: dict[str, Any]) -> str:
     specs = "".join(f"<h3>{_e(k)}</h3>" + (f"<p>Weights: <code>{_e(v['checkpoint'])}</code></p>"
                                            if v.get("checkpoint") else "") + f"<pre>{_e(v['spec'])}</pre>"
                     for k, v in meta["models"].items())
+    status = meta.get("status", "complete")
+    banner = "" if status == "complete" else (
+        f"<p class=failed>Status: {_e(status)}. "
+        + ("This report is being rendered (or its run was killed)" if status == "running" else
+           "This report's run was stopped part-way")
+        + ": below are only the figures and notebooks it has written so far; <code>figures/</code> may still hold "
+        "files of an earlier run. Render it again to the end for a complete report.</p>")
     return (
         f"<!doctype html><html><head><meta charset=utf-8><title>vitviz report</title><style>{STYLE}</style>"
-        "</head><body><h1>vitviz report</h1>"
+        f"</head><body><h1>vitviz report</h1>{banner}"
         f"<p>{_e(meta['created'])}, vitviz {_e(meta['versions']['vitviz'])}, commit {_e(meta['git_commit'])}"
         f"{' with uncommitted changes' if meta.get('git_dirty') else ''}, "
         f"device {_e(meta['device'])}. Numbers behind the figures: <code>arrays/</code>; everything else: "
