@@ -182,3 +182,73 @@ def test_a_file_of_an_older_vitviz_without_the_removed_column_is_refused(tmp_pat
     fresh = vitviz.faithfulness(model, x, out=tmp_path / "new.csv", **kw)  # the fix the error names
     pd.testing.assert_frame_equal(fresh, vitviz.faithfulness(model, x, **kw), check_exact=True)
     assert "removed" in pd.read_csv(tmp_path / "new.csv").columns
+
+
+def _cut(text: str) -> str:
+    return "".join(text.splitlines(keepends=True)[:-3])[:-10]  # a copy cut off mid-line
+
+
+def _garble(line: str, column: str, value: str) -> str:
+    from vitviz.analysis.faithfulness_resume import COLUMNS
+
+    fields = line.rstrip("\n").split(",")
+    fields[COLUMNS.index(column)] = value
+    return ",".join(fields) + "\n"
+
+
+@pytest.mark.parametrize("damage, why", [
+    (lambda t: "".join(t.splitlines(keepends=True)[:-3]), r"incomplete rows for image id\(s\) \['2', '3'\] \('2': 5 "
+                                                          r"rows, '3': 4 rows\), where this run writes 6 per image"),
+    (_cut, r"holds removal '' at line \d+"),
+    (lambda t: t[:t.rindex("\n", 0, -1) + 1] + _garble(t.splitlines()[-1], "metric", "accu"),
+     r"holds metric 'accu' at line 25, where this run writes 'accuracy' for mode 'positive'"),
+    (lambda t: t + "3,random,positive,1,2,3,4,5,6,7\n", r"cannot be read as a vitviz.faithfulness table \(.*fields"),
+    (lambda t: t + t.splitlines(keepends=True)[-1], r"incomplete rows for image id\(s\) \['3'\] \('3': 7 rows \(1 "
+                                                    r"repeated\)\)"),
+    (lambda t: t[:t.rindex("\n", 0, -1) + 1] + _garble(t.splitlines()[-1], "mode", "x"), r"holds mode 'x' at line 25"),
+    (lambda t: t[:t.rindex("\n", 0, -1) + 1] + _garble(t.splitlines()[-1], "method", "rollout"),
+     r"holds method 'rollout' at line 25"),
+    (lambda t: t[:t.rindex("\n", 0, -1) + 1] + _garble(t.splitlines()[-1], "score", "0.5x"),
+     r"holds score '0.5x' at line 25, not a number"),
+    (lambda t: t[:t.rindex("\n", 0, -1) + 1] + _garble(t.splitlines()[-1], "fraction", "0.25"),
+     r"holds fraction 0.25 at line 25, which is not a step of this run"),
+    (lambda t: t.replace(",", ",,", 1), r"cannot be read|is not a vitviz.faithfulness table"),
+    (lambda t: "", r"cannot be read as a vitviz.faithfulness table"),
+])
+def test_a_cut_off_or_garbled_file_is_refused_not_resumed(tmp_path, damage, why):
+    """vitviz writes out= whole, but a copy cut off or a file edited by hand may lack rows of an image or hold values
+    no run writes: refused, naming the file, what is wrong and the fix, never continued as if the image were done."""
+    model = tiny_timm_vit()
+    x = torch.randn(4, 3, 32, 48)
+    out = tmp_path / "curves.csv"
+    kw = dict(RUN, methods=["random"], out=out)
+    whole = vitviz.faithfulness(model, x, **kw)
+    assert len(whole) == 4 * 6  # one method x two modes x three steps per image
+    out.write_text(damage(out.read_text()))
+    with pytest.raises(CheckpointError, match=rf"out='{out}' .*{why}.*delete .* or pass another out="):
+        vitviz.faithfulness(model, x, **kw)
+    out.unlink()  # the fix the error names: the run starts over and gives the whole table
+    pd.testing.assert_frame_equal(vitviz.faithfulness(model, x, **kw), whole, check_exact=True)
+
+
+@pytest.mark.parametrize("arg", ["labels", "target"])
+def test_per_image_labels_or_targets_grow_a_chunked_run_but_never_change_for_a_written_image(tmp_path, arg):
+    """Per-image labels= / target= are kept id by id: a rerun over more images resumes (the new images bring their
+    own classes), but an id whose rows out= holds must keep the class its rows were scored with."""
+    model = tiny_timm_vit()
+    x = torch.randn(4, 3, 32, 48)
+    out = tmp_path / "curves.csv"
+    kw = dict(RUN, methods=["random", "rollout"])
+    classes = torch.tensor([0, 1, 2, 3])
+    vitviz.faithfulness(model, x[:2], out=out, **{arg: classes[:2]}, **kw)
+    grown = vitviz.faithfulness(model, x, out=out, **{arg: classes}, **kw)  # resumed, not refused
+    pd.testing.assert_frame_equal(grown, vitviz.faithfulness(model, x, **{arg: classes}, **kw), check_exact=True)
+    with pytest.raises(CheckpointError, match=rf"out='{out}' holds rows for image id\(s\) \['0', '3'\] scored with "
+                                              rf"other per-image {arg}= than given now \('0': 0 there, 4 now, '3': 3 "
+                                              r"there, 0 now\).*delete .* or pass another out="):
+        vitviz.faithfulness(model, x, out=out, **{arg: torch.tensor([4, 1, 2, 0])}, **kw)
+    # a later chunk under ids of its own, with classes of its own
+    more = vitviz.faithfulness(model, x[:2].flip(-1), out=out, image_offset=4, **{arg: [1, 0]}, **kw)
+    assert sorted(more["image"].unique()) == list(range(6))
+    again = vitviz.faithfulness(model, x, out=out, **{arg: classes}, **kw)  # nothing to score: the written rows
+    pd.testing.assert_frame_equal(again[again["image"] < 4].reset_index(drop=True), grown, check_exact=True)

@@ -58,7 +58,9 @@ from torch import nn
 from vitviz.analysis.explain import GRADIENT_METHODS, METHODS, explain, per_method_options
 from vitviz.analysis.faithfulness_resume import (
     COLUMNS,
+    Layout,
     check_out,
+    class_ids,
     fingerprint,
     ids_key,
     image_digests,
@@ -132,7 +134,27 @@ def _fractions(steps: float, n_steps: int, grid: tuple[int, int]) -> np.ndarray:
                          f"{patches} patches, so {n_steps} steps would remove the same number of patches at several "
                          f"steps (repeated points of the curve); pass steps=1/{patches} ({1 / patches:.4g}, one "
                          "patch per step) or a coarser value")
+    return _nominal(n_steps)
+
+
+def _nominal(n_steps: int) -> np.ndarray:
+    """The nominal steps ``0, 1 / n_steps, ..., 1`` (column ``fraction``)."""
     return np.linspace(0, 1, n_steps + 1)
+
+
+def _metric(mode: str, classes: bool) -> str:
+    """The metric of a row of ``mode``: ``"target"`` for a callable target (no classes), else ``"accuracy"`` for
+    ``positive`` / ``negative`` and ``"probability"`` for ``deletion`` / ``insertion``."""
+    if not classes:
+        return "target"
+    return "accuracy" if mode in ("positive", "negative") else "probability"
+
+
+def _layout(table: Mapping[str, Any], modes: Sequence[str], n_steps: int, how: str, target: Target) -> Layout:
+    """The rows ``_batch`` writes for every image of a run (what ``out=`` must hold for each image it holds)."""
+    classes = not (callable(target) and not isinstance(target, (torch.Tensor, np.ndarray)))  # resolve_target's rule
+    return Layout(tuple(table), tuple(modes), tuple(float(f) for f in _nominal(n_steps)), how,
+                  {mode: _metric(mode, classes) for mode in modes})
 
 
 def _known_grid(spec: Any, images: Any) -> tuple[int, int] | None:
@@ -301,7 +323,9 @@ def faithfulness(
             the same arguments, model and data skips the images already in it and returns the whole table, equal to an
             uninterrupted run's. A file of another run (any argument the rows depend on, the model's weights, a data
             set's contents; ``vitviz.analysis.faithfulness_resume``) or without a fingerprint is refused with a
-            ``CheckpointError``.
+            ``CheckpointError``, and so is a file cut off or edited by another program (an image without all its
+            rows, a value no run writes). A rerun may pass more images (chunks); per-image ``labels=`` /
+            ``target=`` are kept id by id, so the images already written must keep their classes.
         autocast: run maps and forward passes under ``torch.autocast`` (``vitviz.core.datasets.autocast_dtype``):
             ``True`` bfloat16 on CUDA (nothing on the CPU), a dtype on any device; default none.
         num_workers: loader workers for a folder or ``Dataset``.
@@ -363,7 +387,10 @@ def faithfulness(
         model, images, dataset, table, modes, steps, how, fill_t if how == "mean" else None, seed, target,
         target_all, labels, labels_all, options, amp, out, ids_key(image_ids, image_offset))
     pixels = image_digests(images, image_id, total) if out is not None and not dataset else None
-    prev = resume(out, fp, restore_ids(image_ids, image_id, total), pixels)
+    classes = None if out is None else {"target": class_ids(target_all, image_id),
+                                         "labels": class_ids(labels_all, image_id)}
+    prev = resume(out, fp, restore_ids(image_ids, image_id, total), pixels,
+                  _layout(table, modes, n_steps, how, target), classes)
     done = set() if prev is None else set(prev["image"])
     todo = [p for p in range(total)] if total is not None else None
     if todo is not None and done:
@@ -487,8 +514,7 @@ def _batch(model: nn.Module, spec: Any, x: torch.Tensor, pos: list[int], ids: li
             for mode in modes:
                 sets.append({"positive": rank < k, "deletion": rank < k, "negative": rank >= p - k,
                              "insertion": rank >= k}[mode])  # insertion: only the k most relevant present
-                metric = "target" if classes is None else "accuracy" if mode in ("positive", "negative") else (
-                    "probability")
+                metric = _metric(mode, classes is not None)
                 curve.append((mode, float(f), k / p, metric))
         with torch.no_grad():
             for (mode, f, removed_share, metric), scored in zip(curve, pert.scores(sets)):

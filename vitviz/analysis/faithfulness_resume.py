@@ -11,9 +11,16 @@ is refused with a ``CheckpointError`` that names the differing keys, rather than
 digested image by image instead (``image_digests``: each image's values, or a path's size and modification time), so
 a rerun may pass more images than the run it continues (a data set processed in chunks), but an id whose rows ``out``
 holds must still name the same pixels: a rerun that gives such an id other pixels is refused, never answered from the
-old rows; a rerun that gives pixels ``out`` holds under a new id is warned that they count twice. A data set's images
+old rows; a rerun that gives pixels ``out`` holds under a new id is warned that they count twice. Per-image ``labels=``
+and ``target=`` (one class index per image) are kept the same way, id by id (``class_ids``), so a chunked run may
+give the new images their own labels, but an id whose rows ``out`` holds must keep the class it was scored with: a
+rerun that gives it another is refused, never answered from rows scored against the old one. A data set's images
 are numbered by ``image_offset`` or ``image_ids``, which its fingerprint holds (``ids_key``): the same data set
 numbered otherwise is refused.
+
+The rows themselves are checked too (``check_rows``): vitviz writes ``out`` atomically, but a file cut off or edited
+by another program (an interrupted copy, a hand edit) may lack rows of an image, or hold values no run writes; such a
+file is refused with a ``CheckpointError`` naming what is wrong, never continued as if those images were done.
 
 Image ids and method names are read back as the strings they were written as and mapped to the ids of the current
 run, so an id ``"001"`` stays ``"001"`` (not the number 1) and a resumed run returns the same frame as an
@@ -26,6 +33,7 @@ import json
 import os
 import warnings
 from collections.abc import Callable, Hashable, Iterable, Mapping, Sequence
+from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
@@ -50,6 +58,31 @@ from vitviz.errors import CheckpointError, ImageInputError, InputError, InputTyp
 # actually removed) is refused by ``resume`` rather than continued with rows of two layouts
 COLUMNS = ["image", "method", "mode", "fraction", "removed", "score", "metric", "removal"]
 TEXT = ("image", "method", "mode", "metric", "removal")
+# the arguments given one class index per image, kept id by id in the fingerprint file under "<name>_by_image"
+PER_IMAGE = ("target", "labels")
+
+
+@dataclass(frozen=True)
+class Layout:
+    """The rows a run writes for every image: one per method, mode and step, each with the metric its mode scores
+    and the run's removal (``faithfulness`` builds it as ``_batch`` writes the rows; ``check_rows`` holds a file to
+    it)."""
+
+    methods: tuple[str, ...]
+    modes: tuple[str, ...]
+    fractions: tuple[float, ...]
+    removal: str
+    metrics: Mapping[str, str]  # mode -> the metric its rows hold
+
+    @property
+    def rows_per_image(self) -> int:
+        return len(self.methods) * len(self.modes) * len(self.fractions)
+
+    @property
+    def distinct_per_image(self) -> int:
+        """The distinct (method, mode, step) rows of an image (fewer than ``rows_per_image`` where ``modes``
+        repeats a mode, whose rows the run writes twice)."""
+        return len(set(self.methods)) * len(set(self.modes)) * len(self.fractions)
 
 
 def sidecar(out: str | os.PathLike) -> Path:
@@ -71,9 +104,10 @@ def check_out(out: Any) -> None:
 
 
 def _describe(value: Any, per_image: torch.Tensor | None) -> Any:
-    """A JSON value that tells a target / labels argument apart from any other."""
+    """A JSON value that tells a target / labels argument apart from any other; one class index per image is
+    ``"per-image"`` here, its values kept id by id (``class_ids``), so a chunked run may add images."""
     if per_image is not None:
-        return f"per-image:{tensor_digest(per_image.to(torch.int64))}"
+        return "per-image"
     if value is None or isinstance(value, str):
         return value
     if isinstance(value, (int, np.integer)) and not isinstance(value, bool):
@@ -151,22 +185,36 @@ def image_digests(images: Any, image_id: Callable[[int], Hashable], total: int |
     return {k: v for k, v in digests.items() if v is not None}
 
 
+def class_ids(values: torch.Tensor | None, image_id: Callable[[int], Hashable]) -> dict[str, int] | None:
+    """``{str(id): class}`` for a per-image ``target=`` or ``labels=`` (``None`` for any other kind, which the
+    fingerprint holds whole)."""
+    if values is None:
+        return None
+    return {str(image_id(p)): int(v) for p, v in enumerate(values.reshape(-1).to(torch.int64).tolist())}
+
+
 def _show(value: Any) -> str:
     text = json.dumps(value)
     return text if len(text) <= 60 else text[:57] + "..."
 
 
 def resume(out: str | os.PathLike | None, fp: dict[str, Any] | None,
-           restore: Callable[[str], Hashable], pixels: Mapping[str, str] | None = None) -> Any:
+           restore: Callable[[str], Hashable], pixels: Mapping[str, str] | None = None,
+           layout: Layout | None = None,
+           classes: Mapping[str, Mapping[str, int] | None] | None = None) -> Any:
     """The rows ``out`` holds (``None`` when there is no file), refused with a ``CheckpointError`` unless the
-    fingerprint beside it equals ``fp`` and every id with rows there has the same ``pixels`` digest now (when both
-    runs digested it); image ids are mapped back with ``restore``. The fingerprint file keeps the digests of every
-    image either run was given."""
+    fingerprint beside it equals ``fp``, its rows are every image's complete ``layout`` (``check_rows``), every id
+    with rows there has the same ``pixels`` digest now (when both runs digested it) and the same class in each
+    per-image argument of ``classes`` (``{"labels": {id: class}, "target": ...}``, ``class_ids``); image ids are
+    mapped back with ``restore``. The fingerprint file keeps the digests and classes of every image either run was
+    given."""
     pixels = dict(pixels or {})
+    given = {name: dict(ids) for name, ids in (classes or {}).items() if ids is not None}
     if out is None:
         return None
     if not os.path.exists(out):
-        atomic_write_json(sidecar(out), {**(fp or {}), "pixels": pixels})
+        atomic_write_json(sidecar(out), {**(fp or {}), "pixels": pixels,
+                                         **{f"{name}_by_image": ids for name, ids in given.items()}})
         return None
     advice = f"delete {str(out)!r} (and {str(sidecar(out))!r}) to start over, or pass another out="
     if not sidecar(out).exists():
@@ -179,6 +227,8 @@ def resume(out: str | os.PathLike | None, fp: dict[str, Any] | None,
         raise CheckpointError(f"out={str(out)!r}: its fingerprint {str(sidecar(out))!r} cannot be read ({exc}); "
                               + advice) from exc
     saved_pixels = saved.pop("pixels", {}) if isinstance(saved, dict) else {}
+    saved_classes = {name: saved.pop(f"{name}_by_image", None) for name in PER_IMAGE} if isinstance(saved, dict) \
+        else {}
     columns = saved.get("columns") if isinstance(saved, dict) else None
     if fp is not None and isinstance(columns, list) and columns != fp.get("columns"):
         lacks = [c for c in fp["columns"] if c not in columns]
@@ -194,17 +244,25 @@ def resume(out: str | os.PathLike | None, fp: dict[str, Any] | None,
         raise CheckpointError(f"out={str(out)!r} holds another run (differs in {', '.join(keys)}: {diff}); "
                               + advice)
     # read_csv_exact: a resumed frame must equal an uninterrupted one to the bit
-    prev = read_csv_exact(out, dtype={c: str for c in TEXT}, keep_default_na=False,
-                          na_values={"score": ["", "nan", "NaN"]})
+    try:
+        prev = read_csv_exact(out, dtype={c: str for c in TEXT}, keep_default_na=False,
+                              na_values={"score": ["", "nan", "NaN"]})
+    except (OSError, ValueError) as exc:  # pandas' ParserError and EmptyDataError are ValueErrors
+        raise CheckpointError(f"out={str(out)!r} cannot be read as a vitviz.faithfulness table ({str(exc).strip()}); the file "
+                              "was cut off or edited by another program (vitviz writes it whole); " + advice) from exc
     if list(prev.columns) != COLUMNS:
         raise CheckpointError(f"out={str(out)!r} is not a vitviz.faithfulness table (columns {list(prev.columns)}); "
                               + advice)
+    if layout is not None:
+        check_rows(prev, out, layout, advice)
     other = sorted({i for i in prev["image"] if i in pixels and i in saved_pixels and pixels[i] != saved_pixels[i]})
     if other:
         raise CheckpointError(f"out={str(out)!r} holds rows for image id(s) {other[:5]} computed on other pixels than "
                               "the images given now with those ids (another batch numbered from the same ids?); "
                               "give the new images ids of their own (image_offset= or image_ids=), or " + advice)
     written = {str(i) for i in prev["image"]}
+    for name, now in given.items():
+        _check_classes(out, name, written, now, saved_classes.get(name), advice)
     known = {saved_pixels[i]: i for i in written if i in saved_pixels}
     twice = sorted((i, known[d]) for i, d in pixels.items() if i not in saved_pixels and d in known)
     if twice:
@@ -212,10 +270,95 @@ def resume(out: str | os.PathLike | None, fp: dict[str, Any] | None,
                       f"{', '.join(f'{new!r} (as {old!r})' for new, old in twice[:5])}: those images are scored again "
                       "under a new id and count twice in the table; give them the ids they have there, or leave "
                       "them out", stacklevel=3)
-    if pixels and any(saved_pixels.get(k) != v for k, v in pixels.items()):
-        atomic_write_json(sidecar(out), {**fp, "pixels": {**saved_pixels, **pixels}})
+    grown = {name: {**(saved_classes.get(name) or {}), **now} for name, now in given.items()}
+    if (pixels and any(saved_pixels.get(k) != v for k, v in pixels.items())) or any(
+            grown[name] != saved_classes.get(name) for name in grown):
+        atomic_write_json(sidecar(out), {**fp, "pixels": {**saved_pixels, **pixels},
+                                         **{f"{name}_by_image": ids for name, ids in grown.items()}})
     prev["image"] = [restore(s) for s in prev["image"]]
     return prev
+
+
+def _check_classes(out: Any, name: str, written: set[str], now: Mapping[str, int], saved: Any,
+                   advice: str) -> None:
+    """Refuse a rerun that gives an image id whose rows ``out`` holds another class in the per-image argument
+    ``name`` (``labels`` or ``target``) than its rows were scored with, or whose class the file does not record."""
+    saved = saved if isinstance(saved, dict) else {}
+    unknown = sorted(i for i in written if i in now and i not in saved)
+    if unknown:
+        raise CheckpointError(f"out={str(out)!r} holds rows for image id(s) {unknown[:5]} but its fingerprint "
+                              f"{str(sidecar(out))!r} does not record the per-image {name}= they were scored with, so "
+                              f"vitviz cannot tell whether the {name} given now are theirs; " + advice)
+    other = sorted(i for i in written if i in now and saved[i] != now[i])
+    if other:
+        shown = ", ".join(f"{i!r}: {saved[i]} there, {now[i]} now" for i in other[:5])
+        raise CheckpointError(f"out={str(out)!r} holds rows for image id(s) {other[:5]} scored with other per-image "
+                              f"{name}= than given now ({shown}); a resumed run cannot mix results of two {name} for "
+                              f"one image: give those images the {name} they were scored with (a chunked run keeps "
+                              "the classes of the images already written), or new ids of their own (image_offset= or "
+                              "image_ids=), or " + advice)
+
+
+def _line(prev: Any, where: Any) -> int:
+    """The line of the file (1: the header) of the first row ``where`` is true."""
+    return int(np.flatnonzero(np.asarray(where))[0]) + 2
+
+
+def check_rows(prev: Any, out: Any, layout: Layout, advice: str) -> None:
+    """Refuse rows ``out`` holds that this run would not write (``layout``): a method, mode, removal, metric or
+    step it has not, a column that is not numbers, or an image without exactly one row per method, mode and step
+    (a file cut off or edited by another program: vitviz writes it whole). Nothing is dropped: the file is refused
+    with the line or the image ids that are wrong."""
+    import pandas as pd
+
+    where = f"out={str(out)!r}"
+    damaged = "(the file was cut off or edited by another program; vitviz writes it whole)"
+    blank = prev["image"] == ""
+    if blank.any():
+        raise CheckpointError(f"{where} has a row without an image id at line {_line(prev, blank)} {damaged}; "
+                              + advice)
+    for column, allowed in (("method", layout.methods), ("mode", layout.modes), ("removal", (layout.removal,))):
+        bad = ~prev[column].isin(allowed)
+        if bad.any():
+            value = prev[column][bad].iloc[0]
+            raise CheckpointError(f"{where} holds {column} {value!r} at line {_line(prev, bad)}, which this run does "
+                                  f"not write (its {column}s: {list(allowed)}) {damaged}; " + advice)
+    expected = prev["mode"].map(dict(layout.metrics))
+    bad = prev["metric"] != expected
+    if bad.any():
+        first = int(np.flatnonzero(bad.to_numpy())[0])
+        raise CheckpointError(f"{where} holds metric {prev['metric'].iloc[first]!r} at line {first + 2}, where this "
+                              f"run writes {expected.iloc[first]!r} for mode {prev['mode'].iloc[first]!r} {damaged}; "
+                              + advice)
+    for column in ("fraction", "removed", "score"):
+        if not pd.api.types.is_float_dtype(prev[column]) and not pd.api.types.is_integer_dtype(prev[column]):
+            values = pd.to_numeric(prev[column], errors="coerce")
+            bad = values.isna() & prev[column].notna()
+            value = prev[column][bad].iloc[0] if bad.any() else prev[column].iloc[0]
+            line = _line(prev, bad) if bad.any() else 2
+            raise CheckpointError(f"{where} holds {column} {value!r} at line {line}, not a number {damaged}; "
+                                  + advice)
+    bad = ~prev["fraction"].isin(layout.fractions)
+    if bad.any():
+        raise CheckpointError(f"{where} holds fraction {float(prev['fraction'][bad].iloc[0])!r} at line {_line(prev, bad)}, "
+                              f"which is not a step of this run ({list(layout.fractions)}) {damaged}; " + advice)
+    bad = ~prev["removed"].between(0, 1)
+    if bad.any():
+        raise CheckpointError(f"{where} holds removed {float(prev['removed'][bad].iloc[0])!r} at line {_line(prev, bad)}, "
+                              f"not a fraction of the patches in [0, 1] {damaged}; " + advice)
+    n, unique = layout.rows_per_image, layout.distinct_per_image
+    rows = prev.groupby("image", sort=False).size()
+    distinct = prev.drop_duplicates(["image", "method", "mode", "fraction"]).groupby("image", sort=False).size()
+    wrong = [i for i in rows.index if rows[i] != n or distinct[i] != unique]
+    if wrong:
+        counts = ", ".join(f"{i!r}: {rows[i]} rows" + (f" ({rows[i] - n} repeated)"
+                                                       if distinct[i] == unique and rows[i] > n else "")
+                           for i in wrong[:5])
+        raise CheckpointError(f"{where} holds incomplete rows for image id(s) {wrong[:5]}"
+                              + (f" and {len(wrong) - 5} more" if len(wrong) > 5 else "")
+                              + f" ({counts}), where this run writes {n} per image, one per method, mode and "
+                              f"step ({len(layout.methods)} x {len(layout.modes)} x {len(layout.fractions)}) "
+                              f"{damaged}; " + advice)
 
 
 def image_id_of(image_ids: Sequence[Hashable] | None, image_offset: int,
