@@ -4,12 +4,13 @@ from __future__ import annotations
 
 import hashlib
 import json
+from pathlib import Path
 
 import pytest
 import torch
 
 import vitviz
-from vitviz.errors import CheckpointError
+from vitviz.errors import CheckpointError, InputError
 from vitviz.experiments.train import (
     Interrupted,
     TrainConfig,
@@ -76,6 +77,17 @@ def test_resume_after_kill_mid_epoch_is_bit_identical(tmp_path, tiny_folder, mod
     assert a["model"].keys() == b["model"].keys()
     assert [k for k in a["model"] if not torch.equal(a["model"][k], b["model"][k])] == []
     assert [r["test_acc"] for r in a["history"]] == [r["test_acc"] for r in b["history"]]
+
+
+def test_a_run_folder_that_holds_a_run_is_not_trained_over_without_resume(tmp_path, tiny_folder):
+    """Forgetting --resume after a kill once started the run afresh and replaced its last.pt and metrics after the
+    first epoch, exit status 0: the folder's run is refused instead, its files left as they were."""
+    summary = train(config(tmp_path, tiny_folder, epochs=1), progress=False)
+    run_dir = Path(summary["run_dir"])
+    before = {p.name: p.read_bytes() for p in run_dir.iterdir() if p.is_file()}
+    with pytest.raises(InputError, match=r"already holds a run \(last.pt.*Pass resume=True \(--resume\)"):
+        train(config(tmp_path, tiny_folder, epochs=1, lr=5e-3), progress=False)
+    assert {p.name: p.read_bytes() for p in run_dir.iterdir() if p.is_file()} == before
 
 
 def test_resume_refuses_a_different_recipe(tmp_path, tiny_folder):

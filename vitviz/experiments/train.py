@@ -121,7 +121,8 @@ def train(
 
     Args:
         cfg: the run's configuration.
-        resume: continue from ``<run_dir>/last.pt`` if present (its config must match ``cfg``).
+        resume: continue from ``<run_dir>/last.pt`` if present (its config must match ``cfg``); without it, a
+            ``run_dir`` that holds a ``last.pt`` is refused rather than trained over.
         on_step: called as ``on_step(epoch, step_in_epoch)`` after every optimizer step.
         on_epoch: called as ``on_epoch(epoch, model, row)`` after each epoch's checkpoint is written (``epoch``
             counts from 1; ``row`` is that epoch's metrics), e.g. to keep every epoch's weights.
@@ -151,6 +152,11 @@ def train(
     start_epoch, history, train_time = 0, [], 0.0
     data_checked_from = 0  # the first epoch trained on data this run's fingerprint was checked against
     ckpt_path = run_dir / "last.pt"
+    if not resume and ckpt_path.exists():  # a fresh run would replace it after its first epoch
+        raise InputError(
+            f"{run_dir} already holds a run ({ckpt_path.name}, with its metrics): training it again from scratch "
+            "would overwrite the epochs it trained. Pass resume=True (--resume) to continue it, another folder "
+            "(--out) for a new run, or delete the folder to start it over")
     if resume and ckpt_path.exists():
         from vitviz.zoo.weights import load_training_state
 
