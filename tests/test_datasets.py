@@ -388,3 +388,21 @@ def test_a_dataset_gets_the_argument_checks_of_a_batch(name, tmp_path):
         fn(model, Stream(x), batch_size=2, num_workers=1)
     with pytest.raises(InputTypeError, match=r"reduction=None is not a RunningReduction"):
         reduce_dataset(model, ds, None)
+
+
+def test_a_dataset_of_dicts_is_refused_naming_its_keys_and_the_fix():
+    """Hugging Face datasets yield dicts; the message once named neither images= nor the keys nor the fix."""
+    from torch.utils.data import DataLoader, Dataset
+
+    class Dicts(Dataset):
+        def __len__(self):
+            return 2
+
+        def __getitem__(self, i):
+            return {"pixel_values": torch.zeros(3, 32, 48), "label": i}
+
+    model = tiny_timm_vit()
+    for source in (Dicts(), DataLoader(Dicts(), batch_size=2)):
+        with pytest.raises(vitviz.InputError, match=r"images: a batch of the Dataset / DataLoader .* got a dict with "
+                                                    r"keys \['label', 'pixel_values'\].*item\['pixel_values'\]"):
+            vitviz.mean_attention_distance(model, source)

@@ -303,3 +303,35 @@ def test_a_size_the_model_does_not_take_names_the_argument_and_its_familys_fix(f
     dynamic = tiny_timm_vit(dynamic_img_size=True)
     with pytest.raises(vitviz.ImageInputError, match=r"^images: .*multiples of its 8x8 token stride, got 30x48"):
         vitviz.attention_rollout(dynamic, torch.randn(1, 3, 30, 48))
+
+
+def test_a_16_bit_image_is_refused_alike_as_a_path_a_pil_image_a_folder_and_an_array(tmp_path):
+    """PIL's convert("RGB") clips a 16-bit image at 255 (a photo came out white) where its array was refused: every
+    path now reads such an image as the array of its values, with the array's message and fix."""
+    from vitviz.core.datasets import ImageFolder
+    from vitviz.errors import ImageInputError
+
+    values = (np.arange(32 * 32, dtype=np.uint16).reshape(32, 32) * 60)
+    (tmp_path / "c").mkdir()
+    path = tmp_path / "c" / "wide.png"
+    Image.fromarray(values).save(path)
+    model = build_reference("cifar10-vit")
+    match = r"images: an image array of dtype uint16 has values from 0 to \d+, outside 0..255.*arr / 257"
+    for given in (path, str(path), Image.open(path), values):
+        with pytest.raises(ImageInputError, match=match):
+            vitviz.load_images(model, [given])
+    with pytest.raises(ImageInputError, match=match):
+        ImageFolder(tmp_path, model)[0]
+    low = values // 257  # within 0..255: read as that array is
+    Image.fromarray(low.astype(np.uint16)).save(path)
+    torch.testing.assert_close(vitviz.load_images(model, [path]), vitviz.load_images(model, [low.astype(np.uint8)]))
+
+
+def test_an_unreadable_file_in_a_folder_gets_the_message_of_its_path(tmp_path):
+    from vitviz.core.datasets import ImageFolder
+    from vitviz.errors import ImageInputError
+
+    (tmp_path / "c").mkdir()
+    (tmp_path / "c" / "x.jpg").write_bytes(b"not an image")
+    with pytest.raises(ImageInputError, match=r"images: cannot read image '.*x.jpg'"):
+        ImageFolder(tmp_path, build_reference("cifar10-vit"))[0]

@@ -448,6 +448,16 @@ def test_a_hugging_face_folder_missing_weights_is_refused_not_random(tmp_path):
         vitviz.load_model(tmp_path / "hf")
 
 
+def test_a_model_folder_with_a_cut_off_safetensors_file_names_the_file(tmp_path):
+    """A cut-off download in a model folder: each library raised its own SafetensorError (no CheckpointError, no
+    file named); vitviz reads the folder's .safetensors headers first, as it does a checkpoint= file's."""
+    _hf_vit().save_pretrained(tmp_path / "hf")
+    weights = tmp_path / "hf" / "model.safetensors"
+    weights.write_bytes(weights.read_bytes()[: weights.stat().st_size // 2])
+    with pytest.raises(vitviz.CheckpointError, match=r"cannot read checkpoint '.*hf/model.safetensors'.*truncated"):
+        vitviz.load_model(tmp_path / "hf")
+
+
 def test_a_timm_folder_with_another_num_classes_is_refused_not_given_a_random_head(tmp_path):
     """timm's ``local-dir:`` loader drops the folder's classifier, and loads the rest non-strictly, when
     ``num_classes`` differs from its config's; vitviz loads the folder strictly."""

@@ -89,10 +89,10 @@ class ImageFolder(Dataset):
         return len(self.files)
 
     def __getitem__(self, i: int) -> tuple[torch.Tensor, int]:
-        from PIL import Image
+        from vitviz.core.images import to_pil
 
-        with Image.open(self.files[i]) as im:
-            return self.transform(im.convert("RGB")), self.labels[i]
+        # the checks and messages of an image given by its path (an unreadable file, a 16-bit image)
+        return self.transform(to_pil(self.files[i], "images")), self.labels[i]
 
 
 class RunningReduction:
@@ -229,7 +229,10 @@ def _split(batch: Any) -> tuple[torch.Tensor, Any]:
         return batch, None
     if isinstance(batch, (list, tuple)) and batch and isinstance(batch[0], torch.Tensor):
         return batch[0], (batch[1] if len(batch) > 1 else None)
-    raise InputError(f"a batch must be an image tensor or (images, targets, ...), got {type(batch).__name__}")
+    keys = f" with keys {sorted(map(str, batch))[:6]}" if isinstance(batch, dict) else ""
+    raise InputError(f"images: a batch of the Dataset / DataLoader must be an image tensor or (images, targets, "
+                     f"...), got a {type(batch).__name__}{keys}; wrap the dataset so that each item is (image, "
+                     "label), e.g. (item['pixel_values'], item['label']) for a dict")
 
 
 def _batch_check(model: nn.Module, pin: bool, cast: bool) -> Callable[[torch.Tensor], torch.Tensor]:

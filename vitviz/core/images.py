@@ -122,6 +122,19 @@ def _array_to_uint8(arr: np.ndarray, argument: str) -> np.ndarray:
     return np.round(arr).astype(np.uint8)
 
 
+# PIL modes of more than 8 bits a channel (16-bit PNG and TIFF, 32-bit int and float): convert("RGB") clips them
+# at 255, so a 16-bit photo would come out white; they take the checks of an array of their values instead
+_WIDE_MODES = ("I", "I;16", "I;16B", "I;16L", "I;16N", "F")
+
+
+def _rgb(image: Image.Image, argument: str) -> Image.Image:
+    """``image`` in RGB; one of more than 8 bits a channel is read as the array of its values (``_array_to_uint8``:
+    refused outside 0..255 with the fix), as that array given directly would be, never clipped."""
+    if image.mode in _WIDE_MODES:
+        return Image.fromarray(_array_to_uint8(np.asarray(image), argument)).convert("RGB")
+    return image.convert("RGB")
+
+
 def to_pil(image: ImageLike, argument: str = "images") -> Image.Image:
     """Load a path, array or PIL image as an RGB PIL image (grayscale, palette and RGBA are converted).
 
@@ -140,7 +153,7 @@ def to_pil(image: ImageLike, argument: str = "images") -> Image.Image:
             raise ImageInputError(f"{argument}: image file {str(path)!r} not found; check the path")
         try:
             with Image.open(path) as im:
-                return im.convert("RGB")
+                return _rgb(im, argument)
         except OSError as e:
             raise ImageInputError(f"{argument}: cannot read image {str(path)!r}: {e}") from None
     if isinstance(image, np.ndarray):
@@ -159,7 +172,7 @@ def to_pil(image: ImageLike, argument: str = "images") -> Image.Image:
     if isinstance(image, Image.Image):
         if not (image.width and image.height):
             raise ImageInputError(f"{argument}: a PIL image of size {image.width}x{image.height} has no pixels")
-        return image.convert("RGB")
+        return _rgb(image, argument)
     raise ImageInputError(
         f"{argument}: cannot use {type(image).__name__} as an image; pass a tensor, PIL image, array or path"
     )

@@ -276,6 +276,8 @@ def _load_folder(folder: Path, **kwargs: Any) -> nn.Module:
     the class its ``architectures`` names, else ``AutoModel``) or a timm Hub folder (its ``architecture``, read by
     timm's ``local-dir:`` loader); without a ``config.json``, an open_clip folder (``_load_open_clip_folder``).
     ``kwargs`` go to ``from_pretrained``, ``timm.create_model`` or ``open_clip.create_model``."""
+    for weights in sorted(folder.glob("*.safetensors")):  # a damaged file (a cut-off download) named as such,
+        safetensors_metadata(weights)  # where each library would raise its own SafetensorError
     config_file = folder / "config.json"
     if not config_file.is_file():
         if (folder / OPEN_CLIP_CONFIG).is_file():
