@@ -43,7 +43,7 @@ from collections.abc import Sequence
 
 import numpy as np
 
-from vitviz.core.util import is_number
+from vitviz.core.util import class_indices, is_number
 from vitviz.errors import InputError
 
 L2_GRID = tuple(2.0 ** e for e in range(-10, 11))
@@ -60,22 +60,6 @@ def _check_xy(x: np.ndarray, y: np.ndarray, what: str) -> tuple[np.ndarray, np.n
     if not np.isfinite(x).all():
         raise InputError(f"{what}: features hold NaN or inf; check the model's output (dtype, autocast)")
     return x, class_indices(y, what)
-
-
-def class_indices(y: np.ndarray, what: str) -> np.ndarray:
-    """``y`` as int64 class indices; refused (``InputError`` naming ``what``) where a value is not one: a bool,
-    a fraction (cast to an int, 0.2 and 0.7 would merge into class 0) or a negative number (an index from the
-    end)."""
-    y = np.asarray(y)
-    if y.dtype == bool or not np.issubdtype(y.dtype, np.number) or (
-            np.issubdtype(y.dtype, np.floating) and not (np.isfinite(y).all() and (y == np.round(y)).all())):
-        raise InputError(f"{what}: labels must be class indices (ints >= 0), got dtype {y.dtype}; a label cast to "
-                         "an int would merge classes (0.2 and 0.7 both class 0)")
-    y = y.astype(np.int64)
-    if (y < 0).any():
-        raise InputError(f"{what}: labels must be class indices (ints >= 0), got {int(y[y < 0][0])}; a negative "
-                         "label would index the classes from the end")
-    return y
 
 
 def standardize(train: np.ndarray, *others: np.ndarray) -> list[np.ndarray]:

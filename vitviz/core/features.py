@@ -28,6 +28,7 @@ from torch.utils.data import TensorDataset as TorchTensorDataset
 from vitviz.core.calls import in_eval_mode
 from vitviz.core.datasets import RunningReduction, reduce_dataset
 from vitviz.core.loader_order import loader_positions
+from vitviz.core.util import class_indices
 from vitviz.errors import InputError, LayerSelectError, UnsupportedModelError
 
 PRE_LOGITS = "pre_logits"
@@ -115,18 +116,10 @@ class FeatureReduction(RunningReduction):
             raise InputError("features for probes need labels: pass a folder with one sub-folder per class, a "
                              "Dataset yielding (image, label) or (images, labels) batches")
         given = torch.as_tensor(target).cpu()
-        if given.dtype == torch.bool or (given.is_floating_point() and not bool((given == given.round()).all())):
-            bad = given[given != given.round()][0] if given.is_floating_point() else given.flatten()[0]
-            raise InputError(f"labels: the images' labels must be class indices (ints >= 0), got {given.dtype} "
-                             f"values such as {bad.item()!r}; a label cast to an int would merge classes (0.2 and "
-                             "0.7 both class 0). Pass the class index of each image")
-        labels = given.long()
-        if (labels == -1).any():
+        if (given == -1).any():
             raise InputError("images without a class (label -1: files directly in the folder) cannot be probed; "
                              "put each class's images in its own sub-folder")
-        if (labels < 0).any():
-            raise InputError(f"labels: the images' labels must be class indices (ints >= 0), got "
-                             f"{int(labels[labels < 0][0])}; pass the class index of each image")
+        labels = torch.from_numpy(class_indices(given.float() if given.dtype == torch.bfloat16 else given, "labels"))
         tokens: dict[int, torch.Tensor] = {}
         handles = []
         for i in self.blocks:

@@ -100,6 +100,26 @@ def check_bool(value: object, argument: str, meaning: str) -> bool:
     return bool(value)
 
 
+def class_indices(y: Any, what: str) -> Any:
+    """``y`` (an array or a sequence) as an int64 NumPy array of class indices; ``InputError`` naming ``what``
+    where a value is not one: a bool, a fraction (cast to an int, 0.2 and 0.7 would merge into class 0) or a
+    negative number (an index from the end)."""
+    import numpy as np
+
+    from vitviz.errors import InputError
+
+    y = np.asarray(y)
+    if y.dtype == bool or not np.issubdtype(y.dtype, np.number) or (
+            np.issubdtype(y.dtype, np.floating) and not (np.isfinite(y).all() and (y == np.round(y)).all())):
+        raise InputError(f"{what}: labels must be class indices (ints >= 0), got dtype {y.dtype}; a label cast to "
+                         "an int would merge classes (0.2 and 0.7 both class 0)")
+    y = y.astype(np.int64)
+    if (y < 0).any():
+        raise InputError(f"{what}: labels must be class indices (ints >= 0), got {int(y[y < 0][0])}; a negative "
+                         "label would index the classes from the end")
+    return y
+
+
 def name_list(value: object, argument: str, known: Sequence[str] | Callable[[], Sequence[str]]) -> list[str]:
     """``value`` as a list of names: one name (a string) is a list of one, as ``["deletion"]``, never its
     characters; a list, tuple or other iterable is listed as it is (the caller checks each name against ``known``).
