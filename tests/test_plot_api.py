@@ -24,6 +24,7 @@ from matplotlib.figure import Figure  # noqa: E402
 
 import vitviz  # noqa: E402
 from vitviz.experiments.cls_vs_gap import read_cls_vs_gap  # noqa: E402
+from vitviz.experiments.posemb_seeds import read_posemb_seeds  # noqa: E402
 from vitviz.plot.style import PAPER_FIGURES, plot_level  # noqa: E402
 
 PUBLIC_PLOTS = sorted(n for n in vitviz._LAZY if n.startswith("plot_") and n != "plot_level")
@@ -77,6 +78,8 @@ def _calls(model) -> dict:
             [{"model": "m", "layer": f"block{d}", "depth": d + 1, "probe": "linear", "shots": 5, "seed": s,
               "accuracy": 10.0 * d + s} for d in range(3) for s in range(2)]), **kw),
         "plot_cls_vs_gap": lambda **kw: vitviz.plot_cls_vs_gap(read_cls_vs_gap(), **kw),
+        "plot_posemb_seeds": lambda **kw: vitviz.plot_posemb_seeds(read_posemb_seeds(), **kw),
+        "plot_posemb_seeds_grid": lambda **kw: vitviz.plot_posemb_seeds_grid(**kw),
         "plot_sanity_checks": lambda **kw: vitviz.plot_sanity_checks(
             vitviz.sanity_checks(model.eval(), x, methods=["chefer"], tests=("cascading",)), **kw),
     }

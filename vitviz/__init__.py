@@ -111,6 +111,8 @@ _LAZY = {
     "plot_sanity_checks": "vitviz.plot.sanity",
     "plot_layer_probes": "vitviz.plot.probes",
     "plot_cls_vs_gap": "vitviz.plot.probes",
+    "plot_posemb_seeds": "vitviz.plot.probes",
+    "plot_posemb_seeds_grid": "vitviz.plot.probes",
     "save_figure": "vitviz.plot.style",
     "Saver": "vitviz.plot.style",
     # widgets

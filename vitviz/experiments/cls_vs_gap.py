@@ -12,10 +12,10 @@ LayerNorm is applied to every token and the normalised patch tokens are averaged
 (``classifier="gap"``: the encoder's final norm, then the mean over tokens). timm's default for ``global_pool="avg"``
 (``fc_norm=True``) would instead average first and normalise after.
 
-Resumable: every run checkpoints each epoch atomically (``train``'s ``last.pt``) and keeps each epoch's weights
-(``epochs/epoch_NNN.pt``, for measuring few-shot accuracy per epoch afterwards); a rerun skips finished runs and
-continues an interrupted one from its last epoch. After every epoch the results CSV (one row per run and epoch) is
-rewritten atomically from all run folders, so it always holds every finished epoch.
+Resumable (``vitviz.experiments.sweep``): every run checkpoints each epoch atomically (``train``'s ``last.pt``) and
+keeps each epoch's weights (``epochs/epoch_NNN.pt``, for measuring few-shot accuracy per epoch afterwards); a rerun
+skips finished runs and continues an interrupted one from its last epoch. After every epoch the results CSV (one row
+per run and epoch) is rewritten atomically from all run folders, so it always holds every finished epoch.
 """
 
 from __future__ import annotations
@@ -31,20 +31,24 @@ import pandas as pd
 import torch
 
 from vitviz.analysis.intervals import PERCENT_DIFFERENCE, t_interval
-from vitviz.core.io import atomic_save, atomic_write_json, atomic_write_text
+from vitviz.core.io import atomic_write_text
 from vitviz.core.resources import shipped_csv
 from vitviz.core.util import cli_errors
 from vitviz.experiments.config import (
     TrainConfig,
-    count_or_all,
-    int_list,
     name_list,
-    non_negative_float,
     positive_float_list,
-    positive_int,
 )
 from vitviz.experiments.data import run_fingerprint
-from vitviz.experiments.train import train
+from vitviz.experiments.sweep import (
+    SweepRun,
+    add_sweep_options,
+    collect_runs,
+    fewshot_of_epochs,
+    last_epoch_per_seed,
+    train_runs,
+    write_table,
+)
 from vitviz.zoo.weights import versions
 
 # head type -> model_kwargs of cifar10-vit (timm VisionTransformer arguments)
@@ -93,104 +97,35 @@ def train_config(cfg: ClsGapConfig, head: str, lr: float, seed: int) -> TrainCon
     )
 
 
-def check_run_folder(tc: TrainConfig, fingerprint: dict[str, Any] | None) -> bool:
-    """Whether ``tc.run_dir`` holds a run of this sweep (``last.pt`` present); ``InputError`` when it holds a run
-    trained otherwise (``check_training_state``: another recipe, subset or dataset) or for another number of epochs,
-    whose metrics or kept epochs would be labelled with this sweep's settings. ``fingerprint``: the data's
-    (``run_fingerprint``), shared by every run of the sweep."""
-    from vitviz.errors import InputError
-    from vitviz.experiments.config import check_training_state
-    from vitviz.zoo.weights import load_training_state
-
-    last = tc.run_dir / "last.pt"
-    if not last.exists():
-        return False
-    state = load_training_state(last)
-    check_training_state(state, tc, fingerprint if fingerprint is not None else run_fingerprint(tc), last)
-    if state["config"]["epochs"] != tc.epochs:
-        raise InputError(f"{last} holds a {state['config']['epochs']}-epoch run, this sweep trains {tc.epochs} "
-                         "epochs: resume it with its own --epochs, or write this sweep to another folder (--out)")
-    return True
+def runs(cfg: ClsGapConfig) -> list[SweepRun]:
+    """Every run of the sweep: head x learning rate x seed."""
+    return [SweepRun(run_id(head, lr, seed), {"head": head, "lr": lr, "seed": seed}, train_config(cfg, head, lr, seed))
+            for head in cfg.heads for lr in cfg.lrs for seed in cfg.seeds]
 
 
 def collect(cfg: ClsGapConfig, fingerprint: dict[str, Any] | None = None) -> pd.DataFrame:
-    """One row per (run, finished epoch), read from every run folder's ``metrics.json``; a run folder trained
-    otherwise than ``cfg`` says is refused (``check_run_folder``), never labelled with ``cfg``'s settings.
+    """One row per (run, finished epoch), read from every run folder (``sweep.collect_runs``); a run folder trained
+    otherwise than ``cfg`` says is refused (``sweep.check_run_folder``), never labelled with ``cfg``'s settings.
 
     ``fingerprint``: the data's (``run_fingerprint``), computed here when not given.
     """
-    import json
-
-    rows = []
-    for head in cfg.heads:
-        for lr in cfg.lrs:
-            for seed in cfg.seeds:
-                tc = train_config(cfg, head, lr, seed)
-                metrics = tc.run_dir / "metrics.json"
-                if not metrics.exists():
-                    continue
-                if fingerprint is None:
-                    fingerprint = run_fingerprint(tc)
-                if not check_run_folder(tc, fingerprint):
-                    from vitviz.errors import InputError
-
-                    raise InputError(f"{metrics} has no last.pt beside it, so the run it measures cannot be "
-                                     "checked against this sweep's settings; train it again (delete the folder)")
-                for row in json.loads(metrics.read_text()):
-                    row = dict(row)
-                    row["lr_end"] = row.pop("lr")  # the schedule's rate at the end of the epoch
-                    # the images the run was checked to have trained and tested on (a subset larger than the
-                    # dataset, or the whole of a dataset other than CIFAR-10, is not the number asked for)
-                    rows.append({"run": run_id(head, lr, seed), "head": head, "lr": lr, "seed": seed,
-                                 "epochs_planned": cfg.epochs, "train_images": fingerprint["train"]["count"],
-                                 "test_images": fingerprint["test"]["count"], **row})
-    return pd.DataFrame(rows)
+    return collect_runs(runs(cfg), fingerprint)
 
 
 def write_results(cfg: ClsGapConfig, fingerprint: dict[str, Any] | None = None) -> pd.DataFrame:
     """Rewrite the results CSV (atomically) and its settings JSON from the run folders (``collect``)."""
     table = collect(cfg, fingerprint)
-    buf = io.StringIO()
-    table.to_csv(buf, index=False)
-    atomic_write_text(cfg.results, buf.getvalue())
     meta = {k: (list(v) if isinstance(v, tuple) else v) for k, v in vars(cfg).items()}
-    atomic_write_json(Path(cfg.results).with_suffix(".json"),
-                      {"settings": meta, "heads": HEADS, "paper_lrs": list(PAPER_LRS), "versions": versions()})
+    write_table(cfg.results, table, {"settings": meta, "heads": HEADS, "paper_lrs": list(PAPER_LRS),
+                                     "versions": versions()})
     return table
 
 
 def run_sweep(cfg: ClsGapConfig, *, progress: bool = False) -> pd.DataFrame:
     """Train every run in turn (resuming any started one); return the results table."""
     fingerprint = run_fingerprint(train_config(cfg, cfg.heads[0], cfg.lrs[0], cfg.seeds[0]))  # shared by all runs
-    for head in cfg.heads:
-        for lr in cfg.lrs:
-            for seed in cfg.seeds:
-                tc = train_config(cfg, head, lr, seed)
-                epochs_dir = tc.run_dir / "epochs"
-                _recover_last_epoch(tc.run_dir, epochs_dir)
-
-                def keep(epoch: int, model: torch.nn.Module, row: dict[str, Any], d: Path = epochs_dir) -> None:
-                    atomic_save({k: v.detach().cpu() for k, v in model.state_dict().items()},
-                                d / f"epoch_{epoch:03d}.pt")
-                    write_results(cfg, fingerprint)
-
-                print(f"[cls_vs_gap] {run_id(head, lr, seed)}: {tc}", flush=True)
-                summary = train(tc, resume=True, on_epoch=keep, progress=progress)
-                print(f"[cls_vs_gap] done {run_id(head, lr, seed)}: {summary}", flush=True)
+    train_runs(runs(cfg), lambda: write_results(cfg, fingerprint), tag="cls_vs_gap", progress=progress)
     return write_results(cfg, fingerprint)
-
-
-def _recover_last_epoch(run_dir: Path, epochs_dir: Path) -> None:
-    """A run killed after writing ``last.pt`` but before keeping that epoch's weights: keep them from it."""
-    last = run_dir / "last.pt"
-    if not last.exists():
-        return
-    from vitviz.zoo.weights import load_training_state
-
-    state = load_training_state(last)
-    target = epochs_dir / f"epoch_{state['epoch']:03d}.pt"
-    if not target.exists():
-        atomic_save(state["model"], target)
 
 
 def read_cls_vs_gap(path: str | Path | None = None) -> pd.DataFrame:
@@ -205,36 +140,7 @@ def fewshot_by_epoch(cfg: ClsGapConfig, *, shots: int = 5, seeds: tuple[int, ...
     Few-shot images come from the training folder (``seeds`` draws), scored on the first ``test_per_class``
     test images of each class. Returns one row per run, epoch and draw (``fewshot_by_epoch.csv``).
     """
-    from vitviz.analysis.representations import linear_fewshot, per_class_subset
-    from vitviz.zoo.reference import build_reference
-    from vitviz.zoo.samples import resolve_data_root
-
-    root = resolve_data_root(cfg.data)
-    fingerprint = None  # the sweep's data, computed for the first run folder that has a last.pt
-    frames = []
-    for head in cfg.heads:
-        for lr in cfg.lrs:
-            for seed in cfg.seeds:
-                tc = train_config(cfg, head, lr, seed)
-                if fingerprint is None and (tc.run_dir / "last.pt").exists():
-                    fingerprint = run_fingerprint(tc)
-                if not check_run_folder(tc, fingerprint) and any((tc.run_dir / "epochs").glob("epoch_*.pt")):
-                    import warnings
-
-                    warnings.warn(f"{tc.run_dir} keeps epoch weights but no last.pt: whether they were trained as "
-                                  f"{run_id(head, lr, seed)} of this sweep could not be checked", stacklevel=2)
-                model = build_reference("cifar10-vit", **HEADS[head]).eval()
-                test = per_class_subset(model, root / "test", test_per_class)
-                for path in sorted((tc.run_dir / "epochs").glob("epoch_*.pt")):
-                    model.load_state_dict(torch.load(path, map_location="cpu", weights_only=True))
-                    df = linear_fewshot(model, root / "train", test, shots=(shots,), seeds=seeds, name=run_id(
-                        head, lr, seed), batch_size=250)
-                    df.insert(1, "head", head)
-                    df.insert(2, "lr", lr)
-                    df.insert(3, "run_seed", seed)
-                    df.insert(4, "epoch", int(path.stem.split("_")[1]))
-                    frames.append(df)
-    table = pd.concat(frames, ignore_index=True) if frames else pd.DataFrame()
+    table = fewshot_of_epochs(runs(cfg), cfg.data, shots=shots, seeds=seeds, test_per_class=test_per_class)
     buf = io.StringIO()
     table.to_csv(buf, index=False)
     atomic_write_text(results or Path(cfg.results).with_name("fewshot_by_epoch.csv"), buf.getvalue())
@@ -267,13 +173,6 @@ def cls_vs_gap_claims(df: pd.DataFrame, metric: str = "test_acc") -> pd.DataFram
     """
     from vitviz.errors import InputError
 
-    reached = df.groupby(["head", "lr", "seed"]).epoch.max()
-    behind = reached[reached < df.epoch.max()]
-    if len(behind):
-        runs = ", ".join(f"{run_id(h, lr, sd)} at epoch {e}" for (h, lr, sd), e in behind.items())
-        raise InputError(f"not every run reached epoch {df.epoch.max()} ({runs}), so the last epoch compares only some "
-                         f"of the runs; finish them, or compare at the epoch every run reached: "
-                         f"cls_vs_gap_claims(df[df.epoch <= {int(reached.min())}])")
     by_id: dict[str, list[float]] = {}  # the rates by the name run_id gives them
     for lr in sorted(df.lr.unique()):
         by_id.setdefault(f"{lr:g}", []).append(float(lr))
@@ -283,14 +182,7 @@ def cls_vs_gap_claims(df: pd.DataFrame, metric: str = "test_acc") -> pd.DataFram
                          "only in their last bits (the same run id), so one run would count as two rates; write "
                          "each as the rate its run was trained at, e.g. df.assign(lr=df.lr.map(lambda x: "
                          f"min(LRS, key=lambda r: abs(r - x)))) with LRS = {LRS!r}")
-    last = df[df.epoch == df.epoch.max()]
-    have = set(last[["head", "lr", "seed"]].itertuples(index=False, name=None))
-    missing = sorted((h, lr, sd) for h, lr in {(h, lr) for h, lr, _ in have} for sd in set(last.seed)
-                     if (h, lr, sd) not in have)
-    if missing:
-        raise InputError(f"the runs do not share their seeds: {', '.join(run_id(*m) for m in missing)} missing, so "
-                         "the seed means would average different seeds and the pairing by seed would drop some; "
-                         "train the missing runs, or keep the seeds every run has: df[df.seed.isin([...])]")
+    last = last_epoch_per_seed(df, ("head", "lr"), run_id, "cls_vs_gap_claims")
     mean = last.groupby(["head", "lr"])[metric].mean().unstack("lr")
     rows = []
     for head, accs in mean.iterrows():
@@ -328,23 +220,12 @@ def read_fewshot_by_epoch(path: str | Path | None = None) -> pd.DataFrame:
 
 def parser() -> argparse.ArgumentParser:
     p = argparse.ArgumentParser(prog="python -m vitviz.experiments.cls_vs_gap", description=__doc__.split("\n")[0])
-    p.add_argument("--data", help="dataset root with train/ and test/ (default: $VITVIZ_DATA)")
-    p.add_argument("--out", default=ClsGapConfig.out)
-    p.add_argument("--results", default=ClsGapConfig.results)
+    add_sweep_options(p, ClsGapConfig)
     p.add_argument("--heads", type=name_list(HEADS), default="cls,gap", help="comma-separated, of: cls, gap")
     # repr, not :g: the default is LRS to the last bit (3.75e-4 is 0.00037499999999999995), so that runs started
     # without --lrs and runs of the sweep's code carry one rate, and resume each other's folders
     p.add_argument("--lrs", type=positive_float_list, default=",".join(repr(x) for x in LRS),
                    help="learning rates, comma-separated (default: %(default)s)")
-    p.add_argument("--seeds", type=int_list(), default="0", help="seeds, comma-separated")
-    p.add_argument("--epochs", type=positive_int, default=ClsGapConfig.epochs)
-    p.add_argument("--warmup-epochs", type=non_negative_float, default=ClsGapConfig.warmup_epochs)
-    p.add_argument("--train-subset", type=count_or_all, default=ClsGapConfig.train_subset, help="0: all 50,000")
-    p.add_argument("--test-subset", type=count_or_all, default=ClsGapConfig.test_subset, help="0: all 10,000")
-    p.add_argument("--batch-size", type=positive_int, default=ClsGapConfig.batch_size)
-    p.add_argument("--device", default="auto")
-    p.add_argument("--threads", type=positive_int, default=1)
-    p.add_argument("--progress", action="store_true")
     p.add_argument("--fewshot", action="store_true", help="only measure 5-shot accuracy of the kept epochs")
     return p
 

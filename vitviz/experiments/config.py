@@ -196,6 +196,17 @@ def positive_float_list(text: str) -> tuple[float, ...]:
     return _each(text, _positive_float)
 
 
+def positive_float(text: str) -> float:
+    """An argparse ``type``: one finite number above 0 (a learning rate, ``"1e-3"``)."""
+    try:
+        value = float(text)
+    except ValueError:
+        raise OptionValueError(f"{text!r} is not a number; pass a number above 0, e.g. 1e-3") from None
+    if not 0 < value < float("inf"):
+        raise OptionValueError(f"{value} is not a finite number above 0; pass e.g. 1e-3")
+    return value
+
+
 def name_list(known: Any) -> Any:
     """An argparse ``type``: comma-separated names, each one of ``known``, as a tuple."""
 

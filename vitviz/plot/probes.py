@@ -1,5 +1,6 @@
 """Figures of representation probes: accuracy by depth (``plot_layer_probes``) and the class-token-versus-GAP
-training curves in the style of the ViT paper's Fig. 9 (``plot_cls_vs_gap``)."""
+training curves in the style of the ViT paper's Fig. 9 (``plot_cls_vs_gap``), and Table 8's comparisons over training
+seeds (``plot_posemb_seeds``)."""
 
 from __future__ import annotations
 
@@ -7,6 +8,7 @@ import matplotlib as mpl
 import numpy as np
 import pandas as pd
 from matplotlib.axes import Axes
+from matplotlib.figure import Figure
 
 from vitviz.errors import InputError
 from vitviz.plot.layout import ACCURACY_TOP, place_legend
@@ -115,3 +117,93 @@ def plot_cls_vs_gap(df: pd.DataFrame, *, ax: Axes | None = None, metric: str = "
              else "mean over seeds, band: their range" if many else None)
     place_legend(ax, frameon=False, ymax=ACCURACY_TOP, title=title, title_fontsize="small")
     return ax
+
+
+_ENCODING_NAMES = {"none": "none", "1d": "1-D", "2d": "2-D"}
+_MEASURE_NAMES = {"test_acc": "CIFAR-10 test top-1", "train_acc": "CIFAR-10 train top-1",
+                  "fewshot5": "CIFAR-10 5-shot linear top-1"}
+
+
+@styled
+def plot_posemb_seeds(df: pd.DataFrame, *, ax: Axes | None = None, metric: str = "test_acc") -> Axes:
+    """Table 8's comparisons over training seeds: per comparison (1-D minus none, 2-D minus none, 2-D minus 1-D),
+    each seed's difference (a dot), their mean with its 95 % Student-t interval paired by seed (a bar), and the
+    paper's difference (Table 8, ViT-B/16, ImageNet 5-shot linear; an open diamond), in percentage points.
+
+    Args:
+        df: ``vitviz.experiments.posemb_seeds.read_posemb_seeds()`` rows (or ``read_posemb_seeds_fewshot()`` with
+            ``metric="fewshot5"``); the last epoch of every run is compared (``posemb_seed_claims``).
+        ax: the Axes (default: a new figure).
+        metric: the column compared (``test_acc``, ``train_acc`` or ``fewshot5``).
+
+    Returns:
+        the Axes.
+    """
+    from vitviz.experiments.posemb_seeds import posemb_seed_claims, posemb_seed_differences
+
+    diffs = posemb_seed_differences(df, metric)
+    claims = posemb_seed_claims(df, metric)
+    if claims.empty:
+        raise InputError(f"plot_posemb_seeds: df holds the encodings {sorted(set(df.encoding))}, no two of a "
+                         "comparison (1d and none, 2d and none, or 2d and 1d); pass the sweep's results")
+    if ax is None:
+        fig = new_figure(FIGSIZE["single"])
+        fig.set_layout_engine("constrained")
+        ax = fig.add_subplot()
+    names = [f"{_ENCODING_NAMES[c.arm]} minus {_ENCODING_NAMES[c.minus]}" for c in claims.itertuples()]
+    y = np.arange(len(claims))[::-1]  # the first comparison on top
+    seeds = int(claims.seeds.max())
+    for yi, c in zip(y, claims.itertuples()):
+        d = diffs[(diffs.arm == c.arm) & (diffs.minus == c.minus)].difference.to_numpy()
+        ax.plot(d, np.full(len(d), yi + 0.18), "o", color="0.55", markersize=3.5, linestyle="none",
+                label=f"one seed ({seeds} seeds)" if yi == y[0] else None)
+        if seeds > 1:
+            ax.errorbar(c.difference, yi, xerr=[[c.difference - c.low], [c.high - c.difference]], fmt="o",
+                        color="black", markersize=5, capsize=3,
+                        label="mean, 95% interval paired by seed" if yi == y[0] else None)
+        else:
+            ax.plot(c.difference, yi, "o", color="black", markersize=5, label="one seed: no interval"
+                    if yi == y[0] else None)
+        ax.plot(c.paper, yi - 0.18, "D", markerfacecolor="none", markeredgecolor="tab:red", markersize=5,
+                linestyle="none", label="paper (Table 8, ImageNet 5-shot)" if yi == y[0] else None)
+    ax.axvline(0.0, color="0.3", linewidth=0.8, zorder=0)
+    ax.set_yticks(y, names)
+    ax.set_ylim(y.min() - 0.6, y.max() + 1.4)  # room above for the legend
+    ax.set_title(_MEASURE_NAMES.get(metric, metric), fontsize="medium")
+    ax.set_xlabel(label("Difference", "percentage points"))
+    ax.grid(axis="x", alpha=0.3)
+    handles, names = ax.get_legend_handles_labels()
+    rank = ("one seed", "mean", "paper")  # the dots, the interval, the paper
+    order = sorted(range(len(names)), key=lambda i: next(r for r, p in enumerate(rank) if names[i].startswith(p)))
+    ax.legend([handles[i] for i in order], [names[i] for i in order], loc="upper center", frameon=False,
+              fontsize="small")
+    return ax
+
+
+@styled
+def plot_posemb_seeds_grid(runs: pd.DataFrame | None = None, fewshot: pd.DataFrame | None = None) -> Figure:
+    """``plot_posemb_seeds`` for both measures side by side: CIFAR-10 test top-1 after the last epoch (left) and
+    5-shot linear accuracy of the same weights' pre-logits (right, Table 8's measure), one legend.
+
+    Args:
+        runs: ``read_posemb_seeds()`` rows (default: the committed ``data/posemb_seeds`` sweep).
+        fewshot: ``read_posemb_seeds_fewshot()`` rows (default: the committed table when ``runs`` is the default,
+            else none: the figure has the left panel only).
+
+    Returns:
+        the figure.
+    """
+    from vitviz.experiments.posemb_seeds import read_posemb_seeds, read_posemb_seeds_fewshot
+
+    if runs is None:
+        runs = read_posemb_seeds()
+        fewshot = read_posemb_seeds_fewshot() if fewshot is None else fewshot
+    panels = [("test_acc", runs)] + ([("fewshot5", fewshot)] if fewshot is not None else [])
+    fig = new_figure((FIGSIZE["wide"][0], 2.9) if len(panels) == 2 else FIGSIZE["single"])
+    fig.set_layout_engine("constrained")
+    axes = fig.subplots(1, len(panels), sharey=True, squeeze=False)[0]
+    for i, (ax, (metric, df)) in enumerate(zip(axes, panels)):
+        plot_posemb_seeds(df, ax=ax, metric=metric)
+        if i:
+            ax.get_legend().remove()  # one legend for both panels
+    return fig

@@ -233,7 +233,8 @@ def _comparison_jobs(distances: dict[str, dict[str, Any]]) -> list[tuple[str, Jo
 
 
 def _global_jobs() -> list[tuple[str, Job]]:
-    """Figures that do not depend on a model: the paper's Fig. 5 and the measured small-scale study."""
+    """Figures that do not depend on a model: the paper's Fig. 5, Table 8 from the shipped models' cards and over
+    training seeds, and the measured small-scale study."""
     import vitviz
     from vitviz.experiments.study import read_results
 
@@ -255,6 +256,27 @@ def _global_jobs() -> list[tuple[str, Job]]:
                 "paper_5shot": ablation["paper_5shot"].to_numpy(dtype=float)}
 
         jobs.append(("table8_posemb_ablation", posemb))
+    from vitviz.errors import DataNotFoundError
+    from vitviz.experiments.posemb_seeds import (
+        posemb_seed_claims,
+        read_posemb_seeds,
+        read_posemb_seeds_fewshot,
+    )
+
+    try:
+        seed_runs, seed_shots = read_posemb_seeds(), read_posemb_seeds_fewshot()
+    except DataNotFoundError:  # an installed copy without the committed sweep: no figure, not a failure
+        seed_runs = seed_shots = None
+    if seed_runs is not None:
+        def posemb_seeds() -> tuple[Any, dict[str, np.ndarray]]:
+            import pandas as pd
+
+            claims = pd.concat([posemb_seed_claims(seed_runs), posemb_seed_claims(seed_shots, "fewshot5")],
+                               ignore_index=True)
+            return vitviz.plot_posemb_seeds_grid(seed_runs, seed_shots), _columns(claims, (
+                "measure", "arm", "minus", "difference", "low", "high", "paper", "seeds"))
+
+        jobs.append(("table8_posemb_seeds", posemb_seeds))
     measured = read_results()
     if len(measured):
         def study() -> tuple[Any, dict[str, np.ndarray]]:

@@ -1,0 +1,287 @@
+"""Table 8 over training seeds (``vitviz.experiments.posemb_seeds``): the runs' architectures, the claims paired by
+seed, the resumable sweep on a tiny folder, the figure, and the committed results."""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+
+import numpy as np
+import pandas as pd
+import pytest
+
+from vitviz.errors import InputError
+
+DATA = Path(__file__).resolve().parents[1] / "data" / "posemb_seeds"
+
+
+def _runs(final: dict[str, float], seeds=(0, 1, 2), epochs=(1, 2, 3)) -> pd.DataFrame:
+    from vitviz.experiments.posemb_seeds import ENCODINGS, run_id
+
+    rows = []
+    for enc, acc in final.items():
+        for seed in seeds:
+            for epoch in epochs:
+                rows.append({"run": run_id(enc, seed), "encoding": enc, "pos_emb": ENCODINGS[enc][1], "seed": seed,
+                             "epoch": epoch, "test_acc": acc * epoch / max(epochs), "epochs_planned": max(epochs)})
+    return pd.DataFrame(rows)
+
+
+def test_each_encoding_trains_its_ablation_models_architecture_at_one_recipe():
+    """The runs of one seed differ in the position embedding only: the shipped ablation models' builders, one
+    recipe, one subset, one seed; each run its own folder."""
+    from dataclasses import asdict
+
+    from vitviz.experiments.posemb_seeds import PosembSeedsConfig, runs
+    from vitviz.zoo.reference import build_reference
+
+    cfg = PosembSeedsConfig(seeds=(3,))
+    rs = runs(cfg)
+    assert [r.id for r in rs] == ["none-s3", "1d-s3", "2d-s3"]
+    recipes = [{k: v for k, v in asdict(r.config).items() if k not in ("model", "out")} for r in rs]
+    assert all(rec == recipes[0] for rec in recipes) and recipes[0]["seed"] == 3
+    assert len({r.config.run_dir for r in rs}) == 3
+    models = {r.keys["encoding"]: build_reference(r.config.model, **r.config.model_kwargs) for r in rs}
+    pos = {n: sorted(k for k in m.state_dict() if "pos" in k) for n, m in models.items()}
+    assert pos == {"none": [], "1d": ["pos_embed"], "2d": ["pos_embed_col", "pos_embed_prefix", "pos_embed_row"]}
+    others = {n: {k: v.shape for k, v in m.state_dict().items() if "pos" not in k} for n, m in models.items()}
+    assert others["none"] == others["1d"] == others["2d"]  # everything but the position embedding is shared
+    assert {r.keys["pos_emb"] for r in rs} == {"No Pos. Emb.", "1-D Pos. Emb.", "2-D Pos. Emb."}
+
+
+def test_claims_are_paired_by_seed_and_carry_the_papers_differences():
+    """Each comparison is the Student-t interval of the per-seed differences, recomputed here by hand: a seed effect
+    shared by every encoding (+-4 points) cancels, so the interval is narrower than the marginal spread; the
+    paper's column is Table 8's difference in points."""
+    from scipy import stats
+
+    from vitviz.experiments.posemb_seeds import posemb_seed_claims, posemb_seed_differences
+
+    df = _runs({"none": 50.0, "1d": 58.0, "2d": 58.5})
+    last = df.epoch == df.epoch.max()
+    shared = {0: -4.0, 1: 0.0, 2: 4.0}
+    own = {("2d", 0): 0.3, ("2d", 1): -0.4, ("2d", 2): 0.6}
+    for sd, d in shared.items():
+        df.loc[last & (df.seed == sd), "test_acc"] += d
+    for (enc, sd), d in own.items():
+        df.loc[last & (df.seed == sd) & (df.encoding == enc), "test_acc"] += d
+    c = posemb_seed_claims(df).set_index(["arm", "minus"])
+    assert list(c.index) == [("1d", "none"), ("2d", "none"), ("2d", "1d")]
+    d = np.array([0.5 + own[("2d", sd)] for sd in shared])  # 2-D minus 1-D, per seed
+    half = stats.t.ppf(0.975, 2) * d.std(ddof=1) / np.sqrt(3)
+    row = c.loc[("2d", "1d")]
+    assert row.difference == pytest.approx(d.mean()) and row.seeds == 3 and row.epochs == 3
+    assert (row.low, row.high) == pytest.approx((d.mean() - half, d.mean() + half))
+    assert row.arm_mean - row.minus_mean == pytest.approx(row.difference)
+    assert row.excludes_zero == bool(row.low > 0 or row.high < 0)
+    assert c.loc[("1d", "none")].difference == pytest.approx(8.0) and c.loc[("1d", "none")].excludes_zero
+    assert c.loc[("1d", "none")].low == pytest.approx(8.0)  # no own noise: a zero-width interval
+    assert c.paper.to_dict() == pytest.approx({("1d", "none"): 64.206 - 61.382, ("2d", "none"): 64.001 - 61.382,
+                                               ("2d", "1d"): 64.001 - 64.206})
+    per_seed = posemb_seed_differences(df)
+    assert len(per_seed) == 9 and per_seed.groupby(["arm", "minus"]).seed.nunique().eq(3).all()
+    one = posemb_seed_claims(df[df.seed == 0])
+    assert one.seeds.eq(1).all() and one.low.isna().all() and not one.excludes_zero.any()
+    two = posemb_seed_claims(df[df.encoding.isin(["1d", "2d"])])  # only the comparison both arms have
+    assert two[["arm", "minus"]].values.tolist() == [["2d", "1d"]]
+
+
+def test_claims_refuse_an_unfinished_run_a_missing_seed_and_an_unknown_measure():
+    from vitviz.experiments.posemb_seeds import posemb_seed_claims
+
+    df = _runs({"none": 50.0, "1d": 58.0, "2d": 58.5})
+    behind = df[~((df.run == "2d-s1") & (df.epoch == 3))]
+    with pytest.raises(InputError, match=r"not every run reached epoch 3 \(2d-s1 at epoch 2\).*"
+                                         r"posemb_seed_claims\(df\[df.epoch <= 2\]\)"):
+        posemb_seed_claims(behind)
+    assert posemb_seed_claims(behind[behind.epoch <= 2]).epochs.eq(2).all()  # the message's fix
+    with pytest.raises(InputError, match="do not share their seeds: none-s2 missing"):
+        posemb_seed_claims(df[df.run != "none-s2"])
+    with pytest.raises(InputError, match=r"metric='fewshot5' is not a column of df.*read_posemb_seeds_fewshot"):
+        posemb_seed_claims(df, "fewshot5")
+
+
+def test_the_sweep_trains_resumes_and_measures_few_shot_on_a_tiny_folder(tmp_path, tiny_folder):
+    """Two encodings, one epoch: the results table holds a row per run, a rerun trains nothing and rebuilds the
+    same table, a folder of other settings is refused, and ``--fewshot`` measures each run's last epoch (the sweep's
+    few-shot reader: every kept epoch when asked)."""
+    from vitviz.experiments.posemb_seeds import (
+        PosembSeedsConfig,
+        fewshot,
+        read_posemb_seeds,
+        read_posemb_seeds_fewshot,
+        run_sweep,
+        write_results,
+    )
+
+    kw = dict(data=str(tiny_folder), out=str(tmp_path / "runs"), results=str(tmp_path / "r.csv"),
+              encodings=("none", "2d"), seeds=(0,), epochs=1, warmup_epochs=0.5, train_subset=50, test_subset=20,
+              batch_size=25)
+    table = run_sweep(PosembSeedsConfig(**kw))
+    assert table.run.tolist() == ["none-s0", "2d-s0"] and table.test_images.tolist() == [20, 20]
+    weights = tmp_path / "runs" / "2d-s0" / "cifar10-vit-2dpos" / "epochs" / "epoch_001.pt"
+    stamp = weights.stat().st_mtime_ns
+    assert run_sweep(PosembSeedsConfig(**kw)).equals(table) and weights.stat().st_mtime_ns == stamp  # nothing retrained
+    assert read_posemb_seeds(kw["results"]).run.tolist() == table.run.tolist()
+    assert json.loads((tmp_path / "r.json").read_text())["settings"]["encodings"] == ["none", "2d"]
+    with pytest.raises(ValueError, match="config differs.*test_subset"):
+        write_results(PosembSeedsConfig(**{**kw, "test_subset": 30}))
+    shots = fewshot(PosembSeedsConfig(**kw), shots=1, seeds=(0, 1), test_per_class=2)
+    assert shots.groupby(["encoding", "epoch"]).seed.nunique().to_dict() == {("2d", 1): 2, ("none", 1): 2}
+    assert set(shots.columns) >= {"model", "encoding", "pos_emb", "run_seed", "epoch", "accuracy"}
+    mean = read_posemb_seeds_fewshot(tmp_path / "posemb_seeds_fewshot.csv")
+    assert mean.draws.eq(2).all() and set(mean.columns) >= {"encoding", "seed", "epoch", "fewshot5"}
+    two = {**kw, "epochs": 2, "out": str(tmp_path / "two"), "results": str(tmp_path / "two" / "r.csv")}
+    run_sweep(PosembSeedsConfig(**two))
+    assert fewshot(PosembSeedsConfig(**two), shots=1, seeds=(0,), test_per_class=2).epoch.tolist() == [2, 2]
+    from vitviz.experiments.posemb_seeds import runs
+    from vitviz.experiments.sweep import fewshot_of_epochs
+
+    every = fewshot_of_epochs(runs(PosembSeedsConfig(**two)), two["data"], shots=1, seeds=(0,), test_per_class=2)
+    assert every.epoch.tolist() == [1, 2, 1, 2]  # each kept epoch, run by run
+    with pytest.raises(TypeError, match="last_only"):
+        fewshot_of_epochs(runs(PosembSeedsConfig(**two)), two["data"], last_only="False")
+
+
+@pytest.mark.parametrize("argv, message", [
+    (["--encodings", "1d,3d"], "argument --encodings: '3d' in '1d,3d': not one of none, 1d, 2d"),
+    (["--lr", "0"], "argument --lr: 0.0 is not a finite number above 0"),
+    (["--lr", "fast"], "argument --lr: 'fast' is not a number"),
+    (["--seeds", ","], "--seeds is empty"),
+    (["--epochs", "0"], "argument --epochs: 0 is not a positive count"),
+])
+def test_the_command_line_refuses_bad_values_naming_the_option(argv, message, tmp_path, capsys):
+    from vitviz.experiments.posemb_seeds import main
+
+    with pytest.raises(SystemExit) as exit_:
+        main([*argv, "--data", str(tmp_path / "none"), "--results", str(tmp_path / "r.csv")])
+    err = capsys.readouterr().err
+    assert exit_.value.code == 2 and message in err and "Traceback" not in err
+
+
+def test_the_figure_draws_each_seed_the_paired_interval_and_the_paper():
+    import matplotlib.pyplot as plt
+
+    from vitviz.experiments.posemb_seeds import posemb_seed_claims
+    from vitviz.plot.probes import plot_posemb_seeds
+
+    df = _runs({"none": 50.0, "1d": 58.0, "2d": 58.5})
+    df.loc[(df.epoch == 3) & (df.seed == 1), "test_acc"] += 1.0  # a shared seed effect
+    df.loc[(df.epoch == 3) & (df.seed == 2) & (df.encoding == "2d"), "test_acc"] -= 1.5
+    ax = plot_posemb_seeds(df)
+    try:
+        assert [t.get_text() for t in ax.get_yticklabels()] == ["1-D minus none", "2-D minus none",
+                                                                 "2-D minus 1-D"]
+        assert ax.get_xlabel() == "Difference [percentage points]" and ax.get_title() == "CIFAR-10 test top-1"
+        labels = [t.get_text() for t in ax.get_legend().get_texts()]
+        assert labels == ["one seed (3 seeds)", "mean, 95% interval paired by seed", "paper (Table 8, ImageNet 5-shot)"]
+        dots = [ln for ln in ax.get_lines() if ln.get_marker() == "o" and len(ln.get_xdata()) == 3]
+        top = dots[0]  # 1-D minus none: 8 points at every seed
+        np.testing.assert_allclose(top.get_xdata(), [8.0, 8.0, 8.0])
+        c = posemb_seed_claims(df).set_index(["arm", "minus"]).loc[("2d", "1d")]
+        bars = [col for col in ax.collections if col.get_segments()]
+        spans = sorted((float(s[:, 0].min()), float(s[:, 0].max())) for col in bars for s in col.get_segments()
+                       if abs(s[0, 1] - s[1, 1]) < 1e-9 and s[0, 0] != s[1, 0])
+        assert (c.low, c.high) == pytest.approx(min(spans, key=lambda s: abs(s[0] - c.low)))
+        paper = [ln for ln in ax.get_lines() if ln.get_marker() == "D"]
+        assert sorted(float(ln.get_xdata()[0]) for ln in paper) == pytest.approx(sorted(
+            [64.206 - 61.382, 64.001 - 61.382, 64.001 - 64.206]))
+    finally:
+        plt.close(ax.figure)
+    with pytest.raises(InputError, match="no two of a comparison"):
+        plot_posemb_seeds(df[df.encoding == "1d"])
+
+
+def test_the_committed_sweep_is_complete_and_its_claims_are_what_the_readme_says():
+    """Every encoding at every seed its settings list, each run at its last epoch; the few-shot table measures the
+    same runs. The figures quoted in data/posemb_seeds/README.md are the claims recomputed here."""
+    from vitviz.experiments.posemb_seeds import (
+        ENCODINGS,
+        posemb_seed_claims,
+        read_posemb_seeds,
+        read_posemb_seeds_fewshot,
+    )
+
+    runs = read_posemb_seeds()
+    settings = json.loads((DATA / "posemb_seeds.json").read_text())["settings"]
+    assert sorted(runs.seed.unique()) == settings["seeds"] and set(runs.encoding) == set(ENCODINGS)
+    assert runs.groupby("run").epoch.max().eq(settings["epochs"]).all()
+    assert runs.train_images.eq(settings["train_subset"]).all() and runs.test_images.eq(settings["test_subset"]).all()
+    shots = read_posemb_seeds_fewshot()
+    assert set(zip(shots.encoding, shots.seed)) == set(zip(runs.encoding, runs.seed))
+    text = (DATA / "README.md").read_text()
+    for metric, frame in (("test_acc", runs), ("fewshot5", shots)):
+        for c in posemb_seed_claims(frame, metric).itertuples():
+            quoted = f"{c.arm} minus {c.minus}: {c.difference:+.2f} [{c.low:+.2f}, {c.high:+.2f}]"
+            assert quoted in text, f"{metric}: {quoted!r} is not in data/posemb_seeds/README.md"
+        last = frame[frame.epoch == frame.epoch.max()].groupby("encoding")[metric].mean()
+        means = f"means: none {last['none']:.2f} %, 1-D {last['1d']:.2f} %, 2-D {last['2d']:.2f} %"
+        assert means in text, f"{metric}: {means!r} is not in data/posemb_seeds/README.md"
+    top = posemb_seed_claims(runs).set_index(["arm", "minus"])  # the README's sentence on the sweep
+    readme = " ".join((DATA.parents[1] / "README.md").read_text().split())
+    assert "each encoding is less than a point above none in top-1 (a gap the seeds resolve for 2-D only)" in readme
+    assert top.loc[[("1d", "none"), ("2d", "none")], "difference"].between(0, 1).all()
+    assert top.excludes_zero.to_dict() == {("1d", "none"): False, ("2d", "none"): True, ("2d", "1d"): False}
+    from vitviz.zoo.cards import read_cards
+
+    top1 = {m: c["test_top1"] for m, c in read_cards().items()}
+    gaps = (f"{top1['cifar10-vit-1dpos'] - top1['cifar10-vit-nopos']:.1f} (1-D) and "
+            f"{top1['cifar10-vit-2dpos'] - top1['cifar10-vit-nopos']:.1f} (2-D) points above none")
+    assert gaps in " ".join(text.split()), gaps
+
+
+def test_the_report_draws_the_seed_study_with_the_numbers_of_its_claims(monkeypatch):
+    """``vitviz report`` draws the committed sweep and saves the claims behind it; without the sweep (an installed
+    copy that lacks it) the figure is left out, not a failure."""
+    import matplotlib.pyplot as plt
+
+    import vitviz.experiments.posemb_seeds as ps
+    from vitviz import report
+    from vitviz.errors import DataNotFoundError
+
+    fig, arrays = dict(report._global_jobs())["table8_posemb_seeds"]()
+    try:
+        claims = pd.concat([ps.posemb_seed_claims(ps.read_posemb_seeds()),
+                            ps.posemb_seed_claims(ps.read_posemb_seeds_fewshot(), "fewshot5")], ignore_index=True)
+        np.testing.assert_array_equal(arrays["difference"], claims.difference)
+        np.testing.assert_array_equal(arrays["low"], claims.low)
+        assert list(arrays["measure"]) == list(claims.measure) and list(arrays["arm"]) == list(claims.arm)
+        assert len(fig.axes) == 2 and [t.get_text() for t in fig.axes[0].get_yticklabels()][0] == "1-D minus none"
+    finally:
+        plt.close(fig)
+
+    def missing(path=None):
+        raise DataNotFoundError("no results")
+
+    monkeypatch.setattr(ps, "read_posemb_seeds", missing)
+    assert "table8_posemb_seeds" not in dict(report._global_jobs())
+
+
+def test_the_committed_1d_runs_repeat_the_class_token_runs_of_cls_vs_gap():
+    """The 1-D arm's ``TrainConfig`` is that of cls_vs_gap's class token at the recipe's rate but for the model's
+    name (``cifar10-vit-1dpos`` is ``cifar10-vit``'s architecture) and the folders, and the two sweeps were trained
+    on different CPUs (their ``device`` columns): every epoch's loss and accuracies agree at every seed both hold,
+    so each sweep's runs are what their configs say, not one machine's accident."""
+    from dataclasses import asdict
+
+    from vitviz.experiments.cls_vs_gap import LRS, ClsGapConfig, read_cls_vs_gap
+    from vitviz.experiments.cls_vs_gap import train_config as cls_config
+    from vitviz.experiments.posemb_seeds import PosembSeedsConfig, read_posemb_seeds, train_config
+
+    settings = json.loads((DATA / "posemb_seeds.json").read_text())["settings"]
+    gap_settings = json.loads((DATA.parent / "cls_vs_gap" / "cls_vs_gap.json").read_text())["settings"]
+    mine = asdict(train_config(PosembSeedsConfig(**{k: tuple(v) if isinstance(v, list) else v
+                                                   for k, v in settings.items()}), "1d", 0))
+    theirs = asdict(cls_config(ClsGapConfig(**{k: tuple(v) if isinstance(v, list) else v
+                                               for k, v in gap_settings.items()}), "cls", LRS[0], 0))
+    differ = {k for k in mine if mine[k] != theirs[k]}
+    assert differ - {"out", "cache", "data"} == {"model"}  # where things are, and the model's name
+    assert (mine["model"], theirs["model"]) == ("cifar10-vit-1dpos", "cifar10-vit")
+    ours = read_posemb_seeds().query("encoding == '1d'")
+    cls = read_cls_vs_gap().query("head == 'cls' and lr == @LRS[0]")
+    both = cls.merge(ours, on=["seed", "epoch"], suffixes=("_cls", "_1d"))
+    assert both.seed.nunique() == len(set(cls.seed) & set(ours.seed)) >= 3
+    assert len(both) == both.seed.nunique() * settings["epochs"]
+    assert set(both.device_cls).isdisjoint(set(both.device_1d)), "trained on the same CPU: not a cross-check"
+    for column in ("loss", "train_acc", "test_acc"):
+        assert both[f"{column}_cls"].tolist() == both[f"{column}_1d"].tolist(), column
