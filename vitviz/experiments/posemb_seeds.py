@@ -191,10 +191,16 @@ def posemb_seed_claims(df: pd.DataFrame, metric: str = "test_acc") -> pd.DataFra
     Raises:
         InputError: as ``posemb_seed_differences``.
     """
+    return claims_of_differences(posemb_seed_differences(df, metric))
+
+
+def claims_of_differences(diffs: pd.DataFrame) -> pd.DataFrame:
+    """``posemb_seed_claims`` from the per-seed differences ``posemb_seed_differences`` returned (for a caller that
+    draws them too, so that they are read once)."""
     from vitviz.zoo.paper import posemb_ablation
 
-    diffs = posemb_seed_differences(df, metric)
     paper = 100 * posemb_ablation().set_index("pos_emb")["default_stem"]
+    metric = diffs.measure.iloc[0] if len(diffs) else None
     bounds = PERCENT_DIFFERENCE if metric in METRICS else None
     rows = []
     for (arm, minus), g in diffs.groupby(["arm", "minus"], sort=False):

@@ -139,10 +139,10 @@ def plot_posemb_seeds(df: pd.DataFrame, *, ax: Axes | None = None, metric: str =
     Returns:
         the Axes.
     """
-    from vitviz.experiments.posemb_seeds import posemb_seed_claims, posemb_seed_differences
+    from vitviz.experiments.posemb_seeds import claims_of_differences, posemb_seed_differences
 
     diffs = posemb_seed_differences(df, metric)
-    claims = posemb_seed_claims(df, metric)
+    claims = claims_of_differences(diffs)
     if claims.empty:
         raise InputError(f"plot_posemb_seeds: df holds the encodings {sorted(set(df.encoding))}, no two of a "
                          "comparison (1d and none, 2d and none, or 2d and 1d); pass the sweep's results")
