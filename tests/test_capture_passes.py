@@ -34,8 +34,8 @@ def test_a_retry_after_a_forward_that_raised_is_read_afresh(heads, entry):
     run = model if entry == "model" else model.forward_features
     handle = fail_once(model.blocks[1])
     streamed: dict[int, torch.Tensor] = {}
-    kwargs = dict(heads="stream", store=False, on_layer=lambda i, hm: streamed.__setitem__(i, hm.full().clone())
-                  ) if heads == "stream" else {}
+    kwargs = dict(heads="stream", store=False, on_layer=lambda i, hm: streamed.__setitem__(i, hm.full().clone()),
+                  on_abort=lambda k: None) if heads == "stream" else {}  # a dict by layer: a retry overwrites
     with torch.no_grad(), vitviz.capture_attention(model, **kwargs) as cap:
         with pytest.raises(RuntimeError, match="simulated"):
             run(x)  # block 0's map was emitted, then block 1 raised
@@ -78,6 +78,112 @@ def test_a_retry_replaces_a_pass_that_raised_after_its_last_layer(accumulate):
     for g, w in zip(got, timm_reference(model, x), strict=True):
         assert g.shape[0] == 2
         torch.testing.assert_close(g, w, atol=1e-5, rtol=1e-4)
+
+
+class RunningSum:
+    """A reduction kept across layers, the way rollout and distance keep theirs: the sum of every map handed over."""
+
+    def __init__(self):
+        self.total, self.layers, self.aborted = 0.0, 0, []
+
+    def __call__(self, i, attn):
+        self.total += float(attn.full().sum() if hasattr(attn, "full") else attn.sum())
+        self.layers += 1
+
+    def undo(self, k):  # for the test: forget the whole pass (a real reduction keeps its layers to take back)
+        self.aborted.append(k)
+        self.total, self.layers = 0.0, 0
+
+
+@pytest.mark.parametrize("heads", ["full", "stream"])
+@pytest.mark.parametrize("failing", ["blocks.1", "blocks.2.mlp"])  # mid-pass; after the last attention layer
+def test_a_retry_after_on_layer_was_handed_part_of_a_failed_pass_is_refused(heads, failing):
+    """The layers a raising pass handed to on_layer sit in the caller's reduction: a retry in the same block would
+    add a second pass to them, silently. It is refused, naming on_abort, the way to undo them."""
+    model = tiny_timm_vit(depth=3)
+    x = torch.randn(2, 3, 32, 48)
+    handle = fail_once(model.get_submodule(failing))
+    reduce = RunningSum()
+    kwargs = dict(heads="stream", store=False) if heads == "stream" else {}
+    with torch.no_grad(), vitviz.capture_attention(model, on_layer=reduce, **kwargs):
+        with pytest.raises(RuntimeError, match="simulated"):
+            model(x)
+        handed = 1 if failing == "blocks.1" else 3
+        assert reduce.layers == handed
+        with pytest.raises(CaptureError, match=rf"raised after on_layer had been handed {handed} of its layers "
+                                               r"\(blocks.0.attn.*on_abort=fn"):
+            model(x)
+        with pytest.raises(CaptureError, match="on_abort"):  # every later pass, not only the first
+            model(x)
+    handle.remove()
+    assert hooks_everywhere(model) == 0 and instance_forwards(model) == 0
+
+
+@pytest.mark.parametrize("heads", ["full", "stream"])
+@pytest.mark.parametrize("failing", ["blocks.1", "blocks.2.mlp"])
+def test_on_abort_is_told_how_many_layers_to_undo_and_the_retry_is_read(heads, failing):
+    model = tiny_timm_vit(depth=3)
+    x = torch.randn(2, 3, 32, 48)
+    clean = RunningSum()
+    kwargs = dict(heads="stream", store=False) if heads == "stream" else {}
+    with torch.no_grad(), vitviz.capture_attention(model, on_layer=clean, **kwargs):
+        model(x)
+    handle = fail_once(model.get_submodule(failing))
+    reduce = RunningSum()
+    with torch.no_grad(), vitviz.capture_attention(model, on_layer=reduce, on_abort=reduce.undo, **kwargs) as cap:
+        with pytest.raises(RuntimeError, match="simulated"):
+            model(x)
+        model(x)
+        assert cap.forwards == 1
+    handle.remove()
+    assert reduce.aborted == [1 if failing == "blocks.1" else 3]  # once, though every watched module saw the error
+    assert reduce.layers == 3 and reduce.total == pytest.approx(clean.total)
+
+
+def test_a_pass_that_raises_before_its_first_layer_leaves_the_reduction_whole():
+    """A forward that raises before any attention layer (a bad input in the patch embedding) after a finished pass
+    handed nothing of its own: no on_abort call, and the next pass is read."""
+    model = tiny_timm_vit(depth=2)
+    x = torch.randn(1, 3, 32, 48)
+    reduce = RunningSum()
+    with torch.no_grad(), vitviz.capture_attention(model, on_layer=reduce, on_abort=reduce.undo) as cap:
+        model(x)
+        handle = fail_once(model.patch_embed)
+        with pytest.raises(RuntimeError, match="simulated"):
+            model(x)
+        handle.remove()
+        model(x)
+        assert cap.forwards == 2
+    assert reduce.aborted == [] and reduce.layers == 4
+
+
+@pytest.mark.parametrize("failing", ["patch_embed", "blocks.0.norm1"])  # before the first layer: model, blocks
+def test_a_finished_pass_is_kept_when_a_later_forward_raises_before_its_first_layer(failing):
+    """accumulate=True joins every finished pass: one that a later forward's failure (before it emitted any map)
+    marked failed would be replaced by the next pass, its images lost from the batch."""
+    model = tiny_timm_vit(depth=2)
+    x = torch.randn(3, 3, 32, 48)
+    with torch.no_grad(), vitviz.capture_attention(model, accumulate=True) as cap:
+        model(x[:1])
+        handle = fail_once(model.get_submodule(failing))
+        with pytest.raises(RuntimeError, match="simulated"):
+            model(x[1:2])
+        handle.remove()
+        model(x[2:])
+        assert cap.forwards == 2
+        got = cap.attentions
+    want = timm_reference(model, x[[0, 2]])
+    for g, w in zip(got, want, strict=True):
+        assert g.shape[0] == 2
+        torch.testing.assert_close(g, w, atol=1e-5, rtol=1e-4)
+
+
+def test_on_abort_needs_on_layer_and_a_function():
+    model = tiny_timm_vit(depth=2)
+    for kwargs in (dict(on_abort=lambda k: None), dict(on_abort=3, on_layer=lambda i, a: None)):
+        with pytest.raises(vitviz.errors.InputTypeError, match="on_abort="):
+            with vitviz.capture_attention(model, **kwargs):
+                pass
 
 
 def test_a_layer_that_is_not_called_is_still_an_error():

@@ -18,7 +18,8 @@ original state comes back when the last capture that uses it exits.
 
 Every map's ``N`` must be the layout's prefix tokens plus the input's patch grid (``spec.grid_for_input``), else
 ``CaptureError`` names both numbers. A forward that raises inside the block (out of memory in block 1) leaves no
-unfinished pass: a retry in the same block is read afresh, and the block exits cleanly.
+unfinished pass: a retry in the same block is read afresh, and the block exits cleanly. What such a pass already
+handed to ``on_layer`` is the caller's to undo (``on_abort=``); without it later passes in the block are refused.
 
 Activation checkpointing (timm's and open_clip's ``set_grad_checkpointing``, Hugging Face's
 ``gradient_checkpointing_enable``) is switched off while a capture is open and back on when the last capture open on
@@ -71,6 +72,7 @@ from vitviz.errors import CaptureError, ForwardStopped, InputError, InputTypeErr
 
 LayerSelect = int | str | Sequence[int | str] | None
 OnLayer = Callable[[int, torch.Tensor], None]  # or (int, HeadMaps) with heads="stream"
+OnAbort = Callable[[int], None]  # the number of layers on_layer was handed of a pass that raised
 HEAD_MODES = ("full", "stream")
 
 
@@ -199,7 +201,8 @@ class AttentionCapture:
     ``forwards``: the forward passes whose maps it read (a pass that raised is not counted)."""
 
     def __init__(self, spec: ViTSpec, layer_indices: list[int], *, on_layer: OnLayer | None, store: bool,
-                 dtype: torch.dtype | None, accumulate: bool, retain_grad: bool, model_class: str = "model") -> None:
+                 dtype: torch.dtype | None, accumulate: bool, retain_grad: bool, model_class: str = "model",
+                 on_abort: OnAbort | None = None) -> None:
         self.spec = spec
         self.layer_indices = layer_indices
         self.layer_names = [spec.attention_modules[i] for i in layer_indices]
@@ -209,6 +212,12 @@ class AttentionCapture:
         # enclosing calls running, with their sizes and whether they asked for interpolate_pos_encoding=True
         self._inputs: list[tuple[nn.Module, tuple[int, int], bool]] = []
         self._on_layer = on_layer
+        self._on_abort = on_abort
+        self._handed = 0  # on_layer calls of the running pass
+        self._depth = 0  # watched (enclosing) module calls running
+        self._call_emits = 0  # maps emitted since the outermost watched call began
+        # (layers handed, their names) of a pass that raised with no on_abort to undo them: later passes refused
+        self._spoiled: tuple[int, list[str]] | None = None
         self._store = store
         self._dtype = dtype
         self._accumulate = accumulate
@@ -221,7 +230,11 @@ class AttentionCapture:
         self._done_tokens: tuple[tuple[int, int] | None, int] | None = None
 
     def _emit(self, position: int, attn: torch.Tensor | HeadMaps) -> None:
+        if self._spoiled is not None:
+            self._refuse_spoiled()
+        self._call_emits += 1
         if position == 0 or position in self._current:
+            self._handed = 0
             if self._failed_pass:  # a retry of a pass that raised after its last selected layer replaces it
                 self._current, self._failed_pass = {}, False
                 self.forwards -= 1
@@ -233,6 +246,7 @@ class AttentionCapture:
             self._check_tokens(position, attn.shape[-1])
         if isinstance(attn, HeadMaps):  # heads="stream": passed on, never stored
             if self._on_layer is not None:
+                self._handed += 1
                 self._on_layer(position, attn if self._dtype is None else attn.to(self._dtype))
             self._current[position] = None
             return
@@ -243,6 +257,7 @@ class AttentionCapture:
         if self._dtype is not None:
             attn = attn.to(self._dtype)
         if self._on_layer is not None:
+            self._handed += 1
             self._on_layer(position, attn)
         self._current[position] = attn if self._store else None
 
@@ -305,7 +320,22 @@ class AttentionCapture:
         after every selected layer (out of memory in the last MLP or the head) keeps its maps for a read, but a
         retry replaces it: it is neither counted beside the retry nor, with ``accumulate=True``, joined to the
         retry's maps (the same images twice). A vitviz hook that ends the forward on purpose once it has read what
-        it needs (``ForwardStopped``) ends a pass whose layers all ran as a complete one."""
+        it needs (``ForwardStopped``) ends a pass whose layers all ran as a complete one.
+
+        The layers already handed to ``on_layer`` cannot be taken back by the capture: ``on_abort(k)`` is called
+        once with their count, for the caller to undo them; without ``on_abort`` every later pass of this capture is
+        refused (``_refuse_spoiled``), since a reduction ``on_layer`` keeps would hold them beside the retry.
+
+        A forward that raised before emitting any map of its own (a bad input in the patch embedding) aborts
+        nothing: the maps held are a finished earlier pass's, neither dropped nor marked failed."""
+        if self._call_emits == 0:
+            return
+        if self._handed and not isinstance(error, ForwardStopped):
+            handed, self._handed = self._handed, 0  # once per pass: the hooks of nested modules all see the error
+            if self._on_abort is not None:
+                self._on_abort(handed)
+            else:
+                self._spoiled = (handed, [self.layer_names[i] for i in sorted(self._current)][:handed])
         if not self._current:
             return
         if len(self._current) == len(self.layer_names):
@@ -313,6 +343,17 @@ class AttentionCapture:
             return
         self._current = {}
         self.forwards -= 1
+
+    def _refuse_spoiled(self) -> None:
+        handed, names = self._spoiled  # type: ignore[misc]
+        shown = ", ".join(names[:3]) + (f", ... {names[-1]}" if len(names) > 3 else "")
+        raise CaptureError(
+            f"{self.spec.name} ({self._model_class}): an earlier forward pass inside this capture_attention block "
+            f"raised after on_layer had been handed {handed} of its layers ({shown}); a reduction on_layer keeps "
+            "would hold them beside this pass's. Open a new capture_attention block (and a new reduction) for the "
+            "retry, or pass on_abort=fn: fn(k) is called when a pass raises after k layers were handed to on_layer, "
+            "to undo them (on_abort=lambda k: None where on_layer keeps nothing across layers)"
+        )
 
     def _close_pass(self) -> None:
         if not self._current:
@@ -389,6 +430,9 @@ def _watch_passes(cap: AttentionCapture, modules: list[nn.Module]) -> Undo:
     and when a forward raises (out of memory in block 1, a user's hook) drop the unfinished pass, so a retry in
     the same block is read afresh."""
     def before(m: nn.Module, args: tuple, kwargs: dict) -> None:
+        if cap._depth == 0:  # the outermost watched call starts: nothing emitted or handed by it yet
+            cap._call_emits = cap._handed = 0
+        cap._depth += 1
         x = args[0] if args else kwargs.get("pixel_values", kwargs.get("x"))
         if isinstance(x, torch.Tensor) and x.ndim == 4:
             cap._inputs.append((m, (int(x.shape[-2]), int(x.shape[-1])), bool(kwargs.get("interpolate_pos_encoding"))))
@@ -398,6 +442,7 @@ def _watch_passes(cap: AttentionCapture, modules: list[nn.Module]) -> Undo:
         if cap._inputs and cap._inputs[-1][0] is m:
             cap._inputs.pop()
             cap._image_hw = cap._inputs[-1][1] if cap._inputs else None
+        cap._depth = max(cap._depth - 1, 0)
         if result is None and sys.exc_info()[1] is not None:  # always_call: run as the forward's exception passes
             cap._abort_pass(sys.exc_info()[1])
 
@@ -424,6 +469,7 @@ def capture_attention(
     accumulate: bool = False,
     retain_grad: bool = False,
     heads: str = "full",
+    on_abort: OnAbort | None = None,
 ) -> Iterator[AttentionCapture]:
     """Record post-softmax attention of ``model`` for every forward inside the block.
 
@@ -442,12 +488,17 @@ def capture_attention(
         heads: ``"full"`` (default): ``on_layer`` and ``attentions`` get ``(B, H, N, N)`` tensors. ``"stream"``:
             ``on_layer`` gets a ``HeadMaps`` per layer, one head's ``(B, N, N)`` at a time (needs ``on_layer`` and
             ``store=False``; no gradients). See the module docstring.
+        on_abort: ``fn(k)`` called once when a forward raises after ``on_layer`` was handed ``k >= 1`` of its layers
+            (out of memory in block 5), to undo them in the reduction before a retry. Without it, every later
+            forward in the block is refused with ``CaptureError``: the reduction would silently mix the failed
+            pass's layers with the retry's. A vitviz hook that stops a forward on purpose (``ForwardStopped``) is no
+            failure.
 
     Yields:
         ``AttentionCapture`` with ``attentions``, ``layer_names``, ``spec`` and ``forwards``.
     """
     with walk_once():  # the set-up's walks over the model made once (an analysis call's window, or one of its own)
-        cap, undos = _open_capture(model, layers, on_layer, store, dtype, accumulate, retain_grad, heads)
+        cap, undos = _open_capture(model, layers, on_layer, store, dtype, accumulate, retain_grad, heads, on_abort)
     try:
         yield cap
         cap._close_pass()
@@ -458,7 +509,7 @@ def capture_attention(
 
 def _open_capture(model: nn.Module, layers: LayerSelect, on_layer: OnLayer | None, store: bool,
                   dtype: torch.dtype | None, accumulate: bool, retain_grad: bool,
-                  heads: str) -> tuple[AttentionCapture, list[Undo]]:
+                  heads: str, on_abort: OnAbort | None = None) -> tuple[AttentionCapture, list[Undo]]:
     """``capture_attention``'s set-up: its arguments checked, the capture and its probes installed; returns the
     capture and what undoes the set-up, in order (undone already if the set-up raised)."""
     spec = inspect(model)
@@ -470,6 +521,9 @@ def _open_capture(model: nn.Module, layers: LayerSelect, on_layer: OnLayer | Non
     if on_layer is not None and not callable(on_layer):
         raise InputTypeError(f"on_layer={on_layer!r} is not callable; pass a function on_layer(position, attn) or "
                              "None")
+    if on_abort is not None and (not callable(on_abort) or on_layer is None):
+        raise InputTypeError(f"on_abort={on_abort!r}: pass a function on_abort(k) that undoes the k layers a failed "
+                             "pass handed to on_layer= (which it needs), or None")
     if heads not in HEAD_MODES:
         raise InputError(f"heads={heads!r} is not understood; pass 'full' ((B, H, N, N) maps) or 'stream' "
                          "(one head at a time, for reductions)")
@@ -485,7 +539,7 @@ def _open_capture(model: nn.Module, layers: LayerSelect, on_layer: OnLayer | Non
     modules = family.attention_modules(model)
     chosen = select_layers([n for n, _ in modules], layers, spec.name)
     cap = AttentionCapture(spec, chosen, on_layer=on_layer, store=store, dtype=dtype, accumulate=accumulate,
-                           retain_grad=retain_grad, model_class=type(model).__name__)
+                           retain_grad=retain_grad, model_class=type(model).__name__, on_abort=on_abort)
     undos: list[Undo] = []
     try:
         stack = ExitStack()
