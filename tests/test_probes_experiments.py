@@ -133,22 +133,128 @@ def test_cls_vs_gap_figure_says_what_its_bands_are():
         plt.close(ax.figure)
 
 
-def test_posemb_claims_ordering_and_finding():
+ABLATION = ("cifar10-vit-nopos", "cifar10-vit-1dpos", "cifar10-vit-2dpos")
+
+
+def draws_table(gap=9.0, enc_diff=0.5, draw_sd=3.0, noise=0.05, seeds=8, shots=(5,)):
+    """A per-draw few-shot table of the three ablation models: a draw effect every model shares (an easy or hard set
+    of shots), 1-D = none + gap, 2-D = 1-D + enc_diff, each with a little noise of its own."""
+    rng = np.random.default_rng(0)
+    rows = []
+    for k in shots:
+        for seed in range(seeds):
+            shared = 60 + rng.normal(0, draw_sd)
+            for model, off in zip(ABLATION, (0.0, gap, gap + enc_diff)):
+                rows.append({"model": model, "pos_emb": {"cifar10-vit-nopos": "No Pos. Emb.",
+                                                         "cifar10-vit-1dpos": "1-D Pos. Emb.",
+                                                         "cifar10-vit-2dpos": "2-D Pos. Emb."}[model],
+                             "layer": "pre_logits", "depth": 7, "probe": "linear", "shots": k, "seed": seed,
+                             "accuracy": shared + off + rng.normal(0, noise), "train_images": 10 * k,
+                             "test_images": 10_000})
+    return pd.DataFrame(rows)
+
+
+def test_posemb_draw_claims_pair_by_draw():
+    """Each comparison's interval is the Student-t interval of the per-draw differences (recomputed here with scipy);
+    a draw effect the models share makes the marginal intervals overlap where the paired one excludes 0."""
+    from scipy import stats
+
+    from vitviz.experiments.posemb_fewshot import posemb_draw_claims, posemb_measures
+
+    raw = draws_table()
+    got = posemb_draw_claims(raw).set_index(["measure", "arm", "minus"])
+    acc = raw.pivot(index="seed", columns="model", values="accuracy")
+    for arm, minus, a, b in (("1d", "none", 1, 0), ("2d", "none", 2, 0), ("2d", "1d", 2, 1)):
+        d = (acc[ABLATION[a]] - acc[ABLATION[b]]).to_numpy()
+        half = stats.t.ppf(0.975, len(d) - 1) * d.std(ddof=1) / np.sqrt(len(d))
+        row = got.loc[("fewshot5", arm, minus)]
+        assert row.difference == pytest.approx(d.mean()) and row.draws == len(d)
+        assert (row.low, row.high) == pytest.approx((d.mean() - half, d.mean() + half))
+    assert got.loc[("fewshot5", "2d", "1d"), "excludes_zero"]
+    m = posemb_measures(raw).set_index("model")
+    one, two = m.loc["cifar10-vit-1dpos"], m.loc["cifar10-vit-2dpos"]
+    assert two.fewshot5_low < one.fewshot5_high  # the marginal intervals overlap: they would not resolve it
+    assert got.loc[("fewshot5", "2d", "none"), "paper"] == pytest.approx(64.001 - 61.382, abs=0.01)
+
+
+@pytest.mark.parametrize("enc_diff, holds", [(0.5, True), (10.0, False)])
+def test_posemb_claims_decide_the_finding_on_paired_intervals(enc_diff, holds):
+    from vitviz.experiments.posemb_fewshot import posemb_claims, posemb_draw_claims, posemb_measures
+
+    raw = draws_table(enc_diff=enc_diff)
+    m = posemb_measures(raw)
+    c = posemb_claims(m, fewshot=raw).set_index("measure")
+    paired = posemb_draw_claims(raw).set_index(["arm", "minus"])
+    row = c.loc["fewshot5"]
+    assert row.gap_low == pytest.approx(min(paired.loc[("1d", "none"), "low"], paired.loc[("2d", "none"), "low"]))
+    assert row.spread_bound == pytest.approx(max(abs(paired.loc[("2d", "1d"), "low"]),
+                                                 abs(paired.loc[("2d", "1d"), "high"])))
+    assert row.finding_holds is holds and row.draws == 8 and "paired over 8 draws" in row.basis
+    assert row.ordering == "2-D > 1-D > none" and not row.same_order_as_paper
+    assert c.loc["paper_5shot", "finding_holds"] is True and c.loc["paper_5shot", "same_order_as_paper"]
+    # one number per model (the cards' top-1), or no per-draw table: no interval, so no verdict
+    assert c.loc["test_top1", "finding_holds"] is None and "one number per model" in c.loc["test_top1", "basis"]
+    alone = posemb_claims(m).set_index("measure")
+    assert alone.loc["fewshot5", "finding_holds"] is None and "fewshot=" in alone.loc["fewshot5", "basis"]
+    assert alone.loc["fewshot5", "gap_to_none"] == pytest.approx(row.gap_to_none)
+
+
+def test_the_committed_fewshot_claims_are_what_the_data_readme_says():
+    from vitviz.experiments.posemb_fewshot import (
+        posemb_claims,
+        posemb_draw_claims,
+        posemb_measures,
+        read_posemb_fewshot,
+    )
+
+    raw = read_posemb_fewshot()
+    text = (Path(__file__).resolve().parents[1] / "data" / "posemb_fewshot" / "README.md").read_text()
+    paired = posemb_draw_claims(raw)
+    for c in paired.itertuples():
+        quoted = f"{c.arm} minus {c.minus}: {c.difference:+.2f} [{c.low:+.2f}, {c.high:+.2f}]"
+        assert quoted in text, f"{c.measure}: {quoted!r} is not in data/posemb_fewshot/README.md"
+    claims = posemb_claims(posemb_measures(raw), fewshot=raw).set_index("measure")
+    assert claims.loc[["fewshot5", "fewshot10"], "finding_holds"].tolist() == [True, True]
+    assert paired[(paired.arm == "2d") & (paired.minus == "1d")].excludes_zero.all()
+    m = posemb_measures(raw).set_index("model")  # "which overlap at 5 shots"
+    assert m.loc["cifar10-vit-2dpos", "fewshot5_low"] < m.loc["cifar10-vit-1dpos", "fewshot5_high"]
+
+
+def test_posemb_claims_point_values():
     from vitviz.experiments.posemb_fewshot import posemb_claims
 
     m = pd.DataFrame({
-        "model": ["cifar10-vit-nopos", "cifar10-vit-1dpos", "cifar10-vit-2dpos"],
-        "pos_emb": ["No Pos. Emb.", "1-D Pos. Emb.", "2-D Pos. Emb."],
+        "model": list(ABLATION), "pos_emb": ["No Pos. Emb.", "1-D Pos. Emb.", "2-D Pos. Emb."],
         "paper_5shot": [61.382, 64.206, 64.001],
-        "fewshot5": [50.0, 60.0, 59.0],  # gap 9 > 2 x spread 1: holds; 1-D > 2-D > none as in the paper
-        "test_top1": [50.0, 52.0, 58.0],  # gap 2 < 2 x spread 6: does not hold; order 2-D > 1-D > none
+        "test_top1": [50.0, 52.0, 58.0],  # order 2-D > 1-D > none
     })
     c = posemb_claims(m).set_index("measure")
-    assert c.loc["paper_5shot", "same_order_as_paper"] and c.loc["paper_5shot", "finding_holds"]
-    assert c.loc["fewshot5", "ordering"] == "1-D > 2-D > none" and c.loc["fewshot5", "finding_holds"]
-    assert c.loc["fewshot5", "gap_to_none"] == pytest.approx(9.0)
     assert c.loc["test_top1", "ordering"] == "2-D > 1-D > none" and not c.loc["test_top1", "same_order_as_paper"]
-    assert not c.loc["test_top1", "finding_holds"] and c.loc["test_top1", "encoding_spread"] == pytest.approx(6.0)
+    assert c.loc["test_top1", "gap_to_none"] == pytest.approx(2.0)
+    assert c.loc["test_top1", "encoding_spread"] == pytest.approx(6.0)
+
+
+def test_posemb_draw_differences_refuse_what_does_not_pair():
+    from vitviz.experiments.posemb_fewshot import posemb_draw_differences
+
+    raw = draws_table()
+    with pytest.raises(InputError, match=r"at 5 shots cifar10-vit-1dpos and cifar10-vit-nopos do not share their draws "
+                                         r"\(seeds \[3\] are in one only\).*--seeds"):
+        posemb_draw_differences(raw.drop(raw[(raw.model == "cifar10-vit-1dpos") & (raw.seed == 3)].index)
+                                .reset_index(drop=True))
+    with pytest.raises(InputError, match=r"'cifar10-vit-2dpos' has 2 rows for the 5-shot draw seed=0"):
+        posemb_draw_differences(pd.concat([raw, raw[(raw.model == "cifar10-vit-2dpos") & (raw.seed == 0)]]))
+    other = raw.copy()
+    other.loc[other.model == "cifar10-vit-2dpos", "test_images"] = 1_000
+    with pytest.raises(InputError, match=r"different test sets .*--test-subset"):
+        posemb_draw_differences(other)
+    with pytest.raises(InputError, match=r"lacks the column\(s\) \['seed', 'accuracy'\]"):
+        posemb_draw_differences(raw.drop(columns=["seed", "accuracy"]))
+    two_1d = ("cifar10-vit-nopos", "cifar10-vit", "cifar10-vit-1dpos")  # two models of one encoding
+    with pytest.raises(InputError, match=r"one model per encoding .*\(unknown: \[\]\)"):
+        posemb_draw_differences(raw, ablation=two_1d)
+    with pytest.raises(InputError, match=r"\(unknown: \['vit_base'\]\)"):
+        posemb_draw_differences(raw, ablation=("cifar10-vit-nopos", "vit_base"))
 
 
 def test_plot_layer_probes_draws_means_by_depth():

@@ -6,8 +6,9 @@ and the longer-trained ``cifar10-vit``) carry fine-tuned (here: trained-end-to-e
 ``python -m vitviz.experiments.posemb_fewshot --data DIR`` measures the paper's measure on them: 5- and 10-shot
 linear accuracy on CIFAR-10 (few-shot images drawn from ``train/``, scored on every image of ``test/``, 10 draws),
 one CSV row per model, shots and draw. ``posemb_measures`` puts both measures and the paper's numbers side by side;
-``posemb_claims`` tests, under each measure, the paper's ordering and its finding ("a large gap to no position
-embedding, small differences among the encodings").
+``posemb_draw_claims`` states Table 8's comparisons as differences with 95 % intervals paired by draw (every model
+reads the same shots at one seed); ``posemb_claims`` tests, under each measure, the paper's ordering and its finding
+("a large gap to no position embedding, small differences among the encodings") on those intervals.
 """
 
 from __future__ import annotations
@@ -106,18 +107,116 @@ def posemb_measures(fewshot: pd.DataFrame | None = None) -> pd.DataFrame:
     return pd.DataFrame(rows)
 
 
-def posemb_claims(measures: pd.DataFrame, ablation: tuple[str, ...] = MODELS[:3]) -> pd.DataFrame:
+ENCODING_OF = {"No Pos. Emb.": "none", "1-D Pos. Emb.": "1d", "2-D Pos. Emb.": "2d"}  # posemb_seeds.ENCODINGS' keys
+
+
+def posemb_draw_differences(fewshot: pd.DataFrame | None = None, ablation: tuple[str, ...] = MODELS[:3]
+                            ) -> pd.DataFrame:
+    """Table 8's comparisons per few-shot draw: ``measure`` (``fewshotK``), ``arm, minus`` (encodings of
+    ``posemb_seeds.COMPARISONS``: 1-D minus none, 2-D minus none, 2-D minus 1-D), ``seed`` (the draw),
+    ``arm_value, minus_value, difference`` in points.
+
+    The draws pair: ``linear_fewshot`` draws the same training images for every model at one seed and shots, and
+    each model is scored on the same test images, so the per-draw differences take out what a draw shares (an easy
+    or hard set of shots) and their Student-t interval is the paired one. The marginal intervals of
+    ``posemb_measures`` (each model over its draws) overlap where the paired one does not, and the other way round.
+
+    Args:
+        fewshot: the per-draw table (``read_posemb_fewshot()``, the default): ``model, shots, seed, accuracy``.
+        ablation: the models compared, one per encoding (their ``pos_emb`` in ``POS_EMB``).
+
+    Raises:
+        InputError: a column is missing; a model of ``ablation`` is not in ``POS_EMB`` or two share an encoding; a
+            model has two rows for one draw, or the models do not share their draws or test images (no pairing).
+    """
+    from vitviz.errors import InputError
+    from vitviz.experiments.posemb_seeds import COMPARISONS
+
+    fewshot = read_posemb_fewshot() if fewshot is None else fewshot
+    missing = [c for c in ("model", "shots", "seed", "accuracy") if c not in fewshot]
+    if missing:
+        raise InputError(f"posemb_draw_differences: fewshot lacks the column(s) {missing}; pass the per-draw table "
+                         "of read_posemb_fewshot() (or of linear_fewshot), not posemb_measures' summary")
+    unknown = [m for m in ablation if m not in POS_EMB]
+    encodings = [ENCODING_OF[POS_EMB[m]] for m in ablation if m in POS_EMB]
+    if unknown or len(set(encodings)) != len(encodings):
+        raise InputError(f"posemb_draw_differences: ablation={tuple(ablation)!r} must name one model per encoding "
+                         f"among {list(POS_EMB)} (unknown: {unknown}); e.g. ablation={MODELS[:3]!r}")
+    model_of = dict(zip(encodings, ablation))
+    rows = []
+    for shots, g in fewshot[fewshot.model.isin(ablation)].groupby("shots", sort=True):
+        twice = g[g.duplicated(["model", "seed"], keep=False)]
+        if len(twice):
+            r = twice.iloc[0]
+            raise InputError(f"posemb_draw_differences: {r.model!r} has {int((twice.model == r.model).sum())} rows "
+                             f"for the {shots}-shot draw seed={int(r.seed)} (several layers or probes?); pass one "
+                             "row per model, shots and draw (the pre-logits linear probe)")
+        by_model = {m: h.set_index("seed") for m, h in g.groupby("model")}
+        for arm, minus in COMPARISONS:
+            a_name, b_name = model_of.get(arm), model_of.get(minus)
+            if a_name not in by_model or b_name not in by_model:
+                continue
+            a, b = by_model[a_name], by_model[b_name]
+            if set(a.index) != set(b.index):
+                only = sorted(set(a.index) ^ set(b.index))
+                raise InputError(f"posemb_draw_differences: at {shots} shots {a_name} and {b_name} do not share "
+                                 f"their draws (seeds {only} are in one only), so their differences do not pair; "
+                                 "measure both models with the same seeds (python -m "
+                                 "vitviz.experiments.posemb_fewshot --seeds N)")
+            if "test_images" in g and set(a.test_images) != set(b.test_images):
+                raise InputError(f"posemb_draw_differences: {a_name} and {b_name} were scored on different test "
+                                 f"sets ({sorted(set(a.test_images))} against {sorted(set(b.test_images))} images); "
+                                 "measure both on the same test images (the same --test-subset)")
+            for seed in sorted(a.index):
+                x, y = float(a.loc[seed, "accuracy"]), float(b.loc[seed, "accuracy"])
+                rows.append({"measure": f"fewshot{int(shots)}", "arm": arm, "minus": minus, "seed": int(seed),
+                             "arm_value": x, "minus_value": y, "difference": x - y})
+    return pd.DataFrame(rows, columns=["measure", "arm", "minus", "seed", "arm_value", "minus_value", "difference"])
+
+
+def posemb_draw_claims(fewshot: pd.DataFrame | None = None, ablation: tuple[str, ...] = MODELS[:3]) -> pd.DataFrame:
+    """Table 8's comparisons (1-D minus none, 2-D minus none, 2-D minus 1-D) under each few-shot measure, paired by
+    draw: the columns of ``posemb_seeds.posemb_seed_claims`` (``difference`` with ``low``/``high`` its 95 %
+    Student-t interval over the per-draw differences of ``posemb_draw_differences``, ``excludes_zero``, the paper's
+    difference), with ``draws`` for ``seeds``.
+
+    The interval is over the draws of the shots with each trained model fixed: it says whether these three models
+    differ, not whether the encodings would at another training seed (``posemb_seeds`` answers that)."""
+    from vitviz.experiments.posemb_seeds import claims_of_differences
+
+    diffs = posemb_draw_differences(fewshot, ablation)
+    frames = [claims_of_differences(g, pairs="draws") for _, g in diffs.groupby("measure", sort=False)]
+    return pd.concat(frames, ignore_index=True) if frames else claims_of_differences(diffs, pairs="draws")
+
+
+def posemb_claims(measures: pd.DataFrame, ablation: tuple[str, ...] = MODELS[:3], *,
+                  fewshot: pd.DataFrame | None = None) -> pd.DataFrame:
     """Under each measure (columns of ``posemb_measures``), over the three ablation models (same recipe):
 
     - ``ordering``: the models from best to worst, and ``same_order_as_paper`` (paper: 1-D > 2-D > none);
-    - ``gap_to_none``: the weaker encoding's score minus no position embedding's;
-    - ``encoding_spread``: the difference between the 1-D and 2-D scores;
-    - ``finding_holds``: ``gap_to_none > 0`` and ``gap_to_none > 2 * encoding_spread`` -- a large gap to no
-      position embedding and small differences among encodings (the paper's: 2.62 points against 0.21).
+    - ``gap_to_none``: the weaker encoding's score minus no position embedding's; ``encoding_spread``: the
+      difference between the 1-D and 2-D scores (point values, for reading);
+    - ``finding_holds``: the paper's finding -- a large gap to no position embedding, small differences among the
+      encodings -- decided on the paired intervals of ``posemb_draw_claims`` for a few-shot measure: both
+      encodings minus none lie above 0 (``gap_low``, the smaller of their intervals' lower ends, > 0) and above
+      every 1-D/2-D difference the interval of 2-D minus 1-D admits (``gap_low > spread_bound``, the larger
+      absolute end of that interval). ``draws``: the pairs. For the paper's own row the finding is read off its
+      numbers (``gap_to_none > 2 * encoding_spread``: 2.62 points against 0.21). A measure with one number per
+      model (``test_top1``: one trained model per encoding) has no interval: ``finding_holds`` is None
+      (undecided; ``posemb_seeds.posemb_seed_claims`` compares the encodings over training seeds). ``basis``
+      says which of the three decided.
+
+    Args:
+        measures: ``posemb_measures()``'s table.
+        ablation: the three models, no position embedding first.
+        fewshot: the per-draw table the intervals pair over (the one given to ``posemb_measures``, e.g.
+            ``read_posemb_fewshot()``); without it the few-shot measures are undecided too.
     """
     sub = measures.set_index("model").loc[list(ablation)]
     label = {m: sub.loc[m, "pos_emb"].split(" ")[0] if m != "cifar10-vit-nopos" else "none" for m in ablation}
     paper_order = [label[m] for m in sorted(ablation, key=lambda m: -sub.loc[m, "paper_5shot"])]
+    paired = posemb_draw_claims(fewshot, ablation).set_index(["measure", "arm", "minus"]) \
+        if fewshot is not None else None
     rows = []
     for col in [c for c in ("paper_5shot", "test_top1", "fewshot5", "fewshot10") if c in sub]:
         v = sub[col]
@@ -125,8 +224,24 @@ def posemb_claims(measures: pd.DataFrame, ablation: tuple[str, ...] = MODELS[:3]
         enc = v[[m for m in ablation if m != "cifar10-vit-nopos"]]
         gap = float(enc.min() - v["cifar10-vit-nopos"])
         spread = float(enc.max() - enc.min())
-        rows.append({"measure": col, "ordering": " > ".join(order), "same_order_as_paper": order == paper_order,
-                     "gap_to_none": gap, "encoding_spread": spread, "finding_holds": gap > 0 and gap > 2 * spread})
+        row = {"measure": col, "ordering": " > ".join(order), "same_order_as_paper": order == paper_order,
+               "gap_to_none": gap, "encoding_spread": spread, "gap_low": float("nan"),
+               "spread_bound": float("nan"), "draws": 0, "finding_holds": None}
+        if col == "paper_5shot":
+            row.update(finding_holds=bool(gap > 0 and gap > 2 * spread), basis="the paper's numbers")
+        elif paired is not None and (col, "2d", "1d") in paired.index:
+            c = paired.loc[col]
+            gap_low = float(min(c.loc[("1d", "none"), "low"], c.loc[("2d", "none"), "low"]))
+            bound = float(max(abs(c.loc[("2d", "1d"), "low"]), abs(c.loc[("2d", "1d"), "high"])))
+            draws = int(c.loc[("2d", "1d"), "draws"])
+            row.update(gap_low=gap_low, spread_bound=bound, draws=draws,
+                       finding_holds=bool(gap_low > 0 and gap_low > bound),
+                       basis=f"95% intervals paired over {draws} draws")
+        elif col.startswith("fewshot"):
+            row["basis"] = "undecided: no per-draw table (fewshot=) to pair over"
+        else:
+            row["basis"] = "undecided: one number per model, no interval (posemb_seed_claims: over seeds)"
+        rows.append(row)
     return pd.DataFrame(rows)
 
 
@@ -149,7 +264,8 @@ def main(argv: list[str] | None = None) -> int:
         torch.set_num_threads(a.threads)
     measure(a.data, a.shots, tuple(range(a.seeds)), results=a.results,
             test_subset=a.test_subset or None, progress=a.progress)
-    print(posemb_claims(posemb_measures(read_posemb_fewshot(a.results))).to_string(), flush=True)
+    table = read_posemb_fewshot(a.results)
+    print(posemb_claims(posemb_measures(table), fewshot=table).to_string(), flush=True)
     return 0
 
 

@@ -194,22 +194,28 @@ def posemb_seed_claims(df: pd.DataFrame, metric: str = "test_acc") -> pd.DataFra
     return claims_of_differences(posemb_seed_differences(df, metric))
 
 
-def claims_of_differences(diffs: pd.DataFrame) -> pd.DataFrame:
+def claims_of_differences(diffs: pd.DataFrame, pairs: str = "seeds") -> pd.DataFrame:
     """``posemb_seed_claims`` from the per-seed differences ``posemb_seed_differences`` returned (for a caller that
-    draws them too, so that they are read once)."""
+    draws them too, so that they are read once), or from any table of paired differences with its columns
+    (``measure, arm, minus, arm_value, minus_value, difference``, ``epoch`` where there is one): ``pairs`` names
+    the column that counts the pairs (``"seeds"``; ``"draws"`` for the few-shot draws of
+    ``posemb_fewshot.posemb_draw_differences``). An accuracy in percent (``METRICS``, any ``fewshotK``) gets its
+    interval cut to the range of a difference of two accuracies."""
     from vitviz.zoo.paper import posemb_ablation
 
     paper = 100 * posemb_ablation().set_index("pos_emb")["default_stem"]
     metric = diffs.measure.iloc[0] if len(diffs) else None
-    bounds = PERCENT_DIFFERENCE if metric in METRICS else None
+    bounds = PERCENT_DIFFERENCE if metric in METRICS or str(metric).startswith("fewshot") else None
     rows = []
     for (arm, minus), g in diffs.groupby(["arm", "minus"], sort=False):
         mean, low, high = t_interval(g.difference.to_numpy(), bounds=bounds)
-        rows.append({"measure": metric, "arm": arm, "minus": minus, "arm_mean": float(g.arm_value.mean()),
-                     "minus_mean": float(g.minus_value.mean()), "difference": mean, "low": low, "high": high,
-                     "excludes_zero": bool(low > 0 or high < 0),
-                     "paper": float(paper[ENCODINGS[arm][1]] - paper[ENCODINGS[minus][1]]),
-                     "seeds": int(len(g)), "epochs": int(g.epoch.max())})
+        row = {"measure": metric, "arm": arm, "minus": minus, "arm_mean": float(g.arm_value.mean()),
+               "minus_mean": float(g.minus_value.mean()), "difference": mean, "low": low, "high": high,
+               "excludes_zero": bool(low > 0 or high < 0),
+               "paper": float(paper[ENCODINGS[arm][1]] - paper[ENCODINGS[minus][1]]), pairs: int(len(g))}
+        if "epoch" in g:
+            row["epochs"] = int(g.epoch.max())
+        rows.append(row)
     return pd.DataFrame(rows)
 
 
