@@ -129,7 +129,8 @@ def test_the_sweep_trains_resumes_and_measures_few_shot_on_a_tiny_folder(tmp_pat
     shots = fewshot(PosembSeedsConfig(**kw), shots=1, seeds=(0, 1), test_per_class=2)
     assert shots.groupby(["encoding", "epoch"]).seed.nunique().to_dict() == {("2d", 1): 2, ("none", 1): 2}
     assert set(shots.columns) >= {"model", "encoding", "pos_emb", "run_seed", "epoch", "accuracy"}
-    mean = read_posemb_seeds_fewshot(tmp_path / "posemb_seeds_fewshot.csv")
+    mean = read_posemb_seeds_fewshot(tmp_path / "r_fewshot.csv")  # named after its sweep's results, r.csv
+    assert not (tmp_path / "posemb_seeds_fewshot.csv").exists()
     assert mean.draws.eq(2).all() and set(mean.columns) >= {"encoding", "seed", "epoch", "fewshot5"}
     two = {**kw, "epochs": 2, "out": str(tmp_path / "two"), "results": str(tmp_path / "two" / "r.csv")}
     run_sweep(PosembSeedsConfig(**two))
@@ -141,6 +142,25 @@ def test_the_sweep_trains_resumes_and_measures_few_shot_on_a_tiny_folder(tmp_pat
     assert every.epoch.tolist() == [1, 2, 1, 2]  # each kept epoch, run by run
     with pytest.raises(TypeError, match="last_only"):
         fewshot_of_epochs(runs(PosembSeedsConfig(**two)), two["data"], last_only="False")
+
+
+def test_a_sweeps_few_shot_table_is_named_after_its_results_and_never_overwrites_another():
+    """The few-shot table of a second sweep beside the default one (``--results .../posemb_seeds_15k.csv``) gets its
+    own name; the default sweeps keep the names their tables were committed under."""
+    from vitviz.experiments import cls_vs_gap, posemb_seeds
+    from vitviz.experiments.sweep import fewshot_results
+
+    def where(module, results, name):
+        return fewshot_results(results, module.RESULTS, name).as_posix()
+
+    assert where(posemb_seeds, posemb_seeds.RESULTS, posemb_seeds.FEWSHOT_NAME) == \
+        "data/posemb_seeds/posemb_seeds_fewshot.csv"
+    assert where(posemb_seeds, "data/posemb_seeds/posemb_seeds_15k.csv", posemb_seeds.FEWSHOT_NAME) == \
+        "data/posemb_seeds/posemb_seeds_15k_fewshot.csv"
+    assert where(cls_vs_gap, cls_vs_gap.RESULTS, "fewshot_by_epoch.csv") == "data/cls_vs_gap/fewshot_by_epoch.csv"
+    assert where(cls_vs_gap, "data/cls_vs_gap/cls_vs_gap_15k.csv", "fewshot_by_epoch.csv") == \
+        "data/cls_vs_gap/cls_vs_gap_15k_fewshot.csv"
+    assert (DATA / "posemb_seeds_fewshot.csv").is_file()  # what the default name reads is committed
 
 
 @pytest.mark.parametrize("argv, message", [

@@ -319,7 +319,7 @@ def test_fewshot_by_epoch_scores_every_kept_epoch(tiny_folder, tmp_path):
         test = per_class_subset(model, tiny_folder / "test", 3)
         direct = linear_fewshot(model, tiny_folder / "train", test, shots=(2,), seeds=(0, 1))
         np.testing.assert_allclose(raw[raw.epoch == epoch].accuracy.to_numpy(), direct.accuracy.to_numpy())
-    mean = read_fewshot_by_epoch(tmp_path / "fewshot_by_epoch.csv")
+    mean = read_fewshot_by_epoch(tmp_path / "r_fewshot.csv")  # named after its sweep's results, r.csv
     assert list(mean.columns[:4]) == ["head", "lr", "seed", "epoch"] and (mean.draws == 2).all()
     assert mean.fewshot5.tolist() == pytest.approx(raw.groupby("epoch").accuracy.mean().tolist())
 

@@ -45,6 +45,7 @@ from vitviz.experiments.sweep import (
     add_sweep_options,
     collect_runs,
     fewshot_of_epochs,
+    fewshot_results,
     last_epoch_per_seed,
     train_runs,
     write_table,
@@ -138,12 +139,14 @@ def fewshot_by_epoch(cfg: ClsGapConfig, *, shots: int = 5, seeds: tuple[int, ...
     """5-shot linear accuracy (Fig. 9's measure) of every kept epoch's weights, written beside the results CSV.
 
     Few-shot images come from the training folder (``seeds`` draws), scored on the first ``test_per_class``
-    test images of each class. Returns one row per run, epoch and draw (``fewshot_by_epoch.csv``).
+    test images of each class. Returns one row per run, epoch and draw, written to ``results`` or beside the
+    results CSV (``sweep.fewshot_results``: ``fewshot_by_epoch.csv`` for the default sweep, ``<stem>_fewshot.csv``
+    for another, such as ``cls_vs_gap_15k_fewshot.csv``, so that one sweep's table never overwrites another's).
     """
     table = fewshot_of_epochs(runs(cfg), cfg.data, shots=shots, seeds=seeds, test_per_class=test_per_class)
     buf = io.StringIO()
     table.to_csv(buf, index=False)
-    atomic_write_text(results or Path(cfg.results).with_name("fewshot_by_epoch.csv"), buf.getvalue())
+    atomic_write_text(results or fewshot_results(cfg.results, RESULTS, "fewshot_by_epoch.csv"), buf.getvalue())
     return table
 
 

@@ -42,6 +42,7 @@ from vitviz.experiments.sweep import (
     add_sweep_options,
     collect_runs,
     fewshot_of_epochs,
+    fewshot_results,
     last_epoch_per_seed,
     train_runs,
     write_table,
@@ -56,6 +57,7 @@ ENCODINGS: dict[str, tuple[str, str]] = {
 # the paper's comparisons: (arm, minus arm)
 COMPARISONS = (("1d", "none"), ("2d", "none"), ("2d", "1d"))
 RESULTS = "data/posemb_seeds/posemb_seeds.csv"
+FEWSHOT_NAME = "posemb_seeds_fewshot.csv"  # the default sweep's few-shot table, beside RESULTS
 METRICS = ("test_acc", "train_acc", "fewshot5")  # accuracies in percent
 
 
@@ -122,10 +124,12 @@ def run_sweep(cfg: PosembSeedsConfig, *, progress: bool = False) -> pd.DataFrame
 def fewshot(cfg: PosembSeedsConfig, *, shots: int = 5, seeds: tuple[int, ...] = (0, 1, 2),
             test_per_class: int = 100, results: str | None = None) -> pd.DataFrame:
     """5-shot linear accuracy of every run's last epoch (``sweep.fewshot_of_epochs``; the comparisons read the last
-    epoch), written beside the results CSV as ``posemb_seeds_fewshot.csv`` (one row per run and draw)."""
+    epoch), written beside the results CSV and named after it (``sweep.fewshot_results``: ``posemb_seeds.csv`` ->
+    ``posemb_seeds_fewshot.csv``, ``posemb_seeds_15k.csv`` -> ``posemb_seeds_15k_fewshot.csv``), one row per run
+    and draw; ``results``: another path."""
     table = fewshot_of_epochs(runs(cfg), cfg.data, shots=shots, seeds=seeds, test_per_class=test_per_class,
                               last_only=True)
-    path = results or Path(cfg.results).with_name("posemb_seeds_fewshot.csv")
+    path = results or fewshot_results(cfg.results, RESULTS, FEWSHOT_NAME)
     write_table(path, table, {"shots": shots, "draws": list(seeds), "test_per_class": test_per_class,
                               "sweep": str(cfg.results)})
     return table
@@ -140,7 +144,7 @@ def read_posemb_seeds_fewshot(path: str | Path | None = None) -> pd.DataFrame:
     """``posemb_seeds_fewshot.csv`` averaged over the few-shot draws: one row per run and epoch, with ``encoding,
     pos_emb, seed, epoch, fewshot5`` (mean 5-shot linear top-1 %) and ``draws``; ready for
     ``posemb_seed_claims(..., metric="fewshot5")``."""
-    raw = shipped_csv(path, str(Path(RESULTS).with_name("posemb_seeds_fewshot.csv")),
+    raw = shipped_csv(path, str(Path(RESULTS).with_name(FEWSHOT_NAME)),
                       "run `python -m vitviz.experiments.posemb_seeds --data DIR --fewshot` after training")
     g = raw.groupby(["encoding", "pos_emb", "run_seed", "epoch"]).accuracy
     out = pd.concat([g.mean().rename("fewshot5"), g.size().rename("draws")], axis=1).reset_index()
@@ -247,7 +251,7 @@ def main(argv: list[str] | None = None) -> int:
         torch.set_num_threads(a.threads)
     if a.fewshot:
         fewshot(cfg)
-        print(posemb_seed_claims(read_posemb_seeds_fewshot(Path(cfg.results).with_name("posemb_seeds_fewshot.csv")),
+        print(posemb_seed_claims(read_posemb_seeds_fewshot(fewshot_results(cfg.results, RESULTS, FEWSHOT_NAME)),
                                  "fewshot5").to_string(), flush=True)
         return 0
     run_sweep(cfg, progress=a.progress)

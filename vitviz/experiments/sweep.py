@@ -127,6 +127,17 @@ def write_table(path: str | Path, table: pd.DataFrame, meta: dict[str, Any]) -> 
     atomic_write_json(Path(path).with_suffix(".json"), meta)
 
 
+def fewshot_results(results: str | Path, default_results: str, default_name: str) -> Path:
+    """Where a sweep's few-shot table goes: beside its results CSV, named after it (``<stem>_fewshot.csv``), so that
+    measuring one sweep never overwrites the few-shot table of another sweep in the same folder (a larger sweep's
+    ``--results data/.../name_15k.csv`` beside the default one); results named as the sweep's default
+    (``default_results``) keep the name their table was committed under (``default_name``)."""
+    results = Path(results)
+    if results.name == Path(default_results).name:
+        return results.with_name(default_name)
+    return results.with_name(f"{results.stem}_fewshot.csv")
+
+
 def recover_last_epoch(run_dir: Path, epochs_dir: Path) -> None:
     """A run killed after writing ``last.pt`` but before keeping that epoch's weights: keep them from it."""
     last = run_dir / "last.pt"
