@@ -157,6 +157,27 @@ def test_a_pass_that_raises_before_its_first_layer_leaves_the_reduction_whole():
     assert reduce.aborted == [] and reduce.layers == 4
 
 
+def test_a_propagator_undoes_a_failed_pass_itself():
+    """vitviz's Propagator carries its own on_abort (it starts afresh at each pass): a retry after a failure is read,
+    and its rollout is a clean pass's."""
+    from vitviz.analysis.propagation import LayerRule, Propagator
+
+    model = tiny_timm_vit(depth=3)
+    x = torch.randn(2, 3, 32, 48)
+    clean = Propagator(LayerRule("rollout"))
+    with torch.no_grad(), vitviz.capture_attention(model, on_layer=clean, store=False, heads="stream"):
+        model(x)
+    handle = fail_once(model.blocks[2].mlp)
+    prop = Propagator(LayerRule("rollout"))
+    with torch.no_grad(), vitviz.capture_attention(model, on_layer=prop, store=False, heads="stream"):
+        with pytest.raises(RuntimeError, match="simulated"):
+            model(x)
+        assert prop.matrices == []  # undone as the pass failed
+        model(x)
+    handle.remove()
+    torch.testing.assert_close(prop.result(), clean.result())
+
+
 @pytest.mark.parametrize("failing", ["patch_embed", "blocks.0.norm1"])  # before the first layer: model, blocks
 def test_a_finished_pass_is_kept_when_a_later_forward_raises_before_its_first_layer(failing):
     """accumulate=True joins every finished pass: one that a later forward's failure (before it emitted any map)

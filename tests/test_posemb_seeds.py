@@ -131,6 +131,9 @@ def test_the_sweep_trains_resumes_and_measures_few_shot_on_a_tiny_folder(tmp_pat
     assert set(shots.columns) >= {"model", "encoding", "pos_emb", "run_seed", "epoch", "accuracy"}
     mean = read_posemb_seeds_fewshot(tmp_path / "r_fewshot.csv")  # named after its sweep's results, r.csv
     assert not (tmp_path / "posemb_seeds_fewshot.csv").exists()
+    assert read_posemb_seeds_fewshot(results=kw["results"]).equals(mean)  # found from its sweep's results
+    with pytest.raises(InputError, match="both name a table"):
+        read_posemb_seeds_fewshot(tmp_path / "r_fewshot.csv", results=kw["results"])
     assert mean.draws.eq(2).all() and set(mean.columns) >= {"encoding", "seed", "epoch", "fewshot5"}
     two = {**kw, "epochs": 2, "out": str(tmp_path / "two"), "results": str(tmp_path / "two" / "r.csv")}
     run_sweep(PosembSeedsConfig(**two))

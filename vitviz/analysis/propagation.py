@@ -241,6 +241,11 @@ class Propagator:
         self.matrices = []
         self._pending = []
 
+    def on_abort(self, layers: int) -> None:
+        """``capture_attention``'s ``on_abort``: a forward pass that raised after ``layers`` of its maps were fed
+        leaves nothing to undo beyond them; they are dropped (the retry, from position 0, would reset anyway)."""
+        self.reset()
+
     def _last_of_block(self, position: int) -> bool:
         b = self.blocks
         return b is None or position + 1 >= len(b) or b[position + 1] != b[position]

@@ -489,10 +489,11 @@ def capture_attention(
             ``on_layer`` gets a ``HeadMaps`` per layer, one head's ``(B, N, N)`` at a time (needs ``on_layer`` and
             ``store=False``; no gradients). See the module docstring.
         on_abort: ``fn(k)`` called once when a forward raises after ``on_layer`` was handed ``k >= 1`` of its layers
-            (out of memory in block 5), to undo them in the reduction before a retry. Without it, every later
-            forward in the block is refused with ``CaptureError``: the reduction would silently mix the failed
-            pass's layers with the retry's. A vitviz hook that stops a forward on purpose (``ForwardStopped``) is no
-            failure.
+            (out of memory in block 5), to undo them in the reduction before a retry; default: ``on_layer``'s own
+            ``on_abort`` method where it has one (``vitviz.Propagator``, which starts afresh at every pass). Without
+            either, every later forward in the block is refused with ``CaptureError``: the reduction would silently
+            mix the failed pass's layers with the retry's. A vitviz hook that stops a forward on purpose
+            (``ForwardStopped``) is no failure.
 
     Yields:
         ``AttentionCapture`` with ``attentions``, ``layer_names``, ``spec`` and ``forwards``.
@@ -521,6 +522,8 @@ def _open_capture(model: nn.Module, layers: LayerSelect, on_layer: OnLayer | Non
     if on_layer is not None and not callable(on_layer):
         raise InputTypeError(f"on_layer={on_layer!r} is not callable; pass a function on_layer(position, attn) or "
                              "None")
+    if on_abort is None and on_layer is not None:
+        on_abort = getattr(on_layer, "on_abort", None)  # a reduction that knows how to undo a failed pass
     if on_abort is not None and (not callable(on_abort) or on_layer is None):
         raise InputTypeError(f"on_abort={on_abort!r}: pass a function on_abort(k) that undoes the k layers a failed "
                              "pass handed to on_layer= (which it needs), or None")

@@ -140,10 +140,18 @@ def read_posemb_seeds(path: str | Path | None = None) -> pd.DataFrame:
     return shipped_csv(path, RESULTS, "run `python -m vitviz.experiments.posemb_seeds --data DIR`")
 
 
-def read_posemb_seeds_fewshot(path: str | Path | None = None) -> pd.DataFrame:
+def read_posemb_seeds_fewshot(path: str | Path | None = None, *, results: str | Path | None = None) -> pd.DataFrame:
     """``posemb_seeds_fewshot.csv`` averaged over the few-shot draws: one row per run and epoch, with ``encoding,
     pos_emb, seed, epoch, fewshot5`` (mean 5-shot linear top-1 %) and ``draws``; ready for
-    ``posemb_seed_claims(..., metric="fewshot5")``."""
+    ``posemb_seed_claims(..., metric="fewshot5")``. ``results``: instead of ``path``, the results CSV of the sweep
+    whose few-shot table to read (the table ``--fewshot`` wrote beside it, ``sweep.fewshot_results``)."""
+    if results is not None:
+        if path is not None:
+            from vitviz.errors import InputError
+
+            raise InputError(f"read_posemb_seeds_fewshot: path={str(path)!r} and results={str(results)!r} both name "
+                             "a table; pass path= (the few-shot CSV) or results= (its sweep's results CSV)")
+        path = fewshot_results(results, RESULTS, FEWSHOT_NAME)
     raw = shipped_csv(path, str(Path(RESULTS).with_name(FEWSHOT_NAME)),
                       "run `python -m vitviz.experiments.posemb_seeds --data DIR --fewshot` after training")
     g = raw.groupby(["encoding", "pos_emb", "run_seed", "epoch"]).accuracy
@@ -251,8 +259,7 @@ def main(argv: list[str] | None = None) -> int:
         torch.set_num_threads(a.threads)
     if a.fewshot:
         fewshot(cfg)
-        print(posemb_seed_claims(read_posemb_seeds_fewshot(fewshot_results(cfg.results, RESULTS, FEWSHOT_NAME)),
-                                 "fewshot5").to_string(), flush=True)
+        print(posemb_seed_claims(read_posemb_seeds_fewshot(results=cfg.results), "fewshot5").to_string(), flush=True)
         return 0
     run_sweep(cfg, progress=a.progress)
     print(posemb_seed_claims(read_posemb_seeds(cfg.results)).to_string(), flush=True)
