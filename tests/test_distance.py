@@ -138,6 +138,43 @@ def test_streaming_equals_store_everything():
                                    rtol=1e-5)
 
 
+@pytest.mark.parametrize("failing", ["blocks.1", "blocks.2.mlp"])
+def test_a_reducer_retried_after_a_failed_pass_counts_each_image_once(failing):
+    """The first layers of a forward that raised were added to the running sums; capture_attention hands the
+    failure to the reducer's on_abort, which takes them back out, so the retry leaves the sums of clean passes."""
+    model = tiny_timm_vit(depth=3)
+    spec = vitviz.inspect(model)
+    x = torch.randn(4, 3, 32, 48)
+
+    def reducer():
+        red = DistanceReducer(3, spec.num_heads, spec.num_prefix_tokens)
+        red.distances = patch_distance_matrix(spec.grid_size, spec.patch_size)
+        return red
+
+    clean = reducer()
+    with torch.no_grad(), vitviz.capture_attention(model, on_layer=clean, store=False, heads="stream"):
+        model(x[:2])
+        model(x[2:])
+    calls = {"n": 0}
+
+    def fail_once(_m, _args):
+        calls["n"] += 1
+        if calls["n"] == 1:
+            raise RuntimeError("out of memory (simulated)")
+
+    red = reducer()
+    with torch.no_grad(), vitviz.capture_attention(model, on_layer=red, store=False, heads="stream"):
+        model(x[:2])
+        handle = model.get_submodule(failing).register_forward_pre_hook(fail_once)
+        with pytest.raises(RuntimeError, match="simulated"):
+            model(x[2:])
+        model(x[2:])
+    handle.remove()
+    assert red.counts.tolist() == [4.0, 4.0, 4.0]
+    torch.testing.assert_close(red.sums, clean.sums, rtol=1e-12, atol=1e-12)
+    torch.testing.assert_close(red.result(), clean.result())
+
+
 def test_reducer_needs_distances_and_a_pass():
     red = DistanceReducer(2, 3, 1)
     with pytest.raises(vitviz.VitvizError, match="distances"):

@@ -177,6 +177,10 @@ class DistanceReducer:
 
     The running sums live on ``device`` (give the model's): sums made on the CPU move to the maps' device at the
     first layer, inside the forward, where on a GPU a copy from the CPU waits for every kernel queued so far.
+
+    A forward that raises part-way (out of memory in a late block) has added its first layers to the sums:
+    ``on_abort`` (which ``capture_attention`` calls) takes that pass's additions back out, so a retry inside the
+    same capture counts each image once.
     """
 
     def __init__(self, num_layers: int, num_heads: int, num_prefix_tokens: int,
@@ -186,6 +190,8 @@ class DistanceReducer:
         self.sums = torch.zeros(num_layers, num_heads, dtype=torch.float64, device=device)
         self.counts = torch.zeros(num_layers, dtype=torch.float64, device=device)
         self.reduced: set[int] = set()  # the layers reduced by this object (known on the host)
+        self._pass: dict[int, torch.Tensor] = {}  # what the running pass added to each layer's sums (for on_abort)
+        self._pass_images = 0
 
     def __call__(self, position: int, attn: torch.Tensor | HeadMaps) -> None:
         if self.distances is None:
@@ -197,9 +203,20 @@ class DistanceReducer:
             self.sums, self.counts = self.sums.to(per_image.device), self.counts.to(per_image.device)
         # in place on the rows: ``a[i] += b`` would also write the row back onto itself (a copy per layer, and on a
         # GPU a launch); float32 added into float64 is cast first, the bits of ``.double()`` before the add
-        self.sums[position].add_(per_image.sum(dim=0))
+        if position == 0 or position in self._pass:  # a new pass
+            self._pass = {}
+        self._pass[position] = added = per_image.sum(dim=0)
+        self._pass_images = per_image.shape[0]
+        self.sums[position].add_(added)
         self.counts[position].add_(per_image.shape[0])
         self.reduced.add(position)
+
+    def on_abort(self, layers: int) -> None:
+        """Take back what the pass that raised added (``layers`` of them: ``capture_attention``'s ``on_abort``)."""
+        for position, added in self._pass.items():
+            self.sums[position].sub_(added)
+            self.counts[position].sub_(self._pass_images)
+        self._pass = {}
 
     def result(self) -> torch.Tensor:
         """``(L, H)`` float32 mean distances in pixels (averaged over queries, then images), on the CPU."""
