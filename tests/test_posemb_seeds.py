@@ -253,6 +253,42 @@ def test_the_committed_sweep_is_complete_and_its_claims_are_what_the_readme_says
     assert gaps in " ".join(text.split()), gaps
 
 
+def test_the_committed_15k_sweep_is_complete_and_its_claims_are_what_the_readme_says():
+    """The larger sweep (three times the images, 10 epochs, five seeds): every run finished, its few-shot table (found
+    beside it) measures the same runs, and the figures of the README's section on it are its claims."""
+    from vitviz.experiments.posemb_seeds import (
+        ENCODINGS,
+        posemb_seed_claims,
+        read_posemb_seeds,
+        read_posemb_seeds_fewshot,
+    )
+
+    results = DATA / "posemb_seeds_15k.csv"
+    runs = read_posemb_seeds(results)
+    settings = json.loads((DATA / "posemb_seeds_15k.json").read_text())["settings"]
+    assert sorted(runs.seed.unique()) == settings["seeds"] == [0, 1, 2, 3, 4] and set(runs.encoding) == set(ENCODINGS)
+    assert runs.groupby("run").epoch.max().eq(settings["epochs"]).all() and settings["epochs"] == 10
+    assert runs.train_images.eq(15_000).all() and runs.test_images.eq(2_000).all()
+    shots = read_posemb_seeds_fewshot(results=results)
+    assert set(zip(shots.encoding, shots.seed)) == set(zip(runs.encoding, runs.seed)) and shots.draws.eq(3).all()
+    text = " ".join((DATA / "README.md").read_text().split("## A larger sweep")[1].split())
+    claims = {}
+    for metric, frame in (("test_acc", runs), ("fewshot5", shots)):
+        claims[metric] = posemb_seed_claims(frame, metric).set_index(["arm", "minus"])
+        for (arm, minus), c in claims[metric].iterrows():
+            quoted = f"{arm} minus {minus}: {c.difference:+.2f} [{c.low:+.2f}, {c.high:+.2f}]"
+            assert quoted in text, f"{metric}: {quoted!r} is not in the README's section on the larger sweep"
+        last = frame[frame.epoch == frame.epoch.max()].groupby("encoding")[metric].mean()
+        means = f"means: none {last['none']:.2f} %, 1-D {last['1d']:.2f} %, 2-D {last['2d']:.2f} %"
+        assert means in text, f"{metric}: {means!r} is not in the README's section on the larger sweep"
+    top = claims["test_acc"]  # the section's reading of them, and the project README's sentence
+    assert top.loc[[("1d", "none"), ("2d", "none")], "low"].gt(3).all()
+    assert not top.loc[("2d", "1d"), "excludes_zero"] and abs(top.loc[("2d", "1d"), "difference"]) < 0.5
+    readme = " ".join((DATA.parents[1] / "README.md").read_text().split())
+    assert "opens the gap to about five points for each encoding, both intervals far above 0" in readme
+    assert top.loc[[("1d", "none"), ("2d", "none")], "difference"].round().eq(5).all()
+
+
 def test_the_report_draws_the_seed_study_with_the_numbers_of_its_claims(monkeypatch):
     """``vitviz report`` draws the committed sweep and saves the claims behind it; without the sweep (an installed
     copy that lacks it) the figure is left out, not a failure."""
@@ -280,19 +316,22 @@ def test_the_report_draws_the_seed_study_with_the_numbers_of_its_claims(monkeypa
     assert "table8_posemb_seeds" not in dict(report._global_jobs())
 
 
-def test_the_committed_1d_runs_repeat_the_class_token_runs_of_cls_vs_gap():
+@pytest.mark.parametrize("sweep, gap_sweep, other_cpu", [("posemb_seeds", "cls_vs_gap", True),
+                                                          ("posemb_seeds_15k", "cls_vs_gap_15k", False)])
+def test_the_committed_1d_runs_repeat_the_class_token_runs_of_cls_vs_gap(sweep, gap_sweep, other_cpu):
     """The 1-D arm's ``TrainConfig`` is that of cls_vs_gap's class token at the recipe's rate but for the model's
     name (``cifar10-vit-1dpos`` is ``cifar10-vit``'s architecture) and the folders, and the two sweeps were trained
-    on different CPUs (their ``device`` columns): every epoch's loss and accuracies agree at every seed both hold,
-    so each sweep's runs are what their configs say, not one machine's accident."""
+    in other sessions (the 5,000-image ones on different CPUs, their ``device`` columns): every epoch's loss and
+    accuracies agree at every seed both hold, so each sweep's runs are what their configs say, not one machine's
+    accident."""
     from dataclasses import asdict
 
     from vitviz.experiments.cls_vs_gap import LRS, ClsGapConfig, read_cls_vs_gap
     from vitviz.experiments.cls_vs_gap import train_config as cls_config
     from vitviz.experiments.posemb_seeds import PosembSeedsConfig, read_posemb_seeds, train_config
 
-    settings = json.loads((DATA / "posemb_seeds.json").read_text())["settings"]
-    gap_settings = json.loads((DATA.parent / "cls_vs_gap" / "cls_vs_gap.json").read_text())["settings"]
+    settings = json.loads((DATA / f"{sweep}.json").read_text())["settings"]
+    gap_settings = json.loads((DATA.parent / "cls_vs_gap" / f"{gap_sweep}.json").read_text())["settings"]
     mine = asdict(train_config(PosembSeedsConfig(**{k: tuple(v) if isinstance(v, list) else v
                                                    for k, v in settings.items()}), "1d", 0))
     theirs = asdict(cls_config(ClsGapConfig(**{k: tuple(v) if isinstance(v, list) else v
@@ -300,11 +339,12 @@ def test_the_committed_1d_runs_repeat_the_class_token_runs_of_cls_vs_gap():
     differ = {k for k in mine if mine[k] != theirs[k]}
     assert differ - {"out", "cache", "data"} == {"model"}  # where things are, and the model's name
     assert (mine["model"], theirs["model"]) == ("cifar10-vit-1dpos", "cifar10-vit")
-    ours = read_posemb_seeds().query("encoding == '1d'")
-    cls = read_cls_vs_gap().query("head == 'cls' and lr == @LRS[0]")
+    ours = read_posemb_seeds(DATA / f"{sweep}.csv").query("encoding == '1d'")
+    cls = read_cls_vs_gap(DATA.parent / "cls_vs_gap" / f"{gap_sweep}.csv").query("head == 'cls' and lr == @LRS[0]")
     both = cls.merge(ours, on=["seed", "epoch"], suffixes=("_cls", "_1d"))
     assert both.seed.nunique() == len(set(cls.seed) & set(ours.seed)) >= 3
     assert len(both) == both.seed.nunique() * settings["epochs"]
-    assert set(both.device_cls).isdisjoint(set(both.device_1d)), "trained on the same CPU: not a cross-check"
+    if other_cpu:
+        assert set(both.device_cls).isdisjoint(set(both.device_1d)), "trained on the same CPU"
     for column in ("loss", "train_acc", "test_acc"):
         assert both[f"{column}_cls"].tolist() == both[f"{column}_1d"].tolist(), column
