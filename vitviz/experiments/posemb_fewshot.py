@@ -107,9 +107,6 @@ def posemb_measures(fewshot: pd.DataFrame | None = None) -> pd.DataFrame:
     return pd.DataFrame(rows)
 
 
-ENCODING_OF = {"No Pos. Emb.": "none", "1-D Pos. Emb.": "1d", "2-D Pos. Emb.": "2d"}  # posemb_seeds.ENCODINGS' keys
-
-
 def posemb_draw_differences(fewshot: pd.DataFrame | None = None, ablation: tuple[str, ...] = MODELS[:3]
                             ) -> pd.DataFrame:
     """Table 8's comparisons per few-shot draw: ``measure`` (``fewshotK``), ``arm, minus`` (encodings of
@@ -130,15 +127,16 @@ def posemb_draw_differences(fewshot: pd.DataFrame | None = None, ablation: tuple
             model has two rows for one draw, or the models do not share their draws or test images (no pairing).
     """
     from vitviz.errors import InputError
-    from vitviz.experiments.posemb_seeds import COMPARISONS
+    from vitviz.experiments.posemb_seeds import COMPARISONS, ENCODINGS
 
+    encoding_of = {pos_emb: encoding for encoding, (_, pos_emb) in ENCODINGS.items()}  # Table 8's row -> encoding
     fewshot = read_posemb_fewshot() if fewshot is None else fewshot
     missing = [c for c in ("model", "shots", "seed", "accuracy") if c not in fewshot]
     if missing:
         raise InputError(f"posemb_draw_differences: fewshot lacks the column(s) {missing}; pass the per-draw table "
                          "of read_posemb_fewshot() (or of linear_fewshot), not posemb_measures' summary")
     unknown = [m for m in ablation if m not in POS_EMB]
-    encodings = [ENCODING_OF[POS_EMB[m]] for m in ablation if m in POS_EMB]
+    encodings = [encoding_of[POS_EMB[m]] for m in ablation if m in POS_EMB]
     if unknown or len(set(encodings)) != len(encodings):
         raise InputError(f"posemb_draw_differences: ablation={tuple(ablation)!r} must name one model per encoding "
                          f"among {list(POS_EMB)} (unknown: {unknown}); e.g. ablation={MODELS[:3]!r}")
@@ -238,7 +236,7 @@ def posemb_claims(measures: pd.DataFrame, ablation: tuple[str, ...] = MODELS[:3]
                        finding_holds=bool(gap_low > 0 and gap_low > bound),
                        basis=f"95% intervals paired over {draws} draws")
         elif col.startswith("fewshot"):
-            row["basis"] = "undecided: no per-draw table (fewshot=) to pair over"
+            row["basis"] = "undecided: no per-draw rows of this measure (fewshot=) to pair over"
         else:
             row["basis"] = "undecided: one number per model, no interval (posemb_seed_claims: over seeds)"
         rows.append(row)
