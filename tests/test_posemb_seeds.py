@@ -289,23 +289,31 @@ def test_the_committed_15k_sweep_is_complete_and_its_claims_are_what_the_readme_
     assert top.loc[[("1d", "none"), ("2d", "none")], "difference"].round().eq(5).all()
 
 
-def test_the_report_draws_the_seed_study_with_the_numbers_of_its_claims(monkeypatch):
-    """``vitviz report`` draws the committed sweep and saves the claims behind it; without the sweep (an installed
-    copy that lacks it) the figure is left out, not a failure."""
+@pytest.mark.parametrize("suffix", ["", "_15k"])
+def test_the_report_draws_each_seed_sweep_with_the_numbers_of_its_claims_and_its_budget(monkeypatch, suffix):
+    """``vitviz report`` draws every committed sweep (``SWEEPS``), titled with its budget (the 5,000- and the
+    15,000-image sweeps give other differences, so a figure must say which it shows), and saves the claims behind
+    it; without the sweeps (an installed copy that lacks them) the figures are left out, not a failure."""
     import matplotlib.pyplot as plt
 
     import vitviz.experiments.posemb_seeds as ps
     from vitviz import report
     from vitviz.errors import DataNotFoundError
 
-    fig, arrays = dict(report._global_jobs())["table8_posemb_seeds"]()
+    results = DATA.parents[1] / ps.SWEEPS[suffix]
+    runs, shots = ps.read_posemb_seeds(results), ps.read_posemb_seeds_fewshot(results=results)
+    fig, arrays = dict(report._global_jobs())[f"table8_posemb_seeds{suffix}"]()
     try:
-        claims = pd.concat([ps.posemb_seed_claims(ps.read_posemb_seeds()),
-                            ps.posemb_seed_claims(ps.read_posemb_seeds_fewshot(), "fewshot5")], ignore_index=True)
+        claims = pd.concat([ps.posemb_seed_claims(runs), ps.posemb_seed_claims(shots, "fewshot5")],
+                           ignore_index=True)
         np.testing.assert_array_equal(arrays["difference"], claims.difference)
         np.testing.assert_array_equal(arrays["low"], claims.low)
         assert list(arrays["measure"]) == list(claims.measure) and list(arrays["arm"]) == list(claims.arm)
         assert len(fig.axes) == 2 and [t.get_text() for t in fig.axes[0].get_yticklabels()][0] == "1-D minus none"
+        last = runs[runs.epoch == runs.epochs_planned]
+        assert fig.get_suptitle() == (f"CIFAR-10, {runs.seed.nunique()} seeds, {last.train_images.iloc[0]:,} "
+                                      f"training images, {last.epochs_planned.iloc[0]} epochs, "
+                                      f"{last.test_images.iloc[0]:,} test images")
     finally:
         plt.close(fig)
 
@@ -313,7 +321,16 @@ def test_the_report_draws_the_seed_study_with_the_numbers_of_its_claims(monkeypa
         raise DataNotFoundError("no results")
 
     monkeypatch.setattr(ps, "read_posemb_seeds", missing)
-    assert "table8_posemb_seeds" not in dict(report._global_jobs())
+    assert not [name for name in dict(report._global_jobs()) if name.startswith("table8_posemb_seeds")]
+
+
+def test_a_sweep_budget_names_only_what_its_rows_hold_one_value_of():
+    from vitviz.plot.probes import sweep_budget
+
+    runs = pd.DataFrame({"seed": [0, 0, 1], "train_images": [5000, 5000, 5000], "epochs_planned": [8, 8, 4]})
+    assert sweep_budget(runs) == "CIFAR-10, 2 seeds, 5,000 training images"
+    assert sweep_budget(runs.iloc[:1]) == "CIFAR-10, 1 seed, 5,000 training images, 8 epochs"
+    assert sweep_budget(pd.DataFrame({"loss": [1.0]})) == ""
 
 
 @pytest.mark.parametrize("sweep, gap_sweep, other_cpu", [("posemb_seeds", "cls_vs_gap", True),

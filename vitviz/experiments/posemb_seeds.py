@@ -58,6 +58,9 @@ ENCODINGS: dict[str, tuple[str, str]] = {
 COMPARISONS = (("1d", "none"), ("2d", "none"), ("2d", "1d"))
 RESULTS = "data/posemb_seeds/posemb_seeds.csv"
 FEWSHOT_NAME = "posemb_seeds_fewshot.csv"  # the default sweep's few-shot table, beside RESULTS
+# every committed sweep, by the suffix of its report figure (table8_posemb_seeds<suffix>): 10 seeds at 5,000 images
+# and 5 seeds at 15,000 (data/posemb_seeds/README.md); each few-shot table lies beside its results
+SWEEPS = {"": RESULTS, "_15k": "data/posemb_seeds/posemb_seeds_15k.csv"}
 METRICS = ("test_acc", "train_acc", "fewshot5")  # accuracies in percent
 
 

@@ -180,10 +180,25 @@ def plot_posemb_seeds(df: pd.DataFrame, *, ax: Axes | None = None, metric: str =
     return ax
 
 
+def sweep_budget(runs: pd.DataFrame) -> str:
+    """The training budget of a seed sweep's rows as a line of text (``"CIFAR-10, 10 seeds, 5,000 training images,
+    8 epochs, 1,000 test images"``): the parts its columns hold one value of (``seed``, ``train_images``,
+    ``epochs_planned``, ``test_images``), ``""`` when none does."""
+    parts = []
+    if "seed" in runs:
+        parts.append(f"{runs.seed.nunique()} seed{'s' * (runs.seed.nunique() != 1)}")
+    for column, unit in (("train_images", "training images"), ("epochs_planned", "epochs"),
+                         ("test_images", "test images")):
+        if column in runs and runs[column].nunique() == 1:
+            parts.append(f"{int(runs[column].iloc[0]):,} {unit}")
+    return ", ".join(["CIFAR-10", *parts]) if parts else ""
+
+
 @styled
 def plot_posemb_seeds_grid(runs: pd.DataFrame | None = None, fewshot: pd.DataFrame | None = None) -> Figure:
     """``plot_posemb_seeds`` for both measures side by side: CIFAR-10 test top-1 after the last epoch (left) and
-    5-shot linear accuracy of the same weights' pre-logits (right, Table 8's measure), one legend.
+    5-shot linear accuracy of the same weights' pre-logits (right, Table 8's measure), one legend, titled with the
+    sweep's budget (``sweep_budget``: seeds, training images, epochs, test images).
 
     Args:
         runs: ``read_posemb_seeds()`` rows (default: the committed ``data/posemb_seeds`` sweep).
@@ -199,8 +214,11 @@ def plot_posemb_seeds_grid(runs: pd.DataFrame | None = None, fewshot: pd.DataFra
         runs = read_posemb_seeds()
         fewshot = read_posemb_seeds_fewshot() if fewshot is None else fewshot
     panels = [("test_acc", runs)] + ([("fewshot5", fewshot)] if fewshot is not None else [])
-    fig = new_figure((FIGSIZE["wide"][0], 2.9) if len(panels) == 2 else FIGSIZE["single"])
+    budget = sweep_budget(runs)
+    fig = new_figure((FIGSIZE["wide"][0], 2.9 + 0.25 * bool(budget)) if len(panels) == 2 else FIGSIZE["single"])
     fig.set_layout_engine("constrained")
+    if budget:  # which sweep: the same comparisons at another budget give other differences
+        fig.suptitle(budget, fontsize="medium")
     axes = fig.subplots(1, len(panels), sharey=True, squeeze=False)[0]
     for i, (ax, (metric, df)) in enumerate(zip(axes, panels)):
         plot_posemb_seeds(df, ax=ax, metric=metric)

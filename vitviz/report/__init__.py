@@ -234,7 +234,8 @@ def _comparison_jobs(distances: dict[str, dict[str, Any]]) -> list[tuple[str, Jo
 
 def _global_jobs() -> list[tuple[str, Job]]:
     """Figures that do not depend on a model: the paper's Fig. 5, Table 8 from the shipped models' cards and over
-    training seeds, and the measured small-scale study."""
+    training seeds (``table8_posemb_seeds<suffix>``, one per committed sweep of ``posemb_seeds.SWEEPS``), and the
+    measured small-scale study."""
     import vitviz
     from vitviz.experiments.study import read_results
 
@@ -256,27 +257,30 @@ def _global_jobs() -> list[tuple[str, Job]]:
                 "paper_5shot": ablation["paper_5shot"].to_numpy(dtype=float)}
 
         jobs.append(("table8_posemb_ablation", posemb))
+    from vitviz.core.resources import shipped_dir
     from vitviz.errors import DataNotFoundError
     from vitviz.experiments.posemb_seeds import (
+        SWEEPS,
         posemb_seed_claims,
         read_posemb_seeds,
         read_posemb_seeds_fewshot,
     )
 
-    try:
-        seed_runs, seed_shots = read_posemb_seeds(), read_posemb_seeds_fewshot()
-    except DataNotFoundError:  # an installed copy without the committed sweep: no figure, not a failure
-        seed_runs = seed_shots = None
-    if seed_runs is not None:
-        def posemb_seeds() -> tuple[Any, dict[str, np.ndarray]]:
+    for suffix, results in SWEEPS.items():  # every committed seed sweep, each with its budget in the title
+        try:
+            path = shipped_dir("vitviz.data") / Path(results).relative_to("data")
+            runs, shots = read_posemb_seeds(path), read_posemb_seeds_fewshot(results=path)
+        except DataNotFoundError:  # an installed copy without the committed sweep: no figure, not a failure
+            continue
+
+        def posemb_seeds(runs: Any = runs, shots: Any = shots) -> tuple[Any, dict[str, np.ndarray]]:
             import pandas as pd
 
-            claims = pd.concat([posemb_seed_claims(seed_runs), posemb_seed_claims(seed_shots, "fewshot5")],
-                               ignore_index=True)
-            return vitviz.plot_posemb_seeds_grid(seed_runs, seed_shots), _columns(claims, (
+            claims = pd.concat([posemb_seed_claims(runs), posemb_seed_claims(shots, "fewshot5")], ignore_index=True)
+            return vitviz.plot_posemb_seeds_grid(runs, shots), _columns(claims, (
                 "measure", "arm", "minus", "difference", "low", "high", "paper", "seeds"))
 
-        jobs.append(("table8_posemb_seeds", posemb_seeds))
+        jobs.append((f"table8_posemb_seeds{suffix}", posemb_seeds))
     measured = read_results()
     if len(measured):
         def study() -> tuple[Any, dict[str, np.ndarray]]:
