@@ -112,3 +112,19 @@ def test_dataset_batches_are_cast_to_the_model_dtype():
         assert {b.dtype for b, _, _ in iter_dataset(model, source)} == {torch.float32}
     double = tiny_timm_vit().double()
     assert {b.dtype for b, _, _ in iter_dataset(double, TensorDataset(x.float()))} == {torch.float64}
+
+
+def test_an_iterable_dataset_with_loader_workers_is_refused_as_reduce_dataset_refuses_it():
+    """Each loader worker reads the whole of an IterableDataset that does not shard itself: with two workers every
+    image came twice, at positions past the dataset's end. iter_dataset (faithfulness) refuses it, as reduce_dataset
+    does; without workers every image comes once."""
+    model = tiny_timm_vit()
+    x = torch.randn(5, 3, 32, 48)
+    with pytest.raises(InputError, match=r"images=Stream\(\) is an IterableDataset, which vitviz cannot shard "
+                                         r"between loader workers.*num_workers=0"):
+        list(iter_dataset(model, Stream(x), batch_size=2, num_workers=2))
+    with pytest.raises(InputError, match="cannot shard between loader workers"):
+        vitviz.faithfulness(model, Stream(x), methods=["random"], modes=["deletion"], steps=0.5, num_workers=2,
+                            progress=False)
+    got = list(iter_dataset(model, Stream(x), batch_size=2, num_workers=0))
+    assert sum((pos for _, _, pos in got), []) == list(range(len(x)))

@@ -206,15 +206,21 @@ def _loader(source: Any, model: nn.Module, batch_size: int, num_workers: int, pi
     if not isinstance(dataset, Dataset):
         raise InputError(f"images={type(source).__name__} is neither a folder, a Dataset nor a DataLoader")
     if isinstance(dataset, IterableDataset):  # no sampler: read in its own order, what a checkpoint holds skipped
-        if world > 1 or num_workers:
-            raise InputError(f"images={type(dataset).__name__}() is an IterableDataset, which vitviz cannot shard "
-                             f"between {'ranks' if world > 1 else 'loader workers'} (each would read every image); "
-                             "pass num_workers=0 on one process, or a DataLoader whose dataset shards itself "
-                             "(torch.utils.data.get_worker_info)")
+        check_unsharded(dataset, world, num_workers)
         return own_loader(dataset, batch_size=batch_size, pin_memory=pin), skip
     sampler = ShardSampler(dataset, num_replicas=world, rank=rank, skip=skip)
     return own_loader(dataset, batch_size=batch_size, sampler=sampler, num_workers=num_workers, pin_memory=pin,
                       persistent_workers=False), 0
+
+
+def check_unsharded(dataset: IterableDataset, world: int, num_workers: int) -> None:
+    """Refuse to read the ``IterableDataset`` ``dataset`` from several ranks or loader workers: each would read every
+    image, so every image would count once per rank or worker."""
+    if world > 1 or num_workers:
+        raise InputError(f"images={type(dataset).__name__}() is an IterableDataset, which vitviz cannot shard "
+                         f"between {'ranks' if world > 1 else 'loader workers'} (each would read every image); "
+                         "pass num_workers=0 on one process, or a DataLoader whose dataset shards itself "
+                         "(torch.utils.data.get_worker_info)")
 
 
 def own_loader(dataset: Dataset, **options: Any) -> DataLoader:
@@ -304,7 +310,8 @@ def iter_dataset(
     Args:
         model: the ViT (device, dtype and, for a folder, preprocessing).
         source: a folder of images, a ``Dataset`` (items ``x`` or ``(x, target, ...)``), an ``IterableDataset``
-            (positions counted as its items come) or a ``DataLoader`` that reads in a known order
+            (positions counted as its items come; read in this process, ``num_workers > 0`` refused with an
+            ``InputError``: each worker would read every image) or a ``DataLoader`` that reads in a known order
             (``vitviz.core.loader_order``: ``shuffle=False``, a ``ShardSampler``, a ``DistributedSampler(shuffle=
             False)`` without its padding); a shuffling or otherwise sampling loader is refused (``InputError``); a
             ``drop_last=True`` loader whose last batch is short is warned about (``ImagesLeftOutWarning``).
@@ -326,7 +333,8 @@ def iter_dataset(
     ready = _batch_check(model, pin, cast=True)
 
     if isinstance(source, IterableDataset):
-        source = own_loader(source, batch_size=batch_size, num_workers=num_workers, pin_memory=pin)
+        check_unsharded(source, 1, num_workers)
+        source = own_loader(source, batch_size=batch_size, pin_memory=pin)
     if isinstance(source, DataLoader):
         warn_left_out(source)
         order = loader_positions(source)
