@@ -318,3 +318,18 @@ def test_arguments_of_the_wrong_type_are_refused_with_the_argument_named(model, 
 
     with pytest.raises(InputTypeError, match=match):
         sanity_checks(model, images, **{"methods": ["attention"], "tests": ["cascading"], **kw})
+
+
+@pytest.mark.parametrize("bad", [np.nan, np.inf])
+def test_ssim_of_a_map_with_a_non_finite_value_is_nan_as_spearman_is(bad):
+    """A map holding NaN was min-max scaled to all zeros (its max is NaN): SSIM then compared a blank map, near 0
+    against any other map and 1 against itself, numbers a sanity check would read as a verdict. It is NaN, as
+    Spearman's correlation of such a map is."""
+    rng = np.random.default_rng(0)
+    a = rng.random((8, 8))
+    b = a.copy()
+    b[2, 3] = bad
+    assert np.isnan(spearman(a, np.where(np.isfinite(b), b, np.nan)))
+    for x, y in ((a, b), (b, a), (b, b.copy())):
+        assert np.isnan(ssim(x, y))
+    assert ssim(a, a.copy()) == pytest.approx(1.0)

@@ -4,11 +4,11 @@
   mean rank (the definition ``scipy.stats.spearmanr`` uses). ``nan`` when either map is constant (no ordering).
 - ``ssim``: the structural similarity index (Wang et al., IEEE TIP 2004, Eq. 13) of the two maps, each first
   taken in absolute value and min-max scaled to ``[0, 1]`` (so ``data_range=1``; a constant map becomes all
-  zeros). Computed by ``skimage.metrics.structural_similarity`` when scikit-image is installed (the ``notebooks``
-  extra), else by ``ssim_reference`` below, which implements the same defaults: a ``7 x 7`` uniform window (the
-  largest odd size that fits, on grids smaller than 7 patches; maps with a side below 3 are refused with
-  ``InputError``), ``K1 = 0.01``, ``K2 = 0.03``, sample covariances, and the mean over the windows that lie wholly
-  inside the map.
+  zeros; ``nan`` when either map holds NaN or an infinity, as ``spearman`` is for a NaN). Computed by
+  ``skimage.metrics.structural_similarity`` when scikit-image is installed (the ``notebooks`` extra), else by
+  ``ssim_reference`` below, which implements the same defaults: a ``7 x 7`` uniform window (the largest odd size
+  that fits, on grids smaller than 7 patches; maps with a side below 3 are refused with ``InputError``),
+  ``K1 = 0.01``, ``K2 = 0.03``, sample covariances, and the mean over the windows that lie wholly inside the map.
 """
 
 from __future__ import annotations
@@ -87,14 +87,18 @@ def ssim_reference(a: np.ndarray, b: np.ndarray, *, data_range: float = 1.0, win
 
 
 def ssim(a: np.ndarray, b: np.ndarray) -> float:
-    """SSIM of two ``(gh, gw)`` maps after ``scale_unit`` (see the module docstring).
+    """SSIM of two ``(gh, gw)`` maps after ``scale_unit`` (see the module docstring); ``nan`` when either map holds
+    NaN or an infinity.
 
     Raises:
         InputError: the maps differ in shape, or a side is below 3 patches (no SSIM window fits).
     """
-    a, b = scale_unit(a), scale_unit(b)
+    a, b = np.asarray(a, dtype=np.float64), np.asarray(b, dtype=np.float64)
     _check_pair(a, b)
     win = window_size(a.shape)
+    if not (np.isfinite(a).all() and np.isfinite(b).all()):
+        return float("nan")  # scale_unit would make a map holding NaN all zeros
+    a, b = scale_unit(a), scale_unit(b)
     try:
         from skimage.metrics import structural_similarity
     except ImportError:
