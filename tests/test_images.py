@@ -77,6 +77,31 @@ def test_tensor_with_wrong_channels(channels, word):
         vitviz.load_images(tiny_timm_vit(), torch.randn(1, channels, 32, 48))
 
 
+def test_a_channel_last_tensor_is_named_channel_last_on_every_input_path():
+    """A (B, H, W, 3) batch (numpy images turned into tensors, a Dataset yielding H x W x 3 arrays) was called a
+    "32-channel tensor" with the grayscale / RGBA fix; on every input path the message now names the channel-last
+    layout and the permute that fixes it, as a channel-first array's names its transpose."""
+    from torch.utils.data import DataLoader, Dataset
+
+    class ChannelLast(Dataset):
+        def __len__(self):
+            return 2
+
+        def __getitem__(self, i):
+            return np.random.default_rng(i).random((32, 48, 3)).astype(np.float32), i
+
+    model = tiny_timm_vit()
+    x = torch.rand(2, 32, 48, 3)
+    fix = r"images: got a tensor of shape \((2|1), 32, 48, 3\), laid out channel-last.*x\.permute\(0, 3, 1, 2\)"
+    for source in (x, x[0], ChannelLast(), DataLoader(ChannelLast(), batch_size=2)):
+        with pytest.raises(vitviz.ImageInputError, match=fix):
+            vitviz.mean_attention_distance(model, source)
+    with pytest.raises(vitviz.ImageInputError, match=fix):
+        vitviz.load_images(model, x)
+    # once permuted it is the batch itself
+    torch.testing.assert_close(vitviz.load_images(model, x.permute(0, 3, 1, 2)), x.permute(0, 3, 1, 2))
+
+
 def test_uint8_tensor_and_bad_objects_are_refused(tmp_path):
     model = tiny_timm_vit()
     with pytest.raises(vitviz.ImageInputError, match="uint8"):

@@ -197,7 +197,8 @@ def value_range(x: torch.Tensor) -> tuple[float, float]:
 
 
 def check_tensor(x: torch.Tensor, argument: str = "images") -> None:
-    """Validate a ``(B, 3, H, W)`` batch: floating dtype, 3 channels, at least one image, finite values; warn
+    """Validate a ``(B, 3, H, W)`` batch: floating dtype, 3 channels (a channel-last ``(B, H, W, C)`` batch is named
+    so, with its fix), at least one image, finite values; warn
     (``ImageRangeWarning``) when its values reach beyond ``NORMALISED_LIMIT`` (unnormalised pixels). Its values are
     read once (``value_range``).
 
@@ -210,6 +211,12 @@ def check_tensor(x: torch.Tensor, argument: str = "images") -> None:
         )
     if x.shape[0] == 0:
         raise ImageInputError(f"{argument}: the tensor of shape {tuple(x.shape)} holds 0 images; pass at least one")
+    if x.shape[1] not in _CHANNELS and x.shape[-1] in _CHANNELS:
+        raise ImageInputError(
+            f"{argument}: got a tensor of shape {tuple(x.shape)}, laid out channel-last (B, H, W, C); the model takes "
+            "(B, 3, H, W): pass x.permute(0, 3, 1, 2) (after your normalisation), or the images as PIL images / "
+            "arrays, which vitviz converts and normalises"
+        )
     if x.shape[1] != 3:
         kind = {1: "grayscale", 4: "RGBA"}.get(x.shape[1], f"{x.shape[1]}-channel")
         raise ImageInputError(
