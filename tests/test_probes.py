@@ -317,6 +317,31 @@ def test_a_test_folder_lacking_a_class_is_labelled_by_the_training_folders_class
         knn_probe(model, ImageFolder(train, model), ImageFolder(test, model), k=5)
 
 
+def test_class_names_are_compared_through_nested_subsets_and_loaders(tiny_folder, tmp_path):
+    """A test folder lacking a class numbers the later classes one lower: named classes are compared however the
+    dataset is wrapped (a per_class_subset in a DataLoader, a Subset of it), not only one wrapper deep, where the
+    shifted labels were scored as other classes without a word. Wrapped with the training classes, it is probed."""
+    import shutil
+
+    from torch.utils.data import DataLoader, Subset
+
+    from vitviz.analysis.representations import knn_probe, per_class_subset
+    from vitviz.core.datasets import ImageFolder
+
+    model = tiny_timm_vit(img_size=32, num_classes=10)
+    train, test = tiny_folder / "train", tmp_path / "test"
+    shutil.copytree(tiny_folder / "test", test)
+    shutil.rmtree(test / "class3")
+    sub = per_class_subset(model, test, 2)
+    assert ImageFolder(test, model).classes != ImageFolder(train, model).classes
+    for wrapped in (DataLoader(sub, batch_size=4), Subset(sub, range(len(sub)))):
+        with pytest.raises(InputError, match="number different classes"):
+            knn_probe(model, train, wrapped, k=5)
+    same = per_class_subset(model, ImageFolder(test, model, classes=ImageFolder(train, model).classes), 2)
+    want = knn_probe(model, train, same, k=5).accuracy.item()
+    assert knn_probe(model, train, DataLoader(same, batch_size=4), k=5).accuracy.item() == want
+
+
 def test_a_model_whose_head_pools_nothing_is_refused_for_its_pre_logits_and_probed_at_a_block():
     """timm's ``global_pool=''`` hands every token to the head: no pre-logits vector to probe (refused, the model
     class and the fix named, rather than torch's shape error); a block's tokens are pooled as before."""

@@ -107,8 +107,10 @@ def _index(model: nn.Module, source: Any, argument: str = "source", classes: Seq
 
 
 def _class_names(source: Any) -> list[str] | None:
-    """The class names a dataset numbers its labels by (``classes``: vitviz's and torchvision's folders), or None."""
-    source = source.dataset if isinstance(source, (Subset, DataLoader)) else source
+    """The class names a dataset numbers its labels by (``classes``: vitviz's and torchvision's folders), or None;
+    through any nesting of ``Subset`` and ``DataLoader``."""
+    while isinstance(source, (Subset, DataLoader)):
+        source = source.dataset
     names = getattr(source, "classes", None)
     return list(names) if isinstance(names, (list, tuple)) else None
 
