@@ -154,6 +154,31 @@ def test_a_model_probe_refuses_labels_that_are_not_class_indices():
             knn_probe(model, (xtr, labels), (xte, yte), k=1)
 
 
+def test_a_dataset_whose_labels_are_names_is_refused_naming_labels_and_the_fix():
+    """A Dataset yielding (image, class name): its batches' targets are a list of strings, which reached
+    torch.as_tensor and failed as a bare "ValueError: too many dimensions 'str'"; the error names the labels, the
+    values and the fix, as for other labels that are not class indices."""
+    from torch.utils.data import DataLoader, Dataset
+
+    from vitviz.analysis.representations import linear_fewshot
+    from vitviz.core.features import extract_features
+
+    class Named(Dataset):
+        def __len__(self):
+            return 4
+
+        def __getitem__(self, i):
+            return torch.randn(3, 32, 48), ("cat", "dog")[i % 2]
+
+    model = tiny_timm_vit()
+    match = r"labels: .*'cat'.*not class indices.*classes\.index"
+    for source in (Named(), DataLoader(Named(), batch_size=2)):
+        with pytest.raises(InputError, match=match):
+            extract_features(model, source)
+    with pytest.raises(InputError, match=match):
+        linear_fewshot(model, Named(), _data(1, classes=2), shots=(1,), seeds=(0,))
+
+
 def _data(n_per_class, classes=5, seed=0):
     g = torch.Generator().manual_seed(seed)
     y = torch.arange(classes).repeat_interleave(n_per_class)

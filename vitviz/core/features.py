@@ -115,7 +115,11 @@ class FeatureReduction(RunningReduction):
         if target is None:
             raise InputError("features for probes need labels: pass a folder with one sub-folder per class, a "
                              "Dataset yielding (image, label) or (images, labels) batches")
-        given = torch.as_tensor(target).cpu()
+        try:
+            given = torch.as_tensor(target).cpu()
+        except (TypeError, ValueError):  # e.g. class names: default_collate gives a list of strings
+            raise InputError(f"labels: the dataset's targets {repr(target)[:80]} are not class indices (ints >= 0); "
+                             "yield each image's class index instead, e.g. classes.index(name)") from None
         if (given == -1).any():
             raise InputError("images without a class (label -1: files directly in the folder) cannot be probed; "
                              "put each class's images in its own sub-folder")
