@@ -287,6 +287,22 @@ def test_a_checkpoint_of_other_weights_or_images_is_refused(tmp_path):
         extract_features(model, (x.flip(-1), y), checkpoint=tmp_path / "f.pt")
 
 
+def test_a_numpy_block_index_is_that_block_and_a_float_is_refused_naming_the_layer():
+    """A NumPy integer (from np.arange over the blocks) was called "not a block of this 2-block model", or failed as
+    a bare TypeError when given alone; it is the block it names. A float is refused with a LayerSelectError."""
+    from vitviz.core.features import extract_features, resolve_blocks
+
+    model = tiny_timm_vit()
+    assert resolve_blocks(model, np.int64(1)) == resolve_blocks(model, 1) == [1]
+    assert resolve_blocks(model, [np.int64(0), np.int32(-1)]) == resolve_blocks(model, [0, -1]) == [0, 1]
+    train = _data(1, classes=2)
+    torch.testing.assert_close(extract_features(model, train, layers=np.int64(1), pre_logits=False).feats[1],
+                               extract_features(model, train, layers=1, pre_logits=False).feats[1])
+    for bad in (1.0, [1.0], True):
+        with pytest.raises(LayerSelectError, match=rf"layer={bad!r}"):
+            resolve_blocks(model, bad)
+
+
 def test_model_level_bad_inputs():
     from vitviz.analysis.representations import linear_fewshot
 

@@ -15,6 +15,7 @@ finished features back without touching the model.
 
 from __future__ import annotations
 
+import numbers
 import os
 from collections.abc import Sequence
 from dataclasses import dataclass
@@ -28,7 +29,7 @@ from torch.utils.data import TensorDataset as TorchTensorDataset
 from vitviz.core.calls import in_eval_mode
 from vitviz.core.datasets import RunningReduction, reduce_dataset
 from vitviz.core.loader_order import loader_positions
-from vitviz.core.util import class_indices
+from vitviz.core.util import class_indices, is_int
 from vitviz.errors import InputError, LayerSelectError, UnsupportedModelError
 
 PRE_LOGITS = "pre_logits"
@@ -48,7 +49,8 @@ class Features:
 
 
 def resolve_blocks(model: nn.Module, layers: Any) -> list[int]:
-    """Block indices for ``layers``: ``None`` (none), ``"all"``, an int or a list of ints (negative from the end)."""
+    """Block indices for ``layers``: ``None`` (none), ``"all"``, an int or a list of ints (negative from the end;
+    NumPy integers too)."""
     from vitviz.core.families import family_of
 
     depth = len(family_of(model).blocks(model))
@@ -58,13 +60,16 @@ def resolve_blocks(model: nn.Module, layers: Any) -> list[int]:
         if layers != "all":
             raise LayerSelectError(f"layer={layers!r}: pass 'all', a block index or a list of them")
         return list(range(depth))
-    items = [layers] if isinstance(layers, int) else list(layers)
+    if isinstance(layers, numbers.Number):  # one index (a bool or a float is refused below)
+        items = [layers]
+    else:
+        items = list(layers)
     out = []
     for i in items:
-        if not isinstance(i, int) or isinstance(i, bool) or not -depth <= i < depth:
+        if not is_int(i) or not -depth <= i < depth:
             raise LayerSelectError(f"layer={i!r} is not a block of this {depth}-block model; use 0..{depth - 1} "
                                    "or -1 for the last block")
-        out.append(i % depth)
+        out.append(int(i) % depth)
     return sorted(set(out))
 
 
