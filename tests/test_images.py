@@ -361,3 +361,21 @@ def test_an_unreadable_file_in_a_folder_gets_the_message_of_its_path(tmp_path):
     (tmp_path / "c" / "x.jpg").write_bytes(b"not an image")
     with pytest.raises(ImageInputError, match=r"images: cannot read image '.*x.jpg'"):
         ImageFolder(tmp_path, build_reference("cifar10-vit"))[0]
+
+
+def test_a_float_image_just_above_1_is_refused_not_read_as_0_to_255():
+    """A 0..1 float image that overshoots 1 a little (bicubic resizing gives 1.02) was read as a 0..255 image, so it
+    came out nearly black (its brightest pixel 1 of 255) without a word. It is refused, naming its range and both
+    fixes; clipped, it is the 0..1 image; a float 0..255 image is read as before."""
+    model = tiny_timm_vit()
+    rng = np.random.default_rng(0)
+    img = rng.random((32, 48, 3)).astype(np.float32)
+    over = img.copy()
+    over[0, 0, 0] = 1.02
+    with pytest.raises(vitviz.ImageInputError, match=r"images: a float image array with values from [\d.e-]+ to "
+                                                     r"1\.02 is neither 0\.\.1.*np\.clip\(arr, 0, 1\)"):
+        vitviz.load_images(model, over)
+    clipped = vitviz.load_images(model, np.clip(over, 0, 1))
+    torch.testing.assert_close(clipped[0, :, 1:], vitviz.load_images(model, img)[0, :, 1:])
+    wide = (img * 255).round()
+    torch.testing.assert_close(vitviz.load_images(model, wide), vitviz.load_images(model, wide.astype(np.uint8)))

@@ -98,8 +98,14 @@ def _check_finite_array(arr: np.ndarray, argument: str) -> None:
         )
 
 
+# float arrays whose largest value lies in (1, FLOAT_AMBIGUOUS_MAX] are refused: a 0..1 image that overshoots 1 a little
+# would otherwise be read as 0..255 and come out nearly black
+FLOAT_AMBIGUOUS_MAX = 2.0
+
+
 def _array_to_uint8(arr: np.ndarray, argument: str) -> np.ndarray:
-    """An image array as uint8: floats in [0, 1] are scaled by 255, floats and ints in [0, 255] are kept."""
+    """An image array as uint8: floats in [0, 1] are scaled by 255, floats and ints in [0, 255] are kept; floats
+    whose maximum lies just above 1 (up to ``FLOAT_AMBIGUOUS_MAX``) are refused as ambiguous, naming the fix."""
     if arr.dtype == np.uint8 and arr.size:
         return arr
     if arr.dtype == np.bool_ or not (np.issubdtype(arr.dtype, np.floating) or np.issubdtype(arr.dtype, np.integer)):
@@ -113,6 +119,13 @@ def _array_to_uint8(arr: np.ndarray, argument: str) -> np.ndarray:
     lo, hi = float(arr.min()), float(arr.max())
     if np.issubdtype(arr.dtype, np.floating) and lo >= 0 and hi <= 1:
         arr = arr * 255
+    elif np.issubdtype(arr.dtype, np.floating) and lo >= 0 and hi <= FLOAT_AMBIGUOUS_MAX:
+        # a 0..1 image that overshoots 1 (bicubic resizing, colour jitter) would be read as 0..255: nearly black
+        raise ImageInputError(
+            f"{argument}: a float image array with values from {lo:g} to {hi:g} is neither 0..1 (it exceeds 1) nor "
+            f"plausibly 0..255 (its brightest pixel would be {hi:g} of 255); a 0..1 image that overshot 1 (resizing, "
+            "augmentation): pass np.clip(arr, 0, 1); a 0..255 image: pass arr.astype(np.uint8)"
+        )
     elif lo < 0 or hi > 255:
         raise ImageInputError(
             f"{argument}: an image array of dtype {arr.dtype} has values from {lo:g} to {hi:g}, outside 0..255 "
@@ -300,7 +313,9 @@ def load_images(model: nn.Module, images: Images, *, device: torch.device | str 
     Args:
         model: the ViT the batch is for (its data config drives preprocessing, its size the checks).
         images: a ``(B, 3, H, W)`` or ``(3, H, W)`` normalised tensor; or one or a list of PIL images,
-            ``HxWx3`` / ``HxW`` / ``HxWx4`` arrays, or file paths; or a ``BxHxWx3`` array of ``B`` images.
+            ``HxWx3`` / ``HxW`` / ``HxWx4`` arrays, or file paths; or a ``BxHxWx3`` array of ``B`` images. Arrays
+            are uint8 (or ints) in 0..255 or floats in 0..1 (or in 0..255; a float array whose maximum lies in
+            ``(1, FLOAT_AMBIGUOUS_MAX]`` is refused as ambiguous).
         device: override the device (default: the model's).
 
     A tensor on another device than the model is moved to the model's device (and cast to its dtype).
