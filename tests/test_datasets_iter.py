@@ -128,3 +128,28 @@ def test_an_iterable_dataset_with_loader_workers_is_refused_as_reduce_dataset_re
                             progress=False)
     got = list(iter_dataset(model, Stream(x), batch_size=2, num_workers=0))
     assert sum((pos for _, _, pos in got), []) == list(range(len(x)))
+
+
+def test_a_loaders_list_of_labels_is_taken_with_its_images():
+    """A DataLoader whose collate_fn gives the labels as a list (one per image) read at some positions (faithfulness
+    resuming, or positions=): the images were picked but the list kept every label, so label i no longer belonged
+    to image i. The list is taken at the same places as the images; labels of another length than the batch reach
+    faithfulness as an error naming labels=, never a shifted class."""
+    model = tiny_timm_vit()
+    ds = numbered(7)
+
+    def as_list(items):
+        return torch.stack([x for x, _ in items]), [int(y) for _, y in items]
+
+    loader = DataLoader(ds, batch_size=3, collate_fn=as_list)
+    got = list(iter_dataset(model, loader, positions=[1, 5, 6]))
+    for x, target, pos in got:
+        assert x[:, 0, 0, 0].long().tolist() == pos == target
+    assert sum((t for _, t, _ in got), []) == [1, 5, 6]
+
+    def padded(items):  # a label list that is not one per image
+        return torch.stack([x for x, _ in items]), [int(y) for _, y in items] + [0]
+
+    with pytest.raises(InputError, match=r"labels='dataset': got 4 labels for a batch of 3 images"):
+        vitviz.faithfulness(model, DataLoader(ds, batch_size=3, collate_fn=padded), methods=["random"],
+                            modes=["deletion"], steps=0.5, labels="dataset", progress=False)

@@ -79,6 +79,7 @@ from vitviz.core.datasets import (
     dataset_length,
     is_dataset_source,
     iter_dataset,
+    take_targets,
 )
 from vitviz.core.images import Images, image_list
 from vitviz.core.io import atomic_write
@@ -249,6 +250,9 @@ def _truth(lab: Any, clean: Any, model: nn.Module, labels: Any) -> torch.Tensor:
     if t.is_floating_point() or t.dtype == torch.bool or t.ndim != 1:
         raise InputError(f"{name}: got {t.dtype} values of shape {tuple(t.shape)}; labels are integer class "
                          "indices, one per image")
+    if len(t) != len(logits):  # a collate_fn's list of labels that is not one per image: no label is whose
+        raise InputError(f"{name}: got {len(t)} labels for a batch of {len(logits)} images; labels are integer "
+                         "class indices, one per image (check the DataLoader's collate_fn)")
     bad = t[(t < 0) | (t >= classes)]
     if len(bad):
         raise InputError(f"{name}: the label {bad[0].item()} is out of range: {type(model).__name__} has {classes} "
@@ -420,8 +424,8 @@ def faithfulness(
                 keep = [i for i, p in enumerate(pos) if image_id(p) not in done]
                 if not keep:
                     continue
+                loaded = take_targets(loaded, keep, len(x))
                 x, pos = x[keep], [pos[i] for i in keep]
-                loaded = loaded[keep] if isinstance(loaded, torch.Tensor) else loaded
             ids = [image_id(p) for p in pos]
             records = _batch(model, spec, x, pos, ids, table, options, target, target_all, labels, labels_all,
                              loaded, how, fill_t, steps, n_steps, modes, seed, amp)

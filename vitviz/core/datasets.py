@@ -230,6 +230,17 @@ def own_loader(dataset: Dataset, **options: Any) -> DataLoader:
     return DataLoader(dataset, generator=torch.Generator(), **options)
 
 
+def take_targets(target: Any, sel: Sequence[int], n: int) -> Any:
+    """A batch's targets at the places ``sel`` its images are taken at: a tensor indexed, a list or tuple of one
+    target per image (a ``collate_fn`` that gives the labels as a list) taken item by item; anything else (``None``,
+    a target that is not one item per image) as it is."""
+    if isinstance(target, torch.Tensor):
+        return target[list(sel)]
+    if isinstance(target, (list, tuple)) and len(target) == n:
+        return [target[i] for i in sel]
+    return target
+
+
 def _split(batch: Any) -> tuple[torch.Tensor, Any]:
     if isinstance(batch, torch.Tensor):
         return batch, None
@@ -348,8 +359,8 @@ def iter_dataset(
                 if not sel:
                     continue
                 if len(sel) < len(pos):
+                    target = take_targets(target, sel, len(x))
                     x, pos = x[sel], [pos[i] for i in sel]
-                    target = target[sel] if isinstance(target, torch.Tensor) else target
             yield ready(x), target, pos
         return
     if not isinstance(source, Dataset):
