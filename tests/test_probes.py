@@ -659,3 +659,47 @@ def test_summarize_probes_cuts_the_interval_to_0_to_100_percent():
     assert s.loc["high", "high"] == 100 and s.loc["high", "low"] == pytest.approx(raw["high"][1])
     assert (s.loc["inside", ["accuracy", "low", "high"]].tolist() == pytest.approx(list(raw["inside"])))
     assert np.isnan(s.loc["one", "low"]) and np.isnan(s.loc["one", "high"]) and s.loc["one", "accuracy"] == 30
+
+
+def test_features_in_a_process_group_are_refused_with_advice_that_can_be_followed():
+    """extract_features does not gather across ranks: in a process group it is refused on every rank, rank 0 too,
+    so the message names the rank and says to call it outside the group (it used to say "call it on rank 0 only",
+    which failed the same way)."""
+    import torch.distributed as dist
+
+    from vitviz.core.features import extract_features
+
+    model = tiny_timm_vit()
+    dist.init_process_group("gloo", store=dist.HashStore(), rank=0, world_size=1)
+    try:
+        with pytest.raises(InputError, match=r"torch\.distributed is initialised here \(rank 0 of 1\).*"
+                                             r"before init_process_group or after destroy_process_group"):
+            extract_features(model, _data(1, classes=2))
+    finally:
+        dist.destroy_process_group()
+    assert extract_features(model, _data(1, classes=2)).labels.tolist() == [0, 1]
+
+
+def test_tensors_off_the_host_are_not_pinned():
+    """Only host memory can be pinned: the loader vitviz builds over (images, labels) already on a device drops
+    pin_memory (pinning raised in the loader for CUDA tensors), through a Subset too; host tensors keep it."""
+    from torch.utils.data import Subset, TensorDataset
+
+    from vitviz.core.datasets import own_loader
+
+    off = TensorDataset(torch.empty(2, 3, 4, 4, device="meta"), torch.empty(2, device="meta"))
+    host = TensorDataset(torch.zeros(2, 3, 4, 4), torch.zeros(2))
+    assert not own_loader(off, pin_memory=True).pin_memory
+    assert not own_loader(Subset(off, [1]), pin_memory=True).pin_memory
+    assert own_loader(host, pin_memory=True).pin_memory and own_loader(Subset(host, [0]), pin_memory=True).pin_memory
+
+
+@pytest.mark.gpu
+@pytest.mark.skipif(not torch.cuda.is_available(), reason="needs a CUDA device")
+def test_features_of_images_and_labels_already_on_the_gpu():
+    from vitviz.core.features import extract_features
+
+    model = tiny_timm_vit().cuda()
+    x, y = _data(2, classes=2)
+    got = extract_features(model, (x.cuda(), y.cuda()))
+    torch.testing.assert_close(got.feats["pre_logits"], extract_features(model, (x, y)).feats["pre_logits"].cuda())

@@ -226,8 +226,22 @@ def check_unsharded(dataset: IterableDataset, world: int, num_workers: int) -> N
 def own_loader(dataset: Dataset, **options: Any) -> DataLoader:
     """A ``DataLoader`` that vitviz builds, with a ``torch.Generator`` of its own: starting one draws the workers'
     base seed from its generator, so reading a folder or ``Dataset`` never moves the user's global torch generator
-    (a ``DataLoader`` the user passes draws from the generator it was given, the global one if none)."""
+    (a ``DataLoader`` the user passes draws from the generator it was given, the global one if none).
+    ``pin_memory`` is dropped for a ``TensorDataset`` (or a ``Subset`` of one) holding tensors off the host: only
+    host memory can be pinned (``(images, labels)`` already on the GPU raised in the loader's pinning)."""
+    if options.get("pin_memory") and not _on_host(dataset):
+        options = {**options, "pin_memory": False}
     return DataLoader(dataset, generator=torch.Generator(), **options)
+
+
+def _on_host(dataset: Dataset) -> bool:
+    """Whether ``dataset`` yields host tensors, as far as can be seen without reading it: a ``TensorDataset``'s
+    tensors are looked at (through ``Subset``); any other dataset is taken to (it is read by loader workers)."""
+    while isinstance(dataset, torch.utils.data.Subset):
+        dataset = dataset.dataset
+    if isinstance(dataset, torch.utils.data.TensorDataset):
+        return all(t.device.type == "cpu" for t in dataset.tensors)
+    return True
 
 
 def take_targets(target: Any, sel: Sequence[int], n: int) -> Any:

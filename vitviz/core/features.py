@@ -210,7 +210,10 @@ def extract_features(model: nn.Module, source: FeatureSource, *, layers: Any = N
     except TypeError:
         raise InputError("features need a dataset of known length (an iterable dataset has none)") from None
     if torch.distributed.is_available() and torch.distributed.is_initialized():
-        raise InputError("extract_features runs in one process; call it on rank 0 only")
+        raise InputError(f"extract_features runs in one process, and torch.distributed is initialised here (rank "
+                         f"{torch.distributed.get_rank()} of {torch.distributed.get_world_size()}): its features are "
+                         "not gathered across ranks; call it before init_process_group or after "
+                         "destroy_process_group, or in a process that does not join the group")
     blocks = resolve_blocks(model, layers)
     if not blocks and not pre_logits:
         raise InputError("nothing to extract: pre_logits=False and layers=None")
