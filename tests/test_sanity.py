@@ -333,3 +333,19 @@ def test_ssim_of_a_map_with_a_non_finite_value_is_nan_as_spearman_is(bad):
     for x, y in ((a, b), (b, a), (b, b.copy())):
         assert np.isnan(ssim(x, y))
     assert ssim(a, a.copy()) == pytest.approx(1.0)
+
+
+def constant_map(model, x, target):
+    """The same flat map for every image, model and class: Spearman's rho is undefined (nan) at every step."""
+    gh, gw = vitviz.inspect(model).grid_size
+    return torch.zeros(len(x), gh, gw)
+
+
+def test_a_constant_map_is_untested_not_a_pass(model, images):
+    """Every similarity of a constant map is nan: no step decides the parameter test, so it must not read PASS."""
+    df = sanity_checks(model, images, [constant_map], tests=("cascading", "random_logit", "repeat"))
+    sub = df[df.metric == "spearman_abs"]
+    assert sub.value.isna().all()
+    s = sanity_summary(df)
+    assert s.loc["constant_map", "parameter_test"] == "n/a"
+    assert s.loc["constant_map", "verdict"] == "UNTESTED"

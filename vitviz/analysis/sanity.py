@@ -359,9 +359,10 @@ def sanity_summary(df: Any, *, threshold: float = 0.5, decision_step: str | None
         ``parameter_test``, ``random_logit_rho``, ``random_logit_test`` (``"n/a"`` for non-class-specific
         methods), ``repeat_rho`` and ``verdict``: ``UNSTABLE`` when the repeat test says so, else ``FAIL`` when
         either test fails, ``PASS`` when at least one passes and none fails, and ``UNTESTED`` when neither decides
-        (``df`` has no cascading step up to ``decision_step`` and no random-logit test of a class-specific method,
-        e.g. ``tests=("independent", "repeat")``, or the random-logit test alone on a method that is not
-        class-specific): a method nothing tested never reads as a pass.
+        (``df`` has no cascading step up to ``decision_step``, or only ``nan`` values there (constant maps), and
+        no random-logit test of a class-specific method, e.g. ``tests=("independent", "repeat")``, or the
+        random-logit test alone on a method that is not class-specific): a method nothing tested never reads as a
+        pass.
     """
     import pandas as pd
 
@@ -384,8 +385,10 @@ def sanity_summary(df: Any, *, threshold: float = 0.5, decision_step: str | None
     for method in dict.fromkeys(df["method"]):
         rec: dict[str, Any] = {"method": method}
         c = casc[(casc["method"] == method) & casc["layer"].isin(top)].groupby("layer")["value"].mean()
-        rec["cascading_rho"] = float(c.max()) if len(c) else float("nan")
-        rec["parameter_test"] = "n/a" if not len(c) else ("FAIL" if rec["cascading_rho"] >= threshold else "PASS")
+        rec["cascading_rho"] = float(c.max()) if c.notna().any() else float("nan")
+        # all nan (constant maps: no rank correlation): nothing decided, as for the random-logit test
+        rec["parameter_test"] = ("n/a" if not c.notna().any() else
+                                 "FAIL" if rec["cascading_rho"] >= threshold else "PASS")
         r = sub[(sub["test"] == "random_logit") & (sub["method"] == method)]["value"]
         rec["random_logit_rho"] = float(r.mean()) if r.notna().any() else float("nan")
         rec["random_logit_test"] = ("n/a" if not r.notna().any() else
