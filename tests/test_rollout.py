@@ -98,6 +98,21 @@ def test_pure_function_equals_the_formula(fusion, discard, residual):
     torch.testing.assert_close(got.double(), want, atol=1e-5, rtol=1e-4)
 
 
+def test_negative_start_layer_slices_the_blocks_like_the_maps():
+    """``start_layer=-2`` keeps the last two maps and their block indices (two branches of one parallel block,
+    averaged): the same as the non-negative index, and as the formula on the averaged branches."""
+    maps = softmax_maps(layers=4, n=10)
+    blocks = [0, 0, 1, 1]
+    got = rollout_from_attentions(maps, num_prefix_tokens=2, start_layer=-2, blocks=blocks)
+    torch.testing.assert_close(got, rollout_from_attentions(maps, num_prefix_tokens=2, start_layer=2, blocks=blocks))
+    averaged = [(maps[2] + maps[3]) / 2]  # one block: the branches' head means averaged
+    torch.testing.assert_close(got.double(), ref_rollout(averaged, p=2), atol=1e-5, rtol=1e-4)
+    bad = [m.clone() for m in maps]
+    bad[3][0, 0, 0, 0] = float("nan")
+    with pytest.raises(VitvizError, match=r"attentions\[3\] \(layer 3"):  # the map's own index, not -1
+        rollout_from_attentions(bad, start_layer=-1)
+
+
 def test_uniform_attention_gives_a_uniform_map():
     n, p, grid = 1 + 12, 1, (3, 4)
     uniform = torch.full((2, 3, n, n), 1.0 / n)

@@ -149,13 +149,15 @@ def rollout_from_attentions(
         InputError: no layers from ``start_layer`` on, a map holding NaN or infinite values (the message names the
             layer), or ``num_prefix_tokens`` that leaves no patch token.
     """
-    layers = list(attentions)[start_layer:]
+    attentions = list(attentions)
+    layers = attentions[start_layer:]
     if not layers:
         raise InputError(f"no layers to roll out: {len(attentions)} maps given, start_layer={start_layer}; pass "
                          "a start_layer below the number of maps")
+    first = len(attentions) - len(layers)  # the index of the first map kept (start_layer may be negative)
     for i, a in enumerate(layers):
         if isinstance(a, torch.Tensor) and not bool(torch.isfinite(a).all()):
-            raise InputError(f"attentions[{start_layer + i}] (layer {start_layer + i}, 0-based) holds "
+            raise InputError(f"attentions[{first + i}] (layer {first + i}, 0-based) holds "
                              f"{int(torch.isnan(a).sum())} NaN and {int(torch.isinf(a).sum())} infinite values; "
                              "the rollout would be NaN. Check the capture (NaN pixels, an overflow in half "
                              "precision?) or leave that layer out")
@@ -165,7 +167,7 @@ def rollout_from_attentions(
                          f"maps; pass the number of tokens before the patches, below {n} (1 for a class token; "
                          "ViTSpec.num_prefix_tokens)")
     rule = LayerRule("rollout", residual=residual, discard_ratio=discard_ratio, num_prefix_tokens=num_prefix_tokens)
-    kept = None if blocks is None else list(blocks)[start_layer:start_layer + len(layers)]
+    kept = None if blocks is None else list(blocks)[first:first + len(layers)]
     return propagate(layers, rule, head_fusion=head_fusion, blocks=kept)
 
 
