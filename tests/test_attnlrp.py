@@ -938,3 +938,23 @@ def test_pixels_refusals_and_bad_input():
         attnlrp(m, torch.randn(1, 3, 16, 24), read_at="image")
     with pytest.raises(InputError, match="return_tokens=True.*read_at='pixels'"):
         attnlrp(m, torch.randn(1, 3, 16, 24), read_at="pixels", return_tokens=True)
+
+
+@pytest.mark.parametrize("option", ["epsilon", "gamma"])
+@pytest.mark.parametrize("value", [None, "x", float("inf"), True])
+def test_rule_parameters_that_are_not_finite_numbers_are_refused(option, value):
+    """epsilon and gamma are non-negative finite numbers: None and a string get an InputError naming the option (not
+    float()'s TypeError / ValueError), and an infinite epsilon (every relevance 0) or gamma is refused, not run."""
+    from vitviz.errors import InputError
+
+    m = tiny_timm(dtype=torch.float32)
+    with pytest.raises(InputError, match=f"{option}="):
+        attnlrp(m, torch.randn(1, 3, 16, 24), **{option: value})
+
+
+def test_return_tokens_must_be_a_bool():
+    from vitviz.errors import InputTypeError
+
+    m = tiny_timm(dtype=torch.float32)
+    with pytest.raises(InputTypeError, match="return_tokens='no'"):
+        attnlrp(m, torch.randn(1, 3, 16, 24), return_tokens="no")  # a truthy string would return (B, N) tokens

@@ -53,6 +53,7 @@ stabiliser) absorb part of it, (2) the softmax rule's Taylor bias term absorbs
 from __future__ import annotations
 
 import fnmatch
+import math
 from collections.abc import Sequence
 
 import torch
@@ -65,6 +66,7 @@ from vitviz.core.families.lrp import LRPRules, lrp_rules
 from vitviz.core.images import Images
 from vitviz.core.spec import ViTSpec, inspect
 from vitviz.core.targets import Target, resolve_target
+from vitviz.core.util import check_bool, is_number
 from vitviz.errors import CaptureError, InputError, UnsupportedModelError
 
 __all__ = ["LRPRules", "attnlrp", "attnlrp_supported", "attnlrp_tokens", "lrp_rules"]
@@ -196,6 +198,11 @@ def attnlrp(
     """
     if isinstance(plain, str):
         raise InputError(f"plain={plain!r} is a string, not a collection of patterns; pass plain=({plain!r},)")
+    for name, value in (("epsilon", epsilon), ("gamma", gamma)):
+        if not is_number(value) or not 0 <= value < math.inf:
+            raise InputError(f"{name}={value!r} is not a non-negative finite number; pass e.g. epsilon=1e-6, "
+                             "gamma=0.25 (the defaults)")
+    return_tokens = check_bool(return_tokens, "return_tokens", "return (B, N) token relevances instead of the maps")
     rules = LRPRules(linear=linear_rule, epsilon=float(epsilon), gamma=float(gamma), attention=attention_rule,
                      plain=tuple(plain), read_at=read_at)
     if read_at == "pixels" and return_tokens:
