@@ -103,3 +103,22 @@ def test_flow_refuses_signed_and_mixed_maps_like_rollout(name, kind):
         vitviz.attention_flow(model, x)
     with pytest.raises(UnsupportedModelError, match=kind):
         vitviz.explain(model, x, "flow")
+
+
+@pytest.mark.parametrize("bad", ["numpy", "2-D", "non-square"])
+def test_maps_that_are_not_batched_square_tensors_are_refused_naming_the_shape(bad):
+    """A NumPy map, one image's (N, N) map without the batch axis, or a (B, N, M) map gets vitviz's error (it raised
+    AttributeError, or ran on the 2-D map and returned an (N, N) "product" of no batch)."""
+    from vitviz.analysis.relevance import chefer_from_attentions
+    from vitviz.analysis.rollout import rollout_from_attentions
+    from vitviz.errors import InputError
+
+    m = stochastic()
+    m = {"numpy": m.numpy(), "2-D": m[0], "non-square": m[..., :-1]}[bad]
+    with pytest.raises(InputError, match="attn"):
+        rollout_from_attentions([m])
+    with pytest.raises(InputError, match="attn"):
+        propagate([m], LayerRule("chefer"))
+    attn = torch.rand(2, 3, 6, 6)
+    with pytest.raises(InputError, match="gradient"):
+        chefer_from_attentions([attn], [attn.numpy() if bad == "numpy" else attn[0]])

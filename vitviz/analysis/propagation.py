@@ -261,6 +261,12 @@ class Propagator:
         return self._block[i]
 
     def __call__(self, position: int, attn: torch.Tensor | HeadMaps) -> None:
+        if not isinstance(attn, (torch.Tensor, HeadMaps)):
+            raise InputTypeError(f"attn: expected a (B, H, N, N) or (B, N, N) torch.Tensor, got "
+                                 f"{type(attn).__name__}; pass torch.as_tensor(a) for a NumPy array")
+        if attn.ndim not in (3, 4) or attn.shape[-1] != attn.shape[-2]:
+            raise InputError(f"attn: expected a map of shape (B, H, N, N) or (B, N, N), got {tuple(attn.shape)}; "
+                             "pass every layer's map with its batch axis (a[None] for one image's (N, N) map)")
         if position == 0:
             self.reset()
         last = self._last_of_block(position)

@@ -54,7 +54,7 @@ from vitviz.core.contexts import autograd, grad_leaf
 from vitviz.core.images import Images
 from vitviz.core.spec import ViTSpec, inspect
 from vitviz.core.targets import ResolvedTarget, Target, resolve_target
-from vitviz.errors import InputError, UnsupportedModelError
+from vitviz.errors import InputError, InputTypeError, UnsupportedModelError
 
 __all__ = ["attention_gradients", "chefer_from_attentions", "chefer_relevance", "grad_rollout",
            "grad_rollout_from_attentions", "weighted_attention"]
@@ -134,6 +134,12 @@ def _as_map(grad: torch.Tensor | None, attn: torch.Tensor) -> torch.Tensor | Non
 
 def weighted_attention(attn: torch.Tensor, grad: torch.Tensor) -> torch.Tensor:
     """``E_h[(grad * A)^+]`` ``(B, N, N)`` (Chefer et al. 2021, Eq. 5), float32 or float64 for a float64 model."""
+    if not isinstance(attn, torch.Tensor) or not isinstance(grad, torch.Tensor):
+        raise InputTypeError(f"gradient: expected the attention and its gradient as torch.Tensors, got "
+                             f"{type(attn).__name__} and {type(grad).__name__}; pass torch.as_tensor(a) for arrays")
+    if attn.ndim != 4:
+        raise InputError(f"gradient: expected (B, H, N, N) attention and gradient, got {tuple(attn.shape)}; pass "
+                         "every layer's map with its batch and head axes")
     if attn.shape != grad.shape:
         raise InputError(f"gradient: attention {tuple(attn.shape)} and gradient {tuple(grad.shape)} differ in "
                          "shape; pass each layer's map with the gradient of the same layer")
