@@ -122,3 +122,32 @@ def test_maps_that_are_not_batched_square_tensors_are_refused_naming_the_shape(b
     attn = torch.rand(2, 3, 6, 6)
     with pytest.raises(InputError, match="gradient"):
         chefer_from_attentions([attn], [attn.numpy() if bad == "numpy" else attn[0]])
+
+
+def test_a_start_layer_inside_a_parallel_block_is_refused_naming_the_block_boundaries():
+    """Two attention branches share each residual block: a block's step is their average, so starting at the second
+    branch kept it alone and propagated it as the whole block, without a word. Rollout, Chefer, grad-rollout (model
+    and maps) refuse it, naming the block's first module and the next block's; a block's first module is accepted
+    and equals rolling out the kept maps."""
+    from vitviz.analysis.relevance import grad_rollout_from_attentions
+    from vitviz.analysis.rollout import rollout_from_attentions
+    from vitviz.errors import InputError
+
+    model = build("vit_small_patch16_18x2_224", depth=3)  # blocks (0, 0, 1, 1, 2, 2)
+    spec = vitviz.inspect(model)
+    x = torch.randn(2, 3, 64, 64)
+    for start, fix in ((1, r"start_layer=0 \(the block's first attention module\) or 2 \(the next block's\)"),
+                       (-1, r"start_layer=4 \(the block's first attention module\)\.?$")):
+        for fn in (vitviz.attention_rollout, vitviz.chefer_relevance, vitviz.grad_rollout):
+            with pytest.raises(InputError, match=rf"start_layer={start}: attention module \d of .* later branch of "
+                                                 rf"residual block \d.*{fix}"):
+                fn(model, x, start_layer=start)
+    with torch.no_grad(), vitviz.capture_attention(model) as cap:
+        model(x)
+    maps, blocks = list(cap.attentions), list(spec.attention_blocks)
+    with pytest.raises(InputError, match=r"start_layer=3: .*residual block 1"):
+        rollout_from_attentions(maps, start_layer=3, blocks=blocks)
+    with pytest.raises(InputError, match=r"start_layer=-3: .*residual block 1"):
+        grad_rollout_from_attentions(maps, maps, start_layer=-3, blocks=blocks)
+    got = vitviz.attention_rollout(model, x, start_layer=2, return_full=True)
+    torch.testing.assert_close(got, rollout_from_attentions(maps, start_layer=2, blocks=blocks), atol=1e-6, rtol=1e-5)

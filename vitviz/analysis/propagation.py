@@ -55,9 +55,9 @@ from vitviz.core.util import check_bool, is_int, is_number
 from vitviz.errors import CaptureError, InputError, InputTypeError
 
 __all__ = [
-    "FLOW_MAPS", "HEAD_FUSIONS", "RULES", "LayerRule", "PoolRows", "Propagator", "discard_weakest", "fuse_heads",
-    "layer_range", "output_rows", "output_token", "propagate", "propagated_output", "query_vectors", "require_flow_maps",
-    "rollout_to_maps",
+    "FLOW_MAPS", "HEAD_FUSIONS", "RULES", "LayerRule", "PoolRows", "Propagator", "check_block_start",
+    "discard_weakest", "fuse_heads", "layer_range", "output_rows", "output_token", "propagate", "propagated_output",
+    "query_vectors", "require_flow_maps", "rollout_to_maps",
 ]
 
 HEAD_FUSIONS = ("mean", "max", "min")
@@ -414,10 +414,35 @@ def rollout_to_maps(rollout: torch.Tensor, grid_size: tuple[int, int], num_prefi
 
 
 def layer_range(spec: ViTSpec, start_layer: int) -> list[int]:
-    """The attention-module indices ``start_layer ... depth - 1`` (``start_layer`` checked)."""
+    """The attention-module indices ``start_layer ... depth - 1`` (``start_layer`` checked: an index, at the first
+    attention module of its residual block, ``check_block_start``)."""
     depth = len(spec.attention_modules)
     start = check_layer_index(start_layer, depth, "start_layer", spec.name)
+    check_block_start(spec.attention_blocks, start, start_layer, spec.name)
     return list(range(start, depth))
+
+
+def check_block_start(blocks: Sequence[int] | None, first: int, start_layer: int, name: str = "the model") -> None:
+    """Refuse a ``start_layer`` (``first`` its index from 0) that starts inside a residual block: where several
+    attention modules share one block (parallel branches, ``blocks`` their block indices), the block's matrix is
+    their average (``Propagator``), so keeping only its later branches would propagate them as the whole block.
+
+    Raises:
+        InputError: ``blocks[first]`` is the block of ``blocks[first - 1]``; the message names the block's first
+            module, and the next block's.
+    """
+    if not blocks or first <= 0 or first >= len(blocks) or blocks[first] != blocks[first - 1]:
+        return
+    blocks = list(blocks)
+    block = blocks[first]
+    own = blocks.index(block)
+    after = next((i for i in range(first, len(blocks)) if blocks[i] != block), None)
+    fix = f"start_layer={own} (the block's first attention module)" + (
+        f" or {after} (the next block's)" if after is not None else "")
+    raise InputError(f"start_layer={start_layer}: attention module {first} of {name} is a later branch of residual "
+                     f"block {block}, whose {blocks.count(block)} parallel attention modules make one step of the "
+                     f"propagation together (their maps averaged); starting at it would propagate part of the block "
+                     f"as the whole. Pass {fix}")
 
 
 def require_flow_maps(spec: ViTSpec, layers: list[int], method: str, *, suggest_start: bool = True) -> None:

@@ -42,6 +42,7 @@ from vitviz.analysis.propagation import (
     LayerRule,
     PoolRows,
     Propagator,
+    check_block_start,
     layer_range,
     propagate,
     propagated_output,
@@ -194,7 +195,10 @@ def grad_rollout_from_attentions(
     Returns:
         ``R`` ``(B, N, N)`` float32; rows sum to 1.
     """
-    weights = _weighted_maps(list(attentions)[start_layer:], list(gradients)[start_layer:])
+    attentions = list(attentions)
+    kept = attentions[start_layer:]
+    check_block_start(None if blocks is None else list(blocks), len(attentions) - len(kept), start_layer, "these maps")
+    weights = _weighted_maps(kept, list(gradients)[start_layer:])
     rule = LayerRule("grad_rollout", discard_ratio=discard_ratio, num_prefix_tokens=num_prefix_tokens)
     return propagate(weights, rule, blocks=None if blocks is None else list(blocks)[start_layer:])
 

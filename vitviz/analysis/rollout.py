@@ -71,6 +71,7 @@ from vitviz.analysis.propagation import (  # re-exported: the public names rollo
     LayerRule,
     PoolRows,
     Propagator,
+    check_block_start,
     discard_weakest,
     fuse_heads,
     layer_range,
@@ -167,6 +168,7 @@ def rollout_from_attentions(
                          f"maps; pass the number of tokens before the patches, below {n} (1 for a class token; "
                          "ViTSpec.num_prefix_tokens)")
     rule = LayerRule("rollout", residual=residual, discard_ratio=discard_ratio, num_prefix_tokens=num_prefix_tokens)
+    check_block_start(None if blocks is None else list(blocks), first, start_layer, "these maps")
     kept = None if blocks is None else list(blocks)[first:first + len(layers)]
     return propagate(layers, rule, head_fusion=head_fusion, blocks=kept)
 
