@@ -139,7 +139,8 @@ def rollout_from_attentions(
         attentions: per layer, in order, post-softmax ``(B, H, N, N)`` maps (e.g. ``cap.attentions``).
         num_prefix_tokens: leading non-patch tokens (protected from discarding).
         head_fusion, discard_ratio, residual: as in ``attention_rollout``.
-        start_layer: layers before this index are left out of the product.
+        start_layer: layers before this index are left out of the product (with ``blocks``, the first module of a
+            block: one inside a block of parallel branches is refused, ``check_block_start``).
         blocks: block index of every map (``ViTSpec.attention_blocks``); maps of one block (parallel branches)
             are averaged after head fusion (see ``vitviz.analysis.propagation.Propagator``).
 
@@ -202,7 +203,8 @@ def attention_rollout(
         discard_ratio: zero this fraction of the weakest fused attentions of each row (never the diagonal, never
             a prefix-token column), then renormalise rows.
         residual: model the skip connection as ``A = 0.5 W + 0.5 I`` (rows renormalised).
-        start_layer: leave out the layers before this one (their attention is not even materialised).
+        start_layer: leave out the layers before this one (their attention is not even materialised); the first
+            attention module of a residual block (one inside a block of parallel branches is refused).
         token: the rows read: default (``None``) the rows of the tokens the model's head reads (``spec.readout``:
             the class row for a class-token head; the mean of the rows of all patch queries for average pooling or
             no class token; the mean of the class and distillation rows for DeiT-distilled; attention pools: the
