@@ -342,6 +342,34 @@ def test_a_loader_that_drops_its_last_batch_is_warned_about_on_both_dataset_path
         extract_features(model, DataLoader(ds, batch_size=1, drop_last=True))
 
 
+def test_a_distributed_sampler_that_drops_the_datasets_tail_is_warned_about():
+    """DistributedSampler(drop_last=True) leaves the dataset's last images in no rank's shard: a result over one rank's
+    loader (its batches all full) misses them and nothing said so; it warns on both dataset paths, naming how many.
+    With drop_last=False (vitviz leaves the padding out) or a length that the ranks divide, it does not warn."""
+    import warnings
+
+    from torch.utils.data.distributed import DistributedSampler
+
+    model = tiny_timm_vit()
+    ds = TensorDataset(images(7), torch.arange(7))
+    rank1 = DataLoader(ds, batch_size=1, sampler=DistributedSampler(ds, num_replicas=2, rank=1, shuffle=False,
+                                                                    drop_last=True))
+    assert [int(y) for _, y in rank1] == [1, 3, 5]  # image 6 is in neither rank's shard
+    left_out = r"DistributedSampler has drop_last=True, so of the dataset's 7 images its 2 ranks read 6 and leave " \
+               r"the last 1 out.*drop_last=False"
+    with pytest.warns(ImagesLeftOutWarning, match=left_out):
+        vitviz.mean_attention_distance(model, rank1)
+    with pytest.warns(ImagesLeftOutWarning, match=left_out):
+        assert extract_features(model, rank1).labels.tolist() == [1, 3, 5]
+    with warnings.catch_warnings():
+        warnings.simplefilter("error", ImagesLeftOutWarning)
+        vitviz.mean_attention_distance(model, DataLoader(ds, batch_size=1, sampler=DistributedSampler(
+            ds, num_replicas=2, rank=1, shuffle=False)))
+        even = TensorDataset(images(6), torch.arange(6))
+        vitviz.mean_attention_distance(model, DataLoader(even, batch_size=1, sampler=DistributedSampler(
+            even, num_replicas=2, rank=1, shuffle=False, drop_last=True)))
+
+
 class Stream(torch.utils.data.IterableDataset):
     """The images of ``x`` (labelled 0) read in order, with no length: an ``IterableDataset``."""
 

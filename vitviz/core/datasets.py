@@ -288,10 +288,20 @@ def _batch_check(model: nn.Module, pin: bool, cast: bool) -> Callable[[torch.Ten
 
 def warn_left_out(source: Any) -> None:
     """Warn (``ImagesLeftOutWarning``) when ``source`` is a ``DataLoader`` that drops its last, short batch
-    (``drop_last=True``, its sampler's length not a multiple of its batch size): a result over it would cover fewer
-    images than the loader's sampler gives, and nothing else would say so. Both dataset paths (``reduce_dataset``,
+    (``drop_last=True``, its sampler's length not a multiple of its batch size), or whose ``DistributedSampler``
+    drops the dataset's tail (its own ``drop_last=True``, the dataset's length not a multiple of the ranks): a result
+    over it would cover fewer images than the loader's dataset holds, and nothing else would say so. Both dataset paths (``reduce_dataset``,
     ``iter_dataset``) call it before they read. A loader whose sampler has no length (an ``IterableDataset``) cannot
     be told and is passed over."""
+    sampler = loader_sampler(source) if isinstance(source, DataLoader) else None
+    if isinstance(sampler, DistributedSampler) and not isinstance(sampler, ShardSampler) and sampler.drop_last:
+        n, ranks = len(sampler.dataset), sampler.num_replicas  # type: ignore[arg-type]
+        if n % ranks:  # the sampler's own drop_last: the dataset's tail is in no rank's shard
+            warnings.warn(
+                f"images: this DataLoader's DistributedSampler has drop_last=True, so of the dataset's {n} images "
+                f"its {ranks} ranks read {n - n % ranks} and leave the last {n % ranks} out of the result. Pass "
+                "DistributedSampler(..., drop_last=False) (vitviz leaves its padding out), or the Dataset itself, "
+                "to read every image (ImagesLeftOutWarning)", ImagesLeftOutWarning, stacklevel=3)
     batches = getattr(source, "batch_sampler", None) if isinstance(source, DataLoader) else None
     if batches is None or getattr(batches, "drop_last", False) is not True:
         return
