@@ -160,3 +160,19 @@ def test_bounded_scores_outside_their_range_are_refused():
         with pytest.raises(InputError, match=r"2 probability scores outside \[0, 1\], e.g. 1.5 at image 1, "
                                              r"m/deletion.*metric 'target'"):
             f(df)
+
+
+def test_upto_is_refused_for_curves_that_lack_that_step():
+    # two methods on the same images with the same curve 1 - f, one run at steps=0.1, the other at steps=0.25: the
+    # second has no step 0.9, so upto=0.9 would integrate it over [0, 0.75] only and compare it with the first's
+    # [0, 0.9] (the same curves called different)
+    rows = [(i, m, "deletion", float(f), float(f), 1 - float(f), "probability", "mean")
+            for i in range(3) for m, n in (("a", 10), ("b", 4)) for f in np.linspace(0, 1, n + 1)]
+    df = pd.DataFrame(rows, columns=["image", "method", "mode", "fraction", "removed", "score", "metric", "removal"])
+    for f in (vitviz.faithfulness_auc, lambda d, **k: vitviz.compare_methods(d, baseline="a", **k)):
+        with pytest.raises(InputError, match=r"upto=0.9.*b/deletion"):
+            f(df, upto=0.9)
+    # a step both curves have: each integrated over [0, 0.5], as the trapezoid of 1 - x there (exact: 0.375)
+    aucs = vitviz.faithfulness_auc(df, upto=0.5).set_index("method")["auc"]
+    assert aucs.to_dict() == pytest.approx({"a": 0.375, "b": 0.375})
+    assert vitviz.compare_methods(df, baseline="a", upto=0.5)["diff"].item() == pytest.approx(0, abs=1e-12)

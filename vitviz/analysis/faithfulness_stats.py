@@ -211,6 +211,12 @@ def per_image_auc(df: Any, *, upto: float = 1.0) -> Any:
         if grid.isna().to_numpy().any():
             raise InputError(f"the curves of {method}/{mode} do not share their fractions across images (runs with "
                              "different steps= cannot be mixed)")
+        if not np.isclose(grid.columns.max(), upto, rtol=0, atol=1e-9):  # each curve to upto, not the step below
+            shown = ", ".join(f"{f:g}" for f in grid.columns)
+            raise InputError(f"upto={upto!r} is not one of the fractions of the curves of {method}/{mode} ({shown}, "
+                             "up to upto; a run with another steps=): they would be integrated up to the last "
+                             "fraction below it, over another range than the other curves. Pass a fraction every "
+                             "curve has")
         y = grid.to_numpy(dtype=np.float64)
         if actual:  # each image over its own x: images of other grids remove other fractions at one step
             xs = g.pivot(index="image", columns="fraction", values="removed").reindex(
