@@ -132,6 +132,21 @@ def test_other_pixels_under_ids_already_written_are_refused_and_more_images_resu
     assert sorted(more["image"].unique()) == list(range(7))
 
 
+def test_a_text_id_that_reads_as_a_number_is_not_taken_for_that_number(tmp_path):
+    """A chunk numbered by image_ids= ("001") and the next by image_offset= (1): the id "001" read back from out= is
+    the text it was written as, not the number 1, so the image with id 1 is scored on its own pixels, never answered
+    from the rows of "001"."""
+    model = tiny_timm_vit()
+    x = torch.randn(2, 3, 32, 48)
+    kw = dict(RUN, methods=["random", "rollout"])
+    out = tmp_path / "curves.csv"
+    first = vitviz.faithfulness(model, x[:1], image_ids=["001"], out=out, **kw)
+    grown = vitviz.faithfulness(model, x[1:], image_offset=1, out=out, **kw)
+    alone = vitviz.faithfulness(model, x[1:], image_offset=1, **kw)
+    pd.testing.assert_frame_equal(grown, pd.concat([first, alone], ignore_index=True), check_exact=True)
+    assert grown["image"].tolist().count("001") == len(first)
+
+
 def test_a_callable_target_or_method_is_known_by_its_code_and_closure(tmp_path):
     """Two lambdas, or two closures of one factory, share a qualified name; the fingerprint tells them apart."""
     model = tiny_timm_vit()

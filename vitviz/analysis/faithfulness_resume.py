@@ -31,6 +31,7 @@ from __future__ import annotations
 
 import json
 import os
+import re
 import warnings
 from collections.abc import Callable, Hashable, Iterable, Mapping, Sequence
 from dataclasses import dataclass
@@ -394,7 +395,8 @@ def restore_ids(image_ids: Sequence[Hashable] | None, image_id: Callable[[int], 
     def restore(s: str) -> Hashable:
         if s in known:
             return known[s]
-        if image_ids is None and s.lstrip("-").isdigit():
+        # a number only where it was written as one ("12", not "012" or "--1": text ids of another chunk)
+        if image_ids is None and re.fullmatch(r"0|-?[1-9][0-9]*", s):
             return int(s)
         return s
 
