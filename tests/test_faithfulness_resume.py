@@ -9,7 +9,7 @@ import pandas as pd
 import pytest
 import torch
 from conftest import tiny_timm_vit
-from torch.utils.data import TensorDataset
+from torch.utils.data import IterableDataset, TensorDataset
 
 import vitviz
 from vitviz.analysis import faithfulness as fa
@@ -18,7 +18,7 @@ from vitviz.errors import CheckpointError, InputError
 RUN = dict(modes=["deletion", "positive"], steps=0.5, progress=False, batch_size=2)
 
 
-def killed_then_resumed(monkeypatch, model, images, out, **kw):
+def killed_then_resumed(monkeypatch, model, images, out, n_images=None, **kw):
     """Run until the second batch raises (a kill), then rerun with the same arguments."""
     batch = fa._batch
     calls = []
@@ -34,7 +34,7 @@ def killed_then_resumed(monkeypatch, model, images, out, **kw):
         vitviz.faithfulness(model, images, out=out, **kw)
     monkeypatch.setattr(fa, "_batch", batch)
     written = pd.read_csv(out, dtype=str)["image"].nunique()
-    assert 0 < written < len(images)  # the first batch was written, the rest was not
+    assert 0 < written < (len(images) if n_images is None else n_images)  # the first batch was written, the rest was not
     return vitviz.faithfulness(model, images, out=out, **kw)
 
 
@@ -145,6 +145,26 @@ def test_a_text_id_that_reads_as_a_number_is_not_taken_for_that_number(tmp_path)
     alone = vitviz.faithfulness(model, x[1:], image_offset=1, **kw)
     pd.testing.assert_frame_equal(grown, pd.concat([first, alone], ignore_index=True), check_exact=True)
     assert grown["image"].tolist().count("001") == len(first)
+
+
+class _Stream(IterableDataset):
+    """An iterable data set (no length: its ids are counted as its images come)."""
+
+    def __init__(self, x: torch.Tensor) -> None:
+        self.x = x
+
+    def __iter__(self):
+        return iter(self.x)
+
+
+@pytest.mark.parametrize("ids", [None, [10, 11, 12, 13], ["a", "b", "c", "d"]])
+def test_a_killed_run_over_an_iterable_data_set_resumes_to_the_uninterrupted_frame(tmp_path, monkeypatch, ids):
+    model = tiny_timm_vit()
+    x = torch.randn(4, 3, 32, 48)
+    kw = dict(RUN, methods=["random", "rollout"], image_ids=ids)
+    plain = vitviz.faithfulness(model, _Stream(x), **kw)
+    resumed = killed_then_resumed(monkeypatch, model, _Stream(x), tmp_path / "curves.csv", len(x), **kw)
+    pd.testing.assert_frame_equal(resumed, plain, check_exact=True)
 
 
 def test_a_callable_target_or_method_is_known_by_its_code_and_closure(tmp_path):

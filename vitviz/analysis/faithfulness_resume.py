@@ -29,6 +29,7 @@ uninterrupted one.
 
 from __future__ import annotations
 
+import itertools
 import json
 import os
 import re
@@ -390,7 +391,16 @@ def image_id_of(image_ids: Sequence[Hashable] | None, image_offset: int,
 def restore_ids(image_ids: Sequence[Hashable] | None, image_id: Callable[[int], Hashable],
              total: int | None) -> Callable[[str], Hashable]:
     """Maps an id read back from ``out=`` (a string) to the id this run gives the image."""
-    known = {str(image_id(p)): image_id(p) for p in range(total)} if total is not None else {}
+    if total is not None:
+        known = {str(image_id(p)): image_id(p) for p in range(total)}
+    else:  # an iterable data set: its image_ids are known, though its images are not counted
+        known = {}
+        for p in itertools.count() if image_ids is not None else ():
+            try:
+                i = image_id(p)
+            except IndexError:
+                break
+            known[str(i)] = i
 
     def restore(s: str) -> Hashable:
         if s in known:
