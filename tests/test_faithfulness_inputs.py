@@ -162,3 +162,19 @@ def test_a_folder_as_out_is_refused_as_not_a_file(tmp_path):
     assert sorted(p.name for p in tmp_path.iterdir()) == ["runs"]  # no fingerprint written beside it
     df = vitviz.faithfulness(model, torch.randn(2, 3, 32, 48), ["random"], out=want, **RUN)
     assert len(df) == 2 * 3
+
+
+class _Stream(IterableDataset):
+    def __init__(self, x: torch.Tensor) -> None:
+        self.x = x
+
+    def __iter__(self):
+        return iter(self.x)
+
+
+def test_too_few_image_ids_for_an_iterable_data_set_name_image_ids():
+    # an iterable data set is counted as its images come: the id its third image lacks is refused when it comes,
+    # as for a counted input, naming image_ids= (not an IndexError)
+    model = tiny_timm_vit()
+    with pytest.raises(InputError, match=r"^image_ids holds 2 ids but the data set yields more images"):
+        vitviz.faithfulness(model, _Stream(torch.randn(3, 3, 32, 48)), ["random"], image_ids=[7, 8], **RUN)

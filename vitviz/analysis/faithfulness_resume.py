@@ -385,7 +385,14 @@ def image_id_of(image_ids: Sequence[Hashable] | None, image_offset: int,
                          "which a CSV (out=) cannot tell apart; give every image an id of its own")
     if image_offset:
         raise InputError("pass image_ids= or image_offset=, not both")
-    return lambda p: ids[p]
+
+    def of(p: int) -> Hashable:
+        if p >= len(ids):  # an iterable data set, counted as its images come
+            raise InputError(f"image_ids holds {len(ids)} ids but the data set yields more images; give one per "
+                             "image")
+        return ids[p]
+
+    return of
 
 
 def restore_ids(image_ids: Sequence[Hashable] | None, image_id: Callable[[int], Hashable],
@@ -398,7 +405,7 @@ def restore_ids(image_ids: Sequence[Hashable] | None, image_id: Callable[[int], 
         for p in itertools.count() if image_ids is not None else ():
             try:
                 i = image_id(p)
-            except IndexError:
+            except InputError:  # past the last id
                 break
             known[str(i)] = i
 
