@@ -178,3 +178,14 @@ def test_too_few_image_ids_for_an_iterable_data_set_name_image_ids():
     model = tiny_timm_vit()
     with pytest.raises(InputError, match=r"^image_ids holds 2 ids but the data set yields more images"):
         vitviz.faithfulness(model, _Stream(torch.randn(3, 3, 32, 48)), ["random"], image_ids=[7, 8], **RUN)
+
+
+def test_a_repeated_mode_is_refused_as_a_repeated_method_is():
+    # its rows would be written twice, and faithfulness_auc / compare_methods refuse the frame as repeated image ids
+    model = tiny_timm_vit()
+    x = torch.randn(2, 3, 32, 48)
+    with pytest.raises(InputError, match=r"^modes names 'deletion' twice"):
+        vitviz.faithfulness(model, x, ["random"], modes=["deletion", "positive", "deletion"], steps=0.5,
+                            progress=False)
+    df = vitviz.faithfulness(model, x, ["random"], modes=("deletion", "positive"), steps=0.5, progress=False)
+    assert len(vitviz.faithfulness_auc(df)) == 2

@@ -308,8 +308,8 @@ def faithfulness(
             100%); each step removes the nearest whole number of patches (column ``removed``). At least one patch
             per step: on a grid of ``P`` patches the finest is ``1 / P``; a finer value is refused (its steps would
             repeat points of the curve).
-        modes: any of ``positive``, ``negative``, ``deletion``, ``insertion`` (module docstring); one name alone is
-            that mode.
+        modes: any of ``positive``, ``negative``, ``deletion``, ``insertion`` (module docstring), each once; one name
+            alone is that mode.
         removal: ``"auto"`` (drop tokens where the model's family can, else mean), ``"drop"`` or ``"mean"``.
         fill: the value of removed pixels for ``"mean"``, one finite number or one per channel (3), in the model's
             normalised space (default 0: the normalisation mean, the model's training-set mean). Refused when
@@ -349,6 +349,9 @@ def faithfulness(
     bad = [m for m in modes if m not in MODES]
     if bad or not modes:
         raise InputError(f"modes={modes!r}: each must be one of {MODES}")
+    twice = next((m for i, m in enumerate(modes) if m in modes[:i]), None)
+    if twice is not None:  # its rows would be written twice: a frame faithfulness_auc refuses
+        raise InputError(f"modes names {twice!r} twice; give each mode once, e.g. modes={list(dict.fromkeys(modes))!r}")
     n_steps = _step_count(steps)
     check_out(out)
     dataset = is_dataset_source(images)
