@@ -189,3 +189,15 @@ def test_a_repeated_mode_is_refused_as_a_repeated_method_is():
                             progress=False)
     df = vitviz.faithfulness(model, x, ["random"], modes=("deletion", "positive"), steps=0.5, progress=False)
     assert len(vitviz.faithfulness_auc(df)) == 2
+
+
+@pytest.mark.parametrize("extra, what", [(dict(target=[0, 1]), r"target holds 2 class indices"),
+                                         (dict(labels=[0, 1]), r"labels holds 2 class indices"),
+                                         (dict(methods={"m": torch.rand(2, 4, 6)}), r"methods\['m'\] holds 2 maps")])
+def test_too_few_per_image_values_for_an_iterable_data_set_name_the_argument(extra, what):
+    # a counted input refuses another number of per-image values up front; an iterable data set, counted as its
+    # images come, when its first image without one comes (not an IndexError)
+    model = tiny_timm_vit()
+    kw = {"methods": ["random"], **RUN, "batch_size": 2, **extra}
+    with pytest.raises(InputError, match=rf"^{what} but the data set yields more images; give one per image"):
+        vitviz.faithfulness(model, _Stream(torch.randn(3, 3, 32, 48)), **kw)

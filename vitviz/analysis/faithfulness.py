@@ -478,6 +478,13 @@ def _batch(model: nn.Module, spec: Any, x: torch.Tensor, pos: list[int], ids: li
     with torch.no_grad(), autocast_context(amp, x.device):
         clean = model(x)
     idx = torch.as_tensor(pos)
+    # an iterable data set is counted as its images come: its per-image values are checked here, not up front
+    for what, values in (("target", target_all), ("labels", labels_all),
+                         *((f"methods[{n!r}]", m) for n, m in table.items() if isinstance(m, torch.Tensor))):
+        if values is not None and max(pos) >= len(values):
+            kind = "maps" if what.startswith("methods") else "class indices"
+            raise InputError(f"{what} holds {len(values)} {kind} but the data set yields more images; give one per "
+                             "image")
     batch_target = target_all[idx] if target_all is not None else target
     classes = resolve_target(batch_target, clean, model=model).classes
     truth = None
