@@ -202,3 +202,25 @@ def test_the_random_baseline_is_drawn_in_one_call_per_batch(monkeypatch):
         vitviz.analysis.explain.random_baseline(model, x, offset=list(range(6)))
     with pytest.raises(vitviz.InputError, match=r"offset='ab' must be an int"):
         vitviz.analysis.explain.random_baseline(model, x, offset="ab")
+
+
+def test_a_drop_set_that_removes_unequal_counts_is_refused_not_mixed_across_images():
+    """Dropping keeps the same number of tokens per image: a set that removes 2, 1 and 3 patches of three images
+    (6 = 3 x 2 kept indices short, so a reshape to (3, 22) would succeed) is refused by name, never scored with
+    the kept patches of one image given to the next."""
+    torch.manual_seed(0)
+    model = tiny_timm_vit()
+    x = torch.randn(3, 3, 32, 48)
+    spec = vitviz.inspect(model)
+    pert = perturbation.Perturbed(model, spec, x, "drop", torch.zeros(3), None, torch.tensor([0, 1, 2]))
+    removed = torch.zeros(3, 24, dtype=torch.bool)
+    removed[0, :2], removed[1, :1], removed[2, :3] = True, True, True
+    with pytest.raises(vitviz.InputError, match=r"removes 2, 1, 3 patches of its images; 'drop' needs as many"):
+        pert.scores([removed])
+    equal = torch.zeros(3, 24, dtype=torch.bool)
+    equal[0, :2], equal[1, 5:7], equal[2, 22:] = True, True, True
+    (scores,) = pert.scores([equal])
+    for i in range(3):  # each image as if alone
+        alone = perturbation.Perturbed(model, spec, x[i:i + 1], "drop", torch.zeros(3), None, torch.tensor([i]))
+        (one,) = alone.scores([equal[i:i + 1]])
+        assert one["probability"].item() == pytest.approx(scores["probability"][i].item(), abs=1e-5)

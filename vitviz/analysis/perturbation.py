@@ -210,6 +210,10 @@ class Perturbed:
                 raise InputError(f"Perturbed.scores: a removed set must be a ({len(self.x)}, {self.num_patches}) "
                                  f"bool mask on the CPU, got {tuple(removed.shape)} {removed.dtype} on "
                                  f"{removed.device}")
+            counts = removed.sum(1)
+            if self.how == "drop" and bool((counts != counts[0]).any()):  # else one image's kept patches go to the next
+                raise InputError(f"Perturbed.scores: a removed set removes {', '.join(map(str, counts.tolist()))} "
+                                 "patches of its images; 'drop' needs as many removed from every image of a set")
             key = removed.numpy().tobytes()
             keys.append(key)
             if key not in self.cache and key not in todo:
