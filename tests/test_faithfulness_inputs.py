@@ -201,3 +201,12 @@ def test_too_few_per_image_values_for_an_iterable_data_set_name_the_argument(ext
     kw = {"methods": ["random"], **RUN, "batch_size": 2, **extra}
     with pytest.raises(InputError, match=rf"^{what} but the data set yields more images; give one per image"):
         vitviz.faithfulness(model, _Stream(torch.randn(3, 3, 32, 48)), **kw)
+
+
+def test_more_per_image_labels_than_image_ids_for_an_iterable_data_set_name_both(tmp_path):
+    # out= keeps the classes id by id: a class index without an id is refused naming labels= and image_ids=,
+    # not as a data set that yields more images than image_ids holds (it yields 3)
+    model = tiny_timm_vit()
+    with pytest.raises(InputError, match=r"^labels holds 4 class indices but image_ids holds fewer ids \(3\)"):
+        vitviz.faithfulness(model, _Stream(torch.randn(3, 3, 32, 48)), ["random"], labels=[0, 1, 2, 3],
+                            image_ids=[5, 6, 7], out=tmp_path / "curves.csv", **RUN)

@@ -394,8 +394,8 @@ def faithfulness(
         model, images, dataset, table, modes, steps, how, fill_t if how == "mean" else None, seed, target,
         target_all, labels, labels_all, options, amp, out, ids_key(image_ids, image_offset))
     pixels = image_digests(images, image_id, total) if out is not None and not dataset else None
-    classes = None if out is None else {"target": class_ids(target_all, image_id),
-                                         "labels": class_ids(labels_all, image_id)}
+    classes = None if out is None else {"target": class_ids(target_all, image_id, "target"),
+                                         "labels": class_ids(labels_all, image_id, "labels")}
     prev = resume(out, fp, restore_ids(image_ids, image_id, total), pixels,
                   _layout(table, modes, n_steps, how, target), classes)
     done = set() if prev is None else set(prev["image"])

@@ -187,12 +187,21 @@ def image_digests(images: Any, image_id: Callable[[int], Hashable], total: int |
     return {k: v for k, v in digests.items() if v is not None}
 
 
-def class_ids(values: torch.Tensor | None, image_id: Callable[[int], Hashable]) -> dict[str, int] | None:
+def class_ids(values: torch.Tensor | None, image_id: Callable[[int], Hashable],
+              name: str = "values") -> dict[str, int] | None:
     """``{str(id): class}`` for a per-image ``target=`` or ``labels=`` (``None`` for any other kind, which the
-    fingerprint holds whole)."""
+    fingerprint holds whole); ``name`` names the argument where it holds more values than ``image_ids`` ids (an
+    iterable data set, whose images are not counted up front)."""
     if values is None:
         return None
-    return {str(image_id(p)): int(v) for p, v in enumerate(values.reshape(-1).to(torch.int64).tolist())}
+    out = {}
+    for p, v in enumerate(values.reshape(-1).to(torch.int64).tolist()):
+        try:
+            out[str(image_id(p))] = int(v)
+        except InputError:  # past the last of image_ids
+            raise InputError(f"{name} holds {len(values)} class indices but image_ids holds fewer ids ({p}); give "
+                             "one of each per image") from None
+    return out
 
 
 def _show(value: Any) -> str:
