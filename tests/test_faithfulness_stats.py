@@ -176,3 +176,12 @@ def test_upto_is_refused_for_curves_that_lack_that_step():
     aucs = vitviz.faithfulness_auc(df, upto=0.5).set_index("method")["auc"]
     assert aucs.to_dict() == pytest.approx({"a": 0.375, "b": 0.375})
     assert vitviz.compare_methods(df, baseline="a", upto=0.5)["diff"].item() == pytest.approx(0, abs=1e-12)
+
+
+def test_a_mode_no_run_writes_is_refused_by_name():
+    # the direction of a mode (BETTER) is known for the four modes only: another is refused naming it, not a KeyError
+    df = flat_curves({"a": [0.5, 0.5], "b": [0.4, 0.6]}, "probability")
+    df["mode"] = "Deletion"
+    for f in (vitviz.faithfulness_auc, lambda d: vitviz.compare_methods(d, baseline="a")):
+        with pytest.raises(InputError, match=r"df holds mode 'Deletion', which is not one of \('positive', "):
+            f(df)

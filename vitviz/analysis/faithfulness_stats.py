@@ -184,7 +184,7 @@ def per_image_auc(df: Any, *, upto: float = 1.0) -> Any:
         DataFrame with columns ``image``, ``method``, ``mode``, ``metric``, ``removal``, ``auc``.
 
     Raises:
-        InputError: ``df`` not a DataFrame, repeated rows, NaN scores (an AUC of NaN has no interval), an
+        InputError: ``df`` not a DataFrame, a mode not in ``MODES``, repeated rows, NaN scores (an AUC of NaN has no interval), an
             ``accuracy`` or ``probability`` score outside ``[0, 1]`` (``AUC_BOUNDS``), rows
             without a ``removed`` value (frames with and without the column concatenated), ``removed`` decreasing
             along a curve, or ``upto`` outside ``(0, 1]`` or not one of the fractions.
@@ -192,6 +192,10 @@ def per_image_auc(df: Any, *, upto: float = 1.0) -> Any:
     import pandas as pd
 
     check_curves(df)
+    other = [m for m in dict.fromkeys(df["mode"]) if m not in MODES]  # BETTER knows these modes' directions only
+    if other:
+        raise InputError(f"df holds mode {other[0]!r}, which is not one of {MODES}; pass the DataFrame of "
+                         "vitviz.faithfulness")
     nan = df["score"].isna()
     if nan.any():
         r = df[nan].iloc[0]
