@@ -178,6 +178,25 @@ def test_upto_is_refused_for_curves_that_lack_that_step():
     assert vitviz.compare_methods(df, baseline="a", upto=0.5)["diff"].item() == pytest.approx(0, abs=1e-12)
 
 
+def test_identical_curves_on_other_step_grids_are_indistinguishable_not_better_by_a_rounding_error():
+    """The same curve 1 - f at steps 0.1 and 0.25: the trapezoids differ by about 1e-17 at every image, the same
+    at each, so the paired interval had width 0 beside 0 and the verdict read "better". Rounding-size differences
+    count as 0; a real difference, however constant over images, still decides."""
+    rows = [(i, m, "deletion", float(f), float(f), 1 - float(f), "probability", "mean")
+            for i in range(3) for m, n in (("a", 10), ("b", 4)) for f in np.linspace(0, 1, n + 1)]
+    df = pd.DataFrame(rows, columns=["image", "method", "mode", "fraction", "removed", "score", "metric", "removal"])
+    from vitviz.analysis.faithfulness_stats import per_image_auc
+
+    a = per_image_auc(df).pivot(index="image", columns="method", values="auc")
+    assert (a["b"] - a["a"]).abs().max() > 0  # the rounding error this test is about
+    for upto in (0.5, 1.0):
+        for interval in ("t", "bootstrap"):
+            got = vitviz.compare_methods(df, baseline="a", upto=upto, interval=interval).iloc[0]
+            assert got["verdict"] == "indistinguishable" and got["diff"] == 0
+    lower = df.assign(score=np.where(df["method"] == "b", df["score"] * (1 - 1e-6), df["score"]))  # real, tiny
+    assert vitviz.compare_methods(lower, baseline="a")["verdict"].item() == "better"
+
+
 def test_a_mode_no_run_writes_is_refused_by_name():
     # the direction of a mode (BETTER) is known for the four modes only: another is refused naming it, not a KeyError
     df = flat_curves({"a": [0.5, 0.5], "b": [0.4, 0.6]}, "probability")
