@@ -63,6 +63,33 @@ def test_attention_statistics_equal_the_maps_and_accept_a_dataset():
                                attention_distance_from_maps(cap.attentions[1], spec))
 
 
+class Sized(Dataset):
+    """One image per item, each of its own size (a dynamic-size model takes them one per batch)."""
+
+    def __init__(self, xs):
+        self.xs = xs
+
+    def __len__(self):
+        return len(self.xs)
+
+    def __getitem__(self, i):
+        return self.xs[i], 0
+
+
+def test_attention_statistics_refuse_images_whose_grids_differ_at_one_token_count():
+    """32x48 and 48x32 images make as many tokens on transposed grids (4x6, 6x4): their maps index other patches,
+    so a mean over them is no patch's mean map. Refused, naming both grids; one grid throughout still runs."""
+    from vitviz.errors import ImageInputError
+
+    model = tiny_timm_vit(dynamic_img_size=True)
+    a, b = images(1)[0], torch.randn(3, 48, 32, generator=torch.Generator().manual_seed(2))
+    with pytest.raises(ImageInputError, match=r"6x4.*4x6|4x6.*6x4"):
+        attention_statistics(model, Sized([a, b]), batch_size=1)
+    one = attention_statistics(model, Sized([a, a.flip(-1)]), batch_size=1)
+    torch.testing.assert_close(one["mean_attention"], attention_statistics(model, torch.stack([a, a.flip(-1)]))[
+        "mean_attention"])
+
+
 class Failing(Dataset):
     """Items of ``x``; raises at item ``fail_at`` (a run killed part-way)."""
 

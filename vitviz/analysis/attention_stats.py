@@ -47,6 +47,7 @@ class AttentionStatsReduction(RunningReduction):
                                hint="the mean map averages and the entropy reads each query's attention "
                                     "distribution over all tokens")
         self.layers = len(self.spec.attention_modules)
+        self.grid: tuple[int, int] | None = None  # the patch grid of the images summed so far
 
     def fingerprint(self) -> dict[str, Any]:
         return {"reduction": self.name, "vit": self.spec.name, "layers": self.layers, "heads": self.spec.num_heads}
@@ -71,6 +72,15 @@ class AttentionStatsReduction(RunningReduction):
         self.sums["entropy"][position].add_(ent.to(device))
 
     def update(self, model: nn.Module, x: torch.Tensor, target: Any = None) -> None:
+        # a model of any input size makes as many tokens from 32x48 as from 48x32 images, on transposed grids: the
+        # token count alone (checked per layer) would let maps that index other patches be summed
+        grid = self.spec.grid_for_input(x)
+        if self.grid is not None and grid != self.grid:
+            (h, w), (gh, gw), (oh, ow) = x.shape[-2:], grid, self.grid
+            raise ImageInputError(f"attention_statistics needs one patch grid for all images: {h}x{w} images make "
+                                  f"a {gh}x{gw} grid after images of a {oh}x{ow} grid, whose maps index other "
+                                  "patches; resize the images to one size")
+        self.grid = grid
         with capture_attention(model, on_layer=self._on_layer, store=False, heads="stream"):
             model(x)
 
@@ -112,6 +122,7 @@ def attention_statistics(
     Raises:
         UnsupportedModelError: a layer's maps are not softmax distributions over all tokens (CaiT's talking-heads
             and class-attention layers, differential attention; ``ViTSpec.attention_maps``), on every input path.
+        ImageInputError: images of another patch grid than those before them (a model of any input size).
     """
     reduction = AttentionStatsReduction(model)
     if is_dataset_source(images):
