@@ -17,6 +17,7 @@ from vitviz.analysis.distance import (
     distance_observations,
     patch_distance_matrix,
 )
+from vitviz.errors import InputTypeError
 from vitviz.zoo.reference import build_reference
 
 
@@ -357,3 +358,24 @@ def test_a_spec_whose_grid_follows_the_input_is_refused_as_a_layout():
     torch.testing.assert_close(vitviz.mean_attention_distance(model, x), got, atol=1e-5, rtol=1e-5)
     wrong = torch.stack([attention_distance_from_maps(a, TokenLayout((4, 6), (8, 8), 1)) for a in cap.attentions])
     assert not torch.allclose(wrong, got, atol=1e-3)  # what the built grid gave
+
+
+def test_maps_and_layouts_that_are_not_a_distance_problem_are_refused_naming_the_argument():
+    """A NumPy map raised AttributeError or torch.sum's TypeError; maps with fewer queries than keys raised an
+    error about the distance matrix; a negative prefix count ran into a broadcasting error; an empty grid raised
+    IndexError. Each is refused, naming the argument and the fix; a tensor of the same values still runs."""
+    attn = torch.softmax(torch.randn(2, 3, 14, 14), -1)
+    layout = TokenLayout((3, 4), (16, 16), 2)
+    for bad in (attn.numpy(), attn[0].numpy()):
+        with pytest.raises(InputTypeError, match=r"attn: .*ndarray.*torch\.as_tensor"):
+            attention_distance_from_maps(bad, layout)
+    with pytest.raises(vitviz.InputError, match=r"attn: expected square .*\(2, 3, 13, 14\)"):
+        attention_distance_from_maps(attn[:, :, 1:], layout)
+    with pytest.raises(vitviz.InputError, match=r"num_prefix_tokens=-2.*int >= 0"):
+        attention_distance_from_maps(attn, TokenLayout((4, 4), (16, 16), -2))
+    with pytest.raises(vitviz.InputError, match=r"grid_size=\(0, 3\)"):
+        patch_distance_matrix((0, 3), 16)
+    with pytest.raises(vitviz.InputError, match=r"patch_size=-16"):
+        patch_distance_matrix((3, 3), -16)
+    torch.testing.assert_close(attention_distance_from_maps(torch.as_tensor(attn.numpy()), layout),
+                               torch.tensor(ref_distance(attn, (3, 4), (16, 16), 2), dtype=torch.float32))

@@ -90,7 +90,7 @@ def patch_distance_matrix(grid_size: Pair, patch_size: Pair, *, device: torch.de
     Returns:
         ``(P, P)`` with ``P = gh * gw``, patches in row-major order (as tokens are laid out).
     """
-    (gh, gw), (sh, sw) = pair(grid_size), pair(patch_size)
+    (gh, gw), (sh, sw) = pair(grid_size, "grid_size", positive=True), pair(patch_size, "patch_size", positive=True)
     # a distance depends only on the row and column offsets: a gh x gw table of square roots, correctly rounded,
     # gathered into the matrix on the target device (on a GPU no CPU work and no copy: a call recorded as a CUDA
     # graph forms it in the recording). On the CPU the table is Python's math.sqrt: torch's float64 sqrt there goes
@@ -122,6 +122,15 @@ def per_image_attention_distance(attn: torch.Tensor | HeadMaps, distances: torch
     for an image and head none of whose queries is kept (module docstring).
     """
     p = num_prefix_tokens
+    if not isinstance(attn, (torch.Tensor, HeadMaps)):
+        raise InputTypeError(f"attn: expected a (B, H, N, N) torch.Tensor, got {type(attn).__name__}; pass "
+                             "torch.as_tensor(a) for a NumPy array")
+    if not is_int(p) or p < 0:
+        raise InputError(f"num_prefix_tokens={p!r} must be an int >= 0, the leading tokens (class, distillation, "
+                         "register) before the patches; read it from vitviz.inspect(model).num_prefix_tokens")
+    if attn.ndim == 4 and attn.shape[-2] != attn.shape[-1]:
+        raise InputError(f"attn: expected square (B, H, N, N) maps, every token's query row over every key, got "
+                         f"{tuple(attn.shape)}; pass the layer's whole map")
     if attn.ndim != 4 or attn.shape[-1] - p != distances.shape[0]:
         raise InputError(f"attention of shape {tuple(attn.shape)} does not fit {p} prefix tokens and "
                          f"{distances.shape[0]} patches; expected (B, H, {p + distances.shape[0]}, "
@@ -156,8 +165,16 @@ def attention_distance_from_maps(attn: torch.Tensor, spec_or_layout: ViTSpec | T
 
     Returns:
         ``(H,)`` float32 distances in pixels.
+
+    Raises:
+        InputTypeError: ``attn`` is not a torch.Tensor (``torch.as_tensor`` a NumPy array first).
+        InputError: maps that are not square ``(B, H, N, N)`` with ``N`` the layout's prefix and patch tokens; a
+            ``num_prefix_tokens`` that is not an int >= 0; a grid or stride below 1.
     """
     lay = _layout(spec_or_layout)
+    if not isinstance(attn, torch.Tensor):
+        raise InputTypeError(f"attn: expected a (B, H, N, N) or (H, N, N) torch.Tensor, got {type(attn).__name__}; "
+                             "pass torch.as_tensor(a) for a NumPy array")
     attn = attn.unsqueeze(0) if attn.ndim == 3 else attn
     d = patch_distance_matrix(lay.grid_size, lay.patch_size, device=attn.device)
     return per_image_attention_distance(attn, d, lay.num_prefix_tokens).mean(dim=0)
