@@ -347,3 +347,14 @@ def test_import_vitviz_does_not_import_matplotlib():
             "assert 'matplotlib' not in sys.modules, 'matplotlib imported'; "
             "assert callable(vitviz.plot_pos_embed) and 'matplotlib' in sys.modules")
     subprocess.run([sys.executable, "-c", code], check=True, timeout=120)
+
+
+@pytest.mark.parametrize("bad", [1.0, "1", True])
+def test_a_prefix_count_that_is_not_an_int_is_refused_naming_it(bad):
+    """``num_prefix_tokens=1.0`` raised slicing's TypeError and ``"1"`` a comparison's; a bool is no count. Refused,
+    naming the argument; the int 1 gives the similarity of the rows after the first."""
+    pos = torch.randn(1, 1 + 12, 16, generator=torch.Generator().manual_seed(0))
+    with pytest.raises(ValueError, match=rf"num_prefix_tokens={bad!r}.*int >= 0"):
+        pos_embed_similarity(pos, grid_size=(3, 4), num_prefix_tokens=bad)
+    np.testing.assert_allclose(pos_embed_similarity(pos, grid_size=(3, 4), num_prefix_tokens=1).numpy(),
+                               reference_similarity(pos[0, 1:].double().numpy(), (3, 4)), atol=1e-6)

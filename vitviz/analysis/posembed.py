@@ -21,7 +21,7 @@ from torch import nn
 
 from vitviz.core.families import family_of
 from vitviz.core.spec import inspect
-from vitviz.core.util import pair
+from vitviz.core.util import is_int, pair
 from vitviz.errors import InputError, NoPositionEmbeddingError
 
 if TYPE_CHECKING:
@@ -47,6 +47,9 @@ def _tensor_rows(
             "guesses the grid from sqrt(L). Pass the model instead, or grid_size= and num_prefix_tokens="
         )
     gh, gw = pair(grid_size, "grid_size", positive=True)
+    if num_prefix_tokens is not None and (not is_int(num_prefix_tokens) or num_prefix_tokens < 0):
+        raise InputError(f"num_prefix_tokens={num_prefix_tokens!r} must be an int >= 0, the leading rows (class, "
+                         "distillation, register tokens) to drop, or None for L - gh * gw")
     if pos.ndim == 3 and pos.shape[0] == 1:
         pos = pos[0]
     if pos.ndim != 2:
