@@ -563,3 +563,37 @@ def test_the_command_line_inspect_prints_what_inspect_returns(tmp_path, capsys):
     assert main(["inspect", str(tmp_path / "missing.safetensors")]) == 2
     err = capsys.readouterr().err
     assert err.count("\n") == 1 and err.startswith("vitviz: error: checkpoint file") and "not found" in err
+
+
+def test_a_reference_checkpoint_built_with_other_shape_free_arguments_is_refused_not_loaded(tmp_path):
+    """``num_heads=4`` (96 = 4 x 24) gives every tensor the shape ``num_heads=3`` gives it, so the strict load passed
+    and a 4-head checkpoint answered as a 3-head model without a word, though its card records ``num_heads=4``. The
+    card's architecture arguments are what the file is loaded with, or the load is refused naming them; a tuple
+    argument given as the card's JSON list reads back is the same argument."""
+    src = build_reference("cifar10-vit", num_heads=4).eval()
+    plain = build_reference("cifar10-vit").state_dict()
+    assert {k: v.shape for k, v in src.state_dict().items()} == {k: v.shape for k, v in plain.items()}
+    path = tmp_path / "cifar10-vit.safetensors"
+    save_file({k: v.contiguous() for k, v in src.state_dict().items()}, str(path),
+              metadata={"vitviz.model": "cifar10-vit"})
+    card = {"format": "vitviz-reference-card-v1", "name": "cifar10-vit", "recipe": {"model_kwargs": {"num_heads": 4}}}
+    (tmp_path / "cifar10-vit.json").write_text(json.dumps(card))
+    for load in (lambda: vitviz.load_model(path, device="cpu"),
+                 lambda: vitviz.load_model("cifar10-vit", checkpoint=path, device="cpu"),
+                 lambda: vitviz.load_model(path, num_heads=6, device="cpu")):
+        with pytest.raises(vitviz.CheckpointError, match=r"its card says it was built with num_heads=4: "
+                                                         r"vitviz.load_model\('cifar10-vit', num_heads=4\)"):
+            load()
+    loaded = vitviz.load_model(path, num_heads=4, device="cpu")
+    x = torch.randn(2, 3, 32, 32)
+    with torch.no_grad():
+        torch.testing.assert_close(loaded(x), src(x), rtol=0, atol=0)
+
+    hybrid = build_reference("cifar10-hybrid", stem_widths=(8, 16, 32))
+    hpath = tmp_path / "cifar10-hybrid.safetensors"
+    save_file({k: v.contiguous() for k, v in hybrid.state_dict().items()}, str(hpath),
+              metadata={"vitviz.model": "cifar10-hybrid"})
+    card = {"format": "vitviz-reference-card-v1", "name": "cifar10-hybrid",
+            "recipe": {"model_kwargs": {"stem_widths": (8, 16, 32)}}}
+    (tmp_path / "cifar10-hybrid.json").write_text(json.dumps(card))  # the tuple reads back as a list
+    assert same_weights(vitviz.load_model(hpath, stem_widths=(8, 16, 32), device="cpu"), hybrid)

@@ -385,6 +385,11 @@ def _card_model_kwargs(path: Path, name: str) -> dict[str, Any] | None:
         return None
 
 
+def _as_json(kwargs: dict[str, Any]) -> str:
+    """Architecture arguments as a card records them (JSON: a tuple reads back as a list), for comparison."""
+    return json.dumps(kwargs, sort_keys=True, default=repr)
+
+
 def _load_reference(name: str, checkpoint: Path | None, **kwargs: Any) -> nn.Module:
     model = build_reference(name, **kwargs)
     if checkpoint is not None and not checkpoint.is_file():  # a file named but absent: no reason to train
@@ -398,17 +403,20 @@ def _load_reference(name: str, checkpoint: Path | None, **kwargs: Any) -> nn.Mod
         )
     sd = read_state_dict(path)
     check_card_hash(path, name)  # bytes damaged inside the tensor data still parse
+    built = _card_model_kwargs(path, name)
+    if built is not None and _as_json(built) != _as_json(kwargs):
+        # refused even when every tensor fits: num_heads, global_pool... change the model, not the shapes
+        args = "".join(f", {k}={v!r}" for k, v in built.items())
+        given = ", ".join(f"{k}={v!r}" for k, v in kwargs.items()) or "no architecture arguments"
+        raise CheckpointError(f"{str(path)!r} does not fit reference model {name!r}; its card says it was built with "
+                              f"{args[2:] or 'no architecture arguments'}: vitviz.load_model({name!r}{args}). "
+                              f"It was asked for with {given}")
     try:
         model.load_state_dict(sd)
     except RuntimeError as e:
         holds = safetensors_metadata(path).get("vitviz.model") if path.suffix == ".safetensors" else None
-        built = _card_model_kwargs(path, name)
         if holds and holds != name:
             fix = f"it holds {holds!r} (its metadata): vitviz.load_model({holds!r}, checkpoint={str(path)!r})"
-        elif built is not None and built != kwargs:
-            args = "".join(f", {k}={v!r}" for k, v in built.items())
-            fix = (f"its card says it was built with {args[2:] or 'no architecture arguments'}: "
-                   f"vitviz.load_model({name!r}{args})")
         elif kwargs:
             given = ", ".join(f"{k}={v!r}" for k, v in kwargs.items())
             fix = (f"the arguments {given} do not build the architecture it was trained with: pass its card's "
