@@ -597,3 +597,24 @@ def test_a_reference_checkpoint_built_with_other_shape_free_arguments_is_refused
             "recipe": {"model_kwargs": {"stem_widths": (8, 16, 32)}}}
     (tmp_path / "cifar10-hybrid.json").write_text(json.dumps(card))  # the tuple reads back as a list
     assert same_weights(vitviz.load_model(hpath, stem_widths=(8, 16, 32), device="cpu"), hybrid)
+
+
+def test_a_state_dict_whose_classifier_sits_on_a_pre_logits_layer_is_refused_not_loaded_without_it(tmp_path):
+    """timm's ViT filter drops a file's ``pre_logits.*`` tensors (the original ImageNet-21k checkpoints' layer),
+    and the strict load then passes: the classifier was fed the features without the layer it was trained on, so
+    the logits were wrong without a word (the ``.npz`` of the same checkpoint is refused). Refused the same way;
+    the features alone (num_classes=0) load."""
+    src = timm.create_model(TINY, depth=2, num_classes=10)
+    sd = {k: v.contiguous() for k, v in src.state_dict().items()}
+    sd["pre_logits.fc.weight"], sd["pre_logits.fc.bias"] = torch.randn(192, 192), torch.randn(192)
+    assert not any(k.startswith("pre_logits.") for k in src.state_dict())  # the model has no such layer
+    for name in ("pl.pth", "pl.safetensors"):
+        path = tmp_path / name
+        torch.save(sd, path) if name.endswith(".pth") else save_file(sd, str(path))
+        with pytest.raises(vitviz.CheckpointError, match=rf"(?s){name}.*pre_logits layer.*pass num_classes=0"):
+            vitviz.load_model(TINY, depth=2, num_classes=10, checkpoint=path, device="cpu")
+    features = {k: v for k, v in sd.items() if not k.startswith("head.")}
+    save_file(features, str(tmp_path / "features.safetensors"))
+    model = vitviz.load_model(TINY, depth=2, num_classes=0, checkpoint=tmp_path / "features.safetensors",
+                              device="cpu")
+    assert all(torch.equal(v, sd[k]) for k, v in model.state_dict().items())

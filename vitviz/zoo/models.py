@@ -169,6 +169,8 @@ def _create_timm(name: str, pretrained: bool, checkpoint: Path | None, *, cached
             ) from None
         if checkpoint.suffix == ".npz":
             _check_npz_fits(model, checkpoint, name)
+        else:
+            _check_pre_logits(model, sd, checkpoint, name)
         _warn_if_resampled(model, _file_position_tokens(checkpoint, None if checkpoint.suffix == ".npz" else sd),
                            checkpoint, name)
         return model
@@ -269,6 +271,20 @@ def _check_npz_fits(model: nn.Module, path: Path, name: str) -> None:
     if n_head and any(k.startswith(f"{prefix}pre_logits/") for k in keys):
         raise CheckpointError(f"{where}: the file's classifier sits on a pre_logits layer that timm's ViT does not "
                               "have, so its logits would be wrong: pass num_classes=0 to load the features only")
+
+
+def _check_pre_logits(model: nn.Module, state_dict: dict[str, torch.Tensor], path: Path, name: str) -> None:
+    """Refuse a state dict whose ``pre_logits`` layer timm's ViT filter dropped (the model has none) when the model
+    keeps a classifier: the head, trained on that layer's output, would be fed the features without it."""
+    head = getattr(model, "head", None)
+    if not isinstance(head, nn.Linear) or not head.out_features:
+        return
+    own = model.state_dict()
+    dropped = [k for k in state_dict if "pre_logits" in k and k not in own]
+    if dropped:
+        raise CheckpointError(f"the weights in {str(path)!r} do not fit timm model {name!r}: the file's classifier "
+                              f"sits on a pre_logits layer ({', '.join(dropped[:2])}) that timm's model does not have, "
+                              "so its logits would be wrong: pass num_classes=0 to load the features only")
 
 
 def _load_folder(folder: Path, **kwargs: Any) -> nn.Module:
