@@ -166,3 +166,24 @@ def test_the_ablation_figure_says_one_recipe_only_when_the_cards_share_it(tmp_pa
     fig = vitviz.plot_posemb_ablation_grid(tmp_path)
     assert fig.axes[0].get_title() == "vitviz CIFAR-10 ViTs\nrecipe unchecked (no 1-D control), 32 epochs"
     plt.close(fig)
+
+
+def test_the_ablation_recipes_compare_what_is_computed_not_where_or_how_fast_it_ran(tmp_path):
+    """A card records the run's decoded-data cache folder and whether it was compiled (``compile``, absent from
+    cards written before it existed); neither changes the weights (``TrainConfig``'s runtime keys), yet a
+    re-exported ablation model differed from its shipped control in them and was shown under UNEQUAL recipes."""
+    from vitviz.experiments.config import RUNTIME_KEYS
+    from vitviz.zoo.cards import posemb_ablation_results
+
+    names = ("cifar10-vit-nopos", "cifar10-vit-1dpos", "cifar10-vit-2dpos")
+    for name in names:
+        card = json.loads((checkpoint_dir() / f"{name}.json").read_text())
+        if name == "cifar10-vit-nopos":
+            assert {"cache", "compile"} <= set(RUNTIME_KEYS)
+            card["recipe"].update(cache="/scratch/runs/.cache", compile=True)
+        if name == "cifar10-vit-2dpos":
+            card["recipe"].update(compile=False, weight_decay=card["recipe"]["weight_decay"] * 2)
+        (tmp_path / f"{name}.json").write_text(json.dumps(card))
+    table = posemb_ablation_results(tmp_path).set_index("model")
+    assert table["same_recipe_as_control"].tolist() == [True, True, False]
+    assert table["recipe_differences"].tolist() == ["", "", "weight_decay"]

@@ -158,9 +158,14 @@ def reference_compute(directory: str | os.PathLike | None = None) -> pd.DataFram
 
 
 def _recipe_difference(card: dict[str, Any], control: dict[str, Any]) -> list[str]:
-    """Recipe fields (other than the model name) in which ``card`` differs from ``control``."""
+    """Recipe fields (other than the model name) in which ``card`` differs from ``control``; the runtime fields
+    that do not change the weights (``vitviz.experiments.config.RUNTIME_KEYS``: the cache folder, compilation;
+    the epochs excepted) do not count."""
+    from vitviz.experiments.config import RUNTIME_KEYS
+
+    skip = {"model", *RUNTIME_KEYS} - {"epochs"}
     a, b = card["recipe"], control["recipe"]
-    return sorted(k for k in set(a) | set(b) if k != "model" and a.get(k) != b.get(k))
+    return sorted(k for k in set(a) | set(b) if k not in skip and a.get(k) != b.get(k))
 
 
 def posemb_ablation_results(directory: str | os.PathLike | None = None) -> pd.DataFrame:
@@ -173,8 +178,8 @@ def posemb_ablation_results(directory: str | os.PathLike | None = None) -> pd.Da
     Returns:
         DataFrame with ``pos_emb`` (the Table 8 row), ``model``, ``trained``, ``epochs``, ``test_top1`` (%, all
         10,000 test images, the exported fp16 weights), ``locality``, ``same_recipe_as_control`` (the training
-        recipe, epochs included, equals the 1-D control's except for the model name; NA when either card is
-        missing), ``recipe_differences`` (the fields that differ) and ``paper_5shot`` (Table 8, ViT-B/16 ImageNet 5-shot linear accuracy, as a fraction).
+        recipe, epochs included, equals the 1-D control's except for the model name, cache folder and compilation;
+        NA when either card is missing), ``recipe_differences`` (the fields that differ) and ``paper_5shot`` (Table 8, ViT-B/16 ImageNet 5-shot linear accuracy, as a fraction).
     """
     import pandas as pd
 
