@@ -597,6 +597,12 @@ def test_a_reference_checkpoint_built_with_other_shape_free_arguments_is_refused
             "recipe": {"model_kwargs": {"stem_widths": (8, 16, 32)}}}
     (tmp_path / "cifar10-hybrid.json").write_text(json.dumps(card))  # the tuple reads back as a list
     assert same_weights(vitviz.load_model(hpath, stem_widths=(8, 16, 32), device="cpu"), hybrid)
+    # dropout changes training only: the weights load with it, to be fine-tuned, and compute the same in eval mode
+    tuned = vitviz.load_model(hpath, stem_widths=(8, 16, 32), drop_path_rate=0.1, drop_rate=0.1, device="cpu")
+    assert same_weights(tuned, hybrid)
+    x = torch.randn(2, 3, 32, 32)
+    with torch.no_grad():
+        torch.testing.assert_close(tuned.eval()(x), hybrid.eval()(x), rtol=0, atol=0)
 
 
 def test_a_state_dict_whose_classifier_sits_on_a_pre_logits_layer_is_refused_not_loaded_without_it(tmp_path):

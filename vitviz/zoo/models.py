@@ -401,9 +401,16 @@ def _card_model_kwargs(path: Path, name: str) -> dict[str, Any] | None:
         return None
 
 
+# arguments that change training only (dropout rates: identities in eval mode), not what the weights compute
+TRAINING_ONLY_KWARGS = ("drop_rate", "drop_path_rate", "attn_drop_rate", "proj_drop_rate", "pos_drop_rate",
+                        "patch_drop_rate")
+
+
 def _as_json(kwargs: dict[str, Any]) -> str:
-    """Architecture arguments as a card records them (JSON: a tuple reads back as a list), for comparison."""
-    return json.dumps(kwargs, sort_keys=True, default=repr)
+    """Architecture arguments as a card records them (JSON: a tuple reads back as a list), for comparison; the
+    training-only ones (``TRAINING_ONLY_KWARGS``: dropout, to fine-tune the weights) left out."""
+    return json.dumps({k: v for k, v in kwargs.items() if k not in TRAINING_ONLY_KWARGS}, sort_keys=True,
+                      default=repr)
 
 
 def _load_reference(name: str, checkpoint: Path | None, **kwargs: Any) -> nn.Module:
