@@ -118,6 +118,29 @@ def test_npz_position_embedding_resampled_to_img_size(tmp_path):
             vitviz.load_model(TINY, depth=1, checkpoint=path)
 
 
+def test_a_patch_kernel_resized_to_another_patch_size_is_warned_about(tmp_path):
+    """timm resizes a file's patch-embedding kernel to the model's patch_size (FlexiViT's resize) and the model
+    runs: a patch-16 file loaded at patch_size=8 gave no word, its RGB filters shown as if trained. vitviz warns,
+    naming both sizes and the patch_size that reads the kernel as trained, for a JAX .npz and a .safetensors file;
+    at the trained size it says nothing."""
+    import warnings
+
+    from vitviz.errors import ResampledKernelWarning
+
+    src = timm.create_model(TINY, depth=1)
+    jax_npz(src, tmp_path / "w.npz")
+    save_file({k: v.contiguous() for k, v in src.state_dict().items()}, str(tmp_path / "w.safetensors"))
+    for path in (tmp_path / "w.npz", tmp_path / "w.safetensors"):
+        with pytest.warns(ResampledKernelWarning, match=r"trained for 16x16 patches, timm model .* has 8x8 patches.*"
+                          r"pass patch_size=16 to read it as trained") as caught:
+            model = vitviz.load_model(TINY, depth=1, patch_size=8, img_size=112, checkpoint=path)
+        assert any(c.filename == __file__ for c in caught if c.category is ResampledKernelWarning)
+        assert model.patch_embed.proj.weight.shape[-2:] == (8, 8)
+        with warnings.catch_warnings():
+            warnings.simplefilter("error", ResampledKernelWarning)  # the size it was trained for: no word
+            vitviz.load_model(TINY, depth=1, checkpoint=path)
+
+
 @pytest.mark.parametrize("suffix", [".safetensors", ".pth", ".npz"])
 def test_corrupt_checkpoint_is_refused(tmp_path, suffix):
     good = tmp_path / f"good{suffix}"

@@ -128,6 +128,14 @@ class ResampledPositionsWarning(VitvizError, UserWarning):
     and the ``img_size`` that reads the table as trained."""
 
 
+class ResampledKernelWarning(VitvizError, UserWarning):
+    """A weights file whose patch-embedding kernel was trained for another patch size than the model's: timm's loader
+    resized it (FlexiViT's pseudo-inverse resize, Beyer et al., CVPR 2023), so the model runs, but its patch
+    embedding approximates the trained one and the RGB filters figure shows the resized kernel. A warning, not an
+    error: FlexiViT-style models are loaded so on purpose. The message names both patch sizes and the
+    ``patch_size`` that reads the kernel as trained."""
+
+
 class ImagesLeftOutWarning(VitvizError, UserWarning):
     """A ``DataLoader`` that leaves some of its dataset's images unread (``drop_last=True`` and a last batch short of
     its batch size): a dataset result over it covers fewer images than the dataset holds. A warning, not an error:
@@ -144,7 +152,8 @@ __all__ = [
     "ImageInputError", "ImageRangeWarning", "ImagesLeftOutWarning", "InferenceTensorError", "InputError",
     "InputTypeError", "LayerSelectError", "MissingDependencyError",
     "NoPositionEmbeddingError", "NoRGBFiltersError", "NoSuchAttributeError", "NotAViTError",
-    "NotImplementedInVitviz", "OptionValueError", "OutOfRangeError", "ResampledPositionsWarning", "RunInterrupted",
+    "NotImplementedInVitviz", "OptionValueError", "OutOfRangeError", "ResampledKernelWarning",
+    "ResampledPositionsWarning", "RunInterrupted",
     "UnknownNameError",
     "UnsupportedModelError", "VitvizError", "WeightsUnavailableError",
 ]

@@ -171,8 +171,9 @@ def _create_timm(name: str, pretrained: bool, checkpoint: Path | None, *, cached
             _check_npz_fits(model, checkpoint, name)
         else:
             _check_pre_logits(model, sd, checkpoint, name)
-        _warn_if_resampled(model, _file_position_tokens(checkpoint, None if checkpoint.suffix == ".npz" else sd),
-                           checkpoint, name)
+        tokens, kernel = _file_layout(checkpoint, None if checkpoint.suffix == ".npz" else sd)
+        _warn_if_resampled(model, tokens, checkpoint, name)
+        _warn_if_kernel_resampled(model, kernel, checkpoint, name)
         return model
     if pretrained:
         from timm.models import get_pretrained_cfg
@@ -194,16 +195,41 @@ def _create_timm(name: str, pretrained: bool, checkpoint: Path | None, *, cached
     return timm.create_model(name, pretrained=False, **kwargs)
 
 
-def _file_position_tokens(path: Path, state_dict: dict | None) -> int | None:
-    """The rows of the position table in a weights file (prefix tokens included), or ``None`` when it has none."""
+def _file_layout(path: Path, state_dict: dict | None) -> tuple[int | None, tuple[int, int] | None]:
+    """The rows of the position table in a weights file (prefix tokens included) and the ``(kh, kw)`` of its patch
+    embedding's kernel, each ``None`` when it has none (a JAX ``.npz`` opened once for both)."""
     if state_dict is not None:
-        table = state_dict.get("pos_embed")
-        return None if table is None or table.ndim != 3 else int(table.shape[1])
+        table, proj = state_dict.get("pos_embed"), state_dict.get("patch_embed.proj.weight")
+        return (None if table is None or table.ndim != 3 else int(table.shape[1]),
+                None if proj is None or proj.ndim != 4 else (int(proj.shape[2]), int(proj.shape[3])))
     import numpy as np
 
     with np.load(path) as w:
         key = next((k for k in w.files if k.endswith("posembed_input/pos_embedding")), None)
-        return None if key is None else int(w[key].shape[1])
+        tokens = None if key is None else int(w[key].shape[1])
+        kernel = w["embedding/kernel"].shape if "embedding/kernel" in w.files else None  # (kh, kw, C, D)
+    return tokens, None if kernel is None or len(kernel) != 4 else (int(kernel[0]), int(kernel[1]))
+
+
+def _warn_if_kernel_resampled(model: nn.Module, kernel: tuple[int, int] | None, path: Path, name: str) -> None:
+    """Warn (``ResampledKernelWarning``) when timm's loader resized the file's patch-embedding kernel to the model's
+    ``patch_size``: the model's kernel is then a resampled one, and the RGB filters are not those trained."""
+    import warnings
+
+    from vitviz.errors import ResampledKernelWarning
+
+    proj = getattr(getattr(model, "patch_embed", None), "proj", None)
+    weight = getattr(proj, "weight", None)
+    if kernel is None or not isinstance(weight, torch.Tensor) or weight.ndim != 4 or \
+            tuple(weight.shape[-2:]) == kernel:
+        return
+    own = tuple(weight.shape[-2:])
+    warnings.warn(ResampledKernelWarning(
+        f"the patch-embedding kernel in {str(path)!r} was trained for {kernel[0]}x{kernel[1]} patches, timm model "
+        f"{name!r} has {own[0]}x{own[1]} patches: timm resized the kernel (FlexiViT's pseudo-inverse resize), so "
+        "the model computes an approximation of the trained embedding and the RGB filters figure shows the resized "
+        f"kernel; pass patch_size={kernel[0] if kernel[0] == kernel[1] else kernel} to read it as trained"),
+        stacklevel=_outside_vitviz())
 
 
 def _warn_if_resampled(model: nn.Module, tokens: int | None, path: Path, name: str) -> None:
