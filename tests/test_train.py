@@ -302,6 +302,30 @@ def test_a_state_without_a_data_fingerprint_resumes_with_a_warning_that_stays(tm
         train(cfg, resume=True, progress=False)
 
 
+def test_a_state_written_before_a_setting_existed_resumes_only_with_its_default(tmp_path, tiny_folder):
+    """A ``last.pt`` whose config lacks a field TrainConfig has now was trained as that field's default says: only
+    fields the state held were compared, so resuming it with another value went through without a word. It is
+    refused, naming the field, its default and the value given; with the default it resumes."""
+    cfg = config(tmp_path, tiny_folder, epochs=2, warmup_epochs=1.0)
+
+    def stop(epoch, step):
+        if epoch == 1:
+            raise Interrupted
+
+    with pytest.raises(Interrupted):
+        train(cfg, on_step=stop, progress=False)
+    path = cfg.run_dir / "last.pt"
+    state = torch.load(path, weights_only=True)
+    assert state["config"]["label_smoothing"] == 0.1  # the default, which an older state did not record
+    del state["config"]["label_smoothing"]
+    torch.save(state, path)
+    with pytest.raises(InputError, match=r"written before vitviz had the settings \['label_smoothing'\].*"
+                                         r"\(default, now\): \{'label_smoothing': \(0\.1, 0\.2\)\}"):
+        train(config(tmp_path, tiny_folder, epochs=2, warmup_epochs=1.0, label_smoothing=0.2), resume=True,
+              progress=False)
+    assert train(cfg, resume=True, progress=False)["epochs"] == 2
+
+
 def test_export_refuses_a_state_trained_otherwise_than_its_card_would_say(tmp_path, tiny_folder):
     """The card is written from ``cfg`` and its data: a ``last.pt`` of another recipe or dataset is not exported."""
     from vitviz.experiments.export import export_reference

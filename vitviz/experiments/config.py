@@ -10,7 +10,7 @@ import argparse
 import numbers
 import os
 import warnings
-from dataclasses import asdict, dataclass, field
+from dataclasses import MISSING, asdict, dataclass, field, fields
 from pathlib import Path
 from typing import Any
 
@@ -57,7 +57,8 @@ def check_training_state(state: dict[str, Any], cfg: TrainConfig, fingerprint: d
     ``fingerprint`` (``{"train": ..., "test": ...}``, ``vitviz.experiments.data.split_fingerprint``) when it was
     trained otherwise.
 
-    Every ``TrainConfig`` field but ``RUNTIME_KEYS`` must be equal (the subsets, batch size and recipe included), and
+    Every ``TrainConfig`` field but ``RUNTIME_KEYS`` must be equal (the subsets, batch size and recipe included; a
+    field the state predates must hold its default, which the state was trained with), and
     each split's images, labels, class names and count equal to those the state was trained and tested on; the
     dataset's path does not count (folders move between machines). ``InputError`` otherwise, naming the field or the
     split and what differs.
@@ -76,6 +77,14 @@ def check_training_state(state: dict[str, Any], cfg: TrainConfig, fingerprint: d
         diff = {k: (saved[k], mine.get(k)) for k in saved if saved[k] != mine.get(k)}
         raise InputError(f"cannot resume {path}: its config differs (saved, now): {diff}. Resume it with its own "
                          "settings, or start this run in another folder (--out)")
+    # a field TrainConfig gained after the state was written: the state was trained as its default says
+    defaults = {f.name: f.default_factory() if f.default_factory is not MISSING else f.default for f in fields(cfg)}
+    newer = {k: (defaults[k], v) for k, v in asdict(cfg).items()
+             if k not in state["config"] and k not in RUNTIME_KEYS and v != defaults[k]}
+    if newer:
+        raise InputError(f"cannot resume {path}: it was written before vitviz had the settings {sorted(newer)}, so "
+                         f"it was trained as their defaults say; they differ now (default, now): {newer}. Resume it "
+                         "with the defaults, or start this run in another folder (--out)")
     recorded = state.get("data_fingerprint")
     if recorded is None:
         warnings.warn(f"{path} was written before vitviz recorded the data a run trains on: its data could not be "
