@@ -14,6 +14,7 @@ from dataclasses import MISSING, asdict, dataclass, field, fields
 from pathlib import Path
 from typing import Any
 
+from vitviz.core.recipe import RUNTIME_KEYS
 from vitviz.errors import InputError, OptionValueError
 
 
@@ -46,9 +47,6 @@ class TrainConfig:
         return Path(self.out) / self.model
 
 
-RUNTIME_KEYS = ("epochs", "out", "data", "device", "threads", "cache", "compile")
-"""``TrainConfig`` fields a resume may change: where things are and how fast they run, not what is computed (the
-number of epochs is checked against the schedule apart, the data by its fingerprint)."""
 
 
 def check_training_state(state: dict[str, Any], cfg: TrainConfig, fingerprint: dict[str, Any],

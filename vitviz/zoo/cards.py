@@ -159,9 +159,9 @@ def reference_compute(directory: str | os.PathLike | None = None) -> pd.DataFram
 
 def _recipe_difference(card: dict[str, Any], control: dict[str, Any]) -> list[str]:
     """Recipe fields (other than the model name) in which ``card`` differs from ``control``; the runtime fields
-    that do not change the weights (``vitviz.experiments.config.RUNTIME_KEYS``: the cache folder, compilation;
+    that do not change the weights (``vitviz.core.recipe.RUNTIME_KEYS``: the cache folder, compilation;
     the epochs excepted) do not count."""
-    from vitviz.experiments.config import RUNTIME_KEYS
+    from vitviz.core.recipe import RUNTIME_KEYS
 
     skip = {"model", *RUNTIME_KEYS} - {"epochs"}
     a, b = card["recipe"], control["recipe"]
