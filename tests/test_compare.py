@@ -115,6 +115,19 @@ def test_depth_trend_spearman():
         depth_trend(np.ones((1, 3)))
 
 
+def test_depth_trend_of_a_constant_statistic_is_nan_without_a_warning_and_no_heads_are_refused():
+    """Every value the same: no ordering, so rho and p are NaN (scipy said so with a ConstantInputWarning only); a
+    statistic of no heads is refused naming its shape."""
+    import warnings
+
+    with warnings.catch_warnings():
+        warnings.simplefilter("error")
+        t = depth_trend(np.full((3, 2), 0.5))
+    assert np.isnan(t["rho"]) and np.isnan(t["p"]) and t["first_mean"] == t["last_mean"] == 0.5
+    with pytest.raises(ValueError, match=r"H >= 1 head, got shape \(3, 0\)"):
+        depth_trend(np.ones((3, 0)))
+
+
 def test_study_figure_has_error_bars_and_a_gap_band():
     from conftest import tiny_study_runs
     from matplotlib.collections import LineCollection, PolyCollection

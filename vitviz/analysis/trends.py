@@ -24,11 +24,13 @@ def depth_trend(values: Any) -> dict[str, float]:
         values: ``(L, H)`` array or tensor (e.g. ``vitviz.mean_attention_distance`` output), L >= 2.
 
     Returns:
-        ``rho`` (-1..1; positive: grows with depth), ``p`` (two-sided), ``layers``, ``heads``, and the first and
-        last layers' head means ``first_mean`` and ``last_mean``.
+        ``rho`` (-1..1; positive: grows with depth; NaN, with ``p``, when every value is the same: no ordering to
+        correlate), ``p`` (two-sided), ``layers``, ``heads``, and the first and last layers' head means
+        ``first_mean`` and ``last_mean``.
 
     Raises:
-        InputError: ``values`` is not ``(L, H)`` numbers with ``L >= 2``, or holds NaN or infinite values.
+        InputError: ``values`` is not ``(L, H)`` numbers with ``L >= 2`` and ``H >= 1``, or holds NaN or infinite
+            values.
     """
     from scipy import stats
 
@@ -40,7 +42,12 @@ def depth_trend(values: Any) -> dict[str, float]:
         raise InputError(f"depth_trend: values holds {int((~np.isfinite(x)).sum())} NaN or infinite values of "
                          f"{x.size}, e.g. at layer {int(bad[0])}, head {int(bad[1])} (0-based); rho would be NaN. "
                          "Drop or fix those heads first")
+    if x.shape[1] == 0:
+        raise InputError(f"depth_trend: values must be (L, H) with H >= 1 head, got shape {x.shape}")
     layers = np.repeat(np.arange(x.shape[0]), x.shape[1])
-    rho, p = stats.spearmanr(layers, x.reshape(-1))
+    if np.ptp(x) == 0:  # a constant statistic has no ranks to correlate: no trend, said so without scipy's warning
+        rho = p = float("nan")
+    else:
+        rho, p = stats.spearmanr(layers, x.reshape(-1))
     return {"rho": float(rho), "p": float(p), "layers": int(x.shape[0]), "heads": int(x.shape[1]),
             "first_mean": float(x[0].mean()), "last_mean": float(x[-1].mean())}
