@@ -90,6 +90,41 @@ def test_attention_statistics_refuse_images_whose_grids_differ_at_one_token_coun
         "mean_attention"])
 
 
+def test_a_resumed_attention_statistics_run_keeps_the_grid_of_the_images_before_the_kill(tmp_path, monkeypatch):
+    """The grid check held in memory only: a run killed after images of one grid and resumed on images of the
+    transposed grid (as many tokens) summed both, where the unbroken run refuses. The checkpoint keeps the grid."""
+    from vitviz.errors import ImageInputError
+
+    model = tiny_timm_vit(dynamic_img_size=True)
+    a, b = images(1)[0], torch.randn(3, 48, 32, generator=torch.Generator().manual_seed(2))
+    data, ckpt = Sized([a, a.flip(-1), b, b]), tmp_path / "stats.pt"
+    with pytest.raises(ImageInputError, match=r"4x6"):  # the unbroken run
+        attention_statistics(model, data, batch_size=1)
+
+    import vitviz.core.datasets as datasets
+
+    save = datasets.atomic_save
+
+    def killed_after_two(state, path):  # killed right after the checkpoint of the two 32x48 images
+        save(state, path)
+        if state["state"]["images"] == 2:
+            raise KeyboardInterrupt("killed")
+
+    monkeypatch.setattr(datasets, "atomic_save", killed_after_two)
+    with pytest.raises(KeyboardInterrupt):
+        attention_statistics(model, data, batch_size=1, checkpoint=ckpt, checkpoint_every=1)
+    monkeypatch.setattr(datasets, "atomic_save", save)
+    assert torch.load(ckpt, weights_only=True)["state"]["images"] == 2
+    seen = []
+    handle = model.register_forward_pre_hook(lambda _m, args: seen.append(tuple(args[0].shape[-2:])))
+    try:
+        with pytest.raises(ImageInputError, match=r"6x4 grid after images of a 4x6 grid"):
+            attention_statistics(model, data, batch_size=1, checkpoint=ckpt)
+    finally:
+        handle.remove()
+    assert seen == []  # refused at the first image after the checkpoint, before its forward pass
+
+
 class Failing(Dataset):
     """Items of ``x``; raises at item ``fail_at`` (a run killed part-way)."""
 

@@ -84,6 +84,13 @@ class AttentionStatsReduction(RunningReduction):
         with capture_attention(model, on_layer=self._on_layer, store=False, heads="stream"):
             model(x)
 
+    def state_dict(self) -> dict[str, Any]:  # the grid too: a resumed run must sum maps of the same patches
+        return {**super().state_dict(), "grid": None if self.grid is None else list(self.grid)}
+
+    def load_state_dict(self, state: dict[str, Any]) -> None:
+        super().load_state_dict(state)
+        self.grid = None if state.get("grid") is None else tuple(state["grid"])
+
     def result(self) -> dict[str, torch.Tensor]:
         """``{"mean_attention": (L, N, N), "entropy": (L, H)}`` float32 on the CPU."""
         if self.images == 0 or "mean_map" not in self.sums:
