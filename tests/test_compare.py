@@ -280,3 +280,24 @@ def test_the_study_plots_refuse_runs_of_several_training_sets():
         assert len(vitviz.plot_study_grid(runs).axes) >= 4  # a row of panels per set
     finally:
         plt.close("all")
+
+
+def test_a_gap_of_rounding_size_is_within_noise_not_a_lead():
+    """Family B's middle run lies on family A's straight line (in log10 compute) and the two share every other run,
+    so the two frontiers are the same curve and the gap is 0 at every compute; interpolating on B's extra knot
+    differs from interpolating over A's one segment by a rounding error (7e-15) at some grid points, the same at
+    every seed, whose interval of width 0 read "A leads by 0.0 points"."""
+    x0, x1, xm, y0, y1 = 1.0, 100.0, 3.0, 10.0, 50.0
+    ym = y0 + (y1 - y0) * (np.log10(xm) - np.log10(x0)) / (np.log10(x1) - np.log10(x0))
+    rows = []
+    for s in range(3):
+        rows += [{"family": "A", "seed": s, "train_pflops": x, "test_acc": y + s} for x, y in ((x0, y0), (x1, y1))]
+        rows += [{"family": "B", "seed": s, "train_pflops": x, "test_acc": y + s}
+                 for x, y in ((x0, y0), (xm, ym), (x1, y1))]
+    runs = pd.DataFrame(rows)
+    table = matched_compute(runs, "A", "B")
+    assert (table.within_noise == True).all()  # noqa: E712 (None is not True)
+    assert np.allclose(table.gap, 0.0, atol=1e-12) and (table.gap_low <= 0).all() and (table.gap_high >= 0).all()
+    assert not any("leads" in line for line in describe_matched(table, "A", "B"))
+    trend = gap_trend(runs, "A", "B")
+    assert trend["slope_low"] <= 0 <= trend["slope_high"]

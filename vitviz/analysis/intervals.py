@@ -10,6 +10,11 @@ A bounded quantity (an accuracy in percent: ``PERCENT``) gets its interval cut t
 values near either end the half-width reaches past it, and a figure or table would show an accuracy below 0 or above
 100 %. The mean of values in a range lies in it, so the cut interval holds the mean exactly as often as the uncut
 one.
+
+A paired difference of rounding size (``ROUNDING`` times the values' size) is no difference: two arms that agree up
+to a float rounding (a mean summed in another order, a curve interpolated on another knot) differ by about 1e-15 at
+every pair, all of one sign, and the interval of width 0 of those would read as a difference the pairs resolve.
+``drop_rounding`` sets such differences to 0 before ``t_interval`` reads them.
 """
 
 from __future__ import annotations
@@ -21,10 +26,20 @@ import numpy as np
 from vitviz.core.util import is_number
 from vitviz.errors import InputError
 
-__all__ = ["PERCENT", "PERCENT_DIFFERENCE", "t_interval"]
+__all__ = ["PERCENT", "PERCENT_DIFFERENCE", "ROUNDING", "drop_rounding", "t_interval"]
 
 PERCENT = (0.0, 100.0)  # an accuracy in percent
 PERCENT_DIFFERENCE = (-100.0, 100.0)  # the difference of two accuracies in percent
+ROUNDING = 1e-12  # a paired difference up to this, relative to the values' size (at least 1), counts as 0
+
+
+def drop_rounding(differences: Sequence[float] | np.ndarray, *values: Sequence[float] | np.ndarray) -> np.ndarray:
+    """``differences`` (paired, ``a - b``) as float64 with those of rounding size set to 0: up to ``ROUNDING`` times
+    the largest absolute value of ``values`` (the arms ``a`` and ``b``; at least 1). NaNs stay NaN."""
+    d = np.asarray(differences, dtype=np.float64).copy()
+    sizes = [np.nanmax(np.abs(np.asarray(v, dtype=np.float64)), initial=0.0) for v in values]
+    d[np.abs(d) <= ROUNDING * max([1.0, *sizes])] = 0.0
+    return d
 
 
 def t_interval(values: Sequence[float] | np.ndarray, confidence: float = 0.95,

@@ -33,7 +33,7 @@ from collections.abc import Sequence
 import numpy as np
 import pandas as pd
 
-from vitviz.analysis.intervals import PERCENT, PERCENT_DIFFERENCE, t_interval
+from vitviz.analysis.intervals import PERCENT, PERCENT_DIFFERENCE, drop_rounding, t_interval
 from vitviz.core.util import check_positive_int
 from vitviz.errors import InputError
 
@@ -178,7 +178,8 @@ def matched_compute(runs: pd.DataFrame, a: str = "Hybrid", b: str = "Transformer
     Returns:
         One row per grid point: ``x``, ``n_seeds``, ``<a>``/``<b>`` means with ``_low``/``_high``,
         ``gap``, ``gap_low``, ``gap_high`` (95% t-interval over seeds, points) and ``within_noise`` (the gap's
-        interval includes 0; ``None`` where one seed gives no interval).
+        interval includes 0; ``None`` where one seed gives no interval). A per-seed gap of rounding size is 0
+        (``vitviz.analysis.intervals.drop_rounding``).
     """
     check_percent(runs, metric)
     check_one_training_set(runs, (a, b))
@@ -200,7 +201,7 @@ def matched_compute(runs: pd.DataFrame, a: str = "Hybrid", b: str = "Transformer
         part = part.dropna(subset=[a, b])
         ma, la, ha = t_interval(part[a], bounds=PERCENT)
         mb, lb, hb = t_interval(part[b], bounds=PERCENT)
-        gap, gl, gh = t_interval(part[a] - part[b], bounds=PERCENT_DIFFERENCE)
+        gap, gl, gh = t_interval(drop_rounding(part[a] - part[b], part[a], part[b]), bounds=PERCENT_DIFFERENCE)
         rows.append({x: g, "n_seeds": len(part), a: ma, f"{a}_low": la, f"{a}_high": ha, b: mb,
                      f"{b}_low": lb, f"{b}_high": hb, "gap": gap, "gap_low": gl, "gap_high": gh,
                      "within_noise": bool(not (gl > 0 or gh < 0)) if np.isfinite(gl) else None})
@@ -258,7 +259,8 @@ def gap_trend(runs: pd.DataFrame, a: str = "Hybrid", b: str = "Transformer (ViT)
     for _, part in wide.groupby("seed"):
         part = part.dropna(subset=[a, b])
         if len(part) >= 2:
-            slopes.append(np.polyfit(np.log10(part["train_pflops"]), part[a] - part[b], 1)[0])
+            gaps = drop_rounding(part[a] - part[b], part[a], part[b])
+            slopes.append(np.polyfit(np.log10(part["train_pflops"]), gaps, 1)[0])
     slope, lo, hi = t_interval(slopes)
     return {"slope": slope, "slope_low": lo, "slope_high": hi, "n_seeds": len(slopes),
             "decades": float(np.log10(grid[-1] / grid[0]))}

@@ -29,7 +29,7 @@ from typing import Any
 
 import pandas as pd
 
-from vitviz.analysis.intervals import PERCENT_DIFFERENCE, t_interval
+from vitviz.analysis.intervals import PERCENT_DIFFERENCE, drop_rounding, t_interval
 from vitviz.core.resources import shipped_csv
 from vitviz.core.util import cli_errors
 from vitviz.experiments.config import (
@@ -215,7 +215,8 @@ def claims_of_differences(diffs: pd.DataFrame, pairs: str = "seeds") -> pd.DataF
     (``measure, arm, minus, arm_value, minus_value, difference``, ``epoch`` where there is one): ``pairs`` names
     the column that counts the pairs (``"seeds"``; ``"draws"`` for the few-shot draws of
     ``posemb_fewshot.posemb_draw_differences``). An accuracy in percent (``METRICS``, any ``fewshotK``) gets its
-    interval cut to the range of a difference of two accuracies."""
+    interval cut to the range of a difference of two accuracies. A per-pair difference of rounding size is 0
+    (``vitviz.analysis.intervals.drop_rounding``): it is no difference the pairs resolve."""
     from vitviz.zoo.paper import posemb_ablation
 
     paper = 100 * posemb_ablation().set_index("pos_emb")["default_stem"]
@@ -223,7 +224,7 @@ def claims_of_differences(diffs: pd.DataFrame, pairs: str = "seeds") -> pd.DataF
     bounds = PERCENT_DIFFERENCE if metric in METRICS or str(metric).startswith("fewshot") else None
     rows = []
     for (arm, minus), g in diffs.groupby(["arm", "minus"], sort=False):
-        mean, low, high = t_interval(g.difference.to_numpy(), bounds=bounds)
+        mean, low, high = t_interval(drop_rounding(g.difference, g.arm_value, g.minus_value), bounds=bounds)
         row = {"measure": metric, "arm": arm, "minus": minus, "arm_mean": float(g.arm_value.mean()),
                "minus_mean": float(g.minus_value.mean()), "difference": mean, "low": low, "high": high,
                "excludes_zero": bool(low > 0 or high < 0),
