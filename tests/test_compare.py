@@ -301,3 +301,15 @@ def test_a_gap_of_rounding_size_is_within_noise_not_a_lead():
     assert not any("leads" in line for line in describe_matched(table, "A", "B"))
     trend = gap_trend(runs, "A", "B")
     assert trend["slope_low"] <= 0 <= trend["slope_high"]
+
+
+def test_summarize_refuses_a_seed_with_two_rows_not_counted_twice():
+    """A run listed twice (a CSV concatenated with itself in part) is one seed, yet its accuracy entered the mean
+    and the interval twice (n_seeds said 3, the interval was over 4 values, narrower); it is refused by name."""
+    runs = pd.DataFrame({"family": "A", "model": "a-S", "size": "S", "train_images": 100, "epochs": 2,
+                         "seed": [0, 1, 2], "train_pflops": 1.0, "test_acc": [10.0, 20.0, 30.0],
+                         "run_id": ["a-s0", "a-s1", "a-s2"]})
+    with pytest.raises(InputError, match=r"a-s1.*2 rows.*seed 1.*drop_duplicates"):
+        summarize(pd.concat([runs, runs.iloc[[1]]], ignore_index=True))
+    mean, lo, hi = summarize(runs).iloc[0][["mean", "ci_low", "ci_high"]]
+    assert (mean, lo, hi) == pytest.approx(t_interval([10.0, 20.0, 30.0], bounds=(0.0, 100.0)))

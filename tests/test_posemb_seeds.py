@@ -382,3 +382,14 @@ def test_a_difference_of_rounding_size_is_no_difference():
     row = posemb_seed_claims(df).set_index(["arm", "minus"]).loc[("2d", "1d")]
     assert row.difference == pytest.approx(0.0, abs=1e-12) and row.low <= 0 <= row.high
     assert not row.excludes_zero
+
+
+def test_claims_refuse_a_run_with_two_last_epoch_rows():
+    """A run whose last epoch is listed twice (tables concatenated) is refused naming it, not a TypeError from
+    reading one seed's value."""
+    from vitviz.experiments.posemb_seeds import posemb_seed_claims
+
+    df = _runs({"none": 50.0, "1d": 58.0, "2d": 58.5})
+    twice = pd.concat([df, df[(df.run == "1d-s0") & (df.epoch == 3)]], ignore_index=True)
+    with pytest.raises(InputError, match=r"1d-s0 has 2 rows at epoch 3.*drop_duplicates"):
+        posemb_seed_claims(twice)

@@ -416,3 +416,16 @@ def test_the_experiment_command_lines_refuse_bad_values_naming_the_option(module
         main([*argv, "--data", str(tmp_path / "none"), "--results", str(tmp_path / "r.csv")])
     err = capsys.readouterr().err
     assert exit_.value.code == 2 and message in err and "Traceback" not in err
+
+
+def test_cls_vs_gap_claims_refuse_a_run_with_two_last_epoch_rows():
+    """A run listed twice at its last epoch counted as two seeds: its seed weighed twice in the head's mean and
+    entered the paired interval twice (6 pairs from 5 seeds, a narrower interval); it is refused naming the run."""
+    from vitviz.experiments.cls_vs_gap import cls_vs_gap_claims
+
+    final = {("cls", 1e-3): 60.0, ("cls", 3e-4): 55.0, ("gap", 1e-3): 40.0, ("gap", 3e-4): 59.0}
+    df = pd.concat([_runs(final).assign(seed=sd) for sd in range(3)], ignore_index=True)
+    df.loc[(df.epoch == 3) & (df.seed == 1), "test_acc"] += 1.0
+    twice = pd.concat([df, df[(df.epoch == 3) & (df["head"] == "gap") & (df.seed == 0)]], ignore_index=True)
+    with pytest.raises(InputError, match=r"gap-lr0.001-s0 has 2 rows at epoch 3.*drop_duplicates"):
+        cls_vs_gap_claims(twice)

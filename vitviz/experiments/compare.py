@@ -59,11 +59,21 @@ def summarize(runs: pd.DataFrame, metric: str = "test_acc") -> pd.DataFrame:
     Returns:
         ``CONFIG_COLUMNS`` + ``train_pflops`` (equal for every seed), ``n_seeds``, ``mean``, ``sd``, ``ci_low``,
         ``ci_high`` (95% t-interval of the mean, cut to 0 ... 100 %: ``t_interval``'s ``bounds``; NaN with one
-        seed). A run without an accuracy or a compute (NaN) is refused, as in ``matched_compute``.
+        seed). A run without an accuracy or a compute (NaN) is refused, as in ``matched_compute``, and so is a
+        seed with two rows for one configuration (it would count twice).
     """
     check_percent(runs, metric)
     if "family" in runs:
         _check_measured(runs, list(dict.fromkeys(runs["family"])), metric, "train_pflops")
+    if "seed" in runs:
+        keys = [*CONFIG_COLUMNS, "seed"]
+        twice = runs[runs.duplicated(keys, keep=False)]
+        if len(twice):  # one seed would enter the mean and the interval twice
+            r = twice.iloc[0]
+            name = r["run_id"] if "run_id" in twice else f"{r['model']} ({int(r['epochs'])} epochs)"
+            same = (twice[keys] == r[keys]).all(axis=1)
+            raise InputError(f"summarize: run {name} has {int(same.sum())} rows for seed {r['seed']}, which would "
+                             f"count twice; pass one row per run, e.g. runs.drop_duplicates({keys})")
     rows = []
     for key, part in runs.groupby(CONFIG_COLUMNS, sort=False):
         mean, lo, hi = t_interval(part[metric], bounds=PERCENT)
