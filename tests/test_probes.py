@@ -3,6 +3,8 @@ loop, features against the model's own forward, and the bad inputs."""
 
 from __future__ import annotations
 
+import functools
+
 import numpy as np
 import pytest
 import torch
@@ -703,3 +705,15 @@ def test_features_of_images_and_labels_already_on_the_gpu():
     x, y = _data(2, classes=2)
     got = extract_features(model, (x.cuda(), y.cuda()))
     torch.testing.assert_close(got.feats["pre_logits"], extract_features(model, (x, y)).feats["pre_logits"].cuda())
+
+
+def test_a_num_classes_below_a_label_is_refused_naming_it():
+    """``num_classes`` smaller than a label failed deep in the targets or the votes with a bare IndexError; 0 was
+    read as "not given". Both are refused naming num_classes, its value and the classes the labels need."""
+    x, y = _blobs(3)
+    need = int(y.max()) + 1
+    for call in (linear_fewshot_accuracy, functools.partial(knn_accuracy, k=5)):
+        for bad in (need - 1, 0, -2, 2.5, True):
+            with pytest.raises(InputError, match=rf"num_classes={bad!r}.*{need}"):
+                call(x, y, x, y, num_classes=bad)
+    assert knn_accuracy(x, y, x, y, k=5, num_classes=need + 2) == knn_accuracy(x, y, x, y, k=5)  # unused classes get no vote

@@ -62,6 +62,18 @@ def _check_xy(x: np.ndarray, y: np.ndarray, what: str) -> tuple[np.ndarray, np.n
     return x, class_indices(y, what)
 
 
+def _num_classes(num_classes: int | None, *labels: np.ndarray) -> int:
+    """``num_classes``, or ``max(label) + 1`` over ``labels`` when None; refused below that (a label without a
+    class) or when not a positive int."""
+    need = int(max(y.max() for y in labels)) + 1
+    if num_classes is None:
+        return need
+    if isinstance(num_classes, bool) or not isinstance(num_classes, (int, np.integer)) or num_classes < need:
+        raise InputError(f"num_classes={num_classes!r} must be an int of at least {need}, one class per label "
+                         f"(the labels reach {need - 1}); pass num_classes={need} or more, or None to count them")
+    return int(num_classes)
+
+
 def standardize(train: np.ndarray, *others: np.ndarray) -> list[np.ndarray]:
     """Standardise every array with ``train``'s per-dimension mean and standard deviation (+1e-5)."""
     mean = train.mean(axis=0, keepdims=True)
@@ -169,7 +181,7 @@ def linear_fewshot_accuracy(x_train: np.ndarray, y_train: np.ndarray, x_test: np
         x_test, y_test: the evaluation images' features ``(M, D)`` and labels ``(M,)``.
         l2_reg: the ridge penalty; ``None`` chooses it by leave-one-out error on the examples (``select_l2``);
             ``BIG_VISION_L2`` (``2^10``) is the authors' evaluator's fixed setting (module docstring).
-        num_classes: ``K`` (default: ``max(label) + 1`` over both sets).
+        num_classes: ``K`` (default: ``max(label) + 1`` over both sets; fewer is refused).
     """
     x_train, y_train = _check_xy(x_train, y_train, "train")
     x_test, y_test = _check_xy(x_test, y_test, "test")
@@ -178,7 +190,7 @@ def linear_fewshot_accuracy(x_train: np.ndarray, y_train: np.ndarray, x_test: np
     if l2_reg is not None and not (is_number(l2_reg) and 0 < l2_reg < math.inf):
         raise InputError(f"l2_reg={l2_reg!r} must be a finite positive number, e.g. 2.0 ** 10 (or None to choose "
                          "it)")
-    k = num_classes or int(max(y_train.max(), y_test.max())) + 1
+    k = _num_classes(num_classes, y_train, y_test)
     xs, xt = standardize(x_train, x_test)
     fit = RidgeFit(xs, pm1_targets(y_train, k))
     l2 = select_l2(fit, grid) if l2_reg is None else float(l2_reg)
@@ -196,6 +208,7 @@ def knn_accuracy(x_train: np.ndarray, y_train: np.ndarray, x_test: np.ndarray, y
         x_train, y_train: reference features ``(M, D)`` and labels.
         x_test, y_test: query features ``(Q, D)`` and labels.
         k: neighbours (DINO: 20). temperature: ``T`` of the weights ``exp(sim / T)`` (DINO: 0.07).
+        num_classes: classes voted for (default: ``max(label) + 1`` over both sets; fewer is refused).
         chunk: queries per similarity block (memory).
     """
     x_train, y_train = _check_xy(x_train, y_train, "train")
@@ -204,7 +217,7 @@ def knn_accuracy(x_train: np.ndarray, y_train: np.ndarray, x_test: np.ndarray, y
         raise InputError(f"k={k!r} must be an int in 1..{len(x_train)} (the training images)")
     if not temperature > 0:
         raise InputError(f"temperature={temperature!r} must be positive")
-    ncls = num_classes or int(max(y_train.max(), y_test.max())) + 1
+    ncls = _num_classes(num_classes, y_train, y_test)
     tr = x_train / np.clip(np.linalg.norm(x_train, axis=1, keepdims=True), 1e-12, None)
     te = x_test / np.clip(np.linalg.norm(x_test, axis=1, keepdims=True), 1e-12, None)
     correct = 0
