@@ -393,3 +393,39 @@ def test_claims_refuse_a_run_with_two_last_epoch_rows():
     twice = pd.concat([df, df[(df.run == "1d-s0") & (df.epoch == 3)]], ignore_index=True)
     with pytest.raises(InputError, match=r"1d-s0 has 2 rows at epoch 3.*drop_duplicates"):
         posemb_seed_claims(twice)
+
+
+def _fewshot_rows(draws_of: dict[str, tuple[int, ...]], shots=5) -> pd.DataFrame:
+    """A few-shot table of encodings none and 1d at seeds 0 and 1 (each run's draws as given, else 0, 1, 2)."""
+    from vitviz.experiments.posemb_seeds import ENCODINGS, run_id
+
+    rows = []
+    for enc in ("none", "1d"):
+        for seed in (0, 1):
+            for draw in draws_of.get(run_id(enc, seed), (0, 1, 2)):
+                rows.append({"model": run_id(enc, seed), "encoding": enc, "pos_emb": ENCODINGS[enc][1],
+                             "run_seed": seed, "epoch": 8, "layer": "pre_logits", "depth": 7, "probe": "linear",
+                             "shots": shots, "seed": draw, "l2_reg": 1024.0,
+                             "accuracy": 30.0 + 5 * (enc == "1d") + 3 * draw + seed, "train_images": 50,
+                             "test_images": 1000})
+    return pd.DataFrame(rows)
+
+
+def test_the_few_shot_reader_refuses_runs_that_do_not_hold_the_same_draws(tmp_path):
+    """A run missing a draw (or holding one twice) averaged other few-shot images than the run it is paired with: the
+    per-seed difference mixed the encodings with the draws (here a draw worth 3 points each). Refused naming the run
+    and the draws; the complete table reads as the mean over each run's three draws."""
+    from vitviz.experiments.posemb_seeds import read_posemb_seeds_fewshot
+
+    path = tmp_path / "f.csv"
+    _fewshot_rows({}).to_csv(path, index=False)
+    full = read_posemb_seeds_fewshot(path).set_index(["encoding", "seed"])
+    assert full.draws.eq(3).all() and full.loc[("1d", 1), "fewshot5"] == pytest.approx(30 + 5 + 3 + 1)
+    for draws, match in (((0, 1), r"1d-s1 at epoch 8 holds draws \[0, 1\].*\[0, 1, 2\]"),
+                         ((0, 1, 2, 2), r"1d-s1 at epoch 8 holds draws \[0, 1, 2, 2\].*\[0, 1, 2\]")):
+        _fewshot_rows({"1d-s1": draws}).to_csv(path, index=False)
+        with pytest.raises(InputError, match=match):
+            read_posemb_seeds_fewshot(path)
+    pd.concat([_fewshot_rows({}), _fewshot_rows({}, shots=10)]).to_csv(path, index=False)
+    with pytest.raises(InputError, match=r"shots.*\[5, 10\]"):
+        read_posemb_seeds_fewshot(path)

@@ -429,3 +429,19 @@ def test_cls_vs_gap_claims_refuse_a_run_with_two_last_epoch_rows():
     twice = pd.concat([df, df[(df.epoch == 3) & (df["head"] == "gap") & (df.seed == 0)]], ignore_index=True)
     with pytest.raises(InputError, match=r"gap-lr0.001-s0 has 2 rows at epoch 3.*drop_duplicates"):
         cls_vs_gap_claims(twice)
+
+
+def test_the_few_shot_by_epoch_reader_refuses_a_run_missing_a_draw(tmp_path):
+    """One run's epoch without draw 2 averaged other few-shot images than the runs it is compared with; refused
+    naming the run."""
+    from vitviz.experiments.cls_vs_gap import read_fewshot_by_epoch
+
+    rows = [{"model": f"{h}-lr0.001-s0", "head": h, "lr": 1e-3, "run_seed": 0, "epoch": e, "layer": "pre_logits",
+             "depth": 7, "probe": "linear", "shots": 5, "seed": d, "l2_reg": 1024.0, "accuracy": 20.0 + d + e,
+             "train_images": 50, "test_images": 1000} for h in ("cls", "gap") for e in (1, 2) for d in (0, 1, 2)]
+    path = tmp_path / "f.csv"
+    pd.DataFrame(rows).to_csv(path, index=False)
+    assert read_fewshot_by_epoch(path).fewshot5.tolist() == pytest.approx([22.0, 23.0, 22.0, 23.0])
+    pd.DataFrame(rows[:-1]).to_csv(path, index=False)
+    with pytest.raises(InputError, match=r"gap-lr0.001-s0.*epoch 2.*draws \[0, 1\].*\[0, 1, 2\]"):
+        read_fewshot_by_epoch(path)

@@ -220,12 +220,13 @@ def cls_vs_gap_claims(df: pd.DataFrame, metric: str = "test_acc") -> pd.DataFram
 def read_fewshot_by_epoch(path: str | Path | None = None) -> pd.DataFrame:
     """``fewshot_by_epoch.csv`` averaged over the few-shot draws: one row per run and epoch, with ``head, lr, seed,
     epoch, fewshot5`` (mean 5-shot linear top-1 %, Fig. 9's measure) and ``draws``; ready for
-    ``plot_cls_vs_gap(..., metric="fewshot5")`` and ``cls_vs_gap_claims(..., metric="fewshot5")``."""
+    ``plot_cls_vs_gap(..., metric="fewshot5")`` and ``cls_vs_gap_claims(..., metric="fewshot5")``. A run missing a
+    draw (or holding one twice) is refused (``posemb_seeds.mean_over_draws``)."""
     raw = shipped_csv(path, str(Path(RESULTS).with_name("fewshot_by_epoch.csv")),
                       "run `python -m vitviz.experiments.cls_vs_gap --data DIR --fewshot` after training")
-    g = raw.groupby(["head", "lr", "run_seed", "epoch"]).accuracy
-    out = pd.concat([g.mean().rename("fewshot5"), g.size().rename("draws")], axis=1).reset_index()
-    return out.rename(columns={"run_seed": "seed"})
+    from vitviz.experiments.posemb_seeds import mean_over_draws
+
+    return mean_over_draws(raw, ["head", "lr", "run_seed", "epoch"], "read_fewshot_by_epoch")
 
 
 def parser() -> argparse.ArgumentParser:

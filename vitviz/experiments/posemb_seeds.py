@@ -157,7 +157,36 @@ def read_posemb_seeds_fewshot(path: str | Path | None = None, *, results: str | 
         path = fewshot_results(results, RESULTS, FEWSHOT_NAME)
     raw = shipped_csv(path, str(Path(RESULTS).with_name(FEWSHOT_NAME)),
                       "run `python -m vitviz.experiments.posemb_seeds --data DIR --fewshot` after training")
-    g = raw.groupby(["encoding", "pos_emb", "run_seed", "epoch"]).accuracy
+    return mean_over_draws(raw, ["encoding", "pos_emb", "run_seed", "epoch"], "read_posemb_seeds_fewshot")
+
+
+def mean_over_draws(raw: pd.DataFrame, keys: list[str], what: str) -> pd.DataFrame:
+    """A sweep's few-shot table (one row per run, epoch and draw) averaged over the draws per ``keys`` (the run
+    and epoch, ``run_seed`` among them): ``fewshot5`` and ``draws``, with ``run_seed`` named ``seed``.
+
+    Raises:
+        InputError: the table holds several shot counts, layers or probes (their mean is no one measure); or a run
+            does not hold every draw of the table once (a draw missing or repeated): its mean would be over other
+            few-shot images than the runs it is paired with.
+    """
+    from vitviz.errors import InputError
+
+    for col in ("shots", "layer", "probe"):
+        values = sorted(raw[col].unique().tolist()) if col in raw else []
+        if len(values) > 1:
+            raise InputError(f"{what}: the table holds {col} {values}, whose accuracies would be averaged into one "
+                             f"measure; pass the rows of one, e.g. raw[raw.{col} == {values[0]!r}]")
+    if "seed" in raw:
+        every = sorted(int(d) for d in raw["seed"].unique())
+        for key, part in raw.groupby(keys):
+            held = sorted(int(d) for d in part["seed"])
+            if held != every:
+                run = part["model"].iloc[0] if "model" in part else dict(zip(keys, key))
+                raise InputError(f"{what}: run {run} at epoch {int(part['epoch'].iloc[0])} holds draws {held}, not "
+                                 f"each of {every} once, so its mean is over other few-shot images than the runs it "
+                                 "is paired with; measure the missing draws (or drop the repeated rows), or keep the "
+                                 "draws every run holds: raw[raw.seed.isin([...])]")
+    g = raw.groupby(keys).accuracy
     out = pd.concat([g.mean().rename("fewshot5"), g.size().rename("draws")], axis=1).reset_index()
     return out.rename(columns={"run_seed": "seed"})
 
