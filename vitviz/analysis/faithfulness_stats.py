@@ -38,7 +38,7 @@ from typing import Any
 
 import numpy as np
 
-from vitviz.analysis.intervals import t_interval
+from vitviz.analysis.intervals import drop_rounding, t_interval
 from vitviz.core.util import float_array, is_int, is_number
 from vitviz.errors import InputError, InputTypeError
 
@@ -325,9 +325,6 @@ def faithfulness_auc(df: Any, *, interval: str = "t", n_boot: int = 1000, ci: fl
     return out
 
 
-AUC_ROUNDING = 1e-12  # per-image AUC differences up to this, relative to the AUCs' size (at least 1), count as 0
-
-
 def verdict(low: float, high: float, better: str) -> str:
     """``better``, ``worse`` or ``indistinguishable`` for a paired interval ``[low, high]`` of method - baseline;
     ``too few images`` when there is no interval (NaN: fewer than 2 images)."""
@@ -351,8 +348,9 @@ def compare_methods(df: Any, baseline: str = "chefer", *, interval: str = "t", n
     interval lies below zero is ``better``; on ``insertion``/``negative`` one above zero; an interval that contains
     zero is ``indistinguishable``; with fewer than 2 images the interval is NaN and the verdict ``too few images``
     (one image says nothing about the spread over images). A per-image difference of rounding size (up to
-    ``AUC_ROUNDING`` times the AUCs' size) counts as 0: identical curves integrated on other step grids differ by
-    about 1e-17 at every image, whose interval of width 0 would otherwise read ``better`` or ``worse``. For an ``accuracy`` or ``probability`` metric the
+    ``vitviz.analysis.intervals.ROUNDING`` times the AUCs' size, ``drop_rounding``) counts as 0: identical curves
+    integrated on other step grids differ by about 1e-17 at every image, whose interval of width 0 would otherwise
+    read ``better`` or ``worse``. For an ``accuracy`` or ``probability`` metric the
     interval is cut to ``[-1, 1]``, the range of a difference of two AUCs (the verdict stays the same). The AUCs
     are ``per_image_auc``'s: over ``removed``, the fraction of patches actually removed, or over the nominal
     ``fraction`` for a ``df`` without that column.
@@ -395,8 +393,7 @@ def compare_methods(df: Any, baseline: str = "chefer", *, interval: str = "t", n
             d = (pair[method] - pair[baseline]).to_numpy(dtype=np.float64)
             # a difference of rounding size is none: identical curves integrated on other step grids differ by
             # 1e-17 at every image, an interval of width 0 away from 0 that would read "better" or "worse"
-            scale = max(1.0, float(np.abs(pair.to_numpy(dtype=np.float64)).max()))
-            d = np.where(np.abs(d) <= AUC_ROUNDING * scale, 0.0, d)
+            d = drop_rounding(d, pair[method], pair[baseline])
             lo, hi = mean_interval(d, interval=interval, n_boot=n_boot, ci=ci, seed=seed,
                                    bounds=auc_bounds(metric, difference=True))
             rows.append({"mode": mode, "metric": metric, "removal": removal, "method": method, "baseline": baseline,
