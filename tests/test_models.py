@@ -97,6 +97,14 @@ def test_original_jax_npz_through_timm_loader(tmp_path):
         torch.testing.assert_close(model(x), src.eval()(x), atol=1e-5, rtol=1e-5)
 
 
+def tiny_weight_files(tmp_path):
+    """One depth-1 ``TINY`` model's weights as a JAX ``.npz`` and as a ``.safetensors`` file."""
+    src = timm.create_model(TINY, depth=1)
+    jax_npz(src, tmp_path / "w.npz")
+    save_file({k: v.contiguous() for k, v in src.state_dict().items()}, str(tmp_path / "w.safetensors"))
+    return tmp_path / "w.npz", tmp_path / "w.safetensors"
+
+
 def test_npz_position_embedding_resampled_to_img_size(tmp_path):
     """timm resamples a file's position table to ``img_size``; vitviz says so (the figures would show an
     interpolated table as if trained) and names the ``img_size`` that reads it as trained."""
@@ -104,10 +112,7 @@ def test_npz_position_embedding_resampled_to_img_size(tmp_path):
 
     from vitviz.errors import ResampledPositionsWarning
 
-    src = timm.create_model(TINY, depth=1)
-    jax_npz(src, tmp_path / "w.npz")
-    save_file({k: v.contiguous() for k, v in src.state_dict().items()}, str(tmp_path / "w.safetensors"))
-    for path in (tmp_path / "w.npz", tmp_path / "w.safetensors"):
+    for path in tiny_weight_files(tmp_path):
         with pytest.warns(ResampledPositionsWarning, match=r"trained for a 14x14 grid \(197 rows\).*img_size=\(288, "
                           r"288\) has a 18x18 grid.*pass img_size=224 to read it as trained") as caught:
             model = vitviz.load_model(TINY, depth=1, img_size=288, checkpoint=path)
@@ -127,10 +132,7 @@ def test_a_patch_kernel_resized_to_another_patch_size_is_warned_about(tmp_path):
 
     from vitviz.errors import ResampledKernelWarning
 
-    src = timm.create_model(TINY, depth=1)
-    jax_npz(src, tmp_path / "w.npz")
-    save_file({k: v.contiguous() for k, v in src.state_dict().items()}, str(tmp_path / "w.safetensors"))
-    for path in (tmp_path / "w.npz", tmp_path / "w.safetensors"):
+    for path in tiny_weight_files(tmp_path):
         with pytest.warns(ResampledKernelWarning, match=r"trained for 16x16 patches, timm model .* has 8x8 patches.*"
                           r"pass patch_size=16 to read it as trained") as caught:
             model = vitviz.load_model(TINY, depth=1, patch_size=8, img_size=112, checkpoint=path)

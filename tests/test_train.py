@@ -280,9 +280,9 @@ def test_resume_refuses_another_dataset_and_follows_a_moved_one(tmp_path, tiny_f
         train(config(tmp_path / "runs", moved, epochs=1, test_subset=50), resume=True, progress=False)
 
 
-def test_a_state_without_a_data_fingerprint_resumes_with_a_warning_that_stays(tmp_path, tiny_folder):
-    """A ``last.pt`` written before the data were fingerprinted is resumed, with a warning naming it, also later."""
-    cfg = config(tmp_path, tiny_folder, epochs=2, warmup_epochs=1.0)
+def stopped_after_one_epoch(tmp_path, data):
+    """A 2-epoch run stopped after its first epoch: its config, its ``last.pt`` and the state read from it."""
+    cfg = config(tmp_path, data, epochs=2, warmup_epochs=1.0)
 
     def stop(epoch, step):
         if epoch == 1:
@@ -291,7 +291,12 @@ def test_a_state_without_a_data_fingerprint_resumes_with_a_warning_that_stays(tm
     with pytest.raises(Interrupted):
         train(cfg, on_step=stop, progress=False)
     path = cfg.run_dir / "last.pt"
-    state = torch.load(path, weights_only=True)
+    return cfg, path, torch.load(path, weights_only=True)
+
+
+def test_a_state_without_a_data_fingerprint_resumes_with_a_warning_that_stays(tmp_path, tiny_folder):
+    """A ``last.pt`` written before the data were fingerprinted is resumed, with a warning naming it, also later."""
+    cfg, path, state = stopped_after_one_epoch(tmp_path, tiny_folder)
     del state["data_fingerprint"], state["data_checked_from"]
     torch.save(state, path)
     with pytest.warns(UserWarning, match=r"last\.pt was written before vitviz recorded the data.*could not be checked"):
@@ -306,16 +311,7 @@ def test_a_state_written_before_a_setting_existed_resumes_only_with_its_default(
     """A ``last.pt`` whose config lacks a field TrainConfig has now was trained as that field's default says: only
     fields the state held were compared, so resuming it with another value went through without a word. It is
     refused, naming the field, its default and the value given; with the default it resumes."""
-    cfg = config(tmp_path, tiny_folder, epochs=2, warmup_epochs=1.0)
-
-    def stop(epoch, step):
-        if epoch == 1:
-            raise Interrupted
-
-    with pytest.raises(Interrupted):
-        train(cfg, on_step=stop, progress=False)
-    path = cfg.run_dir / "last.pt"
-    state = torch.load(path, weights_only=True)
+    cfg, path, state = stopped_after_one_epoch(tmp_path, tiny_folder)
     assert state["config"]["label_smoothing"] == 0.1  # the default, which an older state did not record
     del state["config"]["label_smoothing"]
     torch.save(state, path)
