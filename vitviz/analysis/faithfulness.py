@@ -72,7 +72,7 @@ from vitviz.analysis.faithfulness_stats import BETTER, MODES, bootstrap_ci, comp
 from vitviz.analysis.perturbation import Perturbed, drop_module, keep_tokens, ranks_on_host, resolve_removal
 from vitviz.core.batching import check_batch_size, check_num_workers, count_images, iter_batches
 from vitviz.core.calls import in_eval_mode
-from vitviz.core.contexts import autograd, input_checked, maps_checked, normal_tensor
+from vitviz.core.contexts import autograd, input_checked, normal_tensor
 from vitviz.core.datasets import (
     autocast_context,
     autocast_dtype,
@@ -500,9 +500,9 @@ def _batch(model: nn.Module, spec: Any, x: torch.Tensor, pos: list[int], ids: li
     pending: list[tuple[dict, torch.Tensor]] = []  # (a curve point's columns, its (b,) scores on the device)
     for name, method in table.items():
         opts = dict(options.get(name, {}))
-        # x was checked where it was loaded, and the maps' finiteness is read with their ranks: a method's own
-        # check would wait for the last method's passes, then leave the device idle while the method sets itself up
-        with autocast_context(amp, x.device), input_checked(x), maps_checked():
+        # x was checked where it was loaded: a method's own check would wait for the last method's passes, then
+        # leave the device idle while the method sets itself up
+        with autocast_context(amp, x.device), input_checked(x):
             if isinstance(method, torch.Tensor):
                 maps = method[idx.to(method.device)]
             elif method == "random":

@@ -9,8 +9,7 @@ tensors refused, parameters ``frozen`` or their hooks off with ``parameter_hooks
 ``checkpointing_off`` keeps a model's activation checkpointing out of a capture and a FLOP count;
 ``WeightsWatch`` tells a cache whether the model's tensors changed since it was filled; ``recording`` tells an
 analysis that it runs for a CUDA graph's recording (``core.graphs``), where it may read no value on the host; and
-``input_checked`` tells it that a caller already checked its input batch, and ``maps_checked`` that a caller
-checks the maps it returns for finiteness itself.
+``input_checked`` tells it that a caller already checked its input batch.
 """
 
 from __future__ import annotations
@@ -24,7 +23,7 @@ from collections.abc import Iterator
 from typing import Any
 
 __all__ = ["Recording", "WeightsWatch", "autograd", "checked_before", "checkpointing_off", "frozen", "grad_leaf",
-           "inference_tensor", "input_checked", "inspect_memo", "maps_checked", "maps_checked_by_caller", "inspect_once", "is_quantized", "model_copy",
+           "inference_tensor", "input_checked", "inspect_memo", "inspect_once", "is_quantized", "model_copy",
            "module_attribute", "named_submodules", "normal_tensor", "once_per_window", "open_walk_window",
            "parameter_hooks_off", "recording", "recording_into", "submodules", "tensor_version", "to_host", "walk_once",
            "without_autocast"]
@@ -649,25 +648,3 @@ def to_host(t: Any) -> Any:
         return t.cpu()
     rec.host.append(t)
     return t
-
-
-# maps_checked(): whether a caller reads the finiteness of the maps an analysis returns (vitviz.faithfulness)
-_MAPS_CHECKED: contextvars.ContextVar[bool] = contextvars.ContextVar("vitviz_maps_checked", default=False)
-
-
-@contextlib.contextmanager
-def maps_checked() -> Iterator[None]:
-    """In the block, the gradient methods leave out their check that the explained scores are finite
-    (``core.targets.check_finite_scores``, a read that on a GPU waits for the device): the caller reads the
-    finiteness of the maps they return itself, with the read it makes anyway (``vitviz.faithfulness``:
-    ``perturbation.ranks_on_host``), and a score that is not finite makes every map of its batch NaN."""
-    token = _MAPS_CHECKED.set(True)
-    try:
-        yield
-    finally:
-        _MAPS_CHECKED.reset(token)
-
-
-def maps_checked_by_caller() -> bool:
-    """Whether the calling code is in a ``maps_checked`` block."""
-    return _MAPS_CHECKED.get()

@@ -174,17 +174,12 @@ def resolve_target(
 
 def check_finite_scores(resolved: ResolvedTarget, target: Target, start: int = 0, what: str = "the map") -> None:
     """Refuse a batch whose explained scores are not all finite: the gradient of a NaN or infinite score is NaN,
-    and so every map of a gradient method would be, without a word. Left out in a ``contexts.maps_checked`` block,
-    whose caller reads the maps' finiteness itself.
+    and so every map of a gradient method would be, without a word.
 
     Raises:
         InputError: names the first image (its index in the whole set, ``start`` on) and its score, and the fix (a
             callable target: its value; a class target: the model's output, e.g. an overflow in half precision).
     """
-    from vitviz.core.contexts import maps_checked_by_caller
-
-    if maps_checked_by_caller():  # the caller reads the maps' finiteness itself (contexts.maps_checked)
-        return
     scores = resolved.scores.detach()
     bad = ~torch.isfinite(scores)
     if not bool(bad.any()):
