@@ -65,7 +65,7 @@ from vitviz.core.contexts import autograd, grad_leaf, normal_tensor
 from vitviz.core.families.lrp import LRPRules, lrp_rules
 from vitviz.core.images import Images
 from vitviz.core.spec import ViTSpec, inspect
-from vitviz.core.targets import Target, check_finite_scores, resolve_target
+from vitviz.core.targets import Target, resolve_target
 from vitviz.core.util import check_bool, is_number
 from vitviz.errors import CaptureError, InputError, UnsupportedModelError
 
@@ -135,7 +135,6 @@ def attnlrp_tokens(
         if tokens is None:
             raise CaptureError(f"{spec.name}: the first block did not run in this forward pass")
         resolved = resolve_target(target, out, start=start, n_images=n_images, model=model)
-        check_finite_scores(resolved, target, start, "its AttnLRP relevance")
         if not resolved.scores.requires_grad:
             raise InputError(f"{spec.name}: the target score does not depend on the input tokens (no gradient); a "
                               "callable target must compute its score from the model output with torch ops")

@@ -54,7 +54,7 @@ from vitviz.core.capture import capture_attention
 from vitviz.core.contexts import autograd, grad_leaf
 from vitviz.core.images import Images
 from vitviz.core.spec import ViTSpec, inspect
-from vitviz.core.targets import ResolvedTarget, Target, check_finite_scores, resolve_target
+from vitviz.core.targets import ResolvedTarget, Target, resolve_target
 from vitviz.errors import InputError, InputTypeError, UnsupportedModelError
 
 __all__ = ["attention_gradients", "chefer_from_attentions", "chefer_relevance", "grad_rollout",
@@ -92,7 +92,6 @@ def attention_gradients(
         with capture_attention(model, layers=layers, retain_grad=True) as cap:
             out = model(x)
         resolved = resolve_target(target, out, start=start, n_images=n_images, model=model)
-        check_finite_scores(resolved, target, start, "its map (chefer, grad_rollout)")
         score = resolved.scores.sum()
         attns = cap.attentions
         # nn.MultiheadAttention (torchvision) returns a reshaped view of the probabilities it multiplies into the

@@ -172,30 +172,6 @@ def resolve_target(
     return ResolvedTarget(scores=scores, classes=idx, logits=logits)
 
 
-def check_finite_scores(resolved: ResolvedTarget, target: Target, start: int = 0, what: str = "the map") -> None:
-    """Refuse a batch whose explained scores are not all finite: the gradient of a NaN or infinite score is NaN,
-    and so every map of a gradient method would be, without a word.
-
-    Raises:
-        InputError: names the first image (its index in the whole set, ``start`` on) and its score, and the fix (a
-            callable target: its value; a class target: the model's output, e.g. an overflow in half precision).
-    """
-    scores = resolved.scores.detach()
-    bad = ~torch.isfinite(scores)
-    if not bool(bad.any()):
-        return
-    i = int(bad.nonzero()[0, 0])
-    if resolved.classes is None:
-        name = getattr(target, "__name__", type(target).__name__)
-        cause = (f"target={name} returned {scores[i].item()} for it; a callable target must return a finite "
-                 "score per image (e.g. guard a division or a log with an epsilon)")
-    else:
-        cause = (f"its logit of class {int(resolved.classes[i])} is {scores[i].item()}; the model's output is not "
-                 "finite for it (an overflow in half precision? NaN or infinite pixels?)")
-    raise InputError(f"image {start + i} of {int(bad.sum())} with a score that is not finite: {cause}; "
-                     f"{what} would be NaN")
-
-
 def _batch_size(output: Any) -> int | None:
     for value in ([output] if isinstance(output, torch.Tensor) else
                   list(output.values()) if hasattr(output, "values") else
