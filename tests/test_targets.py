@@ -124,3 +124,27 @@ def test_grad_rollout_callable_equals_the_class_target_it_names():
                                vitviz.grad_rollout(model, x, target=2))
     torch.testing.assert_close(vitviz.explain(model, x, "chefer", target=lambda out: out[:, 2]),
                                vitviz.explain(model, x, "chefer", target=[2, 2, 2]))
+
+
+@pytest.mark.parametrize("method", ["chefer", "grad_rollout", "attnlrp"])
+def test_a_score_that_is_not_finite_gives_that_image_a_nan_map_and_no_other(method):
+    """No read refuses a NaN score (the gradient methods read nothing between their passes): that image's map is
+    NaN, where it cannot pass for a real map, and every other image's map is the finite target's, in one batch or
+    several."""
+    model = tiny_timm_vit()
+    x = torch.randn(4, 3, 32, 48)
+    seen = []  # images scored so far: the callable sees the set batch by batch
+
+    def spoiled(out):  # NaN for image 3 of the set: its score times NaN, the others times 1
+        s = out[:, 0]
+        index = torch.arange(len(s), device=s.device) + sum(seen)
+        seen.append(len(s))
+        return s * torch.where(index == 3, float("nan"), 1.0)
+
+    want = vitviz.explain(model, x, method, target=lambda out: out[:, 0])
+    assert bool(torch.isfinite(want).all())
+    for batch_size in (None, 2):
+        seen.clear()
+        got = vitviz.explain(model, x, method, target=spoiled, batch_size=batch_size)
+        assert bool(torch.isnan(got[3]).all())
+        torch.testing.assert_close(got[:3], want[:3])

@@ -14,6 +14,14 @@
 Class indices must be integers (``1.7`` and ``True`` are refused) in ``[0, classes)``. The logits are the model's
 output tensor, or ``output.logits`` (Hugging Face), or the first element of a tuple output; a model without a
 classifier head needs a callable target.
+
+A score that is not finite (a callable's NaN, an infinite logit) is not read to be refused: the gradient methods
+read no value between their forward and backward passes, so that on a GPU the host stays ahead
+(``tests/test_gradient_host_path.py``). The maps follow its gradient: that image's map is NaN (and its whole
+batch's where the callable lets the NaN into the other images' gradients, as ``torch.where(c, s * nan, s)`` does:
+its backward multiplies the unused branch's NaN by 0), a map that cannot pass for a real one and that
+``vitviz.faithfulness`` (the maps' ranks) and the sanity checks refuse or report as NaN. Return a finite score per
+image.
 """
 
 from __future__ import annotations
