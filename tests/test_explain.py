@@ -348,6 +348,9 @@ def test_random_baseline_is_seeded_and_independent_of_batching():
     torch.testing.assert_close(vitviz.explain(model, x[2:], "random", seed=3, offset=2), whole[2:])
     assert not torch.allclose(vitviz.explain(model, x, "random", seed=4), whole)
     assert not torch.allclose(whole[0], whole[1])
+    # the docstring's seeding: image k of seed s is the generator seeded s * 1_000_003 + k
+    for k in range(5):
+        torch.testing.assert_close(whole[k], torch.rand(4, 6, generator=torch.Generator().manual_seed(3 * 1_000_003 + k)))
 
 
 def test_the_random_baseline_refuses_a_seed_that_is_not_an_int():

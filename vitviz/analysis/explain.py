@@ -127,7 +127,10 @@ def raw_attention(
 
 def random_baseline(model: nn.Module, images: Images, *, seed: int = 0, batch_size: int | None = None,
                     offset: int | Sequence[int] = 0) -> torch.Tensor:
-    """A seeded random map per image, ``(B, gh, gw)`` uniform in ``[0, 1)``; image ``k`` depends on ``seed + k``.
+    """A seeded random map per image, ``(B, gh, gw)`` uniform in ``[0, 1)``; image ``k`` (its index in the set,
+    ``offset + k``, or its own index from ``offset``) gets the map of the generator seeded ``seed * 1_000_003 + k``,
+    so the maps of one seed are distinct for sets of up to 1,000,003 images (beyond, seed ``s`` at index
+    ``k + 1_000_003`` repeats seed ``s + 1`` at ``k``).
 
     ``offset`` is the index of the first image in a larger set (so a batch gets the maps the whole set would), or
     one index per image (``vitviz.faithfulness``: each image's id), so that any images get their own maps in one
