@@ -289,3 +289,15 @@ def test_gradcam_on_a_layer_whose_output_is_a_tuple_names_the_layer_and_the_fix(
         vitviz.explain(model, x, "gradcam", layer=layer)
     assert all(not m._forward_hooks for m in model.modules())
     assert vitviz.explain(model, x, "gradcam").shape == (2, *case.grid)
+
+
+@pytest.mark.parametrize("layer", ["", -1, "blocks.9.norm1"])
+def test_gradcam_refuses_a_layer_that_names_no_module_naming_the_default(layer):
+    """``layer=""`` fell back to the default layer without a word and ``layer=-1`` was called "not a module" without
+    a fix: each is refused, naming the value and the default layer; ``None`` reads the default."""
+    model = tiny_timm_vit()
+    x = torch.randn(2, 3, 32, 48)
+    with pytest.raises(InputError, match=rf"layer={layer!r} is not a module.*e\.g\. '{gradcam_layer(model)}'"):
+        vitviz.explain(model, x, "gradcam", layer=layer)
+    torch.testing.assert_close(vitviz.explain(model, x, "gradcam", layer=None),
+                               vitviz.explain(model, x, "gradcam", layer=gradcam_layer(model)))

@@ -245,11 +245,16 @@ def gradcam(model: nn.Module, images: Images, target: Target = None, *, layer: s
     cam_mod = _need("pytorch_grad_cam", "grad-cam")
     targets_mod = _need("pytorch_grad_cam.utils.model_targets", "grad-cam")
     spec = inspect(model)
+    if layer is not None and (not isinstance(layer, str) or not layer):
+        raise InputError(f"layer={layer!r} is not a module name; pass the dotted name of a module whose output is "
+                         f"the (B, N, C) token sequence, e.g. {gradcam_layer(model)!r} (the default, layer=None)")
     name = layer or gradcam_layer(model)
     try:
         module = model.get_submodule(name)
     except AttributeError as err:
-        raise InputError(f"layer={name!r} is not a module of {type(model).__name__}") from err
+        raise InputError(f"layer={name!r} is not a module of {type(model).__name__}; pass the dotted name of a "
+                         f"module whose output is the (B, N, C) token sequence, e.g. {gradcam_layer(model)!r} (the "
+                         "default)") from err
     total, start = count_images(images), 0
     out = []
 
