@@ -204,3 +204,15 @@ def test_a_mode_no_run_writes_is_refused_by_name():
     for f in (vitviz.faithfulness_auc, lambda d: vitviz.compare_methods(d, baseline="a")):
         with pytest.raises(InputError, match=r"df holds mode 'Deletion', which is not one of \('positive', "):
             f(df)
+
+
+def test_a_mode_the_baseline_was_not_run_in_is_named_not_left_out_without_a_word():
+    """The baseline on deletion only, another method on deletion and insertion: the insertion curves got no row and
+    the table looked complete. A warning names what is not compared; the deletion row is the paired comparison."""
+    both = flat_curves({"a": [0.2, 0.4, 0.5], "b": [0.3, 0.5, 0.7]}, "probability")
+    frame = pd.concat([both, both[both.method == "b"].assign(mode="insertion")], ignore_index=True)
+    with pytest.warns(UserWarning, match=r"baseline='a' has no curves for insertion/probability/drop"):
+        got = vitviz.compare_methods(frame, baseline="a")
+    assert got[["mode", "method"]].values.tolist() == [["deletion", "b"]]
+    assert got["diff"].item() == pytest.approx(0.1333333333333)
+

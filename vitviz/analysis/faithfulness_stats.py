@@ -370,7 +370,8 @@ def compare_methods(df: Any, baseline: str = "chefer", *, interval: str = "t", n
         DataFrame with columns ``mode``, ``metric``, ``removal``, ``method``, ``baseline``, ``auc``,
         ``baseline_auc``, ``diff``, ``ci_low``, ``ci_high``, ``n_images``, ``better`` (the mode's direction) and
         ``verdict`` (``better`` / ``worse`` / ``indistinguishable`` / ``too few images``); ``attrs["interval"]``
-        names the interval.
+        names the interval. A mode, metric and removal the baseline was not run in has no rows, with a
+        ``UserWarning`` naming it.
     """
     import pandas as pd
 
@@ -379,10 +380,11 @@ def compare_methods(df: Any, baseline: str = "chefer", *, interval: str = "t", n
     methods = list(dict.fromkeys(aucs["method"]))
     if baseline not in methods:
         raise InputError(f"baseline={baseline!r} is not among the methods of df ({methods}); pass one of them")
-    rows = []
+    rows, unpaired = [], []
     for (mode, metric, removal), g in aucs.groupby(["mode", "metric", "removal"], sort=False):
         table = g.pivot(index="image", columns="method", values="auc")
         if baseline not in table:
+            unpaired.append(f"{mode}/{metric}/{removal}")
             continue
         for method in [m for m in methods if m != baseline and m in table]:
             pair = table[[method, baseline]]
@@ -400,6 +402,12 @@ def compare_methods(df: Any, baseline: str = "chefer", *, interval: str = "t", n
                          "auc": float(pair[method].mean()), "baseline_auc": float(pair[baseline].mean()),
                          "diff": float(d.mean()), "ci_low": lo, "ci_high": hi, "n_images": len(d),
                          "better": BETTER[mode], "verdict": verdict(lo, hi, BETTER[mode])})
+    if unpaired:  # those methods' curves get no row: say so, rather than let the table look complete
+        import warnings
+
+        warnings.warn(f"compare_methods: baseline={baseline!r} has no curves for {', '.join(unpaired)} "
+                      "(mode/metric/removal), so the methods run there are not compared; run the baseline there "
+                      "too, or pass another baseline", UserWarning, stacklevel=2)
     out = pd.DataFrame(rows, columns=["mode", "metric", "removal", "method", "baseline", "auc", "baseline_auc",
                                       "diff", "ci_low", "ci_high", "n_images", "better", "verdict"])
     out.attrs = {"interval": interval, "ci": float(ci)}
