@@ -613,6 +613,11 @@ def test_a_reference_checkpoint_built_with_other_shape_free_arguments_is_refused
     x = torch.randn(2, 3, 32, 32)
     with torch.no_grad():
         torch.testing.assert_close(loaded(x), src(x), rtol=0, atol=0)
+    # an argument the card's model already has (the default num_classes=10, the card's num_heads given again)
+    # builds the same model: loaded
+    same = vitviz.load_model(path, num_heads=4, num_classes=10, device="cpu")
+    with torch.no_grad():
+        torch.testing.assert_close(same(x), src(x), rtol=0, atol=0)
 
     hybrid = build_reference("cifar10-hybrid", stem_widths=(8, 16, 32))
     hpath = tmp_path / "cifar10-hybrid.safetensors"

@@ -427,16 +427,20 @@ def _card_model_kwargs(path: Path, name: str) -> dict[str, Any] | None:
         return None
 
 
-# arguments that change training only (dropout rates: identities in eval mode), not what the weights compute
-TRAINING_ONLY_KWARGS = ("drop_rate", "drop_path_rate", "attn_drop_rate", "proj_drop_rate", "pos_drop_rate",
-                        "patch_drop_rate")
+def _architecture(model: nn.Module) -> list[tuple[str, str, dict[str, Any]]]:
+    """What a model computes, as far as its modules' plain attributes say (``num_heads``, ``global_pool``, the
+    attention's scale...): per module its path, class and attributes that are numbers, strings or tuples of them
+    (a list read as a tuple: a card's JSON list builds the model its tuple builds). Dropout modules (``nn.Dropout``,
+    timm's ``DropPath`` and ``PatchDropout``: identities in eval mode) and ``nn.Identity`` (which timm puts where a
+    rate is 0) are left out, so the rates, which fine-tuning sets, do not count."""
+    def plain(v: Any) -> Any:
+        v = tuple(v) if isinstance(v, list) else v
+        return v if isinstance(v, (int, float, str, tuple, type(None))) else plain  # plain: not compared
 
-
-def _as_json(kwargs: dict[str, Any]) -> str:
-    """Architecture arguments as a card records them (JSON: a tuple reads back as a list), for comparison; the
-    training-only ones (``TRAINING_ONLY_KWARGS``: dropout, to fine-tune the weights) left out."""
-    return json.dumps({k: v for k, v in kwargs.items() if k not in TRAINING_ONLY_KWARGS}, sort_keys=True,
-                      default=repr)
+    return [(path, type(m).__name__, {k: v for k, v in ((k, plain(v)) for k, v in vars(m).items())
+                                      if not k.startswith("_") and k != "training" and v is not plain})
+            for path, m in model.named_modules()
+            if "Drop" not in type(m).__name__ and not isinstance(m, nn.Identity)]
 
 
 def _load_reference(name: str, checkpoint: Path | None, **kwargs: Any) -> nn.Module:
@@ -453,7 +457,7 @@ def _load_reference(name: str, checkpoint: Path | None, **kwargs: Any) -> nn.Mod
     sd = read_state_dict(path)
     check_card_hash(path, name)  # bytes damaged inside the tensor data still parse
     built = _card_model_kwargs(path, name)
-    if built is not None and _as_json(built) != _as_json(kwargs):
+    if built is not None and _architecture(build_reference(name, **built)) != _architecture(model):
         # refused even when every tensor fits: num_heads, global_pool... change the model, not the shapes
         args = "".join(f", {k}={v!r}" for k, v in built.items())
         given = ", ".join(f"{k}={v!r}" for k, v in kwargs.items()) or "no architecture arguments"
