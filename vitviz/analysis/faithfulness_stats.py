@@ -184,8 +184,8 @@ def per_image_auc(df: Any, *, upto: float = 1.0) -> Any:
         DataFrame with columns ``image``, ``method``, ``mode``, ``metric``, ``removal``, ``auc``.
 
     Raises:
-        InputError: ``df`` not a DataFrame, a mode not in ``MODES``, repeated rows, NaN scores (an AUC of NaN has no interval), an
-            ``accuracy`` or ``probability`` score outside ``[0, 1]`` (``AUC_BOUNDS``), rows
+        InputError: ``df`` not a DataFrame, a mode not in ``MODES``, repeated rows, NaN scores (an AUC of NaN has
+            no interval), an ``accuracy`` or ``probability`` score outside ``[0, 1]`` (``AUC_BOUNDS``), rows
             without a ``removed`` value (frames with and without the column concatenated), ``removed`` decreasing
             along a curve, or ``upto`` outside ``(0, 1]`` or not one of the fractions.
     """

@@ -43,7 +43,7 @@ from collections.abc import Sequence
 
 import numpy as np
 
-from vitviz.core.util import class_indices, is_number
+from vitviz.core.util import class_indices, is_int, is_number
 from vitviz.errors import InputError
 
 L2_GRID = tuple(2.0 ** e for e in range(-10, 11))
@@ -68,7 +68,7 @@ def _num_classes(num_classes: int | None, *labels: np.ndarray) -> int:
     need = int(max(y.max() for y in labels)) + 1
     if num_classes is None:
         return need
-    if isinstance(num_classes, bool) or not isinstance(num_classes, (int, np.integer)) or num_classes < need:
+    if not is_int(num_classes) or num_classes < need:
         raise InputError(f"num_classes={num_classes!r} must be an int of at least {need}, one class per label "
                          f"(the labels reach {need - 1}); pass num_classes={need} or more, or None to count them")
     return int(num_classes)

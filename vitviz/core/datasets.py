@@ -290,8 +290,8 @@ def warn_left_out(source: Any) -> None:
     """Warn (``ImagesLeftOutWarning``) when ``source`` is a ``DataLoader`` that drops its last, short batch
     (``drop_last=True``, its sampler's length not a multiple of its batch size), or whose ``DistributedSampler``
     drops the dataset's tail (its own ``drop_last=True``, the dataset's length not a multiple of the ranks): a result
-    over it would cover fewer images than the loader's dataset holds, and nothing else would say so. Both dataset paths (``reduce_dataset``,
-    ``iter_dataset``) call it before they read. A loader whose sampler has no length (an ``IterableDataset``) cannot
+    over it would cover fewer images than the loader's dataset holds, and nothing else would say so. Both dataset
+    paths (``reduce_dataset``, ``iter_dataset``) call it before they read. A loader whose sampler has no length (an ``IterableDataset``) cannot
     be told and is passed over."""
     sampler = loader_sampler(source) if isinstance(source, DataLoader) else None
     if isinstance(sampler, DistributedSampler) and not isinstance(sampler, ShardSampler) and sampler.drop_last:

@@ -60,10 +60,7 @@ def resolve_blocks(model: nn.Module, layers: Any) -> list[int]:
         if layers != "all":
             raise LayerSelectError(f"layer={layers!r}: pass 'all', a block index or a list of them")
         return list(range(depth))
-    if isinstance(layers, numbers.Number):  # one index (a bool or a float is refused below)
-        items = [layers]
-    else:
-        items = list(layers)
+    items = [layers] if isinstance(layers, numbers.Number) else list(layers)  # a bool or a float: refused below
     out = []
     for i in items:
         if not is_int(i) or not -depth <= i < depth:

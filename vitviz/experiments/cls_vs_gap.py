@@ -186,13 +186,6 @@ def cls_vs_gap_claims(df: pd.DataFrame, metric: str = "test_acc") -> pd.DataFram
                          "each as the rate its run was trained at, e.g. df.assign(lr=df.lr.map(lambda x: "
                          f"min(LRS, key=lambda r: abs(r - x)))) with LRS = {LRS!r}")
     last = last_epoch_per_seed(df, ("head", "lr"), run_id, "cls_vs_gap_claims")
-    twice = last[last.duplicated(["head", "lr", "seed"], keep=False)]
-    if len(twice):  # one seed would weigh twice in the mean and enter the paired interval twice
-        r = twice.iloc[0]
-        same = (twice["head"] == r["head"]) & (twice.lr == r.lr) & (twice.seed == r.seed)
-        raise InputError(f"cls_vs_gap_claims: run {run_id(r['head'], r.lr, r.seed)} has {int(same.sum())} rows at "
-                         f"epoch {int(r.epoch)} (tables concatenated?), so its seed would count twice; pass one row "
-                         "per run and epoch, e.g. df.drop_duplicates(['head', 'lr', 'seed', 'epoch'])")
     mean = last.groupby(["head", "lr"])[metric].mean().unstack("lr")
     rows = []
     for head, accs in mean.iterrows():

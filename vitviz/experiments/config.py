@@ -47,8 +47,6 @@ class TrainConfig:
         return Path(self.out) / self.model
 
 
-
-
 def check_training_state(state: dict[str, Any], cfg: TrainConfig, fingerprint: dict[str, Any],
                          path: str | os.PathLike) -> int:
     """Refuse to continue (or export) the training state ``state`` (read from ``path``) as the run ``cfg`` on the data

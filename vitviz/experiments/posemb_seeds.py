@@ -197,8 +197,8 @@ def posemb_seed_differences(df: pd.DataFrame, metric: str = "test_acc") -> pd.Da
 
     Raises:
         InputError: ``metric`` is not a column of ``df``; or a run has not reached the last epoch, or the
-            encodings do not share their seeds (``sweep.last_epoch_per_seed``, whose message gives the fix).
-            Or a run has two rows at the last epoch.
+            encodings do not share their seeds, or a run has two rows at the last epoch
+            (``sweep.last_epoch_per_seed``, whose message gives the fix).
     """
     from vitviz.errors import InputError
 
@@ -207,13 +207,6 @@ def posemb_seed_differences(df: pd.DataFrame, metric: str = "test_acc") -> pd.Da
                          "pass test_acc or train_acc (read_posemb_seeds()), or fewshot5 "
                          "(read_posemb_seeds_fewshot())")
     last = last_epoch_per_seed(df, ("encoding",), run_id, "posemb_seed_claims")
-    twice = last[last.duplicated(["encoding", "seed"], keep=False)]
-    if len(twice):  # one seed's value would be two
-        r = twice.iloc[0]
-        raise InputError(f"posemb_seed_claims: run {run_id(r.encoding, r.seed)} has "
-                         f"{int(((twice.encoding == r.encoding) & (twice.seed == r.seed)).sum())} rows at epoch "
-                         f"{int(r.epoch)} (tables concatenated?); pass one row per run and epoch, e.g. "
-                         "df.drop_duplicates(['encoding', 'seed', 'epoch'])")
     per_seed = last.set_index(["encoding", "seed"])[metric].sort_index()
     have = set(last.encoding)
     rows = []

@@ -226,7 +226,8 @@ def last_epoch_per_seed(df: pd.DataFrame, arms: Sequence[str], run_id: Callable[
         InputError: a run has not reached the last epoch (it would drop out of the comparison without a word); the
             message names the runs and the epoch every run reached, to compare at with ``df[df.epoch <= k]``. Or
             the arms do not share their seeds: the seed means would average different seeds and the pairing by seed
-            would drop some; the message names the missing runs.
+            would drop some; the message names the missing runs. Or a run has two rows at the last epoch (tables
+            concatenated): its seed would count twice in the mean and the paired interval.
     """
     keys = [*arms, "seed"]
     reached = df.groupby(keys).epoch.max()
@@ -237,6 +238,13 @@ def last_epoch_per_seed(df: pd.DataFrame, arms: Sequence[str], run_id: Callable[
                          f"of the runs; finish them, or compare at the epoch every run reached: "
                          f"{fix}(df[df.epoch <= {int(reached.min())}])")
     last = df[df.epoch == df.epoch.max()]
+    twice = last[last.duplicated(keys, keep=False)]
+    if len(twice):
+        r = twice.iloc[0]
+        rows = int((twice[keys] == r[keys]).all(axis=1).sum())
+        raise InputError(f"{fix}: run {run_id(*r[keys])} has {rows} rows at epoch {int(r.epoch)} (tables "
+                         "concatenated?), so its seed would count twice; pass one row per run and epoch, e.g. "
+                         f"df.drop_duplicates({[*keys, 'epoch']})")
     have = set(last[keys].itertuples(index=False, name=None))
     arm_values = {k[:-1] for k in have}
     missing = sorted((*a, sd) for a in arm_values for sd in set(last.seed) if (*a, sd) not in have)

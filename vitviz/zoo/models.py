@@ -457,8 +457,10 @@ def _load_reference(name: str, checkpoint: Path | None, **kwargs: Any) -> nn.Mod
     sd = read_state_dict(path)
     check_card_hash(path, name)  # bytes damaged inside the tensor data still parse
     built = _card_model_kwargs(path, name)
-    if built is not None and _architecture(build_reference(name, **built)) != _architecture(model):
-        # refused even when every tensor fits: num_heads, global_pool... change the model, not the shapes
+    # refused even when every tensor fits: num_heads, global_pool... change the model, not the shapes (the card's
+    # model built only where the arguments differ in their spelling)
+    if built is not None and built != kwargs and \
+            _architecture(build_reference(name, **built)) != _architecture(model):
         args = "".join(f", {k}={v!r}" for k, v in built.items())
         given = ", ".join(f"{k}={v!r}" for k, v in kwargs.items()) or "no architecture arguments"
         raise CheckpointError(f"{str(path)!r} does not fit reference model {name!r}; its card says it was built with "
