@@ -184,8 +184,29 @@ def test_families_without_a_common_seed_are_refused_not_a_table_of_nan():
         matched_compute(runs, "A", "B", n=3)
     with pytest.raises(InputError, match="share no seed"):
         gap_trend(runs, "A", "B", n=3)
-    partly = matched_compute(_three_seeds(b_seeds=(1, 2, 3)), "A", "B", n=3)  # the seeds in common pair
+    with pytest.warns(UserWarning, match="matched_compute"):
+        partly = matched_compute(_three_seeds(b_seeds=(1, 2, 3)), "A", "B", n=3)  # the seeds in common pair
     assert list(partly.n_seeds) == [2, 2, 2]
+
+
+def test_seeds_only_one_family_has_are_named_not_dropped_silently():
+    """Seeds one family lacks were left out of the gap silently (only ``n_seeds`` showed it): both functions now
+    warn, naming each family's unpaired seeds; families with the same seeds give no warning."""
+    import warnings
+
+    runs = _three_seeds(a_seeds=(0, 1, 2, 7), b_seeds=(1, 2, 3))
+    msg = r"'A' has seed\(s\) \[0, 7\] that 'B' lacks; 'B' has seed\(s\) \[3\] that 'A' lacks"
+    with pytest.warns(UserWarning, match="matched_compute: " + msg + r".*over the 2 seed\(s\) both"):
+        t = matched_compute(runs, "A", "B", n=3)
+    assert list(t.n_seeds) == [2, 2, 2]
+    with pytest.warns(UserWarning, match="gap_trend: " + msg):
+        assert gap_trend(runs, "A", "B", n=3)["n_seeds"] == 2
+    with pytest.warns(UserWarning, match=r"'A' has seed\(s\) \[2\] that 'B' lacks, so"):
+        matched_compute(_three_seeds(b_seeds=(0, 1)), "A", "B", n=3)
+    with warnings.catch_warnings():
+        warnings.simplefilter("error")
+        matched_compute(_three_seeds(), "A", "B", n=3)
+        gap_trend(_three_seeds(), "A", "B", n=3)
 
 
 def test_a_grid_outside_the_shared_range_is_refused_not_dropped():

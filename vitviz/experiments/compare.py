@@ -17,7 +17,8 @@ pairing is not arbitrary: the seed sets every epoch's shuffling and crop-and-fli
 (``vitviz.experiments.train``), so one seed's runs of every family and size see the same images in the same batches
 with the same crops and flips (only their initial weights differ, the architectures being different). The seeds are
 independent of each other, so the per-seed gaps are, and their spread estimates the gap's own variance (a paired
-t-interval); two families without a seed in common are refused. Every mean carries a 95% Student-t interval over
+t-interval); two families without a seed in common are refused, and seeds only one family has are left out
+with a ``UserWarning`` naming them. Every mean carries a 95% Student-t interval over
 the seeds: ``mean +- t_{0.975, n-1} * sd / sqrt(n)``, cut to the accuracy's range (0 ... 100 %; a gap: -100 ... 100
 points; ``vitviz.analysis.intervals``), which the accuracy columns must hold (``check_percent``). Runs without a
 compute or an accuracy (NaN) are refused, not left out.
@@ -28,6 +29,7 @@ with the same number of runs per seed; the gap, not the level, is the quantity c
 
 from __future__ import annotations
 
+import warnings
 from collections.abc import Sequence
 
 import numpy as np
@@ -203,7 +205,7 @@ def matched_compute(runs: pd.DataFrame, a: str = "Hybrid", b: str = "Transformer
             raise InputError(f"grid={outside[0]:g} lies outside the compute range both {a!r} and {b!r} cover "
                              f"({lo:.4g} ... {hi:.4g} in {x}); nothing is extrapolated: pass grid values inside it, "
                              "or grid=None for n points over it")
-    _check_shared_seeds(runs, a, b)
+    _check_shared_seeds(runs, a, b, "matched_compute")
     curves = family_curves(runs, grid, (a, b), metric, x)
     wide = curves.pivot(index=[x, "seed"], columns="family", values=metric).reset_index()
     rows = []
@@ -237,9 +239,10 @@ def check_one_training_set(runs: pd.DataFrame, families: Sequence[str]) -> None:
                          f"runs[runs.train_images == {int(sizes[0])}]")
 
 
-def _check_shared_seeds(runs: pd.DataFrame, a: str, b: str) -> None:
+def _check_shared_seeds(runs: pd.DataFrame, a: str, b: str, caller: str) -> None:
     """Refuse two families with no seed in common: the gap is taken seed by seed, so there would be nothing to pair
-    (a table of NaN). Rows without a ``seed`` column (the paper's table) are one seed."""
+    (a table of NaN). Seeds only one family has are left out of the comparison, with a ``UserWarning`` naming them
+    (only ``n_seeds`` showed it). Rows without a ``seed`` column (the paper's table) are one seed."""
     if "seed" not in runs:
         return
     seeds = {fam: set(runs.loc[runs["family"] == fam, "seed"].dropna().astype(int)) for fam in (a, b)}
@@ -247,6 +250,12 @@ def _check_shared_seeds(runs: pd.DataFrame, a: str, b: str) -> None:
         raise InputError(f"families {a!r} (seeds {sorted(seeds[a])}) and {b!r} (seeds {sorted(seeds[b])}) share no "
                          "seed: the gap is taken seed by seed (a seed's runs see the same batches and augmentations "
                          "in every family), so nothing pairs; train both families with the same seeds (--seeds)")
+    only = [f"{fam!r} has seed(s) {sorted(seeds[fam] - seeds[other])} that {other!r} lacks"
+            for fam, other in ((a, b), (b, a)) if seeds[fam] - seeds[other]]
+    if only:  # those seeds' runs get no gap: say so, rather than let the table look complete
+        warnings.warn(f"{caller}: {'; '.join(only)}, so they are left out (the gap is taken seed by seed over the "
+                      f"{len(seeds[a] & seeds[b])} seed(s) both families have); train both families with the same "
+                      "seeds (--seeds), or drop the unpaired runs first", UserWarning, stacklevel=3)
 
 
 def gap_trend(runs: pd.DataFrame, a: str = "Hybrid", b: str = "Transformer (ViT)", *, n: int = 7,
@@ -262,7 +271,7 @@ def gap_trend(runs: pd.DataFrame, a: str = "Hybrid", b: str = "Transformer (ViT)
         raise InputError(f"n={n}: a slope needs at least 2 compute points; pass n >= 2 (e.g. 7)")
     check_one_training_set(runs, (a, b))
     grid = compute_grid(runs, (a, b), n)
-    _check_shared_seeds(runs, a, b)
+    _check_shared_seeds(runs, a, b, "gap_trend")
     curves = family_curves(runs, grid, (a, b), metric)
     wide = curves.pivot_table(index=["seed", "train_pflops"], columns="family", values=metric).reset_index()
     slopes = []
