@@ -210,3 +210,24 @@ def test_more_per_image_labels_than_image_ids_for_an_iterable_data_set_name_both
     with pytest.raises(InputError, match=r"^labels holds 4 class indices but image_ids holds fewer ids \(3\)"):
         vitviz.faithfulness(model, _Stream(torch.randn(3, 3, 32, 48)), ["random"], labels=[0, 1, 2, 3],
                             image_ids=[5, 6, 7], out=tmp_path / "curves.csv", **RUN)
+
+
+@pytest.mark.parametrize("extra, what", [(dict(image_ids=[5, 6, 7, 8]), r"image_ids holds 4 ids"),
+                                         (dict(target=[0, 1, 2, 3]), r"target holds 4 class indices"),
+                                         (dict(labels=[0, 1, 2, 3]), r"labels holds 4 class indices"),
+                                         (dict(methods={"m": torch.rand(4, 4, 6)}), r"methods\['m'\] holds 4 maps")])
+def test_too_many_per_image_values_for_an_iterable_data_set_are_refused_when_it_ends(extra, what, tmp_path):
+    # a counted input refuses another number of per-image values up front; extra values for an iterable data set
+    # were accepted silently (matched to no image): they are refused once its images are counted, the rows of the
+    # images it yielded kept in out=
+    model = tiny_timm_vit()
+    out = tmp_path / "curves.csv"
+    kw = {"methods": ["random"], **RUN, "batch_size": 2, **extra}
+    with pytest.raises(InputError, match=rf"^{what} but the data set yielded 3 images; give one per image"):
+        vitviz.faithfulness(model, _Stream(torch.randn(3, 3, 32, 48)), out=out, **kw)
+    import pandas as pd
+
+    assert pd.read_csv(out)["image"].nunique() == 3
+    exact = {k: (v[:3] if isinstance(v, list) else {n: m[:3] for n, m in v.items()}) for k, v in extra.items()}
+    df = vitviz.faithfulness(model, _Stream(torch.randn(3, 3, 32, 48)), **{**kw, **exact})
+    assert df["image"].nunique() == 3

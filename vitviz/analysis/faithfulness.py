@@ -288,7 +288,8 @@ def faithfulness(
         model: any ViT ``vitviz.inspect`` reads (on the GPU if it is there: everything runs on its device).
         images: a normalised ``(B, 3, H, W)`` batch, a list (anything ``iter_batches`` takes), or a whole dataset:
             a folder of images, a ``torch.utils.data.Dataset`` (an ``IterableDataset`` too: ids counted as its
-            images come) or a ``DataLoader`` that reads in dataset order (``shuffle=False``; a shuffling or sampling
+            images come; per-image ``image_ids=``, ``target=``, ``labels=`` or maps of another number than the
+            images it yields are refused, too few when the image without one comes, too many at its end) or a ``DataLoader`` that reads in dataset order (``shuffle=False``; a shuffling or sampling
             loader is refused, as its images could not be matched to their ids, targets, labels and maps). Every
             batch gets the checks of a tensor input (3 channels, floating point, finite values).
         methods: what to evaluate: ``vitviz.explain`` method names; callables ``f(model, images, target) -> (B,
@@ -419,10 +420,10 @@ def faithfulness(
         from tqdm.auto import tqdm
 
         bar = tqdm(total=len(todo) if todo is not None else None, desc="faithfulness", unit="img")
-    read = False  # whether the data set yielded any image (an iterable one is counted as it comes)
+    yielded = 0  # the images the data set yielded (an iterable one is counted as they come)
     try:
         for x, loaded, pos in batches:
-            read = True
+            yielded = max(yielded, max(pos, default=-1) + 1)
             if todo is None:  # an iterable dataset: skip what out= holds
                 keep = [i for i, p in enumerate(pos) if image_id(p) not in done]
                 if not keep:
@@ -442,9 +443,36 @@ def faithfulness(
     finally:
         if bar is not None:
             bar.close()
-    if not read and total is None:
-        raise ImageInputError(_no_images(images, "yielded"))
+    if total is None:
+        if not yielded:
+            raise ImageInputError(_no_images(images, "yielded"))
+        _check_counted(yielded, image_ids, image_id, target_all, labels_all, table)
     return _finish(pd, frames, how, seed, steps, labels, spec.readout.describe(spec.prefix_tokens))
+
+
+def _check_counted(yielded: int, image_ids: Any, image_id: Callable[[int], Hashable], target_all: Any,
+                   labels_all: Any, table: Mapping[str, Any]) -> None:
+    """Refuse per-image values beyond the ``yielded`` images of an iterable data set, as a counted input refuses
+    another number up front: an extra value is one the run matched to no image (most often values of another
+    selection, or in another order). Too few were refused as the image without one came (``_batch``)."""
+    n_ids = None
+    if image_ids is not None:  # the ids image_id_of kept: it refuses the first position past them
+        n_ids = yielded
+        while True:
+            try:
+                image_id(n_ids)
+            except InputError:
+                break
+            n_ids += 1
+    counts = [("image_ids", n_ids, "ids"), ("target", None if target_all is None else len(target_all),
+                                             "class indices"),
+              ("labels", None if labels_all is None else len(labels_all), "class indices"),
+              *((f"methods[{n!r}]", len(m), "maps") for n, m in table.items() if isinstance(m, torch.Tensor))]
+    for what, n, kind in counts:
+        if n is not None and n != yielded:
+            raise InputError(f"{what} holds {n} {kind} but the data set yielded {yielded} images; give one per "
+                             f"image (the rows of the {yielded} images are computed, and written to out= where it "
+                             "is given)")
 
 
 def _no_images(images: Any, verb: str) -> str:
