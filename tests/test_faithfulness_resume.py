@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import copy
 import json
+import re
 
 import pandas as pd
 import pytest
@@ -287,3 +288,41 @@ def test_per_image_labels_or_targets_grow_a_chunked_run_but_never_change_for_a_w
     assert sorted(more["image"].unique()) == list(range(6))
     again = vitviz.faithfulness(model, x, out=out, **{arg: classes}, **kw)  # nothing to score: the written rows
     pd.testing.assert_frame_equal(again[again["image"] < 4].reset_index(drop=True), grown, check_exact=True)
+
+
+
+def killed(monkeypatch, model, images, out, **kw):
+    """Run until the second batch raises (a kill): ``out`` holds the first batch's rows."""
+    batch = fa._batch
+    calls = []
+
+    def dies(*a, **k):
+        calls.append(1)
+        if len(calls) == 2:
+            raise KeyboardInterrupt
+        return batch(*a, **k)
+
+    monkeypatch.setattr(fa, "_batch", dies)
+    with pytest.raises(KeyboardInterrupt):
+        vitviz.faithfulness(model, images, out=out, **kw)
+    monkeypatch.setattr(fa, "_batch", batch)
+
+
+@pytest.mark.parametrize("first, then, column", [
+    (dict(modes=["positive", "deletion"]), dict(modes=["deletion", "positive"]), "modes"),
+    (dict(methods=["rollout", "random"]), dict(methods=["random", "rollout"]), "methods")])
+def test_a_rerun_with_the_modes_or_methods_in_another_order_is_refused(tmp_path, monkeypatch, first, then, column):
+    # the fingerprint compares modes (sorted) and methods (a dict) regardless of their order, so a rerun given them
+    # in another order continued the file: its table held the old images' rows in the old order and the new ones in
+    # the new, equal to no fresh run; it is refused, naming the order that continues the file
+    model = tiny_timm_vit()
+    x = torch.randn(4, 3, 32, 48)
+    kw = {**RUN, "methods": ["random"], **first}
+    out = tmp_path / "curves.csv"
+    killed(monkeypatch, model, x, out, **kw)
+    with pytest.raises(CheckpointError, match=rf"out='{out}' was written with the {column} in the order "
+                                              rf"{re.escape(repr(first[column]))}, this run gives "
+                                              rf"{re.escape(repr(then[column]))}"):
+        vitviz.faithfulness(model, x, out=out, **{**kw, **then})
+    resumed = vitviz.faithfulness(model, x, out=out, **kw)  # the order that wrote it continues it
+    pd.testing.assert_frame_equal(resumed, vitviz.faithfulness(model, x, **kw), check_exact=True)

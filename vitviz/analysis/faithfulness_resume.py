@@ -16,7 +16,9 @@ and ``target=`` (one class index per image) are kept the same way, id by id (``c
 give the new images their own labels, but an id whose rows ``out`` holds must keep the class it was scored with: a
 rerun that gives it another is refused, never answered from rows scored against the old one. A data set's images
 are numbered by ``image_offset`` or ``image_ids``, which its fingerprint holds (``ids_key``): the same data set
-numbered otherwise is refused.
+numbered otherwise is refused. The rows keep the order of the run that wrote them, so a rerun given the same methods
+or modes in another order (which the fingerprint, holding them as a set, lets pass) is refused too (``check_rows``):
+its table would equal no fresh run's.
 
 The rows themselves are checked too (``check_rows``): vitviz writes ``out`` atomically, but a file cut off or edited
 by another program (an interrupted copy, a hand edit) may lack rows of an image, or hold values no run writes; such a
@@ -370,6 +372,16 @@ def check_rows(prev: Any, out: Any, layout: Layout, advice: str) -> None:
                               + f" ({counts}), where this run writes {n} per image, one per method, mode and "
                               f"step ({len(layout.methods)} x {len(layout.modes)} x {len(layout.fractions)}) "
                               f"{damaged}; " + advice)
+    # the fingerprint holds the modes sorted and the methods as a dict, so another order passes it; but the rows
+    # keep the order of the run that wrote them (every image has every method and mode, so their first rows show
+    # it): continued in another order, the table would equal no fresh run's
+    for column in ("methods", "modes"):
+        written, now = list(dict.fromkeys(prev[column[:-1]])), list(getattr(layout, column))
+        if written and written != now:
+            raise CheckpointError(f"{where} was written with the {column} in the order {written!r}, this run gives "
+                                  f"{now!r}: its rows keep the order of the run that wrote them, so the table would "
+                                  f"equal no fresh run's; pass {column}= in the order {written!r} to continue it, or "
+                                  + advice)
 
 
 def image_id_of(image_ids: Sequence[Hashable] | None, image_offset: int,
