@@ -108,6 +108,7 @@ def test_the_sweep_trains_resumes_and_measures_few_shot_on_a_tiny_folder(tmp_pat
     from vitviz.experiments.posemb_seeds import (
         PosembSeedsConfig,
         fewshot,
+        fewshot_metric,
         read_posemb_seeds,
         read_posemb_seeds_fewshot,
         run_sweep,
@@ -134,7 +135,9 @@ def test_the_sweep_trains_resumes_and_measures_few_shot_on_a_tiny_folder(tmp_pat
     assert read_posemb_seeds_fewshot(results=kw["results"]).equals(mean)  # found from its sweep's results
     with pytest.raises(InputError, match="both name a table"):
         read_posemb_seeds_fewshot(tmp_path / "r_fewshot.csv", results=kw["results"])
-    assert mean.draws.eq(2).all() and set(mean.columns) >= {"encoding", "seed", "epoch", "fewshot5"}
+    # 1-shot accuracies are named after their shot count (they were named fewshot5, drawn as "5-shot")
+    assert mean.draws.eq(2).all() and set(mean.columns) >= {"encoding", "seed", "epoch", "fewshot1"}
+    assert "fewshot5" not in mean and fewshot_metric(mean) == "fewshot1"
     two = {**kw, "epochs": 2, "out": str(tmp_path / "two"), "results": str(tmp_path / "two" / "r.csv")}
     run_sweep(PosembSeedsConfig(**two))
     assert fewshot(PosembSeedsConfig(**two), shots=1, seeds=(0,), test_per_class=2).epoch.tolist() == [2, 2]
@@ -429,3 +432,30 @@ def test_the_few_shot_reader_refuses_runs_that_do_not_hold_the_same_draws(tmp_pa
     pd.concat([_fewshot_rows({}), _fewshot_rows({}, shots=10)]).to_csv(path, index=False)
     with pytest.raises(InputError, match=r"shots.*\[5, 10\]"):
         read_posemb_seeds_fewshot(path)
+
+
+def test_a_few_shot_table_is_named_and_labelled_with_its_own_shot_count(tmp_path):
+    """A table of 1-shot accuracies was read as ``fewshot5`` and drawn under "CIFAR-10 5-shot linear top-1": the
+    column is now ``fewshot<K>`` (K the table's shots), the figure's title says K; a table without ``shots``
+    (whose count the name would guess) is refused."""
+    import vitviz
+    from vitviz.experiments.posemb_seeds import fewshot_metric, posemb_seed_claims, read_posemb_seeds_fewshot
+
+    path = tmp_path / "f.csv"
+    _fewshot_rows({}, shots=1).to_csv(path, index=False)
+    one = read_posemb_seeds_fewshot(path)
+    assert "fewshot5" not in one and fewshot_metric(one) == "fewshot1"
+    assert one.fewshot1.tolist() == pytest.approx(
+        _fewshot_rows({}).groupby(["encoding", "run_seed"], sort=True).accuracy.mean().tolist())
+    assert posemb_seed_claims(one, "fewshot1").measure.eq("fewshot1").all()
+    ax = vitviz.plot_posemb_seeds(one, metric="fewshot1")
+    assert ax.get_title() == "CIFAR-10 1-shot linear top-1"
+    _fewshot_rows({}).to_csv(path, index=False)
+    five = read_posemb_seeds_fewshot(path)
+    assert fewshot_metric(five) == "fewshot5"
+    assert vitviz.plot_posemb_seeds(five, metric="fewshot5").get_title() == "CIFAR-10 5-shot linear top-1"
+    _fewshot_rows({}).drop(columns="shots").to_csv(path, index=False)
+    with pytest.raises(InputError, match=r"read_posemb_seeds_fewshot: the table has no shots column"):
+        read_posemb_seeds_fewshot(path)
+    with pytest.raises(InputError, match=r"df holds no few-shot accuracy columns"):
+        fewshot_metric(five.drop(columns="fewshot5"))

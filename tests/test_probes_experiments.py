@@ -301,6 +301,7 @@ def test_fewshot_by_epoch_scores_every_kept_epoch(tiny_folder, tmp_path):
         read_fewshot_by_epoch,
         train_config,
     )
+    from vitviz.plot.probes import plot_cls_vs_gap
     from vitviz.zoo.reference import build_reference
 
     cfg = ClsGapConfig(data=str(tiny_folder), out=str(tmp_path / "runs"), results=str(tmp_path / "r.csv"),
@@ -321,7 +322,10 @@ def test_fewshot_by_epoch_scores_every_kept_epoch(tiny_folder, tmp_path):
         np.testing.assert_allclose(raw[raw.epoch == epoch].accuracy.to_numpy(), direct.accuracy.to_numpy())
     mean = read_fewshot_by_epoch(tmp_path / "r_fewshot.csv")  # named after its sweep's results, r.csv
     assert list(mean.columns[:4]) == ["head", "lr", "seed", "epoch"] and (mean.draws == 2).all()
-    assert mean.fewshot5.tolist() == pytest.approx(raw.groupby("epoch").accuracy.mean().tolist())
+    assert "fewshot5" not in mean  # 2-shot accuracies: named (and labelled) 2-shot, not 5-shot
+    assert mean.fewshot2.tolist() == pytest.approx(raw.groupby("epoch").accuracy.mean().tolist())
+    ax = plot_cls_vs_gap(mean, metric="fewshot2")
+    assert ax.get_ylabel().startswith("CIFAR-10 2-shot linear top-1")
 
 
 def test_cls_vs_gap_claims_refuse_runs_that_did_not_reach_the_last_epoch():

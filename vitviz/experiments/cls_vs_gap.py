@@ -199,7 +199,7 @@ def cls_vs_gap_claims(df: pd.DataFrame, metric: str = "test_acc") -> pd.DataFram
         b = out.set_index("head")
         per_seed = last.set_index(["head", "lr", "seed"])[metric].sort_index()
         cls_lr = b.loc["cls", "best_lr"]
-        bounds = PERCENT_DIFFERENCE if metric in PERCENT_METRICS else None
+        bounds = PERCENT_DIFFERENCE if metric in PERCENT_METRICS or str(metric).startswith("fewshot") else None
         for name, gap_lr in (("gap_best", b.loc["gap", "best_lr"]), ("gap_at_cls_lr", cls_lr)):
             if ("gap", gap_lr) not in per_seed.index:  # GAP never trained at the class token's rate
                 out[name] = out[f"{name}_low"] = out[f"{name}_high"] = float("nan")
@@ -212,7 +212,8 @@ def cls_vs_gap_claims(df: pd.DataFrame, metric: str = "test_acc") -> pd.DataFram
 
 def read_fewshot_by_epoch(path: str | Path | None = None) -> pd.DataFrame:
     """``fewshot_by_epoch.csv`` averaged over the few-shot draws: one row per run and epoch, with ``head, lr, seed,
-    epoch, fewshot5`` (mean 5-shot linear top-1 %, Fig. 9's measure) and ``draws``; ready for
+    epoch, fewshot5`` (mean 5-shot linear top-1 %, Fig. 9's measure; ``fewshot<K>`` for a table of K shots) and
+    ``draws``; ready for
     ``plot_cls_vs_gap(..., metric="fewshot5")`` and ``cls_vs_gap_claims(..., metric="fewshot5")``. A run missing a
     draw (or holding one twice) is refused (``posemb_seeds.mean_over_draws``)."""
     raw = shipped_csv(path, str(Path(RESULTS).with_name("fewshot_by_epoch.csv")),

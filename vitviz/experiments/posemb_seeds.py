@@ -22,6 +22,7 @@ is rewritten atomically after every epoch.
 from __future__ import annotations
 
 import argparse
+import re
 import sys
 from dataclasses import dataclass
 from pathlib import Path
@@ -145,8 +146,9 @@ def read_posemb_seeds(path: str | Path | None = None) -> pd.DataFrame:
 
 def read_posemb_seeds_fewshot(path: str | Path | None = None, *, results: str | Path | None = None) -> pd.DataFrame:
     """``posemb_seeds_fewshot.csv`` averaged over the few-shot draws: one row per run and epoch, with ``encoding,
-    pos_emb, seed, epoch, fewshot5`` (mean 5-shot linear top-1 %) and ``draws``; ready for
-    ``posemb_seed_claims(..., metric="fewshot5")``. ``results``: instead of ``path``, the results CSV of the sweep
+    pos_emb, seed, epoch, fewshot<K>`` (mean K-shot linear top-1 %, K the table's ``shots``: ``fewshot5`` for the
+    committed tables and ``--fewshot``) and ``draws``; ready for ``posemb_seed_claims(..., metric="fewshot5")``
+    (``fewshot_metric(df)`` names the column). ``results``: instead of ``path``, the results CSV of the sweep
     whose few-shot table to read (the table ``--fewshot`` wrote beside it, ``sweep.fewshot_results``)."""
     if results is not None:
         if path is not None:
@@ -162,10 +164,12 @@ def read_posemb_seeds_fewshot(path: str | Path | None = None, *, results: str | 
 
 def mean_over_draws(raw: pd.DataFrame, keys: list[str], what: str) -> pd.DataFrame:
     """A sweep's few-shot table (one row per run, epoch and draw) averaged over the draws per ``keys`` (the run
-    and epoch, ``run_seed`` among them): ``fewshot5`` and ``draws``, with ``run_seed`` named ``seed``.
+    and epoch, ``run_seed`` among them): ``fewshot<K>`` (``K``: the table's ``shots``, so that the name says the
+    shot count the accuracies were measured at) and ``draws``, with ``run_seed`` named ``seed``.
 
     Raises:
-        InputError: the table holds several shot counts, layers or probes (their mean is no one measure); or a run
+        InputError: the table has no ``shots`` column (the name would guess it), holds several shot counts, layers
+            or probes (their mean is no one measure); or a run
             does not hold every draw of the table once (a draw missing or repeated): its mean would be over other
             few-shot images than the runs it is paired with.
     """
@@ -176,6 +180,11 @@ def mean_over_draws(raw: pd.DataFrame, keys: list[str], what: str) -> pd.DataFra
         if len(values) > 1:
             raise InputError(f"{what}: the table holds {col} {values}, whose accuracies would be averaged into one "
                              f"measure; pass the rows of one, e.g. raw[raw.{col} == {values[0]!r}]")
+    if "shots" not in raw or raw.empty:
+        raise InputError(f"{what}: the table has no shots column ({', '.join(map(str, raw.columns))}), so the shot "
+                         "count its accuracies were measured at is unknown; pass the table linear_fewshot wrote "
+                         "(or add the column: raw.assign(shots=K))")
+    column = f"fewshot{int(raw['shots'].iloc[0])}"
     if "seed" in raw:
         every = sorted(int(d) for d in raw["seed"].unique())
         for key, part in raw.groupby(keys):
@@ -187,8 +196,24 @@ def mean_over_draws(raw: pd.DataFrame, keys: list[str], what: str) -> pd.DataFra
                                  "is paired with; measure the missing draws (or drop the repeated rows), or keep the "
                                  "draws every run holds: raw[raw.seed.isin([...])]")
     g = raw.groupby(keys).accuracy
-    out = pd.concat([g.mean().rename("fewshot5"), g.size().rename("draws")], axis=1).reset_index()
+    out = pd.concat([g.mean().rename(column), g.size().rename("draws")], axis=1).reset_index()
     return out.rename(columns={"run_seed": "seed"})
+
+
+def fewshot_metric(df: pd.DataFrame) -> str:
+    """The few-shot accuracy column of a table ``mean_over_draws`` made (``fewshot<K>``, K its shot count).
+
+    Raises:
+        InputError: ``df`` holds no such column, or several.
+    """
+    from vitviz.errors import InputError
+
+    found = [c for c in df.columns if re.fullmatch(r"fewshot[0-9]+", str(c))]
+    if len(found) != 1:
+        raise InputError(f"df holds {'no' if not found else len(found)} few-shot accuracy columns (fewshot<K>"
+                         f"{': ' + ', '.join(found) if found else ''}; columns {', '.join(map(str, df.columns))}); "
+                         "pass the table read_posemb_seeds_fewshot() or read_fewshot_by_epoch() returns")
+    return found[0]
 
 
 def posemb_seed_differences(df: pd.DataFrame, metric: str = "test_acc") -> pd.DataFrame:
@@ -204,8 +229,8 @@ def posemb_seed_differences(df: pd.DataFrame, metric: str = "test_acc") -> pd.Da
 
     if metric not in df:
         raise InputError(f"posemb_seed_claims: metric={metric!r} is not a column of df ({', '.join(df.columns)}); "
-                         "pass test_acc or train_acc (read_posemb_seeds()), or fewshot5 "
-                         "(read_posemb_seeds_fewshot())")
+                         "pass test_acc or train_acc (read_posemb_seeds()), or fewshot5 (fewshot<K> at K "
+                         "shots: read_posemb_seeds_fewshot())")
     last = last_epoch_per_seed(df, ("encoding",), run_id, "posemb_seed_claims")
     per_seed = last.set_index(["encoding", "seed"])[metric].sort_index()
     have = set(last.encoding)
@@ -293,7 +318,8 @@ def main(argv: list[str] | None = None) -> int:
         torch.set_num_threads(a.threads)
     if a.fewshot:
         fewshot(cfg)
-        print(posemb_seed_claims(read_posemb_seeds_fewshot(results=cfg.results), "fewshot5").to_string(), flush=True)
+        shots = read_posemb_seeds_fewshot(results=cfg.results)
+        print(posemb_seed_claims(shots, fewshot_metric(shots)).to_string(), flush=True)
         return 0
     run_sweep(cfg, progress=a.progress)
     print(posemb_seed_claims(read_posemb_seeds(cfg.results)).to_string(), flush=True)

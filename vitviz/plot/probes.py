@@ -4,6 +4,8 @@ seeds (``plot_posemb_seeds``)."""
 
 from __future__ import annotations
 
+import re
+
 import matplotlib as mpl
 import numpy as np
 import pandas as pd
@@ -82,7 +84,8 @@ def plot_cls_vs_gap(df: pd.DataFrame, *, ax: Axes | None = None, metric: str = "
         df: ``vitviz.experiments.cls_vs_gap.read_cls_vs_gap()`` rows (``head, lr, seed, epoch`` and ``metric``);
             several seeds are averaged, their range (lowest to highest seed) shaded; the legend's title says so.
         ax: the Axes (default: a new figure).
-        metric: the column to draw (``test_acc``: CIFAR-10 test top-1 %, or ``fewshot5`` when present).
+        metric: the column to draw (``test_acc``: CIFAR-10 test top-1 %, or ``fewshot5`` when present: ``fewshot<K>``
+            for K shots, labelled with its K).
 
     Returns:
         the Axes.
@@ -109,8 +112,8 @@ def plot_cls_vs_gap(df: pd.DataFrame, *, ax: Axes | None = None, metric: str = "
         if seeds > 1:
             ax.fill_between(mean.index, by.min().values, by.max().values, color=colors[lr], alpha=0.2, linewidth=0)
     ax.set_xlabel("Epochs of training")
-    ax.set_ylabel({"test_acc": label("CIFAR-10 test top-1", "%"),
-                   "fewshot5": label("CIFAR-10 5-shot linear top-1", "%")}.get(metric, metric))
+    name = _measure_name(metric)
+    ax.set_ylabel(label(name, "%") if name != metric else metric)
     ax.grid(alpha=0.3)
     many = int(counts.max()) > 1
     title = (f"mean of {int(counts.max())} seeds, band: their range" if many and same
@@ -120,8 +123,13 @@ def plot_cls_vs_gap(df: pd.DataFrame, *, ax: Axes | None = None, metric: str = "
 
 
 _ENCODING_NAMES = {"none": "none", "1d": "1-D", "2d": "2-D"}
-_MEASURE_NAMES = {"test_acc": "CIFAR-10 test top-1", "train_acc": "CIFAR-10 train top-1",
-                  "fewshot5": "CIFAR-10 5-shot linear top-1"}
+_MEASURE_NAMES = {"test_acc": "CIFAR-10 test top-1", "train_acc": "CIFAR-10 train top-1"}
+
+
+def _measure_name(metric: str) -> str:
+    """A measure's name for a label: ``fewshot<K>`` (``mean_over_draws``) says its own shot count."""
+    shots = re.fullmatch(r"fewshot([0-9]+)", str(metric))
+    return f"CIFAR-10 {shots[1]}-shot linear top-1" if shots else _MEASURE_NAMES.get(metric, metric)
 
 
 @styled
@@ -134,7 +142,7 @@ def plot_posemb_seeds(df: pd.DataFrame, *, ax: Axes | None = None, metric: str =
         df: ``vitviz.experiments.posemb_seeds.read_posemb_seeds()`` rows (or ``read_posemb_seeds_fewshot()`` with
             ``metric="fewshot5"``); the last epoch of every run is compared (``posemb_seed_claims``).
         ax: the Axes (default: a new figure).
-        metric: the column compared (``test_acc``, ``train_acc`` or ``fewshot5``).
+        metric: the column compared (``test_acc``, ``train_acc`` or ``fewshot5``: ``fewshot<K>`` for K shots).
 
     Returns:
         the Axes.
@@ -169,7 +177,7 @@ def plot_posemb_seeds(df: pd.DataFrame, *, ax: Axes | None = None, metric: str =
     ax.axvline(0.0, color="0.3", linewidth=0.8, zorder=0)
     ax.set_yticks(y, names)
     ax.set_ylim(y.min() - 0.6, y.max() + 1.4)  # room above for the legend
-    ax.set_title(_MEASURE_NAMES.get(metric, metric), fontsize="medium")
+    ax.set_title(_measure_name(metric), fontsize="medium")
     ax.set_xlabel(label("Difference", "percentage points"))
     ax.grid(axis="x", alpha=0.3)
     handles, names = ax.get_legend_handles_labels()
@@ -197,7 +205,8 @@ def sweep_budget(runs: pd.DataFrame) -> str:
 @styled
 def plot_posemb_seeds_grid(runs: pd.DataFrame | None = None, fewshot: pd.DataFrame | None = None) -> Figure:
     """``plot_posemb_seeds`` for both measures side by side: CIFAR-10 test top-1 after the last epoch (left) and
-    5-shot linear accuracy of the same weights' pre-logits (right, Table 8's measure), one legend, titled with the
+    few-shot linear accuracy of the same weights' pre-logits (right, Table 8's measure: 5 shots in the committed
+    tables; the panel's title says the table's shot count), one legend, titled with the
     sweep's budget (``sweep_budget``: seeds, training images, epochs, test images).
 
     Args:
@@ -208,12 +217,12 @@ def plot_posemb_seeds_grid(runs: pd.DataFrame | None = None, fewshot: pd.DataFra
     Returns:
         the figure.
     """
-    from vitviz.experiments.posemb_seeds import read_posemb_seeds, read_posemb_seeds_fewshot
+    from vitviz.experiments.posemb_seeds import fewshot_metric, read_posemb_seeds, read_posemb_seeds_fewshot
 
     if runs is None:
         runs = read_posemb_seeds()
         fewshot = read_posemb_seeds_fewshot() if fewshot is None else fewshot
-    panels = [("test_acc", runs)] + ([("fewshot5", fewshot)] if fewshot is not None else [])
+    panels = [("test_acc", runs)] + ([(fewshot_metric(fewshot), fewshot)] if fewshot is not None else [])
     budget = sweep_budget(runs)
     fig = new_figure((FIGSIZE["wide"][0], 2.9 + 0.25 * bool(budget)) if len(panels) == 2 else FIGSIZE["single"])
     fig.set_layout_engine("constrained")

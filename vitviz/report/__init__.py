@@ -261,6 +261,7 @@ def _global_jobs() -> list[tuple[str, Job]]:
     from vitviz.errors import DataNotFoundError
     from vitviz.experiments.posemb_seeds import (
         SWEEPS,
+        fewshot_metric,
         posemb_seed_claims,
         read_posemb_seeds,
         read_posemb_seeds_fewshot,
@@ -276,7 +277,8 @@ def _global_jobs() -> list[tuple[str, Job]]:
         def posemb_seeds(runs: Any = runs, shots: Any = shots) -> tuple[Any, dict[str, np.ndarray]]:
             import pandas as pd
 
-            claims = pd.concat([posemb_seed_claims(runs), posemb_seed_claims(shots, "fewshot5")], ignore_index=True)
+            claims = pd.concat([posemb_seed_claims(runs), posemb_seed_claims(shots, fewshot_metric(shots))],
+                               ignore_index=True)
             return vitviz.plot_posemb_seeds_grid(runs, shots), _columns(claims, (
                 "measure", "arm", "minus", "difference", "low", "high", "paper", "seeds"))
 
