@@ -301,3 +301,34 @@ def test_gradcam_refuses_a_layer_that_names_no_module_naming_the_default(layer):
         vitviz.explain(model, x, "gradcam", layer=layer)
     torch.testing.assert_close(vitviz.explain(model, x, "gradcam", layer=None),
                                vitviz.explain(model, x, "gradcam", layer=gradcam_layer(model)))
+
+
+def test_gradcam_has_no_default_layer_on_parallel_branches_and_reads_a_parallel_scaling_blocks_one_norm():
+    """timm's ParallelThingsBlock reads its input through one norm per branch: the default layer was branch 0's
+    attention norm, a map of one branch passed off as the block's; it is refused, naming the branches, their norms
+    and the previous block, and layer= still reads any. ParallelScalingBlock (one in_norm feeding attention and MLP)
+    was refused as having no residual block: it reads that norm."""
+    import re
+
+    import timm
+    from conftest import tiny_parallel
+
+    model = timm.create_model("vit_small_patch16_18x2_224", pretrained=False, img_size=32, patch_size=8, depth=2,
+                              embed_dim=32, num_heads=2, num_classes=5).eval()
+    x = torch.randn(2, 3, 32, 32)
+    match = (r"the last block 'blocks\.1' \(ParallelThingsBlock\) runs 2 attention branches in parallel "
+             r"\('blocks\.1\.attns\.0\.attn', 'blocks\.1\.attns\.1\.attn'\).*'blocks\.1\.attns\.0\.norm', "
+             r"'blocks\.1\.attns\.1\.norm', 'blocks\.1\.ffns\.0\.norm', 'blocks\.1\.ffns\.1\.norm'\).*one branch only"
+             r".*layer='blocks\.1\.attns\.0\.norm', or layer='blocks\.0', the previous block")
+    with pytest.raises(InputError, match=match):
+        gradcam_layer(model)
+    with pytest.raises(InputError, match=match):
+        vitviz.explain(model, x, "gradcam")
+    assert vitviz.explain(model, x, "gradcam", layer="blocks.0").shape == (2, 4, 4)
+    with pytest.raises(InputError, match=re.escape("layer='' is not a module name") + ".*no default"):
+        vitviz.explain(model, x, "gradcam", layer="")
+    scaling = tiny_parallel("parallel")
+    assert gradcam_layer(scaling) == "blocks.1.in_norm"
+    x = torch.randn(2, 3, 32, 48)
+    torch.testing.assert_close(vitviz.explain(scaling, x, "gradcam", target=[0, 2]),
+                               vitviz.explain(scaling, x, "gradcam", target=[0, 2], layer="blocks.1.in_norm"))

@@ -214,17 +214,61 @@ def token_reshape(spec: ViTSpec, grid: tuple[int, int]) -> Callable[[torch.Tenso
 
 
 def gradcam_layer(model: nn.Module) -> str:
-    """The module Grad-CAM reads by default: the first norm layer of the last residual block (timm ``norm1``)."""
+    """The module Grad-CAM reads by default: the first norm layer of the last residual block (timm ``norm1``), the
+    norm whose output the block's attention reads.
+
+    A block whose attention module is the block itself (timm ``ParallelScalingBlock``: one ``in_norm`` feeds both
+    its attention and its MLP) reads that norm. A block of several attention branches side by side (timm
+    ``ParallelThingsBlock``, ``ViTSpec.attention_blocks`` repeating the block's index), each reading the block's
+    input through a norm of its own, is refused: its first norm feeds one branch, whose map would pass for the
+    block's; ``layer=`` chooses what to read.
+
+    Raises:
+        InputError: no residual block or no norm in the last one; or the last block runs parallel branches (the
+            message names their norms and the previous block, whose output every branch reads).
+    """
+    spec = inspect(model)
     paths = block_paths(model)
+    if not paths and spec.attention_modules:  # the attention module may be the block (ParallelScalingBlock)
+        name = spec.attention_modules[-1]
+        try:
+            mod = model.get_submodule(name)
+        except AttributeError:
+            mod = None
+        if mod is not None and type(mod).__name__.endswith("Block"):
+            paths = {len(spec.attention_modules) - 1: name}
     if not paths:
         raise InputError(f"{type(model).__name__}: no residual block found for Grad-CAM's default layer; pass "
                          "layer='<module name>' (a module whose output is the (B, N, C) token sequence)")
     last = paths[max(paths)]
-    for name, mod in model.named_modules():  # module order: the block's first norm (LayerNorm, RMSNorm, ...)
-        if name.startswith(last + ".") and "norm" in type(mod).__name__.lower():
-            return name
-    raise InputError(f"{type(model).__name__}: the last block {last!r} has no norm layer; pass layer='<module "
-                     "name>' (a module whose output is the (B, N, C) token sequence)")
+    norms = [name for name, mod in model.named_modules()  # module order: the block's first norm (LayerNorm, ...)
+             if name.startswith(last + ".") and "norm" in type(mod).__name__.lower()]
+    if not norms:
+        raise InputError(f"{type(model).__name__}: the last block {last!r} has no norm layer; pass layer='<module "
+                         "name>' (a module whose output is the (B, N, C) token sequence)")
+    branches = [a for a, b in zip(spec.attention_modules, spec.attention_blocks or ()) if b == max(paths)]
+    if len(branches) > 1:  # each branch's own norm reads the block's input: the first feeds branch 0 only
+        inputs = [n for n in norms if not any(n.startswith(a + ".") for a in branches)]  # not q/k norms
+        previous = paths.get(max(paths) - 1)
+        raise InputError(f"{type(model).__name__}: the last block {last!r} "
+                         f"({type(model.get_submodule(last)).__name__}) runs {len(branches)} attention branches in "
+                         f"parallel ({', '.join(map(repr, branches))}), whose branches read the block's input each "
+                         f"through a norm of its own ({', '.join(map(repr, inputs))}); Grad-CAM's default layer, a "
+                         "block's first norm, would show one branch only; pass layer= naming the module to read: one "
+                         "branch's norm, "
+                         f"e.g. layer={inputs[0]!r}"
+                         + (f", or layer={previous!r}, the previous block, whose output every branch reads"
+                            if previous else ""))
+    return norms[0]
+
+
+def _default_layer_hint(model: nn.Module, form: str = "e.g. {} (the default, layer=None)") -> str:
+    """``gradcam_layer(model)`` in ``form`` for an error message about another ``layer=``; a model without a default
+    (parallel branches) is told what to pass instead, not refused for the default it did not ask for."""
+    try:
+        return form.format(repr(gradcam_layer(model)))
+    except InputError:
+        return "e.g. one branch's norm layer (this model's blocks run parallel branches: no default)"
 
 
 @in_eval_mode
@@ -236,7 +280,8 @@ def gradcam(model: nn.Module, images: Images, target: Target = None, *, layer: s
         model: any ViT ``vitviz.inspect`` reads.
         images: a normalised ``(B, 3, H, W)`` tensor or anything ``iter_batches`` takes.
         target: ``None`` (predicted class), a class index, one per image, or a callable ``f(output) -> (B,)``.
-        layer: the module whose output tokens are used (default ``gradcam_layer(model)``).
+        layer: the module whose output tokens are used (default ``gradcam_layer(model)``: the last block's first
+            norm; a block of parallel attention branches has no default and needs ``layer=``).
         batch_size: images per call.
 
     Returns:
@@ -247,14 +292,13 @@ def gradcam(model: nn.Module, images: Images, target: Target = None, *, layer: s
     spec = inspect(model)
     if layer is not None and (not isinstance(layer, str) or not layer):
         raise InputError(f"layer={layer!r} is not a module name; pass the dotted name of a module whose output is "
-                         f"the (B, N, C) token sequence, e.g. {gradcam_layer(model)!r} (the default, layer=None)")
+                         f"the (B, N, C) token sequence, {_default_layer_hint(model)}")
     name = layer or gradcam_layer(model)
     try:
         module = model.get_submodule(name)
     except AttributeError as err:
         raise InputError(f"layer={name!r} is not a module of {type(model).__name__}; pass the dotted name of a "
-                         f"module whose output is the (B, N, C) token sequence, e.g. {gradcam_layer(model)!r} (the "
-                         "default)") from err
+                         f"module whose output is the (B, N, C) token sequence, {_default_layer_hint(model)}") from err
     total, start = count_images(images), 0
     out = []
 
@@ -264,8 +308,8 @@ def gradcam(model: nn.Module, images: Images, target: Target = None, *, layer: s
         if not isinstance(output, torch.Tensor):
             raise InputError(f"layer={name!r} ({type(module).__name__}) returns a {type(output).__name__}, not a "
                              "tensor: Grad-CAM weighs a module's output tensor by its gradient; pass layer= naming a "
-                             "module whose output is the (B, N, C) token sequence, such as a norm layer (the "
-                             f"default: {gradcam_layer(model)!r})")
+                             "module whose output is the (B, N, C) token sequence, such as a norm layer "
+                             f"({_default_layer_hint(model, 'the default: {}')})")
 
     # pytorch-grad-cam calls model.eval() (in_eval_mode puts the modes back), model.zero_grad() and backward() on
     # the parameters (kept_grads sets the user's .grad aside for the call and puts them back)
