@@ -76,6 +76,21 @@ def test_layers_top_down(model):
     assert len(flat) == len(set(flat)) == len(list(model.parameters()))  # each parameter in exactly one layer
 
 
+@pytest.mark.parametrize("case", ["parallel", "differential-parallel"])
+def test_layers_of_blocks_whose_attention_module_is_the_block(case):
+    """timm's ParallelScalingBlock runs attention and MLP in one module, the attention module vitviz reads: no block
+    was found, so the cascading test randomised head, norm and embeddings and never a block (the maps' dependence on
+    every block went unmeasured, without a word). Each block is now a layer of its own."""
+    from conftest import tiny_parallel
+
+    model = tiny_parallel(case)
+    layers = randomisation_layers(model)
+    assert [n for n, _ in layers] == ["head", "norm", "block 1", "block 0", "embeddings"]
+    assert all(p.startswith(f"blocks.{i}.") for i in (0, 1) for p in dict(layers)[f"block {i}"])
+    flat = [p for _, ps in layers for p in ps]
+    assert len(flat) == len(set(flat)) == len(list(model.parameters()))  # each parameter in exactly one layer
+
+
 def test_what_each_step_randomises(model, images):
     """A spy method records which parameters differ from the trained model at every call."""
     trained = {k: v.clone() for k, v in model.named_parameters()}

@@ -229,14 +229,6 @@ def gradcam_layer(model: nn.Module) -> str:
     """
     spec = inspect(model)
     paths = block_paths(model)
-    if not paths and spec.attention_modules:  # the attention module may be the block (ParallelScalingBlock)
-        name = spec.attention_modules[-1]
-        try:
-            mod = model.get_submodule(name)
-        except AttributeError:
-            mod = None
-        if mod is not None and type(mod).__name__.endswith("Block"):
-            paths = {len(spec.attention_modules) - 1: name}
     if not paths:
         raise InputError(f"{type(model).__name__}: no residual block found for Grad-CAM's default layer; pass "
                          "layer='<module name>' (a module whose output is the (B, N, C) token sequence)")

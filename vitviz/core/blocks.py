@@ -16,8 +16,9 @@ def block_paths(model: nn.Module) -> dict[int, str]:
     A block's path is the largest module that holds the attention modules of that block only and parameters of
     the ``blocks`` component only (``vitviz.core.families.Family.param_components``): ``blocks.3`` (timm),
     ``encoder.layers.encoder_layer_3`` (torchvision), ``vit.encoder.layer.3`` (Hugging Face),
-    ``visual.transformer.resblocks.3`` (open_clip); parallel branches of one block share it. A block no such
-    module can be found for is left out.
+    ``visual.transformer.resblocks.3`` (open_clip); parallel branches of one block share it. An attention module that
+    is a whole residual block itself (timm ``ParallelScalingBlock``, whose one forward runs attention and MLP) is its
+    own block's path. A block no such module can be found for is left out.
 
     Args:
         model: any ViT ``vitviz.inspect`` reads.
@@ -33,10 +34,13 @@ def block_paths(model: nn.Module) -> dict[int, str]:
     block_prefixes = tuple(family.param_components(model).get("blocks", ()))
     params = [n for n, _ in model.named_parameters()]
     out: dict[int, str] = {}
+    modules = dict(model.named_modules())
     for i in sorted(set(blocks)):
         parts = names[blocks.index(i)].split(".")
-        for k in range(1, len(parts)):
+        for k in range(1, len(parts) + 1):
             cand = ".".join(parts[:k]) + "."
+            if k == len(parts) and not type(modules.get(cand[:-1])).__name__.endswith("Block"):
+                break  # the attention module itself is the block only where it is one (ParallelScalingBlock)
             inside = {b for n, b in zip(names, blocks) if (n + ".").startswith(cand)}
             own = [p for p in params if p.startswith(cand)]
             if inside == {i} and own and block_prefixes and all(p.startswith(block_prefixes) for p in own):
