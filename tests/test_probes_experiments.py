@@ -199,6 +199,17 @@ def test_posemb_claims_decide_the_finding_on_paired_intervals(enc_diff, holds):
     assert alone.loc["fewshot5", "gap_to_none"] == pytest.approx(row.gap_to_none)
 
 
+def test_posemb_claims_judge_every_shot_count_measured():
+    """A table measured at other shots than 5 and 10 (``--shots 1,25``) got claims for the paper's row and top-1
+    only: its few-shot measures were left out of the table without a word. Each shot count is a measure."""
+    from vitviz.experiments.posemb_fewshot import posemb_claims, posemb_measures
+
+    raw = draws_table(shots=(1, 25))
+    c = posemb_claims(posemb_measures(raw), fewshot=raw).set_index("measure")
+    assert list(c.index) == ["paper_5shot", "test_top1", "fewshot1", "fewshot25"]
+    assert c.loc[["fewshot1", "fewshot25"], "draws"].tolist() == [8, 8]
+
+
 def test_the_committed_fewshot_claims_are_what_the_data_readme_says():
     from vitviz.experiments.posemb_fewshot import (
         posemb_claims,

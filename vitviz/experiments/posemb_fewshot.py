@@ -15,6 +15,7 @@ from __future__ import annotations
 
 import argparse
 import io
+import re
 import sys
 from pathlib import Path
 
@@ -216,7 +217,8 @@ def posemb_claims(measures: pd.DataFrame, ablation: tuple[str, ...] = MODELS[:3]
     paired = posemb_draw_claims(fewshot, ablation).set_index(["measure", "arm", "minus"]) \
         if fewshot is not None else None
     rows = []
-    for col in [c for c in ("paper_5shot", "test_top1", "fewshot5", "fewshot10") if c in sub]:
+    shots = sorted((c for c in sub.columns if re.fullmatch(r"fewshot[0-9]+", str(c))), key=lambda c: int(c[7:]))
+    for col in [c for c in ("paper_5shot", "test_top1") if c in sub] + shots:  # every shot count measured
         v = sub[col]
         order = [label[m] for m in sorted(ablation, key=lambda m: -v[m])]
         enc = v[[m for m in ablation if m != "cifar10-vit-nopos"]]
