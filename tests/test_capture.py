@@ -401,3 +401,34 @@ def test_enclosing_modules_follow_the_names_and_fall_back_to_named_modules():
     assert _enclosing_modules(model, [(f"layers.{i}", a) for i, a in enumerate(attn)]) == [model, model.blocks]
     assert _enclosing_modules(model, [("blocks.0.attn", attn[1])]) == [model, model.blocks, model.blocks[1], attn[1]]
     assert _enclosing_modules(model, [("blocks.0.attn", nn.Linear(2, 2))]) == [model]
+
+
+@pytest.mark.parametrize("heads", ["full", "stream"])
+def test_a_scale_the_fused_kernel_ignores_is_refused(heads):
+    """timm's fused path never reads ``scale`` (it scales by ``head_dim ** -0.5``): a model whose ``scale`` was
+    changed computes with the default, so reading it with the changed scale (the explicit path, the recomputation)
+    would show maps it does not compute and change its outputs while captured. Refused, naming the model class, the
+    module, both scales and the fix; the model is left as it was. With ``fused_attn=False`` the model computes with
+    its scale, and the maps are read with it."""
+    torch.manual_seed(0)
+    model = tiny_timm_vit()
+    attn = model.blocks[1].attn
+    attn.fused_attn = True
+    attn.scale = attn.scale * 4
+    default = attn.head_dim ** -0.5
+    x = torch.randn(2, 3, 32, 48)
+    kwargs = dict(on_layer=lambda i, a: None, store=False, heads="stream") if heads == "stream" else {}
+    with pytest.raises(vitviz.UnsupportedModelError,
+                       match=rf"VisionTransformer \(timm\), attention module 'blocks.1.attn': Attention \(timm\) has "
+                             rf"scale={attn.scale:.6g} with fused_attn=True.*head_dim \*\* -0.5 = {default:.6g}.*"
+                             r"Set fused_attn = False"):
+        with vitviz.capture_attention(model, **kwargs):
+            pass
+    assert hooks_everywhere(model) == 0 and attn.fused_attn is True and "fused_attn" in vars(attn)
+    attn.fused_attn = False  # the model now computes with its own scale: read with it
+    with torch.no_grad(), vitviz.capture_attention(model, layers=[1]) as cap, record_inputs([attn]) as seen:
+        model(x)
+    with torch.no_grad():
+        q, k, _ = attn.qkv(seen[0]).reshape(2, -1, 3, attn.num_heads, attn.head_dim).permute(2, 0, 3, 1, 4)
+        want = softmax_attention(attn.q_norm(q), attn.k_norm(k), attn.scale).float()
+    torch.testing.assert_close(cap.attentions[0], want, atol=1e-5, rtol=1e-4)

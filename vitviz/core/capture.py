@@ -68,7 +68,14 @@ from vitviz.core.families import family_of
 from vitviz.core.families.base import Emit, HeadMaps, Probe, Undo, shared_prepare
 from vitviz.core.spec import ViTSpec, inspect
 from vitviz.core.util import check_bool, is_int
-from vitviz.errors import CaptureError, ForwardStopped, InputError, InputTypeError, LayerSelectError
+from vitviz.errors import (
+    CaptureError,
+    ForwardStopped,
+    InputError,
+    InputTypeError,
+    LayerSelectError,
+    UnsupportedModelError,
+)
 
 LayerSelect = int | str | Sequence[int | str] | None
 OnLayer = Callable[[int, torch.Tensor], None]  # or (int, HeadMaps) with heads="stream"
@@ -551,15 +558,19 @@ def _open_capture(model: nn.Module, layers: LayerSelect, on_layer: OnLayer | Non
         undos.append(shared_prepare(family, model))
         undos.append(_watch_passes(cap, _enclosing_modules(model, [modules[i] for i in chosen])))
         for position, index in enumerate(chosen):
-            module = modules[index][1]
-            stream = family.stream_probe(module) if heads == "stream" else None
-            if stream is not None:
-                undos.append(subscribe(module, stream, lambda a, p=position: cap._emit(p, a)))
-            elif heads == "stream":
-                undos.append(subscribe(module, family.probe,
-                                       lambda a, p=position: cap._emit(p, HeadMaps.of(a.detach()))))
-            else:
-                undos.append(subscribe(module, family.probe, lambda a, p=position: cap._emit(p, a)))
+            name, module = modules[index]
+            try:
+                stream = family.stream_probe(module) if heads == "stream" else None
+                if stream is not None:
+                    undos.append(subscribe(module, stream, lambda a, p=position: cap._emit(p, a)))
+                elif heads == "stream":
+                    undos.append(subscribe(module, family.probe,
+                                           lambda a, p=position: cap._emit(p, HeadMaps.of(a.detach()))))
+                else:
+                    undos.append(subscribe(module, family.probe, lambda a, p=position: cap._emit(p, a)))
+            except UnsupportedModelError as err:  # a probe refusing its module: say which model and which module
+                raise UnsupportedModelError(f"{type(model).__name__} ({family.name}), attention module {name!r}: "
+                                            f"{err}") from err
     except BaseException:
         for undo in reversed(undos):
             undo()
