@@ -207,8 +207,11 @@ _HELPERS = {"mask": _MASKED, "rotary": (*_MASKED, "apply_rot_embed_cat"), "relpo
 @once_per_window  # asked twice per layer in a call's set-up (stream_probe_for, then the probe)
 def _stream_kind(module: nn.Module) -> tuple[str, Any] | None:
     """``(kind, defining Python module)`` when ``module`` is exactly one of the ``_STREAMED`` classes (not a
-    subclass, which may compute attention differently) with what its forward uses where the probe reads it; else
-    None."""
+    subclass, which may compute attention differently) running its class's forward (not a ``forward`` set on the
+    instance, which the recomputation would not follow: its maps are read where its softmax reaches ``attn_drop``)
+    with what its forward uses where the probe reads it; else None."""
+    if "forward" in vars(module):
+        return None
     kind = None
     for (owner, name), how in _STREAMED.items():
         defining = sys.modules.get(owner)
