@@ -432,3 +432,48 @@ def test_a_scale_the_fused_kernel_ignores_is_refused(heads):
         q, k, _ = attn.qkv(seen[0]).reshape(2, -1, 3, attn.num_heads, attn.head_dim).permute(2, 0, 3, 1, 4)
         want = softmax_attention(attn.q_norm(q), attn.k_norm(k), attn.scale).float()
     torch.testing.assert_close(cap.attentions[0], want, atol=1e-5, rtol=1e-4)
+
+
+@pytest.mark.parametrize("heads", ["full", "stream"])
+def test_a_multihead_attention_forward_set_on_the_instance_keeps_running(heads, monkeypatch):
+    """An ``nn.MultiheadAttention`` (torchvision) whose instance was given a forward of its own (here: the queries
+    scaled by 3) is read as that forward computes: the capture used to call the class's forward in its place (the
+    maps and, with them, the model were those of the plain module). The maps equal the weights of the user's forward
+    written out, the model's output is its plain output, and the instance keeps its forward. A forward of its own
+    that returns no weights is refused, naming the fix."""
+    import types
+
+    from torchvision.models.vision_transformer import VisionTransformer
+
+    torch.manual_seed(0)
+    model = VisionTransformer(image_size=32, patch_size=8, num_layers=2, num_heads=2, hidden_dim=32, mlp_dim=64,
+                              num_classes=5).eval()
+    mha = model.encoder.layers[1].self_attention
+
+    def tempered(self, query, key, value, **kwargs):
+        return nn.MultiheadAttention.forward(self, query * 3.0, key, value, **kwargs)
+
+    mha.forward = types.MethodType(tempered, mha)
+    from vitviz.core.families import stream
+
+    monkeypatch.setattr(stream, "EXPLICIT_BELOW_BYTES", 0)  # the stream probe recomputes where it can (not here)
+    monkeypatch.setattr(stream, "REPROJECT_WITHOUT_KERNEL", True)
+    x = torch.randn(2, 3, 32, 32)
+    got: list[torch.Tensor] = []
+    kwargs = dict(on_layer=lambda i, a: got.append(a.full().clone()), store=False, heads="stream") \
+        if heads == "stream" else dict(on_layer=lambda i, a: got.append(a.clone()))
+    with torch.no_grad(), record_inputs([mha]) as seen:
+        plain = model(x)
+        with vitviz.capture_attention(model, **kwargs):
+            out = model(x)
+        t = seen[0]
+        want = nn.MultiheadAttention.forward(mha, t * 3.0, t, t, need_weights=True, average_attn_weights=False)[1]
+    torch.testing.assert_close(got[1], want, atol=1e-6, rtol=1e-5)
+    assert torch.equal(out, plain)
+    assert vars(mha)["forward"].__func__ is tempered and hooks_everywhere(model) == 0
+
+    mha.forward = types.MethodType(lambda self, q, k, v, **kw: (nn.MultiheadAttention.forward(self, q, k, v)[0], None),
+                                   mha)
+    with pytest.raises(CaptureError, match="returned no attention weights.*need_weights=True"):
+        with torch.no_grad(), vitviz.capture_attention(model, **kwargs):
+            model(x)
