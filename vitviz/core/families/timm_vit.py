@@ -19,8 +19,10 @@ Patch removal (``vitviz.faithfulness``): tokens are dropped after ``pos_drop`` (
 readout (its relative position biases are gathered over the kept tokens); every other model has its pixels filled.
 
 Refused with ``UnsupportedModelError``: ``VisionTransformerSAM`` (windowed attention in most layers, over a
-``(B, gh, gw, D)`` token map with a 4-D position table: the maps are per window, not over the image's tokens) and
-any other timm model whose attention modules vitviz has no probe for.
+``(B, gh, gw, D)`` token map with a 4-D position table: the maps are per window, not over the image's tokens),
+any other timm model whose attention modules vitviz has no probe for, and (when captured) an attention module or
+``AttentionPoolLatent`` whose ``scale`` was changed while ``fused_attn`` is on (timm's fused kernel never reads
+``scale``: ``timm_probes.check_fused_scale``).
 """
 
 from __future__ import annotations
