@@ -477,3 +477,17 @@ def test_a_multihead_attention_forward_set_on_the_instance_keeps_running(heads, 
     with pytest.raises(CaptureError, match="returned no attention weights.*need_weights=True"):
         with torch.no_grad(), vitviz.capture_attention(model, **kwargs):
             model(x)
+
+
+def test_an_off_stride_input_to_a_padding_dynamic_model_is_refused_naming_the_stride():
+    """A ``dynamic_img_size`` model that pads its input (timm ``dynamic_img_pad=True``) makes a grid of its own from
+    a 36x44 input at 8 px (5x6, not the 4x5 of whole strides): refused, and the message says the input is off the
+    token stride and how to fix it, not to feed the model its built size (which it does not need)."""
+    model = tiny_timm_vit(dynamic_img_size=True, dynamic_img_pad=True)
+    with pytest.raises(CaptureError, match=r"N=31 tokens.*4x5 patch grid = 21.*The 36x44 input is not a whole number "
+                                           r"of 8x8 token strides.*multiples of the stride"):
+        with torch.no_grad(), vitviz.capture_attention(model):
+            model(torch.randn(1, 3, 36, 44))
+    with torch.no_grad(), vitviz.capture_attention(model) as cap:  # on the stride: any size
+        model(torch.randn(1, 3, 40, 48))
+    assert cap.attentions[0].shape == (1, 2, 31, 31)

@@ -292,11 +292,16 @@ class AttentionCapture:
         gh, gw = spec.grid_for(self._image_hw) if spec.dynamic_img_size else spec.grid_size
         want = spec.num_prefix_tokens + gh * gw
         if n != want:
+            off_stride = spec.dynamic_img_size and not spec.on_stride(self._image_hw)  # type: ignore[arg-type]
+            (h, w), (sh, sw) = (self._image_hw or spec.img_size), spec.patch_size
+            fix = (f"The {h}x{w} input is not a whole number of {sh}x{sw} token strides (the model padded or cropped "
+                   "it to a grid of its own): resize or crop the images to multiples of the stride" if off_stride else
+                   "Feed the model its built input size (vitviz.load_images), or describe its layout with "
+                   "vitviz.describe(model, prefix_tokens=...)")
             raise CaptureError(
                 f"{spec.name} ({self._model_class}): {self.layer_names[position]} attended over N={n} tokens, but "
                 f"its layout is {spec.num_prefix_tokens} prefix tokens {spec.prefix_tokens} + a {gh}x{gw} patch "
-                f"grid = {want}; vitviz would misplace the tokens. Feed the model its built input size "
-                "(vitviz.load_images), or describe its layout with vitviz.describe(model, prefix_tokens=...)"
+                f"grid = {want}; vitviz would misplace the tokens. {fix}"
             )
 
     def _start_pass(self, n: int) -> None:
