@@ -401,3 +401,93 @@ def test_enclosing_modules_follow_the_names_and_fall_back_to_named_modules():
     assert _enclosing_modules(model, [(f"layers.{i}", a) for i, a in enumerate(attn)]) == [model, model.blocks]
     assert _enclosing_modules(model, [("blocks.0.attn", attn[1])]) == [model, model.blocks, model.blocks[1], attn[1]]
     assert _enclosing_modules(model, [("blocks.0.attn", nn.Linear(2, 2))]) == [model]
+
+
+@pytest.mark.parametrize("heads", ["full", "stream"])
+def test_a_scale_the_fused_kernel_ignores_is_refused(heads):
+    """timm's fused path never reads ``scale`` (it scales by ``head_dim ** -0.5``): a model whose ``scale`` was
+    changed computes with the default, so reading it with the changed scale (the explicit path, the recomputation)
+    would show maps it does not compute and change its outputs while captured. Refused, naming the model class, the
+    module, both scales and the fix; the model is left as it was. With ``fused_attn=False`` the model computes with
+    its scale, and the maps are read with it."""
+    torch.manual_seed(0)
+    model = tiny_timm_vit()
+    attn = model.blocks[1].attn
+    attn.fused_attn = True
+    attn.scale = attn.scale * 4
+    default = attn.head_dim ** -0.5
+    x = torch.randn(2, 3, 32, 48)
+    kwargs = dict(on_layer=lambda i, a: None, store=False, heads="stream") if heads == "stream" else {}
+    with pytest.raises(vitviz.UnsupportedModelError,
+                       match=rf"VisionTransformer \(timm\), attention module 'blocks.1.attn': Attention \(timm\) has "
+                             rf"scale={attn.scale:.6g} with fused_attn=True.*head_dim \*\* -0.5 = {default:.6g}.*"
+                             r"Set fused_attn = False"):
+        with vitviz.capture_attention(model, **kwargs):
+            pass
+    assert hooks_everywhere(model) == 0 and attn.fused_attn is True and "fused_attn" in vars(attn)
+    attn.fused_attn = False  # the model now computes with its own scale: read with it
+    with torch.no_grad(), vitviz.capture_attention(model, layers=[1]) as cap, record_inputs([attn]) as seen:
+        model(x)
+    with torch.no_grad():
+        q, k, _ = attn.qkv(seen[0]).reshape(2, -1, 3, attn.num_heads, attn.head_dim).permute(2, 0, 3, 1, 4)
+        want = softmax_attention(attn.q_norm(q), attn.k_norm(k), attn.scale).float()
+    torch.testing.assert_close(cap.attentions[0], want, atol=1e-5, rtol=1e-4)
+
+
+@pytest.mark.parametrize("heads", ["full", "stream"])
+def test_a_multihead_attention_forward_set_on_the_instance_keeps_running(heads, monkeypatch):
+    """An ``nn.MultiheadAttention`` (torchvision) whose instance was given a forward of its own (here: the queries
+    scaled by 3) is read as that forward computes: the capture used to call the class's forward in its place (the
+    maps and, with them, the model were those of the plain module). The maps equal the weights of the user's forward
+    written out, the model's output is its plain output, and the instance keeps its forward. A forward of its own
+    that returns no weights is refused, naming the fix."""
+    import types
+
+    from torchvision.models.vision_transformer import VisionTransformer
+
+    torch.manual_seed(0)
+    model = VisionTransformer(image_size=32, patch_size=8, num_layers=2, num_heads=2, hidden_dim=32, mlp_dim=64,
+                              num_classes=5).eval()
+    mha = model.encoder.layers[1].self_attention
+
+    def tempered(self, query, key, value, **kwargs):
+        return nn.MultiheadAttention.forward(self, query * 3.0, key, value, **kwargs)
+
+    mha.forward = types.MethodType(tempered, mha)
+    from vitviz.core.families import stream
+
+    monkeypatch.setattr(stream, "EXPLICIT_BELOW_BYTES", 0)  # the stream probe recomputes where it can (not here)
+    monkeypatch.setattr(stream, "REPROJECT_WITHOUT_KERNEL", True)
+    x = torch.randn(2, 3, 32, 32)
+    got: list[torch.Tensor] = []
+    kwargs = dict(on_layer=lambda i, a: got.append(a.full().clone()), store=False, heads="stream") \
+        if heads == "stream" else dict(on_layer=lambda i, a: got.append(a.clone()))
+    with torch.no_grad(), record_inputs([mha]) as seen:
+        plain = model(x)
+        with vitviz.capture_attention(model, **kwargs):
+            out = model(x)
+        t = seen[0]
+        want = nn.MultiheadAttention.forward(mha, t * 3.0, t, t, need_weights=True, average_attn_weights=False)[1]
+    torch.testing.assert_close(got[1], want, atol=1e-6, rtol=1e-5)
+    assert torch.equal(out, plain)
+    assert vars(mha)["forward"].__func__ is tempered and hooks_everywhere(model) == 0
+
+    mha.forward = types.MethodType(lambda self, q, k, v, **kw: (nn.MultiheadAttention.forward(self, q, k, v)[0], None),
+                                   mha)
+    with pytest.raises(CaptureError, match="returned no attention weights.*need_weights=True"):
+        with torch.no_grad(), vitviz.capture_attention(model, **kwargs):
+            model(x)
+
+
+def test_an_off_stride_input_to_a_padding_dynamic_model_is_refused_naming_the_stride():
+    """A ``dynamic_img_size`` model that pads its input (timm ``dynamic_img_pad=True``) makes a grid of its own from
+    a 36x44 input at 8 px (5x6, not the 4x5 of whole strides): refused, and the message says the input is off the
+    token stride and how to fix it, not to feed the model its built size (which it does not need)."""
+    model = tiny_timm_vit(dynamic_img_size=True, dynamic_img_pad=True)
+    with pytest.raises(CaptureError, match=r"N=31 tokens.*4x5 patch grid = 21.*The 36x44 input is not a whole number "
+                                           r"of 8x8 token strides.*multiples of the stride"):
+        with torch.no_grad(), vitviz.capture_attention(model):
+            model(torch.randn(1, 3, 36, 44))
+    with torch.no_grad(), vitviz.capture_attention(model) as cap:  # on the stride: any size
+        model(torch.randn(1, 3, 40, 48))
+    assert cap.attentions[0].shape == (1, 2, 31, 31)

@@ -480,3 +480,25 @@ def test_every_analysis_reads_vit_mae_unmasked_not_only_the_captured_ones():
         config.mask_ratio = ratio
     torch.testing.assert_close(one, want)
     assert config.mask_ratio == ratio and "forward" not in vars(family_of(model).embeddings(model))
+
+
+@pytest.mark.parametrize("heads", ["full", "stream"])
+def test_data2vec_vision_with_a_forward_set_on_the_instance_is_refused(heads):
+    """data2vec vision's attention is read by running its class's eager forward in place of the instance's (or
+    beside its SDPA forward): a forward the user set on the instance (here: the hidden states scaled by 3 before the
+    class's forward) was bypassed while captured, the maps and the outputs those of the plain module. Refused,
+    naming the model, the module and the fix; nothing is left on the model."""
+    import types
+
+    case = hf_case("data2vec-relative")
+    model, x = case.model, case.x
+    attn = model.encoder.layer[1].attention.attention
+    cls_forward = type(attn).forward
+    attn.forward = types.MethodType(lambda self, h, *a, **kw: cls_forward(self, h * 3.0, *a, **kw), attn)
+    kwargs = dict(on_layer=lambda i, a: None, store=False, heads="stream") if heads == "stream" else {}
+    with pytest.raises(vitviz.UnsupportedModelError,
+                       match=r"Data2VecVisionModel \(.*\), attention module 'encoder.layer.1.attention.attention': "
+                             r"Data2VecVisionSdpaSelfAttention has a forward of its own set on the instance"):
+        with torch.no_grad(), vitviz.capture_attention(model, **kwargs):
+            model(pixel_values=x)
+    assert instance_forwards(model) == 1 and hooks_everywhere(model) == 0

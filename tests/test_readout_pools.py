@@ -136,3 +136,20 @@ def test_aimv2_head_weights_the_rows_by_its_query_attention():
     got = vitviz.attention_rollout(m, x)
     torch.testing.assert_close(got, want, atol=1e-6, rtol=1e-5)
     assert (got - r.mean(dim=1).reshape(2, 4, 4).float()).abs().max() > 1e-5  # not the patch mean
+
+
+def test_a_map_pool_scale_its_fused_kernel_ignores_is_refused():
+    """timm's ``AttentionPoolLatent`` with ``fused_attn`` on scales by ``head_dim ** -0.5`` and never reads
+    ``scale``: its attention, recomputed with a changed ``scale``, would not be the one that pools the tokens. The
+    row-weighting explanations refuse it, naming the model, the pool and the fix; with ``fused_attn=False`` the pool
+    computes with its scale and is read with it."""
+    m, x = timm_vit(global_pool="map"), images()
+    pool = m.attn_pool
+    pool.fused_attn = True
+    pool.scale = pool.scale * 4
+    with pytest.raises(vitviz.UnsupportedModelError, match=r"VisionTransformer \(timm\): attn_pool "
+                                                             r"\(AttentionPoolLatent, timm\) has scale=.*fused_attn"):
+        vitviz.attention_rollout(m, x)
+    assert not any(mod._forward_hooks or mod._forward_pre_hooks for mod in m.modules())
+    pool.fused_attn = False
+    vitviz.attention_rollout(m, x)

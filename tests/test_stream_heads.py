@@ -641,3 +641,38 @@ def test_the_forward_signature_is_read_once_per_class_and_afresh_for_an_instance
     second.forward = own
     assert list(timm_probes._forward_signature(second).parameters) == ["tokens", "rope"]
     assert list(timm_probes._forward_signature(first).parameters)[0] == "x"
+
+
+def test_a_forward_set_on_the_instance_is_not_recomputed(recompute):
+    """A timm ``Attention`` whose instance was given a forward of its own (here: ``softmax(3 q k^T * scale)``)
+    computes what the recomputation from ``q_norm`` / ``k_norm`` and ``scale`` does not know: its maps are read where
+    its softmax reaches ``attn_drop`` (the full probe's, wrapped), equal to the full capture's and to ``3 q k^T``,
+    not to ``q k^T``; the instance's forward stays."""
+    import types
+
+    def tempered(self, x, attn_mask=None, is_causal=False):
+        b, n, c = x.shape
+        q, k, v = self.qkv(x).reshape(b, n, 3, self.num_heads, -1).permute(2, 0, 3, 1, 4).unbind(0)
+        q, k = self.q_norm(q), self.k_norm(k)
+        attn = self.attn_drop((q @ k.transpose(-2, -1) * self.scale * 3.0).softmax(-1))
+        return self.proj((attn @ v).transpose(1, 2).reshape(b, n, c))
+
+    torch.manual_seed(0)
+    model = tiny_timm_vit()
+    attn = model.blocks[1].attn
+    attn.forward = types.MethodType(tempered, attn)
+    fused = attn.fused_attn
+    x = torch.randn(2, 3, 32, 48)
+    seen: list[torch.Tensor] = []
+    handle = attn.register_forward_pre_hook(lambda _m, args: seen.append(args[0]))
+    try:
+        got, _ = stream_maps(model, x)
+    finally:
+        handle.remove()
+    assert max_difference(got, full_maps(model, x)) < 1e-6
+    with torch.no_grad():
+        q, k, _ = attn.qkv(seen[0]).reshape(2, -1, 3, attn.num_heads, attn.head_dim).permute(2, 0, 3, 1, 4)
+        logits = (q.double() @ k.double().transpose(-2, -1)) * attn.scale
+    torch.testing.assert_close(got[1].double(), (3.0 * logits).softmax(-1), atol=1e-5, rtol=1e-4)
+    assert vars(attn)["forward"].__func__ is tempered and attn.fused_attn == fused
+    assert open_probes(model) == 0

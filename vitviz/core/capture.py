@@ -68,7 +68,14 @@ from vitviz.core.families import family_of
 from vitviz.core.families.base import Emit, HeadMaps, Probe, Undo, shared_prepare
 from vitviz.core.spec import ViTSpec, inspect
 from vitviz.core.util import check_bool, is_int
-from vitviz.errors import CaptureError, ForwardStopped, InputError, InputTypeError, LayerSelectError
+from vitviz.errors import (
+    CaptureError,
+    ForwardStopped,
+    InputError,
+    InputTypeError,
+    LayerSelectError,
+    UnsupportedModelError,
+)
 
 LayerSelect = int | str | Sequence[int | str] | None
 OnLayer = Callable[[int, torch.Tensor], None]  # or (int, HeadMaps) with heads="stream"
@@ -285,11 +292,16 @@ class AttentionCapture:
         gh, gw = spec.grid_for(self._image_hw) if spec.dynamic_img_size else spec.grid_size
         want = spec.num_prefix_tokens + gh * gw
         if n != want:
+            off_stride = spec.dynamic_img_size and not spec.on_stride(self._image_hw)  # type: ignore[arg-type]
+            (h, w), (sh, sw) = (self._image_hw or spec.img_size), spec.patch_size
+            fix = (f"The {h}x{w} input is not a whole number of {sh}x{sw} token strides (the model padded or cropped "
+                   "it to a grid of its own): resize or crop the images to multiples of the stride" if off_stride else
+                   "Feed the model its built input size (vitviz.load_images), or describe its layout with "
+                   "vitviz.describe(model, prefix_tokens=...)")
             raise CaptureError(
                 f"{spec.name} ({self._model_class}): {self.layer_names[position]} attended over N={n} tokens, but "
                 f"its layout is {spec.num_prefix_tokens} prefix tokens {spec.prefix_tokens} + a {gh}x{gw} patch "
-                f"grid = {want}; vitviz would misplace the tokens. Feed the model its built input size "
-                "(vitviz.load_images), or describe its layout with vitviz.describe(model, prefix_tokens=...)"
+                f"grid = {want}; vitviz would misplace the tokens. {fix}"
             )
 
     def _start_pass(self, n: int) -> None:
@@ -551,15 +563,19 @@ def _open_capture(model: nn.Module, layers: LayerSelect, on_layer: OnLayer | Non
         undos.append(shared_prepare(family, model))
         undos.append(_watch_passes(cap, _enclosing_modules(model, [modules[i] for i in chosen])))
         for position, index in enumerate(chosen):
-            module = modules[index][1]
-            stream = family.stream_probe(module) if heads == "stream" else None
-            if stream is not None:
-                undos.append(subscribe(module, stream, lambda a, p=position: cap._emit(p, a)))
-            elif heads == "stream":
-                undos.append(subscribe(module, family.probe,
-                                       lambda a, p=position: cap._emit(p, HeadMaps.of(a.detach()))))
-            else:
-                undos.append(subscribe(module, family.probe, lambda a, p=position: cap._emit(p, a)))
+            name, module = modules[index]
+            try:
+                stream = family.stream_probe(module) if heads == "stream" else None
+                if stream is not None:
+                    undos.append(subscribe(module, stream, lambda a, p=position: cap._emit(p, a)))
+                elif heads == "stream":
+                    undos.append(subscribe(module, family.probe,
+                                           lambda a, p=position: cap._emit(p, HeadMaps.of(a.detach()))))
+                else:
+                    undos.append(subscribe(module, family.probe, lambda a, p=position: cap._emit(p, a)))
+            except UnsupportedModelError as err:  # a probe refusing its module: say which model and which module
+                raise UnsupportedModelError(f"{type(model).__name__} ({family.name}), attention module {name!r}: "
+                                            f"{err}") from err
     except BaseException:
         for undo in reversed(undos):
             undo()

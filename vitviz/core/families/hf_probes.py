@@ -203,6 +203,13 @@ def _eager_per_call(module: nn.Module) -> Callable[..., Any]:
     class in its MRO, from the same model file, that defines ``forward(hidden_states, output_attentions, ...)`` and is
     not an SDPA one."""
     cls = type(module)
+    own = vars(module).get("forward")
+    if own is not None and not getattr(own, "__vitviz_probe__", False):
+        raise UnsupportedModelError(
+            f"{cls.__name__} has a forward of its own set on the instance; vitviz reads this attention layout by "
+            "running its class's eager forward (or recomputing beside its SDPA forward), which would bypass it and "
+            "read maps it does not compute; analyse the module without the forward set on it (del module.forward)"
+        )
     eager = next((c for c in cls.__mro__ if "forward" in vars(c) and "Sdpa" not in c.__name__
                   and c.__module__ == cls.__module__), None)
     params = list(pyinspect.signature(eager.forward).parameters)[1:3] if eager is not None else []
@@ -232,6 +239,7 @@ def probe_hf_per_call(module: nn.Module, emit: Emit) -> Undo:
         emit(_weights_of(module, out))
         return out if output_attentions else (out[0], *out[2:])
 
+    call.__vitviz_probe__ = True  # type: ignore[attr-defined]  # vitviz's own: another capture's probe may sit on it
     return set_attr(module, "forward", call)
 
 
@@ -277,6 +285,7 @@ def probe_hf_per_call_stream(module: nn.Module, emit: Emit) -> Undo:
         emit(stream.recomputed_heads(q, k, d ** -0.5, lambda _scores: mask, kernel=kernel, attn_mask=mask))
         return out
 
+    call.__vitviz_probe__ = True  # type: ignore[attr-defined]
     undos.append(set_attr(module, "forward", call))
     return chain_undos(undos)
 

@@ -146,10 +146,13 @@ def refuse_mha_dropout(model: nn.Module, modules: list[tuple[str, nn.Module]], f
 
 def probe_mha(module: nn.Module, emit: Emit) -> Undo:
     """``nn.MultiheadAttention``: called with ``need_weights=True`` and per-head weights for the duration; a call
-    in training mode with attention dropout raises ``CaptureError`` (the weights would be the dropped-out ones)."""
+    in training mode with attention dropout raises ``CaptureError`` (the weights would be the dropped-out ones). A
+    ``forward`` set on the instance keeps running (called with those arguments; what it returns is read), never
+    bypassed for the class's."""
     if not isinstance(module, nn.MultiheadAttention):
         raise UnsupportedModelError(f"probe_mha needs nn.MultiheadAttention, got {type(module).__name__}")
     original = type(module).forward
+    own = vars(module).get("forward")  # a forward set on the instance: it is what the model runs, so it runs here
 
     def forward(*args: Any, **kwargs: Any) -> tuple[torch.Tensor, torch.Tensor]:
         error = mha_dropout_error(type(module).__name__, module)
@@ -157,7 +160,14 @@ def probe_mha(module: nn.Module, emit: Emit) -> Undo:
             raise error
         kwargs["need_weights"] = True
         kwargs["average_attn_weights"] = False
-        out, weights = original(module, *args, **kwargs)
+        out, weights = own(*args, **kwargs) if own is not None else original(module, *args, **kwargs)
+        if not isinstance(weights, torch.Tensor):
+            raise CaptureError(
+                f"{type(module).__name__}: the forward set on this instance returned no attention weights when "
+                "called with need_weights=True, average_attn_weights=False, so vitviz cannot read what it computes; "
+                "pass those arguments on to nn.MultiheadAttention.forward, or analyse the module without its own "
+                "forward"
+            )
         emit(weights)
         return out, weights
 

@@ -225,8 +225,11 @@ _MHA_ARGS = ("query", "key", "value", "key_padding_mask", "need_weights", "attn_
 
 def mha_stream_probe_for(module: nn.Module) -> Probe | None:
     """``probe_mha_stream`` for a batch-first self-attention ``nn.MultiheadAttention`` with one packed input
-    projection (torchvision's ViT); None for every other module (its weights are then read by ``probe_mha``)."""
+    projection (torchvision's ViT) running its class's forward; None for every other module, and for one given a
+    ``forward`` of its own on the instance (its weights are then read by ``probe_mha``)."""
     if not isinstance(module, nn.MultiheadAttention) or not module.batch_first or not module._qkv_same_embed_dim:
+        return None
+    if "forward" in vars(module):  # a forward set on the instance: the reprojection would not follow it
         return None
     if module.in_proj_weight is None or module.bias_k is not None or module.add_zero_attn:
         return None

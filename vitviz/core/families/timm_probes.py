@@ -41,6 +41,7 @@ runs timm's explicit path instead, for that call only, and hands on its maps (in
 from __future__ import annotations
 
 import inspect
+import math
 import sys
 import weakref
 from typing import Any
@@ -117,8 +118,58 @@ def map_kind(module: nn.Module) -> str:
     return "softmax"
 
 
+def _fused_head_dim(module: nn.Module) -> int | None:
+    """The width of the heads timm's fused kernel is given (its default scale is ``head_dim ** -0.5``): the module's
+    ``head_dim``, else read off its ``qkv`` (BEiT) or ``k`` (CaiT ``ClassAttn``) projection; None where unknown."""
+    head_dim, heads = getattr(module, "head_dim", None), getattr(module, "num_heads", None)
+    if isinstance(head_dim, int) and head_dim > 0:
+        return head_dim
+    if not isinstance(heads, int) or heads <= 0:
+        return None
+    qkv, k = getattr(module, "qkv", None), getattr(module, "k", None)
+    if isinstance(qkv, nn.Linear) and qkv.out_features % (3 * heads) == 0:
+        return qkv.out_features // (3 * heads)
+    if isinstance(k, nn.Linear) and k.out_features % heads == 0:
+        return k.out_features // heads
+    return None
+
+
+def check_fused_scale(module: nn.Module, name: str = "") -> None:
+    """Refuse a timm attention module whose ``scale`` was changed while its fused path is on.
+
+    timm's fused path calls ``scaled_dot_product_attention`` without ``scale=``: it scales by ``head_dim ** -0.5``
+    and never reads ``scale``, which only the explicit path multiplies in. Such a model computes with the default
+    scale, but the explicit path a capture switches on (and the recomputation of ``heads="stream"``) would use
+    ``scale``: maps the model does not compute, and outputs that change while captured.
+
+    Raises:
+        UnsupportedModelError: naming the module's class, both scales and the fix.
+    """
+    scale = getattr(module, "scale", None)
+    if not getattr(module, "fused_attn", False) or not isinstance(scale, (int, float)) or isinstance(scale, bool):
+        return
+    if not any(c.__module__.startswith("timm.") for c in type(module).__mro__):
+        return
+    head_dim = _fused_head_dim(module)
+    if head_dim is None:
+        return
+    default = head_dim ** -0.5
+    if math.isclose(float(scale), default, rel_tol=1e-6):
+        return
+    where = f"{name} ({type(module).__name__}, timm)" if name else f"{type(module).__name__} (timm)"
+    raise UnsupportedModelError(
+        f"{where} has scale={float(scale):.6g} with fused_attn=True, but timm's fused kernel never reads scale and "
+        f"scales by head_dim ** -0.5 = {default:.6g}: the model computes with {default:.6g}, while vitviz's explicit "
+        f"path would use {float(scale):.6g} (maps the model does not compute, outputs that change while captured). "
+        "Set fused_attn = False on the attention modules (the model then computes with its scale), or set scale back "
+        f"to {default:.6g}"
+    )
+
+
 def probe_timm(module: nn.Module, emit: Emit) -> Undo:
-    """Dispatch on the attention module's class; plain softmax attention uses ``probe_attn_drop``."""
+    """Dispatch on the attention module's class; plain softmax attention uses ``probe_attn_drop``. A module whose
+    ``scale`` its fused path ignores is refused (``check_fused_scale``)."""
+    check_fused_scale(module)
     for cls in type(module).__mro__:
         if cls.__name__ in _PROBES:
             return _PROBES[cls.__name__][0](module, emit)
@@ -156,8 +207,11 @@ _HELPERS = {"mask": _MASKED, "rotary": (*_MASKED, "apply_rot_embed_cat"), "relpo
 @once_per_window  # asked twice per layer in a call's set-up (stream_probe_for, then the probe)
 def _stream_kind(module: nn.Module) -> tuple[str, Any] | None:
     """``(kind, defining Python module)`` when ``module`` is exactly one of the ``_STREAMED`` classes (not a
-    subclass, which may compute attention differently) with what its forward uses where the probe reads it; else
-    None."""
+    subclass, which may compute attention differently) running its class's forward (not a ``forward`` set on the
+    instance, which the recomputation would not follow: its maps are read where its softmax reaches ``attn_drop``)
+    with what its forward uses where the probe reads it; else None."""
+    if "forward" in vars(module):
+        return None
     kind = None
     for (owner, name), how in _STREAMED.items():
         defining = sys.modules.get(owner)
@@ -271,6 +325,7 @@ def probe_timm_stream(module: nn.Module, emit: Emit) -> Undo:
         raise UnsupportedModelError(f"{type(module).__name__} is not one of the timm attention classes with a stream "
                                     "probe (Attention, EvaAttention, AttentionRope, RelPosAttention, BEiT Attention, "
                                     "ParallelScalingBlock, DiffAttention, DiffParallelScalingBlock)")
+    check_fused_scale(module)
     kind, vt = found
     pairs = 2 if kind == "differential" else 1  # differential attention: two softmax maps per head
     signature = _forward_signature(module)  # Attention: (x, attn_mask, is_causal); rotary: (x, rope, ...)

@@ -19,8 +19,10 @@ Patch removal (``vitviz.faithfulness``): tokens are dropped after ``pos_drop`` (
 readout (its relative position biases are gathered over the kept tokens); every other model has its pixels filled.
 
 Refused with ``UnsupportedModelError``: ``VisionTransformerSAM`` (windowed attention in most layers, over a
-``(B, gh, gw, D)`` token map with a 4-D position table: the maps are per window, not over the image's tokens) and
-any other timm model whose attention modules vitviz has no probe for.
+``(B, gh, gw, D)`` token map with a 4-D position table: the maps are per window, not over the image's tokens),
+any other timm model whose attention modules vitviz has no probe for, and (when captured) an attention module or
+``AttentionPoolLatent`` whose ``scale`` was changed while ``fused_attn`` is on (timm's fused kernel never reads
+``scale``: ``timm_probes.check_fused_scale``).
 """
 
 from __future__ import annotations
@@ -38,7 +40,7 @@ from vitviz.core.families.pos_kind import table_kind
 from vitviz.core.families.probes import probe_latent_pool
 from vitviz.core.families.readout import Readout, timm_readout
 from vitviz.core.families.timm_blocks import SCALING_BLOCKS, attention_of
-from vitviz.core.families.timm_probes import map_kind, probe_timm, stream_probe_for
+from vitviz.core.families.timm_probes import check_fused_scale, map_kind, probe_timm, stream_probe_for
 from vitviz.core.families.token_drop import gather_bias, gather_bias_hook, token_index
 from vitviz.core.util import pair
 from vitviz.errors import UnsupportedModelError
@@ -163,6 +165,10 @@ class TimmFamily(Family):
         pool = _latent_pool(model)
         if pool is None:
             return None
+        try:  # recomputed with pool.scale, which its fused kernel never reads
+            check_fused_scale(pool, "attn_pool")
+        except UnsupportedModelError as err:
+            raise UnsupportedModelError(f"{type(model).__name__} (timm): {err}") from err
         return probe_latent_pool(pool, "first" if getattr(pool, "pool", "token") == "token" else "all", emit)
 
     def prefix_tokens(self, model: nn.Module) -> tuple[str, ...]:
