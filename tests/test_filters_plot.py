@@ -194,6 +194,29 @@ def test_plot_filter_variance():
     np.testing.assert_allclose(ax2.lines[0].get_ydata(), [0.5, 0.8, 1.0])
 
 
+@pytest.mark.parametrize(("ratio", "message"), [
+    ([3.2, 1.1, 0.4], r"2 of the 3 values are not ratios in \[0, 1\] \(the first: component 1, 3.2\).*not the "
+                      "variances"),
+    ([0.5, np.nan, 0.1], r"component 2, nan"),
+    ([0.5, -0.2, 0.1], r"component 2, -0.2"),
+    ([0.6, 0.5, 0.1], r"sums to 1.2"),
+    ([[0.5, 0.2], [0.1, 0.1]], r"shape \(2, 2\) is not one ratio per component"),
+])
+def test_plot_filter_variance_refuses_what_is_not_a_ratio(ratio, message):
+    """The y axis is fixed at [0, 1.02]: variances (not ratios) and running sums above 1 were drawn off the top of
+    the axes, a NaN or negative bar was left out, and a 2-D table was flattened into "components", all silently."""
+    with pytest.raises(vitviz.InputError, match=message):
+        vitviz.plot_filter_variance(np.asarray(ratio))
+
+
+def test_plot_filter_variance_takes_ratios_of_any_array_kind():
+    ax = vitviz.plot_filter_variance(torch.tensor([[0.5, 0.3, 0.2]]))  # one row: one ratio per component
+    np.testing.assert_allclose([p.get_height() for p in ax.patches], [0.5, 0.3, 0.2])
+    np.testing.assert_allclose(ax.lines[0].get_ydata(), [0.5, 0.8, 1.0])
+    ax = vitviz.plot_filter_variance([0.4, 0.3, 0.3 + 1e-9])  # rounding past 1 is a sum of 1
+    assert ax.get_ylim() == (0, 1.02)
+
+
 def test_save_figure_writes_every_format(tmp_path):
     fig = vitviz.plot_pos_embed(tiny_vit())
     paths = vitviz.save_figure(fig, tmp_path / "deep" / "er" / "pos_embed")
