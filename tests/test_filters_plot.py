@@ -163,6 +163,25 @@ def test_plot_pos_embed_similarity_single_patch():
         vitviz.plot_pos_embed_similarity(sim, query=(4, 0))
 
 
+def test_plot_pos_embed_similarity_refuses_what_is_no_cosine():
+    """On the fixed [-1, 1] scale, dot products were drawn in the end colours and a NaN as the axes background,
+    under a colorbar that said "Cosine similarity"."""
+    torch.manual_seed(0)
+    sim = vitviz.pos_embed_similarity(tiny_vit()).numpy()
+    dots = sim * 3.0
+    with pytest.raises(vitviz.InputError, match=r"sim holds \d+ values that are no cosine similarity .*the first at "
+                                                r"\(0, 0, 0, 0\): 3.0"):
+        vitviz.plot_pos_embed_similarity(dots)
+    holed = sim.copy()
+    holed[1, 2, 0, 3] = np.nan
+    with pytest.raises(vitviz.InputError, match=r"sim holds 1 values .*\(1, 2, 0, 3\): nan"):
+        vitviz.plot_pos_embed_similarity(holed, query=(0, 0))
+    rounded = np.clip(sim * (1 + 1e-6), -1 - 5e-5, 1 + 5e-5)  # float32 rounding past 1 is still a cosine
+    ax = vitviz.plot_pos_embed_similarity(rounded, query=(1, 4))
+    np.testing.assert_allclose(ax.images[0].get_array(), rounded[1, 4])
+    assert ax.images[0].norm.vmin == -1.0 and ax.images[0].norm.vmax == 1.0
+
+
 def test_plot_embedding_filters_tiles_and_titles():
     torch.manual_seed(0)
     model = tiny_vit()  # 32 filters of 3x8x8
