@@ -106,6 +106,41 @@ def test_attention_overlay_has_a_labelled_colour_bar():
     w.set(rollout=True, layer=2)
     assert "rollout through layer 3 of 3" in w.status.value
 
+def test_signed_attention_is_drawn_on_a_diverging_scale():
+    """Differential attention's rows hold negative weights: on the scale from 0 to the map's maximum every patch of
+    a negative row was drawn in the bottom colour, under a bar from 0 to 1 and a status "0 to the map's max -0.221".
+    They are drawn as plot_attention_heads_grid draws them: RdBu_r from -m to m, m the largest |weight|."""
+    import matplotlib
+    from conftest import tiny_parallel
+
+    model = tiny_parallel("differential")
+    with torch.no_grad():  # lambda well above 1: rows dip below 0
+        for block in model.blocks:
+            block.attn.lambda_q1.fill_(0.5)
+            block.attn.lambda_k1.fill_(0.5)
+    x = torch.randn(1, 3, 32, 48)
+    w = explore_attention(model, x, alpha=1.0)  # the map alone: its colours can be read back
+    attn = captured(model, w)[-1][0].float()  # (H, N, N)
+    token = int(attn[0, 1:, 1:].amin(dim=1).argmin()) + 1  # the patch query whose head-1 row reaches lowest
+    w.set(head=0, query="patch", row=(token - 1) // 6, col=(token - 1) % 6)
+    heat = w.map()
+    np.testing.assert_allclose(heat, attn[0, token, 1:].reshape(4, 6).numpy(), atol=1e-6)
+    assert heat.min() < 0
+    m = float(np.abs(heat).max())
+    assert f"signed weights, {-m:.3g} (blue) to {m:.3g} (red)" in w.status.value and "RdBu_r" in w.status.value
+    error, step = _bar_colours(w.png, w.map_size[1], "RdBu_r")
+    assert error <= step
+    pixels = decode(w.png)
+    dh, dw = w.map_size
+    lut = matplotlib.colormaps["RdBu_r"]
+    for r, c in ((0, 0), (3, 5), ((token - 1) // 6, (token - 1) % 6)):  # each patch's centre: its weight's colour
+        y, x0 = int((r + 0.5) * dh / 4), int((c + 0.5) * dw / 6)
+        if (r, c) == ((token - 1) // 6, (token - 1) % 6):
+            x0 += 3 if dw / 6 > 8 else 0  # clear of the query's outline
+        want = np.asarray(lut((heat[r, c] + m) / (2 * m))[:3]) * 255
+        assert np.abs(pixels[y, x0].astype(float) - want).max() <= step, (r, c)
+
+
 def test_every_attention_control_changes_the_png():
     model = tiny_timm_vit(depth=3, num_heads=2)  # 4x6 grid: a non-square grid catches h/w swaps
     w = vitviz.explore_attention(model, photo())
