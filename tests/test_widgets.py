@@ -365,9 +365,43 @@ def test_pos_embed_explorer_of_a_model_with_no_table_at_other_sizes():
         intermediate_size=64)).eval()
     p = explore_pos_embed(model)
     assert p.resolution.disabled and p.grid == (4, 6) and len(p.png)
+    shown = (p.png, p.resolution.value)
     with pytest.raises(vitviz.errors.InputError, match=r"img_size: ViTModel is built for a 4x6 grid"):
         p.set(resolution=64)
+    # refused while drawing: the size put back (it stayed at 64, and every later change failed on it)
+    assert (p.png, p.resolution.value) == shown
+    p.set(row=0, view="pca")
+    assert p.map().shape == (4, 6, 3)
     assert not explore_pos_embed(tiny_timm_vit()).resolution.disabled
+
+
+def test_pos_embed_resolution_off_the_stride_is_refused_and_nothing_changes():
+    """ipywidgets snaps only the browser's slider to its step: set(resolution=17) on 8 px patches was taken, the
+    draw then failed on a size that is no multiple of the stride, and the explorer stayed on it, every later change
+    failing the same way."""
+    from vitviz.errors import InputError
+
+    p = explore_pos_embed(tiny_timm_vit())
+    state = (p.png, p.resolution.value, p.row.value, p.col.value)
+    with pytest.raises(InputError, match=r"set\(resolution=17\): not a multiple of the 8 px token stride .*16 or 24"):
+        p.set(resolution=17)
+    assert (p.png, p.resolution.value, p.row.value, p.col.value) == state
+    p.set(resolution=24, row=2)  # on the stride: a 3x4... grid at 24x36 px
+    assert p.grid == (3, 4) and p.row.value == 2 and p.map().shape == (3, 4)
+
+
+def test_pos_embed_explorer_of_a_model_whose_size_is_no_multiple_of_its_stride():
+    """A model built for 36x52 px at 8 px patches (a 4x6 grid over 32x48 of them, as SigLIP's 384 px at 14 px
+    patches): the explorer asked for its table at 36x48 px, which no stride divides, and failed as it was built."""
+    model = tiny_timm_vit(img_size=(36, 52))
+    p = explore_pos_embed(model)
+    assert p.img_size == (36, 52) and p.grid == (4, 6)
+    np.testing.assert_allclose(p.map(), vitviz.pos_embed_similarity(model).numpy()[2, 3])
+    assert "the model&#x27;s own table" in p.status.value
+    p.set(resolution=16)  # other sizes on the stride, the width keeping the aspect ratio
+    assert p.img_size == (16, 24) and p.grid == (2, 3)
+    p.set(resolution=36)  # and back to its own size, off the stride
+    assert p.img_size == (36, 52) and p.grid == (4, 6)
 
 
 def test_pos_embed_colour_bar_is_labelled_minus_one_to_one():
