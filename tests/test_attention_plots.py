@@ -13,6 +13,7 @@ from conftest import tiny_timm_vit
 import vitviz
 import vitviz.zoo.reference
 from vitviz.core.images import data_config, denormalise
+from vitviz.errors import InputTypeError
 from vitviz.plot.attention import upsample_maps
 
 matplotlib.use("Agg")
@@ -75,6 +76,30 @@ def test_plot_rollout_modes_and_given_maps():
     signed = torch.rand(2, 4, 6) - 0.5  # e.g. AttnLRP's maps: their negative half was drawn as 0
     with pytest.raises(vitviz.InputError, match="negative values.*signed=True"):
         vitviz.plot_rollout(model, photos[:2], maps=signed)
+
+
+@pytest.mark.parametrize("bad", [float("nan"), float("inf")])
+def test_maps_holding_nan_or_inf_are_refused_not_drawn_blank(bad):
+    """Each map is divided by its maximum: one NaN patch made every pixel of its panel NaN (an empty "Attention"
+    panel, a black "mask" one), one inf left a single bright patch; both were drawn without a word."""
+    model = tiny_timm_vit()
+    x = torch.randn(2, 3, 32, 48)
+    maps = torch.rand(2, 4, 6)
+    maps[1, 2, 3] = bad
+    for mode in ("overlay", "mask"):
+        with pytest.raises(vitviz.InputError, match=r"maps holds 1 NaN or infinite values of 48 \(the first at index "
+                                             r"\(1, 2, 3\).*torch.nan_to_num"):
+            vitviz.plot_rollout(model, x, maps=maps, mode=mode)
+    with pytest.raises(vitviz.InputError, match=r"maps\['rollout'\] holds 1 NaN or infinite values"):
+        vitviz.plot_explanations_grid(model, x, {"rollout": maps})
+    with pytest.raises(vitviz.InputError, match=r"maps\['lrp'\] holds 1 NaN"):
+        vitviz.plot_explanations_grid(model, x, {"lrp": maps - 0.5}, signed=True)
+    with pytest.raises(InputTypeError, match=r"maps\['rollout'\]=.*does not hold numbers"):
+        vitviz.plot_explanations_grid(model, x, {"rollout": "not maps"})
+    # finite maps, as NumPy arrays or lists, are drawn as before
+    fig = vitviz.plot_explanations_grid(model, x, {"rollout": np.nan_to_num(maps.numpy(), posinf=0.0).tolist()})
+    heat = fig.axes[1].images[-1].get_array()
+    assert np.isfinite(heat).all() and heat.max() == pytest.approx(1.0)
 
 
 def test_maps_are_drawn_over_the_pixels_their_patches_see():
@@ -211,6 +236,25 @@ def test_plot_attention_distance_from_arrays_many_heads_and_units():
     np.testing.assert_allclose(ax.collections[0].get_offsets()[:, 1], 16.0)  # patch units -> pixels
     _, ax = plt.subplots()
     assert vitviz.plot_attention_distance(np.ones((2, 3)), ax=ax) is ax
+
+
+@pytest.mark.parametrize(("distances", "patch_size", "message"), [
+    ([[10.0, np.nan], [20.0, 30.0]], None, r"1 of the 4 distances .* \(the first: layer 1, head 2: nan\)"),
+    ([[10.0, 12.0], [np.inf, 30.0]], None, r"the first: layer 2, head 1: inf"),
+    ([[10.0, -2.0], [20.0, 30.0]], None, r"negative, NaN or infinite"),
+    (np.zeros((0, 3)), None, r"shape \(layers, heads\) with at least one of each, got \(0, 3\)"),
+    (np.zeros((3, 0)), None, r"got \(3, 0\)"),
+    ([[1.0, 2.0]], 0, r"patch_size=0 is not a positive number"),
+    ([[1.0, 2.0]], -16, r"patch_size=-16 is not a positive number"),
+])
+def test_plot_attention_distance_refuses_distances_it_cannot_draw(distances, patch_size, message):
+    """A NaN head was left out of the dots without a word, an inf failed in matplotlib's axis limits, negative or
+    empty distances and a stride of 0 or -16 px drew an axis of nothing (every head at 0 or below)."""
+    with pytest.raises(vitviz.InputError, match=message):
+        vitviz.plot_attention_distance(np.asarray(distances), patch_size=patch_size)
+    if patch_size is None:
+        with pytest.raises(vitviz.InputError, match=r"models\['B'\]: .*" + message.split(".*")[0]):
+            vitviz.plot_attention_distance_grid({"A": np.ones((2, 2)), "B": np.asarray(distances)})
 
 
 def test_plot_attention_distance_grid_shares_the_y_axis():

@@ -10,6 +10,7 @@ import pytest
 from matplotlib.collections import PathCollection
 
 from vitviz.analysis.flops import count_flops, vit_forward_flops
+from vitviz.errors import InputError
 from vitviz.plot.compute import pareto_frontier, plot_compute_curves
 from vitviz.zoo.paper import paper_results
 from vitviz.zoo.reference import build_reference
@@ -187,6 +188,30 @@ def test_flop_count_of_bare_sdpa_matches_two_matmuls_on_every_backend():
 
     flops = count_flops(Sdpa(), (3, 8, 16))
     assert flops == 2 * 2 * 3 * 8 * 8 * 16  # QK^T and AV: 2 matmuls of H*N*N*d multiply-adds
+
+
+@pytest.mark.parametrize(("exaflops", "imagenet", "message"), [
+    (0.0, 80.0, r"ViT-X \(exaflops=0, imagenet=80\)"),
+    (-5.0, 80.0, r"ViT-X \(exaflops=-5"),
+    (np.nan, 80.0, r"ViT-X \(exaflops=nan"),
+    (100.0, np.nan, r"ViT-X \(exaflops=100, imagenet=nan\)"),
+])
+def test_a_point_the_log_axis_cannot_draw_is_refused_not_left_out(exaflops, imagenet, message):
+    """On the log compute axis matplotlib left a compute of 0, a negative one or NaN out of the scatter (and a NaN
+    accuracy is no point either): the model went missing from Fig. 5 without a word."""
+    import matplotlib.pyplot as plt
+
+    from vitviz.plot.compute import plot_compute_panel
+
+    df = pd.concat([paper_results(), pd.DataFrame({"family": ["Transformer (ViT)"], "model": ["ViT-X"], "epochs": [7],
+                                                    "exaflops": [exaflops], "imagenet": [imagenet], "avg5": [90.0]})],
+                   ignore_index=True)
+    with pytest.raises(InputError, match=r"1 of the 19 rows cannot be drawn on the log exaflops axis.*"
+                                                + message):
+        plot_compute_panel(df, "imagenet")
+    with pytest.raises(InputError, match=message):
+        plot_compute_curves(df, metrics=("imagenet",))
+    plt.close("all")
 
 
 def test_a_panel_alone_names_its_y_axis_and_families():

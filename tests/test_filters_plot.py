@@ -163,6 +163,25 @@ def test_plot_pos_embed_similarity_single_patch():
         vitviz.plot_pos_embed_similarity(sim, query=(4, 0))
 
 
+def test_plot_pos_embed_similarity_refuses_what_is_no_cosine():
+    """On the fixed [-1, 1] scale, dot products were drawn in the end colours and a NaN as the axes background,
+    under a colorbar that said "Cosine similarity"."""
+    torch.manual_seed(0)
+    sim = vitviz.pos_embed_similarity(tiny_vit()).numpy()
+    dots = sim * 3.0
+    with pytest.raises(vitviz.InputError, match=r"sim holds \d+ values that are no cosine similarity .*the first at "
+                                                r"\(0, 0, 0, 0\): 3.0"):
+        vitviz.plot_pos_embed_similarity(dots)
+    holed = sim.copy()
+    holed[1, 2, 0, 3] = np.nan
+    with pytest.raises(vitviz.InputError, match=r"sim holds 1 values .*\(1, 2, 0, 3\): nan"):
+        vitviz.plot_pos_embed_similarity(holed, query=(0, 0))
+    rounded = np.clip(sim * (1 + 1e-6), -1 - 5e-5, 1 + 5e-5)  # float32 rounding past 1 is still a cosine
+    ax = vitviz.plot_pos_embed_similarity(rounded, query=(1, 4))
+    np.testing.assert_allclose(ax.images[0].get_array(), rounded[1, 4])
+    assert ax.images[0].norm.vmin == -1.0 and ax.images[0].norm.vmax == 1.0
+
+
 def test_plot_embedding_filters_tiles_and_titles():
     torch.manual_seed(0)
     model = tiny_vit()  # 32 filters of 3x8x8
@@ -192,6 +211,29 @@ def test_plot_filter_variance():
     ratio = np.array([0.5, 0.3, 0.2])
     assert vitviz.plot_filter_variance(ratio, ax=ax2) is ax2
     np.testing.assert_allclose(ax2.lines[0].get_ydata(), [0.5, 0.8, 1.0])
+
+
+@pytest.mark.parametrize(("ratio", "message"), [
+    ([3.2, 1.1, 0.4], r"2 of the 3 values are not ratios in \[0, 1\] \(the first: component 1, 3.2\).*not the "
+                      "variances"),
+    ([0.5, np.nan, 0.1], r"component 2, nan"),
+    ([0.5, -0.2, 0.1], r"component 2, -0.2"),
+    ([0.6, 0.5, 0.1], r"sums to 1.2"),
+    ([[0.5, 0.2], [0.1, 0.1]], r"shape \(2, 2\) is not one ratio per component"),
+])
+def test_plot_filter_variance_refuses_what_is_not_a_ratio(ratio, message):
+    """The y axis is fixed at [0, 1.02]: variances (not ratios) and running sums above 1 were drawn off the top of
+    the axes, a NaN or negative bar was left out, and a 2-D table was flattened into "components", all silently."""
+    with pytest.raises(vitviz.InputError, match=message):
+        vitviz.plot_filter_variance(np.asarray(ratio))
+
+
+def test_plot_filter_variance_takes_ratios_of_any_array_kind():
+    ax = vitviz.plot_filter_variance(torch.tensor([[0.5, 0.3, 0.2]]))  # one row: one ratio per component
+    np.testing.assert_allclose([p.get_height() for p in ax.patches], [0.5, 0.3, 0.2])
+    np.testing.assert_allclose(ax.lines[0].get_ydata(), [0.5, 0.8, 1.0])
+    ax = vitviz.plot_filter_variance([0.4, 0.3, 0.3 + 1e-9])  # rounding past 1 is a sum of 1
+    assert ax.get_ylim() == (0, 1.02)
 
 
 def test_save_figure_writes_every_format(tmp_path):

@@ -106,6 +106,41 @@ def test_attention_overlay_has_a_labelled_colour_bar():
     w.set(rollout=True, layer=2)
     assert "rollout through layer 3 of 3" in w.status.value
 
+def test_signed_attention_is_drawn_on_a_diverging_scale():
+    """Differential attention's rows hold negative weights: on the scale from 0 to the map's maximum every patch of
+    a negative row was drawn in the bottom colour, under a bar from 0 to 1 and a status "0 to the map's max -0.221".
+    They are drawn as plot_attention_heads_grid draws them: RdBu_r from -m to m, m the largest |weight|."""
+    import matplotlib
+    from conftest import tiny_parallel
+
+    model = tiny_parallel("differential")
+    with torch.no_grad():  # lambda well above 1: rows dip below 0
+        for block in model.blocks:
+            block.attn.lambda_q1.fill_(0.5)
+            block.attn.lambda_k1.fill_(0.5)
+    x = torch.randn(1, 3, 32, 48)
+    w = explore_attention(model, x, alpha=1.0)  # the map alone: its colours can be read back
+    attn = captured(model, w)[-1][0].float()  # (H, N, N)
+    token = int(attn[0, 1:, 1:].amin(dim=1).argmin()) + 1  # the patch query whose head-1 row reaches lowest
+    w.set(head=0, query="patch", row=(token - 1) // 6, col=(token - 1) % 6)
+    heat = w.map()
+    np.testing.assert_allclose(heat, attn[0, token, 1:].reshape(4, 6).numpy(), atol=1e-6)
+    assert heat.min() < 0
+    m = float(np.abs(heat).max())
+    assert f"signed weights, {-m:.3g} (blue) to {m:.3g} (red)" in w.status.value and "RdBu_r" in w.status.value
+    error, step = _bar_colours(w.png, w.map_size[1], "RdBu_r")
+    assert error <= step
+    pixels = decode(w.png)
+    dh, dw = w.map_size
+    lut = matplotlib.colormaps["RdBu_r"]
+    for r, c in ((0, 0), (3, 5), ((token - 1) // 6, (token - 1) % 6)):  # each patch's centre: its weight's colour
+        y, x0 = int((r + 0.5) * dh / 4), int((c + 0.5) * dw / 6)
+        if (r, c) == ((token - 1) // 6, (token - 1) % 6):
+            x0 += 3 if dw / 6 > 8 else 0  # clear of the query's outline
+        want = np.asarray(lut((heat[r, c] + m) / (2 * m))[:3]) * 255
+        assert np.abs(pixels[y, x0].astype(float) - want).max() <= step, (r, c)
+
+
 def test_every_attention_control_changes_the_png():
     model = tiny_timm_vit(depth=3, num_heads=2)  # 4x6 grid: a non-square grid catches h/w swaps
     w = vitviz.explore_attention(model, photo())
@@ -330,9 +365,43 @@ def test_pos_embed_explorer_of_a_model_with_no_table_at_other_sizes():
         intermediate_size=64)).eval()
     p = explore_pos_embed(model)
     assert p.resolution.disabled and p.grid == (4, 6) and len(p.png)
+    shown = (p.png, p.resolution.value)
     with pytest.raises(vitviz.errors.InputError, match=r"img_size: ViTModel is built for a 4x6 grid"):
         p.set(resolution=64)
+    # refused while drawing: the size put back (it stayed at 64, and every later change failed on it)
+    assert (p.png, p.resolution.value) == shown
+    p.set(row=0, view="pca")
+    assert p.map().shape == (4, 6, 3)
     assert not explore_pos_embed(tiny_timm_vit()).resolution.disabled
+
+
+def test_pos_embed_resolution_off_the_stride_is_refused_and_nothing_changes():
+    """ipywidgets snaps only the browser's slider to its step: set(resolution=17) on 8 px patches was taken, the
+    draw then failed on a size that is no multiple of the stride, and the explorer stayed on it, every later change
+    failing the same way."""
+    from vitviz.errors import InputError
+
+    p = explore_pos_embed(tiny_timm_vit())
+    state = (p.png, p.resolution.value, p.row.value, p.col.value)
+    with pytest.raises(InputError, match=r"set\(resolution=17\): not a multiple of the 8 px token stride .*16 or 24"):
+        p.set(resolution=17)
+    assert (p.png, p.resolution.value, p.row.value, p.col.value) == state
+    p.set(resolution=24, row=2)  # on the stride: a 3x4... grid at 24x36 px
+    assert p.grid == (3, 4) and p.row.value == 2 and p.map().shape == (3, 4)
+
+
+def test_pos_embed_explorer_of_a_model_whose_size_is_no_multiple_of_its_stride():
+    """A model built for 36x52 px at 8 px patches (a 4x6 grid over 32x48 of them, as SigLIP's 384 px at 14 px
+    patches): the explorer asked for its table at 36x48 px, which no stride divides, and failed as it was built."""
+    model = tiny_timm_vit(img_size=(36, 52))
+    p = explore_pos_embed(model)
+    assert p.img_size == (36, 52) and p.grid == (4, 6)
+    np.testing.assert_allclose(p.map(), vitviz.pos_embed_similarity(model).numpy()[2, 3])
+    assert "the model&#x27;s own table" in p.status.value
+    p.set(resolution=16)  # other sizes on the stride, the width keeping the aspect ratio
+    assert p.img_size == (16, 24) and p.grid == (2, 3)
+    p.set(resolution=36)  # and back to its own size, off the stride
+    assert p.img_size == (36, 52) and p.grid == (4, 6)
 
 
 def test_pos_embed_colour_bar_is_labelled_minus_one_to_one():

@@ -28,7 +28,7 @@ from vitviz.core.capture import capture_attention, check_layer_index
 from vitviz.core.contexts import without_autocast
 from vitviz.core.images import Images, denormalise, load_images
 from vitviz.core.spec import inspect
-from vitviz.core.util import check_positive_int, eval_mode, is_int
+from vitviz.core.util import check_positive_int, eval_mode, float_array, is_int, is_number
 from vitviz.errors import InputError, InputTypeError, OutOfRangeError
 from vitviz.plot.style import (
     FIGSIZE,
@@ -106,6 +106,27 @@ def covered_pixels(model: nn.Module, x: torch.Tensor) -> tuple[int, int]:
     return min(gh * sh, int(x.shape[-2])), min(gw * sw, int(x.shape[-1]))
 
 
+def finite_maps(maps: torch.Tensor | np.ndarray, argument: str) -> torch.Tensor:
+    """``maps`` as a float tensor on the CPU, refused when any value is NaN or infinite: each map is divided by its
+    maximum before it is drawn, so one NaN (or inf) would blank its whole panel (every pixel NaN, drawn as nothing)
+    or leave one bright spot and the rest black, without a word.
+
+    Raises:
+        InputTypeError: ``maps`` does not hold numbers.
+        InputError: a value is NaN or infinite; the message names ``argument``, the first map and patch holding one,
+            and how many there are.
+    """
+    held = torch.from_numpy(float_array(maps, argument))
+    bad = ~torch.isfinite(held)
+    if bad.any():
+        where = tuple(int(i) for i in bad.nonzero()[0])
+        raise InputError(f"{argument} holds {int(bad.sum())} NaN or infinite values of {held.numel()} (the first at "
+                         f"index {where}: {held[where].item()}), which the figure cannot scale; recompute the maps "
+                         "(a NaN often comes from an overflow in half precision), or mark the values you mean with "
+                         "torch.nan_to_num(maps, nan=0.0) if 0 is what they stand for")
+    return held
+
+
 def check_map_grid(model: nn.Module, x: torch.Tensor, maps: torch.Tensor, argument: str) -> None:
     """Refuse ``(B, h, w)`` maps that are neither on the token grid of ``model`` for the batch ``x`` nor on its
     pixels: maps of other images (another size) or of another model would be stretched over these silently."""
@@ -161,8 +182,9 @@ def plot_rollout(
 
     Raises:
         InputError: ``mode`` unknown, ``ncols`` not a positive int, ``maps`` not one map per image on the images'
-            token grid (or pixel grid) or holding negative values (signed relevance: ``plot_explanations_grid``
-            with ``signed=True`` draws it), or ``labels`` not one per image.
+            token grid (or pixel grid), holding NaN or infinite values, or holding negative values (signed
+            relevance: ``plot_explanations_grid`` with ``signed=True`` draws it), or ``labels`` not one per image.
+        InputTypeError: ``maps`` does not hold numbers.
     """
     if mode not in MODES:
         raise InputError(f"mode must be one of {MODES}, got {mode!r}")
@@ -173,6 +195,7 @@ def plot_rollout(
     x = load_images(model, images)
     if maps is None:
         maps = attention_rollout(model, x, head_fusion=head_fusion, discard_ratio=discard_ratio, token=token)
+    maps = finite_maps(maps, "maps")
     if maps.ndim != 3 or maps.shape[0] != x.shape[0]:
         raise InputError(f"expected one (gh, gw) map per image: {x.shape[0]} images, maps {tuple(maps.shape)}")
     check_map_grid(model, x, maps, "maps")
@@ -383,7 +406,11 @@ def plot_attention_heads_grid(
 
 
 def _distances(source: nn.Module | torch.Tensor | np.ndarray, images: Images | None, patch_size: int | None,
-               batch_size: int) -> np.ndarray:
+               batch_size: int, argument: str = "model_or_distances") -> np.ndarray:
+    if patch_size is not None:  # a stride of 0 or -16 px drew every head at 0 or below it, without a word
+        if not is_number(patch_size) or not 0 < patch_size < math.inf:
+            raise InputError(f"patch_size={patch_size!r} is not a positive number of pixels; pass the token stride, "
+                             "e.g. patch_size=16, or None")
     if isinstance(source, nn.Module):
         if images is None:
             raise InputError("plot_attention_distance(model, images): pass the images to average over (the paper "
@@ -395,9 +422,16 @@ def _distances(source: nn.Module | torch.Tensor | np.ndarray, images: Images | N
                 raise InputError(f"patch_size= cannot rescale the non-square {sh}x{sw} stride of {inspect(source).name}")
             dist = dist * (patch_size / sh)
         return dist.numpy()
-    d = np.asarray(torch.as_tensor(source).detach().float().cpu())
-    if d.ndim != 2:
-        raise InputError(f"expected distances of shape (layers, heads), got {d.shape}")
+    d = float_array(source, argument)
+    if d.ndim != 2 or 0 in d.shape:
+        raise InputError(f"{argument}: expected distances of shape (layers, heads) with at least one of each, got "
+                         f"{d.shape}; pass vitviz.mean_attention_distance(model, images), or the model and images")
+    bad = ~np.isfinite(d) | (d < 0)
+    if bad.any():  # seaborn left NaN heads out without a word, and inf made matplotlib's axis limits fail
+        where = tuple(int(i) for i in np.argwhere(bad)[0])
+        raise InputError(f"{argument}: {int(bad.sum())} of the {d.size} distances are negative, NaN or infinite (the "
+                         f"first: layer {where[0] + 1}, head {where[1] + 1}: {d[where]}), and a mean attention "
+                         "distance is a finite length of at least 0; pass vitviz.mean_attention_distance's result")
     return d * patch_size if patch_size is not None else d
 
 
@@ -441,6 +475,10 @@ def plot_attention_distance(
 
     Returns:
         the axes: x "Network depth (layer)" counting layers from 1, y "Mean attention distance [pixels]".
+
+    Raises:
+        InputError: a model without ``images``; distances not of shape ``(layers, heads)``, empty, or holding a
+            negative, NaN or infinite value; ``patch_size`` not a positive number.
     """
     dist = _distances(model_or_distances, images, patch_size, batch_size)
     n_layers, n_heads = dist.shape
@@ -501,7 +539,7 @@ def plot_attention_distance_grid(
     """
     if not models:
         raise InputError("plot_attention_distance_grid needs at least one model")
-    dists = {name: _distances(src, images, None, batch_size) for name, src in models.items()}
+    dists = {name: _distances(src, images, None, batch_size, f"models[{name!r}]") for name, src in models.items()}
     heads = {d.shape[1] for d in dists.values()}
     top = max(float(np.nanmax(d)) for d in dists.values())
     if fig is None:

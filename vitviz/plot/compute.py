@@ -79,7 +79,13 @@ def plot_compute_panel(df: pd.DataFrame, metric: str = "avg5", *, ax: Axes | Non
 
     Returns:
         the axes, x log-scaled and labelled with the compute unit, y with the accuracy, a legend of families.
+
+    Raises:
+        UnknownNameError: ``df`` lacks ``family``, ``x`` or ``metric``.
+        InputError: a row's compute is not a positive number, or its ``metric`` is NaN (it would be left out of
+            the log axis without a word).
     """
+    _check_points(df, x, metric, label_col)
     if ax is None:
         fig = new_figure(FIGSIZE["single"])
         fig.set_layout_engine("constrained")
@@ -114,6 +120,24 @@ def plot_compute_panel(df: pd.DataFrame, metric: str = "avg5", *, ax: Axes | Non
     if annotate:
         annotate_models(ax, df, metric, x=x, label_col=label_col)
     return ax
+
+
+def _check_points(df: pd.DataFrame, x: str, metric: str, label_col: str) -> None:
+    """Refuse rows the panel cannot draw: on the log x axis matplotlib leaves a compute of 0, a negative one or NaN
+    out of the scatter, and a NaN accuracy is no point either, so a model went missing from the figure without a
+    word."""
+    missing = [c for c in ("family", x, metric) if c not in df.columns]
+    if missing:
+        raise UnknownNameError(f"plot_compute_panel: the DataFrame lacks columns {missing}; it has {list(df.columns)}")
+    xs, ys = df[x].to_numpy(float), df[metric].to_numpy(float)
+    bad = ~(np.isfinite(xs) & (xs > 0) & np.isfinite(ys))
+    if bad.any():
+        names = df[label_col] if label_col in df.columns else df.index.to_series()
+        shown = [f"{n} ({x}={a:g}, {metric}={b:g})" for n, a, b in zip(names[bad], xs[bad], ys[bad])]
+        raise InputError(f"{int(bad.sum())} of the {len(df)} rows cannot be drawn on the log {x} axis (a compute "
+                         f"that is not a positive number, or a NaN {metric}): {', '.join(shown[:5])}"
+                         f"{', ...' if len(shown) > 5 else ''}; drop or fix those rows, e.g. "
+                         f"df[(df[{x!r}] > 0) & df[{metric!r}].notna()]")
 
 
 def annotate_models(ax: Axes, df: pd.DataFrame, metric: str, *, x: str = "exaflops", label_col: str = "model"

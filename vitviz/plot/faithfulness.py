@@ -216,16 +216,18 @@ def plot_explanations_grid(model: Any, images: Any, maps: Mapping[str, torch.Ten
         the last row's).
 
     Raises:
-        InputError: a map set that is not one map per image on the images' token grid, or ``labels`` not one per
-            image.
+        InputError: a map set that is not one map per image on the images' token grid or that holds NaN or infinite
+            values, or ``labels`` not one per image.
+        InputTypeError: a map set that does not hold numbers.
     """
 
     from vitviz.core.images import denormalise, load_images
-    from vitviz.plot.attention import check_map_grid, covered_pixels, upsample_maps
+    from vitviz.plot.attention import check_map_grid, covered_pixels, finite_maps, upsample_maps
 
     x = load_images(model, images)
     names = list(maps)
     b = len(x)
+    maps = {name: finite_maps(maps[name], f"maps[{name!r}]") for name in names}
     for name in names:
         if maps[name].ndim != 3 or maps[name].shape[0] != b:
             raise InputError(f"maps[{name!r}] of shape {tuple(maps[name].shape)} is not one (gh, gw) map per image "

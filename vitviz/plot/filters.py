@@ -8,6 +8,7 @@ conv (the patch projection there is a 1x1 conv over features, with no RGB filter
 from __future__ import annotations
 
 import math
+from typing import Any
 
 import numpy as np
 import torch
@@ -16,7 +17,7 @@ from torch import nn
 
 from vitviz.analysis.filters import embedding_filters, filter_pca
 from vitviz.core.spec import inspect
-from vitviz.core.util import check_positive_int
+from vitviz.core.util import check_positive_int, float_array
 from vitviz.errors import InputError
 from vitviz.plot.style import FIGSIZE, new_figure, styled
 
@@ -105,6 +106,28 @@ def plot_embedding_filters(model: nn.Module, *, ax: Axes | None = None, n_compon
     return ax
 
 
+def _ratios(values: Any) -> np.ndarray:
+    """``values`` as explained variance ratios, one per component, refused where they cannot be: the y axis is fixed
+    at ``[0, 1.02]``, so a ratio above 1 (variances, not their ratios) or a running sum above 1 was drawn off the
+    top of the axes, a NaN or negative bar left out, and a 2-D table flattened into one row of "components"."""
+    ratio = float_array(values, "model_or_ratio")
+    if sum(n > 1 for n in ratio.shape) > 1:
+        raise InputError(f"model_or_ratio of shape {ratio.shape} is not one ratio per component; pass a 1-D ratio, "
+                         "e.g. vitviz.filter_pca(weights, n)[1], or the model")
+    ratio = ratio.reshape(-1)
+    bad = ~np.isfinite(ratio) | (ratio < 0) | (ratio > 1)
+    if bad.any():
+        k = int(np.flatnonzero(bad)[0])
+        raise InputError(f"model_or_ratio: {int(bad.sum())} of the {ratio.size} values are not ratios in [0, 1] (the "
+                         f"first: component {k + 1}, {ratio[k]}); pass the explained variance ratio (each variance "
+                         "divided by their total), e.g. vitviz.filter_pca(weights, n)[1], not the variances")
+    if ratio.sum() > 1 + 1e-6:
+        raise InputError(f"model_or_ratio sums to {ratio.sum():.6g}, but explained variance ratios of one "
+                         "decomposition sum to at most 1; pass the ratio of one decomposition (each variance divided "
+                         "by their total)")
+    return ratio
+
+
 @styled
 def plot_filter_variance(
     model_or_ratio: nn.Module | torch.Tensor | np.ndarray,
@@ -126,7 +149,9 @@ def plot_filter_variance(
         y "Explained variance ratio".
 
     Raises:
-        InputError: ``n_components`` is not a positive int (or None), or there are no ratios to plot.
+        InputError: ``n_components`` is not a positive int (or None), or there are no ratios to plot, or the ratios
+            are not 1-D, hold a value outside ``[0, 1]`` (or NaN), or sum to more than 1.
+        InputTypeError: the ratios are not numbers.
     """
     if n_components is not None:
         check_positive_int(n_components, "n_components", "how many components to show (or None for all, at most "
@@ -140,7 +165,7 @@ def plot_filter_variance(
         where = "backbone stem conv" if spec.hybrid else "embedding filters"
         title = f"Variance of the RGB {where} — {spec.name}"
     else:
-        ratio = np.asarray(torch.as_tensor(model_or_ratio).detach().cpu().double()).reshape(-1)
+        ratio = _ratios(model_or_ratio)
     if ratio.size == 0:
         raise InputError("no explained variance ratios to plot")
     total = ratio.size

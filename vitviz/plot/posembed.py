@@ -18,7 +18,7 @@ from matplotlib.patches import Rectangle
 from torch import nn
 
 from vitviz.analysis.posembed import Size, pos_embed_similarity
-from vitviz.core.util import check_positive_int, is_int
+from vitviz.core.util import check_positive_int, float_array, is_int
 from vitviz.errors import DataNotFoundError, InputError, InputTypeError, OutOfRangeError
 from vitviz.plot.style import FIGSIZE, colorbar_beside, label, new_figure, styled
 
@@ -27,6 +27,7 @@ __all__ = ["plot_pos_embed", "plot_pos_embed_similarity", "plot_posemb_ablation_
 ROW_LABEL = "Input patch row"
 COL_LABEL = "Input patch column"
 CBAR_LABEL = "Cosine similarity"
+COSINE_SLACK = 1e-4  # float32 rounding: a cosine may come out a little past 1
 
 
 def _ordinal(k: int) -> str:
@@ -82,9 +83,17 @@ def _cmap(name: str):
 def _as_sim(source: nn.Module | torch.Tensor | np.ndarray) -> np.ndarray:
     if isinstance(source, nn.Module):
         source = pos_embed_similarity(source)
-    sim = np.asarray(torch.as_tensor(source).detach().cpu().float())
+    sim = float_array(source, "sim").astype(np.float32)
     if sim.ndim != 4 or sim.shape[:2] != sim.shape[2:]:
         raise InputError(f"expected similarities of shape (gh, gw, gh, gw), got {sim.shape}")
+    # the scale is fixed at [-1, 1]: a larger value (dot products, not cosines) was drawn in the end colour, a NaN in
+    # none (the axes background), and the colorbar said "Cosine similarity" all the same
+    bad = ~(np.abs(sim) <= 1.0 + COSINE_SLACK)
+    if bad.any():
+        where = tuple(int(i) for i in np.argwhere(bad)[0])
+        raise InputError(f"sim holds {int(bad.sum())} values that are no cosine similarity (NaN, or outside [-1, 1]; "
+                         f"the first at {where}: {sim[where]}); pass vitviz.pos_embed_similarity(model) (or the "
+                         "model), not dot products or distances")
     return sim
 
 
@@ -194,7 +203,8 @@ def plot_pos_embed_similarity(
         the axes.
 
     Raises:
-        InputTypeError: ``query`` is not a ``(row, column)`` pair of ints.
+        InputError: ``sim`` is not of shape ``(gh, gw, gh, gw)``, or holds a NaN or a value outside ``[-1, 1]``.
+        InputTypeError: ``query`` is not a ``(row, column)`` pair of ints, or ``sim`` does not hold numbers.
         OutOfRangeError: ``query`` is outside the grid.
     """
     r, c = _patch(query)

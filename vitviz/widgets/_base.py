@@ -115,26 +115,38 @@ class Explorer(widgets.VBox):
             raise NoSuchAttributeError(f"{type(self).__name__} has no control named {unknown}; its controls are "
                                  f"{self.control_names()}")
         before = {name: getattr(self, name).value for name in self.control_names()}
-        with self.hold():
-            try:
-                for name, value in values.items():  # each checked against what the ones before it made (a new
-                    getattr(self, name).value = self._checked(name, value)  # resolution gives other rows)
-            except InputError:
-                self._restore(before)
-                raise
+        try:
+            with self.hold():
+                try:
+                    for name, value in values.items():  # each checked against what the ones before it made (a new
+                        getattr(self, name).value = self._checked(name, value)  # resolution gives other rows)
+                except InputError:
+                    self._restore(before)
+                    raise
+        except InputError:
+            # refused while drawing the new values (a view the model cannot give): the controls go back to the view
+            # shown, or every later change would fail on the value left in place
+            if any(getattr(self, name).value != value for name, value in before.items()):
+                with self.hold():
+                    self._restore(before)
+            raise
         return self
 
     def _restore(self, values: dict[str, Any]) -> None:
         """Put the controls back to ``values`` (inside ``hold()``). A value the first pass cannot set yet (a row of
-        a grid that a control set later in the pass restores) is set in a second."""
-        pending = []
-        for name, value in values.items():
-            try:
-                getattr(self, name).value = value
-            except TraitError:
-                pending.append(name)
-        for name in pending:
-            getattr(self, name).value = values[name]
+        a grid that a control set later in the pass restores), or that a control set after it changes again (a
+        resolution moves the row and column sliders to the same place on the new grid), is set in a later pass."""
+        for _ in range(3):
+            for name, value in values.items():
+                try:
+                    if getattr(self, name).value != value:
+                        getattr(self, name).value = value
+                except TraitError:
+                    pass
+            if all(getattr(self, name).value == value for name, value in values.items()):
+                return
+        for name, value in values.items():  # the last word: a value that cannot be set raises here
+            getattr(self, name).value = value
 
     def _checked(self, name: str, value: Any) -> Any:
         """``value`` (an integer of any kind as a Python int), or refused when the control cannot hold it, naming

@@ -76,16 +76,17 @@ def colorize(values: np.ndarray, cmap: str, vmin: float, vmax: float) -> np.ndar
 
 def overlay(base: np.ndarray, heat: np.ndarray, *, alpha: float = 0.6, cmap: str = "inferno",
             interpolation: str = "nearest", vmax: float | None = None,
-            covered: tuple[int, int] | None = None) -> np.ndarray:
+            covered: tuple[int, int] | None = None, vmin: float = 0.0) -> np.ndarray:
     """A heat map blended over an image.
 
     Args:
         base: ``(dh, dw, 3)`` uint8 image at display size.
-        heat: ``(gh, gw)`` non-negative map (one value per patch).
+        heat: ``(gh, gw)`` map (one value per patch), non-negative unless ``vmin`` is below 0.
         alpha: opacity of the heat colours (0: image only, 1: map only).
         cmap: matplotlib colormap name.
         interpolation: ``nearest`` (patch blocks), ``bilinear`` or ``bicubic`` upsampling of the map.
         vmax: value drawn with the top colour (default: the map's maximum, as in the paper's Fig. 6).
+        vmin: value drawn with the bottom colour (default 0; ``-vmax`` for a signed map on a diverging scale).
         covered: the ``(ch, cw)`` display pixels the patch grid covers (``covered_display``); the map is stretched
             over those alone and the rest, which no patch sees, gets the bottom colour. Default: the whole image.
 
@@ -94,7 +95,8 @@ def overlay(base: np.ndarray, heat: np.ndarray, *, alpha: float = 0.6, cmap: str
     """
     heat = np.asarray(heat, dtype=np.float32)
     top = float(heat.max()) if vmax is None else float(vmax)
-    colours = colorize(_display(heat, base.shape[:2], interpolation, covered), cmap, 0.0, top if top > 0 else 1.0)
+    colours = colorize(_display(heat, base.shape[:2], interpolation, covered), cmap, vmin,
+                       top if top > vmin else vmin + 1.0)
     out = (1.0 - alpha) * base.astype(np.float32) + alpha * colours.astype(np.float32)
     return out.round().clip(0, 255).astype(np.uint8)
 

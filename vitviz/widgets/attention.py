@@ -51,6 +51,7 @@ from vitviz.widgets._render import (
 __all__ = ["AttentionExplorer", "explore_attention"]
 
 DEFAULT_CACHE_BYTES = 256 * 2**20  # captured maps and rollout products kept per explorer
+SIGNED_CMAP = "RdBu_r"  # maps with negative weights: red positive, blue negative, white 0
 
 
 def _nbytes(value: torch.Tensor | Sequence[torch.Tensor]) -> int:
@@ -144,7 +145,8 @@ class AttentionExplorer(Explorer):
     ``head=0``), ``query`` (a prefix-token index, ``"mean"``, ``"readout"`` or ``"patch"``), ``rollout`` (bool),
     ``discard`` (rollout discard ratio), ``alpha`` (overlay opacity) and ``image_index`` (when several images are
     given). ``image.value`` holds the PNG shown: the overlay, then its colour bar (0 to the map's maximum, ticks
-    labelled); ``status`` says what it is, counting layers, heads, rows and columns from 1 as the figures' titles
+    labelled; a map with negative weights, differential attention's, from ``-m`` to ``m`` on ``RdBu_r``, ``m`` its
+    largest absolute weight, as ``plot_attention_heads_grid`` draws it); ``status`` says what it is, counting layers, heads, rows and columns from 1 as the figures' titles
     and the sliders do. ``map()`` returns the current ``(gh, gw)`` numbers.
     """
 
@@ -293,16 +295,29 @@ class AttentionExplorer(Explorer):
         row = self._row()
         p = self.spec.num_prefix_tokens
         heat = row[p:].reshape(self.grid).numpy()
-        pixels = overlay(self._base(self.image_index.value), heat, alpha=float(self.alpha.value), cmap=self.cmap,
-                         interpolation=self.interpolation, covered=self._extent)
+        cmap, vmin, vmax = self.scale(heat)
+        pixels = overlay(self._base(self.image_index.value), heat, alpha=float(self.alpha.value), cmap=cmap,
+                         interpolation=self.interpolation, covered=self._extent, vmin=vmin, vmax=vmax)
         if self.query.value == "patch":
             pixels = mark_cell(pixels, (self.row.value, self.col.value), self.grid, covered=self._extent)
-        top = float(heat.max())  # the overlay's scale: 0 to the map's maximum (overlay's default)
-        bar = colorbar(self.map_size[0], self.cmap, ticks=((0.0, "0"), (1.0, f"{top if top > 0 else 1.0:.3g}")))
+        ticks = ((0.0, f"{vmin:.3g}"), (0.5, "0"), (1.0, f"{vmax:.3g}")) if vmin < 0 else \
+            ((0.0, "0"), (1.0, f"{vmax:.3g}"))
+        bar = colorbar(self.map_size[0], cmap, ticks=ticks)
         pixels = np.concatenate([pixels, bar], axis=1)
         # the prefix tokens' share of the row: a fused max (min) row sums to more (less) than 1
         total = float(row.sum())
         return png_bytes(pixels), self._status(heat, float(row[:p].sum()) / total if p and total > 0 else 0.0)
+
+    def scale(self, heat: np.ndarray) -> tuple[str, float, float]:
+        """``(cmap, vmin, vmax)`` of the overlay of ``heat``: the explorer's colormap from 0 to the map's maximum;
+        for a map holding negative weights (differential attention's signed rows; a scale from 0 drew them all in the
+        bottom colour) ``SIGNED_CMAP`` from ``-m`` to ``m``, ``m`` the largest absolute weight, as
+        ``vitviz.plot_attention_heads_grid`` draws them."""
+        low, top = float(heat.min()), float(heat.max())
+        if low < 0:
+            m = max(-low, top)
+            return SIGNED_CMAP, -m, m
+        return self.cmap, 0.0, top if top > 0 else 1.0
 
     def _status(self, heat: np.ndarray, to_prefix: float) -> str:
         layer, head = self.layer.value, self.head.value
@@ -318,8 +333,15 @@ class AttentionExplorer(Explorer):
             query = f"patch (row {self.row.value + 1}, column {self.col.value + 1})"
         click = " Click the image to pick a query patch." if self.clickable else ""
         return (f"<span style='font-size:90%'>{html.escape(what)}; {html.escape(heads)}; query: "
-                f"{html.escape(query)}. Colour (the bar): 0 to the map's max {heat.max():.3g} "
-                f"({self.cmap}); {to_prefix:.0%} of the row goes to prefix tokens.{click}</span>")
+                f"{html.escape(query)}. Colour (the bar): {html.escape(self._scale_words(heat))}; "
+                f"{to_prefix:.0%} of the row goes to prefix tokens.{click}</span>")
+
+    def _scale_words(self, heat: np.ndarray) -> str:
+        cmap, vmin, vmax = self.scale(heat)
+        if vmin < 0:
+            return (f"signed weights, {vmin:.3g} (blue) to {vmax:.3g} (red), 0 white ({cmap}); the map spans "
+                    f"{heat.min():.3g} to {heat.max():.3g}")
+        return f"0 to the map's max {heat.max():.3g} ({cmap})"
 
     # -- control logic -------------------------------------------------------------------------------------------
 

@@ -98,6 +98,8 @@ class PosEmbedExplorer(Explorer):
         """The input size ``(H, W)`` in pixels the embedding is resampled to (the model's own at start)."""
         (h0, w0), pw = self.spec.img_size, self.spec.patch_size[1]
         h = int(self.resolution.value)
+        if h == h0:  # the model's own size, also where it is no multiple of the stride (384 px at 14 px patches)
+            return h0, w0
         return h, max(pw, round(h * w0 / h0 / pw) * pw)
 
     @property
@@ -166,6 +168,17 @@ class PosEmbedExplorer(Explorer):
         return f"<span style='font-size:90%'>{html.escape(text)}{click}</span>"
 
     # -- control logic -------------------------------------------------------------------------------------------
+
+    def _checked(self, name: str, value: Any) -> Any:
+        """As ``Explorer._checked``; a ``resolution`` that is no multiple of the slider's step (the token stride),
+        which ipywidgets takes as it is (it snaps only the browser's slider), is refused naming the two nearest."""
+        value = super()._checked(name, value)
+        step, low = self.resolution.step, self.resolution.min
+        if name == "resolution" and (value - low) % step and value != self.spec.img_size[0]:  # the model's own
+            below = low + (value - low) // step * step
+            raise InputError(f"{type(self).__name__}.set(resolution={value!r}): not a multiple of the {step} px token "
+                             f"stride the resolution slider steps by; pass e.g. {below} or {below + step}")
+        return value
 
     def select_patch(self, row: int, col: int) -> None:
         """Make patch ``(row, col)`` (zero-based, at the current resolution) the query."""
