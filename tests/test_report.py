@@ -580,3 +580,46 @@ def test_gallery_refuses_a_report_that_is_not_complete(tmp_path):
     (tmp_path / "rep" / "meta.json").write_text(json.dumps(meta))
     assert [p.name for p in report.write_gallery(tmp_path / "rep", tmp_path / "gallery")] == [
         "paper_fig5_compute_curves.png"]
+
+
+def test_a_rerun_starts_clean_and_never_shows_an_earlier_runs_files(tmp_path, monkeypatch):
+    """A rerun into a report folder left ``figures/``, ``arrays/`` and ``notebooks/`` of the earlier run in place: a
+    figure that failed this time (or a file a killed run wrote before its meta.json listed it) stayed beside the new
+    ones, as if current. Now the earlier report's three folders are emptied before the first step (only once the
+    models loaded: a refused rerun keeps the earlier report whole); a folder whose ``figures/`` holds files that no
+    vitviz report wrote (no meta.json) is refused, naming it, and nothing in it is touched."""
+    import matplotlib.pyplot as plt
+
+    def black() -> tuple[object, dict[str, np.ndarray]]:
+        return plt.figure(figsize=(2, 1)), {"value": np.ones(1)}
+
+    _two_step_report(monkeypatch, black)
+    out = tmp_path / "rep"
+    _render(out)
+    (out / "figures" / "killed_step.png").write_bytes(b"written by a run killed before meta.json listed it")
+
+    def broken() -> tuple[object, dict[str, np.ndarray]]:
+        raise RuntimeError("fails this time")
+
+    _two_step_report(monkeypatch, broken)
+    with pytest.raises(FileNotFoundError, match="is not a file"):  # refused before anything is touched
+        report.render_report(out, models=("cifar10-vit",), model="cifar10-vit", checkpoint=tmp_path / "typo.pth",
+                             formats=("png",), device="cpu", progress=False, notebooks=())
+    assert (out / "figures" / "table8_posemb_ablation.png").is_file()
+    rep = _render(out)
+    assert [f["name"] for f in rep.failures] == ["table8_posemb_ablation"]
+    assert sorted(p.name for p in (out / "figures").iterdir()) == ["paper_fig5_compute_curves.png"]
+    assert sorted(p.name for p in (out / "arrays").iterdir()) == ["paper_fig5_compute_curves.npz"]
+    executed = write_notebook(out / "notebooks" / "mine.ipynb", "x = 1")  # an input the emptying would delete
+    with pytest.raises(InputError, match=r"mine.ipynb' lies in .*notebooks', which the report empties"):
+        report.render_report(out, models=("cifar10-vit",), formats=("png",), device="cpu", progress=False,
+                             notebooks=[executed])
+    assert executed.is_file()
+
+    stranger = tmp_path / "mine"
+    (stranger / "figures").mkdir(parents=True)
+    (stranger / "figures" / "holiday.png").write_bytes(b"not vitviz's")
+    with pytest.raises(InputError, match=r"(?s)out='.*mine'.*figures.*holiday.png.*no vitviz report wrote.*new or empty folder"):
+        _render(stranger)
+    assert (stranger / "figures" / "holiday.png").read_bytes() == b"not vitviz's"
+    assert not (stranger / "meta.json").exists()

@@ -65,8 +65,8 @@ def index_html(report: Report, meta: dict[str, Any]) -> str:
         f"<p class=failed>Status: {_e(status)}. "
         + ("This report is being rendered (or its run was killed)" if status == "running" else
            "This report's run was stopped part-way")
-        + ": below are only the figures and notebooks it has written so far; <code>figures/</code> may still hold "
-        "files of an earlier run. Render it again to the end for a complete report.</p>")
+        + ": below are only the figures and notebooks it has written so far; <code>figures/</code> may also hold "
+        "files of the step that was running, not listed here. Render it again to the end for a complete report.</p>")
     return (
         f"<!doctype html><html><head><meta charset=utf-8><title>vitviz report</title><style>{STYLE}</style>"
         f"</head><body><h1>vitviz report</h1>{banner}"
