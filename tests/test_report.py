@@ -480,6 +480,16 @@ def test_command_line_models_refuses_a_checkpoints_folder_that_is_not_there(tmp_
     assert "vitviz: error: --checkpoints" in err and "typo' is not a folder" in err and "Traceback" not in err
 
 
+def test_command_line_models_refuses_a_checkpoints_folder_without_cards(tmp_path, capsys):
+    """A folder that holds no card (the weights folder's parent, a folder of .safetensors only) printed every
+    reference model as untrained and exited 0, as a typo did."""
+    (tmp_path / "cifar10-vit.safetensors").write_bytes(b"")
+    assert main(["models", "--checkpoints", str(tmp_path)]) == 2
+    out, err = capsys.readouterr()
+    assert out == "" and "Traceback" not in err
+    assert f"vitviz: error: --checkpoints {str(tmp_path)!r} holds no reference card (<model>.json)" in err
+
+
 def _two_step_report(monkeypatch, second: report.Job) -> None:
     """``render_report``'s steps cut to two figures of the README's gallery: a white one, then ``second``."""
     import matplotlib.pyplot as plt

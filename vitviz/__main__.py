@@ -66,11 +66,14 @@ def main(argv: list[str] | None = None) -> int:
     sub.add_parser("study", help="run the hybrid-versus-pure study (vitviz study --help)")
     a = p.parse_args(argv)
     if a.cmd == "models":
-        from vitviz.zoo.cards import markdown_table, posemb_ablation_results, reference_table
+        from vitviz.zoo.cards import markdown_table, posemb_ablation_results, read_cards, reference_table
 
         if a.checkpoints is not None and not Path(a.checkpoints).is_dir():  # it would list every model untrained
             raise DataNotFoundError(f"--checkpoints {a.checkpoints!r} is not a folder; pass the folder of the "
                                     "reference cards (<model>.json), or leave it out for vitviz/zoo/checkpoints")
+        if a.checkpoints is not None and not read_cards(a.checkpoints):  # as would a folder without a card
+            raise DataNotFoundError(f"--checkpoints {a.checkpoints!r} holds no reference card (<model>.json); pass "
+                                    "the folder the cards were exported to, or leave it out for vitviz/zoo/checkpoints")
 
         print(markdown_table(reference_table(a.checkpoints).drop(columns=["description"])))
         print()
