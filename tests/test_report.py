@@ -633,3 +633,36 @@ def test_a_rerun_starts_clean_and_never_shows_an_earlier_runs_files(tmp_path, mo
         _render(stranger)
     assert (stranger / "figures" / "holiday.png").read_bytes() == b"not vitviz's"
     assert not (stranger / "meta.json").exists()
+
+
+def test_a_setting_a_notebook_does_not_take_is_said_in_the_index_and_on_the_command_line(tmp_path, monkeypatch,
+                                                                                         capsys):
+    """``--model``/``--images`` went silently unused by a notebook that declares no parameter for them (notebook 05
+    takes neither, 01 no images): its figures, drawn on its own defaults, sat beside the others as if of your model.
+    Each notebook's entry now lists what it did not take; the index and the command line say so, and with several
+    ``--model`` that the notebooks ran on the first only."""
+    import vitviz.report.notebooks as notebooks
+    from vitviz.report.html import index_html
+
+    monkeypatch.setattr(notebooks, "run_notebook", lambda path, out, params, **kw: notebooks.NotebookRun(
+        Path(path).stem, str(path), dict(params), ok=True))
+    own = write_notebook(tmp_path / "own.ipynb", "out_dir = None")
+    takes = write_notebook(tmp_path / "takes.ipynb", 'out_dir = None\nmodel_name = "m"\ndata_dir = None')
+    rep = report.Report(tmp_path / "rep")
+    settings = {"out_dir": tmp_path, "arrays_dir": None, "model": "vit_tiny_patch16_224", "checkpoint": None,
+                "images": tmp_path / "imgs"}
+    for nb in (own, takes):
+        report._notebook_step(rep, nb, settings, "python3", None)()
+    assert [nb["not_taken"] for nb in rep.notebooks] == [
+        {"model": "vit_tiny_patch16_224", "images": str(tmp_path / "imgs")}, {}]
+    meta = {"models": {"a": {"spec": ""}, "b": {"spec": ""}}, "model": "vit_tiny_patch16_224", "created": "",
+            "versions": {"vitviz": ""}, "git_commit": None, "device": "cpu"}
+    page = index_html(rep, meta)
+    assert page.count("takes no") == 2 and "takes no model: ran on its own, not vit_tiny_patch16_224" in page
+    assert "they ran on vit_tiny_patch16_224 only, not on the other 1 models" in page
+    monkeypatch.setattr(report, "render_report", lambda *a, **k: rep)
+    assert main(["report", "--out", str(tmp_path / "rep"), "--model", "vit_tiny_patch16_224", "--model", "x"]) == 0
+    out = capsys.readouterr().out
+    assert "note: notebook own takes no model: it ran on its own, not --model 'vit_tiny_patch16_224'" in out
+    assert "note: notebook own takes no images" in out and "note: notebook takes" not in out
+    assert "they ran on the first --model, 'vit_tiny_patch16_224', only" in out

@@ -36,17 +36,20 @@ def main(argv: list[str] | None = None) -> int:
     r.add_argument("--model", action="append", metavar="NAME_OR_PATH",
                    help="what vitviz.load_model takes: a timm or reference model name, a weights file, a model "
                         "folder or a Hub id (repeatable): the package figures use each, the notebooks get the first "
-                        "as model_name (default: the reference models, the notebooks' defaults)")
+                        "as model_name (default: the reference models, the notebooks' defaults); a notebook without "
+                        "a model parameter keeps its own models, said in the index and on exit")
     r.add_argument("--checkpoint", action="append", metavar="FILE",
                    help="a weights file for --model's architecture: a .safetensors, .pth/.pt/.bin or the original "
                         "JAX .npz, e.g. --model vit_base_patch16_224 --checkpoint ViT-B_16.npz; used by the package "
-                        "figures and the notebooks. Repeatable, one per --model in the same order ('none': that "
+                        "figures and, for the first --model, the notebooks. Repeatable, one per --model in the same "
+                        "order ('none': that "
                         "model's own weights), to compare checkpoints: --model vit_tiny_patch16_224 --checkpoint "
                         "a.pth --model vit_tiny_patch16_224 --checkpoint b.pth")
     r.add_argument("--images", metavar="DIR",
                    help="your images for every figure that shows images (the notebooks' data_dir and the package "
                         "figures): one image file, a flat folder (jpg/png/webp, sorted by name) or <class>/<image> "
-                        "subfolders")
+                        "subfolders; a notebook without an image parameter keeps its own images, said in the index "
+                        "and on exit")
     r.add_argument("--notebooks", default=None, metavar="FILES",
                    help="comma-separated notebooks to execute (default: the installed ones, vitviz.notebooks, built "
                         "from the repository's notebooks/; 'none' for none)")
@@ -132,6 +135,12 @@ def report(a: argparse.Namespace) -> int:
 
         print(f"gallery: {len(write_gallery(rep.out, a.gallery))} figures in {a.gallery}/")
     notes = {f["note"] for f in rep.figures if f["note"]}
+    if len(a.model or []) > 1 and rep.notebooks:
+        notes.add(f"the notebooks take one model: they ran on the first --model, {a.model[0]!r}, only")
+    for nb in rep.notebooks:
+        for key, value in nb.get("not_taken", {}).items():
+            option = "--model" if key == "model" else "--images"
+            notes.add(f"notebook {nb['name']} takes no {key}: it ran on its own, not {option} {value!r}")
     for note in sorted(notes):
         print(f"  note: {note}")
     for f in rep.failures:

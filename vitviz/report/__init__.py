@@ -368,8 +368,9 @@ def _figure_step(report: Report, m: LoadedModel, name: str, fn: Job) -> Callable
 def _notebook_step(report: Report, path: Path, settings: dict[str, Any], kernel: str,
                    cell_timeout: int | None) -> Callable[[], None]:
     def step() -> None:
-        from vitviz.report.notebooks import NotebookRun, parameters_for, run_notebook
+        from vitviz.report.notebooks import PARAMETER_NAMES, NotebookRun, parameters_for, run_notebook
 
+        params = None
         try:
             params = parameters_for(path, **settings)
             run = run_notebook(path, report.out / "notebooks", params, kernel=kernel, cell_timeout=cell_timeout,
@@ -379,6 +380,10 @@ def _notebook_step(report: Report, path: Path, settings: dict[str, Any], kernel:
                                                                "ename": type(e).__name__, "evalue": str(e),
                                                                "message": f"{path.name}: {type(e).__name__}: {e}"})
         entry = run.as_dict()
+        # a setting given that the notebook has no parameter for: it ran on its own default instead (said in the index)
+        entry["not_taken"] = {} if params is None else {
+            key: str(settings[key]) for key in ("model", "images")
+            if settings.get(key) is not None and not any(n in params for n in PARAMETER_NAMES[key])}
         for key in ("executed", "html"):
             entry[key] = str(Path(entry[key]).relative_to(report.out)) if entry[key] else None
         entry["files"] = [str(Path(f).relative_to(report.out)) for f in run.files]
