@@ -666,3 +666,15 @@ def test_a_setting_a_notebook_does_not_take_is_said_in_the_index_and_on_the_comm
     assert "note: notebook own takes no model: it ran on its own, not --model 'vit_tiny_patch16_224'" in out
     assert "note: notebook own takes no images" in out and "note: notebook takes" not in out
     assert "they ran on the first --model, 'vit_tiny_patch16_224', only" in out
+
+
+def test_two_notebooks_of_one_name_are_refused_before_anything_is_written(tmp_path):
+    """Both were executed into ``notebooks/<name>.ipynb`` and ``.html``: the second overwrote the first, whose entry
+    in the index then linked the second's page as its own."""
+    for folder in ("a", "b"):
+        (tmp_path / folder).mkdir()
+        write_notebook(tmp_path / folder / "same.ipynb", "out_dir = None")
+    with pytest.raises(InputError, match=r"notebooks= holds two notebooks named 'same'.*a/same.ipynb.*b/same.ipynb"):
+        report.render_report(tmp_path / "rep", models=("cifar10-vit",), progress=False,
+                             notebooks=[tmp_path / "a" / "same.ipynb", tmp_path / "b" / "same.ipynb"])
+    assert not (tmp_path / "rep").exists()

@@ -550,8 +550,13 @@ def render_report(
         checkpoint = next((f for n, f, _ in weights if n == model), None)
     elif checkpoint is not None:
         checkpoint = Path(checkpoint).resolve()  # the notebooks run in their own folder
-    loaded = [load_or_random(name, device, file, key) for name, file, key in weights]
     nb_paths = find_notebooks() if notebooks is None else [Path(p) for p in notebooks]
+    for i, nb in enumerate(nb_paths):  # each is executed into notebooks/<stem>.ipynb and .html
+        other = next((o for o in nb_paths[:i] if o.stem == nb.stem), None)
+        if other is not None:
+            raise InputError(f"notebooks= holds two notebooks named {nb.stem!r} ({str(other)!r}, {str(nb)!r}): both "
+                             f"would be written to notebooks/{nb.stem}.ipynb; rename one, or pass each once")
+    loaded = [load_or_random(name, device, file, key) for name, file, key in weights]
     none = LoadedModel("", nn.Identity(), True)
     image_path = Path(images).resolve() if images is not None else None
     distances: dict[str, dict[str, Any]] = {}  # each model's attention distances, for the comparison
