@@ -678,3 +678,24 @@ def test_two_notebooks_of_one_name_are_refused_before_anything_is_written(tmp_pa
         report.render_report(tmp_path / "rep", models=("cifar10-vit",), progress=False,
                              notebooks=[tmp_path / "a" / "same.ipynb", tmp_path / "b" / "same.ipynb"])
     assert not (tmp_path / "rep").exists()
+
+
+def test_a_notebook_that_fails_before_it_runs_is_not_shown_by_an_earlier_runs_pages(tmp_path):
+    """``run_notebook`` into a folder holding an earlier run's ``<name>.ipynb``: where papermill failed before it
+    wrote anything (an unreadable notebook, a kernel that does not start), the earlier run's executed notebook was
+    taken for this run's (``executed`` set, its HTML made again from it). Now it is removed first."""
+    from vitviz.report.notebooks import run_notebook
+
+    out = tmp_path / "out"
+    out.mkdir()
+    write_notebook(out / "nb.ipynb", "x = 1", "print('an earlier run')")  # the earlier run's executed notebook
+    (out / "nb.html").write_text("<html>an earlier run</html>")
+    broken = tmp_path / "nb.ipynb"
+    broken.write_text("{ not a notebook")
+    run = run_notebook(broken, out, {})
+    assert not run.ok and run.error["message"].startswith("nb.ipynb: ")
+    assert run.executed is None and run.html is None
+    assert not (out / "nb.ipynb").exists() and not (out / "nb.html").exists()
+    with pytest.raises(InputError, match="is the folder of nb.ipynb: its executed copy would replace it"):
+        run_notebook(broken, tmp_path, {})
+    assert broken.read_text() == "{ not a notebook"
