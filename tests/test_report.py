@@ -440,6 +440,10 @@ def test_command_line_refuses_bad_report_options_before_any_figure(tmp_path, cap
         assert main(["report", "--out", str(tmp_path / "rep"), "--notebooks", "none", *argv]) == 2
         err = capsys.readouterr().err
         assert err.startswith("vitviz: error: --") and message in err and "Traceback" not in err
+    assert main(["report", "--out", str(tmp_path / "rep"), "--kernel", "pyhton3"]) == 2  # ran every figure first
+    err = capsys.readouterr().err
+    assert "vitviz: error: --kernel 'pyhton3' is not a Jupyter kernel here; pass one of ['python3']" in err
+    assert "Traceback" not in err
     with pytest.raises(SystemExit) as exit_:
         main(["report", "--cell-timeout", "-5"])
     assert exit_.value.code == 2 and "argument --cell-timeout: -5 is not a positive count" in capsys.readouterr().err

@@ -116,6 +116,15 @@ def report(a: argparse.Namespace) -> int:
     if missing:
         raise DataNotFoundError(f"--notebooks {a.notebooks!r}: {missing} not found; pass notebook files, "
                                 "comma-separated, 'none', or leave it out for the installed notebooks")
+    try:  # a typo would fail every notebook in turn, after every figure was computed
+        from jupyter_client.kernelspec import KernelSpecManager
+    except ImportError:  # without vitviz[notebooks] each notebook's step says what is missing
+        KernelSpecManager = None
+    if notebooks != [] and KernelSpecManager is not None:
+        kernels = sorted(KernelSpecManager().find_kernel_specs())
+        if a.kernel not in kernels:
+            raise InputError(f"--kernel {a.kernel!r} is not a Jupyter kernel here; pass one of {kernels} (`jupyter "
+                             "kernelspec list`), or --notebooks none to render the package figures only")
     if a.images is not None:
         from vitviz.zoo.samples import images_from
 
