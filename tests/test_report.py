@@ -492,6 +492,20 @@ def test_command_line_models_refuses_a_checkpoints_folder_without_cards(tmp_path
     out, err = capsys.readouterr()
     assert out == "" and "Traceback" not in err
     assert f"vitviz: error: --checkpoints {str(tmp_path)!r} holds no reference card (<model>.json)" in err
+    from vitviz.zoo.cards import read_cards
+
+    card = next(iter(read_cards().values()), None)
+    if card is None:
+        pytest.skip("no shipped card to copy")
+    (tmp_path / "mine.json").write_text(json.dumps({**card, "name": "my-vit"}))  # a card of no reference model
+    assert main(["models", "--checkpoints", str(tmp_path)]) == 2
+    out, err = capsys.readouterr()
+    assert out == "" and "holds no reference card (<model>.json)" in err and "cards of other models: ['my-vit']" in err
+    (tmp_path / f"{card['name']}.json").write_text(json.dumps(card))
+    assert main(["models", "--checkpoints", str(tmp_path)]) == 0
+    out, err = capsys.readouterr()
+    assert f"| {card['name']} | True |" in out
+    assert "note: --checkpoints: cards of models that are no reference model, not listed: ['my-vit']" in err
 
 
 def _two_step_report(monkeypatch, second: report.Job) -> None:

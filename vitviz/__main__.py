@@ -74,9 +74,19 @@ def main(argv: list[str] | None = None) -> int:
         if a.checkpoints is not None and not Path(a.checkpoints).is_dir():  # it would list every model untrained
             raise DataNotFoundError(f"--checkpoints {a.checkpoints!r} is not a folder; pass the folder of the "
                                     "reference cards (<model>.json), or leave it out for vitviz/zoo/checkpoints")
-        if a.checkpoints is not None and not read_cards(a.checkpoints):  # as would a folder without a card
-            raise DataNotFoundError(f"--checkpoints {a.checkpoints!r} holds no reference card (<model>.json); pass "
-                                    "the folder the cards were exported to, or leave it out for vitviz/zoo/checkpoints")
+        if a.checkpoints is not None:  # as would a folder without a card of a reference model
+            from vitviz.zoo.reference import REFERENCE_MODELS
+
+            cards = read_cards(a.checkpoints)
+            other = sorted(set(cards) - set(REFERENCE_MODELS))
+            if len(other) == len(cards):
+                found = f" (cards of other models: {other})" if other else ""
+                raise DataNotFoundError(f"--checkpoints {a.checkpoints!r} holds no reference card (<model>.json)"
+                                        f"{found}; pass the folder the cards were exported to, or leave it out for "
+                                        "vitviz/zoo/checkpoints")
+            if other:
+                print(f"vitviz: note: --checkpoints: cards of models that are no reference model, not listed: {other}",
+                      file=sys.stderr)
 
         print(markdown_table(reference_table(a.checkpoints).drop(columns=["description"])))
         print()
