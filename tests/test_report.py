@@ -429,8 +429,10 @@ def test_command_line_refuses_bad_report_options_before_any_figure(tmp_path, cap
                           (["--gallery", str(file)], "--gallery '" + str(file) + "' is a file; pass a folder"),
                           (["--formats", "png,jpgx"], "--formats 'png,jpgx': formats=('png', 'jpgx'): ['jpgx'] not "
                                                       "supported by matplotlib"),
-                          (["--notebooks", f"{tmp_path}/missing.ipynb"], "missing.ipynb'] not found; pass notebook "
-                                                                         "files"),
+                          (["--notebooks", f"{tmp_path}/missing.ipynb"], "missing.ipynb'] not found or not a notebook "
+                                                                         "(.ipynb); pass notebook files"),
+                          (["--notebooks", str(file)], f"--notebooks {str(file)!r}: ['{file}'] not found or not a "
+                                                       "notebook (.ipynb)"),  # an existing file that is no notebook
                           (["--model", "a", "--model", "b", "--checkpoint", "w.npz"], "--checkpoint 'w.npz' with 2 "
                                                                                       "--model: pass one --checkpoint "
                                                                                       "per --model, in the same order"),

@@ -122,9 +122,9 @@ def report(a: argparse.Namespace) -> int:
     files = [None if c.lower() == "none" else c for c in checkpoints]
     checkpoint = None if not any(files) else files[0] if n_models == 1 else files
     notebooks = None if a.notebooks is None else [] if a.notebooks == "none" else a.notebooks.split(",")
-    missing = [nb for nb in notebooks or [] if not Path(nb).is_file()]
+    missing = [nb for nb in notebooks or [] if not Path(nb).is_file() or Path(nb).suffix != ".ipynb"]
     if missing:
-        raise DataNotFoundError(f"--notebooks {a.notebooks!r}: {missing} not found; pass notebook files, "
+        raise DataNotFoundError(f"--notebooks {a.notebooks!r}: {missing} not found or not a notebook (.ipynb); pass notebook files, "
                                 "comma-separated, 'none', or leave it out for the installed notebooks")
     try:  # a typo would fail every notebook in turn, after every figure was computed
         from jupyter_client.kernelspec import KernelSpecManager
