@@ -437,6 +437,7 @@ def test_command_line_refuses_bad_report_options_before_any_figure(tmp_path, cap
                                                                                       "--model: pass one --checkpoint "
                                                                                       "per --model, in the same order"),
                           (["--checkpoint", "w.npz"], "--checkpoint 'w.npz' with 0 --model"),
+                          (["--device", "gpu"], "--device 'gpu': device='gpu' is not a torch device; pass 'auto'"),
                           (["--model", "a", "--checkpoint", "v.npz", "--checkpoint", "w.npz"],
                            "--checkpoint ['v.npz', 'w.npz'] with 1 --model")):
         assert main(["report", "--out", str(tmp_path / "rep"), "--notebooks", "none", *argv]) == 2

@@ -54,7 +54,8 @@ def main(argv: list[str] | None = None) -> int:
                    help="comma-separated notebooks to execute (default: the installed ones, vitviz.notebooks, built "
                         "from the repository's notebooks/; 'none' for none)")
     r.add_argument("--formats", default="png,pdf,svg", help="comma-separated formats of the package figures")
-    r.add_argument("--device", default="auto")
+    r.add_argument("--device", default="auto", help="device of the package figures' models: auto (CUDA when "
+                                                    "available, the default), cpu, cuda, cuda:1, mps")
     r.add_argument("--kernel", default="python3", help="Jupyter kernel for the notebooks (default: python3)")
     r.add_argument("--cell-timeout", type=positive_int, default=1800, help="seconds a notebook cell may run")
     r.add_argument("--gallery", metavar="DIR", help="also write the key figures, downscaled, to DIR (README gallery)")
@@ -113,6 +114,12 @@ def report(a: argparse.Namespace) -> int:
         check_formats(a.formats.split(","))  # refused here, not by every figure in turn
     except InputError as e:
         raise InputError(f"--formats {a.formats!r}: {e}; pass them comma-separated, e.g. --formats png,pdf") from None
+    from vitviz.zoo.models import resolve_device
+
+    try:
+        resolve_device(a.device)
+    except InputError as e:
+        raise InputError(f"--device {a.device!r}: {e}") from None
     checkpoints, n_models = a.checkpoint or [], len(a.model or [])
     if checkpoints and len(checkpoints) != n_models:
         given = checkpoints[0] if len(checkpoints) == 1 else checkpoints
