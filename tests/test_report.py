@@ -720,3 +720,12 @@ def test_a_notebook_that_fails_before_it_runs_is_not_shown_by_an_earlier_runs_pa
     with pytest.raises(InputError, match="is the folder of nb.ipynb: its executed copy would replace it"):
         run_notebook(broken, tmp_path, {})
     assert broken.read_text() == "{ not a notebook"
+
+
+def test_render_report_refuses_missing_images_before_anything_is_computed(tmp_path):
+    """``render_report(images=<a typo>)`` computed every model's figures, failed each figure that shows images in
+    turn and passed the missing folder to every notebook; it is refused first, as ``vitviz report --images`` is."""
+    with pytest.raises(FileNotFoundError, match="typo"):
+        report.render_report(tmp_path / "rep", models=("cifar10-vit",), progress=False, notebooks=(),
+                             images=tmp_path / "typo")
+    assert not (tmp_path / "rep").exists()

@@ -528,6 +528,7 @@ def render_report(
     Raises:
         InputError: ``out``'s subfolders hold files but it has no ``meta.json`` (not a vitviz report), or a
             checkpoint, notebook or ``images`` lies in the folders the rerun empties; bad ``checkpoint``/``models``.
+        DataNotFoundError: ``images`` is neither an image file nor a folder of images (``images_from``).
     """
     import matplotlib
 
@@ -550,6 +551,10 @@ def render_report(
         checkpoint = next((f for n, f, _ in weights if n == model), None)
     elif checkpoint is not None:
         checkpoint = Path(checkpoint).resolve()  # the notebooks run in their own folder
+    if images is not None:  # a typo would fail every figure that shows images, and every notebook given it
+        from vitviz.zoo.samples import images_from
+
+        images_from(images)
     nb_paths = find_notebooks() if notebooks is None else [Path(p) for p in notebooks]
     for i, nb in enumerate(nb_paths):  # each is executed into notebooks/<stem>.ipynb and .html
         other = next((o for o in nb_paths[:i] if o.stem == nb.stem), None)
