@@ -676,11 +676,13 @@ def test_a_setting_a_notebook_does_not_take_is_said_in_the_index_and_on_the_comm
         report._notebook_step(rep, nb, settings, "python3", None)()
     assert [nb["not_taken"] for nb in rep.notebooks] == [
         {"model": "vit_tiny_patch16_224", "images": str(tmp_path / "imgs")}, {}]
-    meta = {"models": {"a": {"spec": ""}, "b": {"spec": ""}}, "model": "vit_tiny_patch16_224", "created": "",
+    models = {"a": {"spec": "", "name": "vit_tiny_patch16_224", "checkpoint": "/w/a.pth"},
+              "b": {"spec": "", "name": "vit_tiny_patch16_224", "checkpoint": None}}
+    meta = {"models": models, "model": "vit_tiny_patch16_224", "checkpoint": "/w/a.pth", "created": "",
             "versions": {"vitviz": ""}, "git_commit": None, "device": "cpu"}
     page = index_html(rep, meta)
     assert page.count("takes no") == 2 and "takes no model: ran on its own, not vit_tiny_patch16_224" in page
-    assert "they ran on vit_tiny_patch16_224 only, not on the other 1 models" in page
+    assert "they ran on vit_tiny_patch16_224 only, not on the package figures' other models (b)" in page
     monkeypatch.setattr(report, "render_report", lambda *a, **k: rep)
     assert main(["report", "--out", str(tmp_path / "rep"), "--model", "vit_tiny_patch16_224", "--model", "x"]) == 0
     out = capsys.readouterr().out

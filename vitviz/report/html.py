@@ -25,8 +25,10 @@ def _e(value: Any) -> str:
 def _notebook_rows(notebooks: list[dict[str, Any]], meta: dict[str, Any]) -> str:
     if not notebooks:
         return ""
+    ran = (meta.get("model"), meta.get("checkpoint"))  # the notebooks' model, with its weights file
+    others = [k for k, v in meta["models"].items() if (v.get("name"), v.get("checkpoint")) != ran]
     first = (f"<p class=note>The notebooks take one model: they ran on {_e(meta.get('model'))} only, not on the "
-             f"other {len(meta['models']) - 1} models of the package figures.</p>") if len(meta["models"]) > 1 else ""
+             f"package figures' other models ({_e(', '.join(others))}).</p>") if others else ""
     rows = []
     for nb in notebooks:
         link = f'<a href="{_e(nb["html"])}">{_e(nb["name"])}</a>' if nb["html"] else _e(nb["name"])
