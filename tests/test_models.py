@@ -654,3 +654,14 @@ def test_a_state_dict_whose_classifier_sits_on_a_pre_logits_layer_is_refused_not
     model = vitviz.load_model(TINY, depth=2, num_classes=0, checkpoint=tmp_path / "features.safetensors",
                               device="cpu")
     assert all(torch.equal(v, sd[k]) for k, v in model.state_dict().items())
+
+
+def test_load_model_refuses_a_pretrained_that_is_no_bool():
+    """``pretrained="False"`` (a notebook's ``pretrained`` parameter passed by ``papermill -r``, or read from a
+    config) is a truthy string: timm was asked for the pretrained weights, and ``load_model_or_random`` fell back to
+    random weights with a note about the network, not about the argument."""
+    from vitviz.errors import InputError
+
+    for loader in (vitviz.load_model, vitviz.load_model_or_random):
+        with pytest.raises(InputError, match=r"pretrained='False' is not a bool; pass True or False"):
+            loader("vit_tiny_patch16_224", pretrained="False", img_size=32, patch_size=8, depth=1)

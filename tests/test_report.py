@@ -429,17 +429,24 @@ def test_command_line_refuses_bad_report_options_before_any_figure(tmp_path, cap
                           (["--gallery", str(file)], "--gallery '" + str(file) + "' is a file; pass a folder"),
                           (["--formats", "png,jpgx"], "--formats 'png,jpgx': formats=('png', 'jpgx'): ['jpgx'] not "
                                                       "supported by matplotlib"),
-                          (["--notebooks", f"{tmp_path}/missing.ipynb"], "missing.ipynb'] not found; pass notebook "
-                                                                         "files"),
+                          (["--notebooks", f"{tmp_path}/missing.ipynb"], "missing.ipynb'] not found or not a notebook "
+                                                                         "(.ipynb); pass notebook files"),
+                          (["--notebooks", str(file)], f"--notebooks {str(file)!r}: ['{file}'] not found or not a "
+                                                       "notebook (.ipynb)"),  # an existing file that is no notebook
                           (["--model", "a", "--model", "b", "--checkpoint", "w.npz"], "--checkpoint 'w.npz' with 2 "
                                                                                       "--model: pass one --checkpoint "
                                                                                       "per --model, in the same order"),
                           (["--checkpoint", "w.npz"], "--checkpoint 'w.npz' with 0 --model"),
+                          (["--device", "gpu"], "--device 'gpu': device='gpu' is not a torch device; pass 'auto'"),
                           (["--model", "a", "--checkpoint", "v.npz", "--checkpoint", "w.npz"],
                            "--checkpoint ['v.npz', 'w.npz'] with 1 --model")):
         assert main(["report", "--out", str(tmp_path / "rep"), "--notebooks", "none", *argv]) == 2
         err = capsys.readouterr().err
         assert err.startswith("vitviz: error: --") and message in err and "Traceback" not in err
+    assert main(["report", "--out", str(tmp_path / "rep"), "--kernel", "pyhton3"]) == 2  # ran every figure first
+    err = capsys.readouterr().err
+    assert "vitviz: error: --kernel 'pyhton3' is not a Jupyter kernel here; pass one of ['python3']" in err
+    assert "Traceback" not in err
     with pytest.raises(SystemExit) as exit_:
         main(["report", "--cell-timeout", "-5"])
     assert exit_.value.code == 2 and "argument --cell-timeout: -5 is not a positive count" in capsys.readouterr().err
@@ -478,6 +485,30 @@ def test_command_line_models_refuses_a_checkpoints_folder_that_is_not_there(tmp_
     assert main(["models", "--checkpoints", str(tmp_path / "typo")]) == 2
     err = capsys.readouterr().err
     assert "vitviz: error: --checkpoints" in err and "typo' is not a folder" in err and "Traceback" not in err
+
+
+def test_command_line_models_refuses_a_checkpoints_folder_without_cards(tmp_path, capsys):
+    """A folder that holds no card (the weights folder's parent, a folder of .safetensors only) printed every
+    reference model as untrained and exited 0, as a typo did."""
+    (tmp_path / "cifar10-vit.safetensors").write_bytes(b"")
+    assert main(["models", "--checkpoints", str(tmp_path)]) == 2
+    out, err = capsys.readouterr()
+    assert out == "" and "Traceback" not in err
+    assert f"vitviz: error: --checkpoints {str(tmp_path)!r} holds no reference card (<model>.json)" in err
+    from vitviz.zoo.cards import read_cards
+
+    card = next(iter(read_cards().values()), None)
+    if card is None:
+        pytest.skip("no shipped card to copy")
+    (tmp_path / "mine.json").write_text(json.dumps({**card, "name": "my-vit"}))  # a card of no reference model
+    assert main(["models", "--checkpoints", str(tmp_path)]) == 2
+    out, err = capsys.readouterr()
+    assert out == "" and "holds no reference card (<model>.json)" in err and "cards of other models: ['my-vit']" in err
+    (tmp_path / f"{card['name']}.json").write_text(json.dumps(card))
+    assert main(["models", "--checkpoints", str(tmp_path)]) == 0
+    out, err = capsys.readouterr()
+    assert f"| {card['name']} | True |" in out
+    assert "note: --checkpoints: cards of models that are no reference model, not listed: ['my-vit']" in err
 
 
 def _two_step_report(monkeypatch, second: report.Job) -> None:
@@ -580,3 +611,123 @@ def test_gallery_refuses_a_report_that_is_not_complete(tmp_path):
     (tmp_path / "rep" / "meta.json").write_text(json.dumps(meta))
     assert [p.name for p in report.write_gallery(tmp_path / "rep", tmp_path / "gallery")] == [
         "paper_fig5_compute_curves.png"]
+
+
+def test_a_rerun_starts_clean_and_never_shows_an_earlier_runs_files(tmp_path, monkeypatch):
+    """A rerun into a report folder left ``figures/``, ``arrays/`` and ``notebooks/`` of the earlier run in place: a
+    figure that failed this time (or a file a killed run wrote before its meta.json listed it) stayed beside the new
+    ones, as if current. Now the earlier report's three folders are emptied before the first step (only once the
+    models loaded: a refused rerun keeps the earlier report whole); a folder whose ``figures/`` holds files that no
+    vitviz report wrote (no meta.json) is refused, naming it, and nothing in it is touched."""
+    import matplotlib.pyplot as plt
+
+    def black() -> tuple[object, dict[str, np.ndarray]]:
+        return plt.figure(figsize=(2, 1)), {"value": np.ones(1)}
+
+    _two_step_report(monkeypatch, black)
+    out = tmp_path / "rep"
+    _render(out)
+    (out / "figures" / "killed_step.png").write_bytes(b"written by a run killed before meta.json listed it")
+
+    def broken() -> tuple[object, dict[str, np.ndarray]]:
+        raise RuntimeError("fails this time")
+
+    _two_step_report(monkeypatch, broken)
+    with pytest.raises(FileNotFoundError, match="is not a file"):  # refused before anything is touched
+        report.render_report(out, models=("cifar10-vit",), model="cifar10-vit", checkpoint=tmp_path / "typo.pth",
+                             formats=("png",), device="cpu", progress=False, notebooks=())
+    assert (out / "figures" / "table8_posemb_ablation.png").is_file()
+    rep = _render(out)
+    assert [f["name"] for f in rep.failures] == ["table8_posemb_ablation"]
+    assert sorted(p.name for p in (out / "figures").iterdir()) == ["paper_fig5_compute_curves.png"]
+    assert sorted(p.name for p in (out / "arrays").iterdir()) == ["paper_fig5_compute_curves.npz"]
+    executed = write_notebook(out / "notebooks" / "mine.ipynb", "x = 1")  # an input the emptying would delete
+    with pytest.raises(InputError, match=r"mine.ipynb' lies in .*notebooks', which the report empties"):
+        report.render_report(out, models=("cifar10-vit",), formats=("png",), device="cpu", progress=False,
+                             notebooks=[executed])
+    assert executed.is_file()
+
+    stranger = tmp_path / "mine"
+    (stranger / "figures").mkdir(parents=True)
+    (stranger / "figures" / "holiday.png").write_bytes(b"not vitviz's")
+    with pytest.raises(InputError, match=r"(?s)out='.*mine'.*figures.*holiday.png.*no vitviz report wrote.*new or empty folder"):
+        _render(stranger)
+    assert (stranger / "figures" / "holiday.png").read_bytes() == b"not vitviz's"
+    assert not (stranger / "meta.json").exists()
+
+
+def test_a_setting_a_notebook_does_not_take_is_said_in_the_index_and_on_the_command_line(tmp_path, monkeypatch,
+                                                                                         capsys):
+    """``--model``/``--images`` went silently unused by a notebook that declares no parameter for them (notebook 05
+    takes neither, 01 no images): its figures, drawn on its own defaults, sat beside the others as if of your model.
+    Each notebook's entry now lists what it did not take; the index and the command line say so, and with several
+    ``--model`` that the notebooks ran on the first only."""
+    import vitviz.report.notebooks as notebooks
+    from vitviz.report.html import index_html
+
+    monkeypatch.setattr(notebooks, "run_notebook", lambda path, out, params, **kw: notebooks.NotebookRun(
+        Path(path).stem, str(path), dict(params), ok=True))
+    own = write_notebook(tmp_path / "own.ipynb", "out_dir = None")
+    takes = write_notebook(tmp_path / "takes.ipynb", 'out_dir = None\nmodel_name = "m"\ndata_dir = None')
+    rep = report.Report(tmp_path / "rep")
+    settings = {"out_dir": tmp_path, "arrays_dir": None, "model": "vit_tiny_patch16_224", "checkpoint": None,
+                "images": tmp_path / "imgs"}
+    for nb in (own, takes):
+        report._notebook_step(rep, nb, settings, "python3", None)()
+    assert [nb["not_taken"] for nb in rep.notebooks] == [
+        {"model": "vit_tiny_patch16_224", "images": str(tmp_path / "imgs")}, {}]
+    models = {"a": {"spec": "", "name": "vit_tiny_patch16_224", "checkpoint": "/w/a.pth"},
+              "b": {"spec": "", "name": "vit_tiny_patch16_224", "checkpoint": None}}
+    meta = {"models": models, "model": "vit_tiny_patch16_224", "checkpoint": "/w/a.pth", "created": "",
+            "versions": {"vitviz": ""}, "git_commit": None, "device": "cpu"}
+    page = index_html(rep, meta)
+    assert page.count("takes no") == 2 and "takes no model: ran on its own, not vit_tiny_patch16_224" in page
+    assert "they ran on vit_tiny_patch16_224 only, not on the package figures' other models (b)" in page
+    monkeypatch.setattr(report, "render_report", lambda *a, **k: rep)
+    assert main(["report", "--out", str(tmp_path / "rep"), "--model", "vit_tiny_patch16_224", "--model", "x"]) == 0
+    out = capsys.readouterr().out
+    assert "note: notebook own takes no model: it ran on its own, not --model 'vit_tiny_patch16_224'" in out
+    assert "note: notebook own takes no images" in out and "note: notebook takes" not in out
+    assert "they ran on the first --model, 'vit_tiny_patch16_224', only" in out
+
+
+def test_two_notebooks_of_one_name_are_refused_before_anything_is_written(tmp_path):
+    """Both were executed into ``notebooks/<name>.ipynb`` and ``.html``: the second overwrote the first, whose entry
+    in the index then linked the second's page as its own."""
+    for folder in ("a", "b"):
+        (tmp_path / folder).mkdir()
+        write_notebook(tmp_path / folder / "same.ipynb", "out_dir = None")
+    with pytest.raises(InputError, match=r"notebooks= holds two notebooks named 'same'.*a/same.ipynb.*b/same.ipynb"):
+        report.render_report(tmp_path / "rep", models=("cifar10-vit",), progress=False,
+                             notebooks=[tmp_path / "a" / "same.ipynb", tmp_path / "b" / "same.ipynb"])
+    assert not (tmp_path / "rep").exists()
+
+
+def test_a_notebook_that_fails_before_it_runs_is_not_shown_by_an_earlier_runs_pages(tmp_path):
+    """``run_notebook`` into a folder holding an earlier run's ``<name>.ipynb``: where papermill failed before it
+    wrote anything (an unreadable notebook, a kernel that does not start), the earlier run's executed notebook was
+    taken for this run's (``executed`` set, its HTML made again from it). Now it is removed first."""
+    from vitviz.report.notebooks import run_notebook
+
+    out = tmp_path / "out"
+    out.mkdir()
+    write_notebook(out / "nb.ipynb", "x = 1", "print('an earlier run')")  # the earlier run's executed notebook
+    (out / "nb.html").write_text("<html>an earlier run</html>")
+    broken = tmp_path / "nb.ipynb"
+    broken.write_text("{ not a notebook")
+    run = run_notebook(broken, out, {})
+    assert not run.ok and run.error["message"].startswith("nb.ipynb: ")
+    assert run.executed is None and run.html is None
+    assert not (out / "nb.ipynb").exists() and not (out / "nb.html").exists()
+    with pytest.raises(InputError, match="is the folder of nb.ipynb: its executed copy would replace it"):
+        run_notebook(broken, tmp_path, {})
+    assert broken.read_text() == "{ not a notebook"
+
+
+def test_render_report_refuses_missing_images_before_anything_is_computed(tmp_path):
+    """``render_report(images=<a typo>)`` computed every model's figures, failed each figure that shows images in
+    turn and passed the missing folder to every notebook; it is refused first, as ``vitviz report --images`` is."""
+    with pytest.raises(FileNotFoundError, match="typo"):
+        report.render_report(tmp_path / "rep", models=("cifar10-vit",), progress=False, notebooks=(),
+                             images=tmp_path / "typo")
+    assert not (tmp_path / "rep").exists()

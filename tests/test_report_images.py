@@ -191,3 +191,16 @@ def test_a_figure_that_fails_while_written_leaves_the_previous_file_whole(tmp_pa
     plt.close(fig)
     assert {p: p.read_bytes() for p in old} == old
     assert sorted(p.name for p in tmp_path.iterdir()) == ["fig.pdf", "fig.png", "fig.svg"]  # no temporary file left
+
+
+def test_image_set_head_refuses_a_count_that_is_no_positive_int():
+    """``ImageSet.head(n)`` sliced: ``head(-1)`` (notebook 04's ``n_show = -1``) gave every image but the last,
+    ``head(0)`` none (an empty figure further on), ``head(2.5)`` a bare TypeError."""
+    from vitviz.errors import InputError
+    from vitviz.zoo.samples import ImageSet
+
+    images = ImageSet([np.zeros((4, 4, 3), np.uint8)] * 3, ["a", "b", "c"], "three images")
+    assert images.head(2).labels == ["a", "b"] and images.head(5).labels == ["a", "b", "c"]
+    for n in (0, -1, 2.5, True):
+        with pytest.raises(InputError, match=rf"n={n!r} must be a positive int, the number of images to keep"):
+            images.head(n)

@@ -36,22 +36,26 @@ def main(argv: list[str] | None = None) -> int:
     r.add_argument("--model", action="append", metavar="NAME_OR_PATH",
                    help="what vitviz.load_model takes: a timm or reference model name, a weights file, a model "
                         "folder or a Hub id (repeatable): the package figures use each, the notebooks get the first "
-                        "as model_name (default: the reference models, the notebooks' defaults)")
+                        "as model_name (default: the reference models, the notebooks' defaults); a notebook without "
+                        "a model parameter keeps its own models, said in the index and on exit")
     r.add_argument("--checkpoint", action="append", metavar="FILE",
                    help="a weights file for --model's architecture: a .safetensors, .pth/.pt/.bin or the original "
                         "JAX .npz, e.g. --model vit_base_patch16_224 --checkpoint ViT-B_16.npz; used by the package "
-                        "figures and the notebooks. Repeatable, one per --model in the same order ('none': that "
+                        "figures and, for the first --model, the notebooks. Repeatable, one per --model in the same "
+                        "order ('none': that "
                         "model's own weights), to compare checkpoints: --model vit_tiny_patch16_224 --checkpoint "
                         "a.pth --model vit_tiny_patch16_224 --checkpoint b.pth")
     r.add_argument("--images", metavar="DIR",
                    help="your images for every figure that shows images (the notebooks' data_dir and the package "
                         "figures): one image file, a flat folder (jpg/png/webp, sorted by name) or <class>/<image> "
-                        "subfolders")
+                        "subfolders; a notebook without an image parameter keeps its own images, said in the index "
+                        "and on exit")
     r.add_argument("--notebooks", default=None, metavar="FILES",
                    help="comma-separated notebooks to execute (default: the installed ones, vitviz.notebooks, built "
                         "from the repository's notebooks/; 'none' for none)")
     r.add_argument("--formats", default="png,pdf,svg", help="comma-separated formats of the package figures")
-    r.add_argument("--device", default="auto")
+    r.add_argument("--device", default="auto", help="device of the package figures' models: auto (CUDA when "
+                                                    "available, the default), cpu, cuda, cuda:1, mps")
     r.add_argument("--kernel", default="python3", help="Jupyter kernel for the notebooks (default: python3)")
     r.add_argument("--cell-timeout", type=positive_int, default=1800, help="seconds a notebook cell may run")
     r.add_argument("--gallery", metavar="DIR", help="also write the key figures, downscaled, to DIR (README gallery)")
@@ -66,11 +70,24 @@ def main(argv: list[str] | None = None) -> int:
     sub.add_parser("study", help="run the hybrid-versus-pure study (vitviz study --help)")
     a = p.parse_args(argv)
     if a.cmd == "models":
-        from vitviz.zoo.cards import markdown_table, posemb_ablation_results, reference_table
+        from vitviz.zoo.cards import markdown_table, posemb_ablation_results, read_cards, reference_table
 
         if a.checkpoints is not None and not Path(a.checkpoints).is_dir():  # it would list every model untrained
             raise DataNotFoundError(f"--checkpoints {a.checkpoints!r} is not a folder; pass the folder of the "
                                     "reference cards (<model>.json), or leave it out for vitviz/zoo/checkpoints")
+        if a.checkpoints is not None:  # as would a folder without a card of a reference model
+            from vitviz.zoo.reference import REFERENCE_MODELS
+
+            cards = read_cards(a.checkpoints)
+            other = sorted(set(cards) - set(REFERENCE_MODELS))
+            if len(other) == len(cards):
+                found = f" (cards of other models: {other})" if other else ""
+                raise DataNotFoundError(f"--checkpoints {a.checkpoints!r} holds no reference card (<model>.json)"
+                                        f"{found}; pass the folder the cards were exported to, or leave it out for "
+                                        "vitviz/zoo/checkpoints")
+            if other:
+                print(f"vitviz: note: --checkpoints: cards of models that are no reference model, not listed: {other}",
+                      file=sys.stderr)
 
         print(markdown_table(reference_table(a.checkpoints).drop(columns=["description"])))
         print()
@@ -97,6 +114,12 @@ def report(a: argparse.Namespace) -> int:
         check_formats(a.formats.split(","))  # refused here, not by every figure in turn
     except InputError as e:
         raise InputError(f"--formats {a.formats!r}: {e}; pass them comma-separated, e.g. --formats png,pdf") from None
+    from vitviz.zoo.models import resolve_device
+
+    try:
+        resolve_device(a.device)
+    except InputError as e:
+        raise InputError(f"--device {a.device!r}: {e}") from None
     checkpoints, n_models = a.checkpoint or [], len(a.model or [])
     if checkpoints and len(checkpoints) != n_models:
         given = checkpoints[0] if len(checkpoints) == 1 else checkpoints
@@ -106,10 +129,19 @@ def report(a: argparse.Namespace) -> int:
     files = [None if c.lower() == "none" else c for c in checkpoints]
     checkpoint = None if not any(files) else files[0] if n_models == 1 else files
     notebooks = None if a.notebooks is None else [] if a.notebooks == "none" else a.notebooks.split(",")
-    missing = [nb for nb in notebooks or [] if not Path(nb).is_file()]
+    missing = [nb for nb in notebooks or [] if not Path(nb).is_file() or Path(nb).suffix != ".ipynb"]
     if missing:
-        raise DataNotFoundError(f"--notebooks {a.notebooks!r}: {missing} not found; pass notebook files, "
+        raise DataNotFoundError(f"--notebooks {a.notebooks!r}: {missing} not found or not a notebook (.ipynb); pass notebook files, "
                                 "comma-separated, 'none', or leave it out for the installed notebooks")
+    try:  # a typo would fail every notebook in turn, after every figure was computed
+        from jupyter_client.kernelspec import KernelSpecManager
+    except ImportError:  # without vitviz[notebooks] each notebook's step says what is missing
+        KernelSpecManager = None
+    if notebooks != [] and KernelSpecManager is not None:
+        kernels = sorted(KernelSpecManager().find_kernel_specs())
+        if a.kernel not in kernels:
+            raise InputError(f"--kernel {a.kernel!r} is not a Jupyter kernel here; pass one of {kernels} (`jupyter "
+                             "kernelspec list`), or --notebooks none to render the package figures only")
     if a.images is not None:
         from vitviz.zoo.samples import images_from
 
@@ -129,6 +161,12 @@ def report(a: argparse.Namespace) -> int:
 
         print(f"gallery: {len(write_gallery(rep.out, a.gallery))} figures in {a.gallery}/")
     notes = {f["note"] for f in rep.figures if f["note"]}
+    if len(a.model or []) > 1 and rep.notebooks:
+        notes.add(f"the notebooks take one model: they ran on the first --model, {a.model[0]!r}, only")
+    for nb in rep.notebooks:
+        for key, value in nb.get("not_taken", {}).items():
+            option = "--model" if key == "model" else "--images"
+            notes.add(f"notebook {nb['name']} takes no {key}: it ran on its own, not {option} {value!r}")
     for note in sorted(notes):
         print(f"  note: {note}")
     for f in rep.failures:

@@ -18,6 +18,11 @@ after every step, so they list exactly the files this run has written so far, ne
 files; ``"status"`` is ``"complete"`` once every step ran, and ``"interrupted"`` where the run was stopped
 (Ctrl-C, an exception outside the steps); a run killed outright (``kill -9``, a job's time limit) stays
 ``"running"``. ``write_gallery`` takes figures from a complete report only (``STATUS_COMPLETE``).
+
+A rerun into the same folder starts clean: once its models have loaded, the earlier report's ``figures/``,
+``arrays/`` and ``notebooks/`` are emptied (``_start_clean``), so the folders never mix an earlier run's files (a
+figure that failed this time, a file a killed run wrote before its ``meta.json`` listed it) with new ones. A folder
+whose subfolders hold files but that has no ``meta.json`` (not a vitviz report) is refused, and left untouched.
 """
 
 from __future__ import annotations
@@ -303,6 +308,39 @@ def _columns(df: Any, names: Sequence[str]) -> dict[str, np.ndarray]:
     return {c: df[c].to_numpy() if is_numeric_dtype(df[c]) else df[c].to_numpy().astype(str) for c in names}
 
 
+REPORT_FOLDERS = ("figures", "arrays", "notebooks")  # the report's own: a rerun empties them first
+
+
+def _start_clean(out: Path, inputs: Sequence[Path]) -> None:
+    """Empty the ``REPORT_FOLDERS`` of an earlier report in ``out`` (one with a ``meta.json``), so that a rerun never
+    shows an earlier run's files beside its own: a figure that fails this time, a notebook not run this time, a file
+    a killed run wrote before its ``meta.json`` listed it. Then make the folders.
+
+    Raises:
+        InputError: ``out`` has no ``meta.json`` but its ``REPORT_FOLDERS`` hold files (not a vitviz report: they
+            are left alone), or one of ``inputs`` (a checkpoint, notebook or image folder) lies in those folders.
+    """
+    import shutil
+
+    folders = [out / sub for sub in REPORT_FOLDERS]
+    held = [p for d in folders if d.is_dir() for p in sorted(d.iterdir())]
+    if held and not (out / "meta.json").is_file():
+        shown = ", ".join(str(p.relative_to(out)) for p in held[:3]) + (", ..." if len(held) > 3 else "")
+        raise InputError(f"out={str(out)!r} holds files ({shown}) that no vitviz report wrote (there is "
+                         f"no meta.json): the report empties {'/, '.join(REPORT_FOLDERS)}/ before it writes; pass a "
+                         "new or empty folder, or move those files away")
+    for path in inputs:
+        resolved = Path(path).resolve()
+        inside = next((d for d in folders if resolved.is_relative_to(d.resolve())), None)
+        if held and inside is not None:
+            raise InputError(f"{str(path)!r} lies in {str(inside)!r}, which the report empties before it writes; "
+                             "move it out of the report folder, or pass another out=")
+    for d in folders:
+        if d.is_dir():
+            shutil.rmtree(d)
+        d.mkdir(parents=True, exist_ok=True)
+
+
 def _figure_step(report: Report, m: LoadedModel, name: str, fn: Job) -> Callable[[], None]:
     def step() -> None:
         import matplotlib.pyplot as plt
@@ -332,8 +370,9 @@ def _figure_step(report: Report, m: LoadedModel, name: str, fn: Job) -> Callable
 def _notebook_step(report: Report, path: Path, settings: dict[str, Any], kernel: str,
                    cell_timeout: int | None) -> Callable[[], None]:
     def step() -> None:
-        from vitviz.report.notebooks import NotebookRun, parameters_for, run_notebook
+        from vitviz.report.notebooks import PARAMETER_NAMES, NotebookRun, parameters_for, run_notebook
 
+        params = None
         try:
             params = parameters_for(path, **settings)
             run = run_notebook(path, report.out / "notebooks", params, kernel=kernel, cell_timeout=cell_timeout,
@@ -343,6 +382,10 @@ def _notebook_step(report: Report, path: Path, settings: dict[str, Any], kernel:
                                                                "ename": type(e).__name__, "evalue": str(e),
                                                                "message": f"{path.name}: {type(e).__name__}: {e}"})
         entry = run.as_dict()
+        # a setting given that the notebook has no parameter for: it ran on its own default instead (said in the index)
+        entry["not_taken"] = {} if params is None else {
+            key: str(settings[key]) for key in ("model", "images")
+            if settings.get(key) is not None and not any(n in params for n in PARAMETER_NAMES[key])}
         for key in ("executed", "html"):
             entry[key] = str(Path(entry[key]).relative_to(report.out)) if entry[key] else None
         entry["files"] = [str(Path(f).relative_to(report.out)) for f in run.files]
@@ -391,7 +434,8 @@ def write_gallery(report_out: str | os.PathLike, gallery: str | os.PathLike, nam
     ``meta.json``, only the figures it lists as written by that run (a package figure, or a file a notebook wrote)
     are copied: a PNG left in ``figures/`` by an earlier run, whose figure or notebook failed or was not run this
     time, is not passed off as current. A report whose ``meta.json`` is not ``"status": "complete"`` (still being
-    rendered, or stopped part-way: its ``figures/`` mixes new files with an earlier run's) is refused; a
+    rendered, or stopped part-way: its ``figures/`` lacks the steps not run and may hold a half-written one's) is
+    refused; a
     ``meta.json`` without a status (written by a vitviz before it had one) counts as complete.
 
     Returns:
@@ -411,8 +455,9 @@ def write_gallery(report_out: str | os.PathLike, gallery: str | os.PathLike, nam
         status = meta.get("status", STATUS_COMPLETE)
         if status != STATUS_COMPLETE:
             raise InputError(f"report_out={str(report_out)!r}: its meta.json says status {status!r}, not "
-                             f"{STATUS_COMPLETE!r} (the report was stopped part-way or is still being rendered, so "
-                             "figures/ may mix this run's files with an earlier run's); render it again to the end "
+                             f"{STATUS_COMPLETE!r} (the report was stopped part-way or is still being rendered: figures/ "
+                             "lacks the steps not run yet and may hold a half-written step's files); render it again "
+                             "to the end "
                              f"(render_report, or python -m vitviz report --out {report_out}) before writing the "
                              "gallery")
         fresh = {Path(f) for entry in [*meta.get("figures", []), *meta.get("notebooks", [])]
@@ -479,6 +524,13 @@ def render_report(
     ``<out>/meta.json`` and ``<out>/index.html`` are written before the first step (``"status": "running"``) and
     after each, so a stopped run's list exactly the files it wrote; ``"status": "complete"`` once all steps ran,
     ``"interrupted"`` when one raised past its own handling (``KeyboardInterrupt``, which is then raised again).
+    An earlier report in ``out`` has its ``figures/``, ``arrays/`` and ``notebooks/`` emptied first, once the models
+    have loaded (``_start_clean``).
+
+    Raises:
+        InputError: ``out``'s subfolders hold files but it has no ``meta.json`` (not a vitviz report), or a
+            checkpoint, notebook or ``images`` lies in the folders the rerun empties; bad ``checkpoint``/``models``.
+        DataNotFoundError: ``images`` is neither an image file nor a folder of images (``images_from``).
     """
     import matplotlib
 
@@ -501,8 +553,16 @@ def render_report(
         checkpoint = next((f for n, f, _ in weights if n == model), None)
     elif checkpoint is not None:
         checkpoint = Path(checkpoint).resolve()  # the notebooks run in their own folder
-    for sub in ("figures", "arrays", "notebooks"):
-        (report.out / sub).mkdir(parents=True, exist_ok=True)
+    if images is not None:  # a typo would fail every figure that shows images, and every notebook given it
+        from vitviz.zoo.samples import images_from
+
+        images_from(images)
+    nb_paths = find_notebooks() if notebooks is None else [Path(p) for p in notebooks]
+    for i, nb in enumerate(nb_paths):  # each is executed into notebooks/<stem>.ipynb and .html
+        other = next((o for o in nb_paths[:i] if o.stem == nb.stem), None)
+        if other is not None:
+            raise InputError(f"notebooks= holds two notebooks named {nb.stem!r} ({str(other)!r}, {str(nb)!r}): both "
+                             f"would be written to notebooks/{nb.stem}.ipynb; rename one, or pass each once")
     loaded = [load_or_random(name, device, file, key) for name, file, key in weights]
     none = LoadedModel("", nn.Identity(), True)
     image_path = Path(images).resolve() if images is not None else None
@@ -514,7 +574,6 @@ def render_report(
     steps += [(name, _figure_step(report, none, name, fn)) for name, fn in _global_jobs()]
     settings = {"out_dir": (report.out / "figures").resolve(), "arrays_dir": (report.out / "arrays").resolve(),
                 "model": model, "checkpoint": checkpoint, "images": image_path}
-    nb_paths = find_notebooks() if notebooks is None else [Path(p) for p in notebooks]
     steps += [(f"notebook {p.stem}", _notebook_step(report, p, settings, kernel, cell_timeout)) for p in nb_paths]
     meta = {
         "created": None,
@@ -546,6 +605,8 @@ def render_report(
         atomic_write_json(report.out / "meta.json", meta)
         atomic_write_text(report.out / "index.html", index_html(report, meta))
 
+    _start_clean(report.out, [f for _, f, _ in weights if f is not None] + nb_paths
+                 + ([image_path] if image_path is not None else []))
     write_meta(STATUS_RUNNING)
     try:
         bar = tqdm(steps, desc="vitviz report", unit="step", disable=not progress)

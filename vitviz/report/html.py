@@ -22,9 +22,13 @@ def _e(value: Any) -> str:
     return html.escape(str(value))
 
 
-def _notebook_rows(notebooks: list[dict[str, Any]]) -> str:
+def _notebook_rows(notebooks: list[dict[str, Any]], meta: dict[str, Any]) -> str:
     if not notebooks:
         return ""
+    ran = (meta.get("model"), meta.get("checkpoint"))  # the notebooks' model, with its weights file
+    others = [k for k, v in meta["models"].items() if (v.get("name"), v.get("checkpoint")) != ran]
+    first = (f"<p class=note>The notebooks take one model: they ran on {_e(meta.get('model'))} only, not on the "
+             f"package figures' other models ({_e(', '.join(others))}).</p>") if others else ""
     rows = []
     for nb in notebooks:
         link = f'<a href="{_e(nb["html"])}">{_e(nb["name"])}</a>' if nb["html"] else _e(nb["name"])
@@ -34,11 +38,13 @@ def _notebook_rows(notebooks: list[dict[str, Any]]) -> str:
         else:
             status = f"<span class=failed>failed</span>: {_e((nb['error'] or {}).get('message', ''))}"
         params = ", ".join(f"{k}={v!r}" for k, v in nb["parameters"].items() if k not in ("out_dir", "arrays_dir"))
+        own = "".join(f"<br><span class=note>takes no {_e(k)}: ran on its own, not {_e(v)}</span>"
+                      for k, v in nb.get("not_taken", {}).items())
         files = " ".join(f'<a href="{_e(f)}">{_e(Path(f).name)}</a>' for f in nb["files"])
         saved = f"<details><summary>{len(nb['files'])} files</summary>{files}</details>" if files else "none"
         rows.append(f"<tr><td>{link}{raw}</td><td>{status}</td><td>{nb['seconds']:.0f} s</td>"
-                    f"<td>{saved}</td><td><code>{_e(params)}</code></td></tr>")
-    return ("<h2>Notebooks</h2><table><tr><th>notebook</th><th>status</th><th>time</th><th>saved</th>"
+                    f"<td>{saved}</td><td><code>{_e(params)}</code>{own}</td></tr>")
+    return (f"<h2>Notebooks</h2>{first}<table><tr><th>notebook</th><th>status</th><th>time</th><th>saved</th>"
             f"<th>parameters</th></tr>{''.join(rows)}</table>")
 
 
@@ -65,8 +71,8 @@ def index_html(report: Report, meta: dict[str, Any]) -> str:
         f"<p class=failed>Status: {_e(status)}. "
         + ("This report is being rendered (or its run was killed)" if status == "running" else
            "This report's run was stopped part-way")
-        + ": below are only the figures and notebooks it has written so far; <code>figures/</code> may still hold "
-        "files of an earlier run. Render it again to the end for a complete report.</p>")
+        + ": below are only the figures and notebooks it has written so far; <code>figures/</code> may also hold "
+        "files of the step that was running, not listed here. Render it again to the end for a complete report.</p>")
     return (
         f"<!doctype html><html><head><meta charset=utf-8><title>vitviz report</title><style>{STYLE}</style>"
         f"</head><body><h1>vitviz report</h1>{banner}"
@@ -74,5 +80,5 @@ def index_html(report: Report, meta: dict[str, Any]) -> str:
         f"{' with uncommitted changes' if meta.get('git_dirty') else ''}, "
         f"device {_e(meta['device'])}. Numbers behind the figures: <code>arrays/</code>; everything else: "
         f'<a href="meta.json">meta.json</a>.</p>'
-        f"{_notebook_rows(report.notebooks)}<h2>Package figures</h2>{specs}{''.join(sections)}</body></html>\n"
+        f"{_notebook_rows(report.notebooks, meta)}<h2>Package figures</h2>{specs}{''.join(sections)}</body></html>\n"
     )

@@ -143,6 +143,9 @@ def run_notebook(path: str | os.PathLike, out: str | os.PathLike, parameters: di
         start_timeout: seconds the kernel may take to start.
         watch: folders whose new or rewritten files are listed in ``NotebookRun.files`` (figures, arrays).
 
+    An earlier ``out/<name>.ipynb`` and ``.html`` are removed first: a notebook that fails before papermill writes
+    it (unreadable, a kernel that does not start) has ``executed`` and ``html`` None, not an earlier run's pages.
+
     Returns:
         ``NotebookRun``; on failure ``ok`` is False and ``error`` holds ``cell_index`` (0-based, in the source
         notebook), ``exec_count``, ``ename``, ``evalue`` and a one-line ``message`` naming the cell.
@@ -154,6 +157,11 @@ def run_notebook(path: str | os.PathLike, out: str | os.PathLike, parameters: di
     out.mkdir(parents=True, exist_ok=True)
     run = NotebookRun(path.stem, str(path), dict(parameters))
     executed = out / f"{path.stem}.ipynb"
+    if executed.resolve() == path.resolve():
+        raise InputError(f"out={str(out)!r} is the folder of {path.name}: its executed copy would replace it; pass "
+                         "another out")
+    for earlier in (executed, out / f"{path.stem}.html"):  # never taken for this run's where papermill writes none
+        earlier.unlink(missing_ok=True)
     folders = [Path(w) for w in watch]
     before = _snapshot(folders)
     start = time.monotonic()

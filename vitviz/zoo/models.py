@@ -513,9 +513,13 @@ def load_model(
 
     Raises:
         WeightsUnavailableError: pretrained weights cannot be fetched; the message says how to pass a file.
+        InputTypeError: ``pretrained`` is not a bool (a string ``"False"`` would read as True).
         CheckpointError: the weights file is missing, corrupt, or does not fit the model; a folder has no readable
             ``config.json`` naming a timm or Hugging Face model (nor an ``open_clip_config.json``), or no weights.
     """
+    from vitviz.core.util import check_bool
+
+    pretrained = check_bool(pretrained, "pretrained", "fetch the timm model's pretrained weights")  # "False" is truthy
     ckpt = Path(checkpoint) if checkpoint is not None else None
     target = str(name_or_path)
     repo = _hub_repo(target)

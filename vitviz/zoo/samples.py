@@ -60,7 +60,13 @@ class ImageSet:
         return len(self.images)
 
     def head(self, n: int) -> ImageSet:
-        """The first ``n`` images."""
+        """The first ``n`` images (all of them where there are fewer).
+
+        Raises:
+            InputError: ``n`` is not a positive int (a slice by 0 or a negative ``n`` would silently keep none, or
+                all but the last).
+        """
+        n = check_positive_int(n, "n", "the number of images to keep (e.g. 6)")
         return ImageSet(self.images[:n], self.labels[:n], self.source)
 
 
