@@ -1,0 +1,134 @@
+"""The documentation site's Markdown pages and ``bench/README.md`` say what the code does.
+
+- Every Python code block of ``docs/*.md`` runs, offline, on a tiny random-weight ViT, page by page in one
+  namespace (as a reader would paste them). The names a page takes as given (``model``, ``images``, a headless
+  ``dino``, ...) are set up here, as the page describes them; a block that cannot run here (it needs CUDA or several
+  GPUs) is skipped *by name* in ``SKIPS`` with the reason, and a name there that no longer exists fails the suite.
+  (README.md's blocks: ``tests/test_readme.py``.)
+- ``bench/README.md``'s table names every script of ``bench/``.
+"""
+
+from __future__ import annotations
+
+import re
+from pathlib import Path
+
+import pytest
+import torch
+
+ROOT = Path(__file__).resolve().parents[1]
+DOCS = ROOT / "docs"
+BENCH = ROOT / "bench"
+
+# block name -> why it does not run in the suite
+SKIPS = {
+    "gpu.md: On a GPU: what runs there, the switches, and calls recorded as CUDA graphs #1": "moves a model to CUDA",
+    "gpu.md: Many calls of one shape: `vitviz.graphed` #1": "records CUDA graphs (tests/test_graphs.py, on a GPU)",
+    "benchmarks.md: GPU: calls recorded as CUDA graphs (`vitviz.graphed`) #1": "records CUDA graphs (tests/test_graphs.py, on a GPU)",
+    "benchmarks.md: A 50,000-image folder on 8 GPUs #1": "needs torchrun, NCCL and 8 CUDA devices",
+}
+SLOW = {  # blocks that run every default method's perturbation curves: a minute on a 2-core CPU
+    "explain.md: `vitviz.faithfulness`: which map should I believe? #1",
+}
+
+
+def page_blocks(path: Path) -> list[tuple[str, str]]:
+    """``(name, code)`` of each ```python block of a page; the name is the page, the nearest heading above the
+    block and the block's ordinal under it."""
+    blocks, heading, count, fence = [], "top", {}, False
+    lines = path.read_text().splitlines()
+    i = 0
+    while i < len(lines):
+        line = lines[i]
+        if line.startswith("```"):
+            fence = not fence if line.strip() != "```python" else fence
+        if line.startswith("#") and not fence:
+            heading = line.lstrip("#").strip()
+        if line.strip() == "```python":
+            j = next(k for k in range(i + 1, len(lines)) if lines[k].strip() == "```")
+            count[heading] = count.get(heading, 0) + 1
+            blocks.append((f"{path.name}: {heading} #{count[heading]}", "\n".join(lines[i + 1:j])))
+            i = j
+        i += 1
+    return blocks
+
+
+def all_blocks() -> list[tuple[str, str]]:
+    return [b for page in sorted(DOCS.glob("*.md")) for b in page_blocks(page)]
+
+
+def test_docs_blocks_are_found_and_skips_exist():
+    names = [n for n, _ in all_blocks()]
+    assert len(names) >= 8 and len(set(names)) == len(names)
+    missing = (set(SKIPS) | SLOW) - set(names)
+    assert not missing, f"SKIPS / SLOW name blocks the docs no longer have: {missing}"
+
+
+def _given(page: str, tmp_path: Path) -> dict:
+    """What each page takes as given, as it describes it."""
+    import timm
+    import torch.nn.functional as F  # noqa: N812
+    from PIL import Image
+    from skimage import data as skdata
+
+    import vitviz
+
+    Image.fromarray(skdata.chelsea()).save(tmp_path / "cat.jpg")  # index.md: "your images"
+    torch.manual_seed(0)
+    kw = dict(pretrained=False, img_size=32, patch_size=8, depth=2)
+    model = timm.create_model("vit_tiny_patch16_224", num_classes=10, **kw).eval()
+    dino = timm.create_model("vit_tiny_patch16_224", num_classes=0, **kw).eval()  # a headless model
+    x = torch.randn(2, 3, 32, 32)
+    return {"index.md": {},
+            "explain.md": {"vitviz": vitviz, "model": model, "images": x, "dino": dino, "x": x, "x_ref": x[:1],
+                           "F": F}}.get(page, {})
+
+
+def _run_page(page: str, tmp_path: Path, monkeypatch, only: set[str] | None = None) -> list[str]:
+    import matplotlib
+
+    matplotlib.use("Agg")
+    monkeypatch.chdir(tmp_path)
+    monkeypatch.setenv("HF_HUB_OFFLINE", "1")
+    namespace = {"__name__": "__docs__", **_given(page, tmp_path)}
+    ran = []
+    for name, code in page_blocks(DOCS / page):
+        if name in SKIPS or (only is not None and name not in only) or (only is None and name in SLOW):
+            continue
+        try:
+            exec(compile(code, f"docs/{name}", "exec"), namespace)
+        except Exception as err:  # name the block in the failure
+            raise AssertionError(f"docs block {name!r} failed: {type(err).__name__}: {err}") from err
+        ran.append(name)
+    return ran
+
+
+@pytest.mark.parametrize("page", sorted({n.split(":")[0] for n, _ in all_blocks() if n not in SKIPS}))
+def test_every_docs_python_block_runs_offline(page, tmp_path, monkeypatch):
+    ran = _run_page(page, tmp_path, monkeypatch)
+    names = [n for n, _ in page_blocks(DOCS / page)]
+    assert set(ran) == set(names) - set(SKIPS) - SLOW
+
+
+@pytest.mark.slow
+def test_the_slow_docs_blocks_run_offline(tmp_path, monkeypatch):
+    for page in sorted({n.split(":")[0] for n in SLOW}):
+        assert _run_page(page, tmp_path, monkeypatch, only=SLOW)
+
+
+def bench_scripts_missing_from_table(readme: str, scripts: list[str]) -> list[str]:
+    """The scripts that no row of the README's table (``| `name` | ... |``) names."""
+    rows = set(re.findall(r"^\| `([\w.]+)` \|", readme, re.M))
+    return [s for s in scripts if s not in rows]
+
+
+def test_bench_readme_names_every_script():
+    scripts = sorted(p.name for p in BENCH.iterdir() if p.suffix in (".py", ".sh"))
+    assert "attention.py" in scripts
+    missing = bench_scripts_missing_from_table((BENCH / "README.md").read_text(), scripts)
+    assert not missing, f"bench/README.md's table does not name {missing}: add a row saying what each measures"
+
+
+def test_the_bench_table_check_sees_a_missing_script():
+    table = "| script | measures |\n| --- | --- |\n| `attention.py` | x |\n\nsee `dataset.py`\n"
+    assert bench_scripts_missing_from_table(table, ["attention.py", "dataset.py"]) == ["dataset.py"]
