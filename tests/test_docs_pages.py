@@ -151,3 +151,48 @@ def test_import_times_quoted_are_the_recorded_run():
     assert (f"`import torch, timm` {base} s, `import vitviz` on top {extra} s; `vitviz --help` "
             f"{helps['vitviz --help']} s, `vitviz SUBCOMMAND --help` {min(sub, key=float)} to {max(sub, key=float)} s"
             in page)
+
+
+def declared_minimums() -> dict[str, str]:
+    """``pyproject.toml``'s ``name>=version`` of every dependency and extra, by name."""
+    try:
+        import tomllib
+    except ModuleNotFoundError:  # Python 3.10
+        import tomli as tomllib
+    project = tomllib.loads((ROOT / "pyproject.toml").read_text())["project"]
+    reqs = [*project["dependencies"], *(r for extra in project["optional-dependencies"].values() for r in extra)]
+    return dict(re.fullmatch(r"([\w-]+)>=([\d.]+)", r.replace(" ", "")).groups() for r in reqs)
+
+
+def version_claim_problems(text: str, minimums: dict[str, str]) -> list[str]:
+    """Each ``name >= version`` of a page (prose or backticks) that is not the declared minimum of ``name``."""
+    problems = []
+    for name, version in re.findall(r"\b([\w-]+) ?>= ?(\d[\d.]*\d|\d)", text):
+        if name in minimums and version != minimums[name]:
+            problems.append(f"{name} >= {version} (declared: >= {minimums[name]})")
+    return problems
+
+
+def test_minimum_versions_quoted_are_the_declared_ones():
+    """README.md and the docs quote each dependency's minimum as pyproject.toml declares it (docs/families.md said
+    ``transformers >= 5.0`` and README.md ``transformers >= 5`` where 5.9 is declared, and 5.0-5.8 fail), and the
+    README's version table gives every declared minimum its row. docs/trust.md's account of the minimums, which
+    quotes the first declarations (``torch>=2.1``) and transformers' own (``torch >= 2.4``), is left out."""
+    minimums = declared_minimums()
+    assert minimums["transformers"] == "5.9" and minimums["torch"] == "2.5"
+    for page in [ROOT / "README.md", BENCH / "README.md", *sorted(DOCS.glob("*.md"))]:
+        if page.name != "trust.md":
+            problems = version_claim_problems(page.read_text(), minimums)
+            assert not problems, f"{page.name} quotes {problems}"
+    readme = (ROOT / "README.md").read_text()
+    table = readme[readme.index("| | newest tested | declared minimum"):].split("\n\n")[0]
+    for line in table.splitlines()[2:]:
+        cells = [c.strip() for c in line.strip("|").split("|")]
+        names = [n.strip(" `") for n in re.sub(r"\(.*?\)", "", cells[0]).split("/")]
+        if names == ["Python"]:
+            continue
+        shown = [v.strip() for v in cells[2].split("/")]
+        assert shown == [minimums[n] for n in names], line
+    assert version_claim_problems("Hugging Face (`transformers >= 5`), torch>=2.5, `timm >= 1.0.9`",
+                                  minimums) == ["transformers >= 5 (declared: >= 5.9)",
+                                                "timm >= 1.0.9 (declared: >= 1.0.26)"]
