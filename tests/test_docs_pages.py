@@ -196,3 +196,24 @@ def test_minimum_versions_quoted_are_the_declared_ones():
     assert version_claim_problems("Hugging Face (`transformers >= 5`), torch>=2.5, `timm >= 1.0.9`",
                                   minimums) == ["transformers >= 5 (declared: >= 5.9)",
                                                 "timm >= 1.0.9 (declared: >= 1.0.26)"]
+
+
+NUMBERS = {"two": 2, "three": 3, "four": 4, "five": 5, "six": 6, "seven": 7, "eight": 8, "nine": 9}
+
+
+def notebook_count_claims(text: str) -> list[int]:
+    """How many notebooks each "the five notebooks" (any number, in words or digits) of a text says there are."""
+    found = re.findall(r"\b(?:the|all|every|its) (\w+) notebooks\b", text, re.I)
+    return [NUMBERS.get(w.lower(), int(w) if w.isdigit() else -1) for w in found if w.lower() in NUMBERS or w.isdigit()]
+
+
+def test_the_number_of_notebooks_said_is_the_number_shipped():
+    """The Makefile's ``docs`` target and ``vitviz/core/resources.py`` spoke of "the four notebooks" after the fifth
+    was added; README.md and the docs site said five."""
+    shipped = len(list((ROOT / "notebooks").glob("*.ipynb")))
+    sources = [ROOT / "README.md", ROOT / "Makefile", *DOCS.glob("*.md"), *DOCS.glob("*.py"),
+               *(ROOT / "vitviz").rglob("*.py")]
+    wrong = {str(p.relative_to(ROOT)): c for p in sources if (c := [n for n in notebook_count_claims(p.read_text())
+                                                                   if n != shipped])}
+    assert not wrong, f"{shipped} notebooks are shipped, but these say otherwise: {wrong}"
+    assert notebook_count_claims("runs the four notebooks; every 5 notebooks; the notebooks") == [4, 5]
