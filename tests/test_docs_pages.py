@@ -217,3 +217,72 @@ def test_the_number_of_notebooks_said_is_the_number_shipped():
                                                                    if n != shipped])}
     assert not wrong, f"{shipped} notebooks are shipped, but these say otherwise: {wrong}"
     assert notebook_count_claims("runs the four notebooks; every 5 notebooks; the notebooks") == [4, 5]
+
+
+def _bench_attention():
+    import importlib.util
+
+    spec = importlib.util.spec_from_file_location("bench_attention_docs", BENCH / "attention.py")
+    module = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(module)
+    return module
+
+
+# README.md's CPU rows of the benchmark table -> the recorded runs they come from (file, model)
+CPU_ROWS = {
+    "ViT-B/16, 224 px, batch 8": ([("cpu_attention_stream.json", "vit_base_patch16_224"),
+                                   ("cpu_attention_stream_r7.json", "vit_base_patch16_224"),
+                                   ("cpu_attention_stream_r7b.json", "vit_base_patch16_224")], 224),
+    "ViT-B/16, 448 px, batch 2": ([("cpu_attention_stream.json", "vit_base_patch16_224"),
+                                   ("cpu_attention_stream_r7.json", "vit_base_patch16_224"),
+                                   ("cpu_attention_stream_r7b.json", "vit_base_patch16_224")], 448),
+    "Hugging Face `ViTModel` (B/16), 224 px, batch 8, SDPA": ([("cpu_attention_hf.json", "hf:vit-base-patch16")], 224),
+    "torchvision `vit_b_16`, 224 px, batch 8": ([("cpu_attention_hf.json", "tv:vit_b_16")], 224),
+    "timm EVA-02 B/14 (rotary), 224 px, batch 8": ([("cpu_attention_timm_variants.json", "eva02_base_patch14_224")],
+                                                   224),
+}
+
+
+def _span(values: list[float], fmt: str) -> str:
+    lo, hi = fmt.format(min(values)), fmt.format(max(values))
+    return lo if lo == hi else f"{lo}-{hi}"
+
+
+def test_the_readmes_cpu_benchmark_rows_are_the_recorded_runs():
+    """README.md's benchmark table, CPU rows: images/s of the plain forward, the explicit path's and vitviz's
+    rollout and distance time over the plain forward's (the range over the runs), and rollout's extra memory over
+    store-everything's, recomputed with ``bench/attention.py``'s own ``goal_rows`` from the JSON each row comes from
+    (the H200 rows: ``tests/test_bench_goals.py``)."""
+    import json
+    import math
+
+    attention = _bench_attention()
+    readme = (ROOT / "README.md").read_text()
+    table = readme[readme.index("<!-- benchmark-table -->"):readme.index("<!-- /benchmark-table -->")]
+    rows = {cells[1]: cells for line in table.splitlines() if line.startswith("| 2-core Xeon CPU")
+            for cells in [[c.strip() for c in line.strip().strip("|").split("|")]]}
+    assert set(rows) == set(CPU_ROWS)
+    for label, (runs, size) in CPU_ROWS.items():
+        plain, explicit, rollout, distance, memory = [], [], [], [], []
+        for name, model in runs:
+            recorded = json.loads((BENCH / "results" / name).read_text())
+            (case,) = [c for (_, m, dtype, px, _), c in attention.cases(recorded).items()
+                       if m == model and dtype == "fp32" and px == size and c["plain"].get("setting", "default")
+                       == "default"]
+            goals = {g["method"]: g for g in attention.goal_rows(case)}
+            plain.append(case["plain"]["images_per_s"])
+            explicit.append(case["explicit"]["time_s"] / case["plain"]["time_s"])
+            rollout.append(goals["rollout"]["x_plain"])
+            distance.append(goals["distance"]["x_plain"])
+            share = goals["rollout"]["memory_share"]
+            if share is not None and not math.isnan(share):
+                memory.append(share)
+        _, _, plain_cell, explicit_cell, rollout_cell, distance_cell, memory_cell = rows[label]
+        assert plain_cell == f"{_span(plain, '{:.1f}')} img/s", label
+        assert explicit_cell.split(" (")[0] == f"{_span(explicit, '{:.2f}')}x", label
+        assert rollout_cell == f"{_span(rollout, '{:.2f}')}x", label
+        assert distance_cell == f"{_span(distance, '{:.2f}')}x", label
+        if max(memory) <= 0:
+            assert memory_cell == "within noise of plain", label
+        else:
+            assert f"{max(memory):.0%}" in memory_cell, label
