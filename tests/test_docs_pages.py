@@ -286,3 +286,33 @@ def test_the_readmes_cpu_benchmark_rows_are_the_recorded_runs():
             assert memory_cell == "within noise of plain", label
         else:
             assert f"{max(memory):.0%}" in memory_cell, label
+
+
+def notebook_parameters(path: Path) -> set[str]:
+    """The names a notebook's ``parameters`` cell assigns (what papermill can set)."""
+    import ast
+    import json
+
+    cells = [c for c in json.loads(path.read_text())["cells"] if "parameters" in c.get("metadata", {}).get("tags", [])]
+    assert len(cells) == 1, f"{path.name}: {len(cells)} cells tagged 'parameters'"
+    tree = ast.parse("".join(cells[0]["source"]))
+    return {t.id for node in tree.body if isinstance(node, (ast.Assign, ast.AnnAssign))
+            for t in (node.targets if isinstance(node, ast.Assign) else [node.target]) if isinstance(t, ast.Name)}
+
+
+def test_the_docs_small_notebook_parameters_are_the_notebooks_own():
+    """``docs/notebooks_build.py`` runs each notebook with small parameters for the site. papermill only warns of a
+    parameter the notebook does not declare, so a renamed parameter would leave the docs build running that notebook
+    at full size (or the site showing other settings than it says) with no error: every notebook has an entry, and
+    every name in it is one of that notebook's parameters."""
+    import importlib.util
+
+    spec = importlib.util.spec_from_file_location("docs_notebooks_build", DOCS / "notebooks_build.py")
+    build = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(build)
+    notebooks = {p.stem: p for p in sorted((ROOT / "notebooks").glob("*.ipynb"))}
+    assert set(build.PARAMETERS) == set(notebooks)
+    for stem, params in build.PARAMETERS.items():
+        unknown = set(params) - notebook_parameters(notebooks[stem])
+        assert not unknown, f"docs/notebooks_build.py gives {stem} parameters it does not declare: {unknown}"
+    assert "n_images" in notebook_parameters(notebooks["04_faithfulness"])
