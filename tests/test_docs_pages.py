@@ -316,3 +316,84 @@ def test_the_docs_small_notebook_parameters_are_the_notebooks_own():
         unknown = set(params) - notebook_parameters(notebooks[stem])
         assert not unknown, f"docs/notebooks_build.py gives {stem} parameters it does not declare: {unknown}"
     assert "n_images" in notebook_parameters(notebooks["04_faithfulness"])
+
+
+def _dotted(node) -> str | None:
+    import ast
+
+    parts = []
+    while isinstance(node, ast.Attribute):
+        parts.append(node.attr)
+        node = node.value
+    return ".".join(reversed(parts)) if isinstance(node, ast.Name) and node.id == "vitviz" and parts else None
+
+
+def call_problems(code: str) -> list[str]:
+    """Each ``vitviz.<name>(...)`` call of ``code`` that names nothing, or that its function cannot take: an
+    unknown keyword, too many values by position, a required argument missing (a call written with ``...`` among
+    its values, ``vitviz.explain(..., method="chefer")``, is checked for its keywords only)."""
+    import ast
+    import importlib
+    import inspect
+
+    import vitviz
+
+    problems = []
+    for node in ast.walk(ast.parse(code)):
+        if not isinstance(node, ast.Call) or (dotted := _dotted(node.func)) is None:
+            continue
+        obj = vitviz
+        try:
+            for k, part in enumerate(dotted.split(".")):
+                obj = getattr(obj, part) if hasattr(obj, part) else importlib.import_module(
+                    "vitviz." + ".".join(dotted.split(".")[: k + 1]))
+        except (ImportError, AttributeError):
+            problems.append(f"vitviz.{dotted} does not exist")
+            continue
+        try:
+            sig = inspect.signature(obj)
+        except (TypeError, ValueError):
+            continue
+        if any(isinstance(a, ast.Starred) for a in node.args) or any(k.arg is None for k in node.keywords):
+            continue
+        keywords = {k.arg: None for k in node.keywords}
+        partial = any(isinstance(a, ast.Constant) and a.value is Ellipsis for a in node.args)
+        try:
+            sig.bind_partial(**keywords) if partial else sig.bind(*node.args, **keywords)
+        except TypeError as err:
+            problems.append(f"{ast.unparse(node)[:100]}: {err}")
+    return problems
+
+
+def docs_code() -> list[tuple[str, str]]:
+    """``(where, code)`` of every Python block and every backticked ``vitviz.<name>(...)`` of README.md,
+    bench/README.md and docs/*.md that parses as Python."""
+    import ast
+
+    out = []
+    for page in [ROOT / "README.md", BENCH / "README.md", *sorted(DOCS.glob("*.md"))]:
+        text = page.read_text()
+        pieces = [(m.start(), m.group(1)) for m in re.finditer(r"```python\n(.*?)```", text, re.S)]
+        pieces += [(m.start(), re.sub(r"^with (.*) as \w+:$", r"\1", m.group(1)))
+                   for m in re.finditer(r"`([^`\n]*\bvitviz\.[\w.]+\([^`\n]*\))`", text)]
+        for start, code in pieces:
+            try:
+                ast.parse(code)
+            except SyntaxError:
+                continue
+            out.append((f"{page.relative_to(ROOT)}:{text.count(chr(10), 0, start) + 1}", code))
+    return out
+
+
+def test_every_vitviz_call_the_docs_show_is_one_its_function_takes():
+    """README.md's tables are checked argument by argument (``tests/test_readme.py``); this holds every other
+    ``vitviz.<name>(...)`` of the README and the docs pages to the function's signature too."""
+    code = docs_code()
+    assert len(code) > 50
+    problems = [f"{where}: {p}" for where, c in code for p in call_problems(c)]
+    assert not problems, "\n".join(problems)
+    assert call_problems("vitviz.pos_embed_similarity(m, img_sz=64); vitviz.explain(..., method='x'); "
+                         "vitviz.nothing(); vitviz.inspect(m, x); vitviz.plot_explanations_grid(..., signd=True)") == [
+        "vitviz.pos_embed_similarity(m, img_sz=64): got an unexpected keyword argument 'img_sz'",
+        "vitviz.nothing does not exist", "vitviz.inspect(m, x): too many positional arguments",
+        "vitviz.plot_explanations_grid(..., signd=True): got an unexpected keyword argument 'signd'"]
