@@ -5,8 +5,13 @@
   ``dino``, ...) are set up here, as the page describes them; a block that cannot run here (it needs CUDA or several
   GPUs) is skipped *by name* in ``SKIPS`` with the reason, and a name there that no longer exists fails the suite.
   (README.md's blocks: ``tests/test_readme.py``.)
+- Every ``vitviz.<name>(...)`` call the README and the pages show names a public function and passes it only
+  arguments it takes.
 - ``bench/README.md``'s table names every script of ``bench/``.
-- The import times README.md and docs/benchmarks.md quote are those of the recorded run.
+- Figures quoted that no other test holds are those of their recorded runs in ``bench/results/``: the import times,
+  the README's CPU benchmark rows, AttnLRP against Chefer on ``cifar10-vit``.
+- Minimum versions quoted are ``pyproject.toml``'s; "the N notebooks" is the number shipped; the docs build's small
+  notebook parameters are parameters the notebooks declare.
 """
 
 from __future__ import annotations
@@ -25,7 +30,8 @@ BENCH = ROOT / "bench"
 SKIPS = {
     "gpu.md: On a GPU: what runs there, the switches, and calls recorded as CUDA graphs #1": "moves a model to CUDA",
     "gpu.md: Many calls of one shape: `vitviz.graphed` #1": "records CUDA graphs (tests/test_graphs.py, on a GPU)",
-    "benchmarks.md: GPU: calls recorded as CUDA graphs (`vitviz.graphed`) #1": "records CUDA graphs (tests/test_graphs.py, on a GPU)",
+    "benchmarks.md: GPU: calls recorded as CUDA graphs (`vitviz.graphed`) #1":
+        "records CUDA graphs (tests/test_graphs.py, on a GPU)",
     "benchmarks.md: A 50,000-image folder on 8 GPUs #1": "needs torchrun, NCCL and 8 CUDA devices",
 }
 SLOW = {  # blocks that run every default method's perturbation curves: a minute on a 2-core CPU
