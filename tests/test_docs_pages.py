@@ -247,6 +247,9 @@ CPU_ROWS = {
     "timm EVA-02 B/14 (rotary), 224 px, batch 8": ([("cpu_attention_timm_variants.json", "eva02_base_patch14_224")],
                                                    224),
 }
+MEMORY_ONLY = {  # a row's further runs that measured memory only (their times were taken on a shared CPU)
+    "timm EVA-02 B/14 (rotary), 224 px, batch 8": [("cpu_attention_eva02_memory.json", "eva02_base_patch14_224")],
+}
 
 
 def _span(values: list[float], fmt: str) -> str:
@@ -270,16 +273,17 @@ def test_the_readmes_cpu_benchmark_rows_are_the_recorded_runs():
     assert set(rows) == set(CPU_ROWS)
     for label, (runs, size) in CPU_ROWS.items():
         plain, explicit, rollout, distance, memory = [], [], [], [], []
-        for name, model in runs:
+        for name, model in runs + MEMORY_ONLY.get(label, []):
             recorded = json.loads((BENCH / "results" / name).read_text())
             (case,) = [c for (_, m, dtype, px, _), c in attention.cases(recorded).items()
-                       if m == model and dtype == "fp32" and px == size and c["plain"].get("setting", "default")
-                       == "default"]
+                       if m == model and dtype == "fp32" and px == size
+                       and ((name, model) not in runs or c["plain"].get("setting", "default") == "default")]
             goals = {g["method"]: g for g in attention.goal_rows(case)}
-            plain.append(case["plain"]["images_per_s"])
-            explicit.append(case["explicit"]["time_s"] / case["plain"]["time_s"])
-            rollout.append(goals["rollout"]["x_plain"])
-            distance.append(goals["distance"]["x_plain"])
+            if (name, model) in runs:
+                plain.append(case["plain"]["images_per_s"])
+                explicit.append(case["explicit"]["time_s"] / case["plain"]["time_s"])
+                rollout.append(goals["rollout"]["x_plain"])
+                distance.append(goals["distance"]["x_plain"])
             share = goals["rollout"]["memory_share"]
             if share is not None and not math.isnan(share):
                 memory.append(share)
@@ -291,7 +295,7 @@ def test_the_readmes_cpu_benchmark_rows_are_the_recorded_runs():
         if max(memory) <= 0:
             assert memory_cell == "within noise of plain", label
         else:
-            assert f"{max(memory):.0%}" in memory_cell, label
+            assert memory_cell == _span(memory, "{:.0%}").replace("%-", "-"), label
 
 
 def notebook_parameters(path: Path) -> set[str]:
