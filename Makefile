@@ -77,7 +77,7 @@ test-browser: install-browser docs
 		$(VPY) -m pytest -m browser tests/browser
 
 # The documentation site: API reference from the docstrings (every name of vitviz._LAZY), the example gallery
-# (docs/examples, executed), the four notebooks (executed with small parameters, cached), the Markdown pages.
+# (docs/examples, executed), the five notebooks (executed with small parameters, cached), the Markdown pages.
 # Offline; warnings are errors. Notebook 04 needs the CIFAR-10 test folder ($(DATA), as for `make report`).
 # Prints its wall time: about 3 minutes from scratch on a 2-core CPU, seconds for a rebuild of an unchanged tree.
 install-docs: $(DOCS_STAMP)

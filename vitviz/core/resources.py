@@ -2,7 +2,7 @@
 
 Two folders of the repository are shipped as package data under names of their own (``setup.py`` maps them):
 
-- ``notebooks/`` as ``vitviz.notebooks``: the four notebooks ``vitviz report`` executes;
+- ``notebooks/`` as ``vitviz.notebooks``: the five notebooks ``vitviz report`` executes;
 - ``data/`` as ``vitviz.data``: the committed results of the hybrid-versus-pure study (``data/study/``).
 
 The repository keeps one copy of each (the top-level folder users open); a wheel, an editable install and a
