@@ -303,6 +303,27 @@ def test_the_study_plots_refuse_runs_of_several_training_sets():
         plt.close("all")
 
 
+def test_plot_matched_gap_pairs_seeds_as_matched_compute_does():
+    """plot_matched_gap paired the seeds itself: seeds one family lacks were left out without a word, and two
+    families with no seed in common drew an empty panel (a legend of "mean of 0 seeds"). It now warns and refuses
+    as matched_compute does, and its legend counts the paired seeds."""
+    import warnings
+
+    import matplotlib.pyplot as plt
+
+    try:
+        with pytest.raises(InputError, match=r"'A' \(seeds \[0, 1, 2\]\) and 'B' \(seeds \[3, 4, 5\]\) share no"):
+            vitviz.plot_matched_gap(_three_seeds(b_seeds=(3, 4, 5)), "A", "B", n=3)
+        with pytest.warns(UserWarning, match=r"plot_matched_gap: 'A' has seed\(s\) \[0\] that 'B' lacks"):
+            ax = vitviz.plot_matched_gap(_three_seeds(b_seeds=(1, 2)), "A", "B", n=3)
+        assert any("mean of 2 seeds" in t.get_text() for t in ax.get_legend().get_texts())
+        with warnings.catch_warnings():
+            warnings.simplefilter("error")
+            vitviz.plot_matched_gap(_three_seeds(), "A", "B", n=3)
+    finally:
+        plt.close("all")
+
+
 def test_a_gap_of_rounding_size_is_within_noise_not_a_lead():
     """Family B's middle run lies on family A's straight line (in log10 compute) and the two share every other run,
     so the two frontiers are the same curve and the gap is 0 at every compute; interpolating on B's extra knot

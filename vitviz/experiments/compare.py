@@ -205,7 +205,7 @@ def matched_compute(runs: pd.DataFrame, a: str = "Hybrid", b: str = "Transformer
             raise InputError(f"grid={outside[0]:g} lies outside the compute range both {a!r} and {b!r} cover "
                              f"({lo:.4g} ... {hi:.4g} in {x}); nothing is extrapolated: pass grid values inside it, "
                              "or grid=None for n points over it")
-    _check_shared_seeds(runs, a, b, "matched_compute")
+    check_shared_seeds(runs, a, b, "matched_compute")
     curves = family_curves(runs, grid, (a, b), metric, x)
     wide = curves.pivot(index=[x, "seed"], columns="family", values=metric).reset_index()
     rows = []
@@ -239,7 +239,7 @@ def check_one_training_set(runs: pd.DataFrame, families: Sequence[str]) -> None:
                          f"runs[runs.train_images == {int(sizes[0])}]")
 
 
-def _check_shared_seeds(runs: pd.DataFrame, a: str, b: str, caller: str) -> None:
+def check_shared_seeds(runs: pd.DataFrame, a: str, b: str, caller: str) -> None:
     """Refuse two families with no seed in common: the gap is taken seed by seed, so there would be nothing to pair
     (a table of NaN). Seeds only one family has are left out of the comparison, with a ``UserWarning`` naming them
     (only ``n_seeds`` showed it). Rows without a ``seed`` column (the paper's table) are one seed."""
@@ -271,7 +271,7 @@ def gap_trend(runs: pd.DataFrame, a: str = "Hybrid", b: str = "Transformer (ViT)
         raise InputError(f"n={n}: a slope needs at least 2 compute points; pass n >= 2 (e.g. 7)")
     check_one_training_set(runs, (a, b))
     grid = compute_grid(runs, (a, b), n)
-    _check_shared_seeds(runs, a, b, "gap_trend")
+    check_shared_seeds(runs, a, b, "gap_trend")
     curves = family_curves(runs, grid, (a, b), metric)
     wide = curves.pivot_table(index=["seed", "train_pflops"], columns="family", values=metric).reset_index()
     slopes = []

@@ -355,8 +355,12 @@ def plot_matched_gap(runs: pd.DataFrame, a: str = "Hybrid", b: str = "Transforme
         legend naming the mean gap's seeds and 95% t-interval and the single-seed lines (one entry).
 
     Raises:
-        InputError: ``n`` is not a positive int, the families have no runs or share no compute range, or
-            ``runs`` holds several training sets (``train_images``; ``plot_study_grid`` draws each).
+        InputError: ``n`` is not a positive int, the families have no runs, share no compute range or no seed
+            (the gap is taken seed by seed), or ``runs`` holds several training sets (``train_images``;
+            ``plot_study_grid`` draws each).
+
+    Warns:
+        UserWarning: seeds only one family has (left out of the gap; ``compare.check_shared_seeds``).
     """
     check_positive_int(n, "n", "the compute points on the shared grid (e.g. 24)")
     if ax is None:
@@ -365,11 +369,19 @@ def plot_matched_gap(runs: pd.DataFrame, a: str = "Hybrid", b: str = "Transforme
         ax = fig.add_subplot()
     import seaborn as sns
 
-    from vitviz.experiments.compare import check_one_training_set, check_percent, compute_grid, family_curves
+    from vitviz.experiments.compare import (
+        check_one_training_set,
+        check_percent,
+        check_shared_seeds,
+        compute_grid,
+        family_curves,
+    )
 
     check_percent(runs, metric)
     check_one_training_set(runs, (a, b))
-    curves = family_curves(runs, compute_grid(runs, (a, b), n), (a, b), metric)
+    grid = compute_grid(runs, (a, b), n)
+    check_shared_seeds(runs, a, b, "plot_matched_gap")
+    curves = family_curves(runs, grid, (a, b), metric)
     wide = curves.pivot_table(index=["train_pflops", "seed"], columns="family", values=metric).reset_index()
     wide = wide.assign(gap=wide[a] - wide[b]).dropna(subset=["gap"])
     colour = family_style(a)[0]
