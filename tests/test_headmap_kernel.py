@@ -626,6 +626,55 @@ def test_an_unknown_precision_is_refused_before_any_launch():
     assert headmaps._precision("ieee", torch.bfloat16, 64) == "tf32"  # half types: their own MMA, precision unread
 
 
+def _recorded_launches(monkeypatch, headmaps) -> list[tuple[tuple, tuple]]:
+    """``(grid, args)`` of every launch from now on, recorded at ``headmaps._launch`` and not run."""
+    launches: list[tuple[tuple, tuple]] = []
+    monkeypatch.setattr(headmaps, "_launch", lambda kernel, grid, args, meta: launches.append((grid, args)))
+    return launches
+
+
+def test_maps_past_2_31_elements_launch_in_batch_chunks_whose_offsets_fit_int32(monkeypatch):
+    """The kernels form ``b * stride_b`` in int32 (Triton's type for an int argument below 2**31): a call whose
+    ``(B, N, N)`` maps hold 2**31 elements or more (here 2,048 images of 1,025 tokens: 8.6 GB of float32, which an
+    80 GB GPU holds), or whose ``q`` does (head dim 128), is launched over batch chunks in each of which every
+    tensor's offsets stay below 2**31; it was one launch whose offsets wrapped to negative ones. (Meta tensors:
+    shapes and strides, no memory.)"""
+    from vitviz.core.kernels import headmaps
+
+    launches = _recorded_launches(monkeypatch, headmaps)
+    b, h, n, d = 2048, 12, 1025, 128
+    q, k = (torch.empty(b, h, n, d, dtype=torch.bfloat16, device="meta") for _ in range(2))
+    headmaps.fuse_heads_kernel(q, k, d ** -0.5, "mean", lse=torch.empty(b, h, n, device="meta"),
+                               attn_mask=torch.empty(b, 1, n, n, dtype=torch.bool, device="meta"))
+    headmaps.distance_sums_kernel(q, k, d ** -0.5, torch.empty(n - 1, n - 1, device="meta"), 1)
+    fuse = [(grid, args) for grid, args in launches if len(grid) == 3]
+    rows = [(grid, args) for grid, args in launches if len(grid) == 2]
+    assert len(fuse) > 1 and len(rows) > 1  # chunked
+    assert sum(grid[2] for grid, _ in fuse) == b and sum(grid[1] for grid, _ in rows) == b * h
+    for _, args in launches:
+        for t in args:
+            if isinstance(t, torch.Tensor):
+                assert headmaps._extent(tuple(t.shape), t.stride()) < 2**31, (tuple(t.shape), t.stride())
+    with pytest.raises(InputError, match=r"out of shape \(1, 46341, 46341\).*2\*\*31.*headmap_kernel\('off'\)"):
+        big = torch.empty(1, 1, 46341, 16, device="meta")
+        headmaps.fuse_heads_kernel(big, big, 0.25, lse=torch.empty(1, 1, 46341, device="meta"))
+
+
+def test_batch_chunks_give_the_maps_of_one_launch(interpret, monkeypatch):
+    """With the offset limit lowered to split a tiny batch into one image per launch, the head max under a bias per
+    image and the distance sums equal float64's (each chunk reads its own images, masks and output rows)."""
+    monkeypatch.setattr(interpret, "OFFSET_LIMIT", 1100)  # q: 672 elements an image
+    b, h, n, d = 3, 2, 21, 16
+    q, k = (torch.randn(b, h, n, d) for _ in range(2))
+    assert interpret._batch_chunks(b, dict(q=q)) == [(0, 1), (1, 2), (2, 3)]
+    bias = torch.randn(b, 1, n, n)
+    p = probs64(q, k, 0.25, bias)
+    torch.testing.assert_close(interpret.fuse_heads_kernel(q, k, 0.25, "max", attn_mask=bias).double(),
+                               fused64(p, "max"), rtol=0, atol=2e-6)
+    dist = torch.rand(n - 1, n - 1) * 10
+    check_distance(interpret.distance_sums_kernel(q, k, 0.25, dist, 1, attn_mask=bias), p, dist, 1)
+
+
 def test_no_interpreter_leaks_into_this_process():
     """The parent process never sets ``TRITON_INTERPRET``: its kernels are built compiled (for a GPU)."""
     if CHILD:
