@@ -188,6 +188,24 @@ def test_masks_follow_timm(interpret, kind):
                    p, dist, 1)
 
 
+@pytest.mark.filterwarnings("ignore:.*encountered in:RuntimeWarning")  # numpy, in the interpreter: 1 / 0, inf - inf
+def test_a_fully_masked_row_is_nan_in_the_head_mean_max_and_min(interpret):
+    """A bool mask that masks every key of row 3 in head 0 and of row 5 in every head: those rows' softmax is NaN,
+    and so are their head mean, max and min (``torch.amax``, and the PyTorch stream path's ``torch.maximum``,
+    propagate NaN). The kernel's max and min dropped the NaN head (Triton's ``maximum`` is ``fmax`` by default):
+    row 3 showed the other heads' maximum, row 5 -inf (max) and +inf (min)."""
+    b, h, n = 1, 3, 19
+    q, k = qk(b, h, n, 16, torch.float32)
+    keep = torch.ones(1, h, n, n, dtype=torch.bool)
+    keep[0, 0, 3] = False
+    keep[0, :, 5] = False
+    p = probs64(q, k, 0.25, keep)
+    for how in ("mean", "max", "min"):
+        got = interpret.fuse_heads_kernel(q, k, 0.25, how, attn_mask=keep)
+        assert got[0, 3].isnan().all() and got[0, 5].isnan().all(), how
+        torch.testing.assert_close(got.double(), fused64(p, how), rtol=0, atol=2e-6, equal_nan=True)
+
+
 def test_the_gpu_block_shapes(interpret, monkeypatch):
     """Every tile shape ``_blocks`` picks on a GPU (not the interpreter's 16 x 16; non-square ones among them, and
     sm_90's own), with
@@ -658,6 +676,20 @@ def test_maps_past_2_31_elements_launch_in_batch_chunks_whose_offsets_fit_int32(
     with pytest.raises(InputError, match=r"out of shape \(1, 46341, 46341\).*2\*\*31.*headmap_kernel\('off'\)"):
         big = torch.empty(1, 1, 46341, 16, device="meta")
         headmaps.fuse_heads_kernel(big, big, 0.25, lse=torch.empty(1, 1, 46341, device="meta"))
+
+
+def test_a_mask_on_another_device_is_refused_before_any_launch(monkeypatch):
+    """q and k on one device, ``attn_mask`` on another: refused naming both, before a launch (which was handed the
+    mask's pointer as it was: on a GPU, a host mask's address read as device memory)."""
+    from vitviz.core.kernels import headmaps
+
+    launches = _recorded_launches(monkeypatch, headmaps)
+    q, k = qk(1, 2, 9, 16, torch.float32)
+    for fn in (lambda m: headmaps.fuse_heads_kernel(q, k, 0.25, attn_mask=m),
+               lambda m: headmaps.distance_sums_kernel(q, k, 0.25, torch.ones(8, 8), 1, attn_mask=m)):
+        with pytest.raises(InputError, match=r"attn_mask must be on q's device cpu; got meta"):
+            fn(torch.ones(9, 9, dtype=torch.bool, device="meta"))
+    assert not launches
 
 
 def test_batch_chunks_give_the_maps_of_one_launch(interpret, monkeypatch):

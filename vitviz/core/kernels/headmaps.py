@@ -35,7 +35,8 @@ dtype first, so in bf16/fp16 the two differ by that rounding.
 
 Masks follow timm's ``resolve_self_attn_mask``: ``is_causal`` wins over ``attn_mask``; a bool mask keeps ``True``
 entries (``False`` -> ``-inf``); a float mask is added; any shape broadcastable to ``(B, H, N, N)``. A row whose
-keys are all masked gives NaN, as ``torch.softmax`` does. Head dims are padded to a power of two (>= 16) with
+keys are all masked gives NaN, as ``torch.softmax`` does, and so do its head mean, max and min (as ``torch.amax``
+gives them: the max and min fold with ``PropagateNan.ALL``, where Triton's default would drop that head). Head dims are padded to a power of two (>= 16) with
 masked loads.
 
 Triton is imported with this module (``vitviz.core.kernels`` imports it only when a kernel runs). The kernels are
@@ -182,9 +183,9 @@ def _fuse_kernel(Q, K, BIAS, M, L, OUT,
         if HOW == 0:
             acc += p
         elif HOW == 1:
-            acc = tl.maximum(acc, p)
+            acc = tl.maximum(acc, p, propagate_nan=tl.PropagateNan.ALL)  # a fully masked row: NaN, as amax
         else:
-            acc = tl.minimum(acc, p)
+            acc = tl.minimum(acc, p, propagate_nan=tl.PropagateNan.ALL)
     if HOW == 0:
         acc = acc * inv_h
     tl.store(OUT + b * sob + rows[:, None] * soi + cols[None, :] * soj, acc, mask=inb)
@@ -369,6 +370,8 @@ def _bias(attn_mask: torch.Tensor | None, is_causal: bool, shape: torch.Size, de
     """``(kind, tensor, strides)`` for the kernels: kind 0 none, 1 additive float, 2 bool keep-mask."""
     if is_causal or attn_mask is None:  # timm: is_causal takes precedence over attn_mask
         return 0, _no_bias(device), (0, 0, 0, 0)
+    if attn_mask.device != device:  # a kernel handed another device's pointer reads what is not there
+        raise InputError(f"attn_mask must be on q's device {device}; got {attn_mask.device} (move it with .to)")
     if not 2 <= attn_mask.ndim <= 4:
         raise InputError(f"attn_mask must have 2 to 4 dims broadcastable to (B, H, N, N) = {tuple(shape)}; "
                          f"got {tuple(attn_mask.shape)}")
