@@ -632,6 +632,37 @@ def test_forcing_without_interpreter_on_cpu_is_refused(monkeypatch):
         kernels.headmap_kernel("always").__enter__()
 
 
+def test_the_cuda_dispatch_reads_tritons_version_from_either_distribution(monkeypatch):
+    """``auto`` runs the kernels on CUDA tensors when a Triton >= ``MIN_TRITON`` is installed, whichever distribution
+    installed the ``triton`` module: PyTorch's nightly wheels bring ``pytorch-triton`` (no ``triton`` metadata), and
+    there the kernels were silently off, and ``headmap_kernel('on')`` said no Triton was installed. An older Triton
+    (or none) keeps the PyTorch path; CPU tensors never take the kernels in ``auto``. (The device check faked: no GPU
+    is needed to decide.)"""
+    import importlib.metadata as md
+
+    installed: dict[str, str] = {}
+
+    def version(name: str) -> str:
+        if name not in installed:
+            raise md.PackageNotFoundError(name)
+        return installed[name]
+
+    monkeypatch.setattr(md, "version", version)
+    monkeypatch.delenv("VITVIZ_HEADMAP_KERNEL", raising=False)
+    for dists, want in (({"pytorch-triton": "3.7.0+git2c4f1b"}, (3, 7)), ({"triton": "3.10.1"}, (3, 10)),
+                        ({"triton": "3.1.0"}, (3, 1)), ({}, None)):
+        installed.clear()
+        installed.update(dists)
+        kernels._triton.clear()  # triton_available() is read once per process
+        ok = want is not None and want >= kernels.MIN_TRITON
+        assert kernels.triton_version() == want and kernels.triton_available() is ok, dists
+        assert kernels.use_kernel("cuda") is ok and kernels.use_kernel("cpu") is False, dists
+        if not ok:
+            with kernels.headmap_kernel("on"), pytest.raises(InputError, match="Triton 3.6 or newer is not installed"):
+                kernels.use_kernel("cuda")
+    kernels._triton.clear()
+
+
 def test_an_unknown_precision_is_refused_before_any_launch():
     from vitviz.core.kernels import headmaps
 
