@@ -711,7 +711,8 @@ def test_maps_past_2_31_elements_launch_in_batch_chunks_whose_offsets_fit_int32(
 
 def test_a_mask_on_another_device_is_refused_before_any_launch(monkeypatch):
     """q and k on one device, ``attn_mask`` on another: refused naming both, before a launch (which was handed the
-    mask's pointer as it was: on a GPU, a host mask's address read as device memory)."""
+    mask's pointer as it was: on a GPU, a host mask's address read as device memory). So is a negative prefix count,
+    whose distance matrix of ``N + 1`` patches had the kernel read token -1 (before ``q``'s first element)."""
     from vitviz.core.kernels import headmaps
 
     launches = _recorded_launches(monkeypatch, headmaps)
@@ -720,6 +721,9 @@ def test_a_mask_on_another_device_is_refused_before_any_launch(monkeypatch):
                lambda m: headmaps.distance_sums_kernel(q, k, 0.25, torch.ones(8, 8), 1, attn_mask=m)):
         with pytest.raises(InputError, match=r"attn_mask must be on q's device cpu; got meta"):
             fn(torch.ones(9, 9, dtype=torch.bool, device="meta"))
+    assert not launches
+    with pytest.raises(InputError, match=r"num_prefix_tokens must be between 0 and N = 9; got -1"):
+        headmaps.distance_sums_kernel(q, k, 0.25, torch.ones(10, 10), -1)  # 10 "patches" from token -1 on
     assert not launches
 
 

@@ -456,6 +456,8 @@ def _rows(q, k, scale, attn_mask, is_causal, distances, num_prefix_tokens, preci
     l_sum = torch.empty(b, h, n, device=q.device, dtype=torch.float32)
     with_dist = distances is not None
     if with_dist:
+        if not 0 <= num_prefix_tokens <= n:  # the kernel reads token v + num_prefix_tokens for patch v
+            raise InputError(f"num_prefix_tokens must be between 0 and N = {n}; got {num_prefix_tokens}")
         p = n - num_prefix_tokens
         if distances.shape != (p, p):
             raise InputError(f"distances must be (P, P) = ({p}, {p}) for N = {n} tokens and {num_prefix_tokens} "
