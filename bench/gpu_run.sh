@@ -174,23 +174,35 @@ for name in ("torch", "timm", "triton", "transformers", "numpy"):
         info[name] = md.version(name)
     except md.PackageNotFoundError:
         info[name] = None
-import vitviz, timm
-from packaging.version import Version
-info["vitviz_file"] = vitviz.__file__
-info["timm_stream_probe"] = Version(timm.__version__) >= Version("1.0.26")
-if not info["timm_stream_probe"]:
-    print(f"WARNING: timm {timm.__version__} < 1.0.26: the stream probe (and so the kernels) are off for timm models;"
-          " put a timm>=1.0.26 wheel in .whl/ (this script's setup installs it)")
-from vitviz.core import kernels
-info["use_kernel"] = kernels.use_kernel(sys.argv[2])
-from vitviz.core.kernels import headmaps
-b, h, n, d = (int(v) for v in sys.argv[3:7])  # one layer of ViT-B/16 at 224 px (rehearsal: a tiny one)
-q, k = (torch.randn(b, h, n, d, device=sys.argv[2], dtype=torch.bfloat16) for _ in range(2))
-ref = (q.double() @ k.double().transpose(-1, -2) * d ** -0.5).softmax(-1).mean(1)
-info["smoke_max_abs"] = float((headmaps.fuse_heads_kernel(q, k, d ** -0.5).double() - ref).abs().max())
+import os, traceback
+
+def write():  # atomically, and first before any step that may fail: the versions are what a failed run needs most
+    with open(sys.argv[1] + ".tmp", "w") as f:
+        json.dump(info, f, indent=1)
+    os.replace(sys.argv[1] + ".tmp", sys.argv[1])
+
+write()
+try:
+    import vitviz, timm
+    from packaging.version import Version
+    info["vitviz_file"] = vitviz.__file__
+    info["timm_stream_probe"] = Version(timm.__version__) >= Version("1.0.26")
+    if not info["timm_stream_probe"]:
+        print(f"WARNING: timm {timm.__version__} < 1.0.26: the stream probe (and so the kernels) are off for timm "
+              "models; put a timm>=1.0.26 wheel in .whl/ (this script's setup installs it)")
+    from vitviz.core import kernels
+    info["use_kernel"] = kernels.use_kernel(sys.argv[2])
+    from vitviz.core.kernels import headmaps
+    b, h, n, d = (int(v) for v in sys.argv[3:7])  # one layer of ViT-B/16 at 224 px (rehearsal: a tiny one)
+    q, k = (torch.randn(b, h, n, d, device=sys.argv[2], dtype=torch.bfloat16) for _ in range(2))
+    ref = (q.double() @ k.double().transpose(-1, -2) * d ** -0.5).softmax(-1).mean(1)
+    info["smoke_max_abs"] = float((headmaps.fuse_heads_kernel(q, k, d ** -0.5).double() - ref).abs().max())
+except Exception as e:  # the versions stay written, with what failed
+    traceback.print_exc()
+    info["smoke_error"] = f"{type(e).__name__}: {str(e)[:500]}"
 print(json.dumps(info, indent=1))
-json.dump(info, open(sys.argv[1], "w"), indent=1)
-sys.exit(0 if info["smoke_max_abs"] < 1e-5 else 1)
+write()
+sys.exit(0 if info.get("smoke_max_abs", float("inf")) < 1e-5 else 1)
 EOF
 }
 

@@ -261,8 +261,9 @@ def render(folder: Path) -> str:
         out += [f"### GPU: {env.get('gpu') or 'none (a rehearsal on the CPU: its figures mean nothing)'}", "",
                 f"`bench/gpu_run.sh`: Python {env.get('python')}, torch {env.get('torch')}, timm {env.get('timm')}, "
                 f"triton {env.get('triton')}, transformers {env.get('transformers')}; head-map kernels in use: "
-                f"{env.get('use_kernel')}; kernel smoke check, largest difference from float64: "
-                f"{env.get('smoke_max_abs', float('nan')):.1e}."]
+                f"{env.get('use_kernel')}; "
+                + (f"kernel smoke check FAILED: {env['smoke_error']}." if env.get("smoke_error") else
+                   f"kernel smoke check, largest difference from float64: {env.get('smoke_max_abs', float('nan')):.1e}.")]
     else:
         out += ["### GPU run", "", "env.json: not written (setup did not run or failed; see summary.txt)."]
     for tag, what in (("b16", "ViT-B/16"), ("graphed", "ViT-B/16, calls recorded as CUDA graphs (vitviz.graphed)"),

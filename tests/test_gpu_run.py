@@ -171,6 +171,20 @@ def test_past_the_deadline_every_part_is_skipped_and_said_so(tmp_path):
     assert "`gpu` tests: no pytest summary in this run." in tables
 
 
+def test_a_failed_smoke_check_still_writes_the_versions(tmp_path):
+    """setup writes env.json (atomically) before its kernel smoke check, and again with the error where the check
+    raises: a GPU run whose kernels fail at once still hands back the versions and GPU it failed on, and the tables
+    say the check failed (env.json was not written at all, and the tables said only "setup did not run or failed")."""
+    proc = _run(tmp_path, "setup", VITVIZ_HEADMAP_BLOCKS="not-four-integers")
+    assert proc.returncode == 0, proc.stderr[-3000:]
+    assert re.search(r"^setup: exit 1 ", (tmp_path / "summary.txt").read_text(), flags=re.M)
+    env = json.loads((tmp_path / "env.json").read_text())
+    assert env["torch"] and env["triton"] and "smoke_max_abs" not in env
+    assert env["smoke_error"].startswith("InputError: VITVIZ_HEADMAP_BLOCKS='not-four-integers'")
+    assert sorted(p.name for p in tmp_path.iterdir()) == ["env.json", "run.log", "summary.txt"]  # no .tmp left
+    assert "kernel smoke check FAILED: InputError: VITVIZ_HEADMAP_BLOCKS" in gpu_tables.render(tmp_path)
+
+
 def _cell(tables: str, first: list[str], column: int) -> str:
     """The cell in ``column`` of the Markdown table row whose first cells are ``first``."""
     for line in tables.splitlines():

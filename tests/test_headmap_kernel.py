@@ -188,6 +188,24 @@ def test_masks_follow_timm(interpret, kind):
                    p, dist, 1)
 
 
+@pytest.mark.filterwarnings("ignore:.*encountered in:RuntimeWarning")  # numpy, in the interpreter: 1 / 0, inf - inf
+def test_a_fully_masked_row_is_nan_in_the_head_mean_max_and_min(interpret):
+    """A bool mask that masks every key of row 3 in head 0 and of row 5 in every head: those rows' softmax is NaN,
+    and so are their head mean, max and min (``torch.amax``, and the PyTorch stream path's ``torch.maximum``,
+    propagate NaN). The kernel's max and min dropped the NaN head (Triton's ``maximum`` is ``fmax`` by default):
+    row 3 showed the other heads' maximum, row 5 -inf (max) and +inf (min)."""
+    b, h, n = 1, 3, 19
+    q, k = qk(b, h, n, 16, torch.float32)
+    keep = torch.ones(1, h, n, n, dtype=torch.bool)
+    keep[0, 0, 3] = False
+    keep[0, :, 5] = False
+    p = probs64(q, k, 0.25, keep)
+    for how in ("mean", "max", "min"):
+        got = interpret.fuse_heads_kernel(q, k, 0.25, how, attn_mask=keep)
+        assert got[0, 3].isnan().all() and got[0, 5].isnan().all(), how
+        torch.testing.assert_close(got.double(), fused64(p, how), rtol=0, atol=2e-6, equal_nan=True)
+
+
 def test_the_gpu_block_shapes(interpret, monkeypatch):
     """Every tile shape ``_blocks`` picks on a GPU (not the interpreter's 16 x 16; non-square ones among them, and
     sm_90's own), with
@@ -614,6 +632,37 @@ def test_forcing_without_interpreter_on_cpu_is_refused(monkeypatch):
         kernels.headmap_kernel("always").__enter__()
 
 
+def test_the_cuda_dispatch_reads_tritons_version_from_either_distribution(monkeypatch):
+    """``auto`` runs the kernels on CUDA tensors when a Triton >= ``MIN_TRITON`` is installed, whichever distribution
+    installed the ``triton`` module: PyTorch's nightly wheels bring ``pytorch-triton`` (no ``triton`` metadata), and
+    there the kernels were silently off, and ``headmap_kernel('on')`` said no Triton was installed. An older Triton
+    (or none) keeps the PyTorch path; CPU tensors never take the kernels in ``auto``. (The device check faked: no GPU
+    is needed to decide.)"""
+    import importlib.metadata as md
+
+    installed: dict[str, str] = {}
+
+    def version(name: str) -> str:
+        if name not in installed:
+            raise md.PackageNotFoundError(name)
+        return installed[name]
+
+    monkeypatch.setattr(md, "version", version)
+    monkeypatch.delenv("VITVIZ_HEADMAP_KERNEL", raising=False)
+    for dists, want in (({"pytorch-triton": "3.7.0+git2c4f1b"}, (3, 7)), ({"triton": "3.10.1"}, (3, 10)),
+                        ({"triton": "3.1.0"}, (3, 1)), ({}, None)):
+        installed.clear()
+        installed.update(dists)
+        kernels._triton.clear()  # triton_available() is read once per process
+        ok = want is not None and want >= kernels.MIN_TRITON
+        assert kernels.triton_version() == want and kernels.triton_available() is ok, dists
+        assert kernels.use_kernel("cuda") is ok and kernels.use_kernel("cpu") is False, dists
+        if not ok:
+            with kernels.headmap_kernel("on"), pytest.raises(InputError, match="Triton 3.6 or newer is not installed"):
+                kernels.use_kernel("cuda")
+    kernels._triton.clear()
+
+
 def test_an_unknown_precision_is_refused_before_any_launch():
     from vitviz.core.kernels import headmaps
 
@@ -624,6 +673,73 @@ def test_an_unknown_precision_is_refused_before_any_launch():
     assert headmaps._precision(None, torch.float32, 80) == "ieee"
     assert headmaps._precision("ieee", torch.float32, 64) == "ieee"
     assert headmaps._precision("ieee", torch.bfloat16, 64) == "tf32"  # half types: their own MMA, precision unread
+
+
+def _recorded_launches(monkeypatch, headmaps) -> list[tuple[tuple, tuple]]:
+    """``(grid, args)`` of every launch from now on, recorded at ``headmaps._launch`` and not run."""
+    launches: list[tuple[tuple, tuple]] = []
+    monkeypatch.setattr(headmaps, "_launch", lambda kernel, grid, args, meta: launches.append((grid, args)))
+    return launches
+
+
+def test_maps_past_2_31_elements_launch_in_batch_chunks_whose_offsets_fit_int32(monkeypatch):
+    """The kernels form ``b * stride_b`` in int32 (Triton's type for an int argument below 2**31): a call whose
+    ``(B, N, N)`` maps hold 2**31 elements or more (here 2,048 images of 1,025 tokens: 8.6 GB of float32, which an
+    80 GB GPU holds), or whose ``q`` does (head dim 128), is launched over batch chunks in each of which every
+    tensor's offsets stay below 2**31; it was one launch whose offsets wrapped to negative ones. (Meta tensors:
+    shapes and strides, no memory.)"""
+    from vitviz.core.kernels import headmaps
+
+    launches = _recorded_launches(monkeypatch, headmaps)
+    b, h, n, d = 2048, 12, 1025, 128
+    q, k = (torch.empty(b, h, n, d, dtype=torch.bfloat16, device="meta") for _ in range(2))
+    headmaps.fuse_heads_kernel(q, k, d ** -0.5, "mean", lse=torch.empty(b, h, n, device="meta"),
+                               attn_mask=torch.empty(b, 1, n, n, dtype=torch.bool, device="meta"))
+    headmaps.distance_sums_kernel(q, k, d ** -0.5, torch.empty(n - 1, n - 1, device="meta"), 1)
+    fuse = [(grid, args) for grid, args in launches if len(grid) == 3]
+    rows = [(grid, args) for grid, args in launches if len(grid) == 2]
+    assert len(fuse) > 1 and len(rows) > 1  # chunked
+    assert sum(grid[2] for grid, _ in fuse) == b and sum(grid[1] for grid, _ in rows) == b * h
+    for _, args in launches:
+        for t in args:
+            if isinstance(t, torch.Tensor):
+                assert headmaps._extent(tuple(t.shape), t.stride()) < 2**31, (tuple(t.shape), t.stride())
+    with pytest.raises(InputError, match=r"out of shape \(1, 46341, 46341\).*2\*\*31.*headmap_kernel\('off'\)"):
+        big = torch.empty(1, 1, 46341, 16, device="meta")
+        headmaps.fuse_heads_kernel(big, big, 0.25, lse=torch.empty(1, 1, 46341, device="meta"))
+
+
+def test_a_mask_on_another_device_is_refused_before_any_launch(monkeypatch):
+    """q and k on one device, ``attn_mask`` on another: refused naming both, before a launch (which was handed the
+    mask's pointer as it was: on a GPU, a host mask's address read as device memory). So is a negative prefix count,
+    whose distance matrix of ``N + 1`` patches had the kernel read token -1 (before ``q``'s first element)."""
+    from vitviz.core.kernels import headmaps
+
+    launches = _recorded_launches(monkeypatch, headmaps)
+    q, k = qk(1, 2, 9, 16, torch.float32)
+    for fn in (lambda m: headmaps.fuse_heads_kernel(q, k, 0.25, attn_mask=m),
+               lambda m: headmaps.distance_sums_kernel(q, k, 0.25, torch.ones(8, 8), 1, attn_mask=m)):
+        with pytest.raises(InputError, match=r"attn_mask must be on q's device cpu; got meta"):
+            fn(torch.ones(9, 9, dtype=torch.bool, device="meta"))
+    assert not launches
+    with pytest.raises(InputError, match=r"num_prefix_tokens must be between 0 and N = 9; got -1"):
+        headmaps.distance_sums_kernel(q, k, 0.25, torch.ones(10, 10), -1)  # 10 "patches" from token -1 on
+    assert not launches
+
+
+def test_batch_chunks_give_the_maps_of_one_launch(interpret, monkeypatch):
+    """With the offset limit lowered to split a tiny batch into one image per launch, the head max under a bias per
+    image and the distance sums equal float64's (each chunk reads its own images, masks and output rows)."""
+    monkeypatch.setattr(interpret, "OFFSET_LIMIT", 1100)  # q: 672 elements an image
+    b, h, n, d = 3, 2, 21, 16
+    q, k = (torch.randn(b, h, n, d) for _ in range(2))
+    assert interpret._batch_chunks(b, dict(q=q)) == [(0, 1), (1, 2), (2, 3)]
+    bias = torch.randn(b, 1, n, n)
+    p = probs64(q, k, 0.25, bias)
+    torch.testing.assert_close(interpret.fuse_heads_kernel(q, k, 0.25, "max", attn_mask=bias).double(),
+                               fused64(p, "max"), rtol=0, atol=2e-6)
+    dist = torch.rand(n - 1, n - 1) * 10
+    check_distance(interpret.distance_sums_kernel(q, k, 0.25, dist, 1, attn_mask=bias), p, dist, 1)
 
 
 def test_no_interpreter_leaks_into_this_process():

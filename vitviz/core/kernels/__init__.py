@@ -11,7 +11,8 @@ and the reference.
 Whether the kernels run is decided per call by ``use_kernel(device)``, from the mode set by ``headmap_kernel(mode)``
 (a context manager) or else the environment variable ``VITVIZ_HEADMAP_KERNEL``:
 
-- ``auto`` (default): on CUDA tensors when Triton can be imported;
+- ``auto`` (default): on CUDA tensors when Triton ``MIN_TRITON`` or newer is installed (``triton``, or the
+  ``pytorch-triton`` build PyTorch's nightly wheels bring);
 - ``on``: always; on CPU tensors this needs Triton's interpreter (``TRITON_INTERPRET=1``; for tests);
 - ``off``: never (the PyTorch path everywhere).
 
@@ -69,15 +70,23 @@ def headmap_kernel(mode: str) -> Iterator[None]:
 MIN_TRITON = (3, 6)  # the oldest Triton the kernels are tested on (3.1's interpreter rejects their tl.arange calls)
 
 
+# the distributions that install the ``triton`` module: Triton's own, and the builds PyTorch's nightly and ROCm
+# wheels depend on instead (``pytorch-triton``, version "3.4.0+git..." and the like)
+TRITON_DISTRIBUTIONS = ("triton", "pytorch-triton", "pytorch-triton-rocm", "pytorch-triton-xpu")
+
+
 def triton_version() -> tuple[int, ...] | None:
-    """The installed Triton's version as ``(major, minor)``, read from its metadata without importing it; or None."""
+    """The installed Triton's version as ``(major, minor)``, read from its metadata without importing it (from the
+    first of ``TRITON_DISTRIBUTIONS`` installed); or None."""
     from importlib.metadata import PackageNotFoundError, version
 
-    try:
-        parts = version("triton").split(".")[:2]
+    for name in TRITON_DISTRIBUTIONS:
+        try:
+            parts = version(name).split(".")[:2]
+        except PackageNotFoundError:
+            continue
         return tuple(int("".join(ch for ch in p if ch.isdigit()) or 0) for p in parts)
-    except PackageNotFoundError:
-        return None
+    return None
 
 
 def triton_available() -> bool:

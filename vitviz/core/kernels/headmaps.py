@@ -35,7 +35,8 @@ dtype first, so in bf16/fp16 the two differ by that rounding.
 
 Masks follow timm's ``resolve_self_attn_mask``: ``is_causal`` wins over ``attn_mask``; a bool mask keeps ``True``
 entries (``False`` -> ``-inf``); a float mask is added; any shape broadcastable to ``(B, H, N, N)``. A row whose
-keys are all masked gives NaN, as ``torch.softmax`` does. Head dims are padded to a power of two (>= 16) with
+keys are all masked gives NaN, as ``torch.softmax`` does, and so do its head mean, max and min (as ``torch.amax``
+gives them: the max and min fold with ``PropagateNan.ALL``, where Triton's default would drop that head). Head dims are padded to a power of two (>= 16) with
 masked loads.
 
 Triton is imported with this module (``vitviz.core.kernels`` imports it only when a kernel runs). The kernels are
@@ -182,9 +183,9 @@ def _fuse_kernel(Q, K, BIAS, M, L, OUT,
         if HOW == 0:
             acc += p
         elif HOW == 1:
-            acc = tl.maximum(acc, p)
+            acc = tl.maximum(acc, p, propagate_nan=tl.PropagateNan.ALL)  # a fully masked row: NaN, as amax
         else:
-            acc = tl.minimum(acc, p)
+            acc = tl.minimum(acc, p, propagate_nan=tl.PropagateNan.ALL)
     if HOW == 0:
         acc = acc * inv_h
     tl.store(OUT + b * sob + rows[:, None] * soi + cols[None, :] * soj, acc, mask=inb)
@@ -313,6 +314,46 @@ def _check_qk(q: torch.Tensor, k: torch.Tensor) -> None:
         raise InputError(f"head dim {q.shape[-1]} > 256 is not supported by the head-map kernel")
 
 
+OFFSET_LIMIT = 2**31  # Triton passes an int argument below 2**31 as int32, and the kernels multiply it so
+
+
+def _extent(shape: tuple[int, ...], stride: tuple[int, ...]) -> int:
+    """The largest element offset from a tensor's first element that indexing it forms: ``sum((size - 1) * stride)``."""
+    return sum((size - 1) * st for size, st in zip(shape, stride) if size > 1)
+
+
+def _batch_chunks(b: int, batched: dict[str, torch.Tensor], whole: dict[str, torch.Tensor] | None = None
+                  ) -> list[tuple[int, int]]:
+    """The ``[lo, hi)`` batch ranges to launch a kernel over, so that no offset the kernel forms in 32-bit integers
+    reaches ``OFFSET_LIMIT``: the kernels index ``T + b * stride_b + h * stride_h + ...`` with the program id ``b``
+    and each stride in int32 (Triton's type for an int argument below 2**31), so ``(B, N, N)`` float32 maps of
+    ``B * N * N >= 2**31`` elements (batch 128 of 4,097 tokens, 1024 px with /16 patches) would wrap to negative
+    offsets: reads and writes outside the tensors. One range (``[(0, b)]``) where everything fits, the usual case.
+    ``batched``: the tensors whose first dim is the batch, by name; ``whole``: those every launch reads whole.
+
+    Raises:
+        InputError: a single image's offsets, or a ``whole`` tensor's, reach ``OFFSET_LIMIT`` (``N`` > 46,340 tokens).
+    """
+    step = max(b, 1)
+    for name, t, per_image in [(n, t, True) for n, t in batched.items()] + \
+            [(n, t, False) for n, t in (whole or {}).items()]:
+        shape, stride = tuple(t.shape), t.stride()
+        one = _extent(shape[1:], stride[1:]) if per_image else _extent(shape, stride)
+        if one >= OFFSET_LIMIT:
+            raise InputError(f"{name} of shape {shape} (strides {stride}) needs element offsets up to {one} >= 2**31 "
+                             f"for {'a single image' if per_image else 'one launch'}, past the head-map kernels' "
+                             "32-bit indexing; use fewer tokens, or turn the kernels off (headmap_kernel('off') or "
+                             "VITVIZ_HEADMAP_KERNEL=off)")
+        if per_image and shape[0] > 1 and stride[0] > 0:
+            step = min(step, (OFFSET_LIMIT - 1 - one) // stride[0] + 1)
+    return [(lo, min(lo + step, b)) for lo in range(0, b, step)] or [(0, b)]
+
+
+def _cut(t: torch.Tensor, lo: int, hi: int, b: int) -> torch.Tensor:
+    """Images ``lo:hi`` of ``t`` (``t`` itself for the whole batch: one launch, no view made)."""
+    return t if lo == 0 and hi == b else t[lo:hi]
+
+
 _NO_BIAS: dict[torch.device, torch.Tensor] = {}  # device -> the placeholder a kernel without a bias is passed
 
 
@@ -329,6 +370,8 @@ def _bias(attn_mask: torch.Tensor | None, is_causal: bool, shape: torch.Size, de
     """``(kind, tensor, strides)`` for the kernels: kind 0 none, 1 additive float, 2 bool keep-mask."""
     if is_causal or attn_mask is None:  # timm: is_causal takes precedence over attn_mask
         return 0, _no_bias(device), (0, 0, 0, 0)
+    if attn_mask.device != device:  # a kernel handed another device's pointer reads what is not there
+        raise InputError(f"attn_mask must be on q's device {device}; got {attn_mask.device} (move it with .to)")
     if not 2 <= attn_mask.ndim <= 4:
         raise InputError(f"attn_mask must have 2 to 4 dims broadcastable to (B, H, N, N) = {tuple(shape)}; "
                          f"got {tuple(attn_mask.shape)}")
@@ -413,6 +456,8 @@ def _rows(q, k, scale, attn_mask, is_causal, distances, num_prefix_tokens, preci
     l_sum = torch.empty(b, h, n, device=q.device, dtype=torch.float32)
     with_dist = distances is not None
     if with_dist:
+        if not 0 <= num_prefix_tokens <= n:  # the kernel reads token v + num_prefix_tokens for patch v
+            raise InputError(f"num_prefix_tokens must be between 0 and N = {n}; got {num_prefix_tokens}")
         p = n - num_prefix_tokens
         if distances.shape != (p, p):
             raise InputError(f"distances must be (P, P) = ({p}, {p}) for N = {n} tokens and {num_prefix_tokens} "
@@ -427,10 +472,16 @@ def _rows(q, k, scale, attn_mask, is_causal, distances, num_prefix_tokens, preci
         sd = (0, 0)
         pd = 0
     rows_kernel, _ = _kernels()
-    _launch(rows_kernel, (-(-n // bm), b * h),
-            (q, k, bias, dist, m, l_sum, wd, wp, *q.stride(), *k.stride(), *sb, *sd, h, n, d, int(num_prefix_tokens),
-             n - int(num_prefix_tokens), pd, qk_scale),
-            dict(WITH_DIST=with_dist, BLOCK_M=bm, BLOCK_N=bn, num_warps=warps, num_stages=stages, **const))
+    meta = dict(WITH_DIST=with_dist, BLOCK_M=bm, BLOCK_N=bn, num_warps=warps, num_stages=stages, **const)
+    batched = dict(q=q, k=k, row_max=m, row_sum=l_sum, **(dict(weighted=wd, weight=wp) if with_dist else {}),
+                   **(dict(attn_mask=bias) if const["BIAS_KIND"] else {}))
+    for lo, hi in _batch_chunks(b, batched, dict(distances=dist) if with_dist else None):
+        qc, kc, mc, lc = (_cut(t, lo, hi, b) for t in (q, k, m, l_sum))
+        bc = _cut(bias, lo, hi, b) if const["BIAS_KIND"] else bias
+        wdc, wpc = (_cut(wd, lo, hi, b), _cut(wp, lo, hi, b)) if with_dist else (mc, mc)
+        _launch(rows_kernel, (-(-n // bm), (hi - lo) * h),
+                (qc, kc, bc, dist, mc, lc, wdc, wpc, *q.stride(), *k.stride(), *sb, *sd, h, n, d,
+                 int(num_prefix_tokens), n - int(num_prefix_tokens), pd, qk_scale), meta)
     return m, l_sum, ((wd, wp) if with_dist else None)
 
 
@@ -484,9 +535,14 @@ def fuse_heads_kernel(q: torch.Tensor, k: torch.Tensor, scale: float, how: str =
     bm, bn, warps, stages = _blocks(d, q.dtype, const["PRECISION"], arch=_arch(q.device), kernel="fuse",
                                     bias_kind=const["BIAS_KIND"], causal=const["CAUSAL"])
     _, fuse_kernel = _kernels()
-    _launch(fuse_kernel, (-(-n // bm), -(-n // bn), b),
-            (q, k, bias, m, l_sum, out, *q.stride(), *k.stride(), *sb, *out.stride(), h, n, d, qk_scale, 1.0 / h),
-            dict(HOW=HOW[how], BLOCK_M=bm, BLOCK_N=bn, num_warps=warps, num_stages=stages, **const))
+    meta = dict(HOW=HOW[how], BLOCK_M=bm, BLOCK_N=bn, num_warps=warps, num_stages=stages, **const)
+    for lo, hi in _batch_chunks(b, dict(q=q, k=k, lse=m, row_sum=l_sum, out=out,
+                                        **(dict(attn_mask=bias) if const["BIAS_KIND"] else {}))):
+        qc, kc, mc, lc, oc = (_cut(t, lo, hi, b) for t in (q, k, m, l_sum, out))
+        bc = _cut(bias, lo, hi, b) if const["BIAS_KIND"] else bias
+        _launch(fuse_kernel, (-(-n // bm), -(-n // bn), hi - lo),
+                (qc, kc, bc, mc, lc, oc, *q.stride(), *k.stride(), *sb, *out.stride(), h, n, d, qk_scale, 1.0 / h),
+                meta)
     return out
 
 
