@@ -47,9 +47,9 @@ def main(argv: list[str] | None = None) -> int:
                         "a.pth --model vit_tiny_patch16_224 --checkpoint b.pth")
     r.add_argument("--images", metavar="DIR",
                    help="your images for every figure that shows images (the notebooks' data_dir and the package "
-                        "figures): one image file, a flat folder (jpg/png/webp, sorted by name) or <class>/<image> "
-                        "subfolders; a notebook without an image parameter keeps its own images, said in the index "
-                        "and on exit")
+                        "figures): one image file, a flat folder (jpg/jpeg/png/webp/bmp, sorted by name) or "
+                        "<class>/<image> subfolders; a notebook without an image parameter keeps its own images, "
+                        "said in the index and on exit")
     r.add_argument("--notebooks", default=None, metavar="FILES",
                    help="comma-separated notebooks to execute (default: the installed ones, vitviz.notebooks, built "
                         "from the repository's notebooks/; 'none' for none)")
