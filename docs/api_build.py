@@ -31,6 +31,15 @@ def public_names() -> dict[str, str]:
     return names
 
 
+def other_error_classes() -> list[str]:
+    """The classes of ``vitviz.errors`` that ``vitviz`` does not export by name (the warnings a caller filters, the
+    finer error classes), documented under their module."""
+    import vitviz.errors as errors
+
+    return sorted(n for n, c in vars(errors).items() if isinstance(c, type) and issubclass(c, errors.VitvizError)
+                  and c.__module__ == errors.__name__ and n not in vitviz.__all__)
+
+
 def _section(module: str) -> str:
     for prefix, title in LAYERS:
         if module == prefix or module.startswith(prefix + "."):
@@ -57,6 +66,11 @@ def write_api_page(path: Path) -> None:
             continue
         lines += [title, "-" * len(title), "", ".. autosummary::", "   :toctree: generated",
                   "   :template: entry.rst", "", *[f"   {n}" for n in sorted(groups[title])], ""]
+        if title == "Errors":  # the rest of vitviz.errors: the warnings and the finer error classes
+            lines += ["The warnings vitviz gives and the finer error classes, imported from ``vitviz.errors``:", "",
+                      ".. currentmodule:: vitviz.errors", "", ".. autosummary::", "   :toctree: generated",
+                      "   :template: entry.rst", "", *[f"   {n}" for n in other_error_classes()], "",
+                      ".. currentmodule:: vitviz", ""]
     _write(path, "\n".join(lines))
 
 

@@ -423,3 +423,28 @@ def test_attnlrp_against_chefer_on_cifar10_vit_is_the_recorded_run():
     for mode, attnlrp, chefer, diff in rows:
         assert re.search(rf"^\| {mode}, \w+ \((?:lower|higher)\) \| {attnlrp} \| {chefer} \| {re.escape(diff)} \|$",
                          text, re.M), mode
+
+
+def test_every_error_and_warning_class_the_docs_name_has_an_api_page():
+    """The API reference listed only the error classes ``vitviz`` exports by name: the warnings docs/trust.md tells a
+    caller to filter (``ImageRangeWarning``, ``ImagesLeftOutWarning``, ...) and the finer error classes had no page.
+    Every class of ``vitviz.errors`` is now on the API page (``docs/api_build.py``), and every one the pages and the
+    README name is among them."""
+    import sys
+
+    import vitviz.errors as errors
+
+    sys.path.insert(0, str(DOCS))
+    try:
+        import api_build
+    finally:
+        sys.path.remove(str(DOCS))
+    classes = {n for n, c in vars(errors).items() if isinstance(c, type) and issubclass(c, errors.VitvizError)
+               and c.__module__ == errors.__name__}
+    listed = set(api_build.other_error_classes()) | {n for n, m in api_build.public_names().items()
+                                                      if m == "vitviz.errors"}
+    assert classes <= listed, sorted(classes - listed)
+    text = " ".join(p.read_text() for p in [ROOT / "README.md", *sorted(DOCS.glob("*.md"))])
+    named = set(re.findall(r"\b([A-Z][A-Za-z]*(?:Error|Warning))\b", text)) & set(vars(errors))
+    assert {"ImageRangeWarning", "ImagesLeftOutWarning"} <= named  # the check reads the pages
+    assert named <= listed, sorted(named - listed)
