@@ -98,14 +98,21 @@ def _run_page(page: str, tmp_path: Path, monkeypatch, only: set[str] | None = No
     monkeypatch.chdir(tmp_path)
     monkeypatch.setenv("HF_HUB_OFFLINE", "1")
     namespace = {"__name__": "__docs__", **_given(page, tmp_path)}
+    return run_blocks(page_blocks(DOCS / page), namespace, "docs", lambda name: name in SKIPS or (
+        only is not None and name not in only) or (only is None and name in SLOW))
+
+
+def run_blocks(blocks: list[tuple[str, str]], namespace: dict, where: str, skip=lambda name: False) -> list[str]:
+    """Execute ``blocks`` in order in one ``namespace`` (as a reader pastes them), leaving out those ``skip``
+    names; a failure names its block. Returns the names of the blocks run."""
     ran = []
-    for name, code in page_blocks(DOCS / page):
-        if name in SKIPS or (only is not None and name not in only) or (only is None and name in SLOW):
+    for name, code in blocks:
+        if skip(name):
             continue
         try:
-            exec(compile(code, f"docs/{name}", "exec"), namespace)
+            exec(compile(code, f"{where} [{name}]", "exec"), namespace)
         except Exception as err:  # name the block in the failure
-            raise AssertionError(f"docs block {name!r} failed: {type(err).__name__}: {err}") from err
+            raise AssertionError(f"{where} block {name!r} failed: {type(err).__name__}: {err}") from err
         ran.append(name)
     return ran
 

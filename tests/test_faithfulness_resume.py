@@ -19,8 +19,8 @@ from vitviz.errors import CheckpointError, InputError
 RUN = dict(modes=["deletion", "positive"], steps=0.5, progress=False, batch_size=2)
 
 
-def killed_then_resumed(monkeypatch, model, images, out, n_images=None, **kw):
-    """Run until the second batch raises (a kill), then rerun with the same arguments."""
+def killed(monkeypatch, model, images, out, **kw):
+    """Run until the second batch raises (a kill): ``out`` holds the first batch's rows."""
     batch = fa._batch
     calls = []
 
@@ -34,6 +34,11 @@ def killed_then_resumed(monkeypatch, model, images, out, n_images=None, **kw):
     with pytest.raises(KeyboardInterrupt):
         vitviz.faithfulness(model, images, out=out, **kw)
     monkeypatch.setattr(fa, "_batch", batch)
+
+
+def killed_then_resumed(monkeypatch, model, images, out, n_images=None, **kw):
+    """Run until the second batch raises (a kill), then rerun with the same arguments."""
+    killed(monkeypatch, model, images, out, **kw)
     written = pd.read_csv(out, dtype=str)["image"].nunique()
     assert 0 < written < (len(images) if n_images is None else n_images)  # the first batch was written, the rest was not
     return vitviz.faithfulness(model, images, out=out, **kw)
@@ -289,23 +294,6 @@ def test_per_image_labels_or_targets_grow_a_chunked_run_but_never_change_for_a_w
     again = vitviz.faithfulness(model, x, out=out, **{arg: classes}, **kw)  # nothing to score: the written rows
     pd.testing.assert_frame_equal(again[again["image"] < 4].reset_index(drop=True), grown, check_exact=True)
 
-
-
-def killed(monkeypatch, model, images, out, **kw):
-    """Run until the second batch raises (a kill): ``out`` holds the first batch's rows."""
-    batch = fa._batch
-    calls = []
-
-    def dies(*a, **k):
-        calls.append(1)
-        if len(calls) == 2:
-            raise KeyboardInterrupt
-        return batch(*a, **k)
-
-    monkeypatch.setattr(fa, "_batch", dies)
-    with pytest.raises(KeyboardInterrupt):
-        vitviz.faithfulness(model, images, out=out, **kw)
-    monkeypatch.setattr(fa, "_batch", batch)
 
 
 @pytest.mark.parametrize("first, then, column", [

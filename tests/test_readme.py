@@ -14,6 +14,7 @@ from pathlib import Path
 import pytest
 import torch
 from PIL import Image
+from test_docs_pages import page_blocks, run_blocks
 from torch import nn
 from tutorial_vit import Block
 
@@ -27,21 +28,9 @@ OFFLINE_SKIPS = {
 
 
 def readme_blocks() -> list[tuple[str, str]]:
-    """``(name, code)`` of each ```python block; the name is the nearest heading above it and its ordinal there."""
-    blocks, heading, count = [], "top", {}
-    lines = README.read_text().splitlines()
-    i = 0
-    while i < len(lines):
-        line = lines[i]
-        if line.startswith("#"):
-            heading = line.lstrip("#").strip()
-        if line.strip() == "```python":
-            j = next(k for k in range(i + 1, len(lines)) if lines[k].strip() == "```")
-            count[heading] = count.get(heading, 0) + 1
-            blocks.append((f"{heading} #{count[heading]}", "\n".join(lines[i + 1:j])))
-            i = j
-        i += 1
-    return blocks
+    """``(name, code)`` of each ```python block; the name is the nearest heading above it (outside code blocks) and
+    its ordinal there (``test_docs_pages.page_blocks``, without the page's name)."""
+    return [(name.split(": ", 1)[1], code) for name, code in page_blocks(README)]
 
 
 class MyViT(nn.Module):
@@ -88,15 +77,7 @@ def test_every_readme_python_block_runs_offline(tmp_path, monkeypatch):
     monkeypatch.setenv("HF_HUB_OFFLINE", "1")
     Image.fromarray(skdata.chelsea()).save(tmp_path / "cat.jpg")
     namespace: dict = {"my_vit": MyViT().eval(), "__name__": "__readme__"}
-    ran = []
-    for name, code in readme_blocks():
-        if name in OFFLINE_SKIPS:
-            continue
-        try:
-            exec(compile(code, f"README.md [{name}]", "exec"), namespace)
-        except Exception as err:  # name the block in the failure
-            raise AssertionError(f"README block {name!r} failed: {type(err).__name__}: {err}") from err
-        ran.append(name)
+    ran = run_blocks(readme_blocks(), namespace, "README.md", lambda name: name in OFFLINE_SKIPS)
     assert ran, "no README block ran"
     assert (tmp_path / "pos_embed.pdf").stat().st_size > 0
 
