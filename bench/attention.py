@@ -293,7 +293,12 @@ def _setup(args: argparse.Namespace, device: str, size: int, batch: int):
 
 
 def time_case(args: argparse.Namespace, device: str, size: int, batch: int) -> dict:
-    """Median wall time of each method, methods taking turns; on CUDA also each method's peak memory."""
+    """Median wall time of each method, methods taking turns; on CUDA also each method's peak memory.
+
+    A method other than ``plain`` that raises in its warm-up call is left out of the rest of the case and named in
+    ``failed`` (method -> the error), so that one method's failure (a kernel that does not build on this GPU, say)
+    does not lose the other methods' rows of the case; ``plain``, what every ratio divides by, failing fails the
+    case."""
     import torch
 
     once, spec = _setup(args, device, size, batch)
@@ -301,11 +306,22 @@ def time_case(args: argparse.Namespace, device: str, size: int, batch: int) -> d
     sync = torch.cuda.synchronize if cuda else (lambda: None)
     times: dict[str, list[float]] = {m: [] for m in args.methods}
     cpu: dict[str, list[float]] = {m: [] for m in args.methods}
+    failed: dict[str, str] = {}
     for i in range(args.repeats + 1):
-        for m in args.methods:
+        for m in [m for m in args.methods if m not in failed]:
             sync()
             t, c = time.perf_counter(), time.process_time()
-            out = once(m)
+            if i == 0 and m != "plain":  # the warm-up call: a method that fails here is left out, and said
+                try:
+                    out = once(m)
+                except Exception as e:  # noqa: BLE001 - any failure of one method; the others go on
+                    failed[m] = f"{type(e).__name__}: {str(e).splitlines()[0][:300] if str(e) else ''}"
+                    times.pop(m), cpu.pop(m)
+                    if cuda:
+                        torch.cuda.empty_cache()
+                    continue
+            else:
+                out = once(m)
             sync()
             if i:  # the first round warms up
                 times[m].append(time.perf_counter() - t)
@@ -313,7 +329,7 @@ def time_case(args: argparse.Namespace, device: str, size: int, batch: int) -> d
             del out
     peak: dict[str, float] = {}
     if cuda:
-        for m in args.methods:
+        for m in times:
             torch.cuda.empty_cache()
             torch.cuda.synchronize()
             base = torch.cuda.memory_allocated()
@@ -333,7 +349,7 @@ def time_case(args: argparse.Namespace, device: str, size: int, batch: int) -> d
     # how often each vitviz.graphed call recorded (1: the set-up's only; more: the timed calls recorded again, and
     # their times are not a replay's)
     recordings = {m: call.recordings for m, call in once.graphed.items() if hasattr(call, "recordings")}
-    return {"times": times, "cpu": cpu, "peak": peak, "graph_reserved_mb": once.graph_reserved_mb,
+    return {"times": times, "cpu": cpu, "peak": peak, "failed": failed, "graph_reserved_mb": once.graph_reserved_mb,
             "kept_alloc_mb": kept_alloc_mb, "graph_recordings": recordings,
             "tokens": spec.num_tokens, "threads": torch.get_num_threads(),
             "gpu": torch.cuda.get_device_name() if cuda else None, "layers": len(spec.attention_modules),
@@ -382,10 +398,19 @@ def spawn(args: argparse.Namespace, kind: str, device: str, size: int, batch: in
     return json.loads(proc.stdout.strip().splitlines()[-1])
 
 
-def measure(args: argparse.Namespace, device: str, size: int, batch: int) -> list[dict]:
+def measure(args: argparse.Namespace, device: str, size: int, batch: int,
+            failed: list[str] | None = None) -> list[dict]:
+    """The rows of one case; a method the case's process left out (``time_case``'s ``failed``) gets no row and is
+    appended to ``failed`` as ``"<device> <size> px batch <batch> <method>: <error>"``."""
     timing = spawn(args, "time", device, size, batch, args.methods)
     results = []
     for m in args.methods:
+        if m in timing.get("failed", {}):
+            print(f"{device} {args.model} {args.dtype} {size}px b{batch} {m}: failed, left out of this case: "
+                  f"{timing['failed'][m]}", file=sys.stderr, flush=True)
+            if failed is not None:
+                failed.append(f"{device} {size} px batch {batch} {m}: {timing['failed'][m]}")
+            continue
         if device.startswith("cuda"):
             mem = timing["peak"][m]
         else:
@@ -554,7 +579,7 @@ def main() -> int:
         args.methods = ["plain", *[m for m in methods if m != "plain"]]
         for size, batch in zip(args.sizes, batches):
             try:
-                rows = measure(args, dev, size, batch)
+                rows = measure(args, dev, size, batch, failed)
             except RuntimeError as e:  # a case's process failed: said, and the other cases still run
                 print(e, file=sys.stderr, flush=True)
                 failed.append(f"{dev} {size} px batch {batch}")
@@ -565,7 +590,7 @@ def main() -> int:
                 atomic_write_json(path, old + rows)
     ok = report(results)
     if failed:
-        print(f"\nfailed cases (exit 1): {'; '.join(failed)}", flush=True)
+        print(f"\nfailed cases or methods (exit 1): {'; '.join(failed)}", flush=True)
         return 1
     return 0 if ok else EXIT_GOAL_MISSED
 

@@ -61,7 +61,8 @@
 #                  fp32-ieee, appended to micro.json                                (what time is left, cap 300)
 #
 # Aliases: attn_b16 = b16_448 b16_224, attn_l16 = l16_448 l16_224, attn_hf = hf tv, all = the whole plan.
-# bench/attention.py exits 3 when every case ran and a goal was missed, 1 when a case failed.
+# bench/attention.py exits 3 when every case ran and a goal was missed, 1 when a case or one of its methods failed
+# (a failed method is named and left out; the case's other methods keep their rows).
 #
 # The times above are from the two H100 runs (bench/results/h100_gpu_run_1/summary.txt: a bench/attention.py process
 # 22-39 s, a dataset one 23-28 s, the tests 35 s, micro 61 s for 72 rows); the H200's run 3, every part but micro

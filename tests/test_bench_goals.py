@@ -120,7 +120,25 @@ def test_a_failed_case_keeps_the_cases_before_it_and_exits_1(tmp_path, monkeypat
     assert [(r["size"], r["method"]) for r in rows[1:]] == [(s, m) for s in (224, 96) for m in ("plain", "store",
                                                                                                 "rollout")]
     assert [size for _, size, _ in calls] == [224, 448, 96]
-    assert "failed cases (exit 1): cpu 448 px batch 2" in capsys.readouterr().out
+    assert "failed cases or methods (exit 1): cpu 448 px batch 2" in capsys.readouterr().out
+
+
+def test_a_method_that_fails_is_left_out_and_the_cases_other_rows_kept(tmp_path, monkeypatch, capsys):
+    """One method raising (a kernel that does not build on a GPU, say) failed its whole case's process, losing every
+    other method's row of that case. Now its warm-up failure leaves it out, named on stderr and in the exit line (1),
+    and the case's other methods are measured. Run for real on the CPU: ``rollout_kernel`` without Triton's
+    interpreter is refused by ``headmap_kernel('on')``."""
+    monkeypatch.delenv("TRITON_INTERPRET", raising=False)
+    out = tmp_path / "a.json"
+    monkeypatch.setattr("sys.argv", ["attention.py", "--device", "cpu", "--model", "vit_tiny_patch16_224",
+                                     "--sizes", "32", "--batch", "1", "--repeats", "1", "--no-memory",
+                                     "--methods", "plain", "rollout_kernel", "rollout", "--json", str(out)])
+    assert attention.main() == 1
+    rows = json.loads(out.read_text())
+    assert [r["method"] for r in rows] == ["plain", "rollout"] and all(r["time_s"] > 0 for r in rows)
+    said = capsys.readouterr()
+    assert "rollout_kernel: failed, left out of this case" in said.err
+    assert "failed cases or methods (exit 1): cpu 32 px batch 1 rollout_kernel: " in said.out
 
 
 def test_each_device_takes_its_own_default_methods(monkeypatch):
@@ -147,6 +165,7 @@ def test_the_docs_state_the_goals_and_exit_statuses_the_script_applies():
         assert f"<= {goal:.2f}x" in text and f"{size} px" in text
     assert f"<= {attention.GOAL_MEMORY:.0%} of the store-everything" in text
     assert f"exits {attention.EXIT_GOAL_MISSED} when one was missed, 1 when a case failed" in text
+    assert "or a method of a case failed" in text
     # the kept maps as quoted: run 6's measured allocation, and the bytes of 12 layers' (8, 785, 785) float32 maps
     run6 = json.loads(RUN6.read_text())[0]
     assert f"`kept_alloc_mb`, {run6['kept_alloc_mb']:.1f} MB for ViT-B/16 at 448 px, batch 8" in text
