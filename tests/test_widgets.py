@@ -524,3 +524,19 @@ def test_a_click_picks_the_patch_drawn_under_the_pixel():
     assert w.map_size == (213, 320)
     w.on_click({"type": "click", "dataX": 0, "dataY": 53})
     assert (w.query.value, w.row.value, w.col.value) == ("patch", 1, 0)
+
+
+def test_nan_values_are_not_drawn_as_the_lowest_value():
+    """The explorers' pixels drew a NaN value in the bottom colour (as the lowest value), and one NaN made the
+    overlay's default top the NaN maximum, so every other patch fell to the bottom colour too. A NaN value now gets
+    ``NO_VALUE`` alone (heat maps) or shows the image without colour (overlays), and the top is the largest value."""
+    from vitviz.widgets._render import NO_VALUE, _lut, colorize, overlay
+
+    lut = _lut("inferno")
+    colours = colorize(np.array([[np.nan, 1.0], [0.0, 0.5]]), "inferno", 0.0, 1.0)
+    assert tuple(colours[0, 0]) == NO_VALUE and tuple(colours[0, 1]) == tuple(lut[255])
+    assert tuple(colours[1, 0]) == tuple(lut[0]) and NO_VALUE not in {tuple(c) for c in lut[[0, 255]]}
+    base = np.full((4, 4, 3), 40, np.uint8)
+    out = overlay(base, np.array([[np.nan, 2.0], [0.0, 1.0]]), alpha=1.0, cmap="inferno")
+    assert (out[:2, :2] == 40).all()  # the NaN patch: the image alone
+    assert tuple(out[0, 3]) == tuple(lut[255]) and tuple(out[3, 0]) == tuple(lut[0])  # 2.0 is the top

@@ -20,6 +20,7 @@ __all__ = ["cell_at", "colorbar", "colorize", "covered_display", "display_size",
 RESAMPLE = {"nearest": Image.Resampling.NEAREST, "bilinear": Image.Resampling.BILINEAR,
             "bicubic": Image.Resampling.BICUBIC}
 MARK = (0, 255, 255)  # cyan outline around the query patch
+NO_VALUE = (128, 128, 128)  # a value that is NaN: mid grey, in none of the explorers' colormaps' ends
 
 
 def _lut(cmap: str) -> np.ndarray:
@@ -68,10 +69,14 @@ def covered_display(size: tuple[int, int], image_hw: tuple[int, int], covered_hw
 
 
 def colorize(values: np.ndarray, cmap: str, vmin: float, vmax: float) -> np.ndarray:
-    """``(h, w)`` values -> ``(h, w, 3)`` uint8 colours, ``vmin`` and ``vmax`` at the ends of ``cmap``."""
+    """``(h, w)`` values -> ``(h, w, 3)`` uint8 colours, ``vmin`` and ``vmax`` at the ends of ``cmap``; a NaN value
+    gets ``NO_VALUE`` (it was drawn in the bottom colour, as if it were the lowest value)."""
+    values = np.asarray(values, dtype=np.float32)
     span = max(float(vmax) - float(vmin), np.finfo(np.float32).tiny)
-    idx = np.clip((np.asarray(values, dtype=np.float32) - vmin) / span, 0.0, 1.0)
-    return _lut(cmap)[np.nan_to_num(idx * 255).round().astype(np.uint8)]
+    idx = np.clip((values - vmin) / span, 0.0, 1.0)
+    out = _lut(cmap)[np.nan_to_num(idx * 255).round().astype(np.uint8)]
+    out[np.isnan(values)] = NO_VALUE
+    return out
 
 
 def overlay(base: np.ndarray, heat: np.ndarray, *, alpha: float = 0.6, cmap: str = "inferno",
@@ -85,19 +90,22 @@ def overlay(base: np.ndarray, heat: np.ndarray, *, alpha: float = 0.6, cmap: str
         alpha: opacity of the heat colours (0: image only, 1: map only).
         cmap: matplotlib colormap name.
         interpolation: ``nearest`` (patch blocks), ``bilinear`` or ``bicubic`` upsampling of the map.
-        vmax: value drawn with the top colour (default: the map's maximum, as in the paper's Fig. 6).
+        vmax: value drawn with the top colour (default: the map's maximum, as in the paper's Fig. 6; NaN left out).
         vmin: value drawn with the bottom colour (default 0; ``-vmax`` for a signed map on a diverging scale).
         covered: the ``(ch, cw)`` display pixels the patch grid covers (``covered_display``); the map is stretched
             over those alone and the rest, which no patch sees, gets the bottom colour. Default: the whole image.
 
     Returns:
-        ``(dh, dw, 3)`` uint8.
+        ``(dh, dw, 3)`` uint8; where the map is NaN, the image alone.
     """
     heat = np.asarray(heat, dtype=np.float32)
-    top = float(heat.max()) if vmax is None else float(vmax)
-    colours = colorize(_display(heat, base.shape[:2], interpolation, covered), cmap, vmin,
-                       top if top > vmin else vmin + 1.0)
+    finite = heat[np.isfinite(heat)]
+    top = (float(finite.max()) if finite.size else vmin) if vmax is None else float(vmax)
+    shown = _display(heat, base.shape[:2], interpolation, covered)
+    colours = colorize(shown, cmap, vmin, top if top > vmin else vmin + 1.0)
     out = (1.0 - alpha) * base.astype(np.float32) + alpha * colours.astype(np.float32)
+    nan = np.isnan(shown)
+    out[nan] = base[nan]  # a NaN value shows the image alone, no colour (matplotlib's transparent "bad" colour)
     return out.round().clip(0, 255).astype(np.uint8)
 
 
