@@ -683,6 +683,9 @@ def test_a_setting_a_notebook_does_not_take_is_said_in_the_index_and_on_the_comm
     page = index_html(rep, meta)
     assert page.count("takes no") == 2 and "takes no model: ran on its own, not vit_tiny_patch16_224" in page
     assert "they ran on vit_tiny_patch16_224 only, not on the package figures' other models (b)" in page
+    # no model given (make report): each notebook ran on its own reference models, not on "None"
+    default = index_html(rep, {**meta, "model": None, "checkpoint": None})
+    assert "take one model" not in default and "ran on None" not in default
     monkeypatch.setattr(report, "render_report", lambda *a, **k: rep)
     assert main(["report", "--out", str(tmp_path / "rep"), "--model", "vit_tiny_patch16_224", "--model", "x"]) == 0
     out = capsys.readouterr().out

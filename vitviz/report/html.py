@@ -27,8 +27,9 @@ def _notebook_rows(notebooks: list[dict[str, Any]], meta: dict[str, Any]) -> str
         return ""
     ran = (meta.get("model"), meta.get("checkpoint"))  # the notebooks' model, with its weights file
     others = [k for k, v in meta["models"].items() if (v.get("name"), v.get("checkpoint")) != ran]
+    # no model given: each notebook ran on its own default models (the reference models), said as such
     first = (f"<p class=note>The notebooks take one model: they ran on {_e(meta.get('model'))} only, not on the "
-             f"package figures' other models ({_e(', '.join(others))}).</p>") if others else ""
+             f"package figures' other models ({_e(', '.join(others))}).</p>") if others and ran[0] is not None else ""
     rows = []
     for nb in notebooks:
         link = f'<a href="{_e(nb["html"])}">{_e(nb["name"])}</a>' if nb["html"] else _e(nb["name"])
