@@ -152,6 +152,19 @@ def test_plot_attention_heads_grid_one_panel_per_head_on_a_shared_scale():
         vitviz.plot_attention_heads_grid(model, torch.randn(2, 3, 32, 48))
 
 
+def test_heads_grid_refuses_attention_the_model_computes_as_nan():
+    """A head whose weights are NaN (an overflow in half precision) made the shared scale NaN: every panel blank
+    without a word. It is refused, naming the layer and the head."""
+    from vitviz.errors import ComputeError
+
+    model = tiny_timm_vit(num_heads=4)
+    attn = model.blocks[0].attn
+    with torch.no_grad():
+        attn.qkv.weight[attn.head_dim:2 * attn.head_dim] = float("nan")  # head 2's queries
+    with pytest.raises(ComputeError, match=r"layer 1 holds NaN or infinite weights in head\(s\) \[2\] of 4"):
+        vitviz.plot_attention_heads_grid(model, torch.randn(1, 3, 32, 48), layer=0)
+
+
 def test_heads_grid_draws_signed_maps_on_a_diverging_scale():
     """Differential attention's maps hold negative weights: drawn from 0 up, they showed as 0. The scale is then
     symmetric about 0 (diverging colormap), each panel's data the captured row itself."""

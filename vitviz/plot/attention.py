@@ -29,7 +29,7 @@ from vitviz.core.contexts import without_autocast
 from vitviz.core.images import Images, denormalise, load_images
 from vitviz.core.spec import inspect
 from vitviz.core.util import check_positive_int, eval_mode, float_array, is_int, is_number
-from vitviz.errors import InputError, InputTypeError, OutOfRangeError
+from vitviz.errors import ComputeError, InputError, InputTypeError, OutOfRangeError
 from vitviz.plot.style import (
     FIGSIZE,
     PAGE_WIDTH,
@@ -336,6 +336,8 @@ def plot_attention_heads_grid(
     Raises:
         InputError: ``ncols`` not a positive int, more than one image, ``query`` a string other than ``"readout"``,
             ``"class"`` and ``"patches"``, or ``"class"`` on a model without a class token.
+        ComputeError: the model's attention holds NaN or infinite weights at this layer (the message names the
+            heads).
         InputTypeError: ``query`` neither an int, a name, a ``(row, column)`` pair of ints nor None.
         OutOfRangeError: ``query`` outside the tokens or the grid.
     """
@@ -356,6 +358,12 @@ def plot_attention_heads_grid(
     read = pool.take(n)  # an attention pool's own attention over the tokens, (1, N); else None
     rows = output_rows(spec, q, n) if read is None else read[0]
     heads = rollout_to_maps(attn, grid, spec.num_prefix_tokens, rows).cpu().numpy()  # (H, gh, gw)
+    bad = [k + 1 for k in range(len(heads)) if not np.isfinite(heads[k]).all()]
+    if bad:  # the shared scale would be NaN: every panel blank (or a NaN colorbar), without a word
+        raise ComputeError(f"{spec.name}: the attention of layer {layer % depth + 1} holds NaN or infinite weights "
+                           f"in head(s) {bad} of {len(heads)} for this image, which the figure cannot scale; the "
+                           "model computes them (most often an overflow in half precision): run it in float32, "
+                           "e.g. model.float()")
     p = spec.num_prefix_tokens
     img = denormalise(model, x)[0]
     h, w = img.shape[:2]
