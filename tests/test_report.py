@@ -613,6 +613,7 @@ def test_gallery_refuses_a_report_that_is_not_complete(tmp_path):
         "paper_fig5_compute_curves.png"]
 
 
+@pytest.mark.slow  # calls render_report with notebooks (refused first; were that lost, they would run)
 def test_a_rerun_starts_clean_and_never_shows_an_earlier_runs_files(tmp_path, monkeypatch):
     """A rerun into a report folder left ``figures/``, ``arrays/`` and ``notebooks/`` of the earlier run in place: a
     figure that failed this time (or a file a killed run wrote before its meta.json listed it) stayed beside the new
@@ -694,6 +695,7 @@ def test_a_setting_a_notebook_does_not_take_is_said_in_the_index_and_on_the_comm
     assert "they ran on the first --model, 'vit_tiny_patch16_224', only" in out
 
 
+@pytest.mark.slow  # calls render_report with notebooks (refused first; were that lost, they would run)
 def test_two_notebooks_of_one_name_are_refused_before_anything_is_written(tmp_path):
     """Both were executed into ``notebooks/<name>.ipynb`` and ``.html``: the second overwrote the first, whose entry
     in the index then linked the second's page as its own."""
