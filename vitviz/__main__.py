@@ -42,8 +42,7 @@ def main(argv: list[str] | None = None) -> int:
                    help="a weights file for --model's architecture: a .safetensors, .pth/.pt/.bin or the original "
                         "JAX .npz, e.g. --model vit_base_patch16_224 --checkpoint ViT-B_16.npz; used by the package "
                         "figures and, for the first --model, the notebooks. Repeatable, one per --model in the same "
-                        "order ('none': that "
-                        "model's own weights), to compare checkpoints: --model vit_tiny_patch16_224 --checkpoint "
+                        "order ('none': that model's own weights), to compare checkpoints: --model vit_tiny_patch16_224 --checkpoint "
                         "a.pth --model vit_tiny_patch16_224 --checkpoint b.pth")
     r.add_argument("--images", metavar="DIR",
                    help="your images for every figure that shows images (the notebooks' data_dir and the package "
@@ -131,8 +130,8 @@ def report(a: argparse.Namespace) -> int:
     notebooks = None if a.notebooks is None else [] if a.notebooks == "none" else a.notebooks.split(",")
     missing = [nb for nb in notebooks or [] if not Path(nb).is_file() or Path(nb).suffix != ".ipynb"]
     if missing:
-        raise DataNotFoundError(f"--notebooks {a.notebooks!r}: {missing} not found or not a notebook (.ipynb); pass notebook files, "
-                                "comma-separated, 'none', or leave it out for the installed notebooks")
+        raise DataNotFoundError(f"--notebooks {a.notebooks!r}: {missing} not found or not a notebook (.ipynb); pass "
+                                "notebook files, comma-separated, 'none', or leave it out for the installed notebooks")
     try:  # a typo would fail every notebook in turn, after every figure was computed
         from jupyter_client.kernelspec import KernelSpecManager
     except ImportError:  # without vitviz[notebooks] each notebook's step says what is missing
