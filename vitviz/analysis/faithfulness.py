@@ -289,9 +289,10 @@ def faithfulness(
         images: a normalised ``(B, 3, H, W)`` batch, a list (anything ``iter_batches`` takes), or a whole dataset:
             a folder of images, a ``torch.utils.data.Dataset`` (an ``IterableDataset`` too: ids counted as its
             images come; per-image ``image_ids=``, ``target=``, ``labels=`` or maps of another number than the
-            images it yields are refused, too few when the image without one comes, too many at its end) or a ``DataLoader`` that reads in dataset order (``shuffle=False``; a shuffling or sampling
-            loader is refused, as its images could not be matched to their ids, targets, labels and maps). Every
-            batch gets the checks of a tensor input (3 channels, floating point, finite values).
+            images it yields are refused, too few when the image without one comes, too many at its end) or a
+            ``DataLoader`` that reads in dataset order (``shuffle=False``; a shuffling or sampling loader is refused,
+            as its images could not be matched to their ids, targets, labels and maps). Every batch gets the checks
+            of a tensor input (3 channels, floating point, finite values).
         methods: what to evaluate: ``vitviz.explain`` method names; callables ``f(model, images, target) -> (B,
             gh, gw)`` (``target`` is the batch's explained classes, or the callable target); or a dict name ->
             any of these or precomputed maps ``(n_images, gh, gw)`` (in the order of ``images``). Default

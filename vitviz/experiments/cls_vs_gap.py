@@ -40,6 +40,7 @@ from vitviz.experiments.config import (
     positive_float_list,
 )
 from vitviz.experiments.data import run_fingerprint
+from vitviz.experiments.posemb_seeds import fewshot_shots, mean_over_draws
 from vitviz.experiments.sweep import (
     SweepRun,
     add_sweep_options,
@@ -61,7 +62,7 @@ RECIPE_LR = 1e-3  # cifar10-vit's recipe (TrainConfig.lr)
 PAPER_LRS = (8e-4, 3e-4)  # Fig. 9's two regimes
 LRS = (RECIPE_LR, RECIPE_LR * PAPER_LRS[1] / PAPER_LRS[0])  # 1e-3 and 3.75e-4
 RESULTS = "data/cls_vs_gap/cls_vs_gap.csv"
-PERCENT_METRICS = ("test_acc", "fewshot5", "train_acc")  # accuracies in percent (their differences lie in +-100)
+PERCENT_METRICS = ("test_acc", "train_acc")  # accuracies in percent (their differences lie in +-100), and fewshot<K>
 
 
 @dataclass
@@ -199,7 +200,7 @@ def cls_vs_gap_claims(df: pd.DataFrame, metric: str = "test_acc") -> pd.DataFram
         b = out.set_index("head")
         per_seed = last.set_index(["head", "lr", "seed"])[metric].sort_index()
         cls_lr = b.loc["cls", "best_lr"]
-        bounds = PERCENT_DIFFERENCE if metric in PERCENT_METRICS or str(metric).startswith("fewshot") else None
+        bounds = PERCENT_DIFFERENCE if metric in PERCENT_METRICS or fewshot_shots(metric) is not None else None
         for name, gap_lr in (("gap_best", b.loc["gap", "best_lr"]), ("gap_at_cls_lr", cls_lr)):
             if ("gap", gap_lr) not in per_seed.index:  # GAP never trained at the class token's rate
                 out[name] = out[f"{name}_low"] = out[f"{name}_high"] = float("nan")
@@ -213,13 +214,10 @@ def cls_vs_gap_claims(df: pd.DataFrame, metric: str = "test_acc") -> pd.DataFram
 def read_fewshot_by_epoch(path: str | Path | None = None) -> pd.DataFrame:
     """``fewshot_by_epoch.csv`` averaged over the few-shot draws: one row per run and epoch, with ``head, lr, seed,
     epoch, fewshot5`` (mean 5-shot linear top-1 %, Fig. 9's measure; ``fewshot<K>`` for a table of K shots) and
-    ``draws``; ready for
-    ``plot_cls_vs_gap(..., metric="fewshot5")`` and ``cls_vs_gap_claims(..., metric="fewshot5")``. A run missing a
+    ``draws``; ready for ``plot_cls_vs_gap(..., metric="fewshot5")`` and ``cls_vs_gap_claims(..., metric="fewshot5")``. A run missing a
     draw (or holding one twice) is refused (``posemb_seeds.mean_over_draws``)."""
     raw = shipped_csv(path, str(Path(RESULTS).with_name("fewshot_by_epoch.csv")),
                       "run `python -m vitviz.experiments.cls_vs_gap --data DIR --fewshot` after training")
-    from vitviz.experiments.posemb_seeds import mean_over_draws
-
     return mean_over_draws(raw, ["head", "lr", "run_seed", "epoch"], "read_fewshot_by_epoch")
 
 

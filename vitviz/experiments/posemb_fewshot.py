@@ -15,7 +15,6 @@ from __future__ import annotations
 
 import argparse
 import io
-import re
 import sys
 from pathlib import Path
 
@@ -211,13 +210,15 @@ def posemb_claims(measures: pd.DataFrame, ablation: tuple[str, ...] = MODELS[:3]
         fewshot: the per-draw table the intervals pair over (the one given to ``posemb_measures``, e.g.
             ``read_posemb_fewshot()``); without it the few-shot measures are undecided too.
     """
+    from vitviz.experiments.posemb_seeds import fewshot_shots
+
     sub = measures.set_index("model").loc[list(ablation)]
     label = {m: sub.loc[m, "pos_emb"].split(" ")[0] if m != "cifar10-vit-nopos" else "none" for m in ablation}
     paper_order = [label[m] for m in sorted(ablation, key=lambda m: -sub.loc[m, "paper_5shot"])]
     paired = posemb_draw_claims(fewshot, ablation).set_index(["measure", "arm", "minus"]) \
         if fewshot is not None else None
     rows = []
-    shots = sorted((c for c in sub.columns if re.fullmatch(r"fewshot[0-9]+", str(c))), key=lambda c: int(c[7:]))
+    shots = sorted((c for c in sub.columns if fewshot_shots(c) is not None), key=fewshot_shots)
     for col in [c for c in ("paper_5shot", "test_top1") if c in sub] + shots:  # every shot count measured
         v = sub[col]
         order = [label[m] for m in sorted(ablation, key=lambda m: -v[m])]

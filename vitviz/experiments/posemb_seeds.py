@@ -200,6 +200,15 @@ def mean_over_draws(raw: pd.DataFrame, keys: list[str], what: str) -> pd.DataFra
     return out.rename(columns={"run_seed": "seed"})
 
 
+FEWSHOT_COLUMN = re.compile(r"fewshot([0-9]+)")  # the column mean_over_draws names: fewshot<K>, K the shots
+
+
+def fewshot_shots(column: Any) -> int | None:
+    """The shot count ``K`` of a few-shot accuracy column ``fewshot<K>`` (``mean_over_draws``); None for any other."""
+    found = FEWSHOT_COLUMN.fullmatch(str(column))
+    return int(found[1]) if found else None
+
+
 def fewshot_metric(df: pd.DataFrame) -> str:
     """The few-shot accuracy column of a table ``mean_over_draws`` made (``fewshot<K>``, K its shot count).
 
@@ -208,7 +217,7 @@ def fewshot_metric(df: pd.DataFrame) -> str:
     """
     from vitviz.errors import InputError
 
-    found = [c for c in df.columns if re.fullmatch(r"fewshot[0-9]+", str(c))]
+    found = [c for c in df.columns if fewshot_shots(c) is not None]
     if len(found) != 1:
         raise InputError(f"df holds {'no' if not found else len(found)} few-shot accuracy columns (fewshot<K>"
                          f"{': ' + ', '.join(found) if found else ''}; columns {', '.join(map(str, df.columns))}); "
@@ -276,7 +285,7 @@ def claims_of_differences(diffs: pd.DataFrame, pairs: str = "seeds") -> pd.DataF
 
     paper = 100 * posemb_ablation().set_index("pos_emb")["default_stem"]
     metric = diffs.measure.iloc[0] if len(diffs) else None
-    bounds = PERCENT_DIFFERENCE if metric in METRICS or str(metric).startswith("fewshot") else None
+    bounds = PERCENT_DIFFERENCE if metric in METRICS or fewshot_shots(metric) is not None else None
     rows = []
     for (arm, minus), g in diffs.groupby(["arm", "minus"], sort=False):
         mean, low, high = t_interval(drop_rounding(g.difference, g.arm_value, g.minus_value), bounds=bounds)

@@ -127,6 +127,21 @@ def finite_maps(maps: torch.Tensor | np.ndarray, argument: str) -> torch.Tensor:
     return held
 
 
+SIGNED_CMAP = "RdBu_r"  # attention with negative weights: red positive, blue negative, white 0
+
+
+def attention_scale(low: float, high: float, cmap: str | None, default: str) -> tuple[str, float, float]:
+    """``(cmap, vmin, vmax)`` of attention weights spanning ``low`` to ``high``: ``cmap`` (else ``default``) from 0
+    to the largest weight (1 where every weight is 0); where a weight is negative (differential attention's signed
+    maps, which a scale from 0 would draw as 0) ``cmap`` (else ``SIGNED_CMAP``) from ``-m`` to ``m``, ``m`` the
+    largest absolute weight, so that 0 sits in the middle and nothing is clipped. ``plot_attention_heads_grid`` and
+    the attention explorer draw on it."""
+    if low < 0:
+        m = max(-low, high)
+        return cmap or SIGNED_CMAP, -m, m
+    return cmap or default, 0.0, high if high > 0 else 1.0
+
+
 def check_map_grid(model: nn.Module, x: torch.Tensor, maps: torch.Tensor, argument: str) -> None:
     """Refuse ``(B, h, w)`` maps that are neither on the token grid of ``model`` for the batch ``x`` nor on its
     pixels: maps of other images (another size) or of another model would be stretched over these silently."""
@@ -379,12 +394,7 @@ def plot_attention_heads_grid(
         fig.set_layout_engine("constrained")
     block, cax = image_block(fig, nrows, cols)
     axes = block.ravel()
-    low, high = float(heads.min()), float(heads.max())
-    if low < 0:  # signed maps (differential attention): a diverging scale centred on 0, nothing clipped
-        vmax = max(-low, high)
-        vmin, cmap = -vmax, cmap or "RdBu_r"
-    else:
-        vmin, vmax, cmap = 0.0, high or 1.0, cmap or "viridis"
+    cmap, vmin, vmax = attention_scale(float(heads.min()), float(heads.max()), cmap, "viridis")
     axes[0].imshow(img, interpolation="antialiased")
     axes[0].set_title("Input")
     im = None

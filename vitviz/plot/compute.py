@@ -122,13 +122,17 @@ def plot_compute_panel(df: pd.DataFrame, metric: str = "avg5", *, ax: Axes | Non
     return ax
 
 
+def _require_columns(df: pd.DataFrame, columns: Sequence[str], caller: str) -> None:
+    missing = [c for c in columns if c not in df.columns]
+    if missing:
+        raise UnknownNameError(f"{caller}: the DataFrame lacks columns {missing}; it has {list(df.columns)}")
+
+
 def _check_points(df: pd.DataFrame, x: str, metric: str, label_col: str) -> None:
     """Refuse rows the panel cannot draw: on the log x axis matplotlib leaves a compute of 0, a negative one or NaN
     out of the scatter, and a NaN accuracy is no point either, so a model went missing from the figure without a
     word."""
-    missing = [c for c in ("family", x, metric) if c not in df.columns]
-    if missing:
-        raise UnknownNameError(f"plot_compute_panel: the DataFrame lacks columns {missing}; it has {list(df.columns)}")
+    _require_columns(df, ("family", x, metric), "plot_compute_panel")
     xs, ys = df[x].to_numpy(float), df[metric].to_numpy(float)
     bad = ~(np.isfinite(xs) & (xs > 0) & np.isfinite(ys))
     if bad.any():
@@ -210,9 +214,7 @@ def plot_compute_curves(
         from vitviz.zoo.paper import paper_results
 
         df = paper_results()
-    missing = [c for c in ("family", x, *metrics) if c not in df.columns]
-    if missing:
-        raise UnknownNameError(f"plot_compute_curves: the DataFrame lacks columns {missing}; it has {list(df.columns)}")
+    _require_columns(df, ("family", x, *metrics), "plot_compute_curves")
     if fig is None:
         w, h = FIGSIZE["wide"]
         fig = new_figure((max(w, 3.3 * len(metrics)), h))

@@ -4,8 +4,6 @@ seeds (``plot_posemb_seeds``)."""
 
 from __future__ import annotations
 
-import re
-
 import matplotlib as mpl
 import numpy as np
 import pandas as pd
@@ -128,8 +126,10 @@ _MEASURE_NAMES = {"test_acc": "CIFAR-10 test top-1", "train_acc": "CIFAR-10 trai
 
 def _measure_name(metric: str) -> str:
     """A measure's name for a label: ``fewshot<K>`` (``mean_over_draws``) says its own shot count."""
-    shots = re.fullmatch(r"fewshot([0-9]+)", str(metric))
-    return f"CIFAR-10 {shots[1]}-shot linear top-1" if shots else _MEASURE_NAMES.get(metric, metric)
+    from vitviz.experiments.posemb_seeds import fewshot_shots
+
+    shots = fewshot_shots(metric)
+    return f"CIFAR-10 {shots}-shot linear top-1" if shots is not None else _MEASURE_NAMES.get(metric, metric)
 
 
 @styled

@@ -435,8 +435,7 @@ def write_gallery(report_out: str | os.PathLike, gallery: str | os.PathLike, nam
     are copied: a PNG left in ``figures/`` by an earlier run, whose figure or notebook failed or was not run this
     time, is not passed off as current. A report whose ``meta.json`` is not ``"status": "complete"`` (still being
     rendered, or stopped part-way: its ``figures/`` lacks the steps not run and may hold a half-written one's) is
-    refused; a
-    ``meta.json`` without a status (written by a vitviz before it had one) counts as complete.
+    refused; a ``meta.json`` without a status (written by a vitviz before it had one) counts as complete.
 
     Returns:
         the PNGs of the gallery, written or kept; figures the report lacks (or did not write) are skipped.
@@ -455,11 +454,10 @@ def write_gallery(report_out: str | os.PathLike, gallery: str | os.PathLike, nam
         status = meta.get("status", STATUS_COMPLETE)
         if status != STATUS_COMPLETE:
             raise InputError(f"report_out={str(report_out)!r}: its meta.json says status {status!r}, not "
-                             f"{STATUS_COMPLETE!r} (the report was stopped part-way or is still being rendered: figures/ "
-                             "lacks the steps not run yet and may hold a half-written step's files); render it again "
-                             "to the end "
-                             f"(render_report, or python -m vitviz report --out {report_out}) before writing the "
-                             "gallery")
+                             f"{STATUS_COMPLETE!r} (the report was stopped part-way or is still being rendered: "
+                             "figures/ lacks the steps not run yet and may hold a half-written step's files); render "
+                             f"it again to the end (render_report, or python -m vitviz report --out {report_out}) "
+                             "before writing the gallery")
         fresh = {Path(f) for entry in [*meta.get("figures", []), *meta.get("notebooks", [])]
                  for f in entry.get("files", [])}
     written = []

@@ -36,7 +36,7 @@ from vitviz.core.images import Images, denormalise, load_images
 from vitviz.core.spec import inspect
 from vitviz.core.util import check_positive_int, eval_mode, is_int, is_number
 from vitviz.errors import InputError
-from vitviz.plot.attention import covered_pixels
+from vitviz.plot.attention import attention_scale, covered_pixels
 from vitviz.widgets._base import Explorer, index_slider
 from vitviz.widgets._render import (
     colorbar,
@@ -51,7 +51,6 @@ from vitviz.widgets._render import (
 __all__ = ["AttentionExplorer", "explore_attention"]
 
 DEFAULT_CACHE_BYTES = 256 * 2**20  # captured maps and rollout products kept per explorer
-SIGNED_CMAP = "RdBu_r"  # maps with negative weights: red positive, blue negative, white 0
 
 
 def _nbytes(value: torch.Tensor | Sequence[torch.Tensor]) -> int:
@@ -309,15 +308,13 @@ class AttentionExplorer(Explorer):
         return png_bytes(pixels), self._status(heat, float(row[:p].sum()) / total if p and total > 0 else 0.0)
 
     def scale(self, heat: np.ndarray) -> tuple[str, float, float]:
-        """``(cmap, vmin, vmax)`` of the overlay of ``heat``: the explorer's colormap from 0 to the map's maximum;
-        for a map holding negative weights (differential attention's signed rows; a scale from 0 drew them all in the
-        bottom colour) ``SIGNED_CMAP`` from ``-m`` to ``m``, ``m`` the largest absolute weight, as
-        ``vitviz.plot_attention_heads_grid`` draws them."""
-        low, top = float(heat.min()), float(heat.max())
-        if low < 0:
-            m = max(-low, top)
-            return SIGNED_CMAP, -m, m
-        return self.cmap, 0.0, top if top > 0 else 1.0
+        """``(cmap, vmin, vmax)`` of the overlay of ``heat`` (its finite values): the explorer's colormap from 0 to
+        the map's maximum; for a map holding negative weights (differential attention's signed rows; a scale from 0
+        drew them all in the bottom colour) ``RdBu_r`` from ``-m`` to ``m``, ``m`` the largest absolute weight, as
+        ``vitviz.plot_attention_heads_grid`` draws them (``vitviz.plot.attention.attention_scale``)."""
+        finite = heat[np.isfinite(heat)]
+        return attention_scale(float(finite.min()) if finite.size else 0.0,
+                               float(finite.max()) if finite.size else 0.0, None, self.cmap)
 
     def _status(self, heat: np.ndarray, to_prefix: float) -> str:
         layer, head = self.layer.value, self.head.value
