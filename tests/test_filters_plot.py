@@ -311,3 +311,26 @@ def test_hybrid_filters_are_the_standardised_weights_timm_applies():
         torch.testing.assert_close(conv(x), torch.nn.functional.conv2d(x, applied_weight(conv), conv.bias, padding=1))
     plain = nn.Conv2d(3, 4, 2)
     assert torch.equal(applied_weight(plain), plain.weight.detach())
+
+
+def test_a_conv_stem_is_not_titled_as_patch_embedding_filters():
+    """A ViT whose patch projection is a stack of convs (torchvision's conv_stem_configs, Xiao et al. 2021) has no
+    patch-sized RGB filters: its first RGB conv is a 3x3 stem conv, which the figures drew under the title of
+    Fig. 7 left, "RGB embedding filters", as if they were patch-embedding filters."""
+    from torchvision.models.vision_transformer import ConvStemConfig
+    from torchvision.models.vision_transformer import VisionTransformer as TorchvisionViT
+
+    torch.manual_seed(0)
+    stem = [ConvStemConfig(16, 3, 2), ConvStemConfig(32, 3, 2), ConvStemConfig(32, 3, 2), ConvStemConfig(32, 3, 2)]
+    model = TorchvisionViT(image_size=64, patch_size=16, num_layers=1, num_heads=2, hidden_dim=32, mlp_dim=64,
+                           conv_stem_configs=stem).eval()
+    assert not vitviz.inspect(model).hybrid
+    weights, source = embedding_filters(model)
+    assert weights.shape == (16, 3, 3, 3) and source == "conv_proj.conv_bn_relu_0.0"
+    ax = vitviz.plot_embedding_filters(model)
+    assert "embedding filters" not in ax.get_title() and "conv stem" in ax.get_title()
+    variance = vitviz.plot_filter_variance(model)
+    assert "embedding filters" not in variance.get_title() and "conv stem" in variance.get_title()
+    assert vitviz.analysis.filters.filter_origin(model) == "conv stem"
+    assert vitviz.analysis.filters.filter_origin(tiny_vit()) == "patch projection"
+    assert vitviz.analysis.filters.filter_origin(build_reference("cifar10-hybrid")) == "hybrid backbone stem"

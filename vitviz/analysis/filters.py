@@ -6,7 +6,11 @@ low-dimensional representation of the fine structure within each patch.
 
 For plain ViTs the filters are the patch projection (a ``Conv2d`` with kernel = stride = patch size). Hybrids
 project backbone features with a 1x1 conv, which has no RGB filters: the first RGB filters live in the backbone
-stem, and those are returned instead (``vitviz.inspect(model).hybrid`` says which).
+stem, and those are returned instead (``vitviz.inspect(model).hybrid`` says which). A ViT whose patch projection is a
+stack of convs (a conv stem: Xiao et al., "Early Convolutions Help Transformers See Better", NeurIPS 2021;
+torchvision's ``conv_stem_configs``) has no patch-sized RGB filters either: its stem's first conv is returned.
+``filter_origin`` says which of the three the filters are, so that figures do not title a stem's filters as the
+patch-embedding filters of Fig. 7 left.
 
 The filters are the weights the conv *applies* in ``forward``, which are not always its ``weight`` parameter:
 timm's hybrid stems are ``StdConv2d`` / ``StdConv2dSame`` (Kolesnikov et al., "Big Transfer", ECCV 2020, weight
@@ -29,7 +33,7 @@ from vitviz.core.spec import inspect
 from vitviz.core.util import check_positive_int
 from vitviz.errors import InputError, NoRGBFiltersError
 
-__all__ = ["NoRGBFiltersError", "applied_weight", "embedding_filters", "filter_pca"]
+__all__ = ["NoRGBFiltersError", "applied_weight", "embedding_filters", "filter_origin", "filter_pca"]
 
 
 class _ConvWeightRecorder(torch.overrides.TorchFunctionMode):
@@ -96,6 +100,29 @@ def embedding_filters(model: nn.Module) -> tuple[torch.Tensor, str]:
         )
     source = next((n for n, m in model.named_modules() if m is conv), type(conv).__name__)
     return applied_weight(conv).to("cpu", torch.float32).clone(), source
+
+
+def filter_origin(model: nn.Module) -> str:
+    """What ``embedding_filters(model)`` returns the filters of.
+
+    Args:
+        model: a ViT vitviz can read.
+
+    Returns:
+        ``"patch projection"`` (the filters of Fig. 7 left: the conv that makes the patch tokens from pixels),
+        ``"hybrid backbone stem"`` (the first RGB conv of a hybrid's CNN backbone), or ``"conv stem"`` (the first
+        conv of a patch projection made of several convs, such as torchvision's ``conv_stem_configs``).
+
+    Raises:
+        NotAViTError: the model is not a ViT vitviz can read.
+        NoRGBFiltersError: as ``embedding_filters``.
+    """
+    spec = inspect(model)
+    embedding_filters(model)  # the same refusal for a model without RGB filters
+    family = family_of(model)
+    if family.stem_conv(model) is family.patch_proj(model):
+        return "patch projection"
+    return "hybrid backbone stem" if spec.hybrid else "conv stem"
 
 
 def filter_pca(

@@ -2,7 +2,8 @@
 
 Dosovitskiy et al., ICLR 2021 (arXiv 2010.11929), Fig. 7 left: the first 28 principal components of ViT-L/32's
 RGB patch-embedding filters, as RGB tiles in 4 rows of 7. For hybrids the tiles come from the backbone stem's first
-conv (the patch projection there is a 1x1 conv over features, with no RGB filters).
+conv (the patch projection there is a 1x1 conv over features, with no RGB filters), for a conv stem from the stem's
+first conv; the title says which (``vitviz.analysis.filters.filter_origin``).
 """
 
 from __future__ import annotations
@@ -15,7 +16,7 @@ import torch
 from matplotlib.axes import Axes
 from torch import nn
 
-from vitviz.analysis.filters import embedding_filters, filter_pca
+from vitviz.analysis.filters import embedding_filters, filter_origin, filter_pca
 from vitviz.core.spec import inspect
 from vitviz.core.util import check_positive_int, float_array
 from vitviz.errors import InputError
@@ -40,11 +41,16 @@ def filters_to_rgb(components: torch.Tensor | np.ndarray) -> np.ndarray:
     return out.astype(np.float32)
 
 
-def _title(hybrid: bool, n: int, requested: int) -> str:
+# what the filters are, by filter_origin: only a patch projection's are Fig. 7 left's embedding filters
+_WHAT = {"patch projection": "embedding filters", "hybrid backbone stem": "filters of the hybrid's backbone stem conv",
+         "conv stem": "filters of the conv stem's first conv"}
+
+
+def _title(origin: str, n: int, requested: int) -> str:
     which = f"first {n} principal components" if n >= requested else f"all {n} principal components"
-    if hybrid:
-        return f"RGB filters of the hybrid's backbone stem conv\n({which})"
-    return f"RGB embedding filters ({which})"
+    if origin == "patch projection":
+        return f"RGB {_WHAT[origin]} ({which})"
+    return f"RGB {_WHAT[origin]}\n({which})"
 
 
 def filters_mosaic(tiles: np.ndarray, ncols: int = N_COLS, gap: int = 1) -> np.ndarray:
@@ -70,7 +76,8 @@ def plot_embedding_filters(model: nn.Module, *, ax: Axes | None = None, n_compon
     inputs) than ``n_components`` allow, every component there is is shown and the x label says why.
 
     Args:
-        model: a ViT (for hybrids the backbone stem's first RGB conv is used).
+        model: a ViT (for hybrids the backbone stem's first RGB conv is used, for a conv stem its first conv; the
+            title says so).
         ax: draw into these axes; default a new figure sized to the tiles.
         n_components: how many components to show.
 
@@ -80,8 +87,8 @@ def plot_embedding_filters(model: nn.Module, *, ax: Axes | None = None, n_compon
     Raises:
         NoRGBFiltersError: the model has no conv over RGB pixels.
     """
-    spec = inspect(model)
     weights, source = embedding_filters(model)
+    origin = filter_origin(model)
     comps, _ratio = filter_pca(weights, n_components)
     tiles = filters_to_rgb(comps)
     n = len(tiles)
@@ -89,7 +96,8 @@ def plot_embedding_filters(model: nn.Module, *, ax: Axes | None = None, n_compon
     nrows = math.ceil(n / ncols)
     short = n < n_components
     if ax is None:
-        fig = new_figure((0.78 * ncols + 0.2, 0.72 * nrows + (0.95 if spec.hybrid else 0.65) + 0.3 * short))
+        title_lines = 1 if origin == "patch projection" else 2
+        fig = new_figure((0.78 * ncols + 0.2, 0.72 * nrows + 0.35 + 0.3 * title_lines + 0.3 * short))
         fig.set_layout_engine("constrained")
         ax = fig.add_subplot()
     gap = max(1, round(tiles.shape[1] / 8))
@@ -98,7 +106,7 @@ def plot_embedding_filters(model: nn.Module, *, ax: Axes | None = None, n_compon
     ax.set_yticks([])
     for spine in ax.spines.values():
         spine.set_visible(False)
-    ax.set_title(_title(spec.hybrid, n, n_components))
+    ax.set_title(_title(origin, n, n_components))
     if short:
         c_out, c_in, kh, kw = weights.shape
         ax.set_xlabel(f"{source}: {c_out} filters of {c_in}x{kh}x{kw}; {n} components exist (of {n_components} "
@@ -162,8 +170,7 @@ def plot_filter_variance(
         weights, _source = embedding_filters(model_or_ratio)
         _comps, ratio_t = filter_pca(weights, n_components=int(np.prod(weights.shape[1:])))
         ratio = ratio_t.numpy()
-        where = "backbone stem conv" if spec.hybrid else "embedding filters"
-        title = f"Variance of the RGB {where} — {spec.name}"
+        title = f"Variance of the RGB {_WHAT[filter_origin(model_or_ratio)]} — {spec.name}"
     else:
         ratio = _ratios(model_or_ratio)
     if ratio.size == 0:
