@@ -78,7 +78,9 @@ def test_distance_scales_with_the_stride():
 
 
 def test_non_square_grid_and_stride_planted_neighbours():
-    """Head 0 attends one patch to the right, head 1 one patch down: distances sw and sh, never swapped."""
+    """Head 0 attends one patch to the right, head 1 one patch down: distances sw and sh, never swapped. Half of
+    every query's weight is on the class token: renormalised over patch keys, not halved (sw / 2, sh / 2) as by
+    the widely copied implementation that slices the prefix away without renormalising (module docstring)."""
     gh, gw, sh, sw, p = 3, 4, 5, 7, 1
     n = p + gh * gw
     attn = torch.zeros(1, 2, n, n)

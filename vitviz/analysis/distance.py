@@ -1,15 +1,20 @@
 """Mean attention distance per head and layer (ViT paper Fig. 7 right and Fig. 11, App. D.7).
 
-Dosovitskiy et al., ICLR 2021 (arXiv 2010.11929): for each head, the distance in pixels between a query patch
-and every other patch, weighted by the attention weight, averaged over queries and over 128 images, the analogue
-of a CNN's receptive field size. Here queries and keys are the patch tokens only: prefix keys (class,
-distillation, register tokens) are dropped and each query's remaining weights renormalised. A query that puts no
-measurable weight on patch keys (less than float32's smallest normal number, 1.2e-38: it attends to prefix tokens
-alone) has no distance: it is left out of its image's mean over queries, rather than counted as 0 px (which would
-make its head look local); an image in which every patch query of a head is such gives NaN for that head. Patch
-centres sit at
-``((r + 0.5) sh, (c + 0.5) sw)`` pixels with ``(sh, sw)`` the token stride from ``vitviz.inspect`` (16 for ViT-B/16,
-32 for a hybrid whose backbone reduces 16x before a 2x2 patch), so non-square grids and strides are exact.
+Dosovitskiy et al., ICLR 2021 (arXiv 2010.11929): for each head, the distance in pixels between a query patch and
+every other patch, weighted by the attention weight, averaged over queries and over 128 images, the analogue of a
+CNN's receptive field size. Here queries and keys are the patch tokens only: prefix keys (class, distillation,
+register tokens) are dropped and each query's remaining weights renormalised, so the distance is that of the
+attention a query pays to patches. The paper does not say how it treats the class token (its code for the figure is
+not published). The widely copied implementation (the Keras example "Investigating Vision Transformer
+representations", probing-vits) slices the prefix rows and columns away without renormalising: each query's weighted
+sum is then scaled by its weight on patch keys (one minus that on the prefix tokens), and a head that puts half its
+attention on the class token comes out at half the distance (``tests/test_distance.py`` pins the difference with
+such a head). A query that puts no measurable weight on patch keys (less than float32's smallest normal number,
+1.2e-38: it attends to prefix tokens alone) has no distance: it is left out of its image's mean over queries, rather
+than counted as 0 px (which would make its head look local); an image in which every patch query of a head is such
+gives NaN for that head. Patch centres sit at ``((r + 0.5) sh, (c + 0.5) sw)`` pixels with ``(sh, sw)`` the token
+stride from ``vitviz.inspect`` (16 for ViT-B/16, 32 for a hybrid whose backbone reduces 16x before a 2x2 patch), so
+non-square grids and strides are exact.
 
 Shapes: ``B`` batch, ``L`` layers, ``H`` heads, ``N`` tokens, ``P = gh * gw`` patch tokens.
 """
