@@ -270,6 +270,39 @@ def test_plot_attention_distance_refuses_distances_it_cannot_draw(distances, pat
             vitviz.plot_attention_distance_grid({"A": np.ones((2, 2)), "B": np.asarray(distances)})
 
 
+def _head_on_the_class_token_alone() -> torch.nn.Module:
+    """A 2-block ViT (4x6 grid, 2 heads) whose layer 1, head 1 puts every patch query's weight on the class key
+    alone (its patch weights underflow to 0): that head has no mean attention distance (NaN)."""
+    model = tiny_timm_vit(depth=2, num_heads=2)  # width 32: 16 per head
+    with torch.no_grad():
+        model.patch_embed.proj.weight.zero_()
+        model.patch_embed.proj.bias.zero_()
+        model.pos_embed.zero_()  # every patch token is 0, so its LayerNorm output is 0
+        model.cls_token.zero_()
+        model.cls_token[0, 0, 0] = 10.0
+        qkv = model.blocks[0].attn.qkv
+        qkv.weight.zero_()
+        qkv.bias.zero_()
+        qkv.weight[32:48, 0] = 1.0  # head 1's keys read the first feature, large for the class token alone
+        qkv.bias[0:16] = 100.0  # head 1's queries: a large constant
+    return model
+
+
+def test_plot_attention_distance_of_a_model_refuses_a_head_without_a_distance():
+    """A head whose patch queries attend to prefix tokens alone in some image has no distance (NaN, the
+    analysis' rule); computed from a model, that dot was left out of the figure without a word (3 dots for 2
+    layers of 2 heads), while the same NaN passed as distances was refused."""
+    model = _head_on_the_class_token_alone()
+    x = torch.randn(2, 3, 32, 48)
+    dist = vitviz.mean_attention_distance(model, x)
+    assert torch.isnan(dist[0, 0]) and bool(torch.isfinite(dist.reshape(-1)[1:]).all())
+    message = r"layer 1, head 1 has no mean attention distance.*prefix tokens alone"
+    with pytest.raises(vitviz.InputError, match=message):
+        vitviz.plot_attention_distance(model, x)
+    with pytest.raises(vitviz.InputError, match=r"models\['ViT'\]: " + message):
+        vitviz.plot_attention_distance_grid({"ViT": model}, x)
+
+
 def test_plot_attention_distance_grid_shares_the_y_axis():
     vit = tiny_timm_vit(depth=2, num_heads=2)
     fig = vitviz.plot_attention_distance_grid({"ViT": vit, "Hybrid": torch.tensor([[30.0, 35.0], [40.0, 50.0]])},

@@ -439,6 +439,15 @@ def _distances(source: nn.Module | torch.Tensor | np.ndarray, images: Images | N
             if sh != sw:
                 raise InputError(f"patch_size= cannot rescale the non-square {sh}x{sw} stride of {inspect(source).name}")
             dist = dist * (patch_size / sh)
+        undefined = torch.isnan(dist)
+        if bool(undefined.any()):  # seaborn left the dot out without a word
+            layer, head = (int(i) + 1 for i in torch.nonzero(undefined)[0])
+            raise InputError(
+                f"{argument}: layer {layer}, head {head} has no mean attention distance ({int(undefined.sum())} of "
+                f"the {dist.numel()} heads of {inspect(source).name} are NaN): in some image every patch query of "
+                "the head attends to prefix tokens alone, so it has no distance over patch keys "
+                "(vitviz.analysis.distance). Leave those images out, or draw the finite heads from "
+                "vitviz.mean_attention_distance's table yourself")
         return dist.numpy()
     d = float_array(source, argument)
     if d.ndim != 2 or 0 in d.shape:
@@ -495,8 +504,9 @@ def plot_attention_distance(
         the axes: x "Network depth (layer)" counting layers from 1, y "Mean attention distance [pixels]".
 
     Raises:
-        InputError: a model without ``images``; distances not of shape ``(layers, heads)``, empty, or holding a
-            negative, NaN or infinite value; ``patch_size`` not a positive number.
+        InputError: a model without ``images``, or one with a head that has no distance (NaN: in some image its
+            patch queries attend to prefix tokens alone); distances not of shape ``(layers, heads)``, empty, or
+            holding a negative, NaN or infinite value; ``patch_size`` not a positive number.
     """
     dist = _distances(model_or_distances, images, patch_size, batch_size)
     n_layers, n_heads = dist.shape
