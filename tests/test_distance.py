@@ -381,3 +381,13 @@ def test_maps_and_layouts_that_are_not_a_distance_problem_are_refused_naming_the
         patch_distance_matrix((3, 3), -16)
     torch.testing.assert_close(attention_distance_from_maps(torch.as_tensor(attn.numpy()), layout),
                                torch.tensor(ref_distance(attn, (3, 4), (16, 16), 2), dtype=torch.float32))
+
+
+@pytest.mark.parametrize("bad", [1.5, 2.9, True])
+def test_a_layout_prefix_count_that_is_not_an_int_is_refused_not_truncated(bad):
+    """TokenLayout's prefix count went through int(): 1.5 and 2.9 were read as 1 and 2 prefix tokens and True as 1,
+    so a map whose N fits that count was measured with the wrong tokens dropped, without a word."""
+    n = int(bad) + 12  # the count int() made of it, and a 3x4 grid
+    attn = torch.softmax(torch.randn(1, 2, n, n), -1)
+    with pytest.raises(vitviz.InputError, match=rf"num_prefix_tokens={bad!r}.*int >= 0"):
+        attention_distance_from_maps(attn, TokenLayout((3, 4), (16, 16), bad))

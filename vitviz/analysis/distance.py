@@ -77,8 +77,9 @@ def _layout(spec_or_layout: ViTSpec | TokenLayout | Any) -> TokenLayout:
             "the maps came from: vitviz.analysis.distance.TokenLayout(spec.grid_for_input(x), spec.patch_size, "
             "spec.num_prefix_tokens)")
     try:
+        prefix = spec_or_layout.num_prefix_tokens  # not int(): that read 1.5 as 1 and True as 1
         return TokenLayout(pair(spec_or_layout.grid_size), pair(spec_or_layout.patch_size),
-                           int(spec_or_layout.num_prefix_tokens))
+                           int(prefix) if is_int(prefix) else prefix)  # per_image_attention_distance refuses the rest
     except AttributeError:
         raise InputTypeError("expected a ViTSpec (vitviz.inspect(model)) or a TokenLayout(grid_size, patch_size, "
                         f"num_prefix_tokens), got {type(spec_or_layout).__name__}") from None
