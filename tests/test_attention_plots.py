@@ -303,6 +303,27 @@ def test_plot_attention_distance_of_a_model_refuses_a_head_without_a_distance():
         vitviz.plot_attention_distance_grid({"ViT": model}, x)
 
 
+def test_plot_attention_distance_puts_a_parallel_blocks_branches_at_its_depth():
+    """timm's ParallelThingsBlock runs two attention branches side by side in one residual block; the figure drew
+    each branch as a layer of its own, so a 3-block model went to "Network depth (layer)" 6 and block 2's heads
+    sat at depths 3 and 4. A block is one layer: its branches' heads are drawn together at its depth."""
+    import timm
+
+    model = timm.create_model("vit_small_patch16_18x2_224", depth=3, img_size=(32, 48), patch_size=8, embed_dim=32,
+                              num_heads=2).eval()
+    assert vitviz.inspect(model).attention_blocks == (0, 0, 1, 1, 2, 2)
+    x = torch.randn(2, 3, 32, 48)
+    ax = vitviz.plot_attention_distance(model, x)
+    dist = vitviz.mean_attention_distance(model, x)  # (6 modules, 2 heads)
+    by_block = dist.reshape(3, 4)  # each block: its first branch's heads, then its second's
+    (coll,) = ax.collections
+    np.testing.assert_allclose(coll.get_offsets(), np.c_[np.repeat([1, 2, 3], 4), by_block.reshape(-1).numpy()],
+                               rtol=1e-5)
+    assert ax.get_xlim()[1] < 4 and [t.get_text() for t in ax.get_xticklabels()] == ["1", "2", "3"]
+    assert [t.get_text() for t in ax.get_legend().get_texts()] == [
+        "Branch 1, head 1", "Branch 1, head 2", "Branch 2, head 1", "Branch 2, head 2"]
+
+
 def test_plot_attention_distance_grid_shares_the_y_axis():
     vit = tiny_timm_vit(depth=2, num_heads=2)
     fig = vitviz.plot_attention_distance_grid({"ViT": vit, "Hybrid": torch.tensor([[30.0, 35.0], [40.0, 50.0]])},

@@ -391,3 +391,17 @@ def test_a_layout_prefix_count_that_is_not_an_int_is_refused_not_truncated(bad):
     attn = torch.softmax(torch.randn(1, 2, n, n), -1)
     with pytest.raises(vitviz.InputError, match=rf"num_prefix_tokens={bad!r}.*int >= 0"):
         attention_distance_from_maps(attn, TokenLayout((3, 4), (16, 16), bad))
+
+
+def test_distance_by_block_lays_a_blocks_branches_side_by_side_and_refuses_unequal_blocks():
+    from vitviz.analysis.distance import distance_by_block
+
+    d = torch.arange(12.0).reshape(6, 2)  # 6 modules of 2 heads
+    table, branches = distance_by_block(d, (0, 0, 1, 1, 2, 2))
+    assert branches == 2 and table.tolist() == [[0, 1, 2, 3], [4, 5, 6, 7], [8, 9, 10, 11]]
+    same, one = distance_by_block(d, tuple(range(6)))
+    assert one == 1 and same.shape == (6, 2)
+    with pytest.raises(vitviz.InputError, match=r"blocks=\(0, 0, 1, 2, 2, 2\).*\[2, 1, 3\]"):
+        distance_by_block(d, (0, 0, 1, 2, 2, 2))
+    with pytest.raises(vitviz.InputError, match="5 block indices for 6 rows"):
+        distance_by_block(d, (0, 0, 1, 1, 2))

@@ -48,8 +48,8 @@ from vitviz.core.util import is_int, is_number, pair
 from vitviz.errors import CaptureError, InputError, InputTypeError
 
 __all__ = [
-    "DistanceReducer", "DistanceReduction", "TokenLayout", "attention_distance_from_maps", "distance_observations",
-    "mean_attention_distance", "patch_distance_matrix", "per_image_attention_distance",
+    "DistanceReducer", "DistanceReduction", "TokenLayout", "attention_distance_from_maps", "distance_by_block",
+    "distance_observations", "mean_attention_distance", "patch_distance_matrix", "per_image_attention_distance",
 ]
 
 Pair = int | tuple[int, int]
@@ -366,6 +366,36 @@ def mean_attention_distance(
         with torch.no_grad(), autocast_context(amp, device), _stream_capture(model, reducer):
             model(x)
     return reducer.result()
+
+
+def distance_by_block(distances: torch.Tensor, blocks: tuple[int, ...] | list[int]) -> tuple[torch.Tensor, int]:
+    """``mean_attention_distance``'s rows, one per attention module, as one row per residual block.
+
+    A parallel block (timm's ``ParallelThingsBlock``, Touvron et al., "Three things everyone should know about
+    Vision Transformers", ECCV 2022) runs several attention modules side by side at one depth; the paper's x axis,
+    "Network depth (layer)", counts blocks, so a block's heads are one layer's, its branches' heads side by side.
+
+    Args:
+        distances: ``(M, H)`` distances of ``M`` attention modules.
+        blocks: the residual block of each module (``ViTSpec.attention_blocks``), ascending.
+
+    Returns:
+        ``(table, branches)``: ``(depth, branches * H)``, each block's first branch's heads, then its second's, ...;
+        ``distances`` itself and 1 when every block has one module (or ``blocks`` is empty).
+
+    Raises:
+        InputError: ``blocks`` does not give one block per row, or the blocks have unequal numbers of branches.
+    """
+    if not blocks:
+        return distances, 1
+    if len(blocks) != distances.shape[0]:
+        raise InputError(f"blocks: {len(blocks)} block indices for {distances.shape[0]} rows of distances; pass "
+                         "ViTSpec.attention_blocks of the model the distances came from")
+    counts = [list(blocks).count(b) for b in sorted(set(blocks))]
+    if len(set(counts)) > 1 or list(blocks) != sorted(blocks):
+        raise InputError(f"blocks={tuple(blocks)}: the blocks have {counts} attention modules each, so their heads "
+                         "make no one table; plot the (modules, heads) distances as they are")
+    return distances.reshape(len(counts), -1), counts[0]
 
 
 def distance_observations(vit: torch.Tensor, hybrid: torch.Tensor | None = None, *, early_layers: int = 2,

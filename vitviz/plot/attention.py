@@ -19,7 +19,7 @@ from matplotlib.axes import Axes
 from matplotlib.figure import Figure
 from torch import nn
 
-from vitviz.analysis.distance import mean_attention_distance
+from vitviz.analysis.distance import distance_by_block, mean_attention_distance
 from vitviz.analysis.propagation import rollout_to_maps
 from vitviz.analysis.readout_rows import TOKEN_NAMES, PoolRows, output_rows
 from vitviz.analysis.rollout import attention_rollout
@@ -424,7 +424,9 @@ def plot_attention_heads_grid(
 
 
 def _distances(source: nn.Module | torch.Tensor | np.ndarray, images: Images | None, patch_size: int | None,
-               batch_size: int, argument: str = "model_or_distances") -> np.ndarray:
+               batch_size: int, argument: str = "model_or_distances") -> tuple[np.ndarray, int]:
+    """The ``(layers, heads)`` distances to draw and how many parallel branches each layer's heads come from (a
+    model's parallel blocks are one layer each: ``distance_by_block``)."""
     if patch_size is not None:  # a stride of 0 or -16 px drew every head at 0 or below it, without a word
         if not is_number(patch_size) or not 0 < patch_size < math.inf:
             raise InputError(f"patch_size={patch_size!r} is not a positive number of pixels; pass the token stride, "
@@ -448,7 +450,8 @@ def _distances(source: nn.Module | torch.Tensor | np.ndarray, images: Images | N
                 "the head attends to prefix tokens alone, so it has no distance over patch keys "
                 "(vitviz.analysis.distance). Leave those images out, or draw the finite heads from "
                 "vitviz.mean_attention_distance's table yourself")
-        return dist.numpy()
+        dist, branches = distance_by_block(dist, inspect(source).attention_blocks)
+        return dist.numpy(), branches
     d = float_array(source, argument)
     if d.ndim != 2 or 0 in d.shape:
         raise InputError(f"{argument}: expected distances of shape (layers, heads) with at least one of each, got "
@@ -459,7 +462,7 @@ def _distances(source: nn.Module | torch.Tensor | np.ndarray, images: Images | N
         raise InputError(f"{argument}: {int(bad.sum())} of the {d.size} distances are negative, NaN or infinite (the "
                          f"first: layer {where[0] + 1}, head {where[1] + 1}: {d[where]}), and a mean attention "
                          "distance is a finite length of at least 0; pass vitviz.mean_attention_distance's result")
-    return d * patch_size if patch_size is not None else d
+    return (d * patch_size if patch_size is not None else d), 1
 
 
 def _head_colors(h: int, cmap: str | None) -> list:
@@ -488,8 +491,9 @@ def plot_attention_distance(
     """Fig. 7 right / Fig. 11: mean attention distance of every head against depth, one dot per head per layer.
 
     Args:
-        model_or_distances: a ViT (then ``images`` is required), or ``(L, H)`` distances in pixels from
-            ``vitviz.mean_attention_distance``.
+        model_or_distances: a ViT (then ``images`` is required; a parallel block's branches are drawn at the
+            block's depth, their heads "Branch b, head h": ``vitviz.analysis.distance.distance_by_block``), or
+            ``(L, H)`` distances in pixels from ``vitviz.mean_attention_distance`` (one row per layer drawn).
         images: the images to average over (the paper uses 128).
         ax: draw into these axes; default a new figure.
         label: the axes title (e.g. "ViT-L/16").
@@ -508,8 +512,9 @@ def plot_attention_distance(
             patch queries attend to prefix tokens alone); distances not of shape ``(layers, heads)``, empty, or
             holding a negative, NaN or infinite value; ``patch_size`` not a positive number.
     """
-    dist = _distances(model_or_distances, images, patch_size, batch_size)
+    dist, branches = _distances(model_or_distances, images, patch_size, batch_size)
     n_layers, n_heads = dist.shape
+    per_branch = n_heads // branches
     if ax is None:
         fig = new_figure(FIGSIZE["single"] if n_heads <= 8 else (4.2, 2.8))
         fig.set_layout_engine("constrained")
@@ -517,7 +522,8 @@ def plot_attention_distance(
     colors = _head_colors(n_heads, cmap)
     depth = np.arange(1, n_layers + 1)
     table = distance_table(dist)  # tidy: one row per (layer, head)
-    table["Head"] = [f"Head {k + 1}" for k in table["head"]]
+    table["Head"] = [f"Head {k + 1}" if branches == 1 else f"Branch {k // per_branch + 1}, head {k % per_branch + 1}"
+                     for k in table["head"]]
     sns.scatterplot(data=table, x="layer", y="distance_px", hue="Head", palette=colors, s=14, edgecolor="none",
                     alpha=0.9, zorder=2, legend=legend and n_heads <= MAX_LEGEND_HEADS, ax=ax)
     ax.set_xlabel(DIST_XLABEL)
@@ -567,7 +573,7 @@ def plot_attention_distance_grid(
     """
     if not models:
         raise InputError("plot_attention_distance_grid needs at least one model")
-    dists = {name: _distances(src, images, None, batch_size, f"models[{name!r}]") for name, src in models.items()}
+    dists = {name: _distances(src, images, None, batch_size, f"models[{name!r}]")[0] for name, src in models.items()}
     heads = {d.shape[1] for d in dists.values()}
     top = max(float(np.nanmax(d)) for d in dists.values())
     if fig is None:
