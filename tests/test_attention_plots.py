@@ -324,6 +324,23 @@ def test_plot_attention_distance_puts_a_parallel_blocks_branches_at_its_depth():
         "Branch 1, head 1", "Branch 1, head 2", "Branch 2, head 1", "Branch 2, head 2"]
 
 
+def test_plot_attention_distance_of_a_model_takes_no_other_stride_than_the_models():
+    """With a model, patch_size= rescaled the distances by patch_size / the model's stride under the same "pixels"
+    axis: for vit_tiny_r_s16_p8 (a hybrid: 8x8 patches of backbone features, a 32 px token stride) patch_size=8,
+    the "p8" of its name, drew every head at a quarter of its distance in pixels. The stride is read from the
+    model; another one is refused, naming it."""
+    import timm
+
+    model = timm.create_model("vit_tiny_r_s16_p8_224", img_size=(64, 96), depth=1).eval()
+    assert vitviz.inspect(model).patch_size == (32, 32)
+    x = torch.randn(1, 3, 64, 96)
+    with pytest.raises(vitviz.InputError, match=r"patch_size=8: .*vit_tiny_r_s16_p8_224.*32x32 token stride.*patch_size=None"):
+        vitviz.plot_attention_distance(model, x, patch_size=8)
+    ax = vitviz.plot_attention_distance(model, x, patch_size=32)  # the model's own stride: the same figure
+    np.testing.assert_allclose(ax.collections[0].get_offsets()[:, 1],
+                               vitviz.mean_attention_distance(model, x).reshape(-1).numpy(), rtol=1e-5)
+
+
 def test_plot_attention_distance_grid_shares_the_y_axis():
     vit = tiny_timm_vit(depth=2, num_heads=2)
     fig = vitviz.plot_attention_distance_grid({"ViT": vit, "Hybrid": torch.tensor([[30.0, 35.0], [40.0, 50.0]])},

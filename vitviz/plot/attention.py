@@ -435,22 +435,26 @@ def _distances(source: nn.Module | torch.Tensor | np.ndarray, images: Images | N
         if images is None:
             raise InputError("plot_attention_distance(model, images): pass the images to average over (the paper "
                              "uses 128), or pass precomputed (L, H) distances from vitviz.mean_attention_distance")
+        spec = inspect(source)
+        if patch_size is not None and (patch_size, patch_size) != tuple(spec.patch_size):
+            # a rescale (patch_size / stride) left the axis saying "pixels" of numbers that were not
+            sh, sw = spec.patch_size
+            raise InputError(
+                f"patch_size={patch_size!r}: the distances of {spec.name} are measured in its input pixels with its "
+                f"{sh}x{sw} token stride, read from the model (a hybrid's is its backbone's reduction times its "
+                "patch size); leave patch_size=None with a model. To draw distances counted in patches, pass them "
+                "with patch_size= (the stride in pixels)")
         dist = mean_attention_distance(source, images, batch_size=batch_size)
-        if patch_size is not None:  # the model's own stride was used; rescale to the one given
-            sh, sw = inspect(source).patch_size
-            if sh != sw:
-                raise InputError(f"patch_size= cannot rescale the non-square {sh}x{sw} stride of {inspect(source).name}")
-            dist = dist * (patch_size / sh)
         undefined = torch.isnan(dist)
         if bool(undefined.any()):  # seaborn left the dot out without a word
             layer, head = (int(i) + 1 for i in torch.nonzero(undefined)[0])
             raise InputError(
                 f"{argument}: layer {layer}, head {head} has no mean attention distance ({int(undefined.sum())} of "
-                f"the {dist.numel()} heads of {inspect(source).name} are NaN): in some image every patch query of "
+                f"the {dist.numel()} heads of {spec.name} are NaN): in some image every patch query of "
                 "the head attends to prefix tokens alone, so it has no distance over patch keys "
                 "(vitviz.analysis.distance). Leave those images out, or draw the finite heads from "
                 "vitviz.mean_attention_distance's table yourself")
-        dist, branches = distance_by_block(dist, inspect(source).attention_blocks)
+        dist, branches = distance_by_block(dist, spec.attention_blocks)
         return dist.numpy(), branches
     d = float_array(source, argument)
     if d.ndim != 2 or 0 in d.shape:
@@ -498,7 +502,7 @@ def plot_attention_distance(
         ax: draw into these axes; default a new figure.
         label: the axes title (e.g. "ViT-L/16").
         patch_size: with distances, they are in patch units and are multiplied by this stride to give pixels;
-            with a model, the stride the distances are reported for (square strides only).
+            with a model, None (the stride is read from the model; another than its own is refused).
         batch_size: images per forward pass when computing.
         cmap: colormap for the heads (default ``tab10``/``tab20``, ``viridis`` beyond 20 heads).
         legend: draw "Head 1" ... "Head H" (a colorbar "Head" when there are more than 16 heads).
@@ -510,7 +514,8 @@ def plot_attention_distance(
     Raises:
         InputError: a model without ``images``, or one with a head that has no distance (NaN: in some image its
             patch queries attend to prefix tokens alone); distances not of shape ``(layers, heads)``, empty, or
-            holding a negative, NaN or infinite value; ``patch_size`` not a positive number.
+            holding a negative, NaN or infinite value; ``patch_size`` not a positive number, or, with a model,
+            not its token stride.
     """
     dist, branches = _distances(model_or_distances, images, patch_size, batch_size)
     n_layers, n_heads = dist.shape
