@@ -3,6 +3,7 @@ targets, families and refusals."""
 
 from __future__ import annotations
 
+import copy
 import functools
 
 import pytest
@@ -958,3 +959,33 @@ def test_return_tokens_must_be_a_bool():
     m = tiny_timm(dtype=torch.float32)
     with pytest.raises(InputTypeError, match="return_tokens='no'"):
         attnlrp(m, torch.randn(1, 3, 16, 24), return_tokens="no")  # a truthy string would return (B, N) tokens
+
+
+@pytest.mark.parametrize("norm", [nn.LayerNorm(8), nn.RMSNorm(8, eps=1e-6)], ids=["layernorm", "rmsnorm"])
+def test_norm_rule_in_float16_keeps_a_token_with_a_large_feature(norm):
+    """The norm rule divides by the token's standard deviation (RMS), held constant. Computed in float16, the mean
+    of the squares overflows once a feature passes about 256 (ViTs carry such features), the denominator becomes
+    infinite and the token's relevance through the norm exactly 0; the forward (torch upcasts) is unaffected. The
+    rule's float16 backward must equal the same rule computed in float32."""
+    from vitviz.core.families.lrp import install_norm
+
+    torch.manual_seed(0)
+    with torch.no_grad():
+        norm.weight.copy_(torch.rand(8) + 0.5)
+    x = torch.randn(3, 8)
+    x[0, 2] = 400.0  # one token with a large feature, within float16's range
+    g = torch.randn(3, 8)
+    grads = []
+    for dtype in (torch.float32, torch.float16):
+        m = copy.deepcopy(norm).to(dtype)
+        xi = x.to(dtype).requires_grad_(True)
+        undo = install_norm(m)
+        try:
+            (gx,) = torch.autograd.grad(m(xi), xi, g.to(dtype))
+        finally:
+            undo()
+        grads.append(gx.float())
+    want, got = grads
+    assert (want.abs().amax(1) > 1e-3).all()  # every token, the large one too, receives relevance
+    # per token (the large token's gradient is small: its standard deviation is large), to float16's precision
+    assert ((got - want).abs().amax(1) <= 1e-2 * want.abs().amax(1)).all()

@@ -51,7 +51,8 @@ forward is the module's own, so the model's output is unchanged:
   (``install_output_gate``). The same for a gated MLP whose gate is a sigmoid (the original GLU, Dauphin et al.
   2017: timm's ``GluMlp`` or ``SwiGLU`` with ``act_layer=nn.Sigmoid``): scales 0 and 1.
 - LayerNorm / RMSNorm (paper Prop. 3.4): the identity rule on the division, i.e. the standard deviation (RMS) is
-  a constant in the backward; the centring and the affine weight are linear (epsilon rule, plain gradient).
+  a constant in the backward; the centring and the affine weight are linear (epsilon rule, plain gradient). The
+  backward runs in at least float32 (a half-precision model's norms too, as torch's own forward does).
 - element-wise nonlinearities (GELU, SiLU, ReLU, tanh; paper Eq. 9): the identity rule ``R_in = R_out``, as the
   gradient ``g_in = g_out * f(x) / x`` (0 where ``x = 0``).
 
@@ -254,12 +255,16 @@ class _NormRule(torch.autograd.Function):
     def backward(ctx: Any, g: torch.Tensor) -> tuple:
         x, weight = ctx.saved_tensors
         dims = tuple(range(-ctx.dims, 0))
+        # in at least float32, as torch's own norms compute: in half precision the mean of the squares overflows
+        # once a feature passes about 256 (float16), the denominator is infinite and the token's relevance 0
+        dtype = torch.promote_types(x.dtype, torch.float32)
+        x = x.to(dtype)
         xf = x - x.mean(dim=dims, keepdim=True) if ctx.centre else x
         denom = (xf.pow(2).mean(dim=dims, keepdim=True) + ctx.eps).sqrt()
-        gy = g * weight if weight is not None else g
+        gy = g.to(dtype) if weight is None else g.to(dtype) * weight.to(dtype)
         if ctx.centre:
             gy = gy - gy.mean(dim=dims, keepdim=True)
-        return gy / denom, None, None, None, None, None
+        return (gy / denom).to(g.dtype), None, None, None, None, None
 
 
 def _norm_eps(module: nn.Module) -> float:
