@@ -83,7 +83,7 @@ from vitviz.analysis.propagation import (  # re-exported: the public names rollo
 )
 from vitviz.core.batching import iter_batches
 from vitviz.core.calls import in_eval_mode
-from vitviz.core.capture import capture_attention
+from vitviz.core.capture import capture_attention, check_layer_index
 from vitviz.core.graphs import graphable
 from vitviz.core.images import Images
 from vitviz.core.spec import inspect
@@ -139,8 +139,9 @@ def rollout_from_attentions(
         attentions: per layer, in order, post-softmax ``(B, H, N, N)`` maps (e.g. ``cap.attentions``).
         num_prefix_tokens: leading non-patch tokens (protected from discarding).
         head_fusion, discard_ratio, residual: as in ``attention_rollout``.
-        start_layer: layers before this index are left out of the product (with ``blocks``, the first module of a
-            block: one inside a block of parallel branches is refused, ``check_block_start``).
+        start_layer: layers before this index (negative counts from the end) are left out of the product (with
+            ``blocks``, the first module of a block: one inside a block of parallel branches is refused,
+            ``check_block_start``).
         blocks: block index of every map (``ViTSpec.attention_blocks``); maps of one block (parallel branches)
             are averaged after head fusion (see ``vitviz.analysis.propagation.Propagator``).
 
@@ -148,15 +149,15 @@ def rollout_from_attentions(
         ``R`` ``(B, N, N)`` float32, ``R = A_L ... A_{start}``; rows sum to 1.
 
     Raises:
-        InputError: no layers from ``start_layer`` on, a map holding NaN or infinite values (the message names the
-            layer), or ``num_prefix_tokens`` that leaves no patch token.
+        InputError: no maps, a map holding NaN or infinite values (the message names the layer), or
+            ``num_prefix_tokens`` that leaves no patch token.
+        LayerSelectError: ``start_layer`` not an integer from ``-L`` to ``L - 1`` (``L`` maps).
     """
     attentions = list(attentions)
-    layers = attentions[start_layer:]
-    if not layers:
-        raise InputError(f"no layers to roll out: {len(attentions)} maps given, start_layer={start_layer}; pass "
-                         "a start_layer below the number of maps")
-    first = len(attentions) - len(layers)  # the index of the first map kept (start_layer may be negative)
+    if not attentions:
+        raise InputError("attentions: no layers to roll out (an empty list); pass at least one attention map")
+    first = check_layer_index(start_layer, len(attentions), "start_layer", "these maps")  # the first map kept
+    layers = attentions[first:]
     for i, a in enumerate(layers):
         if isinstance(a, torch.Tensor) and not bool(torch.isfinite(a).all()):
             raise InputError(f"attentions[{first + i}] (layer {first + i}, 0-based) holds "
