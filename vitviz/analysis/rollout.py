@@ -1,8 +1,9 @@
 """Attention rollout (Abnar & Zuidema, ACL 2020) and gradient-weighted rollout, streamed layer by layer.
 
 Rollout, as used for the ViT paper's Fig. 6 and 14 (Dosovitskiy et al., ICLR 2021, App. D.8): for each layer
-fuse the heads of the post-softmax attention ``(B, H, N, N)`` into ``W`` ``(B, N, N)`` (mean by default), add the
-residual connection as ``A = 0.5 W + 0.5 I`` with rows renormalised, and multiply through the layers,
+fuse the heads of the post-softmax attention ``(B, H, N, N)`` into ``W`` ``(B, N, N)`` (mean by default; a max or
+min over heads is renormalised to rows summing to 1, as the mean's do), add the residual connection as
+``A = 0.5 W + 0.5 I`` with rows renormalised, and multiply through the layers,
 ``R_l = A_l R_{l-1}`` with ``R_0 = I``. Row ``t`` of ``R_L`` says how much each input token flows into output
 token ``t``; the map is that row over the patch columns, reshaped to the ``(gh, gw)`` grid ``vitviz.inspect``
 reads (never ``sqrt(N)``). Prefix tokens (class, distillation, registers) take part in every product.
@@ -41,7 +42,11 @@ row-renormalised ``0.5 W + 0.5 I`` rollout above. It is neither Chefer et al.'s 
 
 vit-explain's ``discard_ratio`` differs from vitviz's: it drops the weakest entries over the whole flattened matrix
 (of the first image only), then divides by the row sums along the wrong axis; vitviz drops them row by row and
-keeps every row stochastic (``discard_weakest``).
+keeps every row stochastic (``discard_weakest``). Its ``"max"`` and ``"min"`` head fusions differ too: it adds the
+identity to the fused map as it is, ``(W + I) / 2``, whose rows do not sum to 1 (more for max, less for min), so
+the skip connection gets less or more than half of each row; vitviz renormalises the fused rows first,
+``A = rownorm(0.5 rownorm(W) + 0.5 I)`` (``vitviz.analysis.propagation.LayerRule``), keeping rollout's equal
+weights (``tests/test_explain.py`` pins both differences).
 
 Layouts beyond one softmax map per layer (``ViTSpec.attention_maps`` / ``attention_blocks``):
 
@@ -200,10 +205,12 @@ def attention_rollout(
     Args:
         model: any ViT ``vitviz.inspect`` reads.
         images: a normalised ``(B, 3, H, W)`` tensor, or PIL images / arrays / paths (see ``vitviz.load_images``).
-        head_fusion: how to merge heads: ``"mean"`` (the paper), ``"max"`` or ``"min"``.
+        head_fusion: how to merge heads: ``"mean"`` (the paper), ``"max"`` or ``"min"`` (the fused rows are then
+            renormalised to sum to 1 before the residual, unlike vit-explain: module docstring).
         discard_ratio: zero this fraction of the weakest fused attentions of each row (never the diagonal, never
             a prefix-token column), then renormalise rows.
-        residual: model the skip connection as ``A = 0.5 W + 0.5 I`` (rows renormalised).
+        residual: model the skip connection as ``A = 0.5 W + 0.5 I`` (``W``'s rows summing to 1; ``A``'s rows
+            renormalised).
         start_layer: leave out the layers before this one (their attention is not even materialised); the first
             attention module of a residual block (one inside a block of parallel branches is refused).
         token: the rows read: default (``None``) the rows of the tokens the model's head reads (``spec.readout``:
