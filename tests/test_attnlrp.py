@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import copy
 import functools
+import re
 
 import pytest
 import timm
@@ -25,7 +26,7 @@ from torch import nn
 from vitviz.analysis.attnlrp import attnlrp, attnlrp_tokens
 from vitviz.core.families.lrp import LRPRules, lrp_rules
 from vitviz.core.spec import inspect
-from vitviz.errors import UnsupportedModelError
+from vitviz.errors import InputError, UnsupportedModelError
 
 
 def tiny_timm(dtype=torch.float64, **kw) -> nn.Module:
@@ -989,3 +990,24 @@ def test_norm_rule_in_float16_keeps_a_token_with_a_large_feature(norm):
     assert (want.abs().amax(1) > 1e-3).all()  # every token, the large one too, receives relevance
     # per token (the large token's gradient is small: its standard deviation is large), to float16's precision
     assert ((got - want).abs().amax(1) <= 1e-2 * want.abs().amax(1)).all()
+
+
+def test_plain_patterns_must_name_a_layer_that_takes_the_linear_rule():
+    """``plain`` leaves the named linear layers at the plain gradient. A pattern that matched only modules without
+    the linear rule (a norm, an activation, a whole block, the patch convolution read at the tokens) used to pass
+    the check and change nothing: the default map, silently, for a comparison asked to differ. Each pattern must
+    name a layer that takes the linear rule where the relevance is read; every such layer is accepted (open_clip's
+    bare ``proj`` matrix, the patch convolution at the pixels)."""
+    m = tiny_timm()
+    x = torch.randn(2, 3, 16, 24, dtype=torch.float64)
+    for pattern in ("blocks.0.norm1", "blocks.*.mlp.act", "blocks.0", "patch_embed.proj"):
+        with pytest.raises(InputError, match=rf"\['{re.escape(pattern)}'\] match no layer that takes the linear rule"):
+            attnlrp(m, x, 1, plain=(pattern,))
+    gamma = dict(linear_rule="gamma")  # far from the plain gradient on every layer (epsilon=1e-6 is close to it)
+    for pattern, kw in (("blocks.0.attn.qkv", gamma), ("blocks.*.mlp.fc2", gamma), ("head", gamma),
+                        ("patch_embed.proj", dict(gamma, read_at="pixels"))):
+        assert not torch.allclose(attnlrp(m, x, 1, plain=(pattern,), **kw), attnlrp(m, x, 1, **kw))
+    clip = tiny_open_clip()
+    xc = torch.randn(2, 3, 16, 16, dtype=torch.float64)
+    feature = lambda out: out[:, 2]  # noqa: E731
+    assert not torch.allclose(attnlrp(clip, xc, feature, plain=("proj",), **gamma), attnlrp(clip, xc, feature, **gamma))

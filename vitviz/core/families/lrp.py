@@ -67,7 +67,7 @@ from __future__ import annotations
 import fnmatch
 from collections.abc import Callable, Iterable, Iterator
 from contextlib import contextmanager
-from dataclasses import dataclass
+from dataclasses import dataclass, fields
 from typing import Any
 
 import torch
@@ -449,6 +449,28 @@ class LRPSession:
             self.late_prefix = x
         else:
             self.tokens = x
+
+
+def linear_rule_names(model: nn.Module, rules: LRPRules | None = None) -> list[str]:
+    """The names of the layers that take ``rules``'s linear rule in ``model`` (where its family installs them: its
+    ``nn.Linear`` and, read at the pixels, patch ``nn.Conv2d`` modules, a fused projection vitviz computes itself,
+    ``nn.MultiheadAttention``'s ``<name>.in_proj`` and ``<name>.out_proj``, open_clip's bare ``proj`` matrix): the
+    names ``LRPRules.plain`` may match. The rules are installed and removed again to find out.
+
+    Raises:
+        UnsupportedModelError: the family has no AttnLRP rules for the model.
+    """
+    seen: list[str] = []
+
+    class _Recording(LRPRules):  # every installer asks linear_for(name) for each layer it gives the linear rule
+        def linear_for(self, name: str) -> str:
+            seen.append(name)
+            return super().linear_for(name)
+
+    base = rules or LRPRules()
+    with lrp_rules(model, _Recording(**{f.name: getattr(base, f.name) for f in fields(base)})):
+        pass
+    return list(dict.fromkeys(seen))
 
 
 @contextmanager
