@@ -3,7 +3,9 @@ targets, families and refusals."""
 
 from __future__ import annotations
 
+import copy
 import functools
+import re
 
 import pytest
 import timm
@@ -24,7 +26,7 @@ from torch import nn
 from vitviz.analysis.attnlrp import attnlrp, attnlrp_tokens
 from vitviz.core.families.lrp import LRPRules, lrp_rules
 from vitviz.core.spec import inspect
-from vitviz.errors import UnsupportedModelError
+from vitviz.errors import InputError, UnsupportedModelError
 
 
 def tiny_timm(dtype=torch.float64, **kw) -> nn.Module:
@@ -958,3 +960,54 @@ def test_return_tokens_must_be_a_bool():
     m = tiny_timm(dtype=torch.float32)
     with pytest.raises(InputTypeError, match="return_tokens='no'"):
         attnlrp(m, torch.randn(1, 3, 16, 24), return_tokens="no")  # a truthy string would return (B, N) tokens
+
+
+@pytest.mark.parametrize("norm", [nn.LayerNorm(8), nn.RMSNorm(8, eps=1e-6)], ids=["layernorm", "rmsnorm"])
+def test_norm_rule_in_float16_keeps_a_token_with_a_large_feature(norm):
+    """The norm rule divides by the token's standard deviation (RMS), held constant. Computed in float16, the mean
+    of the squares overflows once a feature passes about 256 (ViTs carry such features), the denominator becomes
+    infinite and the token's relevance through the norm exactly 0; the forward (torch upcasts) is unaffected. The
+    rule's float16 backward must equal the same rule computed in float32."""
+    from vitviz.core.families.lrp import install_norm
+
+    torch.manual_seed(0)
+    with torch.no_grad():
+        norm.weight.copy_(torch.rand(8) + 0.5)
+    x = torch.randn(3, 8)
+    x[0, 2] = 400.0  # one token with a large feature, within float16's range
+    g = torch.randn(3, 8)
+    grads = []
+    for dtype in (torch.float32, torch.float16):
+        m = copy.deepcopy(norm).to(dtype)
+        xi = x.to(dtype).requires_grad_(True)
+        undo = install_norm(m)
+        try:
+            (gx,) = torch.autograd.grad(m(xi), xi, g.to(dtype))
+        finally:
+            undo()
+        grads.append(gx.float())
+    want, got = grads
+    assert (want.abs().amax(1) > 1e-3).all()  # every token, the large one too, receives relevance
+    # per token (the large token's gradient is small: its standard deviation is large), to float16's precision
+    assert ((got - want).abs().amax(1) <= 1e-2 * want.abs().amax(1)).all()
+
+
+def test_plain_patterns_must_name_a_layer_that_takes_the_linear_rule():
+    """``plain`` leaves the named linear layers at the plain gradient. A pattern that matched only modules without
+    the linear rule (a norm, an activation, a whole block, the patch convolution read at the tokens) used to pass
+    the check and change nothing: the default map, silently, for a comparison asked to differ. Each pattern must
+    name a layer that takes the linear rule where the relevance is read; every such layer is accepted (open_clip's
+    bare ``proj`` matrix, the patch convolution at the pixels)."""
+    m = tiny_timm()
+    x = torch.randn(2, 3, 16, 24, dtype=torch.float64)
+    for pattern in ("blocks.0.norm1", "blocks.*.mlp.act", "blocks.0", "patch_embed.proj"):
+        with pytest.raises(InputError, match=rf"\['{re.escape(pattern)}'\] match no layer that takes the linear rule"):
+            attnlrp(m, x, 1, plain=(pattern,))
+    gamma = dict(linear_rule="gamma")  # far from the plain gradient on every layer (epsilon=1e-6 is close to it)
+    for pattern, kw in (("blocks.0.attn.qkv", gamma), ("blocks.*.mlp.fc2", gamma), ("head", gamma),
+                        ("patch_embed.proj", dict(gamma, read_at="pixels"))):
+        assert not torch.allclose(attnlrp(m, x, 1, plain=(pattern,), **kw), attnlrp(m, x, 1, **kw))
+    clip = tiny_open_clip()
+    xc = torch.randn(2, 3, 16, 16, dtype=torch.float64)
+    feature = lambda out: out[:, 2]  # noqa: E731
+    assert not torch.allclose(attnlrp(clip, xc, feature, plain=("proj",), **gamma), attnlrp(clip, xc, feature, **gamma))

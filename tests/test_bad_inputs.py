@@ -286,7 +286,7 @@ ROWS: list[Row] = [
     ("attnlrp-plain-string", lambda: vitviz.attnlrp(M, GOOD, plain="head"), InputError,
      "plain='head' is a string"),
     ("attnlrp-plain-no-match", lambda: vitviz.attnlrp(M, GOOD, plain=["blocks.*.mlp.fc9"]), InputError,
-     "['blocks.*.mlp.fc9'] match no module of VisionTransformer"),
+     "['blocks.*.mlp.fc9'] match no layer that takes the linear rule in VisionTransformer"),
     # faithfulness: options, batch size, workers, seed
     ("faith-method-options-unknown", lambda: faith(method_options={"rolout": {"head_fusion": "max"}}), InputError,
      "has options for ['rolout'], neither among the methods ['random'] nor a vitviz.explain method"),

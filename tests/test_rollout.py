@@ -18,7 +18,7 @@ from vitviz.analysis.rollout import (
     rollout_from_attentions,
     rollout_to_maps,
 )
-from vitviz.errors import VitvizError
+from vitviz.errors import LayerSelectError, VitvizError
 from vitviz.zoo.reference import build_reference
 
 # ---- an independent rollout, written from the formula with explicit loops, in float64 ------------------------
@@ -111,6 +111,19 @@ def test_negative_start_layer_slices_the_blocks_like_the_maps():
     bad[3][0, 0, 0, 0] = float("nan")
     with pytest.raises(VitvizError, match=r"attentions\[3\] \(layer 3"):  # the map's own index, not -1
         rollout_from_attentions(bad, start_layer=-1)
+
+
+@pytest.mark.parametrize("start", [-5, 4, True, 1.0])
+def test_start_layer_of_maps_in_hand_is_an_index_in_range(start):
+    """The pure functions read ``start_layer`` as ``attention_rollout`` does: an int from ``-L`` to ``L - 1``. A slice
+    would take ``-5`` of 4 maps as 0 (the whole product, silently) and ``True`` as 1; a float raised TypeError."""
+    maps = softmax_maps(layers=4)
+    for fn in (lambda s: rollout_from_attentions(maps, start_layer=s),
+               lambda s: grad_rollout_from_attentions(maps, maps, start_layer=s)):
+        with pytest.raises(LayerSelectError, match=rf"start_layer={start!r} "):
+            fn(start)
+        torch.testing.assert_close(fn(-4), fn(0))
+        torch.testing.assert_close(fn(-1), fn(3))
 
 
 def test_uniform_attention_gives_a_uniform_map():

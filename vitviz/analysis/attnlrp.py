@@ -62,7 +62,7 @@ from torch import nn
 from vitviz.core.batching import count_images, iter_batches
 from vitviz.core.calls import in_eval_mode
 from vitviz.core.contexts import autograd, grad_leaf, normal_tensor
-from vitviz.core.families.lrp import LRPRules, lrp_rules
+from vitviz.core.families.lrp import LRPRules, linear_rule_names, lrp_rules
 from vitviz.core.images import Images
 from vitviz.core.spec import ViTSpec, inspect
 from vitviz.core.targets import Target, resolve_target
@@ -182,7 +182,8 @@ def attnlrp(
         attention_rule: ``"attnlrp"`` (paper Prop. 3.1-3.3) or ``"cp"`` (CP-LRP: no relevance through the softmax,
             nor through a gated MLP's gate).
         plain: fnmatch patterns of linear layers left at the plain gradient (comparisons only); each must match
-            a module name.
+            a layer that takes the linear rule where the relevance is read (``lrp.linear_rule_names``; a norm, an
+            activation or a whole block is refused, it would change nothing).
         read_at: ``"tokens"`` (default: where the patch and prefix tokens enter the first block; a ``(B, gh, gw)``
             map) or ``"pixels"`` (through the token embedding to the image, the patch convolution under
             ``linear_rule``: a ``(B, H, W)`` map, summed over the colour channels; the position embedding and the
@@ -208,13 +209,13 @@ def attnlrp(
     if read_at == "pixels" and return_tokens:
         raise InputError("return_tokens=True reads the tokens, read_at='pixels' the image: pass one of them")
     spec = inspect(model)
-    names = [n for n, _ in model.named_modules()]
-    names += [f"{n}.{proj}" for n, m in model.named_modules() if isinstance(m, nn.MultiheadAttention)
-              for proj in ("in_proj", "out_proj")]
+    # a pattern that matched a norm, an activation or a whole block would leave the map as it is, silently
+    names = linear_rule_names(model, rules) if plain else []
     unmatched = [pat for pat in plain if not any(fnmatch.fnmatchcase(n, pat) for n in names)]
     if unmatched:
-        raise InputError(f"plain={tuple(plain)!r}: {unmatched} match no module of {spec.name}; pass fnmatch patterns "
-                         "of its linear layers' names, e.g. plain=('blocks.*.mlp.fc2',)")
+        raise InputError(f"plain={tuple(plain)!r}: {unmatched} match no layer that takes the linear rule in "
+                         f"{spec.name} (read at the {read_at}); pass fnmatch patterns of those layers' names, e.g. "
+                         f"plain=({names[-1]!r},) (vitviz.core.families.lrp.linear_rule_names lists them)")
     total = count_images(images)
     out: list[torch.Tensor] = []
     done = 0

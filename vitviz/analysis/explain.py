@@ -11,7 +11,8 @@ method              what it is
                     the rows of the tokens the head reads (``vitviz.analysis.propagation``); ``token="class"``
                     the class row, ``token=<int>`` one row.
 ``"rollout"``       attention rollout, Abnar & Zuidema, ACL 2020, Eq. (1): ``R_l = rownorm(0.5 W_l + 0.5 I) R_{l-1}``
-                    (``vitviz.attention_rollout``; its ``discard_ratio`` is row-wise, unlike vit-explain's).
+                    (``vitviz.attention_rollout``; ``W_l``'s rows renormalised first, which max and min head
+                    fusion need, and its ``discard_ratio`` is row-wise: both unlike vit-explain).
 ``"flow"``          attention flow, Abnar & Zuidema, ACL 2020, Sec. 3.2: max-flow over the layer graph, each output
                     row divided by its sum over all input tokens as in the authors' code (``vitviz.analysis.flow``;
                     refuses more than ``max_tokens`` tokens).

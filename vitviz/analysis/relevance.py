@@ -50,7 +50,7 @@ from vitviz.analysis.propagation import (
 )
 from vitviz.core.batching import count_images, iter_batches
 from vitviz.core.calls import in_eval_mode
-from vitviz.core.capture import capture_attention
+from vitviz.core.capture import capture_attention, check_layer_index
 from vitviz.core.contexts import autograd, grad_leaf
 from vitviz.core.images import Images
 from vitviz.core.spec import ViTSpec, inspect
@@ -189,18 +189,21 @@ def grad_rollout_from_attentions(
         attentions: per layer ``(B, H, N, N)`` maps; ``gradients``: the gradient of the target score with respect
             to the *same* layer's map, same order and shapes.
         num_prefix_tokens, discard_ratio, start_layer: as in ``vitviz.rollout_from_attentions`` (the discard is
-            row-wise and spares the diagonal and the prefix columns).
+            row-wise and spares the diagonal and the prefix columns; ``start_layer`` an index from ``-L`` to
+            ``L - 1``, negative counting from the end).
         blocks: block index of each map (``ViTSpec.attention_blocks``); parallel branches are averaged.
 
     Returns:
         ``R`` ``(B, N, N)`` float32; rows sum to 1.
     """
     attentions = list(attentions)
-    kept = attentions[start_layer:]
-    check_block_start(None if blocks is None else list(blocks), len(attentions) - len(kept), start_layer, "these maps")
-    weights = _weighted_maps(kept, list(gradients)[start_layer:])
+    if not attentions:
+        raise InputError("attentions: no layers given; pass at least one map")
+    first = check_layer_index(start_layer, len(attentions), "start_layer", "these maps")
+    check_block_start(None if blocks is None else list(blocks), first, start_layer, "these maps")
+    weights = _weighted_maps(attentions, list(gradients))[first:]  # the counts checked on the maps as given
     rule = LayerRule("grad_rollout", discard_ratio=discard_ratio, num_prefix_tokens=num_prefix_tokens)
-    return propagate(weights, rule, blocks=None if blocks is None else list(blocks)[start_layer:])
+    return propagate(weights, rule, blocks=None if blocks is None else list(blocks)[first:])
 
 
 def _run(model: nn.Module, images: Images, target: Target, rule: str, *, discard_ratio: float, start_layer: int,

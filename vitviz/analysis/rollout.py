@@ -1,8 +1,9 @@
 """Attention rollout (Abnar & Zuidema, ACL 2020) and gradient-weighted rollout, streamed layer by layer.
 
 Rollout, as used for the ViT paper's Fig. 6 and 14 (Dosovitskiy et al., ICLR 2021, App. D.8): for each layer
-fuse the heads of the post-softmax attention ``(B, H, N, N)`` into ``W`` ``(B, N, N)`` (mean by default), add the
-residual connection as ``A = 0.5 W + 0.5 I`` with rows renormalised, and multiply through the layers,
+fuse the heads of the post-softmax attention ``(B, H, N, N)`` into ``W`` ``(B, N, N)`` (mean by default; a max or
+min over heads is renormalised to rows summing to 1, as the mean's do), add the residual connection as
+``A = 0.5 W + 0.5 I`` with rows renormalised, and multiply through the layers,
 ``R_l = A_l R_{l-1}`` with ``R_0 = I``. Row ``t`` of ``R_L`` says how much each input token flows into output
 token ``t``; the map is that row over the patch columns, reshaped to the ``(gh, gw)`` grid ``vitviz.inspect``
 reads (never ``sqrt(N)``). Prefix tokens (class, distillation, registers) take part in every product.
@@ -41,7 +42,11 @@ row-renormalised ``0.5 W + 0.5 I`` rollout above. It is neither Chefer et al.'s 
 
 vit-explain's ``discard_ratio`` differs from vitviz's: it drops the weakest entries over the whole flattened matrix
 (of the first image only), then divides by the row sums along the wrong axis; vitviz drops them row by row and
-keeps every row stochastic (``discard_weakest``).
+keeps every row stochastic (``discard_weakest``). Its ``"max"`` and ``"min"`` head fusions differ too: it adds the
+identity to the fused map as it is, ``(W + I) / 2``, whose rows do not sum to 1 (more for max, less for min), so
+the skip connection gets less or more than half of each row; vitviz renormalises the fused rows first,
+``A = rownorm(0.5 rownorm(W) + 0.5 I)`` (``vitviz.analysis.propagation.LayerRule``), keeping rollout's equal
+weights (``tests/test_explain.py`` pins both differences).
 
 Layouts beyond one softmax map per layer (``ViTSpec.attention_maps`` / ``attention_blocks``):
 
@@ -83,7 +88,7 @@ from vitviz.analysis.propagation import (  # re-exported: the public names rollo
 )
 from vitviz.core.batching import iter_batches
 from vitviz.core.calls import in_eval_mode
-from vitviz.core.capture import capture_attention
+from vitviz.core.capture import capture_attention, check_layer_index
 from vitviz.core.graphs import graphable
 from vitviz.core.images import Images
 from vitviz.core.spec import inspect
@@ -139,8 +144,9 @@ def rollout_from_attentions(
         attentions: per layer, in order, post-softmax ``(B, H, N, N)`` maps (e.g. ``cap.attentions``).
         num_prefix_tokens: leading non-patch tokens (protected from discarding).
         head_fusion, discard_ratio, residual: as in ``attention_rollout``.
-        start_layer: layers before this index are left out of the product (with ``blocks``, the first module of a
-            block: one inside a block of parallel branches is refused, ``check_block_start``).
+        start_layer: layers before this index (negative counts from the end) are left out of the product (with
+            ``blocks``, the first module of a block: one inside a block of parallel branches is refused,
+            ``check_block_start``).
         blocks: block index of every map (``ViTSpec.attention_blocks``); maps of one block (parallel branches)
             are averaged after head fusion (see ``vitviz.analysis.propagation.Propagator``).
 
@@ -148,15 +154,15 @@ def rollout_from_attentions(
         ``R`` ``(B, N, N)`` float32, ``R = A_L ... A_{start}``; rows sum to 1.
 
     Raises:
-        InputError: no layers from ``start_layer`` on, a map holding NaN or infinite values (the message names the
-            layer), or ``num_prefix_tokens`` that leaves no patch token.
+        InputError: no maps, a map holding NaN or infinite values (the message names the layer), or
+            ``num_prefix_tokens`` that leaves no patch token.
+        LayerSelectError: ``start_layer`` not an integer from ``-L`` to ``L - 1`` (``L`` maps).
     """
     attentions = list(attentions)
-    layers = attentions[start_layer:]
-    if not layers:
-        raise InputError(f"no layers to roll out: {len(attentions)} maps given, start_layer={start_layer}; pass "
-                         "a start_layer below the number of maps")
-    first = len(attentions) - len(layers)  # the index of the first map kept (start_layer may be negative)
+    if not attentions:
+        raise InputError("attentions: no layers to roll out (an empty list); pass at least one attention map")
+    first = check_layer_index(start_layer, len(attentions), "start_layer", "these maps")  # the first map kept
+    layers = attentions[first:]
     for i, a in enumerate(layers):
         if isinstance(a, torch.Tensor) and not bool(torch.isfinite(a).all()):
             raise InputError(f"attentions[{first + i}] (layer {first + i}, 0-based) holds "
@@ -199,10 +205,12 @@ def attention_rollout(
     Args:
         model: any ViT ``vitviz.inspect`` reads.
         images: a normalised ``(B, 3, H, W)`` tensor, or PIL images / arrays / paths (see ``vitviz.load_images``).
-        head_fusion: how to merge heads: ``"mean"`` (the paper), ``"max"`` or ``"min"``.
+        head_fusion: how to merge heads: ``"mean"`` (the paper), ``"max"`` or ``"min"`` (the fused rows are then
+            renormalised to sum to 1 before the residual, unlike vit-explain: module docstring).
         discard_ratio: zero this fraction of the weakest fused attentions of each row (never the diagonal, never
             a prefix-token column), then renormalise rows.
-        residual: model the skip connection as ``A = 0.5 W + 0.5 I`` (rows renormalised).
+        residual: model the skip connection as ``A = 0.5 W + 0.5 I`` (``W``'s rows summing to 1; ``A``'s rows
+            renormalised).
         start_layer: leave out the layers before this one (their attention is not even materialised); the first
             attention module of a residual block (one inside a block of parallel branches is refused).
         token: the rows read: default (``None``) the rows of the tokens the model's head reads (``spec.readout``:

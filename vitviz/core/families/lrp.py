@@ -51,7 +51,8 @@ forward is the module's own, so the model's output is unchanged:
   (``install_output_gate``). The same for a gated MLP whose gate is a sigmoid (the original GLU, Dauphin et al.
   2017: timm's ``GluMlp`` or ``SwiGLU`` with ``act_layer=nn.Sigmoid``): scales 0 and 1.
 - LayerNorm / RMSNorm (paper Prop. 3.4): the identity rule on the division, i.e. the standard deviation (RMS) is
-  a constant in the backward; the centring and the affine weight are linear (epsilon rule, plain gradient).
+  a constant in the backward; the centring and the affine weight are linear (epsilon rule, plain gradient). The
+  backward runs in at least float32 (a half-precision model's norms too, as torch's own forward does).
 - element-wise nonlinearities (GELU, SiLU, ReLU, tanh; paper Eq. 9): the identity rule ``R_in = R_out``, as the
   gradient ``g_in = g_out * f(x) / x`` (0 where ``x = 0``).
 
@@ -66,7 +67,7 @@ from __future__ import annotations
 import fnmatch
 from collections.abc import Callable, Iterable, Iterator
 from contextlib import contextmanager
-from dataclasses import dataclass
+from dataclasses import dataclass, fields
 from typing import Any
 
 import torch
@@ -254,12 +255,16 @@ class _NormRule(torch.autograd.Function):
     def backward(ctx: Any, g: torch.Tensor) -> tuple:
         x, weight = ctx.saved_tensors
         dims = tuple(range(-ctx.dims, 0))
+        # in at least float32, as torch's own norms compute: in half precision the mean of the squares overflows
+        # once a feature passes about 256 (float16), the denominator is infinite and the token's relevance 0
+        dtype = torch.promote_types(x.dtype, torch.float32)
+        x = x.to(dtype)
         xf = x - x.mean(dim=dims, keepdim=True) if ctx.centre else x
         denom = (xf.pow(2).mean(dim=dims, keepdim=True) + ctx.eps).sqrt()
-        gy = g * weight if weight is not None else g
+        gy = g.to(dtype) if weight is None else g.to(dtype) * weight.to(dtype)
         if ctx.centre:
             gy = gy - gy.mean(dim=dims, keepdim=True)
-        return gy / denom, None, None, None, None, None
+        return (gy / denom).to(g.dtype), None, None, None, None, None
 
 
 def _norm_eps(module: nn.Module) -> float:
@@ -444,6 +449,28 @@ class LRPSession:
             self.late_prefix = x
         else:
             self.tokens = x
+
+
+def linear_rule_names(model: nn.Module, rules: LRPRules | None = None) -> list[str]:
+    """The names of the layers that take ``rules``'s linear rule in ``model`` (where its family installs them: its
+    ``nn.Linear`` and, read at the pixels, patch ``nn.Conv2d`` modules, a fused projection vitviz computes itself,
+    ``nn.MultiheadAttention``'s ``<name>.in_proj`` and ``<name>.out_proj``, open_clip's bare ``proj`` matrix): the
+    names ``LRPRules.plain`` may match. The rules are installed and removed again to find out.
+
+    Raises:
+        UnsupportedModelError: the family has no AttnLRP rules for the model.
+    """
+    seen: list[str] = []
+
+    class _Recording(LRPRules):  # every installer asks linear_for(name) for each layer it gives the linear rule
+        def linear_for(self, name: str) -> str:
+            seen.append(name)
+            return super().linear_for(name)
+
+    base = rules or LRPRules()
+    with lrp_rules(model, _Recording(**{f.name: getattr(base, f.name) for f in fields(base)})):
+        pass
+    return list(dict.fromkeys(seen))
 
 
 @contextmanager
