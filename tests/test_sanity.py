@@ -364,3 +364,18 @@ def test_a_constant_map_is_untested_not_a_pass(model, images):
     s = sanity_summary(df)
     assert s.loc["constant_map", "parameter_test"] == "n/a"
     assert s.loc["constant_map", "verdict"] == "UNTESTED"
+
+
+@pytest.mark.parametrize("seed", [2 ** 62, -(2 ** 62), 2 ** 70])
+def test_a_large_seed_seeds_the_random_weights(model, seed):
+    """``seed`` is any int: the weights' generator seed was ``seed * 1_000_003 + crc32(layer)``, which overflowed
+    torch's 64-bit seed from about 2**44 on (a raw ValueError, "Overflow when unpacking long long"); it is now made
+    as every per-item seed of vitviz is (``perturbation.image_seed``), reduced into range, and still depends on the
+    seed."""
+    a, b = tiny_timm_vit(), tiny_timm_vit()
+    randomise_(a, ["head.weight"], seed=seed, layer="head")
+    randomise_(b, ["head.weight"], seed=seed + 1, layer="head")
+    assert not torch.equal(a.head.weight, b.head.weight)
+    images = torch.randn(2, 3, 32, 48, generator=torch.Generator().manual_seed(0))
+    df = sanity_checks(model, images, ["attention"], tests="independent", steps="block 1", seed=seed)
+    assert df["value"].notna().all()

@@ -49,7 +49,6 @@ be wrong. A method no test decides (no cascading step in the table, and no rando
 from __future__ import annotations
 
 import math
-import zlib
 from collections.abc import Callable, Iterable, Mapping, Sequence
 from typing import Any
 
@@ -58,6 +57,7 @@ import torch
 from torch import nn
 
 from vitviz.analysis import explain as explain_module
+from vitviz.analysis.perturbation import image_seed
 from vitviz.analysis.similarity import spearman, ssim
 from vitviz.core.batching import iter_batches
 from vitviz.core.blocks import block_paths
@@ -117,9 +117,10 @@ def randomisation_layers(model: nn.Module) -> list[tuple[str, list[str]]]:
 def randomise_(model: nn.Module, names: Sequence[str], *, seed: int, layer: str, std: float = 0.02) -> None:
     """Re-initialise the parameters ``names`` of ``model`` in place: truncated normal (mean 0, ``std``, +-2 std).
 
-    The draw depends on ``seed`` and ``layer`` only (a CPU generator), whatever the device.
+    The draw depends on ``seed`` and ``layer`` only (a CPU generator seeded by ``perturbation.image_seed(seed,
+    layer)``, any int ``seed``), whatever the device.
     """
-    gen = torch.Generator().manual_seed(int(seed) * 1_000_003 + zlib.crc32(layer.encode()))
+    gen = torch.Generator().manual_seed(image_seed(seed, layer))
     named = dict(model.named_parameters())
     with torch.no_grad():
         for n in names:
