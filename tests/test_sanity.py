@@ -379,3 +379,20 @@ def test_a_large_seed_seeds_the_random_weights(model, seed):
     images = torch.randn(2, 3, 32, 48, generator=torch.Generator().manual_seed(0))
     df = sanity_checks(model, images, ["attention"], tests="independent", steps="block 1", seed=seed)
     assert df["value"].notna().all()
+
+
+@pytest.mark.parametrize("case", ["aimv2-vision", "aimv2-model"])
+def test_a_norm_inside_the_embeddings_is_randomised_with_them_not_with_the_final_norm(case):
+    """AIMv2 normalises its patch embedding (``embeddings.rms_norm``, before the first block): the cascading test's
+    ``norm`` step, the second from the top, re-initialised it with the final norm, so that step destroyed the
+    input side of the network too (not top-down). It belongs to the ``embeddings`` step, as timm's ``norm_pre``,
+    open_clip's ``ln_pre`` and CLIP's ``pre_layrnorm`` do."""
+    pytest.importorskip("transformers")
+    from hf_models import hf_case
+
+    model = hf_case(case).model
+    p = "vision_model." if case == "aimv2-model" else ""
+    layers = dict(randomisation_layers(model))
+    assert layers["norm"] == [f"{p}rms_norm.weight"]
+    assert f"{p}embeddings.rms_norm.weight" in layers["embeddings"]
+    assert list(layers)[-1] == "embeddings"

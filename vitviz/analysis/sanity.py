@@ -103,8 +103,8 @@ def randomisation_layers(model: nn.Module) -> list[tuple[str, list[str]]]:
     def under(prefixes: Sequence[str]) -> list[str]:
         return [p for p in params if p.startswith(tuple(prefixes))] if prefixes else []
 
-    norms = [p for p in under(comps.get("norm", ())) if "pre" not in p.split(".")[-2 if "." in p else -1]]
-    pre_norms = [p for p in under(comps.get("norm", ())) if p not in norms]
+    pre_norms = [p for p in under(comps.get("norm", ())) if _before_blocks(p)]
+    norms = [p for p in under(comps.get("norm", ())) if p not in pre_norms]
     layers: list[tuple[str, list[str]]] = [("head", under(comps.get("head", ()))), ("norm", norms)]
     paths = block_paths(model)
     for i in sorted(set(spec.attention_blocks or range(len(spec.attention_modules))), reverse=True):
@@ -112,6 +112,14 @@ def randomisation_layers(model: nn.Module) -> list[tuple[str, list[str]]]:
     embed = under([*comps.get("patch_embed", ()), *comps.get("pos_embed", ()), *comps.get("prefix_tokens", ())])
     layers.append(("embeddings", embed + pre_norms))
     return [(name, ps) for name, ps in layers if ps]
+
+
+def _before_blocks(param: str) -> bool:
+    """Whether a parameter of the ``norm`` component belongs to a norm that runs before the first block: one
+    named a pre-norm (timm ``norm_pre``, open_clip ``ln_pre``, CLIP ``pre_layrnorm``) or held by the embeddings
+    (AIMv2 ``embeddings.rms_norm``); the others are the final norm."""
+    modules = param.split(".")[:-1]
+    return bool(modules) and ("pre" in modules[-1] or any(m.startswith("embed") for m in modules))
 
 
 def randomise_(model: nn.Module, names: Sequence[str], *, seed: int, layer: str, std: float = 0.02) -> None:
