@@ -209,6 +209,7 @@ def test_missing_library_names_the_extra(monkeypatch, images):
         vitviz.explain(tiny_timm_vit(), images, "gradcam")
 
 
+@pytest.mark.filterwarnings("ignore::vitviz.errors.CompletenessWarning")  # few steps, for speed: not converged
 def test_callable_target_explains_the_same_score(images):
     """A callable target (headless models) gives the map of the score it returns: here the logit of class 2."""
     model = tiny_timm_vit()
@@ -218,6 +219,7 @@ def test_callable_target_explains_the_same_score(images):
         torch.testing.assert_close(by_callable, by_class, atol=1e-5, rtol=1e-4)
 
 
+@pytest.mark.filterwarnings("ignore::vitviz.errors.CompletenessWarning")  # few steps, for speed: not converged
 def test_baselines_read_vit_mae_unmasked_in_patch_order():
     """ViTMAE masks 75% of its patches at random on every call; the baselines read it as every other vitviz method
     does (``Family.prepare``: unmasked, in patch order), so the maps are the model's and the same on every call
@@ -332,3 +334,37 @@ def test_gradcam_has_no_default_layer_on_parallel_branches_and_reads_a_parallel_
     x = torch.randn(2, 3, 32, 48)
     torch.testing.assert_close(vitviz.explain(scaling, x, "gradcam", target=[0, 2]),
                                vitviz.explain(scaling, x, "gradcam", target=[0, 2], layer="blocks.1.in_norm"))
+
+
+def test_integrated_gradients_warns_when_the_path_integral_is_not_converged(images):
+    """Sundararajan et al. (2017), Sec. 3: the quadrature must be checked against completeness, the attributions
+    summing to F(x) - F(x') (their 20 to 300 steps keep it within 5%). With too few steps the maps came back with
+    no word: on this model 2 steps miss F(x) - F(x') by about 30% and 5 steps by about 10%. A call whose error
+    exceeds 5% of F(x) - F(x') on some image now warns, naming the error, the image and the fix; enough steps stay
+    silent."""
+    import warnings
+
+    from vitviz.errors import CompletenessWarning
+
+    torch.manual_seed(0)
+    model = tiny_timm_vit(reg_tokens=2)
+    x = torch.randn(4, 3, 32, 48, generator=torch.Generator().manual_seed(0))
+    with warnings.catch_warnings():
+        warnings.simplefilter("error")
+        vitviz.integrated_gradients(model, x, n_steps=50)
+    with pytest.warns(CompletenessWarning) as record:
+        few, delta = vitviz.integrated_gradients(model, x, n_steps=2, return_delta=True, batch_size=2)
+    assert len(record) == 1  # one warning for the call, not one per batch
+    with torch.no_grad():
+        logits, base = model(x), model(torch.zeros_like(x))
+    c = logits.argmax(-1)
+    gap = (logits.gather(1, c[:, None]) - base.gather(1, c[:, None]))[:, 0].double()
+    error = (few.double().sum(dim=(1, 2)) - gap).abs() / gap.abs()
+    torch.testing.assert_close(error, delta.double().abs() / gap.abs(), atol=1e-4, rtol=1e-3)
+    worst = int(error.argmax())
+    assert error[worst] > 0.2
+    msg = str(record[0].message)
+    assert "n_steps=2" in msg and f"image {worst}" in msg and "increase n_steps" in msg
+    assert f"off by {float(error[worst]):.0%}" in msg
+    with pytest.warns(CompletenessWarning):  # also when the maps are pooled to |attribution|
+        vitviz.explain(model, x, "integrated_gradients", n_steps=2, pool="abs", batch_size=2)
