@@ -396,3 +396,43 @@ def test_a_norm_inside_the_embeddings_is_randomised_with_them_not_with_the_final
     assert layers["norm"] == [f"{p}rms_norm.weight"]
     assert f"{p}embeddings.rms_norm.weight" in layers["embeddings"]
     assert list(layers)[-1] == "embeddings"
+
+
+def test_the_explained_class_stays_the_trained_models_prediction_at_every_step(model, images):
+    """Pinned difference: Adebayo et al.'s code (``src/randomize_inceptionv3.py``) explains the argmax of each
+    randomised model, quantus the labels it is given; vitviz explains the trained model's prediction at every step
+    (module docstring), also where the randomised model predicts another class."""
+    trained = model(images).argmax(-1)
+    seen = []
+
+    def spy(net, x, target):
+        with torch.no_grad():
+            seen.append((target.clone(), net(x).argmax(-1)))
+        return fixed_map(net, x, target)
+
+    sanity_checks(model, images, [spy], tests="cascading", seed=0)
+    assert len(seen) == 1 + len(LAYERS)
+    assert all(torch.equal(t, trained) for t, _ in seen)
+    assert any(not torch.equal(own, trained) for _, own in seen[1:])  # the randomised models predict otherwise
+
+
+def test_every_parameter_is_drawn_at_random_where_quantus_resets_modules(model):
+    """Pinned difference from quantus's ``MPRT`` (``get_random_layer_generator``): quantus calls
+    ``reset_parameters()`` of every module that has one, one module per step, so a LayerNorm is reset to ones and
+    zeros (nothing random) and the parameters a ViT holds itself (position embedding, class token) are never
+    touched, as ``VisionTransformer`` has no ``reset_parameters``. vitviz's steps are whole layers and draw every
+    parameter from the truncated normal, LayerNorm gains and the embeddings included."""
+    resettable = {f"{m}.{p}" if m else p for m, mod in model.named_modules() if hasattr(mod, "reset_parameters")
+                  for p, _ in mod.named_parameters(recurse=False)}
+    assert {"pos_embed", "cls_token"} - resettable == {"pos_embed", "cls_token"}  # out of quantus's reach
+    layers = dict(randomisation_layers(model))
+    assert {"pos_embed", "cls_token"} <= set(layers["embeddings"])
+    net = tiny_timm_vit()
+    net.load_state_dict(model.state_dict())
+    for name, names in randomisation_layers(net):
+        randomise_(net, names, seed=0, layer=name)
+    trained = dict(model.named_parameters())
+    for n, p in net.named_parameters():
+        assert not torch.equal(p, trained[n]), n
+    gain = net.norm.weight.detach()
+    assert not torch.equal(gain, torch.ones_like(gain)) and float(gain.abs().max()) <= 0.04 + 1e-7

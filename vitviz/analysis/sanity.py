@@ -29,8 +29,19 @@ random weights in the cascading and the independent test.
 
 Similarity per image (``vitviz.analysis.similarity``): Spearman's rank correlation of the absolute-value maps
 (``spearman_abs``) and of the signed maps (``spearman``), as Adebayo et al. report both, and SSIM of the maps
-scaled to ``[0, 1]`` (``ssim``). The target of gradient methods stays the class predicted by the trained model at
-every step (so only the parameters change).
+scaled to ``[0, 1]`` (``ssim``); not their HOG similarity. The target of gradient methods stays the class predicted
+by the trained model at every step (so only the parameters change).
+
+Where the popular implementations differ (each pinned by a test in ``tests/test_sanity.py``):
+
+- Adebayo et al.'s code (``adebayoj/sanity_checks_saliency``) re-initialises each block with its variables' own
+  initialisers and explains the arg-max of each *randomised* model, so its class can change from step to step;
+  vitviz keeps the trained model's class.
+- quantus's ``MPRT`` (``ModelParameterRandomisation``) calls ``reset_parameters()`` of every module that has one,
+  one module per step (each ``Linear`` and ``LayerNorm`` a step of its own, not a block), so a LayerNorm is reset to
+  ones and zeros (nothing random), and the parameters a ViT holds itself (timm's ``pos_embed``, ``cls_token``,
+  ``reg_token``) are never re-initialised; quantus also explains the labels it is given, not the prediction. vitviz's
+  steps are whole layers and every parameter of a step is drawn at random, the embeddings included.
 
 Verdict (``sanity_summary``): a method FAILS the parameter test when, at any cascading step up to and including
 the last block (head; head and final norm; head, final norm and last block), the mean over images of
