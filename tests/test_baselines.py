@@ -368,3 +368,32 @@ def test_integrated_gradients_warns_when_the_path_integral_is_not_converged(imag
     assert f"off by {float(error[worst]):.0%}" in msg
     with pytest.warns(CompletenessWarning):  # also when the maps are pooled to |attribution|
         vitviz.explain(model, x, "integrated_gradients", n_steps=2, pool="abs", batch_size=2)
+
+
+def test_input_x_gradient_multiplies_the_normalised_input_not_the_raw_pixels():
+    """Pinned difference: vitviz takes the gradient with respect to the model's normalised input ``(x - m) / s``, so
+    its input x gradient is ``(x - m) * dF/dx`` in pixel units (input x gradient against the mean image, one
+    Riemann step of integrated gradients from vitviz's baseline), while captum's ``InputXGradient`` on a model that
+    normalises its own [0, 1] pixels gives ``x * dF/dx``: another map, whose black pixels get no attribution."""
+    from captum.attr import InputXGradient
+
+    model = tiny_timm_vit()
+    mean = torch.tensor([0.485, 0.456, 0.406])[:, None, None]
+    std = torch.tensor([0.229, 0.224, 0.225])[:, None, None]
+
+    class Normalising(torch.nn.Module):
+        def __init__(self):
+            super().__init__()
+            self.model = model
+
+        def forward(self, raw):
+            return self.model((raw - mean) / std)
+
+    raw = torch.rand(2, 3, 32, 48, generator=torch.Generator().manual_seed(0))
+    target = torch.tensor([1, 3])
+    captum_raw = loop_pool(InputXGradient(Normalising()).attribute(raw.clone().requires_grad_(True), target=target).detach(), 4, 6, 8)
+    r = raw.clone().requires_grad_(True)
+    (grad,) = torch.autograd.grad(Normalising()(r).gather(1, target[:, None]).sum(), r)
+    got = vitviz.input_x_gradient(model, (raw - mean) / std, target=target)
+    torch.testing.assert_close(got, loop_pool((raw - mean) * grad, 4, 6, 8), atol=1e-5, rtol=1e-4)
+    assert not torch.allclose(got, captum_raw, atol=1e-3)

@@ -11,7 +11,11 @@ method                     what it is
                            F(x')``) is checked on every image: an error above 5% of ``|F(x) - F(x')|`` (their Sec. 3:
                            20 to 300 steps stay within it) warns (``CompletenessWarning``) that ``n_steps`` is too few.
 ``input_x_gradient``       Shrikumar et al., "Not just a black box" (arXiv 2016) / DeepLIFT (ICML 2017, Sec. 2.2):
-                           ``x * grad F(x)`` per pixel and channel, by ``captum.attr.InputXGradient``.
+                           ``x * grad F(x)`` per pixel and channel, by ``captum.attr.InputXGradient``, ``x`` the
+                           model's normalised input ``(p - m) / s``: in pixel units ``(p - m) * dF/dp``, the input
+                           measured from the mean image (integrated gradients' baseline here), not captum's ``p *
+                           dF/dp`` on a model that normalises its own [0, 1] pixels ``p``, which gives black pixels no
+                           attribution.
 ``gradcam``                Selvaraju et al., ICCV 2017, Eq. (1)-(2): ``ReLU(sum_k alpha_k A^k)``, ``alpha_k`` the mean
                            gradient of channel ``k`` over the patch grid, by ``pytorch_grad_cam.GradCAM`` on the
                            tokens after the last block's first norm (``norm1`` in timm; the common recipe for
