@@ -436,3 +436,16 @@ def test_every_parameter_is_drawn_at_random_where_quantus_resets_modules(model):
         assert not torch.equal(p, trained[n]), n
     gain = net.norm.weight.detach()
     assert not torch.equal(gain, torch.ones_like(gain)) and float(gain.abs().max()) <= 0.04 + 1e-7
+
+
+def test_two_methods_of_one_name_are_refused_not_merged(model, images):
+    """Two callables of one name (two lambdas are both ``<lambda>``) wrote their rows under that one name, so
+    ``sanity_summary`` averaged two different methods into one verdict: here a map that ignores the weights and
+    Chefer's relevance, a FAIL and a PASS, read as one method. Methods of one name are refused, as
+    ``vitviz.faithfulness`` refuses them."""
+    same = lambda net, x, t: fixed_map(net, x, t)  # noqa: E731
+    chefer = lambda net, x, t: vitviz.explain(net, x, "chefer", t)  # noqa: E731
+    with pytest.raises(InputError, match=r"methods holds two methods named '<lambda>'.*def "):
+        sanity_checks(model, images, [same, chefer], tests="cascading")
+    with pytest.raises(InputError, match=r"methods holds two methods named 'attention'"):
+        sanity_checks(model, images, ["attention", "attention"], tests="repeat")

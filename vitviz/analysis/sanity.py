@@ -222,7 +222,8 @@ def sanity_checks(
         images: a normalised ``(B, 3, H, W)`` tensor or anything ``vitviz.core.batching.iter_batches`` takes.
         methods: ``vitviz.explain`` method names (default: every one in ``vitviz.analysis.explain.METHODS``, read
             at call time, but ``flow``, which is slow, and baselines whose library is not installed) and/or callables ``f(model, images (b, 3, H, W), target (b,) classes) ->
-            (b, gh, gw)``; one name alone is that method.
+            (b, gh, gw)``, each under a name of its own (a callable's ``__name__``; two of one name are refused);
+            one name alone is that method.
         target: the class each map explains on the trained model: ``None`` (each image's prediction), an int, or
             one per image; kept at every randomisation step. Class targets only.
         steps: layer names (``randomisation_layers``) the cascading and independent tests randomise, in top-down
@@ -269,6 +270,12 @@ def sanity_checks(
                              "f(model, images, target) -> (B, gh, gw)")
         if not isinstance(m, str) and not callable(m):
             raise InputError(f"methods holds {m!r}; give method names or callables f(model, images, target)")
+    names = [_method_name(m, i) for i, m in enumerate(methods)]
+    twice = next((n for i, n in enumerate(names) if n in names[:i]), None)
+    if twice is not None:  # its rows would be merged with the other's, one verdict for two methods
+        raise InputError(f"methods holds two methods named {twice!r}: their rows would share that name and "
+                         "sanity_summary would judge them as one method; give each method once, and each callable "
+                         "a name of its own (def my_map(model, images, target): ..., not two lambdas)")
     randomising = bool({"cascading", "independent"} & set(tests))
     if steps is not None:
         steps = name_list(steps, "steps", lambda: [n for n, _ in randomisation_layers(model)])
@@ -315,8 +322,7 @@ def sanity_checks(
         return np.concatenate(parts)
 
     rows: list[dict[str, Any]] = []
-    for k, m in enumerate(methods):
-        name = _method_name(m, k)
+    for m, name in zip(methods, names):
         ref = maps_of(m, work)
         if "repeat" in tests:
             _compare(rows, ref, maps_of(m, work), test="repeat", method=name, step=0, layer="repeat")
