@@ -397,3 +397,13 @@ def test_input_x_gradient_multiplies_the_normalised_input_not_the_raw_pixels():
     got = vitviz.input_x_gradient(model, (raw - mean) / std, target=target)
     torch.testing.assert_close(got, loop_pool((raw - mean) * grad, 4, 6, 8), atol=1e-5, rtol=1e-4)
     assert not torch.allclose(got, captum_raw, atol=1e-3)
+
+
+@pytest.mark.parametrize("value", ["no", "False", None])
+def test_return_delta_must_be_a_bool(images, value):
+    """``return_delta="no"`` is truthy: the call returned a (maps, deltas) tuple where maps were asked for. It is
+    refused, naming the argument and the value."""
+    from vitviz.errors import InputTypeError
+
+    with pytest.raises(InputTypeError, match=rf"^return_delta={value!r} is not a bool; pass True or False"):
+        vitviz.integrated_gradients(tiny_timm_vit(), images, n_steps=20, return_delta=value)

@@ -54,7 +54,7 @@ from vitviz.core.contexts import autograd, grad_leaf, normal_tensor
 from vitviz.core.images import Images
 from vitviz.core.spec import ViTSpec, inspect
 from vitviz.core.targets import Target, logits_of, resolve_target
-from vitviz.core.util import is_int, is_number, kept_grads, kept_rng
+from vitviz.core.util import check_bool, is_int, is_number, kept_grads, kept_rng
 from vitviz.errors import CaptureError, CompletenessWarning, InputError, MissingDependencyError
 
 __all__ = ["LIBRARIES", "gradcam", "gradcam_layer", "input_x_gradient", "installed", "integrated_gradients",
@@ -201,8 +201,8 @@ def integrated_gradients(model: nn.Module, images: Images, target: Target = None
             quadrature has not converged; more ``n_steps`` fix it).
 
     Raises:
-        InputError: ``n_steps`` or ``internal_batch_size`` is not a positive int, or ``baseline`` is not a finite
-            number.
+        InputError: ``n_steps`` or ``internal_batch_size`` is not a positive int, ``baseline`` is not a finite
+            number, or ``return_delta`` is not a bool.
     """
     if not is_int(n_steps) or n_steps < 1:
         raise InputError(f"n_steps={n_steps!r} must be a positive int, the quadrature points along the path "
@@ -210,6 +210,7 @@ def integrated_gradients(model: nn.Module, images: Images, target: Target = None
     if internal_batch_size is not None and (not is_int(internal_batch_size) or internal_batch_size < 1):
         raise InputError(f"internal_batch_size={internal_batch_size!r} must be a positive int (path points per "
                          "forward pass, e.g. 64) or None for all at once")
+    return_delta = check_bool(return_delta, "return_delta", "also return captum's convergence deltas")
     if not is_number(baseline) or not math.isfinite(baseline):
         raise InputError(f"baseline={baseline!r} must be a finite number, the baseline input in normalised space "
                          "(0.0: the normalisation mean)")
