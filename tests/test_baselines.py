@@ -407,3 +407,29 @@ def test_return_delta_must_be_a_bool(images, value):
 
     with pytest.raises(InputTypeError, match=rf"^return_delta={value!r} is not a bool; pass True or False"):
         vitviz.integrated_gradients(tiny_timm_vit(), images, n_steps=20, return_delta=value)
+
+
+@pytest.mark.filterwarnings("ignore::vitviz.errors.CompletenessWarning")  # 4 steps on purpose
+def test_integrated_gradients_is_gauss_legendre_not_the_papers_riemann_sum(images):
+    """Pinned difference: Sundararajan et al. (2017), Sec. 3 approximate Eq. (1) by the right Riemann sum
+    ``(x - x') / m * sum_k grad F(x' + k/m (x - x'))``; vitviz (captum's default) uses ``m``-point Gauss-Legendre
+    quadrature on [0, 1], which converges faster: at 4 points the two differ, and vitviz's is Gauss-Legendre."""
+    import numpy as np
+
+    model = tiny_timm_vit()
+    target = torch.tensor([1, 3])
+
+    def path(alphas, weights):
+        total = torch.zeros_like(images)
+        for a, w in zip(alphas, weights):
+            xa = (a * images).clone().requires_grad_(True)  # baseline x' = 0
+            (g,) = torch.autograd.grad(model(xa).gather(1, target[:, None]).sum(), xa)
+            total += w * g
+        return loop_pool(images * total, 4, 6, 8)
+
+    nodes, weights = np.polynomial.legendre.leggauss(4)
+    gauss = path((nodes + 1) / 2, weights / 2)
+    riemann = path([k / 4 for k in range(1, 5)], [1 / 4] * 4)
+    got = vitviz.integrated_gradients(model, images, target=target, n_steps=4)
+    torch.testing.assert_close(got, gauss, atol=1e-5, rtol=1e-4)
+    assert not torch.allclose(got, riemann, atol=1e-4)

@@ -5,7 +5,8 @@ method                     what it is
 =========================  ======================================================================================
 ``integrated_gradients``   Sundararajan, Taly & Yan, ICML 2017, Eq. (1): ``(x - x') * int_0^1 grad F(x' + a (x - x'))
                            da`` per pixel and channel, by ``captum.attr.IntegratedGradients`` (Gauss-Legendre
-                           quadrature, ``n_steps=50``); the baseline ``x'`` is 0 in the model's normalised input
+                           quadrature, ``n_steps=50`` points; the paper's Sec. 3 sums ``grad F`` at ``a = k/m``, a
+                           right Riemann sum, which converges more slowly: the maps differ at few steps); the baseline ``x'`` is 0 in the model's normalised input
                            space, i.e. the normalisation mean (the training-set mean image), as ``vitviz.faithfulness``
                            fills removed patches. Completeness (their Prop. 1: the attributions sum to ``F(x) -
                            F(x')``) is checked on every image: an error above 5% of ``|F(x) - F(x')|`` (their Sec. 3:
