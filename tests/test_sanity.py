@@ -13,6 +13,7 @@ from scipy.stats import spearmanr
 
 import vitviz
 from vitviz.analysis.sanity import (
+    TESTS,
     _other_classes,
     randomisation_layers,
     randomise_,
@@ -367,18 +368,28 @@ def test_a_constant_map_is_untested_not_a_pass(model, images):
 
 
 @pytest.mark.parametrize("seed", [2 ** 62, -(2 ** 62), 2 ** 70])
-def test_a_large_seed_seeds_the_random_weights(model, seed):
-    """``seed`` is any int: the weights' generator seed was ``seed * 1_000_003 + crc32(layer)``, which overflowed
-    torch's 64-bit seed from about 2**44 on (a raw ValueError, "Overflow when unpacking long long"); it is now made
-    as every per-item seed of vitviz is (``perturbation.image_seed``), reduced into range, and still depends on the
-    seed."""
+def test_a_large_seed_seeds_the_random_weights(seed):
+    """``randomise_`` takes any int ``seed``: the weights' generator seed was ``seed * 1_000_003 + crc32(layer)``,
+    which overflowed torch's 64-bit seed from about 2**44 on (a raw ValueError, "Overflow when unpacking long
+    long"); it is now made as every per-item seed of vitviz is (``perturbation.image_seed``), reduced into range,
+    and still depends on the seed."""
     a, b = tiny_timm_vit(), tiny_timm_vit()
     randomise_(a, ["head.weight"], seed=seed, layer="head")
     randomise_(b, ["head.weight"], seed=seed + 1, layer="head")
     assert not torch.equal(a.head.weight, b.head.weight)
-    images = torch.randn(2, 3, 32, 48, generator=torch.Generator().manual_seed(0))
-    df = sanity_checks(model, images, ["attention"], tests="independent", steps="block 1", seed=seed)
-    assert df["value"].notna().all()
+
+
+@pytest.mark.parametrize("seed", [-1, 2 ** 32, 2 ** 62])
+def test_a_seed_the_generators_cannot_take_is_refused_by_name(model, images, seed):
+    """The random-logit test draws the other class with NumPy, which takes no negative seed, and the ``random``
+    method seeds torch with ``seed * 1_000_003 + image``, which overflows from about 2**43: ``seed=-1`` failed in
+    the random-logit test with NumPy's bare "expected non-negative integer", ``seed=2**62`` in ``random``'s maps with
+    torch's "Overflow when unpacking long long". A seed outside [0, 2**32) is refused up front, naming it; the
+    largest one taken runs every test."""
+    with pytest.raises(InputError, match=rf"^seed={seed} must be an int in \[0, 2\*\*32\)"):
+        sanity_checks(model, images, ["chefer"], tests="random_logit", seed=seed)
+    df = sanity_checks(model, images, ["chefer", "random"], tests=TESTS, steps="head", seed=2 ** 32 - 1)
+    assert set(df["test"]) == set(TESTS)
 
 
 @pytest.mark.parametrize("case", ["aimv2-vision", "aimv2-model"])

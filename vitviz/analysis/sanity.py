@@ -229,7 +229,7 @@ def sanity_checks(
         steps: layer names (``randomisation_layers``) the cascading and independent tests randomise, in top-down
             order (one name: that layer alone); default all.
         tests: any of ``cascading``, ``independent``, ``random_logit``, ``repeat`` (one name: that test alone).
-        seed: seeds the random weights, the random other class, and ``random``'s maps.
+        seed: seeds the random weights, the random other class, and ``random``'s maps; an int in ``[0, 2**32)``.
         std: standard deviation of the re-initialised parameters.
         method_options: per method name, options for ``vitviz.explain``; a name that is neither in ``methods`` nor
             a ``vitviz.explain`` method is refused (options for a known method not run are unused).
@@ -247,8 +247,9 @@ def sanity_checks(
     bad = [t for t in tests if t not in TESTS]
     if bad or not tests:
         raise InputError(f"tests={tests!r}: each must be one of {TESTS}")
-    if not is_int(seed):
-        raise InputError(f"seed={seed!r} must be an int (it seeds the random weights, classes and maps)")
+    if not is_int(seed) or not 0 <= seed < 2 ** 32:  # NumPy takes no negative seed; random's maps overflow above
+        raise InputError(f"seed={seed!r} must be an int in [0, 2**32) (it seeds the random weights, classes and "
+                         "maps), e.g. seed=0")
     if not is_number(std) or not 0 < std < math.inf:
         raise InputError(f"std={std!r} must be a positive finite number, the standard deviation of the "
                          "re-initialised parameters (e.g. 0.02)")
