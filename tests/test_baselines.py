@@ -209,6 +209,7 @@ def test_missing_library_names_the_extra(monkeypatch, images):
         vitviz.explain(tiny_timm_vit(), images, "gradcam")
 
 
+@pytest.mark.filterwarnings("ignore::vitviz.errors.CompletenessWarning")  # few steps, for speed: not converged
 def test_callable_target_explains_the_same_score(images):
     """A callable target (headless models) gives the map of the score it returns: here the logit of class 2."""
     model = tiny_timm_vit()
@@ -218,6 +219,7 @@ def test_callable_target_explains_the_same_score(images):
         torch.testing.assert_close(by_callable, by_class, atol=1e-5, rtol=1e-4)
 
 
+@pytest.mark.filterwarnings("ignore::vitviz.errors.CompletenessWarning")  # few steps, for speed: not converged
 def test_baselines_read_vit_mae_unmasked_in_patch_order():
     """ViTMAE masks 75% of its patches at random on every call; the baselines read it as every other vitviz method
     does (``Family.prepare``: unmasked, in patch order), so the maps are the model's and the same on every call
@@ -332,3 +334,102 @@ def test_gradcam_has_no_default_layer_on_parallel_branches_and_reads_a_parallel_
     x = torch.randn(2, 3, 32, 48)
     torch.testing.assert_close(vitviz.explain(scaling, x, "gradcam", target=[0, 2]),
                                vitviz.explain(scaling, x, "gradcam", target=[0, 2], layer="blocks.1.in_norm"))
+
+
+def test_integrated_gradients_warns_when_the_path_integral_is_not_converged(images):
+    """Sundararajan et al. (2017), Sec. 3: the quadrature must be checked against completeness, the attributions
+    summing to F(x) - F(x') (their 20 to 300 steps keep it within 5%). With too few steps the maps came back with
+    no word: on this model 2 steps miss F(x) - F(x') by about 30% and 5 steps by about 10%. A call whose error
+    exceeds 5% of F(x) - F(x') on some image now warns, naming the error, the image and the fix; enough steps stay
+    silent."""
+    import warnings
+
+    from vitviz.errors import CompletenessWarning
+
+    torch.manual_seed(0)
+    model = tiny_timm_vit(reg_tokens=2)
+    x = torch.randn(4, 3, 32, 48, generator=torch.Generator().manual_seed(0))
+    with warnings.catch_warnings():
+        warnings.simplefilter("error")
+        vitviz.integrated_gradients(model, x, n_steps=50)
+    with pytest.warns(CompletenessWarning) as record:
+        few, delta = vitviz.integrated_gradients(model, x, n_steps=2, return_delta=True, batch_size=2)
+    assert len(record) == 1  # one warning for the call, not one per batch
+    with torch.no_grad():
+        logits, base = model(x), model(torch.zeros_like(x))
+    c = logits.argmax(-1)
+    gap = (logits.gather(1, c[:, None]) - base.gather(1, c[:, None]))[:, 0].double()
+    error = (few.double().sum(dim=(1, 2)) - gap).abs() / gap.abs()
+    torch.testing.assert_close(error, delta.double().abs() / gap.abs(), atol=1e-4, rtol=1e-3)
+    worst = int(error.argmax())
+    assert error[worst] > 0.2
+    msg = str(record[0].message)
+    assert "n_steps=2" in msg and f"image {worst}" in msg and "increase n_steps" in msg
+    assert f"off by {float(error[worst]):.0%}" in msg
+    with pytest.warns(CompletenessWarning):  # also when the maps are pooled to |attribution|
+        vitviz.explain(model, x, "integrated_gradients", n_steps=2, pool="abs", batch_size=2)
+
+
+def test_input_x_gradient_multiplies_the_normalised_input_not_the_raw_pixels():
+    """Pinned difference: vitviz takes the gradient with respect to the model's normalised input ``(x - m) / s``, so
+    its input x gradient is ``(x - m) * dF/dx`` in pixel units (input x gradient against the mean image, one
+    Riemann step of integrated gradients from vitviz's baseline), while captum's ``InputXGradient`` on a model that
+    normalises its own [0, 1] pixels gives ``x * dF/dx``: another map, whose black pixels get no attribution."""
+    from captum.attr import InputXGradient
+
+    model = tiny_timm_vit()
+    mean = torch.tensor([0.485, 0.456, 0.406])[:, None, None]
+    std = torch.tensor([0.229, 0.224, 0.225])[:, None, None]
+
+    class Normalising(torch.nn.Module):
+        def __init__(self):
+            super().__init__()
+            self.model = model
+
+        def forward(self, raw):
+            return self.model((raw - mean) / std)
+
+    raw = torch.rand(2, 3, 32, 48, generator=torch.Generator().manual_seed(0))
+    target = torch.tensor([1, 3])
+    captum_raw = loop_pool(InputXGradient(Normalising()).attribute(raw.clone().requires_grad_(True), target=target).detach(), 4, 6, 8)
+    r = raw.clone().requires_grad_(True)
+    (grad,) = torch.autograd.grad(Normalising()(r).gather(1, target[:, None]).sum(), r)
+    got = vitviz.input_x_gradient(model, (raw - mean) / std, target=target)
+    torch.testing.assert_close(got, loop_pool((raw - mean) * grad, 4, 6, 8), atol=1e-5, rtol=1e-4)
+    assert not torch.allclose(got, captum_raw, atol=1e-3)
+
+
+@pytest.mark.parametrize("value", ["no", "False", None])
+def test_return_delta_must_be_a_bool(images, value):
+    """``return_delta="no"`` is truthy: the call returned a (maps, deltas) tuple where maps were asked for. It is
+    refused, naming the argument and the value."""
+    from vitviz.errors import InputTypeError
+
+    with pytest.raises(InputTypeError, match=rf"^return_delta={value!r} is not a bool; pass True or False"):
+        vitviz.integrated_gradients(tiny_timm_vit(), images, n_steps=20, return_delta=value)
+
+
+@pytest.mark.filterwarnings("ignore::vitviz.errors.CompletenessWarning")  # 4 steps on purpose
+def test_integrated_gradients_is_gauss_legendre_not_the_papers_riemann_sum(images):
+    """Pinned difference: Sundararajan et al. (2017), Sec. 3 approximate Eq. (1) by the right Riemann sum
+    ``(x - x') / m * sum_k grad F(x' + k/m (x - x'))``; vitviz (captum's default) uses ``m``-point Gauss-Legendre
+    quadrature on [0, 1], which converges faster: at 4 points the two differ, and vitviz's is Gauss-Legendre."""
+    import numpy as np
+
+    model = tiny_timm_vit()
+    target = torch.tensor([1, 3])
+
+    def path(alphas, weights):
+        total = torch.zeros_like(images)
+        for a, w in zip(alphas, weights):
+            xa = (a * images).clone().requires_grad_(True)  # baseline x' = 0
+            (g,) = torch.autograd.grad(model(xa).gather(1, target[:, None]).sum(), xa)
+            total += w * g
+        return loop_pool(images * total, 4, 6, 8)
+
+    nodes, weights = np.polynomial.legendre.leggauss(4)
+    gauss = path((nodes + 1) / 2, weights / 2)
+    riemann = path([k / 4 for k in range(1, 5)], [1 / 4] * 4)
+    got = vitviz.integrated_gradients(model, images, target=target, n_steps=4)
+    torch.testing.assert_close(got, gauss, atol=1e-5, rtol=1e-4)
+    assert not torch.allclose(got, riemann, atol=1e-4)

@@ -13,6 +13,7 @@ from scipy.stats import spearmanr
 
 import vitviz
 from vitviz.analysis.sanity import (
+    TESTS,
     _other_classes,
     randomisation_layers,
     randomise_,
@@ -364,3 +365,98 @@ def test_a_constant_map_is_untested_not_a_pass(model, images):
     s = sanity_summary(df)
     assert s.loc["constant_map", "parameter_test"] == "n/a"
     assert s.loc["constant_map", "verdict"] == "UNTESTED"
+
+
+@pytest.mark.parametrize("seed", [2 ** 62, -(2 ** 62), 2 ** 70])
+def test_a_large_seed_seeds_the_random_weights(seed):
+    """``randomise_`` takes any int ``seed``: the weights' generator seed was ``seed * 1_000_003 + crc32(layer)``,
+    which overflowed torch's 64-bit seed from about 2**44 on (a raw ValueError, "Overflow when unpacking long
+    long"); it is now made as every per-item seed of vitviz is (``perturbation.image_seed``), reduced into range,
+    and still depends on the seed."""
+    a, b = tiny_timm_vit(), tiny_timm_vit()
+    randomise_(a, ["head.weight"], seed=seed, layer="head")
+    randomise_(b, ["head.weight"], seed=seed + 1, layer="head")
+    assert not torch.equal(a.head.weight, b.head.weight)
+
+
+@pytest.mark.parametrize("seed", [-1, 2 ** 32, 2 ** 62])
+def test_a_seed_the_generators_cannot_take_is_refused_by_name(model, images, seed):
+    """The random-logit test draws the other class with NumPy, which takes no negative seed, and the ``random``
+    method seeds torch with ``seed * 1_000_003 + image``, which overflows from about 2**43: ``seed=-1`` failed in
+    the random-logit test with NumPy's bare "expected non-negative integer", ``seed=2**62`` in ``random``'s maps with
+    torch's "Overflow when unpacking long long". A seed outside [0, 2**32) is refused up front, naming it; the
+    largest one taken runs every test."""
+    with pytest.raises(InputError, match=rf"^seed={seed} must be an int in \[0, 2\*\*32\)"):
+        sanity_checks(model, images, ["chefer"], tests="random_logit", seed=seed)
+    df = sanity_checks(model, images, ["chefer", "random"], tests=TESTS, steps="head", seed=2 ** 32 - 1)
+    assert set(df["test"]) == set(TESTS)
+
+
+@pytest.mark.parametrize("case", ["aimv2-vision", "aimv2-model"])
+def test_a_norm_inside_the_embeddings_is_randomised_with_them_not_with_the_final_norm(case):
+    """AIMv2 normalises its patch embedding (``embeddings.rms_norm``, before the first block): the cascading test's
+    ``norm`` step, the second from the top, re-initialised it with the final norm, so that step destroyed the
+    input side of the network too (not top-down). It belongs to the ``embeddings`` step, as timm's ``norm_pre``,
+    open_clip's ``ln_pre`` and CLIP's ``pre_layrnorm`` do."""
+    pytest.importorskip("transformers")
+    from hf_models import hf_case
+
+    model = hf_case(case).model
+    p = "vision_model." if case == "aimv2-model" else ""
+    layers = dict(randomisation_layers(model))
+    assert layers["norm"] == [f"{p}rms_norm.weight"]
+    assert f"{p}embeddings.rms_norm.weight" in layers["embeddings"]
+    assert list(layers)[-1] == "embeddings"
+
+
+def test_the_explained_class_stays_the_trained_models_prediction_at_every_step(model, images):
+    """Pinned difference: Adebayo et al.'s code (``src/randomize_inceptionv3.py``) explains the argmax of each
+    randomised model, quantus the labels it is given; vitviz explains the trained model's prediction at every step
+    (module docstring), also where the randomised model predicts another class."""
+    trained = model(images).argmax(-1)
+    seen = []
+
+    def spy(net, x, target):
+        with torch.no_grad():
+            seen.append((target.clone(), net(x).argmax(-1)))
+        return fixed_map(net, x, target)
+
+    sanity_checks(model, images, [spy], tests="cascading", seed=0)
+    assert len(seen) == 1 + len(LAYERS)
+    assert all(torch.equal(t, trained) for t, _ in seen)
+    assert any(not torch.equal(own, trained) for _, own in seen[1:])  # the randomised models predict otherwise
+
+
+def test_every_parameter_is_drawn_at_random_where_quantus_resets_modules(model):
+    """Pinned difference from quantus's ``MPRT`` (``get_random_layer_generator``): quantus calls
+    ``reset_parameters()`` of every module that has one, one module per step, so a LayerNorm is reset to ones and
+    zeros (nothing random) and the parameters a ViT holds itself (position embedding, class token) are never
+    touched, as ``VisionTransformer`` has no ``reset_parameters``. vitviz's steps are whole layers and draw every
+    parameter from the truncated normal, LayerNorm gains and the embeddings included."""
+    resettable = {f"{m}.{p}" if m else p for m, mod in model.named_modules() if hasattr(mod, "reset_parameters")
+                  for p, _ in mod.named_parameters(recurse=False)}
+    assert {"pos_embed", "cls_token"} - resettable == {"pos_embed", "cls_token"}  # out of quantus's reach
+    layers = dict(randomisation_layers(model))
+    assert {"pos_embed", "cls_token"} <= set(layers["embeddings"])
+    net = tiny_timm_vit()
+    net.load_state_dict(model.state_dict())
+    for name, names in randomisation_layers(net):
+        randomise_(net, names, seed=0, layer=name)
+    trained = dict(model.named_parameters())
+    for n, p in net.named_parameters():
+        assert not torch.equal(p, trained[n]), n
+    gain = net.norm.weight.detach()
+    assert not torch.equal(gain, torch.ones_like(gain)) and float(gain.abs().max()) <= 0.04 + 1e-7
+
+
+def test_two_methods_of_one_name_are_refused_not_merged(model, images):
+    """Two callables of one name (two lambdas are both ``<lambda>``) wrote their rows under that one name, so
+    ``sanity_summary`` averaged two different methods into one verdict: here a map that ignores the weights and
+    Chefer's relevance, a FAIL and a PASS, read as one method. Methods of one name are refused, as
+    ``vitviz.faithfulness`` refuses them."""
+    same = lambda net, x, t: fixed_map(net, x, t)  # noqa: E731
+    chefer = lambda net, x, t: vitviz.explain(net, x, "chefer", t)  # noqa: E731
+    with pytest.raises(InputError, match=r"methods holds two methods named '<lambda>'.*def "):
+        sanity_checks(model, images, [same, chefer], tests="cascading")
+    with pytest.raises(InputError, match=r"methods holds two methods named 'attention'"):
+        sanity_checks(model, images, ["attention", "attention"], tests="repeat")

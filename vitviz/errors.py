@@ -142,13 +142,19 @@ class ImagesLeftOutWarning(VitvizError, UserWarning):
     the loader may be meant so. The message names how many images are left out and the fix."""
 
 
+class CompletenessWarning(VitvizError, UserWarning):
+    """Integrated gradients whose quadrature has not converged: on some image the attributions miss ``F(x) - F(x')``
+    (completeness, Sundararajan et al., ICML 2017, Prop. 1) by more than 5% of it. A warning, not an error: the maps
+    are the requested approximation. The message names the error, the image, ``n_steps`` and the fix (more steps)."""
+
+
 class ForwardStopped(VitvizError):
     """Raised by a vitviz hook to end a forward pass once it has read what it needs (the input of a model's
     classifier, ``read_input_of``); caught where it is raised, never seen by callers."""
 
 
 __all__ = [
-    "CaptureError", "CheckpointError", "ComputeError", "DataNotFoundError", "ForwardStopped",
+    "CaptureError", "CheckpointError", "CompletenessWarning", "ComputeError", "DataNotFoundError", "ForwardStopped",
     "ImageInputError", "ImageRangeWarning", "ImagesLeftOutWarning", "InferenceTensorError", "InputError",
     "InputTypeError", "LayerSelectError", "MissingDependencyError",
     "NoPositionEmbeddingError", "NoRGBFiltersError", "NoSuchAttributeError", "NotAViTError",

@@ -5,11 +5,18 @@ method                     what it is
 =========================  ======================================================================================
 ``integrated_gradients``   Sundararajan, Taly & Yan, ICML 2017, Eq. (1): ``(x - x') * int_0^1 grad F(x' + a (x - x'))
                            da`` per pixel and channel, by ``captum.attr.IntegratedGradients`` (Gauss-Legendre
-                           quadrature, ``n_steps=50``); the baseline ``x'`` is 0 in the model's normalised input
+                           quadrature, ``n_steps=50`` points; the paper's Sec. 3 sums ``grad F`` at ``a = k/m``, a
+                           right Riemann sum, which converges more slowly: the maps differ at few steps); the baseline ``x'`` is 0 in the model's normalised input
                            space, i.e. the normalisation mean (the training-set mean image), as ``vitviz.faithfulness``
-                           fills removed patches.
+                           fills removed patches. Completeness (their Prop. 1: the attributions sum to ``F(x) -
+                           F(x')``) is checked on every image: an error above 5% of ``|F(x) - F(x')|`` (their Sec. 3:
+                           20 to 300 steps stay within it) warns (``CompletenessWarning``) that ``n_steps`` is too few.
 ``input_x_gradient``       Shrikumar et al., "Not just a black box" (arXiv 2016) / DeepLIFT (ICML 2017, Sec. 2.2):
-                           ``x * grad F(x)`` per pixel and channel, by ``captum.attr.InputXGradient``.
+                           ``x * grad F(x)`` per pixel and channel, by ``captum.attr.InputXGradient``, ``x`` the
+                           model's normalised input ``(p - m) / s``: in pixel units ``(p - m) * dF/dp``, the input
+                           measured from the mean image (integrated gradients' baseline here), not captum's ``p *
+                           dF/dp`` on a model that normalises its own [0, 1] pixels ``p``, which gives black pixels no
+                           attribution.
 ``gradcam``                Selvaraju et al., ICCV 2017, Eq. (1)-(2): ``ReLU(sum_k alpha_k A^k)``, ``alpha_k`` the mean
                            gradient of channel ``k`` over the patch grid, by ``pytorch_grad_cam.GradCAM`` on the
                            tokens after the last block's first norm (``norm1`` in timm; the common recipe for
@@ -34,6 +41,7 @@ The libraries are optional: ``pip install 'vitviz[explain]'`` (captum, grad-cam)
 from __future__ import annotations
 
 import math
+import warnings
 from collections.abc import Callable
 from typing import Any
 
@@ -47,8 +55,8 @@ from vitviz.core.contexts import autograd, grad_leaf, normal_tensor
 from vitviz.core.images import Images
 from vitviz.core.spec import ViTSpec, inspect
 from vitviz.core.targets import Target, logits_of, resolve_target
-from vitviz.core.util import is_int, is_number, kept_grads, kept_rng
-from vitviz.errors import CaptureError, InputError, MissingDependencyError
+from vitviz.core.util import check_bool, is_int, is_number, kept_grads, kept_rng
+from vitviz.errors import CaptureError, CompletenessWarning, InputError, MissingDependencyError
 
 __all__ = ["LIBRARIES", "gradcam", "gradcam_layer", "input_x_gradient", "installed", "integrated_gradients",
            "pool_to_patches", "token_reshape"]
@@ -125,7 +133,7 @@ def _pixel_method(kind: str, model: nn.Module, images: Images, target: Target, *
     scores = _Scores(model, target)
     algo = attr_mod.IntegratedGradients(scores) if kind == "ig" else attr_mod.InputXGradient(scores)
     total, start = count_images(images), 0
-    maps, deltas = [], []
+    maps, deltas, sums = [], [], []
     for x in iter_batches(model, images, batch_size, desc=kind):
         cls = _classes(model, x, target, start, total)
         with autograd(model, f"{'integrated_gradients' if kind == 'ig' else 'input_x_gradient'} on {spec.name}"):
@@ -134,12 +142,39 @@ def _pixel_method(kind: str, model: nn.Module, images: Images, target: Target, *
                 attr, delta = algo.attribute(x, baselines=float(baseline), target=normal_tensor(cls), n_steps=n_steps,
                                              internal_batch_size=internal_batch_size, return_convergence_delta=True)
                 deltas.append(delta.detach())
+                sums.append(attr.detach().double().sum(dim=(1, 2, 3)))
             else:
                 attr = algo.attribute(x, target=normal_tensor(cls))
         maps.append(pool_to_patches(attr.detach().float(), spec.grid_for_input(x), spec.patch_size, pool))
         start += len(x)
     out = torch.cat(maps)
+    if kind == "ig":
+        _check_completeness(torch.cat(sums), torch.cat(deltas), n_steps)
     return (out, torch.cat(deltas)) if return_delta else out
+
+
+COMPLETENESS_TOLERANCE = 0.05  # Sundararajan et al. (2017), Sec. 3: 20 to 300 steps approximate it within 5%
+
+
+def _check_completeness(sums: torch.Tensor, deltas: torch.Tensor, n_steps: int) -> None:
+    """Warn (``CompletenessWarning``, once per call) where integrated gradients miss completeness: the pixel
+    attributions of an image sum to ``F(x) - F(x')`` up to captum's convergence delta ``sum(attr) - (F(x) - F(x'))``;
+    an error above ``COMPLETENESS_TOLERANCE`` of ``|F(x) - F(x')|`` (and above float rounding, 1e-5) means the
+    quadrature has not converged."""
+    deltas = deltas.detach().double().cpu()
+    gaps = (sums.cpu() - deltas).abs()
+    errors = deltas.abs()
+    bad = (errors > COMPLETENESS_TOLERANCE * gaps) & (errors > 1e-5)
+    if not bool(bad.any()):
+        return
+    relative = torch.where(bad, errors / gaps.clamp_min(1e-30), torch.zeros_like(errors))
+    i = int(relative.argmax())
+    warnings.warn(CompletenessWarning(
+        f"integrated_gradients with n_steps={n_steps}: the attributions of image {i} sum to "
+        f"{float(sums[i]):.4g}, but F(x) - F(x') is {float(sums[i] - deltas[i]):.4g}, off by {float(relative[i]):.0%} "
+        f"({int(bad.sum())} of {len(bad)} images beyond {COMPLETENESS_TOLERANCE:.0%}): the path integral has not "
+        "converged (completeness, Sundararajan et al. 2017, Prop. 1); increase n_steps (e.g. "
+        f"n_steps={max(4 * n_steps, 50)})"), stacklevel=5)
 
 
 @in_eval_mode
@@ -162,9 +197,13 @@ def integrated_gradients(model: nn.Module, images: Images, target: Target = None
     Returns:
         ``(B, gh, gw)`` float32 maps on the model's device (and the deltas).
 
+    Warns:
+        CompletenessWarning: once per call, where the delta of some image exceeds 5% of ``|F(x) - F(x')|`` (the
+            quadrature has not converged; more ``n_steps`` fix it).
+
     Raises:
-        InputError: ``n_steps`` or ``internal_batch_size`` is not a positive int, or ``baseline`` is not a finite
-            number.
+        InputError: ``n_steps`` or ``internal_batch_size`` is not a positive int, ``baseline`` is not a finite
+            number, or ``return_delta`` is not a bool.
     """
     if not is_int(n_steps) or n_steps < 1:
         raise InputError(f"n_steps={n_steps!r} must be a positive int, the quadrature points along the path "
@@ -172,6 +211,7 @@ def integrated_gradients(model: nn.Module, images: Images, target: Target = None
     if internal_batch_size is not None and (not is_int(internal_batch_size) or internal_batch_size < 1):
         raise InputError(f"internal_batch_size={internal_batch_size!r} must be a positive int (path points per "
                          "forward pass, e.g. 64) or None for all at once")
+    return_delta = check_bool(return_delta, "return_delta", "also return captum's convergence deltas")
     if not is_number(baseline) or not math.isfinite(baseline):
         raise InputError(f"baseline={baseline!r} must be a finite number, the baseline input in normalised space "
                          "(0.0: the normalisation mean)")

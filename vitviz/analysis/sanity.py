@@ -29,8 +29,19 @@ random weights in the cascading and the independent test.
 
 Similarity per image (``vitviz.analysis.similarity``): Spearman's rank correlation of the absolute-value maps
 (``spearman_abs``) and of the signed maps (``spearman``), as Adebayo et al. report both, and SSIM of the maps
-scaled to ``[0, 1]`` (``ssim``). The target of gradient methods stays the class predicted by the trained model at
-every step (so only the parameters change).
+scaled to ``[0, 1]`` (``ssim``); not their HOG similarity. The target of gradient methods stays the class predicted
+by the trained model at every step (so only the parameters change).
+
+Where the popular implementations differ (each pinned by a test in ``tests/test_sanity.py``):
+
+- Adebayo et al.'s code (``adebayoj/sanity_checks_saliency``) re-initialises each block with its variables' own
+  initialisers and explains the arg-max of each *randomised* model, so its class can change from step to step;
+  vitviz keeps the trained model's class.
+- quantus's ``MPRT`` (``ModelParameterRandomisation``) calls ``reset_parameters()`` of every module that has one,
+  one module per step (each ``Linear`` and ``LayerNorm`` a step of its own, not a block), so a LayerNorm is reset to
+  ones and zeros (nothing random), and the parameters a ViT holds itself (timm's ``pos_embed``, ``cls_token``,
+  ``reg_token``) are never re-initialised; quantus also explains the labels it is given, not the prediction. vitviz's
+  steps are whole layers and every parameter of a step is drawn at random, the embeddings included.
 
 Verdict (``sanity_summary``): a method FAILS the parameter test when, at any cascading step up to and including
 the last block (head; head and final norm; head, final norm and last block), the mean over images of
@@ -49,7 +60,6 @@ be wrong. A method no test decides (no cascading step in the table, and no rando
 from __future__ import annotations
 
 import math
-import zlib
 from collections.abc import Callable, Iterable, Mapping, Sequence
 from typing import Any
 
@@ -58,6 +68,7 @@ import torch
 from torch import nn
 
 from vitviz.analysis import explain as explain_module
+from vitviz.analysis.perturbation import image_seed
 from vitviz.analysis.similarity import spearman, ssim
 from vitviz.core.batching import iter_batches
 from vitviz.core.blocks import block_paths
@@ -103,8 +114,8 @@ def randomisation_layers(model: nn.Module) -> list[tuple[str, list[str]]]:
     def under(prefixes: Sequence[str]) -> list[str]:
         return [p for p in params if p.startswith(tuple(prefixes))] if prefixes else []
 
-    norms = [p for p in under(comps.get("norm", ())) if "pre" not in p.split(".")[-2 if "." in p else -1]]
-    pre_norms = [p for p in under(comps.get("norm", ())) if p not in norms]
+    pre_norms = [p for p in under(comps.get("norm", ())) if _before_blocks(p)]
+    norms = [p for p in under(comps.get("norm", ())) if p not in pre_norms]
     layers: list[tuple[str, list[str]]] = [("head", under(comps.get("head", ()))), ("norm", norms)]
     paths = block_paths(model)
     for i in sorted(set(spec.attention_blocks or range(len(spec.attention_modules))), reverse=True):
@@ -114,12 +125,21 @@ def randomisation_layers(model: nn.Module) -> list[tuple[str, list[str]]]:
     return [(name, ps) for name, ps in layers if ps]
 
 
+def _before_blocks(param: str) -> bool:
+    """Whether a parameter of the ``norm`` component belongs to a norm that runs before the first block: one
+    named a pre-norm (timm ``norm_pre``, open_clip ``ln_pre``, CLIP ``pre_layrnorm``) or held by the embeddings
+    (AIMv2 ``embeddings.rms_norm``); the others are the final norm."""
+    modules = param.split(".")[:-1]
+    return bool(modules) and ("pre" in modules[-1] or any(m.startswith("embed") for m in modules))
+
+
 def randomise_(model: nn.Module, names: Sequence[str], *, seed: int, layer: str, std: float = 0.02) -> None:
     """Re-initialise the parameters ``names`` of ``model`` in place: truncated normal (mean 0, ``std``, +-2 std).
 
-    The draw depends on ``seed`` and ``layer`` only (a CPU generator), whatever the device.
+    The draw depends on ``seed`` and ``layer`` only (a CPU generator seeded by ``perturbation.image_seed(seed,
+    layer)``, any int ``seed``), whatever the device.
     """
-    gen = torch.Generator().manual_seed(int(seed) * 1_000_003 + zlib.crc32(layer.encode()))
+    gen = torch.Generator().manual_seed(image_seed(seed, layer))
     named = dict(model.named_parameters())
     with torch.no_grad():
         for n in names:
@@ -202,13 +222,14 @@ def sanity_checks(
         images: a normalised ``(B, 3, H, W)`` tensor or anything ``vitviz.core.batching.iter_batches`` takes.
         methods: ``vitviz.explain`` method names (default: every one in ``vitviz.analysis.explain.METHODS``, read
             at call time, but ``flow``, which is slow, and baselines whose library is not installed) and/or callables ``f(model, images (b, 3, H, W), target (b,) classes) ->
-            (b, gh, gw)``; one name alone is that method.
+            (b, gh, gw)``, each under a name of its own (a callable's ``__name__``; two of one name are refused);
+            one name alone is that method.
         target: the class each map explains on the trained model: ``None`` (each image's prediction), an int, or
             one per image; kept at every randomisation step. Class targets only.
         steps: layer names (``randomisation_layers``) the cascading and independent tests randomise, in top-down
             order (one name: that layer alone); default all.
         tests: any of ``cascading``, ``independent``, ``random_logit``, ``repeat`` (one name: that test alone).
-        seed: seeds the random weights, the random other class, and ``random``'s maps.
+        seed: seeds the random weights, the random other class, and ``random``'s maps; an int in ``[0, 2**32)``.
         std: standard deviation of the re-initialised parameters.
         method_options: per method name, options for ``vitviz.explain``; a name that is neither in ``methods`` nor
             a ``vitviz.explain`` method is refused (options for a known method not run are unused).
@@ -226,8 +247,9 @@ def sanity_checks(
     bad = [t for t in tests if t not in TESTS]
     if bad or not tests:
         raise InputError(f"tests={tests!r}: each must be one of {TESTS}")
-    if not is_int(seed):
-        raise InputError(f"seed={seed!r} must be an int (it seeds the random weights, classes and maps)")
+    if not is_int(seed) or not 0 <= seed < 2 ** 32:  # NumPy takes no negative seed; random's maps overflow above
+        raise InputError(f"seed={seed!r} must be an int in [0, 2**32) (it seeds the random weights, classes and "
+                         "maps), e.g. seed=0")
     if not is_number(std) or not 0 < std < math.inf:
         raise InputError(f"std={std!r} must be a positive finite number, the standard deviation of the "
                          "re-initialised parameters (e.g. 0.02)")
@@ -249,6 +271,12 @@ def sanity_checks(
                              "f(model, images, target) -> (B, gh, gw)")
         if not isinstance(m, str) and not callable(m):
             raise InputError(f"methods holds {m!r}; give method names or callables f(model, images, target)")
+    names = [_method_name(m, i) for i, m in enumerate(methods)]
+    twice = next((n for i, n in enumerate(names) if n in names[:i]), None)
+    if twice is not None:  # its rows would be merged with the other's, one verdict for two methods
+        raise InputError(f"methods holds two methods named {twice!r}: their rows would share that name and "
+                         "sanity_summary would judge them as one method; give each method once, and each callable "
+                         "a name of its own (def my_map(model, images, target): ..., not two lambdas)")
     randomising = bool({"cascading", "independent"} & set(tests))
     if steps is not None:
         steps = name_list(steps, "steps", lambda: [n for n, _ in randomisation_layers(model)])
@@ -295,8 +323,7 @@ def sanity_checks(
         return np.concatenate(parts)
 
     rows: list[dict[str, Any]] = []
-    for k, m in enumerate(methods):
-        name = _method_name(m, k)
+    for m, name in zip(methods, names):
         ref = maps_of(m, work)
         if "repeat" in tests:
             _compare(rows, ref, maps_of(m, work), test="repeat", method=name, step=0, layer="repeat")
