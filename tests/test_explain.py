@@ -385,6 +385,16 @@ def test_random_baseline_is_seeded_and_independent_of_batching():
         torch.testing.assert_close(whole[k], torch.rand(4, 6, generator=torch.Generator().manual_seed(3 * 1_000_003 + k)))
 
 
+def test_the_random_baseline_takes_a_seed_of_any_size():
+    """``seed * 1_000_003 + k`` passed 2**64 for seeds from about 1.8e13 on, and torch's generator refused it with a
+    bare "Overflow when unpacking long long"; the seed is now taken modulo 2**63, as the ranking's tie seeds are."""
+    model, x = tiny_timm_vit(), torch.randn(2, 3, 32, 48)
+    maps = vitviz.explain(model, x, "random", seed=2 ** 62)
+    seeds = [(2 ** 62 * 1_000_003 + k) % 2 ** 63 for k in range(2)]
+    torch.testing.assert_close(maps, torch.stack([torch.rand(4, 6, generator=torch.Generator().manual_seed(s))
+                                                  for s in seeds]))
+
+
 def test_the_random_baseline_refuses_a_seed_that_is_not_an_int():
     """``int(seed)`` would read 1.9 and True as 1 (the maps of seed=1) and fail on "a" naming no argument."""
     model, x = tiny_timm_vit(), torch.randn(2, 3, 32, 48)

@@ -64,6 +64,7 @@ from typing import Any
 import torch
 from torch import nn
 
+from vitviz.analysis.perturbation import image_seed
 from vitviz.analysis.propagation import FLOW_MAPS, PoolRows, fuse_heads, output_rows, rollout_to_maps
 from vitviz.core.batching import iter_batches
 from vitviz.core.calls import in_eval_mode
@@ -129,9 +130,10 @@ def raw_attention(
 def random_baseline(model: nn.Module, images: Images, *, seed: int = 0, batch_size: int | None = None,
                     offset: int | Sequence[int] = 0) -> torch.Tensor:
     """A seeded random map per image, ``(B, gh, gw)`` uniform in ``[0, 1)``; image ``k`` (its index in the set,
-    ``offset + k``, or its own index from ``offset``) gets the map of the generator seeded ``seed * 1_000_003 + k``,
-    so the maps of one seed are distinct for sets of up to 1,000,003 images (beyond, seed ``s`` at index
-    ``k + 1_000_003`` repeats seed ``s + 1`` at ``k``).
+    ``offset + k``, or its own index from ``offset``) gets the map of the generator seeded ``seed * 1_000_003 + k``
+    modulo ``2**63`` (``vitviz.analysis.perturbation.image_seed``, the seed of the patch ranking's ties too), so the
+    maps of one seed are distinct for sets of up to 1,000,003 images (beyond, seed ``s`` at index ``k + 1_000_003``
+    repeats seed ``s + 1`` at ``k``), and any int seed is taken.
 
     ``offset`` is the index of the first image in a larger set (so a batch gets the maps the whole set would), or
     one index per image (``vitviz.faithfulness``: each image's id), so that any images get their own maps in one
@@ -155,7 +157,7 @@ def random_baseline(model: nn.Module, images: Images, *, seed: int = 0, batch_si
         gh, gw = spec.grid_for_input(x)
         for _ in range(len(x)):
             index = offsets[k] if per_image else int(offset) + k
-            gen = torch.Generator().manual_seed(int(seed) * 1_000_003 + int(index))
+            gen = torch.Generator().manual_seed(image_seed(seed, int(index)))
             out.append(torch.rand(gh, gw, generator=gen))
             k += 1
     if per_image and k != len(offsets):
