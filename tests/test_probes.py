@@ -717,3 +717,27 @@ def test_a_num_classes_below_a_label_is_refused_naming_it():
             with pytest.raises(InputError, match=rf"num_classes={bad!r}.*{need}"):
                 call(x, y, x, y, num_classes=bad)
     assert knn_accuracy(x, y, x, y, k=5, num_classes=need + 2) == knn_accuracy(x, y, x, y, k=5)  # unused classes get no vote
+
+
+def test_test_images_of_a_class_no_training_image_holds_are_refused_on_every_input_path():
+    """A test image of a class without training examples can never be predicted (its target column is -1 for
+    every example; no reference votes for it), so it counted as an error: 5 classes of test images against 4 of
+    training gave 80 % at best, without a word. A test folder with such a class was refused already; tensors,
+    Datasets and DataLoaders are refused the same way, in both probes, naming the classes."""
+    from torch.utils.data import DataLoader, TensorDataset
+
+    from vitviz.analysis.representations import knn_probe, linear_fewshot
+
+    x, y = _blobs(3, k=4)
+    xt, yt = _blobs(2, k=5, seed=1)
+    for call in (linear_fewshot_accuracy, functools.partial(knn_accuracy, k=3)):
+        with pytest.raises(InputError, match=r"test: label\(s\) \[4\] \(2 images\) .*no training example"):
+            call(x, y, xt, yt)
+        call(x, y, xt[yt < 4], yt[yt < 4])  # the classes training holds: probed
+    model = tiny_timm_vit()
+    train, test = _data(2, classes=3), _data(1, classes=4, seed=1)
+    for te in (test, TensorDataset(*test), DataLoader(TensorDataset(*test), batch_size=2)):
+        with pytest.raises(InputError, match=r"label\(s\) \[3\]"):
+            linear_fewshot(model, train, te, shots=(1,), seeds=(0,), l2_reg=1.0)
+        with pytest.raises(InputError, match=r"label\(s\) \[3\]"):
+            knn_probe(model, train, te, k=1)

@@ -62,6 +62,16 @@ def _check_xy(x: np.ndarray, y: np.ndarray, what: str) -> tuple[np.ndarray, np.n
     return x, class_indices(y, what)
 
 
+def _check_test_classes(y_train: np.ndarray, y_test: np.ndarray) -> None:
+    """Refuses test labels that no training example has: the probe can never predict such a class (its target
+    column is -1 for every example; no reference votes for it), so each of its images would count as an error."""
+    unseen, counts = np.unique(y_test[~np.isin(y_test, y_train)], return_counts=True)
+    if len(unseen):
+        raise InputError(f"test: label(s) {unseen.tolist()} ({int(counts.sum())} images) have no training example, "
+                         "so the probe can never predict them and every such image would count as an error; score "
+                         "the test images of the training classes only, or add training images of those classes")
+
+
 def _num_classes(num_classes: int | None, *labels: np.ndarray) -> int:
     """``num_classes``, or ``max(label) + 1`` over ``labels`` when None; refused below that (a label without a
     class) or when not a positive int."""
@@ -182,11 +192,15 @@ def linear_fewshot_accuracy(x_train: np.ndarray, y_train: np.ndarray, x_test: np
         l2_reg: the ridge penalty; ``None`` chooses it by leave-one-out error on the examples (``select_l2``);
             ``BIG_VISION_L2`` (``2^10``) is the authors' evaluator's fixed setting (module docstring).
         num_classes: ``K`` (default: ``max(label) + 1`` over both sets; fewer is refused).
+
+    Raises:
+        InputError: a test label no training example has (the probe could never predict it), among others.
     """
     x_train, y_train = _check_xy(x_train, y_train, "train")
     x_test, y_test = _check_xy(x_test, y_test, "test")
     if x_train.shape[1] != x_test.shape[1]:
         raise InputError(f"train features have {x_train.shape[1]} dimensions, test {x_test.shape[1]}")
+    _check_test_classes(y_train, y_test)
     if l2_reg is not None and not (is_number(l2_reg) and 0 < l2_reg < math.inf):
         raise InputError(f"l2_reg={l2_reg!r} must be a finite positive number, e.g. 2.0 ** 10 (or None to choose "
                          "it)")
@@ -210,9 +224,13 @@ def knn_accuracy(x_train: np.ndarray, y_train: np.ndarray, x_test: np.ndarray, y
         k: neighbours (DINO: 20). temperature: ``T`` of the weights ``exp(sim / T)`` (DINO: 0.07).
         num_classes: classes voted for (default: ``max(label) + 1`` over both sets; fewer is refused).
         chunk: queries per similarity block (memory).
+
+    Raises:
+        InputError: a test label no reference image has (no neighbour could vote for it), among others.
     """
     x_train, y_train = _check_xy(x_train, y_train, "train")
     x_test, y_test = _check_xy(x_test, y_test, "test")
+    _check_test_classes(y_train, y_test)
     if not isinstance(k, int) or not 1 <= k <= len(x_train):
         raise InputError(f"k={k!r} must be an int in 1..{len(x_train)} (the training images)")
     if not temperature > 0:

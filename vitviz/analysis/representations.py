@@ -218,8 +218,9 @@ def linear_fewshot(model: nn.Module, train: Any, test: Any, shots: Sequence[int]
             loader is refused) or
             ``(images (M, 3, H, W), labels (M,))`` tensors. Only the training images some draw uses are read
             when the labels are known without the images (folders, torchvision datasets, tensors). A test folder
-            is labelled by the training set's class names (it may lack a class; a class the training set lacks is
-            refused), and two datasets that name their classes must name the same ones.
+            is labelled by the training set's class names (it may lack a class), and two datasets that name their
+            classes must name the same ones. Test images of a class no training image holds are refused, from any
+            source (the probe could never predict them).
         shots: images per class. l2_reg: fixed penalty, or None to choose it. seeds: one draw each.
         layer: None for the pre-logits representation, or a block index for that block's pooled token.
         name: the ``model`` column (default: the model's name).
