@@ -741,3 +741,22 @@ def test_test_images_of_a_class_no_training_image_holds_are_refused_on_every_inp
             linear_fewshot(model, train, te, shots=(1,), seeds=(0,), l2_reg=1.0)
         with pytest.raises(InputError, match=r"label\(s\) \[3\]"):
             knn_probe(model, train, te, k=1)
+
+
+def test_seeds_that_are_not_distinct_non_negative_ints_are_refused_naming_them():
+    """Each seed is one draw: seeds=(0.2, 0.7) were cast to 0 and 0 and seeds=(0, 0) drew seed 0 once, so the
+    table held one draw where two were asked for (an interval over fewer draws, without a word); seeds=5 (five
+    draws meant) failed with a bare TypeError and a negative seed with numpy's ValueError. A bool is no shot count."""
+    from vitviz.analysis.representations import linear_fewshot
+
+    y = np.repeat(np.arange(3), 4)
+    assert sorted(fewshot_draws(y, (1,), np.arange(3))) == [(1, 0), (1, 1), (1, 2)]
+    for bad, match in (((0.2, 0.7), r"seeds=\(0.2, 0.7\).*0.2"), ((0, 0), r"seeds=\(0, 0\).*repeat"),
+                       ((-1,), r"seeds=\(-1,\).*-1"), (5, r"seeds=5.*range\(5\)"), ((True,), r"True")):
+        with pytest.raises(InputError, match=match):
+            fewshot_draws(y, (1,), bad)
+    with pytest.raises(InputError, match=r"shots=True"):
+        fewshot_draws(y, (True,), (0,))
+    model = tiny_timm_vit()
+    with pytest.raises(InputError, match=r"seeds=3.*range\(3\)"):
+        linear_fewshot(model, _data(2, classes=2), _data(1, classes=2), shots=(1,), seeds=3)

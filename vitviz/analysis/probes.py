@@ -142,6 +142,11 @@ def select_l2(fit: RidgeFit, grid: Sequence[float] = L2_GRID) -> float:
     return -min(errors)[1]
 
 
+def _shown(values: Sequence) -> str:
+    """A sequence as its argument would read: ``(0, 0)`` for a tuple, a list or a range alike."""
+    return repr(tuple(v.item() if isinstance(v, np.generic) else v for v in values))
+
+
 def fewshot_draws(labels: np.ndarray, shots: Sequence[int], seeds: Sequence[int],
                   classes: Sequence[int] | None = None) -> dict[tuple[int, int], np.ndarray]:
     """Indices of the few-shot examples for every ``(shots, seed)``: ``shots`` per class, drawn without replacement.
@@ -150,8 +155,9 @@ def fewshot_draws(labels: np.ndarray, shots: Sequence[int], seeds: Sequence[int]
     the 5-shot examples are among the 10-shot ones.
 
     Raises:
-        InputError: ``shots`` or ``seeds`` empty (or ``shots`` a bare int or a string), a shot count below 1 or
-            above the images of some class.
+        InputError: ``shots`` or ``seeds`` empty (or a bare int; ``shots`` a string), a shot count below 1 or
+            above the images of some class, a seed that is not a non-negative int, or a seed given twice (its draw
+            would count once).
     """
     labels = class_indices(labels, "fewshot_draws")
     classes = sorted(set(labels.tolist())) if classes is None else list(classes)
@@ -162,11 +168,21 @@ def fewshot_draws(labels: np.ndarray, shots: Sequence[int], seeds: Sequence[int]
                          "shots=(1, 5) (with papermill, -y 'shots: [1, 5]' passes a list)")
     if not len(shots):
         raise InputError("shots=() draws nothing; pass e.g. shots=(1, 5, 10, 25)")
+    if is_int(seeds):
+        raise InputError(f"seeds={seeds!r} is one number, not a sequence of seeds (one draw each); pass "
+                         f"seeds=range({seeds!r}) for {seeds!r} draws, or seeds=({seeds!r},) for that one seed")
     if not len(seeds):
         raise InputError("seeds=() draws nothing; pass e.g. seeds=range(10)")
+    bad = [s for s in seeds if not is_int(s) or s < 0]
+    if bad:
+        raise InputError(f"seeds={_shown(seeds)}: {bad[0]!r} is not a non-negative int (numpy's generator seed); "
+                         "pass ints, e.g. seeds=range(10)")
+    if len(set(int(s) for s in seeds)) < len(seeds):
+        raise InputError(f"seeds={_shown(seeds)} repeat a seed, whose draw would count once; pass distinct seeds, e.g. "
+                         f"seeds=range({len(seeds)})")
     counts = {c: int((labels == c).sum()) for c in classes}
     for k in shots:
-        if not isinstance(k, (int, np.integer)) or k < 1:
+        if not is_int(k) or k < 1:
             raise InputError(f"shots={k!r}: each must be a positive int (images per class)")
         short = {c: n for c, n in counts.items() if n < k}
         if short:
