@@ -760,3 +760,18 @@ def test_seeds_that_are_not_distinct_non_negative_ints_are_refused_naming_them()
     model = tiny_timm_vit()
     with pytest.raises(InputError, match=r"seeds=3.*range\(3\)"):
         linear_fewshot(model, _data(2, classes=2), _data(1, classes=2), shots=(1,), seeds=3)
+
+
+def test_an_l2_grid_with_a_penalty_that_is_not_positive_is_refused_as_l2_reg_is():
+    """``grid`` was not checked as ``l2_reg`` is: a grid holding 0 chose l2=0, a ridge without a penalty on fewer
+    examples than dimensions (a singular system: infinite weights), and returned its accuracy; an empty grid failed
+    in min(). Both are refused naming grid and the value."""
+    x, y = _blobs(2, d=20)
+    for bad in ((0.0, 1.0), (-1.0,), (1.0, float("nan")), (True,)):
+        with pytest.raises(InputError, match=r"grid: l2=.* must be a finite positive number"):
+            linear_fewshot_accuracy(x, y, x, y, grid=bad)
+        with pytest.raises(InputError, match=r"grid: l2="):
+            select_l2(RidgeFit(standardize(x)[0], pm1_targets(y, 4)), bad)
+    with pytest.raises(InputError, match=r"grid=\(\) holds no l2"):
+        linear_fewshot_accuracy(x, y, x, y, grid=())
+    assert linear_fewshot_accuracy(x, y, x, y, grid=(0.5, 2.0))[1] in (0.5, 2.0)

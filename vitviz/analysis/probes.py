@@ -136,8 +136,23 @@ class RidgeFit:
         return float((loo ** 2).mean())
 
 
+def _check_l2(l2: object, what: str, fix: str = "") -> None:
+    """Refuses a ridge penalty that is not a finite positive number (0: a singular system for fewer examples than
+    dimensions); ``what`` names it in the message (``"l2_reg=0"``)."""
+    if not (is_number(l2) and 0 < l2 < math.inf):  # type: ignore[operator]
+        raise InputError(f"{what} must be a finite positive number, e.g. 2.0 ** 10{fix}")
+
+
 def select_l2(fit: RidgeFit, grid: Sequence[float] = L2_GRID) -> float:
-    """The ``l2`` of ``grid`` with the smallest leave-one-out squared error (ties: the larger ``l2``)."""
+    """The ``l2`` of ``grid`` with the smallest leave-one-out squared error (ties: the larger ``l2``).
+
+    Raises:
+        InputError: ``grid`` empty, or holding a value that is not a finite positive number.
+    """
+    if not len(grid):
+        raise InputError("grid=() holds no l2 to choose from; pass e.g. vitviz.analysis.probes.L2_GRID")
+    for l2 in grid:
+        _check_l2(l2, f"grid: l2={l2!r}", " (every penalty of the grid)")
     errors = [(round(fit.loo_squared_error(l2), 12), -l2) for l2 in grid]
     return -min(errors)[1]
 
@@ -217,9 +232,8 @@ def linear_fewshot_accuracy(x_train: np.ndarray, y_train: np.ndarray, x_test: np
     if x_train.shape[1] != x_test.shape[1]:
         raise InputError(f"train features have {x_train.shape[1]} dimensions, test {x_test.shape[1]}")
     _check_test_classes(y_train, y_test)
-    if l2_reg is not None and not (is_number(l2_reg) and 0 < l2_reg < math.inf):
-        raise InputError(f"l2_reg={l2_reg!r} must be a finite positive number, e.g. 2.0 ** 10 (or None to choose "
-                         "it)")
+    if l2_reg is not None:
+        _check_l2(l2_reg, f"l2_reg={l2_reg!r}", " (or None to choose it)")
     k = _num_classes(num_classes, y_train, y_test)
     xs, xt = standardize(x_train, x_test)
     fit = RidgeFit(xs, pm1_targets(y_train, k))
