@@ -775,3 +775,32 @@ def test_an_l2_grid_with_a_penalty_that_is_not_positive_is_refused_as_l2_reg_is(
     with pytest.raises(InputError, match=r"grid=\(\) holds no l2"):
         linear_fewshot_accuracy(x, y, x, y, grid=())
     assert linear_fewshot_accuracy(x, y, x, y, grid=(0.5, 2.0))[1] in (0.5, 2.0)
+
+
+def test_a_labels_attribute_that_disagrees_with_the_items_labels_is_refused():
+    """The draws are made from a dataset's ``targets`` (read without the images), the probe is fitted on the labels
+    its items yield: a dataset that maps its labels in ``__getitem__`` without a ``target_transform`` (six fine
+    classes merged into three) gave draws of 2 per fine class, i.e. 4 per probed class where shots=2 was asked for,
+    without a word. The labels the items carry are compared with the attribute and a disagreement refused; the
+    dataset wrapped without the attribute (the fix the message gives) is probed on its items' labels."""
+    from torch.utils.data import ConcatDataset, Dataset
+
+    from vitviz.analysis.representations import linear_fewshot
+
+    class Merged(Dataset):
+        def __init__(self, x, y):
+            self.x, self.targets = x, y.tolist()
+
+        def __len__(self):
+            return len(self.x)
+
+        def __getitem__(self, i):
+            return self.x[i], self.targets[i] // 2
+
+    model = tiny_timm_vit()
+    (x, y), test = _data(4, classes=6), _data(2, classes=3, seed=1)
+    with pytest.raises(InputError, match=r"train: the dataset's labels attribute .*image \d+ is class 1.* yields 0"):
+        linear_fewshot(model, Merged(x, y), test, shots=(2,), seeds=(0,), l2_reg=0.5)
+    got = linear_fewshot(model, ConcatDataset([Merged(x, y)]), test, shots=(2,), seeds=(0,), l2_reg=0.5)  # the fix
+    want = linear_fewshot(model, (x, y // 2), test, shots=(2,), seeds=(0,), l2_reg=0.5)
+    assert got.accuracy.tolist() == want.accuracy.tolist() and got.train_images.tolist() == [6]

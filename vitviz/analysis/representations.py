@@ -172,6 +172,7 @@ def _features(model: nn.Module, train: Any, test: Any, shots: Sequence[int], see
         draws = fewshot_draws(labels, shots, seeds)
         keep = np.unique(np.concatenate(list(draws.values())))
         ftr = _extract(model, tr, keep, layers, pre_logits, cache, f"{name}-train", **kw)
+        _check_item_labels(labels[keep], ftr.labels.numpy(), keep)
         remap = {int(i): j for j, i in enumerate(keep)}
         draws = {key: np.array([remap[int(i)] for i in idx]) for key, idx in draws.items()}
     else:  # a DataLoader: every image once, then draw from its labels
@@ -179,6 +180,20 @@ def _features(model: nn.Module, train: Any, test: Any, shots: Sequence[int], see
         draws = fewshot_draws(ftr.labels.numpy(), shots, seeds)
     fte = _extract(model, te, None, layers, pre_logits, cache, f"{name}-test", **kw)
     return ftr, fte, draws, labels
+
+
+def _check_item_labels(said: np.ndarray, yielded: np.ndarray, images: np.ndarray) -> None:
+    """Refuses training items whose labels differ from what the dataset's attribute said (``labels_of``): the draws
+    were made from the attribute, so they would not hold ``shots`` images of each class the probe is fitted on."""
+    wrong = np.flatnonzero(said != yielded)
+    if len(wrong):
+        i = wrong[0]
+        raise InputError(f"train: the dataset's labels attribute (labels or targets) says image {int(images[i])} is "
+                         f"class {int(said[i])}, but its item yields {int(yielded[i])} ({len(wrong)} of "
+                         f"{len(said)} drawn images disagree), so the draws made from the attribute would not hold "
+                         "`shots` images of each class; keep the attribute equal to the items' labels, or pass "
+                         "torch.utils.data.ConcatDataset([dataset]), which has no such attribute: the draws are then "
+                         "made from the labels the items yield")
 
 
 def _fewshot_rows(ftr: Features, fte: Features, draws: dict, l2_reg: float | None, name: str, depth: int,
@@ -217,7 +232,8 @@ def linear_fewshot(model: nn.Module, train: Any, test: Any, shots: Sequence[int]
             known order (``shuffle=False``; the draws index the dataset, so a shuffling, subset or weighted-sampling
             loader is refused) or
             ``(images (M, 3, H, W), labels (M,))`` tensors. Only the training images some draw uses are read
-            when the labels are known without the images (folders, torchvision datasets, tensors). A test folder
+            when the labels are known without the images (folders, torchvision datasets, tensors; a dataset's
+            ``labels``/``targets`` that disagree with the labels its items yield are refused). A test folder
             is labelled by the training set's class names (it may lack a class), and two datasets that name their
             classes must name the same ones. Test images of a class no training image holds are refused, from any
             source (the probe could never predict them).
