@@ -804,3 +804,15 @@ def test_a_labels_attribute_that_disagrees_with_the_items_labels_is_refused():
     got = linear_fewshot(model, ConcatDataset([Merged(x, y)]), test, shots=(2,), seeds=(0,), l2_reg=0.5)  # the fix
     want = linear_fewshot(model, (x, y // 2), test, shots=(2,), seeds=(0,), l2_reg=0.5)
     assert got.accuracy.tolist() == want.accuracy.tolist() and got.train_images.tolist() == [6]
+
+
+def test_knn_k_and_temperature_are_checked_as_counts_and_numbers():
+    """k=True was read as k=1 (a 1-NN accuracy where 20 neighbours were meant to vote) and a NumPy integer k was
+    refused as "not an int"; temperature="0.07" failed with a bare TypeError."""
+    x, y = _blobs(3)
+    assert knn_accuracy(x, y, x, y, k=np.int64(3)) == knn_accuracy(x, y, x, y, k=3)
+    with pytest.raises(InputError, match=r"k=True must be an int"):
+        knn_accuracy(x, y, x, y, k=True)
+    for bad in ("0.07", 0, -1.0, float("nan"), float("inf")):
+        with pytest.raises(InputError, match=rf"temperature={bad!r} must be a finite positive number"):
+            knn_accuracy(x, y, x, y, k=5, temperature=bad)

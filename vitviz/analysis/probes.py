@@ -261,10 +261,11 @@ def knn_accuracy(x_train: np.ndarray, y_train: np.ndarray, x_test: np.ndarray, y
     x_train, y_train = _check_xy(x_train, y_train, "train")
     x_test, y_test = _check_xy(x_test, y_test, "test")
     _check_test_classes(y_train, y_test)
-    if not isinstance(k, int) or not 1 <= k <= len(x_train):
+    if not is_int(k) or not 1 <= k <= len(x_train):
         raise InputError(f"k={k!r} must be an int in 1..{len(x_train)} (the training images)")
-    if not temperature > 0:
-        raise InputError(f"temperature={temperature!r} must be positive")
+    if not (is_number(temperature) and 0 < temperature < math.inf):
+        raise InputError(f"temperature={temperature!r} must be a finite positive number, e.g. 0.07 (DINO's)")
+    k = int(k)
     ncls = _num_classes(num_classes, y_train, y_test)
     tr = x_train / np.clip(np.linalg.norm(x_train, axis=1, keepdims=True), 1e-12, None)
     te = x_test / np.clip(np.linalg.norm(x_test, axis=1, keepdims=True), 1e-12, None)
