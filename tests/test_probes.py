@@ -4,6 +4,7 @@ loop, features against the model's own forward, and the bad inputs."""
 from __future__ import annotations
 
 import functools
+import warnings
 
 import numpy as np
 import pytest
@@ -816,3 +817,18 @@ def test_knn_k_and_temperature_are_checked_as_counts_and_numbers():
     for bad in ("0.07", 0, -1.0, float("nan"), float("inf")):
         with pytest.raises(InputError, match=rf"temperature={bad!r} must be a finite positive number"):
             knn_accuracy(x, y, x, y, k=5, temperature=bad)
+
+
+def test_knn_weights_do_not_overflow_at_a_small_temperature():
+    """exp(sim / T) overflowed to inf for T = 1e-3 (sim near 1: exp(1000)), every neighbour tied at inf and the vote
+    went to the neighbour with the lowest class index: 31.25 % where the limit, the nearest neighbour's class (1-NN),
+    scores 28.75 %. The weights are taken relative to each query's most similar neighbour (one factor per query,
+    the same votes), so a small temperature reaches that limit."""
+    x, y = _blobs(20, seed=0)
+    xt, yt = _blobs(20, seed=1)
+    with warnings.catch_warnings():
+        warnings.simplefilter("error", RuntimeWarning)
+        assert knn_accuracy(x, y, xt, yt, k=20, temperature=1e-3) == knn_accuracy(x, y, xt, yt, k=1)
+    for temp in (0.07, 0.5):  # the loop's weights, unscaled: the same accuracy
+        ref = _knn_loop(x, y, xt, 20, temp, 4)
+        assert knn_accuracy(x, y, xt, yt, k=20, temperature=temp) == pytest.approx(100 * (ref == yt).mean())

@@ -33,7 +33,9 @@ go to the larger ``l2``. No test image is looked at.
 **Weighted k-NN** (Caron et al., "Emerging Properties in Self-Supervised Vision Transformers", ICCV 2021, Sec. 4.1
 and their ``eval_knn.py``): L2-normalised features, cosine similarity to every training image, the ``k = 20``
 most similar vote for their class with weight ``exp(sim / T)``, ``T = 0.07``; the class with the largest summed
-weight wins (ties: the lowest class index).
+weight wins (ties: the lowest class index). The weights are computed as ``exp((sim - sim_max) / T)``, ``sim_max``
+the query's most similar neighbour's: the same vote (one factor per query), without the overflow of ``exp(sim / T)``
+at a small ``T`` (``1 / T`` past ~700), where every weight became inf and the lowest class index won.
 """
 
 from __future__ import annotations
@@ -273,7 +275,9 @@ def knn_accuracy(x_train: np.ndarray, y_train: np.ndarray, x_test: np.ndarray, y
     for i in range(0, len(te), chunk):
         sim = te[i: i + chunk] @ tr.T
         top = np.argpartition(-sim, k - 1, axis=1)[:, :k]
-        w = np.exp(np.take_along_axis(sim, top, axis=1) / temperature)
+        near = np.take_along_axis(sim, top, axis=1)
+        # exp(sim / T) over the query's most similar neighbour's: one factor per query (the same vote), no overflow
+        w = np.exp((near - near.max(axis=1, keepdims=True)) / temperature)
         votes = np.zeros((len(sim), ncls))
         np.add.at(votes, (np.arange(len(sim))[:, None].repeat(k, 1), y_train[top]), w)
         correct += int((votes.argmax(axis=1) == y_test[i: i + chunk]).sum())
