@@ -832,3 +832,30 @@ def test_knn_weights_do_not_overflow_at_a_small_temperature():
     for temp in (0.07, 0.5):  # the loop's weights, unscaled: the same accuracy
         ref = _knn_loop(x, y, xt, 20, temp, 4)
         assert knn_accuracy(x, y, xt, yt, k=20, temperature=temp) == pytest.approx(100 * (ref == yt).mean())
+
+
+def test_summarize_probes_refuses_a_group_that_holds_one_draw_twice():
+    """Two probes of one model concatenated (the chosen l2 and big_vision's fixed one; k-NN at k=3 and k=5) fell
+    into one group: their accuracies were averaged into one number and each draw counted twice, an interval over 6
+    "draws" that are 3 draws of two protocols. A group holding a draw twice is refused, naming it and the columns
+    that tell the rows apart; grouped by one of them, each probe gets its own row."""
+    import pandas as pd
+
+    from vitviz.analysis.probes import BIG_VISION_L2
+    from vitviz.analysis.representations import knn_probe, linear_fewshot, summarize_probes
+
+    model = tiny_timm_vit()
+    train, test = _data(4), _data(3, seed=1)
+    chosen = linear_fewshot(model, train, test, shots=(2,), seeds=(0, 1, 2), name="m")
+    fixed = linear_fewshot(model, train, test, shots=(2,), seeds=(0, 1, 2), name="m", l2_reg=BIG_VISION_L2)
+    both = pd.concat([chosen.assign(setting="loo"), fixed.assign(setting="big_vision")], ignore_index=True)
+    with pytest.raises(InputError, match=r"model='m'.*seed 0 .*twice.*'setting'"):
+        summarize_probes(both)
+    s = summarize_probes(both, by=("model", "shots", "setting"))
+    assert sorted(s.setting) == ["big_vision", "loo"] and (s.draws == 3).all()
+    knn = pd.concat([knn_probe(model, train, test, k=k, name="m") for k in (3, 5)], ignore_index=True)
+    with pytest.raises(InputError, match=r"model='m'.*'k'"):
+        summarize_probes(knn)
+    assert summarize_probes(knn, by=("model", "probe", "k")).draws.tolist() == [1, 1]
+    with pytest.raises(InputError, match=r"seed 0 twice.*name of its own"):  # told apart by nothing but the l2
+        summarize_probes(pd.concat([chosen, fixed], ignore_index=True))

@@ -306,6 +306,29 @@ def layer_probes(model: nn.Module, train: Any, test: Any, shots: Sequence[int] =
     return pd.DataFrame(rows)
 
 
+def _check_one_row_per_draw(g: pd.DataFrame, by: list[str], key: Any) -> None:
+    """Refuses a ``summarize_probes`` group that holds a draw twice (a k-NN row, without a seed, is one draw): rows of
+    several probes or settings, whose mean would mix them and count each draw twice in the interval."""
+    draws = g["seed"] if "seed" in g else pd.Series(np.nan, index=g.index)
+    twice = draws.duplicated(keep=False)
+    if not twice.any():
+        return
+    seed = draws[twice].iloc[0]
+    same = g[twice & ((draws == seed) | (draws.isna() & pd.isna(seed)))]
+    # the l2 a probe chose differs from draw to draw: grouping by it would split one probe's draws
+    differ = [c for c in same.columns if c not in (*by, "seed", "accuracy", "l2_reg")
+              and same[c].nunique(dropna=False) > 1]
+    group = ", ".join(f"{c}={v.item() if isinstance(v, np.generic) else v!r}"
+                      for c, v in zip(by, key if isinstance(key, tuple) else (key,)))
+    which = "seed " + str(int(seed)) if pd.notna(seed) else "one draw (no seed)"
+    fix = (f"its rows differ in {differ}: add one to by, e.g. by={(*by, differ[0])!r}" if differ else
+           "give each table a name of its own before concatenating (linear_fewshot(..., name='m-fixed-l2')) or a "
+           "column to add to by (df.assign(setting='fixed-l2')); repeated rows: df.drop_duplicates()")
+    raise InputError(f"summarize_probes: the group {group} holds {which} twice ({len(same)} rows), so its mean "
+                     f"would mix probes or settings and count that draw twice in the interval; {fix}, or pass "
+                     "the rows of one probe")
+
+
 def summarize_probes(df: pd.DataFrame, by: Sequence[str] = ("model", "layer", "depth", "probe", "shots"),
                      level: float = 0.95) -> pd.DataFrame:
     """Mean accuracy over seeds with the Student-t ``level`` interval: columns ``by + [accuracy, low, high,
@@ -318,6 +341,10 @@ def summarize_probes(df: pd.DataFrame, by: Sequence[str] = ("model", "layer", "d
     with linear ones (no ``shots``) keep their own row (one draw: no interval). The interval is over one group's
     draws (the spread of the few-shot draw, on a fixed test set); it is not a paired comparison: two models probed
     with the same seeds use the same training images, and their per-seed differences are what to compare.
+
+    Raises:
+        InputError: a group holds one draw twice (tables of several probes or settings concatenated: the same
+            ``seed`` twice, or two k-NN rows); the message names the columns that tell them apart, to add to ``by``.
     """
     if "accuracy" not in df:
         raise InputError("summarize_probes needs a probe table with an 'accuracy' column (linear_fewshot, ...)")
@@ -330,6 +357,7 @@ def summarize_probes(df: pd.DataFrame, by: Sequence[str] = ("model", "layer", "d
         raise InputError(f"by: none of the columns to group by is in df; pass some of {list(df.columns)}")
     rows = []
     for key, g in df.groupby(by, sort=True, dropna=False):  # k-NN rows have no shots: a group of their own
+        _check_one_row_per_draw(g, by, key)
         m, lo, hi = t_interval(g["accuracy"].to_numpy(), level, bounds=PERCENT)  # one draw: NaN, uncut
         rows.append({**dict(zip(by, key if isinstance(key, tuple) else (key,))), "accuracy": m, "low": lo,
                      "high": hi, "draws": len(g)})
