@@ -859,3 +859,23 @@ def test_summarize_probes_refuses_a_group_that_holds_one_draw_twice():
     assert summarize_probes(knn, by=("model", "probe", "k")).draws.tolist() == [1, 1]
     with pytest.raises(InputError, match=r"seed 0 twice.*name of its own"):  # told apart by nothing but the l2
         summarize_probes(pd.concat([chosen, fixed], ignore_index=True))
+
+
+def test_the_same_images_as_train_and_test_are_refused(tiny_folder):
+    """With the training images as the test set, every k-NN query finds itself at similarity 1 (k=1: 100 % for a
+    random-weight model whose probe on other images scores near chance) and the linear probe is scored on the
+    images it was fitted on. The same folder, Dataset or tensors passed as both are refused, naming train and test."""
+    from torch.utils.data import TensorDataset
+
+    from vitviz.analysis.representations import knn_probe, linear_fewshot
+
+    x, y = _data(3)
+    same = TensorDataset(x, y)
+    folder = tiny_timm_vit(img_size=32, num_classes=10)
+    for model, train, test in ((tiny_timm_vit(), (x, y), (x, y)), (tiny_timm_vit(), same, same),
+                               (folder, tiny_folder / "train", str(tiny_folder / "train"))):
+        with pytest.raises(InputError, match=r"train and test are the same images"):
+            knn_probe(model, train, test, k=1)
+        with pytest.raises(InputError, match=r"train and test are the same images"):
+            linear_fewshot(model, train, test, shots=(1,), seeds=(0,))
+    assert knn_probe(tiny_timm_vit(), (x, y), (x.clone(), y), k=1).accuracy.item() == 100.0  # copies: not detected

@@ -115,13 +115,30 @@ def _class_names(source: Any) -> list[str] | None:
     return list(names) if isinstance(names, (list, tuple)) else None
 
 
+def _same_images(train: Any, test: Any) -> bool:
+    """Whether ``train`` and ``test`` are one source: the same object, the same folder, or the same image tensor
+    (copies of the images are not detected)."""
+    if train is test:
+        return True
+    if isinstance(train, (str, os.PathLike)) and isinstance(test, (str, os.PathLike)):
+        return Path(train).resolve() == Path(test).resolve()
+    if isinstance(train, (tuple, list)) and isinstance(test, (tuple, list)) and train and test:
+        return train[0] is test[0]
+    return False
+
+
 def _index_pair(model: nn.Module, train: Any, test: Any) -> tuple[Any, Any]:
     """``train`` and ``test`` indexed, their labels numbering the same classes: a test folder is labelled by the
     training set's class names (a folder numbers its own sorted sub-folders, so a test folder lacking one class
     would shift every later label onto the wrong class); two datasets that name their classes must name the same.
 
     Raises:
-        InputError: a test folder with a class the training set lacks, or datasets naming different classes."""
+        InputError: a test folder with a class the training set lacks, datasets naming different classes, or
+            ``train`` and ``test`` the same images (``_same_images``)."""
+    if _same_images(train, test):
+        raise InputError("train and test are the same images, so the probe would be scored on the images it was "
+                         "fitted on (k-NN: each test image is its own nearest neighbour); pass held-out test images, "
+                         "e.g. the test split's folder")
     tr = _index(model, train, "train")
     names = _class_names(tr)
     te = _index(model, test, "test", classes=names if isinstance(as_dataset_source(test), (str, os.PathLike)) else None)
@@ -236,7 +253,8 @@ def linear_fewshot(model: nn.Module, train: Any, test: Any, shots: Sequence[int]
             ``labels``/``targets`` that disagree with the labels its items yield are refused). A test folder
             is labelled by the training set's class names (it may lack a class), and two datasets that name their
             classes must name the same ones. Test images of a class no training image holds are refused, from any
-            source (the probe could never predict them).
+            source (the probe could never predict them), and so is one source as both (the same folder, Dataset
+            or image tensor: the probe would be scored on the images it was fitted on).
         shots: images per class. l2_reg: fixed penalty, or None to choose it. seeds: one draw each.
         layer: None for the pre-logits representation, or a block index for that block's pooled token.
         name: the ``model`` column (default: the model's name).
