@@ -879,3 +879,19 @@ def test_the_same_images_as_train_and_test_are_refused(tiny_folder):
         with pytest.raises(InputError, match=r"train and test are the same images"):
             linear_fewshot(model, train, test, shots=(1,), seeds=(0,))
     assert knn_probe(tiny_timm_vit(), (x, y), (x.clone(), y), k=1).accuracy.item() == 100.0  # copies: not detected
+
+
+def test_pre_logits_must_be_a_bool():
+    """pre_logits="False" (papermill's -p passes text) is truthy: the pre-logits were extracted and probed where
+    they were turned off, without a word. A value that is not a bool is refused naming pre_logits."""
+    from vitviz.analysis.representations import layer_probes
+    from vitviz.core.features import extract_features
+
+    model = tiny_timm_vit()
+    train, test = _data(2, classes=2), _data(1, classes=2, seed=1)
+    for bad in ("False", 2, None):
+        with pytest.raises(InputError, match=rf"pre_logits={bad!r}"):
+            extract_features(model, train, layers=[0], pre_logits=bad)
+        with pytest.raises(InputError, match=rf"pre_logits={bad!r}"):
+            layer_probes(model, train, test, shots=(1,), seeds=(0,), pre_logits=bad)
+    assert list(extract_features(model, train, layers=[0], pre_logits=np.bool_(False)).feats) == [0]

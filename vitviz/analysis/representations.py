@@ -41,7 +41,7 @@ from vitviz.core.features import (
     extract_features,
     resolve_blocks,
 )
-from vitviz.core.util import is_int, is_number
+from vitviz.core.util import check_bool, is_int, is_number
 from vitviz.errors import InputError
 
 __all__ = ["linear_fewshot", "knn_probe", "layer_probes", "per_class_subset", "summarize_probes"]
@@ -315,6 +315,7 @@ def layer_probes(model: nn.Module, train: Any, test: Any, shots: Sequence[int] =
     number counted from 1 (``L`` blocks), and the pre-logits rows (``layer="pre_logits"``: after the final norm and
     pooling) have ``depth = L + 1``.
     """
+    pre_logits = check_bool(pre_logits, "pre_logits", "probe the pre-logits representation too")
     nm = _name(model, name)
     ftr, fte, draws, _ = _features(model, train, test, shots, seeds, "all", pre_logits, cache, nm,
                                    batch_size=batch_size, num_workers=num_workers, progress=progress,
