@@ -895,3 +895,22 @@ def test_pre_logits_must_be_a_bool():
         with pytest.raises(InputError, match=rf"pre_logits={bad!r}"):
             layer_probes(model, train, test, shots=(1,), seeds=(0,), pre_logits=bad)
     assert list(extract_features(model, train, layers=[0], pre_logits=np.bool_(False)).feats) == [0]
+
+
+def test_the_default_l2_is_chosen_on_the_few_shot_examples_never_on_the_test_images():
+    """big_vision fixes l2 = 2^10; vitviz's default chooses it by leave-one-out error on the few-shot examples
+    (module docstring). The choice is the same whatever the test images, and it is not the l2 that scores best on
+    them: a choice made on the test set would be."""
+    rng = np.random.default_rng(4)
+    centres = rng.normal(0, 0.8, (5, 30))
+    y, yt = np.repeat(np.arange(5), 3), np.repeat(np.arange(5), 40)
+    x = centres[y] + rng.normal(0, 1, (len(y), 30))
+    chosen = select_l2(RidgeFit(standardize(x)[0], pm1_targets(y, 5)))
+    best_on_test_differs = False
+    for _ in range(8):  # test sets of the same classes
+        xt = centres[yt] + rng.normal(0, 1, (len(yt), 30))
+        acc, l2 = linear_fewshot_accuracy(x, y, xt, yt)
+        assert l2 == chosen and acc == linear_fewshot_accuracy(x, y, xt, yt, l2_reg=chosen)[0]
+        by_l2 = {v: linear_fewshot_accuracy(x, y, xt, yt, l2_reg=v)[0] for v in L2_GRID}
+        best_on_test_differs |= by_l2[chosen] < max(by_l2.values())
+    assert best_on_test_differs

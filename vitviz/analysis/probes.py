@@ -23,12 +23,16 @@ ours and their intercept is ours times ``n / (n + l2 / 100^2)``. For class-balan
 ``fewshot_draws``) ``mean(Y) = 2 / K - 1`` for every class, so the two scores differ by one constant per image and
 the predictions are the same: ``l2_reg=BIG_VISION_L2`` reproduces the evaluator's setting and accuracy
 (``tests/test_probes.py`` checks this against a numpy re-write of ``fewshot_lsr``). ``fewshot_draws`` draws as it
-does (per seed, one permutation of each class's indices, classes in order, the first ``shots``).
+does (per seed, one permutation of each class's indices, classes in order, the first ``shots``). ``K`` is
+``max(label) + 1`` where the evaluator takes the dataset's class count; a class without training images gets a
+constant score in both (never the prediction unless every trained class scores below it), and test images of such
+a class are refused here (``_check_test_classes``).
 
 vitviz's default differs: ``l2_reg=None`` chooses ``l2`` among ``2^-10 .. 2^10`` (21 values) as the one with the
 smallest leave-one-out squared error of the ridge fit on the few-shot examples themselves (the PRESS statistic,
 exact in closed form from the hat matrix: ``r_i / (1 - H_ii)``; the standardisation uses all ``n`` examples); ties
-go to the larger ``l2``. No test image is looked at.
+go to the larger ``l2``. No test image is looked at (``tests/test_probes.py`` checks that the choice is the same
+whatever the test images, and not the best on them).
 
 **Weighted k-NN** (Caron et al., "Emerging Properties in Self-Supervised Vision Transformers", ICCV 2021, Sec. 4.1
 and their ``eval_knn.py``): L2-normalised features, cosine similarity to every training image, the ``k = 20``
