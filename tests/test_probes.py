@@ -864,8 +864,9 @@ def test_summarize_probes_refuses_a_group_that_holds_one_draw_twice():
 def test_the_same_images_as_train_and_test_are_refused(tiny_folder):
     """With the training images as the test set, every k-NN query finds itself at similarity 1 (k=1: 100 % for a
     random-weight model whose probe on other images scores near chance) and the linear probe is scored on the
-    images it was fitted on. The same folder, Dataset or tensors passed as both are refused, naming train and test."""
-    from torch.utils.data import TensorDataset
+    images it was fitted on. The same folder, Dataset (also in a DataLoader) or tensors passed as both are refused,
+    naming train and test."""
+    from torch.utils.data import DataLoader, TensorDataset
 
     from vitviz.analysis.representations import knn_probe, linear_fewshot
 
@@ -873,6 +874,7 @@ def test_the_same_images_as_train_and_test_are_refused(tiny_folder):
     same = TensorDataset(x, y)
     folder = tiny_timm_vit(img_size=32, num_classes=10)
     for model, train, test in ((tiny_timm_vit(), (x, y), (x, y)), (tiny_timm_vit(), same, same),
+                               (tiny_timm_vit(), same, DataLoader(same, batch_size=4)),
                                (folder, tiny_folder / "train", str(tiny_folder / "train"))):
         with pytest.raises(InputError, match=r"train and test are the same images"):
             knn_probe(model, train, test, k=1)

@@ -116,8 +116,9 @@ def _class_names(source: Any) -> list[str] | None:
 
 
 def _same_images(train: Any, test: Any) -> bool:
-    """Whether ``train`` and ``test`` are one source: the same object, the same folder, or the same image tensor
-    (copies of the images are not detected)."""
+    """Whether ``train`` and ``test`` are one source: the same object (a ``DataLoader`` standing for its dataset),
+    the same folder, or the same image tensor (copies of the images are not detected)."""
+    train, test = (s.dataset if isinstance(s, DataLoader) else s for s in (train, test))
     if train is test:
         return True
     if isinstance(train, (str, os.PathLike)) and isinstance(test, (str, os.PathLike)):
