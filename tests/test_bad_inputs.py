@@ -63,6 +63,7 @@ MAPS = [torch.softmax(torch.randn(2, 2, 25, 25), -1) for _ in range(2)]
 NAN_MAP = MAPS[1].clone()
 NAN_MAP[0, 1, 3, 4] = float("nan")
 TRAIN = torch.utils.data.TensorDataset(torch.randn(6, 3, 32, 48), torch.arange(6) % 2)
+TEST = torch.utils.data.TensorDataset(torch.randn(4, 3, 32, 48), torch.arange(4) % 2)
 PROBES = pd.DataFrame({"model": "m", "layer": "0", "depth": 1, "probe": "linear", "shots": 2, "seed": [0, 1],
                        "accuracy": [50.0, 60.0]})
 
@@ -309,9 +310,9 @@ ROWS: list[Row] = [
     ("sanity-summary-not-a-table", lambda: vitviz.sanity_summary([1]), InputError,
      "needs the table of vitviz.sanity_checks"),
     # probes
-    ("fewshot-shots-empty", lambda: vitviz.linear_fewshot(M, TRAIN, TRAIN, shots=()), InputError,
+    ("fewshot-shots-empty", lambda: vitviz.linear_fewshot(M, TRAIN, TEST, shots=()), InputError,
      "shots=() draws nothing"),
-    ("fewshot-shots-int", lambda: vitviz.linear_fewshot(M, TRAIN, TRAIN, shots=2), InputError,
+    ("fewshot-shots-int", lambda: vitviz.linear_fewshot(M, TRAIN, TEST, shots=2), InputError,
      "shots=2 is one number"),
     ("features-num-workers-negative", lambda: vitviz.extract_features(M, TRAIN, num_workers=-1), InputError,
      "num_workers=-1 is not a number of loader worker processes"),

@@ -4,6 +4,7 @@ loop, features against the model's own forward, and the bad inputs."""
 from __future__ import annotations
 
 import functools
+import warnings
 
 import numpy as np
 import pytest
@@ -717,3 +718,201 @@ def test_a_num_classes_below_a_label_is_refused_naming_it():
             with pytest.raises(InputError, match=rf"num_classes={bad!r}.*{need}"):
                 call(x, y, x, y, num_classes=bad)
     assert knn_accuracy(x, y, x, y, k=5, num_classes=need + 2) == knn_accuracy(x, y, x, y, k=5)  # unused classes get no vote
+
+
+def test_test_images_of_a_class_no_training_image_holds_are_refused_on_every_input_path():
+    """A test image of a class without training examples can never be predicted (its target column is -1 for
+    every example; no reference votes for it), so it counted as an error: 5 classes of test images against 4 of
+    training gave 80 % at best, without a word. A test folder with such a class was refused already; tensors,
+    Datasets and DataLoaders are refused the same way, in both probes, naming the classes."""
+    from torch.utils.data import DataLoader, TensorDataset
+
+    from vitviz.analysis.representations import knn_probe, linear_fewshot
+
+    x, y = _blobs(3, k=4)
+    xt, yt = _blobs(2, k=5, seed=1)
+    for call in (linear_fewshot_accuracy, functools.partial(knn_accuracy, k=3)):
+        with pytest.raises(InputError, match=r"test: label\(s\) \[4\] \(2 images\) .*no training example"):
+            call(x, y, xt, yt)
+        call(x, y, xt[yt < 4], yt[yt < 4])  # the classes training holds: probed
+    model = tiny_timm_vit()
+    train, test = _data(2, classes=3), _data(1, classes=4, seed=1)
+    for te in (test, TensorDataset(*test), DataLoader(TensorDataset(*test), batch_size=2)):
+        with pytest.raises(InputError, match=r"label\(s\) \[3\]"):
+            linear_fewshot(model, train, te, shots=(1,), seeds=(0,), l2_reg=1.0)
+        with pytest.raises(InputError, match=r"label\(s\) \[3\]"):
+            knn_probe(model, train, te, k=1)
+
+
+def test_seeds_that_are_not_distinct_non_negative_ints_are_refused_naming_them():
+    """Each seed is one draw: seeds=(0.2, 0.7) were cast to 0 and 0 and seeds=(0, 0) drew seed 0 once, so the
+    table held one draw where two were asked for (an interval over fewer draws, without a word); seeds=5 (five
+    draws meant) failed with a bare TypeError and a negative seed with numpy's ValueError. A bool is no shot count."""
+    from vitviz.analysis.representations import linear_fewshot
+
+    y = np.repeat(np.arange(3), 4)
+    assert sorted(fewshot_draws(y, (1,), np.arange(3))) == [(1, 0), (1, 1), (1, 2)]
+    for bad, match in (((0.2, 0.7), r"seeds=\(0.2, 0.7\).*0.2"), ((0, 0), r"seeds=\(0, 0\).*repeat"),
+                       ((-1,), r"seeds=\(-1,\).*-1"), (5, r"seeds=5.*range\(5\)"), ((True,), r"True")):
+        with pytest.raises(InputError, match=match):
+            fewshot_draws(y, (1,), bad)
+    with pytest.raises(InputError, match=r"shots=True"):
+        fewshot_draws(y, (True,), (0,))
+    model = tiny_timm_vit()
+    with pytest.raises(InputError, match=r"seeds=3.*range\(3\)"):
+        linear_fewshot(model, _data(2, classes=2), _data(1, classes=2), shots=(1,), seeds=3)
+
+
+def test_an_l2_grid_with_a_penalty_that_is_not_positive_is_refused_as_l2_reg_is():
+    """``grid`` was not checked as ``l2_reg`` is: a grid holding 0 chose l2=0, a ridge without a penalty on fewer
+    examples than dimensions (a singular system: infinite weights), and returned its accuracy; an empty grid failed
+    in min(). Both are refused naming grid and the value."""
+    x, y = _blobs(2, d=20)
+    for bad in ((0.0, 1.0), (-1.0,), (1.0, float("nan")), (True,)):
+        with pytest.raises(InputError, match=r"grid: l2=.* must be a finite positive number"):
+            linear_fewshot_accuracy(x, y, x, y, grid=bad)
+        with pytest.raises(InputError, match=r"grid: l2="):
+            select_l2(RidgeFit(standardize(x)[0], pm1_targets(y, 4)), bad)
+    with pytest.raises(InputError, match=r"grid=\(\) holds no l2"):
+        linear_fewshot_accuracy(x, y, x, y, grid=())
+    assert linear_fewshot_accuracy(x, y, x, y, grid=(0.5, 2.0))[1] in (0.5, 2.0)
+
+
+def test_a_labels_attribute_that_disagrees_with_the_items_labels_is_refused():
+    """The draws are made from a dataset's ``targets`` (read without the images), the probe is fitted on the labels
+    its items yield: a dataset that maps its labels in ``__getitem__`` without a ``target_transform`` (six fine
+    classes merged into three) gave draws of 2 per fine class, i.e. 4 per probed class where shots=2 was asked for,
+    without a word. The labels the items carry are compared with the attribute and a disagreement refused; the
+    dataset wrapped without the attribute (the fix the message gives) is probed on its items' labels."""
+    from torch.utils.data import ConcatDataset, Dataset
+
+    from vitviz.analysis.representations import linear_fewshot
+
+    class Merged(Dataset):
+        def __init__(self, x, y):
+            self.x, self.targets = x, y.tolist()
+
+        def __len__(self):
+            return len(self.x)
+
+        def __getitem__(self, i):
+            return self.x[i], self.targets[i] // 2
+
+    model = tiny_timm_vit()
+    (x, y), test = _data(4, classes=6), _data(2, classes=3, seed=1)
+    with pytest.raises(InputError, match=r"train: the dataset's labels attribute .*image \d+ is class 1.* yields 0"):
+        linear_fewshot(model, Merged(x, y), test, shots=(2,), seeds=(0,), l2_reg=0.5)
+    got = linear_fewshot(model, ConcatDataset([Merged(x, y)]), test, shots=(2,), seeds=(0,), l2_reg=0.5)  # the fix
+    want = linear_fewshot(model, (x, y // 2), test, shots=(2,), seeds=(0,), l2_reg=0.5)
+    assert got.accuracy.tolist() == want.accuracy.tolist() and got.train_images.tolist() == [6]
+
+
+def test_knn_k_and_temperature_are_checked_as_counts_and_numbers():
+    """k=True was read as k=1 (a 1-NN accuracy where 20 neighbours were meant to vote) and a NumPy integer k was
+    refused as "not an int"; temperature="0.07" failed with a bare TypeError."""
+    x, y = _blobs(3)
+    assert knn_accuracy(x, y, x, y, k=np.int64(3)) == knn_accuracy(x, y, x, y, k=3)
+    with pytest.raises(InputError, match=r"k=True must be an int"):
+        knn_accuracy(x, y, x, y, k=True)
+    for bad in ("0.07", 0, -1.0, float("nan"), float("inf")):
+        with pytest.raises(InputError, match=rf"temperature={bad!r} must be a finite positive number"):
+            knn_accuracy(x, y, x, y, k=5, temperature=bad)
+
+
+def test_knn_weights_do_not_overflow_at_a_small_temperature():
+    """exp(sim / T) overflowed to inf for T = 1e-3 (sim near 1: exp(1000)), every neighbour tied at inf and the vote
+    went to the neighbour with the lowest class index: 31.25 % where the limit, the nearest neighbour's class (1-NN),
+    scores 28.75 %. The weights are taken relative to each query's most similar neighbour (one factor per query,
+    the same votes), so a small temperature reaches that limit."""
+    x, y = _blobs(20, seed=0)
+    xt, yt = _blobs(20, seed=1)
+    with warnings.catch_warnings():
+        warnings.simplefilter("error", RuntimeWarning)
+        assert knn_accuracy(x, y, xt, yt, k=20, temperature=1e-3) == knn_accuracy(x, y, xt, yt, k=1)
+    for temp in (0.07, 0.5):  # the loop's weights, unscaled: the same accuracy
+        ref = _knn_loop(x, y, xt, 20, temp, 4)
+        assert knn_accuracy(x, y, xt, yt, k=20, temperature=temp) == pytest.approx(100 * (ref == yt).mean())
+
+
+def test_summarize_probes_refuses_a_group_that_holds_one_draw_twice():
+    """Two probes of one model concatenated (the chosen l2 and big_vision's fixed one; k-NN at k=3 and k=5) fell
+    into one group: their accuracies were averaged into one number and each draw counted twice, an interval over 6
+    "draws" that are 3 draws of two protocols. A group holding a draw twice is refused, naming it and the columns
+    that tell the rows apart; grouped by one of them, each probe gets its own row."""
+    import pandas as pd
+
+    from vitviz.analysis.probes import BIG_VISION_L2
+    from vitviz.analysis.representations import knn_probe, linear_fewshot, summarize_probes
+
+    model = tiny_timm_vit()
+    train, test = _data(4), _data(3, seed=1)
+    chosen = linear_fewshot(model, train, test, shots=(2,), seeds=(0, 1, 2), name="m")
+    fixed = linear_fewshot(model, train, test, shots=(2,), seeds=(0, 1, 2), name="m", l2_reg=BIG_VISION_L2)
+    both = pd.concat([chosen.assign(setting="loo"), fixed.assign(setting="big_vision")], ignore_index=True)
+    with pytest.raises(InputError, match=r"model='m'.*seed 0 .*twice.*'setting'"):
+        summarize_probes(both)
+    s = summarize_probes(both, by=("model", "shots", "setting"))
+    assert sorted(s.setting) == ["big_vision", "loo"] and (s.draws == 3).all()
+    knn = pd.concat([knn_probe(model, train, test, k=k, name="m") for k in (3, 5)], ignore_index=True)
+    with pytest.raises(InputError, match=r"model='m'.*'k'"):
+        summarize_probes(knn)
+    assert summarize_probes(knn, by=("model", "probe", "k")).draws.tolist() == [1, 1]
+    with pytest.raises(InputError, match=r"seed 0 twice.*name of its own"):  # told apart by nothing but the l2
+        summarize_probes(pd.concat([chosen, fixed], ignore_index=True))
+
+
+def test_the_same_images_as_train_and_test_are_refused(tiny_folder):
+    """With the training images as the test set, every k-NN query finds itself at similarity 1 (k=1: 100 % for a
+    random-weight model whose probe on other images scores near chance) and the linear probe is scored on the
+    images it was fitted on. The same folder, Dataset (also in a DataLoader) or tensors passed as both are refused,
+    naming train and test."""
+    from torch.utils.data import DataLoader, TensorDataset
+
+    from vitviz.analysis.representations import knn_probe, linear_fewshot
+
+    x, y = _data(3)
+    same = TensorDataset(x, y)
+    folder = tiny_timm_vit(img_size=32, num_classes=10)
+    for model, train, test in ((tiny_timm_vit(), (x, y), (x, y)), (tiny_timm_vit(), same, same),
+                               (tiny_timm_vit(), same, DataLoader(same, batch_size=4)),
+                               (folder, tiny_folder / "train", str(tiny_folder / "train"))):
+        with pytest.raises(InputError, match=r"train and test are the same images"):
+            knn_probe(model, train, test, k=1)
+        with pytest.raises(InputError, match=r"train and test are the same images"):
+            linear_fewshot(model, train, test, shots=(1,), seeds=(0,))
+    assert knn_probe(tiny_timm_vit(), (x, y), (x.clone(), y), k=1).accuracy.item() == 100.0  # copies: not detected
+
+
+def test_pre_logits_must_be_a_bool():
+    """pre_logits="False" (papermill's -p passes text) is truthy: the pre-logits were extracted and probed where
+    they were turned off, without a word. A value that is not a bool is refused naming pre_logits."""
+    from vitviz.analysis.representations import layer_probes
+    from vitviz.core.features import extract_features
+
+    model = tiny_timm_vit()
+    train, test = _data(2, classes=2), _data(1, classes=2, seed=1)
+    for bad in ("False", 2, None):
+        with pytest.raises(InputError, match=rf"pre_logits={bad!r}"):
+            extract_features(model, train, layers=[0], pre_logits=bad)
+        with pytest.raises(InputError, match=rf"pre_logits={bad!r}"):
+            layer_probes(model, train, test, shots=(1,), seeds=(0,), pre_logits=bad)
+    assert list(extract_features(model, train, layers=[0], pre_logits=np.bool_(False)).feats) == [0]
+
+
+def test_the_default_l2_is_chosen_on_the_few_shot_examples_never_on_the_test_images():
+    """big_vision fixes l2 = 2^10; vitviz's default chooses it by leave-one-out error on the few-shot examples
+    (module docstring). The choice is the same whatever the test images, and it is not the l2 that scores best on
+    them: a choice made on the test set would be."""
+    rng = np.random.default_rng(4)
+    centres = rng.normal(0, 0.8, (5, 30))
+    y, yt = np.repeat(np.arange(5), 3), np.repeat(np.arange(5), 40)
+    x = centres[y] + rng.normal(0, 1, (len(y), 30))
+    chosen = select_l2(RidgeFit(standardize(x)[0], pm1_targets(y, 5)))
+    best_on_test_differs = False
+    for _ in range(8):  # test sets of the same classes
+        xt = centres[yt] + rng.normal(0, 1, (len(yt), 30))
+        acc, l2 = linear_fewshot_accuracy(x, y, xt, yt)
+        assert l2 == chosen and acc == linear_fewshot_accuracy(x, y, xt, yt, l2_reg=chosen)[0]
+        by_l2 = {v: linear_fewshot_accuracy(x, y, xt, yt, l2_reg=v)[0] for v in L2_GRID}
+        best_on_test_differs |= by_l2[chosen] < max(by_l2.values())
+    assert best_on_test_differs

@@ -168,17 +168,18 @@ def test_the_probe_cache_is_keyed_by_the_autocast_the_device_resolves(tmp_path, 
     model = tiny_timm_vit(num_classes=5)
     y = torch.arange(5).repeat_interleave(2)
     x = images(len(y)) + y[:, None, None, None]
+    test = (x.clone(), y)  # the same pictures, another tensor: train and test are not one source
     kw = {"shots": (1,), "seeds": (0,), "name": "m"}
     real = datasets.autocast_dtype
     monkeypatch.setattr(datasets, "autocast_dtype",  # None as it resolves on CUDA
                         lambda a, device, default=torch.bfloat16: real(a, "cuda", default))
-    linear_fewshot(model, (x, y), (x, y), cache=tmp_path, **kw)
+    linear_fewshot(model, (x, y), test, cache=tmp_path, **kw)
     monkeypatch.undo()
     assert len(list(tmp_path.glob("features-*.pt"))) == 2  # train and test
-    want = linear_fewshot(model, (x, y), (x, y), **kw)
-    got = linear_fewshot(model, (x, y), (x, y), cache=tmp_path, **kw)
+    want = linear_fewshot(model, (x, y), test, **kw)
+    got = linear_fewshot(model, (x, y), test, cache=tmp_path, **kw)
     assert got.accuracy.tolist() == want.accuracy.tolist() and len(list(tmp_path.glob("features-*.pt"))) == 4
-    linear_fewshot(model, (x, y), (x, y), cache=tmp_path, autocast=False, **kw)
+    linear_fewshot(model, (x, y), test, cache=tmp_path, autocast=False, **kw)
     assert len(list(tmp_path.glob("features-*.pt"))) == 4, "None and False run alike on the CPU: one file"
 
 
@@ -191,8 +192,9 @@ def test_a_probe_cache_of_an_older_computation_is_computed_afresh_not_refused(tm
     model = tiny_timm_vit(num_classes=5)
     y = torch.arange(5).repeat_interleave(2)
     x = images(len(y)) + y[:, None, None, None]
+    test = (x.clone(), y)  # the same pictures, another tensor: train and test are not one source
     kw = {"shots": (1,), "seeds": (0,), "name": "m"}
-    want = linear_fewshot(model, (x, y), (x, y), cache=tmp_path, **kw)
+    want = linear_fewshot(model, (x, y), test, cache=tmp_path, **kw)
     monkeypatch.setattr(FeatureReduction, "version", FeatureReduction.version + 1)
-    got = linear_fewshot(model, (x, y), (x, y), cache=tmp_path, **kw)
+    got = linear_fewshot(model, (x, y), test, cache=tmp_path, **kw)
     assert got.accuracy.tolist() == want.accuracy.tolist() and len(list(tmp_path.glob("features-*.pt"))) == 4

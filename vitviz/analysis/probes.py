@@ -23,17 +23,23 @@ ours and their intercept is ours times ``n / (n + l2 / 100^2)``. For class-balan
 ``fewshot_draws``) ``mean(Y) = 2 / K - 1`` for every class, so the two scores differ by one constant per image and
 the predictions are the same: ``l2_reg=BIG_VISION_L2`` reproduces the evaluator's setting and accuracy
 (``tests/test_probes.py`` checks this against a numpy re-write of ``fewshot_lsr``). ``fewshot_draws`` draws as it
-does (per seed, one permutation of each class's indices, classes in order, the first ``shots``).
+does (per seed, one permutation of each class's indices, classes in order, the first ``shots``). ``K`` is
+``max(label) + 1`` where the evaluator takes the dataset's class count; a class without training images gets a
+constant score in both (never the prediction unless every trained class scores below it), and test images of such
+a class are refused here (``_check_test_classes``).
 
 vitviz's default differs: ``l2_reg=None`` chooses ``l2`` among ``2^-10 .. 2^10`` (21 values) as the one with the
 smallest leave-one-out squared error of the ridge fit on the few-shot examples themselves (the PRESS statistic,
 exact in closed form from the hat matrix: ``r_i / (1 - H_ii)``; the standardisation uses all ``n`` examples); ties
-go to the larger ``l2``. No test image is looked at.
+go to the larger ``l2``. No test image is looked at (``tests/test_probes.py`` checks that the choice is the same
+whatever the test images, and not the best on them).
 
 **Weighted k-NN** (Caron et al., "Emerging Properties in Self-Supervised Vision Transformers", ICCV 2021, Sec. 4.1
 and their ``eval_knn.py``): L2-normalised features, cosine similarity to every training image, the ``k = 20``
 most similar vote for their class with weight ``exp(sim / T)``, ``T = 0.07``; the class with the largest summed
-weight wins (ties: the lowest class index).
+weight wins (ties: the lowest class index). The weights are computed as ``exp((sim - sim_max) / T)``, ``sim_max``
+the query's most similar neighbour's: the same vote (one factor per query), without the overflow of ``exp(sim / T)``
+at a small ``T`` (``1 / T`` past ~700), where every weight became inf and the lowest class index won.
 """
 
 from __future__ import annotations
@@ -60,6 +66,16 @@ def _check_xy(x: np.ndarray, y: np.ndarray, what: str) -> tuple[np.ndarray, np.n
     if not np.isfinite(x).all():
         raise InputError(f"{what}: features hold NaN or inf; check the model's output (dtype, autocast)")
     return x, class_indices(y, what)
+
+
+def _check_test_classes(y_train: np.ndarray, y_test: np.ndarray) -> None:
+    """Refuses test labels that no training example has: the probe can never predict such a class (its target
+    column is -1 for every example; no reference votes for it), so each of its images would count as an error."""
+    unseen, counts = np.unique(y_test[~np.isin(y_test, y_train)], return_counts=True)
+    if len(unseen):
+        raise InputError(f"test: label(s) {unseen.tolist()} ({int(counts.sum())} images) have no training example, "
+                         "so the probe can never predict them and every such image would count as an error; score "
+                         "the test images of the training classes only, or add training images of those classes")
 
 
 def _num_classes(num_classes: int | None, *labels: np.ndarray) -> int:
@@ -126,10 +142,30 @@ class RidgeFit:
         return float((loo ** 2).mean())
 
 
+def _check_l2(l2: object, what: str, fix: str = "") -> None:
+    """Refuses a ridge penalty that is not a finite positive number (0: a singular system for fewer examples than
+    dimensions); ``what`` names it in the message (``"l2_reg=0"``)."""
+    if not (is_number(l2) and 0 < l2 < math.inf):  # type: ignore[operator]
+        raise InputError(f"{what} must be a finite positive number, e.g. 2.0 ** 10{fix}")
+
+
 def select_l2(fit: RidgeFit, grid: Sequence[float] = L2_GRID) -> float:
-    """The ``l2`` of ``grid`` with the smallest leave-one-out squared error (ties: the larger ``l2``)."""
+    """The ``l2`` of ``grid`` with the smallest leave-one-out squared error (ties: the larger ``l2``).
+
+    Raises:
+        InputError: ``grid`` empty, or holding a value that is not a finite positive number.
+    """
+    if not len(grid):
+        raise InputError("grid=() holds no l2 to choose from; pass e.g. vitviz.analysis.probes.L2_GRID")
+    for l2 in grid:
+        _check_l2(l2, f"grid: l2={l2!r}", " (every penalty of the grid)")
     errors = [(round(fit.loo_squared_error(l2), 12), -l2) for l2 in grid]
     return -min(errors)[1]
+
+
+def _shown(values: Sequence) -> str:
+    """A sequence as its argument would read: ``(0, 0)`` for a tuple, a list or a range alike."""
+    return repr(tuple(v.item() if isinstance(v, np.generic) else v for v in values))
 
 
 def fewshot_draws(labels: np.ndarray, shots: Sequence[int], seeds: Sequence[int],
@@ -140,8 +176,9 @@ def fewshot_draws(labels: np.ndarray, shots: Sequence[int], seeds: Sequence[int]
     the 5-shot examples are among the 10-shot ones.
 
     Raises:
-        InputError: ``shots`` or ``seeds`` empty (or ``shots`` a bare int or a string), a shot count below 1 or
-            above the images of some class.
+        InputError: ``shots`` or ``seeds`` empty (or a bare int; ``shots`` a string), a shot count below 1 or
+            above the images of some class, a seed that is not a non-negative int, or a seed given twice (its draw
+            would count once).
     """
     labels = class_indices(labels, "fewshot_draws")
     classes = sorted(set(labels.tolist())) if classes is None else list(classes)
@@ -152,11 +189,21 @@ def fewshot_draws(labels: np.ndarray, shots: Sequence[int], seeds: Sequence[int]
                          "shots=(1, 5) (with papermill, -y 'shots: [1, 5]' passes a list)")
     if not len(shots):
         raise InputError("shots=() draws nothing; pass e.g. shots=(1, 5, 10, 25)")
+    if is_int(seeds):
+        raise InputError(f"seeds={seeds!r} is one number, not a sequence of seeds (one draw each); pass "
+                         f"seeds=range({seeds!r}) for {seeds!r} draws, or seeds=({seeds!r},) for that one seed")
     if not len(seeds):
         raise InputError("seeds=() draws nothing; pass e.g. seeds=range(10)")
+    bad = [s for s in seeds if not is_int(s) or s < 0]
+    if bad:
+        raise InputError(f"seeds={_shown(seeds)}: {bad[0]!r} is not a non-negative int (numpy's generator seed); "
+                         "pass ints, e.g. seeds=range(10)")
+    if len(set(int(s) for s in seeds)) < len(seeds):
+        raise InputError(f"seeds={_shown(seeds)} repeat a seed, whose draw would count once; pass distinct seeds, e.g. "
+                         f"seeds=range({len(seeds)})")
     counts = {c: int((labels == c).sum()) for c in classes}
     for k in shots:
-        if not isinstance(k, (int, np.integer)) or k < 1:
+        if not is_int(k) or k < 1:
             raise InputError(f"shots={k!r}: each must be a positive int (images per class)")
         short = {c: n for c, n in counts.items() if n < k}
         if short:
@@ -182,14 +229,17 @@ def linear_fewshot_accuracy(x_train: np.ndarray, y_train: np.ndarray, x_test: np
         l2_reg: the ridge penalty; ``None`` chooses it by leave-one-out error on the examples (``select_l2``);
             ``BIG_VISION_L2`` (``2^10``) is the authors' evaluator's fixed setting (module docstring).
         num_classes: ``K`` (default: ``max(label) + 1`` over both sets; fewer is refused).
+
+    Raises:
+        InputError: a test label no training example has (the probe could never predict it), among others.
     """
     x_train, y_train = _check_xy(x_train, y_train, "train")
     x_test, y_test = _check_xy(x_test, y_test, "test")
     if x_train.shape[1] != x_test.shape[1]:
         raise InputError(f"train features have {x_train.shape[1]} dimensions, test {x_test.shape[1]}")
-    if l2_reg is not None and not (is_number(l2_reg) and 0 < l2_reg < math.inf):
-        raise InputError(f"l2_reg={l2_reg!r} must be a finite positive number, e.g. 2.0 ** 10 (or None to choose "
-                         "it)")
+    _check_test_classes(y_train, y_test)
+    if l2_reg is not None:
+        _check_l2(l2_reg, f"l2_reg={l2_reg!r}", " (or None to choose it)")
     k = _num_classes(num_classes, y_train, y_test)
     xs, xt = standardize(x_train, x_test)
     fit = RidgeFit(xs, pm1_targets(y_train, k))
@@ -210,13 +260,18 @@ def knn_accuracy(x_train: np.ndarray, y_train: np.ndarray, x_test: np.ndarray, y
         k: neighbours (DINO: 20). temperature: ``T`` of the weights ``exp(sim / T)`` (DINO: 0.07).
         num_classes: classes voted for (default: ``max(label) + 1`` over both sets; fewer is refused).
         chunk: queries per similarity block (memory).
+
+    Raises:
+        InputError: a test label no reference image has (no neighbour could vote for it), among others.
     """
     x_train, y_train = _check_xy(x_train, y_train, "train")
     x_test, y_test = _check_xy(x_test, y_test, "test")
-    if not isinstance(k, int) or not 1 <= k <= len(x_train):
+    _check_test_classes(y_train, y_test)
+    if not is_int(k) or not 1 <= k <= len(x_train):
         raise InputError(f"k={k!r} must be an int in 1..{len(x_train)} (the training images)")
-    if not temperature > 0:
-        raise InputError(f"temperature={temperature!r} must be positive")
+    if not (is_number(temperature) and 0 < temperature < math.inf):
+        raise InputError(f"temperature={temperature!r} must be a finite positive number, e.g. 0.07 (DINO's)")
+    k = int(k)
     ncls = _num_classes(num_classes, y_train, y_test)
     tr = x_train / np.clip(np.linalg.norm(x_train, axis=1, keepdims=True), 1e-12, None)
     te = x_test / np.clip(np.linalg.norm(x_test, axis=1, keepdims=True), 1e-12, None)
@@ -224,7 +279,9 @@ def knn_accuracy(x_train: np.ndarray, y_train: np.ndarray, x_test: np.ndarray, y
     for i in range(0, len(te), chunk):
         sim = te[i: i + chunk] @ tr.T
         top = np.argpartition(-sim, k - 1, axis=1)[:, :k]
-        w = np.exp(np.take_along_axis(sim, top, axis=1) / temperature)
+        near = np.take_along_axis(sim, top, axis=1)
+        # exp(sim / T) over the query's most similar neighbour's: one factor per query (the same vote), no overflow
+        w = np.exp((near - near.max(axis=1, keepdims=True)) / temperature)
         votes = np.zeros((len(sim), ncls))
         np.add.at(votes, (np.arange(len(sim))[:, None].repeat(k, 1), y_train[top]), w)
         correct += int((votes.argmax(axis=1) == y_test[i: i + chunk]).sum())

@@ -41,7 +41,7 @@ from vitviz.core.features import (
     extract_features,
     resolve_blocks,
 )
-from vitviz.core.util import is_int, is_number
+from vitviz.core.util import check_bool, is_int, is_number
 from vitviz.errors import InputError
 
 __all__ = ["linear_fewshot", "knn_probe", "layer_probes", "per_class_subset", "summarize_probes"]
@@ -115,13 +115,31 @@ def _class_names(source: Any) -> list[str] | None:
     return list(names) if isinstance(names, (list, tuple)) else None
 
 
+def _same_images(train: Any, test: Any) -> bool:
+    """Whether ``train`` and ``test`` are one source: the same object (a ``DataLoader`` standing for its dataset),
+    the same folder, or the same image tensor (copies of the images are not detected)."""
+    train, test = (s.dataset if isinstance(s, DataLoader) else s for s in (train, test))
+    if train is test:
+        return True
+    if isinstance(train, (str, os.PathLike)) and isinstance(test, (str, os.PathLike)):
+        return Path(train).resolve() == Path(test).resolve()
+    if isinstance(train, (tuple, list)) and isinstance(test, (tuple, list)) and train and test:
+        return train[0] is test[0]
+    return False
+
+
 def _index_pair(model: nn.Module, train: Any, test: Any) -> tuple[Any, Any]:
     """``train`` and ``test`` indexed, their labels numbering the same classes: a test folder is labelled by the
     training set's class names (a folder numbers its own sorted sub-folders, so a test folder lacking one class
     would shift every later label onto the wrong class); two datasets that name their classes must name the same.
 
     Raises:
-        InputError: a test folder with a class the training set lacks, or datasets naming different classes."""
+        InputError: a test folder with a class the training set lacks, datasets naming different classes, or
+            ``train`` and ``test`` the same images (``_same_images``)."""
+    if _same_images(train, test):
+        raise InputError("train and test are the same images, so the probe would be scored on the images it was "
+                         "fitted on (k-NN: each test image is its own nearest neighbour); pass held-out test images, "
+                         "e.g. the test split's folder")
     tr = _index(model, train, "train")
     names = _class_names(tr)
     te = _index(model, test, "test", classes=names if isinstance(as_dataset_source(test), (str, os.PathLike)) else None)
@@ -172,6 +190,7 @@ def _features(model: nn.Module, train: Any, test: Any, shots: Sequence[int], see
         draws = fewshot_draws(labels, shots, seeds)
         keep = np.unique(np.concatenate(list(draws.values())))
         ftr = _extract(model, tr, keep, layers, pre_logits, cache, f"{name}-train", **kw)
+        _check_item_labels(labels[keep], ftr.labels.numpy(), keep)
         remap = {int(i): j for j, i in enumerate(keep)}
         draws = {key: np.array([remap[int(i)] for i in idx]) for key, idx in draws.items()}
     else:  # a DataLoader: every image once, then draw from its labels
@@ -179,6 +198,20 @@ def _features(model: nn.Module, train: Any, test: Any, shots: Sequence[int], see
         draws = fewshot_draws(ftr.labels.numpy(), shots, seeds)
     fte = _extract(model, te, None, layers, pre_logits, cache, f"{name}-test", **kw)
     return ftr, fte, draws, labels
+
+
+def _check_item_labels(said: np.ndarray, yielded: np.ndarray, images: np.ndarray) -> None:
+    """Refuses training items whose labels differ from what the dataset's attribute said (``labels_of``): the draws
+    were made from the attribute, so they would not hold ``shots`` images of each class the probe is fitted on."""
+    wrong = np.flatnonzero(said != yielded)
+    if len(wrong):
+        i = wrong[0]
+        raise InputError(f"train: the dataset's labels attribute (labels or targets) says image {int(images[i])} is "
+                         f"class {int(said[i])}, but its item yields {int(yielded[i])} ({len(wrong)} of "
+                         f"{len(said)} drawn images disagree), so the draws made from the attribute would not hold "
+                         "`shots` images of each class; keep the attribute equal to the items' labels, or pass "
+                         "torch.utils.data.ConcatDataset([dataset]), which has no such attribute: the draws are then "
+                         "made from the labels the items yield")
 
 
 def _fewshot_rows(ftr: Features, fte: Features, draws: dict, l2_reg: float | None, name: str, depth: int,
@@ -217,9 +250,12 @@ def linear_fewshot(model: nn.Module, train: Any, test: Any, shots: Sequence[int]
             known order (``shuffle=False``; the draws index the dataset, so a shuffling, subset or weighted-sampling
             loader is refused) or
             ``(images (M, 3, H, W), labels (M,))`` tensors. Only the training images some draw uses are read
-            when the labels are known without the images (folders, torchvision datasets, tensors). A test folder
-            is labelled by the training set's class names (it may lack a class; a class the training set lacks is
-            refused), and two datasets that name their classes must name the same ones.
+            when the labels are known without the images (folders, torchvision datasets, tensors; a dataset's
+            ``labels``/``targets`` that disagree with the labels its items yield are refused). A test folder
+            is labelled by the training set's class names (it may lack a class), and two datasets that name their
+            classes must name the same ones. Test images of a class no training image holds are refused, from any
+            source (the probe could never predict them), and so is one source as both (the same folder, Dataset
+            or image tensor: the probe would be scored on the images it was fitted on).
         shots: images per class. l2_reg: fixed penalty, or None to choose it. seeds: one draw each.
         layer: None for the pre-logits representation, or a block index for that block's pooled token.
         name: the ``model`` column (default: the model's name).
@@ -280,6 +316,7 @@ def layer_probes(model: nn.Module, train: Any, test: Any, shots: Sequence[int] =
     number counted from 1 (``L`` blocks), and the pre-logits rows (``layer="pre_logits"``: after the final norm and
     pooling) have ``depth = L + 1``.
     """
+    pre_logits = check_bool(pre_logits, "pre_logits", "probe the pre-logits representation too")
     nm = _name(model, name)
     ftr, fte, draws, _ = _features(model, train, test, shots, seeds, "all", pre_logits, cache, nm,
                                    batch_size=batch_size, num_workers=num_workers, progress=progress,
@@ -287,6 +324,29 @@ def layer_probes(model: nn.Module, train: Any, test: Any, shots: Sequence[int] =
     blocks = resolve_blocks(model, "all")
     rows = _fewshot_rows(ftr, fte, draws, l2_reg, nm, len(blocks) + 1, blocks + ([PRE_LOGITS] if pre_logits else []))
     return pd.DataFrame(rows)
+
+
+def _check_one_row_per_draw(g: pd.DataFrame, by: list[str], key: Any) -> None:
+    """Refuses a ``summarize_probes`` group that holds a draw twice (a k-NN row, without a seed, is one draw): rows of
+    several probes or settings, whose mean would mix them and count each draw twice in the interval."""
+    draws = g["seed"] if "seed" in g else pd.Series(np.nan, index=g.index)
+    twice = draws.duplicated(keep=False)
+    if not twice.any():
+        return
+    seed = draws[twice].iloc[0]
+    same = g[twice & ((draws == seed) | (draws.isna() & pd.isna(seed)))]
+    # the l2 a probe chose differs from draw to draw: grouping by it would split one probe's draws
+    differ = [c for c in same.columns if c not in (*by, "seed", "accuracy", "l2_reg")
+              and same[c].nunique(dropna=False) > 1]
+    group = ", ".join(f"{c}={v.item() if isinstance(v, np.generic) else v!r}"
+                      for c, v in zip(by, key if isinstance(key, tuple) else (key,)))
+    which = "seed " + str(int(seed)) if pd.notna(seed) else "one draw (no seed)"
+    fix = (f"its rows differ in {differ}: add one to by, e.g. by={(*by, differ[0])!r}" if differ else
+           "give each table a name of its own before concatenating (linear_fewshot(..., name='m-fixed-l2')) or a "
+           "column to add to by (df.assign(setting='fixed-l2')); repeated rows: df.drop_duplicates()")
+    raise InputError(f"summarize_probes: the group {group} holds {which} twice ({len(same)} rows), so its mean "
+                     f"would mix probes or settings and count that draw twice in the interval; {fix}, or pass "
+                     "the rows of one probe")
 
 
 def summarize_probes(df: pd.DataFrame, by: Sequence[str] = ("model", "layer", "depth", "probe", "shots"),
@@ -301,6 +361,10 @@ def summarize_probes(df: pd.DataFrame, by: Sequence[str] = ("model", "layer", "d
     with linear ones (no ``shots``) keep their own row (one draw: no interval). The interval is over one group's
     draws (the spread of the few-shot draw, on a fixed test set); it is not a paired comparison: two models probed
     with the same seeds use the same training images, and their per-seed differences are what to compare.
+
+    Raises:
+        InputError: a group holds one draw twice (tables of several probes or settings concatenated: the same
+            ``seed`` twice, or two k-NN rows); the message names the columns that tell them apart, to add to ``by``.
     """
     if "accuracy" not in df:
         raise InputError("summarize_probes needs a probe table with an 'accuracy' column (linear_fewshot, ...)")
@@ -313,6 +377,7 @@ def summarize_probes(df: pd.DataFrame, by: Sequence[str] = ("model", "layer", "d
         raise InputError(f"by: none of the columns to group by is in df; pass some of {list(df.columns)}")
     rows = []
     for key, g in df.groupby(by, sort=True, dropna=False):  # k-NN rows have no shots: a group of their own
+        _check_one_row_per_draw(g, by, key)
         m, lo, hi = t_interval(g["accuracy"].to_numpy(), level, bounds=PERCENT)  # one draw: NaN, uncut
         rows.append({**dict(zip(by, key if isinstance(key, tuple) else (key,))), "accuracy": m, "low": lo,
                      "high": hi, "draws": len(g)})

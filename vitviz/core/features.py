@@ -29,7 +29,7 @@ from torch.utils.data import TensorDataset as TorchTensorDataset
 from vitviz.core.calls import in_eval_mode
 from vitviz.core.datasets import RunningReduction, reduce_dataset
 from vitviz.core.loader_order import loader_positions
-from vitviz.core.util import class_indices, is_int
+from vitviz.core.util import check_bool, class_indices, is_int
 from vitviz.errors import InputError, LayerSelectError, UnsupportedModelError
 
 PRE_LOGITS = "pre_logits"
@@ -211,6 +211,7 @@ def extract_features(model: nn.Module, source: FeatureSource, *, layers: Any = N
                          f"{torch.distributed.get_rank()} of {torch.distributed.get_world_size()}): its features are "
                          "not gathered across ranks; call it before init_process_group or after "
                          "destroy_process_group, or in a process that does not join the group")
+    pre_logits = check_bool(pre_logits, "pre_logits", "keep the pre-logits representation")
     blocks = resolve_blocks(model, layers)
     if not blocks and not pre_logits:
         raise InputError("nothing to extract: pre_logits=False and layers=None")
