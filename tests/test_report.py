@@ -795,3 +795,21 @@ def test_run_notebook_refuses_a_flag_given_as_a_string_before_anything_runs(tmp_
     with pytest.raises(InputTypeError, match=r"n_images='3' is not an int"):
         run_notebook(nb, tmp_path / "out", {"n_images": "3"})
     assert not (tmp_path / "out").exists()  # refused before the folder, the kernel or papermill's copy
+
+
+def test_command_line_checkpoint_none_means_the_models_own_weights_for_every_command(tmp_path, capsys, monkeypatch):
+    """``--checkpoint none`` was the model's own weights for ``vitviz report`` but a missing file for ``vitviz
+    inspect``: one rule (``checkpoint_arg``) reads the option for every command."""
+    import vitviz
+
+    seen = []
+    load = vitviz.load_model
+    monkeypatch.setattr(vitviz, "load_model", lambda *a, **k: seen.append(k["checkpoint"]) or load(*a, **k))
+    for text in ("none", "None", "NONE"):
+        capsys.readouterr()
+        assert main(["inspect", "vit_tiny_patch16_224", "--checkpoint", text]) == 0
+        assert "ViTSpec(vit_tiny_patch16_224, family=timm)" in capsys.readouterr().out
+    assert main(["inspect", "vit_tiny_patch16_224"]) == 0
+    assert seen == [None] * 4
+    assert main(["inspect", "vit_tiny_patch16_224", "--checkpoint", str(tmp_path / "none.pth")]) == 2  # a file: read
+    assert "none.pth" in capsys.readouterr().err
