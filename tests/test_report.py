@@ -366,7 +366,10 @@ def test_the_attention_distance_figure_says_which_images_it_averaged(tmp_path):
         Image.new("RGB", (48, 32), (80 * k, 40, 200)).save(folder / f"img{k}.png")
     rep = report.Report(tmp_path / "rep", formats=("png",))
     m = report.LoadedModel("tiny", tiny_timm_vit(), True)
-    (job,) = [fn for name, fn in report._figure_jobs(m, folder) if name == "tiny_attention_distance"]
+    from vitviz.zoo.samples import images_from
+
+    listed = images_from(folder, report.DISTANCE_IMAGES)  # as render_report lists --images, once
+    (job,) = [fn for name, fn in report._figure_jobs(m, listed) if name == "tiny_attention_distance"]
     report._figure_step(rep, m, "tiny_attention_distance", job)()
     assert not rep.failures
     (entry,) = rep.figures
