@@ -231,6 +231,44 @@ def test_vit_mae_refuses_noise_that_reorders_the_patches():
     assert cap.attentions[0].shape == (2, 2, 17, 17)
 
 
+def test_vit_mae_refuses_a_forward_set_on_its_embeddings():
+    """vitviz reads ViTMAE unmasked by running the embeddings' class forward with identity noise: a forward the user
+    set on the embeddings instance was bypassed for the capture, and the maps were those of a model that does not run
+    the user's code."""
+    case = hf_case("vit-mae")
+    emb = case.model.embeddings
+    calls = []
+
+    def own(pixel_values, noise=None, *args, **kwargs):
+        calls.append(1)
+        return type(emb).forward(emb, pixel_values * 2, noise, *args, **kwargs)
+
+    emb.forward = own
+    try:
+        with pytest.raises(UnsupportedModelError, match=r"ViTMAEModel: its ViTMAEEmbeddings has a forward of its own set "
+                                                        r"on the instance.*del model\.embeddings\.forward"):
+            with vitviz.capture_attention(case.model):
+                case.model(pixel_values=case.x)
+        assert not calls and vars(emb)["forward"] is own and case.model.config.mask_ratio == 0.75
+    finally:
+        del emb.forward
+    with torch.no_grad(), vitviz.capture_attention(case.model) as cap:  # without it, read as before
+        case.model(pixel_values=case.x)
+    assert cap.attentions[0].shape == (2, 2, 17, 17) and instance_forwards(case.model) == 0
+
+
+def test_vit_mae_encoder_captured_inside_a_capture_of_its_pre_training_model():
+    """The encoder of a ViTMAEForPreTraining prepared twice at once (each model is prepared once): the second sees
+    vitviz's own forward on the embeddings, not the user's, and reads the model as the first does."""
+    config = transformers.ViTMAEConfig(image_size=32, **SMALL)
+    outer = transformers.ViTMAEForPreTraining(config).eval()
+    x = torch.randn(1, 3, 32, 32)
+    with torch.no_grad(), vitviz.capture_attention(outer, layers=[0]), vitviz.capture_attention(outer.vit) as cap:
+        out = outer.vit(pixel_values=x)
+    assert torch.equal(out.ids_restore[0].long(), torch.arange(16)) and cap.attentions[0].shape[-1] == 17
+    assert instance_forwards(outer) == 0 and outer.config.mask_ratio == 0.75
+
+
 @pytest.mark.parametrize("dtype", [torch.bfloat16, torch.float16])
 def test_vit_mae_keeps_patch_order_in_half_precision(dtype):
     # 48x48 patches: bfloat16 (> 256) and float16 (> 2048) both round consecutive integers to ties, so an arange

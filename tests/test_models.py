@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import json
 import time
+from pathlib import Path
 
 import numpy as np
 import pytest
@@ -665,3 +666,35 @@ def test_load_model_refuses_a_pretrained_that_is_no_bool():
     for loader in (vitviz.load_model, vitviz.load_model_or_random):
         with pytest.raises(InputError, match=r"pretrained='False' is not a bool; pass True or False"):
             loader("vit_tiny_patch16_224", pretrained="False", img_size=32, patch_size=8, depth=1)
+
+
+IJEPA = "vit_huge_patch14_gap_224.in1k_ijepa"  # timm's weights at a plain URL (no hf_hub_id), read by torch hub
+SMALL_IJEPA = dict(depth=1, embed_dim=32, num_heads=2, img_size=28)
+
+
+def test_pretrained_weights_of_a_plain_url_are_read_from_torch_hubs_cache(tmp_path, monkeypatch):
+    """timm fetches a pretrained config with a ``url`` and no ``hf_hub_id`` through torch hub, which caches it as
+    ``<torch hub dir>/checkpoints/<file name>``; offline only the Hugging Face cache was looked up, and such weights
+    were refused though they were on the disk."""
+    import timm
+    import torch
+    from timm.models import get_pretrained_cfg
+
+    import vitviz.zoo.models as models
+
+    cfg = get_pretrained_cfg(IJEPA).to_dict()
+    assert cfg["url"] and not cfg.get("hf_hub_id")
+    monkeypatch.setenv("TORCH_HOME", str(tmp_path / "torch"))
+    monkeypatch.setenv("HF_HOME", str(tmp_path / "hf"))  # an empty Hugging Face cache
+    monkeypatch.setenv("HF_HUB_OFFLINE", "1")
+    monkeypatch.setattr(models, "host_reachable", lambda *a, **k: pytest.fail("the network was asked"))
+    cached = Path(torch.hub.get_dir()) / "checkpoints" / Path(cfg["url"]).name
+    with pytest.raises(vitviz.WeightsUnavailableError, match=rf"(?s)not in the local cache.*{cached.name}"):
+        vitviz.load_model(IJEPA, pretrained=True, **SMALL_IJEPA)  # absent: refused, naming where it looked
+    saved = timm.create_model(IJEPA, pretrained=False, **SMALL_IJEPA)
+    cached.parent.mkdir(parents=True)
+    torch.save(saved.state_dict(), cached)
+    model = vitviz.load_model(IJEPA, pretrained=True, device="cpu", **SMALL_IJEPA)
+    assert same_weights(model, saved)
+    assert vitviz.load_model_or_random(IJEPA, pretrained=True, verbose=False,
+                                       **SMALL_IJEPA).vitviz_random_weights is False

@@ -366,7 +366,10 @@ def test_the_attention_distance_figure_says_which_images_it_averaged(tmp_path):
         Image.new("RGB", (48, 32), (80 * k, 40, 200)).save(folder / f"img{k}.png")
     rep = report.Report(tmp_path / "rep", formats=("png",))
     m = report.LoadedModel("tiny", tiny_timm_vit(), True)
-    (job,) = [fn for name, fn in report._figure_jobs(m, folder) if name == "tiny_attention_distance"]
+    from vitviz.zoo.samples import images_from
+
+    listed = images_from(folder, report.DISTANCE_IMAGES)  # as render_report lists --images, once
+    (job,) = [fn for name, fn in report._figure_jobs(m, listed) if name == "tiny_attention_distance"]
     report._figure_step(rep, m, "tiny_attention_distance", job)()
     assert not rep.failures
     (entry,) = rep.figures
@@ -736,3 +739,80 @@ def test_render_report_refuses_missing_images_before_anything_is_computed(tmp_pa
         report.render_report(tmp_path / "rep", models=("cifar10-vit",), progress=False, notebooks=(),
                              images=tmp_path / "typo")
     assert not (tmp_path / "rep").exists()
+
+
+def test_a_notebook_flag_or_count_of_the_wrong_kind_is_refused_naming_it():
+    """papermill passes a raw parameter (``-r with_flow False``) as the string ``'False'``, which reads as True."""
+    from vitviz.errors import InputTypeError
+    from vitviz.report.notebooks import check_parameter
+
+    assert check_parameter("with_flow", False, bool) is False and check_parameter("with_flow", True, bool) is True
+    assert check_parameter("n_images", 12, int) == 12 and check_parameter("lr", 0.5, float) == 0.5
+    for value in ("False", "no", None, 2):
+        with pytest.raises(InputTypeError, match=rf"with_flow={value!r} is not a bool; pass True or False \(the "
+                                                 r"notebook's with_flow parameter; papermill -p and -y pass it typed"):
+            check_parameter("with_flow", value, bool)
+    for value in ("128", True, 12.5):
+        with pytest.raises(InputTypeError, match=rf"n_images={value!r} is not an int; pass a whole number"):
+            check_parameter("n_images", value, int)
+    with pytest.raises(InputTypeError, match=r"lr='0.5' is not a number"):
+        check_parameter("lr", "0.5", float)
+
+
+@pytest.mark.parametrize("name", sorted(p.name for p in (Path(__file__).parents[1] / "notebooks").glob("*.ipynb")))
+def test_every_flag_and_count_of_a_shipped_notebook_is_checked_before_it_is_used(name):
+    """Each parameter whose default is a bool, an int or a float is read through ``check_parameter`` in the first code
+    cell after the parameters cell, before that cell does anything else; given as a string, that cell refuses it."""
+    import ast
+
+    from vitviz.errors import InputTypeError
+    from vitviz.report.notebooks import _declared_kind, notebook_parameters
+
+    path = Path(__file__).parents[1] / "notebooks" / name
+    kinds = {k: kind for k, d in notebook_parameters(path).items() if (kind := _declared_kind(d)) is not None}
+    cells = nbformat.read(path, as_version=4).cells
+    first = next(i for i, c in enumerate(cells) if "parameters" in c.metadata.get("tags", []))
+    cell = next(c for c in cells[first + 1:] if c.cell_type == "code")
+    body = ast.parse(cell.source).body
+    imports = [s for s in body if isinstance(s, (ast.Import, ast.ImportFrom))]
+    rest = [s for s in body if s not in imports]
+    checks = [s for s in rest[:len(kinds)] if isinstance(s, ast.Assign) and isinstance(s.value, ast.Call)
+              and getattr(s.value.func, "id", "") == "check_parameter"]
+    assert {s.targets[0].id for s in checks} == set(kinds), "flags and counts not read through check_parameter first"
+    code = compile(ast.Module([*imports, *checks], []), name, "exec")
+    good = {k: {bool: False, int: 1, float: 1.0}[kind] for k, kind in kinds.items()}
+    exec(code, dict(good))  # noqa: S102
+    for k in kinds:
+        with pytest.raises(InputTypeError, match=rf"{k}='False' is not"):
+            exec(code, {**good, k: "False"})  # noqa: S102
+
+
+def test_run_notebook_refuses_a_flag_given_as_a_string_before_anything_runs(tmp_path):
+    from vitviz.errors import InputTypeError
+    from vitviz.report.notebooks import run_notebook
+
+    nb = write_notebook(tmp_path / "a.ipynb", 'with_flow = False\nn_images = 3\nmodel_name = "cifar10-vit"',
+                        "raise SystemExit('must not run')")
+    with pytest.raises(InputTypeError, match=r"with_flow='False' is not a bool; pass True or False"):
+        run_notebook(nb, tmp_path / "out", {"with_flow": "False", "model_name": "any string"})
+    with pytest.raises(InputTypeError, match=r"n_images='3' is not an int"):
+        run_notebook(nb, tmp_path / "out", {"n_images": "3"})
+    assert not (tmp_path / "out").exists()  # refused before the folder, the kernel or papermill's copy
+
+
+def test_command_line_checkpoint_none_means_the_models_own_weights_for_every_command(tmp_path, capsys, monkeypatch):
+    """``--checkpoint none`` was the model's own weights for ``vitviz report`` but a missing file for ``vitviz
+    inspect``: one rule (``checkpoint_arg``) reads the option for every command."""
+    import vitviz
+
+    seen = []
+    load = vitviz.load_model
+    monkeypatch.setattr(vitviz, "load_model", lambda *a, **k: seen.append(k["checkpoint"]) or load(*a, **k))
+    for text in ("none", "None", "NONE"):
+        capsys.readouterr()
+        assert main(["inspect", "vit_tiny_patch16_224", "--checkpoint", text]) == 0
+        assert "ViTSpec(vit_tiny_patch16_224, family=timm)" in capsys.readouterr().out
+    assert main(["inspect", "vit_tiny_patch16_224"]) == 0
+    assert seen == [None] * 4
+    assert main(["inspect", "vit_tiny_patch16_224", "--checkpoint", str(tmp_path / "none.pth")]) == 2  # a file: read
+    assert "none.pth" in capsys.readouterr().err

@@ -204,3 +204,21 @@ def test_image_set_head_refuses_a_count_that_is_no_positive_int():
     for n in (0, -1, 2.5, True):
         with pytest.raises(InputError, match=rf"n={n!r} must be a positive int, the number of images to keep"):
             images.head(n)
+
+
+def test_render_report_lists_your_images_once(layouts, tmp_path, monkeypatch):
+    """The folder was listed by the check before the first step and again by every model's attention-distance
+    figure; it is listed once, and every figure averages over that one listing."""
+    import vitviz.report as report
+    import vitviz.zoo.samples as samples
+
+    listed = []
+    real = samples.images_from
+    monkeypatch.setattr(samples, "images_from", lambda path, n=None: listed.append(Path(path)) or real(path, n))
+    monkeypatch.setattr(report, "_global_jobs", lambda: [])  # the paper's figures list no images
+    rep = report.render_report(tmp_path / "rep", models=("cifar10-vit", "cifar10-hybrid"), formats=("png",),
+                               device="cpu", progress=False, notebooks=(), images=layouts["flat"])
+    assert not rep.failures and [p.resolve() for p in listed] == [layouts["flat"].resolve()]
+    for key in ("cifar10-vit", "cifar10-hybrid"):
+        names = np.load(tmp_path / "rep" / "arrays" / f"{key}_attention_distance.npz")["images"]
+        assert [Path(n).name for n in names] == ["a.jpg", "b.png", "c.webp", "d.JPEG"]

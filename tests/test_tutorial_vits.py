@@ -130,3 +130,72 @@ def test_register_tokens_are_prefix_tokens(reg_attr):
         torch.testing.assert_close(got, ((q * a.scale) @ k.transpose(-2, -1)).softmax(-1), atol=1e-5, rtol=1e-4)
     heat = vitviz.attention_rollout(model, torch.randn(1, 3, 32, 32))
     assert heat.shape == (1, 4, 4)
+
+
+class FusedAttention(QKNormAttention):
+    """A hand-written fused path: ``F.scaled_dot_product_attention`` with ``scale=`` passed on or not."""
+
+    def __init__(self, dim: int, heads: int, pass_scale: bool) -> None:
+        super().__init__(dim, heads, qk_norm=False)
+        self.pass_scale = pass_scale
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        b, n, c = x.shape
+        q, k, v = self.qkv(x).reshape(b, n, 3, self.num_heads, -1).permute(2, 0, 3, 1, 4)
+        kwargs = {"scale": self.scale} if self.pass_scale else {}
+        out = nn.functional.scaled_dot_product_attention(q, k, v, **kwargs)
+        return self.proj(out.transpose(1, 2).reshape(b, n, c))
+
+
+def fused_vit(pass_scale: bool, scale: float | None = None) -> RegViT:
+    model = RegViT().eval()
+    for block in model.blocks:
+        block.attn = FusedAttention(32, 2, pass_scale)
+        if scale is not None:
+            block.attn.scale = scale
+    return model
+
+
+def test_probe_qkv_refuses_a_fused_path_that_scales_otherwise_than_scale():
+    """``probe='qkv'`` recomputes ``softmax(q k^T * module.scale)``; a hand-written fused path that calls
+    ``scaled_dot_product_attention`` without ``scale=`` scales by ``head_dim ** -0.5`` whatever ``scale`` says:
+    with a changed ``scale`` the maps read were not the model's, without a word."""
+    x = torch.randn(2, 3, 32, 32)
+    model = fused_vit(pass_scale=False, scale=0.1)
+    with pytest.raises(CaptureError, match=r"FusedAttention calls scaled_dot_product_attention with scale None "
+                                           r"\(head_dim \*\* -0.5 = 0.25\), but its scale is 0.1.*pass scale=self.scale"):
+        with torch.no_grad(), vitviz.capture_attention(model):
+            model(x)
+    assert hooks_everywhere(model) == 0 and torch._C._len_torch_function_stack() == 0  # no mode left behind
+    with torch.no_grad():
+        model(x)  # the model runs as before outside the capture
+    for model in (fused_vit(pass_scale=False), fused_vit(pass_scale=True, scale=0.1)):  # the scale it computes with
+        attns = [b.attn for b in model.blocks]
+        with torch.no_grad(), record_inputs(attns) as seen, vitviz.capture_attention(model) as cap:
+            model(x)
+        for a, inp, got in zip(attns, seen, cap.attentions):
+            torch.testing.assert_close(got, true_attention(a, inp), atol=1e-5, rtol=1e-4)
+
+
+class HardCodedScale(QKNormAttention):
+    """An explicit path that divides by ``sqrt(head_dim)`` and never reads ``scale``."""
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        b, n, c = x.shape
+        q, k, v = self.qkv(x).reshape(b, n, 3, self.num_heads, -1).permute(2, 0, 3, 1, 4)
+        scores = q @ k.transpose(-2, -1) / q.shape[-1] ** 0.5
+        return self.proj((scores.softmax(-1) @ v).transpose(1, 2).reshape(b, n, c))
+
+
+def test_probe_qkv_assumes_an_explicit_path_multiplies_by_scale():
+    """Documented (``probe_qkv``, docs/families.md): an explicit path is read as ``softmax(q k^T * scale)``; one
+    that ignores ``scale`` cannot be told apart from the outside, so its maps follow ``scale``, not the model."""
+    model = RegViT().eval()
+    for block in model.blocks:
+        block.attn = HardCodedScale(32, 2, qk_norm=False)
+        block.attn.scale = 0.1
+    attns = [b.attn for b in model.blocks]
+    with torch.no_grad(), record_inputs(attns) as seen, vitviz.capture_attention(model) as cap:
+        model(torch.randn(2, 3, 32, 32))
+    for a, inp, got in zip(attns, seen, cap.attentions):
+        torch.testing.assert_close(got, true_attention(a, inp), atol=1e-5, rtol=1e-4)  # scale 0.1, not 0.25

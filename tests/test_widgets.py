@@ -390,6 +390,26 @@ def test_pos_embed_resolution_off_the_stride_is_refused_and_nothing_changes():
     assert p.grid == (3, 4) and p.row.value == 2 and p.map().shape == (3, 4)
 
 
+def test_a_control_set_directly_is_checked_as_set_checks_it():
+    """Code that drives a control itself (``explorer.resolution.value = 17``) went past ``set()``'s check: the draw
+    failed on a size off the token stride and the explorer stayed on it, every later change failing the same way.
+    The observer now refuses the value as ``set()`` does and puts the control back."""
+    from vitviz.errors import InputError
+
+    p = explore_pos_embed(tiny_timm_vit())
+    state = (p.png, p.resolution.value, p.row.value, p.col.value, p.status.value)
+    with pytest.raises(InputError, match=r"PosEmbedExplorer.resolution.value = 17: not a multiple of the 8 px token "
+                                         r"stride .*16 or 24"):
+        p.resolution.value = 17
+    assert (p.png, p.resolution.value, p.row.value, p.col.value, p.status.value) == state
+    p.row.value = 0  # later changes work
+    p.resolution.value = 24
+    assert p.grid == (3, 4) and p.map().shape == (3, 4)
+    with pytest.raises(InputError, match=r"resolution.value = 17"), p.hold():  # also inside hold()
+        p.resolution.value = 17
+    assert p.resolution.value == 24 and p.grid == (3, 4)
+
+
 def test_pos_embed_explorer_of_a_model_whose_size_is_no_multiple_of_its_stride():
     """A model built for 36x52 px at 8 px patches (a 4x6 grid over 32x48 of them, as SigLIP's 384 px at 14 px
     patches): the explorer asked for its table at 36x48 px, which no stride divides, and failed as it was built."""

@@ -14,6 +14,12 @@ from vitviz.errors import DataNotFoundError, InputError
 from vitviz.experiments.config import positive_int
 
 
+def checkpoint_arg(text: str) -> str | None:
+    """An argparse ``type``, the one rule for every command's ``--checkpoint``: ``none`` (any case) is the model's
+    own weights (``None``), anything else a weights file."""
+    return None if text.strip().lower() == "none" else text
+
+
 @cli_errors("vitviz")
 def main(argv: list[str] | None = None) -> int:
     argv = list(sys.argv[1:] if argv is None else argv)
@@ -38,7 +44,7 @@ def main(argv: list[str] | None = None) -> int:
                         "folder or a Hub id (repeatable): the package figures use each, the notebooks get the first "
                         "as model_name (default: the reference models, the notebooks' defaults); a notebook without "
                         "a model parameter keeps its own models, said in the index and on exit")
-    r.add_argument("--checkpoint", action="append", metavar="FILE",
+    r.add_argument("--checkpoint", action="append", metavar="FILE", type=checkpoint_arg,
                    help="a weights file for --model's architecture: a .safetensors, .pth/.pt/.bin or the original "
                         "JAX .npz, e.g. --model vit_base_patch16_224 --checkpoint ViT-B_16.npz; used by the package "
                         "figures and, for the first --model, the notebooks. Repeatable, one per --model in the same "
@@ -61,7 +67,8 @@ def main(argv: list[str] | None = None) -> int:
     i = sub.add_parser("inspect", help="print the token layout of a model")
     i.add_argument("model", help="a timm or reference model name, a weights file, a model folder or a Hub id "
                                  "(what vitviz.load_model takes)")
-    i.add_argument("--checkpoint", metavar="FILE", help="a weights file for the model's architecture")
+    i.add_argument("--checkpoint", metavar="FILE", type=checkpoint_arg,
+                   help="a weights file for the model's architecture ('none': the model's own weights)")
     m = sub.add_parser("models", help="the reference models: what each card says, and the position-embedding "
                                       "ablation beside the paper's Table 8")
     m.add_argument("--checkpoints", metavar="DIR", help="folder of the cards (default: vitviz/zoo/checkpoints)")
@@ -125,8 +132,7 @@ def report(a: argparse.Namespace) -> int:
         raise InputError(f"--checkpoint {given!r} with {n_models} --model: pass one --checkpoint per --model, in the "
                          "same order ('none' for a model's own weights), e.g. --model vit_base_patch16_224 "
                          "--checkpoint ViT-B_16.npz")
-    files = [None if c.lower() == "none" else c for c in checkpoints]
-    checkpoint = None if not any(files) else files[0] if n_models == 1 else files
+    checkpoint = None if not any(checkpoints) else checkpoints[0] if n_models == 1 else checkpoints
     notebooks = None if a.notebooks is None else [] if a.notebooks == "none" else a.notebooks.split(",")
     missing = [nb for nb in notebooks or [] if not Path(nb).is_file() or Path(nb).suffix != ".ipynb"]
     if missing:

@@ -168,10 +168,14 @@ def git_dirty() -> bool | None:
     return bool(out.strip())
 
 
-def _figure_jobs(m: LoadedModel, images: Path | None = None,
+DISTANCE_IMAGES = 128  # images the attention-distance figures average over (the paper's 128)
+
+
+def _figure_jobs(m: LoadedModel, images: Any = None,
                  distances: dict[str, dict[str, Any]] | None = None) -> list[tuple[str, Job]]:
     """The figures of one model; its attention distances also go to ``distances[m.key]`` (for
-    ``_comparison_jobs``) when that is given."""
+    ``_comparison_jobs``) when that is given. ``images``: the ``ImageSet`` of ``--images``, listed once by
+    ``render_report`` (``None``: CIFAR-10 test images from ``$VITVIZ_DATA``, else scikit-image's photographs)."""
     import vitviz
 
     spec = vitviz.inspect(m.model)
@@ -202,7 +206,7 @@ def _figure_jobs(m: LoadedModel, images: Path | None = None,
         from vitviz.zoo.samples import example_images
 
         # --images (a file, a flat folder or a class tree), else CIFAR-10 test images from $VITVIZ_DATA, else photographs
-        found = example_images(images, 128)
+        found = images if images is not None else example_images(None, DISTANCE_IMAGES)
         dist = vitviz.mean_attention_distance(m.model, found.images)
         ax = vitviz.plot_attention_distance(dist, label=f"{m.key} ({len(found)} images)")
         names = [str(i) if isinstance(i, (str, os.PathLike)) else label for i, label in zip(found.images, found.labels)]
@@ -551,10 +555,12 @@ def render_report(
         checkpoint = next((f for n, f, _ in weights if n == model), None)
     elif checkpoint is not None:
         checkpoint = Path(checkpoint).resolve()  # the notebooks run in their own folder
-    if images is not None:  # a typo would fail every figure that shows images, and every notebook given it
+    image_path = Path(images).resolve() if images is not None else None
+    found = None
+    if image_path is not None:  # a typo would fail every figure that shows images, and every notebook given it
         from vitviz.zoo.samples import images_from
 
-        images_from(images)
+        found = images_from(image_path, DISTANCE_IMAGES)  # listed once: the check, and every figure's images
     nb_paths = find_notebooks() if notebooks is None else [Path(p) for p in notebooks]
     for i, nb in enumerate(nb_paths):  # each is executed into notebooks/<stem>.ipynb and .html
         other = next((o for o in nb_paths[:i] if o.stem == nb.stem), None)
@@ -563,10 +569,9 @@ def render_report(
                              f"would be written to notebooks/{nb.stem}.ipynb; rename one, or pass each once")
     loaded = [load_or_random(name, device, file, key) for name, file, key in weights]
     none = LoadedModel("", nn.Identity(), True)
-    image_path = Path(images).resolve() if images is not None else None
     distances: dict[str, dict[str, Any]] = {}  # each model's attention distances, for the comparison
     steps = [(name, _figure_step(report, m, name, fn)) for m in loaded
-             for name, fn in _figure_jobs(m, image_path, distances)]
+             for name, fn in _figure_jobs(m, found, distances)]
     if len(loaded) > 1:
         steps += [(name, _figure_step(report, none, name, fn)) for name, fn in _comparison_jobs(distances)]
     steps += [(name, _figure_step(report, none, name, fn)) for name, fn in _global_jobs()]

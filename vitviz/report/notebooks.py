@@ -22,7 +22,7 @@ from typing import Any
 from vitviz.errors import InputError
 from vitviz.zoo.samples import DATA_ENV
 
-__all__ = ["NotebookRun", "find_notebooks", "notebook_html", "notebook_parameters",
+__all__ = ["NotebookRun", "check_parameter", "find_notebooks", "notebook_html", "notebook_parameters",
            "parameters_for", "run_notebook"]
 
 # what the report knows -> the parameter names a notebook may use for it, in order of preference
@@ -71,6 +71,51 @@ def notebook_parameters(path: str | os.PathLike) -> dict[str, Any]:
     import papermill
 
     return {name: p["default"] for name, p in papermill.inspect_notebook(str(path)).items()}
+
+
+def check_parameter(name: str, value: Any, kind: type) -> Any:
+    """A notebook parameter's value, refused unless it is of ``kind``: how every shipped notebook reads its flags and
+    counts, and what ``run_notebook`` checks before a notebook runs.
+
+    papermill passes a parameter given raw (``papermill -r with_flow False``, or a value read from a text file) as
+    the string ``'False'``, which a notebook's ``if with_flow:`` reads as True; ``'128'`` as a count fails far from
+    its cause, or not at all.
+
+    Args:
+        name: the parameter's name, for the message.
+        value: its value.
+        kind: ``bool`` (True or False: ``vitviz.core.util.check_bool``'s rule, that of ``load_model(pretrained=)``,
+            which also takes 0 and 1), ``int`` (a whole number, not a bool: ``is_int``) or ``float`` (any real
+            number, not a bool: ``is_number``); any other kind takes any value.
+
+    Returns:
+        ``value`` (a bool for ``kind=bool``).
+
+    Raises:
+        InputTypeError: ``value`` is not of ``kind``; the message names the parameter, the value and the fix.
+    """
+    from vitviz.core.util import check_bool, is_int, is_number
+    from vitviz.errors import InputTypeError
+
+    how = f"the notebook's {name} parameter; papermill -p and -y pass it typed, -r as a string"
+    if kind is bool:
+        return check_bool(value, name, how)
+    if (kind is int and not is_int(value)) or (kind is float and not is_number(value)):
+        raise InputTypeError(f"{name}={value!r} is not {'an int' if kind is int else 'a number'}; pass "
+                             f"{'a whole number' if kind is int else 'a number'}, not a string or a bool ({how})")
+    return value
+
+
+def _declared_kind(default: str) -> type | None:
+    """The kind ``check_parameter`` checks for a parameter whose default is the source text ``default``: ``bool``,
+    ``int`` or ``float`` for such a literal, else None (a string, a path, None, a list: not checked)."""
+    import ast
+
+    try:
+        value = ast.literal_eval(default)
+    except (ValueError, SyntaxError):
+        return None
+    return type(value) if type(value) in (bool, int, float) else None
 
 
 def parameters_for(path: str | os.PathLike, **known: Any) -> dict[str, Any]:
@@ -146,6 +191,10 @@ def run_notebook(path: str | os.PathLike, out: str | os.PathLike, parameters: di
     An earlier ``out/<name>.ipynb`` and ``.html`` are removed first: a notebook that fails before papermill writes
     it (unreadable, a kernel that does not start) has ``executed`` and ``html`` None, not an earlier run's pages.
 
+    Raises:
+        InputTypeError: a parameter whose default in the notebook is a bool, an int or a float is given a value of
+            another kind (``check_parameter``), before anything runs or is written.
+
     Returns:
         ``NotebookRun``; on failure ``ok`` is False and ``error`` holds ``cell_index`` (0-based, in the source
         notebook), ``exec_count``, ``ename``, ``evalue`` and a one-line ``message`` naming the cell.
@@ -154,6 +203,11 @@ def run_notebook(path: str | os.PathLike, out: str | os.PathLike, parameters: di
     from papermill.exceptions import PapermillExecutionError
 
     path, out = Path(path), Path(out)
+    if parameters:  # a flag or count of the wrong kind is refused before a kernel starts
+        for name, default in notebook_parameters(path).items():
+            kind = _declared_kind(default)
+            if name in parameters and kind is not None:
+                check_parameter(name, parameters[name], kind)
     out.mkdir(parents=True, exist_ok=True)
     run = NotebookRun(path.stem, str(path), dict(parameters))
     executed = out / f"{path.stem}.ipynb"

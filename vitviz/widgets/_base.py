@@ -74,6 +74,7 @@ class Explorer(widgets.VBox):
         self.status = widgets.HTML()
         self.clickable = False
         self._hold = 0
+        self._setting = 0  # > 0 while set() sets values it checked (or a refused one is put back)
         self._events = self._attach_clicks()
         header = [widgets.HTML(f"<b>{html.escape(title)}</b>")] if title else []
         panel = widgets.VBox(list(controls), layout=widgets.Layout(margin="0 0 0 12px"))
@@ -115,6 +116,7 @@ class Explorer(widgets.VBox):
             raise NoSuchAttributeError(f"{type(self).__name__} has no control named {unknown}; its controls are "
                                  f"{self.control_names()}")
         before = {name: getattr(self, name).value for name in self.control_names()}
+        self._setting += 1
         try:
             with self.hold():
                 try:
@@ -130,6 +132,8 @@ class Explorer(widgets.VBox):
                 with self.hold():
                     self._restore(before)
             raise
+        finally:
+            self._setting -= 1
         return self
 
     def _restore(self, values: dict[str, Any]) -> None:
@@ -148,10 +152,19 @@ class Explorer(widgets.VBox):
         for name, value in values.items():  # the last word: a value that cannot be set raises here
             getattr(self, name).value = value
 
-    def _checked(self, name: str, value: Any) -> Any:
+    def _said(self, name: str, value: Any, direct: bool) -> str:
+        """How a refused value arrived, for the message: ``Explorer.set(name=value)``, or ``Explorer.name.value =
+        value`` where code set the control itself (``direct``)."""
+        return f"{type(self).__name__}.{name}.value = {value!r}" if direct else \
+            f"{type(self).__name__}.set({name}={value!r})"
+
+    def _checked(self, name: str, value: Any, *, direct: bool = False) -> Any:
         """``value`` (an integer of any kind as a Python int), or refused when the control cannot hold it, naming
         the control and its values: ipywidgets would clamp a number to a slider's range without a word, and answer
-        a missing choice with a bare ``TraitError``."""
+        a missing choice with a bare ``TraitError``. ``set()`` checks each value before it sets it; the observer
+        checks a value set on the control itself (``direct``: ``explorer.resolution.value = 17``), which by then
+        ipywidgets has clamped to the slider's range, so there only the other rules (a slider's step) can refuse."""
+        said = self._said(name, value, direct)
         control = getattr(self, name)
         value = int(value) if is_int(value) else value
         options = getattr(control, "options", None)
@@ -163,12 +176,12 @@ class Explorer(widgets.VBox):
                 error = OutOfRangeError if isinstance(control, widgets.SelectionSlider) else InputError
                 counted = (" (Python indices; the slider shows them counted from 1)"
                            if isinstance(control, widgets.SelectionSlider) else "")
-                raise error(f"{type(self).__name__}.set({name}={value!r}): not one of the {name} control's values "
+                raise error(f"{said}: not one of the {name} control's values "
                             f"{shown}{counted}; pass one of them")
             return value
         low, high = getattr(control, "min", None), getattr(control, "max", None)
         if low is not None and high is not None and is_number(value) and not low <= value <= high:
-            raise OutOfRangeError(f"{type(self).__name__}.set({name}={value!r}): outside the {name} control's range "
+            raise OutOfRangeError(f"{said}: outside the {name} control's range "
                                   f"[{low}, {high}]; pass a value in it")
         return value
 
@@ -195,6 +208,17 @@ class Explorer(widgets.VBox):
     # -- internals -----------------------------------------------------------------------------------------------
 
     def _on_change(self, change: dict[str, Any]) -> None:
+        name = next((n for n in self.control_names() if getattr(self, n) is change["owner"]), None)
+        if name is not None and not self._setting:  # a value set on the control itself: checked as set() checks
+            try:
+                self._checked(name, change["new"], direct=True)
+            except InputError:
+                self._setting += 1  # the old value was shown and checked: put back, nothing drawn
+                try:
+                    change["owner"].value = change["old"]
+                finally:
+                    self._setting -= 1
+                raise
         with self.hold():  # controls changed by _changed render once, with this one
             self._changed(change)
 

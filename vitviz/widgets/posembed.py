@@ -169,14 +169,15 @@ class PosEmbedExplorer(Explorer):
 
     # -- control logic -------------------------------------------------------------------------------------------
 
-    def _checked(self, name: str, value: Any) -> Any:
+    def _checked(self, name: str, value: Any, *, direct: bool = False) -> Any:
         """As ``Explorer._checked``; a ``resolution`` that is no multiple of the slider's step (the token stride),
-        which ipywidgets takes as it is (it snaps only the browser's slider), is refused naming the two nearest."""
-        value = super()._checked(name, value)
+        which ipywidgets takes as it is (it snaps only the browser's slider), is refused naming the two nearest,
+        whether it comes through ``set()`` or is set on the slider itself."""
+        value = super()._checked(name, value, direct=direct)
         step, low = self.resolution.step, self.resolution.min
         if name == "resolution" and (value - low) % step and value != self.spec.img_size[0]:  # the model's own
             below = low + (value - low) // step * step
-            raise InputError(f"{type(self).__name__}.set(resolution={value!r}): not a multiple of the {step} px token "
+            raise InputError(f"{self._said(name, value, direct)}: not a multiple of the {step} px token "
                              f"stride the resolution slider steps by; pass e.g. {below} or {below + step}")
         return value
 

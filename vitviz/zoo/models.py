@@ -108,6 +108,27 @@ def _cached_hub_file(pretrained_cfg: dict[str, Any]) -> str | None:
     return None
 
 
+def _torch_hub_file(pretrained_cfg: dict[str, Any]) -> Path | None:
+    """Where torch hub caches the weights of a pretrained config that timm fetches from a plain ``url`` (no
+    ``hf_hub_id``): ``<torch.hub.get_dir()>/checkpoints/<the URL's file name>``, as timm's download writes it
+    (``$TORCH_HOME/hub`` by default); None for a config read from the Hugging Face Hub or without a URL."""
+    url = pretrained_cfg.get("url")
+    if pretrained_cfg.get("hf_hub_id") or not url:
+        return None
+    import torch.hub
+
+    return Path(torch.hub.get_dir()) / "checkpoints" / Path(urlparse(url).path).name
+
+
+def _cached_file(pretrained_cfg: dict[str, Any]) -> str | None:
+    """The pretrained weights of ``pretrained_cfg`` on this disk: the Hugging Face cache (``hf_hub_id``) or torch
+    hub's (a plain ``url``), or None."""
+    url_file = _torch_hub_file(pretrained_cfg)
+    if url_file is not None:
+        return str(url_file) if url_file.is_file() else None
+    return _cached_hub_file(pretrained_cfg)
+
+
 def _unavailable(name: str, why: str) -> WeightsUnavailableError:
     return WeightsUnavailableError(
         f"pretrained weights for {name!r} cannot be fetched: {why}. Download the weights file on a machine with "
@@ -180,14 +201,16 @@ def _create_timm(name: str, pretrained: bool, checkpoint: Path | None, *, cached
 
         cfg = get_pretrained_cfg(name)
         cfg = cfg.to_dict() if cfg is not None else {}
-        hit = _cached_hub_file(cfg)
+        hit = _cached_file(cfg)
         if hit:
             return _create_timm(name, False, Path(hit), cached=True, **kwargs)
+        url_file = _torch_hub_file(cfg)
+        where = "" if url_file is None else f" (torch hub's cache: {url_file})"
         if _hub_offline():
-            raise _unavailable(name, "HF_HUB_OFFLINE is set and the weights are not in the local cache")
+            raise _unavailable(name, f"HF_HUB_OFFLINE is set and the weights are not in the local cache{where}")
         host = _weights_host(cfg)
         if not host_reachable(host):
-            raise _unavailable(name, f"{host} cannot be reached (offline?) and the weights are not cached")
+            raise _unavailable(name, f"{host} cannot be reached (offline?) and the weights are not cached{where}")
         try:
             return timm.create_model(name, pretrained=True, **kwargs)
         except Exception as e:

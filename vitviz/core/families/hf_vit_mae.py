@@ -9,7 +9,8 @@ a random subset in a random order, different for every image. vitviz analyses th
 order**: for the duration of ``capture_attention`` ``config.mask_ratio`` is 0 and, when no ``noise`` is given, the
 noise is ``arange(P)`` in float32 (the identity shuffle, exact for any patch count, where the model's own bfloat16
 or float16 would round consecutive integers to ties). A ``noise=`` that would reorder the patches is refused with
-a ``CaptureError``. Both are restored on exit, so outside the capture the model masks as before.
+a ``CaptureError``. Both are restored on exit, so outside the capture the model masks as before. A ``forward`` set
+on the embeddings instance, which that would bypass, is refused with ``UnsupportedModelError``.
 """
 
 from __future__ import annotations
@@ -36,14 +37,29 @@ class HFViTMAEFamily(HFVisionFamily):
         return Readout("none", default_readout(prefix_tokens).parts, "ViTMAEModel: no pooler")
 
     def prepare(self, model: nn.Module) -> Undo:
+        """Unmasked and in patch order for the call (see the module's docstring): ``config.mask_ratio`` 0 and the
+        embeddings' class forward run with identity noise.
+
+        Raises:
+            UnsupportedModelError: the embeddings have a ``forward`` of their own set on the instance, which the
+                unmasked forward would bypass (refused before anything is changed).
+        """
+        emb = self.embeddings(model)
+        name = type(model).__name__
+        own = vars(emb).get("forward")
+        if own is not None and not getattr(own, "__vitviz_probe__", False):  # vitviz's: an enclosing model's set-up
+            where = next((n for n, m in model.named_modules() if m is emb), "embeddings")
+            raise UnsupportedModelError(
+                f"{name}: its {type(emb).__name__} has a forward of its own set on the instance; vitviz reads ViTMAE "
+                "unmasked and in patch order by running the class's forward with identity noise, which would bypass "
+                f"it and read a model that does not run your code; analyse the model without it (del model.{where}"
+                ".forward)")
         undos = [super().prepare(model)]
         config = vision_config(model)
         old_ratio = config.mask_ratio
         config.mask_ratio = 0.0
         undos.append(lambda: setattr(config, "mask_ratio", old_ratio))
-        emb = self.embeddings(model)
         original = type(emb).forward
-        name = type(model).__name__
 
         def forward(pixel_values: torch.Tensor, noise: torch.Tensor | None = None, *args: Any, **kwargs: Any) -> Any:
             p = emb.patch_embeddings.num_patches if not kwargs.get("interpolate_pos_encoding") else (
@@ -59,6 +75,7 @@ class HFViTMAEFamily(HFVisionFamily):
                                    "unmasked and in patch order: call the model without noise= inside the capture")
             return original(emb, pixel_values, noise, *args, **kwargs)
 
+        forward.__vitviz_probe__ = True  # type: ignore[attr-defined]  # vitviz's own, as the probes mark theirs
         undos.append(set_attr(emb, "forward", forward))
         return chain_undos(undos)
 

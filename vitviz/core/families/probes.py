@@ -6,7 +6,8 @@
   hooks ``attn_drop``, whose input is the softmax output.
 - ``probe_qkv``: recomputes ``softmax(q k^T * scale)`` from the ``qkv`` Linear's output (after the module's
   per-head ``q_norm`` / ``k_norm``), for modules that compute attention without an ``attn_drop`` module
-  (hand-written ViTs); modules with rotary or relative-position attributes, and calls with a mask, are refused.
+  (hand-written ViTs); modules with rotary or relative-position attributes, calls with a mask, and a fused
+  ``scaled_dot_product_attention`` call that scales otherwise than ``scale`` are refused.
 - ``probe_mha``: ``torch.nn.MultiheadAttention`` (torchvision, open_clip), called with ``need_weights=True`` and
   per-head weights for the duration; ``mha_dropout_error`` refuses one that would return dropped-out weights.
 - ``probe_latent_pool``, ``probe_mha_pool``: an attention pool's attention over the tokens it pools, for the
@@ -15,10 +16,12 @@
 
 from __future__ import annotations
 
+import math
 from typing import Any
 
 import torch
 from torch import nn
+from torch.overrides import TorchFunctionMode
 
 from vitviz.core.families.base import Emit, Undo, chain_undos, set_attr
 from vitviz.core.families.readout import query_mean
@@ -71,14 +74,60 @@ def _qkv_norm(module: nn.Module, attr: str, head_dim: int) -> nn.Module | None:
     return norm
 
 
+class _FusedCallWatch(TorchFunctionMode):
+    """Held open around one call of a module read by ``probe_qkv``: its ``F.scaled_dot_product_attention`` calls (a
+    fused path) must compute what the recomputation reads, ``softmax(q k^T * scale)``. SDPA called without
+    ``scale=`` scales by ``head_dim ** -0.5`` whatever the module's ``scale`` says; with a mask or ``is_causal`` it
+    applies what the recomputation leaves out: ``CaptureError`` either way, raised inside the module's forward."""
+
+    def __init__(self, module: nn.Module) -> None:
+        super().__init__()
+        self.module = module
+
+    def __torch_function__(self, func: Any, types: Any, args: tuple = (), kwargs: dict | None = None) -> Any:
+        kwargs = kwargs or {}
+        if func is torch.nn.functional.scaled_dot_product_attention:
+            named = dict(zip(("query", "key", "value", "attn_mask", "dropout_p", "is_causal", "scale"), args))
+            named.update(kwargs)
+            cls, head_dim = type(self.module).__name__, named["query"].shape[-1]
+            used, wanted = named.get("scale"), _qkv_scale(self.module, head_dim)
+            if not math.isclose(head_dim ** -0.5 if used is None else float(used), float(wanted), rel_tol=1e-6):
+                shown = f"None (head_dim ** -0.5 = {head_dim ** -0.5:.6g})" if used is None else f"{float(used):.6g}"
+                raise CaptureError(
+                    f"{cls} calls scaled_dot_product_attention with scale {shown}, but its scale is "
+                    f"{float(wanted):.6g}, which probe='qkv' recomputes softmax(q k^T * scale) with: the maps would "
+                    "not be the ones the model computes; pass scale=self.scale to scaled_dot_product_attention, set "
+                    "scale to the one the kernel uses, or describe the model with a probe function of your own")
+            if named.get("attn_mask") is not None or named.get("is_causal"):
+                raise CaptureError(
+                    f"{cls} calls scaled_dot_product_attention with a mask (attn_mask or is_causal), which "
+                    "probe='qkv' cannot apply when it recomputes softmax(q k^T * scale); describe the model with "
+                    "probe='attn_drop' or a probe function of your own")
+        return func(*args, **kwargs)
+
+
+def _qkv_scale(module: nn.Module, head_dim: int) -> Any:
+    """The scale ``probe_qkv`` recomputes with: the module's ``scale``, else ``head_dim ** -0.5``."""
+    return getattr(module, "scale", head_dim ** -0.5)
+
+
 def probe_qkv(module: nn.Module, emit: Emit) -> Undo:
     """Recompute ``softmax(q_n k_n^T * scale)`` from the ``qkv`` Linear's output, with ``q_n``/``k_n`` the heads
-    after the module's ``q_norm`` / ``k_norm`` when it has them (per-head norms, as timm's ``Attention``).
+    after the module's ``q_norm`` / ``k_norm`` when it has them (per-head norms, as timm's ``Attention``), and
+    ``scale`` the module's ``scale`` attribute (``head_dim ** -0.5`` without one).
 
     Refused (``UnsupportedModelError``, naming the class and the attribute) when the module holds position
     information applied inside attention (rotary embeddings, a relative position bias, ALiBi: attributes named
     ``rope``, ``rel_pos``, ``relative_position_bias_table``, ...); a call with any argument besides the tokens (an
     attention mask, a rotary table) raises ``CaptureError``: the recomputation would leave them out.
+
+    What is checked of the module's own computation, and what is assumed: a fused path, a call of
+    ``F.scaled_dot_product_attention`` inside the module's forward, is checked on every call (``CaptureError`` when
+    it scales otherwise than ``scale``, e.g. called without ``scale=`` while ``scale`` was changed, or applies a
+    mask). An explicit path cannot be read from outside: it is *assumed* to compute ``softmax(q k^T * scale)`` with
+    the module's ``scale`` (a forward that divides by ``sqrt(head_dim)`` and never reads a changed ``scale`` is read
+    with ``scale``, not as it computes); give such a module an ``attn_drop`` module on its softmax output and use
+    ``probe='attn_drop'``, which reads the maps it computes.
     """
     qkv = getattr(module, "qkv", None)
     heads = getattr(module, "num_heads", None)
@@ -115,12 +164,26 @@ def probe_qkv(module: nn.Module, emit: Emit) -> Undo:
         q, k, _v = out.reshape(b, n, 3, heads, three_d // (3 * heads)).permute(2, 0, 3, 1, 4).unbind(0)
         q = q if q_norm is None else q_norm(q)
         k = k if k_norm is None else k_norm(k)
-        scale = getattr(module, "scale", q.shape[-1] ** -0.5)
-        scores = (q.float() * scale) @ k.float().transpose(-2, -1)
+        scores = (q.float() * _qkv_scale(module, q.shape[-1])) @ k.float().transpose(-2, -1)
         emit(scores.softmax(dim=-1).to(out.dtype))
 
-    handles = [module.register_forward_pre_hook(check_call, with_kwargs=True), qkv.register_forward_hook(hook)]
-    return chain_undos([h.remove for h in handles])
+    watches: list[_FusedCallWatch] = []
+
+    def watch(_m: nn.Module, _args: tuple) -> None:
+        watches.append(_FusedCallWatch(module))
+        watches[-1].__enter__()
+
+    def unwatch(_m: nn.Module, _args: tuple, _out: Any) -> None:  # always_call: also when the forward raised
+        if watches:
+            watches.pop().__exit__(None, None, None)
+
+    def drain() -> None:  # a call stopped by a BaseException (Ctrl-C) skips even always_call hooks
+        while watches:
+            watches.pop().__exit__(None, None, None)
+
+    handles = [module.register_forward_pre_hook(check_call, with_kwargs=True), qkv.register_forward_hook(hook),
+               module.register_forward_pre_hook(watch), module.register_forward_hook(unwatch, always_call=True)]
+    return chain_undos([*(h.remove for h in handles), drain])
 
 
 def mha_dropout_error(owner: str, module: nn.Module) -> CaptureError | None:
