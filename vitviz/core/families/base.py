@@ -417,10 +417,18 @@ def named_children_of(model: nn.Module, prefix: str) -> list[tuple[str, nn.Modul
 
 
 def chain_undos(undos: list[Undo]) -> Undo:
-    """One undo that runs ``undos`` in reverse order (the last change undone first)."""
+    """One undo that runs ``undos`` in reverse order (the last change undone first). Every one runs, also when an
+    earlier one raises (a ``KeyboardInterrupt`` arriving while a capture ends): the first error is raised after the
+    last undo, so no change is left on the model behind it."""
     def undo() -> None:
+        error: BaseException | None = None
         for u in reversed(undos):
-            u()
+            try:
+                u()
+            except BaseException as exc:  # noqa: BLE001 (raised below, once every undo has run)
+                error = error or exc
+        if error is not None:
+            raise error
 
     return undo
 
