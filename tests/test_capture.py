@@ -491,3 +491,34 @@ def test_an_off_stride_input_to_a_padding_dynamic_model_is_refused_naming_the_st
     with torch.no_grad(), vitviz.capture_attention(model) as cap:  # on the stride: any size
         model(torch.randn(1, 3, 40, 48))
     assert cap.attentions[0].shape == (1, 2, 31, 31)
+
+
+def test_an_interrupt_while_a_capture_ends_still_restores_every_module(monkeypatch):
+    """A Ctrl-C (or any error) in one step of the exit once skipped the steps after it: the probes stayed on the
+    model, its fused attention off, and every later forward kept handing maps to the dead capture."""
+    import vitviz.core.capture as capture_module
+
+    model = tiny_timm_vit()
+    x = torch.randn(2, 3, 32, 48)
+    fused = [b.attn.fused_attn for b in model.blocks]
+    real, calls = capture_module.subscribe, []
+
+    def interrupted_once(module, probe, emit):  # the first module restored on the way out: Ctrl-C right after it
+        undo = real(module, probe, emit)
+
+        def interrupt():
+            undo()
+            calls.append(module)
+            if len(calls) == 1:
+                raise KeyboardInterrupt
+
+        return interrupt
+
+    monkeypatch.setattr(capture_module, "subscribe", interrupted_once)
+    with pytest.raises(KeyboardInterrupt), vitviz.capture_attention(model) as cap:
+        model(x)
+    assert len(cap.attentions) == 2
+    assert hooks_everywhere(model) == 0 and vitviz.core.capture.open_probes(model) == 0
+    assert [b.attn.fused_attn for b in model.blocks] == fused and instance_forwards(model) == 0
+    model(x)
+    assert cap.forwards == 1 and len(calls) == 2  # the ended capture sees no later pass

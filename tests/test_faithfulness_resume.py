@@ -44,6 +44,51 @@ def killed_then_resumed(monkeypatch, model, images, out, n_images=None, **kw):
     return vitviz.faithfulness(model, images, out=out, **kw)
 
 
+CHILD = """
+import sys, time
+sys.path.insert(0, {tests!r})
+import torch
+from conftest import tiny_timm_vit
+import vitviz
+torch.manual_seed(0)
+model = tiny_timm_vit()
+x = torch.randn(8, 3, 32, 48)
+model.register_forward_hook(lambda *_: time.sleep(0.02))  # slow enough to be killed part-way
+vitviz.faithfulness(model, x, out={out!r}, methods=["rollout", "random"], **{run!r})
+"""
+
+
+def test_a_run_killed_for_real_resumes_to_the_uninterrupted_frame(tmp_path):
+    """SIGKILL at an arbitrary point after two images were written (mid-write included): the rerun continues from
+    what the file holds and returns the uninterrupted run's frame to the bit."""
+    import os
+    import signal
+    import subprocess
+    import sys
+    import time
+    from pathlib import Path
+
+    out = tmp_path / "curves.csv"
+    run = dict(RUN, batch_size=1)
+    script = tmp_path / "child.py"
+    script.write_text(CHILD.format(tests=str(Path(__file__).parent), out=str(out), run=run))
+    child = subprocess.Popen([sys.executable, str(script)], stderr=subprocess.DEVNULL)
+    try:
+        while child.poll() is None and not (out.exists() and pd.read_csv(out, dtype=str)["image"].nunique() >= 2):
+            time.sleep(0.01)
+        os.kill(child.pid, signal.SIGKILL)
+    finally:
+        child.wait()
+    assert child.returncode == -signal.SIGKILL  # killed, not finished or failed
+    assert 2 <= pd.read_csv(out, dtype=str)["image"].nunique() < 8
+    torch.manual_seed(0)
+    model = tiny_timm_vit()
+    x = torch.randn(8, 3, 32, 48)
+    resumed = vitviz.faithfulness(model, x, out=out, methods=["rollout", "random"], **run)
+    plain = vitviz.faithfulness(model, x, methods=["rollout", "random"], **run)
+    pd.testing.assert_frame_equal(resumed, plain, check_exact=True)
+
+
 @pytest.mark.parametrize("ids", [None, ["001", "002", "010", "1e3", "7"], [10, 11, 12, 13, 14]])
 def test_a_killed_run_resumes_to_the_uninterrupted_frame(tmp_path, monkeypatch, ids):
     model = tiny_timm_vit()

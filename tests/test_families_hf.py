@@ -390,6 +390,27 @@ def test_vit_mae_for_pretraining_reads_the_encoder_only():
     assert cap.attentions[0].shape == (1, 2, 17, 17) and model.config.mask_ratio == 0.75
 
 
+@pytest.mark.parametrize("close", ["first opened first", "last opened first"])
+def test_vit_mae_and_its_encoder_captured_at_once_are_left_as_they_were(close):
+    # ViTMAEForPreTraining and its .vit are two models sharing the encoder and the config: each capture unmasks
+    # them; however the captures end, the mask ratio and the embeddings' class forward come back
+    model = transformers.ViTMAEForPreTraining(transformers.ViTMAEConfig(
+        image_size=32, decoder_hidden_size=16, decoder_num_hidden_layers=1, decoder_num_attention_heads=2,
+        decoder_intermediate_size=32, **SMALL)).eval()
+    x = torch.randn(1, 3, 32, 32)
+    captures = [vitviz.capture_attention(model), vitviz.capture_attention(model.vit)]
+    caps = [c.__enter__() for c in captures]
+    with torch.no_grad():
+        model.vit(pixel_values=x)
+    assert model.config.mask_ratio == 0.0 and all(len(c.attentions) == 2 for c in caps)
+    for c in captures if close == "first opened first" else captures[::-1]:
+        c.__exit__(None, None, None)
+    assert model.config.mask_ratio == 0.75 and model.vit.config.mask_ratio == 0.75
+    assert instance_forwards(model) == 0 and hooks_everywhere(model) == 0
+    with torch.no_grad():  # masking again: 25% of the 16 patches kept, plus the class token
+        assert model.vit(pixel_values=x).last_hidden_state.shape[1] == 5
+
+
 def test_siglip_model_refuses_pixels_in_forward_like_clip():
     model = transformers.AutoModel.from_config(_auto_configs()["SiglipConfig"]).eval()
     with pytest.raises(InputError, match=r"SiglipModel\.forward takes input_ids"):

@@ -4,13 +4,14 @@ seed, the resumable sweep on a tiny folder, the figure, and the committed result
 from __future__ import annotations
 
 import json
+import re
 from pathlib import Path
 
 import numpy as np
 import pandas as pd
 import pytest
 
-from vitviz.errors import InputError
+from vitviz.errors import CheckpointError, InputError
 
 DATA = Path(__file__).resolve().parents[1] / "data" / "posemb_seeds"
 
@@ -148,6 +149,11 @@ def test_the_sweep_trains_resumes_and_measures_few_shot_on_a_tiny_folder(tmp_pat
     assert every.epoch.tolist() == [1, 2, 1, 2]  # each kept epoch, run by run
     with pytest.raises(TypeError, match="last_only"):
         fewshot_of_epochs(runs(PosembSeedsConfig(**two)), two["data"], last_only="False")
+    # kept weights cut off (a run folder copied part-way): the file and the fix, not torch's zip error
+    cut = tmp_path / "two" / "none-s0" / "cifar10-vit-nopos" / "epochs" / "epoch_001.pt"
+    cut.write_bytes(cut.read_bytes()[:100])
+    with pytest.raises(CheckpointError, match=rf"{re.escape(str(cut))}.*truncated.*delete it.*train none-s0 again"):
+        fewshot_of_epochs(runs(PosembSeedsConfig(**two)), two["data"], shots=1, seeds=(0,), test_per_class=2)
 
 
 def test_a_sweeps_few_shot_table_is_named_after_its_results_and_never_overwrites_another():

@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+import re
+
 import pandas as pd
 import pytest
 import torch
@@ -127,6 +129,27 @@ def test_the_decoded_cache_is_not_reused_for_an_image_replaced_under_its_name(tm
     assert torch.equal(after.images, load_image_folder(folder / "test").images)
     assert not torch.equal(after.images, before.images)
 
+
+
+@pytest.mark.parametrize("source", ["folder", "pack"])
+def test_a_cut_off_decoded_cache_is_decoded_again_with_a_warning(tmp_path, tiny_folder, source):
+    """A decoded cache cut off (a run folder copied part-way, a disk error) once stopped every run that read the
+    data with torch's zip error; it is a cache: the images are decoded again and the file rewritten."""
+    from vitviz.experiments.data import load_image_folder, load_pack, pack_image_folder
+
+    cache = tmp_path / "cache"
+    if source == "pack":
+        pack = pack_image_folder(tiny_folder, tmp_path / "tiny.npz")
+        load = lambda: load_pack(pack, "test", cache_dir=cache)  # noqa: E731
+    else:
+        load = lambda: load_image_folder(tiny_folder / "test", cache_dir=cache)  # noqa: E731
+    fresh = load()
+    (written,) = cache.iterdir()
+    written.write_bytes(written.read_bytes()[: written.stat().st_size // 2])
+    with pytest.warns(UserWarning, match=rf"{re.escape(str(written))}.*cannot be read.*decoded again"):
+        again = load()
+    assert torch.equal(again.images, fresh.images) and torch.equal(again.labels, fresh.labels)
+    assert torch.equal(torch.load(written, weights_only=True)["images"], fresh.images)  # rewritten whole
 
 
 def test_the_pack_cache_sees_an_edit_anywhere_in_the_pack(tmp_path):

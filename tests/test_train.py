@@ -107,8 +107,10 @@ def test_corrupt_training_state_is_refused(tmp_path, tiny_folder):
     cfg = config(tmp_path, tiny_folder, epochs=1)
     cfg.run_dir.mkdir(parents=True)
     (cfg.run_dir / "last.pt").write_bytes(b"\x80\x02 not a checkpoint")
-    with pytest.raises(CheckpointError, match="last.pt.*corrupt"):
+    # the fix for a run's own state: it cannot be downloaded again
+    with pytest.raises(CheckpointError, match=r"last.pt.*corrupt.*delete it .*to train the run again") as err:
         train(cfg, resume=True, progress=False)
+    assert "download" not in str(err.value)
 
 
 def test_missing_dataset_says_where_to_point(tmp_path, monkeypatch):
@@ -467,3 +469,42 @@ def test_train_refuses_a_config_no_run_can_follow_before_reading_data(tmp_path, 
     assert main(["train", "cifar10-vit", "--data", str(data), "--out", str(file), "--no-progress"]) == 2
     err = capsys.readouterr().err
     assert "error: out=" in err and "is a file" in err and "Traceback" not in err
+
+
+TRAIN_CHILD = """
+import time
+from vitviz.experiments.train import TrainConfig, train
+cfg = TrainConfig(**{cfg!r})
+train(cfg, progress=False, on_step=lambda epoch, step: time.sleep(0.1))  # slow enough to be killed in epoch 2
+"""
+
+
+def test_a_run_killed_for_real_resumes_bit_identical(tmp_path, tiny_folder):
+    """SIGKILL in a subprocess once the first epoch's last.pt is written; a resume in another process trains the
+    same weights and metrics as the run never killed."""
+    import os
+    import signal
+    import subprocess
+    import sys
+    import time
+    from dataclasses import asdict
+
+    killed = config(tmp_path / "b", tiny_folder, augment="trivialaugment", epochs=2)
+    script = tmp_path / "child.py"
+    script.write_text(TRAIN_CHILD.format(cfg=asdict(killed)))
+    child = subprocess.Popen([sys.executable, str(script)], stderr=subprocess.DEVNULL)
+    try:
+        while child.poll() is None and not (killed.run_dir / "last.pt").exists():
+            time.sleep(0.01)
+        os.kill(child.pid, signal.SIGKILL)
+    finally:
+        child.wait()
+    assert child.returncode == -signal.SIGKILL
+    assert torch.load(killed.run_dir / "last.pt", weights_only=True)["epoch"] == 1
+    train(killed, resume=True, progress=False)
+    straight = config(tmp_path / "a", tiny_folder, augment="trivialaugment", epochs=2)
+    train(straight, progress=False)
+    a = torch.load(straight.run_dir / "last.pt", weights_only=True)
+    b = torch.load(killed.run_dir / "last.pt", weights_only=True)
+    assert [k for k in a["model"] if not torch.equal(a["model"][k], b["model"][k])] == []
+    assert [r["test_acc"] for r in a["history"]] == [r["test_acc"] for r in b["history"]]

@@ -65,7 +65,7 @@ from torch import nn
 
 from vitviz.core.contexts import checkpointing_off, walk_once
 from vitviz.core.families import family_of
-from vitviz.core.families.base import Emit, HeadMaps, Probe, Undo, shared_prepare
+from vitviz.core.families.base import Emit, HeadMaps, Probe, Undo, chain_undos, shared_prepare
 from vitviz.core.spec import ViTSpec, inspect
 from vitviz.core.util import check_bool, is_int
 from vitviz.errors import (
@@ -516,8 +516,7 @@ def capture_attention(
         yield cap
         cap._close_pass()
     finally:
-        for undo in reversed(undos):
-            undo()
+        chain_undos(undos)()
 
 
 def _open_capture(model: nn.Module, layers: LayerSelect, on_layer: OnLayer | None, store: bool,
@@ -577,7 +576,6 @@ def _open_capture(model: nn.Module, layers: LayerSelect, on_layer: OnLayer | Non
                 raise UnsupportedModelError(f"{type(model).__name__} ({family.name}), attention module {name!r}: "
                                             f"{err}") from err
     except BaseException:
-        for undo in reversed(undos):
-            undo()
+        chain_undos(undos)()
         raise
     return cap, undos

@@ -11,6 +11,7 @@ from __future__ import annotations
 
 import hashlib
 import os
+import warnings
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
@@ -76,6 +77,24 @@ def _decode(path: str) -> np.ndarray:
         return np.array(im.convert("RGB"))
 
 
+def _read_cache(cache: Path | None) -> dict[str, torch.Tensor] | None:
+    """The decoded images and labels a cache file holds, or ``None`` when there is none. A file that cannot be read
+    (cut off by a copy or a disk error; vitviz writes it atomically) is only a cache: ``None`` with a warning naming
+    it, and the caller decodes the images again and rewrites it."""
+    if cache is None or not cache.exists():
+        return None
+    try:
+        blob = torch.load(cache, map_location="cpu", weights_only=True)
+        if isinstance(blob, dict) and all(isinstance(blob.get(k), torch.Tensor) for k in ("images", "labels")):
+            return blob
+        reason = "it holds no images and labels"
+    except Exception as exc:  # noqa: BLE001 (torch's zip, pickle and I/O errors have no common base)
+        reason = f"{type(exc).__name__}: {(str(exc).strip().splitlines() or [''])[0][:120]}"
+    warnings.warn(f"the decoded-image cache {str(cache)!r} cannot be read ({reason}); the images are decoded again "
+                  "and the cache rewritten", stacklevel=3)
+    return None
+
+
 def load_image_folder(folder: str | os.PathLike, cache_dir: str | os.PathLike | None = None) -> TensorDataset:
     """Decode every image of an ImageFolder tree into one uint8 tensor (all images must share one size).
 
@@ -93,8 +112,8 @@ def load_image_folder(folder: str | os.PathLike, cache_dir: str | os.PathLike | 
     key = hashlib.sha1("\n".join(f"{Path(p).relative_to(folder).as_posix()}:{file_key(p)}"
                                  for p, _ in index.samples).encode()).hexdigest()[:16]
     cache = Path(cache_dir) / f"{folder.name}-{key}.pt" if cache_dir is not None else None
-    if cache is not None and cache.exists():
-        blob = torch.load(cache, weights_only=True)
+    blob = _read_cache(cache)
+    if blob is not None:
         return TensorDataset(blob["images"], blob["labels"], list(index.classes))
     images = [torch.from_numpy(_decode(p)).permute(2, 0, 1) for p, _ in index.samples]
     sizes = {tuple(im.shape) for im in images}
@@ -163,8 +182,8 @@ def load_pack(path: str | os.PathLike, split: str, cache_dir: str | os.PathLike 
     parts = (tensor_digest(torch.from_numpy(a)) for a in (head, offsets, data, labels.numpy()))
     key = hashlib.sha1(f"{'|'.join(parts)}|{classes}".encode()).hexdigest()[:16]
     cache = Path(cache_dir) / f"pack-{split}-{key}.pt" if cache_dir is not None else None
-    if cache is not None and cache.exists():
-        blob = torch.load(cache, weights_only=True)
+    blob = _read_cache(cache)
+    if blob is not None:
         return TensorDataset(blob["images"], blob["labels"], classes)
     images = []
     for i in range(len(labels)):

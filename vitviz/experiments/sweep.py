@@ -189,6 +189,7 @@ def fewshot_of_epochs(runs: Sequence[SweepRun], data: str | None, *, shots: int 
     from vitviz.analysis.representations import linear_fewshot, per_class_subset
     from vitviz.zoo.reference import build_reference
     from vitviz.zoo.samples import resolve_data_root
+    from vitviz.zoo.weights import read_state_dict
 
     root = resolve_data_root(data)
     fingerprint = None  # the sweep's data, computed for the first run folder that has a last.pt
@@ -204,7 +205,9 @@ def fewshot_of_epochs(runs: Sequence[SweepRun], data: str | None, *, shots: int 
         test = per_class_subset(model, root / "test", test_per_class)
         kept = sorted((tc.run_dir / "epochs").glob("epoch_*.pt"))
         for path in kept[-1:] if last_only else kept:
-            model.load_state_dict(torch.load(path, map_location="cpu", weights_only=True))
+            model.load_state_dict(read_state_dict(path, fix=f"delete it (the run's last epoch is kept again from "
+                                                    f"its last.pt by the next run of the sweep), or train {run.id} "
+                                                    "again in a new folder"))
             df = linear_fewshot(model, root / "train", test, shots=(shots,), seeds=seeds, name=run.id,
                                 batch_size=250)
             for i, (key, value) in enumerate([*run.keys.items(), ("epoch", int(path.stem.split("_")[1]))]):

@@ -71,19 +71,22 @@ def check_card_hash(path: str | os.PathLike, name: str) -> None:
         )
 
 
-def _corrupt(path: Path, err: BaseException) -> CheckpointError:
+DOWNLOAD_AGAIN = "download or export it again"
+
+
+def _corrupt(path: Path, err: BaseException, fix: str = DOWNLOAD_AGAIN) -> CheckpointError:
     reason = (str(err).strip().splitlines() or [""])[0][:160]
     return CheckpointError(
         f"cannot read checkpoint {str(path)!r} ({type(err).__name__}: {reason}). The file is truncated, corrupt "
-        "or not a weights file: download or export it again"
+        f"or not a weights file: {fix}"
     )
 
 
-def read_state_dict(path: str | os.PathLike) -> dict[str, torch.Tensor]:
+def read_state_dict(path: str | os.PathLike, fix: str = DOWNLOAD_AGAIN) -> dict[str, torch.Tensor]:
     """Load a ``.safetensors`` or ``.pth``/``.pt``/``.bin`` state dict on the CPU (``weights_only`` pickles).
 
     Wrapper dicts (``state_dict``, ``model``, ``state_dict_ema``) and a ``module.`` prefix are unwrapped.
-    Raises ``CheckpointError`` with the file name and the fix when the file cannot be read.
+    Raises ``CheckpointError`` with the file name and ``fix`` (what to do about it) when the file cannot be read.
     """
     path = Path(path)
     if not path.is_file():
@@ -96,7 +99,7 @@ def read_state_dict(path: str | os.PathLike) -> dict[str, torch.Tensor]:
         else:
             sd = torch.load(path, map_location="cpu", weights_only=True)
     except Exception as e:  # safetensors, pickle and zip errors have no common base
-        raise _corrupt(path, e) from None
+        raise _corrupt(path, e, fix) from None
     if isinstance(sd, dict):
         for key in ("state_dict_ema", "state_dict", "model"):
             if isinstance(sd.get(key), dict):
@@ -143,7 +146,8 @@ def load_training_state(path: str | os.PathLike) -> dict[str, Any]:
     try:
         state = torch.load(path, map_location="cpu", weights_only=True)
     except Exception as e:
-        raise _corrupt(path, e) from None
+        raise _corrupt(path, e, "copy it again if it came from another machine, else delete it (with the run "
+                                "folder's metrics) to train the run again from its first epoch") from None
     if not isinstance(state, dict) or state.get("format") != "vitviz-train-state-v1":
         raise CheckpointError(f"{str(path)!r} is not a vitviz training state (last.pt)")
     return state

@@ -417,34 +417,40 @@ def named_children_of(model: nn.Module, prefix: str) -> list[tuple[str, nn.Modul
 
 
 def chain_undos(undos: list[Undo]) -> Undo:
-    """One undo that runs ``undos`` in reverse order (the last change undone first)."""
+    """One undo that runs ``undos`` in reverse order (the last change undone first). Every one runs, also when an
+    earlier one raises (a ``KeyboardInterrupt`` arriving while a capture ends): the first error is raised after the
+    last undo, so no change is left on the model behind it."""
     def undo() -> None:
+        error: BaseException | None = None
         for u in reversed(undos):
-            u()
+            try:
+                u()
+            except BaseException as exc:  # noqa: BLE001 (raised below, once every undo has run)
+                error = error or exc
+        if error is not None:
+            raise error
 
     return undo
 
 
 # model -> [open holders, the undo of its family's prepare]: an entry lives while a holder has it prepared
 _PREPARED: weakref.WeakKeyDictionary[nn.Module, list[Any]] = weakref.WeakKeyDictionary()
+# (id(obj), name) -> [open holders, the undo of held_attr's change]: the undo holds obj, so its id is not reused
+_HELD: dict[tuple[int, str], list[Any]] = {}
 _PREPARED_LOCK = threading.RLock()
 
 
-def shared_prepare(family: Family, model: nn.Module) -> Undo:
-    """``family.prepare(model)`` for the first holder only (a capture, an analysis call, AttnLRP's rules); its undo
-    when the last holder releases. Holders may nest, overlap and release in any order (two captures open at once,
-    the first closed first): the model stays prepared while any holder is open and comes back exactly when the
-    last one closes, where each holder's own undo, run in another order than it was made, would restore a state
-    another holder had set (a wrapper left on the model, ViTMAE's mask ratio left at 0).
+def _hold(registry: Any, key: Any, change: Callable[[], Undo]) -> Undo:
+    """``change()`` for the first holder of ``key`` in ``registry`` only; its undo when the last holder releases.
 
     Returns:
         ``release()``, idempotent.
     """
     with _PREPARED_LOCK:
-        entry = _PREPARED.get(model)
+        entry = registry.get(key)
         if entry is None:
-            entry = [0, family.prepare(model)]
-            _PREPARED[model] = entry
+            entry = [0, change()]
+            registry[key] = entry
         entry[0] += 1
     released = False
 
@@ -457,11 +463,37 @@ def shared_prepare(family: Family, model: nn.Module) -> Undo:
             entry[0] -= 1
             if entry[0]:
                 return
-            if _PREPARED.get(model) is entry:
-                del _PREPARED[model]
+            if registry.get(key) is entry:
+                del registry[key]
         entry[1]()
 
     return release
+
+
+def shared_prepare(family: Family, model: nn.Module) -> Undo:
+    """``family.prepare(model)`` for the first holder only (a capture, an analysis call, AttnLRP's rules); its undo
+    when the last holder releases. Holders may nest, overlap and release in any order (two captures open at once,
+    the first closed first): the model stays prepared while any holder is open and comes back exactly when the
+    last one closes, where each holder's own undo, run in another order than it was made, would restore a state
+    another holder had set (a wrapper left on the model, ViTMAE's mask ratio left at 0). State that another model
+    shares (a config, a module of both) is changed with ``held_attr``.
+
+    Returns:
+        ``release()``, idempotent.
+    """
+    return _hold(_PREPARED, model, lambda: family.prepare(model))
+
+
+def held_attr(obj: Any, name: str, value: Any) -> Undo:
+    """``set_attr`` for state that two models share (ViTMAEForPreTraining and its ``.vit``: the config and the
+    embeddings), each prepared by a holder of its own (``shared_prepare`` counts holders per model) that may
+    release in any order: the first holder of ``(obj, name)`` sets ``value`` and the last release restores what the
+    first found. ``value`` must mean the same for every holder (the same setting, or a wrapper doing the same).
+
+    Returns:
+        ``release()``, idempotent.
+    """
+    return _hold(_HELD, (id(obj), name), lambda: set_attr(obj, name, value))
 
 
 def set_attr(obj: Any, name: str, value: Any) -> Undo:

@@ -20,7 +20,7 @@ from typing import Any
 import torch
 from torch import nn
 
-from vitviz.core.families.base import Undo, chain_undos, set_attr, shared_prepare
+from vitviz.core.families.base import Undo, chain_undos, held_attr, shared_prepare
 from vitviz.core.families.hf_base import HFVisionFamily, vision_config
 from vitviz.core.families.readout import Readout, default_readout
 from vitviz.errors import CaptureError, UnsupportedModelError
@@ -56,9 +56,9 @@ class HFViTMAEFamily(HFVisionFamily):
                 ".forward)")
         undos = [super().prepare(model)]
         config = vision_config(model)
-        old_ratio = config.mask_ratio
-        config.mask_ratio = 0.0
-        undos.append(lambda: setattr(config, "mask_ratio", old_ratio))
+        # held_attr: the config and the embeddings may be another model's too (ViTMAEForPreTraining and its .vit),
+        # prepared by a capture of its own that ends in any order
+        undos.append(held_attr(config, "mask_ratio", 0.0))
         original = type(emb).forward
 
         def forward(pixel_values: torch.Tensor, noise: torch.Tensor | None = None, *args: Any, **kwargs: Any) -> Any:
@@ -76,7 +76,7 @@ class HFViTMAEFamily(HFVisionFamily):
             return original(emb, pixel_values, noise, *args, **kwargs)
 
         forward.__vitviz_probe__ = True  # type: ignore[attr-defined]  # vitviz's own, as the probes mark theirs
-        undos.append(set_attr(emb, "forward", forward))
+        undos.append(held_attr(emb, "forward", forward))
         return chain_undos(undos)
 
     def lrp_rules(self, model: nn.Module, rules: Any, emit: Any) -> Undo:
