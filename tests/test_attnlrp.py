@@ -992,6 +992,32 @@ def test_norm_rule_in_float16_keeps_a_token_with_a_large_feature(norm):
     assert ((got - want).abs().amax(1) <= 1e-2 * want.abs().amax(1)).all()
 
 
+def test_norm_rule_of_a_channel_layer_norm_normalises_the_channels():
+    """timm's ``LayerNorm2d`` normalises the channels (axis 1) of a ``(B, C, H, W)`` map. The rule's backward had
+    normalised the last axis (the map's width) with the ``(C,)`` weight broadcast along it: a wrong relevance, or a
+    shape error where ``W != C``. It must equal the rule of ``nn.LayerNorm`` over the channels moved last."""
+    from timm.layers import LayerNorm2d
+
+    from vitviz.core.families.lrp import install_norm
+
+    torch.manual_seed(0)
+    norm2d, norm = LayerNorm2d(4, eps=1e-6), nn.LayerNorm(4, eps=1e-6)
+    with torch.no_grad():
+        norm2d.weight.copy_(torch.rand(4) + 0.5)
+        norm.weight.copy_(norm2d.weight)
+    x, g = torch.randn(2, 4, 3, 4), torch.randn(2, 4, 3, 4)  # W == C: a last-axis rule runs without a shape error
+    grads = []
+    for m, xi, gi in ((norm2d, x, g), (norm, x.permute(0, 2, 3, 1), g.permute(0, 2, 3, 1))):
+        xi = xi.clone().requires_grad_(True)
+        undo = install_norm(m)
+        try:
+            (gx,) = torch.autograd.grad(m(xi), xi, gi)
+        finally:
+            undo()
+        grads.append(gx)
+    torch.testing.assert_close(grads[0], grads[1].permute(0, 3, 1, 2))
+
+
 def test_plain_patterns_must_name_a_layer_that_takes_the_linear_rule():
     """``plain`` leaves the named linear layers at the plain gradient. A pattern that matched only modules without
     the linear rule (a norm, an activation, a whole block, the patch convolution read at the tokens) used to pass

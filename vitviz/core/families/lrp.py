@@ -245,7 +245,7 @@ class _NormRule(torch.autograd.Function):
     """A LayerNorm / RMSNorm forward (the module's own); backward with the denominator held constant."""
 
     @staticmethod
-    def forward(ctx: Any, x: torch.Tensor, fn: Callable[[torch.Tensor], torch.Tensor], dims: int,
+    def forward(ctx: Any, x: torch.Tensor, fn: Callable[[torch.Tensor], torch.Tensor], dims: tuple[int, ...],
                 weight: torch.Tensor | None, eps: float, centre: bool) -> torch.Tensor:
         ctx.save_for_backward(x, weight)
         ctx.dims, ctx.eps, ctx.centre = dims, eps, centre
@@ -254,7 +254,9 @@ class _NormRule(torch.autograd.Function):
     @staticmethod
     def backward(ctx: Any, g: torch.Tensor) -> tuple:
         x, weight = ctx.saved_tensors
-        dims = tuple(range(-ctx.dims, 0))
+        dims = ctx.dims
+        if weight is not None and dims == (1,) and x.dim() > 2:  # a channel norm: (C,) weight over (B, C, ...)
+            weight = weight.reshape(-1, *([1] * (x.dim() - 2)))
         # in at least float32, as torch's own norms compute: in half precision the mean of the squares overflows
         # once a feature passes about 256 (float16), the denominator is infinite and the token's relevance 0
         dtype = torch.promote_types(x.dtype, torch.float32)
@@ -275,11 +277,15 @@ def _norm_eps(module: nn.Module) -> float:
 
 
 def install_norm(module: nn.Module) -> Undo:
-    """The identity rule on a LayerNorm / RMSNorm instance (its own forward, the modified backward)."""
+    """The identity rule on a LayerNorm / RMSNorm instance (its own forward, the modified backward): over its
+    ``normalized_shape``'s trailing axes, or, for timm's ``LayerNorm2d`` (a LayerNorm over the channels of a
+    ``(B, C, H, W)`` map), over axis 1."""
     original = type(module).forward
-    centre = isinstance(module, nn.LayerNorm) or type(module).__name__ in ("LayerNorm", "LayerNorm2d")
+    cls = type(module).__name__
+    centre = isinstance(module, nn.LayerNorm) or cls in ("LayerNorm", "LayerNorm2d")
     shape = getattr(module, "normalized_shape", None)
-    dims = len(shape) if isinstance(shape, (tuple, list)) else 1
+    n = len(shape) if isinstance(shape, (tuple, list)) else 1
+    dims = (1,) if cls == "LayerNorm2d" else tuple(range(-n, 0))
     eps = _norm_eps(module)
 
     def forward(x: torch.Tensor) -> torch.Tensor:
