@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import json
 import re
+import shutil
 from pathlib import Path
 
 import numpy as np
@@ -154,6 +155,30 @@ def test_the_sweep_trains_resumes_and_measures_few_shot_on_a_tiny_folder(tmp_pat
     cut.write_bytes(cut.read_bytes()[:100])
     with pytest.raises(CheckpointError, match=rf"{re.escape(str(cut))}.*truncated.*delete it.*train none-s0 again"):
         fewshot_of_epochs(runs(PosembSeedsConfig(**two)), two["data"], shots=1, seeds=(0,), test_per_class=2)
+
+
+def test_epoch_weights_of_an_earlier_run_are_refused_not_measured_or_mixed(tmp_path, tiny_folder):
+    """A run keeps an epoch's weights only after its last.pt holds that epoch. Epoch files beyond last.pt's epoch,
+    or without a last.pt (deleted to train the run again), are an earlier run's: the few-shot measure of the "last
+    epoch" read them as this run's, and a new run would have kept its epochs among them."""
+    from vitviz.experiments.posemb_seeds import PosembSeedsConfig, run_sweep, runs
+    from vitviz.experiments.sweep import fewshot_of_epochs
+
+    kw = dict(data=str(tiny_folder), out=str(tmp_path / "runs"), results=str(tmp_path / "r.csv"), encodings=("2d",),
+              seeds=(0,), epochs=1, warmup_epochs=0.5, train_subset=50, test_subset=20, batch_size=25)
+    run_sweep(PosembSeedsConfig(**kw))
+    run_dir = tmp_path / "runs" / "2d-s0" / "cifar10-vit-2dpos"
+    earlier = run_dir / "epochs" / "epoch_002.pt"  # as an earlier, longer run of the folder left it
+    shutil.copy(run_dir / "epochs" / "epoch_001.pt", earlier)
+    with pytest.raises(InputError, match=r"keeps 1 epoch weights \(epoch_002.pt\) of an earlier run of 2d-s0: its "
+                                         r"last.pt is at epoch 1.*delete them"):
+        fewshot_of_epochs(runs(PosembSeedsConfig(**kw)), kw["data"], shots=1, seeds=(0,), test_per_class=2,
+                          last_only=True)
+    (run_dir / "last.pt").unlink()  # to train the run again
+    with pytest.raises(InputError, match=r"keeps 2 epoch weights \(epoch_001.pt, epoch_002.pt\).*there is no "
+                                         r"last.pt"):
+        run_sweep(PosembSeedsConfig(**kw))
+    assert not (run_dir / "last.pt").exists()  # refused before training
 
 
 def test_a_sweeps_few_shot_table_is_named_after_its_results_and_never_overwrites_another():

@@ -108,7 +108,7 @@ def test_corrupt_training_state_is_refused(tmp_path, tiny_folder):
     cfg.run_dir.mkdir(parents=True)
     (cfg.run_dir / "last.pt").write_bytes(b"\x80\x02 not a checkpoint")
     # the fix for a run's own state: it cannot be downloaded again
-    with pytest.raises(CheckpointError, match=r"last.pt.*corrupt.*delete it .*to train the run again") as err:
+    with pytest.raises(CheckpointError, match=r"last.pt.*corrupt.*delete it with the rest of the run folder .*to train the run again") as err:
         train(cfg, resume=True, progress=False)
     assert "download" not in str(err.value)
 

@@ -151,6 +151,35 @@ def recover_last_epoch(run_dir: Path, epochs_dir: Path) -> None:
         atomic_save(state["model"], target)
 
 
+def _epoch_of(path: Path) -> int:
+    """The epoch of a kept weights file ``epochs/epoch_NNN.pt``."""
+    return int(path.stem.split("_")[1])
+
+
+def stale_epochs(run_dir: Path) -> tuple[list[Path], int | None]:
+    """The kept epoch weights (``epochs/epoch_NNN.pt``) of ``run_dir`` that its ``last.pt`` does not account for,
+    and that ``last.pt``'s epoch (None without one): the files numbered beyond it, or every one without a
+    ``last.pt``. ``train`` writes ``last.pt`` before the sweep keeps that epoch's weights, so such files are an
+    earlier run's (its ``last.pt`` deleted to train the run again), and would pass for this run's epochs."""
+    kept = sorted((run_dir / "epochs").glob("epoch_*.pt"))
+    last = run_dir / "last.pt"
+    if not last.exists():
+        return kept, None
+    from vitviz.zoo.weights import load_training_state
+
+    epoch = int(load_training_state(last)["epoch"])
+    return [p for p in kept if _epoch_of(p) > epoch], epoch
+
+
+def _stale_error(run_id: str, stale: list[Path], epoch: int | None) -> InputError:
+    where = "there is no last.pt" if epoch is None else f"its last.pt is at epoch {epoch}"
+    shown = ", ".join(p.name for p in stale[:3]) + (", ..." if len(stale) > 3 else "")
+    return InputError(f"{stale[0].parent} keeps {len(stale)} epoch weights ({shown}) of an earlier run of {run_id}: "
+                      f"{where}, and a run keeps an epoch only after its last.pt holds it, so they would pass for "
+                      f"this run's epochs; delete them (or the run folder {stale[0].parent.parent}) to train "
+                      f"{run_id} again")
+
+
 def train_runs(runs: Sequence[SweepRun], after_epoch: Callable[[], Any], *, tag: str,
                progress: bool = False) -> None:
     """Train every run in turn (resuming a started one, skipping a finished one), keeping each epoch's weights in
@@ -161,6 +190,9 @@ def train_runs(runs: Sequence[SweepRun], after_epoch: Callable[[], Any], *, tag:
         tc = run.config
         epochs_dir = tc.run_dir / "epochs"
         recover_last_epoch(tc.run_dir, epochs_dir)
+        stale, epoch = stale_epochs(tc.run_dir)
+        if stale:  # refused before training: the new run's epochs would be mixed with them, or overwrite them
+            raise _stale_error(run.id, stale, epoch)
 
         def keep(epoch: int, model: torch.nn.Module, row: dict[str, Any], d: Path = epochs_dir) -> None:
             atomic_save({k: v.detach().cpu() for k, v in model.state_dict().items()}, d / f"epoch_{epoch:03d}.pt")
@@ -201,6 +233,9 @@ def fewshot_of_epochs(runs: Sequence[SweepRun], data: str | None, *, shots: int 
         if not check_run_folder(tc, fingerprint) and any((tc.run_dir / "epochs").glob("epoch_*.pt")):
             warnings.warn(f"{tc.run_dir} keeps epoch weights but no last.pt: whether they were trained as "
                           f"{run.id} of this sweep could not be checked", stacklevel=2)
+        stale, epoch = stale_epochs(tc.run_dir)
+        if stale and epoch is not None:  # beyond the run's last.pt: an earlier run's (without one: warned above)
+            raise _stale_error(run.id, stale, epoch)
         model = build_reference(tc.model, **tc.model_kwargs).eval()
         test = per_class_subset(model, root / "test", test_per_class)
         kept = sorted((tc.run_dir / "epochs").glob("epoch_*.pt"))
@@ -210,7 +245,7 @@ def fewshot_of_epochs(runs: Sequence[SweepRun], data: str | None, *, shots: int 
                                                     "again in a new folder"))
             df = linear_fewshot(model, root / "train", test, shots=(shots,), seeds=seeds, name=run.id,
                                 batch_size=250)
-            for i, (key, value) in enumerate([*run.keys.items(), ("epoch", int(path.stem.split("_")[1]))]):
+            for i, (key, value) in enumerate([*run.keys.items(), ("epoch", _epoch_of(path))]):
                 df.insert(1 + i, "run_seed" if key == "seed" else key, value)
             frames.append(df)
     return pd.concat(frames, ignore_index=True) if frames else pd.DataFrame()

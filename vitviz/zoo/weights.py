@@ -146,8 +146,8 @@ def load_training_state(path: str | os.PathLike) -> dict[str, Any]:
     try:
         state = torch.load(path, map_location="cpu", weights_only=True)
     except Exception as e:
-        raise _corrupt(path, e, "copy it again if it came from another machine, else delete it (with the run "
-                                "folder's metrics) to train the run again from its first epoch") from None
+        raise _corrupt(path, e, "copy it again if it came from another machine, else delete it with the rest "
+                                "of the run folder (metrics, kept epochs) to train the run again from its first epoch") from None
     if not isinstance(state, dict) or state.get("format") != "vitviz-train-state-v1":
         raise CheckpointError(f"{str(path)!r} is not a vitviz training state (last.pt)")
     return state
