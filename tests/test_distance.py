@@ -405,3 +405,26 @@ def test_distance_by_block_lays_a_blocks_branches_side_by_side_and_refuses_unequ
         distance_by_block(d, (0, 0, 1, 2, 2, 2))
     with pytest.raises(vitviz.InputError, match="5 block indices for 6 rows"):
         distance_by_block(d, (0, 0, 1, 1, 2))
+
+
+def test_distance_observations_count_a_parallel_models_blocks_as_its_layers():
+    """mean_attention_distance gives a parallel block's branches separate rows: early_layers=2 then compared the
+    first block's two branches with the last block's, and "distance grows with depth" read one branch of the first
+    and last blocks. With blocks= (ViTSpec.attention_blocks) the checks read the blocks, each with all its
+    branches' heads (distance_by_block), for the hybrid comparison too; blocks that do not fit are refused."""
+    g = torch.Generator().manual_seed(0)
+    vit, hyb = torch.rand(8, 2, generator=g) * 100, torch.rand(8, 2, generator=g) * 100
+    blocks = (0, 0, 1, 1, 2, 2, 3, 3)
+
+    def by_hand(d):  # block b: its first branch's heads, then its second's
+        return torch.cat([d[0::2], d[1::2]], dim=1)
+
+    for early in (1, 2):
+        got = distance_observations(vit, hyb, early_layers=early, blocks=blocks, hybrid_blocks=blocks)
+        want = distance_observations(by_hand(vit), by_hand(hyb), early_layers=early)
+        assert got.equals(want)
+    assert "layer 4:" in distance_observations(vit, blocks=blocks)["measured"].iloc[0]
+    with pytest.raises(vitviz.InputError, match=r"early_layers=3 .* = \[1, 2\] for the 4 layers of vit"):
+        distance_observations(vit, early_layers=3, blocks=blocks)
+    with pytest.raises(vitviz.InputError, match=r"blocks: 4 block indices for 8 rows"):
+        distance_observations(vit, blocks=blocks[:4])

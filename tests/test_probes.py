@@ -916,3 +916,30 @@ def test_the_default_l2_is_chosen_on_the_few_shot_examples_never_on_the_test_ima
         by_l2 = {v: linear_fewshot_accuracy(x, y, xt, yt, l2_reg=v)[0] for v in L2_GRID}
         best_on_test_differs |= by_l2[chosen] < max(by_l2.values())
     assert best_on_test_differs
+
+
+def test_per_class_subset_refuses_a_labels_attribute_that_disagrees_with_the_items_labels():
+    """per_class_subset picks the images by a dataset's ``targets`` (read without the images): a dataset that maps
+    its labels in ``__getitem__`` (six classes merged into three) gave 2 images of each attribute class, i.e. 4 of
+    each class its items name where per_class=2 was asked for, without a word. The items picked are read and a
+    disagreement refused; a dataset whose attribute holds its items' labels gets its subset."""
+    from torch.utils.data import Dataset
+
+    from vitviz.analysis.representations import per_class_subset
+
+    class Merged(Dataset):
+        def __init__(self, x, y, merge):
+            self.x, self.targets, self.merge = x, y.tolist(), merge
+
+        def __len__(self):
+            return len(self.x)
+
+        def __getitem__(self, i):
+            return self.x[i], self.targets[i] // 2 if self.merge else self.targets[i]
+
+    model = tiny_timm_vit()
+    x, y = _data(3, classes=6)
+    with pytest.raises(InputError, match=r"source: the dataset's labels attribute .*image 3 is class 1.* yields 0"):
+        per_class_subset(model, Merged(x, y, merge=True), 2)
+    sub = per_class_subset(model, Merged(x, y, merge=False), 2)
+    assert np.bincount([sub[i][1] for i in range(len(sub))]).tolist() == [2] * 6

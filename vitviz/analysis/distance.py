@@ -399,9 +399,15 @@ def distance_by_block(distances: torch.Tensor, blocks: tuple[int, ...] | list[in
 
 
 def distance_observations(vit: torch.Tensor, hybrid: torch.Tensor | None = None, *, early_layers: int = 2,
-                          min_effect: float = 0.1,
-                          uniform_px: float | tuple[float, float] | None = None) -> Any:
+                          min_effect: float = 0.1, uniform_px: float | tuple[float, float] | None = None,
+                          blocks: tuple[int, ...] | None = None,
+                          hybrid_blocks: tuple[int, ...] | None = None) -> Any:
     """Check the paper's three observations on ``(L, H)`` distances; a pandas DataFrame, one row per check.
+
+    A layer is a row of the table: ``mean_attention_distance`` gives one per attention module, so for a model with
+    parallel blocks (timm's ``ParallelThingsBlock``: several attention modules per block) pass ``blocks=`` (its
+    ``ViTSpec.attention_blocks``) for the layers to be its blocks, each with all its branches' heads
+    (``distance_by_block``); without it the first ``early_layers`` rows are the first block's branches.
 
     An observation ``holds`` only when the effect exceeds ``min_effect`` (a fraction), so near-uniform attention
     (random weights) holds none of them:
@@ -425,6 +431,8 @@ def distance_observations(vit: torch.Tensor, hybrid: torch.Tensor | None = None,
         early_layers: how many first (and last) layers the spread compares.
         min_effect: the smallest effect, as a fraction, that counts.
         uniform_px: the uniform-attention distance in pixels of the ViT's grid, or ``(vit, hybrid)`` for two.
+        blocks, hybrid_blocks: the residual block of each row of ``vit`` / ``hybrid`` (``ViTSpec.attention_blocks``;
+            needed for parallel blocks only): the checks then count blocks as layers.
 
     Returns:
         DataFrame with columns ``observation``, ``model``, ``measured`` (in words) and ``holds``.
@@ -432,7 +440,8 @@ def distance_observations(vit: torch.Tensor, hybrid: torch.Tensor | None = None,
     Raises:
         InputError: ``uniform_px`` not a positive number, or a pair where there is no hybrid; distances that are
             not a finite ``(L, H)`` table; ``early_layers`` not an int in ``[1, L // 2]`` (the first and the last
-            ``early_layers`` layers would overlap); ``min_effect`` negative.
+            ``early_layers`` layers would overlap); ``min_effect`` negative; ``blocks`` that do not give one block
+            per row, or blocks of unequal branch counts (``distance_by_block``).
     """
     import pandas as pd
     from scipy.stats import spearmanr
@@ -445,6 +454,8 @@ def distance_observations(vit: torch.Tensor, hybrid: torch.Tensor | None = None,
     for name, d in list(models.items()):
         arg = "vit" if name == "ViT" else "hybrid"
         d = torch.as_tensor(d)
+        if d.ndim == 2:  # else refused below
+            d = distance_by_block(d, (blocks if name == "ViT" else hybrid_blocks) or ())[0]
         if d.ndim != 2 or min(d.shape) < 1 or not bool(torch.isfinite(d.float()).all()):
             raise InputError(f"{arg}: expected finite (L, H) distances (mean_attention_distance's result), got "
                              f"shape {tuple(d.shape)}" + ("" if d.ndim != 2 or min(d.shape) < 1 else
@@ -477,8 +488,8 @@ def distance_observations(vit: torch.Tensor, hybrid: torch.Tensor | None = None,
             value, holds = fn(d, uniform[name])
             rows.append({"observation": check, "model": name, "measured": value, "holds": holds})
     if hybrid is not None:
-        v = float(torch.as_tensor(vit).float()[:early_layers].amin())
-        h = float(torch.as_tensor(hybrid).float()[:early_layers].amin())
+        v = float(models["ViT"].float()[:early_layers].amin())
+        h = float(models["Hybrid"].float()[:early_layers].amin())
         rows.append({"observation": "hybrid less local early", "model": "Hybrid vs ViT",
                      "measured": f"most local early head: hybrid {h:.1f} px vs ViT {v:.1f} px",
                      "holds": h > (1 + min_effect) * v})

@@ -77,8 +77,13 @@ def per_class_subset(model: nn.Module, source: Any, per_class: int) -> Subset:
 
     Raises:
         InputError: ``per_class`` below 1, or above the images of some classes but not of others (the set would not
-            be balanced; the message names the short classes).
+            be balanced; the message names the short classes). Or a Dataset's ``labels``/``targets`` attribute
+            (by which the images are picked) disagrees with the labels the picked items yield (the subset would not
+            hold ``per_class`` images of each class): the picked items are read to check it (not those of vitviz's
+            own folder, which yields its attribute).
     """
+    from vitviz.core.datasets import ImageFolder
+
     if not is_int(per_class) or per_class < 1:
         raise InputError(f"per_class={per_class!r} must be a positive int, the images kept of each class (e.g. 100)")
     ds = _index(model, source)
@@ -93,6 +98,10 @@ def per_class_subset(model: nn.Module, source: Any, per_class: int) -> Subset:
         raise InputError(f"per_class={per_class} exceeds the images of class(es) {short} (class: images); pass a "
                          "smaller per_class")
     keep = np.sort(np.concatenate([np.flatnonzero(labels == c)[:per_class] for c in classes]))
+    if type(ds) is not ImageFolder:  # vitviz's folder yields its labels attribute: reading its images checks nothing
+        _check_item_labels(labels[keep], np.array([int(ds[int(i)][1]) for i in keep]), keep, "source",
+                           "the subset picked by the attribute would not hold `per_class` images of each class",
+                           "keep the attribute equal to the labels the items yield")
     return Subset(ds, keep.tolist())
 
 
@@ -200,18 +209,20 @@ def _features(model: nn.Module, train: Any, test: Any, shots: Sequence[int], see
     return ftr, fte, draws, labels
 
 
-def _check_item_labels(said: np.ndarray, yielded: np.ndarray, images: np.ndarray) -> None:
-    """Refuses training items whose labels differ from what the dataset's attribute said (``labels_of``): the draws
-    were made from the attribute, so they would not hold ``shots`` images of each class the probe is fitted on."""
+def _check_item_labels(said: np.ndarray, yielded: np.ndarray, images: np.ndarray, argument: str = "train",
+                       result: str = "the draws made from the attribute would not hold `shots` images of each class",
+                       fix: str = "keep the attribute equal to the items' labels, or pass "
+                                  "torch.utils.data.ConcatDataset([dataset]), which has no such attribute: the draws "
+                                  "are then made from the labels the items yield") -> None:
+    """Refuses items whose labels differ from what the dataset's attribute said (``labels_of``): ``images`` were
+    picked by the attribute (the few-shot draws, ``per_class_subset``), so they would not hold what was asked of
+    each class the items name (``result``)."""
     wrong = np.flatnonzero(said != yielded)
     if len(wrong):
         i = wrong[0]
-        raise InputError(f"train: the dataset's labels attribute (labels or targets) says image {int(images[i])} is "
-                         f"class {int(said[i])}, but its item yields {int(yielded[i])} ({len(wrong)} of "
-                         f"{len(said)} drawn images disagree), so the draws made from the attribute would not hold "
-                         "`shots` images of each class; keep the attribute equal to the items' labels, or pass "
-                         "torch.utils.data.ConcatDataset([dataset]), which has no such attribute: the draws are then "
-                         "made from the labels the items yield")
+        raise InputError(f"{argument}: the dataset's labels attribute (labels or targets) says image "
+                         f"{int(images[i])} is class {int(said[i])}, but its item yields {int(yielded[i])} "
+                         f"({len(wrong)} of {len(said)} picked images disagree), so {result}; {fix}")
 
 
 def _fewshot_rows(ftr: Features, fte: Features, draws: dict, l2_reg: float | None, name: str, depth: int,

@@ -118,6 +118,12 @@ def posemb_draw_differences(fewshot: pd.DataFrame | None = None, ablation: tuple
     or hard set of shots) and their Student-t interval is the paired one. The marginal intervals of
     ``posemb_measures`` (each model over its draws) overlap where the paired one does not, and the other way round.
 
+    What the pairing can check: the rows pair on ``shots`` and ``seed`` (the draw), and a draw or a shot count one
+    model lacks is refused. The table names no image, only counts: the same seed draws the same training images
+    only from the same training set, and the test sets are compared by their ``test_images`` counts alone, so two
+    models measured on different data of equal size pair without a word. Measure the compared models in one
+    ``measure`` call (one ``--data``, one ``--test-subset``), as the committed table was.
+
     Args:
         fewshot: the per-draw table (``read_posemb_fewshot()``, the default): ``model, shots, seed, accuracy``.
         ablation: the models compared, one per encoding (their ``pos_emb`` in ``POS_EMB``).
