@@ -50,6 +50,7 @@ sys.path.insert(0, {tests!r})
 import torch
 from conftest import tiny_timm_vit
 import vitviz
+torch.set_num_threads({threads})  # the parent's: CPU reductions over another thread count may round otherwise
 torch.manual_seed(0)
 model = tiny_timm_vit()
 x = torch.randn(8, 3, 32, 48)
@@ -71,7 +72,8 @@ def test_a_run_killed_for_real_resumes_to_the_uninterrupted_frame(tmp_path):
     out = tmp_path / "curves.csv"
     run = dict(RUN, batch_size=1)
     script = tmp_path / "child.py"
-    script.write_text(CHILD.format(tests=str(Path(__file__).parent), out=str(out), run=run))
+    script.write_text(CHILD.format(tests=str(Path(__file__).parent), out=str(out), run=run,
+                                   threads=torch.get_num_threads()))
     child = subprocess.Popen([sys.executable, str(script)], stderr=subprocess.DEVNULL)
     try:
         while child.poll() is None and not (out.exists() and pd.read_csv(out, dtype=str)["image"].nunique() >= 2):

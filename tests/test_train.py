@@ -489,7 +489,10 @@ def test_a_run_killed_for_real_resumes_bit_identical(tmp_path, tiny_folder):
     import time
     from dataclasses import asdict
 
-    killed = config(tmp_path / "b", tiny_folder, augment="trivialaugment", epochs=2)
+    # one thread in both processes: CPU reductions split over another thread count round otherwise (and the
+    # parent's count is whatever the tests before this one left), which is not what this test asks about
+    threads = torch.get_num_threads()
+    killed = config(tmp_path / "b", tiny_folder, augment="trivialaugment", epochs=2, threads=1)
     script = tmp_path / "child.py"
     script.write_text(TRAIN_CHILD.format(cfg=asdict(killed)))
     child = subprocess.Popen([sys.executable, str(script)], stderr=subprocess.DEVNULL)
@@ -501,9 +504,12 @@ def test_a_run_killed_for_real_resumes_bit_identical(tmp_path, tiny_folder):
         child.wait()
     assert child.returncode == -signal.SIGKILL
     assert torch.load(killed.run_dir / "last.pt", weights_only=True)["epoch"] == 1
-    train(killed, resume=True, progress=False)
-    straight = config(tmp_path / "a", tiny_folder, augment="trivialaugment", epochs=2)
-    train(straight, progress=False)
+    try:
+        train(killed, resume=True, progress=False)
+        straight = config(tmp_path / "a", tiny_folder, augment="trivialaugment", epochs=2, threads=1)
+        train(straight, progress=False)
+    finally:
+        torch.set_num_threads(threads)
     a = torch.load(straight.run_dir / "last.pt", weights_only=True)
     b = torch.load(killed.run_dir / "last.pt", weights_only=True)
     assert [k for k in a["model"] if not torch.equal(a["model"][k], b["model"][k])] == []
