@@ -471,6 +471,18 @@ def test_train_refuses_a_config_no_run_can_follow_before_reading_data(tmp_path, 
     assert "error: out=" in err and "is a file" in err and "Traceback" not in err
 
 
+def test_threads_are_the_runs_only(tmp_path, tiny_folder):
+    """``threads=`` set torch's CPU threads for the rest of the process (a notebook's later work ran on them)."""
+    before = torch.get_num_threads()
+    other = 1 if before != 1 else 2
+    train(config(tmp_path, tiny_folder, epochs=1, threads=other, train_subset=50, test_subset=20), progress=False)
+    assert torch.get_num_threads() == before
+    with pytest.raises(InputError):  # a run that raises (its folder holds another run) restores them too
+        train(config(tmp_path, tiny_folder, epochs=1, threads=other, train_subset=60, test_subset=20),
+              resume=True, progress=False)
+    assert torch.get_num_threads() == before
+
+
 TRAIN_CHILD = """
 import time
 from vitviz.experiments.train import TrainConfig, train

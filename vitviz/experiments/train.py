@@ -127,10 +127,23 @@ def train(
         on_epoch: called as ``on_epoch(epoch, model, row)`` after each epoch's checkpoint is written (``epoch``
             counts from 1; ``row`` is that epoch's metrics), e.g. to keep every epoch's weights.
         progress: show tqdm progress bars.
+
+    ``cfg.threads`` sets torch's CPU threads for the run only: the count the process had is restored on return,
+    also when the run raises.
     """
     check_config(cfg)
+    threads = torch.get_num_threads()
     if cfg.threads:
         torch.set_num_threads(cfg.threads)
+    try:
+        return _train(cfg, resume=resume, on_step=on_step, on_epoch=on_epoch, progress=progress)
+    finally:
+        torch.set_num_threads(threads)
+
+
+def _train(cfg: TrainConfig, *, resume: bool, on_step: Callable[[int, int], None] | None,
+           on_epoch: Callable[[int, nn.Module, dict[str, Any]], None] | None, progress: bool) -> dict[str, Any]:
+    """``train``'s run, on the thread count ``train`` set."""
     device = resolve_device(cfg.device)
     run_dir = cfg.run_dir
     run_dir.mkdir(parents=True, exist_ok=True)
