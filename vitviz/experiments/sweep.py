@@ -171,12 +171,12 @@ def stale_epochs(run_dir: Path) -> tuple[list[Path], int | None]:
     return [p for p in kept if _epoch_of(p) > epoch], epoch
 
 
-def _stale_error(run_id: str, stale: list[Path], epoch: int | None) -> InputError:
+def _stale_error(run_id: str, run_dir: Path, stale: list[Path], epoch: int | None) -> InputError:
     where = "there is no last.pt" if epoch is None else f"its last.pt is at epoch {epoch}"
     shown = ", ".join(p.name for p in stale[:3]) + (", ..." if len(stale) > 3 else "")
     return InputError(f"{stale[0].parent} keeps {len(stale)} epoch weights ({shown}) of an earlier run of {run_id}: "
                       f"{where}, and a run keeps an epoch only after its last.pt holds it, so they would pass for "
-                      f"this run's epochs; delete them (or the run folder {stale[0].parent.parent}) to train "
+                      f"this run's epochs; delete them (or the run folder {run_dir}) to train "
                       f"{run_id} again")
 
 
@@ -192,7 +192,7 @@ def train_runs(runs: Sequence[SweepRun], after_epoch: Callable[[], Any], *, tag:
         recover_last_epoch(tc.run_dir, epochs_dir)
         stale, epoch = stale_epochs(tc.run_dir)
         if stale:  # refused before training: the new run's epochs would be mixed with them, or overwrite them
-            raise _stale_error(run.id, stale, epoch)
+            raise _stale_error(run.id, tc.run_dir, stale, epoch)
 
         def keep(epoch: int, model: torch.nn.Module, row: dict[str, Any], d: Path = epochs_dir) -> None:
             atomic_save({k: v.detach().cpu() for k, v in model.state_dict().items()}, d / f"epoch_{epoch:03d}.pt")
@@ -235,7 +235,7 @@ def fewshot_of_epochs(runs: Sequence[SweepRun], data: str | None, *, shots: int 
                           f"{run.id} of this sweep could not be checked", stacklevel=2)
         stale, epoch = stale_epochs(tc.run_dir)
         if stale and epoch is not None:  # beyond the run's last.pt: an earlier run's (without one: warned above)
-            raise _stale_error(run.id, stale, epoch)
+            raise _stale_error(run.id, tc.run_dir, stale, epoch)
         model = build_reference(tc.model, **tc.model_kwargs).eval()
         test = per_class_subset(model, root / "test", test_per_class)
         kept = sorted((tc.run_dir / "epochs").glob("epoch_*.pt"))
