@@ -14,6 +14,7 @@ from vitviz.analysis.distance import (
     DistanceReducer,
     TokenLayout,
     attention_distance_from_maps,
+    distance_by_block,
     distance_observations,
     patch_distance_matrix,
 )
@@ -394,8 +395,6 @@ def test_a_layout_prefix_count_that_is_not_an_int_is_refused_not_truncated(bad):
 
 
 def test_distance_by_block_lays_a_blocks_branches_side_by_side_and_refuses_unequal_blocks():
-    from vitviz.analysis.distance import distance_by_block
-
     d = torch.arange(12.0).reshape(6, 2)  # 6 modules of 2 heads
     table, branches = distance_by_block(d, (0, 0, 1, 1, 2, 2))
     assert branches == 2 and table.tolist() == [[0, 1, 2, 3], [4, 5, 6, 7], [8, 9, 10, 11]]
@@ -428,3 +427,37 @@ def test_distance_observations_count_a_parallel_models_blocks_as_its_layers():
         distance_observations(vit, early_layers=3, blocks=blocks)
     with pytest.raises(vitviz.InputError, match=r"blocks: 4 block indices for 8 rows"):
         distance_observations(vit, blocks=blocks[:4])
+
+
+def test_distance_observations_names_hybrid_blocks_when_the_hybrids_blocks_do_not_fit():
+    """The hybrid rows' blocks went through the check that names ``blocks``: hybrid_blocks=(0, 0, 1, 1) for 8
+    hybrid rows was refused as "blocks: 4 block indices for 8 rows", pointing at the ViT's argument, which fit."""
+    v = torch.rand(8, 2, generator=torch.Generator().manual_seed(0)) * 100
+    fine = (0, 0, 1, 1, 2, 2, 3, 3)
+    with pytest.raises(vitviz.InputError, match=r"^hybrid_blocks: 4 block indices for 8 rows"):
+        distance_observations(v, v, blocks=fine, hybrid_blocks=fine[:4])
+    with pytest.raises(vitviz.InputError, match=r"^hybrid_blocks=\(0, 0, 1, 2, 2, 2, 3, 3\): .*\[2, 1, 3, 2\]"):
+        distance_observations(v, v, blocks=fine, hybrid_blocks=(0, 0, 1, 2, 2, 2, 3, 3))
+    with pytest.raises(vitviz.InputError, match=r"^blocks: 4 block indices for 8 rows"):
+        distance_observations(v, v, blocks=fine[:4], hybrid_blocks=fine)
+
+
+def test_distance_observations_of_a_real_parallel_model_read_one_row_per_block():
+    """End to end on timm's ParallelThingsBlock (vit_small_patch16_18x2_224's layout, random weights, 4 blocks of
+    2 branches): mean_attention_distance gives 8 module rows, and distance_observations with the model's
+    attention_blocks reads its 4 blocks, each with both branches' heads, as distance_by_block lays them out."""
+    torch.manual_seed(0)
+    model = timm.create_model("vit_small_patch16_18x2_224", depth=4, img_size=(32, 48), patch_size=8, embed_dim=32,
+                              num_heads=2).eval()
+    blocks = vitviz.inspect(model).attention_blocks
+    assert blocks == (0, 0, 1, 1, 2, 2, 3, 3)
+    dist = vitviz.mean_attention_distance(model, torch.randn(2, 3, 32, 48))
+    assert dist.shape == (8, 2)
+    table, branches = distance_by_block(dist, blocks)
+    assert branches == 2 and table.shape == (4, 4)
+    got = distance_observations(dist, dist, early_layers=2, blocks=blocks, hybrid_blocks=blocks)
+    assert got.equals(distance_observations(table, table, early_layers=2))
+    m = table.mean(dim=1)
+    assert got["measured"].iloc[0].startswith(f"layer 1: {m[0]:.1f} px -> layer 4: {m[-1]:.1f} px")
+    # without blocks the rows are branches: 8 "layers", and the first of them one branch's heads only
+    assert "layer 8:" in distance_observations(dist)["measured"].iloc[0]

@@ -386,14 +386,19 @@ def distance_by_block(distances: torch.Tensor, blocks: tuple[int, ...] | list[in
     Raises:
         InputError: ``blocks`` does not give one block per row, or the blocks have unequal numbers of branches.
     """
+    return _by_block(distances, blocks, "blocks")
+
+
+def _by_block(distances: torch.Tensor, blocks: tuple[int, ...] | list[int], arg: str) -> tuple[torch.Tensor, int]:
+    """``distance_by_block``, its errors naming the argument ``arg`` the caller was given ``blocks`` as."""
     if not blocks:
         return distances, 1
     if len(blocks) != distances.shape[0]:
-        raise InputError(f"blocks: {len(blocks)} block indices for {distances.shape[0]} rows of distances; pass "
+        raise InputError(f"{arg}: {len(blocks)} block indices for {distances.shape[0]} rows of distances; pass "
                          "ViTSpec.attention_blocks of the model the distances came from")
     counts = [list(blocks).count(b) for b in sorted(set(blocks))]
     if len(set(counts)) > 1 or list(blocks) != sorted(blocks):
-        raise InputError(f"blocks={tuple(blocks)}: the blocks have {counts} attention modules each, so their heads "
+        raise InputError(f"{arg}={tuple(blocks)}: the blocks have {counts} attention modules each, so their heads "
                          "make no one table; plot the (modules, heads) distances as they are")
     return distances.reshape(len(counts), -1), counts[0]
 
@@ -440,8 +445,8 @@ def distance_observations(vit: torch.Tensor, hybrid: torch.Tensor | None = None,
     Raises:
         InputError: ``uniform_px`` not a positive number, or a pair where there is no hybrid; distances that are
             not a finite ``(L, H)`` table; ``early_layers`` not an int in ``[1, L // 2]`` (the first and the last
-            ``early_layers`` layers would overlap); ``min_effect`` negative; ``blocks`` that do not give one block
-            per row, or blocks of unequal branch counts (``distance_by_block``).
+            ``early_layers`` layers would overlap); ``min_effect`` negative; ``blocks`` (or ``hybrid_blocks``, named
+            so) that do not give one block per row, or blocks of unequal branch counts (``distance_by_block``).
     """
     import pandas as pd
     from scipy.stats import spearmanr
@@ -455,7 +460,8 @@ def distance_observations(vit: torch.Tensor, hybrid: torch.Tensor | None = None,
         arg = "vit" if name == "ViT" else "hybrid"
         d = torch.as_tensor(d)
         if d.ndim == 2:  # else refused below
-            d = distance_by_block(d, (blocks if name == "ViT" else hybrid_blocks) or ())[0]
+            d = _by_block(d, (blocks if name == "ViT" else hybrid_blocks) or (),
+                          "blocks" if name == "ViT" else "hybrid_blocks")[0]
         if d.ndim != 2 or min(d.shape) < 1 or not bool(torch.isfinite(d.float()).all()):
             raise InputError(f"{arg}: expected finite (L, H) distances (mean_attention_distance's result), got "
                              f"shape {tuple(d.shape)}" + ("" if d.ndim != 2 or min(d.shape) < 1 else
