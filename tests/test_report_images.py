@@ -222,3 +222,21 @@ def test_render_report_lists_your_images_once(layouts, tmp_path, monkeypatch):
     for key in ("cifar10-vit", "cifar10-hybrid"):
         names = np.load(tmp_path / "rep" / "arrays" / f"{key}_attention_distance.npz")["images"]
         assert [Path(n).name for n in names] == ["a.jpg", "b.png", "c.webp", "d.JPEG"]
+
+
+def test_the_command_line_names_the_images_it_uses_once(layouts, tmp_path, capsys, monkeypatch):
+    """``vitviz report --images DIR`` listed the folder itself and printed that listing ("4 images from DIR"),
+    and render_report listed it again, DISTANCE_IMAGES of them, for the figures: with more images than that the
+    line named a count the figures did not use. The images are named once, as the figures' own listing."""
+    from vitviz import report
+
+    monkeypatch.setattr(report, "DISTANCE_IMAGES", 3)  # fewer than the flat folder's 4
+    out = tmp_path / "rep"
+    code = main(["report", "--out", str(out), "--model", "cifar10-vit", "--formats", "png", "--notebooks", "none",
+                 "--device", "cpu", "--images", str(layouts["flat"])])
+    printed = capsys.readouterr()
+    assert code == 0, printed.err
+    (source,) = [f["images"] for f in json.loads((out / "meta.json").read_text())["figures"] if "images" in f]
+    assert source.startswith("3 images from ")
+    both = printed.out + printed.err
+    assert both.count(source) == 1 and both.count(str(layouts["flat"])) == 1, both

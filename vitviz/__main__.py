@@ -147,15 +147,14 @@ def report(a: argparse.Namespace) -> int:
         if a.kernel not in kernels:
             raise InputError(f"--kernel {a.kernel!r} is not a Jupyter kernel here; pass one of {kernels} (`jupyter "
                              "kernelspec list`), or --notebooks none to render the package figures only")
-    if a.images is not None:
+    if a.images is not None:  # refused here with exit code 2; render_report lists and names the images it uses
         from vitviz.zoo.samples import images_from
 
         try:
-            found = images_from(a.images)
+            images_from(a.images)
         except FileNotFoundError as e:
             print(f"vitviz report: --images: {e}", file=sys.stderr)
             return 2
-        print(f"vitviz report: --images: {found.source}")
     rep = render_report(a.out, a.model or None, tuple(a.formats.split(",")), a.device, model=(a.model or [None])[0],
                         checkpoint=checkpoint, images=a.images, notebooks=notebooks, kernel=a.kernel,
                         cell_timeout=a.cell_timeout)

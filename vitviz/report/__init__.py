@@ -31,6 +31,7 @@ import datetime as _dt
 import os
 import re
 import subprocess
+import sys
 import traceback
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field
@@ -502,7 +503,8 @@ def render_report(
             ``DEFAULT_MODELS``, the reference models).
         formats: figure formats of the package figures.
         device: device of the package figures' models (``"auto"``: CUDA when available).
-        progress: show a tqdm bar over the steps.
+        progress: show a tqdm bar over the steps, and first, with ``images``, which images the figures use (their
+            ``source``, on stderr).
         notebooks: the notebooks to execute (default: every installed notebook, ``vitviz.notebooks``, built from
             the repository's ``notebooks/``; ``()`` for none).
         model: a model name or weights path for the notebooks that declare ``model_name`` (default: their own);
@@ -612,6 +614,8 @@ def render_report(
                  + ([image_path] if image_path is not None else []))
     write_meta(STATUS_RUNNING)
     try:
+        if progress and found is not None:  # the listing the figures use, said once, before the first step
+            tqdm.write(f"vitviz report: images: {found.source}", file=sys.stderr)
         bar = tqdm(steps, desc="vitviz report", unit="step", disable=not progress)
         for label, step in bar:
             bar.set_postfix_str(label)
