@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import json
 import os
+import re
 from pathlib import Path
 
 import nbformat
@@ -761,8 +762,9 @@ def test_a_notebook_flag_or_count_of_the_wrong_kind_is_refused_naming_it():
 
 @pytest.mark.parametrize("name", sorted(p.name for p in (Path(__file__).parents[1] / "notebooks").glob("*.ipynb")))
 def test_every_flag_and_count_of_a_shipped_notebook_is_checked_before_it_is_used(name):
-    """Each parameter whose default is a bool, an int or a float is read through ``check_parameter`` in the first code
-    cell after the parameters cell, before that cell does anything else; given as a string, that cell refuses it."""
+    """Each parameter whose default is a bool, an int, a float or a list is read through ``check_parameter`` in the
+    first code cell after the parameters cell, before that cell does anything else; given as a string, that cell
+    refuses it."""
     import ast
 
     from vitviz.errors import InputTypeError
@@ -780,23 +782,99 @@ def test_every_flag_and_count_of_a_shipped_notebook_is_checked_before_it_is_used
               and getattr(s.value.func, "id", "") == "check_parameter"]
     assert {s.targets[0].id for s in checks} == set(kinds), "flags and counts not read through check_parameter first"
     code = compile(ast.Module([*imports, *checks], []), name, "exec")
-    good = {k: {bool: False, int: 1, float: 1.0}[kind] for k, kind in kinds.items()}
+    examples = {bool: False, int: 1, float: 1.0, list[int]: [1], list[float]: [1.0], list[str]: ["a"], list: []}
+    good = {k: examples[kind] for k, kind in kinds.items()}
     exec(code, dict(good))  # noqa: S102
     for k in kinds:
         with pytest.raises(InputTypeError, match=rf"{k}='False' is not"):
             exec(code, {**good, k: "False"})  # noqa: S102
 
 
+def test_a_notebook_list_parameter_is_refused_unless_a_list_of_its_kind():
+    """papermill -r passes ``shots`` as ``'[1, 5]'`` or ``'5'``, which notebook 05 iterated character by character
+    (``model_names='cifar10-vit'`` loaded a model named ``'c'``); a list, of the default's element kind, is asked."""
+    from vitviz.errors import InputTypeError
+    from vitviz.report.notebooks import _declared_kind, check_parameter
+
+    assert _declared_kind("[1, 5, 10]") == list[int] and _declared_kind('["a", "b"]') == list[str]
+    assert _declared_kind("[0.5]") == list[float] and _declared_kind("[]") is list and _declared_kind('[1, "a"]') is list
+    assert check_parameter("shots", [1, 5], list[int]) == [1, 5] and check_parameter("shots", [], list[int]) == []
+    assert check_parameter("model_names", ["a"], list[str]) == ["a"] and check_parameter("x", [1, "a"], list) == [1, "a"]
+    for value in ("[1, 5]", "5", 5, (1, 5), None):
+        with pytest.raises(InputTypeError, match=rf"^shots={re.escape(repr(value))} is not a list; pass a list of whole "
+                                                 r"numbers, e.g. \[1, 5\] \(papermill -y 'shots: \[1, 5\]'\)"):
+            check_parameter("shots", value, list[int])
+    for value, bad in (([1, "5"], "'5'"), ([1, True], "True"), ([1, 2.5], "2.5")):
+        with pytest.raises(InputTypeError, match=rf"^shots={re.escape(repr(value))} holds {bad}, which is not a whole "
+                                                 r"number; pass a list of whole numbers"):
+            check_parameter("shots", value, list[int])
+    with pytest.raises(InputTypeError, match=r"^model_names='cifar10-vit' is not a list; pass a list of strings"):
+        check_parameter("model_names", "cifar10-vit", list[str])
+    with pytest.raises(InputTypeError, match=r"^model_names=\['a', 1\] holds 1, which is not a string"):
+        check_parameter("model_names", ["a", 1], list[str])
+    with pytest.raises(InputTypeError, match=r"^x='\[\]' is not a list"):
+        check_parameter("x", "[]", list)
+
+
+def test_a_notebook_choice_is_refused_unless_one_of_its_choices():
+    from vitviz.errors import InputError
+    from vitviz.report.notebooks import check_parameter
+
+    assert check_parameter("interval", "bootstrap", ("t", "bootstrap")) == "bootstrap"
+    for value in ("T", "", None, ["t"]):
+        with pytest.raises(InputError, match=rf"^interval={re.escape(repr(value))} is not one of \['t', 'bootstrap'\]; "
+                                             r"pass one of them \(the notebook's interval parameter\)"):
+            check_parameter("interval", value, ("t", "bootstrap"))
+    with pytest.raises(InputError, match=r"^k=True is not one of \[1, 2\]"):  # True == 1, but not the choice 1
+        check_parameter("k", True, (1, 2))
+
+
+def test_notebook_04_refuses_an_interval_or_a_baseline_before_the_perturbation_runs():
+    """``interval`` reached faithfulness_auc and ``baseline`` compare_methods only after vitviz.faithfulness had run
+    every method on every image (the notebook's long cell): ``interval="T"`` or ``baseline="Chefer"`` failed there.
+    The setup cell checks both, before the perturbation runs: interval before the model loads, the baseline once
+    the methods it will run are known."""
+    import ast
+
+    from vitviz.errors import InputError
+
+    path = Path(__file__).parents[1] / "notebooks" / "04_faithfulness.ipynb"
+    cells = [c for c in nbformat.read(path, as_version=4).cells if c.cell_type == "code"]
+    setup = next(i for i, c in enumerate(cells) if "check_parameter(" in c.source)
+    assert all("vitviz.faithfulness(" not in c.source for c in cells[:setup + 1])
+    body = ast.parse(cells[setup].source).body
+    imports = [s for s in body if isinstance(s, (ast.Import, ast.ImportFrom))]
+    checks = {s.targets[0].id: s for s in body if isinstance(s, ast.Assign) and isinstance(s.value, ast.Call)
+              and getattr(s.value.func, "id", "") == "check_parameter"}
+
+    def run(name, **env):
+        exec(compile(ast.Module([*imports, checks[name]], []), path.name, "exec"), env)  # noqa: S102
+        return env[name]
+
+    assert run("interval", interval="bootstrap") == "bootstrap"
+    with pytest.raises(InputError, match=r"interval='T' is not one of \['t', 'bootstrap'\]"):
+        run("interval", interval="T")
+    assert run("baseline", baseline="rollout", methods=["chefer", "rollout"]) == "rollout"
+    with pytest.raises(InputError, match=r"baseline='Chefer' is not one of \['chefer', 'rollout'\]"):
+        run("baseline", baseline="Chefer", methods=["chefer", "rollout"])
+    model_line = next(s.lineno for s in body if "load_model" in ast.unparse(s))
+    assert checks["interval"].lineno < model_line  # before the model loads; the baseline once methods are known
+
+
 def test_run_notebook_refuses_a_flag_given_as_a_string_before_anything_runs(tmp_path):
     from vitviz.errors import InputTypeError
     from vitviz.report.notebooks import run_notebook
 
-    nb = write_notebook(tmp_path / "a.ipynb", 'with_flow = False\nn_images = 3\nmodel_name = "cifar10-vit"',
-                        "raise SystemExit('must not run')")
+    nb = write_notebook(tmp_path / "a.ipynb", 'with_flow = False\nn_images = 3\nmodel_name = "cifar10-vit"\n'
+                        'shots = [1, 5]\nmodel_names = ["cifar10-vit"]', "raise SystemExit('must not run')")
     with pytest.raises(InputTypeError, match=r"with_flow='False' is not a bool; pass True or False"):
         run_notebook(nb, tmp_path / "out", {"with_flow": "False", "model_name": "any string"})
     with pytest.raises(InputTypeError, match=r"n_images='3' is not an int"):
         run_notebook(nb, tmp_path / "out", {"n_images": "3"})
+    with pytest.raises(InputTypeError, match=r"shots='\[1, 5\]' is not a list; pass a list of whole numbers"):
+        run_notebook(nb, tmp_path / "out", {"shots": "[1, 5]"})
+    with pytest.raises(InputTypeError, match=r"model_names=\['cifar10-vit', 5\] holds 5, which is not a string"):
+        run_notebook(nb, tmp_path / "out", {"model_names": ["cifar10-vit", 5]})
     assert not (tmp_path / "out").exists()  # refused before the folder, the kernel or papermill's copy
 
 

@@ -73,29 +73,40 @@ def notebook_parameters(path: str | os.PathLike) -> dict[str, Any]:
     return {name: p["default"] for name, p in papermill.inspect_notebook(str(path)).items()}
 
 
-def check_parameter(name: str, value: Any, kind: type) -> Any:
-    """A notebook parameter's value, refused unless it is of ``kind``: how every shipped notebook reads its flags and
-    counts, and what ``run_notebook`` checks before a notebook runs.
+def check_parameter(name: str, value: Any, kind: Any) -> Any:
+    """A notebook parameter's value, refused unless it is of ``kind``: how every shipped notebook reads its flags,
+    counts and lists, and what ``run_notebook`` checks before a notebook runs.
 
     papermill passes a parameter given raw (``papermill -r with_flow False``, or a value read from a text file) as
     the string ``'False'``, which a notebook's ``if with_flow:`` reads as True; ``'128'`` as a count fails far from
-    its cause, or not at all.
+    its cause, or not at all; ``'[1, 5]'`` as a list of shots is iterated character by character.
 
     Args:
         name: the parameter's name, for the message.
         value: its value.
         kind: ``bool`` (True or False: ``vitviz.core.util.check_bool``'s rule, that of ``load_model(pretrained=)``,
             which also takes 0 and 1), ``int`` (a whole number, not a bool: ``is_int``) or ``float`` (any real
-            number, not a bool: ``is_number``); any other kind takes any value.
+            number, not a bool: ``is_number``); ``list[int]``, ``list[float]``, ``list[str]`` or ``list[bool]``
+            (a list, not a string or a tuple, whose every element is of that kind, ``True`` and ``False`` only for
+            ``list[bool]``), or ``list`` (a list of anything); a tuple: the choices ``value`` must be one of (a
+            string parameter such as notebook 04's ``interval``, which a later cell would refuse only after the
+            expensive ones ran); any other kind takes any value.
 
     Returns:
         ``value`` (a bool for ``kind=bool``).
 
     Raises:
         InputTypeError: ``value`` is not of ``kind``; the message names the parameter, the value and the fix.
+        InputError: ``value`` is not one of the choices ``kind``.
     """
     from vitviz.core.util import check_bool, is_int, is_number
     from vitviz.errors import InputTypeError
+
+    if isinstance(kind, tuple):
+        if not any(value == c and type(value) is type(c) for c in kind):
+            raise InputError(f"{name}={value!r} is not one of {list(kind)}; pass one of them (the notebook's {name} "
+                             "parameter)")
+        return value
 
     how = f"the notebook's {name} parameter; papermill -p and -y pass it typed, -r as a string"
     if kind is bool:
@@ -103,18 +114,38 @@ def check_parameter(name: str, value: Any, kind: type) -> Any:
     if (kind is int and not is_int(value)) or (kind is float and not is_number(value)):
         raise InputTypeError(f"{name}={value!r} is not {'an int' if kind is int else 'a number'}; pass "
                              f"{'a whole number' if kind is int else 'a number'}, not a string or a bool ({how})")
+    if kind is list or getattr(kind, "__origin__", None) is list:
+        (item,) = getattr(kind, "__args__", (None,))
+        words, one, example = _LIST_ITEMS.get(item, ("values", "", "[1, 5]"))
+        if not isinstance(value, list):
+            raise InputTypeError(f"{name}={value!r} is not a list; pass a list of {words}, e.g. {example} (papermill "
+                                 f"-y '{name}: {example}'), not a string or a single value ({how})")
+        ok = {int: is_int, float: is_number, str: lambda v: isinstance(v, str), bool: lambda v: isinstance(v, bool)}
+        bad = [v for v in value if item in ok and not ok[item](v)]
+        if bad:
+            raise InputTypeError(f"{name}={value!r} holds {bad[0]!r}, which is not {one}; pass a list of {words}, "
+                                 f"e.g. {example} ({how})")
     return value
 
 
-def _declared_kind(default: str) -> type | None:
+_LIST_ITEMS = {int: ("whole numbers", "a whole number", "[1, 5]"), float: ("numbers", "a number", "[0.5, 1.0]"),
+               str: ("strings", "a string", '["cifar10-vit"]'), bool: ("True or False", "a bool", "[True, False]")}
+
+
+def _declared_kind(default: str) -> Any:
     """The kind ``check_parameter`` checks for a parameter whose default is the source text ``default``: ``bool``,
-    ``int`` or ``float`` for such a literal, else None (a string, a path, None, a list: not checked)."""
+    ``int`` or ``float`` for such a literal; for a list literal ``list[int]`` (``list[float]``, ``list[str]``,
+    ``list[bool]``) when its elements are all of that one kind, else ``list``; None for anything else (a string, a
+    path, None: not checked)."""
     import ast
 
     try:
         value = ast.literal_eval(default)
     except (ValueError, SyntaxError):
         return None
+    if isinstance(value, list):
+        kinds = {type(v) for v in value}
+        return list[kinds.pop()] if len(kinds) == 1 and kinds <= {bool, int, float, str} else list
     return type(value) if type(value) in (bool, int, float) else None
 
 
@@ -192,8 +223,9 @@ def run_notebook(path: str | os.PathLike, out: str | os.PathLike, parameters: di
     it (unreadable, a kernel that does not start) has ``executed`` and ``html`` None, not an earlier run's pages.
 
     Raises:
-        InputTypeError: a parameter whose default in the notebook is a bool, an int or a float is given a value of
-            another kind (``check_parameter``), before anything runs or is written.
+        InputTypeError: a parameter whose default in the notebook is a bool, an int, a float or a list is given a
+            value of another kind, or a list of other elements (``check_parameter``), before anything runs or is
+            written.
 
     Returns:
         ``NotebookRun``; on failure ``ok`` is False and ``error`` holds ``cell_index`` (0-based, in the source
@@ -203,7 +235,7 @@ def run_notebook(path: str | os.PathLike, out: str | os.PathLike, parameters: di
     from papermill.exceptions import PapermillExecutionError
 
     path, out = Path(path), Path(out)
-    if parameters:  # a flag or count of the wrong kind is refused before a kernel starts
+    if parameters:  # a flag, count or list of the wrong kind is refused before a kernel starts
         for name, default in notebook_parameters(path).items():
             kind = _declared_kind(default)
             if name in parameters and kind is not None:
