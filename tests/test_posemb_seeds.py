@@ -490,3 +490,31 @@ def test_a_few_shot_table_is_named_and_labelled_with_its_own_shot_count(tmp_path
         read_posemb_seeds_fewshot(path)
     with pytest.raises(InputError, match=r"df holds no few-shot accuracy columns"):
         fewshot_metric(five.drop(columns="fewshot5"))
+
+
+def test_fewshot_of_epochs_reads_each_runs_last_pt_once(tmp_path, tiny_folder, monkeypatch):
+    """The few-shot measure read every run's last.pt twice (torch.load of the whole training state, optimizer and
+    all): once to check the run folder, once more for the epochs beyond it. It is read once, for both checks."""
+    import torch
+
+    from vitviz.experiments.posemb_seeds import PosembSeedsConfig, run_sweep, runs
+    from vitviz.experiments.sweep import fewshot_of_epochs
+
+    kw = dict(data=str(tiny_folder), out=str(tmp_path / "runs"), results=str(tmp_path / "r.csv"),
+              encodings=("none", "2d"), seeds=(0,), epochs=1, warmup_epochs=0.5, train_subset=50, test_subset=20,
+              batch_size=25)
+    run_sweep(PosembSeedsConfig(**kw))
+    read, load = [], torch.load
+
+    def counting(f, *args, **kwargs):
+        read.append(Path(f if isinstance(f, (str, Path)) else f.name).resolve())
+        return load(f, *args, **kwargs)
+
+    monkeypatch.setattr(torch, "load", counting)
+    df = fewshot_of_epochs(runs(PosembSeedsConfig(**kw)), kw["data"], shots=1, seeds=(0,), test_per_class=2)
+    assert df.epoch.tolist() == [1, 1]
+    lasts = [p for p in read if p.name == "last.pt"]
+    assert len(lasts) == 2 and len(set(lasts)) == 2, lasts  # each run's, once
+    with pytest.raises(InputError, match=r"last.pt holds a 1-epoch run, this sweep trains 2 epochs"):  # still checked
+        fewshot_of_epochs(runs(PosembSeedsConfig(**{**kw, "epochs": 2})), kw["data"], shots=1, seeds=(0,),
+                          test_per_class=2)

@@ -76,13 +76,24 @@ def check_run_folder(tc: TrainConfig, fingerprint: dict[str, Any] | None) -> boo
     trained otherwise (``check_training_state``: another recipe, subset or dataset) or for another number of epochs,
     whose metrics or kept epochs would be labelled with this sweep's settings. ``fingerprint``: the data's
     (``run_fingerprint``), shared by every run of the sweep."""
-    from vitviz.experiments.config import check_training_state
+    return _check_run_state(tc, fingerprint, _last_state(tc.run_dir))
+
+
+def _last_state(run_dir: Path) -> dict[str, Any] | None:
+    """``run_dir``'s ``last.pt`` (``load_training_state``), or None without one."""
     from vitviz.zoo.weights import load_training_state
 
-    last = tc.run_dir / "last.pt"
-    if not last.exists():
+    last = run_dir / "last.pt"
+    return load_training_state(last) if last.exists() else None
+
+
+def _check_run_state(tc: TrainConfig, fingerprint: dict[str, Any] | None, state: dict[str, Any] | None) -> bool:
+    """``check_run_folder`` on ``state``, ``tc.run_dir``'s ``last.pt`` already read (None: there is none)."""
+    from vitviz.experiments.config import check_training_state
+
+    if state is None:
         return False
-    state = load_training_state(last)
+    last = tc.run_dir / "last.pt"
     check_training_state(state, tc, fingerprint if fingerprint is not None else run_fingerprint(tc), last)
     if state["config"]["epochs"] != tc.epochs:
         raise InputError(f"{last} holds a {state['config']['epochs']}-epoch run, this sweep trains {tc.epochs} "
@@ -161,13 +172,15 @@ def stale_epochs(run_dir: Path) -> tuple[list[Path], int | None]:
     and that ``last.pt``'s epoch (None without one): the files numbered beyond it, or every one without a
     ``last.pt``. ``train`` writes ``last.pt`` before the sweep keeps that epoch's weights, so such files are an
     earlier run's (its ``last.pt`` deleted to train the run again), and would pass for this run's epochs."""
-    kept = sorted((run_dir / "epochs").glob("epoch_*.pt"))
-    last = run_dir / "last.pt"
-    if not last.exists():
-        return kept, None
-    from vitviz.zoo.weights import load_training_state
+    return _stale_of_state(run_dir, _last_state(run_dir))
 
-    epoch = int(load_training_state(last)["epoch"])
+
+def _stale_of_state(run_dir: Path, state: dict[str, Any] | None) -> tuple[list[Path], int | None]:
+    """``stale_epochs`` on ``state``, ``run_dir``'s ``last.pt`` already read (None: there is none)."""
+    kept = sorted((run_dir / "epochs").glob("epoch_*.pt"))
+    if state is None:
+        return kept, None
+    epoch = int(state["epoch"])
     return [p for p in kept if _epoch_of(p) > epoch], epoch
 
 
@@ -228,12 +241,13 @@ def fewshot_of_epochs(runs: Sequence[SweepRun], data: str | None, *, shots: int 
     frames = []
     for run in runs:
         tc = run.config
-        if fingerprint is None and (tc.run_dir / "last.pt").exists():
+        state = _last_state(tc.run_dir)  # read once: the run's checks and its stale epochs
+        if fingerprint is None and state is not None:
             fingerprint = run_fingerprint(tc)
-        if not check_run_folder(tc, fingerprint) and any((tc.run_dir / "epochs").glob("epoch_*.pt")):
+        if not _check_run_state(tc, fingerprint, state) and any((tc.run_dir / "epochs").glob("epoch_*.pt")):
             warnings.warn(f"{tc.run_dir} keeps epoch weights but no last.pt: whether they were trained as "
                           f"{run.id} of this sweep could not be checked", stacklevel=2)
-        stale, epoch = stale_epochs(tc.run_dir)
+        stale, epoch = _stale_of_state(tc.run_dir, state)
         if stale and epoch is not None:  # beyond the run's last.pt: an earlier run's (without one: warned above)
             raise _stale_error(run.id, tc.run_dir, stale, epoch)
         model = build_reference(tc.model, **tc.model_kwargs).eval()
