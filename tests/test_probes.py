@@ -943,3 +943,49 @@ def test_per_class_subset_refuses_a_labels_attribute_that_disagrees_with_the_ite
         per_class_subset(model, Merged(x, y, merge=True), 2)
     sub = per_class_subset(model, Merged(x, y, merge=False), 2)
     assert np.bincount([sub[i][1] for i in range(len(sub))]).tolist() == [2] * 6
+
+
+def test_per_class_subset_checks_a_torchvision_datasets_labels_without_decoding_its_images(tiny_folder):
+    """To check the labels attribute it picked by, per_class_subset read every picked item of any dataset but
+    vitviz's folder: for torchvision's CIFAR10, whose items yield ``targets`` as they are (a check that cannot fail),
+    3 classes x 2 decoded and transformed 6 images, one more pass over the subset than its caller makes. Where the
+    dataset's ``__getitem__`` takes the label from an array as it is, that array is read instead: no image decoded,
+    and still refused when it disagrees (a torchvision folder whose samples were relabelled, not its targets); a
+    ``__getitem__`` of its own is still called."""
+    from torch.utils.data import TensorDataset
+    from torchvision.datasets import CIFAR10
+    from torchvision.datasets import ImageFolder as TVFolder
+
+    from vitviz.analysis.representations import per_class_subset
+
+    reads = []
+
+    def counting(img):
+        reads.append(img)
+        return torch.zeros(3, 32, 48)
+
+    model = tiny_timm_vit()
+    cifar = CIFAR10.__new__(CIFAR10)  # as torchvision builds it from its files, without them
+    cifar.data = np.zeros((12, 32, 48, 3), np.uint8)
+    cifar.targets, cifar.transform, cifar.target_transform = [0, 1, 2] * 4, counting, None
+    assert list(per_class_subset(model, cifar, 2).indices) == [0, 1, 2, 3, 4, 5] and reads == []
+    folder = TVFolder(str(tiny_folder / "test"), transform=counting)
+    sub = per_class_subset(model, folder, 1)
+    assert [folder.targets[i] for i in sub.indices] == list(range(10)) and reads == []
+    folder.samples = [(path, 0) for path, _ in folder.samples]  # relabelled items; targets left as they were
+    with pytest.raises(InputError, match=r"source: the dataset's labels attribute .*image 10 is class 1.* yields 0 "
+                                         r"\(9 of 10 picked images disagree\)"):
+        per_class_subset(model, folder, 1)
+    assert reads == []
+
+    class Shifted(CIFAR10):  # its own __getitem__: the items are read
+        def __getitem__(self, i):
+            return super().__getitem__(i)[0], (self.targets[i] + 1) % 3
+
+    shifted = Shifted.__new__(Shifted)
+    shifted.__dict__.update(cifar.__dict__)
+    with pytest.raises(InputError, match=r"image 0 is class 0, but its item yields 1"):
+        per_class_subset(model, shifted, 2)
+    assert len(reads) == 6
+    x, y = _data(2, classes=3)
+    assert list(per_class_subset(model, TensorDataset(x, y), 1).indices) == [0, 2, 4]

@@ -79,11 +79,10 @@ def per_class_subset(model: nn.Module, source: Any, per_class: int) -> Subset:
         InputError: ``per_class`` below 1, or above the images of some classes but not of others (the set would not
             be balanced; the message names the short classes). Or a Dataset's ``labels``/``targets`` attribute
             (by which the images are picked) disagrees with the labels the picked items yield (the subset would not
-            hold ``per_class`` images of each class): the picked items are read to check it (not those of vitviz's
-            own folder, which yields its attribute).
+            hold ``per_class`` images of each class): the labels the picked items yield are checked
+            (``_item_labels``: read from the arrays the dataset's ``__getitem__`` takes them from where it is one
+            that vitviz knows, else by reading the items).
     """
-    from vitviz.core.datasets import ImageFolder
-
     if not is_int(per_class) or per_class < 1:
         raise InputError(f"per_class={per_class!r} must be a positive int, the images kept of each class (e.g. 100)")
     ds = _index(model, source)
@@ -98,11 +97,37 @@ def per_class_subset(model: nn.Module, source: Any, per_class: int) -> Subset:
         raise InputError(f"per_class={per_class} exceeds the images of class(es) {short} (class: images); pass a "
                          "smaller per_class")
     keep = np.sort(np.concatenate([np.flatnonzero(labels == c)[:per_class] for c in classes]))
-    if type(ds) is not ImageFolder:  # vitviz's folder yields its labels attribute: reading its images checks nothing
-        _check_item_labels(labels[keep], np.array([int(ds[int(i)][1]) for i in keep]), keep, "source",
-                           "the subset picked by the attribute would not hold `per_class` images of each class",
-                           "keep the attribute equal to the labels the items yield")
+    _check_item_labels(labels[keep], _item_labels(ds, keep), keep, "source",
+                       "the subset picked by the attribute would not hold `per_class` images of each class",
+                       "keep the attribute equal to the labels the items yield")
     return Subset(ds, keep.tolist())
+
+
+def _item_labels(ds: Any, keep: np.ndarray) -> np.ndarray:
+    """The labels the items ``keep`` of ``ds`` yield. Where ``type(ds).__getitem__`` is one that returns its label
+    from an array as it is (vitviz's folder and torchvision's ``DatasetFolder``/``ImageFolder``: ``samples``;
+    torchvision's CIFAR and MNIST datasets: ``targets``; ``TensorDataset``: its second tensor; ``labels_of`` gives
+    none for a ``target_transform``), the label is read from that array, not by decoding the image; any other
+    ``__getitem__`` (a subclass overriding it included) is called for each item."""
+    from torch.utils.data import TensorDataset
+
+    from vitviz.core.datasets import ImageFolder
+
+    getitem = type(ds).__getitem__
+    if getitem is ImageFolder.__getitem__:
+        return np.array([int(ds.labels[int(i)]) for i in keep])
+    if getitem is TensorDataset.__getitem__ and len(ds.tensors) > 1:
+        return np.array([int(ds.tensors[1][int(i)]) for i in keep])
+    try:
+        from torchvision.datasets import CIFAR10, MNIST, DatasetFolder
+    except ImportError:
+        pass
+    else:
+        if getitem is DatasetFolder.__getitem__ and getattr(ds, "target_transform", None) is None:
+            return np.array([int(ds.samples[int(i)][1]) for i in keep])
+        if getitem in (CIFAR10.__getitem__, MNIST.__getitem__) and getattr(ds, "target_transform", None) is None:
+            return np.array([int(ds.targets[int(i)]) for i in keep])
+    return np.array([int(ds[int(i)][1]) for i in keep])
 
 
 def _index(model: nn.Module, source: Any, argument: str = "source", classes: Sequence[str] | None = None) -> Any:
