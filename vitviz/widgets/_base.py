@@ -1,10 +1,11 @@
 """The frame shared by the explorers: one ``ipywidgets.Image`` (PNG bytes), controls, a status line, clicks.
 
-Every control is a plain ipywidgets widget stored as an attribute, so code (and tests) drive an explorer by
-setting ``.value``; each change re-renders the PNG in the kernel and replaces ``image.value`` in place, and only
-that PNG travels to the browser. Clicking the image selects a patch when ``ipyevents`` is installed (its
-JupyterLab extension ships with the wheel: no CDN, no custom JavaScript); without it the row and column sliders
-do the same.
+Every control is an ipywidgets widget stored as an attribute, so code (and tests) drive an explorer by setting
+``.value`` (checked as ``set()`` checks it, ``vitviz.widgets._controls``); each change re-renders the PNG in the
+kernel and replaces ``image.value`` in place, and only that PNG travels to the browser; a change whose redraw
+fails puts the controls back on the figure shown. Clicking the image selects a patch when ``ipyevents`` is
+installed (its JupyterLab extension ships with the wheel: no CDN, no custom JavaScript); without it the row and
+column sliders do the same.
 """
 
 from __future__ import annotations
@@ -15,10 +16,18 @@ from contextlib import contextmanager
 from typing import Any
 
 import ipywidgets as widgets
+import numpy as np
 from traitlets import TraitError
 
 from vitviz.core.util import is_int, is_number
-from vitviz.errors import InputError, NoSuchAttributeError, NotImplementedInVitviz, OutOfRangeError
+from vitviz.errors import (
+    InputError,
+    InputTypeError,
+    NoSuchAttributeError,
+    NotImplementedInVitviz,
+    OutOfRangeError,
+)
+from vitviz.widgets._controls import CheckedSelectionSlider
 from vitviz.widgets._render import cell_at
 
 __all__ = ["Explorer", "clicks_supported", "index_slider", "resize_index_slider"]
@@ -28,12 +37,12 @@ def _index_options(count: int) -> list[tuple[str, int]]:
     return [(str(i + 1), i) for i in range(count)]
 
 
-def index_slider(count: int, value: int, description: str, style: dict[str, str]) -> widgets.SelectionSlider:
+def index_slider(count: int, value: int, description: str, style: dict[str, str]) -> CheckedSelectionSlider:
     """A slider over the indices ``0 .. count - 1`` that shows them counted from 1 ("1" ... ``count``), as the
     figures' titles and the explorers' status lines count layers, rows and columns; its ``value`` stays the Python
     index the API takes (``explorer.layer.value == 5`` shows "6")."""
-    return widgets.SelectionSlider(options=_index_options(count), value=value, description=description, style=style,
-                                   continuous_update=False)
+    return CheckedSelectionSlider(options=_index_options(count), value=value, description=description, style=style,
+                                  continuous_update=False)
 
 
 def resize_index_slider(slider: widgets.SelectionSlider, count: int, value: int) -> None:
@@ -81,6 +90,8 @@ class Explorer(widgets.VBox):
         super().__init__(children=[*header, widgets.HBox([self.image, panel]), self.status], **kwargs)
         for control in controls:
             control.observe(self._on_change, names="value")
+            if hasattr(control, "check_value"):  # vitviz.widgets._controls: a value code sets is checked first
+                control.check_value = self._check_direct(control)
         # stable CSS classes for pages and browser tests: .vitviz-explorer, .vitviz-image, .vitviz-<control>
         self.add_class("vitviz-explorer")
         self.image.add_class("vitviz-image")
@@ -96,17 +107,42 @@ class Explorer(widgets.VBox):
 
     @contextmanager
     def hold(self) -> Iterator[None]:
-        """Change several controls and render once, at the end of the block."""
+        """Change several controls and render once, at the end of the block. Where the block or that render raises
+        (a refused value, a model that fails on the new view), the controls go back to the values they had when the
+        block began, those of the figure still shown, and the error is raised."""
+        with self._held(None):
+            yield
+
+    @contextmanager
+    def _held(self, before: dict[str, Any] | None) -> Iterator[None]:
+        """``hold()``; ``before``: the values to put back on failure where they are not the ones now (an observer's
+        block begins after its control changed)."""
+        outer = not self._hold
+        if outer and before is None:
+            before = self._values()
         self._hold += 1
         try:
             yield
-        finally:
+        except BaseException:
             self._hold -= 1
-            if not self._hold:
+            if outer:
+                self._put_back(before)
+            raise
+        self._hold -= 1
+        if outer:
+            try:
                 self.refresh()
+            except BaseException:
+                self._put_back(before)  # the figure shown is still that of ``before``
+                raise
 
     def set(self, **values: Any) -> Explorer:
         """Set controls by attribute name (``explorer.set(layer=3, head="max")``) and render once.
+
+        Each value is checked against what the ones before it made (a new resolution gives other rows); every
+        control named ends at the value given (a ``row`` set after ``query=0`` no longer turns the query into
+        ``"patch"``). A refused value, or a view the model fails to give, leaves every control and the figure
+        as they were.
 
         Returns:
             the explorer itself.
@@ -115,26 +151,43 @@ class Explorer(widgets.VBox):
         if unknown:
             raise NoSuchAttributeError(f"{type(self).__name__} has no control named {unknown}; its controls are "
                                  f"{self.control_names()}")
-        before = {name: getattr(self, name).value for name in self.control_names()}
+        before = self._values()
         self._setting += 1
         try:
             with self.hold():
                 try:
-                    for name, value in values.items():  # each checked against what the ones before it made (a new
-                        getattr(self, name).value = self._checked(name, value)  # resolution gives other rows)
-                except InputError:
-                    self._restore(before)
+                    wanted = {}
+                    for name, value in values.items():
+                        wanted[name] = self._checked(name, value)
+                        getattr(self, name).value = wanted[name]
+                    for name, value in values.items():  # one a later control moved (a row makes the query
+                        if getattr(self, name).value != wanted[name]:  # "patch"): set as given, checked again
+                            getattr(self, name).value = self._checked(name, value)
+                    moved = {n: getattr(self, n).value for n in values if getattr(self, n).value != wanted[n]}
+                    if moved:
+                        raise InputError(f"{type(self).__name__}.set({values}): the controls {moved} cannot hold "
+                                         "these values together; set them one at a time")
+                except BaseException:
+                    self._restore(before)  # also inside an outer hold(), whose block may go on
                     raise
-        except InputError:
-            # refused while drawing the new values (a view the model cannot give): the controls go back to the view
-            # shown, or every later change would fail on the value left in place
-            if any(getattr(self, name).value != value for name, value in before.items()):
-                with self.hold():
-                    self._restore(before)
-            raise
         finally:
             self._setting -= 1
         return self
+
+    def _values(self) -> dict[str, Any]:
+        return {name: getattr(self, name).value for name in self.control_names()}
+
+    def _put_back(self, values: dict[str, Any]) -> None:
+        """Put the controls back to ``values`` without rendering (the figure shown is theirs)."""
+        if self._values() == values:
+            return
+        self._setting += 1
+        self._hold += 1
+        try:
+            self._restore(values)
+        finally:
+            self._hold -= 1
+            self._setting -= 1
 
     def _restore(self, values: dict[str, Any]) -> None:
         """Put the controls back to ``values`` (inside ``hold()``). A value the first pass cannot set yet (a row of
@@ -161,12 +214,16 @@ class Explorer(widgets.VBox):
     def _checked(self, name: str, value: Any, *, direct: bool = False) -> Any:
         """``value`` (an integer of any kind as a Python int), or refused when the control cannot hold it, naming
         the control and its values: ipywidgets would clamp a number to a slider's range without a word, and answer
-        a missing choice with a bare ``TraitError``. ``set()`` checks each value before it sets it; the observer
-        checks a value set on the control itself (``direct``: ``explorer.resolution.value = 17``), which by then
-        ipywidgets has clamped to the slider's range, so there only the other rules (a slider's step) can refuse."""
+        a missing choice with a bare ``TraitError``. ``set()`` checks each value before it sets it; a value code
+        sets on the control itself (``direct``: ``explorer.alpha.value = 1.5``) is checked before the control takes
+        it (``vitviz.widgets._controls``)."""
         said = self._said(name, value, direct)
         control = getattr(self, name)
         value = int(value) if is_int(value) else value
+        if isinstance(control, widgets.Checkbox):
+            if not isinstance(value, (bool, np.bool_)):
+                raise InputTypeError(f"{said}: the {name} control is a checkbox; pass True or False")
+            return bool(value)
         options = getattr(control, "options", None)
         if options is not None:  # dropdowns and index sliders
             pairs = [o if isinstance(o, tuple) else (str(o), o) for o in options]
@@ -207,19 +264,19 @@ class Explorer(widgets.VBox):
 
     # -- internals -----------------------------------------------------------------------------------------------
 
+    def _check_direct(self, control: widgets.ValueWidget) -> Any:
+        """The ``check_value`` of ``control``: a value code sets on it is checked as ``set()`` checks it, except
+        the values ``set()`` checked and those put back (``_setting``)."""
+        def check(value: Any) -> Any:
+            name = next((n for n in self.control_names() if getattr(self, n) is control), None)
+            return value if self._setting or name is None else self._checked(name, value, direct=True)
+        return check
+
     def _on_change(self, change: dict[str, Any]) -> None:
         name = next((n for n in self.control_names() if getattr(self, n) is change["owner"]), None)
-        if name is not None and not self._setting:  # a value set on the control itself: checked as set() checks
-            try:
-                self._checked(name, change["new"], direct=True)
-            except InputError:
-                self._setting += 1  # the old value was shown and checked: put back, nothing drawn
-                try:
-                    change["owner"].value = change["old"]
-                finally:
-                    self._setting -= 1
-                raise
-        with self.hold():  # controls changed by _changed render once, with this one
+        # the control has its new value already: where the redraw fails it goes back to the old one, the figure's
+        before = None if self._hold or name is None else {**self._values(), name: change["old"]}
+        with self._held(before):  # controls changed by _changed render once, with this one
             self._changed(change)
 
     def _changed(self, change: dict[str, Any]) -> None:

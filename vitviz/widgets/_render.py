@@ -12,15 +12,27 @@ from collections.abc import Sequence
 import numpy as np
 from PIL import Image, ImageDraw, ImageFont
 
+from vitviz.errors import UnknownNameError
 from vitviz.plot.attention import upsample_maps
 
-__all__ = ["cell_at", "colorbar", "colorize", "covered_display", "display_size", "heat_png", "mark_cell", "overlay", "png_bytes",
+__all__ = ["cell_at", "check_cmap", "colorbar", "colorize", "covered_display", "display_size", "heat_png", "mark_cell", "overlay", "png_bytes",
            "resize_rgb"]
 
 RESAMPLE = {"nearest": Image.Resampling.NEAREST, "bilinear": Image.Resampling.BILINEAR,
             "bicubic": Image.Resampling.BICUBIC}
 MARK = (0, 255, 255)  # cyan outline around the query patch
-NO_VALUE = (128, 128, 128)  # a value that is NaN: mid grey, in none of the explorers' colormaps' ends
+NO_VALUE = (128, 128, 128)  # a value that is NaN or infinite: mid grey, in none of the explorers' colormaps' ends
+
+
+def check_cmap(cmap: object) -> str:
+    """``cmap`` if it names a colormap in matplotlib's registry; else ``UnknownNameError`` (the explorers failed
+    with matplotlib's ``KeyError`` at their first draw)."""
+    import matplotlib
+
+    if not isinstance(cmap, str) or cmap not in matplotlib.colormaps:
+        raise UnknownNameError(f"cmap={cmap!r} is not a matplotlib colormap name; pass one of "
+                               "matplotlib.colormaps, e.g. 'inferno' or 'viridis'")
+    return cmap
 
 
 def _lut(cmap: str) -> np.ndarray:
@@ -70,12 +82,13 @@ def covered_display(size: tuple[int, int], image_hw: tuple[int, int], covered_hw
 
 def colorize(values: np.ndarray, cmap: str, vmin: float, vmax: float) -> np.ndarray:
     """``(h, w)`` values -> ``(h, w, 3)`` uint8 colours, ``vmin`` and ``vmax`` at the ends of ``cmap``; a NaN value
-    gets ``NO_VALUE`` (it was drawn in the bottom colour, as if it were the lowest value)."""
+    gets ``NO_VALUE`` (it was drawn in the bottom colour, as if it were the lowest value), and so does an infinite
+    one (``inf`` was drawn in the top colour, as if it were the largest finite value, ``-inf`` in the bottom one)."""
     values = np.asarray(values, dtype=np.float32)
     span = max(float(vmax) - float(vmin), np.finfo(np.float32).tiny)
     idx = np.clip((values - vmin) / span, 0.0, 1.0)
     out = _lut(cmap)[np.nan_to_num(idx * 255).round().astype(np.uint8)]
-    out[np.isnan(values)] = NO_VALUE
+    out[~np.isfinite(values)] = NO_VALUE
     return out
 
 
@@ -96,7 +109,7 @@ def overlay(base: np.ndarray, heat: np.ndarray, *, alpha: float = 0.6, cmap: str
             over those alone and the rest, which no patch sees, gets the bottom colour. Default: the whole image.
 
     Returns:
-        ``(dh, dw, 3)`` uint8; where the map is NaN, the image alone.
+        ``(dh, dw, 3)`` uint8; where the map is NaN or infinite, the image alone.
     """
     heat = np.asarray(heat, dtype=np.float32)
     finite = heat[np.isfinite(heat)]
@@ -104,8 +117,8 @@ def overlay(base: np.ndarray, heat: np.ndarray, *, alpha: float = 0.6, cmap: str
     shown = _display(heat, base.shape[:2], interpolation, covered)
     colours = colorize(shown, cmap, vmin, top if top > vmin else vmin + 1.0)
     out = (1.0 - alpha) * base.astype(np.float32) + alpha * colours.astype(np.float32)
-    nan = np.isnan(shown)
-    out[nan] = base[nan]  # a NaN value shows the image alone, no colour (matplotlib's transparent "bad" colour)
+    bad = ~np.isfinite(shown)
+    out[bad] = base[bad]  # a NaN or infinite value shows the image alone, no colour (matplotlib's "bad" colour)
     return out.round().clip(0, 255).astype(np.uint8)
 
 

@@ -38,7 +38,9 @@ from vitviz.core.util import check_positive_int, eval_mode, is_int, is_number
 from vitviz.errors import InputError
 from vitviz.plot.attention import attention_scale, covered_pixels
 from vitviz.widgets._base import Explorer, index_slider
+from vitviz.widgets._controls import CheckedCheckbox, CheckedDropdown, CheckedFloatSlider
 from vitviz.widgets._render import (
+    check_cmap,
     colorbar,
     covered_display,
     display_size,
@@ -138,9 +140,9 @@ def _token_options(prefix_tokens: Sequence[str], readout: Any = None) -> list[tu
 class AttentionExplorer(Explorer):
     """Widget: attention of one query over the patches of an image, for a layer and a head (or fused heads).
 
-    Controls (plain ipywidgets; set ``.value`` or call ``set(...)``, which refuses a value a control cannot
-    hold): ``layer``, ``row`` and ``col`` (Python indices, shown counted from 1: the ``layer`` slider reads "6"
-    for ``layer=5``), ``head`` (an int or ``"mean"``/``"max"``/``"min"``; the menu reads "head 1" for
+    Controls (ipywidgets; set ``.value`` or call ``set(...)``: both refuse a value a control cannot hold, leaving
+    the view as it was): ``layer``, ``row`` and ``col`` (Python indices, shown counted from 1: the ``layer`` slider
+    reads "6" for ``layer=5``), ``head`` (an int or ``"mean"``/``"max"``/``"min"``; the menu reads "head 1" for
     ``head=0``), ``query`` (a prefix-token index, ``"mean"``, ``"readout"`` or ``"patch"``), ``rollout`` (bool),
     ``discard`` (rollout discard ratio), ``alpha`` (overlay opacity) and ``image_index`` (when several images are
     given). ``image.value`` holds the PNG shown: the overlay, then its colour bar (0 to the map's maximum, ticks
@@ -153,6 +155,7 @@ class AttentionExplorer(Explorer):
                  cmap: str = "inferno", alpha: float = 0.6, interpolation: str = "nearest",
                  cache_bytes: int = DEFAULT_CACHE_BYTES) -> None:
         check_positive_int(size, "size", "the pixels of the longer side of the drawn overlay (e.g. 320)")
+        check_cmap(cmap)
         if not is_number(alpha) or not 0 <= alpha <= 1:
             raise InputError(f"alpha={alpha!r} must lie in [0, 1], the opacity of the map over the image (e.g. 0.6)")
         self.model = model
@@ -178,21 +181,21 @@ class AttentionExplorer(Explorer):
         if len(names) != len(self._x):
             raise InputError(f"labels: {len(names)} labels for {len(self._x)} images; pass one label per image")
         style = {"description_width": "88px"}
-        self.image_index = widgets.Dropdown(options=list(zip(names, range(len(names)))), value=0,
+        self.image_index = CheckedDropdown(options=list(zip(names, range(len(names)))), value=0,
                                             description="image", style=style,
                                             layout=widgets.Layout(display="" if len(names) > 1 else "none"))
         self.layer = index_slider(depth, depth - 1, "layer", style)  # shows 1 ... depth, holds 0 ... depth - 1
-        self.head = widgets.Dropdown(options=[(f"{f} of heads", f) for f in HEAD_FUSIONS]
+        self.head = CheckedDropdown(options=[(f"{f} of heads", f) for f in HEAD_FUSIONS]
                                      + [(f"head {i + 1}", i) for i in range(heads)], value="mean",
                                      description="head", style=style)
         options = _token_options(self.spec.prefix_tokens, self.spec.readout)
-        self.query = widgets.Dropdown(options=options, value=options[0][1], description="query", style=style)
+        self.query = CheckedDropdown(options=options, value=options[0][1], description="query", style=style)
         self.row = index_slider(gh, gh // 2, "query row", style)
         self.col = index_slider(gw, gw // 2, "query col", style)
-        self.rollout = widgets.Checkbox(value=False, description="rollout through this layer", indent=False)
-        self.discard = widgets.FloatSlider(value=0.0, min=0.0, max=0.95, step=0.05, description="discard ratio",
+        self.rollout = CheckedCheckbox(value=False, description="rollout through this layer", indent=False)
+        self.discard = CheckedFloatSlider(value=0.0, min=0.0, max=0.95, step=0.05, description="discard ratio",
                                            style=style, disabled=True, continuous_update=False)
-        self.alpha = widgets.FloatSlider(value=alpha, min=0.0, max=1.0, step=0.05, description="opacity",
+        self.alpha = CheckedFloatSlider(value=alpha, min=0.0, max=1.0, step=0.05, description="opacity",
                                          style=style, continuous_update=False)
         controls = [self.image_index, self.layer, self.head, self.query, self.row, self.col, self.rollout,
                     self.discard, self.alpha]
@@ -380,7 +383,8 @@ def explore_attention(model: nn.Module, image: Images, *, labels: Sequence[str] 
         ``set(...)``; ``image.value`` is the PNG shown and ``map()`` the ``(gh, gw)`` numbers behind it.
 
     Raises:
-        InputError: ``size`` not a positive int, ``alpha`` outside ``[0, 1]``, or ``labels`` not one per image.
+        InputError: ``size`` not a positive int, ``alpha`` outside ``[0, 1]``, ``labels`` not one per image, or
+            ``cmap`` no matplotlib colormap name (``UnknownNameError``).
     """
     return AttentionExplorer(model, image, labels=labels, size=size, cmap=cmap, alpha=alpha,
                              interpolation=interpolation, cache_bytes=cache_bytes)

@@ -14,7 +14,6 @@ import html
 from collections import OrderedDict
 from typing import Any
 
-import ipywidgets as widgets
 import numpy as np
 import torch
 from torch import nn
@@ -26,7 +25,16 @@ from vitviz.core.spec import inspect
 from vitviz.core.util import check_positive_int
 from vitviz.errors import InputError, NoPositionEmbeddingError
 from vitviz.widgets._base import Explorer, index_slider, resize_index_slider
-from vitviz.widgets._render import colorbar, display_size, heat_png, mark_cell, png_bytes, resize_rgb
+from vitviz.widgets._controls import CheckedIntSlider, CheckedToggleButtons
+from vitviz.widgets._render import (
+    check_cmap,
+    colorbar,
+    display_size,
+    heat_png,
+    mark_cell,
+    png_bytes,
+    resize_rgb,
+)
 
 __all__ = ["PosEmbedExplorer", "explore_pos_embed"]
 
@@ -51,16 +59,19 @@ SIMILARITY_TICKS = ((0.0, "-1"), (0.5, "0"), (1.0, "1"))  # the colour bar: cosi
 class PosEmbedExplorer(Explorer):
     """Widget: cosine similarity of one patch's position embedding with all others (Fig. 7 center, one tile).
 
-    Controls (plain ipywidgets; set ``.value`` or call ``set(...)``, which refuses a value a control cannot
-    hold): ``row`` and ``col`` (the query patch, Python indices, shown counted from 1), ``resolution`` (input
-    height in pixels; the width keeps the model's aspect ratio; the grid is ``size // patch_size``), ``view``
-    (``"similarity"`` or ``"pca"``). ``image.value`` holds the PNG shown (in the
+    Controls (ipywidgets; set ``.value`` or call ``set(...)``: both refuse a value a control cannot hold, leaving
+    the view as it was): ``row`` and ``col`` (the query patch, Python indices, shown counted from 1),
+    ``resolution`` (input height in pixels; the width keeps the model's aspect ratio; the grid is
+    ``size // patch_size``), ``view`` (``"similarity"`` or ``"pca"``). ``image.value`` holds the PNG shown (in the
     similarity view with its colour bar, ticks -1, 0 and 1); ``status`` counts rows and columns from 1, as the
     figures do; ``map()`` returns the numbers behind it.
     """
 
     def __init__(self, model: nn.Module, *, size: int = 320, cmap: str = "viridis", max_scale: int = 4) -> None:
         check_positive_int(size, "size", "the pixels of the longer side of the drawn map (e.g. 320)")
+        check_positive_int(max_scale, "max_scale", "the multiple of the model's input size the resolution slider "
+                           "reaches (e.g. 4)")
+        check_cmap(cmap)
         self.model = model
         self.spec = inspect(model)
         if not self.spec.has_abs_pos_embed:
@@ -79,12 +90,12 @@ class PosEmbedExplorer(Explorer):
         (h, _), (ph, _) = self.spec.img_size, self.spec.patch_size
         gh, gw = self.spec.grid_size
         style = {"description_width": "88px"}
-        self.resolution = widgets.IntSlider(value=h, min=ph * min(2, gh), max=max(h, ph) * max_scale, step=ph,
+        self.resolution = CheckedIntSlider(value=h, min=ph * min(2, gh), max=max(h, ph) * max_scale, step=ph,
                                             description="img size [px]", style=style, continuous_update=False,
                                             disabled=fixed)
         self.row = index_slider(gh, gh // 2, "patch row", style)  # show 1 ... gh, hold 0 ... gh - 1
         self.col = index_slider(gw, gw // 2, "patch column", style)
-        self.view = widgets.ToggleButtons(options=[("similarity", "similarity"), ("embedding (PCA)", "pca")],
+        self.view = CheckedToggleButtons(options=[("similarity", "similarity"), ("embedding (PCA)", "pca")],
                                           value="similarity", description="view", style=style)
         self._shown_grid = (gh, gw)
         super().__init__([self.resolution, self.row, self.col, self.view],
@@ -215,6 +226,7 @@ def explore_pos_embed(model: nn.Module, *, size: int = 320, cmap: str = "viridis
 
     Raises:
         NoPositionEmbeddingError: the model has no absolute position embedding.
-        InputError: ``size`` is not a positive int.
+        InputError: ``size`` or ``max_scale`` is not a positive int, or ``cmap`` no matplotlib colormap name
+            (``UnknownNameError``).
     """
     return PosEmbedExplorer(model, size=size, cmap=cmap, max_scale=max_scale)
