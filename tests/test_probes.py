@@ -943,3 +943,21 @@ def test_per_class_subset_refuses_a_labels_attribute_that_disagrees_with_the_ite
         per_class_subset(model, Merged(x, y, merge=True), 2)
     sub = per_class_subset(model, Merged(x, y, merge=False), 2)
     assert np.bincount([sub[i][1] for i in range(len(sub))]).tolist() == [2] * 6
+
+
+def test_images_digest_names_tensor_images_by_value_and_a_loader_not_at_all():
+    """(images, labels) tensors: the same images give the same digest, other images of the same shape (or other
+    labels) another; a DataLoader's images cannot be named without reading them: None (a pairing then warns)."""
+    from torch.utils.data import DataLoader, TensorDataset
+
+    from vitviz.analysis.representations import images_digest
+
+    g = torch.Generator().manual_seed(0)
+    x, y = torch.randn(6, 3, 8, 8, generator=g), torch.tensor([0, 1, 2, 0, 1, 2])
+    idx = np.arange(6)
+    same = images_digest(TensorDataset(x.clone(), y), idx, y.numpy())
+    assert same == images_digest(TensorDataset(x, y), idx, y.numpy()) and same is not None
+    assert same != images_digest(TensorDataset(x + 1, y), idx, y.numpy())
+    assert same != images_digest(TensorDataset(x, y), idx, y.roll(1).numpy())
+    assert images_digest(TensorDataset(x, y), idx[:3], y[:3].numpy()) != same
+    assert images_digest(DataLoader(TensorDataset(x, y)), idx, y.numpy()) is None
