@@ -989,3 +989,21 @@ def test_per_class_subset_checks_a_torchvision_datasets_labels_without_decoding_
     assert len(reads) == 6
     x, y = _data(2, classes=3)
     assert list(per_class_subset(model, TensorDataset(x, y), 1).indices) == [0, 2, 4]
+
+
+def test_images_digest_names_tensor_images_by_value_and_a_loader_not_at_all():
+    """(images, labels) tensors: the same images give the same digest, other images of the same shape (or other
+    labels) another; a DataLoader's images cannot be named without reading them: None (a pairing then warns)."""
+    from torch.utils.data import DataLoader, TensorDataset
+
+    from vitviz.analysis.representations import images_digest
+
+    g = torch.Generator().manual_seed(0)
+    x, y = torch.randn(6, 3, 8, 8, generator=g), torch.tensor([0, 1, 2, 0, 1, 2])
+    idx = np.arange(6)
+    same = images_digest(TensorDataset(x.clone(), y), idx, y.numpy())
+    assert same == images_digest(TensorDataset(x, y), idx, y.numpy()) and same is not None
+    assert same != images_digest(TensorDataset(x + 1, y), idx, y.numpy())
+    assert same != images_digest(TensorDataset(x, y), idx, y.roll(1).numpy())
+    assert images_digest(TensorDataset(x, y), idx[:3], y[:3].numpy()) != same
+    assert images_digest(DataLoader(TensorDataset(x, y)), idx, y.numpy()) is None

@@ -460,3 +460,98 @@ def test_the_few_shot_by_epoch_reader_refuses_a_run_missing_a_draw(tmp_path):
     pd.DataFrame(rows[:-1]).to_csv(path, index=False)
     with pytest.raises(InputError, match=r"gap-lr0.001-s0.*epoch 2.*draws \[0, 1\].*\[0, 1, 2\]"):
         read_fewshot_by_epoch(path)
+
+
+def with_digests(raw):
+    """``draws_table`` with the image digests linear_fewshot records: one training draw per shots and seed, one test
+    set, the same for every model."""
+    return raw.assign(train_digest=[f"train-{k}-{s}" for k, s in zip(raw.shots, raw.seed)], test_digest="test-all")
+
+
+def test_posemb_draw_differences_refuse_draws_on_other_images_of_the_same_count():
+    """Two models' draws at one seed on other images (the same counts) were paired silently; refused naming both
+    models and the seed. A table without the digests (the committed one) still pairs, with a warning."""
+    import warnings
+
+    from vitviz.errors import UncheckedImagesWarning
+    from vitviz.experiments.posemb_fewshot import posemb_draw_differences
+
+    raw = with_digests(draws_table())
+    with warnings.catch_warnings():
+        warnings.simplefilter("error", UncheckedImagesWarning)
+        paired = posemb_draw_differences(raw)
+    other_test = raw.copy()
+    other_test.loc[other_test.model == "cifar10-vit-2dpos", "test_digest"] = "test-other"  # 10,000 images too
+    with pytest.raises(InputError, match=r"cifar10-vit-nopos and cifar10-vit-2dpos were measured on different test "
+                                         r"images at the 5-shot draw seed=0"):
+        posemb_draw_differences(other_test)
+    other_draw = raw.copy()
+    other_draw.loc[(other_draw.model == "cifar10-vit-nopos") & (other_draw.seed == 3), "train_digest"] = "train-x"
+    with pytest.raises(InputError, match=r"cifar10-vit-nopos and cifar10-vit-1dpos were measured on different "
+                                         r"few-shot training images at the 5-shot draw seed=3"):
+        posemb_draw_differences(other_draw)
+    with pytest.warns(UncheckedImagesWarning, match=r"cifar10-vit-nopos, cifar10-vit-1dpos, cifar10-vit-2dpos.*"
+                                                    r"paired by seed and their test sets by count"):
+        old = posemb_draw_differences(raw.drop(columns=["train_digest", "test_digest"]))
+    pd.testing.assert_frame_equal(old, paired)
+
+
+def test_the_few_shot_means_of_runs_refuse_runs_measured_on_other_images(tmp_path):
+    """The runs of a sweep are compared on their means over the draws: a run whose draw or test set held other
+    images (the same counts) is refused; a table without the digests is read with a warning."""
+    import warnings
+
+    from vitviz.errors import UncheckedImagesWarning
+    from vitviz.experiments.cls_vs_gap import read_fewshot_by_epoch
+
+    rows = [{"model": f"{h}-lr0.001-s0", "head": h, "lr": 1e-3, "run_seed": 0, "epoch": e, "layer": "pre_logits",
+             "depth": 7, "probe": "linear", "shots": 5, "seed": d, "l2_reg": 1024.0, "accuracy": 20.0 + d + e,
+             "train_images": 50, "test_images": 1000, "train_digest": f"draw{d}", "test_digest": "test"}
+            for h in ("cls", "gap") for e in (1, 2) for d in (0, 1, 2)]
+    path = tmp_path / "f.csv"
+    pd.DataFrame(rows).to_csv(path, index=False)
+    with warnings.catch_warnings():
+        warnings.simplefilter("error", UncheckedImagesWarning)
+        assert read_fewshot_by_epoch(path).fewshot5.tolist() == pytest.approx([22.0, 23.0, 22.0, 23.0])
+    bad = pd.DataFrame(rows)
+    bad.loc[(bad["head"] == "gap") & (bad.epoch == 2), "test_digest"] = "another-test"
+    bad.to_csv(path, index=False)
+    with pytest.raises(InputError, match=r"cls-lr0.001-s0 and gap-lr0.001-s0 were measured on different test images "
+                                         r"at the 5-shot draw seed=0"):
+        read_fewshot_by_epoch(path)
+    pd.DataFrame(rows).drop(columns=["train_digest", "test_digest"]).to_csv(path, index=False)
+    with pytest.warns(UncheckedImagesWarning, match=r"runs cls-lr0.001-s0, gap-lr0.001-s0 were measured on"):
+        read_fewshot_by_epoch(path)
+
+
+def test_linear_fewshot_records_which_images_each_draw_and_the_test_set_are(tiny_folder):
+    """Two models on the same folders record the same digests (the images, not the preprocessed pixels); another test
+    subset of the same size records another, and posemb_draw_differences refuses to pair them."""
+    from torch.utils.data import Subset
+
+    from vitviz.analysis.representations import linear_fewshot, per_class_subset
+    from vitviz.core.datasets import ImageFolder
+    from vitviz.experiments.posemb_fewshot import posemb_draw_differences
+    from vitviz.zoo.reference import build_reference
+
+    models = {}
+    for i, name in enumerate(ABLATION[:2]):
+        torch.manual_seed(i)
+        models[name] = build_reference("cifar10-vit").eval()
+    first = {n: per_class_subset(m, tiny_folder / "test", 3) for n, m in models.items()}
+    a, b = (linear_fewshot(m, tiny_folder / "train", first[n], shots=(2,), seeds=(0, 1), name=n)
+            for n, m in models.items())
+    assert a.train_digest.notna().all() and a.test_digest.notna().all()
+    assert a.train_digest.tolist() == b.train_digest.tolist() and a.train_digest.nunique() == 2
+    assert a.test_digest.tolist() == b.test_digest.tolist() and a.accuracy.tolist() != b.accuracy.tolist()
+    assert len(posemb_draw_differences(pd.concat([a, b]), ABLATION[:2])) == 2
+    # the last 3 test images of each class: as many images, other ones
+    m = models[ABLATION[1]]
+    full = ImageFolder(tiny_folder / "test", m)
+    labels = np.asarray(full.labels)
+    last = Subset(full, np.sort(np.concatenate([np.flatnonzero(labels == c)[-3:] for c in range(10)])).tolist())
+    c = linear_fewshot(m, tiny_folder / "train", last, shots=(2,), seeds=(0, 1), name=ABLATION[1])
+    assert (c.test_images == a.test_images).all() and c.test_digest.iloc[0] != a.test_digest.iloc[0]
+    assert c.train_digest.tolist() == a.train_digest.tolist()
+    with pytest.raises(InputError, match=r"different test images at the 2-shot draw seed=0"):
+        posemb_draw_differences(pd.concat([a, c]), ABLATION[:2])

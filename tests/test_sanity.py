@@ -460,3 +460,81 @@ def test_two_methods_of_one_name_are_refused_not_merged(model, images):
         sanity_checks(model, images, [same, chefer], tests="cascading")
     with pytest.raises(InputError, match=r"methods holds two methods named 'attention'"):
         sanity_checks(model, images, ["attention", "attention"], tests="repeat")
+
+
+def test_a_headless_model_is_tested_through_a_score_target():
+    """A headless ViT (num_classes=0) with a score function as target: the cascading, independent and repeat tests
+    run on the maps of that score, a weight-ignoring map fails the parameter test as on a headed model, and the
+    random-logit test (no classes) is not defined: nan rows, n/a, and the reason in the table's attrs."""
+    torch.manual_seed(0)
+    model = tiny_timm_vit(num_classes=0)
+    x = torch.randn(3, 3, 32, 48, generator=torch.Generator().manual_seed(1))
+    with torch.no_grad():
+        ref = model(x[:1])[0]
+    seen = []
+
+    def cosine(out):
+        return torch.nn.functional.cosine_similarity(out, ref[None], dim=-1)
+
+    def fixed_score_map(net, images, target):
+        seen.append(target)
+        return fixed_map(net, images, target)
+
+    df = sanity_checks(model, x, ["chefer", fixed_score_map, "rollout"], target=cosine, seed=0)
+    casc = df[(df.test == "cascading") & (df.metric == "spearman_abs")]
+    assert list(dict.fromkeys(casc.sort_values("step").layer)) == LAYERS[1:]  # no head to randomise
+    assert seen and all(t is cosine for t in seen)  # a callable method is given the score function
+    s = sanity_summary(df)
+    assert s.loc["fixed_score_map", "parameter_test"] == "FAIL" and s.loc["fixed_score_map", "verdict"] == "FAIL"
+    assert s.loc["rollout", "verdict"] == "FAIL"
+    assert s.loc["chefer", "parameter_test"] == "PASS"
+    assert (s["random_logit_test"] == "n/a").all()
+    assert df[df.test == "random_logit"].value.isna().all() and len(df[df.test == "random_logit"])
+    assert "random_logit" in df.attrs["not_defined"] and "random_logit" in s.attrs["not_defined"]
+    rep = df[(df.test == "repeat") & (df.method == "chefer") & (df.metric == "spearman")]
+    assert len(rep) == 3 and np.allclose(rep.value, 1.0)
+
+
+def test_a_headless_model_runs_class_agnostic_methods_without_a_target_and_names_the_fix_otherwise():
+    model = tiny_timm_vit(num_classes=0)
+    x = torch.randn(2, 3, 32, 48, generator=torch.Generator().manual_seed(1))
+    df = sanity_checks(model, x, ["rollout"], tests=("cascading",))
+    assert sanity_summary(df).loc["rollout", "verdict"] == "FAIL" and df.attrs["not_defined"] == ""
+    with pytest.raises(InputError, match=r"methods \['chefer'\] explain a class.*target=lambda out.*"
+                                         r"methods=\['rollout', 'attention'\]"):
+        sanity_checks(model, x, ["chefer", "rollout"])
+    with pytest.raises(InputError, match=r"target=2 names a class.*no classifier head"):
+        sanity_checks(model, x, ["rollout"], target=2)
+
+
+def test_a_headed_model_says_every_test_asked_for_is_defined(model, images):
+    df = sanity_checks(model, images, ["chefer"], tests=("random_logit",))
+    assert df.attrs["not_defined"] == "" and df[df.test == "random_logit"].value.notna().all()
+
+
+def test_a_step_the_score_function_does_not_read_decides_no_verdict():
+    """A Hugging Face ViTModel's pooler is its 'head' step; a score of last_hidden_state does not read it, so every
+    map is unchanged there (rho 1): counting that step would fail every method, Chefer's relevance included."""
+    pytest.importorskip("transformers")
+    from transformers import ViTConfig, ViTModel
+
+    torch.manual_seed(0)
+    cfg = ViTConfig(image_size=32, patch_size=8, hidden_size=16, num_hidden_layers=2, num_attention_heads=2,
+                    intermediate_size=32)
+    model = ViTModel(cfg).eval()
+    x = torch.randn(3, 3, 32, 32, generator=torch.Generator().manual_seed(1))
+
+    def cls_norm(out):
+        return out.last_hidden_state[:, 0].norm(dim=-1)
+
+    df = sanity_checks(model, x, ["chefer", "rollout"], target=cls_norm, tests=("cascading",))
+    assert df.attrs["score_unchanged"] == "head"
+    casc = df[(df.metric == "spearman_abs") & (df.layer == "head")]
+    assert np.allclose(casc.value, 1.0)  # nothing the score reads was randomised
+    s = sanity_summary(df)
+    assert s.loc["chefer", "parameter_test"] == "PASS"
+    assert s.loc["chefer", "cascading_rho"] < 0.5
+    assert s.loc["rollout", "parameter_test"] == "FAIL"  # unchanged after the final norm, which the score reads
+    # a score that reads the pooler: its step counts
+    df = sanity_checks(model, x, ["chefer"], target=lambda out: out.pooler_output.norm(dim=-1), tests=("cascading",))
+    assert df.attrs["score_unchanged"] == ""

@@ -148,6 +148,13 @@ class CompletenessWarning(VitvizError, UserWarning):
     are the requested approximation. The message names the error, the image, ``n_steps`` and the fix (more steps)."""
 
 
+class UncheckedImagesWarning(VitvizError, UserWarning):
+    """Two results paired image by image (few-shot draws of two models at one seed) from tables that do not say
+    which images they were computed on (no ``train_digest``/``test_digest``: tables written before vitviz recorded
+    them, or images vitviz cannot name): they are paired by their image counts, which cannot tell two sets of one
+    size apart. The message names the models and the fix (measure them again to record the digests)."""
+
+
 class ForwardStopped(VitvizError):
     """Raised by a vitviz hook to end a forward pass once it has read what it needs (the input of a model's
     classifier, ``read_input_of``); caught where it is raised, never seen by callers."""
@@ -159,7 +166,7 @@ __all__ = [
     "InputTypeError", "LayerSelectError", "MissingDependencyError",
     "NoPositionEmbeddingError", "NoRGBFiltersError", "NoSuchAttributeError", "NotAViTError",
     "NotImplementedInVitviz", "OptionValueError", "OutOfRangeError", "ResampledKernelWarning",
-    "ResampledPositionsWarning", "RunInterrupted",
+    "ResampledPositionsWarning", "RunInterrupted", "UncheckedImagesWarning",
     "UnknownNameError",
     "UnsupportedModelError", "VitvizError", "WeightsUnavailableError",
 ]

@@ -215,13 +215,84 @@ def _name(model: nn.Module, name: str | None) -> str:
     return name or model_name(model)
 
 
+def images_digest(source: Any, indices: Any, labels: np.ndarray) -> str | None:
+    """A digest of which images ``source`` holds at ``indices`` and their ``labels``, the same whatever model reads
+    them (the images, not their preprocessed pixels), so that two models' few-shot rows can be checked to rest on
+    the same images: a folder's files (vitviz's or torchvision's) by their paths relative to its root and their
+    sizes, a ``TensorDataset``'s or a torchvision dataset's ``data`` by the selected images' values, through any
+    ``Subset``. ``None`` where the images cannot be named without reading them (a ``DataLoader``, another
+    ``Dataset``)."""
+    from vitviz.core.digest import tensor_digest
+
+    idx = np.asarray(indices, dtype=np.int64)
+    while isinstance(source, Subset):
+        idx, source = np.asarray(source.indices, dtype=np.int64)[idx], source.dataset
+    root = getattr(source, "root", None)
+    files = getattr(source, "files", None)  # vitviz's ImageFolder
+    samples = getattr(source, "samples", None)  # torchvision's DatasetFolder / ImageFolder
+    paths = ([files[i] for i in idx] if isinstance(files, list) and len(files) == len(source) else
+             [s[0] for s in (samples[i] for i in idx)] if isinstance(samples, list) and len(samples) == len(source)
+             else None)
+    if paths is not None and root is not None:
+        names = []
+        for f in map(Path, paths):
+            try:
+                rel = f.relative_to(root).as_posix()
+            except ValueError:
+                rel = f.as_posix()
+            names.append(f"{rel}:{f.stat().st_size if f.is_file() else -1}")
+    elif getattr(source, "tensors", None):  # torch TensorDataset
+        names = [tensor_digest(source.tensors[0][idx])]
+    elif isinstance(getattr(source, "data", None), np.ndarray) and len(source.data) == len(source):
+        names = [tensor_digest(source.data[idx])]  # torchvision's CIFAR and the like: the raw pixels
+    else:
+        return None
+    h = hashlib.sha1("\n".join(names).encode())
+    h.update(np.asarray(labels, dtype=np.int64).tobytes())
+    return h.hexdigest()[:16]
+
+
+def check_draw_images(rows: pd.DataFrame, group: str, what: str) -> list[str]:
+    """Refuse few-shot rows paired by draw that rest on other images: at one ``shots`` and ``seed``, every value of
+    ``group`` (a model, a run) must have drawn the same training images (``train_digest``) and been scored on the
+    same test images (``test_digest``), as ``linear_fewshot`` records them.
+
+    Returns:
+        the values of ``group`` whose images could not be checked (no digest columns: a table written before they
+        were recorded; or no digest: images vitviz cannot name), for the caller's warning; ``[]`` when all were.
+
+    Raises:
+        InputError: two values of ``group`` hold different digests at one draw; the message names both, the seed
+            and the shots.
+    """
+    unchecked: dict[str, None] = {}
+    for col, images in (("train_digest", "few-shot training images"), ("test_digest", "test images")):
+        if col not in rows:
+            return [str(g) for g in dict.fromkeys(rows[group])]
+        unchecked.update((str(g), None) for g in rows.loc[rows[col].isna(), group])
+        known = rows[rows[col].notna()]
+        for (shots, seed), g in known.groupby(["shots", "seed"], sort=True):
+            seen = g.drop_duplicates(col)  # the first row of each digest (a run's epochs share theirs)
+            if len(seen) > 1:
+                (a, x), (b, y) = seen[[group, col]].iloc[:2].itertuples(index=False)
+                raise InputError(f"{what}: {a} and {b} were measured on different {images} at the {int(shots)}-shot "
+                                 f"draw seed={int(seed)} ({col} {x} against {y}), so their "
+                                 "difference would compare other images, not the models; measure both on the same "
+                                 "data (one training folder, one test set) with the same seeds")
+    return list(unchecked)
+
+
 def _features(model: nn.Module, train: Any, test: Any, shots: Sequence[int], seeds: Sequence[int], layers: Any,
-              pre_logits: bool, cache: Any, name: str, **kw: Any) -> tuple[Features, Features, dict, np.ndarray]:
-    """Features of exactly the training images some draw uses (all of them for a DataLoader), and of the test set."""
+              pre_logits: bool, cache: Any, name: str, **kw: Any) -> tuple[Features, Features, dict, dict]:
+    """Features of exactly the training images some draw uses (all of them for a DataLoader), and of the test set;
+    the draws (indices into the training features) and the digests of the images (``images_digest``): per draw key
+    and ``"test"``."""
     tr, te = _index_pair(model, train, test)
     labels = labels_of(tr)
+    digests: dict[Any, str | None] = {}
     if labels is not None:
         draws = fewshot_draws(labels, shots, seeds)
+        digests = {key: images_digest(tr, idx, labels[idx]) for key, idx in draws.items()}
         keep = np.unique(np.concatenate(list(draws.values())))
         ftr = _extract(model, tr, keep, layers, pre_logits, cache, f"{name}-train", **kw)
         _check_item_labels(labels[keep], ftr.labels.numpy(), keep)
@@ -231,7 +302,8 @@ def _features(model: nn.Module, train: Any, test: Any, shots: Sequence[int], see
         ftr = _extract(model, tr, None, layers, pre_logits, cache, f"{name}-train", **kw)
         draws = fewshot_draws(ftr.labels.numpy(), shots, seeds)
     fte = _extract(model, te, None, layers, pre_logits, cache, f"{name}-test", **kw)
-    return ftr, fte, draws, labels
+    digests["test"] = images_digest(te, np.arange(len(fte)), fte.labels.numpy())
+    return ftr, fte, draws, digests
 
 
 def _check_item_labels(said: np.ndarray, yielded: np.ndarray, images: np.ndarray, argument: str = "train",
@@ -251,7 +323,7 @@ def _check_item_labels(said: np.ndarray, yielded: np.ndarray, images: np.ndarray
 
 
 def _fewshot_rows(ftr: Features, fte: Features, draws: dict, l2_reg: float | None, name: str, depth: int,
-                  keys: Sequence[Any]) -> list[dict[str, Any]]:
+                  keys: Sequence[Any], digests: dict) -> list[dict[str, Any]]:
     ytr, yte = ftr.labels.numpy(), fte.labels.numpy()
     k = int(max(ytr.max(), yte.max())) + 1
     rows = []
@@ -262,7 +334,8 @@ def _fewshot_rows(ftr: Features, fte: Features, draws: dict, l2_reg: float | Non
             rows.append({"model": name, "layer": "pre_logits" if key == PRE_LOGITS else f"block{key}",
                          "depth": depth if key == PRE_LOGITS else int(key) + 1, "probe": "linear", "shots": shots,
                          "seed": seed, "l2_reg": l2, "accuracy": acc, "train_images": len(idx),
-                         "test_images": len(yte)})
+                         "test_images": len(yte), "train_digest": digests.get((shots, seed)),
+                         "test_digest": digests.get("test")})
     return rows
 
 
@@ -303,16 +376,18 @@ def linear_fewshot(model: nn.Module, train: Any, test: Any, shots: Sequence[int]
 
     Returns:
         one row per (shots, seed): ``model, layer, depth, probe, shots, seed, l2_reg, accuracy`` (top-1 %),
-        ``train_images, test_images``.
+        ``train_images, test_images``, and ``train_digest, test_digest``: which images the draw and the test set
+        are (``images_digest``; the same for every model that read the same images, ``None`` where vitviz cannot
+        name them: a ``DataLoader``), so that a comparison paired by draw can check it pairs the same images.
     """
     nm = _name(model, name)
     layers = None if layer is None else [layer]
-    ftr, fte, draws, _ = _features(model, train, test, shots, seeds, layers, layer is None, cache, nm,
+    ftr, fte, draws, digests = _features(model, train, test, shots, seeds, layers, layer is None, cache, nm,
                                    batch_size=batch_size, num_workers=num_workers, progress=progress,
                                    autocast=autocast)
     key = PRE_LOGITS if layer is None else resolve_blocks(model, layer)[0]
     depth = len(resolve_blocks(model, "all")) + 1
-    return pd.DataFrame(_fewshot_rows(ftr, fte, draws, l2_reg, nm, depth, [key]))
+    return pd.DataFrame(_fewshot_rows(ftr, fte, draws, l2_reg, nm, depth, [key], digests))
 
 
 def knn_probe(model: nn.Module, train: Any, test: Any, *, k: int = 20, temperature: float = 0.07,
@@ -354,11 +429,12 @@ def layer_probes(model: nn.Module, train: Any, test: Any, shots: Sequence[int] =
     """
     pre_logits = check_bool(pre_logits, "pre_logits", "probe the pre-logits representation too")
     nm = _name(model, name)
-    ftr, fte, draws, _ = _features(model, train, test, shots, seeds, "all", pre_logits, cache, nm,
+    ftr, fte, draws, digests = _features(model, train, test, shots, seeds, "all", pre_logits, cache, nm,
                                    batch_size=batch_size, num_workers=num_workers, progress=progress,
                                    autocast=autocast)
     blocks = resolve_blocks(model, "all")
-    rows = _fewshot_rows(ftr, fte, draws, l2_reg, nm, len(blocks) + 1, blocks + ([PRE_LOGITS] if pre_logits else []))
+    rows = _fewshot_rows(ftr, fte, draws, l2_reg, nm, len(blocks) + 1, blocks + ([PRE_LOGITS] if pre_logits else []),
+                         digests)
     return pd.DataFrame(rows)
 
 
@@ -372,7 +448,7 @@ def _check_one_row_per_draw(g: pd.DataFrame, by: list[str], key: Any) -> None:
     seed = draws[twice].iloc[0]
     same = g[twice & ((draws == seed) | (draws.isna() & pd.isna(seed)))]
     # the l2 a probe chose differs from draw to draw: grouping by it would split one probe's draws
-    differ = [c for c in same.columns if c not in (*by, "seed", "accuracy", "l2_reg")
+    differ = [c for c in same.columns if c not in (*by, "seed", "accuracy", "l2_reg", "train_digest", "test_digest")
               and same[c].nunique(dropna=False) > 1]
     group = ", ".join(f"{c}={v.item() if isinstance(v, np.generic) else v!r}"
                       for c, v in zip(by, key if isinstance(key, tuple) else (key,)))

@@ -14,7 +14,8 @@ test                what changes
 ``random_logit``    the random-logit test of Sixt, Granz & Landgraf (ICML 2020, "When Explanations Lie"): the map
                     for each image's predicted class against the map for a random other class (seeded). Only for
                     class-specific methods (the gradient methods and any callable); other methods get ``nan``
-                    values and ``"n/a"`` in the summary, never a pass.
+                    values and ``"n/a"`` in the summary, never a pass. Not defined for a score function as
+                    ``target`` (a headless model): every method gets ``nan`` and ``df.attrs["not_defined"]`` says so.
 ``repeat``          the method run twice on the unchanged model: a method whose maps differ from run to run (fresh
                     noise) would "pass" the randomisation tests without depending on the model, so the summary
                     calls it ``UNSTABLE`` (mean ``spearman_abs`` of the two runs below 0.99) instead.
@@ -54,7 +55,10 @@ threshold decides the random-logit test (mean ``spearman_abs`` between the two c
 choice, not the paper's (Adebayo et al. judge the curves by eye): the table keeps the numbers, so another
 threshold is one call away. The test is necessary, not sufficient: a map that changes with the weights can still
 be wrong. A method no test decides (no cascading step in the table, and no random-logit test it can take) is
-``UNTESTED``, never a pass.
+``UNTESTED``, never a pass. With a score function as ``target`` (a headless model), a step after which that score
+is unchanged on every image does not count towards the verdict (``df.attrs["score_unchanged"]``): the score does
+not read what was randomised (a Hugging Face ``ViTModel``'s pooler, for a score of ``last_hidden_state``), so every
+method's map is unchanged there and the step would fail them all.
 """
 
 from __future__ import annotations
@@ -222,10 +226,16 @@ def sanity_checks(
         images: a normalised ``(B, 3, H, W)`` tensor or anything ``vitviz.core.batching.iter_batches`` takes.
         methods: ``vitviz.explain`` method names (default: every one in ``vitviz.analysis.explain.METHODS``, read
             at call time, but ``flow``, which is slow, and baselines whose library is not installed) and/or callables ``f(model, images (b, 3, H, W), target (b,) classes) ->
-            (b, gh, gw)``, each under a name of its own (a callable's ``__name__``; two of one name are refused);
+            (b, gh, gw)`` (``target`` is the callable itself where ``target=`` is one, ``None`` where no method explains a class), each under a name of its own (a callable's ``__name__``; two of one name are refused);
             one name alone is that method.
-        target: the class each map explains on the trained model: ``None`` (each image's prediction), an int, or
-            one per image; kept at every randomisation step. Class targets only.
+        target: what the class-specific methods explain: ``None`` (each image's prediction on the trained model),
+            an int, or one per image, kept at every randomisation step; or a callable ``f(output) -> (B,)`` (one
+            score per image from the raw output, ``vitviz.core.targets``), the same function at every step: how a
+            headless model (``num_classes=0``, an image tower, a Hugging Face ``ViTModel``) is tested. With a
+            callable, the random-logit test is not defined (no other class): its rows are ``nan``, the summary says
+            ``"n/a"``, and ``df.attrs["not_defined"]`` says why. Methods that explain no class (``rollout``,
+            ``attention``, ...) need no target, so a headless model runs them with ``target=None``; a class target
+            on a headless model is refused, naming both ways out.
         steps: layer names (``randomisation_layers``) the cascading and independent tests randomise, in top-down
             order (one name: that layer alone); default all.
         tests: any of ``cascading``, ``independent``, ``random_logit``, ``repeat`` (one name: that test alone).
@@ -239,7 +249,10 @@ def sanity_checks(
         DataFrame with columns ``test``, ``method``, ``step`` (0-based position of the layer top-down; the
         random-logit and repeat tests: 0), ``layer`` (layer name; ``"random class"``, ``"repeat"``), ``image``
         (index in ``images``), ``metric`` (``spearman_abs``, ``spearman``, ``ssim``) and ``value`` (``nan`` where
-        a test does not apply or a map is constant).
+        a test does not apply or a map is constant). ``df.attrs``: ``seed``, ``std``, ``not_defined`` (``"test:
+        why"`` for each test not defined for this ``target``; ``""`` when every test asked for is) and
+        ``score_unchanged`` (with a score function as target: the top cascading steps after which it is unchanged
+        on every image, comma-separated; ``sanity_summary`` does not judge a method on them).
     """
     import pandas as pd
 
@@ -301,14 +314,27 @@ def sanity_checks(
     xs = [x for x in iter_batches(work, images, batch_size)]
     with torch.no_grad():
         outs = [work(x) for x in xs]
-    classes, start, total = [], 0, sum(len(x) for x in xs)
-    for x, out in zip(xs, outs):
-        classes.append(resolve_target(target, out, start=start, n_images=total, model=work).classes)
-        start += len(x)
-    if any(c is None for c in classes):
-        raise InputError("sanity_checks needs class targets (None, an int, or one per image); a callable target "
-                         "has no 'other class' for the random-logit test")
-    num_classes = logits_of(outs[0], work).shape[-1]
+    scored = callable(target) and not isinstance(target, (torch.Tensor, np.ndarray))  # a score, not a class
+    class_methods = [n for m, n in zip(methods, names) if _class_specific(m)]
+    classes: list[Any] = []
+    not_defined: dict[str, str] = {}
+    if scored:
+        start, total = 0, sum(len(x) for x in xs)
+        for x, out in zip(xs, outs):  # refuses a callable that does not give one score per image
+            resolve_target(target, out, start=start, n_images=total, model=work)
+            start += len(x)
+        classes = [target] * len(xs)  # the same score function on the trained and on every randomised model
+        not_defined["random_logit"] = ("target is a score function, not a class: there is no other class to explain "
+                                       "(Sixt et al.'s test needs a classifier's classes)")
+    elif target is None and not class_methods:
+        classes = [None] * len(xs)  # no method explains a class: none is needed (a headless model runs too)
+    else:
+        _need_classes(outs[0], work, target, class_methods)
+        start, total = 0, sum(len(x) for x in xs)
+        for x, out in zip(xs, outs):
+            classes.append(resolve_target(target, out, start=start, n_images=total, model=work).classes)
+            start += len(x)
+    num_classes = logits_of(outs[0], work).shape[-1] if classes and isinstance(classes[0], torch.Tensor) else 0
 
     def maps_of(m: str | MapFn, net: nn.Module, cls: Sequence[torch.Tensor] | None = None) -> np.ndarray:
         opts = options.get(m, {}) if isinstance(m, str) else {}
@@ -322,13 +348,14 @@ def sanity_checks(
             offset += len(x)
         return np.concatenate(parts)
 
+    unread = _unread_steps(work, xs, outs, target, layers, seed, std) if scored and "cascading" in tests else []
     rows: list[dict[str, Any]] = []
     for m, name in zip(methods, names):
         ref = maps_of(m, work)
         if "repeat" in tests:
             _compare(rows, ref, maps_of(m, work), test="repeat", method=name, step=0, layer="repeat")
         if "random_logit" in tests:
-            if _class_specific(m):
+            if _class_specific(m) and not scored:
                 drawn = _other_classes(torch.cat([c.cpu() for c in classes]), num_classes, seed)
                 others = [d.to(c.device) for d, c in zip(drawn.split([len(c) for c in classes]), classes)]
                 _compare(rows, ref, maps_of(m, work, others), test="random_logit", method=name, step=0,
@@ -358,7 +385,46 @@ def sanity_checks(
     df = pd.DataFrame.from_records(rows, columns=["test", "method", "step", "layer", "image", "metric", "value"])
     df.attrs["seed"] = int(seed)
     df.attrs["std"] = float(std)
+    # strings, as every attr (a tidy table hides no table in its attrs)
+    df.attrs["not_defined"] = "; ".join(f"{t}: {why}" for t, why in not_defined.items() if t in tests)
+    df.attrs["score_unchanged"] = ", ".join(unread)
     return df
+
+
+def _unread_steps(work: nn.Module, xs: Sequence[torch.Tensor], outs: Sequence[Any], score: Callable[[Any], Any],
+                  layers: Sequence[tuple[str, list[str]]], seed: int, std: float) -> list[str]:
+    """The cascading steps after which a score function gives every image the value it gives on the trained model:
+    the score does not read the layers randomised so far (a Hugging Face ``ViTModel``'s pooler, for a score of
+    ``last_hidden_state``), so every map is unchanged there whatever the method, and the step cannot fail one."""
+    net = model_copy(work)
+    unread = []
+    with torch.no_grad():
+        base = [score(o).detach() for o in outs]
+        for layer, names in layers:
+            randomise_(net, names, seed=seed, layer=layer, std=std)
+            if all(torch.equal(score(net(x)).detach(), b) for x, b in zip(xs, base)):
+                unread.append(layer)
+            else:
+                break  # cumulative: once the score has changed, a later step cannot restore it
+    return unread
+
+
+def _need_classes(output: Any, model: nn.Module, target: Target, class_methods: Sequence[str]) -> None:
+    """Refuse a class target (``None``: the prediction; an int; one per image) on a model without a classifier
+    head, naming what runs instead: a score function as ``target``, or the methods that explain no class."""
+    try:
+        logits_of(output, model)
+    except InputError:
+        uses = (f"methods {list(class_methods)} explain a class" if class_methods else
+                f"target={target!r} names a class")
+        raise InputError(
+            f"sanity_checks: {uses}, but {type(model).__name__} has no classifier head (num_classes=0, or an "
+            "output without (B, classes) logits). Pass "
+            "target=lambda out: ... returning one score per image from the model's raw output (e.g. the cosine "
+            "similarity of the embedding to a given embedding): the cascading, independent and repeat tests then "
+            "run on the maps of that score, and the random-logit test, which needs classes, is reported as not "
+            "defined (df.attrs['not_defined']); or keep target=None and pass methods that explain no class (e.g. "
+            "methods=['rollout', 'attention'])") from None
 
 
 def check_sanity_table(df: Any, what: str) -> None:
@@ -382,10 +448,12 @@ def sanity_summary(df: Any, *, threshold: float = 0.5, decision_step: str | None
 
     Returns:
         DataFrame indexed by method with ``cascading_rho`` (the largest mean ``spearman_abs`` over the steps up to
-        ``decision_step``),
+        ``decision_step``, leaving out the steps ``df.attrs["score_unchanged"]`` names: those after which a score
+        function as target gave every image its trained value),
         ``parameter_test``, ``random_logit_rho``, ``random_logit_test`` (``"n/a"`` for non-class-specific
-        methods), ``repeat_rho`` and ``verdict``: ``UNSTABLE`` when the repeat test says so, else ``FAIL`` when
-        either test fails, ``PASS`` when at least one passes and none fails, and ``UNTESTED`` when neither decides
+        methods, and for every method where ``df.attrs["not_defined"]`` names the test: a score function as
+        target; the summary's ``attrs["not_defined"]`` keeps it), ``repeat_rho`` and ``verdict``: ``UNSTABLE``
+        when the repeat test says so, else ``FAIL`` when either test fails, ``PASS`` when at least one passes and none fails, and ``UNTESTED`` when neither decides
         (``df`` has no cascading step up to ``decision_step``, or only ``nan`` values there (constant maps), and
         no random-logit test of a class-specific method, e.g. ``tests=("independent", "repeat")``, or the
         random-logit test alone on a method that is not class-specific): a method nothing tested never reads as a
@@ -407,7 +475,8 @@ def sanity_summary(df: Any, *, threshold: float = 0.5, decision_step: str | None
     if decision_step is None and layers:
         blocks = [n for n in layers if n.startswith("block ")]
         decision_step = blocks[0] if blocks else layers[-1]
-    top = layers[:layers.index(decision_step) + 1] if decision_step in layers else []
+    unread = set(filter(None, str(df.attrs.get("score_unchanged", "")).split(", ")))  # not read by the score
+    top = [n for n in (layers[:layers.index(decision_step) + 1] if decision_step in layers else []) if n not in unread]
     out = []
     for method in dict.fromkeys(df["method"]):
         rec: dict[str, Any] = {"method": method}
@@ -430,4 +499,5 @@ def sanity_summary(df: Any, *, threshold: float = 0.5, decision_step: str | None
     summary = pd.DataFrame(out).set_index("method")
     summary.attrs["threshold"] = float(threshold)
     summary.attrs["decision_step"] = str(decision_step)
+    summary.attrs["not_defined"] = str(df.attrs.get("not_defined", ""))
     return summary

@@ -118,11 +118,13 @@ def posemb_draw_differences(fewshot: pd.DataFrame | None = None, ablation: tuple
     or hard set of shots) and their Student-t interval is the paired one. The marginal intervals of
     ``posemb_measures`` (each model over its draws) overlap where the paired one does not, and the other way round.
 
-    What the pairing can check: the rows pair on ``shots`` and ``seed`` (the draw), and a draw or a shot count one
-    model lacks is refused. The table names no image, only counts: the same seed draws the same training images
-    only from the same training set, and the test sets are compared by their ``test_images`` counts alone, so two
-    models measured on different data of equal size pair without a word. Measure the compared models in one
-    ``measure`` call (one ``--data``, one ``--test-subset``), as the committed table was.
+    What the pairing checks: the rows pair on ``shots`` and ``seed`` (the draw), and a draw or a shot count one
+    model lacks is refused; two models whose draw at one seed holds other training images (``train_digest``) or
+    whose test images differ (``test_digest``, ``representations.images_digest``) are refused, naming both and the
+    seed. A table without those columns (the committed one, written before ``linear_fewshot`` recorded them) names
+    no image: its test sets are compared by their ``test_images`` counts alone and its draws by seed, which cannot
+    tell two sets of one size apart, so it pairs with an ``UncheckedImagesWarning``. Measure the compared models
+    in one ``measure`` call (one ``--data``, one ``--test-subset``), as the committed table was.
 
     Args:
         fewshot: the per-draw table (``read_posemb_fewshot()``, the default): ``model, shots, seed, accuracy``.
@@ -132,7 +134,10 @@ def posemb_draw_differences(fewshot: pd.DataFrame | None = None, ablation: tuple
         InputError: a column is missing; a model of ``ablation`` is not in ``POS_EMB`` or two share an encoding; a
             model has two rows for one draw, or the models do not share their draws or test images (no pairing).
     """
-    from vitviz.errors import InputError
+    import warnings
+
+    from vitviz.analysis.representations import check_draw_images
+    from vitviz.errors import InputError, UncheckedImagesWarning
     from vitviz.experiments.posemb_seeds import COMPARISONS, ENCODINGS
 
     encoding_of = {pos_emb: encoding for encoding, (_, pos_emb) in ENCODINGS.items()}  # Table 8's row -> encoding
@@ -148,6 +153,7 @@ def posemb_draw_differences(fewshot: pd.DataFrame | None = None, ablation: tuple
                          f"among {list(POS_EMB)} (unknown: {unknown}); e.g. ablation={MODELS[:3]!r}")
     model_of = dict(zip(encodings, ablation))
     rows = []
+    unchecked: dict[str, None] = {}
     for shots, g in fewshot[fewshot.model.isin(ablation)].groupby("shots", sort=True):
         twice = g[g.duplicated(["model", "seed"], keep=False)]
         if len(twice):
@@ -155,6 +161,7 @@ def posemb_draw_differences(fewshot: pd.DataFrame | None = None, ablation: tuple
             raise InputError(f"posemb_draw_differences: {r.model!r} has {int((twice.model == r.model).sum())} rows "
                              f"for the {shots}-shot draw seed={int(r.seed)} (several layers or probes?); pass one "
                              "row per model, shots and draw (the pre-logits linear probe)")
+        unchecked.update(dict.fromkeys(check_draw_images(g, "model", "posemb_draw_differences")))
         by_model = {m: h.set_index("seed") for m, h in g.groupby("model")}
         for arm, minus in COMPARISONS:
             a_name, b_name = model_of.get(arm), model_of.get(minus)
@@ -175,6 +182,13 @@ def posemb_draw_differences(fewshot: pd.DataFrame | None = None, ablation: tuple
                 x, y = float(a.loc[seed, "accuracy"]), float(b.loc[seed, "accuracy"])
                 rows.append({"measure": f"fewshot{int(shots)}", "arm": arm, "minus": minus, "seed": int(seed),
                              "arm_value": x, "minus_value": y, "difference": x - y})
+    if unchecked and rows:
+        warnings.warn(UncheckedImagesWarning(
+            f"posemb_draw_differences: the table does not say which images {', '.join(unchecked)} were measured on "
+            "(no train_digest/test_digest: written before linear_fewshot recorded them), so their draws are paired "
+            "by seed and their test sets by count, which cannot tell two sets of one size apart; measure them "
+            "again (python -m vitviz.experiments.posemb_fewshot --data DIR) to have the images checked"),
+            stacklevel=2)
     return pd.DataFrame(rows, columns=["measure", "arm", "minus", "seed", "arm_value", "minus_value", "difference"])
 
 

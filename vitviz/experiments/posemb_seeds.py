@@ -171,9 +171,15 @@ def mean_over_draws(raw: pd.DataFrame, keys: list[str], what: str) -> pd.DataFra
         InputError: the table has no ``shots`` column (the name would guess it), holds several shot counts, layers
             or probes (their mean is no one measure); or a run
             does not hold every draw of the table once (a draw missing or repeated): its mean would be over other
-            few-shot images than the runs it is paired with.
+            few-shot images than the runs it is paired with; or two runs drew other training images at one draw
+            seed, or were scored on other test images (``representations.check_draw_images``). A table without the
+            image digests (written before ``linear_fewshot`` recorded them) is read with an
+            ``UncheckedImagesWarning``: its runs are paired by draw seed and image counts alone.
     """
-    from vitviz.errors import InputError
+    import warnings
+
+    from vitviz.analysis.representations import check_draw_images
+    from vitviz.errors import InputError, UncheckedImagesWarning
 
     for col in ("shots", "layer", "probe"):
         values = sorted(raw[col].unique().tolist()) if col in raw else []
@@ -195,6 +201,15 @@ def mean_over_draws(raw: pd.DataFrame, keys: list[str], what: str) -> pd.DataFra
                                  f"each of {every} once, so its mean is over other few-shot images than the runs it "
                                  "is paired with; measure the missing draws (or drop the repeated rows), or keep the "
                                  "draws every run holds: raw[raw.seed.isin([...])]")
+    if "seed" in raw and "model" in raw:
+        unchecked = check_draw_images(raw, "model", what)
+        if unchecked:
+            named = ", ".join(unchecked[:3]) + (f" and {len(unchecked) - 3} more" if len(unchecked) > 3 else "")
+            warnings.warn(UncheckedImagesWarning(
+                f"{what}: the table does not say which images runs {named} were measured on (no train_digest/"
+                "test_digest: written before linear_fewshot recorded them), so nothing checks that they drew the "
+                "same training images at each seed and were scored on the same test images; measure the few-shot "
+                "accuracy again (--fewshot) to have the images checked"), stacklevel=3)
     g = raw.groupby(keys).accuracy
     out = pd.concat([g.mean().rename(column), g.size().rename("draws")], axis=1).reset_index()
     return out.rename(columns={"run_seed": "seed"})
