@@ -466,6 +466,9 @@ def test_good_sizes_and_maps_are_still_taken():
     a = vitviz.distance_table(np.ones((2, 3)), patch_size=8)
     b = vitviz.distance_table(np.ones((2, 3)), patch_size=(8, 8))
     pd.testing.assert_frame_equal(a, b)
+    # a non-square stride: the unit is the geometric mean sqrt(sh * sw), the side of a square patch of its area
+    c = vitviz.distance_table(np.arange(6.0).reshape(2, 3), patch_size=(8, 32))
+    np.testing.assert_allclose(c["distance_patches"], np.arange(6.0) / 16)
     fig = vitviz.plot_rollout(M, GOOD, maps=torch.rand(2, 32, 48))  # one value per pixel still draws
     assert len(fig.axes) >= 4
     sim = vitviz.pos_embed_similarity(torch.randn(1, 25, 8), grid_size=5)  # a table without prefix rows

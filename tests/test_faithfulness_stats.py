@@ -219,3 +219,33 @@ def test_a_mode_the_baseline_was_not_run_in_is_named_not_left_out_without_a_word
     assert got[["mode", "method"]].values.tolist() == [["deletion", "b"]]
     assert got["diff"].item() == pytest.approx(0.1333333333333)
 
+
+
+def test_the_bootstrap_of_a_comparison_resamples_images_for_both_methods_at_once():
+    """The paired bootstrap: one resample of images moves both methods' AUCs of an image together, so the
+    between-image spread (here 100 times the difference's) cancels; resampling the two methods apart would not."""
+    rng = np.random.default_rng(5)
+    n = 40
+    base = rng.normal(scale=10.0, size=n)
+    shifted = base + 0.5 + rng.normal(scale=0.1, size=n)
+    rows = [(i, m, "deletion", f, v[i], "target", "drop") for m, v in (("base", base), ("m", shifted))
+            for i in range(n) for f in (0.0, 1.0)]
+    df = pd.DataFrame(rows, columns=["image", "method", "mode", "fraction", "score", "metric", "removal"])
+    row = vitviz.compare_methods(df, baseline="base", interval="bootstrap", n_boot=500, seed=4).iloc[0]
+    idx = np.random.default_rng(4).integers(0, n, size=(500, n))  # bootstrap_ci's resamples: seed 4, n images
+    joint = np.quantile(shifted[idx].mean(1) - base[idx].mean(1), [0.025, 0.975])
+    assert (row["ci_low"], row["ci_high"]) == pytest.approx(tuple(joint))
+    assert row["verdict"] == "worse" and row["ci_high"] - row["ci_low"] < 0.1  # deletion: higher is worse
+    apart = shifted[idx].mean(1) - base[np.random.default_rng(9).integers(0, n, size=(500, n))].mean(1)
+    assert np.ptp(np.quantile(apart, [0.025, 0.975])) > 30 * (row["ci_high"] - row["ci_low"])
+
+
+def test_t_interval_is_scipys_one_sample_interval_and_takes_any_tensor_dtype():
+    torch = pytest.importorskip("torch")
+    from vitviz.analysis.intervals import t_interval
+
+    values = [0.25, 0.5, 0.75, 1.5, 2.0]  # exact in bfloat16
+    want = stats.ttest_1samp(values, 0.0).confidence_interval(0.9)  # t quantile at n - 1 = 4 degrees of freedom
+    for v in (values, torch.tensor(values, dtype=torch.bfloat16), torch.tensor(values, dtype=torch.float16)):
+        mean, lo, hi = t_interval(v, 0.9)
+        assert (mean, lo, hi) == pytest.approx((np.mean(values), want.low, want.high), rel=1e-12)

@@ -76,6 +76,28 @@ def rownorm(m):
     return m / m.sum(-1, keepdim=True)
 
 
+@pytest.mark.parametrize("fusion", ["max", "min"])
+def test_flow_with_max_or_min_fusion_renormalises_the_fused_rows_before_the_residual(fusion):
+    """One layer: the flow from the class token to input j is the one edge's capacity A[0, j], so the map is the
+    class row of A = rownorm(0.5 rownorm(W) + 0.5 I) (the module docstring), not of rownorm(W + I), which
+    vit-explain's max fusion uses and the authors' mean-only code would give for such a W."""
+    torch.manual_seed(0)
+    model = tiny_timm_vit(img_size=(16, 24), depth=1, reg_tokens=2)  # 3 prefix tokens, a 2x3 grid: 9 tokens
+    with torch.no_grad():
+        model.blocks[0].attn.qkv.weight.mul_(6)  # peaked heads (random weights attend near uniformly)
+    x = torch.randn(2, 3, 16, 24)
+    with torch.no_grad(), vitviz.capture_attention(model) as cap:
+        model(x)
+    got = vitviz.attention_flow(model, x, head_fusion=fusion).double()
+    a = cap.attentions[0].double()
+    w = a.amax(dim=1) if fusion == "max" else a.amin(dim=1)
+    eye = torch.eye(9, dtype=torch.float64)
+    want = rownorm(0.5 * rownorm(w) + 0.5 * eye)[:, 0, 3:].reshape(2, 2, 3)
+    torch.testing.assert_close(got, want, atol=1e-5, rtol=0)
+    unnormalised = rownorm(w + eye)[:, 0, 3:].reshape(2, 2, 3)
+    assert (got - unnormalised).abs().max() > 0.005  # 500 times the tolerance above
+
+
 def test_flow_refuses_too_many_tokens_naming_the_limit():
     with pytest.raises(InputError, match="max_tokens=10"):
         vitviz.explain(tiny_timm_vit(), torch.randn(1, 3, 32, 48), "flow", max_tokens=10)

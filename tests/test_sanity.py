@@ -538,3 +538,22 @@ def test_a_step_the_score_function_does_not_read_decides_no_verdict():
     # a score that reads the pooler: its step counts
     df = sanity_checks(model, x, ["chefer"], target=lambda out: out.pooler_output.norm(dim=-1), tests=("cascading",))
     assert df.attrs["score_unchanged"] == ""
+
+
+def test_spearman_refuses_maps_of_two_grids_that_hold_as_many_patches():
+    """A 4x6 and a 6x4 map have 24 patches each, but patch k is not at one place in both: no correlation of them
+    means anything, so they are refused as ssim refuses them."""
+    rng = np.random.default_rng(0)
+    a, b = rng.random((4, 6)), rng.random((6, 4))
+    for f in (spearman, ssim):
+        with pytest.raises(InputError, match=r"\(4, 6\) and \(6, 4\)"):
+            f(a, b)
+
+
+def test_spearman_and_ssim_take_half_precision_tensors():
+    rng = np.random.default_rng(1)
+    a, b = (np.round(rng.random((5, 7)) * 64) / 64 for _ in range(2))  # exact in bfloat16 and float16
+    for dtype in (torch.bfloat16, torch.float16):
+        ta, tb = torch.tensor(a, dtype=dtype), torch.tensor(b, dtype=dtype)
+        assert spearman(ta, tb) == pytest.approx(spearmanr(a.ravel(), b.ravel()).statistic, rel=1e-12)
+        assert ssim(ta, tb) == pytest.approx(ssim(a, b), rel=1e-12)

@@ -2,11 +2,14 @@
 
 The layers form a directed graph: one node per token per layer (``L + 1`` layers of ``N`` nodes, layer 0 the
 input), and an edge from token ``i`` of layer ``l + 1`` to token ``j`` of layer ``l`` with capacity ``A_l[i, j]``,
-where ``A_l = rownorm(0.5 W_l + 0.5 I)`` is the same residual-augmented, head-fused attention as rollout's, made by
-the same code (``vitviz.analysis.propagation``): one layer of the graph per residual block, the branches of a
-parallel block averaged (``ViTSpec.attention_blocks``), and maps that are not a flow between tokens (differential
-attention's signed ``S1 - lambda S2``, CaiT's talking heads) refused as rollout refuses them. The
-flow from output token ``t`` to input token ``j`` is the value of the maximum flow from node ``(L, t)`` to node
+where ``A_l = rownorm(0.5 rownorm(W_l) + 0.5 I)`` is the same residual-augmented, head-fused attention as rollout's,
+made by the same code (``vitviz.analysis.propagation``). With the head mean (the paper's, and the only fusion of the
+authors' code) ``W_l``'s rows sum to 1 and this is their ``rownorm(W_l + I)``; with ``head_fusion="max"`` or
+``"min"`` the fused rows are renormalised first (vitviz's choice, as rollout's), so the skip connection keeps half
+of each row, not the ``1 / (1 + sum_j W_l[i, j])`` that ``rownorm(W_l + I)`` would leave it. One layer of the graph
+per residual block, the branches of a parallel block averaged (``ViTSpec.attention_blocks``), and maps that are not
+a flow between tokens (differential attention's signed ``S1 - lambda S2``, CaiT's talking heads) refused as rollout
+refuses them. The flow from output token ``t`` to input token ``j`` is the value of the maximum flow from node ``(L, t)`` to node
 ``(0, j)``. Where rollout multiplies weights along every path, flow is limited by the narrowest cut, so the two
 differ whenever paths share a bottleneck.
 
@@ -111,7 +114,8 @@ def attention_flow(
     Args:
         model: any ViT ``vitviz.inspect`` reads.
         images: a normalised ``(B, 3, H, W)`` tensor, or anything ``vitviz.load_images`` takes.
-        head_fusion: ``"mean"`` (the paper), ``"max"`` or ``"min"``.
+        head_fusion: ``"mean"`` (the paper), ``"max"`` or ``"min"`` (the fused rows renormalised before the
+            residual is added, as rollout's; see the module docstring).
         token: the output token: default (``None``) the tokens the model's head reads (``ViTSpec.readout``: the
             class token; the mean of the flows from the class and distillation tokens; the mean of the flows from
             every patch token for average pooling or no class token, ``P`` times the work); ``"class"``: the class

@@ -23,7 +23,7 @@ from collections.abc import Sequence
 
 import numpy as np
 
-from vitviz.core.util import is_number
+from vitviz.core.util import float_array, is_number
 from vitviz.errors import InputError
 
 __all__ = ["PERCENT", "PERCENT_DIFFERENCE", "ROUNDING", "drop_rounding", "t_interval"]
@@ -48,7 +48,7 @@ def t_interval(values: Sequence[float] | np.ndarray, confidence: float = 0.95,
 
     Args:
         values: independent measurements (NaNs dropped: a missing measurement), e.g. one accuracy per seed or one
-            AUC per image. An infinite value is refused: it has no mean.
+            AUC per image: numbers, an array or a tensor of any dtype. An infinite value is refused: it has no mean.
         confidence: coverage of the interval, in ``(0, 1)`` (0.95 for a 95% interval).
         bounds: ``(low, high)``, the range every value lies in (``PERCENT`` for accuracies in percent): the interval
             is cut to it (see the module docstring). A value outside it is refused.
@@ -61,7 +61,7 @@ def t_interval(values: Sequence[float] | np.ndarray, confidence: float = 0.95,
     if not is_number(confidence) or not 0 < confidence < 1:
         raise InputError(f"t_interval: confidence={confidence!r} must lie in (0, 1), the coverage of the interval "
                          "(e.g. 0.95 for a 95% interval)")
-    x = np.asarray(values, dtype=np.float64).reshape(-1)
+    x = float_array(values, "t_interval: values").reshape(-1)  # a tensor of any dtype (bfloat16), on any device
     if np.isinf(x).any():
         raise InputError(f"t_interval: values hold {x[np.isinf(x)][0]:g}, which has no mean; pass finite "
                          "measurements (NaN for a missing one, which is dropped)")

@@ -1,7 +1,11 @@
 """Similarity of two relevance maps, as the sanity checks of Adebayo et al. (NeurIPS 2018, Sec. 3) measure it.
 
 - ``spearman``: Spearman's rank correlation, i.e. the Pearson correlation of the ranks, tied values sharing their
-  mean rank (the definition ``scipy.stats.spearmanr`` uses). ``nan`` when either map is constant (no ordering).
+  mean rank (the definition ``scipy.stats.spearmanr`` uses). ``nan`` when either map is constant (no ordering) or
+  holds NaN. Maps of two shapes are refused, also when they hold as many patches (a 4x6 and a 6x4 grid): their
+  flattened patches are not the same patches.
+
+Maps may be NumPy arrays or tensors of any float dtype (bfloat16 included), on any device.
 - ``ssim``: the structural similarity index (Wang et al., IEEE TIP 2004, Eq. 13) of the two maps, each first
   taken in absolute value and min-max scaled to ``[0, 1]`` (so ``data_range=1``; a constant map becomes all
   zeros; ``nan`` when either map holds NaN or an infinity, as ``spearman`` is for a NaN). Computed by
@@ -17,15 +21,24 @@ import numpy as np
 from scipy.ndimage import uniform_filter
 from scipy.stats import rankdata
 
+from vitviz.core.util import float_array
 from vitviz.errors import InputError
 
 __all__ = ["scale_unit", "spearman", "ssim", "ssim_reference", "window_size"]
 
 
 def spearman(a: np.ndarray, b: np.ndarray) -> float:
-    """Spearman's rank correlation of two maps of the same shape (flattened); ``nan`` if either is constant."""
-    ra = rankdata(np.asarray(a, dtype=np.float64).ravel())
-    rb = rankdata(np.asarray(b, dtype=np.float64).ravel())
+    """Spearman's rank correlation of two maps of the same shape (flattened); ``nan`` if either is constant.
+
+    Raises:
+        InputError: the maps differ in shape (see the module docstring).
+    """
+    a, b = float_array(a, "spearman: a"), float_array(b, "spearman: b")
+    if a.shape != b.shape:
+        raise InputError(f"spearman: the two maps have shapes {a.shape} and {b.shape}; pass maps of one grid (maps "
+                         "of two grids do not hold the same patches at the same positions)")
+    ra = rankdata(a.ravel())
+    rb = rankdata(b.ravel())
     ra -= ra.mean()
     rb -= rb.mean()
     den = np.sqrt((ra * ra).sum() * (rb * rb).sum())
@@ -93,7 +106,7 @@ def ssim(a: np.ndarray, b: np.ndarray) -> float:
     Raises:
         InputError: the maps differ in shape, or a side is below 3 patches (no SSIM window fits).
     """
-    a, b = np.asarray(a, dtype=np.float64), np.asarray(b, dtype=np.float64)
+    a, b = float_array(a, "ssim: a"), float_array(b, "ssim: b")
     _check_pair(a, b)
     win = window_size(a.shape)
     if not (np.isfinite(a).all() and np.isfinite(b).all()):

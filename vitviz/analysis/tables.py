@@ -25,7 +25,9 @@ def distance_table(distance: Any, model: str = "model", patch_size: int | tuple[
         distance: ``(L, H)`` tensor or array from ``vitviz.mean_attention_distance``.
         model: the label of the ``model`` column.
         patch_size: when given, a ``distance_patches`` column (distance in token strides) is added; ``(sh, sw)``
-            positive strides in pixels, or an int for a square stride.
+            positive strides in pixels, or an int for a square stride. A non-square stride divides by the geometric
+            mean ``sqrt(sh * sw)``, the side of a square patch of the same area (a distance mixes both directions,
+            so no one of the two strides is its unit).
 
     Returns:
         ``L * H`` rows in layer-major order.
