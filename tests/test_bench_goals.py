@@ -265,3 +265,74 @@ def test_the_readmes_forward_lse_savings_are_the_recorded_runs():
     assert (round(100 * min(h100)), round(100 * max(h100))) == (7, 15)
     assert len(saved["h200"]) == 15 and min(saved["h200"]) > 0
     assert (round(100 * min(saved["h200"])), round(100 * max(saved["h200"]))) == (4, 11)
+
+
+def _tables():
+    spec = importlib.util.spec_from_file_location("bench_gpu_tables_runs", ROOT / "bench" / "gpu_tables.py")
+    tables = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(tables)
+    return tables
+
+
+def test_a_case_measured_again_is_the_later_processs_rows_alone(capsys):
+    """``--json`` appends, and a part of bench/gpu_run.sh runs again after a cut: the same case twice in one file.
+    Each method was over whichever plain forward came last, of another process (store-everything at 3.0 s from the
+    first process over the second's plain at 2.0 s: 1.50x, where its own process measured 3.00x), and a method the
+    later process did not run kept the earlier's row. Now the later process's rows replace the earlier's whole."""
+    first = [{**_row("plain", 1.0, 100.0), "run": "a"}, {**_row("store", 3.0, 300.0), "run": "a"},
+             {**_row("rollout", 1.1, 110.0), "run": "a"}]
+    second = [{**_row("plain", 2.0, 100.0), "run": "b"}, {**_row("rollout", 2.4, 120.0), "run": "b"}]
+    (case,) = attention.cases(first + second).values()
+    assert sorted(case) == ["plain", "rollout"] and {r["run"] for r in case.values()} == {"b"}
+    (g,) = attention.goal_rows(case)
+    assert g["x_plain"] == pytest.approx(1.2) and g["store_x_plain"] is None and g["memory_met"] is None
+    text = "\n".join(_tables().attention_tables(first + second))
+    assert "| store |" not in text and "| rollout | 1 | 1.20 | 120 |" in text
+    batch = "\n".join(_tables().batch_table(first + second))  # the batch table groups the same way
+    assert "| vit_tiny_patch16_224 | fp32 | 448 | 2 | 2000.0 | 1.20 (met) |" in batch
+    # rows recorded before ``run`` was (the committed results) group as they did
+    (old,) = attention.cases([_row("plain", 1.0, 100.0), _row("store", 3.0, 300.0), _row("rollout", 1.2, 100.0)]
+                             ).values()
+    assert sorted(old) == ["plain", "rollout", "store"]
+
+
+def test_each_row_names_its_process_and_command(tmp_path, monkeypatch):
+    """bench/attention.py's rows name the command that measured them and the process that timed their case; the
+    tables print that command (they rebuilt one from the row, without the options it was not given)."""
+    monkeypatch.setattr(attention, "spawn", _fake_spawn([]))
+    out = tmp_path / "a.json"
+    argv = [str(ROOT / "bench" / "attention.py"), "--device", "cpu", "--sizes", "96", "448", "--batch", "2", "--no-memory", "--threads",
+            "1", "--methods", "plain", "rollout", "--json", str(out)]
+    monkeypatch.setattr("sys.argv", argv)
+    attention.main()
+    rows = json.loads(out.read_text())
+    assert {r["command"] for r in rows} == {"python bench/attention.py " + " ".join(argv[1:])}  # from the root
+    assert len({r["run"] for r in rows if r["size"] == 96} | {r["run"] for r in rows if r["size"] == 448}) == 2
+    assert len({r["run"] for r in rows if r["size"] == 96}) == 1
+    assert "--threads 1" in "\n".join(_tables().attention_tables(rows))
+
+
+def test_the_dataset_share_is_over_a_plain_forward_of_the_same_loader():
+    """A reduction's images/s over the fastest plain forward of the same loader only: a plain run at another batch or
+    worker count (a faster one: 3000 img/s at batch 512) made the distance run at batch 256 'MISSED' at 67%, where
+    over its own loader's plain forward (2100) it is 95%; a run with no plain forward over its loader has no share."""
+    base = {"device": "NVIDIA H100", "model": "vit_base_patch16_224", "source": "16384 random images", "batch": 256,
+            "workers": 4, "autocast": "bf16", "processes": 1, "kernel": "auto", "wall_s": 8.0, "peak_mib": 900.0}
+    rows = [{**base, "reduction": "plain", "images_per_s": 2100.0},
+            {**base, "reduction": "distance", "images_per_s": 2000.0},
+            {**base, "reduction": "plain", "images_per_s": 3000.0, "batch": 512},
+            {**base, "reduction": "distance", "images_per_s": 1000.0, "workers": 8}]
+    text = "\n".join(_tables().dataset_table(rows))
+    assert "| distance | auto | 2000 | 95%: met |" in text
+    assert "| distance | auto | 1000 | nan%: no plain forward over the same loader |" in text
+
+
+def test_a_table_of_rows_from_two_gpus_says_so():
+    """Calls into one $OUT may land on different machines (an H100, then an H200): a table of their rows names
+    every GPU it holds, where it named the device ('cuda') or the first call's GPU alone."""
+    rows = [{**_row("plain", 1.0, 10.0), "device": "cuda", "gpu": "NVIDIA H100 80GB HBM3", "run": "a"},
+            {**_row("plain", 1.0, 10.0, size=224), "device": "cuda", "gpu": "NVIDIA H200", "run": "b"}]
+    text = "\n".join(_tables().attention_tables(rows))
+    assert "(cuda: MORE THAN ONE MACHINE: " in text and "NVIDIA H100 80GB HBM3" in text and "NVIDIA H200;" in text
+    assert "(cuda: NVIDIA H200;" in "\n".join(_tables().attention_tables(rows[1:]))
+
