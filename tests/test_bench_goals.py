@@ -6,6 +6,7 @@ from __future__ import annotations
 
 import importlib.util
 import json
+import re
 from pathlib import Path
 
 import pytest
@@ -336,3 +337,51 @@ def test_a_table_of_rows_from_two_gpus_says_so():
     assert "(cuda: MORE THAN ONE MACHINE: " in text and "NVIDIA H100 80GB HBM3" in text and "NVIDIA H200;" in text
     assert "(cuda: NVIDIA H200;" in "\n".join(_tables().attention_tables(rows[1:]))
 
+
+def test_the_readmes_gpu_prose_figures_are_the_recorded_runs():
+    """The figures README.md's benchmark prose quotes beside its table, each recomputed from the result file it
+    comes from (none was checked): the recorded calls (run 6), the eager fp32 misses (the table's rows), the larger
+    batches (run 5), the forward log-sum-exp in bf16 (run 3), the gpu tests (run 6), the dataset path and the
+    faithfulness loop (run 5), the host's part of a recorded call (bench/call_overhead.py's EPYC run)."""
+    readme = " ".join((ROOT / "README.md").read_text().split())
+    results = ROOT / "bench" / "results"
+
+    def case(run: str, tag: str, dtype: str, batch: int = 8) -> dict:
+        rows = json.loads((results / run / f"attention_{tag}.json").read_text())
+        return attention.cases(rows)[("cuda", rows[0]["model"], dtype, 448, batch)]
+
+    def x(c: dict, method: str) -> str:
+        return f"{c[method]['time_s'] / c['plain']['time_s']:.2f}x"
+
+    graphed = {dt: case("h200_gpu_run_6", "graphed", dt) for dt in ("bf16", "fp32")}
+    goals = {dt: {g["method"]: g for g in attention.goal_rows(c)} for dt, c in graphed.items()}
+    faster = graphed["bf16"]["plain"]["time_s"] / graphed["bf16"]["plain_graphed"]["time_s"]
+    assert f"in bf16 at batch 8 is {faster:.2f}x as fast as the eager one" in readme
+    over = {dt: [f"{goals[dt][m]['x_plain_graphed']:.2f}x" for m in ("rollout_graphed", "distance_graphed")]
+            for dt in goals}
+    assert (f"bf16 rollout and distance take {over['bf16'][0]} and {over['bf16'][1]}, fp32 {over['fp32'][0]} and "
+            f"{over['fp32'][1]}") in readme
+    assert f"(bf16 rollout's: {goals['bf16']['rollout_graphed']['memory_share']:.0%} of store-everything's" in readme
+    misses = [float(x(c, m)[:-1]) - attention.GOAL_TIME_CUDA["fp32"][448]
+              for c in (case("h200_gpu_run_6", "b16", "fp32"), case("h200_gpu_run_5", "l16", "fp32"))
+              for m in ("rollout_fwdlse", "distance_kernel")]  # the table's fp32 rows: the defaults
+    assert f"by {min(misses):.2f} to {max(misses):.2f} in fp32" in readme
+    b64 = case("h200_gpu_run_5", "batch", "bf16", 64)
+    assert f"at batch 64, bf16 rollout costs {x(b64, 'rollout_fwdlse')} to {x(b64, 'rollout_kernel')}" in readme
+    lse = [case("h200_gpu_run_3", tag, "bf16", b) for tag, b in (("b16", 8), ("batch", 32), ("batch", 64))]
+    assert f"bf16 call at batch 8 ({x(lse[0], 'rollout_fwdlse')} against {x(lse[0], 'rollout_kernel')})" in readme
+    assert (f"({x(lse[1], 'rollout_fwdlse')} against {x(lse[1], 'rollout_kernel')}, {x(lse[2], 'rollout_fwdlse')} "
+            f"against {x(lse[2], 'rollout_kernel')})") in readme
+    tests = re.search(r"(\d+) passed, (\d+) skipped", (results / "h200_gpu_run_6" / "summary.txt").read_text())
+    assert f"the `gpu` tests pass there ({tests.group(1)} passed, {tests.group(2)} skipped" in readme
+    data = json.loads((results / "h200_gpu_run_5" / "dataset.json").read_text())
+    share = max(r["images_per_s"] for r in data if r["reduction"] == "distance") / max(
+        r["images_per_s"] for r in data if r["reduction"] == "plain")
+    assert f"(distance at {share:.0%} of a plain forward's images/s over the same loader)" in readme
+    (faith,) = json.loads((results / "h200_gpu_run_5" / "faithfulness.json").read_text())
+    assert f"perturbed passes take {faith['loop_x']:.2f}x as long as as many plain passes" in readme
+    rows = {r["case"]: r["ms"] for r in json.loads(
+        (results / "cpu_epyc_run_1" / "call_overhead.json").read_text())["rows"]}
+    recorded, eager = rows["attention_rollout (graphed, replay left out)"], rows["attention_rollout (kernel path)"]
+    assert f"is {recorded:.2f} ms against {eager:.2f} ms for the eager call on the kernels' path, " \
+           f"{recorded / eager:.3f}x" in readme
