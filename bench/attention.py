@@ -62,6 +62,7 @@ import statistics
 import subprocess
 import sys
 import time
+import uuid
 from contextlib import contextmanager
 from pathlib import Path
 
@@ -353,14 +354,28 @@ def time_case(args: argparse.Namespace, device: str, size: int, batch: int) -> d
             "kept_alloc_mb": kept_alloc_mb, "graph_recordings": recordings,
             "tokens": spec.num_tokens, "threads": torch.get_num_threads(),
             "gpu": torch.cuda.get_device_name() if cuda else None, "layers": len(spec.attention_modules),
-            "versions": _versions()}
+            "versions": versions()}
 
 
-def _versions() -> dict:
+def command_line() -> str:
+    """This process's command as one would type it from the repository root (``python bench/SCRIPT.py ARGS``): each
+    benchmark's rows record it, so that a table of them names the command that reproduces each row."""
+    import shlex
+
+    script = Path(sys.argv[0]).resolve()
+    try:
+        script = script.relative_to(ROOT)
+    except ValueError:
+        pass
+    return shlex.join(["python", str(script), *sys.argv[1:]])
+
+
+def versions() -> dict:
+    """The installed versions of the packages a benchmark's figures depend on (None: not installed)."""
     import importlib.metadata as md
 
     out = {}
-    for name in ("torch", "timm", "triton"):
+    for name in ("torch", "timm", "triton", "transformers"):
         try:
             out[name] = md.version(name)
         except md.PackageNotFoundError:
@@ -403,6 +418,7 @@ def measure(args: argparse.Namespace, device: str, size: int, batch: int,
     """The rows of one case; a method the case's process left out (``time_case``'s ``failed``) gets no row and is
     appended to ``failed`` as ``"<device> <size> px batch <batch> <method>: <error>"``."""
     timing = spawn(args, "time", device, size, batch, args.methods)
+    run = uuid.uuid4().hex[:12]  # the process that timed this case: its rows' ratios are to its own plain forward
     results = []
     for m in args.methods:
         if m in timing.get("failed", {}):
@@ -424,7 +440,7 @@ def measure(args: argparse.Namespace, device: str, size: int, batch: int,
                         "kept_alloc_mb": timing.get("kept_alloc_mb"),
                         "graph_recordings": timing.get("graph_recordings", {}).get(m),
                         "tokens": timing["tokens"], "threads": timing["threads"], "layers": timing["layers"],
-                        "versions": timing["versions"]})
+                        "versions": timing["versions"], "run": run, "command": getattr(args, "command", None)})
         print(f"{device} {args.model} {args.dtype} {size}px b{batch} {m:15} {med:.4f} s  {batch / med:8.1f} img/s  "
               + ("peak not measured" if mem is None else f"peak +{mem:.1f} MB"), flush=True)
         if results[-1]["graph_recordings"] not in (None, 1):
@@ -489,10 +505,21 @@ def goal_rows(case: dict[str, dict]) -> list[dict]:
 
 def cases(results: list[dict]) -> dict[tuple, dict[str, dict]]:
     """The results grouped by (device, model, dtype, size, batch), each a dict method -> row, in the order first
-    seen: a size run at two batches is two cases, each method over the plain forward of its own batch."""
+    seen: a size run at two batches is two cases, each method over the plain forward of its own batch.
+
+    A case measured again (``--json`` appends: the same command run twice, a part of ``bench/gpu_run.sh`` run again
+    after a cut) is the later process's rows alone (each row's ``run``: the process that timed it), never mixed with
+    the earlier's: every ratio is to the plain forward timed in the same process, and a method the later process did
+    not run has no row rather than one divided by another process's plain forward. Rows without ``run`` (recorded
+    before it was) group as before."""
     out: dict[tuple, dict[str, dict]] = {}
+    runs: dict[tuple, object] = {}
     for r in results:
-        out.setdefault((r["device"], r["model"], r["dtype"], r["size"], r["batch"]), {})[r["method"]] = r
+        key = (r["device"], r["model"], r["dtype"], r["size"], r["batch"])
+        if key in runs and runs[key] != r.get("run"):
+            out[key] = {}  # a later process's case: replaces the earlier's whole (the key keeps its place)
+        runs[key] = r.get("run")
+        out.setdefault(key, {})[r["method"]] = r
     return out
 
 
@@ -571,6 +598,7 @@ def main() -> int:
         ap.error(f"--batch takes one value or one per size; got {args.batch} for sizes {args.sizes}")
     from vitviz.core.io import atomic_write_json
 
+    args.command = command_line()  # each row names the command that measured it
     asked, path = args.methods, Path(args.json) if args.json else None
     results, failed = [], []
     for dev in args.device:  # each device its own defaults (CUDA's kernels and recorded calls, not on the CPU)

@@ -30,6 +30,7 @@ from torch.utils.data import Dataset
 
 ROOT = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(ROOT))  # the vitviz of this checkout, not an installed one
+sys.path.insert(0, str(ROOT / "bench"))
 
 
 class SyntheticImages(Dataset):
@@ -86,6 +87,7 @@ def main() -> int:
 
     import timm
     import torch
+    from attention import command_line, versions
     from torch.utils.data import TensorDataset
 
     import vitviz
@@ -151,7 +153,8 @@ def main() -> int:
            "processes": world, "batch": args.batch, "workers": args.workers, "threads": torch.get_num_threads(),
            "autocast": args.autocast if cuda else "off", "kernel": os.environ.get("VITVIZ_HEADMAP_KERNEL", "auto"),
            "wall_s": wall, "images_per_s": reduction.images / wall,
-           "peak_mib": torch.cuda.max_memory_allocated() / 2**20 if cuda else _hwm_mib()}
+           "peak_mib": torch.cuda.max_memory_allocated() / 2**20 if cuda else _hwm_mib(),
+           "command": command_line(), "versions": versions()}
     if world > 1:
         torch.distributed.barrier()  # every rank done before any tears its group down (gloo aborted at exit without)
         torch.distributed.destroy_process_group()

@@ -45,7 +45,7 @@ def main() -> None:
     args = ap.parse_args()
 
     import torch
-    from attention import build_model
+    from attention import build_model, command_line, versions
 
     import vitviz
     from vitviz.core.io import atomic_write_json
@@ -104,7 +104,8 @@ def main() -> None:
 
     row = {"model": args.model, "size": args.size, "device": str(dev), "n": args.n, "batch": args.batch,
            "steps": args.steps, "autocast": args.autocast, "passes": per_call, "torch": torch.__version__,
-           "gpu": torch.cuda.get_device_name(dev) if dev.type == "cuda" else None}
+           "gpu": torch.cuda.get_device_name(dev) if dev.type == "cuda" else None, "command": command_line(),
+           "versions": versions()}
     row["passes_ms"] = timed(plain)
     row["loop_ms"] = timed(lambda: loop(False))
     row["read_each_ms"] = timed(lambda: loop(True))

@@ -1,15 +1,28 @@
 #!/usr/bin/env bash
 # Every GPU figure of the head-map kernel work, on a bare H100/H200 machine (Python 3.12, torch, timm, triton
-# preinstalled; no package index reachable), in ONE call of under 10 minutes. Run from the repository root:
+# preinstalled; no package index reachable), in calls of under 10 minutes each (one call for the figures the issue
+# asks for). Run from the repository root:
 #
 #   OUT=/some/dir bash bench/gpu_run.sh                 # the plan below; no part starts after GPU_RUN_DEADLINE_S (540)
 #   OUT=/some/dir bash bench/gpu_run.sh b16_448 tests   # only some parts (setup always runs first)
+#   OUT=/some/dir bash bench/gpu_run.sh issue           # the figures issue #26 asks for (~360 s on an H100)
 #   GPU_RUN_DEADLINE_S=1800 OUT=/some/dir bash bench/gpu_run.sh all   # a GPU of one's own: every part, nothing cut
 #
 # Sized for a GPU lent for minutes with a limit of 10 minutes per command: one call, `bash bench/gpu_run.sh` with a
 # 600 s limit ($OUT set). The parts run in the order the figures need them, each with its own time limit, each going
 # on when an earlier one failed, none started with under 30 s left before the deadline; every part writes its JSON
-# after each case, so a cut keeps what was measured before it:
+# after each case, so a cut keeps what was measured before it.
+#
+# A call resumes its $OUT: nothing there is removed, each part's rows are appended to its JSON, and a part of the
+# plan that an earlier call into the same $OUT ran to its end ("done: PART" in parts.txt: none of its commands
+# skipped by the deadline or cut by its limit) is skipped (GPU_RUN_REDO=1 runs it again). So the whole plan, longer
+# than one call, is the same command run again until the summary says no part was skipped, each call under 600 s:
+#
+#   OUT=$R bash bench/gpu_run.sh issue   # call 1: setup, tests, b16_448, l16_448, dataset, b16_224, l16_224
+#   OUT=$R bash bench/gpu_run.sh         # call 2, 3: the rest of the plan, each resuming from the JSON written
+#
+# A case measured twice (a part cut and run again) counts its later process's rows only (bench/attention.py's
+# cases()); a new run wants a new, empty $OUT. The parts:
 #
 #   setup          versions, GPU, vitviz installed (pip install --no-deps -e . offline; else PYTHONPATH), a kernel
 #                  smoke check, timm from .whl/ when the machine's is older than vitviz's stream probe needs
@@ -60,7 +73,8 @@
 #   micro          the same for the other shapes (ViT-L/16 at 448 px, both at 224 px), bf16, fp32 (3xTF32) and
 #                  fp32-ieee, appended to micro.json                                (what time is left, cap 300)
 #
-# Aliases: attn_b16 = b16_448 b16_224, attn_l16 = l16_448 l16_224, attn_hf = hf tv, all = the whole plan.
+# Aliases: issue = tests b16_448 l16_448 dataset b16_224 l16_224 (the figures the issue asks for, in one call),
+# attn_b16 = b16_448 b16_224, attn_l16 = l16_448 l16_224, attn_hf = hf tv, all = the whole plan.
 # bench/attention.py exits 3 when every case ran and a goal was missed, 1 when a case or one of its methods failed
 # (a failed method is named and left out; the case's other methods keep their rows).
 #
@@ -82,10 +96,12 @@
 # A machine that hands back at most a few files: let the script write elsewhere and pack it, e.g.
 #   mkdir -p /tmp/g; OUT=/tmp/g timeout 568 bash bench/gpu_run.sh; tar czf "$RESULTS/gpu_run.tgz" -C /tmp/g .
 #
-# Output under $OUT, 12 files: env.json, attention_b16.json, attention_graphed.json, attention_l16.json,
+# Output under $OUT, 13 files: env.json (with the GPU and versions of every call into $OUT), attention_b16.json, attention_graphed.json, attention_l16.json,
 # attention_hf.json (the Hugging Face and the torchvision rows), attention_batch.json, dataset.json, micro.json,
-# timeline.json, faithfulness.json, run.log (everything printed, the gpu tests' output with it) and summary.txt (each
-# part's exit status and time, the goal lines, the tests' counts).
+# timeline.json, faithfulness.json, run.log (everything printed, the gpu tests' output with it; appended by each
+# call), parts.txt (each call's parts, each command's exit status as it ends, the parts done) and summary.txt
+# (parts.txt, the goal lines, the tests' counts). Each row of the JSON files names its GPU, the versions and the
+# command that measured it.
 set -u -o pipefail
 cd "$(dirname "$0")/.."
 OUT=${OUT:-bench/results/gpu_run}
@@ -94,10 +110,14 @@ PY=${PYTHON:-python3}
 export PYTHONUNBUFFERED=1 PYTHONWARNINGS=ignore
 export PYTHONPATH="$PWD${PYTHONPATH:+:$PYTHONPATH}"
 LOG="$OUT/run.log"
-: >"$LOG"
+PARTS_TXT="$OUT/parts.txt"  # every call's parts and their exit status, written as each ends; "done: PART" for a
+touch "$PARTS_TXT"          # part of the plan that ran to its end, which a later call into this $OUT skips
+echo "=== gpu_run call at $(date -u +%FT%TZ): $*" >>"$LOG"  # appended: a later call resumes this $OUT
 START=$SECONDS
-declare -a RESULTS=()
-declare -A CLEARED=()
+PART_CUT=0  # set when one of the current part's commands was skipped or cut by its time limit
+
+# result LINE: one command's or part's outcome, into parts.txt at once (a call killed from outside keeps it)
+result() { echo "$1" >>"$PARTS_TXT"; }
 # what each part runs on: the GPU, or (GPU_RUN_REHEARSAL=1) the CPU with tiny stand-ins
 if [ "${GPU_RUN_REHEARSAL:-0}" = 1 ]; then
     export TRITON_INTERPRET=1
@@ -136,7 +156,8 @@ run_part() {
     shift 2
     local left=$((DEADLINE_S - (SECONDS - START)))
     if [ "$left" -lt 30 ]; then
-        RESULTS+=("$name: SKIPPED (${left}s left of GPU_RUN_DEADLINE_S=$DEADLINE_S)")
+        PART_CUT=1
+        result "$name: SKIPPED (${left}s left of GPU_RUN_DEADLINE_S=$DEADLINE_S)"
         note "--- $name: skipped, ${left}s left"
         return
     fi
@@ -144,15 +165,9 @@ run_part() {
     note "--- $name (limit ${limit}s): $*"
     timeout --kill-after=10 "$limit" "$@" 2>&1 | tee -a "$LOG"
     local rc=${PIPESTATUS[0]}
-    RESULTS+=("$name: exit $rc after $((SECONDS - START))s")
+    [ "$rc" = 124 ] || [ "$rc" = 137 ] && PART_CUT=1  # cut by its limit: the part runs again in a later call
+    result "$name: exit $rc after $((SECONDS - START))s"
     note "--- $name: exit $rc"
-}
-
-# fresh FILE: removes FILE the first time a part of this run writes to it (the parts after it append)
-fresh() {
-    [ -n "${CLEARED[$1]:-}" ] && return
-    rm -f "$1"
-    CLEARED[$1]=1
 }
 
 part_setup() {
@@ -176,6 +191,13 @@ for name in ("torch", "timm", "triton", "transformers", "numpy"):
     except md.PackageNotFoundError:
         info[name] = None
 import os, traceback
+try:  # a later call into the same $OUT (a resumed run): the machine and versions of every call, in order
+    with open(sys.argv[1]) as f:
+        earlier = json.load(f)
+    calls = earlier.get("calls") or [{k: earlier.get(k) for k in ("gpu", "torch", "timm", "triton")}]
+except (OSError, ValueError):
+    calls = []
+info["calls"] = calls + [{k: info[k] for k in ("gpu", "torch", "timm", "triton")}]
 
 def write():  # atomically, and first before any step that may fail: the versions are what a failed run needs most
     with open(sys.argv[1] + ".tmp", "w") as f:
@@ -215,7 +237,6 @@ part_tests() {  # only the files that hold gpu tests: collecting the whole suite
 
 part_profile() {  # each timeline run appended to timeline.json (and printed to run.log), the tables to run.log
     local spec model dt part
-    fresh "$OUT/timeline.json"
     # timm's ViT-B/16 in bf16 and fp32, and Hugging Face's of the same size in bf16: in run 1 the same call took
     # 33.7 ms on the timm model and 15.7 ms on the Hugging Face one (plain forwards 5.3 and 4.3 ms)
     # timm's also recorded (where the time of a recorded call goes beyond its recorded forward's: the host's
@@ -239,7 +260,6 @@ part_profile() {  # each timeline run appended to timeline.json (and printed to 
 }
 
 part_faith() {
-    fresh "$OUT/faithfulness.json"
     run_part faithfulness 90 $PY bench/faithfulness_speed.py --device "$DEV" --model "$B16" --size "$SMALL" \
         "${FAITH_ARGS[@]}" --json "$OUT/faithfulness.json"
 }
@@ -247,7 +267,6 @@ part_faith() {
 part_micro() {  # part_micro NAME LIMIT ARGS...: rows appended to micro.json
     local name=$1 limit=$2
     shift 2
-    fresh "$OUT/micro.json"
     run_part "$name" "$limit" $PY bench/headmap_kernel.py "$@" --json "$OUT/micro.json"
 }
 
@@ -262,7 +281,6 @@ HF_METHODS="$TV_METHODS rollout_fwdlse"
 part_attn() {  # part_attn TAG MODEL SIZE METHODS: one process per dtype, rows appended to attention_TAG.json
     local tag=$1 model=$2 size=$3 methods=$4 dt batch
     batch=$([ "$size" = "$SMALL" ] && echo "$BATCH_SMALL" || echo "$BATCH_LARGE")
-    fresh "$OUT/attention_$tag.json"
     for dt in bf16 fp32; do
         run_part "attention_${tag}_${model#*:}_${dt}_$size" 90 $PY bench/attention.py --device "$DEV" \
             --model "$model" --dtype "$dt" --sizes "$size" --batch "$batch" --repeats "$REPEATS" "${ATTN_EXTRA[@]}" \
@@ -274,7 +292,6 @@ BATCH_METHODS="plain rollout_kernel rollout_fwdlse distance_kernel"
 
 part_batch() {  # ViT-B/16 at 448 px at the larger batches of BATCHES ("DTYPE BATCH"), rows to attention_batch.json
     local spec dt batch
-    fresh "$OUT/attention_batch.json"
     for spec in "${BATCHES[@]}"; do
         read -r dt batch <<<"$spec"
         run_part "attention_batch_${dt}_$batch" 60 $PY bench/attention.py --device "$DEV" --model "$B16" --dtype "$dt" \
@@ -285,7 +302,6 @@ part_batch() {  # ViT-B/16 at 448 px at the larger batches of BATCHES ("DTYPE BA
 
 part_dataset() {  # part_dataset "REDUCTION KERNEL"...: one process each, its row appended to dataset.json
     local json="$OUT/dataset.json" row="$OUT/.dataset_row.json" spec red kern
-    fresh "$json"
     for spec in "$@"; do
         read -r red kern <<<"$spec"
         rm -f "$row"
@@ -310,10 +326,14 @@ EOF
 }
 
 PLAN=(graphed tests b16_448 profile l16_448 batch dataset hf tv micro_b16 b16_224 l16_224 faith dataset_torch micro)
+# the figures issue #26 asks for, first: the gpu tests, both models at both sizes in bf16 and fp32, the dataset path
+# (H100 run 1: 336 s for these parts after a 22 s setup)
+ISSUE=(tests b16_448 l16_448 dataset b16_224 l16_224)
 PARTS=(setup)  # versions and the smoke check come first, always
 [ $# -eq 0 ] && set -- "${PLAN[@]}"
 for part in "$@"; do
     case $part in
+        issue) PARTS+=("${ISSUE[@]}") ;;
         attn_b16) PARTS+=(b16_448 b16_224) ;;
         attn_l16) PARTS+=(l16_448 l16_224) ;;
         attn_hf) PARTS+=(hf tv) ;;
@@ -323,7 +343,14 @@ for part in "$@"; do
     esac
 done
 note "parts: ${PARTS[*]}; deadline ${DEADLINE_S} s; OUT=$OUT"
+result "gpu_run parts: ${PARTS[*]} (deadline ${DEADLINE_S} s; started $(date -u +%FT%TZ))"
 for part in "${PARTS[@]}"; do
+    if [ "$part" != setup ] && [ "${GPU_RUN_REDO:-0}" != 1 ] && grep -qx "done: $part" "$PARTS_TXT"; then
+        result "$part: DONE in an earlier call into this \$OUT (GPU_RUN_REDO=1 runs it again)"
+        note "--- $part: done in an earlier call, skipped"
+        continue
+    fi
+    PART_CUT=0
     case $part in
         setup) part_setup ;;
         b16_448) part_attn b16 "$B16" "$LARGE" "$METHODS" ;;
@@ -341,13 +368,16 @@ for part in "${PARTS[@]}"; do
         faith) part_faith ;;
         micro_b16) part_micro micro_b16 120 "${MICRO_B16_ARGS[@]}" ;;
         micro) part_micro micro 300 "${MICRO_ARGS[@]}" ;;
-        *) RESULTS+=("$part: UNKNOWN part")
-           note "unknown part $part (the parts: ${PLAN[*]}; aliases attn_b16 attn_l16 attn_hf all)" ;;
+        *) result "$part: UNKNOWN part"
+           note "unknown part $part (the parts: ${PLAN[*]}; aliases issue attn_b16 attn_l16 attn_hf all)"
+           PART_CUT=1 ;;
     esac
+    # every command of the part ran to its end (a failure included: it would fail again): a later call skips it
+    [ "$part" != setup ] && [ "$PART_CUT" = 0 ] && ! grep -qx "done: $part" "$PARTS_TXT" && result "done: $part"
 done
-{
-    echo "gpu_run parts: ${PARTS[*]} ($((SECONDS - START)) s, deadline ${DEADLINE_S} s)"
-    printf '%s\n' "${RESULTS[@]}"
+result "gpu_run call ended after $((SECONDS - START)) s"
+{  # every call into this $OUT, in order
+    cat "$PARTS_TXT"
     grep -h -E "^  -> |^dataset |[0-9]+ (passed|failed|skipped)" "$LOG" 2>/dev/null | tail -n 80 || true
 } | tee "$OUT/summary.txt"
 exit 0  # each part's own exit status is in the summary

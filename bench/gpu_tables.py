@@ -57,6 +57,20 @@ def _mb(v: float | None) -> str:
     return "n/a" if v is None or v != v else f"{v:.0f}"
 
 
+def _machine(rows: list[dict], key: str = "gpu") -> str:
+    """The GPU (and versions) the rows were measured on, as recorded in each row; every one named where the rows
+    come from more than one (calls into one $OUT on different machines), so that no table passes one GPU's figures
+    off as another's."""
+    names = []
+    for r in rows:
+        v = r.get("versions") or {}
+        name = str(r.get(key) or "no GPU") + (
+            f", torch {v['torch']}, triton {v.get('triton')}, timm {v.get('timm')}" if v.get("torch") else "")
+        names.append(name)
+    names = list(dict.fromkeys(names))
+    return names[0] if len(names) == 1 else "MORE THAN ONE MACHINE: " + "; ".join(names)
+
+
 def attention_tables(results: list[dict]) -> list[str]:
     """One table per (model, dtype): a row per method, a column group (img/s, x plain, peak MB) per size."""
     out: list[str] = []
@@ -69,11 +83,13 @@ def attention_tables(results: list[dict]) -> list[str]:
         methods = list(dict.fromkeys(m for k in keys for m in cases[k]))
         first = [cases[k]["plain"] for k in keys]
         sizes = ", ".join(f"{r['size']} px: batch {r['batch']}, N = {r['tokens']}" for r in first)
-        out += ["", f"**{model}, {dtype}** ({dev}; {sizes}; median of {len(first[0]['times'])} interleaved repeats)",
-                "", "```"]
+        on = _machine([r for k in keys for r in cases[k].values()])
+        out += ["", f"**{model}, {dtype}** ({dev}: {on}; {sizes}; median of {len(first[0]['times'])} interleaved "
+                "repeats)", "", "```"]
         for k, r in zip(keys, first):
             methods_run = " ".join(cases[k])
-            out.append(f"python bench/attention.py --device {dev} --model {model} --dtype {dtype} --sizes {r['size']} "
+            out.append(r.get("command") or
+                       f"python bench/attention.py --device {dev} --model {model} --dtype {dtype} --sizes {r['size']} "
                        f"--batch {r['batch']} --repeats {len(r['times'])} --methods {methods_run}")
         out += ["```", ""]
         header = ["method"]
@@ -124,13 +140,12 @@ def goal_table(results: list[dict]) -> list[str]:
 def batch_table(results: list[dict]) -> list[str]:
     """One row per (model, dtype, size, batch) of ``bench/attention.py``: the plain forward's time and each other
     method's time over it, with the time goal at that size."""
-    cases: dict[tuple, dict[str, dict]] = {}
-    for r in results:
-        cases.setdefault((r["device"], r["model"], r["dtype"], r["size"], r["batch"]), {})[r["method"]] = r
-    methods = list(dict.fromkeys(r["method"] for r in results if r["method"] != "plain"))
-    out = ["", "**The same calls at larger batches** (x = time over the plain forward's of the same process)", "",
-           "```"]
-    out += [f"python bench/attention.py --device {dev} --model {model} --dtype {dtype} --sizes {size} --batch {batch} "
+    cases = attention.cases(results)  # a case measured twice: its later process's rows, never mixed
+    methods = list(dict.fromkeys(m for case in cases.values() for m in case if m != "plain"))
+    out = ["", f"**The same calls at larger batches** ({_machine(results)}; x = time over the plain forward's of the "
+           "same process)", "", "```"]
+    out += [case["plain"].get("command") or
+            f"python bench/attention.py --device {dev} --model {model} --dtype {dtype} --sizes {size} --batch {batch} "
             f"--repeats {len(case['plain']['times'])} --methods plain {' '.join(m for m in case if m != 'plain')}"
             for (dev, model, dtype, size, batch), case in cases.items() if "plain" in case]
     out += ["```", ""]
@@ -152,22 +167,37 @@ def batch_table(results: list[dict]) -> list[str]:
                         numeric=set(range(2, 5 + len(methods)))) + ["", f"Time goals at 448 px: {goals}."]
 
 
+LOADER = ("device", "model", "source", "batch", "workers", "autocast", "processes")  # what makes two loaders the same
+
+
 def dataset_table(rows: list[dict]) -> list[str]:
-    plain = max((r["images_per_s"] for r in rows if r["reduction"] == "plain"), default=None)
+    """A row per run of ``bench/dataset.py``, each reduction's images/s over the fastest plain forward over the same
+    loader (``LOADER``: device, model, images, batch, workers, autocast, processes); none: no share, no verdict."""
+    def loader(r: dict) -> tuple:
+        return tuple(r.get(k) for k in LOADER)
+
+    plains: dict[tuple, float] = {}
+    for r in rows:
+        if r["reduction"] == "plain":
+            plains[loader(r)] = max(plains.get(loader(r), 0.0), r["images_per_s"])
     r0 = rows[0]
-    out = ["", f"**Dataset path** ({r0['device']}, {r0['model']}, {r0['source']}, batch {r0['batch']}, "
+    out = ["", f"**Dataset path** ({_machine(rows, 'device')}, {r0['model']}, {r0['source']}, batch {r0['batch']}, "
            f"{r0['workers']} loader workers, autocast {r0['autocast']}; goal: >= {DATASET_GOAL:.0%} of the faster "
            "plain forward over the same loader)", "", "```"]
     for r in rows:
         n = re.match(r"\d+", r["source"])
-        out.append(f"python bench/dataset.py --model {r['model']} --synthetic {n.group(0) if n else '?'} --device cuda "
+        out.append(r.get("command") or
+                   f"python bench/dataset.py --model {r['model']} --synthetic {n.group(0) if n else '?'} --device cuda "
                    f"--batch {r['batch']} --workers {r['workers']} --autocast {r['autocast']} --reduction "
                    f"{r['reduction']} --kernel {r['kernel']} --warmup 4")
     out += ["```", ""]
     table = []
     for r in rows:
+        plain = plains.get(loader(r))
         share = r["images_per_s"] / plain if plain else float("nan")
-        verdict = "" if r["reduction"] == "plain" else (": met" if share >= DATASET_GOAL else ": MISSED")
+        verdict = "" if r["reduction"] == "plain" else (
+            ": no plain forward over the same loader" if plain is None else
+            ": met" if share >= DATASET_GOAL else ": MISSED")
         table.append([r["reduction"], r["kernel"], f"{r['images_per_s']:.0f}", f"{share:.0%}{verdict}",
                       f"{r['wall_s']:.1f}", _mb(r["peak_mib"])])
     return out + _table(["reduction", "kernels", "img/s", "of plain", "wall s", "peak MiB"], table, numeric={2, 4, 5})
@@ -201,7 +231,10 @@ def timeline_table(runs: list[dict]) -> list[str]:
 
 
 def micro_table(rows: list[dict]) -> list[str]:
-    out = ["", "**The kernels alone** (ms per layer, median of `triton.testing.do_bench`; x = over SDPA's)", "", "```"]
+    # a configuration measured again (a part cut and run again): its later row
+    rows = list({(r["shape"], r["dtype"], r["blocks"]): r for r in rows}.values())
+    out = ["", f"**The kernels alone** ({_machine(rows)}; ms per layer, median of `triton.testing.do_bench`; x = over "
+           "SDPA's)", "", "```"]
     for shape in dict.fromkeys(r["shape"] for r in rows):  # a command per shape: the parts sweep them differently
         mine = [r for r in rows if r["shape"] == shape]
         out.append(f"python bench/headmap_kernel.py --shapes {shape} --dtypes "
@@ -243,7 +276,8 @@ def faithfulness_table(rows: list[dict]) -> list[str]:
     each over the passes'."""
     out = ["", "**The faithfulness loop** (ms per call; x = over as many plain passes of the same batch, back to "
            "back; the reading loop reads each pass's output before building the next set)", "", "```"]
-    out += [f"python bench/faithfulness_speed.py --device {r['device'].split(':')[0]} --model {r['model']} --size "
+    out += [r.get("command") or
+            f"python bench/faithfulness_speed.py --device {r['device'].split(':')[0]} --model {r['model']} --size "
             f"{r['size']} --n {r['n']} --batch {r['batch']} --steps {r['steps']} --autocast {r['autocast']}"
             for r in rows]
     out += ["```", ""]
@@ -258,7 +292,11 @@ def render(folder: Path) -> str:
     out = []
     env = _load(folder / "env.json")
     if env:
+        machines = list(dict.fromkeys(json.dumps(c, sort_keys=True) for c in env.get("calls") or []))
         out += [f"### GPU: {env.get('gpu') or 'none (a rehearsal on the CPU: its figures mean nothing)'}", "",
+                *([] if len(machines) < 2 else [
+                    f"The calls into this folder ran on {len(machines)} machines or version sets: "
+                    + "; ".join(machines) + ". Each table names its rows' own.", ""]),
                 f"`bench/gpu_run.sh`: Python {env.get('python')}, torch {env.get('torch')}, timm {env.get('timm')}, "
                 f"triton {env.get('triton')}, transformers {env.get('transformers')}; head-map kernels in use: "
                 f"{env.get('use_kernel')}; "
@@ -292,9 +330,10 @@ def render(folder: Path) -> str:
     summary = folder / "summary.txt"
     if summary.exists():
         lines = summary.read_text().splitlines()
-        parts = [line for line in lines if re.match(r"^\S+: (exit \d+|SKIPPED|UNKNOWN)", line)]
+        parts = [line for line in lines if re.match(r"^\S+: (exit \d+|SKIPPED|UNKNOWN|DONE)", line)]
         tests = [line.strip() for line in lines if re.search(r"\d+ (passed|failed|skipped)", line)]
-        out += ["", "#### Parts", "", lines[0] if lines else "", ""] + [f"- {p}" for p in parts]
+        calls = [line for line in lines if line.startswith("gpu_run parts:")]  # one per call into this $OUT
+        out += ["", "#### Parts", "", *(calls or [""]), ""] + [f"- {p}" for p in parts]
         out += ["", "`gpu` tests: " + (tests[-1] if tests else "no pytest summary in this run") + "."]
     return "\n".join(out).strip() + "\n"
 

@@ -29,6 +29,7 @@ from pathlib import Path
 
 ROOT = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(ROOT))
+sys.path.insert(0, str(ROOT / "bench"))
 
 DTYPES = {"bf16": ("bfloat16", None), "fp16": ("float16", None), "fp32": ("float32", None),
           "fp32-ieee": ("float32", "ieee")}  # name: (torch dtype, the kernels' precision argument)
@@ -62,6 +63,7 @@ def main() -> int:
 
     import torch
     import torch.nn.functional as F
+    from attention import command_line, versions
     from triton.testing import do_bench
 
     from vitviz.core.families.base import HeadMaps
@@ -96,7 +98,8 @@ def main() -> int:
 
         ref = torch_path()
         base = {"shape": name, "dtype": dt, "B": b, "H": h, "N": n, "d": d, "layers": layers,
-                "gpu": torch.cuda.get_device_name() if cuda else None}
+                "gpu": torch.cuda.get_device_name() if cuda else None, "command": command_line(),
+                "versions": versions()}
         sdpa = bench(lambda: F.scaled_dot_product_attention(q, k, v))
         torch_fuse = bench(torch_path)
         out = torch.empty(b, n, n, device=args.device)

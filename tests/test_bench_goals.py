@@ -6,6 +6,7 @@ from __future__ import annotations
 
 import importlib.util
 import json
+import re
 from pathlib import Path
 
 import pytest
@@ -265,3 +266,122 @@ def test_the_readmes_forward_lse_savings_are_the_recorded_runs():
     assert (round(100 * min(h100)), round(100 * max(h100))) == (7, 15)
     assert len(saved["h200"]) == 15 and min(saved["h200"]) > 0
     assert (round(100 * min(saved["h200"])), round(100 * max(saved["h200"]))) == (4, 11)
+
+
+def _tables():
+    spec = importlib.util.spec_from_file_location("bench_gpu_tables_runs", ROOT / "bench" / "gpu_tables.py")
+    tables = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(tables)
+    return tables
+
+
+def test_a_case_measured_again_is_the_later_processs_rows_alone(capsys):
+    """``--json`` appends, and a part of bench/gpu_run.sh runs again after a cut: the same case twice in one file.
+    Each method was over whichever plain forward came last, of another process (store-everything at 3.0 s from the
+    first process over the second's plain at 2.0 s: 1.50x, where its own process measured 3.00x), and a method the
+    later process did not run kept the earlier's row. Now the later process's rows replace the earlier's whole."""
+    first = [{**_row("plain", 1.0, 100.0), "run": "a"}, {**_row("store", 3.0, 300.0), "run": "a"},
+             {**_row("rollout", 1.1, 110.0), "run": "a"}]
+    second = [{**_row("plain", 2.0, 100.0), "run": "b"}, {**_row("rollout", 2.4, 120.0), "run": "b"}]
+    (case,) = attention.cases(first + second).values()
+    assert sorted(case) == ["plain", "rollout"] and {r["run"] for r in case.values()} == {"b"}
+    (g,) = attention.goal_rows(case)
+    assert g["x_plain"] == pytest.approx(1.2) and g["store_x_plain"] is None and g["memory_met"] is None
+    text = "\n".join(_tables().attention_tables(first + second))
+    assert "| store |" not in text and "| rollout | 1 | 1.20 | 120 |" in text
+    batch = "\n".join(_tables().batch_table(first + second))  # the batch table groups the same way
+    assert "| vit_tiny_patch16_224 | fp32 | 448 | 2 | 2000.0 | 1.20 (met) |" in batch
+    # rows recorded before ``run`` was (the committed results) group as they did
+    (old,) = attention.cases([_row("plain", 1.0, 100.0), _row("store", 3.0, 300.0), _row("rollout", 1.2, 100.0)]
+                             ).values()
+    assert sorted(old) == ["plain", "rollout", "store"]
+
+
+def test_each_row_names_its_process_and_command(tmp_path, monkeypatch):
+    """bench/attention.py's rows name the command that measured them and the process that timed their case; the
+    tables print that command (they rebuilt one from the row, without the options it was not given)."""
+    monkeypatch.setattr(attention, "spawn", _fake_spawn([]))
+    out = tmp_path / "a.json"
+    argv = [str(ROOT / "bench" / "attention.py"), "--device", "cpu", "--sizes", "96", "448", "--batch", "2", "--no-memory", "--threads",
+            "1", "--methods", "plain", "rollout", "--json", str(out)]
+    monkeypatch.setattr("sys.argv", argv)
+    attention.main()
+    rows = json.loads(out.read_text())
+    assert {r["command"] for r in rows} == {"python bench/attention.py " + " ".join(argv[1:])}  # from the root
+    assert len({r["run"] for r in rows if r["size"] == 96} | {r["run"] for r in rows if r["size"] == 448}) == 2
+    assert len({r["run"] for r in rows if r["size"] == 96}) == 1
+    assert "--threads 1" in "\n".join(_tables().attention_tables(rows))
+
+
+def test_the_dataset_share_is_over_a_plain_forward_of_the_same_loader():
+    """A reduction's images/s over the fastest plain forward of the same loader only: a plain run at another batch or
+    worker count (a faster one: 3000 img/s at batch 512) made the distance run at batch 256 'MISSED' at 67%, where
+    over its own loader's plain forward (2100) it is 95%; a run with no plain forward over its loader has no share."""
+    base = {"device": "NVIDIA H100", "model": "vit_base_patch16_224", "source": "16384 random images", "batch": 256,
+            "workers": 4, "autocast": "bf16", "processes": 1, "kernel": "auto", "wall_s": 8.0, "peak_mib": 900.0}
+    rows = [{**base, "reduction": "plain", "images_per_s": 2100.0},
+            {**base, "reduction": "distance", "images_per_s": 2000.0},
+            {**base, "reduction": "plain", "images_per_s": 3000.0, "batch": 512},
+            {**base, "reduction": "distance", "images_per_s": 1000.0, "workers": 8}]
+    text = "\n".join(_tables().dataset_table(rows))
+    assert "| distance | auto | 2000 | 95%: met |" in text
+    assert "| distance | auto | 1000 | nan%: no plain forward over the same loader |" in text
+
+
+def test_a_table_of_rows_from_two_gpus_says_so():
+    """Calls into one $OUT may land on different machines (an H100, then an H200): a table of their rows names
+    every GPU it holds, where it named the device ('cuda') or the first call's GPU alone."""
+    rows = [{**_row("plain", 1.0, 10.0), "device": "cuda", "gpu": "NVIDIA H100 80GB HBM3", "run": "a"},
+            {**_row("plain", 1.0, 10.0, size=224), "device": "cuda", "gpu": "NVIDIA H200", "run": "b"}]
+    text = "\n".join(_tables().attention_tables(rows))
+    assert "(cuda: MORE THAN ONE MACHINE: " in text and "NVIDIA H100 80GB HBM3" in text and "NVIDIA H200;" in text
+    assert "(cuda: NVIDIA H200;" in "\n".join(_tables().attention_tables(rows[1:]))
+
+
+def test_the_readmes_gpu_prose_figures_are_the_recorded_runs():
+    """The figures README.md's benchmark prose quotes beside its table, each recomputed from the result file it
+    comes from (none was checked): the recorded calls (run 6), the eager fp32 misses (the table's rows), the larger
+    batches (run 5), the forward log-sum-exp in bf16 (run 3), the gpu tests (run 6), the dataset path and the
+    faithfulness loop (run 5), the host's part of a recorded call (bench/call_overhead.py's EPYC run)."""
+    readme = " ".join((ROOT / "README.md").read_text().split())
+    results = ROOT / "bench" / "results"
+
+    def case(run: str, tag: str, dtype: str, batch: int = 8) -> dict:
+        rows = json.loads((results / run / f"attention_{tag}.json").read_text())
+        return attention.cases(rows)[("cuda", rows[0]["model"], dtype, 448, batch)]
+
+    def x(c: dict, method: str) -> str:
+        return f"{c[method]['time_s'] / c['plain']['time_s']:.2f}x"
+
+    graphed = {dt: case("h200_gpu_run_6", "graphed", dt) for dt in ("bf16", "fp32")}
+    goals = {dt: {g["method"]: g for g in attention.goal_rows(c)} for dt, c in graphed.items()}
+    faster = graphed["bf16"]["plain"]["time_s"] / graphed["bf16"]["plain_graphed"]["time_s"]
+    assert f"in bf16 at batch 8 is {faster:.2f}x as fast as the eager one" in readme
+    over = {dt: [f"{goals[dt][m]['x_plain_graphed']:.2f}x" for m in ("rollout_graphed", "distance_graphed")]
+            for dt in goals}
+    assert (f"bf16 rollout and distance take {over['bf16'][0]} and {over['bf16'][1]}, fp32 {over['fp32'][0]} and "
+            f"{over['fp32'][1]}") in readme
+    assert f"(bf16 rollout's: {goals['bf16']['rollout_graphed']['memory_share']:.0%} of store-everything's" in readme
+    misses = [float(x(c, m)[:-1]) - attention.GOAL_TIME_CUDA["fp32"][448]
+              for c in (case("h200_gpu_run_6", "b16", "fp32"), case("h200_gpu_run_5", "l16", "fp32"))
+              for m in ("rollout_fwdlse", "distance_kernel")]  # the table's fp32 rows: the defaults
+    assert f"by {min(misses):.2f} to {max(misses):.2f} in fp32" in readme
+    b64 = case("h200_gpu_run_5", "batch", "bf16", 64)
+    assert f"at batch 64, bf16 rollout costs {x(b64, 'rollout_fwdlse')} to {x(b64, 'rollout_kernel')}" in readme
+    lse = [case("h200_gpu_run_3", tag, "bf16", b) for tag, b in (("b16", 8), ("batch", 32), ("batch", 64))]
+    assert f"bf16 call at batch 8 ({x(lse[0], 'rollout_fwdlse')} against {x(lse[0], 'rollout_kernel')})" in readme
+    assert (f"({x(lse[1], 'rollout_fwdlse')} against {x(lse[1], 'rollout_kernel')}, {x(lse[2], 'rollout_fwdlse')} "
+            f"against {x(lse[2], 'rollout_kernel')})") in readme
+    tests = re.search(r"(\d+) passed, (\d+) skipped", (results / "h200_gpu_run_6" / "summary.txt").read_text())
+    assert f"the `gpu` tests pass there ({tests.group(1)} passed, {tests.group(2)} skipped" in readme
+    data = json.loads((results / "h200_gpu_run_5" / "dataset.json").read_text())
+    share = max(r["images_per_s"] for r in data if r["reduction"] == "distance") / max(
+        r["images_per_s"] for r in data if r["reduction"] == "plain")
+    assert f"(distance at {share:.0%} of a plain forward's images/s over the same loader)" in readme
+    (faith,) = json.loads((results / "h200_gpu_run_5" / "faithfulness.json").read_text())
+    assert f"perturbed passes take {faith['loop_x']:.2f}x as long as as many plain passes" in readme
+    rows = {r["case"]: r["ms"] for r in json.loads(
+        (results / "cpu_epyc_run_1" / "call_overhead.json").read_text())["rows"]}
+    recorded, eager = rows["attention_rollout (graphed, replay left out)"], rows["attention_rollout (kernel path)"]
+    assert f"is {recorded:.2f} ms against {eager:.2f} ms for the eager call on the kernels' path, " \
+           f"{recorded / eager:.3f}x" in readme

@@ -73,12 +73,12 @@ def test_every_part_runs_and_reports_its_exit_status(rehearsal):
     assert "SKIPPED" not in summary
 
 
-def test_the_out_folder_holds_the_twelve_files_every_table_needs(rehearsal):
+def test_the_out_folder_holds_the_thirteen_files_every_table_needs(rehearsal):
     out, _ = rehearsal
     assert sorted(p.name for p in out.iterdir()) == sorted(
         ["env.json", "attention_b16.json", "attention_graphed.json", "attention_l16.json", "attention_hf.json",
          "dataset.json", "micro.json", "attention_batch.json", "timeline.json", "faithfulness.json", "run.log",
-         "summary.txt"])
+         "parts.txt", "summary.txt"])
     env = json.loads((out / "env.json").read_text())
     assert env["smoke_max_abs"] < 1e-5 and env["timm_stream_probe"] and env["torch"]
     methods = set(attention_bench.METHODS) - {"grad_rollout", "rollout", "distance", *attention_bench.GRAPHED,
@@ -162,7 +162,7 @@ def test_past_the_deadline_every_part_is_skipped_and_said_so(tmp_path):
     assert skipped == ["setup", "attention_hf_vit-base-patch16_bf16_48", "attention_hf_vit-base-patch16_fp32_48",
                        "attention_hf_vit_b_16_bf16_48", "attention_hf_vit_b_16_fp32_48", "micro"], summary
     assert "nosuchpart: UNKNOWN part" in summary
-    assert sorted(p.name for p in tmp_path.iterdir()) == ["run.log", "summary.txt"]
+    assert sorted(p.name for p in tmp_path.iterdir()) == ["parts.txt", "run.log", "summary.txt"]
     tables = gpu_tables.render(tmp_path)  # nothing measured: said so for each file, every part listed
     for name in ("env.json", "attention_b16.json", "attention_graphed.json", "attention_l16.json", "attention_hf.json",
                  "dataset.json", "micro.json"):
@@ -181,7 +181,7 @@ def test_a_failed_smoke_check_still_writes_the_versions(tmp_path):
     env = json.loads((tmp_path / "env.json").read_text())
     assert env["torch"] and env["triton"] and "smoke_max_abs" not in env
     assert env["smoke_error"].startswith("InputError: VITVIZ_HEADMAP_BLOCKS='not-four-integers'")
-    assert sorted(p.name for p in tmp_path.iterdir()) == ["env.json", "run.log", "summary.txt"]  # no .tmp left
+    assert sorted(p.name for p in tmp_path.iterdir()) == ["env.json", "parts.txt", "run.log", "summary.txt"]  # no .tmp
     assert "kernel smoke check FAILED: InputError: VITVIZ_HEADMAP_BLOCKS" in gpu_tables.render(tmp_path)
 
 
@@ -255,3 +255,30 @@ def test_the_tables_show_every_measured_row_and_the_goals_recomputed(rehearsal):
     assert tables.count("| tiny |") == len(json.loads((out / "micro.json").read_text()))
     assert re.search(r"`gpu` tests: .*\d+ skipped", tables)
     assert all(f"- {name}: exit" in tables for name in ("setup", "tests", "micro", "faithfulness"))
+
+
+def test_a_later_call_resumes_the_out_folder(tmp_path):
+    """The plan is longer than one call of 10 minutes: a later call into the same $OUT keeps what the earlier ones
+    wrote (each file was removed the first time a call wrote to it, so a second call lost the first one's rows),
+    skips the parts an earlier call ran to its end, and its summary holds every call's parts. Each row names the
+    command and versions that measured it, env.json the machine of every call."""
+    earlier = {"model": "from an earlier call", "size": 1, "device": "cpu", "n": 1, "batch": 1, "steps": 1.0,
+               "autocast": "off", "passes": 1, "passes_ms": 1.0, "loop_ms": 1.0, "read_each_ms": 1.0, "loop_x": 1.0,
+               "read_each_x": 1.0, "images_per_s": 1.0}
+    (tmp_path / "faithfulness.json").write_text(json.dumps([earlier]))
+    for _ in range(2):
+        proc = _run(tmp_path, "faith")
+        assert proc.returncode == 0, proc.stderr[-3000:]
+    rows = json.loads((tmp_path / "faithfulness.json").read_text())
+    assert len(rows) == 2 and rows[0] == earlier  # the second call ran the part no more
+    assert rows[1]["command"].startswith("python bench/faithfulness_speed.py --device cpu --model vit_tiny_patch16_224 ")
+    assert rows[1]["versions"]["torch"] and rows[1]["versions"]["triton"]
+    summary = (tmp_path / "summary.txt").read_text()
+    assert summary.count("gpu_run parts: setup faith ") == 2 and summary.count("faithfulness: exit 0") == 1
+    assert "faith: DONE in an earlier call" in summary and summary.count("setup: exit 0") == 2
+    assert len(json.loads((tmp_path / "env.json").read_text())["calls"]) == 2
+    tables = gpu_tables.render(tmp_path)
+    assert tables.count("gpu_run parts: setup faith ") == 2 and "- faith: DONE in an earlier call" in tables
+    assert _cell(tables, ["from an earlier call", "1", "off"], 8) == "1.00"
+    proc = _run(tmp_path, "faith", GPU_RUN_REDO="1")  # asked for: measured again, appended
+    assert proc.returncode == 0 and len(json.loads((tmp_path / "faithfulness.json").read_text())) == 3
