@@ -3,10 +3,11 @@
 For each layer ``l`` the mean over images of the head-averaged post-softmax attention,
 ``M_l = mean_images mean_h A_lh`` ``(N, N)`` (rows sum to 1: each is a mean of distributions), the quantity the
 ViT paper's rollout and attention figures fuse heads into (Dosovitskiy et al., ICLR 2021, App. D.8, with the
-head mean of Abnar & Zuidema 2020); and each head's attention entropy in nats, ``-sum_k a_qk log a_qk`` (with
-``0 log 0 = 0``) averaged over queries and images (low: focused heads; ``log N``: uniform). Both read every token,
-prefix tokens (class, distillation, registers) included, as queries and as keys: ``N`` counts them. Reduced while the forward runs, kept as running
-sums, so a folder, ``Dataset`` or ``DataLoader`` of any size (also under ``torchrun``) costs ``L N^2`` memory.
+head mean of Abnar & Zuidema 2020); and each head's attention entropy in nats, ``-sum_k a_qk log a_qk`` (with ``0
+log 0 = 0``) averaged over queries and images (low: focused heads; ``log N``: uniform). Both read every token,
+prefix tokens (class, distillation, registers) included, as queries and as keys: ``N`` counts them. Reduced while
+the forward runs, kept as running sums, so a folder, ``Dataset`` or ``DataLoader`` of any size (also under
+``torchrun``) costs ``L N^2`` memory.
 
 Shapes: ``B`` batch, ``L`` layers, ``H`` heads, ``N`` tokens.
 """

@@ -9,9 +9,9 @@ authors' code) ``W_l``'s rows sum to 1 and this is their ``rownorm(W_l + I)``; w
 of each row, not the ``1 / (1 + sum_j W_l[i, j])`` that ``rownorm(W_l + I)`` would leave it. One layer of the graph
 per residual block, the branches of a parallel block averaged (``ViTSpec.attention_blocks``), and maps that are not
 a flow between tokens (differential attention's signed ``S1 - lambda S2``, CaiT's talking heads) refused as rollout
-refuses them. The flow from output token ``t`` to input token ``j`` is the value of the maximum flow from node ``(L, t)`` to node
-``(0, j)``. Where rollout multiplies weights along every path, flow is limited by the narrowest cut, so the two
-differ whenever paths share a bottleneck.
+refuses them. The flow from output token ``t`` to input token ``j`` is the value of the maximum flow from node ``(L,
+t)`` to node ``(0, j)``. Where rollout multiplies weights along every path, flow is limited by the narrowest cut, so
+the two differ whenever paths share a bottleneck.
 
 Normalisation, as the authors' code does it (samiraabnar/attention_flow, ``attention_graph_util.compute_node_flow``
 and ``compute_flows``, with ``input_nodes`` every token of layer 0): the max-flow values from ``(L, t)`` to all

@@ -224,10 +224,11 @@ def sanity_checks(
     Args:
         model: any ViT ``vitviz.inspect`` reads; it is never modified (the tests run on a deep copy).
         images: a normalised ``(B, 3, H, W)`` tensor or anything ``vitviz.core.batching.iter_batches`` takes.
-        methods: ``vitviz.explain`` method names (default: every one in ``vitviz.analysis.explain.METHODS``, read
-            at call time, but ``flow``, which is slow, and baselines whose library is not installed) and/or callables ``f(model, images (b, 3, H, W), target (b,) classes) ->
-            (b, gh, gw)`` (``target`` is the callable itself where ``target=`` is one, ``None`` where no method explains a class), each under a name of its own (a callable's ``__name__``; two of one name are refused);
-            one name alone is that method.
+        methods: ``vitviz.explain`` method names (default: every one in ``vitviz.analysis.explain.METHODS``, read at
+            call time, but ``flow``, which is slow, and baselines whose library is not installed) and/or callables
+            ``f(model, images (b, 3, H, W), target (b,) classes) -> (b, gh, gw)`` (``target`` is the callable itself
+            where ``target=`` is one, ``None`` where no method explains a class), each under a name of its own (a
+            callable's ``__name__``; two of one name are refused); one name alone is that method.
         target: what the class-specific methods explain: ``None`` (each image's prediction on the trained model),
             an int, or one per image, kept at every randomisation step; or a callable ``f(output) -> (B,)`` (one
             score per image from the raw output, ``vitviz.core.targets``), the same function at every step: how a
@@ -449,15 +450,15 @@ def sanity_summary(df: Any, *, threshold: float = 0.5, decision_step: str | None
     Returns:
         DataFrame indexed by method with ``cascading_rho`` (the largest mean ``spearman_abs`` over the steps up to
         ``decision_step``, leaving out the steps ``df.attrs["score_unchanged"]`` names: those after which a score
-        function as target gave every image its trained value),
-        ``parameter_test``, ``random_logit_rho``, ``random_logit_test`` (``"n/a"`` for non-class-specific
-        methods, and for every method where ``df.attrs["not_defined"]`` names the test: a score function as
-        target; the summary's ``attrs["not_defined"]`` keeps it), ``repeat_rho`` and ``verdict``: ``UNSTABLE``
-        when the repeat test says so, else ``FAIL`` when either test fails, ``PASS`` when at least one passes and none fails, and ``UNTESTED`` when neither decides
-        (``df`` has no cascading step up to ``decision_step``, or only ``nan`` values there (constant maps), and
-        no random-logit test of a class-specific method, e.g. ``tests=("independent", "repeat")``, or the
-        random-logit test alone on a method that is not class-specific): a method nothing tested never reads as a
-        pass.
+        function as target gave every image its trained value), ``parameter_test``, ``random_logit_rho``,
+        ``random_logit_test`` (``"n/a"`` for non-class-specific methods, and for every method where
+        ``df.attrs["not_defined"]`` names the test: a score function as target; the summary's
+        ``attrs["not_defined"]`` keeps it), ``repeat_rho`` and ``verdict``: ``UNSTABLE`` when the repeat test says
+        so, else ``FAIL`` when either test fails, ``PASS`` when at least one passes and none fails, and ``UNTESTED``
+        when neither decides (``df`` has no cascading step up to ``decision_step``, or only ``nan`` values there
+        (constant maps), and no random-logit test of a class-specific method, e.g. ``tests=("independent",
+        "repeat")``, or the random-logit test alone on a method that is not class-specific): a method nothing tested
+        never reads as a pass.
     """
     import pandas as pd
 

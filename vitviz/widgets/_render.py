@@ -15,8 +15,8 @@ from PIL import Image, ImageDraw, ImageFont
 from vitviz.errors import UnknownNameError
 from vitviz.plot.attention import upsample_maps
 
-__all__ = ["cell_at", "check_cmap", "colorbar", "colorize", "covered_display", "display_size", "heat_png", "mark_cell", "overlay", "png_bytes",
-           "resize_rgb"]
+__all__ = ["cell_at", "check_cmap", "colorbar", "colorize", "covered_display", "display_size", "heat_png", "mark_cell",
+           "overlay", "png_bytes", "resize_rgb"]
 
 RESAMPLE = {"nearest": Image.Resampling.NEAREST, "bilinear": Image.Resampling.BILINEAR,
             "bicubic": Image.Resampling.BICUBIC}

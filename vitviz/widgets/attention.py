@@ -147,8 +147,9 @@ class AttentionExplorer(Explorer):
     ``discard`` (rollout discard ratio), ``alpha`` (overlay opacity) and ``image_index`` (when several images are
     given). ``image.value`` holds the PNG shown: the overlay, then its colour bar (0 to the map's maximum, ticks
     labelled; a map with negative weights, differential attention's, from ``-m`` to ``m`` on ``RdBu_r``, ``m`` its
-    largest absolute weight, as ``plot_attention_heads_grid`` draws it); ``status`` says what it is, counting layers, heads, rows and columns from 1 as the figures' titles
-    and the sliders do. ``map()`` returns the current ``(gh, gw)`` numbers.
+    largest absolute weight, as ``plot_attention_heads_grid`` draws it); ``status`` says what it is, counting
+    layers, heads, rows and columns from 1 as the figures' titles and the sliders do. ``map()`` returns the current
+    ``(gh, gw)`` numbers.
     """
 
     def __init__(self, model: nn.Module, images: Images, *, labels: Sequence[str] | None = None, size: int = 320,
