@@ -19,7 +19,7 @@ import numpy as np
 import pandas as pd
 import pytest
 import torch
-from test_model_unchanged import CALLS
+from test_model_unchanged import CALLS, call_of
 from untouched import MODELS, images, needs, roughen, unchanged
 
 import vitviz
@@ -81,7 +81,7 @@ def result(name: str, model, x) -> list:
     import matplotlib.pyplot as plt
 
     try:
-        return flat(CALLS[name](model, x), [])
+        return flat(call_of(name, model)(model, x), [])
     finally:
         plt.close("all")
 

@@ -47,8 +47,11 @@ FAMILIES = {
 }
 
 
-def _target(model: torch.nn.Module, x: torch.Tensor):
-    """The predicted class where the model has a head, else the sum of its pooled features (headless towers)."""
+def _target(family: str, model: torch.nn.Module, x: torch.Tensor):
+    """The predicted class where the model has a head, else a score per image from its features: the sum of the
+    pooled features (Hugging Face towers), the norm of the image embedding (open_clip)."""
+    if family == "open_clip":
+        return lambda o: o.norm(dim=-1)
     with torch.no_grad():
         out = model(x[:1])
     if isinstance(out, torch.Tensor) or getattr(out, "logits", None) is not None:
@@ -64,7 +67,7 @@ def test_a_gradient_method_reads_only_its_inputs_check(family, method, batch_siz
     torch.manual_seed(0)
     model = make().eval()
     x = torch.randn(*shape)
-    target = _target(model, x)
+    target = _target(family, model, x)
     vitviz.explain(model, x, method, target, batch_size=batch_size)  # first call: what is read once per model
     with ValueReads(monkeypatch) as reads:
         maps = vitviz.explain(model, x, method, target, batch_size=batch_size)

@@ -88,6 +88,37 @@ CALLS: dict[str, Callable] = {
 }
 
 
+def _score(out: torch.Tensor) -> torch.Tensor:
+    """One score per image from a headless model's embedding (an open_clip tower's output): its norm."""
+    return out.float().norm(dim=-1)
+
+
+# the calls above that explain a class, with a score per image instead: a headless model refuses a class target
+HEADLESS_CALLS: dict[str, Callable] = {
+    **{f"explain-{meth}": (lambda m, x, meth=meth: vitviz.explain(m, x, meth, target=_score)) for meth in (
+        "grad_rollout", "chefer", "attnlrp", *CAPTUM, "gradcam")},
+    "grad_rollout": lambda m, x: vitviz.grad_rollout(m, x, target=_score),
+    "chefer_relevance": lambda m, x: vitviz.chefer_relevance(m, x, target=_score),
+    "attnlrp": lambda m, x: vitviz.attnlrp(m, x, target=_score),
+    "attnlrp-pixels": lambda m, x: vitviz.attnlrp(m, x, target=_score, read_at="pixels", linear_rule="gamma"),
+    "integrated_gradients": lambda m, x: vitviz.integrated_gradients(m, x, _score, n_steps=3),
+    "input_x_gradient": lambda m, x: vitviz.input_x_gradient(m, x, _score),
+    "gradcam": lambda m, x: vitviz.gradcam(m, x, _score),
+    "faithfulness": lambda m, x: vitviz.faithfulness(m, x, methods=["rollout", "chefer", "random"], target=_score,
+                                                     modes=("deletion",), steps=0.5, progress=False),
+    "sanity_checks": lambda m, x: vitviz.sanity_checks(m, x, methods=["chefer", "rollout"], target=_score,
+                                                       tests=("cascading", "random_logit", "repeat")),
+    "plot_explanations_grid": lambda m, x: vitviz.plot_explanations_grid(
+        m, x, {"chefer": vitviz.explain(m, x, target=_score)}),
+}
+
+
+def call_of(name: str, model: nn.Module) -> Callable:
+    """``CALLS[name]``, with a score target for an open_clip tower (its output is an embedding, not logits)."""
+    headless = type(model).__module__.split(".")[0] == "open_clip"
+    return HEADLESS_CALLS.get(name, CALLS[name]) if headless else CALLS[name]
+
+
 def _enter_exit(model):
     with vitviz.capture_attention(model, layers=[0, -1]):
         pass
@@ -97,7 +128,7 @@ def _call(name: str, model: nn.Module, x: torch.Tensor, family: str) -> None:
     import matplotlib.pyplot as plt
 
     try:
-        CALLS[name](model, x)
+        call_of(name, model)(model, x)
     finally:
         plt.close("all")
 

@@ -25,6 +25,7 @@ from vitviz.analysis.explain import GRADIENT_METHODS
 from vitviz.analysis.faithfulness import default_methods
 from vitviz.analysis.sanity import randomisation_layers
 from vitviz.core.contexts import quantized_layers
+from vitviz.core.targets import logits_of
 from vitviz.errors import UnsupportedModelError
 
 # torch deprecates torch.ao.quantization in favour of torchao; the eager API is still in every torch vitviz supports
@@ -228,3 +229,13 @@ def test_quantized_layers_are_torchs_quantized_modules_and_not_their_float_kin()
                           nnq.Conv2d(3, 3, 1), nnq.Quantize(1.0, 0, torch.quint8))
     assert [name for name, _ in quantized_layers(model)] == ["1", "4", "5"]
     assert quantized_layers(nn.Sequential(nn.Linear(4, 4), nnqr.Linear(4, 4), nnq.FloatFunctional())) == []
+
+
+def test_a_quantized_classifier_head_is_read_as_the_logits(float_and_quantized):
+    """``quantize_dynamic``'s ``Linear`` holds no ``nn.Parameter``: the head is still a classifier, not a
+    weightless one (``nn.Identity``) that would make the model headless."""
+    model, quantized = float_and_quantized
+    df = vitviz.faithfulness(quantized, X, methods=["rollout"], modes=("deletion",), steps=0.5, progress=False)
+    assert set(df["metric"]) == {"probability"} and df["score"].between(0, 1).all()
+    with torch.no_grad():
+        torch.testing.assert_close(logits_of(quantized(X), quantized), quantized(X), rtol=0, atol=0)

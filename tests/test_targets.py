@@ -98,6 +98,99 @@ def test_headless_timm_model_explains_a_cosine_similarity():
                                vitviz.explain(model, x, "chefer", target=similarity), atol=1e-6, rtol=1e-5)
 
 
+def _torchvision_vit(heads: torch.nn.Module | None = None) -> torch.nn.Module:
+    from torchvision.models.vision_transformer import VisionTransformer
+
+    model = VisionTransformer(image_size=32, patch_size=8, num_layers=2, num_heads=2, hidden_dim=32, mlp_dim=64,
+                              num_classes=7)
+    if heads is not None:
+        model.heads = heads  # the usual way to take the classifier off: the output is the (B, 32) class token
+    return model.eval()
+
+
+def _open_clip_tower() -> torch.nn.Module:
+    pytest.importorskip("open_clip")
+    from hf_models import open_clip_tower
+
+    return open_clip_tower(image_size=32)  # its output: the (B, 16) image embedding after proj
+
+
+def _open_clip_model() -> torch.nn.Module:
+    pytest.importorskip("open_clip")
+    from hf_models import open_clip_model
+
+    return open_clip_model()  # model(images): (image features, None, logit scale)
+
+
+def _timm_without_head() -> torch.nn.Module:
+    model = tiny_timm_vit()
+    model.head = torch.nn.Identity()  # num_classes still says 10: the output is the (B, D) pooled feature
+    return model
+
+
+HEADLESS = {  # (model, input size, why it has no classifier head, as the refusal says)
+    "open_clip-tower": (_open_clip_tower, (32, 32), "an open_clip model: its output is the 16-dimensional image "
+                                                    "embedding"),
+    "open_clip-CLIP": (_open_clip_model, (32, 48), "an open_clip model"),
+    "torchvision-Identity": (lambda: _torchvision_vit(torch.nn.Identity()), (32, 32), "heads is Identity"),
+    "torchvision-empty": (lambda: _torchvision_vit(torch.nn.Sequential()), (32, 32), "heads is Sequential"),
+    "timm-Identity": (_timm_without_head, (32, 48), "classifier is Identity"),
+}
+
+
+@pytest.mark.parametrize("target", [None, 1, [0, 1]], ids=["predicted", "int", "per-image"])
+@pytest.mark.parametrize("kind", list(HEADLESS))
+def test_a_class_target_on_a_headless_model_is_refused_and_a_score_is_explained(kind, target):
+    """Their output is a (B, D) embedding: read as logits, target=None would explain its largest coordinate."""
+    make, size, why = HEADLESS[kind]
+    torch.manual_seed(0)
+    model = make()
+    x = torch.randn(2, 3, *size)
+    name = type(model).__name__
+    for method in ("chefer", "grad_rollout"):
+        with pytest.raises(InputError, match=f"{name} has no classifier head \\(.*{why}.*\\); pass a callable "
+                                             "target=lambda out"):
+            vitviz.explain(model, x, method, target=target)
+    with torch.no_grad():
+        out = model(x)
+        embedding = out[0] if isinstance(out, tuple) else out
+    with pytest.raises(InputError, match=f"{name} has no classifier head"):
+        logits_of(out, model)
+    reference = torch.randn(embedding.shape[-1], generator=torch.Generator().manual_seed(1))
+
+    def similarity(out):
+        return F.cosine_similarity(out[0] if isinstance(out, tuple) else out, reference[None], dim=-1)
+
+    maps = vitviz.explain(model, x, "chefer", target=similarity)
+    assert maps.shape == (2, size[0] // 8, size[1] // 8) and torch.isfinite(maps).all() and maps.abs().sum() > 0
+
+
+@pytest.mark.filterwarnings("ignore::vitviz.errors.CompletenessWarning")  # few steps, for speed: not converged
+@pytest.mark.parametrize("call", ["gradcam", "integrated_gradients", "faithfulness", "sanity_checks"])
+def test_every_entry_point_refuses_a_class_of_an_open_clip_tower(call):
+    pytest.importorskip("captum")
+    pytest.importorskip("pytorch_grad_cam")
+    model = _open_clip_tower()
+    x = torch.randn(2, 3, 32, 32)
+    run = {"gradcam": lambda t: vitviz.explain(model, x, "gradcam", target=t),
+           "integrated_gradients": lambda t: vitviz.explain(model, x, "integrated_gradients", target=t, n_steps=2),
+           "faithfulness": lambda t: vitviz.faithfulness(model, x, methods=["chefer"], target=t, modes=("deletion",),
+                                                         steps=0.5, progress=False),
+           "sanity_checks": lambda t: vitviz.sanity_checks(model, x, methods=["chefer"], target=t,
+                                                           tests=("repeat",))}[call]
+    with pytest.raises(InputError, match="VisionTransformer has no classifier head.*target=lambda out"):
+        run(None)
+    run(lambda out: out.norm(dim=-1))  # a score per image runs
+
+
+def test_a_torchvision_vit_with_a_linear_head_reads_logits():
+    model = _torchvision_vit(torch.nn.Sequential(torch.nn.Linear(32, 8), torch.nn.Tanh(), torch.nn.Linear(8, 5)))
+    x = torch.randn(2, 3, 32, 32)
+    with torch.no_grad():
+        assert logits_of(model(x), model).shape == (2, 5)
+    assert vitviz.explain(model, x, "chefer", target=4).shape == (2, 4, 4)
+
+
 def test_headless_hugging_face_model_gets_the_model_output_object():
     from transformers import ViTConfig, ViTModel
 

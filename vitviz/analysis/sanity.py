@@ -419,8 +419,9 @@ def _need_classes(output: Any, model: nn.Module, target: Target, class_methods: 
         uses = (f"methods {list(class_methods)} explain a class" if class_methods else
                 f"target={target!r} names a class")
         raise InputError(
-            f"sanity_checks: {uses}, but {type(model).__name__} has no classifier head (num_classes=0, or an "
-            "output without (B, classes) logits). Pass "
+            f"sanity_checks: {uses}, but {type(model).__name__} has no classifier head (num_classes=0, an open_clip "
+            "image tower, a torchvision ViT whose heads hold no Linear layer, or an output without (B, classes) "
+            "logits). Pass "
             "target=lambda out: ... returning one score per image from the model's raw output (e.g. the cosine "
             "similarity of the embedding to a given embedding): the cascading, independent and repeat tests then "
             "run on the maps of that score, and the random-logit test, which needs classes, is reported as not "

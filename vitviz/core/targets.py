@@ -13,7 +13,10 @@
 
 Class indices must be integers (``1.7`` and ``True`` are refused) in ``[0, classes)``. The logits are the model's
 output tensor, or ``output.logits`` (Hugging Face), or the first element of a tuple output; a model without a
-classifier head needs a callable target.
+classifier head needs a callable target. A model known to be headless is refused for a class target even where its
+output is a 2-D tensor (``logits_of``): timm with ``num_classes=0`` or a weightless classifier, open_clip towers and
+CLIP models (the image embedding), torchvision ``VisionTransformer`` whose ``heads`` hold no Linear layer. Any other
+2-D output, a hand-written model's included, is read as ``(B, classes)`` logits.
 
 A score that is not finite (a callable's NaN, an infinite logit) is not read to be refused: the gradient methods
 read no value between their forward and backward passes, so that on a GPU the host stays ahead
@@ -64,16 +67,64 @@ def _fix(value: Any) -> str:
             "callable f(output) -> (B,) scores (e.g. cosine similarity of an embedding to a given one)")
 
 
+def _linear_like(module: nn.Module) -> bool:
+    """An ``nn.Linear`` or a stand-in for one (``quantize_dynamic``'s ``Linear``, a ``NormLinear``...)."""
+    return isinstance(module, nn.Linear) or type(module).__name__.endswith("Linear")
+
+
+def _headless(model: nn.Module | None) -> str | None:
+    """Why ``model`` is known to have no classifier head although its output may be a ``(B, D)`` tensor, or None.
+
+    Recognised without importing the libraries: timm's ``num_classes=0`` (and a classifier replaced by a weightless
+    module with no Linear layer, e.g. ``nn.Identity()``), every open_clip model (its vision tower ``VisionTransformer``
+    returns the image embedding after ``proj``; a whole ``CLIP`` model's ``model(images)`` its image features), and
+    a torchvision ``VisionTransformer`` whose ``heads`` hold no Linear layer (``nn.Identity()``, an empty
+    ``nn.Sequential``: the output is the class token's feature)."""
+    if model is None:
+        return None
+    if getattr(model, "num_classes", None) == 0:
+        return "num_classes=0"
+    mro = type(model).__mro__
+    if any(c.__module__.split(".")[0] == "open_clip" for c in mro):
+        dim = getattr(model, "output_dim", None) or getattr(getattr(model, "visual", None), "output_dim", None)
+        return ("an open_clip model: its output is the " + (f"{dim}-dimensional " if dim else "") +
+                "image embedding, not logits")
+    if any(c.__name__ == "VisionTransformer" and c.__module__ == "torchvision.models.vision_transformer" for c in mro):
+        heads = getattr(model, "heads", None)
+        if isinstance(heads, nn.Module) and not any(_linear_like(m) for m in heads.modules()):
+            return (f"torchvision's heads is {type(heads).__name__} with no Linear layer: its output is the "
+                    "class token's feature, not logits")
+    if type(model).__module__.split(".")[0] == "timm" and callable(getattr(model, "get_classifier", None)):
+        try:
+            heads = model.get_classifier()
+        except (AttributeError, NotImplementedError):  # a get_classifier that cannot answer: read by its output
+            return None
+        heads = heads if isinstance(heads, (tuple, list)) else (heads,)
+        if heads and all(isinstance(h, nn.Module) and next(h.parameters(), None) is None
+                         and not any(_linear_like(m) for m in h.modules()) for h in heads):
+            return (f"timm's classifier is {type(heads[0]).__name__} with no weights: its output is the pooled "
+                    "feature, not logits")
+    return None
+
+
 def logits_of(output: Any, model: nn.Module | None = None, what: str = "target") -> torch.Tensor:
     """The ``(B, classes)`` logits in a model's output (tensor, ``.logits``, or a tuple's first element).
 
+    A model vitviz knows to be headless is refused whatever its output's shape (``_headless``): timm with
+    ``num_classes=0`` or a weightless classifier, open_clip towers and CLIP models (the image embedding), and
+    torchvision ``VisionTransformer`` whose ``heads`` hold no Linear layer. Any other model whose output (or
+    ``.logits``, or a tuple's first element) is 2-D, a hand-written model included, is read as ``(B, classes)``
+    logits: vitviz cannot tell an embedding from logits by their shape, so a hand-written feature extractor needs a
+    callable ``target``.
+
     Raises:
-        InputError: the model has no classifier head (``num_classes=0``, or an output without logits); the message
-            says to pass a callable ``target``.
+        InputError: the model has no classifier head (see above, or an output without logits); the message says to
+            pass a callable ``target``.
     """
     name = type(model).__name__ if model is not None else "the model"
-    if model is not None and getattr(model, "num_classes", None) == 0:
-        raise InputError(f"{what} names a class, but {name} has no classifier head (num_classes=0); pass a callable "
+    why = _headless(model)
+    if why is not None:
+        raise InputError(f"{what} names a class, but {name} has no classifier head ({why}); pass a callable "
                          f"{what}=lambda out: ... returning one score per image (e.g. the cosine similarity of the "
                          "embedding to a given embedding), or use a model with a classifier head")
     logits = getattr(output, "logits", output)
@@ -137,7 +188,8 @@ def resolve_target(
         output: the model's raw output for a batch of ``b`` images.
         start: the batch's offset in the whole image set (a per-image list is sliced ``[start:start + b]``).
         n_images: the size of the whole image set (a per-image list must have this length); default ``b``.
-        model: the model (its class name goes into messages; ``num_classes=0`` is refused for class targets).
+        model: the model (its class name goes into messages; a model known to be headless, see ``logits_of``, is
+            refused for class targets).
 
     Returns:
         ``ResolvedTarget`` with ``scores`` ``(b,)`` in the autograd graph, and ``classes`` / ``logits`` for class
