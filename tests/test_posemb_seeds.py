@@ -518,3 +518,68 @@ def test_fewshot_of_epochs_reads_each_runs_last_pt_once(tmp_path, tiny_folder, m
     with pytest.raises(InputError, match=r"last.pt holds a 1-epoch run, this sweep trains 2 epochs"):  # still checked
         fewshot_of_epochs(runs(PosembSeedsConfig(**{**kw, "epochs": 2})), kw["data"], shots=1, seeds=(0,),
                           test_per_class=2)
+
+
+def _sweep_killed_at(tmp_path, tiny_folder, monkeypatch, target, name):
+    """A two-epoch sweep of one run, killed (``RunInterrupted``) when epoch 2 reaches ``target`` (patched at
+    ``name``), after ``train`` wrote that epoch's ``last.pt``; returns the sweep's config."""
+    import vitviz.experiments.sweep as sweep_module
+    import vitviz.experiments.train as train_module
+    from vitviz.errors import RunInterrupted
+    from vitviz.experiments.posemb_seeds import PosembSeedsConfig, run_sweep
+
+    cfg = PosembSeedsConfig(data=str(tiny_folder), out=str(tmp_path / "runs"), results=str(tmp_path / "r.csv"),
+                            encodings=("2d",), seeds=(0,), epochs=2, warmup_epochs=0.5, train_subset=50,
+                            test_subset=20, batch_size=25)
+    module = {"train": train_module, "sweep": sweep_module}[target]
+    real = getattr(module, name)
+
+    def killed(*args, **kwargs):
+        if target == "train" and len(args[1]) == 2 or target == "sweep" and Path(args[1]).name == "epoch_002.pt":
+            raise RunInterrupted("killed")
+        return real(*args, **kwargs)
+
+    monkeypatch.setattr(module, name, killed)
+    with pytest.raises(RunInterrupted):
+        run_sweep(cfg)
+    monkeypatch.setattr(module, name, real)
+    return cfg
+
+
+def test_a_run_killed_between_its_last_pt_and_its_metrics_is_collected_with_every_epoch(tmp_path, tiny_folder,
+                                                                                         monkeypatch):
+    """``train`` writes an epoch's ``last.pt``, then ``metrics.json``: a kill between the two left metrics.json an
+    epoch behind, and the results table (``write_results``, read from metrics.json) lacked the run's last epoch
+    until the run was trained again. It is read from last.pt: the same table as the resumed sweep's."""
+    from vitviz.experiments.posemb_seeds import run_sweep, write_results
+    from vitviz.zoo.weights import load_training_state
+
+    cfg = _sweep_killed_at(tmp_path, tiny_folder, monkeypatch, "train", "_write_metrics")
+    run_dir = tmp_path / "runs" / "2d-s0" / "cifar10-vit-2dpos"
+    assert load_training_state(run_dir / "last.pt")["epoch"] == 2
+    assert [r["epoch"] for r in json.loads((run_dir / "metrics.json").read_text())] == [1]  # the kill's window
+    table = write_results(cfg)
+    assert table.epoch.tolist() == [1, 2]
+    resumed = run_sweep(cfg)  # trains nothing: rewrites metrics.json from last.pt
+    assert resumed.equals(table)
+
+
+def test_fewshot_measures_the_last_epoch_of_a_run_killed_before_it_kept_it(tmp_path, tiny_folder, monkeypatch):
+    """A sweep keeps an epoch's weights (``epochs/epoch_NNN.pt``) after ``train`` wrote its ``last.pt``: a kill
+    between the two left the finished run's last kept epoch one behind, and ``--fewshot`` (the last epoch only)
+    measured epoch 1 as the run's last. The epoch last.pt holds is kept from it first, as the next training call
+    would."""
+    import torch
+
+    from vitviz.experiments.posemb_seeds import runs
+    from vitviz.experiments.sweep import fewshot_of_epochs
+    from vitviz.zoo.weights import load_training_state
+
+    cfg = _sweep_killed_at(tmp_path, tiny_folder, monkeypatch, "sweep", "atomic_save")
+    run_dir = tmp_path / "runs" / "2d-s0" / "cifar10-vit-2dpos"
+    assert sorted(p.name for p in (run_dir / "epochs").iterdir()) == ["epoch_001.pt"]  # the kill's window
+    df = fewshot_of_epochs(runs(cfg), cfg.data, shots=1, seeds=(0,), test_per_class=2, last_only=True)
+    assert df.epoch.tolist() == [2]
+    kept = torch.load(run_dir / "epochs" / "epoch_002.pt", weights_only=True)
+    state = load_training_state(run_dir / "last.pt")["model"]
+    assert kept.keys() == state.keys() and all(torch.equal(kept[k], state[k]) for k in kept)

@@ -19,7 +19,6 @@ from __future__ import annotations
 
 import argparse
 import io
-import json
 import warnings
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass
@@ -102,7 +101,9 @@ def _check_run_state(tc: TrainConfig, fingerprint: dict[str, Any] | None, state:
 
 
 def collect_runs(runs: Sequence[SweepRun], fingerprint: dict[str, Any] | None = None) -> pd.DataFrame:
-    """One row per (run, finished epoch), read from every run folder's ``metrics.json``: ``run``, the run's keys,
+    """One row per (run, finished epoch), read from every run folder's ``last.pt`` (its ``history``: ``train``
+    writes ``metrics.json`` from it just after, so a run killed between the two writes has a ``metrics.json`` an
+    epoch behind, or none): ``run``, the run's keys,
     ``epochs_planned``, ``train_images``, ``test_images`` (the images the run was checked to have trained and tested
     on: a subset larger than the dataset, or the whole of a dataset other than CIFAR-10, is not the number asked
     for), then the epoch's metrics (the schedule's rate at the end of the epoch as ``lr_end``). A run folder trained
@@ -113,15 +114,17 @@ def collect_runs(runs: Sequence[SweepRun], fingerprint: dict[str, Any] | None = 
     rows = []
     for run in runs:
         tc = run.config
-        metrics = tc.run_dir / "metrics.json"
-        if not metrics.exists():
+        state = _last_state(tc.run_dir)
+        if state is None:
+            metrics = tc.run_dir / "metrics.json"
+            if metrics.exists():
+                raise InputError(f"{metrics} has no last.pt beside it, so the run it measures cannot be "
+                                 "checked against this sweep's settings; train it again (delete the folder)")
             continue
         if fingerprint is None:
             fingerprint = run_fingerprint(tc)
-        if not check_run_folder(tc, fingerprint):
-            raise InputError(f"{metrics} has no last.pt beside it, so the run it measures cannot be "
-                             "checked against this sweep's settings; train it again (delete the folder)")
-        for row in json.loads(metrics.read_text()):
+        _check_run_state(tc, fingerprint, state)
+        for row in state["history"]:
             row = dict(row)
             row["lr_end"] = row.pop("lr")  # the schedule's rate at the end of the epoch
             rows.append({"run": run.id, **run.keys, "epochs_planned": tc.epochs,
@@ -156,7 +159,11 @@ def recover_last_epoch(run_dir: Path, epochs_dir: Path) -> None:
         return
     from vitviz.zoo.weights import load_training_state
 
-    state = load_training_state(last)
+    _keep_last_epoch(load_training_state(last), epochs_dir)
+
+
+def _keep_last_epoch(state: dict[str, Any], epochs_dir: Path) -> None:
+    """Keep the weights of the epoch the training state ``state`` holds in ``epochs_dir`` where they are not."""
     target = epochs_dir / f"epoch_{state['epoch']:03d}.pt"
     if not target.exists():
         atomic_save(state["model"], target)
@@ -226,7 +233,9 @@ def fewshot_of_epochs(runs: Sequence[SweepRun], data: str | None, *, shots: int 
     draw) with the run's keys inserted after ``model`` (the run id), the training seed as ``run_seed``, and
     ``epoch``. ``last_only``: measure each run's last kept epoch only (what a comparison at the last epoch reads).
     A run folder trained otherwise than the sweep says is refused (``check_run_folder``); kept weights without a
-    ``last.pt`` to check them by are measured with a warning.
+    ``last.pt`` to check them by are measured with a warning. The epoch a run's ``last.pt`` holds is kept from it
+    first where it is not (a run killed after writing ``last.pt``, before keeping that epoch's weights), as the
+    sweep's next training call would: else the run's last epoch would be measured as the one before.
     """
     from vitviz.core.util import check_bool
 
@@ -250,6 +259,8 @@ def fewshot_of_epochs(runs: Sequence[SweepRun], data: str | None, *, shots: int 
         stale, epoch = _stale_of_state(tc.run_dir, state)
         if stale and epoch is not None:  # beyond the run's last.pt: an earlier run's (without one: warned above)
             raise _stale_error(run.id, tc.run_dir, stale, epoch)
+        if state is not None:  # killed after its last.pt, before it kept that epoch: the last epoch is last.pt's
+            _keep_last_epoch(state, tc.run_dir / "epochs")
         model = build_reference(tc.model, **tc.model_kwargs).eval()
         test = per_class_subset(model, root / "test", test_per_class)
         kept = sorted((tc.run_dir / "epochs").glob("epoch_*.pt"))
