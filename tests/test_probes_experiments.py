@@ -400,9 +400,11 @@ def test_cls_vs_gap_rows_count_the_images_the_runs_used(tiny_folder, tmp_path):
                        heads=("cls",), lrs=(1e-3,), epochs=1, train_subset=None, test_subset=500)
     tc = train_config(cfg, "cls", 1e-3, 0)
     tc.run_dir.mkdir(parents=True)
-    state = {"format": "vitviz-train-state-v1", "config": asdict(tc), "epoch": 1, "data_fingerprint": run_fingerprint(tc)}
+    history = [{"epoch": 1, "test_acc": 10.0, "lr": 1e-3}]  # the epochs are read from last.pt, as train writes it
+    state = {"format": "vitviz-train-state-v1", "config": asdict(tc), "epoch": 1, "history": history,
+             "data_fingerprint": run_fingerprint(tc)}
     torch.save(state, tc.run_dir / "last.pt")
-    (tc.run_dir / "metrics.json").write_text(json.dumps([{"epoch": 1, "test_acc": 10.0, "lr": 1e-3}]))
+    (tc.run_dir / "metrics.json").write_text(json.dumps(history))
     rows = collect(cfg)
     assert rows[["train_images", "test_images"]].values.tolist() == [[300, 100]]
 

@@ -354,3 +354,32 @@ def test_a_results_folder_empty_lists_and_a_budget_below_one_are_refused_before_
     err = capsys.readouterr().err
     assert "(--results) is a folder; pass the CSV file" in err and "Traceback" not in err
     assert not (tmp_path / "runs").exists()
+
+
+@pytest.mark.parametrize("cut", ["in_a_cell", "at_a_comma"])
+def test_a_cut_off_results_file_is_refused_not_read_as_done_runs(tmp_path, cut):
+    """vitviz writes the study CSV whole, but a copy cut part-way ends in a short row. pandas filled its missing
+    cells with NaN (its settings, so it passed for a row written before vitviz recorded them, with a warning) and
+    kept its last cell cut short (a wall time of 12 s for 1234.5 s), and a rerun skipped that run as done. The
+    file is refused, naming it, the line and the fix."""
+    from vitviz.errors import CheckpointError
+
+    header = "run_id,family,epochs,test_acc,wall_time_s,seed,recipe_digest\n"
+    rows = "vit-S-e1-n200-s0,ViT,1,31.5,1234.5,0,0123abcd\nhybrid-S-e1-n200-s0,Hybrid,1,35.0,2345.5,0,4567ef01\n"
+    whole = tmp_path / "whole.csv"
+    whole.write_text(header + rows)
+    assert study.read_results(whole).wall_time_s.tolist() == [1234.5, 2345.5]
+    text = header + rows
+    end = text.rindex("2345.5") + 2 if cut == "in_a_cell" else text.rindex(",0,4567")  # "23" / "...,2345.5"
+    path = tmp_path / "cut.csv"
+    path.write_text(text[:end])
+    with pytest.raises(CheckpointError, match=rf"{re.escape(str(path))}.*line 3 holds [45] cells, its header 7.*cut "
+                                              r"off.*delete that line"):
+        study.read_results(path)
+    with pytest.raises(CheckpointError, match="cut off"):  # before anything trains
+        run_study(StudyConfig.smoke(results=str(path), out=str(tmp_path / "runs")), progress=False)
+    path.write_text(text[:-1])  # every cell there, the last line not ended
+    with pytest.raises(CheckpointError, match=r"its last line \(line 3\) is not ended"):
+        study.read_results(path)
+    path.write_text(text + "\n")  # a blank line: pandas skips it, and so does the check
+    assert study.read_results(path).equals(study.read_results(whole))

@@ -138,12 +138,33 @@ def default_results() -> Path:
 
 
 def read_results(path: str | os.PathLike | None = None) -> pd.DataFrame:
-    """The study CSV (default: the committed one, ``default_results()``); an empty frame when the file is absent."""
+    """The study CSV (default: the committed one, ``default_results()``); an empty frame when the file is absent.
+
+    Raises:
+        CheckpointError: a row holds fewer or more cells than the header, or the last line is not ended: the file
+            was cut off (an interrupted copy, a disk error; vitviz writes it whole) or edited by another program.
+            Read as it is, the cut row's missing cells would be empty (its settings, so it passed for a row written
+            before vitviz recorded them) and its last cell cut short, and a rerun would skip its run as done.
+    """
     path = Path(path) if path is not None else default_results()
+    import csv
+
     from vitviz.core.io import read_csv_exact
+    from vitviz.errors import CheckpointError
 
     if not path.is_file() or not path.stat().st_size:
         return pd.DataFrame()
+    text = path.read_text(encoding="utf-8")
+    lines = list(csv.reader(io.StringIO(text)))
+    width = len(lines[0])
+    bad = next((n for n, cells in enumerate(lines[1:], start=2) if cells and len(cells) != width), None)
+    if bad is not None or not text.endswith("\n"):
+        what = (f"line {bad} holds {len(lines[bad - 1])} cells, its header {width}" if bad is not None else
+                f"its last line (line {len(lines)}) is not ended")
+        raise CheckpointError(f"results {str(path)!r}: {what}: the file was cut off (an interrupted copy, a disk "
+                              "error) or edited by another program (vitviz writes it whole). Restore it from a copy, "
+                              "or delete that line: the next run of the study writes the row again from its run "
+                              "folder (its last.pt: the epochs it holds are not trained again)")
     return read_csv_exact(path, dtype=dict.fromkeys(DIGESTS, str))  # hex digests stay strings
 
 
