@@ -32,6 +32,7 @@ from torch.utils.data.distributed import DistributedSampler
 
 from vitviz.core.batching import check_batch_size, check_num_workers
 from vitviz.core.calls import in_eval_mode
+from vitviz.core.images import collate_images, read_batches
 from vitviz.core.io import atomic_save
 from vitviz.core.loader_order import ShardSampler, loader_positions, loader_sampler, own_items
 from vitviz.core.util import is_int
@@ -231,7 +232,7 @@ def own_loader(dataset: Dataset, **options: Any) -> DataLoader:
     host memory can be pinned (``(images, labels)`` already on the GPU raised in the loader's pinning)."""
     if options.get("pin_memory") and not _on_host(dataset):
         options = {**options, "pin_memory": False}
-    return DataLoader(dataset, generator=torch.Generator(), **options)
+    return DataLoader(dataset, generator=torch.Generator(), collate_fn=collate_images, **options)
 
 
 def _on_host(dataset: Dataset) -> bool:
@@ -278,6 +279,12 @@ def _batch_check(model: nn.Module, pin: bool, cast: bool) -> Callable[[torch.Ten
     spec = spec_or_none(model)
 
     def ready(x: torch.Tensor) -> torch.Tensor:
+        if x.ndim != 4:  # check_tensor's message names (3, H, W) tensors, which a batch of the tensor path may be
+            raise ImageInputError(
+                f"images: a batch of the Dataset / DataLoader has shape {tuple(x.shape)}, not (B, 3, H, W): its items "
+                "must be (3, H, W) image tensors (grayscale (H, W) items: x.expand(3, -1, -1) in the dataset's "
+                "transform; (1, 3, H, W) items: x[0]), and a DataLoader must batch them (batch_size=None reads single "
+                "items: pass batch_size=1 or more)")
         check_tensor(x, "images")
         if spec is not None:
             check_size(spec, x.shape[-2], x.shape[-1])
@@ -374,7 +381,7 @@ def iter_dataset(
         warn_left_out(source)
         order = loader_positions(source)
         start = 0
-        for batch in source:
+        for batch in read_batches(source):
             x, target = _split(batch)
             pos = list(range(start, start + len(x))) if order is None else order[start:start + len(x)]
             start += len(x)
@@ -393,7 +400,7 @@ def iter_dataset(
     loader = own_loader(torch.utils.data.Subset(source, order), batch_size=batch_size, num_workers=num_workers,
                         pin_memory=pin, shuffle=False)
     done = 0
-    for batch in loader:
+    for batch in read_batches(loader):
         x, target = _split(batch)
         yield ready(x), target, order[done:done + len(x)]
         done += len(x)
@@ -540,7 +547,7 @@ def reduce_dataset(
     batches = 0
     left = own_items(loader_sampler(loader))  # a DistributedSampler pads its shard with repeats: not read
     try:
-        for batch in loader:
+        for batch in read_batches(loader):
             x, target = _split(batch)
             if left is not None:
                 if left <= 0:

@@ -3,7 +3,9 @@
 
 Raw images (PIL, arrays, paths) are preprocessed with the model's own data config (timm's
 ``resolve_data_config`` + ``create_transform``; torchvision and Hugging Face models get their usual
-preprocessing); grayscale and RGBA are converted to RGB. Tensors are taken as already normalised.
+preprocessing); grayscale and RGBA are converted to RGB. Tensors are taken as already normalised. The batches of a
+``Dataset`` or ``DataLoader`` are made and read here too (``collate_images``, ``read_batches``): items that make no
+batch (PIL images, images of several shapes) are refused naming the fix.
 """
 
 from __future__ import annotations
@@ -11,7 +13,7 @@ from __future__ import annotations
 import math
 import os
 import warnings
-from collections.abc import Sequence
+from collections.abc import Iterator, Sequence
 from pathlib import Path
 from typing import Any
 
@@ -19,6 +21,7 @@ import numpy as np
 import torch
 from PIL import Image
 from torch import nn
+from torch.utils.data import IterableDataset, default_collate
 
 from vitviz.core.families import family_of
 from vitviz.core.spec import ViTSpec, inspect
@@ -357,3 +360,80 @@ def denormalise(model: nn.Module, x: torch.Tensor) -> np.ndarray:
     mean = torch.tensor(cfg.get("mean", (0.0, 0.0, 0.0)), dtype=torch.float32).view(1, 3, 1, 1)
     std = torch.tensor(cfg.get("std", (1.0, 1.0, 1.0)), dtype=torch.float32).view(1, 3, 1, 1)
     return (x.detach().float().cpu() * std + mean).clamp(0, 1).permute(0, 2, 3, 1).numpy()
+
+
+def _item_image(item: Any) -> Any:
+    """The image of one item of a ``Dataset``: the item itself, or the first entry of an ``(image, target, ...)``."""
+    return item[0] if isinstance(item, (list, tuple)) and item else item
+
+
+def check_items(items: Sequence[Any], argument: str = "images") -> None:
+    """Refuse the items of one batch of a ``Dataset`` that no batch of normalised images can be made of, before
+    ``default_collate`` stacks them: PIL images (a dataset without its ``transform``: torch's collation raised a bare
+    ``TypeError``) and image tensors of different shapes (a ``RuntimeError`` of ``torch.stack``). Anything else is
+    left to the collation and to ``check_tensor``, which checks the batch made of them.
+
+    Raises:
+        ImageInputError: the message names ``argument``, what the items hold, and the fix.
+    """
+    images = [_item_image(item) for item in items]
+    pil = next((i for i, im in enumerate(images) if isinstance(im, Image.Image)), None)
+    if pil is not None:
+        raise ImageInputError(
+            f"{argument}: the Dataset yields PIL images (item {pil} of a batch: a {images[pil].mode} image of "
+            f"{images[pil].width}x{images[pil].height}), which cannot be batched; a Dataset or DataLoader must yield normalised (3, H, W) tensors (or (image, label) pairs of "
+            "them). Give the dataset the model's preprocessing as its transform (transform=timm.data."
+            "create_transform(**vitviz.core.images.data_config(model))), or pass the folder of images itself, "
+            "which vitviz preprocesses"
+        )
+    shapes = [tuple(im.shape) for im in images if isinstance(im, (torch.Tensor, np.ndarray))]
+    if len(set(shapes)) > 1:
+        first = shapes[0]
+        other = next(s for s in shapes if s != first)
+        raise ImageInputError(
+            f"{argument}: one batch of the Dataset holds images of shapes {first} and {other}, which cannot be "
+            "stacked into a batch; resize them all to the size the model takes in the dataset's transform (the "
+            "model's own: timm.data.create_transform(**vitviz.core.images.data_config(model))), or, for a model "
+            "that takes several sizes, read them with batch_size=1"
+        )
+
+
+def collate_images(items: list[Any]) -> Any:
+    """``default_collate`` of the items of one batch of a loader vitviz builds, after ``check_items``: a
+    ``Dataset`` of PIL images or of images of several shapes is refused naming the fix, not with torch's bare
+    ``TypeError`` or ``RuntimeError``."""
+    check_items(items)
+    return default_collate(items)
+
+
+def read_batches(loader: Any) -> Iterator[Any]:
+    """The batches of ``loader``. A ``DataLoader`` of the user's that batches with torch's ``default_collate`` and
+    fails to (a ``TypeError`` or ``RuntimeError``: a dataset of PIL images, or of images of several shapes) has the
+    first items of its dataset looked at (``check_items``), so that such a dataset gets the error it gets when
+    passed itself, through ``collate_images`` (``ImageInputError``, naming the fix); any other failure is raised as
+    it is."""
+    it = iter(loader)
+    while True:
+        try:
+            batch = next(it)
+        except StopIteration:
+            return
+        except (TypeError, RuntimeError) as err:
+            _explain_collate_failure(loader, err)
+            raise
+        yield batch
+
+
+def _explain_collate_failure(loader: Any, err: Exception) -> None:
+    dataset = getattr(loader, "dataset", None)
+    if getattr(loader, "collate_fn", None) is not default_collate or isinstance(dataset, IterableDataset):
+        return
+    try:
+        items = [dataset[i] for i in range(min(len(dataset), loader.batch_size or 1))]  # type: ignore[index, arg-type]
+    except Exception:  # noqa: BLE001 (a dataset that cannot be read so: the loader's own error stands)
+        return
+    try:
+        check_items(items)
+    except ImageInputError as bad:
+        raise bad from err
+
