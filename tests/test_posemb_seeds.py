@@ -583,3 +583,38 @@ def test_fewshot_measures_the_last_epoch_of_a_run_killed_before_it_kept_it(tmp_p
     kept = torch.load(run_dir / "epochs" / "epoch_002.pt", weights_only=True)
     state = load_training_state(run_dir / "last.pt")["model"]
     assert kept.keys() == state.keys() and all(torch.equal(kept[k], state[k]) for k in kept)
+
+
+def test_train_runs_reads_each_runs_last_pt_once_before_training(tmp_path, tiny_folder, monkeypatch):
+    """Before each run trains, the sweep read its last.pt twice (torch.load of the whole training state): once to
+    keep the epoch a killed run had not kept yet, once more for the stale-epoch check. It is read once, for both;
+    ``train`` reads it again to resume."""
+    import torch
+
+    import vitviz.experiments.train as train_module
+    from vitviz.experiments.posemb_seeds import PosembSeedsConfig, run_sweep, runs
+    from vitviz.experiments.sweep import train_runs
+
+    kw = dict(data=str(tiny_folder), out=str(tmp_path / "runs"), results=str(tmp_path / "r.csv"),
+              encodings=("none", "2d"), seeds=(0,), epochs=1, warmup_epochs=0.5, train_subset=50, test_subset=20,
+              batch_size=25)
+    run_sweep(PosembSeedsConfig(**kw))
+    kept = tmp_path / "runs" / "2d-s0" / "cifar10-vit-2dpos" / "epochs" / "epoch_001.pt"
+    kept.unlink()  # as a run killed after writing last.pt, before keeping that epoch's weights, left it
+    read, before_train, load, train = [], {}, torch.load, train_module.train
+
+    def counting(f, *args, **kwargs):
+        read.append(Path(f if isinstance(f, (str, Path)) else f.name).resolve())
+        return load(f, *args, **kwargs)
+
+    def training(cfg, **kwargs):
+        before_train[cfg.run_dir.parent.name] = [p.parent.parent.name for p in read if p.name == "last.pt"]
+        summary = train(cfg, **kwargs)  # resumes from last.pt: its own read, not counted
+        read.clear()
+        return summary
+
+    monkeypatch.setattr(torch, "load", counting)
+    monkeypatch.setattr(train_module, "train", training)
+    train_runs(runs(PosembSeedsConfig(**kw)), lambda: None, tag="test")
+    assert before_train == {"none-s0": ["none-s0"], "2d-s0": ["2d-s0"]}  # each run's, once
+    assert kept.is_file()  # the killed run's last epoch still kept from that one read

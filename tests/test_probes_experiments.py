@@ -231,6 +231,31 @@ def test_the_committed_fewshot_claims_are_what_the_data_readme_says():
     assert m.loc["cifar10-vit-2dpos", "fewshot5_low"] < m.loc["cifar10-vit-1dpos", "fewshot5_high"]
 
 
+def test_the_committed_fewshot_table_names_its_images_so_its_draws_pair_unwarned():
+    """The committed table was measured again with the image digests: its draws pair with the images checked (no
+    UncheckedImagesWarning), a draw on other images is refused, and the same rows without the digest columns (as
+    the table was before) still pair by seed and count, with the warning, to the same differences."""
+    import warnings
+
+    from vitviz.errors import UncheckedImagesWarning
+    from vitviz.experiments.posemb_fewshot import MODELS, posemb_draw_differences, read_posemb_fewshot
+
+    raw = read_posemb_fewshot()
+    assert {"train_digest", "test_digest"} <= set(raw.columns), list(raw.columns)
+    assert raw[["train_digest", "test_digest"]].notna().all().all()
+    with warnings.catch_warnings():
+        warnings.simplefilter("error", UncheckedImagesWarning)
+        paired = posemb_draw_differences(raw)
+    assert len(paired) == 3 * raw.shots.nunique() * raw.seed.nunique()  # three comparisons at every draw
+    other = raw.copy()
+    other.loc[(other.model == MODELS[2]) & (other.seed == 1), "train_digest"] = "another-draw"
+    with pytest.raises(InputError, match=rf"{MODELS[0]} and {MODELS[2]} were measured on different few-shot "
+                                         r"training images at the 5-shot draw seed=1"):
+        posemb_draw_differences(other)
+    with pytest.warns(UncheckedImagesWarning, match=r"does not say which images.*paired by seed"):
+        unchecked = posemb_draw_differences(raw.drop(columns=["train_digest", "test_digest"]))
+    pd.testing.assert_frame_equal(unchecked, paired)
+
 def test_posemb_claims_point_values():
     from vitviz.experiments.posemb_fewshot import posemb_claims
 
@@ -472,7 +497,8 @@ def with_digests(raw):
 
 def test_posemb_draw_differences_refuse_draws_on_other_images_of_the_same_count():
     """Two models' draws at one seed on other images (the same counts) were paired silently; refused naming both
-    models and the seed. A table without the digests (the committed one) still pairs, with a warning."""
+    models and the seed. A table without the digests (as the committed one was written) still pairs, with a
+    warning."""
     import warnings
 
     from vitviz.errors import UncheckedImagesWarning

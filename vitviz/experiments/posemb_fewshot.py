@@ -121,10 +121,11 @@ def posemb_draw_differences(fewshot: pd.DataFrame | None = None, ablation: tuple
     What the pairing checks: the rows pair on ``shots`` and ``seed`` (the draw), and a draw or a shot count one
     model lacks is refused; two models whose draw at one seed holds other training images (``train_digest``) or
     whose test images differ (``test_digest``, ``representations.images_digest``) are refused, naming both and the
-    seed. A table without those columns (the committed one, written before ``linear_fewshot`` recorded them) names
-    no image: its test sets are compared by their ``test_images`` counts alone and its draws by seed, which cannot
-    tell two sets of one size apart, so it pairs with an ``UncheckedImagesWarning``. Measure the compared models
-    in one ``measure`` call (one ``--data``, one ``--test-subset``), as the committed table was.
+    seed. The committed table carries both columns. A table without them (written before ``linear_fewshot``
+    recorded them) names no image: its test sets are compared by their ``test_images`` counts alone and its draws
+    by seed, which cannot tell two sets of one size apart, so it pairs with an ``UncheckedImagesWarning``. Measure
+    the compared models in one ``measure`` call (one ``--data``, one ``--test-subset``), as the committed table
+    was.
 
     Args:
         fewshot: the per-draw table (``read_posemb_fewshot()``, the default): ``model, shots, seed, accuracy``.

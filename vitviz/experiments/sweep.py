@@ -154,12 +154,13 @@ def fewshot_results(results: str | Path, default_results: str, default_name: str
 
 def recover_last_epoch(run_dir: Path, epochs_dir: Path) -> None:
     """A run killed after writing ``last.pt`` but before keeping that epoch's weights: keep them from it."""
-    last = run_dir / "last.pt"
-    if not last.exists():
-        return
-    from vitviz.zoo.weights import load_training_state
+    _recover_of_state(epochs_dir, _last_state(run_dir))
 
-    _keep_last_epoch(load_training_state(last), epochs_dir)
+
+def _recover_of_state(epochs_dir: Path, state: dict[str, Any] | None) -> None:
+    """``recover_last_epoch`` on ``state``, the run's ``last.pt`` already read (None: there is none)."""
+    if state is not None:
+        _keep_last_epoch(state, epochs_dir)
 
 
 def _keep_last_epoch(state: dict[str, Any], epochs_dir: Path) -> None:
@@ -209,8 +210,10 @@ def train_runs(runs: Sequence[SweepRun], after_epoch: Callable[[], Any], *, tag:
     for run in runs:
         tc = run.config
         epochs_dir = tc.run_dir / "epochs"
-        recover_last_epoch(tc.run_dir, epochs_dir)
-        stale, epoch = stale_epochs(tc.run_dir)
+        state = _last_state(tc.run_dir)  # read once: the recovery of its last epoch and the stale-epoch check
+        _recover_of_state(epochs_dir, state)
+        stale, epoch = _stale_of_state(tc.run_dir, state)  # lists the kept epochs after the recovery
+        del state  # the whole training state (optimizer and all): not held while the run trains
         if stale:  # refused before training: the new run's epochs would be mixed with them, or overwrite them
             raise _stale_error(run.id, tc.run_dir, stale, epoch)
 
