@@ -205,7 +205,6 @@ def _other_classes(pred: torch.Tensor, num_classes: int, seed: int) -> torch.Ten
     return draw + (draw >= pred.cpu()).long()
 
 
-@in_eval_mode
 def _refuse_open_capture(model: nn.Module) -> None:
     """Raise ``CaptureError`` when a ``capture_attention`` block is open on ``model`` (``sanity_checks`` says why)."""
     from vitviz.core.capture import open_probes
@@ -219,6 +218,7 @@ def _refuse_open_capture(model: nn.Module) -> None:
             "outside the capture_attention block (after it closes)")
 
 
+@in_eval_mode
 def sanity_checks(
     model: nn.Module,
     images: Images,
