@@ -14,38 +14,64 @@ import vitviz
 from vitviz.errors import CaptureError
 
 
-def fail_once(module: torch.nn.Module) -> torch.utils.hooks.RemovableHandle:
+def fail_once(module: torch.nn.Module, error: type[BaseException] = RuntimeError) -> torch.utils.hooks.RemovableHandle:
+    """A pre-hook on ``module`` that raises ``error`` at the first call: out of memory, or Ctrl-C (a
+    ``KeyboardInterrupt`` skips even torch's ``always_call`` hooks)."""
     calls = {"n": 0}
 
     def hook(_m, _args):
         calls["n"] += 1
         if calls["n"] == 1:
-            raise RuntimeError("CUDA out of memory (simulated)")
+            raise error("CUDA out of memory (simulated)")
 
     return module.register_forward_pre_hook(hook)
 
 
+ERRORS = pytest.mark.parametrize("error", [RuntimeError, KeyboardInterrupt], ids=["error", "interrupt"])
+
+
+@ERRORS
 @pytest.mark.parametrize("heads", ["full", "stream"])
 @pytest.mark.parametrize("entry", ["model", "forward_features"])
-def test_a_retry_after_a_forward_that_raised_is_read_afresh(heads, entry):
+def test_a_retry_after_a_forward_that_raised_is_read_afresh(heads, entry, error):
     model = tiny_timm_vit(depth=3)
     x = torch.randn(2, 3, 32, 48)
     want = timm_reference(model, x[:1])
     run = model if entry == "model" else model.forward_features
-    handle = fail_once(model.blocks[1])
+    handle = fail_once(model.blocks[1], error)
     streamed: dict[int, torch.Tensor] = {}
     kwargs = dict(heads="stream", store=False, on_layer=lambda i, hm: streamed.__setitem__(i, hm.full().clone()),
                   on_abort=lambda k: None) if heads == "stream" else {}  # a dict by layer: a retry overwrites
     with torch.no_grad(), vitviz.capture_attention(model, **kwargs) as cap:
-        with pytest.raises(RuntimeError, match="simulated"):
+        with pytest.raises(error, match="simulated"):
             run(x)  # block 0's map was emitted, then block 1 raised
-        assert cap.forwards == 0
+        # an interrupted pass (torch runs no hook of vitviz's as a KeyboardInterrupt passes) is dropped at the retry
+        assert cap.forwards == (0 if error is RuntimeError else 1)
         run(x[:1])  # the retry, a smaller batch
         got = cap.attentions if heads == "full" else [streamed[i] for i in range(3)]
         assert cap.forwards == 1
     handle.remove()
     for g, w in zip(got, want, strict=True):
         torch.testing.assert_close(g.float(), w, atol=1e-5, rtol=1e-4)
+    assert hooks_everywhere(model) == 0 and instance_forwards(model) == 0
+
+
+@pytest.mark.parametrize("heads", ["full", "stream"])
+def test_a_block_that_caught_an_interrupted_forward_exits_cleanly(heads):
+    """Ctrl-C stops a forward in block 1 and the block goes on without a retry: it exits without an error (before:
+    a ``CaptureError`` for the layers the stopped pass never reached), having read no pass."""
+    model = tiny_timm_vit(depth=3)
+    handle = fail_once(model.blocks[1], KeyboardInterrupt)
+    kwargs = dict(heads="stream", store=False, on_layer=lambda i, hm: None,
+                  on_abort=lambda k: None) if heads == "stream" else {}
+    with torch.no_grad(), vitviz.capture_attention(model, **kwargs) as cap:
+        with pytest.raises(KeyboardInterrupt):
+            model(torch.randn(1, 3, 32, 48))
+    handle.remove()
+    assert cap.forwards == 0
+    if heads == "full":
+        with pytest.raises(CaptureError, match="no forward pass"):
+            cap.attentions  # noqa: B018
     assert hooks_everywhere(model) == 0 and instance_forwards(model) == 0
 
 
@@ -119,19 +145,20 @@ def test_a_retry_after_on_layer_was_handed_part_of_a_failed_pass_is_refused(head
     assert hooks_everywhere(model) == 0 and instance_forwards(model) == 0
 
 
+@ERRORS
 @pytest.mark.parametrize("heads", ["full", "stream"])
 @pytest.mark.parametrize("failing", ["blocks.1", "blocks.2.mlp"])
-def test_on_abort_is_told_how_many_layers_to_undo_and_the_retry_is_read(heads, failing):
+def test_on_abort_is_told_how_many_layers_to_undo_and_the_retry_is_read(heads, failing, error):
     model = tiny_timm_vit(depth=3)
     x = torch.randn(2, 3, 32, 48)
     clean = RunningSum()
     kwargs = dict(heads="stream", store=False) if heads == "stream" else {}
     with torch.no_grad(), vitviz.capture_attention(model, on_layer=clean, **kwargs):
         model(x)
-    handle = fail_once(model.get_submodule(failing))
+    handle = fail_once(model.get_submodule(failing), error)
     reduce = RunningSum()
     with torch.no_grad(), vitviz.capture_attention(model, on_layer=reduce, on_abort=reduce.undo, **kwargs) as cap:
-        with pytest.raises(RuntimeError, match="simulated"):
+        with pytest.raises(error, match="simulated"):
             model(x)
         model(x)
         assert cap.forwards == 1

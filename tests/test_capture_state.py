@@ -144,3 +144,81 @@ def test_captures_on_two_models_are_independent():
         m1(x)
     assert c1.forwards == 1 and c2.forwards == 0
     assert open_probes(m1) == open_probes(m2) == 0
+
+
+def tiny_data2vec(impl: str) -> nn.Module:
+    transformers = pytest.importorskip("transformers")
+    config = transformers.Data2VecVisionConfig(image_size=32, patch_size=8, hidden_size=32, num_hidden_layers=2,
+                                               num_attention_heads=4, intermediate_size=64, num_labels=3,
+                                               use_relative_position_bias=True)
+    return transformers.Data2VecVisionForImageClassification._from_config(config, attn_implementation=impl).eval()
+
+
+@pytest.mark.parametrize("impl", ["sdpa", "eager"])
+@pytest.mark.parametrize("first", ["full", "stream"])
+@pytest.mark.parametrize("order", ["lifo", "fifo"])
+def test_a_full_and_a_stream_capture_of_data2vec_both_read_and_restore_in_any_order(order, first, impl):
+    """data2vec vision's attention is read through a forward set on the instance (its older module layout). With a
+    ``heads="full"`` and a ``heads="stream"`` capture open at once, both see the pass and get the same maps, and the
+    instance has no forward of vitviz's left whichever closes first (seen before: the capture opened first saw no
+    pass, and closing it first left the other's forward on every attention module)."""
+    model, x = tiny_data2vec(impl), torch.randn(2, 3, 32, 32)
+    attention = [m for name, m in model.named_modules() if name.endswith("attention.attention")]
+    assert len(attention) == 2 and ("Sdpa" in type(attention[0]).__name__) == (impl == "sdpa")
+    before = snapshot(model)
+    streamed: dict[int, torch.Tensor] = {}
+    opened = {"full": lambda: vitviz.capture_attention(model),
+              "stream": lambda: vitviz.capture_attention(
+                  model, heads="stream", store=False,
+                  on_layer=lambda i, maps: streamed.__setitem__(i, torch.stack([m for _, m in maps.heads()], 1)))}
+    with torch.no_grad():
+        reference = run(model, x)
+        a = opened[first]()
+        got_a = a.__enter__()
+        b = opened["stream" if first == "full" else "full"]()
+        got_b = b.__enter__()
+        assert all("forward" in vars(m) for m in attention)
+        torch.testing.assert_close(run(model, x), reference)
+        (b if order == "lifo" else a).__exit__(None, None, None)
+        (a if order == "lifo" else b).__exit__(None, None, None)
+    assert got_a.forwards == got_b.forwards == 1
+    full = got_a if first == "full" else got_b
+    assert sorted(streamed) == [0, 1]
+    for i, maps in enumerate(full.attentions):
+        torch.testing.assert_close(streamed[i], maps)
+    assert not any("forward" in vars(m) for m in attention)
+    assert_same(snapshot(model), before)
+    assert open_probes(model) == 0
+    with torch.no_grad():
+        torch.testing.assert_close(run(model, x), reference, atol=0, rtol=0)
+
+
+@pytest.mark.parametrize("error", [RuntimeError("user hook"), KeyboardInterrupt()], ids=["error", "interrupt"])
+def test_a_stream_pass_stopped_in_a_timm_attention_then_a_full_capture_closed_last_restores_fused_attention(error):
+    """A ``heads="stream"`` capture's explicit call switches ``fused_attn`` off for the call; a call stopped inside
+    the attention keeps it off until the capture's next call or exit. A ``heads="full"`` capture opened then and
+    closed last still reads the next pass, and leaves ``fused_attn`` as the user had it (seen before: block 0 came
+    back ``False``, and the full capture found no map for it once the stream capture had closed)."""
+    model, x = tiny_timm_vit(), torch.randn(1, 3, 32, 48)
+    model.blocks[1].attn.fused_attn = False  # the user's: stays off
+    before = snapshot(model)
+
+    def stop(*_):
+        raise error
+
+    streamed = vitviz.capture_attention(model, heads="stream", on_layer=lambda i, maps: None, store=False)
+    streamed.__enter__()
+    handle = model.blocks[0].attn.attn_drop.register_forward_hook(stop)
+    with torch.no_grad(), pytest.raises(type(error)):
+        model(x)
+    handle.remove()
+    full = vitviz.capture_attention(model)
+    cap = full.__enter__()
+    streamed.__exit__(None, None, None)
+    with torch.no_grad():
+        model(x)
+    assert cap.forwards == 1 and len(cap.attentions) == 2
+    full.__exit__(None, None, None)
+    assert [blk.attn.fused_attn for blk in model.blocks] == [True, False]
+    assert_same(snapshot(model), before)
+    assert open_probes(model) == 0

@@ -557,3 +557,31 @@ def test_spearman_and_ssim_take_half_precision_tensors():
         ta, tb = torch.tensor(a, dtype=dtype), torch.tensor(b, dtype=dtype)
         assert spearman(ta, tb) == pytest.approx(spearmanr(a.ravel(), b.ravel()).statistic, rel=1e-12)
         assert ssim(ta, tb) == pytest.approx(ssim(a, b), rel=1e-12)
+
+
+@pytest.mark.parametrize("family", ["timm", "torchvision"])
+def test_sanity_checks_inside_an_open_capture_is_refused_and_touches_neither(family):
+    """The copies sanity_checks randomises are deep copies, which would carry an open capture's probes: on
+    torchvision they compute attention with the original model's weights (seen: the cascading rows of block 0 and
+    the embeddings moved by up to 0.76 from the plain call's), and on every family the copies' maps reach the
+    capture in place of the user's. Refused before anything runs; the capture keeps its maps, and the call outside
+    the block gives the plain result."""
+    from untouched import MODELS
+    from untouched import images as make_images
+
+    from vitviz.errors import CaptureError
+
+    build, size = MODELS[family]
+    torch.manual_seed(0)
+    net, x = build().eval(), make_images(size)
+    kw = dict(methods=["rollout"], tests=("cascading",))
+    plain = vitviz.sanity_checks(net, x, **kw)
+    with vitviz.capture_attention(net) as cap:
+        with torch.no_grad():
+            net(x)
+        mine = [a.clone() for a in cap.attentions]
+        with pytest.raises(CaptureError, match=r"capture_attention block is open.*outside the capture_attention"):
+            vitviz.sanity_checks(net, x, **kw)
+        assert all(torch.equal(a, b) for a, b in zip(cap.attentions, mine, strict=True))
+    after = vitviz.sanity_checks(net, x, **kw)
+    np.testing.assert_array_equal(after["value"].to_numpy(), plain["value"].to_numpy())

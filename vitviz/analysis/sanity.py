@@ -83,7 +83,7 @@ from vitviz.core.images import Images
 from vitviz.core.spec import inspect
 from vitviz.core.targets import Target, logits_of, resolve_target
 from vitviz.core.util import is_int, is_number, name_list
-from vitviz.errors import InputError, InputTypeError
+from vitviz.errors import CaptureError, InputError, InputTypeError
 
 __all__ = ["METRICS", "TESTS", "randomisation_layers", "randomise_", "sanity_checks", "sanity_summary"]
 
@@ -205,6 +205,19 @@ def _other_classes(pred: torch.Tensor, num_classes: int, seed: int) -> torch.Ten
     return draw + (draw >= pred.cpu()).long()
 
 
+def _refuse_open_capture(model: nn.Module) -> None:
+    """Raise ``CaptureError`` when a ``capture_attention`` block is open on ``model`` (``sanity_checks`` says why)."""
+    from vitviz.core.capture import open_probes
+
+    probed = open_probes(model)
+    if probed:
+        raise CaptureError(
+            f"sanity_checks: a vitviz.capture_attention block is open on this {type(model).__name__} ({probed} "
+            "attention modules probed); the copies sanity_checks randomises would carry its probes, which compute "
+            "with the original model's weights and hand the copies' maps to your capture. Call sanity_checks "
+            "outside the capture_attention block (after it closes)")
+
+
 @in_eval_mode
 def sanity_checks(
     model: nn.Module,
@@ -254,8 +267,15 @@ def sanity_checks(
         why"`` for each test not defined for this ``target``; ``""`` when every test asked for is) and
         ``score_unchanged`` (with a score function as target: the top cascading steps after which it is unchanged
         on every image, comma-separated; ``sanity_summary`` does not judge a method on them).
+
+    Raises:
+        CaptureError: a ``vitviz.capture_attention`` block is open on ``model``: the copy randomised here would
+            carry its probes, which compute with the original model's weights (before: torchvision's attention
+            in the randomised copies was the trained model's) and hand the copies' maps to that capture.
     """
     import pandas as pd
+
+    _refuse_open_capture(model)
 
     tests = name_list(tests, "tests", TESTS)
     bad = [t for t in tests if t not in TESTS]

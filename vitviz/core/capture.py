@@ -18,7 +18,8 @@ original state comes back when the last capture that uses it exits.
 
 Every map's ``N`` must be the layout's prefix tokens plus the input's patch grid (``spec.grid_for_input``), else
 ``CaptureError`` names both numbers. A forward that raises inside the block (out of memory in block 1) leaves no
-unfinished pass: a retry in the same block is read afresh, and the block exits cleanly. What such a pass already
+unfinished pass: a retry in the same block is read afresh, and the block exits cleanly (a pass stopped by a
+``KeyboardInterrupt``, which runs no hook, is dropped at the next forward or at the exit: ``_watch_passes``). What such a pass already
 handed to ``on_layer`` is the caller's to undo (``on_abort=``); without it later passes in the block are refused.
 
 Activation checkpointing (timm's and open_clip's ``set_grad_checkpointing``, Hugging Face's
@@ -221,7 +222,7 @@ class AttentionCapture:
         self._on_layer = on_layer
         self._on_abort = on_abort
         self._handed = 0  # on_layer calls of the running pass
-        self._depth = 0  # watched (enclosing) module calls running
+        self._running: list[nn.Module] = []  # watched (enclosing) module calls running, outermost first
         self._call_emits = 0  # maps emitted since the outermost watched call began
         # (layers handed, their names) of a pass that raised with no on_abort to undo them: later passes refused
         self._spoiled: tuple[int, list[str]] | None = None
@@ -440,11 +441,22 @@ def _module_path(model: nn.Module, name: str) -> list[nn.Module] | None:
 def _watch_passes(cap: AttentionCapture, modules: list[nn.Module]) -> Undo:
     """Hooks on the enclosing ``modules``: note the input's image size (the grid of ``dynamic_img_size`` models),
     and when a forward raises (out of memory in block 1, a user's hook) drop the unfinished pass, so a retry in
-    the same block is read afresh."""
+    the same block is read afresh.
+
+    A ``BaseException`` that is not an ``Exception`` (``KeyboardInterrupt``: Ctrl-C in a notebook) skips even
+    ``always_call`` hooks (torch runs them in an ``except Exception``): the stopped calls stay on ``_running``. A
+    watched module called again while it is on ``_running`` is such a leftover (a module does not call itself), so
+    the stopped pass is dropped then, as ``after`` would have (before: the retry was refused with a ``CaptureError``
+    naming the layers the stopped pass never reached)."""
     def before(m: nn.Module, args: tuple, kwargs: dict) -> None:
-        if cap._depth == 0:  # the outermost watched call starts: nothing emitted or handed by it yet
+        if any(r is m for r in cap._running):  # left by a call a KeyboardInterrupt stopped
+            cap._running.clear()
+            cap._inputs.clear()
+            cap._image_hw = None
+            cap._abort_pass()
+        if not cap._running:  # the outermost watched call starts: nothing emitted or handed by it yet
             cap._call_emits = cap._handed = 0
-        cap._depth += 1
+        cap._running.append(m)
         x = args[0] if args else kwargs.get("pixel_values", kwargs.get("x"))
         if isinstance(x, torch.Tensor) and x.ndim == 4:
             cap._inputs.append((m, (int(x.shape[-2]), int(x.shape[-1])), bool(kwargs.get("interpolate_pos_encoding"))))
@@ -454,7 +466,8 @@ def _watch_passes(cap: AttentionCapture, modules: list[nn.Module]) -> Undo:
         if cap._inputs and cap._inputs[-1][0] is m:
             cap._inputs.pop()
             cap._image_hw = cap._inputs[-1][1] if cap._inputs else None
-        cap._depth = max(cap._depth - 1, 0)
+        if cap._running and cap._running[-1] is m:
+            cap._running.pop()
         if result is None and sys.exc_info()[1] is not None:  # always_call: run as the forward's exception passes
             cap._abort_pass(sys.exc_info()[1])
 
@@ -514,6 +527,9 @@ def capture_attention(
         cap, undos = _open_capture(model, layers, on_layer, store, dtype, accumulate, retain_grad, heads, on_abort)
     try:
         yield cap
+        if cap._running:  # a forward a KeyboardInterrupt stopped, caught in the block (``_watch_passes``)
+            cap._running.clear()
+            cap._abort_pass()
         cap._close_pass()
     finally:
         chain_undos(undos)()

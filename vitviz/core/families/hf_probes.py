@@ -51,7 +51,7 @@ import torch
 from torch import nn
 
 import vitviz.core.families.stream as stream
-from vitviz.core.families.base import Emit, HeadMaps, Probe, Undo, chain_undos, set_attr
+from vitviz.core.families.base import Emit, HeadMaps, Probe, Undo, chain_undos, held_attr
 from vitviz.core.kernels import forward_lse
 from vitviz.errors import CaptureError, UnsupportedModelError
 
@@ -231,16 +231,9 @@ def probe_hf_per_call(module: nn.Module, emit: Emit) -> Undo:
     ``output_attentions`` as its second argument and returns ``(context, probs)`` when it is true; its SDPA subclass
     (``...SdpaSelfAttention``, chosen when the model is built) returns no weights. For the capture the instance's
     ``forward`` runs its eager class's ``forward`` with ``output_attentions=True``, hands ``probs`` to ``emit`` and
-    returns what the caller asked for."""
-    forward = _eager_per_call(module)
-
-    def call(hidden_states: torch.Tensor, output_attentions: bool = False, *args: Any, **kwargs: Any) -> tuple:
-        out = forward(module, hidden_states, True, *args, **kwargs)
-        emit(_weights_of(module, out))
-        return out if output_attentions else (out[0], *out[2:])
-
-    call.__vitviz_probe__ = True  # type: ignore[attr-defined]  # vitviz's own: another capture's probe may sit on it
-    return set_attr(module, "forward", call)
+    returns what the caller asked for (``_per_call_forward``, shared with ``probe_hf_per_call_stream``)."""
+    _eager_per_call(module)  # refuses a forward of the user's set on the instance
+    return _listen_per_call(module, "full", emit)
 
 
 def per_call_stream_probe_for(module: nn.Module) -> Probe | None:
@@ -254,10 +247,10 @@ def probe_hf_per_call_stream(module: nn.Module, emit: Emit) -> Undo:
     plain forward's, bit for bit) and the maps are recomputed (``stream.recomputed_heads``; the Triton kernels on
     CUDA) from the outputs of its ``query`` and ``key`` projections, with the scale ``1 / sqrt(head size)`` and the
     bias it hands SDPA: its own ``relative_position_bias`` module's output plus the shared bias it is called with.
-    Small maps with the kernels off (``stream.explicit_is_cheaper``), and calls that ask for the weights, run the
-    eager ``forward`` instead and hand on its weights."""
-    eager, own = _eager_per_call(module), type(module).forward
-    h, d = int(module.num_attention_heads), int(module.attention_head_size)
+    Small maps with the kernels off (``stream.explicit_is_cheaper``), calls that ask for the weights, and calls
+    while a ``heads="full"`` capture of the module is open (``probe_hf_per_call``) run the eager ``forward`` instead
+    and hand on its weights."""
+    _eager_per_call(module)
     seen: dict[str, torch.Tensor] = {}
 
     def keep(key: str) -> Callable[..., None]:
@@ -268,26 +261,73 @@ def probe_hf_per_call_stream(module: nn.Module, emit: Emit) -> Undo:
     if getattr(module, "has_relative_position_bias", False):
         parts.append(("bias", module.relative_position_bias))
     undos: list[Undo] = [m.register_forward_hook(keep(key)).remove for key, m in parts]
+    undos.append(_listen_per_call(module, "stream", (emit, seen)))
+    return chain_undos(undos)
+
+
+# data2vec vision's attention modules -> {"full": [emit], "stream": [(emit, seen)]}: the probes reading each, all
+# served by one forward set on the instance (``_per_call_forward``) while any is installed
+_per_call: weakref.WeakKeyDictionary[nn.Module, dict[str, list[Any]]] = weakref.WeakKeyDictionary()
+
+
+def _listen_per_call(module: nn.Module, kind: str, entry: Any) -> Undo:
+    """Add ``entry`` to the ``kind`` probes of ``module`` and hold ``_per_call_forward`` on the instance; the undo
+    removes that one entry and releases the hold. The forward is held (``held_attr``), not set by each probe:
+    captures of both kinds open on the module may close in any order, and the instance comes back as it was when
+    the last probe goes (each probe setting its own forward left the other's on the model when the first one
+    opened closed first, and the forward set last ran alone, so the capture opened first saw no pass)."""
+    listeners = _per_call.setdefault(module, {"full": [], "stream": []})
+    listeners[kind].append(entry)
+
+    def unlisten() -> None:
+        now = _per_call.get(module)
+        if now is None:
+            return
+        now[kind] = [e for e in now[kind] if e is not entry]
+        if not now["full"] and not now["stream"]:
+            _per_call.pop(module, None)
+
+    return chain_undos([unlisten, held_attr(module, "forward", _per_call_forward(module))])
+
+
+def _per_call_forward(module: nn.Module) -> Callable[..., tuple]:
+    """The ``forward`` set on a data2vec vision attention instance while a probe reads it: the eager class's
+    ``forward`` with ``output_attentions=True`` where a ``heads="full"`` probe is installed, the call asks for the
+    weights or recomputing does not pay (its weights to every probe); else, for the stream probes of an SDPA
+    module, its own ``forward`` and the maps recomputed from its ``q`` and ``k`` (``probe_hf_per_call_stream``)."""
+    eager, own = _eager_per_call(module), type(module).forward
+    sdpa = per_call_stream_probe_for(module) is not None
+    h, d = int(module.num_attention_heads), int(module.attention_head_size)
 
     def call(hidden_states: torch.Tensor, output_attentions: bool = False,
              relative_position_bias: torch.Tensor | None = None, *args: Any, **kwargs: Any) -> tuple:
+        listeners = _per_call.get(module, {"full": [], "stream": []})
+        full, streams = list(listeners["full"]), list(listeners["stream"])
         b, n, _ = hidden_states.shape
         kernel = stream.use_kernel_for(hidden_states.new_empty(0, d))
-        if output_attentions or stream.explicit_is_cheaper(b, h, n, kernel):
+        if full or not sdpa or output_attentions or stream.explicit_is_cheaper(b, h, n, kernel):
             out = eager(module, hidden_states, True, relative_position_bias, *args, **kwargs)
-            emit(HeadMaps.of(_weights_of(module, out).detach()))
+            if full or streams:
+                weights = _weights_of(module, out)
+                for emit in full:
+                    emit(weights)
+                maps = HeadMaps.of(weights.detach()) if streams else None
+                for emit, seen in streams:
+                    seen.clear()
+                    emit(maps)
             return out if output_attentions else (out[0], *out[2:])
-        seen.clear()
+        for _emit, seen in streams:
+            seen.clear()
         out = own(module, hidden_states, output_attentions, relative_position_bias, *args, **kwargs)
-        q, k = (seen[key].view(b, n, h, d).transpose(1, 2) for key in ("q", "k"))
-        biases = [t for t in (seen.get("bias"), relative_position_bias) if t is not None]
-        mask = None if not biases else biases[0].detach() if len(biases) == 1 else biases[0] + biases[1].detach()
-        emit(stream.recomputed_heads(q, k, d ** -0.5, lambda _scores: mask, kernel=kernel, attn_mask=mask))
+        for emit, seen in streams:
+            q, k = (seen.pop(key).view(b, n, h, d).transpose(1, 2) for key in ("q", "k"))
+            biases = [t for t in (seen.pop("bias", None), relative_position_bias) if t is not None]
+            mask = None if not biases else biases[0].detach() if len(biases) == 1 else biases[0] + biases[1].detach()
+            emit(stream.recomputed_heads(q, k, d ** -0.5, lambda _scores, m=mask: m, kernel=kernel, attn_mask=mask))
         return out
 
-    call.__vitviz_probe__ = True  # type: ignore[attr-defined]
-    undos.append(set_attr(module, "forward", call))
-    return chain_undos(undos)
+    call.__vitviz_probe__ = True  # type: ignore[attr-defined]  # vitviz's own: _eager_per_call lets it through
+    return call
 
 
 def want_weights(module: nn.Module) -> Undo:

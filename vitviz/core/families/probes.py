@@ -23,7 +23,7 @@ import torch
 from torch import nn
 from torch.overrides import TorchFunctionMode
 
-from vitviz.core.families.base import Emit, Undo, chain_undos, set_attr
+from vitviz.core.families.base import Emit, Undo, chain_undos, held_attr, set_attr
 from vitviz.core.families.readout import query_mean
 from vitviz.errors import CaptureError, UnsupportedModelError
 
@@ -42,7 +42,9 @@ def probe_attn_drop(module: nn.Module, emit: Emit) -> Undo:
         )
     undos: list[Undo] = []
     if hasattr(module, "fused_attn"):
-        undos.append(set_attr(module, "fused_attn", False))
+        # held, not set: a stream probe's call (``timm_probes.probe_timm_stream``) also switches it off, and one
+        # stopped by an error keeps it off until its next call; holds released in any order restore the first value
+        undos.append(held_attr(module, "fused_attn", False))
     handle = drop.register_forward_hook(lambda _m, inputs, _out: emit(inputs[0]))
     undos.append(handle.remove)
     return chain_undos(undos)

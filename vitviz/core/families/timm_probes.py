@@ -52,7 +52,7 @@ from torch import nn
 import vitviz.core.families.stream as stream
 from vitviz.core import kernels
 from vitviz.core.contexts import once_per_window
-from vitviz.core.families.base import Emit, HeadMaps, Probe, Undo, chain_undos, plain_linear, set_attr
+from vitviz.core.families.base import Emit, HeadMaps, Probe, Undo, chain_undos, held_attr, plain_linear
 from vitviz.core.families.probes import probe_attn_drop
 from vitviz.core.kernels import forward_lse
 from vitviz.errors import CaptureError, UnsupportedModelError
@@ -353,7 +353,7 @@ def probe_timm_stream(module: nn.Module, emit: Emit) -> Undo:
         reproject = kind == "beit" and not kernel and not stream.REPROJECT_WITHOUT_KERNEL  # see the flag
         state["explicit"] = reproject or stream.explicit_is_cheaper(b, module.num_heads * pairs, n, kernel)
         if state["explicit"] and getattr(module, "fused_attn", False):
-            state["restore"] = set_attr(module, "fused_attn", False)
+            state["restore"] = held_attr(module, "fused_attn", False)  # counted: see probe_attn_drop
         elif kernel and kind in ("mask", "rotary", "parallel") and forward_lse.enabled(
                 x, b * module.num_heads * n * n) and getattr(module, "fused_attn", False):
             recorder = forward_lse.ForwardLSE()  # answers the module's SDPA call, keeping the row log-sum-exp
