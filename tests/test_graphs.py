@@ -86,6 +86,29 @@ def test_a_graphed_call_returns_what_the_analysis_returns(fn, double):
     assert call.recordings == 1 and double.records == 1 and double.replays == 2
 
 
+def test_a_graphed_call_warns_about_to_tensor_pixels(double):
+    """A replay runs no ``load_images``, whose check warns about pixels in [0, 1] for a model that normalises
+    (``ToTensor()`` without ``Normalize``): the graphed call's own check of its input warns as the analysis would,
+    once per call. The example, read for its shape and dtype only, is not warned about."""
+    import warnings
+
+    from vitviz.errors import ImageRangeWarning
+
+    torch.manual_seed(0)
+    model = tiny_timm_vit()
+    pixels = torch.rand(2, 3, 32, 48)
+    with warnings.catch_warnings():
+        warnings.simplefilter("error", ImageRangeWarning)
+        call = vitviz.graphed(vitviz.attention_rollout, model, pixels)
+        call(images())
+    for _ in range(2):  # the first call records, the second replays
+        with pytest.warns(ImageRangeWarning, match=r"images: values from .*none negative.*mean \(0\.485, 0\.456, "
+                                                   r"0\.406\).*Normalize") as seen:
+            call(pixels)
+        assert sum(issubclass(w.category, ImageRangeWarning) for w in seen) == 1
+        assert seen[0].filename == __file__
+
+
 def test_the_options_are_the_analysis_options(double):
     torch.manual_seed(0)
     model = tiny_timm_vit()

@@ -91,7 +91,7 @@ def test_a_channel_last_tensor_is_named_channel_last_on_every_input_path():
             return np.random.default_rng(i).random((32, 48, 3)).astype(np.float32), i
 
     model = tiny_timm_vit()
-    x = torch.rand(2, 32, 48, 3)
+    x = torch.randn(2, 32, 48, 3)
     fix = r"images: got a tensor of shape \((2|1), 32, 48, 3\), laid out channel-last.*x\.permute\(0, 3, 1, 2\)"
     for source in (x, x[0], ChannelLast(), DataLoader(ChannelLast(), batch_size=2)):
         with pytest.raises(vitviz.ImageInputError, match=fix):
@@ -291,6 +291,64 @@ def test_unnormalised_pixels_are_warned_about_on_every_input_path():
         warnings.simplefilter("error", ImageRangeWarning)
         vitviz.mean_attention_distance(model, torch.randn(3, 3, 32, 48))
         vitviz.attention_rollout(model, (torch.rand(3, 3, 32, 48) - 0.485) / 0.229)
+
+
+IMAGENET_MEAN, IMAGENET_STD = (0.485, 0.456, 0.406), (0.229, 0.224, 0.225)
+TO_TENSOR_FIX = (r"images: values from [\d.e-]+ to [\d.]+, none negative: pixels in \[0, 1\] \(torchvision's ToTensor\(\) "
+                 r"without Normalize\?\), while VisionTransformer's preprocessing normalises them with mean "
+                 r"\(0\.485, 0\.456, 0\.406\) and std \(0\.229, 0\.224, 0\.225\).*Normalize\(mean=\(0\.485, 0\.456, "
+                 r"0\.406\), std=\(0\.229, 0\.224, 0\.225\)\).*vitviz\.load_images.*A model that normalises its own "
+                 r"input can ignore this")
+
+
+def test_to_tensor_pixels_for_a_model_that_normalises_are_warned_about_once_per_call():
+    """Pixels in [0, 1] (``ToTensor()`` without ``Normalize``) passed silently, and every map described another
+    input. For a model whose preprocessing normalises, a batch with no negative value and none above 1 is warned
+    about (``ImageRangeWarning`` naming the range, the model's mean and std and the fix) on a tensor, a Dataset
+    and a DataLoader (``reduce_dataset``) and per-image dataset reads (``iter_dataset``), once per call however many
+    batches it reads."""
+    from torch.utils.data import DataLoader, TensorDataset
+
+    from vitviz.core.datasets import iter_dataset
+    from vitviz.errors import ImageRangeWarning
+
+    model = tiny_timm_vit()
+    pixels = torch.rand(5, 3, 32, 48, generator=torch.Generator().manual_seed(0))
+    with pytest.warns(ImageRangeWarning, match=TO_TENSOR_FIX) as seen:
+        vitviz.load_images(model, pixels)
+    assert len(seen) == 1 and seen[0].filename == __file__  # at the caller's line
+    for images in (pixels, TensorDataset(pixels), DataLoader(TensorDataset(pixels), batch_size=2)):
+        with pytest.warns(ImageRangeWarning, match=TO_TENSOR_FIX) as seen:
+            vitviz.mean_attention_distance(model, images, batch_size=2)
+        assert sum(issubclass(w.category, ImageRangeWarning) for w in seen) == 1, images  # 3 batches, one warning
+    with pytest.warns(ImageRangeWarning, match=TO_TENSOR_FIX) as seen:
+        assert len(list(iter_dataset(model, TensorDataset(pixels), batch_size=2))) == 3
+    assert sum(issubclass(w.category, ImageRangeWarning) for w in seen) == 1
+
+
+def test_a_normalised_batch_or_a_model_that_does_not_normalise_is_not_warned_about():
+    """The ``ToTensor()`` warning needs both: a batch with no negative value and none above 1, and a model whose
+    preprocessing normalises. The same pixels normalised, or given to a model whose data config has mean 0 and
+    std 1, are not warned about, on the tensor and the dataset paths."""
+    import warnings
+
+    from torch.utils.data import DataLoader, TensorDataset
+
+    from vitviz.errors import ImageRangeWarning
+
+    pixels = torch.rand(4, 3, 32, 48, generator=torch.Generator().manual_seed(1))
+    normalised = (pixels - torch.tensor(IMAGENET_MEAN).view(1, 3, 1, 1)) / torch.tensor(IMAGENET_STD).view(1, 3, 1, 1)
+    model = tiny_timm_vit()
+    plain = tiny_timm_vit()
+    plain.pretrained_cfg = {"mean": (0.0, 0.0, 0.0), "std": (1.0, 1.0, 1.0)}
+    with warnings.catch_warnings():
+        warnings.simplefilter("error", ImageRangeWarning)
+        for m, x in ((model, normalised), (plain, pixels)):
+            vitviz.load_images(m, x)
+            vitviz.mean_attention_distance(m, TensorDataset(x), batch_size=2)
+            vitviz.mean_attention_distance(m, DataLoader(TensorDataset(x), batch_size=2))
+    with pytest.warns(ImageRangeWarning, match=TO_TENSOR_FIX):  # the model's config is what tells
+        vitviz.load_images(model, pixels)
 
 
 def _size_cases():

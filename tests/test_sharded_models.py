@@ -38,7 +38,7 @@ def _vit() -> nn.Module:
 
 
 def _images() -> torch.Tensor:
-    return torch.rand(2, 3, *SIZE, generator=torch.Generator().manual_seed(1))
+    return torch.randn(2, 3, *SIZE, generator=torch.Generator().manual_seed(1))
 
 
 def _fully_shard():

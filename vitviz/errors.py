@@ -116,9 +116,10 @@ class OptionValueError(InputError, argparse.ArgumentTypeError):
 
 
 class ImageRangeWarning(VitvizError, UserWarning):
-    """Images whose values lie far outside a normalised image's range (0-255 pixels given as floats, say): the maps
-    would describe another input. A warning, not an error: a model that normalises its own input takes such values.
-    The message names the range found and the fix."""
+    """Images whose values lie far outside a normalised image's range (0-255 pixels given as floats, say), or that
+    hold no negative value and none above 1 for a model whose preprocessing normalises (pixels in [0, 1] from
+    ``ToTensor()`` without ``Normalize``): the maps would describe another input. A warning, not an error: a model
+    that normalises its own input takes such values. The message names the range found and the fix."""
 
 
 class ResampledPositionsWarning(VitvizError, UserWarning):

@@ -8,7 +8,7 @@ import torch
 from torch import nn
 from torch.utils.data import DataLoader, Dataset
 
-from vitviz.core.images import Images, image_list, load_images
+from vitviz.core.images import Images, image_list, images_and_range, warn_unnormalised
 from vitviz.core.util import is_int
 from vitviz.errors import ImageInputError, InputError
 
@@ -77,11 +77,15 @@ def iter_batches(
         from tqdm.auto import tqdm
 
         bar = tqdm(total=total, desc=desc, unit="img")
+    warned = False
     try:
         for start in range(0, total, step):
             # all at once: the tensor itself, not a view of it (contexts.input_checked knows a tensor by identity)
             chunk = items if step >= total else items[start:start + step]
-            yield load_images(model, chunk)
+            x, found = images_and_range(model, chunk)
+            if not warned:  # ToTensor() pixels (load_images's warning): once per call, not per chunk
+                warned = warn_unnormalised(model, found, stacklevel=4)
+            yield x
             if bar is not None:
                 bar.update(len(chunk))
     finally:

@@ -270,13 +270,16 @@ def _split(batch: Any) -> tuple[torch.Tensor, Any]:
 def _batch_check(model: nn.Module, pin: bool, cast: bool) -> Callable[[torch.Tensor], torch.Tensor]:
     """A batch of a folder, Dataset or DataLoader gets the checks of a tensor input (``check_tensor``: 3 channels,
     floating point, finite; ``check_size``: a size the model takes; errors name ``images``), then goes to the
-    model's device (and, with ``cast``, its floating dtype)."""
-    from vitviz.core.images import check_size, check_tensor, spec_or_none
+    model's device (and, with ``cast``, its floating dtype). A batch of pixels in [0, 1] for a model whose
+    preprocessing normalises (``warn_unnormalised``: a Dataset with ``ToTensor()`` and no ``Normalize``) is warned
+    about once per returned check, that is once per call of a dataset path, not once per batch."""
+    from vitviz.core.images import check_size, check_tensor, spec_or_none, warn_unnormalised
 
     device = _device(model)
     param = next(model.parameters(), None)
     dtype = param.dtype if cast and param is not None and param.is_floating_point() else None
     spec = spec_or_none(model)
+    warned = False
 
     def ready(x: torch.Tensor) -> torch.Tensor:
         if x.ndim != 4:  # check_tensor's message names (3, H, W) tensors, which a batch of the tensor path may be
@@ -285,7 +288,10 @@ def _batch_check(model: nn.Module, pin: bool, cast: bool) -> Callable[[torch.Ten
                 "must be (3, H, W) image tensors (grayscale (H, W) items: x.expand(3, -1, -1) in the dataset's "
                 "transform; (1, 3, H, W) items: x[0]), and a DataLoader must batch them (batch_size=None reads single "
                 "items: pass batch_size=1 or more)")
-        check_tensor(x, "images")
+        nonlocal warned
+        found = check_tensor(x, "images")
+        if not warned:
+            warned = warn_unnormalised(model, found, "images", stacklevel=4)
         if spec is not None:
             check_size(spec, x.shape[-2], x.shape[-1])
         return x.to(device=device, dtype=dtype or x.dtype, non_blocking=pin)

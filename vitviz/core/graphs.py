@@ -359,13 +359,13 @@ class GraphedCall:
                 "device (model.cuda()). On the CPU call the analysis itself: there is no launch cost to save")
         return device
 
-    def _check(self, x: Any, argument: str) -> None:
+    def _check(self, x: Any, argument: str) -> tuple[float, float] | None:
         from vitviz.core.images import check_tensor
 
         if not isinstance(x, torch.Tensor):
             raise InputTypeError(f"{argument}: got a {type(x).__name__}; a recorded call takes a normalised "
                                  "(B, 3, H, W) float tensor (vitviz.load_images(model, images) makes one)")
-        check_tensor(x, argument)  # shape, channels, dtype, finiteness: the analysis's own checks
+        return check_tensor(x, argument)  # shape, channels, dtype, finiteness: the analysis's own checks
 
     def _record(self, x: torch.Tensor, state: tuple | None = None) -> _Graph:
         """Record the call on a batch like ``x``, on the model's device now; ``state``: the model's ``_model_state``,
@@ -399,8 +399,11 @@ class GraphedCall:
     def __call__(self, images: torch.Tensor) -> Any:
         """``fn(model, images, **options)``: the recorded kernels replayed on ``images`` (recorded first where
         ``images`` has a shape not seen, or the model or vitviz's switches changed); copies of the outputs."""
+        from vitviz.core.images import warn_unnormalised
+
         state = _model_state(self.model)  # before the finiteness read waits for the device: no idle gap after it
-        self._check(images, "images")
+        # pixels in [0, 1] for a model that normalises (load_images's warning: a replay runs no load_images)
+        warn_unnormalised(self.model, self._check(images, "images"), "images")
         if state != self._state:
             self._changed_in_a_row += 1
             if self._changed_in_a_row == CHANGED_IN_A_ROW:

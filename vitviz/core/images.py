@@ -212,11 +212,16 @@ def value_range(x: torch.Tensor) -> tuple[float, float]:
     return lo, hi
 
 
-def check_tensor(x: torch.Tensor, argument: str = "images") -> None:
+def check_tensor(x: torch.Tensor, argument: str = "images") -> tuple[float, float] | None:
     """Validate a ``(B, 3, H, W)`` batch: floating dtype, 3 channels (a channel-last ``(B, H, W, C)`` batch is named
     so, with its fix), at least one image, finite values; warn
     (``ImageRangeWarning``) when its values reach beyond ``NORMALISED_LIMIT`` (unnormalised pixels). Its values are
     read once (``value_range``).
+
+    Returns:
+        ``(lo, hi)``, the batch's smallest and largest value as read, for a caller that knows the model
+        (``warn_unnormalised``); ``None`` where the values were not read (while ``recording()``, or a batch an
+        enclosing ``input_checked`` holds).
 
     Raises:
         ImageInputError: the message names the argument, the shape or dtype found, and the fix.
@@ -253,9 +258,9 @@ def check_tensor(x: torch.Tensor, argument: str = "images") -> None:
     from vitviz.core.contexts import checked_before, recording
 
     if recording():  # GraphedCall checked the batch before copying it in: a captured stream cannot wait for a read
-        return
+        return None
     if checked_before(x):  # a caller checked this very batch, unwritten since (contexts.input_checked)
-        return
+        return None
     lo, hi = value_range(x)
     if not (math.isfinite(lo) and math.isfinite(hi)):
         nan, inf = int(torch.isnan(x).sum()), int(torch.isinf(x).sum())
@@ -271,6 +276,44 @@ def check_tensor(x: torch.Tensor, argument: str = "images") -> None:
             "model's mean and std), or pass PIL images / arrays / paths, which vitviz normalises "
             "(vitviz.load_images). A model that normalises its own input can ignore this (ImageRangeWarning)",
             ImageRangeWarning, stacklevel=2)
+    return lo, hi
+
+
+def _rounded(values: Any) -> tuple[float, ...]:
+    return tuple(round(float(v), 4) for v in values)
+
+
+def warn_unnormalised(model: nn.Module, found: tuple[float, float] | None, argument: str = "images", *,
+                      stacklevel: int = 3) -> bool:
+    """Warn (``ImageRangeWarning``) when a batch for ``model`` holds pixels in [0, 1], not normalised: the model's
+    preprocessing normalises (``data_config(model)``: a mean not all 0, or a std not all 1) and the batch has no
+    negative value (``found``, its range as ``check_tensor`` read it: smallest >= 0, largest <= 1), the mark of
+    ``torchvision.transforms.ToTensor()`` without ``Normalize``. A batch normalised by a non-zero mean has a
+    negative value unless every pixel of every channel is brighter than the mean (ImageNet's 0.485 / 0.456 / 0.406;
+    0.5 for Hugging Face's default), so a batch with none is almost surely unnormalised. ``found`` ``None`` (values
+    not read) warns nothing. The model's config is read only for a batch in [0, 1].
+
+    Returns:
+        whether it warned.
+    """
+    if found is None:
+        return False
+    lo, hi = found
+    if not (lo >= 0 and hi <= 1):
+        return False
+    cfg = data_config(model)
+    mean, std = _rounded(cfg.get("mean", (0.0,))), _rounded(cfg.get("std", (1.0,)))
+    if all(m == 0 for m in mean) and all(s == 1 for s in std):
+        return False
+    warnings.warn(
+        f"{argument}: values from {lo:.4g} to {hi:.4g}, none negative: pixels in [0, 1] (torchvision's ToTensor() "
+        f"without Normalize?), while {type(model).__name__}'s preprocessing normalises them with mean {mean} and "
+        f"std {std}, which leaves a negative value in almost every batch. The maps would describe another input. "
+        f"Normalise them (torchvision.transforms.Normalize(mean={mean}, std={std}) after ToTensor(), or "
+        "(x - mean) / std), or pass PIL images / arrays / paths, which vitviz normalises (vitviz.load_images). A "
+        "model that normalises its own input can ignore this (ImageRangeWarning)",
+        ImageRangeWarning, stacklevel=stacklevel)
+    return True
 
 
 def _device(device: torch.device | str | None) -> torch.device | None:
@@ -321,13 +364,26 @@ def load_images(model: nn.Module, images: Images, *, device: torch.device | str 
             ``(1, FLOAT_AMBIGUOUS_MAX]`` is refused as ambiguous).
         device: override the device (default: the model's).
 
-    A tensor on another device than the model is moved to the model's device (and cast to its dtype).
+    A tensor on another device than the model is moved to the model's device (and cast to its dtype). A tensor
+    with values beyond ``NORMALISED_LIMIT`` (0-255 pixels), or with no negative value and none above 1 for a model
+    whose preprocessing normalises (``ToTensor()`` pixels without ``Normalize``: ``warn_unnormalised``), is warned
+    about (``ImageRangeWarning``).
 
     Raises:
         ImageInputError: no images, a non-float or non-3-channel tensor, NaN or infinite pixels, an image
             array that is not an image, a missing file, or a size the model cannot take (the message names
             the argument, the value and the fix).
     """
+    x, found = images_and_range(model, images, device=device)
+    warn_unnormalised(model, found)  # ToTensor() pixels in [0, 1], not normalised
+    return x
+
+
+def images_and_range(model: nn.Module, images: Images, *,
+                     device: torch.device | str | None = None) -> tuple[torch.Tensor, tuple[float, float] | None]:
+    """``load_images``'s batch, and the range ``check_tensor`` read of a tensor given (``None`` for images vitviz
+    normalised itself), for ``warn_unnormalised``; without that warning, which a caller that loads one call's
+    images in chunks (``core.batching.iter_batches``) gives once per call."""
     spec = spec_or_none(model)
     param = next(model.parameters(), None)
     device = _device(device) or (param.device if param is not None else None)
@@ -335,7 +391,7 @@ def load_images(model: nn.Module, images: Images, *, device: torch.device | str 
     items = image_list(images)
     if isinstance(items, torch.Tensor):
         x = items
-        check_tensor(x)
+        found = check_tensor(x)
     else:
         from timm.data import create_transform
 
@@ -347,11 +403,11 @@ def load_images(model: nn.Module, images: Images, *, device: torch.device | str 
                 "images: a list of tensors; stack them into one (B, 3, H, W) tensor (torch.stack(images))"
             )
         transform = create_transform(**data_config(model), is_training=False)
-        x = torch.stack([transform(to_pil(im)) for im in items])
+        x, found = torch.stack([transform(to_pil(im)) for im in items]), None
     if spec is not None:  # a CNN takes any size its pooling allows
         check_size(spec, x.shape[-2], x.shape[-1])
     # the batch goes where the model is (a CUDA tensor for a CPU model, and back): moved, not refused
-    return x.to(device=device, dtype=dtype)
+    return x.to(device=device, dtype=dtype), found
 
 
 def denormalise(model: nn.Module, x: torch.Tensor) -> np.ndarray:
