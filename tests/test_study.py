@@ -383,3 +383,39 @@ def test_a_cut_off_results_file_is_refused_not_read_as_done_runs(tmp_path, cut):
         study.read_results(path)
     path.write_text(text + "\n")  # a blank line: pandas skips it, and so does the check
     assert study.read_results(path).equals(study.read_results(whole))
+
+
+def test_a_parallel_study_whose_worker_fails_is_refused_naming_it_not_written_as_complete(tmp_path, monkeypatch):
+    """``run_parallel`` printed a failed worker's exit code and went on to merge and describe the study as if its runs
+    were all there; it now raises ``RunInterrupted`` naming the worker and its log."""
+    import subprocess
+
+    import vitviz.experiments.data as data
+    from vitviz.errors import RunInterrupted
+    from vitviz.experiments import study
+
+    cfg = StudyConfig(results=str(tmp_path / "r.csv"), sizes=("S",), epochs=(1,), seeds=(0,), full_epochs=())
+    names = [g["name"] for g in study.worker_groups(cfg)]  # one part a family
+    assert len(names) >= 2
+    monkeypatch.setattr(data, "load_split", lambda *a, **k: None)  # no dataset decoded
+    started = []
+
+    class Worker:  # a worker process: the first exits with an error, the others finish with nothing to add
+        def __init__(self, cmd, stdout=None, stderr=None):
+            self.code = 3 if not started else 0
+            started.append(cmd)
+
+        def poll(self):
+            return self.code
+
+        @property
+        def returncode(self):
+            return self.code
+
+    monkeypatch.setattr(subprocess, "Popen", Worker)
+    monkeypatch.setattr("time.sleep", lambda s: None)
+    with pytest.raises(RunInterrupted, match=rf"1 of {len(names)} study workers did not finish: {names[0]} \(exit 3; "
+                                             rf"its log: .*{names[0]}\.log\).*run the same command again"):
+        study.run_parallel(cfg, workers=2)
+    assert len(started) == len(names)  # every part was started: a failure stops none of the others
+    assert not (tmp_path / "r.json").exists()  # no run finished: no description written

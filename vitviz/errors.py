@@ -65,7 +65,9 @@ class MissingDependencyError(VitvizError, ImportError):
 
 class RunInterrupted(VitvizError):
     """Raised by a training step callback to stop a run where it is (tests use it to simulate a kill mid-epoch);
-    the last complete checkpoint stays, and ``--resume`` continues from it."""
+    the last complete checkpoint stays, and ``--resume`` continues from it. Also raised by a parallel study
+    (``vitviz.experiments.study.run_parallel``) when a worker did not finish: its finished runs are kept, and the
+    same command run again resumes."""
 
 
 class InputTypeError(InputError, TypeError):

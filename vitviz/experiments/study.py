@@ -295,7 +295,9 @@ def run_parallel(cfg: StudyConfig, workers: int) -> pd.DataFrame:
     """Run the sweep as ``workers`` processes at a time (one per ``worker_groups`` part; e.g. several runs
     sharing one GPU), each resumable with its own CSV in ``<results>.parts/``; then merge them into ``results``.
 
-    The dataset is decoded into the shared cache first, so the workers only load it.
+    The dataset is decoded into the shared cache first, so the workers only load it. A worker that exits with an
+    error (out of memory, killed) fails the call with ``RunInterrupted`` naming it and its log, after the parts that
+    finished are merged: before, its runs were silently missing from a table written as the study's.
     """
     import json
     import subprocess
@@ -307,7 +309,7 @@ def run_parallel(cfg: StudyConfig, workers: int) -> pd.DataFrame:
         load_split(_train_config(cfg, {**plan(cfg)[0], "train_subset": subset}), split, subset)
     parts_dir = Path(str(cfg.results) + ".parts")
     parts_dir.mkdir(parents=True, exist_ok=True)
-    pending, running, parts = list(worker_groups(cfg)), [], []
+    pending, running, parts, failed = list(worker_groups(cfg)), [], [], []
     base = {k: (list(v) if isinstance(v, tuple) else v) for k, v in asdict(cfg).items()}
     while pending or running:
         while pending and len(running) < workers:
@@ -326,8 +328,19 @@ def run_parallel(cfg: StudyConfig, workers: int) -> pd.DataFrame:
                 log.close()
                 running.remove((proc, log, name))
                 print(f"worker {name} finished (exit {proc.returncode})", flush=True)
-    table = merge_results([p for p in parts if p.is_file()], cfg.results)
-    write_meta(cfg, table)
+                if proc.returncode != 0:
+                    failed.append(f"{name} (exit {proc.returncode}; its log: {parts_dir / f'{name}.log'})")
+    done = [p for p in parts if p.is_file()]
+    table = merge_results(done, cfg.results) if done or not failed else pd.DataFrame()
+    if len(table) or not failed:  # the description lists the runs done, and the runs planned
+        write_meta(cfg, table)
+    if failed:  # the finished parts are merged above; the study is not done until every part is
+        from vitviz.errors import RunInterrupted
+
+        raise RunInterrupted(
+            f"{len(failed)} of {len(parts)} study workers did not finish: {'; '.join(failed)}. The runs they finished "
+            f"are kept ({len(table)} rows merged into {cfg.results!r}); read the log, then run the same command "
+            "again: each worker resumes from its part's CSV and run folders, and runs done are not trained again")
     return table
 
 
