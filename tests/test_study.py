@@ -103,6 +103,21 @@ def test_pack_decodes_to_the_same_pixels_as_the_folder(tmp_path, tiny_folder):
         load_pack(path, "val")
 
 
+@pytest.mark.parametrize("keep", [0.5, 0.98])
+def test_a_pack_cut_short_is_refused_naming_the_file_and_the_fix(tmp_path, tiny_folder, keep):
+    """A pack whose copy stopped part-way gave numpy's or zipfile's bare error (``BadZipFile``), naming no fix."""
+    from vitviz.errors import InputError
+    from vitviz.experiments.data import load_pack, pack_image_folder
+
+    path = pack_image_folder(tiny_folder, tmp_path / "pack.npz")
+    blob = path.read_bytes()
+    cut = tmp_path / "cut.npz"
+    cut.write_bytes(blob[: int(len(blob) * keep)])
+    with pytest.raises(InputError, match=r"cut\.npz' cannot be read as a .* pack .*damaged or cut short.*"
+                                         r"pack_image_folder\(root, path\)"):
+        load_pack(cut, "train", cache_dir=tmp_path / "cache")
+
+
 def test_meta_lists_pending_runs(tmp_path):
     import json
 

@@ -167,15 +167,23 @@ def pack_image_folder(root: str | os.PathLike, path: str | os.PathLike,
 def load_pack(path: str | os.PathLike, split: str, cache_dir: str | os.PathLike | None = None) -> TensorDataset:
     """Decode one split of a JPEG pack (``pack_image_folder``) into memory, cached like ``load_image_folder``."""
     import io
+    import zipfile
 
     path = Path(path)
-    with np.load(path) as pack:
-        if str(pack.get("format", "")) != PACK_FORMAT or f"{split}_data" not in pack:
-            raise InputError(f"{str(path)!r} is not a {PACK_FORMAT} pack with a {split!r} split; "
-                             "write one with vitviz.experiments.data.pack_image_folder(root, path)")
-        prefix = pack[f"{split}_prefix"].tobytes()
-        data, offsets = pack[f"{split}_data"], pack[f"{split}_offsets"]
-        labels, classes = torch.from_numpy(pack[f"{split}_labels"]), [str(c) for c in pack[f"{split}_classes"]]
+    try:
+        with np.load(path) as pack:
+            if str(pack.get("format", "")) != PACK_FORMAT or f"{split}_data" not in pack:
+                raise InputError(f"{str(path)!r} is not a {PACK_FORMAT} pack with a {split!r} split; "
+                                 "write one with vitviz.experiments.data.pack_image_folder(root, path)")
+            prefix = pack[f"{split}_prefix"].tobytes()
+            data, offsets = pack[f"{split}_data"], pack[f"{split}_offsets"]
+            labels, classes = torch.from_numpy(pack[f"{split}_labels"]), [str(c) for c in pack[f"{split}_classes"]]
+    except (zipfile.BadZipFile, EOFError, KeyError, ValueError) as err:  # cut short or damaged (a copy stopped)
+        if isinstance(err, InputError):
+            raise
+        raise InputError(f"{str(path)!r} cannot be read as a {PACK_FORMAT} pack ({type(err).__name__}: {err}): the "
+                         "file is damaged or cut short (an interrupted copy). Write it again with "
+                         "vitviz.experiments.data.pack_image_folder(root, path), or copy it again") from err
     # keyed by every byte of the split (and its labels and classes), never a sample of them: an edit anywhere decodes
     # again (CIFAR-10's training split is 15 MB packed: 15 ms to hash)
     head = np.frombuffer(bytearray(prefix), np.uint8)
