@@ -511,11 +511,20 @@ def cases(results: list[dict]) -> dict[tuple, dict[str, dict]]:
     after a cut) is the later process's rows alone (each row's ``run``: the process that timed it), never mixed with
     the earlier's: every ratio is to the plain forward timed in the same process, and a method the later process did
     not run has no row rather than one divided by another process's plain forward. Rows without ``run`` (recorded
-    before it was) group as before."""
+    before it was) group as before.
+
+    Rows of two ``setting`` s (a field a results file may carry: one model measured with a switch of vitviz's set
+    otherwise) under one key are refused: each setting's rows are their own cases, over their own plain forward
+    (``report`` splits them); grouped together, one setting's rows replaced the other's and a ratio was taken over
+    the other setting's plain forward."""
     out: dict[tuple, dict[str, dict]] = {}
     runs: dict[tuple, object] = {}
+    settings: dict[tuple, object] = {}
     for r in results:
         key = (r["device"], r["model"], r["dtype"], r["size"], r["batch"])
+        if settings.setdefault(key, r.get("setting")) != r.get("setting"):
+            raise ValueError(f"{key}: rows of two settings, {settings[key]!r} and {r.get('setting')!r}; group each "
+                             "setting's rows on their own (report() does)")
         if key in runs and runs[key] != r.get("run"):
             out[key] = {}  # a later process's case: replaces the earlier's whole (the key keeps its place)
         runs[key] = r.get("run")
@@ -524,7 +533,15 @@ def cases(results: list[dict]) -> dict[tuple, dict[str, dict]]:
 
 
 def report(results: list[dict]) -> bool:
-    """Print the table and the goals; True when every goal measured here was met."""
+    """Print the table and the goals; True when every goal measured here was met. Rows of several ``setting`` s
+    are printed a setting at a time, each under its name (``cases``)."""
+    named = list(dict.fromkeys(r.get("setting") for r in results))
+    if len(named) > 1:
+        met = True
+        for setting in named:
+            print(f"\nsetting: {setting}")
+            met = report([r for r in results if r.get("setting") == setting]) and met
+        return met
     ok = True
     hdr = (f"{'device':6} {'model':22} {'dtype':5} {'px':>4} {'B':>3} {'N':>4} {'method':15} {'wall s':>8} "
            f"{'x plain':>7} {'min x':>6} {'cpu x':>6} {'img/s':>8} {'peak MB':>9}")

@@ -385,3 +385,25 @@ def test_the_readmes_gpu_prose_figures_are_the_recorded_runs():
     recorded, eager = rows["attention_rollout (graphed, replay left out)"], rows["attention_rollout (kernel path)"]
     assert f"is {recorded:.2f} ms against {eager:.2f} ms for the eager call on the kernels' path, " \
            f"{recorded / eager:.3f}x" in readme
+
+
+def test_rows_of_two_settings_are_two_cases_each_over_its_own_plain_forward(capsys):
+    """``cases`` grouped rows by model and shape alone: a results file with one model measured under two settings
+    (BEiT's recomputing switch) had the second setting's rows replace the first's, and ``report`` printed a ratio
+    over the other setting's plain forward."""
+    rows = json.loads((ROOT / "bench" / "results" / "cpu_attention_timm_variants.json").read_text())
+    beit = [r for r in rows if r["model"].startswith("beit")]
+    with pytest.raises(ValueError, match="rows of two settings"):
+        attention.cases(beit)
+    attention.report(beit)
+    out = capsys.readouterr().out
+    for setting in dict.fromkeys(r["setting"] for r in beit):
+        assert f"setting: {setting}" in out
+        own = [r for r in beit if r["setting"] == setting]
+        plain = next(r for r in own if r["method"] == "plain")
+        block = out.split(f"setting: {setting}")[1].split("setting: ")[0]
+        lines = [ln for ln in block.splitlines() if ln.startswith("cpu ")]
+        assert len(lines) == len(own)  # its own rows, no row of the other setting's
+        for r in own:
+            line = next(ln for ln in lines if f" {r['method']} " in ln)
+            assert f"{r['time_s'] / plain['time_s']:7.2f}" in line, (setting, r["method"], line)

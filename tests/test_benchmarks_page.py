@@ -250,7 +250,7 @@ def cpu_phrases() -> dict[str, str]:
     hf = {m: _case("cpu_attention_hf.json", size=224, model=m)
           for m in ("hf:vit-base-patch16", "vit_base_patch16_224", "tv:vit_b_16")}
     hfg = _goals(hf["hf:vit-base-patch16"])
-    eva = _case("cpu_attention_timm_variants.json", size=224, model="eva02_base_patch14_224")
+    eva = _case("cpu_attention_timm_variants.json", size=224, model="eva02_base_patch14_224", setting="default")
     evag, eva2 = _goals(eva), _goals(_case("cpu_attention_eva02_memory.json", size=224))
     beit = [_case("cpu_attention_timm_variants.json", size=224, model="beit_base_patch16_224", setting=s)
             for s in dict.fromkeys(r.get("setting") for r in _json("cpu_attention_timm_variants.json")

@@ -281,7 +281,7 @@ def test_the_readmes_cpu_benchmark_rows_are_the_recorded_runs():
     for label, (runs, size) in CPU_ROWS.items():
         plain, explicit, rollout, distance, memory = [], [], [], [], []
         for name, model in runs + MEMORY_ONLY.get(label, []):
-            recorded = json.loads((BENCH / "results" / name).read_text())
+            recorded = [r for r in json.loads((BENCH / "results" / name).read_text()) if r["model"] == model]
             (case,) = [c for (_, m, dtype, px, _), c in attention.cases(recorded).items()
                        if m == model and dtype == "fp32" and px == size
                        and ((name, model) not in runs or c["plain"].get("setting", "default") == "default")]
